@@ -1,0 +1,292 @@
+/*
+ * mbp_pipeline: stages on pinned worker threads, linked by SPSC rings, fed by micro-batches.
+ *
+ * Not for direct inclusion: include <mbpipe.h>.
+ *
+ * Lifecycle: mbp_pipeline_new() -> mbp_pipeline_add_stage() x S -> mbp_pipeline_start() -> submit work ->
+ * mbp_pipeline_drain() (finish everything accepted) or mbp_pipeline_cancel() (fail what has not started)
+ * -> mbp_pipeline_destroy(). Destroy alone also works: it cancels first.
+ *
+ * Two levels of use:
+ *   1. Jobs: a caller-owned mbp_job describes N input rows, an output array and a micro-batch size m. The
+ *      engine splits it into ceil(N/m) micro-batches (the last may be short), runs them through the stages
+ *      and gathers the outputs, in order, into the output array. Stage 0 reads the input rows in place and
+ *      the last stage writes the output rows in place: a job costs no copy. The caller waits for its own
+ *      job (mbp_job_wait) or gets a callback.
+ *   2. Micro-batches: mbp_mb_acquire() a pool buffer, fill it, mbp_mb_submit() it; the result arrives
+ *      through opts.on_result on the last stage's thread and goes back with mbp_mb_release().
+ *
+ * Guarantee: every accepted micro-batch ends completed or failed with a status, in every path (stage
+ * errors, drain, cancel, destroy with work in flight); the statistics show accepted = completed + failed.
+ *
+ * Thread safety:
+ *   operation                                       | concurrency
+ *   mbp_job_submit, mbp_mb_acquire/submit/release   | any threads, concurrently (multi-producer ingress)
+ *   mbp_job_wait                                    | any thread, for its own job
+  *   mbp_pipeline_stats_get, _placement                | any thread, any time after start
+ *   new, add_stage, start, drain, cancel, destroy   | one controlling thread
+ */
+#ifndef MBPIPE_PIPELINE_H
+#define MBPIPE_PIPELINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mb.h"
+#include "pool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MBP_MAX_STAGES	   64
+#define MBP_MAX_CPUS	   256
+#define MBP_HIST_BUCKETS   40 /* log2 of nanoseconds: bucket i counts [2^i, 2^(i+1)) ns; the last is open */
+#define MBP_STAGE_NAME_MAX 32
+
+typedef struct mbp_pipeline mbp_pipeline;
+
+/**
+ * A stage's computation: read in->rows rows of in->row_bytes at in->data, write as many rows of
+ * out->row_bytes at out->data (out->rows and out->row_bytes are preset; out->capacity is at least
+ * rows x row_bytes). Return 0, or a negative errno to fail this micro-batch (its job completes with the
+ * first error; the pipeline goes on). Runs on the stage's own thread, one micro-batch at a time.
+ */
+typedef int (*mbp_stage_fn)(void *ctx, const mbp_mb *in, mbp_mb *out);
+/** Runs on the stage's thread before its first micro-batch (thread-local set-up: BLAS, RCU). 0 or -errno. */
+typedef int (*mbp_stage_init_fn)(void *ctx, unsigned stage);
+/** Runs on the stage's thread after its last micro-batch, also when start failed after init succeeded. */
+typedef void (*mbp_stage_fini_fn)(void *ctx);
+/** Runs for every micro-batch as it leaves the pipeline, completed or failed, on the thread that completes
+ * it: release what this stage attached to mb->carry. */
+typedef void (*mbp_stage_done_fn)(void *ctx, mbp_mb *mb);
+
+typedef struct mbp_stage_desc {
+	const char *name;	/**< copied (at most MBP_STAGE_NAME_MAX - 1 bytes); NULL: "stage<i>" */
+	mbp_stage_fn fn;	/**< required */
+	mbp_stage_init_fn init; /**< optional */
+	mbp_stage_fini_fn fini; /**< optional */
+	mbp_stage_done_fn done; /**< optional */
+	void *ctx;		/**< passed to every callback */
+	size_t out_row_bytes;	/**< width of an output row; 0: same as the input row */
+	int cpu;		/**< CPU to pin to; -1: the placement plan decides */
+} mbp_stage_desc;
+
+/** Result of a micro-batch submitted with mbp_mb_submit(); `mb` is owned by the callee until
+ * mbp_mb_release(). Runs on the last stage's thread: keep it short. */
+typedef void (*mbp_result_fn)(void *arg, mbp_mb *mb);
+
+typedef struct mbp_opts {
+	size_t in_row_bytes;	 /**< width of an input row in bytes (required, > 0) */
+	uint32_t max_mb_rows;	 /**< largest micro-batch in rows; sizes the pool's buffers. 64 */
+	uint32_t ring_capacity;	 /**< slots per hop, a power of two. 16 */
+	uint32_t ingress_depth;	 /**< jobs plus single micro-batches waiting for stage 0. 1024 */
+	uint32_t pool_buffers;	 /**< bound of the buffer pool; 0: enough for full rings plus ingress */
+	size_t pool_bytes;	 /**< bound of the buffer pool in bytes. 1 GiB */
+	uint32_t cache_size;	 /**< buffers in each worker's pool cache. 8 */
+	uint64_t spin_ns;	 /**< spin budget of a waiting worker. 20000 */
+	uint64_t yield_ns;	 /**< yield budget after the spin, then it parks. 200000 */
+	bool pin;		 /**< pin stage threads to CPUs. true */
+	uint32_t ncpus;		 /**< entries in cpus; 0: the CPUs this process may use */
+	int cpus[MBP_MAX_CPUS];	 /**< stage i runs on cpus[i % ncpus] unless its descriptor names a CPU */
+	uint32_t trace_events;	 /**< activity-log events kept per stage; 0: tracing off */
+	mbp_result_fn on_result; /**< required for mbp_mb_submit() */
+	void *on_result_arg;
+} mbp_opts;
+
+/** Fill `o` with the defaults documented above. */
+void mbp_opts_init(mbp_opts *o);
+
+/**
+ * Apply a `key=value,...` string to `o` (as from an environment variable). Keys: row_bytes, max_mb_rows,
+ * ring, ingress, pool_buffers, pool_mb, cache, spin_us, yield_us, pin (0/1), cpus ("0-3" or "0+2+5"),
+ * trace. NULL or "" changes nothing.
+ *
+ * @return 0, or -EINVAL naming nothing: on error `o` may be partly changed; `errpos`, if not NULL,
+ *         receives the offset of the offending key.
+ */
+int mbp_opts_parse(mbp_opts *o, const char *conf, size_t *errpos);
+
+/**
+ * Create a pipeline with no stages. Pair with mbp_pipeline_destroy().
+ * @return 0, -EINVAL (NULL, row width 0, ring capacity not a power of two, a zero bound), -ENOMEM.
+ */
+int mbp_pipeline_new(mbp_pipeline **p, const mbp_opts *o);
+
+/**
+ * Append a stage (before start). The descriptor is copied.
+ * @return 0, -EINVAL (NULL fn, already started), -E2BIG (more than MBP_MAX_STAGES), -ERANGE (cpu not
+ *         allowed).
+ */
+int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d);
+
+/**
+ * Start one thread per stage, pinned per the placement plan, and run each stage's init on it.
+ * More stages than CPUs works: the waits then skip their spin step.
+ * @return 0; -EINVAL (no stages); -EALREADY; -ENOMEM; the first failing init's error (every thread is then
+ *         joined and fini ran where init succeeded); a pin error (-EINVAL, -EPERM) only when the CPU was
+ *         named explicitly, otherwise a failed pin is reported by mbp_pipeline_placement().
+ */
+int mbp_pipeline_start(mbp_pipeline *p);
+
+/**
+ * Stop accepting work, wait until everything accepted has completed or failed, stop the threads (each
+ * stage's fini runs). Idempotent.
+ * @return 0, -ETIMEDOUT (work still in flight: call again, or cancel), -ENOTCONN (never started).
+ */
+int mbp_pipeline_drain(mbp_pipeline *p, int64_t timeout_ns);
+
+/**
+ * Stop accepting work and fail with -ECANCELED every micro-batch that has not started its next stage;
+ * micro-batches inside a stage function finish that stage first. Returns when the threads have stopped.
+ * @return 0, -ENOTCONN (never started).
+ */
+int mbp_pipeline_cancel(mbp_pipeline *p);
+
+/** Cancel if running, then free everything. Accepts NULL. */
+void mbp_pipeline_destroy(mbp_pipeline *p);
+
+/* ---- jobs ---- */
+
+struct mbp_job;
+typedef void (*mbp_job_fn)(struct mbp_job *job, void *arg);
+
+/** A caller-owned job. Fill it with mbp_job_init(); fields under "results" are valid once it is done. */
+typedef struct mbp_job {
+	const void *in;	  /**< rows x in_row_bytes */
+	void *out;	  /**< rows x the last stage's output row width */
+	size_t rows;	  /**< N */
+	uint32_t mb_rows; /**< m */
+	mbp_job_fn cb;	  /**< optional completion callback, on the completing thread; may free the job */
+	void *cb_arg;
+	/* results */
+	int status;	     /**< 0, or the error of the first failed micro-batch */
+	uint32_t mbs;	     /**< micro-batches: ceil(rows / mb_rows) */
+	uint32_t mbs_failed; /**< how many of them failed */
+	uint64_t id;	     /**< assigned at submit, unique in the pipeline */
+	uint64_t submit_ns;  /**< CLOCK_MONOTONIC at acceptance */
+	uint64_t done_ns;    /**< CLOCK_MONOTONIC at completion */
+	/* private: the engine's bookkeeping */
+	struct {
+		void *link[2];
+		uint32_t kind;
+		uint32_t next_mb;
+		uint32_t _Atomic left;
+		uint32_t _Atomic failed;
+		int _Atomic first_err_seq;
+		uint32_t _Atomic state;
+	} priv;
+} mbp_job;
+
+/** Describe a job: `rows` rows from `in` into `out`, split into micro-batches of `mb_rows`. */
+void mbp_job_init(mbp_job *job, const void *in, void *out, size_t rows, uint32_t mb_rows);
+
+/**
+ * Submit a job. The job, `in` and `out` must stay valid until it is done.
+ * @param timeout_ns 0: fail at once when the ingress is full; < 0: wait; > 0: wait at most this long
+ * @return 0 (accepted: it will complete), -EINVAL (NULL, rows 0, mb_rows 0, more than 2^32 - 1
+ *         micro-batches), -E2BIG (mb_rows above max_mb_rows), -ENOTCONN (not started), -ESHUTDOWN
+ *         (draining or cancelled), -EAGAIN (full, timeout 0), -ETIMEDOUT.
+ */
+int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns);
+
+/**
+ * Wait for a submitted job. @return 0 when it is done (see job->status), -ETIMEDOUT, -EINVAL.
+ */
+int mbp_job_wait(mbp_job *job, int64_t timeout_ns);
+
+/** Whether a submitted job is done (acquire: its results are then visible). */
+bool mbp_job_done(const mbp_job *job);
+
+/** Convenience: init, submit (waiting for room) and wait. @return the job's status or a submit error. */
+int mbp_run(mbp_pipeline *p, const void *in, void *out, size_t rows, uint32_t mb_rows);
+
+/* ---- micro-batches one by one ---- */
+
+/**
+ * Get an input buffer of max_mb_rows x in_row_bytes from the pipeline's pool (any thread).
+ * @return 0, -EAGAIN, -ETIMEDOUT, -ENOTCONN, -ESHUTDOWN.
+ */
+int mbp_mb_acquire(mbp_pipeline *p, mbp_mb **mb, int64_t timeout_ns);
+
+/**
+ * Submit a filled buffer: mb->rows (1 .. max_mb_rows) rows of in_row_bytes; mb->seq and mb->user are the
+ * caller's and come back with the result. On success the pipeline owns the buffer; on error the caller
+ * still does.
+ * @return 0, -EINVAL (no on_result, rows out of range), -ENOTCONN, -ESHUTDOWN, -EAGAIN, -ETIMEDOUT.
+ */
+int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns);
+
+/** Give back a result (or an acquired buffer never submitted). Any thread. */
+void mbp_mb_release(mbp_pipeline *p, mbp_mb *mb);
+
+/* ---- placement ---- */
+
+typedef struct mbp_placement {
+	int cpu;       /**< CPU the stage was placed on, -1 when not pinned */
+	int pin_error; /**< 0, or the error pinning returned (the stage then runs unpinned) */
+} mbp_placement;
+
+/**
+ * The CPUs this process may use: sched_getaffinity, further limited by a cgroup v2 CPU quota when one is
+ * set (cpu.max). Writes up to `max` CPU numbers. @return how many CPUs are allowed (may exceed max), or a
+ * negative error. `quota_cpus`, if not NULL, receives the quota in whole CPUs (0: none).
+ */
+int mbp_cpus_allowed(int *cpus, unsigned max, unsigned *quota_cpus);
+
+/** The placement actually used, one entry per stage. @return the stage count, or -ENOTCONN. */
+int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n);
+
+/* ---- statistics and trace ---- */
+
+typedef struct mbp_stage_stats {
+	char name[MBP_STAGE_NAME_MAX];
+	int cpu;
+	uint64_t mbs;			 /**< micro-batches computed */
+	uint64_t rows;			 /**< rows computed */
+	uint64_t failed;		 /**< micro-batches this stage failed (its fn returned an error) */
+	uint64_t busy_ns;		 /**< time inside fn */
+	uint64_t starved_ns;		 /**< time waiting for input */
+	uint64_t blocked_ns;		 /**< time waiting for room downstream or for a buffer */
+	uint64_t hist[MBP_HIST_BUCKETS]; /**< service time of fn, log2 buckets */
+	uint32_t ring_occupancy; /**< micro-batches waiting in the stage's input ring (stage 0: ingress) */
+	uint32_t ring_capacity;
+} mbp_stage_stats;
+
+typedef struct mbp_pipeline_stats {
+	uint64_t start_ns, now_ns; /**< the window: from start (or the earlier snapshot) to now */
+	uint64_t jobs_accepted, jobs_completed, jobs_failed;
+	uint64_t mbs_accepted, mbs_completed, mbs_failed;
+	uint64_t rows_completed;
+	uint32_t stages;
+	uint32_t ingress_queued; /**< entries waiting in the ingress now */
+	double throughput;	 /**< rows completed per second in the window */
+	double bubble;		 /**< 1 - sum(busy) / (stages x window): idle share of the stages' time */
+	mbp_pool_stats pool;
+} mbp_pipeline_stats;
+
+/**
+ * Snapshot the counters (relaxed reads, each single-writer). `ss` may be NULL; else it receives up to n
+ * stages. @return the stage count, or -EINVAL.
+ */
+int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_stats *ss, unsigned n);
+
+/**
+ * Turn snapshot `b` into the window since snapshot `a` (both of the same pipeline): counters become
+ * differences and throughput and bubble are recomputed over that window. `bs` and `as` hold n stages.
+ */
+void mbp_stats_window(mbp_pipeline_stats *b, mbp_stage_stats *bs, const mbp_pipeline_stats *a,
+		      const mbp_stage_stats *as, unsigned n);
+
+/**
+ * Write the activity log (each stage's begin and end of every traced micro-batch) as a Chrome trace JSON
+ * file that Perfetto and chrome://tracing open. Valid while running (a consistent prefix) or after drain.
+ * @return 0, -EINVAL (tracing off), -errno from the file system.
+ */
+int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,2 @@
+/* affinity: in progress */
+#include "config.h"

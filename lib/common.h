@@ -1,0 +1,114 @@
+/*
+ * Internal helpers shared by every file of lib/: cache-line layout, the two kinds of assert, the clock and
+ * the futex. Not installed.
+ */
+#ifndef MBP__COMMON_H
+#define MBP__COMMON_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* One cache line. Hot fields of different owners sit on different lines with a guard line between, because
+ * the adjacent-line prefetcher pulls lines in pairs. */
+#define MBP_CACHELINE	      64
+#define MBP_CACHELINE_ALIGNED _Alignas(MBP_CACHELINE)
+
+#define MBP_LIKELY(x)			     __builtin_expect(!!(x), 1)
+#define MBP_UNLIKELY(x)			     __builtin_expect(!!(x), 0)
+#define MBP_ARRAY_SIZE(a)		     (sizeof(a) / sizeof((a)[0]))
+#define mbp__container_of(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+void mbp__verify_failed(const char *expr, const char *file, int line, const char *func)
+    __attribute__((noreturn));
+
+/* Always on: an invariant whose breakage would corrupt data or lose work. */
+#define MBP_VERIFY(expr)                                                                                     \
+	do {                                                                                                 \
+		if (MBP_UNLIKELY(!(expr)))                                                                   \
+			mbp__verify_failed(#expr, __FILE__, __LINE__, __func__);                             \
+	} while (0)
+
+/* Debug builds only, for fast-path checks; a disabled assert still compiles its expression. */
+#ifdef MBP_DEBUG
+#define MBP_ASSERT(expr) MBP_VERIFY(expr)
+#else
+#define MBP_ASSERT(expr)                                                                                     \
+	do {                                                                                                 \
+		if (0)                                                                                       \
+			(void)(expr);                                                                        \
+	} while (0)
+#endif
+
+/* Monotonic time in nanoseconds (vDSO, about 20 ns). */
+static inline uint64_t mbp__now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A relative timeout (negative: forever, 0: do not wait) as an absolute deadline; UINT64_MAX is forever. */
+static inline uint64_t mbp__deadline(int64_t timeout_ns)
+{
+	if (timeout_ns < 0)
+		return UINT64_MAX;
+	return mbp__now_ns() + (uint64_t)timeout_ns;
+}
+
+static inline void mbp__cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#else
+	__asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+/* Futex on a 32-bit word, process-private. Wait returns 0 when woken or when *word != expected,
+ * -ETIMEDOUT when the deadline passed. */
+int mbp__futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t deadline);
+void mbp__futex_wake(_Atomic uint32_t *word, int n);
+
+/* Single-writer counter update: relaxed load + relaxed store, no read-modify-write (only the owner
+ * writes; readers take relaxed loads and may see a slightly old value). */
+static inline void mbp__counter_add(_Atomic uint64_t *c, uint64_t v)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
+}
+
+static inline uint64_t mbp__counter_get(_Atomic uint64_t *c)
+{
+	return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+/* TSan cannot see liburcu's hand-written atomics: annotate the hand-off of a node through a wfcqueue. */
+#ifdef MBP_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define MBP_TSAN_RELEASE(p) __tsan_release(p)
+#define MBP_TSAN_ACQUIRE(p) __tsan_acquire(p)
+#else
+#define MBP_TSAN_RELEASE(p) ((void)(p))
+#define MBP_TSAN_ACQUIRE(p) ((void)(p))
+#endif
+
+/* Power-of-two helpers. */
+static inline bool mbp__is_pow2(uint64_t x)
+{
+	return x && !(x & (x - 1));
+}
+
+/* Checked size arithmetic: returns false on overflow. */
+static inline bool mbp__mul_size(size_t a, size_t b, size_t *out)
+{
+	return !__builtin_mul_overflow(a, b, out);
+}
+
+#endif

@@ -1,0 +1,19 @@
+# libmbpipe.a: the engine (and, from lib/model, the model stages).
+lib_LTLIBRARIES += lib/libmbpipe.la
+
+lib_libmbpipe_la_SOURCES = \
+	lib/common.h lib/wait.h lib/wait.c lib/ring.h lib/ring_pvt.h lib/ring.c \
+	lib/error.c lib/pool_internal.h lib/pool.c \
+	lib/affinity.h lib/affinity.c lib/opts.c lib/pipeline_internal.h lib/pipeline.c lib/worker.c \
+	lib/stats.c lib/trace.c
+lib_libmbpipe_la_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS) $(URCU_CFLAGS) $(JEMALLOC_CFLAGS) $(CJSON_CFLAGS)
+lib_libmbpipe_la_LIBADD = $(OPENBLAS_LIBS) $(URCU_CDS_LIBS) $(URCU_LIBS) $(JEMALLOC_LIBS) $(CJSON_LIBS) -lm
+
+nobase_include_HEADERS += include/mbpipe.h include/mbpipe/error.h include/mbpipe/mb.h \
+	include/mbpipe/pool.h include/mbpipe/pipeline.h
+nodist_nobase_include_HEADERS += include/mbpipe/version.h
+
+# Libraries a program linking libmbpipe inside this tree needs (the .pc file says the same to users).
+MBP_LIBS = lib/libmbpipe.la $(OPENBLAS_LIBS) $(URCU_CDS_LIBS) $(URCU_LIBS) $(JEMALLOC_LIBS) $(CJSON_LIBS) -lm
+
+include lib/model/local.mk

@@ -1,0 +1,1 @@
+# Model stages (OpenBLAS layers, safetensors, partitioner, RCU weight swap): filled in by the model work.

@@ -1,0 +1,2 @@
+/* opts: in progress */
+#include "config.h"

@@ -1,0 +1,2 @@
+/* pipeline: in progress */
+#include "config.h"

@@ -1,0 +1,83 @@
+/*
+ * mbp__ring: a bounded single-producer/single-consumer ring of pointers.
+ *
+ * Exactly one producer thread and one consumer thread (the _sp and _sc suffixes say which side may call
+ * what). Capacity is a power of two; the indices are free-running uint32_t, so count = head - tail and slot
+ * = index & mask hold across the wrap at 2^32 (unsigned arithmetic is modulo 2^32 and capacity divides it).
+ * Each side caches the other's index and re-reads the shared one only when its cached copy says full
+ * (producer) or empty (consumer), so in steady state a side touches the other's cache line once per burst.
+ *
+ * close() may be called by either side, once or more: the producer's pushes then fail, the consumer drains
+ * what is left and then sees end-of-stream (-EPIPE), and any parked peer is woken. The normal close is the
+ * producer's ("no more items"). A consumer that closes abandons the ring: a push racing with its close may
+ * still land, so it must pop again once the producer has stopped if it needs every item.
+ *
+ *   operation              | producer thread | consumer thread | any thread
+ *   push*_sp               |       yes       |                 |
+ *   pop*_sc                |                 |       yes       |
+ *   close, closed, count   |       yes       |       yes       |    yes
+ *
+ * The inline fast path is in ring_pvt.h, which is not for direct inclusion.
+ */
+#ifndef MBP__RING_H
+#define MBP__RING_H
+
+#include "common.h"
+#include "wait.h"
+
+struct mbp__ring {
+	/* Read-mostly: written at init, and the closed flag once. */
+	uint32_t mask;
+	uint32_t capacity;
+	_Atomic uint32_t closed;
+	struct mbp__wait_opts wopts;
+	char guard0[MBP_CACHELINE];
+
+	/* Parking line: written only when a side parks or is woken, read by the peer after each burst. */
+	MBP_CACHELINE_ALIGNED struct mbp__parker prod_park; /* producer sleeps here when full */
+	struct mbp__parker cons_park;			    /* consumer sleeps here when empty */
+	char guard1[MBP_CACHELINE];
+
+	/* Producer line: head is written by the producer only. */
+	MBP_CACHELINE_ALIGNED _Atomic uint32_t head;
+	uint32_t tail_cache; /* producer's copy of tail */
+	char guard2[MBP_CACHELINE];
+
+	/* Consumer line: tail is written by the consumer only. */
+	MBP_CACHELINE_ALIGNED _Atomic uint32_t tail;
+	uint32_t head_cache; /* consumer's copy of head */
+	char guard3[MBP_CACHELINE];
+
+	MBP_CACHELINE_ALIGNED void *slots[];
+};
+
+_Static_assert(offsetof(struct mbp__ring, tail) - offsetof(struct mbp__ring, head) >= 2 * MBP_CACHELINE,
+	       "producer and consumer fields need a guard line between them");
+_Static_assert(offsetof(struct mbp__ring, head) - offsetof(struct mbp__ring, prod_park) >= 2 * MBP_CACHELINE,
+	       "parking line and producer line need a guard line between them");
+
+#define MBP__RING_MAX_CAPACITY (1u << 30)
+
+/*
+ * Create a ring of `capacity` slots (a power of two, 2 .. 2^30; anything else is -EINVAL). `wopts` may be
+ * NULL for the default budgets. `start` is the initial index (0 normally; tests start near UINT32_MAX to
+ * cross the wrap). Pair with mbp__ring_destroy().
+ */
+int mbp__ring_new(struct mbp__ring **rp, uint32_t capacity, const struct mbp__wait_opts *wopts,
+		  uint32_t start);
+void mbp__ring_destroy(struct mbp__ring *r);
+
+/* Close the ring and wake both sides. Idempotent, any thread. */
+void mbp__ring_close(struct mbp__ring *r);
+
+/* Blocking forms: wait with the backoff of wait.h until the operation can proceed, the deadline passes
+ * (timeout_ns < 0: forever, 0: just try) or the ring closes.
+ * push: 0, -EAGAIN (timeout 0 and full), -ETIMEDOUT, -EPIPE (closed).
+ * pop_burst: returns the count (>= 1) or -EAGAIN, -ETIMEDOUT, -EPIPE (closed and empty). */
+int mbp__ring_push_wait_sp(struct mbp__ring *r, void *item, int64_t timeout_ns);
+int mbp__ring_pop_burst_wait_sc(struct mbp__ring *r, void **items, unsigned n, int64_t timeout_ns);
+int mbp__ring_pop_wait_sc(struct mbp__ring *r, void **item, int64_t timeout_ns);
+
+#include "ring_pvt.h"
+
+#endif

@@ -1,0 +1,94 @@
+/*
+ * Inline fast path of mbp__ring. Not for direct inclusion: include "ring.h".
+ *
+ * Memory ordering, one pair per direction:
+ *   producer: write slots, then store head with release   -> consumer: load head with acquire, read slots
+ *   consumer: read slots, then store tail with release    -> producer: load tail with acquire, write slots
+ * The consumer's tail store is the producer's licence to overwrite the slots it covers.
+ */
+#ifndef MBP__RING_H
+#error "ring_pvt.h is not for direct inclusion; include ring.h"
+#endif
+#ifndef MBP__RING_PVT_H
+#define MBP__RING_PVT_H
+
+/* Push up to n items without waiting; returns how many moved (0 when full or closed). Producer only. */
+static inline unsigned mbp__ring_push_burst_sp(struct mbp__ring *r, void *const *items, unsigned n)
+{
+	/* relaxed: only this thread writes head */
+	uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+	uint32_t room = r->capacity - (head - r->tail_cache);
+	if (room < n) {
+		/* acquire; partner: the consumer's release store of tail in mbp__ring_pop_burst_sc(). After
+		 * it, the slots below the new tail have been read and may be overwritten. */
+		r->tail_cache = atomic_load_explicit(&r->tail, memory_order_acquire);
+		room = r->capacity - (head - r->tail_cache);
+		if (room == 0)
+			return 0;
+		if (n > room)
+			n = room;
+	}
+	/* relaxed: the flag carries no data; a push racing with close() is still popped by the consumer,
+	 * which drains everything published before it sees the ring empty and closed */
+	if (MBP_UNLIKELY(atomic_load_explicit(&r->closed, memory_order_relaxed)))
+		return 0;
+	for (unsigned i = 0; i < n; i++)
+		r->slots[(head + i) & r->mask] = items[i];
+	/* release; partner: the consumer's acquire load of head. Publishes the slot writes above. */
+	atomic_store_explicit(&r->head, head + n, memory_order_release);
+	mbp__parker_wake(&r->cons_park);
+	return n;
+}
+
+static inline bool mbp__ring_push_sp(struct mbp__ring *r, void *item)
+{
+	return mbp__ring_push_burst_sp(r, &item, 1) == 1;
+}
+
+/* Pop up to n items without waiting; returns how many moved (0 when empty). Consumer only. */
+static inline unsigned mbp__ring_pop_burst_sc(struct mbp__ring *r, void **items, unsigned n)
+{
+	/* relaxed: only this thread writes tail */
+	uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+	uint32_t avail = r->head_cache - tail;
+	if (avail < n) {
+		/* acquire; partner: the producer's release store of head in mbp__ring_push_burst_sp().
+		 * Makes the slot contents below the new head visible. */
+		r->head_cache = atomic_load_explicit(&r->head, memory_order_acquire);
+		avail = r->head_cache - tail;
+		if (avail == 0)
+			return 0;
+		if (n > avail)
+			n = avail;
+	}
+	for (unsigned i = 0; i < n; i++)
+		items[i] = r->slots[(tail + i) & r->mask];
+	/* release; partner: the producer's acquire load of tail. The producer's licence to overwrite. */
+	atomic_store_explicit(&r->tail, tail + n, memory_order_release);
+	mbp__parker_wake(&r->prod_park);
+	return n;
+}
+
+static inline bool mbp__ring_pop_sc(struct mbp__ring *r, void **item)
+{
+	return mbp__ring_pop_burst_sc(r, item, 1) == 1;
+}
+
+/* Items in the ring; exact for either side, a snapshot for other threads. */
+static inline uint32_t mbp__ring_count(const struct mbp__ring *r)
+{
+	/* acquire on tail only to keep the two loads in order: tail read first never exceeds a head read
+	 * later, so the difference never goes negative; relaxed on head, a statistic */
+	uint32_t tail = atomic_load_explicit(&((struct mbp__ring *)r)->tail, memory_order_acquire);
+	uint32_t head = atomic_load_explicit(&((struct mbp__ring *)r)->head, memory_order_relaxed);
+	return head - tail;
+}
+
+static inline bool mbp__ring_closed(const struct mbp__ring *r)
+{
+	/* acquire; partner: the release store in mbp__ring_close(). The consumer that sees closed and then
+	 * re-reads head sees every push that preceded the close. */
+	return atomic_load_explicit(&((struct mbp__ring *)r)->closed, memory_order_acquire) != 0;
+}
+
+#endif

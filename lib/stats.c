@@ -1,0 +1,2 @@
+/* stats: in progress */
+#include "config.h"

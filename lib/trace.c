@@ -1,0 +1,2 @@
+/* trace: in progress */
+#include "config.h"

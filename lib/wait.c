@@ -1,0 +1,103 @@
+/*
+ * Futex, membarrier and the backoff's slow steps. See wait.h for the handshake.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "wait.h"
+
+bool mbp__membarrier_ok;
+static pthread_once_t membarrier_once = PTHREAD_ONCE_INIT;
+
+static void membarrier_probe(void)
+{
+#ifdef MBP_TSAN
+	mbp__membarrier_ok = false; /* TSan does not model membarrier: use plain fences */
+#else
+	long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+	mbp__membarrier_ok = cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+			     syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+#endif
+}
+
+void mbp__wait_global_init(void)
+{
+	pthread_once(&membarrier_once, membarrier_probe);
+}
+
+void mbp__heavy_fence(void)
+{
+	if (mbp__membarrier_ok) {
+		/* Executes a full barrier on every CPU running a thread of this process. It cannot fail once
+		 * registered; fall back to a local fence if it ever does (the peer's light fence is then a
+		 * compiler barrier only, so verify instead of guessing). */
+		long rc = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+		MBP_VERIFY(rc == 0);
+	}
+	atomic_thread_fence(memory_order_seq_cst);
+}
+
+int mbp__futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t deadline)
+{
+	struct timespec ts, *tsp = NULL;
+	if (deadline != UINT64_MAX) {
+		uint64_t now = mbp__now_ns();
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		uint64_t rel = deadline - now;
+		ts.tv_sec = (time_t)(rel / 1000000000u);
+		ts.tv_nsec = (long)(rel % 1000000000u);
+		tsp = &ts;
+	}
+	long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, expected, tsp, NULL, 0);
+	if (rc == -1 && errno == ETIMEDOUT)
+		return -ETIMEDOUT;
+	return 0; /* woken, value changed (EAGAIN) or interrupted (EINTR): the caller re-checks */
+}
+
+void mbp__futex_wake(_Atomic uint32_t *word, int n)
+{
+	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+
+enum mbp__backoff_next mbp__backoff_step(struct mbp__backoff *b, const struct mbp__wait_opts *o)
+{
+	if (b->start == 0)
+		b->start = mbp__now_ns();
+	/* Read the clock once every 32 pauses while spinning (a pause is about 40 ns on recent Xeons);
+	 * every yield is a syscall anyway, so read it every time there. */
+	uint64_t elapsed = mbp__now_ns() - b->start;
+	b->iter++;
+	if (!o->no_spin && elapsed < o->spin_ns) {
+		for (int i = 0; i < 32; i++)
+			mbp__cpu_relax();
+		return MBP__BACKOFF_AGAIN;
+	}
+	uint64_t spin = o->no_spin ? 0 : o->spin_ns;
+	if (elapsed < spin + o->yield_ns) {
+		sched_yield();
+		return MBP__BACKOFF_AGAIN;
+	}
+	return MBP__BACKOFF_PARK;
+}
+
+int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline)
+{
+	int rc = 0;
+	/* relaxed: the flag carries no data; the waker published its data with its own release store and
+	 * the caller re-checks its condition with an acquire load after this returns */
+	while (atomic_load_explicit(&pk->parked, memory_order_relaxed)) {
+		rc = mbp__futex_wait(&pk->parked, 1, deadline);
+		if (rc == -ETIMEDOUT)
+			break;
+	}
+	atomic_store_explicit(&pk->parked, 0, memory_order_relaxed);
+	return rc;
+}

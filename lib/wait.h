@@ -1,0 +1,107 @@
+/*
+ * Waiting for a peer: spin briefly, then yield, then park on a futex.
+ *
+ * A thread that finds its ring empty (consumer) or full (producer) calls mbp__backoff_step() in a loop,
+ * re-checking its condition between calls. The budgets are in time, not iterations:
+ *   1. spin (pause instruction) while elapsed < spin_ns, skipped entirely when stage threads outnumber the
+ *      CPUs this process may use (spinning then only steals the slice the peer needs);
+ *   2. sched_yield() while elapsed < spin_ns + yield_ns;
+ *   3. park: the thread raises its parker flag, re-checks the condition once more and sleeps on a futex.
+ *
+ * The parking handshake is an asymmetric Dekker pattern. The waiter (rare, slow path) does
+ *     store flag = 1; heavy fence; re-check condition; futex_wait
+ * and the publisher (every push or pop, fast path) does
+ *     store index; light fence; if (flag) wake
+ * The heavy fence is membarrier(PRIVATE_EXPEDITED), which executes a full barrier on every running thread
+ * of the process, so the publisher needs only a compiler barrier: either the publisher's index store is
+ * visible to the waiter's re-check, or the publisher's flag load comes after the membarrier and sees 1.
+ * Where membarrier is unavailable (old kernels, or TSan builds, which do not model it) both fences are
+ * seq_cst fences. A wake is a syscall only when the peer really sleeps.
+ */
+#ifndef MBP__WAIT_H
+#define MBP__WAIT_H
+
+#include "common.h"
+
+struct mbp__wait_opts {
+	uint64_t spin_ns;  /* budget of the spin step */
+	uint64_t yield_ns; /* budget of the yield step, after the spin */
+	bool no_spin;	   /* skip the spin step: threads outnumber allowed CPUs */
+};
+
+#define MBP__SPIN_NS_DEFAULT  20000u
+#define MBP__YIELD_NS_DEFAULT 200000u
+
+/* One parked thread at most: the futex word is 1 while its owner sleeps or is about to. */
+struct mbp__parker {
+	_Atomic uint32_t parked;
+};
+
+/* Where a waiting thread stands in its backoff. Stack object, one per wait. */
+struct mbp__backoff {
+	uint64_t start;
+	uint32_t iter;
+};
+
+enum mbp__backoff_next {
+	MBP__BACKOFF_AGAIN, /* re-check the condition now */
+	MBP__BACKOFF_PARK,  /* budgets spent: park */
+};
+
+extern bool mbp__membarrier_ok;
+void mbp__wait_global_init(void);
+
+static inline void mbp__light_fence(void)
+{
+	if (MBP_LIKELY(mbp__membarrier_ok))
+		atomic_signal_fence(memory_order_seq_cst);
+	else
+		atomic_thread_fence(memory_order_seq_cst);
+}
+
+void mbp__heavy_fence(void);
+
+static inline void mbp__backoff_init(struct mbp__backoff *b)
+{
+	b->start = 0;
+	b->iter = 0;
+}
+
+/* One step of the backoff; the caller re-checks its condition after MBP__BACKOFF_AGAIN. */
+enum mbp__backoff_next mbp__backoff_step(struct mbp__backoff *b, const struct mbp__wait_opts *o);
+
+/*
+ * Publisher side: call after the store that may satisfy the peer's condition. Cheap when nobody sleeps:
+ * a compiler barrier and one load of a line that is written only when the peer parks.
+ */
+static inline void mbp__parker_wake(struct mbp__parker *pk)
+{
+	/* Light half of the Dekker pair; partner: the heavy fence in mbp__parker_prepare(). Orders the
+	 * caller's index store before the flag load below. */
+	mbp__light_fence();
+	if (MBP_UNLIKELY(atomic_load_explicit(&pk->parked, memory_order_relaxed))) {
+		/* relaxed: the futex syscall orders what follows; the waiter re-checks its condition anyway */
+		atomic_store_explicit(&pk->parked, 0, memory_order_relaxed);
+		mbp__futex_wake(&pk->parked, 1);
+	}
+}
+
+/* Waiter side: raise the flag and fence. The caller must re-check its condition after this and either
+ * cancel (mbp__parker_cancel) or sleep (mbp__parker_sleep). */
+static inline void mbp__parker_prepare(struct mbp__parker *pk)
+{
+	/* relaxed store, ordered by the heavy fence that follows */
+	atomic_store_explicit(&pk->parked, 1, memory_order_relaxed);
+	/* Heavy half of the Dekker pair; partner: the light fence in mbp__parker_wake(). */
+	mbp__heavy_fence();
+}
+
+static inline void mbp__parker_cancel(struct mbp__parker *pk)
+{
+	atomic_store_explicit(&pk->parked, 0, memory_order_relaxed);
+}
+
+/* Sleep until woken or the deadline; returns 0 or -ETIMEDOUT. Clears the flag either way. */
+int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline);
+
+#endif

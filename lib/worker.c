@@ -1,0 +1,2 @@
+/* worker: in progress */
+#include "config.h"

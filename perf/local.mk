@@ -1,0 +1,10 @@
+# Benchmarks against peer libraries (not tests). `make perf` builds them; each prints a grep-able summary
+# line. Each fragment adds its programs to EXTRA_PROGRAMS (built on demand) and to PERF_BINS.
+EXTRA_PROGRAMS =
+PERF_BINS =
+include perf/ring.mk
+include perf/pool.mk
+include perf/pipeline.mk
+include perf/model.mk
+perf: $(PERF_BINS)
+.PHONY: perf

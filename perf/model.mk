@@ -1,0 +1,1 @@
+# perf model: filled in by its work.

@@ -1,0 +1,1 @@
+# perf pipeline: filled in by its work.

@@ -1,0 +1,1 @@
+# perf pool: filled in by its work.

@@ -1,0 +1,1 @@
+# perf ring: filled in by its work.

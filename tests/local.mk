@@ -1,0 +1,25 @@
+# Unit tests: one Check suite per module, one program each (tests/check_main.h gives them one main).
+TEST_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(URCU_CFLAGS) $(OPENBLAS_CFLAGS)
+TEST_LIBS = $(MBP_LIBS) $(CHECK_LIBS)
+
+# Iteration counts come from one define so CI and sanitizer builds can shrink them (see tests/check_main.h).
+check_PROGRAMS += tests/test_ring tests/test_pool tests/test_pipeline
+tests_test_ring_SOURCES = tests/test_ring.c tests/check_main.h
+tests_test_ring_CFLAGS = $(TEST_CFLAGS)
+tests_test_ring_LDADD = $(TEST_LIBS)
+tests_test_pool_SOURCES = tests/test_pool.c tests/check_main.h
+tests_test_pool_CFLAGS = $(TEST_CFLAGS) $(JEMALLOC_CFLAGS)
+tests_test_pool_LDADD = $(TEST_LIBS)
+tests_test_pipeline_SOURCES = tests/test_pipeline.c tests/check_main.h
+tests_test_pipeline_CFLAGS = $(TEST_CFLAGS)
+tests_test_pipeline_LDADD = $(TEST_LIBS)
+
+TESTS += tests/test_ring tests/test_pool tests/test_pipeline
+
+# Concurrency tests only: what CI runs under TSan.
+CONCURRENCY_TESTS = tests/test_ring tests/test_pool tests/test_pipeline
+check-concurrency: $(CONCURRENCY_TESTS)
+	@$(MAKE) $(AM_MAKEFLAGS) check TESTS="$(CONCURRENCY_TESTS)"
+.PHONY: check-concurrency
+
+include tests/model.mk

@@ -1,0 +1,1 @@
+# Model tests: filled in by the model work.

@@ -1,0 +1,1 @@
+# pipebench: filled in by its work.

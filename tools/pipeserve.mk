@@ -1,0 +1,1 @@
+# pipeserve: filled in by its work.
