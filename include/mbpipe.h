@@ -23,5 +23,6 @@
 #include <mbpipe/mb.h>
 #include <mbpipe/pool.h>
 #include <mbpipe/pipeline.h>
+#include <mbpipe/model.h>
 
 #endif

@@ -1,1 +1,2 @@
-# Model stages (OpenBLAS layers, safetensors, partitioner, RCU weight swap): filled in by the model work.
+# Model stages (OpenBLAS layers, safetensors, partitioner, RCU weight swap).
+nobase_include_HEADERS += include/mbpipe/model.h

@@ -1,0 +1,398 @@
+/*
+ * mbp_model: a float32 feed-forward model whose layers run as pipeline stages.
+ *
+ * Not for direct inclusion: include <mbpipe.h>.
+ *
+ * Usage (error handling shortened):
+ *
+ *     mbp_model *m;
+ *     mbp_model_error e;
+ *     if (mbp_model_load(&m, "mlp.safetensors", &e) < 0)
+ *             fprintf(stderr, "%s\n", e.msg);               // names the rule broken and the tensor
+ *     if (mbp_blas_warning())
+ *             fprintf(stderr, "%s\n", mbp_blas_warning());  // generic OpenBLAS kernel on a modern CPU
+ *     mbp_model_plan plan;
+ *     mbp_model_balance(m, 2, 64, -1, &plan);               // profile at 64 rows, split into 2 stages
+ *     mbp_model_stages *st;
+ *     mbp_model_stages_new(&st, m, &plan, 64);
+ *     mbp_opts o;
+ *     mbp_opts_init(&o);
+ *     o.in_row_bytes = mbp_model_in_width(m) * sizeof(float);
+ *     o.max_mb_rows = 64;
+ *     mbp_pipeline *p;
+ *     mbp_pipeline_new(&p, &o);
+ *     mbp_model_stages_add(st, p);
+ *     mbp_pipeline_start(p);
+ *     mbp_run(p, in, out, rows, 64);                        // rows x in_width floats -> rows x out_width
+ *     mbp_model *next;                                      // new weights while requests run:
+ *     mbp_model_load(&next, "mlp-v2.safetensors", &e);
+ *     mbp_model_swap(m, next);                              // consumes next
+ *     mbp_pipeline_destroy(p);                              // then the stages, then the model
+ *     mbp_model_stages_destroy(st);
+ *     mbp_model_destroy(m);
+ *
+ * The model. A sequence of L layers; layer i maps rows of width w[i] to rows of width w[i+1]:
+ *     y = act(x W^T + b), then, if the layer has one, y = (y - mean(y)) / sqrt(var(y) + eps) * g + beta
+ * with W of shape [w[i+1], w[i]] (PyTorch's nn.Linear layout), act none, ReLU or GELU (erf form), and the
+ * layer normalisation over the row's w[i+1] values. Dense layers run as one cblas_sgemm over the
+ * micro-batch (cblas_sgemv for a single row). Compute is float32.
+ *
+ * The file. A safetensors file (https://github.com/huggingface/safetensors): 8 bytes little-endian header
+ * length N, N bytes of JSON, then the data section. Tensors:
+ *     layers.<i>.weight       [w[i+1], w[i]]      required for i = 0 .. L-1, no gaps in i
+ *     layers.<i>.bias         [w[i+1]]            required
+ *     layers.<i>.norm.weight  [w[i+1]]            optional, together with layers.<i>.norm.bias
+ *     layers.<i>.norm.bias    [w[i+1]]
+ * in F32 (used in place from the mapping when 4-byte aligned), F16 or BF16 (converted to F32 at load).
+ * __metadata__ (string values): "activation" (none|relu|gelu, default for every layer; absent: none),
+ * "layers.<i>.activation" (overrides it for layer i), "layer_norm_eps" (default 1e-5). Any other tensor
+ * name is an error; other metadata keys are ignored. The file is read through mmap and validated as the
+ * format's reference implementation does, each broken rule reported with its own mbp_load_rule and a
+ * message naming the tensor.
+ *
+ * Stages. mbp_model_balance() times every layer at the micro-batch size in use (mbp_model_profile) and
+ * splits the layers into S contiguous ranges minimising the slowest stage exactly (mbp_model_partition,
+ * a dynamic programme that counts the cost of handing a micro-batch to the next stage). mbp_model_stages
+ * turns a plan into one pipeline stage per range; each stage allocates its scratch buffers in its init on
+ * its own thread, so nothing is allocated per micro-batch. OpenBLAS runs single-threaded in the stages:
+ * the pipeline owns the cores (see mbp_model_stages_add).
+ *
+ * Live weight swap (liburcu, memb flavour). The model's current weights are a reference-counted version
+ * published through an RCU-protected pointer.
+ *   - Stage 0, for each micro-batch: rcu_read_lock, rcu_dereference(current), take a reference,
+ *     rcu_read_unlock; the version goes into mb->carry. The read-side section only covers the pointer
+ *     load and the reference increment, so a swap never waits for a computation.
+ *   - Later stages use the version in mb->carry: a micro-batch computes with one version from its first
+ *     layer to its last.
+ *   - Stage 0's done callback, run for every micro-batch leaving the pipeline (completed or failed), drops
+ *     that reference.
+ *   - mbp_model_swap publishes the new version with rcu_xchg_pointer, waits synchronize_rcu() (after
+ *     which no reader can still be between loading the old pointer and taking its reference), then drops
+ *     the reference that "current" held. The old version is freed when its count reaches zero: after the
+ *     last micro-batch that uses it has left the pipeline, by whichever thread drops the last reference.
+ *   - mbp_model_forward and mbp_model_profile (any thread, not registered with RCU) take their reference
+ *     under the model's swap mutex instead.
+ * Stage 0's thread registers with RCU in its init and unregisters in its fini.
+ *
+ * OpenBLAS kernel. Debian's OpenBLAS 0.3.21 does not know recent CPUs and may fall back to generic SSE3
+ * kernels ("Prescott"), about 3 times slower. mbp_blas_info() names the kernel in use and
+ * mbp_blas_warning() says when this happened on a CPU with AVX2 or AVX-512. Choosing a kernel is the user's
+ * call: export OPENBLAS_CORETYPE=SkylakeX (or Haswell) before the process starts. mbpipe never sets it.
+ *
+ * Thread safety:
+ *   operation                                          | concurrency
+ *   mbp_model_swap                                     | any thread, concurrently with running stages,
+ *                                                      | forward and profile; swaps are serialised
+ *   mbp_model_forward, mbp_model_profile, _balance     | any threads, concurrently (own scratch each)
+ *   describe/info getters, mbp_model_partition         | any thread
+ *   mbp_blas_info, mbp_blas_warning                    | any thread
+ *   load, destroy, stages_new/_add/_destroy            | one thread; destroy only after the pipeline
+ */
+#ifndef MBPIPE_MODEL_H
+#define MBPIPE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pipeline.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MBP_MODEL_MAX_LAYERS 4096
+#define MBP_MODEL_MAX_WIDTH  (1u << 20)
+
+typedef struct mbp_model mbp_model;
+typedef struct mbp_model_stages mbp_model_stages;
+
+/** Activation after a dense layer. */
+typedef enum mbp_act {
+	MBP_ACT_NONE = 0,
+	MBP_ACT_RELU = 1,
+	MBP_ACT_GELU = 2, /**< 0.5 x (1 + erf(x / sqrt 2)) */
+} mbp_act;
+
+/** Storage type of weights in a file (compute is always F32). */
+typedef enum mbp_dtype {
+	MBP_DTYPE_F32 = 0,
+	MBP_DTYPE_F16 = 1,
+	MBP_DTYPE_BF16 = 2,
+} mbp_dtype;
+
+/**
+ * Which rule a load broke. Every rule has its own value; the negative errno returned with it is coarser
+ * (several rules share one) and is given after each.
+ */
+typedef enum mbp_load_rule {
+	MBP_LOAD_OK = 0,
+	MBP_LOAD_IO,		 /**< open, stat or mmap failed: the system's -errno */
+	MBP_ST_HEADER_TOO_SMALL, /**< file shorter than the 8-byte length prefix: -EBADMSG */
+	MBP_ST_HEADER_TOO_LARGE, /**< header length above 100,000,000 bytes: -E2BIG */
+	MBP_ST_HEADER_LENGTH,	 /**< 8 + header length beyond the end of the file: -ERANGE */
+	MBP_ST_HEADER_UTF8,	 /**< header is not valid UTF-8: -EBADMSG */
+	MBP_ST_HEADER_START,	 /**< header does not start with '{': -EBADMSG */
+	MBP_ST_HEADER_JSON,	 /**< JSON syntax error, or the top level is not an object: -EBADMSG */
+	MBP_ST_DUPLICATE,	 /**< two entries with the same name: -EEXIST */
+	MBP_ST_METADATA,	 /**< __metadata__ is not an object of strings: -EPROTO */
+	MBP_ST_TENSOR_INFO,   /**< entry is not {dtype: string, shape: array, data_offsets: array}: -EPROTO */
+	MBP_ST_DTYPE,	      /**< dtype is not one of the format's names: -ENOTSUP */
+	MBP_ST_SHAPE,	      /**< a dimension is not an integer in [0, 2^53], or more than 8 dims: -EDOM */
+	MBP_ST_OVERFLOW,      /**< product(shape) x dtype size overflows 64 bits: -EOVERFLOW */
+	MBP_ST_OFFSETS,	      /**< data_offsets not two integers [begin, end] with begin <= end: -EINVAL */
+	MBP_ST_SIZE,	      /**< end - begin != product(shape) x dtype size: -EPROTO */
+	MBP_ST_OUT_OF_BOUNDS, /**< the range ends beyond the data section: -EFAULT */
+	MBP_ST_GAP,	      /**< a gap before this tensor's range (ranges must tile the data): -ERANGE */
+	MBP_ST_OVERLAP,	      /**< this tensor's range overlaps the previous one: -ERANGE */
+	MBP_ST_FILE_SIZE,     /**< bytes after the last tensor's range: -EBADMSG */
+	MBP_MODEL_NO_LAYERS,  /**< no layers.0.weight: -ENOENT */
+	MBP_MODEL_MISSING,    /**< a required tensor is missing (bias, or half of a norm pair): -ENOENT */
+	MBP_MODEL_UNKNOWN_TENSOR, /**< a tensor name outside the layout above: -EINVAL */
+	MBP_MODEL_DTYPE,	  /**< a tensor is not F32, F16 or BF16: -ENOTSUP */
+	MBP_MODEL_SHAPE,      /**< wrong rank, widths that do not chain, zero or above MAX_WIDTH: -EINVAL */
+	MBP_MODEL_ACTIVATION, /**< unknown activation name or bad layer_norm_eps in metadata: -EINVAL */
+	MBP_MODEL_TOO_MANY,   /**< more than MBP_MODEL_MAX_LAYERS layers: -E2BIG */
+	MBP_LOAD_NOMEM,	      /**< out of memory: -ENOMEM */
+} mbp_load_rule;
+
+/** What went wrong in a load: filled by mbp_model_load() on error (and zeroed on success). */
+typedef struct mbp_model_error {
+	int code;	    /**< the negative errno the call returned */
+	mbp_load_rule rule; /**< the rule broken */
+	char tensor[128];   /**< the tensor concerned (truncated), "" when none */
+	char msg[320];	    /**< one line: "<file>: <rule text> (tensor '<name>'): <detail>" */
+} mbp_model_error;
+
+/** Short text of a rule ("tensor range overlaps the previous one"). Never NULL. */
+const char *mbp_load_rule_str(mbp_load_rule rule);
+
+/* ---- loading and describing ---- */
+
+/**
+ * Load a model from a safetensors file.
+ *
+ * Maps the file read-only, validates it (see mbp_load_rule), converts F16/BF16 tensors, and makes the
+ * weights version 1 of the new model. Pair with mbp_model_destroy().
+ *
+ * @param m    receives the model
+ * @param path the file
+ * @param err  optional: on error, which rule was broken, the tensor and a message
+ * @return 0, or the negative errno of the rule broken (see mbp_load_rule); -EINVAL for NULL arguments.
+ */
+int mbp_model_load(mbp_model **m, const char *path, mbp_model_error *err);
+
+/**
+ * Destroy a model. Accepts NULL.
+ *
+ * Call it after every pipeline running the model's stages has been destroyed and its stages object too.
+ * Frees the current weights (and any version still referenced, which would be a use error).
+ */
+void mbp_model_destroy(mbp_model *m);
+
+/** Description of one layer. */
+typedef struct mbp_layer_info {
+	uint32_t in;	    /**< input width */
+	uint32_t out;	    /**< output width */
+	mbp_act act;	    /**< activation after the dense layer */
+	bool norm;	    /**< layer normalisation after the activation */
+	float eps;	    /**< its epsilon */
+	mbp_dtype dtype;    /**< storage type of the weight in the file */
+	uint64_t flops;	    /**< floating-point operations per row (2 x in x out for the dense part) */
+	size_t param_bytes; /**< bytes of float32 parameters */
+} mbp_layer_info;
+
+/** Number of layers (at least 1). */
+unsigned mbp_model_layers(const mbp_model *m);
+/** Width of an input row, in floats. */
+uint32_t mbp_model_in_width(const mbp_model *m);
+/** Width of an output row, in floats. */
+uint32_t mbp_model_out_width(const mbp_model *m);
+/** Describe layer i. @return 0, -ERANGE (i out of range), -EINVAL (NULL). */
+int mbp_model_layer_info(const mbp_model *m, unsigned i, mbp_layer_info *info);
+/** Version number of the current weights: 1 after load, +1 per swap. */
+uint64_t mbp_model_version(const mbp_model *m);
+/** Weight versions of this model still allocated: 1, plus old versions some micro-batch still uses. */
+unsigned mbp_model_versions_alive(const mbp_model *m);
+
+/**
+ * Describe the model in text: one line per layer ("layer 3: 1024 -> 1024 relu norm F16 8.0 MiB").
+ * @return the length of the full text, like snprintf (the output is truncated to n - 1 bytes).
+ */
+int mbp_model_describe(const mbp_model *m, char *buf, size_t n);
+
+/* ---- computing ---- */
+
+/**
+ * Compute the model sequentially on the calling thread: the reference the pipeline must match.
+ *
+ * Splits the rows into micro-batches of mb_rows (the last may be short) and runs every layer on each,
+ * with the same code and calls the stages use: for equal micro-batches the output is bit for bit that of
+ * the pipeline. OpenBLAS runs with whatever thread count the process has set (the pipeline's stages set
+ * 1). Allocates scratch for the call. Uses the current weights for the whole call.
+ *
+ * @param in      rows x in_width floats
+ * @param out     rows x out_width floats (may not overlap in)
+ * @param mb_rows rows per micro-batch; 0: all rows at once
+ * @return 0, -EINVAL (NULL with rows > 0), -ENOMEM.
+ */
+int mbp_model_forward(mbp_model *m, const float *in, float *out, size_t rows, uint32_t mb_rows);
+
+/* ---- balancing ---- */
+
+/**
+ * Time every layer at a micro-batch size, on the calling thread or on one CPU.
+ *
+ * Runs each layer `reps` times (after one warm-up) on random input with single-threaded OpenBLAS (the
+ * thread count is restored after) and keeps the median. Also estimates each layer boundary's hand-off
+ * cost: a fixed 1 us for the ring and wake-up plus the time to copy the boundary's activations once
+ * (what moving them to another core's cache costs, roughly).
+ *
+ * @param mb_rows    micro-batch size in rows (> 0)
+ * @param reps       timed repetitions per layer (> 0; 5 is plenty for layers above 100 us)
+ * @param cpu        CPU to run on (the calling thread is pinned there for the call, then restored); -1:
+ *                   where the thread is
+ * @param layer_ns   receives mbp_model_layers(m) times in nanoseconds
+ * @param handoff_ns optional; receives mbp_model_layers(m) costs: [i] is the cost of handing layer i's
+ *                   output to another stage (the last entry is 0)
+ * @return 0, -EINVAL, -ENOMEM, or the pinning error.
+ */
+int mbp_model_profile(mbp_model *m, uint32_t mb_rows, unsigned reps, int cpu, double *layer_ns,
+		      double *handoff_ns);
+
+/** A split of the layers into contiguous stages, with its predicted cost. */
+typedef struct mbp_model_plan {
+	unsigned stages;		    /**< S */
+	unsigned layers;		    /**< L */
+	uint32_t mb_rows;		    /**< micro-batch size profiled; 0 when costs were given */
+	unsigned first[MBP_MAX_STAGES + 1]; /**< stage s runs layers [first[s], first[s+1]); first[S] = L */
+	double stage_ns[MBP_MAX_STAGES];    /**< predicted time per micro-batch, incoming hand-off included */
+	double slowest_ns;		    /**< the largest stage_ns: the pipeline's period */
+	double mean_ns;			    /**< mean of stage_ns */
+	double balance;			    /**< slowest / mean, 1.0 is perfect */
+	double sequential_ns;		    /**< sum of the layer times (one thread, no hand-off) */
+} mbp_model_plan;
+
+/**
+ * Split L layers into S contiguous non-empty stages minimising the slowest stage, exactly.
+ *
+ * The cost of stage [a, b) is sum(layer_ns[a..b)) plus handoff_ns[a - 1] when a > 0 (its input arrives
+ * from another stage). Dynamic programme over the split points, O(S L^2). Ties go to the split whose
+ * stage boundaries come first.
+ *
+ * @param layer_ns   L costs (finite, >= 0)
+ * @param handoff_ns optional, L costs (entry i: after layer i); NULL: no hand-off cost
+ * @return 0, -EINVAL (NULL, L or S zero, a negative or non-finite cost), -ERANGE (S > L or
+ *         S > MBP_MAX_STAGES).
+ */
+int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsigned layers, unsigned stages,
+			mbp_model_plan *plan);
+
+/**
+ * Profile (mbp_model_profile, 5 reps) then partition: the plan for S stages at micro-batch size mb_rows.
+ * @return as those two; -ERANGE when S exceeds the layer count.
+ */
+int mbp_model_balance(mbp_model *m, unsigned stages, uint32_t mb_rows, int cpu, mbp_model_plan *plan);
+
+/**
+ * Describe a plan: one line per stage ("stage 0: layers 0-3  412.5 us") and the balance.
+ * @return the length of the full text, like snprintf.
+ */
+int mbp_model_plan_describe(const mbp_model_plan *plan, char *buf, size_t n);
+
+/* ---- stages ---- */
+
+/**
+ * Make one pipeline stage per range of the plan. Pair with mbp_model_stages_destroy().
+ *
+ * @param m           the model; must outlive the stages object
+ * @param plan        a plan over the model's layers (mbp_model_partition or mbp_model_balance)
+ * @param max_mb_rows largest micro-batch the stages will see (the pipeline's max_mb_rows); sizes the
+ *                    scratch each stage allocates in its init
+ * @return 0, -EINVAL (NULL, the plan does not cover the model's layers, max_mb_rows 0), -ENOMEM.
+ */
+int mbp_model_stages_new(mbp_model_stages **st, mbp_model *m, const mbp_model_plan *plan,
+			 uint32_t max_mb_rows);
+
+/** Number of stages. */
+unsigned mbp_model_stages_count(const mbp_model_stages *st);
+
+/**
+ * The descriptor of stage s, for mbp_pipeline_add_stage(): name "layers a-b", fn, init (stage 0
+ * registers its thread with RCU; every stage allocates its scratch and sets OpenBLAS to one thread),
+ * fini, done (stage 0: drops the micro-batch's weights reference), out_row_bytes, cpu -1.
+ * The pipeline's in_row_bytes must be mbp_model_in_width() x 4 and its max_mb_rows at most the stages'.
+ * @return 0, -ERANGE (s out of range), -EINVAL.
+ */
+int mbp_model_stage_desc(const mbp_model_stages *st, unsigned s, mbp_stage_desc *d);
+
+/**
+ * Add every stage to a pipeline (not started), in order.
+ *
+ * When the stages start, OpenBLAS is set to one thread (openblas_set_num_threads(1), process-wide): the
+ * pipeline owns the cores, one stage per core, and OpenBLAS's own threads would compete with the other
+ * stages. A program that also wants multi-threaded OpenBLAS elsewhere must set it back around that use.
+ *
+ * @return 0, or mbp_pipeline_add_stage's error.
+ */
+int mbp_model_stages_add(mbp_model_stages *st, mbp_pipeline *p);
+
+/** Destroy a stages object (after the pipeline using it is destroyed). Accepts NULL. */
+void mbp_model_stages_destroy(mbp_model_stages *st);
+
+/* ---- live weight swap ---- */
+
+/**
+ * Replace the model's weights by those of `next`, while its stages run.
+ *
+ * Micro-batches that already took the old weights finish with them; those that start stage 0 after the
+ * swap use the new ones; none mixes the two. Returns after a grace period (synchronize_rcu); the old
+ * weights are freed when the last micro-batch using them leaves the pipeline. Must not be called from a
+ * stage function.
+ *
+ * @param next a model with the same layer structure (widths, activations, norms); consumed on success
+ *             (do not use or destroy it afterwards), left alone on error
+ * @return 0, -EINVAL (NULL, m == next, a different structure).
+ */
+int mbp_model_swap(mbp_model *m, mbp_model *next);
+
+/* ---- files ---- */
+
+/** Shape of a random model for mbp_model_write_random(). */
+typedef struct mbp_model_spec {
+	unsigned layers; /**< L (1 .. MBP_MODEL_MAX_LAYERS) */
+	const uint32_t
+	    *widths; /**< L + 1 widths: input, then each layer's output; NULL: use the next three */
+	uint32_t in, hidden, out; /**< when widths is NULL: in -> hidden -> ... -> hidden -> out */
+	mbp_act act;		  /**< activation of every layer but the last (which has none) */
+	bool norm;		  /**< layer normalisation on every layer but the last */
+	mbp_dtype dtype;	  /**< storage type */
+	uint64_t seed;		  /**< same seed, same file */
+} mbp_model_spec;
+
+/**
+ * Write a model file with random weights (uniform in +-1/sqrt(fan-in), biases +-0.1, norm gains near 1),
+ * deterministic for a seed; nothing comes from the network. The file is written to a temporary name and
+ * renamed into place.
+ * @return 0, -EINVAL (bad spec), -errno from the file system, -ENOMEM.
+ */
+int mbp_model_write_random(const char *path, const mbp_model_spec *spec);
+
+/* ---- OpenBLAS ---- */
+
+/**
+ * The OpenBLAS in use: "OpenBLAS <config> kernel <corename>, <n> threads". Static string; the thread
+ * count is read at the first call.
+ */
+const char *mbp_blas_info(void);
+
+/**
+ * A warning when OpenBLAS picked a generic kernel (without AVX2) on a CPU that has AVX2 or AVX-512, with
+ * the OPENBLAS_CORETYPE value to export; NULL otherwise. Static string.
+ */
+const char *mbp_blas_warning(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
