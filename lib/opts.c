@@ -1,2 +1,136 @@
-/* opts: in progress */
+/*
+ * Pipeline options: defaults and the `key=value,...` form (like jemalloc's MALLOC_CONF), so tests, tools
+ * and benchmarks can set them from an environment variable.
+ */
 #include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <string.h>
+
+#include <mbpipe.h>
+
+#include "wait.h"
+
+void mbp_opts_init(mbp_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->max_mb_rows = 64;
+	o->ring_capacity = 16;
+	o->ingress_depth = 1024;
+	o->mb_buffers = 256;
+	o->pool_bytes = (size_t)1 << 30;
+	o->cache_size = 8;
+	o->spin_ns = MBP__SPIN_NS_DEFAULT;
+	o->yield_ns = MBP__YIELD_NS_DEFAULT;
+	o->pin = true;
+}
+
+static int parse_u64(const char *v, size_t len, uint64_t max, uint64_t *out)
+{
+	if (len == 0 || len > 20)
+		return -EINVAL;
+	uint64_t x = 0;
+	for (size_t i = 0; i < len; i++) {
+		if (v[i] < '0' || v[i] > '9')
+			return -EINVAL;
+		if (x > (UINT64_MAX - 9) / 10)
+			return -ERANGE;
+		x = x * 10 + (uint64_t)(v[i] - '0');
+	}
+	if (x > max)
+		return -ERANGE;
+	*out = x;
+	return 0;
+}
+
+/* "0-3" or "0+2+5" (commas separate keys, so the list uses '+'). */
+static int parse_cpus(mbp_opts *o, const char *v, size_t len)
+{
+	uint32_t n = 0;
+	size_t i = 0;
+	while (i < len) {
+		size_t j = i;
+		while (j < len && v[j] != '+')
+			j++;
+		const char *dash = memchr(v + i, '-', j - i);
+		uint64_t lo, hi;
+		int rc = parse_u64(v + i, (size_t)((dash ? dash : v + j) - (v + i)), CPU_SETSIZE - 1, &lo);
+		if (rc)
+			return rc;
+		hi = lo;
+		if (dash && (rc = parse_u64(dash + 1, (size_t)(v + j - dash - 1), CPU_SETSIZE - 1, &hi)))
+			return rc;
+		if (hi < lo)
+			return -EINVAL;
+		for (uint64_t c = lo; c <= hi; c++) {
+			if (n == MBP_MAX_CPUS)
+				return -E2BIG;
+			o->cpus[n++] = (int)c;
+		}
+		i = j + 1;
+	}
+	if (n == 0)
+		return -EINVAL;
+	o->ncpus = n;
+	return 0;
+}
+
+int mbp_opts_parse(mbp_opts *o, const char *conf, size_t *errpos)
+{
+	if (!o)
+		return -EINVAL;
+	if (!conf)
+		return 0;
+	const char *p = conf;
+	while (*p) {
+		const char *end = strchr(p, ',');
+		if (!end)
+			end = p + strlen(p);
+		const char *eq = memchr(p, '=', (size_t)(end - p));
+		int rc = -EINVAL;
+		if (eq) {
+			size_t klen = (size_t)(eq - p), vlen = (size_t)(end - eq - 1);
+			const char *v = eq + 1;
+			uint64_t x = 0;
+#define KEY(name) (klen == sizeof(name) - 1 && memcmp(p, name, klen) == 0)
+			if (KEY("cpus"))
+				rc = parse_cpus(o, v, vlen);
+			else if ((rc = parse_u64(v, vlen, UINT32_MAX, &x)) != 0)
+				;
+			else if (KEY("row_bytes"))
+				o->in_row_bytes = x;
+			else if (KEY("max_mb_rows"))
+				o->max_mb_rows = (uint32_t)x;
+			else if (KEY("ring"))
+				o->ring_capacity = (uint32_t)x;
+			else if (KEY("ingress"))
+				o->ingress_depth = (uint32_t)x;
+			else if (KEY("mb_buffers"))
+				o->mb_buffers = (uint32_t)x;
+			else if (KEY("pool_mb"))
+				o->pool_bytes = (size_t)x << 20;
+			else if (KEY("cache"))
+				o->cache_size = (uint32_t)x;
+			else if (KEY("spin_us"))
+				o->spin_ns = x * 1000;
+			else if (KEY("yield_us"))
+				o->yield_ns = x * 1000;
+			else if (KEY("pin") && x <= 1)
+				o->pin = x != 0;
+			else if (KEY("trace"))
+				o->trace_events = (uint32_t)x;
+			else
+				rc = -EINVAL;
+#undef KEY
+		}
+		if (rc) {
+			if (errpos)
+				*errpos = (size_t)(p - conf);
+			return rc;
+		}
+		p = *end ? end + 1 : end;
+	}
+	return 0;
+}

@@ -1,2 +1,102 @@
-/* stats: in progress */
+/*
+ * Statistics: snapshots of single-writer counters (relaxed loads) and the window between two snapshots.
+ *
+ * The bubble is the share of the stages' time that was not spent computing: 1 - sum(busy) / (S x wall).
+ * For S balanced stages and M micro-batches per batch, fill and drain alone give GPipe's (S-1)/(M+S-1);
+ * imbalance, hand-off overhead and waiting for input add to it.
+ */
 #include "config.h"
+
+#include <string.h>
+
+#include "pipeline_internal.h"
+
+static void derive(mbp_pipeline_stats *ps, const mbp_stage_stats *ss, unsigned n, uint64_t busy_sum)
+{
+	double wall = (double)(ps->now_ns - ps->start_ns) / 1e9;
+	ps->throughput = wall > 0 ? (double)ps->rows_completed / wall : 0;
+	ps->bubble = wall > 0 && ps->stages ? 1.0 - (double)busy_sum / 1e9 / (wall * ps->stages) : 0;
+	if (ps->bubble < 0)
+		ps->bubble = 0;
+	(void)ss;
+	(void)n;
+}
+
+int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_stats *ss, unsigned n)
+{
+	if (!p || !ps || (!ss && n))
+		return -EINVAL;
+	memset(ps, 0, sizeof(*ps));
+	ps->stages = p->nstages;
+	ps->start_ns = p->start_ns;
+	ps->now_ns = mbp__now_ns();
+	ps->jobs_accepted = atomic_load_explicit(&p->jobs_accepted, memory_order_relaxed);
+	ps->mbs_accepted = atomic_load_explicit(&p->mbs_accepted, memory_order_relaxed);
+	uint64_t busy = 0;
+	for (unsigned i = 0; i < p->nstages; i++) {
+		struct mbp__stage *s = &p->stages[i];
+		struct mbp__stage_counters *c = &s->c;
+		ps->jobs_completed += mbp__counter_get(&c->done_jobs);
+		ps->jobs_failed += mbp__counter_get(&c->done_failed_jobs);
+		ps->mbs_completed += mbp__counter_get(&c->done_mbs);
+		ps->mbs_failed += mbp__counter_get(&c->done_failed_mbs);
+		ps->rows_completed += mbp__counter_get(&c->done_rows);
+		busy += mbp__counter_get(&c->busy_ns);
+		if (i >= n)
+			continue;
+		mbp_stage_stats *o = &ss[i];
+		memset(o, 0, sizeof(*o));
+		memcpy(o->name, s->name, sizeof(o->name));
+		o->cpu = s->pin_error ? -1 : s->cpu;
+		o->mbs = mbp__counter_get(&c->mbs);
+		o->rows = mbp__counter_get(&c->rows);
+		o->failed = mbp__counter_get(&c->failed);
+		o->busy_ns = mbp__counter_get(&c->busy_ns);
+		o->starved_ns = mbp__counter_get(&c->starved_ns);
+		o->blocked_ns = mbp__counter_get(&c->blocked_ns);
+		for (unsigned b = 0; b < MBP_HIST_BUCKETS; b++)
+			o->hist[b] = mbp__counter_get(&c->hist[b]);
+		if (s->in) {
+			o->ring_occupancy = mbp__ring_count(s->in);
+			o->ring_capacity = s->in->capacity;
+		} else {
+			o->ring_occupancy = atomic_load_explicit(&p->ingress.room.used, memory_order_relaxed);
+			o->ring_capacity = p->ingress.room.limit;
+		}
+	}
+	ps->ingress_queued = atomic_load_explicit(&p->ingress.room.used, memory_order_relaxed);
+	if (p->pool)
+		mbp_pool_stats_get(p->pool, &ps->pool);
+	if (p->mb_pool)
+		mbp_pool_stats_get(p->mb_pool, &ps->mb_pool);
+	if (p->start_ns == 0) /* not started */
+		ps->start_ns = ps->now_ns;
+	derive(ps, ss, n < p->nstages ? n : p->nstages, busy);
+	return (int)p->nstages;
+}
+
+void mbp_stats_window(mbp_pipeline_stats *b, mbp_stage_stats *bs, const mbp_pipeline_stats *a,
+		      const mbp_stage_stats *as, unsigned n)
+{
+	b->start_ns = a->now_ns;
+	b->jobs_accepted -= a->jobs_accepted;
+	b->jobs_completed -= a->jobs_completed;
+	b->jobs_failed -= a->jobs_failed;
+	b->mbs_accepted -= a->mbs_accepted;
+	b->mbs_completed -= a->mbs_completed;
+	b->mbs_failed -= a->mbs_failed;
+	b->rows_completed -= a->rows_completed;
+	uint64_t busy = 0;
+	for (unsigned i = 0; i < n; i++) {
+		bs[i].mbs -= as[i].mbs;
+		bs[i].rows -= as[i].rows;
+		bs[i].failed -= as[i].failed;
+		bs[i].busy_ns -= as[i].busy_ns;
+		bs[i].starved_ns -= as[i].starved_ns;
+		bs[i].blocked_ns -= as[i].blocked_ns;
+		for (unsigned k = 0; k < MBP_HIST_BUCKETS; k++)
+			bs[i].hist[k] -= as[i].hist[k];
+		busy += bs[i].busy_ns;
+	}
+	derive(b, bs, n, busy);
+}

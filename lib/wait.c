@@ -41,7 +41,7 @@ void mbp__heavy_fence(void)
 		long rc = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
 		MBP_VERIFY(rc == 0);
 	}
-	atomic_thread_fence(memory_order_seq_cst);
+	mbp__full_fence();
 }
 
 int mbp__futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t deadline)

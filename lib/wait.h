@@ -51,12 +51,24 @@ enum mbp__backoff_next {
 extern bool mbp__membarrier_ok;
 void mbp__wait_global_init(void);
 
+/* A full fence. TSan does not support atomic_thread_fence (gcc refuses it), so TSan builds use a seq_cst
+ * read-modify-write of a thread-local word instead: a locked instruction, a full barrier on x86. */
+static inline void mbp__full_fence(void)
+{
+#ifdef MBP_TSAN
+	static _Thread_local _Atomic uint32_t word;
+	atomic_fetch_add_explicit(&word, 0, memory_order_seq_cst);
+#else
+	atomic_thread_fence(memory_order_seq_cst);
+#endif
+}
+
 static inline void mbp__light_fence(void)
 {
 	if (MBP_LIKELY(mbp__membarrier_ok))
 		atomic_signal_fence(memory_order_seq_cst);
 	else
-		atomic_thread_fence(memory_order_seq_cst);
+		mbp__full_fence();
 }
 
 void mbp__heavy_fence(void);

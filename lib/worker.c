@@ -1,2 +1,408 @@
-/* worker: in progress */
+/*
+ * The loop of one stage thread: take input, run the stage, hand the result on, account the time.
+ *
+ * Stage 0 takes entries from the multi-producer ingress: a job (split here into micro-batches that read
+ * the caller's input in place) or a caller's single micro-batch. Later stages pop bursts from their input
+ * ring. Every stage except the last writes into a buffer from its own pool cache, releases its input into
+ * that cache (so the next get returns the buffer it just read, still hot) and pushes the output into the
+ * next ring. The last stage writes the caller's memory directly: the job's output rows, or the caller's own
+ * buffer for a single micro-batch, and completes.
+ *
+ * A failed micro-batch (a stage returned an error, or the pipeline is being cancelled) is not computed
+ * again: it travels on with its status so that completion stays in order and in one place.
+ *
+ * Time accounting (single writer, this thread): busy = inside the stage function; starved = waiting for
+ * input; blocked = waiting for room downstream or for a buffer.
+ */
 #include "config.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "affinity.h"
+#include "pipeline_internal.h"
+
+#define BURST 8
+
+static inline bool cancelled(const struct mbp_pipeline *p)
+{
+	/* relaxed: a hint checked once per micro-batch; cancel() joins the threads afterwards */
+	return atomic_load_explicit(&((struct mbp_pipeline *)p)->cancel, memory_order_relaxed) != 0;
+}
+
+/* ---- waiting: one shape for every wait of a worker ---- */
+
+typedef bool (*ready_fn)(struct mbp__stage *s);
+
+/* Wait until ready(s), with the spin-yield-park backoff; flush the pool cache before parking so an idle
+ * worker strands no buffer. Returns the nanoseconds spent. */
+static uint64_t wait_until(struct mbp__stage *s, struct mbp__parker *pk, ready_fn ready)
+{
+	uint64_t t0 = mbp__now_ns();
+	struct mbp__backoff b;
+	mbp__backoff_init(&b);
+	while (!ready(s)) {
+		if (mbp__backoff_step(&b, &s->p->wopts) == MBP__BACKOFF_AGAIN)
+			continue;
+		mbp_pool_cache_flush(s->cache);
+		mbp__parker_prepare(pk);
+		if (ready(s)) {
+			mbp__parker_cancel(pk);
+			break;
+		}
+		mbp__parker_sleep(pk, UINT64_MAX);
+	}
+	return mbp__now_ns() - t0;
+}
+
+static bool ring_in_ready(struct mbp__stage *s)
+{
+	return mbp__ring_count(s->in) != 0 || mbp__ring_closed(s->in);
+}
+
+static bool ring_out_ready(struct mbp__stage *s)
+{
+	return mbp__ring_count(s->out) < s->out->capacity;
+}
+
+static bool ingress_ready(struct mbp__stage *s)
+{
+	struct mbp__ingress_mpsc *q = &s->p->ingress;
+	/* acquire; partner: the release store in the ingress close (pipeline.c) */
+	return !cds_wfcq_empty(&q->head, &q->tail) || atomic_load_explicit(&q->closed, memory_order_acquire);
+}
+
+/* ---- links: the hop between two stages ---- */
+
+/* Pop up to BURST micro-batches; 0 at end of stream. */
+static unsigned link_pop(struct mbp__stage *s, void **items)
+{
+	for (;;) {
+		unsigned n = mbp__ring_pop_burst_sc(s->in, items, BURST);
+		if (n)
+			return n;
+		if (mbp__ring_closed(s->in)) /* drain what was pushed before the close */
+			return mbp__ring_pop_burst_sc(s->in, items, BURST);
+		mbp__counter_add(&s->c.starved_ns, wait_until(s, &s->in->cons_park, ring_in_ready));
+	}
+}
+
+static void link_push(struct mbp__stage *s, mbp_mb *mb)
+{
+	while (!mbp__ring_push_sp(s->out, mb)) {
+		/* only this thread closes its output ring, and only after its last push */
+		MBP_VERIFY(!mbp__ring_closed(s->out));
+		mbp__counter_add(&s->c.blocked_ns, wait_until(s, &s->out->prod_park, ring_out_ready));
+	}
+}
+
+/* A hop buffer from this worker's cache; waiting for one counts as blocked. Cannot fail: the engine's
+ * pool is sized for full rings and caches, and waits without limit otherwise. */
+static mbp_mb *hop_buffer(struct mbp__stage *s)
+{
+	mbp_mb *mb;
+	if (MBP_LIKELY(mbp_pool_get(s->p->pool, s->cache, &mb, 0) == 0))
+		return mb;
+	uint64_t t0 = mbp__now_ns();
+	int rc = mbp_pool_get(s->p->pool, s->cache, &mb, -1);
+	MBP_VERIFY(rc == 0);
+	mbp__counter_add(&s->c.blocked_ns, mbp__now_ns() - t0);
+	return mb;
+}
+
+/* ---- running a stage ---- */
+
+static unsigned log2_bucket(uint64_t ns)
+{
+	unsigned b = ns ? 63u - (unsigned)__builtin_clzll(ns) : 0;
+	return b < MBP_HIST_BUCKETS ? b : MBP_HIST_BUCKETS - 1;
+}
+
+/* Prepare out's header from in, run the stage function, account. Returns the stage's status. */
+static int run(struct mbp__stage *s, const mbp_mb *in, mbp_mb *out)
+{
+	out->rows = in->rows;
+	out->row_bytes = (uint32_t)s->out_row_bytes;
+	out->status = 0;
+	out->stage = s->idx;
+	out->seq = in->seq;
+	out->job = in->job;
+	out->user = in->user;
+	out->carry = in->carry;
+	uint64_t t0 = mbp__now_ns();
+	int rc = s->d.fn(s->d.ctx, in, out);
+	uint64_t t1 = mbp__now_ns();
+	if (rc > 0)
+		rc = -EPROTO; /* a stage must return 0 or a negative errno */
+	out->status = rc;
+	struct mbp__stage_counters *c = &s->c;
+	mbp__counter_add(&c->mbs, 1);
+	mbp__counter_add(&c->rows, in->rows);
+	mbp__counter_add(&c->busy_ns, t1 - t0);
+	mbp__counter_add(&c->hist[log2_bucket(t1 - t0)], 1);
+	if (rc)
+		mbp__counter_add(&c->failed, 1);
+	mbp__trace_add(s, t0, t1, out);
+	return rc;
+}
+
+/* ---- completion (the last stage; stage 0 for work it never starts) ---- */
+
+static void run_done_hooks(struct mbp_pipeline *p, mbp_mb *mb)
+{
+	for (unsigned i = 0; i < p->nstages; i++)
+		if (p->stages[i].d.done)
+			p->stages[i].d.done(p->stages[i].d.ctx, mb);
+}
+
+/* Deliver a caller's single micro-batch `x`, whose result is described by `res` (its data already in x). */
+static void deliver(struct mbp__stage *s, mbp_mb *x, const mbp_mb *res)
+{
+	if (res) {
+		x->rows = res->rows;
+		x->row_bytes = (uint32_t)s->out_row_bytes;
+		x->status = res->status;
+		x->stage = s->idx;
+		x->carry = res->carry;
+	}
+	mbp__counter_add(x->status ? &s->c.done_failed_mbs : &s->c.done_mbs, 1);
+	if (!x->status)
+		mbp__counter_add(&s->c.done_rows, x->rows);
+	s->p->o.on_result(s->p->o.on_result_arg, x);
+}
+
+/* A job micro-batch leaves the pipeline: `mb` carries its job, seq, rows and status. */
+static void complete_job_mb(struct mbp__stage *s, const mbp_mb *mb)
+{
+	if (!mb->status)
+		mbp__counter_add(&s->c.done_rows, mb->rows);
+	mbp__job_account(&s->c, mb->job, 1, mb->status ? 1 : 0, mb->status, (uint32_t)mb->seq);
+}
+
+/* The output view of the last stage for a job micro-batch: the caller's output rows. */
+static void job_out_view(struct mbp__stage *s, const mbp_mb *in, mbp_mb *view)
+{
+	mbp_job *job = in->job;
+	size_t row0 = (size_t)in->seq * job->mb_rows;
+	memset(view, 0, sizeof(*view));
+	view->data = (char *)job->out + row0 * s->out_row_bytes;
+	view->capacity = (size_t)in->rows * s->out_row_bytes;
+}
+
+/* Last stage (not stage 0): a hop buffer arrives. */
+static void last_stage(struct mbp__stage *s, mbp_mb *in)
+{
+	struct mbp_pipeline *p = s->p;
+	mbp_mb *x = *mbp__origin(in); /* the caller's buffer, for a single micro-batch */
+	mbp_mb view, *res = in;
+	if (in->status == 0 && cancelled(p))
+		in->status = -ECANCELED;
+	if (in->status == 0) {
+		if (in->job) {
+			job_out_view(s, in, &view);
+		} else {
+			memset(&view, 0, sizeof(view));
+			view.data = x->data;
+			view.capacity = x->capacity;
+		}
+		run(s, in, &view);
+		res = &view;
+	}
+	run_done_hooks(p, res);
+	if (in->job) {
+		complete_job_mb(s, res);
+		mbp_pool_put(p->pool, s->cache, in);
+	} else {
+		deliver(s, x, res); /* reads res (possibly `in`) before `in` goes back */
+		mbp_pool_put(p->pool, s->cache, in);
+	}
+}
+
+/* Middle stage: compute into a fresh hop buffer, release the input into the cache, push. */
+static void middle_stage(struct mbp__stage *s, mbp_mb *in)
+{
+	if (in->status == 0 && cancelled(s->p))
+		in->status = -ECANCELED;
+	if (in->status != 0) {
+		link_push(s, in); /* failed upstream: travel on with the status */
+		return;
+	}
+	mbp_mb *out = hop_buffer(s);
+	run(s, in, out);
+	*mbp__origin(out) = *mbp__origin(in);
+	mbp_pool_put(s->p->pool, s->cache, in); /* the next hop_buffer() returns this one, still hot */
+	link_push(s, out);
+}
+
+static void ring_stage_loop(struct mbp__stage *s)
+{
+	void *items[BURST];
+	bool last = s->out == NULL;
+	unsigned n;
+	while ((n = link_pop(s, items)) != 0) {
+		for (unsigned i = 0; i < n; i++) {
+			if (last)
+				last_stage(s, items[i]);
+			else
+				middle_stage(s, items[i]);
+		}
+	}
+}
+
+/* ---- stage 0 ---- */
+
+/* One micro-batch of stage 0, from a view of the caller's input (job) or the caller's buffer. */
+static void first_stage_mb(struct mbp__stage *s, mbp_mb *in, mbp_mb *x)
+{
+	struct mbp_pipeline *p = s->p;
+	if (s->out) {
+		mbp_mb *out = hop_buffer(s);
+		run(s, in, out);
+		*mbp__origin(out) = x;
+		link_push(s, out);
+		return;
+	}
+	/* a single stage: it is also the last */
+	if (in->job) {
+		mbp_mb view;
+		job_out_view(s, in, &view);
+		run(s, in, &view);
+		run_done_hooks(p, &view);
+		complete_job_mb(s, &view);
+		return;
+	}
+	/* the input is the caller's buffer: compute into a hop buffer, then copy back */
+	mbp_mb *tmp = hop_buffer(s);
+	run(s, in, tmp);
+	run_done_hooks(p, tmp);
+	if (tmp->status == 0)
+		memcpy(x->data, tmp->data, (size_t)tmp->rows * s->out_row_bytes);
+	deliver(s, x, tmp);
+	mbp_pool_put(p->pool, s->cache, tmp);
+}
+
+static void first_stage_job(struct mbp__stage *s, mbp_job *job)
+{
+	struct mbp__job_priv *jp = mbp__jp(job);
+	uint32_t nmb = job->mbs;
+	for (uint32_t k = jp->next_mb; k < nmb; k++) {
+		if (cancelled(s->p)) {
+			/* never started: they fail here and do not enter the pipeline */
+			uint32_t left = nmb - k;
+			jp->next_mb = nmb;
+			mbp__job_account(&s->c, job, left, left, -ECANCELED, k);
+			return;
+		}
+		size_t row0 = (size_t)k * job->mb_rows;
+		size_t rows = job->rows - row0 < job->mb_rows ? job->rows - row0 : job->mb_rows;
+		mbp_mb view = {
+		    .data = (void *)((const char *)job->in + row0 * s->in_row_bytes),
+		    .capacity = rows * s->in_row_bytes,
+		    .rows = (uint32_t)rows,
+		    .row_bytes = (uint32_t)s->in_row_bytes,
+		    .stage = UINT32_MAX,
+		    .seq = k,
+		    .job = job,
+		};
+		jp->next_mb = k + 1;
+		first_stage_mb(s, &view, NULL);
+	}
+}
+
+static void first_stage_single(struct mbp__stage *s, mbp_mb *x)
+{
+	if (cancelled(s->p)) {
+		x->status = -ECANCELED;
+		deliver(s, x, NULL); /* never started: no stage saw it, so no done hooks */
+		return;
+	}
+	first_stage_mb(s, x, x);
+}
+
+/* Next ingress entry, waiting for one; NULL once the ingress is closed and empty. */
+static struct mbp__item *ingress_pop(struct mbp__stage *s)
+{
+	struct mbp__ingress_mpsc *q = &s->p->ingress;
+	for (;;) {
+		/* single consumer: this thread alone dequeues, so the lock-free variant is safe */
+		struct cds_wfcq_node *node = __cds_wfcq_dequeue_blocking(&q->head, &q->tail);
+		if (node) {
+			MBP_TSAN_ACQUIRE(node); /* partner: MBP_TSAN_RELEASE before the enqueue */
+			mbp__bound_give(&q->room, 1);
+			return (struct mbp__item *)(void *)node;
+		}
+		if (atomic_load_explicit(&q->closed, memory_order_acquire)) {
+			/* acquire; partner: the release store of closed, made after every accepted enqueue
+			 * finished: one more look drains the last of them */
+			node = __cds_wfcq_dequeue_blocking(&q->head, &q->tail);
+			if (!node)
+				return NULL;
+			MBP_TSAN_ACQUIRE(node);
+			mbp__bound_give(&q->room, 1);
+			return (struct mbp__item *)(void *)node;
+		}
+		mbp__counter_add(&s->c.starved_ns, wait_until(s, &q->cons_park, ingress_ready));
+	}
+}
+
+static void first_stage_loop(struct mbp__stage *s)
+{
+	struct mbp__item *it;
+	while ((it = ingress_pop(s)) != NULL) {
+		if (it->kind == MBP__ITEM_JOB)
+			first_stage_job(s, mbp__container_of(it, mbp_job, priv.opaque));
+		else
+			first_stage_single(s, &mbp__container_of(it, struct mbp__buf, link)->mb);
+	}
+}
+
+void mbp__worker_main_loop(struct mbp__stage *s)
+{
+	if (s->idx == 0)
+		first_stage_loop(s);
+	else
+		ring_stage_loop(s);
+	if (s->out)
+		mbp__ring_close(s->out); /* end of stream for the next stage, after our last push */
+}
+
+void *mbp__worker_thread(void *arg)
+{
+	struct mbp__stage *s = arg;
+	struct mbp_pipeline *p = s->p;
+	char tname[16];
+	snprintf(tname, sizeof(tname), "mbp-stage%u", s->idx);
+	pthread_setname_np(pthread_self(), tname);
+
+	int rc = 0;
+	if (s->cpu >= 0) {
+		s->pin_error = mbp__pin_self(s->cpu);
+		if (s->pin_error && s->pin_required)
+			rc = s->pin_error;
+	}
+	if (rc == 0)
+		rc = mbp_pool_cache_new(p->pool, &s->cache);
+	if (rc == 0 && s->d.init)
+		rc = s->d.init(s->d.ctx, s->idx);
+	if (rc > 0)
+		rc = -EPROTO;
+	s->init_ok = rc == 0;
+
+	pthread_mutex_lock(&p->start_lock);
+	p->started++;
+	if (rc && !p->start_err)
+		p->start_err = rc;
+	pthread_cond_broadcast(&p->start_cond);
+	while (p->go == 0)
+		pthread_cond_wait(&p->start_cond, &p->start_lock);
+	int go = p->go;
+	pthread_mutex_unlock(&p->start_lock);
+
+	if (go > 0)
+		mbp__worker_main_loop(s);
+	if (s->init_ok && s->d.fini)
+		s->d.fini(s->d.ctx);
+	mbp_pool_cache_destroy(s->cache);
+	s->cache = NULL;
+	return NULL;
+}

@@ -1,15 +1,904 @@
+/*
+ * Pipeline engine tests: results in order and correct, every micro-batch accounted for in every path
+ * (normal, stage errors, drain, cancel, destroy with work in flight, blocked submitters), every invalid
+ * argument rejected with its documented error.
+ *
+ * Rows are arrays of uint32_t words. Stage k maps each word w to w * 3 + k + 1 (mod 2^32), so the expected
+ * output of any row is computable on the side, and a row that went through the stages in the wrong order,
+ * twice, or not at all is caught.
+ */
 #include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mbpipe.h>
+
 #include "check_main.h"
-START_TEST(placeholder)
+
+#define WORDS 4 /* words per input row */
+
+struct stage_ctx {
+	unsigned k;	       /* stage index */
+	unsigned max_delay_ns; /* random busy delay per micro-batch, 0..max */
+	unsigned fail_mod;     /* fail micro-batches whose first word % fail_mod == fail_rem (0: never) */
+	unsigned fail_rem;
+	int fail_err;
+	unsigned out_words; /* words per output row (0: same as input) */
+	unsigned in_words;
+	_Atomic unsigned *gate; /* if set, wait while *gate == 0 */
+	_Atomic unsigned long done_calls;
+	_Atomic unsigned long inits, finis;
+	int init_err;
+	unsigned seed;
+};
+
+static uint32_t map(uint32_t w, unsigned k)
 {
-	ck_assert(1);
+	return w * 3u + k + 1u;
+}
+
+static void busy_ns(unsigned ns)
+{
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	do {
+		clock_gettime(CLOCK_MONOTONIC, &b);
+	} while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) < (long)ns);
+}
+
+static int stage_fn(void *ctxp, const mbp_mb *in, mbp_mb *out)
+{
+	struct stage_ctx *c = ctxp;
+	if (c->gate)
+		while (!atomic_load(c->gate))
+			usleep(100);
+	if (c->max_delay_ns)
+		busy_ns((unsigned)rand_r(&c->seed) % c->max_delay_ns);
+	const uint32_t *src = in->data;
+	uint32_t *dst = out->data;
+	unsigned iw = in->row_bytes / 4, ow = out->row_bytes / 4;
+	ck_assert_uint_eq(out->rows, in->rows);
+	ck_assert_uint_le((size_t)out->rows * out->row_bytes, out->capacity);
+	if (c->fail_mod && src[0] % c->fail_mod == c->fail_rem)
+		return c->fail_err;
+	for (uint32_t r = 0; r < in->rows; r++)
+		for (unsigned j = 0; j < ow; j++) /* narrower output: sum pairs; same width: map */
+			dst[r * ow + j] = ow == iw ? map(src[r * iw + j], c->k)
+						   : map(src[r * iw + 2 * j] + src[r * iw + 2 * j + 1], c->k);
+	return 0;
+}
+
+static int stage_init(void *ctxp, unsigned idx)
+{
+	struct stage_ctx *c = ctxp;
+	ck_assert_uint_eq(idx, c->k);
+	atomic_fetch_add(&c->inits, 1);
+	return c->init_err;
+}
+
+static void stage_fini(void *ctxp)
+{
+	struct stage_ctx *c = ctxp;
+	atomic_fetch_add(&c->finis, 1);
+}
+
+static void stage_done(void *ctxp, mbp_mb *mb)
+{
+	struct stage_ctx *c = ctxp;
+	atomic_fetch_add(&c->done_calls, 1);
+}
+
+static struct stage_ctx ctxs[MBP_MAX_STAGES];
+
+/* A pipeline of S mapping stages over WORDS-word rows. */
+static mbp_pipeline *make(unsigned S, unsigned max_delay_ns, mbp_opts *extra)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.spin_ns = 2000;
+	o.yield_ns = 20000;
+	if (extra)
+		o = *extra;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	for (unsigned k = 0; k < S; k++) {
+		ctxs[k] = (struct stage_ctx){.k = k, .max_delay_ns = max_delay_ns, .seed = 1234 + k};
+		mbp_stage_desc d = {.fn = stage_fn,
+				    .init = stage_init,
+				    .fini = stage_fini,
+				    .done = stage_done,
+				    .ctx = &ctxs[k],
+				    .cpu = -1};
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	}
+	return p;
+}
+
+static uint32_t expect_word(uint32_t w, unsigned S)
+{
+	for (unsigned k = 0; k < S; k++)
+		w = map(w, k);
+	return w;
+}
+
+static void fill(uint32_t *in, size_t rows, uint32_t base)
+{
+	for (size_t i = 0; i < rows * WORDS; i++)
+		in[i] = base + (uint32_t)i;
+}
+
+static void check_out(const uint32_t *in, const uint32_t *out, size_t rows, unsigned S)
+{
+	for (size_t i = 0; i < rows * WORDS; i++)
+		if (out[i] != expect_word(in[i], S))
+			ck_abort_msg("word %zu: got %u, want %u", i, out[i], expect_word(in[i], S));
+}
+
+/* accepted = completed + failed, and nothing is still in flight. */
+static void assert_conserved(mbp_pipeline *p)
+{
+	mbp_pipeline_stats ps;
+	ck_assert_int_ge(mbp_pipeline_stats_get(p, &ps, NULL, 0), 1);
+	ck_assert_uint_eq(ps.mbs_accepted, ps.mbs_completed + ps.mbs_failed);
+	ck_assert_uint_eq(ps.jobs_accepted, ps.jobs_completed + ps.jobs_failed);
+	ck_assert_uint_eq(ps.pool.in_use, 0);
+}
+
+/* ---- results ---- */
+
+START_TEST(job_results_in_order_with_random_delays_and_short_last_mb)
+{
+	const unsigned S = 3;
+	mbp_pipeline *p = make(S, 20000, NULL);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	size_t rows = 1001; /* 143 micro-batches of 7 rows, the last one short */
+	uint32_t *in = malloc(rows * WORDS * 4), *out = calloc(rows * WORDS, 4);
+	fill(in, rows, 17);
+	mbp_job job;
+	mbp_job_init(&job, in, out, rows, 7);
+	ck_assert_int_eq(mbp_job_submit(p, &job, -1), 0);
+	ck_assert_int_eq(mbp_job_wait(&job, -1), 0);
+	ck_assert_int_eq(job.status, 0);
+	ck_assert_uint_eq(job.mbs, 143);
+	ck_assert_uint_eq(job.mbs_failed, 0);
+	ck_assert(job.done_ns >= job.submit_ns);
+	check_out(in, out, rows, S);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	assert_conserved(p);
+	for (unsigned k = 0; k < S; k++) {
+		ck_assert_uint_eq(ctxs[k].done_calls, 143 * S / S); /* each stage's done runs once per mb */
+		ck_assert_uint_eq(ctxs[k].inits, 1);
+		ck_assert_uint_eq(ctxs[k].finis, 1);
+	}
+	mbp_pipeline_destroy(p);
+	free(in);
+	free(out);
 }
 END_TEST
+
+START_TEST(one_to_eight_stages_on_two_cores_give_exact_results)
+{
+	for (unsigned S = 1; S <= 8; S++) {
+		mbp_pipeline *p = make(S, 3000, NULL);
+		ck_assert_int_eq(mbp_pipeline_start(p), 0);
+		size_t rows = 300;
+		uint32_t *in = malloc(rows * WORDS * 4), *out = calloc(rows * WORDS, 4);
+		fill(in, rows, S * 1000);
+		ck_assert_int_eq(mbp_run(p, in, out, rows, 4), 0);
+		check_out(in, out, rows, S);
+		ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+		assert_conserved(p);
+		mbp_pipeline_destroy(p);
+		free(in);
+		free(out);
+	}
+}
+END_TEST
+
+static int sum_pairs_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	const uint32_t *s = in->data;
+	uint32_t *d = out->data;
+	unsigned iw = in->row_bytes / 4, ow = out->row_bytes / 4;
+	for (uint32_t r = 0; r < in->rows; r++)
+		for (unsigned j = 0; j < ow; j++)
+			d[r * ow + j] = s[r * iw + 2 * j] + s[r * iw + 2 * j + 1];
+	return 0;
+}
+
+START_TEST(stage_may_change_row_width)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	ctxs[0] = (struct stage_ctx){.k = 0};
+	mbp_stage_desc a = {.fn = stage_fn, .ctx = &ctxs[0], .cpu = -1};
+	mbp_stage_desc b = {.fn = sum_pairs_fn, .out_row_bytes = WORDS / 2 * 4, .cpu = -1}; /* 4 -> 2 words */
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &a), 0);
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &b), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	size_t rows = 50;
+	uint32_t in[50 * WORDS], out[50 * WORDS / 2];
+	fill(in, rows, 5);
+	ck_assert_int_eq(mbp_run(p, in, out, rows, 8), 0);
+	for (size_t r = 0; r < rows; r++)
+		for (unsigned j = 0; j < WORDS / 2; j++)
+			ck_assert_uint_eq(out[r * 2 + j],
+					  map(in[r * WORDS + 2 * j], 0) + map(in[r * WORDS + 2 * j + 1], 0));
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* ---- many producers ---- */
+
+#define PRODUCERS 4
+
+struct producer {
+	mbp_pipeline *p;
+	unsigned id;
+	unsigned jobs;
+	unsigned S;
+	unsigned long verified;
+};
+
+static void *producer_main(void *arg)
+{
+	struct producer *pr = arg;
+	enum { ROWS = 40, INFLIGHT = 4 };
+	mbp_job job[INFLIGHT];
+	uint32_t in[INFLIGHT][ROWS * WORDS], out[INFLIGHT][ROWS * WORDS];
+	for (unsigned j = 0; j < pr->jobs + INFLIGHT; j++) {
+		unsigned slot = j % INFLIGHT;
+		if (j >= INFLIGHT) { /* collect the job submitted INFLIGHT ago */
+			ck_assert_int_eq(mbp_job_wait(&job[slot], -1), 0);
+			ck_assert_int_eq(job[slot].status, 0);
+			check_out(in[slot], out[slot], ROWS, pr->S);
+			pr->verified++;
+		}
+		if (j >= pr->jobs)
+			continue;
+		/* stamp: producer id in the top byte, job sequence in the next 16 bits */
+		fill(in[slot], ROWS, (pr->id << 24) | (j << 8));
+		mbp_job_init(&job[slot], in[slot], out[slot], ROWS, 1 + (j % 9));
+		ck_assert_int_eq(mbp_job_submit(pr->p, &job[slot], -1), 0);
+	}
+	return NULL;
+}
+
+START_TEST(four_producers_submit_jobs_at_once_and_each_gets_its_own_results)
+{
+	const unsigned S = 3;
+	mbp_pipeline *p = make(S, 0, NULL);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	pthread_t t[PRODUCERS];
+	struct producer pr[PRODUCERS];
+	unsigned jobs = (unsigned)mbp_iters(400, 40);
+	for (unsigned i = 0; i < PRODUCERS; i++) {
+		pr[i] = (struct producer){.p = p, .id = i + 1, .jobs = jobs, .S = S};
+		pthread_create(&t[i], NULL, producer_main, &pr[i]);
+	}
+	for (unsigned i = 0; i < PRODUCERS; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_uint_eq(pr[i].verified, jobs);
+	}
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	mbp_pipeline_stats ps;
+	mbp_pipeline_stats_get(p, &ps, NULL, 0);
+	ck_assert_uint_eq(ps.jobs_accepted, (uint64_t)PRODUCERS * jobs);
+	ck_assert_uint_eq(ps.jobs_completed, (uint64_t)PRODUCERS * jobs);
+	assert_conserved(p);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* ---- failures ---- */
+
+START_TEST(stage_failure_fails_its_job_with_first_error_and_pipeline_goes_on)
+{
+	const unsigned S = 4;
+	mbp_pipeline *p = make(S, 0, NULL);
+	/* stage 2 fails micro-batches whose first input word (after two maps) is even */
+	ctxs[2].fail_mod = 2;
+	ctxs[2].fail_rem = 0;
+	ctxs[2].fail_err = -EIO;
+	ctxs[1].fail_mod = 7;
+	ctxs[1].fail_rem = 3;
+	ctxs[1].fail_err = -EDOM;
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	unsigned long failed_total = 0, mbs_total = 0;
+	for (unsigned j = 0; j < 50; j++) {
+		size_t rows = 64;
+		uint32_t in[64 * WORDS], out[64 * WORDS];
+		memset(out, 0xee, sizeof(out));
+		fill(in, rows, j * 977);
+		mbp_job job;
+		mbp_job_init(&job, in, out, rows, 4);
+		ck_assert_int_eq(mbp_job_submit(p, &job, -1), 0);
+		ck_assert_int_eq(mbp_job_wait(&job, -1), 0);
+		/* expected: walk the micro-batches like the stages do */
+		int first_err = 0;
+		unsigned failed = 0;
+		for (unsigned m = 0; m < 16; m++) {
+			uint32_t w0 = in[m * 4 * WORDS];
+			int err = 0;
+			if (map(w0, 0) % 7 == 3)
+				err = -EDOM;
+			else if (map(map(w0, 0), 1) % 2 == 0)
+				err = -EIO;
+			if (err) {
+				failed++;
+				if (!first_err)
+					first_err = err;
+			} else {
+				check_out(in + m * 4 * WORDS, out + m * 4 * WORDS, 4, S);
+			}
+		}
+		ck_assert_int_eq(job.status, first_err);
+		ck_assert_uint_eq(job.mbs_failed, failed);
+		failed_total += failed;
+		mbs_total += 16;
+	}
+	ck_assert_uint_gt(failed_total, 0);
+	ck_assert_uint_lt(failed_total, mbs_total);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	mbp_pipeline_stats ps;
+	mbp_pipeline_stats_get(p, &ps, NULL, 0);
+	ck_assert_uint_eq(ps.mbs_failed, failed_total);
+	ck_assert_uint_eq(ps.mbs_completed, mbs_total - failed_total);
+	assert_conserved(p);
+	/* done hooks ran for every micro-batch, failed ones too */
+	ck_assert_uint_eq(ctxs[0].done_calls, mbs_total);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+START_TEST(random_injected_failures_keep_accounting_exact)
+{
+	const unsigned S = 3;
+	mbp_pipeline *p = make(S, 2000, NULL);
+	for (unsigned k = 0; k < S; k++) {
+		ctxs[k].fail_mod = 5 + k;
+		ctxs[k].fail_rem = k;
+		ctxs[k].fail_err = -(int)(EIO + k);
+	}
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	enum { J = 30, ROWS = 33 };
+	static mbp_job job[J];
+	static uint32_t in[J][ROWS * WORDS], out[J][ROWS * WORDS];
+	for (unsigned j = 0; j < J; j++) {
+		fill(in[j], ROWS, (uint32_t)rand());
+		mbp_job_init(&job[j], in[j], out[j], ROWS, 1 + j % 5);
+		ck_assert_int_eq(mbp_job_submit(p, &job[j], -1), 0);
+	}
+	uint64_t failed = 0, mbs = 0;
+	for (unsigned j = 0; j < J; j++) {
+		ck_assert_int_eq(mbp_job_wait(&job[j], -1), 0);
+		ck_assert_int_eq(job[j].status != 0, job[j].mbs_failed != 0);
+		failed += job[j].mbs_failed;
+		mbs += job[j].mbs;
+	}
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	mbp_pipeline_stats ps;
+	mbp_pipeline_stats_get(p, &ps, NULL, 0);
+	ck_assert_uint_eq(ps.mbs_accepted, mbs);
+	ck_assert_uint_eq(ps.mbs_failed, failed);
+	assert_conserved(p);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+START_TEST(failing_init_makes_start_fail_and_runs_fini_where_init_succeeded)
+{
+	mbp_pipeline *p = make(4, 0, NULL);
+	ctxs[2].init_err = -EIO;
+	ck_assert_int_eq(mbp_pipeline_start(p), -EIO);
+	for (unsigned k = 0; k < 4; k++) {
+		ck_assert_uint_eq(ctxs[k].inits, 1);
+		ck_assert_uint_eq(ctxs[k].finis, k == 2 ? 0 : 1);
+	}
+	uint32_t in[WORDS], out[WORDS];
+	mbp_job job;
+	mbp_job_init(&job, in, out, 1, 1);
+	ck_assert_int_eq(mbp_job_submit(p, &job, 0), -ESHUTDOWN);
+	ck_assert_int_eq(mbp_pipeline_start(p), -EALREADY);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* ---- shutdown paths ---- */
+
+static _Atomic unsigned long cb_count;
+static void count_cb(mbp_job *job, void *arg)
+{
+	(void)job;
+	(void)arg;
+	atomic_fetch_add(&cb_count, 1);
+}
+
+START_TEST(cancel_with_work_in_flight_fails_what_has_not_started)
+{
+	const unsigned S = 3;
+	mbp_pipeline *p = make(S, 200000, NULL); /* up to 200 us per micro-batch and stage */
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	enum { J = 40, ROWS = 16 };
+	static mbp_job job[J];
+	static uint32_t in[J][ROWS * WORDS], out[J][ROWS * WORDS];
+	for (unsigned j = 0; j < J; j++) {
+		fill(in[j], ROWS, j);
+		mbp_job_init(&job[j], in[j], out[j], ROWS, 2);
+		ck_assert_int_eq(mbp_job_submit(p, &job[j], -1), 0);
+	}
+	usleep(3000);
+	ck_assert_int_eq(mbp_pipeline_cancel(p), 0);
+	unsigned ok = 0, cancelled = 0;
+	for (unsigned j = 0; j < J; j++) {
+		ck_assert(mbp_job_done(&job[j]));
+		ck_assert_int_eq(mbp_job_wait(&job[j], 0), 0);
+		if (job[j].status == 0) {
+			ok++;
+			check_out(in[j], out[j], ROWS, S);
+		} else {
+			ck_assert_int_eq(job[j].status, -ECANCELED);
+			cancelled++;
+		}
+	}
+	ck_assert_uint_gt(cancelled, 0);
+	assert_conserved(p);
+	ck_assert_int_eq(mbp_job_submit(p, &job[0], 0), -ESHUTDOWN);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+START_TEST(destroy_with_work_in_flight_completes_every_job)
+{
+	mbp_pipeline *p = make(4, 100000, NULL);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	enum { J = 64, ROWS = 8 };
+	static mbp_job job[J];
+	static uint32_t in[J][ROWS * WORDS], out[J][ROWS * WORDS];
+	atomic_store(&cb_count, 0);
+	for (unsigned j = 0; j < J; j++) {
+		mbp_job_init(&job[j], in[j], out[j], ROWS, 1);
+		job[j].cb = count_cb;
+		ck_assert_int_eq(mbp_job_submit(p, &job[j], -1), 0);
+	}
+	mbp_pipeline_destroy(p);
+	ck_assert_uint_eq(atomic_load(&cb_count), J);
+}
+END_TEST
+
+START_TEST(drain_finishes_everything_accepted)
+{
+	mbp_pipeline *p = make(3, 50000, NULL);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	enum { J = 30, ROWS = 10 };
+	static mbp_job job[J];
+	static uint32_t in[J][ROWS * WORDS], out[J][ROWS * WORDS];
+	for (unsigned j = 0; j < J; j++) {
+		fill(in[j], ROWS, j * 31);
+		mbp_job_init(&job[j], in[j], out[j], ROWS, 3);
+		ck_assert_int_eq(mbp_job_submit(p, &job[j], -1), 0);
+	}
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	for (unsigned j = 0; j < J; j++) {
+		ck_assert(mbp_job_done(&job[j]));
+		ck_assert_int_eq(job[j].status, 0);
+		check_out(in[j], out[j], ROWS, 3);
+	}
+	assert_conserved(p);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0); /* idempotent */
+	ck_assert_int_eq(mbp_job_submit(p, &job[0], 0), -ESHUTDOWN);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+static _Atomic unsigned gate;
+
+START_TEST(timeouts_on_wait_submit_and_drain)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.ingress_depth = 1;
+	mbp_pipeline *p = make(2, 0, &o);
+	atomic_store(&gate, 0);
+	ctxs[0].gate = &gate; /* stage 0 holds its first micro-batch until the gate opens */
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	uint32_t in[3][WORDS] = {{1}, {2}, {3}}, out[3][WORDS];
+	mbp_job a, b, c;
+	mbp_job_init(&a, in[0], out[0], 1, 1);
+	mbp_job_init(&b, in[1], out[1], 1, 1);
+	mbp_job_init(&c, in[2], out[2], 1, 1);
+	ck_assert_int_eq(mbp_job_submit(p, &a, -1), 0);
+	usleep(20000); /* stage 0 takes a from the ingress and blocks on the gate */
+	ck_assert_int_eq(mbp_job_submit(p, &b, -1), 0); /* fills the ingress (depth 1) */
+	ck_assert_int_eq(mbp_job_submit(p, &c, 0), -EAGAIN);
+	ck_assert_int_eq(mbp_job_submit(p, &c, 5000000), -ETIMEDOUT);
+	ck_assert_int_eq(mbp_job_wait(&a, 0), -ETIMEDOUT);
+	ck_assert_int_eq(mbp_job_wait(&a, 2000000), -ETIMEDOUT);
+	ck_assert(!mbp_job_done(&a));
+	ck_assert_int_eq(mbp_pipeline_drain(p, 2000000), -ETIMEDOUT);
+	ck_assert_int_eq(mbp_job_submit(p, &c, 0), -ESHUTDOWN); /* draining: no new work */
+	atomic_store(&gate, 1);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	ck_assert_int_eq(mbp_job_wait(&a, 0), 0);
+	ck_assert_int_eq(mbp_job_wait(&b, 0), 0);
+	ck_assert_int_eq(a.status, 0);
+	ck_assert_uint_eq(out[1][0], expect_word(2, 2));
+	assert_conserved(p);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+struct blocked_submitter {
+	mbp_pipeline *p;
+	mbp_job job;
+	uint32_t in[WORDS], out[WORDS];
+	int rc;
+};
+
+static void *blocked_submit_main(void *arg)
+{
+	struct blocked_submitter *b = arg;
+	mbp_job_init(&b->job, b->in, b->out, 1, 1);
+	b->rc = mbp_job_submit(b->p, &b->job, -1);
+	return NULL;
+}
+
+START_TEST(cancel_releases_submitters_blocked_on_a_full_ingress)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.ingress_depth = 2;
+	mbp_pipeline *p = make(2, 0, &o);
+	atomic_store(&gate, 0);
+	ctxs[0].gate = &gate;
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	enum { B = 6 };
+	static struct blocked_submitter bs[B];
+	pthread_t t[B];
+	for (unsigned i = 0; i < B; i++) {
+		bs[i] = (struct blocked_submitter){.p = p, .in = {i}};
+		pthread_create(&t[i], NULL, blocked_submit_main, &bs[i]);
+	}
+	usleep(30000);		/* one in stage 0, two in the ingress, the others blocked */
+	atomic_store(&gate, 1); /* let the gated stage finish what it holds once cancel starts */
+	ck_assert_int_eq(mbp_pipeline_cancel(p), 0);
+	unsigned accepted = 0, refused = 0;
+	for (unsigned i = 0; i < B; i++) {
+		pthread_join(t[i], NULL);
+		if (bs[i].rc == 0) {
+			accepted++;
+			ck_assert(mbp_job_done(&bs[i].job)); /* accepted: completed or failed, never lost */
+		} else {
+			ck_assert_int_eq(bs[i].rc, -ESHUTDOWN);
+			refused++;
+		}
+	}
+	ck_assert_uint_eq(accepted + refused, B);
+	ck_assert_uint_ge(accepted, 1);
+	assert_conserved(p);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* ---- micro-batches one by one ---- */
+
+struct results {
+	mbp_pipeline *p;
+	_Atomic unsigned long got, failed;
+	_Atomic unsigned long next_seq[PRODUCERS];
+	unsigned S;
+	_Atomic int order_ok;
+};
+
+static void on_result(void *arg, mbp_mb *mb)
+{
+	struct results *r = arg;
+	uintptr_t prod = (uintptr_t)mb->user;
+	/* one producer's micro-batches come back in its submission order */
+	if (mb->seq != atomic_load(&r->next_seq[prod]))
+		atomic_store(&r->order_ok, 0);
+	atomic_store(&r->next_seq[prod], mb->seq + 1);
+	if (mb->status) {
+		atomic_fetch_add(&r->failed, 1);
+	} else {
+		const uint32_t *d = mb->data;
+		uint32_t stamp = (uint32_t)(prod << 24 | mb->seq);
+		for (unsigned i = 0; i < mb->rows * WORDS; i++)
+			if (d[i] != expect_word(stamp + i, r->S))
+				atomic_store(&r->order_ok, 0);
+	}
+	atomic_fetch_add(&r->got, 1);
+	mbp_mb_release(r->p, mb);
+}
+
+struct mb_producer {
+	struct results *r;
+	unsigned id, n;
+};
+
+static void *mb_producer_main(void *arg)
+{
+	struct mb_producer *mp = arg;
+	for (unsigned s = 0; s < mp->n; s++) {
+		mbp_mb *mb;
+		ck_assert_int_eq(mbp_mb_acquire(mp->r->p, &mb, -1), 0);
+		ck_assert_uint_ge(mb->capacity, 5 * WORDS * 4);
+		mb->rows = 1 + s % 5;
+		mb->seq = s;
+		mb->user = (void *)(uintptr_t)mp->id;
+		uint32_t *d = mb->data;
+		for (unsigned i = 0; i < mb->rows * WORDS; i++)
+			d[i] = (uint32_t)(mp->id << 24 | s) + i;
+		ck_assert_int_eq(mbp_mb_submit(mp->r->p, mb, -1), 0);
+	}
+	return NULL;
+}
+
+static void run_single_mbs(unsigned S)
+{
+	static struct results r;
+	memset(&r, 0, sizeof(r));
+	atomic_store(&r.order_ok, 1);
+	r.S = S;
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.max_mb_rows = 8;
+	o.mb_buffers = 16;
+	o.on_result = on_result;
+	o.on_result_arg = &r;
+	mbp_pipeline *p = make(S, 0, &o);
+	r.p = p;
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	pthread_t t[2];
+	struct mb_producer mp[2];
+	unsigned n = (unsigned)mbp_iters(3000, 300);
+	for (unsigned i = 0; i < 2; i++) {
+		mp[i] = (struct mb_producer){.r = &r, .id = i, .n = n};
+		pthread_create(&t[i], NULL, mb_producer_main, &mp[i]);
+	}
+	for (unsigned i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	ck_assert_uint_eq(atomic_load(&r.got), 2 * n);
+	ck_assert_uint_eq(atomic_load(&r.failed), 0);
+	ck_assert_int_eq(atomic_load(&r.order_ok), 1);
+	mbp_pipeline_stats ps;
+	mbp_pipeline_stats_get(p, &ps, NULL, 0);
+	ck_assert_uint_eq(ps.mbs_accepted, 2 * n);
+	ck_assert_uint_eq(ps.mb_pool.in_use, 0);
+	assert_conserved(p);
+	mbp_pipeline_destroy(p);
+}
+
+START_TEST(single_micro_batches_come_back_in_order_with_their_tags)
+{
+	run_single_mbs(3);
+}
+END_TEST
+
+START_TEST(single_micro_batches_through_one_stage)
+{
+	run_single_mbs(1);
+}
+END_TEST
+
+/* ---- invalid arguments ---- */
+
+START_TEST(invalid_arguments_return_documented_errors)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(NULL, &o), -EINVAL);
+	ck_assert_int_eq(mbp_pipeline_new(&p, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), -EINVAL); /* row width 0 */
+	o.in_row_bytes = 16;
+	o.ring_capacity = 3;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), -EINVAL);
+	o.ring_capacity = 16;
+	o.max_mb_rows = 0;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), -EINVAL);
+	o.max_mb_rows = 8;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+
+	mbp_stage_desc d = {.fn = NULL, .cpu = -1};
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), -EINVAL);
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, NULL), -EINVAL);
+	d.fn = stage_fn;
+	d.cpu = -5;
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), -ERANGE);
+	ck_assert_int_eq(mbp_pipeline_start(p), -EINVAL); /* no stages */
+	ck_assert_int_eq(mbp_pipeline_drain(p, 0), -ENOTCONN);
+	ck_assert_int_eq(mbp_pipeline_cancel(p), -ENOTCONN);
+	ck_assert_int_eq(mbp_pipeline_placement(p, NULL, 0), -ENOTCONN);
+
+	uint32_t in[16 * WORDS], out[16 * WORDS];
+	mbp_job job;
+	mbp_job_init(&job, in, out, 16, 4);
+	ck_assert_int_eq(mbp_job_submit(p, &job, 0), -ENOTCONN); /* before start */
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mb_acquire(p, &mb, 0), -ENOTCONN);
+
+	ctxs[0] = (struct stage_ctx){.k = 0};
+	d.cpu = -1;
+	d.ctx = &ctxs[0];
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), -EINVAL); /* after start */
+
+	mbp_job_init(&job, in, out, 16, 0);
+	ck_assert_int_eq(mbp_job_submit(p, &job, 0), -EINVAL); /* m = 0 */
+	mbp_job_init(&job, in, out, 0, 4);
+	ck_assert_int_eq(mbp_job_submit(p, &job, 0), -EINVAL); /* N = 0 */
+	mbp_job_init(&job, NULL, out, 16, 4);
+	ck_assert_int_eq(mbp_job_submit(p, &job, 0), -EINVAL);
+	mbp_job_init(&job, in, NULL, 16, 4);
+	ck_assert_int_eq(mbp_job_submit(p, &job, 0), -EINVAL);
+	mbp_job_init(&job, in, out, 16, 9);
+	ck_assert_int_eq(mbp_job_submit(p, &job, 0), -E2BIG); /* m > max_mb_rows */
+	ck_assert_int_eq(mbp_job_submit(NULL, &job, 0), -EINVAL);
+	ck_assert_int_eq(mbp_job_wait(NULL, 0), -EINVAL);
+
+	ck_assert_int_eq(mbp_mb_acquire(p, &mb, 0), 0);
+	mb->rows = 1;
+	ck_assert_int_eq(mbp_mb_submit(p, mb, 0), -EINVAL); /* no on_result */
+	mbp_mb_release(p, mb);
+
+	ck_assert_int_eq(mbp_pipeline_cancel(p), 0);
+	mbp_job_init(&job, in, out, 16, 4);
+	ck_assert_int_eq(mbp_job_submit(p, &job, 0), -ESHUTDOWN); /* after cancel */
+	ck_assert_int_eq(mbp_mb_acquire(p, &mb, 0), -ESHUTDOWN);
+	mbp_pipeline_destroy(p);
+	mbp_pipeline_destroy(NULL);
+}
+END_TEST
+
+START_TEST(opts_string_sets_fields_and_rejects_bad_keys)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	ck_assert_int_eq(
+	    mbp_opts_parse(&o, "ring=64,ingress=8,spin_us=5,yield_us=50,cpus=0-1,pin=0,trace=100", NULL), 0);
+	ck_assert_uint_eq(o.ring_capacity, 64);
+	ck_assert_uint_eq(o.ingress_depth, 8);
+	ck_assert_uint_eq(o.spin_ns, 5000);
+	ck_assert_uint_eq(o.yield_ns, 50000);
+	ck_assert_uint_eq(o.ncpus, 2);
+	ck_assert_int_eq(o.cpus[1], 1);
+	ck_assert(!o.pin);
+	ck_assert_uint_eq(o.trace_events, 100);
+	ck_assert_int_eq(mbp_opts_parse(&o, "cpus=3+1+2", NULL), 0);
+	ck_assert_uint_eq(o.ncpus, 3);
+	ck_assert_int_eq(o.cpus[0], 3);
+	size_t pos = 99;
+	ck_assert_int_eq(mbp_opts_parse(&o, "ring=4,bogus=1", &pos), -EINVAL);
+	ck_assert_uint_eq(pos, 7);
+	ck_assert_int_eq(mbp_opts_parse(&o, "ring=-4", &pos), -EINVAL);
+	ck_assert_int_eq(mbp_opts_parse(&o, "ring=99999999999", &pos), -ERANGE);
+	ck_assert_int_eq(mbp_opts_parse(&o, "cpus=3-1", &pos), -EINVAL);
+	ck_assert_int_eq(mbp_opts_parse(&o, "pin=2", &pos), -EINVAL);
+	ck_assert_int_eq(mbp_opts_parse(&o, "ring", &pos), -EINVAL);
+	ck_assert_int_eq(mbp_opts_parse(&o, NULL, NULL), 0);
+	ck_assert_int_eq(mbp_opts_parse(&o, "", NULL), 0);
+}
+END_TEST
+
+/* ---- statistics, placement, trace ---- */
+
+START_TEST(stats_placement_and_trace_describe_the_run)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.trace_events = 1000;
+	const unsigned S = 3;
+	mbp_pipeline *p = make(S, 20000, &o);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_placement pl[MBP_MAX_STAGES];
+	ck_assert_int_eq(mbp_pipeline_placement(p, pl, MBP_MAX_STAGES), (int)S);
+	int allowed[MBP_MAX_CPUS];
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
+	ck_assert_int_ge(n, 1);
+	for (unsigned i = 0; i < S; i++) {
+		ck_assert_int_eq(pl[i].pin_error, 0);
+		ck_assert_int_eq(pl[i].cpu, allowed[i % (unsigned)n]); /* the i-th allowed CPU, wrapping */
+	}
+	mbp_pipeline_stats a, b;
+	mbp_stage_stats as[3], bs[3];
+	mbp_pipeline_stats_get(p, &a, as, S);
+	size_t rows = 120;
+	uint32_t *in = malloc(rows * WORDS * 4), *out = malloc(rows * WORDS * 4);
+	fill(in, rows, 1);
+	ck_assert_int_eq(mbp_run(p, in, out, rows, 4), 0); /* 30 micro-batches */
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &b, bs, S), (int)S);
+	mbp_stats_window(&b, bs, &a, as, S);
+	ck_assert_uint_eq(b.rows_completed, rows);
+	ck_assert_uint_eq(b.mbs_completed, 30);
+	ck_assert(b.throughput > 0);
+	ck_assert(b.bubble >= 0 && b.bubble <= 1);
+	for (unsigned i = 0; i < S; i++) {
+		ck_assert_uint_eq(bs[i].mbs, 30);
+		ck_assert_uint_eq(bs[i].rows, rows);
+		ck_assert_uint_gt(bs[i].busy_ns, 0);
+		uint64_t h = 0;
+		for (unsigned k = 0; k < MBP_HIST_BUCKETS; k++)
+			h += bs[i].hist[k];
+		ck_assert_uint_eq(h, 30);
+	}
+	ck_assert_str_eq(bs[0].name, "stage0");
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	char path[] = "/tmp/mbp-trace-XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(mbp_pipeline_trace_write(p, path), 0);
+	FILE *f = fopen(path, "r");
+	char *buf = calloc(1, 1 << 20);
+	size_t len = fread(buf, 1, (1 << 20) - 1, f);
+	fclose(f);
+	unlink(path);
+	ck_assert_uint_gt(len, 0);
+	ck_assert_ptr_nonnull(strstr(buf, "\"traceEvents\""));
+	unsigned events = 0;
+	for (char *s = buf; (s = strstr(s, "\"ph\":\"X\"")); s++)
+		events++;
+	ck_assert_uint_eq(events, 30 * S);
+	free(buf);
+	mbp_pipeline_destroy(p);
+	free(in);
+	free(out);
+}
+END_TEST
+
+START_TEST(strerror_names_every_code)
+{
+	ck_assert_str_eq(mbp_strerror(0), "success");
+	ck_assert_str_eq(mbp_strerror(MBP_EINVAL), "invalid argument");
+	ck_assert_str_eq(mbp_strerror(-ESHUTDOWN), "pipeline is shut down");
+	ck_assert_str_eq(mbp_strerror(EAGAIN), mbp_strerror(-EAGAIN));
+	ck_assert_str_eq(mbp_strerror(-123456), "unknown error");
+	ck_assert_str_eq(mbp_err_name(-ETIMEDOUT), "ETIMEDOUT");
+	ck_assert_str_eq(mbp_version(), MBP_VERSION_STRING);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipeline");
-	TCase *tc = tcase_create("core");
-	tcase_add_test(tc, placeholder);
+	TCase *tc = tcase_create("pipeline");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, job_results_in_order_with_random_delays_and_short_last_mb);
+	tcase_add_test(tc, one_to_eight_stages_on_two_cores_give_exact_results);
+	tcase_add_test(tc, stage_may_change_row_width);
+	tcase_add_test(tc, four_producers_submit_jobs_at_once_and_each_gets_its_own_results);
+	tcase_add_test(tc, stage_failure_fails_its_job_with_first_error_and_pipeline_goes_on);
+	tcase_add_test(tc, random_injected_failures_keep_accounting_exact);
+	tcase_add_test(tc, failing_init_makes_start_fail_and_runs_fini_where_init_succeeded);
+	tcase_add_test(tc, cancel_with_work_in_flight_fails_what_has_not_started);
+	tcase_add_test(tc, destroy_with_work_in_flight_completes_every_job);
+	tcase_add_test(tc, drain_finishes_everything_accepted);
+	tcase_add_test(tc, timeouts_on_wait_submit_and_drain);
+	tcase_add_test(tc, cancel_releases_submitters_blocked_on_a_full_ingress);
+	tcase_add_test(tc, single_micro_batches_come_back_in_order_with_their_tags);
+	tcase_add_test(tc, single_micro_batches_through_one_stage);
+	tcase_add_test(tc, invalid_arguments_return_documented_errors);
+	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
+	tcase_add_test(tc, stats_placement_and_trace_describe_the_run);
+	tcase_add_test(tc, strerror_names_every_code);
 	suite_add_tcase(s, tc);
 	return s;
 }

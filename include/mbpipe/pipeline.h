@@ -82,8 +82,8 @@ typedef struct mbp_opts {
 	uint32_t max_mb_rows;	 /**< largest micro-batch in rows; sizes the pool's buffers. 64 */
 	uint32_t ring_capacity;	 /**< slots per hop, a power of two. 16 */
 	uint32_t ingress_depth;	 /**< jobs plus single micro-batches waiting for stage 0. 1024 */
-	uint32_t pool_buffers;	 /**< bound of the buffer pool; 0: enough for full rings plus ingress */
-	size_t pool_bytes;	 /**< bound of the buffer pool in bytes. 1 GiB */
+	uint32_t mb_buffers;	 /**< buffers for mbp_mb_acquire(), held by callers or in flight. 256 */
+	size_t pool_bytes;	 /**< bound in bytes of each of the two pools (engine, mb_buffers). 1 GiB */
 	uint32_t cache_size;	 /**< buffers in each worker's pool cache. 8 */
 	uint64_t spin_ns;	 /**< spin budget of a waiting worker. 20000 */
 	uint64_t yield_ns;	 /**< yield budget after the spin, then it parks. 200000 */
@@ -100,7 +100,7 @@ void mbp_opts_init(mbp_opts *o);
 
 /**
  * Apply a `key=value,...` string to `o` (as from an environment variable). Keys: row_bytes, max_mb_rows,
- * ring, ingress, pool_buffers, pool_mb, cache, spin_us, yield_us, pin (0/1), cpus ("0-3" or "0+2+5"),
+ * ring, ingress, mb_buffers, pool_mb, cache, spin_us, yield_us, pin (0/1), cpus ("0-3" or "0+2+5"),
  * trace. NULL or "" changes nothing.
  *
  * @return 0, or -EINVAL naming nothing: on error `o` may be partly changed; `errpos`, if not NULL,
@@ -167,15 +167,9 @@ typedef struct mbp_job {
 	uint64_t id;	     /**< assigned at submit, unique in the pipeline */
 	uint64_t submit_ns;  /**< CLOCK_MONOTONIC at acceptance */
 	uint64_t done_ns;    /**< CLOCK_MONOTONIC at completion */
-	/* private: the engine's bookkeeping */
+	/* private: the engine's bookkeeping; do not touch */
 	struct {
-		void *link[2];
-		uint32_t kind;
-		uint32_t next_mb;
-		uint32_t _Atomic left;
-		uint32_t _Atomic failed;
-		int _Atomic first_err_seq;
-		uint32_t _Atomic state;
+		uint64_t opaque[8];
 	} priv;
 } mbp_job;
 
@@ -263,7 +257,8 @@ typedef struct mbp_pipeline_stats {
 	uint32_t ingress_queued; /**< entries waiting in the ingress now */
 	double throughput;	 /**< rows completed per second in the window */
 	double bubble;		 /**< 1 - sum(busy) / (stages x window): idle share of the stages' time */
-	mbp_pool_stats pool;
+	mbp_pool_stats pool;	 /**< the engine's buffers between stages */
+	mbp_pool_stats mb_pool;	 /**< the buffers of mbp_mb_acquire() */
 } mbp_pipeline_stats;
 
 /**
