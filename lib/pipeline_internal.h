@@ -142,10 +142,13 @@ struct mbp_pipeline {
 	size_t out_row_bytes; /* the last stage's */
 	struct mbp__ingress_mpsc ingress;
 
-	_Atomic int state;
-	_Atomic uint32_t cancel;     /* fail what has not started */
-	_Atomic uint32_t submitting; /* callers between their state check and their enqueue */
+	/* Read by every worker once per micro-batch: a line of its own, written once. */
+	MBP_CACHELINE_ALIGNED _Atomic uint32_t cancel; /* fail what has not started */
 	uint64_t start_ns;
+
+	/* Written by every submission: kept off the workers' lines. */
+	MBP_CACHELINE_ALIGNED _Atomic int state;
+	_Atomic uint32_t submitting; /* callers between their state check and their enqueue */
 
 	/* multi-writer counters (submitting threads): read-modify-write */
 	MBP_CACHELINE_ALIGNED _Atomic uint64_t jobs_accepted, mbs_accepted, next_job_id;

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Build and run every test: install what is missing, build with -Werror, `make check`, then check that a
+# program outside the tree links against the installed library through pkg-config.
+#   scripts/test.sh            the test suite (what the README's test command runs)
+#   scripts/test.sh --tsan     the concurrency tests under ThreadSanitizer (shrunk iteration counts)
+#   scripts/test.sh --asan     the whole suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   scripts/test.sh --fuzz     short fixed-length libFuzzer runs of the parsers
+#   scripts/test.sh --format   the clang-format check
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+mode=${1:-default}
+"$top/scripts/deps.sh"
+
+case "$mode" in
+default)
+	b="$top/build-check"
+	"$top/scripts/build.sh" "$b" --enable-werror
+	make -C "$b" -j"$(nproc)" check
+	# link an outside program against the installed library, as a user would
+	inst=$(mktemp -d)
+	make -C "$b" install DESTDIR="$inst" prefix=/usr/local >/dev/null
+	export PKG_CONFIG_PATH="$inst/usr/local/lib/pkgconfig"
+	export PKG_CONFIG_SYSROOT_DIR="$inst"
+	cc -o "$inst/hello" "$top/examples/hello.c" $(pkg-config --static --cflags --libs mbpipe)
+	"$inst/hello"
+	rm -rf "$inst"
+	;;
+--tsan)
+	b="$top/build-tsan"
+	"$top/scripts/build.sh" "$b" --enable-tsan --enable-werror
+	MBP_TEST_SCALE=${MBP_TEST_SCALE:-10} CK_TIMEOUT_MULTIPLIER=${CK_TIMEOUT_MULTIPLIER:-4} \
+		TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+		make -C "$b" -j"$(nproc)" check-concurrency
+	;;
+--asan)
+	b="$top/build-asan"
+	"$top/scripts/build.sh" "$b" --enable-asan --enable-werror
+	MBP_TEST_SCALE=${MBP_TEST_SCALE:-4} CK_TIMEOUT_MULTIPLIER=${CK_TIMEOUT_MULTIPLIER:-3} \
+		make -C "$b" -j"$(nproc)" check
+	;;
+--fuzz)
+	b="$top/build-check"
+	"$top/scripts/build.sh" "$b" --enable-werror
+	make -C "$b" fuzz
+	;;
+--format)
+	b="$top/build-check"
+	"$top/scripts/build.sh" "$b" --enable-werror
+	make -C "$b" format-check
+	;;
+*)
+	echo "test.sh: unknown mode '$mode' (default, --tsan, --asan, --fuzz, --format)" >&2
+	exit 2
+	;;
+esac
