@@ -23,3 +23,20 @@ check-concurrency: $(CONCURRENCY_TESTS)
 .PHONY: check-concurrency
 
 include tests/model.mk
+
+# Longer runs, not part of `make check`: the concurrency suites with full iteration counts repeated
+# (STRESS_ROUNDS times), each round with a different scheduling. `make soak` repeats them for SOAK_MINUTES.
+STRESS_ROUNDS ?= 20
+SOAK_MINUTES ?= 30
+stress: $(CONCURRENCY_TESTS)
+	@for i in $$(seq 1 $(STRESS_ROUNDS)); do \
+	  for t in $(CONCURRENCY_TESTS); do \
+	    ./$$t >/dev/null 2>&1 || { echo "stress: $$t failed in round $$i"; ./$$t; exit 1; }; \
+	  done; echo "stress: round $$i ok"; \
+	done
+soak: $(CONCURRENCY_TESTS)
+	@end=$$(( $$(date +%s) + 60 * $(SOAK_MINUTES) )); n=0; \
+	while [ $$(date +%s) -lt $$end ]; do n=$$((n + 1)); \
+	  for t in $(CONCURRENCY_TESTS); do ./$$t >/dev/null 2>&1 || { echo "soak: $$t failed in round $$n"; exit 1; }; done; \
+	done; echo "soak: $$n rounds ok"
+.PHONY: stress soak
