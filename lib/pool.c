@@ -1,26 +1,53 @@
 /*
  * mbp_pool: recycled activation buffers (see include/mbpipe/pool.h for the contract).
  *
- * Layout. Headers (struct buf) live in one array allocated at creation, so that "did this pointer come from
- * this pool" is a range check; payloads are allocated one by one as the pool grows, from a dedicated
- * jemalloc arena without thread cache (MALLOCX_TCACHE_NONE: the pool is the cache) or, in sanitizer builds,
- * from aligned_alloc. Nothing is freed before mbp_pool_destroy().
+ * Layout. Headers (struct mbp__buf, lib/pool_internal.h) live in one array reserved at creation with mmap
+ * (zero pages, touched only as the pool grows), so that "did this pointer come from this pool" is a range
+ * check that never dereferences a foreign pointer. Payloads are allocated one by one as the pool grows, from
+ * a dedicated jemalloc arena without thread cache (MALLOCX_TCACHE_NONE: the pool is the cache) or, in
+ * sanitizer builds, from aligned_alloc. Nothing is freed before mbp_pool_destroy().
  *
- * Recycling. A cache is a LIFO stack owned by one thread. get pops its top; put pushes on top, so the
- * buffer a stage releases (its input, just read, hot in its core's cache) is the one it writes next. An
- * empty cache refills half its capacity from the depot in one locked step; a full one moves its bottom
- * (coldest) half to the depot. When a getter waits on an exhausted pool, releases bypass caches and go to
- * the depot, where the waiter is signalled; owners flush their caches before going idle.
+ * Recycling. A cache is a LIFO stack owned by one thread. get pops its top; put pushes on top, so the buffer
+ * a stage releases (its input, just read, hot in its core's cache) is the one it writes next. An empty cache
+ * refills half its capacity from the depot in one locked step; a full one moves its bottom (coldest) half to
+ * the depot. The depot (struct depot_mpmc) is the one multi-party structure: a stack under a mutex, taken
+ * once per batch by cache owners and once per call by callers without a cache.
+ *
+ * Exhaustion. A getter that finds the depot empty and the pool at its bound sleeps on the depot's condition
+ * variable. Buffers it could use may sit in other threads' caches; two rules bring them back:
+ *   1. while a getter waits (pool->waiters != 0), every release goes to the depot and takes the releasing
+ *      cache's content with it, and every move into the depot wakes the waiters;
+ *   2. an owner flushes its cache (mbp_pool_cache_flush) before it goes idle.
+ * A release that reads waiters == 0 just before a getter registers lands in the releaser's cache; rule 2 (or
+ * the owner's next release, which sees the waiter) delivers it. Every path that moves buffers into the depot
+ * (cache_to_depot, a release without cache) broadcasts under the lock when waiters != 0, and waiters is
+ * written only under that lock, so a waiter cannot miss a delivery made through the depot.
+ *
+ * Checks. Always on: a release of something that is not a buffer of this pool, or of a buffer that is not
+ * held, aborts with a message (it would otherwise corrupt the free lists). MBP_DEBUG builds also fill a
+ * released payload with POISON_BYTE and verify it at the next get (a write after release aborts there);
+ * AddressSanitizer builds mark a released payload unaddressable, so a use after release is reported where it
+ * happens.
  */
 #include "config.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #ifdef MBP_HAVE_JEMALLOC
 #include <jemalloc/jemalloc.h>
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POOL_ASAN_POISON(p, n)	 ASAN_POISON_MEMORY_REGION(p, n)
+#define POOL_ASAN_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POOL_ASAN_POISON(p, n)	 ((void)(p), (void)(n))
+#define POOL_ASAN_UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
 #include <mbpipe.h>
@@ -30,43 +57,72 @@
 
 #define BUF_MAGIC   0x6d627066u /* "mbpf" */
 #define POISON_BYTE 0x6b
-#define HUGE_PAGE   (2u << 20)
+#define HUGE_PAGE   ((size_t)2 << 20)
 
-enum { BUF_FREE = 1, BUF_OUT = 2 };
+/* A header's state. BUF_NEW: never handed out (no poison to check). */
+enum { BUF_NEW = 0, BUF_FREE = 1, BUF_OUT = 2 };
 
 struct mbp_pool_cache {
-	mbp_pool *pool;
+	/* Only the owner touches these. */
+	MBP_CACHELINE_ALIGNED mbp_pool *pool;
 	uint32_t count;
 	uint32_t cap;
-	struct mbp__buf **stack;	    /* stack[count - 1] is the most recently released */
-	struct mbp_pool_cache *next, *prev; /* registry, under pool->lock */
-	/* Single writer (the owner); any thread reads them for stats. */
+	struct mbp__buf **stack; /* stack[count - 1] is the most recently released */
+	/* Single writer (the owner, relaxed load + store); mbp_pool_stats_get reads them relaxed. */
 	_Atomic uint64_t gets, hits, puts;
-	_Atomic uint32_t held; /* mirror of count for readers */
+	/* Registry links, under the depot lock. */
+	struct mbp_pool_cache *next, *prev;
+};
+
+/*
+ * The depot: multi-producer, multi-consumer, everything guarded by lock. Its own cache lines, apart from the
+ * read-mostly fields that every put reads.
+ */
+struct depot_mpmc {
+	MBP_CACHELINE_ALIGNED pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct mbp__buf *
+	    *free; /* stack, capacity max_buffers; free[nfree - 1] is the most recently released */
+	uint32_t nfree;
+	struct mbp_pool_cache *caches; /* registry of live caches */
+	/* Written under lock (so a plain single-writer add is enough), read relaxed by stats. */
+	_Atomic uint32_t allocated;
+	_Atomic uint64_t refills, flushes, grows, waits, high_water;
+	/* Gets and puts without cache, and the counters of destroyed caches. Gets without cache are counted
+	 * outside the lock by any thread: read-modify-write. */
+	_Atomic uint64_t direct_gets, direct_puts, retired_hits;
 };
 
 struct mbp_pool {
-	mbp_pool_opts o;
-	size_t payload_bytes;  /* buf_bytes rounded up to the alignment (huge pages: to 2 MiB) */
-	uint32_t max_buffers;  /* effective bound */
-	struct mbp__buf *hdrs; /* max_buffers headers */
+	/* Read-mostly: set at creation. */
+	MBP_CACHELINE_ALIGNED size_t buf_bytes; /* what the caller asked for, mb.capacity */
+	size_t payload_bytes;			/* buf_bytes rounded up to the alignment */
+	size_t align;				/* effective alignment (2 MiB on the huge-page path) */
+	bool huge;				/* madvise(MADV_HUGEPAGE) every payload */
+	uint32_t max_buffers;			/* effective bound */
+	uint32_t cache_size;
+	struct mbp__buf *hdrs; /* max_buffers headers, mmap'ed */
+	size_t hdrs_map_bytes;
 #ifdef MBP_HAVE_JEMALLOC
 	unsigned arena;
 	int mallocx_flags;
 #endif
-	/* Depot: everything below is guarded by lock. */
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	struct mbp__buf **free; /* depot stack, capacity max_buffers */
-	uint32_t nfree;
-	_Atomic uint32_t allocated; /* written under lock; read relaxed by stats */
-	_Atomic uint32_t waiters;   /* getters sleeping on cond; read relaxed by put's fast path */
-	struct mbp_pool_cache *caches;
-	/* Counters written under lock, read relaxed. */
-	_Atomic uint64_t refills, flushes, grows, waits, high_water;
-	_Atomic uint64_t direct_gets, direct_puts; /* cache NULL, and destroyed caches' counters (RMW) */
-	_Atomic uint64_t cache_hits_done;	   /* folded-in hits of destroyed caches */
+	/* Getters sleeping on depot.cond. Written under depot.lock (rarely: only around waits); read relaxed
+	 * by put's fast path as a hint (see the file comment for why a stale read is harmless). */
+	_Atomic uint32_t waiters;
+	struct depot_mpmc depot;
 };
+
+__attribute__((noreturn, format(printf, 1, 2))) static void pool_die(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("mbpipe: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	abort();
+}
 
 void mbp_pool_opts_init(mbp_pool_opts *o)
 {
@@ -82,10 +138,7 @@ static void *payload_alloc(mbp_pool *p)
 #ifdef MBP_HAVE_JEMALLOC
 	return mallocx(p->payload_bytes, p->mallocx_flags);
 #else
-	size_t align = p->o.align;
-	if (p->o.huge_pages && p->payload_bytes >= HUGE_PAGE && align < HUGE_PAGE)
-		align = HUGE_PAGE;
-	return aligned_alloc(align, p->payload_bytes);
+	return aligned_alloc(p->align, p->payload_bytes);
 #endif
 }
 
@@ -107,30 +160,42 @@ int mbp_pool_new(mbp_pool **pp, const mbp_pool_opts *o)
 	if (!o || o->buf_bytes == 0 || o->align < 64 || !mbp__is_pow2(o->align) || o->max_buffers == 0 ||
 	    o->cache_size == 0)
 		return -EINVAL;
-	size_t align = o->align;
-	if (o->huge_pages && o->buf_bytes >= HUGE_PAGE && align < HUGE_PAGE)
-		align = HUGE_PAGE;
-	if (o->buf_bytes > SIZE_MAX - align)
+	bool huge = o->huge_pages && o->buf_bytes >= HUGE_PAGE;
+	size_t align = huge && o->align < HUGE_PAGE ? HUGE_PAGE : o->align;
+	if (o->buf_bytes > SIZE_MAX - align - sizeof(struct mbp__buf))
 		return -EOVERFLOW;
 	size_t payload = (o->buf_bytes + align - 1) & ~(align - 1);
 	size_t per_buf = payload + sizeof(struct mbp__buf);
-	uint64_t by_bytes = o->max_bytes / per_buf;
-	uint32_t max = o->max_buffers;
-	if (by_bytes < max)
-		max = (uint32_t)by_bytes;
+	size_t by_bytes = o->max_bytes / per_buf;
+	uint32_t max = by_bytes < o->max_buffers ? (uint32_t)by_bytes : o->max_buffers;
 	if (max == 0)
 		return -EINVAL; /* the byte bound cannot hold a single buffer */
+	size_t hdrs_bytes;
+	if (!mbp__mul_size(max, sizeof(struct mbp__buf), &hdrs_bytes))
+		return -EOVERFLOW;
 
-	mbp_pool *p = calloc(1, sizeof(*p));
+	mbp_pool *p = aligned_alloc(MBP_CACHELINE, sizeof(*p));
 	if (!p)
 		return -ENOMEM;
-	p->o = *o;
-	p->o.align = align;
+	memset(p, 0, sizeof(*p));
+	p->buf_bytes = o->buf_bytes;
 	p->payload_bytes = payload;
+	p->align = align;
+	p->huge = huge;
 	p->max_buffers = max;
-	p->hdrs = calloc(max, sizeof(*p->hdrs));
-	p->free = calloc(max, sizeof(*p->free));
-	if (!p->hdrs || !p->free)
+	p->cache_size = o->cache_size;
+	p->hdrs_map_bytes = hdrs_bytes;
+	/* mmap: page-aligned (whole cache lines per header) and zero pages that cost nothing until touched,
+	 * so a generous bound in buffers does not cost memory up front. */
+	void *h = mmap(NULL, hdrs_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		       -1, 0);
+	if (h == MAP_FAILED) {
+		free(p);
+		return -ENOMEM;
+	}
+	p->hdrs = h;
+	p->depot.free = calloc(max, sizeof(*p->depot.free));
+	if (!p->depot.free)
 		goto nomem;
 #ifdef MBP_HAVE_JEMALLOC
 	size_t sz = sizeof(p->arena);
@@ -138,104 +203,141 @@ int mbp_pool_new(mbp_pool **pp, const mbp_pool_opts *o)
 		goto nomem;
 	p->mallocx_flags = MALLOCX_ARENA(p->arena) | MALLOCX_ALIGN(align) | MALLOCX_TCACHE_NONE;
 #endif
-	pthread_mutexattr_t ma;
-	pthread_mutexattr_init(&ma);
-	pthread_mutex_init(&p->lock, &ma);
-	pthread_mutexattr_destroy(&ma);
+	if (pthread_mutex_init(&p->depot.lock, NULL) != 0)
+		goto nomem_arena;
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&p->cond, &ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* mbp__deadline() is CLOCK_MONOTONIC */
+	int rc = pthread_cond_init(&p->depot.cond, &ca);
 	pthread_condattr_destroy(&ca);
+	if (rc != 0) {
+		pthread_mutex_destroy(&p->depot.lock);
+		goto nomem_arena;
+	}
 	*pp = p;
 	return 0;
+nomem_arena :
+#ifdef MBP_HAVE_JEMALLOC
+{
+	char name[64];
+	snprintf(name, sizeof(name), "arena.%u.destroy", p->arena);
+	mallctl(name, NULL, NULL, NULL, 0);
+}
+#endif
 nomem:
-	free(p->hdrs);
-	free(p->free);
+	free(p->depot.free);
+	munmap(p->hdrs, p->hdrs_map_bytes);
 	free(p);
 	return -ENOMEM;
 }
 
-static uint64_t cache_in_use(const struct mbp_pool_cache *c)
+size_t mbp_pool_buf_bytes(const mbp_pool *p)
 {
-	return mbp__counter_get((_Atomic uint64_t *)&c->gets) -
-	       mbp__counter_get((_Atomic uint64_t *)&c->puts);
+	return p->buf_bytes;
+}
+
+/*
+ * Buffers held by callers: gets minus puts over every cache and the direct path. Under the depot lock
+ * (the registry is stable). Exact when the pool is quiet; while other threads run, their counters are read
+ * at slightly different moments, so the sum may be off by the operations in flight: clamped to
+ * [0, allocated].
+ */
+static uint64_t in_use_locked(mbp_pool *p, uint64_t *gets, uint64_t *puts, uint64_t *hits)
+{
+	struct depot_mpmc *d = &p->depot;
+	uint64_t g = mbp__counter_get(&d->direct_gets), u = mbp__counter_get(&d->direct_puts);
+	uint64_t h = mbp__counter_get(&d->retired_hits);
+	for (struct mbp_pool_cache *c = d->caches; c; c = c->next) {
+		g += mbp__counter_get(&c->gets);
+		u += mbp__counter_get(&c->puts);
+		h += mbp__counter_get(&c->hits);
+	}
+	if (gets) {
+		*gets = g;
+		*puts = u;
+		*hits = h;
+	}
+	int64_t in_use = (int64_t)(g - u); /* modular: a buffer may be got in one cache, put in another */
+	uint32_t allocated = atomic_load_explicit(&d->allocated, memory_order_relaxed);
+	if (in_use < 0)
+		return 0;
+	return (uint64_t)in_use > allocated ? allocated : (uint64_t)in_use;
+}
+
+/* Sample the high-water mark. Under lock; `extra` counts a get that is not in the counters yet. */
+static void note_high_water(mbp_pool *p, uint64_t extra)
+{
+	uint64_t now = in_use_locked(p, NULL, NULL, NULL) + extra;
+	if (now > mbp__counter_get(&p->depot.high_water))
+		atomic_store_explicit(&p->depot.high_water, now,
+				      memory_order_relaxed); /* writers hold lock */
 }
 
 void mbp_pool_stats_get(mbp_pool *p, mbp_pool_stats *st)
 {
+	struct depot_mpmc *d = &p->depot;
 	memset(st, 0, sizeof(*st));
-	pthread_mutex_lock(&p->lock);
-	int64_t in_use =
-	    (int64_t)mbp__counter_get(&p->direct_gets) - (int64_t)mbp__counter_get(&p->direct_puts);
-	st->gets = mbp__counter_get(&p->direct_gets);
-	st->cache_hits = mbp__counter_get(&p->cache_hits_done);
-	for (struct mbp_pool_cache *c = p->caches; c; c = c->next) {
-		in_use += (int64_t)cache_in_use(c);
-		st->gets += mbp__counter_get(&c->gets);
-		st->cache_hits += mbp__counter_get(&c->hits);
-	}
-	pthread_mutex_unlock(&p->lock);
-	st->refills = mbp__counter_get(&p->refills);
-	st->flushes = mbp__counter_get(&p->flushes);
-	st->grows = mbp__counter_get(&p->grows);
-	st->waits = mbp__counter_get(&p->waits);
-	st->high_water = mbp__counter_get(&p->high_water);
-	st->in_use = in_use < 0 ? 0 : (uint64_t)in_use; /* counters of two threads read at slightly
-							    different times */
-	st->allocated = atomic_load_explicit(&p->allocated, memory_order_relaxed);
+	pthread_mutex_lock(&d->lock);
+	st->in_use = in_use_locked(p, &st->gets, &st->puts, &st->cache_hits);
+	if (st->in_use > mbp__counter_get(&d->high_water))
+		atomic_store_explicit(&d->high_water, st->in_use,
+				      memory_order_relaxed); /* writers hold lock */
+	st->high_water = mbp__counter_get(&d->high_water);
+	pthread_mutex_unlock(&d->lock);
+	st->refills = mbp__counter_get(&d->refills);
+	st->flushes = mbp__counter_get(&d->flushes);
+	st->grows = mbp__counter_get(&d->grows);
+	st->waits = mbp__counter_get(&d->waits);
+	st->allocated = atomic_load_explicit(&d->allocated, memory_order_relaxed);
 	st->bytes = st->allocated * (p->payload_bytes + sizeof(struct mbp__buf));
 	st->max_buffers = p->max_buffers;
 }
 
-size_t mbp_pool_buf_bytes(const mbp_pool *p)
+static void wake_waiters_locked(mbp_pool *p)
 {
-	return p->o.buf_bytes;
+	if (atomic_load_explicit(&p->waiters, memory_order_relaxed)) /* written under this lock */
+		pthread_cond_broadcast(&p->depot.cond);
 }
 
-/* Buffers outside the depot; called under lock after a depot operation. */
-static void note_high_water(mbp_pool *p)
+/* Move the bottom (coldest) n buffers of the cache to the depot. Under lock. */
+static void cache_to_depot_locked(mbp_pool *p, struct mbp_pool_cache *c, uint32_t n)
 {
-	uint64_t out = atomic_load_explicit(&p->allocated, memory_order_relaxed) - p->nfree;
-	if (out > mbp__counter_get(&p->high_water))
-		mbp__counter_add(&p->high_water, out - mbp__counter_get(&p->high_water));
-}
-
-/* Move the bottom n buffers of the cache to the depot. Under lock. */
-static void cache_to_depot(mbp_pool *p, struct mbp_pool_cache *c, uint32_t n)
-{
+	struct depot_mpmc *d = &p->depot;
 	if (n == 0)
 		return;
-	memcpy(&p->free[p->nfree], c->stack, n * sizeof(*c->stack));
-	p->nfree += n;
+	memcpy(&d->free[d->nfree], c->stack, n * sizeof(*c->stack));
+	d->nfree += n;
 	memmove(c->stack, c->stack + n, (c->count - n) * sizeof(*c->stack));
 	c->count -= n;
-	atomic_store_explicit(&c->held, c->count, memory_order_relaxed);
-	mbp__counter_add(&p->flushes, 1);
-	if (atomic_load_explicit(&p->waiters, memory_order_relaxed))
-		pthread_cond_broadcast(&p->cond);
+	mbp__counter_add(&d->flushes, 1);
+	wake_waiters_locked(p);
 }
 
 int mbp_pool_cache_new(mbp_pool *p, mbp_pool_cache **cp)
 {
-	if (!p || !cp)
+	if (!cp)
 		return -EINVAL;
-	struct mbp_pool_cache *c = calloc(1, sizeof(*c));
+	*cp = NULL;
+	if (!p)
+		return -EINVAL;
+	/* its own cache lines: the owner writes its counters on every get and put */
+	struct mbp_pool_cache *c = aligned_alloc(MBP_CACHELINE, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
-	c->cap = p->o.cache_size;
+	memset(c, 0, sizeof(*c));
+	c->cap = p->cache_size;
 	c->stack = calloc(c->cap, sizeof(*c->stack));
 	if (!c->stack) {
 		free(c);
 		return -ENOMEM;
 	}
 	c->pool = p;
-	pthread_mutex_lock(&p->lock);
-	c->next = p->caches;
-	if (p->caches)
-		p->caches->prev = c;
-	p->caches = c;
-	pthread_mutex_unlock(&p->lock);
+	pthread_mutex_lock(&p->depot.lock);
+	c->next = p->depot.caches;
+	if (c->next)
+		c->next->prev = c;
+	p->depot.caches = c;
+	pthread_mutex_unlock(&p->depot.lock);
 	*cp = c;
 	return 0;
 }
@@ -245,23 +347,24 @@ void mbp_pool_cache_flush(mbp_pool_cache *c)
 	if (!c || c->count == 0)
 		return;
 	mbp_pool *p = c->pool;
-	pthread_mutex_lock(&p->lock);
-	cache_to_depot(p, c, c->count);
-	pthread_mutex_unlock(&p->lock);
+	pthread_mutex_lock(&p->depot.lock);
+	cache_to_depot_locked(p, c, c->count);
+	pthread_mutex_unlock(&p->depot.lock);
 }
 
-static void cache_unlink(mbp_pool *p, struct mbp_pool_cache *c)
+/* Remove a cache from the registry, keeping its counters in the totals. Under lock. */
+static void cache_unlink_locked(mbp_pool *p, struct mbp_pool_cache *c)
 {
+	struct depot_mpmc *d = &p->depot;
 	if (c->prev)
 		c->prev->next = c->next;
 	else
-		p->caches = c->next;
+		d->caches = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	/* keep the counters of the departed cache in the totals */
-	atomic_fetch_add_explicit(&p->direct_gets, mbp__counter_get(&c->gets), memory_order_relaxed);
-	atomic_fetch_add_explicit(&p->direct_puts, mbp__counter_get(&c->puts), memory_order_relaxed);
-	atomic_fetch_add_explicit(&p->cache_hits_done, mbp__counter_get(&c->hits), memory_order_relaxed);
+	atomic_fetch_add_explicit(&d->direct_gets, mbp__counter_get(&c->gets), memory_order_relaxed);
+	atomic_fetch_add_explicit(&d->direct_puts, mbp__counter_get(&c->puts), memory_order_relaxed);
+	atomic_fetch_add_explicit(&d->retired_hits, mbp__counter_get(&c->hits), memory_order_relaxed);
 }
 
 void mbp_pool_cache_destroy(mbp_pool_cache *c)
@@ -269,10 +372,10 @@ void mbp_pool_cache_destroy(mbp_pool_cache *c)
 	if (!c)
 		return;
 	mbp_pool *p = c->pool;
-	pthread_mutex_lock(&p->lock);
-	cache_to_depot(p, c, c->count);
-	cache_unlink(p, c);
-	pthread_mutex_unlock(&p->lock);
+	pthread_mutex_lock(&p->depot.lock);
+	cache_to_depot_locked(p, c, c->count);
+	cache_unlink_locked(p, c);
+	pthread_mutex_unlock(&p->depot.lock);
 	free(c->stack);
 	free(c);
 }
@@ -281,88 +384,101 @@ int mbp_pool_destroy(mbp_pool *p)
 {
 	if (!p)
 		return 0;
-	pthread_mutex_lock(&p->lock);
+	struct depot_mpmc *d = &p->depot;
+	pthread_mutex_lock(&d->lock);
 	uint32_t cached = 0;
-	for (struct mbp_pool_cache *c = p->caches; c; c = c->next)
-		cached += c->count;
-	uint32_t allocated = atomic_load_explicit(&p->allocated, memory_order_relaxed);
-	bool busy = p->nfree + cached != allocated;
-	pthread_mutex_unlock(&p->lock);
-	if (busy) {
+	for (struct mbp_pool_cache *c = d->caches; c; c = c->next)
+		cached += c->count; /* the owners have stopped (contract) */
+	uint32_t allocated = atomic_load_explicit(&d->allocated, memory_order_relaxed);
+	uint32_t held = allocated - d->nfree - cached;
+	pthread_mutex_unlock(&d->lock);
+	if (held != 0) {
 #ifdef MBP_DEBUG
-		fprintf(stderr, "mbp_pool_destroy: %u buffer(s) still held by callers; pool kept\n",
-			allocated - p->nfree - cached);
+		fprintf(stderr,
+			"mbpipe: mbp_pool_destroy: %" PRIu32 " buffer(s) still held by callers; pool kept\n",
+			held);
 #endif
 		return -EBUSY;
 	}
-	while (p->caches) {
-		struct mbp_pool_cache *c = p->caches;
-		cache_unlink(p, c);
+	while (d->caches) {
+		struct mbp_pool_cache *c = d->caches;
+		cache_unlink_locked(p, c);
 		free(c->stack);
 		free(c);
 	}
-	for (uint32_t i = 0; i < allocated; i++)
-		payload_free(p, p->hdrs[i].mb.data);
+	for (uint32_t i = 0; i < allocated; i++) {
+		POOL_ASAN_UNPOISON(p->hdrs[i].payload, p->payload_bytes);
+		payload_free(p, p->hdrs[i].payload);
+	}
 #ifdef MBP_HAVE_JEMALLOC
 	char name[64];
 	snprintf(name, sizeof(name), "arena.%u.destroy", p->arena);
-	mallctl(name, NULL, NULL, NULL, 0);
+	mallctl(name, NULL, NULL, NULL,
+		0); /* no thread is bound to it (we use MALLOCX_ARENA), so it succeeds */
 #endif
-	pthread_cond_destroy(&p->cond);
-	pthread_mutex_destroy(&p->lock);
-	free(p->hdrs);
-	free(p->free);
+	pthread_cond_destroy(&d->cond);
+	pthread_mutex_destroy(&d->lock);
+	munmap(p->hdrs, p->hdrs_map_bytes);
+	free(d->free);
 	free(p);
 	return 0;
 }
 
 /* Allocate one more buffer. Under lock: growth is rare (never in steady state) and holding the lock keeps
  * the header array dense. */
-static int grow(mbp_pool *p, struct mbp__buf **out)
+static int grow_locked(mbp_pool *p, struct mbp__buf **out)
 {
-	uint32_t idx = atomic_load_explicit(&p->allocated, memory_order_relaxed);
+	struct depot_mpmc *d = &p->depot;
+	uint32_t idx = atomic_load_explicit(&d->allocated, memory_order_relaxed);
 	void *mem = payload_alloc(p);
 	if (!mem)
 		return -ENOMEM;
-	if (p->o.huge_pages && p->payload_bytes >= HUGE_PAGE)
-		madvise(mem, p->payload_bytes,
-			MADV_HUGEPAGE); /* advice only: failure just means 4 KiB pages */
+	/* Advice only: failure (THP disabled, madvise mode "never") just means 4 KiB pages. The memory is
+	 * fresh from the arena and untouched, so the first write faults in huge pages. */
+	if (p->huge)
+		(void)madvise(mem, p->payload_bytes, MADV_HUGEPAGE);
 	struct mbp__buf *b = &p->hdrs[idx];
 	b->magic = BUF_MAGIC;
+	b->state = BUF_NEW;
 	b->pool = p;
-	b->mb.data = mem;
-	b->mb.capacity = p->o.buf_bytes;
-	atomic_store_explicit(&p->allocated, idx + 1, memory_order_relaxed);
-	mbp__counter_add(&p->grows, 1);
+	b->payload = mem;
+	atomic_store_explicit(&d->allocated, idx + 1, memory_order_relaxed); /* writers hold lock */
+	mbp__counter_add(&d->grows, 1);
 	*out = b;
 	return 0;
 }
 
-static int depot_get(mbp_pool *p, struct mbp_pool_cache *c, struct mbp__buf **out, int64_t timeout_ns)
+/*
+ * Take one buffer from the depot (refilling the cache when there is one), grow, or wait. The caller's cache,
+ * if any, is empty.
+ */
+static int depot_mpmc_get(mbp_pool *p, struct mbp_pool_cache *c, struct mbp__buf **out, int64_t timeout_ns)
 {
+	struct depot_mpmc *d = &p->depot;
 	uint64_t deadline = 0;
 	int rc = 0;
-	pthread_mutex_lock(&p->lock);
+	pthread_mutex_lock(&d->lock);
 	for (;;) {
-		if (p->nfree) {
-			if (c) {
-				/* refill half the cache; hand out the most recently released of the batch */
-				uint32_t n = c->cap / 2 ? c->cap / 2 : 1;
-				if (n > p->nfree)
-					n = p->nfree;
-				p->nfree -= n;
-				*out = p->free[p->nfree + n - 1];
-				memcpy(&c->stack[c->count], &p->free[p->nfree], (n - 1) * sizeof(*c->stack));
+		if (d->nfree) {
+			/* Refill half the cache, unless other getters wait: then take one, leave them the rest. */
+			uint32_t n = 1;
+			if (c && atomic_load_explicit(&p->waiters, memory_order_relaxed) == 0)
+				n = c->cap / 2 ? c->cap / 2 : 1;
+			if (n > d->nfree)
+				n = d->nfree;
+			d->nfree -= n;
+			/* hand out the most recently released; the rest keep their order in the cache */
+			*out = d->free[d->nfree + n - 1];
+			if (n > 1) {
+				memcpy(&c->stack[c->count], &d->free[d->nfree], (n - 1) * sizeof(*c->stack));
 				c->count += n - 1;
-				atomic_store_explicit(&c->held, c->count, memory_order_relaxed);
-				mbp__counter_add(&p->refills, 1);
-			} else {
-				*out = p->free[--p->nfree];
 			}
+			if (c)
+				mbp__counter_add(&d->refills, 1);
 			break;
 		}
-		if (atomic_load_explicit(&p->allocated, memory_order_relaxed) < p->max_buffers) {
-			rc = grow(p, out);
+		if (atomic_load_explicit(&d->allocated, memory_order_relaxed) < p->max_buffers) {
+			rc = grow_locked(p, out);
 			break;
 		}
 		if (timeout_ns == 0) {
@@ -371,47 +487,53 @@ static int depot_get(mbp_pool *p, struct mbp_pool_cache *c, struct mbp__buf **ou
 		}
 		if (deadline == 0) {
 			deadline = mbp__deadline(timeout_ns);
-			mbp__counter_add(&p->waits, 1);
+			mbp__counter_add(&d->waits, 1);
+		} else if (deadline != UINT64_MAX && mbp__now_ns() >= deadline) {
+			rc = -ETIMEDOUT;
+			break;
 		}
+		/* Registered under the lock that every delivery to the depot holds when it reads waiters
+		 * (wake_waiters_locked): a delivery after this point sees us. */
 		atomic_store_explicit(&p->waiters,
 				      atomic_load_explicit(&p->waiters, memory_order_relaxed) + 1,
 				      memory_order_relaxed);
 		if (deadline == UINT64_MAX) {
-			pthread_cond_wait(&p->cond, &p->lock);
+			pthread_cond_wait(&d->cond, &d->lock);
 		} else {
 			struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
 					      .tv_nsec = (long)(deadline % 1000000000u)};
-			pthread_cond_timedwait(&p->cond, &p->lock, &ts);
+			pthread_cond_timedwait(&d->cond, &d->lock, &ts);
 		}
 		atomic_store_explicit(&p->waiters,
 				      atomic_load_explicit(&p->waiters, memory_order_relaxed) - 1,
 				      memory_order_relaxed);
-		if (p->nfree == 0 && deadline != UINT64_MAX && mbp__now_ns() >= deadline) {
-			rc = -ETIMEDOUT;
-			break;
-		}
 	}
 	if (rc == 0)
-		note_high_water(p);
-	pthread_mutex_unlock(&p->lock);
+		note_high_water(p, 1);
+	pthread_mutex_unlock(&d->lock);
 	return rc;
 }
 
-static void poison_check(const struct mbp__buf *b)
-{
 #ifdef MBP_DEBUG
-	const unsigned char *d = b->mb.data;
-	size_t n = b->mb.capacity < 64 ? b->mb.capacity : 64;
-	for (size_t i = 0; i < n; i++)
-		if (d[i] != POISON_BYTE || d[b->mb.capacity - 1 - i] != POISON_BYTE) {
-			fprintf(stderr, "mbp_pool_get: buffer %p was written after its release\n",
-				b->mb.data);
-			abort();
-		}
-#else
-	(void)b;
-#endif
+static void poison_check(const struct mbp__buf *b, size_t n)
+{
+	const unsigned char *data = b->payload;
+	uint64_t pattern;
+	memset(&pattern, POISON_BYTE, sizeof(pattern));
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+		memcpy(&w, data + i, 8);
+		if (w != pattern)
+			break;
+	}
+	for (; i < n; i++)
+		if (data[i] != POISON_BYTE)
+			pool_die("mbp_pool_get: buffer %p of pool %p was written after its release "
+				 "(byte %zu is 0x%02x, poison 0x%02x)",
+				 b->payload, (void *)b->pool, i, data[i], POISON_BYTE);
 }
+#endif
 
 int mbp_pool_get(mbp_pool *p, mbp_pool_cache *c, mbp_mb **mbp, int64_t timeout_ns)
 {
@@ -420,18 +542,27 @@ int mbp_pool_get(mbp_pool *p, mbp_pool_cache *c, mbp_mb **mbp, int64_t timeout_n
 	struct mbp__buf *b;
 	if (c && c->count) {
 		b = c->stack[--c->count];
-		atomic_store_explicit(&c->held, c->count, memory_order_relaxed);
 		mbp__counter_add(&c->hits, 1);
 	} else {
-		int rc = depot_get(p, c, &b, timeout_ns);
+		int rc = depot_mpmc_get(p, c, &b, timeout_ns);
 		if (rc)
 			return rc;
 	}
-	MBP_VERIFY(b->magic == BUF_MAGIC && b->state != BUF_OUT);
+	if (MBP_UNLIKELY(b->magic != BUF_MAGIC || b->state == BUF_OUT))
+		pool_die("mbp_pool_get: free list of pool %p is corrupt (buffer header %p: magic 0x%08" PRIx32
+			 ", state %" PRIu32 ")",
+			 (void *)p, (void *)b, b->magic, b->state);
+	POOL_ASAN_UNPOISON(b->payload, p->payload_bytes);
+#ifdef MBP_DEBUG
 	if (b->state == BUF_FREE)
-		poison_check(b);
+		poison_check(b, p->buf_bytes);
+#endif
 	b->state = BUF_OUT;
+	b->link[0] = b->link[1] = NULL;
+	b->kind = 0;
 	mbp_mb *mb = &b->mb;
+	mb->data = b->payload; /* restored: a caller may have changed the public copy */
+	mb->capacity = p->buf_bytes;
 	mb->rows = 0;
 	mb->row_bytes = 0;
 	mb->status = 0;
@@ -440,64 +571,66 @@ int mbp_pool_get(mbp_pool *p, mbp_pool_cache *c, mbp_mb **mbp, int64_t timeout_n
 	mb->job = NULL;
 	mb->user = NULL;
 	mb->carry = NULL;
-	if (c) {
+	if (c)
 		mbp__counter_add(&c->gets, 1);
-	} else {
-		/* several threads may go to the depot directly: a read-modify-write, not a single-writer add */
-		atomic_fetch_add_explicit(&p->direct_gets, 1, memory_order_relaxed);
-	}
+	else /* several threads may get without cache at once: a read-modify-write */
+		atomic_fetch_add_explicit(&p->depot.direct_gets, 1, memory_order_relaxed);
 	*mbp = mb;
 	return 0;
 }
 
+/* The header of mb, after proving it is a held buffer of p. Integer arithmetic only: mb may be anything. */
 static struct mbp__buf *checked_buf(mbp_pool *p, mbp_mb *mb)
 {
-	struct mbp__buf *b = mbp__container_of(mb, struct mbp__buf, mb);
-	uintptr_t lo = (uintptr_t)p->hdrs, hi = (uintptr_t)(p->hdrs + p->max_buffers);
-	if ((uintptr_t)b < lo || (uintptr_t)b >= hi || ((uintptr_t)b - lo) % sizeof(*b) != 0 ||
-	    b->magic != BUF_MAGIC) {
-		fprintf(stderr, "mbp_pool_put: %p is not a buffer of pool %p\n", (void *)mb, (void *)p);
-		abort();
-	}
-	if (b->state != BUF_OUT) {
-		fprintf(stderr, "mbp_pool_put: double release of buffer %p (pool %p)\n", (void *)mb,
-			(void *)p);
-		abort();
-	}
+	if (MBP_UNLIKELY(!p))
+		pool_die("mbp_pool_put: NULL pool (buffer %p)", (void *)mb);
+	uintptr_t a = (uintptr_t)mb - offsetof(struct mbp__buf, mb);
+	uintptr_t lo = (uintptr_t)p->hdrs;
+	uintptr_t hi = lo + (uintptr_t)p->max_buffers * sizeof(struct mbp__buf);
+	if (MBP_UNLIKELY(a < lo || a >= hi || (a - lo) % sizeof(struct mbp__buf) != 0))
+		pool_die("mbp_pool_put: %p is not a buffer of pool %p (foreign pointer)", (void *)mb,
+			 (void *)p);
+	struct mbp__buf *b = (struct mbp__buf *)a;
+	if (MBP_UNLIKELY(b->magic != BUF_MAGIC))
+		pool_die("mbp_pool_put: %p is not a buffer of pool %p (slot never allocated)", (void *)mb,
+			 (void *)p);
+	if (MBP_UNLIKELY(b->state != BUF_OUT))
+		pool_die("mbp_pool_put: double release of buffer %p (pool %p)", (void *)mb, (void *)p);
 	return b;
 }
 
 void mbp_pool_put(mbp_pool *p, mbp_pool_cache *c, mbp_mb *mb)
 {
 	struct mbp__buf *b = checked_buf(p, mb);
-	MBP_VERIFY(!c || c->pool == p);
+	if (MBP_UNLIKELY(c && c->pool != p))
+		pool_die("mbp_pool_put: cache %p belongs to pool %p, not %p", (void *)c, (void *)c->pool,
+			 (void *)p);
 	b->state = BUF_FREE;
 #ifdef MBP_DEBUG
-	memset(b->mb.data, POISON_BYTE, b->mb.capacity);
+	memset(b->payload, POISON_BYTE, p->buf_bytes);
 #endif
-	/* relaxed: a hint; a waiter that registers just after this load is served by a later release
-	 * or by an owner's flush before it goes idle */
-	bool waiters = atomic_load_explicit(&p->waiters, memory_order_relaxed) != 0;
-	if (c && MBP_LIKELY(!waiters)) {
-		if (c->count == c->cap) {
-			pthread_mutex_lock(&p->lock);
-			cache_to_depot(p, c, c->cap - c->cap / 2);
-			pthread_mutex_unlock(&p->lock);
+	POOL_ASAN_POISON(b->payload, p->payload_bytes);
+	/* relaxed: a hint; see the file comment for the release that races with a getter registering */
+	if (c && MBP_LIKELY(atomic_load_explicit(&p->waiters, memory_order_relaxed) == 0)) {
+		if (MBP_UNLIKELY(c->count == c->cap)) {
+			pthread_mutex_lock(&p->depot.lock);
+			cache_to_depot_locked(p, c, c->cap - c->cap / 2);
+			pthread_mutex_unlock(&p->depot.lock);
 		}
 		c->stack[c->count++] = b;
-		atomic_store_explicit(&c->held, c->count, memory_order_relaxed);
 		mbp__counter_add(&c->puts, 1);
 		return;
 	}
-	pthread_mutex_lock(&p->lock);
-	p->free[p->nfree++] = b;
+	struct depot_mpmc *d = &p->depot;
+	pthread_mutex_lock(&d->lock);
 	if (c) {
-		cache_to_depot(p, c, c->count); /* a getter is waiting: give it everything */
+		/* a getter waits: give it this buffer and everything the cache holds */
+		cache_to_depot_locked(p, c, c->count);
 		mbp__counter_add(&c->puts, 1);
 	} else {
-		atomic_fetch_add_explicit(&p->direct_puts, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&d->direct_puts, 1, memory_order_relaxed);
 	}
-	if (atomic_load_explicit(&p->waiters, memory_order_relaxed))
-		pthread_cond_broadcast(&p->cond);
-	pthread_mutex_unlock(&p->lock);
+	d->free[d->nfree++] = b; /* on top: the hottest is the next one out */
+	wake_waiters_locked(p);
+	pthread_mutex_unlock(&d->lock);
 }

@@ -1,21 +1,31 @@
 /*
  * Internal view of a pool buffer's header, shared by pool.c and the pipeline. Not installed.
+ *
+ * The headers of a pool sit in one array reserved at creation (so that "is this a buffer of this pool" is a
+ * range check that never dereferences a foreign pointer); each header owns one payload allocated when the
+ * pool grows. A header fills whole cache lines of its own: two buffers owned by two stages must not share a
+ * line, or every header update of one stage would steal the line from the other.
  */
 #ifndef MBP__POOL_INTERNAL_H
 #define MBP__POOL_INTERNAL_H
+
+#include <assert.h>
 
 #include <mbpipe/mb.h>
 
 #include "common.h"
 
 struct mbp__buf {
-	uint32_t magic;
-	uint32_t state;
+	MBP_CACHELINE_ALIGNED uint32_t magic;
+	uint32_t state; /* pool.c's BUF_*: held by a caller, or free in a cache or the depot */
 	struct mbp_pool *pool;
+	void *payload; /* the pool's own copy of mb.data: what it frees, poisons and restores at get */
 	void *link[2]; /* scratch for the current owner: the pipeline's ingress link */
 	uint32_t kind; /* the current owner's tag for what is in link */
 	mbp_mb mb;
 };
+
+static_assert(sizeof(struct mbp__buf) % MBP_CACHELINE == 0, "a buffer header fills whole cache lines");
 
 static inline struct mbp__buf *mbp__buf_of(mbp_mb *mb)
 {
