@@ -350,9 +350,10 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * weights are freed when the last micro-batch using them leaves the pipeline. Must not be called from a
  * stage function.
  *
- * @param next a model with the same layer structure (widths, activations, norms); consumed on success
- *             (do not use or destroy it afterwards), left alone on error
- * @return 0, -EINVAL (NULL, m == next, a different structure).
+ * @param next a model with the same layer structure (widths, activations, norms and their epsilons);
+ *             consumed on success (do not use or destroy it afterwards), left alone on error
+ * @return 0, -EINVAL (NULL, m == next, a different structure), -EBUSY (next's weights are in use by
+ *         a pipeline or an older version of next is still alive).
  */
 int mbp_model_swap(mbp_model *m, mbp_model *next);
 
@@ -371,8 +372,9 @@ typedef struct mbp_model_spec {
 } mbp_model_spec;
 
 /**
- * Write a model file with random weights (uniform in +-1/sqrt(fan-in), biases +-0.1, norm gains near 1),
- * deterministic for a seed; nothing comes from the network. The file is written to a temporary name and
+ * Write a model file with random weights, deterministic for a seed; nothing comes from the network.
+ * Weights are uniform in +-sqrt(6 / fan-in) before an activation (He) and +-sqrt(3 / fan-in) without,
+ * so activations keep their scale through the layers; biases +-0.1, norm gains 1 +- 0.1, norm biases +-0.1. The file is written to a temporary name and
  * renamed into place.
  * @return 0, -EINVAL (bad spec), -errno from the file system, -ENOMEM.
  */

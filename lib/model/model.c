@@ -1,0 +1,578 @@
+/*
+ * mbp_model: loading a safetensors file into a layer chain, weight versions and their live swap, the
+ * sequential reference forward pass, and text descriptions.
+ *
+ * Versions. The weights of a model are a reference-counted struct mbp__version. The model's `current`
+ * pointer holds one reference and is RCU-protected: stage 0 loads it inside an RCU read-side section and
+ * takes its own reference before leaving the section, so the version cannot be freed between the load and
+ * the increment (a swap waits for a grace period before dropping the reference "current" held). Threads
+ * not registered with RCU (forward, profile) read `current` under swap_lock, which the swap holds while it
+ * exchanges the pointer. See include/mbpipe/model.h for the whole design.
+ *
+ * ThreadSanitizer cannot see liburcu's pointer accesses (volatile loads and inline-asm exchanges), so TSan
+ * builds publish and load `current` with the same orderings as compiler atomics; the grace period itself
+ * is still liburcu's.
+ */
+#include "config.h"
+
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <urcu.h>
+
+#include "common.h"
+#include "model_internal.h"
+#include "safetensors.h"
+
+#ifdef MBP_TSAN
+/* acquire; partner: the acq_rel exchange in VERSION_XCHG: the version's contents are visible */
+#define VERSION_LOAD(pp) __atomic_load_n(pp, __ATOMIC_ACQUIRE)
+/* acq_rel; partner: VERSION_LOAD: publishes the new version's contents */
+#define VERSION_XCHG(pp, v) __atomic_exchange_n(pp, v, __ATOMIC_ACQ_REL)
+#else
+/* rcu_dereference: dependency-ordered load; partner: rcu_xchg_pointer's release (contents visible) */
+#define VERSION_LOAD(pp)    rcu_dereference(*(pp))
+/* rcu_xchg_pointer: full barrier before the store; partner: rcu_dereference in VERSION_LOAD */
+#define VERSION_XCHG(pp, v) rcu_xchg_pointer(pp, v)
+#endif
+
+/* ---- versions ---- */
+
+static void version_free(struct mbp__version *v)
+{
+	_Atomic unsigned *alive = v->alive;
+	if (v->map)
+		munmap(v->map, v->map_len);
+	free(v->owned);
+	free(v->lw);
+	free(v);
+	if (alive)
+		atomic_fetch_sub_explicit(alive, 1,
+					  memory_order_relaxed); /* a statistic: nothing published */
+}
+
+struct mbp__version *mbp__version_get_rcu(mbp_model *m)
+{
+	rcu_read_lock();
+	struct mbp__version *v = VERSION_LOAD(&m->current);
+	/* relaxed: inside the read-side section v cannot be freed (the swap drops "current"'s reference
+	 * only after a grace period), and the grace period orders this increment before that drop. */
+	atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
+	rcu_read_unlock();
+	return v;
+}
+
+struct mbp__version *mbp__version_get_locked(mbp_model *m)
+{
+	pthread_mutex_lock(&m->swap_lock);
+	struct mbp__version *v = m->current;
+	/* relaxed: swap_lock keeps "current"'s reference in place while we add ours */
+	atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
+	pthread_mutex_unlock(&m->swap_lock);
+	return v;
+}
+
+void mbp__version_put(struct mbp__version *v)
+{
+	if (!v)
+		return;
+	/* acq_rel: release our reads of the weights to the thread that frees; the one that drops the
+	 * last reference acquires everyone's (an RMW chain, which TSan also understands, unlike a fence). */
+	uint32_t before = atomic_fetch_sub_explicit(&v->refs, 1, memory_order_acq_rel);
+	MBP_VERIFY(before > 0);
+	if (before == 1)
+		version_free(v);
+}
+
+/* ---- loading ---- */
+
+enum part { P_WEIGHT, P_BIAS, P_NORM_W, P_NORM_B, P_COUNT };
+static const char *const part_names[P_COUNT] = {"weight", "bias", "norm.weight", "norm.bias"};
+
+/* "layers.<i>.<part>" with <i> in canonical decimal: the layer and part, or -1. */
+static int parse_name(const char *name, unsigned *layer)
+{
+	if (strncmp(name, "layers.", 7))
+		return -1;
+	const char *p = name + 7;
+	if (!(*p >= '0' && *p <= '9') || (p[0] == '0' && p[1] >= '0' && p[1] <= '9'))
+		return -1;
+	unsigned long v = 0;
+	while (*p >= '0' && *p <= '9') {
+		v = v * 10 + (unsigned long)(*p++ - '0');
+		if (v > MBP_MODEL_MAX_LAYERS)
+			v = MBP_MODEL_MAX_LAYERS; /* saturate: reported as too many layers */
+	}
+	if (*p++ != '.')
+		return -1;
+	for (int k = 0; k < P_COUNT; k++)
+		if (!strcmp(p, part_names[k])) {
+			*layer = (unsigned)v;
+			return k;
+		}
+	return -1;
+}
+
+static int parse_act(const char *s, mbp_act *act)
+{
+	static const char *const names[] = {
+	    [MBP_ACT_NONE] = "none", [MBP_ACT_RELU] = "relu", [MBP_ACT_GELU] = "gelu"};
+	for (unsigned i = 0; i < MBP_ARRAY_SIZE(names); i++)
+		if (!strcmp(s, names[i])) {
+			*act = (mbp_act)i;
+			return 0;
+		}
+	return -1;
+}
+
+static const char *act_name(mbp_act a)
+{
+	return a == MBP_ACT_RELU ? "relu" : a == MBP_ACT_GELU ? "gelu" : "none";
+}
+
+static const char *dtype_name(mbp_dtype d)
+{
+	return d == MBP_DTYPE_F16 ? "F16" : d == MBP_DTYPE_BF16 ? "BF16" : "F32";
+}
+
+/* Build the layer chain from the tensor table: t[i][part] receives the tensors. */
+static int build_layers(mbp_model *m, const mbp__st *st, const mbp__st_tensor **t, mbp_model_error *err)
+{
+	unsigned nl = 0;
+	for (size_t k = 0; k < st->n; k++) {
+		const mbp__st_tensor *x = &st->t[k];
+		unsigned li;
+		int part = parse_name(x->name, &li);
+		if (part < 0)
+			return mbp__load_fail(err, MBP_MODEL_UNKNOWN_TENSOR, x->name,
+					      "expected layers.<i>.{weight,bias,norm.weight,norm.bias}");
+		if (li >= MBP_MODEL_MAX_LAYERS)
+			return mbp__load_fail(err, MBP_MODEL_TOO_MANY, x->name, "at most %d layers",
+					      MBP_MODEL_MAX_LAYERS);
+		if (x->dtype != MBP__ST_F32 && x->dtype != MBP__ST_F16 && x->dtype != MBP__ST_BF16)
+			return mbp__load_fail(err, MBP_MODEL_DTYPE, x->name, "%s",
+					      mbp__st_dtype_name(x->dtype));
+		t[li * P_COUNT + part] = x;
+		if (li + 1 > nl)
+			nl = li + 1;
+	}
+	if (nl == 0 || !t[P_WEIGHT])
+		return mbp__load_fail(err, MBP_MODEL_NO_LAYERS, "layers.0.weight",
+				      "the model has no first layer");
+	m->layers = nl;
+	m->l = calloc(nl, sizeof(*m->l));
+	if (!m->l)
+		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "layer table");
+
+	float eps = 1e-5f;
+	const char *s = mbp__st_meta(st, "layer_norm_eps");
+	if (s) {
+		char *end;
+		errno = 0;
+		eps = strtof(s, &end);
+		if (errno || end == s || *end || !isfinite(eps) || eps <= 0)
+			return mbp__load_fail(err, MBP_MODEL_ACTIVATION, "__metadata__",
+					      "layer_norm_eps '%.32s' is not a positive number", s);
+	}
+	mbp_act def = MBP_ACT_NONE;
+	s = mbp__st_meta(st, "activation");
+	if (s && parse_act(s, &def))
+		return mbp__load_fail(err, MBP_MODEL_ACTIVATION, "__metadata__",
+				      "activation '%.32s' (expected none, relu or gelu)", s);
+
+	char name[64];
+	for (unsigned i = 0; i < nl; i++) {
+		const mbp__st_tensor **ti = &t[i * P_COUNT];
+		struct mbp__layer *l = &m->l[i];
+		for (int part = 0; part < P_COUNT; part++) {
+			bool need = part <= P_BIAS || ti[P_NORM_W] || ti[P_NORM_B];
+			if (need && !ti[part]) {
+				snprintf(name, sizeof(name), "layers.%u.%s", i, part_names[part]);
+				return mbp__load_fail(err, MBP_MODEL_MISSING, name, "layer %u needs it", i);
+			}
+		}
+		const mbp__st_tensor *w = ti[P_WEIGHT];
+		if (w->ndim != 2 || w->shape[0] < 1 || w->shape[1] < 1 || w->shape[0] > MBP_MODEL_MAX_WIDTH ||
+		    w->shape[1] > MBP_MODEL_MAX_WIDTH)
+			return mbp__load_fail(err, MBP_MODEL_SHAPE, w->name,
+					      "expected [out, in] with widths in 1..%u", MBP_MODEL_MAX_WIDTH);
+		l->out = (uint32_t)w->shape[0];
+		l->in = (uint32_t)w->shape[1];
+		if (i > 0 && l->in != m->l[i - 1].out)
+			return mbp__load_fail(err, MBP_MODEL_SHAPE, w->name,
+					      "input width %u, previous layer's output is %u", l->in,
+					      m->l[i - 1].out);
+		for (int part = P_BIAS; part < P_COUNT; part++) {
+			const mbp__st_tensor *x = ti[part];
+			if (x && (x->ndim != 1 || x->shape[0] != l->out))
+				return mbp__load_fail(err, MBP_MODEL_SHAPE, x->name, "expected [%u]", l->out);
+		}
+		l->norm = ti[P_NORM_W] != NULL;
+		l->eps = eps;
+		l->dtype = w->dtype == MBP__ST_F16    ? MBP_DTYPE_F16
+			   : w->dtype == MBP__ST_BF16 ? MBP_DTYPE_BF16
+						      : MBP_DTYPE_F32;
+		l->act = def;
+		snprintf(name, sizeof(name), "layers.%u.activation", i);
+		s = mbp__st_meta(st, name);
+		if (s && parse_act(s, &l->act))
+			return mbp__load_fail(err, MBP_MODEL_ACTIVATION, "__metadata__",
+					      "%s '%.32s' (expected none, relu or gelu)", name, s);
+		if (l->out > m->max_width)
+			m->max_width = l->out;
+		if (l->in > m->max_width)
+			m->max_width = l->in;
+	}
+	return 0;
+}
+
+/* Whether a tensor can be used in place: F32 and 4-byte aligned in the mapping. */
+static bool in_place(const mbp__st *st, const mbp__st_tensor *x)
+{
+	return x->dtype == MBP__ST_F32 && ((uintptr_t)(st->data + x->begin) % sizeof(float)) == 0;
+}
+
+/* Make the version: point at F32 tensors in the mapping, convert or realign the others into `owned`. */
+static int build_version(mbp_model *m, const mbp__st *st, const mbp__st_tensor **t, struct mbp__version *v,
+			 mbp_model_error *err)
+{
+	v->layers = m->layers;
+	v->lw = calloc(m->layers, sizeof(*v->lw));
+	if (!v->lw)
+		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "weights table");
+	size_t owned = 0; /* floats; each tensor rounded up to a cache line */
+	for (unsigned k = 0; k < m->layers * P_COUNT; k++)
+		if (t[k] && !in_place(st, t[k]))
+			owned += (t[k]->nelem + 15) & ~(size_t)15;
+	if (owned && !(v->owned = mbp__scratch_alloc(owned)))
+		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "%zu bytes of converted weights",
+				      owned * sizeof(float));
+	float *at = v->owned;
+	for (unsigned k = 0; k < m->layers * P_COUNT; k++) {
+		const mbp__st_tensor *x = t[k];
+		if (!x)
+			continue;
+		const uint8_t *src = st->data + x->begin;
+		const float *p;
+		if (in_place(st, x)) {
+			p = (const float *)(const void *)src;
+		} else {
+			for (size_t e = 0; e < x->nelem; e++) {
+				uint16_t h;
+				switch (x->dtype) {
+				case MBP__ST_F16:
+					memcpy(&h, src + 2 * e, 2);
+					at[e] = mbp__f16_to_f32(le16toh(h));
+					break;
+				case MBP__ST_BF16:
+					memcpy(&h, src + 2 * e, 2);
+					at[e] = mbp__bf16_to_f32(le16toh(h));
+					break;
+				default:
+					memcpy(&at[e], src + 4 * e, 4);
+					break;
+				}
+			}
+			p = at;
+			at += (x->nelem + 15) & ~(size_t)15;
+		}
+		struct mbp__weights *w = &v->lw[k / P_COUNT];
+		switch (k % P_COUNT) {
+		case P_WEIGHT:
+			w->w = p;
+			break;
+		case P_BIAS:
+			w->b = p;
+			break;
+		case P_NORM_W:
+			w->g = p;
+			break;
+		default:
+			w->beta = p;
+			break;
+		}
+	}
+	return 0;
+}
+
+static int load_image(mbp_model *m, const uint8_t *buf, size_t len, struct mbp__version *v,
+		      mbp_model_error *err)
+{
+	mbp__st st;
+	int rc = mbp__st_parse(buf, len, &st, err);
+	if (rc)
+		return rc;
+	const mbp__st_tensor **t = calloc((size_t)MBP_MODEL_MAX_LAYERS * P_COUNT, sizeof(*t));
+	if (!t)
+		rc = mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "tensor index");
+	if (!rc)
+		rc = build_layers(m, &st, t, err);
+	if (!rc)
+		rc = build_version(m, &st, t, v, err);
+	free(t);
+	mbp__st_free(&st);
+	return rc;
+}
+
+static void prefix_path(mbp_model_error *err, const char *path)
+{
+	if (!err)
+		return;
+	char msg[sizeof(err->msg) + 512];
+	int k = snprintf(msg, sizeof(msg), "%.500s: %s", path, err->msg);
+	if (k > 0)
+		snprintf(err->msg, sizeof(err->msg), "%.*s", (int)(sizeof(err->msg) - 1), msg);
+}
+
+int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof(*err));
+	if (!out || !path)
+		return -EINVAL;
+	*out = NULL;
+	mbp_model *m = calloc(1, sizeof(*m));
+	struct mbp__version *v = calloc(1, sizeof(*v));
+	if (!m || !v) {
+		free(m);
+		free(v);
+		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "model");
+	}
+	int rc = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat sb;
+	if (fd < 0 || fstat(fd, &sb) < 0) {
+		rc = -errno;
+		mbp__load_fail(err, MBP_LOAD_IO, NULL, "%s", strerror(-rc));
+		if (err)
+			err->code = rc;
+	} else if (sb.st_size > 0) {
+		v->map_len = (size_t)sb.st_size;
+		v->map = mmap(NULL, v->map_len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+		if (v->map == MAP_FAILED) {
+			v->map = NULL;
+			rc = -errno;
+			mbp__load_fail(err, MBP_LOAD_IO, NULL, "mmap: %s", strerror(-rc));
+			if (err)
+				err->code = rc;
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	if (!rc)
+		rc = load_image(m, v->map, v->map_len, v, err);
+	if (rc) {
+		prefix_path(err, path);
+		version_free(v);
+		free(m->l);
+		free(m);
+		return rc;
+	}
+	/* Nothing used in place: the mapping is not needed any more. */
+	bool mapped_use = false;
+	for (unsigned i = 0; i < m->layers && !mapped_use; i++) {
+		const struct mbp__weights *w = &v->lw[i];
+		const float *ps[] = {w->w, w->b, w->g, w->beta};
+		for (unsigned k = 0; k < 4; k++)
+			if (ps[k] && (const void *)ps[k] >= v->map &&
+			    (const char *)ps[k] < (char *)v->map + v->map_len)
+				mapped_use = true;
+	}
+	if (!mapped_use && v->map) {
+		munmap(v->map, v->map_len);
+		v->map = NULL;
+	}
+	pthread_mutex_init(&m->swap_lock, NULL);
+	atomic_init(&v->refs, 1); /* the reference "current" holds */
+	v->id = m->last_id = 1;
+	v->alive = &m->alive;
+	atomic_init(&m->alive, 1);
+	m->current = v;
+	*out = m;
+	return 0;
+}
+
+void mbp_model_destroy(mbp_model *m)
+{
+	if (!m)
+		return;
+	if (m->current) {
+		/* Every micro-batch has left the pipeline (the pipeline is destroyed first): only "current"
+		 * still holds a version. Anything else would be freed under a running stage. */
+		MBP_VERIFY(atomic_load(&m->alive) == 1 && atomic_load(&m->current->refs) == 1);
+		mbp__version_put(m->current);
+	}
+	pthread_mutex_destroy(&m->swap_lock);
+	free(m->l);
+	free(m);
+}
+
+/* ---- swap ---- */
+
+static bool same_structure(const mbp_model *a, const mbp_model *b)
+{
+	if (a->layers != b->layers)
+		return false;
+	for (unsigned i = 0; i < a->layers; i++) {
+		const struct mbp__layer *x = &a->l[i], *y = &b->l[i];
+		if (x->in != y->in || x->out != y->out || x->act != y->act || x->norm != y->norm ||
+		    (x->norm && x->eps != y->eps))
+			return false;
+	}
+	return true;
+}
+
+int mbp_model_swap(mbp_model *m, mbp_model *next)
+{
+	if (!m || !next || m == next || !next->current || !same_structure(m, next))
+		return -EINVAL;
+	if (atomic_load(&next->alive) != 1 || atomic_load(&next->current->refs) != 1)
+		return -EBUSY;
+	struct mbp__version *nv = next->current;
+	next->current = NULL;
+	atomic_store(&next->alive, 0);
+	atomic_fetch_add(&m->alive, 1);
+	nv->alive = &m->alive;
+	pthread_mutex_lock(&m->swap_lock);
+	nv->id = ++m->last_id;
+	struct mbp__version *old = VERSION_XCHG(&m->current, nv);
+	pthread_mutex_unlock(&m->swap_lock);
+	/* After the grace period no stage 0 can still be between loading `old` and taking its reference:
+	 * every micro-batch that took it holds its own, and old is freed when the last one is done. */
+	synchronize_rcu();
+	mbp__version_put(old);
+	mbp_model_destroy(next);
+	return 0;
+}
+
+/* ---- describing ---- */
+
+unsigned mbp_model_layers(const mbp_model *m)
+{
+	return m ? m->layers : 0;
+}
+
+uint32_t mbp_model_in_width(const mbp_model *m)
+{
+	return m ? m->l[0].in : 0;
+}
+
+uint32_t mbp_model_out_width(const mbp_model *m)
+{
+	return m ? m->l[m->layers - 1].out : 0;
+}
+
+int mbp_model_layer_info(const mbp_model *m, unsigned i, mbp_layer_info *info)
+{
+	if (!m || !info)
+		return -EINVAL;
+	if (i >= m->layers)
+		return -ERANGE;
+	const struct mbp__layer *l = &m->l[i];
+	memset(info, 0, sizeof(*info));
+	info->in = l->in;
+	info->out = l->out;
+	info->act = l->act;
+	info->norm = l->norm;
+	info->eps = l->eps;
+	info->dtype = l->dtype;
+	info->flops = 2ull * l->in * l->out;
+	info->param_bytes = ((size_t)l->in * l->out + l->out * (l->norm ? 3u : 1u)) * sizeof(float);
+	return 0;
+}
+
+uint64_t mbp_model_version(const mbp_model *m)
+{
+	if (!m)
+		return 0;
+	mbp_model *mm = (mbp_model *)m; /* the lock is not part of the model's value */
+	pthread_mutex_lock(&mm->swap_lock);
+	uint64_t id = mm->current ? mm->current->id : 0;
+	pthread_mutex_unlock(&mm->swap_lock);
+	return id;
+}
+
+unsigned mbp_model_versions_alive(const mbp_model *m)
+{
+	return m ? atomic_load_explicit(&m->alive, memory_order_relaxed) : 0;
+}
+
+/* snprintf that keeps counting past the end. */
+static void appendf(char *buf, size_t n, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void appendf(char *buf, size_t n, size_t *len, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int k = vsnprintf(*len < n ? buf + *len : NULL, *len < n ? n - *len : 0, fmt, ap);
+	va_end(ap);
+	if (k > 0)
+		*len += (size_t)k;
+}
+
+int mbp_model_describe(const mbp_model *m, char *buf, size_t n)
+{
+	if (!m || (!buf && n))
+		return -EINVAL;
+	size_t len = 0;
+	double total = 0;
+	for (unsigned i = 0; i < m->layers; i++) {
+		mbp_layer_info li;
+		mbp_model_layer_info(m, i, &li);
+		total += (double)li.param_bytes;
+		appendf(buf, n, &len, "layer %u: %u -> %u %s%s %s %.2f MiB\n", i, li.in, li.out,
+			act_name(li.act), li.norm ? " norm" : "", dtype_name(li.dtype),
+			li.param_bytes / 1048576.0);
+	}
+	appendf(buf, n, &len, "%u layers, %u -> %u, %.2f MiB of float32 parameters, weights version %llu\n",
+		m->layers, mbp_model_in_width(m), mbp_model_out_width(m), total / 1048576.0,
+		(unsigned long long)mbp_model_version(m));
+	if (n && len >= n)
+		buf[n - 1] = '\0';
+	return len > INT32_MAX ? INT32_MAX : (int)len;
+}
+
+/* ---- the sequential reference ---- */
+
+int mbp_model_forward(mbp_model *m, const float *in, float *out, size_t rows, uint32_t mb_rows)
+{
+	if (!m || (rows && (!in || !out)))
+		return -EINVAL;
+	if (!rows)
+		return 0;
+	size_t mb = mb_rows && mb_rows < rows ? mb_rows : rows;
+	if (mb > UINT32_MAX)
+		mb = UINT32_MAX;
+	float *s0 = NULL, *s1 = NULL;
+	if (m->layers > 1) {
+		size_t n;
+		if (!mbp__mul_size(mb, m->max_width, &n))
+			return -ENOMEM;
+		s0 = mbp__scratch_alloc(n);
+		s1 = mbp__scratch_alloc(n);
+		if (!s0 || !s1) {
+			free(s0);
+			free(s1);
+			return -ENOMEM;
+		}
+	}
+	struct mbp__version *v = mbp__version_get_locked(m);
+	const size_t inw = m->l[0].in, outw = m->l[m->layers - 1].out;
+	for (size_t off = 0; off < rows; off += mb) {
+		uint32_t r = (uint32_t)(rows - off < mb ? rows - off : mb);
+		mbp__layers_run(m, v, 0, m->layers, in + off * inw, out + off * outw, r, s0, s1);
+	}
+	mbp__version_put(v);
+	free(s0);
+	free(s1);
+	return 0;
+}

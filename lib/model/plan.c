@@ -1,0 +1,229 @@
+/*
+ * Balanced stages: per-layer profile and the exact min-max partition of the layers into stages.
+ *
+ * Partition. Stage [a, b) costs sum(layer[a..b)) + handoff[a - 1] (a > 0): the slowest stage sets the
+ * pipeline's period. best[k][j], the smallest possible slowest stage when the first j layers form k
+ * stages, is min over i of max(best[k-1][i], cost(i, j)); the answer is best[S][L]. O(S L^2) with prefix
+ * sums: 64 stages of 4096 layers is about a billion steps, far beyond any real model, while 100 layers
+ * take a millisecond. Binary search over the answer with a greedy check would be faster but is only exact
+ * when a stage's cost grows with its length alone, which a per-boundary hand-off cost breaks.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "common.h"
+#include "model_internal.h"
+
+#define HANDOFF_FIXED_NS 1000.0 /* ring hand-off and an occasional wake-up, per micro-batch */
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double median(double *v, unsigned n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int mbp_model_profile(mbp_model *m, uint32_t mb_rows, unsigned reps, int cpu, double *layer_ns,
+		      double *handoff_ns)
+{
+	if (!m || !mb_rows || !reps || !layer_ns)
+		return -EINVAL;
+	cpu_set_t old;
+	bool pinned = false;
+	if (cpu >= 0) {
+		if (cpu >= CPU_SETSIZE)
+			return -EINVAL;
+		int rc = pthread_getaffinity_np(pthread_self(), sizeof(old), &old);
+		if (rc)
+			return -rc;
+		cpu_set_t one;
+		CPU_ZERO(&one);
+		CPU_SET(cpu, &one);
+		rc = pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+		if (rc)
+			return -rc;
+		pinned = true;
+	}
+	size_t n = (size_t)mb_rows * m->max_width;
+	float *x = mbp__scratch_alloc(n), *y = mbp__scratch_alloc(n);
+	double *t = malloc(reps * sizeof(*t));
+	int rc = 0;
+	if (!x || !y || !t) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	uint64_t seed = 0x9e3779b97f4a7c15u;
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 6364136223846793005u + 1442695040888963407u;
+		x[i] = (float)((double)(seed >> 40) / (double)(1u << 24) * 2.0 - 1.0);
+	}
+	/* Time the layers as the stages run them: with one OpenBLAS thread. Restored below. */
+	int threads = openblas_get_num_threads();
+	openblas_set_num_threads(1);
+	struct mbp__version *v = mbp__version_get_locked(m);
+	for (unsigned l = 0; l < m->layers; l++) {
+		mbp__layer_run(&m->l[l], &v->lw[l], x, y, mb_rows); /* warm-up: weights into cache, packing */
+		for (unsigned r = 0; r < reps; r++) {
+			uint64_t t0 = mbp__now_ns();
+			mbp__layer_run(&m->l[l], &v->lw[l], x, y, mb_rows);
+			t[r] = (double)(mbp__now_ns() - t0);
+		}
+		layer_ns[l] = median(t, reps);
+		if (!handoff_ns)
+			continue;
+		handoff_ns[l] = 0;
+		if (l + 1 == m->layers)
+			continue;
+		size_t bytes = (size_t)mb_rows * m->l[l].out * sizeof(float);
+		for (unsigned r = 0; r < reps; r++) {
+			uint64_t t0 = mbp__now_ns();
+			memcpy(y, x, bytes);
+			__asm__ __volatile__("" ::"r"(y) : "memory"); /* keep the copy */
+			t[r] = (double)(mbp__now_ns() - t0);
+		}
+		handoff_ns[l] = HANDOFF_FIXED_NS + median(t, reps);
+	}
+	mbp__version_put(v);
+	openblas_set_num_threads(threads);
+out:
+	free(x);
+	free(y);
+	free(t);
+	if (pinned)
+		pthread_setaffinity_np(pthread_self(), sizeof(old), &old);
+	return rc;
+}
+
+/* The cost of stage [a, b), summed in layer order. */
+static double stage_cost(const double *layer_ns, const double *handoff_ns, unsigned a, unsigned b)
+{
+	double c = a > 0 && handoff_ns ? handoff_ns[a - 1] : 0.0;
+	for (unsigned i = a; i < b; i++)
+		c += layer_ns[i];
+	return c;
+}
+
+int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
+			mbp_model_plan *plan)
+{
+	if (!layer_ns || !plan || !L || !S)
+		return -EINVAL;
+	for (unsigned i = 0; i < L; i++)
+		if (!isfinite(layer_ns[i]) || layer_ns[i] < 0 ||
+		    (handoff_ns && (!isfinite(handoff_ns[i]) || handoff_ns[i] < 0)))
+			return -EINVAL;
+	if (S > L || S > MBP_MAX_STAGES)
+		return -ERANGE;
+	size_t W = (size_t)L + 1;
+	double *pre = malloc(W * sizeof(*pre));
+	double *best = malloc((size_t)(S + 1) * W * sizeof(*best));
+	unsigned *arg = malloc((size_t)(S + 1) * W * sizeof(*arg));
+	if (!pre || !best || !arg) {
+		free(pre);
+		free(best);
+		free(arg);
+		return -ENOMEM;
+	}
+	pre[0] = 0;
+	for (unsigned i = 0; i < L; i++)
+		pre[i + 1] = pre[i] + layer_ns[i];
+#define COST(a, b) (pre[b] - pre[a] + ((a) > 0 && handoff_ns ? handoff_ns[(a)-1] : 0.0))
+	for (unsigned j = 1; j <= L; j++)
+		best[1 * W + j] = COST(0, j), arg[1 * W + j] = 0;
+	for (unsigned k = 2; k <= S; k++) {
+		/* k stages over the first j layers need j >= k; the rest of the stages need L - j >= S - k */
+		for (unsigned j = k; j <= L - (S - k); j++) {
+			double b = INFINITY;
+			unsigned at = k - 1;
+			for (unsigned i = k - 1; i < j; i++) {
+				double c = fmax(best[(k - 1) * W + i], COST(i, j));
+				if (c < b)
+					b = c, at = i;
+			}
+			best[k * W + j] = b;
+			arg[k * W + j] = at;
+		}
+	}
+#undef COST
+	memset(plan, 0, sizeof(*plan));
+	plan->stages = S;
+	plan->layers = L;
+	plan->first[S] = L;
+	for (unsigned k = S, j = L; k >= 1; k--) {
+		j = arg[k * W + j];
+		plan->first[k - 1] = j;
+	}
+	free(pre);
+	free(best);
+	free(arg);
+	double sum = 0;
+	for (unsigned s = 0; s < S; s++) {
+		plan->stage_ns[s] = stage_cost(layer_ns, handoff_ns, plan->first[s], plan->first[s + 1]);
+		sum += plan->stage_ns[s];
+		if (plan->stage_ns[s] > plan->slowest_ns)
+			plan->slowest_ns = plan->stage_ns[s];
+	}
+	plan->mean_ns = sum / S;
+	plan->balance = plan->mean_ns > 0 ? plan->slowest_ns / plan->mean_ns : 1.0;
+	plan->sequential_ns = stage_cost(layer_ns, NULL, 0, L);
+	return 0;
+}
+
+int mbp_model_balance(mbp_model *m, unsigned stages, uint32_t mb_rows, int cpu, mbp_model_plan *plan)
+{
+	if (!m || !plan || !stages || !mb_rows)
+		return -EINVAL;
+	if (stages > m->layers || stages > MBP_MAX_STAGES)
+		return -ERANGE;
+	double *c = malloc(2 * (size_t)m->layers * sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	int rc = mbp_model_profile(m, mb_rows, 5, cpu, c, c + m->layers);
+	if (!rc)
+		rc = mbp_model_partition(c, c + m->layers, m->layers, stages, plan);
+	if (!rc)
+		plan->mb_rows = mb_rows;
+	free(c);
+	return rc;
+}
+
+int mbp_model_plan_describe(const mbp_model_plan *plan, char *buf, size_t n)
+{
+	if (!plan || (!buf && n) || plan->stages > MBP_MAX_STAGES)
+		return -EINVAL;
+	size_t len = 0;
+	char tmp[160];
+	for (unsigned s = 0; s <= plan->stages; s++) {
+		int k;
+		if (s < plan->stages)
+			k = snprintf(tmp, sizeof(tmp), "stage %u: layers %u-%u  %.1f us\n", s, plan->first[s],
+				     plan->first[s + 1] - 1, plan->stage_ns[s] / 1e3);
+		else
+			k = snprintf(tmp, sizeof(tmp),
+				     "%u stages at %u rows: slowest %.1f us, mean %.1f us, balance %.3f, "
+				     "sequential %.1f us\n",
+				     plan->stages, plan->mb_rows, plan->slowest_ns / 1e3, plan->mean_ns / 1e3,
+				     plan->balance, plan->sequential_ns / 1e3);
+		if (k < 0)
+			return -EINVAL;
+		if (len < n)
+			snprintf(buf + len, n - len, "%s", tmp);
+		len += (size_t)k;
+	}
+	return len > INT32_MAX ? INT32_MAX : (int)len;
+}

@@ -1,0 +1,207 @@
+/*
+ * mbp_model_stages: one pipeline stage per contiguous range of layers.
+ *
+ * A stage owns two scratch buffers for the activations between its layers, allocated in its init on its
+ * own thread (first touch there puts the pages on its node) and sized for the largest micro-batch, so the
+ * hot path allocates nothing. Its first layer reads the micro-batch in place (a job's input rows, or the
+ * previous stage's hop buffer) and its last layer writes the output buffer directly.
+ *
+ * Weights: stage 0 takes a reference to the current version for each micro-batch and stores it in
+ * mb->carry (see mbp__version_get_rcu); later stages compute with mb->carry; stage 0's done callback drops
+ * the reference when the micro-batch leaves the pipeline, completed or failed. The model's stages own
+ * mb->carry.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+#include <urcu.h>
+
+#include "common.h"
+#include "model_internal.h"
+
+struct stage {
+	mbp_model *m;
+	unsigned idx, a, b; /* layers [a, b) */
+	uint32_t max_rows;
+	size_t scratch_floats; /* per buffer; 0 for a single-layer stage */
+	float *s0, *s1;
+	char name[MBP_STAGE_NAME_MAX];
+};
+
+struct mbp_model_stages {
+	mbp_model *m;
+	unsigned n;
+	struct stage s[];
+};
+
+/* One BLAS thread per stage. The pipeline owns the cores: each stage thread is pinned to its own CPU and
+ * computes its layers there; OpenBLAS's own worker threads would run on the same CPUs and fight the other
+ * stages for them (and its threaded sgemm on a small micro-batch mostly waits on them). The setting is
+ * process-wide, so every stage's init applies it, under a lock because it is not safe to call from
+ * several threads at once. */
+static pthread_mutex_t blas_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void blas_one_thread(void)
+{
+	pthread_mutex_lock(&blas_lock);
+	if (openblas_get_num_threads() != 1)
+		openblas_set_num_threads(1);
+	pthread_mutex_unlock(&blas_lock);
+}
+
+static int stage_init(void *ctx, unsigned idx)
+{
+	struct stage *s = ctx;
+	(void)idx;
+	blas_one_thread();
+	if (s->scratch_floats) {
+		s->s0 = mbp__scratch_alloc(s->scratch_floats);
+		s->s1 = mbp__scratch_alloc(s->scratch_floats);
+		if (!s->s0 || !s->s1) {
+			free(s->s0);
+			free(s->s1);
+			s->s0 = s->s1 = NULL;
+			return -ENOMEM;
+		}
+	}
+	/* Stage 0 reads the RCU-protected weights pointer: its thread must be a registered reader. */
+	if (s->idx == 0)
+		rcu_register_thread();
+	return 0;
+}
+
+static void stage_fini(void *ctx)
+{
+	struct stage *s = ctx;
+	if (s->idx == 0)
+		rcu_unregister_thread();
+	free(s->s0);
+	free(s->s1);
+	s->s0 = s->s1 = NULL;
+}
+
+static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	struct stage *s = ctx;
+	const mbp_model *m = s->m;
+	struct mbp__version *v;
+	if (s->idx == 0)
+		out->carry = NULL; /* ours to set: done() drops whatever is here */
+	if (MBP_UNLIKELY(in->rows > s->max_rows))
+		return -E2BIG;
+	if (MBP_UNLIKELY(in->row_bytes != m->l[s->a].in * sizeof(float) ||
+			 out->row_bytes != m->l[s->b - 1].out * sizeof(float) ||
+			 out->capacity < (size_t)in->rows * out->row_bytes))
+		return -EINVAL;
+	if (s->idx == 0) {
+		v = mbp__version_get_rcu(s->m);
+		out->carry = v;
+	} else {
+		v = in->carry;
+		MBP_VERIFY(v != NULL); /* stage 0 always sets it on success */
+		out->carry = v;
+	}
+	mbp__layers_run(m, v, s->a, s->b, in->data, out->data, in->rows, s->s0, s->s1);
+	return 0;
+}
+
+static void stage_done(void *ctx, mbp_mb *mb)
+{
+	(void)ctx;
+	mbp__version_put(mb->carry);
+	mb->carry = NULL;
+}
+
+static bool plan_fits(const mbp_model_plan *plan, unsigned layers)
+{
+	if (plan->stages < 1 || plan->stages > MBP_MAX_STAGES || plan->layers != layers ||
+	    plan->first[0] != 0 || plan->first[plan->stages] != layers)
+		return false;
+	for (unsigned s = 0; s < plan->stages; s++)
+		if (plan->first[s] >= plan->first[s + 1])
+			return false;
+	return true;
+}
+
+int mbp_model_stages_new(mbp_model_stages **out, mbp_model *m, const mbp_model_plan *plan,
+			 uint32_t max_mb_rows)
+{
+	if (!out || !m || !plan || !max_mb_rows || !plan_fits(plan, m->layers))
+		return -EINVAL;
+	mbp_model_stages *st = calloc(1, sizeof(*st) + plan->stages * sizeof(st->s[0]));
+	if (!st)
+		return -ENOMEM;
+	st->m = m;
+	st->n = plan->stages;
+	for (unsigned i = 0; i < st->n; i++) {
+		struct stage *s = &st->s[i];
+		s->m = m;
+		s->idx = i;
+		s->a = plan->first[i];
+		s->b = plan->first[i + 1];
+		s->max_rows = max_mb_rows;
+		uint32_t w = 0; /* widest activation between this stage's layers */
+		for (unsigned k = s->a; k + 1 < s->b; k++)
+			if (m->l[k].out > w)
+				w = m->l[k].out;
+		if (w && !mbp__mul_size(w, max_mb_rows, &s->scratch_floats)) {
+			free(st);
+			return -ENOMEM;
+		}
+		if (s->b - s->a == 1)
+			snprintf(s->name, sizeof(s->name), "layer %u", s->a);
+		else
+			snprintf(s->name, sizeof(s->name), "layers %u-%u", s->a, s->b - 1);
+	}
+	*out = st;
+	return 0;
+}
+
+unsigned mbp_model_stages_count(const mbp_model_stages *st)
+{
+	return st ? st->n : 0;
+}
+
+int mbp_model_stage_desc(const mbp_model_stages *st, unsigned i, mbp_stage_desc *d)
+{
+	if (!st || !d)
+		return -EINVAL;
+	if (i >= st->n)
+		return -ERANGE;
+	const struct stage *s = &st->s[i];
+	memset(d, 0, sizeof(*d));
+	d->name = s->name;
+	d->fn = stage_fn;
+	d->init = stage_init;
+	d->fini = stage_fini;
+	d->done = i == 0 ? stage_done : NULL;
+	d->ctx = (void *)s;
+	d->out_row_bytes = (size_t)st->m->l[s->b - 1].out * sizeof(float);
+	d->cpu = -1;
+	return 0;
+}
+
+int mbp_model_stages_add(mbp_model_stages *st, mbp_pipeline *p)
+{
+	if (!st || !p)
+		return -EINVAL;
+	for (unsigned i = 0; i < st->n; i++) {
+		mbp_stage_desc d;
+		mbp_model_stage_desc(st, i, &d);
+		int rc = mbp_pipeline_add_stage(p, &d);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+void mbp_model_stages_destroy(mbp_model_stages *st)
+{
+	free(st);
+}

@@ -1,0 +1,542 @@
+/*
+ * The model: layer semantics against a naive double-precision reference; the exact partitioner against
+ * brute force; the stages (driven by hand and inside a pipeline) against the sequential reference, bit
+ * for bit; the weight swap (by hand, step by step, and under load in a pipeline).
+ */
+#include "config.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <urcu.h>
+
+#include <mbpipe.h>
+
+#include "model/model_internal.h"
+
+#include "check_main.h"
+
+static char dir[64];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/mbp-model-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	openblas_set_num_threads(1);
+}
+
+static void teardown(void)
+{
+	char p[128];
+	for (int i = 0; i < 4; i++) {
+		snprintf(p, sizeof(p), "%s/m%d.safetensors", dir, i);
+		unlink(p);
+	}
+	rmdir(dir);
+}
+
+/* Write model file number `k` of a spec and load it. */
+static mbp_model *make_model(int k, const mbp_model_spec *sp)
+{
+	char p[128];
+	snprintf(p, sizeof(p), "%s/m%d.safetensors", dir, k);
+	ck_assert_int_eq(mbp_model_write_random(p, sp), 0);
+	mbp_model *m;
+	mbp_model_error e;
+	ck_assert_msg(mbp_model_load(&m, p, &e) == 0, "%s", e.msg);
+	return m;
+}
+
+static mbp_model *reload(int k)
+{
+	char p[128];
+	snprintf(p, sizeof(p), "%s/m%d.safetensors", dir, k);
+	mbp_model *m;
+	ck_assert_int_eq(mbp_model_load(&m, p, NULL), 0);
+	return m;
+}
+
+static float *random_rows(size_t n, uint64_t seed)
+{
+	float *x = malloc(n * sizeof(float));
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 6364136223846793005u + 1442695040888963407u;
+		x[i] = (float)((double)(seed >> 40) / (double)(1u << 23) - 1.0);
+	}
+	return x;
+}
+
+/* max |a - b| over a row, relative to the row's largest |b|. */
+static double row_rel_err(const float *a, const float *b, size_t n)
+{
+	double d = 0, s = 1e-30;
+	for (size_t i = 0; i < n; i++) {
+		d = fmax(d, fabs((double)a[i] - b[i]));
+		s = fmax(s, fabs((double)b[i]));
+	}
+	return d / s;
+}
+
+/* ---- semantics ---- */
+
+static void naive_forward(const mbp_model *m, const float *x, double *y)
+{
+	double cur[256], nxt[256];
+	for (uint32_t i = 0; i < m->l[0].in; i++)
+		cur[i] = x[i];
+	for (unsigned l = 0; l < m->layers; l++) {
+		const struct mbp__layer *ly = &m->l[l];
+		const struct mbp__weights *w = &m->current->lw[l];
+		for (uint32_t o = 0; o < ly->out; o++) {
+			double s = w->b[o];
+			for (uint32_t i = 0; i < ly->in; i++)
+				s += (double)w->w[(size_t)o * ly->in + i] * cur[i];
+			if (ly->act == MBP_ACT_RELU)
+				s = s > 0 ? s : 0;
+			else if (ly->act == MBP_ACT_GELU)
+				s = 0.5 * s * (1 + erf(s / sqrt(2.0)));
+			nxt[o] = s;
+		}
+		if (ly->norm) {
+			double mean = 0, var = 0;
+			for (uint32_t o = 0; o < ly->out; o++)
+				mean += nxt[o];
+			mean /= ly->out;
+			for (uint32_t o = 0; o < ly->out; o++)
+				var += (nxt[o] - mean) * (nxt[o] - mean);
+			var /= ly->out;
+			for (uint32_t o = 0; o < ly->out; o++)
+				nxt[o] = (nxt[o] - mean) / sqrt(var + ly->eps) * w->g[o] + w->beta[o];
+		}
+		memcpy(cur, nxt, ly->out * sizeof(double));
+	}
+	memcpy(y, cur, m->l[m->layers - 1].out * sizeof(double));
+}
+
+START_TEST(forward_matches_a_naive_double_reference)
+{
+	static const mbp_act acts[] = {MBP_ACT_NONE, MBP_ACT_RELU, MBP_ACT_GELU};
+	for (int a = 0; a < 3; a++)
+		for (int norm = 0; norm < 2; norm++) {
+			uint32_t widths[] = {24, 40, 17, 33, 9};
+			mbp_model_spec sp = {
+			    .layers = 4, .widths = widths, .act = acts[a], .norm = norm, .seed = 11};
+			mbp_model *m = make_model(0, &sp);
+			const size_t rows = 7;
+			float *x = random_rows(rows * 24, 5), y[7 * 9];
+			ck_assert_int_eq(mbp_model_forward(m, x, y, rows, 3), 0);
+			for (size_t r = 0; r < rows; r++) {
+				double ref[9];
+				float reff[9];
+				naive_forward(m, x + r * 24, ref);
+				for (int i = 0; i < 9; i++)
+					reff[i] = (float)ref[i];
+				ck_assert_msg(row_rel_err(y + r * 9, reff, 9) < 1e-5,
+					      "act %d norm %d row %zu: %g", a, norm, r,
+					      row_rel_err(y + r * 9, reff, 9));
+			}
+			free(x);
+			mbp_model_destroy(m);
+		}
+}
+END_TEST
+
+START_TEST(forward_whole_batch_and_micro_batches_agree_within_1e_5)
+{
+	mbp_model_spec sp = {
+	    .layers = 5, .in = 64, .hidden = 96, .out = 32, .act = MBP_ACT_RELU, .norm = true, .seed = 2};
+	mbp_model *m = make_model(0, &sp);
+	const size_t rows = 37;
+	float *x = random_rows(rows * 64, 9), *a = malloc(rows * 32 * 4), *b = malloc(rows * 32 * 4);
+	ck_assert_int_eq(mbp_model_forward(m, x, a, rows, 0), 0);
+	for (uint32_t mb = 1; mb <= 16; mb *= 2) {
+		ck_assert_int_eq(mbp_model_forward(m, x, b, rows, mb), 0);
+		for (size_t r = 0; r < rows; r++)
+			ck_assert_double_lt(row_rel_err(b + r * 32, a + r * 32, 32), 1e-5);
+	}
+	/* the same micro-batch size twice: bit for bit */
+	ck_assert_int_eq(mbp_model_forward(m, x, a, rows, 4), 0);
+	ck_assert_int_eq(mbp_model_forward(m, x, b, rows, 4), 0);
+	ck_assert_mem_eq(a, b, rows * 32 * 4);
+	ck_assert_int_eq(mbp_model_forward(m, NULL, b, 1, 1), -EINVAL);
+	ck_assert_int_eq(mbp_model_forward(m, NULL, NULL, 0, 1), 0);
+	free(x);
+	free(a);
+	free(b);
+	mbp_model_destroy(m);
+}
+END_TEST
+
+START_TEST(random_model_files_are_deterministic_per_seed)
+{
+	mbp_model_spec sp = {.layers = 2, .in = 8, .hidden = 8, .out = 8, .act = MBP_ACT_GELU, .seed = 42};
+	char p[3][160];
+	for (int i = 0; i < 3; i++) {
+		snprintf(p[i], sizeof(p[i]), "%s/m%d.safetensors", dir, i);
+		sp.seed = i < 2 ? 42 : 43;
+		ck_assert_int_eq(mbp_model_write_random(p[i], &sp), 0);
+	}
+	char buf[3][4096];
+	size_t len[3];
+	for (int i = 0; i < 3; i++) {
+		FILE *f = fopen(p[i], "rb");
+		len[i] = fread(buf[i], 1, sizeof(buf[i]), f);
+		fclose(f);
+	}
+	ck_assert_uint_eq(len[0], len[1]);
+	ck_assert_mem_eq(buf[0], buf[1], len[0]);
+	ck_assert(len[0] != len[2] || memcmp(buf[0], buf[2], len[0]) != 0);
+	mbp_model_spec bad = sp;
+	bad.layers = 0;
+	ck_assert_int_eq(mbp_model_write_random(p[0], &bad), -EINVAL);
+	bad = sp;
+	bad.hidden = 0;
+	ck_assert_int_eq(mbp_model_write_random(p[0], &bad), -EINVAL);
+	ck_assert_int_eq(mbp_model_write_random("/nonexistent-dir/x.safetensors", &sp), -ENOENT);
+}
+END_TEST
+
+/* ---- partitioner ---- */
+
+/* Brute force: every placement of S - 1 cuts among L - 1 positions. */
+static double brute(const double *c, const double *h, unsigned L, unsigned S, unsigned start, double worst)
+{
+	if (S == 1) {
+		double s = start > 0 && h ? h[start - 1] : 0;
+		for (unsigned i = start; i < L; i++)
+			s += c[i];
+		return fmax(worst, s);
+	}
+	double best = INFINITY, s = start > 0 && h ? h[start - 1] : 0;
+	for (unsigned end = start + 1; end + (S - 1) <= L; end++) {
+		s += c[end - 1];
+		best = fmin(best, brute(c, h, L, S - 1, end, fmax(worst, s)));
+	}
+	return best;
+}
+
+START_TEST(partition_equals_brute_force_on_random_costs)
+{
+	uint64_t seed = 12345;
+	unsigned trials = (unsigned)mbp_iters(3000, 200);
+	for (unsigned t = 0; t < trials; t++) {
+		seed = seed * 6364136223846793005u + 1442695040888963407u;
+		unsigned L = 1 + (unsigned)(seed >> 33) % 10;
+		unsigned S = 1 + (unsigned)(seed >> 45) % L;
+		bool with_h = (seed >> 20) & 1;
+		double c[10], h[10];
+		for (unsigned i = 0; i < L; i++) {
+			seed = seed * 6364136223846793005u + 1442695040888963407u;
+			/* integers: sums are exact in any order, so "equal" means equal */
+			c[i] = (double)((seed >> 33) % 1000);
+			h[i] = (double)((seed >> 50) % 200);
+		}
+		mbp_model_plan p;
+		ck_assert_int_eq(mbp_model_partition(c, with_h ? h : NULL, L, S, &p), 0);
+		double want = brute(c, with_h ? h : NULL, L, S, 0, 0);
+		ck_assert_msg(p.slowest_ns == want, "L %u S %u: %g, brute force %g", L, S, p.slowest_ns,
+			      want);
+		ck_assert_uint_eq(p.stages, S);
+		ck_assert_uint_eq(p.first[0], 0);
+		ck_assert_uint_eq(p.first[S], L);
+		double sum = 0, mx = 0;
+		for (unsigned s = 0; s < S; s++) {
+			ck_assert_uint_lt(p.first[s], p.first[s + 1]);
+			double cost = s > 0 && with_h ? h[p.first[s] - 1] : 0;
+			for (unsigned i = p.first[s]; i < p.first[s + 1]; i++)
+				cost += c[i];
+			ck_assert_double_eq(p.stage_ns[s], cost);
+			sum += cost;
+			mx = fmax(mx, cost);
+		}
+		ck_assert_double_eq(mx, p.slowest_ns);
+		ck_assert_double_eq_tol(p.mean_ns, sum / S, 1e-9);
+		if (sum > 0)
+			ck_assert_double_eq_tol(p.balance, mx / (sum / S), 1e-9);
+	}
+}
+END_TEST
+
+START_TEST(partition_rejects_bad_input_and_balances_the_obvious_case)
+{
+	double c[4] = {1, 1, 1, 1}, bad[2] = {1, NAN};
+	mbp_model_plan p;
+	ck_assert_int_eq(mbp_model_partition(c, NULL, 4, 5, &p), -ERANGE);
+	ck_assert_int_eq(mbp_model_partition(c, NULL, 0, 1, &p), -EINVAL);
+	ck_assert_int_eq(mbp_model_partition(c, NULL, 4, 0, &p), -EINVAL);
+	ck_assert_int_eq(mbp_model_partition(bad, NULL, 2, 1, &p), -EINVAL);
+	ck_assert_int_eq(mbp_model_partition(c, NULL, 4, 2, &p), 0);
+	ck_assert_uint_eq(p.first[1], 2);
+	ck_assert_double_eq(p.balance, 1.0);
+	/* a costly hand-off after layer 0 moves the cut */
+	double h[4] = {10, 0, 0, 0};
+	ck_assert_int_eq(mbp_model_partition(c, h, 4, 2, &p), 0);
+	ck_assert_uint_eq(p.first[1], 2);
+	double h2[4] = {0, 10, 0, 0};
+	ck_assert_int_eq(mbp_model_partition(c, h2, 4, 2, &p), 0);
+	ck_assert_uint_ne(p.first[1], 2);
+	char buf[256];
+	ck_assert_int_gt(mbp_model_plan_describe(&p, buf, sizeof(buf)), 0);
+	ck_assert_ptr_nonnull(strstr(buf, "stage 1: layers"));
+	ck_assert_ptr_nonnull(strstr(buf, "balance"));
+}
+END_TEST
+
+START_TEST(profile_and_balance_cover_the_layers)
+{
+	uint32_t widths[] = {32, 256, 16, 256, 32, 8};
+	mbp_model_spec sp = {.layers = 5, .widths = widths, .act = MBP_ACT_RELU, .seed = 1};
+	mbp_model *m = make_model(0, &sp);
+	double t[5], h[5];
+	ck_assert_int_eq(mbp_model_profile(m, 8, 3, -1, t, h), 0);
+	for (int i = 0; i < 5; i++)
+		ck_assert(t[i] > 0 && isfinite(t[i]));
+	for (int i = 0; i < 4; i++)
+		ck_assert(h[i] >= 1000);
+	ck_assert_double_eq(h[4], 0);
+	int cpus[8];
+	ck_assert_int_gt(mbp_cpus_allowed(cpus, 8, NULL), 0);
+	ck_assert_int_eq(mbp_model_profile(m, 8, 3, cpus[0], t, NULL), 0);
+	ck_assert_int_eq(mbp_model_profile(m, 0, 3, -1, t, NULL), -EINVAL);
+	mbp_model_plan p;
+	ck_assert_int_eq(mbp_model_balance(m, 3, 8, -1, &p), 0);
+	ck_assert_uint_eq(p.stages, 3);
+	ck_assert_uint_eq(p.mb_rows, 8);
+	ck_assert_uint_eq(p.first[3], 5);
+	ck_assert(p.balance >= 1.0);
+	ck_assert_int_eq(mbp_model_balance(m, 6, 8, -1, &p), -ERANGE);
+	mbp_model_destroy(m);
+}
+END_TEST
+
+/* ---- stages driven by hand ---- */
+
+struct hand {
+	mbp_model_stages *st;
+	unsigned n;
+	mbp_stage_desc d[8];
+	float *buf[2][9]; /* two sets: two micro-batches in flight at once */
+	uint32_t max_rows;
+};
+
+static void hand_start(struct hand *hd, mbp_model *m, const unsigned *first, unsigned n, uint32_t max_rows)
+{
+	mbp_model_plan p = {.stages = n, .layers = m->layers};
+	for (unsigned i = 0; i <= n; i++)
+		p.first[i] = first[i];
+	ck_assert_int_eq(mbp_model_stages_new(&hd->st, m, &p, max_rows), 0);
+	ck_assert_uint_eq(mbp_model_stages_count(hd->st), n);
+	hd->n = n;
+	hd->max_rows = max_rows;
+	for (unsigned i = 0; i < n; i++) {
+		ck_assert_int_eq(mbp_model_stage_desc(hd->st, i, &hd->d[i]), 0);
+		ck_assert_int_eq(hd->d[i].init(hd->d[i].ctx, i), 0); /* stage 0 registers this thread */
+		for (int k = 0; k < 2; k++)
+			hd->buf[k][i + 1] = malloc((size_t)max_rows * hd->d[i].out_row_bytes);
+	}
+	ck_assert_int_eq(mbp_model_stage_desc(hd->st, n, &hd->d[n]), -ERANGE);
+	ck_assert_ptr_nonnull(hd->d[0].done);
+	for (unsigned i = 1; i < n; i++)
+		ck_assert_ptr_null(hd->d[i].done);
+}
+
+static void hand_stop(struct hand *hd)
+{
+	for (unsigned i = 0; i < hd->n; i++) {
+		hd->d[i].fini(hd->d[i].ctx);
+		free(hd->buf[0][i + 1]);
+		free(hd->buf[1][i + 1]);
+	}
+	mbp_model_stages_destroy(hd->st);
+}
+
+/* Run stages [from, to) on mb[from] -> mb[to] with buffer set k; mb[i] is the input of stage i. */
+static void hand_run(struct hand *hd, mbp_mb *mb, unsigned from, unsigned to, int k)
+{
+	for (unsigned i = from; i < to; i++) {
+		mbp_mb *out = &mb[i + 1];
+		out->data = hd->buf[k][i + 1];
+		out->capacity = (size_t)hd->max_rows * hd->d[i].out_row_bytes;
+		out->rows = mb[i].rows;
+		out->row_bytes = (uint32_t)hd->d[i].out_row_bytes;
+		out->carry = mb[i].carry; /* as the engine does */
+		ck_assert_int_eq(hd->d[i].fn(hd->d[i].ctx, &mb[i], out), 0);
+	}
+}
+
+START_TEST(stages_by_hand_equal_the_reference_bit_for_bit)
+{
+	uint32_t widths[] = {48, 64, 80, 24, 64, 16};
+	mbp_model_spec sp = {.layers = 5, .widths = widths, .act = MBP_ACT_GELU, .norm = true, .seed = 4};
+	mbp_model *m = make_model(0, &sp);
+	static const unsigned splits[][4] = {{0, 5}, {0, 2, 5}, {0, 1, 4, 5}};
+	static const unsigned ns[] = {1, 2, 3};
+	for (int k = 0; k < 3; k++) {
+		struct hand hd;
+		hand_start(&hd, m, splits[k], ns[k], 8);
+		for (uint32_t rows = 1; rows <= 8; rows += 3) {
+			float *x = random_rows(rows * 48, rows), ref[8 * 16];
+			ck_assert_int_eq(mbp_model_forward(m, x, ref, rows, rows), 0);
+			mbp_mb mb[4] = {
+			    {.data = x, .rows = rows, .row_bytes = 48 * 4, .capacity = rows * 48 * 4}};
+			hand_run(&hd, mb, 0, ns[k], 0);
+			ck_assert_ptr_eq(mb[ns[k]].carry, m->current);
+			ck_assert_mem_eq(mb[ns[k]].data, ref, rows * 16 * 4);
+			ck_assert_uint_eq(atomic_load(&m->current->refs), 2);
+			hd.d[0].done(hd.d[0].ctx, &mb[ns[k]]);
+			ck_assert_ptr_null(mb[ns[k]].carry);
+			ck_assert_uint_eq(atomic_load(&m->current->refs), 1);
+			free(x);
+		}
+		/* a wrong row width or too many rows fail the micro-batch without taking a reference */
+		float x[9 * 48];
+		mbp_mb bad[4] = {{.data = x, .rows = 9, .row_bytes = 48 * 4, .capacity = sizeof(x)}};
+		mbp_mb out = {.data = hd.buf[0][1],
+			      .rows = 9,
+			      .row_bytes = (uint32_t)hd.d[0].out_row_bytes,
+			      .capacity = 8 * hd.d[0].out_row_bytes};
+		ck_assert_int_eq(hd.d[0].fn(hd.d[0].ctx, &bad[0], &out), -E2BIG);
+		bad[0].rows = out.rows = 1;
+		bad[0].row_bytes = 47 * 4;
+		ck_assert_int_eq(hd.d[0].fn(hd.d[0].ctx, &bad[0], &out), -EINVAL);
+		ck_assert_ptr_null(out.carry);
+		ck_assert_uint_eq(atomic_load(&m->current->refs), 1);
+		hand_stop(&hd);
+	}
+	mbp_model_plan bad = {.stages = 2, .layers = 5, .first = {0, 0, 5}};
+	mbp_model_stages *st;
+	ck_assert_int_eq(mbp_model_stages_new(&st, m, &bad, 8), -EINVAL);
+	bad.first[1] = 3;
+	ck_assert_int_eq(mbp_model_stages_new(&st, m, &bad, 0), -EINVAL);
+	bad.layers = 4;
+	ck_assert_int_eq(mbp_model_stages_new(&st, m, &bad, 8), -EINVAL);
+	mbp_model_destroy(m);
+}
+END_TEST
+
+START_TEST(swap_keeps_a_micro_batch_on_its_version_and_frees_the_old_after_it)
+{
+	mbp_model_spec sp = {
+	    .layers = 4, .in = 32, .hidden = 48, .out = 16, .act = MBP_ACT_RELU, .seed = 100};
+	mbp_model *m = make_model(0, &sp);
+	sp.seed = 200;
+	mbp_model *b = make_model(1, &sp);
+	const uint32_t rows = 3;
+	float *x = random_rows(rows * 32, 77), ra[3 * 16], rb[3 * 16];
+	ck_assert_int_eq(mbp_model_forward(m, x, ra, rows, rows), 0);
+	ck_assert_int_eq(mbp_model_forward(b, x, rb, rows, rows), 0);
+	ck_assert(memcmp(ra, rb, sizeof(ra)) != 0);
+
+	struct hand hd;
+	static const unsigned split[] = {0, 2, 4};
+	hand_start(&hd, m, split, 2, 4);
+	/* micro-batch 1 passes stage 0 with version 1 ... */
+	mbp_mb mb1[3] = {{.data = x, .rows = rows, .row_bytes = 32 * 4}};
+	hand_run(&hd, mb1, 0, 1, 0);
+	struct mbp__version *v1 = mb1[1].carry;
+	ck_assert_ptr_eq(v1, m->current);
+	ck_assert_uint_eq(mbp_model_version(m), 1);
+	/* ... the weights are swapped (this thread is an RCU reader outside a read-side section) ... */
+	ck_assert_int_eq(mbp_model_swap(m, b), 0);
+	ck_assert_uint_eq(mbp_model_version(m), 2);
+	ck_assert_ptr_ne(m->current, v1);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 2); /* v1 lives on for micro-batch 1 */
+	ck_assert_uint_eq(atomic_load(&v1->refs), 1);
+	/* ... micro-batch 2 starts with version 2 ... */
+	mbp_mb mb2[3] = {{.data = x, .rows = rows, .row_bytes = 32 * 4}};
+	float out2[3 * 16];
+	hand_run(&hd, mb2, 0, 2, 1);
+	memcpy(out2, mb2[2].data, sizeof(out2));
+	ck_assert_ptr_eq(mb2[2].carry, m->current);
+	/* ... and micro-batch 1 finishes on version 1. */
+	hand_run(&hd, mb1, 1, 2, 0);
+	ck_assert_mem_eq(mb1[2].data, ra, sizeof(ra));
+	ck_assert_mem_eq(out2, rb, sizeof(rb));
+	hd.d[0].done(hd.d[0].ctx, &mb1[2]);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1); /* the last user freed v1 */
+	hd.d[0].done(hd.d[0].ctx, &mb2[2]);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1);
+	ck_assert_uint_eq(atomic_load(&m->current->refs), 1);
+	float y[3 * 16];
+	ck_assert_int_eq(mbp_model_forward(m, x, y, rows, rows), 0);
+	ck_assert_mem_eq(y, rb, sizeof(rb));
+	hand_stop(&hd);
+	free(x);
+	mbp_model_destroy(m);
+}
+END_TEST
+
+START_TEST(swap_rejects_another_structure_and_leaves_both_models_usable)
+{
+	mbp_model_spec sp = {.layers = 3, .in = 16, .hidden = 16, .out = 4, .act = MBP_ACT_RELU, .seed = 1};
+	mbp_model *m = make_model(0, &sp);
+	sp.act = MBP_ACT_GELU;
+	mbp_model *g = make_model(1, &sp);
+	sp.act = MBP_ACT_RELU;
+	sp.hidden = 17;
+	mbp_model *w = make_model(2, &sp);
+	ck_assert_int_eq(mbp_model_swap(m, g), -EINVAL);
+	ck_assert_int_eq(mbp_model_swap(m, w), -EINVAL);
+	ck_assert_int_eq(mbp_model_swap(m, m), -EINVAL);
+	ck_assert_int_eq(mbp_model_swap(NULL, w), -EINVAL);
+	ck_assert_uint_eq(mbp_model_version(m), 1);
+	float x[16] = {1}, y[4];
+	ck_assert_int_eq(mbp_model_forward(g, x, y, 1, 1), 0);
+	ck_assert_int_eq(mbp_model_forward(w, x, y, 1, 1), 0);
+	/* a chain of swaps counts versions */
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(mbp_model_swap(m, reload(0)), 0);
+	ck_assert_uint_eq(mbp_model_version(m), 4);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1);
+	mbp_model_destroy(m);
+	mbp_model_destroy(g);
+	mbp_model_destroy(w);
+}
+END_TEST
+
+START_TEST(blas_info_names_the_kernel_and_warns_only_for_a_generic_one)
+{
+	const char *info = mbp_blas_info();
+	ck_assert_ptr_nonnull(info);
+	ck_assert_ptr_nonnull(strstr(info, openblas_get_corename()));
+	const char *w = mbp_blas_warning();
+	const char *core = openblas_get_corename();
+	bool modern = !strcasecmp(core, "Haswell") || !strcasecmp(core, "Zen") ||
+		      !strcasecmp(core, "SkylakeX") || !strcasecmp(core, "CooperLake") ||
+		      !strcasecmp(core, "SapphireRapids") || !strcasecmp(core, "Excavator");
+	__builtin_cpu_init();
+	bool capable = __builtin_cpu_supports("avx2") || __builtin_cpu_supports("avx512f");
+	ck_assert(!!w == (!modern && capable));
+	if (w) {
+		ck_assert_ptr_nonnull(strstr(w, core));
+		ck_assert_ptr_nonnull(strstr(w, "OPENBLAS_CORETYPE="));
+	}
+	ck_assert_ptr_eq(mbp_blas_info(), info); /* static */
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("model");
+	TCase *tc = tcase_create("compute");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, forward_matches_a_naive_double_reference);
+	tcase_add_test(tc, forward_whole_batch_and_micro_batches_agree_within_1e_5);
+	tcase_add_test(tc, random_model_files_are_deterministic_per_seed);
+	tcase_add_test(tc, partition_equals_brute_force_on_random_costs);
+	tcase_add_test(tc, partition_rejects_bad_input_and_balances_the_obvious_case);
+	tcase_add_test(tc, profile_and_balance_cover_the_layers);
+	tcase_add_test(tc, stages_by_hand_equal_the_reference_bit_for_bit);
+	tcase_add_test(tc, swap_keeps_a_micro_batch_on_its_version_and_frees_the_old_after_it);
+	tcase_add_test(tc, swap_rejects_another_structure_and_leaves_both_models_usable);
+	tcase_add_test(tc, blas_info_names_the_kernel_and_warns_only_for_a_generic_one);
+	suite_add_tcase(s, tc);
+	return s;
+}
