@@ -1,0 +1,507 @@
+/*
+ * Tests of the pipebench tool, run as the user runs it: the built binary, started with posix_spawn, its
+ * standard output and error captured in temporary files.
+ *
+ * - every bad argument gives exactly one line on standard error, nothing on standard output, exit 2;
+ * - --json is one document that cJSON parses, with the fields pipebench.1 documents;
+ * - a small synthetic run's measured bubble lies near the predicted one (a loose 0.15: the machine is
+ *   shared and noisy, so stages do 400 us of work per micro-batch, the run gets five tries, and the
+ *   assertion is waived when other processes keep the machine overloaded);
+ * - each kind of broken invariant (a micro-batch lost, rows out of order, a wrong value; injected with
+ *   PIPEBENCH_FAULT) ends the run with exit status 1 and says which.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef PIPEBENCH_BIN
+#error "PIPEBENCH_BIN must name the built pipebench"
+#endif
+
+extern char **environ;
+
+struct run {
+	int status; /* exit status, or -1 when it did not exit normally */
+	char *out, *err;
+};
+
+static char *slurp(int fd)
+{
+	struct stat st;
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	char *buf = malloc((size_t)st.st_size + 1);
+	ck_assert_ptr_nonnull(buf);
+	ssize_t n = pread(fd, buf, (size_t)st.st_size, 0);
+	ck_assert_int_eq(n, st.st_size);
+	buf[n] = 0;
+	return buf;
+}
+
+/* Run pipebench with the given arguments (NULL-terminated) and extra environment entries (or NULL). */
+static struct run run_env(const char *const *env_extra, const char *const *args)
+{
+	char out_path[] = "/tmp/pipebench-test-out-XXXXXX", err_path[] = "/tmp/pipebench-test-err-XXXXXX";
+	int out_fd = mkstemp(out_path), err_fd = mkstemp(err_path);
+	ck_assert(out_fd >= 0 && err_fd >= 0);
+	unlink(out_path);
+	unlink(err_path);
+
+	char *argv[64];
+	unsigned n = 0;
+	argv[n++] = (char *)PIPEBENCH_BIN;
+	for (unsigned i = 0; args[i]; i++)
+		argv[n++] = (char *)args[i];
+	argv[n] = NULL;
+
+	char *envp[256];
+	unsigned e = 0;
+	for (char **p = environ; *p && e < 200; p++)
+		if (strncmp(*p, "PIPEBENCH_FAULT=", 16) && strncmp(*p, "MBPIPE_OPTS=", 12))
+			envp[e++] = *p;
+	for (unsigned i = 0; env_extra && env_extra[i]; i++)
+		envp[e++] = (char *)env_extra[i];
+	envp[e] = NULL;
+
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
+	posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
+	pid_t pid;
+	int rc = posix_spawn(&pid, PIPEBENCH_BIN, &fa, NULL, argv, envp);
+	ck_assert_msg(rc == 0, "cannot start %s: %s", PIPEBENCH_BIN, strerror(rc));
+	posix_spawn_file_actions_destroy(&fa);
+	int ws;
+	ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+
+	struct run r = {.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1};
+	r.out = slurp(out_fd);
+	r.err = slurp(err_fd);
+	close(out_fd);
+	close(err_fd);
+	return r;
+}
+
+static struct run run(const char *const *args)
+{
+	return run_env(NULL, args);
+}
+
+static void run_free(struct run *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
+static unsigned lines(const char *s)
+{
+	unsigned n = 0;
+	for (; *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+/* ---- bad arguments ---- */
+
+static char bad_model[64];
+
+static void make_bad_model(void)
+{
+	strcpy(bad_model, "/tmp/pipebench-test-model-XXXXXX");
+	int fd = mkstemp(bad_model);
+	ck_assert(fd >= 0);
+	ck_assert_int_eq(write(fd, "not a safetensors file\n", 23), 23);
+	close(fd);
+}
+
+static void remove_bad_model(void)
+{
+	unlink(bad_model);
+}
+
+/* Each entry: the arguments of one bad invocation. */
+static const char *const bad_args[][6] = {
+    {"--bogus"},
+    {"-x"},
+    {"extra-argument"},
+    {"--stages=0"},
+    {"--stages=-2"},
+    {"--stages"},
+    {"--batch=0"},
+    {"--batch=-8"},
+    {"--batch=12x"},
+    {"--mb=0"},
+    {"--mb=-4"},
+    {"--mb=1,0,4"},
+    {"--mb=0-8"},
+    {"--mb=8-2"},
+    {"--mb=abc"},
+    {"--mb=2,,4"},
+    {"--mb=1-4:0"},
+    {"--batch=64", "--mb=128"},
+    {"--workload=synthetic", "--batch=16", "--mb=1-32"},
+    {"--batches=0"},
+    {"--batches=-1"},
+    {"--warmup=-1"},
+    {"--duration=0"},
+    {"--duration=-1"},
+    {"--baseline-runs=0"},
+    {"--latency-target=0"},
+    {"--spin-us=-5"},
+    {"--workload=gpu"},
+    {"--workload=synthetic", "--work-us=0"},
+    {"--workload=synthetic", "--work-us=-10"},
+    {"--workload=synthetic", "--work-us=10,,20"},
+    {"--workload=synthetic", "--mb-us=-1"},
+    {"--workload=synthetic", "--row-bytes=12"},
+    {"--workload=synthetic", "--row-bytes=0"},
+    {"--workload=synthetic", "--work-us=10,20", "--stages=3"},
+    {"--workload=synthetic", "--layers=4"},
+    {"--work-us=10"},
+    {"--layers=0"},
+    {"--hidden=0"},
+    {"--layers=2", "--hidden=16", "--stages=3"},
+    {"--model=/nonexistent/pipebench/model.safetensors"},
+    {"--model=@BAD@"},
+    {"--cpus=100000"},
+    {"--cpus=3-1"},
+    {"--opts=nosuchkey=1"},
+    {"--csv", "--gantt"},
+};
+
+START_TEST(bad_argument_gives_one_line_and_exit_2)
+{
+	const char *args[8];
+	unsigned n = 0;
+	for (; n < 6 && bad_args[_i][n]; n++)
+		args[n] = strcmp(bad_args[_i][n], "--model=@BAD@") ? bad_args[_i][n] : NULL;
+	char model_arg[96];
+	for (unsigned i = 0; i < n; i++)
+		if (!args[i]) {
+			snprintf(model_arg, sizeof(model_arg), "--model=%s", bad_model);
+			args[i] = model_arg;
+		}
+	args[n] = NULL;
+	struct run r = run(args);
+	ck_assert_msg(r.status == 2, "%s: exit %d, stderr: %s", args[0], r.status, r.err);
+	ck_assert_msg(lines(r.err) == 1, "%s: %u lines on stderr: %s", args[0], lines(r.err), r.err);
+	ck_assert_msg(strncmp(r.err, "pipebench: ", 11) == 0, "%s: %s", args[0], r.err);
+	ck_assert_msg(r.out[0] == 0, "%s: stdout not empty: %s", args[0], r.out);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(help_lists_every_option_with_its_default)
+{
+	struct run r = run((const char *const[]){"--help", NULL});
+	ck_assert_int_eq(r.status, 0);
+	static const char *const opts[] = {"--workload", "--stages",  "--batch",	 "--mb",
+					   "--work-us",	 "--mb-us",   "--row-bytes",	 "--model",
+					   "--layers",	 "--hidden",  "--seed",		 "--batches",
+					   "--duration", "--warmup",  "--baseline-runs", "--latency-target",
+					   "--cpus",	 "--spin-us", "--opts",		 "--table",
+					   "--json",	 "--csv",     "--gantt",	 "--trace",
+					   "--progress", "--help",    "--version"};
+	for (unsigned i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
+		ck_assert_msg(strstr(r.out, opts[i]), "--help does not mention %s", opts[i]);
+	ck_assert_msg(strstr(r.out, "[auto]") && strstr(r.out, "[10]") && strstr(r.out, "[mlp]"),
+		      "--help lacks defaults");
+	run_free(&r);
+}
+END_TEST
+
+/* ---- JSON ---- */
+
+static cJSON *field(const cJSON *o, const char *name, int type_mask)
+{
+	cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+	ck_assert_msg(f != NULL, "JSON lacks '%s'", name);
+	ck_assert_msg(f->type & type_mask, "JSON '%s' has type %d", name, f->type);
+	return f;
+}
+
+static double num(const cJSON *o, const char *name)
+{
+	return field(o, name, cJSON_Number)->valuedouble;
+}
+
+/* The fields pipebench.1 lists, for a run of `stages` stages over `nsizes` sizes. */
+static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, bool gantt)
+{
+	ck_assert_str_eq(field(doc, "tool", cJSON_String)->valuestring, "pipebench");
+	field(doc, "version", cJSON_String);
+	cJSON *wl = field(doc, "workload", cJSON_Object);
+	field(wl, "kind", cJSON_String);
+	field(wl, "description", cJSON_String);
+	field(wl, "blas", cJSON_String | cJSON_NULL);
+	field(wl, "blas_warning", cJSON_String | cJSON_NULL);
+	cJSON *cfg = field(doc, "config", cJSON_Object);
+	ck_assert_int_eq((int)num(cfg, "stages"), (int)stages);
+	num(cfg, "batch");
+	num(cfg, "batches");
+	num(cfg, "warmup");
+	num(cfg, "baseline_runs");
+	num(cfg, "duration_s");
+	field(cfg, "mb", cJSON_String);
+	ck_assert_int_eq(cJSON_GetArraySize(field(cfg, "sizes", cJSON_Array)), (int)nsizes);
+	field(cfg, "latency_target_ms", cJSON_Number | cJSON_NULL);
+	field(cfg, "spin_us", cJSON_Number | cJSON_NULL);
+	cJSON *cpus = field(doc, "cpus", cJSON_Object);
+	ck_assert(num(cpus, "allowed") >= 1);
+	ck_assert(cJSON_GetArraySize(field(cpus, "used", cJSON_Array)) >= 1);
+	field(cpus, "oversubscribed", cJSON_True | cJSON_False);
+	cJSON *pl = field(doc, "placement", cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(pl), (int)stages);
+	for (cJSON *p = pl->child; p; p = p->next) {
+		num(p, "stage");
+		field(p, "name", cJSON_String);
+		num(p, "cpu");
+		field(p, "pin_error", cJSON_String | cJSON_NULL);
+	}
+	cJSON *base = field(doc, "baseline", cJSON_Object);
+	ck_assert(num(base, "runs") >= 1);
+	ck_assert(num(base, "median_ms") > 0);
+	ck_assert(num(base, "min_ms") <= num(base, "median_ms"));
+	ck_assert(num(base, "max_ms") >= num(base, "median_ms"));
+	ck_assert(num(base, "rows_per_s") > 0);
+	cJSON *res = field(doc, "results", cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(res), (int)nsizes);
+	for (cJSON *r = res->child; r; r = r->next) {
+		ck_assert(num(r, "mb_rows") >= 1);
+		ck_assert(num(r, "mbs") >= 1);
+		ck_assert(num(r, "batches") >= 1);
+		ck_assert(num(r, "rows_per_s") > 0);
+		num(r, "rows_per_s_window");
+		ck_assert(num(r, "speedup") > 0);
+		cJSON *lat = field(r, "latency_ms", cJSON_Object);
+		ck_assert(num(lat, "p50") > 0 && num(lat, "p50") <= num(lat, "p99"));
+		num(lat, "mean");
+		cJSON *bub = field(r, "bubble", cJSON_Object);
+		const char *const bnames[] = {"measured", "predicted", "gpipe", "window"};
+		for (unsigned i = 0; i < 4; i++) {
+			double b = num(bub, bnames[i]);
+			ck_assert_msg(b >= -0.01 && b <= 1.0, "bubble.%s = %g", bnames[i], b);
+		}
+		ck_assert(num(r, "predicted_batch_ms") > 0);
+		field(r, "balanced", cJSON_True | cJSON_False);
+		cJSON *st = field(r, "stages", cJSON_Array);
+		ck_assert_int_eq(cJSON_GetArraySize(st), (int)stages);
+		for (cJSON *s = st->child; s; s = s->next) {
+			num(s, "stage");
+			field(s, "name", cJSON_String);
+			num(s, "cpu");
+			ck_assert(num(s, "mbs") >= 1);
+			double busy = num(s, "busy"), starved = num(s, "starved"),
+			       blocked = num(s, "blocked");
+			ck_assert_msg(busy > 0 && busy + starved + blocked <= 1.0001, "%g %g %g", busy,
+				      starved, blocked);
+			ck_assert(num(s, "service_us") > 0);
+		}
+		ck_assert(cJSON_IsTrue(field(r, "ok", cJSON_True | cJSON_False)));
+		ck_assert(cJSON_IsNull(field(r, "error", cJSON_String | cJSON_NULL)));
+	}
+	cJSON *best = field(doc, "best", cJSON_Object);
+	num(best, "mb_rows");
+	ck_assert(strlen(field(best, "reason", cJSON_String)->valuestring) > 10);
+	if (gantt) {
+		cJSON *g = field(doc, "gantt", cJSON_Array);
+		ck_assert(cJSON_GetArraySize(g) >= 1);
+		for (cJSON *t = g->child; t; t = t->next) {
+			ck_assert(num(t, "span_us") > 0);
+			cJSON *gs = field(t, "stages", cJSON_Array);
+			ck_assert_int_eq(cJSON_GetArraySize(gs), (int)stages);
+			ck_assert_int_eq(cJSON_GetArraySize(gs->child), (int)num(t, "mbs"));
+		}
+	}
+	ck_assert(cJSON_IsTrue(field(doc, "ok", cJSON_True | cJSON_False)));
+	ck_assert(cJSON_IsNull(field(doc, "error", cJSON_String | cJSON_NULL)));
+}
+
+START_TEST(synthetic_json_parses_with_documented_fields)
+{
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8",
+						 "--mb=2,8", "--work-us=5", "--batches=2", "--warmup=1",
+						 "--baseline-runs=1", "--json", "--gantt", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	check_document(doc, 2, 2, true);
+	ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "workload"), "kind")->valuestring,
+			 "synthetic");
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(mlp_json_parses_and_names_the_blas_kernel)
+{
+	struct run r =
+	    run((const char *const[]){"--layers=2", "--hidden=32", "--stages=2", "--batch=16", "--mb=4",
+				      "--batches=2", "--warmup=1", "--baseline-runs=1", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	check_document(doc, 2, 1, false);
+	cJSON *blas = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "workload"), "blas");
+	ck_assert(cJSON_IsString(blas) && strstr(blas->valuestring, "OpenBLAS"));
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+/* ---- the bubble ---- */
+
+/* Whether other processes keep more threads runnable than there are CPUs (6 agents share the 2 CPUs of a
+ * development machine): then a stage waits for a CPU between micro-batches and no schedule holds. */
+static bool machine_overloaded(void)
+{
+	double load = 0;
+	FILE *f = fopen("/proc/loadavg", "r");
+	if (f) {
+		if (fscanf(f, "%lf", &load) != 1)
+			load = 0;
+		fclose(f);
+	}
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	return load > (double)(cpus > 0 ? cpus : 1) + 1.0;
+}
+
+START_TEST(measured_bubble_is_near_the_predicted_one)
+{
+	/* 2 stages, 16 rows in micro-batches of 4 (M = 4), 100 us per row: 400 us per micro-batch. GPipe's
+	 * bubble is (S-1)/(M+S-1) = 0.2. Up to five tries: one quiet moment is enough to show the model. */
+	double measured = 0, predicted = 0, gpipe = 0;
+	bool oversubscribed = false;
+	for (int attempt = 0; attempt < 5; attempt++) {
+		struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
+							 "--mb=4", "--work-us=100", "--batches=30",
+							 "--warmup=2", "--baseline-runs=1", "--json", NULL});
+		ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+		cJSON *doc = cJSON_Parse(r.out);
+		ck_assert_ptr_nonnull(doc);
+		cJSON *res = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "results"), 0);
+		cJSON *bub = cJSON_GetObjectItem(res, "bubble");
+		measured = cJSON_GetObjectItem(bub, "measured")->valuedouble;
+		predicted = cJSON_GetObjectItem(bub, "predicted")->valuedouble;
+		gpipe = cJSON_GetObjectItem(bub, "gpipe")->valuedouble;
+		oversubscribed =
+		    cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "cpus"), "oversubscribed"));
+		cJSON_Delete(doc);
+		run_free(&r);
+		ck_assert_msg(fabs(gpipe - 0.2) < 1e-9, "gpipe bubble %g, expected 0.2", gpipe);
+		ck_assert_msg(predicted > 0.1 && predicted < 0.6,
+			      "predicted bubble %g for stages of equal work", predicted);
+		ck_assert_msg(measured >= 0 && measured < 1, "measured bubble %g", measured);
+		if (oversubscribed || fabs(measured - predicted) <= 0.15)
+			return;
+		fprintf(stderr, "bubble try %d: measured %.3f, predicted %.3f\n", attempt, measured,
+			predicted);
+	}
+	if (oversubscribed) /* one CPU: the stages time-slice and the model does not apply */
+		return;
+	if (machine_overloaded()) {
+		fprintf(stderr,
+			"bubble: measured %.3f, predicted %.3f, not asserted: the machine is overloaded\n",
+			measured, predicted);
+		return;
+	}
+	ck_assert_msg(fabs(measured - predicted) <= 0.15, "measured bubble %.3f, predicted %.3f", measured,
+		      predicted);
+}
+END_TEST
+
+/* ---- broken invariants ---- */
+
+static const char *const faults[][2] = {
+    {"PIPEBENCH_FAULT=lose", "never written"},
+    {"PIPEBENCH_FAULT=reorder", "out of order"},
+    {"PIPEBENCH_FAULT=wrong", "did not each run once"},
+};
+
+START_TEST(broken_invariant_exits_1_and_says_which)
+{
+	const char *env[] = {faults[_i][0], NULL};
+	struct run r =
+	    run_env(env, (const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8", "--mb=2",
+					       "--work-us=5", "--batches=2", "--no-gantt", NULL});
+	ck_assert_msg(r.status == 1, "%s: exit %d", faults[_i][0], r.status);
+	ck_assert_msg(strstr(r.err, faults[_i][1]), "%s: stderr '%s' lacks '%s'", faults[_i][0], r.err,
+		      faults[_i][1]);
+	ck_assert_msg(strstr(r.out, "status=fail") || strstr(r.out, "FAILED"),
+		      "%s: report does not say it failed", faults[_i][0]);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(table_run_reports_placement_best_size_and_gantt)
+{
+	struct run r =
+	    run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8", "--mb=auto",
+				      "--work-us=5", "--batches=2", "--warmup=1", "--baseline-runs=1", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "placement: stage 0"), "no placement: %s", r.out);
+	ck_assert_msg(strstr(r.out, "best micro-batch size:"), "no best size: %s", r.out);
+	ck_assert_msg(strstr(r.out, "whole batch as one unit"), "no Gantt chart: %s", r.out);
+	ck_assert_msg(strstr(r.out, "\npipebench: workload=synthetic stages=2 "), "no summary line: %s",
+		      r.out);
+	ck_assert_msg(strstr(r.out, "status=ok"), "summary not ok: %s", r.out);
+	ck_assert_msg(r.err[0] == 0, "stderr not empty when it is not a terminal: %s", r.err);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(csv_has_a_header_and_one_line_per_size)
+{
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8",
+						 "--mb=1,2,8", "--work-us=5", "--batches=2", "--warmup=1",
+						 "--baseline-runs=1", "--csv", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_uint_eq(lines(r.out), 4);
+	ck_assert(strncmp(r.out, "workload,stages,cpus,batch,mb_rows,", 35) == 0);
+	ck_assert(strstr(r.out, "\nsynthetic,2,"));
+	run_free(&r);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("pipebench");
+	TCase *args = tcase_create("arguments");
+	tcase_add_unchecked_fixture(args, make_bad_model, remove_bad_model);
+	tcase_set_timeout(args, 30);
+	tcase_add_loop_test(args, bad_argument_gives_one_line_and_exit_2, 0,
+			    (int)(sizeof(bad_args) / sizeof(bad_args[0])));
+	tcase_add_test(args, help_lists_every_option_with_its_default);
+	suite_add_tcase(s, args);
+
+	TCase *out = tcase_create("output");
+	tcase_set_timeout(out, 60);
+	tcase_add_test(out, synthetic_json_parses_with_documented_fields);
+	tcase_add_test(out, mlp_json_parses_and_names_the_blas_kernel);
+	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
+	tcase_add_test(out, csv_has_a_header_and_one_line_per_size);
+	suite_add_tcase(s, out);
+
+	TCase *bubble = tcase_create("bubble");
+	tcase_set_timeout(bubble, 120);
+	tcase_add_test(bubble, measured_bubble_is_near_the_predicted_one);
+	suite_add_tcase(s, bubble);
+
+	TCase *inv = tcase_create("invariants");
+	tcase_set_timeout(inv, 30);
+	tcase_add_loop_test(inv, broken_invariant_exits_1_and_says_which, 0,
+			    (int)(sizeof(faults) / sizeof(faults[0])));
+	suite_add_tcase(s, inv);
+	return s;
+}
+
+#include "check_main.h"

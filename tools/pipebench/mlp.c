@@ -1,0 +1,223 @@
+/*
+ * pipebench mlp workload: a float32 MLP (a safetensors file, or one generated with random weights) whose
+ * layers are split into balanced stages by the model API.
+ *
+ * For each micro-batch size the layers are profiled at that size and repartitioned (mbp_model_balance),
+ * as a user tuning the pipeline would do; the stages are made for the whole batch as well, so the same
+ * stage functions also run the sequential baseline. The reference output is mbp_model_forward() with the
+ * same micro-batch split, which the model API promises equal bit for bit to the pipeline's; the check
+ * allows a relative 1e-4 so that a BLAS whose kernels differ by row count does not fail it, and reports
+ * anything beyond that (or a row never written) as a wrong result.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pipebench.h"
+
+struct mlp {
+	pb_workload w;
+	mbp_model *model;
+	mbp_model_stages *st;
+	mbp_model_plan plan;
+	uint32_t batch;
+	int profile_cpu;
+	uint64_t seed;
+};
+
+static int mlp_prepare(pb_workload *w, uint32_t mb_rows, char *err, size_t errlen)
+{
+	struct mlp *m = (struct mlp *)w;
+	mbp_model_stages_destroy(m->st);
+	m->st = NULL;
+	int rc = mbp_model_balance(m->model, w->stages, mb_rows, m->profile_cpu, &m->plan);
+	if (rc < 0 && m->profile_cpu >= 0) /* a pin refused: profile where the thread is */
+		rc = mbp_model_balance(m->model, w->stages, mb_rows, -1, &m->plan);
+	if (rc < 0) {
+		snprintf(err, errlen, "mlp: cannot balance %u stages at %u rows: %s", w->stages, mb_rows,
+			 mbp_strerror(rc));
+		return -1;
+	}
+	rc = mbp_model_stages_new(&m->st, m->model, &m->plan, mb_rows > m->batch ? mb_rows : m->batch);
+	if (rc < 0) {
+		snprintf(err, errlen, "mlp: cannot make the stages: %s", mbp_strerror(rc));
+		return -1;
+	}
+	for (unsigned s = 0; s < w->stages; s++) {
+		rc = mbp_model_stage_desc(m->st, s, &w->desc_of[s]);
+		if (rc < 0) {
+			snprintf(err, errlen, "mlp: stage %u: %s", s, mbp_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* Inputs in [-1, 1), from a small deterministic generator (the same for every batch). */
+static void mlp_fill(pb_workload *w, void *in, size_t rows)
+{
+	struct mlp *m = (struct mlp *)w;
+	float *x = in;
+	size_t n = rows * (w->in_row_bytes / sizeof(float));
+	uint64_t s = m->seed * 2862933555777941757ull + 3037000493ull;
+	for (size_t i = 0; i < n; i++) {
+		s ^= s << 13;
+		s ^= s >> 7;
+		s ^= s << 17;
+		x[i] = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+	}
+}
+
+static int mlp_reference(pb_workload *w, const void *in, void *ref, size_t rows, uint32_t mb_rows, char *err,
+			 size_t errlen)
+{
+	struct mlp *m = (struct mlp *)w;
+	int rc = mbp_model_forward(m->model, in, ref, rows, mb_rows);
+	if (rc < 0) {
+		snprintf(err, errlen, "mlp: sequential forward failed: %s", mbp_strerror(rc));
+		return -1;
+	}
+	return 0;
+}
+
+static int mlp_check(pb_workload *w, const void *out, const void *ref, size_t rows, char *err, size_t errlen)
+{
+	size_t width = w->out_row_bytes / sizeof(float);
+	const float *o = out, *r = ref;
+	for (size_t row = 0; row < rows; row++)
+		for (size_t i = 0; i < width; i++) {
+			float a = o[row * width + i], b = r[row * width + i];
+			float tol = 1e-4f * fmaxf(1.0f, fabsf(b));
+			if (!(fabsf(a - b) <= tol)) { /* NaN (a row never written) fails too */
+				if (isnan(a))
+					snprintf(err, errlen,
+						 "row %zu was never written (a micro-batch lost)", row);
+				else
+					snprintf(err, errlen,
+						 "row %zu column %zu is %g, the sequential output %g (wrong "
+						 "result)",
+						 row, i, (double)a, (double)b);
+				return -1;
+			}
+		}
+	return 0;
+}
+
+static void mlp_destroy(pb_workload *w)
+{
+	struct mlp *m = (struct mlp *)w;
+	mbp_model_stages_destroy(m->st);
+	mbp_model_destroy(m->model);
+	free(m);
+}
+
+/* A generated model goes through a file, as a user's would: written, loaded, unlinked. */
+static int generate(struct mlp *m, const pb_config *cfg, char *err, size_t errlen)
+{
+	const char *dir = getenv("TMPDIR");
+	char path[512];
+	snprintf(path, sizeof(path), "%s/pipebench-XXXXXX", dir && *dir ? dir : "/tmp");
+	int fd = mkstemp(path);
+	if (fd < 0) {
+		snprintf(err, errlen, "mlp: cannot create a temporary model file in %s: %s",
+			 dir ? dir : "/tmp", strerror(errno));
+		return -1;
+	}
+	close(fd);
+	mbp_model_spec spec = {
+	    .layers = cfg->layers,
+	    .in = cfg->hidden,
+	    .hidden = cfg->hidden,
+	    .out = cfg->hidden,
+	    .act = MBP_ACT_RELU,
+	    .dtype = MBP_DTYPE_F32,
+	    .seed = cfg->seed,
+	};
+	int rc = mbp_model_write_random(path, &spec);
+	if (rc < 0) {
+		unlink(path);
+		snprintf(err, errlen, "mlp: cannot write a random model: %s", mbp_strerror(rc));
+		return -1;
+	}
+	mbp_model_error e;
+	rc = mbp_model_load(&m->model, path, &e);
+	unlink(path);
+	if (rc < 0) {
+		snprintf(err, errlen, "mlp: cannot load the generated model: %s", e.msg);
+		return -1;
+	}
+	return 0;
+}
+
+int pb_mlp_new(pb_workload **out, const pb_config *cfg, char *err, size_t errlen)
+{
+	struct mlp *m = calloc(1, sizeof(*m));
+	if (!m) {
+		snprintf(err, errlen, "out of memory");
+		return PB_EXIT_FAIL;
+	}
+	pb_workload *w = &m->w;
+	w->kind = "mlp";
+	w->prepare = mlp_prepare;
+	w->fill = mlp_fill;
+	w->reference = mlp_reference;
+	w->check = mlp_check;
+	w->destroy = mlp_destroy;
+	m->batch = cfg->batch;
+	m->seed = cfg->seed;
+	m->profile_cpu = cfg->ncpus ? cfg->cpus[0] : -1;
+
+	if (cfg->model_path) {
+		mbp_model_error e;
+		int rc = mbp_model_load(&m->model, cfg->model_path, &e);
+		if (rc < 0) {
+			snprintf(err, errlen, "%s", e.msg[0] ? e.msg : mbp_strerror(rc));
+			free(m);
+			return PB_EXIT_USAGE; /* the user's file: a bad argument */
+		}
+	} else if (generate(m, cfg, err, errlen)) {
+		free(m);
+		return PB_EXIT_FAIL;
+	}
+	unsigned layers = mbp_model_layers(m->model);
+	unsigned stages = cfg->stages;
+	if (stages == 0) { /* the default: one stage per CPU, at most 4, at most one per layer */
+		stages = cfg->ncpus < 4 ? cfg->ncpus : 4;
+		stages = stages < layers ? stages : layers;
+		stages = stages ? stages : 1;
+	}
+	if (stages > layers) {
+		snprintf(err, errlen, "%u stages but the model has %u layer%s: at most one stage per layer",
+			 stages, layers, layers == 1 ? "" : "s");
+		mlp_destroy(w);
+		return PB_EXIT_USAGE;
+	}
+	w->stages = stages;
+	w->in_row_bytes = (size_t)mbp_model_in_width(m->model) * sizeof(float);
+	w->out_row_bytes = (size_t)mbp_model_out_width(m->model) * sizeof(float);
+
+	uint64_t flops = 0;
+	for (unsigned i = 0; i < layers; i++) {
+		mbp_layer_info li;
+		if (mbp_model_layer_info(m->model, i, &li) == 0)
+			flops += li.flops;
+	}
+	if (cfg->model_path)
+		snprintf(w->desc, sizeof(w->desc),
+			 "mlp %s, %u layers, %u -> %u, %.1f MFLOP per row, %u stages", cfg->model_path,
+			 layers, mbp_model_in_width(m->model), mbp_model_out_width(m->model),
+			 (double)flops / 1e6, w->stages);
+	else
+		snprintf(
+		    w->desc, sizeof(w->desc),
+		    "mlp generated (seed %llu), %u layers x %u wide, relu, %.1f MFLOP per row, %u stages",
+		    (unsigned long long)cfg->seed, layers, cfg->hidden, (double)flops / 1e6, w->stages);
+	snprintf(w->blas, sizeof(w->blas), "%s", mbp_blas_info());
+	const char *warn = mbp_blas_warning();
+	snprintf(w->blas_warning, sizeof(w->blas_warning), "%s", warn ? warn : "");
+	*out = w;
+	return 0;
+}

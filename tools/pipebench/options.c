@@ -1,0 +1,598 @@
+/*
+ * pipebench options: the command line into a pb_config.
+ *
+ * Every bad argument ends the run with one line on standard error and exit status 2: the parser never
+ * prints, it writes the line into the caller's buffer. Numbers are parsed strictly (digits only, the whole
+ * argument, in range), so "0", "-3", "12x" and "" are all refused where a positive count is expected.
+ * Defaults that depend on the machine or the workload (stages, batch) stay 0 here and are resolved by
+ * main.c once the allowed CPUs and the model are known; --help prints them in words.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipebench.h"
+
+#define PB_DEF_BATCHES	 10
+#define PB_DEF_WARMUP	 2
+#define PB_DEF_BASELINE	 2
+#define PB_DEF_WORK_US	 20.0
+#define PB_DEF_ROW_BYTES 64
+#define PB_DEF_LAYERS	 8
+#define PB_DEF_HIDDEN	 512
+#define PB_MAX_BATCH	 (1u << 24)
+#define PB_MAX_ROW_BYTES (1u << 20)
+#define PB_MAX_HIDDEN	 16384
+#define PB_MAX_LAYERS	 256
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* A whole unsigned decimal in [lo, hi]: no sign, no spaces, no suffix. */
+static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
+{
+	if (!s || *s < '0' || *s > '9')
+		return -1;
+	errno = 0;
+	char *end;
+	unsigned long long x = strtoull(s, &end, 10);
+	if (errno || *end || x < lo || x > hi)
+		return -1;
+	*v = x;
+	return 0;
+}
+
+/* A finite decimal number in [lo, hi]. */
+static int parse_double(const char *s, double lo, double hi, double *v)
+{
+	if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
+		return -1;
+	errno = 0;
+	char *end;
+	double x = strtod(s, &end);
+	if (errno || *end || !isfinite(x) || x < lo || x > hi)
+		return -1;
+	*v = x;
+	return 0;
+}
+
+/* "20" or "10,20,10,10": one value, or one per stage. */
+static int parse_us_list(const char *opt, const char *s, double lo, double *out, unsigned *n, char *err,
+			 size_t errlen)
+{
+	char buf[1024];
+	if (!s || strlen(s) >= sizeof(buf) || strstr(s, ",,"))
+		return fail(err, errlen, "%s: expected microseconds, one value or one per stage", opt);
+	strcpy(buf, s);
+	unsigned k = 0;
+	char *save = NULL;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (k == MBP_MAX_STAGES)
+			return fail(err, errlen, "%s: more than %d values", opt, MBP_MAX_STAGES);
+		if (parse_double(tok, lo, 1e7, &out[k]))
+			return fail(err, errlen, "%s: '%s' is not a number of microseconds%s", opt, tok,
+				    lo > 0 ? " above 0" : "");
+		k++;
+	}
+	if (k == 0 || s[strlen(s) - 1] == ',' || s[0] == ',')
+		return fail(err, errlen, "%s: expected microseconds, one value or one per stage", opt);
+	*n = k;
+	return 0;
+}
+
+/* "0-3", "0,2,5" or "0+2+5" (the engine's own spelling). */
+static int parse_cpu_list(const char *s, int *cpus, unsigned *n, char *err, size_t errlen)
+{
+	char buf[1024];
+	if (!s || !*s || strlen(s) >= sizeof(buf) || strstr(s, ",,") || strstr(s, "++"))
+		return fail(err, errlen, "--cpus: expected a list such as 0-3 or 0,2");
+	strcpy(buf, s);
+	unsigned k = 0;
+	char *save = NULL;
+	for (char *tok = strtok_r(buf, ",+", &save); tok; tok = strtok_r(NULL, ",+", &save)) {
+		uint64_t a, b;
+		char *dash = strchr(tok, '-');
+		if (dash) {
+			*dash = 0;
+			if (parse_u64(tok, 0, MBP_MAX_CPUS - 1, &a) ||
+			    parse_u64(dash + 1, 0, MBP_MAX_CPUS - 1, &b) || b < a)
+				return fail(err, errlen, "--cpus: bad range in '%s'", s);
+		} else {
+			if (parse_u64(tok, 0, MBP_MAX_CPUS - 1, &a))
+				return fail(err, errlen, "--cpus: '%s' is not a CPU number", tok);
+			b = a;
+		}
+		for (uint64_t c = a; c <= b; c++) {
+			for (unsigned i = 0; i < k; i++)
+				if (cpus[i] == (int)c)
+					return fail(err, errlen, "--cpus: CPU %llu named twice",
+						    (unsigned long long)c);
+			if (k == MBP_MAX_CPUS)
+				return fail(err, errlen, "--cpus: too many CPUs");
+			cpus[k++] = (int)c;
+		}
+	}
+	if (k == 0)
+		return fail(err, errlen, "--cpus: expected a list such as 0-3 or 0,2");
+	*n = k;
+	return 0;
+}
+
+enum {
+	OPT_CPUS = 256,
+	OPT_WARMUP,
+	OPT_SPIN,
+	OPT_OPTS,
+	OPT_LATENCY,
+	OPT_BASELINE,
+	OPT_WORK,
+	OPT_MBUS,
+	OPT_ROWBYTES,
+	OPT_MODEL,
+	OPT_LAYERS,
+	OPT_HIDDEN,
+	OPT_SEED,
+	OPT_JSON,
+	OPT_CSV,
+	OPT_TABLE,
+	OPT_GANTT,
+	OPT_NOGANTT,
+	OPT_TRACE,
+	OPT_PROGRESS,
+	OPT_NOPROGRESS,
+};
+
+static const struct option long_opts[] = {
+    {"workload", required_argument, NULL, 'w'},
+    {"stages", required_argument, NULL, 's'},
+    {"cpus", required_argument, NULL, OPT_CPUS},
+    {"batch", required_argument, NULL, 'b'},
+    {"mb", required_argument, NULL, 'm'},
+    {"batches", required_argument, NULL, 'n'},
+    {"duration", required_argument, NULL, 'd'},
+    {"warmup", required_argument, NULL, OPT_WARMUP},
+    {"spin-us", required_argument, NULL, OPT_SPIN},
+    {"opts", required_argument, NULL, OPT_OPTS},
+    {"latency-target", required_argument, NULL, OPT_LATENCY},
+    {"baseline-runs", required_argument, NULL, OPT_BASELINE},
+    {"work-us", required_argument, NULL, OPT_WORK},
+    {"mb-us", required_argument, NULL, OPT_MBUS},
+    {"row-bytes", required_argument, NULL, OPT_ROWBYTES},
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"layers", required_argument, NULL, OPT_LAYERS},
+    {"hidden", required_argument, NULL, OPT_HIDDEN},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"csv", no_argument, NULL, OPT_CSV},
+    {"table", no_argument, NULL, OPT_TABLE},
+    {"gantt", no_argument, NULL, OPT_GANTT},
+    {"no-gantt", no_argument, NULL, OPT_NOGANTT},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"progress", no_argument, NULL, OPT_PROGRESS},
+    {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {NULL, 0, NULL, 0},
+};
+
+void pb_options_help(FILE *f)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	fprintf(
+	    f,
+	    "Usage: pipebench [OPTION]...\n"
+	    "Measure a pipeline of stages on pinned threads over a sweep of micro-batch sizes: throughput,\n"
+	    "latency, the bubble (measured and predicted), per-stage utilisation and the speed-up over the "
+	    "same\n"
+	    "stages run sequentially on one thread; then the best micro-batch size and why.\n"
+	    "With no option: an MLP with random weights, split into as many stages as allowed CPUs (at most "
+	    "4),\n"
+	    "swept over micro-batch sizes, with the Gantt chart of one batch.\n"
+	    "\n"
+	    "Workload:\n"
+	    "  -w, --workload=KIND      mlp or synthetic                             [mlp]\n"
+	    "  -s, --stages=N           pipeline stages            [allowed CPUs, at most 4;\n"
+	    "                           mlp: at most the layers; synthetic: one per --work-us value]\n"
+	    "  -b, --batch=ROWS         rows per batch                    [mlp 256, synthetic 64]\n"
+	    "  -m, --mb=SPEC            micro-batch sizes: N, a list A,B,C, a range A-B (doubling)\n"
+	    "                           or A-B:STEP, or auto (1,2,4,.. up to the batch; the knee)  [auto]\n"
+	    "      --work-us=LIST       synthetic: busy work per row and stage, in microseconds:\n"
+	    "                           one value for every stage, or one per stage (10,20,10,10)   [%g]\n"
+	    "      --mb-us=LIST         synthetic: fixed busy work per micro-batch and stage         [0]\n"
+	    "      --row-bytes=B        synthetic: bytes per row, read and written by every stage\n"
+	    "                           (a micro-batch of m rows touches m x B bytes)              [%u]\n"
+	    "      --model=FILE         mlp: a safetensors model file                [generate one]\n"
+	    "      --layers=L           mlp: layers of the generated model                          [%u]\n"
+	    "      --hidden=H           mlp: hidden size of the generated model                     [%u]\n"
+	    "      --seed=N             seed of the generated weights and inputs                    [1]\n"
+	    "\n"
+	    "Measurement:\n"
+	    "  -n, --batches=N          measured batches per micro-batch size                      [%u]\n"
+	    "  -d, --duration=SECONDS   measure each size for this long instead of --batches       [off]\n"
+	    "      --warmup=N           unmeasured batches before each size                         [%u]\n"
+	    "      --baseline-runs=N    sequential batches per size, alternated with the pipeline   [%u]\n"
+	    "      --latency-target=MS  choose the fastest size whose p99 batch latency meets this  [none]\n"
+	    "      --cpus=LIST          CPUs to place stages on: 0-3, 0,2,5 or 0+2+5        [all allowed]\n"
+	    "      --spin-us=US         spin budget of a waiting stage                             [%llu]\n"
+	    "      --opts=KEY=VAL,...   engine options (mbp_opts_parse keys: ring, cache, spin_us,\n"
+	    "                           yield_us, pin, ...), applied after $MBPIPE_OPTS           [none]\n"
+	    "\n"
+	    "Output:\n"
+	    "      --table              a table on standard output                            [default]\n"
+	    "      --json               one JSON document on standard output\n"
+	    "      --csv                one CSV line per micro-batch size on standard output\n"
+	    "      --gantt, --no-gantt  the timeline of one batch, chosen size and whole batch\n"
+	    "                                                            [on for --table, else off]\n"
+	    "      --trace=FILE         Chrome trace (Perfetto) of the chosen size                [none]\n"
+	    "      --progress, --no-progress   progress bar on standard error   [when it is a terminal]\n"
+	    "  -h, --help               this help\n"
+	    "  -V, --version            the version\n"
+	    "\n"
+	    "Exit status: 0 success, 1 an invariant broke (a micro-batch lost, out of order, a wrong\n"
+	    "result) or the engine failed, 2 a bad argument.\n",
+	    PB_DEF_WORK_US, PB_DEF_ROW_BYTES, PB_DEF_LAYERS, PB_DEF_HIDDEN, PB_DEF_BATCHES, PB_DEF_WARMUP,
+	    PB_DEF_BASELINE, (unsigned long long)(o.spin_ns / 1000));
+}
+
+static void defaults(pb_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->workload = PB_WL_MLP;
+	c->format = PB_FMT_TABLE;
+	c->mb_spec = "auto";
+	c->batches = PB_DEF_BATCHES;
+	c->warmup = PB_DEF_WARMUP;
+	c->baseline_runs = PB_DEF_BASELINE;
+	c->spin_us = -1;
+	c->progress = -1;
+	c->seed = 1;
+	c->nwork = 1;
+	c->work_us[0] = PB_DEF_WORK_US;
+	c->nmb_us = 1;
+	c->mb_us[0] = 0;
+	c->row_bytes = PB_DEF_ROW_BYTES;
+	c->layers = PB_DEF_LAYERS;
+	c->hidden = PB_DEF_HIDDEN;
+}
+
+/* Option name as the user spelled it, for messages. */
+static const char *opt_name(int c, int idx)
+{
+	static char buf[64];
+	for (const struct option *o = long_opts; o->name; o++)
+		if (o->val == c) {
+			snprintf(buf, sizeof(buf), "--%s", o->name);
+			return buf;
+		}
+	(void)idx;
+	snprintf(buf, sizeof(buf), "-%c", c);
+	return buf;
+}
+
+int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t errlen)
+{
+	defaults(cfg);
+	bool have_work = false, have_mbus = false, have_model = false, have_layers = false;
+	bool have_hidden = false, have_rowbytes = false;
+	uint64_t v;
+	double d;
+
+	opterr = 0; /* every message is ours, one line */
+	optind = 1;
+	for (;;) {
+		int idx = -1;
+		int c = getopt_long(argc, argv, ":w:s:b:m:n:d:hV", long_opts, &idx);
+		if (c == -1)
+			break;
+		const char *name = opt_name(c, idx);
+		switch (c) {
+		case 'w':
+			if (!strcmp(optarg, "mlp"))
+				cfg->workload = PB_WL_MLP;
+			else if (!strcmp(optarg, "synthetic"))
+				cfg->workload = PB_WL_SYNTHETIC;
+			else
+				return fail(err, errlen, "--workload: '%s' is neither mlp nor synthetic",
+					    optarg);
+			break;
+		case 's':
+			if (parse_u64(optarg, 1, MBP_MAX_STAGES, &v))
+				return fail(err, errlen, "%s: '%s' is not a stage count from 1 to %d", name,
+					    optarg, MBP_MAX_STAGES);
+			cfg->stages = (unsigned)v;
+			break;
+		case OPT_CPUS:
+			if (parse_cpu_list(optarg, cfg->cpus, &cfg->ncpus, err, errlen))
+				return -1;
+			break;
+		case 'b':
+			if (parse_u64(optarg, 1, PB_MAX_BATCH, &v))
+				return fail(err, errlen, "%s: '%s' is not a row count from 1 to %u", name,
+					    optarg, PB_MAX_BATCH);
+			cfg->batch = (uint32_t)v;
+			break;
+		case 'm':
+			if (!*optarg)
+				return fail(err, errlen, "%s: empty micro-batch size", name);
+			cfg->mb_spec = optarg; /* checked against the batch in pb_sizes_resolve() */
+			break;
+		case 'n':
+			if (parse_u64(optarg, 1, 1000000, &v))
+				return fail(err, errlen, "%s: '%s' is not a positive batch count", name,
+					    optarg);
+			cfg->batches = (unsigned)v;
+			break;
+		case 'd':
+			if (parse_double(optarg, 1e-3, 86400, &d))
+				return fail(err, errlen, "%s: '%s' is not a positive number of seconds", name,
+					    optarg);
+			cfg->duration_s = d;
+			break;
+		case OPT_WARMUP:
+			if (parse_u64(optarg, 0, 1000000, &v))
+				return fail(err, errlen, "%s: '%s' is not a batch count", name, optarg);
+			cfg->warmup = (unsigned)v;
+			break;
+		case OPT_BASELINE:
+			if (parse_u64(optarg, 1, 1000000, &v))
+				return fail(err, errlen, "%s: '%s' is not a positive run count", name,
+					    optarg);
+			cfg->baseline_runs = (unsigned)v;
+			break;
+		case OPT_SPIN:
+			if (parse_u64(optarg, 0, 10000000, &v))
+				return fail(err, errlen, "%s: '%s' is not a number of microseconds", name,
+					    optarg);
+			cfg->spin_us = (long)v;
+			break;
+		case OPT_OPTS: {
+			mbp_opts o;
+			size_t pos = 0;
+			mbp_opts_init(&o);
+			if (mbp_opts_parse(&o, optarg, &pos))
+				return fail(err, errlen, "%s: bad engine option at '%s'", name, optarg + pos);
+			cfg->engine_opts = optarg;
+			break;
+		}
+		case OPT_LATENCY:
+			if (parse_double(optarg, 1e-6, 1e9, &d))
+				return fail(err, errlen, "%s: '%s' is not a positive number of milliseconds",
+					    name, optarg);
+			cfg->latency_target_ms = d;
+			break;
+		case OPT_WORK:
+			if (parse_us_list(name, optarg, 1e-9, cfg->work_us, &cfg->nwork, err, errlen))
+				return -1;
+			have_work = true;
+			break;
+		case OPT_MBUS:
+			if (parse_us_list(name, optarg, 0, cfg->mb_us, &cfg->nmb_us, err, errlen))
+				return -1;
+			have_mbus = true;
+			break;
+		case OPT_ROWBYTES:
+			if (parse_u64(optarg, 16, PB_MAX_ROW_BYTES, &v) || v % 8)
+				return fail(err, errlen, "%s: '%s' is not a multiple of 8 from 16 to %u",
+					    name, optarg, PB_MAX_ROW_BYTES);
+			cfg->row_bytes = (uint32_t)v;
+			have_rowbytes = true;
+			break;
+		case OPT_MODEL:
+			if (!*optarg)
+				return fail(err, errlen, "%s: empty file name", name);
+			cfg->model_path = optarg;
+			have_model = true;
+			break;
+		case OPT_LAYERS:
+			if (parse_u64(optarg, 1, PB_MAX_LAYERS, &v))
+				return fail(err, errlen, "%s: '%s' is not a layer count from 1 to %d", name,
+					    optarg, PB_MAX_LAYERS);
+			cfg->layers = (unsigned)v;
+			have_layers = true;
+			break;
+		case OPT_HIDDEN:
+			if (parse_u64(optarg, 1, PB_MAX_HIDDEN, &v))
+				return fail(err, errlen, "%s: '%s' is not a hidden size from 1 to %d", name,
+					    optarg, PB_MAX_HIDDEN);
+			cfg->hidden = (unsigned)v;
+			have_hidden = true;
+			break;
+		case OPT_SEED:
+			if (parse_u64(optarg, 0, UINT64_MAX, &v))
+				return fail(err, errlen, "%s: '%s' is not a number", name, optarg);
+			cfg->seed = v;
+			break;
+		case OPT_JSON:
+			cfg->format = PB_FMT_JSON;
+			break;
+		case OPT_CSV:
+			cfg->format = PB_FMT_CSV;
+			break;
+		case OPT_TABLE:
+			cfg->format = PB_FMT_TABLE;
+			break;
+		case OPT_GANTT:
+		case OPT_NOGANTT:
+			cfg->gantt = c == OPT_GANTT;
+			cfg->gantt_set = true;
+			break;
+		case OPT_TRACE:
+			if (!*optarg)
+				return fail(err, errlen, "%s: empty file name", name);
+			cfg->trace_path = optarg;
+			break;
+		case OPT_PROGRESS:
+			cfg->progress = 1;
+			break;
+		case OPT_NOPROGRESS:
+			cfg->progress = 0;
+			break;
+		case 'h':
+			pb_options_help(stdout);
+			return 1;
+		case 'V':
+			printf("pipebench (mbpipe) %s\n", mbp_version());
+			return 1;
+		case ':':
+			return fail(err, errlen, "option '%s' needs a value", argv[optind - 1]);
+		default:
+			if (optopt && optopt < 256)
+				return fail(err, errlen, "unknown option '-%c'", optopt);
+			return fail(err, errlen, "unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		return fail(err, errlen, "unexpected argument '%s'", argv[optind]);
+
+	/* Options that belong to the other workload are mistakes, not silently ignored. */
+	if (cfg->workload == PB_WL_MLP && (have_work || have_mbus || have_rowbytes))
+		return fail(err, errlen, "--work-us, --mb-us and --row-bytes apply to --workload=synthetic");
+	if (cfg->workload == PB_WL_SYNTHETIC && (have_model || have_layers || have_hidden))
+		return fail(err, errlen, "--model, --layers and --hidden apply to --workload=mlp");
+	if (have_model && (have_layers || have_hidden))
+		return fail(err, errlen, "--layers and --hidden describe a generated model, not --model");
+	if (cfg->workload == PB_WL_SYNTHETIC) {
+		unsigned want = cfg->nwork > 1 ? cfg->nwork : cfg->nmb_us > 1 ? cfg->nmb_us : 0;
+		if (cfg->nwork > 1 && cfg->nmb_us > 1 && cfg->nwork != cfg->nmb_us)
+			return fail(err, errlen, "--work-us has %u values but --mb-us has %u", cfg->nwork,
+				    cfg->nmb_us);
+		if (want && cfg->stages && cfg->stages != want)
+			return fail(err, errlen, "--stages=%u but %u per-stage values were given",
+				    cfg->stages, want);
+		if (want)
+			cfg->stages = want;
+	}
+	if (cfg->gantt && cfg->format == PB_FMT_CSV)
+		return fail(err, errlen, "--gantt does not fit in --csv output");
+	if (!cfg->gantt_set)
+		cfg->gantt = cfg->format == PB_FMT_TABLE;
+	return 0;
+}
+
+int pb_cpus_resolve(pb_config *cfg, unsigned *allowed, char *err, size_t errlen)
+{
+	int cpus[MBP_MAX_CPUS];
+	unsigned quota = 0;
+	int n = mbp_cpus_allowed(cpus, MBP_MAX_CPUS, &quota);
+	if (n < 0)
+		return fail(err, errlen, "cannot read the allowed CPUs: %s", mbp_strerror(n));
+	if (n > MBP_MAX_CPUS)
+		n = MBP_MAX_CPUS;
+	*allowed = (unsigned)n;
+	if (cfg->ncpus == 0) {
+		memcpy(cfg->cpus, cpus, (size_t)n * sizeof(int));
+		cfg->ncpus = (unsigned)n;
+		return n;
+	}
+	for (unsigned i = 0; i < cfg->ncpus; i++) {
+		bool ok = false;
+		for (int j = 0; j < n; j++)
+			ok |= cpus[j] == cfg->cpus[i];
+		if (!ok)
+			return fail(err, errlen, "--cpus: CPU %d is not allowed to this process",
+				    cfg->cpus[i]);
+	}
+	return (int)cfg->ncpus;
+}
+
+static int add_size(pb_config *cfg, uint64_t m, char *err, size_t errlen)
+{
+	if (m == 0)
+		return fail(err, errlen, "--mb: micro-batch size 0: sizes are positive row counts");
+	if (m > cfg->batch)
+		return fail(err, errlen, "--mb: micro-batch size %llu is larger than the batch (%u rows)",
+			    (unsigned long long)m, cfg->batch);
+	for (unsigned i = 0; i < cfg->nsizes; i++)
+		if (cfg->sizes[i] == m)
+			return 0;
+	if (cfg->nsizes == PB_MAX_SIZES)
+		return fail(err, errlen, "--mb: more than %d sizes", PB_MAX_SIZES);
+	cfg->sizes[cfg->nsizes++] = (uint32_t)m;
+	return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* A signed-looking or otherwise malformed size gets one message whatever its shape. */
+static int bad_size(const char *tok, char *err, size_t errlen)
+{
+	return fail(err, errlen,
+		    "--mb: '%s' is not a positive micro-batch size (N, A,B,C, A-B, A-B:STEP or auto)", tok);
+}
+
+int pb_sizes_resolve(pb_config *cfg, char *err, size_t errlen)
+{
+	const char *s = cfg->mb_spec;
+	char buf[1024];
+	uint64_t a, b, step;
+
+	cfg->nsizes = 0;
+	if (!strcmp(s, "auto")) {
+		for (uint64_t m = 1; m < cfg->batch; m *= 2)
+			if (add_size(cfg, m, err, errlen))
+				return -1;
+		return add_size(cfg, cfg->batch, err, errlen);
+	}
+	if (strlen(s) >= sizeof(buf) || s[0] == ',' || s[strlen(s) - 1] == ',' || strstr(s, ",,"))
+		return bad_size(s, err, errlen);
+	strcpy(buf, s);
+	char *save = NULL;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		char *dash = strchr(tok, '-');
+		if (dash == tok)
+			return bad_size(tok, err, errlen); /* "-4": negative */
+		if (!dash) {
+			if (parse_u64(tok, 0, UINT32_MAX, &a))
+				return bad_size(tok, err, errlen);
+			if (add_size(cfg, a, err, errlen))
+				return -1;
+			continue;
+		}
+		*dash = 0;
+		char *colon = strchr(dash + 1, ':');
+		if (colon)
+			*colon = 0;
+		if (parse_u64(tok, 0, UINT32_MAX, &a) || parse_u64(dash + 1, 0, UINT32_MAX, &b) ||
+		    (colon && parse_u64(colon + 1, 1, UINT32_MAX, &step))) {
+			if (dash)
+				*dash = '-';
+			if (colon)
+				*colon = ':';
+			return bad_size(tok, err, errlen);
+		}
+		if (a == 0 || b == 0)
+			return add_size(cfg, 0, err, errlen);
+		if (b < a)
+			return fail(err, errlen, "--mb: range %llu-%llu runs backwards",
+				    (unsigned long long)a, (unsigned long long)b);
+		if (b > cfg->batch)
+			return add_size(cfg, b, err, errlen);
+		for (uint64_t m = a; m <= b; m = colon ? m + step : m * 2)
+			if (add_size(cfg, m, err, errlen))
+				return -1;
+		if (add_size(cfg, b, err, errlen))
+			return -1;
+	}
+	if (cfg->nsizes == 0)
+		return bad_size(s, err, errlen);
+	qsort(cfg->sizes, cfg->nsizes, sizeof(cfg->sizes[0]), cmp_u32);
+	return 0;
+}

@@ -1,0 +1,295 @@
+/*
+ * pipebench output: the same report as a table (for people), CSV (one line per micro-batch size, for
+ * spreadsheets) or one JSON document (for programs; its fields are listed in pipebench.1).
+ *
+ * The table ends with one grep-able summary line with fixed keys:
+ *   pipebench: workload=W stages=S cpus=C batch=N best_mb=M rows_per_s=X speedup=Y bubble=B
+ *   bubble_predicted=P p99_ms=L status=ok|fail
+ */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pipebench.h"
+
+static const char *stage_name(const pb_report *rep, unsigned s)
+{
+	for (unsigned i = 0; i < rep->nres; i++)
+		if (rep->res[i].st[s].name[0])
+			return rep->res[i].st[s].name;
+	return "";
+}
+
+static bool oversubscribed(const pb_report *rep)
+{
+	return rep->w->stages > rep->b->ncpus;
+}
+
+void pb_print_header(FILE *f, const pb_report *rep)
+{
+	const pb_config *cfg = rep->cfg;
+	const pb_bench *b = rep->b;
+	const pb_workload *w = rep->w;
+
+	fprintf(f, "pipebench %s: %s\n", mbp_version(), w->desc);
+	if (cfg->duration_s > 0)
+		fprintf(f,
+			"batch %u rows; per size %u warm-up batches, then batches for %g s, one at a time\n",
+			cfg->batch, cfg->warmup, cfg->duration_s);
+	else
+		fprintf(f, "batch %u rows; per size %u warm-up + %u measured batches, one at a time\n",
+			cfg->batch, cfg->warmup, cfg->batches);
+	fprintf(f, "CPUs: %u allowed, using", b->allowed);
+	for (unsigned i = 0; i < b->ncpus; i++)
+		fprintf(f, "%s%d", i ? "," : " ", cfg->cpus[i]);
+	fprintf(f, "\nplacement:");
+	if (b->have_placement)
+		for (unsigned s = 0; s < w->stages; s++) {
+			const char *name = stage_name(rep, s);
+			fprintf(f, "%s stage %u%s%s%s -> ", s ? "," : "", s, *name ? " (" : "", name,
+				*name ? ")" : "");
+			if (b->placement[s].cpu >= 0)
+				fprintf(f, "CPU %d", b->placement[s].cpu);
+			else
+				fprintf(f, "unpinned");
+			if (b->placement[s].pin_error)
+				fprintf(f, " (pin failed: %s)", mbp_strerror(b->placement[s].pin_error));
+		}
+	else
+		fprintf(f, " unknown (no pipeline started)");
+	fputc('\n', f);
+	if (w->blas[0])
+		fprintf(f, "BLAS: %s\n", w->blas);
+	if (w->blas_warning[0])
+		fprintf(f, "warning: %s\n", w->blas_warning);
+	if (oversubscribed(rep))
+		fprintf(f,
+			"note: %u stages on %u CPUs: stages share CPUs and time-slice, waits skip their "
+			"spin, and "
+			"the bubble model (one CPU per stage) does not hold\n",
+			w->stages, b->ncpus);
+	if (b->base.runs)
+		fprintf(f,
+			"sequential baseline (the same stages in order on one thread, whole batch at once): "
+			"%.3g ms "
+			"per batch (median of %u, %.3g-%.3g), %.0f rows/s\n",
+			b->base.median_ms, b->base.runs, b->base.min_ms, b->base.max_ms, b->base.throughput);
+}
+
+void pb_print_table(FILE *f, const pb_report *rep)
+{
+	const unsigned S = rep->w->stages;
+	pb_print_header(f, rep);
+	fprintf(f, "\n%7s %6s %10s %7s %8s %8s %6s %9s %6s  %s\n", "m", "M", "rows/s", "speedup", "p50 ms",
+		"p99 ms", "bubble", "predicted", "gpipe", "busy/starved/blocked % per stage");
+	for (unsigned i = 0; i < rep->nres; i++) {
+		const pb_result *r = &rep->res[i];
+		if (r->status && r->batches == 0) {
+			fprintf(f, "%7u %6u  FAILED: %s\n", r->mb_rows, r->mbs, r->error);
+			continue;
+		}
+		fprintf(f, "%7u %6u %10.0f %7.2f %8.3g %8.3g %6.3f %9.3f %6.3f ", r->mb_rows, r->mbs,
+			r->throughput, r->speedup, r->p50_ms, r->p99_ms, r->bubble, r->bubble_predicted,
+			r->bubble_gpipe);
+		for (unsigned s = 0; s < S; s++)
+			fprintf(f, " s%u %.0f/%.0f/%.0f", s, r->st[s].busy * 100, r->st[s].starved * 100,
+				r->st[s].blocked * 100);
+		fprintf(f, "%s%s%s\n", i == rep->best ? "  <- best" : "", r->status ? "  FAILED: " : "",
+			r->status ? r->error : "");
+	}
+	if (rep->nres) {
+		const pb_result *r = &rep->res[rep->best];
+		fprintf(f, "\nbest micro-batch size: %u rows. %s.\n", r->mb_rows, rep->why);
+		fprintf(f,
+			"pipebench: workload=%s stages=%u cpus=%u batch=%u best_mb=%u rows_per_s=%.0f "
+			"speedup=%.2f "
+			"bubble=%.3f bubble_predicted=%.3f p99_ms=%.3f status=%s\n",
+			rep->w->kind, S, rep->b->ncpus, rep->cfg->batch, r->mb_rows, r->throughput,
+			r->speedup, r->bubble, r->bubble_predicted, r->p99_ms, rep->status ? "fail" : "ok");
+	}
+	if (rep->status && rep->error[0])
+		fprintf(f, "FAILED: %s\n", rep->error);
+}
+
+void pb_print_csv(FILE *f, const pb_report *rep)
+{
+	const unsigned S = rep->w->stages;
+	fprintf(
+	    f,
+	    "workload,stages,cpus,batch,mb_rows,mbs,batches,rows_per_s,speedup,p50_ms,p99_ms,mean_ms,bubble,"
+	    "bubble_predicted,bubble_gpipe,bubble_window,predicted_ms,baseline_ms,best,status");
+	for (unsigned s = 0; s < S; s++)
+		fprintf(f, ",s%u_cpu,s%u_busy,s%u_starved,s%u_blocked,s%u_service_us", s, s, s, s, s);
+	fputc('\n', f);
+	for (unsigned i = 0; i < rep->nres; i++) {
+		const pb_result *r = &rep->res[i];
+		fprintf(f,
+			"%s,%u,%u,%u,%u,%u,%u,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%d,%s",
+			rep->w->kind, S, rep->b->ncpus, rep->cfg->batch, r->mb_rows, r->mbs, r->batches,
+			r->throughput, r->speedup, r->p50_ms, r->p99_ms, r->mean_ms, r->bubble,
+			r->bubble_predicted, r->bubble_gpipe, r->bubble_window, r->predicted_ms,
+			rep->b->base.median_ms, i == rep->best, r->status ? "fail" : "ok");
+		for (unsigned s = 0; s < S; s++)
+			fprintf(f, ",%d,%.4f,%.4f,%.4f,%.2f", r->st[s].cpu, r->st[s].busy, r->st[s].starved,
+				r->st[s].blocked, r->st[s].service_us);
+		fputc('\n', f);
+	}
+}
+
+/* ---- JSON ---- */
+
+static cJSON *json_str_or_null(const char *s)
+{
+	return s && *s ? cJSON_CreateString(s) : cJSON_CreateNull();
+}
+
+static cJSON *json_timeline(const pb_timeline *tl, bool whole)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddNumberToObject(o, "mb_rows", tl->mb_rows);
+	cJSON_AddNumberToObject(o, "mbs", tl->mbs);
+	cJSON_AddBoolToObject(o, "whole_batch", whole);
+	cJSON_AddNumberToObject(o, "span_us", (double)tl->span_ns / 1e3);
+	cJSON *stages = cJSON_AddArrayToObject(o, "stages");
+	for (unsigned s = 0; s < tl->stages; s++) {
+		cJSON *mbs = cJSON_CreateArray();
+		for (uint32_t j = 0; j < tl->mbs; j++) {
+			const uint64_t *t = tl->t + ((size_t)s * tl->mbs + j) * 2;
+			double v[2] = {(double)t[0] / 1e3, (double)t[1] / 1e3};
+			cJSON_AddItemToArray(mbs, t[0] == UINT64_MAX ? cJSON_CreateNull()
+								     : cJSON_CreateDoubleArray(v, 2));
+		}
+		cJSON_AddItemToArray(stages, mbs);
+	}
+	return o;
+}
+
+static cJSON *json_result(const pb_result *r)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddNumberToObject(o, "mb_rows", r->mb_rows);
+	cJSON_AddNumberToObject(o, "mbs", r->mbs);
+	cJSON_AddNumberToObject(o, "batches", r->batches);
+	cJSON_AddNumberToObject(o, "rows_per_s", r->throughput);
+	cJSON_AddNumberToObject(o, "rows_per_s_window", r->throughput_window);
+	cJSON_AddNumberToObject(o, "speedup", r->speedup);
+	cJSON *lat = cJSON_AddObjectToObject(o, "latency_ms");
+	cJSON_AddNumberToObject(lat, "p50", r->p50_ms);
+	cJSON_AddNumberToObject(lat, "p99", r->p99_ms);
+	cJSON_AddNumberToObject(lat, "mean", r->mean_ms);
+	cJSON *bub = cJSON_AddObjectToObject(o, "bubble");
+	cJSON_AddNumberToObject(bub, "measured", r->bubble);
+	cJSON_AddNumberToObject(bub, "predicted", r->bubble_predicted);
+	cJSON_AddNumberToObject(bub, "gpipe", r->bubble_gpipe);
+	cJSON_AddNumberToObject(bub, "window", r->bubble_window);
+	cJSON_AddNumberToObject(o, "predicted_batch_ms", r->predicted_ms);
+	cJSON_AddBoolToObject(o, "balanced", r->balanced);
+	cJSON *st = cJSON_AddArrayToObject(o, "stages");
+	for (unsigned s = 0; s < r->stages; s++) {
+		const pb_stage_result *x = &r->st[s];
+		cJSON *e = cJSON_CreateObject();
+		cJSON_AddNumberToObject(e, "stage", s);
+		cJSON_AddStringToObject(e, "name", x->name);
+		cJSON_AddNumberToObject(e, "cpu", x->cpu);
+		cJSON_AddNumberToObject(e, "mbs", (double)x->mbs);
+		cJSON_AddNumberToObject(e, "busy", x->busy);
+		cJSON_AddNumberToObject(e, "starved", x->starved);
+		cJSON_AddNumberToObject(e, "blocked", x->blocked);
+		cJSON_AddNumberToObject(e, "service_us", x->service_us);
+		cJSON_AddItemToArray(st, e);
+	}
+	cJSON_AddBoolToObject(o, "ok", r->status == 0);
+	cJSON_AddItemToObject(o, "error", json_str_or_null(r->status ? r->error : NULL));
+	return o;
+}
+
+int pb_print_json(FILE *f, const pb_report *rep)
+{
+	const pb_config *cfg = rep->cfg;
+	const pb_bench *b = rep->b;
+	const pb_workload *w = rep->w;
+	cJSON *root = cJSON_CreateObject();
+
+	cJSON_AddStringToObject(root, "tool", "pipebench");
+	cJSON_AddStringToObject(root, "version", mbp_version());
+	cJSON *wl = cJSON_AddObjectToObject(root, "workload");
+	cJSON_AddStringToObject(wl, "kind", w->kind);
+	cJSON_AddStringToObject(wl, "description", w->desc);
+	cJSON_AddItemToObject(wl, "blas", json_str_or_null(w->blas));
+	cJSON_AddItemToObject(wl, "blas_warning", json_str_or_null(w->blas_warning));
+
+	cJSON *c = cJSON_AddObjectToObject(root, "config");
+	cJSON_AddNumberToObject(c, "stages", w->stages);
+	cJSON_AddNumberToObject(c, "batch", cfg->batch);
+	cJSON_AddNumberToObject(c, "batches", cfg->batches);
+	cJSON_AddNumberToObject(c, "duration_s", cfg->duration_s);
+	cJSON_AddNumberToObject(c, "warmup", cfg->warmup);
+	cJSON_AddNumberToObject(c, "baseline_runs", cfg->baseline_runs);
+	cJSON_AddStringToObject(c, "mb", cfg->mb_spec);
+	int sizes[PB_MAX_SIZES];
+	for (unsigned i = 0; i < cfg->nsizes; i++)
+		sizes[i] = (int)cfg->sizes[i];
+	cJSON_AddItemToObject(c, "sizes", cJSON_CreateIntArray(sizes, (int)cfg->nsizes));
+	if (cfg->latency_target_ms > 0)
+		cJSON_AddNumberToObject(c, "latency_target_ms", cfg->latency_target_ms);
+	else
+		cJSON_AddNullToObject(c, "latency_target_ms");
+	if (cfg->spin_us >= 0)
+		cJSON_AddNumberToObject(c, "spin_us", (double)cfg->spin_us);
+	else
+		cJSON_AddNullToObject(c, "spin_us");
+
+	cJSON *cp = cJSON_AddObjectToObject(root, "cpus");
+	cJSON_AddNumberToObject(cp, "allowed", b->allowed);
+	cJSON_AddItemToObject(cp, "used", cJSON_CreateIntArray(cfg->cpus, (int)b->ncpus));
+	cJSON_AddBoolToObject(cp, "oversubscribed", oversubscribed(rep));
+
+	cJSON *pl = cJSON_AddArrayToObject(root, "placement");
+	for (unsigned s = 0; b->have_placement && s < w->stages; s++) {
+		cJSON *e = cJSON_CreateObject();
+		cJSON_AddNumberToObject(e, "stage", s);
+		cJSON_AddStringToObject(e, "name", stage_name(rep, s));
+		cJSON_AddNumberToObject(e, "cpu", b->placement[s].cpu);
+		cJSON_AddItemToObject(e, "pin_error",
+				      b->placement[s].pin_error
+					  ? cJSON_CreateString(mbp_strerror(b->placement[s].pin_error))
+					  : cJSON_CreateNull());
+		cJSON_AddItemToArray(pl, e);
+	}
+
+	cJSON *base = cJSON_AddObjectToObject(root, "baseline");
+	cJSON_AddNumberToObject(base, "runs", b->base.runs);
+	cJSON_AddNumberToObject(base, "median_ms", b->base.median_ms);
+	cJSON_AddNumberToObject(base, "min_ms", b->base.min_ms);
+	cJSON_AddNumberToObject(base, "max_ms", b->base.max_ms);
+	cJSON_AddNumberToObject(base, "rows_per_s", b->base.throughput);
+
+	cJSON *res = cJSON_AddArrayToObject(root, "results");
+	for (unsigned i = 0; i < rep->nres; i++)
+		cJSON_AddItemToArray(res, json_result(&rep->res[i]));
+
+	if (rep->nres) {
+		cJSON *best = cJSON_AddObjectToObject(root, "best");
+		cJSON_AddNumberToObject(best, "mb_rows", rep->res[rep->best].mb_rows);
+		cJSON_AddStringToObject(best, "reason", rep->why);
+	} else {
+		cJSON_AddNullToObject(root, "best");
+	}
+	if (cfg->gantt) {
+		cJSON *g = cJSON_AddArrayToObject(root, "gantt");
+		if (rep->nres && rep->res[rep->best].tl.t)
+			cJSON_AddItemToArray(g, json_timeline(&rep->res[rep->best].tl, false));
+		if (rep->single && rep->single->tl.t)
+			cJSON_AddItemToArray(g, json_timeline(&rep->single->tl, true));
+	}
+	cJSON_AddBoolToObject(root, "ok", rep->status == 0);
+	cJSON_AddItemToObject(root, "error", json_str_or_null(rep->status ? rep->error : NULL));
+
+	char *text = cJSON_Print(root);
+	cJSON_Delete(root);
+	if (!text)
+		return -1;
+	fprintf(f, "%s\n", text);
+	cJSON_free(text);
+	return 0;
+}
