@@ -521,6 +521,195 @@ START_TEST(blas_info_names_the_kernel_and_warns_only_for_a_generic_one)
 }
 END_TEST
 
+/* ---- inside a pipeline ---- */
+
+static mbp_pipeline *model_pipeline(mbp_model *m, mbp_model_stages **st, unsigned stages, uint32_t max_mb,
+				    mbp_result_fn on_result, void *arg)
+{
+	double c[MBP_MODEL_MAX_LAYERS];
+	for (unsigned i = 0; i < mbp_model_layers(m); i++)
+		c[i] = 1;
+	mbp_model_plan plan;
+	ck_assert_int_eq(mbp_model_partition(c, NULL, mbp_model_layers(m), stages, &plan), 0);
+	ck_assert_int_eq(mbp_model_stages_new(st, m, &plan, max_mb), 0);
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = mbp_model_in_width(m) * sizeof(float);
+	o.max_mb_rows = max_mb;
+	o.on_result = on_result;
+	o.on_result_arg = arg;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	ck_assert_int_eq(mbp_model_stages_add(*st, p), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	return p;
+}
+
+struct results {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned got;
+	mbp_mb *mb[8];
+};
+
+static void on_result(void *arg, mbp_mb *mb)
+{
+	struct results *r = arg;
+	pthread_mutex_lock(&r->lock);
+	r->mb[mb->seq] = mb;
+	r->got++;
+	pthread_cond_signal(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+}
+
+START_TEST(pipeline_output_equals_the_reference_bit_for_bit)
+{
+	uint32_t widths[] = {40, 96, 64, 128, 32, 72, 24};
+	mbp_model_spec sp = {.layers = 6, .widths = widths, .act = MBP_ACT_GELU, .norm = true, .seed = 21};
+	mbp_model *m = make_model(0, &sp);
+	const size_t rows = 45;
+	float *x = random_rows(rows * 40, 3), *ref = malloc(rows * 24 * 4), *whole = malloc(rows * 24 * 4),
+	      *y = malloc(rows * 24 * 4);
+	ck_assert_int_eq(mbp_model_forward(m, x, whole, rows, 0), 0);
+	static const uint32_t mbs[] = {1, 6, 16};
+	for (unsigned stages = 1; stages <= 3; stages++) {
+		struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+		mbp_model_stages *st;
+		mbp_pipeline *p = model_pipeline(m, &st, stages, 16, on_result, &res);
+		for (unsigned k = 0; k < 3; k++) {
+			memset(y, 0xff, rows * 24 * 4);
+			ck_assert_int_eq(mbp_run(p, x, y, rows, mbs[k]), 0);
+			ck_assert_int_eq(mbp_model_forward(m, x, ref, rows, mbs[k]), 0);
+			ck_assert_msg(!memcmp(y, ref, rows * 24 * 4),
+				      "%u stages, micro-batch %u: not bit for bit", stages, mbs[k]);
+			for (size_t r = 0; r < rows; r++)
+				ck_assert_double_lt(row_rel_err(y + r * 24, whole + r * 24, 24), 1e-5);
+		}
+		/* single micro-batches of 1..8 rows through mbp_mb_submit: same as the reference */
+		for (uint32_t k = 0; k < 8; k++) {
+			mbp_mb *mb;
+			ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+			mb->rows = k + 1;
+			mb->seq = k;
+			memcpy(mb->data, x + k * 40, (k + 1) * 40 * 4);
+			ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
+		}
+		pthread_mutex_lock(&res.lock);
+		while (res.got < 8)
+			pthread_cond_wait(&res.cond, &res.lock);
+		pthread_mutex_unlock(&res.lock);
+		for (uint32_t k = 0; k < 8; k++) {
+			ck_assert_int_eq(res.mb[k]->status, 0);
+			ck_assert_uint_eq(res.mb[k]->rows, k + 1);
+			ck_assert_int_eq(mbp_model_forward(m, x + k * 40, ref, k + 1, k + 1), 0);
+			ck_assert_mem_eq(res.mb[k]->data, ref, (k + 1) * 24 * 4);
+			mbp_mb_release(p, res.mb[k]);
+		}
+		ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+		mbp_pipeline_destroy(p);
+		mbp_model_stages_destroy(st);
+		ck_assert_uint_eq(atomic_load(&m->current->refs),
+				  1); /* every micro-batch dropped its reference */
+	}
+	free(x);
+	free(ref);
+	free(whole);
+	free(y);
+	mbp_model_destroy(m);
+}
+END_TEST
+
+#define SW_INPUTS 4
+#define SW_ROWS	  12
+#define SW_MB	  4
+
+struct swapper {
+	mbp_model *m;
+	_Atomic bool stop;
+	_Atomic unsigned swaps;
+};
+
+static void *swap_loop(void *arg)
+{
+	struct swapper *s = arg;
+	while (!atomic_load(&s->stop)) {
+		/* alternate files 1 and 0: version 2k is B, 2k + 1 is A */
+		mbp_model *next = reload(atomic_load(&s->swaps) % 2 == 0 ? 1 : 0);
+		ck_assert_int_eq(mbp_model_swap(s->m, next), 0);
+		atomic_fetch_add(&s->swaps, 1);
+		usleep(500);
+	}
+	return NULL;
+}
+
+START_TEST(swap_under_load_gives_each_micro_batch_one_version_never_a_mix)
+{
+	mbp_model_spec sp = {.layers = 6, .in = 48, .hidden = 64, .out = 16, .act = MBP_ACT_RELU, .seed = 1};
+	mbp_model *m = make_model(0, &sp);
+	sp.seed = 2;
+	mbp_model *b = make_model(1, &sp);
+	float *x[SW_INPUTS], ra[SW_INPUTS][SW_ROWS * 16], rb[SW_INPUTS][SW_ROWS * 16];
+	for (int i = 0; i < SW_INPUTS; i++) {
+		x[i] = random_rows(SW_ROWS * 48, 50 + i);
+		ck_assert_int_eq(mbp_model_forward(m, x[i], ra[i], SW_ROWS, SW_MB), 0);
+		ck_assert_int_eq(mbp_model_forward(b, x[i], rb[i], SW_ROWS, SW_MB), 0);
+	}
+	mbp_model_destroy(b);
+	mbp_model_stages *st;
+	mbp_pipeline *p = model_pipeline(m, &st, 3, SW_MB, NULL, NULL);
+	struct swapper sw = {.m = m};
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, swap_loop, &sw), 0);
+
+	enum { DEPTH = 16 };
+	mbp_job job[DEPTH];
+	float out[DEPTH][SW_ROWS * 16];
+	unsigned long jobs = mbp_iters(3000, 300), na = 0, nb = 0, mixed = 0;
+	for (unsigned long j = 0; j < jobs + DEPTH; j++) {
+		unsigned slot = j % DEPTH;
+		if (j >= DEPTH) { /* check the job submitted DEPTH ago */
+			ck_assert_int_eq(mbp_job_wait(&job[slot], -1), 0);
+			ck_assert_int_eq(job[slot].status, 0);
+			unsigned in = (j - DEPTH) % SW_INPUTS;
+			for (unsigned k = 0; k < SW_ROWS / SW_MB; k++) {
+				size_t off = (size_t)k * SW_MB * 16, n = SW_MB * 16 * sizeof(float);
+				if (!memcmp(out[slot] + off, ra[in] + off, n))
+					na++;
+				else if (!memcmp(out[slot] + off, rb[in] + off, n))
+					nb++;
+				else
+					mixed++;
+			}
+		}
+		if (j < jobs) {
+			/* keep going until both versions have been current for a while */
+			if (j + 1 == jobs && atomic_load(&sw.swaps) < 4) {
+				jobs++;
+				usleep(100);
+			}
+			mbp_job_init(&job[slot], x[j % SW_INPUTS], out[slot], SW_ROWS, SW_MB);
+			ck_assert_int_eq(mbp_job_submit(p, &job[slot], -1), 0);
+		}
+	}
+	atomic_store(&sw.stop, true);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	if (getenv("MBP_TEST_VERBOSE"))
+		fprintf(stderr, "swap under load: %lu micro-batches on A, %lu on B, %u swaps\n", na, nb,
+			atomic_load(&sw.swaps));
+	ck_assert_msg(mixed == 0, "%lu micro-batches match neither version (%lu A, %lu B)", mixed, na, nb);
+	ck_assert_msg(na > 0 && nb > 0, "both versions should have served: %lu A, %lu B, %u swaps", na, nb,
+		      atomic_load(&sw.swaps));
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1); /* every old version was freed */
+	ck_assert_uint_eq(mbp_model_version(m), 1 + atomic_load(&sw.swaps));
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	for (int i = 0; i < SW_INPUTS; i++)
+		free(x[i]);
+	mbp_model_destroy(m);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("model");
@@ -538,5 +727,11 @@ static Suite *suite(void)
 	tcase_add_test(tc, swap_rejects_another_structure_and_leaves_both_models_usable);
 	tcase_add_test(tc, blas_info_names_the_kernel_and_warns_only_for_a_generic_one);
 	suite_add_tcase(s, tc);
+	TCase *tp = tcase_create("pipeline");
+	tcase_add_checked_fixture(tp, setup, teardown);
+	tcase_set_timeout(tp, 60);
+	tcase_add_test(tp, pipeline_output_equals_the_reference_bit_for_bit);
+	tcase_add_test(tp, swap_under_load_gives_each_micro_batch_one_version_never_a_mix);
+	suite_add_tcase(s, tp);
 	return s;
 }

@@ -511,7 +511,8 @@ static int parse_header(const uint8_t *buf, size_t len, mbp__st *st, mbp_model_e
 	if (rc)
 		return rc;
 
-	qsort(st->t, st->n, sizeof(*st->t), cmp_name);
+	if (st->n)
+		qsort(st->t, st->n, sizeof(*st->t), cmp_name);
 	for (size_t i = 1; i < st->n; i++)
 		if (!strcmp(st->t[i - 1].name, st->t[i].name))
 			return mbp__load_fail(err, MBP_ST_DUPLICATE, st->t[i].name,
