@@ -1,0 +1,201 @@
+/*
+ * pipeserve's protocol messages in process (tools/pipeserve/oip.c): the three encodings of an input decode
+ * to the same floats, responses round-trip every float exactly, and malformed requests are refused with
+ * the right status. The fuzz target (fuzz/pipeserve_fuzz.c) explores the same parser blindly.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oip.h"
+
+static const ps_model_info mi = {.name = "m",
+				 .version = "1",
+				 .platform = "mbpipe",
+				 .input_name = "input",
+				 .output_name = "output",
+				 .in_width = 3,
+				 .out_width = 2,
+				 .max_rows = 100};
+
+static int parse(const char *body, size_t len, long long hl, ps_infer_req *rq)
+{
+	char err[256] = "";
+	int st = ps_oip_parse_infer(&mi, body, len, hl, rq, err, sizeof err);
+	if (st)
+		ck_assert_msg(err[0], "status %d without a message", st);
+	return st;
+}
+
+START_TEST(flat_nested_and_binary_inputs_decode_to_the_same_floats)
+{
+	const float want[6] = {1.5f, -2.25f, 3e-7f, 0.1f, 1e30f, -0.0f};
+	const char *flat = "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[2,3],"
+			   "\"data\":[1.5,-2.25,3e-7,0.1,1e30,-0.0]}]}";
+	const char *nested = "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[2,3],"
+			     "\"data\":[[1.5,-2.25,3e-7],[0.1,1e30,-0.0]]}]}";
+	ps_infer_req a, b, c;
+	ck_assert_int_eq(parse(flat, strlen(flat), -1, &a), 0);
+	ck_assert_int_eq(parse(nested, strlen(nested), -1, &b), 0);
+	char bin[512];
+	int n =
+	    snprintf(bin, sizeof bin,
+		     "{\"id\":\"x\",\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[2,3],"
+		     "\"parameters\":{\"binary_data_size\":24}}]}");
+	memcpy(bin + n, want, sizeof want);
+	ck_assert_int_eq(parse(bin, (size_t)n + sizeof want, n, &c), 0);
+	ck_assert_uint_eq(a.rows, 2);
+	ck_assert_uint_eq(b.rows, 2);
+	ck_assert_uint_eq(c.rows, 2);
+	ck_assert_mem_eq(a.in, want, sizeof want);
+	ck_assert_mem_eq(b.in, want, sizeof want);
+	ck_assert_mem_eq(c.in, want, sizeof want);
+	ck_assert_ptr_eq(c.in, bin + n); /* binary data is used in place */
+	ck_assert_str_eq(c.id, "x");
+	ck_assert_ptr_null(a.id);
+	ck_assert(a.want_output && !a.binary_output);
+	ps_infer_req_clear(&a);
+	ps_infer_req_clear(&b);
+	ps_infer_req_clear(&c);
+}
+END_TEST
+
+START_TEST(output_selection_follows_the_request)
+{
+	const char *in = "{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],\"data\":[1,2,3]}";
+	char body[512];
+	ps_infer_req rq;
+	snprintf(body, sizeof body, "{\"inputs\":[%s],\"parameters\":{\"binary_data_output\":true}}", in);
+	ck_assert_int_eq(parse(body, strlen(body), -1, &rq), 0);
+	ck_assert(rq.want_output && rq.binary_output);
+	ps_infer_req_clear(&rq);
+	snprintf(body, sizeof body,
+		 "{\"inputs\":[%s],\"parameters\":{\"binary_data_output\":true},"
+		 "\"outputs\":[{\"name\":\"output\",\"parameters\":{\"binary_data\":false}}]}",
+		 in);
+	ck_assert_int_eq(parse(body, strlen(body), -1, &rq), 0);
+	ck_assert(rq.want_output && !rq.binary_output);
+	ps_infer_req_clear(&rq);
+	snprintf(body, sizeof body, "{\"inputs\":[%s],\"outputs\":[]}", in);
+	ck_assert_int_eq(parse(body, strlen(body), -1, &rq), 0);
+	ck_assert(!rq.want_output);
+	ps_infer_req_clear(&rq);
+}
+END_TEST
+
+START_TEST(responses_round_trip_every_float_exactly)
+{
+	ps_infer_req rq = {.id = "a\"b\\c\n", .rows = 3, .want_output = true};
+	float out[6] = {FLT_MIN, -FLT_MAX, 0.1f, 1.0f / 3.0f, 1e-45f, 123456789.0f};
+	ps_buf b = {0};
+	size_t json_len;
+	ck_assert_int_eq(ps_oip_encode_infer(&mi, &rq, out, &b, &json_len), 0);
+	ck_assert_uint_eq(json_len, b.len);
+	cJSON *root = cJSON_ParseWithLength(b.p, b.len);
+	ck_assert_ptr_nonnull(root);
+	ck_assert_str_eq(cJSON_GetObjectItem(root, "id")->valuestring, "a\"b\\c\n");
+	ck_assert_str_eq(cJSON_GetObjectItem(root, "model_name")->valuestring, "m");
+	const cJSON *o = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "outputs"), 0);
+	const cJSON *data = cJSON_GetObjectItem(o, "data");
+	ck_assert_int_eq(cJSON_GetArraySize(data), 6);
+	for (int i = 0; i < 6; i++)
+		ck_assert_msg((float)cJSON_GetArrayItem(data, i)->valuedouble == out[i], "element %d changed",
+			      i);
+	cJSON_Delete(root);
+	ps_buf_free(&b);
+
+	rq.binary_output = true;
+	ck_assert_int_eq(ps_oip_encode_infer(&mi, &rq, out, &b, &json_len), 0);
+	ck_assert_uint_eq(b.len, json_len + sizeof out);
+	ck_assert_mem_eq(b.p + json_len, out, sizeof out);
+	ck_assert_ptr_nonnull(strstr(b.p, "\"binary_data_size\":24"));
+	ps_buf_free(&b);
+}
+END_TEST
+
+START_TEST(malformed_requests_get_400_and_oversized_ones_413)
+{
+	static const struct {
+		const char *body;
+		long long hl; /* Inference-Header-Content-Length; -1: none; -2: the body's length */
+		int status;
+	} cases[] = {
+	    {"", -1, 400},
+	    {"{", -1, 400},
+	    {"null", -1, 400},
+	    {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[101,3],\"data\":[]}]}", -1,
+	     413},
+	    {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],\"data\":[[1,2,3],[4,5,"
+	     "6]]}]}",
+	     -1, 400},
+	    {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],\"data\":[1,[2],3]}]}",
+	     -1, 400},
+	    {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],\"data\":[1,2,null]}]}",
+	     -1, 400},
+	    {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],\"data\":[1,2,3]}],"
+	     "\"parameters\":[]}",
+	     -1, 400},
+	    {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],\"data\":[1,2,3]}],"
+	     "\"outputs\":[{\"name\":\"output\"},{\"name\":\"output\"}]}",
+	     -1, 400},
+	    {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],"
+	     "\"parameters\":{\"binary_data_size\":-12}}]}",
+	     -2, 400},	    /* -2: the whole body is the JSON header */
+	    {"{}", 5, 400}, /* header length beyond the body */
+	    {"{}", 0, 400}, /* an empty JSON header */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		ps_infer_req rq;
+		size_t len = strlen(cases[i].body);
+		int st = parse(cases[i].body, len, cases[i].hl == -2 ? (long long)len : cases[i].hl, &rq);
+		ck_assert_msg(st == cases[i].status, "case %zu: status %d, expected %d", i, st,
+			      cases[i].status);
+		ck_assert_ptr_null(rq.owned);
+		ck_assert_ptr_null(rq.id);
+	}
+	ck_assert_int_eq(ps_oip_parse_header_len("12", 20), 12);
+	ck_assert_int_eq(ps_oip_parse_header_len("21", 20), -1);
+	ck_assert_int_eq(ps_oip_parse_header_len("-1", 20), -1);
+	ck_assert_int_eq(ps_oip_parse_header_len("99999999999999999999999", 20), -1);
+	ck_assert_int_eq(ps_oip_parse_header_len("", 20), -1);
+}
+END_TEST
+
+START_TEST(load_requests_name_a_file_or_nothing)
+{
+	char *path, err[128];
+	ck_assert_int_eq(ps_oip_parse_load("", 0, &path, err, sizeof err), 0);
+	ck_assert_ptr_null(path);
+	const char *ok = "{\"parameters\":{\"path\":\"/x/y.safetensors\"}}";
+	ck_assert_int_eq(ps_oip_parse_load(ok, strlen(ok), &path, err, sizeof err), 0);
+	ck_assert_str_eq(path, "/x/y.safetensors");
+	free(path);
+	const char *bad[] = {"{\"parameters\":{\"path\":7}}", "{\"parameters\":{\"path\":\"\"}}", "[1]",
+			     "{\"parameters\":1}", "{"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		ck_assert_int_eq(ps_oip_parse_load(bad[i], strlen(bad[i]), &path, err, sizeof err), 400);
+		ck_assert_ptr_null(path);
+	}
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("pipeserve_oip");
+	TCase *tc = tcase_create("oip");
+	tcase_add_test(tc, flat_nested_and_binary_inputs_decode_to_the_same_floats);
+	tcase_add_test(tc, output_selection_follows_the_request);
+	tcase_add_test(tc, responses_round_trip_every_float_exactly);
+	tcase_add_test(tc, malformed_requests_get_400_and_oversized_ones_413);
+	tcase_add_test(tc, load_requests_name_a_file_or_nothing);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+#include "check_main.h"
