@@ -1,1 +1,27 @@
-# pipeserve: filled in by its work.
+# pipeserve: an Open Inference Protocol (KServe v2) HTTP server embedding mbpipe (public API only).
+bin_PROGRAMS += tools/pipeserve/pipeserve
+tools_pipeserve_pipeserve_SOURCES = \
+	tools/pipeserve/main.c tools/pipeserve/server.h tools/pipeserve/http.c \
+	tools/pipeserve/batch.h tools/pipeserve/batch.c tools/pipeserve/oip.h tools/pipeserve/oip.c \
+	tools/pipeserve/metrics.h tools/pipeserve/metrics.c
+# Public headers only: no -I lib (AM_CPPFLAGS carries it for the library's own code).
+tools_pipeserve_pipeserve_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include
+tools_pipeserve_pipeserve_CFLAGS = $(AM_CFLAGS) $(MHD_CFLAGS) $(CJSON_CFLAGS)
+tools_pipeserve_pipeserve_LDADD = $(MBP_LIBS) $(MHD_LIBS) $(CJSON_LIBS)
+# dist_man_MANS += tools/pipeserve/pipeserve.1
+
+# Tests: start the server on a loopback port picked at run time and talk to it over plain sockets; the
+# protocol parser alone, in process.
+check_PROGRAMS += tests/test_pipeserve_oip tests/test_pipeserve
+tests_test_pipeserve_oip_SOURCES = tests/test_pipeserve_oip.c tools/pipeserve/oip.c tools/pipeserve/oip.h \
+	tests/check_main.h
+tests_test_pipeserve_oip_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include \
+	-I$(top_srcdir)/tools/pipeserve
+tests_test_pipeserve_oip_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(CJSON_CFLAGS)
+tests_test_pipeserve_oip_LDADD = $(CHECK_LIBS) $(CJSON_LIBS) -lm
+tests_test_pipeserve_SOURCES = tests/test_pipeserve.c tests/test_pipeserve_client.h tests/check_main.h
+tests_test_pipeserve_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include \
+	-DPIPESERVE_BIN='"$(abs_top_builddir)/tools/pipeserve/pipeserve"'
+tests_test_pipeserve_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(CJSON_CFLAGS)
+tests_test_pipeserve_LDADD = $(MBP_LIBS) $(CHECK_LIBS) $(CJSON_LIBS)
+TESTS += tests/test_pipeserve_oip tests/test_pipeserve

@@ -1,0 +1,856 @@
+/*
+ * pipeserve end to end: each test starts the built server on a loopback port it picks (--port 0) and
+ * talks to it over real sockets. Expected outputs come from the library itself: the test loads the same
+ * model file and runs mbp_model_forward(), which with equal micro-batches is bit for bit the pipeline's
+ * output. Where concurrent requests share micro-batches, rows are compared with a tolerance (a row's
+ * floating-point sum order may depend on the micro-batch's size).
+ */
+#include "config.h"
+
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <mbpipe.h>
+
+#include "check_main.h" /* early: the stress counts use its mbp_iters() */
+#include "test_pipeserve_client.h"
+
+#define IN_W  32
+#define OUT_W 8
+
+static char model_a[512], model_b[512], model_other[512], tmp_dir[256];
+
+/* Small model files: a (seed 1), b (seed 2, same structure), other (a different structure). */
+static void make_models(void)
+{
+	const char *t = getenv("TMPDIR");
+	snprintf(tmp_dir, sizeof tmp_dir, "%s/test_pipeserve-XXXXXX", t && *t ? t : "/tmp");
+	ck_assert_ptr_nonnull(mkdtemp(tmp_dir));
+	mbp_model_spec ms = {
+	    .layers = 4, .in = IN_W, .hidden = 64, .out = OUT_W, .act = MBP_ACT_RELU, .seed = 1};
+	snprintf(model_a, sizeof model_a, "%s/a.safetensors", tmp_dir);
+	snprintf(model_b, sizeof model_b, "%s/b.safetensors", tmp_dir);
+	snprintf(model_other, sizeof model_other, "%s/other.safetensors", tmp_dir);
+	ck_assert_int_eq(mbp_model_write_random(model_a, &ms), 0);
+	ms.seed = 2;
+	ck_assert_int_eq(mbp_model_write_random(model_b, &ms), 0);
+	ms.hidden = 48;
+	ck_assert_int_eq(mbp_model_write_random(model_other, &ms), 0);
+}
+
+static void remove_models(void)
+{
+	unlink(model_a);
+	unlink(model_b);
+	unlink(model_other);
+	rmdir(tmp_dir);
+}
+
+static mbp_model *load(const char *path)
+{
+	mbp_model *m = NULL;
+	mbp_model_error e;
+	ck_assert_msg(mbp_model_load(&m, path, &e) == 0, "%s", e.msg);
+	return m;
+}
+
+/* Start the server on model a (name "a") with extra flags. */
+static void start(srv *s, const char *const *extra)
+{
+	const char *args[48] = {"--model", model_a, "--stages", "2", "--threads", "2"};
+	int n = 6;
+	for (int i = 0; extra && extra[i]; i++)
+		args[n++] = extra[i];
+	args[n] = NULL;
+	ck_assert_msg(srv_start(s, args) == 0, "server did not start");
+}
+
+/* Input rows whose values depend on (tag, row, column), all distinct-ish, in [-1, 1]. */
+static void fill_rows(float *x, size_t rows, unsigned tag)
+{
+	for (size_t r = 0; r < rows; r++)
+		for (size_t c = 0; c < IN_W; c++)
+			x[r * IN_W + c] = (float)sin((double)tag * 0.37 + (double)r * 1.3 + (double)c * 0.11);
+}
+
+/* An infer request body: JSON data flat or nested, or the binary extension (then *json_len is set). */
+static char *infer_body(const char *id, const float *x, size_t rows, bool nested, bool binary_in,
+			bool binary_out, size_t *len, size_t *json_len)
+{
+	size_t cap = 512 + rows * IN_W * 20;
+	char *b = malloc(cap + rows * IN_W * sizeof(float));
+	ck_assert_ptr_nonnull(b);
+	size_t n = 0;
+	n += (size_t)snprintf(b + n, cap - n, "{");
+	if (id)
+		n += (size_t)snprintf(b + n, cap - n, "\"id\":\"%s\",", id);
+	n += (size_t)snprintf(b + n, cap - n,
+			      "\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[%zu,%d]",
+			      rows, IN_W);
+	if (binary_in) {
+		n += (size_t)snprintf(b + n, cap - n, ",\"parameters\":{\"binary_data_size\":%zu}}]",
+				      rows * IN_W * sizeof(float));
+	} else {
+		n += (size_t)snprintf(b + n, cap - n, ",\"data\":[");
+		for (size_t r = 0; r < rows; r++) {
+			if (nested)
+				n += (size_t)snprintf(b + n, cap - n, "%s[", r ? "," : "");
+			for (size_t c = 0; c < IN_W; c++)
+				n +=
+				    (size_t)snprintf(b + n, cap - n, "%s%.9g", (r && !nested) || c ? "," : "",
+						     (double)x[r * IN_W + c]);
+			if (nested)
+				n += (size_t)snprintf(b + n, cap - n, "]");
+		}
+		n += (size_t)snprintf(b + n, cap - n, "]}]");
+	}
+	if (binary_out)
+		n += (size_t)snprintf(
+		    b + n, cap - n,
+		    ",\"outputs\":[{\"name\":\"output\",\"parameters\":{\"binary_data\":true}}]");
+	n += (size_t)snprintf(b + n, cap - n, "}");
+	if (json_len)
+		*json_len = n;
+	if (binary_in) {
+		memcpy(b + n, x, rows * IN_W * sizeof(float));
+		n += rows * IN_W * sizeof(float);
+	}
+	*len = n;
+	return b;
+}
+
+/* POST an infer request of `rows` rows on connection fd (or a fresh one when fd < 0). */
+static int post_infer(int port, int fd, const char *model, const char *body, size_t len, long long json_len,
+		      http_resp *r)
+{
+	char path[256], extra[128] = "";
+	snprintf(path, sizeof path, "/v2/models/%s/infer", model);
+	if (json_len >= 0)
+		snprintf(extra, sizeof extra, "Inference-Header-Content-Length: %lld\r\n", json_len);
+	return fd < 0 ? http_do(port, "POST", path, extra, body, len, r)
+		      : http_send(fd, "POST", path, extra, body, len, r);
+}
+
+/* Decode a 200 infer response into out (rows x OUT_W); checks shape, datatype and the echoed id. */
+static void decode_output(const http_resp *r, const char *id, size_t rows, float *out)
+{
+	ck_assert_msg(r->status == 200, "status %d: %s", r->status, r->body ? r->body : "");
+	char hl[32];
+	size_t json_len = http_header(r, "Inference-Header-Content-Length", hl, sizeof hl)
+			      ? strtoull(hl, NULL, 10)
+			      : r->len;
+	cJSON *root = cJSON_ParseWithLength(r->body, json_len);
+	ck_assert_ptr_nonnull(root);
+	ck_assert_str_eq(cJSON_GetObjectItem(root, "model_name")->valuestring, "a");
+	const cJSON *rid = cJSON_GetObjectItem(root, "id");
+	if (id)
+		ck_assert_msg(cJSON_IsString(rid) && strcmp(rid->valuestring, id) == 0, "id not echoed");
+	else
+		ck_assert_ptr_null(rid);
+	const cJSON *o = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "outputs"), 0);
+	ck_assert_ptr_nonnull(o);
+	ck_assert_str_eq(cJSON_GetObjectItem(o, "name")->valuestring, "output");
+	ck_assert_str_eq(cJSON_GetObjectItem(o, "datatype")->valuestring, "FP32");
+	const cJSON *sh = cJSON_GetObjectItem(o, "shape");
+	ck_assert_int_eq(cJSON_GetArrayItem(sh, 0)->valueint, (int)rows);
+	ck_assert_int_eq(cJSON_GetArrayItem(sh, 1)->valueint, OUT_W);
+	const cJSON *data = cJSON_GetObjectItem(o, "data");
+	if (data) {
+		ck_assert_int_eq(cJSON_GetArraySize(data), (int)(rows * OUT_W));
+		size_t i = 0;
+		const cJSON *e;
+		cJSON_ArrayForEach(e, data)
+		{
+			ck_assert(cJSON_IsNumber(e));
+			out[i++] = (float)e->valuedouble;
+		}
+	} else {
+		const cJSON *bs =
+		    cJSON_GetObjectItem(cJSON_GetObjectItem(o, "parameters"), "binary_data_size");
+		ck_assert_ptr_nonnull(bs);
+		ck_assert_int_eq(bs->valueint, (int)(rows * OUT_W * sizeof(float)));
+		ck_assert_uint_eq(r->len, json_len + rows * OUT_W * sizeof(float));
+		memcpy(out, r->body + json_len, rows * OUT_W * sizeof(float));
+	}
+	cJSON_Delete(root);
+}
+
+static bool close_enough(const float *a, const float *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!(fabsf(a[i] - b[i]) <= 1e-4f * (1.0f + fabsf(b[i]))))
+			return false;
+	return true;
+}
+
+/* ---- endpoints ---- */
+
+static void expect_status(int port, const char *method, const char *path, int status, const char *body_has)
+{
+	http_resp r;
+	ck_assert_int_eq(http_do(port, method, path, NULL, NULL, 0, &r), 0);
+	ck_assert_msg(r.status == status, "%s %s: status %d, expected %d (%s)", method, path, r.status,
+		      status, r.body);
+	if (body_has)
+		ck_assert_msg(strstr(r.body, body_has), "%s %s: body lacks %s: %s", method, path, body_has,
+			      r.body);
+	http_resp_free(&r);
+}
+
+START_TEST(every_endpoint_answers_per_the_protocol)
+{
+	make_models();
+	srv s;
+	start(&s, NULL);
+	expect_status(s.port, "GET", "/v2", 200, "\"extensions\":[\"binary_tensor_data\"");
+	expect_status(s.port, "GET", "/v2/health/live", 200, NULL);
+	expect_status(s.port, "GET", "/v2/health/ready", 200, NULL);
+	expect_status(s.port, "GET", "/v2/models/a", 200,
+		      "\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\","
+		      "\"shape\":[-1,32]}]");
+	expect_status(s.port, "GET", "/v2/models/a", 200,
+		      "\"outputs\":[{\"name\":\"output\",\"datatype\":\"FP32\","
+		      "\"shape\":[-1,8]}]");
+	expect_status(s.port, "GET", "/v2/models/a/versions/1", 200, "\"versions\":[\"1\"]");
+	expect_status(s.port, "GET", "/v2/models/a/ready", 200, NULL);
+	expect_status(s.port, "GET", "/v2/models/a/versions/1/ready", 200, NULL);
+	expect_status(s.port, "GET", "/v2/models/b", 404, "{\"error\":");
+	expect_status(s.port, "GET", "/v2/models/b/ready", 404, "{\"error\":");
+	expect_status(s.port, "GET", "/v2/models/a/versions/2", 404, "{\"error\":");
+	expect_status(s.port, "GET", "/v2/nothing", 404, "{\"error\":");
+	expect_status(s.port, "GET", "/", 404, "{\"error\":");
+	expect_status(s.port, "POST", "/v2/health/live", 405, "{\"error\":");
+	expect_status(s.port, "GET", "/v2/models/a/infer", 405, "{\"error\":");
+	expect_status(s.port, "POST", "/v2/repository/index", 200, "\"state\":\"READY\"");
+
+	/* The health answers have empty bodies, as the protocol asks. */
+	http_resp r;
+	ck_assert_int_eq(http_do(s.port, "GET", "/v2/health/ready", NULL, NULL, 0, &r), 0);
+	ck_assert_uint_eq(r.len, 0);
+	http_resp_free(&r);
+
+	/* One infer, then the metrics count it and show the engine's side. */
+	float x[3 * IN_W], y[3 * OUT_W];
+	fill_rows(x, 3, 1);
+	size_t len;
+	char *body = infer_body("first", x, 3, false, false, false, &len, NULL);
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	decode_output(&r, "first", 3, y);
+	http_resp_free(&r);
+	free(body);
+	ck_assert_int_eq(http_do(s.port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+	ck_assert_int_eq(r.status, 200);
+	static const char *const names[] = {
+	    "pipeserve_request_success_total{model=\"a\"} 1\n",
+	    "pipeserve_request_failure_total{model=\"a\",code=\"429\"} 0\n",
+	    "pipeserve_request_duration_seconds_bucket{model=\"a\",le=\"+Inf\"} 1\n",
+	    "pipeserve_queue_duration_seconds_count{model=\"a\"} 1\n",
+	    "pipeserve_compute_duration_seconds_count{model=\"a\"} 1\n",
+	    "pipeserve_batch_rows_sum{model=\"a\"} 3\n",
+	    "pipeserve_queue_rows{model=\"a\"} 0\n",
+	    "mbpipe_stage_busy_seconds_total{model=\"a\",stage=\"1\"",
+	    "mbpipe_stage_starved_seconds_total{model=\"a\",stage=\"0\"",
+	    "mbpipe_stage_blocked_seconds_total{model=\"a\",stage=\"0\"",
+	    "mbpipe_bubble_fraction{model=\"a\"} ",
+	    "mbpipe_pool_buffers_in_use{model=\"a\"} ",
+	};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		ck_assert_msg(strstr(r.body, names[i]), "metrics lack %s", names[i]);
+	http_resp_free(&r);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* ---- results ---- */
+
+START_TEST(infer_equals_the_library_output_in_every_encoding)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-batch-rows", "8", "--max-queue-delay-us", "0", NULL});
+	mbp_model *m = load(model_a);
+	enum { ROWS = 21 };
+	float x[ROWS * IN_W], want[ROWS * OUT_W], got[ROWS * OUT_W];
+	fill_rows(x, ROWS, 7);
+	/* One request alone is cut into micro-batches of 8, 8, 5: the same as forward with mb_rows 8. */
+	ck_assert_int_eq(mbp_model_forward(m, x, want, ROWS, 8), 0);
+	int fd = http_connect(s.port);
+	ck_assert_int_ge(fd, 0);
+	for (int mode = 0; mode < 5; mode++) {
+		bool nested = mode == 1, bin_in = mode >= 2, bin_out = mode >= 3;
+		const char *id = mode == 4 ? NULL : "req-\"quoted\"-id";
+		size_t len, json_len;
+		char *body = infer_body(id ? "req-\\\"quoted\\\"-id" : NULL, x, ROWS, nested, bin_in, bin_out,
+					&len, &json_len);
+		http_resp r;
+		ck_assert_int_eq(
+		    post_infer(s.port, fd, "a", body, len, bin_in ? (long long)json_len : -1, &r), 0);
+		memset(got, 0, sizeof got);
+		decode_output(&r, id, ROWS, got);
+		ck_assert_msg(memcmp(got, want, sizeof want) == 0,
+			      "mode %d: output differs from mbp_model_forward", mode);
+		http_resp_free(&r);
+		free(body);
+	}
+	close(fd);
+	/* The versioned path serves the same model. */
+	size_t len;
+	char *body = infer_body("v", x, 1, false, false, false, &len, NULL);
+	http_resp r;
+	ck_assert_int_eq(http_do(s.port, "POST", "/v2/models/a/versions/1/infer", NULL, body, len, &r), 0);
+	decode_output(&r, "v", 1, got);
+	ck_assert(close_enough(got, want, OUT_W));
+	http_resp_free(&r);
+	free(body);
+	mbp_model_destroy(m);
+	ck_assert_int_eq(srv_stop(&s, SIGINT), 0);
+	remove_models();
+}
+END_TEST
+
+/* ---- bad input ---- */
+
+typedef struct bad_case {
+	const char *what;
+	const char *path;
+	const char *header; /* extra header lines */
+	const char *body;
+	int status;
+	const char *tail; /* binary bytes after a JSON body: Inference-Header-Content-Length is added */
+} bad_case;
+
+#define INPUT_OK "{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32],\"data\":[" ZEROS32 "]}"
+#define ZEROS8	 "0,0,0,0,0,0,0,0"
+#define ZEROS32	 ZEROS8 "," ZEROS8 "," ZEROS8 "," ZEROS8
+
+static const bad_case bad_cases[] = {
+    {"malformed JSON", "/v2/models/a/infer", NULL, "{\"inputs\": [", 400, NULL},
+    {"not JSON at all", "/v2/models/a/infer", NULL, "\x01\x02garbage", 400, NULL},
+    {"empty body", "/v2/models/a/infer", NULL, "", 400, NULL},
+    {"top level not an object", "/v2/models/a/infer", NULL, "[1,2,3]", 400, NULL},
+    {"no inputs", "/v2/models/a/infer", NULL, "{\"id\":\"x\"}", 400, NULL},
+    {"inputs not an array", "/v2/models/a/infer", NULL, "{\"inputs\":{}}", 400, NULL},
+    {"empty inputs", "/v2/models/a/infer", NULL, "{\"inputs\":[]}", 400, NULL},
+    {"unknown input", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[1,32],\"data\":[" ZEROS32 "]}]}", 400,
+     NULL},
+    {"input twice", "/v2/models/a/infer", NULL, "{\"inputs\":[" INPUT_OK "," INPUT_OK "]}", 400, NULL},
+    {"wrong datatype", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"INT32\",\"shape\":[1,32],\"data\":[" ZEROS32 "]}]}",
+     400, NULL},
+    {"datatype not a string", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":5,\"shape\":[1,32],\"data\":[" ZEROS32 "]}]}", 400, NULL},
+    {"wrong width", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[4,8],\"data\":[" ZEROS32 "]}]}", 400,
+     NULL},
+    {"wrong rank", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[32],\"data\":[" ZEROS32 "]}]}", 400,
+     NULL},
+    {"negative dimension", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[-1,32],\"data\":[" ZEROS32 "]}]}",
+     400, NULL},
+    {"fractional dimension", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1.5,32],\"data\":[" ZEROS32 "]}]}",
+     400, NULL},
+    {"zero rows", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[0,32],\"data\":[]}]}", 400, NULL},
+    {"too few elements", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[2,32],\"data\":[" ZEROS32 "]}]}", 400,
+     NULL},
+    {"too many elements", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32],\"data\":[" ZEROS32 ",1]}]}",
+     400, NULL},
+    {"non-numeric element", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32],\"data\":[\"a\"," ZEROS8
+     "," ZEROS8 "," ZEROS8 ",0,0,0,0,0,0,0]}]}",
+     400, NULL},
+    {"boolean element", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32],\"data\":[true," ZEROS8
+     "," ZEROS8 "," ZEROS8 ",0,0,0,0,0,0,0]}]}",
+     400, NULL},
+    {"element beyond FP32", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32],\"data\":[1e39," ZEROS8
+     "," ZEROS8 "," ZEROS8 ",0,0,0,0,0,0,0]}]}",
+     400, NULL},
+    {"nesting does not match the shape", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[2,16],\"data\":[[" ZEROS8 "," ZEROS8
+     "],[" ZEROS8 "," ZEROS8 "]]}]}",
+     400, NULL},
+    {"data not an array", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32],\"data\":3}]}", 400, NULL},
+    {"no data", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32]}]}", 400, NULL},
+    {"id not a string", "/v2/models/a/infer", NULL, "{\"id\":5,\"inputs\":[" INPUT_OK "]}", 400, NULL},
+    {"unknown output", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[" INPUT_OK "],\"outputs\":[{\"name\":\"y\"}]}", 400, NULL},
+    {"binary size without the header", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32],\"parameters\":{\"binary_data_"
+     "size\":"
+     "128}}]}",
+     400, NULL},
+    {"binary size not matching the shape", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32],\"parameters\":{\"binary_data_"
+     "size\":"
+     "4}}]}",
+     400, "abcd"},
+    {"binary data shorter than its size", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,32],\"parameters\":{\"binary_data_"
+     "size\":"
+     "128}}]}",
+     400, "abcd"},
+    {"binary data longer than its size", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,1],\"parameters\":{\"binary_data_"
+     "size\":"
+     "4}}]}",
+     400, "abcdefgh"},
+    {"binary size and data both", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,1],\"data\":[1],"
+     "\"parameters\":{\"binary_data_size\":4}}]}",
+     400, "abcd"},
+    {"header length beyond the body", "/v2/models/a/infer", "Inference-Header-Content-Length: 99999\r\n",
+     "{\"inputs\":[" INPUT_OK "]}", 400, NULL},
+    {"header length not a number", "/v2/models/a/infer", "Inference-Header-Content-Length: 12x\r\n",
+     "{\"inputs\":[" INPUT_OK "]}", 400, NULL},
+    {"unknown model", "/v2/models/zzz/infer", NULL, "{\"inputs\":[" INPUT_OK "]}", 404, NULL},
+    {"unknown version", "/v2/models/a/versions/7/infer", NULL, "{\"inputs\":[" INPUT_OK "]}", 404, NULL},
+    {"more rows than the queue holds", "/v2/models/a/infer", NULL,
+     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[100000,32],\"data\":[]}]}", 413,
+     NULL},
+    {"load of an unknown model", "/v2/repository/models/zzz/load", NULL, "{}", 404, NULL},
+    {"load with a malformed body", "/v2/repository/models/a/load", NULL, "{\"parameters\":", 400, NULL},
+    {"load of a missing file", "/v2/repository/models/a/load", NULL,
+     "{\"parameters\":{\"path\":\"/nonexistent/x.safetensors\"}}", 400, NULL},
+    {"unload", "/v2/repository/models/a/unload", NULL, "{}", 400, NULL},
+};
+
+START_TEST(every_bad_input_gets_its_status_and_the_server_keeps_serving)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-body-bytes", "65536", "--max-queue-rows", "1000", NULL});
+	int fd = http_connect(s.port); /* one keep-alive connection through every case */
+	ck_assert_int_ge(fd, 0);
+	unsigned infer_400 = 0;
+	for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+		const bad_case *c = &bad_cases[i];
+		char buf[1024], hdr[128];
+		size_t n = strlen(c->body);
+		const char *header = c->header;
+		memcpy(buf, c->body, n);
+		if (c->tail) {
+			snprintf(hdr, sizeof hdr, "Inference-Header-Content-Length: %zu\r\n", n);
+			header = hdr;
+			memcpy(buf + n, c->tail, strlen(c->tail));
+			n += strlen(c->tail);
+		}
+		http_resp r;
+		int rc = http_send(fd, "POST", c->path, header, buf, n, &r);
+		if (rc) { /* the server may close after an error: reconnect and retry once */
+			close(fd);
+			fd = http_connect(s.port);
+			rc = http_send(fd, "POST", c->path, header, buf, n, &r);
+		}
+		ck_assert_msg(rc == 0, "%s: no answer", c->what);
+		ck_assert_msg(r.status == c->status, "%s: status %d, expected %d (%s)", c->what, r.status,
+			      c->status, r.body);
+		cJSON *e = cJSON_ParseWithLength(r.body, r.len);
+		ck_assert_msg(e && cJSON_IsString(cJSON_GetObjectItem(e, "error")),
+			      "%s: body is not {\"error\": ...}: %s", c->what, r.body);
+		cJSON_Delete(e);
+		infer_400 += c->status == 400 && strstr(c->path, "/infer") != NULL;
+		http_resp_free(&r);
+	}
+	close(fd);
+
+	/* A body above --max-body-bytes: 413 without the server reading it. */
+	size_t big = 70000;
+	char *huge = malloc(big);
+	memset(huge, ' ', big);
+	http_resp r;
+	ck_assert_int_eq(http_do(s.port, "POST", "/v2/models/a/infer", NULL, huge, big, &r), 0);
+	ck_assert_int_eq(r.status, 413);
+	http_resp_free(&r);
+	free(huge);
+
+	/* A connection that sends half a request and goes away. */
+	fd = http_connect(s.port);
+	const char *half =
+	    "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"inputs\"";
+	ck_assert_int_eq(write_all(fd, half, strlen(half)), 0);
+	close(fd);
+	/* A request line that is not HTTP. */
+	fd = http_connect(s.port);
+	ck_assert_int_eq(write_all(fd, "\x16\x03\x01 garbage\r\n\r\n", 17), 0);
+	char sink[512];
+	(void)!recv(fd, sink, sizeof sink, 0);
+	close(fd);
+
+	/* Still serving, with correct results. */
+	mbp_model *m = load(model_a);
+	float x[2 * IN_W], want[2 * OUT_W], got[2 * OUT_W];
+	fill_rows(x, 2, 3);
+	ck_assert_int_eq(mbp_model_forward(m, x, want, 2, 0), 0);
+	size_t len;
+	char *body = infer_body("after", x, 2, false, false, false, &len, NULL);
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	decode_output(&r, "after", 2, got);
+	ck_assert(close_enough(got, want, 2 * OUT_W));
+	http_resp_free(&r);
+	free(body);
+	expect_status(s.port, "GET", "/v2/health/ready", 200, NULL);
+	char line[128];
+	snprintf(line, sizeof line, "pipeserve_request_failure_total{model=\"a\",code=\"400\"} %u\n",
+		 infer_400);
+	expect_status(s.port, "GET", "/metrics", 200, line);
+	mbp_model_destroy(m);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* ---- admission control ---- */
+
+typedef struct bg_req {
+	int port;
+	const char *body;
+	size_t len;
+	http_resp r;
+	int rc;
+} bg_req;
+
+static void *bg_post(void *arg)
+{
+	bg_req *b = arg;
+	b->rc = post_infer(b->port, -1, "a", b->body, b->len, -1, &b->r);
+	return NULL;
+}
+
+START_TEST(a_full_queue_answers_429_at_once_and_a_queued_request_times_out_with_503)
+{
+	make_models();
+	srv s;
+	/* Rows wait up to 1.5 s for a micro-batch of 64 to fill; the queue holds 6 rows; timeout 400 ms. */
+	start(&s, (const char *const[]){"--max-batch-rows", "64", "--max-queue-delay-us", "1500000",
+					"--max-queue-rows", "6", "--timeout-ms", "400", NULL});
+	float x[4 * IN_W];
+	fill_rows(x, 4, 9);
+	size_t len;
+	char *body = infer_body("held", x, 4, false, false, false, &len, NULL);
+	bg_req held = {.port = s.port, .body = body, .len = len};
+	pthread_t t;
+	uint64_t t0 = (uint64_t)time(NULL);
+	ck_assert_int_eq(pthread_create(&t, NULL, bg_post, &held), 0);
+	/* Wait until the 4 rows are queued. */
+	for (int i = 0; i < 200; i++) {
+		http_resp m;
+		ck_assert_int_eq(http_do(s.port, "GET", "/metrics", NULL, NULL, 0, &m), 0);
+		bool queued = strstr(m.body, "pipeserve_queue_rows{model=\"a\"} 4\n") != NULL;
+		http_resp_free(&m);
+		if (queued)
+			break;
+		sleep_ms(5);
+	}
+	/* 4 more rows do not fit: 429 at once. */
+	http_resp r;
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	ck_assert_msg(r.status == 429, "status %d: %s", r.status, r.body);
+	ck_assert_ptr_nonnull(strstr(r.body, "{\"error\":"));
+	http_resp_free(&r);
+	/* The held request times out in the queue (its delay is longer than the timeout): 503. */
+	pthread_join(t, NULL);
+	ck_assert_int_eq(held.rc, 0);
+	ck_assert_msg(held.r.status == 503, "status %d: %s", held.r.status, held.r.body);
+	ck_assert_ptr_nonnull(strstr(held.r.body, "queue"));
+	ck_assert_uint_lt((uint64_t)time(NULL) - t0, 5);
+	http_resp_free(&held.r);
+	/* The queue is empty again: a request fits (and waits out its delay). */
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	ck_assert_int_eq(r.status, 503); /* still the 400 ms timeout against the 1.5 s delay */
+	http_resp_free(&r);
+	free(body);
+	expect_status(s.port, "GET", "/metrics", 200,
+		      "pipeserve_request_failure_total{model=\"a\",code=\"429\"} 1\n");
+	expect_status(s.port, "GET", "/metrics", 200,
+		      "pipeserve_request_failure_total{model=\"a\",code=\"503\"} 2\n");
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* ---- concurrency ---- */
+
+typedef struct client {
+	int port;
+	unsigned id;
+	unsigned requests;
+	mbp_model *m;	    /* reference model (forward is thread-safe) */
+	mbp_model *alt;	    /* optional second acceptable model (reload test) */
+	_Atomic bool *stop; /* optional: run until set */
+	unsigned done, failed, mismatched;
+	char why[256];
+} client;
+
+static void *client_main(void *arg)
+{
+	client *c = arg;
+	int fd = http_connect(c->port);
+	if (fd < 0) {
+		snprintf(c->why, sizeof c->why, "connect failed");
+		c->failed++;
+		return NULL;
+	}
+	for (unsigned i = 0; c->stop ? !atomic_load(c->stop) : i < c->requests; i++) {
+		size_t rows = 1 + (c->id + i) % 5;
+		float x[5 * IN_W], want[5 * OUT_W], alt[5 * OUT_W], got[5 * OUT_W];
+		fill_rows(x, rows, c->id * 1000 + i);
+		char id[32];
+		snprintf(id, sizeof id, "c%u-%u", c->id, i);
+		size_t len, json_len;
+		bool bin = i % 3 == 2;
+		char *body = infer_body(id, x, rows, i % 2, bin, bin, &len, &json_len);
+		http_resp r;
+		int rc = post_infer(c->port, fd, "a", body, len, bin ? (long long)json_len : -1, &r);
+		free(body);
+		if (rc || r.status != 200) {
+			snprintf(c->why, sizeof c->why, "request %s: rc %d status %d %s", id, rc, r.status,
+				 r.body ? r.body : "");
+			c->failed++;
+			http_resp_free(&r);
+			if (rc) {
+				close(fd);
+				fd = http_connect(c->port);
+			}
+			continue;
+		}
+		decode_output(&r, id, rows, got);
+		http_resp_free(&r);
+		mbp_model_forward(c->m, x, want, rows, 0);
+		bool ok = true, have_alt = false;
+		for (size_t row = 0; row < rows && ok; row++) {
+			const float *g = got + row * OUT_W;
+			ok = close_enough(g, want + row * OUT_W, OUT_W);
+			if (!ok && c->alt) { /* a row runs with one version or the other, never a mix */
+				if (!have_alt)
+					mbp_model_forward(c->alt, x, alt, rows, 0);
+				have_alt = true;
+				ok = close_enough(g, alt + row * OUT_W, OUT_W);
+			}
+		}
+		if (!ok) {
+			snprintf(c->why, sizeof c->why, "request %s: wrong output", id);
+			c->mismatched++;
+		}
+		c->done++;
+	}
+	close(fd);
+	return NULL;
+}
+
+START_TEST(thirty_two_concurrent_clients_each_get_their_own_results)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-batch-rows", "16", "--max-queue-delay-us", "200", NULL});
+	mbp_model *m = load(model_a);
+	enum { CLIENTS = 32 };
+	client c[CLIENTS];
+	pthread_t t[CLIENTS];
+	unsigned per = (unsigned)mbp_iters(25, 4);
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		c[i] = (client){.port = s.port, .id = i, .requests = per, .m = m};
+		ck_assert_int_eq(pthread_create(&t[i], NULL, client_main, &c[i]), 0);
+	}
+	unsigned done = 0;
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_msg(c[i].failed == 0 && c[i].mismatched == 0, "client %u: %s", i, c[i].why);
+		done += c[i].done;
+	}
+	ck_assert_uint_eq(done, CLIENTS * per);
+	char line[128];
+	snprintf(line, sizeof line, "pipeserve_request_success_total{model=\"a\"} %u\n", done);
+	expect_status(s.port, "GET", "/metrics", 200, line);
+	mbp_model_destroy(m);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* ---- reload ---- */
+
+static void post_load(int port, const char *file, int want)
+{
+	char body[700];
+	snprintf(body, sizeof body, "{\"parameters\":{\"path\":\"%s\"}}", file);
+	http_resp r;
+	ck_assert_int_eq(http_do(port, "POST", "/v2/repository/models/a/load", NULL, body, strlen(body), &r),
+			 0);
+	ck_assert_msg(r.status == want, "load %s: status %d (%s)", file, r.status, r.body);
+	http_resp_free(&r);
+}
+
+START_TEST(reload_under_load_fails_no_request)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-batch-rows", "8", NULL});
+	mbp_model *a = load(model_a), *b = load(model_b);
+	enum { CLIENTS = 8 };
+	_Atomic bool stop = false;
+	client c[CLIENTS];
+	pthread_t t[CLIENTS];
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		c[i] = (client){.port = s.port, .id = i, .m = a, .alt = b, .stop = &stop};
+		ck_assert_int_eq(pthread_create(&t[i], NULL, client_main, &c[i]), 0);
+	}
+	unsigned reloads = (unsigned)mbp_iters(6, 2);
+	for (unsigned i = 0; i < reloads; i++) {
+		sleep_ms(100);
+		post_load(s.port, i % 2 ? model_a : model_b, 200);
+	}
+	post_load(s.port, model_other, 400); /* another structure: refused, serving goes on */
+	post_load(s.port, model_b, 200);
+	sleep_ms(100);
+	atomic_store(&stop, true);
+	unsigned done = 0;
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_msg(c[i].failed == 0 && c[i].mismatched == 0, "client %u: %s", i, c[i].why);
+		done += c[i].done;
+	}
+	ck_assert_uint_gt(done, CLIENTS);
+	/* After the last reload, b answers, exactly. */
+	float x[3 * IN_W], want[3 * OUT_W], got[3 * OUT_W];
+	fill_rows(x, 3, 77);
+	ck_assert_int_eq(mbp_model_forward(b, x, want, 3, 32), 0);
+	size_t len;
+	char *body = infer_body("b", x, 3, false, false, false, &len, NULL);
+	http_resp r;
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	decode_output(&r, "b", 3, got);
+	ck_assert_msg(memcmp(got, want, sizeof want) == 0, "after the reload the output is not model b's");
+	http_resp_free(&r);
+	free(body);
+	char line[128];
+	snprintf(line, sizeof line, "pipeserve_reload_success_total{model=\"a\"} %u\n", reloads + 1);
+	expect_status(s.port, "GET", "/metrics", 200, line);
+	expect_status(s.port, "GET", "/metrics", 200, "pipeserve_reload_failure_total{model=\"a\"} 1\n");
+	mbp_model_destroy(a);
+	mbp_model_destroy(b);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* ---- shutdown ---- */
+
+START_TEST(sigterm_with_requests_in_flight_loses_none)
+{
+	make_models();
+	srv s;
+	/* Requests wait 400 ms for their micro-batch: the signal arrives while all of them are in flight. */
+	start(&s, (const char *const[]){"--max-batch-rows", "64", "--max-queue-delay-us", "400000", NULL});
+	mbp_model *m = load(model_a);
+	enum { N = 8 };
+	float x[N][2 * IN_W], want[N][2 * OUT_W], got[2 * OUT_W];
+	char *body[N];
+	bg_req q[N];
+	pthread_t t[N];
+	for (int i = 0; i < N; i++) {
+		fill_rows(x[i], 2, 100 + (unsigned)i);
+		ck_assert_int_eq(mbp_model_forward(m, x[i], want[i], 2, 0), 0);
+		char id[16];
+		snprintf(id, sizeof id, "s%d", i);
+		size_t len;
+		body[i] = infer_body(id, x[i], 2, false, false, false, &len, NULL);
+		q[i] = (bg_req){.port = s.port, .body = body[i], .len = len};
+		ck_assert_int_eq(pthread_create(&t[i], NULL, bg_post, &q[i]), 0);
+	}
+	for (int i = 0; i < 400; i++) { /* until all 16 rows wait */
+		http_resp mr;
+		ck_assert_int_eq(http_do(s.port, "GET", "/metrics", NULL, NULL, 0, &mr), 0);
+		bool all = strstr(mr.body, "pipeserve_queue_rows{model=\"a\"} 16\n") != NULL;
+		http_resp_free(&mr);
+		if (all)
+			break;
+		sleep_ms(2);
+	}
+	kill(s.pid, SIGTERM);
+	sleep_ms(50);
+	/* Draining: not ready, new infer requests refused with 503. */
+	expect_status(s.port, "GET", "/v2/health/ready", 400, NULL);
+	http_resp r;
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body[0], q[0].len, -1, &r), 0);
+	ck_assert_int_eq(r.status, 503);
+	http_resp_free(&r);
+	for (int i = 0; i < N; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_msg(q[i].rc == 0, "request %d lost", i);
+		char id[16];
+		snprintf(id, sizeof id, "s%d", i);
+		decode_output(&q[i].r, id, 2, got);
+		ck_assert(close_enough(got, want[i], 2 * OUT_W));
+		http_resp_free(&q[i].r);
+		free(body[i]);
+	}
+	ck_assert_int_eq(srv_stop(&s, 0), 0); /* exits by itself, status 0 */
+	mbp_model_destroy(m);
+	remove_models();
+}
+END_TEST
+
+/* ---- command line ---- */
+
+/* Run the server with `arg` and its output to /dev/null; @return its exit status. */
+static int run_status(const char *arg, const char *val)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		int devnull = open("/dev/null", O_WRONLY);
+		dup2(devnull, 1);
+		dup2(devnull, 2);
+		execl(PIPESERVE_BIN, PIPESERVE_BIN, arg, val, (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+START_TEST(help_and_bad_flags)
+{
+	ck_assert_int_eq(run_status("--help", NULL), 0);
+	ck_assert_int_eq(run_status("--max-batch-rows", "zero"), 2);
+	ck_assert_int_eq(run_status("--threads", "0"), 2);
+	ck_assert_int_eq(run_status("--no-such-flag", NULL), 2);
+	ck_assert_int_eq(run_status("--model", "/nonexistent.safetensors"), 1);
+	/* The demo model by default, named "demo". */
+	srv s;
+	ck_assert_int_eq(
+	    srv_start(&s, (const char *const[]){"--demo", "layers=2,in=8,hidden=16,out=4", NULL}), 0);
+	expect_status(s.port, "GET", "/v2/models/demo", 200, "\"shape\":[-1,8]");
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("pipeserve");
+	TCase *tc = tcase_create("server");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, every_endpoint_answers_per_the_protocol);
+	tcase_add_test(tc, infer_equals_the_library_output_in_every_encoding);
+	tcase_add_test(tc, every_bad_input_gets_its_status_and_the_server_keeps_serving);
+	tcase_add_test(tc, a_full_queue_answers_429_at_once_and_a_queued_request_times_out_with_503);
+	tcase_add_test(tc, thirty_two_concurrent_clients_each_get_their_own_results);
+	tcase_add_test(tc, reload_under_load_fails_no_request);
+	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
+	tcase_add_test(tc, help_and_bad_flags);
+	suite_add_tcase(s, tc);
+	return s;
+}

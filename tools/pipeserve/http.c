@@ -1,0 +1,543 @@
+/*
+ * pipeserve's HTTP layer: libmicrohttpd with an epoll thread pool (MHD_USE_EPOLL_INTERNAL_THREAD +
+ * MHD_OPTION_THREAD_POOL_SIZE) and suspend/resume, which thread-per-connection mode does not support.
+ *
+ * A request's life: the first call of the access handler resolves the route and makes the request's
+ * context; later calls collect the body (bounded by max_body_bytes: 413); the call with no more data
+ * answers it. An infer request is parsed, admitted into the batcher's bounded queue (429 when full), and
+ * its connection suspended; the batcher's completion callback resumes it from the pipeline's last stage
+ * thread, and the handler, called again, encodes the result. The connection is suspended before the
+ * request is queued, so a resume can never come first. A reload runs on a thread of its own (loading a
+ * file takes a while) and resumes its connection the same way.
+ *
+ * Shutdown (main.c): `draining` turns on, then main waits for `inflight` to reach zero. An infer request
+ * increments `inflight` before it reads `draining` and main stores `draining` before it reads `inflight`
+ * (both seq_cst): either the request sees draining and answers 503, or main waits for it.
+ */
+#include "config.h"
+
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+enum route {
+	R_NOT_FOUND,
+	R_SERVER_META, /* GET /v2 */
+	R_LIVE,	       /* GET /v2/health/live */
+	R_READY,       /* GET /v2/health/ready */
+	R_MODEL_META,  /* GET /v2/models/{name}[/versions/{v}] */
+	R_MODEL_READY, /* GET .../ready */
+	R_INFER,       /* POST .../infer */
+	R_LOAD,	       /* POST /v2/repository/models/{name}/load */
+	R_UNLOAD,      /* POST /v2/repository/models/{name}/unload */
+	R_INDEX,       /* POST /v2/repository/index */
+	R_METRICS,     /* GET /metrics */
+};
+
+enum phase { P_READING, P_WAITING, P_DONE };
+
+typedef struct ps_ctx {
+	ps_server *s;
+	struct MHD_Connection *conn;
+	enum route route;
+	bool post;	/* the route takes a body */
+	bool method_ok; /* the method matches the route */
+	int model_err;	/* 0, or 404 for an unknown model or version */
+	bool too_large; /* the body passed max_body_bytes: discarded, answer 413 */
+	bool admitted;	/* counted in s->inflight */
+	_Atomic int phase;
+	uint64_t t_start;
+	ps_buf body;
+	/* infer */
+	ps_infer_req rq;
+	ps_req job;
+	float *out;
+	/* reload */
+	int reload_status;
+	char *reload_path;
+	char err[256];
+} ps_ctx;
+
+/* ---- responses ---- */
+
+static enum MHD_Result send_buf(struct MHD_Connection *c, unsigned status, ps_buf *b, const char *ctype)
+{
+	struct MHD_Response *r;
+	if (b && b->len) {
+		r = MHD_create_response_from_buffer(b->len, b->p, MHD_RESPMEM_MUST_FREE);
+		if (r)
+			*b = (ps_buf){0}; /* the response owns it now */
+	} else {
+		r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+	}
+	if (!r)
+		return MHD_NO;
+	if (ctype)
+		MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+	enum MHD_Result ret = MHD_queue_response(c, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *msg)
+{
+	ps_buf b = {0};
+	if (ps_oip_encode_error(&b, msg)) {
+		ps_buf_free(&b);
+		return MHD_NO;
+	}
+	enum MHD_Result ret = send_buf(c, status, &b, "application/json");
+	ps_buf_free(&b);
+	return ret;
+}
+
+static enum MHD_Result send_empty(struct MHD_Connection *c, unsigned status)
+{
+	return send_buf(c, status, NULL, NULL);
+}
+
+/* ---- routing ---- */
+
+/* Split "/a/b/c" into at most `max` segments (pointers into the copy `tmp`). @return the count, or -1. */
+static int split_path(const char *url, char *tmp, size_t tmpn, char **seg, int max)
+{
+	size_t n = strlen(url);
+	if (n + 1 > tmpn || url[0] != '/')
+		return -1;
+	memcpy(tmp, url, n + 1);
+	if (n > 1 && tmp[n - 1] == '/')
+		tmp[n - 1] = '\0'; /* tolerate one trailing slash */
+	int k = 0;
+	for (char *p = tmp + 1; *p;) {
+		if (k == max)
+			return -1;
+		seg[k++] = p;
+		char *slash = strchr(p, '/');
+		if (!slash)
+			break;
+		*slash = '\0';
+		p = slash + 1;
+		if (!*p)
+			return -1; /* empty segment */
+	}
+	return k;
+}
+
+static void route_request(ps_ctx *x, const char *url, const char *method)
+{
+	ps_server *s = x->s;
+	char tmp[1024];
+	char *seg[8];
+	int n = split_path(url, tmp, sizeof tmp, seg, 8);
+	bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
+	bool post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+	x->route = R_NOT_FOUND;
+	x->method_ok = true;
+	if (n == 1 && strcmp(seg[0], "metrics") == 0) {
+		x->route = R_METRICS;
+		x->method_ok = get;
+		return;
+	}
+	if (n < 1 || strcmp(seg[0], "v2") != 0)
+		return;
+	if (n == 1) {
+		x->route = R_SERVER_META;
+		x->method_ok = get;
+	} else if (n == 3 && strcmp(seg[1], "health") == 0) {
+		if (strcmp(seg[2], "live") == 0)
+			x->route = R_LIVE;
+		else if (strcmp(seg[2], "ready") == 0)
+			x->route = R_READY;
+		x->method_ok = get;
+	} else if (strcmp(seg[1], "models") == 0 && n >= 3) {
+		/* models/{name}[/versions/{v}][/ready|/infer] */
+		int i = 3;
+		x->model_err = strcmp(seg[2], s->info.name) == 0 ? 0 : 404;
+		if (i < n && strcmp(seg[i], "versions") == 0) {
+			if (i + 1 >= n)
+				return;
+			if (!x->model_err && strcmp(seg[i + 1], s->info.version) != 0)
+				x->model_err = 404;
+			i += 2;
+		}
+		if (i == n) {
+			x->route = R_MODEL_META;
+			x->method_ok = get;
+		} else if (i + 1 == n && strcmp(seg[i], "ready") == 0) {
+			x->route = R_MODEL_READY;
+			x->method_ok = get;
+		} else if (i + 1 == n && strcmp(seg[i], "infer") == 0) {
+			x->route = R_INFER;
+			x->method_ok = post;
+		}
+	} else if (strcmp(seg[1], "repository") == 0) {
+		if (n == 3 && strcmp(seg[2], "index") == 0) {
+			x->route = R_INDEX;
+			x->method_ok = post;
+		} else if (n == 5 && strcmp(seg[2], "models") == 0) {
+			x->model_err = strcmp(seg[3], s->info.name) == 0 ? 0 : 404;
+			if (strcmp(seg[4], "load") == 0)
+				x->route = R_LOAD;
+			else if (strcmp(seg[4], "unload") == 0)
+				x->route = R_UNLOAD;
+			x->method_ok = post;
+		}
+	}
+	x->post = x->method_ok && post && x->route != R_NOT_FOUND;
+}
+
+/* ---- infer ---- */
+
+static void infer_done(ps_req *r)
+{
+	ps_ctx *x = r->arg;
+	/* release: publishes the job's results to the handler that runs after the resume (MHD's own lock
+	 * orders them too; this makes the hand-over explicit). */
+	atomic_store_explicit(&x->phase, P_DONE, memory_order_release);
+	MHD_resume_connection(x->conn);
+}
+
+static enum MHD_Result infer_fail(ps_ctx *x, unsigned status, const char *msg)
+{
+	ps_metrics_fail(&x->s->metrics, (int)status);
+	return send_error(x->conn, status, msg);
+}
+
+static enum MHD_Result infer_start(ps_ctx *x)
+{
+	ps_server *s = x->s;
+	if (!atomic_load(&s->ready))
+		return infer_fail(x, MHD_HTTP_SERVICE_UNAVAILABLE, "server not ready");
+	const char *hl =
+	    MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Inference-Header-Content-Length");
+	long long header_len = -1;
+	if (hl) {
+		header_len = ps_oip_parse_header_len(hl, x->body.len);
+		if (header_len < 0)
+			return infer_fail(x, MHD_HTTP_BAD_REQUEST,
+					  "malformed Inference-Header-Content-Length");
+	}
+	int st = ps_oip_parse_infer(&s->info, x->body.p ? x->body.p : "", x->body.len, header_len, &x->rq,
+				    x->err, sizeof x->err);
+	if (st)
+		return infer_fail(x, (unsigned)st, x->err);
+
+	/* Dekker with main's shutdown: count first, then look (see the file comment). */
+	atomic_fetch_add(&s->inflight, 1);
+	x->admitted = true;
+	if (atomic_load(&s->draining))
+		return infer_fail(x, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
+
+	x->out = malloc(x->rq.rows * s->info.out_width * sizeof(float));
+	if (!x->out)
+		return infer_fail(x, MHD_HTTP_CONTENT_TOO_LARGE, "request too large for memory");
+	int rc = ps_batcher_reserve(s->batcher, x->rq.rows);
+	if (rc == -EAGAIN)
+		return infer_fail(x, MHD_HTTP_TOO_MANY_REQUESTS, "queue full, retry later");
+	if (rc == -E2BIG)
+		return infer_fail(x, MHD_HTTP_CONTENT_TOO_LARGE,
+				  "request has more rows than the queue holds");
+	if (rc)
+		return infer_fail(x, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
+	x->job = (ps_req){.in = x->rq.in, .out = x->out, .rows = x->rq.rows, .done = infer_done, .arg = x};
+	atomic_store_explicit(&x->phase, P_WAITING, memory_order_relaxed);
+	MHD_suspend_connection(x->conn); /* before the enqueue: the completion may resume at once */
+	ps_batcher_enqueue(s->batcher, &x->job);
+	return MHD_YES;
+}
+
+static enum MHD_Result infer_finish(ps_ctx *x)
+{
+	ps_server *s = x->s;
+	const ps_req *r = &x->job;
+	if (r->status == -ETIMEDOUT) {
+		snprintf(x->err, sizeof x->err, "request waited more than %llu ms in the queue",
+			 (unsigned long long)s->cfg.timeout_ms);
+		return infer_fail(x, MHD_HTTP_SERVICE_UNAVAILABLE, x->err);
+	}
+	if (r->status) {
+		snprintf(x->err, sizeof x->err, "inference failed: %s", mbp_strerror(r->status));
+		return infer_fail(x, MHD_HTTP_INTERNAL_SERVER_ERROR, x->err);
+	}
+	ps_buf b = {0};
+	size_t json_len;
+	if (ps_oip_encode_infer(&s->info, &x->rq, x->out, &b, &json_len)) {
+		ps_buf_free(&b);
+		return infer_fail(x, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory encoding the response");
+	}
+	bool binary = json_len != b.len;
+	struct MHD_Response *resp = MHD_create_response_from_buffer(b.len, b.p, MHD_RESPMEM_MUST_FREE);
+	if (!resp) {
+		ps_buf_free(&b);
+		return MHD_NO;
+	}
+	if (binary) {
+		char hl[32];
+		snprintf(hl, sizeof hl, "%zu", json_len);
+		MHD_add_response_header(resp, "Inference-Header-Content-Length", hl);
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
+	} else {
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+	}
+	enum MHD_Result ret = MHD_queue_response(x->conn, MHD_HTTP_OK, resp);
+	MHD_destroy_response(resp);
+	atomic_fetch_add_explicit(&s->metrics.infer_ok, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&s->metrics.rows_ok, x->rq.rows, memory_order_relaxed);
+	ps_hist_observe(&s->metrics.request_ns, ps_now_ns() - x->t_start);
+	return ret;
+}
+
+/* ---- reload ---- */
+
+static void *reload_main(void *arg)
+{
+	ps_ctx *x = arg;
+	x->reload_status = ps_reload(x->s, x->reload_path, x->err, sizeof x->err);
+	atomic_store_explicit(&x->phase, P_DONE, memory_order_release);
+	MHD_resume_connection(x->conn);
+	return NULL;
+}
+
+static enum MHD_Result reload_start(ps_ctx *x)
+{
+	ps_server *s = x->s;
+	int st = ps_oip_parse_load(x->body.p ? x->body.p : "", x->body.len, &x->reload_path, x->err,
+				   sizeof x->err);
+	if (st)
+		return send_error(x->conn, (unsigned)st, x->err);
+	atomic_fetch_add(&s->inflight, 1);
+	x->admitted = true;
+	if (atomic_load(&s->draining))
+		return send_error(x->conn, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_t t;
+	atomic_store_explicit(&x->phase, P_WAITING, memory_order_relaxed);
+	MHD_suspend_connection(x->conn);
+	int rc = pthread_create(&t, &attr, reload_main, x);
+	pthread_attr_destroy(&attr);
+	if (rc) {
+		x->reload_status = MHD_HTTP_SERVICE_UNAVAILABLE;
+		snprintf(x->err, sizeof x->err, "cannot start a reload thread");
+		atomic_store_explicit(&x->phase, P_DONE, memory_order_release);
+		MHD_resume_connection(x->conn);
+	}
+	return MHD_YES;
+}
+
+/* ---- GET endpoints ---- */
+
+static enum MHD_Result send_metrics(ps_ctx *x)
+{
+	ps_server *s = x->s;
+	ps_metrics_view v = {.model = s->info.name,
+			     .ready = atomic_load(&s->ready),
+			     .inflight_requests = atomic_load(&s->inflight),
+			     .pipeline = ps_batcher_pipeline(s->batcher)};
+	ps_batcher_queue(s->batcher, &v.queue_requests, &v.queue_rows);
+	ps_buf b = {0};
+	if (ps_metrics_render(&s->metrics, &v, &b)) {
+		ps_buf_free(&b);
+		return send_error(x->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
+	}
+	enum MHD_Result ret = send_buf(x->conn, MHD_HTTP_OK, &b, "text/plain; version=0.0.4; charset=utf-8");
+	ps_buf_free(&b);
+	return ret;
+}
+
+static enum MHD_Result send_json(ps_ctx *x, int (*enc)(ps_ctx *, ps_buf *))
+{
+	ps_buf b = {0};
+	enum MHD_Result ret = enc(x, &b)
+				  ? send_error(x->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory")
+				  : send_buf(x->conn, MHD_HTTP_OK, &b, "application/json");
+	ps_buf_free(&b);
+	return ret;
+}
+
+static int enc_server(ps_ctx *x, ps_buf *b)
+{
+	return ps_oip_encode_server_metadata(mbp_version(), b);
+}
+
+static int enc_model(ps_ctx *x, ps_buf *b)
+{
+	return ps_oip_encode_model_metadata(&x->s->info, b);
+}
+
+static int enc_index(ps_ctx *x, ps_buf *b)
+{
+	ps_buf_adds(b, "[{\"name\":");
+	ps_buf_add_json_string(b, x->s->info.name);
+	ps_buf_adds(b, ",\"version\":");
+	ps_buf_add_json_string(b, x->s->info.version);
+	ps_buf_printf(b, ",\"state\":\"%s\"}]", atomic_load(&x->s->ready) ? "READY" : "UNAVAILABLE");
+	return b->oom ? -ENOMEM : 0;
+}
+
+/* Answer a request whose body (if any) is complete. */
+static enum MHD_Result dispatch(ps_ctx *x)
+{
+	ps_server *s = x->s;
+	struct MHD_Connection *c = x->conn;
+	if (x->route == R_NOT_FOUND)
+		return send_error(c, MHD_HTTP_NOT_FOUND, "not found");
+	if (!x->method_ok)
+		return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed");
+	if (x->model_err) {
+		if (x->route == R_INFER)
+			ps_metrics_fail(&s->metrics, 404);
+		return send_error(c, MHD_HTTP_NOT_FOUND, "unknown model or version");
+	}
+	if (x->too_large) {
+		if (x->route == R_INFER)
+			ps_metrics_fail(&s->metrics, 413);
+		return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "request body too large");
+	}
+	switch (x->route) {
+	case R_SERVER_META:
+		return send_json(x, enc_server);
+	case R_LIVE:
+		return send_empty(c, MHD_HTTP_OK);
+	case R_READY:
+	case R_MODEL_READY: /* the protocol: 200 means ready, 4xx not ready, empty body */
+		return send_empty(c, atomic_load(&s->ready) ? MHD_HTTP_OK : MHD_HTTP_BAD_REQUEST);
+	case R_MODEL_META:
+		return send_json(x, enc_model);
+	case R_INDEX:
+		return send_json(x, enc_index);
+	case R_METRICS:
+		return send_metrics(x);
+	case R_INFER:
+		return infer_start(x);
+	case R_LOAD:
+		return reload_start(x);
+	case R_UNLOAD:
+		return send_error(c, MHD_HTTP_BAD_REQUEST, "unloading the only model is not supported");
+	case R_NOT_FOUND:
+		break;
+	}
+	return send_error(c, MHD_HTTP_NOT_FOUND, "not found");
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+				  const char *version, const char *upload_data, size_t *upload_data_size,
+				  void **con_cls)
+{
+	ps_server *s = cls;
+	ps_ctx *x = *con_cls;
+	if (!x) {
+		x = calloc(1, sizeof *x);
+		if (!x)
+			return MHD_NO;
+		x->s = s;
+		x->conn = c;
+		x->t_start = ps_now_ns();
+		atomic_init(&x->phase, P_READING);
+		route_request(x, url, method);
+		*con_cls = x;
+		/* Answer on a later call, even without a body: a response queued on the first call counts as
+		 * "early" (before the body) and costs the keep-alive. */
+		if (!x->post)
+			return MHD_YES;
+		const char *cl =
+		    MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+		if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
+			x->too_large = true;
+			return dispatch(x); /* before reading it (MHD then closes the connection) */
+		}
+		return MHD_YES;
+	}
+	if (*upload_data_size) {
+		size_t n = *upload_data_size;
+		*upload_data_size = 0;
+		if (!x->post)
+			return MHD_YES; /* a body nobody asked for: ignore it */
+		if (x->too_large || x->body.len + n > s->cfg.max_body_bytes) {
+			x->too_large = true; /* keep reading, keep nothing */
+			ps_buf_free(&x->body);
+			return MHD_YES;
+		}
+		ps_buf_add(&x->body, upload_data, n);
+		if (x->body.oom) {
+			x->too_large = true;
+			ps_buf_free(&x->body);
+		}
+		return MHD_YES;
+	}
+	switch (
+	    atomic_load_explicit(&x->phase, memory_order_acquire)) { /* pairs with infer_done/reload_main */
+	case P_READING:
+		return dispatch(x);
+	case P_WAITING: /* not expected: we were resumed only once done */
+		return MHD_YES;
+	case P_DONE:
+		break;
+	}
+	if (x->route == R_INFER)
+		return infer_finish(x);
+	if (x->reload_status)
+		return send_error(c, (unsigned)x->reload_status, x->err);
+	return send_empty(c, MHD_HTTP_OK);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+			 enum MHD_RequestTerminationCode toe)
+{
+	ps_server *s = cls;
+	ps_ctx *x = *con_cls;
+	if (!x)
+		return;
+	*con_cls = NULL;
+	if (x->admitted)
+		atomic_fetch_sub(&s->inflight, 1);
+	ps_infer_req_clear(&x->rq);
+	ps_buf_free(&x->body);
+	free(x->out);
+	free(x->reload_path);
+	free(x);
+}
+
+int ps_http_start(ps_server *s)
+{
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+	struct addrinfo *ai = NULL;
+	char port[16];
+	snprintf(port, sizeof port, "%u", s->cfg.port);
+	int rc = getaddrinfo(s->cfg.host, port, &hints, &ai);
+	if (rc) {
+		ps_log("cannot resolve --host %s: %s", s->cfg.host, gai_strerror(rc));
+		return -EINVAL;
+	}
+	unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+	if (ai->ai_family == AF_INET6)
+		flags |= MHD_USE_IPv6;
+	s->mhd =
+	    MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+			     ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads,
+			     MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+			     (unsigned)120, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
+	freeaddrinfo(ai);
+	if (!s->mhd) {
+		ps_log("cannot listen on %s port %u", s->cfg.host, s->cfg.port);
+		return -EADDRINUSE;
+	}
+	const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+	s->port = di ? di->port : s->cfg.port;
+	return 0;
+}
+
+void ps_http_stop(ps_server *s)
+{
+	if (s->mhd)
+		MHD_stop_daemon(s->mhd);
+	s->mhd = NULL;
+}

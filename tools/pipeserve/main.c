@@ -1,0 +1,533 @@
+/*
+ * pipeserve: serve one mbpipe model over the Open Inference Protocol (KServe v2 REST).
+ *
+ * Start-up: parse the flags, load the model (--model FILE, or write and load the built-in random demo
+ * model), split it into stages by measured layer cost (mbp_model_balance), start the pipeline and the
+ * batcher, listen, print the address as the first line on stdout, then log (stderr) the model, the
+ * OpenBLAS kernel and the placement. SIGINT and SIGTERM are blocked in every thread and taken by the main
+ * thread with sigwait: on the first one, readiness turns false, new requests get 503, accepted ones
+ * finish, and the process exits 0; a second signal during that wait exits at once with status 1.
+ */
+#include "config.h"
+
+#include "server.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stddef.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+void ps_log(const char *fmt, ...)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	struct tm tm;
+	gmtime_r(&ts.tv_sec, &tm);
+	char line[1024];
+	int n =
+	    snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ pipeserve: ", tm.tm_year + 1900,
+		     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "%s\n", line); /* one call per line: lines from several threads do not interleave */
+}
+
+/* ---- flags ---- */
+
+static const char usage[] =
+    "usage: pipeserve [options]\n"
+    "Serve an mbpipe model over the Open Inference Protocol (KServe v2 REST) on HTTP/1.1.\n"
+    "\n"
+    "  --host ADDR              address to listen on (default 127.0.0.1)\n"
+    "  --port N                 port (default 8000); 0 picks a free one. The address listened on is\n"
+    "                           printed as the first line of standard output\n"
+    "  --model FILE             safetensors model (default: the built-in demo model)\n"
+    "  --name NAME              model name in URLs (default: the file's stem, or \"demo\")\n"
+    "  --demo SPEC              demo model shape: layers=N,in=N,hidden=N,out=N,seed=N,act=relu|gelu|none\n"
+    "                           (default layers=6,in=128,hidden=512,out=16,seed=1,act=relu)\n"
+    "  --stages N               pipeline stages (default: one per allowed CPU, at most one per layer)\n"
+    "  --max-batch-rows N       rows per micro-batch (default 32)\n"
+    "  --max-queue-delay-us N   longest wait for a micro-batch to fill (default 0)\n"
+    "  --max-queue-rows N       admission bound in rows; beyond it requests get 429 (default 4096)\n"
+    "  --max-inflight N         micro-batches in the pipeline at once (default 2 x stages)\n"
+    "  --timeout-ms N           a request still queued after N ms gets 503 (default 10000; 0: none)\n"
+    "  --max-body-bytes N       largest request body; beyond it 413 (default 16777216)\n"
+    "  --threads N              HTTP worker threads (default 2)\n"
+    "  --drain-timeout-ms N     on SIGTERM, longest wait for accepted requests (default 30000)\n"
+    "  --engine KEY=VAL,...     engine options (mbp_opts_parse keys: ring, ingress, spin_us, pin, cpus...)\n"
+    "  --help                   this text\n"
+    "\n"
+    "Endpoints: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/NAME[/versions/1][/ready],\n"
+    "POST /v2/models/NAME[/versions/1]/infer, POST /v2/repository/models/NAME/load with\n"
+    "{\"parameters\": {\"path\": \"FILE\"}} (live weight swap), POST /v2/repository/index, GET /metrics.\n";
+
+static int parse_u64(const char *flag, const char *v, uint64_t max, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	if (errno || end == v || *end || v[0] == '-' || x > max) {
+		fprintf(stderr, "pipeserve: %s wants an integer in [0, %llu], got \"%s\"\n", flag,
+			(unsigned long long)max, v);
+		return -1;
+	}
+	*out = x;
+	return 0;
+}
+
+/* The flags with a value: name, type of the ps_config field, where it is, and the range of a number. */
+typedef struct flag {
+	const char *name;
+	enum { F_STR, F_UNSIGNED, F_U32, F_U64, F_SIZE } kind;
+	size_t off;
+	uint64_t min, max;
+} flag;
+
+#define FLAG(name, kind, field, min, max)                                                                    \
+	{                                                                                                    \
+		name, kind, offsetof(ps_config, field), min, max                                             \
+	}
+static const flag flags[] = {
+    FLAG("host", F_STR, host, 0, 0),
+    FLAG("port", F_UNSIGNED, port, 0, 65535),
+    FLAG("model", F_STR, model_path, 0, 0),
+    FLAG("name", F_STR, name, 0, 0),
+    FLAG("demo", F_STR, demo, 0, 0),
+    FLAG("stages", F_UNSIGNED, stages, 0, MBP_MAX_STAGES),
+    FLAG("max-batch-rows", F_U32, max_batch_rows, 1, 65536),
+    FLAG("max-queue-delay-us", F_U64, max_queue_delay_us, 0, 60000000),
+    FLAG("max-queue-rows", F_SIZE, max_queue_rows, 1, 1u << 30),
+    FLAG("max-inflight", F_U32, max_inflight, 0, 65536),
+    FLAG("timeout-ms", F_U64, timeout_ms, 0, 86400000),
+    FLAG("max-body-bytes", F_SIZE, max_body_bytes, 1, (uint64_t)1 << 34),
+    FLAG("threads", F_UNSIGNED, threads, 1, 256),
+    FLAG("drain-timeout-ms", F_U64, drain_timeout_ms, 0, 86400000),
+    FLAG("engine", F_STR, mbp_conf, 0, 0),
+};
+#define NFLAGS (sizeof flags / sizeof flags[0])
+
+static int set_flag(ps_config *c, const flag *f, const char *arg)
+{
+	void *field = (char *)c + f->off;
+	if (f->kind == F_STR) {
+		*(const char **)field = arg;
+		return 0;
+	}
+	char name[64];
+	snprintf(name, sizeof name, "--%s", f->name);
+	uint64_t v;
+	if (parse_u64(name, arg, f->max, &v))
+		return -1;
+	if (v < f->min) {
+		fprintf(stderr, "pipeserve: %s must be at least %llu\n", name, (unsigned long long)f->min);
+		return -1;
+	}
+	switch (f->kind) {
+	case F_UNSIGNED:
+		*(unsigned *)field = (unsigned)v;
+		break;
+	case F_U32:
+		*(uint32_t *)field = (uint32_t)v;
+		break;
+	case F_U64:
+		*(uint64_t *)field = v;
+		break;
+	case F_SIZE:
+		*(size_t *)field = (size_t)v;
+		break;
+	case F_STR:
+		break;
+	}
+	return 0;
+}
+
+/* @return 0, 1 (--help shown), -1 (bad flags). */
+static int parse_flags(int argc, char **argv, ps_config *c)
+{
+	struct option opts[NFLAGS + 2];
+	for (size_t i = 0; i < NFLAGS; i++)
+		opts[i] = (struct option){flags[i].name, required_argument, NULL, 256 + (int)i};
+	opts[NFLAGS] = (struct option){"help", no_argument, NULL, 'h'};
+	opts[NFLAGS + 1] = (struct option){NULL, 0, NULL, 0};
+	*c = (ps_config){.host = "127.0.0.1",
+			 .port = 8000,
+			 .demo = "",
+			 .max_batch_rows = 32,
+			 .max_queue_rows = 4096,
+			 .timeout_ms = 10000,
+			 .max_body_bytes = 16u << 20,
+			 .threads = 2,
+			 .drain_timeout_ms = 30000};
+	int o;
+	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (o == 'h') {
+			fputs(usage, stdout);
+			return 1;
+		}
+		if (o < 256 || o >= 256 + (int)NFLAGS) {
+			fputs(usage, stderr);
+			return -1;
+		}
+		if (set_flag(c, &flags[o - 256], optarg))
+			return -1;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "pipeserve: unexpected argument \"%s\"\n%s", argv[optind], usage);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- model ---- */
+
+/* Parse the --demo spec over the defaults. @return 0 or -1 (message printed). */
+static int parse_demo(const char *spec, mbp_model_spec *ms)
+{
+	*ms = (mbp_model_spec){.layers = 6,
+			       .in = 128,
+			       .hidden = 512,
+			       .out = 16,
+			       .act = MBP_ACT_RELU,
+			       .dtype = MBP_DTYPE_F32,
+			       .seed = 1};
+	char buf[256];
+	if (strlen(spec) >= sizeof buf) {
+		fprintf(stderr, "pipeserve: --demo spec too long\n");
+		return -1;
+	}
+	strcpy(buf, spec);
+	char *save = NULL;
+	for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+		char *eq = strchr(kv, '=');
+		if (!eq)
+			goto bad;
+		*eq = '\0';
+		const char *k = kv, *val = eq + 1;
+		uint64_t v = 0;
+		if (strcmp(k, "act") == 0) {
+			if (strcmp(val, "relu") == 0)
+				ms->act = MBP_ACT_RELU;
+			else if (strcmp(val, "gelu") == 0)
+				ms->act = MBP_ACT_GELU;
+			else if (strcmp(val, "none") == 0)
+				ms->act = MBP_ACT_NONE;
+			else
+				goto bad;
+			continue;
+		}
+		if (parse_u64(k, val, UINT32_MAX, &v))
+			return -1;
+		if (strcmp(k, "layers") == 0)
+			ms->layers = (unsigned)v;
+		else if (strcmp(k, "in") == 0)
+			ms->in = (uint32_t)v;
+		else if (strcmp(k, "hidden") == 0)
+			ms->hidden = (uint32_t)v;
+		else if (strcmp(k, "out") == 0)
+			ms->out = (uint32_t)v;
+		else if (strcmp(k, "seed") == 0)
+			ms->seed = v;
+		else if (strcmp(k, "norm") == 0)
+			ms->norm = v != 0;
+		else
+			goto bad;
+	}
+	return 0;
+bad:
+	fprintf(stderr,
+		"pipeserve: bad --demo spec \"%s\" (keys: layers, in, hidden, out, seed, act, norm)\n", spec);
+	return -1;
+}
+
+/* Write the demo model into a fresh temporary directory, load it, remove the file (the mapping stays). */
+static int load_demo(ps_server *s)
+{
+	mbp_model_spec ms;
+	if (parse_demo(s->cfg.demo, &ms))
+		return -EINVAL;
+	const char *tmp = getenv("TMPDIR");
+	char dir[512], path[600];
+	snprintf(dir, sizeof dir, "%s/pipeserve-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir)) {
+		ps_log("cannot create a temporary directory for the demo model: %s", strerror(errno));
+		return -errno;
+	}
+	snprintf(path, sizeof path, "%s/demo.safetensors", dir);
+	int rc = mbp_model_write_random(path, &ms);
+	mbp_model_error e;
+	if (!rc)
+		rc = mbp_model_load(&s->model, path, &e);
+	if (rc)
+		ps_log("cannot make the demo model: %s", rc == e.code ? e.msg : mbp_strerror(rc));
+	unlink(path);
+	rmdir(dir);
+	return rc;
+}
+
+static int setup_model(ps_server *s)
+{
+	if (s->cfg.model_path) {
+		mbp_model_error e;
+		int rc = mbp_model_load(&s->model, s->cfg.model_path, &e);
+		if (rc) {
+			ps_log("cannot load the model: %s", e.msg);
+			return rc;
+		}
+		s->model_path = strdup(s->cfg.model_path);
+		if (!s->model_path)
+			return -ENOMEM;
+	} else {
+		int rc = load_demo(s);
+		if (rc)
+			return rc;
+	}
+	if (s->cfg.name) {
+		snprintf(s->name, sizeof s->name, "%s", s->cfg.name);
+	} else if (s->cfg.model_path) {
+		char tmp[512];
+		snprintf(tmp, sizeof tmp, "%s", s->cfg.model_path);
+		snprintf(s->name, sizeof s->name, "%s", basename(tmp));
+		char *dot = strrchr(s->name, '.');
+		if (dot && dot != s->name)
+			*dot = '\0';
+	} else {
+		snprintf(s->name, sizeof s->name, "demo");
+	}
+	if (!s->name[0] || strchr(s->name, '/')) {
+		ps_log("model name \"%s\" cannot appear in a URL", s->name);
+		return -EINVAL;
+	}
+
+	unsigned layers = mbp_model_layers(s->model);
+	unsigned stages = s->cfg.stages;
+	if (!stages) {
+		int ncpu = mbp_cpus_allowed(NULL, 0, NULL);
+		stages = ncpu > 0 ? (unsigned)ncpu : 1;
+	}
+	if (stages > layers)
+		stages = layers;
+	if (stages > MBP_MAX_STAGES)
+		stages = MBP_MAX_STAGES;
+	int rc = mbp_model_balance(s->model, stages, s->cfg.max_batch_rows, -1, &s->plan);
+	if (!rc)
+		rc = mbp_model_stages_new(&s->stages, s->model, &s->plan, s->cfg.max_batch_rows);
+	if (rc) {
+		ps_log("cannot split the model into %u stages: %s", stages, mbp_strerror(rc));
+		return rc;
+	}
+	s->info = (ps_model_info){.name = s->name,
+				  .version = "1",
+				  .platform = "mbpipe",
+				  .input_name = "input",
+				  .output_name = "output",
+				  .in_width = mbp_model_in_width(s->model),
+				  .out_width = mbp_model_out_width(s->model),
+				  .max_rows = s->cfg.max_queue_rows};
+	return 0;
+}
+
+static int setup_engine(ps_server *s)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	size_t errpos = 0;
+	if (mbp_opts_parse(&o, s->cfg.mbp_conf, &errpos)) {
+		ps_log("bad --engine option at offset %zu: \"%s\"", errpos, s->cfg.mbp_conf);
+		return -EINVAL;
+	}
+	o.in_row_bytes = s->info.in_width * sizeof(float);
+	unsigned nst = mbp_model_stages_count(s->stages);
+	mbp_stage_desc d[MBP_MAX_STAGES];
+	for (unsigned i = 0; i < nst; i++) {
+		int rc = mbp_model_stage_desc(s->stages, i, &d[i]);
+		if (rc)
+			return rc;
+	}
+	ps_batcher_cfg bc = {.max_batch_rows = s->cfg.max_batch_rows,
+			     .max_delay_ns = s->cfg.max_queue_delay_us * 1000,
+			     .max_queue_rows = s->cfg.max_queue_rows,
+			     .timeout_ns = s->cfg.timeout_ms * 1000000,
+			     .out_row_bytes = s->info.out_width * sizeof(float),
+			     .max_inflight = s->cfg.max_inflight ? s->cfg.max_inflight : 2 * nst};
+	int rc = ps_batcher_new(&s->batcher, &bc, &o, d, nst, &s->metrics);
+	if (rc)
+		ps_log("cannot start the pipeline: %s", mbp_strerror(rc));
+	return rc;
+}
+
+static void log_startup(ps_server *s)
+{
+	const ps_config *c = &s->cfg;
+	unsigned nst = mbp_model_stages_count(s->stages);
+	ps_log("start: mbpipe %s, model \"%s\" (%s), %u layers, %zu -> %zu floats per row, %u stages",
+	       mbp_version(), s->name, s->model_path ? s->model_path : "built-in demo",
+	       mbp_model_layers(s->model), s->info.in_width, s->info.out_width, nst);
+	ps_log("batching: max %u rows per micro-batch, delay %llu us, queue %zu rows, %u micro-batches in "
+	       "flight, "
+	       "timeout %llu ms, %u HTTP threads",
+	       c->max_batch_rows, (unsigned long long)c->max_queue_delay_us, c->max_queue_rows,
+	       c->max_inflight ? c->max_inflight : 2 * nst, (unsigned long long)c->timeout_ms, c->threads);
+	ps_log("blas: %s", mbp_blas_info());
+	if (mbp_blas_warning())
+		ps_log("blas warning: %s", mbp_blas_warning());
+	char text[4096];
+	mbp_model_plan_describe(&s->plan, text, sizeof text);
+	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+		ps_log("plan: %s", line);
+	mbp_pipeline *p = ps_batcher_pipeline(s->batcher);
+	mbp_placement pl[MBP_MAX_STAGES];
+	mbp_stage_stats ss[MBP_MAX_STAGES];
+	int n = mbp_pipeline_placement(p, pl, MBP_MAX_STAGES);
+	mbp_pipeline_stats ps;
+	int ns = mbp_pipeline_stats_get(p, &ps, ss, MBP_MAX_STAGES);
+	for (int i = 0; i < n && i < MBP_MAX_STAGES; i++) {
+		if (pl[i].pin_error)
+			ps_log("placement: stage %d (%s) -> unpinned (pinning failed: %s)", i,
+			       i < ns ? ss[i].name : "?", mbp_strerror(pl[i].pin_error));
+		else if (pl[i].cpu < 0)
+			ps_log("placement: stage %d (%s) -> not pinned", i, i < ns ? ss[i].name : "?");
+		else
+			ps_log("placement: stage %d (%s) -> cpu %d", i, i < ns ? ss[i].name : "?", pl[i].cpu);
+	}
+}
+
+int ps_reload(ps_server *s, const char *path, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&s->reload_mu);
+	int status = 0;
+	const char *file = path ? path : s->model_path;
+	mbp_model *next = NULL;
+	mbp_model_error e;
+	uint64_t t0 = ps_now_ns();
+	if (!file) {
+		snprintf(err, errlen,
+			 "the built-in demo model has no file: give {\"parameters\": {\"path\": FILE}}");
+		status = 400;
+	} else if (mbp_model_load(&next, file, &e)) {
+		snprintf(err, errlen, "cannot load the new weights: %s", e.msg);
+		status = 400;
+	} else {
+		int rc = mbp_model_swap(s->model, next);
+		if (rc) {
+			mbp_model_destroy(next);
+			snprintf(err, errlen, "cannot swap in %s: %s (the layer structure must be the same)",
+				 file, mbp_strerror(rc));
+			status = 400;
+		} else if (file != s->model_path) {
+			char *copy = strdup(file);
+			if (copy) {
+				free(s->model_path);
+				s->model_path = copy;
+			}
+		}
+	}
+	if (status) {
+		atomic_fetch_add_explicit(&s->metrics.reload_fail, 1, memory_order_relaxed);
+		ps_log("reload failed: %s", err);
+	} else {
+		atomic_fetch_add_explicit(&s->metrics.reload_ok, 1, memory_order_relaxed);
+		ps_log("reload: model \"%s\" now runs weights version %llu from %s (%.1f ms)", s->name,
+		       (unsigned long long)mbp_model_version(s->model), file,
+		       (double)(ps_now_ns() - t0) / 1e6);
+	}
+	pthread_mutex_unlock(&s->reload_mu);
+	return status;
+}
+
+/* ---- shutdown ---- */
+
+/* Wait until no admitted request is left, at most `ms` milliseconds. A second signal exits at once. */
+static bool wait_inflight(ps_server *s, const sigset_t *sigs, uint64_t ms)
+{
+	uint64_t end = ps_now_ns() + ms * 1000000;
+	while (atomic_load(&s->inflight)) {
+		if (ps_now_ns() >= end)
+			return false;
+		struct timespec ts = {0, 1000000};
+		int sig = sigtimedwait(sigs, NULL, &ts);
+		if (sig > 0) {
+			ps_log("second signal (%s) while draining: exiting now", strsignal(sig));
+			_exit(1);
+		}
+	}
+	return true;
+}
+
+int main(int argc, char **argv)
+{
+	static ps_server srv;
+	ps_server *s = &srv;
+	int pf = parse_flags(argc, argv, &s->cfg);
+	if (pf)
+		return pf > 0 ? 0 : 2;
+
+	/* Block the stop signals before any thread starts, so every thread inherits the mask and only the
+	 * main thread's sigwait takes them. */
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	pthread_mutex_init(&s->reload_mu, NULL);
+	ps_metrics_init(&s->metrics);
+	int rc = setup_model(s);
+	if (!rc)
+		rc = setup_engine(s);
+	if (!rc)
+		rc = ps_http_start(s);
+	if (rc) {
+		ps_batcher_destroy(s->batcher);
+		mbp_model_stages_destroy(s->stages);
+		mbp_model_destroy(s->model);
+		return 1;
+	}
+	atomic_store(&s->ready, true); /* before the address: a client may start the moment it reads it */
+	if (strchr(s->cfg.host, ':'))
+		printf("http://[%s]:%u\n", s->cfg.host, s->port);
+	else
+		printf("http://%s:%u\n", s->cfg.host, s->port);
+	fflush(stdout);
+	log_startup(s);
+	ps_log("start: listening on %s port %u", s->cfg.host, s->port);
+
+	int sig = 0;
+	while (sigwait(&sigs, &sig) != 0)
+		;
+	ps_log("stop: %s received; not ready, finishing %llu accepted requests", strsignal(sig),
+	       (unsigned long long)atomic_load(&s->inflight));
+	atomic_store(&s->ready, false);
+	atomic_store(&s->draining, true); /* pairs with the handlers' inflight increment (http.c) */
+	bool clean = wait_inflight(s, &sigs, s->cfg.drain_timeout_ms);
+	if (!clean)
+		ps_log("stop: %llu requests still running after %llu ms; draining the pipeline",
+		       (unsigned long long)atomic_load(&s->inflight),
+		       (unsigned long long)s->cfg.drain_timeout_ms);
+	ps_batcher_stop(s->batcher);
+	if (!clean && !wait_inflight(s, &sigs, 1000)) {
+		/* Suspended connections remain: stopping the HTTP daemon now would be undefined behaviour. */
+		ps_log("stop: requests left unanswered; exiting without a clean shutdown");
+		return 1;
+	}
+	ps_http_stop(s);
+	uint64_t ok = atomic_load(&s->metrics.infer_ok), failed = 0;
+	for (int i = 0; i < PS_FAIL_N; i++)
+		failed += atomic_load(&s->metrics.infer_fail[i]);
+	ps_batcher_destroy(s->batcher);
+	mbp_model_stages_destroy(s->stages);
+	mbp_model_destroy(s->model);
+	free(s->model_path);
+	ps_log("stopped: %llu infer requests answered, %llu failed", (unsigned long long)ok,
+	       (unsigned long long)failed);
+	return 0;
+}

@@ -1,0 +1,70 @@
+/*
+ * pipeserve: an Open Inference Protocol (KServe v2) HTTP server that runs one mbpipe model.
+ *
+ * Parts: main.c (flags, model and pipeline set-up, signals, shutdown), http.c (libmicrohttpd handlers and
+ * routing), batch.c (dynamic batching onto the pipeline), oip.c (protocol messages), metrics.c (/metrics).
+ * Only the public mbpipe API is used.
+ */
+#ifndef PIPESERVE_SERVER_H
+#define PIPESERVE_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <mbpipe.h>
+
+#include "batch.h"
+#include "metrics.h"
+#include "oip.h"
+
+typedef struct ps_config {
+	const char *host;	     /* 127.0.0.1 */
+	unsigned port;		     /* 8000; 0 picks a free port */
+	const char *model_path;	     /* NULL: the built-in demo model */
+	const char *name;	     /* NULL: the file's stem, or "demo" */
+	const char *demo;	     /* demo model spec "layers=4,in=64,hidden=256,out=16,seed=1" */
+	unsigned stages;	     /* 0: one per allowed CPU (at most one per layer) */
+	uint32_t max_batch_rows;     /* 32 */
+	uint64_t max_queue_delay_us; /* 0 */
+	size_t max_queue_rows;	     /* 4096 */
+	uint32_t max_inflight;	     /* micro-batches in the pipeline; 0: 2 x stages */
+	uint64_t timeout_ms;	     /* per-request queue timeout; 0: none. 10000 */
+	size_t max_body_bytes;	     /* 16 MiB */
+	unsigned threads;	     /* HTTP worker threads. 2 */
+	uint64_t drain_timeout_ms;   /* SIGTERM: longest wait for accepted requests. 30000 */
+	const char *mbp_conf;	     /* extra engine options, key=value,... (mbp_opts_parse) */
+} ps_config;
+
+typedef struct ps_server {
+	ps_config cfg;
+	ps_model_info info;
+	char name[128];
+	mbp_model *model;
+	mbp_model_stages *stages;
+	mbp_model_plan plan;
+	char *model_path; /* the file the current weights came from; NULL for the demo */
+	ps_batcher *batcher;
+	ps_metrics metrics;
+	struct MHD_Daemon *mhd;
+	unsigned port; /* the port actually bound */
+
+	_Atomic bool ready;	   /* serving; false before start and once stopping */
+	_Atomic bool draining;	   /* a stop signal arrived: new requests get 503 */
+	_Atomic uint64_t inflight; /* admitted requests not yet answered (and reloads running) */
+	pthread_mutex_t reload_mu; /* one reload at a time */
+} ps_server;
+
+/* Start listening (cfg.host, cfg.port); s->port receives the bound port. @return 0 or -errno. */
+int ps_http_start(ps_server *s);
+/* Stop listening and close every connection (call once nothing is suspended). */
+void ps_http_stop(ps_server *s);
+
+/* Log one line to stderr with a timestamp. */
+void ps_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Load `path` and swap it in (the HTTP layer runs this off its threads). 0, or an HTTP status with `err`. */
+int ps_reload(ps_server *s, const char *path, char *err, size_t errlen);
+
+#endif
