@@ -203,12 +203,21 @@ int mbp_pool_new(mbp_pool **pp, const mbp_pool_opts *o)
 		goto nomem;
 	p->mallocx_flags = MALLOCX_ARENA(p->arena) | MALLOCX_ALIGN(align) | MALLOCX_TCACHE_NONE;
 #endif
-	if (pthread_mutex_init(&p->depot.lock, NULL) != 0)
+	/* Adaptive (glibc): the critical sections are a few dozen instructions, so a contending cache owner
+	 * spins briefly instead of paying a futex sleep and wake-up (tens of microseconds here). */
+	pthread_mutexattr_t ma;
+	pthread_mutexattr_init(&ma);
+#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
+	pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+#endif
+	int rc = pthread_mutex_init(&p->depot.lock, &ma);
+	pthread_mutexattr_destroy(&ma);
+	if (rc != 0)
 		goto nomem_arena;
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* mbp__deadline() is CLOCK_MONOTONIC */
-	int rc = pthread_cond_init(&p->depot.cond, &ca);
+	rc = pthread_cond_init(&p->depot.cond, &ca);
 	pthread_condattr_destroy(&ca);
 	if (rc != 0) {
 		pthread_mutex_destroy(&p->depot.lock);
@@ -303,6 +312,10 @@ static void wake_waiters_locked(mbp_pool *p)
 static void cache_to_depot_locked(mbp_pool *p, struct mbp_pool_cache *c, uint32_t n)
 {
 	struct depot_mpmc *d = &p->depot;
+	if (MBP_UNLIKELY(n > c->count || d->nfree + n > p->max_buffers))
+		pool_die("pool %p: moving %" PRIu32 " of %" PRIu32
+			 " cached buffers into a depot holding %" PRIu32 " of %" PRIu32 ": corrupt counts",
+			 (void *)p, n, c->count, d->nfree, p->max_buffers);
 	if (n == 0)
 		return;
 	memcpy(&d->free[d->nfree], c->stack, n * sizeof(*c->stack));
@@ -452,7 +465,8 @@ static int grow_locked(mbp_pool *p, struct mbp__buf **out)
  * Take one buffer from the depot (refilling the cache when there is one), grow, or wait. The caller's cache,
  * if any, is empty.
  */
-static int depot_mpmc_get(mbp_pool *p, struct mbp_pool_cache *c, struct mbp__buf **out, int64_t timeout_ns)
+__attribute__((noinline)) static int depot_mpmc_get(mbp_pool *p, struct mbp_pool_cache *c,
+						    struct mbp__buf **out, int64_t timeout_ns)
 {
 	struct depot_mpmc *d = &p->depot;
 	uint64_t deadline = 0;
@@ -599,6 +613,33 @@ static struct mbp__buf *checked_buf(mbp_pool *p, mbp_mb *mb)
 	return b;
 }
 
+/* A release that goes through the depot: no cache, a full cache, or a getter waiting. */
+__attribute__((noinline)) static void put_slow(mbp_pool *p, struct mbp_pool_cache *c, struct mbp__buf *b)
+{
+	struct depot_mpmc *d = &p->depot;
+	pthread_mutex_lock(&d->lock);
+	if (c && atomic_load_explicit(&p->waiters, memory_order_relaxed) == 0) {
+		/* No getter waits (any more): keep this one on top of the cache, moving the coldest half of
+		 * the cache to the depot first if it is full. */
+		if (c->count == c->cap)
+			cache_to_depot_locked(p, c, c->cap - c->cap / 2);
+		pthread_mutex_unlock(&d->lock);
+		c->stack[c->count++] = b;
+		mbp__counter_add(&c->puts, 1);
+		return;
+	}
+	if (c) {
+		/* a getter waits: give it this buffer and everything the cache holds */
+		cache_to_depot_locked(p, c, c->count);
+		mbp__counter_add(&c->puts, 1);
+	} else {
+		atomic_fetch_add_explicit(&d->direct_puts, 1, memory_order_relaxed);
+	}
+	d->free[d->nfree++] = b; /* on top: the hottest is the next one out */
+	wake_waiters_locked(p);
+	pthread_mutex_unlock(&d->lock);
+}
+
 void mbp_pool_put(mbp_pool *p, mbp_pool_cache *c, mbp_mb *mb)
 {
 	struct mbp__buf *b = checked_buf(p, mb);
@@ -611,26 +652,11 @@ void mbp_pool_put(mbp_pool *p, mbp_pool_cache *c, mbp_mb *mb)
 #endif
 	POOL_ASAN_POISON(b->payload, p->payload_bytes);
 	/* relaxed: a hint; see the file comment for the release that races with a getter registering */
-	if (c && MBP_LIKELY(atomic_load_explicit(&p->waiters, memory_order_relaxed) == 0)) {
-		if (MBP_UNLIKELY(c->count == c->cap)) {
-			pthread_mutex_lock(&p->depot.lock);
-			cache_to_depot_locked(p, c, c->cap - c->cap / 2);
-			pthread_mutex_unlock(&p->depot.lock);
-		}
+	if (c && MBP_LIKELY(atomic_load_explicit(&p->waiters, memory_order_relaxed) == 0) &&
+	    MBP_LIKELY(c->count < c->cap)) {
 		c->stack[c->count++] = b;
 		mbp__counter_add(&c->puts, 1);
 		return;
 	}
-	struct depot_mpmc *d = &p->depot;
-	pthread_mutex_lock(&d->lock);
-	if (c) {
-		/* a getter waits: give it this buffer and everything the cache holds */
-		cache_to_depot_locked(p, c, c->count);
-		mbp__counter_add(&c->puts, 1);
-	} else {
-		atomic_fetch_add_explicit(&d->direct_puts, 1, memory_order_relaxed);
-	}
-	d->free[d->nfree++] = b; /* on top: the hottest is the next one out */
-	wake_waiters_locked(p);
-	pthread_mutex_unlock(&d->lock);
+	put_slow(p, c, b);
 }
