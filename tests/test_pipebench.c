@@ -213,7 +213,8 @@ START_TEST(help_lists_every_option_with_its_default)
 					   "--progress", "--help",    "--version"};
 	for (unsigned i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
 		ck_assert_msg(strstr(r.out, opts[i]), "--help does not mention %s", opts[i]);
-	ck_assert_msg(strstr(r.out, "[auto]") && strstr(r.out, "[10]") && strstr(r.out, "[mlp]"),
+	ck_assert_msg(strstr(r.out, "(default: auto)") && strstr(r.out, "(default: 10)") &&
+			  strstr(r.out, "(default: mlp)"),
 		      "--help lacks defaults");
 	run_free(&r);
 }
@@ -472,6 +473,87 @@ START_TEST(csv_has_a_header_and_one_line_per_size)
 }
 END_TEST
 
+START_TEST(trace_file_is_a_chrome_trace)
+{
+	char path[] = "/tmp/pipebench-test-trace-XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert(fd >= 0);
+	close(fd);
+	char arg[64];
+	snprintf(arg, sizeof(arg), "--trace=%s", path);
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8", "--mb=2",
+						 "--work-us=5", "--batches=2", "--warmup=1",
+						 "--baseline-runs=1", "--no-gantt", arg, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	fd = open(path, O_RDONLY);
+	ck_assert(fd >= 0);
+	char *text = slurp(fd);
+	close(fd);
+	unlink(path);
+	cJSON *doc = cJSON_Parse(text);
+	ck_assert_msg(doc != NULL, "the trace is not JSON");
+	cJSON *ev = cJSON_GetObjectItem(doc, "traceEvents");
+	ck_assert_msg(cJSON_IsArray(ev) && cJSON_GetArraySize(ev) > 0, "the trace has no traceEvents");
+	cJSON_Delete(doc);
+	free(text);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(progress_goes_to_stderr_only)
+{
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8",
+						 "--mb=2,4", "--work-us=5", "--batches=2", "--warmup=1",
+						 "--baseline-runs=1", "--json", "--progress", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.err, "\r["), "no progress bar on stderr: '%s'", r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON with the progress bar on");
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(duration_and_latency_target_choose_a_size_that_meets_it)
+{
+	/* 2 stages of 50 us per row over 32 rows: m=32 takes at least 3.2 ms a batch, m=4 about 2 ms; with a
+	 * target of 1 s every size meets it and the fastest is chosen, whatever the machine's load. */
+	struct run r = run((const char *const[]){
+	    "--workload=synthetic", "--stages=2", "--batch=32", "--mb=4,32", "--work-us=50",
+	    "--duration=0.05", "--warmup=1", "--baseline-runs=1", "--latency-target=1000", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_ptr_nonnull(doc);
+	cJSON *res = cJSON_GetObjectItem(doc, "results");
+	double best_rate = 0;
+	int best_m = 0;
+	for (cJSON *x = res->child; x; x = x->next) {
+		ck_assert(cJSON_GetObjectItem(x, "batches")->valueint >= 1);
+		if (cJSON_GetObjectItem(x, "rows_per_s")->valuedouble > best_rate) {
+			best_rate = cJSON_GetObjectItem(x, "rows_per_s")->valuedouble;
+			best_m = cJSON_GetObjectItem(x, "mb_rows")->valueint;
+		}
+	}
+	cJSON *best = cJSON_GetObjectItem(doc, "best");
+	ck_assert_int_eq(cJSON_GetObjectItem(best, "mb_rows")->valueint, best_m);
+	ck_assert(strstr(cJSON_GetObjectItem(best, "reason")->valuestring, "latency"));
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(more_stages_than_cpus_is_noted)
+{
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=3", "--cpus=0",
+						 "--batch=8", "--mb=2", "--work-us=5", "--batches=2",
+						 "--warmup=1", "--baseline-runs=1", "--no-gantt", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "note: 3 stages on 1 CPUs"), "no note: %s", r.out);
+	ck_assert_msg(strstr(r.out, "stage 2 (stage2) -> CPU 0"), "placement: %s", r.out);
+	run_free(&r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipebench");
@@ -489,6 +571,10 @@ static Suite *suite(void)
 	tcase_add_test(out, mlp_json_parses_and_names_the_blas_kernel);
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
 	tcase_add_test(out, csv_has_a_header_and_one_line_per_size);
+	tcase_add_test(out, trace_file_is_a_chrome_trace);
+	tcase_add_test(out, progress_goes_to_stderr_only);
+	tcase_add_test(out, duration_and_latency_target_choose_a_size_that_meets_it);
+	tcase_add_test(out, more_stages_than_cpus_is_noted);
 	suite_add_tcase(s, out);
 
 	TCase *bubble = tcase_create("bubble");
