@@ -260,6 +260,7 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 	ck_assert(num(cpus, "allowed") >= 1);
 	ck_assert(cJSON_GetArraySize(field(cpus, "used", cJSON_Array)) >= 1);
 	field(cpus, "oversubscribed", cJSON_True | cJSON_False);
+	ck_assert_int_eq(cJSON_GetArraySize(field(cpus, "loadavg", cJSON_Array)), 2);
 	cJSON *pl = field(doc, "placement", cJSON_Array);
 	ck_assert_int_eq(cJSON_GetArraySize(pl), (int)stages);
 	for (cJSON *p = pl->child; p; p = p->next) {

@@ -172,6 +172,7 @@ int main(int argc, char **argv)
 		}
 	}
 	pb_progress_end();
+	b.load_end = pb_loadavg();
 
 	switch (cfg.format) {
 	case PB_FMT_JSON:

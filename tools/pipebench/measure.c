@@ -80,7 +80,30 @@ int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned nc
 		return -1;
 	}
 	w->fill(w, b->in, cfg->batch);
+	/* the baseline pins its thread only when the engine pins its stages (pin=0 in the engine options) */
+	mbp_opts o;
+	const char *env = getenv("MBPIPE_OPTS");
+	mbp_opts_init(&o);
+	if (env)
+		(void)mbp_opts_parse(&o, env, NULL); /* validated by main */
+	if (cfg->engine_opts)
+		(void)mbp_opts_parse(&o, cfg->engine_opts, NULL);
+	b->pin = o.pin;
+	b->load_start = pb_loadavg();
+	b->load_end = -1;
 	return 0;
+}
+
+double pb_loadavg(void)
+{
+	double load = -1;
+	FILE *f = fopen("/proc/loadavg", "r");
+	if (f) {
+		if (fscanf(f, "%lf", &load) != 1)
+			load = -1;
+		fclose(f);
+	}
+	return load;
 }
 
 void pb_bench_fini(pb_bench *b)
@@ -190,7 +213,7 @@ int pb_baseline_run(pb_bench *b, unsigned runs, char *err, size_t errlen)
 		base->cap = cap;
 	}
 	struct seq_run sr = {.b = b, .runs = runs, .ms = base->ms + base->runs, .rc = -1};
-	sr.cpu = b->cfg->ncpus ? b->cfg->cpus[0] : -1;
+	sr.cpu = b->pin && b->cfg->ncpus ? b->cfg->cpus[0] : -1;
 	pthread_t th;
 	int rc = pthread_create(&th, NULL, seq_thread, &sr);
 	if (rc) {

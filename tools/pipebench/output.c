@@ -62,6 +62,13 @@ void pb_print_header(FILE *f, const pb_report *rep)
 		fprintf(f, "BLAS: %s\n", w->blas);
 	if (w->blas_warning[0])
 		fprintf(f, "warning: %s\n", w->blas_warning);
+	double load = b->load_end > b->load_start ? b->load_end : b->load_start;
+	if (load > (double)b->allowed)
+		fprintf(f,
+			"note: load average %.2f on %u allowed CPUs: other processes compete for the CPUs, "
+			"so the "
+			"figures are noisy and wake-ups slow\n",
+			load, b->allowed);
 	if (oversubscribed(rep))
 		fprintf(f,
 			"note: %u stages on %u CPUs: stages share CPUs and time-slice, waits skip their "
@@ -243,6 +250,8 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	cJSON_AddNumberToObject(cp, "allowed", b->allowed);
 	cJSON_AddItemToObject(cp, "used", cJSON_CreateIntArray(cfg->cpus, (int)b->ncpus));
 	cJSON_AddBoolToObject(cp, "oversubscribed", oversubscribed(rep));
+	double loads[2] = {b->load_start, b->load_end};
+	cJSON_AddItemToObject(cp, "loadavg", cJSON_CreateDoubleArray(loads, 2));
 
 	cJSON *pl = cJSON_AddArrayToObject(root, "placement");
 	for (unsigned s = 0; b->have_placement && s < w->stages; s++) {

@@ -185,12 +185,17 @@ typedef struct pb_bench {
 	pb_baseline base;
 	mbp_placement placement[MBP_MAX_STAGES];
 	bool have_placement;
+	bool pin;			  /* the engine pins stages: the baseline pins its thread too */
+	double load_start, load_end;	  /* 1-minute load average before and after (-1: unknown) */
 	uint64_t total_units, done_units; /* for the progress bar: batches run, or sizes done */
 } pb_bench;
 
 int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned ncpus, unsigned allowed,
 		  char *err, size_t errlen);
 void pb_bench_fini(pb_bench *b);
+
+/* The 1-minute load average, or -1 when /proc/loadavg cannot be read. */
+double pb_loadavg(void);
 
 /* Run the stages in order on one thread over the whole batch, `runs` times; adds to b->base, leaves the
  * output in b->seq. 0, or -1 with err set. */

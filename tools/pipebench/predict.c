@@ -89,9 +89,10 @@ unsigned pb_choose(const pb_result *r, unsigned n, double latency_target_ms, cha
 			best = i;
 	fmt_rate(a, sizeof(a), r[best].throughput);
 	fmt_rate(c, sizeof(c), r[fastest].throughput);
-	const char *tail = r[best].bubble_predicted < r[best].bubble - 0.05
-			       ? "the engine's hand-offs, not the schedule, cost the rest"
-			       : "the measured bubble follows the schedule";
+	const char *tail =
+	    r[best].bubble_predicted < r[best].bubble - 0.05
+		? "the rest is what the schedule does not model: hand-offs, wake-ups, time off the CPU"
+		: "the measured bubble follows the schedule";
 	if (best == fastest)
 		snprintf(why, whylen,
 			 "m=%u has the best throughput (%s) and every smaller size is more than 3%% slower; "
