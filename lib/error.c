@@ -3,6 +3,8 @@
 
 #include <mbpipe.h>
 
+#include "common.h"
+
 const char *mbp_strerror(int err)
 {
 	if (err > 0)
@@ -43,4 +45,13 @@ const char *mbp_version(void)
 unsigned mbp_version_hex(void)
 {
 	return MBP_VERSION_HEX;
+}
+
+/* MBP_VERIFY's failure path (lib/common.h): an invariant broke and data would be corrupted or lost, so
+ * report where and stop at once rather than run on. */
+void mbp__verify_failed(const char *expr, const char *file, int line, const char *func)
+{
+	fprintf(stderr, "mbpipe: %s:%d: %s: invariant failed: %s\n", file, line, func, expr);
+	fflush(stderr);
+	abort();
 }
