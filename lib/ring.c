@@ -101,6 +101,8 @@ int mbp__ring_push_wait_sp(struct mbp__ring *r, void *item, int64_t timeout_ns)
 			return -EPIPE;
 		if (mbp__ring_push_sp(r, item))
 			return 0;
+		if (mbp__ring_closed(r)) /* closed between the check above and the push */
+			return -EPIPE;
 		if (timeout_ns == 0)
 			return -EAGAIN;
 		if (deadline == 0)
@@ -114,6 +116,8 @@ int mbp__ring_push_wait_sp(struct mbp__ring *r, void *item, int64_t timeout_ns)
 int mbp__ring_pop_burst_wait_sc(struct mbp__ring *r, void **items, unsigned n, int64_t timeout_ns)
 {
 	uint64_t deadline = 0;
+	if (n == 0)
+		return -EINVAL; /* nothing could ever satisfy the wait: it would spin forever */
 	for (;;) {
 		unsigned got = mbp__ring_pop_burst_sc(r, items, n);
 		if (got)

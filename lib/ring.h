@@ -73,7 +73,7 @@ void mbp__ring_close(struct mbp__ring *r);
 /* Blocking forms: wait with the backoff of wait.h until the operation can proceed, the deadline passes
  * (timeout_ns < 0: forever, 0: just try) or the ring closes.
  * push: 0, -EAGAIN (timeout 0 and full), -ETIMEDOUT, -EPIPE (closed).
- * pop_burst: returns the count (>= 1) or -EAGAIN, -ETIMEDOUT, -EPIPE (closed and empty). */
+ * pop_burst: returns the count (>= 1) or -EAGAIN, -ETIMEDOUT, -EPIPE (closed and empty), -EINVAL (n == 0). */
 int mbp__ring_push_wait_sp(struct mbp__ring *r, void *item, int64_t timeout_ns);
 int mbp__ring_pop_burst_wait_sc(struct mbp__ring *r, void **items, unsigned n, int64_t timeout_ns);
 int mbp__ring_pop_wait_sc(struct mbp__ring *r, void **item, int64_t timeout_ns);
