@@ -16,7 +16,9 @@
  * it; an SPSC ring of RING_CAP pointers carries it to stage 2 (the second allowed CPU), which reads all of it
  * (sums its bytes, checked against what stage 1 wrote) and releases it. Three recycling policies over
  * HANDOFF_BUFS buffers:
- *   lifo     the pool, each stage with its own cache (most recently released first)
+ *   lifo     the pool, each stage with its own cache of 8 (the default; most recently released first)
+ *   lifo2    the same with caches of 2: a shorter reuse distance for a stage that only gets and one
+ *            that only releases, for one lock round trip per item and side
  *   fifo     a FIFO ring of free buffers from stage 2 back to stage 1 (least recently released first)
  *   malloc   malloc per item in stage 1, free in stage 2 (the process's malloc: jemalloc when linked)
  * so the cache effect of recycling order is measured, not claimed. Policies alternate per round.
@@ -242,8 +244,9 @@ static void part1(const size_t *sizes, int nsizes, double res[][M_COUNT])
 
 /* ---- Part 2: two-stage hand-off ---- */
 
-enum { P_LIFO, P_FIFO, P_MALLOC, P_COUNT };
-static const char *const policy_name[P_COUNT] = {"lifo", "fifo", "malloc"};
+enum { P_LIFO, P_LIFO2, P_FIFO, P_MALLOC, P_COUNT };
+static const char *const policy_name[P_COUNT] = {"lifo", "lifo2", "fifo", "malloc"};
+#define IS_POOL(policy) ((policy) == P_LIFO || (policy) == P_LIFO2)
 
 /* SPSC ring of pointers; spin, then yield (the machine is shared: never spin alone). */
 struct spsc {
@@ -278,6 +281,14 @@ static void *spsc_pop(struct spsc *q)
 	return p;
 }
 
+/* What one round of a policy measured: medians over its items, and the wall time per item. */
+enum { T_GET, T_WRITE, T_READ, T_PUT, T_COUNT };
+static const char *const phase_name[T_COUNT] = {"get", "write", "read", "put"};
+struct ho_result {
+	double phase[T_COUNT]; /* median ns per item of each phase */
+	double wall;	       /* ns per item, start to end, both stages */
+};
+
 struct handoff {
 	int policy;
 	size_t size;
@@ -286,7 +297,8 @@ struct handoff {
 	struct spsc fwd;  /* stage 1 -> stage 2: full buffers */
 	struct spsc back; /* fifo: stage 2 -> stage 1: free buffers */
 	pthread_barrier_t start;
-	uint64_t bad; /* stage 2: payloads whose sum was wrong */
+	uint32_t *t[T_COUNT]; /* per item: ns of each phase (stage 1: get, write; stage 2: read, put) */
+	uint64_t bad;	      /* stage 2: payloads whose sum was wrong */
 };
 
 /* Sum of the bytes of a buffer, 8 at a time: 16-bit lanes, folded before they can overflow. */
@@ -309,27 +321,44 @@ static void *stage2_main(void *arg)
 	struct handoff *h = arg;
 	pin(cpus[ncpus > 1 ? 1 : 0]);
 	mbp_pool_cache *c = NULL;
-	if (h->policy == P_LIFO && mbp_pool_cache_new(h->pool, &c) != 0)
+	if (IS_POOL(h->policy) && mbp_pool_cache_new(h->pool, &c) != 0)
 		abort();
 	pthread_barrier_wait(&h->start);
 	for (unsigned long i = 0; i < h->items; i++) {
 		void *p = spsc_pop(&h->fwd);
-		const void *data = h->policy == P_LIFO ? ((mbp_mb *)p)->data : p;
+		const void *data = IS_POOL(h->policy) ? ((mbp_mb *)p)->data : p;
+		uint64_t t0 = now_ns();
 		if (byte_sum(data, h->size) != (uint64_t)(i & 0xff) * h->size)
 			h->bad++;
-		if (h->policy == P_LIFO)
+		uint64_t t1 = now_ns();
+		if (IS_POOL(h->policy))
 			mbp_pool_put(h->pool, c, p);
 		else if (h->policy == P_FIFO)
 			spsc_push(&h->back, p);
 		else
 			free(p);
+		h->t[T_READ][i] = (uint32_t)(t1 - t0);
+		h->t[T_PUT][i] = (uint32_t)(now_ns() - t1);
 	}
 	mbp_pool_cache_destroy(c);
 	return NULL;
 }
 
-/* One round of a policy: ns per item, measured by stage 1 from the start barrier to stage 2's exit. */
-static double handoff_round(int policy, size_t size, unsigned long items)
+static double median_u32(uint32_t *v, unsigned long n)
+{
+	double *d = malloc(n * sizeof(*d));
+	if (!d)
+		abort();
+	for (unsigned long i = 0; i < n; i++)
+		d[i] = v[i];
+	double m = median(d, (int)n);
+	free(d);
+	return m;
+}
+
+/* One round of a policy. The wall time per item is what the two stages achieve together (preemption on
+ * a shared machine lands there); the per-phase medians are what each step costs when it runs. */
+static struct ho_result handoff_round(int policy, size_t size, unsigned long items)
 {
 	static struct handoff h;
 	memset(&h, 0, sizeof(h));
@@ -338,12 +367,17 @@ static double handoff_round(int policy, size_t size, unsigned long items)
 	h.items = items;
 	h.fwd.cap = RING_CAP;
 	h.back.cap = HANDOFF_BUFS;
+	for (int k = 0; k < T_COUNT; k++) {
+		h.t[k] = calloc(items, sizeof(uint32_t));
+		CHECK(h.t[k] != NULL);
+	}
 	void *fifo_mem[HANDOFF_BUFS];
 	mbp_pool_cache *c = NULL;
-	if (policy == P_LIFO) {
+	if (IS_POOL(policy)) {
 		mbp_pool_opts o;
 		mbp_pool_opts_init(&o);
 		o.buf_bytes = size;
+		o.cache_size = policy == P_LIFO2 ? 2 : 8;
 		o.max_buffers = HANDOFF_BUFS;
 		o.max_bytes = (size_t)1 << 30;
 		CHECK(mbp_pool_new(&h.pool, &o) == 0);
@@ -369,11 +403,12 @@ static double handoff_round(int policy, size_t size, unsigned long items)
 	if (pthread_create(&t, NULL, stage2_main, &h) != 0)
 		abort();
 	pthread_barrier_wait(&h.start);
-	uint64_t t0 = now_ns();
+	uint64_t start = now_ns();
 	for (unsigned long i = 0; i < items; i++) {
 		void *p;
 		void *data;
-		if (policy == P_LIFO) {
+		uint64_t t0 = now_ns();
+		if (IS_POOL(policy)) {
 			mbp_mb *mb;
 			CHECK(mbp_pool_get(h.pool, c, &mb, -1) == 0);
 			p = mb;
@@ -384,14 +419,21 @@ static double handoff_round(int policy, size_t size, unsigned long items)
 			p = data = malloc(size);
 			CHECK(p != NULL);
 		}
+		uint64_t t1 = now_ns();
 		memset(data, (int)(i & 0xff), size);
+		h.t[T_GET][i] = (uint32_t)(t1 - t0);
+		h.t[T_WRITE][i] = (uint32_t)(now_ns() - t1);
 		spsc_push(&h.fwd, p);
 	}
 	pthread_join(t, NULL);
-	uint64_t ns = now_ns() - t0;
+	struct ho_result r = {.wall = (double)(now_ns() - start) / (double)items};
 	pthread_barrier_destroy(&h.start);
 	CHECK(h.bad == 0);
-	if (policy == P_LIFO) {
+	for (int k = 0; k < T_COUNT; k++) {
+		r.phase[k] = median_u32(h.t[k], items);
+		free(h.t[k]);
+	}
+	if (IS_POOL(policy)) {
 		mbp_pool_cache_destroy(c);
 		mbp_pool_stats st;
 		mbp_pool_stats_get(h.pool, &st);
@@ -402,23 +444,30 @@ static double handoff_round(int policy, size_t size, unsigned long items)
 		for (unsigned i = 0; i < HANDOFF_BUFS; i++)
 			free(fifo_mem[i]);
 	}
-	return (double)ns / (double)items;
+	return r;
 }
 
-static void part2(const size_t *sizes, int nsizes, double res[][P_COUNT])
+static void part2(const size_t *sizes, int nsizes, struct ho_result res[][P_COUNT])
 {
 	pin(cpus[0]);
 	for (int s = 0; s < nsizes; s++) {
-		/* 128 MB written and read per round: at least 64 passes over the 64 buffers */
+		/* 128 MiB written and read per round: at least 32 passes over the 64 buffers */
 		unsigned long items = (unsigned long)((128ull << 20) / sizes[s]);
-		double r[P_COUNT][ROUNDS];
+		double r[P_COUNT][T_COUNT + 1][ROUNDS];
 		for (int p = 0; p < P_COUNT; p++)
-			handoff_round(p, sizes[s], items / 10); /* warm-up */
+			handoff_round(p, sizes[s], items / 8); /* warm-up */
 		for (int round = 0; round < ROUNDS; round++)
-			for (int p = 0; p < P_COUNT; p++)
-				r[p][round] = handoff_round(p, sizes[s], items);
-		for (int p = 0; p < P_COUNT; p++)
-			res[s][p] = median(r[p], ROUNDS);
+			for (int p = 0; p < P_COUNT; p++) {
+				struct ho_result one = handoff_round(p, sizes[s], items);
+				for (int k = 0; k < T_COUNT; k++)
+					r[p][k][round] = one.phase[k];
+				r[p][T_COUNT][round] = one.wall;
+			}
+		for (int p = 0; p < P_COUNT; p++) {
+			for (int k = 0; k < T_COUNT; k++)
+				res[s][p].phase[k] = median(r[p][k], ROUNDS);
+			res[s][p].wall = median(r[p][T_COUNT], ROUNDS);
+		}
 	}
 }
 
@@ -465,19 +514,24 @@ int main(void)
 		printf(" %12.1f %12.1f\n", gp[s][M_JEM] / gp[s][M_POOL], gp[s][M_JEMNT] / gp[s][M_POOL]);
 	}
 
-	double ho[NHO][P_COUNT];
+	struct ho_result ho[NHO][P_COUNT];
 	part2(ho_sizes, NHO, ho);
 	if (failures)
 		return 1;
-	printf("\nhand-off, ns per item (stage 1 on CPU %d writes all, stage 2 on CPU %d reads all; "
-	       "ring %u, %u buffers)\n",
+	printf("\nhand-off (stage 1 on CPU %d: get, write all; stage 2 on CPU %d: read all, put; ring %u, "
+	       "%u buffers)\nns per item: phases are medians over items, wall is the pair's throughput\n",
 	       cpus[0], cpus[ncpus > 1 ? 1 : 0], RING_CAP, HANDOFF_BUFS);
-	printf("%-6s %10s %10s %10s %10s %10s %14s\n", "size", "lifo", "fifo", "malloc", "fifo/lifo",
-	       "malloc/lifo", "lifo GB/s rd");
+	printf("%-6s %-7s %8s %8s %8s %8s %9s %9s %10s\n", "size", "policy", "get", "write", "read", "put",
+	       "wr+rd", "vs lifo", "wall");
 	for (int s = 0; s < NHO; s++)
-		printf("%-6s %10.0f %10.0f %10.0f %10.2f %10.2f %14.2f\n", ho_keys[s], ho[s][P_LIFO],
-		       ho[s][P_FIFO], ho[s][P_MALLOC], ho[s][P_FIFO] / ho[s][P_LIFO],
-		       ho[s][P_MALLOC] / ho[s][P_LIFO], (double)ho_sizes[s] / ho[s][P_LIFO]);
+		for (int p = 0; p < P_COUNT; p++) {
+			const struct ho_result *x = &ho[s][p];
+			double mem = x->phase[T_WRITE] + x->phase[T_READ];
+			double lifo = ho[s][P_LIFO].phase[T_WRITE] + ho[s][P_LIFO].phase[T_READ];
+			printf("%-6s %-7s %8.0f %8.0f %8.0f %8.0f %9.0f %9.2f %10.0f\n", ho_keys[s],
+			       policy_name[p], x->phase[T_GET], x->phase[T_WRITE], x->phase[T_READ],
+			       x->phase[T_PUT], mem, mem / lifo, x->wall);
+		}
 
 	bool target = gp[1][M_JEM] >= 5 * gp[1][M_POOL] && gp[2][M_JEM] >= 5 * gp[2][M_POOL];
 	printf("\nbench_pool: cpus=%d", ncpus);
@@ -485,8 +539,12 @@ int main(void)
 		for (int m = 0; m < M_COUNT; m++)
 			printf(" %s_%s_ns=%.1f", method_name[m], gp_keys[s], gp[s][m]);
 	for (int s = 0; s < NHO; s++)
-		for (int p = 0; p < P_COUNT; p++)
-			printf(" handoff_%s_%s_ns=%.0f", policy_name[p], ho_keys[s], ho[s][p]);
+		for (int p = 0; p < P_COUNT; p++) {
+			for (int k = 0; k < T_COUNT; k++)
+				printf(" %s_%s_%s_ns=%.0f", policy_name[p], ho_keys[s], phase_name[k],
+				       ho[s][p].phase[k]);
+			printf(" %s_%s_wall_ns=%.0f", policy_name[p], ho_keys[s], ho[s][p].wall);
+		}
 	printf(" target_5x_jem_64k_1m=%s\n", target ? "met" : "missed");
 	return failures ? 1 : 0;
 }
