@@ -1,7 +1,8 @@
 /*
  * pipebench Gantt chart: which stage computes which micro-batch when, during one batch, in the terminal.
  *
- * Two panels share one time scale: the chosen micro-batch size, and the whole batch sent as one unit. In
+ * The batch shown is the fastest one measured at that size: the one the machine's other load disturbed
+ * least. Two panels share one time scale: the chosen micro-batch size, and the whole batch sent as one unit. In
  * the second, each stage works only while the others wait (the bubble is (S-1)/S); in the first, the
  * stages overlap on different micro-batches and the batch ends sooner. The panels stand side by side when
  * the width allows, else one above the other.
@@ -135,8 +136,8 @@ void pb_gantt_print(FILE *f, const pb_timeline *a, const pb_timeline *b, unsigne
 		}
 	}
 	fprintf(f,
-		"\nOne batch, stage by stage (each column %.3g ms; a character names the micro-batch, '.' "
-		"idle):\n",
+		"\nThe fastest measured batch, stage by stage (each column %.3g ms; a character names the "
+		"micro-batch, '.' idle):\n",
 		scale / cols / 1e6);
 	int pw = (int)(LABEL + cols + 1);
 	if (side) {

@@ -8,6 +8,9 @@
  * the begin and end of every micro-batch it computes are stamped, which gives the Gantt chart of the last
  * batch without depending on the trace format.
  *
+ * The Gantt chart shows the fastest measured batch: the one the machine's other load disturbed least,
+ * which shows the schedule itself.
+ *
  * The measured bubble is the median over the batches of 1 - busy / (S x latency), where busy is the time
  * the stages spent computing that batch (from the stamps) and latency its submission to completion: the
  * idle share of the stages while a batch is in flight. The caller's own gaps between batches (checking
@@ -286,11 +289,11 @@ static void wrap_done(void *ctx, mbp_mb *mb)
 }
 
 /* One batch's bubble from its stamps: 1 - (time the stages spent computing it) / (S x its latency). */
-static double batch_bubble(const pb_timeline *tl, unsigned S, uint64_t latency_ns)
+static double batch_bubble(const uint64_t *stamps, size_t words, unsigned S, uint64_t latency_ns)
 {
 	double busy = 0;
-	for (size_t k = 0; k < (size_t)S * tl->mbs; k++) {
-		const uint64_t *t = tl->t + 2 * k;
+	for (size_t k = 0; k + 1 < words; k += 2) {
+		const uint64_t *t = stamps + k;
 		if (t[0] != UINT64_MAX && t[1] >= t[0])
 			busy += (double)(t[1] - t[0]);
 	}
@@ -334,7 +337,7 @@ static int make_opts(const pb_bench *b, uint32_t mb_rows, bool trace, mbp_opts *
 
 /* One batch: clear the output, submit, wait, check. 0 with *ns the batch latency, or -1 (r->error set). */
 static int run_batch(pb_bench *b, mbp_pipeline *p, uint32_t mb_rows, uint32_t mbs, pb_result *r, mbp_job *job,
-		     uint64_t *ns)
+		     uint64_t *start, uint64_t *ns)
 {
 	const pb_config *cfg = b->cfg;
 	pb_workload *w = b->w;
@@ -362,10 +365,13 @@ static int run_batch(pb_bench *b, mbp_pipeline *p, uint32_t mb_rows, uint32_t mb
 	if (w->check(w, b->out, b->ref, cfg->batch, err, sizeof(err)))
 		return failf(r, "%s", err);
 	/* the engine's stamps, when sane; else ours (which include the wake-up of this thread) */
-	if (job->done_ns > job->submit_ns && job->submit_ns >= t0 && job->done_ns <= t1)
+	if (job->done_ns > job->submit_ns && job->submit_ns >= t0 && job->done_ns <= t1) {
+		*start = job->submit_ns;
 		*ns = job->done_ns - job->submit_ns;
-	else
+	} else {
+		*start = t0;
 		*ns = t1 > t0 ? t1 - t0 : 1;
+	}
 	return 0;
 }
 
@@ -422,6 +428,46 @@ static void fill_stages(pb_result *r, const mbp_pipeline_stats *ps, const mbp_st
 	}
 }
 
+/* Keep a batch's stamps as the timeline, in ns from its start. */
+static void keep_timeline(pb_timeline *tl, const uint64_t *stamps, uint64_t start_ns, uint64_t span_ns)
+{
+	tl->span_ns = span_ns;
+	for (size_t k = 0; k < (size_t)tl->stages * tl->mbs * 2; k++)
+		tl->t[k] =
+		    stamps[k] == UINT64_MAX || stamps[k] < start_ns ? UINT64_MAX : stamps[k] - start_ns;
+}
+
+/* Make the pipeline of the workload's stages, each wrapped to stamp into its rows of `stamps`, and start
+ * it. 0, or -1 with r->error set (*p may then hold a pipeline to destroy). */
+static int start_pipeline(pb_bench *b, const mbp_opts *o, struct wrap *wraps, uint64_t *stamps, uint32_t mbs,
+			  mbp_pipeline **p, pb_result *r)
+{
+	pb_workload *w = b->w;
+	int rc = mbp_pipeline_new(p, o);
+	if (rc < 0)
+		return failf(r, "pipeline: %s", mbp_strerror(rc));
+	for (unsigned i = 0; i < w->stages; i++) {
+		wraps[i].inner = w->desc_of[i];
+		wraps[i].rec = stamps + (size_t)i * mbs * 2;
+		wraps[i].cap = mbs;
+		mbp_stage_desc d = w->desc_of[i];
+		d.fn = wrap_fn;
+		d.init = wrap_init;
+		d.fini = wrap_fini;
+		d.done = wrap_done;
+		d.ctx = &wraps[i];
+		rc = mbp_pipeline_add_stage(*p, &d);
+		if (rc < 0)
+			return failf(r, "stage %u: %s", i, mbp_strerror(rc));
+	}
+	rc = mbp_pipeline_start(*p);
+	if (rc < 0)
+		return failf(r, "pipeline start: %s", mbp_strerror(rc));
+	rc = mbp_pipeline_placement(*p, b->placement, MBP_MAX_STAGES);
+	b->have_placement = rc > 0;
+	return 0;
+}
+
 int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches, double duration_s,
 	       const char *trace_path, pb_result *r)
 {
@@ -433,6 +479,8 @@ int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches,
 	mbp_stage_stats *ss_a = NULL, *ss_b = NULL;
 	double *lat = NULL, *bub = NULL;
 	size_t nlat = 0, latcap = 0;
+	const size_t tl_words = (size_t)S * mbs * 2;
+	uint64_t *cur = NULL, fastest = UINT64_MAX;
 	mbp_pipeline *p = NULL;
 	mbp_opts o;
 	mbp_pipeline_stats ps_a, ps_b;
@@ -455,51 +503,21 @@ int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches,
 	wraps = calloc(S, sizeof(*wraps));
 	ss_a = calloc(S, sizeof(*ss_a));
 	ss_b = calloc(S, sizeof(*ss_b));
-	r->tl.t = malloc((size_t)S * mbs * 2 * sizeof(uint64_t));
-	if (!wraps || !ss_a || !ss_b || !r->tl.t) {
+	cur = malloc(tl_words * sizeof(uint64_t));
+	r->tl.t = malloc(tl_words * sizeof(uint64_t));
+	if (!wraps || !ss_a || !ss_b || !cur || !r->tl.t) {
 		failf(r, "out of memory");
 		goto out;
 	}
-	r->tl.mbs = mbs;
-	r->tl.stages = S;
-	r->tl.mb_rows = mb_rows;
-	for (unsigned i = 0; i < S; i++) {
-		wraps[i].inner = w->desc_of[i];
-		wraps[i].rec = r->tl.t + (size_t)i * mbs * 2;
-		wraps[i].cap = mbs;
-	}
-	memset(r->tl.t, 0xff, (size_t)S * mbs * 2 * sizeof(uint64_t));
-
-	rc = mbp_pipeline_new(&p, &o);
-	if (rc < 0) {
-		failf(r, "pipeline: %s", mbp_strerror(rc));
+	r->tl = (pb_timeline){.mbs = mbs, .stages = S, .mb_rows = mb_rows, .t = r->tl.t};
+	memset(cur, 0xff, tl_words * sizeof(uint64_t));
+	if (start_pipeline(b, &o, wraps, cur, mbs, &p, r))
 		goto out;
-	}
-	for (unsigned i = 0; i < S; i++) {
-		mbp_stage_desc d = w->desc_of[i];
-		d.fn = wrap_fn;
-		d.init = wrap_init;
-		d.fini = wrap_fini;
-		d.done = wrap_done;
-		d.ctx = &wraps[i];
-		rc = mbp_pipeline_add_stage(p, &d);
-		if (rc < 0) {
-			failf(r, "stage %u: %s", i, mbp_strerror(rc));
-			goto out;
-		}
-	}
-	rc = mbp_pipeline_start(p);
-	if (rc < 0) {
-		failf(r, "pipeline start: %s", mbp_strerror(rc));
-		goto out;
-	}
-	rc = mbp_pipeline_placement(p, b->placement, MBP_MAX_STAGES);
-	b->have_placement = rc > 0;
 
 	for (unsigned i = 0; i < warmup; i++) {
-		uint64_t ns;
+		uint64_t t0, ns;
 		jobs++;
-		if (run_batch(b, p, mb_rows, mbs, r, &job, &ns))
+		if (run_batch(b, p, mb_rows, mbs, r, &job, &t0, &ns))
 			goto stop;
 		b->done_units++;
 		pb_progress(b->done_units, b->total_units, label);
@@ -513,9 +531,9 @@ int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches,
 		if (duration_s > 0 ? (nlat > 0 && (double)(pb_now_ns() - t_start) / 1e9 >= duration_s)
 				   : nlat == batches)
 			break;
-		uint64_t ns;
+		uint64_t t0, ns;
 		jobs++;
-		if (run_batch(b, p, mb_rows, mbs, r, &job, &ns))
+		if (run_batch(b, p, mb_rows, mbs, r, &job, &t0, &ns))
 			goto stop;
 		if (nlat == latcap) {
 			latcap = latcap ? latcap * 2 : 64;
@@ -530,19 +548,17 @@ int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches,
 				goto stop;
 			}
 		}
-		bub[nlat] = batch_bubble(&r->tl, S, ns);
+		bub[nlat] = batch_bubble(cur, tl_words, S, ns);
+		if (ns < fastest) {
+			fastest = ns;
+			keep_timeline(&r->tl, cur, t0, ns);
+		}
 		lat[nlat++] = (double)ns;
 		lat_sum_ns += (double)ns;
 		if (duration_s <= 0) /* with a duration the bar counts sizes only */
 			b->done_units++;
 		pb_progress(b->done_units, b->total_units, label);
 	}
-	/* the timeline of the last batch, from its submission */
-	r->tl.span_ns = (uint64_t)lat[nlat - 1];
-	for (size_t k = 0; k < (size_t)S * mbs * 2; k++)
-		r->tl.t[k] = r->tl.t[k] == UINT64_MAX || r->tl.t[k] < job.submit_ns
-				 ? UINT64_MAX
-				 : r->tl.t[k] - job.submit_ns;
 	if (mbp_pipeline_stats_get(p, &ps_b, ss_b, S) < 0) {
 		failf(r, "statistics unavailable");
 		goto stop;
@@ -583,6 +599,7 @@ out:
 	free(ss_b);
 	free(lat);
 	free(bub);
+	free(cur);
 	return r->status;
 }
 

@@ -104,6 +104,16 @@ void pb_print_table(FILE *f, const pb_report *rep)
 		fprintf(f, "%s%s%s\n", i == rep->best ? "  <- best" : "", r->status ? "  FAILED: " : "",
 			r->status ? r->error : "");
 	}
+	unsigned ideal = S < rep->b->ncpus ? S : rep->b->ncpus;
+	for (unsigned i = 0; i < rep->nres; i++)
+		if (rep->res[i].speedup > 1.1 * ideal) {
+			fprintf(f,
+				"note: a speed-up above %u (stages that can run at once) means the "
+				"sequential baseline "
+				"ran slower than usual: other load on the machine\n",
+				ideal);
+			break;
+		}
 	if (rep->nres) {
 		const pb_result *r = &rep->res[rep->best];
 		fprintf(f, "\nbest micro-batch size: %u rows. %s.\n", r->mb_rows, rep->why);
