@@ -485,7 +485,8 @@ START_TEST(every_bad_input_gets_its_status_and_the_server_keeps_serving)
 	close(fd);
 	/* A request line that is not HTTP. */
 	fd = http_connect(s.port);
-	ck_assert_int_eq(write_all(fd, "\x16\x03\x01 garbage\r\n\r\n", 17), 0);
+	static const char not_http[] = "\x16\x03\x01 garbage\r\n\r\n";
+	ck_assert_int_eq(write_all(fd, not_http, sizeof not_http - 1), 0);
 	char sink[512];
 	(void)!recv(fd, sink, sizeof sink, 0);
 	close(fd);

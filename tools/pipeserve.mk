@@ -8,7 +8,7 @@ tools_pipeserve_pipeserve_SOURCES = \
 tools_pipeserve_pipeserve_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include
 tools_pipeserve_pipeserve_CFLAGS = $(AM_CFLAGS) $(MHD_CFLAGS) $(CJSON_CFLAGS)
 tools_pipeserve_pipeserve_LDADD = $(MBP_LIBS) $(MHD_LIBS) $(CJSON_LIBS)
-# dist_man_MANS += tools/pipeserve/pipeserve.1
+dist_man_MANS += tools/pipeserve/pipeserve.1
 
 # Tests: start the server on a loopback port picked at run time and talk to it over plain sockets; the
 # protocol parser alone, in process.
