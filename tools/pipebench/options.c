@@ -541,6 +541,26 @@ static int bad_size(const char *tok, char *err, size_t errlen)
 		    "--mb: '%s' is not a positive micro-batch size (N, A,B,C, A-B, A-B:STEP or auto)", tok);
 }
 
+/* "A-B" (doubling from A) or "A-B:STEP" (linear) into its parts; step 0 means doubling. 0, or -1. */
+static int parse_range(const char *tok, uint64_t *a, uint64_t *b, uint64_t *step)
+{
+	char buf[64];
+	if (strlen(tok) >= sizeof(buf))
+		return -1;
+	strcpy(buf, tok);
+	char *dash = strchr(buf, '-'), *colon = strchr(buf, ':');
+	if (!dash || dash == buf)
+		return -1;
+	*dash = 0;
+	if (colon)
+		*colon = 0;
+	*step = 0;
+	if (parse_u64(buf, 0, UINT32_MAX, a) || parse_u64(dash + 1, 0, UINT32_MAX, b) ||
+	    (colon && parse_u64(colon + 1, 1, UINT32_MAX, step)))
+		return -1;
+	return 0;
+}
+
 int pb_sizes_resolve(pb_config *cfg, char *err, size_t errlen)
 {
 	const char *s = cfg->mb_spec;
@@ -559,28 +579,15 @@ int pb_sizes_resolve(pb_config *cfg, char *err, size_t errlen)
 	strcpy(buf, s);
 	char *save = NULL;
 	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		char *dash = strchr(tok, '-');
-		if (dash == tok)
-			return bad_size(tok, err, errlen); /* "-4": negative */
-		if (!dash) {
+		if (!strchr(tok, '-')) {
 			if (parse_u64(tok, 0, UINT32_MAX, &a))
 				return bad_size(tok, err, errlen);
 			if (add_size(cfg, a, err, errlen))
 				return -1;
 			continue;
 		}
-		*dash = 0;
-		char *colon = strchr(dash + 1, ':');
-		if (colon)
-			*colon = 0;
-		if (parse_u64(tok, 0, UINT32_MAX, &a) || parse_u64(dash + 1, 0, UINT32_MAX, &b) ||
-		    (colon && parse_u64(colon + 1, 1, UINT32_MAX, &step))) {
-			if (dash)
-				*dash = '-';
-			if (colon)
-				*colon = ':';
+		if (parse_range(tok, &a, &b, &step)) /* also "-4": a negative size */
 			return bad_size(tok, err, errlen);
-		}
 		if (a == 0 || b == 0)
 			return add_size(cfg, 0, err, errlen);
 		if (b < a)
@@ -588,7 +595,7 @@ int pb_sizes_resolve(pb_config *cfg, char *err, size_t errlen)
 				    (unsigned long long)a, (unsigned long long)b);
 		if (b > cfg->batch)
 			return add_size(cfg, b, err, errlen);
-		for (uint64_t m = a; m <= b; m = colon ? m + step : m * 2)
+		for (uint64_t m = a; m <= b; m = step ? m + step : m * 2)
 			if (add_size(cfg, m, err, errlen))
 				return -1;
 		if (add_size(cfg, b, err, errlen))
