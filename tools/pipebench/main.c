@@ -61,6 +61,89 @@ static int prepare_size(pb_bench *b, uint32_t m, bool baseline, char *err, size_
 	return 0;
 }
 
+/* The sweep: for each size the baseline runs, then the pipeline, so that the two alternate. Stops at the
+ * first failure, which goes into rep. */
+static void sweep(pb_bench *b, pb_result *res, pb_report *rep)
+{
+	const pb_config *cfg = b->cfg;
+	char err[PB_ERR_MAX];
+	for (unsigned i = 0; i < cfg->nsizes && rep->status == 0; i++) {
+		uint32_t m = cfg->sizes[i];
+		if (prepare_size(b, m, true, err, sizeof(err))) {
+			rep->status = PB_EXIT_FAIL;
+			snprintf(rep->error, sizeof(rep->error), "%s", err);
+			break;
+		}
+		pb_measure(b, m, cfg->warmup, cfg->batches, cfg->duration_s, NULL, &res[i]);
+		rep->nres = i + 1;
+		if (res[i].status) {
+			rep->status = PB_EXIT_FAIL;
+			snprintf(rep->error, sizeof(rep->error), "m=%u: %.200s", m, res[i].error);
+		}
+	}
+	if (rep->nres)
+		rep->best = pb_choose(res, rep->nres, cfg->latency_target_ms, rep->why, sizeof(rep->why));
+}
+
+/* After the sweep: the whole batch as one unit for the Gantt chart, unless the sweep measured it; and the
+ * trace of the chosen size, a short run of its own with the activity log on. */
+static void measure_extras(pb_bench *b, pb_result *res, pb_result *single, pb_result *traced, pb_report *rep)
+{
+	const pb_config *cfg = b->cfg;
+	char err[PB_ERR_MAX];
+	if (rep->status || rep->nres == 0)
+		return;
+	if (cfg->gantt) {
+		for (unsigned i = 0; i < rep->nres; i++)
+			if (res[i].mb_rows == cfg->batch)
+				rep->single = &res[i];
+		if (!rep->single) {
+			if (prepare_size(b, cfg->batch, false, err, sizeof(err)) ||
+			    pb_measure(b, cfg->batch, 1, 1, 0, NULL, single)) {
+				rep->status = PB_EXIT_FAIL;
+				snprintf(rep->error, sizeof(rep->error), "whole batch: %.200s",
+					 single->status ? single->error : err);
+			}
+			rep->single = single;
+		}
+	}
+	if (rep->status == 0 && cfg->trace_path) {
+		uint32_t m = res[rep->best].mb_rows;
+		if (prepare_size(b, m, false, err, sizeof(err)) ||
+		    pb_measure(b, m, 1, 2, 0, cfg->trace_path, traced)) {
+			rep->status = PB_EXIT_FAIL;
+			snprintf(rep->error, sizeof(rep->error), "trace run: %.200s",
+				 traced->status ? traced->error : err);
+		}
+	}
+}
+
+static void print_report(pb_report *rep)
+{
+	const pb_config *cfg = rep->cfg;
+	switch (cfg->format) {
+	case PB_FMT_JSON:
+		if (pb_print_json(stdout, rep))
+			rep->status = PB_EXIT_FAIL;
+		break;
+	case PB_FMT_CSV:
+		pb_print_csv(stdout, rep);
+		break;
+	case PB_FMT_TABLE:
+		pb_print_table(stdout, rep);
+		if (cfg->gantt && rep->nres) {
+			const pb_result *best = &rep->res[rep->best];
+			pb_gantt_print(stdout, &best->tl,
+				       rep->single && rep->single != best ? &rep->single->tl : NULL,
+				       terminal_width());
+		}
+		if (cfg->trace_path && rep->status == 0)
+			printf("\ntrace of m=%u written to %s (open it in Perfetto or chrome://tracing)\n",
+			       rep->res[rep->best].mb_rows, cfg->trace_path);
+		break;
+	}
+}
+
 int main(int argc, char **argv)
 {
 	pb_config cfg;
@@ -114,6 +197,10 @@ int main(int argc, char **argv)
 		return PB_EXIT_FAIL;
 	}
 	res = calloc(cfg.nsizes, sizeof(*res));
+	if (!res) {
+		fprintf(stderr, "pipebench: out of memory\n");
+		return PB_EXIT_FAIL;
+	}
 	memset(&single, 0, sizeof(single));
 	memset(&traced, 0, sizeof(traced));
 	memset(&rep, 0, sizeof(rep));
@@ -121,80 +208,14 @@ int main(int argc, char **argv)
 	rep.w = w;
 	rep.b = &b;
 	rep.res = res;
-	if (!res) {
-		fprintf(stderr, "pipebench: out of memory\n");
-		return PB_EXIT_FAIL;
-	}
 	b.total_units =
 	    (uint64_t)cfg.nsizes * (cfg.warmup + cfg.baseline_runs + (cfg.duration_s > 0 ? 0 : cfg.batches));
 
-	/* the sweep, baseline and pipeline alternating size by size */
-	for (unsigned i = 0; i < cfg.nsizes && rep.status == 0; i++) {
-		uint32_t m = cfg.sizes[i];
-		if (prepare_size(&b, m, true, err, sizeof(err))) {
-			rep.status = PB_EXIT_FAIL;
-			snprintf(rep.error, sizeof(rep.error), "%s", err);
-			break;
-		}
-		pb_measure(&b, m, cfg.warmup, cfg.batches, cfg.duration_s, NULL, &res[i]);
-		rep.nres = i + 1;
-		if (res[i].status) {
-			rep.status = PB_EXIT_FAIL;
-			snprintf(rep.error, sizeof(rep.error), "m=%u: %.200s", m, res[i].error);
-		}
-	}
-	if (rep.nres)
-		rep.best = pb_choose(res, rep.nres, cfg.latency_target_ms, rep.why, sizeof(rep.why));
-
-	/* the whole batch as one unit, for the Gantt chart, unless the sweep measured it */
-	if (rep.status == 0 && cfg.gantt && rep.nres) {
-		for (unsigned i = 0; i < rep.nres; i++)
-			if (res[i].mb_rows == cfg.batch)
-				rep.single = &res[i];
-		if (!rep.single) {
-			if (prepare_size(&b, cfg.batch, false, err, sizeof(err)) ||
-			    pb_measure(&b, cfg.batch, 1, 1, 0, NULL, &single)) {
-				rep.status = PB_EXIT_FAIL;
-				snprintf(rep.error, sizeof(rep.error), "whole batch: %.200s",
-					 single.status ? single.error : err);
-			}
-			rep.single = &single;
-		}
-	}
-	/* the trace of the chosen size: a short run of its own with the activity log on */
-	if (rep.status == 0 && cfg.trace_path && rep.nres) {
-		uint32_t m = res[rep.best].mb_rows;
-		if (prepare_size(&b, m, false, err, sizeof(err)) ||
-		    pb_measure(&b, m, 1, 2, 0, cfg.trace_path, &traced)) {
-			rep.status = PB_EXIT_FAIL;
-			snprintf(rep.error, sizeof(rep.error), "trace run: %.200s",
-				 traced.status ? traced.error : err);
-		}
-	}
+	sweep(&b, res, &rep);
+	measure_extras(&b, res, &single, &traced, &rep);
 	pb_progress_end();
 	b.load_end = pb_loadavg();
-
-	switch (cfg.format) {
-	case PB_FMT_JSON:
-		if (pb_print_json(stdout, &rep))
-			rep.status = PB_EXIT_FAIL;
-		break;
-	case PB_FMT_CSV:
-		pb_print_csv(stdout, &rep);
-		break;
-	case PB_FMT_TABLE:
-		pb_print_table(stdout, &rep);
-		if (cfg.gantt && rep.nres) {
-			const pb_result *best = &res[rep.best];
-			pb_gantt_print(stdout, &best->tl,
-				       rep.single && rep.single != best ? &rep.single->tl : NULL,
-				       terminal_width());
-		}
-		if (cfg.trace_path && rep.status == 0)
-			printf("\ntrace of m=%u written to %s (open it in Perfetto or chrome://tracing)\n",
-			       res[rep.best].mb_rows, cfg.trace_path);
-		break;
-	}
+	print_report(&rep);
 	fflush(stdout);
 	if (rep.status)
 		fprintf(stderr, "pipebench: FAILED: %s\n", rep.error);
