@@ -244,7 +244,9 @@ int mbp_model_forward(mbp_model *m, const float *in, float *out, size_t rows, ui
  * Time every layer at a micro-batch size, on the calling thread or on one CPU.
  *
  * Runs each layer `reps` times (after one warm-up) on random input with single-threaded OpenBLAS (the
- * thread count is restored after) and keeps the median. Also estimates each layer boundary's hand-off
+ * thread count is restored after) and keeps the fastest run: the layer's cost on an uncontended core,
+ * which other processes' noise on a shared machine can only lengthen (a median of noisy runs splits a
+ * uniform model unevenly). Also estimates each layer boundary's hand-off
  * cost: a fixed 1 us for the ring and wake-up plus the time to copy the boundary's activations once
  * (what moving them to another core's cache costs, roughly).
  *

@@ -26,16 +26,12 @@
 
 #define HANDOFF_FIXED_NS 1000.0 /* ring hand-off and an occasional wake-up, per micro-batch */
 
-static int cmp_double(const void *a, const void *b)
+static double fastest(const double *v, unsigned n)
 {
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, unsigned n)
-{
-	qsort(v, n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+	double m = v[0];
+	for (unsigned i = 1; i < n; i++)
+		m = v[i] < m ? v[i] : m;
+	return m;
 }
 
 int mbp_model_profile(mbp_model *m, uint32_t mb_rows, unsigned reps, int cpu, double *layer_ns,
@@ -83,7 +79,7 @@ int mbp_model_profile(mbp_model *m, uint32_t mb_rows, unsigned reps, int cpu, do
 			mbp__layer_run(&m->l[l], &v->lw[l], x, y, mb_rows);
 			t[r] = (double)(mbp__now_ns() - t0);
 		}
-		layer_ns[l] = median(t, reps);
+		layer_ns[l] = fastest(t, reps);
 		if (!handoff_ns)
 			continue;
 		handoff_ns[l] = 0;
@@ -96,7 +92,7 @@ int mbp_model_profile(mbp_model *m, uint32_t mb_rows, unsigned reps, int cpu, do
 			__asm__ __volatile__("" ::"r"(y) : "memory"); /* keep the copy */
 			t[r] = (double)(mbp__now_ns() - t0);
 		}
-		handoff_ns[l] = HANDOFF_FIXED_NS + median(t, reps);
+		handoff_ns[l] = HANDOFF_FIXED_NS + fastest(t, reps);
 	}
 	mbp__version_put(v);
 	openblas_set_num_threads(threads);
