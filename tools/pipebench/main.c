@@ -91,7 +91,7 @@ static void measure_extras(pb_bench *b, pb_result *res, pb_result *single, pb_re
 {
 	const pb_config *cfg = b->cfg;
 	char err[PB_ERR_MAX];
-	if (rep->status || rep->nres == 0)
+	if (rep->status || !pb_best(rep))
 		return;
 	if (cfg->gantt) {
 		for (unsigned i = 0; i < rep->nres; i++)
@@ -108,7 +108,7 @@ static void measure_extras(pb_bench *b, pb_result *res, pb_result *single, pb_re
 		}
 	}
 	if (rep->status == 0 && cfg->trace_path) {
-		uint32_t m = res[rep->best].mb_rows;
+		uint32_t m = pb_best(rep)->mb_rows;
 		if (prepare_size(b, m, false, err, sizeof(err)) ||
 		    pb_measure(b, m, 1, 2, 0, cfg->trace_path, traced)) {
 			rep->status = PB_EXIT_FAIL;
@@ -131,15 +131,15 @@ static void print_report(pb_report *rep)
 		break;
 	case PB_FMT_TABLE:
 		pb_print_table(stdout, rep);
-		if (cfg->gantt && rep->nres) {
-			const pb_result *best = &rep->res[rep->best];
+		if (cfg->gantt && pb_best(rep)) {
+			const pb_result *best = pb_best(rep);
 			pb_gantt_print(stdout, &best->tl,
 				       rep->single && rep->single != best ? &rep->single->tl : NULL,
 				       terminal_width());
 		}
 		if (cfg->trace_path && rep->status == 0)
 			printf("\ntrace of m=%u written to %s (open it in Perfetto or chrome://tracing)\n",
-			       rep->res[rep->best].mb_rows, cfg->trace_path);
+			       pb_best(rep)->mb_rows, cfg->trace_path);
 		break;
 	}
 }

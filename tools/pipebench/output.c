@@ -101,29 +101,30 @@ void pb_print_table(FILE *f, const pb_report *rep)
 		for (unsigned s = 0; s < S; s++)
 			fprintf(f, " s%u %.0f/%.0f/%.0f", s, r->st[s].busy * 100, r->st[s].starved * 100,
 				r->st[s].blocked * 100);
-		fprintf(f, "%s%s%s\n", i == rep->best ? "  <- best" : "", r->status ? "  FAILED: " : "",
+		fprintf(f, "%s%s%s\n", r == pb_best(rep) ? "  <- best" : "", r->status ? "  FAILED: " : "",
 			r->status ? r->error : "");
 	}
 	unsigned ideal = S < rep->b->ncpus ? S : rep->b->ncpus;
 	for (unsigned i = 0; i < rep->nres; i++)
 		if (rep->res[i].speedup > 1.1 * ideal) {
-			fprintf(f,
-				"note: a speed-up above %u (stages that can run at once) means the "
-				"sequential baseline "
-				"ran slower than usual: other load on the machine\n",
-				ideal);
+			fprintf(
+			    f,
+			    "note: a speed-up above %u (stages that can run at once) means the sequential "
+			    "baseline ran slower than usual: other load on the machine\n",
+			    ideal);
 			break;
 		}
-	if (rep->nres) {
-		const pb_result *r = &rep->res[rep->best];
+	const pb_result *r = pb_best(rep);
+	static const pb_result none; /* the summary line is printed even when no size completed */
+	if (r)
 		fprintf(f, "\nbest micro-batch size: %u rows. %s.\n", r->mb_rows, rep->why);
-		fprintf(f,
-			"pipebench: workload=%s stages=%u cpus=%u batch=%u best_mb=%u rows_per_s=%.0f "
-			"speedup=%.2f "
-			"bubble=%.3f bubble_predicted=%.3f p99_ms=%.3f status=%s\n",
-			rep->w->kind, S, rep->b->ncpus, rep->cfg->batch, r->mb_rows, r->throughput,
-			r->speedup, r->bubble, r->bubble_predicted, r->p99_ms, rep->status ? "fail" : "ok");
-	}
+	else
+		r = &none;
+	fprintf(f,
+		"pipebench: workload=%s stages=%u cpus=%u batch=%u best_mb=%u rows_per_s=%.0f speedup=%.2f "
+		"bubble=%.3f bubble_predicted=%.3f p99_ms=%.3f status=%s\n",
+		rep->w->kind, S, rep->b->ncpus, rep->cfg->batch, r->mb_rows, r->throughput, r->speedup,
+		r->bubble, r->bubble_predicted, r->p99_ms, rep->status ? "fail" : "ok");
 	if (rep->status && rep->error[0])
 		fprintf(f, "FAILED: %s\n", rep->error);
 }
@@ -145,7 +146,7 @@ void pb_print_csv(FILE *f, const pb_report *rep)
 			rep->w->kind, S, rep->b->ncpus, rep->cfg->batch, r->mb_rows, r->mbs, r->batches,
 			r->throughput, r->speedup, r->p50_ms, r->p99_ms, r->mean_ms, r->bubble,
 			r->bubble_predicted, r->bubble_gpipe, r->bubble_window, r->predicted_ms,
-			rep->b->base.median_ms, i == rep->best, r->status ? "fail" : "ok");
+			rep->b->base.median_ms, r == pb_best(rep), r->status ? "fail" : "ok");
 		for (unsigned s = 0; s < S; s++)
 			fprintf(f, ",%d,%.4f,%.4f,%.4f,%.2f", r->st[s].cpu, r->st[s].busy, r->st[s].starved,
 				r->st[s].blocked, r->st[s].service_us);
@@ -287,17 +288,17 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	for (unsigned i = 0; i < rep->nres; i++)
 		cJSON_AddItemToArray(res, json_result(&rep->res[i]));
 
-	if (rep->nres) {
+	if (pb_best(rep)) {
 		cJSON *best = cJSON_AddObjectToObject(root, "best");
-		cJSON_AddNumberToObject(best, "mb_rows", rep->res[rep->best].mb_rows);
+		cJSON_AddNumberToObject(best, "mb_rows", pb_best(rep)->mb_rows);
 		cJSON_AddStringToObject(best, "reason", rep->why);
 	} else {
 		cJSON_AddNullToObject(root, "best");
 	}
 	if (cfg->gantt) {
 		cJSON *g = cJSON_AddArrayToObject(root, "gantt");
-		if (rep->nres && rep->res[rep->best].tl.t)
-			cJSON_AddItemToArray(g, json_timeline(&rep->res[rep->best].tl, false));
+		if (pb_best(rep) && pb_best(rep)->tl.t)
+			cJSON_AddItemToArray(g, json_timeline(&pb_best(rep)->tl, false));
 		if (rep->single && rep->single->tl.t)
 			cJSON_AddItemToArray(g, json_timeline(&rep->single->tl, true));
 	}

@@ -214,7 +214,8 @@ void pb_result_fini(pb_result *r);
 void pb_predict(pb_result *r);
 
 /* The best size among `n` results: the smallest within 3% of the best throughput, or with a latency target
- * the fastest whose p99 meets it. Writes the reason (one sentence) and returns the index. */
+ * the fastest whose p99 meets it. Writes the reason (one sentence) and returns the index; n when no size
+ * completed. */
 unsigned pb_choose(const pb_result *r, unsigned n, double latency_target_ms, char *why, size_t whylen);
 
 /* ---- output.c ---- */
@@ -231,6 +232,12 @@ typedef struct pb_report {
 	int status;		 /* exit status */
 	char error[PB_ERR_MAX];
 } pb_report;
+
+/* The chosen size's result, or NULL when no size completed. */
+static inline const pb_result *pb_best(const pb_report *rep)
+{
+	return rep->best < rep->nres && rep->res[rep->best].status == 0 ? &rep->res[rep->best] : NULL;
+}
 
 void pb_print_header(FILE *f, const pb_report *rep);
 void pb_print_table(FILE *f, const pb_report *rep);

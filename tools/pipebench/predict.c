@@ -52,7 +52,7 @@ unsigned pb_choose(const pb_result *r, unsigned n, double latency_target_ms, cha
 			fastest = i;
 	if (fastest == n) {
 		snprintf(why, whylen, "no size completed its measurement");
-		return 0;
+		return n;
 	}
 	if (latency_target_ms > 0) {
 		for (unsigned i = 0; i < n; i++)
