@@ -33,7 +33,7 @@
 
 #include "pipebench.h"
 
-#define JOB_TIMEOUT_NS	 (120 * INT64_C(1000000000)) /* a batch that takes longer is lost */
+#define JOB_TIMEOUT_NS	 (120 * INT64_C(1000000000)) /* at least; 50 slowest baselines if longer */
 #define DRAIN_TIMEOUT_NS (30 * INT64_C(1000000000))
 #define TRACE_EVENTS	 65536
 
@@ -349,11 +349,14 @@ static int run_batch(pb_bench *b, mbp_pipeline *p, uint32_t mb_rows, uint32_t mb
 	int rc = mbp_job_submit(p, job, -1);
 	if (rc < 0)
 		return failf(r, "submit failed: %s", mbp_strerror(rc));
-	rc = mbp_job_wait(job, JOB_TIMEOUT_NS);
+	/* a batch this late has lost micro-batches, unless the work itself is that long */
+	int64_t timeout = (int64_t)(b->base.max_ms * 50 * 1e6);
+	timeout = timeout > JOB_TIMEOUT_NS ? timeout : JOB_TIMEOUT_NS;
+	rc = mbp_job_wait(job, timeout);
 	uint64_t t1 = pb_now_ns();
 	if (rc < 0)
-		return failf(r, "a batch did not complete in %d s (micro-batches lost?): %s",
-			     (int)(JOB_TIMEOUT_NS / 1000000000), mbp_strerror(rc));
+		return failf(r, "a batch did not complete in %.0f s (micro-batches lost?): %s",
+			     (double)timeout / 1e9, mbp_strerror(rc));
 	if (job->status < 0) {
 		const char *why = w->stage_error ? w->stage_error(w) : NULL;
 		return failf(r, "a batch failed (%u of %u micro-batches): %s%s%s", job->mbs_failed, job->mbs,
