@@ -83,6 +83,12 @@ void pb_print_header(FILE *f, const pb_report *rep)
 			b->base.median_ms, b->base.runs, b->base.min_ms, b->base.max_ms, b->base.throughput);
 }
 
+/* Milliseconds with three significant digits and no exponent. */
+static void fmt_ms(char *buf, size_t n, double ms)
+{
+	snprintf(buf, n, ms >= 100 ? "%.0f" : ms >= 10 ? "%.1f" : ms >= 1 ? "%.2f" : "%.3f", ms);
+}
+
 void pb_print_table(FILE *f, const pb_report *rep)
 {
 	const unsigned S = rep->w->stages;
@@ -95,9 +101,11 @@ void pb_print_table(FILE *f, const pb_report *rep)
 			fprintf(f, "%7u %6u  FAILED: %s\n", r->mb_rows, r->mbs, r->error);
 			continue;
 		}
-		fprintf(f, "%7u %6u %10.0f %7.2f %8.3g %8.3g %6.3f %9.3f %6.3f ", r->mb_rows, r->mbs,
-			r->throughput, r->speedup, r->p50_ms, r->p99_ms, r->bubble, r->bubble_predicted,
-			r->bubble_gpipe);
+		char p50[16], p99[16];
+		fmt_ms(p50, sizeof(p50), r->p50_ms);
+		fmt_ms(p99, sizeof(p99), r->p99_ms);
+		fprintf(f, "%7u %6u %10.0f %7.2f %8s %8s %6.3f %9.3f %6.3f ", r->mb_rows, r->mbs,
+			r->throughput, r->speedup, p50, p99, r->bubble, r->bubble_predicted, r->bubble_gpipe);
 		for (unsigned s = 0; s < S; s++)
 			fprintf(f, " s%u %.0f/%.0f/%.0f", s, r->st[s].busy * 100, r->st[s].starved * 100,
 				r->st[s].blocked * 100);
