@@ -205,16 +205,19 @@ int pb_mlp_new(pb_workload **out, const pb_config *cfg, char *err, size_t errlen
 		if (mbp_model_layer_info(m->model, i, &li) == 0)
 			flops += li.flops;
 	}
-	if (cfg->model_path)
-		snprintf(w->desc, sizeof(w->desc),
-			 "mlp %s, %u layers, %u -> %u, %.1f MFLOP per row, %u stages", cfg->model_path,
-			 layers, mbp_model_in_width(m->model), mbp_model_out_width(m->model),
-			 (double)flops / 1e6, w->stages);
+	char work[32];
+	if (flops >= 1000000)
+		snprintf(work, sizeof(work), "%.1f MFLOP", (double)flops / 1e6);
 	else
-		snprintf(
-		    w->desc, sizeof(w->desc),
-		    "mlp generated (seed %llu), %u layers x %u wide, relu, %.1f MFLOP per row, %u stages",
-		    (unsigned long long)cfg->seed, layers, cfg->hidden, (double)flops / 1e6, w->stages);
+		snprintf(work, sizeof(work), "%.1f kFLOP", (double)flops / 1e3);
+	if (cfg->model_path)
+		snprintf(w->desc, sizeof(w->desc), "mlp %.100s, %u layers, %u -> %u, %s per row, %u stages",
+			 cfg->model_path, layers, mbp_model_in_width(m->model), mbp_model_out_width(m->model),
+			 work, w->stages);
+	else
+		snprintf(w->desc, sizeof(w->desc),
+			 "mlp generated (seed %llu), %u layers x %u wide, relu, %s per row, %u stages",
+			 (unsigned long long)cfg->seed, layers, cfg->hidden, work, w->stages);
 	snprintf(w->blas, sizeof(w->blas), "%s", mbp_blas_info());
 	const char *warn = mbp_blas_warning();
 	snprintf(w->blas_warning, sizeof(w->blas_warning), "%s", warn ? warn : "");

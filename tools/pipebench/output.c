@@ -12,8 +12,11 @@
 
 #include "pipebench.h"
 
+/* A stage's name at the chosen size (the mlp repartitions its layers for every size), else at any size. */
 static const char *stage_name(const pb_report *rep, unsigned s)
 {
+	if (pb_best(rep) && pb_best(rep)->st[s].name[0])
+		return pb_best(rep)->st[s].name;
 	for (unsigned i = 0; i < rep->nres; i++)
 		if (rep->res[i].st[s].name[0])
 			return rep->res[i].st[s].name;
@@ -42,7 +45,10 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	fprintf(f, "CPUs: %u allowed, using", b->allowed);
 	for (unsigned i = 0; i < b->ncpus; i++)
 		fprintf(f, "%s%d", i ? "," : " ", cfg->cpus[i]);
-	fprintf(f, "\nplacement:");
+	if (pb_best(rep) && rep->w->prepare) /* the stages' layers depend on the size */
+		fprintf(f, "\nplacement at m=%u:", pb_best(rep)->mb_rows);
+	else
+		fprintf(f, "\nplacement:");
 	if (b->have_placement)
 		for (unsigned s = 0; s < w->stages; s++) {
 			const char *name = stage_name(rep, s);
