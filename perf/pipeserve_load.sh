@@ -59,12 +59,14 @@ EOF
 run() {
 	label=$1
 	stages=$2
+	RUN=$((RUN + 1))
+	addr="$WORK/addr.$RUN" # a fresh file: never the previous server's address
 	# shellcheck disable=SC2086 # SERVER_ARGS is a list of flags
-	"$BIN" --port 0 --demo "$DEMO" --stages "$stages" $SERVER_ARGS >"$WORK/addr" 2>"$WORK/log.$label" &
+	"$BIN" --port 0 --demo "$DEMO" --stages "$stages" $SERVER_ARGS >"$addr" 2>"$WORK/log.$label" &
 	SERVER_PID=$!
 	url=
 	for _ in $(seq 1 200); do
-		url=$(head -n 1 "$WORK/addr" 2>/dev/null)
+		url=$(head -n 1 "$addr" 2>/dev/null)
 		[ -n "$url" ] && break
 		sleep 0.05
 	done
@@ -98,6 +100,7 @@ run() {
 }
 
 NCPU=$(nproc)
+RUN=0
 STAGES_ALL=0 # 0: one stage per allowed CPU (the server's default)
 echo "pipeserve_load: $NCPU CPUs, $CONNS connections, $ROWS rows x $IN_W floats per request, ${DURATION}s x $ROUNDS rounds, demo $DEMO" >&2
 echo "load before: $(uptime)" >&2
