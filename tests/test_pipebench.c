@@ -279,6 +279,10 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 	cJSON *res = field(doc, "results", cJSON_Array);
 	ck_assert_int_eq(cJSON_GetArraySize(res), (int)nsizes);
 	for (cJSON *r = res->child; r; r = r->next) {
+		/* against the median of all the baseline runs, the one the document reports */
+		double want = num(r, "rows_per_s") / num(base, "rows_per_s");
+		ck_assert_msg(fabs(num(r, "speedup") - want) <= 1e-9 * want,
+			      "speedup %g, rows_per_s ratio %g", num(r, "speedup"), want);
 		ck_assert(num(r, "mb_rows") >= 1);
 		ck_assert(num(r, "mbs") >= 1);
 		ck_assert(num(r, "batches") >= 1);

@@ -81,6 +81,9 @@ static void sweep(pb_bench *b, pb_result *res, pb_report *rep)
 			snprintf(rep->error, sizeof(rep->error), "m=%u: %.200s", m, res[i].error);
 		}
 	}
+	/* against the median of every baseline run, known only now */
+	for (unsigned i = 0; i < rep->nres; i++)
+		res[i].speedup = b->base.throughput > 0 ? res[i].throughput / b->base.throughput : 0;
 	if (rep->nres)
 		rep->best = pb_choose(res, rep->nres, cfg->latency_target_ms, rep->why, sizeof(rep->why));
 }

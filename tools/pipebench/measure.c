@@ -578,7 +578,7 @@ int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches,
 	r->bubble_window = ps_b.bubble;
 	qsort(bub, nlat, sizeof(double), cmp_double);
 	r->bubble = percentile(bub, nlat, 0.50);
-	r->speedup = b->base.throughput > 0 ? r->throughput / b->base.throughput : 0;
+	r->speedup = b->base.throughput > 0 ? r->throughput / b->base.throughput : 0; /* main: all runs */
 	fill_stages(r, &ps_b, ss_b, b->placement, S, nlat, mbs);
 	pb_predict(r);
 
