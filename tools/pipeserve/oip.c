@@ -217,8 +217,8 @@ static long long binary_size_param(const cJSON *tensor)
 	return (long long)v;
 }
 
-static int parse_input(const ps_model_info *mi, const cJSON *in, const char *bin, size_t bin_len,
-		       size_t *bin_pos, ps_infer_req *rq, char *err, size_t errlen)
+static int parse_input(const ps_model_info *mi, const cJSON *in, size_t json_len, const char *bin,
+		       size_t bin_len, size_t *bin_pos, ps_infer_req *rq, char *err, size_t errlen)
 {
 	if (!cJSON_IsObject(in))
 		FAIL(400, "each input must be an object");
@@ -277,6 +277,10 @@ static int parse_input(const ps_model_info *mi, const cJSON *in, const char *bin
 	}
 	if (!data)
 		FAIL(400, "input has no \"data\"");
+	/* Every number takes at least one byte of the JSON text: a shape that promises more elements than
+	 * that is refused before its buffer is allocated. */
+	if (total > json_len)
+		FAIL(400, "input data has fewer elements than its shape");
 	rq->owned = malloc(total * sizeof(float));
 	if (!rq->owned)
 		FAIL(413, "request too large for memory");
@@ -323,8 +327,8 @@ static int parse_outputs(const ps_model_info *mi, const cJSON *outs, bool all_bi
 	return 0;
 }
 
-static int parse_root(const ps_model_info *mi, const cJSON *root, const char *bin, size_t bin_len,
-		      ps_infer_req *rq, char *err, size_t errlen)
+static int parse_root(const ps_model_info *mi, const cJSON *root, size_t json_len, const char *bin,
+		      size_t bin_len, ps_infer_req *rq, char *err, size_t errlen)
 {
 	if (!cJSON_IsObject(root))
 		FAIL(400, "request must be a JSON object");
@@ -353,7 +357,7 @@ static int parse_root(const ps_model_info *mi, const cJSON *root, const char *bi
 	const cJSON *in;
 	cJSON_ArrayForEach(in, inputs)
 	{
-		int rc = parse_input(mi, in, bin, bin_len, &bin_pos, rq, err, errlen);
+		int rc = parse_input(mi, in, json_len, bin, bin_len, &bin_pos, rq, err, errlen);
 		if (rc)
 			return rc;
 	}
@@ -390,7 +394,7 @@ int ps_oip_parse_infer(const ps_model_info *mi, const char *body, size_t len, lo
 		snprintf(err, errlen, "malformed JSON");
 		return 400;
 	}
-	int rc = parse_root(mi, root, bin, bin_len, rq, err, errlen);
+	int rc = parse_root(mi, root, json_len, bin, bin_len, rq, err, errlen);
 	cJSON_Delete(root);
 	if (rc)
 		ps_infer_req_clear(rq);
