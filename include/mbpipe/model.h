@@ -83,7 +83,9 @@
  *   operation                                          | concurrency
  *   mbp_model_swap                                     | any thread, concurrently with running stages,
  *                                                      | forward and profile; swaps are serialised
- *   mbp_model_forward, mbp_model_profile, _balance     | any threads, concurrently (own scratch each)
+ *   mbp_model_forward                                  | any threads, concurrently (own scratch each)
+ *   mbp_model_profile, _balance                        | one at a time: they set OpenBLAS's process-wide
+ *                                                      | thread count to 1 for their duration
  *   describe/info getters, mbp_model_partition         | any thread
  *   mbp_blas_info, mbp_blas_warning                    | any thread
  *   load, destroy, stages_new/_add/_destroy            | one thread; destroy only after the pipeline
@@ -385,8 +387,9 @@ int mbp_model_write_random(const char *path, const mbp_model_spec *spec);
 /* ---- OpenBLAS ---- */
 
 /**
- * The OpenBLAS in use: "OpenBLAS <config> kernel <corename>, <n> threads". Static string; the thread
- * count is read at the first call.
+ * The OpenBLAS in use: "<openblas_get_config()>, kernel <corename>, <n> threads", e.g. "OpenBLAS 0.3.21
+ * DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64, kernel Zen, 2 threads". Static string; the thread count is
+ * read at the first call.
  */
 const char *mbp_blas_info(void);
 

@@ -38,8 +38,9 @@ static void probe(void)
 	const char *core = openblas_get_corename();
 	const char *config = openblas_get_config();
 	core = core ? core : "unknown";
-	snprintf(info, sizeof(info), "OpenBLAS %s, kernel %s, %d threads", config ? config : "?", core,
-		 openblas_get_num_threads());
+	config = config ? config : "?";
+	snprintf(info, sizeof(info), "%s%s, kernel %s, %d threads",
+		 strncmp(config, "OpenBLAS", 8) ? "OpenBLAS " : "", config, core, openblas_get_num_threads());
 	__builtin_cpu_init();
 	bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
 	if (!kernel_is_modern(core) && (avx512 || avx2)) {
