@@ -69,15 +69,22 @@ void mbp__futex_wake(_Atomic uint32_t *word, int n)
 
 enum mbp__backoff_next mbp__backoff_step(struct mbp__backoff *b, const struct mbp__wait_opts *o)
 {
-	if (b->start == 0)
-		b->start = mbp__now_ns();
-	/* Read the clock once every 32 pauses while spinning (a pause is about 40 ns on recent Xeons);
-	 * every yield is a syscall anyway, so read it every time there. */
-	uint64_t elapsed = mbp__now_ns() - b->start;
 	b->iter++;
+	/* Spinning: one pause per step, so the caller re-checks its condition after each pause (a step of
+	 * 32 pauses made a waiter see an item up to 2 us late), and the clock only once every
+	 * MBP__SPIN_STEPS_PER_CLOCK steps. Every yield is a syscall anyway, so read it every time there. */
+	if (b->spin_left) {
+		b->spin_left--;
+		mbp__cpu_relax();
+		return MBP__BACKOFF_AGAIN;
+	}
+	uint64_t now = mbp__now_ns();
+	if (b->start == 0)
+		b->start = now;
+	uint64_t elapsed = now - b->start;
 	if (!o->no_spin && elapsed < o->spin_ns) {
-		for (int i = 0; i < 32; i++)
-			mbp__cpu_relax();
+		b->spin_left = MBP__SPIN_STEPS_PER_CLOCK - 1;
+		mbp__cpu_relax();
 		return MBP__BACKOFF_AGAIN;
 	}
 	uint64_t spin = o->no_spin ? 0 : o->spin_ns;

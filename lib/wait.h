@@ -41,7 +41,13 @@ struct mbp__parker {
 struct mbp__backoff {
 	uint64_t start;
 	uint32_t iter;
+	uint32_t spin_left; /* spin steps left before the next clock read */
 };
+
+/* The spin step is one pause, so the waiter re-checks its condition within about one pause (60 ns here)
+ * of the peer's publication; the clock (about as costly as a pause on these VMs) is read once every
+ * MBP__SPIN_STEPS_PER_CLOCK steps, so the spin budget may overrun by that many pauses. */
+#define MBP__SPIN_STEPS_PER_CLOCK 32u
 
 enum mbp__backoff_next {
 	MBP__BACKOFF_AGAIN, /* re-check the condition now */
@@ -77,6 +83,7 @@ static inline void mbp__backoff_init(struct mbp__backoff *b)
 {
 	b->start = 0;
 	b->iter = 0;
+	b->spin_left = 0;
 }
 
 /* One step of the backoff; the caller re-checks its condition after MBP__BACKOFF_AGAIN. */
