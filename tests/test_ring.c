@@ -422,6 +422,27 @@ START_TEST(blocking_push_times_out_on_a_full_ring)
 }
 END_TEST
 
+/* The spin step ends when its time budget is spent (overrunning by a few pauses at most) and the yield step
+ * after it; then the backoff says PARK. */
+START_TEST(backoff_spins_then_yields_for_their_budgets_then_parks)
+{
+	struct mbp__wait_opts o = {.spin_ns = 200000, .yield_ns = 300000, .no_spin = false};
+	struct mbp__backoff b;
+	mbp__backoff_init(&b);
+	uint64_t t0 = mbp__now_ns();
+	uint32_t steps = 0;
+	while (mbp__backoff_step(&b, &o) == MBP__BACKOFF_AGAIN) {
+		steps++;
+		ck_assert_msg(mbp__now_ns() - t0 < 5000 * MS, "the backoff never said PARK");
+	}
+	uint64_t took = mbp__now_ns() - t0;
+	ck_assert_uint_ge(took, o.spin_ns + o.yield_ns);
+	ck_assert_uint_gt(steps, MBP__SPIN_STEPS_PER_CLOCK); /* many short steps, each a re-check */
+	/* once PARK, it stays PARK */
+	ck_assert_int_eq(mbp__backoff_step(&b, &o), MBP__BACKOFF_PARK);
+}
+END_TEST
+
 /* no_spin skips the spin step whatever its budget: with no yield budget the first step is already PARK. */
 START_TEST(no_spin_skips_the_spin_step)
 {
@@ -1000,6 +1021,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, blocking_pop_times_out_on_an_empty_ring, 0,
 			    (int)MBP_ARRAY_SIZE(timeout_opts));
 	tcase_add_loop_test(tc, blocking_push_times_out_on_a_full_ring, 0, (int)MBP_ARRAY_SIZE(timeout_opts));
+	tcase_add_test(tc, backoff_spins_then_yields_for_their_budgets_then_parks);
 	tcase_add_test(tc, no_spin_skips_the_spin_step);
 	suite_add_tcase(s, tc);
 
