@@ -101,7 +101,11 @@ struct mbp__trace_ev {
 
 /* Counters of one stage: single writer (its worker), relaxed readers. */
 struct mbp__stage_counters {
-	_Atomic uint64_t mbs, rows, failed, busy_ns, starved_ns, blocked_ns;
+	_Atomic uint64_t mbs, rows, failed;
+	/* Time spent in each state, and when the state under way began (0: not in it), so that a snapshot
+	 * counts a long computation or wait while it lasts, not all at once when it ends (see stats.c). */
+	_Atomic uint64_t busy_ns, starved_ns, blocked_ns;
+	_Atomic uint64_t busy_since, starved_since, blocked_since;
 	_Atomic uint64_t hist[MBP_HIST_BUCKETS];
 	/* completion, counted by whichever worker completes (last stage; stage 0 for abandoned work) */
 	_Atomic uint64_t done_mbs, done_failed_mbs, done_rows, done_jobs, done_failed_jobs;

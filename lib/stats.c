@@ -11,6 +11,15 @@
 
 #include "pipeline_internal.h"
 
+/* A time total including the state under way; partner of state_end() in worker.c. Read the total first
+ * (acquire), then `since`: a total that already includes the interval comes with `since` cleared. */
+static uint64_t timed(_Atomic uint64_t *total, _Atomic uint64_t *since, uint64_t now)
+{
+	uint64_t t = atomic_load_explicit(total, memory_order_acquire);
+	uint64_t t0 = atomic_load_explicit(since, memory_order_relaxed);
+	return t0 && now > t0 ? t + (now - t0) : t;
+}
+
 static void derive(mbp_pipeline_stats *ps, const mbp_stage_stats *ss, unsigned n, uint64_t busy_sum)
 {
 	double wall = (double)(ps->now_ns - ps->start_ns) / 1e9;
@@ -41,7 +50,8 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 		ps->mbs_completed += mbp__counter_get(&c->done_mbs);
 		ps->mbs_failed += mbp__counter_get(&c->done_failed_mbs);
 		ps->rows_completed += mbp__counter_get(&c->done_rows);
-		busy += mbp__counter_get(&c->busy_ns);
+		uint64_t busy_ns = timed(&c->busy_ns, &c->busy_since, ps->now_ns);
+		busy += busy_ns;
 		if (i >= n)
 			continue;
 		mbp_stage_stats *o = &ss[i];
@@ -51,9 +61,9 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 		o->mbs = mbp__counter_get(&c->mbs);
 		o->rows = mbp__counter_get(&c->rows);
 		o->failed = mbp__counter_get(&c->failed);
-		o->busy_ns = mbp__counter_get(&c->busy_ns);
-		o->starved_ns = mbp__counter_get(&c->starved_ns);
-		o->blocked_ns = mbp__counter_get(&c->blocked_ns);
+		o->busy_ns = busy_ns;
+		o->starved_ns = timed(&c->starved_ns, &c->starved_since, ps->now_ns);
+		o->blocked_ns = timed(&c->blocked_ns, &c->blocked_since, ps->now_ns);
 		for (unsigned b = 0; b < MBP_HIST_BUCKETS; b++)
 			o->hist[b] = mbp__counter_get(&c->hist[b]);
 		if (s->in) {

@@ -30,15 +30,37 @@ static inline bool cancelled(const struct mbp_pipeline *p)
 	return atomic_load_explicit(&((struct mbp_pipeline *)p)->cancel, memory_order_relaxed) != 0;
 }
 
+/* ---- time accounting ---- */
+
+/* Enter a timed state (busy, starved, blocked) at t0. */
+static inline void state_begin(_Atomic uint64_t *since, uint64_t t0)
+{
+	/* relaxed: read by stats snapshots only, ordered against the total by state_end's release */
+	atomic_store_explicit(since, t0, memory_order_relaxed);
+}
+
+/* Leave it at t1: clear `since` first, then publish the new total with release; partner: the acquire
+ * load of the total in stats.c, after which a reader that sees the new total also sees `since` cleared
+ * and does not count the interval twice. */
+static inline void state_end(_Atomic uint64_t *since, _Atomic uint64_t *total, uint64_t t0, uint64_t t1)
+{
+	atomic_store_explicit(since, 0, memory_order_relaxed);
+	atomic_store_explicit(total, atomic_load_explicit(total, memory_order_relaxed) + (t1 - t0),
+			      memory_order_release);
+}
+
 /* ---- waiting: one shape for every wait of a worker ---- */
 
 typedef bool (*ready_fn)(struct mbp__stage *s);
 
 /* Wait until ready(s), with the spin-yield-park backoff; flush the pool cache before parking so an idle
- * worker strands no buffer. Returns the nanoseconds spent. */
-static uint64_t wait_until(struct mbp__stage *s, struct mbp__parker *pk, ready_fn ready)
+ * worker strands no buffer. The time counts as starved (waiting for input) or blocked (for room). */
+static void wait_until(struct mbp__stage *s, struct mbp__parker *pk, ready_fn ready, bool starved)
 {
+	_Atomic uint64_t *since = starved ? &s->c.starved_since : &s->c.blocked_since;
+	_Atomic uint64_t *total = starved ? &s->c.starved_ns : &s->c.blocked_ns;
 	uint64_t t0 = mbp__now_ns();
+	state_begin(since, t0);
 	struct mbp__backoff b;
 	mbp__backoff_init(&b);
 	while (!ready(s)) {
@@ -52,7 +74,7 @@ static uint64_t wait_until(struct mbp__stage *s, struct mbp__parker *pk, ready_f
 		}
 		mbp__parker_sleep(pk, UINT64_MAX);
 	}
-	return mbp__now_ns() - t0;
+	state_end(since, total, t0, mbp__now_ns());
 }
 
 static bool ring_in_ready(struct mbp__stage *s)
@@ -83,7 +105,7 @@ static unsigned link_pop(struct mbp__stage *s, void **items)
 			return n;
 		if (mbp__ring_closed(s->in)) /* drain what was pushed before the close */
 			return mbp__ring_pop_burst_sc(s->in, items, BURST);
-		mbp__counter_add(&s->c.starved_ns, wait_until(s, &s->in->cons_park, ring_in_ready));
+		wait_until(s, &s->in->cons_park, ring_in_ready, true);
 	}
 }
 
@@ -92,7 +114,7 @@ static void link_push(struct mbp__stage *s, mbp_mb *mb)
 	while (!mbp__ring_push_sp(s->out, mb)) {
 		/* only this thread closes its output ring, and only after its last push */
 		MBP_VERIFY(!mbp__ring_closed(s->out));
-		mbp__counter_add(&s->c.blocked_ns, wait_until(s, &s->out->prod_park, ring_out_ready));
+		wait_until(s, &s->out->prod_park, ring_out_ready, false);
 	}
 }
 
@@ -104,9 +126,10 @@ static mbp_mb *hop_buffer(struct mbp__stage *s)
 	if (MBP_LIKELY(mbp_pool_get(s->p->pool, s->cache, &mb, 0) == 0))
 		return mb;
 	uint64_t t0 = mbp__now_ns();
+	state_begin(&s->c.blocked_since, t0);
 	int rc = mbp_pool_get(s->p->pool, s->cache, &mb, -1);
 	MBP_VERIFY(rc == 0);
-	mbp__counter_add(&s->c.blocked_ns, mbp__now_ns() - t0);
+	state_end(&s->c.blocked_since, &s->c.blocked_ns, t0, mbp__now_ns());
 	return mb;
 }
 
@@ -130,15 +153,16 @@ static int run(struct mbp__stage *s, const mbp_mb *in, mbp_mb *out)
 	out->user = in->user;
 	out->carry = in->carry;
 	uint64_t t0 = mbp__now_ns();
+	state_begin(&s->c.busy_since, t0);
 	int rc = s->d.fn(s->d.ctx, in, out);
 	uint64_t t1 = mbp__now_ns();
+	state_end(&s->c.busy_since, &s->c.busy_ns, t0, t1);
 	if (rc > 0)
 		rc = -EPROTO; /* a stage must return 0 or a negative errno */
 	out->status = rc;
 	struct mbp__stage_counters *c = &s->c;
 	mbp__counter_add(&c->mbs, 1);
 	mbp__counter_add(&c->rows, in->rows);
-	mbp__counter_add(&c->busy_ns, t1 - t0);
 	mbp__counter_add(&c->hist[log2_bucket(t1 - t0)], 1);
 	if (rc)
 		mbp__counter_add(&c->failed, 1);
@@ -341,7 +365,7 @@ static struct mbp__item *ingress_pop(struct mbp__stage *s)
 			mbp__bound_give(&q->room, 1);
 			return (struct mbp__item *)(void *)node;
 		}
-		mbp__counter_add(&s->c.starved_ns, wait_until(s, &q->cons_park, ingress_ready));
+		wait_until(s, &q->cons_park, ingress_ready, true);
 	}
 }
 

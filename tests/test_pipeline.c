@@ -864,6 +864,34 @@ START_TEST(stats_placement_and_trace_describe_the_run)
 }
 END_TEST
 
+START_TEST(snapshot_counts_a_computation_while_it_lasts)
+{
+	mbp_pipeline *p = make(2, 0, NULL);
+	atomic_store(&gate, 0);
+	ctxs[0].gate = &gate; /* stage 0 stays inside its function until the gate opens */
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	uint32_t in[WORDS] = {1}, out[WORDS];
+	mbp_job job;
+	mbp_job_init(&job, in, out, 1, 1);
+	ck_assert_int_eq(mbp_job_submit(p, &job, -1), 0);
+	usleep(60000);
+	mbp_pipeline_stats ps;
+	mbp_stage_stats ss[2];
+	mbp_pipeline_stats_get(p, &ps, ss, 2);
+	ck_assert_uint_eq(ss[0].mbs, 0);	       /* not finished yet ... */
+	ck_assert_uint_ge(ss[0].busy_ns, 40000000);    /* ... but its time so far is counted */
+	ck_assert_uint_ge(ss[1].starved_ns, 40000000); /* and so is the wait of the stage after it */
+	atomic_store(&gate, 1);
+	ck_assert_int_eq(mbp_job_wait(&job, -1), 0);
+	mbp_pipeline_stats ps2;
+	mbp_stage_stats ss2[2];
+	mbp_pipeline_stats_get(p, &ps2, ss2, 2);
+	ck_assert_uint_ge(ss2[0].busy_ns, ss[0].busy_ns); /* monotonic across the end of the state */
+	ck_assert_uint_ge(ss2[1].starved_ns + ss2[1].busy_ns, ss[1].starved_ns);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
 START_TEST(strerror_names_every_code)
 {
 	ck_assert_str_eq(mbp_strerror(0), "success");
@@ -898,6 +926,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
 	tcase_add_test(tc, stats_placement_and_trace_describe_the_run);
+	tcase_add_test(tc, snapshot_counts_a_computation_while_it_lasts);
 	tcase_add_test(tc, strerror_names_every_code);
 	suite_add_tcase(s, tc);
 	return s;
