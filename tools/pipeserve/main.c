@@ -340,6 +340,11 @@ static int setup_engine(ps_server *s)
 	mbp_opts o;
 	mbp_opts_init(&o);
 	size_t errpos = 0;
+	const char *env = getenv("MBPIPE_OPTS"); /* the same variable pipebench reads; --engine wins */
+	if (mbp_opts_parse(&o, env, &errpos)) {
+		ps_log("bad MBPIPE_OPTS at offset %zu: \"%s\"", errpos, env);
+		return -EINVAL;
+	}
 	if (mbp_opts_parse(&o, s->cfg.mbp_conf, &errpos)) {
 		ps_log("bad --engine option at offset %zu: \"%s\"", errpos, s->cfg.mbp_conf);
 		return -EINVAL;
