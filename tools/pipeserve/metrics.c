@@ -168,7 +168,7 @@ static void render_stages(ps_buf *b, mbp_pipeline *p, const char *model)
 	gauge(b, "mbpipe_pool_buffers_allocated", "gauge", "Pool buffers allocated now.", model,
 	      (double)pl->allocated);
 	gauge(b, "mbpipe_pool_buffers_high_water", "gauge",
-	      "Most pool buffers ever out of the depot at once.", model, (double)pl->high_water);
+	      "Most pool buffers ever held by the engine at once (sampled).", model, (double)pl->high_water);
 	gauge(b, "mbpipe_pool_buffers_max", "gauge", "Bound of the pool in buffers.", model,
 	      (double)pl->max_buffers);
 	gauge(b, "mbpipe_pool_bytes", "gauge", "Bytes the pool holds, headers included.", model,
