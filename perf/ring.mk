@@ -1,1 +1,11 @@
-# perf ring: filled in by its work.
+# perf ring: mbpipe's SPSC ring against ck_ring, boost::lockfree::spsc_queue and moodycamel's queues
+# (perf/results/ring.md). The C part (mbpipe, ck) and the C++ part (the peers) are both compiled with -O2,
+# whatever CFLAGS/CXXFLAGS say, so the comparison uses the same optimisation.
+if HAVE_PERF_PEERS
+EXTRA_PROGRAMS += perf/bench_ring
+PERF_BINS += perf/bench_ring
+perf_bench_ring_SOURCES = perf/bench_ring.c perf/bench_ring.h perf/bench_ring_peers.cc
+perf_bench_ring_CFLAGS = $(AM_CFLAGS) -O2
+perf_bench_ring_CXXFLAGS = $(AM_CXXFLAGS) -O2
+perf_bench_ring_LDADD = $(MBP_LIBS) -lck
+endif
