@@ -66,8 +66,26 @@ static uint64_t cpu_ns(void)
 	       ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000u;
 }
 
+/* Busy time of all CPUs of the machine (everything but idle and iowait) in ns, from /proc/stat; 0 if
+ * unreadable. Clock ticks of 10 ms: good enough to tell a quiet machine from a shared one. */
+static uint64_t sys_busy_ns(void)
+{
+	unsigned long long v[10] = {0};
+	FILE *f = fopen("/proc/stat", "r");
+	if (!f)
+		return 0;
+	int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+		       &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]);
+	fclose(f);
+	if (n < 8)
+		return 0;
+	unsigned long long ticks = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]; /* guest time is inside user */
+	return (uint64_t)(ticks * (1000000000.0 / (double)sysconf(_SC_CLK_TCK)));
+}
+
 void bp_meter_start(struct bp_meter *m)
 {
+	m->sys_busy0 = sys_busy_ns();
 	m->cpu0 = cpu_ns();
 	m->wall0 = now_ns();
 }
@@ -76,6 +94,8 @@ void bp_meter_stop(const struct bp_meter *m, struct bp_run *r)
 {
 	r->wall_ns = now_ns() - m->wall0;
 	r->cpu_ns = cpu_ns() - m->cpu0;
+	double others = (double)(sys_busy_ns() - m->sys_busy0) - (double)r->cpu_ns;
+	r->others = others > 0 ? others / (double)r->wall_ns : 0;
 }
 
 __attribute__((noinline)) uint64_t bp_work(uint64_t iters, uint64_t x)
@@ -101,23 +121,34 @@ static double median(const double *v, unsigned n)
 	return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
 }
 
-/* Nanoseconds per iteration of bp_work: the fastest of many trials (the undisturbed cost). */
+/* Median nanoseconds of one call bp_work(iters): `trials` timed chunks of about `chunk_ns` each. The median,
+ * not the fastest: the loop's speed here varies by a few per cent with the host's load, and the fastest
+ * chunk would flatter every implementation's efficiency alike. */
+static double work_cost(uint64_t iters, unsigned trials, double chunk_ns, double ns_guess)
+{
+	double t[MAX_ROUNDS];
+	uint64_t calls = (uint64_t)(chunk_ns / (ns_guess * (double)(iters ? iters : 1)));
+	calls = calls ? calls : 1;
+	volatile uint64_t sink = 0;
+	trials = trials < MAX_ROUNDS ? trials : MAX_ROUNDS;
+	for (unsigned k = 0; k < trials; k++) {
+		uint64_t x = k, t0 = now_ns();
+		for (uint64_t j = 0; j < calls; j++)
+			x = bp_work(iters, x);
+		t[k] = (double)(now_ns() - t0) / (double)calls;
+		sink += x;
+	}
+	return median(t, trials);
+}
+
+/* Nanoseconds per iteration of bp_work: the median of 31 chunks of 1 ms, after 20 ms of warm-up. */
 static double calibrate(void)
 {
-	const uint64_t iters = 200000;
 	volatile uint64_t sink = 0;
-	uint64_t t_end = now_ns() + 20000000u; /* 20 ms of warm-up: let the core clock settle */
+	uint64_t t_end = now_ns() + 20000000u; /* let the core clock settle */
 	while (now_ns() < t_end)
-		sink += bp_work(iters, sink);
-	double best = 1e30;
-	for (int k = 0; k < 31; k++) {
-		uint64_t t0 = now_ns();
-		sink += bp_work(iters, (uint64_t)k);
-		double ns = (double)(now_ns() - t0) / (double)iters;
-		if (ns < best)
-			best = ns;
-	}
-	return best;
+		sink += bp_work(100000, sink);
+	return work_cost(1000000, 31, 1e6, 1.0) / 1e6;
 }
 
 /* ---- mbpipe: one job, mb_rows = 1 ---- */
@@ -133,6 +164,10 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 }
 
 static bool g_verbose;
+/* -P block: stage i on allowed CPU i * ncpu / S (neighbours share a CPU) instead of the engine's plan */
+static bool g_place_block;
+static int g_cpus[MBP_MAX_CPUS];
+static unsigned g_ncpu;
 
 static void print_mbp_stats(mbp_pipeline *p, unsigned S)
 {
@@ -151,6 +186,8 @@ static int make_pipeline(const struct bp_task *t, mbp_opts *o, mbp_pipeline **pp
 	int rc = mbp_pipeline_new(pp, o);
 	for (unsigned i = 0; rc == 0 && i < t->S; i++) {
 		mbp_stage_desc d = {.fn = stage_fn, .ctx = &t->st[i], .cpu = -1};
+		if (g_place_block)
+			d.cpu = g_cpus[i * g_ncpu / t->S];
 		rc = mbp_pipeline_add_stage(*pp, &d);
 	}
 	if (rc == 0)
@@ -437,17 +474,36 @@ struct impl {
 	int (*run)(const struct bp_task *t, struct bp_run *r);
 };
 
-static const struct impl impls[] = {
-    {"mbpipe", run_mbpipe},
-    {"mbpipe_mb", run_mbpipe_mb},
-    {"tbb", bp_run_tbb},
-    {"condvar", run_condvar},
+/* The summary line and the targets refer to these by index. */
+enum { I_MBPIPE, I_MBPIPE_MB, I_TBB, I_CONDVAR, NIMPL };
+static const struct impl impls[NIMPL] = {
+    [I_MBPIPE] = {"mbpipe", run_mbpipe},
+    [I_MBPIPE_MB] = {"mbpipe_mb", run_mbpipe_mb},
+    [I_TBB] = {"tbb", bp_run_tbb},
+    [I_CONDVAR] = {"condvar", run_condvar},
 };
-#define NIMPL (sizeof(impls) / sizeof(impls[0]))
 
-struct point_stats {
-	double items_s[MAX_ROUNDS], cpu_work[MAX_ROUNDS], hop[MAX_ROUNDS], cpu_hop[MAX_ROUNDS];
+struct cfg {
+	bool sel[NIMPL]; /* implementations to run */
+	unsigned rounds, tokens, ncpu;
+	double run_s, ns_iter;
+};
+
+/* One implementation at one point: the runs, then the medians. */
+struct im_stats {
+	struct bp_run runs[MAX_ROUNDS];
 	unsigned n;
+	double med, eff, cpu_work, hop, cpu_hop, others, lo, hi; /* see the file comment */
+};
+
+/* One point (S, W). */
+struct point {
+	unsigned S, cores;
+	double W_us;		   /* nominal */
+	uint64_t iters;		   /* bp_work iterations for W_us at the calibrated speed */
+	double w_meas[MAX_ROUNDS]; /* the work alone, measured in each round */
+	double W_ns, ideal;	   /* median of w_meas; cores / (S * W_ns) items per second */
+	struct im_stats im[NIMPL];
 };
 
 static uint64_t *g_in, *g_out;
@@ -502,6 +558,126 @@ static bool run_one(const struct impl *im, unsigned S, uint64_t iters, uint64_t 
 	return true;
 }
 
+/* Medians over the rounds, against the work as measured alone in the same rounds. */
+static void point_finish(struct point *pt, unsigned rounds)
+{
+	pt->W_ns = median(pt->w_meas, rounds);
+	pt->ideal = pt->cores / (pt->S * pt->W_ns * 1e-9);
+	double work = pt->S * pt->W_ns;
+	for (unsigned k = 0; k < NIMPL; k++) {
+		struct im_stats *m = &pt->im[k];
+		if (m->n == 0)
+			continue;
+		double items_s[MAX_ROUNDS], cpu_work[MAX_ROUNDS], hop[MAX_ROUNDS], cpu_hop[MAX_ROUNDS],
+		    others[MAX_ROUNDS];
+		for (unsigned i = 0; i < m->n; i++) {
+			const struct bp_run *r = &m->runs[i];
+			double wall = (double)r->wall_ns, items = (double)r->items;
+			items_s[i] = items / (wall * 1e-9);
+			cpu_work[i] = (double)r->cpu_ns / (items * work);
+			hop[i] = (wall * pt->cores / items - work) / pt->S;
+			cpu_hop[i] = ((double)r->cpu_ns / items - work) / pt->S;
+			others[i] = r->others;
+		}
+		m->med = median(items_s, m->n);
+		m->eff = m->med / pt->ideal;
+		m->cpu_work = median(cpu_work, m->n);
+		m->hop = median(hop, m->n);
+		m->cpu_hop = median(cpu_hop, m->n);
+		m->others = median(others, m->n);
+		qsort(items_s, m->n, sizeof(*items_s), cmp_double);
+		m->lo = items_s[0];
+		m->hi = items_s[m->n - 1];
+	}
+}
+
+/* Measure one point: a pilot run of each implementation (warm-up and rate estimate), then the rounds,
+ * alternating the implementations. Returns false when an invariant broke. */
+static bool run_point(const struct cfg *c, struct point *pt)
+{
+	double est[NIMPL];
+	for (unsigned k = 0; k < NIMPL; k++) {
+		if (!c->sel[k])
+			continue;
+		uint64_t n = (uint64_t)(pt->ideal * 0.02);
+		n = n < MIN_ITEMS ? MIN_ITEMS : n > 200000 ? 200000 : n;
+		struct bp_run r;
+		if (!run_one(&impls[k], pt->S, pt->iters, n, c->tokens, &r))
+			return false;
+		est[k] = (double)r.items / (r.wall_ns * 1e-9);
+	}
+	for (unsigned round = 0; round < c->rounds; round++) {
+		/* the work alone, on this thread, 11 chunks of about 1 ms */
+		pt->w_meas[round] = work_cost(pt->iters, 11, 1e6, c->ns_iter);
+		if (g_verbose)
+			printf("  round %u: work alone %.1f ns (nominal %.1f)\n", round, pt->w_meas[round],
+			       pt->W_us * 1000);
+		for (unsigned k = 0; k < NIMPL; k++) {
+			if (!c->sel[k])
+				continue;
+			uint64_t n = (uint64_t)(est[k] * c->run_s);
+			n = n < MIN_ITEMS ? MIN_ITEMS : n;
+			struct bp_run r;
+			if (!run_one(&impls[k], pt->S, pt->iters, n, c->tokens, &r))
+				return false;
+			pt->im[k].runs[pt->im[k].n++] = r;
+			est[k] = (double)r.items / (r.wall_ns * 1e-9);
+			if (g_verbose)
+				printf("    %-10s %12.0f items/s cpu %.3f s others %.2f\n", impls[k].name,
+				       est[k], r.cpu_ns * 1e-9, r.others);
+		}
+	}
+	point_finish(pt, c->rounds);
+	return true;
+}
+
+static void print_point(const struct cfg *c, const struct point *pt)
+{
+	for (unsigned k = 0; k < NIMPL; k++) {
+		const struct im_stats *m = &pt->im[k];
+		if (!c->sel[k])
+			continue;
+		printf("%2u %7.1f %7.0f %-10s %12.0f %6.3f %8.3f %9.0f %10.0f %6.2f %9llu %.0f..%.0f\n",
+		       pt->S, pt->W_us, pt->W_ns, impls[k].name, m->med, m->eff, m->cpu_work, m->hop,
+		       m->cpu_hop, m->others, (unsigned long long)m->runs[m->n - 1].items, m->lo, m->hi);
+	}
+	const struct im_stats *mb = &pt->im[I_MBPIPE], *tbb = &pt->im[I_TBB], *cv = &pt->im[I_CONDVAR];
+	printf("bench_pipeline: S=%u W_us=%g work_ns=%.0f mbpipe_items_s=%.0f mbpipe_mb_items_s=%.0f "
+	       "tbb_items_s=%.0f condvar_items_s=%.0f eff=%.3f eff_tbb=%.3f eff_condvar=%.3f ratio_tbb=%.2f "
+	       "ratio_condvar=%.2f cpu_over_work=%.3f tbb_cpu_over_work=%.3f hop_ns=%.0f tbb_hop_ns=%.0f "
+	       "others_cpus=%.2f cores=%u cpus=%u rounds=%u\n",
+	       pt->S, pt->W_us, pt->W_ns, mb->med, pt->im[I_MBPIPE_MB].med, tbb->med, cv->med, mb->eff,
+	       tbb->eff, cv->eff, mb->med / tbb->med, mb->med / cv->med, mb->cpu_work, tbb->cpu_work, mb->hop,
+	       tbb->hop, mb->others, pt->cores, c->ncpu, c->rounds);
+}
+
+/* The targets (for this 2-core machine), where they apply to the point. */
+static void check_targets(const struct point *pt, unsigned *targets, unsigned *met)
+{
+	const struct im_stats *mb = &pt->im[I_MBPIPE];
+	double ratio = mb->med / pt->im[I_TBB].med;
+	struct {
+		bool applies, at_most;
+		const char *what;
+		double got, want;
+	} tg[] = {
+	    {pt->S == 2 && pt->W_us == 10, false, "eff >= 0.95", mb->eff, 0.95},
+	    {pt->S == 2 && pt->W_us == 1, false, "eff >= 0.90", mb->eff, 0.90},
+	    {pt->W_us <= 1, false, "ratio_tbb >= 1.5", ratio, 1.5},
+	    {pt->S == 4, false, "eff >= 0.85", mb->eff, 0.85},
+	    {pt->S == 4, true, "cpu_over_work <= 1.1", mb->cpu_work, 1.1},
+	};
+	for (unsigned i = 0; i < sizeof(tg) / sizeof(tg[0]); i++) {
+		if (!tg[i].applies)
+			continue;
+		bool ok = tg[i].at_most ? tg[i].got <= tg[i].want : tg[i].got >= tg[i].want;
+		++*targets;
+		*met += ok;
+		printf("  target S=%u W_us=%g %s: %.3f %s\n", pt->S, pt->W_us, tg[i].what, tg[i].got,
+		       ok ? "met" : "MISSED");
+	}
+}
+
 static int parse_list(const char *s, double *v, unsigned max)
 {
 	unsigned n = 0;
@@ -515,31 +691,87 @@ static int parse_list(const char *s, double *v, unsigned max)
 	return (int)n;
 }
 
+/* -i mbpipe,tbb,...: which implementations run (all by default; the summary shows 0 for the others). */
+static int parse_impls(const char *s, bool *sel)
+{
+	memset(sel, 0, NIMPL * sizeof(*sel));
+	while (*s) {
+		size_t len = strcspn(s, ",");
+		unsigned k = 0;
+		while (k < NIMPL && !(strlen(impls[k].name) == len && strncmp(impls[k].name, s, len) == 0))
+			k++;
+		if (k == NIMPL)
+			return -1;
+		sel[k] = true;
+		s += len + (s[len] == ',');
+	}
+	return 0;
+}
+
 static void usage(void)
 {
 	fprintf(
 	    stderr,
 	    "usage: bench_pipeline [-r rounds] [-t seconds_per_run] [-S 2,4] [-W 0.2,1,10,100] [-k tokens]\n"
-	    "                      [-o mbpipe_opts] [-v]\n"
+	    "                      [-o mbpipe_opts] [-i mbpipe,mbpipe_mb,tbb,condvar]\n"
+	    "                      [-P engine|block] [-v]\n"
 	    "  mbpipe options come from MBPIPE_OPTS, then -o (key=value,..., see mbp_opts_parse)\n");
 	exit(2);
 }
 
+static unsigned allowed_cpus(void)
+{
+	unsigned quota = 0;
+	int n = mbp_cpus_allowed(g_cpus, MBP_MAX_CPUS, &quota);
+	if (n < 1) {
+		fprintf(stderr, "bench_pipeline: cannot read the allowed CPUs\n");
+		exit(2);
+	}
+	n = n < MBP_MAX_CPUS ? n : MBP_MAX_CPUS;
+	return quota && quota < (unsigned)n ? quota : (unsigned)n;
+}
+
+static void print_header(const struct cfg *c)
+{
+	printf("bench_pipeline: %u CPUs allowed; work loop %.4f ns/iteration (median of 31 chunks of 1 ms)\n",
+	       c->ncpu, c->ns_iter);
+	printf(
+	    "mbpipe: one job, mb_rows=1; ring_capacity=%u cache_size=%u spin_ns=%llu yield_ns=%llu pin=%d; "
+	    "placement %s\n",
+	    g_mbp_opts.ring_capacity, g_mbp_opts.cache_size, (unsigned long long)g_mbp_opts.spin_ns,
+	    (unsigned long long)g_mbp_opts.yield_ns, g_mbp_opts.pin,
+	    g_place_block ? "block (stage i on CPU i * CPUs / S)"
+			  : "the engine's (stage i on CPU i mod CPUs)");
+	printf("mbpipe_mb: single micro-batches from one producer, window %u, same options\n", MB_WINDOW);
+	printf("tbb: parallel_pipeline, serial_in_order filters, %u live tokens, default arena\n", c->tokens);
+	printf("condvar: one unpinned thread per stage, mutex+condvar queues of %u slots\n",
+	       g_mbp_opts.ring_capacity);
+	printf("%u rounds per point, implementations alternating, about %.2f s per run; medians shown\n",
+	       c->rounds, c->run_s);
+	printf("W = work_ns: one unit of work alone on one thread, measured in every round (median)\n"
+	       "cores = min(S, CPUs); eff = items/s / (cores / (S * W)); cpu/work = process user+sys / "
+	       "(items * S * W)\n"
+	       "hop_ns = (wall * cores / items - S * W) / S; cpu_hop_ns = (cpu / items - S * W) / S\n"
+	       "others = CPUs kept busy by other processes meanwhile (/proc/stat minus this process)\n\n");
+	printf("%2s %7s %7s %-10s %12s %6s %8s %9s %10s %6s %9s %s\n", "S", "W_us", "work_ns", "impl",
+	       "items/s", "eff", "cpu/work", "hop_ns", "cpu_hop_ns", "others", "items/run",
+	       "items/s min..max");
+}
+
 int main(int argc, char **argv)
 {
-	unsigned rounds = 5, tokens = 64;
-	double run_s = 0.3;
+	struct cfg c = {.sel = {true, true, true, true}, .rounds = 5, .tokens = 64, .run_s = 0.3};
 	double Ss[8] = {2, 4}, Ws[8] = {0.2, 1, 10, 100};
 	int nS = 2, nW = 4;
 	const char *cli_opts = NULL;
-	int c;
-	while ((c = getopt(argc, argv, "r:t:S:W:k:o:v")) != -1) {
-		switch (c) {
+	int opt;
+	while ((opt = getopt(argc, argv, "r:t:S:W:k:o:i:P:v")) != -1) {
+		switch (opt) {
 		case 'r':
-			rounds = (unsigned)atoi(optarg);
+			c.rounds = (unsigned)atoi(optarg);
 			break;
 		case 't':
-			run_s = atof(optarg);
+			c.run_s = atof(optarg);
 			break;
 		case 'S':
 			nS = parse_list(optarg, Ss, 8);
@@ -548,10 +780,19 @@ int main(int argc, char **argv)
 			nW = parse_list(optarg, Ws, 8);
 			break;
 		case 'k':
-			tokens = (unsigned)atoi(optarg);
+			c.tokens = (unsigned)atoi(optarg);
 			break;
 		case 'o':
 			cli_opts = optarg;
+			break;
+		case 'i':
+			if (parse_impls(optarg, c.sel))
+				usage();
+			break;
+		case 'P':
+			if (strcmp(optarg, "block") && strcmp(optarg, "engine"))
+				usage();
+			g_place_block = strcmp(optarg, "block") == 0;
 			break;
 		case 'v':
 			g_verbose = true;
@@ -560,7 +801,7 @@ int main(int argc, char **argv)
 			usage();
 		}
 	}
-	if (rounds < 1 || rounds > MAX_ROUNDS || run_s <= 0 || nS < 1 || nW < 1 || tokens < 1)
+	if (c.rounds < 1 || c.rounds > MAX_ROUNDS || !(c.run_s > 0) || nS < 1 || nW < 1 || c.tokens < 1)
 		usage();
 	for (int i = 0; i < nS; i++)
 		if (Ss[i] < 1 || Ss[i] > BP_MAX_STAGES || Ss[i] != floor(Ss[i]))
@@ -573,150 +814,42 @@ int main(int argc, char **argv)
 	g_mbp_opts.in_row_bytes = sizeof(uint64_t);
 	g_mbp_opts.max_mb_rows = 1;
 	size_t errpos = 0;
-	const char *env = getenv("MBPIPE_OPTS");
-	if (mbp_opts_parse(&g_mbp_opts, env, &errpos) || mbp_opts_parse(&g_mbp_opts, cli_opts, &errpos)) {
+	if (mbp_opts_parse(&g_mbp_opts, getenv("MBPIPE_OPTS"), &errpos) ||
+	    mbp_opts_parse(&g_mbp_opts, cli_opts, &errpos)) {
 		fprintf(stderr, "bench_pipeline: bad mbpipe options at offset %zu\n", errpos);
 		return 2;
 	}
-
-	int cpus[MBP_MAX_CPUS];
-	unsigned quota = 0;
-	int nallowed = mbp_cpus_allowed(cpus, MBP_MAX_CPUS, &quota);
-	if (nallowed < 1) {
-		fprintf(stderr, "bench_pipeline: cannot read the allowed CPUs\n");
-		return 2;
-	}
-	unsigned ncpu = (unsigned)nallowed;
-	if (quota && quota < ncpu)
-		ncpu = quota;
-
-	double ns_iter = calibrate();
-	printf("bench_pipeline: %u CPUs allowed; work loop %.4f ns/iteration (fastest of 31 trials)\n", ncpu,
-	       ns_iter);
-	printf("mbpipe: ring_capacity=%u cache_size=%u spin_ns=%llu yield_ns=%llu pin=%d; mode: one job, "
-	       "mb_rows=1\n",
-	       g_mbp_opts.ring_capacity, g_mbp_opts.cache_size, (unsigned long long)g_mbp_opts.spin_ns,
-	       (unsigned long long)g_mbp_opts.yield_ns, g_mbp_opts.pin);
-	printf("mbpipe_mb: single micro-batches, one producer, window %u; tbb: parallel_pipeline, "
-	       "serial_in_order, "
-	       "%u live tokens;\ncondvar: one unpinned thread per stage, queues of %u slots; "
-	       "%u rounds, about %.2f s per run, medians shown\n",
-	       MB_WINDOW, tokens, g_mbp_opts.ring_capacity, rounds, run_s);
-	printf("hop_ns = (wall * cores / items - S * W) / S; cpu_hop_ns = (cpu / items - S * W) / S; cores = "
-	       "min(S, CPUs)\n\n");
-	printf("%2s %7s %-10s %12s %6s %8s %9s %10s %9s %s\n", "S", "W_us", "impl", "items/s", "eff",
-	       "cpu/work", "hop_ns", "cpu_hop_ns", "items/run", "items/s min..max");
+	c.ncpu = g_ncpu = allowed_cpus();
+	c.ns_iter = calibrate();
+	print_header(&c);
 
 	int failed = 0;
-	unsigned targets = 0, targets_met = 0;
-	for (int si = 0; si < nS; si++) {
-		for (int wi = 0; wi < nW; wi++) {
-			unsigned S = (unsigned)Ss[si];
-			double W_ns = Ws[wi] * 1000.0;
-			uint64_t iters = (uint64_t)llround(W_ns / ns_iter);
-			double W_eff = (double)iters * ns_iter; /* the work actually asked for */
-			unsigned cores = S < ncpu ? S : ncpu;
-			double ideal = cores / (S * W_eff * 1e-9);
-			struct point_stats ps[NIMPL];
-			double est[NIMPL];
-			uint64_t last_n[NIMPL];
-			memset(ps, 0, sizeof(ps));
-			/* pilot run: warms up each implementation and estimates its rate */
-			for (unsigned k = 0; k < NIMPL; k++) {
-				uint64_t n = (uint64_t)(ideal * 0.02);
-				n = n < MIN_ITEMS ? MIN_ITEMS : n > 200000 ? 200000 : n;
-				struct bp_run r;
-				if (!run_one(&impls[k], S, iters, n, tokens, &r)) {
-					failed = 1;
-					goto out;
-				}
-				est[k] = (double)r.items / (r.wall_ns * 1e-9);
+	unsigned targets = 0, met = 0;
+	for (int si = 0; si < nS && !failed; si++) {
+		for (int wi = 0; wi < nW && !failed; wi++) {
+			struct point pt;
+			memset(&pt, 0, sizeof(pt));
+			pt.S = (unsigned)Ss[si];
+			pt.W_us = Ws[wi];
+			pt.iters = (uint64_t)llround(Ws[wi] * 1000.0 / c.ns_iter);
+			pt.W_ns = (double)pt.iters * c.ns_iter; /* the work actually asked for */
+			pt.cores = pt.S < c.ncpu ? pt.S : c.ncpu;
+			pt.ideal = pt.cores / (pt.S * pt.W_ns * 1e-9);
+			if (!run_point(&c, &pt)) {
+				failed = 1;
+				break;
 			}
-			for (unsigned round = 0; round < rounds; round++) {
-				for (unsigned k = 0; k < NIMPL; k++) {
-					uint64_t n = (uint64_t)(est[k] * run_s);
-					n = n < MIN_ITEMS ? MIN_ITEMS : n;
-					struct bp_run r;
-					if (!run_one(&impls[k], S, iters, n, tokens, &r)) {
-						failed = 1;
-						goto out;
-					}
-					double wall = (double)r.wall_ns, items = (double)r.items;
-					double rate = items / (wall * 1e-9);
-					struct point_stats *p = &ps[k];
-					p->items_s[p->n] = rate;
-					p->cpu_work[p->n] = (double)r.cpu_ns / (items * S * W_eff);
-					p->hop[p->n] = (wall * cores / items - S * W_eff) / S;
-					p->cpu_hop[p->n] = ((double)r.cpu_ns / items - S * W_eff) / S;
-					p->n++;
-					est[k] = rate;
-					last_n[k] = n;
-					if (g_verbose)
-						printf("    round %u %-10s %12.0f items/s eff %.3f cpu/work "
-						       "%.3f\n",
-						       round, impls[k].name, rate, rate / ideal,
-						       p->cpu_work[p->n - 1]);
-				}
-			}
-			double med[NIMPL], eff[NIMPL], cw[NIMPL], hop[NIMPL];
-			for (unsigned k = 0; k < NIMPL; k++) {
-				struct point_stats *p = &ps[k];
-				med[k] = median(p->items_s, p->n);
-				eff[k] = med[k] / ideal;
-				cw[k] = median(p->cpu_work, p->n);
-				hop[k] = median(p->hop, p->n);
-				double lo = p->items_s[0], hi = p->items_s[0];
-				for (unsigned i = 1; i < p->n; i++) {
-					lo = p->items_s[i] < lo ? p->items_s[i] : lo;
-					hi = p->items_s[i] > hi ? p->items_s[i] : hi;
-				}
-				printf("%2u %7.1f %-10s %12.0f %6.3f %8.3f %9.0f %10.0f %9llu %.0f..%.0f\n",
-				       S, Ws[wi], impls[k].name, med[k], eff[k], cw[k], hop[k],
-				       median(p->cpu_hop, p->n), (unsigned long long)last_n[k], lo, hi);
-			}
-			/* impls[]: 0 mbpipe, 1 mbpipe_mb, 2 tbb, 3 condvar */
-			printf("bench_pipeline: S=%u W_us=%g mbpipe_items_s=%.0f mbpipe_mb_items_s=%.0f "
-			       "tbb_items_s=%.0f "
-			       "condvar_items_s=%.0f eff=%.3f eff_tbb=%.3f eff_condvar=%.3f ratio_tbb=%.2f "
-			       "ratio_condvar=%.2f cpu_over_work=%.3f tbb_cpu_over_work=%.3f hop_ns=%.0f "
-			       "tbb_hop_ns=%.0f "
-			       "cores=%u cpus=%u rounds=%u\n",
-			       S, Ws[wi], med[0], med[1], med[2], med[3], eff[0], eff[2], eff[3],
-			       med[0] / med[2], med[0] / med[3], cw[0], cw[2], hop[0], hop[2], cores, ncpu,
-			       rounds);
-			/* the targets, for a 2-core machine; only where they apply */
-			if (ncpu == 2) {
-				struct {
-					bool applies;
-					const char *what;
-					double got, want;
-				} tg[] = {
-				    {S == 2 && Ws[wi] == 10, "eff >= 0.95", eff[0], 0.95},
-				    {S == 2 && Ws[wi] == 1, "eff >= 0.90", eff[0], 0.90},
-				    {Ws[wi] <= 1, "ratio_tbb >= 1.5", med[0] / med[2], 1.5},
-				    {S == 4, "eff >= 0.85", eff[0], 0.85},
-				    {S == 4, "cpu_over_work <= 1.1", -cw[0], -1.1},
-				};
-				for (unsigned i = 0; i < sizeof(tg) / sizeof(tg[0]); i++) {
-					if (!tg[i].applies)
-						continue;
-					bool met = tg[i].got >= tg[i].want;
-					targets++;
-					targets_met += met;
-					printf("  target S=%u W_us=%g %s: %.3f %s\n", S, Ws[wi], tg[i].what,
-					       tg[i].got < 0 ? -tg[i].got : tg[i].got,
-					       met ? "met" : "MISSED");
-				}
-			}
+			print_point(&c, &pt);
+			if (c.ncpu == 2 && c.sel[I_MBPIPE] && c.sel[I_TBB])
+				check_targets(&pt, &targets, &met);
 			printf("\n");
 		}
 	}
-out:;
 	double ns_iter2 = calibrate();
 	printf("bench_pipeline: work loop re-calibrated at the end: %.4f ns/iteration (%+.1f%%)\n", ns_iter2,
-	       (ns_iter2 / ns_iter - 1) * 100);
+	       (ns_iter2 / c.ns_iter - 1) * 100);
 	if (targets)
-		printf("bench_pipeline: targets met %u of %u\n", targets_met, targets);
+		printf("bench_pipeline: targets (2-CPU machine) met %u of %u\n", met, targets);
 	free(g_in);
 	free(g_out);
 	if (failed)

@@ -45,6 +45,7 @@ struct bp_run {
 	uint64_t wall_ns; /* measured window */
 	uint64_t cpu_ns;  /* user + sys of the whole process (getrusage RUSAGE_SELF) over the window */
 	uint64_t errors;  /* broken invariants found by the implementation itself */
+	double others;	  /* CPUs kept busy by other processes during the window (from /proc/stat) */
 };
 
 /* The problem handed to a runner: S stages, n items, in[] and out[] of n numbers. */
@@ -58,7 +59,7 @@ struct bp_task {
 };
 
 struct bp_meter {
-	uint64_t wall0, cpu0;
+	uint64_t wall0, cpu0, sys_busy0;
 };
 void bp_meter_start(struct bp_meter *m);
 void bp_meter_stop(const struct bp_meter *m, struct bp_run *r);
