@@ -9,9 +9,10 @@ lib_libmbpipe_la_SOURCES = \
 lib_libmbpipe_la_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS) $(URCU_CFLAGS) $(JEMALLOC_CFLAGS) $(CJSON_CFLAGS)
 lib_libmbpipe_la_LIBADD = $(OPENBLAS_LIBS) $(URCU_CDS_LIBS) $(URCU_LIBS) $(JEMALLOC_LIBS) $(CJSON_LIBS) -lm
 
-nobase_include_HEADERS += include/mbpipe.h include/mbpipe/error.h include/mbpipe/mb.h \
-	include/mbpipe/pool.h include/mbpipe/pipeline.h
-nodist_nobase_include_HEADERS += include/mbpipe/version.h
+include_HEADERS += include/mbpipe.h
+mbpipeinclude_HEADERS += include/mbpipe/error.h include/mbpipe/mb.h include/mbpipe/pool.h \
+	include/mbpipe/pipeline.h
+nodist_mbpipeinclude_HEADERS += include/mbpipe/version.h
 
 # Libraries a program linking libmbpipe inside this tree needs (the .pc file says the same to users).
 MBP_LIBS = lib/libmbpipe.la $(OPENBLAS_LIBS) $(URCU_CDS_LIBS) $(URCU_LIBS) $(JEMALLOC_LIBS) $(CJSON_LIBS) -lm

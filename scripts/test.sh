@@ -19,9 +19,10 @@ default)
 	# link an outside program against the installed library, as a user would
 	inst=$(mktemp -d)
 	make -C "$b" install DESTDIR="$inst" prefix=/usr/local >/dev/null
+	pc="pkg-config --define-variable=prefix=$inst/usr/local --static"
 	export PKG_CONFIG_PATH="$inst/usr/local/lib/pkgconfig"
-	export PKG_CONFIG_SYSROOT_DIR="$inst"
-	cc -o "$inst/hello" "$top/examples/hello.c" $(pkg-config --static --cflags --libs mbpipe)
+	# shellcheck disable=SC2046 # word splitting of pkg-config's flags is intended
+	cc -o "$inst/hello" "$top/examples/hello.c" $($pc --cflags --libs mbpipe)
 	"$inst/hello"
 	rm -rf "$inst"
 	;;

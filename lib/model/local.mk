@@ -2,4 +2,4 @@
 lib_libmbpipe_la_SOURCES += \
 	lib/model/model_internal.h lib/model/safetensors.h lib/model/safetensors.c lib/model/layers.c \
 	lib/model/model.c lib/model/plan.c lib/model/stages.c lib/model/blas.c lib/model/write.c
-nobase_include_HEADERS += include/mbpipe/model.h
+mbpipeinclude_HEADERS += include/mbpipe/model.h
