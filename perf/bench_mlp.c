@@ -54,6 +54,8 @@ struct conf {
 	double seconds;
 	const char *opts;
 	bool verbose;
+	uint32_t
+	    force_mb; /* -m: micro-batch size for both pipeline modes (capped at the batch); 0: calibrate */
 	int ncpus, cpus[MBP_MAX_CPUS];
 };
 
@@ -256,28 +258,36 @@ static mbp_pipeline *make_pipeline(const struct conf *c, mbp_model *m, uint32_t 
 	return p;
 }
 
-/* Fastest micro-batch size among B, B/2, ..., B/16 (at least 1 row) for one mode: the best of three short
- * trials each, so that another process's burst does not decide. */
+/* Fastest micro-batch size among B, B/2, ..., B/16 (at least 1 row) for one mode: three short trials of
+ * each, candidates alternating (so that another process's burst hits them all alike), best trial counts. */
 static uint32_t calibrate(mbp_pipeline *p, const float *x, float *const *y, uint32_t B, bool stream,
 			  double trial_s)
 {
-	uint32_t best = B;
-	double best_t = INFINITY;
-	for (uint32_t div = 1; div <= 16; div *= 2) {
-		uint32_t mb = B / div;
-		if (mb < 1 || (div > 1 && B / (div / 2) == mb))
+	uint32_t mb[5];
+	unsigned it[5], n = 0;
+	double best_t[5];
+	for (uint32_t div = 1; div <= 16 && B / div >= 1; div *= 2) {
+		if (n && B / div == mb[n - 1])
 			break;
-		double one = stream ? run_stream(p, x, y, B, mb, 2) / 2 : run_pipe(p, x, y[0], B, mb, 1);
+		mb[n] = B / div;
+		double one =
+		    stream ? run_stream(p, x, y, B, mb[n], 2) / 2 : run_pipe(p, x, y[0], B, mb[n], 1);
 		/* a stream needs many batches: its fill and drain cost one stage time each */
-		unsigned it = (unsigned)fmax(stream ? 4 * WINDOW : 2, fmin(400, trial_s / fmax(one, 1e-6)));
-		for (int trial = 0; trial < 3; trial++) {
-			double t =
-			    (stream ? run_stream(p, x, y, B, mb, it) : run_pipe(p, x, y[0], B, mb, it)) / it;
-			if (t < best_t)
-				best_t = t, best = mb;
-		}
+		it[n] = (unsigned)fmax(stream ? 4 * WINDOW : 2, fmin(400, trial_s / fmax(one, 1e-6)));
+		best_t[n++] = INFINITY;
 	}
-	return best;
+	for (int trial = 0; trial < 3; trial++)
+		for (unsigned k = 0; k < n; k++) {
+			double t = (stream ? run_stream(p, x, y, B, mb[k], it[k])
+					   : run_pipe(p, x, y[0], B, mb[k], it[k])) /
+				   it[k];
+			best_t[k] = fmin(best_t[k], t);
+		}
+	unsigned best = 0;
+	for (unsigned k = 1; k < n; k++)
+		if (best_t[k] < best_t[best])
+			best = k;
+	return mb[best];
 }
 
 static bool run_point(const struct conf *c, mbp_model *m, struct point *pt)
@@ -294,8 +304,12 @@ static bool run_point(const struct conf *c, mbp_model *m, struct point *pt)
 	}
 	mbp_model_stages *st;
 	mbp_pipeline *p = make_pipeline(c, m, B, &st, &pt->plan);
-	pt->m_one = calibrate(p, x, y, B, false, 0.04);
-	pt->m_stream = calibrate(p, x, y, B, true, 0.04);
+	if (c->force_mb) {
+		pt->m_one = pt->m_stream = c->force_mb < B ? c->force_mb : B;
+	} else {
+		pt->m_one = calibrate(p, x, y, B, false, 0.04);
+		pt->m_stream = calibrate(p, x, y, B, true, 0.04);
+	}
 
 	/* invariants: bit for bit against the reference at the same micro-batch size; seqmt within 1e-4 */
 	bool ok = true;
@@ -393,7 +407,8 @@ static void usage(void)
 {
 	fprintf(stderr,
 		"usage: bench_mlp [-r rounds] [-t seconds_per_measurement] [-b 1,8,64,256] [-L layers]\n"
-		"                 [-H hidden] [-o mbpipe_opts] [-v]\n"
+		"                 [-H hidden] [-o mbpipe_opts] [-m micro_batch_rows] [-v]\n"
+		"  -m: micro-batch size of both pipeline modes (default: calibrated per batch size)\n"
 		"  -v: print the pipeline's stage statistics of the last pipe and pipe-str measurement\n");
 	exit(2);
 }
@@ -403,8 +418,11 @@ int main(int argc, char **argv)
 	struct conf c = {.rounds = 5, .layers = 8, .hidden = 1024, .seconds = 0.25, .opts = ""};
 	parse_batches("1,8,64,256", &c);
 	int opt;
-	while ((opt = getopt(argc, argv, "r:t:b:L:H:o:vh")) != -1) {
+	while ((opt = getopt(argc, argv, "r:t:b:L:H:o:m:vh")) != -1) {
 		switch (opt) {
+		case 'm':
+			c.force_mb = (uint32_t)atoi(optarg);
+			break;
 		case 'v':
 			c.verbose = true;
 			break;
@@ -494,9 +512,14 @@ int main(int argc, char **argv)
 		       pts[i].B, pts[i].m_one, pts[i].m_stream, d[P_SEQ1], d[P_SEQMT], d[P_PIPE], d[P_STREAM],
 		       d[P_PIPE] / d[P_SEQ1], d[P_PIPE] / d[P_SEQMT], d[P_STREAM] / d[P_SEQ1],
 		       d[P_STREAM] / d[P_SEQMT], d[P_DP], d[P_STREAM] / d[P_DP], pts[i].others_med);
-		if (c.verbose)
-			printf("         pipe: %s\n         pipe-str: %s\n", pts[i].stats[P_PIPE],
-			       pts[i].stats[P_STREAM]);
+		if (c.verbose) {
+			char plan[1024];
+			mbp_model_plan_describe(&pts[i].plan, plan, sizeof(plan));
+			printf("         pipe: %s\n         pipe-str: %s\n         plan: ",
+			       pts[i].stats[P_PIPE], pts[i].stats[P_STREAM]);
+			for (char *l = strtok(plan, "\n"); l; l = strtok(NULL, "\n"))
+				printf("%s%s", l, l[0] == 's' && strncmp(l, "stage", 5) == 0 ? "; " : "\n");
+		}
 		fflush(stdout);
 	}
 	char plan[1024];
