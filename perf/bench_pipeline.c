@@ -2,15 +2,19 @@
  * bench_pipeline: the pipeline engine against oneTBB's parallel_pipeline and a plain mutex+condvar
  * pipeline, on S stages that each do W microseconds of calibrated busy work per item.
  *
- * The work is a chain of dependent 64-bit multiply-adds (bp_work), calibrated once at start (the fastest of
- * many timed trials), so every implementation runs the same instructions per item and no clock is polled
- * while working. Items are sequence numbers: stage 0 reads in[i], every stage checks that it sees 0, 1, 2,
+ * The work is a chain of dependent 64-bit multiply-adds (bp_work), calibrated once at start (the median of
+ * 31 timed chunks), so every implementation runs the same instructions per item and no clock is polled
+ * while working. Its speed drifts a few per cent with the host's load, so every round also times the work
+ * alone on one thread, and the figures use the median of those (W = work_ns). Items are sequence numbers: stage 0 reads in[i], every stage checks that it sees 0, 1, 2,
  * ... (each exactly once, in order), the last stage writes out[i], and the driver checks out[] after every
  * run. Any broken invariant makes the program exit 1.
  *
  * Implementations, one process, one compiler invocation for the work loop:
  *   mbpipe     one job of n rows with mb_rows = 1 (stage 0 splits it: no per-item submit call); the
  *              caller sleeps in mbp_job_wait(). In flight: bounded by the rings (ring_capacity per hop).
+ *   mb_fused   only where S > CPUs: min(S, CPUs) engine stages, each running a balanced run of
+ *              consecutive stages in one call: what the engine could do itself when stages outnumber
+ *              CPUs (one thread per CPU instead of per stage, no hop between stages sharing a CPU).
  *   mbpipe_mb  single micro-batches: one producer thread acquires, fills and submits, a window of 64 in
  *              flight, results released in on_result. Shown for comparison; the job path is the fast one.
  *   tbb        tbb::parallel_pipeline, every filter serial_in_order, `tokens` live tokens (64).
@@ -22,6 +26,8 @@
  * Figures, with cores c = min(S, CPUs this process may use):
  *   items/s      n / wall
  *   eff          items/s divided by the ideal c / (S * W): the work spread perfectly over c cores
+ *   others       CPUs kept busy by other processes during the run (/proc/stat minus this process): a
+ *                run with others well above 0 shared the machine and says little
  *   cpu/work     process CPU time (getrusage user+sys, all threads) / (n * S * W)
  *   hop_ns       (wall * c / n - S * W) / S: the core time per item per stage that is not the work,
  *                i.e. the cost of one hand-off including idle (bubble) time it causes
@@ -181,31 +187,62 @@ static void print_mbp_stats(mbp_pipeline *p, unsigned S)
 	printf("\n");
 }
 
-static int make_pipeline(const struct bp_task *t, mbp_opts *o, mbp_pipeline **pp)
+/* Consecutive benchmark stages run by one engine stage (mbpipe_fused). */
+struct stage_group {
+	struct bp_stage *st;
+	unsigned n;
+};
+
+static int group_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
+	const struct stage_group *g = ctx;
+	uint64_t v = *(const uint64_t *)in->data;
+	for (unsigned j = 0; j < g->n; j++)
+		bp_step(&g->st[j], v);
+	*(uint64_t *)out->data = v;
+	return 0;
+}
+
+/* A started pipeline of the task's S stages, or, with `groups`, of min(S, CPUs) engine stages that each run
+ * a balanced run of consecutive benchmark stages (what the engine could do itself when stages outnumber
+ * CPUs). Returns the engine's stage count, or a negative error. */
+static int make_pipeline(const struct bp_task *t, mbp_opts *o, struct stage_group *groups, mbp_pipeline **pp)
+{
+	unsigned n = t->S;
+	if (groups) {
+		n = t->S < g_ncpu ? t->S : g_ncpu;
+		for (unsigned g = 0; g < n; g++) {
+			unsigned lo = g * t->S / n, hi = (g + 1) * t->S / n;
+			groups[g] = (struct stage_group){&t->st[lo], hi - lo};
+		}
+	}
 	int rc = mbp_pipeline_new(pp, o);
-	for (unsigned i = 0; rc == 0 && i < t->S; i++) {
+	for (unsigned i = 0; rc == 0 && i < n; i++) {
 		mbp_stage_desc d = {.fn = stage_fn, .ctx = &t->st[i], .cpu = -1};
+		if (groups)
+			d = (mbp_stage_desc){.fn = group_fn, .ctx = &groups[i], .cpu = -1};
 		if (g_place_block)
-			d.cpu = g_cpus[i * g_ncpu / t->S];
+			d.cpu = g_cpus[i * g_ncpu / n];
 		rc = mbp_pipeline_add_stage(*pp, &d);
 	}
 	if (rc == 0)
 		rc = mbp_pipeline_start(*pp);
 	if (rc)
 		fprintf(stderr, "bench_pipeline: mbpipe set-up: %s\n", mbp_strerror(rc));
-	return rc;
+	return rc ? rc : (int)n;
 }
 
-static int run_mbpipe(const struct bp_task *t, struct bp_run *r)
+static int run_job(const struct bp_task *t, struct bp_run *r, bool fused)
 {
 	mbp_opts o = g_mbp_opts;
 	mbp_pipeline *p;
-	int rc = make_pipeline(t, &o, &p);
-	if (rc) {
+	struct stage_group groups[BP_MAX_STAGES];
+	int rc = make_pipeline(t, &o, fused ? groups : NULL, &p);
+	if (rc < 0) {
 		mbp_pipeline_destroy(p);
 		return -1;
 	}
+	unsigned nstages = (unsigned)rc;
 	mbp_job job;
 	struct bp_meter m;
 	bp_meter_start(&m);
@@ -217,10 +254,20 @@ static int run_mbpipe(const struct bp_task *t, struct bp_run *r)
 	r->items = t->n;
 	r->errors = rc || job.status || job.mbs_failed;
 	if (g_verbose)
-		print_mbp_stats(p, t->S);
+		print_mbp_stats(p, nstages);
 	rc = mbp_pipeline_drain(p, -1);
 	mbp_pipeline_destroy(p);
 	return rc ? -1 : 0;
+}
+
+static int run_mbpipe(const struct bp_task *t, struct bp_run *r)
+{
+	return run_job(t, r, false);
+}
+
+static int run_mbpipe_fused(const struct bp_task *t, struct bp_run *r)
+{
+	return run_job(t, r, true);
 }
 
 /* ---- mbpipe: single micro-batches from one producer, a bounded window ---- */
@@ -277,7 +324,7 @@ static int run_mbpipe_mb(const struct bp_task *t, struct bp_run *r)
 	o.on_result = mb_on_result;
 	o.on_result_arg = &s;
 	mbp_pipeline *p;
-	if (make_pipeline(t, &o, &p)) {
+	if (make_pipeline(t, &o, NULL, &p) < 0) {
 		mbp_pipeline_destroy(p);
 		return -1;
 	}
@@ -475,11 +522,10 @@ struct impl {
 };
 
 /* The summary line and the targets refer to these by index. */
-enum { I_MBPIPE, I_MBPIPE_MB, I_TBB, I_CONDVAR, NIMPL };
+enum { I_MBPIPE, I_MBPIPE_FUSED, I_MBPIPE_MB, I_TBB, I_CONDVAR, NIMPL };
 static const struct impl impls[NIMPL] = {
-    [I_MBPIPE] = {"mbpipe", run_mbpipe},
-    [I_MBPIPE_MB] = {"mbpipe_mb", run_mbpipe_mb},
-    [I_TBB] = {"tbb", bp_run_tbb},
+    [I_MBPIPE] = {"mbpipe", run_mbpipe},	  [I_MBPIPE_FUSED] = {"mb_fused", run_mbpipe_fused},
+    [I_MBPIPE_MB] = {"mbpipe_mb", run_mbpipe_mb}, [I_TBB] = {"tbb", bp_run_tbb},
     [I_CONDVAR] = {"condvar", run_condvar},
 };
 
@@ -558,6 +604,13 @@ static bool run_one(const struct impl *im, unsigned S, uint64_t iters, uint64_t 
 	return true;
 }
 
+/* Whether implementation k runs at this point: mb_fused only where stages outnumber CPUs (elsewhere it
+ * is mbpipe itself). */
+static bool runs(const struct cfg *c, const struct point *pt, unsigned k)
+{
+	return c->sel[k] && (k != I_MBPIPE_FUSED || pt->S > pt->cores);
+}
+
 /* Medians over the rounds, against the work as measured alone in the same rounds. */
 static void point_finish(struct point *pt, unsigned rounds)
 {
@@ -597,7 +650,7 @@ static bool run_point(const struct cfg *c, struct point *pt)
 {
 	double est[NIMPL];
 	for (unsigned k = 0; k < NIMPL; k++) {
-		if (!c->sel[k])
+		if (!runs(c, pt, k))
 			continue;
 		uint64_t n = (uint64_t)(pt->ideal * 0.02);
 		n = n < MIN_ITEMS ? MIN_ITEMS : n > 200000 ? 200000 : n;
@@ -613,7 +666,7 @@ static bool run_point(const struct cfg *c, struct point *pt)
 			printf("  round %u: work alone %.1f ns (nominal %.1f)\n", round, pt->w_meas[round],
 			       pt->W_us * 1000);
 		for (unsigned k = 0; k < NIMPL; k++) {
-			if (!c->sel[k])
+			if (!runs(c, pt, k))
 				continue;
 			uint64_t n = (uint64_t)(est[k] * c->run_s);
 			n = n < MIN_ITEMS ? MIN_ITEMS : n;
@@ -635,20 +688,22 @@ static void print_point(const struct cfg *c, const struct point *pt)
 {
 	for (unsigned k = 0; k < NIMPL; k++) {
 		const struct im_stats *m = &pt->im[k];
-		if (!c->sel[k])
+		if (!runs(c, pt, k))
 			continue;
 		printf("%2u %7.1f %7.0f %-10s %12.0f %6.3f %8.3f %9.0f %10.0f %6.2f %9llu %.0f..%.0f\n",
 		       pt->S, pt->W_us, pt->W_ns, impls[k].name, m->med, m->eff, m->cpu_work, m->hop,
 		       m->cpu_hop, m->others, (unsigned long long)m->runs[m->n - 1].items, m->lo, m->hi);
 	}
 	const struct im_stats *mb = &pt->im[I_MBPIPE], *tbb = &pt->im[I_TBB], *cv = &pt->im[I_CONDVAR];
+	const struct im_stats *fu = &pt->im[I_MBPIPE_FUSED];
 	printf("bench_pipeline: S=%u W_us=%g work_ns=%.0f mbpipe_items_s=%.0f mbpipe_mb_items_s=%.0f "
-	       "tbb_items_s=%.0f condvar_items_s=%.0f eff=%.3f eff_tbb=%.3f eff_condvar=%.3f ratio_tbb=%.2f "
-	       "ratio_condvar=%.2f cpu_over_work=%.3f tbb_cpu_over_work=%.3f hop_ns=%.0f tbb_hop_ns=%.0f "
-	       "others_cpus=%.2f cores=%u cpus=%u rounds=%u\n",
-	       pt->S, pt->W_us, pt->W_ns, mb->med, pt->im[I_MBPIPE_MB].med, tbb->med, cv->med, mb->eff,
-	       tbb->eff, cv->eff, mb->med / tbb->med, mb->med / cv->med, mb->cpu_work, tbb->cpu_work, mb->hop,
-	       tbb->hop, mb->others, pt->cores, c->ncpu, c->rounds);
+	       "mbpipe_fused_items_s=%.0f tbb_items_s=%.0f condvar_items_s=%.0f eff=%.3f eff_fused=%.3f "
+	       "eff_tbb=%.3f eff_condvar=%.3f ratio_tbb=%.2f ratio_condvar=%.2f cpu_over_work=%.3f "
+	       "fused_cpu_over_work=%.3f tbb_cpu_over_work=%.3f hop_ns=%.0f tbb_hop_ns=%.0f others_cpus=%.2f "
+	       "cores=%u cpus=%u rounds=%u\n",
+	       pt->S, pt->W_us, pt->W_ns, mb->med, pt->im[I_MBPIPE_MB].med, fu->med, tbb->med, cv->med,
+	       mb->eff, fu->eff, tbb->eff, cv->eff, mb->med / tbb->med, mb->med / cv->med, mb->cpu_work,
+	       fu->cpu_work, tbb->cpu_work, mb->hop, tbb->hop, mb->others, pt->cores, c->ncpu, c->rounds);
 }
 
 /* The targets (for this 2-core machine), where they apply to the point. */
@@ -713,7 +768,7 @@ static void usage(void)
 	fprintf(
 	    stderr,
 	    "usage: bench_pipeline [-r rounds] [-t seconds_per_run] [-S 2,4] [-W 0.2,1,10,100] [-k tokens]\n"
-	    "                      [-o mbpipe_opts] [-i mbpipe,mbpipe_mb,tbb,condvar]\n"
+	    "                      [-o mbpipe_opts] [-i mbpipe,mb_fused,mbpipe_mb,tbb,condvar]\n"
 	    "                      [-P engine|block] [-v]\n"
 	    "  mbpipe options come from MBPIPE_OPTS, then -o (key=value,..., see mbp_opts_parse)\n");
 	exit(2);
@@ -742,6 +797,9 @@ static void print_header(const struct cfg *c)
 	    (unsigned long long)g_mbp_opts.yield_ns, g_mbp_opts.pin,
 	    g_place_block ? "block (stage i on CPU i * CPUs / S)"
 			  : "the engine's (stage i on CPU i mod CPUs)");
+	printf(
+	    "mb_fused (only where S > CPUs): the same on min(S, CPUs) engine stages, each running S / CPUs "
+	    "consecutive stages in one call\n");
 	printf("mbpipe_mb: single micro-batches from one producer, window %u, same options\n", MB_WINDOW);
 	printf("tbb: parallel_pipeline, serial_in_order filters, %u live tokens, default arena\n", c->tokens);
 	printf("condvar: one unpinned thread per stage, mutex+condvar queues of %u slots\n",
@@ -760,7 +818,7 @@ static void print_header(const struct cfg *c)
 
 int main(int argc, char **argv)
 {
-	struct cfg c = {.sel = {true, true, true, true}, .rounds = 5, .tokens = 64, .run_s = 0.3};
+	struct cfg c = {.sel = {true, true, true, true, true}, .rounds = 5, .tokens = 64, .run_s = 0.3};
 	double Ss[8] = {2, 4}, Ws[8] = {0.2, 1, 10, 100};
 	int nS = 2, nW = 4;
 	const char *cli_opts = NULL;
