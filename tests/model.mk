@@ -7,3 +7,5 @@ tests_test_model_SOURCES = tests/test_model.c tests/check_main.h
 tests_test_model_CFLAGS = $(TEST_CFLAGS)
 tests_test_model_LDADD = $(TEST_LIBS)
 TESTS += tests/test_safetensors tests/test_model
+# The weight swap under load is a concurrency test: it runs in CI's ThreadSanitizer pass too.
+CONCURRENCY_TESTS += tests/test_model
