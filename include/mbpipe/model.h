@@ -72,12 +72,14 @@
  *     last micro-batch that uses it has left the pipeline, by whichever thread drops the last reference.
  *   - mbp_model_forward and mbp_model_profile (any thread, not registered with RCU) take their reference
  *     under the model's swap mutex instead.
- * Stage 0's thread registers with RCU in its init and unregisters in its fini.
+ * Stage 0's thread registers with RCU in its init and unregisters in its fini. The model's stages own
+ * mb->carry: a pipeline must not mix them with other stages that use it.
  *
  * OpenBLAS kernel. Debian's OpenBLAS 0.3.21 does not know recent CPUs and may fall back to generic SSE3
  * kernels ("Prescott"), about 3 times slower. mbp_blas_info() names the kernel in use and
  * mbp_blas_warning() says when this happened on a CPU with AVX2 or AVX-512. Choosing a kernel is the user's
- * call: export OPENBLAS_CORETYPE=SkylakeX (or Haswell) before the process starts. mbpipe never sets it.
+ * call: export OPENBLAS_CORETYPE=SkylakeX (AVX-512 only: elsewhere the first sgemm dies with SIGILL) or
+ * Haswell (AVX2) before the process starts. mbpipe never sets it.
  *
  * Thread safety:
  *   operation                                          | concurrency
@@ -188,7 +190,8 @@ int mbp_model_load(mbp_model **m, const char *path, mbp_model_error *err);
  * Destroy a model. Accepts NULL.
  *
  * Call it after every pipeline running the model's stages has been destroyed and its stages object too.
- * Frees the current weights (and any version still referenced, which would be a use error).
+ * Frees the current weights. A weights version still referenced by a micro-batch is a use error that
+ * would free memory under a running stage: it aborts (MBP_VERIFY) instead.
  */
 void mbp_model_destroy(mbp_model *m);
 
