@@ -20,8 +20,8 @@
  *   tbb        tbb::parallel_pipeline, every filter serial_in_order, `tokens` live tokens (64).
  *   condvar    one thread per stage, unpinned, bounded queues of ring_capacity slots, each a mutex and two
  *              condition variables (signalled only when a waiter is counted).
- * For each point (S, W) the implementations run round by round (A B C D A B C D ...) and the medians are
- * reported. Run sizes aim at -t seconds each from the previous round's rate, at least 2000 items.
+ * For each point (S, W) the implementations run round by round, each round starting with the next one
+ * (A B C D, B C D A, ...), and the medians are reported. Run sizes aim at -t seconds each from the previous round's rate, at least 2000 items.
  *
  * Figures, with cores c = min(S, CPUs this process may use):
  *   items/s      n / wall
@@ -665,7 +665,9 @@ static bool run_point(const struct cfg *c, struct point *pt)
 		if (g_verbose)
 			printf("  round %u: work alone %.1f ns (nominal %.1f)\n", round, pt->w_meas[round],
 			       pt->W_us * 1000);
-		for (unsigned k = 0; k < NIMPL; k++) {
+		/* rotate: round r starts with implementation r mod NIMPL, so that none always runs first */
+		for (unsigned j = 0; j < NIMPL; j++) {
+			unsigned k = (round + j) % NIMPL;
 			if (!runs(c, pt, k))
 				continue;
 			uint64_t n = (uint64_t)(est[k] * c->run_s);
@@ -804,7 +806,8 @@ static void print_header(const struct cfg *c)
 	printf("tbb: parallel_pipeline, serial_in_order filters, %u live tokens, default arena\n", c->tokens);
 	printf("condvar: one unpinned thread per stage, mutex+condvar queues of %u slots\n",
 	       g_mbp_opts.ring_capacity);
-	printf("%u rounds per point, implementations alternating, about %.2f s per run; medians shown\n",
+	printf("%u rounds per point, implementations alternating (rotated), about %.2f s per run; medians "
+	       "shown\n",
 	       c->rounds, c->run_s);
 	printf("W = work_ns: one unit of work alone on one thread, measured in every round (median)\n"
 	       "cores = min(S, CPUs); eff = items/s / (cores / (S * W)); cpu/work = process user+sys / "
