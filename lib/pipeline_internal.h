@@ -47,11 +47,10 @@ static inline mbp_mb **mbp__origin(mbp_mb *hop)
 /* The engine's view of mbp_job.priv. */
 struct mbp__job_priv {
 	struct mbp__item item;
-	uint32_t next_mb;      /* stage 0's cursor: next micro-batch to start */
 	_Atomic uint32_t left; /* micro-batches not yet completed or failed */
 	_Atomic uint32_t failed;
-	_Atomic uint64_t
-	    first_err;		/* (seq << 32) | (uint32_t)err of the lowest failed seq; UINT64_MAX: none */
+	/* (seq << 32) | (uint32_t)err of the lowest failed seq; UINT64_MAX: none */
+	_Atomic uint64_t first_err;
 	_Atomic uint32_t state; /* futex word: 0 pending, 1 done, 2 pending with a sleeper */
 };
 _Static_assert(sizeof(struct mbp__job_priv) <= sizeof(((mbp_job *)0)->priv), "mbp_job.priv too small");

@@ -305,30 +305,31 @@ static void first_stage_mb(struct mbp__stage *s, mbp_mb *in, mbp_mb *x)
 	mbp_pool_put(p->pool, s->cache, tmp);
 }
 
+/* Split a job into micro-batches that read the caller's input in place. The job's fields are read once
+ * into locals: the last stage writes the job's bookkeeping (priv) for every micro-batch it completes, and
+ * a caller's mbp_job may put that on the same cache line as the fields read here. */
 static void first_stage_job(struct mbp__stage *s, mbp_job *job)
 {
-	struct mbp__job_priv *jp = mbp__jp(job);
-	uint32_t nmb = job->mbs;
-	for (uint32_t k = jp->next_mb; k < nmb; k++) {
+	const char *in = job->in;
+	const size_t nrows = job->rows, m = job->mb_rows, width = s->in_row_bytes;
+	const uint32_t nmb = job->mbs;
+	for (uint32_t k = 0; k < nmb; k++) {
 		if (cancelled(s->p)) {
 			/* never started: they fail here and do not enter the pipeline */
-			uint32_t left = nmb - k;
-			jp->next_mb = nmb;
-			mbp__job_account(&s->c, job, left, left, -ECANCELED, k);
+			mbp__job_account(&s->c, job, nmb - k, nmb - k, -ECANCELED, k);
 			return;
 		}
-		size_t row0 = (size_t)k * job->mb_rows;
-		size_t rows = job->rows - row0 < job->mb_rows ? job->rows - row0 : job->mb_rows;
+		size_t row0 = (size_t)k * m;
+		size_t rows = nrows - row0 < m ? nrows - row0 : m;
 		mbp_mb view = {
-		    .data = (void *)((const char *)job->in + row0 * s->in_row_bytes),
-		    .capacity = rows * s->in_row_bytes,
+		    .data = (void *)(in + row0 * width),
+		    .capacity = rows * width,
 		    .rows = (uint32_t)rows,
-		    .row_bytes = (uint32_t)s->in_row_bytes,
+		    .row_bytes = (uint32_t)width,
 		    .stage = UINT32_MAX,
 		    .seq = k,
 		    .job = job,
 		};
-		jp->next_mb = k + 1;
 		first_stage_mb(s, &view, NULL);
 	}
 }
