@@ -21,7 +21,7 @@ void mbp_opts_init(mbp_opts *o)
 	o->ingress_depth = 1024;
 	o->mb_buffers = 256;
 	o->pool_bytes = (size_t)1 << 30;
-	o->cache_size = 8;
+	o->cache_size = 32; /* perf/results/pipeline.md: 2-5% faster than 8 at W <= 1 us */
 	o->spin_ns = MBP__SPIN_NS_DEFAULT;
 	o->yield_ns = MBP__YIELD_NS_DEFAULT;
 	o->pin = true;

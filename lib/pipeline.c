@@ -158,7 +158,11 @@ static int plan_placement(struct mbp_pipeline *p)
 			s->cpu = s->d.cpu;
 			s->pin_required = true;
 		} else {
-			s->cpu = nlist ? list[i % nlist] : -1;
+			/* Stage i on the i-th CPU; with more stages than CPUs, consecutive stages share a CPU
+			 * (blocks, not round robin), so that half the hops stay on one core instead of every
+			 * hop crossing cores. */
+			unsigned S = p->nstages;
+			s->cpu = nlist ? list[S <= nlist ? i : (unsigned)((uint64_t)i * nlist / S)] : -1;
 			s->pin_required = p->o.ncpus != 0;
 		}
 	}

@@ -84,12 +84,13 @@ typedef struct mbp_opts {
 	uint32_t ingress_depth;	 /**< jobs plus single micro-batches waiting for stage 0. 1024 */
 	uint32_t mb_buffers;	 /**< buffers for mbp_mb_acquire(), held by callers or in flight. 256 */
 	size_t pool_bytes;	 /**< bound in bytes of each of the two pools (engine, mb_buffers). 1 GiB */
-	uint32_t cache_size;	 /**< buffers in each worker's pool cache. 8 */
+	uint32_t cache_size;	 /**< buffers in each worker's pool cache. 32 */
 	uint64_t spin_ns;	 /**< spin budget of a waiting worker. 20000 */
 	uint64_t yield_ns;	 /**< yield budget after the spin, then it parks. 200000 */
 	bool pin;		 /**< pin stage threads to CPUs. true */
 	uint32_t ncpus;		 /**< entries in cpus; 0: the CPUs this process may use */
-	int cpus[MBP_MAX_CPUS];	 /**< stage i runs on cpus[i % ncpus] unless its descriptor names a CPU */
+	int cpus[MBP_MAX_CPUS];	 /**< stage i runs on cpus[i] (with S > ncpus stages: cpus[i * ncpus / S],
+				      consecutive stages sharing a CPU) unless its descriptor names one */
 	uint32_t trace_events;	 /**< activity-log events kept per stage; 0: tracing off */
 	mbp_result_fn on_result; /**< required for mbp_mb_submit() */
 	void *on_result_arg;
