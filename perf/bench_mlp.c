@@ -42,6 +42,8 @@
 
 #include <mbpipe.h>
 
+#include "bench_util.h"
+
 #define MAX_BATCHES 16
 #define MAX_ROUNDS  64
 #define WINDOW	    8 /* jobs in flight in stream mode */
@@ -64,20 +66,6 @@ static double now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double median(const double *v, unsigned n)
-{
-	double t[MAX_ROUNDS];
-	memcpy(t, v, n * sizeof(*t));
-	qsort(t, n, sizeof(*t), cmp_double);
-	return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
 static void die(const char *what, int rc)
@@ -374,8 +362,8 @@ static bool run_point(const struct conf *c, mbp_model *m, struct point *pt)
 		}
 	}
 	for (int k = 0; k < NPEERS; k++)
-		pt->med[k] = median(pt->sps[k], c->rounds);
-	pt->others_med = median(pt->others, c->rounds * NPEERS);
+		pt->med[k] = bench_median(pt->sps[k], c->rounds);
+	pt->others_med = bench_median(pt->others, c->rounds * NPEERS);
 	openblas_set_num_threads(1);
 	int rc = mbp_pipeline_drain(p, -1);
 	if (rc)

@@ -50,6 +50,7 @@
 
 #include <mbpipe.h>
 
+#include "bench_util.h"
 #include "bench_pipeline.h"
 
 #define MAX_ROUNDS 64
@@ -113,20 +114,6 @@ __attribute__((noinline)) uint64_t bp_work(uint64_t iters, uint64_t x)
 	return x;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double median(const double *v, unsigned n)
-{
-	double t[MAX_ROUNDS];
-	memcpy(t, v, n * sizeof(*t));
-	qsort(t, n, sizeof(*t), cmp_double);
-	return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-}
-
 /* Median nanoseconds of one call bp_work(iters): `trials` timed chunks of about `chunk_ns` each. The median,
  * not the fastest: the loop's speed here varies by a few per cent with the host's load, and the fastest
  * chunk would flatter every implementation's efficiency alike. */
@@ -144,7 +131,7 @@ static double work_cost(uint64_t iters, unsigned trials, double chunk_ns, double
 		t[k] = (double)(now_ns() - t0) / (double)calls;
 		sink += x;
 	}
-	return median(t, trials);
+	return bench_median(t, trials);
 }
 
 /* Nanoseconds per iteration of bp_work: the median of 31 chunks of 1 ms, after 20 ms of warm-up. */
@@ -614,7 +601,7 @@ static bool runs(const struct cfg *c, const struct point *pt, unsigned k)
 /* Medians over the rounds, against the work as measured alone in the same rounds. */
 static void point_finish(struct point *pt, unsigned rounds)
 {
-	pt->W_ns = median(pt->w_meas, rounds);
+	pt->W_ns = bench_median(pt->w_meas, rounds);
 	pt->ideal = pt->cores / (pt->S * pt->W_ns * 1e-9);
 	double work = pt->S * pt->W_ns;
 	for (unsigned k = 0; k < NIMPL; k++) {
@@ -632,13 +619,13 @@ static void point_finish(struct point *pt, unsigned rounds)
 			cpu_hop[i] = ((double)r->cpu_ns / items - work) / pt->S;
 			others[i] = r->others;
 		}
-		m->med = median(items_s, m->n);
+		m->med = bench_median(items_s, m->n);
 		m->eff = m->med / pt->ideal;
-		m->cpu_work = median(cpu_work, m->n);
-		m->hop = median(hop, m->n);
-		m->cpu_hop = median(cpu_hop, m->n);
-		m->others = median(others, m->n);
-		qsort(items_s, m->n, sizeof(*items_s), cmp_double);
+		m->cpu_work = bench_median(cpu_work, m->n);
+		m->hop = bench_median(hop, m->n);
+		m->cpu_hop = bench_median(cpu_hop, m->n);
+		m->others = bench_median(others, m->n);
+		qsort(items_s, m->n, sizeof(*items_s), bench_cmp_double);
 		m->lo = items_s[0];
 		m->hi = items_s[m->n - 1];
 	}

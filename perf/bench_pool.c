@@ -47,6 +47,8 @@
 
 #include <mbpipe.h>
 
+#include "bench_util.h"
+
 /* glibc's own allocator, reachable under these names whichever malloc the program is linked with. */
 extern void *__libc_malloc(size_t size);
 extern void __libc_free(void *ptr);
@@ -71,18 +73,6 @@ static uint64_t now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* ---- CPUs ---- */
@@ -233,7 +223,7 @@ static void part1(const size_t *sizes, int nsizes, double res[][M_COUNT])
 			for (int m = 0; m < M_COUNT; m++)
 				r[m][round] = method_available(m) ? gp_measure(&x, m) : 0;
 		for (int m = 0; m < M_COUNT; m++)
-			res[s][m] = median(r[m], ROUNDS);
+			res[s][m] = bench_median(r[m], ROUNDS);
 		mbp_pool_cache_destroy(x.cache);
 		mbp_pool_stats st;
 		mbp_pool_stats_get(x.pool, &st);
@@ -351,7 +341,7 @@ static double median_u32(uint32_t *v, unsigned long n)
 		abort();
 	for (unsigned long i = 0; i < n; i++)
 		d[i] = v[i];
-	double m = median(d, (int)n);
+	double m = bench_median(d, (int)n);
 	free(d);
 	return m;
 }
@@ -465,8 +455,8 @@ static void part2(const size_t *sizes, int nsizes, struct ho_result res[][P_COUN
 			}
 		for (int p = 0; p < P_COUNT; p++) {
 			for (int k = 0; k < T_COUNT; k++)
-				res[s][p].phase[k] = median(r[p][k], ROUNDS);
-			res[s][p].wall = median(r[p][T_COUNT], ROUNDS);
+				res[s][p].phase[k] = bench_median(r[p][k], ROUNDS);
+			res[s][p].wall = bench_median(r[p][T_COUNT], ROUNDS);
 		}
 	}
 }
