@@ -379,6 +379,7 @@ void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, u
 bool mbp_job_done(const mbp_job *job)
 {
 	struct mbp__job_priv *jp = mbp__jp((mbp_job *)job);
+	/* acquire; partner: the release exchange in mbp__job_account(): the job's results are visible */
 	return atomic_load_explicit(&jp->state, memory_order_acquire) == 1;
 }
 
@@ -389,6 +390,7 @@ int mbp_job_wait(mbp_job *job, int64_t timeout_ns)
 	struct mbp__job_priv *jp = mbp__jp(job);
 	uint64_t deadline = mbp__deadline(timeout_ns);
 	for (;;) {
+		/* acquire; partner: the release exchange in mbp__job_account() */
 		uint32_t st = atomic_load_explicit(&jp->state, memory_order_acquire);
 		if (st == 1)
 			return 0;

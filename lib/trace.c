@@ -43,6 +43,7 @@ int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path)
 			",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"args\":{\"name\":"
 			"\"%u %s (cpu %d)\"}}",
 			i, i, s->name, s->cpu);
+		/* acquire; partner: the release store in mbp__trace_add(): events below n are complete */
 		uint32_t n = s->trace ? atomic_load_explicit(&s->trace_n, memory_order_acquire) : 0;
 		for (uint32_t k = 0; k < n; k++) {
 			const struct mbp__trace_ev *e = &s->trace[k];
