@@ -674,9 +674,13 @@ START_TEST(both_sides_park_on_a_tiny_ring_and_lose_no_wakeup)
 	ck_assert_int_eq(s.prod_rc, 0);
 	ck_assert_int_eq(s.cons_rc, -EPIPE);
 	seq_check_done(&s.got, s.n);
-	/* both really slept on the futex (a yield is not a voluntary switch) */
-	ck_assert_int_gt(s.prod_sleeps, 0);
-	ck_assert_int_gt(s.cons_sleeps, 0);
+	/* With no budget at all, both really slept on the futex (a yield is not a voluntary switch). With
+	 * the 2 us budgets a fast peer on the other CPU can keep one side from ever running out of them, so
+	 * whether it slept there depends on the scheduler, not on the code (seen once in CI's clone). */
+	if (!(_i & 2)) {
+		ck_assert_int_gt(s.prod_sleeps, 0);
+		ck_assert_int_gt(s.cons_sleeps, 0);
+	}
 	mbp__membarrier_ok = membarrier_was;
 	pthread_barrier_destroy(&s.go);
 	mbp__ring_destroy(s.r);
