@@ -233,13 +233,11 @@ static void last_stage(struct mbp__stage *s, mbp_mb *in)
 		res = &view;
 	}
 	run_done_hooks(p, res);
-	if (in->job) {
+	if (in->job)
 		complete_job_mb(s, res);
-		mbp_pool_put(p->pool, s->cache, in);
-	} else {
-		deliver(s, x, res); /* reads res (possibly `in`) before `in` goes back */
-		mbp_pool_put(p->pool, s->cache, in);
-	}
+	else
+		deliver(s, x, res);
+	mbp_pool_put(p->pool, s->cache, in); /* after: res may be `in` itself */
 }
 
 /* Middle stage: compute into a fresh hop buffer, release the input into the cache, push. */
