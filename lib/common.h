@@ -52,6 +52,28 @@ static inline uint64_t mbp__now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* The engine's accounting clock (lib/clock.c): nanoseconds on CLOCK_MONOTONIC's scale, read through the
+ * TSC where the kernel keeps time with it. Differences only; mbp__clock_init() before the first use. */
+struct mbp__tsc {
+	uint64_t base_tsc, base_ns;
+	uint64_t mult; /* nanoseconds per tick, 32.32 fixed point */
+	bool ok;
+};
+extern struct mbp__tsc mbp__tsc;
+void mbp__clock_init(void);
+
+static inline uint64_t mbp__clock_ns(void)
+{
+#if defined(__x86_64__)
+	if (MBP_LIKELY(mbp__tsc.ok)) {
+		uint64_t c = __builtin_ia32_rdtsc();
+		uint64_t d = c > mbp__tsc.base_tsc ? c - mbp__tsc.base_tsc : 0;
+		return mbp__tsc.base_ns + (uint64_t)(((unsigned __int128)d * mbp__tsc.mult) >> 32);
+	}
+#endif
+	return mbp__now_ns();
+}
+
 /* A relative timeout (negative: forever, 0: do not wait) as an absolute deadline; UINT64_MAX is forever. */
 static inline uint64_t mbp__deadline(int64_t timeout_ns)
 {

@@ -2,7 +2,7 @@
 lib_LTLIBRARIES += lib/libmbpipe.la
 
 lib_libmbpipe_la_SOURCES = \
-	lib/common.h lib/wait.h lib/wait.c lib/ring.h lib/ring_pvt.h lib/ring.c \
+	lib/common.h lib/clock.c lib/wait.h lib/wait.c lib/ring.h lib/ring_pvt.h lib/ring.c \
 	lib/error.c lib/pool_internal.h lib/pool.c \
 	lib/affinity.h lib/affinity.c lib/opts.c lib/pipeline_internal.h lib/pipeline.c lib/worker.c \
 	lib/stats.c lib/trace.c

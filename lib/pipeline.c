@@ -97,6 +97,7 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 		if (o->cpus[i] < 0 || o->cpus[i] >= CPU_SETSIZE)
 			return -EINVAL;
 	mbp__wait_global_init();
+	mbp__clock_init();
 	struct mbp_pipeline *p = aligned_alloc(MBP_CACHELINE, (sizeof(*p) + MBP_CACHELINE - 1) & ~(size_t)63);
 	if (!p)
 		return -ENOMEM;
@@ -262,7 +263,7 @@ int mbp_pipeline_start(mbp_pipeline *p)
 		atomic_store(&p->state, ST_STOPPED);
 		return rc;
 	}
-	p->start_ns = mbp__now_ns();
+	p->start_ns = mbp__clock_ns();
 	atomic_store(&p->state, ST_RUNNING);
 	return 0;
 }

@@ -38,7 +38,7 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 	memset(ps, 0, sizeof(*ps));
 	ps->stages = p->nstages;
 	ps->start_ns = p->start_ns;
-	ps->now_ns = mbp__now_ns();
+	ps->now_ns = mbp__clock_ns();
 	ps->jobs_accepted = atomic_load_explicit(&p->jobs_accepted, memory_order_relaxed);
 	ps->mbs_accepted = atomic_load_explicit(&p->mbs_accepted, memory_order_relaxed);
 	uint64_t busy = 0;

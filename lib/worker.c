@@ -59,7 +59,7 @@ static void wait_until(struct mbp__stage *s, struct mbp__parker *pk, ready_fn re
 {
 	_Atomic uint64_t *since = starved ? &s->c.starved_since : &s->c.blocked_since;
 	_Atomic uint64_t *total = starved ? &s->c.starved_ns : &s->c.blocked_ns;
-	uint64_t t0 = mbp__now_ns();
+	uint64_t t0 = mbp__clock_ns();
 	state_begin(since, t0);
 	struct mbp__backoff b;
 	mbp__backoff_init(&b);
@@ -74,7 +74,7 @@ static void wait_until(struct mbp__stage *s, struct mbp__parker *pk, ready_fn re
 		}
 		mbp__parker_sleep(pk, UINT64_MAX);
 	}
-	state_end(since, total, t0, mbp__now_ns());
+	state_end(since, total, t0, mbp__clock_ns());
 }
 
 static bool ring_in_ready(struct mbp__stage *s)
@@ -125,11 +125,11 @@ static mbp_mb *hop_buffer(struct mbp__stage *s)
 	mbp_mb *mb;
 	if (MBP_LIKELY(mbp_pool_get(s->p->pool, s->cache, &mb, 0) == 0))
 		return mb;
-	uint64_t t0 = mbp__now_ns();
+	uint64_t t0 = mbp__clock_ns();
 	state_begin(&s->c.blocked_since, t0);
 	int rc = mbp_pool_get(s->p->pool, s->cache, &mb, -1);
 	MBP_VERIFY(rc == 0);
-	state_end(&s->c.blocked_since, &s->c.blocked_ns, t0, mbp__now_ns());
+	state_end(&s->c.blocked_since, &s->c.blocked_ns, t0, mbp__clock_ns());
 	return mb;
 }
 
@@ -152,10 +152,10 @@ static int run(struct mbp__stage *s, const mbp_mb *in, mbp_mb *out)
 	out->job = in->job;
 	out->user = in->user;
 	out->carry = in->carry;
-	uint64_t t0 = mbp__now_ns();
+	uint64_t t0 = mbp__clock_ns();
 	state_begin(&s->c.busy_since, t0);
 	int rc = s->d.fn(s->d.ctx, in, out);
-	uint64_t t1 = mbp__now_ns();
+	uint64_t t1 = mbp__clock_ns();
 	state_end(&s->c.busy_since, &s->c.busy_ns, t0, t1);
 	if (rc > 0)
 		rc = -EPROTO; /* a stage must return 0 or a negative errno */
