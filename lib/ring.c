@@ -53,44 +53,24 @@ void mbp__ring_close(struct mbp__ring *r)
 	mbp__parker_wake(&r->prod_park);
 }
 
-/* Wait until `ready(r)` holds, the ring closes or the deadline passes. 0, -ETIMEDOUT or -EPIPE. The caller
- * has already tried once. */
-static int wait_for(struct mbp__ring *r, struct mbp__parker *pk, bool (*ready)(struct mbp__ring *),
-		    uint64_t deadline)
+/* What a blocked side waits for: its condition, or the close (the caller then reports -EPIPE). */
+static bool room_or_closed(void *arg)
 {
-	struct mbp__backoff b;
-	mbp__backoff_init(&b);
-	for (;;) {
-		if (ready(r))
-			return 0;
-		if (mbp__ring_closed(r))
-			return -EPIPE;
-		if (deadline != UINT64_MAX && mbp__now_ns() >= deadline)
-			return -ETIMEDOUT;
-		if (mbp__backoff_step(&b, &r->wopts) == MBP__BACKOFF_AGAIN)
-			continue;
-		mbp__parker_prepare(pk);
-		if (ready(r) || mbp__ring_closed(r)) {
-			mbp__parker_cancel(pk);
-			continue;
-		}
-		mbp__parker_sleep(pk, deadline);
-	}
+	struct mbp__ring *r = arg;
+	/* acquire; partner: the consumer's release store of tail (see ring_pvt.h). Relaxed head: only this
+	 * thread (the producer) writes it. */
+	uint32_t used = atomic_load_explicit(&r->head, memory_order_relaxed) -
+			atomic_load_explicit(&r->tail, memory_order_acquire);
+	return used < r->capacity || mbp__ring_closed(r);
 }
 
-static bool has_room(struct mbp__ring *r)
+static bool items_or_closed(void *arg)
 {
-	/* acquire; partner: the consumer's release store of tail (see ring_pvt.h) */
-	return r->capacity - (atomic_load_explicit(&r->head, memory_order_relaxed) -
-			      atomic_load_explicit(&r->tail, memory_order_acquire)) >
-	       0;
-}
-
-static bool has_items(struct mbp__ring *r)
-{
-	/* acquire; partner: the producer's release store of head (see ring_pvt.h) */
-	return atomic_load_explicit(&r->head, memory_order_acquire) !=
-	       atomic_load_explicit(&r->tail, memory_order_relaxed);
+	struct mbp__ring *r = arg;
+	/* acquire; partner: the producer's release store of head (see ring_pvt.h). Relaxed tail: only this
+	 * thread (the consumer) writes it. */
+	uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+	return head != atomic_load_explicit(&r->tail, memory_order_relaxed) || mbp__ring_closed(r);
 }
 
 int mbp__ring_push_wait_sp(struct mbp__ring *r, void *item, int64_t timeout_ns)
@@ -107,7 +87,7 @@ int mbp__ring_push_wait_sp(struct mbp__ring *r, void *item, int64_t timeout_ns)
 			return -EAGAIN;
 		if (deadline == 0)
 			deadline = mbp__deadline(timeout_ns);
-		int rc = wait_for(r, &r->prod_park, has_room, deadline);
+		int rc = mbp__wait_until(&r->prod_park, &r->wopts, room_or_closed, r, NULL, deadline);
 		if (rc)
 			return rc;
 	}
@@ -131,7 +111,7 @@ int mbp__ring_pop_burst_wait_sc(struct mbp__ring *r, void **items, unsigned n, i
 			return -EAGAIN;
 		if (deadline == 0)
 			deadline = mbp__deadline(timeout_ns);
-		int rc = wait_for(r, &r->cons_park, has_items, deadline);
+		int rc = mbp__wait_until(&r->cons_park, &r->wopts, items_or_closed, r, NULL, deadline);
 		if (rc == -ETIMEDOUT)
 			return rc;
 		/* 0 or -EPIPE: loop to pop, and to drain before reporting end-of-stream */

@@ -20,15 +20,14 @@ static uint64_t timed(_Atomic uint64_t *total, _Atomic uint64_t *since, uint64_t
 	return t0 && now > t0 ? t + (now - t0) : t;
 }
 
-static void derive(mbp_pipeline_stats *ps, const mbp_stage_stats *ss, unsigned n, uint64_t busy_sum)
+/* Throughput and bubble over the snapshot's window, from the stages' summed busy time. */
+static void derive(mbp_pipeline_stats *ps, uint64_t busy_sum)
 {
 	double wall = (double)(ps->now_ns - ps->start_ns) / 1e9;
 	ps->throughput = wall > 0 ? (double)ps->rows_completed / wall : 0;
 	ps->bubble = wall > 0 && ps->stages ? 1.0 - (double)busy_sum / 1e9 / (wall * ps->stages) : 0;
 	if (ps->bubble < 0)
 		ps->bubble = 0;
-	(void)ss;
-	(void)n;
 }
 
 int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_stats *ss, unsigned n)
@@ -81,7 +80,7 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 		mbp_pool_stats_get(p->mb_pool, &ps->mb_pool);
 	if (p->start_ns == 0) /* not started */
 		ps->start_ns = ps->now_ns;
-	derive(ps, ss, n < p->nstages ? n : p->nstages, busy);
+	derive(ps, busy);
 	return (int)p->nstages;
 }
 
@@ -108,5 +107,5 @@ void mbp_stats_window(mbp_pipeline_stats *b, mbp_stage_stats *bs, const mbp_pipe
 			bs[i].hist[k] -= as[i].hist[k];
 		busy += bs[i].busy_ns;
 	}
-	derive(b, bs, n, busy);
+	derive(b, busy);
 }

@@ -108,3 +108,26 @@ int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline)
 	atomic_store_explicit(&pk->parked, 0, memory_order_relaxed);
 	return rc;
 }
+
+int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *), void *arg,
+		    void (*idle)(void *), uint64_t deadline)
+{
+	struct mbp__backoff b;
+	mbp__backoff_init(&b);
+	for (;;) {
+		if (ready(arg))
+			return 0;
+		if (deadline != UINT64_MAX && mbp__now_ns() >= deadline)
+			return -ETIMEDOUT;
+		if (mbp__backoff_step(&b, o) == MBP__BACKOFF_AGAIN)
+			continue;
+		if (idle)
+			idle(arg);
+		mbp__parker_prepare(pk);
+		if (ready(arg)) { /* the re-check after the heavy fence: a publisher that missed the flag */
+			mbp__parker_cancel(pk);
+			return 0;
+		}
+		mbp__parker_sleep(pk, deadline);
+	}
+}

@@ -123,4 +123,12 @@ static inline void mbp__parker_cancel(struct mbp__parker *pk)
 /* Sleep until woken or the deadline; returns 0 or -ETIMEDOUT. Clears the flag either way. */
 int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline);
 
+/*
+ * The whole wait: the backoff, then park on `pk` until ready(arg) holds or the deadline passes (UINT64_MAX:
+ * none). `idle(arg)`, if not NULL, runs before each park (a worker hands back its cached buffers there).
+ * Returns 0 once ready, or -ETIMEDOUT. The publisher of what `ready` checks calls mbp__parker_wake(pk).
+ */
+int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *), void *arg,
+		    void (*idle)(void *), uint64_t deadline);
+
 #endif

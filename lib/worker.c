@@ -51,44 +51,39 @@ static inline void state_end(_Atomic uint64_t *since, _Atomic uint64_t *total, u
 
 /* ---- waiting: one shape for every wait of a worker ---- */
 
-typedef bool (*ready_fn)(struct mbp__stage *s);
+static void flush_cache(void *arg)
+{
+	struct mbp__stage *s = arg;
+	mbp_pool_cache_flush(s->cache); /* going idle: strand no buffer in this cache */
+}
 
-/* Wait until ready(s), with the spin-yield-park backoff; flush the pool cache before parking so an idle
- * worker strands no buffer. The time counts as starved (waiting for input) or blocked (for room). */
-static void wait_until(struct mbp__stage *s, struct mbp__parker *pk, ready_fn ready, bool starved)
+/* Wait until ready(s) (the backoff of wait.h, handing back cached buffers before parking); the time counts
+ * as starved (waiting for input) or blocked (for room). */
+static void wait_until(struct mbp__stage *s, struct mbp__parker *pk, bool (*ready)(void *), bool starved)
 {
 	_Atomic uint64_t *since = starved ? &s->c.starved_since : &s->c.blocked_since;
 	_Atomic uint64_t *total = starved ? &s->c.starved_ns : &s->c.blocked_ns;
 	uint64_t t0 = mbp__clock_ns();
 	state_begin(since, t0);
-	struct mbp__backoff b;
-	mbp__backoff_init(&b);
-	while (!ready(s)) {
-		if (mbp__backoff_step(&b, &s->p->wopts) == MBP__BACKOFF_AGAIN)
-			continue;
-		mbp_pool_cache_flush(s->cache);
-		mbp__parker_prepare(pk);
-		if (ready(s)) {
-			mbp__parker_cancel(pk);
-			break;
-		}
-		mbp__parker_sleep(pk, UINT64_MAX);
-	}
+	mbp__wait_until(pk, &s->p->wopts, ready, s, flush_cache, UINT64_MAX);
 	state_end(since, total, t0, mbp__clock_ns());
 }
 
-static bool ring_in_ready(struct mbp__stage *s)
+static bool ring_in_ready(void *arg)
 {
+	struct mbp__stage *s = arg;
 	return mbp__ring_count(s->in) != 0 || mbp__ring_closed(s->in);
 }
 
-static bool ring_out_ready(struct mbp__stage *s)
+static bool ring_out_ready(void *arg)
 {
+	struct mbp__stage *s = arg;
 	return mbp__ring_count(s->out) < s->out->capacity;
 }
 
-static bool ingress_ready(struct mbp__stage *s)
+static bool ingress_ready(void *arg)
 {
+	struct mbp__stage *s = arg;
 	struct mbp__ingress_mpsc *q = &s->p->ingress;
 	/* acquire; partner: the release store in the ingress close (pipeline.c) */
 	return !cds_wfcq_empty(&q->head, &q->tail) || atomic_load_explicit(&q->closed, memory_order_acquire);
