@@ -119,6 +119,8 @@ int mbp_opts_parse(mbp_opts *o, const char *conf, size_t *errpos)
 				o->yield_ns = x * 1000;
 			else if (KEY("pin") && x <= 1)
 				o->pin = x != 0;
+			else if (KEY("threads"))
+				o->threads = (uint32_t)x;
 			else if (KEY("trace"))
 				o->trace_events = (uint32_t)x;
 			else

@@ -137,7 +137,7 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	return 0;
 }
 
-/* Decide each stage's CPU and the wait mode. */
+/* Decide the threads, which stages each runs, each thread's CPU, and the wait mode. */
 static int plan_placement(struct mbp_pipeline *p)
 {
 	int allowed[MBP_MAX_CPUS];
@@ -151,27 +151,64 @@ static int plan_placement(struct mbp_pipeline *p)
 	const int *list = p->o.ncpus ? p->o.cpus : allowed;
 	unsigned nlist = p->o.ncpus ? p->o.ncpus : (unsigned)(n < MBP_MAX_CPUS ? n : MBP_MAX_CPUS);
 	unsigned distinct = p->o.ncpus ? p->o.ncpus : navail;
-	for (unsigned i = 0; i < p->nstages; i++) {
+	if (distinct > navail)
+		distinct = navail;
+	if (distinct == 0)
+		distinct = 1;
+
+	const unsigned S = p->nstages;
+	bool named = false;
+	for (unsigned i = 0; i < S; i++)
+		named |= p->stages[i].d.cpu >= 0;
+	/* Threads: as asked; by default one per stage while they fit the CPUs (or where the caller placed
+	 * stages itself), else one per CPU running consecutive stages (see "Threads and stages" in
+	 * pipeline.h). */
+	unsigned T = p->o.threads ? p->o.threads : named || S <= distinct ? S : distinct;
+	if (T > S)
+		T = S;
+	p->nthreads = T;
+
+	for (unsigned i = 0; i < S; i++) {
 		struct mbp__stage *s = &p->stages[i];
-		if (!p->o.pin) {
-			s->cpu = -1;
-		} else if (s->d.cpu >= 0) {
-			s->cpu = s->d.cpu;
+		s->thread_idx = (unsigned)((uint64_t)i * T / S);
+		s->leads = i == 0 || s[-1].thread_idx != s->thread_idx;
+	}
+	for (unsigned i = S; i-- > 0;) {
+		struct mbp__stage *s = &p->stages[i];
+		s->group_last = i + 1 == S || s[1].leads ? i : s[1].group_last;
+	}
+	for (unsigned i = 0; i < S; i++) {
+		struct mbp__stage *s = &p->stages[i];
+		if (!s->leads) {
+			s->cpu = s[-1].cpu;
+			s->pin_required = s[-1].pin_required;
+			continue;
+		}
+		const unsigned t = s->thread_idx;
+		s->cpu = -1;
+		s->pin_required = false;
+		if (!p->o.pin)
+			continue;
+		/* A CPU named by a stage of this thread; they must agree. */
+		for (unsigned j = i; j <= s->group_last; j++) {
+			int c = p->stages[j].d.cpu;
+			if (c < 0)
+				continue;
+			if (s->pin_required && c != s->cpu)
+				return -EINVAL;
+			s->cpu = c;
 			s->pin_required = true;
-		} else {
-			/* Stage i on the i-th CPU; with more stages than CPUs, consecutive stages share a CPU
-			 * (blocks, not round robin), so that half the hops stay on one core instead of every
-			 * hop crossing cores. */
-			unsigned S = p->nstages;
-			s->cpu = nlist ? list[S <= nlist ? i : (unsigned)((uint64_t)i * nlist / S)] : -1;
+		}
+		if (!s->pin_required && nlist) {
+			/* Thread t on the t-th CPU; with more threads than CPUs, consecutive threads share a
+			 * CPU (blocks, not round robin), so that half their hops stay on one core. */
+			s->cpu = list[T <= nlist ? t : (unsigned)((uint64_t)t * nlist / T)];
 			s->pin_required = p->o.ncpus != 0;
 		}
 	}
-	if (distinct > navail)
-		distinct = navail;
 	/* Threads that want to run outnumber the CPUs: spinning only burns the slice the peer needs. */
 	p->wopts = (struct mbp__wait_opts){
-	    .spin_ns = p->o.spin_ns, .yield_ns = p->o.yield_ns, .no_spin = p->nstages > distinct};
+	    .spin_ns = p->o.spin_ns, .yield_ns = p->o.yield_ns, .no_spin = T > distinct};
 	return 0;
 }
 
@@ -232,6 +269,8 @@ int mbp_pipeline_start(mbp_pipeline *p)
 	if (rc == 0)
 		rc = make_pools(p);
 	for (unsigned i = 0; rc == 0 && i + 1 < p->nstages; i++) {
+		if (!p->stages[i + 1].leads)
+			continue; /* the same thread calls stage i + 1 */
 		rc = mbp__ring_new(&p->stages[i].out, p->o.ring_capacity, &p->wopts, 0);
 		if (rc == 0)
 			p->stages[i + 1].in = p->stages[i].out;
@@ -244,11 +283,15 @@ int mbp_pipeline_start(mbp_pipeline *p)
 		}
 	}
 	unsigned launched = 0;
-	for (; rc == 0 && launched < p->nstages; launched++) {
-		struct mbp__stage *s = &p->stages[launched];
+	for (unsigned i = 0; rc == 0 && i < p->nstages; i++) {
+		struct mbp__stage *s = &p->stages[i];
+		if (!s->leads)
+			continue;
 		rc = -pthread_create(&s->thread, NULL, mbp__worker_thread, s);
-		if (rc == 0)
+		if (rc == 0) {
 			s->thread_started = true;
+			launched++;
+		}
 	}
 	pthread_mutex_lock(&p->start_lock);
 	while (p->started < launched)
@@ -566,6 +609,7 @@ int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n)
 	for (unsigned i = 0; i < p->nstages && i < n; i++) {
 		out[i].cpu = p->stages[i].pin_error ? -1 : p->stages[i].cpu;
 		out[i].pin_error = p->stages[i].pin_error;
+		out[i].thread = p->stages[i].thread_idx;
 	}
 	return (int)p->nstages;
 }

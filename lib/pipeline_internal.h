@@ -6,6 +6,10 @@
  * stage 0 takes them in order, splits jobs into micro-batches read in place from the caller's input, and
  * pushes each result (a pool buffer) into the SPSC ring to stage 1, and so on; the last stage writes into
  * the caller's output (a job's array, or the caller's own buffer for a single micro-batch) and completes.
+ * Where opts.threads < stages (by default: stages outnumber CPUs), one worker thread runs consecutive
+ * stages, each calling the next (pass_on in worker.c): DESIGN.md's one thread per stage would make the
+ * threads of a CPU time-slice it, a context switch per hop where a call does (pipeline.h, "Threads and
+ * stages", has the figures).
  * The hop between two stages is a "link": today an SPSC ring in memory; the worker touches it only through
  * link_push/link_pop in worker.c, so a remote link (MPI) or a backward flow can take its place later.
  */
@@ -118,9 +122,15 @@ struct mbp__stage {
 	unsigned idx;
 	struct mbp_pipeline *p;
 	size_t in_row_bytes, out_row_bytes;
-	struct mbp__ring *in;  /* NULL for stage 0, which reads the ingress */
-	struct mbp__ring *out; /* NULL for the last stage */
-	mbp_pool_cache *cache;
+	/* Threads: stages [first, last] of one worker thread (one stage unless opts.threads < stages) are
+	 * called one after the other; rings link the threads only. */
+	struct mbp__ring *in;  /* NULL for stage 0, which reads the ingress, and for a stage that the
+				  previous one calls on its own thread */
+	struct mbp__ring *out; /* NULL unless this stage ends a thread that is not the last */
+	mbp_pool_cache *cache; /* the thread's, shared by its stages */
+	unsigned thread_idx;   /* which worker thread runs this stage */
+	unsigned group_last;   /* index of the last stage that thread runs */
+	bool leads;	       /* the first stage of its thread: owns `thread` and `cache` */
 	pthread_t thread;
 	bool thread_started;
 	bool init_ok;
@@ -138,6 +148,7 @@ enum mbp__state { ST_NEW, ST_RUNNING, ST_DRAINING, ST_STOPPED };
 struct mbp_pipeline {
 	mbp_opts o;
 	unsigned nstages;
+	unsigned nthreads;
 	struct mbp__stage stages[MBP_MAX_STAGES];
 	struct mbp__wait_opts wopts;
 	mbp_pool *pool;	      /* hop buffers, engine only */

@@ -1,8 +1,9 @@
 /*
  * Statistics: snapshots of single-writer counters (relaxed loads) and the window between two snapshots.
  *
- * The bubble is the share of the stages' time that was not spent computing: 1 - sum(busy) / (S x wall).
- * For S balanced stages and M micro-batches per batch, fill and drain alone give GPipe's (S-1)/(M+S-1);
+ * The bubble is the share of the worker threads' time that was not spent computing:
+ * 1 - sum(busy) / (T x wall), T threads (= S stages unless stages share threads). For S balanced stages
+ * on their own threads and M micro-batches per batch, fill and drain alone give GPipe's (S-1)/(M+S-1);
  * imbalance, hand-off overhead and waiting for input add to it.
  */
 #include "config.h"
@@ -25,7 +26,7 @@ static void derive(mbp_pipeline_stats *ps, uint64_t busy_sum)
 {
 	double wall = (double)(ps->now_ns - ps->start_ns) / 1e9;
 	ps->throughput = wall > 0 ? (double)ps->rows_completed / wall : 0;
-	ps->bubble = wall > 0 && ps->stages ? 1.0 - (double)busy_sum / 1e9 / (wall * ps->stages) : 0;
+	ps->bubble = wall > 0 && ps->threads ? 1.0 - (double)busy_sum / 1e9 / (wall * ps->threads) : 0;
 	if (ps->bubble < 0)
 		ps->bubble = 0;
 }
@@ -36,6 +37,7 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 		return -EINVAL;
 	memset(ps, 0, sizeof(*ps));
 	ps->stages = p->nstages;
+	ps->threads = p->nthreads ? p->nthreads : p->nstages; /* known once started */
 	ps->start_ns = p->start_ns;
 	ps->now_ns = mbp__clock_ns();
 	ps->jobs_accepted = atomic_load_explicit(&p->jobs_accepted, memory_order_relaxed);
@@ -68,7 +70,7 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 		if (s->in) {
 			o->ring_occupancy = mbp__ring_count(s->in);
 			o->ring_capacity = s->in->capacity;
-		} else {
+		} else if (i == 0) {
 			o->ring_occupancy = atomic_load_explicit(&p->ingress.room.used, memory_order_relaxed);
 			o->ring_capacity = p->ingress.room.limit;
 		}

@@ -1,7 +1,7 @@
 /*
  * Activity log: per stage, the begin and end of each micro-batch it computed, in bounded memory (the first
  * trace_events per stage; later ones are counted as dropped, not kept), written as a Chrome trace JSON
- * file ("X" complete events, one thread per stage) that Perfetto and chrome://tracing open.
+ * file ("X" complete events, one track per stage) that Perfetto and chrome://tracing open.
  */
 #include "config.h"
 

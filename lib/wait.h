@@ -3,7 +3,7 @@
  *
  * A thread that finds its ring empty (consumer) or full (producer) calls mbp__backoff_step() in a loop,
  * re-checking its condition between calls. The budgets are in time, not iterations:
- *   1. spin (pause instruction) while elapsed < spin_ns, skipped entirely when stage threads outnumber the
+ *   1. spin (pause instruction) while elapsed < spin_ns, skipped entirely when worker threads outnumber the
  *      CPUs this process may use (spinning then only steals the slice the peer needs);
  *   2. sched_yield() while elapsed < spin_ns + yield_ns;
  *   3. park: the thread raises its parker flag, re-checks the condition once more and sleeps on a futex.

@@ -1,5 +1,6 @@
 /*
- * The loop of one stage thread: take input, run the stage, hand the result on, account the time.
+ * The loop of one worker thread: take input, run the stage (or the consecutive stages this thread runs,
+ * one calling the next), hand the result on, account the time.
  *
  * Stage 0 takes entries from the multi-producer ingress: a job (split here into micro-batches that read
  * the caller's input in place) or a caller's single micro-batch. Later stages pop bursts from their input
@@ -235,35 +236,55 @@ static void last_stage(struct mbp__stage *s, mbp_mb *in)
 	mbp_pool_put(p->pool, s->cache, in); /* after: res may be `in` itself */
 }
 
-/* Middle stage: compute into a fresh hop buffer, release the input into the cache, push. */
+static inline bool is_last(const struct mbp__stage *s)
+{
+	return s->idx + 1 == s->p->nstages;
+}
+
+static void stage_input(struct mbp__stage *s, mbp_mb *in);
+
+/* Hand a hop buffer to the next stage: through the ring when that stage has a thread of its own, else
+ * by calling it here (it runs on this thread: opts.threads). */
+static void pass_on(struct mbp__stage *s, mbp_mb *mb)
+{
+	if (s->out)
+		link_push(s, mb);
+	else
+		stage_input(s + 1, mb);
+}
+
+/* Middle stage: compute into a fresh hop buffer, release the input into the cache, pass on. */
 static void middle_stage(struct mbp__stage *s, mbp_mb *in)
 {
 	if (in->status == 0 && cancelled(s->p))
 		in->status = -ECANCELED;
 	if (in->status != 0) {
-		link_push(s, in); /* failed upstream: travel on with the status */
+		pass_on(s, in); /* failed upstream: travel on with the status */
 		return;
 	}
 	mbp_mb *out = hop_buffer(s);
 	run(s, in, out);
 	*mbp__origin(out) = *mbp__origin(in);
 	mbp_pool_put(s->p->pool, s->cache, in); /* the next hop_buffer() returns this one, still hot */
-	link_push(s, out);
+	pass_on(s, out);
+}
+
+/* A hop buffer arrives at stage s (not stage 0). */
+static void stage_input(struct mbp__stage *s, mbp_mb *in)
+{
+	if (is_last(s))
+		last_stage(s, in);
+	else
+		middle_stage(s, in);
 }
 
 static void ring_stage_loop(struct mbp__stage *s)
 {
 	void *items[BURST];
-	bool last = s->out == NULL;
 	unsigned n;
-	while ((n = link_pop(s, items)) != 0) {
-		for (unsigned i = 0; i < n; i++) {
-			if (last)
-				last_stage(s, items[i]);
-			else
-				middle_stage(s, items[i]);
-		}
-	}
+	while ((n = link_pop(s, items)) != 0)
+		for (unsigned i = 0; i < n; i++)
+			stage_input(s, items[i]);
 }
 
 /* ---- stage 0 ---- */
@@ -272,11 +293,11 @@ static void ring_stage_loop(struct mbp__stage *s)
 static void first_stage_mb(struct mbp__stage *s, mbp_mb *in, mbp_mb *x)
 {
 	struct mbp_pipeline *p = s->p;
-	if (s->out) {
+	if (!is_last(s)) {
 		mbp_mb *out = hop_buffer(s);
 		run(s, in, out);
 		*mbp__origin(out) = x;
-		link_push(s, out);
+		pass_on(s, out);
 		return;
 	}
 	/* a single stage: it is also the last */
@@ -380,32 +401,53 @@ void mbp__worker_main_loop(struct mbp__stage *s)
 		first_stage_loop(s);
 	else
 		ring_stage_loop(s);
-	if (s->out)
-		mbp__ring_close(s->out); /* end of stream for the next stage, after our last push */
+	struct mbp__ring *out = s->p->stages[s->group_last].out;
+	if (out)
+		mbp__ring_close(out); /* end of stream for the next thread, after our last push */
 }
 
-void *mbp__worker_thread(void *arg)
+/* Set up the thread's stages on it: pin, one pool cache for all of them, then every stage's init in
+ * order (also after one failed, as when each stage has its own thread). Returns the first error. */
+static int thread_init(struct mbp__stage *first, struct mbp__stage *end)
 {
-	struct mbp__stage *s = arg;
-	struct mbp_pipeline *p = s->p;
-	char tname[16];
-	snprintf(tname, sizeof(tname), "mbp-stage%u", s->idx);
-	pthread_setname_np(pthread_self(), tname);
-
+	struct mbp_pipeline *p = first->p;
 	int rc = 0;
-	if (s->cpu >= 0) {
-		s->pin_error = mbp__pin_self(s->cpu);
-		if (s->pin_error && s->pin_required)
-			rc = s->pin_error;
+	if (first->cpu >= 0) {
+		int err = mbp__pin_self(first->cpu);
+		for (struct mbp__stage *s = first; s < end; s++)
+			s->pin_error = err;
+		if (err && first->pin_required)
+			rc = err;
 	}
 	if (rc == 0)
-		rc = mbp_pool_cache_new(p->pool, &s->cache);
-	if (rc == 0 && s->d.init)
-		rc = s->d.init(s->d.ctx, s->idx);
-	if (rc > 0)
-		rc = -EPROTO;
-	s->init_ok = rc == 0;
+		rc = mbp_pool_cache_new(p->pool, &first->cache);
+	if (rc)
+		return rc;
+	for (struct mbp__stage *s = first; s < end; s++) {
+		s->cache = first->cache;
+		int r = s->d.init ? s->d.init(s->d.ctx, s->idx) : 0;
+		if (r > 0)
+			r = -EPROTO;
+		s->init_ok = r == 0;
+		if (r && !rc)
+			rc = r;
+	}
+	return rc;
+}
 
+/* Worker thread of the stages first .. first->group_last. */
+void *mbp__worker_thread(void *arg)
+{
+	struct mbp__stage *first = arg, *end = first + (first->group_last - first->idx) + 1;
+	struct mbp_pipeline *p = first->p;
+	char tname[16];
+	if (first->group_last == first->idx)
+		snprintf(tname, sizeof(tname), "mbp-stage%u", first->idx);
+	else
+		snprintf(tname, sizeof(tname), "mbp-stage%u-%u", first->idx, first->group_last);
+	pthread_setname_np(pthread_self(), tname);
+
+	int rc = thread_init(first, end);
 	pthread_mutex_lock(&p->start_lock);
 	p->started++;
 	if (rc && !p->start_err)
@@ -417,10 +459,13 @@ void *mbp__worker_thread(void *arg)
 	pthread_mutex_unlock(&p->start_lock);
 
 	if (go > 0)
-		mbp__worker_main_loop(s);
-	if (s->init_ok && s->d.fini)
-		s->d.fini(s->d.ctx);
-	mbp_pool_cache_destroy(s->cache);
-	s->cache = NULL;
+		mbp__worker_main_loop(first);
+	mbp_pool_cache *cache = first->cache;
+	for (struct mbp__stage *s = end; s-- > first;) {
+		if (s->init_ok && s->d.fini)
+			s->d.fini(s->d.ctx);
+		s->cache = NULL;
+	}
+	mbp_pool_cache_destroy(cache);
 	return NULL;
 }

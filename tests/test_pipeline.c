@@ -37,7 +37,13 @@ struct stage_ctx {
 	_Atomic unsigned long inits, finis;
 	int init_err;
 	unsigned seed;
+	/* the threads that ran init, fn and fini, and the order of init and fini among all stages */
+	pthread_t init_tid, fini_tid;
+	_Atomic unsigned long fn_elsewhere; /* fn calls on another thread than init's */
+	unsigned long init_order, fini_order;
 };
+
+static _Atomic unsigned long order_clock;
 
 static uint32_t map(uint32_t w, unsigned k)
 {
@@ -56,6 +62,8 @@ static void busy_ns(unsigned ns)
 static int stage_fn(void *ctxp, const mbp_mb *in, mbp_mb *out)
 {
 	struct stage_ctx *c = ctxp;
+	if (!pthread_equal(pthread_self(), c->init_tid))
+		atomic_fetch_add(&c->fn_elsewhere, 1);
 	if (c->gate)
 		while (!atomic_load(c->gate))
 			usleep(100);
@@ -80,6 +88,8 @@ static int stage_init(void *ctxp, unsigned idx)
 	struct stage_ctx *c = ctxp;
 	ck_assert_uint_eq(idx, c->k);
 	atomic_fetch_add(&c->inits, 1);
+	c->init_tid = pthread_self();
+	c->init_order = atomic_fetch_add(&order_clock, 1);
 	return c->init_err;
 }
 
@@ -87,6 +97,8 @@ static void stage_fini(void *ctxp)
 {
 	struct stage_ctx *c = ctxp;
 	atomic_fetch_add(&c->finis, 1);
+	c->fini_tid = pthread_self();
+	c->fini_order = atomic_fetch_add(&order_clock, 1);
 }
 
 static void stage_done(void *ctxp, mbp_mb *mb)
@@ -96,6 +108,13 @@ static void stage_done(void *ctxp, mbp_mb *mb)
 }
 
 static struct stage_ctx ctxs[MBP_MAX_STAGES];
+
+/* Tests registered with tcase_add_loop_test run once per thread mode: opts.threads = the default (which
+ * depends on the CPUs), one thread per stage, two threads, one thread running every stage. */
+static const uint32_t thread_modes[] = {0, MBP_MAX_STAGES, 2, 1};
+#define NMODES (int)(sizeof(thread_modes) / sizeof(thread_modes[0]))
+static uint32_t g_threads; /* opts.threads for make() */
+#define THREAD_MODE() (g_threads = thread_modes[_i])
 
 /* A pipeline of S mapping stages over WORDS-word rows. */
 static mbp_pipeline *make(unsigned S, unsigned max_delay_ns, mbp_opts *extra)
@@ -107,6 +126,8 @@ static mbp_pipeline *make(unsigned S, unsigned max_delay_ns, mbp_opts *extra)
 	o.yield_ns = 20000;
 	if (extra)
 		o = *extra;
+	if (!o.threads)
+		o.threads = g_threads;
 	mbp_pipeline *p;
 	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
 	for (unsigned k = 0; k < S; k++) {
@@ -156,6 +177,7 @@ static void assert_conserved(mbp_pipeline *p)
 
 START_TEST(job_results_in_order_with_random_delays_and_short_last_mb)
 {
+	THREAD_MODE();
 	const unsigned S = 3;
 	mbp_pipeline *p = make(S, 20000, NULL);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
@@ -184,8 +206,9 @@ START_TEST(job_results_in_order_with_random_delays_and_short_last_mb)
 }
 END_TEST
 
-START_TEST(one_to_eight_stages_on_two_cores_give_exact_results)
+START_TEST(one_to_eight_stages_on_two_cores_in_every_thread_mode_give_exact_results)
 {
+	THREAD_MODE();
 	for (unsigned S = 1; S <= 8; S++) {
 		mbp_pipeline *p = make(S, 3000, NULL);
 		ck_assert_int_eq(mbp_pipeline_start(p), 0);
@@ -277,6 +300,7 @@ static void *producer_main(void *arg)
 
 START_TEST(four_producers_submit_jobs_at_once_and_each_gets_its_own_results)
 {
+	THREAD_MODE();
 	const unsigned S = 3;
 	mbp_pipeline *p = make(S, 0, NULL);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
@@ -305,6 +329,7 @@ END_TEST
 
 START_TEST(stage_failure_fails_its_job_with_first_error_and_pipeline_goes_on)
 {
+	THREAD_MODE();
 	const unsigned S = 4;
 	mbp_pipeline *p = make(S, 0, NULL);
 	/* stage 2 fails micro-batches whose first input word (after two maps) is even */
@@ -364,6 +389,7 @@ END_TEST
 
 START_TEST(random_injected_failures_keep_accounting_exact)
 {
+	THREAD_MODE();
 	const unsigned S = 3;
 	mbp_pipeline *p = make(S, 2000, NULL);
 	for (unsigned k = 0; k < S; k++) {
@@ -399,6 +425,7 @@ END_TEST
 
 START_TEST(failing_init_makes_start_fail_and_runs_fini_where_init_succeeded)
 {
+	THREAD_MODE();
 	mbp_pipeline *p = make(4, 0, NULL);
 	ctxs[2].init_err = -EIO;
 	ck_assert_int_eq(mbp_pipeline_start(p), -EIO);
@@ -427,6 +454,7 @@ static void count_cb(mbp_job *job, void *arg)
 
 START_TEST(cancel_with_work_in_flight_fails_what_has_not_started)
 {
+	THREAD_MODE();
 	const unsigned S = 3;
 	mbp_pipeline *p = make(S, 200000, NULL); /* up to 200 us per micro-batch and stage */
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
@@ -461,6 +489,7 @@ END_TEST
 
 START_TEST(destroy_with_work_in_flight_completes_every_job)
 {
+	THREAD_MODE();
 	mbp_pipeline *p = make(4, 100000, NULL);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
 	enum { J = 64, ROWS = 8 };
@@ -479,6 +508,7 @@ END_TEST
 
 START_TEST(drain_finishes_everything_accepted)
 {
+	THREAD_MODE();
 	mbp_pipeline *p = make(3, 50000, NULL);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
 	enum { J = 30, ROWS = 10 };
@@ -686,6 +716,7 @@ static void run_single_mbs(unsigned S)
 
 START_TEST(single_micro_batches_come_back_in_order_with_their_tags)
 {
+	THREAD_MODE();
 	run_single_mbs(3);
 }
 END_TEST
@@ -772,7 +803,10 @@ START_TEST(opts_string_sets_fields_and_rejects_bad_keys)
 	mbp_opts o;
 	mbp_opts_init(&o);
 	ck_assert_int_eq(
-	    mbp_opts_parse(&o, "ring=64,ingress=8,spin_us=5,yield_us=50,cpus=0-1,pin=0,trace=100", NULL), 0);
+	    mbp_opts_parse(&o, "ring=64,ingress=8,spin_us=5,yield_us=50,cpus=0-1,pin=0,trace=100,threads=3",
+			   NULL),
+	    0);
+	ck_assert_uint_eq(o.threads, 3);
 	ck_assert_uint_eq(o.ring_capacity, 64);
 	ck_assert_uint_eq(o.ingress_depth, 8);
 	ck_assert_uint_eq(o.spin_ns, 5000);
@@ -866,6 +900,135 @@ START_TEST(stats_placement_and_trace_describe_the_run)
 }
 END_TEST
 
+/* Five stages on two threads: stages 0-2 on thread 0, 3-4 on thread 1 (i * T / S). */
+START_TEST(stages_sharing_a_thread_run_init_fn_and_fini_there_in_order)
+{
+	enum { S = 5, T = 2 };
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.threads = T;
+	mbp_pipeline *p = make(S, 0, &o);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_placement pl[S];
+	ck_assert_int_eq(mbp_pipeline_placement(p, pl, S), S);
+	int allowed[MBP_MAX_CPUS];
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
+	ck_assert_int_ge(n, 1);
+	for (unsigned i = 0; i < S; i++) {
+		unsigned t = i * T / S;
+		ck_assert_uint_eq(pl[i].thread, t);
+		ck_assert_int_eq(pl[i].pin_error, 0);
+		/* thread t on the t-th allowed CPU, or sharing one when there are fewer CPUs than threads */
+		ck_assert_int_eq(pl[i].cpu, allowed[T <= n ? t : t * (unsigned)n / T]);
+	}
+	size_t rows = 200;
+	uint32_t *in = malloc(rows * WORDS * 4), *out = calloc(rows * WORDS, 4);
+	fill(in, rows, 99);
+	ck_assert_int_eq(mbp_run(p, in, out, rows, 3), 0);
+	check_out(in, out, rows, S);
+	mbp_pipeline_stats ps;
+	mbp_stage_stats ss[S];
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, ss, S), S);
+	ck_assert_uint_eq(ps.threads, T);
+	ck_assert_uint_eq(ss[1].ring_capacity, 0); /* called by stage 0, no ring */
+	ck_assert_uint_eq(ss[2].ring_capacity, 0);
+	ck_assert_uint_eq(ss[3].ring_capacity, o.ring_capacity); /* the ring between the threads */
+	ck_assert_uint_eq(ss[4].ring_capacity, 0);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	assert_conserved(p);
+	for (unsigned i = 0; i < S; i++) {
+		struct stage_ctx *c = &ctxs[i];
+		ck_assert_uint_eq(c->inits, 1);
+		ck_assert_uint_eq(c->finis, 1);
+		ck_assert_uint_eq(c->fn_elsewhere, 0);
+		ck_assert(pthread_equal(c->fini_tid, c->init_tid));
+		/* the same thread as the previous stage exactly when they share one */
+		if (i)
+			ck_assert_int_eq(pthread_equal(c->init_tid, ctxs[i - 1].init_tid) != 0,
+					 pl[i].thread == pl[i - 1].thread);
+		/* on one thread: init in stage order, fini in reverse */
+		if (i && pl[i].thread == pl[i - 1].thread) {
+			ck_assert_uint_gt(c->init_order, ctxs[i - 1].init_order);
+			ck_assert_uint_lt(c->fini_order, ctxs[i - 1].fini_order);
+		}
+	}
+	mbp_pipeline_destroy(p);
+	free(in);
+	free(out);
+}
+END_TEST
+
+/* By default threads = min(stages, CPUs); with one thread per stage nothing is shared. */
+START_TEST(default_threads_share_only_when_stages_outnumber_cpus)
+{
+	int allowed[MBP_MAX_CPUS];
+	unsigned quota = 0;
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota);
+	ck_assert_int_ge(n, 1);
+	unsigned cpus = quota && quota < (unsigned)n ? quota : (unsigned)n;
+	for (unsigned S = 1; S <= 6; S++) {
+		for (int mode = 0; mode < 2; mode++) {
+			mbp_opts o;
+			mbp_opts_init(&o);
+			o.in_row_bytes = WORDS * 4;
+			o.threads = mode ? MBP_MAX_STAGES : 0; /* more than stages: one per stage */
+			mbp_pipeline *p = make(S, 0, &o);
+			ck_assert_int_eq(mbp_pipeline_start(p), 0);
+			mbp_pipeline_stats ps;
+			mbp_pipeline_stats_get(p, &ps, NULL, 0);
+			ck_assert_uint_eq(ps.threads, mode ? S : S < cpus ? S : cpus);
+			mbp_placement pl[6];
+			ck_assert_int_eq(mbp_pipeline_placement(p, pl, 6), (int)S);
+			for (unsigned i = 0; i < S; i++)
+				ck_assert_uint_eq(pl[i].thread, (uint64_t)i * ps.threads / S);
+			mbp_pipeline_destroy(p);
+		}
+	}
+}
+END_TEST
+
+START_TEST(stages_of_one_thread_naming_different_cpus_fail_start)
+{
+	int allowed[MBP_MAX_CPUS];
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
+	ck_assert_int_ge(n, 1);
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.threads = 1;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	ctxs[0] = (struct stage_ctx){.k = 0};
+	ctxs[1] = (struct stage_ctx){.k = 1};
+	mbp_stage_desc a = {.fn = stage_fn, .init = stage_init, .ctx = &ctxs[0], .cpu = allowed[0]};
+	mbp_stage_desc b = {.fn = stage_fn, .init = stage_init, .ctx = &ctxs[1], .cpu = -1};
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &a), 0);
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &b), 0);
+	if (n >= 2) {
+		b.cpu = allowed[1];
+		mbp_pipeline *q;
+		ck_assert_int_eq(mbp_pipeline_new(&q, &o), 0);
+		ck_assert_int_eq(mbp_pipeline_add_stage(q, &a), 0);
+		ck_assert_int_eq(mbp_pipeline_add_stage(q, &b), 0);
+		ck_assert_int_eq(mbp_pipeline_start(q), -EINVAL);
+		ck_assert_uint_eq(ctxs[0].inits + ctxs[1].inits, 0); /* refused before any thread ran */
+		mbp_pipeline_destroy(q);
+	}
+	/* one named CPU: the thread runs there */
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_placement pl[2];
+	ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
+	ck_assert_int_eq(pl[0].cpu, allowed[0]);
+	ck_assert_int_eq(pl[1].cpu, allowed[0]);
+	ck_assert_uint_eq(pl[1].thread, 0);
+	uint32_t in[WORDS] = {1, 2, 3, 4}, out[WORDS];
+	ck_assert_int_eq(mbp_run(p, in, out, 1, 1), 0);
+	check_out(in, out, 1, 2);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
 START_TEST(snapshot_counts_a_computation_while_it_lasts)
 {
 	mbp_pipeline *p = make(2, 0, NULL);
@@ -911,23 +1074,27 @@ static Suite *suite(void)
 	Suite *s = suite_create("pipeline");
 	TCase *tc = tcase_create("pipeline");
 	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, job_results_in_order_with_random_delays_and_short_last_mb);
-	tcase_add_test(tc, one_to_eight_stages_on_two_cores_give_exact_results);
+	tcase_add_loop_test(tc, job_results_in_order_with_random_delays_and_short_last_mb, 0, NMODES);
+	tcase_add_loop_test(tc, one_to_eight_stages_on_two_cores_in_every_thread_mode_give_exact_results, 0,
+			    NMODES);
 	tcase_add_test(tc, stage_may_change_row_width);
-	tcase_add_test(tc, four_producers_submit_jobs_at_once_and_each_gets_its_own_results);
-	tcase_add_test(tc, stage_failure_fails_its_job_with_first_error_and_pipeline_goes_on);
-	tcase_add_test(tc, random_injected_failures_keep_accounting_exact);
-	tcase_add_test(tc, failing_init_makes_start_fail_and_runs_fini_where_init_succeeded);
-	tcase_add_test(tc, cancel_with_work_in_flight_fails_what_has_not_started);
-	tcase_add_test(tc, destroy_with_work_in_flight_completes_every_job);
-	tcase_add_test(tc, drain_finishes_everything_accepted);
+	tcase_add_loop_test(tc, four_producers_submit_jobs_at_once_and_each_gets_its_own_results, 0, NMODES);
+	tcase_add_loop_test(tc, stage_failure_fails_its_job_with_first_error_and_pipeline_goes_on, 0, NMODES);
+	tcase_add_loop_test(tc, random_injected_failures_keep_accounting_exact, 0, NMODES);
+	tcase_add_loop_test(tc, failing_init_makes_start_fail_and_runs_fini_where_init_succeeded, 0, NMODES);
+	tcase_add_loop_test(tc, cancel_with_work_in_flight_fails_what_has_not_started, 0, NMODES);
+	tcase_add_loop_test(tc, destroy_with_work_in_flight_completes_every_job, 0, NMODES);
+	tcase_add_loop_test(tc, drain_finishes_everything_accepted, 0, NMODES);
 	tcase_add_test(tc, timeouts_on_wait_submit_and_drain);
 	tcase_add_test(tc, cancel_releases_submitters_blocked_on_a_full_ingress);
-	tcase_add_test(tc, single_micro_batches_come_back_in_order_with_their_tags);
+	tcase_add_loop_test(tc, single_micro_batches_come_back_in_order_with_their_tags, 0, NMODES);
 	tcase_add_test(tc, single_micro_batches_through_one_stage);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
 	tcase_add_test(tc, stats_placement_and_trace_describe_the_run);
+	tcase_add_test(tc, stages_sharing_a_thread_run_init_fn_and_fini_there_in_order);
+	tcase_add_test(tc, default_threads_share_only_when_stages_outnumber_cpus);
+	tcase_add_test(tc, stages_of_one_thread_naming_different_cpus_fail_start);
 	tcase_add_test(tc, snapshot_counts_a_computation_while_it_lasts);
 	tcase_add_test(tc, strerror_names_every_code);
 	suite_add_tcase(s, tc);

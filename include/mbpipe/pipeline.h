@@ -23,7 +23,7 @@
  *   operation                                       | concurrency
  *   mbp_job_submit, mbp_mb_acquire/submit/release   | any threads, concurrently (multi-producer ingress)
  *   mbp_job_wait                                    | any thread, for its own job
-  *   mbp_pipeline_stats_get, _placement                | any thread, any time after start
+ *   mbp_pipeline_stats_get, _placement              | any thread, any time after start
  *   new, add_stage, start, drain, cancel, destroy   | one controlling thread
  */
 #ifndef MBPIPE_PIPELINE_H
@@ -51,7 +51,8 @@ typedef struct mbp_pipeline mbp_pipeline;
  * A stage's computation: read in->rows rows of in->row_bytes at in->data, write as many rows of
  * out->row_bytes at out->data (out->rows and out->row_bytes are preset; out->capacity is at least
  * rows x row_bytes). Return 0, or a negative errno to fail this micro-batch (its job completes with the
- * first error; the pipeline goes on). Runs on the stage's own thread, one micro-batch at a time.
+ * first error; the pipeline goes on). Runs on the stage's worker thread (its own, or one it shares with
+ * neighbouring stages: see "Threads and stages"), one micro-batch at a time.
  */
 typedef int (*mbp_stage_fn)(void *ctx, const mbp_mb *in, mbp_mb *out);
 /** Runs on the stage's thread before its first micro-batch (thread-local set-up: BLAS, RCU). 0 or -errno. */
@@ -87,22 +88,35 @@ typedef struct mbp_opts {
 	uint32_t cache_size;	 /**< buffers in each worker's pool cache. 32 */
 	uint64_t spin_ns;	 /**< spin budget of a waiting worker. 20000 */
 	uint64_t yield_ns;	 /**< yield budget after the spin, then it parks. 200000 */
-	bool pin;		 /**< pin stage threads to CPUs. true */
+	bool pin;		 /**< pin worker threads to CPUs. true */
+	uint32_t threads;	 /**< worker threads T; 0: one per stage while the stages fit the CPUs, else
+				      one per CPU (one per stage if a descriptor names a CPU). See below. */
 	uint32_t ncpus;		 /**< entries in cpus; 0: the CPUs this process may use */
-	int cpus[MBP_MAX_CPUS];	 /**< stage i runs on cpus[i] (with S > ncpus stages: cpus[i * ncpus / S],
-				      consecutive stages sharing a CPU) unless its descriptor names one */
+	int cpus[MBP_MAX_CPUS];	 /**< thread t runs on cpus[t] (with T > ncpus: cpus[t * ncpus / T]) unless a
+				      descriptor of one of its stages names a CPU */
 	uint32_t trace_events;	 /**< activity-log events kept per stage; 0: tracing off */
 	mbp_result_fn on_result; /**< required for mbp_mb_submit() */
 	void *on_result_arg;
 } mbp_opts;
+
+/*
+ * Threads and stages. With T = S every stage has its own thread, linked to the next by a ring. With
+ * T < S, thread t runs the consecutive stages i with i * T / S == t (S = 4, T = 2: stages 0-1 and 2-3):
+ * it calls them one after the other on each micro-batch, with no ring and no hand-off between them, and
+ * rings link the threads only. This is what the default does when stages outnumber CPUs: threads that
+ * would time-slice one CPU pay a context switch per hop instead of a function call (perf/results/
+ * pipeline.md: S = 4 on 2 CPUs at 1 us per stage, efficiency 0.7 -> 0.9). Stages of one thread run their
+ * init in stage order (every init runs, also after one failed) and their fini in reverse order, all on
+ * that thread; mbp_pipeline_placement() says which thread runs each stage.
+ */
 
 /** Fill `o` with the defaults documented above. */
 void mbp_opts_init(mbp_opts *o);
 
 /**
  * Apply a `key=value,...` string to `o` (as from an environment variable). Keys: row_bytes, max_mb_rows,
- * ring, ingress, mb_buffers, pool_mb, cache, spin_us, yield_us, pin (0/1), cpus ("0-3" or "0+2+5"),
- * trace. NULL or "" changes nothing.
+ * ring, ingress, mb_buffers, pool_mb, cache, spin_us, yield_us, pin (0/1), threads, cpus ("0-3" or
+ * "0+2+5"), trace. NULL or "" changes nothing.
  *
  * @return 0, or -EINVAL naming nothing: on error `o` may be partly changed; `errpos`, if not NULL,
  *         receives the offset of the offending key.
@@ -123,11 +137,12 @@ int mbp_pipeline_new(mbp_pipeline **p, const mbp_opts *o);
 int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d);
 
 /**
- * Start one thread per stage, pinned per the placement plan, and run each stage's init on it.
- * More stages than CPUs works: the waits then skip their spin step.
- * @return 0; -EINVAL (no stages); -EALREADY; -ENOMEM; the first failing init's error (every thread is then
- *         joined and fini ran where init succeeded); a pin error (-EINVAL, -EPERM) only when the CPU was
- *         named explicitly, otherwise a failed pin is reported by mbp_pipeline_placement().
+ * Start the worker threads (opts.threads), pinned per the placement plan, and run each stage's init on the
+ * thread that runs the stage. More threads than CPUs works: the waits then skip their spin step.
+ * @return 0; -EINVAL (no stages; stages of one thread naming different CPUs); -EALREADY; -ENOMEM; the
+ *         first failing init's error (every thread is then joined and fini ran where init succeeded); a
+ *         pin error (-EINVAL, -EPERM) only when the CPU was named explicitly, otherwise a failed pin is
+ *         reported by mbp_pipeline_placement().
  */
 int mbp_pipeline_start(mbp_pipeline *p);
 
@@ -219,8 +234,9 @@ void mbp_mb_release(mbp_pipeline *p, mbp_mb *mb);
 /* ---- placement ---- */
 
 typedef struct mbp_placement {
-	int cpu;       /**< CPU the stage was placed on, -1 when not pinned */
-	int pin_error; /**< 0, or the error pinning returned (the stage then runs unpinned) */
+	int cpu;	 /**< CPU the stage was placed on, -1 when not pinned */
+	int pin_error;	 /**< 0, or the error pinning returned (the stage then runs unpinned) */
+	unsigned thread; /**< worker thread running the stage, 0 .. T-1; stages of one thread share it */
 } mbp_placement;
 
 /**
@@ -245,7 +261,8 @@ typedef struct mbp_stage_stats {
 	uint64_t starved_ns;		 /**< time waiting for input */
 	uint64_t blocked_ns;		 /**< time waiting for room downstream or for a buffer */
 	uint64_t hist[MBP_HIST_BUCKETS]; /**< service time of fn, log2 buckets */
-	uint32_t ring_occupancy; /**< micro-batches waiting in the stage's input ring (stage 0: ingress) */
+	uint32_t ring_occupancy; /**< micro-batches waiting in the stage's input ring (stage 0: ingress;
+				      0 of 0 for a stage called by the previous one on its thread) */
 	uint32_t ring_capacity;
 } mbp_stage_stats;
 
@@ -255,9 +272,10 @@ typedef struct mbp_pipeline_stats {
 	uint64_t mbs_accepted, mbs_completed, mbs_failed;
 	uint64_t rows_completed;
 	uint32_t stages;
+	uint32_t threads;	 /**< worker threads (T); equals stages unless stages share threads */
 	uint32_t ingress_queued; /**< entries waiting in the ingress now */
 	double throughput;	 /**< rows completed per second in the window */
-	double bubble;		 /**< 1 - sum(busy) / (stages x window): idle share of the stages' time */
+	double bubble;		 /**< 1 - sum(busy) / (threads x window): idle share of the workers' time */
 	mbp_pool_stats pool;	 /**< the engine's buffers between stages */
 	mbp_pool_stats mb_pool;	 /**< the buffers of mbp_mb_acquire() */
 } mbp_pipeline_stats;
