@@ -549,7 +549,8 @@ START_TEST(duration_and_latency_target_choose_a_size_that_meets_it)
 }
 END_TEST
 
-START_TEST(more_stages_than_cpus_is_noted)
+/* One CPU, three stages: by default one thread runs them all; with threads=3 they time-slice the CPU. */
+START_TEST(more_stages_than_cpus_share_a_thread_and_say_so)
 {
 	cpu_set_t set;
 	int cpu = 0;
@@ -558,14 +559,23 @@ START_TEST(more_stages_than_cpus_is_noted)
 		cpu++;
 	char cpus[32], placed[64];
 	snprintf(cpus, sizeof(cpus), "--cpus=%d", cpu);
-	snprintf(placed, sizeof(placed), "stage 2 (stage2) -> CPU %d", cpu);
-	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=3", cpus, "--batch=8",
-						 "--mb=2", "--work-us=5", "--batches=2", "--warmup=1",
-						 "--baseline-runs=1", "--no-gantt", NULL});
-	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
-	ck_assert_msg(strstr(r.out, "note: 3 stages on 1 CPUs"), "no note: %s", r.out);
-	ck_assert_msg(strstr(r.out, placed), "placement: %s", r.out);
-	run_free(&r);
+	for (int own = 0; own < 2; own++) {
+		if (own)
+			snprintf(placed, sizeof(placed), "stage 2 (stage2) -> CPU %d", cpu);
+		else
+			snprintf(placed, sizeof(placed), "stage 2 (stage2) -> thread 0 on CPU %d", cpu);
+		struct run r = run((const char *const[]){"--workload=synthetic", "--stages=3", cpus,
+							 "--batch=8", "--mb=2", "--work-us=5", "--batches=2",
+							 "--warmup=1", "--baseline-runs=1", "--no-gantt",
+							 own ? "--opts=threads=3" : "--opts=", NULL});
+		ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+		const char *note =
+		    own ? "note: 3 threads on 1 CPUs: threads share CPUs and time-slice"
+			: "note: 3 stages on 1 CPUs: consecutive stages share a thread (1 threads)";
+		ck_assert_msg(strstr(r.out, note), "no note: %s", r.out);
+		ck_assert_msg(strstr(r.out, placed), "placement: %s", r.out);
+		run_free(&r);
+	}
 }
 END_TEST
 
@@ -589,7 +599,7 @@ static Suite *suite(void)
 	tcase_add_test(out, trace_file_is_a_chrome_trace);
 	tcase_add_test(out, progress_goes_to_stderr_only);
 	tcase_add_test(out, duration_and_latency_target_choose_a_size_that_meets_it);
-	tcase_add_test(out, more_stages_than_cpus_is_noted);
+	tcase_add_test(out, more_stages_than_cpus_share_a_thread_and_say_so);
 	suite_add_tcase(s, out);
 
 	TCase *bubble = tcase_create("bubble");

@@ -11,9 +11,10 @@
  * The Gantt chart shows the fastest measured batch: the one the machine's other load disturbed least,
  * which shows the schedule itself.
  *
- * The measured bubble is the median over the batches of 1 - busy / (S x latency), where busy is the time
- * the stages spent computing that batch (from the stamps) and latency its submission to completion: the
- * idle share of the stages while a batch is in flight. The caller's own gaps between batches (checking
+ * The measured bubble is the median over the batches of 1 - busy / (T x latency), where busy is the time
+ * the stages spent computing that batch (from the stamps), latency its submission to completion and T the
+ * worker threads (S, unless stages outnumber CPUs and share threads): the idle share of the workers while
+ * a batch is in flight. The caller's own gaps between batches (checking
  * the output) do not count, and the median keeps a batch that the machine's other load stalled from
  * dominating. The engine's bubble over the whole window is reported next to it.
  *
@@ -288,8 +289,9 @@ static void wrap_done(void *ctx, mbp_mb *mb)
 		w->inner.done(w->inner.ctx, mb);
 }
 
-/* One batch's bubble from its stamps: 1 - (time the stages spent computing it) / (S x its latency). */
-static double batch_bubble(const uint64_t *stamps, size_t words, unsigned S, uint64_t latency_ns)
+/* One batch's bubble from its stamps: 1 - (time the stages spent computing it) / (T x its latency), T
+ * worker threads. */
+static double batch_bubble(const uint64_t *stamps, size_t words, unsigned T, uint64_t latency_ns)
 {
 	double busy = 0;
 	for (size_t k = 0; k + 1 < words; k += 2) {
@@ -297,7 +299,7 @@ static double batch_bubble(const uint64_t *stamps, size_t words, unsigned S, uin
 		if (t[0] != UINT64_MAX && t[1] >= t[0])
 			busy += (double)(t[1] - t[0]);
 	}
-	double b = 1.0 - busy / ((double)S * (double)latency_ns);
+	double b = 1.0 - busy / ((double)T * (double)latency_ns);
 	return b < 0 ? 0 : b;
 }
 
@@ -417,6 +419,7 @@ static void fill_stages(pb_result *r, const mbp_pipeline_stats *ps, const mbp_st
 		snprintf(st->name, sizeof(st->name), "%s", ss[i].name);
 		st->cpu = pl[i].cpu;
 		st->pin_error = pl[i].pin_error;
+		st->thread = pl[i].thread;
 		st->mbs = ss[i].mbs;
 		st->busy = denom > 0 ? (double)ss[i].busy_ns / denom : 0;
 		st->starved = denom > 0 ? (double)ss[i].starved_ns / denom : 0;
@@ -529,6 +532,7 @@ int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches,
 		failf(r, "statistics unavailable");
 		goto stop;
 	}
+	r->threads = ps_a.threads;
 	uint64_t t_start = pb_now_ns();
 	for (;;) {
 		if (duration_s > 0 ? (nlat > 0 && (double)(pb_now_ns() - t_start) / 1e9 >= duration_s)
@@ -551,7 +555,7 @@ int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches,
 				goto stop;
 			}
 		}
-		bub[nlat] = batch_bubble(cur, tl_words, S, ns);
+		bub[nlat] = batch_bubble(cur, tl_words, r->threads, ns);
 		if (ns < fastest) {
 			fastest = ns;
 			keep_timeline(&r->tl, cur, t0, ns);

@@ -23,9 +23,19 @@ static const char *stage_name(const pb_report *rep, unsigned s)
 	return "";
 }
 
+/* Worker threads: one per stage unless stages outnumber CPUs and share threads (the placement says). */
+static unsigned threads(const pb_report *rep)
+{
+	const pb_bench *b = rep->b;
+	if (!b->have_placement || rep->w->stages == 0)
+		return rep->w->stages;
+	return b->placement[rep->w->stages - 1].thread + 1;
+}
+
+/* More threads than CPUs: they time-slice. */
 static bool oversubscribed(const pb_report *rep)
 {
-	return rep->w->stages > rep->b->ncpus;
+	return threads(rep) > rep->b->ncpus;
 }
 
 void pb_print_header(FILE *f, const pb_report *rep)
@@ -54,6 +64,8 @@ void pb_print_header(FILE *f, const pb_report *rep)
 			const char *name = stage_name(rep, s);
 			fprintf(f, "%s stage %u%s%s%s -> ", s ? "," : "", s, *name ? " (" : "", name,
 				*name ? ")" : "");
+			if (threads(rep) < w->stages)
+				fprintf(f, "thread %u on ", b->placement[s].thread);
 			if (b->placement[s].cpu >= 0)
 				fprintf(f, "CPU %d", b->placement[s].cpu);
 			else
@@ -77,10 +89,15 @@ void pb_print_header(FILE *f, const pb_report *rep)
 			load, b->allowed);
 	if (oversubscribed(rep))
 		fprintf(f,
-			"note: %u stages on %u CPUs: stages share CPUs and time-slice, waits skip their "
-			"spin, and "
-			"the bubble model (one CPU per stage) does not hold\n",
-			w->stages, b->ncpus);
+			"note: %u threads on %u CPUs: threads share CPUs and time-slice, waits skip their "
+			"spin, and the bubble model (one CPU per thread) does not hold\n",
+			threads(rep), b->ncpus);
+	else if (threads(rep) < w->stages)
+		fprintf(
+		    f,
+		    "note: %u stages on %u CPUs: consecutive stages share a thread (%u threads), so the "
+		    "bubble and its prediction count threads; --opts threads=%u gives each stage its own\n",
+		    w->stages, b->ncpus, threads(rep), w->stages);
 	if (b->base.runs)
 		fprintf(f,
 			"sequential baseline (the same stages in order on one thread, whole batch at once): "
@@ -275,6 +292,7 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	cJSON_AddNumberToObject(cp, "allowed", b->allowed);
 	cJSON_AddItemToObject(cp, "used", cJSON_CreateIntArray(cfg->cpus, (int)b->ncpus));
 	cJSON_AddBoolToObject(cp, "oversubscribed", oversubscribed(rep));
+	cJSON_AddNumberToObject(cp, "threads", threads(rep));
 	double loads[2] = {b->load_start, b->load_end};
 	cJSON_AddItemToObject(cp, "loadavg", cJSON_CreateDoubleArray(loads, 2));
 
@@ -284,6 +302,7 @@ int pb_print_json(FILE *f, const pb_report *rep)
 		cJSON_AddNumberToObject(e, "stage", s);
 		cJSON_AddStringToObject(e, "name", stage_name(rep, s));
 		cJSON_AddNumberToObject(e, "cpu", b->placement[s].cpu);
+		cJSON_AddNumberToObject(e, "thread", b->placement[s].thread);
 		cJSON_AddItemToObject(e, "pin_error",
 				      b->placement[s].pin_error
 					  ? cJSON_CreateString(mbp_strerror(b->placement[s].pin_error))

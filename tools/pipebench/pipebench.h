@@ -138,6 +138,7 @@ typedef struct pb_stage_result {
 	char name[MBP_STAGE_NAME_MAX];
 	int cpu;
 	int pin_error;
+	unsigned thread; /* the worker thread running the stage (consecutive stages may share one) */
 	uint64_t mbs;
 	double busy, starved, blocked; /* shares of the measured window */
 	double service_us;	       /* mean time inside the stage function per micro-batch */
@@ -158,6 +159,7 @@ typedef struct pb_result {
 	bool balanced;	     /* max(t_i) within 10% of min(t_i) */
 	double speedup;	     /* throughput / the sequential baseline's */
 	unsigned stages;
+	unsigned threads; /* worker threads: stages, unless stages outnumber CPUs (they then share) */
 	pb_stage_result st[MBP_MAX_STAGES];
 	pb_timeline tl; /* the last measured batch */
 	int status;	/* 0, or the first failure (an invariant broke) */

@@ -5,7 +5,8 @@
  * cost and unbounded queues, takes T = sum(t_i) + (M - 1) max(t_i): the first micro-batch crosses every
  * stage, then the slowest stage emits one more every max(t_i). The stages work M sum(t_i) of the S T
  * available, so the predicted bubble is 1 - M sum(t_i) / (S T). With equal stages this is GPipe's
- * (S - 1) / (M + S - 1). The t_i are the service times measured in the same run (time inside each stage
+ * (S - 1) / (M + S - 1). Where stages share worker threads (more stages than CPUs), a thread is one
+ * stage of the schedule whose t is the sum of its stages' t_i, and S counts threads. The t_i are the service times measured in the same run (time inside each stage
  * function per micro-batch), so the difference between measured and predicted is the engine's overhead:
  * hand-offs, wake-ups, and the time a stage spent off its CPU.
  */
@@ -16,11 +17,13 @@
 
 void pb_predict(pb_result *r)
 {
-	const unsigned S = r->stages;
+	const unsigned S = r->threads ? r->threads : r->stages;
 	const double M = r->mbs;
 	double sum = 0, max = 0, min = INFINITY;
-	for (unsigned i = 0; i < S; i++) {
-		double t = r->st[i].service_us;
+	for (unsigned i = 0, g = 0; g < S; g++) {
+		double t = 0; /* the thread's stages, one after the other */
+		for (; i < r->stages && (r->threads ? r->st[i].thread : i) == g; i++)
+			t += r->st[i].service_us;
 		sum += t;
 		max = t > max ? t : max;
 		min = t < min ? t : min;

@@ -395,13 +395,15 @@ static void log_startup(ps_server *s)
 	mbp_pipeline_stats ps;
 	int ns = mbp_pipeline_stats_get(p, &ps, ss, MBP_MAX_STAGES);
 	for (int i = 0; i < n && i < MBP_MAX_STAGES; i++) {
+		const char *name = i < ns ? ss[i].name : "?";
 		if (pl[i].pin_error)
-			ps_log("placement: stage %d (%s) -> unpinned (pinning failed: %s)", i,
-			       i < ns ? ss[i].name : "?", mbp_strerror(pl[i].pin_error));
+			ps_log("placement: stage %d (%s) -> thread %u, unpinned (pinning failed: %s)", i,
+			       name, pl[i].thread, mbp_strerror(pl[i].pin_error));
 		else if (pl[i].cpu < 0)
-			ps_log("placement: stage %d (%s) -> not pinned", i, i < ns ? ss[i].name : "?");
+			ps_log("placement: stage %d (%s) -> thread %u, not pinned", i, name, pl[i].thread);
 		else
-			ps_log("placement: stage %d (%s) -> cpu %d", i, i < ns ? ss[i].name : "?", pl[i].cpu);
+			ps_log("placement: stage %d (%s) -> thread %u, cpu %d", i, name, pl[i].thread,
+			       pl[i].cpu);
 	}
 }
 
