@@ -12,9 +12,12 @@
  * Implementations, one process, one compiler invocation for the work loop:
  *   mbpipe     one job of n rows with mb_rows = 1 (stage 0 splits it: no per-item submit call); the
  *              caller sleeps in mbp_job_wait(). In flight: bounded by the rings (ring_capacity per hop).
+ *              Default options: where S > CPUs, consecutive stages share a thread (opts.threads).
+ *   mb_thr_S   only where S > CPUs: the same with one thread per stage (opts.threads = S), the threads
+ *              of a CPU time-slicing it.
  *   mb_fused   only where S > CPUs: min(S, CPUs) engine stages, each running a balanced run of
- *              consecutive stages in one call: what the engine could do itself when stages outnumber
- *              CPUs (one thread per CPU instead of per stage, no hop between stages sharing a CPU).
+ *              consecutive benchmark stages in one call of its own: the bound for the engine's threads
+ *              shared by stages (no per-stage accounting or buffer between the stages of a thread).
  *   mbpipe_mb  single micro-batches: one producer thread acquires, fills and submits, a window of 64 in
  *              flight, results released in on_result. Shown for comparison; the job path is the fast one.
  *   tbb        tbb::parallel_pipeline, every filter serial_in_order, `tokens` live tokens (64).
@@ -157,8 +160,6 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 }
 
 static bool g_verbose;
-/* -P block: stage i on allowed CPU i * ncpu / S (neighbours share a CPU) instead of the engine's plan */
-static bool g_place_block;
 static int g_cpus[MBP_MAX_CPUS];
 static unsigned g_ncpu;
 
@@ -208,8 +209,6 @@ static int make_pipeline(const struct bp_task *t, mbp_opts *o, struct stage_grou
 		mbp_stage_desc d = {.fn = stage_fn, .ctx = &t->st[i], .cpu = -1};
 		if (groups)
 			d = (mbp_stage_desc){.fn = group_fn, .ctx = &groups[i], .cpu = -1};
-		if (g_place_block)
-			d.cpu = g_cpus[i * g_ncpu / n];
 		rc = mbp_pipeline_add_stage(*pp, &d);
 	}
 	if (rc == 0)
@@ -219,12 +218,16 @@ static int make_pipeline(const struct bp_task *t, mbp_opts *o, struct stage_grou
 	return rc ? rc : (int)n;
 }
 
-static int run_job(const struct bp_task *t, struct bp_run *r, bool fused)
+enum job_mode { JOB_ENGINE, JOB_THREAD_PER_STAGE, JOB_HAND_FUSED };
+
+static int run_job(const struct bp_task *t, struct bp_run *r, enum job_mode mode)
 {
 	mbp_opts o = g_mbp_opts;
+	if (mode == JOB_THREAD_PER_STAGE)
+		o.threads = t->S;
 	mbp_pipeline *p;
 	struct stage_group groups[BP_MAX_STAGES];
-	int rc = make_pipeline(t, &o, fused ? groups : NULL, &p);
+	int rc = make_pipeline(t, &o, mode == JOB_HAND_FUSED ? groups : NULL, &p);
 	if (rc < 0) {
 		mbp_pipeline_destroy(p);
 		return -1;
@@ -249,12 +252,17 @@ static int run_job(const struct bp_task *t, struct bp_run *r, bool fused)
 
 static int run_mbpipe(const struct bp_task *t, struct bp_run *r)
 {
-	return run_job(t, r, false);
+	return run_job(t, r, JOB_ENGINE);
+}
+
+static int run_mbpipe_thr(const struct bp_task *t, struct bp_run *r)
+{
+	return run_job(t, r, JOB_THREAD_PER_STAGE);
 }
 
 static int run_mbpipe_fused(const struct bp_task *t, struct bp_run *r)
 {
-	return run_job(t, r, true);
+	return run_job(t, r, JOB_HAND_FUSED);
 }
 
 /* ---- mbpipe: single micro-batches from one producer, a bounded window ---- */
@@ -509,10 +517,13 @@ struct impl {
 };
 
 /* The summary line and the targets refer to these by index. */
-enum { I_MBPIPE, I_MBPIPE_FUSED, I_MBPIPE_MB, I_TBB, I_CONDVAR, NIMPL };
+enum { I_MBPIPE, I_MBPIPE_THR, I_MBPIPE_FUSED, I_MBPIPE_MB, I_TBB, I_CONDVAR, NIMPL };
 static const struct impl impls[NIMPL] = {
-    [I_MBPIPE] = {"mbpipe", run_mbpipe},	  [I_MBPIPE_FUSED] = {"mb_fused", run_mbpipe_fused},
-    [I_MBPIPE_MB] = {"mbpipe_mb", run_mbpipe_mb}, [I_TBB] = {"tbb", bp_run_tbb},
+    [I_MBPIPE] = {"mbpipe", run_mbpipe},
+    [I_MBPIPE_THR] = {"mb_thr_S", run_mbpipe_thr},
+    [I_MBPIPE_FUSED] = {"mb_fused", run_mbpipe_fused},
+    [I_MBPIPE_MB] = {"mbpipe_mb", run_mbpipe_mb},
+    [I_TBB] = {"tbb", bp_run_tbb},
     [I_CONDVAR] = {"condvar", run_condvar},
 };
 
@@ -591,11 +602,11 @@ static bool run_one(const struct impl *im, unsigned S, uint64_t iters, uint64_t 
 	return true;
 }
 
-/* Whether implementation k runs at this point: mb_fused only where stages outnumber CPUs (elsewhere it
- * is mbpipe itself). */
+/* Whether implementation k runs at this point: mb_thr_S and mb_fused only where stages outnumber CPUs
+ * (elsewhere they are mbpipe itself). */
 static bool runs(const struct cfg *c, const struct point *pt, unsigned k)
 {
-	return c->sel[k] && (k != I_MBPIPE_FUSED || pt->S > pt->cores);
+	return c->sel[k] && ((k != I_MBPIPE_FUSED && k != I_MBPIPE_THR) || pt->S > pt->cores);
 }
 
 /* Medians over the rounds, against the work as measured alone in the same rounds. */
@@ -684,15 +695,17 @@ static void print_point(const struct cfg *c, const struct point *pt)
 		       m->cpu_hop, m->others, (unsigned long long)m->runs[m->n - 1].items, m->lo, m->hi);
 	}
 	const struct im_stats *mb = &pt->im[I_MBPIPE], *tbb = &pt->im[I_TBB], *cv = &pt->im[I_CONDVAR];
-	const struct im_stats *fu = &pt->im[I_MBPIPE_FUSED];
+	const struct im_stats *fu = &pt->im[I_MBPIPE_FUSED], *th = &pt->im[I_MBPIPE_THR];
 	printf("bench_pipeline: S=%u W_us=%g work_ns=%.0f mbpipe_items_s=%.0f mbpipe_mb_items_s=%.0f "
-	       "mbpipe_fused_items_s=%.0f tbb_items_s=%.0f condvar_items_s=%.0f eff=%.3f eff_fused=%.3f "
-	       "eff_tbb=%.3f eff_condvar=%.3f ratio_tbb=%.2f ratio_condvar=%.2f cpu_over_work=%.3f "
-	       "fused_cpu_over_work=%.3f tbb_cpu_over_work=%.3f hop_ns=%.0f tbb_hop_ns=%.0f others_cpus=%.2f "
-	       "cores=%u cpus=%u rounds=%u\n",
-	       pt->S, pt->W_us, pt->W_ns, mb->med, pt->im[I_MBPIPE_MB].med, fu->med, tbb->med, cv->med,
-	       mb->eff, fu->eff, tbb->eff, cv->eff, mb->med / tbb->med, mb->med / cv->med, mb->cpu_work,
-	       fu->cpu_work, tbb->cpu_work, mb->hop, tbb->hop, mb->others, pt->cores, c->ncpu, c->rounds);
+	       "mb_thr_S_items_s=%.0f mbpipe_fused_items_s=%.0f tbb_items_s=%.0f condvar_items_s=%.0f "
+	       "eff=%.3f eff_thr_S=%.3f eff_fused=%.3f eff_tbb=%.3f eff_condvar=%.3f ratio_tbb=%.2f "
+	       "ratio_condvar=%.2f cpu_over_work=%.3f thr_S_cpu_over_work=%.3f fused_cpu_over_work=%.3f "
+	       "tbb_cpu_over_work=%.3f hop_ns=%.0f tbb_hop_ns=%.0f others_cpus=%.2f cores=%u cpus=%u "
+	       "rounds=%u\n",
+	       pt->S, pt->W_us, pt->W_ns, mb->med, pt->im[I_MBPIPE_MB].med, th->med, fu->med, tbb->med,
+	       cv->med, mb->eff, th->eff, fu->eff, tbb->eff, cv->eff, mb->med / tbb->med, mb->med / cv->med,
+	       mb->cpu_work, th->cpu_work, fu->cpu_work, tbb->cpu_work, mb->hop, tbb->hop, mb->others,
+	       pt->cores, c->ncpu, c->rounds);
 }
 
 /* The targets (for this 2-core machine), where they apply to the point. */
@@ -757,8 +770,8 @@ static void usage(void)
 	fprintf(
 	    stderr,
 	    "usage: bench_pipeline [-r rounds] [-t seconds_per_run] [-S 2,4] [-W 0.2,1,10,100] [-k tokens]\n"
-	    "                      [-o mbpipe_opts] [-i mbpipe,mb_fused,mbpipe_mb,tbb,condvar]\n"
-	    "                      [-P engine|block] [-v]\n"
+	    "                      [-o mbpipe_opts] [-i mbpipe,mb_thr_S,mb_fused,mbpipe_mb,tbb,condvar]\n"
+	    "                      [-v]\n"
 	    "  mbpipe options come from MBPIPE_OPTS, then -o (key=value,..., see mbp_opts_parse)\n");
 	exit(2);
 }
@@ -779,16 +792,13 @@ static void print_header(const struct cfg *c)
 {
 	printf("bench_pipeline: %u CPUs allowed; work loop %.4f ns/iteration (median of 31 chunks of 1 ms)\n",
 	       c->ncpu, c->ns_iter);
-	printf(
-	    "mbpipe: one job, mb_rows=1; ring_capacity=%u cache_size=%u spin_ns=%llu yield_ns=%llu pin=%d; "
-	    "placement %s\n",
-	    g_mbp_opts.ring_capacity, g_mbp_opts.cache_size, (unsigned long long)g_mbp_opts.spin_ns,
-	    (unsigned long long)g_mbp_opts.yield_ns, g_mbp_opts.pin,
-	    g_place_block ? "block (stage i on CPU i * CPUs / S)"
-			  : "the engine's (stage i on CPU i mod CPUs)");
-	printf(
-	    "mb_fused (only where S > CPUs): the same on min(S, CPUs) engine stages, each running S / CPUs "
-	    "consecutive stages in one call\n");
+	printf("mbpipe: one job, mb_rows=1; ring_capacity=%u cache_size=%u spin_ns=%llu yield_ns=%llu pin=%d "
+	       "threads=%u (0: min(S, CPUs), consecutive stages sharing a thread)\n",
+	       g_mbp_opts.ring_capacity, g_mbp_opts.cache_size, (unsigned long long)g_mbp_opts.spin_ns,
+	       (unsigned long long)g_mbp_opts.yield_ns, g_mbp_opts.pin, g_mbp_opts.threads);
+	printf("mb_thr_S (only where S > CPUs): the same with one thread per stage (threads=S)\n");
+	printf("mb_fused (only where S > CPUs): min(S, CPUs) engine stages, each running S / CPUs "
+	       "consecutive stages in one call of its own\n");
 	printf("mbpipe_mb: single micro-batches from one producer, window %u, same options\n", MB_WINDOW);
 	printf("tbb: parallel_pipeline, serial_in_order filters, %u live tokens, default arena\n", c->tokens);
 	printf("condvar: one unpinned thread per stage, mutex+condvar queues of %u slots\n",
@@ -808,12 +818,14 @@ static void print_header(const struct cfg *c)
 
 int main(int argc, char **argv)
 {
-	struct cfg c = {.sel = {true, true, true, true, true}, .rounds = 5, .tokens = 64, .run_s = 0.3};
+	struct cfg c = {.rounds = 5, .tokens = 64, .run_s = 0.3};
+	for (unsigned k = 0; k < NIMPL; k++)
+		c.sel[k] = true;
 	double Ss[8] = {2, 4}, Ws[8] = {0.2, 1, 10, 100};
 	int nS = 2, nW = 4;
 	const char *cli_opts = NULL;
 	int opt;
-	while ((opt = getopt(argc, argv, "r:t:S:W:k:o:i:P:v")) != -1) {
+	while ((opt = getopt(argc, argv, "r:t:S:W:k:o:i:v")) != -1) {
 		switch (opt) {
 		case 'r':
 			c.rounds = (unsigned)atoi(optarg);
@@ -836,11 +848,6 @@ int main(int argc, char **argv)
 		case 'i':
 			if (parse_impls(optarg, c.sel))
 				usage();
-			break;
-		case 'P':
-			if (strcmp(optarg, "block") && strcmp(optarg, "engine"))
-				usage();
-			g_place_block = strcmp(optarg, "block") == 0;
 			break;
 		case 'v':
 			g_verbose = true;
