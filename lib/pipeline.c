@@ -238,6 +238,7 @@ static int make_pools(struct mbp_pipeline *p)
 	int rc = mbp_pool_new(&p->pool, &po);
 	if (rc)
 		return rc;
+	mbp__pool_trust(p->pool); /* hop buffers never leave the workers */
 	mbp_pool_stats st;
 	mbp_pool_stats_get(p->pool, &st);
 	if (st.max_buffers < need)

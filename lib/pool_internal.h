@@ -5,6 +5,10 @@
  * range check that never dereferences a foreign pointer); each header owns one payload allocated when the
  * pool grows. A header fills whole cache lines of its own: two buffers owned by two stages must not share a
  * line, or every header update of one stage would steal the line from the other.
+ *
+ * Two lines: the pool's bookkeeping, then the public mbp_mb. A micro-batch crossing cores moves the second
+ * line (and its payload) only: the consumer reads mb and never touches the first line when the pool is
+ * trusted (mbp__pool_trust), so that line stays in the producer's cache.
  */
 #ifndef MBP__POOL_INTERNAL_H
 #define MBP__POOL_INTERNAL_H
@@ -22,7 +26,7 @@ struct mbp__buf {
 	void *payload; /* the pool's own copy of mb.data: what it frees, poisons and restores at get */
 	void *link[2]; /* scratch for the current owner: the pipeline's ingress link */
 	uint32_t kind; /* the current owner's tag for what is in link */
-	mbp_mb mb;
+	MBP_CACHELINE_ALIGNED mbp_mb mb;
 };
 
 static_assert(sizeof(struct mbp__buf) % MBP_CACHELINE == 0, "a buffer header fills whole cache lines");
@@ -31,5 +35,13 @@ static inline struct mbp__buf *mbp__buf_of(mbp_mb *mb)
 {
 	return mbp__container_of(mb, struct mbp__buf, mb);
 }
+
+/*
+ * Mark a pool as the engine's own (its buffers never reach a caller, and the engine itself pairs every get
+ * with one put): get and put then skip the header's state (double release, corrupt free list) and leave
+ * link and kind as they were, so that a buffer's first line is written and read by its getter only.
+ * Pointers put are still range-checked. Debug builds (--enable-debug) keep every check. Before any get.
+ */
+void mbp__pool_trust(struct mbp_pool *p);
 
 #endif

@@ -213,7 +213,7 @@ static void job_out_view(struct mbp__stage *s, const mbp_mb *in, mbp_mb *view)
 static void last_stage(struct mbp__stage *s, mbp_mb *in)
 {
 	struct mbp_pipeline *p = s->p;
-	mbp_mb *x = *mbp__origin(in); /* the caller's buffer, for a single micro-batch */
+	mbp_mb *x = in->job ? NULL : *mbp__origin(in); /* the caller's buffer, for a single micro-batch */
 	mbp_mb view, *res = in;
 	if (in->status == 0 && cancelled(p))
 		in->status = -ECANCELED;
@@ -264,7 +264,8 @@ static void middle_stage(struct mbp__stage *s, mbp_mb *in)
 	}
 	mbp_mb *out = hop_buffer(s);
 	run(s, in, out);
-	*mbp__origin(out) = *mbp__origin(in);
+	if (!in->job)
+		*mbp__origin(out) = *mbp__origin(in);
 	mbp_pool_put(s->p->pool, s->cache, in); /* the next hop_buffer() returns this one, still hot */
 	pass_on(s, out);
 }
@@ -296,7 +297,8 @@ static void first_stage_mb(struct mbp__stage *s, mbp_mb *in, mbp_mb *x)
 	if (!is_last(s)) {
 		mbp_mb *out = hop_buffer(s);
 		run(s, in, out);
-		*mbp__origin(out) = x;
+		if (!in->job)
+			*mbp__origin(out) = x;
 		pass_on(s, out);
 		return;
 	}

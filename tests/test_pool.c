@@ -25,6 +25,7 @@
 #include <mbpipe.h>
 
 #include "check_main.h"
+#include "pool_internal.h" /* mbp__pool_trust: the engine's own pools */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Helpers */
@@ -668,6 +669,45 @@ START_TEST(release_of_a_never_allocated_slot_aborts)
 }
 END_TEST
 
+#ifndef MBP_DEBUG
+/* The engine's hop pool: a buffer that crosses to another core and is released there must leave its
+ * first header line (the pool's bookkeeping) as the getter wrote it, so that the line never moves. */
+START_TEST(trusted_pool_release_and_get_leave_the_bookkeeping_line_untouched)
+{
+	for (int trusted = 0; trusted < 2; trusted++) {
+		mbp_pool *p = pool_make(4096, 4, 4);
+		if (trusted)
+			mbp__pool_trust(p);
+		mbp_pool_cache *c = cache_make(p);
+		mbp_mb *a = get_now(p, c);
+		struct mbp__buf *b = mbp__buf_of(a);
+		ck_assert_uint_eq((uintptr_t)a % MBP_CACHELINE, 0); /* mb has a line of its own */
+		b->link[0] = a;					    /* the engine's scratch */
+		unsigned char line[MBP_CACHELINE];
+		memcpy(line, b, sizeof(line));
+		mbp_pool_put(p, c, a);
+		ck_assert_ptr_eq(get_now(p, c), a); /* LIFO: the same buffer */
+		/* untrusted: put marked it free and get cleared the scratch */
+		ck_assert_int_eq(memcmp(line, b, sizeof(line)) == 0, trusted);
+		ck_assert_ptr_eq(a->data, b->payload); /* the public line is still reset */
+		ck_assert_uint_eq(a->stage, UINT32_MAX);
+		mbp_pool_put(p, c, a);
+		mbp_pool_cache_destroy(c);
+		assert_quiet_and_destroy(p);
+	}
+}
+END_TEST
+
+START_TEST(trusted_pool_still_rejects_a_foreign_pointer)
+{
+	mbp_pool *p = pool_make(4096, 4, 4);
+	mbp__pool_trust(p);
+	mbp_mb fake = {0};
+	mbp_pool_put(p, NULL, &fake);
+}
+END_TEST
+#endif
+
 #if defined(MBP_DEBUG) && !defined(__SANITIZE_ADDRESS__)
 START_TEST(write_after_release_is_caught_at_the_next_get)
 {
@@ -1006,6 +1046,10 @@ static Suite *suite(void)
 	tcase_add_test_raise_signal(tc, release_of_a_foreign_pointer_aborts, SIGABRT);
 	tcase_add_test_raise_signal(tc, release_into_the_wrong_pool_aborts, SIGABRT);
 	tcase_add_test_raise_signal(tc, release_of_a_never_allocated_slot_aborts, SIGABRT);
+#ifndef MBP_DEBUG /* debug builds keep every check, trusted or not */
+	tcase_add_test(tc, trusted_pool_release_and_get_leave_the_bookkeeping_line_untouched);
+	tcase_add_test_raise_signal(tc, trusted_pool_still_rejects_a_foreign_pointer, SIGABRT);
+#endif
 #if defined(MBP_DEBUG) && !defined(__SANITIZE_ADDRESS__)
 	tcase_add_test_raise_signal(tc, write_after_release_is_caught_at_the_next_get, SIGABRT);
 	tcase_add_test(tc, untouched_released_buffers_pass_the_poison_check);
