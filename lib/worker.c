@@ -162,7 +162,8 @@ static int run(struct mbp__stage *s, const mbp_mb *in, mbp_mb *out)
 	mbp__counter_add(&c->hist[log2_bucket(t1 - t0)], 1);
 	if (rc)
 		mbp__counter_add(&c->failed, 1);
-	mbp__trace_add(s, t0, t1, out);
+	if (s->trace) /* the call only when tracing */
+		mbp__trace_add(s, t0, t1, out);
 	return rc;
 }
 
