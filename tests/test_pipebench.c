@@ -579,6 +579,51 @@ START_TEST(more_stages_than_cpus_share_a_thread_and_say_so)
 }
 END_TEST
 
+/* Four stages on two CPUs share two threads: the schedule, the bubble and its prediction count threads. */
+START_TEST(shared_threads_are_one_step_of_the_schedule_each)
+{
+	cpu_set_t set;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+	int cpu[2], n = 0;
+	for (int c = 0; c < CPU_SETSIZE && n < 2; c++)
+		if (CPU_ISSET(c, &set))
+			cpu[n++] = c;
+	if (n < 2) {
+		fprintf(stderr,
+			"shared_threads_are_one_step_of_the_schedule_each skipped: one CPU allowed\n");
+		return;
+	}
+	char cpus[48];
+	snprintf(cpus, sizeof(cpus), "--cpus=%d,%d", cpu[0], cpu[1]);
+	/* M = 4 micro-batches, 4 stages of 20 us per row on 2 threads: GPipe's bubble with T = 2 is 1/5 */
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=4", cpus, "--batch=16",
+						 "--mb=4", "--work-us=20", "--batches=3", "--warmup=1",
+						 "--baseline-runs=1", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_ptr_nonnull(doc);
+	cJSON *cp = cJSON_GetObjectItem(doc, "cpus");
+	ck_assert_int_eq(cJSON_GetObjectItem(cp, "threads")->valueint, 2);
+	ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(cp, "oversubscribed")));
+	cJSON *pl = cJSON_GetObjectItem(doc, "placement");
+	ck_assert_int_eq(cJSON_GetArraySize(pl), 4);
+	for (int i = 0; i < 4; i++) {
+		cJSON *e = cJSON_GetArrayItem(pl, i);
+		ck_assert_int_eq(cJSON_GetObjectItem(e, "thread")->valueint, i / 2);
+		ck_assert_int_eq(cJSON_GetObjectItem(e, "cpu")->valueint, cpu[i / 2]);
+	}
+	cJSON *bub =
+	    cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "results"), 0), "bubble");
+	double gpipe = cJSON_GetObjectItem(bub, "gpipe")->valuedouble;
+	double predicted = cJSON_GetObjectItem(bub, "predicted")->valuedouble;
+	ck_assert_msg(fabs(gpipe - 0.2) < 1e-9, "gpipe bubble %g, expected (T-1)/(M+T-1) = 0.2", gpipe);
+	/* stages of equal work: two threads of equal work, near GPipe's; with four steps it would be 3/7 */
+	ck_assert_msg(predicted > 0.1 && predicted < 0.35, "predicted bubble %g", predicted);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipebench");
@@ -600,6 +645,7 @@ static Suite *suite(void)
 	tcase_add_test(out, progress_goes_to_stderr_only);
 	tcase_add_test(out, duration_and_latency_target_choose_a_size_that_meets_it);
 	tcase_add_test(out, more_stages_than_cpus_share_a_thread_and_say_so);
+	tcase_add_test(out, shared_threads_are_one_step_of_the_schedule_each);
 	suite_add_tcase(s, out);
 
 	TCase *bubble = tcase_create("bubble");

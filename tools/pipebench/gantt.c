@@ -8,8 +8,9 @@
  * the width allows, else one above the other.
  *
  * Each column covers span/width of time. A cell shows the micro-batch that occupied most of it, by its
- * index (0-9, a-z, A-Z, then again), when the stage was busy for at least half the cell; '.' when the
- * stage was mostly idle; blank after the batch completed.
+ * index (0-9, a-z, A-Z, then again), when the stage was busy for at least half the cell (half its share
+ * of the cell where k stages share a thread: half of 1/k); '.' when the stage was mostly idle; blank
+ * after the batch completed.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,10 +61,11 @@ static void render_row(const pb_timeline *tl, unsigned stage, unsigned cols, dou
 			}
 		}
 	}
+	unsigned k = tl->share[stage] ? tl->share[stage] : 1;
 	for (unsigned c = 0; c < cols; c++) {
 		if (c * dt >= (double)tl->span_ns)
 			row[c] = ' ';
-		else if (busy[c] >= dt / 2)
+		else if (busy[c] >= dt / 2 / k)
 			row[c] = mb_char(who[c]);
 		else
 			row[c] = '.';

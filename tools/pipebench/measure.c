@@ -471,6 +471,9 @@ static int start_pipeline(pb_bench *b, const mbp_opts *o, struct wrap *wraps, ui
 		return failf(r, "pipeline start: %s", mbp_strerror(rc));
 	rc = mbp_pipeline_placement(*p, b->placement, MBP_MAX_STAGES);
 	b->have_placement = rc > 0;
+	for (unsigned i = 0; b->have_placement && i < w->stages; i++)
+		for (unsigned j = 0; j < w->stages; j++)
+			r->tl.share[i] += b->placement[j].thread == b->placement[i].thread;
 	return 0;
 }
 

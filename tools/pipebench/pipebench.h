@@ -130,8 +130,9 @@ typedef struct pb_timeline {
 	uint32_t mbs; /* micro-batches */
 	uint32_t stages;
 	uint32_t mb_rows;
-	uint64_t span_ns; /* submission to completion */
-	uint64_t *t;	  /* [stage][mb][2]: begin, end; UINT64_MAX when not recorded */
+	uint64_t span_ns;	       /* submission to completion */
+	uint64_t *t;		       /* [stage][mb][2]: begin, end; UINT64_MAX when not recorded */
+	uint8_t share[MBP_MAX_STAGES]; /* stages on each stage's thread (0: 1) */
 } pb_timeline;
 
 typedef struct pb_stage_result {
