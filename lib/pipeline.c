@@ -3,8 +3,9 @@
  *
  * Shutdown. drain and cancel both first stop accepting (state != RUNNING; submitters re-check after
  * announcing themselves in `submitting`, so once it reads zero no accepted entry is still on its way into
- * the ingress), then close the ingress. Stage 0 drains the ingress and closes its output ring; each stage
- * in turn drains its input and closes its output; the threads exit in order and are joined. cancel also
+ * the ingress), then close the ingress. The thread of stage 0 drains the ingress and closes its output
+ * ring; each thread in turn drains its input and closes its output; the threads exit in order and are
+ * joined. cancel also
  * raises `cancel`, which makes every stage fail (-ECANCELED) what it has not started instead of computing
  * it. Either way every accepted micro-batch completes or fails: accepted = completed + failed.
  */
@@ -159,7 +160,7 @@ static int plan_placement(struct mbp_pipeline *p)
 	const unsigned S = p->nstages;
 	bool named = false;
 	for (unsigned i = 0; i < S; i++)
-		named |= p->stages[i].d.cpu >= 0;
+		named |= p->o.pin && p->stages[i].d.cpu >= 0; /* unpinned, a named CPU means nothing */
 	/* Threads: as asked; by default one per stage while they fit the CPUs (or where the caller placed
 	 * stages itself), else one per CPU running consecutive stages (see "Threads and stages" in
 	 * pipeline.h). */

@@ -113,8 +113,14 @@ static struct stage_ctx ctxs[MBP_MAX_STAGES];
  * depends on the CPUs), one thread per stage, two threads, one thread running every stage. */
 static const uint32_t thread_modes[] = {0, MBP_MAX_STAGES, 2, 1};
 #define NMODES (int)(sizeof(thread_modes) / sizeof(thread_modes[0]))
-static uint32_t g_threads; /* opts.threads for make() */
+static uint32_t g_threads; /* opts.threads for make(); reset before every test (CK_FORK=no runs them in
+			     one process) */
 #define THREAD_MODE() (g_threads = thread_modes[_i])
+
+static void reset_thread_mode(void)
+{
+	g_threads = 0;
+}
 
 /* A pipeline of S mapping stages over WORDS-word rows. */
 static mbp_pipeline *make(unsigned S, unsigned max_delay_ns, mbp_opts *extra)
@@ -631,7 +637,15 @@ struct results {
 	_Atomic unsigned long next_seq[PRODUCERS];
 	unsigned S;
 	_Atomic int order_ok;
+	unsigned fail_mod, fail_rem; /* stage 1 fails inputs whose first word % fail_mod == fail_rem */
+	int fail_err;
 };
+
+/* Whether stage 1 fails a micro-batch whose first input word is w0 (struct stage_ctx's predicate). */
+static bool fails_at_stage1(uint32_t w0, unsigned mod, unsigned rem)
+{
+	return mod && map(w0, 0) % mod == rem;
+}
 
 static void on_result(void *arg, mbp_mb *mb)
 {
@@ -641,11 +655,14 @@ static void on_result(void *arg, mbp_mb *mb)
 	if (mb->seq != atomic_load(&r->next_seq[prod]))
 		atomic_store(&r->order_ok, 0);
 	atomic_store(&r->next_seq[prod], mb->seq + 1);
+	uint32_t stamp = (uint32_t)(prod << 24 | mb->seq);
+	if (fails_at_stage1(stamp, r->fail_mod, r->fail_rem) != (mb->status != 0) ||
+	    (mb->status && mb->status != r->fail_err))
+		atomic_store(&r->order_ok, 0); /* failed without cause, or not failed with one */
 	if (mb->status) {
 		atomic_fetch_add(&r->failed, 1);
 	} else {
 		const uint32_t *d = mb->data;
-		uint32_t stamp = (uint32_t)(prod << 24 | mb->seq);
 		for (unsigned i = 0; i < mb->rows * WORDS; i++)
 			if (d[i] != expect_word(stamp + i, r->S))
 				atomic_store(&r->order_ok, 0);
@@ -677,20 +694,26 @@ static void *mb_producer_main(void *arg)
 	return NULL;
 }
 
-static void run_single_mbs(unsigned S)
+/* A pipeline of S stages whose single micro-batches come back to on_result(r). */
+static mbp_pipeline *make_for_single_mbs(unsigned S, struct results *r)
 {
-	static struct results r;
-	memset(&r, 0, sizeof(r));
-	atomic_store(&r.order_ok, 1);
-	r.S = S;
 	mbp_opts o;
 	mbp_opts_init(&o);
 	o.in_row_bytes = WORDS * 4;
 	o.max_mb_rows = 8;
 	o.mb_buffers = 16;
 	o.on_result = on_result;
-	o.on_result_arg = &r;
-	mbp_pipeline *p = make(S, 0, &o);
+	o.on_result_arg = r;
+	return make(S, 0, &o);
+}
+
+static void run_single_mbs(unsigned S)
+{
+	static struct results r;
+	memset(&r, 0, sizeof(r));
+	atomic_store(&r.order_ok, 1);
+	r.S = S;
+	mbp_pipeline *p = make_for_single_mbs(S, &r);
 	r.p = p;
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
 	pthread_t t[2];
@@ -718,6 +741,93 @@ START_TEST(single_micro_batches_come_back_in_order_with_their_tags)
 {
 	THREAD_MODE();
 	run_single_mbs(3);
+}
+END_TEST
+
+/* Jobs from one thread while two threads submit single micro-batches, stage 1 failing some of both: every
+ * job gets its own rows and exactly its failures, every single micro-batch its own result or error. */
+struct job_thread {
+	mbp_pipeline *p;
+	unsigned jobs, S, mod, rem;
+	int err;
+	unsigned long failed, mbs;
+};
+
+static void *job_thread_main(void *arg)
+{
+	struct job_thread *jt = arg;
+	enum { ROWS = 37 };
+	uint32_t in[ROWS * WORDS], out[ROWS * WORDS];
+	for (unsigned j = 0; j < jt->jobs; j++) {
+		fill(in, ROWS, 0x40000000u + j * 1000u);
+		uint32_t m = 1 + j % 6;
+		mbp_job job;
+		mbp_job_init(&job, in, out, ROWS, m);
+		ck_assert_int_eq(mbp_job_submit(jt->p, &job, -1), 0);
+		ck_assert_int_eq(mbp_job_wait(&job, -1), 0);
+		unsigned failed = 0;
+		for (size_t row0 = 0; row0 < ROWS; row0 += m) {
+			size_t rows = ROWS - row0 < m ? ROWS - row0 : m;
+			if (fails_at_stage1(in[row0 * WORDS], jt->mod, jt->rem))
+				failed++;
+			else
+				check_out(in + row0 * WORDS, out + row0 * WORDS, rows, jt->S);
+		}
+		ck_assert_uint_eq(job.mbs_failed, failed);
+		ck_assert_int_eq(job.status, failed ? jt->err : 0);
+		jt->failed += failed;
+		jt->mbs += job.mbs;
+	}
+	return NULL;
+}
+
+START_TEST(jobs_and_single_micro_batches_mixed_with_failures_end_as_expected)
+{
+	THREAD_MODE();
+	const unsigned S = 4;
+	static struct results r;
+	memset(&r, 0, sizeof(r));
+	atomic_store(&r.order_ok, 1);
+	r.S = S;
+	r.fail_mod = 7;
+	r.fail_rem = 3;
+	r.fail_err = -EDOM;
+	mbp_pipeline *p = make_for_single_mbs(S, &r);
+	ctxs[1].fail_mod = r.fail_mod;
+	ctxs[1].fail_rem = r.fail_rem;
+	ctxs[1].fail_err = r.fail_err;
+	r.p = p;
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	unsigned n = (unsigned)mbp_iters(2000, 200);
+	struct job_thread jt = {
+	    .p = p, .jobs = n / 10, .S = S, .mod = r.fail_mod, .rem = r.fail_rem, .err = r.fail_err};
+	pthread_t t[3];
+	struct mb_producer mp[2];
+	for (unsigned i = 0; i < 2; i++) {
+		mp[i] = (struct mb_producer){.r = &r, .id = i, .n = n};
+		pthread_create(&t[i], NULL, mb_producer_main, &mp[i]);
+	}
+	pthread_create(&t[2], NULL, job_thread_main, &jt);
+	for (unsigned i = 0; i < 3; i++)
+		pthread_join(t[i], NULL);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	unsigned long want_failed = 0;
+	for (unsigned id = 0; id < 2; id++)
+		for (unsigned seq = 0; seq < n; seq++)
+			want_failed += fails_at_stage1((uint32_t)(id << 24 | seq), r.fail_mod, r.fail_rem);
+	ck_assert_uint_gt(want_failed, 0);
+	ck_assert_uint_gt(jt.failed, 0);
+	ck_assert_uint_eq(atomic_load(&r.got), 2 * n);
+	ck_assert_uint_eq(atomic_load(&r.failed), want_failed);
+	ck_assert_int_eq(atomic_load(&r.order_ok), 1);
+	mbp_pipeline_stats ps;
+	mbp_pipeline_stats_get(p, &ps, NULL, 0);
+	ck_assert_uint_eq(ps.mbs_accepted, 2 * n + jt.mbs);
+	ck_assert_uint_eq(ps.mbs_failed, want_failed + jt.failed);
+	ck_assert_uint_eq(ps.jobs_accepted, jt.jobs);
+	ck_assert_uint_eq(ps.mb_pool.in_use, 0);
+	assert_conserved(p);
+	mbp_pipeline_destroy(p);
 }
 END_TEST
 
@@ -847,15 +957,19 @@ START_TEST(stats_placement_and_trace_describe_the_run)
 	int allowed[MBP_MAX_CPUS];
 	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
 	ck_assert_int_ge(n, 1);
-	for (unsigned i = 0; i < S; i++) {
-		ck_assert_int_eq(pl[i].pin_error, 0);
-		/* the i-th allowed CPU; with more stages than CPUs, consecutive stages share one */
-		unsigned want = S <= (unsigned)n ? i : i * (unsigned)n / S;
-		ck_assert_int_eq(pl[i].cpu, allowed[want]);
-	}
 	mbp_pipeline_stats a, b;
 	mbp_stage_stats as[3], bs[3];
 	mbp_pipeline_stats_get(p, &a, as, S);
+	const unsigned T = a.threads; /* min(S, CPUs), CPUs counting a cgroup quota */
+	ck_assert_uint_ge(T, 1);
+	ck_assert_uint_le(T, S);
+	for (unsigned i = 0; i < S; i++) {
+		ck_assert_int_eq(pl[i].pin_error, 0);
+		/* stage i on thread i * T / S, thread t on the t-th allowed CPU */
+		ck_assert_uint_eq(pl[i].thread, i * T / S);
+		unsigned t = pl[i].thread;
+		ck_assert_int_eq(pl[i].cpu, allowed[T <= (unsigned)n ? t : t * (unsigned)n / T]);
+	}
 	size_t rows = 120;
 	uint32_t *in = malloc(rows * WORDS * 4), *out = malloc(rows * WORDS * 4);
 	fill(in, rows, 1);
@@ -988,43 +1102,84 @@ START_TEST(default_threads_share_only_when_stages_outnumber_cpus)
 }
 END_TEST
 
+/* Two stages, the second naming `cpu1` (-1: none), the first `cpu0`, with opts.threads = `threads`. */
+static mbp_pipeline *named_pair(int cpu0, int cpu1, uint32_t threads)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.threads = threads;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	for (unsigned k = 0; k < 2; k++) {
+		ctxs[k] = (struct stage_ctx){.k = k};
+		mbp_stage_desc d = {
+		    .fn = stage_fn, .init = stage_init, .ctx = &ctxs[k], .cpu = k ? cpu1 : cpu0};
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	}
+	return p;
+}
+
 START_TEST(stages_of_one_thread_naming_different_cpus_fail_start)
 {
 	int allowed[MBP_MAX_CPUS];
 	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
 	ck_assert_int_ge(n, 1);
-	mbp_opts o;
-	mbp_opts_init(&o);
-	o.in_row_bytes = WORDS * 4;
-	o.threads = 1;
-	mbp_pipeline *p;
-	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
-	ctxs[0] = (struct stage_ctx){.k = 0};
-	ctxs[1] = (struct stage_ctx){.k = 1};
-	mbp_stage_desc a = {.fn = stage_fn, .init = stage_init, .ctx = &ctxs[0], .cpu = allowed[0]};
-	mbp_stage_desc b = {.fn = stage_fn, .init = stage_init, .ctx = &ctxs[1], .cpu = -1};
-	ck_assert_int_eq(mbp_pipeline_add_stage(p, &a), 0);
-	ck_assert_int_eq(mbp_pipeline_add_stage(p, &b), 0);
 	if (n >= 2) {
-		b.cpu = allowed[1];
-		mbp_pipeline *q;
-		ck_assert_int_eq(mbp_pipeline_new(&q, &o), 0);
-		ck_assert_int_eq(mbp_pipeline_add_stage(q, &a), 0);
-		ck_assert_int_eq(mbp_pipeline_add_stage(q, &b), 0);
+		mbp_pipeline *q = named_pair(allowed[0], allowed[1], 1);
 		ck_assert_int_eq(mbp_pipeline_start(q), -EINVAL);
 		ck_assert_uint_eq(ctxs[0].inits + ctxs[1].inits, 0); /* refused before any thread ran */
 		mbp_pipeline_destroy(q);
 	}
-	/* one named CPU: the thread runs there */
+	/* one named CPU, by the thread's second stage: the whole thread runs there */
+	mbp_pipeline *p = named_pair(-1, allowed[n - 1], 1);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
 	mbp_placement pl[2];
 	ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
-	ck_assert_int_eq(pl[0].cpu, allowed[0]);
-	ck_assert_int_eq(pl[1].cpu, allowed[0]);
+	ck_assert_int_eq(pl[0].cpu, allowed[n - 1]);
+	ck_assert_int_eq(pl[1].cpu, allowed[n - 1]);
 	ck_assert_uint_eq(pl[1].thread, 0);
 	uint32_t in[WORDS] = {1, 2, 3, 4}, out[WORDS];
 	ck_assert_int_eq(mbp_run(p, in, out, 1, 1), 0);
 	check_out(in, out, 1, 2);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* By default a pipeline whose stages name CPUs keeps one thread per stage (the caller placed them), also
+ * on one CPU; unpinned, the names do not count. */
+START_TEST(named_cpus_keep_a_thread_per_stage_by_default)
+{
+	int allowed[MBP_MAX_CPUS];
+	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL), 1);
+	mbp_pipeline *p = named_pair(allowed[0], allowed[0], 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_placement pl[2];
+	ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
+	ck_assert_uint_eq(pl[0].thread, 0);
+	ck_assert_uint_eq(pl[1].thread, 1);
+	ck_assert_int_eq(pl[0].cpu, allowed[0]);
+	ck_assert_int_eq(pl[1].cpu, allowed[0]);
+	ck_assert(!pthread_equal(ctxs[0].init_tid, ctxs[1].init_tid));
+	mbp_pipeline_destroy(p);
+
+	/* unpinned, on a list of one CPU: the names do not count, the two stages share one thread */
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.pin = false;
+	o.ncpus = 1;
+	o.cpus[0] = allowed[0];
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	for (unsigned k = 0; k < 2; k++) {
+		ctxs[k] = (struct stage_ctx){.k = k};
+		mbp_stage_desc d = {.fn = stage_fn, .init = stage_init, .ctx = &ctxs[k], .cpu = allowed[0]};
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	}
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
+	ck_assert_uint_eq(pl[1].thread, 0);
+	ck_assert_int_eq(pl[0].cpu, -1);
 	mbp_pipeline_destroy(p);
 }
 END_TEST
@@ -1073,6 +1228,7 @@ static Suite *suite(void)
 {
 	Suite *s = suite_create("pipeline");
 	TCase *tc = tcase_create("pipeline");
+	tcase_add_checked_fixture(tc, reset_thread_mode, NULL);
 	tcase_set_timeout(tc, 120);
 	tcase_add_loop_test(tc, job_results_in_order_with_random_delays_and_short_last_mb, 0, NMODES);
 	tcase_add_loop_test(tc, one_to_eight_stages_on_two_cores_in_every_thread_mode_give_exact_results, 0,
@@ -1088,6 +1244,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, timeouts_on_wait_submit_and_drain);
 	tcase_add_test(tc, cancel_releases_submitters_blocked_on_a_full_ingress);
 	tcase_add_loop_test(tc, single_micro_batches_come_back_in_order_with_their_tags, 0, NMODES);
+	tcase_add_loop_test(tc, jobs_and_single_micro_batches_mixed_with_failures_end_as_expected, 0, NMODES);
 	tcase_add_test(tc, single_micro_batches_through_one_stage);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
@@ -1095,6 +1252,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, stages_sharing_a_thread_run_init_fn_and_fini_there_in_order);
 	tcase_add_test(tc, default_threads_share_only_when_stages_outnumber_cpus);
 	tcase_add_test(tc, stages_of_one_thread_naming_different_cpus_fail_start);
+	tcase_add_test(tc, named_cpus_keep_a_thread_per_stage_by_default);
 	tcase_add_test(tc, snapshot_counts_a_computation_while_it_lasts);
 	tcase_add_test(tc, strerror_names_every_code);
 	suite_add_tcase(s, tc);
