@@ -6,9 +6,10 @@
  * pool grows. A header fills whole cache lines of its own: two buffers owned by two stages must not share a
  * line, or every header update of one stage would steal the line from the other.
  *
- * Two lines: the pool's bookkeeping, then the public mbp_mb. A micro-batch crossing cores moves the second
- * line (and its payload) only: the consumer reads mb and never touches the first line when the pool is
- * trusted (mbp__pool_trust), so that line stays in the producer's cache.
+ * Two lines: the pool's bookkeeping, then the public mbp_mb. In a trusted pool (mbp__pool_trust) a job's
+ * micro-batch crossing cores moves the second line (and its payload) only: the consumer reads mb and its
+ * release writes nothing, so the first line stays in the cache of the thread that gets the buffer next
+ * (a single micro-batch's consumer also reads link[0], its origin).
  */
 #ifndef MBP__POOL_INTERNAL_H
 #define MBP__POOL_INTERNAL_H
@@ -39,7 +40,7 @@ static inline struct mbp__buf *mbp__buf_of(mbp_mb *mb)
 /*
  * Mark a pool as the engine's own (its buffers never reach a caller, and the engine itself pairs every get
  * with one put): get and put then skip the header's state (double release, corrupt free list) and leave
- * link and kind as they were, so that a buffer's first line is written and read by its getter only.
+ * link and kind as they were, so that a release does not write the buffer's first line.
  * Pointers put are still range-checked. Debug builds (--enable-debug) keep every check. Before any get.
  */
 void mbp__pool_trust(struct mbp_pool *p);

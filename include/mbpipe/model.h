@@ -54,7 +54,7 @@
  * splits the layers into S contiguous ranges minimising the slowest stage exactly (mbp_model_partition,
  * a dynamic programme that counts the cost of handing a micro-batch to the next stage). mbp_model_stages
  * turns a plan into one pipeline stage per range; each stage allocates its scratch buffers in its init on
- * its own thread, so nothing is allocated per micro-batch. OpenBLAS runs single-threaded in the stages:
+ * the thread that runs it, so nothing is allocated per micro-batch. OpenBLAS runs single-threaded in the stages:
  * the pipeline owns the cores (see mbp_model_stages_add).
  *
  * Live weight swap (liburcu, memb flavour). The model's current weights are a reference-counted version

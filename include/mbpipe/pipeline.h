@@ -255,12 +255,12 @@ int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n);
 typedef struct mbp_stage_stats {
 	char name[MBP_STAGE_NAME_MAX];
 	int cpu;
-	uint64_t mbs;			 /**< micro-batches computed */
-	uint64_t rows;			 /**< rows computed */
-	uint64_t failed;		 /**< micro-batches this stage failed (its fn returned an error) */
-	uint64_t busy_ns;		 /**< time inside fn */
-	uint64_t starved_ns;		 /**< time waiting for input */
-	uint64_t blocked_ns;		 /**< time waiting for room downstream or for a buffer */
+	uint64_t mbs;	     /**< micro-batches computed */
+	uint64_t rows;	     /**< rows computed */
+	uint64_t failed;     /**< micro-batches this stage failed (its fn returned an error) */
+	uint64_t busy_ns;    /**< time inside fn */
+	uint64_t starved_ns; /**< time waiting for input (where stages share a thread: its first) */
+	uint64_t blocked_ns; /**< time waiting for room downstream (shared thread: its last) or a buffer */
 	uint64_t hist[MBP_HIST_BUCKETS]; /**< service time of fn, log2 buckets */
 	uint32_t ring_occupancy; /**< micro-batches waiting in the stage's input ring (stage 0: ingress;
 				      0 of 0 for a stage called by the previous one on its thread) */

@@ -231,7 +231,7 @@ void pb_options_help(FILE *f)
 	    "      --cpus=LIST          CPUs for the stages: 0-3, 0,2,5 or 0+2+5 (default: all allowed)\n"
 	    "      --spin-us=US         spin budget of a waiting stage (default: %llu)\n"
 	    "      --opts=KEY=VAL,...   engine options for mbp_opts_parse (ring, cache, spin_us, yield_us,\n"
-	    "                           pin, ...), applied after $MBPIPE_OPTS (default: none)\n"
+	    "                           pin, threads, ...), applied after $MBPIPE_OPTS (default: none)\n"
 	    "\n"
 	    "Output:\n"
 	    "      --table              a table on standard output (the default)\n"
