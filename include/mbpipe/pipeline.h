@@ -89,8 +89,9 @@ typedef struct mbp_opts {
 	uint64_t spin_ns;	 /**< spin budget of a waiting worker. 20000 */
 	uint64_t yield_ns;	 /**< yield budget after the spin, then it parks. 200000 */
 	bool pin;		 /**< pin worker threads to CPUs. true */
-	uint32_t threads;	 /**< worker threads T; 0: one per stage while the stages fit the CPUs, else
-				      one per CPU (one per stage if a descriptor names a CPU). See below. */
+	uint32_t threads;	 /**< worker threads T (more than the stages: one per stage); 0: one per
+				      stage while the stages fit the CPUs, else one per CPU (one per stage
+				      if a pinned descriptor names a CPU). See below. */
 	uint32_t ncpus;		 /**< entries in cpus; 0: the CPUs this process may use */
 	int cpus[MBP_MAX_CPUS];	 /**< thread t runs on cpus[t] (with T > ncpus: cpus[t * ncpus / T]) unless a
 				      descriptor of one of its stages names a CPU */
