@@ -74,14 +74,19 @@ static inline bool mbp__ring_pop_sc(struct mbp__ring *r, void **item)
 	return mbp__ring_pop_burst_sc(r, item, 1) == 1;
 }
 
-/* Items in the ring; exact for either side, a snapshot for other threads. */
+/* Items in the ring; exact for either side, a snapshot (0 .. capacity) for other threads. */
 static inline uint32_t mbp__ring_count(const struct mbp__ring *r)
 {
-	/* acquire on tail only to keep the two loads in order: tail read first never exceeds a head read
-	 * later, so the difference never goes negative; relaxed on head, a statistic */
-	uint32_t tail = atomic_load_explicit(&((struct mbp__ring *)r)->tail, memory_order_acquire);
-	uint32_t head = atomic_load_explicit(&((struct mbp__ring *)r)->head, memory_order_relaxed);
-	return head - tail;
+	for (;;) {
+		/* acquire on tail only to keep the two loads in order: tail read first never exceeds a head
+		 * read later, so the difference never goes negative; relaxed on head, a statistic */
+		uint32_t tail = atomic_load_explicit(&((struct mbp__ring *)r)->tail, memory_order_acquire);
+		uint32_t head = atomic_load_explicit(&((struct mbp__ring *)r)->head, memory_order_relaxed);
+		if (MBP_LIKELY(head - tail <= r->capacity))
+			return head - tail;
+		/* A third thread delayed between the two loads: the consumer moved on since its tail (and
+		 * the producer refilled the ring). Look again; each retry needs the consumer to move. */
+	}
 }
 
 static inline bool mbp__ring_closed(const struct mbp__ring *r)
