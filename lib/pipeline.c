@@ -2,12 +2,11 @@
  * mbp_pipeline: construction, start, submission, drain, cancel, destroy; job bookkeeping.
  *
  * Shutdown. drain and cancel both first stop accepting (state != RUNNING; submitters re-check after
- * announcing themselves in `submitting`, so once it reads zero no accepted entry is still on its way into
- * the ingress), then close the ingress. The thread of stage 0 drains the ingress and closes its output
- * ring; each thread in turn drains its input and closes its output; the threads exit in order and are
- * joined. cancel also
- * raises `cancel`, which makes every stage fail (-ECANCELED) what it has not started instead of computing
- * it. Either way every accepted micro-batch completes or fails: accepted = completed + failed.
+ * announcing themselves in `submitting`, so once it reads zero no accepted entry is still on its way into the
+ * ingress), then close the ingress. The thread of stage 0 drains the ingress and closes its output ring; each
+ * thread in turn drains its input and closes its output; the threads exit in order and are joined. cancel
+ * also raises `cancel`, which makes every stage fail (-ECANCELED) what it has not started instead of
+ * computing it. Either way every accepted micro-batch completes or fails: accepted = completed + failed.
  */
 #include "config.h"
 

@@ -24,11 +24,11 @@
  * written only under that lock, so a waiter cannot miss a delivery made through the depot.
  *
  * Checks. Always on: a release of something that is not a buffer of this pool, or of a buffer that is not
- * held, aborts with a message (it would otherwise corrupt the free lists). A trusted pool (the engine's
- * own, mbp__pool_trust) keeps only the first check in release builds: it has no per-buffer state. MBP_DEBUG builds also fill a
- * released payload with POISON_BYTE and verify it at the next get (a write after release aborts there);
- * AddressSanitizer builds mark a released payload unaddressable, so a use after release is reported where it
- * happens.
+ * held, aborts with a message (it would otherwise corrupt the free lists). A trusted pool (the engine's own,
+ * mbp__pool_trust) keeps only the first check in release builds: it has no per-buffer state. MBP_DEBUG builds
+ * also fill a released payload with POISON_BYTE and verify it at the next get (a write after release aborts
+ * there); AddressSanitizer builds mark a released payload unaddressable, so a use after release is reported
+ * where it happens.
  */
 #include "config.h"
 

@@ -2,12 +2,13 @@
  * The loop of one worker thread: take input, run the stage (or the consecutive stages this thread runs,
  * one calling the next), hand the result on, account the time.
  *
- * Stage 0 takes entries from the multi-producer ingress: a job (split here into micro-batches that read
- * the caller's input in place) or a caller's single micro-batch. The first stage of every other thread pops
- * bursts from its input ring. Every stage except the last writes into a buffer from its thread's pool
- * cache, releases its input into that cache (so the next get returns the buffer it just read, still hot)
- * and hands the output on: into the next ring, or by calling the next stage when this thread runs it. The last stage writes the caller's memory directly: the job's output rows, or the caller's own
- * buffer for a single micro-batch, and completes.
+ * Stage 0 takes entries from the multi-producer ingress: a job (split here into micro-batches that read the
+ * caller's input in place) or a caller's single micro-batch. The first stage of every other thread pops
+ * bursts from its input ring. Every stage except the last writes into a buffer from its thread's pool cache,
+ * releases its input into that cache (so the next get returns the buffer it just read, still hot) and hands
+ * the output on: into the next ring, or by calling the next stage when this thread runs it. The last stage
+ * writes the caller's memory directly: the job's output rows, or the caller's own buffer for a single
+ * micro-batch, and completes.
  *
  * A failed micro-batch (a stage returned an error, or the pipeline is being cancelled) is not computed
  * again: it travels on with its status so that completion stays in order and in one place.

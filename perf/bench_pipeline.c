@@ -2,12 +2,12 @@
  * bench_pipeline: the pipeline engine against oneTBB's parallel_pipeline and a plain mutex+condvar
  * pipeline, on S stages that each do W microseconds of calibrated busy work per item.
  *
- * The work is a chain of dependent 64-bit multiply-adds (bp_work), calibrated once at start (the median of
- * 31 timed chunks), so every implementation runs the same instructions per item and no clock is polled
- * while working. Its speed drifts a few per cent with the host's load, so every round also times the work
- * alone on one thread, and the figures use the median of those (W = work_ns). Items are sequence numbers: stage 0 reads in[i], every stage checks that it sees 0, 1, 2,
- * ... (each exactly once, in order), the last stage writes out[i], and the driver checks out[] after every
- * run. Any broken invariant makes the program exit 1.
+ * The work is a chain of dependent 64-bit multiply-adds (bp_work), calibrated once at start (the median of 31
+ * timed chunks), so every implementation runs the same instructions per item and no clock is polled while
+ * working. Its speed drifts a few per cent with the host's load, so every round also times the work alone on
+ * one thread, and the figures use the median of those (W = work_ns). Items are sequence numbers: stage 0
+ * reads in[i], every stage checks that it sees 0, 1, 2, ... (each exactly once, in order), the last stage
+ * writes out[i], and the driver checks out[] after every run. Any broken invariant makes the program exit 1.
  *
  * Implementations, one process, one compiler invocation for the work loop:
  *   mbpipe     one job of n rows with mb_rows = 1 (stage 0 splits it: no per-item submit call); the
@@ -23,8 +23,9 @@
  *   tbb        tbb::parallel_pipeline, every filter serial_in_order, `tokens` live tokens (64).
  *   condvar    one thread per stage, unpinned, bounded queues of ring_capacity slots, each a mutex and two
  *              condition variables (signalled only when a waiter is counted).
- * For each point (S, W) the implementations run round by round, each round starting with the next one
- * (A B C D, B C D A, ...), and the medians are reported. Run sizes aim at -t seconds each from the previous round's rate, at least 2000 items.
+ * For each point (S, W) the implementations run round by round, each round starting with the next one (A B C
+ * D, B C D A, ...), and the medians are reported. Run sizes aim at -t seconds each from the previous round's
+ * rate, at least 2000 items.
  *
  * Figures, with cores c = min(S, CPUs this process may use):
  *   items/s      n / wall

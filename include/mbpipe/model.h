@@ -50,12 +50,12 @@
  * format's reference implementation does, each broken rule reported with its own mbp_load_rule and a
  * message naming the tensor.
  *
- * Stages. mbp_model_balance() times every layer at the micro-batch size in use (mbp_model_profile) and
- * splits the layers into S contiguous ranges minimising the slowest stage exactly (mbp_model_partition,
- * a dynamic programme that counts the cost of handing a micro-batch to the next stage). mbp_model_stages
- * turns a plan into one pipeline stage per range; each stage allocates its scratch buffers in its init on
- * the thread that runs it, so nothing is allocated per micro-batch. OpenBLAS runs single-threaded in the stages:
- * the pipeline owns the cores (see mbp_model_stages_add).
+ * Stages. mbp_model_balance() times every layer at the micro-batch size in use (mbp_model_profile) and splits
+ * the layers into S contiguous ranges minimising the slowest stage exactly (mbp_model_partition, a dynamic
+ * programme that counts the cost of handing a micro-batch to the next stage). mbp_model_stages turns a plan
+ * into one pipeline stage per range; each stage allocates its scratch buffers in its init on the thread that
+ * runs it, so nothing is allocated per micro-batch. OpenBLAS runs single-threaded in the stages: the pipeline
+ * owns the cores (see mbp_model_stages_add).
  *
  * Live weight swap (liburcu, memb flavour). The model's current weights are a reference-counted version
  * published through an RCU-protected pointer.
@@ -380,9 +380,9 @@ typedef struct mbp_model_spec {
 
 /**
  * Write a model file with random weights, deterministic for a seed; nothing comes from the network.
- * Weights are uniform in +-sqrt(6 / fan-in) before an activation (He) and +-sqrt(3 / fan-in) without,
- * so activations keep their scale through the layers; biases +-0.1, norm gains 1 +- 0.1, norm biases +-0.1. The file is written to a temporary name and
- * renamed into place.
+ * Weights are uniform in +-sqrt(6 / fan-in) before an activation (He) and +-sqrt(3 / fan-in) without, so
+ * activations keep their scale through the layers; biases +-0.1, norm gains 1 +- 0.1, norm biases +-0.1. The
+ * file is written to a temporary name and renamed into place.
  * @return 0, -EINVAL (bad spec), -errno from the file system, -ENOMEM.
  */
 int mbp_model_write_random(const char *path, const mbp_model_spec *spec);

@@ -1,11 +1,11 @@
 /*
  * pipebench Gantt chart: which stage computes which micro-batch when, during one batch, in the terminal.
  *
- * The batch shown is the fastest one measured at that size: the one the machine's other load disturbed
- * least. Two panels share one time scale: the chosen micro-batch size, and the whole batch sent as one unit. In
- * the second, each stage works only while the others wait (the bubble is (S-1)/S); in the first, the
- * stages overlap on different micro-batches and the batch ends sooner. The panels stand side by side when
- * the width allows, else one above the other.
+ * The batch shown is the fastest one measured at that size: the one the machine's other load disturbed least.
+ * Two panels share one time scale: the chosen micro-batch size, and the whole batch sent as one unit. In the
+ * second, each stage works only while the others wait (the bubble is (S-1)/S); in the first, the stages
+ * overlap on different micro-batches and the batch ends sooner. The panels stand side by side when the width
+ * allows, else one above the other.
  *
  * Each column covers span/width of time. A cell shows the micro-batch that occupied most of it, by its
  * index (0-9, a-z, A-Z, then again), when the stage was busy for at least half the cell (half its share

@@ -1,14 +1,14 @@
 /*
  * pipebench predictions: the bubble a perfect pipeline would have, and the choice of the best size.
  *
- * A batch of M micro-batches through S stages whose micro-batch takes t_i in stage i, with no hand-off
- * cost and unbounded queues, takes T = sum(t_i) + (M - 1) max(t_i): the first micro-batch crosses every
- * stage, then the slowest stage emits one more every max(t_i). The stages work M sum(t_i) of the S T
- * available, so the predicted bubble is 1 - M sum(t_i) / (S T). With equal stages this is GPipe's
- * (S - 1) / (M + S - 1). Where stages share worker threads (more stages than CPUs), a thread is one
- * stage of the schedule whose t is the sum of its stages' t_i, and S counts threads. The t_i are the service times measured in the same run (time inside each stage
- * function per micro-batch), so the difference between measured and predicted is the engine's overhead:
- * hand-offs, wake-ups, and the time a stage spent off its CPU.
+ * A batch of M micro-batches through S stages whose micro-batch takes t_i in stage i, with no hand-off cost
+ * and unbounded queues, takes T = sum(t_i) + (M - 1) max(t_i): the first micro-batch crosses every stage,
+ * then the slowest stage emits one more every max(t_i). The stages work M sum(t_i) of the S T available, so
+ * the predicted bubble is 1 - M sum(t_i) / (S T). With equal stages this is GPipe's (S - 1) / (M + S - 1).
+ * Where stages share worker threads (more stages than CPUs), a thread is one stage of the schedule whose t is
+ * the sum of its stages' t_i, and S counts threads. The t_i are the service times measured in the same run
+ * (time inside each stage function per micro-batch), so the difference between measured and predicted is the
+ * engine's overhead: hand-offs, wake-ups, and the time a stage spent off its CPU.
  */
 #include <math.h>
 #include <stdio.h>
