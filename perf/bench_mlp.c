@@ -63,9 +63,7 @@ struct conf {
 
 static double now_s(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+	return (double)bench_now_ns() * 1e-9;
 }
 
 static void die(const char *what, int rc)

@@ -4,10 +4,20 @@
 #ifndef MBP_BENCH_UTIL_H
 #define MBP_BENCH_UTIL_H
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define BENCH_MEDIAN_MAX 1024
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+static inline uint64_t bench_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static inline int bench_cmp_double(const void *a, const void *b)
 {
