@@ -1102,11 +1102,14 @@ START_TEST(default_threads_share_only_when_stages_outnumber_cpus)
 }
 END_TEST
 
-/* Two stages, the second naming `cpu1` (-1: none), the first `cpu0`, with opts.threads = `threads`. */
-static mbp_pipeline *named_pair(int cpu0, int cpu1, uint32_t threads)
+/* Two stages, the first naming `cpu0`, the second `cpu1` (-1: none), with opts.threads = `threads` and
+ * the rest of `extra` (NULL: the defaults). */
+static mbp_pipeline *named_pair(int cpu0, int cpu1, uint32_t threads, const mbp_opts *extra)
 {
 	mbp_opts o;
 	mbp_opts_init(&o);
+	if (extra)
+		o = *extra;
 	o.in_row_bytes = WORDS * 4;
 	o.threads = threads;
 	mbp_pipeline *p;
@@ -1126,13 +1129,13 @@ START_TEST(stages_of_one_thread_naming_different_cpus_fail_start)
 	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
 	ck_assert_int_ge(n, 1);
 	if (n >= 2) {
-		mbp_pipeline *q = named_pair(allowed[0], allowed[1], 1);
+		mbp_pipeline *q = named_pair(allowed[0], allowed[1], 1, NULL);
 		ck_assert_int_eq(mbp_pipeline_start(q), -EINVAL);
 		ck_assert_uint_eq(ctxs[0].inits + ctxs[1].inits, 0); /* refused before any thread ran */
 		mbp_pipeline_destroy(q);
 	}
 	/* one named CPU, by the thread's second stage: the whole thread runs there */
-	mbp_pipeline *p = named_pair(-1, allowed[n - 1], 1);
+	mbp_pipeline *p = named_pair(-1, allowed[n - 1], 1, NULL);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
 	mbp_placement pl[2];
 	ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
@@ -1152,7 +1155,7 @@ START_TEST(named_cpus_keep_a_thread_per_stage_by_default)
 {
 	int allowed[MBP_MAX_CPUS];
 	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL), 1);
-	mbp_pipeline *p = named_pair(allowed[0], allowed[0], 0);
+	mbp_pipeline *p = named_pair(allowed[0], allowed[0], 0, NULL);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
 	mbp_placement pl[2];
 	ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
@@ -1166,16 +1169,10 @@ START_TEST(named_cpus_keep_a_thread_per_stage_by_default)
 	/* unpinned, on a list of one CPU: the names do not count, the two stages share one thread */
 	mbp_opts o;
 	mbp_opts_init(&o);
-	o.in_row_bytes = WORDS * 4;
 	o.pin = false;
 	o.ncpus = 1;
 	o.cpus[0] = allowed[0];
-	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
-	for (unsigned k = 0; k < 2; k++) {
-		ctxs[k] = (struct stage_ctx){.k = k};
-		mbp_stage_desc d = {.fn = stage_fn, .init = stage_init, .ctx = &ctxs[k], .cpu = allowed[0]};
-		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
-	}
+	p = named_pair(allowed[0], allowed[0], 0, &o);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
 	ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
 	ck_assert_uint_eq(pl[1].thread, 0);
