@@ -29,7 +29,7 @@ int main(void)
 	o.in_row_bytes = sizeof(in[0]);
 	mbp_pipeline *p;
 	int rc = mbp_pipeline_new(&p, &o);
-	mbp_stage_desc d = {.name = "twice", .fn = twice, .cpu = -1};
+	mbp_stage_desc d = {.name = "twice", .fn = twice};
 	for (int i = 0; rc == 0 && i < 2; i++)
 		rc = mbp_pipeline_add_stage(p, &d);
 	if (rc == 0)

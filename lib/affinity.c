@@ -68,6 +68,17 @@ int mbp_cpus_allowed(int *cpus, unsigned max, unsigned *quota_cpus)
 	return (int)n;
 }
 
+bool mbp__cpu_allowed(int cpu)
+{
+	if (cpu < 0 || cpu >= CPU_SETSIZE)
+		return false;
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	if (sched_getaffinity(0, sizeof(set), &set) != 0)
+		return true; /* cannot tell: let pinning report it */
+	return CPU_ISSET(cpu, &set);
+}
+
 int mbp__pin_self(int cpu)
 {
 	if (cpu < 0 || cpu >= CPU_SETSIZE)

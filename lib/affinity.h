@@ -12,6 +12,9 @@
  * there is none or it cannot be read. */
 unsigned mbp__cgroup_quota_cpus(void);
 
+/* Whether this process may run on `cpu` (sched_getaffinity). */
+bool mbp__cpu_allowed(int cpu);
+
 /* Pin the calling thread to `cpu`. 0 or a negative errno. */
 int mbp__pin_self(int cpu);
 

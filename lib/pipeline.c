@@ -118,7 +118,7 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 		return -EINVAL;
 	if (p->nstages == MBP_MAX_STAGES)
 		return -E2BIG;
-	if (d->cpu >= CPU_SETSIZE || d->cpu < -1)
+	if (d->pin_cpu && (d->pin_cpu > CPU_SETSIZE || !mbp__cpu_allowed((int)d->pin_cpu - 1)))
 		return -ERANGE;
 	struct mbp__stage *s = &p->stages[p->nstages];
 	memset(s, 0, sizeof(*s));
@@ -126,6 +126,7 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	s->idx = p->nstages;
 	s->p = p;
 	s->cpu = -1;
+	s->named_cpu = d->pin_cpu ? (int)d->pin_cpu - 1 : -1;
 	if (d->name)
 		snprintf(s->name, sizeof(s->name), "%s", d->name);
 	else
@@ -159,7 +160,7 @@ static int plan_placement(struct mbp_pipeline *p)
 	const unsigned S = p->nstages;
 	bool named = false;
 	for (unsigned i = 0; i < S; i++)
-		named |= p->o.pin && p->stages[i].d.cpu >= 0; /* unpinned, a named CPU means nothing */
+		named |= p->o.pin && p->stages[i].named_cpu >= 0; /* unpinned, a named CPU means nothing */
 	/* Threads: as asked; by default one per stage while they fit the CPUs (or where the caller placed
 	 * stages itself), else one per CPU running consecutive stages (see "Threads and stages" in
 	 * pipeline.h). */
@@ -191,7 +192,7 @@ static int plan_placement(struct mbp_pipeline *p)
 			continue;
 		/* A CPU named by a stage of this thread; they must agree. */
 		for (unsigned j = i; j <= s->group_last; j++) {
-			int c = p->stages[j].d.cpu;
+			int c = p->stages[j].named_cpu;
 			if (c < 0)
 				continue;
 			if (s->pin_required && c != s->cpu)

@@ -134,6 +134,7 @@ struct mbp__stage {
 	pthread_t thread;
 	bool thread_started;
 	bool init_ok;
+	int named_cpu; /* the descriptor's pin_cpu as a CPU number, -1: none */
 	int cpu;
 	int pin_error;
 	bool pin_required;

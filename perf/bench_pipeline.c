@@ -200,9 +200,9 @@ static int make_pipeline(const struct bp_task *t, mbp_opts *o, struct stage_grou
 	}
 	int rc = mbp_pipeline_new(pp, o);
 	for (unsigned i = 0; rc == 0 && i < n; i++) {
-		mbp_stage_desc d = {.fn = stage_fn, .ctx = &t->st[i], .cpu = -1};
+		mbp_stage_desc d = {.fn = stage_fn, .ctx = &t->st[i]};
 		if (groups)
-			d = (mbp_stage_desc){.fn = group_fn, .ctx = &groups[i], .cpu = -1};
+			d = (mbp_stage_desc){.fn = group_fn, .ctx = &groups[i]};
 		rc = mbp_pipeline_add_stage(*pp, &d);
 	}
 	if (rc == 0)

@@ -10,7 +10,9 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,8 +144,7 @@ static mbp_pipeline *make(unsigned S, unsigned max_delay_ns, mbp_opts *extra)
 				    .init = stage_init,
 				    .fini = stage_fini,
 				    .done = stage_done,
-				    .ctx = &ctxs[k],
-				    .cpu = -1};
+				    .ctx = &ctxs[k]};
 		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
 	}
 	return p;
@@ -251,8 +252,8 @@ START_TEST(stage_may_change_row_width)
 	mbp_pipeline *p;
 	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
 	ctxs[0] = (struct stage_ctx){.k = 0};
-	mbp_stage_desc a = {.fn = stage_fn, .ctx = &ctxs[0], .cpu = -1};
-	mbp_stage_desc b = {.fn = sum_pairs_fn, .out_row_bytes = WORDS / 2 * 4, .cpu = -1}; /* 4 -> 2 words */
+	mbp_stage_desc a = {.fn = stage_fn, .ctx = &ctxs[0]};
+	mbp_stage_desc b = {.fn = sum_pairs_fn, .out_row_bytes = WORDS / 2 * 4}; /* 4 -> 2 words */
 	ck_assert_int_eq(mbp_pipeline_add_stage(p, &a), 0);
 	ck_assert_int_eq(mbp_pipeline_add_stage(p, &b), 0);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
@@ -856,11 +857,13 @@ START_TEST(invalid_arguments_return_documented_errors)
 	o.max_mb_rows = 8;
 	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
 
-	mbp_stage_desc d = {.fn = NULL, .cpu = -1};
+	mbp_stage_desc d = {.fn = NULL};
 	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), -EINVAL);
 	ck_assert_int_eq(mbp_pipeline_add_stage(p, NULL), -EINVAL);
 	d.fn = stage_fn;
-	d.cpu = -5;
+	d.pin_cpu = MBP_PIN_CPU(CPU_SETSIZE);
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), -ERANGE);
+	d.pin_cpu = UINT_MAX;
 	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), -ERANGE);
 	ck_assert_int_eq(mbp_pipeline_start(p), -EINVAL); /* no stages */
 	ck_assert_int_eq(mbp_pipeline_drain(p, 0), -ENOTCONN);
@@ -875,7 +878,7 @@ START_TEST(invalid_arguments_return_documented_errors)
 	ck_assert_int_eq(mbp_mb_acquire(p, &mb, 0), -ENOTCONN);
 
 	ctxs[0] = (struct stage_ctx){.k = 0};
-	d.cpu = -1;
+	d.pin_cpu = 0;
 	d.ctx = &ctxs[0];
 	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
@@ -1116,8 +1119,11 @@ static mbp_pipeline *named_pair(int cpu0, int cpu1, uint32_t threads, const mbp_
 	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
 	for (unsigned k = 0; k < 2; k++) {
 		ctxs[k] = (struct stage_ctx){.k = k};
-		mbp_stage_desc d = {
-		    .fn = stage_fn, .init = stage_init, .ctx = &ctxs[k], .cpu = k ? cpu1 : cpu0};
+		int c = k ? cpu1 : cpu0;
+		mbp_stage_desc d = {.fn = stage_fn,
+				    .init = stage_init,
+				    .ctx = &ctxs[k],
+				    .pin_cpu = c >= 0 ? MBP_PIN_CPU(c) : 0};
 		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
 	}
 	return p;
@@ -1145,6 +1151,66 @@ START_TEST(stages_of_one_thread_naming_different_cpus_fail_start)
 	uint32_t in[WORDS] = {1, 2, 3, 4}, out[WORDS];
 	ck_assert_int_eq(mbp_run(p, in, out, 1, 1), 0);
 	check_out(in, out, 1, 2);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* A descriptor with only fn set (C users zero their structs) leaves placement to the plan: stage i on the
+ * i-th allowed CPU, never every stage on CPU 0. */
+START_TEST(zeroed_descriptor_leaves_placement_to_the_plan)
+{
+	int allowed[MBP_MAX_CPUS];
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
+	ck_assert_int_ge(n, 1);
+	unsigned S = n < 4 ? (unsigned)n : 4;
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	for (unsigned k = 0; k < S; k++) {
+		ctxs[k] = (struct stage_ctx){.k = k};
+		mbp_stage_desc d = {.fn = stage_fn, .ctx = &ctxs[k]};
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	}
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_placement pl[4];
+	ck_assert_int_eq(mbp_pipeline_placement(p, pl, S), (int)S);
+	for (unsigned k = 0; k < S; k++) {
+		ck_assert_int_eq(pl[k].pin_error, 0);
+		ck_assert_int_eq(pl[k].cpu, allowed[k]);
+		ck_assert_uint_eq(pl[k].thread, k);
+	}
+	uint32_t in[WORDS] = {1, 2, 3, 4}, out[WORDS];
+	ck_assert_int_eq(mbp_run(p, in, out, 1, 1), 0);
+	check_out(in, out, 1, S);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* A named CPU is checked against the CPUs this process may use when the stage is added: -ERANGE then,
+ * not a failed pin at start. */
+START_TEST(named_cpu_outside_the_allowed_set_is_refused_at_add_stage)
+{
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+	int outside = -1;
+	for (int c = 0; c < CPU_SETSIZE && outside < 0; c++)
+		if (!CPU_ISSET(c, &set))
+			outside = c;
+	ck_assert_int_ge(outside, 0);
+	int allowed[MBP_MAX_CPUS];
+	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL), 1);
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	mbp_stage_desc d = {.fn = stage_fn, .ctx = &ctxs[0], .pin_cpu = MBP_PIN_CPU(outside)};
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), -ERANGE);
+	d.pin_cpu = MBP_PIN_CPU(allowed[0]);
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
 	mbp_pipeline_destroy(p);
 }
 END_TEST
@@ -1250,6 +1316,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, default_threads_share_only_when_stages_outnumber_cpus);
 	tcase_add_test(tc, stages_of_one_thread_naming_different_cpus_fail_start);
 	tcase_add_test(tc, named_cpus_keep_a_thread_per_stage_by_default);
+	tcase_add_test(tc, zeroed_descriptor_leaves_placement_to_the_plan);
+	tcase_add_test(tc, named_cpu_outside_the_allowed_set_is_refused_at_add_stage);
 	tcase_add_test(tc, snapshot_counts_a_computation_while_it_lasts);
 	tcase_add_test(tc, strerror_names_every_code);
 	suite_add_tcase(s, tc);

@@ -71,8 +71,13 @@ typedef struct mbp_stage_desc {
 	mbp_stage_done_fn done; /**< optional */
 	void *ctx;		/**< passed to every callback */
 	size_t out_row_bytes;	/**< width of an output row; 0: same as the input row */
-	int cpu;		/**< CPU to pin to; -1: the placement plan decides */
+	unsigned pin_cpu;	/**< 0: the placement plan decides (a zeroed descriptor never pins);
+				     MBP_PIN_CPU(c): pin this stage's thread to CPU c, one this process
+				     may use (opts.pin false: ignored) */
 } mbp_stage_desc;
+
+/** The value of mbp_stage_desc.pin_cpu that names CPU `c` (CPU numbers start at 0; 0 means "none"). */
+#define MBP_PIN_CPU(c) ((unsigned)(c) + 1u)
 
 /** Result of a micro-batch submitted with mbp_mb_submit(); `mb` is owned by the callee until
  * mbp_mb_release(). Runs on the last stage's thread: keep it short. */
@@ -132,9 +137,10 @@ int mbp_opts_parse(mbp_opts *o, const char *conf, size_t *errpos);
 int mbp_pipeline_new(mbp_pipeline **p, const mbp_opts *o);
 
 /**
- * Append a stage (before start). The descriptor is copied.
- * @return 0, -EINVAL (NULL fn, already started), -E2BIG (more than MBP_MAX_STAGES), -ERANGE (cpu not
- *         allowed).
+ * Append a stage (before start). The descriptor is copied. A descriptor with only `fn` set is complete:
+ * every other field's zero is its default.
+ * @return 0, -EINVAL (NULL fn, already started), -E2BIG (more than MBP_MAX_STAGES), -ERANGE (pin_cpu
+ *         names a CPU this process may not use: see mbp_cpus_allowed()).
  */
 int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d);
 

@@ -183,7 +183,6 @@ int mbp_model_stage_desc(const mbp_model_stages *st, unsigned i, mbp_stage_desc 
 	d->done = i == 0 ? stage_done : NULL;
 	d->ctx = (void *)s;
 	d->out_row_bytes = (size_t)st->m->l[s->b - 1].out * sizeof(float);
-	d->cpu = -1;
 	return 0;
 }
 

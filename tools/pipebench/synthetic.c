@@ -271,7 +271,6 @@ int pb_synthetic_new(pb_workload **out, const pb_config *cfg, char *err, size_t 
 		memset(d, 0, sizeof(*d));
 		d->fn = syn_stage_fn;
 		d->ctx = st;
-		d->cpu = -1;
 	}
 	if (n < (int)sizeof(w->desc))
 		n += snprintf(w->desc + n, sizeof(w->desc) - (size_t)n, " us");
