@@ -609,7 +609,7 @@ int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n)
 	if (atomic_load(&p->state) == ST_NEW)
 		return -ENOTCONN;
 	for (unsigned i = 0; i < p->nstages && i < n; i++) {
-		out[i].cpu = p->stages[i].pin_error ? -1 : p->stages[i].cpu;
+		out[i].cpu = mbp__stage_cpu(&p->stages[i]);
 		out[i].pin_error = p->stages[i].pin_error;
 		out[i].thread = p->stages[i].thread_idx;
 	}

@@ -189,6 +189,12 @@ void mbp__bound_close(struct mbp__bound *b);
 void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, uint32_t failed, int err,
 		      uint32_t seq);
 
+/* The CPU a stage runs on, as every report gives it: -1 when it is not pinned or its pin failed. */
+static inline int mbp__stage_cpu(const struct mbp__stage *s)
+{
+	return s->pin_error ? -1 : s->cpu;
+}
+
 /* Record one trace event (no-op when tracing is off or the log is full). */
 void mbp__trace_add(struct mbp__stage *s, uint64_t t0, uint64_t t1, const mbp_mb *mb);
 

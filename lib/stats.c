@@ -58,7 +58,7 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 		mbp_stage_stats *o = &ss[i];
 		memset(o, 0, sizeof(*o));
 		memcpy(o->name, s->name, sizeof(o->name));
-		o->cpu = s->pin_error ? -1 : s->cpu;
+		o->cpu = mbp__stage_cpu(s);
 		o->mbs = mbp__counter_get(&c->mbs);
 		o->rows = mbp__counter_get(&c->rows);
 		o->failed = mbp__counter_get(&c->failed);

@@ -11,7 +11,7 @@ tests_test_pool_SOURCES = tests/test_pool.c tests/check_main.h
 tests_test_pool_CFLAGS = $(TEST_CFLAGS) $(JEMALLOC_CFLAGS)
 tests_test_pool_LDADD = $(TEST_LIBS)
 tests_test_pipeline_SOURCES = tests/test_pipeline.c tests/check_main.h
-tests_test_pipeline_CFLAGS = $(TEST_CFLAGS)
+tests_test_pipeline_CFLAGS = $(TEST_CFLAGS) $(CJSON_CFLAGS)
 tests_test_pipeline_LDADD = $(TEST_LIBS)
 
 TESTS += tests/test_ring tests/test_pool tests/test_pipeline

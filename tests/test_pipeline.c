@@ -20,7 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <mbpipe.h>
+
+#include "pipeline_internal.h"
 
 #include "check_main.h"
 
@@ -946,6 +949,24 @@ END_TEST
 
 /* ---- statistics, placement, trace ---- */
 
+/* The pipeline's Chrome trace, written to a temporary file and read back (malloc'd, NUL-terminated). */
+static char *trace_text(mbp_pipeline *p)
+{
+	char path[] = "/tmp/mbp-trace-XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(mbp_pipeline_trace_write(p, path), 0);
+	FILE *f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	char *buf = calloc(1, 1 << 20);
+	size_t len = fread(buf, 1, (1 << 20) - 1, f);
+	fclose(f);
+	unlink(path);
+	ck_assert_uint_gt(len, 0);
+	return buf;
+}
+
 START_TEST(stats_placement_and_trace_describe_the_run)
 {
 	mbp_opts o;
@@ -994,17 +1015,7 @@ START_TEST(stats_placement_and_trace_describe_the_run)
 	}
 	ck_assert_str_eq(bs[0].name, "stage0");
 	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
-	char path[] = "/tmp/mbp-trace-XXXXXX";
-	int fd = mkstemp(path);
-	ck_assert_int_ge(fd, 0);
-	close(fd);
-	ck_assert_int_eq(mbp_pipeline_trace_write(p, path), 0);
-	FILE *f = fopen(path, "r");
-	char *buf = calloc(1, 1 << 20);
-	size_t len = fread(buf, 1, (1 << 20) - 1, f);
-	fclose(f);
-	unlink(path);
-	ck_assert_uint_gt(len, 0);
+	char *buf = trace_text(p);
 	ck_assert_ptr_nonnull(strstr(buf, "\"traceEvents\""));
 	unsigned events = 0;
 	for (char *s = buf; (s = strstr(s, "\"ph\":\"X\"")); s++)
@@ -1014,6 +1025,73 @@ START_TEST(stats_placement_and_trace_describe_the_run)
 	mbp_pipeline_destroy(p);
 	free(in);
 	free(out);
+}
+END_TEST
+
+/* Stage names are the caller's bytes: the trace escapes quotes, backslashes and control characters and
+ * replaces bytes that are not UTF-8, so that a JSON parser reads the file and gets each name back; a
+ * stage whose pin failed shows cpu -1, as in the statistics. */
+START_TEST(trace_is_valid_json_whatever_the_stage_names)
+{
+	static const char *const names[] = {"q\"uo\\te\"", "ctl\n\t\x01\x1f\x7f", "bad\xff\xc3(\xed\xa0\x80",
+					    "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"};
+	/* what a parser must read back: U+FFFD for every byte that starts no well-formed sequence */
+	static const char *const back[] = {"q\"uo\\te\"", "ctl\n\t\x01\x1f\x7f",
+					   "bad\xef\xbf\xbd\xef\xbf\xbd(\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd",
+					   "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"};
+	enum { NS = 4 };
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.trace_events = 16;
+	o.threads = NS;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	for (unsigned k = 0; k < NS; k++) {
+		ctxs[k] = (struct stage_ctx){.k = k};
+		mbp_stage_desc d = {.name = names[k], .fn = stage_fn, .ctx = &ctxs[k]};
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	}
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	uint32_t in[4 * WORDS] = {0}, out[4 * WORDS];
+	ck_assert_int_eq(mbp_run(p, in, out, 4, 2), 0);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	/* A failed pin cannot be provoked on an allowed CPU: record one as the worker would (thread_init). */
+	p->stages[1].pin_error = -EINVAL;
+	mbp_placement pl[NS];
+	ck_assert_int_eq(mbp_pipeline_placement(p, pl, NS), NS);
+
+	char *buf = trace_text(p);
+	cJSON *root = cJSON_Parse(buf);
+	ck_assert_msg(root != NULL, "trace is not JSON near: %.40s", cJSON_GetErrorPtr());
+	cJSON *evs = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
+	ck_assert(cJSON_IsArray(evs));
+	unsigned seen = 0, spans = 0;
+	cJSON *e;
+	cJSON_ArrayForEach(e, evs)
+	{
+		const char *nm = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "name"));
+		ck_assert_ptr_nonnull(nm);
+		if (strcmp(nm, "thread_name") == 0) {
+			int tid = cJSON_GetObjectItemCaseSensitive(e, "tid")->valueint;
+			ck_assert(tid >= 0 && tid < NS);
+			const char *label = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+			    cJSON_GetObjectItemCaseSensitive(e, "args"), "name"));
+			char want[128];
+			snprintf(want, sizeof(want), "%d %s (cpu %d)", tid, back[tid],
+				 tid == 1 ? -1 : pl[tid].cpu);
+			ck_assert_str_eq(label, want);
+			seen++;
+		} else if (strncmp(nm, "job ", 4) == 0) {
+			spans++;
+		}
+	}
+	ck_assert_uint_eq(seen, NS);
+	ck_assert_uint_eq(spans, 2 * NS);
+	ck_assert_int_eq(pl[1].cpu, -1);
+	cJSON_Delete(root);
+	free(buf);
+	mbp_pipeline_destroy(p);
 }
 END_TEST
 
@@ -1312,6 +1390,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
 	tcase_add_test(tc, stats_placement_and_trace_describe_the_run);
+	tcase_add_test(tc, trace_is_valid_json_whatever_the_stage_names);
 	tcase_add_test(tc, stages_sharing_a_thread_run_init_fn_and_fini_there_in_order);
 	tcase_add_test(tc, default_threads_share_only_when_stages_outnumber_cpus);
 	tcase_add_test(tc, stages_of_one_thread_naming_different_cpus_fail_start);
