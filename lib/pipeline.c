@@ -424,6 +424,8 @@ void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, u
 
 bool mbp_job_done(const mbp_job *job)
 {
+	if (!job || job->cb)
+		return false; /* the callback is its completion (pipeline.h, "Completion") */
 	struct mbp__job_priv *jp = mbp__jp((mbp_job *)job);
 	/* acquire; partner: the release exchange in mbp__job_account(): the job's results are visible */
 	return atomic_load_explicit(&jp->state, memory_order_acquire) == 1;
@@ -431,8 +433,8 @@ bool mbp_job_done(const mbp_job *job)
 
 int mbp_job_wait(mbp_job *job, int64_t timeout_ns)
 {
-	if (!job)
-		return -EINVAL;
+	if (!job || job->cb)
+		return -EINVAL; /* a callback job may be freed by its callback: nothing could wake us safely */
 	struct mbp__job_priv *jp = mbp__jp(job);
 	uint64_t deadline = mbp__deadline(timeout_ns);
 	for (;;) {

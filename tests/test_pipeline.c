@@ -544,6 +544,64 @@ END_TEST
 
 static _Atomic unsigned gate;
 
+/* What a callback job tells the test: its status and outputs, copied before the callback frees it. */
+struct cb_report {
+	_Atomic int fired; /* release in the callback; acquire in the test */
+	int status;
+	uint32_t out[8 * WORDS];
+};
+
+static void report_and_free_cb(mbp_job *job, void *arg)
+{
+	struct cb_report *r = arg;
+	r->status = job->status;
+	memcpy(r->out, job->out, sizeof(r->out));
+	free(job->out);
+	free(job); /* the callback may free the job: the engine never touches it again */
+	atomic_store_explicit(&r->fired, 1, memory_order_release);
+}
+
+/* The contract of pipeline.h ("Completion"): a job with a callback completes through the callback alone;
+ * waiting on it is refused at once (-EINVAL, not a timeout) and done stays false; the callback sees the
+ * results and may free the job. */
+START_TEST(job_with_callback_completes_through_it_and_refuses_wait)
+{
+	mbp_pipeline *p = make(2, 0, NULL);
+	atomic_store(&gate, 0);
+	ctxs[0].gate = &gate; /* keep the job in flight while the test looks */
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	enum { ROWS = 8 };
+	static uint32_t in[ROWS * WORDS];
+	fill(in, ROWS, 7);
+	static struct cb_report r;
+	atomic_store(&r.fired, 0);
+	mbp_job *job = malloc(sizeof(*job));
+	mbp_job_init(job, in, malloc(ROWS * WORDS * 4), ROWS, 3);
+	job->cb = report_and_free_cb;
+	job->cb_arg = &r;
+	ck_assert_int_eq(mbp_job_wait(job, 0), -EINVAL); /* also before submit */
+	ck_assert_int_eq(mbp_job_submit(p, job, -1), 0);
+	ck_assert_int_eq(mbp_job_wait(job, 5 * 1000000000LL), -EINVAL); /* at once, not -ETIMEDOUT */
+	ck_assert(!mbp_job_done(job));
+	atomic_store(&gate, 1);
+	while (!atomic_load_explicit(&r.fired, memory_order_acquire))
+		usleep(100);
+	ck_assert_int_eq(r.status, 0);
+	check_out(in, r.out, ROWS, 2);
+	/* a job without a callback is still waited for and reported done */
+	mbp_job plain;
+	static uint32_t out2[ROWS * WORDS];
+	mbp_job_init(&plain, in, out2, ROWS, 3);
+	ck_assert_int_eq(mbp_job_submit(p, &plain, -1), 0);
+	ck_assert_int_eq(mbp_job_wait(&plain, -1), 0);
+	ck_assert(mbp_job_done(&plain));
+	check_out(in, out2, ROWS, 2);
+	ck_assert(!mbp_job_done(NULL));
+	ck_assert_int_eq(mbp_job_wait(NULL, 0), -EINVAL);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
 START_TEST(timeouts_on_wait_submit_and_drain)
 {
 	mbp_opts o;
@@ -1383,6 +1441,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, destroy_with_work_in_flight_completes_every_job, 0, NMODES);
 	tcase_add_loop_test(tc, drain_finishes_everything_accepted, 0, NMODES);
 	tcase_add_test(tc, timeouts_on_wait_submit_and_drain);
+	tcase_add_test(tc, job_with_callback_completes_through_it_and_refuses_wait);
 	tcase_add_test(tc, cancel_releases_submitters_blocked_on_a_full_ingress);
 	tcase_add_loop_test(tc, single_micro_batches_come_back_in_order_with_their_tags, 0, NMODES);
 	tcase_add_loop_test(tc, jobs_and_single_micro_batches_mixed_with_failures_end_as_expected, 0, NMODES);

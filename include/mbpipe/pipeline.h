@@ -182,7 +182,8 @@ typedef struct mbp_job {
 	void *out;	  /**< rows x the last stage's output row width */
 	size_t rows;	  /**< N */
 	uint32_t mb_rows; /**< m */
-	mbp_job_fn cb;	  /**< optional completion callback, on the completing thread; may free the job */
+	mbp_job_fn cb;	  /**< optional completion callback, on the completing thread; may free the job.
+			       A job with a callback completes through it alone: see mbp_job_wait() */
 	void *cb_arg;
 	/* results */
 	int status;	     /**< 0, or the error of the first failed micro-batch */
@@ -209,12 +210,25 @@ void mbp_job_init(mbp_job *job, const void *in, void *out, size_t rows, uint32_t
  */
 int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns);
 
+/*
+ * Completion. A job without a callback is done once mbp_job_done() returns true or mbp_job_wait() returns
+ * 0: its results are then visible and the engine no longer touches it (free or resubmit it). A job with a
+ * callback completes through the callback alone: the engine fills the results and then calls cb, its last
+ * touch of the job, so the callback may free it. Waiting on such a job would race with that free (a
+ * waiter woken before the callback could free the job under it; one woken after could not be woken at
+ * all), so mbp_job_wait() refuses it with -EINVAL at once and mbp_job_done() is false for it: signal
+ * whatever the caller waits for from the callback.
+ */
+
 /**
- * Wait for a submitted job. @return 0 when it is done (see job->status), -ETIMEDOUT, -EINVAL.
+ * Wait for a submitted job without a callback.
+ * @param timeout_ns 0: just look; < 0: no limit; > 0: wait at most this long
+ * @return 0 when it is done (see job->status), -ETIMEDOUT, -EINVAL (NULL, or a job with a callback).
  */
 int mbp_job_wait(mbp_job *job, int64_t timeout_ns);
 
-/** Whether a submitted job is done (acquire: its results are then visible). */
+/** Whether a submitted job without a callback is done (acquire: its results are then visible). Always
+ * false for a job with a callback (see "Completion" above). */
 bool mbp_job_done(const mbp_job *job);
 
 /** Convenience: init, submit (waiting for room) and wait. @return the job's status or a submit error. */
