@@ -484,11 +484,24 @@ int mbp_mb_acquire(mbp_pipeline *p, mbp_mb **mb, int64_t timeout_ns)
 
 int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 {
-	if (!p || !mb || !p->o.on_result || mb->rows == 0 || mb->rows > p->o.max_mb_rows)
+	if (!p || !mb || !p->o.on_result)
 		return -EINVAL;
-	int rc = submit_enter(p);
+	if (!p->mb_pool)
+		return -ENOTCONN; /* never started: no buffer can have come from it */
+	/* Before touching *mb: a pointer that mbp_mb_acquire() did not give, or one already submitted, is
+	 * refused without a write (its ingress link would corrupt the queue or someone's memory). */
+	int rc = mbp__pool_lend(p->mb_pool, mb);
 	if (rc)
 		return rc;
+	if (mb->rows == 0 || mb->rows > p->o.max_mb_rows) {
+		mbp__pool_unlend(mb);
+		return -EINVAL;
+	}
+	rc = submit_enter(p);
+	if (rc) {
+		mbp__pool_unlend(mb);
+		return rc;
+	}
 	mb->row_bytes = (uint32_t)p->o.in_row_bytes;
 	mb->status = 0;
 	mb->stage = UINT32_MAX;
@@ -498,6 +511,8 @@ int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 	rc = ingress_put(p, (struct mbp__item *)(void *)b->link, MBP__ITEM_MB, timeout_ns);
 	if (rc == 0)
 		atomic_fetch_add_explicit(&p->mbs_accepted, 1, memory_order_relaxed);
+	else
+		mbp__pool_unlend(mb); /* not accepted: the caller still holds it */
 	submit_leave(p);
 	return rc;
 }

@@ -60,8 +60,9 @@
 #define POISON_BYTE 0x6b
 #define HUGE_PAGE   ((size_t)2 << 20)
 
-/* A header's state. BUF_NEW: never handed out (no poison to check). */
-enum { BUF_NEW = 0, BUF_FREE = 1, BUF_OUT = 2 };
+/* A header's state. BUF_NEW: never handed out (no poison to check). BUF_LENT: held by a caller who lent it
+ * to the pipeline (mbp__pool_lend): neither a second lend nor a put may take it until it comes back. */
+enum { BUF_NEW = 0, BUF_FREE = 1, BUF_OUT = 2, BUF_LENT = 3 };
 
 struct mbp_pool_cache {
 	/* Only the owner touches these. */
@@ -575,7 +576,7 @@ int mbp_pool_get(mbp_pool *p, mbp_pool_cache *c, mbp_mb **mbp, int64_t timeout_n
 	}
 	POOL_ASAN_UNPOISON(b->payload, p->payload_bytes);
 	if (!p->trusted) {
-		if (MBP_UNLIKELY(b->magic != BUF_MAGIC || b->state == BUF_OUT))
+		if (MBP_UNLIKELY(b->magic != BUF_MAGIC || b->state == BUF_OUT || b->state == BUF_LENT))
 			pool_die("mbp_pool_get: free list of pool %p is corrupt (buffer header %p: magic "
 				 "0x%08" PRIx32 ", state %" PRIu32 ")",
 				 (void *)p, (void *)b, b->magic, b->state);
@@ -606,26 +607,62 @@ int mbp_pool_get(mbp_pool *p, mbp_pool_cache *c, mbp_mb **mbp, int64_t timeout_n
 	return 0;
 }
 
-/* The header of mb, after proving it is a held buffer of p. Integer arithmetic only: mb may be anything. */
-static struct mbp__buf *checked_buf(mbp_pool *p, mbp_mb *mb)
+/* The header of mb when it is one of p's headers, else NULL. Integer arithmetic only: mb may be anything,
+ * and is not dereferenced. */
+static struct mbp__buf *buf_in_range(const mbp_pool *p, const mbp_mb *mb)
 {
-	if (MBP_UNLIKELY(!p))
-		pool_die("mbp_pool_put: NULL pool (buffer %p)", (void *)mb);
 	uintptr_t a = (uintptr_t)mb - offsetof(struct mbp__buf, mb);
 	uintptr_t lo = (uintptr_t)p->hdrs;
 	uintptr_t hi = lo + (uintptr_t)p->max_buffers * sizeof(struct mbp__buf);
 	if (MBP_UNLIKELY(a < lo || a >= hi || (a - lo) % sizeof(struct mbp__buf) != 0))
+		return NULL;
+	return (struct mbp__buf *)a;
+}
+
+/* The header of mb, after proving it is a held buffer of p. */
+static struct mbp__buf *checked_buf(mbp_pool *p, mbp_mb *mb)
+{
+	if (MBP_UNLIKELY(!p))
+		pool_die("mbp_pool_put: NULL pool (buffer %p)", (void *)mb);
+	struct mbp__buf *b = buf_in_range(p, mb);
+	if (MBP_UNLIKELY(!b))
 		pool_die("mbp_pool_put: %p is not a buffer of pool %p (foreign pointer)", (void *)mb,
 			 (void *)p);
-	struct mbp__buf *b = (struct mbp__buf *)a;
 	if (p->trusted)
 		return b; /* do not touch the getter's line */
 	if (MBP_UNLIKELY(b->magic != BUF_MAGIC))
 		pool_die("mbp_pool_put: %p is not a buffer of pool %p (slot never allocated)", (void *)mb,
 			 (void *)p);
+	if (MBP_UNLIKELY(b->state == BUF_LENT))
+		pool_die(
+		    "mbp_pool_put: buffer %p (pool %p) is lent to a pipeline (submitted, result not back)",
+		    (void *)mb, (void *)p);
 	if (MBP_UNLIKELY(b->state != BUF_OUT))
 		pool_die("mbp_pool_put: double release of buffer %p (pool %p)", (void *)mb, (void *)p);
 	return b;
+}
+
+int mbp__pool_lend(mbp_pool *p, mbp_mb *mb)
+{
+	struct mbp__buf *b = buf_in_range(p, mb);
+	if (!b || b->magic != BUF_MAGIC) /* the slot's header is ours to read even if never allocated */
+		return -EINVAL;
+	/* A compare-and-swap: two threads submitting one buffer at once (a caller's bug) must not both
+	 * win. Acquire on success; partner: the release in mbp__pool_unlend(), so that a buffer coming back
+	 * from a result is seen whole by its next submitter. */
+	uint32_t out = BUF_OUT;
+	return __atomic_compare_exchange_n(&b->state, &out, BUF_LENT, false, __ATOMIC_ACQUIRE,
+					   __ATOMIC_RELAXED)
+		   ? 0
+		   : -EINVAL;
+}
+
+void mbp__pool_unlend(mbp_mb *mb)
+{
+	struct mbp__buf *b = mbp__buf_of(mb);
+	MBP_VERIFY(b->state == BUF_LENT);
+	/* release; partner: the acquire compare-and-swap of the next mbp__pool_lend() */
+	__atomic_store_n(&b->state, BUF_OUT, __ATOMIC_RELEASE);
 }
 
 /* A release that goes through the depot: no cache, a full cache, or a getter waiting. */

@@ -45,4 +45,13 @@ static inline struct mbp__buf *mbp__buf_of(mbp_mb *mb)
  */
 void mbp__pool_trust(struct mbp_pool *p);
 
+/*
+ * Lend a caller's held buffer of `p` to the pipeline (mbp_mb_submit): 0, or -EINVAL when `mb` is not one of
+ * p's buffers (checked by address, never dereferenced), or is not held by a caller (never got, released,
+ * or already lent). Until mbp__pool_unlend() gives it back (its result reaches the caller), a second lend
+ * fails and a put aborts. Any thread; not for trusted pools.
+ */
+int mbp__pool_lend(struct mbp_pool *p, mbp_mb *mb);
+void mbp__pool_unlend(mbp_mb *mb);
+
 #endif

@@ -191,6 +191,7 @@ static void deliver(struct mbp__stage *s, mbp_mb *x, const mbp_mb *res)
 	mbp__counter_add(x->status ? &s->c.done_failed_mbs : &s->c.done_mbs, 1);
 	if (!x->status)
 		mbp__counter_add(&s->c.done_rows, x->rows);
+	mbp__pool_unlend(x); /* the caller's again: it may release or submit it from the callback on */
 	s->p->o.on_result(s->p->o.on_result_arg, x);
 }
 

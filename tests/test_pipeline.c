@@ -756,17 +756,22 @@ static void *mb_producer_main(void *arg)
 	return NULL;
 }
 
-/* A pipeline of S stages whose single micro-batches come back to on_result(r). */
-static mbp_pipeline *make_for_single_mbs(unsigned S, struct results *r)
+/* A pipeline of S stages whose single micro-batches come back to fn(arg). */
+static mbp_pipeline *make_with_results(unsigned S, mbp_result_fn fn, void *arg)
 {
 	mbp_opts o;
 	mbp_opts_init(&o);
 	o.in_row_bytes = WORDS * 4;
 	o.max_mb_rows = 8;
 	o.mb_buffers = 16;
-	o.on_result = on_result;
-	o.on_result_arg = r;
+	o.on_result = fn;
+	o.on_result_arg = arg;
 	return make(S, 0, &o);
+}
+
+static mbp_pipeline *make_for_single_mbs(unsigned S, struct results *r)
+{
+	return make_with_results(S, on_result, r);
 }
 
 static void run_single_mbs(unsigned S)
@@ -889,6 +894,73 @@ START_TEST(jobs_and_single_micro_batches_mixed_with_failures_end_as_expected)
 	ck_assert_uint_eq(ps.jobs_accepted, jt.jobs);
 	ck_assert_uint_eq(ps.mb_pool.in_use, 0);
 	assert_conserved(p);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* Results of keep_result_cb: how many came back and the last one, which the test releases. */
+struct kept {
+	_Atomic unsigned n;
+	_Atomic(mbp_mb *) last;
+};
+
+static void keep_result_cb(void *arg, mbp_mb *mb)
+{
+	struct kept *k = arg;
+	atomic_store(&k->last, mb);
+	atomic_fetch_add(&k->n, 1); /* seq_cst: after `last` */
+}
+
+static void wait_results(struct kept *k, unsigned n)
+{
+	while (atomic_load(&k->n) < n)
+		usleep(100);
+}
+
+/* mbp_mb_submit refuses, without writing anything, a pointer that mbp_mb_acquire() did not give (on the
+ * stack, or inside the pool's headers but not at one), a buffer already submitted whose result is not back,
+ * and a released buffer; what was accepted still completes once. */
+START_TEST(mb_submit_refuses_foreign_and_twice_submitted_buffers)
+{
+	static struct kept k;
+	atomic_store(&k.n, 0);
+	mbp_pipeline *p = make_with_results(2, keep_result_cb, &k);
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mb_submit(p, (mbp_mb *)&k, 0), -ENOTCONN); /* not started */
+	atomic_store(&gate, 0);
+	ctxs[0].gate = &gate;
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+
+	mbp_mb foreign = {.rows = 1, .row_bytes = 16}, copy = foreign;
+	ck_assert_int_eq(mbp_mb_submit(p, &foreign, 0), -EINVAL);
+	ck_assert_mem_eq(&foreign, &copy, sizeof(foreign));
+
+	ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+	mb->rows = 1;
+	((uint32_t *)mb->data)[0] = 5;
+	mbp_mb *inside = (mbp_mb *)((char *)mb + 8);
+	ck_assert_int_eq(mbp_mb_submit(p, inside, 0), -EINVAL);
+	ck_assert_int_eq(mbp_mb_submit(p, mb, 0), 0);
+	ck_assert_int_eq(mbp_mb_submit(p, mb, 0), -EINVAL); /* in flight: held at stage 0's gate */
+	ck_assert_int_eq(mbp_mb_submit(p, mb, -1), -EINVAL);
+	atomic_store(&gate, 1);
+	wait_results(&k, 1);
+	ck_assert_ptr_eq(atomic_load(&k.last), mb);
+	ck_assert_int_eq(mb->status, 0);
+	/* back with its result: the caller's again, to submit once more */
+	mb->rows = 1;
+	ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
+	wait_results(&k, 2);
+	mbp_mb_release(p, mb);
+	ck_assert_int_eq(mbp_mb_submit(p, mb, 0), -EINVAL); /* released */
+
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	mbp_pipeline_stats ps;
+	mbp_pipeline_stats_get(p, &ps, NULL, 0);
+	ck_assert_uint_eq(ps.mbs_accepted, 2);
+	ck_assert_uint_eq(ps.mbs_completed, 2);
+	ck_assert_uint_eq(atomic_load(&k.n), 2);
+	ck_assert_uint_eq(ps.mb_pool.in_use, 0);
 	mbp_pipeline_destroy(p);
 }
 END_TEST
@@ -1441,6 +1513,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, destroy_with_work_in_flight_completes_every_job, 0, NMODES);
 	tcase_add_loop_test(tc, drain_finishes_everything_accepted, 0, NMODES);
 	tcase_add_test(tc, timeouts_on_wait_submit_and_drain);
+	tcase_add_test(tc, mb_submit_refuses_foreign_and_twice_submitted_buffers);
 	tcase_add_test(tc, job_with_callback_completes_through_it_and_refuses_wait);
 	tcase_add_test(tc, cancel_releases_submitters_blocked_on_a_full_ingress);
 	tcase_add_loop_test(tc, single_micro_batches_come_back_in_order_with_their_tags, 0, NMODES);

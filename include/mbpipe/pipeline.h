@@ -244,9 +244,11 @@ int mbp_mb_acquire(mbp_pipeline *p, mbp_mb **mb, int64_t timeout_ns);
 
 /**
  * Submit a filled buffer: mb->rows (1 .. max_mb_rows) rows of in_row_bytes; mb->seq and mb->user are the
- * caller's and come back with the result. On success the pipeline owns the buffer; on error the caller
- * still does.
- * @return 0, -EINVAL (no on_result, rows out of range), -ENOTCONN, -ESHUTDOWN, -EAGAIN, -ETIMEDOUT.
+ * caller's and come back with the result. On success the pipeline owns the buffer until its result
+ * reaches on_result; on error the caller still does, and the buffer is unchanged.
+ * @return 0, -EINVAL (no on_result, rows out of range, `mb` not a buffer from this pipeline's
+ *         mbp_mb_acquire() that the caller holds: a foreign pointer, a released buffer, or one already
+ *         submitted whose result has not come back), -ENOTCONN, -ESHUTDOWN, -EAGAIN, -ETIMEDOUT.
  */
 int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns);
 
