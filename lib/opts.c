@@ -11,6 +11,7 @@
 
 #include <mbpipe.h>
 
+#include "ring.h"
 #include "wait.h"
 
 void mbp_opts_init(mbp_opts *o)
@@ -25,6 +26,118 @@ void mbp_opts_init(mbp_opts *o)
 	o->spin_ns = MBP__SPIN_NS_DEFAULT;
 	o->yield_ns = MBP__YIELD_NS_DEFAULT;
 	o->pin = true;
+}
+
+/* ---- rules: one per key, shared by mbp_opts_parse (as each key is set), mbp_opts_check and
+ * mbp_pipeline_new, so that a value is refused where it is given, with the same words everywhere ---- */
+
+struct rule {
+	const char *key;
+	const char *text; /* "key: the rule", one line */
+	bool (*ok)(const mbp_opts *o);
+};
+
+static bool ok_row_bytes(const mbp_opts *o)
+{
+	return o->in_row_bytes > 0 && o->in_row_bytes <= UINT32_MAX;
+}
+static bool ok_max_mb_rows(const mbp_opts *o)
+{
+	return o->max_mb_rows > 0;
+}
+static bool ok_ring(const mbp_opts *o)
+{
+	return o->ring_capacity >= 2 && o->ring_capacity <= MBP__RING_MAX_CAPACITY &&
+	       mbp__is_pow2(o->ring_capacity);
+}
+static bool ok_ingress(const mbp_opts *o)
+{
+	return o->ingress_depth > 0;
+}
+static bool ok_mb_buffers(const mbp_opts *o)
+{
+	return o->mb_buffers > 0;
+}
+static bool ok_pool(const mbp_opts *o)
+{
+	return o->pool_bytes > 0;
+}
+static bool ok_cache(const mbp_opts *o)
+{
+	return o->cache_size > 0;
+}
+static bool ok_cpus(const mbp_opts *o)
+{
+	if (o->ncpus > MBP_MAX_CPUS)
+		return false;
+	for (uint32_t i = 0; i < o->ncpus; i++)
+		if (o->cpus[i] < 0 || o->cpus[i] >= CPU_SETSIZE)
+			return false;
+	return true;
+}
+static bool ok_any(const mbp_opts *o)
+{
+	(void)o;
+	return true;
+}
+
+#define STR_(x) #x
+#define STR(x)	STR_(x)
+static const struct rule rules[] = {
+    {"row_bytes", "row_bytes: the input row width in bytes, 1 to 4294967295 (required)", ok_row_bytes},
+    {"max_mb_rows", "max_mb_rows: rows of the largest micro-batch, 1 to 4294967295", ok_max_mb_rows},
+    {"ring", "ring: slots per hop, a power of two from 2 to 1073741824", ok_ring},
+    {"ingress", "ingress: entries waiting for stage 0, 1 to 4294967295", ok_ingress},
+    {"mb_buffers", "mb_buffers: buffers for mbp_mb_acquire(), 1 to 4294967295", ok_mb_buffers},
+    {"pool_mb", "pool_mb: bound of each pool in MiB, 1 to 4294967295", ok_pool},
+    {"cache", "cache: buffers in each worker's cache, 1 to 4294967295", ok_cache},
+    {"spin_us", "spin_us: microseconds, 0 to 4294967295", ok_any},
+    {"yield_us", "yield_us: microseconds, 0 to 4294967295", ok_any},
+    {"pin", "pin: 0 or 1", ok_any},
+    {"threads", "threads: worker threads, 0 (the default plan) to 4294967295", ok_any},
+    {"cpus", "cpus: CPU numbers below " STR(CPU_SETSIZE) " as 0-3 or 0+2+5, at most " STR(MBP_MAX_CPUS),
+     ok_cpus},
+    {"trace", "trace: events kept per stage, 0 (off) to 4294967295", ok_any},
+};
+#define NRULES (sizeof(rules) / sizeof(rules[0]))
+
+static const struct rule *rule_of(const char *key, size_t klen)
+{
+	for (size_t i = 0; i < NRULES; i++)
+		if (strlen(rules[i].key) == klen && memcmp(rules[i].key, key, klen) == 0)
+			return &rules[i];
+	return NULL;
+}
+
+int mbp_opts_check(const mbp_opts *o, const char **why)
+{
+	if (!o) {
+		if (why)
+			*why = "no options";
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < NRULES; i++) {
+		if (!rules[i].ok(o)) {
+			if (why)
+				*why = rules[i].text;
+			return -EINVAL;
+		}
+	}
+	if (why)
+		*why = NULL;
+	return 0;
+}
+
+const char *mbp_opts_rule(const char *kv)
+{
+	if (!kv)
+		return "no option";
+	size_t klen = strcspn(kv, "=,");
+	const struct rule *r = rule_of(kv, klen);
+	if (r)
+		return r->text;
+	return "unknown key: the keys are row_bytes, max_mb_rows, ring, ingress, mb_buffers, pool_mb, cache, "
+	       "spin_us, yield_us, pin, threads, cpus, trace";
 }
 
 static int parse_u64(const char *v, size_t len, uint64_t max, uint64_t *out)
@@ -126,6 +239,10 @@ int mbp_opts_parse(mbp_opts *o, const char *conf, size_t *errpos)
 			else
 				rc = -EINVAL;
 #undef KEY
+			/* the key's rule, where the value is given rather than at mbp_pipeline_new */
+			const struct rule *r = rule_of(p, klen);
+			if (rc == 0 && (!r || !r->ok(o)))
+				rc = -EINVAL;
 		}
 		if (rc) {
 			if (errpos)

@@ -88,14 +88,9 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 	if (!pp)
 		return -EINVAL;
 	*pp = NULL;
-	if (!o || o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->max_mb_rows == 0 ||
-	    o->ring_capacity < 2 || o->ring_capacity > MBP__RING_MAX_CAPACITY ||
-	    !mbp__is_pow2(o->ring_capacity) || o->ingress_depth == 0 || o->mb_buffers == 0 ||
-	    o->cache_size == 0 || o->ncpus > MBP_MAX_CPUS)
-		return -EINVAL;
-	for (uint32_t i = 0; i < o->ncpus; i++)
-		if (o->cpus[i] < 0 || o->cpus[i] >= CPU_SETSIZE)
-			return -EINVAL;
+	int rc = mbp_opts_check(o, NULL);
+	if (rc)
+		return rc;
 	mbp__wait_global_init();
 	mbp__clock_init();
 	struct mbp_pipeline *p = aligned_alloc(MBP_CACHELINE, (sizeof(*p) + MBP_CACHELINE - 1) & ~(size_t)63);

@@ -176,6 +176,8 @@ static const char *const bad_args[][6] = {
     {"--cpus=100000"},
     {"--cpus=3-1"},
     {"--opts=nosuchkey=1"},
+    {"--opts=ring=3"},
+    {"--opts=cache=8,ingress=0"},
     {"--csv", "--gantt"},
 };
 
@@ -197,6 +199,25 @@ START_TEST(bad_argument_gives_one_line_and_exit_2)
 	ck_assert_msg(lines(r.err) == 1, "%s: %u lines on stderr: %s", args[0], lines(r.err), r.err);
 	ck_assert_msg(strncmp(r.err, "pipebench: ", 11) == 0, "%s: %s", args[0], r.err);
 	ck_assert_msg(r.out[0] == 0, "%s: stdout not empty: %s", args[0], r.out);
+	run_free(&r);
+}
+END_TEST
+
+/* An engine option that breaks its rule is refused where it is given (not by the pipeline later, with a
+ * bare "invalid argument" and exit 1): one line naming the option, the key and the rule, exit 2. */
+START_TEST(bad_engine_option_names_the_option_and_its_rule)
+{
+	struct run r = run((const char *const[]){"--opts=cache=8,ring=3", NULL});
+	ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+	ck_assert_uint_eq(lines(r.err), 1);
+	ck_assert_msg(strstr(r.err, "--opts") && strstr(r.err, "ring") && strstr(r.err, "power of two"), "%s",
+		      r.err);
+	run_free(&r);
+	r = run_env((const char *const[]){"MBPIPE_OPTS=max_mb_rows=0", NULL}, (const char *const[]){NULL});
+	ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+	ck_assert_uint_eq(lines(r.err), 1);
+	ck_assert_msg(strstr(r.err, "MBPIPE_OPTS") && strstr(r.err, "max_mb_rows: ") && strstr(r.err, "1 to"),
+		      "%s", r.err);
 	run_free(&r);
 }
 END_TEST
@@ -632,6 +653,7 @@ static Suite *suite(void)
 	tcase_set_timeout(args, 30);
 	tcase_add_loop_test(args, bad_argument_gives_one_line_and_exit_2, 0,
 			    (int)(sizeof(bad_args) / sizeof(bad_args[0])));
+	tcase_add_test(args, bad_engine_option_names_the_option_and_its_rule);
 	tcase_add_test(args, help_lists_every_option_with_its_default);
 	suite_add_tcase(s, args);
 

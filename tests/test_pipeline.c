@@ -1077,6 +1077,50 @@ START_TEST(opts_string_sets_fields_and_rejects_bad_keys)
 }
 END_TEST
 
+/* Every option is checked where it is given, by the same rule as the pipeline applies, and the rule can be
+ * printed: ring=3 fails in mbp_opts_parse (not later at mbp_pipeline_new), naming the key and the rule. */
+START_TEST(opts_are_checked_where_given_with_a_rule_that_names_the_key)
+{
+	static const char *const bad[] = {"ring=3",	 "ring=1",	 "ring=2147483648", "max_mb_rows=0",
+					  "ingress=0",	 "mb_buffers=0", "pool_mb=0",	    "cache=0",
+					  "row_bytes=0", "pin=2",	 "cpus=0+2000",	    "bogus=1"};
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		mbp_opts o;
+		mbp_opts_init(&o);
+		char conf[64];
+		snprintf(conf, sizeof(conf), "spin_us=1,%s,yield_us=2", bad[i]);
+		size_t pos = 99;
+		int rc = mbp_opts_parse(&o, conf, &pos);
+		ck_assert_msg(rc == -EINVAL || rc == -ERANGE, "%s: %d", bad[i], rc);
+		ck_assert_uint_eq(pos, 10);
+		const char *rule = mbp_opts_rule(conf + pos);
+		size_t klen = strcspn(bad[i], "=");
+		ck_assert_msg(strcmp(bad[i], "bogus=1") == 0
+				  ? strstr(rule, "unknown key") != NULL
+				  : strncmp(rule, bad[i], klen) == 0 && rule[klen] == ':',
+			      "%s: %s", bad[i], rule);
+	}
+	ck_assert_ptr_nonnull(strstr(mbp_opts_rule("ring=3"), "power of two"));
+	ck_assert_ptr_nonnull(strstr(mbp_opts_rule("cpus"), "1024"));
+
+	/* set in code: the same rules, the first broken one named */
+	mbp_opts o;
+	mbp_opts_init(&o);
+	const char *why = "";
+	ck_assert_int_eq(mbp_opts_check(&o, &why), -EINVAL); /* row width is required */
+	ck_assert_str_eq(why, mbp_opts_rule("row_bytes"));
+	o.in_row_bytes = 16;
+	ck_assert_int_eq(mbp_opts_check(&o, &why), 0);
+	ck_assert_ptr_null(why);
+	o.ring_capacity = 24;
+	ck_assert_int_eq(mbp_opts_check(&o, &why), -EINVAL);
+	ck_assert_str_eq(why, mbp_opts_rule("ring"));
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), -EINVAL);
+	ck_assert_int_eq(mbp_opts_check(NULL, NULL), -EINVAL);
+}
+END_TEST
+
 /* ---- statistics, placement, trace ---- */
 
 /* The pipeline's Chrome trace, written to a temporary file and read back (malloc'd, NUL-terminated). */
@@ -1521,6 +1565,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, single_micro_batches_through_one_stage);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
+	tcase_add_test(tc, opts_are_checked_where_given_with_a_rule_that_names_the_key);
 	tcase_add_test(tc, stats_placement_and_trace_describe_the_run);
 	tcase_add_test(tc, trace_is_valid_json_whatever_the_stage_names);
 	tcase_add_test(tc, stages_sharing_a_thread_run_init_fn_and_fini_there_in_order);

@@ -839,6 +839,44 @@ START_TEST(help_and_bad_flags)
 }
 END_TEST
 
+/* Engine options are checked where they are given: `--engine ring=3` (or the same in MBPIPE_OPTS) is a
+ * bad argument, one line naming the flag, the key and the rule, exit 2, before any model is built. */
+START_TEST(bad_engine_option_names_the_flag_and_its_rule)
+{
+	static const char *const cases[][3] = {
+	    {NULL, "cache=8,ring=3", "--engine: ring: "},
+	    {"MBPIPE_OPTS=ingress=0", "", "MBPIPE_OPTS: ingress: "},
+	};
+	for (unsigned i = 0; i < 2; i++) {
+		char err_path[] = "/tmp/pipeserve-test-err-XXXXXX";
+		int fd = mkstemp(err_path);
+		ck_assert_int_ge(fd, 0);
+		unlink(err_path);
+		pid_t pid = fork();
+		if (pid == 0) {
+			dup2(fd, 2);
+			if (cases[i][0])
+				putenv((char *)cases[i][0]);
+			else
+				unsetenv("MBPIPE_OPTS");
+			execl(PIPESERVE_BIN, PIPESERVE_BIN, "--engine", cases[i][1], (char *)NULL);
+			_exit(127);
+		}
+		int st;
+		ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+		ck_assert(WIFEXITED(st));
+		ck_assert_int_eq(WEXITSTATUS(st), 2);
+		char err[512] = "";
+		ssize_t n = pread(fd, err, sizeof(err) - 1, 0);
+		close(fd);
+		ck_assert_int_gt(n, 0);
+		err[n] = 0;
+		ck_assert_msg(strncmp(err, "pipeserve: ", 11) == 0 && strstr(err, cases[i][2]), "%s", err);
+		ck_assert_msg(strchr(err, '\n') == err + n - 1, "not one line: %s", err);
+	}
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipeserve");
@@ -852,6 +890,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, reload_under_load_fails_no_request);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
 	tcase_add_test(tc, help_and_bad_flags);
+	tcase_add_test(tc, bad_engine_option_names_the_flag_and_its_rule);
 	suite_add_tcase(s, tc);
 	return s;
 }

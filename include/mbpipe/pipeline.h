@@ -123,16 +123,34 @@ void mbp_opts_init(mbp_opts *o);
 /**
  * Apply a `key=value,...` string to `o` (as from an environment variable). Keys: row_bytes, max_mb_rows,
  * ring, ingress, mb_buffers, pool_mb, cache, spin_us, yield_us, pin (0/1), threads, cpus ("0-3" or
- * "0+2+5"), trace. NULL or "" changes nothing.
+ * "0+2+5"), trace. NULL or "" changes nothing. Each value is checked against its key's rule as it is
+ * parsed (ring=3 fails here, not at mbp_pipeline_new); mbp_opts_rule() words the rule.
  *
- * @return 0, or -EINVAL naming nothing: on error `o` may be partly changed; `errpos`, if not NULL,
- *         receives the offset of the offending key.
+ * @return 0, -EINVAL (unknown key, not a number, the key's rule broken), -ERANGE (a number too large for
+ *         its field): on error `o` may be partly changed; `errpos`, if not NULL, receives the offset of the
+ *         offending key, so that mbp_opts_rule(conf + *errpos) says what it must be.
  */
 int mbp_opts_parse(mbp_opts *o, const char *conf, size_t *errpos);
 
 /**
+ * Check every field of `o` against the rule of its key (the rules mbp_opts_parse() applies;
+ * mbp_pipeline_new() applies them too), for options set in code.
+ * @param why if not NULL, receives NULL or a static one-line text naming the first field that breaks its
+ *        rule by its key, and the rule: "ring: slots per hop, a power of two from 2 to 1073741824".
+ * @return 0, -EINVAL.
+ */
+int mbp_opts_check(const mbp_opts *o, const char **why);
+
+/**
+ * The rule of the key that `kv` starts with ("ring=3,cache=8" or "ring"), as a static one-line text that
+ * names the key ("ring: slots per hop, a power of two from 2 to 1073741824"); for an unknown key, a line
+ * listing the keys. For tools: after mbp_opts_parse() fails, print mbp_opts_rule(conf + errpos).
+ */
+const char *mbp_opts_rule(const char *kv);
+
+/**
  * Create a pipeline with no stages. Pair with mbp_pipeline_destroy().
- * @return 0, -EINVAL (NULL, row width 0, ring capacity not a power of two, a zero bound), -ENOMEM.
+ * @return 0, -EINVAL (NULL, a field that breaks its rule: see mbp_opts_check()), -ENOMEM.
  */
 int mbp_pipeline_new(mbp_pipeline **p, const mbp_opts *o);
 

@@ -169,7 +169,8 @@ int main(int argc, char **argv)
 		size_t pos = 0;
 		mbp_opts_init(&o);
 		if (mbp_opts_parse(&o, env, &pos)) {
-			snprintf(err, sizeof(err), "MBPIPE_OPTS: bad engine option at '%s'", env + pos);
+			snprintf(err, sizeof(err), "MBPIPE_OPTS: %s (at '%.*s')", mbp_opts_rule(env + pos),
+				 (int)strcspn(env + pos, ","), env + pos);
 			return usage_error(err);
 		}
 	}

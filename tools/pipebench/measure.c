@@ -450,8 +450,9 @@ static int start_pipeline(pb_bench *b, const mbp_opts *o, struct wrap *wraps, ui
 {
 	pb_workload *w = b->w;
 	int rc = mbp_pipeline_new(p, o);
+	const char *why = NULL;
 	if (rc < 0)
-		return failf(r, "pipeline: %s", mbp_strerror(rc));
+		return failf(r, "pipeline: %s", mbp_opts_check(o, &why) ? why : mbp_strerror(rc));
 	for (unsigned i = 0; i < w->stages; i++) {
 		wraps[i].inner = w->desc_of[i];
 		wraps[i].rec = stamps + (size_t)i * mbs * 2;

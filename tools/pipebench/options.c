@@ -367,7 +367,9 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			size_t pos = 0;
 			mbp_opts_init(&o);
 			if (mbp_opts_parse(&o, optarg, &pos))
-				return fail(err, errlen, "%s: bad engine option at '%s'", name, optarg + pos);
+				return fail(err, errlen, "%s: %s (at '%.*s')", name,
+					    mbp_opts_rule(optarg + pos), (int)strcspn(optarg + pos, ","),
+					    optarg + pos);
 			cfg->engine_opts = optarg;
 			break;
 		}

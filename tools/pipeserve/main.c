@@ -150,6 +150,20 @@ static int set_flag(ps_config *c, const flag *f, const char *arg)
 	return 0;
 }
 
+/* Engine options are checked where they are given, with one line naming the flag and the key's rule.
+ * @return 0 or -1 (message printed). */
+static int check_engine_opts(const char *what, const char *conf)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	size_t pos = 0;
+	if (mbp_opts_parse(&o, conf, &pos) == 0)
+		return 0;
+	fprintf(stderr, "pipeserve: %s: %s (at '%.*s')\n", what, mbp_opts_rule(conf + pos),
+		(int)strcspn(conf + pos, ","), conf + pos);
+	return -1;
+}
+
 /* @return 0, 1 (--help shown), -1 (bad flags). */
 static int parse_flags(int argc, char **argv, ps_config *c)
 {
@@ -184,6 +198,9 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 		fprintf(stderr, "pipeserve: unexpected argument \"%s\"\n%s", argv[optind], usage);
 		return -1;
 	}
+	if (check_engine_opts("MBPIPE_OPTS", getenv("MBPIPE_OPTS")) ||
+	    check_engine_opts("--engine", c->mbp_conf))
+		return -1;
 	return 0;
 }
 
