@@ -109,7 +109,9 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 
 int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 {
-	if (!p || !d || !d->fn || atomic_load(&p->state) != ST_NEW || d->out_row_bytes > UINT32_MAX)
+	/* relaxed: add_stage runs on the controlling thread, the only writer of state */
+	if (!p || !d || !d->fn || atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW ||
+	    d->out_row_bytes > UINT32_MAX)
 		return -EINVAL;
 	if (p->nstages == MBP_MAX_STAGES)
 		return -E2BIG;
@@ -258,7 +260,8 @@ int mbp_pipeline_start(mbp_pipeline *p)
 {
 	if (!p)
 		return -EINVAL;
-	if (atomic_load(&p->state) != ST_NEW)
+	/* relaxed: start runs on the controlling thread, the only writer of state */
+	if (atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW)
 		return -EALREADY;
 	if (p->nstages == 0)
 		return -EINVAL;
@@ -300,11 +303,15 @@ int mbp_pipeline_start(mbp_pipeline *p)
 	pthread_mutex_unlock(&p->start_lock);
 	if (rc) {
 		join_all(p); /* each ran fini where its init succeeded */
-		atomic_store(&p->state, ST_STOPPED);
+		/* release; partner: the acquire load in mbp_pipeline_placement(): the pin errors */
+		atomic_store_explicit(&p->state, ST_STOPPED, memory_order_release);
 		return rc;
 	}
 	p->start_ns = mbp__clock_ns();
-	atomic_store(&p->state, ST_RUNNING);
+	/* release; partners: the loads of state in submit_enter() (seq_cst, so also acquire),
+	 * mbp_mb_acquire() and mbp_pipeline_placement() (acquire). Publishes what start built: the pools,
+	 * rings and placement, and start_ns, to any thread that sees RUNNING. */
+	atomic_store_explicit(&p->state, ST_RUNNING, memory_order_release);
 	return 0;
 }
 
@@ -313,18 +320,23 @@ int mbp_pipeline_start(mbp_pipeline *p)
 /* Announce a submission; fails unless running. Pair with submit_leave(). */
 static int submit_enter(struct mbp_pipeline *p)
 {
-	/* seq_cst: a Dekker pair with shutdown(), which stores the state and then reads `submitting` */
-	atomic_fetch_add(&p->submitting, 1);
-	int st = atomic_load(&p->state);
+	/* seq_cst increment and load: a Dekker pair with stop_accepting(), which stores state (seq_cst) and
+	 * then reads `submitting`: either it sees this submitter, or this load sees it is no longer
+	 * RUNNING. The load is also the acquire partner of start's release store of RUNNING. */
+	atomic_fetch_add_explicit(&p->submitting, 1, memory_order_seq_cst);
+	int st = atomic_load_explicit(&p->state, memory_order_seq_cst);
 	if (st == ST_RUNNING)
 		return 0;
-	atomic_fetch_sub(&p->submitting, 1);
+	/* relaxed: this submitter enqueued nothing, so it publishes nothing */
+	atomic_fetch_sub_explicit(&p->submitting, 1, memory_order_relaxed);
 	return st == ST_NEW ? -ENOTCONN : -ESHUTDOWN;
 }
 
 static void submit_leave(struct mbp_pipeline *p)
 {
-	atomic_fetch_sub(&p->submitting, 1);
+	/* release; partner: the acquire load of `submitting` in stop_accepting(): once it reads zero, every
+	 * accepted entry's enqueue (and accepted counts) is visible to the shutdown that follows */
+	atomic_fetch_sub_explicit(&p->submitting, 1, memory_order_release);
 }
 
 /* Reserve room, enqueue, wake stage 0. Called between submit_enter and submit_leave. */
@@ -468,7 +480,8 @@ int mbp_mb_acquire(mbp_pipeline *p, mbp_mb **mb, int64_t timeout_ns)
 {
 	if (!p || !mb)
 		return -EINVAL;
-	int st = atomic_load(&p->state);
+	/* acquire; partner: start's release store of RUNNING: mb_pool exists */
+	int st = atomic_load_explicit(&p->state, memory_order_acquire);
 	if (st != ST_RUNNING)
 		return st == ST_NEW ? -ENOTCONN : -ESHUTDOWN;
 	int rc = mbp_pool_get(p->mb_pool, NULL, mb, timeout_ns);
@@ -522,9 +535,11 @@ void mbp_mb_release(mbp_pipeline *p, mbp_mb *mb)
 /* Stop accepting; wait until no submitter is between its check and its enqueue. */
 static void stop_accepting(struct mbp_pipeline *p)
 {
-	atomic_store(&p->state, ST_DRAINING); /* seq_cst: partner of submit_enter()'s increment */
-	mbp__bound_close(&p->ingress.room);   /* wake submitters blocked on a full ingress */
-	while (atomic_load(&p->submitting))
+	/* seq_cst store, then a seq_cst load of `submitting`: the Dekker pair of submit_enter() */
+	atomic_store_explicit(&p->state, ST_DRAINING, memory_order_seq_cst);
+	mbp__bound_close(&p->ingress.room); /* wake submitters blocked on a full ingress */
+	/* seq_cst (so also acquire); partner: the release decrement in submit_leave() */
+	while (atomic_load_explicit(&p->submitting, memory_order_seq_cst))
 		sched_yield();
 }
 
@@ -543,7 +558,9 @@ static void close_and_join(struct mbp_pipeline *p)
 	atomic_store_explicit(&p->ingress.closed, 1, memory_order_release);
 	mbp__parker_wake(&p->ingress.cons_park);
 	join_all(p);
-	atomic_store(&p->state, ST_STOPPED);
+	/* release; partner: the acquire load in mbp_pipeline_placement(). Nothing else to publish: the
+	 * threads are joined, and the controlling thread is the only other reader of STOPPED */
+	atomic_store_explicit(&p->state, ST_STOPPED, memory_order_release);
 }
 
 /* Shared entry of drain and cancel: 1 to go on, else the return value (0: already stopped). */
@@ -551,7 +568,8 @@ static int shutdown_check(struct mbp_pipeline *p)
 {
 	if (!p)
 		return -EINVAL;
-	int st = atomic_load(&p->state);
+	/* relaxed: drain and cancel run on the controlling thread, the only writer of state */
+	int st = atomic_load_explicit(&p->state, memory_order_relaxed);
 	if (st == ST_NEW)
 		return -ENOTCONN;
 	return st == ST_STOPPED ? 0 : 1;
@@ -591,7 +609,8 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 {
 	if (!p)
 		return;
-	int st = atomic_load(&p->state);
+	/* relaxed: destroy runs on the controlling thread, the only writer of state */
+	int st = atomic_load_explicit(&p->state, memory_order_relaxed);
 	if (st == ST_RUNNING || st == ST_DRAINING)
 		mbp_pipeline_cancel(p);
 	for (unsigned i = 0; i < p->nstages; i++) {
@@ -618,7 +637,9 @@ int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n)
 {
 	if (!p || (!out && n))
 		return -EINVAL;
-	if (atomic_load(&p->state) == ST_NEW)
+	/* acquire; partner: start's release store (RUNNING, or STOPPED when start failed): the workers'
+	 * pin errors, written before start's handshake, are visible */
+	if (atomic_load_explicit(&p->state, memory_order_acquire) == ST_NEW)
 		return -ENOTCONN;
 	for (unsigned i = 0; i < p->nstages && i < n; i++) {
 		out[i].cpu = mbp__stage_cpu(&p->stages[i]);

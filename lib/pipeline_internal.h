@@ -162,6 +162,8 @@ struct mbp_pipeline {
 	uint64_t start_ns;
 
 	/* Written by every submission: kept off the workers' lines. */
+	/* Lifecycle (enum mbp__state). Written by the controlling thread only; each access in pipeline.c
+	 * names its memory order and partner (tests/atomic_partners.sh checks it). */
 	MBP_CACHELINE_ALIGNED _Atomic int state;
 	_Atomic uint32_t submitting; /* callers between their state check and their enqueue */
 

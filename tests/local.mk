@@ -16,6 +16,10 @@ tests_test_pipeline_LDADD = $(TEST_LIBS)
 
 TESTS += tests/test_ring tests/test_pool tests/test_pipeline
 
+# DESIGN.md rule 7 on the pipeline's lifecycle atomics: each names its memory order and its partner.
+TESTS += tests/atomic_partners.sh
+EXTRA_DIST += tests/atomic_partners.sh
+
 # Concurrency tests only: what CI runs under TSan.
 CONCURRENCY_TESTS = tests/test_ring tests/test_pool tests/test_pipeline
 check-concurrency: $(CONCURRENCY_TESTS)
