@@ -1,5 +1,6 @@
 /*
- * mbp_pipeline: construction, start, submission, drain, cancel, destroy; job bookkeeping.
+ * mbp_pipeline: construction, start, admission of submissions, single micro-batches, drain, cancel,
+ * destroy. Jobs are in job.c, the ingress in ingress.c, the placement plan in affinity.c.
  *
  * Shutdown. drain and cancel both first stop accepting (state != RUNNING; submitters re-check after
  * announcing themselves in `submitting`, so once it reads zero no accepted entry is still on its way into the
@@ -16,70 +17,6 @@
 
 #include "affinity.h"
 #include "pipeline_internal.h"
-
-/* ---- bound with sleepers ---- */
-
-void mbp__bound_init(struct mbp__bound *b, uint32_t limit)
-{
-	atomic_init(&b->used, 0);
-	b->limit = limit;
-	atomic_init(&b->seq, 0);
-	atomic_init(&b->sleepers, 0);
-	atomic_init(&b->closed, 0);
-}
-
-static bool bound_try(struct mbp__bound *b)
-{
-	uint32_t u = atomic_load_explicit(&b->used, memory_order_relaxed);
-	while (u < b->limit) {
-		/* relaxed: the unit carries no data; the entry it admits is published by the queue */
-		if (atomic_compare_exchange_weak_explicit(&b->used, &u, u + 1, memory_order_relaxed,
-							  memory_order_relaxed))
-			return true;
-	}
-	return false;
-}
-
-int mbp__bound_take(struct mbp__bound *b, int64_t timeout_ns)
-{
-	uint64_t deadline = 0;
-	for (;;) {
-		if (atomic_load_explicit(&b->closed, memory_order_relaxed))
-			return -ESHUTDOWN;
-		if (bound_try(b))
-			return 0;
-		if (timeout_ns == 0)
-			return -EAGAIN;
-		if (deadline == 0)
-			deadline = mbp__deadline(timeout_ns);
-		/* seq_cst RMW and loads: a Dekker pair with give(), which decrements `used` and then reads
-		 * `sleepers`; one of the two sides sees the other */
-		uint32_t seq = atomic_load(&b->seq);
-		atomic_fetch_add(&b->sleepers, 1);
-		int rc = 0;
-		if (!atomic_load(&b->closed) && atomic_load(&b->used) >= b->limit)
-			rc = mbp__futex_wait(&b->seq, seq, deadline);
-		atomic_fetch_sub(&b->sleepers, 1);
-		if (rc == -ETIMEDOUT)
-			return -ETIMEDOUT;
-	}
-}
-
-void mbp__bound_give(struct mbp__bound *b, uint32_t n)
-{
-	atomic_fetch_sub(&b->used, n); /* seq_cst: partner of take()'s sleepers increment */
-	if (atomic_load(&b->sleepers)) {
-		atomic_fetch_add(&b->seq, 1);
-		mbp__futex_wake(&b->seq, INT32_MAX);
-	}
-}
-
-void mbp__bound_close(struct mbp__bound *b)
-{
-	atomic_store(&b->closed, 1);
-	atomic_fetch_add(&b->seq, 1);
-	mbp__futex_wake(&b->seq, INT32_MAX);
-}
 
 /* ---- construction ---- */
 
@@ -101,8 +38,7 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 	atomic_init(&p->state, ST_NEW);
 	pthread_mutex_init(&p->start_lock, NULL);
 	pthread_cond_init(&p->start_cond, NULL);
-	__cds_wfcq_init(&p->ingress.head, &p->ingress.tail);
-	mbp__bound_init(&p->ingress.room, o->ingress_depth);
+	mbp__ingress_init(&p->ingress, o->ingress_depth);
 	*pp = p;
 	return 0;
 }
@@ -135,78 +71,38 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	return 0;
 }
 
-/* Decide the threads, which stages each runs, each thread's CPU, and the wait mode. */
+/* Decide the threads, which stages each runs, each thread's CPU (affinity.c), and the wait mode. */
 static int plan_placement(struct mbp_pipeline *p)
 {
-	int allowed[MBP_MAX_CPUS];
-	unsigned quota = 0;
-	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota);
-	if (n < 0)
-		return n;
-	unsigned navail = (unsigned)(n < MBP_MAX_CPUS ? n : MBP_MAX_CPUS);
-	if (quota && quota < navail)
-		navail = quota; /* a quota of q CPUs: more than q busy threads only share them */
-	const int *list = p->o.ncpus ? p->o.cpus : allowed;
-	unsigned nlist = p->o.ncpus ? p->o.ncpus : (unsigned)(n < MBP_MAX_CPUS ? n : MBP_MAX_CPUS);
-	unsigned distinct = p->o.ncpus ? p->o.ncpus : navail;
-	if (distinct > navail)
-		distinct = navail;
-	if (distinct == 0)
-		distinct = 1;
-
 	const unsigned S = p->nstages;
-	bool named = false;
+	int named[MBP_MAX_STAGES];
 	for (unsigned i = 0; i < S; i++)
-		named |= p->o.pin && p->stages[i].named_cpu >= 0; /* unpinned, a named CPU means nothing */
-	/* Threads: as asked; by default one per stage while they fit the CPUs (or where the caller placed
-	 * stages itself), else one per CPU running consecutive stages (see "Threads and stages" in
-	 * pipeline.h). */
-	unsigned T = p->o.threads ? p->o.threads : named || S <= distinct ? S : distinct;
-	if (T > S)
-		T = S;
-	p->nthreads = T;
-
+		named[i] = p->stages[i].named_cpu;
+	struct mbp__placement_req rq = {.nstages = S,
+					.threads = p->o.threads,
+					.pin = p->o.pin,
+					.named = named,
+					.ncpus = p->o.ncpus,
+					.cpus = p->o.cpus};
+	struct mbp__placement_plan pl;
+	int rc = mbp__placement_plan(&rq, &pl);
+	if (rc)
+		return rc;
+	p->nthreads = pl.nthreads;
 	for (unsigned i = 0; i < S; i++) {
 		struct mbp__stage *s = &p->stages[i];
-		s->thread_idx = (unsigned)((uint64_t)i * T / S);
+		s->thread_idx = pl.thread_of[i];
 		s->leads = i == 0 || s[-1].thread_idx != s->thread_idx;
+		s->cpu = pl.cpu[i];
+		s->pin_required = pl.pin_required[i];
 	}
 	for (unsigned i = S; i-- > 0;) {
 		struct mbp__stage *s = &p->stages[i];
 		s->group_last = i + 1 == S || s[1].leads ? i : s[1].group_last;
 	}
-	for (unsigned i = 0; i < S; i++) {
-		struct mbp__stage *s = &p->stages[i];
-		if (!s->leads) {
-			s->cpu = s[-1].cpu;
-			s->pin_required = s[-1].pin_required;
-			continue;
-		}
-		const unsigned t = s->thread_idx;
-		s->cpu = -1;
-		s->pin_required = false;
-		if (!p->o.pin)
-			continue;
-		/* A CPU named by a stage of this thread; they must agree. */
-		for (unsigned j = i; j <= s->group_last; j++) {
-			int c = p->stages[j].named_cpu;
-			if (c < 0)
-				continue;
-			if (s->pin_required && c != s->cpu)
-				return -EINVAL;
-			s->cpu = c;
-			s->pin_required = true;
-		}
-		if (!s->pin_required && nlist) {
-			/* Thread t on the t-th CPU; with more threads than CPUs, consecutive threads share a
-			 * CPU (blocks, not round robin), so that half their hops stay on one core. */
-			s->cpu = list[T <= nlist ? t : (unsigned)((uint64_t)t * nlist / T)];
-			s->pin_required = p->o.ncpus != 0;
-		}
-	}
 	/* Threads that want to run outnumber the CPUs: spinning only burns the slice the peer needs. */
 	p->wopts = (struct mbp__wait_opts){
-	    .spin_ns = p->o.spin_ns, .yield_ns = p->o.yield_ns, .no_spin = T > distinct};
+	    .spin_ns = p->o.spin_ns, .yield_ns = p->o.yield_ns, .no_spin = pl.oversubscribed};
 	return 0;
 }
 
@@ -308,7 +204,7 @@ int mbp_pipeline_start(mbp_pipeline *p)
 		return rc;
 	}
 	p->start_ns = mbp__clock_ns();
-	/* release; partners: the loads of state in submit_enter() (seq_cst, so also acquire),
+	/* release; partners: the loads of state in mbp__submit_enter() (seq_cst, so also acquire),
 	 * mbp_mb_acquire() and mbp_pipeline_placement() (acquire). Publishes what start built: the pools,
 	 * rings and placement, and start_ns, to any thread that sees RUNNING. */
 	atomic_store_explicit(&p->state, ST_RUNNING, memory_order_release);
@@ -317,8 +213,8 @@ int mbp_pipeline_start(mbp_pipeline *p)
 
 /* ---- submission ---- */
 
-/* Announce a submission; fails unless running. Pair with submit_leave(). */
-static int submit_enter(struct mbp_pipeline *p)
+/* Admission (pipeline_internal.h). */
+int mbp__submit_enter(struct mbp_pipeline *p)
 {
 	/* seq_cst increment and load: a Dekker pair with stop_accepting(), which stores state (seq_cst) and
 	 * then reads `submitting`: either it sees this submitter, or this load sees it is no longer
@@ -332,146 +228,11 @@ static int submit_enter(struct mbp_pipeline *p)
 	return st == ST_NEW ? -ENOTCONN : -ESHUTDOWN;
 }
 
-static void submit_leave(struct mbp_pipeline *p)
+void mbp__submit_leave(struct mbp_pipeline *p)
 {
 	/* release; partner: the acquire load of `submitting` in stop_accepting(): once it reads zero, every
 	 * accepted entry's enqueue (and accepted counts) is visible to the shutdown that follows */
 	atomic_fetch_sub_explicit(&p->submitting, 1, memory_order_release);
-}
-
-/* Reserve room, enqueue, wake stage 0. Called between submit_enter and submit_leave. */
-static int ingress_put(struct mbp_pipeline *p, struct mbp__item *it, uint32_t kind, int64_t timeout_ns)
-{
-	int rc = mbp__bound_take(&p->ingress.room, timeout_ns);
-	if (rc)
-		return rc;
-	it->kind = kind;
-	struct cds_wfcq_node *node = (struct cds_wfcq_node *)(void *)it->link;
-	cds_wfcq_node_init(node);
-	MBP_TSAN_RELEASE(node); /* partner: MBP_TSAN_ACQUIRE after the dequeue in worker.c */
-	cds_wfcq_enqueue(&p->ingress.head, &p->ingress.tail, node); /* a full barrier (xchg) */
-	mbp__parker_wake(&p->ingress.cons_park);
-	return 0;
-}
-
-void mbp_job_init(mbp_job *job, const void *in, void *out, size_t rows, uint32_t mb_rows)
-{
-	memset(job, 0, sizeof(*job));
-	job->in = in;
-	job->out = out;
-	job->rows = rows;
-	job->mb_rows = mb_rows;
-}
-
-int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns)
-{
-	if (!p || !job || !job->in || !job->out || job->rows == 0 || job->mb_rows == 0)
-		return -EINVAL;
-	if (job->mb_rows > p->o.max_mb_rows)
-		return -E2BIG;
-	uint64_t nmb = (job->rows + job->mb_rows - 1) / job->mb_rows;
-	if (nmb > UINT32_MAX)
-		return -EINVAL;
-	int rc = submit_enter(p);
-	if (rc)
-		return rc;
-	struct mbp__job_priv *jp = mbp__jp(job);
-	memset(jp, 0, sizeof(*jp));
-	job->status = 0;
-	job->mbs = (uint32_t)nmb;
-	job->mbs_failed = 0;
-	job->done_ns = 0;
-	job->submit_ns = mbp__now_ns();
-	job->id = atomic_fetch_add_explicit(&p->next_job_id, 1, memory_order_relaxed) + 1;
-	atomic_init(&jp->left, (uint32_t)nmb);
-	atomic_init(&jp->first_err, UINT64_MAX);
-	rc = ingress_put(p, &jp->item, MBP__ITEM_JOB, timeout_ns);
-	if (rc == 0) {
-		atomic_fetch_add_explicit(&p->jobs_accepted, 1, memory_order_relaxed);
-		atomic_fetch_add_explicit(&p->mbs_accepted, nmb, memory_order_relaxed);
-	}
-	submit_leave(p);
-	return rc;
-}
-
-void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, uint32_t failed, int err,
-		      uint32_t seq)
-{
-	struct mbp__job_priv *jp = mbp__jp(job);
-	if (failed) {
-		uint64_t mine = ((uint64_t)seq << 32) | (uint32_t)err;
-		uint64_t cur = atomic_load_explicit(&jp->first_err, memory_order_relaxed);
-		/* relaxed: published to the finisher by the acq_rel decrement of `left` below */
-		while (mine < cur &&
-		       !atomic_compare_exchange_weak_explicit(&jp->first_err, &cur, mine,
-							      memory_order_relaxed, memory_order_relaxed))
-			;
-		atomic_fetch_add_explicit(&jp->failed, failed, memory_order_relaxed);
-	}
-	mbp__counter_add(&c->done_mbs, k - failed);
-	mbp__counter_add(&c->done_failed_mbs, failed);
-	/* acq_rel: the thread that brings `left` to zero sees every other completer's writes (first_err,
-	 * failed, the output rows it wrote) */
-	uint32_t left = atomic_fetch_sub_explicit(&jp->left, k, memory_order_acq_rel) - k;
-	if (left)
-		return;
-	uint64_t fe = atomic_load_explicit(&jp->first_err, memory_order_relaxed);
-	job->status = fe == UINT64_MAX ? 0 : (int)(uint32_t)fe;
-	job->mbs_failed = atomic_load_explicit(&jp->failed, memory_order_relaxed);
-	job->done_ns = mbp__now_ns();
-	mbp__counter_add(job->status ? &c->done_failed_jobs : &c->done_jobs, 1);
-	if (job->cb) {
-		job->cb(job, job->cb_arg); /* may free the job: touch nothing after */
-		return;
-	}
-	/* release; partner: the acquire load in mbp_job_done()/mbp_job_wait(): the results are visible */
-	if (atomic_exchange_explicit(&jp->state, 1, memory_order_release) == 2)
-		mbp__futex_wake(&jp->state, INT32_MAX);
-}
-
-bool mbp_job_done(const mbp_job *job)
-{
-	if (!job || job->cb)
-		return false; /* the callback is its completion (pipeline.h, "Completion") */
-	struct mbp__job_priv *jp = mbp__jp((mbp_job *)job);
-	/* acquire; partner: the release exchange in mbp__job_account(): the job's results are visible */
-	return atomic_load_explicit(&jp->state, memory_order_acquire) == 1;
-}
-
-int mbp_job_wait(mbp_job *job, int64_t timeout_ns)
-{
-	if (!job || job->cb)
-		return -EINVAL; /* a callback job may be freed by its callback: nothing could wake us safely */
-	struct mbp__job_priv *jp = mbp__jp(job);
-	uint64_t deadline = mbp__deadline(timeout_ns);
-	for (;;) {
-		/* acquire; partner: the release exchange in mbp__job_account() */
-		uint32_t st = atomic_load_explicit(&jp->state, memory_order_acquire);
-		if (st == 1)
-			return 0;
-		if (timeout_ns == 0)
-			return -ETIMEDOUT;
-		if (st == 0) {
-			/* announce a sleeper; acquire: on failure it may be the completion (1) */
-			if (!atomic_compare_exchange_strong_explicit(&jp->state, &st, 2, memory_order_acquire,
-								     memory_order_acquire))
-				continue;
-		}
-		if (mbp__futex_wait(&jp->state, 2, deadline) == -ETIMEDOUT &&
-		    atomic_load_explicit(&jp->state, memory_order_acquire) != 1)
-			return -ETIMEDOUT;
-	}
-}
-
-int mbp_run(mbp_pipeline *p, const void *in, void *out, size_t rows, uint32_t mb_rows)
-{
-	mbp_job job;
-	mbp_job_init(&job, in, out, rows, mb_rows);
-	int rc = mbp_job_submit(p, &job, -1);
-	if (rc)
-		return rc;
-	mbp_job_wait(&job, -1);
-	return job.status;
 }
 
 /* ---- single micro-batches ---- */
@@ -505,7 +266,7 @@ int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 		mbp__pool_unlend(mb);
 		return -EINVAL;
 	}
-	rc = submit_enter(p);
+	rc = mbp__submit_enter(p);
 	if (rc) {
 		mbp__pool_unlend(mb);
 		return rc;
@@ -516,12 +277,12 @@ int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 	mb->job = NULL;
 	mb->carry = NULL;
 	struct mbp__buf *b = mbp__buf_of(mb);
-	rc = ingress_put(p, (struct mbp__item *)(void *)b->link, MBP__ITEM_MB, timeout_ns);
+	rc = mbp__ingress_put(&p->ingress, (struct mbp__item *)(void *)b->link, MBP__ITEM_MB, timeout_ns);
 	if (rc == 0)
 		atomic_fetch_add_explicit(&p->mbs_accepted, 1, memory_order_relaxed);
 	else
 		mbp__pool_unlend(mb); /* not accepted: the caller still holds it */
-	submit_leave(p);
+	mbp__submit_leave(p);
 	return rc;
 }
 
@@ -535,10 +296,10 @@ void mbp_mb_release(mbp_pipeline *p, mbp_mb *mb)
 /* Stop accepting; wait until no submitter is between its check and its enqueue. */
 static void stop_accepting(struct mbp_pipeline *p)
 {
-	/* seq_cst store, then a seq_cst load of `submitting`: the Dekker pair of submit_enter() */
+	/* seq_cst store, then a seq_cst load of `submitting`: the Dekker pair of mbp__submit_enter() */
 	atomic_store_explicit(&p->state, ST_DRAINING, memory_order_seq_cst);
-	mbp__bound_close(&p->ingress.room); /* wake submitters blocked on a full ingress */
-	/* seq_cst (so also acquire); partner: the release decrement in submit_leave() */
+	mbp__ingress_refuse(&p->ingress); /* wake submitters blocked on a full ingress */
+	/* seq_cst (so also acquire); partner: the release decrement in mbp__submit_leave() */
 	while (atomic_load_explicit(&p->submitting, memory_order_seq_cst))
 		sched_yield();
 }
@@ -554,9 +315,7 @@ static uint64_t completed_total(struct mbp_pipeline *p)
 
 static void close_and_join(struct mbp_pipeline *p)
 {
-	/* release; partner: the acquire loads of closed in worker.c (ingress_ready, ingress_pop) */
-	atomic_store_explicit(&p->ingress.closed, 1, memory_order_release);
-	mbp__parker_wake(&p->ingress.cons_park);
+	mbp__ingress_close(&p->ingress); /* every admitted submitter has left: the end of the stream */
 	join_all(p);
 	/* release; partner: the acquire load in mbp_pipeline_placement(). Nothing else to publish: the
 	 * threads are joined, and the controlling thread is the only other reader of STOPPED */

@@ -1,6 +1,8 @@
 /*
- * The pipeline's internal objects, shared by pipeline.c (construction, submission, shutdown), worker.c
- * (the loop of one stage thread), stats.c and trace.c. Not installed.
+ * The pipeline's internal objects, shared by pipeline.c (construction, admission, single micro-batches,
+ * shutdown), job.c (jobs), worker.c (the loop of one stage thread), stats.c and trace.c. The ingress
+ * (ingress.h), the jobs' bookkeeping (job.h) and the placement plan (affinity.h) have headers of their
+ * own. Not installed.
  *
  * Data flow (see DESIGN.md): callers enqueue jobs and single micro-batches on the multi-producer ingress;
  * stage 0 takes them in order, splits jobs into micro-batches read in place from the caller's input, and
@@ -17,82 +19,26 @@
 #define MBP__PIPELINE_INTERNAL_H
 
 #include <pthread.h>
-/* Inline wfcqueue fast paths, except under TSan: liburcu's atomics are volatile accesses and inline
- * barriers that TSan cannot see, so TSan builds call the (uninstrumented) library instead and annotate the
- * hand-off of each node (MBP_TSAN_RELEASE/ACQUIRE). */
-#ifndef MBP_TSAN
-#define _LGPL_SOURCE 1
-#endif
-#include <urcu/wfcqueue.h>
 
 #include <mbpipe.h>
 
 #include "common.h"
+#include "ingress.h"
+#include "job.h"
 #include "pool_internal.h"
 #include "ring.h"
 #include "wait.h"
 
-/* What an ingress entry is. The entry is the first members of both a job's priv and a pool buffer's
- * header: { void *link[2]; uint32_t kind; }. */
-enum { MBP__ITEM_JOB = 1, MBP__ITEM_MB = 2 };
-
-struct mbp__item {
-	void *link[2]; /* struct cds_wfcq_node while queued */
-	uint32_t kind;
-};
-_Static_assert(sizeof(struct cds_wfcq_node) <= 2 * sizeof(void *), "ingress link too small");
 /* A hop buffer (engine pool) never enters the ingress, so its link holds something else: the caller's
  * buffer that its micro-batch answers (mbp_mb_submit), or NULL for a job's micro-batch. */
 static inline mbp_mb **mbp__origin(mbp_mb *hop)
 {
 	return (mbp_mb **)&mbp__buf_of(hop)->link[0];
 }
-
-/* The engine's view of mbp_job.priv. */
-struct mbp__job_priv {
-	struct mbp__item item;
-	_Atomic uint32_t left; /* micro-batches not yet completed or failed */
-	_Atomic uint32_t failed;
-	/* (seq << 32) | (uint32_t)err of the lowest failed seq; UINT64_MAX: none */
-	_Atomic uint64_t first_err;
-	_Atomic uint32_t state; /* futex word: 0 pending, 1 done, 2 pending with a sleeper */
-};
-_Static_assert(sizeof(struct mbp__job_priv) <= sizeof(((mbp_job *)0)->priv), "mbp_job.priv too small");
-
-static inline struct mbp__job_priv *mbp__jp(mbp_job *job)
-{
-	return (struct mbp__job_priv *)(void *)job->priv.opaque;
-}
+/* A caller's buffer enters the ingress through its header's link and kind, laid out as an entry. */
 _Static_assert(offsetof(struct mbp__buf, kind) - offsetof(struct mbp__buf, link) ==
 		   offsetof(struct mbp__item, kind),
 	       "buffer ingress entry layout");
-
-/*
- * A bound with sleeping waiters, for callers that may block (the ingress depth). take() reserves one unit
- * or waits; give() returns units and wakes sleepers only when there are any.
- */
-struct mbp__bound {
-	_Atomic uint32_t used;
-	uint32_t limit;
-	_Atomic uint32_t seq; /* futex word: bumped by give() when sleepers exist */
-	_Atomic uint32_t sleepers;
-	_Atomic uint32_t closed; /* take() fails with -ESHUTDOWN once set */
-};
-
-/*
- * Multi-producer, single-consumer ingress in front of stage 0 (liburcu wfcqueue: wait-free enqueue from
- * any thread; dequeue by stage 0 alone). Bounded by `room`.
- *   operation      | concurrency
- *   enqueue        | any threads
- *   dequeue, close | stage 0's thread / the controlling thread (close)
- */
-struct mbp__ingress_mpsc {
-	struct __cds_wfcq_head head;
-	MBP_CACHELINE_ALIGNED struct cds_wfcq_tail tail;
-	MBP_CACHELINE_ALIGNED struct mbp__bound room;
-	MBP_CACHELINE_ALIGNED struct mbp__parker cons_park; /* stage 0 sleeps here when empty */
-	_Atomic uint32_t closed;
-};
 
 /* One activity-log event: a stage computed a micro-batch. */
 struct mbp__trace_ev {
@@ -181,15 +127,11 @@ struct mbp_pipeline {
 void mbp__worker_main_loop(struct mbp__stage *s);
 void *mbp__worker_thread(void *arg);
 
-void mbp__bound_init(struct mbp__bound *b, uint32_t limit);
-int mbp__bound_take(struct mbp__bound *b, int64_t timeout_ns);
-void mbp__bound_give(struct mbp__bound *b, uint32_t n);
-void mbp__bound_close(struct mbp__bound *b);
-
-/* Completion of job micro-batches: k micro-batches of `job` leave the pipeline, `failed` of them failed,
- * the first failure being `err` at `seq`. Completes the job when it was the last. Counts into `c`. */
-void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, uint32_t failed, int err,
-		      uint32_t seq);
+/* Admission of a submission (job.c, mbp_mb_submit): announce it; fails with -ENOTCONN (not started) or
+ * -ESHUTDOWN unless running. On 0, pair with mbp__submit_leave() once the entry is in the ingress or
+ * refused: shutdown waits for every admitted submitter to leave before it closes the ingress. */
+int mbp__submit_enter(struct mbp_pipeline *p);
+void mbp__submit_leave(struct mbp_pipeline *p);
 
 /* The CPU a stage runs on, as every report gives it: -1 when it is not pinned or its pin failed. */
 static inline int mbp__stage_cpu(const struct mbp__stage *s)

@@ -1,6 +1,6 @@
 /*
- * mbp__ring: creation, close and the blocking forms, which wrap the inline fast path of ring_pvt.h in the
- * spin-yield-park backoff of wait.h.
+ * mbp__ring: creation, close, and the one way to wait on a ring (mbp__ring_wait_pop/_push: the
+ * spin-yield-park backoff of wait.h on the side's parker, until the fast path of ring_pvt.h can proceed).
  */
 #include "config.h"
 
@@ -53,7 +53,7 @@ void mbp__ring_close(struct mbp__ring *r)
 	mbp__parker_wake(&r->prod_park);
 }
 
-/* What a blocked side waits for: its condition, or the close (the caller then reports -EPIPE). */
+/* What a blocked side waits for: its condition, or the close. */
 static bool room_or_closed(void *arg)
 {
 	struct mbp__ring *r = arg;
@@ -64,62 +64,35 @@ static bool room_or_closed(void *arg)
 	return used < r->capacity || mbp__ring_closed(r);
 }
 
+/* Items there: the consumer's look. */
+static bool has_items(const struct mbp__ring *r)
+{
+	/* acquire; partner: the producer's release store of head (see ring_pvt.h). Relaxed tail: only this
+	 * thread (the consumer) writes it. */
+	return atomic_load_explicit(&((struct mbp__ring *)r)->head, memory_order_acquire) !=
+	       atomic_load_explicit(&((struct mbp__ring *)r)->tail, memory_order_relaxed);
+}
+
 static bool items_or_closed(void *arg)
 {
 	struct mbp__ring *r = arg;
-	/* acquire; partner: the producer's release store of head (see ring_pvt.h). Relaxed tail: only this
-	 * thread (the consumer) writes it. */
-	uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-	return head != atomic_load_explicit(&r->tail, memory_order_relaxed) || mbp__ring_closed(r);
+	return has_items(r) || mbp__ring_closed(r);
 }
 
-int mbp__ring_push_wait_sp(struct mbp__ring *r, void *item, int64_t timeout_ns)
+int mbp__ring_wait_pop(struct mbp__ring *r, void (*idle)(void *), void *arg, uint64_t deadline)
 {
-	uint64_t deadline = 0;
-	for (;;) {
-		if (mbp__ring_closed(r))
-			return -EPIPE;
-		if (mbp__ring_push_sp(r, item))
-			return 0;
-		if (mbp__ring_closed(r)) /* closed between the check above and the push */
-			return -EPIPE;
-		if (timeout_ns == 0)
-			return -EAGAIN;
-		if (deadline == 0)
-			deadline = mbp__deadline(timeout_ns);
-		int rc = mbp__wait_until(&r->prod_park, &r->wopts, room_or_closed, r, NULL, deadline);
-		if (rc)
-			return rc;
-	}
+	int rc = mbp__wait_for(&r->cons_park, &r->wopts, items_or_closed, r, idle, arg, deadline);
+	if (rc)
+		return rc;
+	/* Ready: items, or closed. The close is published after the last push, so this look, after the
+	 * acquire load of closed, sees every item: empty now is the end of the stream. */
+	return has_items(r) ? 0 : -EPIPE;
 }
 
-int mbp__ring_pop_burst_wait_sc(struct mbp__ring *r, void **items, unsigned n, int64_t timeout_ns)
+int mbp__ring_wait_push(struct mbp__ring *r, void (*idle)(void *), void *arg, uint64_t deadline)
 {
-	uint64_t deadline = 0;
-	if (n == 0)
-		return -EINVAL; /* nothing could ever satisfy the wait: it would spin forever */
-	for (;;) {
-		unsigned got = mbp__ring_pop_burst_sc(r, items, n);
-		if (got)
-			return (int)got;
-		if (mbp__ring_closed(r)) {
-			/* the close was published after the last push: one more look drains it */
-			got = mbp__ring_pop_burst_sc(r, items, n);
-			return got ? (int)got : -EPIPE;
-		}
-		if (timeout_ns == 0)
-			return -EAGAIN;
-		if (deadline == 0)
-			deadline = mbp__deadline(timeout_ns);
-		int rc = mbp__wait_until(&r->cons_park, &r->wopts, items_or_closed, r, NULL, deadline);
-		if (rc == -ETIMEDOUT)
-			return rc;
-		/* 0 or -EPIPE: loop to pop, and to drain before reporting end-of-stream */
-	}
-}
-
-int mbp__ring_pop_wait_sc(struct mbp__ring *r, void **item, int64_t timeout_ns)
-{
-	int rc = mbp__ring_pop_burst_wait_sc(r, item, 1, timeout_ns);
-	return rc > 0 ? 0 : rc;
+	int rc = mbp__wait_for(&r->prod_park, &r->wopts, room_or_closed, r, idle, arg, deadline);
+	if (rc)
+		return rc;
+	return mbp__ring_closed(r) ? -EPIPE : 0;
 }

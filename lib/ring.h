@@ -8,13 +8,13 @@
  * (producer) or empty (consumer), so in steady state a side touches the other's cache line once per burst.
  *
  * close() may be called by either side, once or more: the producer's pushes then fail, the consumer drains
- * what is left and then sees end-of-stream (-EPIPE), and any parked peer is woken. The normal close is the
+ * what is left and then sees end-of-stream (wait_pop's -EPIPE), and any parked peer is woken. The normal close is the
  * producer's ("no more items"). A consumer that closes abandons the ring: a push racing with its close may
  * still land, so it must pop again once the producer has stopped if it needs every item.
  *
  *   operation              | producer thread | consumer thread | any thread
- *   push*_sp               |       yes       |                 |
- *   pop*_sc                |                 |       yes       |
+ *   push*_sp, wait_push    |       yes       |                 |
+ *   pop*_sc, wait_pop      |                 |       yes       |
  *   close, closed, count   |       yes       |       yes       |    yes
  *
  * The inline fast path is in ring_pvt.h, which is not for direct inclusion.
@@ -70,13 +70,18 @@ void mbp__ring_destroy(struct mbp__ring *r);
 /* Close the ring and wake both sides. Idempotent, any thread. */
 void mbp__ring_close(struct mbp__ring *r);
 
-/* Blocking forms: wait with the backoff of wait.h until the operation can proceed, the deadline passes
- * (timeout_ns < 0: forever, 0: just try) or the ring closes.
- * push: 0, -EAGAIN (timeout 0 and full), -ETIMEDOUT, -EPIPE (closed).
- * pop_burst: returns the count (>= 1) or -EAGAIN, -ETIMEDOUT, -EPIPE (closed and empty), -EINVAL (n == 0). */
-int mbp__ring_push_wait_sp(struct mbp__ring *r, void *item, int64_t timeout_ns);
-int mbp__ring_pop_burst_wait_sc(struct mbp__ring *r, void **items, unsigned n, int64_t timeout_ns);
-int mbp__ring_pop_wait_sc(struct mbp__ring *r, void **item, int64_t timeout_ns);
+/*
+ * The one way to wait on a ring (the worker's, and any caller's): wait with the backoff of wait.h (the
+ * ring's wopts; idle(arg), if not NULL, runs before each park) until the operation can proceed, the ring
+ * is closed, or the deadline (CLOCK_MONOTONIC ns; UINT64_MAX: none; a past one: just look) passes. Then
+ * call the non-blocking form again: a blocking push or pop is the loop
+ *     while (!mbp__ring_push_sp(r, x)) if ((rc = mbp__ring_wait_push(r, NULL, NULL, deadline))) break;
+ *     while (!(n = mbp__ring_pop_burst_sc(r, v, max))) if ((rc = mbp__ring_wait_pop(r, ...))) break;
+ * wait_pop (consumer): 0 (items there), -EPIPE (closed and drained: the end of the stream), -ETIMEDOUT.
+ * wait_push (producer): 0 (room), -EPIPE (closed: pushes fail), -ETIMEDOUT.
+ */
+int mbp__ring_wait_pop(struct mbp__ring *r, void (*idle)(void *), void *arg, uint64_t deadline);
+int mbp__ring_wait_push(struct mbp__ring *r, void (*idle)(void *), void *arg, uint64_t deadline);
 
 #include "ring_pvt.h"
 

@@ -71,11 +71,11 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 			o->ring_occupancy = mbp__ring_count(s->in);
 			o->ring_capacity = s->in->capacity;
 		} else if (i == 0) {
-			o->ring_occupancy = atomic_load_explicit(&p->ingress.room.used, memory_order_relaxed);
-			o->ring_capacity = p->ingress.room.limit;
+			o->ring_occupancy = mbp__ingress_queued(&p->ingress);
+			o->ring_capacity = mbp__ingress_depth(&p->ingress);
 		}
 	}
-	ps->ingress_queued = atomic_load_explicit(&p->ingress.room.used, memory_order_relaxed);
+	ps->ingress_queued = mbp__ingress_queued(&p->ingress);
 	if (p->pool)
 		mbp_pool_stats_get(p->pool, &ps->pool);
 	if (p->mb_pool)

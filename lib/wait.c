@@ -112,19 +112,26 @@ int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline)
 int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *), void *arg,
 		    void (*idle)(void *), uint64_t deadline)
 {
+	return mbp__wait_for(pk, o, ready, arg, idle, arg, deadline);
+}
+
+int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *),
+		  void *ready_arg, void (*idle)(void *), void *idle_arg, uint64_t deadline)
+{
 	struct mbp__backoff b;
 	mbp__backoff_init(&b);
 	for (;;) {
-		if (ready(arg))
+		if (ready(ready_arg))
 			return 0;
 		if (deadline != UINT64_MAX && mbp__now_ns() >= deadline)
 			return -ETIMEDOUT;
 		if (mbp__backoff_step(&b, o) == MBP__BACKOFF_AGAIN)
 			continue;
 		if (idle)
-			idle(arg);
+			idle(idle_arg);
 		mbp__parker_prepare(pk);
-		if (ready(arg)) { /* the re-check after the heavy fence: a publisher that missed the flag */
+		if (ready(
+			ready_arg)) { /* the re-check after the heavy fence: a publisher that missed the flag */
 			mbp__parker_cancel(pk);
 			return 0;
 		}

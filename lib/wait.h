@@ -131,4 +131,9 @@ int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline);
 int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *), void *arg,
 		    void (*idle)(void *), uint64_t deadline);
 
+/* The same wait where the readiness check and the idle hook take arguments of their own (a queue's check,
+ * its consumer's idle hook): ready(ready_arg), idle(idle_arg). */
+int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *),
+		  void *ready_arg, void (*idle)(void *), void *idle_arg, uint64_t deadline);
+
 #endif

@@ -60,36 +60,26 @@ static void flush_cache(void *arg)
 	mbp_pool_cache_flush(s->cache); /* going idle: strand no buffer in this cache */
 }
 
-/* Wait until ready(s) (the backoff of wait.h, handing back cached buffers before parking); the time counts
- * as starved (waiting for input) or blocked (for room). */
-static void wait_until(struct mbp__stage *s, struct mbp__parker *pk, bool (*ready)(void *), bool starved)
+/* A wait of this worker: for input (counted as starved) or for room (blocked). The wait itself is the
+ * link's or the ingress's own (the backoff of wait.h), handing back cached buffers before parking. */
+enum wait_on { WAIT_INGRESS, WAIT_RING_IN, WAIT_RING_OUT };
+
+static int timed_wait(struct mbp__stage *s, enum wait_on on)
 {
+	bool starved = on != WAIT_RING_OUT;
 	_Atomic uint64_t *since = starved ? &s->c.starved_since : &s->c.blocked_since;
 	_Atomic uint64_t *total = starved ? &s->c.starved_ns : &s->c.blocked_ns;
 	uint64_t t0 = mbp__clock_ns();
 	state_begin(since, t0);
-	mbp__wait_until(pk, &s->p->wopts, ready, s, flush_cache, UINT64_MAX);
+	int rc;
+	if (on == WAIT_INGRESS)
+		rc = mbp__ingress_wait(&s->p->ingress, &s->p->wopts, flush_cache, s);
+	else if (on == WAIT_RING_IN)
+		rc = mbp__ring_wait_pop(s->in, flush_cache, s, UINT64_MAX);
+	else
+		rc = mbp__ring_wait_push(s->out, flush_cache, s, UINT64_MAX);
 	state_end(since, total, t0, mbp__clock_ns());
-}
-
-static bool ring_in_ready(void *arg)
-{
-	struct mbp__stage *s = arg;
-	return mbp__ring_count(s->in) != 0 || mbp__ring_closed(s->in);
-}
-
-static bool ring_out_ready(void *arg)
-{
-	struct mbp__stage *s = arg;
-	return mbp__ring_count(s->out) < s->out->capacity;
-}
-
-static bool ingress_ready(void *arg)
-{
-	struct mbp__stage *s = arg;
-	struct mbp__ingress_mpsc *q = &s->p->ingress;
-	/* acquire; partner: the release store in the ingress close (pipeline.c) */
-	return !cds_wfcq_empty(&q->head, &q->tail) || atomic_load_explicit(&q->closed, memory_order_acquire);
+	return rc;
 }
 
 /* ---- links: the hop between two stages ---- */
@@ -101,9 +91,8 @@ static unsigned link_pop(struct mbp__stage *s, void **items)
 		unsigned n = mbp__ring_pop_burst_sc(s->in, items, BURST);
 		if (n)
 			return n;
-		if (mbp__ring_closed(s->in)) /* drain what was pushed before the close */
-			return mbp__ring_pop_burst_sc(s->in, items, BURST);
-		wait_until(s, &s->in->cons_park, ring_in_ready, true);
+		if (timed_wait(s, WAIT_RING_IN) == -EPIPE) /* closed and drained */
+			return 0;
 	}
 }
 
@@ -111,8 +100,8 @@ static void link_push(struct mbp__stage *s, mbp_mb *mb)
 {
 	while (!mbp__ring_push_sp(s->out, mb)) {
 		/* only this thread closes its output ring, and only after its last push */
-		MBP_VERIFY(!mbp__ring_closed(s->out));
-		wait_until(s, &s->out->prod_park, ring_out_ready, false);
+		int rc = timed_wait(s, WAIT_RING_OUT);
+		MBP_VERIFY(rc == 0);
 	}
 }
 
@@ -375,26 +364,12 @@ static void first_stage_single(struct mbp__stage *s, mbp_mb *x)
 /* Next ingress entry, waiting for one; NULL once the ingress is closed and empty. */
 static struct mbp__item *ingress_pop(struct mbp__stage *s)
 {
-	struct mbp__ingress_mpsc *q = &s->p->ingress;
 	for (;;) {
-		/* single consumer: this thread alone dequeues, so the lock-free variant is safe */
-		struct cds_wfcq_node *node = __cds_wfcq_dequeue_blocking(&q->head, &q->tail);
-		if (node) {
-			MBP_TSAN_ACQUIRE(node); /* partner: MBP_TSAN_RELEASE before the enqueue */
-			mbp__bound_give(&q->room, 1);
-			return (struct mbp__item *)(void *)node;
-		}
-		if (atomic_load_explicit(&q->closed, memory_order_acquire)) {
-			/* acquire; partner: the release store of closed, made after every accepted enqueue
-			 * finished: one more look drains the last of them */
-			node = __cds_wfcq_dequeue_blocking(&q->head, &q->tail);
-			if (!node)
-				return NULL;
-			MBP_TSAN_ACQUIRE(node);
-			mbp__bound_give(&q->room, 1);
-			return (struct mbp__item *)(void *)node;
-		}
-		wait_until(s, &q->cons_park, ingress_ready, true);
+		struct mbp__item *it = mbp__ingress_pop(&s->p->ingress);
+		if (it)
+			return it;
+		if (timed_wait(s, WAIT_INGRESS) == -EPIPE)
+			return NULL;
 	}
 }
 

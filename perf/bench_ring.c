@@ -4,9 +4,9 @@
  * Measures, in one run, alternating the implementations and repeating (medians of the rounds):
  *   1. items/s between two pinned threads, one item per call and, where the queue allows, bursts of 32;
  *      mbpipe twice: its non-blocking calls spun on by the caller like the peers, and its blocking forms
- *      (push_wait / pop_wait / pop_burst_wait), which carry the parking handshake;
+ *      (push/pop, then the ring's wait_push / wait_pop), which carry the parking handshake;
  *   2. the round trip of one item bouncing between two rings (ping-pong), in ns;
- *   3. the CPU time a consumer parked in pop_wait on an empty ring uses over one second.
+ *   3. the CPU time a consumer parked in wait_pop on an empty ring uses over one second.
  * Prints a table, the ratios of mbpipe to the best peer and one summary line:
  *   bench_ring: mbpipe_mops=... best_peer=... ratio=... rtt_ns=... idle_cpu_pct=... cores=N ...
  * Exits non-zero if any item is lost or out of order (every item is a stamped pointer, checked).
@@ -61,19 +61,25 @@ static unsigned mbp_pop(void *q, void **items, unsigned n)
 	return mbp__ring_pop_burst_sc(q, items, n);
 }
 
-/* The blocking forms: there is no blocking burst push, so a burst is pushed one item at a time. */
+/* Blocking, as the pipeline's workers block: the non-blocking form, then the ring's one wait
+ * (mbp__ring_wait_push/_pop: spin-yield-park) until it can proceed; 0 moved: closed. A burst is pushed one
+ * item at a time, as a worker pushes. */
 static unsigned mbpw_push(void *q, void *const *items, unsigned n)
 {
 	for (unsigned k = 0; k < n; k++)
-		if (mbp__ring_push_wait_sp(q, items[k], -1) != 0)
-			return k;
+		while (!mbp__ring_push_sp(q, items[k]))
+			if (mbp__ring_wait_push(q, NULL, NULL, UINT64_MAX) != 0)
+				return k;
 	return n;
 }
 
 static unsigned mbpw_pop(void *q, void **items, unsigned n)
 {
-	int rc = mbp__ring_pop_burst_wait_sc(q, items, n, -1);
-	return rc > 0 ? (unsigned)rc : 0;
+	for (;;) {
+		unsigned k = mbp__ring_pop_burst_sc(q, items, n);
+		if (k || mbp__ring_wait_pop(q, NULL, NULL, UINT64_MAX) != 0)
+			return k;
+	}
 }
 
 BENCH_LOOPS(mbp1, 1, mbp_push, mbp_pop)
@@ -103,7 +109,7 @@ static const struct bench_impl bench_mbp_b32 = {"mbpipe-b32",
 						NULL};
 static const struct bench_impl bench_mbp_wait = {
     "mbpipe-wait",
-    "mbpipe push_wait_sp/pop_wait_sc (blocking, spin-yield-park)",
+    "mbpipe push_sp/pop_sc + wait_push/wait_pop (blocking, spin-yield-park)",
     1,
     true,
     mbp_create,
@@ -113,7 +119,7 @@ static const struct bench_impl bench_mbp_wait = {
     mbpw1_lead,
     mbpw1_echo};
 static const struct bench_impl bench_mbp_wait_b32 = {"mbpipe-wait-b32",
-						     "mbpipe push_wait_sp / pop_burst_wait_sc of 32",
+						     "mbpipe bursts of 32 + wait_push/wait_pop",
 						     32,
 						     true,
 						     mbp_create,
@@ -333,7 +339,9 @@ static void *idle_consumer(void *arg)
 	void *item = NULL;
 	double c0 = rusage_thread_ns();
 	uint64_t t0 = mbp__now_ns();
-	s->rc = mbp__ring_pop_wait_sc(s->r, &item, -1);
+	while (!mbp__ring_pop_sc(s->r, &item) &&
+	       (s->rc = mbp__ring_wait_pop(s->r, NULL, NULL, UINT64_MAX)) == 0)
+		;
 	s->wall_ns = (double)(mbp__now_ns() - t0);
 	s->cpu_ns = rusage_thread_ns() - c0;
 	if (s->rc == 0 && item != bench_stamp(1))
@@ -341,7 +349,7 @@ static void *idle_consumer(void *arg)
 	return NULL;
 }
 
-/* Percent of one core used by a consumer blocked in pop_wait (default budgets) on an empty ring for 1 s. */
+/* Percent of one core used by a consumer blocked in wait_pop (default budgets) on an empty ring for 1 s. */
 static double idle_cpu_pct(void)
 {
 	struct idle s = {.r = mbp_create(64)};

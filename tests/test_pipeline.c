@@ -23,6 +23,7 @@
 #include <cjson/cJSON.h>
 #include <mbpipe.h>
 
+#include "affinity.h"
 #include "pipeline_internal.h"
 
 #include "check_main.h"
@@ -1539,6 +1540,92 @@ START_TEST(strerror_names_every_code)
 }
 END_TEST
 
+/* ---- the pipeline's parts on their own: the ingress and the placement plan ---- */
+
+/* The ingress alone: entries come out in order, the bound refuses a put beyond its depth until a pop gives
+ * room back, refuse() fails later puts with -ESHUTDOWN, and after close() the consumer drains what was put
+ * before it and then sees the end of the stream. */
+START_TEST(ingress_is_bounded_ordered_and_closes_in_two_steps)
+{
+	static struct mbp__ingress_mpsc q;
+	mbp__ingress_init(&q, 2);
+	struct mbp__item it[3];
+	struct mbp__wait_opts wo = {.spin_ns = 0, .yield_ns = 0};
+	ck_assert_int_eq(mbp__ingress_put(&q, &it[0], MBP__ITEM_JOB, 0), 0);
+	ck_assert_int_eq(mbp__ingress_put(&q, &it[1], MBP__ITEM_MB, 0), 0);
+	ck_assert_uint_eq(mbp__ingress_queued(&q), 2);
+	ck_assert_uint_eq(mbp__ingress_depth(&q), 2);
+	ck_assert_int_eq(mbp__ingress_put(&q, &it[2], MBP__ITEM_MB, 0), -EAGAIN);
+	ck_assert_int_eq(mbp__ingress_put(&q, &it[2], MBP__ITEM_MB, 1000000), -ETIMEDOUT);
+	ck_assert_int_eq(mbp__ingress_wait(&q, &wo, NULL, NULL), 0);
+	ck_assert_ptr_eq(mbp__ingress_pop(&q), &it[0]);
+	ck_assert_uint_eq(it[0].kind, MBP__ITEM_JOB);
+	ck_assert_int_eq(mbp__ingress_put(&q, &it[2], MBP__ITEM_MB, 0), 0); /* the pop gave room back */
+	mbp__ingress_refuse(&q);
+	ck_assert_int_eq(mbp__ingress_put(&q, &it[0], MBP__ITEM_JOB, -1), -ESHUTDOWN);
+	mbp__ingress_close(&q);
+	ck_assert_int_eq(mbp__ingress_wait(&q, &wo, NULL, NULL), 0); /* closed, not drained */
+	ck_assert_ptr_eq(mbp__ingress_pop(&q), &it[1]);
+	ck_assert_ptr_eq(mbp__ingress_pop(&q), &it[2]);
+	ck_assert_ptr_null(mbp__ingress_pop(&q));
+	ck_assert_int_eq(mbp__ingress_wait(&q, &wo, NULL, NULL), -EPIPE);
+	ck_assert_uint_eq(mbp__ingress_queued(&q), 0);
+}
+END_TEST
+
+/* The placement plan is a function of its request: threads take consecutive stages, a thread's CPU comes
+ * from the list (blocks of threads per CPU when they outnumber it), stages of one thread must agree on a
+ * named CPU, and unpinned means no CPU at all. */
+START_TEST(placement_plan_follows_threads_names_and_cpu_list)
+{
+	int allowed[MBP_MAX_CPUS];
+	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL), 1);
+	const int a = allowed[0];
+	int none[4] = {-1, -1, -1, -1}, cpus[2] = {a, a};
+	struct mbp__placement_plan pl;
+	struct mbp__placement_req rq = {
+	    .nstages = 4, .threads = 2, .pin = true, .named = none, .ncpus = 2, .cpus = cpus};
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	ck_assert_uint_eq(pl.nthreads, 2);
+	static const unsigned thread_of[4] = {0, 0, 1, 1};
+	for (unsigned i = 0; i < 4; i++) {
+		ck_assert_uint_eq(pl.thread_of[i], thread_of[i]);
+		ck_assert_int_eq(pl.cpu[i], a);
+		ck_assert(pl.pin_required[i]); /* a CPU list is asked for */
+	}
+	/* four threads on a list of one CPU: all on it, oversubscribed, so waits must not spin */
+	rq.threads = 4;
+	rq.ncpus = 1;
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	ck_assert_uint_eq(pl.nthreads, 4);
+	ck_assert(pl.oversubscribed);
+	for (unsigned i = 0; i < 4; i++) {
+		ck_assert_uint_eq(pl.thread_of[i], i);
+		ck_assert_int_eq(pl.cpu[i], a);
+	}
+	/* stages of one thread naming different CPUs */
+	int named[2] = {a, a + 1};
+	struct mbp__placement_req two = {.nstages = 2, .threads = 1, .pin = true, .named = named};
+	ck_assert_int_eq(mbp__placement_plan(&two, &pl), -EINVAL);
+	/* one of them naming a CPU: the whole thread goes there, and must */
+	named[0] = -1;
+	ck_assert_int_eq(mbp__placement_plan(&two, &pl), 0);
+	ck_assert_int_eq(pl.cpu[0], a + 1);
+	ck_assert(pl.pin_required[0] && pl.pin_required[1]);
+	/* unpinned: no CPU, names ignored, one thread per stage while they fit */
+	two.pin = false;
+	two.threads = 0;
+	ck_assert_int_eq(mbp__placement_plan(&two, &pl), 0);
+	ck_assert_int_eq(pl.cpu[0], -1);
+	ck_assert_int_eq(pl.cpu[1], -1);
+	ck_assert(!pl.pin_required[0]);
+	/* more threads asked than stages: one per stage */
+	rq.threads = 9;
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	ck_assert_uint_eq(pl.nthreads, 4);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipeline");
@@ -1577,5 +1664,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, snapshot_counts_a_computation_while_it_lasts);
 	tcase_add_test(tc, strerror_names_every_code);
 	suite_add_tcase(s, tc);
+	TCase *parts = tcase_create("parts");
+	tcase_add_test(parts, ingress_is_bounded_ordered_and_closes_in_two_steps);
+	tcase_add_test(parts, placement_plan_follows_threads_names_and_cpu_list);
+	suite_add_tcase(s, parts);
 	return s;
 }

@@ -148,6 +148,45 @@ static void *join(pthread_t t)
 	return ret;
 }
 
+/*
+ * Blocking push and pop as a caller writes them over the ring's one wait (ring.h): the non-blocking form,
+ * then mbp__ring_wait_push/_pop, until done, closed (-EPIPE) or the timeout (< 0: none; 0: just look,
+ * -EAGAIN). The worker's link_push/link_pop are the same loops with time accounting.
+ */
+static uint64_t deadline_of(int64_t timeout_ns)
+{
+	return timeout_ns == 0 ? 0 : mbp__deadline(timeout_ns); /* 0: already past, the wait only looks */
+}
+
+static int push_wait(struct mbp__ring *r, void *item, int64_t timeout_ns)
+{
+	uint64_t deadline = deadline_of(timeout_ns);
+	while (!mbp__ring_push_sp(r, item)) {
+		int rc = mbp__ring_wait_push(r, NULL, NULL, deadline);
+		if (rc)
+			return rc == -ETIMEDOUT && timeout_ns == 0 ? -EAGAIN : rc;
+	}
+	return 0;
+}
+
+static int pop_burst_wait(struct mbp__ring *r, void **items, unsigned n, int64_t timeout_ns)
+{
+	uint64_t deadline = deadline_of(timeout_ns);
+	unsigned got;
+	while ((got = mbp__ring_pop_burst_sc(r, items, n)) == 0) {
+		int rc = mbp__ring_wait_pop(r, NULL, NULL, deadline);
+		if (rc)
+			return rc == -ETIMEDOUT && timeout_ns == 0 ? -EAGAIN : rc;
+	}
+	return (int)got;
+}
+
+static int pop_wait(struct mbp__ring *r, void **item, int64_t timeout_ns)
+{
+	int rc = pop_burst_wait(r, item, 1, timeout_ns);
+	return rc > 0 ? 0 : rc;
+}
+
 /* Start values for the indices: plain, and just below the wrap at 2^32 so every test crosses it. */
 static const uint32_t starts[] = {0, UINT32_MAX - 2, UINT32_MAX, UINT32_MAX - 100, 0x7fffffffu};
 
@@ -198,8 +237,8 @@ START_TEST(empty_ring_pops_nothing_and_does_not_block_with_timeout_zero)
 	void *one = NULL;
 	ck_assert(!mbp__ring_pop_sc(r, &one));
 	ck_assert_uint_eq(mbp__ring_pop_burst_sc(r, items, 4), 0);
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(r, &one, 0), -EAGAIN);
-	ck_assert_int_eq(mbp__ring_pop_burst_wait_sc(r, items, 4, 0), -EAGAIN);
+	ck_assert_int_eq(pop_wait(r, &one, 0), -EAGAIN);
+	ck_assert_int_eq(pop_burst_wait(r, items, 4, 0), -EAGAIN);
 	ck_assert_uint_eq(mbp__ring_count(r), 0);
 	ck_assert(!mbp__ring_closed(r));
 	/* after one item in and out, empty again */
@@ -223,13 +262,13 @@ START_TEST(full_ring_refuses_push_until_a_pop_frees_a_slot)
 	ck_assert(!mbp__ring_push_sp(r, stamp(99)));
 	void *extra[2] = {stamp(98), stamp(99)};
 	ck_assert_uint_eq(mbp__ring_push_burst_sp(r, extra, 2), 0);
-	ck_assert_int_eq(mbp__ring_push_wait_sp(r, stamp(99), 0), -EAGAIN);
+	ck_assert_int_eq(push_wait(r, stamp(99), 0), -EAGAIN);
 	ck_assert_uint_eq(mbp__ring_count(r), CAP);
 
 	void *p = NULL;
 	ck_assert(mbp__ring_pop_sc(r, &p));
 	ck_assert_uint_eq(unstamp(p), 0);
-	ck_assert_int_eq(mbp__ring_push_wait_sp(r, stamp(CAP), 0), 0); /* the freed slot */
+	ck_assert_int_eq(push_wait(r, stamp(CAP), 0), 0); /* the freed slot */
 	ck_assert(!mbp__ring_push_sp(r, stamp(99)));
 	for (uint64_t i = 1; i <= CAP; i++) {
 		ck_assert(mbp__ring_pop_sc(r, &p));
@@ -316,7 +355,7 @@ START_TEST(bursts_move_what_fits_when_nearly_full_or_nearly_empty)
 	/* the blocking burst pop returns what is there without waiting for n */
 	ck_assert_uint_eq(mbp__ring_push_burst_sp(r, in + next_in, 3), 3);
 	next_in += 3;
-	ck_assert_int_eq(mbp__ring_pop_burst_wait_sc(r, out, 10, -1), 3);
+	ck_assert_int_eq(pop_burst_wait(r, out, 10, -1), 3);
 	for (unsigned k = 0; k < 3; k++)
 		ck_assert_uint_eq(unstamp(out[k]), next_out++);
 	/* a burst larger than the ring into an empty ring is clipped to the capacity */
@@ -339,21 +378,21 @@ START_TEST(close_lets_the_consumer_drain_then_reports_end_of_stream)
 	void *more[2] = {stamp(10), stamp(11)};
 	ck_assert(!mbp__ring_push_sp(r, stamp(10)));
 	ck_assert_uint_eq(mbp__ring_push_burst_sp(r, more, 2), 0);
-	ck_assert_int_eq(mbp__ring_push_wait_sp(r, stamp(10), 0), -EPIPE);
-	ck_assert_int_eq(mbp__ring_push_wait_sp(r, stamp(10), -1), -EPIPE);
-	ck_assert_int_eq(mbp__ring_push_wait_sp(r, stamp(10), 10 * MS), -EPIPE);
+	ck_assert_int_eq(push_wait(r, stamp(10), 0), -EPIPE);
+	ck_assert_int_eq(push_wait(r, stamp(10), -1), -EPIPE);
+	ck_assert_int_eq(push_wait(r, stamp(10), 10 * MS), -EPIPE);
 	ck_assert_uint_eq(mbp__ring_count(r), 3);
 
 	/* the consumer drains, in order, then sees end-of-stream on every blocking form without waiting */
 	void *p = NULL, *burst[8];
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(r, &p, -1), 0);
+	ck_assert_int_eq(pop_wait(r, &p, -1), 0);
 	ck_assert_uint_eq(unstamp(p), 0);
-	ck_assert_int_eq(mbp__ring_pop_burst_wait_sc(r, burst, 8, -1), 2);
+	ck_assert_int_eq(pop_burst_wait(r, burst, 8, -1), 2);
 	ck_assert_uint_eq(unstamp(burst[0]), 1);
 	ck_assert_uint_eq(unstamp(burst[1]), 2);
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(r, &p, -1), -EPIPE);
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(r, &p, 0), -EPIPE);
-	ck_assert_int_eq(mbp__ring_pop_burst_wait_sc(r, burst, 8, -1), -EPIPE);
+	ck_assert_int_eq(pop_wait(r, &p, -1), -EPIPE);
+	ck_assert_int_eq(pop_wait(r, &p, 0), -EPIPE);
+	ck_assert_int_eq(pop_burst_wait(r, burst, 8, -1), -EPIPE);
 	ck_assert(!mbp__ring_pop_sc(r, &p));
 	ck_assert_uint_eq(mbp__ring_count(r), 0);
 	mbp__ring_destroy(r);
@@ -365,21 +404,8 @@ START_TEST(close_of_an_empty_ring_ends_a_blocking_pop_at_once)
 	struct mbp__ring *r = ring_make(2, &park_now, starts[_i]);
 	mbp__ring_close(r);
 	void *p = NULL;
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(r, &p, -1), -EPIPE);
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(r, &p, 50 * MS), -EPIPE);
-	mbp__ring_destroy(r);
-}
-END_TEST
-
-/* A zero-length blocking burst is a caller error; it must not wait (or spin) for an item it cannot take. */
-START_TEST(blocking_pop_of_zero_items_is_rejected)
-{
-	struct mbp__ring *r = ring_make(4, NULL, 0);
-	void *items[1];
-	ck_assert_int_eq(mbp__ring_pop_burst_wait_sc(r, items, 0, -1), -EINVAL);
-	ck_assert(mbp__ring_push_sp(r, stamp(1)));
-	ck_assert_int_eq(mbp__ring_pop_burst_wait_sc(r, items, 0, -1), -EINVAL);
-	ck_assert_uint_eq(mbp__ring_count(r), 1);
+	ck_assert_int_eq(pop_wait(r, &p, -1), -EPIPE);
+	ck_assert_int_eq(pop_wait(r, &p, 50 * MS), -EPIPE);
 	mbp__ring_destroy(r);
 }
 END_TEST
@@ -396,11 +422,37 @@ START_TEST(blocking_pop_times_out_on_an_empty_ring)
 	struct mbp__ring *r = ring_make(4, timeout_opts[_i], UINT32_MAX);
 	void *p = NULL;
 	uint64_t t0 = mbp__now_ns();
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(r, &p, timeout), -ETIMEDOUT);
+	ck_assert_int_eq(pop_wait(r, &p, timeout), -ETIMEDOUT);
 	uint64_t waited = mbp__now_ns() - t0;
 	ck_assert_uint_ge(waited, (uint64_t)timeout); /* never early */
 	ck_assert_uint_lt(waited, 5000 * MS);	      /* and not lost: a sane bound on a loaded machine */
 	ck_assert_uint_eq(atomic_load(&r->cons_park.parked), 0); /* the flag is down after a timeout */
+	mbp__ring_destroy(r);
+}
+END_TEST
+
+static void count_idle(void *arg)
+{
+	(*(unsigned *)arg)++;
+}
+
+/* The ring's wait hands its idle hook the caller's own argument (the worker passes its stage, to flush its
+ * pool cache) before it parks, and looks at the ring, not at that argument, to decide. */
+START_TEST(wait_runs_the_idle_hook_with_its_own_argument_before_parking)
+{
+	struct mbp__ring *r = ring_make(2, &park_now, 0);
+	unsigned idles = 0;
+	ck_assert_int_eq(mbp__ring_wait_pop(r, count_idle, &idles, mbp__deadline(20 * MS)), -ETIMEDOUT);
+	ck_assert_uint_ge(idles, 1);
+	ck_assert(mbp__ring_push_sp(r, stamp(1)));
+	ck_assert(mbp__ring_push_sp(r, stamp(2)));
+	idles = 0;
+	ck_assert_int_eq(mbp__ring_wait_pop(r, count_idle, &idles, UINT64_MAX), 0); /* items: at once */
+	ck_assert_int_eq(mbp__ring_wait_push(r, count_idle, &idles, mbp__deadline(20 * MS)), -ETIMEDOUT);
+	ck_assert_uint_ge(idles, 1);
+	mbp__ring_close(r);
+	ck_assert_int_eq(mbp__ring_wait_push(r, NULL, NULL, UINT64_MAX), -EPIPE);
+	ck_assert_int_eq(mbp__ring_wait_pop(r, NULL, NULL, UINT64_MAX), 0); /* closed, not yet drained */
 	mbp__ring_destroy(r);
 }
 END_TEST
@@ -412,7 +464,7 @@ START_TEST(blocking_push_times_out_on_a_full_ring)
 	ck_assert(mbp__ring_push_sp(r, stamp(0)));
 	ck_assert(mbp__ring_push_sp(r, stamp(1)));
 	uint64_t t0 = mbp__now_ns();
-	ck_assert_int_eq(mbp__ring_push_wait_sp(r, stamp(2), timeout), -ETIMEDOUT);
+	ck_assert_int_eq(push_wait(r, stamp(2), timeout), -ETIMEDOUT);
 	uint64_t waited = mbp__now_ns() - t0;
 	ck_assert_uint_ge(waited, (uint64_t)timeout);
 	ck_assert_uint_lt(waited, 5000 * MS);
@@ -464,7 +516,7 @@ START_TEST(no_spin_skips_the_spin_step)
 	struct mbp__ring *r = ring_make(4, &nospin, 0);
 	void *p = NULL;
 	uint64_t cpu0 = thread_cpu_ns();
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(r, &p, 100 * MS), -ETIMEDOUT);
+	ck_assert_int_eq(pop_wait(r, &p, 100 * MS), -ETIMEDOUT);
 	uint64_t cpu = thread_cpu_ns() - cpu0;
 	ck_assert_msg(cpu < 20 * MS, "no_spin waiter used %llu ns of CPU in 100 ms", (unsigned long long)cpu);
 	mbp__ring_destroy(r);
@@ -533,7 +585,7 @@ static void *stream_producer(void *arg)
 			break;
 		}
 		default: {
-			int rc = mbp__ring_push_wait_sp(s->r, stamp(seq), -1);
+			int rc = push_wait(s->r, stamp(seq), -1);
 			if (rc != 0)
 				return (void *)(intptr_t)rc;
 			seq++;
@@ -555,7 +607,7 @@ static void *stream_consumer(void *arg)
 	for (;;) {
 		int got;
 		if (s->mode == STREAM_BLOCKING) {
-			got = mbp__ring_pop_burst_wait_sc(s->r, burst, 32, -1);
+			got = pop_burst_wait(s->r, burst, 32, -1);
 			if (got < 0) {
 				s->end_rc = got;
 				break;
@@ -630,7 +682,7 @@ static void *park_producer(void *arg)
 	pthread_barrier_wait(&s->go);
 	long cs0 = thread_nvcsw();
 	for (uint64_t i = 0; i < s->n; i++) {
-		int rc = mbp__ring_push_wait_sp(s->r, stamp(i), -1);
+		int rc = push_wait(s->r, stamp(i), -1);
 		if (rc) {
 			s->prod_rc = rc;
 			break;
@@ -649,7 +701,7 @@ static void *park_consumer(void *arg)
 	long cs0 = thread_nvcsw();
 	void *p = NULL;
 	int rc;
-	while ((rc = mbp__ring_pop_wait_sc(s->r, &p, -1)) == 0)
+	while ((rc = pop_wait(s->r, &p, -1)) == 0)
 		seq_check_item(&s->got, p);
 	s->cons_rc = rc;
 	s->cons_sleeps = thread_nvcsw() - cs0;
@@ -697,7 +749,7 @@ static void *pop_until_end(void *arg)
 {
 	struct closer *c = arg;
 	void *p = NULL;
-	while ((c->rc = mbp__ring_pop_wait_sc(c->r, &p, -1)) == 0)
+	while ((c->rc = pop_wait(c->r, &p, -1)) == 0)
 		seq_check_item(&c->got, p);
 	return NULL;
 }
@@ -730,7 +782,7 @@ struct blocked_push {
 static void *push_one_more(void *arg)
 {
 	struct blocked_push *b = arg;
-	b->rc = mbp__ring_push_wait_sp(b->r, stamp(2), -1);
+	b->rc = push_wait(b->r, stamp(2), -1);
 	return NULL;
 }
 
@@ -748,11 +800,11 @@ START_TEST(close_wakes_a_producer_parked_on_a_full_ring)
 	ck_assert_int_eq(b.rc, -EPIPE);
 	ck_assert_uint_eq(mbp__ring_count(b.r), 2);
 	void *p = NULL;
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(b.r, &p, -1), 0);
+	ck_assert_int_eq(pop_wait(b.r, &p, -1), 0);
 	ck_assert_uint_eq(unstamp(p), 0);
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(b.r, &p, -1), 0);
+	ck_assert_int_eq(pop_wait(b.r, &p, -1), 0);
 	ck_assert_uint_eq(unstamp(p), 1);
-	ck_assert_int_eq(mbp__ring_pop_wait_sc(b.r, &p, -1), -EPIPE);
+	ck_assert_int_eq(pop_wait(b.r, &p, -1), -EPIPE);
 	mbp__ring_destroy(b.r);
 }
 END_TEST
@@ -794,7 +846,7 @@ static void *close_race_producer(void *arg)
 	pin_self(0);
 	pthread_barrier_wait(&s->go);
 	for (uint64_t k = 0; k < s->n; k++) {
-		int rc = mbp__ring_push_wait_sp(s->rings[k], stamp(k), -1);
+		int rc = push_wait(s->rings[k], stamp(k), -1);
 		if (rc && !s->bad_rc)
 			s->bad_rc = rc;
 		mbp__ring_close(s->rings[k]);
@@ -811,7 +863,7 @@ static void *close_race_consumer(void *arg)
 		void *p = NULL;
 		unsigned got = 0;
 		int rc;
-		while ((rc = mbp__ring_pop_wait_sc(s->rings[k], &p, -1)) == 0)
+		while ((rc = pop_wait(s->rings[k], &p, -1)) == 0)
 			got += unstamp(p) == k;
 		if (rc != -EPIPE && !s->bad_rc)
 			s->bad_rc = rc;
@@ -882,7 +934,7 @@ static int circle_push(struct circle_thread *me, struct token *tok, uint64_t *pu
 {
 	tok->sender = me->idx;
 	tok->seq = (*pushes)++;
-	return mbp__ring_push_wait_sp(me->c->rings[(me->idx + 1) % me->c->n], tok, -1);
+	return push_wait(me->c->rings[(me->idx + 1) % me->c->n], tok, -1);
 }
 
 static void *circle_thread(void *arg)
@@ -902,7 +954,7 @@ static void *circle_thread(void *arg)
 	}
 	for (;;) {
 		void *p = NULL;
-		int rc = mbp__ring_pop_wait_sc(c->rings[me->idx], &p, -1);
+		int rc = pop_wait(c->rings[me->idx], &p, -1);
 		if (rc) {
 			me->end_rc = rc;
 			return NULL;
@@ -1017,7 +1069,6 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, bursts_move_what_fits_when_nearly_full_or_nearly_empty, 0, nstarts);
 	tcase_add_loop_test(tc, close_lets_the_consumer_drain_then_reports_end_of_stream, 0, nstarts);
 	tcase_add_loop_test(tc, close_of_an_empty_ring_ends_a_blocking_pop_at_once, 0, nstarts);
-	tcase_add_test(tc, blocking_pop_of_zero_items_is_rejected);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("timeouts");
@@ -1025,6 +1076,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, blocking_pop_times_out_on_an_empty_ring, 0,
 			    (int)MBP_ARRAY_SIZE(timeout_opts));
 	tcase_add_loop_test(tc, blocking_push_times_out_on_a_full_ring, 0, (int)MBP_ARRAY_SIZE(timeout_opts));
+	tcase_add_test(tc, wait_runs_the_idle_hook_with_its_own_argument_before_parking);
 	tcase_add_test(tc, backoff_spins_then_yields_for_their_budgets_then_parks);
 	tcase_add_test(tc, no_spin_skips_the_spin_step);
 	suite_add_tcase(s, tc);

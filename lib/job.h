@@ -1,0 +1,40 @@
+/*
+ * Jobs: the engine's bookkeeping in a caller's mbp_job (its priv), and their completion. Not installed.
+ *
+ * A job enters the ingress whole (its priv starts with an ingress entry); stage 0 splits it into
+ * micro-batches that read the caller's input in place; whichever worker completes micro-batches accounts
+ * them here, and the one that completes the last completes the job: wakes its waiter, or calls its
+ * callback (pipeline.h, "Completion").
+ */
+#ifndef MBP__JOB_H
+#define MBP__JOB_H
+
+#include <mbpipe.h>
+
+#include "common.h"
+#include "ingress.h"
+
+/* The engine's view of mbp_job.priv. */
+struct mbp__job_priv {
+	struct mbp__item item;
+	_Atomic uint32_t left; /* micro-batches not yet completed or failed */
+	_Atomic uint32_t failed;
+	/* (seq << 32) | (uint32_t)err of the lowest failed seq; UINT64_MAX: none */
+	_Atomic uint64_t first_err;
+	_Atomic uint32_t state; /* futex word: 0 pending, 1 done, 2 pending with a sleeper */
+};
+_Static_assert(sizeof(struct mbp__job_priv) <= sizeof(((mbp_job *)0)->priv), "mbp_job.priv too small");
+
+static inline struct mbp__job_priv *mbp__jp(mbp_job *job)
+{
+	return (struct mbp__job_priv *)(void *)job->priv.opaque;
+}
+
+struct mbp__stage_counters;
+
+/* Completion of job micro-batches: k micro-batches of `job` leave the pipeline, `failed` of them failed,
+ * the first failure being `err` at `seq`. Completes the job when it was the last. Counts into `c`. */
+void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, uint32_t failed, int err,
+		      uint32_t seq);
+
+#endif
