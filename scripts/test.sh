@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build and run every test: install what is missing, build with -Werror, `make check`, then check that a
-# program outside the tree links against the installed library through pkg-config.
+# program outside the tree links against the library installed to a prefix through pkg-config.
 #   scripts/test.sh            the test suite (what the README's test command runs)
 #   scripts/test.sh --tsan     the concurrency tests under ThreadSanitizer (shrunk iteration counts)
 #   scripts/test.sh --asan     the whole suite under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -16,15 +16,25 @@ default)
 	b="$top/build-check"
 	"$top/scripts/build.sh" "$b" --enable-werror
 	make -C "$b" -j"$(nproc)" check
-	# link an outside program against the installed library, as a user would
+	# Link an outside program against the installed library, as a user would: installed to a prefix
+	# (`make install prefix=DIR`, what the README shows), found by pkg-config through PKG_CONFIG_PATH
+	# alone; then staged with DESTDIR (the .pc names the final prefix) and relocated with
+	# --define-variable, as a packager would.
 	inst=$(mktemp -d)
-	make -C "$b" install DESTDIR="$inst" prefix=/usr/local >/dev/null
-	pc="pkg-config --define-variable=prefix=$inst/usr/local --static"
-	export PKG_CONFIG_PATH="$inst/usr/local/lib/pkgconfig"
+	make -C "$b" install prefix="$inst/pfx" >/dev/null
 	# shellcheck disable=SC2046 # word splitting of pkg-config's flags is intended
-	cc -o "$inst/hello" "$top/examples/hello.c" $($pc --cflags --libs mbpipe)
+	cc -o "$inst/hello" "$top/examples/hello.c" \
+		$(PKG_CONFIG_PATH="$inst/pfx/lib/pkgconfig" pkg-config --static --cflags --libs mbpipe)
 	"$inst/hello"
+	make -C "$b" install DESTDIR="$inst/stage" prefix=/opt/mbpipe >/dev/null
+	grep -qx 'prefix=/opt/mbpipe' "$inst/stage/opt/mbpipe/lib/pkgconfig/mbpipe.pc"
+	pc="pkg-config --define-variable=prefix=$inst/stage/opt/mbpipe --static"
+	# shellcheck disable=SC2046
+	cc -o "$inst/hello2" "$top/examples/hello.c" \
+		$(PKG_CONFIG_PATH="$inst/stage/opt/mbpipe/lib/pkgconfig" $pc --cflags --libs mbpipe)
+	"$inst/hello2"
 	rm -rf "$inst"
+	make -C "$b" mbpipe.pc >/dev/null # back to the configured prefix
 	;;
 --tsan)
 	b="$top/build-tsan"
