@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build and run every test: install what is missing, build with -Werror, `make check`, then check that a
-# program outside the tree links against the library installed to a prefix through pkg-config.
+# program outside the tree links against the library installed to a prefix through pkg-config, and run
+# every command of the README (scripts/check-readme.sh).
 #   scripts/test.sh            the test suite (what the README's test command runs)
 #   scripts/test.sh --tsan     the concurrency tests under ThreadSanitizer (shrunk iteration counts)
 #   scripts/test.sh --asan     the whole suite under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -35,6 +36,8 @@ default)
 	"$inst/hello2"
 	rm -rf "$inst"
 	make -C "$b" mbpipe.pc >/dev/null # back to the configured prefix
+	# every command of the README, as written
+	"$top/scripts/check-readme.sh" "$b"
 	;;
 --tsan)
 	b="$top/build-tsan"
