@@ -18,8 +18,10 @@
 #define MBP_CACHELINE	      64
 #define MBP_CACHELINE_ALIGNED _Alignas(MBP_CACHELINE)
 
-#define MBP_LIKELY(x)			     __builtin_expect(!!(x), 1)
-#define MBP_UNLIKELY(x)			     __builtin_expect(!!(x), 0)
+#define MBP_LIKELY(x)	__builtin_expect(!!(x), 1)
+#define MBP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* Singular or plural by count, for messages: "%u %s", n, MBP__PLURAL(n, "row", "rows"). */
+#define MBP__PLURAL(n, one, many)	     ((n) == 1 ? (one) : (many))
 #define MBP_ARRAY_SIZE(a)		     (sizeof(a) / sizeof((a)[0]))
 #define mbp__container_of(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 

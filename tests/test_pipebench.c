@@ -25,6 +25,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "plural_check.h"
+
 #ifndef PIPEBENCH_BIN
 #error "PIPEBENCH_BIN must name the built pipebench"
 #endif
@@ -381,7 +383,40 @@ START_TEST(mlp_json_parses_and_names_the_blas_kernel)
 	check_document(doc, 2, 1, false);
 	cJSON *blas = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "workload"), "blas");
 	ck_assert(cJSON_IsString(blas) && strstr(blas->valuestring, "OpenBLAS"));
+	/* what the stages use, not the process's thread count when it was asked */
+	ck_assert_msg(strstr(blas->valuestring, "; stages use 1 BLAS thread each"), "%s", blas->valuestring);
 	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+/* A count of one reads "1 row", not "1 rows": a run where the batch, the micro-batch, the stages, the CPUs
+ * and the threads are each one. */
+START_TEST(counts_of_one_are_singular)
+{
+	cpu_set_t set;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+	int cpu = 0;
+	while (!CPU_ISSET(cpu, &set))
+		cpu++;
+	char cpu_arg[32];
+	snprintf(cpu_arg, sizeof(cpu_arg), "--cpus=%d", cpu);
+	struct run r =
+	    run((const char *const[]){"--workload=synthetic", "--stages=1", "--work-us=1", "--batch=1",
+				      "--mb=1", "--batches=1", "--warmup=1", cpu_arg, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	const char *bad = find_one_with_plural(r.out);
+	ck_assert_msg(bad == NULL, "plural after 1: %.60s", bad);
+	ck_assert_ptr_nonnull(strstr(r.out, "batch 1 row;"));
+	ck_assert_ptr_nonnull(strstr(r.out, "1 measured batch,"));
+	ck_assert_ptr_nonnull(strstr(r.out, "best micro-batch size: 1 row."));
+	run_free(&r);
+	/* two stages on one CPU share one thread: "2 stages on 1 CPU ... (1 thread)" */
+	r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--work-us=1", "--batch=4",
+				      "--mb=2", "--batches=1", "--warmup=1", cpu_arg, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	bad = find_one_with_plural(r.out);
+	ck_assert_msg(bad == NULL, "plural after 1: %.60s", bad);
 	run_free(&r);
 }
 END_TEST
@@ -591,8 +626,8 @@ START_TEST(more_stages_than_cpus_share_a_thread_and_say_so)
 							 own ? "--opts=threads=3" : "--opts=", NULL});
 		ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 		const char *note =
-		    own ? "note: 3 threads on 1 CPUs: threads share CPUs and time-slice"
-			: "note: 3 stages on 1 CPUs: consecutive stages share a thread (1 threads)";
+		    own ? "note: 3 threads on 1 CPU: threads share CPUs and time-slice"
+			: "note: 3 stages on 1 CPU: consecutive stages share a thread (1 thread)";
 		ck_assert_msg(strstr(r.out, note), "no note: %s", r.out);
 		ck_assert_msg(strstr(r.out, placed), "placement: %s", r.out);
 		run_free(&r);
@@ -661,6 +696,7 @@ static Suite *suite(void)
 	tcase_set_timeout(out, 60);
 	tcase_add_test(out, synthetic_json_parses_with_documented_fields);
 	tcase_add_test(out, mlp_json_parses_and_names_the_blas_kernel);
+	tcase_add_test(out, counts_of_one_are_singular);
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
 	tcase_add_test(out, csv_has_a_header_and_one_line_per_size);
 	tcase_add_test(out, trace_file_is_a_chrome_trace);

@@ -17,6 +17,7 @@
 #include <mbpipe.h>
 
 #include "check_main.h" /* early: the stress counts use its mbp_iters() */
+#include "plural_check.h"
 #include "test_pipeserve_client.h"
 
 #define IN_W  32
@@ -877,6 +878,38 @@ START_TEST(bad_engine_option_names_the_flag_and_its_rule)
 }
 END_TEST
 
+/* A count of one reads "1 row", not "1 rows", in the server's log; and the OpenBLAS line says what the
+ * stages use ("stages use 1 BLAS thread each"), not the process's count when it was asked. */
+START_TEST(log_says_one_row_and_what_blas_the_stages_use)
+{
+	char log_path[] = "/tmp/pipeserve-test-log-XXXXXX";
+	int fd = mkstemp(log_path);
+	ck_assert_int_ge(fd, 0);
+	unlink(log_path);
+	int saved = dup(2);
+	dup2(fd, 2); /* the server inherits it */
+	srv s;
+	int rc = srv_start(&s, (const char *const[]){"--demo", "layers=1,in=8,out=4", "--stages", "1",
+						     "--max-batch-rows", "1", "--max-queue-rows", "1",
+						     "--max-inflight", "1", "--threads", "1", NULL});
+	dup2(saved, 2);
+	close(saved);
+	ck_assert_int_eq(rc, 0);
+	expect_status(s.port, "GET", "/v2/health/ready", 200, NULL); /* fully started: its log is written */
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	char buf[8192] = "";
+	ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+	close(fd);
+	ck_assert_int_gt(n, 0);
+	buf[n] = 0;
+	const char *bad = find_one_with_plural(buf);
+	ck_assert_msg(bad == NULL, "plural after 1: %.80s", bad);
+	ck_assert_msg(strstr(buf, "1 layer,") && strstr(buf, "1 stage\n") && strstr(buf, "max 1 row per") &&
+			  strstr(buf, "1 HTTP thread\n") && strstr(buf, "stages use 1 BLAS thread each"),
+		      "%s", buf);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipeserve");
@@ -890,6 +923,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, reload_under_load_fails_no_request);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
 	tcase_add_test(tc, help_and_bad_flags);
+	tcase_add_test(tc, log_says_one_row_and_what_blas_the_stages_use);
 	tcase_add_test(tc, bad_engine_option_names_the_flag_and_its_rule);
 	suite_add_tcase(s, tc);
 	return s;

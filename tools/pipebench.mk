@@ -13,7 +13,7 @@ dist_man_MANS += tools/pipebench/pipebench.1
 # Tests: every bad argument fails with one line; the JSON parses and has its fields; a small synthetic
 # run's measured bubble lies near the predicted one.
 check_PROGRAMS += tests/test_pipebench
-tests_test_pipebench_SOURCES = tests/test_pipebench.c tests/check_main.h
+tests_test_pipebench_SOURCES = tests/test_pipebench.c tests/check_main.h tests/plural_check.h
 tests_test_pipebench_CPPFLAGS = $(AM_CPPFLAGS) -DPIPEBENCH_BIN='"$(abs_top_builddir)/tools/pipebench/pipebench"'
 tests_test_pipebench_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(CJSON_CFLAGS)
 tests_test_pipebench_LDADD = $(CHECK_LIBS) $(CJSON_LIBS)

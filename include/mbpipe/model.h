@@ -390,9 +390,10 @@ int mbp_model_write_random(const char *path, const mbp_model_spec *spec);
 /* ---- OpenBLAS ---- */
 
 /**
- * The OpenBLAS in use: "<openblas_get_config()>, kernel <corename>, <n> threads", e.g. "OpenBLAS 0.3.21
- * DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64, kernel Zen, 2 threads". Static string; the thread count is
- * read at the first call.
+ * The OpenBLAS in use and how the stages use it: "<openblas_get_config()>, kernel <corename>; stages use 1
+ * BLAS thread each", e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64, kernel Zen; stages
+ * use 1 BLAS thread each" (each stage sets OpenBLAS to one thread at its init: the pipeline owns the
+ * cores). Static string.
  */
 const char *mbp_blas_info(void);
 

@@ -17,6 +17,9 @@
 
 #include <mbpipe.h>
 
+#include "common.h"
+#include "model_internal.h"
+
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char info[320];
 static char warning[400];
@@ -39,8 +42,11 @@ static void probe(void)
 	const char *config = openblas_get_config();
 	core = core ? core : "unknown";
 	config = config ? config : "?";
-	snprintf(info, sizeof(info), "%s%s, kernel %s, %d threads",
-		 strncmp(config, "OpenBLAS", 8) ? "OpenBLAS " : "", config, core, openblas_get_num_threads());
+	/* What the stages use, not the process's count at this moment (which is OpenBLAS's default until a
+	 * stage starts, and differed from tool to tool): every stage sets MBP__BLAS_THREADS_PER_STAGE. */
+	snprintf(info, sizeof(info), "%s%s, kernel %s; stages use %d BLAS %s each",
+		 strncmp(config, "OpenBLAS", 8) ? "OpenBLAS " : "", config, core, MBP__BLAS_THREADS_PER_STAGE,
+		 MBP__PLURAL(MBP__BLAS_THREADS_PER_STAGE, "thread", "threads"));
 	__builtin_cpu_init();
 	bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
 	if (!kernel_is_modern(core) && (avx512 || avx2)) {

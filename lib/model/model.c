@@ -533,9 +533,9 @@ int mbp_model_describe(const mbp_model *m, char *buf, size_t n)
 			act_name(li.act), li.norm ? " norm" : "", dtype_name(li.dtype),
 			li.param_bytes / 1048576.0);
 	}
-	appendf(buf, n, &len, "%u layers, %u -> %u, %.2f MiB of float32 parameters, weights version %llu\n",
-		m->layers, mbp_model_in_width(m), mbp_model_out_width(m), total / 1048576.0,
-		(unsigned long long)mbp_model_version(m));
+	appendf(buf, n, &len, "%u %s, %u -> %u, %.2f MiB of float32 parameters, weights version %llu\n",
+		m->layers, MBP__PLURAL(m->layers, "layer", "layers"), mbp_model_in_width(m),
+		mbp_model_out_width(m), total / 1048576.0, (unsigned long long)mbp_model_version(m));
 	if (n && len >= n)
 		buf[n - 1] = '\0';
 	return len > INT32_MAX ? INT32_MAX : (int)len;

@@ -13,6 +13,10 @@
 
 #include <mbpipe.h>
 
+/* OpenBLAS threads each stage runs with (stages.c sets it at every stage's init; the profile times layers
+ * with it; mbp_blas_info() says it). One: the pipeline, not OpenBLAS, owns the cores. */
+#define MBP__BLAS_THREADS_PER_STAGE 1
+
 /* The fixed structure of one layer (the same in every version). */
 struct mbp__layer {
 	uint32_t in, out;

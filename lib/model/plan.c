@@ -70,7 +70,7 @@ int mbp_model_profile(mbp_model *m, uint32_t mb_rows, unsigned reps, int cpu, do
 	}
 	/* Time the layers as the stages run them: with one OpenBLAS thread. Restored below. */
 	int threads = openblas_get_num_threads();
-	openblas_set_num_threads(1);
+	openblas_set_num_threads(MBP__BLAS_THREADS_PER_STAGE);
 	struct mbp__version *v = mbp__version_get_locked(m);
 	for (unsigned l = 0; l < m->layers; l++) {
 		mbp__layer_run(&m->l[l], &v->lw[l], x, y, mb_rows); /* warm-up: weights into cache, packing */
@@ -211,10 +211,12 @@ int mbp_model_plan_describe(const mbp_model_plan *plan, char *buf, size_t n)
 				     plan->first[s + 1] - 1, plan->stage_ns[s] / 1e3);
 		else
 			k = snprintf(tmp, sizeof(tmp),
-				     "%u stages at %u rows: slowest %.1f us, mean %.1f us, balance %.3f, "
+				     "%u %s at %u %s: slowest %.1f us, mean %.1f us, balance %.3f, "
 				     "sequential %.1f us\n",
-				     plan->stages, plan->mb_rows, plan->slowest_ns / 1e3, plan->mean_ns / 1e3,
-				     plan->balance, plan->sequential_ns / 1e3);
+				     plan->stages, MBP__PLURAL(plan->stages, "stage", "stages"),
+				     plan->mb_rows, MBP__PLURAL(plan->mb_rows, "row", "rows"),
+				     plan->slowest_ns / 1e3, plan->mean_ns / 1e3, plan->balance,
+				     plan->sequential_ns / 1e3);
 		if (k < 0)
 			return -EINVAL;
 		if (len < n)

@@ -50,8 +50,8 @@ static pthread_mutex_t blas_lock = PTHREAD_MUTEX_INITIALIZER;
 static void blas_one_thread(void)
 {
 	pthread_mutex_lock(&blas_lock);
-	if (openblas_get_num_threads() != 1)
-		openblas_set_num_threads(1);
+	if (openblas_get_num_threads() != MBP__BLAS_THREADS_PER_STAGE)
+		openblas_set_num_threads(MBP__BLAS_THREADS_PER_STAGE);
 	pthread_mutex_unlock(&blas_lock);
 }
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "pipebench.h"
+#include "../plural.h"
 
 #define LABEL 5 /* "s12 |" */
 #define GAP   4
@@ -84,7 +85,8 @@ static void title(char *buf, size_t n, const pb_timeline *tl, bool whole)
 	if (whole)
 		snprintf(buf, n, "whole batch as one unit: %s", span);
 	else
-		snprintf(buf, n, "m=%u, %u micro-batches: %s", tl->mb_rows, tl->mbs, span);
+		snprintf(buf, n, "m=%u, %u %s: %s", tl->mb_rows, tl->mbs,
+			 PLURAL(tl->mbs, "micro-batch", "micro-batches"), span);
 }
 
 /* The time axis under a panel: "0" at the left, the scale's end at the right. */

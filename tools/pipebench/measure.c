@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "pipebench.h"
+#include "../plural.h"
 
 #define JOB_TIMEOUT_NS	 (120 * INT64_C(1000000000)) /* at least; 50 slowest baselines if longer */
 #define DRAIN_TIMEOUT_NS (30 * INT64_C(1000000000))
@@ -80,7 +81,8 @@ int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned nc
 	b->ref = alloc_rows(cfg->batch, w->out_row_bytes);
 	b->seq = alloc_rows(cfg->batch, w->out_row_bytes);
 	if (!b->in || !b->out || !b->ref || !b->seq) {
-		snprintf(err, errlen, "out of memory for a batch of %u rows", cfg->batch);
+		snprintf(err, errlen, "out of memory for a batch of %u %s", cfg->batch,
+			 PLURAL(cfg->batch, "row", "rows"));
 		return -1;
 	}
 	w->fill(w, b->in, cfg->batch);
@@ -361,12 +363,13 @@ static int run_batch(pb_bench *b, mbp_pipeline *p, uint32_t mb_rows, uint32_t mb
 			     (double)timeout / 1e9, mbp_strerror(rc));
 	if (job->status < 0) {
 		const char *why = w->stage_error ? w->stage_error(w) : NULL;
-		return failf(r, "a batch failed (%u of %u micro-batches): %s%s%s", job->mbs_failed, job->mbs,
-			     mbp_strerror(job->status), why ? ": " : "", why ? why : "");
+		return failf(r, "a batch failed (%u of %u %s): %s%s%s", job->mbs_failed, job->mbs,
+			     PLURAL(job->mbs, "micro-batch", "micro-batches"), mbp_strerror(job->status),
+			     why ? ": " : "", why ? why : "");
 	}
 	if (job->mbs != mbs)
-		return failf(r, "the engine split %u rows into %u micro-batches, expected %u", cfg->batch,
-			     job->mbs, mbs);
+		return failf(r, "the engine split %u %s into %u micro-batches, expected %u", cfg->batch,
+			     PLURAL(cfg->batch, "row", "rows"), job->mbs, mbs);
 	if (w->check(w, b->out, b->ref, cfg->batch, err, sizeof(err)))
 		return failf(r, "%s", err);
 	/* the engine's stamps, when sane; else ours (which include the wake-up of this thread) */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "pipebench.h"
+#include "../plural.h"
 
 struct mlp {
 	pb_workload w;
@@ -37,7 +38,8 @@ static int mlp_prepare(pb_workload *w, uint32_t mb_rows, char *err, size_t errle
 	if (rc < 0 && m->profile_cpu >= 0) /* a pin refused: profile where the thread is */
 		rc = mbp_model_balance(m->model, w->stages, mb_rows, -1, &m->plan);
 	if (rc < 0) {
-		snprintf(err, errlen, "mlp: cannot balance %u stages at %u rows: %s", w->stages, mb_rows,
+		snprintf(err, errlen, "mlp: cannot balance %u %s at %u %s: %s", w->stages,
+			 PLURAL(w->stages, "stage", "stages"), mb_rows, PLURAL(mb_rows, "row", "rows"),
 			 mbp_strerror(rc));
 		return -1;
 	}
@@ -211,13 +213,15 @@ int pb_mlp_new(pb_workload **out, const pb_config *cfg, char *err, size_t errlen
 	else
 		snprintf(work, sizeof(work), "%.1f kFLOP", (double)flops / 1e3);
 	if (cfg->model_path)
-		snprintf(w->desc, sizeof(w->desc), "mlp %.100s, %u layers, %u -> %u, %s per row, %u stages",
-			 cfg->model_path, layers, mbp_model_in_width(m->model), mbp_model_out_width(m->model),
-			 work, w->stages);
+		snprintf(w->desc, sizeof(w->desc), "mlp %.100s, %u %s, %u -> %u, %s per row, %u %s",
+			 cfg->model_path, layers, PLURAL(layers, "layer", "layers"),
+			 mbp_model_in_width(m->model), mbp_model_out_width(m->model), work, w->stages,
+			 PLURAL(w->stages, "stage", "stages"));
 	else
 		snprintf(w->desc, sizeof(w->desc),
-			 "mlp generated (seed %llu), %u layers x %u wide, relu, %s per row, %u stages",
-			 (unsigned long long)cfg->seed, layers, cfg->hidden, work, w->stages);
+			 "mlp generated (seed %llu), %u %s x %u wide, relu, %s per row, %u %s",
+			 (unsigned long long)cfg->seed, layers, PLURAL(layers, "layer", "layers"),
+			 cfg->hidden, work, w->stages, PLURAL(w->stages, "stage", "stages"));
 	snprintf(w->blas, sizeof(w->blas), "%s", mbp_blas_info());
 	const char *warn = mbp_blas_warning();
 	snprintf(w->blas_warning, sizeof(w->blas_warning), "%s", warn ? warn : "");

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "pipebench.h"
+#include "../plural.h"
 
 #define PB_DEF_BATCHES	 10
 #define PB_DEF_WARMUP	 2
@@ -519,8 +520,8 @@ static int add_size(pb_config *cfg, uint64_t m, char *err, size_t errlen)
 	if (m == 0)
 		return fail(err, errlen, "--mb: micro-batch size 0: sizes are positive row counts");
 	if (m > cfg->batch)
-		return fail(err, errlen, "--mb: micro-batch size %llu is larger than the batch (%u rows)",
-			    (unsigned long long)m, cfg->batch);
+		return fail(err, errlen, "--mb: micro-batch size %llu is larger than the batch (%u %s)",
+			    (unsigned long long)m, cfg->batch, PLURAL(cfg->batch, "row", "rows"));
 	for (unsigned i = 0; i < cfg->nsizes; i++)
 		if (cfg->sizes[i] == m)
 			return 0;

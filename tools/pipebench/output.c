@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "pipebench.h"
+#include "../plural.h"
 
 /* A stage's name at the chosen size (the mlp repartitions its layers for every size), else at any size. */
 static const char *stage_name(const pb_report *rep, unsigned s)
@@ -46,12 +47,13 @@ void pb_print_header(FILE *f, const pb_report *rep)
 
 	fprintf(f, "pipebench %s: %s\n", mbp_version(), w->desc);
 	if (cfg->duration_s > 0)
-		fprintf(f,
-			"batch %u rows; per size %u warm-up batches, then batches for %g s, one at a time\n",
-			cfg->batch, cfg->warmup, cfg->duration_s);
+		fprintf(f, "batch %u %s; per size %u warm-up %s, then batches for %g s, one at a time\n",
+			cfg->batch, PLURAL(cfg->batch, "row", "rows"), cfg->warmup,
+			PLURAL(cfg->warmup, "batch", "batches"), cfg->duration_s);
 	else
-		fprintf(f, "batch %u rows; per size %u warm-up + %u measured batches, one at a time\n",
-			cfg->batch, cfg->warmup, cfg->batches);
+		fprintf(f, "batch %u %s; per size %u warm-up + %u measured %s, one at a time\n", cfg->batch,
+			PLURAL(cfg->batch, "row", "rows"), cfg->warmup, cfg->batches,
+			PLURAL(cfg->batches, "batch", "batches"));
 	fprintf(f, "CPUs: %u allowed, using", b->allowed);
 	for (unsigned i = 0; i < b->ncpus; i++)
 		fprintf(f, "%s%d", i ? "," : " ", cfg->cpus[i]);
@@ -89,15 +91,16 @@ void pb_print_header(FILE *f, const pb_report *rep)
 			load, b->allowed);
 	if (oversubscribed(rep))
 		fprintf(f,
-			"note: %u threads on %u CPUs: threads share CPUs and time-slice, waits skip their "
+			"note: %u threads on %u %s: threads share CPUs and time-slice, waits skip their "
 			"spin, and the bubble model (one CPU per thread) does not hold\n",
-			threads(rep), b->ncpus);
+			threads(rep), b->ncpus, PLURAL(b->ncpus, "CPU", "CPUs"));
 	else if (threads(rep) < w->stages)
 		fprintf(
 		    f,
-		    "note: %u stages on %u CPUs: consecutive stages share a thread (%u threads), so the "
+		    "note: %u stages on %u %s: consecutive stages share a thread (%u %s), so the "
 		    "bubble and its prediction count threads; --opts threads=%u gives each stage its own\n",
-		    w->stages, b->ncpus, threads(rep), w->stages);
+		    w->stages, b->ncpus, PLURAL(b->ncpus, "CPU", "CPUs"), threads(rep),
+		    PLURAL(threads(rep), "thread", "threads"), w->stages);
 	if (b->base.runs)
 		fprintf(f,
 			"sequential baseline (the same stages in order on one thread, whole batch at once): "
@@ -148,7 +151,8 @@ void pb_print_table(FILE *f, const pb_report *rep)
 	const pb_result *r = pb_best(rep);
 	static const pb_result none; /* the summary line is printed even when no size completed */
 	if (r)
-		fprintf(f, "\nbest micro-batch size: %u rows. %s.\n", r->mb_rows, rep->why);
+		fprintf(f, "\nbest micro-batch size: %u %s. %s.\n", r->mb_rows,
+			PLURAL(r->mb_rows, "row", "rows"), rep->why);
 	else
 		r = &none;
 	fprintf(f,

@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "pipebench.h"
+#include "../plural.h"
 
 #define STAMP(r) (UINT64_C(0x5eed000000000000) ^ (uint64_t)(r))
 #define K(i)	 (((uint64_t)(i) + 1) * UINT64_C(0x9e3779b97f4a7c15))
@@ -117,8 +118,8 @@ static int check_order(struct syn_stage *st, const mbp_mb *in)
 	}
 	uint64_t want = in->seq + 1 < mbs ? job->mb_rows : job->rows - in->seq * job->mb_rows;
 	if (in->rows != want) {
-		stage_fail(st->owner, "stage %u: micro-batch %" PRIu64 " has %u rows, expected %" PRIu64,
-			   st->index, in->seq, in->rows, want);
+		stage_fail(st->owner, "stage %u: micro-batch %" PRIu64 " has %u %s, expected %" PRIu64,
+			   st->index, in->seq, in->rows, PLURAL(in->rows, "row", "rows"), want);
 		return -1;
 	}
 	st->next_seq++;
@@ -254,7 +255,8 @@ int pb_synthetic_new(pb_workload **out, const pb_config *cfg, char *err, size_t 
 		}
 	}
 
-	int n = snprintf(w->desc, sizeof(w->desc), "synthetic, %u stages, busy work per row ", w->stages);
+	int n = snprintf(w->desc, sizeof(w->desc), "synthetic, %u %s, busy work per row ", w->stages,
+			 PLURAL(w->stages, "stage", "stages"));
 	for (unsigned i = 0; i < w->stages; i++) {
 		struct syn_stage *st = &s->st[i];
 		double row_us = cfg->work_us[cfg->nwork > 1 ? i : 0];

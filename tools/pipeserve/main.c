@@ -10,6 +10,7 @@
  */
 #include "config.h"
 
+#include "../plural.h"
 #include "server.h"
 
 #include <errno.h>
@@ -338,7 +339,8 @@ static int setup_model(ps_server *s)
 	if (!rc)
 		rc = mbp_model_stages_new(&s->stages, s->model, &s->plan, s->cfg.max_batch_rows);
 	if (rc) {
-		ps_log("cannot split the model into %u stages: %s", stages, mbp_strerror(rc));
+		ps_log("cannot split the model into %u %s: %s", stages, PLURAL(stages, "stage", "stages"),
+		       mbp_strerror(rc));
 		return rc;
 	}
 	s->info = (ps_model_info){.name = s->name,
@@ -390,14 +392,19 @@ static void log_startup(ps_server *s)
 {
 	const ps_config *c = &s->cfg;
 	unsigned nst = mbp_model_stages_count(s->stages);
-	ps_log("start: mbpipe %s, model \"%s\" (%s), %u layers, %zu -> %zu floats per row, %u stages",
-	       mbp_version(), s->name, s->model_path ? s->model_path : "built-in demo",
-	       mbp_model_layers(s->model), s->info.in_width, s->info.out_width, nst);
-	ps_log("batching: max %u rows per micro-batch, delay %llu us, queue %zu rows, %u micro-batches in "
-	       "flight, "
-	       "timeout %llu ms, %u HTTP threads",
-	       c->max_batch_rows, (unsigned long long)c->max_queue_delay_us, c->max_queue_rows,
-	       c->max_inflight ? c->max_inflight : 2 * nst, (unsigned long long)c->timeout_ms, c->threads);
+	unsigned layers = mbp_model_layers(s->model), inflight = c->max_inflight ? c->max_inflight : 2 * nst;
+	ps_log("start: mbpipe %s, model \"%s\" (%s), %u %s, %zu -> %zu floats per row, %u %s", mbp_version(),
+	       s->name, s->model_path ? s->model_path : "built-in demo", layers,
+	       PLURAL(layers, "layer", "layers"), s->info.in_width, s->info.out_width, nst,
+	       PLURAL(nst, "stage", "stages"));
+	ps_log(
+	    "batching: max %u %s per micro-batch, delay %llu us, queue %zu %s, %u %s in flight, timeout %llu "
+	    "ms, %u HTTP %s",
+	    c->max_batch_rows, PLURAL(c->max_batch_rows, "row", "rows"),
+	    (unsigned long long)c->max_queue_delay_us, c->max_queue_rows,
+	    PLURAL(c->max_queue_rows, "row", "rows"), inflight,
+	    PLURAL(inflight, "micro-batch", "micro-batches"), (unsigned long long)c->timeout_ms, c->threads,
+	    PLURAL(c->threads, "thread", "threads"));
 	ps_log("blas: %s", mbp_blas_info());
 	if (mbp_blas_warning())
 		ps_log("blas warning: %s", mbp_blas_warning());
@@ -528,15 +535,17 @@ int main(int argc, char **argv)
 	int sig = 0;
 	while (sigwait(&sigs, &sig) != 0)
 		;
-	ps_log("stop: %s received; not ready, finishing %llu accepted requests", strsignal(sig),
-	       (unsigned long long)atomic_load(&s->inflight));
+	unsigned long long accepted = atomic_load(&s->inflight);
+	ps_log("stop: %s received; not ready, finishing %llu accepted %s", strsignal(sig), accepted,
+	       PLURAL(accepted, "request", "requests"));
 	atomic_store(&s->ready, false);
 	atomic_store(&s->draining, true); /* pairs with the handlers' inflight increment (http.c) */
 	bool clean = wait_inflight(s, &sigs, s->cfg.drain_timeout_ms);
-	if (!clean)
-		ps_log("stop: %llu requests still running after %llu ms; draining the pipeline",
-		       (unsigned long long)atomic_load(&s->inflight),
-		       (unsigned long long)s->cfg.drain_timeout_ms);
+	if (!clean) {
+		unsigned long long running = atomic_load(&s->inflight);
+		ps_log("stop: %llu %s still running after %llu ms; draining the pipeline", running,
+		       PLURAL(running, "request", "requests"), (unsigned long long)s->cfg.drain_timeout_ms);
+	}
 	ps_batcher_stop(s->batcher);
 	if (!clean && !wait_inflight(s, &sigs, 1000)) {
 		/* Suspended connections remain: stopping the HTTP daemon now would be undefined behaviour. */
@@ -551,7 +560,7 @@ int main(int argc, char **argv)
 	mbp_model_stages_destroy(s->stages);
 	mbp_model_destroy(s->model);
 	free(s->model_path);
-	ps_log("stopped: %llu infer requests answered, %llu failed", (unsigned long long)ok,
-	       (unsigned long long)failed);
+	ps_log("stopped: %llu infer %s answered, %llu failed", (unsigned long long)ok,
+	       PLURAL(ok, "request", "requests"), (unsigned long long)failed);
 	return 0;
 }
