@@ -19,14 +19,14 @@
 #
 # Adding a command to the README needs nothing here: put it in an indented block. A command that cannot run
 # in CI (needs a terminal, a GPU, the network) belongs in prose as `inline code`, or needs a case below.
+# shellcheck disable=SC2016 # the single-quoted text is the generated scripts' code, expanded there
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-}
 readme="$top/README.md"
 
 work=$(mktemp -d)
-cleanup() { rm -rf "$work"; }
-trap cleanup EXIT
+trap 'rm -rf "$work"' EXIT
 copy="$work/src"
 mkdir -p "$copy" "$work/home"
 # the tree as a reader has it: tracked files and new ones, not builds or git metadata
@@ -60,7 +60,6 @@ make_script() {
 		printf 'echo %q\n' "\$ $line"
 		case "$cmd" in
 		./scripts/test.sh*)
-			# shellcheck disable=SC2016 # expanded by the generated script
 			printf 'bash -n scripts/test.sh || fail %q\n' "$line"
 			printf 'm=$(set -- %s; echo "${2:-default}"); grep -q -- "^$m)" scripts/test.sh || fail %q\n' \
 				"$cmd" "$line"
@@ -91,9 +90,12 @@ if unshare -n true 2>/dev/null; then
 fi
 
 status=0
-for txt in $(ls "$work"/block*.txt | sort -V); do
+n=0
+while [ -f "$work/block$((n + 1)).txt" ]; do
+	n=$((n + 1))
+	txt="$work/block$n.txt"
 	make_script "$txt" >"${txt%.txt}.sh"
-	echo "check-readme: block ${txt##*/block}"
+	echo "check-readme: block $n: $(head -n 1 "$txt")"
 	if [ ${#isolate[@]} -gt 0 ]; then
 		runner=("${isolate[@]}" bash -c 'ip link set lo up 2>/dev/null; exec bash "$0"' "${txt%.txt}.sh")
 	else
