@@ -1,9 +1,10 @@
 /*
  * pipeserve: an Open Inference Protocol (KServe v2) HTTP server that runs one mbpipe model.
  *
- * Parts: main.c (flags, model and pipeline set-up, signals, shutdown), http.c (libmicrohttpd handlers and
- * routing), batch.c (dynamic batching onto the pipeline), oip.c (protocol messages), metrics.c (/metrics).
- * Only the public mbpipe API is used.
+ * Parts: main.c (flags, model and pipeline set-up, signals, shutdown), server.c (the server state's
+ * operations: log, reload), http.c (libmicrohttpd handlers and routing), batch.c (dynamic batching onto the
+ * pipeline), oip.c (protocol messages), metrics.c (/metrics). Calls go one way: main.c -> http.c ->
+ * server.c, main.c -> server.c. Only the public mbpipe API is used.
  */
 #ifndef PIPESERVE_SERVER_H
 #define PIPESERVE_SERVER_H
@@ -56,10 +57,14 @@ typedef struct ps_server {
 	pthread_mutex_t reload_mu; /* one reload at a time */
 } ps_server;
 
+/* http.c */
+
 /* Start listening (cfg.host, cfg.port); s->port receives the bound port. @return 0 or -errno. */
 int ps_http_start(ps_server *s);
 /* Stop listening and close every connection (call once nothing is suspended). */
 void ps_http_stop(ps_server *s);
+
+/* server.c */
 
 /* Log one line to stderr with a timestamp. */
 void ps_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
