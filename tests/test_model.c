@@ -5,12 +5,16 @@
  */
 #include "config.h"
 
+#include <endian.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -199,6 +203,95 @@ START_TEST(random_model_files_are_deterministic_per_seed)
 	bad.hidden = 0;
 	ck_assert_int_eq(mbp_model_write_random(p[0], &bad), -EINVAL);
 	ck_assert_int_eq(mbp_model_write_random("/nonexistent-dir/x.safetensors", &sp), -ENOENT);
+}
+END_TEST
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The weights are the process's own: truncating or rewriting the file after the load changes nothing. */
+START_TEST(a_loaded_model_does_not_see_its_file_change)
+{
+	mbp_model_spec sp = {.layers = 3, .in = 16, .hidden = 32, .out = 4, .act = MBP_ACT_RELU, .seed = 5};
+	mbp_model *m = make_model(0, &sp);
+	float *x = random_rows(4 * 16, 9);
+	float before[4 * 4], after[4 * 4];
+	ck_assert_int_eq(mbp_model_forward(m, x, before, 4, 0), 0);
+	char p[128], q[128];
+	snprintf(p, sizeof(p), "%s/m0.safetensors", dir);
+	snprintf(q, sizeof(q), "%s/m1.safetensors", dir);
+	sp.seed = 6; /* same size, other weights, written over the first file in place */
+	ck_assert_int_eq(mbp_model_write_random(q, &sp), 0);
+	FILE *src = fopen(q, "rb"), *dst = fopen(p, "r+b");
+	ck_assert(src && dst);
+	char buf[4096];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof(buf), src)) > 0)
+		ck_assert_uint_eq(fwrite(buf, 1, n, dst), n);
+	fclose(src);
+	fclose(dst);
+	ck_assert_int_eq(mbp_model_forward(m, x, after, 4, 0), 0);
+	ck_assert_mem_eq(before, after, sizeof(before));
+	ck_assert_int_eq(truncate(p, 0), 0); /* with a mapping this was SIGBUS */
+	ck_assert_int_eq(mbp_model_forward(m, x, after, 4, 0), 0);
+	ck_assert_mem_eq(before, after, sizeof(before));
+	mbp_model_destroy(m);
+	free(x);
+}
+END_TEST
+
+/* What is not a regular file is refused without blocking; a bound on the size is checked before reading;
+ * a huge sparse file with a bad header fails on its first 8 bytes. */
+START_TEST(load_refuses_what_is_not_a_regular_file_and_checks_sizes_first)
+{
+	mbp_model *m = NULL;
+	mbp_model_error e;
+	char p[128];
+	snprintf(p, sizeof(p), "%s/m2.safetensors", dir);
+	ck_assert_int_eq(mkfifo(p, 0600), 0); /* no writer: a blocking open would wait forever */
+	ck_assert_int_eq(mbp_model_load(&m, p, &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_LOAD_NOT_REGULAR);
+	ck_assert_ptr_nonnull(strstr(e.msg, "FIFO"));
+	unlink(p);
+	ck_assert_int_eq(mbp_model_load(&m, dir, &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_LOAD_NOT_REGULAR);
+	ck_assert_int_eq(mbp_model_load(&m, "/dev/zero", &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_LOAD_NOT_REGULAR);
+	ck_assert_ptr_null(m);
+
+	mbp_model_spec sp = {.layers = 2, .in = 16, .hidden = 16, .out = 4, .seed = 1};
+	ck_assert_int_eq(mbp_model_write_random(p, &sp), 0);
+	int fd = open(p, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	mbp_model_load_opts o = {.max_bytes = 100};
+	ck_assert_int_eq(mbp_model_load_fd(&m, fd, "small", &o, &e), -EFBIG);
+	ck_assert_int_eq(e.rule, MBP_LOAD_TOO_LARGE);
+	ck_assert_ptr_nonnull(strstr(e.msg, "small: "));
+	o.max_bytes = 1u << 20;
+	ck_assert_int_eq(mbp_model_load_fd(&m, fd, "small", &o, &e), 0);
+	mbp_model_destroy(m);
+	close(fd);
+
+	/* 4 GiB of holes: the header length (0) is read and refused before anything else is. */
+	fd = open(p, O_RDWR | O_TRUNC);
+	ck_assert_int_ge(fd, 0);
+	if (ftruncate(fd, (off_t)4 << 30) == 0) { /* a file system without sparse files skips this part */
+		uint64_t t0 = mono_ns();
+		ck_assert_int_eq(mbp_model_load_fd(&m, fd, "sparse", NULL, &e), -EBADMSG);
+		ck_assert_int_eq(e.rule, MBP_ST_HEADER_START);
+		ck_assert_uint_lt(mono_ns() - t0, 1000000000u);
+		/* a header length that claims the whole file is read as a header no further than the bound */
+		uint64_t big = htole64(((uint64_t)4 << 30) - 8);
+		ck_assert_int_eq(pwrite(fd, &big, 8, 0), 8);
+		ck_assert_int_eq(mbp_model_load_fd(&m, fd, "sparse", NULL, &e), -E2BIG);
+		ck_assert_int_eq(e.rule, MBP_ST_HEADER_TOO_LARGE);
+	}
+	close(fd);
+	unlink(p);
 }
 END_TEST
 
@@ -719,6 +812,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, forward_matches_a_naive_double_reference);
 	tcase_add_test(tc, forward_whole_batch_and_micro_batches_agree_within_1e_5);
 	tcase_add_test(tc, random_model_files_are_deterministic_per_seed);
+	tcase_add_test(tc, a_loaded_model_does_not_see_its_file_change);
+	tcase_add_test(tc, load_refuses_what_is_not_a_regular_file_and_checks_sizes_first);
 	tcase_add_test(tc, partition_equals_brute_force_on_random_costs);
 	tcase_add_test(tc, partition_rejects_bad_input_and_balances_the_obvious_case);
 	tcase_add_test(tc, profile_and_balance_cover_the_layers);

@@ -43,11 +43,11 @@
  *     layers.<i>.bias         [w[i+1]]            required
  *     layers.<i>.norm.weight  [w[i+1]]            optional, together with layers.<i>.norm.bias
  *     layers.<i>.norm.bias    [w[i+1]]
- * in F32 (used in place from the mapping when 4-byte aligned), F16 or BF16 (converted to F32 at load).
+ * in F32 (used in place from the loaded data when 4-byte aligned), F16 or BF16 (converted to F32 at load).
  * __metadata__ (string values): "activation" (none|relu|gelu, default for every layer; absent: none),
  * "layers.<i>.activation" (overrides it for layer i), "layer_norm_eps" (default 1e-5). Any other tensor
- * name is an error; other metadata keys are ignored. The file is read through mmap and validated as the
- * format's reference implementation does, each broken rule reported with its own mbp_load_rule and a
+ * name is an error; other metadata keys are ignored. The file is read into memory the model owns (header
+ * first, checked before the data is read) and validated as the format's reference implementation does, each broken rule reported with its own mbp_load_rule and a
  * message naming the tensor.
  *
  * Stages. mbp_model_balance() times every layer at the micro-batch size in use (mbp_model_profile) and splits
@@ -131,7 +131,7 @@ typedef enum mbp_dtype {
  */
 typedef enum mbp_load_rule {
 	MBP_LOAD_OK = 0,
-	MBP_LOAD_IO,		 /**< open, stat or mmap failed: the system's -errno */
+	MBP_LOAD_IO, /**< open, stat or read failed, or the file changed while read: the system's -errno */
 	MBP_ST_HEADER_TOO_SMALL, /**< file shorter than the 8-byte length prefix: -EBADMSG */
 	MBP_ST_HEADER_TOO_LARGE, /**< header length above 100,000,000 bytes: -E2BIG */
 	MBP_ST_HEADER_LENGTH,	 /**< 8 + header length beyond the end of the file: -ERANGE */
@@ -158,6 +158,9 @@ typedef enum mbp_load_rule {
 	MBP_MODEL_ACTIVATION, /**< unknown activation name or bad layer_norm_eps in metadata: -EINVAL */
 	MBP_MODEL_TOO_MANY,   /**< more than MBP_MODEL_MAX_LAYERS layers: -E2BIG */
 	MBP_LOAD_NOMEM,	      /**< out of memory: -ENOMEM */
+	MBP_LOAD_NOT_REGULAR, /**< not a regular file (a directory, FIFO, device, socket): -EINVAL */
+	MBP_LOAD_TOO_LARGE,   /**< the file is larger than mbp_model_load_opts.max_bytes: -EFBIG */
+	MBP_LOAD_TIMEOUT,     /**< reading took longer than mbp_model_load_opts.timeout_ns: -ETIMEDOUT */
 } mbp_load_rule;
 
 /** What went wrong in a load: filled by mbp_model_load() on error (and zeroed on success). */
@@ -174,10 +177,9 @@ const char *mbp_load_rule_str(mbp_load_rule rule);
 /* ---- loading and describing ---- */
 
 /**
- * Load a model from a safetensors file.
- *
- * Maps the file read-only, validates it (see mbp_load_rule), converts F16/BF16 tensors, and makes the
- * weights version 1 of the new model. Pair with mbp_model_destroy().
+ * Load a model from a safetensors file: mbp_model_load_fd() on the file opened read-only and without
+ * blocking (O_NONBLOCK: a FIFO does not wait for a writer, it is refused as not a regular file), with no
+ * size or time bound.
  *
  * @param m    receives the model
  * @param path the file
@@ -185,6 +187,31 @@ const char *mbp_load_rule_str(mbp_load_rule rule);
  * @return 0, or the negative errno of the rule broken (see mbp_load_rule); -EINVAL for NULL arguments.
  */
 int mbp_model_load(mbp_model **m, const char *path, mbp_model_error *err);
+
+/** Bounds on a load; a zeroed struct (or NULL) means none but the format's own. */
+typedef struct mbp_model_load_opts {
+	uint64_t max_bytes;  /**< largest file accepted, checked before anything is read; 0: no bound */
+	uint64_t timeout_ns; /**< longest time spent reading; 0: no bound */
+} mbp_model_load_opts;
+
+/**
+ * Load a model from an open file.
+ *
+ * Accepts regular files only. Reads and checks in this order: the file's size against o->max_bytes, the
+ * 8-byte header length against the size, the header (every rule of mbp_load_rule but the data bytes),
+ * then the data section, with read() into memory the model owns: the weights never refer to the file, so
+ * a file changed, truncated or removed after the load cannot change or fault a running stage. F16/BF16
+ * tensors are converted. The weights become version 1 of the new model. Pair with mbp_model_destroy().
+ *
+ * @param m    receives the model
+ * @param fd   the file, open for reading (not closed; its offset is not used)
+ * @param name how messages name the file (NULL: "model")
+ * @param o    bounds, or NULL
+ * @param err  optional: on error, which rule was broken, the tensor and a message
+ * @return 0, or the negative errno of the rule broken (see mbp_load_rule); -EINVAL for NULL arguments.
+ */
+int mbp_model_load_fd(mbp_model **m, int fd, const char *name, const mbp_model_load_opts *o,
+		      mbp_model_error *err);
 
 /**
  * Destroy a model. Accepts NULL.
