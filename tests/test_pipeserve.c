@@ -10,6 +10,7 @@
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -423,8 +424,12 @@ static const bad_case bad_cases[] = {
      NULL},
     {"load of an unknown model", "/v2/repository/models/zzz/load", NULL, "{}", 404, NULL},
     {"load with a malformed body", "/v2/repository/models/a/load", NULL, "{\"parameters\":", 400, NULL},
-    {"load of a missing file", "/v2/repository/models/a/load", NULL,
+    {"load given a path", "/v2/repository/models/a/load", NULL,
      "{\"parameters\":{\"path\":\"/nonexistent/x.safetensors\"}}", 400, NULL},
+    {"load of a name outside the repository", "/v2/repository/models/a/load", NULL,
+     "{\"parameters\":{\"file\":\"../a.safetensors\"}}", 400, NULL},
+    {"load of a missing file", "/v2/repository/models/a/load", NULL,
+     "{\"parameters\":{\"file\":\"nope.safetensors\"}}", 404, NULL},
     {"unload", "/v2/repository/models/a/unload", NULL, "{}", 400, NULL},
 };
 
@@ -432,7 +437,8 @@ START_TEST(every_bad_input_gets_its_status_and_the_server_keeps_serving)
 {
 	make_models();
 	srv s;
-	start(&s, (const char *const[]){"--max-body-bytes", "65536", "--max-queue-rows", "1000", NULL});
+	start(&s, (const char *const[]){"--max-body-bytes", "65536", "--max-queue-rows", "1000",
+					"--model-repository", tmp_dir, NULL});
 	int fd = http_connect(s.port); /* one keep-alive connection through every case */
 	ck_assert_int_ge(fd, 0);
 	unsigned infer_400 = 0;
@@ -684,10 +690,12 @@ END_TEST
 
 /* ---- reload ---- */
 
+/* Load the model file `file` (a path: its last component names it in the repository). */
 static void post_load(int port, const char *file, int want)
 {
 	char body[700];
-	snprintf(body, sizeof body, "{\"parameters\":{\"path\":\"%s\"}}", file);
+	const char *slash = strrchr(file, '/');
+	snprintf(body, sizeof body, "{\"parameters\":{\"file\":\"%s\"}}", slash ? slash + 1 : file);
 	http_resp r;
 	ck_assert_int_eq(http_do(port, "POST", "/v2/repository/models/a/load", NULL, body, strlen(body), &r),
 			 0);
@@ -699,7 +707,7 @@ START_TEST(reload_under_load_fails_no_request)
 {
 	make_models();
 	srv s;
-	start(&s, (const char *const[]){"--max-batch-rows", "8", NULL});
+	start(&s, (const char *const[]){"--max-batch-rows", "8", "--model-repository", tmp_dir, NULL});
 	mbp_model *a = load(model_a), *b = load(model_b);
 	enum { CLIENTS = 8 };
 	_Atomic bool stop = false;
@@ -744,6 +752,132 @@ START_TEST(reload_under_load_fails_no_request)
 	mbp_model_destroy(a);
 	mbp_model_destroy(b);
 	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* POST a load with `body`; @return the status, the response body in `out` (truncated). */
+static int load_status(int port, const char *body, char *out, size_t n)
+{
+	http_resp r;
+	ck_assert_int_eq(
+	    http_do(port, "POST", "/v2/repository/models/a/load", NULL, body, body ? strlen(body) : 0, &r),
+	    0);
+	snprintf(out, n, "%s", r.body ? r.body : "");
+	cJSON *e = cJSON_ParseWithLength(r.body, r.len);
+	ck_assert_msg(r.status == 200 || (e && cJSON_IsString(cJSON_GetObjectItem(e, "error"))),
+		      "status %d with a body that is not {\"error\": ...}: %s", r.status, r.body);
+	cJSON_Delete(e);
+	int st = r.status;
+	http_resp_free(&r);
+	return st;
+}
+
+START_TEST(loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only)
+{
+	make_models();
+	srv s;
+	char msg[1024];
+	start(&s, NULL);
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"b.safetensors\"}}", msg, sizeof msg), 403);
+	ck_assert_int_eq(load_status(s.port, "{\"parameters\":{\"path\":\"/etc/passwd\"}}", msg, sizeof msg),
+			 403);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+
+	/* In the repository: a symbolic link to a file outside, a folder. */
+	char link[600], sub[600];
+	snprintf(link, sizeof link, "%s/passwd.safetensors", tmp_dir);
+	snprintf(sub, sizeof sub, "%s/sub.safetensors", tmp_dir);
+	ck_assert_int_eq(symlink("/etc/passwd", link), 0);
+	ck_assert_int_eq(mkdir(sub, 0700), 0);
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, NULL});
+	const struct {
+		const char *body;
+		int status;
+	} cases[] = {
+	    {"{\"parameters\":{\"path\":\"/etc/passwd\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"/etc/passwd\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"../../../../etc/passwd\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"..\"}}", 400},
+	    {"{\"parameters\":{\"file\":\".hidden\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"passwd.safetensors\"}}", 400}, /* the link is not followed */
+	    {"{\"parameters\":{\"file\":\"sub.safetensors\"}}", 400},	 /* not a regular file */
+	    {"{\"parameters\":{\"file\":\"shadow\"}}", 404},
+	    {"{\"parameters\":{\"file\":\"b.safetensors\"}}", 200},
+	    {NULL, 200}, /* no body: the repository's a.safetensors, for model "a" */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int st = load_status(s.port, cases[i].body, msg, sizeof msg);
+		ck_assert_msg(st == cases[i].status, "%s: status %d, expected %d (%s)", cases[i].body, st,
+			      cases[i].status, msg);
+		/* nothing of a file outside the repository, nor whether one exists */
+		ck_assert_msg(!strstr(msg, "root") && !strstr(msg, "/etc") && !strstr(msg, "No such"),
+			      "%s: %s", cases[i].body, msg);
+	}
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	unlink(link);
+	rmdir(sub);
+	remove_models();
+}
+END_TEST
+
+/* Threads of a process, from /proc. */
+static int thread_count(pid_t pid)
+{
+	char p[64], line[256];
+	snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(p, "r");
+	int n = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "Threads: %d", &n) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+static void *load_b(void *arg)
+{
+	char msg[512];
+	int st = load_status(*(int *)arg, "{\"parameters\":{\"file\":\"b.safetensors\"}}", msg, sizeof msg);
+	return (void *)(intptr_t)st;
+}
+
+START_TEST(a_fifo_in_the_repository_answers_at_once_and_leaves_no_thread_behind)
+{
+	make_models();
+	char fifo[600];
+	snprintf(fifo, sizeof fifo, "%s/fifo.safetensors", tmp_dir);
+	ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+	srv s;
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, NULL});
+	char msg[1024];
+	int threads = thread_count(s.pid);
+	for (int i = 0; i < 41; i++) {
+		ck_assert_int_eq(
+		    load_status(s.port, "{\"parameters\":{\"file\":\"fifo.safetensors\"}}", msg, sizeof msg),
+		    400);
+		ck_assert_msg(strstr(msg, "not a regular file"), "%s", msg);
+	}
+	sleep_ms(100); /* the loads' detached threads have ended */
+	ck_assert_int_le(thread_count(s.pid), threads);
+	/* Loads at once: each answers 200 or 409 (one in progress), never waits on another. */
+	enum { N = 6 };
+	pthread_t t[N];
+	int st[N];
+	for (int i = 0; i < N; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, load_b, &s.port), 0);
+	for (int i = 0; i < N; i++) {
+		void *r;
+		pthread_join(t[i], &r);
+		st[i] = (int)(intptr_t)r;
+		ck_assert_msg(st[i] == 200 || st[i] == 409, "status %d", st[i]);
+	}
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"b.safetensors\"}}", msg, sizeof msg), 200);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0); /* a clean exit */
+	unlink(fifo);
 	remove_models();
 }
 END_TEST
@@ -851,6 +985,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, thirty_two_concurrent_clients_each_get_their_own_results);
 	tcase_add_test(tc, reload_under_load_fails_no_request);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
+	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);
+	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_leaves_no_thread_behind);
 	tcase_add_test(tc, help_and_bad_flags);
 	suite_add_tcase(s, tc);
 	return s;

@@ -62,6 +62,7 @@ typedef struct ps_ctx {
 	/* reload */
 	int reload_status;
 	char *reload_path;
+	bool loading; /* holds s->loading */
 	char err[256];
 } ps_ctx;
 
@@ -300,6 +301,10 @@ static void *reload_main(void *arg)
 {
 	ps_ctx *x = arg;
 	x->reload_status = ps_reload(x->s, x->reload_path, x->err, sizeof x->err);
+	/* The next load may start now, before this answer is sent (a client that loads again as soon as it
+	 * has the answer must not get 409). */
+	x->loading = false;
+	atomic_store(&x->s->loading, false);
 	atomic_store_explicit(&x->phase, P_DONE, memory_order_release);
 	MHD_resume_connection(x->conn);
 	return NULL;
@@ -308,10 +313,18 @@ static void *reload_main(void *arg)
 static enum MHD_Result reload_start(ps_ctx *x)
 {
 	ps_server *s = x->s;
+	if (s->repo_fd < 0)
+		return send_error(x->conn, MHD_HTTP_FORBIDDEN,
+				  "model loading over HTTP is off (the server was started without "
+				  "--model-repository)");
 	int st = ps_oip_parse_load(x->body.p ? x->body.p : "", x->body.len, &x->reload_path, x->err,
 				   sizeof x->err);
 	if (st)
 		return send_error(x->conn, (unsigned)st, x->err);
+	bool idle = false;
+	if (!atomic_compare_exchange_strong(&s->loading, &idle, true))
+		return send_error(x->conn, MHD_HTTP_CONFLICT, "a model load is already in progress");
+	x->loading = true; /* cleared by the load's thread when done, or in on_completed if it never ran */
 	atomic_fetch_add(&s->inflight, 1);
 	x->admitted = true;
 	if (atomic_load(&s->draining))
@@ -503,6 +516,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	ps_buf_free(&x->body);
 	free(x->out);
 	free(x->reload_path);
+	if (x->loading)
+		atomic_store(&s->loading, false);
 	free(x);
 }
 

@@ -13,6 +13,7 @@
 #include "server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stddef.h>
 #include <libgen.h>
@@ -47,11 +48,16 @@ static const char usage[] =
     "  --threads N              HTTP worker threads (default 2)\n"
     "  --drain-timeout-ms N     on SIGTERM, longest wait for accepted requests (default 30000)\n"
     "  --engine KEY=VAL,...     engine options (mbp_opts_parse keys: ring, ingress, spin_us, pin, cpus...)\n"
+    "  --model-repository DIR   allow loading new weights over HTTP, from files named inside DIR only\n"
+    "                           (default: loading over HTTP is off)\n"
+    "  --max-model-bytes N      largest model file loaded (default 4294967296)\n"
+    "  --load-timeout-ms N      longest time a load may spend reading its file (default 30000)\n"
     "  --help                   this text\n"
     "\n"
     "Endpoints: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/NAME[/versions/1][/ready],\n"
-    "POST /v2/models/NAME[/versions/1]/infer, POST /v2/repository/models/NAME/load with\n"
-    "{\"parameters\": {\"path\": \"FILE\"}} (live weight swap), POST /v2/repository/index, GET /metrics.\n";
+    "POST /v2/models/NAME[/versions/V]/infer, POST /v2/repository/models/NAME/load with\n"
+    "{\"parameters\": {\"file\": \"FILE\"}} (live weight swap from --model-repository), POST\n"
+    "/v2/repository/index, GET /metrics.\n";
 
 static int parse_u64(const char *flag, const char *v, uint64_t max, uint64_t *out)
 {
@@ -95,6 +101,9 @@ static const flag flags[] = {
     FLAG("threads", F_UNSIGNED, threads, 1, 256),
     FLAG("drain-timeout-ms", F_U64, drain_timeout_ms, 0, 86400000),
     FLAG("engine", F_STR, mbp_conf, 0, 0),
+    FLAG("model-repository", F_STR, repository, 0, 0),
+    FLAG("max-model-bytes", F_U64, max_model_bytes, 1, (uint64_t)1 << 40),
+    FLAG("load-timeout-ms", F_U64, load_timeout_ms, 1, 86400000),
 };
 #define NFLAGS (sizeof flags / sizeof flags[0])
 
@@ -149,7 +158,9 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			 .timeout_ms = 10000,
 			 .max_body_bytes = 16u << 20,
 			 .threads = 2,
-			 .drain_timeout_ms = 30000};
+			 .drain_timeout_ms = 30000,
+			 .max_model_bytes = (uint64_t)4 << 30,
+			 .load_timeout_ms = 30000};
 	int o;
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		if (o == 'h') {
@@ -260,9 +271,14 @@ static int setup_model(ps_server *s)
 {
 	if (s->cfg.model_path) {
 		mbp_model_error e;
-		int rc = mbp_model_load(&s->model, s->cfg.model_path, &e);
+		mbp_model_load_opts lo = {.max_bytes = s->cfg.max_model_bytes,
+					  .timeout_ns = s->cfg.load_timeout_ms * 1000000};
+		int fd = open(s->cfg.model_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+		int rc = fd < 0 ? -errno : mbp_model_load_fd(&s->model, fd, s->cfg.model_path, &lo, &e);
+		if (fd >= 0)
+			close(fd);
 		if (rc) {
-			ps_log("cannot load the model: %s", e.msg);
+			ps_log("cannot load the model: %s", fd < 0 ? strerror(-rc) : e.msg);
 			return rc;
 		}
 		s->model_path = strdup(s->cfg.model_path);
@@ -427,6 +443,14 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	pthread_mutex_init(&s->reload_mu, NULL);
+	s->repo_fd = -1;
+	if (s->cfg.repository) {
+		s->repo_fd = open(s->cfg.repository, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (s->repo_fd < 0) {
+			ps_log("cannot open --model-repository %s: %s", s->cfg.repository, strerror(errno));
+			return 1;
+		}
+	}
 	ps_metrics_init(&s->metrics);
 	int rc = setup_model(s);
 	if (!rc)
@@ -474,6 +498,8 @@ int main(int argc, char **argv)
 	mbp_model_stages_destroy(s->stages);
 	mbp_model_destroy(s->model);
 	free(s->model_path);
+	if (s->repo_fd >= 0)
+		close(s->repo_fd);
 	ps_log("stopped: %llu infer requests answered, %llu failed", (unsigned long long)ok,
 	       (unsigned long long)failed);
 	return 0;

@@ -408,9 +408,9 @@ void ps_infer_req_clear(ps_infer_req *rq)
 	*rq = (ps_infer_req){0};
 }
 
-int ps_oip_parse_load(const char *body, size_t len, char **path, char *err, size_t errlen)
+int ps_oip_parse_load(const char *body, size_t len, char **file, char *err, size_t errlen)
 {
-	*path = NULL;
+	*file = NULL;
 	if (len == 0)
 		return 0;
 	cJSON *root = cJSON_ParseWithLength(body, len);
@@ -418,14 +418,19 @@ int ps_oip_parse_load(const char *body, size_t len, char **path, char *err, size
 		FAIL(400, "malformed JSON");
 	int rc = 0;
 	const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "parameters");
-	const cJSON *p = params ? cJSON_GetObjectItemCaseSensitive(params, "path") : NULL;
+	const cJSON *f = params ? cJSON_GetObjectItemCaseSensitive(params, "file") : NULL;
 	if (!cJSON_IsObject(root) || (params && !cJSON_IsObject(params))) {
-		snprintf(err, errlen, "load request must be {\"parameters\": {\"path\": \"FILE\"}}");
+		snprintf(err, errlen, "load request must be {\"parameters\": {\"file\": \"NAME\"}}");
 		rc = 400;
-	} else if (p && (!cJSON_IsString(p) || !*p->valuestring)) {
-		snprintf(err, errlen, "parameter \"path\" must be a non-empty string");
+	} else if (cJSON_GetObjectItemCaseSensitive(params, "path")) {
+		snprintf(
+		    err, errlen,
+		    "parameter \"path\" is not accepted: name a file of the model repository with \"file\"");
 		rc = 400;
-	} else if (p && !(*path = strdup(p->valuestring))) {
+	} else if (f && (!cJSON_IsString(f) || !*f->valuestring)) {
+		snprintf(err, errlen, "parameter \"file\" must be a non-empty string");
+		rc = 400;
+	} else if (f && !(*file = strdup(f->valuestring))) {
 		snprintf(err, errlen, "out of memory");
 		rc = 400;
 	}

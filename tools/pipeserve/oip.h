@@ -86,10 +86,11 @@ int ps_oip_encode_model_metadata(const ps_model_info *mi, ps_buf *b);
 int ps_oip_encode_server_metadata(const char *version, ps_buf *b);
 
 /**
- * Parse the body of POST /v2/repository/models/{name}/load: {"parameters": {"path": "<weights file>"}}
- * (an empty body or no path means "reload the current file"). *path receives a malloc'd string or NULL.
+ * Parse the body of POST /v2/repository/models/{name}/load: {"parameters": {"file": "<name in the model
+ * repository>"}} (an empty body or no file means the repository's "<model name>.safetensors"). A "path"
+ * parameter is refused: models are named, never given as paths. *file receives a malloc'd string or NULL.
  * @return 0, or 400 with a message in `err`.
  */
-int ps_oip_parse_load(const char *body, size_t len, char **path, char *err, size_t errlen);
+int ps_oip_parse_load(const char *body, size_t len, char **file, char *err, size_t errlen);
 
 #endif

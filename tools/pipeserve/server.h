@@ -36,6 +36,9 @@ typedef struct ps_config {
 	unsigned threads;	     /* HTTP worker threads. 2 */
 	uint64_t drain_timeout_ms;   /* SIGTERM: longest wait for accepted requests. 30000 */
 	const char *mbp_conf;	     /* extra engine options, key=value,... (mbp_opts_parse) */
+	const char *repository;	     /* model repository folder: loads over HTTP off without it */
+	uint64_t max_model_bytes;    /* largest model file loaded. 4 GiB */
+	uint64_t load_timeout_ms;    /* longest time a load may spend reading. 30000 */
 } ps_config;
 
 typedef struct ps_server {
@@ -46,6 +49,7 @@ typedef struct ps_server {
 	mbp_model_stages *stages;
 	mbp_model_plan plan;
 	char *model_path; /* the file the current weights came from; NULL for the demo */
+	int repo_fd;	  /* the model repository, open; -1: loading over HTTP is off */
 	ps_batcher *batcher;
 	ps_metrics metrics;
 	struct MHD_Daemon *mhd;
@@ -55,6 +59,7 @@ typedef struct ps_server {
 	_Atomic bool draining;	   /* a stop signal arrived: new requests get 503 */
 	_Atomic uint64_t inflight; /* admitted requests not yet answered (and reloads running) */
 	pthread_mutex_t reload_mu; /* one reload at a time */
+	_Atomic bool loading;	   /* a load is in progress: another one gets 409 at once */
 } ps_server;
 
 /* http.c */
@@ -69,7 +74,11 @@ void ps_http_stop(ps_server *s);
 /* Log one line to stderr with a timestamp. */
 void ps_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Load `path` and swap it in (the HTTP layer runs this off its threads). 0, or an HTTP status with `err`. */
-int ps_reload(ps_server *s, const char *path, char *err, size_t errlen);
+/*
+ * Load the model file named `file` (NULL: "<model name>.safetensors") from the model repository (s->repo_fd
+ * must be open) and swap it in; the HTTP layer runs this off its threads. @return 0, or an HTTP status
+ * with a message in `err` (400, 404 when the repository has no such file).
+ */
+int ps_reload(ps_server *s, const char *file, char *err, size_t errlen);
 
 #endif
