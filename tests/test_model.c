@@ -655,6 +655,59 @@ static void on_result(void *arg, mbp_mb *mb)
 	pthread_mutex_unlock(&r->lock);
 }
 
+/* Micro-batches pinned to a version run with it after a swap; unpinned ones take the new version. */
+START_TEST(a_pinned_micro_batch_runs_with_its_version_after_a_swap)
+{
+	mbp_model_spec sp = {.layers = 3, .in = 8, .hidden = 16, .out = 4, .act = MBP_ACT_RELU, .seed = 1};
+	mbp_model *m = make_model(0, &sp), *ref_a = reload(0);
+	sp.seed = 2;
+	mbp_model *next = make_model(1, &sp), *ref_b = reload(1);
+	struct results r = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+	mbp_model_stages *st;
+	mbp_pipeline *p = model_pipeline(m, &st, 2, 4, on_result, &r);
+	mbp_model_weights *w1 = mbp_model_weights_get(m);
+	ck_assert_uint_eq(mbp_model_weights_version(w1), 1);
+	ck_assert_int_eq(mbp_model_swap(m, next), 0);
+	ck_assert_uint_eq(mbp_model_version(m), 2);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 2); /* w1 keeps version 1 */
+	float *x = random_rows(4 * 8, 3);
+	mbp_mb *mb[2];
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(mbp_mb_acquire(p, &mb[i], -1), 0);
+		ck_assert_ptr_null(mb[i]->carry);
+		memcpy(mb[i]->data, x, 4 * 8 * sizeof(float));
+		mb[i]->rows = 4;
+		mb[i]->seq = (uint64_t)i;
+	}
+	ck_assert_int_eq(mbp_model_mb_pin(mb[0], w1), 0);
+	ck_assert_int_eq(mbp_model_mb_pin(mb[0], w1), -EINVAL); /* once */
+	mbp_model_weights_put(w1);				/* the micro-batch holds its own */
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(mbp_mb_submit(p, mb[i], -1), 0);
+	pthread_mutex_lock(&r.lock);
+	while (r.got < 2)
+		pthread_cond_wait(&r.cond, &r.lock);
+	pthread_mutex_unlock(&r.lock);
+	float want_a[16], want_b[16];
+	ck_assert_int_eq(mbp_model_forward(ref_a, x, want_a, 4, 0), 0);
+	ck_assert_int_eq(mbp_model_forward(ref_b, x, want_b, 4, 0), 0);
+	ck_assert_int_eq(r.mb[0]->status, 0);
+	ck_assert_mem_eq(r.mb[0]->data, want_a, sizeof(want_a));
+	ck_assert_mem_eq(r.mb[1]->data, want_b, sizeof(want_b));
+	for (int i = 0; i < 2; i++) {
+		mbp_model_mb_unpin(r.mb[i]); /* nothing left to drop: the stages did */
+		mbp_mb_release(p, r.mb[i]);
+	}
+	mbp_pipeline_destroy(p);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1); /* version 1 went with its micro-batch */
+	mbp_model_stages_destroy(st);
+	mbp_model_destroy(m);
+	mbp_model_destroy(ref_a);
+	mbp_model_destroy(ref_b);
+	free(x);
+}
+END_TEST
+
 START_TEST(pipeline_output_equals_the_reference_bit_for_bit)
 {
 	uint32_t widths[] = {40, 96, 64, 128, 32, 72, 24};
@@ -826,6 +879,7 @@ static Suite *suite(void)
 	tcase_add_checked_fixture(tp, setup, teardown);
 	tcase_set_timeout(tp, 60);
 	tcase_add_test(tp, pipeline_output_equals_the_reference_bit_for_bit);
+	tcase_add_test(tp, a_pinned_micro_batch_runs_with_its_version_after_a_swap);
 	tcase_add_test(tp, swap_under_load_gives_each_micro_batch_one_version_never_a_mix);
 	suite_add_tcase(s, tp);
 	return s;

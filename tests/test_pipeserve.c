@@ -905,6 +905,97 @@ START_TEST(a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_n
 }
 END_TEST
 
+/* Requests of 40 rows over micro-batches of 32 while the weights change every 25 ms. */
+typedef struct mix_client {
+	int port;
+	unsigned id;
+	mbp_model *a, *b; /* odd versions are a's weights, even ones b's (a, then b, a, b ... loaded) */
+	_Atomic bool *stop;
+	unsigned done, mixed, newer;
+	char why[256];
+} mix_client;
+
+static void *mix_main(void *arg)
+{
+	mix_client *c = arg;
+	enum { ROWS = 40 };
+	int fd = http_connect(c->port);
+	for (unsigned i = 0; fd >= 0 && !atomic_load(c->stop); i++) {
+		static _Thread_local float x[ROWS * IN_W], want[ROWS * OUT_W], got[ROWS * OUT_W];
+		fill_rows(x, ROWS, c->id * 10000 + i);
+		size_t len;
+		char *body = infer_body(NULL, x, ROWS, false, false, false, &len, NULL);
+		http_resp r;
+		int rc = post_infer(c->port, fd, "a", body, len, -1, &r);
+		free(body);
+		if (rc || r.status != 200) {
+			snprintf(c->why, sizeof c->why, "rc %d status %d", rc, r.status);
+			http_resp_free(&r);
+			break;
+		}
+		decode_output(&r, NULL, ROWS, got);
+		cJSON *root = cJSON_ParseWithLength(r.body, r.len);
+		const cJSON *v = cJSON_GetObjectItem(root, "model_version");
+		unsigned long ver = cJSON_IsString(v) ? strtoul(v->valuestring, NULL, 10) : 0;
+		cJSON_Delete(root);
+		http_resp_free(&r);
+		if (!ver) {
+			snprintf(c->why, sizeof c->why, "no model_version");
+			break;
+		}
+		c->newer += ver > 1;
+		mbp_model_forward(ver % 2 ? c->a : c->b, x, want, ROWS, 0);
+		if (!close_enough(got, want, ROWS * OUT_W)) {
+			c->mixed++;
+			snprintf(c->why, sizeof c->why, "request %u: rows not all from version %lu", i, ver);
+		}
+		c->done++;
+	}
+	if (fd >= 0)
+		close(fd);
+	return NULL;
+}
+
+START_TEST(every_response_comes_from_one_weights_version_and_names_it)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-batch-rows", "32", "--model-repository", tmp_dir, NULL});
+	mbp_model *a = load(model_a), *b = load(model_b);
+	enum { CLIENTS = 4 };
+	_Atomic bool stop = false;
+	mix_client c[CLIENTS];
+	pthread_t t[CLIENTS];
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		c[i] = (mix_client){.port = s.port, .id = i, .a = a, .b = b, .stop = &stop};
+		ck_assert_int_eq(pthread_create(&t[i], NULL, mix_main, &c[i]), 0);
+	}
+	unsigned loads = (unsigned)mbp_iters(60, 20);
+	for (unsigned i = 0; i < loads; i++) {
+		sleep_ms(25);
+		post_load(s.port, i % 2 ? model_a : model_b, 200);
+	}
+	atomic_store(&stop, true);
+	unsigned done = 0, newer = 0;
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_msg(c[i].mixed == 0 && !c[i].why[0], "client %u: %s (%u of %u mixed)", i, c[i].why,
+			      c[i].mixed, c[i].done);
+		done += c[i].done;
+		newer += c[i].newer;
+	}
+	ck_assert_uint_gt(done, CLIENTS);
+	ck_assert_uint_gt(newer, 0); /* the loads were seen */
+	char v[64];
+	snprintf(v, sizeof v, "\"versions\":[\"%u\"]", loads + 1);
+	expect_status(s.port, "GET", "/v2/models/a", 200, v);
+	mbp_model_destroy(a);
+	mbp_model_destroy(b);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
 /* ---- shutdown ---- */
 
 START_TEST(sigterm_with_requests_in_flight_loses_none)
@@ -1007,6 +1098,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_full_queue_answers_429_at_once_and_a_queued_request_times_out_with_503);
 	tcase_add_test(tc, thirty_two_concurrent_clients_each_get_their_own_results);
 	tcase_add_test(tc, reload_under_load_fails_no_request);
+	tcase_add_test(tc, every_response_comes_from_one_weights_version_and_names_it);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);
 	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing);

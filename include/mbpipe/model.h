@@ -60,7 +60,8 @@
  * Live weight swap (liburcu, memb flavour). The model's current weights are a reference-counted version
  * published through an RCU-protected pointer.
  *   - Stage 0, for each micro-batch: rcu_read_lock, rcu_dereference(current), take a reference,
- *     rcu_read_unlock; the version goes into mb->carry. The read-side section only covers the pointer
+ *     rcu_read_unlock; the version goes into mb->carry. A micro-batch pinned by its submitter
+ *     (mbp_model_mb_pin) arrives with its reference in mb->carry already, and stage 0 uses that one. The read-side section only covers the pointer
  *     load and the reference increment, so a swap never waits for a computation.
  *   - Later stages use the version in mb->carry: a micro-batch computes with one version from its first
  *     layer to its last.
@@ -390,6 +391,39 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  *         a pipeline or an older version of next is still alive).
  */
 int mbp_model_swap(mbp_model *m, mbp_model *next);
+
+/* ---- weights versions ---- */
+
+/** A reference to one version of a model's weights (it stays allocated while referenced). */
+typedef struct mbp_model_weights mbp_model_weights;
+
+/**
+ * Take a reference to the model's current weights. Pair with mbp_model_weights_put(). Any thread.
+ * @return the reference; NULL when m is NULL.
+ */
+mbp_model_weights *mbp_model_weights_get(mbp_model *m);
+
+/** The version number of the weights (as mbp_model_version() numbered them). 0 for NULL. */
+uint64_t mbp_model_weights_version(const mbp_model_weights *w);
+
+/** Drop a reference; the last one frees an old version. Accepts NULL. Any thread. */
+void mbp_model_weights_put(mbp_model_weights *w);
+
+/**
+ * Pin a micro-batch submitted one by one (mbp_mb_submit) to the weights `w`: the model's stages compute it
+ * with those weights, whatever swaps happen meanwhile, instead of with the weights current when it reaches
+ * stage 0. A caller that spreads a request over several micro-batches pins them all to one version, and
+ * knows which (mbp_model_weights_version). Takes a reference of its own, stored in mb->carry after
+ * mbp_mb_acquire() and before mbp_mb_submit(); the stages drop it when the micro-batch leaves the pipeline.
+ * Call mbp_model_mb_unpin() on every result (and on a buffer whose submit failed): it drops the reference
+ * of a micro-batch that no stage saw (cancelled before stage 0) and does nothing otherwise.
+ * Micro-batches of jobs (mbp_job_submit, mbp_run) cannot be pinned.
+ * @return 0, -EINVAL (NULL, or mb->carry already set).
+ */
+int mbp_model_mb_pin(mbp_mb *mb, mbp_model_weights *w);
+
+/** See mbp_model_mb_pin(). Accepts a micro-batch that was never pinned. */
+void mbp_model_mb_unpin(mbp_mb *mb);
 
 /* ---- files ---- */
 

@@ -528,6 +528,47 @@ int mbp_model_swap(mbp_model *m, mbp_model *next)
 	return 0;
 }
 
+/* ---- weights references ---- */
+
+/* The public handle is the version itself. */
+static struct mbp__version *as_version(const mbp_model_weights *w)
+{
+	return (struct mbp__version *)(uintptr_t)w;
+}
+
+mbp_model_weights *mbp_model_weights_get(mbp_model *m)
+{
+	return m ? (mbp_model_weights *)(void *)mbp__version_get_locked(m) : NULL;
+}
+
+uint64_t mbp_model_weights_version(const mbp_model_weights *w)
+{
+	return w ? as_version(w)->id : 0;
+}
+
+void mbp_model_weights_put(mbp_model_weights *w)
+{
+	mbp__version_put(as_version(w));
+}
+
+int mbp_model_mb_pin(mbp_mb *mb, mbp_model_weights *w)
+{
+	if (!mb || !w || mb->carry)
+		return -EINVAL;
+	/* relaxed: the caller's reference keeps the version alive; submitting publishes mb to stage 0 */
+	atomic_fetch_add_explicit(&as_version(w)->refs, 1, memory_order_relaxed);
+	mb->carry = w;
+	return 0;
+}
+
+void mbp_model_mb_unpin(mbp_mb *mb)
+{
+	if (!mb || !mb->carry)
+		return;
+	mbp__version_put(mb->carry);
+	mb->carry = NULL;
+}
+
 /* ---- describing ---- */
 
 unsigned mbp_model_layers(const mbp_model *m)

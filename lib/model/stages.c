@@ -7,7 +7,7 @@
  * previous stage's hop buffer) and its last layer writes the output buffer directly.
  *
  * Weights: stage 0 takes a reference to the current version for each micro-batch and stores it in
- * mb->carry (see mbp__version_get_rcu); later stages compute with mb->carry; stage 0's done callback drops
+ * mb->carry (see mbp__version_get_rcu), unless its submitter pinned one there (mbp_model_mb_pin); later stages compute with mb->carry; stage 0's done callback drops
  * the reference when the micro-batch leaves the pipeline, completed or failed. The model's stages own
  * mb->carry.
  */
@@ -91,8 +91,8 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	struct stage *s = ctx;
 	const mbp_model *m = s->m;
 	struct mbp__version *v;
-	if (s->idx == 0)
-		out->carry = NULL; /* ours to set: done() drops whatever is here */
+	if (s->idx == 0) /* ours to set: done() drops whatever is here; a pinned version is already ours */
+		out->carry = in->job ? NULL : in->carry;
 	if (MBP_UNLIKELY(in->rows > s->max_rows))
 		return -E2BIG;
 	if (MBP_UNLIKELY(in->row_bytes != m->l[s->a].in * sizeof(float) ||
@@ -100,7 +100,7 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 			 out->capacity < (size_t)in->rows * out->row_bytes))
 		return -EINVAL;
 	if (s->idx == 0) {
-		v = mbp__version_get_rcu(s->m);
+		v = out->carry ? out->carry : mbp__version_get_rcu(s->m);
 		out->carry = v;
 	} else {
 		v = in->carry;

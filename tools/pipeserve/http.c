@@ -131,6 +131,13 @@ static int split_path(const char *url, char *tmp, size_t tmpn, char **seg, int m
 	return k;
 }
 
+/* The current weights version as the protocol's version string (it is the model's version). */
+static const char *weights_version(ps_server *s, char *buf, size_t n)
+{
+	snprintf(buf, n, "%llu", (unsigned long long)mbp_model_version(s->model));
+	return buf;
+}
+
 static void route_request(ps_ctx *x, const char *url, const char *method)
 {
 	ps_server *s = x->s;
@@ -164,7 +171,8 @@ static void route_request(ps_ctx *x, const char *url, const char *method)
 		if (i < n && strcmp(seg[i], "versions") == 0) {
 			if (i + 1 >= n)
 				return;
-			if (!x->model_err && strcmp(seg[i + 1], s->info.version) != 0)
+			char v[24];
+			if (!x->model_err && strcmp(seg[i + 1], weights_version(s, v, sizeof v)) != 0)
 				x->model_err = 404;
 			i += 2;
 		}
@@ -269,7 +277,11 @@ static enum MHD_Result infer_finish(ps_ctx *x)
 	}
 	ps_buf b = {0};
 	size_t json_len;
-	if (ps_oip_encode_infer(&s->info, &x->rq, x->out, &b, &json_len)) {
+	char v[24];
+	snprintf(v, sizeof v, "%llu", (unsigned long long)r->version);
+	ps_model_info mi = s->info;
+	mi.version = v; /* the version that computed every row of this request */
+	if (ps_oip_encode_infer(&mi, &x->rq, x->out, &b, &json_len)) {
 		ps_buf_free(&b);
 		return infer_fail(x, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory encoding the response");
 	}
@@ -383,7 +395,10 @@ static int enc_server(ps_ctx *x, ps_buf *b)
 
 static int enc_model(ps_ctx *x, ps_buf *b)
 {
-	return ps_oip_encode_model_metadata(&x->s->info, b);
+	char v[24];
+	ps_model_info mi = x->s->info;
+	mi.version = weights_version(x->s, v, sizeof v);
+	return ps_oip_encode_model_metadata(&mi, b);
 }
 
 static int enc_index(ps_ctx *x, ps_buf *b)
@@ -391,7 +406,8 @@ static int enc_index(ps_ctx *x, ps_buf *b)
 	ps_buf_adds(b, "[{\"name\":");
 	ps_buf_add_json_string(b, x->s->info.name);
 	ps_buf_adds(b, ",\"version\":");
-	ps_buf_add_json_string(b, x->s->info.version);
+	char v[24];
+	ps_buf_add_json_string(b, weights_version(x->s, v, sizeof v));
 	ps_buf_printf(b, ",\"state\":\"%s\"}]", atomic_load(&x->s->ready) ? "READY" : "UNAVAILABLE");
 	return b->oom ? -ENOMEM : 0;
 }

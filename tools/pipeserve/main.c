@@ -54,7 +54,7 @@ static const char usage[] =
     "  --load-timeout-ms N      longest time a load may spend reading its file (default 30000)\n"
     "  --help                   this text\n"
     "\n"
-    "Endpoints: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/NAME[/versions/1][/ready],\n"
+    "Endpoints: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/NAME[/versions/V][/ready],\n"
     "POST /v2/models/NAME[/versions/V]/infer, POST /v2/repository/models/NAME/load with\n"
     "{\"parameters\": {\"file\": \"FILE\"}} (live weight swap from --model-repository), POST\n"
     "/v2/repository/index, GET /metrics.\n";
@@ -361,7 +361,8 @@ static int setup_engine(ps_server *s)
 			     .max_queue_rows = s->cfg.max_queue_rows,
 			     .timeout_ns = s->cfg.timeout_ms * 1000000,
 			     .out_row_bytes = s->info.out_width * sizeof(float),
-			     .max_inflight = s->cfg.max_inflight ? s->cfg.max_inflight : 2 * nst};
+			     .max_inflight = s->cfg.max_inflight ? s->cfg.max_inflight : 2 * nst,
+			     .model = s->model};
 	int rc = ps_batcher_new(&s->batcher, &bc, &o, d, nst, &s->metrics);
 	if (rc)
 		ps_log("cannot start the pipeline: %s", mbp_strerror(rc));

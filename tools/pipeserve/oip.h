@@ -35,7 +35,7 @@ void ps_buf_add_json_string(ps_buf *b, const char *s);
 /* What the protocol exposes of the served model: one FP32 input [-1, in_width], one output [-1, out_width]. */
 typedef struct ps_model_info {
 	const char *name;
-	const char *version; /* the one version served, e.g. "1" */
+	const char *version; /* the version: the weights version number, "1" until the first load */
 	const char *platform;
 	const char *input_name, *output_name;
 	size_t in_width, out_width; /* features per row */
