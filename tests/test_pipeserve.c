@@ -996,6 +996,118 @@ START_TEST(every_response_comes_from_one_weights_version_and_names_it)
 }
 END_TEST
 
+/* ---- connection floods ---- */
+
+/* A connection from a source address of the loopback network (127.0.0.0/8), so that floods and the normal
+ * client count against different per-address limits; non-blocking connect when `nb`. */
+static int connect_from(int port, const char *src, bool nb)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | (nb ? SOCK_NONBLOCK : 0), 0);
+	if (fd < 0)
+		return -1;
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	inet_pton(AF_INET, src, &a.sin_addr);
+	struct timeval tv = {.tv_sec = 20};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a)) {
+		close(fd);
+		return -1;
+	}
+	a.sin_port = htons((uint16_t)port);
+	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) && !(nb && errno == EINPROGRESS)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* The normal client: a live-probe from 127.0.0.2 answers 200 within 2 s. */
+static void normal_client_served(int port, const char *during)
+{
+	uint64_t t0 = (uint64_t)time(NULL);
+	int fd = connect_from(port, "127.0.0.2", false);
+	ck_assert_msg(fd >= 0, "%s: cannot connect", during);
+	struct timeval tv = {.tv_sec = 3};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	http_resp r;
+	ck_assert_msg(http_send(fd, "GET", "/v2/health/live", NULL, NULL, 0, &r) == 0, "%s: no answer",
+		      during);
+	ck_assert_msg(r.status == 200, "%s: status %d", during, r.status);
+	http_resp_free(&r);
+	close(fd);
+	ck_assert_uint_le((uint64_t)time(NULL) - t0, 2);
+}
+
+/* Whether the server closed fd (end of stream or reset) within `ms`. */
+static bool closed_by_server(int fd, unsigned ms)
+{
+	for (unsigned t = 0; t < ms; t += 50) {
+		char c;
+		ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+			return true;
+		sleep_ms(50);
+	}
+	return false;
+}
+
+START_TEST(floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-connections", "200", "--max-connections-per-ip", "16",
+					"--request-timeout-ms", "1000", NULL});
+	enum { FLOOD = 300, SLOW = 12, HALF = 12 };
+	static int idle[FLOOD], slow[SLOW], half[HALF];
+	/* 300 idle sockets from one address: 16 held at most, the others closed at once. */
+	for (int i = 0; i < FLOOD; i++)
+		idle[i] = connect_from(s.port, "127.0.0.3", true);
+	sleep_ms(200);
+	normal_client_served(s.port, "idle flood");
+	/* Slow heads, one byte every 300 ms, and half-closed connections (FIN sent, nothing else). */
+	for (int i = 0; i < SLOW; i++) {
+		slow[i] = connect_from(s.port, "127.0.0.4", false);
+		ck_assert_int_ge(slow[i], 0);
+	}
+	for (int i = 0; i < HALF; i++) {
+		half[i] = connect_from(s.port, "127.0.0.5", false);
+		ck_assert_int_ge(half[i], 0);
+		ck_assert_int_eq(shutdown(half[i], SHUT_WR), 0);
+	}
+	static const char head[] =
+	    "GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaa";
+	for (int k = 0; k < 8; k++) { /* 2.4 s, more than the 1 s deadline, each byte within the idle time */
+		for (int i = 0; i < SLOW; i++)
+			(void)!send(slow[i], &head[k], 1, MSG_NOSIGNAL);
+		if (k == 2)
+			normal_client_served(s.port, "slow and half-closed clients");
+		sleep_ms(300);
+	}
+	for (int i = 0; i < SLOW; i++)
+		ck_assert_msg(closed_by_server(slow[i], 500), "slow client %d still open past its deadline",
+			      i);
+	for (int i = 0; i < HALF; i++)
+		ck_assert_msg(closed_by_server(half[i], 500), "half-closed client %d still open", i);
+	for (int i = 0; i < FLOOD; i++)
+		if (idle[i] >= 0) {
+			struct timeval tv = {0};
+			setsockopt(idle[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+			ck_assert_msg(closed_by_server(idle[i], 200), "idle connection %d still open", i);
+		}
+	normal_client_served(s.port, "after the floods");
+	for (int i = 0; i < FLOOD; i++)
+		if (idle[i] >= 0)
+			close(idle[i]);
+	for (int i = 0; i < SLOW; i++)
+		close(slow[i]);
+	for (int i = 0; i < HALF; i++)
+		close(half[i]);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
 /* ---- shutdown ---- */
 
 START_TEST(sigterm_with_requests_in_flight_loses_none)
@@ -1099,6 +1211,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, thirty_two_concurrent_clients_each_get_their_own_results);
 	tcase_add_test(tc, reload_under_load_fails_no_request);
 	tcase_add_test(tc, every_response_comes_from_one_weights_version_and_names_it);
+	tcase_add_test(tc, floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);
 	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing);

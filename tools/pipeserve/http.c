@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 enum route {
 	R_NOT_FOUND,
@@ -43,6 +44,21 @@ enum route {
 
 enum phase { P_READING, P_WAITING, P_DONE };
 
+/*
+ * One open connection, for the request deadline: `since` is when it began waiting for a complete request
+ * (it connected, or its previous answer was queued), 0 while a complete request is being answered. The
+ * reaper shuts down the socket of a connection past its deadline (MHD then sees the end of the stream and
+ * closes it itself); the list and `since` are under s->conns_mu. MHD's CLOSED notification, which takes
+ * the entry out, comes before it closes the socket, so the reaper never touches a descriptor it no longer
+ * owns.
+ */
+struct ps_conn {
+	struct ps_conn *prev, *next;
+	int fd;
+	uint64_t since;
+	bool reaped;
+};
+
 typedef struct ps_ctx {
 	ps_server *s;
 	struct MHD_Connection *conn;
@@ -54,6 +70,7 @@ typedef struct ps_ctx {
 	bool admitted;	/* counted in s->inflight */
 	_Atomic int phase;
 	uint64_t t_start;
+	struct ps_conn *pc; /* the connection's deadline entry, or NULL */
 	ps_buf body;
 	/* infer */
 	ps_infer_req rq;
@@ -412,6 +429,15 @@ static int enc_index(ps_ctx *x, ps_buf *b)
 	return b->oom ? -ENOMEM : 0;
 }
 
+static void conn_since(ps_server *s, struct ps_conn *pc, uint64_t since)
+{
+	if (!pc)
+		return;
+	pthread_mutex_lock(&s->conns_mu);
+	pc->since = since;
+	pthread_mutex_unlock(&s->conns_mu);
+}
+
 /* Answer a request whose body (if any) is complete. */
 static enum MHD_Result dispatch(ps_ctx *x)
 {
@@ -471,6 +497,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		x->conn = c;
 		x->t_start = ps_now_ns();
 		atomic_init(&x->phase, P_READING);
+		const union MHD_ConnectionInfo *ci =
+		    MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+		x->pc = ci ? ci->socket_context : NULL;
 		route_request(x, url, method);
 		*con_cls = x;
 		/* Answer on a later call, even without a body: a response queued on the first call counts as
@@ -505,6 +534,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	switch (
 	    atomic_load_explicit(&x->phase, memory_order_acquire)) { /* pairs with infer_done/reload_main */
 	case P_READING:
+		conn_since(s, x->pc, 0); /* the request is complete: no deadline while it is answered */
 		return dispatch(x);
 	case P_WAITING: /* not expected: we were resumed only once done */
 		return MHD_YES;
@@ -526,6 +556,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	if (!x)
 		return;
 	*con_cls = NULL;
+	conn_since(s, x->pc, ps_now_ns()); /* the next request's deadline starts now */
 	if (x->admitted)
 		atomic_fetch_sub(&s->inflight, 1);
 	ps_infer_req_clear(&x->rq);
@@ -535,6 +566,67 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	if (x->loading)
 		atomic_store(&s->loading, false);
 	free(x);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+			  enum MHD_ConnectionNotificationCode toe)
+{
+	ps_server *s = cls;
+	struct ps_conn *pc = *socket_context;
+	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci =
+		    MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+		pc = ci ? calloc(1, sizeof *pc) : NULL;
+		if (!pc)
+			return; /* no deadline for this one; MHD's idle timeout still applies */
+		pc->fd = ci->connect_fd;
+		pc->since = ps_now_ns();
+		pthread_mutex_lock(&s->conns_mu);
+		pc->next = s->conns;
+		if (s->conns)
+			s->conns->prev = pc;
+		s->conns = pc;
+		pthread_mutex_unlock(&s->conns_mu);
+		*socket_context = pc;
+		return;
+	}
+	if (!pc)
+		return;
+	pthread_mutex_lock(&s->conns_mu);
+	if (pc->prev)
+		pc->prev->next = pc->next;
+	else
+		s->conns = pc->next;
+	if (pc->next)
+		pc->next->prev = pc->prev;
+	pthread_mutex_unlock(&s->conns_mu);
+	*socket_context = NULL;
+	free(pc);
+}
+
+/* Close the connections that did not send a complete request in time: slow heads and bodies, idle
+ * keep-alive connections, half-closed ones. Checks four times per deadline. */
+static void *reaper_main(void *arg)
+{
+	ps_server *s = arg;
+	uint64_t limit = s->cfg.request_timeout_ms * 1000000;
+	uint64_t step = limit / 4 < 1000000 ? 1000000 : limit / 4;
+	if (step > 250000000)
+		step = 250000000;
+	while (!atomic_load(&s->reaper_stop)) {
+		struct timespec ts = {.tv_sec = (time_t)(step / 1000000000u),
+				      .tv_nsec = (long)(step % 1000000000u)};
+		nanosleep(&ts, NULL);
+		uint64_t now = ps_now_ns();
+		pthread_mutex_lock(&s->conns_mu);
+		for (struct ps_conn *pc = s->conns; pc; pc = pc->next)
+			if (pc->since && !pc->reaped && now - pc->since > limit) {
+				shutdown(pc->fd, SHUT_RDWR);
+				pc->reaped = true;
+			}
+		pthread_mutex_unlock(&s->conns_mu);
+	}
+	return NULL;
 }
 
 int ps_http_start(ps_server *s)
@@ -548,14 +640,18 @@ int ps_http_start(ps_server *s)
 		ps_log("cannot resolve --host %s: %s", s->cfg.host, gai_strerror(rc));
 		return -EINVAL;
 	}
+	pthread_mutex_init(&s->conns_mu, NULL);
+	/* MHD's own idle timeout, in whole seconds: a backstop behind the reaper's deadline. */
+	unsigned idle_s = (unsigned)((s->cfg.request_timeout_ms + 999) / 1000);
 	unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
 	if (ai->ai_family == AF_INET6)
 		flags |= MHD_USE_IPv6;
-	s->mhd =
-	    MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-			     ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads,
-			     MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
-			     (unsigned)120, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
+	s->mhd = MHD_start_daemon(
+	    flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+	    MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+	    s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
+	    MHD_OPTION_CONNECTION_LIMIT, s->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+	    s->cfg.max_conns_per_ip, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
 	freeaddrinfo(ai);
 	if (!s->mhd) {
 		ps_log("cannot listen on %s port %u", s->cfg.host, s->cfg.port);
@@ -563,11 +659,19 @@ int ps_http_start(ps_server *s)
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
 	s->port = di ? di->port : s->cfg.port;
+	s->reaper_on = pthread_create(&s->reaper, NULL, reaper_main, s) == 0;
+	if (!s->reaper_on)
+		ps_log("cannot start the request deadline thread: idle connections close after %u s", idle_s);
 	return 0;
 }
 
 void ps_http_stop(ps_server *s)
 {
+	if (s->reaper_on) {
+		atomic_store(&s->reaper_stop, true);
+		pthread_join(s->reaper, NULL);
+		s->reaper_on = false;
+	}
 	if (s->mhd)
 		MHD_stop_daemon(s->mhd);
 	s->mhd = NULL;

@@ -51,6 +51,10 @@ static const char usage[] =
     "  --model-repository DIR   allow loading new weights over HTTP, from files named inside DIR only\n"
     "                           (default: loading over HTTP is off)\n"
     "  --max-model-bytes N      largest model file loaded (default 4294967296)\n"
+    "  --max-connections N      open connections at most (default 512)\n"
+    "  --max-connections-per-ip N  connections from one client address at most (default 128)\n"
+    "  --request-timeout-ms N   a connection sends each complete request (head and body) within N ms of\n"
+    "                           connecting or of its previous answer, or is closed (default 10000)\n"
     "  --load-timeout-ms N      longest time a load may spend reading its file (default 30000)\n"
     "  --help                   this text\n"
     "\n"
@@ -102,6 +106,9 @@ static const flag flags[] = {
     FLAG("drain-timeout-ms", F_U64, drain_timeout_ms, 0, 86400000),
     FLAG("engine", F_STR, mbp_conf, 0, 0),
     FLAG("model-repository", F_STR, repository, 0, 0),
+    FLAG("max-connections", F_UNSIGNED, max_connections, 1, 65536),
+    FLAG("max-connections-per-ip", F_UNSIGNED, max_conns_per_ip, 1, 65536),
+    FLAG("request-timeout-ms", F_U64, request_timeout_ms, 1, 3600000),
     FLAG("max-model-bytes", F_U64, max_model_bytes, 1, (uint64_t)1 << 40),
     FLAG("load-timeout-ms", F_U64, load_timeout_ms, 1, 86400000),
 };
@@ -160,6 +167,9 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			 .threads = 2,
 			 .drain_timeout_ms = 30000,
 			 .max_model_bytes = (uint64_t)4 << 30,
+			 .max_connections = 512,
+			 .max_conns_per_ip = 128,
+			 .request_timeout_ms = 10000,
 			 .load_timeout_ms = 30000};
 	int o;
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {

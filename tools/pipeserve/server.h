@@ -37,8 +37,12 @@ typedef struct ps_config {
 	uint64_t drain_timeout_ms;   /* SIGTERM: longest wait for accepted requests. 30000 */
 	const char *mbp_conf;	     /* extra engine options, key=value,... (mbp_opts_parse) */
 	const char *repository;	     /* model repository folder: loads over HTTP off without it */
-	uint64_t max_model_bytes;    /* largest model file loaded. 4 GiB */
-	uint64_t load_timeout_ms;    /* longest time a load may spend reading. 30000 */
+	unsigned max_connections;    /* open connections at most. 512 */
+	unsigned max_conns_per_ip;   /* from one client address at most. 128 */
+	uint64_t
+	    request_timeout_ms;	  /* a complete request within this of connecting or the last answer. 10000 */
+	uint64_t max_model_bytes; /* largest model file loaded. 4 GiB */
+	uint64_t load_timeout_ms; /* longest time a load may spend reading. 30000 */
 } ps_config;
 
 typedef struct ps_server {
@@ -53,6 +57,12 @@ typedef struct ps_server {
 	ps_batcher *batcher;
 	ps_metrics metrics;
 	struct MHD_Daemon *mhd;
+	/* Open connections and the deadline of each (http.c): a reaper closes those past it. */
+	pthread_mutex_t conns_mu;
+	struct ps_conn *conns;
+	pthread_t reaper;
+	bool reaper_on;
+	_Atomic bool reaper_stop;
 	unsigned port; /* the port actually bound */
 
 	_Atomic bool ready;	   /* serving; false before start and once stopping */
