@@ -172,12 +172,17 @@ START_TEST(load_requests_name_a_file_or_nothing)
 	char *path, err[128];
 	ck_assert_int_eq(ps_oip_parse_load("", 0, &path, err, sizeof err), 0);
 	ck_assert_ptr_null(path);
-	const char *ok = "{\"parameters\":{\"path\":\"/x/y.safetensors\"}}";
+	const char *ok = "{\"parameters\":{\"file\":\"y.safetensors\"}}";
 	ck_assert_int_eq(ps_oip_parse_load(ok, strlen(ok), &path, err, sizeof err), 0);
-	ck_assert_str_eq(path, "/x/y.safetensors");
+	ck_assert_str_eq(path, "y.safetensors");
 	free(path);
-	const char *bad[] = {"{\"parameters\":{\"path\":7}}", "{\"parameters\":{\"path\":\"\"}}", "[1]",
-			     "{\"parameters\":1}", "{"};
+	/* a path is never taken, whatever it names */
+	const char *bad[] = {"{\"parameters\":{\"path\":\"/x/y.safetensors\"}}",
+			     "{\"parameters\":{\"file\":7}}",
+			     "{\"parameters\":{\"file\":\"\"}}",
+			     "[1]",
+			     "{\"parameters\":1}",
+			     "{"};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		ck_assert_int_eq(ps_oip_parse_load(bad[i], strlen(bad[i]), &path, err, sizeof err), 400);
 		ck_assert_ptr_null(path);
