@@ -1108,6 +1108,88 @@ START_TEST(floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_
 }
 END_TEST
 
+/* ---- memory bounds ---- */
+
+static long rss_kib(pid_t pid)
+{
+	char p[64], line[256];
+	snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(p, "r");
+	long kib = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+START_TEST(many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-body-bytes", "5000000", "--max-inflight-body-bytes", "6000000",
+					"--max-queue-rows", "1000", NULL});
+	/* 2M numbers in 4 MB: refused before a JSON node is made for each (that was some 130 MB). */
+	enum { N = 2000000 };
+	const char pre[] =
+	    "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1000,32],\"data\":[";
+	size_t len = sizeof pre - 1 + 2 * N + 3;
+	char *body = malloc(len + 1);
+	memcpy(body, pre, sizeof pre - 1);
+	char *p = body + sizeof pre - 1;
+	for (int i = 0; i < N; i++) {
+		*p++ = '0';
+		*p++ = i + 1 < N ? ',' : ']';
+	}
+	memcpy(p, "}]}", 3);
+	long before = rss_kib(s.pid);
+	http_resp r;
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	ck_assert_msg(r.status == 413, "status %d: %s", r.status, r.body);
+	http_resp_free(&r);
+	free(body);
+	long grew = rss_kib(s.pid) - before;
+	ck_assert_msg(grew < 48 * 1024, "RSS grew by %ld KiB", grew);
+
+	sleep_ms(200); /* the refused body's bytes are given back once its request completes */
+	/* Two unfinished bodies hold 5 of the 6 MB in flight: a third that does not fit gets 503 at once. */
+	int held[2];
+	char head[256];
+	snprintf(head, sizeof head,
+		 "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2500000\r\n\r\n{\"inputs\"");
+	for (int i = 0; i < 2; i++) {
+		held[i] = http_connect(s.port);
+		ck_assert_int_eq(write_all(held[i], head, strlen(head)), 0);
+	}
+	sleep_ms(200);
+	int fd = http_connect(s.port); /* the head alone: the answer comes before the body */
+	ck_assert_int_eq(write_all(fd, head, strlen(head) - strlen("{\"inputs\"")), 0);
+	char ans[1024] = "";
+	size_t got = 0;
+	for (ssize_t n; got + 1 < sizeof ans && !strstr(ans, "\"}") &&
+			(n = recv(fd, ans + got, sizeof ans - 1 - got, 0)) > 0;) {
+		got += (size_t)n;
+		ans[got] = '\0';
+	}
+	close(fd);
+	ck_assert_msg(strncmp(ans, "HTTP/1.1 503", 12) == 0 && strstr(ans, "{\"error\":"), "answer \"%s\"",
+		      ans);
+	for (int i = 0; i < 2; i++)
+		close(held[i]);
+	sleep_ms(200); /* their bytes are given back: normal requests pass again */
+	float x[IN_W];
+	fill_rows(x, 1, 4);
+	body = infer_body("ok", x, 1, false, false, false, &len, NULL);
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	ck_assert_int_eq(r.status, 200);
+	http_resp_free(&r);
+	free(body);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
 /* ---- shutdown ---- */
 
 START_TEST(sigterm_with_requests_in_flight_loses_none)
@@ -1212,6 +1294,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, reload_under_load_fails_no_request);
 	tcase_add_test(tc, every_response_comes_from_one_weights_version_and_names_it);
 	tcase_add_test(tc, floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served);
+	tcase_add_test(tc, many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);
 	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing);

@@ -167,6 +167,32 @@ START_TEST(malformed_requests_get_400_and_oversized_ones_413)
 }
 END_TEST
 
+/* A text with more values than the largest request (100 x 3 + room) is refused before cJSON parses it;
+ * commas inside strings do not count. */
+START_TEST(a_text_of_more_values_than_the_largest_request_is_refused_before_parsing)
+{
+	enum { N = 5000 };
+	static char body[16 * N];
+	size_t n = (size_t)snprintf(body, sizeof body,
+				    "{\"id\":\"%s\",\"inputs\":[{\"name\":\"input\","
+				    "\"datatype\":\"FP32\",\"shape\":[100,3],\"data\":[",
+				    ",,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,");
+	for (int i = 0; i < 300; i++)
+		n += (size_t)snprintf(body + n, sizeof body - n, "%s1", i ? "," : "");
+	n += (size_t)snprintf(body + n, sizeof body - n, "]}]}");
+	ps_infer_req rq;
+	ck_assert_int_eq(parse(body, n, -1, &rq), 0); /* the largest request passes */
+	ps_infer_req_clear(&rq);
+	n -= 4;
+	for (int i = 300; i < N; i++)
+		n += (size_t)snprintf(body + n, sizeof body - n, ",1");
+	n += (size_t)snprintf(body + n, sizeof body - n, "]}]}");
+	char err[256];
+	ck_assert_int_eq(ps_oip_parse_infer(&mi, body, n, -1, &rq, err, sizeof err), 413);
+	ck_assert_ptr_nonnull(strstr(err, "more JSON values"));
+}
+END_TEST
+
 START_TEST(load_requests_name_a_file_or_nothing)
 {
 	char *path, err[128];
@@ -198,6 +224,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, output_selection_follows_the_request);
 	tcase_add_test(tc, responses_round_trip_every_float_exactly);
 	tcase_add_test(tc, malformed_requests_get_400_and_oversized_ones_413);
+	tcase_add_test(tc, a_text_of_more_values_than_the_largest_request_is_refused_before_parsing);
 	tcase_add_test(tc, load_requests_name_a_file_or_nothing);
 	suite_add_tcase(s, tc);
 	return s;

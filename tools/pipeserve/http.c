@@ -63,11 +63,13 @@ typedef struct ps_ctx {
 	ps_server *s;
 	struct MHD_Connection *conn;
 	enum route route;
-	bool post;	/* the route takes a body */
-	bool method_ok; /* the method matches the route */
-	int model_err;	/* 0, or 404 for an unknown model or version */
-	bool too_large; /* the body passed max_body_bytes: discarded, answer 413 */
-	bool admitted;	/* counted in s->inflight */
+	bool post;	 /* the route takes a body */
+	bool method_ok;	 /* the method matches the route */
+	int model_err;	 /* 0, or 404 for an unknown model or version */
+	bool too_large;	 /* the body passed max_body_bytes: discarded, answer 413 */
+	bool too_busy;	 /* bodies in flight would pass max_inflight_body_bytes: discarded, answer 503 */
+	size_t reserved; /* bytes of s->body_bytes this request holds */
+	bool admitted;	 /* counted in s->inflight */
 	_Atomic int phase;
 	uint64_t t_start;
 	struct ps_conn *pc; /* the connection's deadline entry, or NULL */
@@ -429,6 +431,21 @@ static int enc_index(ps_ctx *x, ps_buf *b)
 	return b->oom ? -ENOMEM : 0;
 }
 
+/* Count `n` more body bytes against the bound of all bodies in flight. @return false when over it. */
+static bool body_reserve(ps_ctx *x, size_t n)
+{
+	ps_server *s = x->s;
+	uint64_t cur = atomic_load_explicit(&s->body_bytes, memory_order_relaxed);
+	do {
+		if (n > s->cfg.max_inflight_body_bytes || cur > s->cfg.max_inflight_body_bytes - n)
+			return false;
+		/* relaxed: a counter; nothing is published through it */
+	} while (!atomic_compare_exchange_weak_explicit(&s->body_bytes, &cur, cur + n, memory_order_relaxed,
+							memory_order_relaxed));
+	x->reserved += n;
+	return true;
+}
+
 static void conn_since(ps_server *s, struct ps_conn *pc, uint64_t since)
 {
 	if (!pc)
@@ -456,6 +473,12 @@ static enum MHD_Result dispatch(ps_ctx *x)
 		if (x->route == R_INFER)
 			ps_metrics_fail(&s->metrics, 413);
 		return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "request body too large");
+	}
+	if (x->too_busy) {
+		if (x->route == R_INFER)
+			ps_metrics_fail(&s->metrics, 503);
+		return send_error(c, MHD_HTTP_SERVICE_UNAVAILABLE,
+				  "too many request bytes in flight, retry later");
 	}
 	switch (x->route) {
 	case R_SERVER_META:
@@ -508,9 +531,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 			return MHD_YES;
 		const char *cl =
 		    MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-		if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
+		unsigned long long cln = cl ? strtoull(cl, NULL, 10) : 0;
+		if (cln > s->cfg.max_body_bytes) {
 			x->too_large = true;
 			return dispatch(x); /* before reading it (MHD then closes the connection) */
+		}
+		if (cln && !body_reserve(x, (size_t)cln)) {
+			x->too_busy = true;
+			return dispatch(x);
 		}
 		return MHD_YES;
 	}
@@ -519,8 +547,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		*upload_data_size = 0;
 		if (!x->post)
 			return MHD_YES; /* a body nobody asked for: ignore it */
-		if (x->too_large || x->body.len + n > s->cfg.max_body_bytes) {
-			x->too_large = true; /* keep reading, keep nothing */
+		if (x->too_large || x->too_busy || x->body.len + n > s->cfg.max_body_bytes) {
+			x->too_large |= !x->too_busy; /* keep reading, keep nothing */
+			ps_buf_free(&x->body);
+			return MHD_YES;
+		}
+		if (x->body.len + n > x->reserved && /* a body without Content-Length: 64 KiB steps */
+		    !body_reserve(x, x->body.len + n - x->reserved + (64u << 10))) {
+			x->too_busy = true;
 			ps_buf_free(&x->body);
 			return MHD_YES;
 		}
@@ -559,6 +593,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	conn_since(s, x->pc, ps_now_ns()); /* the next request's deadline starts now */
 	if (x->admitted)
 		atomic_fetch_sub(&s->inflight, 1);
+	if (x->reserved)
+		atomic_fetch_sub_explicit(&s->body_bytes, x->reserved, memory_order_relaxed);
 	ps_infer_req_clear(&x->rq);
 	ps_buf_free(&x->body);
 	free(x->out);

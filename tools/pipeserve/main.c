@@ -45,6 +45,8 @@ static const char usage[] =
     "  --max-inflight N         micro-batches in the pipeline at once (default 2 x stages)\n"
     "  --timeout-ms N           a request still queued after N ms gets 503 (default 10000; 0: none)\n"
     "  --max-body-bytes N       largest request body; beyond it 413 (default 16777216)\n"
+    "  --max-inflight-body-bytes N  request body bytes held at once, all requests together; beyond it\n"
+    "                           503 (default 268435456)\n"
     "  --threads N              HTTP worker threads (default 2)\n"
     "  --drain-timeout-ms N     on SIGTERM, longest wait for accepted requests (default 30000)\n"
     "  --engine KEY=VAL,...     engine options (mbp_opts_parse keys: ring, ingress, spin_us, pin, cpus...)\n"
@@ -102,6 +104,7 @@ static const flag flags[] = {
     FLAG("max-inflight", F_U32, max_inflight, 0, 65536),
     FLAG("timeout-ms", F_U64, timeout_ms, 0, 86400000),
     FLAG("max-body-bytes", F_SIZE, max_body_bytes, 1, (uint64_t)1 << 34),
+    FLAG("max-inflight-body-bytes", F_U64, max_inflight_body_bytes, 1, (uint64_t)1 << 40),
     FLAG("threads", F_UNSIGNED, threads, 1, 256),
     FLAG("drain-timeout-ms", F_U64, drain_timeout_ms, 0, 86400000),
     FLAG("engine", F_STR, mbp_conf, 0, 0),
@@ -167,6 +170,7 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			 .threads = 2,
 			 .drain_timeout_ms = 30000,
 			 .max_model_bytes = (uint64_t)4 << 30,
+			 .max_inflight_body_bytes = (uint64_t)256 << 20,
 			 .max_connections = 512,
 			 .max_conns_per_ip = 128,
 			 .request_timeout_ms = 10000,

@@ -5,7 +5,8 @@
  * "parameters", the one input (name, datatype, shape, then data either as JSON or as binary), the requested
  * outputs, and that the binary section was consumed exactly. Every failure is a 400 with a message naming
  * what was wrong, except a request with more rows than the server takes (413). Nothing here trusts a size
- * from the request before checking it against the bytes actually received.
+ * from the request before checking it against the bytes actually received, and the JSON text's values are
+ * counted (json_values_bound) before cJSON makes a node of each.
  */
 #include "config.h"
 
@@ -369,6 +370,32 @@ static int parse_root(const ps_model_info *mi, const cJSON *root, size_t json_le
 			     errlen);
 }
 
+/*
+ * An upper bound on the JSON values of a text, without parsing it: commas, '[' and '{' outside strings
+ * (each value but the first of a container follows a comma). Stops at limit + 1. cJSON makes a node of
+ * about 64 bytes per value, so a text of small numbers costs some 30 times its size: this bounds that
+ * before cJSON builds anything.
+ */
+static size_t json_values_bound(const char *p, size_t n, size_t limit)
+{
+	size_t k = 1;
+	bool in_str = false;
+	for (size_t i = 0; i < n && k <= limit; i++) {
+		char c = p[i];
+		if (in_str) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_str = false;
+		} else if (c == '"') {
+			in_str = true;
+		} else if (c == ',' || c == '[' || c == '{') {
+			k++;
+		}
+	}
+	return k;
+}
+
 int ps_oip_parse_infer(const ps_model_info *mi, const char *body, size_t len, long long header_len,
 		       ps_infer_req *rq, char *err, size_t errlen)
 {
@@ -388,6 +415,14 @@ int ps_oip_parse_infer(const ps_model_info *mi, const char *body, size_t len, lo
 	if (json_len == 0) {
 		snprintf(err, errlen, "empty request body");
 		return 400;
+	}
+	/* The largest request the server takes, plus room for everything around its data. */
+	size_t limit = mi->max_rows * mi->in_width + 4096;
+	if (json_values_bound(body, json_len, limit) > limit) {
+		snprintf(err, errlen,
+			 "request holds more JSON values than the largest request taken (%zu rows)",
+			 mi->max_rows);
+		return 413;
 	}
 	cJSON *root = cJSON_ParseWithLength(body, json_len);
 	if (!root) {

@@ -21,24 +21,25 @@
 #include "oip.h"
 
 typedef struct ps_config {
-	const char *host;	     /* 127.0.0.1 */
-	unsigned port;		     /* 8000; 0 picks a free port */
-	const char *model_path;	     /* NULL: the built-in demo model */
-	const char *name;	     /* NULL: the file's stem, or "demo" */
-	const char *demo;	     /* demo model spec "layers=4,in=64,hidden=256,out=16,seed=1" */
-	unsigned stages;	     /* 0: one per allowed CPU (at most one per layer) */
-	uint32_t max_batch_rows;     /* 32 */
-	uint64_t max_queue_delay_us; /* 0 */
-	size_t max_queue_rows;	     /* 4096 */
-	uint32_t max_inflight;	     /* micro-batches in the pipeline; 0: 2 x stages */
-	uint64_t timeout_ms;	     /* per-request queue timeout; 0: none. 10000 */
-	size_t max_body_bytes;	     /* 16 MiB */
-	unsigned threads;	     /* HTTP worker threads. 2 */
-	uint64_t drain_timeout_ms;   /* SIGTERM: longest wait for accepted requests. 30000 */
-	const char *mbp_conf;	     /* extra engine options, key=value,... (mbp_opts_parse) */
-	const char *repository;	     /* model repository folder: loads over HTTP off without it */
-	unsigned max_connections;    /* open connections at most. 512 */
-	unsigned max_conns_per_ip;   /* from one client address at most. 128 */
+	const char *host;		  /* 127.0.0.1 */
+	unsigned port;			  /* 8000; 0 picks a free port */
+	const char *model_path;		  /* NULL: the built-in demo model */
+	const char *name;		  /* NULL: the file's stem, or "demo" */
+	const char *demo;		  /* demo model spec "layers=4,in=64,hidden=256,out=16,seed=1" */
+	unsigned stages;		  /* 0: one per allowed CPU (at most one per layer) */
+	uint32_t max_batch_rows;	  /* 32 */
+	uint64_t max_queue_delay_us;	  /* 0 */
+	size_t max_queue_rows;		  /* 4096 */
+	uint32_t max_inflight;		  /* micro-batches in the pipeline; 0: 2 x stages */
+	uint64_t timeout_ms;		  /* per-request queue timeout; 0: none. 10000 */
+	size_t max_body_bytes;		  /* 16 MiB */
+	uint64_t max_inflight_body_bytes; /* all request bodies being received or answered. 256 MiB */
+	unsigned threads;		  /* HTTP worker threads. 2 */
+	uint64_t drain_timeout_ms;	  /* SIGTERM: longest wait for accepted requests. 30000 */
+	const char *mbp_conf;		  /* extra engine options, key=value,... (mbp_opts_parse) */
+	const char *repository;		  /* model repository folder: loads over HTTP off without it */
+	unsigned max_connections;	  /* open connections at most. 512 */
+	unsigned max_conns_per_ip;	  /* from one client address at most. 128 */
 	uint64_t
 	    request_timeout_ms;	  /* a complete request within this of connecting or the last answer. 10000 */
 	uint64_t max_model_bytes; /* largest model file loaded. 4 GiB */
@@ -68,6 +69,8 @@ typedef struct ps_server {
 	_Atomic bool ready;	   /* serving; false before start and once stopping */
 	_Atomic bool draining;	   /* a stop signal arrived: new requests get 503 */
 	_Atomic uint64_t inflight; /* admitted requests not yet answered (and reloads running) */
+	_Atomic uint64_t
+	    body_bytes;		   /* request body bytes held (http.c), bounded by max_inflight_body_bytes */
 	pthread_mutex_t reload_mu; /* one reload at a time */
 	_Atomic bool loading;	   /* a load is in progress: another one gets 409 at once */
 } ps_server;
