@@ -996,6 +996,57 @@ START_TEST(every_response_comes_from_one_weights_version_and_names_it)
 }
 END_TEST
 
+static long rss_kib(pid_t pid)
+{
+	char p[64], line[256];
+	snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(p, "r");
+	long kib = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+START_TEST(a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_being_read)
+{
+	make_models();
+	char sparse[600];
+	snprintf(sparse, sizeof sparse, "%s/sparse.safetensors", tmp_dir);
+	int fd = open(sparse, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	ck_assert_int_ge(fd, 0);
+	if (ftruncate(fd, (off_t)4 << 30) != 0) { /* a file system without sparse files: nothing to show */
+		close(fd);
+		unlink(sparse);
+		remove_models();
+		return;
+	}
+	close(fd);
+	srv s;
+	char msg[1024];
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, "--max-model-bytes", "1000000", NULL});
+	long before = rss_kib(s.pid);
+	uint64_t t0 = (uint64_t)time(NULL);
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"sparse.safetensors\"}}", msg, sizeof msg), 400);
+	ck_assert_msg(strstr(msg, "larger than the bound"), "%s", msg);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	/* Without the bound (default 4 GiB, the file is just that): its 8-byte header is refused first. */
+	start(&s,
+	      (const char *const[]){"--model-repository", tmp_dir, "--max-model-bytes", "4294967296", NULL});
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"sparse.safetensors\"}}", msg, sizeof msg), 400);
+	ck_assert_msg(strstr(msg, "header"), "%s", msg);
+	ck_assert_uint_le((uint64_t)time(NULL) - t0, 3);
+	ck_assert_msg(rss_kib(s.pid) - before < 64 * 1024, "RSS grew by %ld KiB", rss_kib(s.pid) - before);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	unlink(sparse);
+	remove_models();
+}
+END_TEST
+
 /* ---- connection floods ---- */
 
 /* A connection from a source address of the loopback network (127.0.0.0/8), so that floods and the normal
@@ -1109,20 +1160,6 @@ START_TEST(floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_
 END_TEST
 
 /* ---- memory bounds ---- */
-
-static long rss_kib(pid_t pid)
-{
-	char p[64], line[256];
-	snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
-	FILE *f = fopen(p, "r");
-	long kib = -1;
-	while (f && fgets(line, sizeof line, f))
-		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return kib;
-}
 
 START_TEST(many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds)
 {
@@ -1293,6 +1330,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, thirty_two_concurrent_clients_each_get_their_own_results);
 	tcase_add_test(tc, reload_under_load_fails_no_request);
 	tcase_add_test(tc, every_response_comes_from_one_weights_version_and_names_it);
+	tcase_add_test(tc, a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_being_read);
 	tcase_add_test(tc, floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served);
 	tcase_add_test(tc, many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
