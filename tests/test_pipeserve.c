@@ -1047,6 +1047,68 @@ START_TEST(a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_bei
 }
 END_TEST
 
+/* Sum of the samples of a metric in a /metrics text (every label set). */
+static unsigned long long metric_sum(const char *text, const char *name)
+{
+	unsigned long long sum = 0;
+	size_t nl = strlen(name);
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, name, nl) == 0 && p[nl] == '{') {
+			const char *sp = strchr(p, ' ');
+			const char *eol = strchr(p, '\n');
+			if (sp && (!eol || sp < eol))
+				sum += strtoull(sp + 1, NULL, 10);
+		}
+	return sum;
+}
+
+START_TEST(every_infer_request_received_ends_in_exactly_one_counter)
+{
+	make_models();
+	srv s;
+	start(&s, NULL);
+	float x[2 * IN_W];
+	fill_rows(x, 2, 1);
+	size_t len;
+	char *body = infer_body("m", x, 2, false, false, false, &len, NULL);
+	http_resp r;
+	for (int i = 0; i < 3; i++) { /* answered */
+		ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+		ck_assert_int_eq(r.status, 200);
+		http_resp_free(&r);
+	}
+	ck_assert_int_eq(post_infer(s.port, -1, "a", "{", 1, -1, &r), 0); /* failed */
+	ck_assert_int_eq(r.status, 400);
+	http_resp_free(&r);
+	for (int i = 0; i < 4; i++) { /* their clients go away half-way through the body */
+		int fd = http_connect(s.port);
+		char head[128];
+		snprintf(head, sizeof head,
+			 "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n", len);
+		ck_assert_int_eq(write_all(fd, head, strlen(head)), 0);
+		ck_assert_int_eq(write_all(fd, body, len / 2), 0);
+		sleep_ms(50);
+		close(fd);
+	}
+	free(body);
+	sleep_ms(200);
+	ck_assert_int_eq(http_do(s.port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+	unsigned long long rec = metric_sum(r.body, "pipeserve_request_received_total"),
+			   ok = metric_sum(r.body, "pipeserve_request_success_total"),
+			   fail = metric_sum(r.body, "pipeserve_request_failure_total"),
+			   gone = metric_sum(r.body, "pipeserve_request_cancelled_total"),
+			   inflight = metric_sum(r.body, "pipeserve_inflight_requests");
+	http_resp_free(&r);
+	ck_assert_uint_eq(rec, 8);
+	ck_assert_uint_eq(ok, 3);
+	ck_assert_uint_eq(fail, 1);
+	ck_assert_uint_eq(gone, 4);
+	ck_assert_uint_eq(inflight, 0);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
 /* ---- connection floods ---- */
 
 /* A connection from a source address of the loopback network (127.0.0.0/8), so that floods and the normal
@@ -1332,6 +1394,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_response_comes_from_one_weights_version_and_names_it);
 	tcase_add_test(tc, a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_being_read);
 	tcase_add_test(tc, floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served);
+	tcase_add_test(tc, every_infer_request_received_ends_in_exactly_one_counter);
 	tcase_add_test(tc, many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);

@@ -10,9 +10,9 @@
  * request is queued, so a resume can never come first. A reload runs on a thread of its own (loading a
  * file takes a while) and resumes its connection the same way.
  *
- * Shutdown (main.c): `draining` turns on, then main waits for `inflight` to reach zero. An infer request
- * increments `inflight` before it reads `draining` and main stores `draining` before it reads `inflight`
- * (both seq_cst): either the request sees draining and answers 503, or main waits for it.
+ * Shutdown (main.c): `draining` turns on, then main waits for `inflight` and `loads` to reach zero. An infer
+ * request increments `inflight` (a load `loads`) before it reads `draining` and main stores `draining`
+ * before it reads them (all seq_cst): either the request sees draining and answers 503, or main waits.
  */
 #include "config.h"
 
@@ -69,7 +69,9 @@ typedef struct ps_ctx {
 	bool too_large;	 /* the body passed max_body_bytes: discarded, answer 413 */
 	bool too_busy;	 /* bodies in flight would pass max_inflight_body_bytes: discarded, answer 503 */
 	size_t reserved; /* bytes of s->body_bytes this request holds */
-	bool admitted;	 /* counted in s->inflight */
+	bool admitted;	 /* counted in s->inflight (infer) or s->loads (load) */
+	bool received;	 /* an infer request counted in metrics.infer_received */
+	bool outcome;	 /* ... and counted in its success or failure counter */
 	_Atomic int phase;
 	uint64_t t_start;
 	struct ps_conn *pc; /* the connection's deadline entry, or NULL */
@@ -232,9 +234,16 @@ static void infer_done(ps_req *r)
 	MHD_resume_connection(x->conn);
 }
 
+static void count_fail(ps_ctx *x, int status)
+{
+	if (x->received && !x->outcome)
+		ps_metrics_fail(&x->s->metrics, status);
+	x->outcome = true;
+}
+
 static enum MHD_Result infer_fail(ps_ctx *x, unsigned status, const char *msg)
 {
-	ps_metrics_fail(&x->s->metrics, (int)status);
+	count_fail(x, (int)status);
 	return send_error(x->conn, status, msg);
 }
 
@@ -321,6 +330,7 @@ static enum MHD_Result infer_finish(ps_ctx *x)
 	enum MHD_Result ret = MHD_queue_response(x->conn, MHD_HTTP_OK, resp);
 	MHD_destroy_response(resp);
 	atomic_fetch_add_explicit(&s->metrics.infer_ok, 1, memory_order_relaxed);
+	x->outcome = true;
 	atomic_fetch_add_explicit(&s->metrics.rows_ok, x->rq.rows, memory_order_relaxed);
 	ps_hist_observe(&s->metrics.request_ns, ps_now_ns() - x->t_start);
 	return ret;
@@ -356,7 +366,7 @@ static enum MHD_Result reload_start(ps_ctx *x)
 	if (!atomic_compare_exchange_strong(&s->loading, &idle, true))
 		return send_error(x->conn, MHD_HTTP_CONFLICT, "a model load is already in progress");
 	x->loading = true; /* cleared by the load's thread when done, or in on_completed if it never ran */
-	atomic_fetch_add(&s->inflight, 1);
+	atomic_fetch_add(&s->loads, 1);
 	x->admitted = true;
 	if (atomic_load(&s->draining))
 		return send_error(x->conn, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
@@ -465,18 +475,15 @@ static enum MHD_Result dispatch(ps_ctx *x)
 	if (!x->method_ok)
 		return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed");
 	if (x->model_err) {
-		if (x->route == R_INFER)
-			ps_metrics_fail(&s->metrics, 404);
+		count_fail(x, 404);
 		return send_error(c, MHD_HTTP_NOT_FOUND, "unknown model or version");
 	}
 	if (x->too_large) {
-		if (x->route == R_INFER)
-			ps_metrics_fail(&s->metrics, 413);
+		count_fail(x, 413);
 		return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "request body too large");
 	}
 	if (x->too_busy) {
-		if (x->route == R_INFER)
-			ps_metrics_fail(&s->metrics, 503);
+		count_fail(x, 503);
 		return send_error(c, MHD_HTTP_SERVICE_UNAVAILABLE,
 				  "too many request bytes in flight, retry later");
 	}
@@ -525,6 +532,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		x->pc = ci ? ci->socket_context : NULL;
 		route_request(x, url, method);
 		*con_cls = x;
+		if (x->route == R_INFER && x->method_ok) {
+			x->received = true;
+			atomic_fetch_add_explicit(&s->metrics.infer_received, 1, memory_order_relaxed);
+		}
 		/* Answer on a later call, even without a body: a response queued on the first call counts as
 		 * "early" (before the body) and costs the keep-alive. */
 		if (!x->post)
@@ -592,7 +603,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	*con_cls = NULL;
 	conn_since(s, x->pc, ps_now_ns()); /* the next request's deadline starts now */
 	if (x->admitted)
-		atomic_fetch_sub(&s->inflight, 1);
+		atomic_fetch_sub(x->route == R_LOAD ? &s->loads : &s->inflight, 1);
+	if (x->received && !x->outcome) /* its client went away first */
+		atomic_fetch_add_explicit(&s->metrics.infer_cancelled, 1, memory_order_relaxed);
 	if (x->reserved)
 		atomic_fetch_sub_explicit(&s->body_bytes, x->reserved, memory_order_relaxed);
 	ps_infer_req_clear(&x->rq);

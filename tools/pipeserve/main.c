@@ -427,7 +427,7 @@ static void log_startup(ps_server *s)
 static bool wait_inflight(ps_server *s, const sigset_t *sigs, uint64_t ms)
 {
 	uint64_t end = ps_now_ns() + ms * 1000000;
-	while (atomic_load(&s->inflight)) {
+	while (atomic_load(&s->inflight) || atomic_load(&s->loads)) {
 		if (ps_now_ns() >= end)
 			return false;
 		struct timespec ts = {0, 1000000};

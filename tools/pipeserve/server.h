@@ -68,7 +68,8 @@ typedef struct ps_server {
 
 	_Atomic bool ready;	   /* serving; false before start and once stopping */
 	_Atomic bool draining;	   /* a stop signal arrived: new requests get 503 */
-	_Atomic uint64_t inflight; /* admitted requests not yet answered (and reloads running) */
+	_Atomic uint64_t inflight; /* admitted infer requests not yet answered */
+	_Atomic uint64_t loads;	   /* admitted loads not yet answered */
 	_Atomic uint64_t
 	    body_bytes;		   /* request body bytes held (http.c), bounded by max_inflight_body_bytes */
 	pthread_mutex_t reload_mu; /* one reload at a time */
