@@ -193,6 +193,63 @@ START_TEST(a_text_of_more_values_than_the_largest_request_is_refused_before_pars
 }
 END_TEST
 
+/* Strict UTF-8 (no overlong forms, surrogates or code points above U+10FFFF). */
+static bool valid_utf8(const unsigned char *s, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned c = s[i];
+		size_t k = c < 0x80		    ? 1
+			   : c >= 0xc2 && c <= 0xdf ? 2
+			   : c >= 0xe0 && c <= 0xef ? 3
+			   : c >= 0xf0 && c <= 0xf4 ? 4
+						    : 0;
+		if (!k || i + k > n)
+			return false;
+		for (size_t j = 1; j < k; j++)
+			if ((s[i + j] & 0xc0) != 0x80)
+				return false;
+		if ((c == 0xe0 && s[i + 1] < 0xa0) || (c == 0xed && s[i + 1] > 0x9f) ||
+		    (c == 0xf0 && s[i + 1] < 0x90) || (c == 0xf4 && s[i + 1] > 0x8f))
+			return false;
+		i += k;
+	}
+	return true;
+}
+
+START_TEST(error_messages_are_valid_json_whatever_bytes_they_quote)
+{
+	const char *hostile[] = {
+	    "\xff\xfe",	    "a\"b\\c\n\x01\x7f", "\xc3",     "\xe2\x82",
+	    "\xed\xa0\x80", "\xf4\x90\x80\x80",	 "\xc0\xaf", "ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"};
+	for (size_t i = 0; i < sizeof hostile / sizeof hostile[0]; i++) {
+		ps_buf b = {0};
+		ck_assert_int_eq(ps_oip_encode_error(&b, hostile[i]), 0);
+		ck_assert_msg(valid_utf8((const unsigned char *)b.p, b.len), "case %zu: %s", i, b.p);
+		cJSON *j = cJSON_ParseWithLength(b.p, b.len);
+		ck_assert_msg(j && cJSON_IsString(cJSON_GetObjectItem(j, "error")), "case %zu: %s", i, b.p);
+		cJSON_Delete(j);
+		ps_buf_free(&b);
+	}
+	/* valid UTF-8 passes unchanged; one bad byte becomes U+FFFD */
+	ps_buf b = {0};
+	ps_buf_add_json_string(&b, hostile[7]);
+	ck_assert_str_eq(b.p, "\"ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
+	ps_buf_free(&b);
+	ps_buf_add_json_string(&b, "x\xffy");
+	ck_assert_str_eq(b.p, "\"x\\ufffdy\"");
+	ps_buf_free(&b);
+	/* a request naming an input with such bytes gets an error that quotes them as valid JSON */
+	const char req[] = "{\"inputs\":[{\"name\":\"\xff\xfe\xc3\",\"datatype\":\"FP32\",\"shape\":[1,3],"
+			   "\"data\":[1,2,3]}]}";
+	ps_infer_req rq;
+	char err[256];
+	ck_assert_int_eq(ps_oip_parse_infer(&mi, req, sizeof req - 1, -1, &rq, err, sizeof err), 400);
+	ck_assert_int_eq(ps_oip_encode_error(&b, err), 0);
+	ck_assert(valid_utf8((const unsigned char *)b.p, b.len));
+	ps_buf_free(&b);
+}
+END_TEST
+
 START_TEST(load_requests_name_a_file_or_nothing)
 {
 	char *path, err[128];
@@ -225,6 +282,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, responses_round_trip_every_float_exactly);
 	tcase_add_test(tc, malformed_requests_get_400_and_oversized_ones_413);
 	tcase_add_test(tc, a_text_of_more_values_than_the_largest_request_is_refused_before_parsing);
+	tcase_add_test(tc, error_messages_are_valid_json_whatever_bytes_they_quote);
 	tcase_add_test(tc, load_requests_name_a_file_or_nothing);
 	suite_add_tcase(s, tc);
 	return s;

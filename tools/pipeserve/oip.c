@@ -91,16 +91,47 @@ void ps_buf_printf(ps_buf *b, const char *fmt, ...)
 	b->len += (size_t)n;
 }
 
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when the bytes there are not one (overlong forms,
+ * surrogates and code points above U+10FFFF included). */
+static size_t utf8_seq(const unsigned char *s)
+{
+	unsigned c = s[0];
+	if (c < 0x80)
+		return 1;
+	size_t n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+	if (!n || c > 0xf4)
+		return 0;
+	for (size_t i = 1; i < n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) ||
+	    (c == 0xf4 && s[1] > 0x8f))
+		return 0;
+	return n;
+}
+
 void ps_buf_add_json_string(ps_buf *b, const char *s)
 {
-	cJSON *str = cJSON_CreateString(s);
-	char *txt = str ? cJSON_PrintUnformatted(str) : NULL;
-	if (txt)
-		ps_buf_adds(b, txt);
-	else
-		b->oom = true;
-	cJSON_free(txt);
-	cJSON_Delete(str);
+	/* Whatever the bytes (a name from a request, a file name): quotes, backslashes and control characters
+	 * are escaped, and bytes that are not UTF-8 become U+FFFD, so the result is always valid JSON. */
+	ps_buf_add(b, "\"", 1);
+	const unsigned char *p = (const unsigned char *)s;
+	while (*p) {
+		size_t n = utf8_seq(p);
+		if (n == 0) {
+			ps_buf_adds(b, "\\ufffd");
+			p++;
+		} else if (*p == '"' || *p == '\\') {
+			ps_buf_add(b, "\\", 1);
+			ps_buf_add(b, p++, 1);
+		} else if (*p < 0x20 || *p == 0x7f) {
+			ps_buf_printf(b, "\\u%04x", *p++);
+		} else {
+			ps_buf_add(b, p, n);
+			p += n;
+		}
+	}
+	ps_buf_add(b, "\"", 1);
 }
 
 /* ---- parsing ---- */

@@ -6,7 +6,7 @@
  * Pure functions over byte buffers: nothing here knows about HTTP connections or the engine, so the fuzz
  * target (fuzz/pipeserve_fuzz.c) drives the parser exactly as the server does. JSON is read with cJSON;
  * float arrays are written by hand ("%.9g", which round-trips every float) because they dominate the size
- * of a response, while every string goes through cJSON's escaping.
+ * of a response, and every string is escaped here (bytes that are not UTF-8 become U+FFFD).
  *
  * Thread safety: every function is reentrant (cJSON is, as long as nobody calls cJSON_GetErrorPtr).
  */
@@ -29,7 +29,8 @@ void ps_buf_free(ps_buf *b);
 void ps_buf_add(ps_buf *b, const void *data, size_t n);
 void ps_buf_adds(ps_buf *b, const char *s);
 void ps_buf_printf(ps_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Append `s` as a JSON string literal (quoted and escaped). */
+/* Append `s` as a JSON string literal: quoted, '"', '\\' and control characters escaped, and every byte that
+ * does not belong to a valid UTF-8 sequence replaced by U+FFFD, so the output is valid JSON whatever `s`. */
 void ps_buf_add_json_string(ps_buf *b, const char *s);
 
 /* What the protocol exposes of the served model: one FP32 input [-1, in_width], one output [-1, out_width]. */
