@@ -250,6 +250,37 @@ START_TEST(error_messages_are_valid_json_whatever_bytes_they_quote)
 }
 END_TEST
 
+/* One rule for JSON and binary data: finite FP32 numbers only. */
+START_TEST(nan_and_infinity_are_refused_in_json_and_in_binary_alike)
+{
+	const char json[] = "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],"
+			    "\"parameters\":{\"binary_data_size\":12}}]}";
+	const float bad[] = {NAN, INFINITY, -INFINITY};
+	for (int k = 0; k < 4; k++) {
+		char body[sizeof json + 12];
+		float v[3] = {1, 2, 3};
+		if (k < 3)
+			v[1] = bad[k];
+		memcpy(body, json, sizeof json - 1);
+		memcpy(body + sizeof json - 1, v, sizeof v);
+		ps_infer_req rq;
+		int st = parse(body, sizeof body - 1, (long long)(sizeof json - 1), &rq);
+		ck_assert_int_eq(st, k < 3 ? 400 : 0);
+		ps_infer_req_clear(&rq);
+	}
+	const char *js[] = {"1e39", "-1e39", "NaN", "Infinity"};
+	for (size_t i = 0; i < 4; i++) {
+		char body[256];
+		int n = snprintf(body, sizeof body,
+				 "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],"
+				 "\"data\":[1,%s,3]}]}",
+				 js[i]);
+		ps_infer_req rq;
+		ck_assert_int_eq(parse(body, (size_t)n, -1, &rq), 400);
+	}
+}
+END_TEST
+
 START_TEST(load_requests_name_a_file_or_nothing)
 {
 	char *path, err[128];
@@ -283,6 +314,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, malformed_requests_get_400_and_oversized_ones_413);
 	tcase_add_test(tc, a_text_of_more_values_than_the_largest_request_is_refused_before_parsing);
 	tcase_add_test(tc, error_messages_are_valid_json_whatever_bytes_they_quote);
+	tcase_add_test(tc, nan_and_infinity_are_refused_in_json_and_in_binary_alike);
 	tcase_add_test(tc, load_requests_name_a_file_or_nothing);
 	suite_add_tcase(s, tc);
 	return s;

@@ -176,7 +176,7 @@ static int put_number(const cJSON *v, float *dst, size_t *pos, size_t total, cha
 		FAIL(400, "input data must be numbers (found a non-numeric element)");
 	double d = v->valuedouble;
 	if (!isfinite(d) || fabs(d) > FLT_MAX)
-		FAIL(400, "input data element out of FP32 range");
+		FAIL(400, "input data element out of FP32 range (finite FP32 numbers only)");
 	if (*pos >= total)
 		FAIL(400, "input data has more elements than its shape");
 	dst[(*pos)++] = (float)d;
@@ -303,6 +303,15 @@ static int parse_input(const ps_model_info *mi, const cJSON *in, size_t json_len
 			     total * sizeof(float));
 		if ((size_t)bsize > bin_len - *bin_pos)
 			FAIL(400, "binary data shorter than binary_data_size");
+		/* The same rule as for JSON data (put_number): finite FP32 only. */
+		for (size_t i = 0; i < total; i++) {
+			float f;
+			memcpy(&f, bin + *bin_pos + i * sizeof f, sizeof f);
+			if (!isfinite(f))
+				FAIL(400,
+				     "input data element %zu is not a finite FP32 number (NaN or infinity)",
+				     i);
+		}
 		rq->in = bin + *bin_pos;
 		*bin_pos += (size_t)bsize;
 		return 0;
