@@ -1109,6 +1109,72 @@ START_TEST(every_infer_request_received_ends_in_exactly_one_counter)
 }
 END_TEST
 
+/* ---- HTTP framing ---- */
+
+/* Send raw bytes, read what comes back until the server closes or 3 s pass. */
+static void raw_exchange(int port, const char *req, char *out, size_t n)
+{
+	int fd = http_connect(port);
+	ck_assert_int_ge(fd, 0);
+	struct timeval tv = {.tv_sec = 3};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	ck_assert_int_eq(write_all(fd, req, strlen(req)), 0);
+	size_t got = 0;
+	ssize_t k;
+	while (got + 1 < n && (k = recv(fd, out + got, n - 1 - got, 0)) > 0)
+		got += (size_t)k;
+	out[got] = '\0';
+	close(fd);
+}
+
+START_TEST(ambiguous_framing_is_refused_with_an_answer)
+{
+	make_models();
+	srv s;
+	start(&s, NULL);
+	static const struct {
+		const char *what, *req, *status;
+		bool json; /* our own answer (MHD's own errors are HTML) */
+	} cases[] = {
+	    {"two Content-Length",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: "
+	     "3\r\n\r\n{}",
+	     "HTTP/1.1 400 ", true},
+	    {"Transfer-Encoding gzip",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n{}",
+	     "HTTP/1.1 501 ", true},
+	    {"chunked and Content-Length",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: "
+	     "2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+	     "HTTP/1.1 400 ", true},
+	    {"HTTP/1.1 without Host", "GET /v2/health/live HTTP/1.1\r\n\r\n", "HTTP/1.1 400 ", false},
+	    {"malformed Content-Length",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}",
+	     "HTTP/1.1 400 ", false},
+	};
+	char out[4096];
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		uint64_t t0 = (uint64_t)time(NULL);
+		raw_exchange(s.port, cases[i].req, out, sizeof out);
+		ck_assert_msg(strncmp(out, cases[i].status, strlen(cases[i].status)) == 0,
+			      "%s: got \"%.200s\"", cases[i].what, out);
+		ck_assert_msg((uint64_t)time(NULL) - t0 <= 2, "%s: the answer took %llus", cases[i].what,
+			      (unsigned long long)((uint64_t)time(NULL) - t0));
+		if (cases[i].json)
+			ck_assert_msg(strstr(out, "\r\n\r\n{\"error\":"), "%s: %s", cases[i].what, out);
+	}
+	/* chunked alone is fine */
+	raw_exchange(
+	    s.port,
+	    "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: "
+	    "close\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+	    out, sizeof out);
+	ck_assert_msg(strncmp(out, "HTTP/1.1 400 ", 13) == 0 && strstr(out, "inputs"), "%s", out);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
 /* ---- connection floods ---- */
 
 /* A connection from a source address of the loopback network (127.0.0.0/8), so that floods and the normal
@@ -1395,6 +1461,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_being_read);
 	tcase_add_test(tc, floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served);
 	tcase_add_test(tc, every_infer_request_received_ends_in_exactly_one_counter);
+	tcase_add_test(tc, ambiguous_framing_is_refused_with_an_answer);
 	tcase_add_test(tc, many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -513,6 +514,48 @@ static enum MHD_Result dispatch(ps_ctx *x)
 	return send_error(c, MHD_HTTP_NOT_FOUND, "not found");
 }
 
+static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind, const char *key,
+					    const char *value)
+{
+	(void)kind;
+	(void)value;
+	if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+		++*(unsigned *)cls;
+	return MHD_YES;
+}
+
+/*
+ * Framing that libmicrohttpd 0.9.75 lets through to the handler and that we refuse, each with a JSON error
+ * on the request's first call (MHD then closes the connection: its framing cannot be trusted): two
+ * Content-Length headers, a Transfer-Encoding other than chunked (MHD would read the body until the client
+ * closes), chunked together with a Content-Length, HTTP/1.1 without Host (MHD_OPTION_STRICT_FOR_CLIENT
+ * refuses it first, with an HTML body). @return 0 when the head is acceptable, else the status, with `msg`.
+ */
+static unsigned check_framing(struct MHD_Connection *c, const char *version, const char **msg)
+{
+	unsigned ncl = 0;
+	MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &ncl);
+	const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+	if (ncl > 1) {
+		*msg = "more than one Content-Length header";
+		return MHD_HTTP_BAD_REQUEST;
+	}
+	if (te && strcasecmp(te, "chunked") != 0) {
+		*msg = "Transfer-Encoding not supported (only chunked)";
+		return MHD_HTTP_NOT_IMPLEMENTED;
+	}
+	if (te && ncl) {
+		*msg = "both Transfer-Encoding and Content-Length";
+		return MHD_HTTP_BAD_REQUEST;
+	}
+	if (strcmp(version, MHD_HTTP_VERSION_1_1) == 0 &&
+	    !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
+		*msg = "HTTP/1.1 request without Host";
+		return MHD_HTTP_BAD_REQUEST;
+	}
+	return 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 				  const char *version, const char *upload_data, size_t *upload_data_size,
 				  void **con_cls)
@@ -535,6 +578,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		if (x->route == R_INFER && x->method_ok) {
 			x->received = true;
 			atomic_fetch_add_explicit(&s->metrics.infer_received, 1, memory_order_relaxed);
+		}
+		const char *why = NULL;
+		unsigned bad = check_framing(c, version, &why);
+		if (bad) {
+			count_fail(x, (int)bad);
+			return send_error(c, bad, why);
 		}
 		/* Answer on a later call, even without a body: a response queued on the first call counts as
 		 * "early" (before the body) and costs the keep-alive. */
@@ -693,6 +742,7 @@ int ps_http_start(ps_server *s)
 	/* MHD's own idle timeout, in whole seconds: a backstop behind the reaper's deadline. */
 	unsigned idle_s = (unsigned)((s->cfg.request_timeout_ms + 999) / 1000);
 	unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+	/* MHD_OPTION_STRICT_FOR_CLIENT 1: HTTP/1.1 without Host and spaces in the URL are refused by MHD. */
 	if (ai->ai_family == AF_INET6)
 		flags |= MHD_USE_IPv6;
 	s->mhd = MHD_start_daemon(
@@ -700,7 +750,8 @@ int ps_http_start(ps_server *s)
 	    MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
 	    s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
 	    MHD_OPTION_CONNECTION_LIMIT, s->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-	    s->cfg.max_conns_per_ip, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
+	    s->cfg.max_conns_per_ip, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
+	    MHD_OPTION_STRICT_FOR_CLIENT, (int)1, MHD_OPTION_END);
 	freeaddrinfo(ai);
 	if (!s->mhd) {
 		ps_log("cannot listen on %s port %u", s->cfg.host, s->cfg.port);
