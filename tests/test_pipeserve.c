@@ -1175,6 +1175,41 @@ START_TEST(ambiguous_framing_is_refused_with_an_answer)
 }
 END_TEST
 
+START_TEST(head_answers_as_get_without_a_body)
+{
+	make_models();
+	srv s;
+	start(&s, NULL);
+	const char *paths[] = {"/v2",	       "/v2/health/live",    "/v2/health/ready",
+			       "/v2/models/a", "/v2/models/a/ready", "/v2/models/a/versions/1",
+			       "/metrics"};
+	for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+		int fd = http_connect(s.port);
+		char req[256], out[2048];
+		snprintf(req, sizeof req, "HEAD %s HTTP/1.1\r\nHost: x\r\n\r\n", paths[i]);
+		ck_assert_int_eq(write_all(fd, req, strlen(req)), 0);
+		ssize_t n = recv(fd, out, sizeof out - 1, 0);
+		ck_assert_int_gt(n, 0);
+		out[n] = '\0';
+		ck_assert_msg(strncmp(out, "HTTP/1.1 200 ", 13) == 0, "HEAD %s: %s", paths[i], out);
+		char *end = strstr(out, "\r\n\r\n");
+		ck_assert_msg(end && end[4] == '\0', "HEAD %s: a body came: %s", paths[i], out);
+		/* the connection stays usable: a GET after it gets its whole answer */
+		http_resp r;
+		ck_assert_int_eq(http_send(fd, "GET", paths[i], NULL, NULL, 0, &r), 0);
+		ck_assert_int_eq(r.status, 200);
+		http_resp_free(&r);
+		close(fd);
+	}
+	char out[1024];
+	raw_exchange(s.port, "HEAD /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", out,
+		     sizeof out);
+	ck_assert_msg(strncmp(out, "HTTP/1.1 405 ", 13) == 0, "%s", out);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
 /* ---- connection floods ---- */
 
 /* A connection from a source address of the loopback network (127.0.0.0/8), so that floods and the normal
@@ -1462,6 +1497,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served);
 	tcase_add_test(tc, every_infer_request_received_ends_in_exactly_one_counter);
 	tcase_add_test(tc, ambiguous_framing_is_refused_with_an_answer);
+	tcase_add_test(tc, head_answers_as_get_without_a_body);
 	tcase_add_test(tc, many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);

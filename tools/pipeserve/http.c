@@ -166,7 +166,8 @@ static void route_request(ps_ctx *x, const char *url, const char *method)
 	char tmp[1024];
 	char *seg[8];
 	int n = split_path(url, tmp, sizeof tmp, seg, 8);
-	bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
+	/* HEAD is GET without the body (RFC 9110 9.3.2): every GET route takes it; MHD leaves the body out. */
+	bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
 	bool post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
 	x->route = R_NOT_FOUND;
 	x->method_ok = true;
