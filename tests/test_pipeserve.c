@@ -1481,6 +1481,61 @@ START_TEST(help_and_bad_flags)
 }
 END_TEST
 
+/* Run the server with up to two arguments; its standard output and error go to `out`. @return the exit
+ * status. */
+static int run_capture(const char *a, const char *b, char *out, size_t n)
+{
+	int pfd[2];
+	ck_assert_int_eq(pipe(pfd), 0);
+	pid_t pid = fork();
+	if (pid == 0) {
+		dup2(pfd[1], 1);
+		dup2(pfd[1], 2);
+		close(pfd[0]);
+		execl(PIPESERVE_BIN, PIPESERVE_BIN, a, b, (char *)NULL);
+		_exit(127);
+	}
+	close(pfd[1]);
+	size_t got = 0;
+	ssize_t k;
+	while (got + 1 < n && (k = read(pfd[0], out + got, n - 1 - got)) > 0)
+		got += (size_t)k;
+	out[got] = '\0';
+	close(pfd[0]);
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+START_TEST(bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2)
+{
+	static const struct {
+		const char *a, *b, *names, *rule;
+	} cases[] = {
+	    {"--demo", "layers=abc", "--demo layers", "[1, 4096]"},
+	    {"--demo", "layers=100000,hidden=100000", "--demo layers", "[1, 4096]"},
+	    {"--demo", "layers=100,hidden=100000", "--demo", "--max-model-bytes"},
+	    {"--demo", "act=sigmoid", "--demo", "relu, gelu or none"},
+	    {"--demo", "size=3", "--demo", "keys:"},
+	    {"--max-batch-rows", "0", "--max-batch-rows", "[1, 65536]"},
+	    {"--threads", "many", "--threads", "[1, 256]"},
+	    {"--no-such-flag", NULL, "--no-such-flag", "unknown option"},
+	    {"--port", NULL, "--port", "needs a value"},
+	};
+	char out[4096];
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int st = run_capture(cases[i].a, cases[i].b, out, sizeof out);
+		ck_assert_msg(st == 2, "%s %s: exit %d: %s", cases[i].a, cases[i].b, st, out);
+		char *nl = strchr(out, '\n');
+		ck_assert_msg(nl && nl[1] == '\0', "%s %s: not one line: %s", cases[i].a, cases[i].b, out);
+		ck_assert_msg(strstr(out, cases[i].names) && strstr(out, cases[i].rule), "%s %s: %s",
+			      cases[i].a, cases[i].b, out);
+	}
+	ck_assert_int_eq(run_capture("--version", NULL, out, sizeof out), 0);
+	ck_assert_msg(strncmp(out, "pipeserve (mbpipe) ", 19) == 0 && strstr(out, mbp_version()), "%s", out);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipeserve");
@@ -1503,6 +1558,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);
 	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing);
 	tcase_add_test(tc, help_and_bad_flags);
+	tcase_add_test(tc, bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -59,20 +59,21 @@ static const char usage[] =
     "                           connecting or of its previous answer, or is closed (default 10000)\n"
     "  --load-timeout-ms N      longest time a load may spend reading its file (default 30000)\n"
     "  --help                   this text\n"
+    "  --version                the version\n"
     "\n"
     "Endpoints: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/NAME[/versions/V][/ready],\n"
     "POST /v2/models/NAME[/versions/V]/infer, POST /v2/repository/models/NAME/load with\n"
     "{\"parameters\": {\"file\": \"FILE\"}} (live weight swap from --model-repository), POST\n"
     "/v2/repository/index, GET /metrics.\n";
 
-static int parse_u64(const char *flag, const char *v, uint64_t max, uint64_t *out)
+static int parse_u64(const char *flag, const char *v, uint64_t min, uint64_t max, uint64_t *out)
 {
 	char *end;
 	errno = 0;
 	unsigned long long x = strtoull(v, &end, 10);
-	if (errno || end == v || *end || v[0] == '-' || x > max) {
-		fprintf(stderr, "pipeserve: %s wants an integer in [0, %llu], got \"%s\"\n", flag,
-			(unsigned long long)max, v);
+	if (errno || end == v || *end || v[0] == '-' || x < min || x > max) {
+		fprintf(stderr, "pipeserve: %s wants an integer in [%llu, %llu], got \"%s\"\n", flag,
+			(unsigned long long)min, (unsigned long long)max, v);
 		return -1;
 	}
 	*out = x;
@@ -127,12 +128,8 @@ static int set_flag(ps_config *c, const flag *f, const char *arg)
 	char name[64];
 	snprintf(name, sizeof name, "--%s", f->name);
 	uint64_t v;
-	if (parse_u64(name, arg, f->max, &v))
+	if (parse_u64(name, arg, f->min, f->max, &v))
 		return -1;
-	if (v < f->min) {
-		fprintf(stderr, "pipeserve: %s must be at least %llu\n", name, (unsigned long long)f->min);
-		return -1;
-	}
 	switch (f->kind) {
 	case F_UNSIGNED:
 		*(unsigned *)field = (unsigned)v;
@@ -152,14 +149,119 @@ static int set_flag(ps_config *c, const flag *f, const char *arg)
 	return 0;
 }
 
+/* Parse the --demo spec over the defaults and check that the model fits --max-model-bytes. @return 0 or -1
+ * (one line printed, naming the key and its rule). */
+static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
+{
+	*ms = (mbp_model_spec){.layers = 6,
+			       .in = 128,
+			       .hidden = 512,
+			       .out = 16,
+			       .act = MBP_ACT_RELU,
+			       .dtype = MBP_DTYPE_F32,
+			       .seed = 1};
+	static const struct {
+		const char *key;
+		uint64_t min, max;
+	} keys[] = {{"layers", 1, MBP_MODEL_MAX_LAYERS},
+		    {"in", 1, MBP_MODEL_MAX_WIDTH},
+		    {"hidden", 1, MBP_MODEL_MAX_WIDTH},
+		    {"out", 1, MBP_MODEL_MAX_WIDTH},
+		    {"seed", 0, UINT64_MAX},
+		    {"norm", 0, 1}};
+	char buf[256];
+	if (strlen(spec) >= sizeof buf) {
+		fprintf(stderr, "pipeserve: --demo: the spec is longer than %zu characters\n",
+			sizeof buf - 1);
+		return -1;
+	}
+	strcpy(buf, spec);
+	char *save = NULL;
+	for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+		char *eq = strchr(kv, '=');
+		if (!eq) {
+			fprintf(stderr, "pipeserve: --demo: \"%s\" is not KEY=VALUE\n", kv);
+			return -1;
+		}
+		*eq = '\0';
+		const char *k = kv, *val = eq + 1;
+		if (strcmp(k, "act") == 0) {
+			if (strcmp(val, "relu") == 0)
+				ms->act = MBP_ACT_RELU;
+			else if (strcmp(val, "gelu") == 0)
+				ms->act = MBP_ACT_GELU;
+			else if (strcmp(val, "none") == 0)
+				ms->act = MBP_ACT_NONE;
+			else {
+				fprintf(stderr, "pipeserve: --demo: act is relu, gelu or none, got \"%s\"\n",
+					val);
+				return -1;
+			}
+			continue;
+		}
+		size_t i = 0;
+		while (i < sizeof keys / sizeof keys[0] && strcmp(keys[i].key, k) != 0)
+			i++;
+		if (i == sizeof keys / sizeof keys[0]) {
+			fprintf(stderr,
+				"pipeserve: --demo: unknown key \"%s\" (keys: layers, in, hidden, out, seed, "
+				"act, "
+				"norm)\n",
+				k);
+			return -1;
+		}
+		char name[32];
+		snprintf(name, sizeof name, "--demo %s", k);
+		uint64_t v;
+		if (parse_u64(name, val, keys[i].min, keys[i].max, &v))
+			return -1;
+		switch (i) {
+		case 0:
+			ms->layers = (unsigned)v;
+			break;
+		case 1:
+			ms->in = (uint32_t)v;
+			break;
+		case 2:
+			ms->hidden = (uint32_t)v;
+			break;
+		case 3:
+			ms->out = (uint32_t)v;
+			break;
+		case 4:
+			ms->seed = v;
+			break;
+		default:
+			ms->norm = v != 0;
+			break;
+		}
+	}
+	/* Its weights, as the file will hold them (float32): within the bound every load has. */
+	double bytes = 0;
+	for (unsigned l = 0; l < ms->layers; l++) {
+		double in = l == 0 ? ms->in : ms->hidden, out = l + 1 == ms->layers ? ms->out : ms->hidden;
+		bytes += 4.0 * (in * out + out * (ms->norm && l + 1 < ms->layers ? 3 : 1));
+	}
+	if (bytes > (double)max_bytes) {
+		fprintf(
+		    stderr,
+		    "pipeserve: --demo: the model would hold %.0f bytes of weights, above --max-model-bytes "
+		    "(%llu)\n",
+		    bytes, (unsigned long long)max_bytes);
+		return -1;
+	}
+	return 0;
+}
+
 /* @return 0, 1 (--help shown), -1 (bad flags). */
 static int parse_flags(int argc, char **argv, ps_config *c)
 {
-	struct option opts[NFLAGS + 2];
+	struct option opts[NFLAGS + 3];
 	for (size_t i = 0; i < NFLAGS; i++)
 		opts[i] = (struct option){flags[i].name, required_argument, NULL, 256 + (int)i};
 	opts[NFLAGS] = (struct option){"help", no_argument, NULL, 'h'};
-	opts[NFLAGS + 1] = (struct option){NULL, 0, NULL, 0};
+	opts[NFLAGS + 1] = (struct option){"version", no_argument, NULL, 'V'};
+	opts[NFLAGS + 2] = (struct option){NULL, 0, NULL, 0};
 	*c = (ps_config){.host = "127.0.0.1",
 			 .port = 8000,
 			 .demo = "",
@@ -176,92 +278,40 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			 .request_timeout_ms = 10000,
 			 .load_timeout_ms = 30000};
 	int o;
+	opterr = 0; /* one line of our own instead of getopt's */
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		if (o == 'h') {
 			fputs(usage, stdout);
 			return 1;
 		}
+		if (o == 'V') {
+			printf("pipeserve (mbpipe) %s\n", mbp_version());
+			return 1;
+		}
 		if (o < 256 || o >= 256 + (int)NFLAGS) {
-			fputs(usage, stderr);
+			fprintf(stderr, "pipeserve: %s \"%s\" (pipeserve --help lists the options)\n",
+				optopt ? "option needs a value:" : "unknown option", argv[optind - 1]);
 			return -1;
 		}
 		if (set_flag(c, &flags[o - 256], optarg))
 			return -1;
 	}
 	if (optind < argc) {
-		fprintf(stderr, "pipeserve: unexpected argument \"%s\"\n%s", argv[optind], usage);
+		fprintf(stderr, "pipeserve: unexpected argument \"%s\" (options only; pipeserve --help)\n",
+			argv[optind]);
 		return -1;
 	}
+	if (!c->model_path && parse_demo(c->demo, c->max_model_bytes, &c->demo_spec))
+		return -1;
 	return 0;
 }
 
 /* ---- model ---- */
 
-/* Parse the --demo spec over the defaults. @return 0 or -1 (message printed). */
-static int parse_demo(const char *spec, mbp_model_spec *ms)
-{
-	*ms = (mbp_model_spec){.layers = 6,
-			       .in = 128,
-			       .hidden = 512,
-			       .out = 16,
-			       .act = MBP_ACT_RELU,
-			       .dtype = MBP_DTYPE_F32,
-			       .seed = 1};
-	char buf[256];
-	if (strlen(spec) >= sizeof buf) {
-		fprintf(stderr, "pipeserve: --demo spec too long\n");
-		return -1;
-	}
-	strcpy(buf, spec);
-	char *save = NULL;
-	for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-		char *eq = strchr(kv, '=');
-		if (!eq)
-			goto bad;
-		*eq = '\0';
-		const char *k = kv, *val = eq + 1;
-		uint64_t v = 0;
-		if (strcmp(k, "act") == 0) {
-			if (strcmp(val, "relu") == 0)
-				ms->act = MBP_ACT_RELU;
-			else if (strcmp(val, "gelu") == 0)
-				ms->act = MBP_ACT_GELU;
-			else if (strcmp(val, "none") == 0)
-				ms->act = MBP_ACT_NONE;
-			else
-				goto bad;
-			continue;
-		}
-		if (parse_u64(k, val, UINT32_MAX, &v))
-			return -1;
-		if (strcmp(k, "layers") == 0)
-			ms->layers = (unsigned)v;
-		else if (strcmp(k, "in") == 0)
-			ms->in = (uint32_t)v;
-		else if (strcmp(k, "hidden") == 0)
-			ms->hidden = (uint32_t)v;
-		else if (strcmp(k, "out") == 0)
-			ms->out = (uint32_t)v;
-		else if (strcmp(k, "seed") == 0)
-			ms->seed = v;
-		else if (strcmp(k, "norm") == 0)
-			ms->norm = v != 0;
-		else
-			goto bad;
-	}
-	return 0;
-bad:
-	fprintf(stderr,
-		"pipeserve: bad --demo spec \"%s\" (keys: layers, in, hidden, out, seed, act, norm)\n", spec);
-	return -1;
-}
-
 /* Write the demo model into a fresh temporary directory, load it, remove the file (the mapping stays). */
 static int load_demo(ps_server *s)
 {
-	mbp_model_spec ms;
-	if (parse_demo(s->cfg.demo, &ms))
-		return -EINVAL;
+	const mbp_model_spec ms = s->cfg.demo_spec;
 	const char *tmp = getenv("TMPDIR");
 	char dir[512], path[600];
 	snprintf(dir, sizeof dir, "%s/pipeserve-XXXXXX", tmp && *tmp ? tmp : "/tmp");

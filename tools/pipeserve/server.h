@@ -26,6 +26,7 @@ typedef struct ps_config {
 	const char *model_path;		  /* NULL: the built-in demo model */
 	const char *name;		  /* NULL: the file's stem, or "demo" */
 	const char *demo;		  /* demo model spec "layers=4,in=64,hidden=256,out=16,seed=1" */
+	mbp_model_spec demo_spec;	  /* the demo spec parsed (without --model) */
 	unsigned stages;		  /* 0: one per allowed CPU (at most one per layer) */
 	uint32_t max_batch_rows;	  /* 32 */
 	uint64_t max_queue_delay_us;	  /* 0 */
