@@ -203,6 +203,17 @@ START_TEST(random_model_files_are_deterministic_per_seed)
 	bad.hidden = 0;
 	ck_assert_int_eq(mbp_model_write_random(p[0], &bad), -EINVAL);
 	ck_assert_int_eq(mbp_model_write_random("/nonexistent-dir/x.safetensors", &sp), -ENOENT);
+	/* The usual mode under the umask: 0644 with 022, 0600 with 077. */
+	mode_t old = umask(022);
+	struct stat sb;
+	ck_assert_int_eq(mbp_model_write_random(p[0], &sp), 0);
+	ck_assert_int_eq(stat(p[0], &sb), 0);
+	ck_assert_uint_eq(sb.st_mode & 0777, 0644);
+	umask(077);
+	ck_assert_int_eq(mbp_model_write_random(p[0], &sp), 0);
+	ck_assert_int_eq(stat(p[0], &sb), 0);
+	ck_assert_uint_eq(sb.st_mode & 0777, 0600);
+	umask(old);
 }
 END_TEST
 

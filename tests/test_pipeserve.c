@@ -1483,8 +1483,20 @@ END_TEST
 
 /* Run the server with up to two arguments; its standard output and error go to `out`. @return the exit
  * status. */
+static int run_argv(const char *const *args, char *out, size_t n);
+
 static int run_capture(const char *a, const char *b, char *out, size_t n)
 {
+	const char *args[] = {a, b, NULL};
+	return run_argv(args, out, n);
+}
+
+/* Run the server with the NULL-terminated arguments; standard output and error go to `out`. */
+static int run_argv(const char *const *args, char *out, size_t n)
+{
+	const char *argv[16] = {PIPESERVE_BIN};
+	for (int i = 0; args[i] && i < 14; i++)
+		argv[i + 1] = args[i];
 	int pfd[2];
 	ck_assert_int_eq(pipe(pfd), 0);
 	pid_t pid = fork();
@@ -1492,7 +1504,7 @@ static int run_capture(const char *a, const char *b, char *out, size_t n)
 		dup2(pfd[1], 1);
 		dup2(pfd[1], 2);
 		close(pfd[0]);
-		execl(PIPESERVE_BIN, PIPESERVE_BIN, a, b, (char *)NULL);
+		execv(PIPESERVE_BIN, (char *const *)argv);
 		_exit(127);
 	}
 	close(pfd[1]);
@@ -1536,6 +1548,41 @@ START_TEST(bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2)
 }
 END_TEST
 
+START_TEST(the_command_line_writes_and_describes_a_model_file)
+{
+	make_models();
+	char file[600], out[4096];
+	snprintf(file, sizeof file, "%s/demo.safetensors", tmp_dir);
+	mode_t old = umask(022);
+	int st = run_argv((const char *const[]){"--write-demo-model", file, "--demo",
+						"layers=3,in=8,hidden=16,out=4,seed=7", NULL},
+			  out, sizeof out);
+	umask(old);
+	ck_assert_msg(st == 0, "exit %d: %s", st, out);
+	struct stat sb;
+	ck_assert_int_eq(stat(file, &sb), 0);
+	ck_assert_uint_eq(sb.st_mode & 0777, 0644); /* readable by the server's other users */
+	mbp_model *m = load(file);
+	ck_assert_uint_eq(mbp_model_layers(m), 3);
+	ck_assert_uint_eq(mbp_model_in_width(m), 8);
+	ck_assert_uint_eq(mbp_model_out_width(m), 4);
+	mbp_model_destroy(m);
+	st = run_argv((const char *const[]){"--describe", file, NULL}, out, sizeof out);
+	ck_assert_msg(st == 0 && strstr(out, "8 -> 4 floats per row") && strstr(out, "layer 2: 16 -> 4") &&
+			  strstr(out, "3 layers"),
+		      "exit %d: %s", st, out);
+	/* the server serves what was written */
+	srv s;
+	ck_assert_int_eq(srv_start(&s, (const char *const[]){"--model", file, NULL}), 0);
+	expect_status(s.port, "GET", "/v2/models/demo", 200, "\"shape\":[-1,8]");
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	ck_assert_int_eq(run_argv((const char *const[]){"--describe", tmp_dir, NULL}, out, sizeof out), 1);
+	ck_assert_msg(strstr(out, "not a regular file"), "%s", out);
+	unlink(file);
+	remove_models();
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipeserve");
@@ -1559,6 +1606,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing);
 	tcase_add_test(tc, help_and_bad_flags);
 	tcase_add_test(tc, bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2);
+	tcase_add_test(tc, the_command_line_writes_and_describes_a_model_file);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -443,7 +443,8 @@ typedef struct mbp_model_spec {
  * Write a model file with random weights, deterministic for a seed; nothing comes from the network.
  * Weights are uniform in +-sqrt(6 / fan-in) before an activation (He) and +-sqrt(3 / fan-in) without, so
  * activations keep their scale through the layers; biases +-0.1, norm gains 1 +- 0.1, norm biases +-0.1. The
- * file is written to a temporary name and renamed into place.
+ * file is written to a temporary name and renamed into place; its mode is 0666 under the umask (0644 with
+ * the usual umask 022).
  * @return 0, -EINVAL (bad spec), -errno from the file system, -ENOMEM.
  */
 int mbp_model_write_random(const char *path, const mbp_model_spec *spec);

@@ -58,6 +58,8 @@ static const char usage[] =
     "  --request-timeout-ms N   a connection sends each complete request (head and body) within N ms of\n"
     "                           connecting or of its previous answer, or is closed (default 10000)\n"
     "  --load-timeout-ms N      longest time a load may spend reading its file (default 30000)\n"
+    "  --write-demo-model FILE  write the --demo model (random weights) to FILE and exit\n"
+    "  --describe FILE          describe the model in FILE (layers, widths, sizes) and exit\n"
     "  --help                   this text\n"
     "  --version                the version\n"
     "\n"
@@ -110,6 +112,8 @@ static const flag flags[] = {
     FLAG("drain-timeout-ms", F_U64, drain_timeout_ms, 0, 86400000),
     FLAG("engine", F_STR, mbp_conf, 0, 0),
     FLAG("model-repository", F_STR, repository, 0, 0),
+    FLAG("write-demo-model", F_STR, write_demo, 0, 0),
+    FLAG("describe", F_STR, describe, 0, 0),
     FLAG("max-connections", F_UNSIGNED, max_connections, 1, 65536),
     FLAG("max-connections-per-ip", F_UNSIGNED, max_conns_per_ip, 1, 65536),
     FLAG("request-timeout-ms", F_U64, request_timeout_ms, 1, 3600000),
@@ -301,8 +305,12 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			argv[optind]);
 		return -1;
 	}
-	if (!c->model_path && parse_demo(c->demo, c->max_model_bytes, &c->demo_spec))
+	if ((!c->model_path || c->write_demo) && parse_demo(c->demo, c->max_model_bytes, &c->demo_spec))
 		return -1;
+	if (c->write_demo && c->describe) {
+		fprintf(stderr, "pipeserve: --write-demo-model and --describe: one at a time\n");
+		return -1;
+	}
 	return 0;
 }
 
@@ -471,6 +479,50 @@ static void log_startup(ps_server *s)
 	}
 }
 
+/* ---- model files from the command line ---- */
+
+/* --write-demo-model FILE: the --demo model with its random weights, then its description. */
+static int write_demo_model(const ps_config *c)
+{
+	int rc = mbp_model_write_random(c->write_demo, &c->demo_spec);
+	if (rc) {
+		fprintf(stderr, "pipeserve: cannot write %s: %s\n", c->write_demo, mbp_strerror(rc));
+		return 1;
+	}
+	printf("wrote %s\n", c->write_demo);
+	return 0;
+}
+
+/* --describe FILE: load it (with the --max-model-bytes bound) and print its layers. */
+static int describe_model(const ps_config *c)
+{
+	int fd = open(c->describe, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
+		fprintf(stderr, "pipeserve: cannot open %s: %s\n", c->describe, strerror(errno));
+		return 1;
+	}
+	mbp_model_load_opts lo = {.max_bytes = c->max_model_bytes,
+				  .timeout_ns = c->load_timeout_ms * 1000000};
+	mbp_model *m = NULL;
+	mbp_model_error e;
+	int rc = mbp_model_load_fd(&m, fd, c->describe, &lo, &e);
+	close(fd);
+	if (rc) {
+		fprintf(stderr, "pipeserve: %s\n", e.msg);
+		return 1;
+	}
+	int n = mbp_model_describe(m, NULL, 0);
+	char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
+	if (text) {
+		mbp_model_describe(m, text, (size_t)n + 1);
+		printf("%s: %u -> %u floats per row\n%s", c->describe, mbp_model_in_width(m),
+		       mbp_model_out_width(m), text);
+	}
+	free(text);
+	mbp_model_destroy(m);
+	return text ? 0 : 1;
+}
+
 /* ---- shutdown ---- */
 
 /* Wait until no admitted request is left, at most `ms` milliseconds. A second signal exits at once. */
@@ -497,6 +549,10 @@ int main(int argc, char **argv)
 	int pf = parse_flags(argc, argv, &s->cfg);
 	if (pf)
 		return pf > 0 ? 0 : 2;
+	if (s->cfg.write_demo)
+		return write_demo_model(&s->cfg);
+	if (s->cfg.describe)
+		return describe_model(&s->cfg);
 
 	/* Block the stop signals before any thread starts, so every thread inherits the mask and only the
 	 * main thread's sigwait takes them. */

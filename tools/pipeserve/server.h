@@ -38,6 +38,8 @@ typedef struct ps_config {
 	unsigned threads;		  /* HTTP worker threads. 2 */
 	uint64_t drain_timeout_ms;	  /* SIGTERM: longest wait for accepted requests. 30000 */
 	const char *mbp_conf;		  /* extra engine options, key=value,... (mbp_opts_parse) */
+	const char *write_demo;		  /* --write-demo-model FILE: write the demo model there and exit */
+	const char *describe;		  /* --describe FILE: describe that model and exit */
 	const char *repository;		  /* model repository folder: loads over HTTP off without it */
 	unsigned max_connections;	  /* open connections at most. 512 */
 	unsigned max_conns_per_ip;	  /* from one client address at most. 128 */
