@@ -453,6 +453,15 @@ static void log_startup(ps_server *s)
 	       "timeout %llu ms, %u HTTP threads",
 	       c->max_batch_rows, (unsigned long long)c->max_queue_delay_us, c->max_queue_rows,
 	       c->max_inflight ? c->max_inflight : 2 * nst, (unsigned long long)c->timeout_ms, c->threads);
+	if (c->repository)
+		ps_log("loads: over HTTP from the model repository %s (files at most %llu bytes, %llu ms)",
+		       c->repository, (unsigned long long)c->max_model_bytes,
+		       (unsigned long long)c->load_timeout_ms);
+	else
+		ps_log("loads: off over HTTP (no --model-repository)");
+	ps_log("limits: %u connections, %u per address, %llu ms per request, %llu body bytes in flight",
+	       c->max_connections, c->max_conns_per_ip, (unsigned long long)c->request_timeout_ms,
+	       (unsigned long long)c->max_inflight_body_bytes);
 	ps_log("blas: %s", mbp_blas_info());
 	if (mbp_blas_warning())
 		ps_log("blas warning: %s", mbp_blas_warning());
