@@ -799,7 +799,7 @@ static void *swap_loop(void *arg)
 	return NULL;
 }
 
-START_TEST(swap_under_load_gives_each_micro_batch_one_version_never_a_mix)
+START_TEST(swap_under_load_gives_each_job_one_version_never_a_mix)
 {
 	mbp_model_spec sp = {.layers = 6, .in = 48, .hidden = 64, .out = 16, .act = MBP_ACT_RELU, .seed = 1};
 	mbp_model *m = make_model(0, &sp);
@@ -821,22 +821,26 @@ START_TEST(swap_under_load_gives_each_micro_batch_one_version_never_a_mix)
 	enum { DEPTH = 16 };
 	mbp_job job[DEPTH];
 	float out[DEPTH][SW_ROWS * 16];
-	unsigned long jobs = mbp_iters(3000, 300), na = 0, nb = 0, mixed = 0;
+	unsigned long jobs = mbp_iters(3000, 300), na = 0, nb = 0, mixed = 0, jobs_mixed = 0;
 	for (unsigned long j = 0; j < jobs + DEPTH; j++) {
 		unsigned slot = j % DEPTH;
 		if (j >= DEPTH) { /* check the job submitted DEPTH ago */
 			ck_assert_int_eq(mbp_job_wait(&job[slot], -1), 0);
 			ck_assert_int_eq(job[slot].status, 0);
 			unsigned in = (j - DEPTH) % SW_INPUTS;
+			unsigned ja = 0, jb = 0;
 			for (unsigned k = 0; k < SW_ROWS / SW_MB; k++) {
 				size_t off = (size_t)k * SW_MB * 16, n = SW_MB * 16 * sizeof(float);
 				if (!memcmp(out[slot] + off, ra[in] + off, n))
-					na++;
+					ja++;
 				else if (!memcmp(out[slot] + off, rb[in] + off, n))
-					nb++;
+					jb++;
 				else
 					mixed++;
 			}
+			na += ja;
+			nb += jb;
+			jobs_mixed += ja && jb; /* a job runs on one version */
 		}
 		if (j < jobs) {
 			/* keep going until both versions have been current for a while */
@@ -855,6 +859,7 @@ START_TEST(swap_under_load_gives_each_micro_batch_one_version_never_a_mix)
 		fprintf(stderr, "swap under load: %lu micro-batches on A, %lu on B, %u swaps\n", na, nb,
 			atomic_load(&sw.swaps));
 	ck_assert_msg(mixed == 0, "%lu micro-batches match neither version (%lu A, %lu B)", mixed, na, nb);
+	ck_assert_msg(jobs_mixed == 0, "%lu jobs ran partly on each version", jobs_mixed);
 	ck_assert_msg(na > 0 && nb > 0, "both versions should have served: %lu A, %lu B, %u swaps", na, nb,
 		      atomic_load(&sw.swaps));
 	ck_assert_uint_eq(mbp_model_versions_alive(m), 1); /* every old version was freed */
@@ -891,7 +896,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tp, 60);
 	tcase_add_test(tp, pipeline_output_equals_the_reference_bit_for_bit);
 	tcase_add_test(tp, a_pinned_micro_batch_runs_with_its_version_after_a_swap);
-	tcase_add_test(tp, swap_under_load_gives_each_micro_batch_one_version_never_a_mix);
+	tcase_add_test(tp, swap_under_load_gives_each_job_one_version_never_a_mix);
 	suite_add_tcase(s, tp);
 	return s;
 }

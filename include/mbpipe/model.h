@@ -61,7 +61,10 @@
  * published through an RCU-protected pointer.
  *   - Stage 0, for each micro-batch: rcu_read_lock, rcu_dereference(current), take a reference,
  *     rcu_read_unlock; the version goes into mb->carry. A micro-batch pinned by its submitter
- *     (mbp_model_mb_pin) arrives with its reference in mb->carry already, and stage 0 uses that one. The read-side section only covers the pointer
+ *     (mbp_model_mb_pin) arrives with its reference in mb->carry already, and stage 0 uses that one. A
+ *     job's micro-batches (mbp_job_submit, mbp_run) reach stage 0 one after the other: the first takes the
+ *     current version and stage 0 holds a reference to it until the job's last one, so every row of a job
+ *     is computed with one version. The read-side section only covers the pointer
  *     load and the reference increment, so a swap never waits for a computation.
  *   - Later stages use the version in mb->carry: a micro-batch computes with one version from its first
  *     layer to its last.
@@ -381,7 +384,8 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * Replace the model's weights by those of `next`, while its stages run.
  *
  * Micro-batches that already took the old weights finish with them; those that start stage 0 after the
- * swap use the new ones; none mixes the two. Returns after a grace period (synchronize_rcu); the old
+ * swap use the new ones (but a job under way finishes on its version, and a pinned micro-batch runs on its
+ * pin); none mixes the two. Returns after a grace period (synchronize_rcu); the old
  * weights are freed when the last micro-batch using them leaves the pipeline. Must not be called from a
  * stage function.
  *
@@ -417,7 +421,7 @@ void mbp_model_weights_put(mbp_model_weights *w);
  * mbp_mb_acquire() and before mbp_mb_submit(); the stages drop it when the micro-batch leaves the pipeline.
  * Call mbp_model_mb_unpin() on every result (and on a buffer whose submit failed): it drops the reference
  * of a micro-batch that no stage saw (cancelled before stage 0) and does nothing otherwise.
- * Micro-batches of jobs (mbp_job_submit, mbp_run) cannot be pinned.
+ * Micro-batches of jobs (mbp_job_submit, mbp_run) cannot be pinned: a job runs on one version by itself.
  * @return 0, -EINVAL (NULL, or mb->carry already set).
  */
 int mbp_model_mb_pin(mbp_mb *mb, mbp_model_weights *w);
