@@ -246,8 +246,10 @@ int mbp_mb_acquire(mbp_pipeline *p, mbp_mb **mb, int64_t timeout_ns)
 	if (st != ST_RUNNING)
 		return st == ST_NEW ? -ENOTCONN : -ESHUTDOWN;
 	int rc = mbp_pool_get(p->mb_pool, NULL, mb, timeout_ns);
-	if (rc == 0)
+	if (rc == 0) {
 		(*mb)->row_bytes = (uint32_t)p->o.in_row_bytes;
+		(*mb)->carry = NULL; /* the submitter's to set: stage 0 receives it as it is */
+	}
 	return rc;
 }
 
@@ -275,7 +277,6 @@ int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 	mb->status = 0;
 	mb->stage = UINT32_MAX;
 	mb->job = NULL;
-	mb->carry = NULL;
 	struct mbp__buf *b = mbp__buf_of(mb);
 	rc = mbp__ingress_put(&p->ingress, (struct mbp__item *)(void *)b->link, MBP__ITEM_MB, timeout_ns);
 	if (rc == 0)

@@ -5,12 +5,16 @@
  */
 #include "config.h"
 
+#include <endian.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -199,6 +203,106 @@ START_TEST(random_model_files_are_deterministic_per_seed)
 	bad.hidden = 0;
 	ck_assert_int_eq(mbp_model_write_random(p[0], &bad), -EINVAL);
 	ck_assert_int_eq(mbp_model_write_random("/nonexistent-dir/x.safetensors", &sp), -ENOENT);
+	/* The usual mode under the umask: 0644 with 022, 0600 with 077. */
+	mode_t old = umask(022);
+	struct stat sb;
+	ck_assert_int_eq(mbp_model_write_random(p[0], &sp), 0);
+	ck_assert_int_eq(stat(p[0], &sb), 0);
+	ck_assert_uint_eq(sb.st_mode & 0777, 0644);
+	umask(077);
+	ck_assert_int_eq(mbp_model_write_random(p[0], &sp), 0);
+	ck_assert_int_eq(stat(p[0], &sb), 0);
+	ck_assert_uint_eq(sb.st_mode & 0777, 0600);
+	umask(old);
+}
+END_TEST
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The weights are the process's own: truncating or rewriting the file after the load changes nothing. */
+START_TEST(a_loaded_model_does_not_see_its_file_change)
+{
+	mbp_model_spec sp = {.layers = 3, .in = 16, .hidden = 32, .out = 4, .act = MBP_ACT_RELU, .seed = 5};
+	mbp_model *m = make_model(0, &sp);
+	float *x = random_rows(4 * 16, 9);
+	float before[4 * 4], after[4 * 4];
+	ck_assert_int_eq(mbp_model_forward(m, x, before, 4, 0), 0);
+	char p[128], q[128];
+	snprintf(p, sizeof(p), "%s/m0.safetensors", dir);
+	snprintf(q, sizeof(q), "%s/m1.safetensors", dir);
+	sp.seed = 6; /* same size, other weights, written over the first file in place */
+	ck_assert_int_eq(mbp_model_write_random(q, &sp), 0);
+	FILE *src = fopen(q, "rb"), *dst = fopen(p, "r+b");
+	ck_assert(src && dst);
+	char buf[4096];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof(buf), src)) > 0)
+		ck_assert_uint_eq(fwrite(buf, 1, n, dst), n);
+	fclose(src);
+	fclose(dst);
+	ck_assert_int_eq(mbp_model_forward(m, x, after, 4, 0), 0);
+	ck_assert_mem_eq(before, after, sizeof(before));
+	ck_assert_int_eq(truncate(p, 0), 0); /* with a mapping this was SIGBUS */
+	ck_assert_int_eq(mbp_model_forward(m, x, after, 4, 0), 0);
+	ck_assert_mem_eq(before, after, sizeof(before));
+	mbp_model_destroy(m);
+	free(x);
+}
+END_TEST
+
+/* What is not a regular file is refused without blocking; a bound on the size is checked before reading;
+ * a huge sparse file with a bad header fails on its first 8 bytes. */
+START_TEST(load_refuses_what_is_not_a_regular_file_and_checks_sizes_first)
+{
+	mbp_model *m = NULL;
+	mbp_model_error e;
+	char p[128];
+	snprintf(p, sizeof(p), "%s/m2.safetensors", dir);
+	ck_assert_int_eq(mkfifo(p, 0600), 0); /* no writer: a blocking open would wait forever */
+	ck_assert_int_eq(mbp_model_load(&m, p, &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_LOAD_NOT_REGULAR);
+	ck_assert_ptr_nonnull(strstr(e.msg, "FIFO"));
+	unlink(p);
+	ck_assert_int_eq(mbp_model_load(&m, dir, &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_LOAD_NOT_REGULAR);
+	ck_assert_int_eq(mbp_model_load(&m, "/dev/zero", &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_LOAD_NOT_REGULAR);
+	ck_assert_ptr_null(m);
+
+	mbp_model_spec sp = {.layers = 2, .in = 16, .hidden = 16, .out = 4, .seed = 1};
+	ck_assert_int_eq(mbp_model_write_random(p, &sp), 0);
+	int fd = open(p, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	mbp_model_load_opts o = {.max_bytes = 100};
+	ck_assert_int_eq(mbp_model_load_fd(&m, fd, "small", &o, &e), -EFBIG);
+	ck_assert_int_eq(e.rule, MBP_LOAD_TOO_LARGE);
+	ck_assert_ptr_nonnull(strstr(e.msg, "small: "));
+	o.max_bytes = 1u << 20;
+	ck_assert_int_eq(mbp_model_load_fd(&m, fd, "small", &o, &e), 0);
+	mbp_model_destroy(m);
+	close(fd);
+
+	/* 4 GiB of holes: the header length (0) is read and refused before anything else is. */
+	fd = open(p, O_RDWR | O_TRUNC);
+	ck_assert_int_ge(fd, 0);
+	if (ftruncate(fd, (off_t)4 << 30) == 0) { /* a file system without sparse files skips this part */
+		uint64_t t0 = mono_ns();
+		ck_assert_int_eq(mbp_model_load_fd(&m, fd, "sparse", NULL, &e), -EBADMSG);
+		ck_assert_int_eq(e.rule, MBP_ST_HEADER_START);
+		ck_assert_uint_lt(mono_ns() - t0, 1000000000u);
+		/* a header length that claims the whole file is read as a header no further than the bound */
+		uint64_t big = htole64(((uint64_t)4 << 30) - 8);
+		ck_assert_int_eq(pwrite(fd, &big, 8, 0), 8);
+		ck_assert_int_eq(mbp_model_load_fd(&m, fd, "sparse", NULL, &e), -E2BIG);
+		ck_assert_int_eq(e.rule, MBP_ST_HEADER_TOO_LARGE);
+	}
+	close(fd);
+	unlink(p);
 }
 END_TEST
 
@@ -562,6 +666,59 @@ static void on_result(void *arg, mbp_mb *mb)
 	pthread_mutex_unlock(&r->lock);
 }
 
+/* Micro-batches pinned to a version run with it after a swap; unpinned ones take the new version. */
+START_TEST(a_pinned_micro_batch_runs_with_its_version_after_a_swap)
+{
+	mbp_model_spec sp = {.layers = 3, .in = 8, .hidden = 16, .out = 4, .act = MBP_ACT_RELU, .seed = 1};
+	mbp_model *m = make_model(0, &sp), *ref_a = reload(0);
+	sp.seed = 2;
+	mbp_model *next = make_model(1, &sp), *ref_b = reload(1);
+	struct results r = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+	mbp_model_stages *st;
+	mbp_pipeline *p = model_pipeline(m, &st, 2, 4, on_result, &r);
+	mbp_model_weights *w1 = mbp_model_weights_get(m);
+	ck_assert_uint_eq(mbp_model_weights_version(w1), 1);
+	ck_assert_int_eq(mbp_model_swap(m, next), 0);
+	ck_assert_uint_eq(mbp_model_version(m), 2);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 2); /* w1 keeps version 1 */
+	float *x = random_rows(4 * 8, 3);
+	mbp_mb *mb[2];
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(mbp_mb_acquire(p, &mb[i], -1), 0);
+		ck_assert_ptr_null(mb[i]->carry);
+		memcpy(mb[i]->data, x, 4 * 8 * sizeof(float));
+		mb[i]->rows = 4;
+		mb[i]->seq = (uint64_t)i;
+	}
+	ck_assert_int_eq(mbp_model_mb_pin(mb[0], w1), 0);
+	ck_assert_int_eq(mbp_model_mb_pin(mb[0], w1), -EINVAL); /* once */
+	mbp_model_weights_put(w1);				/* the micro-batch holds its own */
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(mbp_mb_submit(p, mb[i], -1), 0);
+	pthread_mutex_lock(&r.lock);
+	while (r.got < 2)
+		pthread_cond_wait(&r.cond, &r.lock);
+	pthread_mutex_unlock(&r.lock);
+	float want_a[16], want_b[16];
+	ck_assert_int_eq(mbp_model_forward(ref_a, x, want_a, 4, 0), 0);
+	ck_assert_int_eq(mbp_model_forward(ref_b, x, want_b, 4, 0), 0);
+	ck_assert_int_eq(r.mb[0]->status, 0);
+	ck_assert_mem_eq(r.mb[0]->data, want_a, sizeof(want_a));
+	ck_assert_mem_eq(r.mb[1]->data, want_b, sizeof(want_b));
+	for (int i = 0; i < 2; i++) {
+		mbp_model_mb_unpin(r.mb[i]); /* nothing left to drop: the stages did */
+		mbp_mb_release(p, r.mb[i]);
+	}
+	mbp_pipeline_destroy(p);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1); /* version 1 went with its micro-batch */
+	mbp_model_stages_destroy(st);
+	mbp_model_destroy(m);
+	mbp_model_destroy(ref_a);
+	mbp_model_destroy(ref_b);
+	free(x);
+}
+END_TEST
+
 START_TEST(pipeline_output_equals_the_reference_bit_for_bit)
 {
 	uint32_t widths[] = {40, 96, 64, 128, 32, 72, 24};
@@ -642,7 +799,7 @@ static void *swap_loop(void *arg)
 	return NULL;
 }
 
-START_TEST(swap_under_load_gives_each_micro_batch_one_version_never_a_mix)
+START_TEST(swap_under_load_gives_each_job_one_version_never_a_mix)
 {
 	mbp_model_spec sp = {.layers = 6, .in = 48, .hidden = 64, .out = 16, .act = MBP_ACT_RELU, .seed = 1};
 	mbp_model *m = make_model(0, &sp);
@@ -664,22 +821,26 @@ START_TEST(swap_under_load_gives_each_micro_batch_one_version_never_a_mix)
 	enum { DEPTH = 16 };
 	mbp_job job[DEPTH];
 	float out[DEPTH][SW_ROWS * 16];
-	unsigned long jobs = mbp_iters(3000, 300), na = 0, nb = 0, mixed = 0;
+	unsigned long jobs = mbp_iters(3000, 300), na = 0, nb = 0, mixed = 0, jobs_mixed = 0;
 	for (unsigned long j = 0; j < jobs + DEPTH; j++) {
 		unsigned slot = j % DEPTH;
 		if (j >= DEPTH) { /* check the job submitted DEPTH ago */
 			ck_assert_int_eq(mbp_job_wait(&job[slot], -1), 0);
 			ck_assert_int_eq(job[slot].status, 0);
 			unsigned in = (j - DEPTH) % SW_INPUTS;
+			unsigned ja = 0, jb = 0;
 			for (unsigned k = 0; k < SW_ROWS / SW_MB; k++) {
 				size_t off = (size_t)k * SW_MB * 16, n = SW_MB * 16 * sizeof(float);
 				if (!memcmp(out[slot] + off, ra[in] + off, n))
-					na++;
+					ja++;
 				else if (!memcmp(out[slot] + off, rb[in] + off, n))
-					nb++;
+					jb++;
 				else
 					mixed++;
 			}
+			na += ja;
+			nb += jb;
+			jobs_mixed += ja && jb; /* a job runs on one version */
 		}
 		if (j < jobs) {
 			/* keep going until both versions have been current for a while */
@@ -698,6 +859,7 @@ START_TEST(swap_under_load_gives_each_micro_batch_one_version_never_a_mix)
 		fprintf(stderr, "swap under load: %lu micro-batches on A, %lu on B, %u swaps\n", na, nb,
 			atomic_load(&sw.swaps));
 	ck_assert_msg(mixed == 0, "%lu micro-batches match neither version (%lu A, %lu B)", mixed, na, nb);
+	ck_assert_msg(jobs_mixed == 0, "%lu jobs ran partly on each version", jobs_mixed);
 	ck_assert_msg(na > 0 && nb > 0, "both versions should have served: %lu A, %lu B, %u swaps", na, nb,
 		      atomic_load(&sw.swaps));
 	ck_assert_uint_eq(mbp_model_versions_alive(m), 1); /* every old version was freed */
@@ -719,6 +881,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, forward_matches_a_naive_double_reference);
 	tcase_add_test(tc, forward_whole_batch_and_micro_batches_agree_within_1e_5);
 	tcase_add_test(tc, random_model_files_are_deterministic_per_seed);
+	tcase_add_test(tc, a_loaded_model_does_not_see_its_file_change);
+	tcase_add_test(tc, load_refuses_what_is_not_a_regular_file_and_checks_sizes_first);
 	tcase_add_test(tc, partition_equals_brute_force_on_random_costs);
 	tcase_add_test(tc, partition_rejects_bad_input_and_balances_the_obvious_case);
 	tcase_add_test(tc, profile_and_balance_cover_the_layers);
@@ -731,7 +895,8 @@ static Suite *suite(void)
 	tcase_add_checked_fixture(tp, setup, teardown);
 	tcase_set_timeout(tp, 60);
 	tcase_add_test(tp, pipeline_output_equals_the_reference_bit_for_bit);
-	tcase_add_test(tp, swap_under_load_gives_each_micro_batch_one_version_never_a_mix);
+	tcase_add_test(tp, a_pinned_micro_batch_runs_with_its_version_after_a_swap);
+	tcase_add_test(tp, swap_under_load_gives_each_job_one_version_never_a_mix);
 	suite_add_tcase(s, tp);
 	return s;
 }

@@ -10,6 +10,7 @@
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,7 +18,6 @@
 #include <mbpipe.h>
 
 #include "check_main.h" /* early: the stress counts use its mbp_iters() */
-#include "plural_check.h"
 #include "test_pipeserve_client.h"
 
 #define IN_W  32
@@ -424,8 +424,12 @@ static const bad_case bad_cases[] = {
      NULL},
     {"load of an unknown model", "/v2/repository/models/zzz/load", NULL, "{}", 404, NULL},
     {"load with a malformed body", "/v2/repository/models/a/load", NULL, "{\"parameters\":", 400, NULL},
-    {"load of a missing file", "/v2/repository/models/a/load", NULL,
+    {"load given a path", "/v2/repository/models/a/load", NULL,
      "{\"parameters\":{\"path\":\"/nonexistent/x.safetensors\"}}", 400, NULL},
+    {"load of a name outside the repository", "/v2/repository/models/a/load", NULL,
+     "{\"parameters\":{\"file\":\"../a.safetensors\"}}", 400, NULL},
+    {"load of a missing file", "/v2/repository/models/a/load", NULL,
+     "{\"parameters\":{\"file\":\"nope.safetensors\"}}", 404, NULL},
     {"unload", "/v2/repository/models/a/unload", NULL, "{}", 400, NULL},
 };
 
@@ -433,7 +437,8 @@ START_TEST(every_bad_input_gets_its_status_and_the_server_keeps_serving)
 {
 	make_models();
 	srv s;
-	start(&s, (const char *const[]){"--max-body-bytes", "65536", "--max-queue-rows", "1000", NULL});
+	start(&s, (const char *const[]){"--max-body-bytes", "65536", "--max-queue-rows", "1000",
+					"--model-repository", tmp_dir, NULL});
 	int fd = http_connect(s.port); /* one keep-alive connection through every case */
 	ck_assert_int_ge(fd, 0);
 	unsigned infer_400 = 0;
@@ -685,10 +690,12 @@ END_TEST
 
 /* ---- reload ---- */
 
+/* Load the model file `file` (a path: its last component names it in the repository). */
 static void post_load(int port, const char *file, int want)
 {
 	char body[700];
-	snprintf(body, sizeof body, "{\"parameters\":{\"path\":\"%s\"}}", file);
+	const char *slash = strrchr(file, '/');
+	snprintf(body, sizeof body, "{\"parameters\":{\"file\":\"%s\"}}", slash ? slash + 1 : file);
 	http_resp r;
 	ck_assert_int_eq(http_do(port, "POST", "/v2/repository/models/a/load", NULL, body, strlen(body), &r),
 			 0);
@@ -700,7 +707,7 @@ START_TEST(reload_under_load_fails_no_request)
 {
 	make_models();
 	srv s;
-	start(&s, (const char *const[]){"--max-batch-rows", "8", NULL});
+	start(&s, (const char *const[]){"--max-batch-rows", "8", "--model-repository", tmp_dir, NULL});
 	mbp_model *a = load(model_a), *b = load(model_b);
 	enum { CLIENTS = 8 };
 	_Atomic bool stop = false;
@@ -744,6 +751,640 @@ START_TEST(reload_under_load_fails_no_request)
 	expect_status(s.port, "GET", "/metrics", 200, "pipeserve_reload_failure_total{model=\"a\"} 1\n");
 	mbp_model_destroy(a);
 	mbp_model_destroy(b);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* POST a load with `body`; @return the status, the response body in `out` (truncated). */
+static int load_status(int port, const char *body, char *out, size_t n)
+{
+	http_resp r;
+	ck_assert_int_eq(
+	    http_do(port, "POST", "/v2/repository/models/a/load", NULL, body, body ? strlen(body) : 0, &r),
+	    0);
+	snprintf(out, n, "%s", r.body ? r.body : "");
+	cJSON *e = cJSON_ParseWithLength(r.body, r.len);
+	ck_assert_msg(r.status == 200 || (e && cJSON_IsString(cJSON_GetObjectItem(e, "error"))),
+		      "status %d with a body that is not {\"error\": ...}: %s", r.status, r.body);
+	cJSON_Delete(e);
+	int st = r.status;
+	http_resp_free(&r);
+	return st;
+}
+
+START_TEST(loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only)
+{
+	make_models();
+	srv s;
+	char msg[1024];
+	start(&s, NULL);
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"b.safetensors\"}}", msg, sizeof msg), 403);
+	ck_assert_int_eq(load_status(s.port, "{\"parameters\":{\"path\":\"/etc/passwd\"}}", msg, sizeof msg),
+			 403);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+
+	/* In the repository: a symbolic link to a file outside, a folder. */
+	char link[600], sub[600];
+	snprintf(link, sizeof link, "%s/passwd.safetensors", tmp_dir);
+	snprintf(sub, sizeof sub, "%s/sub.safetensors", tmp_dir);
+	ck_assert_int_eq(symlink("/etc/passwd", link), 0);
+	ck_assert_int_eq(mkdir(sub, 0700), 0);
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, NULL});
+	const struct {
+		const char *body;
+		int status;
+	} cases[] = {
+	    {"{\"parameters\":{\"path\":\"/etc/passwd\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"/etc/passwd\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"../../../../etc/passwd\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"..\"}}", 400},
+	    {"{\"parameters\":{\"file\":\".hidden\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"passwd.safetensors\"}}", 400}, /* the link is not followed */
+	    {"{\"parameters\":{\"file\":\"sub.safetensors\"}}", 400},	 /* not a regular file */
+	    {"{\"parameters\":{\"file\":\"shadow\"}}", 404},
+	    {"{\"parameters\":{\"file\":\"b.safetensors\"}}", 200},
+	    {NULL, 200}, /* no body: the repository's a.safetensors, for model "a" */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int st = load_status(s.port, cases[i].body, msg, sizeof msg);
+		ck_assert_msg(st == cases[i].status, "%s: status %d, expected %d (%s)", cases[i].body, st,
+			      cases[i].status, msg);
+		/* nothing of a file outside the repository, nor whether one exists */
+		ck_assert_msg(!strstr(msg, "root") && !strstr(msg, "/etc") && !strstr(msg, "No such"),
+			      "%s: %s", cases[i].body, msg);
+	}
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	unlink(link);
+	rmdir(sub);
+	remove_models();
+}
+END_TEST
+
+/* Threads of a process, from /proc. */
+static int thread_count(pid_t pid)
+{
+	char p[64], line[256];
+	snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(p, "r");
+	int n = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "Threads: %d", &n) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+static void *load_b(void *arg)
+{
+	char msg[512];
+	int st = load_status(*(int *)arg, "{\"parameters\":{\"file\":\"b.safetensors\"}}", msg, sizeof msg);
+	return (void *)(intptr_t)st;
+}
+
+START_TEST(a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing)
+{
+	make_models();
+	char fifo[600];
+	snprintf(fifo, sizeof fifo, "%s/fifo.safetensors", tmp_dir);
+	ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+	srv s;
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, NULL});
+	char msg[1024];
+	int threads = thread_count(s.pid);
+	for (int i = 0; i < 41; i++) {
+		ck_assert_int_eq(
+		    load_status(s.port, "{\"parameters\":{\"file\":\"fifo.safetensors\"}}", msg, sizeof msg),
+		    400);
+		ck_assert_msg(strstr(msg, "not a regular file"), "%s", msg);
+	}
+	sleep_ms(100); /* the loads' detached threads have ended */
+	ck_assert_int_le(thread_count(s.pid), threads);
+	/* Loads at once: each answers 200 or 409 (one in progress), never waits on another. */
+	enum { N = 6 };
+	pthread_t t[N];
+	int st[N];
+	for (int i = 0; i < N; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, load_b, &s.port), 0);
+	for (int i = 0; i < N; i++) {
+		void *r;
+		pthread_join(t[i], &r);
+		st[i] = (int)(intptr_t)r;
+		ck_assert_msg(st[i] == 200 || st[i] == 409, "status %d", st[i]);
+	}
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"b.safetensors\"}}", msg, sizeof msg), 200);
+	/* The served file truncated, then another written in its place: the server answers with what it
+	 * loaded (the weights were read into its own memory; a mapping would have died of SIGBUS). */
+	mbp_model *b = load(model_b);
+	float x[2 * IN_W], want[2 * OUT_W], got[2 * OUT_W];
+	fill_rows(x, 2, 5);
+	ck_assert_int_eq(mbp_model_forward(b, x, want, 2, 0), 0);
+	ck_assert_int_eq(truncate(model_b, 0), 0);
+	size_t len;
+	char *body = infer_body("t", x, 2, false, false, false, &len, NULL);
+	http_resp r;
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	decode_output(&r, "t", 2, got);
+	ck_assert(close_enough(got, want, 2 * OUT_W));
+	http_resp_free(&r);
+	mbp_model_spec ms = {
+	    .layers = 4, .in = IN_W, .hidden = 64, .out = OUT_W, .act = MBP_ACT_RELU, .seed = 9};
+	ck_assert_int_eq(mbp_model_write_random(model_b, &ms), 0);
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	decode_output(&r, "t", 2, got);
+	ck_assert(close_enough(got, want, 2 * OUT_W));
+	http_resp_free(&r);
+	free(body);
+	mbp_model_destroy(b);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0); /* a clean exit */
+	unlink(fifo);
+	remove_models();
+}
+END_TEST
+
+/* Requests of 40 rows over micro-batches of 32 while the weights change every 25 ms. */
+typedef struct mix_client {
+	int port;
+	unsigned id;
+	mbp_model *a, *b; /* odd versions are a's weights, even ones b's (a, then b, a, b ... loaded) */
+	_Atomic bool *stop;
+	unsigned done, mixed, newer;
+	char why[256];
+} mix_client;
+
+static void *mix_main(void *arg)
+{
+	mix_client *c = arg;
+	enum { ROWS = 40 };
+	int fd = http_connect(c->port);
+	for (unsigned i = 0; fd >= 0 && !atomic_load(c->stop); i++) {
+		static _Thread_local float x[ROWS * IN_W], want[ROWS * OUT_W], got[ROWS * OUT_W];
+		fill_rows(x, ROWS, c->id * 10000 + i);
+		size_t len;
+		char *body = infer_body(NULL, x, ROWS, false, false, false, &len, NULL);
+		http_resp r;
+		int rc = post_infer(c->port, fd, "a", body, len, -1, &r);
+		free(body);
+		if (rc || r.status != 200) {
+			snprintf(c->why, sizeof c->why, "rc %d status %d", rc, r.status);
+			http_resp_free(&r);
+			break;
+		}
+		decode_output(&r, NULL, ROWS, got);
+		cJSON *root = cJSON_ParseWithLength(r.body, r.len);
+		const cJSON *v = cJSON_GetObjectItem(root, "model_version");
+		unsigned long ver = cJSON_IsString(v) ? strtoul(v->valuestring, NULL, 10) : 0;
+		cJSON_Delete(root);
+		http_resp_free(&r);
+		if (!ver) {
+			snprintf(c->why, sizeof c->why, "no model_version");
+			break;
+		}
+		c->newer += ver > 1;
+		mbp_model_forward(ver % 2 ? c->a : c->b, x, want, ROWS, 0);
+		if (!close_enough(got, want, ROWS * OUT_W)) {
+			c->mixed++;
+			snprintf(c->why, sizeof c->why, "request %u: rows not all from version %lu", i, ver);
+		}
+		c->done++;
+	}
+	if (fd >= 0)
+		close(fd);
+	return NULL;
+}
+
+START_TEST(every_response_comes_from_one_weights_version_and_names_it)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-batch-rows", "32", "--model-repository", tmp_dir, NULL});
+	mbp_model *a = load(model_a), *b = load(model_b);
+	enum { CLIENTS = 4 };
+	_Atomic bool stop = false;
+	mix_client c[CLIENTS];
+	pthread_t t[CLIENTS];
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		c[i] = (mix_client){.port = s.port, .id = i, .a = a, .b = b, .stop = &stop};
+		ck_assert_int_eq(pthread_create(&t[i], NULL, mix_main, &c[i]), 0);
+	}
+	unsigned loads = (unsigned)mbp_iters(60, 20);
+	for (unsigned i = 0; i < loads; i++) {
+		sleep_ms(25);
+		post_load(s.port, i % 2 ? model_a : model_b, 200);
+	}
+	atomic_store(&stop, true);
+	unsigned done = 0, newer = 0;
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_msg(c[i].mixed == 0 && !c[i].why[0], "client %u: %s (%u of %u mixed)", i, c[i].why,
+			      c[i].mixed, c[i].done);
+		done += c[i].done;
+		newer += c[i].newer;
+	}
+	ck_assert_uint_gt(done, CLIENTS);
+	ck_assert_uint_gt(newer, 0); /* the loads were seen */
+	char v[64];
+	snprintf(v, sizeof v, "\"versions\":[\"%u\"]", loads + 1);
+	expect_status(s.port, "GET", "/v2/models/a", 200, v);
+	mbp_model_destroy(a);
+	mbp_model_destroy(b);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+static long rss_kib(pid_t pid)
+{
+	char p[64], line[256];
+	snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(p, "r");
+	long kib = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+START_TEST(a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_being_read)
+{
+	make_models();
+	char sparse[600];
+	snprintf(sparse, sizeof sparse, "%s/sparse.safetensors", tmp_dir);
+	int fd = open(sparse, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	ck_assert_int_ge(fd, 0);
+	if (ftruncate(fd, (off_t)4 << 30) != 0) { /* a file system without sparse files: nothing to show */
+		close(fd);
+		unlink(sparse);
+		remove_models();
+		return;
+	}
+	close(fd);
+	srv s;
+	char msg[1024];
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, "--max-model-bytes", "1000000", NULL});
+	long before = rss_kib(s.pid);
+	uint64_t t0 = (uint64_t)time(NULL);
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"sparse.safetensors\"}}", msg, sizeof msg), 400);
+	ck_assert_msg(strstr(msg, "larger than the bound"), "%s", msg);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	/* Without the bound (default 4 GiB, the file is just that): its 8-byte header is refused first. */
+	start(&s,
+	      (const char *const[]){"--model-repository", tmp_dir, "--max-model-bytes", "4294967296", NULL});
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"sparse.safetensors\"}}", msg, sizeof msg), 400);
+	ck_assert_msg(strstr(msg, "header"), "%s", msg);
+	ck_assert_uint_le((uint64_t)time(NULL) - t0, 3);
+	ck_assert_msg(rss_kib(s.pid) - before < 64 * 1024, "RSS grew by %ld KiB", rss_kib(s.pid) - before);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	unlink(sparse);
+	remove_models();
+}
+END_TEST
+
+/* Sum of the samples of a metric in a /metrics text (every label set). */
+static unsigned long long metric_sum(const char *text, const char *name)
+{
+	unsigned long long sum = 0;
+	size_t nl = strlen(name);
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, name, nl) == 0 && p[nl] == '{') {
+			const char *sp = strchr(p, ' ');
+			const char *eol = strchr(p, '\n');
+			if (sp && (!eol || sp < eol))
+				sum += strtoull(sp + 1, NULL, 10);
+		}
+	return sum;
+}
+
+START_TEST(every_infer_request_received_ends_in_exactly_one_counter)
+{
+	make_models();
+	srv s;
+	start(&s, NULL);
+	float x[2 * IN_W];
+	fill_rows(x, 2, 1);
+	size_t len;
+	char *body = infer_body("m", x, 2, false, false, false, &len, NULL);
+	http_resp r;
+	for (int i = 0; i < 3; i++) { /* answered */
+		ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+		ck_assert_int_eq(r.status, 200);
+		http_resp_free(&r);
+	}
+	ck_assert_int_eq(post_infer(s.port, -1, "a", "{", 1, -1, &r), 0); /* failed */
+	ck_assert_int_eq(r.status, 400);
+	http_resp_free(&r);
+	for (int i = 0; i < 4; i++) { /* their clients go away half-way through the body */
+		int fd = http_connect(s.port);
+		char head[128];
+		snprintf(head, sizeof head,
+			 "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n", len);
+		ck_assert_int_eq(write_all(fd, head, strlen(head)), 0);
+		ck_assert_int_eq(write_all(fd, body, len / 2), 0);
+		sleep_ms(50);
+		close(fd);
+	}
+	free(body);
+	sleep_ms(200);
+	ck_assert_int_eq(http_do(s.port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+	unsigned long long rec = metric_sum(r.body, "pipeserve_request_received_total"),
+			   ok = metric_sum(r.body, "pipeserve_request_success_total"),
+			   fail = metric_sum(r.body, "pipeserve_request_failure_total"),
+			   gone = metric_sum(r.body, "pipeserve_request_cancelled_total"),
+			   inflight = metric_sum(r.body, "pipeserve_inflight_requests");
+	http_resp_free(&r);
+	ck_assert_uint_eq(rec, 8);
+	ck_assert_uint_eq(ok, 3);
+	ck_assert_uint_eq(fail, 1);
+	ck_assert_uint_eq(gone, 4);
+	ck_assert_uint_eq(inflight, 0);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* ---- HTTP framing ---- */
+
+/* Send raw bytes, read what comes back until the server closes or 3 s pass. */
+static void raw_exchange(int port, const char *req, char *out, size_t n)
+{
+	int fd = http_connect(port);
+	ck_assert_int_ge(fd, 0);
+	struct timeval tv = {.tv_sec = 3};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	ck_assert_int_eq(write_all(fd, req, strlen(req)), 0);
+	size_t got = 0;
+	ssize_t k;
+	while (got + 1 < n && (k = recv(fd, out + got, n - 1 - got, 0)) > 0)
+		got += (size_t)k;
+	out[got] = '\0';
+	close(fd);
+}
+
+START_TEST(ambiguous_framing_is_refused_with_an_answer)
+{
+	make_models();
+	srv s;
+	start(&s, NULL);
+	static const struct {
+		const char *what, *req, *status;
+		bool json; /* our own answer (MHD's own errors are HTML) */
+	} cases[] = {
+	    {"two Content-Length",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: "
+	     "3\r\n\r\n{}",
+	     "HTTP/1.1 400 ", true},
+	    {"Transfer-Encoding gzip",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n{}",
+	     "HTTP/1.1 501 ", true},
+	    {"chunked and Content-Length",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: "
+	     "2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+	     "HTTP/1.1 400 ", true},
+	    {"HTTP/1.1 without Host", "GET /v2/health/live HTTP/1.1\r\n\r\n", "HTTP/1.1 400 ", false},
+	    {"malformed Content-Length",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}",
+	     "HTTP/1.1 400 ", false},
+	};
+	char out[4096];
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		uint64_t t0 = (uint64_t)time(NULL);
+		raw_exchange(s.port, cases[i].req, out, sizeof out);
+		ck_assert_msg(strncmp(out, cases[i].status, strlen(cases[i].status)) == 0,
+			      "%s: got \"%.200s\"", cases[i].what, out);
+		ck_assert_msg((uint64_t)time(NULL) - t0 <= 2, "%s: the answer took %llus", cases[i].what,
+			      (unsigned long long)((uint64_t)time(NULL) - t0));
+		if (cases[i].json)
+			ck_assert_msg(strstr(out, "\r\n\r\n{\"error\":"), "%s: %s", cases[i].what, out);
+	}
+	/* chunked alone is fine */
+	raw_exchange(
+	    s.port,
+	    "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: "
+	    "close\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+	    out, sizeof out);
+	ck_assert_msg(strncmp(out, "HTTP/1.1 400 ", 13) == 0 && strstr(out, "inputs"), "%s", out);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+START_TEST(head_answers_as_get_without_a_body)
+{
+	make_models();
+	srv s;
+	start(&s, NULL);
+	const char *paths[] = {"/v2",	       "/v2/health/live",    "/v2/health/ready",
+			       "/v2/models/a", "/v2/models/a/ready", "/v2/models/a/versions/1",
+			       "/metrics"};
+	for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+		int fd = http_connect(s.port);
+		char req[256], out[2048];
+		snprintf(req, sizeof req, "HEAD %s HTTP/1.1\r\nHost: x\r\n\r\n", paths[i]);
+		ck_assert_int_eq(write_all(fd, req, strlen(req)), 0);
+		ssize_t n = recv(fd, out, sizeof out - 1, 0);
+		ck_assert_int_gt(n, 0);
+		out[n] = '\0';
+		ck_assert_msg(strncmp(out, "HTTP/1.1 200 ", 13) == 0, "HEAD %s: %s", paths[i], out);
+		char *end = strstr(out, "\r\n\r\n");
+		ck_assert_msg(end && end[4] == '\0', "HEAD %s: a body came: %s", paths[i], out);
+		/* the connection stays usable: a GET after it gets its whole answer */
+		http_resp r;
+		ck_assert_int_eq(http_send(fd, "GET", paths[i], NULL, NULL, 0, &r), 0);
+		ck_assert_int_eq(r.status, 200);
+		http_resp_free(&r);
+		close(fd);
+	}
+	char out[1024];
+	raw_exchange(s.port, "HEAD /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", out,
+		     sizeof out);
+	ck_assert_msg(strncmp(out, "HTTP/1.1 405 ", 13) == 0, "%s", out);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* ---- connection floods ---- */
+
+/* A connection from a source address of the loopback network (127.0.0.0/8), so that floods and the normal
+ * client count against different per-address limits; non-blocking connect when `nb`. */
+static int connect_from(int port, const char *src, bool nb)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | (nb ? SOCK_NONBLOCK : 0), 0);
+	if (fd < 0)
+		return -1;
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	inet_pton(AF_INET, src, &a.sin_addr);
+	struct timeval tv = {.tv_sec = 20};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a)) {
+		close(fd);
+		return -1;
+	}
+	a.sin_port = htons((uint16_t)port);
+	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) && !(nb && errno == EINPROGRESS)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* The normal client: a live-probe from 127.0.0.2 answers 200 within 2 s. */
+static void normal_client_served(int port, const char *during)
+{
+	uint64_t t0 = (uint64_t)time(NULL);
+	int fd = connect_from(port, "127.0.0.2", false);
+	ck_assert_msg(fd >= 0, "%s: cannot connect", during);
+	struct timeval tv = {.tv_sec = 3};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	http_resp r;
+	ck_assert_msg(http_send(fd, "GET", "/v2/health/live", NULL, NULL, 0, &r) == 0, "%s: no answer",
+		      during);
+	ck_assert_msg(r.status == 200, "%s: status %d", during, r.status);
+	http_resp_free(&r);
+	close(fd);
+	ck_assert_uint_le((uint64_t)time(NULL) - t0, 2);
+}
+
+/* Whether the server closed fd (end of stream or reset) within `ms`. */
+static bool closed_by_server(int fd, unsigned ms)
+{
+	for (unsigned t = 0; t < ms; t += 50) {
+		char c;
+		ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+			return true;
+		sleep_ms(50);
+	}
+	return false;
+}
+
+START_TEST(floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-connections", "200", "--max-connections-per-ip", "16",
+					"--request-timeout-ms", "1000", NULL});
+	enum { FLOOD = 300, SLOW = 12, HALF = 12 };
+	static int idle[FLOOD], slow[SLOW], half[HALF];
+	/* 300 idle sockets from one address: 16 held at most, the others closed at once. */
+	for (int i = 0; i < FLOOD; i++)
+		idle[i] = connect_from(s.port, "127.0.0.3", true);
+	sleep_ms(200);
+	normal_client_served(s.port, "idle flood");
+	/* Slow heads, one byte every 300 ms, and half-closed connections (FIN sent, nothing else). */
+	for (int i = 0; i < SLOW; i++) {
+		slow[i] = connect_from(s.port, "127.0.0.4", false);
+		ck_assert_int_ge(slow[i], 0);
+	}
+	for (int i = 0; i < HALF; i++) {
+		half[i] = connect_from(s.port, "127.0.0.5", false);
+		ck_assert_int_ge(half[i], 0);
+		ck_assert_int_eq(shutdown(half[i], SHUT_WR), 0);
+	}
+	static const char head[] =
+	    "GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaa";
+	for (int k = 0; k < 8; k++) { /* 2.4 s, more than the 1 s deadline, each byte within the idle time */
+		for (int i = 0; i < SLOW; i++)
+			(void)!send(slow[i], &head[k], 1, MSG_NOSIGNAL);
+		if (k == 2)
+			normal_client_served(s.port, "slow and half-closed clients");
+		sleep_ms(300);
+	}
+	for (int i = 0; i < SLOW; i++)
+		ck_assert_msg(closed_by_server(slow[i], 500), "slow client %d still open past its deadline",
+			      i);
+	for (int i = 0; i < HALF; i++)
+		ck_assert_msg(closed_by_server(half[i], 500), "half-closed client %d still open", i);
+	for (int i = 0; i < FLOOD; i++)
+		if (idle[i] >= 0) {
+			struct timeval tv = {0};
+			setsockopt(idle[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+			ck_assert_msg(closed_by_server(idle[i], 200), "idle connection %d still open", i);
+		}
+	normal_client_served(s.port, "after the floods");
+	for (int i = 0; i < FLOOD; i++)
+		if (idle[i] >= 0)
+			close(idle[i]);
+	for (int i = 0; i < SLOW; i++)
+		close(slow[i]);
+	for (int i = 0; i < HALF; i++)
+		close(half[i]);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* ---- memory bounds ---- */
+
+START_TEST(many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--max-body-bytes", "5000000", "--max-inflight-body-bytes", "6000000",
+					"--max-queue-rows", "1000", NULL});
+	/* 2M numbers in 4 MB: refused before a JSON node is made for each (that was some 130 MB). */
+	enum { N = 2000000 };
+	const char pre[] =
+	    "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1000,32],\"data\":[";
+	size_t len = sizeof pre - 1 + 2 * N + 3;
+	char *body = malloc(len + 1);
+	memcpy(body, pre, sizeof pre - 1);
+	char *p = body + sizeof pre - 1;
+	for (int i = 0; i < N; i++) {
+		*p++ = '0';
+		*p++ = i + 1 < N ? ',' : ']';
+	}
+	memcpy(p, "}]}", 3);
+	long before = rss_kib(s.pid);
+	http_resp r;
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	ck_assert_msg(r.status == 413, "status %d: %s", r.status, r.body);
+	http_resp_free(&r);
+	free(body);
+	long grew = rss_kib(s.pid) - before;
+	ck_assert_msg(grew < 48 * 1024, "RSS grew by %ld KiB", grew);
+
+	sleep_ms(200); /* the refused body's bytes are given back once its request completes */
+	/* Two unfinished bodies hold 5 of the 6 MB in flight: a third that does not fit gets 503 at once. */
+	int held[2];
+	char head[256];
+	snprintf(head, sizeof head,
+		 "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2500000\r\n\r\n{\"inputs\"");
+	for (int i = 0; i < 2; i++) {
+		held[i] = http_connect(s.port);
+		ck_assert_int_eq(write_all(held[i], head, strlen(head)), 0);
+	}
+	sleep_ms(200);
+	int fd = http_connect(s.port); /* the head alone: the answer comes before the body */
+	ck_assert_int_eq(write_all(fd, head, strlen(head) - strlen("{\"inputs\"")), 0);
+	char ans[1024] = "";
+	size_t got = 0;
+	for (ssize_t n; got + 1 < sizeof ans && !strstr(ans, "\"}") &&
+			(n = recv(fd, ans + got, sizeof ans - 1 - got, 0)) > 0;) {
+		got += (size_t)n;
+		ans[got] = '\0';
+	}
+	close(fd);
+	ck_assert_msg(strncmp(ans, "HTTP/1.1 503", 12) == 0 && strstr(ans, "{\"error\":"), "answer \"%s\"",
+		      ans);
+	for (int i = 0; i < 2; i++)
+		close(held[i]);
+	sleep_ms(200); /* their bytes are given back: normal requests pass again */
+	float x[IN_W];
+	fill_rows(x, 1, 4);
+	body = infer_body("ok", x, 1, false, false, false, &len, NULL);
+	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+	ck_assert_int_eq(r.status, 200);
+	http_resp_free(&r);
+	free(body);
 	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
 	remove_models();
 }
@@ -840,73 +1481,105 @@ START_TEST(help_and_bad_flags)
 }
 END_TEST
 
-/* Engine options are checked where they are given: `--engine ring=3` (or the same in MBPIPE_OPTS) is a
- * bad argument, one line naming the flag, the key and the rule, exit 2, before any model is built. */
-START_TEST(bad_engine_option_names_the_flag_and_its_rule)
+/* Run the server with up to two arguments; its standard output and error go to `out`. @return the exit
+ * status. */
+static int run_argv(const char *const *args, char *out, size_t n);
+
+static int run_capture(const char *a, const char *b, char *out, size_t n)
 {
-	static const char *const cases[][3] = {
-	    {NULL, "cache=8,ring=3", "--engine: ring: "},
-	    {"MBPIPE_OPTS=ingress=0", "", "MBPIPE_OPTS: ingress: "},
-	};
-	for (unsigned i = 0; i < 2; i++) {
-		char err_path[] = "/tmp/pipeserve-test-err-XXXXXX";
-		int fd = mkstemp(err_path);
-		ck_assert_int_ge(fd, 0);
-		unlink(err_path);
-		pid_t pid = fork();
-		if (pid == 0) {
-			dup2(fd, 2);
-			if (cases[i][0])
-				putenv((char *)cases[i][0]);
-			else
-				unsetenv("MBPIPE_OPTS");
-			execl(PIPESERVE_BIN, PIPESERVE_BIN, "--engine", cases[i][1], (char *)NULL);
-			_exit(127);
-		}
-		int st;
-		ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-		ck_assert(WIFEXITED(st));
-		ck_assert_int_eq(WEXITSTATUS(st), 2);
-		char err[512] = "";
-		ssize_t n = pread(fd, err, sizeof(err) - 1, 0);
-		close(fd);
-		ck_assert_int_gt(n, 0);
-		err[n] = 0;
-		ck_assert_msg(strncmp(err, "pipeserve: ", 11) == 0 && strstr(err, cases[i][2]), "%s", err);
-		ck_assert_msg(strchr(err, '\n') == err + n - 1, "not one line: %s", err);
+	const char *args[] = {a, b, NULL};
+	return run_argv(args, out, n);
+}
+
+/* Run the server with the NULL-terminated arguments; standard output and error go to `out`. */
+static int run_argv(const char *const *args, char *out, size_t n)
+{
+	const char *argv[16] = {PIPESERVE_BIN};
+	for (int i = 0; args[i] && i < 14; i++)
+		argv[i + 1] = args[i];
+	int pfd[2];
+	ck_assert_int_eq(pipe(pfd), 0);
+	pid_t pid = fork();
+	if (pid == 0) {
+		dup2(pfd[1], 1);
+		dup2(pfd[1], 2);
+		close(pfd[0]);
+		execv(PIPESERVE_BIN, (char *const *)argv);
+		_exit(127);
 	}
+	close(pfd[1]);
+	size_t got = 0;
+	ssize_t k;
+	while (got + 1 < n && (k = read(pfd[0], out + got, n - 1 - got)) > 0)
+		got += (size_t)k;
+	out[got] = '\0';
+	close(pfd[0]);
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+START_TEST(bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2)
+{
+	static const struct {
+		const char *a, *b, *names, *rule;
+	} cases[] = {
+	    {"--demo", "layers=abc", "--demo layers", "[1, 4096]"},
+	    {"--demo", "layers=100000,hidden=100000", "--demo layers", "[1, 4096]"},
+	    {"--demo", "layers=100,hidden=100000", "--demo", "--max-model-bytes"},
+	    {"--demo", "act=sigmoid", "--demo", "relu, gelu or none"},
+	    {"--demo", "size=3", "--demo", "keys:"},
+	    {"--max-batch-rows", "0", "--max-batch-rows", "[1, 65536]"},
+	    {"--threads", "many", "--threads", "[1, 256]"},
+	    {"--no-such-flag", NULL, "--no-such-flag", "unknown option"},
+	    {"--port", NULL, "--port", "needs a value"},
+	};
+	char out[4096];
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int st = run_capture(cases[i].a, cases[i].b, out, sizeof out);
+		ck_assert_msg(st == 2, "%s %s: exit %d: %s", cases[i].a, cases[i].b, st, out);
+		char *nl = strchr(out, '\n');
+		ck_assert_msg(nl && nl[1] == '\0', "%s %s: not one line: %s", cases[i].a, cases[i].b, out);
+		ck_assert_msg(strstr(out, cases[i].names) && strstr(out, cases[i].rule), "%s %s: %s",
+			      cases[i].a, cases[i].b, out);
+	}
+	ck_assert_int_eq(run_capture("--version", NULL, out, sizeof out), 0);
+	ck_assert_msg(strncmp(out, "pipeserve (mbpipe) ", 19) == 0 && strstr(out, mbp_version()), "%s", out);
 }
 END_TEST
 
-/* A count of one reads "1 row", not "1 rows", in the server's log; and the OpenBLAS line says what the
- * stages use ("stages use 1 BLAS thread each"), not the process's count when it was asked. */
-START_TEST(log_says_one_row_and_what_blas_the_stages_use)
+START_TEST(the_command_line_writes_and_describes_a_model_file)
 {
-	char log_path[] = "/tmp/pipeserve-test-log-XXXXXX";
-	int fd = mkstemp(log_path);
-	ck_assert_int_ge(fd, 0);
-	unlink(log_path);
-	int saved = dup(2);
-	dup2(fd, 2); /* the server inherits it */
+	make_models();
+	char file[600], out[4096];
+	snprintf(file, sizeof file, "%s/demo.safetensors", tmp_dir);
+	mode_t old = umask(022);
+	int st = run_argv((const char *const[]){"--write-demo-model", file, "--demo",
+						"layers=3,in=8,hidden=16,out=4,seed=7", NULL},
+			  out, sizeof out);
+	umask(old);
+	ck_assert_msg(st == 0, "exit %d: %s", st, out);
+	struct stat sb;
+	ck_assert_int_eq(stat(file, &sb), 0);
+	ck_assert_uint_eq(sb.st_mode & 0777, 0644); /* readable by the server's other users */
+	mbp_model *m = load(file);
+	ck_assert_uint_eq(mbp_model_layers(m), 3);
+	ck_assert_uint_eq(mbp_model_in_width(m), 8);
+	ck_assert_uint_eq(mbp_model_out_width(m), 4);
+	mbp_model_destroy(m);
+	st = run_argv((const char *const[]){"--describe", file, NULL}, out, sizeof out);
+	ck_assert_msg(st == 0 && strstr(out, "8 -> 4 floats per row") && strstr(out, "layer 2: 16 -> 4") &&
+			  strstr(out, "3 layers"),
+		      "exit %d: %s", st, out);
+	/* the server serves what was written */
 	srv s;
-	int rc = srv_start(&s, (const char *const[]){"--demo", "layers=1,in=8,out=4", "--stages", "1",
-						     "--max-batch-rows", "1", "--max-queue-rows", "1",
-						     "--max-inflight", "1", "--threads", "1", NULL});
-	dup2(saved, 2);
-	close(saved);
-	ck_assert_int_eq(rc, 0);
-	expect_status(s.port, "GET", "/v2/health/ready", 200, NULL); /* fully started: its log is written */
+	ck_assert_int_eq(srv_start(&s, (const char *const[]){"--model", file, NULL}), 0);
+	expect_status(s.port, "GET", "/v2/models/demo", 200, "\"shape\":[-1,8]");
 	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
-	char buf[8192] = "";
-	ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
-	close(fd);
-	ck_assert_int_gt(n, 0);
-	buf[n] = 0;
-	const char *bad = find_one_with_plural(buf);
-	ck_assert_msg(bad == NULL, "plural after 1: %.80s", bad);
-	ck_assert_msg(strstr(buf, "1 layer,") && strstr(buf, "1 stage\n") && strstr(buf, "max 1 row per") &&
-			  strstr(buf, "1 HTTP thread\n") && strstr(buf, "stages use 1 BLAS thread each"),
-		      "%s", buf);
+	ck_assert_int_eq(run_argv((const char *const[]){"--describe", tmp_dir, NULL}, out, sizeof out), 1);
+	ck_assert_msg(strstr(out, "not a regular file"), "%s", out);
+	unlink(file);
+	remove_models();
 }
 END_TEST
 
@@ -921,10 +1594,19 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_full_queue_answers_429_at_once_and_a_queued_request_times_out_with_503);
 	tcase_add_test(tc, thirty_two_concurrent_clients_each_get_their_own_results);
 	tcase_add_test(tc, reload_under_load_fails_no_request);
+	tcase_add_test(tc, every_response_comes_from_one_weights_version_and_names_it);
+	tcase_add_test(tc, a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_being_read);
+	tcase_add_test(tc, floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served);
+	tcase_add_test(tc, every_infer_request_received_ends_in_exactly_one_counter);
+	tcase_add_test(tc, ambiguous_framing_is_refused_with_an_answer);
+	tcase_add_test(tc, head_answers_as_get_without_a_body);
+	tcase_add_test(tc, many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
+	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);
+	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing);
 	tcase_add_test(tc, help_and_bad_flags);
-	tcase_add_test(tc, log_says_one_row_and_what_blas_the_stages_use);
-	tcase_add_test(tc, bad_engine_option_names_the_flag_and_its_rule);
+	tcase_add_test(tc, bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2);
+	tcase_add_test(tc, the_command_line_writes_and_describes_a_model_file);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -167,17 +167,136 @@ START_TEST(malformed_requests_get_400_and_oversized_ones_413)
 }
 END_TEST
 
+/* A text with more values than the largest request (100 x 3 + room) is refused before cJSON parses it;
+ * commas inside strings do not count. */
+START_TEST(a_text_of_more_values_than_the_largest_request_is_refused_before_parsing)
+{
+	enum { N = 5000 };
+	static char body[16 * N];
+	size_t n = (size_t)snprintf(body, sizeof body,
+				    "{\"id\":\"%s\",\"inputs\":[{\"name\":\"input\","
+				    "\"datatype\":\"FP32\",\"shape\":[100,3],\"data\":[",
+				    ",,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,");
+	for (int i = 0; i < 300; i++)
+		n += (size_t)snprintf(body + n, sizeof body - n, "%s1", i ? "," : "");
+	n += (size_t)snprintf(body + n, sizeof body - n, "]}]}");
+	ps_infer_req rq;
+	ck_assert_int_eq(parse(body, n, -1, &rq), 0); /* the largest request passes */
+	ps_infer_req_clear(&rq);
+	n -= 4;
+	for (int i = 300; i < N; i++)
+		n += (size_t)snprintf(body + n, sizeof body - n, ",1");
+	n += (size_t)snprintf(body + n, sizeof body - n, "]}]}");
+	char err[256];
+	ck_assert_int_eq(ps_oip_parse_infer(&mi, body, n, -1, &rq, err, sizeof err), 413);
+	ck_assert_ptr_nonnull(strstr(err, "more JSON values"));
+}
+END_TEST
+
+/* Strict UTF-8 (no overlong forms, surrogates or code points above U+10FFFF). */
+static bool valid_utf8(const unsigned char *s, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned c = s[i];
+		size_t k = c < 0x80		    ? 1
+			   : c >= 0xc2 && c <= 0xdf ? 2
+			   : c >= 0xe0 && c <= 0xef ? 3
+			   : c >= 0xf0 && c <= 0xf4 ? 4
+						    : 0;
+		if (!k || i + k > n)
+			return false;
+		for (size_t j = 1; j < k; j++)
+			if ((s[i + j] & 0xc0) != 0x80)
+				return false;
+		if ((c == 0xe0 && s[i + 1] < 0xa0) || (c == 0xed && s[i + 1] > 0x9f) ||
+		    (c == 0xf0 && s[i + 1] < 0x90) || (c == 0xf4 && s[i + 1] > 0x8f))
+			return false;
+		i += k;
+	}
+	return true;
+}
+
+START_TEST(error_messages_are_valid_json_whatever_bytes_they_quote)
+{
+	const char *hostile[] = {
+	    "\xff\xfe",	    "a\"b\\c\n\x01\x7f", "\xc3",     "\xe2\x82",
+	    "\xed\xa0\x80", "\xf4\x90\x80\x80",	 "\xc0\xaf", "ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"};
+	for (size_t i = 0; i < sizeof hostile / sizeof hostile[0]; i++) {
+		ps_buf b = {0};
+		ck_assert_int_eq(ps_oip_encode_error(&b, hostile[i]), 0);
+		ck_assert_msg(valid_utf8((const unsigned char *)b.p, b.len), "case %zu: %s", i, b.p);
+		cJSON *j = cJSON_ParseWithLength(b.p, b.len);
+		ck_assert_msg(j && cJSON_IsString(cJSON_GetObjectItem(j, "error")), "case %zu: %s", i, b.p);
+		cJSON_Delete(j);
+		ps_buf_free(&b);
+	}
+	/* valid UTF-8 passes unchanged; one bad byte becomes U+FFFD */
+	ps_buf b = {0};
+	ps_buf_add_json_string(&b, hostile[7]);
+	ck_assert_str_eq(b.p, "\"ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
+	ps_buf_free(&b);
+	ps_buf_add_json_string(&b, "x\xffy");
+	ck_assert_str_eq(b.p, "\"x\\ufffdy\"");
+	ps_buf_free(&b);
+	/* a request naming an input with such bytes gets an error that quotes them as valid JSON */
+	const char req[] = "{\"inputs\":[{\"name\":\"\xff\xfe\xc3\",\"datatype\":\"FP32\",\"shape\":[1,3],"
+			   "\"data\":[1,2,3]}]}";
+	ps_infer_req rq;
+	char err[256];
+	ck_assert_int_eq(ps_oip_parse_infer(&mi, req, sizeof req - 1, -1, &rq, err, sizeof err), 400);
+	ck_assert_int_eq(ps_oip_encode_error(&b, err), 0);
+	ck_assert(valid_utf8((const unsigned char *)b.p, b.len));
+	ps_buf_free(&b);
+}
+END_TEST
+
+/* One rule for JSON and binary data: finite FP32 numbers only. */
+START_TEST(nan_and_infinity_are_refused_in_json_and_in_binary_alike)
+{
+	const char json[] = "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],"
+			    "\"parameters\":{\"binary_data_size\":12}}]}";
+	const float bad[] = {NAN, INFINITY, -INFINITY};
+	for (int k = 0; k < 4; k++) {
+		char body[sizeof json + 12];
+		float v[3] = {1, 2, 3};
+		if (k < 3)
+			v[1] = bad[k];
+		memcpy(body, json, sizeof json - 1);
+		memcpy(body + sizeof json - 1, v, sizeof v);
+		ps_infer_req rq;
+		int st = parse(body, sizeof body - 1, (long long)(sizeof json - 1), &rq);
+		ck_assert_int_eq(st, k < 3 ? 400 : 0);
+		ps_infer_req_clear(&rq);
+	}
+	const char *js[] = {"1e39", "-1e39", "NaN", "Infinity"};
+	for (size_t i = 0; i < 4; i++) {
+		char body[256];
+		int n = snprintf(body, sizeof body,
+				 "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],"
+				 "\"data\":[1,%s,3]}]}",
+				 js[i]);
+		ps_infer_req rq;
+		ck_assert_int_eq(parse(body, (size_t)n, -1, &rq), 400);
+	}
+}
+END_TEST
+
 START_TEST(load_requests_name_a_file_or_nothing)
 {
 	char *path, err[128];
 	ck_assert_int_eq(ps_oip_parse_load("", 0, &path, err, sizeof err), 0);
 	ck_assert_ptr_null(path);
-	const char *ok = "{\"parameters\":{\"path\":\"/x/y.safetensors\"}}";
+	const char *ok = "{\"parameters\":{\"file\":\"y.safetensors\"}}";
 	ck_assert_int_eq(ps_oip_parse_load(ok, strlen(ok), &path, err, sizeof err), 0);
-	ck_assert_str_eq(path, "/x/y.safetensors");
+	ck_assert_str_eq(path, "y.safetensors");
 	free(path);
-	const char *bad[] = {"{\"parameters\":{\"path\":7}}", "{\"parameters\":{\"path\":\"\"}}", "[1]",
-			     "{\"parameters\":1}", "{"};
+	/* a path is never taken, whatever it names */
+	const char *bad[] = {"{\"parameters\":{\"path\":\"/x/y.safetensors\"}}",
+			     "{\"parameters\":{\"file\":7}}",
+			     "{\"parameters\":{\"file\":\"\"}}",
+			     "[1]",
+			     "{\"parameters\":1}",
+			     "{"};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		ck_assert_int_eq(ps_oip_parse_load(bad[i], strlen(bad[i]), &path, err, sizeof err), 400);
 		ck_assert_ptr_null(path);
@@ -193,6 +312,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, output_selection_follows_the_request);
 	tcase_add_test(tc, responses_round_trip_every_float_exactly);
 	tcase_add_test(tc, malformed_requests_get_400_and_oversized_ones_413);
+	tcase_add_test(tc, a_text_of_more_values_than_the_largest_request_is_refused_before_parsing);
+	tcase_add_test(tc, error_messages_are_valid_json_whatever_bytes_they_quote);
+	tcase_add_test(tc, nan_and_infinity_are_refused_in_json_and_in_binary_alike);
 	tcase_add_test(tc, load_requests_name_a_file_or_nothing);
 	suite_add_tcase(s, tc);
 	return s;

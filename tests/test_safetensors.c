@@ -222,8 +222,8 @@ END_TEST
 
 START_TEST(every_rule_has_distinct_text)
 {
-	for (int a = MBP_LOAD_IO; a <= MBP_LOAD_NOMEM; a++)
-		for (int b = a + 1; b <= MBP_LOAD_NOMEM; b++)
+	for (int a = MBP_LOAD_IO; a <= MBP_LOAD_TIMEOUT; a++)
+		for (int b = a + 1; b <= MBP_LOAD_TIMEOUT; b++)
 			ck_assert_str_ne(mbp_load_rule_str(a), mbp_load_rule_str(b));
 	ck_assert_str_eq(mbp_load_rule_str((mbp_load_rule)999), "unknown rule");
 }

@@ -1,7 +1,7 @@
 # pipeserve: an Open Inference Protocol (KServe v2) HTTP server embedding mbpipe (public API only).
 bin_PROGRAMS += tools/pipeserve/pipeserve
 tools_pipeserve_pipeserve_SOURCES = \
-	tools/pipeserve/main.c tools/pipeserve/server.h tools/pipeserve/http.c \
+	tools/pipeserve/main.c tools/pipeserve/server.h tools/pipeserve/server.c tools/pipeserve/http.c \
 	tools/pipeserve/batch.h tools/pipeserve/batch.c tools/pipeserve/oip.h tools/pipeserve/oip.c \
 	tools/pipeserve/metrics.h tools/pipeserve/metrics.c
 # Public headers only: no -I lib (AM_CPPFLAGS carries it for the library's own code).

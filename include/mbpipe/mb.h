@@ -28,7 +28,9 @@ typedef struct mbp_mb {
 	uint64_t seq;	    /**< micro-batch index within its job; the caller's value for submitted buffers */
 	struct mbp_job *job; /**< owning job, NULL for micro-batches submitted one by one */
 	void *user;	     /**< the caller's tag, carried unchanged from input to result */
-	void *carry;	     /**< set by a stage, carried to later stages (e.g. a weights version) */
+	void *
+	    carry; /**< set by a stage (or, for stage 0, by the submitter: see mbp_mb_submit), carried to later
+			stages (e.g. a weights version) */
 } mbp_mb;
 
 #ifdef __cplusplus

@@ -43,11 +43,11 @@
  *     layers.<i>.bias         [w[i+1]]            required
  *     layers.<i>.norm.weight  [w[i+1]]            optional, together with layers.<i>.norm.bias
  *     layers.<i>.norm.bias    [w[i+1]]
- * in F32 (used in place from the mapping when 4-byte aligned), F16 or BF16 (converted to F32 at load).
+ * in F32 (used in place from the loaded data when 4-byte aligned), F16 or BF16 (converted to F32 at load).
  * __metadata__ (string values): "activation" (none|relu|gelu, default for every layer; absent: none),
  * "layers.<i>.activation" (overrides it for layer i), "layer_norm_eps" (default 1e-5). Any other tensor
- * name is an error; other metadata keys are ignored. The file is read through mmap and validated as the
- * format's reference implementation does, each broken rule reported with its own mbp_load_rule and a
+ * name is an error; other metadata keys are ignored. The file is read into memory the model owns (header
+ * first, checked before the data is read) and validated as the format's reference implementation does, each broken rule reported with its own mbp_load_rule and a
  * message naming the tensor.
  *
  * Stages. mbp_model_balance() times every layer at the micro-batch size in use (mbp_model_profile) and splits
@@ -60,7 +60,11 @@
  * Live weight swap (liburcu, memb flavour). The model's current weights are a reference-counted version
  * published through an RCU-protected pointer.
  *   - Stage 0, for each micro-batch: rcu_read_lock, rcu_dereference(current), take a reference,
- *     rcu_read_unlock; the version goes into mb->carry. The read-side section only covers the pointer
+ *     rcu_read_unlock; the version goes into mb->carry. A micro-batch pinned by its submitter
+ *     (mbp_model_mb_pin) arrives with its reference in mb->carry already, and stage 0 uses that one. A
+ *     job's micro-batches (mbp_job_submit, mbp_run) reach stage 0 one after the other: the first takes the
+ *     current version and stage 0 holds a reference to it until the job's last one, so every row of a job
+ *     is computed with one version. The read-side section only covers the pointer
  *     load and the reference increment, so a swap never waits for a computation.
  *   - Later stages use the version in mb->carry: a micro-batch computes with one version from its first
  *     layer to its last.
@@ -131,7 +135,7 @@ typedef enum mbp_dtype {
  */
 typedef enum mbp_load_rule {
 	MBP_LOAD_OK = 0,
-	MBP_LOAD_IO,		 /**< open, stat or mmap failed: the system's -errno */
+	MBP_LOAD_IO, /**< open, stat or read failed, or the file changed while read: the system's -errno */
 	MBP_ST_HEADER_TOO_SMALL, /**< file shorter than the 8-byte length prefix: -EBADMSG */
 	MBP_ST_HEADER_TOO_LARGE, /**< header length above 100,000,000 bytes: -E2BIG */
 	MBP_ST_HEADER_LENGTH,	 /**< 8 + header length beyond the end of the file: -ERANGE */
@@ -158,6 +162,9 @@ typedef enum mbp_load_rule {
 	MBP_MODEL_ACTIVATION, /**< unknown activation name or bad layer_norm_eps in metadata: -EINVAL */
 	MBP_MODEL_TOO_MANY,   /**< more than MBP_MODEL_MAX_LAYERS layers: -E2BIG */
 	MBP_LOAD_NOMEM,	      /**< out of memory: -ENOMEM */
+	MBP_LOAD_NOT_REGULAR, /**< not a regular file (a directory, FIFO, device, socket): -EINVAL */
+	MBP_LOAD_TOO_LARGE,   /**< the file is larger than mbp_model_load_opts.max_bytes: -EFBIG */
+	MBP_LOAD_TIMEOUT,     /**< reading took longer than mbp_model_load_opts.timeout_ns: -ETIMEDOUT */
 } mbp_load_rule;
 
 /** What went wrong in a load: filled by mbp_model_load() on error (and zeroed on success). */
@@ -174,10 +181,9 @@ const char *mbp_load_rule_str(mbp_load_rule rule);
 /* ---- loading and describing ---- */
 
 /**
- * Load a model from a safetensors file.
- *
- * Maps the file read-only, validates it (see mbp_load_rule), converts F16/BF16 tensors, and makes the
- * weights version 1 of the new model. Pair with mbp_model_destroy().
+ * Load a model from a safetensors file: mbp_model_load_fd() on the file opened read-only and without
+ * blocking (O_NONBLOCK: a FIFO does not wait for a writer, it is refused as not a regular file), with no
+ * size or time bound.
  *
  * @param m    receives the model
  * @param path the file
@@ -185,6 +191,31 @@ const char *mbp_load_rule_str(mbp_load_rule rule);
  * @return 0, or the negative errno of the rule broken (see mbp_load_rule); -EINVAL for NULL arguments.
  */
 int mbp_model_load(mbp_model **m, const char *path, mbp_model_error *err);
+
+/** Bounds on a load; a zeroed struct (or NULL) means none but the format's own. */
+typedef struct mbp_model_load_opts {
+	uint64_t max_bytes;  /**< largest file accepted, checked before anything is read; 0: no bound */
+	uint64_t timeout_ns; /**< longest time spent reading; 0: no bound */
+} mbp_model_load_opts;
+
+/**
+ * Load a model from an open file.
+ *
+ * Accepts regular files only. Reads and checks in this order: the file's size against o->max_bytes, the
+ * 8-byte header length against the size, the header (every rule of mbp_load_rule but the data bytes),
+ * then the data section, with read() into memory the model owns: the weights never refer to the file, so
+ * a file changed, truncated or removed after the load cannot change or fault a running stage. F16/BF16
+ * tensors are converted. The weights become version 1 of the new model. Pair with mbp_model_destroy().
+ *
+ * @param m    receives the model
+ * @param fd   the file, open for reading (not closed; its offset is not used)
+ * @param name how messages name the file (NULL: "model")
+ * @param o    bounds, or NULL
+ * @param err  optional: on error, which rule was broken, the tensor and a message
+ * @return 0, or the negative errno of the rule broken (see mbp_load_rule); -EINVAL for NULL arguments.
+ */
+int mbp_model_load_fd(mbp_model **m, int fd, const char *name, const mbp_model_load_opts *o,
+		      mbp_model_error *err);
 
 /**
  * Destroy a model. Accepts NULL.
@@ -353,7 +384,8 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * Replace the model's weights by those of `next`, while its stages run.
  *
  * Micro-batches that already took the old weights finish with them; those that start stage 0 after the
- * swap use the new ones; none mixes the two. Returns after a grace period (synchronize_rcu); the old
+ * swap use the new ones (but a job under way finishes on its version, and a pinned micro-batch runs on its
+ * pin); none mixes the two. Returns after a grace period (synchronize_rcu); the old
  * weights are freed when the last micro-batch using them leaves the pipeline. Must not be called from a
  * stage function.
  *
@@ -363,6 +395,39 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  *         a pipeline or an older version of next is still alive).
  */
 int mbp_model_swap(mbp_model *m, mbp_model *next);
+
+/* ---- weights versions ---- */
+
+/** A reference to one version of a model's weights (it stays allocated while referenced). */
+typedef struct mbp_model_weights mbp_model_weights;
+
+/**
+ * Take a reference to the model's current weights. Pair with mbp_model_weights_put(). Any thread.
+ * @return the reference; NULL when m is NULL.
+ */
+mbp_model_weights *mbp_model_weights_get(mbp_model *m);
+
+/** The version number of the weights (as mbp_model_version() numbered them). 0 for NULL. */
+uint64_t mbp_model_weights_version(const mbp_model_weights *w);
+
+/** Drop a reference; the last one frees an old version. Accepts NULL. Any thread. */
+void mbp_model_weights_put(mbp_model_weights *w);
+
+/**
+ * Pin a micro-batch submitted one by one (mbp_mb_submit) to the weights `w`: the model's stages compute it
+ * with those weights, whatever swaps happen meanwhile, instead of with the weights current when it reaches
+ * stage 0. A caller that spreads a request over several micro-batches pins them all to one version, and
+ * knows which (mbp_model_weights_version). Takes a reference of its own, stored in mb->carry after
+ * mbp_mb_acquire() and before mbp_mb_submit(); the stages drop it when the micro-batch leaves the pipeline.
+ * Call mbp_model_mb_unpin() on every result (and on a buffer whose submit failed): it drops the reference
+ * of a micro-batch that no stage saw (cancelled before stage 0) and does nothing otherwise.
+ * Micro-batches of jobs (mbp_job_submit, mbp_run) cannot be pinned: a job runs on one version by itself.
+ * @return 0, -EINVAL (NULL, or mb->carry already set).
+ */
+int mbp_model_mb_pin(mbp_mb *mb, mbp_model_weights *w);
+
+/** See mbp_model_mb_pin(). Accepts a micro-batch that was never pinned. */
+void mbp_model_mb_unpin(mbp_mb *mb);
 
 /* ---- files ---- */
 
@@ -382,7 +447,8 @@ typedef struct mbp_model_spec {
  * Write a model file with random weights, deterministic for a seed; nothing comes from the network.
  * Weights are uniform in +-sqrt(6 / fan-in) before an activation (He) and +-sqrt(3 / fan-in) without, so
  * activations keep their scale through the layers; biases +-0.1, norm gains 1 +- 0.1, norm biases +-0.1. The
- * file is written to a temporary name and renamed into place.
+ * file is written to a temporary name and renamed into place; its mode is 0666 under the umask (0644 with
+ * the usual umask 022).
  * @return 0, -EINVAL (bad spec), -errno from the file system, -ENOMEM.
  */
 int mbp_model_write_random(const char *path, const mbp_model_spec *spec);

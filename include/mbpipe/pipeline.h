@@ -255,15 +255,19 @@ int mbp_run(mbp_pipeline *p, const void *in, void *out, size_t rows, uint32_t mb
 /* ---- micro-batches one by one ---- */
 
 /**
- * Get an input buffer of max_mb_rows x in_row_bytes from the pipeline's pool (any thread).
+ * Get an input buffer of max_mb_rows x in_row_bytes from the pipeline's pool (any thread), with
+ * mb->carry NULL.
  * @return 0, -EAGAIN, -ETIMEDOUT, -ENOTCONN, -ESHUTDOWN.
  */
 int mbp_mb_acquire(mbp_pipeline *p, mbp_mb **mb, int64_t timeout_ns);
 
 /**
  * Submit a filled buffer: mb->rows (1 .. max_mb_rows) rows of in_row_bytes; mb->seq and mb->user are the
- * caller's and come back with the result. On success the pipeline owns the buffer until its result
- * reaches on_result; on error the caller still does, and the buffer is unchanged.
+ * caller's and come back with the result. mb->carry is handed to stage 0 as it is (NULL from
+ * mbp_mb_acquire, or what the stages' own API says a caller may put there, such as mbp_model_mb_pin()); a
+ * micro-batch no stage saw (cancelled before stage 0) comes back with it unchanged. On success the pipeline
+ * owns the buffer until its result reaches on_result; on error the caller still does, and the buffer is
+ * unchanged.
  * @return 0, -EINVAL (no on_result, rows out of range, `mb` not a buffer from this pipeline's
  *         mbp_mb_acquire() that the caller holds: a foreign pointer, a released buffer, or one already
  *         submitted whose result has not come back), -ENOTCONN, -ESHUTDOWN, -EAGAIN, -ETIMEDOUT.

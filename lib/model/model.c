@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,8 +49,7 @@
 static void version_free(struct mbp__version *v)
 {
 	_Atomic unsigned *alive = v->alive;
-	if (v->map)
-		munmap(v->map, v->map_len);
+	free(v->data);
 	free(v->owned);
 	free(v->lw);
 	free(v);
@@ -235,13 +233,13 @@ static int build_layers(mbp_model *m, const mbp__st *st, const mbp__st_tensor **
 	return 0;
 }
 
-/* Whether a tensor can be used in place: F32 and 4-byte aligned in the mapping. */
+/* Whether a tensor can be used in place: F32 and 4-byte aligned in the data read. */
 static bool in_place(const mbp__st *st, const mbp__st_tensor *x)
 {
 	return x->dtype == MBP__ST_F32 && ((uintptr_t)(st->data + x->begin) % sizeof(float)) == 0;
 }
 
-/* Make the version: point at F32 tensors in the mapping, convert or realign the others into `owned`. */
+/* Make the version: point at F32 tensors in the data read, convert or realign the others into `owned`. */
 static int build_version(mbp_model *m, const mbp__st *st, const mbp__st_tensor **t, struct mbp__version *v,
 			 mbp_model_error *err)
 {
@@ -257,6 +255,7 @@ static int build_version(mbp_model *m, const mbp__st *st, const mbp__st_tensor *
 		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "%zu bytes of converted weights",
 				      owned * sizeof(float));
 	float *at = v->owned;
+	bool used = false; /* some tensor is used in place in v->data */
 	for (unsigned k = 0; k < m->layers * P_COUNT; k++) {
 		const mbp__st_tensor *x = t[k];
 		if (!x)
@@ -265,6 +264,7 @@ static int build_version(mbp_model *m, const mbp__st *st, const mbp__st_tensor *
 		const float *p;
 		if (in_place(st, x)) {
 			p = (const float *)(const void *)src;
+			used = true;
 		} else {
 			for (size_t e = 0; e < x->nelem; e++) {
 				uint16_t h;
@@ -301,14 +301,91 @@ static int build_version(mbp_model *m, const mbp__st *st, const mbp__st_tensor *
 			break;
 		}
 	}
+	if (!used) { /* everything was converted or copied: the data read is not needed any more */
+		free(v->data);
+		v->data = NULL;
+	}
 	return 0;
 }
 
-static int load_image(mbp_model *m, const uint8_t *buf, size_t len, struct mbp__version *v,
-		      mbp_model_error *err)
+/* A failed system call as MBP_LOAD_IO with the system's own errno. */
+static int io_fail(mbp_model_error *err, int code, const char *what)
 {
+	mbp__load_fail(err, MBP_LOAD_IO, NULL, "%s: %s", what, strerror(-code));
+	if (err)
+		err->code = code;
+	return code;
+}
+
+/* Read exactly n bytes at off, in chunks, checking the deadline (0: none) before each. */
+static int read_at(int fd, void *buf, size_t n, uint64_t off, uint64_t deadline, mbp_model_error *err)
+{
+	char *p = buf;
+	while (n) {
+		if (deadline && mbp__now_ns() > deadline)
+			return mbp__load_fail(err, MBP_LOAD_TIMEOUT, NULL, "%zu bytes left to read", n);
+		size_t chunk = n < ((size_t)4 << 20) ? n : ((size_t)4 << 20);
+		ssize_t r = pread(fd, p, chunk, (off_t)off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return io_fail(err, -errno, "read");
+		if (r == 0)
+			return io_fail(err, -EIO, "the file became shorter while it was read");
+		p += r;
+		n -= (size_t)r;
+		off += (uint64_t)r;
+	}
+	return 0;
+}
+
+static const char *file_kind(mode_t mode)
+{
+	return S_ISDIR(mode)	? "a directory"
+	       : S_ISFIFO(mode) ? "a FIFO"
+	       : S_ISCHR(mode)	? "a character device"
+	       : S_ISBLK(mode)	? "a block device"
+	       : S_ISSOCK(mode) ? "a socket"
+				: "not a regular file";
+}
+
+/*
+ * Read and check the file in the order that costs least on a bad one: its type and size, the 8-byte
+ * header length against the size, the header (every rule but the data bytes) and the layer chain, and
+ * only then the data section, into v->data.
+ */
+static int load_from(mbp_model *m, struct mbp__version *v, int fd, const mbp_model_load_opts *o,
+		     mbp_model_error *err)
+{
+	struct stat sb;
+	if (fstat(fd, &sb) < 0)
+		return io_fail(err, -errno, "fstat");
+	if (!S_ISREG(sb.st_mode))
+		return mbp__load_fail(err, MBP_LOAD_NOT_REGULAR, NULL, "%s", file_kind(sb.st_mode));
+	uint64_t size = (uint64_t)sb.st_size;
+	if (o->max_bytes && size > o->max_bytes)
+		return mbp__load_fail(err, MBP_LOAD_TOO_LARGE, NULL, "%llu bytes, the bound is %llu",
+				      (unsigned long long)size, (unsigned long long)o->max_bytes);
+	uint64_t deadline = o->timeout_ns ? mbp__now_ns() + o->timeout_ns : 0;
+	uint8_t len8[8] = {0};
 	mbp__st st;
-	int rc = mbp__st_parse(buf, len, &st, err);
+	if (size < 8) /* reported by the parser */
+		return mbp__st_parse_head(len8, 0, size, &st, err);
+	int rc = read_at(fd, len8, 8, 0, deadline, err);
+	if (rc)
+		return rc;
+	uint64_t n = le64toh(*(const uint64_t *)(const void *)len8);
+	if (n > MBP__ST_MAX_HEADER || n > size - 8) /* reported by the parser, before any allocation */
+		return mbp__st_parse_head(len8, 8, size, &st, err);
+	uint8_t *head = malloc(8 + (size_t)n);
+	if (!head)
+		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "%llu bytes of header",
+				      (unsigned long long)n);
+	memcpy(head, len8, 8);
+	rc = read_at(fd, head + 8, (size_t)n, 8, deadline, err);
+	if (!rc)
+		rc = mbp__st_parse_head(head, 8 + (size_t)n, size, &st, err);
+	free(head);
 	if (rc)
 		return rc;
 	const mbp__st_tensor **t = calloc((size_t)MBP_MODEL_MAX_LAYERS * P_COUNT, sizeof(*t));
@@ -316,8 +393,20 @@ static int load_image(mbp_model *m, const uint8_t *buf, size_t len, struct mbp__
 		rc = mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "tensor index");
 	if (!rc)
 		rc = build_layers(m, &st, t, err);
-	if (!rc)
+	uint64_t dlen = st.data_len;
+	if (!rc && dlen) {
+		size_t alloc = dlen > SIZE_MAX - 64 ? 0 : (size_t)(dlen + 63) & ~(size_t)63;
+		v->data = alloc ? aligned_alloc(64, alloc) : NULL;
+		if (!v->data)
+			rc = mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "%llu bytes of weights",
+					    (unsigned long long)dlen);
+	}
+	if (!rc && dlen)
+		rc = read_at(fd, v->data, (size_t)dlen, 8 + n, deadline, err);
+	if (!rc) {
+		st.data = v->data;
 		rc = build_version(m, &st, t, v, err);
+	}
 	free(t);
 	mbp__st_free(&st);
 	return rc;
@@ -333,13 +422,15 @@ static void prefix_path(mbp_model_error *err, const char *path)
 		snprintf(err->msg, sizeof(err->msg), "%.*s", (int)(sizeof(err->msg) - 1), msg);
 }
 
-int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
+int mbp_model_load_fd(mbp_model **out, int fd, const char *name, const mbp_model_load_opts *o,
+		      mbp_model_error *err)
 {
 	if (err)
 		memset(err, 0, sizeof(*err));
-	if (!out || !path)
+	if (!out || fd < 0)
 		return -EINVAL;
 	*out = NULL;
+	const mbp_model_load_opts none = {0};
 	mbp_model *m = calloc(1, sizeof(*m));
 	struct mbp__version *v = calloc(1, sizeof(*v));
 	if (!m || !v) {
@@ -347,49 +438,13 @@ int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
 		free(v);
 		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "model");
 	}
-	int rc = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat sb;
-	if (fd < 0 || fstat(fd, &sb) < 0) {
-		rc = -errno;
-		mbp__load_fail(err, MBP_LOAD_IO, NULL, "%s", strerror(-rc));
-		if (err)
-			err->code = rc;
-	} else if (sb.st_size > 0) {
-		v->map_len = (size_t)sb.st_size;
-		v->map = mmap(NULL, v->map_len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-		if (v->map == MAP_FAILED) {
-			v->map = NULL;
-			rc = -errno;
-			mbp__load_fail(err, MBP_LOAD_IO, NULL, "mmap: %s", strerror(-rc));
-			if (err)
-				err->code = rc;
-		}
-	}
-	if (fd >= 0)
-		close(fd);
-	if (!rc)
-		rc = load_image(m, v->map, v->map_len, v, err);
+	int rc = load_from(m, v, fd, o ? o : &none, err);
 	if (rc) {
-		prefix_path(err, path);
+		prefix_path(err, name ? name : "model");
 		version_free(v);
 		free(m->l);
 		free(m);
 		return rc;
-	}
-	/* Nothing used in place: the mapping is not needed any more. */
-	bool mapped_use = false;
-	for (unsigned i = 0; i < m->layers && !mapped_use; i++) {
-		const struct mbp__weights *w = &v->lw[i];
-		const float *ps[] = {w->w, w->b, w->g, w->beta};
-		for (unsigned k = 0; k < 4; k++)
-			if (ps[k] && (const void *)ps[k] >= v->map &&
-			    (const char *)ps[k] < (char *)v->map + v->map_len)
-				mapped_use = true;
-	}
-	if (!mapped_use && v->map) {
-		munmap(v->map, v->map_len);
-		v->map = NULL;
 	}
 	pthread_mutex_init(&m->swap_lock, NULL);
 	atomic_init(&v->refs, 1); /* the reference "current" holds */
@@ -399,6 +454,25 @@ int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
 	m->current = v;
 	*out = m;
 	return 0;
+}
+
+int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof(*err));
+	if (!out || !path)
+		return -EINVAL;
+	*out = NULL;
+	/* O_NONBLOCK: opening a FIFO would otherwise wait for a writer; load_fd then refuses it. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
+		int rc = io_fail(err, -errno, "open");
+		prefix_path(err, path);
+		return rc;
+	}
+	int rc = mbp_model_load_fd(out, fd, path, NULL, err);
+	close(fd);
+	return rc;
 }
 
 void mbp_model_destroy(mbp_model *m)
@@ -452,6 +526,47 @@ int mbp_model_swap(mbp_model *m, mbp_model *next)
 	mbp__version_put(old);
 	mbp_model_destroy(next);
 	return 0;
+}
+
+/* ---- weights references ---- */
+
+/* The public handle is the version itself. */
+static struct mbp__version *as_version(const mbp_model_weights *w)
+{
+	return (struct mbp__version *)(uintptr_t)w;
+}
+
+mbp_model_weights *mbp_model_weights_get(mbp_model *m)
+{
+	return m ? (mbp_model_weights *)(void *)mbp__version_get_locked(m) : NULL;
+}
+
+uint64_t mbp_model_weights_version(const mbp_model_weights *w)
+{
+	return w ? as_version(w)->id : 0;
+}
+
+void mbp_model_weights_put(mbp_model_weights *w)
+{
+	mbp__version_put(as_version(w));
+}
+
+int mbp_model_mb_pin(mbp_mb *mb, mbp_model_weights *w)
+{
+	if (!mb || !w || mb->carry)
+		return -EINVAL;
+	/* relaxed: the caller's reference keeps the version alive; submitting publishes mb to stage 0 */
+	atomic_fetch_add_explicit(&as_version(w)->refs, 1, memory_order_relaxed);
+	mb->carry = w;
+	return 0;
+}
+
+void mbp_model_mb_unpin(mbp_mb *mb)
+{
+	if (!mb || !mb->carry)
+		return;
+	mbp__version_put(mb->carry);
+	mb->carry = NULL;
 }
 
 /* ---- describing ---- */

@@ -26,7 +26,7 @@ struct mbp__layer {
 	mbp_dtype dtype;
 };
 
-/* One layer's parameters in one version: float32, 4-byte aligned, in the mapping or in `owned`. */
+/* One layer's parameters in one version: float32, 4-byte aligned, in `data` or in `owned`. */
 struct mbp__weights {
 	const float *w;	       /* [out][in] */
 	const float *b;	       /* [out] */
@@ -35,8 +35,7 @@ struct mbp__weights {
 
 /*
  * A weights version. refs counts: the model's "current" pointer (one reference while published) and
- * every micro-batch or forward call using it. The last put frees it (munmap and free), on whichever
- * thread drops it.
+ * every micro-batch or forward call using it. The last put frees it, on whichever thread drops it.
  */
 struct mbp__version {
 	_Atomic uint32_t refs;
@@ -44,8 +43,7 @@ struct mbp__version {
 	_Atomic unsigned *alive; /* the owning model's count of live versions */
 	unsigned layers;
 	struct mbp__weights *lw;
-	void *map;
-	size_t map_len;
+	void *data;   /* the file's data section as read (F32 tensors used in place), or NULL */
 	float *owned; /* converted (F16/BF16) or realigned tensors */
 };
 

@@ -59,6 +59,9 @@ static const struct {
     [MBP_MODEL_ACTIVATION] = {"invalid model metadata", -EINVAL},
     [MBP_MODEL_TOO_MANY] = {"too many layers", -E2BIG},
     [MBP_LOAD_NOMEM] = {"out of memory", -ENOMEM},
+    [MBP_LOAD_NOT_REGULAR] = {"not a regular file", -EINVAL},
+    [MBP_LOAD_TOO_LARGE] = {"file larger than the bound", -EFBIG},
+    [MBP_LOAD_TIMEOUT] = {"reading the file took longer than the bound", -ETIMEDOUT},
 };
 
 const char *mbp_load_rule_str(mbp_load_rule rule)
@@ -436,19 +439,23 @@ static int check_layout(mbp__st *st, mbp_model_error *err)
 
 /* ---- the file ---- */
 
-static int parse_header(const uint8_t *buf, size_t len, mbp__st *st, mbp_model_error *err)
+/* buf holds the file's first len bytes (at least 8 + the header length), file_len the file's size. */
+static int parse_header(const uint8_t *buf, size_t len, uint64_t file_len, mbp__st *st, mbp_model_error *err)
 {
-	if (len < 8)
-		return mbp__load_fail(err, MBP_ST_HEADER_TOO_SMALL, NULL, "%zu bytes", len);
+	if (file_len < 8 || len < 8)
+		return mbp__load_fail(err, MBP_ST_HEADER_TOO_SMALL, NULL, "%llu bytes",
+				      (unsigned long long)file_len);
 	uint64_t n = 0;
 	for (int i = 7; i >= 0; i--)
 		n = n << 8 | buf[i];
 	if (n > MBP__ST_MAX_HEADER)
 		return mbp__load_fail(err, MBP_ST_HEADER_TOO_LARGE, NULL, "%llu bytes",
 				      (unsigned long long)n);
+	if (n > file_len - 8)
+		return mbp__load_fail(err, MBP_ST_HEADER_LENGTH, NULL, "8 + %llu bytes, file has %llu",
+				      (unsigned long long)n, (unsigned long long)file_len);
 	if (n > len - 8)
-		return mbp__load_fail(err, MBP_ST_HEADER_LENGTH, NULL, "8 + %llu bytes, file has %zu",
-				      (unsigned long long)n, len);
+		return mbp__load_fail(err, MBP_LOAD_IO, NULL, "header not read in full");
 	const uint8_t *h = buf + 8;
 	size_t bad = utf8_valid_prefix(h, n);
 	if (bad != n)
@@ -461,8 +468,8 @@ static int parse_header(const uint8_t *buf, size_t len, mbp__st *st, mbp_model_e
 	if (bad != n)
 		return mbp__load_fail(err, MBP_ST_HEADER_JSON, NULL, "%s at header byte %zu", why, bad);
 
-	st->data = h + n;
-	st->data_len = len - 8 - n;
+	st->data = len == file_len ? h + n : NULL;
+	st->data_len = file_len - 8 - n;
 
 	const char *end = NULL;
 	cJSON *root = cJSON_ParseWithLengthOpts((const char *)h, n, &end, 0);
@@ -522,12 +529,17 @@ static int parse_header(const uint8_t *buf, size_t len, mbp__st *st, mbp_model_e
 
 int mbp__st_parse(const uint8_t *buf, size_t len, mbp__st *st, mbp_model_error *err)
 {
+	return mbp__st_parse_head(buf, len, len, st, err);
+}
+
+int mbp__st_parse_head(const uint8_t *buf, size_t len, uint64_t file_len, mbp__st *st, mbp_model_error *err)
+{
 	memset(st, 0, sizeof(*st));
 	if (err)
 		memset(err, 0, sizeof(*err));
 	if (!buf && len)
 		return mbp__load_fail(err, MBP_LOAD_IO, NULL, "no buffer");
-	int rc = parse_header(buf, len, st, err);
+	int rc = parse_header(buf, len, file_len, st, err);
 	if (rc)
 		mbp__st_free(st);
 	return rc;

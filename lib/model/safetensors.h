@@ -57,6 +57,9 @@ typedef struct mbp__st {
 /* Parse and validate a whole file image. On error returns the rule's -errno, fills err (rule, tensor and
  * a message without a file name) and leaves *st empty. mbp__st_free() accepts an empty or failed st. */
 int mbp__st_parse(const uint8_t *buf, size_t len, mbp__st *st, mbp_model_error *err);
+/* The same from the file's first len bytes (at least 8 + its header length) and its size: everything is
+ * validated but the data bytes, which need not be there (st->data is NULL unless buf holds them all). */
+int mbp__st_parse_head(const uint8_t *buf, size_t len, uint64_t file_len, mbp__st *st, mbp_model_error *err);
 void mbp__st_free(mbp__st *st);
 
 /* Lookup by exact name (binary search); NULL when absent. */

@@ -7,7 +7,8 @@
  * previous stage's hop buffer) and its last layer writes the output buffer directly.
  *
  * Weights: stage 0 takes a reference to the current version for each micro-batch and stores it in
- * mb->carry (see mbp__version_get_rcu); later stages compute with mb->carry; stage 0's done callback drops
+ * mb->carry (see mbp__version_get_rcu), unless its submitter pinned one there (mbp_model_mb_pin) or it
+ * continues a job (job_version: one version per job); later stages compute with mb->carry; stage 0's done callback drops
  * the reference when the micro-batch leaves the pipeline, completed or failed. The model's stages own
  * mb->carry.
  */
@@ -32,7 +33,39 @@ struct stage {
 	size_t scratch_floats; /* per buffer; 0 for a single-layer stage */
 	float *s0, *s1;
 	char name[MBP_STAGE_NAME_MAX];
+	/* stage 0: the version of the job under way, held (one reference) until its last micro-batch */
+	struct mbp__version *job_v;
+	const mbp_job *job;
+	uint64_t job_seq;
 };
+
+/* Stage 0: the version for a job's micro-batch. A job's micro-batches pass stage 0 one after the other
+ * (seq 0, 1, ...): the first takes the current version and the stage keeps a reference to it for the rest,
+ * so a whole job is computed with one version; the reference goes with the job's last micro-batch. */
+static struct mbp__version *job_version(struct stage *s, const mbp_mb *in)
+{
+	struct mbp__version *v;
+	if (s->job_v && in->job == s->job && in->seq == s->job_seq + 1) {
+		v = s->job_v;
+		/* relaxed: the stage's own reference keeps v alive */
+		atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
+	} else {
+		mbp__version_put(s->job_v);
+		s->job_v = NULL;
+		v = mbp__version_get_rcu(s->m);
+		if (in->seq + 1 < in->job->mbs) {
+			atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed); /* as above */
+			s->job_v = v;
+			s->job = in->job;
+		}
+	}
+	s->job_seq = in->seq;
+	if (s->job_v && in->seq + 1 >= in->job->mbs) { /* the job's last micro-batch */
+		mbp__version_put(s->job_v);
+		s->job_v = NULL;
+	}
+	return v;
+}
 
 struct mbp_model_stages {
 	mbp_model *m;
@@ -79,6 +112,8 @@ static int stage_init(void *ctx, unsigned idx)
 static void stage_fini(void *ctx)
 {
 	struct stage *s = ctx;
+	mbp__version_put(s->job_v); /* a job cut short (cancelled) left it */
+	s->job_v = NULL;
 	if (s->idx == 0)
 		rcu_unregister_thread();
 	free(s->s0);
@@ -91,8 +126,8 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	struct stage *s = ctx;
 	const mbp_model *m = s->m;
 	struct mbp__version *v;
-	if (s->idx == 0)
-		out->carry = NULL; /* ours to set: done() drops whatever is here */
+	if (s->idx == 0) /* ours to set: done() drops whatever is here; a pinned version is already ours */
+		out->carry = in->job ? NULL : in->carry;
 	if (MBP_UNLIKELY(in->rows > s->max_rows))
 		return -E2BIG;
 	if (MBP_UNLIKELY(in->row_bytes != m->l[s->a].in * sizeof(float) ||
@@ -100,7 +135,7 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 			 out->capacity < (size_t)in->rows * out->row_bytes))
 		return -EINVAL;
 	if (s->idx == 0) {
-		v = mbp__version_get_rcu(s->m);
+		v = out->carry ? out->carry : in->job ? job_version(s, in) : mbp__version_get_rcu(s->m);
 		out->carry = v;
 	} else {
 		v = in->carry;

@@ -5,12 +5,14 @@
  * The file is written as the reference writer does: the JSON header padded with spaces to a multiple of 8
  * bytes (so F32 data is aligned in a mapping), then each tensor's bytes in header order, little-endian,
  * with no gaps. It goes to a temporary name in the same directory and is renamed into place, so a reader
- * never sees half a file.
+ * never sees half a file; it is created with mode 0666 under the umask, as files usually are.
  */
 #include "config.h"
 
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -184,14 +186,23 @@ int mbp_model_write_random(const char *path, const mbp_model_spec *sp)
 	}
 
 	size_t pl = strlen(path);
-	tmp = malloc(pl + 16);
+	tmp = malloc(pl + 48);
 	if (!tmp) {
 		rc = -ENOMEM;
 		goto out;
 	}
-	memcpy(tmp, path, pl);
-	memcpy(tmp + pl, ".tmp.XXXXXX", 12);
-	int fd = mkstemp(tmp);
+	/* A fresh name created with mode 0666 under the umask (0644 with the usual 022), as any file a
+	 * program writes: mkstemp's 0600 would leave the model unreadable to the server's other users. */
+	static _Atomic unsigned serial;
+	int fd = -1;
+	for (int tries = 0; fd < 0 && tries < 100; tries++) {
+		snprintf(
+		    tmp, pl + 48, "%s.tmp.%ld.%u", path, (long)getpid(),
+		    atomic_fetch_add_explicit(&serial, 1, memory_order_relaxed)); /* a name, nothing else */
+		fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+		if (fd < 0 && errno != EEXIST)
+			break;
+	}
 	if (fd < 0) {
 		rc = -errno;
 		goto out;

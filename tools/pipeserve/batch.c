@@ -53,6 +53,9 @@ struct ps_batcher {
 
 	pthread_mutex_t free_mu;
 	ps_batch *free;
+
+	mbp_model_weights *pin; /* the version micro-batches are pinned to (batcher thread only) */
+	uint64_t pin_id;	/* its number; 0 with none */
 };
 
 uint64_t ps_now_ns(void)
@@ -129,6 +132,7 @@ static void on_result(void *arg, mbp_mb *mb)
 	ps_batch *bt = mb->user;
 	uint64_t now = ps_now_ns();
 	ps_hist_observe(&b->metrics->compute_ns, now - bt->t_submit);
+	mbp_model_mb_unpin(mb); /* a micro-batch no stage saw still holds its pin */
 	int err = mb->status;
 	if (!err && mb->row_bytes != b->cfg.out_row_bytes)
 		err = -EPROTO;
@@ -166,16 +170,18 @@ static ps_req *expire_locked(ps_batcher *b, uint64_t now)
 	return list;
 }
 
-/* Take up to max_batch_rows rows from the FIFO's head into bt. Called with mu held. */
-static uint32_t take_rows_locked(ps_batcher *b, ps_batch *bt, uint64_t now)
+/* Take up to max_batch_rows rows from the FIFO's head into bt; with head_only, only the head request's. Called
+ * with mu held. */
+static uint32_t take_rows_locked(ps_batcher *b, ps_batch *bt, uint64_t now, bool head_only)
 {
 	uint32_t used = 0;
-	while (b->head && used < b->cfg.max_batch_rows) {
+	while (b->head && used < b->cfg.max_batch_rows && !(head_only && used)) {
 		ps_req *r = b->head;
 		size_t take = r->rows - r->next_row;
 		if (take > b->cfg.max_batch_rows - used)
 			take = b->cfg.max_batch_rows - used;
 		if (r->next_row == 0) {
+			r->version = b->pin_id;
 			r->t_dispatch = now;
 			ps_hist_observe(&b->metrics->queue_ns, now - r->t_enqueue);
 		}
@@ -228,14 +234,26 @@ static bool send_one(ps_batcher *b)
 		return rc == 0; /* out of memory for a segment list: retry; a pipeline error: give up */
 	}
 	uint64_t now = ps_now_ns();
+	/* Only this thread takes rows, so the head's progress read here holds until take_rows_locked. */
+	bool stale = b->cfg.model && mbp_model_version(b->cfg.model) != b->pin_id;
 	pthread_mutex_lock(&b->mu);
-	uint32_t rows = take_rows_locked(b, bt, now);
+	bool under_way = b->head && b->head->next_row > 0;
+	pthread_mutex_unlock(&b->mu);
+	if (stale && !under_way) { /* a clean boundary: move to the newest version */
+		mbp_model_weights_put(b->pin);
+		b->pin = mbp_model_weights_get(b->cfg.model);
+		b->pin_id = mbp_model_weights_version(b->pin);
+	}
+	pthread_mutex_lock(&b->mu);
+	uint32_t rows = take_rows_locked(b, bt, now, stale && under_way);
 	pthread_mutex_unlock(&b->mu);
 	if (!rows) { /* only the batcher removes rows, so this does not happen; stay safe */
 		mbp_mb_release(b->p, mb);
 		batch_put(b, bt);
 		return true;
 	}
+	if (b->pin)
+		mbp_model_mb_pin(mb, b->pin);
 	for (uint32_t i = 0; i < bt->nseg; i++) {
 		const ps_seg *s = &bt->seg[i];
 		memcpy((char *)mb->data + (size_t)s->mb_row * b->in_row_bytes,
@@ -251,6 +269,7 @@ static bool send_one(ps_batcher *b)
 	rc = mbp_mb_submit(b->p, mb, -1);
 	if (rc) {
 		fprintf(stderr, "pipeserve: submit failed: %s\n", mbp_strerror(rc));
+		mbp_model_mb_unpin(mb);
 		mbp_mb_release(b->p, mb);
 		fail_batch(b, bt, rc);
 		return false;
@@ -296,6 +315,15 @@ static void *batcher_main(void *arg)
 			continue;
 		}
 		if (!b->head) {
+			if (b->pin) { /* idle: let an old version go once its micro-batches are back */
+				mbp_model_weights *w = b->pin;
+				b->pin = NULL;
+				b->pin_id = 0;
+				pthread_mutex_unlock(&b->mu);
+				mbp_model_weights_put(w);
+				pthread_mutex_lock(&b->mu);
+				continue;
+			}
 			if (b->stopping)
 				break;
 			pthread_cond_wait(&b->cv, &b->mu);
@@ -448,6 +476,7 @@ void ps_batcher_destroy(ps_batcher *b)
 		return;
 	ps_batcher_stop(b);
 	mbp_pipeline_destroy(b->p);
+	mbp_model_weights_put(b->pin);
 	while (b->free) {
 		ps_batch *bt = b->free;
 		b->free = bt->next_free;

@@ -11,6 +11,14 @@
  * request's last rows completes it (its `done` callback). Requests that waited in the FIFO past the timeout
  * without a single row sent fail with -ETIMEDOUT.
  *
+ * One weights version per request. The batcher pins every micro-batch to a weights version it holds
+ * (mbp_model_mb_pin), and moves to the model's newest version only at a micro-batch that starts with a
+ * request's first row: a request whose rows span micro-batches is computed with one version, which its
+ * answer names. When a newer version waits and the FIFO's head request is already under way, the next
+ * micro-batch takes only that request's remaining rows (it may leave rows unused), so that the one after
+ * it can move on: a stream of requests straddling micro-batch boundaries cannot keep an old version
+ * forever. An idle batcher drops its version, so an old one is freed once its last micro-batch is back.
+ *
  * At most max_inflight micro-batches are in the pipeline at once. Without that bound every request would
  * go straight into the engine's deep ingress as a micro-batch of its own and wait there, unbatched; with
  * it, rows that arrive while the pipeline is full wait in the FIFO and leave together: batches grow with
@@ -44,7 +52,8 @@ struct ps_req {
 	void (*done)(ps_req *r); /* once, when every row is back or the request failed */
 	void *arg;
 	/* results, valid in done() */
-	int status; /* 0; -ETIMEDOUT (waited too long in the queue); a stage's or the engine's error */
+	int status;	  /* 0; -ETIMEDOUT (waited too long in the queue); a stage's or the engine's error */
+	uint64_t version; /* the weights version every row was computed with (0 without a model) */
 	uint64_t t_enqueue, t_dispatch, t_done; /* CLOCK_MONOTONIC ns */
 	/* private to the batcher */
 	ps_req *next;
@@ -60,6 +69,7 @@ typedef struct ps_batcher_cfg {
 	uint64_t timeout_ns;	 /* a request still fully queued after this long fails; 0: never */
 	size_t out_row_bytes;	 /* the last stage's output row width */
 	uint32_t max_inflight;	 /* micro-batches in the pipeline at most; more rows wait in the FIFO */
+	mbp_model *model;	 /* the model the stages run: every request runs on one weights version */
 } ps_batcher_cfg;
 
 /**

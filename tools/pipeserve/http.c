@@ -10,9 +10,9 @@
  * request is queued, so a resume can never come first. A reload runs on a thread of its own (loading a
  * file takes a while) and resumes its connection the same way.
  *
- * Shutdown (main.c): `draining` turns on, then main waits for `inflight` to reach zero. An infer request
- * increments `inflight` before it reads `draining` and main stores `draining` before it reads `inflight`
- * (both seq_cst): either the request sees draining and answers 503, or main waits for it.
+ * Shutdown (main.c): `draining` turns on, then main waits for `inflight` and `loads` to reach zero. An infer
+ * request increments `inflight` (a load `loads`) before it reads `draining` and main stores `draining`
+ * before it reads them (all seq_cst): either the request sees draining and answers 503, or main waits.
  */
 #include "config.h"
 
@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 
 enum route {
 	R_NOT_FOUND,
@@ -43,17 +45,37 @@ enum route {
 
 enum phase { P_READING, P_WAITING, P_DONE };
 
+/*
+ * One open connection, for the request deadline: `since` is when it began waiting for a complete request
+ * (it connected, or its previous answer was queued), 0 while a complete request is being answered. The
+ * reaper shuts down the socket of a connection past its deadline (MHD then sees the end of the stream and
+ * closes it itself); the list and `since` are under s->conns_mu. MHD's CLOSED notification, which takes
+ * the entry out, comes before it closes the socket, so the reaper never touches a descriptor it no longer
+ * owns.
+ */
+struct ps_conn {
+	struct ps_conn *prev, *next;
+	int fd;
+	uint64_t since;
+	bool reaped;
+};
+
 typedef struct ps_ctx {
 	ps_server *s;
 	struct MHD_Connection *conn;
 	enum route route;
-	bool post;	/* the route takes a body */
-	bool method_ok; /* the method matches the route */
-	int model_err;	/* 0, or 404 for an unknown model or version */
-	bool too_large; /* the body passed max_body_bytes: discarded, answer 413 */
-	bool admitted;	/* counted in s->inflight */
+	bool post;	 /* the route takes a body */
+	bool method_ok;	 /* the method matches the route */
+	int model_err;	 /* 0, or 404 for an unknown model or version */
+	bool too_large;	 /* the body passed max_body_bytes: discarded, answer 413 */
+	bool too_busy;	 /* bodies in flight would pass max_inflight_body_bytes: discarded, answer 503 */
+	size_t reserved; /* bytes of s->body_bytes this request holds */
+	bool admitted;	 /* counted in s->inflight (infer) or s->loads (load) */
+	bool received;	 /* an infer request counted in metrics.infer_received */
+	bool outcome;	 /* ... and counted in its success or failure counter */
 	_Atomic int phase;
 	uint64_t t_start;
+	struct ps_conn *pc; /* the connection's deadline entry, or NULL */
 	ps_buf body;
 	/* infer */
 	ps_infer_req rq;
@@ -62,6 +84,7 @@ typedef struct ps_ctx {
 	/* reload */
 	int reload_status;
 	char *reload_path;
+	bool loading; /* holds s->loading */
 	char err[256];
 } ps_ctx;
 
@@ -130,13 +153,21 @@ static int split_path(const char *url, char *tmp, size_t tmpn, char **seg, int m
 	return k;
 }
 
+/* The current weights version as the protocol's version string (it is the model's version). */
+static const char *weights_version(ps_server *s, char *buf, size_t n)
+{
+	snprintf(buf, n, "%llu", (unsigned long long)mbp_model_version(s->model));
+	return buf;
+}
+
 static void route_request(ps_ctx *x, const char *url, const char *method)
 {
 	ps_server *s = x->s;
 	char tmp[1024];
 	char *seg[8];
 	int n = split_path(url, tmp, sizeof tmp, seg, 8);
-	bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
+	/* HEAD is GET without the body (RFC 9110 9.3.2): every GET route takes it; MHD leaves the body out. */
+	bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
 	bool post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
 	x->route = R_NOT_FOUND;
 	x->method_ok = true;
@@ -163,7 +194,8 @@ static void route_request(ps_ctx *x, const char *url, const char *method)
 		if (i < n && strcmp(seg[i], "versions") == 0) {
 			if (i + 1 >= n)
 				return;
-			if (!x->model_err && strcmp(seg[i + 1], s->info.version) != 0)
+			char v[24];
+			if (!x->model_err && strcmp(seg[i + 1], weights_version(s, v, sizeof v)) != 0)
 				x->model_err = 404;
 			i += 2;
 		}
@@ -204,9 +236,16 @@ static void infer_done(ps_req *r)
 	MHD_resume_connection(x->conn);
 }
 
+static void count_fail(ps_ctx *x, int status)
+{
+	if (x->received && !x->outcome)
+		ps_metrics_fail(&x->s->metrics, status);
+	x->outcome = true;
+}
+
 static enum MHD_Result infer_fail(ps_ctx *x, unsigned status, const char *msg)
 {
-	ps_metrics_fail(&x->s->metrics, (int)status);
+	count_fail(x, (int)status);
 	return send_error(x->conn, status, msg);
 }
 
@@ -268,7 +307,11 @@ static enum MHD_Result infer_finish(ps_ctx *x)
 	}
 	ps_buf b = {0};
 	size_t json_len;
-	if (ps_oip_encode_infer(&s->info, &x->rq, x->out, &b, &json_len)) {
+	char v[24];
+	snprintf(v, sizeof v, "%llu", (unsigned long long)r->version);
+	ps_model_info mi = s->info;
+	mi.version = v; /* the version that computed every row of this request */
+	if (ps_oip_encode_infer(&mi, &x->rq, x->out, &b, &json_len)) {
 		ps_buf_free(&b);
 		return infer_fail(x, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory encoding the response");
 	}
@@ -289,6 +332,7 @@ static enum MHD_Result infer_finish(ps_ctx *x)
 	enum MHD_Result ret = MHD_queue_response(x->conn, MHD_HTTP_OK, resp);
 	MHD_destroy_response(resp);
 	atomic_fetch_add_explicit(&s->metrics.infer_ok, 1, memory_order_relaxed);
+	x->outcome = true;
 	atomic_fetch_add_explicit(&s->metrics.rows_ok, x->rq.rows, memory_order_relaxed);
 	ps_hist_observe(&s->metrics.request_ns, ps_now_ns() - x->t_start);
 	return ret;
@@ -300,6 +344,10 @@ static void *reload_main(void *arg)
 {
 	ps_ctx *x = arg;
 	x->reload_status = ps_reload(x->s, x->reload_path, x->err, sizeof x->err);
+	/* The next load may start now, before this answer is sent (a client that loads again as soon as it
+	 * has the answer must not get 409). */
+	x->loading = false;
+	atomic_store(&x->s->loading, false);
 	atomic_store_explicit(&x->phase, P_DONE, memory_order_release);
 	MHD_resume_connection(x->conn);
 	return NULL;
@@ -308,11 +356,19 @@ static void *reload_main(void *arg)
 static enum MHD_Result reload_start(ps_ctx *x)
 {
 	ps_server *s = x->s;
+	if (s->repo_fd < 0)
+		return send_error(x->conn, MHD_HTTP_FORBIDDEN,
+				  "model loading over HTTP is off (the server was started without "
+				  "--model-repository)");
 	int st = ps_oip_parse_load(x->body.p ? x->body.p : "", x->body.len, &x->reload_path, x->err,
 				   sizeof x->err);
 	if (st)
 		return send_error(x->conn, (unsigned)st, x->err);
-	atomic_fetch_add(&s->inflight, 1);
+	bool idle = false;
+	if (!atomic_compare_exchange_strong(&s->loading, &idle, true))
+		return send_error(x->conn, MHD_HTTP_CONFLICT, "a model load is already in progress");
+	x->loading = true; /* cleared by the load's thread when done, or in on_completed if it never ran */
+	atomic_fetch_add(&s->loads, 1);
 	x->admitted = true;
 	if (atomic_load(&s->draining))
 		return send_error(x->conn, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
@@ -370,7 +426,10 @@ static int enc_server(ps_ctx *x, ps_buf *b)
 
 static int enc_model(ps_ctx *x, ps_buf *b)
 {
-	return ps_oip_encode_model_metadata(&x->s->info, b);
+	char v[24];
+	ps_model_info mi = x->s->info;
+	mi.version = weights_version(x->s, v, sizeof v);
+	return ps_oip_encode_model_metadata(&mi, b);
 }
 
 static int enc_index(ps_ctx *x, ps_buf *b)
@@ -378,9 +437,34 @@ static int enc_index(ps_ctx *x, ps_buf *b)
 	ps_buf_adds(b, "[{\"name\":");
 	ps_buf_add_json_string(b, x->s->info.name);
 	ps_buf_adds(b, ",\"version\":");
-	ps_buf_add_json_string(b, x->s->info.version);
+	char v[24];
+	ps_buf_add_json_string(b, weights_version(x->s, v, sizeof v));
 	ps_buf_printf(b, ",\"state\":\"%s\"}]", atomic_load(&x->s->ready) ? "READY" : "UNAVAILABLE");
 	return b->oom ? -ENOMEM : 0;
+}
+
+/* Count `n` more body bytes against the bound of all bodies in flight. @return false when over it. */
+static bool body_reserve(ps_ctx *x, size_t n)
+{
+	ps_server *s = x->s;
+	uint64_t cur = atomic_load_explicit(&s->body_bytes, memory_order_relaxed);
+	do {
+		if (n > s->cfg.max_inflight_body_bytes || cur > s->cfg.max_inflight_body_bytes - n)
+			return false;
+		/* relaxed: a counter; nothing is published through it */
+	} while (!atomic_compare_exchange_weak_explicit(&s->body_bytes, &cur, cur + n, memory_order_relaxed,
+							memory_order_relaxed));
+	x->reserved += n;
+	return true;
+}
+
+static void conn_since(ps_server *s, struct ps_conn *pc, uint64_t since)
+{
+	if (!pc)
+		return;
+	pthread_mutex_lock(&s->conns_mu);
+	pc->since = since;
+	pthread_mutex_unlock(&s->conns_mu);
 }
 
 /* Answer a request whose body (if any) is complete. */
@@ -393,14 +477,17 @@ static enum MHD_Result dispatch(ps_ctx *x)
 	if (!x->method_ok)
 		return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed");
 	if (x->model_err) {
-		if (x->route == R_INFER)
-			ps_metrics_fail(&s->metrics, 404);
+		count_fail(x, 404);
 		return send_error(c, MHD_HTTP_NOT_FOUND, "unknown model or version");
 	}
 	if (x->too_large) {
-		if (x->route == R_INFER)
-			ps_metrics_fail(&s->metrics, 413);
+		count_fail(x, 413);
 		return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "request body too large");
+	}
+	if (x->too_busy) {
+		count_fail(x, 503);
+		return send_error(c, MHD_HTTP_SERVICE_UNAVAILABLE,
+				  "too many request bytes in flight, retry later");
 	}
 	switch (x->route) {
 	case R_SERVER_META:
@@ -428,6 +515,48 @@ static enum MHD_Result dispatch(ps_ctx *x)
 	return send_error(c, MHD_HTTP_NOT_FOUND, "not found");
 }
 
+static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind, const char *key,
+					    const char *value)
+{
+	(void)kind;
+	(void)value;
+	if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+		++*(unsigned *)cls;
+	return MHD_YES;
+}
+
+/*
+ * Framing that libmicrohttpd 0.9.75 lets through to the handler and that we refuse, each with a JSON error
+ * on the request's first call (MHD then closes the connection: its framing cannot be trusted): two
+ * Content-Length headers, a Transfer-Encoding other than chunked (MHD would read the body until the client
+ * closes), chunked together with a Content-Length, HTTP/1.1 without Host (MHD_OPTION_STRICT_FOR_CLIENT
+ * refuses it first, with an HTML body). @return 0 when the head is acceptable, else the status, with `msg`.
+ */
+static unsigned check_framing(struct MHD_Connection *c, const char *version, const char **msg)
+{
+	unsigned ncl = 0;
+	MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &ncl);
+	const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+	if (ncl > 1) {
+		*msg = "more than one Content-Length header";
+		return MHD_HTTP_BAD_REQUEST;
+	}
+	if (te && strcasecmp(te, "chunked") != 0) {
+		*msg = "Transfer-Encoding not supported (only chunked)";
+		return MHD_HTTP_NOT_IMPLEMENTED;
+	}
+	if (te && ncl) {
+		*msg = "both Transfer-Encoding and Content-Length";
+		return MHD_HTTP_BAD_REQUEST;
+	}
+	if (strcmp(version, MHD_HTTP_VERSION_1_1) == 0 &&
+	    !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
+		*msg = "HTTP/1.1 request without Host";
+		return MHD_HTTP_BAD_REQUEST;
+	}
+	return 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 				  const char *version, const char *upload_data, size_t *upload_data_size,
 				  void **con_cls)
@@ -442,17 +571,35 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		x->conn = c;
 		x->t_start = ps_now_ns();
 		atomic_init(&x->phase, P_READING);
+		const union MHD_ConnectionInfo *ci =
+		    MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+		x->pc = ci ? ci->socket_context : NULL;
 		route_request(x, url, method);
 		*con_cls = x;
+		if (x->route == R_INFER && x->method_ok) {
+			x->received = true;
+			atomic_fetch_add_explicit(&s->metrics.infer_received, 1, memory_order_relaxed);
+		}
+		const char *why = NULL;
+		unsigned bad = check_framing(c, version, &why);
+		if (bad) {
+			count_fail(x, (int)bad);
+			return send_error(c, bad, why);
+		}
 		/* Answer on a later call, even without a body: a response queued on the first call counts as
 		 * "early" (before the body) and costs the keep-alive. */
 		if (!x->post)
 			return MHD_YES;
 		const char *cl =
 		    MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-		if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
+		unsigned long long cln = cl ? strtoull(cl, NULL, 10) : 0;
+		if (cln > s->cfg.max_body_bytes) {
 			x->too_large = true;
 			return dispatch(x); /* before reading it (MHD then closes the connection) */
+		}
+		if (cln && !body_reserve(x, (size_t)cln)) {
+			x->too_busy = true;
+			return dispatch(x);
 		}
 		return MHD_YES;
 	}
@@ -461,8 +608,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		*upload_data_size = 0;
 		if (!x->post)
 			return MHD_YES; /* a body nobody asked for: ignore it */
-		if (x->too_large || x->body.len + n > s->cfg.max_body_bytes) {
-			x->too_large = true; /* keep reading, keep nothing */
+		if (x->too_large || x->too_busy || x->body.len + n > s->cfg.max_body_bytes) {
+			x->too_large |= !x->too_busy; /* keep reading, keep nothing */
+			ps_buf_free(&x->body);
+			return MHD_YES;
+		}
+		if (x->body.len + n > x->reserved && /* a body without Content-Length: 64 KiB steps */
+		    !body_reserve(x, x->body.len + n - x->reserved + (64u << 10))) {
+			x->too_busy = true;
 			ps_buf_free(&x->body);
 			return MHD_YES;
 		}
@@ -476,6 +629,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	switch (
 	    atomic_load_explicit(&x->phase, memory_order_acquire)) { /* pairs with infer_done/reload_main */
 	case P_READING:
+		conn_since(s, x->pc, 0); /* the request is complete: no deadline while it is answered */
 		return dispatch(x);
 	case P_WAITING: /* not expected: we were resumed only once done */
 		return MHD_YES;
@@ -497,13 +651,81 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	if (!x)
 		return;
 	*con_cls = NULL;
+	conn_since(s, x->pc, ps_now_ns()); /* the next request's deadline starts now */
 	if (x->admitted)
-		atomic_fetch_sub(&s->inflight, 1);
+		atomic_fetch_sub(x->route == R_LOAD ? &s->loads : &s->inflight, 1);
+	if (x->received && !x->outcome) /* its client went away first */
+		atomic_fetch_add_explicit(&s->metrics.infer_cancelled, 1, memory_order_relaxed);
+	if (x->reserved)
+		atomic_fetch_sub_explicit(&s->body_bytes, x->reserved, memory_order_relaxed);
 	ps_infer_req_clear(&x->rq);
 	ps_buf_free(&x->body);
 	free(x->out);
 	free(x->reload_path);
+	if (x->loading)
+		atomic_store(&s->loading, false);
 	free(x);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+			  enum MHD_ConnectionNotificationCode toe)
+{
+	ps_server *s = cls;
+	struct ps_conn *pc = *socket_context;
+	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci =
+		    MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+		pc = ci ? calloc(1, sizeof *pc) : NULL;
+		if (!pc)
+			return; /* no deadline for this one; MHD's idle timeout still applies */
+		pc->fd = ci->connect_fd;
+		pc->since = ps_now_ns();
+		pthread_mutex_lock(&s->conns_mu);
+		pc->next = s->conns;
+		if (s->conns)
+			s->conns->prev = pc;
+		s->conns = pc;
+		pthread_mutex_unlock(&s->conns_mu);
+		*socket_context = pc;
+		return;
+	}
+	if (!pc)
+		return;
+	pthread_mutex_lock(&s->conns_mu);
+	if (pc->prev)
+		pc->prev->next = pc->next;
+	else
+		s->conns = pc->next;
+	if (pc->next)
+		pc->next->prev = pc->prev;
+	pthread_mutex_unlock(&s->conns_mu);
+	*socket_context = NULL;
+	free(pc);
+}
+
+/* Close the connections that did not send a complete request in time: slow heads and bodies, idle
+ * keep-alive connections, half-closed ones. Checks four times per deadline. */
+static void *reaper_main(void *arg)
+{
+	ps_server *s = arg;
+	uint64_t limit = s->cfg.request_timeout_ms * 1000000;
+	uint64_t step = limit / 4 < 1000000 ? 1000000 : limit / 4;
+	if (step > 250000000)
+		step = 250000000;
+	while (!atomic_load(&s->reaper_stop)) {
+		struct timespec ts = {.tv_sec = (time_t)(step / 1000000000u),
+				      .tv_nsec = (long)(step % 1000000000u)};
+		nanosleep(&ts, NULL);
+		uint64_t now = ps_now_ns();
+		pthread_mutex_lock(&s->conns_mu);
+		for (struct ps_conn *pc = s->conns; pc; pc = pc->next)
+			if (pc->since && !pc->reaped && now - pc->since > limit) {
+				shutdown(pc->fd, SHUT_RDWR);
+				pc->reaped = true;
+			}
+		pthread_mutex_unlock(&s->conns_mu);
+	}
+	return NULL;
 }
 
 int ps_http_start(ps_server *s)
@@ -517,14 +739,20 @@ int ps_http_start(ps_server *s)
 		ps_log("cannot resolve --host %s: %s", s->cfg.host, gai_strerror(rc));
 		return -EINVAL;
 	}
+	pthread_mutex_init(&s->conns_mu, NULL);
+	/* MHD's own idle timeout, in whole seconds: a backstop behind the reaper's deadline. */
+	unsigned idle_s = (unsigned)((s->cfg.request_timeout_ms + 999) / 1000);
 	unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+	/* MHD_OPTION_STRICT_FOR_CLIENT 1: HTTP/1.1 without Host and spaces in the URL are refused by MHD. */
 	if (ai->ai_family == AF_INET6)
 		flags |= MHD_USE_IPv6;
-	s->mhd =
-	    MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-			     ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads,
-			     MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
-			     (unsigned)120, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
+	s->mhd = MHD_start_daemon(
+	    flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+	    MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+	    s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
+	    MHD_OPTION_CONNECTION_LIMIT, s->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+	    s->cfg.max_conns_per_ip, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
+	    MHD_OPTION_STRICT_FOR_CLIENT, (int)1, MHD_OPTION_END);
 	freeaddrinfo(ai);
 	if (!s->mhd) {
 		ps_log("cannot listen on %s port %u", s->cfg.host, s->cfg.port);
@@ -532,11 +760,19 @@ int ps_http_start(ps_server *s)
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
 	s->port = di ? di->port : s->cfg.port;
+	s->reaper_on = pthread_create(&s->reaper, NULL, reaper_main, s) == 0;
+	if (!s->reaper_on)
+		ps_log("cannot start the request deadline thread: idle connections close after %u s", idle_s);
 	return 0;
 }
 
 void ps_http_stop(ps_server *s)
 {
+	if (s->reaper_on) {
+		atomic_store(&s->reaper_stop, true);
+		pthread_join(s->reaper, NULL);
+		s->reaper_on = false;
+	}
 	if (s->mhd)
 		MHD_stop_daemon(s->mhd);
 	s->mhd = NULL;

@@ -10,10 +10,10 @@
  */
 #include "config.h"
 
-#include "../plural.h"
 #include "server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stddef.h>
 #include <libgen.h>
@@ -24,23 +24,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-void ps_log(const char *fmt, ...)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	struct tm tm;
-	gmtime_r(&ts.tv_sec, &tm);
-	char line[1024];
-	int n =
-	    snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ pipeserve: ", tm.tm_year + 1900,
-		     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "%s\n", line); /* one call per line: lines from several threads do not interleave */
-}
 
 /* ---- flags ---- */
 
@@ -62,23 +45,37 @@ static const char usage[] =
     "  --max-inflight N         micro-batches in the pipeline at once (default 2 x stages)\n"
     "  --timeout-ms N           a request still queued after N ms gets 503 (default 10000; 0: none)\n"
     "  --max-body-bytes N       largest request body; beyond it 413 (default 16777216)\n"
+    "  --max-inflight-body-bytes N  request body bytes held at once, all requests together; beyond it\n"
+    "                           503 (default 268435456)\n"
     "  --threads N              HTTP worker threads (default 2)\n"
     "  --drain-timeout-ms N     on SIGTERM, longest wait for accepted requests (default 30000)\n"
     "  --engine KEY=VAL,...     engine options (mbp_opts_parse keys: ring, ingress, spin_us, pin, cpus...)\n"
+    "  --model-repository DIR   allow loading new weights over HTTP, from files named inside DIR only\n"
+    "                           (default: loading over HTTP is off)\n"
+    "  --max-model-bytes N      largest model file loaded (default 4294967296)\n"
+    "  --max-connections N      open connections at most (default 512)\n"
+    "  --max-connections-per-ip N  connections from one client address at most (default 128)\n"
+    "  --request-timeout-ms N   a connection sends each complete request (head and body) within N ms of\n"
+    "                           connecting or of its previous answer, or is closed (default 10000)\n"
+    "  --load-timeout-ms N      longest time a load may spend reading its file (default 30000)\n"
+    "  --write-demo-model FILE  write the --demo model (random weights) to FILE and exit\n"
+    "  --describe FILE          describe the model in FILE (layers, widths, sizes) and exit\n"
     "  --help                   this text\n"
+    "  --version                the version\n"
     "\n"
-    "Endpoints: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/NAME[/versions/1][/ready],\n"
-    "POST /v2/models/NAME[/versions/1]/infer, POST /v2/repository/models/NAME/load with\n"
-    "{\"parameters\": {\"path\": \"FILE\"}} (live weight swap), POST /v2/repository/index, GET /metrics.\n";
+    "Endpoints: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/NAME[/versions/V][/ready],\n"
+    "POST /v2/models/NAME[/versions/V]/infer, POST /v2/repository/models/NAME/load with\n"
+    "{\"parameters\": {\"file\": \"FILE\"}} (live weight swap from --model-repository), POST\n"
+    "/v2/repository/index, GET /metrics.\n";
 
-static int parse_u64(const char *flag, const char *v, uint64_t max, uint64_t *out)
+static int parse_u64(const char *flag, const char *v, uint64_t min, uint64_t max, uint64_t *out)
 {
 	char *end;
 	errno = 0;
 	unsigned long long x = strtoull(v, &end, 10);
-	if (errno || end == v || *end || v[0] == '-' || x > max) {
-		fprintf(stderr, "pipeserve: %s wants an integer in [0, %llu], got \"%s\"\n", flag,
-			(unsigned long long)max, v);
+	if (errno || end == v || *end || v[0] == '-' || x < min || x > max) {
+		fprintf(stderr, "pipeserve: %s wants an integer in [%llu, %llu], got \"%s\"\n", flag,
+			(unsigned long long)min, (unsigned long long)max, v);
 		return -1;
 	}
 	*out = x;
@@ -110,9 +107,18 @@ static const flag flags[] = {
     FLAG("max-inflight", F_U32, max_inflight, 0, 65536),
     FLAG("timeout-ms", F_U64, timeout_ms, 0, 86400000),
     FLAG("max-body-bytes", F_SIZE, max_body_bytes, 1, (uint64_t)1 << 34),
+    FLAG("max-inflight-body-bytes", F_U64, max_inflight_body_bytes, 1, (uint64_t)1 << 40),
     FLAG("threads", F_UNSIGNED, threads, 1, 256),
     FLAG("drain-timeout-ms", F_U64, drain_timeout_ms, 0, 86400000),
     FLAG("engine", F_STR, mbp_conf, 0, 0),
+    FLAG("model-repository", F_STR, repository, 0, 0),
+    FLAG("write-demo-model", F_STR, write_demo, 0, 0),
+    FLAG("describe", F_STR, describe, 0, 0),
+    FLAG("max-connections", F_UNSIGNED, max_connections, 1, 65536),
+    FLAG("max-connections-per-ip", F_UNSIGNED, max_conns_per_ip, 1, 65536),
+    FLAG("request-timeout-ms", F_U64, request_timeout_ms, 1, 3600000),
+    FLAG("max-model-bytes", F_U64, max_model_bytes, 1, (uint64_t)1 << 40),
+    FLAG("load-timeout-ms", F_U64, load_timeout_ms, 1, 86400000),
 };
 #define NFLAGS (sizeof flags / sizeof flags[0])
 
@@ -126,12 +132,8 @@ static int set_flag(ps_config *c, const flag *f, const char *arg)
 	char name[64];
 	snprintf(name, sizeof name, "--%s", f->name);
 	uint64_t v;
-	if (parse_u64(name, arg, f->max, &v))
+	if (parse_u64(name, arg, f->min, f->max, &v))
 		return -1;
-	if (v < f->min) {
-		fprintf(stderr, "pipeserve: %s must be at least %llu\n", name, (unsigned long long)f->min);
-		return -1;
-	}
 	switch (f->kind) {
 	case F_UNSIGNED:
 		*(unsigned *)field = (unsigned)v;
@@ -147,6 +149,110 @@ static int set_flag(ps_config *c, const flag *f, const char *arg)
 		break;
 	case F_STR:
 		break;
+	}
+	return 0;
+}
+
+/* Parse the --demo spec over the defaults and check that the model fits --max-model-bytes. @return 0 or -1
+ * (one line printed, naming the key and its rule). */
+static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
+{
+	*ms = (mbp_model_spec){.layers = 6,
+			       .in = 128,
+			       .hidden = 512,
+			       .out = 16,
+			       .act = MBP_ACT_RELU,
+			       .dtype = MBP_DTYPE_F32,
+			       .seed = 1};
+	static const struct {
+		const char *key;
+		uint64_t min, max;
+	} keys[] = {{"layers", 1, MBP_MODEL_MAX_LAYERS},
+		    {"in", 1, MBP_MODEL_MAX_WIDTH},
+		    {"hidden", 1, MBP_MODEL_MAX_WIDTH},
+		    {"out", 1, MBP_MODEL_MAX_WIDTH},
+		    {"seed", 0, UINT64_MAX},
+		    {"norm", 0, 1}};
+	char buf[256];
+	if (strlen(spec) >= sizeof buf) {
+		fprintf(stderr, "pipeserve: --demo: the spec is longer than %zu characters\n",
+			sizeof buf - 1);
+		return -1;
+	}
+	strcpy(buf, spec);
+	char *save = NULL;
+	for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+		char *eq = strchr(kv, '=');
+		if (!eq) {
+			fprintf(stderr, "pipeserve: --demo: \"%s\" is not KEY=VALUE\n", kv);
+			return -1;
+		}
+		*eq = '\0';
+		const char *k = kv, *val = eq + 1;
+		if (strcmp(k, "act") == 0) {
+			if (strcmp(val, "relu") == 0)
+				ms->act = MBP_ACT_RELU;
+			else if (strcmp(val, "gelu") == 0)
+				ms->act = MBP_ACT_GELU;
+			else if (strcmp(val, "none") == 0)
+				ms->act = MBP_ACT_NONE;
+			else {
+				fprintf(stderr, "pipeserve: --demo: act is relu, gelu or none, got \"%s\"\n",
+					val);
+				return -1;
+			}
+			continue;
+		}
+		size_t i = 0;
+		while (i < sizeof keys / sizeof keys[0] && strcmp(keys[i].key, k) != 0)
+			i++;
+		if (i == sizeof keys / sizeof keys[0]) {
+			fprintf(stderr,
+				"pipeserve: --demo: unknown key \"%s\" (keys: layers, in, hidden, out, seed, "
+				"act, "
+				"norm)\n",
+				k);
+			return -1;
+		}
+		char name[32];
+		snprintf(name, sizeof name, "--demo %s", k);
+		uint64_t v;
+		if (parse_u64(name, val, keys[i].min, keys[i].max, &v))
+			return -1;
+		switch (i) {
+		case 0:
+			ms->layers = (unsigned)v;
+			break;
+		case 1:
+			ms->in = (uint32_t)v;
+			break;
+		case 2:
+			ms->hidden = (uint32_t)v;
+			break;
+		case 3:
+			ms->out = (uint32_t)v;
+			break;
+		case 4:
+			ms->seed = v;
+			break;
+		default:
+			ms->norm = v != 0;
+			break;
+		}
+	}
+	/* Its weights, as the file will hold them (float32): within the bound every load has. */
+	double bytes = 0;
+	for (unsigned l = 0; l < ms->layers; l++) {
+		double in = l == 0 ? ms->in : ms->hidden, out = l + 1 == ms->layers ? ms->out : ms->hidden;
+		bytes += 4.0 * (in * out + out * (ms->norm && l + 1 < ms->layers ? 3 : 1));
+	}
+	if (bytes > (double)max_bytes) {
+		fprintf(
+		    stderr,
+		    "pipeserve: --demo: the model would hold %.0f bytes of weights, above --max-model-bytes "
+		    "(%llu)\n",
+		    bytes, (unsigned long long)max_bytes);
+		return -1;
 	}
 	return 0;
 }
@@ -168,11 +274,12 @@ static int check_engine_opts(const char *what, const char *conf)
 /* @return 0, 1 (--help shown), -1 (bad flags). */
 static int parse_flags(int argc, char **argv, ps_config *c)
 {
-	struct option opts[NFLAGS + 2];
+	struct option opts[NFLAGS + 3];
 	for (size_t i = 0; i < NFLAGS; i++)
 		opts[i] = (struct option){flags[i].name, required_argument, NULL, 256 + (int)i};
 	opts[NFLAGS] = (struct option){"help", no_argument, NULL, 'h'};
-	opts[NFLAGS + 1] = (struct option){NULL, 0, NULL, 0};
+	opts[NFLAGS + 1] = (struct option){"version", no_argument, NULL, 'V'};
+	opts[NFLAGS + 2] = (struct option){NULL, 0, NULL, 0};
 	*c = (ps_config){.host = "127.0.0.1",
 			 .port = 8000,
 			 .demo = "",
@@ -181,97 +288,55 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			 .timeout_ms = 10000,
 			 .max_body_bytes = 16u << 20,
 			 .threads = 2,
-			 .drain_timeout_ms = 30000};
+			 .drain_timeout_ms = 30000,
+			 .max_model_bytes = (uint64_t)4 << 30,
+			 .max_inflight_body_bytes = (uint64_t)256 << 20,
+			 .max_connections = 512,
+			 .max_conns_per_ip = 128,
+			 .request_timeout_ms = 10000,
+			 .load_timeout_ms = 30000};
 	int o;
+	opterr = 0; /* one line of our own instead of getopt's */
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		if (o == 'h') {
 			fputs(usage, stdout);
 			return 1;
 		}
+		if (o == 'V') {
+			printf("pipeserve (mbpipe) %s\n", mbp_version());
+			return 1;
+		}
 		if (o < 256 || o >= 256 + (int)NFLAGS) {
-			fputs(usage, stderr);
+			fprintf(stderr, "pipeserve: %s \"%s\" (pipeserve --help lists the options)\n",
+				optopt ? "option needs a value:" : "unknown option", argv[optind - 1]);
 			return -1;
 		}
 		if (set_flag(c, &flags[o - 256], optarg))
 			return -1;
 	}
 	if (optind < argc) {
-		fprintf(stderr, "pipeserve: unexpected argument \"%s\"\n%s", argv[optind], usage);
+		fprintf(stderr, "pipeserve: unexpected argument \"%s\" (options only; pipeserve --help)\n",
+			argv[optind]);
 		return -1;
 	}
 	if (check_engine_opts("MBPIPE_OPTS", getenv("MBPIPE_OPTS")) ||
 	    check_engine_opts("--engine", c->mbp_conf))
 		return -1;
+	if ((!c->model_path || c->write_demo) && parse_demo(c->demo, c->max_model_bytes, &c->demo_spec))
+		return -1;
+	if (c->write_demo && c->describe) {
+		fprintf(stderr, "pipeserve: --write-demo-model and --describe: one at a time\n");
+		return -1;
+	}
 	return 0;
 }
 
 /* ---- model ---- */
 
-/* Parse the --demo spec over the defaults. @return 0 or -1 (message printed). */
-static int parse_demo(const char *spec, mbp_model_spec *ms)
-{
-	*ms = (mbp_model_spec){.layers = 6,
-			       .in = 128,
-			       .hidden = 512,
-			       .out = 16,
-			       .act = MBP_ACT_RELU,
-			       .dtype = MBP_DTYPE_F32,
-			       .seed = 1};
-	char buf[256];
-	if (strlen(spec) >= sizeof buf) {
-		fprintf(stderr, "pipeserve: --demo spec too long\n");
-		return -1;
-	}
-	strcpy(buf, spec);
-	char *save = NULL;
-	for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-		char *eq = strchr(kv, '=');
-		if (!eq)
-			goto bad;
-		*eq = '\0';
-		const char *k = kv, *val = eq + 1;
-		uint64_t v = 0;
-		if (strcmp(k, "act") == 0) {
-			if (strcmp(val, "relu") == 0)
-				ms->act = MBP_ACT_RELU;
-			else if (strcmp(val, "gelu") == 0)
-				ms->act = MBP_ACT_GELU;
-			else if (strcmp(val, "none") == 0)
-				ms->act = MBP_ACT_NONE;
-			else
-				goto bad;
-			continue;
-		}
-		if (parse_u64(k, val, UINT32_MAX, &v))
-			return -1;
-		if (strcmp(k, "layers") == 0)
-			ms->layers = (unsigned)v;
-		else if (strcmp(k, "in") == 0)
-			ms->in = (uint32_t)v;
-		else if (strcmp(k, "hidden") == 0)
-			ms->hidden = (uint32_t)v;
-		else if (strcmp(k, "out") == 0)
-			ms->out = (uint32_t)v;
-		else if (strcmp(k, "seed") == 0)
-			ms->seed = v;
-		else if (strcmp(k, "norm") == 0)
-			ms->norm = v != 0;
-		else
-			goto bad;
-	}
-	return 0;
-bad:
-	fprintf(stderr,
-		"pipeserve: bad --demo spec \"%s\" (keys: layers, in, hidden, out, seed, act, norm)\n", spec);
-	return -1;
-}
-
 /* Write the demo model into a fresh temporary directory, load it, remove the file (the mapping stays). */
 static int load_demo(ps_server *s)
 {
-	mbp_model_spec ms;
-	if (parse_demo(s->cfg.demo, &ms))
-		return -EINVAL;
+	const mbp_model_spec ms = s->cfg.demo_spec;
 	const char *tmp = getenv("TMPDIR");
 	char dir[512], path[600];
 	snprintf(dir, sizeof dir, "%s/pipeserve-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -295,9 +360,14 @@ static int setup_model(ps_server *s)
 {
 	if (s->cfg.model_path) {
 		mbp_model_error e;
-		int rc = mbp_model_load(&s->model, s->cfg.model_path, &e);
+		mbp_model_load_opts lo = {.max_bytes = s->cfg.max_model_bytes,
+					  .timeout_ns = s->cfg.load_timeout_ms * 1000000};
+		int fd = open(s->cfg.model_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+		int rc = fd < 0 ? -errno : mbp_model_load_fd(&s->model, fd, s->cfg.model_path, &lo, &e);
+		if (fd >= 0)
+			close(fd);
 		if (rc) {
-			ps_log("cannot load the model: %s", e.msg);
+			ps_log("cannot load the model: %s", fd < 0 ? strerror(-rc) : e.msg);
 			return rc;
 		}
 		s->model_path = strdup(s->cfg.model_path);
@@ -339,8 +409,7 @@ static int setup_model(ps_server *s)
 	if (!rc)
 		rc = mbp_model_stages_new(&s->stages, s->model, &s->plan, s->cfg.max_batch_rows);
 	if (rc) {
-		ps_log("cannot split the model into %u %s: %s", stages, PLURAL(stages, "stage", "stages"),
-		       mbp_strerror(rc));
+		ps_log("cannot split the model into %u stages: %s", stages, mbp_strerror(rc));
 		return rc;
 	}
 	s->info = (ps_model_info){.name = s->name,
@@ -381,7 +450,8 @@ static int setup_engine(ps_server *s)
 			     .max_queue_rows = s->cfg.max_queue_rows,
 			     .timeout_ns = s->cfg.timeout_ms * 1000000,
 			     .out_row_bytes = s->info.out_width * sizeof(float),
-			     .max_inflight = s->cfg.max_inflight ? s->cfg.max_inflight : 2 * nst};
+			     .max_inflight = s->cfg.max_inflight ? s->cfg.max_inflight : 2 * nst,
+			     .model = s->model};
 	int rc = ps_batcher_new(&s->batcher, &bc, &o, d, nst, &s->metrics);
 	if (rc)
 		ps_log("cannot start the pipeline: %s", mbp_strerror(rc));
@@ -392,19 +462,23 @@ static void log_startup(ps_server *s)
 {
 	const ps_config *c = &s->cfg;
 	unsigned nst = mbp_model_stages_count(s->stages);
-	unsigned layers = mbp_model_layers(s->model), inflight = c->max_inflight ? c->max_inflight : 2 * nst;
-	ps_log("start: mbpipe %s, model \"%s\" (%s), %u %s, %zu -> %zu floats per row, %u %s", mbp_version(),
-	       s->name, s->model_path ? s->model_path : "built-in demo", layers,
-	       PLURAL(layers, "layer", "layers"), s->info.in_width, s->info.out_width, nst,
-	       PLURAL(nst, "stage", "stages"));
-	ps_log(
-	    "batching: max %u %s per micro-batch, delay %llu us, queue %zu %s, %u %s in flight, timeout %llu "
-	    "ms, %u HTTP %s",
-	    c->max_batch_rows, PLURAL(c->max_batch_rows, "row", "rows"),
-	    (unsigned long long)c->max_queue_delay_us, c->max_queue_rows,
-	    PLURAL(c->max_queue_rows, "row", "rows"), inflight,
-	    PLURAL(inflight, "micro-batch", "micro-batches"), (unsigned long long)c->timeout_ms, c->threads,
-	    PLURAL(c->threads, "thread", "threads"));
+	ps_log("start: mbpipe %s, model \"%s\" (%s), %u layers, %zu -> %zu floats per row, %u stages",
+	       mbp_version(), s->name, s->model_path ? s->model_path : "built-in demo",
+	       mbp_model_layers(s->model), s->info.in_width, s->info.out_width, nst);
+	ps_log("batching: max %u rows per micro-batch, delay %llu us, queue %zu rows, %u micro-batches in "
+	       "flight, "
+	       "timeout %llu ms, %u HTTP threads",
+	       c->max_batch_rows, (unsigned long long)c->max_queue_delay_us, c->max_queue_rows,
+	       c->max_inflight ? c->max_inflight : 2 * nst, (unsigned long long)c->timeout_ms, c->threads);
+	if (c->repository)
+		ps_log("loads: over HTTP from the model repository %s (files at most %llu bytes, %llu ms)",
+		       c->repository, (unsigned long long)c->max_model_bytes,
+		       (unsigned long long)c->load_timeout_ms);
+	else
+		ps_log("loads: off over HTTP (no --model-repository)");
+	ps_log("limits: %u connections, %u per address, %llu ms per request, %llu body bytes in flight",
+	       c->max_connections, c->max_conns_per_ip, (unsigned long long)c->request_timeout_ms,
+	       (unsigned long long)c->max_inflight_body_bytes);
 	ps_log("blas: %s", mbp_blas_info());
 	if (mbp_blas_warning())
 		ps_log("blas warning: %s", mbp_blas_warning());
@@ -431,47 +505,48 @@ static void log_startup(ps_server *s)
 	}
 }
 
-int ps_reload(ps_server *s, const char *path, char *err, size_t errlen)
+/* ---- model files from the command line ---- */
+
+/* --write-demo-model FILE: the --demo model with its random weights, then its description. */
+static int write_demo_model(const ps_config *c)
 {
-	pthread_mutex_lock(&s->reload_mu);
-	int status = 0;
-	const char *file = path ? path : s->model_path;
-	mbp_model *next = NULL;
+	int rc = mbp_model_write_random(c->write_demo, &c->demo_spec);
+	if (rc) {
+		fprintf(stderr, "pipeserve: cannot write %s: %s\n", c->write_demo, mbp_strerror(rc));
+		return 1;
+	}
+	printf("wrote %s\n", c->write_demo);
+	return 0;
+}
+
+/* --describe FILE: load it (with the --max-model-bytes bound) and print its layers. */
+static int describe_model(const ps_config *c)
+{
+	int fd = open(c->describe, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
+		fprintf(stderr, "pipeserve: cannot open %s: %s\n", c->describe, strerror(errno));
+		return 1;
+	}
+	mbp_model_load_opts lo = {.max_bytes = c->max_model_bytes,
+				  .timeout_ns = c->load_timeout_ms * 1000000};
+	mbp_model *m = NULL;
 	mbp_model_error e;
-	uint64_t t0 = ps_now_ns();
-	if (!file) {
-		snprintf(err, errlen,
-			 "the built-in demo model has no file: give {\"parameters\": {\"path\": FILE}}");
-		status = 400;
-	} else if (mbp_model_load(&next, file, &e)) {
-		snprintf(err, errlen, "cannot load the new weights: %s", e.msg);
-		status = 400;
-	} else {
-		int rc = mbp_model_swap(s->model, next);
-		if (rc) {
-			mbp_model_destroy(next);
-			snprintf(err, errlen, "cannot swap in %s: %s (the layer structure must be the same)",
-				 file, mbp_strerror(rc));
-			status = 400;
-		} else if (file != s->model_path) {
-			char *copy = strdup(file);
-			if (copy) {
-				free(s->model_path);
-				s->model_path = copy;
-			}
-		}
+	int rc = mbp_model_load_fd(&m, fd, c->describe, &lo, &e);
+	close(fd);
+	if (rc) {
+		fprintf(stderr, "pipeserve: %s\n", e.msg);
+		return 1;
 	}
-	if (status) {
-		atomic_fetch_add_explicit(&s->metrics.reload_fail, 1, memory_order_relaxed);
-		ps_log("reload failed: %s", err);
-	} else {
-		atomic_fetch_add_explicit(&s->metrics.reload_ok, 1, memory_order_relaxed);
-		ps_log("reload: model \"%s\" now runs weights version %llu from %s (%.1f ms)", s->name,
-		       (unsigned long long)mbp_model_version(s->model), file,
-		       (double)(ps_now_ns() - t0) / 1e6);
+	int n = mbp_model_describe(m, NULL, 0);
+	char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
+	if (text) {
+		mbp_model_describe(m, text, (size_t)n + 1);
+		printf("%s: %u -> %u floats per row\n%s", c->describe, mbp_model_in_width(m),
+		       mbp_model_out_width(m), text);
 	}
-	pthread_mutex_unlock(&s->reload_mu);
-	return status;
+	free(text);
+	mbp_model_destroy(m);
+	return text ? 0 : 1;
 }
 
 /* ---- shutdown ---- */
@@ -480,7 +555,7 @@ int ps_reload(ps_server *s, const char *path, char *err, size_t errlen)
 static bool wait_inflight(ps_server *s, const sigset_t *sigs, uint64_t ms)
 {
 	uint64_t end = ps_now_ns() + ms * 1000000;
-	while (atomic_load(&s->inflight)) {
+	while (atomic_load(&s->inflight) || atomic_load(&s->loads)) {
 		if (ps_now_ns() >= end)
 			return false;
 		struct timespec ts = {0, 1000000};
@@ -500,6 +575,10 @@ int main(int argc, char **argv)
 	int pf = parse_flags(argc, argv, &s->cfg);
 	if (pf)
 		return pf > 0 ? 0 : 2;
+	if (s->cfg.write_demo)
+		return write_demo_model(&s->cfg);
+	if (s->cfg.describe)
+		return describe_model(&s->cfg);
 
 	/* Block the stop signals before any thread starts, so every thread inherits the mask and only the
 	 * main thread's sigwait takes them. */
@@ -511,6 +590,14 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	pthread_mutex_init(&s->reload_mu, NULL);
+	s->repo_fd = -1;
+	if (s->cfg.repository) {
+		s->repo_fd = open(s->cfg.repository, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (s->repo_fd < 0) {
+			ps_log("cannot open --model-repository %s: %s", s->cfg.repository, strerror(errno));
+			return 1;
+		}
+	}
 	ps_metrics_init(&s->metrics);
 	int rc = setup_model(s);
 	if (!rc)
@@ -535,17 +622,15 @@ int main(int argc, char **argv)
 	int sig = 0;
 	while (sigwait(&sigs, &sig) != 0)
 		;
-	unsigned long long accepted = atomic_load(&s->inflight);
-	ps_log("stop: %s received; not ready, finishing %llu accepted %s", strsignal(sig), accepted,
-	       PLURAL(accepted, "request", "requests"));
+	ps_log("stop: %s received; not ready, finishing %llu accepted requests", strsignal(sig),
+	       (unsigned long long)atomic_load(&s->inflight));
 	atomic_store(&s->ready, false);
 	atomic_store(&s->draining, true); /* pairs with the handlers' inflight increment (http.c) */
 	bool clean = wait_inflight(s, &sigs, s->cfg.drain_timeout_ms);
-	if (!clean) {
-		unsigned long long running = atomic_load(&s->inflight);
-		ps_log("stop: %llu %s still running after %llu ms; draining the pipeline", running,
-		       PLURAL(running, "request", "requests"), (unsigned long long)s->cfg.drain_timeout_ms);
-	}
+	if (!clean)
+		ps_log("stop: %llu requests still running after %llu ms; draining the pipeline",
+		       (unsigned long long)atomic_load(&s->inflight),
+		       (unsigned long long)s->cfg.drain_timeout_ms);
 	ps_batcher_stop(s->batcher);
 	if (!clean && !wait_inflight(s, &sigs, 1000)) {
 		/* Suspended connections remain: stopping the HTTP daemon now would be undefined behaviour. */
@@ -560,7 +645,9 @@ int main(int argc, char **argv)
 	mbp_model_stages_destroy(s->stages);
 	mbp_model_destroy(s->model);
 	free(s->model_path);
-	ps_log("stopped: %llu infer %s answered, %llu failed", (unsigned long long)ok,
-	       PLURAL(ok, "request", "requests"), (unsigned long long)failed);
+	if (s->repo_fd >= 0)
+		close(s->repo_fd);
+	ps_log("stopped: %llu infer requests answered, %llu failed", (unsigned long long)ok,
+	       (unsigned long long)failed);
 	return 0;
 }

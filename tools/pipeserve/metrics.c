@@ -182,6 +182,12 @@ static void render_stages(ps_buf *b, mbp_pipeline *p, const char *model)
 int ps_metrics_render(const ps_metrics *m, const ps_metrics_view *v, ps_buf *b)
 {
 	const char *model = v->model;
+	gauge(b, "pipeserve_request_received_total", "counter",
+	      "Infer requests received; each ends as a success, a failure or cancelled.", model,
+	      (double)rd(&m->infer_received));
+	gauge(b, "pipeserve_request_cancelled_total", "counter",
+	      "Infer requests whose client went away before their answer.", model,
+	      (double)rd(&m->infer_cancelled));
 	head(b, "pipeserve_request_success_total", "counter", "Infer requests answered with 200.");
 	ps_buf_adds(b, "pipeserve_request_success_total{");
 	model_label(b, model);

@@ -31,6 +31,9 @@ typedef struct ps_hist {
 enum { PS_FAIL_400, PS_FAIL_404, PS_FAIL_413, PS_FAIL_429, PS_FAIL_500, PS_FAIL_503, PS_FAIL_N };
 
 typedef struct ps_metrics {
+	/* Every infer request received (its head read) ends in exactly one of ok, fail[status], cancelled (its
+	 * client went away before an answer was queued): received = ok + sum(fail) + cancelled, once answered. */
+	_Atomic uint64_t infer_received, infer_cancelled;
 	_Atomic uint64_t infer_ok, infer_fail[PS_FAIL_N];
 	_Atomic uint64_t rows_ok;
 	_Atomic uint64_t reload_ok, reload_fail;

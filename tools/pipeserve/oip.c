@@ -5,7 +5,8 @@
  * "parameters", the one input (name, datatype, shape, then data either as JSON or as binary), the requested
  * outputs, and that the binary section was consumed exactly. Every failure is a 400 with a message naming
  * what was wrong, except a request with more rows than the server takes (413). Nothing here trusts a size
- * from the request before checking it against the bytes actually received.
+ * from the request before checking it against the bytes actually received, and the JSON text's values are
+ * counted (json_values_bound) before cJSON makes a node of each.
  */
 #include "config.h"
 
@@ -90,16 +91,47 @@ void ps_buf_printf(ps_buf *b, const char *fmt, ...)
 	b->len += (size_t)n;
 }
 
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when the bytes there are not one (overlong forms,
+ * surrogates and code points above U+10FFFF included). */
+static size_t utf8_seq(const unsigned char *s)
+{
+	unsigned c = s[0];
+	if (c < 0x80)
+		return 1;
+	size_t n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+	if (!n || c > 0xf4)
+		return 0;
+	for (size_t i = 1; i < n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) ||
+	    (c == 0xf4 && s[1] > 0x8f))
+		return 0;
+	return n;
+}
+
 void ps_buf_add_json_string(ps_buf *b, const char *s)
 {
-	cJSON *str = cJSON_CreateString(s);
-	char *txt = str ? cJSON_PrintUnformatted(str) : NULL;
-	if (txt)
-		ps_buf_adds(b, txt);
-	else
-		b->oom = true;
-	cJSON_free(txt);
-	cJSON_Delete(str);
+	/* Whatever the bytes (a name from a request, a file name): quotes, backslashes and control characters
+	 * are escaped, and bytes that are not UTF-8 become U+FFFD, so the result is always valid JSON. */
+	ps_buf_add(b, "\"", 1);
+	const unsigned char *p = (const unsigned char *)s;
+	while (*p) {
+		size_t n = utf8_seq(p);
+		if (n == 0) {
+			ps_buf_adds(b, "\\ufffd");
+			p++;
+		} else if (*p == '"' || *p == '\\') {
+			ps_buf_add(b, "\\", 1);
+			ps_buf_add(b, p++, 1);
+		} else if (*p < 0x20 || *p == 0x7f) {
+			ps_buf_printf(b, "\\u%04x", *p++);
+		} else {
+			ps_buf_add(b, p, n);
+			p += n;
+		}
+	}
+	ps_buf_add(b, "\"", 1);
 }
 
 /* ---- parsing ---- */
@@ -144,7 +176,7 @@ static int put_number(const cJSON *v, float *dst, size_t *pos, size_t total, cha
 		FAIL(400, "input data must be numbers (found a non-numeric element)");
 	double d = v->valuedouble;
 	if (!isfinite(d) || fabs(d) > FLT_MAX)
-		FAIL(400, "input data element out of FP32 range");
+		FAIL(400, "input data element out of FP32 range (finite FP32 numbers only)");
 	if (*pos >= total)
 		FAIL(400, "input data has more elements than its shape");
 	dst[(*pos)++] = (float)d;
@@ -271,6 +303,15 @@ static int parse_input(const ps_model_info *mi, const cJSON *in, size_t json_len
 			     total * sizeof(float));
 		if ((size_t)bsize > bin_len - *bin_pos)
 			FAIL(400, "binary data shorter than binary_data_size");
+		/* The same rule as for JSON data (put_number): finite FP32 only. */
+		for (size_t i = 0; i < total; i++) {
+			float f;
+			memcpy(&f, bin + *bin_pos + i * sizeof f, sizeof f);
+			if (!isfinite(f))
+				FAIL(400,
+				     "input data element %zu is not a finite FP32 number (NaN or infinity)",
+				     i);
+		}
 		rq->in = bin + *bin_pos;
 		*bin_pos += (size_t)bsize;
 		return 0;
@@ -369,6 +410,32 @@ static int parse_root(const ps_model_info *mi, const cJSON *root, size_t json_le
 			     errlen);
 }
 
+/*
+ * An upper bound on the JSON values of a text, without parsing it: commas, '[' and '{' outside strings
+ * (each value but the first of a container follows a comma). Stops at limit + 1. cJSON makes a node of
+ * about 64 bytes per value, so a text of small numbers costs some 30 times its size: this bounds that
+ * before cJSON builds anything.
+ */
+static size_t json_values_bound(const char *p, size_t n, size_t limit)
+{
+	size_t k = 1;
+	bool in_str = false;
+	for (size_t i = 0; i < n && k <= limit; i++) {
+		char c = p[i];
+		if (in_str) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_str = false;
+		} else if (c == '"') {
+			in_str = true;
+		} else if (c == ',' || c == '[' || c == '{') {
+			k++;
+		}
+	}
+	return k;
+}
+
 int ps_oip_parse_infer(const ps_model_info *mi, const char *body, size_t len, long long header_len,
 		       ps_infer_req *rq, char *err, size_t errlen)
 {
@@ -389,6 +456,14 @@ int ps_oip_parse_infer(const ps_model_info *mi, const char *body, size_t len, lo
 		snprintf(err, errlen, "empty request body");
 		return 400;
 	}
+	/* The largest request the server takes, plus room for everything around its data. */
+	size_t limit = mi->max_rows * mi->in_width + 4096;
+	if (json_values_bound(body, json_len, limit) > limit) {
+		snprintf(err, errlen,
+			 "request holds more JSON values than the largest request taken (%zu rows)",
+			 mi->max_rows);
+		return 413;
+	}
 	cJSON *root = cJSON_ParseWithLength(body, json_len);
 	if (!root) {
 		snprintf(err, errlen, "malformed JSON");
@@ -408,9 +483,9 @@ void ps_infer_req_clear(ps_infer_req *rq)
 	*rq = (ps_infer_req){0};
 }
 
-int ps_oip_parse_load(const char *body, size_t len, char **path, char *err, size_t errlen)
+int ps_oip_parse_load(const char *body, size_t len, char **file, char *err, size_t errlen)
 {
-	*path = NULL;
+	*file = NULL;
 	if (len == 0)
 		return 0;
 	cJSON *root = cJSON_ParseWithLength(body, len);
@@ -418,14 +493,19 @@ int ps_oip_parse_load(const char *body, size_t len, char **path, char *err, size
 		FAIL(400, "malformed JSON");
 	int rc = 0;
 	const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "parameters");
-	const cJSON *p = params ? cJSON_GetObjectItemCaseSensitive(params, "path") : NULL;
+	const cJSON *f = params ? cJSON_GetObjectItemCaseSensitive(params, "file") : NULL;
 	if (!cJSON_IsObject(root) || (params && !cJSON_IsObject(params))) {
-		snprintf(err, errlen, "load request must be {\"parameters\": {\"path\": \"FILE\"}}");
+		snprintf(err, errlen, "load request must be {\"parameters\": {\"file\": \"NAME\"}}");
 		rc = 400;
-	} else if (p && (!cJSON_IsString(p) || !*p->valuestring)) {
-		snprintf(err, errlen, "parameter \"path\" must be a non-empty string");
+	} else if (cJSON_GetObjectItemCaseSensitive(params, "path")) {
+		snprintf(
+		    err, errlen,
+		    "parameter \"path\" is not accepted: name a file of the model repository with \"file\"");
 		rc = 400;
-	} else if (p && !(*path = strdup(p->valuestring))) {
+	} else if (f && (!cJSON_IsString(f) || !*f->valuestring)) {
+		snprintf(err, errlen, "parameter \"file\" must be a non-empty string");
+		rc = 400;
+	} else if (f && !(*file = strdup(f->valuestring))) {
 		snprintf(err, errlen, "out of memory");
 		rc = 400;
 	}

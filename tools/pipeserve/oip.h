@@ -6,7 +6,7 @@
  * Pure functions over byte buffers: nothing here knows about HTTP connections or the engine, so the fuzz
  * target (fuzz/pipeserve_fuzz.c) drives the parser exactly as the server does. JSON is read with cJSON;
  * float arrays are written by hand ("%.9g", which round-trips every float) because they dominate the size
- * of a response, while every string goes through cJSON's escaping.
+ * of a response, and every string is escaped here (bytes that are not UTF-8 become U+FFFD).
  *
  * Thread safety: every function is reentrant (cJSON is, as long as nobody calls cJSON_GetErrorPtr).
  */
@@ -29,13 +29,14 @@ void ps_buf_free(ps_buf *b);
 void ps_buf_add(ps_buf *b, const void *data, size_t n);
 void ps_buf_adds(ps_buf *b, const char *s);
 void ps_buf_printf(ps_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Append `s` as a JSON string literal (quoted and escaped). */
+/* Append `s` as a JSON string literal: quoted, '"', '\\' and control characters escaped, and every byte that
+ * does not belong to a valid UTF-8 sequence replaced by U+FFFD, so the output is valid JSON whatever `s`. */
 void ps_buf_add_json_string(ps_buf *b, const char *s);
 
 /* What the protocol exposes of the served model: one FP32 input [-1, in_width], one output [-1, out_width]. */
 typedef struct ps_model_info {
 	const char *name;
-	const char *version; /* the one version served, e.g. "1" */
+	const char *version; /* the version: the weights version number, "1" until the first load */
 	const char *platform;
 	const char *input_name, *output_name;
 	size_t in_width, out_width; /* features per row */
@@ -86,10 +87,11 @@ int ps_oip_encode_model_metadata(const ps_model_info *mi, ps_buf *b);
 int ps_oip_encode_server_metadata(const char *version, ps_buf *b);
 
 /**
- * Parse the body of POST /v2/repository/models/{name}/load: {"parameters": {"path": "<weights file>"}}
- * (an empty body or no path means "reload the current file"). *path receives a malloc'd string or NULL.
+ * Parse the body of POST /v2/repository/models/{name}/load: {"parameters": {"file": "<name in the model
+ * repository>"}} (an empty body or no file means the repository's "<model name>.safetensors"). A "path"
+ * parameter is refused: models are named, never given as paths. *file receives a malloc'd string or NULL.
  * @return 0, or 400 with a message in `err`.
  */
-int ps_oip_parse_load(const char *body, size_t len, char **path, char *err, size_t errlen);
+int ps_oip_parse_load(const char *body, size_t len, char **file, char *err, size_t errlen);
 
 #endif
