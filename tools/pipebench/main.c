@@ -216,6 +216,8 @@ int main(int argc, char **argv)
 		cfg.batch = cfg.workload == PB_WL_MLP ? PB_DEF_BATCH_MLP : PB_DEF_BATCH_SYNTHETIC;
 	if (pb_sizes_resolve(&cfg, err, sizeof(err)))
 		return usage_error(err);
+	if (cfg.trace_path && pb_output_check("--trace", cfg.trace_path, err, sizeof(err)))
+		return usage_error(err); /* before the sweep, not after it */
 
 	pb_progress_init(cfg.progress);
 	rc = cfg.workload == PB_WL_MLP ? pb_mlp_new(&w, &cfg, err, sizeof(err))
