@@ -14,7 +14,8 @@
  *
  * Rounds go on until every arm has min_repeats samples and its median's interval is within the tolerance,
  * or until the time budget has passed (every arm still gets min_repeats). The noise sampler marks each
- * round loud or quiet.
+ * round loud or quiet; after a loud one the schedule pauses for a quiet moment (pause_s in all, not
+ * counted in the budget).
  */
 #include <math.h>
 #include <stdio.h>
@@ -82,8 +83,9 @@ int pb_interleave(pb_arm *arms, unsigned n, const pb_schedule *s, pb_noise *nz, 
 		pb_progress(0, 1, a->label);
 	}
 
-	const uint64_t t0 = pb_now_ns();
+	uint64_t t0 = pb_now_ns(); /* moved on by the pauses: they do not count against the budget */
 	const uint64_t budget_ns = (uint64_t)(s->budget_s * 1e9);
+	double pause_left = s->pause_s;
 	unsigned pending = 0; /* first round of the noise window still open */
 	pb_noise_mark(nz);
 	for (unsigned round = 0;; round++) {
@@ -112,6 +114,11 @@ int pb_interleave(pb_arm *arms, unsigned n, const pb_schedule *s, pb_noise *nz, 
 		}
 		if (done)
 			break;
+		if (loud == 1 && pause_left > 0) {
+			double p = pb_noise_pause(nz, pause_left);
+			pause_left -= p;
+			t0 += (uint64_t)(p * 1e9);
+		}
 	}
 	for (unsigned i = 0; i < n; i++)
 		pb_interval_of(arms[i].rate, arms[i].n, &arms[i].iv);

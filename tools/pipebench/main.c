@@ -88,7 +88,8 @@ static void sweep(pb_bench *b, pb_result *res, pb_arm *arms, pb_report *rep)
 			   .tolerance = cfg->tolerance,
 			   .budget_s = cfg->duration_s,
 			   .warmup = cfg->warmup,
-			   .visit_s = PB_VISIT_S};
+			   .visit_s = PB_VISIT_S,
+			   .pause_s = cfg->wait_quiet_s - b->noise.waited_s};
 	if (pb_interleave(arms, n + 1, &sch, &b->noise, err, sizeof(err))) {
 		rep->status = PB_EXIT_FAIL;
 		snprintf(rep->error, sizeof(rep->error), "%s", err);

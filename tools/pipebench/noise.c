@@ -10,7 +10,8 @@
  *
  * Before measuring, the tool waits for three quiet windows in a row, at most --wait-quiet seconds; during
  * the measurement the rounds of the schedule are sampled, joined into windows of at least 0.25 s, and the
- * rows whose repeats ran in loud windows are flagged.
+ * rows whose repeats ran in loud windows are flagged. After a loud window the schedule pauses until a
+ * quiet one, out of what is left of --wait-quiet, so that fewer repeats are taken while it is loud.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -142,6 +143,31 @@ void pb_noise_settle(pb_noise *nz, double max_wait_s)
 			pb_progress((uint64_t)(waited * 1000), (uint64_t)(max_wait_s * 1000), what);
 		}
 	}
+}
+
+double pb_noise_pause(pb_noise *nz, double max_s)
+{
+	const uint64_t t0 = pb_now_ns();
+	pb_noise_snap a, b;
+	pb_noise_sample s;
+	double waited = 0;
+	snap(nz, &a);
+	while (waited + WINDOW_NS / 1e9 <= max_s) {
+		sleep_ns(WINDOW_NS);
+		snap(nz, &b);
+		between(&a, &b, &s);
+		a = b;
+		waited = (double)(b.wall_ns - t0) / 1e9;
+		if (!pb_noise_loud(nz, &s))
+			break;
+		char what[48];
+		snprintf(what, sizeof(what), "paused: others %.1f CPU", s.others + s.steal);
+		pb_progress((uint64_t)(waited * 1000), (uint64_t)(max_s * 1000), what);
+	}
+	nz->paused_s += waited;
+	nz->pauses += waited > 0;
+	nz->mark = a; /* the pause is no round's */
+	return waited;
 }
 
 void pb_noise_mark(pb_noise *nz)

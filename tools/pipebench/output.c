@@ -174,6 +174,11 @@ void pb_print_header(FILE *f, const pb_report *rep)
 				any_loud(rep) ? ": rows marked 'loud' had more than a tenth of their repeats "
 						"there, their figures are less certain"
 					      : "");
+		if (nz->pauses)
+			fprintf(
+			    f,
+			    "machine: paused %.1f s in all after %u loud windows, waiting for a quiet one\n",
+			    nz->paused_s, nz->pauses);
 	}
 	if (oversubscribed(rep))
 		fprintf(f,
@@ -449,6 +454,7 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	cJSON_AddNumberToObject(dur, "max_cpus", nz->others_max);
 	cJSON_AddNumberToObject(dur, "windows", nz->rounds);
 	cJSON_AddNumberToObject(dur, "loud_windows", nz->loud_rounds);
+	cJSON_AddNumberToObject(dur, "paused_s", nz->paused_s);
 	cJSON_AddBoolToObject(nj, "loud", any_loud(rep) || !nz->quiet_before);
 
 	cJSON *pl = cJSON_AddArrayToObject(root, "placement");

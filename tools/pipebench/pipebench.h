@@ -196,6 +196,8 @@ typedef struct pb_noise {
 	unsigned rounds, loud_rounds; /* windows of one or more rounds */
 	double others_s, steal_s, seconds, others_max;
 	bool last_loud;
+	double paused_s; /* waited after loud windows */
+	unsigned pauses;
 	pb_noise_snap mark;
 } pb_noise;
 
@@ -209,6 +211,9 @@ bool pb_noise_loud(const pb_noise *nz, const pb_noise_sample *s);
  * into the next round; `last` closes it whatever its length. */
 void pb_noise_mark(pb_noise *nz);
 int pb_noise_round(pb_noise *nz, bool last);
+/* After a loud window: sample 0.25 s windows until one is quiet, at most max_s; a new round begins after
+ * it. Returns the seconds waited. */
+double pb_noise_pause(pb_noise *nz, double max_s);
 
 /* ---- interleave.c ---- */
 
@@ -234,6 +239,7 @@ typedef struct pb_schedule {
 	double budget_s;      /* or once this much time has passed since the first round */
 	unsigned warmup;      /* unmeasured units at the start of every visit */
 	double visit_s;	      /* measured units per visit: as many as fill this long (1 to 64) */
+	double pause_s;	      /* after a loud round, wait for a quiet one; this long at most in all */
 } pb_schedule;
 
 /* The warm-up round (one visit each, discarded, which also times a unit), then rounds that visit every
