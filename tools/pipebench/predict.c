@@ -157,7 +157,15 @@ void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin
 		if (r[i].tied && i != c->chosen)
 			len += (size_t)snprintf(sizes + len, sizeof(sizes) - len, "%sm=%u", len ? ", " : "",
 						r[i].mb_rows);
-	if (c->chosen == c->best && c->ntied == 1)
+	unsigned running = 0;
+	for (unsigned i = 0; i < n; i++)
+		running += in[i];
+	if (running == 1)
+		snprintf(c->why, sizeof(c->why),
+			 "m=%u is the only size measured%s (%s); bubble %.2f measured, %.2f "
+			 "predicted: %s",
+			 ch->mb_rows, t, a, ch->bubble, ch->bubble_predicted, tail);
+	else if (c->chosen == c->best && c->ntied == 1)
 		snprintf(
 		    c->why, sizeof(c->why),
 		    "m=%u has the best throughput%s (%s) and every other size is distinguishably more than "
