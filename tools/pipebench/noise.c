@@ -9,7 +9,7 @@
  * 10% of the watched CPUs' time.
  *
  * Before measuring, the tool waits for three quiet windows in a row, at most --wait-quiet seconds; during
- * the measurement the rounds of the schedule are sampled, joined into windows of at least 0.25 s, and the
+ * the measurement the rounds of the schedule are sampled, joined into windows of at least 0.5 s, and the
  * rows whose repeats ran in loud windows are flagged. After a loud window the schedule pauses until a
  * quiet one, out of what is left of --wait-quiet, so that fewer repeats are taken while it is loud.
  */
@@ -21,7 +21,8 @@
 
 #include "pipebench.h"
 
-#define WINDOW_NS   250000000ull
+#define WINDOW_NS   250000000ull /* before measuring, and pausing */
+#define ROUND_NS    500000000ull /* while measuring: rounds joined until this long */
 #define QUIET_AFTER 3 /* windows in a row */
 
 static uint64_t self_cpu_ns(void)
@@ -180,9 +181,9 @@ int pb_noise_round(pb_noise *nz, bool last)
 	pb_noise_snap now;
 	pb_noise_sample s;
 	snap(nz, &now);
-	if (now.wall_ns - nz->mark.wall_ns < WINDOW_NS && !last)
+	if (now.wall_ns - nz->mark.wall_ns < ROUND_NS && !last)
 		return -1; /* too short for 10 ms ticks: the next rounds join this window */
-	if (now.wall_ns - nz->mark.wall_ns < WINDOW_NS / 4 && nz->rounds)
+	if (now.wall_ns - nz->mark.wall_ns < ROUND_NS / 4 && nz->rounds)
 		return nz->last_loud; /* a short tail: as the window before it */
 	between(&nz->mark, &now, &s);
 	nz->mark = now;

@@ -207,8 +207,8 @@ void pb_noise_init(pb_noise *nz, const int *cpus, unsigned ncpus);
 void pb_noise_settle(pb_noise *nz, double max_wait_s);
 bool pb_noise_loud(const pb_noise *nz, const pb_noise_sample *s);
 /* Measurement begins: pb_noise_mark(). After each round pb_noise_round() says whether the window that
- * ended was loud (1) or quiet (0), or -1 when it is too short yet for the ticks of /proc/stat and goes on
- * into the next round; `last` closes it whatever its length. */
+ * ended was loud (1) or quiet (0), or -1 when it is shorter than 0.5 s yet (the ticks of /proc/stat are
+ * 10 ms) and goes on into the next round; `last` closes it whatever its length. */
 void pb_noise_mark(pb_noise *nz);
 int pb_noise_round(pb_noise *nz, bool last);
 /* After a loud window: sample 0.25 s windows until one is quiet, at most max_s; a new round begins after
