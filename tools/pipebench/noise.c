@@ -23,7 +23,7 @@
 
 #define WINDOW_NS   250000000ull /* before measuring, and pausing */
 #define ROUND_NS    500000000ull /* while measuring: rounds joined until this long */
-#define QUIET_AFTER 3 /* windows in a row */
+#define QUIET_AFTER 3		 /* windows in a row */
 
 static uint64_t self_cpu_ns(void)
 {
