@@ -9,6 +9,8 @@
  *   assertion is waived when other processes keep the machine overloaded);
  * - each kind of broken invariant (a micro-batch lost, rows out of order, a wrong value; injected with
  *   PIPEBENCH_FAULT) ends the run with exit status 1 and says which;
+ * - with two processes spinning on the CPUs, the run waits --wait-quiet, then reports the machine loud before
+ *   and during, and marks every row loud in the JSON and the CSV;
  * - the statistics behind the verdicts (tools/pipebench/stats.c and predict.c, linked in) on synthetic
  *   samples: the interval of a median, paired comparisons, ties and the choice, the consistency checks
  *   (among them the contradictory run of issue 15: a speed-up of 2.02 with a bubble of 0.34 on 2 CPUs).
@@ -19,6 +21,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <sched.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -682,6 +685,71 @@ START_TEST(shared_threads_are_one_step_of_the_schedule_each)
 }
 END_TEST
 
+/* Two processes spinning on the CPUs: pipebench waits (here at most 1 s), then says the machine was loud
+ * before and while it measured, in the JSON, and marks the rows. */
+START_TEST(loud_machine_is_waited_for_reported_and_flagged)
+{
+	pid_t spin[2];
+	for (int i = 0; i < 2; i++) {
+		spin[i] = fork();
+		ck_assert(spin[i] >= 0);
+		if (spin[i] == 0) {
+			volatile unsigned long x = 0;
+			for (;;)
+				x++;
+		}
+	}
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
+						 "--mb=4,16", "--work-us=50", "--batches=12", "--tolerance=0",
+						 "--wait-quiet=1", "--csv", NULL});
+	struct run t = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
+						 "--mb=4,16", "--work-us=50", "--batches=12", "--tolerance=0",
+						 "--wait-quiet=1", "--json", NULL});
+	for (int i = 0; i < 2; i++) {
+		kill(spin[i], SIGKILL);
+		waitpid(spin[i], NULL, 0);
+	}
+	ck_assert_msg(r.status == 0 && t.status == 0, "exit %d %d: %s", r.status, t.status, t.err);
+	cJSON *doc = cJSON_Parse(t.out);
+	ck_assert_ptr_nonnull(doc);
+	cJSON *nz = cJSON_GetObjectItem(doc, "noise");
+	if (cJSON_IsFalse(cJSON_GetObjectItem(nz, "measured"))) { /* no /proc/stat: nothing to assert */
+		cJSON_Delete(doc);
+		run_free(&r);
+		run_free(&t);
+		return;
+	}
+	cJSON *before = cJSON_GetObjectItem(nz, "before");
+	ck_assert_msg(cJSON_IsFalse(cJSON_GetObjectItem(before, "quiet")), "%s", t.out);
+	ck_assert(cJSON_GetObjectItem(before, "others_cpus")->valuedouble > 0.5);
+	ck_assert(cJSON_GetObjectItem(before, "waited_s")->valuedouble >= 0.9);
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(nz, "loud")));
+	cJSON *during = cJSON_GetObjectItem(nz, "during");
+	ck_assert(cJSON_GetObjectItem(during, "loud_windows")->valueint >= 1);
+	for (cJSON *x = cJSON_GetObjectItem(doc, "results")->child; x; x = x->next)
+		ck_assert_msg(cJSON_IsTrue(cJSON_GetObjectItem(x, "loud")), "a row not marked loud: %s",
+			      t.out);
+	/* CSV: the loud column is 1 on every row */
+	unsigned col = 0, rows = 0;
+	for (const char *c = r.out; strncmp(c, ",loud,", 6); c++) {
+		ck_assert_msg(*c && *c != '\n', "no loud column: %s", r.out);
+		col += *c == ',';
+	}
+	col++;
+	for (const char *l = strchr(r.out, '\n'); l && l[1]; l = strchr(l + 1, '\n')) {
+		const char *c = l + 1;
+		for (unsigned k = 0; k < col; k++)
+			c = strchr(c, ',') + 1;
+		ck_assert_msg(c[0] == '1' && c[1] == ',', "loud column %u: %.60s", col, c);
+		rows++;
+	}
+	ck_assert_uint_eq(rows, 2);
+	cJSON_Delete(doc);
+	run_free(&r);
+	run_free(&t);
+}
+END_TEST
+
 /* ---- statistics (stats.c, predict.c) on synthetic samples ---- */
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -926,6 +994,7 @@ static Suite *suite(void)
 	tcase_add_test(out, duration_and_latency_target_choose_a_size_that_meets_it);
 	tcase_add_test(out, more_stages_than_cpus_share_a_thread_and_say_so);
 	tcase_add_test(out, shared_threads_are_one_step_of_the_schedule_each);
+	tcase_add_test(out, loud_machine_is_waited_for_reported_and_flagged);
 	suite_add_tcase(s, out);
 
 	TCase *bubble = tcase_create("bubble");
