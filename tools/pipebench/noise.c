@@ -131,8 +131,8 @@ void pb_noise_settle(pb_noise *nz, double max_wait_s)
 		double waited = (double)(b.wall_ns - t0) / 1e9;
 		if (quiet >= QUIET_AFTER || waited >= max_wait_s) {
 			nz->quiet_before = quiet > 0;
-			/* the windows that had to pass anyway are not waiting */
-			nz->waited_s = quiet >= QUIET_AFTER ? waited - QUIET_AFTER * WINDOW_NS / 1e9 : waited;
+			/* the quiet windows at the end had to pass anyway: they are not waiting */
+			nz->waited_s = waited - quiet * (WINDOW_NS / 1e9);
 			if (nz->waited_s < 0.01)
 				nz->waited_s = 0;
 			return;
