@@ -168,9 +168,9 @@ void pb_print_header(FILE *f, const pb_report *rep)
 			fprintf(f,
 				"machine: while measuring, other processes used %.2f CPUs on average (steal "
 				"%.2f, "
-				"at most %.2f in a window), %u of %u windows loud (above %.2f CPUs)%s\n",
+				"at most %.2f in a window), %u of %u window%s loud (above %.2f CPUs)%s\n",
 				nz->others_s / nz->seconds, nz->steal_s / nz->seconds, nz->others_max,
-				nz->loud_rounds, nz->rounds, nz->threshold,
+				nz->loud_rounds, nz->rounds, nz->rounds == 1 ? "" : "s", nz->threshold,
 				any_loud(rep) ? ": rows marked 'loud' had more than a tenth of their repeats "
 						"there, their figures are less certain"
 					      : "");
