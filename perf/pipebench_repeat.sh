@@ -35,7 +35,7 @@ for i in $(seq 1 "$runs"); do
 	chosen[$i]=$(key best_mb)
 	tied[$i]=$(key tied)
 	before=$(printf '%s\n' "$out" | sed -n 's/^machine: before measuring, other processes used \([0-9.]*\) of .*steal \([0-9.]*\)), load average \([0-9.]*\): \([A-Za-z]*\).*/\1 (load \3, \4)/p')
-	during=$(printf '%s\n' "$out" | sed -n 's/^machine: while measuring, other processes used \([0-9.]*\) CPUs on average .*at most \([0-9.]*\) in a window), \([0-9]*\) of \([0-9]*\) windows loud.*/\1\/\2, \3 of \4 loud/p')
+	during=$(printf '%s\n' "$out" | sed -n 's/^machine: while measuring, other processes used \([0-9.]*\) CPUs on average .*at most \([0-9.]*\) in a window), \([0-9]*\) of \([0-9]*\) windows* loud.*/\1\/\2, \3 of \4 loud/p')
 	[ "$(key checks)" = ok ] || status=1
 	[ "$(key status)" = ok ] || status=1
 	printf '%-4s %-7s %-22s %-8s %-6s %-8s %-26s %-26s %.1f\n' "$i" "${chosen[$i]:-?}" "${tied[$i]:-?}" \
