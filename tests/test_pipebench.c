@@ -8,7 +8,12 @@
  *   shared and noisy, so stages do 400 us of work per micro-batch, the run gets five tries, and the
  *   assertion is waived when other processes keep the machine overloaded);
  * - each kind of broken invariant (a micro-batch lost, rows out of order, a wrong value; injected with
- *   PIPEBENCH_FAULT) ends the run with exit status 1 and says which.
+ *   PIPEBENCH_FAULT) ends the run with exit status 1 and says which;
+ * - with two processes spinning on the CPUs, the run waits --wait-quiet, then reports the machine loud before
+ *   and during, and marks every row loud in the JSON and the CSV;
+ * - the statistics behind the verdicts (tools/pipebench/stats.c and predict.c, linked in) on synthetic
+ *   samples: the interval of a median, paired comparisons, ties and the choice, the consistency checks
+ *   (among them the contradictory run of issue 15: a speed-up of 2.02 with a bubble of 0.34 on 2 CPUs).
  */
 #define _GNU_SOURCE
 #include <check.h>
@@ -16,6 +21,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <sched.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,6 +32,7 @@
 #include <unistd.h>
 
 #include "plural_check.h"
+#include "../tools/pipebench/pipebench.h"
 
 #ifndef PIPEBENCH_BIN
 #error "PIPEBENCH_BIN must name the built pipebench"
@@ -157,7 +164,14 @@ static const char *const bad_args[][6] = {
     {"--warmup=-1"},
     {"--duration=0"},
     {"--duration=-1"},
-    {"--baseline-runs=0"},
+    {"--baseline-runs=2"},
+    {"--tolerance=-1"},
+    {"--tolerance=101"},
+    {"--tolerance=abc"},
+    {"--wait-quiet=-1"},
+    {"--wait-quiet=1e9"},
+    {"--trace=/no/such/dir/x.json"},
+    {"--trace=/tmp"},
     {"--latency-target=0"},
     {"--spin-us=-5"},
     {"--workload=gpu"},
@@ -228,13 +242,13 @@ START_TEST(help_lists_every_option_with_its_default)
 {
 	struct run r = run((const char *const[]){"--help", NULL});
 	ck_assert_int_eq(r.status, 0);
-	static const char *const opts[] = {"--workload", "--stages",  "--batch",	 "--mb",
-					   "--work-us",	 "--mb-us",   "--row-bytes",	 "--model",
-					   "--layers",	 "--hidden",  "--seed",		 "--batches",
-					   "--duration", "--warmup",  "--baseline-runs", "--latency-target",
-					   "--cpus",	 "--spin-us", "--opts",		 "--table",
-					   "--json",	 "--csv",     "--gantt",	 "--trace",
-					   "--progress", "--help",    "--version"};
+	static const char *const opts[] = {"--workload",       "--stages",   "--batch",	    "--mb",
+					   "--work-us",	       "--mb-us",    "--row-bytes", "--model",
+					   "--layers",	       "--hidden",   "--seed",	    "--batches",
+					   "--duration",       "--warmup",   "--tolerance", "--wait-quiet",
+					   "--latency-target", "--cpus",     "--spin-us",   "--opts",
+					   "--table",	       "--json",     "--csv",	    "--gantt",
+					   "--trace",	       "--progress", "--help",	    "--version"};
 	for (unsigned i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
 		ck_assert_msg(strstr(r.out, opts[i]), "--help does not mention %s", opts[i]);
 	ck_assert_msg(strstr(r.out, "(default: auto)") && strstr(r.out, "(default: 10)") &&
@@ -274,7 +288,8 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 	num(cfg, "batch");
 	num(cfg, "batches");
 	num(cfg, "warmup");
-	num(cfg, "baseline_runs");
+	num(cfg, "tolerance_pct");
+	num(cfg, "wait_quiet_s");
 	num(cfg, "duration_s");
 	field(cfg, "mb", cJSON_String);
 	ck_assert_int_eq(cJSON_GetArraySize(field(cfg, "sizes", cJSON_Array)), (int)nsizes);
@@ -285,6 +300,21 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 	ck_assert(cJSON_GetArraySize(field(cpus, "used", cJSON_Array)) >= 1);
 	field(cpus, "oversubscribed", cJSON_True | cJSON_False);
 	ck_assert_int_eq(cJSON_GetArraySize(field(cpus, "loadavg", cJSON_Array)), 2);
+	cJSON *nz = field(doc, "noise", cJSON_Object);
+	field(nz, "measured", cJSON_True | cJSON_False);
+	ck_assert(num(nz, "threshold_cpus") > 0);
+	cJSON *before = field(nz, "before", cJSON_Object);
+	ck_assert(num(before, "others_cpus") >= 0);
+	num(before, "steal_cpus");
+	num(before, "loadavg");
+	field(before, "quiet", cJSON_True | cJSON_False);
+	ck_assert(num(before, "waited_s") >= 0);
+	cJSON *during = field(nz, "during", cJSON_Object);
+	ck_assert(num(during, "others_cpus") >= 0);
+	ck_assert(num(during, "loud_windows") <= num(during, "windows"));
+	num(during, "max_cpus");
+	num(during, "steal_cpus");
+	field(nz, "loud", cJSON_True | cJSON_False);
 	cJSON *pl = field(doc, "placement", cJSON_Array);
 	ck_assert_int_eq(cJSON_GetArraySize(pl), (int)stages);
 	for (cJSON *p = pl->child; p; p = p->next) {
@@ -299,6 +329,11 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 	ck_assert(num(base, "min_ms") <= num(base, "median_ms"));
 	ck_assert(num(base, "max_ms") >= num(base, "median_ms"));
 	ck_assert(num(base, "rows_per_s") > 0);
+	ck_assert(num(base, "repeats") >= 1);
+	field(base, "loud", cJSON_True | cJSON_False);
+	cJSON *biv = field(base, "rows_per_s_interval", cJSON_Array);
+	ck_assert(cJSON_GetArrayItem(biv, 0)->valuedouble <= num(base, "rows_per_s") &&
+		  cJSON_GetArrayItem(biv, 1)->valuedouble >= num(base, "rows_per_s"));
 	cJSON *res = field(doc, "results", cJSON_Array);
 	ck_assert_int_eq(cJSON_GetArraySize(res), (int)nsizes);
 	for (cJSON *r = res->child; r; r = r->next) {
@@ -309,6 +344,21 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 		ck_assert(num(r, "mb_rows") >= 1);
 		ck_assert(num(r, "mbs") >= 1);
 		ck_assert(num(r, "batches") >= 1);
+		ck_assert(num(r, "repeats") >= 1 && num(r, "repeats") <= num(r, "batches"));
+		cJSON *iv = field(r, "rows_per_s_interval", cJSON_Array);
+		double lo = cJSON_GetArrayItem(iv, 0)->valuedouble,
+		       hi = cJSON_GetArrayItem(iv, 1)->valuedouble;
+		ck_assert_msg(lo <= num(r, "rows_per_s") && num(r, "rows_per_s") <= hi,
+			      "interval %g-%g of %g", lo, hi, num(r, "rows_per_s"));
+		field(r, "rows_per_s_range", cJSON_Array);
+		field(r, "speedup_interval", cJSON_Array);
+		field(r, "tied", cJSON_True | cJSON_False);
+		field(r, "loud", cJSON_True | cJSON_False);
+		num(r, "loud_share");
+		cJSON *chk = field(r, "checks", cJSON_Object);
+		field(chk, "ok", cJSON_True | cJSON_False);
+		field(chk, "failed", cJSON_String | cJSON_NULL);
+		field(chk, "message", cJSON_String | cJSON_NULL);
 		ck_assert(num(r, "rows_per_s") > 0);
 		num(r, "rows_per_s_window");
 		ck_assert(num(r, "speedup") > 0);
@@ -341,6 +391,10 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 	}
 	cJSON *best = field(doc, "best", cJSON_Object);
 	num(best, "mb_rows");
+	num(best, "fastest_mb_rows");
+	ck_assert(cJSON_GetArraySize(field(best, "tied", cJSON_Array)) >= 1);
+	field(best, "vs_fastest", cJSON_Object | cJSON_NULL);
+	field(best, "vs_next_smaller", cJSON_Object | cJSON_NULL);
 	ck_assert(strlen(field(best, "reason", cJSON_String)->valuestring) > 10);
 	if (gantt) {
 		cJSON *g = field(doc, "gantt", cJSON_Array);
@@ -358,9 +412,9 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 
 START_TEST(synthetic_json_parses_with_documented_fields)
 {
-	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8",
-						 "--mb=2,8", "--work-us=5", "--batches=2", "--warmup=1",
-						 "--baseline-runs=1", "--json", "--gantt", NULL});
+	struct run r = run((const char *const[]){
+	    "--workload=synthetic", "--stages=2", "--batch=8", "--mb=2,8", "--work-us=5", "--batches=2",
+	    "--warmup=1", "--tolerance=0", "--wait-quiet=0", "--json", "--gantt", NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	cJSON *doc = cJSON_Parse(r.out);
 	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
@@ -374,9 +428,9 @@ END_TEST
 
 START_TEST(mlp_json_parses_and_names_the_blas_kernel)
 {
-	struct run r =
-	    run((const char *const[]){"--layers=2", "--hidden=32", "--stages=2", "--batch=16", "--mb=4",
-				      "--batches=2", "--warmup=1", "--baseline-runs=1", "--json", NULL});
+	struct run r = run((const char *const[]){"--layers=2", "--hidden=32", "--stages=2", "--batch=16",
+						 "--mb=4", "--batches=2", "--warmup=1", "--tolerance=0",
+						 "--wait-quiet=0", "--json", NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	cJSON *doc = cJSON_Parse(r.out);
 	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
@@ -445,9 +499,9 @@ START_TEST(measured_bubble_is_near_the_predicted_one)
 	double measured = 0, predicted = 0, gpipe = 0;
 	bool oversubscribed = false;
 	for (int attempt = 0; attempt < 5; attempt++) {
-		struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
-							 "--mb=4", "--work-us=100", "--batches=30",
-							 "--warmup=2", "--baseline-runs=1", "--json", NULL});
+		struct run r = run((const char *const[]){
+		    "--workload=synthetic", "--stages=2", "--batch=16", "--mb=4", "--work-us=100",
+		    "--batches=30", "--warmup=2", "--tolerance=0", "--wait-quiet=0", "--json", NULL});
 		ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 		cJSON *doc = cJSON_Parse(r.out);
 		ck_assert_ptr_nonnull(doc);
@@ -495,7 +549,8 @@ START_TEST(broken_invariant_exits_1_and_says_which)
 	const char *env[] = {faults[_i][0], NULL};
 	struct run r =
 	    run_env(env, (const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8", "--mb=2",
-					       "--work-us=5", "--batches=2", "--no-gantt", NULL});
+					       "--work-us=5", "--batches=2", "--tolerance=0",
+					       "--wait-quiet=0", "--no-gantt", NULL});
 	ck_assert_msg(r.status == 1, "%s: exit %d", faults[_i][0], r.status);
 	ck_assert_msg(strstr(r.err, faults[_i][1]), "%s: stderr '%s' lacks '%s'", faults[_i][0], r.err,
 		      faults[_i][1]);
@@ -508,12 +563,16 @@ END_TEST
 START_TEST(table_run_reports_placement_best_size_and_gantt)
 {
 	/* the sweep leaves out the whole batch: the Gantt chart needs a run of its own for it */
-	struct run r =
-	    run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8", "--mb=1,2",
-				      "--work-us=5", "--batches=2", "--warmup=1", "--baseline-runs=1", NULL});
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8",
+						 "--mb=1,2", "--work-us=5", "--batches=2", "--warmup=1",
+						 "--tolerance=0", "--wait-quiet=0", NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	ck_assert_msg(strstr(r.out, "placement: stage 0"), "no placement: %s", r.out);
-	ck_assert_msg(strstr(r.out, "best micro-batch size:"), "no best size: %s", r.out);
+	ck_assert_msg(strstr(r.out, "chosen micro-batch size:"), "no chosen size: %s", r.out);
+	ck_assert_msg(strstr(r.out, "machine: before measuring, other processes used "), "no noise line: %s",
+		      r.out);
+	ck_assert_msg(strstr(r.out, " noise=") && strstr(r.out, " checks=") && strstr(r.out, " tied="),
+		      "summary lacks noise, checks, tied: %s", r.out);
 	ck_assert_msg(strstr(r.out, "whole batch as one unit"), "no Gantt chart: %s", r.out);
 	ck_assert_msg(strstr(r.out, "\npipebench: workload=synthetic stages=2 "), "no summary line: %s",
 		      r.out);
@@ -527,7 +586,7 @@ START_TEST(csv_has_a_header_and_one_line_per_size)
 {
 	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8",
 						 "--mb=1,2,8", "--work-us=5", "--batches=2", "--warmup=1",
-						 "--baseline-runs=1", "--csv", NULL});
+						 "--tolerance=0", "--wait-quiet=0", "--csv", NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	ck_assert_uint_eq(lines(r.out), 4);
 	ck_assert(strncmp(r.out, "workload,stages,cpus,batch,mb_rows,", 35) == 0);
@@ -545,8 +604,8 @@ START_TEST(trace_file_is_a_chrome_trace)
 	char arg[64];
 	snprintf(arg, sizeof(arg), "--trace=%s", path);
 	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8", "--mb=2",
-						 "--work-us=5", "--batches=2", "--warmup=1",
-						 "--baseline-runs=1", "--no-gantt", arg, NULL});
+						 "--work-us=5", "--batches=2", "--warmup=1", "--tolerance=0",
+						 "--wait-quiet=0", "--no-gantt", arg, NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	fd = open(path, O_RDONLY);
 	ck_assert(fd >= 0);
@@ -565,9 +624,9 @@ END_TEST
 
 START_TEST(progress_goes_to_stderr_only)
 {
-	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8",
-						 "--mb=2,4", "--work-us=5", "--batches=2", "--warmup=1",
-						 "--baseline-runs=1", "--json", "--progress", NULL});
+	struct run r = run((const char *const[]){
+	    "--workload=synthetic", "--stages=2", "--batch=8", "--mb=2,4", "--work-us=5", "--batches=2",
+	    "--warmup=1", "--tolerance=0", "--wait-quiet=0", "--json", "--progress", NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	ck_assert_msg(strstr(r.err, "\r["), "no progress bar on stderr: '%s'", r.err);
 	cJSON *doc = cJSON_Parse(r.out);
@@ -581,9 +640,10 @@ START_TEST(duration_and_latency_target_choose_a_size_that_meets_it)
 {
 	/* 2 stages of 50 us per row over 32 rows: m=32 takes at least 3.2 ms a batch, m=4 about 2 ms; with a
 	 * target of 1 s every size meets it and the fastest is chosen, whatever the machine's load. */
-	struct run r = run((const char *const[]){
-	    "--workload=synthetic", "--stages=2", "--batch=32", "--mb=4,32", "--work-us=50",
-	    "--duration=0.05", "--warmup=1", "--baseline-runs=1", "--latency-target=1000", "--json", NULL});
+	struct run r =
+	    run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=32", "--mb=4,32",
+				      "--work-us=50", "--duration=0.05", "--warmup=1", "--tolerance=0",
+				      "--wait-quiet=0", "--latency-target=1000", "--json", NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	cJSON *doc = cJSON_Parse(r.out);
 	ck_assert_ptr_nonnull(doc);
@@ -620,10 +680,10 @@ START_TEST(more_stages_than_cpus_share_a_thread_and_say_so)
 			snprintf(placed, sizeof(placed), "stage 2 (stage2) -> CPU %d", cpu);
 		else
 			snprintf(placed, sizeof(placed), "stage 2 (stage2) -> thread 0 on CPU %d", cpu);
-		struct run r = run((const char *const[]){"--workload=synthetic", "--stages=3", cpus,
-							 "--batch=8", "--mb=2", "--work-us=5", "--batches=2",
-							 "--warmup=1", "--baseline-runs=1", "--no-gantt",
-							 own ? "--opts=threads=3" : "--opts=", NULL});
+		struct run r = run((const char *const[]){
+		    "--workload=synthetic", "--stages=3", cpus, "--batch=8", "--mb=2", "--work-us=5",
+		    "--batches=2", "--warmup=1", "--tolerance=0", "--wait-quiet=0", "--no-gantt",
+		    own ? "--opts=threads=3" : "--opts=", NULL});
 		ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 		const char *note =
 		    own ? "note: 3 threads on 1 CPU: threads share CPUs and time-slice"
@@ -654,7 +714,7 @@ START_TEST(shared_threads_are_one_step_of_the_schedule_each)
 	/* M = 4 micro-batches, 4 stages of 20 us per row on 2 threads: GPipe's bubble with T = 2 is 1/5 */
 	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=4", cpus, "--batch=16",
 						 "--mb=4", "--work-us=20", "--batches=3", "--warmup=1",
-						 "--baseline-runs=1", "--json", NULL});
+						 "--tolerance=0", "--wait-quiet=0", "--json", NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	cJSON *doc = cJSON_Parse(r.out);
 	ck_assert_ptr_nonnull(doc);
@@ -677,6 +737,293 @@ START_TEST(shared_threads_are_one_step_of_the_schedule_each)
 	ck_assert_msg(predicted > 0.1 && predicted < 0.35, "predicted bubble %g", predicted);
 	cJSON_Delete(doc);
 	run_free(&r);
+}
+END_TEST
+
+/* Two processes spinning on the CPUs: pipebench waits (here at most 1 s), then says the machine was loud
+ * before and while it measured, in the JSON, and marks the rows. */
+START_TEST(loud_machine_is_waited_for_reported_and_flagged)
+{
+	pid_t spin[2];
+	for (int i = 0; i < 2; i++) {
+		spin[i] = fork();
+		ck_assert(spin[i] >= 0);
+		if (spin[i] == 0) {
+			volatile unsigned long x = 0;
+			for (;;)
+				x++;
+		}
+	}
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
+						 "--mb=4,16", "--work-us=50", "--batches=12", "--tolerance=0",
+						 "--wait-quiet=1", "--csv", NULL});
+	struct run t = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
+						 "--mb=4,16", "--work-us=50", "--batches=12", "--tolerance=0",
+						 "--wait-quiet=1", "--json", NULL});
+	for (int i = 0; i < 2; i++) {
+		kill(spin[i], SIGKILL);
+		waitpid(spin[i], NULL, 0);
+	}
+	ck_assert_msg(r.status == 0 && t.status == 0, "exit %d %d: %s", r.status, t.status, t.err);
+	cJSON *doc = cJSON_Parse(t.out);
+	ck_assert_ptr_nonnull(doc);
+	cJSON *nz = cJSON_GetObjectItem(doc, "noise");
+	if (cJSON_IsFalse(cJSON_GetObjectItem(nz, "measured"))) { /* no /proc/stat: nothing to assert */
+		cJSON_Delete(doc);
+		run_free(&r);
+		run_free(&t);
+		return;
+	}
+	cJSON *before = cJSON_GetObjectItem(nz, "before");
+	ck_assert_msg(cJSON_IsFalse(cJSON_GetObjectItem(before, "quiet")), "%s", t.out);
+	ck_assert(cJSON_GetObjectItem(before, "others_cpus")->valuedouble > 0.5);
+	ck_assert(cJSON_GetObjectItem(before, "waited_s")->valuedouble >= 0.9);
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(nz, "loud")));
+	cJSON *during = cJSON_GetObjectItem(nz, "during");
+	ck_assert(cJSON_GetObjectItem(during, "loud_windows")->valueint >= 1);
+	for (cJSON *x = cJSON_GetObjectItem(doc, "results")->child; x; x = x->next)
+		ck_assert_msg(cJSON_IsTrue(cJSON_GetObjectItem(x, "loud")), "a row not marked loud: %s",
+			      t.out);
+	/* CSV: the loud column is 1 on every row */
+	unsigned col = 0, rows = 0;
+	for (const char *c = r.out; strncmp(c, ",loud,", 6); c++) {
+		ck_assert_msg(*c && *c != '\n', "no loud column: %s", r.out);
+		col += *c == ',';
+	}
+	col++;
+	for (const char *l = strchr(r.out, '\n'); l && l[1]; l = strchr(l + 1, '\n')) {
+		const char *c = l + 1;
+		for (unsigned k = 0; k < col; k++)
+			c = strchr(c, ',') + 1;
+		ck_assert_msg(c[0] == '1' && c[1] == ',', "loud column %u: %.60s", col, c);
+		rows++;
+	}
+	ck_assert_uint_eq(rows, 2);
+	cJSON_Delete(doc);
+	run_free(&r);
+	run_free(&t);
+}
+END_TEST
+
+/* ---- statistics (stats.c, predict.c) on synthetic samples ---- */
+
+static uint64_t rng_state = 88172645463325252ull;
+
+static double uniform(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+START_TEST(median_interval_uses_order_statistics_and_needs_six_samples)
+{
+	double v[100];
+	for (unsigned i = 0; i < 100; i++)
+		v[i] = 100 - i; /* any order */
+	pb_interval iv;
+	pb_interval_of(v, 5, &iv);
+	ck_assert(!iv.ci); /* 2 / 2^5 > 5%: no pair of order statistics reaches 95% */
+	ck_assert(iv.lo == iv.min && iv.hi == iv.max && iv.median == 98);
+	ck_assert(isinf(pb_interval_rel(&iv)));
+	pb_interval_of(v, 6, &iv); /* 1 - 2 / 2^6 = 96.9%: the extremes */
+	ck_assert(iv.ci && iv.lo == 95 && iv.hi == 100 && iv.median == 97.5);
+	pb_interval_of(v, 100, &iv); /* P(B <= 39) = 1.8%, P(B <= 40) = 2.8%: ranks 40 and 61 */
+	ck_assert(iv.ci);
+	ck_assert_msg(iv.lo == 40 && iv.hi == 61 && iv.median == 50.5, "%g %g %g", iv.lo, iv.median, iv.hi);
+	ck_assert(fabs(pb_interval_rel(&iv) - 10.5 / 50.5) < 1e-12);
+}
+END_TEST
+
+/* Skewed noise, as a shared machine makes it (a preempted run is slow, never fast): the interval still
+ * covers the true median in about 95% of the trials. */
+START_TEST(median_interval_covers_the_true_median_of_skewed_noise)
+{
+	const unsigned trials = 2000, n = 20;
+	unsigned covered = 0;
+	for (unsigned t = 0; t < trials; t++) {
+		double v[20];
+		for (unsigned i = 0; i < n; i++)
+			v[i] = 10.0 - log(1.0 - uniform()); /* 10 + Exp(1): median 10 + ln 2 */
+		pb_interval iv;
+		pb_interval_of(v, n, &iv);
+		covered += iv.lo <= 10 + M_LN2 && 10 + M_LN2 <= iv.hi;
+	}
+	ck_assert_msg(covered >= 0.93 * trials && covered <= 0.995 * trials, "covered %u of %u", covered,
+		      trials);
+}
+END_TEST
+
+/* Round by round the machine's speed drifts by a factor 3; A is 2% faster than B in every round. Paired,
+ * the drift cancels and the difference shows; the two intervals alone overlap. */
+START_TEST(paired_ratio_cancels_drift_between_rounds)
+{
+	double a[40], b[40];
+	for (unsigned i = 0; i < 40; i++) {
+		double speed = 1.0 + 2.0 * uniform();
+		b[i] = 1000 * speed * (1 + 0.002 * uniform());
+		a[i] = 1020 * speed * (1 + 0.002 * uniform());
+	}
+	pb_interval ia, ib, r;
+	pb_interval_of(a, 40, &ia);
+	pb_interval_of(b, 40, &ib);
+	ck_assert(ia.lo < ib.hi); /* not distinguishable unpaired */
+	ck_assert_int_eq(pb_ratio_interval(a, b, 40, &r), 0);
+	ck_assert_msg(r.lo > 1.01 && r.hi < 1.03, "ratio %g-%g", r.lo, r.hi);
+	ck_assert_int_eq(pb_ratio_interval(b, a, 40, &r), 0);
+	ck_assert(!pb_tied(&r, 0.0)); /* B is slower than A, distinguishably */
+	ck_assert(pb_tied(&r, 0.03)); /* but within 3% */
+	ck_assert_int_eq(pb_ratio_interval(a, b, 0, &r), -1);
+}
+END_TEST
+
+/* Four sizes whose samples are `mean x (1 + noise x u)` round by round, with a common drift. */
+static void make_sizes(pb_result *r, double (*rate)[60], const double *mean, unsigned n, unsigned reps,
+		       double noise)
+{
+	memset(r, 0, n * sizeof(*r));
+	for (unsigned k = 0; k < reps; k++) {
+		double drift = 1 + 0.3 * uniform();
+		for (unsigned i = 0; i < n; i++)
+			rate[i][k] = mean[i] * drift * (1 + noise * (uniform() - 0.5));
+	}
+	for (unsigned i = 0; i < n; i++) {
+		r[i].mb_rows = 8u << i;
+		r[i].batches = reps;
+		r[i].repeats = reps;
+		r[i].rate = rate[i];
+		pb_interval_of(rate[i], reps, &r[i].thr);
+		r[i].throughput = r[i].thr.median;
+		r[i].p99_ms = 10.0 * (i + 1);
+	}
+}
+
+START_TEST(choice_is_the_smallest_size_tied_with_the_best_and_gives_its_margin)
+{
+	static double rate[4][60];
+	pb_result r[4];
+	pb_choice c;
+	/* m=8 0.80, m=16 0.95, m=32 0.99, m=64 1.00 of the best; little noise: 32 ties with 64, 16 does not */
+	const double mean[4] = {800, 950, 990, 1000};
+	make_sizes(r, rate, mean, 4, 30, 0.01);
+	pb_choose(r, 4, 0, PB_TIE_MARGIN, &c);
+	ck_assert_uint_eq(c.best, 3);
+	ck_assert_uint_eq(c.chosen, 2);
+	ck_assert_uint_eq(c.ntied, 2);
+	ck_assert(r[2].tied && r[3].tied && !r[1].tied && !r[0].tied);
+	ck_assert_uint_eq(c.next, 1);
+	ck_assert_msg(c.vs_next.median > 1.03 && c.vs_next.median < 1.05, "margin %g", c.vs_next.median);
+	ck_assert(c.vs_next.lo > 1.0); /* it beats m=16, distinguishably */
+	ck_assert(strstr(c.why, "m=32 is the smallest size tied with the best") && strstr(c.why, "m=16"));
+
+	/* much noise: nothing below the best can be told apart from it by more than the margin, and the
+	 * tool says how many tie rather than pretending to know */
+	make_sizes(r, rate, mean, 4, 8, 0.8);
+	pb_choose(r, 4, 0, PB_TIE_MARGIN, &c);
+	ck_assert(c.ntied >= 2);
+	ck_assert(c.chosen < c.best || c.ntied == 1);
+	for (unsigned i = 0; i < 4; i++)
+		ck_assert(r[i].tied == (i >= c.chosen && (r[i].tied || i == c.best)));
+
+	/* a latency target leaves the sizes that miss it out of the running (p99 10, 20, 30, 40 ms) */
+	make_sizes(r, rate, mean, 4, 30, 0.01);
+	pb_choose(r, 4, 25, PB_TIE_MARGIN, &c);
+	ck_assert_uint_eq(c.best, 1);
+	ck_assert_uint_eq(c.chosen, 1);
+	ck_assert(c.latency_met && strstr(c.why, "latency"));
+	pb_choose(r, 4, 5, PB_TIE_MARGIN, &c);
+	ck_assert(!c.latency_met && c.chosen == 0 && strstr(c.why, "no size meets"));
+}
+END_TEST
+
+/* A result of 2 threads on 2 CPUs with tight intervals around the given speed-up and bubble, each thread
+ * accounting all of its window and busy as the bubble says. */
+static void make_result(pb_result *r, double speedup, double bubble)
+{
+	memset(r, 0, sizeof(*r));
+	r->mb_rows = 32;
+	r->batches = 30;
+	r->stages = r->threads = 2;
+	r->speedup = speedup;
+	r->speedup_lo = speedup * 0.99;
+	r->speedup_hi = speedup * 1.01;
+	r->bubble = r->bubble_all = bubble;
+	r->bubble_iv =
+	    (pb_interval){.median = bubble, .lo = bubble - 0.01, .hi = bubble + 0.01, .n = 30, .ci = true};
+	r->inflight_share = 0.95;
+	for (unsigned s = 0; s < 2; s++) {
+		r->st[s].thread = s;
+		r->st[s].busy = 0.95 * (1 - bubble);
+		r->st[s].starved = 1 - r->st[s].busy;
+	}
+	r->stage_busy_ms = 10;
+}
+
+/* The run of the issue: a speed-up of 2.02 with a bubble of 0.34 on 2 CPUs, where at most 2 x 0.66 = 1.32
+ * is possible. */
+START_TEST(speedup_above_cpus_times_one_minus_bubble_is_flagged_with_a_cause)
+{
+	pb_result r;
+	pb_check_input in = {.cpus = 2, .base_loud = false, .base_ms = 20};
+	make_result(&r, 2.02, 0.34);
+	pb_check(&r, &in);
+	ck_assert_uint_eq(r.flags, PB_CHECK_SPEEDUP);
+	ck_assert_msg(strstr(r.check, "2.02") && strstr(r.check, "1.3"), "%s", r.check);
+	ck_assert_msg(strstr(r.check, "10 ms together") && strstr(r.check, "20 ms"), "cause: %s", r.check);
+	in.base_loud = true; /* then the likely cause is the baseline's load */
+	pb_check(&r, &in);
+	ck_assert_msg(strstr(r.check, "other processes"), "cause: %s", r.check);
+
+	/* consistent figures pass */
+	in.base_loud = false;
+	make_result(&r, 1.25, 0.2);
+	pb_check(&r, &in);
+	ck_assert_uint_eq(r.flags, 0);
+	ck_assert_str_eq(r.check, "");
+	/* 1.40 against a bound of 1.32 is within the noise when the intervals are wide */
+	make_result(&r, 1.40, 0.34);
+	r.speedup_lo = 1.20;
+	r.bubble_iv.lo = 0.30;
+	pb_check(&r, &in);
+	ck_assert_uint_eq(r.flags, 0);
+	/* one CPU: two threads cannot beat 1 x (1 - bubble) */
+	in.cpus = 1;
+	make_result(&r, 1.3, 0.1);
+	pb_check(&r, &in);
+	ck_assert(r.flags & PB_CHECK_SPEEDUP);
+}
+END_TEST
+
+START_TEST(busy_starved_blocked_that_do_not_add_up_are_flagged)
+{
+	pb_result r;
+	pb_check_input in = {.cpus = 2, .base_ms = 20};
+	make_result(&r, 1.2, 0.2);
+	r.st[1].starved -= 0.3; /* thread 1 accounts 70% of its window */
+	pb_check(&r, &in);
+	ck_assert_uint_eq(r.flags, PB_CHECK_ACCOUNT);
+	ck_assert_msg(strstr(r.check, "stage 1") && strstr(r.check, "70%"), "%s", r.check);
+
+	/* stages sharing a thread add up together: the thread's waits are charged to its first and last */
+	make_result(&r, 1.2, 0.2);
+	r.stages = 4;
+	for (unsigned s = 0; s < 4; s++) {
+		r.st[s].thread = s / 2;
+		r.st[s].busy = 0.95 * 0.8 / 2;
+		r.st[s].starved = s % 2 ? 0 : 1 - 0.95 * 0.8;
+		r.st[s].blocked = 0;
+	}
+	pb_check(&r, &in);
+	ck_assert_uint_eq(r.flags, 0);
+
+	/* busy shares that do not match the bubble */
+	make_result(&r, 1.2, 0.2);
+	r.st[0].busy = r.st[1].busy = 0.5;
+	r.st[0].starved = r.st[1].starved = 0.5;
+	pb_check(&r, &in);
+	ck_assert_uint_eq(r.flags, PB_CHECK_BUBBLE);
+	ck_assert_msg(strstr(r.check, "busy 50%"), "%s", r.check);
 }
 END_TEST
 
@@ -704,12 +1051,22 @@ static Suite *suite(void)
 	tcase_add_test(out, duration_and_latency_target_choose_a_size_that_meets_it);
 	tcase_add_test(out, more_stages_than_cpus_share_a_thread_and_say_so);
 	tcase_add_test(out, shared_threads_are_one_step_of_the_schedule_each);
+	tcase_add_test(out, loud_machine_is_waited_for_reported_and_flagged);
 	suite_add_tcase(s, out);
 
 	TCase *bubble = tcase_create("bubble");
 	tcase_set_timeout(bubble, 120);
 	tcase_add_test(bubble, measured_bubble_is_near_the_predicted_one);
 	suite_add_tcase(s, bubble);
+
+	TCase *stats = tcase_create("statistics");
+	tcase_add_test(stats, median_interval_uses_order_statistics_and_needs_six_samples);
+	tcase_add_test(stats, median_interval_covers_the_true_median_of_skewed_noise);
+	tcase_add_test(stats, paired_ratio_cancels_drift_between_rounds);
+	tcase_add_test(stats, choice_is_the_smallest_size_tied_with_the_best_and_gives_its_margin);
+	tcase_add_test(stats, speedup_above_cpus_times_one_minus_bubble_is_flagged_with_a_cause);
+	tcase_add_test(stats, busy_starved_blocked_that_do_not_add_up_are_flagged);
+	suite_add_tcase(s, stats);
 
 	TCase *inv = tcase_create("invariants");
 	tcase_set_timeout(inv, 30);

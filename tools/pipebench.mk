@@ -4,18 +4,22 @@ tools_pipebench_pipebench_SOURCES = \
 	tools/pipebench/pipebench.h tools/pipebench/main.c tools/pipebench/options.c \
 	tools/pipebench/synthetic.c tools/pipebench/mlp.c tools/pipebench/measure.c \
 	tools/pipebench/predict.c tools/pipebench/output.c tools/pipebench/gantt.c \
-	tools/pipebench/progress.c
+	tools/pipebench/progress.c tools/pipebench/stats.c tools/pipebench/noise.c \
+	tools/pipebench/interleave.c
 tools_pipebench_pipebench_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include
 tools_pipebench_pipebench_CFLAGS = $(AM_CFLAGS) $(CJSON_CFLAGS)
 tools_pipebench_pipebench_LDADD = $(MBP_LIBS) $(CJSON_LIBS) -lm
 dist_man_MANS += tools/pipebench/pipebench.1
 
 # Tests: every bad argument fails with one line; the JSON parses and has its fields; a small synthetic
-# run's measured bubble lies near the predicted one.
+# run's measured bubble lies near the predicted one; the statistics on synthetic samples.
 check_PROGRAMS += tests/test_pipebench
-tests_test_pipebench_SOURCES = tests/test_pipebench.c tests/check_main.h tests/plural_check.h
-tests_test_pipebench_CPPFLAGS = $(AM_CPPFLAGS) -DPIPEBENCH_BIN='"$(abs_top_builddir)/tools/pipebench/pipebench"'
+# The statistics (stats.c, predict.c) are linked in and tested on synthetic samples.
+tests_test_pipebench_SOURCES = tests/test_pipebench.c tests/check_main.h tests/plural_check.h tools/pipebench/stats.c \
+	tools/pipebench/predict.c
+tests_test_pipebench_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/include -I$(top_builddir)/include \
+	-DPIPEBENCH_BIN='"$(abs_top_builddir)/tools/pipebench/pipebench"'
 tests_test_pipebench_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(CJSON_CFLAGS)
-tests_test_pipebench_LDADD = $(CHECK_LIBS) $(CJSON_LIBS)
+tests_test_pipebench_LDADD = $(CHECK_LIBS) $(CJSON_LIBS) -lm
 EXTRA_tests_test_pipebench_DEPENDENCIES = tools/pipebench/pipebench
 TESTS += tests/test_pipebench

@@ -1,11 +1,13 @@
 /*
  * pipebench: the throughput tool of mbpipe.
  *
- * For each micro-batch size of the sweep: run the sequential baseline (the same stages in order on one
- * thread) a few times, then the pipeline for the warm-up and measured batches, alternating the two so that
- * both see the same machine; check every output. Then choose the best size, measure the whole batch as
- * one unit for the Gantt chart if the sweep did not, write the trace of the chosen size if asked, and
- * print the report. See pipebench.h for the files and pipebench.1 for the user's view.
+ * Check the output paths, wait for other processes to leave the CPUs (at most --wait-quiet seconds), make
+ * a pipeline for every micro-batch size of the sweep, then measure them and the sequential baseline (the
+ * same stages in order on one thread) interleaved, a few batches per visit, round after round, until the
+ * intervals of the medians are within the tolerance or the time budget is spent; check every output.
+ * Then check each result's figures against each other, choose the size, measure the whole batch as one
+ * unit for the Gantt chart if the sweep did not, write the trace of the chosen size if asked, and print
+ * the report. See pipebench.h for the files and pipebench.1 for the user's view.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #define PB_DEF_BATCH_MLP       256
 #define PB_DEF_BATCH_SYNTHETIC 64
 #define PB_DEF_MAX_STAGES      4
+#define PB_VISIT_S	       0.02 /* measured time per visit to a size */
 
 static int usage_error(const char *msg)
 {
@@ -36,56 +39,93 @@ static unsigned terminal_width(void)
 	return v >= 40 && v <= 400 ? (unsigned)v : 100;
 }
 
-/* Prepare the stages for size m and compute the reference output for that size. */
-static int prepare_size(pb_bench *b, uint32_t m, bool baseline, char *err, size_t errlen)
+/* Every size and the baseline as arms of one interleaved schedule. `arms` (nsizes + 1) outlives the
+ * report: the results point at their samples. A failure goes into rep; every size is closed either way. */
+static void sweep(pb_bench *b, pb_result *res, pb_arm *arms, pb_report *rep)
 {
+	const pb_config *cfg = b->cfg;
 	pb_workload *w = b->w;
-	const pb_config *cfg = b->cfg;
-	if (w->prepare && w->prepare(w, m, err, errlen))
-		return -1;
-	if (baseline && pb_baseline_run(b, cfg->baseline_runs, err, errlen))
-		return -1;
-	if (w->reference) {
-		if (w->reference(w, b->in, b->ref, cfg->batch, m, err, errlen))
-			return -1;
-	} else if (baseline) {
-		memcpy(b->ref, b->seq, (size_t)cfg->batch * w->out_row_bytes);
-	}
-	if (baseline) { /* the baseline is checked like the pipeline: a broken stage shows here too */
-		char why[PB_ERR_MAX];
-		if (w->check(w, b->seq, b->ref, cfg->batch, why, sizeof(why))) {
-			snprintf(err, errlen, "the sequential baseline is wrong: %.200s", why);
-			return -1;
-		}
-	}
-	return 0;
-}
-
-/* The sweep: for each size the baseline runs, then the pipeline, so that the two alternate. Stops at the
- * first failure, which goes into rep. */
-static void sweep(pb_bench *b, pb_result *res, pb_report *rep)
-{
-	const pb_config *cfg = b->cfg;
+	const unsigned n = cfg->nsizes;
+	pb_cand *cand[PB_MAX_SIZES] = {0};
+	static char labels[PB_MAX_SIZES][24];
 	char err[PB_ERR_MAX];
-	for (unsigned i = 0; i < cfg->nsizes && rep->status == 0; i++) {
-		uint32_t m = cfg->sizes[i];
-		if (prepare_size(b, m, true, err, sizeof(err))) {
+
+	/* before preparing: the mlp profiles its layers at every size to split them */
+	pb_noise_settle(&b->noise, cfg->wait_quiet_s);
+	b->load_start = pb_loadavg();
+	rep->nres = n;
+	for (unsigned i = 0; i < n; i++) {
+		snprintf(labels[i], sizeof(labels[i]), "m=%u", cfg->sizes[i]);
+		pb_progress(i, n, "preparing");
+		if (pb_cand_open(b, cfg->sizes[i], false, &cand[i], &res[i])) {
+			rep->status = PB_EXIT_FAIL;
+			snprintf(rep->error, sizeof(rep->error), "m=%u: %.200s", cfg->sizes[i], res[i].error);
+			goto close;
+		}
+		arms[i + 1] = (pb_arm){.label = labels[i], .ctx = cand[i], .visit = pb_cand_visit};
+	}
+	/* the baseline runs stages of its own over the whole batch: a size's are in use by its pipeline (the
+	 * mlp's stages keep their scratch buffers from init to fini) */
+	if (w->prepare) {
+		if (w->prepare(w, cfg->batch, b->base.desc, &b->base_inst, err, sizeof(err))) {
+			rep->status = PB_EXIT_FAIL;
+			snprintf(rep->error, sizeof(rep->error), "baseline: %.200s", err);
+			goto close;
+		}
+	} else {
+		memcpy(b->base.desc, w->desc_of, sizeof(b->base.desc));
+	}
+	if (w->reference) {
+		if (w->reference(w, b->in, b->base.ref, cfg->batch, cfg->batch, err, sizeof(err))) {
 			rep->status = PB_EXIT_FAIL;
 			snprintf(rep->error, sizeof(rep->error), "%s", err);
-			break;
+			goto close;
 		}
-		pb_measure(b, m, cfg->warmup, cfg->batches, cfg->duration_s, NULL, &res[i]);
-		rep->nres = i + 1;
-		if (res[i].status) {
-			rep->status = PB_EXIT_FAIL;
-			snprintf(rep->error, sizeof(rep->error), "m=%u: %.200s", m, res[i].error);
-		}
+		b->base_ref_ok = true;
 	}
-	/* against the median of every baseline run, known only now */
-	for (unsigned i = 0; i < rep->nres; i++)
-		res[i].speedup = b->base.throughput > 0 ? res[i].throughput / b->base.throughput : 0;
-	if (rep->nres)
-		rep->best = pb_choose(res, rep->nres, cfg->latency_target_ms, rep->why, sizeof(rep->why));
+	arms[0] = (pb_arm){.label = "baseline", .ctx = b, .visit = pb_baseline_visit};
+	pb_schedule sch = {.min_repeats = cfg->batches,
+			   .tolerance = cfg->tolerance,
+			   .budget_s = cfg->duration_s,
+			   .warmup = cfg->warmup,
+			   .visit_s = PB_VISIT_S,
+			   .pause_s = cfg->wait_quiet_s - b->noise.waited_s};
+	if (pb_interleave(arms, n + 1, &sch, &b->noise, err, sizeof(err))) {
+		rep->status = PB_EXIT_FAIL;
+		snprintf(rep->error, sizeof(rep->error), "%s", err);
+	}
+close:
+	for (unsigned i = 0; i < n; i++)
+		if (cand[i] && pb_cand_close(cand[i], &arms[i + 1], NULL) && rep->status == 0) {
+			rep->status = PB_EXIT_FAIL;
+			snprintf(rep->error, sizeof(rep->error), "m=%u: %.200s", cfg->sizes[i], res[i].error);
+		}
+	if (arms[0].n == 0)
+		return;
+	pb_baseline_sum(b, &arms[0]);
+	const pb_baseline *base = &b->base;
+	pb_check_input ci = {.cpus = b->ncpus, .base_loud = base->loud, .base_ms = base->median_ms};
+	for (unsigned i = 0; i < n; i++) {
+		pb_result *r = &res[i];
+		if (r->batches == 0 || base->thr.median <= 0)
+			continue;
+		r->speedup = r->thr.median / base->thr.median;
+		r->speedup_lo = base->thr.hi > 0 ? r->thr.lo / base->thr.hi : 0;
+		r->speedup_hi = base->thr.lo > 0 ? r->thr.hi / base->thr.lo : 0;
+		pb_check(r, &ci);
+	}
+	pb_choose(res, n, cfg->latency_target_ms, PB_TIE_MARGIN, &rep->choice);
+}
+
+/* A short run of size m outside the schedule: `warm` unmeasured batches, then `batches` measured. */
+static int run_once(pb_bench *b, uint32_t m, unsigned batches, const char *trace_path, pb_result *r)
+{
+	pb_cand *c = NULL;
+	double rate;
+	char err[PB_ERR_MAX];
+	if (pb_cand_open(b, m, trace_path != NULL, &c, r) == 0)
+		(void)pb_cand_visit(c, 1, batches, &rate, err, sizeof(err));
+	return pb_cand_close(c, NULL, trace_path);
 }
 
 /* After the sweep: the whole batch as one unit for the Gantt chart, unless the sweep measured it; and the
@@ -93,7 +133,6 @@ static void sweep(pb_bench *b, pb_result *res, pb_report *rep)
 static void measure_extras(pb_bench *b, pb_result *res, pb_result *single, pb_result *traced, pb_report *rep)
 {
 	const pb_config *cfg = b->cfg;
-	char err[PB_ERR_MAX];
 	if (rep->status || !pb_best(rep))
 		return;
 	if (cfg->gantt) {
@@ -101,23 +140,18 @@ static void measure_extras(pb_bench *b, pb_result *res, pb_result *single, pb_re
 			if (res[i].mb_rows == cfg->batch)
 				rep->single = &res[i];
 		if (!rep->single) {
-			if (prepare_size(b, cfg->batch, false, err, sizeof(err)) ||
-			    pb_measure(b, cfg->batch, 1, 1, 0, NULL, single)) {
+			if (run_once(b, cfg->batch, 1, NULL, single)) {
 				rep->status = PB_EXIT_FAIL;
 				snprintf(rep->error, sizeof(rep->error), "whole batch: %.200s",
-					 single->status ? single->error : err);
+					 single->error);
 			}
 			rep->single = single;
 		}
 	}
-	if (rep->status == 0 && cfg->trace_path) {
-		uint32_t m = pb_best(rep)->mb_rows;
-		if (prepare_size(b, m, false, err, sizeof(err)) ||
-		    pb_measure(b, m, 1, 2, 0, cfg->trace_path, traced)) {
-			rep->status = PB_EXIT_FAIL;
-			snprintf(rep->error, sizeof(rep->error), "trace run: %.200s",
-				 traced->status ? traced->error : err);
-		}
+	if (rep->status == 0 && cfg->trace_path &&
+	    run_once(b, pb_best(rep)->mb_rows, 2, cfg->trace_path, traced)) {
+		rep->status = PB_EXIT_FAIL;
+		snprintf(rep->error, sizeof(rep->error), "trace run: %.200s", traced->error);
 	}
 }
 
@@ -155,6 +189,7 @@ int main(int argc, char **argv)
 	pb_workload *w = NULL;
 	pb_bench b;
 	pb_result *res = NULL, single, traced;
+	pb_arm *arms = NULL;
 	pb_report rep;
 	int rc;
 
@@ -183,6 +218,8 @@ int main(int argc, char **argv)
 		cfg.batch = cfg.workload == PB_WL_MLP ? PB_DEF_BATCH_MLP : PB_DEF_BATCH_SYNTHETIC;
 	if (pb_sizes_resolve(&cfg, err, sizeof(err)))
 		return usage_error(err);
+	if (cfg.trace_path && pb_output_check("--trace", cfg.trace_path, err, sizeof(err)))
+		return usage_error(err); /* before the sweep, not after it */
 
 	pb_progress_init(cfg.progress);
 	rc = cfg.workload == PB_WL_MLP ? pb_mlp_new(&w, &cfg, err, sizeof(err))
@@ -201,7 +238,8 @@ int main(int argc, char **argv)
 		return PB_EXIT_FAIL;
 	}
 	res = calloc(cfg.nsizes, sizeof(*res));
-	if (!res) {
+	arms = calloc(cfg.nsizes + 1, sizeof(*arms));
+	if (!res || !arms) {
 		fprintf(stderr, "pipebench: out of memory\n");
 		return PB_EXIT_FAIL;
 	}
@@ -212,10 +250,7 @@ int main(int argc, char **argv)
 	rep.w = w;
 	rep.b = &b;
 	rep.res = res;
-	b.total_units =
-	    (uint64_t)cfg.nsizes * (cfg.warmup + cfg.baseline_runs + (cfg.duration_s > 0 ? 0 : cfg.batches));
-
-	sweep(&b, res, &rep);
+	sweep(&b, res, arms, &rep);
 	measure_extras(&b, res, &single, &traced, &rep);
 	pb_progress_end();
 	b.load_end = pb_loadavg();
@@ -229,6 +264,9 @@ int main(int argc, char **argv)
 	pb_result_fini(&single);
 	pb_result_fini(&traced);
 	free(res);
+	for (unsigned i = 0; i <= cfg.nsizes; i++)
+		pb_arm_fini(&arms[i]);
+	free(arms);
 	pb_bench_fini(&b);
 	w->destroy(w);
 	return rep.status ? PB_EXIT_FAIL : PB_EXIT_OK;

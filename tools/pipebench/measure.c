@@ -1,25 +1,28 @@
 /*
- * pipebench measurement: the sequential baseline and one pipeline run per micro-batch size.
+ * pipebench measurement: the sequential baseline and one pipeline per micro-batch size, as arms of the
+ * interleaved schedule (interleave.c).
  *
- * A pipeline run submits one batch (a job of `batch` rows split into micro-batches of m rows), waits for
- * it, checks its output and submits the next: each batch fills and drains the pipeline, which is the
- * schedule GPipe's bubble formula describes. Statistics come from the engine (mbp_pipeline_stats_get
- * before and after the measured batches, mbp_stats_window between them); each stage is wrapped so that
- * the begin and end of every micro-batch it computes are stamped, which gives the Gantt chart of the last
- * batch without depending on the trace format.
+ * Every size keeps its own stages, reference output and started pipeline for the whole run, so that the
+ * schedule can visit the sizes in turn; an idle pipeline's threads park and cost nothing. A visit submits
+ * one batch at a time (a job of `batch` rows split into micro-batches of m rows), waits for it, checks its
+ * output and submits the next: each batch fills and drains the pipeline, which is the schedule GPipe's
+ * bubble formula describes. The first `warm` batches of a visit are not measured (the threads wake up from
+ * their park, the caches fill with this size's data); the engine's statistics are snapshotted around the
+ * measured ones and added up over the visits. Each stage is wrapped so that the begin and end of every
+ * micro-batch it computes are stamped, which gives the bubble of every batch and the Gantt chart without
+ * depending on the trace format.
  *
  * The Gantt chart shows the fastest measured batch: the one the machine's other load disturbed least,
  * which shows the schedule itself.
  *
- * The measured bubble is the median over the batches of 1 - busy / (T x latency), where busy is the time
- * the stages spent computing that batch (from the stamps), latency its submission to completion and T the
- * worker threads (S, unless stages outnumber CPUs and share threads): the idle share of the workers while
- * a batch is in flight. The caller's own gaps between batches (checking
- * the output) do not count, and the median keeps a batch that the machine's other load stalled from
- * dominating. The engine's bubble over the whole window is reported next to it.
+ * The measured bubble of a batch is 1 - busy / (T x latency), where busy is the time the stages spent
+ * computing that batch (from the stamps), latency its submission to completion and T the worker threads
+ * (S, unless stages outnumber CPUs and share threads): the idle share of the workers while a batch is in
+ * flight. The caller's own gaps between batches (checking the output) do not count. A row reports the
+ * median over its batches and the interval of that median.
  *
- * The baseline runs the same stage functions in order, on one thread of its own (pinned where stage 0
- * would be), over the whole batch at once: the best a single thread does with this code.
+ * The baseline runs the same stage functions in order, on one thread made for each visit (pinned where
+ * stage 0 would be), over the whole batch at once: the best a single thread does with this code.
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
@@ -39,29 +42,6 @@
 #define DRAIN_TIMEOUT_NS (30 * INT64_C(1000000000))
 #define TRACE_EVENTS	 65536
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-/* Nearest-rank percentile of n sorted values. */
-static double percentile(const double *v, size_t n, double p)
-{
-	if (n == 0)
-		return 0;
-	size_t k = (size_t)ceil(p * (double)n);
-	return v[k ? k - 1 : 0];
-}
-
-/* Row width entering each stage, and leaving the last: w[0] is the input row. */
-static void stage_widths(const pb_workload *w, size_t *width)
-{
-	width[0] = w->in_row_bytes;
-	for (unsigned i = 0; i < w->stages; i++)
-		width[i + 1] = w->desc_of[i].out_row_bytes ? w->desc_of[i].out_row_bytes : width[i];
-}
-
 static void *alloc_rows(size_t rows, size_t width)
 {
 	size_t bytes = (rows * width + 63) / 64 * 64;
@@ -78,9 +58,9 @@ int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned nc
 	b->allowed = allowed;
 	b->in = alloc_rows(cfg->batch, w->in_row_bytes);
 	b->out = alloc_rows(cfg->batch, w->out_row_bytes);
-	b->ref = alloc_rows(cfg->batch, w->out_row_bytes);
+	b->base.ref = alloc_rows(cfg->batch, w->out_row_bytes);
 	b->seq = alloc_rows(cfg->batch, w->out_row_bytes);
-	if (!b->in || !b->out || !b->ref || !b->seq) {
+	if (!b->in || !b->out || !b->base.ref || !b->seq) {
 		snprintf(err, errlen, "out of memory for a batch of %u %s", cfg->batch,
 			 PLURAL(cfg->batch, "row", "rows"));
 		return -1;
@@ -97,6 +77,7 @@ int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned nc
 	b->pin = o.pin;
 	b->load_start = pb_loadavg();
 	b->load_end = -1;
+	pb_noise_init(&b->noise, cfg->cpus, ncpus);
 	return 0;
 }
 
@@ -114,29 +95,63 @@ double pb_loadavg(void)
 
 void pb_bench_fini(pb_bench *b)
 {
+	if (b->base_inst && b->w->release)
+		b->w->release(b->w, b->base_inst);
 	free(b->in);
 	free(b->out);
-	free(b->ref);
+	free(b->base.ref);
 	free(b->seq);
-	free(b->base.ms);
 }
 
 /* ---- the sequential baseline ---- */
 
 struct seq_run {
 	pb_bench *b;
-	unsigned runs;
-	double *ms;
+	unsigned warm, units;
+	uint64_t ns; /* the measured batches' time */
 	int cpu;
 	char err[PB_ERR_MAX];
 	int rc;
 };
+
+/* Run the baseline's stages over the whole batch once, into b->seq. 0, or -1 with sr->err set. */
+static int seq_batch(struct seq_run *sr, const size_t *width, size_t maxw, void *const *scratch)
+{
+	pb_bench *b = sr->b;
+	const mbp_stage_desc *desc = b->base.desc;
+	const unsigned S = b->w->stages;
+	const uint32_t rows = b->cfg->batch;
+	mbp_mb cur = {.data = b->in,
+		      .capacity = rows * width[0],
+		      .rows = rows,
+		      .row_bytes = (uint32_t)width[0],
+		      .stage = UINT32_MAX};
+	for (unsigned i = 0; i < S; i++) {
+		mbp_mb next = cur;
+		next.data = i + 1 == S ? b->seq : scratch[i % 2];
+		next.capacity = rows * maxw;
+		next.row_bytes = (uint32_t)width[i + 1];
+		next.stage = i;
+		int rc = desc[i].fn(desc[i].ctx, &cur, &next);
+		if (rc < 0) {
+			snprintf(sr->err, sizeof(sr->err), "baseline: stage %u failed: %s", i,
+				 mbp_strerror(rc));
+			return -1;
+		}
+		cur = next;
+	}
+	for (unsigned i = 0; i < S; i++) /* as the engine does when a micro-batch leaves */
+		if (desc[i].done)
+			desc[i].done(desc[i].ctx, &cur);
+	return 0;
+}
 
 static void *seq_thread(void *arg)
 {
 	struct seq_run *sr = arg;
 	pb_bench *b = sr->b;
 	pb_workload *w = b->w;
+	const mbp_stage_desc *desc = b->base.desc;
 	const uint32_t rows = b->cfg->batch;
 	size_t width[MBP_MAX_STAGES + 1], maxw = 0;
 	unsigned inited = 0;
@@ -148,7 +163,9 @@ static void *seq_thread(void *arg)
 		CPU_SET(sr->cpu, &set);
 		(void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 	}
-	stage_widths(w, width);
+	width[0] = w->in_row_bytes;
+	for (unsigned i = 0; i < w->stages; i++)
+		width[i + 1] = desc[i].out_row_bytes ? desc[i].out_row_bytes : width[i];
 	for (unsigned i = 0; i <= w->stages; i++)
 		maxw = width[i] > maxw ? width[i] : maxw;
 	scratch[0] = alloc_rows(rows, maxw);
@@ -158,67 +175,38 @@ static void *seq_thread(void *arg)
 		goto out;
 	}
 	for (; inited < w->stages; inited++) {
-		const mbp_stage_desc *d = &w->desc_of[inited];
-		int rc = d->init ? d->init(d->ctx, inited) : 0;
+		int rc = desc[inited].init ? desc[inited].init(desc[inited].ctx, inited) : 0;
 		if (rc < 0) {
 			snprintf(sr->err, sizeof(sr->err), "baseline: stage %u init failed: %s", inited,
 				 mbp_strerror(rc));
 			goto out;
 		}
 	}
-	for (unsigned run = 0; run < sr->runs; run++) {
-		mbp_mb cur = {.data = b->in,
-			      .capacity = rows * width[0],
-			      .rows = rows,
-			      .row_bytes = (uint32_t)width[0],
-			      .stage = UINT32_MAX};
+	for (unsigned run = 0; run < sr->warm + sr->units; run++) {
 		uint64_t t0 = pb_now_ns();
-		for (unsigned i = 0; i < w->stages; i++) {
-			const mbp_stage_desc *d = &w->desc_of[i];
-			mbp_mb next = cur;
-			next.data = i + 1 == w->stages ? b->seq : scratch[i % 2];
-			next.capacity = rows * maxw;
-			next.row_bytes = (uint32_t)width[i + 1];
-			next.stage = i;
-			int rc = d->fn(d->ctx, &cur, &next);
-			if (rc < 0) {
-				snprintf(sr->err, sizeof(sr->err), "baseline: stage %u failed: %s", i,
-					 mbp_strerror(rc));
-				goto out;
-			}
-			cur = next;
-		}
-		sr->ms[run] = (double)(pb_now_ns() - t0) / 1e6;
-		for (unsigned i = 0; i < w->stages; i++) /* as the engine does when a micro-batch leaves */
-			if (w->desc_of[i].done)
-				w->desc_of[i].done(w->desc_of[i].ctx, &cur);
+		if (seq_batch(sr, width, maxw, scratch))
+			goto out;
+		if (run >= sr->warm)
+			sr->ns += pb_now_ns() - t0;
 	}
 	sr->rc = 0;
 out:
 	while (inited > 0) {
 		inited--;
-		if (w->desc_of[inited].fini)
-			w->desc_of[inited].fini(w->desc_of[inited].ctx);
+		if (desc[inited].fini)
+			desc[inited].fini(desc[inited].ctx);
 	}
 	free(scratch[0]);
 	free(scratch[1]);
 	return NULL;
 }
 
-int pb_baseline_run(pb_bench *b, unsigned runs, char *err, size_t errlen)
+int pb_baseline_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *err, size_t errlen)
 {
-	pb_baseline *base = &b->base;
-	if (base->runs + runs > base->cap) {
-		unsigned cap = (base->runs + runs) * 2;
-		double *ms = realloc(base->ms, cap * sizeof(double));
-		if (!ms) {
-			snprintf(err, errlen, "out of memory");
-			return -1;
-		}
-		base->ms = ms;
-		base->cap = cap;
-	}
-	struct seq_run sr = {.b = b, .runs = runs, .ms = base->ms + base->runs, .rc = -1};
+	pb_bench *b = ctx;
+	pb_workload *w = b->w;
+	const uint32_t rows = b->cfg->batch;
+	struct seq_run sr = {.b = b, .warm = warm, .units = units, .rc = -1};
 	sr.cpu = b->pin && b->cfg->ncpus ? b->cfg->cpus[0] : -1;
 	pthread_t th;
 	int rc = pthread_create(&th, NULL, seq_thread, &sr);
@@ -231,26 +219,41 @@ int pb_baseline_run(pb_bench *b, unsigned runs, char *err, size_t errlen)
 		snprintf(err, errlen, "%s", sr.err);
 		return -1;
 	}
-	base->runs += runs;
-	double *sorted = malloc(base->runs * sizeof(double));
-	if (!sorted) {
-		snprintf(err, errlen, "out of memory");
+	if (!b->base_ref_ok) { /* no reference of its own: the first output is it (the check is the workload's) */
+		memcpy(b->base.ref, b->seq, (size_t)rows * w->out_row_bytes);
+		b->base_ref_ok = true;
+	}
+	/* the baseline is checked like the pipeline: a broken stage shows here too */
+	char why[PB_ERR_MAX];
+	if (w->check(w, b->seq, b->base.ref, rows, why, sizeof(why))) {
+		snprintf(err, errlen, "the sequential baseline is wrong: %.200s", why);
 		return -1;
 	}
-	memcpy(sorted, base->ms, base->runs * sizeof(double));
-	qsort(sorted, base->runs, sizeof(double), cmp_double);
-	base->median_ms = base->runs % 2 ? sorted[base->runs / 2]
-					 : (sorted[base->runs / 2 - 1] + sorted[base->runs / 2]) / 2;
-	base->min_ms = sorted[0];
-	base->max_ms = sorted[base->runs - 1];
-	free(sorted);
-	base->throughput = base->median_ms > 0 ? b->cfg->batch / (base->median_ms / 1e3) : 0;
-	b->done_units += runs;
-	pb_progress(b->done_units, b->total_units, "baseline");
+	double ms = (double)sr.ns / 1e6 / units;
+	b->base.runs += units;
+	if (ms > b->base.max_ms)
+		b->base.max_ms = ms; /* for the jobs' time-outs */
+	*rate = sr.ns ? (double)rows * units / ((double)sr.ns / 1e9) : 0;
 	return 0;
 }
 
-/* ---- one pipeline run ---- */
+void pb_baseline_sum(pb_bench *b, const pb_arm *arm)
+{
+	pb_baseline *base = &b->base;
+	const double rows = b->cfg->batch;
+	base->thr = arm->iv;
+	base->throughput = arm->iv.median;
+	base->median_ms = base->throughput > 0 ? rows / base->throughput * 1e3 : 0;
+	base->min_ms = arm->iv.max > 0 ? rows / arm->iv.max * 1e3 : 0;
+	base->max_ms = arm->iv.min > 0 ? rows / arm->iv.min * 1e3 : 0;
+	unsigned loud = 0;
+	for (unsigned i = 0; i < arm->n; i++)
+		loud += arm->loud[i];
+	base->loud_share = arm->n ? (double)loud / arm->n : 0;
+	base->loud = base->loud_share > PB_LOUD_SHARE;
+}
+
+/* ---- one pipeline per size ---- */
 
 /* A stage as the engine sees it: the workload's stage, stamped. Only this stage's thread writes rec. */
 struct wrap {
@@ -291,17 +294,42 @@ static void wrap_done(void *ctx, mbp_mb *mb)
 		w->inner.done(w->inner.ctx, mb);
 }
 
+struct pb_cand {
+	pb_bench *b;
+	pb_result *r;
+	uint32_t mb_rows, mbs;
+	mbp_stage_desc desc[MBP_MAX_STAGES];
+	void *inst; /* the workload's, for release() */
+	void *ref;  /* the reference output for this size (or the baseline's) */
+	bool own_ref;
+	mbp_pipeline *p;
+	struct wrap *wraps;
+	uint64_t *cur; /* the stamps of the batch in flight */
+	size_t tl_words;
+	uint64_t jobs;
+	double *lat, *bub; /* per measured batch: latency (ns), bubble */
+	size_t nlat, cap;
+	double lat_sum_ns;
+	double stamp_busy_ns; /* the stages' time inside their functions, from the stamps */
+	uint64_t fastest;
+	/* the engine's counters over the measured part of every visit */
+	mbp_stage_stats sum[MBP_MAX_STAGES];
+	uint64_t window_ns;
+	uint32_t threads;
+};
+
 /* One batch's bubble from its stamps: 1 - (time the stages spent computing it) / (T x its latency), T
- * worker threads. */
-static double batch_bubble(const uint64_t *stamps, size_t words, unsigned T, uint64_t latency_ns)
+ * worker threads. *busy receives that time. */
+static double batch_bubble(const uint64_t *stamps, size_t words, unsigned T, uint64_t latency_ns,
+			   double *busy)
 {
-	double busy = 0;
+	*busy = 0;
 	for (size_t k = 0; k + 1 < words; k += 2) {
 		const uint64_t *t = stamps + k;
 		if (t[0] != UINT64_MAX && t[1] >= t[0])
-			busy += (double)(t[1] - t[0]);
+			*busy += (double)(t[1] - t[0]);
 	}
-	double b = 1.0 - busy / ((double)T * (double)latency_ns);
+	double b = 1.0 - *busy / ((double)T * (double)latency_ns);
 	return b < 0 ? 0 : b;
 }
 
@@ -340,17 +368,19 @@ static int make_opts(const pb_bench *b, uint32_t mb_rows, bool trace, mbp_opts *
 }
 
 /* One batch: clear the output, submit, wait, check. 0 with *ns the batch latency, or -1 (r->error set). */
-static int run_batch(pb_bench *b, mbp_pipeline *p, uint32_t mb_rows, uint32_t mbs, pb_result *r, mbp_job *job,
-		     uint64_t *start, uint64_t *ns)
+static int run_batch(pb_cand *c, mbp_job *job, uint64_t *start, uint64_t *ns)
 {
+	pb_bench *b = c->b;
+	pb_result *r = c->r;
 	const pb_config *cfg = b->cfg;
 	pb_workload *w = b->w;
 	char err[PB_ERR_MAX];
 
 	memset(b->out, 0xff, (size_t)cfg->batch * w->out_row_bytes); /* NaN and impossible stamps */
-	mbp_job_init(job, b->in, b->out, cfg->batch, mb_rows);
+	mbp_job_init(job, b->in, b->out, cfg->batch, c->mb_rows);
+	c->jobs++;
 	uint64_t t0 = pb_now_ns();
-	int rc = mbp_job_submit(p, job, -1);
+	int rc = mbp_job_submit(c->p, job, -1);
 	if (rc < 0)
 		return failf(r, "submit failed: %s", mbp_strerror(rc));
 	/* a batch this late has lost micro-batches, unless the work itself is that long */
@@ -367,10 +397,10 @@ static int run_batch(pb_bench *b, mbp_pipeline *p, uint32_t mb_rows, uint32_t mb
 			     PLURAL(job->mbs, "micro-batch", "micro-batches"), mbp_strerror(job->status),
 			     why ? ": " : "", why ? why : "");
 	}
-	if (job->mbs != mbs)
+	if (job->mbs != c->mbs)
 		return failf(r, "the engine split %u %s into %u micro-batches, expected %u", cfg->batch,
-			     PLURAL(cfg->batch, "row", "rows"), job->mbs, mbs);
-	if (w->check(w, b->out, b->ref, cfg->batch, err, sizeof(err)))
+			     PLURAL(cfg->batch, "row", "rows"), job->mbs, c->mbs);
+	if (w->check(w, b->out, c->ref, cfg->batch, err, sizeof(err)))
 		return failf(r, "%s", err);
 	/* the engine's stamps, when sane; else ours (which include the wake-up of this thread) */
 	if (job->done_ns > job->submit_ns && job->submit_ns >= t0 && job->done_ns <= t1) {
@@ -409,32 +439,36 @@ static void check_books(mbp_pipeline *p, uint64_t jobs, uint32_t mbs, uint32_t r
 		      fin.rows_completed);
 }
 
-static void fill_stages(pb_result *r, const mbp_pipeline_stats *ps, const mbp_stage_stats *ss,
-			const mbp_placement *pl, unsigned S, uint64_t batches, uint32_t mbs)
+/* The stage rows of the result from the counters added up over the visits. */
+static void fill_stages(pb_cand *c)
 {
-	double window = (double)(ps->now_ns - ps->start_ns);
-	for (unsigned i = 0; i < S; i++) {
+	pb_result *r = c->r;
+	const mbp_placement *pl = c->b->placement;
+	const double window = (double)c->window_ns;
+	uint64_t batches = c->nlat;
+	double busy = 0;
+	for (unsigned i = 0; i < r->stages; i++) {
+		const mbp_stage_stats *ss = &c->sum[i];
 		pb_stage_result *st = &r->st[i];
-		/* A wait is charged when it ends, so one that straddles the window's start counts whole: a stage
-		 * can show more waiting than the window holds. Shares are then of the time it accounted. */
-		double acc = (double)(ss[i].busy_ns + ss[i].starved_ns + ss[i].blocked_ns);
-		double denom = acc > window ? acc : window;
-		snprintf(st->name, sizeof(st->name), "%s", ss[i].name);
+		snprintf(st->name, sizeof(st->name), "%s", ss->name);
 		st->cpu = pl[i].cpu;
 		st->pin_error = pl[i].pin_error;
 		st->thread = pl[i].thread;
-		st->mbs = ss[i].mbs;
-		st->busy = denom > 0 ? (double)ss[i].busy_ns / denom : 0;
-		st->starved = denom > 0 ? (double)ss[i].starved_ns / denom : 0;
-		st->blocked = denom > 0 ? (double)ss[i].blocked_ns / denom : 0;
-		st->service_us = ss[i].mbs ? (double)ss[i].busy_ns / (double)ss[i].mbs / 1e3 : 0;
-		if (ss[i].mbs != batches * mbs)
+		st->mbs = ss->mbs;
+		st->busy = window > 0 ? (double)ss->busy_ns / window : 0;
+		st->starved = window > 0 ? (double)ss->starved_ns / window : 0;
+		st->blocked = window > 0 ? (double)ss->blocked_ns / window : 0;
+		st->service_us = ss->mbs ? (double)ss->busy_ns / (double)ss->mbs / 1e3 : 0;
+		busy += (double)ss->busy_ns;
+		if (ss->mbs != batches * c->mbs)
 			failf(r,
 			      "stage %u computed %" PRIu64 " micro-batches in the window, expected %" PRIu64,
-			      i, ss[i].mbs, batches * mbs);
-		if (ss[i].failed)
-			failf(r, "stage %u failed %" PRIu64 " micro-batches", i, ss[i].failed);
+			      i, ss->mbs, batches * c->mbs);
+		if (ss->failed)
+			failf(r, "stage %u failed %" PRIu64 " micro-batches", i, ss->failed);
 	}
+	r->stage_busy_ms = batches ? busy / (double)batches / 1e6 : 0;
+	r->inflight_share = window > 0 ? c->lat_sum_ns / window : 0;
 }
 
 /* Keep a batch's stamps as the timeline, in ns from its start. */
@@ -446,174 +480,236 @@ static void keep_timeline(pb_timeline *tl, const uint64_t *stamps, uint64_t star
 		    stamps[k] == UINT64_MAX || stamps[k] < start_ns ? UINT64_MAX : stamps[k] - start_ns;
 }
 
-/* Make the pipeline of the workload's stages, each wrapped to stamp into its rows of `stamps`, and start
- * it. 0, or -1 with r->error set (*p may then hold a pipeline to destroy). */
-static int start_pipeline(pb_bench *b, const mbp_opts *o, struct wrap *wraps, uint64_t *stamps, uint32_t mbs,
-			  mbp_pipeline **p, pb_result *r)
+/* Make the pipeline of the size's stages, each wrapped to stamp into its rows of c->cur, and start it. 0,
+ * or -1 with r->error set (c->p may then hold a pipeline to destroy). */
+static int start_pipeline(pb_cand *c, const mbp_opts *o)
 {
-	pb_workload *w = b->w;
-	int rc = mbp_pipeline_new(p, o);
+	pb_bench *b = c->b;
+	pb_result *r = c->r;
+	const unsigned S = b->w->stages;
+	int rc = mbp_pipeline_new(&c->p, o);
 	const char *why = NULL;
 	if (rc < 0)
 		return failf(r, "pipeline: %s", mbp_opts_check(o, &why) ? why : mbp_strerror(rc));
-	for (unsigned i = 0; i < w->stages; i++) {
-		wraps[i].inner = w->desc_of[i];
-		wraps[i].rec = stamps + (size_t)i * mbs * 2;
-		wraps[i].cap = mbs;
-		mbp_stage_desc d = w->desc_of[i];
+	for (unsigned i = 0; i < S; i++) {
+		c->wraps[i].inner = c->desc[i];
+		c->wraps[i].rec = c->cur + (size_t)i * c->mbs * 2;
+		c->wraps[i].cap = c->mbs;
+		mbp_stage_desc d = c->desc[i];
 		d.fn = wrap_fn;
 		d.init = wrap_init;
 		d.fini = wrap_fini;
 		d.done = wrap_done;
-		d.ctx = &wraps[i];
-		rc = mbp_pipeline_add_stage(*p, &d);
+		d.ctx = &c->wraps[i];
+		rc = mbp_pipeline_add_stage(c->p, &d);
 		if (rc < 0)
 			return failf(r, "stage %u: %s", i, mbp_strerror(rc));
 	}
-	rc = mbp_pipeline_start(*p);
+	rc = mbp_pipeline_start(c->p);
 	if (rc < 0)
 		return failf(r, "pipeline start: %s", mbp_strerror(rc));
-	rc = mbp_pipeline_placement(*p, b->placement, MBP_MAX_STAGES);
+	rc = mbp_pipeline_placement(c->p, b->placement, MBP_MAX_STAGES);
 	b->have_placement = rc > 0;
-	for (unsigned i = 0; b->have_placement && i < w->stages; i++)
-		for (unsigned j = 0; j < w->stages; j++)
+	for (unsigned i = 0; b->have_placement && i < S; i++)
+		for (unsigned j = 0; j < S; j++)
 			r->tl.share[i] += b->placement[j].thread == b->placement[i].thread;
 	return 0;
 }
 
-int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches, double duration_s,
-	       const char *trace_path, pb_result *r)
+int pb_cand_open(pb_bench *b, uint32_t mb_rows, bool trace, pb_cand **out, pb_result *r)
 {
 	const pb_config *cfg = b->cfg;
 	pb_workload *w = b->w;
 	const unsigned S = w->stages;
-	const uint32_t mbs = (uint32_t)((cfg->batch + mb_rows - 1) / mb_rows);
-	struct wrap *wraps = NULL;
-	mbp_stage_stats *ss_a = NULL, *ss_b = NULL;
-	double *lat = NULL, *bub = NULL;
-	size_t nlat = 0, latcap = 0;
-	const size_t tl_words = (size_t)S * mbs * 2;
-	uint64_t *cur = NULL, fastest = UINT64_MAX;
-	mbp_pipeline *p = NULL;
+	char err[PB_ERR_MAX];
 	mbp_opts o;
-	mbp_pipeline_stats ps_a, ps_b;
-	mbp_job job;
-	uint64_t jobs = 0;
-	double lat_sum_ns = 0;
-	char label[64];
-	int rc;
 
 	memset(r, 0, sizeof(*r));
 	r->mb_rows = mb_rows;
-	r->mbs = mbs;
+	r->mbs = (uint32_t)((cfg->batch + mb_rows - 1) / mb_rows);
 	r->stages = S;
-	snprintf(label, sizeof(label), "m=%u", mb_rows);
-	if (w->reset)
-		w->reset(w);
-	if (make_opts(b, mb_rows, trace_path != NULL, &o, r))
-		return r->status;
-
-	wraps = calloc(S, sizeof(*wraps));
-	ss_a = calloc(S, sizeof(*ss_a));
-	ss_b = calloc(S, sizeof(*ss_b));
-	cur = malloc(tl_words * sizeof(uint64_t));
-	r->tl.t = malloc(tl_words * sizeof(uint64_t));
-	if (!wraps || !ss_a || !ss_b || !cur || !r->tl.t) {
-		failf(r, "out of memory");
-		goto out;
+	pb_cand *c = calloc(1, sizeof(*c));
+	*out = c;
+	if (!c)
+		return failf(r, "out of memory");
+	c->b = b;
+	c->r = r;
+	c->mb_rows = mb_rows;
+	c->mbs = r->mbs;
+	c->fastest = UINT64_MAX;
+	c->tl_words = (size_t)S * c->mbs * 2;
+	if (w->prepare) {
+		if (w->prepare(w, mb_rows, c->desc, &c->inst, err, sizeof(err)))
+			return failf(r, "%s", err);
+	} else {
+		memcpy(c->desc, w->desc_of, sizeof(c->desc));
 	}
-	r->tl = (pb_timeline){.mbs = mbs, .stages = S, .mb_rows = mb_rows, .t = r->tl.t};
-	memset(cur, 0xff, tl_words * sizeof(uint64_t));
-	if (start_pipeline(b, &o, wraps, cur, mbs, &p, r))
-		goto out;
-
-	for (unsigned i = 0; i < warmup; i++) {
-		uint64_t t0, ns;
-		jobs++;
-		if (run_batch(b, p, mb_rows, mbs, r, &job, &t0, &ns))
-			goto stop;
-		b->done_units++;
-		pb_progress(b->done_units, b->total_units, label);
+	if (w->reference) {
+		c->ref = alloc_rows(cfg->batch, w->out_row_bytes);
+		c->own_ref = true;
+		if (!c->ref)
+			return failf(r, "out of memory");
+		if (w->reference(w, b->in, c->ref, cfg->batch, mb_rows, err, sizeof(err)))
+			return failf(r, "%s", err);
+	} else {
+		c->ref = b->base.ref; /* the baseline's output: the baseline is visited first */
 	}
-	if (mbp_pipeline_stats_get(p, &ps_a, ss_a, S) < 0) {
+	if (make_opts(b, mb_rows, trace, &o, r))
+		return -1;
+	c->wraps = calloc(S, sizeof(*c->wraps));
+	c->cur = malloc(c->tl_words * sizeof(uint64_t));
+	r->tl.t = malloc(c->tl_words * sizeof(uint64_t));
+	if (!c->wraps || !c->cur || !r->tl.t)
+		return failf(r, "out of memory");
+	r->tl = (pb_timeline){.mbs = c->mbs, .stages = S, .mb_rows = mb_rows, .t = r->tl.t};
+	memset(c->cur, 0xff, c->tl_words * sizeof(uint64_t));
+	return start_pipeline(c, &o);
+}
+
+static int record(pb_cand *c, uint64_t start, uint64_t ns)
+{
+	if (c->nlat == c->cap) {
+		size_t cap = c->cap ? c->cap * 2 : 64;
+		double *nl = realloc(c->lat, cap * sizeof(double));
+		if (nl)
+			c->lat = nl;
+		double *nb = realloc(c->bub, cap * sizeof(double));
+		if (nb)
+			c->bub = nb;
+		if (!nl || !nb)
+			return failf(c->r, "out of memory");
+		c->cap = cap;
+	}
+	double busy;
+	c->bub[c->nlat] =
+	    batch_bubble(c->cur, c->tl_words, c->threads ? c->threads : c->r->stages, ns, &busy);
+	if (ns < c->fastest) {
+		c->fastest = ns;
+		keep_timeline(&c->r->tl, c->cur, start, ns);
+	}
+	c->lat[c->nlat++] = (double)ns;
+	c->lat_sum_ns += (double)ns;
+	c->stamp_busy_ns += busy;
+	return 0;
+}
+
+int pb_cand_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *err, size_t errlen)
+{
+	pb_cand *c = ctx;
+	pb_result *r = c->r;
+	const unsigned S = r->stages;
+	mbp_pipeline_stats pa, pz;
+	mbp_stage_stats sa[MBP_MAX_STAGES], sz[MBP_MAX_STAGES];
+	mbp_job job;
+	uint64_t start, ns, visit_ns = 0;
+
+	if (r->status)
+		goto fail;
+	for (unsigned i = 0; i < warm; i++)
+		if (run_batch(c, &job, &start, &ns))
+			goto fail;
+	if (mbp_pipeline_stats_get(c->p, &pa, sa, S) < 0) {
 		failf(r, "statistics unavailable");
-		goto stop;
+		goto fail;
 	}
-	r->threads = ps_a.threads;
-	uint64_t t_start = pb_now_ns();
-	for (;;) {
-		if (duration_s > 0 ? (nlat > 0 && (double)(pb_now_ns() - t_start) / 1e9 >= duration_s)
-				   : nlat == batches)
-			break;
-		uint64_t t0, ns;
-		jobs++;
-		if (run_batch(b, p, mb_rows, mbs, r, &job, &t0, &ns))
-			goto stop;
-		if (nlat == latcap) {
-			latcap = latcap ? latcap * 2 : 64;
-			double *nl = realloc(lat, latcap * sizeof(double));
-			double *nb = realloc(bub, latcap * sizeof(double));
-			if (nl)
-				lat = nl;
-			if (nb)
-				bub = nb;
-			if (!nl || !nb) {
-				failf(r, "out of memory");
-				goto stop;
-			}
-		}
-		bub[nlat] = batch_bubble(cur, tl_words, r->threads, ns);
-		if (ns < fastest) {
-			fastest = ns;
-			keep_timeline(&r->tl, cur, t0, ns);
-		}
-		lat[nlat++] = (double)ns;
-		lat_sum_ns += (double)ns;
-		if (duration_s <= 0) /* with a duration the bar counts sizes only */
-			b->done_units++;
-		pb_progress(b->done_units, b->total_units, label);
+	c->threads = pa.threads;
+	r->threads = pa.threads;
+	for (unsigned i = 0; i < units; i++) {
+		if (run_batch(c, &job, &start, &ns) || record(c, start, ns))
+			goto fail;
+		visit_ns += ns;
 	}
-	if (mbp_pipeline_stats_get(p, &ps_b, ss_b, S) < 0) {
+	if (mbp_pipeline_stats_get(c->p, &pz, sz, S) < 0) {
 		failf(r, "statistics unavailable");
-		goto stop;
+		goto fail;
 	}
-	mbp_stats_window(&ps_b, ss_b, &ps_a, ss_a, S);
+	c->window_ns += pz.now_ns - pa.now_ns;
+	for (unsigned i = 0; i < S; i++) {
+		mbp_stage_stats *t = &c->sum[i];
+		memcpy(t->name, sz[i].name, sizeof(t->name));
+		t->mbs += sz[i].mbs - sa[i].mbs;
+		t->failed += sz[i].failed - sa[i].failed;
+		t->busy_ns += sz[i].busy_ns - sa[i].busy_ns;
+		t->starved_ns += sz[i].starved_ns - sa[i].starved_ns;
+		t->blocked_ns += sz[i].blocked_ns - sa[i].blocked_ns;
+	}
+	*rate = visit_ns ? (double)c->b->cfg->batch * units / ((double)visit_ns / 1e9) : 0;
+	return 0;
+fail:
+	snprintf(err, errlen, "%s", r->error);
+	return -1;
+}
 
-	r->batches = (unsigned)nlat;
-	qsort(lat, nlat, sizeof(double), cmp_double);
-	r->p50_ms = percentile(lat, nlat, 0.50) / 1e6;
-	r->p99_ms = percentile(lat, nlat, 0.99) / 1e6;
-	r->mean_ms = lat_sum_ns / (double)nlat / 1e6;
-	r->throughput = (double)cfg->batch * (double)nlat / (lat_sum_ns / 1e9);
-	r->throughput_window = ps_b.throughput;
-	r->bubble_window = ps_b.bubble;
-	qsort(bub, nlat, sizeof(double), cmp_double);
-	r->bubble = percentile(bub, nlat, 0.50);
-	r->speedup = b->base.throughput > 0 ? r->throughput / b->base.throughput : 0; /* main: all runs */
-	fill_stages(r, &ps_b, ss_b, b->placement, S, nlat, mbs);
-	pb_predict(r);
+int pb_cand_close(pb_cand *c, const pb_arm *arm, const char *trace_path)
+{
+	if (!c)
+		return -1;
+	pb_bench *b = c->b;
+	pb_workload *w = b->w;
+	pb_result *r = c->r;
+	int rc;
 
-stop:
-	rc = mbp_pipeline_drain(p, DRAIN_TIMEOUT_NS);
-	if (rc < 0)
-		failf(r, "drain: %s", mbp_strerror(rc));
-	else
-		check_books(p, jobs, mbs, cfg->batch, r);
-	if (trace_path && r->status == 0) {
-		rc = mbp_pipeline_trace_write(p, trace_path);
+	if (c->p) {
+		rc = mbp_pipeline_drain(c->p, DRAIN_TIMEOUT_NS);
 		if (rc < 0)
-			failf(r, "--trace %s: %s", trace_path, mbp_strerror(rc));
+			failf(r, "drain: %s", mbp_strerror(rc));
+		else
+			check_books(c->p, c->jobs, c->mbs, b->cfg->batch, r);
+		if (trace_path && r->status == 0) {
+			rc = mbp_pipeline_trace_write(c->p, trace_path);
+			if (rc < 0)
+				failf(r, "--trace %s: %s", trace_path, mbp_strerror(rc));
+		}
+		mbp_pipeline_destroy(c->p);
 	}
-out:
-	mbp_pipeline_destroy(p);
 	if (r->status == 0 && w->stage_error && w->stage_error(w))
 		failf(r, "%s", w->stage_error(w));
-	free(wraps);
-	free(ss_a);
-	free(ss_b);
-	free(lat);
-	free(bub);
-	free(cur);
+
+	const size_t n = c->nlat;
+	r->batches = (unsigned)n;
+	if (n > 0) {
+		r->p50_ms = pb_percentile(c->lat, (unsigned)n, 0.50) / 1e6;
+		r->p99_ms = pb_percentile(c->lat, (unsigned)n, 0.99) / 1e6;
+		r->mean_ms = c->lat_sum_ns / (double)n / 1e6;
+		pb_interval_of(c->bub, (unsigned)n, &r->bubble_iv);
+		r->bubble = r->bubble_iv.median;
+		unsigned T0 = c->threads ? c->threads : r->stages;
+		r->bubble_all = 1.0 - c->stamp_busy_ns / ((double)T0 * c->lat_sum_ns);
+		r->throughput_window =
+		    c->window_ns ? (double)b->cfg->batch * n / ((double)c->window_ns / 1e9) : 0;
+		double busy = 0;
+		for (unsigned i = 0; i < r->stages; i++)
+			busy += (double)c->sum[i].busy_ns;
+		unsigned T = c->threads ? c->threads : r->stages;
+		r->bubble_window = c->window_ns ? 1.0 - busy / ((double)T * (double)c->window_ns) : 0;
+		if (arm && arm->n) {
+			r->thr = arm->iv;
+			r->rate = arm->rate;
+			r->repeats = arm->n;
+			unsigned loud = 0;
+			for (unsigned i = 0; i < arm->n; i++)
+				loud += arm->loud[i];
+			r->loud_share = (double)loud / arm->n;
+			r->loud = r->loud_share > PB_LOUD_SHARE;
+		} else { /* a run outside the schedule (the Gantt chart's whole batch, the trace) */
+			double rt = (double)b->cfg->batch * n / (c->lat_sum_ns / 1e9);
+			r->thr =
+			    (pb_interval){.median = rt, .lo = rt, .hi = rt, .min = rt, .max = rt, .n = 1};
+			r->repeats = 1;
+		}
+		r->throughput = r->thr.median;
+		fill_stages(c);
+		pb_predict(r);
+	}
+	if (c->inst && w->release)
+		w->release(w, c->inst);
+	if (c->own_ref)
+		free(c->ref);
+	free(c->wraps);
+	free(c->cur);
+	free(c->lat);
+	free(c->bub);
+	free(c);
 	return r->status;
 }
 

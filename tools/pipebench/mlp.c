@@ -3,8 +3,9 @@
  * layers are split into balanced stages by the model API.
  *
  * For each micro-batch size the layers are profiled at that size and repartitioned (mbp_model_balance),
- * as a user tuning the pipeline would do; the stages are made for the whole batch as well, so the same
- * stage functions also run the sequential baseline. The reference output is mbp_model_forward() with the
+ * as a user tuning the pipeline would do, into a set of stages of its own (the sizes are measured in turn,
+ * so every size's stages stay alive for the run); the stages are made for the whole batch as well, so the
+ * same stage functions also run the sequential baseline. The reference output is mbp_model_forward() with the
  * same micro-batch split, which the model API promises equal bit for bit to the pipeline's; the check
  * allows a relative 1e-4 so that a BLAS whose kernels differ by row count does not fail it, and reports
  * anything beyond that (or a row never written) as a wrong result.
@@ -22,40 +23,47 @@
 struct mlp {
 	pb_workload w;
 	mbp_model *model;
-	mbp_model_stages *st;
-	mbp_model_plan plan;
 	uint32_t batch;
 	int profile_cpu;
 	uint64_t seed;
 };
 
-static int mlp_prepare(pb_workload *w, uint32_t mb_rows, char *err, size_t errlen)
+static int mlp_prepare(pb_workload *w, uint32_t mb_rows, mbp_stage_desc *desc, void **inst, char *err,
+		       size_t errlen)
 {
 	struct mlp *m = (struct mlp *)w;
-	mbp_model_stages_destroy(m->st);
-	m->st = NULL;
-	int rc = mbp_model_balance(m->model, w->stages, mb_rows, m->profile_cpu, &m->plan);
+	mbp_model_plan plan;
+	mbp_model_stages *st = NULL;
+	*inst = NULL;
+	int rc = mbp_model_balance(m->model, w->stages, mb_rows, m->profile_cpu, &plan);
 	if (rc < 0 && m->profile_cpu >= 0) /* a pin refused: profile where the thread is */
-		rc = mbp_model_balance(m->model, w->stages, mb_rows, -1, &m->plan);
+		rc = mbp_model_balance(m->model, w->stages, mb_rows, -1, &plan);
 	if (rc < 0) {
 		snprintf(err, errlen, "mlp: cannot balance %u %s at %u %s: %s", w->stages,
 			 PLURAL(w->stages, "stage", "stages"), mb_rows, PLURAL(mb_rows, "row", "rows"),
 			 mbp_strerror(rc));
 		return -1;
 	}
-	rc = mbp_model_stages_new(&m->st, m->model, &m->plan, mb_rows > m->batch ? mb_rows : m->batch);
+	rc = mbp_model_stages_new(&st, m->model, &plan, mb_rows > m->batch ? mb_rows : m->batch);
 	if (rc < 0) {
 		snprintf(err, errlen, "mlp: cannot make the stages: %s", mbp_strerror(rc));
 		return -1;
 	}
+	*inst = st;
 	for (unsigned s = 0; s < w->stages; s++) {
-		rc = mbp_model_stage_desc(m->st, s, &w->desc_of[s]);
+		rc = mbp_model_stage_desc(st, s, &desc[s]);
 		if (rc < 0) {
 			snprintf(err, errlen, "mlp: stage %u: %s", s, mbp_strerror(rc));
 			return -1;
 		}
 	}
 	return 0;
+}
+
+static void mlp_release(pb_workload *w, void *inst)
+{
+	(void)w;
+	mbp_model_stages_destroy(inst);
 }
 
 /* Inputs in [-1, 1), from a small deterministic generator (the same for every batch). */
@@ -111,7 +119,6 @@ static int mlp_check(pb_workload *w, const void *out, const void *ref, size_t ro
 static void mlp_destroy(pb_workload *w)
 {
 	struct mlp *m = (struct mlp *)w;
-	mbp_model_stages_destroy(m->st);
 	mbp_model_destroy(m->model);
 	free(m);
 }
@@ -164,6 +171,7 @@ int pb_mlp_new(pb_workload **out, const pb_config *cfg, char *err, size_t errlen
 	pb_workload *w = &m->w;
 	w->kind = "mlp";
 	w->prepare = mlp_prepare;
+	w->release = mlp_release;
 	w->fill = mlp_fill;
 	w->reference = mlp_reference;
 	w->check = mlp_check;

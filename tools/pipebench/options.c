@@ -20,8 +20,10 @@
 #include "../plural.h"
 
 #define PB_DEF_BATCHES	 10
-#define PB_DEF_WARMUP	 2
-#define PB_DEF_BASELINE	 2
+#define PB_DEF_WARMUP	 1
+#define PB_DEF_DURATION	 30.0
+#define PB_DEF_TOLERANCE 2.0 /* percent */
+#define PB_DEF_WAIT	 30.0
 #define PB_DEF_WORK_US	 20.0
 #define PB_DEF_ROW_BYTES 64
 #define PB_DEF_LAYERS	 8
@@ -138,7 +140,8 @@ enum {
 	OPT_SPIN,
 	OPT_OPTS,
 	OPT_LATENCY,
-	OPT_BASELINE,
+	OPT_TOLERANCE,
+	OPT_WAIT,
 	OPT_WORK,
 	OPT_MBUS,
 	OPT_ROWBYTES,
@@ -168,7 +171,8 @@ static const struct option long_opts[] = {
     {"spin-us", required_argument, NULL, OPT_SPIN},
     {"opts", required_argument, NULL, OPT_OPTS},
     {"latency-target", required_argument, NULL, OPT_LATENCY},
-    {"baseline-runs", required_argument, NULL, OPT_BASELINE},
+    {"tolerance", required_argument, NULL, OPT_TOLERANCE},
+    {"wait-quiet", required_argument, NULL, OPT_WAIT},
     {"work-us", required_argument, NULL, OPT_WORK},
     {"mb-us", required_argument, NULL, OPT_MBUS},
     {"row-bytes", required_argument, NULL, OPT_ROWBYTES},
@@ -221,14 +225,17 @@ void pb_options_help(FILE *f)
 	    "      --hidden=H           mlp: width of the generated model (default: %u)\n"
 	    "      --seed=N             seed of the generated weights and inputs (default: 1)\n"
 	    "\n"
-	    "Measurement:\n"
-	    "  -n, --batches=N          measured batches per micro-batch size (default: %u)\n"
-	    "  -d, --duration=SECONDS   measure each size this long instead of --batches (default: off)\n"
-	    "      --warmup=N           unmeasured batches before each size (default: %u)\n"
-	    "      --baseline-runs=N    sequential batches per size, alternated with the pipeline\n"
-	    "                           (default: %u)\n"
-	    "      --latency-target=MS  choose the fastest size whose p99 batch latency meets this\n"
-	    "                           (default: none, choose the knee)\n"
+	    "Measurement (every size and the sequential baseline are visited in turn, a few batches per\n"
+	    "visit, round after round; each visit gives one repeat):\n"
+	    "  -n, --batches=N          repeats per size at least (default: %u)\n"
+	    "      --tolerance=PCT      then stop once the 95%% interval of every median is within PCT%% of\n"
+	    "                           it; 0: stop at --batches (default: %g)\n"
+	    "  -d, --duration=SECONDS   or once this much time has passed (default: %g)\n"
+	    "      --warmup=N           unmeasured batches at the start of every visit (default: %u)\n"
+	    "      --wait-quiet=SECONDS before measuring, wait at most this long for other processes to\n"
+	    "                           leave the CPUs (default: %g; 0: do not wait)\n"
+	    "      --latency-target=MS  choose among the sizes whose p99 batch latency meets this\n"
+	    "                           (default: none, every size)\n"
 	    "      --cpus=LIST          CPUs for the stages: 0-3, 0,2,5 or 0+2+5 (default: all allowed)\n"
 	    "      --spin-us=US         spin budget of a waiting stage (default: %llu)\n"
 	    "      --opts=KEY=VAL,...   engine options for mbp_opts_parse (ring, cache, spin_us, yield_us,\n"
@@ -248,8 +255,8 @@ void pb_options_help(FILE *f)
 	    "\n"
 	    "Exit status: 0 success, 1 an invariant broke (a micro-batch lost, out of order, a wrong\n"
 	    "result) or the engine failed, 2 a bad argument.\n",
-	    PB_DEF_WORK_US, PB_DEF_ROW_BYTES, PB_DEF_LAYERS, PB_DEF_HIDDEN, PB_DEF_BATCHES, PB_DEF_WARMUP,
-	    PB_DEF_BASELINE, (unsigned long long)(o.spin_ns / 1000));
+	    PB_DEF_WORK_US, PB_DEF_ROW_BYTES, PB_DEF_LAYERS, PB_DEF_HIDDEN, PB_DEF_BATCHES, PB_DEF_TOLERANCE,
+	    PB_DEF_DURATION, PB_DEF_WARMUP, PB_DEF_WAIT, (unsigned long long)(o.spin_ns / 1000));
 }
 
 static void defaults(pb_config *c)
@@ -260,7 +267,9 @@ static void defaults(pb_config *c)
 	c->mb_spec = "auto";
 	c->batches = PB_DEF_BATCHES;
 	c->warmup = PB_DEF_WARMUP;
-	c->baseline_runs = PB_DEF_BASELINE;
+	c->duration_s = PB_DEF_DURATION;
+	c->tolerance = PB_DEF_TOLERANCE / 100;
+	c->wait_quiet_s = PB_DEF_WAIT;
 	c->spin_us = -1;
 	c->progress = -1;
 	c->seed = 1;
@@ -351,11 +360,17 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 				return fail(err, errlen, "%s: '%s' is not a batch count", name, optarg);
 			cfg->warmup = (unsigned)v;
 			break;
-		case OPT_BASELINE:
-			if (parse_u64(optarg, 1, 1000000, &v))
-				return fail(err, errlen, "%s: '%s' is not a positive run count", name,
+		case OPT_TOLERANCE:
+			if (parse_double(optarg, 0, 100, &d))
+				return fail(err, errlen, "%s: '%s' is not a percentage from 0 to 100", name,
 					    optarg);
-			cfg->baseline_runs = (unsigned)v;
+			cfg->tolerance = d / 100;
+			break;
+		case OPT_WAIT:
+			if (parse_double(optarg, 0, 3600, &d))
+				return fail(err, errlen, "%s: '%s' is not a number of seconds from 0 to 3600",
+					    name, optarg);
+			cfg->wait_quiet_s = d;
 			break;
 		case OPT_SPIN:
 			if (parse_u64(optarg, 0, 10000000, &v))

@@ -4,14 +4,80 @@
  *
  * The table ends with one grep-able summary line with fixed keys:
  *   pipebench: workload=W stages=S cpus=C batch=N best_mb=M rows_per_s=X speedup=Y bubble=B
- *   bubble_predicted=P p99_ms=L status=ok|fail
+ *   bubble_predicted=P p99_ms=L tied=M1,M2 noise=quiet|loud checks=ok|flagged status=ok|fail
+ *
+ * Every row carries its median, the 95% interval of that median and its number of repeats; a row whose
+ * figures contradict each other (pb_check()) or that was measured on a loud machine says so in all three
+ * formats.
  */
+#define _GNU_SOURCE
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "pipebench.h"
 #include "../plural.h"
+
+int pb_output_check(const char *opt, const char *path, char *err, size_t errlen)
+{
+	struct stat st;
+	if (stat(path, &st) == 0) {
+		if (S_ISDIR(st.st_mode)) {
+			snprintf(err, errlen, "%s %s: is a directory", opt, path);
+			return -1;
+		}
+		if (access(path, W_OK)) {
+			snprintf(err, errlen, "%s %s: cannot write it: %s", opt, path, strerror(errno));
+			return -1;
+		}
+		return 0;
+	}
+	int e = errno;
+	int fd = e == ENOENT ? open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644) : -1;
+	if (fd < 0) {
+		snprintf(err, errlen, "%s %s: cannot create it: %s", opt, path,
+			 strerror(e == ENOENT ? errno : e));
+		return -1;
+	}
+	close(fd);
+	unlink(path); /* written at the end of the run */
+	return 0;
+}
+
+/* The failed checks as short names joined by '+', "" when none. */
+static const char *check_names(unsigned flags)
+{
+	static char buf[48];
+	buf[0] = 0;
+	if (flags & PB_CHECK_SPEEDUP)
+		strcat(buf, "speedup");
+	if (flags & PB_CHECK_ACCOUNT)
+		strcat(buf, buf[0] ? "+accounting" : "accounting");
+	if (flags & PB_CHECK_BUBBLE)
+		strcat(buf, buf[0] ? "+bubble" : "bubble");
+	return buf;
+}
+
+static bool any_loud(const pb_report *rep)
+{
+	for (unsigned i = 0; i < rep->nres; i++)
+		if (rep->res[i].loud)
+			return true;
+	return rep->b->base.loud;
+}
+
+static bool any_flagged(const pb_report *rep)
+{
+	for (unsigned i = 0; i < rep->nres; i++)
+		if (rep->res[i].flags)
+			return true;
+	return false;
+}
 
 /* A stage's name at the chosen size (the mlp repartitions its layers for every size), else at any size. */
 static const char *stage_name(const pb_report *rep, unsigned s)
@@ -46,14 +112,15 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	const pb_workload *w = rep->w;
 
 	fprintf(f, "pipebench %s: %s\n", mbp_version(), w->desc);
-	if (cfg->duration_s > 0)
-		fprintf(f, "batch %u %s; per size %u warm-up %s, then batches for %g s, one at a time\n",
-			cfg->batch, PLURAL(cfg->batch, "row", "rows"), cfg->warmup,
-			PLURAL(cfg->warmup, "batch", "batches"), cfg->duration_s);
+	fprintf(f,
+		"batch %u %s, one at a time; the sizes and the baseline measured in turn, %u warm-up + "
+		"measured batches per visit, at least %u repeats each, ",
+		cfg->batch, PLURAL(cfg->batch, "row", "rows"), cfg->warmup, cfg->batches);
+	if (cfg->tolerance > 0)
+		fprintf(f, "until every median's 95%% interval is within %g%% or %g s have passed\n",
+			cfg->tolerance * 100, cfg->duration_s);
 	else
-		fprintf(f, "batch %u %s; per size %u warm-up + %u measured %s, one at a time\n", cfg->batch,
-			PLURAL(cfg->batch, "row", "rows"), cfg->warmup, cfg->batches,
-			PLURAL(cfg->batches, "batch", "batches"));
+		fprintf(f, "no more\n");
 	fprintf(f, "CPUs: %u allowed, using", b->allowed);
 	for (unsigned i = 0; i < b->ncpus; i++)
 		fprintf(f, "%s%d", i ? "," : " ", cfg->cpus[i]);
@@ -82,13 +149,38 @@ void pb_print_header(FILE *f, const pb_report *rep)
 		fprintf(f, "BLAS: %s\n", w->blas);
 	if (w->blas_warning[0])
 		fprintf(f, "warning: %s\n", w->blas_warning);
-	double load = b->load_end > b->load_start ? b->load_end : b->load_start;
-	if (load > (double)b->allowed)
+	const pb_noise *nz = &b->noise;
+	if (!nz->available)
+		fprintf(f, "machine: /proc/stat unreadable, load average %.2f: noise not measured\n",
+			b->load_start);
+	else {
 		fprintf(f,
-			"note: load average %.2f on %u allowed CPUs: other processes compete for the CPUs, "
-			"so the "
-			"figures are noisy and wake-ups slow\n",
-			load, b->allowed);
+			"machine: before measuring, other processes used %.2f of %u CPUs (steal %.2f), load "
+			"average %.2f: %s",
+			nz->before.others, nz->ncpus, nz->before.steal, nz->before.load1,
+			nz->quiet_before ? "quiet" : "LOUD");
+		if (!nz->quiet_before)
+			fprintf(f, " after waiting %.1f s (--wait-quiet): measuring anyway\n", nz->waited_s);
+		else if (nz->waited_s > 0)
+			fprintf(f, " after waiting %.1f s for it to settle\n", nz->waited_s);
+		else
+			fputc('\n', f);
+		if (nz->seconds > 0)
+			fprintf(f,
+				"machine: while measuring, other processes used %.2f CPUs on average (steal "
+				"%.2f, "
+				"at most %.2f in a window), %u of %u window%s loud (above %.2f CPUs)%s\n",
+				nz->others_s / nz->seconds, nz->steal_s / nz->seconds, nz->others_max,
+				nz->loud_rounds, nz->rounds, nz->rounds == 1 ? "" : "s", nz->threshold,
+				any_loud(rep) ? ": rows marked 'loud' had more than a tenth of their repeats "
+						"there, their figures are less certain"
+					      : "");
+		if (nz->pauses)
+			fprintf(
+			    f,
+			    "machine: paused %.1f s in all after %u loud windows, waiting for a quiet one\n",
+			    nz->paused_s, nz->pauses);
+	}
 	if (oversubscribed(rep))
 		fprintf(f,
 			"note: %u threads on %u %s: threads share CPUs and time-slice, waits skip their "
@@ -104,9 +196,10 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	if (b->base.runs)
 		fprintf(f,
 			"sequential baseline (the same stages in order on one thread, whole batch at once): "
-			"%.3g ms "
-			"per batch (median of %u, %.3g-%.3g), %.0f rows/s\n",
-			b->base.median_ms, b->base.runs, b->base.min_ms, b->base.max_ms, b->base.throughput);
+			"%.0f rows/s (95%% interval %.0f-%.0f), %.3g ms per batch (%.3g-%.3g), %u repeats of "
+			"%u batches%s\n",
+			b->base.throughput, b->base.thr.lo, b->base.thr.hi, b->base.median_ms, b->base.min_ms,
+			b->base.max_ms, b->base.thr.n, b->base.runs, b->base.loud ? "; loud" : "");
 }
 
 /* Milliseconds with three significant digits and no exponent. */
@@ -115,51 +208,78 @@ static void fmt_ms(char *buf, size_t n, double ms)
 	snprintf(buf, n, ms >= 100 ? "%.0f" : ms >= 10 ? "%.1f" : ms >= 1 ? "%.2f" : "%.3f", ms);
 }
 
+/* The interval's half-width in percent of the median, or "-" without one. */
+static void fmt_pm(char *buf, size_t n, const pb_interval *iv)
+{
+	double rel = pb_interval_rel(iv);
+	if (rel == INFINITY)
+		snprintf(buf, n, "-");
+	else
+		snprintf(buf, n, "%.1f", rel * 100);
+}
+
+/* The sizes tied with the best, "32,64", or "" when none completed. */
+static const char *tied_list(const pb_report *rep)
+{
+	static char buf[PB_MAX_SIZES * 9];
+	size_t len = 0;
+	buf[0] = 0;
+	for (unsigned i = 0; i < rep->nres && len < sizeof(buf) - 12; i++)
+		if (rep->res[i].tied)
+			len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%s%u", len ? "," : "",
+						rep->res[i].mb_rows);
+	return buf;
+}
+
 void pb_print_table(FILE *f, const pb_report *rep)
 {
 	const unsigned S = rep->w->stages;
 	pb_print_header(f, rep);
-	fprintf(f, "\n%7s %6s %10s %7s %8s %8s %6s %9s %6s  %s\n", "m", "M", "rows/s", "speedup", "p50 ms",
-		"p99 ms", "bubble", "predicted", "gpipe", "busy/starved/blocked % per stage");
+	fprintf(f, "\n%7s %6s %10s %5s %4s %7s %8s %8s %6s %9s %6s  %s\n", "m", "M", "rows/s", "+-%", "n",
+		"speedup", "p50 ms", "p99 ms", "bubble", "predicted", "gpipe",
+		"busy/starved/blocked % per stage");
 	for (unsigned i = 0; i < rep->nres; i++) {
 		const pb_result *r = &rep->res[i];
 		if (r->status && r->batches == 0) {
 			fprintf(f, "%7u %6u  FAILED: %s\n", r->mb_rows, r->mbs, r->error);
 			continue;
 		}
-		char p50[16], p99[16];
+		char p50[16], p99[16], pm[16];
 		fmt_ms(p50, sizeof(p50), r->p50_ms);
 		fmt_ms(p99, sizeof(p99), r->p99_ms);
-		fprintf(f, "%7u %6u %10.0f %7.2f %8s %8s %6.3f %9.3f %6.3f ", r->mb_rows, r->mbs,
-			r->throughput, r->speedup, p50, p99, r->bubble, r->bubble_predicted, r->bubble_gpipe);
+		fmt_pm(pm, sizeof(pm), &r->thr);
+		fprintf(f, "%7u %6u %10.0f %5s %4u %7.2f %8s %8s %6.3f %9.3f %6.3f ", r->mb_rows, r->mbs,
+			r->throughput, pm, r->repeats, r->speedup, p50, p99, r->bubble, r->bubble_predicted,
+			r->bubble_gpipe);
 		for (unsigned s = 0; s < S; s++)
 			fprintf(f, " s%u %.0f/%.0f/%.0f", s, r->st[s].busy * 100, r->st[s].starved * 100,
 				r->st[s].blocked * 100);
-		fprintf(f, "%s%s%s\n", r == pb_best(rep) ? "  <- best" : "", r->status ? "  FAILED: " : "",
-			r->status ? r->error : "");
+		fprintf(f, "%s%s%s%s%s%s\n",
+			r == pb_best(rep) ? "  <- chosen"
+			: r->tied	  ? "  tied"
+					  : "",
+			r->loud ? "  loud" : "", r->flags ? "  CHECK: " : "", check_names(r->flags),
+			r->status ? "  FAILED: " : "", r->status ? r->error : "");
 	}
-	unsigned ideal = S < rep->b->ncpus ? S : rep->b->ncpus;
 	for (unsigned i = 0; i < rep->nres; i++)
-		if (rep->res[i].speedup > 1.1 * ideal) {
-			fprintf(
-			    f,
-			    "note: a speed-up above %u (stages that can run at once) means the sequential "
-			    "baseline ran slower than usual: other load on the machine\n",
-			    ideal);
-			break;
-		}
+		if (rep->res[i].flags)
+			fprintf(f, "check m=%u: %s\n", rep->res[i].mb_rows, rep->res[i].check);
+	fprintf(f, "(rows/s: median over the repeats, +-%%: half-width of its 95%% interval, n: repeats; "
+		   "speedup against the baseline's median)\n");
 	const pb_result *r = pb_best(rep);
 	static const pb_result none; /* the summary line is printed even when no size completed */
 	if (r)
-		fprintf(f, "\nbest micro-batch size: %u %s. %s.\n", r->mb_rows,
-			PLURAL(r->mb_rows, "row", "rows"), rep->why);
+		fprintf(f, "\nchosen micro-batch size: %u %s. %s.\n", r->mb_rows,
+			PLURAL(r->mb_rows, "row", "rows"), rep->choice.why);
 	else
 		r = &none;
 	fprintf(f,
 		"pipebench: workload=%s stages=%u cpus=%u batch=%u best_mb=%u rows_per_s=%.0f speedup=%.2f "
-		"bubble=%.3f bubble_predicted=%.3f p99_ms=%.3f status=%s\n",
+		"bubble=%.3f bubble_predicted=%.3f p99_ms=%.3f tied=%s noise=%s checks=%s status=%s\n",
 		rep->w->kind, S, rep->b->ncpus, rep->cfg->batch, r->mb_rows, r->throughput, r->speedup,
-		r->bubble, r->bubble_predicted, r->p99_ms, rep->status ? "fail" : "ok");
+		r->bubble, r->bubble_predicted, r->p99_ms, tied_list(rep)[0] ? tied_list(rep) : "-",
+		any_loud(rep) || !rep->b->noise.quiet_before ? "loud" : "quiet",
+		any_flagged(rep) ? "flagged" : "ok", rep->status ? "fail" : "ok");
 	if (rep->status && rep->error[0])
 		fprintf(f, "FAILED: %s\n", rep->error);
 }
@@ -170,7 +290,9 @@ void pb_print_csv(FILE *f, const pb_report *rep)
 	fprintf(
 	    f,
 	    "workload,stages,cpus,batch,mb_rows,mbs,batches,rows_per_s,speedup,p50_ms,p99_ms,mean_ms,bubble,"
-	    "bubble_predicted,bubble_gpipe,bubble_window,predicted_ms,baseline_ms,best,status");
+	    "bubble_predicted,bubble_gpipe,bubble_window,predicted_ms,baseline_ms,best,status,repeats,"
+	    "rows_per_s_lo,rows_per_s_hi,speedup_lo,speedup_hi,bubble_lo,bubble_hi,tied,loud,loud_share,"
+	    "checks");
 	for (unsigned s = 0; s < S; s++)
 		fprintf(f, ",s%u_cpu,s%u_busy,s%u_starved,s%u_blocked,s%u_service_us", s, s, s, s, s);
 	fputc('\n', f);
@@ -182,6 +304,9 @@ void pb_print_csv(FILE *f, const pb_report *rep)
 			r->throughput, r->speedup, r->p50_ms, r->p99_ms, r->mean_ms, r->bubble,
 			r->bubble_predicted, r->bubble_gpipe, r->bubble_window, r->predicted_ms,
 			rep->b->base.median_ms, r == pb_best(rep), r->status ? "fail" : "ok");
+		fprintf(f, ",%u,%.1f,%.1f,%.4f,%.4f,%.4f,%.4f,%d,%d,%.3f,%s", r->repeats, r->thr.lo,
+			r->thr.hi, r->speedup_lo, r->speedup_hi, r->bubble_iv.lo, r->bubble_iv.hi, r->tied,
+			r->loud, r->loud_share, check_names(r->flags));
 		for (unsigned s = 0; s < S; s++)
 			fprintf(f, ",%d,%.4f,%.4f,%.4f,%.2f", r->st[s].cpu, r->st[s].busy, r->st[s].starved,
 				r->st[s].blocked, r->st[s].service_us);
@@ -223,9 +348,15 @@ static cJSON *json_result(const pb_result *r)
 	cJSON_AddNumberToObject(o, "mb_rows", r->mb_rows);
 	cJSON_AddNumberToObject(o, "mbs", r->mbs);
 	cJSON_AddNumberToObject(o, "batches", r->batches);
+	cJSON_AddNumberToObject(o, "repeats", r->repeats);
 	cJSON_AddNumberToObject(o, "rows_per_s", r->throughput);
+	double thr_iv[2] = {r->thr.lo, r->thr.hi}, thr_range[2] = {r->thr.min, r->thr.max};
+	cJSON_AddItemToObject(o, "rows_per_s_interval", cJSON_CreateDoubleArray(thr_iv, 2));
+	cJSON_AddItemToObject(o, "rows_per_s_range", cJSON_CreateDoubleArray(thr_range, 2));
 	cJSON_AddNumberToObject(o, "rows_per_s_window", r->throughput_window);
 	cJSON_AddNumberToObject(o, "speedup", r->speedup);
+	double sp_iv[2] = {r->speedup_lo, r->speedup_hi};
+	cJSON_AddItemToObject(o, "speedup_interval", cJSON_CreateDoubleArray(sp_iv, 2));
 	cJSON *lat = cJSON_AddObjectToObject(o, "latency_ms");
 	cJSON_AddNumberToObject(lat, "p50", r->p50_ms);
 	cJSON_AddNumberToObject(lat, "p99", r->p99_ms);
@@ -235,6 +366,8 @@ static cJSON *json_result(const pb_result *r)
 	cJSON_AddNumberToObject(bub, "predicted", r->bubble_predicted);
 	cJSON_AddNumberToObject(bub, "gpipe", r->bubble_gpipe);
 	cJSON_AddNumberToObject(bub, "window", r->bubble_window);
+	double b_iv[2] = {r->bubble_iv.lo, r->bubble_iv.hi};
+	cJSON_AddItemToObject(bub, "interval", cJSON_CreateDoubleArray(b_iv, 2));
 	cJSON_AddNumberToObject(o, "predicted_batch_ms", r->predicted_ms);
 	cJSON_AddBoolToObject(o, "balanced", r->balanced);
 	cJSON *st = cJSON_AddArrayToObject(o, "stages");
@@ -251,6 +384,13 @@ static cJSON *json_result(const pb_result *r)
 		cJSON_AddNumberToObject(e, "service_us", x->service_us);
 		cJSON_AddItemToArray(st, e);
 	}
+	cJSON_AddBoolToObject(o, "tied", r->tied);
+	cJSON_AddBoolToObject(o, "loud", r->loud);
+	cJSON_AddNumberToObject(o, "loud_share", r->loud_share);
+	cJSON *chk = cJSON_AddObjectToObject(o, "checks");
+	cJSON_AddBoolToObject(chk, "ok", r->flags == 0);
+	cJSON_AddItemToObject(chk, "failed", json_str_or_null(check_names(r->flags)));
+	cJSON_AddItemToObject(chk, "message", json_str_or_null(r->flags ? r->check : NULL));
 	cJSON_AddBoolToObject(o, "ok", r->status == 0);
 	cJSON_AddItemToObject(o, "error", json_str_or_null(r->status ? r->error : NULL));
 	return o;
@@ -277,7 +417,8 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	cJSON_AddNumberToObject(c, "batches", cfg->batches);
 	cJSON_AddNumberToObject(c, "duration_s", cfg->duration_s);
 	cJSON_AddNumberToObject(c, "warmup", cfg->warmup);
-	cJSON_AddNumberToObject(c, "baseline_runs", cfg->baseline_runs);
+	cJSON_AddNumberToObject(c, "tolerance_pct", cfg->tolerance * 100);
+	cJSON_AddNumberToObject(c, "wait_quiet_s", cfg->wait_quiet_s);
 	cJSON_AddStringToObject(c, "mb", cfg->mb_spec);
 	int sizes[PB_MAX_SIZES];
 	for (unsigned i = 0; i < cfg->nsizes; i++)
@@ -300,6 +441,25 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	double loads[2] = {b->load_start, b->load_end};
 	cJSON_AddItemToObject(cp, "loadavg", cJSON_CreateDoubleArray(loads, 2));
 
+	const pb_noise *nz = &b->noise;
+	cJSON *nj = cJSON_AddObjectToObject(root, "noise");
+	cJSON_AddBoolToObject(nj, "measured", nz->available);
+	cJSON_AddNumberToObject(nj, "threshold_cpus", nz->threshold);
+	cJSON *bef = cJSON_AddObjectToObject(nj, "before");
+	cJSON_AddNumberToObject(bef, "others_cpus", nz->before.others);
+	cJSON_AddNumberToObject(bef, "steal_cpus", nz->before.steal);
+	cJSON_AddNumberToObject(bef, "loadavg", nz->before.load1);
+	cJSON_AddBoolToObject(bef, "quiet", nz->quiet_before);
+	cJSON_AddNumberToObject(bef, "waited_s", nz->waited_s);
+	cJSON *dur = cJSON_AddObjectToObject(nj, "during");
+	cJSON_AddNumberToObject(dur, "others_cpus", nz->seconds > 0 ? nz->others_s / nz->seconds : 0);
+	cJSON_AddNumberToObject(dur, "steal_cpus", nz->seconds > 0 ? nz->steal_s / nz->seconds : 0);
+	cJSON_AddNumberToObject(dur, "max_cpus", nz->others_max);
+	cJSON_AddNumberToObject(dur, "windows", nz->rounds);
+	cJSON_AddNumberToObject(dur, "loud_windows", nz->loud_rounds);
+	cJSON_AddNumberToObject(dur, "paused_s", nz->paused_s);
+	cJSON_AddBoolToObject(nj, "loud", any_loud(rep) || !nz->quiet_before);
+
 	cJSON *pl = cJSON_AddArrayToObject(root, "placement");
 	for (unsigned s = 0; b->have_placement && s < w->stages; s++) {
 		cJSON *e = cJSON_CreateObject();
@@ -316,6 +476,10 @@ int pb_print_json(FILE *f, const pb_report *rep)
 
 	cJSON *base = cJSON_AddObjectToObject(root, "baseline");
 	cJSON_AddNumberToObject(base, "runs", b->base.runs);
+	cJSON_AddNumberToObject(base, "repeats", b->base.thr.n);
+	double base_iv[2] = {b->base.thr.lo, b->base.thr.hi};
+	cJSON_AddItemToObject(base, "rows_per_s_interval", cJSON_CreateDoubleArray(base_iv, 2));
+	cJSON_AddBoolToObject(base, "loud", b->base.loud);
 	cJSON_AddNumberToObject(base, "median_ms", b->base.median_ms);
 	cJSON_AddNumberToObject(base, "min_ms", b->base.min_ms);
 	cJSON_AddNumberToObject(base, "max_ms", b->base.max_ms);
@@ -327,8 +491,32 @@ int pb_print_json(FILE *f, const pb_report *rep)
 
 	if (pb_best(rep)) {
 		cJSON *best = cJSON_AddObjectToObject(root, "best");
+		const pb_choice *ch = &rep->choice;
 		cJSON_AddNumberToObject(best, "mb_rows", pb_best(rep)->mb_rows);
-		cJSON_AddStringToObject(best, "reason", rep->why);
+		cJSON_AddStringToObject(best, "reason", ch->why);
+		cJSON_AddNumberToObject(best, "fastest_mb_rows", rep->res[ch->best].mb_rows);
+		int tied[PB_MAX_SIZES], nt = 0;
+		for (unsigned i = 0; i < rep->nres; i++)
+			if (rep->res[i].tied)
+				tied[nt++] = (int)rep->res[i].mb_rows;
+		cJSON_AddItemToObject(best, "tied", cJSON_CreateIntArray(tied, nt));
+		if (ch->vs_best.n) {
+			cJSON *vb = cJSON_AddObjectToObject(best, "vs_fastest");
+			cJSON_AddNumberToObject(vb, "ratio", ch->vs_best.median);
+			double iv[2] = {ch->vs_best.lo, ch->vs_best.hi};
+			cJSON_AddItemToObject(vb, "interval", cJSON_CreateDoubleArray(iv, 2));
+		} else {
+			cJSON_AddNullToObject(best, "vs_fastest");
+		}
+		if (ch->next < rep->nres && ch->vs_next.n) {
+			cJSON *vn = cJSON_AddObjectToObject(best, "vs_next_smaller");
+			cJSON_AddNumberToObject(vn, "mb_rows", rep->res[ch->next].mb_rows);
+			cJSON_AddNumberToObject(vn, "ratio", ch->vs_next.median);
+			double iv[2] = {ch->vs_next.lo, ch->vs_next.hi};
+			cJSON_AddItemToObject(vn, "interval", cJSON_CreateDoubleArray(iv, 2));
+		} else {
+			cJSON_AddNullToObject(best, "vs_next_smaller");
+		}
 	} else {
 		cJSON_AddNullToObject(root, "best");
 	}

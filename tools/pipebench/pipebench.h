@@ -2,10 +2,19 @@
  * pipebench: shared types of the throughput tool.
  *
  * The tool is split by job, one file each: options.c (command line), synthetic.c and mlp.c (the two
- * workloads, each a list of stage descriptors plus an input filler and an output check), measure.c (runs
- * the sequential baseline and the pipeline for one micro-batch size, collects statistics and the timeline
- * of one batch), predict.c (the bubble model and the choice of the best size), output.c (table, JSON, CSV),
- * gantt.c (the terminal timeline) and progress.c (the bar on standard error). main.c ties them together.
+ * workloads, each a list of stage descriptors plus an input filler and an output check), measure.c (the
+ * sequential baseline and one pipeline per micro-batch size, visited a few batches at a time, collecting
+ * statistics and the timeline of one batch), interleave.c (the measurement schedule: every candidate and
+ * the baseline visited in turn, A B C .. C B A, until the intervals are tight or the time is up),
+ * noise.c (what other processes take of the CPUs), stats.c (intervals of medians, paired comparisons,
+ * the consistency checks), predict.c (the bubble model and the choice of the size), output.c (table,
+ * JSON, CSV), gantt.c (the terminal timeline) and progress.c (the bar on standard error). main.c ties them
+ * together.
+ *
+ * The measurement layer does not know what it measures: an arm (pb_arm) is anything with a visit function
+ * that runs some unmeasured and some measured units and returns the measured rate. A new workload (training
+ * steps under a schedule, say) plugs in as more arms: interleave.c repeats them, noise.c marks loud
+ * rounds, stats.c compares them and pb_choose() picks among them.
  *
  * Only the public API is used: <mbpipe.h> and its headers, never lib/.
  */
@@ -22,6 +31,12 @@
 
 #define PB_MAX_SIZES 64	 /* micro-batch sizes in one sweep */
 #define PB_ERR_MAX   256 /* one error line */
+
+#define PB_CONFIDENCE	 0.95 /* of every interval */
+#define PB_TIE_MARGIN	 0.03 /* a size within this share of the best's throughput ties with it */
+#define PB_CHECK_SLACK	 0.05 /* a speed-up may exceed its bound by this share before it is flagged */
+#define PB_ACCOUNT_SLACK 0.10 /* busy + starved + blocked may miss the window by this share */
+#define PB_LOUD_SHARE	 0.10 /* a row is loud when more of its repeats than this ran on a loud machine */
 
 /* Exit statuses (documented in pipebench.1). */
 enum { PB_EXIT_OK = 0, PB_EXIT_FAIL = 1, PB_EXIT_USAGE = 2 };
@@ -41,17 +56,18 @@ typedef struct pb_config {
 	const char *mb_spec;	/* --mb as given: "16", "1,4,16", "1-64", "8-64:8", "auto" */
 	unsigned nsizes;	/* resolved sizes, ascending, unique */
 	uint32_t sizes[PB_MAX_SIZES];
-	unsigned batches;	  /* measured batches per size (when duration_s is 0) */
-	double duration_s;	  /* > 0: measure each size for this long instead */
-	unsigned warmup;	  /* unmeasured batches per size */
+	unsigned batches;	  /* repeats per size at least */
+	double duration_s;	  /* time budget of the repeats beyond that */
+	double tolerance;	  /* stop when every interval is within this share of its median; 0: never */
+	double wait_quiet_s;	  /* wait this long at most for other processes to leave the CPUs */
+	unsigned warmup;	  /* unmeasured batches at the start of every visit */
 	long spin_us;		  /* < 0: the engine's default */
 	const char *engine_opts;  /* --opts key=value,... for mbp_opts_parse() */
 	double latency_target_ms; /* 0: none */
 	const char *trace_path;	  /* --trace */
 	bool gantt;		  /* --gantt; on by default for the table output */
 	bool gantt_set;
-	int progress;		/* -1: when stderr is a terminal, 0: never, 1: always */
-	unsigned baseline_runs; /* sequential batches per size (alternated with the pipeline) */
+	int progress; /* -1: when stderr is a terminal, 0: never, 1: always */
 	uint64_t seed;
 	/* synthetic */
 	unsigned nwork;			/* entries in work_us (1: the same for every stage) */
@@ -99,10 +115,13 @@ struct pb_workload {
 	unsigned stages;
 	size_t in_row_bytes;			/* width of an input row */
 	size_t out_row_bytes;			/* width of a row leaving the last stage */
-	mbp_stage_desc desc_of[MBP_MAX_STAGES]; /* valid after prepare() */
-	/* Set up the stages for micro-batches of mb_rows (the mlp rebalances its layers for that size); the
-	 * stages also accept the whole batch at once, for the sequential baseline. NULL: nothing to do. */
-	int (*prepare)(pb_workload *w, uint32_t mb_rows, char *err, size_t errlen);
+	mbp_stage_desc desc_of[MBP_MAX_STAGES]; /* the stages, when prepare is NULL */
+	/* Make a set of stages for micro-batches of mb_rows into desc (the mlp rebalances its layers for that
+	 * size), which also accept the whole batch at once, for the sequential baseline; several sets may be
+	 * alive at once, one per size. *inst is what release() frees. NULL: desc_of serves every size. */
+	int (*prepare)(pb_workload *w, uint32_t mb_rows, mbp_stage_desc *desc, void **inst, char *err,
+		       size_t errlen);
+	void (*release)(pb_workload *w, void *inst);
 	/* Fill `rows` input rows. Every batch gets the same input: the check compares against one reference. */
 	void (*fill)(pb_workload *w, void *in, size_t rows);
 	/* The sequential reference output for micro-batches of mb_rows; NULL: the baseline's output is it. */
@@ -122,6 +141,111 @@ struct pb_workload {
  * file, more stages than layers), PB_EXIT_FAIL otherwise. */
 int pb_synthetic_new(pb_workload **w, const pb_config *cfg, char *err, size_t errlen);
 int pb_mlp_new(pb_workload **w, const pb_config *cfg, char *err, size_t errlen);
+
+/* ---- stats.c ---- */
+
+/* A median and its PB_CONFIDENCE interval (distribution-free: two order statistics). */
+typedef struct pb_interval {
+	double median, lo, hi;
+	double min, max;
+	unsigned n;
+	bool ci; /* lo-hi reaches PB_CONFIDENCE (n >= 6); else it is the whole range */
+} pb_interval;
+
+void pb_interval_of(const double *v, unsigned n, pb_interval *iv);
+
+/* The nearest-rank percentile p (0 to 1) of n values in any order; 0 when n is 0. */
+double pb_percentile(const double *v, unsigned n, double p);
+
+/* The interval's half-width over its median (the larger side); INFINITY without an interval. */
+double pb_interval_rel(const pb_interval *iv);
+
+/* The interval of the median of a[i] / b[i] (samples paired by round). 0, or -1 (n is 0, no memory). */
+int pb_ratio_interval(const double *a, const double *b, unsigned n, pb_interval *iv);
+
+/* Whether a size whose throughput over the best's has this interval ties with the best: its ratio cannot
+ * be shown below 1 - margin. */
+bool pb_tied(const pb_interval *ratio, double margin);
+
+/* ---- noise.c ---- */
+
+/* What other processes took of the watched CPUs over some interval. */
+typedef struct pb_noise_sample {
+	double others;	/* CPUs' worth of time used by other processes (busy minus ours) */
+	double steal;	/* CPUs' worth of time the hypervisor gave to other guests */
+	double load1;	/* the 1-minute load average at the end (-1: unknown) */
+	double seconds; /* length of the interval */
+} pb_noise_sample;
+
+typedef struct pb_noise_snap {
+	uint64_t busy, steal; /* clock ticks of the watched CPUs in /proc/stat */
+	uint64_t self_ns;     /* this process's CPU time */
+	uint64_t wall_ns;
+	bool ok;
+} pb_noise_snap;
+
+typedef struct pb_noise {
+	int cpus[MBP_MAX_CPUS];
+	unsigned ncpus;
+	double threshold;	/* others + steal above this many CPUs: the machine is loud */
+	pb_noise_sample before; /* the last sample before measuring */
+	bool quiet_before;
+	double waited_s;
+	bool available; /* /proc/stat could be read */
+	/* during the measurement, round by round */
+	unsigned rounds, loud_rounds; /* windows of one or more rounds */
+	double others_s, steal_s, seconds, others_max;
+	bool last_loud;
+	double paused_s; /* waited after loud windows */
+	unsigned pauses;
+	pb_noise_snap mark;
+} pb_noise;
+
+/* Watch the CPUs the stages use; loud above 10% of their time used by others (at least 0.1 CPU). */
+void pb_noise_init(pb_noise *nz, const int *cpus, unsigned ncpus);
+/* Sample 0.25 s windows until three in a row are quiet or max_wait_s has passed (0: one window). */
+void pb_noise_settle(pb_noise *nz, double max_wait_s);
+bool pb_noise_loud(const pb_noise *nz, const pb_noise_sample *s);
+/* Measurement begins: pb_noise_mark(). After each round pb_noise_round() says whether the window that
+ * ended was loud (1) or quiet (0), or -1 when it is shorter than 0.5 s yet (the ticks of /proc/stat are
+ * 10 ms) and goes on into the next round; `last` closes it whatever its length. */
+void pb_noise_mark(pb_noise *nz);
+int pb_noise_round(pb_noise *nz, bool last);
+/* After a loud window: sample 0.25 s windows until one is quiet, at most max_s; a new round begins after
+ * it. Returns the seconds waited. */
+double pb_noise_pause(pb_noise *nz, double max_s);
+
+/* ---- interleave.c ---- */
+
+/* One thing to measure: a micro-batch size, the sequential baseline, a training schedule. */
+typedef struct pb_arm {
+	const char *label; /* for the progress bar */
+	void *ctx;
+	/* Run `warm` unmeasured units, then `units` measured ones; *rate: measured work per second. 0, or -1
+	 * with err set (an invariant broke: the measurement stops). */
+	int (*visit)(void *ctx, unsigned warm, unsigned units, double *rate, char *err, size_t errlen);
+	/* filled by pb_interleave(): one sample per round, the same rounds for every arm */
+	double *rate;
+	uint8_t *loud; /* the round was loud */
+	unsigned n, cap;
+	double unit_s;	/* one unit's time, from the warm-up round */
+	unsigned units; /* measured units per visit */
+	pb_interval iv; /* of rate */
+} pb_arm;
+
+typedef struct pb_schedule {
+	unsigned min_repeats; /* every arm gets at least this many */
+	double tolerance;     /* then stop once every arm's interval is within this share; 0: at once */
+	double budget_s;      /* or once this much time has passed since the first round */
+	unsigned warmup;      /* unmeasured units at the start of every visit */
+	double visit_s;	      /* measured units per visit: as many as fill this long (1 to 64) */
+	double pause_s;	      /* after a loud round, wait for a quiet one; this long at most in all */
+} pb_schedule;
+
+/* The warm-up round (one visit each, discarded, which also times a unit), then rounds that visit every
+ * arm once, in alternating order, until the schedule says stop. Returns 0, or -1 with err set. */
+int pb_interleave(pb_arm *arms, unsigned n, const pb_schedule *s, pb_noise *nz, char *err, size_t errlen);
+void pb_arm_fini(pb_arm *a);
 
 /* ---- measure.c ---- */
 
@@ -155,10 +279,23 @@ typedef struct pb_result {
 	double bubble;	      /* measured: 1 - sum(busy) / (stages x sum of batch latencies) */
 	double bubble_window; /* the engine's idle share over the whole window */
 	double bubble_predicted;
-	double bubble_gpipe; /* (S-1)/(M+S-1) */
-	double predicted_ms; /* sum(t_i) + (M-1) max(t_i) */
-	bool balanced;	     /* max(t_i) within 10% of min(t_i) */
-	double speedup;	     /* throughput / the sequential baseline's */
+	double bubble_gpipe;	       /* (S-1)/(M+S-1) */
+	double predicted_ms;	       /* sum(t_i) + (M-1) max(t_i) */
+	bool balanced;		       /* max(t_i) within 10% of min(t_i) */
+	double speedup;		       /* throughput / the sequential baseline's */
+	double speedup_lo, speedup_hi; /* from the ends of both intervals */
+	unsigned repeats;	       /* visits measured */
+	pb_interval thr;	       /* rows/s, one sample per visit */
+	const double *rate;	       /* those samples in round order (the arm's) */
+	pb_interval bubble_iv;	       /* of the per-batch bubble */
+	double bubble_all;	       /* over all batches at once: 1 - sum(busy) / (T x sum(latency)) */
+	double inflight_share;	       /* share of the stages' window with a batch in flight */
+	double stage_busy_ms;	       /* all stages' time inside their functions per batch */
+	double loud_share;	       /* share of the repeats taken in loud rounds */
+	bool loud;
+	bool tied;	/* ties with the best size */
+	unsigned flags; /* PB_CHECK_* that failed */
+	char check[PB_ERR_MAX + 160];
 	unsigned stages;
 	unsigned threads; /* worker threads: stages, unless stages outnumber CPUs (they then share) */
 	pb_stage_result st[MBP_MAX_STAGES];
@@ -168,11 +305,15 @@ typedef struct pb_result {
 } pb_result;
 
 typedef struct pb_baseline {
-	unsigned runs;
-	double *ms; /* every run's batch time */
-	unsigned cap;
+	unsigned runs;	/* batches measured */
+	pb_interval ms; /* per visit: its mean batch time */
+	pb_interval thr;
 	double median_ms, min_ms, max_ms;
 	double throughput; /* rows per second at the median */
+	double loud_share;
+	bool loud;
+	mbp_stage_desc desc[MBP_MAX_STAGES]; /* the stages it runs, its own */
+	void *ref;			     /* the reference output of the whole batch in one piece */
 } pb_baseline;
 
 /* State shared by the measurements of one invocation. */
@@ -183,14 +324,15 @@ typedef struct pb_bench {
 	unsigned allowed;
 	void *in;  /* one batch of input */
 	void *out; /* one batch of pipeline output */
-	void *ref; /* the reference output for the size being measured */
 	void *seq; /* the baseline's output */
 	pb_baseline base;
+	void *base_inst;  /* the workload's stages of the baseline, for release() */
+	bool base_ref_ok; /* base.ref holds the reference (else the baseline's first output becomes it) */
 	mbp_placement placement[MBP_MAX_STAGES];
 	bool have_placement;
-	bool pin;			  /* the engine pins stages: the baseline pins its thread too */
-	double load_start, load_end;	  /* 1-minute load average before and after (-1: unknown) */
-	uint64_t total_units, done_units; /* for the progress bar: batches run, or sizes done */
+	bool pin;		     /* the engine pins stages: the baseline pins its thread too */
+	double load_start, load_end; /* 1-minute load average before and after (-1: unknown) */
+	pb_noise noise;
 } pb_bench;
 
 int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned ncpus, unsigned allowed,
@@ -200,14 +342,20 @@ void pb_bench_fini(pb_bench *b);
 /* The 1-minute load average, or -1 when /proc/loadavg cannot be read. */
 double pb_loadavg(void);
 
-/* Run the stages in order on one thread over the whole batch, `runs` times; adds to b->base, leaves the
- * output in b->seq. 0, or -1 with err set. */
-int pb_baseline_run(pb_bench *b, unsigned runs, char *err, size_t errlen);
+/* The baseline as an arm (ctx: the pb_bench): the stages in order on one thread over the whole batch, on
+ * a thread made for the visit (pinned where stage 0 runs), its output checked. Set base.desc first. */
+int pb_baseline_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *err, size_t errlen);
+/* Fill b->base from the baseline's arm. */
+void pb_baseline_sum(pb_bench *b, const pb_arm *arm);
 
-/* Measure one micro-batch size. `trace_path` non-NULL: keep an activity log and write it there. Returns
- * r->status (0 or -1). */
-int pb_measure(pb_bench *b, uint32_t mb_rows, unsigned warmup, unsigned batches, double duration_s,
-	       const char *trace_path, pb_result *r);
+/* One micro-batch size as an arm: its stages, reference output and a started pipeline. `trace`: keep an
+ * activity log. Returns 0, or r->status (-1) with r->error set; close it either way. */
+typedef struct pb_cand pb_cand;
+int pb_cand_open(pb_bench *b, uint32_t mb_rows, bool trace, pb_cand **c, pb_result *r);
+int pb_cand_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *err, size_t errlen);
+/* Drain, check the engine's books, fill the result from what the visits collected and `arm`'s samples
+ * (may be NULL), write the trace if asked, destroy. Returns r->status. */
+int pb_cand_close(pb_cand *c, const pb_arm *arm, const char *trace_path);
 void pb_result_fini(pb_result *r);
 
 /* ---- predict.c ---- */
@@ -216,10 +364,36 @@ void pb_result_fini(pb_result *r);
  * bubble_gpipe, balanced. */
 void pb_predict(pb_result *r);
 
-/* The best size among `n` results: the smallest within 3% of the best throughput, or with a latency target
- * the fastest whose p99 meets it. Writes the reason (one sentence) and returns the index; n when no size
- * completed. */
-unsigned pb_choose(const pb_result *r, unsigned n, double latency_target_ms, char *why, size_t whylen);
+typedef struct pb_choice {
+	unsigned chosen;     /* the size to use; n when none completed */
+	unsigned best;	     /* the highest median throughput (among those meeting the latency target) */
+	unsigned next;	     /* the largest size below the chosen one that is not tied; n: none */
+	unsigned ntied;	     /* sizes tied with the best, the best included */
+	pb_interval vs_best; /* chosen / best throughput, paired by round */
+	pb_interval vs_next; /* chosen / next */
+	bool latency_met;    /* with a latency target: some size met it */
+	char why[700];
+} pb_choice;
+
+/* The size to use among `n` results (ascending sizes whose `rate` samples are paired by round): the
+ * smallest whose throughput ties with the best (pb_tied() with `margin`), among the sizes whose p99 batch
+ * latency meets the target if one is set (none: the one with the lowest p99). Marks the tied results. */
+void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin, pb_choice *c);
+
+/* What pb_check() needs to know beyond the result. */
+typedef struct pb_check_input {
+	unsigned cpus;	/* the CPUs the stages may use */
+	bool base_loud; /* the baseline's repeats ran on a loud machine */
+	double base_ms; /* the baseline's median batch time */
+} pb_check_input;
+
+enum { PB_CHECK_SPEEDUP = 1, PB_CHECK_ACCOUNT = 2, PB_CHECK_BUBBLE = 4 };
+
+/* Test r's figures against each other; failures go into r->flags and r->check (the first one, with its
+ * likely cause): (1) speed-up <= min(threads, CPUs) x (1 - bubble), both at the favourable end of their
+ * intervals, plus PB_CHECK_SLACK; (2) each thread's busy + starved + blocked = its window within
+ * PB_ACCOUNT_SLACK; (3) the threads' mean busy share = in-flight share x (1 - bubble). (stats.c) */
+void pb_check(pb_result *r, const pb_check_input *in);
 
 /* ---- output.c ---- */
 
@@ -229,8 +403,7 @@ typedef struct pb_report {
 	const pb_bench *b;
 	const pb_result *res;
 	unsigned nres;
-	unsigned best;
-	char why[400];
+	pb_choice choice;
 	const pb_result *single; /* the whole batch as one micro-batch, for the Gantt chart (may be NULL) */
 	int status;		 /* exit status */
 	char error[PB_ERR_MAX];
@@ -239,9 +412,12 @@ typedef struct pb_report {
 /* The chosen size's result, or NULL when no size completed. */
 static inline const pb_result *pb_best(const pb_report *rep)
 {
-	return rep->best < rep->nres && rep->res[rep->best].status == 0 ? &rep->res[rep->best] : NULL;
+	unsigned i = rep->choice.chosen;
+	return i < rep->nres && rep->res[i].status == 0 ? &rep->res[i] : NULL;
 }
 
+/* --trace's file can be written: checked before measuring. 0, or -1 with err set. */
+int pb_output_check(const char *opt, const char *path, char *err, size_t errlen);
 void pb_print_header(FILE *f, const pb_report *rep);
 void pb_print_table(FILE *f, const pb_report *rep);
 void pb_print_csv(FILE *f, const pb_report *rep);

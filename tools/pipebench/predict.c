@@ -9,9 +9,15 @@
  * the sum of its stages' t_i, and S counts threads. The t_i are the service times measured in the same run
  * (time inside each stage function per micro-batch), so the difference between measured and predicted is the
  * engine's overhead: hand-offs, wake-ups, and the time a stage spent off its CPU.
+ *
+ * The choice: the size with the highest median throughput is the best; every size whose throughput, paired
+ * round by round with the best's, cannot be shown more than PB_TIE_MARGIN below it ties with it; the
+ * smallest tied size is chosen (smaller micro-batches need less memory and give lower latency), with the
+ * margin by which it beats the next smaller size. With a latency target only the sizes meeting it run.
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "pipebench.h"
 
@@ -45,68 +51,141 @@ static void fmt_rate(char *buf, size_t n, double rows_per_s)
 		snprintf(buf, n, "%.0f rows/s", rows_per_s);
 }
 
-unsigned pb_choose(const pb_result *r, unsigned n, double latency_target_ms, char *why, size_t whylen)
+/* "m=32 is 4.1% faster than m=16 (95% interval 2.0 to 6.3%)" into buf. */
+static void fmt_margin(char *buf, size_t n, const pb_result *a, const pb_result *b, const pb_interval *iv)
 {
-	unsigned best = n, fastest = n;
-	char a[32], c[32];
+	double d = (iv->median - 1) * 100, lo = (iv->lo - 1) * 100, hi = (iv->hi - 1) * 100;
+	snprintf(buf, n, "m=%u is %.1f%% %s than m=%u (%s %.1f to %.1f%%%s)", a->mb_rows, fabs(d),
+		 d >= 0 ? "faster" : "slower", b->mb_rows,
+		 iv->ci ? "95% interval" : "range of too few repeats:", lo, hi,
+		 lo <= 0 && hi >= 0 ? ", not distinguishable" : "");
+}
 
+static bool usable(const pb_result *r)
+{
+	return r->status == 0 && r->batches > 0;
+}
+
+void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin, pb_choice *c)
+{
+	char a[32], t[64] = "";
+	memset(c, 0, sizeof(*c));
+	c->chosen = c->best = c->next = n;
 	for (unsigned i = 0; i < n; i++)
-		if (r[i].status == 0 && (fastest == n || r[i].throughput > r[fastest].throughput))
-			fastest = i;
-	if (fastest == n) {
-		snprintf(why, whylen, "no size completed its measurement");
-		return n;
+		r[i].tied = false;
+
+	bool any = false;
+	for (unsigned i = 0; i < n; i++)
+		any |= usable(&r[i]);
+	if (!any) {
+		snprintf(c->why, sizeof(c->why), "no size completed its measurement");
+		return;
+	}
+	/* the sizes in the running: all, or those meeting the latency target */
+	bool in[PB_MAX_SIZES];
+	bool some = false;
+	for (unsigned i = 0; i < n && i < PB_MAX_SIZES; i++) {
+		in[i] = usable(&r[i]) && (latency_target_ms <= 0 || r[i].p99_ms <= latency_target_ms);
+		some |= in[i];
 	}
 	if (latency_target_ms > 0) {
-		for (unsigned i = 0; i < n; i++)
-			if (r[i].status == 0 && r[i].p99_ms <= latency_target_ms &&
-			    (best == n || r[i].throughput > r[best].throughput))
-				best = i;
-		if (best == n) {
-			unsigned low = fastest;
+		c->latency_met = some;
+		if (!some) {
+			unsigned low = n;
 			for (unsigned i = 0; i < n; i++)
-				if (r[i].status == 0 && r[i].p99_ms < r[low].p99_ms)
+				if (usable(&r[i]) && (low == n || r[i].p99_ms < r[low].p99_ms))
 					low = i;
-			snprintf(why, whylen,
+			c->chosen = c->best = low;
+			snprintf(c->why, sizeof(c->why),
 				 "no size meets the latency target of %g ms; m=%u has the lowest p99 batch "
 				 "latency "
 				 "(%.3g ms)",
 				 latency_target_ms, r[low].mb_rows, r[low].p99_ms);
-			return low;
+			return;
 		}
-		fmt_rate(a, sizeof(a), r[best].throughput);
-		snprintf(why, whylen,
-			 "m=%u has the highest throughput (%s) among the sizes whose p99 batch latency meets "
-			 "%g ms "
-			 "(its p99: %.3g ms)",
-			 r[best].mb_rows, a, latency_target_ms, r[best].p99_ms);
-		return best;
+		snprintf(t, sizeof(t), " among the sizes whose p99 batch latency meets %g ms",
+			 latency_target_ms);
 	}
-	if (n == 1) {
-		snprintf(why, whylen, "m=%u is the only size measured", r[0].mb_rows);
-		return 0;
+	for (unsigned i = 0; i < n; i++)
+		if (in[i] && (c->best == n || r[i].thr.median > r[c->best].thr.median))
+			c->best = i;
+	const pb_result *best = &r[c->best];
+	/* ties: paired by round with the best; sizes are ascending, so the first tied one is the smallest */
+	for (unsigned i = 0; i < n; i++) {
+		if (!in[i])
+			continue;
+		pb_interval iv;
+		unsigned k = r[i].repeats < best->repeats ? r[i].repeats : best->repeats;
+		if (i == c->best)
+			r[i].tied = true;
+		else if (r[i].rate && best->rate && k &&
+			 pb_ratio_interval(r[i].rate, best->rate, k, &iv) == 0)
+			r[i].tied = pb_tied(&iv, margin);
+		else /* no paired samples: the ratio of the medians */
+			r[i].tied = r[i].thr.median >= (1 - margin) * best->thr.median;
+		if (r[i].tied) {
+			c->ntied++;
+			if (c->chosen == n) {
+				c->chosen = i;
+				if (k && r[i].rate && best->rate)
+					pb_ratio_interval(r[i].rate, best->rate, k, &c->vs_best);
+			}
+		}
 	}
-	/* the knee: the smallest size within 3% of the best throughput (sizes are ascending) */
-	for (unsigned i = 0; i < n && best == n; i++)
-		if (r[i].status == 0 && r[i].throughput >= 0.97 * r[fastest].throughput)
-			best = i;
-	fmt_rate(a, sizeof(a), r[best].throughput);
-	fmt_rate(c, sizeof(c), r[fastest].throughput);
+	const pb_result *ch = &r[c->chosen];
+	for (unsigned i = 0; i < c->chosen; i++)
+		if (in[i])
+			c->next = i;
+	char next[200] = "";
+	if (c->next < n) {
+		const pb_result *nx = &r[c->next];
+		unsigned k = ch->repeats < nx->repeats ? ch->repeats : nx->repeats;
+		if (k && ch->rate && nx->rate && pb_ratio_interval(ch->rate, nx->rate, k, &c->vs_next) == 0) {
+			char m[140];
+			fmt_margin(m, sizeof(m), ch, nx, &c->vs_next);
+			snprintf(next, sizeof(next), "; against the next smaller size, %s", m);
+		}
+	}
+	fmt_rate(a, sizeof(a), best->thr.median);
 	const char *tail =
-	    r[best].bubble_predicted < r[best].bubble - 0.05
+	    ch->bubble_predicted < ch->bubble - 0.05
 		? "the rest is what the schedule does not model: hand-offs, wake-ups, time off the CPU"
 		: "the measured bubble follows the schedule";
-	if (best == fastest)
-		snprintf(why, whylen,
-			 "m=%u has the best throughput (%s) and every smaller size is more than 3%% slower; "
-			 "bubble %.2f measured, %.2f predicted: %s",
-			 r[best].mb_rows, a, r[best].bubble, r[best].bubble_predicted, tail);
-	else
+	char sizes[200] = "";
+	size_t len = 0;
+	for (unsigned i = 0; i < n && len < sizeof(sizes) - 16; i++)
+		if (r[i].tied && i != c->chosen)
+			len += (size_t)snprintf(sizes + len, sizeof(sizes) - len, "%sm=%u", len ? ", " : "",
+						r[i].mb_rows);
+	unsigned running = 0;
+	for (unsigned i = 0; i < n; i++)
+		running += in[i];
+	if (running == 1)
+		snprintf(c->why, sizeof(c->why),
+			 "m=%u is the only size measured%s (%s); bubble %.2f measured, %.2f "
+			 "predicted: %s",
+			 ch->mb_rows, t, a, ch->bubble, ch->bubble_predicted, tail);
+	else if (c->chosen == c->best && c->ntied == 1)
 		snprintf(
-		    why, whylen,
-		    "m=%u is the smallest size within 3%% of the best throughput (%s, against %s at m=%u), "
-		    "so it needs the least memory per micro-batch; bubble %.2f measured, %.2f predicted: %s",
-		    r[best].mb_rows, a, c, r[fastest].mb_rows, r[best].bubble, r[best].bubble_predicted,
-		    tail);
-	return best;
+		    c->why, sizeof(c->why),
+		    "m=%u has the best throughput%s (%s) and every other size is distinguishably more than "
+		    "%.0f%% slower%s; bubble %.2f measured, %.2f predicted: %s",
+		    ch->mb_rows, t, a, margin * 100, next, ch->bubble, ch->bubble_predicted, tail);
+	else if (c->chosen == c->best)
+		snprintf(c->why, sizeof(c->why),
+			 "m=%u has the best throughput%s (%s); tied with it (within %.0f%% or not "
+			 "distinguishable): %s; m=%u is the smallest, so it needs the least memory per "
+			 "micro-batch%s; bubble %.2f measured, %.2f predicted: %s",
+			 ch->mb_rows, t, a, margin * 100, sizes, ch->mb_rows, next, ch->bubble,
+			 ch->bubble_predicted, tail);
+	else {
+		char m[140];
+		fmt_margin(m, sizeof(m), ch, best, &c->vs_best);
+		snprintf(c->why, sizeof(c->why),
+			 "m=%u is the smallest size tied with the best%s (m=%u, %s: %s, within %.0f%% or not "
+			 "distinguishable; tied: %s), so it needs the least memory per micro-batch%s; bubble "
+			 "%.2f measured, %.2f predicted: %s",
+			 ch->mb_rows, t, best->mb_rows, a, m, margin * 100, sizes, next, ch->bubble,
+			 ch->bubble_predicted, tail);
+	}
 }
