@@ -24,5 +24,6 @@
 #include <mbpipe/pool.h>
 #include <mbpipe/pipeline.h>
 #include <mbpipe/model.h>
+#include <mbpipe/model_train.h>
 
 #endif

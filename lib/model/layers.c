@@ -99,14 +99,21 @@ void mbp__layer_run(const struct mbp__layer *l, const struct mbp__weights *w, co
 	mbp__layer_fwd(l, w, x, y, rows, NULL, NULL, NULL);
 }
 
+void mbp__layers_run_lw(const struct mbp__layer *l, const struct mbp__weights *lw, unsigned a, unsigned b,
+			const float *x, float *y, uint32_t rows, float *s0, float *s1)
+{
+	MBP_ASSERT(a < b);
+	const float *cur = x;
+	for (unsigned i = a; i < b; i++) {
+		float *dst = i + 1 == b ? y : ((i - a) & 1) ? s1 : s0;
+		mbp__layer_run(&l[i], &lw[i], cur, dst, rows);
+		cur = dst;
+	}
+}
+
 void mbp__layers_run(const mbp_model *m, const struct mbp__version *v, unsigned a, unsigned b, const float *x,
 		     float *y, uint32_t rows, float *s0, float *s1)
 {
 	MBP_ASSERT(a < b && b <= m->layers);
-	const float *cur = x;
-	for (unsigned i = a; i < b; i++) {
-		float *dst = i + 1 == b ? y : ((i - a) & 1) ? s1 : s0;
-		mbp__layer_run(&m->l[i], &v->lw[i], cur, dst, rows);
-		cur = dst;
-	}
+	mbp__layers_run_lw(m->l, v->lw, a, b, x, y, rows, s0, s1);
 }

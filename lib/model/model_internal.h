@@ -69,6 +69,9 @@ void mbp__version_put(struct mbp__version *v);
  */
 void mbp__layers_run(const mbp_model *m, const struct mbp__version *v, unsigned a, unsigned b, const float *x,
 		     float *y, uint32_t rows, float *s0, float *s1);
+/* The same over a layer table and weights table (the trainable model's). */
+void mbp__layers_run_lw(const struct mbp__layer *l, const struct mbp__weights *lw, unsigned a, unsigned b,
+			const float *x, float *y, uint32_t rows, float *s0, float *s1);
 /* One layer. */
 void mbp__layer_run(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		    uint32_t rows);
@@ -77,6 +80,11 @@ void mbp__layer_run(const struct mbp__layer *l, const struct mbp__weights *w, co
  * Computes exactly what mbp__layer_run does. */
 void mbp__layer_fwd(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		    uint32_t rows, float *z, float *xhat, float *inv);
+
+/* Describe a layer (mbp_model_layer_info's body). */
+void mbp__layer_info(const struct mbp__layer *l, mbp_layer_info *info);
+/* Prefix an error's message with the file's path ("<path>: <msg>"). */
+void mbp__load_error_path(mbp_model_error *err, const char *path);
 
 /* OpenBLAS to one thread (process-wide, under a lock: the call is not thread-safe). */
 void mbp__blas_one_thread(void);
