@@ -25,5 +25,6 @@
 #include <mbpipe/pipeline.h>
 #include <mbpipe/model.h>
 #include <mbpipe/model_train.h>
+#include <mbpipe/data.h>
 
 #endif

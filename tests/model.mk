@@ -17,3 +17,8 @@ tests_test_mlp_LDADD = $(TEST_LIBS)
 TESTS += tests/test_mlp
 # Stages of one model trained on two threads at once: a concurrency test too.
 CONCURRENCY_TESTS += tests/test_mlp
+check_PROGRAMS += tests/test_data
+tests_test_data_SOURCES = tests/test_data.c tests/check_main.h
+tests_test_data_CFLAGS = $(TEST_CFLAGS) $(ZLIB_CFLAGS)
+tests_test_data_LDADD = $(TEST_LIBS)
+TESTS += tests/test_data
