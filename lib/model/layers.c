@@ -11,6 +11,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,4 +117,35 @@ void mbp__layers_run(const mbp_model *m, const struct mbp__version *v, unsigned 
 {
 	MBP_ASSERT(a < b && b <= m->layers);
 	mbp__layers_run_lw(m->l, v->lw, a, b, x, y, rows, s0, s1);
+}
+
+int mbp__forward_batched(const struct mbp__layer *l, const struct mbp__weights *lw, unsigned L,
+			 uint32_t max_width, const float *in, float *out, size_t rows, uint32_t mb_rows)
+{
+	if (!rows)
+		return 0;
+	size_t mb = mb_rows && mb_rows < rows ? mb_rows : rows;
+	if (mb > UINT32_MAX)
+		mb = UINT32_MAX;
+	float *s0 = NULL, *s1 = NULL;
+	if (L > 1) {
+		size_t n;
+		if (!mbp__mul_size(mb, max_width, &n))
+			return -ENOMEM;
+		s0 = mbp__scratch_alloc(n);
+		s1 = mbp__scratch_alloc(n);
+		if (!s0 || !s1) {
+			free(s0);
+			free(s1);
+			return -ENOMEM;
+		}
+	}
+	const size_t inw = l[0].in, outw = l[L - 1].out;
+	for (size_t off = 0; off < rows; off += mb) {
+		uint32_t r = (uint32_t)(rows - off < mb ? rows - off : mb);
+		mbp__layers_run_lw(l, lw, 0, L, in + off * inw, out + off * outw, r, s0, s1);
+	}
+	free(s0);
+	free(s1);
+	return 0;
 }

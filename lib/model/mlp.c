@@ -289,32 +289,7 @@ int mbp_mlp_forward(mbp_mlp *n, const float *in, float *out, size_t rows, uint32
 {
 	if (!n || (rows && (!in || !out)))
 		return -EINVAL;
-	if (!rows)
-		return 0;
-	size_t mb = mb_rows && mb_rows < rows ? mb_rows : rows;
-	if (mb > UINT32_MAX)
-		mb = UINT32_MAX;
-	float *s0 = NULL, *s1 = NULL;
-	if (n->layers > 1) {
-		size_t cnt;
-		if (!mbp__mul_size(mb, n->max_width, &cnt))
-			return -ENOMEM;
-		s0 = mbp__scratch_alloc(cnt);
-		s1 = mbp__scratch_alloc(cnt);
-		if (!s0 || !s1) {
-			free(s0);
-			free(s1);
-			return -ENOMEM;
-		}
-	}
-	const size_t inw = n->l[0].in, outw = n->l[n->layers - 1].out;
-	for (size_t off = 0; off < rows; off += mb) {
-		uint32_t r = (uint32_t)(rows - off < mb ? rows - off : mb);
-		mbp__layers_run_lw(n->l, n->lw, 0, n->layers, in + off * inw, out + off * outw, r, s0, s1);
-	}
-	free(s0);
-	free(s1);
-	return 0;
+	return mbp__forward_batched(n->l, n->lw, n->layers, n->max_width, in, out, rows, mb_rows);
 }
 
 /* ---- stages ---- */

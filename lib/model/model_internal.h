@@ -72,6 +72,10 @@ void mbp__layers_run(const mbp_model *m, const struct mbp__version *v, unsigned 
 /* The same over a layer table and weights table (the trainable model's). */
 void mbp__layers_run_lw(const struct mbp__layer *l, const struct mbp__weights *lw, unsigned a, unsigned b,
 			const float *x, float *y, uint32_t rows, float *s0, float *s1);
+/* All L layers over `rows` rows in micro-batches of mb_rows (0: all at once), with scratch allocated for the
+ * call: the sequential reference (mbp_model_forward, mbp_mlp_forward). @return 0, -ENOMEM. */
+int mbp__forward_batched(const struct mbp__layer *l, const struct mbp__weights *lw, unsigned L,
+			 uint32_t max_width, const float *in, float *out, size_t rows, uint32_t mb_rows);
 /* One layer. */
 void mbp__layer_run(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		    uint32_t rows);
