@@ -249,8 +249,9 @@ int mbp_mlp_stage_forward(mbp_mlp_stage *st, const float *in, float *out, uint32
  * @param stash the micro-batch's stash, filled by its forward; consumed (call once per forward)
  * @param in    the micro-batch's input given to forward (not read here; accepted for symmetry, may be NULL)
  * @param dout  rows x out_width: gradient of the loss with respect to out; only read
- * @param din   rows x in_width: receives the gradient with respect to in; NULL: not computed (stage 0)
- * @return 0, -EINVAL.
+ * @param din   rows x in_width: receives the gradient with respect to in; NULL: not computed (stage 0).
+ *              May not overlap dout or the stash.
+ * @return 0, -EINVAL (NULL stash or dout, rows 0 or above max_rows).
  */
 int mbp_mlp_stage_backward_in(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
 			      uint32_t rows);
@@ -335,11 +336,14 @@ int mbp_mlp_save(mbp_mlp *n, const char *path);
 int mbp_mlp_save_optim(mbp_mlp *n, const char *path);
 
 /**
- * Read an optimizer state written by mbp_mlp_save_optim for a model of this structure and optimizer kind.
- * @param err optional: the rule broken and a message naming the file
- * @return 0; -EINVAL (NULL, a different structure or optimizer: rule MBP_MODEL_SHAPE, MBP_MODEL_MISSING,
- *         MBP_MODEL_UNKNOWN_TENSOR or MBP_MODEL_ACTIVATION), the safetensors rules' errors, -errno of the
- *         file system. On error the model's state is unchanged.
+ * Read an optimizer state written by mbp_mlp_save_optim for a model of this structure and optimizer kind,
+ * validated as strictly as a model file (mbp_load_rule): another optimizer (MBP_MODEL_ACTIVATION, -EINVAL),
+ * a missing moment or step count (MBP_MODEL_MISSING, -ENOENT), a moment of another shape (MBP_MODEL_SHAPE,
+ * -EINVAL) or not F32 (MBP_MODEL_DTYPE, -ENOTSUP), a tensor this model does not have
+ * (MBP_MODEL_UNKNOWN_TENSOR, -EINVAL), and the safetensors rules themselves.
+ * @param err optional: the rule broken, the tensor and a message naming the file
+ * @return 0, or the rule's negative errno (the file system's for MBP_LOAD_IO); -EINVAL for NULL. On error
+ *         the model's state is unchanged.
  */
 int mbp_mlp_load_optim(mbp_mlp *n, const char *path, mbp_model_error *err);
 
