@@ -1028,9 +1028,11 @@ START_TEST(bad_arguments_are_refused)
 	ck_assert_int_eq(mbp_mlp_save(n, "/nonexistent-dir/x.safetensors"), -ENOENT);
 	ck_assert_int_eq(mbp_mlp_forward(n, NULL, y, 1, 0), -EINVAL);
 	mbp_model_error e;
-	ck_assert_int_eq(mbp_mlp_load(&n, "/nonexistent-dir/x.safetensors", NULL, &e), -ENOENT);
-	ck_assert_ptr_null(n);
+	mbp_mlp *none = n;
+	ck_assert_int_eq(mbp_mlp_load(&none, "/nonexistent-dir/x.safetensors", NULL, &e), -ENOENT);
+	ck_assert_ptr_null(none);
 	mbp_mlp_stage_destroy(st);
+	mbp_mlp_destroy(n);
 	mbp_mlp_stage_destroy(NULL);
 	mbp_mlp_destroy(NULL);
 }
