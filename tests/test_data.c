@@ -177,6 +177,20 @@ START_TEST(broken_files_are_refused_each_with_its_reason_and_the_file_name)
 	be32(t + 8, 1u << 20);
 	put(path_in("big"), t, nbig, true);
 	expect_fail(path_in("big"), gl, 5, -E2BIG, "big", "above the limit");
+	/* A header announcing 4 GiB of pixels in a tiny file: truncated, without allocating 4 GiB first
+	 * (ASan would refuse such an allocation). */
+	size_t nhuge = images(t, 1, 1, 1);
+	be32(t + 4, 1u << 16);
+	be32(t + 8, 256);
+	be32(t + 12, 256);
+	put(path_in("huge"), t, nhuge, true);
+	size_t nlh = labels(lbuf, 1, 5);
+	be32(lbuf + 4, 1u << 16);
+	put(path_in("huge-l"), lbuf, nlh, true);
+	char hl[128];
+	snprintf(hl, sizeof(hl), "%s", path_in("huge-l"));
+	expect_fail(path_in("huge"), hl, 5, -EBADMSG, "huge",
+		    "truncated: the pixels: 4294967296 bytes expected");
 	/* Label out of range: labels 0 .. 4 with 4 classes. */
 	expect_fail(gi, gl, 4, -ERANGE, "good-l.gz", "label 4 of image 4 is out of range");
 	/* A corrupt gzip stream: flip bytes in the middle of the compressed data, and cut its trailer. */

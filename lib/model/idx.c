@@ -5,6 +5,7 @@
  * passes a plain file through. The header is read and checked first, then exactly the number of bytes it
  * announces, then one more read must find the end: a short read is a truncated file, a byte more is
  * trailing data, and any zlib error (a corrupt stream, a missing trailer) is reported as zlib words it.
+ * Buffers grow with the data actually read, so a header's sizes alone never allocate much.
  */
 #include "config.h"
 
@@ -42,33 +43,60 @@ static int fail(mbp_data_error *err, int code, const char *path, const char *fmt
 	return code;
 }
 
-/* Read exactly n bytes (n may exceed gzread's unsigned int). Returns 0, or fails naming what was read. */
-static int read_exact(gzFile f, const char *path, void *buf, size_t n, const char *what, mbp_data_error *err)
+/* Word why gzread returned k <= 0 while reading `what` (n bytes wanted, got so far). */
+static int gz_fail(gzFile f, const char *path, int k, const char *what, size_t n, size_t got,
+		   mbp_data_error *err)
 {
-	size_t got = 0;
-	while (got < n) {
-		size_t want = n - got < (1u << 24) ? n - got : (1u << 24);
-		int k = gzread(f, (char *)buf + got, (unsigned)want);
-		if (k < 0) {
-			int zerr;
-			const char *msg = gzerror(f, &zerr);
-			if (zerr == Z_ERRNO)
-				return fail(err, errno ? -errno : -EIO, path, "reading %s: %s", what,
-					    strerror(errno ? errno : EIO));
-			return fail(err, -EBADMSG, path, "corrupt gzip data while reading %s: %s", what, msg);
-		}
-		if (k == 0) {
-			int zerr;
-			const char *msg = gzerror(f, &zerr);
-			if (zerr != Z_OK && zerr != Z_STREAM_END)
-				return fail(err, -EBADMSG, path, "corrupt gzip data while reading %s: %s",
-					    what, msg);
-			return fail(err, -EBADMSG, path,
-				    "truncated: %s needs %zu bytes, the file ends after %zu", what, n, got);
-		}
-		got += (size_t)k;
+	int zerr;
+	const char *msg = gzerror(f, &zerr);
+	if (zerr == Z_ERRNO) {
+		int e = errno ? errno : EIO;
+		return fail(err, -e, path, "reading %s: %s", what, strerror(e));
 	}
-	return 0;
+	if (k < 0 || (zerr != Z_OK && zerr != Z_STREAM_END))
+		return fail(err, -EBADMSG, path, "corrupt gzip data while reading %s: %s", what, msg);
+	return fail(err, -EBADMSG, path, "truncated: %s: %zu bytes expected, the file ends after %zu", what,
+		    n, got);
+}
+
+/*
+ * Read exactly n bytes into *buf, or (*buf NULL) into a buffer allocated as the data arrives: 16 MiB, then
+ * doubling up to n, so that a header announcing gigabytes in a small or broken file costs no more than the
+ * file. gzread takes an unsigned int: at most 16 MiB per call.
+ */
+static int read_exact(gzFile f, const char *path, uint8_t **buf, size_t n, const char *what,
+		      mbp_data_error *err)
+{
+	bool grow = !*buf;
+	size_t cap = grow ? (n < (1u << 24) ? n : (1u << 24)) : n, got = 0;
+	uint8_t *p = grow ? malloc(cap ? cap : 1) : *buf;
+	int rc = p ? 0 : fail(err, -ENOMEM, path, "out of memory for %s", what);
+	while (!rc && got < n) {
+		if (got == cap) {
+			size_t next = cap > n / 2 ? n : 2 * cap;
+			uint8_t *q = realloc(p, next);
+			if (!q) {
+				rc =
+				    fail(err, -ENOMEM, path, "out of memory for %zu bytes of %s", next, what);
+				break;
+			}
+			p = q;
+			cap = next;
+		}
+		size_t want = cap - got < (1u << 24) ? cap - got : (1u << 24);
+		int k = gzread(f, p + got, (unsigned)want);
+		if (k <= 0)
+			rc = gz_fail(f, path, k, what, n, got, err);
+		else
+			got += (size_t)k;
+	}
+	if (grow) {
+		if (rc)
+			free(p);
+		else
+			*buf = p;
+	}
+	return rc;
 }
 
 /* The end of the file must follow the data. */
@@ -102,15 +130,15 @@ static int open_idx(const char *path, unsigned dims, uint32_t *size, gzFile *out
 		int e = errno ? errno : ENOMEM;
 		return fail(err, -e, path, "cannot open: %s", strerror(e));
 	}
-	uint8_t h[4 + 4 * 3];
-	int rc = read_exact(f, path, h, 4, "the IDX magic", err);
+	uint8_t h[4 + 4 * 3], *hp = h, *hd = h + 4;
+	int rc = read_exact(f, path, &hp, 4, "the IDX magic", err);
 	if (!rc && (h[0] || h[1] || h[2] != 0x08 || h[3] != dims))
 		rc = fail(err, -EBADMSG, path,
 			  "bad magic 0x%02x%02x%02x%02x: expected 0x000008%02x (IDX, unsigned bytes, %u "
 			  "dimension%s)",
 			  h[0], h[1], h[2], h[3], dims, dims, dims > 1 ? "s" : "");
 	if (!rc)
-		rc = read_exact(f, path, h + 4, 4 * (size_t)dims, "the IDX header", err);
+		rc = read_exact(f, path, &hd, 4 * (size_t)dims, "the IDX header", err);
 	for (unsigned d = 0; !rc && d < dims; d++) {
 		size[d] = be32(h + 4 + 4 * d);
 		if (!size[d])
@@ -158,22 +186,16 @@ int mbp_idx_load(mbp_dataset *ds, const char *images, const char *labels, uint32
 	if (!rc && bytes > MAX_BYTES)
 		rc = fail(err, -E2BIG, images, "%llu bytes of pixels, above the limit of %llu",
 			  (unsigned long long)bytes, (unsigned long long)MAX_BYTES);
-	if (!rc) {
-		ds->pixels = malloc(bytes);
-		ds->labels = malloc((size_t)si[0] * sizeof(int32_t));
-		lab = malloc(si[0]);
-		if (!ds->pixels || !ds->labels || !lab)
-			rc = fail(err, -ENOMEM, images, "out of memory for %llu bytes of pixels",
-				  (unsigned long long)bytes);
-	}
 	if (!rc)
-		rc = read_exact(fi, images, ds->pixels, bytes, "the pixels", err);
+		rc = read_exact(fi, images, &ds->pixels, bytes, "the pixels", err);
 	if (!rc)
 		rc = expect_end(fi, images, err);
 	if (!rc)
-		rc = read_exact(fl, labels, lab, si[0], "the labels", err);
+		rc = read_exact(fl, labels, &lab, si[0], "the labels", err);
 	if (!rc)
 		rc = expect_end(fl, labels, err);
+	if (!rc && !(ds->labels = malloc((size_t)si[0] * sizeof(int32_t))))
+		rc = fail(err, -ENOMEM, labels, "out of memory for %u labels", si[0]);
 	for (uint32_t i = 0; !rc && i < si[0]; i++) {
 		if (lab[i] >= classes)
 			rc = fail(err, -ERANGE, labels, "label %u of image %u is out of range (%u classes)",
