@@ -16,29 +16,16 @@
 #include <mbpipe.h>
 
 #include "check_main.h"
-
-static char dir[64];
+#include "test_tmpdir.h"
 
 static void setup(void)
 {
-	snprintf(dir, sizeof(dir), "/tmp/mbp-data-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(dir));
+	tmpdir_make("data");
 }
 
 static void teardown(void)
 {
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	ck_assert_int_eq(system(cmd), 0);
-}
-
-static const char *path_in(const char *name)
-{
-	static char p[4][128];
-	static int k;
-	k = (k + 1) % 4;
-	snprintf(p[k], sizeof(p[k]), "%s/%s", dir, name);
-	return p[k];
+	tmpdir_remove();
 }
 
 /* Write bytes to a file, gzip-compressed or plain. */
@@ -93,11 +80,11 @@ START_TEST(good_files_load_gzip_or_plain_with_pixels_scaled_to_unit_floats)
 {
 	for (int gz = 0; gz < 2; gz++) {
 		size_t ni = images(ibuf, 6, 3, 4), nl = labels(lbuf, 6, 5);
-		put(path_in("i"), ibuf, ni, gz);
-		put(path_in("l"), lbuf, nl, gz);
+		put(tmpdir_path("i"), ibuf, ni, gz);
+		put(tmpdir_path("l"), lbuf, nl, gz);
 		mbp_dataset ds;
 		mbp_data_error e;
-		ck_assert_msg(mbp_idx_load(&ds, path_in("i"), path_in("l"), 5, &e) == 0, "%s", e.msg);
+		ck_assert_msg(mbp_idx_load(&ds, tmpdir_path("i"), tmpdir_path("l"), 5, &e) == 0, "%s", e.msg);
 		ck_assert_uint_eq(ds.n, 6);
 		ck_assert_uint_eq(ds.rows, 3);
 		ck_assert_uint_eq(ds.cols, 4);
@@ -140,56 +127,56 @@ static void expect_fail(const char *im, const char *lb, uint32_t classes, int co
 START_TEST(broken_files_are_refused_each_with_its_reason_and_the_file_name)
 {
 	size_t ni = images(ibuf, 6, 3, 4), nl = labels(lbuf, 6, 5);
-	char gi[128], gl[128]; /* path_in's buffers rotate: keep these two */
-	snprintf(gi, sizeof(gi), "%s", path_in("good-i.gz"));
-	snprintf(gl, sizeof(gl), "%s", path_in("good-l.gz"));
+	char gi[128], gl[128]; /* tmpdir_path's buffers rotate: keep these two */
+	snprintf(gi, sizeof(gi), "%s", tmpdir_path("good-i.gz"));
+	snprintf(gl, sizeof(gl), "%s", tmpdir_path("good-l.gz"));
 	put(gi, ibuf, ni, true);
 	put(gl, lbuf, nl, true);
 	/* Missing file. */
-	expect_fail(path_in("nothing"), gl, 5, -ENOENT, "nothing", "cannot open");
+	expect_fail(tmpdir_path("nothing"), gl, 5, -ENOENT, "nothing", "cannot open");
 	/* Bad magic: a label file given as images, and a wrong type byte. */
 	expect_fail(gl, gl, 5, -EBADMSG, "good-l.gz", "bad magic");
 	uint8_t t[4096];
 	memcpy(t, ibuf, ni);
 	t[2] = 0x0d; /* float data */
-	put(path_in("type"), t, ni, true);
-	expect_fail(path_in("type"), gl, 5, -EBADMSG, "type", "bad magic");
+	put(tmpdir_path("type"), t, ni, true);
+	expect_fail(tmpdir_path("type"), gl, 5, -EBADMSG, "type", "bad magic");
 	/* Truncated: the header alone, and pixels cut short, plain and gzip. */
-	put(path_in("short-hdr"), ibuf, 6, true);
-	expect_fail(path_in("short-hdr"), gl, 5, -EBADMSG, "short-hdr", "truncated");
-	put(path_in("short"), ibuf, ni - 5, false);
-	expect_fail(path_in("short"), gl, 5, -EBADMSG, "short", "truncated");
-	put(path_in("short.gz"), ibuf, ni - 5, true);
-	expect_fail(path_in("short.gz"), gl, 5, -EBADMSG, "short.gz", "truncated");
+	put(tmpdir_path("short-hdr"), ibuf, 6, true);
+	expect_fail(tmpdir_path("short-hdr"), gl, 5, -EBADMSG, "short-hdr", "truncated");
+	put(tmpdir_path("short"), ibuf, ni - 5, false);
+	expect_fail(tmpdir_path("short"), gl, 5, -EBADMSG, "short", "truncated");
+	put(tmpdir_path("short.gz"), ibuf, ni - 5, true);
+	expect_fail(tmpdir_path("short.gz"), gl, 5, -EBADMSG, "short.gz", "truncated");
 	/* Trailing bytes. */
 	memcpy(t, ibuf, ni);
 	t[ni] = 1;
-	put(path_in("long"), t, ni + 1, true);
-	expect_fail(path_in("long"), gl, 5, -EBADMSG, "long", "trailing");
+	put(tmpdir_path("long"), t, ni + 1, true);
+	expect_fail(tmpdir_path("long"), gl, 5, -EBADMSG, "long", "trailing");
 	/* Wrong counts: 5 labels for 6 images; a zero dimension. */
 	size_t n5 = labels(lbuf, 5, 5);
-	put(path_in("l5"), lbuf, n5, true);
-	expect_fail(gi, path_in("l5"), 5, -EPROTO, "l5", "5 labels for the 6 images");
+	put(tmpdir_path("l5"), lbuf, n5, true);
+	expect_fail(gi, tmpdir_path("l5"), 5, -EPROTO, "l5", "5 labels for the 6 images");
 	size_t n0 = images(t, 6, 0, 4);
-	put(path_in("zero"), t, n0, true);
-	expect_fail(path_in("zero"), gl, 5, -EPROTO, "zero", "dimension 1 is 0");
+	put(tmpdir_path("zero"), t, n0, true);
+	expect_fail(tmpdir_path("zero"), gl, 5, -EPROTO, "zero", "dimension 1 is 0");
 	size_t nbig = images(t, 1, 1, 1);
 	be32(t + 8, 1u << 20);
-	put(path_in("big"), t, nbig, true);
-	expect_fail(path_in("big"), gl, 5, -E2BIG, "big", "above the limit");
+	put(tmpdir_path("big"), t, nbig, true);
+	expect_fail(tmpdir_path("big"), gl, 5, -E2BIG, "big", "above the limit");
 	/* A header announcing 4 GiB of pixels in a tiny file: truncated, without allocating 4 GiB first
 	 * (ASan would refuse such an allocation). */
 	size_t nhuge = images(t, 1, 1, 1);
 	be32(t + 4, 1u << 16);
 	be32(t + 8, 256);
 	be32(t + 12, 256);
-	put(path_in("huge"), t, nhuge, true);
+	put(tmpdir_path("huge"), t, nhuge, true);
 	size_t nlh = labels(lbuf, 1, 5);
 	be32(lbuf + 4, 1u << 16);
-	put(path_in("huge-l"), lbuf, nlh, true);
+	put(tmpdir_path("huge-l"), lbuf, nlh, true);
 	char hl[128];
-	snprintf(hl, sizeof(hl), "%s", path_in("huge-l"));
-	expect_fail(path_in("huge"), hl, 5, -EBADMSG, "huge",
+	snprintf(hl, sizeof(hl), "%s", tmpdir_path("huge-l"));
+	expect_fail(tmpdir_path("huge"), hl, 5, -EBADMSG, "huge",
 		    "truncated: the pixels: 4294967296 bytes expected");
 	/* Label out of range: labels 0 .. 4 with 4 classes. */
 	expect_fail(gi, gl, 4, -ERANGE, "good-l.gz", "label 4 of image 4 is out of range");
@@ -202,10 +189,10 @@ START_TEST(broken_files_are_refused_each_with_its_reason_and_the_file_name)
 	memcpy(c, z, nz);
 	for (size_t k = 12; k < nz - 12; k += 3)
 		c[k] ^= 0x5a;
-	put(path_in("corrupt"), c, nz, false);
-	expect_fail(path_in("corrupt"), gl, 5, -EBADMSG, "corrupt", "");
-	put(path_in("notrailer"), z, nz - 4, false);
-	expect_fail(path_in("notrailer"), gl, 5, -EBADMSG, "notrailer", "corrupt gzip");
+	put(tmpdir_path("corrupt"), c, nz, false);
+	expect_fail(tmpdir_path("corrupt"), gl, 5, -EBADMSG, "corrupt", "");
+	put(tmpdir_path("notrailer"), z, nz - 4, false);
+	expect_fail(tmpdir_path("notrailer"), gl, 5, -EBADMSG, "notrailer", "corrupt gzip");
 	/* Arguments. */
 	mbp_dataset ds;
 	ck_assert_int_eq(mbp_idx_load(&ds, gi, gl, 0, NULL), -EINVAL);

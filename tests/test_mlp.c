@@ -19,30 +19,17 @@
 #include <mbpipe.h>
 
 #include "check_main.h"
-
-static char dir[64];
+#include "test_tmpdir.h"
 
 static void setup(void)
 {
-	snprintf(dir, sizeof(dir), "/tmp/mbp-mlp-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(dir));
+	tmpdir_make("mlp");
 	openblas_set_num_threads(1);
 }
 
 static void teardown(void)
 {
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	ck_assert_int_eq(system(cmd), 0);
-}
-
-static const char *path_in(const char *name)
-{
-	static char p[4][128];
-	static int k;
-	k = (k + 1) % 4;
-	snprintf(p[k], sizeof(p[k]), "%s/%s", dir, name);
-	return p[k];
+	tmpdir_remove();
 }
 
 static uint64_t lcg(uint64_t *s)
@@ -504,10 +491,10 @@ START_TEST(training_forward_equals_inference_and_the_saved_model_bit_for_bit)
 	ck_assert_int_eq(mbp_mlp_stage_forward(s0, x, mid, rows, NULL), 0);
 	ck_assert_int_eq(mbp_mlp_stage_forward(s1, mid, out_inf, rows, NULL), 0);
 	ck_assert_int_eq(mbp_mlp_forward(n, x, out_mlp, rows, 0), 0);
-	ck_assert_int_eq(mbp_mlp_save(n, path_in("w.safetensors")), 0);
+	ck_assert_int_eq(mbp_mlp_save(n, tmpdir_path("w.safetensors")), 0);
 	mbp_model *m;
 	mbp_model_error e;
-	ck_assert_msg(mbp_model_load(&m, path_in("w.safetensors"), &e) == 0, "%s", e.msg);
+	ck_assert_msg(mbp_model_load(&m, tmpdir_path("w.safetensors"), &e) == 0, "%s", e.msg);
 	ck_assert_int_eq(mbp_model_forward(m, x, out_model, rows, 0), 0);
 	ck_assert(!memcmp(out_train, out_inf, sizeof(out_train)));
 	ck_assert(!memcmp(out_train, out_mlp, sizeof(out_train)));
@@ -821,18 +808,18 @@ START_TEST(checkpoint_resume_continues_bit_for_bit)
 			rig_step(&straight, (size_t)(s % 2) * 32, 4, 8, 1.0f);
 		for (int s = 0; s < 5; s++)
 			rig_step(&first, (size_t)(s % 2) * 32, 4, 8, 1.0f);
-		ck_assert_int_eq(mbp_mlp_save(first.n, path_in("ck.safetensors")), 0);
-		ck_assert_int_eq(mbp_mlp_save_optim(first.n, path_in("ck.optim.safetensors")), 0);
+		ck_assert_int_eq(mbp_mlp_save(first.n, tmpdir_path("ck.safetensors")), 0);
+		ck_assert_int_eq(mbp_mlp_save_optim(first.n, tmpdir_path("ck.optim.safetensors")), 0);
 		/* Resume: weights from the model file, moments and steps from the optimizer file. */
 		rig_init(&resumed, cuts, 2, 8, MBP_ACT_GELU, true, &opts[k], 64);
 		for (unsigned s = 0; s < resumed.S; s++)
 			mbp_mlp_stage_destroy(resumed.st[s]);
 		mbp_mlp_destroy(resumed.n);
 		mbp_model_error e;
-		ck_assert_msg(mbp_mlp_load(&resumed.n, path_in("ck.safetensors"), &opts[k], &e) == 0, "%s",
-			      e.msg);
-		ck_assert_msg(mbp_mlp_load_optim(resumed.n, path_in("ck.optim.safetensors"), &e) == 0, "%s",
-			      e.msg);
+		ck_assert_msg(mbp_mlp_load(&resumed.n, tmpdir_path("ck.safetensors"), &opts[k], &e) == 0,
+			      "%s", e.msg);
+		ck_assert_msg(mbp_mlp_load_optim(resumed.n, tmpdir_path("ck.optim.safetensors"), &e) == 0,
+			      "%s", e.msg);
 		for (unsigned s = 0; s < resumed.S; s++)
 			ck_assert_int_eq(
 			    mbp_mlp_stage_new(&resumed.st[s], resumed.n, cuts[s], cuts[s + 1], 8), 0);
@@ -860,7 +847,7 @@ START_TEST(optimizer_files_of_another_model_or_optimizer_are_refused_naming_the_
 	mbp_mlp *b = new_mlp(w, 2, MBP_ACT_RELU, false, 1, &sgd);
 	mbp_mlp *c = new_mlp(w2, 2, MBP_ACT_RELU, false, 1, &adam);
 	mbp_mlp *d = new_mlp(w, 2, MBP_ACT_RELU, true, 1, &adam);
-	const char *pa = path_in("a.optim.safetensors");
+	const char *pa = tmpdir_path("a.optim.safetensors");
 	ck_assert_int_eq(mbp_mlp_save_optim(a, pa), 0);
 	mbp_model_error e;
 	ck_assert_int_eq(mbp_mlp_load_optim(b, pa, &e), -EINVAL);
@@ -871,14 +858,14 @@ START_TEST(optimizer_files_of_another_model_or_optimizer_are_refused_naming_the_
 	ck_assert_int_eq(mbp_mlp_load_optim(d, pa, &e), -ENOENT); /* d's norm moments are missing */
 	ck_assert_int_eq(e.rule, MBP_MODEL_MISSING);
 	ck_assert_ptr_nonnull(strstr(e.tensor, "norm"));
-	const char *pd = path_in("d.optim.safetensors");
+	const char *pd = tmpdir_path("d.optim.safetensors");
 	ck_assert_int_eq(mbp_mlp_save_optim(d, pd), 0);
 	ck_assert_int_eq(mbp_mlp_load_optim(a, pd, &e), -EINVAL); /* a has no norm: unknown tensors */
 	ck_assert_int_eq(e.rule, MBP_MODEL_UNKNOWN_TENSOR);
-	ck_assert_int_eq(mbp_mlp_load_optim(a, path_in("missing"), &e), -ENOENT);
+	ck_assert_int_eq(mbp_mlp_load_optim(a, tmpdir_path("missing"), &e), -ENOENT);
 	ck_assert_ptr_nonnull(strstr(e.msg, "missing"));
 	/* A weights file is not an optimizer file. */
-	const char *pw = path_in("a.safetensors");
+	const char *pw = tmpdir_path("a.safetensors");
 	ck_assert_int_eq(mbp_mlp_save(a, pw), 0);
 	ck_assert_int_lt(mbp_mlp_load_optim(a, pw, &e), 0);
 	ck_assert_ptr_nonnull(strstr(e.msg, pw));
