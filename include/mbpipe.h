@@ -24,5 +24,7 @@
 #include <mbpipe/pool.h>
 #include <mbpipe/pipeline.h>
 #include <mbpipe/model.h>
+#include <mbpipe/model_train.h>
+#include <mbpipe/data.h>
 
 #endif

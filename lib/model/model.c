@@ -412,7 +412,7 @@ static int load_from(mbp_model *m, struct mbp__version *v, int fd, const mbp_mod
 	return rc;
 }
 
-static void prefix_path(mbp_model_error *err, const char *path)
+void mbp__load_error_path(mbp_model_error *err, const char *path)
 {
 	if (!err)
 		return;
@@ -592,7 +592,12 @@ int mbp_model_layer_info(const mbp_model *m, unsigned i, mbp_layer_info *info)
 		return -EINVAL;
 	if (i >= m->layers)
 		return -ERANGE;
-	const struct mbp__layer *l = &m->l[i];
+	mbp__layer_info(&m->l[i], info);
+	return 0;
+}
+
+void mbp__layer_info(const struct mbp__layer *l, mbp_layer_info *info)
+{
 	memset(info, 0, sizeof(*info));
 	info->in = l->in;
 	info->out = l->out;
@@ -602,7 +607,6 @@ int mbp_model_layer_info(const mbp_model *m, unsigned i, mbp_layer_info *info)
 	info->dtype = l->dtype;
 	info->flops = 2ull * l->in * l->out;
 	info->param_bytes = ((size_t)l->in * l->out + l->out * (l->norm ? 3u : 1u)) * sizeof(float);
-	return 0;
 }
 
 uint64_t mbp_model_version(const mbp_model *m)
@@ -664,30 +668,8 @@ int mbp_model_forward(mbp_model *m, const float *in, float *out, size_t rows, ui
 		return -EINVAL;
 	if (!rows)
 		return 0;
-	size_t mb = mb_rows && mb_rows < rows ? mb_rows : rows;
-	if (mb > UINT32_MAX)
-		mb = UINT32_MAX;
-	float *s0 = NULL, *s1 = NULL;
-	if (m->layers > 1) {
-		size_t n;
-		if (!mbp__mul_size(mb, m->max_width, &n))
-			return -ENOMEM;
-		s0 = mbp__scratch_alloc(n);
-		s1 = mbp__scratch_alloc(n);
-		if (!s0 || !s1) {
-			free(s0);
-			free(s1);
-			return -ENOMEM;
-		}
-	}
 	struct mbp__version *v = mbp__version_get_locked(m);
-	const size_t inw = m->l[0].in, outw = m->l[m->layers - 1].out;
-	for (size_t off = 0; off < rows; off += mb) {
-		uint32_t r = (uint32_t)(rows - off < mb ? rows - off : mb);
-		mbp__layers_run(m, v, 0, m->layers, in + off * inw, out + off * outw, r, s0, s1);
-	}
+	int rc = mbp__forward_batched(m->l, v->lw, m->layers, m->max_width, in, out, rows, mb_rows);
 	mbp__version_put(v);
-	free(s0);
-	free(s1);
-	return 0;
+	return rc;
 }
