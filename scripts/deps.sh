@@ -6,7 +6,8 @@ set -euo pipefail
 PKGS=(build-essential autoconf automake libtool pkg-config autoconf-archive git
       libopenblas-dev liburcu-dev libjemalloc-dev check
       libmicrohttpd-dev libcjson-dev clang clang-format
-      libboost-dev libck-dev libreaderwriterqueue-dev libtbb-dev wrk curl)
+      libboost-dev libck-dev libreaderwriterqueue-dev libtbb-dev wrk curl
+      libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${PKGS[@]}"; do

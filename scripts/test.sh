@@ -16,6 +16,8 @@ default)
 	b="$top/build-check"
 	"$top/scripts/build.sh" "$b" --enable-werror
 	make -C "$b" -j"$(nproc)" check
+	# the pipeline across MPI ranks, under mpirun with 2 and 4 ranks (tests/mpi.sh)
+	make -C "$b" check-mpi
 	# link an outside program against the installed library, as a user would
 	inst=$(mktemp -d)
 	make -C "$b" install DESTDIR="$inst" prefix=/usr/local >/dev/null
