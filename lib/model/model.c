@@ -17,6 +17,7 @@
 
 #include <endian.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
@@ -304,8 +305,28 @@ static int build_version(mbp_model *m, const mbp__st *st, const mbp__st_tensor *
 	return 0;
 }
 
-static int load_image(mbp_model *m, const uint8_t *buf, size_t len, struct mbp__version *v,
-		      mbp_model_error *err)
+/* Keep layers [first, first + count) of the validated chain (their tensors move to the front of t). */
+static int keep_layers(mbp_model *m, const mbp__st_tensor **t, unsigned first, unsigned count,
+		       mbp_model_error *err)
+{
+	if (count == 0 || first >= m->layers || count > m->layers - first)
+		return mbp__load_fail(err, MBP_MODEL_MISSING, NULL, "layers %u-%u asked for, the file has %u",
+				      first, first + count - 1, m->layers);
+	memmove(m->l, m->l + first, count * sizeof(*m->l));
+	memmove(t, t + (size_t)first * P_COUNT, (size_t)count * P_COUNT * sizeof(*t));
+	m->layers = count;
+	m->max_width = 0;
+	for (unsigned i = 0; i < count; i++) {
+		if (m->l[i].out > m->max_width)
+			m->max_width = m->l[i].out;
+		if (m->l[i].in > m->max_width)
+			m->max_width = m->l[i].in;
+	}
+	return 0;
+}
+
+static int load_image(mbp_model *m, const uint8_t *buf, size_t len, struct mbp__version *v, unsigned first,
+		      unsigned count, mbp_model_error *err)
 {
 	mbp__st st;
 	int rc = mbp__st_parse(buf, len, &st, err);
@@ -316,6 +337,8 @@ static int load_image(mbp_model *m, const uint8_t *buf, size_t len, struct mbp__
 		rc = mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "tensor index");
 	if (!rc)
 		rc = build_layers(m, &st, t, err);
+	if (!rc && count != UINT_MAX)
+		rc = keep_layers(m, t, first, count, err);
 	if (!rc)
 		rc = build_version(m, &st, t, v, err);
 	free(t);
@@ -333,7 +356,8 @@ static void prefix_path(mbp_model_error *err, const char *path)
 		snprintf(err->msg, sizeof(err->msg), "%.*s", (int)(sizeof(err->msg) - 1), msg);
 }
 
-int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
+/* Load layers [first, first + count) (count UINT_MAX: all of them). */
+static int load(mbp_model **out, const char *path, unsigned first, unsigned count, mbp_model_error *err)
 {
 	if (err)
 		memset(err, 0, sizeof(*err));
@@ -357,7 +381,9 @@ int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
 			err->code = rc;
 	} else if (sb.st_size > 0) {
 		v->map_len = (size_t)sb.st_size;
-		v->map = mmap(NULL, v->map_len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+		/* a part of the model: fault in only the pages of its own tensors, as they are used */
+		int populate = count == UINT_MAX ? MAP_POPULATE : 0;
+		v->map = mmap(NULL, v->map_len, PROT_READ, MAP_PRIVATE | populate, fd, 0);
 		if (v->map == MAP_FAILED) {
 			v->map = NULL;
 			rc = -errno;
@@ -369,7 +395,7 @@ int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
 	if (fd >= 0)
 		close(fd);
 	if (!rc)
-		rc = load_image(m, v->map, v->map_len, v, err);
+		rc = load_image(m, v->map, v->map_len, v, first, count, err);
 	if (rc) {
 		prefix_path(err, path);
 		version_free(v);
@@ -399,6 +425,17 @@ int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
 	m->current = v;
 	*out = m;
 	return 0;
+}
+
+int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
+{
+	return load(out, path, 0, UINT_MAX, err);
+}
+
+int mbp_model_load_layers(mbp_model **out, const char *path, unsigned first, unsigned count,
+			  mbp_model_error *err)
+{
+	return load(out, path, first, count, err);
 }
 
 void mbp_model_destroy(mbp_model *m)
