@@ -575,6 +575,69 @@ START_TEST(a_slow_last_rank_back_pressures_its_upstream_through_credits)
 }
 END_TEST
 
+/* ---- the model split over the ranks ---- */
+
+START_TEST(a_model_split_over_the_ranks_gives_the_single_process_output_bit_for_bit)
+{
+	/* two layers per rank, each rank loading only its own from its copy of the same file (same seed) */
+	char path[64];
+	snprintf(path, sizeof(path), "/tmp/mbp-test-mpi-%d-%d.safetensors", (int)getpid(), rank);
+	mbp_model_spec sp = {.layers = 2 * (unsigned)size,
+			     .in = 40,
+			     .hidden = 72,
+			     .out = 24,
+			     .act = MBP_ACT_GELU,
+			     .norm = true,
+			     .seed = 16};
+	ck_assert_int_eq(mbp_model_write_random(path, &sp), 0);
+	mbp_model *part;
+	mbp_model_error e;
+	ck_assert_msg(mbp_model_load_layers(&part, path, 2 * (unsigned)rank, 2, &e) == 0, "%s", e.msg);
+	const double cost[2] = {1, 1};
+	mbp_model_plan plan;
+	ck_assert_int_eq(mbp_model_partition(cost, NULL, 2, 2, &plan), 0);
+	mbp_model_stages *ms;
+	ck_assert_int_eq(mbp_model_stages_new(&ms, part, &plan, 16), 0);
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = mbp_model_in_width(part) * sizeof(float);
+	o.max_mb_rows = 16;
+	o.pin = false;
+	mbp_mpi *mp;
+	ck_assert_int_eq(mbp_mpi_new(&mp, &o, NULL), 0);
+	for (unsigned i = 0; i < mbp_model_stages_count(ms); i++) {
+		mbp_stage_desc d;
+		ck_assert_int_eq(mbp_model_stage_desc(ms, i, &d), 0);
+		ck_assert_int_eq(mbp_mpi_add_stage(mp, &d), 0);
+	}
+	ck_assert_int_eq(mbp_mpi_start(mp), 0);
+	if (rank == 0) {
+		enum { ROWS = 203, MBR = 16 };
+		mbp_model *whole;
+		ck_assert_int_eq(mbp_model_load(&whole, path, &e), 0);
+		float *x = malloc(ROWS * 40 * sizeof(float)), *out = calloc(ROWS * 24, sizeof(float)),
+		      *ref = calloc(ROWS * 24, sizeof(float));
+		for (size_t i = 0; i < ROWS * 40; i++)
+			x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+		/* the reference: the same layers in one process, micro-batch by micro-batch */
+		ck_assert_int_eq(mbp_model_forward(whole, x, ref, ROWS, MBR), 0);
+		ck_assert_int_eq(mbp_mpi_run(mp, x, out, ROWS, MBR), 0);
+		ck_assert_mem_eq(out, ref, ROWS * 24 * sizeof(float));
+		ck_assert_int_eq(mbp_mpi_drain(mp, 60 * SEC), 0);
+		mbp_model_destroy(whole);
+		free(x);
+		free(out);
+		free(ref);
+	} else {
+		ck_assert_int_eq(mbp_mpi_wait(mp, 120 * SEC), 0);
+	}
+	mbp_mpi_destroy(mp);
+	mbp_model_stages_destroy(ms);
+	mbp_model_destroy(part);
+	unlink(path);
+}
+END_TEST
+
 /* ---- set-up errors ---- */
 
 START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
@@ -633,6 +696,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, cancel_from_rank_0_fails_the_rest_on_every_rank_and_loses_nothing);
 	tcase_add_test(tc, a_slow_last_rank_back_pressures_its_upstream_through_credits);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
+	tcase_add_test(tc, a_model_split_over_the_ranks_gives_the_single_process_output_bit_for_bit);
 	suite_add_tcase(s, tc);
 	return s;
 }
