@@ -487,6 +487,8 @@ static void retire(mbp_mpi *mp)
 {
 	struct tent batch[RETIRE_BATCH];
 	bool job_done[RETIRE_BATCH];
+	mbp_job_fn cb[RETIRE_BATCH];
+	void *cb_arg[RETIRE_BATCH];
 	pthread_mutex_lock(&mp->lock);
 	if (mp->retiring) {
 		mp->retire_again = true;
@@ -516,17 +518,23 @@ static void retire(mbp_mpi *mp)
 		}
 		if (n == 0 && !mp->retire_again)
 			break;
-		/* mark jobs done before the callbacks: a waiter may now look (broadcast below) */
-		for (unsigned i = 0; i < n; i++)
-			if (job_done[i])
+		/* Mark jobs done before the callbacks: a waiter may now look (broadcast below), and reuse or
+		 * free its job at once, so the callback is read here, under the lock. */
+		for (unsigned i = 0; i < n; i++) {
+			cb[i] = NULL;
+			if (job_done[i]) {
+				cb[i] = batch[i].job->cb;
+				cb_arg[i] = batch[i].job->cb_arg;
 				batch[i].job->priv.opaque[1] = 1;
+			}
+		}
 		pthread_cond_broadcast(&mp->cond);
 		pthread_mutex_unlock(&mp->lock);
 		for (unsigned i = 0; i < n; i++) {
 			struct tent *t = &batch[i];
 			if (t->job) {
-				if (job_done[i] && t->job->cb)
-					t->job->cb(t->job, t->job->cb_arg);
+				if (cb[i])
+					cb[i](t->job, cb_arg[i]);
 				continue;
 			}
 			mbp_mb *r = t->res;
@@ -673,6 +681,8 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 					job->status = err;
 				job->priv.opaque[0] -= nmb - k;
 				bool done = job->priv.opaque[0] == 0;
+				mbp_job_fn cb = done ? job->cb : NULL; /* read before a waiter may see done */
+				void *cb_arg = job->cb_arg;
 				if (done) {
 					job->done_ns = mbp__now_ns();
 					mp->jobs_failed++;
@@ -680,8 +690,8 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 					pthread_cond_broadcast(&mp->cond);
 				}
 				pthread_mutex_unlock(&mp->lock);
-				if (done && job->cb)
-					job->cb(job, job->cb_arg);
+				if (cb)
+					cb(job, cb_arg);
 				return 0;
 			}
 		}
