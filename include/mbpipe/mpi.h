@@ -78,6 +78,14 @@ int mbp_mpi_size(void);
 /** End every rank now (MPI_Abort with `code`). Does not return. */
 void mbp_mpi_abort(int code);
 
+/**
+ * Run fn(arg) on the communication thread, the one thread that may call MPI (MPI_THREAD_FUNNELED): for a
+ * program's own MPI calls (a broadcast of its settings, a barrier) between runs. Waits for fn.
+ * @return fn's return value; -EINVAL (NULL fn), -ENOTCONN (no mbp_mpi_init), -EBUSY (a run is active on
+ *         this rank: its link loop holds the thread from mbp_mpi_start() to the end of the run).
+ */
+int mbp_mpi_exec(int (*fn)(void *), void *arg);
+
 typedef struct mbp_mpi_opts {
 	uint32_t window;	 /**< W: receives pre-posted per link (credits of the sender). 8 */
 	uint32_t inflight;	 /**< rank 0: micro-batches accepted and not yet retired, at most. 512 */

@@ -218,3 +218,17 @@ int mbp__mpi_call(int (*fn)(void *), void *arg)
 {
 	return mbp__mpi_await(mbp__mpi_post(fn, arg));
 }
+
+int mbp_mpi_exec(int (*fn)(void *), void *arg)
+{
+	if (!fn)
+		return -EINVAL;
+	if (!g.started)
+		return -ENOTCONN;
+	pthread_mutex_lock(&g.lock);
+	bool busy = g.has_task || g.posted != g.done;
+	pthread_mutex_unlock(&g.lock);
+	if (busy)
+		return -EBUSY; /* a run's link loop holds the thread (or another exec) */
+	return mbp__mpi_call(fn, arg);
+}
