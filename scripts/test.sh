@@ -26,6 +26,13 @@ default)
 	# shellcheck disable=SC2046 # word splitting of pkg-config's flags is intended
 	cc -o "$inst/hello" "$top/examples/hello.c" $($pc --cflags --libs mbpipe)
 	"$inst/hello"
+	# the same for the library across MPI ranks, run with 2 ranks
+	if $pc --exists mbpipe-mpi; then
+		# shellcheck disable=SC2046
+		cc -o "$inst/hello_mpi" "$top/examples/hello_mpi.c" $($pc --cflags --libs mbpipe-mpi) -lm
+		OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+			mpirun --oversubscribe -np 2 "$inst/hello_mpi"
+	fi
 	rm -rf "$inst"
 	;;
 --tsan)
