@@ -17,6 +17,8 @@ default)
 	b="$top/build-check"
 	"$top/scripts/build.sh" "$b" --enable-werror
 	make -C "$b" -j"$(nproc)" check
+	# the pipeline across MPI ranks, under mpirun with 2 and 4 ranks (tests/mpi.sh)
+	make -C "$b" check-mpi
 	# Link an outside program against the installed library, as a user would: installed to a prefix
 	# (`make install prefix=DIR`, what the README shows), found by pkg-config through PKG_CONFIG_PATH
 	# alone; then staged with DESTDIR (the .pc names the final prefix) and relocated with
@@ -34,6 +36,13 @@ default)
 	cc -o "$inst/hello2" "$top/examples/hello.c" \
 		$(PKG_CONFIG_PATH="$inst/stage/opt/mbpipe/lib/pkgconfig" $pc --cflags --libs mbpipe)
 	"$inst/hello2"
+	# the same for the library across MPI ranks, run with 2 ranks
+	if $pc --exists mbpipe-mpi; then
+		# shellcheck disable=SC2046
+		cc -o "$inst/hello_mpi" "$top/examples/hello_mpi.c" $($pc --cflags --libs mbpipe-mpi) -lm
+		OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+			mpirun --oversubscribe -np 2 "$inst/hello_mpi"
+	fi
 	rm -rf "$inst"
 	make -C "$b" mbpipe.pc >/dev/null # back to the configured prefix
 	# every command of the README, as written
@@ -51,6 +60,8 @@ default)
 	"$top/scripts/build.sh" "$b" --enable-asan --enable-werror
 	MBP_TEST_SCALE=${MBP_TEST_SCALE:-4} CK_TIMEOUT_MULTIPLIER=${CK_TIMEOUT_MULTIPLIER:-3} \
 		make -C "$b" -j"$(nproc)" check
+	# the MPI tests too; Open MPI's own allocations are never freed, so leak detection is off for them
+	ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} make -C "$b" check-mpi
 	;;
 --fuzz)
 	b="$top/build-check"

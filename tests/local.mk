@@ -44,3 +44,4 @@ soak: $(CONCURRENCY_TESTS)
 	  for t in $(CONCURRENCY_TESTS); do ./$$t >/dev/null 2>&1 || { echo "soak: $$t failed in round $$n"; exit 1; }; done; \
 	done; echo "soak: $$n rounds ok"
 .PHONY: stress soak
+include tests/mpi.mk

@@ -524,6 +524,39 @@ START_TEST(stages_by_hand_equal_the_reference_bit_for_bit)
 }
 END_TEST
 
+START_TEST(layers_loaded_in_parts_compute_the_whole_model_bit_for_bit)
+{
+	uint32_t widths[] = {48, 64, 80, 24, 64, 16};
+	mbp_model_spec sp = {.layers = 5, .widths = widths, .act = MBP_ACT_GELU, .norm = true, .seed = 9};
+	mbp_model *m = make_model(0, &sp);
+	char p[128];
+	snprintf(p, sizeof(p), "%s/m0.safetensors", dir);
+	mbp_model *a, *b;
+	mbp_model_error e;
+	ck_assert_msg(mbp_model_load_layers(&a, p, 0, 2, &e) == 0, "%s", e.msg);
+	ck_assert_msg(mbp_model_load_layers(&b, p, 2, 3, &e) == 0, "%s", e.msg);
+	ck_assert_uint_eq(mbp_model_layers(a), 2);
+	ck_assert_uint_eq(mbp_model_layers(b), 3);
+	ck_assert_uint_eq(mbp_model_in_width(b), 80);
+	ck_assert_uint_eq(mbp_model_out_width(b), 16);
+	enum { ROWS = 7 };
+	float *x = random_rows(ROWS * 48, 3), mid[ROWS * 80], out[ROWS * 16], ref[ROWS * 16];
+	ck_assert_int_eq(mbp_model_forward(m, x, ref, ROWS, 4), 0);
+	ck_assert_int_eq(mbp_model_forward(a, x, mid, ROWS, 4), 0);
+	ck_assert_int_eq(mbp_model_forward(b, mid, out, ROWS, 4), 0);
+	ck_assert_mem_eq(out, ref, sizeof(ref));
+	mbp_model_destroy(a);
+	/* ranges past the file's layers, or empty, are refused with the rule that names them */
+	ck_assert_int_eq(mbp_model_load_layers(&a, p, 3, 3, &e), -ENOENT);
+	ck_assert_int_eq(e.rule, MBP_MODEL_MISSING);
+	ck_assert_int_eq(mbp_model_load_layers(&a, p, 0, 0, &e), -ENOENT);
+	ck_assert_int_eq(mbp_model_load_layers(&a, p, 5, 1, &e), -ENOENT);
+	free(x);
+	mbp_model_destroy(m);
+	mbp_model_destroy(b);
+}
+END_TEST
+
 START_TEST(swap_keeps_a_micro_batch_on_its_version_and_frees_the_old_after_it)
 {
 	mbp_model_spec sp = {
@@ -887,6 +920,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, partition_rejects_bad_input_and_balances_the_obvious_case);
 	tcase_add_test(tc, profile_and_balance_cover_the_layers);
 	tcase_add_test(tc, stages_by_hand_equal_the_reference_bit_for_bit);
+	tcase_add_test(tc, layers_loaded_in_parts_compute_the_whole_model_bit_for_bit);
 	tcase_add_test(tc, swap_keeps_a_micro_batch_on_its_version_and_frees_the_old_after_it);
 	tcase_add_test(tc, swap_rejects_another_structure_and_leaves_both_models_usable);
 	tcase_add_test(tc, blas_info_names_the_kernel_and_warns_only_for_a_generic_one);

@@ -218,6 +218,21 @@ int mbp_model_load_fd(mbp_model **m, int fd, const char *name, const mbp_model_l
 		      mbp_model_error *err);
 
 /**
+ * Load layers [first, first + count) of a model file as a model of their own, whose layer 0 is the file's
+ * layer `first`: what one rank of a pipeline across MPI ranks needs (<mbpipe/mpi.h>).
+ *
+ * The header and every layer's shape are validated as by mbp_model_load(); only the selected layers'
+ * tensors are read (F32 ones used in place from a mapping that is not pre-faulted, so the others' pages are
+ * never read) or converted. These layers compute bit for bit what the same layers of the whole model do.
+ * Pair with mbp_model_destroy().
+ *
+ * @return as mbp_model_load(); -ENOENT (MBP_MODEL_MISSING) when count is 0 or the file has fewer than
+ *         first + count layers.
+ */
+int mbp_model_load_layers(mbp_model **m, const char *path, unsigned first, unsigned count,
+			  mbp_model_error *err);
+
+/**
  * Destroy a model. Accepts NULL.
  *
  * Call it after every pipeline running the model's stages has been destroyed and its stages object too.

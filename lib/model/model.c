@@ -17,6 +17,7 @@
 
 #include <endian.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
@@ -308,6 +309,26 @@ static int build_version(mbp_model *m, const mbp__st *st, const mbp__st_tensor *
 	return 0;
 }
 
+/* Keep layers [first, first + count) of the validated chain (their tensors move to the front of t). */
+static int keep_layers(mbp_model *m, const mbp__st_tensor **t, unsigned first, unsigned count,
+		       mbp_model_error *err)
+{
+	if (count == 0 || first >= m->layers || count > m->layers - first)
+		return mbp__load_fail(err, MBP_MODEL_MISSING, NULL, "layers %u-%u asked for, the file has %u",
+				      first, first + count - 1, m->layers);
+	memmove(m->l, m->l + first, count * sizeof(*m->l));
+	memmove(t, t + (size_t)first * P_COUNT, (size_t)count * P_COUNT * sizeof(*t));
+	m->layers = count;
+	m->max_width = 0;
+	for (unsigned i = 0; i < count; i++) {
+		if (m->l[i].out > m->max_width)
+			m->max_width = m->l[i].out;
+		if (m->l[i].in > m->max_width)
+			m->max_width = m->l[i].in;
+	}
+	return 0;
+}
+
 /* A failed system call as MBP_LOAD_IO with the system's own errno. */
 static int io_fail(mbp_model_error *err, int code, const char *what)
 {
@@ -355,7 +376,7 @@ static const char *file_kind(mode_t mode)
  * only then the data section, into v->data.
  */
 static int load_from(mbp_model *m, struct mbp__version *v, int fd, const mbp_model_load_opts *o,
-		     mbp_model_error *err)
+		     unsigned first, unsigned count, mbp_model_error *err)
 {
 	struct stat sb;
 	if (fstat(fd, &sb) < 0)
@@ -393,6 +414,8 @@ static int load_from(mbp_model *m, struct mbp__version *v, int fd, const mbp_mod
 		rc = mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "tensor index");
 	if (!rc)
 		rc = build_layers(m, &st, t, err);
+	if (!rc && count != UINT_MAX)
+		rc = keep_layers(m, t, first, count, err);
 	uint64_t dlen = st.data_len;
 	if (!rc && dlen) {
 		size_t alloc = dlen > SIZE_MAX - 64 ? 0 : (size_t)(dlen + 63) & ~(size_t)63;
@@ -422,8 +445,9 @@ void mbp__load_error_path(mbp_model_error *err, const char *path)
 		snprintf(err->msg, sizeof(err->msg), "%.*s", (int)(sizeof(err->msg) - 1), msg);
 }
 
-int mbp_model_load_fd(mbp_model **out, int fd, const char *name, const mbp_model_load_opts *o,
-		      mbp_model_error *err)
+/* Load layers [first, first + count) (count UINT_MAX: all of them) from an open file. */
+static int load_fd(mbp_model **out, int fd, const char *name, const mbp_model_load_opts *o, unsigned first,
+		   unsigned count, mbp_model_error *err)
 {
 	if (err)
 		memset(err, 0, sizeof(*err));
@@ -438,7 +462,7 @@ int mbp_model_load_fd(mbp_model **out, int fd, const char *name, const mbp_model
 		free(v);
 		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "model");
 	}
-	int rc = load_from(m, v, fd, o ? o : &none, err);
+	int rc = load_from(m, v, fd, o ? o : &none, first, count, err);
 	if (rc) {
 		prefix_path(err, name ? name : "model");
 		version_free(v);
@@ -456,7 +480,13 @@ int mbp_model_load_fd(mbp_model **out, int fd, const char *name, const mbp_model
 	return 0;
 }
 
-int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
+int mbp_model_load_fd(mbp_model **out, int fd, const char *name, const mbp_model_load_opts *o,
+		      mbp_model_error *err)
+{
+	return load_fd(out, fd, name, o, 0, UINT_MAX, err);
+}
+
+static int load_path(mbp_model **out, const char *path, unsigned first, unsigned count, mbp_model_error *err)
 {
 	if (err)
 		memset(err, 0, sizeof(*err));
@@ -470,9 +500,20 @@ int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
 		prefix_path(err, path);
 		return rc;
 	}
-	int rc = mbp_model_load_fd(out, fd, path, NULL, err);
+	int rc = load_fd(out, fd, path, NULL, first, count, err);
 	close(fd);
 	return rc;
+}
+
+int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
+{
+	return load_path(out, path, 0, UINT_MAX, err);
+}
+
+int mbp_model_load_layers(mbp_model **out, const char *path, unsigned first, unsigned count,
+			  mbp_model_error *err)
+{
+	return load_path(out, path, first, count, err);
 }
 
 void mbp_model_destroy(mbp_model *m)

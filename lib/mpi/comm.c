@@ -1,0 +1,234 @@
+/*
+ * The communication thread: the one thread of the process that calls MPI.
+ *
+ * mbp_mpi_init() starts it; it calls MPI_Init_thread(MPI_THREAD_FUNNELED), so it is MPI's "main thread"
+ * and every later MPI call of the library runs on it. Other threads hand it a task (a function and its
+ * argument) and, for set-up calls, wait for the result. A run's link loop (link.c) is such a task: it
+ * occupies the thread until the run ends. mbp_mpi_finalize() makes it call MPI_Finalize, or MPI_Abort
+ * when a run ended on a silent rank (MPI_Finalize would wait for that rank forever).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include "mpi_internal.h"
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	pthread_t thread;
+	bool started;
+	bool ready; /* MPI_Init_thread returned (init_rc says how) */
+	int init_rc;
+	bool quit;
+	int (*fn)(void *);
+	void *arg;
+	bool has_task;	 /* fn/arg wait to be run */
+	uint64_t posted; /* tasks posted; done counts those finished */
+	uint64_t done;
+	int rc; /* result of the last task */
+	int rank, size;
+	atomic_bool abort_at_end;
+	atomic_int abort_now; /* mbp_mpi_abort()'s code + 1, 0: none */
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .rank = -1, .size = -1};
+
+struct init_args {
+	int *argc;
+	char ***argv;
+};
+
+static void *comm_main(void *arg)
+{
+	struct init_args *ia = arg;
+	int provided = MPI_THREAD_SINGLE, rc = 0;
+	if (MPI_Init_thread(ia->argc, ia->argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+		rc = -EIO;
+	else if (provided < MPI_THREAD_FUNNELED)
+		rc = -ENOTSUP;
+	pthread_mutex_lock(&g.lock);
+	if (rc == 0) {
+		MPI_Comm_rank(MPI_COMM_WORLD, &g.rank);
+		MPI_Comm_size(MPI_COMM_WORLD, &g.size);
+	}
+	g.init_rc = rc;
+	g.ready = true;
+	pthread_cond_broadcast(&g.cond);
+	while (rc == 0) {
+		while (!g.has_task && !g.quit)
+			pthread_cond_wait(&g.cond, &g.lock);
+		if (g.has_task) {
+			int (*fn)(void *) = g.fn;
+			void *a = g.arg;
+			g.has_task = false;
+			pthread_mutex_unlock(&g.lock);
+			int r = fn(a);
+			pthread_mutex_lock(&g.lock);
+			g.rc = r;
+			g.done++;
+			pthread_cond_broadcast(&g.cond);
+			continue;
+		}
+		break; /* quit, no task left */
+	}
+	pthread_mutex_unlock(&g.lock);
+	if (rc == 0) {
+		if (atomic_load(&g.abort_at_end)) {
+			fprintf(stderr, "mbpipe-mpi: rank %d: a rank went silent; aborting every rank\n",
+				g.rank);
+			MPI_Abort(MPI_COMM_WORLD, 1);
+		}
+		MPI_Finalize();
+	}
+	return NULL;
+}
+
+int mbp_mpi_init(int *argc, char ***argv)
+{
+	static struct init_args ia;
+	int flag = 0;
+	pthread_mutex_lock(&g.lock);
+	if (g.started) {
+		pthread_mutex_unlock(&g.lock);
+		return -EALREADY;
+	}
+	/* MPI_Initialized may be called before MPI_Init, from any thread. */
+	MPI_Initialized(&flag);
+	if (flag) {
+		pthread_mutex_unlock(&g.lock);
+		return -ENOTSUP; /* someone else's main thread owns MPI: FUNNELED would forbid our calls */
+	}
+	ia.argc = argc;
+	ia.argv = argv;
+	g.ready = false;
+	if (pthread_create(&g.thread, NULL, comm_main, &ia) != 0) {
+		pthread_mutex_unlock(&g.lock);
+		return -ENOMEM;
+	}
+	g.started = true;
+	while (!g.ready)
+		pthread_cond_wait(&g.cond, &g.lock);
+	int rc = g.init_rc;
+	pthread_mutex_unlock(&g.lock);
+	if (rc) {
+		pthread_join(g.thread, NULL);
+		g.started = false;
+	}
+	return rc;
+}
+
+void mbp_mpi_finalize(void)
+{
+	pthread_mutex_lock(&g.lock);
+	if (!g.started) {
+		pthread_mutex_unlock(&g.lock);
+		return;
+	}
+	g.quit = true;
+	pthread_cond_broadcast(&g.cond);
+	pthread_mutex_unlock(&g.lock);
+	pthread_join(g.thread, NULL);
+	g.started = false;
+	g.rank = g.size = -1;
+}
+
+int mbp_mpi_rank(void)
+{
+	return g.started ? g.rank : -ENOTCONN;
+}
+
+int mbp_mpi_size(void)
+{
+	return g.started ? g.size : -ENOTCONN;
+}
+
+static int abort_task(void *arg)
+{
+	(void)arg;
+	mbp__mpi_check_abort();
+	return 0;
+}
+
+void mbp__mpi_check_abort(void)
+{
+	int c = atomic_load(&g.abort_now);
+	if (c)
+		MPI_Abort(MPI_COMM_WORLD, c - 1);
+}
+
+void mbp_mpi_abort(int code)
+{
+	if (!g.started)
+		exit(code ? code : 1);
+	atomic_store(&g.abort_now, code + 1);
+	/* An idle thread runs the abort as a task; a busy one (a run's link loop) checks abort_now. */
+	pthread_mutex_lock(&g.lock);
+	if (!g.has_task && g.posted == g.done) {
+		g.fn = abort_task;
+		g.arg = NULL;
+		g.has_task = true;
+		g.posted++;
+		pthread_cond_broadcast(&g.cond);
+	}
+	pthread_mutex_unlock(&g.lock);
+	for (;;)
+		pause();
+}
+
+void mbp__mpi_abort_at_end(void)
+{
+	atomic_store(&g.abort_at_end, true);
+}
+
+bool mbp__mpi_started(void)
+{
+	return g.started;
+}
+
+uint64_t mbp__mpi_post(int (*fn)(void *), void *arg)
+{
+	pthread_mutex_lock(&g.lock);
+	while (g.has_task || g.posted != g.done)
+		pthread_cond_wait(&g.cond, &g.lock); /* one task at a time */
+	g.fn = fn;
+	g.arg = arg;
+	g.has_task = true;
+	uint64_t ticket = ++g.posted;
+	pthread_cond_broadcast(&g.cond);
+	pthread_mutex_unlock(&g.lock);
+	return ticket;
+}
+
+int mbp__mpi_await(uint64_t ticket)
+{
+	pthread_mutex_lock(&g.lock);
+	while (g.done < ticket)
+		pthread_cond_wait(&g.cond, &g.lock);
+	int rc = g.rc;
+	pthread_mutex_unlock(&g.lock);
+	return rc;
+}
+
+int mbp__mpi_call(int (*fn)(void *), void *arg)
+{
+	return mbp__mpi_await(mbp__mpi_post(fn, arg));
+}
+
+int mbp_mpi_exec(int (*fn)(void *), void *arg)
+{
+	if (!fn)
+		return -EINVAL;
+	if (!g.started)
+		return -ENOTCONN;
+	pthread_mutex_lock(&g.lock);
+	bool busy = g.has_task || g.posted != g.done;
+	pthread_mutex_unlock(&g.lock);
+	if (busy)
+		return -EBUSY; /* a run's link loop holds the thread (or another exec) */
+	return mbp__mpi_call(fn, arg);
+}

@@ -1,0 +1,28 @@
+/*
+ * Internal to libmbpipe-mpi: the communication thread's task interface (comm.c), used by the pipeline
+ * across ranks (mpi.c). Not installed.
+ */
+#ifndef MBP__MPI_INTERNAL_H
+#define MBP__MPI_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <mbpipe.h>
+#include <mbpipe/mpi.h>
+
+/* Whether mbp_mpi_init() succeeded. */
+bool mbp__mpi_started(void);
+/* Run fn(arg) on the communication thread (after the task before it): returns a ticket for await. */
+uint64_t mbp__mpi_post(int (*fn)(void *), void *arg);
+/* Wait for a posted task; its return value. */
+int mbp__mpi_await(uint64_t ticket);
+/* Post and await. */
+int mbp__mpi_call(int (*fn)(void *), void *arg);
+/* mbp_mpi_finalize() is to abort, not finalize (a rank went silent). */
+void mbp__mpi_abort_at_end(void);
+/* On the communication thread: MPI_Abort now if mbp_mpi_abort() asked for it. */
+void mbp__mpi_check_abort(void);
+
+#endif

@@ -1,0 +1,539 @@
+/*
+ * bench_mpi: the pipeline across MPI ranks against raw MPI and against one process. Run with 2 ranks:
+ *
+ *     mpirun --oversubscribe -np 2 perf/bench_mpi [-r ROUNDS]
+ *
+ * Three measurements, each alternating the peers round by round (A B A B), medians of the rounds:
+ *   link:    bytes per second through the remote link from rank 0 to rank 1, micro-batches of 4 KiB to
+ *            4 MiB, against an osu_bw-style loop written here (a window of MPI_Isend / MPI_Irecv of the same
+ *            size, then a 4-byte acknowledgement) with the same window. The pipeline's stages touch
+ *            nothing (two per rank, so that no stage copies), and the last rank returns 8 bytes per 4 KiB
+ *            row to rank 0, so the figure is the forward link's.
+ *   latency: the round trip of one 64-byte micro-batch through 2 ranks of one no-op stage each, against
+ *            one process of 2 no-op stages (the in-process ring) and a raw MPI ping-pong; the caller waits
+ *            for each result on a semaphore (as a thread blocked in mbp_job_wait would). Once with the
+ *            default spin_ns (20 us) and once with 5 ms (the communication threads poll longer).
+ *   mlp:     rows per second of an MLP (8 layers of 1024, GELU) split over 2 ranks of one stage each
+ *            (each loading only its 4 layers), against one process of 2 stages, jobs of 256 rows in
+ *            micro-batches of 64, a stream of 16 jobs in flight.
+ * Output: one grep-able line per measurement ("mpi_link size=... ratio=..."). Exits non-zero when an
+ * invariant breaks (results lost or wrong).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include <mbpipe.h>
+#include <mbpipe/mpi.h>
+
+#include "bench_util.h"
+
+#define ROW	   4096
+#define WINDOW	   16
+#define MAX_ROUNDS 16
+
+static int rank, size, rounds = 5;
+static uint64_t link_spin_ns; /* mbp_mpi_opts.spin_ns of the runs made next; 0: the default */
+
+static void die(const char *what, int rc)
+{
+	fprintf(stderr, "bench_mpi: rank %d: %s: %s\n", rank, what, mbp_strerror(rc));
+	mbp_mpi_abort(1);
+}
+
+/* ---- raw MPI, on the communication thread (mbp_mpi_exec) ---- */
+
+struct raw {
+	size_t bytes;
+	unsigned iters, window;
+	void *buf;
+	double seconds;
+};
+
+/* A barrier that sleeps while it waits: MPI_Barrier would spin a core that the other rank's measurement
+ * needs (2 CPUs). */
+static int barrier_task(void *arg)
+{
+	(void)arg;
+	MPI_Request rq;
+	int flag = 0;
+	MPI_Ibarrier(MPI_COMM_WORLD, &rq);
+	while (!MPI_Test(&rq, &flag, MPI_STATUS_IGNORE) && !flag)
+		usleep(200);
+	return 0;
+}
+
+static void barrier(void)
+{
+	int rc = mbp_mpi_exec(barrier_task, NULL);
+	if (rc)
+		die("barrier", rc);
+}
+
+/* osu_bw: rank 0 posts a window of sends, rank 1 a window of receives, then a 4-byte ack back. */
+static int raw_bw_task(void *arg)
+{
+	struct raw *r = arg;
+	MPI_Request req[64];
+	int ack = 0;
+	MPI_Barrier(MPI_COMM_WORLD);
+	uint64_t t0 = bench_now_ns();
+	for (unsigned i = 0; i < r->iters; i++) {
+		for (unsigned w = 0; w < r->window; w++) {
+			if (rank == 0)
+				MPI_Isend(r->buf, (int)r->bytes, MPI_BYTE, 1, 100, MPI_COMM_WORLD, &req[w]);
+			else
+				MPI_Irecv(r->buf, (int)r->bytes, MPI_BYTE, 0, 100, MPI_COMM_WORLD, &req[w]);
+		}
+		MPI_Waitall((int)r->window, req, MPI_STATUSES_IGNORE);
+		if (rank == 0)
+			MPI_Recv(&ack, 1, MPI_INT, 1, 101, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+		else
+			MPI_Send(&ack, 1, MPI_INT, 0, 101, MPI_COMM_WORLD);
+	}
+	r->seconds = (double)(bench_now_ns() - t0) / 1e9;
+	return 0;
+}
+
+static int raw_pingpong_task(void *arg)
+{
+	struct raw *r = arg;
+	MPI_Barrier(MPI_COMM_WORLD);
+	uint64_t t0 = bench_now_ns();
+	for (unsigned i = 0; i < r->iters; i++) {
+		if (rank == 0) {
+			MPI_Send(r->buf, (int)r->bytes, MPI_BYTE, 1, 102, MPI_COMM_WORLD);
+			MPI_Recv(r->buf, (int)r->bytes, MPI_BYTE, 1, 102, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+		} else {
+			MPI_Recv(r->buf, (int)r->bytes, MPI_BYTE, 0, 102, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			MPI_Send(r->buf, (int)r->bytes, MPI_BYTE, 0, 102, MPI_COMM_WORLD);
+		}
+	}
+	r->seconds = (double)(bench_now_ns() - t0) / 1e9;
+	return 0;
+}
+
+static double raw_run(int (*task)(void *), size_t bytes, unsigned iters, unsigned window)
+{
+	struct raw r = {.bytes = bytes, .iters = iters, .window = window, .buf = aligned_alloc(4096, bytes)};
+	int rc = mbp_mpi_exec(task, &r);
+	free(r.buf);
+	if (rc)
+		die("raw MPI", rc);
+	return r.seconds;
+}
+
+/* ---- the pipeline across ranks ---- */
+
+static int noop(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	(void)ctx;
+	(void)in;
+	(void)out;
+	return 0;
+}
+
+/* The last rank's last stage: 8 bytes per row back to rank 0. */
+static int shrink(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	(void)ctx;
+	for (uint32_t r = 0; r < in->rows; r++)
+		memcpy((char *)out->data + (size_t)r * 8, (const char *)in->data + (size_t)r * in->row_bytes,
+		       8);
+	return 0;
+}
+
+struct counter {
+	_Atomic uint64_t done, failed;
+	mbp_mpi *mp;
+	sem_t *sem; /* posted per result when set (ping-pong) */
+};
+
+static void count_result(void *arg, mbp_mb *mb)
+{
+	struct counter *c = arg;
+	if (mb->status)
+		atomic_fetch_add(&c->failed, 1);
+	atomic_fetch_add(&c->done, 1);
+	mbp_mpi_mb_release(c->mp, mb);
+	if (c->sem)
+		sem_post(c->sem);
+}
+
+/* Build this rank's part: `stages` stages of rows of `row` bytes, the last rank's last one shrinking
+ * the rows to 8 bytes when `shrink_last`. */
+static mbp_mpi *link_make(size_t row, uint32_t max_rows, unsigned stages, bool shrink_last, uint32_t window,
+			  struct counter *c)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = row;
+	o.max_mb_rows = max_rows;
+	o.mb_buffers = 64;
+	o.pin = false;
+	o.pool_bytes = (size_t)4 << 30;
+	if (rank == 0) {
+		o.on_result = count_result;
+		o.on_result_arg = c;
+	}
+	mbp_mpi_opts mo;
+	mbp_mpi_opts_init(&mo);
+	mo.window = window;
+	mo.spin_ns = link_spin_ns;
+	mbp_mpi *mp;
+	int rc = mbp_mpi_new(&mp, &o, &mo);
+	if (rc)
+		die("mbp_mpi_new", rc);
+	c->mp = mp;
+	for (unsigned i = 0; i < stages; i++) {
+		bool last = shrink_last && rank == size - 1 && i == stages - 1;
+		mbp_stage_desc d = {.fn = last ? shrink : noop, .cpu = -1, .out_row_bytes = last ? 8 : 0};
+		if ((rc = mbp_mpi_add_stage(mp, &d)))
+			die("add_stage", rc);
+	}
+	if ((rc = mbp_mpi_start(mp)))
+		die("mbp_mpi_start", rc);
+	return mp;
+}
+
+static void link_end(mbp_mpi *mp)
+{
+	int rc = rank == 0 ? mbp_mpi_drain(mp, -1) : mbp_mpi_wait(mp, -1);
+	if (rc)
+		die("end of run", rc);
+	mbp_mpi_destroy(mp);
+}
+
+/* Rank 0: submit n micro-batches of `rows` rows, keeping the pool busy; @return seconds until the last
+ * result is back. */
+static double link_stream(mbp_mpi *mp, struct counter *c, uint32_t rows, unsigned n)
+{
+	uint64_t t0 = bench_now_ns();
+	for (unsigned k = 0; k < n; k++) {
+		mbp_mb *mb;
+		int rc = mbp_mpi_mb_acquire(mp, &mb, -1);
+		if (rc)
+			die("acquire", rc);
+		mb->rows = rows;
+		mb->seq = k;
+		if ((rc = mbp_mpi_mb_submit(mp, mb, -1)))
+			die("submit", rc);
+	}
+	while (atomic_load(&c->done) < n)
+		usleep(50);
+	double s = (double)(bench_now_ns() - t0) / 1e9;
+	if (atomic_load(&c->failed))
+		die("a micro-batch failed", -EIO);
+	return s;
+}
+
+static void bench_link(void)
+{
+	static const size_t sizes[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
+	for (unsigned z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+		size_t bytes = sizes[z];
+		uint32_t rows = (uint32_t)(bytes / ROW);
+		unsigned n = (unsigned)(((size_t)512 << 20) / bytes); /* 512 MiB per round */
+		if (n > 20000)
+			n = 20000;
+		n -= n % WINDOW;
+		double mbp[MAX_ROUNDS], raw[MAX_ROUNDS];
+		for (int r = 0; r < rounds; r++) {
+			struct counter c = {0};
+			mbp_mpi *mp = link_make(ROW, rows, 2, true, WINDOW, &c);
+			/* warm-up: every pool buffer touched once (first-touch page faults are not the link's) */
+			if (rank == 0)
+				link_stream(mp, &c, rows, 256);
+			atomic_store(&c.done, 0);
+			double s = rank == 0 ? link_stream(mp, &c, rows, n) : 0;
+			link_end(mp);
+			mbp[r] = (double)n * (double)bytes / s / 1e9;
+			barrier();
+			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW);
+			raw[r] = (double)n * (double)bytes / s / 1e9;
+		}
+		if (rank == 0) {
+			double a = bench_median(mbp, (unsigned)rounds),
+			       b = bench_median(raw, (unsigned)rounds);
+			printf("mpi_link size=%zu window=%d mbp_gbs=%.2f raw_gbs=%.2f ratio=%.3f\n", bytes,
+			       WINDOW, a, b, a / b);
+			fflush(stdout);
+		}
+	}
+}
+
+/* ---- latency ---- */
+
+static double pingpong_mbp(mbp_mpi *mp, struct counter *c, unsigned n)
+{
+	sem_t sem;
+	sem_init(&sem, 0, 0);
+	c->sem = &sem;
+	uint64_t t0 = bench_now_ns();
+	for (unsigned k = 0; k < n; k++) {
+		mbp_mb *mb;
+		if (mbp_mpi_mb_acquire(mp, &mb, -1) != 0)
+			die("acquire", -EIO);
+		mb->rows = 1;
+		if (mbp_mpi_mb_submit(mp, mb, -1) != 0)
+			die("submit", -EIO);
+		sem_wait(&sem);
+	}
+	double us = (double)(bench_now_ns() - t0) / n / 1e3;
+	c->sem = NULL;
+	sem_destroy(&sem);
+	return us;
+}
+
+struct local_counter {
+	sem_t sem;
+	mbp_pipeline *p;
+};
+
+static void local_result(void *arg, mbp_mb *mb)
+{
+	struct local_counter *c = arg;
+	mbp_mb_release(c->p, mb);
+	sem_post(&c->sem);
+}
+
+static double pingpong_ring(unsigned n)
+{
+	struct local_counter c;
+	sem_init(&c.sem, 0, 0);
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = 64;
+	o.max_mb_rows = 1;
+	o.pin = false;
+	o.on_result = local_result;
+	o.on_result_arg = &c;
+	mbp_pipeline *p;
+	if (mbp_pipeline_new(&p, &o))
+		die("pipeline", -EIO);
+	c.p = p;
+	mbp_stage_desc d = {.fn = noop, .cpu = -1};
+	mbp_pipeline_add_stage(p, &d);
+	mbp_pipeline_add_stage(p, &d);
+	if (mbp_pipeline_start(p))
+		die("start", -EIO);
+	uint64_t t0 = bench_now_ns();
+	for (unsigned k = 0; k < n; k++) {
+		mbp_mb *mb;
+		mbp_mb_acquire(p, &mb, -1);
+		mb->rows = 1;
+		mbp_mb_submit(p, mb, -1);
+		sem_wait(&c.sem);
+	}
+	double us = (double)(bench_now_ns() - t0) / n / 1e3;
+	mbp_pipeline_drain(p, -1);
+	mbp_pipeline_destroy(p);
+	sem_destroy(&c.sem);
+	return us;
+}
+
+static void bench_latency(void)
+{
+	enum { N = 2000 };
+	double mbp[MAX_ROUNDS], spin[MAX_ROUNDS], ring[MAX_ROUNDS], raw[MAX_ROUNDS];
+	for (int r = 0; r < rounds; r++) {
+		struct counter c = {0};
+		mbp_mpi *mp = link_make(64, 1, 1, false, 8, &c);
+		mbp[r] = rank == 0 ? pingpong_mbp(mp, &c, N) : 0;
+		link_end(mp);
+		/* the communication threads polling 5 ms after each event instead of 20 us */
+		struct counter c2 = {0};
+		link_spin_ns = 5000000;
+		mp = link_make(64, 1, 1, false, 8, &c2);
+		link_spin_ns = 0;
+		spin[r] = rank == 0 ? pingpong_mbp(mp, &c2, N) : 0;
+		link_end(mp);
+		ring[r] = rank == 0 ? pingpong_ring(N) : 0;
+		barrier();
+		raw[r] = raw_run(raw_pingpong_task, 64, N, 1) / N * 1e6;
+	}
+	if (rank == 0)
+		printf("mpi_latency bytes=64 mbp_2ranks_us=%.1f mbp_2ranks_spin5ms_us=%.1f "
+		       "ring_1process_us=%.1f "
+		       "raw_mpi_pingpong_us=%.1f\n",
+		       bench_median(mbp, (unsigned)rounds), bench_median(spin, (unsigned)rounds),
+		       bench_median(ring, (unsigned)rounds), bench_median(raw, (unsigned)rounds));
+	fflush(stdout);
+}
+
+/* ---- the MLP ---- */
+
+#define MLP_LAYERS 8
+#define MLP_WIDTH  1024
+#define MLP_MB	   64
+#define MLP_ROWS   256
+#define MLP_JOBS   16
+
+static double mlp_stream(mbp_mpi *mp, mbp_pipeline *p, const float *in, float *out, unsigned reps)
+{
+	mbp_job jobs[MLP_JOBS];
+	uint64_t t0 = bench_now_ns();
+	for (unsigned rep = 0; rep < reps; rep++) {
+		for (unsigned j = 0; j < MLP_JOBS; j++) {
+			mbp_job_init(&jobs[j], in + (size_t)j * MLP_ROWS * MLP_WIDTH,
+				     out + (size_t)j * MLP_ROWS * MLP_WIDTH, MLP_ROWS, MLP_MB);
+			int rc = mp ? mbp_mpi_job_submit(mp, &jobs[j], -1) : mbp_job_submit(p, &jobs[j], -1);
+			if (rc)
+				die("job submit", rc);
+		}
+		for (unsigned j = 0; j < MLP_JOBS; j++) {
+			if (mp)
+				mbp_mpi_job_wait(mp, &jobs[j], -1);
+			else
+				mbp_job_wait(&jobs[j], -1);
+			if (jobs[j].status)
+				die("job", jobs[j].status);
+		}
+	}
+	return (double)reps * MLP_JOBS * MLP_ROWS / ((double)(bench_now_ns() - t0) / 1e9);
+}
+
+static void add_model_stages(mbp_model_stages *st, mbp_mpi *mp)
+{
+	for (unsigned i = 0; i < mbp_model_stages_count(st); i++) {
+		mbp_stage_desc d;
+		mbp_model_stage_desc(st, i, &d);
+		int rc = mbp_mpi_add_stage(mp, &d);
+		if (rc)
+			die("add model stage", rc);
+	}
+}
+
+static void bench_mlp(void)
+{
+	char path[96];
+	snprintf(path, sizeof(path), "/tmp/bench-mpi-mlp-%d-%d.safetensors", (int)getppid(), rank);
+	mbp_model_spec sp = {.layers = MLP_LAYERS,
+			     .in = MLP_WIDTH,
+			     .hidden = MLP_WIDTH,
+			     .out = MLP_WIDTH,
+			     .act = MBP_ACT_GELU,
+			     .seed = 5};
+	if (mbp_model_write_random(path, &sp))
+		die("model file", -EIO);
+	float *in = NULL, *out = NULL, *ref = NULL;
+	if (rank == 0) {
+		in = malloc((size_t)MLP_JOBS * MLP_ROWS * MLP_WIDTH * sizeof(float));
+		out = malloc((size_t)MLP_JOBS * MLP_ROWS * MLP_WIDTH * sizeof(float));
+		ref = malloc((size_t)MLP_JOBS * MLP_ROWS * MLP_WIDTH * sizeof(float));
+		for (size_t i = 0; i < (size_t)MLP_JOBS * MLP_ROWS * MLP_WIDTH; i++)
+			in[i] = (float)(i % 1999) / 1000.0f - 1.0f;
+	}
+	double split[MAX_ROUNDS], one[MAX_ROUNDS];
+	mbp_model_error e;
+	for (int r = 0; r < rounds; r++) {
+		/* A: 2 ranks of one stage each, each rank loading only its half of the layers */
+		mbp_model *part;
+		if (mbp_model_load_layers(&part, path, (unsigned)rank * (MLP_LAYERS / 2), MLP_LAYERS / 2, &e))
+			die(e.msg, -EIO);
+		mbp_model_plan plan;
+		const double cost[MLP_LAYERS / 2] = {1, 1, 1, 1};
+		mbp_model_partition(cost, NULL, MLP_LAYERS / 2, 1, &plan);
+		mbp_model_stages *st;
+		mbp_model_stages_new(&st, part, &plan, MLP_MB);
+		mbp_opts o;
+		mbp_opts_init(&o);
+		o.in_row_bytes = MLP_WIDTH * sizeof(float);
+		o.max_mb_rows = MLP_MB;
+		o.pin = false;
+		mbp_mpi *mp;
+		int rc = mbp_mpi_new(&mp, &o, NULL);
+		if (rc)
+			die("mbp_mpi_new", rc);
+		add_model_stages(st, mp);
+		if ((rc = mbp_mpi_start(mp)))
+			die("start", rc);
+		if (rank == 0) {
+			mlp_stream(mp, NULL, in, out, 1); /* warm-up */
+			split[r] = mlp_stream(mp, NULL, in, out, 3);
+		}
+		link_end(mp);
+		mbp_model_stages_destroy(st);
+		mbp_model_destroy(part);
+		barrier();
+		/* B: one process of 2 stages (rank 1 idles) */
+		if (rank == 0) {
+			mbp_model *m;
+			if (mbp_model_load(&m, path, &e))
+				die(e.msg, -EIO);
+			const double c8[MLP_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
+			mbp_model_partition(c8, NULL, MLP_LAYERS, 2, &plan);
+			mbp_model_stages_new(&st, m, &plan, MLP_MB);
+			mbp_opts_init(&o);
+			o.in_row_bytes = MLP_WIDTH * sizeof(float);
+			o.max_mb_rows = MLP_MB;
+			mbp_pipeline *p;
+			mbp_pipeline_new(&p, &o);
+			mbp_model_stages_add(st, p);
+			if (mbp_pipeline_start(p))
+				die("start", -EIO);
+			mlp_stream(NULL, p, in, ref, 1);
+			one[r] = mlp_stream(NULL, p, in, ref, 3);
+			mbp_pipeline_drain(p, -1);
+			mbp_pipeline_destroy(p);
+			mbp_model_stages_destroy(st);
+			mbp_model_destroy(m);
+			if (memcmp(out, ref, (size_t)MLP_JOBS * MLP_ROWS * MLP_WIDTH * sizeof(float)) != 0)
+				die("2 ranks and one process disagree", -EIO);
+		}
+		barrier();
+	}
+	if (rank == 0) {
+		double a = bench_median(split, (unsigned)rounds), b = bench_median(one, (unsigned)rounds);
+		printf("mpi_mlp layers=%d width=%d mb=%d rows_per_s_2ranks=%.0f rows_per_s_1process=%.0f "
+		       "ratio=%.3f "
+		       "bit_for_bit=yes\n",
+		       MLP_LAYERS, MLP_WIDTH, MLP_MB, a, b, a / b);
+	}
+	unlink(path);
+	free(in);
+	free(out);
+	free(ref);
+}
+
+int main(int argc, char **argv)
+{
+	int rc = mbp_mpi_init(&argc, &argv);
+	if (rc) {
+		fprintf(stderr, "bench_mpi: MPI: %s\n", mbp_strerror(rc));
+		return 1;
+	}
+	rank = mbp_mpi_rank();
+	size = mbp_mpi_size();
+	const char *only = NULL;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-r") && i + 1 < argc)
+			rounds = atoi(argv[++i]);
+		else
+			only = argv[i];
+	}
+	if (size != 2 || rounds < 1 || rounds > MAX_ROUNDS) {
+		if (rank == 0)
+			fprintf(stderr,
+				"usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [link|latency|mlp]\n",
+				MAX_ROUNDS);
+		mbp_mpi_finalize();
+		return 2;
+	}
+	if (!only || !strcmp(only, "link"))
+		bench_link();
+	if (!only || !strcmp(only, "latency"))
+		bench_latency();
+	if (!only || !strcmp(only, "mlp"))
+		bench_mlp();
+	mbp_mpi_finalize();
+	return 0;
+}

@@ -1,0 +1,9 @@
+# perf mpi: bench_mpi, the pipeline across MPI ranks against raw MPI (osu_bw-style) and one process
+# (perf/bench_mpi.c; figures in perf/results/mpi.md). Built when configure found MPI; run under mpirun.
+if HAVE_MPI
+EXTRA_PROGRAMS += perf/bench_mpi
+PERF_BINS += perf/bench_mpi
+perf_bench_mpi_SOURCES = perf/bench_mpi.c
+perf_bench_mpi_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS)
+perf_bench_mpi_LDADD = $(MBP_MPI_LIBS)
+endif

@@ -1,0 +1,21 @@
+# The pipeline across MPI ranks (libmbpipe-mpi): programs run under mpirun by tests/mpi.sh, not by plain
+# `make check` (an MPI program needs its launcher). `make check-mpi` runs them with 2 and 4 ranks; CI runs
+# it through scripts/test.sh.
+if HAVE_MPI
+check_PROGRAMS += tests/test_mpi tests/mpi_fault
+tests_test_mpi_SOURCES = tests/test_mpi.c
+tests_test_mpi_CFLAGS = $(TEST_CFLAGS) $(MPI_CFLAGS)
+tests_test_mpi_LDADD = $(MBP_MPI_LIBS) $(CHECK_LIBS)
+tests_mpi_fault_SOURCES = tests/mpi_fault.c
+tests_mpi_fault_CFLAGS = $(AM_CFLAGS)
+tests_mpi_fault_LDADD = $(MBP_MPI_LIBS)
+endif
+EXTRA_DIST += tests/mpi.sh
+
+check-mpi: $(check_PROGRAMS)
+if HAVE_MPIRUN
+	@MPIRUN="$(MPIRUN)" $(top_srcdir)/tests/mpi.sh $(top_builddir)
+else
+	@echo "check-mpi: skipped (configure found no MPI or no mpirun; --with-mpi)"
+endif
+.PHONY: check-mpi
