@@ -6,6 +6,7 @@ include perf/ring.mk
 include perf/pool.mk
 include perf/pipeline.mk
 include perf/model.mk
+include perf/train.mk
 EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/RESULTS.md perf/results
 perf: $(PERF_BINS)
 .PHONY: perf
