@@ -460,6 +460,14 @@ static void cleanup(struct mbp_trainer *t, struct tthread *th)
 static void decide(struct mbp_trainer *t)
 {
 	t->step_ok = !aborting(t);
+	/* a non-finite gradient would make some stages refuse their update: fail the step for all */
+	for (unsigned s = 0; t->step_ok && s < t->S; s++)
+		if (t->st[s].d.grad_sq && !isfinite(t->st[s].grad_sq)) {
+			pthread_mutex_lock(&t->lock);
+			t->err = (mbp_train_error){.err = -EDOM, .stage = (int)s, .mb = -1, .op = MBP_OP_W};
+			pthread_mutex_unlock(&t->lock);
+			t->step_ok = false;
+		}
 }
 
 static void run_step(struct mbp_trainer *t, struct tthread *th)

@@ -464,6 +464,43 @@ START_TEST(non_finite_loss_fails_the_step_with_edom)
 }
 END_TEST
 
+static double nan_grad_sq(void *ctx)
+{
+	(void)ctx;
+	return NAN;
+}
+
+START_TEST(non_finite_gradient_norm_fails_the_step_before_any_update)
+{
+	struct rig r;
+	r.S = 3;
+	mbp_train_opts o = {
+	    .in_row_bytes = N * sizeof(float), .target_row_bytes = N * sizeof(float), .loss = mse};
+	ck_assert_int_eq(mbp_trainer_new(&r.t, &o), 0);
+	for (unsigned s = 0; s < 3; s++) {
+		toy_init(&r.st[s], s);
+		mbp_train_stage_desc d = toy_desc(&r.st[s], false);
+		if (s == 1)
+			d.grad_sq = nan_grad_sq;
+		ck_assert_int_eq(mbp_trainer_add_stage(r.t, &d), 0);
+	}
+	ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+	struct toy before[3];
+	memcpy(before, r.st, sizeof(before));
+	float in[16 * N], tg[16 * N];
+	make_data(in, tg, 16, 0);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), -EDOM);
+	mbp_train_error e;
+	mbp_trainer_error(r.t, &e);
+	ck_assert_int_eq(e.stage, 1);
+	params_equal(r.st, before, 3);
+	for (unsigned s = 0; s < 3; s++)
+		ck_assert_uint_eq(r.st[s].updates, 0);
+	no_buffer_out(r.t);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
 struct later {
 	mbp_trainer *t;
 	struct toy *watch;
@@ -623,6 +660,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, zbh1_refuses_a_stage_without_split_backward);
 	tcase_add_test(tc, injected_failure_at_any_operation_leaves_every_parameter_unchanged);
 	tcase_add_test(tc, non_finite_loss_fails_the_step_with_edom);
+	tcase_add_test(tc, non_finite_gradient_norm_fails_the_step_before_any_update);
 	tcase_add_test(tc, cancel_mid_step_fails_it_with_nothing_updated_and_refuses_later_steps);
 	tcase_add_test(tc, drain_mid_step_lets_it_finish_then_refuses_later_steps);
 	tcase_add_test(tc, trace_shows_forward_backward_and_weight_operations_as_distinct_events);

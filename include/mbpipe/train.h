@@ -234,7 +234,8 @@ int mbp_trainer_start(mbp_trainer *t);
  * @param loss if not NULL, receives the summed loss of the step
  * @return 0; -EINVAL (NULL, rows 0, mb_rows 0); -E2BIG (mb_rows above max_mb_rows, or more micro-batches
  *         than max_mbs); -ENOTCONN (not started); -ESHUTDOWN (cancelled or drained); -ECANCELED (cancelled during the
- *         step); -EDOM (non-finite loss); -ENOBUFS (buffer bound); or the error a stage returned.
+ *         step); -EDOM (non-finite loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); or
+ *         the error a stage returned.
  *         mbp_trainer_error() says which stage, operation and micro-batch failed.
  */
 int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
