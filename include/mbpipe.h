@@ -25,5 +25,6 @@
 #include <mbpipe/pipeline.h>
 #include <mbpipe/train.h>
 #include <mbpipe/model.h>
+#include <mbpipe/model_train.h>
 
 #endif

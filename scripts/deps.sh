@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(build-essential autoconf automake libtool pkg-config autoconf-archive git
       libopenblas-dev liburcu-dev libjemalloc-dev check
-      libmicrohttpd-dev libcjson-dev clang clang-format
+      libmicrohttpd-dev libcjson-dev zlib1g-dev dataset-fashion-mnist clang clang-format
       libboost-dev libck-dev libreaderwriterqueue-dev libtbb-dev wrk curl)
 
 missing=()

@@ -9,3 +9,11 @@ tests_test_model_LDADD = $(TEST_LIBS)
 TESTS += tests/test_safetensors tests/test_model
 # The weight swap under load is a concurrency test: it runs in CI's ThreadSanitizer pass too.
 CONCURRENCY_TESTS += tests/test_model
+# Training: the trainable model's gradients, losses, optimizers and checkpoints; the IDX data reader.
+check_PROGRAMS += tests/test_mlp
+tests_test_mlp_SOURCES = tests/test_mlp.c tests/check_main.h
+tests_test_mlp_CFLAGS = $(TEST_CFLAGS)
+tests_test_mlp_LDADD = $(TEST_LIBS)
+TESTS += tests/test_mlp
+# Stages of one model trained on two threads at once: a concurrency test too.
+CONCURRENCY_TESTS += tests/test_mlp

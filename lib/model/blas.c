@@ -17,6 +17,8 @@
 
 #include <mbpipe.h>
 
+#include "model_internal.h"
+
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char info[320];
 static char warning[400];
@@ -64,4 +66,19 @@ const char *mbp_blas_warning(void)
 {
 	pthread_once(&once, probe);
 	return warn ? warning : NULL;
+}
+
+/* One BLAS thread per stage. The pipeline owns the cores: each worker thread is pinned to its own CPU and
+ * computes its stages' layers there; OpenBLAS's own worker threads would run on the same CPUs and fight the
+ * other stages for them (and its threaded sgemm on a small micro-batch mostly waits on them). The setting is
+ * process-wide, so every stage's init applies it, under a lock because it is not safe to call from several
+ * threads at once. */
+static pthread_mutex_t blas_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void mbp__blas_one_thread(void)
+{
+	pthread_mutex_lock(&blas_lock);
+	if (openblas_get_num_threads() != 1)
+		openblas_set_num_threads(1);
+	pthread_mutex_unlock(&blas_lock);
 }

@@ -5,8 +5,9 @@
  * one cblas_sgemm (beta = 1) adds X W^T, so the whole micro-batch streams each weight once. For a single
  * row cblas_sgemv does the same 1.5-2x faster (no packing). The activation and the normalisation then run
  * in place over Y, row by row, in a fixed order, so the result depends only on the input, the weights and
- * the micro-batch's row count: the sequential reference and the pipeline stages call these same functions
- * and agree bit for bit.
+ * the micro-batch's row count: the sequential reference, the pipeline stages and the training forward pass
+ * (mbp__layer_fwd, which also keeps what the backward pass needs) call these same functions and agree bit
+ * for bit.
  */
 #include "config.h"
 
@@ -47,8 +48,10 @@ static void activate(mbp_act act, float *y, size_t n)
 	}
 }
 
-/* Normalise one row in place: mean and variance in double (two passes), then the affine map in float. */
-static void layer_norm(float *y, uint32_t n, float eps, const float *g, const float *beta)
+/* Normalise one row in place: mean and variance in double (two passes), then the affine map in float. Training
+ * keeps the normalised values (xhat) and 1/sqrt(var + eps) for the backward pass; inference passes NULL. */
+static void layer_norm(float *y, uint32_t n, float eps, const float *g, const float *beta, float *xhat,
+		       float *inv_out)
 {
 	double sum = 0.0;
 	for (uint32_t i = 0; i < n; i++)
@@ -60,12 +63,18 @@ static void layer_norm(float *y, uint32_t n, float eps, const float *g, const fl
 	}
 	var /= n;
 	float inv = (float)(1.0 / sqrt(var + eps)), fmean = (float)mean;
-	for (uint32_t i = 0; i < n; i++)
-		y[i] = (y[i] - fmean) * inv * g[i] + beta[i];
+	if (inv_out)
+		*inv_out = inv;
+	for (uint32_t i = 0; i < n; i++) {
+		float h = (y[i] - fmean) * inv;
+		if (xhat)
+			xhat[i] = h;
+		y[i] = h * g[i] + beta[i];
+	}
 }
 
-void mbp__layer_run(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
-		    uint32_t rows)
+void mbp__layer_fwd(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
+		    uint32_t rows, float *z, float *xhat, float *inv)
 {
 	const int in = (int)l->in, out = (int)l->out;
 	for (uint32_t r = 0; r < rows; r++)
@@ -75,20 +84,36 @@ void mbp__layer_run(const struct mbp__layer *l, const struct mbp__weights *w, co
 	else
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, out, in, 1.0f, x, in, w->w,
 			    in, 1.0f, y, out);
+	if (z)
+		memcpy(z, y, (size_t)rows * out * sizeof(float));
 	activate(l->act, y, (size_t)rows * out);
 	if (l->norm)
 		for (uint32_t r = 0; r < rows; r++)
-			layer_norm(y + (size_t)r * out, l->out, l->eps, w->g, w->beta);
+			layer_norm(y + (size_t)r * out, l->out, l->eps, w->g, w->beta,
+				   xhat ? xhat + (size_t)r * out : NULL, inv ? inv + r : NULL);
+}
+
+void mbp__layer_run(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
+		    uint32_t rows)
+{
+	mbp__layer_fwd(l, w, x, y, rows, NULL, NULL, NULL);
+}
+
+void mbp__layers_run_lw(const struct mbp__layer *l, const struct mbp__weights *lw, unsigned a, unsigned b,
+			const float *x, float *y, uint32_t rows, float *s0, float *s1)
+{
+	MBP_ASSERT(a < b);
+	const float *cur = x;
+	for (unsigned i = a; i < b; i++) {
+		float *dst = i + 1 == b ? y : ((i - a) & 1) ? s1 : s0;
+		mbp__layer_run(&l[i], &lw[i], cur, dst, rows);
+		cur = dst;
+	}
 }
 
 void mbp__layers_run(const mbp_model *m, const struct mbp__version *v, unsigned a, unsigned b, const float *x,
 		     float *y, uint32_t rows, float *s0, float *s1)
 {
 	MBP_ASSERT(a < b && b <= m->layers);
-	const float *cur = x;
-	for (unsigned i = a; i < b; i++) {
-		float *dst = i + 1 == b ? y : ((i - a) & 1) ? s1 : s0;
-		mbp__layer_run(&m->l[i], &v->lw[i], cur, dst, rows);
-		cur = dst;
-	}
+	mbp__layers_run_lw(m->l, v->lw, a, b, x, y, rows, s0, s1);
 }

@@ -1,5 +1,7 @@
-# Model stages (OpenBLAS layers, safetensors, partitioner, RCU weight swap).
+# Model stages (OpenBLAS layers, safetensors, partitioner, RCU weight swap), training (backward, losses,
+# optimizers, checkpoints) and the IDX data reader.
 lib_libmbpipe_la_SOURCES += \
 	lib/model/model_internal.h lib/model/safetensors.h lib/model/safetensors.c lib/model/layers.c \
-	lib/model/model.c lib/model/plan.c lib/model/stages.c lib/model/blas.c lib/model/write.c
-mbpipeinclude_HEADERS += include/mbpipe/model.h
+	lib/model/model.c lib/model/plan.c lib/model/stages.c lib/model/blas.c lib/model/write.c \
+	lib/model/mlp_internal.h lib/model/mlp.c lib/model/optim.c lib/model/loss.c lib/model/checkpoint.c
+mbpipeinclude_HEADERS += include/mbpipe/model.h include/mbpipe/model_train.h

@@ -323,7 +323,7 @@ static int load_image(mbp_model *m, const uint8_t *buf, size_t len, struct mbp__
 	return rc;
 }
 
-static void prefix_path(mbp_model_error *err, const char *path)
+void mbp__load_error_path(mbp_model_error *err, const char *path)
 {
 	if (!err)
 		return;
@@ -371,7 +371,7 @@ int mbp_model_load(mbp_model **out, const char *path, mbp_model_error *err)
 	if (!rc)
 		rc = load_image(m, v->map, v->map_len, v, err);
 	if (rc) {
-		prefix_path(err, path);
+		mbp__load_error_path(err, path);
 		version_free(v);
 		free(m->l);
 		free(m);
@@ -477,7 +477,12 @@ int mbp_model_layer_info(const mbp_model *m, unsigned i, mbp_layer_info *info)
 		return -EINVAL;
 	if (i >= m->layers)
 		return -ERANGE;
-	const struct mbp__layer *l = &m->l[i];
+	mbp__layer_info(&m->l[i], info);
+	return 0;
+}
+
+void mbp__layer_info(const struct mbp__layer *l, mbp_layer_info *info)
+{
 	memset(info, 0, sizeof(*info));
 	info->in = l->in;
 	info->out = l->out;
@@ -487,7 +492,6 @@ int mbp_model_layer_info(const mbp_model *m, unsigned i, mbp_layer_info *info)
 	info->dtype = l->dtype;
 	info->flops = 2ull * l->in * l->out;
 	info->param_bytes = ((size_t)l->in * l->out + l->out * (l->norm ? 3u : 1u)) * sizeof(float);
-	return 0;
 }
 
 uint64_t mbp_model_version(const mbp_model *m)

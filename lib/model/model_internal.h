@@ -69,9 +69,56 @@ void mbp__version_put(struct mbp__version *v);
  */
 void mbp__layers_run(const mbp_model *m, const struct mbp__version *v, unsigned a, unsigned b, const float *x,
 		     float *y, uint32_t rows, float *s0, float *s1);
+/* The same over a layer table and weights table (the trainable model's). */
+void mbp__layers_run_lw(const struct mbp__layer *l, const struct mbp__weights *lw, unsigned a, unsigned b,
+			const float *x, float *y, uint32_t rows, float *s0, float *s1);
 /* One layer. */
 void mbp__layer_run(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		    uint32_t rows);
+/* One layer, keeping what its backward pass needs (each optional, rows x out unless said): z the dense
+ * output before the activation, xhat the normalised values, inv (rows) each row's 1 / sqrt(var + eps).
+ * Computes exactly what mbp__layer_run does. */
+void mbp__layer_fwd(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
+		    uint32_t rows, float *z, float *xhat, float *inv);
+
+/* Describe a layer (mbp_model_layer_info's body). */
+void mbp__layer_info(const struct mbp__layer *l, mbp_layer_info *info);
+/* Prefix an error's message with the file's path ("<path>: <msg>"). */
+void mbp__load_error_path(mbp_model_error *err, const char *path);
+
+/* OpenBLAS to one thread (process-wide, under a lock: the call is not thread-safe). */
+void mbp__blas_one_thread(void);
+
+/* splitmix64: a tiny, well-mixed generator; same seed, same values on every machine. */
+static inline uint64_t mbp__splitmix64(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15u);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1), 24 bits. */
+static inline float mbp__uniform(uint64_t *s)
+{
+	return (float)((double)(mbp__splitmix64(s) >> 40) / (double)(1u << 23) - 1.0);
+}
+
+/* One tensor for mbp__st_write: F32 data, or (data NULL) values offset + scale * uniform drawn in order
+ * from the writer's generator. */
+struct mbp__st_out {
+	char name[64];
+	uint32_t rows, cols; /* cols 0: 1-D [rows] */
+	const float *data;
+	float scale, offset;
+};
+
+/* Write a safetensors file (temporary name, fsync, rename): nmeta key/value string pairs in meta, then the
+ * tensors in order, converted to dt. @return 0, -ENOMEM, -EIO or the file system's -errno. */
+int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, const char *const *meta,
+		  size_t nmeta, mbp_dtype dt, uint64_t seed);
+/* Write L layers' weights in the layout mbp_model_load reads (F32, every layer's activation named). */
+int mbp__model_write(const char *path, unsigned L, const struct mbp__layer *l, const struct mbp__weights *lw);
 
 /* Aligned scratch of n floats (64-byte aligned, zeroed); NULL on failure. Free with free(). */
 float *mbp__scratch_alloc(size_t n);

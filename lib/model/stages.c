@@ -40,26 +40,11 @@ struct mbp_model_stages {
 	struct stage s[];
 };
 
-/* One BLAS thread per stage. The pipeline owns the cores: each worker thread is pinned to its own CPU and
- * computes its stages' layers there; OpenBLAS's own worker threads would run on the same CPUs and fight the
- * other stages for them (and its threaded sgemm on a small micro-batch mostly waits on them). The setting is
- * process-wide, so every stage's init applies it, under a lock because it is not safe to call from several
- * threads at once. */
-static pthread_mutex_t blas_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void blas_one_thread(void)
-{
-	pthread_mutex_lock(&blas_lock);
-	if (openblas_get_num_threads() != 1)
-		openblas_set_num_threads(1);
-	pthread_mutex_unlock(&blas_lock);
-}
-
 static int stage_init(void *ctx, unsigned idx)
 {
 	struct stage *s = ctx;
 	(void)idx;
-	blas_one_thread();
+	mbp__blas_one_thread();
 	if (s->scratch_floats) {
 		s->s0 = mbp__scratch_alloc(s->scratch_floats);
 		s->s1 = mbp__scratch_alloc(s->scratch_floats);

@@ -1,11 +1,12 @@
 /*
- * mbp_model_write_random: a safetensors model file with seeded random weights, for demos, tests and
- * benchmarks (nothing comes from the network).
+ * The safetensors writer: mbp_model_write_random (a model file with seeded random weights, for demos, tests
+ * and benchmarks; nothing comes from the network), and for training the trained weights in the same layout
+ * (mbp__model_write) and the optimizer state (lib/model/checkpoint.c), all through mbp__st_write.
  *
  * The file is written as the reference writer does: the JSON header padded with spaces to a multiple of 8
  * bytes (so F32 data is aligned in a mapping), then each tensor's bytes in header order, little-endian,
- * with no gaps. It goes to a temporary name in the same directory and is renamed into place, so a reader
- * never sees half a file.
+ * with no gaps. It goes to a temporary name in the same directory, is flushed to disk and renamed into place,
+ * so a reader (or a checkpoint after a crash) never sees half a file.
  */
 #include "config.h"
 
@@ -22,29 +23,8 @@
 #include "model_internal.h"
 #include "safetensors.h"
 
-/* splitmix64: a tiny, well-mixed generator; same seed, same weights on every machine. */
-static uint64_t next_u64(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15u);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-	return z ^ (z >> 31);
-}
-
-/* Uniform in [-1, 1). */
-static float uniform(uint64_t *s)
-{
-	return (float)((double)(next_u64(s) >> 40) / (double)(1u << 23) - 1.0);
-}
-
 enum { T_W, T_B, T_G, T_BETA };
 static const char *const tnames[] = {"weight", "bias", "norm.weight", "norm.bias"};
-
-struct wtensor {
-	unsigned layer, kind;
-	uint64_t nelem;
-	uint32_t rows, cols; /* cols 0: 1-D */
-};
 
 static const char *dt_name(mbp_dtype d)
 {
@@ -95,14 +75,30 @@ static const char *act_str(mbp_act a)
 	return a == MBP_ACT_RELU ? "relu" : a == MBP_ACT_GELU ? "gelu" : "none";
 }
 
-/* Write n values of one tensor, drawn from the generator, converted to the file's dtype. */
-static int write_values(FILE *f, uint64_t *seed, const struct wtensor *t, float scale, float offset,
-			mbp_dtype dt)
+/* Append a JSON string; our keys and values are plain ASCII, but anything written into JSON is escaped. */
+static void sb_json_str(struct sbuf *b, const char *s)
+{
+	sb_printf(b, "\"");
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			sb_printf(b, "\\%c", c);
+		else if (c < 0x20)
+			sb_printf(b, "\\u%04x", c);
+		else
+			sb_printf(b, "%c", c);
+	}
+	sb_printf(b, "\"");
+}
+
+/* Write one tensor's values, converted to the file's dtype: its data, or values drawn from the generator. */
+static int write_values(FILE *f, uint64_t *seed, const struct mbp__st_out *t, mbp_dtype dt)
 {
 	uint8_t buf[4096];
 	size_t per = dt_size(dt), fill = 0;
-	for (uint64_t e = 0; e < t->nelem; e++) {
-		float v = offset + scale * uniform(seed);
+	uint64_t nelem = (uint64_t)t->rows * (t->cols ? t->cols : 1);
+	for (uint64_t e = 0; e < nelem; e++) {
+		float v = t->data ? t->data[e] : t->offset + t->scale * mbp__uniform(seed);
 		if (dt == MBP_DTYPE_F32) {
 			uint32_t u;
 			memcpy(&u, &v, 4);
@@ -113,7 +109,7 @@ static int write_values(FILE *f, uint64_t *seed, const struct wtensor *t, float 
 			memcpy(buf + fill, &h, 2);
 		}
 		fill += per;
-		if (fill == sizeof(buf) || e + 1 == t->nelem) {
+		if (fill == sizeof(buf) || e + 1 == nelem) {
 			if (fwrite(buf, 1, fill, f) != fill)
 				return -EIO;
 			fill = 0;
@@ -122,53 +118,29 @@ static int write_values(FILE *f, uint64_t *seed, const struct wtensor *t, float 
 	return 0;
 }
 
-int mbp_model_write_random(const char *path, const mbp_model_spec *sp)
+int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, const char *const *meta,
+		  size_t nmeta, mbp_dtype dt, uint64_t seed)
 {
-	if (!path || !sp || sp->layers < 1 || sp->layers > MBP_MODEL_MAX_LAYERS || sp->act > MBP_ACT_GELU ||
-	    sp->dtype > MBP_DTYPE_BF16)
-		return -EINVAL;
-	unsigned L = sp->layers;
-	uint32_t *w = malloc((L + 1) * sizeof(*w));
-	struct wtensor *t = malloc(4 * (size_t)L * sizeof(*t));
 	struct sbuf h = {0};
 	char *tmp = NULL;
 	FILE *f = NULL;
 	int rc = 0;
-	if (!w || !t) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	for (unsigned i = 0; i <= L; i++) {
-		w[i] = sp->widths ? sp->widths[i] : i == 0 ? sp->in : i == L ? sp->out : sp->hidden;
-		if (w[i] < 1 || w[i] > MBP_MODEL_MAX_WIDTH) {
-			rc = -EINVAL;
-			goto out;
-		}
-	}
 
-	/* The tensor list, in data order: each layer's weight, bias, then its norm pair. */
-	size_t nt = 0;
-	for (unsigned i = 0; i < L; i++) {
-		bool norm = sp->norm && i + 1 < L;
-		for (unsigned k = 0; k < (norm ? 4u : 2u); k++) {
-			struct wtensor *x = &t[nt++];
-			x->layer = i;
-			x->kind = k;
-			x->rows = w[i + 1];
-			x->cols = k == T_W ? w[i] : 0;
-			x->nelem = (uint64_t)x->rows * (x->cols ? x->cols : 1);
-		}
+	sb_printf(&h, "{\"__metadata__\":{");
+	for (size_t k = 0; k < nmeta; k++) {
+		if (k)
+			sb_printf(&h, ",");
+		sb_json_str(&h, meta[2 * k]);
+		sb_printf(&h, ":");
+		sb_json_str(&h, meta[2 * k + 1]);
 	}
-
-	sb_printf(&h, "{\"__metadata__\":{\"format\":\"mbpipe-mlp\",\"activation\":\"%s\",",
-		  act_str(sp->act));
-	sb_printf(&h, "\"layers.%u.activation\":\"none\",\"layer_norm_eps\":\"1e-05\",\"seed\":\"%llu\"}",
-		  L - 1, (unsigned long long)sp->seed);
+	sb_printf(&h, "}");
 	uint64_t off = 0;
 	for (size_t k = 0; k < nt; k++) {
-		uint64_t bytes = t[k].nelem * dt_size(sp->dtype);
-		sb_printf(&h, ",\"layers.%u.%s\":{\"dtype\":\"%s\",\"shape\":[%u", t[k].layer,
-			  tnames[t[k].kind], dt_name(sp->dtype), t[k].rows);
+		uint64_t bytes = (uint64_t)t[k].rows * (t[k].cols ? t[k].cols : 1) * dt_size(dt);
+		sb_printf(&h, ",");
+		sb_json_str(&h, t[k].name);
+		sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[%u", dt_name(dt), t[k].rows);
 		if (t[k].cols)
 			sb_printf(&h, ",%u", t[k].cols);
 		sb_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
@@ -206,17 +178,12 @@ int mbp_model_write_random(const char *path, const mbp_model_spec *sp)
 	uint64_t hlen = htole64((uint64_t)h.len);
 	if (fwrite(&hlen, 8, 1, f) != 1 || fwrite(h.p, 1, h.len, f) != h.len)
 		rc = -EIO;
-	uint64_t seed = sp->seed;
-	for (size_t k = 0; k < nt && !rc; k++) {
-		const struct wtensor *x = &t[k];
-		bool act = x->layer + 1 < L && sp->act != MBP_ACT_NONE;
-		float scale = 0.1f, offset = 0.0f;
-		if (x->kind == T_W)
-			scale = sqrtf((act ? 6.0f : 3.0f) / (float)x->cols);
-		else if (x->kind == T_G)
-			offset = 1.0f;
-		rc = write_values(f, &seed, x, scale, offset, sp->dtype);
-	}
+	for (size_t k = 0; k < nt && !rc; k++)
+		rc = write_values(f, &seed, &t[k], dt);
+	if (fflush(f) != 0 && !rc)
+		rc = errno ? -errno : -EIO;
+	if (!rc && fsync(fileno(f)) != 0)
+		rc = -errno;
 	if (fclose(f) != 0 && !rc)
 		rc = errno ? -errno : -EIO;
 	if (!rc && rename(tmp, path))
@@ -226,7 +193,112 @@ int mbp_model_write_random(const char *path, const mbp_model_spec *sp)
 out:
 	free(tmp);
 	free(h.p);
+	return rc;
+}
+
+/* The tensor list of a model, in data order: each layer's weight, bias, then its norm pair; their values
+ * from lw, or (lw NULL) left to the generator. */
+static size_t model_tensors(unsigned L, const uint32_t *w, const bool *norm, const struct mbp__weights *lw,
+			    struct mbp__st_out *t)
+{
+	size_t nt = 0;
+	for (unsigned i = 0; i < L; i++)
+		for (unsigned k = 0; k < (norm[i] ? 4u : 2u); k++) {
+			struct mbp__st_out *x = &t[nt++];
+			snprintf(x->name, sizeof(x->name), "layers.%u.%s", i, tnames[k]);
+			x->rows = w[i + 1];
+			x->cols = k == T_W ? w[i] : 0;
+			if (lw) {
+				const float *parts[] = {lw[i].w, lw[i].b, lw[i].g, lw[i].beta};
+				x->data = parts[k];
+			}
+		}
+	return nt;
+}
+
+int mbp_model_write_random(const char *path, const mbp_model_spec *sp)
+{
+	if (!path || !sp || sp->layers < 1 || sp->layers > MBP_MODEL_MAX_LAYERS || sp->act > MBP_ACT_GELU ||
+	    sp->dtype > MBP_DTYPE_BF16)
+		return -EINVAL;
+	unsigned L = sp->layers;
+	uint32_t *w = calloc(L + 1, sizeof(*w));
+	bool *norm = calloc(L, sizeof(*norm));
+	struct mbp__st_out *t = calloc(4 * (size_t)L, sizeof(*t));
+	int rc = 0;
+	if (!w || !t || !norm) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (unsigned i = 0; i <= L; i++) {
+		w[i] = sp->widths ? sp->widths[i] : i == 0 ? sp->in : i == L ? sp->out : sp->hidden;
+		if (w[i] < 1 || w[i] > MBP_MODEL_MAX_WIDTH) {
+			rc = -EINVAL;
+			goto out;
+		}
+	}
+	for (unsigned i = 0; i < L; i++)
+		norm[i] = sp->norm && i + 1 < L;
+	size_t nt = model_tensors(L, w, norm, NULL, t);
+	for (size_t k = 0; k < nt; k++) {
+		struct mbp__st_out *x = &t[k];
+		unsigned layer = (unsigned)strtoul(x->name + 7, NULL, 10);
+		bool act = layer + 1 < L && sp->act != MBP_ACT_NONE;
+		x->scale = 0.1f;
+		if (x->cols)
+			x->scale = sqrtf((act ? 6.0f : 3.0f) / (float)x->cols);
+		else if (strstr(x->name, "norm.weight"))
+			x->offset = 1.0f;
+	}
+	char last[40], seed[24];
+	snprintf(last, sizeof(last), "layers.%u.activation", L - 1);
+	snprintf(seed, sizeof(seed), "%llu", (unsigned long long)sp->seed);
+	const char *meta[] = {"format", "mbpipe-mlp",	  "activation", act_str(sp->act), last,
+			      "none",	"layer_norm_eps", "1e-05",	"seed",		  seed};
+	rc = mbp__st_write(path, t, nt, meta, MBP_ARRAY_SIZE(meta) / 2, sp->dtype, sp->seed);
+out:
 	free(t);
+	free(norm);
+	free(w);
+	return rc;
+}
+
+int mbp__model_write(const char *path, unsigned L, const struct mbp__layer *l, const struct mbp__weights *lw)
+{
+	uint32_t *w = calloc(L + 1, sizeof(*w));
+	bool *norm = calloc(L, sizeof(*norm));
+	struct mbp__st_out *t = calloc(4 * (size_t)L, sizeof(*t));
+	const char **meta = calloc(2 * ((size_t)L + 3), sizeof(*meta));
+	char(*keys)[32] = calloc(L, sizeof(*keys));
+	int rc = 0;
+	if (!w || !norm || !t || !meta || !keys) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	float eps = 1e-5f;
+	w[0] = l[0].in;
+	for (unsigned i = 0; i < L; i++) {
+		w[i + 1] = l[i].out;
+		norm[i] = l[i].norm;
+		if (l[i].norm)
+			eps = l[i].eps; /* one epsilon per file: the loader gives every layer the same */
+	}
+	size_t nt = model_tensors(L, w, norm, lw, t);
+	char eps_s[32];
+	snprintf(eps_s, sizeof(eps_s), "%.9g", (double)eps);
+	size_t nm = 0;
+	meta[2 * nm] = "format", meta[2 * nm++ + 1] = "mbpipe-mlp";
+	meta[2 * nm] = "layer_norm_eps", meta[2 * nm++ + 1] = eps_s;
+	for (unsigned i = 0; i < L; i++) {
+		snprintf(keys[i], sizeof(keys[i]), "layers.%u.activation", i);
+		meta[2 * nm] = keys[i], meta[2 * nm++ + 1] = act_str(l[i].act);
+	}
+	rc = mbp__st_write(path, t, nt, meta, nm, MBP_DTYPE_F32, 0);
+out:
+	free(keys);
+	free(meta);
+	free(t);
+	free(norm);
 	free(w);
 	return rc;
 }

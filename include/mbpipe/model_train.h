@@ -1,0 +1,349 @@
+/*
+ * mbp_mlp: a trainable copy of a model (the layers of include/mbpipe/model.h), with the layer functions a
+ * pipeline-parallel trainer calls per stage: forward, backward split into input and weight gradients
+ * (B_in and B_w, for zero-bubble schedules), losses, optimizers with a learning-rate schedule, gradient
+ * clipping by global norm, and checkpoints.
+ *
+ * Not for direct inclusion: include <mbpipe.h>.
+ *
+ * Usage, one training step over M micro-batches of `mb` rows on S stages (error handling shortened):
+ *
+ *     mbp_optim_opts oo = {.kind = MBP_OPTIM_ADAMW, .lr = 1e-3f, .warmup_steps = 100, .total_steps = 2000};
+ *     mbp_mlp *n;
+ *     mbp_mlp_new_random(&n, &spec, &oo);                   // or mbp_mlp_load(&n, "m.safetensors", &oo, &e)
+ *     mbp_mlp_stage *st[S];                                 // stage s: layers [plan.first[s], plan.first[s+1])
+ *     for (s = 0; s < S; s++)
+ *             mbp_mlp_stage_new(&st[s], n, plan.first[s], plan.first[s + 1], mb);
+ *     // per micro-batch j: a stash of mbp_mlp_stage_stash_floats(st[s]) x rows floats on each stage
+ *     mbp_mlp_stage_forward(st[s], in_s, out_s, rows, stash[s][j]);          // F
+ *     mbp_loss_xent(logits, labels, rows, classes, N, dlogits, &loss, &correct);  // last stage
+ *     mbp_mlp_stage_backward_in(st[s], stash[s][j], in_s, dout_s, din_s, rows);   // B_in (din NULL: s = 0)
+ *     mbp_mlp_stage_backward_w(st[s], stash[s][j], in_s, rows);                   // B_w, after B_in
+ *     // after the flush: clip by the global norm, then every stage updates its own parameters
+ *     double sq = 0, q;
+ *     for (s = 0; s < S; s++)
+ *             mbp_mlp_stage_grad_sqnorm(st[s], &q), sq += q;
+ *     float scale = mbp_clip_scale(sq, 1.0f);
+ *     for (s = 0; s < S; s++)
+ *             mbp_mlp_stage_update(st[s], scale), mbp_mlp_stage_zero_grad(st[s]);
+ *     mbp_mlp_save(n, "m.safetensors");                     // mbp_model_load (and pipeserve) read it
+ *     mbp_mlp_save_optim(n, "m.optim.safetensors");         // with mbp_mlp_load_optim: exact resume
+ *
+ * The model. The layers are those of mbp_model (dense y = x W^T + b, then ReLU, GELU or none, then an
+ * optional layer normalisation with gain g and bias beta); the forward pass calls the same kernel as
+ * mbp_model_forward, so a trained model saved and loaded computes bit for bit what training computed.
+ * Parameters, their gradient accumulators and the optimizer's moments live in flat float arrays allocated
+ * once by the constructor, each layer on its own cache lines.
+ *
+ * Stages. An mbp_mlp_stage is a contiguous range of layers (a pipeline stage, as mbp_model_partition
+ * splits them) with its scratch (sized for max_rows) and views of its layers' parameters. It reads and
+ * writes only its own layers' parameters, gradients and moments, so stages over disjoint ranges can run on
+ * different threads at once; all of one stage's calls must come from one thread at a time.
+ *
+ * The stash. Forward writes into a caller-provided buffer what the backward pass needs for that
+ * micro-batch: per layer, the dense output before the activation (overwritten by B_in with the gradient
+ * of the dense output, which B_w then reads), the normalised values and the inverse deviations of a
+ * normalisation, and the layer's output when a later layer of the stage reads it. Its size is
+ * rows x mbp_mlp_stage_stash_floats(st) floats; its layout depends on `rows`, which must be the same in
+ * the forward and backward calls of one micro-batch. The stage's input `in` is not copied: the caller keeps
+ * it unchanged until the micro-batch's B_w (or combined backward) is done. A micro-batch's `dout` is
+ * needed only by its B_in.
+ *
+ * Gradients and determinism. Backward calls add to the gradient accumulators (in float, with beta = 1
+ * sgemm for the dense weights) until mbp_mlp_stage_zero_grad. The result depends on the order of the
+ * micro-batches only: running each stage's backward calls in micro-batch order gives the same bits
+ * whatever the interleaving with other stages or micro-batches' forwards (GPipe, 1F1B, ZB-H1), and the same
+ * bits as one stage over all the layers. B_in accumulates the layer normalisation's gain and bias gradients
+ * (cheap, and they need the output gradient that B_in consumes); B_w the dense weights and biases (the
+ * sgemm work). mbp_mlp_stage_backward == backward_in then backward_w, bit for bit.
+ *
+ * OpenBLAS runs single-threaded: mbp_mlp_stage_new sets it to one thread, process-wide, as the model's
+ * pipeline stages do (the pipeline owns the cores).
+ *
+ * Thread safety:
+ *   operation                                          | concurrency
+ *   mbp_mlp_stage_* on stages over disjoint ranges     | any threads, concurrently (one thread per stage)
+ *   mbp_loss_*, mbp_optim_lr, mbp_clip_scale           | any thread (they touch only their arguments)
+ *   mbp_mlp_forward, _save, _save_optim                | with each other; not during stage updates
+ *   new, load, load_optim, destroy, stage_new/_destroy | one thread, no stage call running
+ */
+#ifndef MBPIPE_MODEL_TRAIN_H
+#define MBPIPE_MODEL_TRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mbp_mlp mbp_mlp;
+typedef struct mbp_mlp_stage mbp_mlp_stage;
+
+/* ---- optimizers ---- */
+
+/** Optimizer kind. */
+typedef enum mbp_optim_kind {
+	MBP_OPTIM_ADAMW =
+	    0, /**< Adam with decoupled weight decay (Loshchilov and Hutter), as PyTorch's AdamW */
+	MBP_OPTIM_SGD = 1, /**< SGD with (heavy-ball) momentum, as PyTorch's SGD */
+} mbp_optim_kind;
+
+/**
+ * Optimizer and learning-rate schedule. A zeroed struct means defaults: AdamW, lr 1e-3, betas 0.9 and
+ * 0.999, eps 1e-8, no weight decay, no warm-up, constant rate.
+ *
+ * Learning rate at update t (t = 0 for the first update of a layer): during warm-up (t < warmup_steps)
+ * lr x (t + 1) / warmup_steps; after it, with total_steps > warmup_steps, cosine decay from lr to min_lr:
+ * min_lr + (lr - min_lr) (1 + cos(pi p)) / 2, p = (t - warmup_steps) / (total_steps - warmup_steps)
+ * (held at min_lr from total_steps on); with total_steps 0, lr.
+ *
+ * Updates, per parameter p with gradient g (after the clip scale):
+ *   AdamW: p -= lr wd p (dense weights only); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+ *          p -= lr (m / (1 - b1^(t+1))) / (sqrt(v / (1 - b2^(t+1))) + eps)
+ *   SGD:   g += wd p (dense weights only); buf = momentum buf + g (buf = g at t = 0); p -= lr buf
+ *          (momentum 0: p -= lr g, no buffer)
+ * Biases and normalisation parameters are not decayed (the usual practice).
+ */
+typedef struct mbp_optim_opts {
+	mbp_optim_kind kind;
+	float lr;	       /**< peak learning rate; 0: 1e-3 */
+	float min_lr;	       /**< end of the cosine decay; 0 is 0 */
+	uint64_t warmup_steps; /**< linear warm-up updates; 0: none */
+	uint64_t total_steps;  /**< end of the cosine decay; 0: no decay */
+	float weight_decay;    /**< 0: none */
+	float momentum;	       /**< SGD; 0: none */
+	float beta1, beta2;    /**< AdamW; 0: 0.9 and 0.999 */
+	float eps;	       /**< AdamW; 0: 1e-8 */
+} mbp_optim_opts;
+
+/**
+ * Learning rate of update t under a schedule (defaults applied as in mbp_optim_opts).
+ * @return the rate; NaN for NULL.
+ */
+double mbp_optim_lr(const mbp_optim_opts *o, uint64_t t);
+
+/**
+ * Clip factor for gradient clipping by global norm: min(1, max_norm / (sqrt(sqnorm) + 1e-6)).
+ * @param sqnorm   sum of the squared gradients of every stage (mbp_mlp_stage_grad_sqnorm)
+ * @param max_norm the largest allowed norm; 0 or less: no clipping (returns 1)
+ * @return the factor to pass to mbp_mlp_stage_update; NaN when sqnorm is not finite (the update then
+ *         refuses it with -EDOM).
+ */
+float mbp_clip_scale(double sqnorm, float max_norm);
+
+/* ---- the model ---- */
+
+/**
+ * A trainable model with random weights. Pair with mbp_mlp_destroy().
+ *
+ * Layer structure from spec as mbp_model_write_random (widths, act and norm on every layer but the last,
+ * which has none; spec->dtype is ignored: compute and checkpoints are float32). Initialisation from
+ * spec->seed (same seed, same weights): dense weights uniform in +-sqrt(6 / fan-in) before an activation
+ * (He) and +-sqrt(6 / (fan-in + fan-out)) without (Glorot); biases 0; normalisation gains 1 and biases 0.
+ *
+ * @param opt optimizer and schedule; NULL: defaults. Its state is allocated here, zeroed.
+ * @return 0, -EINVAL (NULL, bad spec or optimizer values: negative or non-finite rates, momentum or a
+ *         beta outside [0, 1), negative eps or weight decay, an unknown kind), -ENOMEM.
+ */
+int mbp_mlp_new_random(mbp_mlp **n, const mbp_model_spec *spec, const mbp_optim_opts *opt);
+
+/**
+ * A trainable copy of a model's current weights (and its structure, activations, norms and epsilon).
+ * Pair with mbp_mlp_destroy(). The model is not kept.
+ * @return 0, -EINVAL, -ENOMEM.
+ */
+int mbp_mlp_new_from_model(mbp_mlp **n, mbp_model *m, const mbp_optim_opts *opt);
+
+/**
+ * mbp_model_load then mbp_mlp_new_from_model: start training from a model file. Pair with
+ * mbp_mlp_destroy().
+ * @param err optional, as for mbp_model_load
+ * @return 0, mbp_model_load's errors, -EINVAL, -ENOMEM.
+ */
+int mbp_mlp_load(mbp_mlp **n, const char *path, const mbp_optim_opts *opt, mbp_model_error *err);
+
+/** Destroy a trainable model (after its stages). Accepts NULL. */
+void mbp_mlp_destroy(mbp_mlp *n);
+
+/** Number of layers, or 0 for NULL. */
+unsigned mbp_mlp_layers(const mbp_mlp *n);
+/** Width of an input row in floats, or 0 for NULL. */
+uint32_t mbp_mlp_in_width(const mbp_mlp *n);
+/** Width of an output row in floats, or 0 for NULL. */
+uint32_t mbp_mlp_out_width(const mbp_mlp *n);
+/** Describe layer i (dtype is F32). @return 0, -ERANGE (i out of range), -EINVAL (NULL). */
+int mbp_mlp_layer_info(const mbp_mlp *n, unsigned i, mbp_layer_info *info);
+/** The optimizer settings in use, defaults applied. @return 0, -EINVAL. */
+int mbp_mlp_optim(const mbp_mlp *n, mbp_optim_opts *o);
+/** Updates applied to layer i so far (the optimizer's step count t). 0 for a bad argument. */
+uint64_t mbp_mlp_steps(const mbp_mlp *n, unsigned i);
+
+/** A layer's tensors. */
+typedef enum mbp_mlp_part {
+	MBP_PART_WEIGHT = 0,  /**< [out][in] */
+	MBP_PART_BIAS,	      /**< [out] */
+	MBP_PART_NORM_WEIGHT, /**< [out], layers with normalisation only */
+	MBP_PART_NORM_BIAS,   /**< [out], layers with normalisation only */
+} mbp_mlp_part;
+
+/** Which array of a tensor. */
+typedef enum mbp_mlp_array {
+	MBP_ARRAY_PARAM = 0, /**< the parameters */
+	MBP_ARRAY_GRAD,	     /**< their gradient accumulators */
+	MBP_ARRAY_MOMENT1,   /**< AdamW's m, or SGD's momentum buffer */
+	MBP_ARRAY_MOMENT2,   /**< AdamW's v */
+} mbp_mlp_array;
+
+/**
+ * Direct access to one tensor (for tests, inspection and custom updates). The pointer stays valid until
+ * mbp_mlp_destroy; writing through it is allowed under the same rules as a stage call on that layer.
+ * @param count optional: receives the number of floats
+ * @return the array, or NULL (bad argument, a norm tensor of a layer without one, a moment the optimizer
+ *         does not keep).
+ */
+float *mbp_mlp_tensor(mbp_mlp *n, unsigned layer, mbp_mlp_part part, mbp_mlp_array which, size_t *count);
+
+/**
+ * Inference over all layers: exactly mbp_model_forward on the saved model (same kernel, same
+ * micro-batching). Allocates scratch for the call.
+ * @param mb_rows rows per micro-batch; 0: all rows at once
+ * @return 0, -EINVAL, -ENOMEM.
+ */
+int mbp_mlp_forward(mbp_mlp *n, const float *in, float *out, size_t rows, uint32_t mb_rows);
+
+/* ---- stages ---- */
+
+/**
+ * A stage over layers [first, last). Pair with mbp_mlp_stage_destroy(). Allocates its scratch (for
+ * max_rows rows) and sets OpenBLAS to one thread (process-wide).
+ * @return 0, -EINVAL (NULL, empty or out-of-range layer range, max_rows 0), -ENOMEM.
+ */
+int mbp_mlp_stage_new(mbp_mlp_stage **st, mbp_mlp *n, unsigned first, unsigned last, uint32_t max_rows);
+
+/** Destroy a stage (before its model). Accepts NULL. */
+void mbp_mlp_stage_destroy(mbp_mlp_stage *st);
+
+/** Floats of stash per row of a micro-batch (a stash holds rows times this). 0 for NULL. */
+size_t mbp_mlp_stage_stash_floats(const mbp_mlp_stage *st);
+/** The stage's input width in floats (its first layer's). 0 for NULL. */
+uint32_t mbp_mlp_stage_in_width(const mbp_mlp_stage *st);
+/** The stage's output width in floats (its last layer's). 0 for NULL. */
+uint32_t mbp_mlp_stage_out_width(const mbp_mlp_stage *st);
+
+/**
+ * Forward pass F of one micro-batch: in (rows x in_width) -> out (rows x out_width).
+ * @param stash rows x stash_floats floats, filled for the backward pass; NULL: inference only (uses the
+ *              stage's scratch; the same output bits)
+ * @return 0, -EINVAL (NULL in or out, rows 0 or above max_rows).
+ */
+int mbp_mlp_stage_forward(mbp_mlp_stage *st, const float *in, float *out, uint32_t rows, float *stash);
+
+/**
+ * Backward pass, input part B_in: from the gradient of the output, the gradient of the input.
+ * Turns the stash's saved pre-activations into the gradients of each dense output (what B_w reads) and
+ * accumulates the normalisation parameters' gradients.
+ * @param stash the micro-batch's stash, filled by its forward; consumed (call once per forward)
+ * @param in    the micro-batch's input given to forward (not read here; accepted for symmetry, may be NULL)
+ * @param dout  rows x out_width: gradient of the loss with respect to out; only read
+ * @param din   rows x in_width: receives the gradient with respect to in; NULL: not computed (stage 0)
+ * @return 0, -EINVAL.
+ */
+int mbp_mlp_stage_backward_in(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
+			      uint32_t rows);
+
+/**
+ * Backward pass, weight part B_w: accumulates the dense weights' and biases' gradients (sgemm) from the
+ * stash left by the micro-batch's B_in and its input.
+ * @return 0, -EINVAL.
+ */
+int mbp_mlp_stage_backward_w(mbp_mlp_stage *st, const float *stash, const float *in, uint32_t rows);
+
+/**
+ * Backward pass B = B_in then B_w in one sweep (each layer's weight gradient right after its output
+ * gradient, while it is in cache). Bit for bit the same gradients and din as the two calls.
+ * @return 0, -EINVAL.
+ */
+int mbp_mlp_stage_backward(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
+			   uint32_t rows);
+
+/** Set the stage's gradient accumulators to zero. @return 0, -EINVAL. */
+int mbp_mlp_stage_zero_grad(mbp_mlp_stage *st);
+
+/**
+ * Sum of the squares of the stage's gradients, in double (for clipping by the global norm: add the
+ * stages' sums, then mbp_clip_scale).
+ * @return 0, -EINVAL.
+ */
+int mbp_mlp_stage_grad_sqnorm(const mbp_mlp_stage *st, double *sq);
+
+/**
+ * Apply one optimizer update to the stage's parameters with the gradients multiplied by grad_scale
+ * (1: none; mbp_clip_scale's factor), at the learning rate of each layer's step count, which then
+ * advances. Does not zero the gradients.
+ * @return 0, -EINVAL (NULL), -EDOM (grad_scale not finite or negative, or a non-finite gradient: nothing
+ *         is updated).
+ */
+int mbp_mlp_stage_update(mbp_mlp_stage *st, float grad_scale);
+
+/* ---- losses (last stage) ---- */
+
+/**
+ * Softmax cross-entropy with integer class targets, per row -log softmax(logits)[label], computed in
+ * double. Writes dlogits = (softmax - onehot) / batch_rows: summed over the micro-batches of a mini-batch
+ * of batch_rows rows, the gradient of the mini-batch's mean loss.
+ * @param logits    rows x classes
+ * @param labels    rows class indices in [0, classes)
+ * @param batch_rows rows in the whole mini-batch (>= rows)
+ * @param dlogits   rows x classes; may be logits itself (computed row by row in place)
+ * @param loss_sum  receives the sum of the rows' losses
+ * @param correct   optional: receives how many rows have their label as the first largest logit
+ * @return 0, -EINVAL (NULL, rows or classes 0, batch_rows < rows), -ERANGE (a label out of range;
+ *         nothing written), -EDOM (a non-finite loss: a non-finite logit; dlogits then undefined).
+ */
+int mbp_loss_xent(const float *logits, const int32_t *labels, uint32_t rows, uint32_t classes,
+		  size_t batch_rows, float *dlogits, double *loss_sum, uint32_t *correct);
+
+/**
+ * Mean squared error, per row mean over its `width` values of (out - target)^2 (so that sum / batch_rows
+ * is PyTorch's MSELoss). Writes dout = 2 (out - target) / (batch_rows x width).
+ * @param dout may be out itself
+ * @return 0, -EINVAL, -EDOM (a non-finite loss).
+ */
+int mbp_loss_mse(const float *out, const float *target, uint32_t rows, uint32_t width, size_t batch_rows,
+		 float *dout, double *loss_sum);
+
+/* ---- checkpoints ---- */
+
+/**
+ * Write the weights as a safetensors file that mbp_model_load reads (F32, every layer's activation in the
+ * metadata), to a temporary name, flushed, then renamed into place.
+ * @return 0, -EINVAL, -ENOMEM, -EIO or the file system's -errno.
+ */
+int mbp_mlp_save(mbp_mlp *n, const char *path);
+
+/**
+ * Write the optimizer state (each layer's step count and moments, F32) as a second safetensors file:
+ * with the weights file, mbp_mlp_load + mbp_mlp_load_optim resume training bit for bit.
+ * Tensors "layers.<i>.<part>.m" (and ".v" for AdamW), metadata "optimizer" (adamw|sgd) and
+ * "layers.<i>.step"; the settings are recorded for information.
+ * @return as mbp_mlp_save.
+ */
+int mbp_mlp_save_optim(mbp_mlp *n, const char *path);
+
+/**
+ * Read an optimizer state written by mbp_mlp_save_optim for a model of this structure and optimizer kind.
+ * @param err optional: the rule broken and a message naming the file
+ * @return 0; -EINVAL (NULL, a different structure or optimizer: rule MBP_MODEL_SHAPE, MBP_MODEL_MISSING,
+ *         MBP_MODEL_UNKNOWN_TENSOR or MBP_MODEL_ACTIVATION), the safetensors rules' errors, -errno of the
+ *         file system. On error the model's state is unchanged.
+ */
+int mbp_mlp_load_optim(mbp_mlp *n, const char *path, mbp_model_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,575 @@
+/*
+ * mbp_mlp: the trainable model and its stages: construction (random or from a model), the forward pass
+ * that keeps a stash, and the backward pass split into B_in and B_w.
+ *
+ * Backward of one layer (z = x W^T + b, h = act(z), y = norm(h) or h), given dy = dL/dy:
+ *   norm:  dh = inv (g dy - mean(g dy) - xhat mean(g dy xhat)),  dg += dy xhat,  dbeta += dy
+ *   act:   dz = dh act'(z)           (ReLU: z > 0; GELU: Phi(z) + z phi(z))
+ *   dense: dx = dz W  (B_in),  dW += dz^T x,  db += sum over rows of dz  (B_w)
+ * B_in writes dz over the stash's copy of z (which it no longer needs) and B_w reads it there, so B_w needs
+ * neither dout nor any of B_in's scratch: a schedule may run it any time after B_in. The per-row means of
+ * the normalisation's backward are taken in double, as its forward takes them.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "common.h"
+#include "mlp_internal.h"
+
+struct stash_off {
+	size_t g, xhat, inv,
+	    y; /* per-row offsets in floats; y is SIZE_MAX when the layer's output is not kept */
+};
+
+struct mbp_mlp_stage {
+	mbp_mlp *n;
+	unsigned a, b; /* layers [a, b) */
+	uint32_t max_rows, wmax;
+	float *d0, *d1; /* max_rows x wmax each: gradients (and inference activations) between layers */
+	float *row;	/* wmax: one row of the normalisation's backward */
+	size_t per_row;
+	struct stash_off *so; /* indexed by layer - a */
+};
+
+/* ---- the model ---- */
+
+static int resolve_opts(const mbp_optim_opts *in, mbp_optim_opts *o)
+{
+	static const mbp_optim_opts zero;
+	*o = in ? *in : zero;
+	if (o->kind != MBP_OPTIM_ADAMW && o->kind != MBP_OPTIM_SGD)
+		return -EINVAL;
+	const float nonneg[] = {o->lr, o->min_lr, o->weight_decay, o->eps};
+	for (size_t i = 0; i < MBP_ARRAY_SIZE(nonneg); i++)
+		if (!isfinite(nonneg[i]) || nonneg[i] < 0)
+			return -EINVAL;
+	const float unit[] = {o->momentum, o->beta1, o->beta2};
+	for (size_t i = 0; i < MBP_ARRAY_SIZE(unit); i++)
+		if (!(unit[i] >= 0 && unit[i] < 1))
+			return -EINVAL;
+	if (o->lr == 0)
+		o->lr = 1e-3f;
+	if (o->beta1 == 0)
+		o->beta1 = 0.9f;
+	if (o->beta2 == 0)
+		o->beta2 = 0.999f;
+	if (o->eps == 0)
+		o->eps = 1e-8f;
+	return 0;
+}
+
+void mbp_mlp_destroy(mbp_mlp *n)
+{
+	if (!n)
+		return;
+	free(n->l);
+	free(n->lw);
+	free(n->off);
+	free(n->count);
+	free(n->start);
+	free(n->param);
+	free(n->grad);
+	free(n->m1);
+	free(n->m2);
+	free(n->step);
+	free(n);
+}
+
+static size_t up16(size_t x)
+{
+	return (x + 15) & ~(size_t)15;
+}
+
+/* Allocate a model for a layer structure (copied): the layout, zeroed arrays and the weight views. */
+static int mlp_alloc(mbp_mlp **out, unsigned L, const struct mbp__layer *l, const mbp_optim_opts *opt)
+{
+	mbp_optim_opts o;
+	int rc = resolve_opts(opt, &o);
+	if (rc)
+		return rc;
+	mbp_mlp *n = calloc(1, sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	n->layers = L;
+	n->opt = o;
+	n->l = calloc(L, sizeof(*n->l));
+	n->lw = calloc(L, sizeof(*n->lw));
+	n->off = calloc(L, sizeof(*n->off));
+	n->count = calloc(L, sizeof(*n->count));
+	n->start = calloc(L + 1, sizeof(*n->start));
+	n->step = calloc(L, sizeof(*n->step));
+	if (!n->l || !n->lw || !n->off || !n->count || !n->start || !n->step)
+		goto nomem;
+	memcpy(n->l, l, L * sizeof(*l));
+	size_t at = 0;
+	for (unsigned i = 0; i < L; i++) {
+		n->start[i] = at;
+		size_t cnt[MBP__PARTS] = {(size_t)l[i].in * l[i].out, l[i].out, l[i].norm ? l[i].out : 0,
+					  l[i].norm ? l[i].out : 0};
+		for (unsigned k = 0; k < MBP__PARTS; k++) {
+			n->off[i][k] = at;
+			n->count[i][k] = cnt[k];
+			at += up16(cnt[k]);
+		}
+		if (l[i].in > n->max_width)
+			n->max_width = l[i].in;
+		if (l[i].out > n->max_width)
+			n->max_width = l[i].out;
+	}
+	n->start[L] = n->total = at;
+	n->param = mbp__scratch_alloc(at);
+	n->grad = mbp__scratch_alloc(at);
+	if (!n->param || !n->grad)
+		goto nomem;
+	if (o.kind == MBP_OPTIM_ADAMW || o.momentum > 0) {
+		if (!(n->m1 = mbp__scratch_alloc(at)))
+			goto nomem;
+	}
+	if (o.kind == MBP_OPTIM_ADAMW && !(n->m2 = mbp__scratch_alloc(at)))
+		goto nomem;
+	for (unsigned i = 0; i < L; i++) {
+		n->lw[i].w = n->param + n->off[i][MBP_PART_WEIGHT];
+		n->lw[i].b = n->param + n->off[i][MBP_PART_BIAS];
+		if (l[i].norm) {
+			n->lw[i].g = n->param + n->off[i][MBP_PART_NORM_WEIGHT];
+			n->lw[i].beta = n->param + n->off[i][MBP_PART_NORM_BIAS];
+		}
+	}
+	*out = n;
+	return 0;
+nomem:
+	mbp_mlp_destroy(n);
+	return -ENOMEM;
+}
+
+int mbp_mlp_new_random(mbp_mlp **out, const mbp_model_spec *sp, const mbp_optim_opts *opt)
+{
+	if (!out || !sp || sp->layers < 1 || sp->layers > MBP_MODEL_MAX_LAYERS || sp->act > MBP_ACT_GELU)
+		return -EINVAL;
+	*out = NULL;
+	unsigned L = sp->layers;
+	struct mbp__layer *l = calloc(L, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	int rc = 0;
+	for (unsigned i = 0; i < L && !rc; i++) {
+		l[i].in = sp->widths ? sp->widths[i] : i == 0 ? sp->in : sp->hidden;
+		l[i].out = sp->widths ? sp->widths[i + 1] : i + 1 == L ? sp->out : sp->hidden;
+		if (l[i].in < 1 || l[i].in > MBP_MODEL_MAX_WIDTH || l[i].out < 1 ||
+		    l[i].out > MBP_MODEL_MAX_WIDTH)
+			rc = -EINVAL;
+		l[i].act = i + 1 < L ? sp->act : MBP_ACT_NONE;
+		l[i].norm = sp->norm && i + 1 < L;
+		l[i].eps = 1e-5f;
+		l[i].dtype = MBP_DTYPE_F32;
+	}
+	mbp_mlp *n = NULL;
+	if (!rc)
+		rc = mlp_alloc(&n, L, l, opt);
+	free(l);
+	if (rc)
+		return rc;
+	uint64_t seed = sp->seed;
+	for (unsigned i = 0; i < L; i++) {
+		const struct mbp__layer *y = &n->l[i];
+		float scale = y->act != MBP_ACT_NONE ? sqrtf(6.0f / (float)y->in)
+						     : sqrtf(6.0f / (float)(y->in + y->out));
+		float *w = n->param + n->off[i][MBP_PART_WEIGHT];
+		for (size_t e = 0; e < n->count[i][MBP_PART_WEIGHT]; e++)
+			w[e] = scale * mbp__uniform(&seed);
+		float *g = n->param + n->off[i][MBP_PART_NORM_WEIGHT];
+		for (size_t e = 0; e < n->count[i][MBP_PART_NORM_WEIGHT]; e++)
+			g[e] = 1.0f;
+	}
+	*out = n;
+	return 0;
+}
+
+int mbp_mlp_new_from_model(mbp_mlp **out, mbp_model *m, const mbp_optim_opts *opt)
+{
+	if (!out || !m)
+		return -EINVAL;
+	*out = NULL;
+	mbp_mlp *n;
+	int rc = mlp_alloc(&n, m->layers, m->l, opt);
+	if (rc)
+		return rc;
+	struct mbp__version *v = mbp__version_get_locked(m);
+	for (unsigned i = 0; i < n->layers; i++) {
+		const float *src[MBP__PARTS] = {v->lw[i].w, v->lw[i].b, v->lw[i].g, v->lw[i].beta};
+		for (unsigned k = 0; k < MBP__PARTS; k++)
+			if (n->count[i][k])
+				memcpy(n->param + n->off[i][k], src[k], n->count[i][k] * sizeof(float));
+		n->l[i].dtype = MBP_DTYPE_F32;
+	}
+	mbp__version_put(v);
+	*out = n;
+	return 0;
+}
+
+int mbp_mlp_load(mbp_mlp **out, const char *path, const mbp_optim_opts *opt, mbp_model_error *err)
+{
+	if (out)
+		*out = NULL;
+	if (!out || !path) {
+		if (err)
+			memset(err, 0, sizeof(*err));
+		return -EINVAL;
+	}
+	mbp_model *m;
+	int rc = mbp_model_load(&m, path, err);
+	if (rc)
+		return rc;
+	rc = mbp_mlp_new_from_model(out, m, opt);
+	mbp_model_destroy(m);
+	return rc;
+}
+
+unsigned mbp_mlp_layers(const mbp_mlp *n)
+{
+	return n ? n->layers : 0;
+}
+
+uint32_t mbp_mlp_in_width(const mbp_mlp *n)
+{
+	return n ? n->l[0].in : 0;
+}
+
+uint32_t mbp_mlp_out_width(const mbp_mlp *n)
+{
+	return n ? n->l[n->layers - 1].out : 0;
+}
+
+int mbp_mlp_layer_info(const mbp_mlp *n, unsigned i, mbp_layer_info *info)
+{
+	if (!n || !info)
+		return -EINVAL;
+	if (i >= n->layers)
+		return -ERANGE;
+	mbp__layer_info(&n->l[i], info);
+	return 0;
+}
+
+int mbp_mlp_optim(const mbp_mlp *n, mbp_optim_opts *o)
+{
+	if (!n || !o)
+		return -EINVAL;
+	*o = n->opt;
+	return 0;
+}
+
+uint64_t mbp_mlp_steps(const mbp_mlp *n, unsigned i)
+{
+	return n && i < n->layers ? n->step[i] : 0;
+}
+
+float *mbp_mlp_tensor(mbp_mlp *n, unsigned layer, mbp_mlp_part part, mbp_mlp_array which, size_t *count)
+{
+	if (!n || layer >= n->layers || (unsigned)part >= MBP__PARTS || !n->count[layer][part])
+		return NULL;
+	float *base = which == MBP_ARRAY_PARAM	   ? n->param
+		      : which == MBP_ARRAY_GRAD	   ? n->grad
+		      : which == MBP_ARRAY_MOMENT1 ? n->m1
+		      : which == MBP_ARRAY_MOMENT2 ? n->m2
+						   : NULL;
+	if (!base)
+		return NULL;
+	if (count)
+		*count = n->count[layer][part];
+	return base + n->off[layer][part];
+}
+
+int mbp_mlp_forward(mbp_mlp *n, const float *in, float *out, size_t rows, uint32_t mb_rows)
+{
+	if (!n || (rows && (!in || !out)))
+		return -EINVAL;
+	if (!rows)
+		return 0;
+	size_t mb = mb_rows && mb_rows < rows ? mb_rows : rows;
+	if (mb > UINT32_MAX)
+		mb = UINT32_MAX;
+	float *s0 = NULL, *s1 = NULL;
+	if (n->layers > 1) {
+		size_t cnt;
+		if (!mbp__mul_size(mb, n->max_width, &cnt))
+			return -ENOMEM;
+		s0 = mbp__scratch_alloc(cnt);
+		s1 = mbp__scratch_alloc(cnt);
+		if (!s0 || !s1) {
+			free(s0);
+			free(s1);
+			return -ENOMEM;
+		}
+	}
+	const size_t inw = n->l[0].in, outw = n->l[n->layers - 1].out;
+	for (size_t off = 0; off < rows; off += mb) {
+		uint32_t r = (uint32_t)(rows - off < mb ? rows - off : mb);
+		mbp__layers_run_lw(n->l, n->lw, 0, n->layers, in + off * inw, out + off * outw, r, s0, s1);
+	}
+	free(s0);
+	free(s1);
+	return 0;
+}
+
+/* ---- stages ---- */
+
+void mbp_mlp_stage_destroy(mbp_mlp_stage *st)
+{
+	if (!st)
+		return;
+	free(st->d0);
+	free(st->d1);
+	free(st->row);
+	free(st->so);
+	free(st);
+}
+
+int mbp_mlp_stage_new(mbp_mlp_stage **out, mbp_mlp *n, unsigned first, unsigned last, uint32_t max_rows)
+{
+	if (!out || !n || first >= last || last > n->layers || !max_rows)
+		return -EINVAL;
+	*out = NULL;
+	mbp_mlp_stage *st = calloc(1, sizeof(*st));
+	if (!st)
+		return -ENOMEM;
+	st->n = n;
+	st->a = first;
+	st->b = last;
+	st->max_rows = max_rows;
+	st->so = calloc(last - first, sizeof(*st->so));
+	size_t at = 0;
+	for (unsigned i = first; st->so && i < last; i++) {
+		const struct mbp__layer *l = &n->l[i];
+		struct stash_off *so = &st->so[i - first];
+		if (l->in > st->wmax)
+			st->wmax = l->in;
+		if (l->out > st->wmax)
+			st->wmax = l->out;
+		so->g = at;
+		at += l->out;
+		so->xhat = so->inv = SIZE_MAX;
+		if (l->norm) {
+			so->xhat = at;
+			at += l->out;
+			so->inv = at;
+			at += 1;
+		}
+		so->y = SIZE_MAX;
+		if (i + 1 < last) {
+			so->y = at;
+			at += l->out;
+		}
+	}
+	st->per_row = at;
+	size_t cnt;
+	if (!st->so || !mbp__mul_size(max_rows, st->wmax, &cnt) || !(st->d0 = mbp__scratch_alloc(cnt)) ||
+	    !(st->d1 = mbp__scratch_alloc(cnt)) || !(st->row = mbp__scratch_alloc(st->wmax))) {
+		mbp_mlp_stage_destroy(st);
+		return -ENOMEM;
+	}
+	mbp__blas_one_thread();
+	*out = st;
+	return 0;
+}
+
+size_t mbp_mlp_stage_stash_floats(const mbp_mlp_stage *st)
+{
+	return st ? st->per_row : 0;
+}
+
+uint32_t mbp_mlp_stage_in_width(const mbp_mlp_stage *st)
+{
+	return st ? st->n->l[st->a].in : 0;
+}
+
+uint32_t mbp_mlp_stage_out_width(const mbp_mlp_stage *st)
+{
+	return st ? st->n->l[st->b - 1].out : 0;
+}
+
+/* A stash tensor of layer i for a micro-batch of r rows. */
+static inline float *at(float *stash, size_t off, uint32_t r)
+{
+	return stash + off * r;
+}
+
+int mbp_mlp_stage_forward(mbp_mlp_stage *st, const float *in, float *out, uint32_t rows, float *stash)
+{
+	if (!st || !in || !out || !rows || rows > st->max_rows)
+		return -EINVAL;
+	const mbp_mlp *n = st->n;
+	if (!stash) {
+		mbp__layers_run_lw(n->l, n->lw, st->a, st->b, in, out, rows, st->d0, st->d1);
+		return 0;
+	}
+	const float *x = in;
+	for (unsigned i = st->a; i < st->b; i++) {
+		const struct mbp__layer *l = &n->l[i];
+		const struct stash_off *so = &st->so[i - st->a];
+		float *y = i + 1 == st->b ? out : at(stash, so->y, rows);
+		mbp__layer_fwd(
+		    l, &n->lw[i], x, y, rows, l->act != MBP_ACT_NONE ? at(stash, so->g, rows) : NULL,
+		    l->norm ? at(stash, so->xhat, rows) : NULL, l->norm ? at(stash, so->inv, rows) : NULL);
+		x = y;
+	}
+	return 0;
+}
+
+static inline float gelu_grad(float z)
+{
+	double x = z;
+	return (float)(0.5 * (1.0 + erf(x * M_SQRT1_2)) +
+		       x * exp(-0.5 * x * x) * (0.5 * M_2_SQRTPI * M_SQRT1_2));
+}
+
+/* Layer i's output gradient: dy (rows x out) -> dz over the stash's z; the norm's gradients accumulate. */
+static void grad_out(mbp_mlp_stage *st, unsigned i, float *stash, const float *dy, uint32_t rows)
+{
+	mbp_mlp *n = st->n;
+	const struct mbp__layer *l = &n->l[i];
+	const struct stash_off *so = &st->so[i - st->a];
+	const uint32_t w = l->out;
+	float *gz = at(stash, so->g, rows);
+	const float *xhat = l->norm ? at(stash, so->xhat, rows) : NULL;
+	const float *inv = l->norm ? at(stash, so->inv, rows) : NULL;
+	const float *g = n->lw[i].g;
+	float *dg = n->grad + n->off[i][MBP_PART_NORM_WEIGHT],
+	      *dbeta = n->grad + n->off[i][MBP_PART_NORM_BIAS];
+	for (uint32_t r = 0; r < rows; r++) {
+		const float *dyr = dy + (size_t)r * w;
+		float *gr = gz + (size_t)r * w;
+		const float *src = dyr;
+		if (l->norm) {
+			const float *xr = xhat + (size_t)r * w;
+			double s1 = 0, s2 = 0;
+			for (uint32_t j = 0; j < w; j++) {
+				double gy = (double)g[j] * dyr[j];
+				s1 += gy;
+				s2 += gy * xr[j];
+			}
+			double m1 = s1 / w, m2 = s2 / w, iv = inv[r];
+			for (uint32_t j = 0; j < w; j++) {
+				st->row[j] = (float)(iv * ((double)g[j] * dyr[j] - m1 - xr[j] * m2));
+				dg[j] += dyr[j] * xr[j];
+				dbeta[j] += dyr[j];
+			}
+			src = st->row;
+		}
+		switch (l->act) {
+		case MBP_ACT_NONE:
+			memcpy(gr, src, w * sizeof(float));
+			break;
+		case MBP_ACT_RELU:
+			for (uint32_t j = 0; j < w; j++)
+				gr[j] = gr[j] > 0.0f ? src[j] : 0.0f;
+			break;
+		case MBP_ACT_GELU:
+			for (uint32_t j = 0; j < w; j++)
+				gr[j] = src[j] * gelu_grad(gr[j]);
+			break;
+		}
+	}
+}
+
+/* Layer i's input gradient: dx = dz W. */
+static void grad_in(const mbp_mlp_stage *st, unsigned i, float *stash, float *dx, uint32_t rows)
+{
+	const struct mbp__layer *l = &st->n->l[i];
+	const float *gz = at(stash, st->so[i - st->a].g, rows);
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)l->in, (int)l->out, 1.0f, gz,
+		    (int)l->out, st->n->lw[i].w, (int)l->in, 0.0f, dx, (int)l->in);
+}
+
+/* Layer i's weight gradients: dW += dz^T x, db += column sums of dz (rows in order). */
+static void grad_w(const mbp_mlp_stage *st, unsigned i, const float *stash, const float *in, uint32_t rows)
+{
+	mbp_mlp *n = st->n;
+	const struct mbp__layer *l = &n->l[i];
+	const float *gz = at((float *)stash, st->so[i - st->a].g, rows);
+	const float *x = i == st->a ? in : at((float *)stash, st->so[i - 1 - st->a].y, rows);
+	float *dw = n->grad + n->off[i][MBP_PART_WEIGHT], *db = n->grad + n->off[i][MBP_PART_BIAS];
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)l->out, (int)l->in, (int)rows, 1.0f, gz,
+		    (int)l->out, x, (int)l->in, 1.0f, dw, (int)l->in);
+	for (uint32_t r = 0; r < rows; r++) {
+		const float *gr = gz + (size_t)r * l->out;
+		for (uint32_t j = 0; j < l->out; j++)
+			db[j] += gr[j];
+	}
+}
+
+/* The sweep from the last layer to the first: output gradients, optionally weight gradients, and the
+ * input gradient of every layer but the first (whose goes to din, when asked). */
+static int backward(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
+		    uint32_t rows, bool weights)
+{
+	if (!st || !stash || !dout || !rows || rows > st->max_rows || (weights && !in))
+		return -EINVAL;
+	const float *dy = dout;
+	for (unsigned i = st->b; i-- > st->a;) {
+		grad_out(st, i, stash, dy, rows);
+		if (weights)
+			grad_w(st, i, stash, in, rows);
+		if (i > st->a || din) {
+			float *dx = i > st->a ? (dy == st->d0 ? st->d1 : st->d0) : din;
+			grad_in(st, i, stash, dx, rows);
+			dy = dx;
+		}
+	}
+	return 0;
+}
+
+int mbp_mlp_stage_backward_in(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
+			      uint32_t rows)
+{
+	(void)in;
+	return backward(st, stash, NULL, dout, din, rows, false);
+}
+
+int mbp_mlp_stage_backward(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
+			   uint32_t rows)
+{
+	return backward(st, stash, in, dout, din, rows, true);
+}
+
+int mbp_mlp_stage_backward_w(mbp_mlp_stage *st, const float *stash, const float *in, uint32_t rows)
+{
+	if (!st || !stash || !in || !rows || rows > st->max_rows)
+		return -EINVAL;
+	for (unsigned i = st->b; i-- > st->a;)
+		grad_w(st, i, stash, in, rows);
+	return 0;
+}
+
+int mbp_mlp_stage_zero_grad(mbp_mlp_stage *st)
+{
+	if (!st)
+		return -EINVAL;
+	const mbp_mlp *n = st->n;
+	memset(n->grad + n->start[st->a], 0, (n->start[st->b] - n->start[st->a]) * sizeof(float));
+	return 0;
+}
+
+int mbp_mlp_stage_grad_sqnorm(const mbp_mlp_stage *st, double *sq)
+{
+	if (!st || !sq)
+		return -EINVAL;
+	const mbp_mlp *n = st->n;
+	double s = 0;
+	for (size_t e = n->start[st->a]; e < n->start[st->b]; e++)
+		s += (double)n->grad[e] * n->grad[e];
+	*sq = s;
+	return 0;
+}
+
+void mbp__mlp_stage_range(const mbp_mlp_stage *st, mbp_mlp **n, unsigned *a, unsigned *b)
+{
+	*n = st->n;
+	*a = st->a;
+	*b = st->b;
+}

@@ -1,0 +1,35 @@
+/*
+ * Internal: the trainable model's layout, shared by its files (mlp.c: the model, stages, forward and
+ * backward; optim.c: updates and losses; checkpoint.c: the optimizer state file). Not installed.
+ */
+#ifndef MBP__MLP_INTERNAL_H
+#define MBP__MLP_INTERNAL_H
+
+#include "model_internal.h"
+
+#define MBP__PARTS 4 /* weight, bias, norm weight, norm bias (mbp_mlp_part) */
+
+/*
+ * Every array (parameters, gradients, moments) has the same layout: layer i's tensors at off[i][part]
+ * (count[i][part] floats, 0 for an absent norm pair), each tensor starting on a cache line, layer i's
+ * block being [start[i], start[i + 1]). A stage's slice of each array is [start[a], start[b]): no cache
+ * line is shared between stages, and the padding stays zero in every array.
+ */
+struct mbp_mlp {
+	unsigned layers;
+	struct mbp__layer *l;
+	struct mbp__weights *lw; /* views into param, for the forward kernels */
+	uint32_t max_width;
+	size_t (*off)[MBP__PARTS];
+	size_t (*count)[MBP__PARTS];
+	size_t *start; /* layers + 1 */
+	size_t total;
+	float *param, *grad, *m1, *m2; /* m1: AdamW's m or SGD's momentum (NULL without); m2: AdamW's v */
+	uint64_t *step;		       /* per layer: updates applied */
+	mbp_optim_opts opt;	       /* defaults applied */
+};
+
+/* A stage's model and layer range [a, b) (for optim.c). */
+void mbp__mlp_stage_range(const mbp_mlp_stage *st, mbp_mlp **n, unsigned *a, unsigned *b);
+
+#endif

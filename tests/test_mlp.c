@@ -1,0 +1,1066 @@
+/*
+ * The trainable model (include/mbpipe/model_train.h): every layer's gradient against central finite
+ * differences of a double-precision reference; B = B_in + B_w bit for bit; micro-batch accumulation against
+ * one batch, and the same bits whatever the stage split and the order of the micro-batches' operations;
+ * training forward against inference and the saved file; losses, optimizers and the schedule against
+ * hand-computed values; a tiny data set memorised; checkpoints and exact resume; stages on two threads.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include <mbpipe.h>
+
+#include "check_main.h"
+
+static char dir[64];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/mbp-mlp-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	openblas_set_num_threads(1);
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static const char *path_in(const char *name)
+{
+	static char p[4][128];
+	static int k;
+	k = (k + 1) % 4;
+	snprintf(p[k], sizeof(p[k]), "%s/%s", dir, name);
+	return p[k];
+}
+
+static uint64_t lcg(uint64_t *s)
+{
+	*s = *s * 6364136223846793005u + 1442695040888963407u;
+	return *s >> 33;
+}
+
+/* Uniform in [-1, 1). */
+static float urand(uint64_t *s)
+{
+	return (float)((double)lcg(s) / (double)(1u << 30) - 1.0);
+}
+
+static float *random_floats(size_t n, uint64_t seed)
+{
+	float *x = malloc(n * sizeof(float));
+	for (size_t i = 0; i < n; i++)
+		x[i] = urand(&seed);
+	return x;
+}
+
+static int32_t *random_labels(size_t n, uint32_t classes, uint64_t seed)
+{
+	int32_t *y = malloc(n * sizeof(int32_t));
+	for (size_t i = 0; i < n; i++)
+		y[i] = (int32_t)(lcg(&seed) % classes);
+	return y;
+}
+
+static mbp_mlp *new_mlp(const uint32_t *widths, unsigned L, mbp_act act, bool norm, uint64_t seed,
+			const mbp_optim_opts *o)
+{
+	mbp_model_spec sp = {.layers = L, .widths = widths, .act = act, .norm = norm, .seed = seed};
+	mbp_mlp *n;
+	ck_assert_int_eq(mbp_mlp_new_random(&n, &sp, o), 0);
+	return n;
+}
+
+/* Give every bias and norm parameter a random value (the initialisation sets them to 0 and 1). */
+static void perturb(mbp_mlp *n, uint64_t seed)
+{
+	for (unsigned i = 0; i < mbp_mlp_layers(n); i++)
+		for (int p = MBP_PART_BIAS; p <= MBP_PART_NORM_BIAS; p++) {
+			size_t c;
+			float *x = mbp_mlp_tensor(n, i, (mbp_mlp_part)p, MBP_ARRAY_PARAM, &c);
+			for (size_t e = 0; x && e < c; e++)
+				x[e] = (p == MBP_PART_NORM_WEIGHT ? 1.0f : 0.0f) + 0.5f * urand(&seed);
+		}
+}
+
+/* Copy every array of kind `which` into one buffer (for bitwise comparisons). */
+static float *snapshot(mbp_mlp *n, mbp_mlp_array which, size_t *len)
+{
+	size_t total = 0, c;
+	for (unsigned i = 0; i < mbp_mlp_layers(n); i++)
+		for (int p = 0; p < 4; p++)
+			if (mbp_mlp_tensor(n, i, (mbp_mlp_part)p, which, &c))
+				total += c;
+	float *out = malloc((total ? total : 1) * sizeof(float)), *at = out;
+	for (unsigned i = 0; i < mbp_mlp_layers(n); i++)
+		for (int p = 0; p < 4; p++) {
+			float *x = mbp_mlp_tensor(n, i, (mbp_mlp_part)p, which, &c);
+			if (x) {
+				memcpy(at, x, c * sizeof(float));
+				at += c;
+			}
+		}
+	*len = total;
+	return out;
+}
+
+static void assert_same_array(mbp_mlp *a, mbp_mlp *b, mbp_mlp_array which)
+{
+	size_t la, lb;
+	float *x = snapshot(a, which, &la), *y = snapshot(b, which, &lb);
+	ck_assert_uint_eq(la, lb);
+	ck_assert_msg(!memcmp(x, y, la * sizeof(float)), "array %d differs", which);
+	free(x);
+	free(y);
+}
+
+/* ---- the double-precision reference ---- */
+
+#define RW 16 /* widest layer the reference handles */
+
+static void ref_layer(mbp_mlp *n, unsigned i, const double *x, double *y, double *const *pp)
+{
+	mbp_layer_info li;
+	mbp_mlp_layer_info(n, i, &li);
+	const double *w = pp[0], *b = pp[1], *g = pp[2], *beta = pp[3];
+	for (uint32_t o = 0; o < li.out; o++) {
+		double s = b[o];
+		for (uint32_t k = 0; k < li.in; k++)
+			s += w[o * li.in + k] * x[k];
+		if (li.act == MBP_ACT_RELU)
+			s = s > 0 ? s : 0;
+		else if (li.act == MBP_ACT_GELU)
+			s = 0.5 * s * (1 + erf(s / sqrt(2.0)));
+		y[o] = s;
+	}
+	if (li.norm) {
+		double mean = 0, var = 0;
+		for (uint32_t o = 0; o < li.out; o++)
+			mean += y[o];
+		mean /= li.out;
+		for (uint32_t o = 0; o < li.out; o++)
+			var += (y[o] - mean) * (y[o] - mean);
+		var /= li.out;
+		for (uint32_t o = 0; o < li.out; o++)
+			y[o] = (y[o] - mean) / sqrt(var + li.eps) * g[o] + beta[o];
+	}
+}
+
+/* The model's parameters in double: dp[layer * 4 + part]. */
+static double **ref_params(mbp_mlp *n)
+{
+	unsigned L = mbp_mlp_layers(n);
+	double **dp = calloc(4 * L, sizeof(*dp));
+	for (unsigned i = 0; i < L; i++)
+		for (int p = 0; p < 4; p++) {
+			size_t c;
+			float *x = mbp_mlp_tensor(n, i, (mbp_mlp_part)p, MBP_ARRAY_PARAM, &c);
+			if (!x)
+				continue;
+			dp[i * 4 + p] = malloc(c * sizeof(double));
+			for (size_t e = 0; e < c; e++)
+				dp[i * 4 + p][e] = x[e];
+		}
+	return dp;
+}
+
+static void ref_params_free(mbp_mlp *n, double **dp)
+{
+	for (unsigned i = 0; i < 4 * mbp_mlp_layers(n); i++)
+		free(dp[i]);
+	free(dp);
+}
+
+/* Mean loss over `batch` rows of the rows given (cross-entropy with labels, or MSE against targets). */
+static double ref_loss(mbp_mlp *n, double **dp, const double *x, uint32_t rows, const int32_t *labels,
+		       const float *targets, size_t batch)
+{
+	unsigned L = mbp_mlp_layers(n);
+	uint32_t inw = mbp_mlp_in_width(n), outw = mbp_mlp_out_width(n);
+	double sum = 0;
+	for (uint32_t r = 0; r < rows; r++) {
+		double a[RW], b[RW];
+		memcpy(a, x + (size_t)r * inw, inw * sizeof(double));
+		for (unsigned i = 0; i < L; i++) {
+			ref_layer(n, i, a, b, &dp[i * 4]);
+			memcpy(a, b, sizeof(a));
+		}
+		if (labels) {
+			double mx = a[0], se = 0;
+			for (uint32_t c = 1; c < outw; c++)
+				mx = fmax(mx, a[c]);
+			for (uint32_t c = 0; c < outw; c++)
+				se += exp(a[c] - mx);
+			sum += mx + log(se) - a[labels[r]];
+		} else {
+			for (uint32_t c = 0; c < outw; c++) {
+				double d = a[c] - targets[(size_t)r * outw + c];
+				sum += d * d / outw;
+			}
+		}
+	}
+	return sum / (double)batch;
+}
+
+static bool close_to(double got, double want, double rel, double abs_tol)
+{
+	return fabs(got - want) <= abs_tol + rel * fabs(want);
+}
+
+/*
+ * Gradients of a model split into two stages ([0, 1) and [1, L)), through the loss, against central
+ * differences of the double reference for every parameter and every input value.
+ */
+static void check_gradients(mbp_act act, bool norm, bool xent)
+{
+	const uint32_t widths[] = {5, 7, 6, 4};
+	const unsigned L = 3;
+	enum { rows = 3 };
+	const uint32_t outw = widths[L];
+	mbp_mlp *n = new_mlp(widths, L, act, norm, 7 + act * 2 + norm, NULL);
+	perturb(n, 99);
+	mbp_mlp_stage *s0, *s1;
+	ck_assert_int_eq(mbp_mlp_stage_new(&s0, n, 0, 1, rows), 0);
+	ck_assert_int_eq(mbp_mlp_stage_new(&s1, n, 1, L, rows), 0);
+	float *x = random_floats(rows * widths[0], 5);
+	int32_t *labels = random_labels(rows, outw, 6);
+	float *targets = random_floats(rows * outw, 8);
+	float *stash0 = calloc(rows * mbp_mlp_stage_stash_floats(s0), sizeof(float));
+	float *stash1 = calloc(rows * mbp_mlp_stage_stash_floats(s1), sizeof(float));
+	float h1[rows * 7], out[rows * 4], dout[rows * 4], dh1[rows * 7], din[rows * 5];
+	const size_t batch = 2 * rows; /* as if another micro-batch of the same size followed */
+	ck_assert_int_eq(mbp_mlp_stage_forward(s0, x, h1, rows, stash0), 0);
+	ck_assert_int_eq(mbp_mlp_stage_forward(s1, h1, out, rows, stash1), 0);
+	double loss;
+	if (xent)
+		ck_assert_int_eq(mbp_loss_xent(out, labels, rows, outw, batch, dout, &loss, NULL), 0);
+	else
+		ck_assert_int_eq(mbp_loss_mse(out, targets, rows, outw, batch, dout, &loss), 0);
+	ck_assert_int_eq(mbp_mlp_stage_backward(s1, stash1, h1, dout, dh1, rows), 0);
+	ck_assert_int_eq(mbp_mlp_stage_backward(s0, stash0, x, dh1, din, rows), 0);
+
+	double **dp = ref_params(n);
+	double xd[rows * 5];
+	for (size_t e = 0; e < rows * widths[0]; e++)
+		xd[e] = x[e];
+	const double h = 1e-6;
+	double l0 = ref_loss(n, dp, xd, rows, xent ? labels : NULL, targets, batch);
+	ck_assert_msg(close_to(loss / batch, l0, 1e-5, 1e-6), "loss %g, reference %g", loss / batch, l0);
+	unsigned checked = 0;
+	for (unsigned i = 0; i < L; i++)
+		for (int p = 0; p < 4; p++) {
+			size_t c;
+			float *g = mbp_mlp_tensor(n, i, (mbp_mlp_part)p, MBP_ARRAY_GRAD, &c);
+			if (!g)
+				continue;
+			double *v = dp[i * 4 + p];
+			for (size_t e = 0; e < c; e++) {
+				double keep = v[e];
+				v[e] = keep + h;
+				double lp = ref_loss(n, dp, xd, rows, xent ? labels : NULL, targets, batch);
+				v[e] = keep - h;
+				double lm = ref_loss(n, dp, xd, rows, xent ? labels : NULL, targets, batch);
+				v[e] = keep;
+				double fd = (lp - lm) / (2 * h);
+				ck_assert_msg(close_to(g[e], fd, 1e-4, 1e-6),
+					      "act %d norm %d xent %d: layer %u part %d [%zu]: %.8g, finite "
+					      "differences %.8g",
+					      act, norm, xent, i, p, e, g[e], fd);
+				checked++;
+			}
+		}
+	for (size_t e = 0; e < rows * widths[0]; e++) {
+		double keep = xd[e];
+		xd[e] = keep + h;
+		double lp = ref_loss(n, dp, xd, rows, xent ? labels : NULL, targets, batch);
+		xd[e] = keep - h;
+		double lm = ref_loss(n, dp, xd, rows, xent ? labels : NULL, targets, batch);
+		xd[e] = keep;
+		double fd = (lp - lm) / (2 * h);
+		ck_assert_msg(close_to(din[e], fd, 1e-4, 1e-6), "input [%zu]: %.8g, finite differences %.8g",
+			      e, din[e], fd);
+		checked++;
+	}
+	ck_assert_uint_gt(checked, 100);
+	ref_params_free(n, dp);
+	free(stash0);
+	free(stash1);
+	free(x);
+	free(labels);
+	free(targets);
+	mbp_mlp_stage_destroy(s0);
+	mbp_mlp_stage_destroy(s1);
+	mbp_mlp_destroy(n);
+}
+
+START_TEST(every_layer_kind_gradient_matches_double_finite_differences)
+{
+	for (int act = MBP_ACT_NONE; act <= MBP_ACT_GELU; act++)
+		for (int norm = 0; norm < 2; norm++)
+			for (int xent = 0; xent < 2; xent++)
+				check_gradients((mbp_act)act, norm, xent);
+}
+END_TEST
+
+/* ---- one model driven by hand ---- */
+
+/* A model, its stages and a data set of `total` rows, for the accumulation and order tests. */
+struct rig {
+	mbp_mlp *n;
+	unsigned S;
+	mbp_mlp_stage *st[4];
+	float *x;
+	int32_t *y;
+};
+
+static const uint32_t rig_widths[] = {12, 16, 16, 16, 5};
+
+static void rig_init(struct rig *r, const unsigned *cuts, unsigned S, uint32_t max_rows, mbp_act act,
+		     bool norm, const mbp_optim_opts *o, size_t total)
+{
+	memset(r, 0, sizeof(*r));
+	r->n = new_mlp(rig_widths, 4, act, norm, 42, o);
+	perturb(r->n, 43);
+	r->S = S;
+	for (unsigned s = 0; s < S; s++)
+		ck_assert_int_eq(mbp_mlp_stage_new(&r->st[s], r->n, cuts[s], cuts[s + 1], max_rows), 0);
+	r->x = random_floats(total * rig_widths[0], 44);
+	r->y = random_labels(total, rig_widths[4], 45);
+}
+
+static void rig_fini(struct rig *r)
+{
+	for (unsigned s = 0; s < r->S; s++)
+		mbp_mlp_stage_destroy(r->st[s]);
+	mbp_mlp_destroy(r->n);
+	free(r->x);
+	free(r->y);
+}
+
+/*
+ * One step's gradients over M micro-batches of `mb` rows from row `first`, every stage's operations in
+ * GPipe order (all forwards, then all backwards) or in 1F1B order; split B_in/B_w or combined backward.
+ * Returns the summed loss.
+ */
+static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bool one_f_one_b, bool split)
+{
+	const unsigned S = r->S;
+	size_t batch = (size_t)M * mb;
+	float *act[5][16], *grad[5][16], *stash[4][16];
+	for (unsigned s = 0; s <= S; s++)
+		for (unsigned j = 0; j < M; j++) {
+			uint32_t w = s == 0 ? rig_widths[0] : mbp_mlp_stage_out_width(r->st[s - 1]);
+			act[s][j] = s == 0 ? r->x + (first + (size_t)j * mb) * rig_widths[0]
+					   : calloc((size_t)mb * w, sizeof(float));
+			grad[s][j] = calloc((size_t)mb * w, sizeof(float));
+			if (s < S)
+				stash[s][j] =
+				    calloc(mb * mbp_mlp_stage_stash_floats(r->st[s]), sizeof(float));
+		}
+	double loss = 0;
+	/* The order of (micro-batch, forward or backward) over the whole pipeline, flattened: GPipe runs all
+	 * forwards first; the 1F1B-like order interleaves forward j + 1 with backward j. Each stage's
+	 * backwards stay in micro-batch order in both. */
+	unsigned nops = 2 * M, op[32][2];
+	for (unsigned k = 0, f = 0, b = 0; k < nops; k++) {
+		bool fwd = one_f_one_b ? (f < M && f <= b) : f < M;
+		op[k][0] = fwd ? f++ : b++;
+		op[k][1] = fwd;
+	}
+	for (unsigned k = 0; k < nops; k++) {
+		unsigned j = op[k][0];
+		if (op[k][1]) {
+			for (unsigned s = 0; s < S; s++)
+				ck_assert_int_eq(mbp_mlp_stage_forward(r->st[s], act[s][j], act[s + 1][j], mb,
+								       stash[s][j]),
+						 0);
+			double l;
+			ck_assert_int_eq(mbp_loss_xent(act[S][j], r->y + first + (size_t)j * mb, mb,
+						       rig_widths[4], batch, grad[S][j], &l, NULL),
+					 0);
+			loss += l;
+		} else {
+			for (unsigned s = S; s-- > 0;) {
+				float *din = s ? grad[s][j] : NULL;
+				if (split) {
+					ck_assert_int_eq(mbp_mlp_stage_backward_in(r->st[s], stash[s][j],
+										   act[s][j], grad[s + 1][j],
+										   din, mb),
+							 0);
+					ck_assert_int_eq(
+					    mbp_mlp_stage_backward_w(r->st[s], stash[s][j], act[s][j], mb),
+					    0);
+				} else {
+					ck_assert_int_eq(mbp_mlp_stage_backward(r->st[s], stash[s][j],
+										act[s][j], grad[s + 1][j],
+										din, mb),
+							 0);
+				}
+			}
+		}
+	}
+	for (unsigned s = 0; s <= S; s++)
+		for (unsigned j = 0; j < M; j++) {
+			if (s)
+				free(act[s][j]);
+			free(grad[s][j]);
+			if (s < S)
+				free(stash[s][j]);
+		}
+	return loss;
+}
+
+START_TEST(combined_backward_equals_backward_in_then_backward_w_bit_for_bit)
+{
+	const unsigned cuts[] = {0, 2, 4};
+	for (int act = MBP_ACT_NONE; act <= MBP_ACT_GELU; act++)
+		for (int norm = 0; norm < 2; norm++) {
+			struct rig a, b;
+			rig_init(&a, cuts, 2, 8, (mbp_act)act, norm, NULL, 32);
+			rig_init(&b, cuts, 2, 8, (mbp_act)act, norm, NULL, 32);
+			double la = rig_grads(&a, 0, 4, 8, false, false);
+			double lb = rig_grads(&b, 0, 4, 8, false, true);
+			ck_assert(la == lb);
+			assert_same_array(a.n, b.n, MBP_ARRAY_GRAD);
+			rig_fini(&a);
+			rig_fini(&b);
+		}
+}
+END_TEST
+
+START_TEST(micro_batch_accumulation_equals_one_batch_and_repeats_bit_for_bit)
+{
+	const unsigned cuts[] = {0, 4};
+	struct rig a, b, c;
+	rig_init(&a, cuts, 1, 32, MBP_ACT_GELU, true, NULL, 32);
+	rig_init(&b, cuts, 1, 32, MBP_ACT_GELU, true, NULL, 32);
+	rig_init(&c, cuts, 1, 32, MBP_ACT_GELU, true, NULL, 32);
+	double la = rig_grads(&a, 0, 4, 8, false, true);  /* 4 micro-batches of 8 */
+	double lb = rig_grads(&b, 0, 1, 32, false, true); /* one batch of 32 */
+	double lc = rig_grads(&c, 0, 4, 8, false, true);
+	ck_assert_msg(close_to(la, lb, 1e-6, 0), "loss %.9g against %.9g", la, lb);
+	ck_assert(la == lc);
+	assert_same_array(a.n, c.n, MBP_ARRAY_GRAD);
+	size_t len;
+	float *ga = snapshot(a.n, MBP_ARRAY_GRAD, &len), *gb = snapshot(b.n, MBP_ARRAY_GRAD, &len);
+	double scale = 0;
+	for (size_t e = 0; e < len; e++)
+		scale = fmax(scale, fabs(gb[e]));
+	for (size_t e = 0; e < len; e++)
+		ck_assert_msg(fabs(ga[e] - gb[e]) <= 1e-5 * scale, "[%zu] %.9g against %.9g", e, ga[e],
+			      gb[e]);
+	free(ga);
+	free(gb);
+	rig_fini(&a);
+	rig_fini(&b);
+	rig_fini(&c);
+}
+END_TEST
+
+START_TEST(stage_splits_and_schedule_orders_give_the_same_bits)
+{
+	const unsigned one[] = {0, 4}, two[] = {0, 1, 4}, four[] = {0, 1, 2, 3, 4};
+	struct rig ref;
+	rig_init(&ref, one, 1, 8, MBP_ACT_RELU, true, NULL, 48);
+	double lref = rig_grads(&ref, 0, 6, 8, false, false);
+	for (int v = 0; v < 4; v++) {
+		struct rig r;
+		rig_init(&r, v & 2 ? four : two, v & 2 ? 4 : 2, 8, MBP_ACT_RELU, true, NULL, 48);
+		double l = rig_grads(&r, 0, 6, 8, v & 1, v & 1);
+		ck_assert(l == lref);
+		assert_same_array(ref.n, r.n, MBP_ARRAY_GRAD);
+		rig_fini(&r);
+	}
+	rig_fini(&ref);
+}
+END_TEST
+
+START_TEST(training_forward_equals_inference_and_the_saved_model_bit_for_bit)
+{
+	const uint32_t widths[] = {9, 33, 17, 6};
+	mbp_mlp *n = new_mlp(widths, 3, MBP_ACT_GELU, true, 3, NULL);
+	perturb(n, 4);
+	enum { rows = 10 };
+	float *x = random_floats(rows * 9, 1);
+	float out_train[rows * 6], out_inf[rows * 6], out_mlp[rows * 6], out_model[rows * 6], mid[rows * 33];
+	mbp_mlp_stage *s0, *s1;
+	ck_assert_int_eq(mbp_mlp_stage_new(&s0, n, 0, 1, rows), 0);
+	ck_assert_int_eq(mbp_mlp_stage_new(&s1, n, 1, 3, rows), 0);
+	float *st0 = calloc(rows * mbp_mlp_stage_stash_floats(s0), 4),
+	      *st1 = calloc(rows * mbp_mlp_stage_stash_floats(s1), 4);
+	ck_assert_int_eq(mbp_mlp_stage_forward(s0, x, mid, rows, st0), 0);
+	ck_assert_int_eq(mbp_mlp_stage_forward(s1, mid, out_train, rows, st1), 0);
+	ck_assert_int_eq(mbp_mlp_stage_forward(s0, x, mid, rows, NULL), 0);
+	ck_assert_int_eq(mbp_mlp_stage_forward(s1, mid, out_inf, rows, NULL), 0);
+	ck_assert_int_eq(mbp_mlp_forward(n, x, out_mlp, rows, 0), 0);
+	ck_assert_int_eq(mbp_mlp_save(n, path_in("w.safetensors")), 0);
+	mbp_model *m;
+	mbp_model_error e;
+	ck_assert_msg(mbp_model_load(&m, path_in("w.safetensors"), &e) == 0, "%s", e.msg);
+	ck_assert_int_eq(mbp_model_forward(m, x, out_model, rows, 0), 0);
+	ck_assert(!memcmp(out_train, out_inf, sizeof(out_train)));
+	ck_assert(!memcmp(out_train, out_mlp, sizeof(out_train)));
+	ck_assert(!memcmp(out_train, out_model, sizeof(out_train)));
+	/* The loaded model has the same structure and values; a copy of it trains from the same point. */
+	mbp_mlp *n2;
+	ck_assert_int_eq(mbp_mlp_new_from_model(&n2, m, NULL), 0);
+	assert_same_array(n, n2, MBP_ARRAY_PARAM);
+	for (unsigned i = 0; i < 3; i++) {
+		mbp_layer_info a, b;
+		ck_assert_int_eq(mbp_mlp_layer_info(n, i, &a), 0);
+		ck_assert_int_eq(mbp_model_layer_info(m, i, &b), 0);
+		ck_assert(a.in == b.in && a.out == b.out && a.act == b.act && a.norm == b.norm &&
+			  a.eps == b.eps);
+	}
+	mbp_mlp_destroy(n2);
+	mbp_model_destroy(m);
+	free(st0);
+	free(st1);
+	free(x);
+	mbp_mlp_stage_destroy(s0);
+	mbp_mlp_stage_destroy(s1);
+	mbp_mlp_destroy(n);
+}
+END_TEST
+
+/* ---- losses ---- */
+
+START_TEST(loss_values_and_gradients_match_hand_computed_ones)
+{
+	/* Cross-entropy. Row 0: logits (0, 0, ln 2), label 2: softmax (1/4, 1/4, 1/2), loss ln 2. Row 1: equal
+	 * logits, label 0: softmax 1/3 each, loss ln 3. */
+	float logits[] = {0.0f, 0.0f, (float)M_LN2, 1.0f, 1.0f, 1.0f}, d[6];
+	int32_t labels[] = {2, 0};
+	double loss;
+	uint32_t correct;
+	ck_assert_int_eq(mbp_loss_xent(logits, labels, 2, 3, 4, d, &loss, &correct), 0);
+	ck_assert(close_to(loss, M_LN2 + log(3.0), 1e-7, 0));
+	ck_assert_uint_eq(correct, 2); /* row 0's argmax is 2; row 1's ties go to the first class, 0 */
+	int32_t other[] = {1, 1};
+	ck_assert_int_eq(mbp_loss_xent(logits, other, 2, 3, 4, d, &loss, &correct), 0);
+	ck_assert_uint_eq(correct, 0);
+	ck_assert_int_eq(mbp_loss_xent(logits, labels, 2, 3, 4, d, &loss, &correct), 0);
+	const double want[] = {0.25 / 4, 0.25 / 4, -0.5 / 4, (1.0 / 3 - 1) / 4, 1.0 / 3 / 4, 1.0 / 3 / 4};
+	for (int i = 0; i < 6; i++)
+		ck_assert_msg(close_to(d[i], want[i], 1e-6, 1e-8), "[%d] %g want %g", i, d[i], want[i]);
+	/* In place gives the same. */
+	float in_place[6];
+	memcpy(in_place, logits, sizeof(logits));
+	ck_assert_int_eq(mbp_loss_xent(in_place, labels, 2, 3, 4, in_place, &loss, NULL), 0);
+	ck_assert(!memcmp(in_place, d, sizeof(d)));
+	/* MSE: out (1, 2), target (0, 0): row loss (1 + 4) / 2, gradient 2 (y - t) / (batch x width). */
+	float out[] = {1.0f, 2.0f}, t[] = {0.0f, 0.0f}, dm[2];
+	ck_assert_int_eq(mbp_loss_mse(out, t, 1, 2, 2, dm, &loss), 0);
+	ck_assert(close_to(loss, 2.5, 1e-12, 0));
+	ck_assert(close_to(dm[0], 2.0 * 1 / 4, 1e-7, 0) && close_to(dm[1], 2.0 * 2 / 4, 1e-7, 0));
+}
+END_TEST
+
+START_TEST(losses_refuse_bad_labels_non_finite_values_and_bad_arguments)
+{
+	float logits[6] = {0}, d[6];
+	int32_t bad_hi[] = {0, 3}, bad_neg[] = {-1, 0}, ok[] = {0, 1};
+	double loss;
+	ck_assert_int_eq(mbp_loss_xent(logits, bad_hi, 2, 3, 2, d, &loss, NULL), -ERANGE);
+	ck_assert_int_eq(mbp_loss_xent(logits, bad_neg, 2, 3, 2, d, &loss, NULL), -ERANGE);
+	ck_assert_int_eq(mbp_loss_xent(logits, ok, 2, 3, 1, d, &loss, NULL), -EINVAL); /* batch < rows */
+	ck_assert_int_eq(mbp_loss_xent(NULL, ok, 2, 3, 2, d, &loss, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_loss_xent(logits, ok, 0, 3, 2, d, &loss, NULL), -EINVAL);
+	logits[4] = NAN;
+	ck_assert_int_eq(mbp_loss_xent(logits, ok, 2, 3, 2, d, &loss, NULL), -EDOM);
+	logits[4] = INFINITY;
+	ck_assert_int_eq(mbp_loss_xent(logits, ok, 2, 3, 2, d, &loss, NULL), -EDOM);
+	float out[2] = {1, INFINITY}, t[2] = {0, 0};
+	ck_assert_int_eq(mbp_loss_mse(out, t, 1, 2, 1, d, &loss), -EDOM);
+	ck_assert_int_eq(mbp_loss_mse(out, t, 1, 0, 1, d, &loss), -EINVAL);
+	ck_assert_str_eq(mbp_strerror(-EDOM), "numerical error");
+}
+END_TEST
+
+/* ---- optimizers ---- */
+
+START_TEST(lr_schedule_warms_up_linearly_then_decays_by_cosine)
+{
+	mbp_optim_opts o = {.lr = 1.0f, .min_lr = 0.1f, .warmup_steps = 4, .total_steps = 14};
+	ck_assert(close_to(mbp_optim_lr(&o, 0), 0.25, 1e-12, 0));
+	ck_assert(close_to(mbp_optim_lr(&o, 3), 1.0, 1e-12, 0));
+	ck_assert(close_to(mbp_optim_lr(&o, 4), 1.0, 1e-12, 0));
+	ck_assert(close_to(mbp_optim_lr(&o, 9), 0.1 + 0.9 * 0.5, 1e-7, 0)); /* halfway: cos(pi / 2) = 0 */
+	ck_assert(close_to(mbp_optim_lr(&o, 14), 0.1, 1e-7, 0));
+	ck_assert(close_to(mbp_optim_lr(&o, 1000), 0.1, 1e-7, 0));
+	mbp_optim_opts c = {.lr = 0.5f};
+	ck_assert(mbp_optim_lr(&c, 0) == (double)0.5f && mbp_optim_lr(&c, 99999) == (double)0.5f);
+	mbp_optim_opts z = {0};
+	ck_assert(close_to(mbp_optim_lr(&z, 7), 1e-3, 1e-6, 0));
+	ck_assert(isnan(mbp_optim_lr(NULL, 0)));
+	ck_assert(mbp_clip_scale(4.0, 1.0f) > 0.4999f && mbp_clip_scale(4.0, 1.0f) < 0.5f);
+	ck_assert(mbp_clip_scale(0.25, 1.0f) == 1.0f);
+	ck_assert(mbp_clip_scale(100.0, 0.0f) == 1.0f);
+	ck_assert(isnan(mbp_clip_scale(INFINITY, 1.0f)));
+}
+END_TEST
+
+/* A 1-layer 2 -> 1 model (weight 2 values, bias 1) whose gradients the test sets by hand. */
+static mbp_mlp *tiny(const mbp_optim_opts *o, mbp_mlp_stage **st)
+{
+	const uint32_t w[] = {2, 1};
+	mbp_mlp *n = new_mlp(w, 1, MBP_ACT_NONE, false, 1, o);
+	ck_assert_int_eq(mbp_mlp_stage_new(st, n, 0, 1, 1), 0);
+	float *p = mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL);
+	p[0] = 1.0f, p[1] = -2.0f;
+	*mbp_mlp_tensor(n, 0, MBP_PART_BIAS, MBP_ARRAY_PARAM, NULL) = 0.5f;
+	return n;
+}
+
+static void set_grads(mbp_mlp *n, float g0, float g1, float gb)
+{
+	float *g = mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_GRAD, NULL);
+	g[0] = g0, g[1] = g1;
+	*mbp_mlp_tensor(n, 0, MBP_PART_BIAS, MBP_ARRAY_GRAD, NULL) = gb;
+}
+
+START_TEST(adamw_matches_hand_computed_steps)
+{
+	mbp_optim_opts o = {.kind = MBP_OPTIM_ADAMW,
+			    .lr = 0.1f,
+			    .weight_decay = 0.5f,
+			    .warmup_steps = 2,
+			    .beta1 = 0.8f,
+			    .beta2 = 0.9f,
+			    .eps = 1e-3f};
+	mbp_mlp_stage *st;
+	mbp_mlp *n = tiny(&o, &st);
+	double p[3] = {1.0, -2.0, 0.5}, m[3] = {0}, v[3] = {0};
+	const double g[2][3] = {{0.5, -1.0, 2.0}, {-0.25, 0.75, 1.0}};
+	const float scale[2] = {1.0f, 0.5f};
+	for (int t = 0; t < 2; t++) {
+		set_grads(n, (float)g[t][0], (float)g[t][1], (float)g[t][2]);
+		ck_assert_int_eq(mbp_mlp_stage_update(st, scale[t]), 0);
+		double lr = 0.1 * (t + 1) / 2;
+		for (int k = 0; k < 3; k++) {
+			double gk = g[t][k] * scale[t];
+			if (k < 2)
+				p[k] *= 1 - lr * 0.5; /* the weights decay, the bias does not */
+			m[k] = 0.8 * m[k] + 0.2 * gk;
+			v[k] = 0.9 * v[k] + 0.1 * gk * gk;
+			double mh = m[k] / (1 - pow(0.8, t + 1)), vh = v[k] / (1 - pow(0.9, t + 1));
+			p[k] -= lr * mh / (sqrt(vh) + 1e-3);
+		}
+		float *pw = mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL);
+		float *pb = mbp_mlp_tensor(n, 0, MBP_PART_BIAS, MBP_ARRAY_PARAM, NULL);
+		const float got[3] = {pw[0], pw[1], pb[0]};
+		for (int k = 0; k < 3; k++)
+			ck_assert_msg(close_to(got[k], p[k], 1e-6, 1e-7), "step %d [%d]: %.9g want %.9g", t,
+				      k, got[k], p[k]);
+		ck_assert_uint_eq(mbp_mlp_steps(n, 0), (uint64_t)t + 1);
+	}
+	mbp_mlp_stage_destroy(st);
+	mbp_mlp_destroy(n);
+}
+END_TEST
+
+START_TEST(sgd_with_momentum_matches_hand_computed_steps)
+{
+	mbp_optim_opts o = {.kind = MBP_OPTIM_SGD, .lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.1f};
+	mbp_mlp_stage *st;
+	mbp_mlp *n = tiny(&o, &st);
+	double p[3] = {1.0, -2.0, 0.5}, buf[3] = {0};
+	const double g[3][3] = {{0.5, -1.0, 2.0}, {-0.25, 0.75, 1.0}, {1.0, 1.0, -1.0}};
+	for (int t = 0; t < 3; t++) {
+		set_grads(n, (float)g[t][0], (float)g[t][1], (float)g[t][2]);
+		ck_assert_int_eq(mbp_mlp_stage_update(st, 1.0f), 0);
+		for (int k = 0; k < 3; k++) {
+			double gk = g[t][k] + (k < 2 ? 0.1 * p[k] : 0);
+			buf[k] = t == 0 ? gk : 0.9 * buf[k] + gk;
+			p[k] -= 0.1 * buf[k];
+		}
+		float *pw = mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL);
+		float *pb = mbp_mlp_tensor(n, 0, MBP_PART_BIAS, MBP_ARRAY_PARAM, NULL);
+		const float got[3] = {pw[0], pw[1], pb[0]};
+		for (int k = 0; k < 3; k++)
+			ck_assert_msg(close_to(got[k], p[k], 1e-6, 1e-7), "step %d [%d]: %.9g want %.9g", t,
+				      k, got[k], p[k]);
+	}
+	ck_assert_ptr_null(mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_MOMENT2, NULL));
+	mbp_mlp_stage_destroy(st);
+	mbp_mlp_destroy(n);
+	/* Without momentum: plain steps, no buffer kept. */
+	mbp_optim_opts plain = {.kind = MBP_OPTIM_SGD, .lr = 0.5f};
+	n = tiny(&plain, &st);
+	ck_assert_ptr_null(mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_MOMENT1, NULL));
+	set_grads(n, 1.0f, -1.0f, 2.0f);
+	ck_assert_int_eq(mbp_mlp_stage_update(st, 0.5f), 0);
+	float *pw = mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL);
+	ck_assert(pw[0] == 0.75f && pw[1] == -1.75f &&
+		  *mbp_mlp_tensor(n, 0, MBP_PART_BIAS, MBP_ARRAY_PARAM, NULL) == 0.0f);
+	mbp_mlp_stage_destroy(st);
+	mbp_mlp_destroy(n);
+}
+END_TEST
+
+START_TEST(clipping_by_global_norm_and_refusing_non_finite_gradients)
+{
+	mbp_mlp_stage *st;
+	mbp_mlp *n = tiny(NULL, &st);
+	set_grads(n, 3.0f, 0.0f, 4.0f);
+	double sq;
+	ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm(st, &sq), 0);
+	ck_assert(sq == 25.0);
+	/* A NaN gradient: -EDOM and nothing changes, neither parameters nor moments nor the step. */
+	size_t len;
+	float *before = snapshot(n, MBP_ARRAY_PARAM, &len);
+	mbp_mlp_tensor(n, 0, MBP_PART_BIAS, MBP_ARRAY_GRAD, NULL)[0] = NAN;
+	ck_assert_int_eq(mbp_mlp_stage_update(st, 1.0f), -EDOM);
+	ck_assert_int_eq(mbp_mlp_stage_update(st, NAN), -EDOM);
+	ck_assert_int_eq(mbp_mlp_stage_update(st, -1.0f), -EDOM);
+	float *after = snapshot(n, MBP_ARRAY_PARAM, &len);
+	ck_assert(!memcmp(before, after, len * sizeof(float)));
+	ck_assert_uint_eq(mbp_mlp_steps(n, 0), 0);
+	free(before);
+	free(after);
+	/* Update with a scale equals the update of pre-scaled gradients, bit for bit. */
+	mbp_mlp_stage *st2;
+	mbp_mlp *n2 = tiny(NULL, &st2);
+	set_grads(n, 3.0f, 0.0f, 4.0f);
+	float c = mbp_clip_scale(sq, 1.0f);
+	set_grads(n2, 3.0f * c, 0.0f * c, 4.0f * c);
+	ck_assert_int_eq(mbp_mlp_stage_update(st, c), 0);
+	ck_assert_int_eq(mbp_mlp_stage_update(st2, 1.0f), 0);
+	assert_same_array(n, n2, MBP_ARRAY_PARAM);
+	assert_same_array(n, n2, MBP_ARRAY_MOMENT2);
+	ck_assert_int_eq(mbp_mlp_stage_zero_grad(st), 0);
+	ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm(st, &sq), 0);
+	ck_assert(sq == 0.0);
+	mbp_mlp_stage_destroy(st);
+	mbp_mlp_stage_destroy(st2);
+	mbp_mlp_destroy(n);
+	mbp_mlp_destroy(n2);
+}
+END_TEST
+
+/* ---- training ---- */
+
+/* One training step of the rig on its stages: gradients, clip, update, zero. */
+static double rig_step(struct rig *r, size_t first, unsigned M, uint32_t mb, float max_norm)
+{
+	double loss = rig_grads(r, first, M, mb, true, true), sq = 0, q;
+	for (unsigned s = 0; s < r->S; s++) {
+		ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm(r->st[s], &q), 0);
+		sq += q;
+	}
+	float c = mbp_clip_scale(sq, max_norm);
+	for (unsigned s = 0; s < r->S; s++) {
+		ck_assert_int_eq(mbp_mlp_stage_update(r->st[s], c), 0);
+		ck_assert_int_eq(mbp_mlp_stage_zero_grad(r->st[s]), 0);
+	}
+	return loss / ((double)M * mb);
+}
+
+START_TEST(loss_decreases_and_a_tiny_data_set_is_memorised)
+{
+	const unsigned cuts[] = {0, 2, 4};
+	const mbp_optim_opts opts[] = {
+	    {.kind = MBP_OPTIM_ADAMW,
+	     .lr = 1e-2f,
+	     .warmup_steps = 10,
+	     .total_steps = 400,
+	     .weight_decay = 1e-4f},
+	    {.kind = MBP_OPTIM_SGD, .lr = 0.1f, .momentum = 0.9f, .warmup_steps = 10, .total_steps = 400},
+	};
+	for (unsigned k = 0; k < 2; k++) {
+		struct rig r;
+		rig_init(&r, cuts, 2, 8, MBP_ACT_RELU, k == 0, &opts[k], 32);
+		double first = rig_step(&r, 0, 4, 8, 5.0f), last = first;
+		for (int step = 1; step < 400; step++)
+			last = rig_step(&r, 0, 4, 8, 5.0f);
+		ck_assert_msg(last < 0.05 && last < first / 20, "optimizer %u: loss %.4f -> %.4f", k, first,
+			      last);
+		/* Every one of the 32 random points gets its random label. */
+		float out[32 * 5];
+		ck_assert_int_eq(mbp_mlp_forward(r.n, r.x, out, 32, 0), 0);
+		for (int i = 0; i < 32; i++) {
+			int best = 0;
+			for (int c = 1; c < 5; c++)
+				if (out[i * 5 + c] > out[i * 5 + best])
+					best = c;
+			ck_assert_int_eq(best, r.y[i]);
+		}
+		rig_fini(&r);
+	}
+}
+END_TEST
+
+START_TEST(checkpoint_resume_continues_bit_for_bit)
+{
+	const unsigned cuts[] = {0, 3, 4};
+	const mbp_optim_opts opts[] = {
+	    {.kind = MBP_OPTIM_ADAMW,
+	     .lr = 5e-3f,
+	     .warmup_steps = 3,
+	     .total_steps = 12,
+	     .weight_decay = 0.01f},
+	    {.kind = MBP_OPTIM_SGD, .lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f},
+	    {.kind = MBP_OPTIM_SGD, .lr = 0.05f},
+	};
+	for (unsigned k = 0; k < 3; k++) {
+		struct rig straight, first, resumed;
+		rig_init(&straight, cuts, 2, 8, MBP_ACT_GELU, true, &opts[k], 64);
+		rig_init(&first, cuts, 2, 8, MBP_ACT_GELU, true, &opts[k], 64);
+		for (int s = 0; s < 10; s++)
+			rig_step(&straight, (size_t)(s % 2) * 32, 4, 8, 1.0f);
+		for (int s = 0; s < 5; s++)
+			rig_step(&first, (size_t)(s % 2) * 32, 4, 8, 1.0f);
+		ck_assert_int_eq(mbp_mlp_save(first.n, path_in("ck.safetensors")), 0);
+		ck_assert_int_eq(mbp_mlp_save_optim(first.n, path_in("ck.optim.safetensors")), 0);
+		/* Resume: weights from the model file, moments and steps from the optimizer file. */
+		rig_init(&resumed, cuts, 2, 8, MBP_ACT_GELU, true, &opts[k], 64);
+		for (unsigned s = 0; s < resumed.S; s++)
+			mbp_mlp_stage_destroy(resumed.st[s]);
+		mbp_mlp_destroy(resumed.n);
+		mbp_model_error e;
+		ck_assert_msg(mbp_mlp_load(&resumed.n, path_in("ck.safetensors"), &opts[k], &e) == 0, "%s",
+			      e.msg);
+		ck_assert_msg(mbp_mlp_load_optim(resumed.n, path_in("ck.optim.safetensors"), &e) == 0, "%s",
+			      e.msg);
+		for (unsigned s = 0; s < resumed.S; s++)
+			ck_assert_int_eq(
+			    mbp_mlp_stage_new(&resumed.st[s], resumed.n, cuts[s], cuts[s + 1], 8), 0);
+		assert_same_array(first.n, resumed.n, MBP_ARRAY_PARAM);
+		ck_assert_uint_eq(mbp_mlp_steps(resumed.n, 3), 5);
+		for (int s = 5; s < 10; s++)
+			rig_step(&resumed, (size_t)(s % 2) * 32, 4, 8, 1.0f);
+		assert_same_array(straight.n, resumed.n, MBP_ARRAY_PARAM);
+		if (k < 2)
+			assert_same_array(straight.n, resumed.n, MBP_ARRAY_MOMENT1);
+		if (k == 0)
+			assert_same_array(straight.n, resumed.n, MBP_ARRAY_MOMENT2);
+		rig_fini(&straight);
+		rig_fini(&first);
+		rig_fini(&resumed);
+	}
+}
+END_TEST
+
+START_TEST(optimizer_files_of_another_model_or_optimizer_are_refused_naming_the_file)
+{
+	const uint32_t w[] = {4, 6, 3}, w2[] = {4, 7, 3};
+	mbp_optim_opts adam = {0}, sgd = {.kind = MBP_OPTIM_SGD, .momentum = 0.5f};
+	mbp_mlp *a = new_mlp(w, 2, MBP_ACT_RELU, false, 1, &adam);
+	mbp_mlp *b = new_mlp(w, 2, MBP_ACT_RELU, false, 1, &sgd);
+	mbp_mlp *c = new_mlp(w2, 2, MBP_ACT_RELU, false, 1, &adam);
+	mbp_mlp *d = new_mlp(w, 2, MBP_ACT_RELU, true, 1, &adam);
+	const char *pa = path_in("a.optim.safetensors");
+	ck_assert_int_eq(mbp_mlp_save_optim(a, pa), 0);
+	mbp_model_error e;
+	ck_assert_int_eq(mbp_mlp_load_optim(b, pa, &e), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(e.msg, pa));
+	ck_assert_ptr_nonnull(strstr(e.msg, "adamw"));
+	ck_assert_int_eq(mbp_mlp_load_optim(c, pa, &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_MODEL_SHAPE);
+	ck_assert_int_eq(mbp_mlp_load_optim(d, pa, &e), -ENOENT); /* d's norm moments are missing */
+	ck_assert_int_eq(e.rule, MBP_MODEL_MISSING);
+	ck_assert_ptr_nonnull(strstr(e.tensor, "norm"));
+	const char *pd = path_in("d.optim.safetensors");
+	ck_assert_int_eq(mbp_mlp_save_optim(d, pd), 0);
+	ck_assert_int_eq(mbp_mlp_load_optim(a, pd, &e), -EINVAL); /* a has no norm: unknown tensors */
+	ck_assert_int_eq(e.rule, MBP_MODEL_UNKNOWN_TENSOR);
+	ck_assert_int_eq(mbp_mlp_load_optim(a, path_in("missing"), &e), -ENOENT);
+	ck_assert_ptr_nonnull(strstr(e.msg, "missing"));
+	/* A weights file is not an optimizer file. */
+	const char *pw = path_in("a.safetensors");
+	ck_assert_int_eq(mbp_mlp_save(a, pw), 0);
+	ck_assert_int_lt(mbp_mlp_load_optim(a, pw, &e), 0);
+	ck_assert_ptr_nonnull(strstr(e.msg, pw));
+	ck_assert_int_eq(mbp_mlp_load_optim(a, pa, &e), 0);
+	mbp_mlp_destroy(a);
+	mbp_mlp_destroy(b);
+	mbp_mlp_destroy(c);
+	mbp_mlp_destroy(d);
+}
+END_TEST
+
+/* ---- concurrency ---- */
+
+struct worker {
+	mbp_mlp_stage *st;
+	float *x, *dout;
+	uint32_t rows, in_w, out_w;
+	int rounds, rc;
+	pthread_barrier_t *bar;
+};
+
+/* Forward, split backward and update on one stage, with inputs and output gradients of its own. */
+static void stage_rounds(struct worker *w)
+{
+	float *out = malloc((size_t)w->rows * w->out_w * sizeof(float));
+	float *din = malloc((size_t)w->rows * w->in_w * sizeof(float));
+	float *stash = malloc(w->rows * mbp_mlp_stage_stash_floats(w->st) * sizeof(float));
+	for (int k = 0; k < w->rounds && !w->rc; k++) {
+		w->rc = mbp_mlp_stage_forward(w->st, w->x, out, w->rows, stash);
+		w->rc = w->rc ? w->rc : mbp_mlp_stage_backward_in(w->st, stash, w->x, w->dout, din, w->rows);
+		w->rc = w->rc ? w->rc : mbp_mlp_stage_backward_w(w->st, stash, w->x, w->rows);
+		w->rc = w->rc ? w->rc : mbp_mlp_stage_update(w->st, 1.0f);
+		w->rc = w->rc ? w->rc : mbp_mlp_stage_zero_grad(w->st);
+	}
+	free(out);
+	free(din);
+	free(stash);
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	pthread_barrier_wait(w->bar);
+	stage_rounds(w);
+	return NULL;
+}
+
+START_TEST(stages_on_two_threads_touch_only_their_own_layers)
+{
+	const uint32_t widths[] = {24, 40, 40, 40, 8};
+	mbp_mlp *par = new_mlp(widths, 4, MBP_ACT_GELU, true, 5, NULL);
+	mbp_mlp *seq = new_mlp(widths, 4, MBP_ACT_GELU, true, 5, NULL);
+	const unsigned cuts[] = {0, 2, 4};
+	struct worker w[2][2];
+	pthread_barrier_t bar;
+	pthread_barrier_init(&bar, NULL, 2);
+	for (int v = 0; v < 2; v++)
+		for (int s = 0; s < 2; s++) {
+			struct worker *x = &w[v][s];
+			memset(x, 0, sizeof(*x));
+			ck_assert_int_eq(mbp_mlp_stage_new(&x->st, v ? seq : par, cuts[s], cuts[s + 1], 16),
+					 0);
+			x->rows = 16;
+			x->in_w = widths[cuts[s]];
+			x->out_w = widths[cuts[s + 1]];
+			x->x = random_floats(16 * x->in_w, 10 + s);
+			x->dout = random_floats(16 * x->out_w, 20 + s);
+			x->rounds = (int)mbp_iters(200, 20);
+			x->bar = &bar;
+		}
+	pthread_t t[2];
+	for (int s = 0; s < 2; s++)
+		ck_assert_int_eq(pthread_create(&t[s], NULL, worker_main, &w[0][s]), 0);
+	for (int s = 0; s < 2; s++)
+		pthread_join(t[s], NULL);
+	for (int s = 0; s < 2; s++)
+		stage_rounds(&w[1][s]);
+	for (int v = 0; v < 2; v++)
+		for (int s = 0; s < 2; s++)
+			ck_assert_int_eq(w[v][s].rc, 0);
+	assert_same_array(par, seq, MBP_ARRAY_PARAM);
+	assert_same_array(par, seq, MBP_ARRAY_MOMENT2);
+	for (int v = 0; v < 2; v++)
+		for (int s = 0; s < 2; s++) {
+			mbp_mlp_stage_destroy(w[v][s].st);
+			free(w[v][s].x);
+			free(w[v][s].dout);
+		}
+	pthread_barrier_destroy(&bar);
+	mbp_mlp_destroy(par);
+	mbp_mlp_destroy(seq);
+}
+END_TEST
+
+/* ---- arguments ---- */
+
+START_TEST(bad_arguments_are_refused)
+{
+	const uint32_t w[] = {3, 4, 2};
+	mbp_model_spec sp = {.layers = 2, .widths = w, .act = MBP_ACT_RELU};
+	mbp_mlp *n;
+	ck_assert_int_eq(mbp_mlp_new_random(NULL, &sp, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_new_random(&n, NULL, NULL), -EINVAL);
+	const mbp_optim_opts bad[] = {{.kind = (mbp_optim_kind)7},
+				      {.lr = -1.0f},
+				      {.lr = NAN},
+				      {.momentum = 1.0f},
+				      {.beta2 = 1.5f},
+				      {.weight_decay = -0.1f},
+				      {.eps = -1.0f},
+				      {.min_lr = INFINITY}};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ck_assert_int_eq(mbp_mlp_new_random(&n, &sp, &bad[i]), -EINVAL);
+	const uint32_t zero[] = {3, 0, 2};
+	mbp_model_spec sz = {.layers = 2, .widths = zero};
+	ck_assert_int_eq(mbp_mlp_new_random(&n, &sz, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_new_random(&n, &sp, NULL), 0);
+	mbp_optim_opts o;
+	ck_assert_int_eq(mbp_mlp_optim(n, &o), 0);
+	ck_assert(o.kind == MBP_OPTIM_ADAMW && o.lr == 1e-3f && o.beta1 == 0.9f && o.beta2 == 0.999f &&
+		  o.eps == 1e-8f);
+	ck_assert_uint_eq(mbp_mlp_layers(n), 2);
+	ck_assert_uint_eq(mbp_mlp_in_width(n), 3);
+	ck_assert_uint_eq(mbp_mlp_out_width(n), 2);
+	mbp_layer_info li;
+	ck_assert_int_eq(mbp_mlp_layer_info(n, 2, &li), -ERANGE);
+	ck_assert_ptr_null(mbp_mlp_tensor(n, 0, MBP_PART_NORM_WEIGHT, MBP_ARRAY_PARAM, NULL));
+	ck_assert_ptr_null(mbp_mlp_tensor(n, 5, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL));
+	mbp_mlp_stage *st;
+	ck_assert_int_eq(mbp_mlp_stage_new(&st, n, 1, 1, 4), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_new(&st, n, 0, 3, 4), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_new(&st, n, 0, 2, 0), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_new(&st, n, 0, 2, 4), 0);
+	ck_assert_uint_eq(mbp_mlp_stage_in_width(st), 3);
+	ck_assert_uint_eq(mbp_mlp_stage_out_width(st), 2);
+	float x[5 * 3] = {0}, y[5 * 2] = {0}, stash[5 * 64];
+	ck_assert_uint_le(mbp_mlp_stage_stash_floats(st), 64);
+	ck_assert_int_eq(mbp_mlp_stage_forward(st, x, y, 5, stash), -EINVAL); /* above max_rows */
+	ck_assert_int_eq(mbp_mlp_stage_forward(st, x, y, 0, stash), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_forward(st, NULL, y, 2, stash), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_backward_in(st, NULL, x, y, NULL, 2), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_backward_w(st, stash, NULL, 2), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_backward(st, stash, NULL, y, NULL, 2), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm(st, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_update(NULL, 1.0f), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_save(n, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_save(n, "/nonexistent-dir/x.safetensors"), -ENOENT);
+	ck_assert_int_eq(mbp_mlp_forward(n, NULL, y, 1, 0), -EINVAL);
+	mbp_model_error e;
+	ck_assert_int_eq(mbp_mlp_load(&n, "/nonexistent-dir/x.safetensors", NULL, &e), -ENOENT);
+	ck_assert_ptr_null(n);
+	mbp_mlp_stage_destroy(st);
+	mbp_mlp_stage_destroy(NULL);
+	mbp_mlp_destroy(NULL);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("mlp");
+	TCase *tc = tcase_create("training");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, every_layer_kind_gradient_matches_double_finite_differences);
+	tcase_add_test(tc, combined_backward_equals_backward_in_then_backward_w_bit_for_bit);
+	tcase_add_test(tc, micro_batch_accumulation_equals_one_batch_and_repeats_bit_for_bit);
+	tcase_add_test(tc, stage_splits_and_schedule_orders_give_the_same_bits);
+	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);
+	tcase_add_test(tc, loss_values_and_gradients_match_hand_computed_ones);
+	tcase_add_test(tc, losses_refuse_bad_labels_non_finite_values_and_bad_arguments);
+	tcase_add_test(tc, lr_schedule_warms_up_linearly_then_decays_by_cosine);
+	tcase_add_test(tc, adamw_matches_hand_computed_steps);
+	tcase_add_test(tc, sgd_with_momentum_matches_hand_computed_steps);
+	tcase_add_test(tc, clipping_by_global_norm_and_refusing_non_finite_gradients);
+	tcase_add_test(tc, loss_decreases_and_a_tiny_data_set_is_memorised);
+	tcase_add_test(tc, checkpoint_resume_continues_bit_for_bit);
+	tcase_add_test(tc, optimizer_files_of_another_model_or_optimizer_are_refused_naming_the_file);
+	tcase_add_test(tc, bad_arguments_are_refused);
+	suite_add_tcase(s, tc);
+	TCase *tt = tcase_create("threads");
+	tcase_set_timeout(tt, 60);
+	tcase_add_test(tt, stages_on_two_threads_touch_only_their_own_layers);
+	suite_add_tcase(s, tt);
+	return s;
+}
