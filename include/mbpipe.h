@@ -23,6 +23,7 @@
 #include <mbpipe/mb.h>
 #include <mbpipe/pool.h>
 #include <mbpipe/pipeline.h>
+#include <mbpipe/train.h>
 #include <mbpipe/model.h>
 #include <mbpipe/model_train.h>
 #include <mbpipe/data.h>

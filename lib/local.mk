@@ -5,13 +5,14 @@ lib_libmbpipe_la_SOURCES = \
 	lib/common.h lib/clock.c lib/wait.h lib/wait.c lib/ring.h lib/ring_pvt.h lib/ring.c \
 	lib/error.c lib/pool_internal.h lib/pool.c \
 	lib/affinity.h lib/affinity.c lib/opts.c lib/ingress.h lib/ingress.c lib/job.h lib/job.c \
-	lib/pipeline_internal.h lib/pipeline.c lib/worker.c lib/stats.c lib/trace.c
+	lib/pipeline_internal.h lib/pipeline.c lib/worker.c lib/stats.c lib/trace.c \
+	lib/schedule.h lib/schedule.c lib/train.c
 lib_libmbpipe_la_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS) $(URCU_CFLAGS) $(JEMALLOC_CFLAGS) $(CJSON_CFLAGS)
 lib_libmbpipe_la_LIBADD = $(OPENBLAS_LIBS) $(URCU_CDS_LIBS) $(URCU_LIBS) $(JEMALLOC_LIBS) $(CJSON_LIBS) -lm
 
 include_HEADERS += include/mbpipe.h
 mbpipeinclude_HEADERS += include/mbpipe/error.h include/mbpipe/mb.h include/mbpipe/pool.h \
-	include/mbpipe/pipeline.h
+	include/mbpipe/pipeline.h include/mbpipe/train.h
 nodist_mbpipeinclude_HEADERS += include/mbpipe/version.h
 
 # Libraries a program linking libmbpipe inside this tree needs (the .pc file says the same to users).

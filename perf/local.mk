@@ -6,6 +6,7 @@ include perf/ring.mk
 include perf/pool.mk
 include perf/pipeline.mk
 include perf/model.mk
+include perf/train.mk
 include perf/mpi.mk
 include perf/mlp_train.mk
 EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/RESULTS.md perf/results

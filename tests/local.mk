@@ -3,7 +3,7 @@ TEST_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(URCU_CFLAGS) $(OPENBLAS_CFLAGS)
 TEST_LIBS = $(MBP_LIBS) $(CHECK_LIBS)
 
 # Iteration counts come from one define so CI and sanitizer builds can shrink them (see tests/check_main.h).
-check_PROGRAMS += tests/test_ring tests/test_pool tests/test_pipeline
+check_PROGRAMS += tests/test_ring tests/test_pool tests/test_pipeline tests/test_schedule tests/test_train
 tests_test_ring_SOURCES = tests/test_ring.c tests/check_main.h
 tests_test_ring_CFLAGS = $(TEST_CFLAGS)
 tests_test_ring_LDADD = $(TEST_LIBS)
@@ -14,14 +14,21 @@ tests_test_pipeline_SOURCES = tests/test_pipeline.c tests/check_main.h
 tests_test_pipeline_CFLAGS = $(TEST_CFLAGS) $(CJSON_CFLAGS)
 tests_test_pipeline_LDADD = $(TEST_LIBS)
 
-TESTS += tests/test_ring tests/test_pool tests/test_pipeline
+tests_test_schedule_SOURCES = tests/test_schedule.c tests/check_main.h
+tests_test_schedule_CFLAGS = $(TEST_CFLAGS)
+tests_test_schedule_LDADD = $(TEST_LIBS)
+tests_test_train_SOURCES = tests/test_train.c tests/check_main.h
+tests_test_train_CFLAGS = $(TEST_CFLAGS)
+tests_test_train_LDADD = $(TEST_LIBS)
+
+TESTS += tests/test_ring tests/test_pool tests/test_pipeline tests/test_schedule tests/test_train
 
 # DESIGN.md rule 7 on the pipeline's lifecycle atomics: each names its memory order and its partner.
 TESTS += tests/atomic_partners.sh
 EXTRA_DIST += tests/atomic_partners.sh
 
 # Concurrency tests only: what CI runs under TSan.
-CONCURRENCY_TESTS = tests/test_ring tests/test_pool tests/test_pipeline
+CONCURRENCY_TESTS = tests/test_ring tests/test_pool tests/test_pipeline tests/test_train
 check-concurrency: $(CONCURRENCY_TESTS)
 	@$(MAKE) $(AM_MAKEFLAGS) check TESTS="$(CONCURRENCY_TESTS)"
 .PHONY: check-concurrency

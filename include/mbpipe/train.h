@@ -1,0 +1,312 @@
+/*
+ * mbp_schedule and mbp_trainer: training through a pipeline of stages (a forward and a backward flow).
+ *
+ * Not for direct inclusion: include <mbpipe.h>.
+ *
+ * A training step takes a mini-batch of N rows, splits it into M micro-batches of m rows (the last may be
+ * short) and runs them through S stages: each stage s computes a forward F (input -> output, keeping in its
+ * stash what its backward needs), and a backward that takes the gradient of its output and gives the
+ * gradient of its input while it accumulates the gradient of its own parameters. The backward is one
+ * function B, or two: B_in (input gradient only) and B_w (weight gradient only), which lets a schedule put
+ * the weight gradients where a stage would otherwise wait. The last stage turns its output and the
+ * micro-batch's targets into a loss and the gradient that starts the backward. When every backward of the
+ * step is done on every stage (the flush), each stage applies its update to its own parameters. A step is
+ * all or nothing: if any operation fails, no stage updates.
+ *
+ * Schedules: the order of each stage's operations, computed once per (schedule, S, M):
+ *   GPipe  all M forwards, then all M backwards. Stash peak of a stage: M micro-batches.
+ *   1F1B   (PipeDream-Flush) S - s - 1 forwards to warm up, then one forward one backward, then the
+ *          remaining backwards. Same bubble as GPipe, stash peak S - s whatever M is.
+ *   ZB-H1  (zero bubble, Qi et al. 2023) 1F1B's forwards and input-gradient backwards (B_in), stash peak
+ *          S - s; stage s defers its first s weight gradients (B_w) and runs each later one right after
+ *          a B_in, the deferred ones at the end, where it would otherwise wait for gradients. With F, B_in
+ *          and B_w of equal cost the bubble is about a third of 1F1B's. A deferred B_w keeps its
+ *          micro-batch's stash, input and output gradient until it runs: up to min(S, M) micro-batches
+ *          are held by a stage at once, which is 1F1B's peak at stage 0 (the "held" figure below).
+ * Every stage's list is a projection of one global order (a valid order of all operations of the step in
+ * which each operation comes after what it depends on), so no two stages can wait on each other; a thread
+ * that runs several stages follows the merged order of its stages. Under GPipe and 1F1B a stage that gives
+ * B_in and B_w runs them back to back as its B, sending the input gradient when both are done (as a
+ * framework that sees one backward does); only ZB-H1 separates them. Every schedule runs each stage's
+ * weight-gradient operations in micro-batch order, so the parameters after a step are bit for bit the same
+ * under every schedule and any thread count (given deterministic stage functions).
+ *
+ * Thread safety: an mbp_schedule is immutable once built (any threads may read it). A trainer is driven by
+ * one controlling thread (start, step, destroy); mbp_trainer_cancel and mbp_trainer_stats_get may be
+ * called from any thread while a step runs.
+ */
+#ifndef MBPIPE_TRAIN_H
+#define MBPIPE_TRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pipeline.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- schedules ---- */
+
+typedef enum mbp_sched_kind {
+	MBP_SCHED_DEFAULT = 0, /**< 1F1B */
+	MBP_SCHED_GPIPE = 1,
+	MBP_SCHED_1F1B = 2,
+	MBP_SCHED_ZBH1 = 3,
+} mbp_sched_kind;
+
+typedef enum mbp_op_kind {
+	MBP_OP_F = 0,	/**< forward */
+	MBP_OP_B = 1,	/**< whole backward (input and weight gradients), or B_in + B_w back to back */
+	MBP_OP_BIN = 2, /**< input gradient only (ZB-H1) */
+	MBP_OP_W = 3,	/**< weight gradient only (ZB-H1) */
+} mbp_op_kind;
+
+typedef struct mbp_sched_op {
+	uint32_t mb;	/**< micro-batch, 0 .. M-1 */
+	uint16_t stage; /**< 0 .. S-1 */
+	uint8_t kind;	/**< mbp_op_kind */
+	uint8_t reserved;
+} mbp_sched_op;
+
+typedef struct mbp_schedule mbp_schedule;
+
+/** Largest micro-batch count of one step (keeps the schedules' tables small). */
+#define MBP_TRAIN_MAX_MBS 65536u
+
+/**
+ * Build a schedule for `stages` stages and `mbs` micro-batches. Pair with mbp_schedule_destroy().
+ * @return 0, -EINVAL (NULL, stages 0 or above MBP_MAX_STAGES, mbs 0 or above MBP_TRAIN_MAX_MBS, an unknown
+ *         kind), -ENOMEM.
+ */
+int mbp_schedule_new(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs);
+void mbp_schedule_destroy(mbp_schedule *sc);
+
+mbp_sched_kind mbp_schedule_kind(const mbp_schedule *sc);
+unsigned mbp_schedule_stages(const mbp_schedule *sc);
+unsigned mbp_schedule_mbs(const mbp_schedule *sc);
+
+/** The global order: every operation of the step once. Writes a pointer to the array, returns its length. */
+size_t mbp_schedule_order(const mbp_schedule *sc, const mbp_sched_op **ops);
+
+/** Stage `stage`'s list, in the order it runs (a projection of the global order). 0 for a bad stage. */
+size_t mbp_schedule_stage_ops(const mbp_schedule *sc, unsigned stage, const mbp_sched_op **ops);
+
+/** Peak stash of a stage: micro-batches whose forward ran and whose B (or B_in) has not. 0: bad stage. */
+unsigned mbp_schedule_stash_peak(const mbp_schedule *sc, unsigned stage);
+
+/** Peak held by a stage: micro-batches whose forward ran and whose last backward operation (B or B_w) has
+ * not. Equals the stash peak except under ZB-H1. 0: bad stage. */
+unsigned mbp_schedule_held_peak(const mbp_schedule *sc, unsigned stage);
+
+/** "gpipe", "1f1b", "zbh1" (for MBP_SCHED_DEFAULT: "1f1b"); "?" for anything else. */
+const char *mbp_sched_name(mbp_sched_kind kind);
+/** Parse "gpipe", "1f1b", "zbh1" (also "zb-h1", "zb", case-insensitive). @return 0 or -EINVAL. */
+int mbp_sched_parse(const char *name, mbp_sched_kind *kind);
+
+/** Cost of each operation of one stage, in any unit (nanoseconds from measurements, or 1 each). */
+typedef struct mbp_op_costs {
+	double f, b_in, b_w; /**< a whole backward B costs b_in + b_w */
+} mbp_op_costs;
+
+/** Result of mbp_schedule_simulate(). */
+typedef struct mbp_sched_sim {
+	double makespan; /**< time from the first operation's start to the last one's end */
+	double busy;	 /**< sum of every operation's cost */
+	double bubble;	 /**< 1 - busy / (threads x makespan) */
+} mbp_sched_sim;
+
+/**
+ * Play the schedule with the given per-stage costs (`costs[s]`, S entries) on `threads` threads (stage s on
+ * thread s * threads / S, as the trainer places them; 0 means one per stage): each operation starts when
+ * its thread is free and what it depends on is done. `start`, if not NULL, receives the start time of each
+ * operation of the global order (mbp_schedule_order's indices), for drawing. This is the bubble the
+ * schedule predicts.
+ * @return 0, -EINVAL (NULL, threads above the stage count, a negative cost).
+ */
+int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
+			  mbp_sched_sim *out, double *start);
+
+/* ---- the trainer ---- */
+
+/**
+ * What an operation of a stage reads and writes, for one micro-batch. Row widths are the stage's: `in`
+ * and `din` rows of its input width, `out` and `dout` rows of its output width, `stash` rows of its stash
+ * width. Every pointer is aligned to 64 bytes except `in` and `targets` at stage 0, which point into the
+ * caller's arrays (aligned as the caller's are).
+ */
+typedef struct mbp_train_io {
+	uint32_t mb;	     /**< micro-batch index in the step */
+	uint32_t rows;	     /**< rows in this micro-batch */
+	uint64_t step_rows;  /**< N: rows of the whole step (for losses that average over it) */
+	uint64_t step;	     /**< step number, counting from 0 */
+	const void *in;	     /**< F, B, B_in, B_w: the stage's input rows */
+	void *out;	     /**< F: written; loss: read */
+	void *stash;	     /**< F: written; B, B_in, B_w: read (NULL when the stage has no stash) */
+	void *dout;	     /**< B, B_in, B_w: gradient of the output, read; loss: written */
+	void *din;	     /**< B, B_in: gradient of the input, written; NULL at stage 0 */
+	const void *targets; /**< loss: this micro-batch's rows of target_row_bytes */
+} mbp_train_io;
+
+/** A stage's operation: 0 or a negative errno (which fails the step). */
+typedef int (*mbp_train_op_fn)(void *ctx, const mbp_train_io *io);
+
+/** What every stage's update is told at the flush of a successful step. */
+typedef struct mbp_train_update {
+	uint64_t step;	  /**< step number, counting from 0 */
+	uint64_t rows;	  /**< N */
+	double loss;	  /**< summed loss of the step (the loss function's values added in order) */
+	double grad_norm; /**< sqrt of the sum over stages of grad_sq; NaN if a stage has no grad_sq */
+} mbp_train_update;
+
+typedef struct mbp_train_stage_desc {
+	const char *name;	  /**< copied (at most MBP_STAGE_NAME_MAX - 1 bytes); NULL: "stage<i>" */
+	void *ctx;		  /**< passed to every callback */
+	size_t out_row_bytes;	  /**< width of an output row (required, > 0) */
+	size_t stash_row_bytes;	  /**< width of a stash row; 0: no stash */
+	mbp_train_op_fn forward;  /**< required */
+	mbp_train_op_fn backward; /**< whole backward; or give backward_in and backward_w (or all three) */
+	mbp_train_op_fn backward_in;
+	mbp_train_op_fn backward_w;
+	/** Squared norm of the gradient accumulated so far (for clipping by global norm). Optional. */
+	double (*grad_sq)(void *ctx);
+	/** Apply the accumulated gradient to the parameters and clear it. Required. */
+	void (*update)(void *ctx, const mbp_train_update *u);
+	/** Clear the accumulated gradient without applying it (a failed step). Required. */
+	void (*discard)(void *ctx);
+	int (*init)(void *ctx, unsigned stage); /**< optional, on the stage's thread at start */
+	void (*fini)(void *ctx);		/**< optional, on the stage's thread at destroy */
+} mbp_train_stage_desc;
+
+/**
+ * The loss at the last stage: read io->out (the last stage's output) and io->targets, write io->dout (the
+ * gradient that starts the backward) and store the micro-batch's loss in *loss. Runs on the last stage's
+ * thread right after its forward. A non-finite loss fails the step (-EDOM).
+ */
+typedef int (*mbp_loss_fn)(void *arg, const mbp_train_io *io, double *loss);
+
+typedef struct mbp_trainer mbp_trainer;
+
+/** A zeroed struct is the defaults. */
+typedef struct mbp_train_opts {
+	size_t in_row_bytes;	 /**< width of an input row of stage 0 (required, > 0) */
+	size_t target_row_bytes; /**< width of a target row (required, > 0) */
+	uint32_t max_mb_rows;	 /**< largest micro-batch; sizes the buffers. 0: 64 */
+	uint32_t max_mbs;	 /**< largest micro-batch count of a step. 0: 64 */
+	mbp_sched_kind schedule; /**< 0: 1F1B */
+	uint32_t threads;	 /**< worker threads; 0: min(stages, allowed CPUs) */
+	bool pin;		 /**< pin thread t to the t-th allowed CPU (false: the OS places them) */
+	uint64_t spin_ns;	 /**< spin budget of a waiting thread. 0: 20 us (no spin when threads
+				      outnumber the allowed CPUs) */
+	uint32_t trace_events;	 /**< operations kept per stage for the Chrome trace; 0: tracing off */
+	mbp_loss_fn loss;	 /**< required */
+	void *loss_arg;
+} mbp_train_opts;
+
+/**
+ * Create a trainer with no stages. The options are copied. Pair with mbp_trainer_destroy().
+ * @return 0, -EINVAL (NULL, zero widths, no loss, an unknown schedule, max_mbs above MBP_TRAIN_MAX_MBS),
+ *         -ENOMEM.
+ */
+int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o);
+
+/**
+ * Append a stage (before start). The descriptor is copied.
+ * @return 0, -EINVAL (NULL, no forward, update or discard, no backward of either form, out_row_bytes 0,
+ *         already started), -E2BIG (more than MBP_MAX_STAGES).
+ */
+int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
+
+/**
+ * Start the threads and run each stage's init on its thread.
+ * @return 0, -EINVAL (no stages; ZB-H1 with a stage that gives no backward_in/backward_w: the error names
+ *         the stage through mbp_trainer_error()), -EALREADY, -ENOMEM, the first failing init's error.
+ */
+int mbp_trainer_start(mbp_trainer *t);
+
+/**
+ * Run one synchronous step on `rows` rows of `in` (rows x in_row_bytes) and `targets` (rows x
+ * target_row_bytes), in micro-batches of `mb_rows`. Returns when every stage has applied its update, or
+ * when the step failed (then no stage updated, every buffer is back in the pool and the next step runs
+ * normally). The step number advances only on success.
+ * @param loss if not NULL, receives the summed loss of the step
+ * @return 0; -EINVAL (NULL, rows 0, mb_rows 0); -E2BIG (mb_rows above max_mb_rows, or more micro-batches
+ *         than max_mbs); -ENOTCONN (not started); -ESHUTDOWN (cancelled or drained); -ECANCELED (cancelled during the
+ *         step); -EDOM (non-finite loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); or
+ *         the error a stage returned.
+ *         mbp_trainer_error() says which stage, operation and micro-batch failed.
+ */
+int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
+		     double *loss);
+
+/** Where the last failed step failed. */
+typedef struct mbp_train_error {
+	int err;   /**< 0 when the last step succeeded */
+	int stage; /**< -1 when no stage failed (cancel) */
+	int mb;	   /**< -1 when not tied to a micro-batch */
+	mbp_op_kind op;
+} mbp_train_error;
+
+/** The error of the last step, or zeros. @return 0 or -EINVAL. */
+int mbp_trainer_error(const mbp_trainer *t, mbp_train_error *e);
+
+/**
+ * Cancel: a step under way fails with -ECANCELED at its threads' next operation (no stage updates), and
+ * every later step fails with -ESHUTDOWN. Any thread. Idempotent.
+ */
+void mbp_trainer_cancel(mbp_trainer *t);
+
+/**
+ * Drain: a step under way finishes normally; every later step fails with -ESHUTDOWN. Any thread.
+ */
+void mbp_trainer_drain(mbp_trainer *t);
+
+/** Stop the threads (each stage's fini runs) and free everything. Accepts NULL. The controlling thread,
+ * between steps. */
+void mbp_trainer_destroy(mbp_trainer *t);
+
+/** Per-stage figures of the last step (or since start for the totals). */
+typedef struct mbp_train_stage_stats {
+	char name[MBP_STAGE_NAME_MAX];
+	unsigned thread;
+	int cpu;			   /**< the CPU it was pinned to, -1 when not pinned */
+	uint64_t f_ns, b_ns, bin_ns, w_ns; /**< last step: time inside each kind of operation */
+	uint64_t wait_ns;		   /**< last step: time waiting for an input or a gradient */
+	uint32_t f_count, b_count, bin_count, w_count; /**< last step: operations run */
+	uint32_t stash_peak; /**< last step: high-water mark of the stash (see mbp_schedule_stash_peak) */
+	uint32_t held_peak;  /**< last step: high-water mark of micro-batches held (mbp_schedule_held_peak) */
+	uint64_t total_busy_ns; /**< every step since start */
+} mbp_train_stage_stats;
+
+typedef struct mbp_train_stats {
+	uint64_t steps, steps_failed;
+	uint32_t stages, threads, mbs; /**< mbs: of the last step */
+	uint64_t step_ns;	       /**< last step: wall time from its start to its flush */
+	double bubble;		       /**< last step: 1 - busy / (threads x step_ns) */
+	double bubble_predicted;       /**< last step: mbp_schedule_simulate's bubble with the measured
+					    mean cost of each stage's operations */
+	double loss;		       /**< last successful step */
+	mbp_pool_stats pool;	       /**< the trainer's buffers (in_use is 0 between steps) */
+} mbp_train_stats;
+
+/**
+ * Snapshot. `ss` may be NULL, else receives up to n stages. Stage figures of the last step are complete
+ * once mbp_trainer_step() has returned. @return the stage count, or -EINVAL.
+ */
+int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_stats *ss, unsigned n);
+
+/** The schedule the last step followed (NULL before the first step); valid until the next step. */
+const mbp_schedule *mbp_trainer_schedule(const mbp_trainer *t);
+
+/**
+ * Write the operations of the last step (F, B, B_in and W as distinct events, one row per stage) as a
+ * Chrome trace JSON file. @return 0, -EINVAL (tracing off), -errno from the file system.
+ */
+int mbp_trainer_trace_write(mbp_trainer *t, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

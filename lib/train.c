@@ -1,0 +1,1024 @@
+/*
+ * The trainer: a forward and a backward flow through the stages, in the order a schedule gives.
+ *
+ * Threads. T worker threads (one per stage while the stages fit the CPUs); thread t runs the consecutive
+ * stages s with s * T / S == t and follows the merged list of their operations in the schedule's global
+ * order (schedule.c says why that cannot deadlock). Between stages s and s+1 there are two links, an SPSC
+ * ring each way: forward (s's outputs, which become s+1's inputs) and backward (s+1's input gradients,
+ * which become s's output gradients). Where both stages run on one thread the same rings serve as FIFOs
+ * (the thread pushes, and later pops, its own items). Every ring holds at least max_mbs pointers, so a
+ * push never waits: only a pop waits, for an operation earlier in the global order.
+ *
+ * Buffers. Every output, stash and gradient is a pool buffer (one pool, buffers as wide as the widest row
+ * times max_mb_rows), taken from the thread's cache and released into it: nothing is allocated per
+ * micro-batch once the pool has grown. Stage 0 reads the caller's input rows in place and the loss reads
+ * the caller's target rows in place. Stage s keeps, per micro-batch, its input (stage s-1's output
+ * buffer), its stash and its output gradient from the forward until its last backward operation (B, or
+ * B_w under ZB-H1), then releases them; the engine checks the stash and the held count against the
+ * schedule's figures at every forward.
+ *
+ * A step. The controlling thread publishes the step and bumps `go`; every thread runs its list; a failed
+ * operation (an error from a stage, a non-finite loss, a cancel) records the first error, raises `abort`
+ * and wakes every waiter, and each thread stops at its next operation. Then two barriers: after the first,
+ * no thread pushes any more, so each thread releases what its stages hold and drains its input rings;
+ * then each stage updates (or, after a failure, discards its gradient) on its own thread, using the sum of
+ * the stages' squared gradient norms, and after the second the controller returns. Losses are summed in
+ * micro-batch order, so a step's loss does not depend on the threads' timing.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "affinity.h"
+#include "ring.h"
+#include "schedule.h"
+#include "wait.h"
+
+enum { TS_NEW, TS_RUNNING, TS_STOPPED };
+
+struct ttrace {
+	uint64_t t0, t1;
+	uint32_t mb;
+	uint8_t kind;
+};
+
+/* Counters of one stage: single writer (its thread), relaxed readers. */
+struct tcounters {
+	_Atomic uint64_t ns[4];	   /* per mbp_op_kind: time inside the operation this step */
+	_Atomic uint32_t count[4]; /* per mbp_op_kind: operations this step */
+	_Atomic uint64_t wait_ns;  /* waiting for an input or a gradient this step */
+	_Atomic uint32_t stash_peak, held_peak;
+	_Atomic uint64_t total_busy_ns;
+};
+
+struct tstage {
+	mbp_train_stage_desc d;
+	char name[MBP_STAGE_NAME_MAX];
+	unsigned idx, thread;
+	size_t in_w, out_w, stash_w;
+	bool split; /* gives backward_in and backward_w */
+	bool init_ok;
+	struct mbp__ring *fwd_in, *fwd_out; /* from s-1, to s+1 (NULL at the ends) */
+	struct mbp__ring *bwd_in, *bwd_out; /* from s+1, to s-1 (NULL at the ends) */
+	/* per micro-batch, while held: input (NULL at stage 0), stash, output gradient */
+	mbp_mb **in, **stash, **dout;
+	unsigned stash_n, held_n; /* now */
+	double grad_sq;		  /* this step's, written before the first barrier */
+	struct ttrace *trace;
+	uint32_t trace_n;
+	MBP_CACHELINE_ALIGNED struct tcounters c;
+};
+
+struct tthread {
+	struct mbp_trainer *t;
+	unsigned idx, first, last; /* stages first..last */
+	pthread_t tid;
+	bool started;
+	mbp_pool_cache *cache;
+	int cpu, pin_error;
+	uint64_t last_end; /* end of its last operation this step */
+};
+
+/* A reusable barrier for the T workers: the last to arrive bumps the generation and wakes the others. */
+struct tbarrier {
+	_Atomic uint32_t count;
+	_Atomic uint32_t gen;
+};
+
+struct mbp_trainer {
+	mbp_train_opts o;
+	unsigned S, T;
+	struct tstage st[MBP_MAX_STAGES];
+	struct tthread th[MBP_MAX_STAGES];
+	struct mbp__wait_opts wopts;
+	mbp_pool *pool;
+	int state;
+
+	/* the step, written by the controller before `go` is bumped (release), read by the workers after */
+	mbp_schedule *sc;
+	mbp_sched_op *tops; /* the threads' lists, thread t at [toff[t], toff[t + 1]) */
+	size_t toff[MBP_MAX_STAGES + 1];
+	const unsigned char *in, *targets;
+	size_t rows;
+	uint32_t mb_rows, M;
+	uint64_t step_no;
+	double *loss; /* per micro-batch, max_mbs */
+	uint64_t t_go;
+
+	MBP_CACHELINE_ALIGNED _Atomic uint32_t go;    /* futex word: step generation; quit when bumped with */
+	_Atomic uint32_t quit;			      /* ... quit set */
+	MBP_CACHELINE_ALIGNED _Atomic uint32_t abort; /* the step is failing: stop at the next operation */
+	_Atomic uint32_t cancelled;
+	_Atomic uint32_t draining;
+	struct tbarrier b1, b2;
+	bool step_ok;	       /* decided by the last thread at the first barrier: update (true) or discard */
+	_Atomic uint32_t done; /* futex word: bumped by the last worker past the second barrier */
+
+	pthread_mutex_t lock; /* the first error of a step; the summary figures; the start handshake */
+	pthread_cond_t cond;
+	mbp_train_error err;
+	unsigned started;
+	int start_err;
+	int start_go; /* 1 run, -1 abort */
+	mbp_train_stats sum;
+};
+
+/* ---- small helpers ---- */
+
+static uint32_t next_pow2(uint32_t v)
+{
+	uint32_t p = 2;
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+/* `last`, if not NULL, runs in the last thread to arrive, before any thread leaves. */
+static void barrier_wait(struct tbarrier *b, unsigned n, void (*last)(struct mbp_trainer *),
+			 struct mbp_trainer *t)
+{
+	/* acquire: partner of the release bump below, so what the other workers wrote before arriving is
+	 * visible after the barrier */
+	uint32_t g = atomic_load_explicit(&b->gen, memory_order_acquire);
+	/* acq_rel: orders this worker's writes before its arrival, and the last arriver sees all of them */
+	if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) + 1 == n) {
+		atomic_store_explicit(&b->count, 0,
+				      memory_order_relaxed); /* nobody arrives until gen moves */
+		if (last)
+			last(t);
+		/* release: partner of the acquire loads of gen by the waiters */
+		atomic_store_explicit(&b->gen, g + 1, memory_order_release);
+		mbp__futex_wake(&b->gen, INT32_MAX);
+		return;
+	}
+	while (atomic_load_explicit(&b->gen, memory_order_acquire) == g)
+		mbp__futex_wait(&b->gen, g, UINT64_MAX);
+}
+
+static inline void add_relaxed64(_Atomic uint64_t *a, uint64_t v)
+{
+	/* single writer: load + store, no read-modify-write */
+	atomic_store_explicit(a, atomic_load_explicit(a, memory_order_relaxed) + v, memory_order_relaxed);
+}
+
+static inline void add_relaxed32(_Atomic uint32_t *a, uint32_t v)
+{
+	atomic_store_explicit(a, atomic_load_explicit(a, memory_order_relaxed) + v, memory_order_relaxed);
+}
+
+static inline void max_relaxed32(_Atomic uint32_t *a, uint32_t v)
+{
+	if (v > atomic_load_explicit(a, memory_order_relaxed))
+		atomic_store_explicit(a, v, memory_order_relaxed);
+}
+
+static bool aborting(const struct mbp_trainer *t)
+{
+	/* acquire: partner of the release store in fail(); a worker that sees it stops and reads nothing
+	 * else of the failure (the controller reads the error under the lock) */
+	return atomic_load_explicit(&((struct mbp_trainer *)t)->abort, memory_order_acquire) != 0;
+}
+
+/* Wake every worker that may be parked on a ring. */
+static void wake_all(struct mbp_trainer *t)
+{
+	for (unsigned s = 0; s < t->S; s++) {
+		if (t->st[s].fwd_in)
+			mbp__parker_wake(&t->st[s].fwd_in->cons_park);
+		if (t->st[s].bwd_in)
+			mbp__parker_wake(&t->st[s].bwd_in->cons_park);
+	}
+}
+
+/* Record the step's first error and make every thread stop. */
+static void fail(struct mbp_trainer *t, int err, int stage, int mb, mbp_op_kind op)
+{
+	pthread_mutex_lock(&t->lock);
+	if (t->err.err == 0)
+		t->err = (mbp_train_error){.err = err, .stage = stage, .mb = mb, .op = op};
+	pthread_mutex_unlock(&t->lock);
+	/* release: partner of the acquire load in aborting() */
+	atomic_store_explicit(&t->abort, 1, memory_order_release);
+	wake_all(t);
+}
+
+/* ---- one operation ---- */
+
+struct popwait {
+	struct mbp_trainer *t;
+	struct mbp__ring *r;
+};
+
+static bool pop_ready(void *arg)
+{
+	struct popwait *w = arg;
+	return mbp__ring_count(w->r) != 0 || aborting(w->t);
+}
+
+/* The next item of ring r (for stage s), waiting when another thread produces it. NULL if aborted. */
+static mbp_mb *pop(struct mbp_trainer *t, struct tstage *st, struct mbp__ring *r)
+{
+	void *item;
+	if (mbp__ring_pop_sc(r, &item))
+		return item;
+	uint64_t t0 = mbp__clock_ns();
+	struct popwait w = {t, r};
+	mbp__wait_until(&r->cons_park, &t->wopts, pop_ready, &w, NULL, UINT64_MAX);
+	add_relaxed64(&st->c.wait_ns, mbp__clock_ns() - t0);
+	return mbp__ring_pop_sc(r, &item) ? item : NULL;
+}
+
+static int get_buf(struct mbp_trainer *t, struct tthread *th, uint32_t rows, size_t row_bytes, uint32_t mb,
+		   mbp_mb **out)
+{
+	int rc = mbp_pool_get(t->pool, th->cache, out, 0);
+	if (rc < 0)
+		return rc == -EAGAIN ? -ENOBUFS : rc;
+	(*out)->rows = rows;
+	(*out)->row_bytes = (uint32_t)row_bytes;
+	(*out)->seq = mb;
+	return 0;
+}
+
+static void put_buf(struct mbp_trainer *t, struct tthread *th, mbp_mb **mb)
+{
+	if (*mb) {
+		mbp_pool_put(t->pool, th->cache, *mb);
+		*mb = NULL;
+	}
+}
+
+static uint32_t mb_rows_of(const struct mbp_trainer *t, uint32_t j)
+{
+	size_t first = (size_t)j * t->mb_rows;
+	size_t left = t->rows - first;
+	return left < t->mb_rows ? (uint32_t)left : t->mb_rows;
+}
+
+static void trace_add(struct mbp_trainer *t, struct tstage *st, uint64_t t0, uint64_t t1, uint32_t mb,
+		      unsigned kind)
+{
+	if (st->trace && st->trace_n < t->o.trace_events)
+		st->trace[st->trace_n++] = (struct ttrace){t0, t1, mb, (uint8_t)kind};
+}
+
+/* The input rows of stage st for micro-batch j: the caller's at stage 0, else the held buffer. */
+static const void *input_of(const struct mbp_trainer *t, const struct tstage *st, uint32_t j)
+{
+	if (st->idx == 0)
+		return t->in + (size_t)j * t->mb_rows * t->o.in_row_bytes;
+	return st->in[j]->data;
+}
+
+/* Release what stage st holds for micro-batch j once its last backward operation ran. */
+static void release_mb(struct mbp_trainer *t, struct tthread *th, struct tstage *st, uint32_t j)
+{
+	put_buf(t, th, &st->in[j]);
+	put_buf(t, th, &st->stash[j]);
+	put_buf(t, th, &st->dout[j]);
+	st->held_n--;
+}
+
+static int op_forward(struct mbp_trainer *t, struct tthread *th, struct tstage *st, uint32_t j)
+{
+	const mbp_schedule *sc = t->sc;
+	uint32_t rows = mb_rows_of(t, j);
+	if (st->stash_n + 1 > mbp_schedule_stash_peak(sc, st->idx) ||
+	    st->held_n + 1 > mbp_schedule_held_peak(sc, st->idx))
+		return -EOVERFLOW; /* the schedule's bound; cannot happen while the lists are followed */
+	if (st->idx > 0) {
+		mbp_mb *in = pop(t, st, st->fwd_in);
+		if (!in)
+			return -ECANCELED;
+		if (in->seq != j) {
+			mbp_pool_put(t->pool, th->cache, in);
+			return -EPROTO;
+		}
+		st->in[j] = in;
+	}
+	mbp_mb *out = NULL;
+	int rc = get_buf(t, th, rows, st->out_w, j, &out);
+	if (rc == 0 && st->stash_w)
+		rc = get_buf(t, th, rows, st->stash_w, j, &st->stash[j]);
+	st->stash_n++;
+	st->held_n++;
+	max_relaxed32(&st->c.stash_peak, st->stash_n);
+	max_relaxed32(&st->c.held_peak, st->held_n);
+	if (rc < 0) {
+		put_buf(t, th, &out);
+		return rc;
+	}
+	mbp_train_io io = {.mb = j,
+			   .rows = rows,
+			   .step_rows = t->rows,
+			   .step = t->step_no,
+			   .in = input_of(t, st, j),
+			   .out = out->data,
+			   .stash = st->stash[j] ? st->stash[j]->data : NULL};
+	rc = st->d.forward(st->d.ctx, &io);
+	if (rc == 0 && st->idx == t->S - 1) {
+		/* the loss: the gradient that starts the backward, kept as this stage's output gradient */
+		rc = get_buf(t, th, rows, st->out_w, j, &st->dout[j]);
+		if (rc == 0) {
+			io.dout = st->dout[j]->data;
+			io.targets = t->targets + (size_t)j * t->mb_rows * t->o.target_row_bytes;
+			double l = NAN;
+			rc = t->o.loss(t->o.loss_arg, &io, &l);
+			if (rc == 0 && !isfinite(l))
+				rc = -EDOM;
+			t->loss[j] = l;
+		}
+		put_buf(t, th, &out);
+		return rc;
+	}
+	if (rc < 0) {
+		put_buf(t, th, &out);
+		return rc;
+	}
+	MBP_VERIFY(mbp__ring_push_sp(st->fwd_out, out)); /* rings hold max_mbs: never full */
+	return 0;
+}
+
+/* B (whole), B_in or W of stage st for micro-batch j. */
+static int op_backward(struct mbp_trainer *t, struct tthread *th, struct tstage *st, unsigned kind,
+		       uint32_t j)
+{
+	uint32_t rows = mb_rows_of(t, j);
+	if (kind != MBP_OP_W && st->idx < t->S - 1) {
+		mbp_mb *g = pop(t, st, st->bwd_in);
+		if (!g)
+			return -ECANCELED;
+		if (g->seq != j) {
+			mbp_pool_put(t->pool, th->cache, g);
+			return -EPROTO;
+		}
+		st->dout[j] = g;
+	}
+	mbp_mb *din = NULL;
+	if (kind != MBP_OP_W && st->idx > 0) {
+		int rc = get_buf(t, th, rows, st->in_w, j, &din);
+		if (rc < 0)
+			return rc;
+	}
+	mbp_train_io io = {.mb = j,
+			   .rows = rows,
+			   .step_rows = t->rows,
+			   .step = t->step_no,
+			   .in = input_of(t, st, j),
+			   .stash = st->stash[j] ? st->stash[j]->data : NULL,
+			   .dout = st->dout[j]->data,
+			   .din = din ? din->data : NULL};
+	int rc;
+	switch (kind) {
+	case MBP_OP_B:
+		if (st->d.backward) {
+			rc = st->d.backward(st->d.ctx, &io);
+		} else {
+			rc = st->d.backward_in(st->d.ctx, &io);
+			if (rc == 0)
+				rc = st->d.backward_w(st->d.ctx, &io);
+		}
+		break;
+	case MBP_OP_BIN:
+		rc = st->d.backward_in(st->d.ctx, &io);
+		break;
+	default:
+		rc = st->d.backward_w(st->d.ctx, &io);
+	}
+	if (rc < 0) {
+		put_buf(t, th, &din);
+		return rc;
+	}
+	if (kind != MBP_OP_W)
+		st->stash_n--;
+	if (kind != MBP_OP_BIN)
+		release_mb(t, th, st, j);
+	if (din)
+		MBP_VERIFY(mbp__ring_push_sp(st->bwd_out, din));
+	return 0;
+}
+
+/* ---- the worker ---- */
+
+static void run_ops(struct mbp_trainer *t, struct tthread *th)
+{
+	th->last_end = t->t_go;
+	for (size_t k = t->toff[th->idx]; k < t->toff[th->idx + 1]; k++) {
+		if (aborting(t))
+			return;
+		const mbp_sched_op *op = &t->tops[k];
+		struct tstage *st = &t->st[op->stage];
+		uint64_t t0 = mbp__clock_ns();
+		uint64_t w0 = atomic_load_explicit(&st->c.wait_ns, memory_order_relaxed);
+		int rc = op->kind == MBP_OP_F ? op_forward(t, th, st, op->mb)
+					      : op_backward(t, th, st, op->kind, op->mb);
+		uint64_t t1 = mbp__clock_ns();
+		/* busy time excludes the wait for the input inside the operation */
+		uint64_t waited = atomic_load_explicit(&st->c.wait_ns, memory_order_relaxed) - w0;
+		uint64_t busy = t1 - t0 - waited;
+		add_relaxed64(&st->c.ns[op->kind], busy);
+		add_relaxed32(&st->c.count[op->kind], 1);
+		add_relaxed64(&st->c.total_busy_ns, busy);
+		trace_add(t, st, t0 + waited, t1, op->mb, op->kind);
+		th->last_end = t1;
+		if (rc < 0) {
+			if (rc != -ECANCELED || !aborting(t))
+				fail(t, rc, (int)st->idx, (int)op->mb, (mbp_op_kind)op->kind);
+			return;
+		}
+	}
+}
+
+/* After the first barrier: nothing is pushed any more. Release everything this thread's stages hold. */
+static void cleanup(struct mbp_trainer *t, struct tthread *th)
+{
+	for (unsigned s = th->first; s <= th->last; s++) {
+		struct tstage *st = &t->st[s];
+		for (uint32_t j = 0; j < t->M; j++) {
+			put_buf(t, th, &st->in[j]);
+			put_buf(t, th, &st->stash[j]);
+			put_buf(t, th, &st->dout[j]);
+		}
+		st->stash_n = st->held_n = 0;
+		void *item;
+		while (st->fwd_in && mbp__ring_pop_sc(st->fwd_in, &item))
+			mbp_pool_put(t->pool, th->cache, item);
+		while (st->bwd_in && mbp__ring_pop_sc(st->bwd_in, &item))
+			mbp_pool_put(t->pool, th->cache, item);
+	}
+	mbp_pool_cache_flush(th->cache); /* idle until the next step: strand nothing in the cache */
+}
+
+/* Every thread is past its operations: one decision for all of them (a cancel from now on does not
+ * touch this step). */
+static void decide(struct mbp_trainer *t)
+{
+	t->step_ok = !aborting(t);
+	/* a non-finite gradient would make some stages refuse their update: fail the step for all */
+	for (unsigned s = 0; t->step_ok && s < t->S; s++)
+		if (t->st[s].d.grad_sq && !isfinite(t->st[s].grad_sq)) {
+			pthread_mutex_lock(&t->lock);
+			t->err = (mbp_train_error){.err = -EDOM, .stage = (int)s, .mb = -1, .op = MBP_OP_W};
+			pthread_mutex_unlock(&t->lock);
+			t->step_ok = false;
+		}
+}
+
+static void run_step(struct mbp_trainer *t, struct tthread *th)
+{
+	for (unsigned s = th->first; s <= th->last; s++) {
+		struct tstage *st = &t->st[s];
+		for (int k = 0; k < 4; k++) {
+			atomic_store_explicit(&st->c.ns[k], 0, memory_order_relaxed);
+			atomic_store_explicit(&st->c.count[k], 0, memory_order_relaxed);
+		}
+		atomic_store_explicit(&st->c.wait_ns, 0, memory_order_relaxed);
+		atomic_store_explicit(&st->c.stash_peak, 0, memory_order_relaxed);
+		atomic_store_explicit(&st->c.held_peak, 0, memory_order_relaxed);
+		st->trace_n = 0;
+	}
+	run_ops(t, th);
+	if (!aborting(t))
+		for (unsigned s = th->first; s <= th->last; s++)
+			t->st[s].grad_sq = t->st[s].d.grad_sq ? t->st[s].d.grad_sq(t->st[s].d.ctx) : NAN;
+	barrier_wait(&t->b1, t->T, decide, t);
+	cleanup(t, th);
+	bool ok = t->step_ok;
+	mbp_train_update u = {.step = t->step_no, .rows = t->rows, .loss = 0, .grad_norm = 0};
+	if (ok) {
+		for (uint32_t j = 0; j < t->M; j++)
+			u.loss += t->loss[j];
+		for (unsigned s = 0; s < t->S; s++)
+			u.grad_norm += t->st[s].grad_sq;
+		u.grad_norm = sqrt(u.grad_norm);
+	}
+	for (unsigned s = th->first; s <= th->last; s++) {
+		struct tstage *st = &t->st[s];
+		if (ok)
+			st->d.update(st->d.ctx, &u);
+		else
+			st->d.discard(st->d.ctx);
+	}
+	barrier_wait(&t->b2, t->T, NULL, NULL);
+}
+
+static void *worker(void *arg)
+{
+	struct tthread *th = arg;
+	struct mbp_trainer *t = th->t;
+	int err = 0;
+	if (t->o.pin && th->cpu >= 0) {
+		th->pin_error = mbp__pin_self(th->cpu);
+		if (th->pin_error)
+			th->cpu = -1;
+	}
+	if (mbp_pool_cache_new(t->pool, &th->cache) < 0)
+		err = -ENOMEM;
+	for (unsigned s = th->first; s <= th->last; s++) {
+		struct tstage *st = &t->st[s];
+		int rc = err ? 0 : st->d.init ? st->d.init(st->d.ctx, s) : 0;
+		if (rc == 0 && !err)
+			st->init_ok = true;
+		else if (!err)
+			err = rc;
+	}
+	pthread_mutex_lock(&t->lock);
+	if (err && !t->start_err)
+		t->start_err = err;
+	t->started++;
+	pthread_cond_broadcast(&t->cond);
+	while (t->start_go == 0)
+		pthread_cond_wait(&t->cond, &t->lock);
+	bool run = t->start_go > 0;
+	pthread_mutex_unlock(&t->lock);
+	uint32_t seen = 0;
+	while (run) {
+		/* acquire: partner of the release bump of go in mbp_trainer_step() (or destroy): the step's
+		 * parameters written before it are visible */
+		uint32_t g = atomic_load_explicit(&t->go, memory_order_acquire);
+		if (g == seen) {
+			mbp__futex_wait(&t->go, g, UINT64_MAX);
+			continue;
+		}
+		seen = g;
+		if (atomic_load_explicit(&t->quit, memory_order_relaxed)) /* ordered by the go acquire */
+			break;
+		run_step(t, th);
+		/* the last worker past the step tells the controller; release: partner of its acquire load */
+		if (th->idx == 0) {
+			atomic_fetch_add_explicit(&t->done, 1, memory_order_release);
+			mbp__futex_wake(&t->done, 1);
+		}
+	}
+	for (unsigned s = th->last + 1; s-- > th->first;)
+		if (t->st[s].init_ok && t->st[s].d.fini)
+			t->st[s].d.fini(t->st[s].d.ctx);
+	mbp_pool_cache_destroy(th->cache);
+	th->cache = NULL;
+	return NULL;
+}
+
+/* ---- public API ---- */
+
+int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
+{
+	if (!tp || !o)
+		return -EINVAL;
+	*tp = NULL;
+	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 || !o->loss ||
+	    o->max_mbs > MBP_TRAIN_MAX_MBS || (unsigned)o->schedule > MBP_SCHED_ZBH1)
+		return -EINVAL;
+	struct mbp_trainer *t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->o = *o;
+	if (!t->o.max_mb_rows)
+		t->o.max_mb_rows = 64;
+	if (!t->o.max_mbs)
+		t->o.max_mbs = 64;
+	if (t->o.schedule == MBP_SCHED_DEFAULT)
+		t->o.schedule = MBP_SCHED_1F1B;
+	t->loss = calloc(t->o.max_mbs, sizeof(double));
+	if (!t->loss) {
+		free(t);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->cond, NULL);
+	t->state = TS_NEW;
+	*tp = t;
+	return 0;
+}
+
+int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
+{
+	if (!t || !d || !d->forward || !d->update || !d->discard || d->out_row_bytes == 0 ||
+	    d->out_row_bytes > UINT32_MAX || d->stash_row_bytes > UINT32_MAX)
+		return -EINVAL;
+	if (!d->backward && !(d->backward_in && d->backward_w))
+		return -EINVAL;
+	if (t->state != TS_NEW)
+		return -EINVAL;
+	if (t->S == MBP_MAX_STAGES)
+		return -E2BIG;
+	struct tstage *st = &t->st[t->S];
+	memset(st, 0, sizeof(*st));
+	st->d = *d;
+	st->idx = t->S;
+	if (d->name)
+		snprintf(st->name, sizeof(st->name), "%s", d->name);
+	else
+		snprintf(st->name, sizeof(st->name), "stage%u", t->S);
+	st->d.name = st->name;
+	st->out_w = d->out_row_bytes;
+	st->stash_w = d->stash_row_bytes;
+	st->in_w = t->S == 0 ? t->o.in_row_bytes : t->st[t->S - 1].out_w;
+	st->split = d->backward_in && d->backward_w;
+	t->S++;
+	return 0;
+}
+
+static void free_stages(struct mbp_trainer *t)
+{
+	for (unsigned s = 0; s < t->S; s++) {
+		struct tstage *st = &t->st[s];
+		mbp__ring_destroy(st->fwd_out);
+		mbp__ring_destroy(st->bwd_in);
+		st->fwd_out = st->bwd_in = st->fwd_in = st->bwd_out = NULL;
+		free(st->in);
+		free(st->stash);
+		free(st->dout);
+		free(st->trace);
+		st->in = st->stash = st->dout = NULL;
+		st->trace = NULL;
+	}
+}
+
+static int setup(struct mbp_trainer *t)
+{
+	int cpus[MBP_MAX_CPUS];
+	int ncpu = mbp_cpus_allowed(cpus, MBP_MAX_CPUS, NULL);
+	if (ncpu < 1)
+		ncpu = 1;
+	unsigned navail = (unsigned)ncpu < MBP_MAX_CPUS ? (unsigned)ncpu : MBP_MAX_CPUS;
+	t->T = t->o.threads ? t->o.threads : (t->S < navail ? t->S : navail);
+	if (t->T > t->S)
+		t->T = t->S;
+	t->wopts.spin_ns = t->o.spin_ns ? t->o.spin_ns : MBP__SPIN_NS_DEFAULT;
+	t->wopts.yield_ns = MBP__YIELD_NS_DEFAULT;
+	t->wopts.no_spin = t->T > (unsigned)ncpu;
+	size_t widest = t->o.in_row_bytes;
+	for (unsigned s = 0; s < t->S; s++) {
+		struct tstage *st = &t->st[s];
+		widest = st->out_w > widest ? st->out_w : widest;
+		widest = st->stash_w > widest ? st->stash_w : widest;
+		st->thread = mbp__stage_thread(s, t->S, t->T);
+		st->in = calloc(t->o.max_mbs, sizeof(mbp_mb *));
+		st->stash = calloc(t->o.max_mbs, sizeof(mbp_mb *));
+		st->dout = calloc(t->o.max_mbs, sizeof(mbp_mb *));
+		if (!st->in || !st->stash || !st->dout)
+			return -ENOMEM;
+		if (t->o.trace_events && !(st->trace = calloc(t->o.trace_events, sizeof(struct ttrace))))
+			return -ENOMEM;
+		if (s + 1 < t->S) {
+			uint32_t cap = next_pow2(t->o.max_mbs);
+			int rc = mbp__ring_new(&st->fwd_out, cap, &t->wopts, 0);
+			if (rc == 0)
+				rc = mbp__ring_new(&st->bwd_in, cap, &t->wopts, 0);
+			if (rc < 0)
+				return rc;
+			t->st[s + 1].fwd_in = st->fwd_out;
+			t->st[s + 1].bwd_out = st->bwd_in;
+		}
+	}
+	/* Buffers held at once: per stage and held micro-batch an input, a stash and an output gradient,
+	 * plus what travels; 4 per stage and micro-batch bounds it for every schedule. */
+	mbp_pool_opts po;
+	mbp_pool_opts_init(&po);
+	po.buf_bytes = (size_t)t->o.max_mb_rows * widest;
+	uint64_t nbuf = 4ull * t->S * t->o.max_mbs + 8ull * t->T;
+	if (nbuf > UINT32_MAX || po.buf_bytes / t->o.max_mb_rows != widest)
+		return -EOVERFLOW;
+	po.max_buffers = (uint32_t)nbuf;
+	po.max_bytes =
+	    nbuf * (po.buf_bytes + 256) < ((size_t)1 << 46) ? nbuf * (po.buf_bytes + 256) : ((size_t)1 << 46);
+	po.cache_size = 16;
+	int rc = mbp_pool_new(&t->pool, &po);
+	if (rc < 0)
+		return rc;
+	for (unsigned th = 0; th < t->T; th++) {
+		struct tthread *w = &t->th[th];
+		w->t = t;
+		w->idx = th;
+		w->first = UINT32_MAX;
+		w->cpu = t->o.pin ? cpus[th % navail] : -1;
+	}
+	for (unsigned s = 0; s < t->S; s++) {
+		struct tthread *w = &t->th[t->st[s].thread];
+		if (w->first == UINT32_MAX)
+			w->first = s;
+		w->last = s;
+	}
+	return 0;
+}
+
+int mbp_trainer_start(mbp_trainer *t)
+{
+	if (!t)
+		return -EINVAL;
+	if (t->state != TS_NEW)
+		return -EALREADY;
+	if (t->S == 0)
+		return -EINVAL;
+	if (t->o.schedule == MBP_SCHED_ZBH1)
+		for (unsigned s = 0; s < t->S; s++)
+			if (!t->st[s].split) {
+				t->err = (mbp_train_error){
+				    .err = -EINVAL, .stage = (int)s, .mb = -1, .op = MBP_OP_W};
+				return -EINVAL;
+			}
+	int rc = setup(t);
+	if (rc < 0) {
+		free_stages(t);
+		mbp_pool_destroy(t->pool);
+		t->pool = NULL;
+		t->state = TS_STOPPED;
+		return rc;
+	}
+	unsigned created = 0;
+	for (; created < t->T; created++) {
+		if (pthread_create(&t->th[created].tid, NULL, worker, &t->th[created]) != 0) {
+			rc = -ENOMEM;
+			break;
+		}
+		t->th[created].started = true;
+	}
+	pthread_mutex_lock(&t->lock);
+	while (t->started < created)
+		pthread_cond_wait(&t->cond, &t->lock);
+	if (rc == 0)
+		rc = t->start_err;
+	t->start_go = rc == 0 ? 1 : -1;
+	pthread_cond_broadcast(&t->cond);
+	pthread_mutex_unlock(&t->lock);
+	if (rc < 0) {
+		for (unsigned i = 0; i < created; i++)
+			pthread_join(t->th[i].tid, NULL);
+		free_stages(t);
+		mbp_pool_destroy(t->pool);
+		t->pool = NULL;
+		t->state = TS_STOPPED;
+		return rc;
+	}
+	t->state = TS_RUNNING;
+	t->sum.stages = t->S;
+	t->sum.threads = t->T;
+	return 0;
+}
+
+/* The schedule for M micro-batches, and the threads' lists: built when M changes, kept otherwise. */
+static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
+{
+	if (t->sc && mbp_schedule_mbs(t->sc) == M)
+		return 0;
+	mbp_schedule *sc;
+	int rc = mbp_schedule_new(&sc, t->o.schedule, t->S, M);
+	if (rc < 0)
+		return rc;
+	mbp_sched_op *ops = malloc(sc->n * sizeof(*ops));
+	if (!ops) {
+		mbp_schedule_destroy(sc);
+		return -ENOMEM;
+	}
+	mbp__schedule_thread_lists(sc, t->T, ops, t->toff);
+	mbp_schedule_destroy(t->sc);
+	free(t->tops);
+	t->sc = sc;
+	t->tops = ops;
+	return 0;
+}
+
+static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
+{
+	mbp_op_costs costs[MBP_MAX_STAGES];
+	double busy = 0;
+	for (unsigned s = 0; s < t->S; s++) {
+		struct tcounters *c = &t->st[s].c;
+		uint64_t ns[4];
+		uint32_t n[4];
+		for (int k = 0; k < 4; k++) {
+			ns[k] = atomic_load_explicit(&c->ns[k], memory_order_relaxed);
+			n[k] = atomic_load_explicit(&c->count[k], memory_order_relaxed);
+			busy += (double)ns[k];
+		}
+		costs[s].f = n[MBP_OP_F] ? (double)ns[MBP_OP_F] / n[MBP_OP_F] : 0;
+		if (n[MBP_OP_B]) {
+			costs[s].b_in = (double)ns[MBP_OP_B] / n[MBP_OP_B];
+			costs[s].b_w = 0;
+		} else {
+			costs[s].b_in = n[MBP_OP_BIN] ? (double)ns[MBP_OP_BIN] / n[MBP_OP_BIN] : 0;
+			costs[s].b_w = n[MBP_OP_W] ? (double)ns[MBP_OP_W] / n[MBP_OP_W] : 0;
+		}
+	}
+	mbp_sched_sim sim = {0};
+	if (rc == 0)
+		mbp_schedule_simulate(t->sc, costs, t->T, &sim, NULL);
+	pthread_mutex_lock(&t->lock);
+	t->sum.mbs = t->M;
+	t->sum.step_ns = t_end - t->t_go;
+	if (rc == 0) {
+		t->sum.steps++;
+		t->sum.bubble = t->sum.step_ns ? 1.0 - busy / ((double)t->T * (double)t->sum.step_ns) : 0;
+		t->sum.bubble_predicted = sim.bubble;
+	} else {
+		t->sum.steps_failed++;
+	}
+	pthread_mutex_unlock(&t->lock);
+}
+
+int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
+		     double *loss)
+{
+	if (!t || !in || !targets || rows == 0 || mb_rows == 0)
+		return -EINVAL;
+	if (t->state != TS_RUNNING)
+		return t->state == TS_NEW ? -ENOTCONN : -ESHUTDOWN;
+	if (mb_rows > t->o.max_mb_rows)
+		return -E2BIG;
+	size_t M = (rows + mb_rows - 1) / mb_rows;
+	if (M > t->o.max_mbs)
+		return -E2BIG;
+	/* relaxed: a hint; a cancel that lands after this check fails the step through abort, a drain lets
+	 * it finish */
+	if (atomic_load_explicit(&t->cancelled, memory_order_relaxed) ||
+	    atomic_load_explicit(&t->draining, memory_order_relaxed))
+		return -ESHUTDOWN;
+	int rc = prepare_schedule(t, (uint32_t)M);
+	if (rc < 0)
+		return rc;
+	t->in = in;
+	t->targets = targets;
+	t->rows = rows;
+	t->mb_rows = mb_rows;
+	t->M = (uint32_t)M;
+	pthread_mutex_lock(&t->lock);
+	t->err = (mbp_train_error){0};
+	t->err.stage = -1;
+	t->err.mb = -1;
+	pthread_mutex_unlock(&t->lock);
+	/* seq_cst pair with mbp_trainer_cancel(), which stores cancelled then abort: either this load sees
+	 * its cancelled, or its abort store comes after this one, so a cancel is never lost */
+	atomic_store(&t->abort, 0);
+	if (atomic_load(&t->cancelled))
+		atomic_store(&t->abort, 1);
+	uint32_t done0 = atomic_load_explicit(&t->done, memory_order_relaxed);
+	t->t_go = mbp__clock_ns();
+	/* release: partner of the workers' acquire load of go; publishes the step above */
+	atomic_fetch_add_explicit(&t->go, 1, memory_order_release);
+	mbp__futex_wake(&t->go, INT32_MAX);
+	/* acquire: partner of thread 0's release increment after the second barrier, which every worker
+	 * passed after its updates: everything the step wrote is visible */
+	for (uint32_t d; (d = atomic_load_explicit(&t->done, memory_order_acquire)) == done0;)
+		mbp__futex_wait(&t->done, d, UINT64_MAX);
+	uint64_t t_end = t->t_go;
+	for (unsigned i = 0; i < t->T; i++)
+		t_end = t->th[i].last_end > t_end ? t->th[i].last_end : t_end;
+	pthread_mutex_lock(&t->lock);
+	rc = t->err.err;
+	if (rc == 0 && !t->step_ok)
+		rc = t->err.err = -ECANCELED; /* cancelled before any operation failed */
+	pthread_mutex_unlock(&t->lock);
+	summarise(t, rc, t_end);
+	if (rc < 0)
+		return rc;
+	double l = 0;
+	for (uint32_t j = 0; j < t->M; j++)
+		l += t->loss[j];
+	pthread_mutex_lock(&t->lock);
+	t->sum.loss = l;
+	pthread_mutex_unlock(&t->lock);
+	t->step_no++;
+	if (loss)
+		*loss = l;
+	return 0;
+}
+
+int mbp_trainer_error(const mbp_trainer *t, mbp_train_error *e)
+{
+	if (!t || !e)
+		return -EINVAL;
+	pthread_mutex_lock((pthread_mutex_t *)&t->lock);
+	*e = t->err;
+	pthread_mutex_unlock((pthread_mutex_t *)&t->lock);
+	return 0;
+}
+
+void mbp_trainer_cancel(mbp_trainer *t)
+{
+	if (!t)
+		return;
+	/* seq_cst: see mbp_trainer_step(); abort also pairs with the acquire load in aborting() */
+	atomic_store(&t->cancelled, 1);
+	atomic_store(&t->abort, 1);
+	if (t->state == TS_RUNNING)
+		wake_all(t);
+}
+
+void mbp_trainer_drain(mbp_trainer *t)
+{
+	if (t)
+		atomic_store_explicit(&t->draining, 1, memory_order_relaxed); /* read at the next step */
+}
+
+void mbp_trainer_destroy(mbp_trainer *t)
+{
+	if (!t)
+		return;
+	if (t->state == TS_RUNNING) {
+		atomic_store_explicit(&t->quit, 1, memory_order_relaxed);
+		/* release: partner of the workers' acquire load of go, which then see quit */
+		atomic_fetch_add_explicit(&t->go, 1, memory_order_release);
+		mbp__futex_wake(&t->go, INT32_MAX);
+		for (unsigned i = 0; i < t->T; i++)
+			pthread_join(t->th[i].tid, NULL);
+	}
+	free_stages(t);
+	if (t->pool)
+		MBP_VERIFY(mbp_pool_destroy(t->pool) == 0); /* every buffer came back */
+	mbp_schedule_destroy(t->sc);
+	free(t->tops);
+	free(t->loss);
+	pthread_mutex_destroy(&t->lock);
+	pthread_cond_destroy(&t->cond);
+	free(t);
+}
+
+int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_stats *ss, unsigned n)
+{
+	if (!t || (!ss && n))
+		return -EINVAL;
+	if (st) {
+		pthread_mutex_lock(&t->lock);
+		*st = t->sum;
+		st->stages = t->S;
+		st->threads = t->T;
+		pthread_mutex_unlock(&t->lock);
+		if (t->pool)
+			mbp_pool_stats_get(t->pool, &st->pool);
+		else
+			memset(&st->pool, 0, sizeof(st->pool));
+	}
+	for (unsigned s = 0; s < n && s < t->S; s++) {
+		struct tstage *x = &t->st[s];
+		mbp_train_stage_stats *o = &ss[s];
+		memset(o, 0, sizeof(*o));
+		memcpy(o->name, x->name, sizeof(o->name));
+		o->thread = x->thread;
+		o->cpu = t->state == TS_RUNNING ? t->th[x->thread].cpu : -1;
+		o->f_ns = atomic_load_explicit(&x->c.ns[MBP_OP_F], memory_order_relaxed);
+		o->b_ns = atomic_load_explicit(&x->c.ns[MBP_OP_B], memory_order_relaxed);
+		o->bin_ns = atomic_load_explicit(&x->c.ns[MBP_OP_BIN], memory_order_relaxed);
+		o->w_ns = atomic_load_explicit(&x->c.ns[MBP_OP_W], memory_order_relaxed);
+		o->f_count = atomic_load_explicit(&x->c.count[MBP_OP_F], memory_order_relaxed);
+		o->b_count = atomic_load_explicit(&x->c.count[MBP_OP_B], memory_order_relaxed);
+		o->bin_count = atomic_load_explicit(&x->c.count[MBP_OP_BIN], memory_order_relaxed);
+		o->w_count = atomic_load_explicit(&x->c.count[MBP_OP_W], memory_order_relaxed);
+		o->wait_ns = atomic_load_explicit(&x->c.wait_ns, memory_order_relaxed);
+		o->stash_peak = atomic_load_explicit(&x->c.stash_peak, memory_order_relaxed);
+		o->held_peak = atomic_load_explicit(&x->c.held_peak, memory_order_relaxed);
+		o->total_busy_ns = atomic_load_explicit(&x->c.total_busy_ns, memory_order_relaxed);
+	}
+	return (int)t->S;
+}
+
+const mbp_schedule *mbp_trainer_schedule(const mbp_trainer *t)
+{
+	return t ? t->sc : NULL;
+}
+
+int mbp_trainer_trace_write(mbp_trainer *t, const char *path)
+{
+	if (!t || !path || !t->o.trace_events || t->state != TS_RUNNING)
+		return -EINVAL;
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return -errno;
+	static const char *const kname[] = {"F", "B", "B_in", "W"};
+	fprintf(f, "{\"traceEvents\":[\n");
+	bool first = true;
+	for (unsigned s = 0; s < t->S; s++) {
+		struct tstage *st = &t->st[s];
+		/* stage names are the caller's: write only bytes that need no escaping, others as '?' */
+		char name[MBP_STAGE_NAME_MAX];
+		size_t k = 0;
+		for (const unsigned char *p = (const unsigned char *)st->name; *p && k + 1 < sizeof(name);
+		     p++)
+			name[k++] = (*p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\') ? (char)*p : '?';
+		name[k] = 0;
+		fprintf(f,
+			"%s{\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"name\":\"thread_name\",\"args\":{\"name\":\"%"
+			"u %s\"}}",
+			first ? "" : ",\n", s, s, name);
+		first = false;
+		for (uint32_t i = 0; i < st->trace_n; i++) {
+			const struct ttrace *e = &st->trace[i];
+			fprintf(f,
+				",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%u,\"name\":\"%s%" PRIu32
+				"\",\"cat\":\"%s\","
+				"\"ts\":%.3f,\"dur\":%.3f}",
+				s, kname[e->kind], e->mb, kname[e->kind], (double)(e->t0 - t->t_go) / 1000.0,
+				(double)(e->t1 - e->t0) / 1000.0);
+		}
+	}
+	fprintf(f, "\n]}\n");
+	int rc = ferror(f) ? -EIO : 0;
+	if (fclose(f) != 0 && rc == 0)
+		rc = -errno;
+	return rc;
+}

@@ -1,0 +1,7 @@
+# perf train: the trainer's schedules on a synthetic workload with calibrated costs (perf/bench_train.c;
+# figures in perf/results/train.md). Needs nothing beyond the library.
+EXTRA_PROGRAMS += perf/bench_train
+PERF_BINS += perf/bench_train
+perf_bench_train_SOURCES = perf/bench_train.c perf/bench_util.h
+perf_bench_train_CFLAGS = $(AM_CFLAGS)
+perf_bench_train_LDADD = $(MBP_LIBS)

@@ -1,0 +1,233 @@
+/*
+ * Schedules: the published stage lists, one global order they are projections of, the stash and held
+ * figures, and the bubble the player predicts.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mbpipe.h>
+
+#include "check_main.h"
+
+/* A stage's list as text: "F0 F1 B0 ..." (b: B_in, W: weight gradient). */
+static void list_text(const mbp_schedule *sc, unsigned s, char *buf, size_t cap)
+{
+	const mbp_sched_op *ops;
+	size_t n = mbp_schedule_stage_ops(sc, s, &ops);
+	size_t k = 0;
+	buf[0] = 0;
+	for (size_t i = 0; i < n && k < cap; i++)
+		k += (size_t)snprintf(buf + k, cap - k, "%s%c%u", i ? " " : "", "FBbW"[ops[i].kind],
+				      ops[i].mb);
+}
+
+static void expect_list(mbp_sched_kind kind, unsigned S, unsigned M, unsigned s, const char *want)
+{
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new(&sc, kind, S, M), 0);
+	char got[1024];
+	list_text(sc, s, got, sizeof(got));
+	ck_assert_msg(strcmp(got, want) == 0, "%s S=%u M=%u stage %u:\n got  %s\n want %s",
+		      mbp_sched_name(kind), S, M, s, got, want);
+	mbp_schedule_destroy(sc);
+}
+
+START_TEST(stage_lists_match_the_published_orders)
+{
+	/* GPipe: all forwards, then all backwards */
+	expect_list(MBP_SCHED_GPIPE, 2, 3, 0, "F0 F1 F2 B0 B1 B2");
+	expect_list(MBP_SCHED_GPIPE, 2, 3, 1, "F0 F1 F2 B0 B1 B2");
+	/* 1F1B (PipeDream-Flush, DeepSpeed's TrainSchedule), S = 4, M = 6: S - s - 1 warm-up forwards */
+	expect_list(MBP_SCHED_1F1B, 4, 6, 0, "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
+	expect_list(MBP_SCHED_1F1B, 4, 6, 1, "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
+	expect_list(MBP_SCHED_1F1B, 4, 6, 2, "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5");
+	expect_list(MBP_SCHED_1F1B, 4, 6, 3, "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
+	/* fewer micro-batches than the warm-up wants */
+	expect_list(MBP_SCHED_1F1B, 4, 2, 0, "F0 F1 B0 B1");
+	/* ZB-H1, S = 3, M = 4: 1F1B with B_in for B; stage s defers its first s weight
+	 * gradients, runs each later one right after a B_in, the deferred ones at the end */
+	expect_list(MBP_SCHED_ZBH1, 3, 4, 0, "F0 F1 F2 b0 W0 F3 b1 W1 b2 W2 b3 W3");
+	expect_list(MBP_SCHED_ZBH1, 3, 4, 1, "F0 F1 b0 F2 b1 W0 F3 b2 W1 b3 W2 W3");
+	expect_list(MBP_SCHED_ZBH1, 3, 4, 2, "F0 b0 F1 b1 F2 b2 W0 F3 b3 W1 W2 W3");
+}
+END_TEST
+
+/* Index of (kind class, stage, mb) in the global order; kind class: 0 forward, 1 input backward (B or
+ * B_in), 2 weight (B or W). */
+static long find(const mbp_sched_op *ops, size_t n, unsigned cls, unsigned s, unsigned j)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (ops[i].stage != s || ops[i].mb != j)
+			continue;
+		unsigned k = ops[i].kind;
+		if ((cls == 0 && k == MBP_OP_F) || (cls == 1 && (k == MBP_OP_B || k == MBP_OP_BIN)) ||
+		    (cls == 2 && (k == MBP_OP_B || k == MBP_OP_W)))
+			return (long)i;
+	}
+	return -1;
+}
+
+START_TEST(global_order_is_topological_and_stage_lists_are_its_projections)
+{
+	mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	for (size_t ki = 0; ki < 3; ki++)
+		for (unsigned S = 1; S <= 8; S++)
+			for (unsigned M = 1; M <= 3 * S + 1; M += (M < 4 ? 1 : 3)) {
+				mbp_schedule *sc;
+				ck_assert_int_eq(mbp_schedule_new(&sc, kinds[ki], S, M), 0);
+				const mbp_sched_op *g;
+				size_t n = mbp_schedule_order(sc, &g);
+				ck_assert_uint_eq(n, (size_t)S * M * (kinds[ki] == MBP_SCHED_ZBH1 ? 3 : 2));
+				for (unsigned s = 0; s < S; s++)
+					for (unsigned j = 0; j < M; j++) {
+						long f = find(g, n, 0, s, j), b = find(g, n, 1, s, j),
+						     w = find(g, n, 2, s, j);
+						ck_assert(f >= 0 && b >= 0 && w >= 0);
+						ck_assert(f < b && b <= w);
+						if (s > 0)
+							ck_assert(find(g, n, 0, s - 1, j) < f);
+						if (s + 1 < S)
+							ck_assert(find(g, n, 1, s + 1, j) < b);
+					}
+				/* projection: the stage's ops in global order are its list */
+				for (unsigned s = 0; s < S; s++) {
+					const mbp_sched_op *l;
+					size_t ln = mbp_schedule_stage_ops(sc, s, &l), k = 0;
+					for (size_t i = 0; i < n; i++)
+						if (g[i].stage == s) {
+							ck_assert_uint_lt(k, ln);
+							ck_assert(memcmp(&g[i], &l[k], sizeof(*l)) == 0);
+							k++;
+						}
+					ck_assert_uint_eq(k, ln);
+				}
+				mbp_schedule_destroy(sc);
+			}
+}
+END_TEST
+
+START_TEST(stash_and_held_peaks_are_the_schedules_figures)
+{
+	for (unsigned S = 1; S <= 8; S++)
+		for (unsigned M = 1; M <= 20; M++) {
+			mbp_schedule *g, *o, *z;
+			ck_assert_int_eq(mbp_schedule_new(&g, MBP_SCHED_GPIPE, S, M), 0);
+			ck_assert_int_eq(mbp_schedule_new(&o, MBP_SCHED_1F1B, S, M), 0);
+			ck_assert_int_eq(mbp_schedule_new(&z, MBP_SCHED_ZBH1, S, M), 0);
+			for (unsigned s = 0; s < S; s++) {
+				unsigned one = S - s < M ? S - s : M;
+				ck_assert_uint_eq(mbp_schedule_stash_peak(g, s), M);
+				ck_assert_uint_eq(mbp_schedule_held_peak(g, s), M);
+				ck_assert_uint_eq(mbp_schedule_stash_peak(o, s), one);
+				ck_assert_uint_eq(mbp_schedule_held_peak(o, s), one);
+				ck_assert_uint_eq(mbp_schedule_stash_peak(z, s), one);
+				ck_assert_uint_eq(mbp_schedule_held_peak(z, s), S < M ? S : M);
+			}
+			mbp_schedule_destroy(g);
+			mbp_schedule_destroy(o);
+			mbp_schedule_destroy(z);
+		}
+}
+END_TEST
+
+static double sim_bubble(mbp_sched_kind kind, unsigned S, unsigned M, mbp_op_costs c, unsigned T)
+{
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new(&sc, kind, S, M), 0);
+	mbp_op_costs costs[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < S; s++)
+		costs[s] = c;
+	mbp_sched_sim r;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, costs, T, &r, NULL), 0);
+	mbp_schedule_destroy(sc);
+	return r.bubble;
+}
+
+START_TEST(simulated_bubbles_match_the_closed_forms)
+{
+	mbp_op_costs eq = {1, 1, 1};
+	for (unsigned S = 2; S <= 8; S *= 2)
+		for (unsigned M = S; M <= 8 * S; M *= 2) {
+			double gp = (double)(S - 1) / (M + S - 1); /* GPipe and 1F1B: (S-1)/(M+S-1) */
+			ck_assert_double_eq_tol(sim_bubble(MBP_SCHED_GPIPE, S, M, eq, 0), gp, 1e-12);
+			ck_assert_double_eq_tol(sim_bubble(MBP_SCHED_1F1B, S, M, eq, 0), gp, 1e-12);
+			/* ZB-H1 with F = B_in = W: makespan 3M + S - 1, a bubble of (S-1)/(3M+S-1) */
+			double zb = (double)(S - 1) / (3.0 * M + S - 1);
+			ck_assert_double_eq_tol(sim_bubble(MBP_SCHED_ZBH1, S, M, eq, 0), zb, 1e-12);
+			ck_assert(zb < gp / 2); /* about a third */
+		}
+	/* one thread runs everything: no bubble */
+	ck_assert_double_eq_tol(sim_bubble(MBP_SCHED_1F1B, 4, 8, eq, 1), 0, 1e-12);
+	/* B_w free: ZB-H1 has nothing to move, its bubble is 1F1B's */
+	mbp_op_costs now = {1, 2, 0};
+	ck_assert_double_eq_tol(sim_bubble(MBP_SCHED_ZBH1, 4, 8, now, 0),
+				sim_bubble(MBP_SCHED_1F1B, 4, 8, now, 0), 1e-12);
+}
+END_TEST
+
+START_TEST(simulate_gives_each_operation_its_start)
+{
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_GPIPE, 2, 2), 0);
+	mbp_op_costs c[2] = {{1, 1, 1}, {1, 1, 1}};
+	double start[8];
+	mbp_sched_sim r;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, 2, &r, start), 0);
+	const mbp_sched_op *g;
+	size_t n = mbp_schedule_order(sc, &g);
+	ck_assert_uint_eq(n, 8);
+	ck_assert_double_eq(r.makespan, 9); /* F F, F F shifted by 1, B B (2 each) back up */
+	for (size_t i = 1; i < n; i++)
+		ck_assert(start[i] >= start[i - 1]); /* the global order is the order of start times */
+	mbp_schedule_destroy(sc);
+}
+END_TEST
+
+START_TEST(invalid_arguments_return_documented_errors)
+{
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new(NULL, MBP_SCHED_1F1B, 2, 2), -EINVAL);
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_1F1B, 0, 2), -EINVAL);
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_1F1B, MBP_MAX_STAGES + 1, 2), -EINVAL);
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_1F1B, 2, 0), -EINVAL);
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_1F1B, 2, MBP_TRAIN_MAX_MBS + 1), -EINVAL);
+	ck_assert_int_eq(mbp_schedule_new(&sc, (mbp_sched_kind)9, 2, 2), -EINVAL);
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_DEFAULT, 2, 2), 0);
+	ck_assert_int_eq(mbp_schedule_kind(sc), MBP_SCHED_1F1B); /* zero means the default */
+	mbp_op_costs c[2] = {{1, 1, 1}, {-1, 1, 1}};
+	mbp_sched_sim r;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, 2, &r, NULL), -EINVAL);
+	c[1].f = 1;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, 3, &r, NULL), -EINVAL);
+	const mbp_sched_op *ops;
+	ck_assert_uint_eq(mbp_schedule_stage_ops(sc, 2, &ops), 0);
+	ck_assert_uint_eq(mbp_schedule_stash_peak(sc, 2), 0);
+	mbp_schedule_destroy(sc);
+	mbp_schedule_destroy(NULL);
+	mbp_sched_kind k;
+	ck_assert_int_eq(mbp_sched_parse("ZB-H1", &k), 0);
+	ck_assert_int_eq(k, MBP_SCHED_ZBH1);
+	ck_assert_int_eq(mbp_sched_parse("gpipe", &k), 0);
+	ck_assert_int_eq(k, MBP_SCHED_GPIPE);
+	ck_assert_int_eq(mbp_sched_parse("2f2b", &k), -EINVAL);
+	ck_assert_str_eq(mbp_sched_name(MBP_SCHED_DEFAULT), "1f1b");
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("schedule");
+	TCase *tc = tcase_create("schedule");
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, stage_lists_match_the_published_orders);
+	tcase_add_test(tc, global_order_is_topological_and_stage_lists_are_its_projections);
+	tcase_add_test(tc, stash_and_held_peaks_are_the_schedules_figures);
+	tcase_add_test(tc, simulated_bubbles_match_the_closed_forms);
+	tcase_add_test(tc, simulate_gives_each_operation_its_start);
+	tcase_add_test(tc, invalid_arguments_return_documented_errors);
+	suite_add_tcase(s, tc);
+	return s;
+}

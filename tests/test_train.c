@@ -1,0 +1,670 @@
+/*
+ * The trainer: a toy pipeline of small tanh layers with hand-written backward, checked bit for bit against
+ * a sequential reference (forward then backward of each micro-batch in turn, gradients accumulated in
+ * micro-batch order), under every schedule and thread count; stash figures; failures, cancel and drain in
+ * the middle of a step.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mbpipe.h>
+
+#include "check_main.h"
+
+#define N  4 /* features per row, every stage */
+#define LR 0.05f
+
+struct toy {
+	float w[N * N], b[N], gw[N * N], gb[N];
+	/* failure injection: fail `fail_kind` at micro-batch `fail_mb` with -EIO (fail_kind < 0: never) */
+	int fail_kind, fail_mb;
+	unsigned sleep_us; /* per operation */
+	_Atomic unsigned ops;
+	double last_norm, last_loss;
+	unsigned updates, discards;
+};
+
+static void toy_init(struct toy *t, unsigned seed)
+{
+	memset(t, 0, sizeof(*t));
+	for (int i = 0; i < N * N; i++)
+		t->w[i] = (float)(((seed * 7919u + (unsigned)i * 104729u) % 1000) / 1000.0 - 0.5);
+	for (int i = 0; i < N; i++)
+		t->b[i] = (float)(((seed * 31u + (unsigned)i * 17u) % 100) / 1000.0);
+	t->fail_kind = -1;
+}
+
+static int maybe_fail(struct toy *t, int kind, const mbp_train_io *io)
+{
+	atomic_fetch_add(&t->ops, 1);
+	if (t->sleep_us)
+		usleep(t->sleep_us);
+	return t->fail_kind == kind && (int)io->mb == t->fail_mb ? -EIO : 0;
+}
+
+/* y = tanh(W x + b); the stash keeps 1 - y^2 */
+static int toy_forward(void *ctx, const mbp_train_io *io)
+{
+	struct toy *t = ctx;
+	const float *x = io->in;
+	float *y = io->out, *d = io->stash;
+	for (uint32_t r = 0; r < io->rows; r++)
+		for (int i = 0; i < N; i++) {
+			float a = t->b[i];
+			for (int k = 0; k < N; k++)
+				a += t->w[i * N + k] * x[r * N + k];
+			y[r * N + i] = tanhf(a);
+			d[r * N + i] = 1.0f - y[r * N + i] * y[r * N + i];
+		}
+	return maybe_fail(t, MBP_OP_F, io);
+}
+
+static int toy_bin(void *ctx, const mbp_train_io *io)
+{
+	struct toy *t = ctx;
+	const float *g = io->dout, *d = io->stash;
+	float *dx = io->din;
+	if (dx)
+		for (uint32_t r = 0; r < io->rows; r++)
+			for (int k = 0; k < N; k++) {
+				float a = 0;
+				for (int i = 0; i < N; i++)
+					a += t->w[i * N + k] * g[r * N + i] * d[r * N + i];
+				dx[r * N + k] = a;
+			}
+	return maybe_fail(t, MBP_OP_BIN, io);
+}
+
+static int toy_bw(void *ctx, const mbp_train_io *io)
+{
+	struct toy *t = ctx;
+	const float *g = io->dout, *d = io->stash, *x = io->in;
+	for (uint32_t r = 0; r < io->rows; r++)
+		for (int i = 0; i < N; i++) {
+			float gi = g[r * N + i] * d[r * N + i];
+			t->gb[i] += gi;
+			for (int k = 0; k < N; k++)
+				t->gw[i * N + k] += gi * x[r * N + k];
+		}
+	return maybe_fail(t, MBP_OP_W, io);
+}
+
+/* the whole backward: the same arithmetic as B_in then B_w */
+static int toy_backward(void *ctx, const mbp_train_io *io)
+{
+	struct toy *t = ctx;
+	int saved = t->fail_kind;
+	if (saved == MBP_OP_B)
+		t->fail_kind = -1;
+	int rc = toy_bin(ctx, io);
+	if (rc == 0)
+		rc = toy_bw(ctx, io);
+	t->fail_kind = saved;
+	if (rc == 0 && saved == MBP_OP_B && (int)io->mb == t->fail_mb)
+		rc = -EIO;
+	return rc;
+}
+
+static double toy_grad_sq(void *ctx)
+{
+	struct toy *t = ctx;
+	double s = 0;
+	for (int i = 0; i < N * N; i++)
+		s += (double)t->gw[i] * t->gw[i];
+	for (int i = 0; i < N; i++)
+		s += (double)t->gb[i] * t->gb[i];
+	return s;
+}
+
+static void toy_discard(void *ctx)
+{
+	struct toy *t = ctx;
+	memset(t->gw, 0, sizeof(t->gw));
+	memset(t->gb, 0, sizeof(t->gb));
+	t->discards++;
+}
+
+static void toy_update(void *ctx, const mbp_train_update *u)
+{
+	struct toy *t = ctx;
+	for (int i = 0; i < N * N; i++)
+		t->w[i] -= LR * t->gw[i];
+	for (int i = 0; i < N; i++)
+		t->b[i] -= LR * t->gb[i];
+	t->last_norm = u->grad_norm;
+	t->last_loss = u->loss;
+	t->discards--; /* toy_discard counts; an update is not a discard */
+	toy_discard(ctx);
+	t->updates++;
+}
+
+/* 0.5 * squared error averaged over the step's rows */
+static int mse(void *arg, const mbp_train_io *io, double *loss)
+{
+	(void)arg;
+	const float *y = io->out, *tg = io->targets;
+	float *g = io->dout;
+	double l = 0;
+	for (uint32_t i = 0; i < io->rows * N; i++) {
+		float e = y[i] - tg[i];
+		l += 0.5 * (double)e * e / (double)io->step_rows;
+		g[i] = e / (float)io->step_rows;
+	}
+	*loss = l;
+	return 0;
+}
+
+static mbp_train_stage_desc toy_desc(struct toy *t, bool whole)
+{
+	return (mbp_train_stage_desc){.ctx = t,
+				      .out_row_bytes = N * sizeof(float),
+				      .stash_row_bytes = N * sizeof(float),
+				      .forward = toy_forward,
+				      .backward = whole ? toy_backward : NULL,
+				      .backward_in = toy_bin,
+				      .backward_w = toy_bw,
+				      .grad_sq = toy_grad_sq,
+				      .update = toy_update,
+				      .discard = toy_discard};
+}
+
+/* The reference: one step, sequentially, micro-batch after micro-batch. Returns the summed loss. */
+static double reference_step(struct toy *st, unsigned S, const float *in, const float *tg, size_t rows,
+			     uint32_t m)
+{
+	float act[MBP_MAX_STAGES + 1][64 * N], stash[MBP_MAX_STAGES][64 * N], gbuf[2][64 * N];
+	double loss = 0;
+	for (size_t first = 0; first < rows; first += m) {
+		uint32_t r = (uint32_t)(rows - first < m ? rows - first : m);
+		mbp_train_io io = {.mb = (uint32_t)(first / m), .rows = r, .step_rows = rows};
+		memcpy(act[0], in + first * N, r * N * sizeof(float));
+		for (unsigned s = 0; s < S; s++) {
+			io.in = act[s];
+			io.out = act[s + 1];
+			io.stash = stash[s];
+			ck_assert_int_eq(toy_forward(&st[s], &io), 0);
+		}
+		double l;
+		io.out = act[S];
+		io.targets = tg + first * N;
+		io.dout = gbuf[0];
+		mse(NULL, &io, &l);
+		loss += l;
+		for (unsigned s = S; s-- > 0;) {
+			io.in = act[s];
+			io.stash = stash[s];
+			io.dout = gbuf[(S - 1 - s) & 1];
+			io.din = s ? gbuf[(S - s) & 1] : NULL;
+			ck_assert_int_eq(toy_bin(&st[s], &io), 0);
+			ck_assert_int_eq(toy_bw(&st[s], &io), 0);
+		}
+	}
+	mbp_train_update u = {.loss = loss};
+	for (unsigned s = 0; s < S; s++)
+		toy_update(&st[s], &u);
+	return loss;
+}
+
+static void make_data(float *in, float *tg, size_t rows, unsigned seed)
+{
+	for (size_t i = 0; i < rows * N; i++) {
+		in[i] = (float)(((seed + i * 2654435761u) % 2000) / 1000.0 - 1.0);
+		tg[i] = (float)(((seed * 3 + i * 40503u) % 1000) / 1000.0 - 0.5);
+	}
+}
+
+struct rig {
+	mbp_trainer *t;
+	struct toy st[MBP_MAX_STAGES];
+	unsigned S;
+};
+
+static void rig_new(struct rig *r, unsigned S, mbp_sched_kind kind, unsigned threads, bool whole)
+{
+	r->S = S;
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .max_mb_rows = 16,
+			    .max_mbs = 32,
+			    .schedule = kind,
+			    .threads = threads,
+			    .trace_events = 512,
+			    .loss = mse};
+	ck_assert_int_eq(mbp_trainer_new(&r->t, &o), 0);
+	for (unsigned s = 0; s < S; s++) {
+		toy_init(&r->st[s], s + 1);
+		mbp_train_stage_desc d = toy_desc(&r->st[s], whole);
+		ck_assert_int_eq(mbp_trainer_add_stage(r->t, &d), 0);
+	}
+	ck_assert_int_eq(mbp_trainer_start(r->t), 0);
+}
+
+static void params_equal(const struct toy *a, const struct toy *b, unsigned S)
+{
+	for (unsigned s = 0; s < S; s++) {
+		ck_assert_msg(memcmp(a[s].w, b[s].w, sizeof(a[s].w)) == 0, "stage %u weights differ", s);
+		ck_assert_msg(memcmp(a[s].b, b[s].b, sizeof(a[s].b)) == 0, "stage %u biases differ", s);
+	}
+}
+
+static void no_buffer_out(mbp_trainer *t)
+{
+	mbp_train_stats st;
+	ck_assert_int_eq(mbp_trainer_stats_get(t, &st, NULL, 0), (int)st.stages);
+	ck_assert_uint_eq(st.pool.in_use, 0);
+}
+
+START_TEST(toy_pipeline_gradients_equal_a_sequential_reference)
+{
+	struct rig r;
+	rig_new(&r, 4, MBP_SCHED_1F1B, 0, false);
+	struct toy ref[4];
+	for (unsigned s = 0; s < 4; s++)
+		toy_init(&ref[s], s + 1);
+	float in[22 * N], tg[22 * N];
+	for (unsigned step = 0; step < 3; step++) {
+		make_data(in, tg, 22, step);
+		double loss = -1,
+		       want = reference_step(ref, 4, in, tg, 22, 4); /* 6 mbs, the last of 2 rows */
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 22, 4, &loss), 0);
+		ck_assert(loss == want);
+		params_equal(r.st, ref, 4);
+		ck_assert(r.st[0].last_norm > 0 && isfinite(r.st[0].last_norm));
+		ck_assert(r.st[3].last_loss == want);
+	}
+	mbp_train_stats st;
+	ck_assert_int_eq(mbp_trainer_stats_get(r.t, &st, NULL, 0), 4);
+	ck_assert_uint_eq(st.steps, 3);
+	ck_assert_uint_eq(st.mbs, 6);
+	no_buffer_out(r.t);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
+START_TEST(every_schedule_and_thread_count_gives_identical_parameters)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	static const unsigned threads[] = {1, 2, 4};
+	float in[40 * N], tg[40 * N];
+	for (unsigned S = 1; S <= 8; S++) {
+		struct toy ref[8];
+		for (unsigned s = 0; s < S; s++)
+			toy_init(&ref[s], s + 1);
+		for (unsigned step = 0; step < 2; step++) {
+			make_data(in, tg, 40, step);
+			reference_step(ref, S, in, tg, 40, 5);
+		}
+		for (size_t k = 0; k < 3; k++)
+			for (size_t ti = 0; ti < 3; ti++) {
+				if (threads[ti] > S)
+					continue;
+				struct rig r;
+				rig_new(&r, S, kinds[k], threads[ti], k != 2 && (S & 1));
+				for (unsigned step = 0; step < 2; step++) {
+					make_data(in, tg, 40, step);
+					ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 40, 5, NULL), 0);
+				}
+				params_equal(r.st, ref, S);
+				no_buffer_out(r.t);
+				mbp_trainer_destroy(r.t);
+			}
+	}
+}
+END_TEST
+
+START_TEST(stash_high_water_marks_equal_the_schedules_figures)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	float in[64 * N], tg[64 * N];
+	make_data(in, tg, 64, 1);
+	for (size_t k = 0; k < 3; k++)
+		for (unsigned T = 1; T <= 4; T *= 2) {
+			struct rig r;
+			rig_new(&r, 4, kinds[k], T, false);
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 8, NULL), 0); /* M = 8 */
+			const mbp_schedule *sc = mbp_trainer_schedule(r.t);
+			mbp_train_stage_stats ss[4];
+			ck_assert_int_eq(mbp_trainer_stats_get(r.t, NULL, ss, 4), 4);
+			for (unsigned s = 0; s < 4; s++) {
+				ck_assert_uint_eq(ss[s].stash_peak, mbp_schedule_stash_peak(sc, s));
+				ck_assert_uint_eq(ss[s].held_peak, mbp_schedule_held_peak(sc, s));
+				ck_assert_uint_eq(ss[s].stash_peak, kinds[k] == MBP_SCHED_GPIPE ? 8 : 4 - s);
+				ck_assert_uint_eq(ss[s].f_count, 8);
+				if (kinds[k] == MBP_SCHED_ZBH1) {
+					ck_assert_uint_eq(ss[s].bin_count, 8);
+					ck_assert_uint_eq(ss[s].w_count, 8);
+					ck_assert_uint_eq(ss[s].b_count, 0);
+				} else {
+					ck_assert_uint_eq(ss[s].b_count, 8);
+				}
+				ck_assert_uint_eq(ss[s].thread, s * T / 4);
+			}
+			mbp_trainer_destroy(r.t);
+		}
+}
+END_TEST
+
+START_TEST(zbh1_refuses_a_stage_without_split_backward)
+{
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .schedule = MBP_SCHED_ZBH1,
+			    .loss = mse};
+	mbp_trainer *t;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+	struct toy a, b;
+	toy_init(&a, 1);
+	toy_init(&b, 2);
+	mbp_train_stage_desc d = toy_desc(&a, true);
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	d = toy_desc(&b, true);
+	d.backward_in = d.backward_w = NULL; /* a single backward only */
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	ck_assert_int_eq(mbp_trainer_start(t), -EINVAL);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_trainer_error(t, &e), 0);
+	ck_assert_int_eq(e.err, -EINVAL);
+	ck_assert_int_eq(e.stage, 1);
+	mbp_trainer_destroy(t);
+}
+END_TEST
+
+START_TEST(injected_failure_at_any_operation_leaves_every_parameter_unchanged)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	float in[24 * N], tg[24 * N];
+	for (size_t k = 0; k < 3; k++)
+		for (unsigned fs = 0; fs < 3; fs++)
+			for (int kind = MBP_OP_F; kind <= MBP_OP_W; kind++) {
+				if ((kinds[k] == MBP_SCHED_ZBH1) != (kind == MBP_OP_BIN || kind == MBP_OP_W))
+					if (kind != MBP_OP_F)
+						continue;
+				for (int mb = 0; mb < 6; mb += 5) {
+					struct rig r;
+					rig_new(&r, 3, kinds[k], (unsigned)(1 + (mb & 1) + fs % 2), true);
+					struct toy before[3], ref[3];
+					memcpy(before, r.st, sizeof(before));
+					memcpy(ref, r.st, sizeof(ref));
+					r.st[fs].fail_kind = kind;
+					r.st[fs].fail_mb = mb;
+					make_data(in, tg, 24, 0);
+					ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 24, 4, NULL), -EIO);
+					mbp_train_error e;
+					mbp_trainer_error(r.t, &e);
+					ck_assert_int_eq(e.err, -EIO);
+					ck_assert_int_eq(e.stage, (int)fs);
+					ck_assert_int_eq(e.mb, mb);
+					ck_assert_int_eq(e.op, kind);
+					params_equal(r.st, before, 3);
+					for (unsigned s = 0; s < 3; s++) {
+						ck_assert_uint_eq(r.st[s].updates, 0);
+						ck_assert_uint_eq(r.st[s].discards, 1);
+					}
+					no_buffer_out(r.t);
+					/* the next step runs normally */
+					r.st[fs].fail_kind = -1;
+					make_data(in, tg, 24, 1);
+					ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 24, 4, NULL), 0);
+					for (unsigned s = 0; s < 3; s++)
+						ref[s].fail_kind = -1;
+					reference_step(ref, 3, in, tg, 24, 4);
+					params_equal(r.st, ref, 3);
+					mbp_train_stats st;
+					mbp_trainer_stats_get(r.t, &st, NULL, 0);
+					ck_assert_uint_eq(st.steps, 1);
+					ck_assert_uint_eq(st.steps_failed, 1);
+					mbp_trainer_destroy(r.t);
+				}
+			}
+}
+END_TEST
+
+static int nan_loss(void *arg, const mbp_train_io *io, double *loss)
+{
+	int rc = mse(arg, io, loss);
+	if (io->mb == 2)
+		*loss = NAN;
+	return rc;
+}
+
+START_TEST(non_finite_loss_fails_the_step_with_edom)
+{
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .threads = 2,
+			    .loss = nan_loss};
+	mbp_trainer *t;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+	struct toy st[2], before[2];
+	for (unsigned s = 0; s < 2; s++) {
+		toy_init(&st[s], s);
+		mbp_train_stage_desc d = toy_desc(&st[s], false);
+		ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	}
+	memcpy(before, st, sizeof(st));
+	ck_assert_int_eq(mbp_trainer_start(t), 0);
+	float in[16 * N], tg[16 * N];
+	make_data(in, tg, 16, 0);
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 16, 4, NULL), -EDOM);
+	mbp_train_error e;
+	mbp_trainer_error(t, &e);
+	ck_assert_int_eq(e.stage, 1);
+	ck_assert_int_eq(e.mb, 2);
+	ck_assert_int_eq(e.op, MBP_OP_F);
+	params_equal(st, before, 2);
+	no_buffer_out(t);
+	mbp_trainer_destroy(t);
+}
+END_TEST
+
+static double nan_grad_sq(void *ctx)
+{
+	(void)ctx;
+	return NAN;
+}
+
+START_TEST(non_finite_gradient_norm_fails_the_step_before_any_update)
+{
+	struct rig r;
+	r.S = 3;
+	mbp_train_opts o = {
+	    .in_row_bytes = N * sizeof(float), .target_row_bytes = N * sizeof(float), .loss = mse};
+	ck_assert_int_eq(mbp_trainer_new(&r.t, &o), 0);
+	for (unsigned s = 0; s < 3; s++) {
+		toy_init(&r.st[s], s);
+		mbp_train_stage_desc d = toy_desc(&r.st[s], false);
+		if (s == 1)
+			d.grad_sq = nan_grad_sq;
+		ck_assert_int_eq(mbp_trainer_add_stage(r.t, &d), 0);
+	}
+	ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+	struct toy before[3];
+	memcpy(before, r.st, sizeof(before));
+	float in[16 * N], tg[16 * N];
+	make_data(in, tg, 16, 0);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), -EDOM);
+	mbp_train_error e;
+	mbp_trainer_error(r.t, &e);
+	ck_assert_int_eq(e.stage, 1);
+	params_equal(r.st, before, 3);
+	for (unsigned s = 0; s < 3; s++)
+		ck_assert_uint_eq(r.st[s].updates, 0);
+	no_buffer_out(r.t);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
+struct later {
+	mbp_trainer *t;
+	struct toy *watch;
+	unsigned after_ops;
+	bool drain;
+};
+
+static void *stop_later(void *arg)
+{
+	struct later *l = arg;
+	while (atomic_load(&l->watch->ops) < (unsigned)l->after_ops)
+		usleep(200);
+	if (l->drain)
+		mbp_trainer_drain(l->t);
+	else
+		mbp_trainer_cancel(l->t);
+	return NULL;
+}
+
+START_TEST(cancel_mid_step_fails_it_with_nothing_updated_and_refuses_later_steps)
+{
+	for (unsigned T = 1; T <= 3; T++) {
+		struct rig r;
+		rig_new(&r, 3, MBP_SCHED_1F1B, T, false);
+		for (unsigned s = 0; s < 3; s++)
+			r.st[s].sleep_us = 300;
+		struct toy before[3];
+		memcpy(before, r.st, sizeof(before));
+		struct later l = {r.t, &r.st[1], 5, false};
+		pthread_t th;
+		pthread_create(&th, NULL, stop_later, &l);
+		float in[64 * N], tg[64 * N];
+		make_data(in, tg, 64, 0);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 4, NULL), -ECANCELED);
+		pthread_join(th, NULL);
+		params_equal(r.st, before, 3);
+		no_buffer_out(r.t);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 4, NULL), -ESHUTDOWN);
+		mbp_trainer_destroy(r.t);
+	}
+}
+END_TEST
+
+START_TEST(drain_mid_step_lets_it_finish_then_refuses_later_steps)
+{
+	struct rig r;
+	rig_new(&r, 3, MBP_SCHED_ZBH1, 2, false);
+	struct toy ref[3];
+	memcpy(ref, r.st, sizeof(ref));
+	for (unsigned s = 0; s < 3; s++)
+		r.st[s].sleep_us = 200;
+	struct later l = {r.t, &r.st[1], 5, true};
+	pthread_t th;
+	pthread_create(&th, NULL, stop_later, &l);
+	float in[32 * N], tg[32 * N];
+	make_data(in, tg, 32, 0);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 32, 4, NULL), 0);
+	pthread_join(th, NULL);
+	reference_step(ref, 3, in, tg, 32, 4);
+	params_equal(r.st, ref, 3);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 32, 4, NULL), -ESHUTDOWN);
+	no_buffer_out(r.t);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
+START_TEST(trace_shows_forward_backward_and_weight_operations_as_distinct_events)
+{
+	struct rig r;
+	rig_new(&r, 2, MBP_SCHED_ZBH1, 2, false);
+	float in[16 * N], tg[16 * N];
+	make_data(in, tg, 16, 0);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), 0);
+	char path[] = "/tmp/mbp_train_traceXXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(mbp_trainer_trace_write(r.t, path), 0);
+	FILE *f = fopen(path, "r");
+	char buf[65536];
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	unlink(path);
+	ck_assert_ptr_nonnull(strstr(buf, "\"name\":\"F0\""));
+	ck_assert_ptr_nonnull(strstr(buf, "\"name\":\"B_in3\""));
+	ck_assert_ptr_nonnull(strstr(buf, "\"name\":\"W3\""));
+	unsigned events = 0;
+	for (char *p = buf; (p = strstr(p, "\"ph\":\"X\"")); p++)
+		events++;
+	ck_assert_uint_eq(events, 2 * 4 * 3); /* S x M x (F, B_in, W) */
+	mbp_train_stats st;
+	mbp_trainer_stats_get(r.t, &st, NULL, 0);
+	ck_assert(st.bubble > -0.05 && st.bubble < 1);
+	ck_assert(st.bubble_predicted >= 0 && st.bubble_predicted < 1);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
+START_TEST(invalid_arguments_return_documented_errors)
+{
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float), .target_row_bytes = 4, .loss = mse};
+	mbp_trainer *t;
+	mbp_train_opts bad = o;
+	bad.loss = NULL;
+	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
+	bad = o;
+	bad.in_row_bytes = 0;
+	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
+	bad = o;
+	bad.schedule = (mbp_sched_kind)7;
+	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
+	ck_assert_int_eq(mbp_trainer_new(NULL, &o), -EINVAL);
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+	float in[8], tg[8];
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 2, 1, NULL), -ENOTCONN);
+	ck_assert_int_eq(mbp_trainer_start(t), -EINVAL); /* no stages */
+	struct toy a;
+	toy_init(&a, 0);
+	mbp_train_stage_desc d = toy_desc(&a, false);
+	d.forward = NULL;
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), -EINVAL);
+	d = toy_desc(&a, false);
+	d.backward_w = NULL; /* neither form of backward */
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), -EINVAL);
+	d = toy_desc(&a, false);
+	d.discard = NULL;
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), -EINVAL);
+	d = toy_desc(&a, false);
+	d.out_row_bytes = 0;
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), -EINVAL);
+	d = toy_desc(&a, false);
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	ck_assert_int_eq(mbp_trainer_start(t), 0);
+	ck_assert_int_eq(mbp_trainer_start(t), -EALREADY);
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), -EINVAL);
+	ck_assert_int_eq(mbp_trainer_step(t, NULL, tg, 2, 1, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 0, 1, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 2, 0, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 2, 65, NULL), -E2BIG);   /* above max_mb_rows (64) */
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 65, 1, NULL), -E2BIG);   /* 65 mbs, above max_mbs */
+	ck_assert_int_eq(mbp_trainer_trace_write(t, "/tmp/x.json"), -EINVAL); /* tracing off */
+	ck_assert_int_eq(mbp_trainer_stats_get(NULL, NULL, NULL, 0), -EINVAL);
+	mbp_trainer_destroy(t);
+	mbp_trainer_destroy(NULL);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("train");
+	TCase *tc = tcase_create("train");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, toy_pipeline_gradients_equal_a_sequential_reference);
+	tcase_add_test(tc, every_schedule_and_thread_count_gives_identical_parameters);
+	tcase_add_test(tc, stash_high_water_marks_equal_the_schedules_figures);
+	tcase_add_test(tc, zbh1_refuses_a_stage_without_split_backward);
+	tcase_add_test(tc, injected_failure_at_any_operation_leaves_every_parameter_unchanged);
+	tcase_add_test(tc, non_finite_loss_fails_the_step_with_edom);
+	tcase_add_test(tc, non_finite_gradient_norm_fails_the_step_before_any_update);
+	tcase_add_test(tc, cancel_mid_step_fails_it_with_nothing_updated_and_refuses_later_steps);
+	tcase_add_test(tc, drain_mid_step_lets_it_finish_then_refuses_later_steps);
+	tcase_add_test(tc, trace_shows_forward_backward_and_weight_operations_as_distinct_events);
+	tcase_add_test(tc, invalid_arguments_return_documented_errors);
+	suite_add_tcase(s, tc);
+	return s;
+}
