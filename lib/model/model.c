@@ -464,7 +464,7 @@ static int load_fd(mbp_model **out, int fd, const char *name, const mbp_model_lo
 	}
 	int rc = load_from(m, v, fd, o ? o : &none, first, count, err);
 	if (rc) {
-		prefix_path(err, name ? name : "model");
+		mbp__load_error_path(err, name ? name : "model");
 		version_free(v);
 		free(m->l);
 		free(m);
@@ -497,7 +497,7 @@ static int load_path(mbp_model **out, const char *path, unsigned first, unsigned
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	if (fd < 0) {
 		int rc = io_fail(err, -errno, "open");
-		prefix_path(err, path);
+		mbp__load_error_path(err, path);
 		return rc;
 	}
 	int rc = load_fd(out, fd, path, NULL, first, count, err);
