@@ -195,7 +195,7 @@ static mbp_mpi *link_make(size_t row, uint32_t max_rows, unsigned stages, bool s
 	c->mp = mp;
 	for (unsigned i = 0; i < stages; i++) {
 		bool last = shrink_last && rank == size - 1 && i == stages - 1;
-		mbp_stage_desc d = {.fn = last ? shrink : noop, .cpu = -1, .out_row_bytes = last ? 8 : 0};
+		mbp_stage_desc d = {.fn = last ? shrink : noop, .out_row_bytes = last ? 8 : 0};
 		if ((rc = mbp_mpi_add_stage(mp, &d)))
 			die("add_stage", rc);
 	}
@@ -320,7 +320,7 @@ static double pingpong_ring(unsigned n)
 	if (mbp_pipeline_new(&p, &o))
 		die("pipeline", -EIO);
 	c.p = p;
-	mbp_stage_desc d = {.fn = noop, .cpu = -1};
+	mbp_stage_desc d = {.fn = noop};
 	mbp_pipeline_add_stage(p, &d);
 	mbp_pipeline_add_stage(p, &d);
 	if (mbp_pipeline_start(p))

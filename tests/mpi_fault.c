@@ -60,7 +60,7 @@ int main(int argc, char **argv)
 	mbp_mpi_opts_init(&mo);
 	mo.peer_timeout_ns = timeout_ns;
 	mbp_mpi *mp;
-	mbp_stage_desc d = {.fn = stage, .cpu = -1};
+	mbp_stage_desc d = {.fn = stage};
 	if (mbp_mpi_new(&mp, &o, &mo) || mbp_mpi_add_stage(mp, &d) || mbp_mpi_start(mp)) {
 		fprintf(stderr, "mpi_fault: rank %d: set-up failed\n", rank);
 		mbp_mpi_abort(3);

@@ -135,7 +135,7 @@ static int make(mbp_mpi **mp, const struct cfg *c)
 			s->fail_mod = c->fail_mod;
 			s->fail_rem = c->fail_rem;
 		}
-		mbp_stage_desc d = {.fn = stage_fn, .ctx = s, .cpu = -1};
+		mbp_stage_desc d = {.fn = stage_fn, .ctx = s};
 		if (s->widen)
 			d.out_row_bytes = OUT_WORDS * 8;
 		rc = mbp_mpi_add_stage(*mp, &d);

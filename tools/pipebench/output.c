@@ -155,10 +155,10 @@ void pb_print_header(FILE *f, const pb_report *rep)
 			b->load_start);
 	else {
 		fprintf(f,
-			"machine: before measuring, other processes used %.2f of %u CPUs (steal %.2f), load "
+			"machine: before measuring, other processes used %.2f of %u %s (steal %.2f), load "
 			"average %.2f: %s",
-			nz->before.others, nz->ncpus, nz->before.steal, nz->before.load1,
-			nz->quiet_before ? "quiet" : "LOUD");
+			nz->before.others, nz->ncpus, PLURAL(nz->ncpus, "CPU", "CPUs"), nz->before.steal,
+			nz->before.load1, nz->quiet_before ? "quiet" : "LOUD");
 		if (!nz->quiet_before)
 			fprintf(f, " after waiting %.1f s (--wait-quiet): measuring anyway\n", nz->waited_s);
 		else if (nz->waited_s > 0)
