@@ -99,27 +99,27 @@ static int run(unsigned S, unsigned M, mbp_sched_kind kind, double f, double bin
 	       struct result *res)
 {
 	static float dummy[4096];
-	mbp_train_opts o = { .in_row_bytes = 4,
-			     .target_row_bytes = 4,
-			     .max_mb_rows = 1,
-			     .max_mbs = M,
-			     .schedule = kind,
-			     .pin = true,
-			     .loss = syn_loss };
+	mbp_train_opts o = {.in_row_bytes = 4,
+			    .target_row_bytes = 4,
+			    .max_mb_rows = 1,
+			    .max_mbs = M,
+			    .schedule = kind,
+			    .pin = true,
+			    .loss = syn_loss};
 	mbp_trainer *t;
 	int rc = mbp_trainer_new(&t, &o);
 	if (rc < 0)
 		return rc;
 	struct syn syn[MBP_MAX_STAGES];
 	for (unsigned s = 0; s < S; s++) {
-		syn[s] = (struct syn){ f, bin, bw, s };
-		mbp_train_stage_desc d = { .ctx = &syn[s],
-					   .out_row_bytes = 4,
-					   .forward = syn_f,
-					   .backward_in = syn_bin,
-					   .backward_w = syn_bw,
-					   .update = syn_update,
-					   .discard = syn_discard };
+		syn[s] = (struct syn){f, bin, bw, s};
+		mbp_train_stage_desc d = {.ctx = &syn[s],
+					  .out_row_bytes = 4,
+					  .forward = syn_f,
+					  .backward_in = syn_bin,
+					  .backward_w = syn_bw,
+					  .update = syn_update,
+					  .discard = syn_discard};
 		if ((rc = mbp_trainer_add_stage(t, &d)) < 0)
 			goto out;
 	}
@@ -195,8 +195,8 @@ int main(int argc, char **argv)
 	       sysconf(_SC_NPROCESSORS_ONLN), host, iters_per_us, unit, reps);
 	printf("%-2s %-3s %-6s %-6s %2s %9s %9s %7s %7s %6s %6s %6s %7s\n", "S", "M", "costs", "sched", "T",
 	       "step_ms", "work_ms", "bubble", "pred", "|diff|", "stash0", "eff", "eff/id");
-	static const mbp_sched_kind kinds[] = { MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1 };
-	static const double prof[2][3] = { { 1, 1, 1 }, { 1, 2, 0 } };
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	static const double prof[2][3] = {{1, 1, 1}, {1, 2, 0}};
 	double worst_diff = 0;
 	unsigned zb_ok = 0, zb_n = 0;
 	int rc = 0;
@@ -206,8 +206,8 @@ int main(int argc, char **argv)
 				double b1f1b = -1;
 				for (size_t k = 0; k < 3; k++) {
 					struct result r;
-					rc = run(S, M, kinds[k], prof[p][0] * unit, prof[p][1] * unit, prof[p][2] * unit,
-						 reps, &r);
+					rc = run(S, M, kinds[k], prof[p][0] * unit, prof[p][1] * unit,
+						 prof[p][2] * unit, reps, &r);
 					if (rc < 0)
 						goto fail;
 					double diff = fabs(r.bubble - r.pred);
@@ -218,9 +218,11 @@ int main(int argc, char **argv)
 						zb_n++;
 						zb_ok += r.bubble <= b1f1b / 2;
 					}
-					printf("%-2u %-3u %-6s %-6s %2u %9.2f %9.2f %7.3f %7.3f %6.3f %6u %6.3f %7.3f\n", S, M,
-					       p ? "1:2:0" : "1:1:1", mbp_sched_name(kinds[k]), r.threads, r.step_ms,
-					       r.work_ms, r.bubble, r.pred, diff, r.stash0, r.eff, r.eff / r.ideal_eff);
+					printf("%-2u %-3u %-6s %-6s %2u %9.2f %9.2f %7.3f %7.3f %6.3f %6u "
+					       "%6.3f %7.3f\n",
+					       S, M, p ? "1:2:0" : "1:1:1", mbp_sched_name(kinds[k]),
+					       r.threads, r.step_ms, r.work_ms, r.bubble, r.pred, diff,
+					       r.stash0, r.eff, r.eff / r.ideal_eff);
 				}
 			}
 	/* the throughput target: S = 2, M = 8, costs of 1 ms */
@@ -231,8 +233,8 @@ int main(int argc, char **argv)
 		if (rc < 0)
 			goto fail;
 		eff_ratio[k] = r.eff / r.ideal_eff;
-		printf("%-2u %-3u %-6s %-6s %2u %9.2f %9.2f %7.3f %7.3f %6.3f %6u %6.3f %7.3f\n", 2u, 8u, "1ms",
-		       mbp_sched_name(kinds[k]), r.threads, r.step_ms, r.work_ms, r.bubble, r.pred,
+		printf("%-2u %-3u %-6s %-6s %2u %9.2f %9.2f %7.3f %7.3f %6.3f %6u %6.3f %7.3f\n", 2u, 8u,
+		       "1ms", mbp_sched_name(kinds[k]), r.threads, r.step_ms, r.work_ms, r.bubble, r.pred,
 		       fabs(r.bubble - r.pred), r.stash0, r.eff, r.eff / r.ideal_eff);
 	}
 	printf("bench_train: unit_us=%.0f worst_bubble_diff=%.3f zbh1_half_of_1f1b=%u/%u "
