@@ -254,6 +254,22 @@ static void put_buf(struct mbp_trainer *t, struct tthread *th, mbp_mb **mb)
 	}
 }
 
+/* Micro-batch j from ring r into *slot: -ECANCELED when the step aborts while waiting, -EPROTO when the
+ * ring does not hold j next (the lists are not being followed). */
+static int receive(struct mbp_trainer *t, struct tthread *th, struct tstage *st, struct mbp__ring *r,
+		   uint32_t j, mbp_mb **slot)
+{
+	mbp_mb *mb = pop(t, st, r);
+	if (!mb)
+		return -ECANCELED;
+	if (mb->seq != j) {
+		mbp_pool_put(t->pool, th->cache, mb);
+		return -EPROTO;
+	}
+	*slot = mb;
+	return 0;
+}
+
 static uint32_t mb_rows_of(const struct mbp_trainer *t, uint32_t j)
 {
 	size_t first = (size_t)j * t->mb_rows;
@@ -277,11 +293,16 @@ static const void *input_of(const struct mbp_trainer *t, const struct tstage *st
 }
 
 /* Release what stage st holds for micro-batch j once its last backward operation ran. */
-static void release_mb(struct mbp_trainer *t, struct tthread *th, struct tstage *st, uint32_t j)
+static void put_held(struct mbp_trainer *t, struct tthread *th, struct tstage *st, uint32_t j)
 {
 	put_buf(t, th, &st->in[j]);
 	put_buf(t, th, &st->stash[j]);
 	put_buf(t, th, &st->dout[j]);
+}
+
+static void release_mb(struct mbp_trainer *t, struct tthread *th, struct tstage *st, uint32_t j)
+{
+	put_held(t, th, st, j);
 	st->held_n--;
 }
 
@@ -293,14 +314,9 @@ static int op_forward(struct mbp_trainer *t, struct tthread *th, struct tstage *
 	    st->held_n + 1 > mbp_schedule_held_peak(sc, st->idx))
 		return -EOVERFLOW; /* the schedule's bound; cannot happen while the lists are followed */
 	if (st->idx > 0) {
-		mbp_mb *in = pop(t, st, st->fwd_in);
-		if (!in)
-			return -ECANCELED;
-		if (in->seq != j) {
-			mbp_pool_put(t->pool, th->cache, in);
-			return -EPROTO;
-		}
-		st->in[j] = in;
+		int rc = receive(t, th, st, st->fwd_in, j, &st->in[j]);
+		if (rc < 0)
+			return rc;
 	}
 	mbp_mb *out = NULL;
 	int rc = get_buf(t, th, rows, st->out_w, j, &out);
@@ -351,14 +367,9 @@ static int op_backward(struct mbp_trainer *t, struct tthread *th, struct tstage 
 {
 	uint32_t rows = mb_rows_of(t, j);
 	if (kind != MBP_OP_W && st->idx < t->S - 1) {
-		mbp_mb *g = pop(t, st, st->bwd_in);
-		if (!g)
-			return -ECANCELED;
-		if (g->seq != j) {
-			mbp_pool_put(t->pool, th->cache, g);
-			return -EPROTO;
-		}
-		st->dout[j] = g;
+		int rc = receive(t, th, st, st->bwd_in, j, &st->dout[j]);
+		if (rc < 0)
+			return rc;
 	}
 	mbp_mb *din = NULL;
 	if (kind != MBP_OP_W && st->idx > 0) {
@@ -440,11 +451,8 @@ static void cleanup(struct mbp_trainer *t, struct tthread *th)
 {
 	for (unsigned s = th->first; s <= th->last; s++) {
 		struct tstage *st = &t->st[s];
-		for (uint32_t j = 0; j < t->M; j++) {
-			put_buf(t, th, &st->in[j]);
-			put_buf(t, th, &st->stash[j]);
-			put_buf(t, th, &st->dout[j]);
-		}
+		for (uint32_t j = 0; j < t->M; j++)
+			put_held(t, th, st, j);
 		st->stash_n = st->held_n = 0;
 		void *item;
 		while (st->fwd_in && mbp__ring_pop_sc(st->fwd_in, &item))
