@@ -135,4 +135,8 @@ static inline bool mbp__mul_size(size_t a, size_t b, size_t *out)
 	return !__builtin_mul_overflow(a, b, out);
 }
 
+/* Write `str` to f as a JSON string (quoted; quote, backslash and control characters escaped, bytes that
+ * are not well-formed UTF-8 as U+FFFD). trace.c; every trace writer uses it for the caller's strings. */
+void mbp__json_string(FILE *f, const char *str);
+
 #endif

@@ -3,7 +3,7 @@
  * trace_events per stage; later ones are counted as dropped, not kept), written as a Chrome trace JSON
  * file ("X" complete events, one track per stage) that Perfetto and chrome://tracing open.
  *
- * Every string the file holds goes through json_string(): a stage name is the caller's bytes, and one
+ * Every string the file holds goes through mbp__json_string(): a stage name is the caller's bytes, and one
  * quote, backslash, control character or byte that is not UTF-8 would make the whole file unreadable.
  */
 #include "config.h"
@@ -59,7 +59,7 @@ static size_t utf8_len(const unsigned char *s)
 
 /* Write `s` as a JSON string: quote and backslash escaped, control characters as \u00XX, each byte that
  * does not start a well-formed UTF-8 sequence as U+FFFD. */
-static void json_string(FILE *f, const char *str)
+void mbp__json_string(FILE *f, const char *str)
 {
 	const unsigned char *s = (const unsigned char *)str;
 	fputc('"', f);
@@ -98,7 +98,7 @@ int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path)
 		fprintf(
 		    f,
 		    ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"args\":{\"name\":", i);
-		json_string(f, label);
+		mbp__json_string(f, label);
 		fputs("}}", f);
 		/* acquire; partner: the release store in mbp__trace_add(): events below n are complete */
 		uint32_t n = s->trace ? atomic_load_explicit(&s->trace_n, memory_order_acquire) : 0;

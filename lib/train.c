@@ -1002,17 +1002,13 @@ int mbp_trainer_trace_write(mbp_trainer *t, const char *path)
 	bool first = true;
 	for (unsigned s = 0; s < t->S; s++) {
 		struct tstage *st = &t->st[s];
-		/* stage names are the caller's: write only bytes that need no escaping, others as '?' */
-		char name[MBP_STAGE_NAME_MAX];
-		size_t k = 0;
-		for (const unsigned char *p = (const unsigned char *)st->name; *p && k + 1 < sizeof(name);
-		     p++)
-			name[k++] = (*p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\') ? (char)*p : '?';
-		name[k] = 0;
+		char label[MBP_STAGE_NAME_MAX + 16];
+		snprintf(label, sizeof(label), "%u %s", s, st->name);
 		fprintf(f,
-			"%s{\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"name\":\"thread_name\",\"args\":{\"name\":\"%"
-			"u %s\"}}",
-			first ? "" : ",\n", s, s, name);
+			"%s{\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"name\":\"thread_name\",\"args\":{\"name\":",
+			first ? "" : ",\n", s);
+		mbp__json_string(f, label);
+		fputs("}}", f);
 		first = false;
 		for (uint32_t i = 0; i < st->trace_n; i++) {
 			const struct ttrace *e = &st->trace[i];
