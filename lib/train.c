@@ -1026,3 +1026,21 @@ int mbp_trainer_trace_write(mbp_trainer *t, const char *path)
 		rc = -errno;
 	return rc;
 }
+
+int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)
+{
+	if (!t || (!ev && n) || !t->o.trace_events)
+		return -EINVAL;
+	size_t k = 0;
+	for (unsigned s = 0; s < t->S; s++)
+		for (uint32_t i = 0; i < t->st[s].trace_n; i++, k++)
+			if (k < n) {
+				const struct ttrace *e = &t->st[s].trace[i];
+				ev[k] = (mbp_train_event){.t0_ns = e->t0 - t->t_go,
+							  .t1_ns = e->t1 - t->t_go,
+							  .mb = e->mb,
+							  .stage = (uint16_t)s,
+							  .kind = e->kind};
+			}
+	return (int)k;
+}

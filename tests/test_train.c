@@ -600,6 +600,66 @@ START_TEST(trace_shows_forward_backward_and_weight_operations_as_distinct_events
 }
 END_TEST
 
+/* The events of a step are its operations: per stage in the order of the schedule's list (same kinds and
+ * micro-batches), ordered in time without overlap, inside the step; a short buffer gets the count. */
+START_TEST(events_of_a_step_follow_each_stages_schedule_list_in_time_order)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	for (unsigned k = 0; k < 3; k++) {
+		struct rig r;
+		rig_new(&r, 3, kinds[k], 2, false);
+		float in[16 * N], tg[16 * N];
+		make_data(in, tg, 16, 0);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 2, NULL), 0);
+		const mbp_schedule *sc = mbp_trainer_schedule(r.t);
+		size_t total = 0;
+		for (unsigned s = 0; s < 3; s++) {
+			const mbp_sched_op *ops;
+			total += mbp_schedule_stage_ops(sc, s, &ops);
+		}
+		ck_assert_int_eq(mbp_trainer_events_get(r.t, NULL, 0), (int)total);
+		mbp_train_event ev[256], one;
+		ck_assert_int_eq(mbp_trainer_events_get(r.t, &one, 1), (int)total);
+		ck_assert_int_eq(mbp_trainer_events_get(r.t, ev, 256), (int)total);
+		ck_assert_uint_eq(one.stage, 0);
+		mbp_train_stats st;
+		mbp_trainer_stats_get(r.t, &st, NULL, 0);
+		size_t i = 0;
+		for (unsigned s = 0; s < 3; s++) {
+			const mbp_sched_op *ops;
+			size_t n = mbp_schedule_stage_ops(sc, s, &ops);
+			uint64_t prev_end = 0;
+			for (size_t j = 0; j < n; j++, i++) {
+				ck_assert_uint_eq(ev[i].stage, s);
+				ck_assert_uint_eq(ev[i].kind, ops[j].kind);
+				ck_assert_uint_eq(ev[i].mb, ops[j].mb);
+				ck_assert(ev[i].t0_ns >= prev_end && ev[i].t1_ns >= ev[i].t0_ns);
+				ck_assert(ev[i].t1_ns <= st.step_ns);
+				prev_end = ev[i].t1_ns;
+			}
+		}
+		ck_assert_uint_eq(i, total);
+		if (kinds[k] == MBP_SCHED_ZBH1)
+			ck_assert_uint_eq(total, 3 * 8 * 3); /* S x M x (F, B_in, W) */
+		else
+			ck_assert_uint_eq(total, 3 * 8 * 2); /* S x M x (F, B) */
+		mbp_trainer_destroy(r.t);
+	}
+	mbp_train_event e;
+	ck_assert_int_eq(mbp_trainer_events_get(NULL, &e, 1), -EINVAL);
+	struct rig r;
+	rig_new(&r, 1, MBP_SCHED_1F1B, 1, false);
+	ck_assert_int_eq(mbp_trainer_events_get(r.t, NULL, 1), -EINVAL);
+	ck_assert_int_eq(mbp_trainer_events_get(r.t, NULL, 0), 0); /* no step yet */
+	mbp_trainer_destroy(r.t);
+	mbp_train_opts o = {.in_row_bytes = 4, .target_row_bytes = 4, .loss = mse}; /* tracing off */
+	mbp_trainer *t;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+	ck_assert_int_eq(mbp_trainer_events_get(t, &e, 1), -EINVAL);
+	mbp_trainer_destroy(t);
+}
+END_TEST
+
 START_TEST(invalid_arguments_return_documented_errors)
 {
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float), .target_row_bytes = 4, .loss = mse};
@@ -664,6 +724,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, cancel_mid_step_fails_it_with_nothing_updated_and_refuses_later_steps);
 	tcase_add_test(tc, drain_mid_step_lets_it_finish_then_refuses_later_steps);
 	tcase_add_test(tc, trace_shows_forward_backward_and_weight_operations_as_distinct_events);
+	tcase_add_test(tc, events_of_a_step_follow_each_stages_schedule_list_in_time_order);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	suite_add_tcase(s, tc);
 	return s;

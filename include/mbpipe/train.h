@@ -306,6 +306,26 @@ const mbp_schedule *mbp_trainer_schedule(const mbp_trainer *t);
  */
 int mbp_trainer_trace_write(mbp_trainer *t, const char *path);
 
+/** One operation of a step, as recorded when tracing is on (mbp_train_opts.trace_events). */
+typedef struct mbp_train_event {
+	uint64_t t0_ns; /**< start, after any wait for its input, in ns from the step's start */
+	uint64_t t1_ns; /**< end, in ns from the step's start */
+	uint32_t mb;	/**< micro-batch */
+	uint16_t stage;
+	uint8_t kind; /**< mbp_op_kind: the kind in the stage's list (mbp_schedule_stage_ops) */
+	uint8_t reserved;
+} mbp_train_event;
+
+/**
+ * The operations of the last step, for drawing it: stage by stage, each stage's in the order they ran
+ * (the order of mbp_schedule_stage_ops), at most trace_events per stage. Of a failed step, the operations
+ * that ran. The controlling thread, between steps.
+ * @param ev receives up to n events; may be NULL when n is 0 (to ask for the count)
+ * @return the number of events recorded (more than n when ev was too small: only n were written),
+ *         -EINVAL (NULL t, NULL ev with n > 0, tracing off).
+ */
+int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
