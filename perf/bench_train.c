@@ -1,7 +1,7 @@
 /*
  * bench_train: the trainer's schedules on a synthetic workload with calibrated costs of F, B_in and B_w.
  *
- * Every operation is a calibrated busy loop (dependent multiply-adds, the same machine code everywhere),
+ * Every operation is a calibrated busy loop (tools/burn.h: dependent multiply-adds, as pipebench's),
  * so its cost is work, not a sleep: time taken from the loop by other processes shows up as a longer
  * operation, which the measured costs (and so the prediction) include. For each stage count, micro-batch
  * count, cost profile and schedule: the median step time over the repeats, the measured bubble
@@ -23,30 +23,10 @@
 
 #include <mbpipe.h>
 
+#include "../tools/burn.h"
 #include "bench_util.h"
 
 static double iters_per_us;
-
-static uint64_t __attribute__((noinline)) work(uint64_t iters, uint64_t x)
-{
-	for (uint64_t i = 0; i < iters; i++)
-		x = x * 6364136223846793005ull + 1442695040888963407ull;
-	return x;
-}
-
-static void calibrate(void)
-{
-	double best = 0;
-	for (int k = 0; k < 5; k++) {
-		uint64_t t0 = bench_now_ns();
-		volatile uint64_t v = work(20000000, (uint64_t)k);
-		(void)v;
-		double us = (double)(bench_now_ns() - t0) / 1000.0;
-		double r = 20000000.0 / us;
-		best = r > best ? r : best; /* the least disturbed run */
-	}
-	iters_per_us = best;
-}
 
 struct syn {
 	double f_us, bin_us, bw_us;
@@ -55,7 +35,7 @@ struct syn {
 
 static int spin(struct syn *s, double us)
 {
-	s->sink += work((uint64_t)(us * iters_per_us), s->sink);
+	s->sink = burn((uint64_t)(us * iters_per_us), s->sink);
 	return 0;
 }
 static int syn_f(void *ctx, const mbp_train_io *io)
@@ -180,7 +160,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_train: -u must be > 0 and -r in 1..63\n");
 		return 2;
 	}
-	calibrate();
+	iters_per_us = burn_calibrate();
 	char host[128] = "?";
 	FILE *ci = fopen("/proc/cpuinfo", "r");
 	for (char line[256]; ci && fgets(line, sizeof(line), ci);)

@@ -195,6 +195,24 @@ static const char *const bad_args[][6] = {
     {"--opts=ring=3"},
     {"--opts=cache=8,ingress=0"},
     {"--csv", "--gantt"},
+    {"--costs=1:1:1"},
+    {"--workload=synthetic", "--micro-batches=4"},
+    {"--workload=train", "--costs=1:1"},
+    {"--workload=train", "--costs=1:1:1:1"},
+    {"--workload=train", "--costs=0:0:0"},
+    {"--workload=train", "--costs=-1:1:1"},
+    {"--workload=train", "--costs=a:b:c"},
+    {"--workload=train", "--micro-batches=0"},
+    {"--workload=train", "--micro-batches=-2"},
+    {"--workload=train", "--unit-us=0"},
+    {"--workload=train", "--mb=4"},
+    {"--workload=train", "--batch=8"},
+    {"--workload=train", "--latency-target=5"},
+    {"--workload=train", "--trace=/tmp/pipebench-train-trace.json"},
+    {"--workload=train", "--opts=ring=4"},
+    {"--workload=train", "--work-us=10"},
+    {"--workload=train", "--layers=2"},
+    {"--workload=train", "--csv", "--gantt"},
 };
 
 START_TEST(bad_argument_gives_one_line_and_exit_2)
@@ -248,7 +266,8 @@ START_TEST(help_lists_every_option_with_its_default)
 					   "--duration",       "--warmup",   "--tolerance", "--wait-quiet",
 					   "--latency-target", "--cpus",     "--spin-us",   "--opts",
 					   "--table",	       "--json",     "--csv",	    "--gantt",
-					   "--trace",	       "--progress", "--help",	    "--version"};
+					   "--trace",	       "--progress", "--help",	    "--version",
+					   "--micro-batches",  "--costs",    "--unit-us"};
 	for (unsigned i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
 		ck_assert_msg(strstr(r.out, opts[i]), "--help does not mention %s", opts[i]);
 	ck_assert_msg(strstr(r.out, "(default: auto)") && strstr(r.out, "(default: 10)") &&
@@ -1026,6 +1045,143 @@ START_TEST(busy_starved_blocked_that_do_not_add_up_are_flagged)
 }
 END_TEST
 
+/* ---- the training workload ---- */
+
+#define TRAIN_ARGS                                                                                           \
+	"--workload=train", "--stages=2", "--micro-batches=4", "--unit-us=50", "--batches=2", "--warmup=1",  \
+	    "--tolerance=0", "--wait-quiet=0"
+
+/* The rows of a Gantt panel: the lines after the title line that starts with `name`, up to the next
+ * line that does not start with 's'. Returns how many and copies them, joined, into buf. */
+static unsigned panel_rows(const char *out, const char *title, char *buf, size_t n)
+{
+	const char *p = strstr(out, title);
+	unsigned rows = 0;
+	buf[0] = 0;
+	if (!p)
+		return 0;
+	p = strchr(p + 1, '\n'); /* the end of the title line */
+	while (p && p[1] == 's' && strstr(p + 1, "|")) {
+		const char *end = strchr(p + 1, '\n');
+		size_t len = end ? (size_t)(end - p - 1) : strlen(p + 1);
+		size_t have = strlen(buf), room = n - have - 1;
+		memcpy(buf + have, p + 1, len < room ? len : room);
+		buf[have + (len < room ? len : room)] = 0;
+		rows++;
+		p = end;
+	}
+	return rows;
+}
+
+START_TEST(train_table_prints_the_three_schedules_and_their_gantt)
+{
+	struct run r = run((const char *const[]){TRAIN_ARGS, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	static const char *const rows[] = {"\ngpipe ", "\n1f1b ", "\nzbh1 "};
+	for (unsigned i = 0; i < 3; i++)
+		ck_assert_msg(strstr(r.out, rows[i]), "no table row %s: %s", rows[i] + 1, r.out);
+	ck_assert_msg(strstr(r.out, "zbh1 / 1f1b steps per second, paired by round: "), "%s", r.out);
+	/* the Gantt chart: one panel per schedule, two stage rows each, on one scale, with a legend */
+	char g[3][1024];
+	ck_assert_uint_eq(panel_rows(r.out, "\ngpipe: ", g[0], sizeof(g[0])), 2);
+	ck_assert_uint_eq(panel_rows(r.out, "\n1f1b: ", g[1], sizeof(g[1])), 2);
+	ck_assert_uint_eq(panel_rows(r.out, "\nzbh1: ", g[2], sizeof(g[2])), 2);
+	for (unsigned i = 0; i < 3; i++) {
+		ck_assert_msg(strchr(g[i], '0') && strchr(g[i], '3'), "forwards not drawn: %s", g[i]);
+		ck_assert_msg(strchr(g[i], 'a') && strchr(g[i], 'd'), "backwards not drawn: %s", g[i]);
+		ck_assert_msg(strchr(g[i], '.'), "no idle cell: %s", g[i]);
+	}
+	/* weight gradients are operations of their own only under zbh1 */
+	ck_assert_msg(!strpbrk(g[0], "ABCD") && !strpbrk(g[1], "ABCD"), "%s %s", g[0], g[1]);
+	ck_assert_msg(strchr(g[2], 'A') && strchr(g[2], 'D'), "zbh1 draws no W: %s", g[2]);
+	ck_assert_msg(strstr(r.out, "'.' idle"), "no legend: %s", r.out);
+	ck_assert_msg(strstr(r.out, "\npipebench: workload=train stages=2 mbs=4 costs=1:1:1 unit_us=50 "),
+		      "no summary line: %s", r.out);
+	ck_assert_msg(strstr(r.out, " zbh1_bubble=") && strstr(r.out, "status=ok"), "%s", r.out);
+	ck_assert_msg(r.err[0] == 0, "stderr not empty: %s", r.err);
+	run_free(&r);
+}
+END_TEST
+
+static void int_array_is(const cJSON *o, const char *name, const int *want, unsigned n)
+{
+	const cJSON *a = field(o, name, cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(a), (int)n);
+	for (unsigned i = 0; i < n; i++)
+		ck_assert_msg(cJSON_GetArrayItem(a, (int)i)->valuedouble == want[i], "%s[%u] is %g, not %d",
+			      name, i, cJSON_GetArrayItem(a, (int)i)->valuedouble, want[i]);
+}
+
+START_TEST(train_json_holds_each_schedules_figures_and_operations)
+{
+	struct run r = run((const char *const[]){TRAIN_ARGS, "--costs=1:2:0.5", "--json", "--gantt", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	ck_assert_str_eq(field(field(doc, "workload", cJSON_Object), "kind", cJSON_String)->valuestring,
+			 "train");
+	const cJSON *c = field(doc, "config", cJSON_Object);
+	ck_assert(num(c, "stages") == 2 && num(c, "mbs") == 4 && num(c, "unit_us") == 50);
+	const cJSON *costs = field(c, "costs", cJSON_Array);
+	ck_assert(cJSON_GetArrayItem(costs, 1)->valuedouble == 2 &&
+		  cJSON_GetArrayItem(costs, 2)->valuedouble == 0.5);
+	field(doc, "noise", cJSON_Object);
+	field(field(doc, "cpus", cJSON_Object), "used", cJSON_Array);
+	const cJSON *sc = field(doc, "schedules", cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(sc), 3);
+	static const char *const names[] = {"gpipe", "1f1b", "zbh1"};
+	static const int stash[3][2] = {{4, 4}, {2, 1}, {2, 1}}, held[3][2] = {{4, 4}, {2, 1}, {2, 2}};
+	for (int i = 0; i < 3; i++) {
+		const cJSON *x = cJSON_GetArrayItem(sc, i);
+		ck_assert_str_eq(field(x, "schedule", cJSON_String)->valuestring, names[i]);
+		ck_assert(num(x, "steps_per_s") > 0 && num(x, "step_ms") > 0 && num(x, "mbs_per_s") > 0);
+		ck_assert(num(x, "repeats") >= 2 && num(x, "steps") >= 2);
+		const cJSON *b = field(x, "bubble", cJSON_Object);
+		ck_assert(num(b, "measured") > -0.05 && num(b, "measured") < 1);
+		ck_assert(num(b, "predicted") >= 0 && num(b, "predicted") < 1);
+		ck_assert(num(x, "work_ms") > 0 && num(x, "ideal_ms") > 0 && num(x, "efficiency") > 0);
+		int_array_is(x, "stash_peak", stash[i], 2);
+		int_array_is(x, "stash_peak_schedule", stash[i], 2);
+		int_array_is(x, "held_peak", held[i], 2);
+		int_array_is(x, "held_peak_schedule", held[i], 2);
+		ck_assert_int_eq(cJSON_GetArraySize(field(x, "stages", cJSON_Array)), 2);
+		/* the drawn step: every operation once, per stage in time order */
+		const cJSON *g = field(x, "gantt", cJSON_Object);
+		const cJSON *ev = field(g, "events", cJSON_Array);
+		ck_assert_int_eq(cJSON_GetArraySize(ev), 2 * 4 * (i == 2 ? 3 : 2));
+		double prev[2] = {0, 0};
+		unsigned w = 0;
+		for (const cJSON *e = ev->child; e; e = e->next) {
+			int s = (int)num(e, "stage");
+			ck_assert(s == 0 || s == 1);
+			ck_assert(num(e, "t0_us") >= prev[s] && num(e, "t1_us") >= num(e, "t0_us"));
+			ck_assert(num(e, "t1_us") <= num(g, "step_us"));
+			prev[s] = num(e, "t1_us");
+			w += !strcmp(field(e, "op", cJSON_String)->valuestring, "W");
+		}
+		ck_assert_uint_eq(w, i == 2 ? 8 : 0);
+		ck_assert(cJSON_IsTrue(field(x, "ok", cJSON_True | cJSON_False)));
+	}
+	field(doc, "zbh1_vs_1f1b", cJSON_Object);
+	ck_assert(cJSON_IsTrue(field(doc, "ok", cJSON_True | cJSON_False)));
+	ck_assert(cJSON_IsNull(field(doc, "error", cJSON_String | cJSON_NULL)));
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(train_csv_has_a_header_and_one_line_per_schedule)
+{
+	struct run r = run((const char *const[]){TRAIN_ARGS, "--csv", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_uint_eq(lines(r.out), 4);
+	ck_assert(strncmp(r.out, "workload,schedule,stages,mbs,cost_f,cost_bin,cost_bw,", 53) == 0);
+	ck_assert(strstr(r.out, "\ntrain,gpipe,2,4,") && strstr(r.out, "\ntrain,1f1b,2,4,") &&
+		  strstr(r.out, "\ntrain,zbh1,2,4,"));
+	run_free(&r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipebench");
@@ -1051,6 +1207,9 @@ static Suite *suite(void)
 	tcase_add_test(out, more_stages_than_cpus_share_a_thread_and_say_so);
 	tcase_add_test(out, shared_threads_are_one_step_of_the_schedule_each);
 	tcase_add_test(out, loud_machine_is_waited_for_reported_and_flagged);
+	tcase_add_test(out, train_table_prints_the_three_schedules_and_their_gantt);
+	tcase_add_test(out, train_json_holds_each_schedules_figures_and_operations);
+	tcase_add_test(out, train_csv_has_a_header_and_one_line_per_schedule);
 	suite_add_tcase(s, out);
 
 	TCase *bubble = tcase_create("bubble");

@@ -5,7 +5,7 @@ tools_pipebench_pipebench_SOURCES = \
 	tools/pipebench/synthetic.c tools/pipebench/mlp.c tools/pipebench/measure.c \
 	tools/pipebench/predict.c tools/pipebench/output.c tools/pipebench/gantt.c \
 	tools/pipebench/progress.c tools/pipebench/stats.c tools/pipebench/noise.c \
-	tools/pipebench/interleave.c
+	tools/pipebench/interleave.c tools/pipebench/train.c
 tools_pipebench_pipebench_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include
 tools_pipebench_pipebench_CFLAGS = $(AM_CFLAGS) $(CJSON_CFLAGS)
 tools_pipebench_pipebench_LDADD = $(MBP_LIBS) $(CJSON_LIBS) -lm

@@ -34,40 +34,49 @@ static void fmt_ms(char *buf, size_t n, double ns)
 	snprintf(buf, n, ms >= 100 ? "%.0f ms" : ms >= 10 ? "%.1f ms" : "%.2f ms", ms);
 }
 
-/* One stage's row of `cols` cells, over [0, scale_ns). */
-static void render_row(const pb_timeline *tl, unsigned stage, unsigned cols, double scale_ns, char *row)
+/* Something a stage did from t0 to t1 (ns), drawn as c. */
+struct span {
+	uint64_t t0, t1;
+	char c;
+};
+
+/* One row of `cols` cells over [0, scale_ns) from n spans: a cell shows the span that covers most of it
+ * when they cover at least half of its 1/k share (k stages on the thread), '.' otherwise, ' ' from end_ns
+ * on. */
+static void render_spans(const struct span *sp, size_t n, unsigned k, double end_ns, unsigned cols,
+			 double scale_ns, char *row)
 {
 	double dt = scale_ns / cols;
 	double *busy = calloc(cols, sizeof(double)), *best = calloc(cols, sizeof(double));
-	uint32_t *who = calloc(cols, sizeof(uint32_t));
+	char *who = calloc(cols, 1);
 	if (!busy || !best || !who) {
 		memset(row, '?', cols);
 		goto out;
 	}
-	for (uint32_t j = 0; j < tl->mbs; j++) {
-		const uint64_t *t = tl->t + ((size_t)stage * tl->mbs + j) * 2;
-		if (t[0] == UINT64_MAX || t[1] == UINT64_MAX || t[1] < t[0])
+	for (size_t i = 0; i < n; i++) {
+		const struct span *x = &sp[i];
+		if (x->t1 < x->t0)
 			continue;
-		unsigned c0 = (unsigned)((double)t[0] / dt), c1 = (unsigned)((double)t[1] / dt);
+		unsigned c0 = (unsigned)((double)x->t0 / dt), c1 = (unsigned)((double)x->t1 / dt);
 		for (unsigned c = c0; c <= c1 && c < cols; c++) {
 			double lo = c * dt, hi = lo + dt;
-			double a = (double)t[0] > lo ? (double)t[0] : lo,
-			       b = (double)t[1] < hi ? (double)t[1] : hi;
+			double a = (double)x->t0 > lo ? (double)x->t0 : lo,
+			       b = (double)x->t1 < hi ? (double)x->t1 : hi;
 			if (b <= a)
 				continue;
 			busy[c] += b - a;
 			if (b - a > best[c]) {
 				best[c] = b - a;
-				who[c] = j;
+				who[c] = x->c;
 			}
 		}
 	}
-	unsigned k = tl->share[stage] ? tl->share[stage] : 1;
+	k = k ? k : 1;
 	for (unsigned c = 0; c < cols; c++) {
-		if (c * dt >= (double)tl->span_ns)
+		if (c * dt >= end_ns)
 			row[c] = ' ';
 		else if (busy[c] >= dt / 2 / k)
-			row[c] = mb_char(who[c]);
+			row[c] = who[c];
 		else
 			row[c] = '.';
 	}
@@ -76,6 +85,26 @@ out:
 	free(busy);
 	free(best);
 	free(who);
+}
+
+/* One stage's row of `cols` cells, over [0, scale_ns). */
+static void render_row(const pb_timeline *tl, unsigned stage, unsigned cols, double scale_ns, char *row)
+{
+	struct span *sp = calloc(tl->mbs ? tl->mbs : 1, sizeof(*sp));
+	size_t n = 0;
+	if (!sp) {
+		memset(row, '?', cols);
+		row[cols] = 0;
+		return;
+	}
+	for (uint32_t j = 0; j < tl->mbs; j++) {
+		const uint64_t *t = tl->t + ((size_t)stage * tl->mbs + j) * 2;
+		if (t[0] == UINT64_MAX || t[1] == UINT64_MAX)
+			continue;
+		sp[n++] = (struct span){t[0], t[1], mb_char(j)};
+	}
+	render_spans(sp, n, tl->share[stage], (double)tl->span_ns, cols, scale_ns, row);
+	free(sp);
 }
 
 static void title(char *buf, size_t n, const pb_timeline *tl, bool whole)
@@ -169,4 +198,77 @@ void pb_gantt_print(FILE *f, const pb_timeline *a, const pb_timeline *b, unsigne
 	for (unsigned p = 0; p < n; p++)
 		for (unsigned s = 0; s < panels[p]->stages; s++)
 			free(rows[p][s]);
+}
+
+/* ---- training steps ---- */
+
+/* F: the micro-batch's digit; a backward (B, or B_in): a lowercase letter; a weight gradient: uppercase. */
+static char op_char(const mbp_train_event *e)
+{
+	switch (e->kind) {
+	case MBP_OP_F:
+		return (char)('0' + e->mb % 10);
+	case MBP_OP_W:
+		return (char)('A' + e->mb % 26);
+	default:
+		return (char)('a' + e->mb % 26);
+	}
+}
+
+void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
+{
+	const unsigned S = rep->cfg->stages;
+	double scale = 0;
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+		if (rep->r[i].nev && (double)rep->r[i].ev_step_ns > scale)
+			scale = (double)rep->r[i].ev_step_ns;
+	if (scale <= 0)
+		return;
+	if (width < 40)
+		width = 40;
+	unsigned cols = width - LABEL - 1;
+	char *row = malloc(cols + 1), ax[512];
+	struct span *sp = malloc((size_t)3 * rep->cfg->mbs * sizeof(*sp));
+	if (!row || !sp)
+		goto out;
+	axis(ax, cols, scale);
+	fprintf(
+	    f,
+	    "\nThe fastest measured step of each schedule, stage by stage, on one time scale (each column "
+	    "%.3g ms):\n",
+	    scale / cols / 1e6);
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+		const pb_train_result *r = &rep->r[i];
+		if (!r->nev)
+			continue;
+		double busy = 0;
+		for (size_t e = 0; e < r->nev; e++)
+			busy += (double)(r->ev[e].t1_ns - r->ev[e].t0_ns);
+		unsigned T = r->threads ? r->threads : S;
+		char span[32];
+		fmt_ms(span, sizeof(span), (double)r->ev_step_ns);
+		fprintf(f, "%s: %s, bubble %.3f (median of the steps %.3f, predicted %.3f)\n",
+			mbp_sched_name(r->kind), span, 1 - busy / (T * (double)r->ev_step_ns),
+			r->bubble.median, r->bubble_predicted);
+		for (unsigned s = 0; s < S; s++) {
+			size_t n = 0;
+			for (size_t e = 0; e < r->nev; e++)
+				if (r->ev[e].stage == s)
+					sp[n++] =
+					    (struct span){r->ev[e].t0_ns, r->ev[e].t1_ns, op_char(&r->ev[e])};
+			unsigned k = 0; /* stages on this stage's thread (stage s runs on thread s T / S) */
+			for (unsigned q = 0; q < S; q++)
+				k += q * T / S == s * T / S;
+			render_spans(sp, n, k, (double)r->ev_step_ns, cols, scale, row);
+			fprintf(f, "s%-2u |%s|\n", s, row);
+		}
+	}
+	fprintf(f, "%s\n", ax);
+	fprintf(f,
+		"0-9: forward (F) of micro-batch 0-9, a-z: its backward (B; under zbh1 the input gradient "
+		"B_in),\nA-Z: its weight gradient (W, zbh1), each the micro-batch's index modulo 10 or 26; "
+		"'.' idle\n");
+out:
+	free(row);
+	free(sp);
 }

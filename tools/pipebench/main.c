@@ -29,7 +29,7 @@ static int usage_error(const char *msg)
 	return PB_EXIT_USAGE;
 }
 
-static unsigned terminal_width(void)
+unsigned pb_terminal_width(void)
 {
 	struct winsize ws;
 	if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
@@ -172,7 +172,7 @@ static void print_report(pb_report *rep)
 			const pb_result *best = pb_best(rep);
 			pb_gantt_print(stdout, &best->tl,
 				       rep->single && rep->single != best ? &rep->single->tl : NULL,
-				       terminal_width());
+				       pb_terminal_width());
 		}
 		if (cfg->trace_path && rep->status == 0)
 			printf("\ntrace of m=%u written to %s (open it in Perfetto or chrome://tracing)\n",
@@ -212,6 +212,8 @@ int main(int argc, char **argv)
 	int ncpus = pb_cpus_resolve(&cfg, &allowed, err, sizeof(err));
 	if (ncpus < 0)
 		return usage_error(err);
+	if (cfg.workload == PB_WL_TRAIN)
+		return pb_train_main(&cfg, (unsigned)ncpus, allowed);
 	if (cfg.stages == 0 && cfg.workload == PB_WL_SYNTHETIC)
 		cfg.stages = ncpus < PB_DEF_MAX_STAGES ? (unsigned)ncpus : PB_DEF_MAX_STAGES;
 	if (cfg.batch == 0)

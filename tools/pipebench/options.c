@@ -32,6 +32,8 @@
 #define PB_MAX_ROW_BYTES (1u << 20)
 #define PB_MAX_HIDDEN	 16384
 #define PB_MAX_LAYERS	 256
+#define PB_DEF_UNIT_US	 200.0
+#define PB_MAX_TRAIN_MBS 1024
 
 static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -157,6 +159,9 @@ enum {
 	OPT_TRACE,
 	OPT_PROGRESS,
 	OPT_NOPROGRESS,
+	OPT_MBS,
+	OPT_COSTS,
+	OPT_UNIT,
 };
 
 static const struct option long_opts[] = {
@@ -180,6 +185,9 @@ static const struct option long_opts[] = {
     {"layers", required_argument, NULL, OPT_LAYERS},
     {"hidden", required_argument, NULL, OPT_HIDDEN},
     {"seed", required_argument, NULL, OPT_SEED},
+    {"micro-batches", required_argument, NULL, OPT_MBS},
+    {"costs", required_argument, NULL, OPT_COSTS},
+    {"unit-us", required_argument, NULL, OPT_UNIT},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", no_argument, NULL, OPT_CSV},
     {"table", no_argument, NULL, OPT_TABLE},
@@ -209,7 +217,8 @@ void pb_options_help(FILE *f)
 	    "swept over micro-batch sizes, with the Gantt chart of one batch.\n"
 	    "\n"
 	    "Workload:\n"
-	    "  -w, --workload=KIND      mlp or synthetic (default: mlp)\n"
+	    "  -w, --workload=KIND      mlp, synthetic, or train: training steps under the schedules\n"
+	    "                           gpipe, 1f1b and zbh1, measured in turn (default: mlp)\n"
 	    "  -s, --stages=N           pipeline stages (default: the allowed CPUs, at most 4; for the mlp\n"
 	    "                           at most one per layer; synthetic: one per --work-us value)\n"
 	    "  -b, --batch=ROWS         rows per batch (default: mlp 256, synthetic 64)\n"
@@ -224,14 +233,20 @@ void pb_options_help(FILE *f)
 	    "      --layers=L           mlp: layers of the generated model (default: %u)\n"
 	    "      --hidden=H           mlp: width of the generated model (default: %u)\n"
 	    "      --seed=N             seed of the generated weights and inputs (default: 1)\n"
+	    "      --micro-batches=M    train: micro-batches per step (default: 4 x stages)\n"
+	    "      --costs=F:BIN:BW     train: cost of a stage's forward, input-gradient backward and\n"
+	    "                           weight-gradient backward, in units of --unit-us (default: 1:1:1)\n"
+	    "      --unit-us=US         train: the unit of --costs, in microseconds of busy work\n"
+	    "                           (default: %g)\n"
 	    "\n"
 	    "Measurement (every size and the sequential baseline are visited in turn, a few batches per\n"
 	    "visit, round after round; each visit gives one repeat):\n"
-	    "  -n, --batches=N          repeats per size at least (default: %u)\n"
+	    "  -n, --batches=N          repeats per size (train: per schedule) at least (default: %u)\n"
 	    "      --tolerance=PCT      then stop once the 95%% interval of every median is within PCT%% of\n"
 	    "                           it; 0: stop at --batches (default: %g)\n"
 	    "  -d, --duration=SECONDS   or once this much time has passed (default: %g)\n"
-	    "      --warmup=N           unmeasured batches at the start of every visit (default: %u)\n"
+	    "      --warmup=N           unmeasured batches (train: steps) at the start of every visit\n"
+	    "                           (default: %u)\n"
 	    "      --wait-quiet=SECONDS before measuring, wait at most this long for other processes to\n"
 	    "                           leave the CPUs (default: %g; 0: do not wait)\n"
 	    "      --latency-target=MS  choose among the sizes whose p99 batch latency meets this\n"
@@ -245,8 +260,9 @@ void pb_options_help(FILE *f)
 	    "      --table              a table on standard output (the default)\n"
 	    "      --json               one JSON document on standard output\n"
 	    "      --csv                one CSV line per micro-batch size on standard output\n"
-	    "      --gantt, --no-gantt  the timeline of one batch at the chosen size and as one unit\n"
-	    "                           (default: on with --table, off otherwise)\n"
+	    "      --gantt, --no-gantt  the timeline of one batch at the chosen size and as one unit "
+	    "(train:\n"
+	    "                           of one step per schedule) (default: on with --table, off otherwise)\n"
 	    "      --trace=FILE         Chrome trace (Perfetto) of the chosen size (default: none)\n"
 	    "      --progress, --no-progress\n"
 	    "                           progress bar on standard error (default: when it is a terminal)\n"
@@ -255,8 +271,9 @@ void pb_options_help(FILE *f)
 	    "\n"
 	    "Exit status: 0 success, 1 an invariant broke (a micro-batch lost, out of order, a wrong\n"
 	    "result) or the engine failed, 2 a bad argument.\n",
-	    PB_DEF_WORK_US, PB_DEF_ROW_BYTES, PB_DEF_LAYERS, PB_DEF_HIDDEN, PB_DEF_BATCHES, PB_DEF_TOLERANCE,
-	    PB_DEF_DURATION, PB_DEF_WARMUP, PB_DEF_WAIT, (unsigned long long)(o.spin_ns / 1000));
+	    PB_DEF_WORK_US, PB_DEF_ROW_BYTES, PB_DEF_LAYERS, PB_DEF_HIDDEN, PB_DEF_UNIT_US, PB_DEF_BATCHES,
+	    PB_DEF_TOLERANCE, PB_DEF_DURATION, PB_DEF_WARMUP, PB_DEF_WAIT,
+	    (unsigned long long)(o.spin_ns / 1000));
 }
 
 static void defaults(pb_config *c)
@@ -280,6 +297,34 @@ static void defaults(pb_config *c)
 	c->row_bytes = PB_DEF_ROW_BYTES;
 	c->layers = PB_DEF_LAYERS;
 	c->hidden = PB_DEF_HIDDEN;
+	c->costs[0] = c->costs[1] = c->costs[2] = 1;
+	c->unit_us = PB_DEF_UNIT_US;
+}
+
+/* "1:1:1", "1:2:0": three costs, each from 0 to 1000, their sum above 0. */
+static int parse_costs(const char *s, double *costs, char *err, size_t errlen)
+{
+	char buf[128];
+	if (strlen(s) >= sizeof(buf))
+		goto bad;
+	strcpy(buf, s);
+	char *p = buf;
+	for (int i = 0; i < 3; i++) {
+		char *colon = strchr(p, ':');
+		if ((i < 2) != (colon != NULL))
+			goto bad;
+		if (colon)
+			*colon = 0;
+		if (parse_double(p, 0, 1000, &costs[i]))
+			goto bad;
+		p = colon + 1;
+	}
+	if (costs[0] + costs[1] + costs[2] <= 0)
+		return fail(err, errlen, "--costs: '%s' costs nothing: at least one cost above 0", s);
+	return 0;
+bad:
+	return fail(err, errlen, "--costs: '%s' is not F:BIN:BW, three numbers from 0 to 1000 such as 1:1:1",
+		    s);
 }
 
 /* Option name as the user spelled it, for messages. */
@@ -300,7 +345,8 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 {
 	defaults(cfg);
 	bool have_work = false, have_mbus = false, have_model = false, have_layers = false;
-	bool have_hidden = false, have_rowbytes = false;
+	bool have_hidden = false, have_rowbytes = false, have_batch = false, have_mb = false;
+	bool have_train = false;
 	uint64_t v;
 	double d;
 
@@ -318,8 +364,10 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 				cfg->workload = PB_WL_MLP;
 			else if (!strcmp(optarg, "synthetic"))
 				cfg->workload = PB_WL_SYNTHETIC;
+			else if (!strcmp(optarg, "train"))
+				cfg->workload = PB_WL_TRAIN;
 			else
-				return fail(err, errlen, "--workload: '%s' is neither mlp nor synthetic",
+				return fail(err, errlen, "--workload: '%s' is not mlp, synthetic or train",
 					    optarg);
 			break;
 		case 's':
@@ -337,11 +385,13 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 				return fail(err, errlen, "%s: '%s' is not a row count from 1 to %u", name,
 					    optarg, PB_MAX_BATCH);
 			cfg->batch = (uint32_t)v;
+			have_batch = true;
 			break;
 		case 'm':
 			if (!*optarg)
 				return fail(err, errlen, "%s: empty micro-batch size", name);
 			cfg->mb_spec = optarg; /* checked against the batch in pb_sizes_resolve() */
+			have_mb = true;
 			break;
 		case 'n':
 			if (parse_u64(optarg, 1, 1000000, &v))
@@ -437,6 +487,26 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 				return fail(err, errlen, "%s: '%s' is not a number", name, optarg);
 			cfg->seed = v;
 			break;
+		case OPT_MBS:
+			if (parse_u64(optarg, 1, PB_MAX_TRAIN_MBS, &v))
+				return fail(err, errlen, "%s: '%s' is not a micro-batch count from 1 to %u",
+					    name, optarg, PB_MAX_TRAIN_MBS);
+			cfg->mbs = (unsigned)v;
+			have_train = true;
+			break;
+		case OPT_COSTS:
+			if (parse_costs(optarg, cfg->costs, err, errlen))
+				return -1;
+			have_train = true;
+			break;
+		case OPT_UNIT:
+			if (parse_double(optarg, 1, 1e6, &d))
+				return fail(err, errlen,
+					    "%s: '%s' is not a number of microseconds from 1 to 1e6", name,
+					    optarg);
+			cfg->unit_us = d;
+			have_train = true;
+			break;
 		case OPT_JSON:
 			cfg->format = PB_FMT_JSON;
 			break;
@@ -480,10 +550,21 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 		return fail(err, errlen, "unexpected argument '%s'", argv[optind]);
 
 	/* Options that belong to the other workload are mistakes, not silently ignored. */
-	if (cfg->workload == PB_WL_MLP && (have_work || have_mbus || have_rowbytes))
+	if (cfg->workload != PB_WL_SYNTHETIC && (have_work || have_mbus || have_rowbytes))
 		return fail(err, errlen, "--work-us, --mb-us and --row-bytes apply to --workload=synthetic");
-	if (cfg->workload == PB_WL_SYNTHETIC && (have_model || have_layers || have_hidden))
+	if (cfg->workload != PB_WL_MLP && (have_model || have_layers || have_hidden))
 		return fail(err, errlen, "--model, --layers and --hidden apply to --workload=mlp");
+	if (cfg->workload != PB_WL_TRAIN && have_train)
+		return fail(err, errlen, "--micro-batches, --costs and --unit-us apply to --workload=train");
+	if (cfg->workload == PB_WL_TRAIN) {
+		if (have_batch || have_mb || cfg->latency_target_ms > 0)
+			return fail(err, errlen,
+				    "--batch, --mb and --latency-target do not apply to --workload=train "
+				    "(it takes --micro-batches)");
+		if (cfg->engine_opts || cfg->trace_path)
+			return fail(err, errlen,
+				    "--opts and --trace apply to the pipeline, not to --workload=train");
+	}
 	if (have_model && (have_layers || have_hidden))
 		return fail(err, errlen, "--layers and --hidden describe a generated model, not --model");
 	if (cfg->workload == PB_WL_SYNTHETIC) {

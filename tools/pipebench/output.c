@@ -105,6 +105,53 @@ static bool oversubscribed(const pb_report *rep)
 	return threads(rep) > rep->b->ncpus;
 }
 
+/* When the repeats stop, the end of the header's second line. */
+static void print_until(FILE *f, const pb_config *cfg)
+{
+	if (cfg->tolerance > 0)
+		fprintf(f, "until every median's 95%% interval is within %g%% or %g s have passed\n",
+			cfg->tolerance * 100, cfg->duration_s);
+	else
+		fprintf(f, "no more\n");
+}
+
+/* The machine's lines: what other processes took before and while measuring. `loud_rows`: some rows are
+ * marked loud. */
+static void print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_rows)
+{
+	if (!nz->available)
+		fprintf(f, "machine: /proc/stat unreadable, load average %.2f: noise not measured\n",
+			load_start);
+	else {
+		fprintf(f,
+			"machine: before measuring, other processes used %.2f of %u %s (steal %.2f), load "
+			"average %.2f: %s",
+			nz->before.others, nz->ncpus, PLURAL(nz->ncpus, "CPU", "CPUs"), nz->before.steal,
+			nz->before.load1, nz->quiet_before ? "quiet" : "LOUD");
+		if (!nz->quiet_before)
+			fprintf(f, " after waiting %.1f s (--wait-quiet): measuring anyway\n", nz->waited_s);
+		else if (nz->waited_s > 0)
+			fprintf(f, " after waiting %.1f s for it to settle\n", nz->waited_s);
+		else
+			fputc('\n', f);
+		if (nz->seconds > 0)
+			fprintf(f,
+				"machine: while measuring, other processes used %.2f CPUs on average (steal "
+				"%.2f, "
+				"at most %.2f in a window), %u of %u window%s loud (above %.2f CPUs)%s\n",
+				nz->others_s / nz->seconds, nz->steal_s / nz->seconds, nz->others_max,
+				nz->loud_rounds, nz->rounds, nz->rounds == 1 ? "" : "s", nz->threshold,
+				loud_rows ? ": rows marked 'loud' had more than a tenth of their repeats "
+					    "there, their figures are less certain"
+					  : "");
+		if (nz->pauses)
+			fprintf(
+			    f,
+			    "machine: paused %.1f s in all after %u loud windows, waiting for a quiet one\n",
+			    nz->paused_s, nz->pauses);
+	}
+}
+
 void pb_print_header(FILE *f, const pb_report *rep)
 {
 	const pb_config *cfg = rep->cfg;
@@ -116,11 +163,7 @@ void pb_print_header(FILE *f, const pb_report *rep)
 		"batch %u %s, one at a time; the sizes and the baseline measured in turn, %u warm-up + "
 		"measured batches per visit, at least %u repeats each, ",
 		cfg->batch, PLURAL(cfg->batch, "row", "rows"), cfg->warmup, cfg->batches);
-	if (cfg->tolerance > 0)
-		fprintf(f, "until every median's 95%% interval is within %g%% or %g s have passed\n",
-			cfg->tolerance * 100, cfg->duration_s);
-	else
-		fprintf(f, "no more\n");
+	print_until(f, cfg);
 	fprintf(f, "CPUs: %u allowed, using", b->allowed);
 	for (unsigned i = 0; i < b->ncpus; i++)
 		fprintf(f, "%s%d", i ? "," : " ", cfg->cpus[i]);
@@ -149,38 +192,7 @@ void pb_print_header(FILE *f, const pb_report *rep)
 		fprintf(f, "BLAS: %s\n", w->blas);
 	if (w->blas_warning[0])
 		fprintf(f, "warning: %s\n", w->blas_warning);
-	const pb_noise *nz = &b->noise;
-	if (!nz->available)
-		fprintf(f, "machine: /proc/stat unreadable, load average %.2f: noise not measured\n",
-			b->load_start);
-	else {
-		fprintf(f,
-			"machine: before measuring, other processes used %.2f of %u %s (steal %.2f), load "
-			"average %.2f: %s",
-			nz->before.others, nz->ncpus, PLURAL(nz->ncpus, "CPU", "CPUs"), nz->before.steal,
-			nz->before.load1, nz->quiet_before ? "quiet" : "LOUD");
-		if (!nz->quiet_before)
-			fprintf(f, " after waiting %.1f s (--wait-quiet): measuring anyway\n", nz->waited_s);
-		else if (nz->waited_s > 0)
-			fprintf(f, " after waiting %.1f s for it to settle\n", nz->waited_s);
-		else
-			fputc('\n', f);
-		if (nz->seconds > 0)
-			fprintf(f,
-				"machine: while measuring, other processes used %.2f CPUs on average (steal "
-				"%.2f, "
-				"at most %.2f in a window), %u of %u window%s loud (above %.2f CPUs)%s\n",
-				nz->others_s / nz->seconds, nz->steal_s / nz->seconds, nz->others_max,
-				nz->loud_rounds, nz->rounds, nz->rounds == 1 ? "" : "s", nz->threshold,
-				any_loud(rep) ? ": rows marked 'loud' had more than a tenth of their repeats "
-						"there, their figures are less certain"
-					      : "");
-		if (nz->pauses)
-			fprintf(
-			    f,
-			    "machine: paused %.1f s in all after %u loud windows, waiting for a quiet one\n",
-			    nz->paused_s, nz->pauses);
-	}
+	print_noise(f, &b->noise, b->load_start, any_loud(rep));
 	if (oversubscribed(rep))
 		fprintf(f,
 			"note: %u threads on %u %s: threads share CPUs and time-slice, waits skip their "
@@ -396,6 +408,44 @@ static cJSON *json_result(const pb_result *r)
 	return o;
 }
 
+/* The document's end: "ok" and "error" from the exit status, then print it and free it. 0, or -1 (out of
+ * memory). */
+static int json_finish(FILE *f, cJSON *root, int status, const char *error)
+{
+	cJSON_AddBoolToObject(root, "ok", status == 0);
+	cJSON_AddItemToObject(root, "error", json_str_or_null(status ? error : NULL));
+	char *text = cJSON_Print(root);
+	cJSON_Delete(root);
+	if (!text)
+		return -1;
+	fprintf(f, "%s\n", text);
+	cJSON_free(text);
+	return 0;
+}
+
+/* The noise object of the JSON document; `loud_rows`: some rows are marked loud. */
+static cJSON *json_noise(const pb_noise *nz, bool loud_rows)
+{
+	cJSON *nj = cJSON_CreateObject();
+	cJSON_AddBoolToObject(nj, "measured", nz->available);
+	cJSON_AddNumberToObject(nj, "threshold_cpus", nz->threshold);
+	cJSON *bef = cJSON_AddObjectToObject(nj, "before");
+	cJSON_AddNumberToObject(bef, "others_cpus", nz->before.others);
+	cJSON_AddNumberToObject(bef, "steal_cpus", nz->before.steal);
+	cJSON_AddNumberToObject(bef, "loadavg", nz->before.load1);
+	cJSON_AddBoolToObject(bef, "quiet", nz->quiet_before);
+	cJSON_AddNumberToObject(bef, "waited_s", nz->waited_s);
+	cJSON *dur = cJSON_AddObjectToObject(nj, "during");
+	cJSON_AddNumberToObject(dur, "others_cpus", nz->seconds > 0 ? nz->others_s / nz->seconds : 0);
+	cJSON_AddNumberToObject(dur, "steal_cpus", nz->seconds > 0 ? nz->steal_s / nz->seconds : 0);
+	cJSON_AddNumberToObject(dur, "max_cpus", nz->others_max);
+	cJSON_AddNumberToObject(dur, "windows", nz->rounds);
+	cJSON_AddNumberToObject(dur, "loud_windows", nz->loud_rounds);
+	cJSON_AddNumberToObject(dur, "paused_s", nz->paused_s);
+	cJSON_AddBoolToObject(nj, "loud", loud_rows || !nz->quiet_before);
+	return nj;
+}
+
 int pb_print_json(FILE *f, const pb_report *rep)
 {
 	const pb_config *cfg = rep->cfg;
@@ -441,24 +491,7 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	double loads[2] = {b->load_start, b->load_end};
 	cJSON_AddItemToObject(cp, "loadavg", cJSON_CreateDoubleArray(loads, 2));
 
-	const pb_noise *nz = &b->noise;
-	cJSON *nj = cJSON_AddObjectToObject(root, "noise");
-	cJSON_AddBoolToObject(nj, "measured", nz->available);
-	cJSON_AddNumberToObject(nj, "threshold_cpus", nz->threshold);
-	cJSON *bef = cJSON_AddObjectToObject(nj, "before");
-	cJSON_AddNumberToObject(bef, "others_cpus", nz->before.others);
-	cJSON_AddNumberToObject(bef, "steal_cpus", nz->before.steal);
-	cJSON_AddNumberToObject(bef, "loadavg", nz->before.load1);
-	cJSON_AddBoolToObject(bef, "quiet", nz->quiet_before);
-	cJSON_AddNumberToObject(bef, "waited_s", nz->waited_s);
-	cJSON *dur = cJSON_AddObjectToObject(nj, "during");
-	cJSON_AddNumberToObject(dur, "others_cpus", nz->seconds > 0 ? nz->others_s / nz->seconds : 0);
-	cJSON_AddNumberToObject(dur, "steal_cpus", nz->seconds > 0 ? nz->steal_s / nz->seconds : 0);
-	cJSON_AddNumberToObject(dur, "max_cpus", nz->others_max);
-	cJSON_AddNumberToObject(dur, "windows", nz->rounds);
-	cJSON_AddNumberToObject(dur, "loud_windows", nz->loud_rounds);
-	cJSON_AddNumberToObject(dur, "paused_s", nz->paused_s);
-	cJSON_AddBoolToObject(nj, "loud", any_loud(rep) || !nz->quiet_before);
+	cJSON_AddItemToObject(root, "noise", json_noise(&b->noise, any_loud(rep)));
 
 	cJSON *pl = cJSON_AddArrayToObject(root, "placement");
 	for (unsigned s = 0; b->have_placement && s < w->stages; s++) {
@@ -527,14 +560,237 @@ int pb_print_json(FILE *f, const pb_report *rep)
 		if (rep->single && rep->single->tl.t)
 			cJSON_AddItemToArray(g, json_timeline(&rep->single->tl, true));
 	}
-	cJSON_AddBoolToObject(root, "ok", rep->status == 0);
-	cJSON_AddItemToObject(root, "error", json_str_or_null(rep->status ? rep->error : NULL));
+	return json_finish(f, root, rep->status, rep->error);
+}
 
-	char *text = cJSON_Print(root);
-	cJSON_Delete(root);
-	if (!text)
-		return -1;
-	fprintf(f, "%s\n", text);
-	cJSON_free(text);
-	return 0;
+/* ---- the training workload ---- */
+
+static bool train_loud(const pb_train_report *rep)
+{
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+		if (rep->r[i].loud)
+			return true;
+	return !rep->noise.quiet_before;
+}
+
+/* A stage list of figures, "8,8,4". */
+static const char *stage_list(const uint32_t *v, unsigned n)
+{
+	static char buf[2][MBP_MAX_STAGES * 11];
+	static unsigned which;
+	char *b = buf[which++ % 2];
+	size_t len = 0;
+	b[0] = 0;
+	for (unsigned s = 0; s < n; s++)
+		len += (size_t)snprintf(b + len, sizeof(buf[0]) - len, "%s%u", s ? "," : "", v[s]);
+	return b;
+}
+
+void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
+{
+	const pb_config *cfg = rep->cfg;
+	const unsigned S = cfg->stages;
+	fprintf(f, "pipebench %s: %s\n", mbp_version(), rep->desc);
+	fprintf(f,
+		"the three schedules measured in turn, %u warm-up + measured steps per visit, at least %u "
+		"repeats each, ",
+		cfg->warmup, cfg->batches);
+	print_until(f, cfg);
+	fprintf(f, "CPUs: %u allowed, using", rep->allowed);
+	for (unsigned i = 0; i < rep->ncpus; i++)
+		fprintf(f, "%s%d", i ? "," : " ", cfg->cpus[i]);
+	unsigned T = rep->r[0].threads;
+	if (T)
+		fprintf(f, "; %u %s, pinned, stage s on thread s x %u / %u\n", T,
+			PLURAL(T, "thread", "threads"), T, S);
+	else
+		fputc('\n', f);
+	print_noise(f, &rep->noise, rep->load_start, train_loud(rep));
+	fprintf(f, "\n%-8s %8s %5s %4s %8s %9s %6s %9s %8s %8s %5s %7s  %s\n", "schedule", "steps/s", "+-%",
+		"n", "step ms", "mb/s", "bubble", "predicted", "work ms", "ideal ms", "eff", "eff/id",
+		"stash peak / held peak per stage");
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+		const pb_train_result *r = &rep->r[i];
+		const char *name = mbp_sched_name(r->kind);
+		if (r->steps == 0) {
+			fprintf(f, "%-8s  FAILED: %s\n", name, r->status ? r->error : "no step measured");
+			continue;
+		}
+		char pm[16], step[16], work[16], ideal[16];
+		fmt_pm(pm, sizeof(pm), &r->rate);
+		fmt_ms(step, sizeof(step), r->step_ms.median);
+		fmt_ms(work, sizeof(work), r->work_ms);
+		fmt_ms(ideal, sizeof(ideal), r->ideal_ms);
+		fprintf(f, "%-8s %8.1f %5s %4u %8s %9.0f %6.3f %9.3f %8s %8s %5.3f %7.3f  %s / %s%s%s%s\n",
+			name, r->rate.median, pm, r->repeats, step, r->mbs_per_s, r->bubble.median,
+			r->bubble_predicted, work, ideal, r->efficiency, r->eff_of_predicted,
+			stage_list(r->stash_peak, S), stage_list(r->held_peak, S), r->loud ? "  loud" : "",
+			r->status ? "  FAILED: " : "", r->status ? r->error : "");
+	}
+	fprintf(f,
+		"(steps/s: median over the repeats, +-%%: half-width of its 95%% interval, n: repeats; "
+		"step ms, bubble, predicted: medians over the measured steps; bubble = 1 - work / (threads "
+		"x step);\n predicted: the schedule played with the step's measured costs; ideal: the work "
+		"over min(threads, CPUs); eff = ideal / step, eff/id = eff / (1 - predicted))\n");
+	const pb_interval *zb = &rep->zb_vs_1f1b;
+	if (zb->n)
+		fprintf(f, "zbh1 / 1f1b steps per second, paired by round: %.3f (95%% interval %.3f-%.3f)\n",
+			zb->median, zb->lo, zb->hi);
+	if (cfg->gantt)
+		pb_train_gantt_print(f, rep, width);
+	fprintf(f, "\npipebench: workload=train stages=%u mbs=%u costs=%g:%g:%g unit_us=%g cpus=%u", S,
+		cfg->mbs, cfg->costs[0], cfg->costs[1], cfg->costs[2], cfg->unit_us, rep->ncpus);
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+		fprintf(f, " %s_step_ms=%.3f", mbp_sched_name(rep->r[i].kind), rep->r[i].step_ms.median);
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+		fprintf(f, " %s_bubble=%.3f", mbp_sched_name(rep->r[i].kind), rep->r[i].bubble.median);
+	fprintf(f, " noise=%s status=%s\n", train_loud(rep) ? "loud" : "quiet", rep->status ? "fail" : "ok");
+	if (rep->status && rep->error[0])
+		fprintf(f, "FAILED: %s\n", rep->error);
+}
+
+void pb_train_print_csv(FILE *f, const pb_train_report *rep)
+{
+	const pb_config *cfg = rep->cfg;
+	const unsigned S = cfg->stages;
+	fprintf(f, "workload,schedule,stages,mbs,cost_f,cost_bin,cost_bw,unit_us,cpus,threads,repeats,steps,"
+		   "steps_per_s,steps_per_s_lo,steps_per_s_hi,step_ms,mbs_per_s,bubble,bubble_lo,bubble_hi,"
+		   "bubble_predicted,work_ms,ideal_ms,efficiency,eff_of_predicted,loud,loud_share,status");
+	for (unsigned s = 0; s < S; s++)
+		fprintf(f, ",s%u_stash_peak,s%u_held_peak,s%u_f_us,s%u_b_us,s%u_w_us", s, s, s, s, s);
+	fputc('\n', f);
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+		const pb_train_result *r = &rep->r[i];
+		fprintf(f,
+			"train,%s,%u,%u,%g,%g,%g,%g,%u,%u,%u,%u,%.2f,%.2f,%.2f,%.4f,%.1f,%.4f,%.4f,%.4f,%.4f,"
+			"%.4f,"
+			"%.4f,%.4f,%.4f,%d,%.3f,%s",
+			mbp_sched_name(r->kind), S, cfg->mbs, cfg->costs[0], cfg->costs[1], cfg->costs[2],
+			cfg->unit_us, rep->ncpus, r->threads, r->repeats, r->steps, r->rate.median,
+			r->rate.lo, r->rate.hi, r->step_ms.median, r->mbs_per_s, r->bubble.median,
+			r->bubble.lo, r->bubble.hi, r->bubble_predicted, r->work_ms, r->ideal_ms,
+			r->efficiency, r->eff_of_predicted, r->loud, r->loud_share,
+			r->status || r->steps == 0 ? "fail" : "ok");
+		for (unsigned s = 0; s < S; s++)
+			fprintf(f, ",%u,%u,%.2f,%.2f,%.2f", r->stash_peak[s], r->held_peak[s], r->op_us[s][0],
+				r->op_us[s][1], r->op_us[s][2]);
+		fputc('\n', f);
+	}
+}
+
+static cJSON *json_interval(const pb_interval *iv)
+{
+	double v[2] = {iv->lo, iv->hi};
+	return cJSON_CreateDoubleArray(v, 2);
+}
+
+static cJSON *json_stage_figures(const uint32_t *v, unsigned n)
+{
+	int x[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < n; s++)
+		x[s] = (int)v[s];
+	return cJSON_CreateIntArray(x, (int)n);
+}
+
+static cJSON *json_train_result(const pb_train_result *r, unsigned S, bool gantt)
+{
+	static const char *const kname[] = {"F", "B", "B_in", "W"};
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddStringToObject(o, "schedule", mbp_sched_name(r->kind));
+	cJSON_AddNumberToObject(o, "threads", r->threads);
+	cJSON_AddNumberToObject(o, "repeats", r->repeats);
+	cJSON_AddNumberToObject(o, "steps", r->steps);
+	cJSON_AddNumberToObject(o, "steps_per_s", r->rate.median);
+	cJSON_AddItemToObject(o, "steps_per_s_interval", json_interval(&r->rate));
+	cJSON_AddNumberToObject(o, "step_ms", r->step_ms.median);
+	cJSON_AddItemToObject(o, "step_ms_interval", json_interval(&r->step_ms));
+	cJSON_AddNumberToObject(o, "mbs_per_s", r->mbs_per_s);
+	cJSON *bub = cJSON_AddObjectToObject(o, "bubble");
+	cJSON_AddNumberToObject(bub, "measured", r->bubble.median);
+	cJSON_AddItemToObject(bub, "interval", json_interval(&r->bubble));
+	cJSON_AddNumberToObject(bub, "predicted", r->bubble_predicted);
+	cJSON_AddNumberToObject(o, "work_ms", r->work_ms);
+	cJSON_AddNumberToObject(o, "ideal_ms", r->ideal_ms);
+	cJSON_AddNumberToObject(o, "efficiency", r->efficiency);
+	cJSON_AddNumberToObject(o, "efficiency_of_predicted", r->eff_of_predicted);
+	cJSON_AddItemToObject(o, "stash_peak", json_stage_figures(r->stash_peak, S));
+	cJSON_AddItemToObject(o, "stash_peak_schedule", json_stage_figures(r->stash_expected, S));
+	cJSON_AddItemToObject(o, "held_peak", json_stage_figures(r->held_peak, S));
+	cJSON_AddItemToObject(o, "held_peak_schedule", json_stage_figures(r->held_expected, S));
+	cJSON *st = cJSON_AddArrayToObject(o, "stages");
+	for (unsigned s = 0; s < S; s++) {
+		cJSON *e = cJSON_CreateObject();
+		cJSON_AddNumberToObject(e, "stage", s);
+		cJSON_AddNumberToObject(e, "f_us", r->op_us[s][0]);
+		cJSON_AddNumberToObject(e, "b_us", r->op_us[s][1]);
+		cJSON_AddNumberToObject(e, "w_us", r->op_us[s][2]);
+		cJSON_AddItemToArray(st, e);
+	}
+	cJSON_AddBoolToObject(o, "loud", r->loud);
+	cJSON_AddNumberToObject(o, "loud_share", r->loud_share);
+	if (gantt) {
+		cJSON *g = cJSON_AddObjectToObject(o, "gantt");
+		cJSON_AddNumberToObject(g, "step_us", (double)r->ev_step_ns / 1e3);
+		cJSON *ev = cJSON_AddArrayToObject(g, "events");
+		for (size_t i = 0; i < r->nev; i++) {
+			const mbp_train_event *e = &r->ev[i];
+			cJSON *x = cJSON_CreateObject();
+			cJSON_AddNumberToObject(x, "stage", e->stage);
+			cJSON_AddStringToObject(x, "op", e->kind < 4 ? kname[e->kind] : "?");
+			cJSON_AddNumberToObject(x, "mb", e->mb);
+			cJSON_AddNumberToObject(x, "t0_us", (double)e->t0_ns / 1e3);
+			cJSON_AddNumberToObject(x, "t1_us", (double)e->t1_ns / 1e3);
+			cJSON_AddItemToArray(ev, x);
+		}
+	}
+	cJSON_AddBoolToObject(o, "ok", r->status == 0 && r->steps > 0);
+	cJSON_AddItemToObject(o, "error", json_str_or_null(r->status ? r->error : NULL));
+	return o;
+}
+
+int pb_train_print_json(FILE *f, const pb_train_report *rep)
+{
+	const pb_config *cfg = rep->cfg;
+	cJSON *root = cJSON_CreateObject();
+	cJSON_AddStringToObject(root, "tool", "pipebench");
+	cJSON_AddStringToObject(root, "version", mbp_version());
+	cJSON *wl = cJSON_AddObjectToObject(root, "workload");
+	cJSON_AddStringToObject(wl, "kind", "train");
+	cJSON_AddStringToObject(wl, "description", rep->desc);
+	cJSON_AddNumberToObject(wl, "iterations_per_us", rep->iters_per_us);
+
+	cJSON *c = cJSON_AddObjectToObject(root, "config");
+	cJSON_AddNumberToObject(c, "stages", cfg->stages);
+	cJSON_AddNumberToObject(c, "mbs", cfg->mbs);
+	cJSON_AddItemToObject(c, "costs", cJSON_CreateDoubleArray(cfg->costs, 3));
+	cJSON_AddNumberToObject(c, "unit_us", cfg->unit_us);
+	cJSON_AddNumberToObject(c, "batches", cfg->batches);
+	cJSON_AddNumberToObject(c, "duration_s", cfg->duration_s);
+	cJSON_AddNumberToObject(c, "warmup", cfg->warmup);
+	cJSON_AddNumberToObject(c, "tolerance_pct", cfg->tolerance * 100);
+	cJSON_AddNumberToObject(c, "wait_quiet_s", cfg->wait_quiet_s);
+	if (cfg->spin_us >= 0)
+		cJSON_AddNumberToObject(c, "spin_us", (double)cfg->spin_us);
+	else
+		cJSON_AddNullToObject(c, "spin_us");
+
+	cJSON *cp = cJSON_AddObjectToObject(root, "cpus");
+	cJSON_AddNumberToObject(cp, "allowed", rep->allowed);
+	cJSON_AddItemToObject(cp, "used", cJSON_CreateIntArray(cfg->cpus, (int)rep->ncpus));
+	cJSON_AddNumberToObject(cp, "threads", rep->r[0].threads);
+	double loads[2] = {rep->load_start, rep->load_end};
+	cJSON_AddItemToObject(cp, "loadavg", cJSON_CreateDoubleArray(loads, 2));
+	cJSON_AddItemToObject(root, "noise", json_noise(&rep->noise, train_loud(rep)));
+
+	cJSON *sc = cJSON_AddArrayToObject(root, "schedules");
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+		cJSON_AddItemToArray(sc, json_train_result(&rep->r[i], cfg->stages, cfg->gantt));
+	if (rep->zb_vs_1f1b.n) {
+		cJSON *zb = cJSON_AddObjectToObject(root, "zbh1_vs_1f1b");
+		cJSON_AddNumberToObject(zb, "ratio", rep->zb_vs_1f1b.median);
+		cJSON_AddItemToObject(zb, "interval", json_interval(&rep->zb_vs_1f1b));
+	} else {
+		cJSON_AddNullToObject(root, "zbh1_vs_1f1b");
+	}
+	return json_finish(f, root, rep->status, rep->error);
 }

@@ -41,7 +41,7 @@
 /* Exit statuses (documented in pipebench.1). */
 enum { PB_EXIT_OK = 0, PB_EXIT_FAIL = 1, PB_EXIT_USAGE = 2 };
 
-enum pb_workload_kind { PB_WL_MLP, PB_WL_SYNTHETIC };
+enum pb_workload_kind { PB_WL_MLP, PB_WL_SYNTHETIC, PB_WL_TRAIN };
 enum pb_format { PB_FMT_TABLE, PB_FMT_JSON, PB_FMT_CSV };
 
 /* Everything the command line decides. Zero in a field marked "0: default" means the default is resolved
@@ -79,6 +79,10 @@ typedef struct pb_config {
 	const char *model_path;
 	unsigned layers;
 	unsigned hidden;
+	/* train */
+	unsigned mbs;	 /* micro-batches per step; 0: default (4 x stages) */
+	double costs[3]; /* F : B_in : B_w, in units of unit_us */
+	double unit_us;	 /* the base time of the costs */
 } pb_config;
 
 /* CLOCK_MONOTONIC in nanoseconds: the clock of the engine's job stamps. */
@@ -423,11 +427,71 @@ void pb_print_table(FILE *f, const pb_report *rep);
 void pb_print_csv(FILE *f, const pb_report *rep);
 int pb_print_json(FILE *f, const pb_report *rep);
 
+/* The width of the terminal on standard output, else $COLUMNS, else 100. (main.c) */
+unsigned pb_terminal_width(void);
+
 /* ---- gantt.c ---- */
 
 /* Draw `a` (the chosen size) and `b` (the whole batch as one unit) side by side on one time scale, in at
  * most `width` columns. Either may be NULL. */
 void pb_gantt_print(FILE *f, const pb_timeline *a, const pb_timeline *b, unsigned width);
+
+/* ---- train.c ---- */
+
+#define PB_TRAIN_SCHEDS 3 /* gpipe, 1f1b, zbh1: one arm each */
+
+/* One schedule's measured training steps. Figures are medians over the measured steps (or visits). */
+typedef struct pb_train_result {
+	mbp_sched_kind kind;
+	unsigned threads;
+	unsigned repeats;	 /* visits measured */
+	unsigned steps;		 /* steps measured */
+	pb_interval rate;	 /* steps per second, one sample per visit */
+	const double *rate_v;	 /* those samples in round order (the arm's) */
+	pb_interval step_ms;	 /* over the measured steps */
+	double mbs_per_s;	 /* micro-batches per second at the median rate */
+	pb_interval bubble;	 /* measured: 1 - busy / (threads x step) */
+	double bubble_predicted; /* median of the trainer's prediction from each step's measured costs */
+	double work_ms;		 /* median time inside the operations per step, every stage */
+	double ideal_ms;	 /* work_ms over min(threads, CPUs): the step with no bubble */
+	double efficiency;	 /* ideal_ms / the median step */
+	double eff_of_predicted; /* efficiency / (1 - bubble_predicted) */
+	double op_us[MBP_MAX_STAGES][3]; /* per stage: mean F, backward (B or B_in), W in microseconds */
+	uint32_t stash_peak[MBP_MAX_STAGES], stash_expected[MBP_MAX_STAGES]; /* highest seen; schedule's */
+	uint32_t held_peak[MBP_MAX_STAGES], held_expected[MBP_MAX_STAGES];
+	mbp_train_event *ev; /* the fastest measured step's operations, for the Gantt chart */
+	size_t nev;
+	uint64_t ev_step_ns; /* that step's time */
+	double loud_share;
+	bool loud;
+	int status; /* 0, or -1 with error set (a step failed, an invariant broke) */
+	char error[PB_ERR_MAX];
+} pb_train_result;
+
+typedef struct pb_train_report {
+	const pb_config *cfg;
+	unsigned allowed, ncpus;
+	double iters_per_us;
+	char desc[200];
+	pb_noise noise;
+	double load_start, load_end;
+	pb_train_result r[PB_TRAIN_SCHEDS];
+	pb_interval zb_vs_1f1b; /* zbh1 / 1f1b steps per second, paired by round (n 0: not measured) */
+	int status;
+	char error[PB_ERR_MAX];
+} pb_train_report;
+
+/* The training workload (--workload=train) from start to end: the three schedules as interleaved arms,
+ * the report in cfg->format. Returns the exit status; `ncpus` and `allowed` as pb_cpus_resolve() gave. */
+int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed);
+
+void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width);
+void pb_train_print_csv(FILE *f, const pb_train_report *rep);
+int pb_train_print_json(FILE *f, const pb_train_report *rep);
+
+/* The three schedules' fastest measured steps, one above the other on one time scale, in at most `width`
+ * columns, with a legend. (gantt.c) */
+void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width);
 
 /* ---- progress.c ---- */
 

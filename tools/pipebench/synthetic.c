@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "pipebench.h"
+#include "../burn.h"
 #include "../plural.h"
 
 #define STAMP(r) (UINT64_C(0x5eed000000000000) ^ (uint64_t)(r))
@@ -52,33 +53,6 @@ struct syn {
 	atomic_flag failed; /* the first failing stage writes w.error */
 	char error[PB_ERR_MAX];
 };
-
-/* The busy work: a dependent multiply-add chain the compiler may neither shorten nor remove. */
-static uint64_t burn(uint64_t n, uint64_t x)
-{
-	for (uint64_t i = 0; i < n; i++) {
-		x = x * UINT64_C(6364136223846793005) + UINT64_C(1442695040888963407);
-		__asm__ volatile("" : "+r"(x));
-	}
-	return x;
-}
-
-/* Iterations per microsecond: the fastest of several runs, so a preempted run does not count. */
-static double calibrate(void)
-{
-	const uint64_t n = 200000;
-	uint64_t best = UINT64_MAX, x = 1;
-	for (int i = 0; i < 15; i++) {
-		uint64_t t0 = pb_now_ns();
-		x = burn(n, x);
-		uint64_t dt = pb_now_ns() - t0;
-		if (dt < best)
-			best = dt;
-	}
-	if (best == 0)
-		best = 1;
-	return (double)n * 1000.0 / (double)best + (double)(x & 0); /* x keeps the runs alive */
-}
 
 static void stage_fail(struct syn *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -238,7 +212,7 @@ int pb_synthetic_new(pb_workload **out, const pb_config *cfg, char *err, size_t 
 	w->stage_error = syn_error;
 	w->reset = syn_reset;
 	w->destroy = syn_destroy;
-	s->iters_per_us = calibrate();
+	s->iters_per_us = burn_calibrate();
 	const char *fault = getenv("PIPEBENCH_FAULT");
 	enum fault f = FAULT_NONE;
 	if (fault && *fault) {

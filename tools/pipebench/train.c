@@ -1,0 +1,427 @@
+/*
+ * pipebench training workload (--workload=train): one synthetic training step under GPipe, 1F1B and ZB-H1,
+ * the three schedules as arms of one interleaved measurement.
+ *
+ * Every stage's forward (F), input-gradient backward (B_in) and weight-gradient backward (B_w) burns a
+ * calibrated number of multiply-adds (burn(), the synthetic workload's busy work): --costs F:BIN:BW in
+ * units of --unit-us. The stages give B_in and B_w separately, so ZB-H1 can move B_w into the gaps; GPipe
+ * and 1F1B run them back to back as one backward (the trainer's rule), so every schedule does the same
+ * work. A step is M micro-batches of one row; a micro-batch j enters as the value j, every forward adds 1,
+ * and the loss is the last output minus S (j again): the step's summed loss must be M (M - 1) / 2.
+ *
+ * An arm is one started trainer (its threads pinned as the trainer pins them, to the first allowed CPUs:
+ * --cpus narrows the process's CPUs first); a visit runs `warm` unmeasured steps and `units` measured
+ * ones. After every measured step the arm checks what the engine promises: each stage ran M forwards, M
+ * backwards (and M weight gradients under ZB-H1), its stash and held high-water marks are the schedule's
+ * figures, the loss is right. A broken one stops the run with exit status 1. It keeps each measured step's
+ * time, measured and predicted bubble and time inside the operations, and the operations of the fastest
+ * step (mbp_trainer_events_get) for the Gantt chart, as the forward chart shows the fastest batch.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipebench.h"
+#include "../burn.h"
+
+#define PB_TRAIN_VISIT_S  0.05 /* measured time per visit to a schedule */
+#define PB_DEF_MAX_STAGES 4
+
+static const mbp_sched_kind sched_kinds[PB_TRAIN_SCHEDS] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+
+struct tr_stage {
+	uint64_t iters[3]; /* F, B_in, B_w */
+	uint64_t sink;
+};
+
+struct tr_arm {
+	const pb_config *cfg;
+	unsigned S, M, ncpus;
+	mbp_trainer *t;
+	struct tr_stage st[MBP_MAX_STAGES];
+	double *in, *targets; /* M rows of one double */
+	unsigned visits;      /* the first (the interleave's warm-up round) is not kept */
+	double *step_ms, *bubble, *pred, *work_ms;
+	unsigned n, cap;
+	double op_ns[MBP_MAX_STAGES][3];
+	uint64_t op_count[MBP_MAX_STAGES][3];
+	mbp_train_event *ev, *scratch;
+	size_t ev_cap;
+	pb_train_result *r;
+};
+
+static int tr_f(void *ctx, const mbp_train_io *io)
+{
+	struct tr_stage *st = ctx;
+	st->sink = burn(st->iters[0], st->sink);
+	*(double *)io->out = *(const double *)io->in + 1;
+	return 0;
+}
+
+static int tr_bin(void *ctx, const mbp_train_io *io)
+{
+	struct tr_stage *st = ctx;
+	st->sink = burn(st->iters[1], st->sink);
+	if (io->din)
+		*(double *)io->din = *(const double *)io->dout;
+	return 0;
+}
+
+static int tr_bw(void *ctx, const mbp_train_io *io)
+{
+	struct tr_stage *st = ctx;
+	(void)io;
+	st->sink = burn(st->iters[2], st->sink);
+	return 0;
+}
+
+static void tr_update(void *ctx, const mbp_train_update *u)
+{
+	(void)ctx;
+	(void)u;
+}
+
+static void tr_discard(void *ctx)
+{
+	(void)ctx;
+}
+
+static int tr_loss(void *arg, const mbp_train_io *io, double *loss)
+{
+	const unsigned *S = arg;
+	*loss = *(const double *)io->out - *S;
+	*(double *)io->dout = 1;
+	return 0;
+}
+
+static int arm_fail(struct tr_arm *a, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int arm_fail(struct tr_arm *a, char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	if (a->r->status == 0) {
+		a->r->status = -1;
+		snprintf(a->r->error, sizeof(a->r->error), "%s", err);
+	}
+	return -1;
+}
+
+static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, double iters_per_us,
+		    mbp_sched_kind kind, pb_train_result *r, unsigned *loss_arg)
+{
+	char err[PB_ERR_MAX];
+	memset(a, 0, sizeof(*a));
+	a->cfg = cfg;
+	a->S = cfg->stages;
+	a->M = cfg->mbs;
+	a->ncpus = ncpus;
+	a->r = r;
+	r->kind = kind;
+	a->ev_cap = (size_t)a->S * a->M * 3;
+	a->in = calloc(a->M, sizeof(double));
+	a->targets = calloc(a->M, sizeof(double));
+	a->ev = calloc(a->ev_cap, sizeof(*a->ev));
+	a->scratch = calloc(a->ev_cap, sizeof(*a->scratch));
+	if (!a->in || !a->targets || !a->ev || !a->scratch)
+		return arm_fail(a, err, sizeof(err), "out of memory");
+	for (unsigned j = 0; j < a->M; j++)
+		a->in[j] = j;
+	mbp_train_opts o = {.in_row_bytes = sizeof(double),
+			    .target_row_bytes = sizeof(double),
+			    .max_mb_rows = 1,
+			    .max_mbs = a->M,
+			    .schedule = kind,
+			    .pin = true,
+			    .spin_ns = cfg->spin_us > 0 ? (uint64_t)cfg->spin_us * 1000 : 0,
+			    .trace_events = a->M * 3,
+			    .loss = tr_loss,
+			    .loss_arg = loss_arg};
+	int rc = mbp_trainer_new(&a->t, &o);
+	for (unsigned s = 0; rc == 0 && s < a->S; s++) {
+		for (int k = 0; k < 3; k++)
+			a->st[s].iters[k] = (uint64_t)(cfg->costs[k] * cfg->unit_us * iters_per_us);
+		a->st[s].sink = s + 1;
+		mbp_train_stage_desc d = {.ctx = &a->st[s],
+					  .out_row_bytes = sizeof(double),
+					  .forward = tr_f,
+					  .backward_in = tr_bin,
+					  .backward_w = tr_bw,
+					  .update = tr_update,
+					  .discard = tr_discard};
+		rc = mbp_trainer_add_stage(a->t, &d);
+	}
+	if (rc == 0)
+		rc = mbp_trainer_start(a->t);
+	if (rc)
+		return arm_fail(a, err, sizeof(err), "%s: cannot start the trainer: %s", mbp_sched_name(kind),
+				mbp_strerror(rc));
+	return 0;
+}
+
+static void arm_close(struct tr_arm *a)
+{
+	mbp_trainer_destroy(a->t);
+	free(a->in);
+	free(a->targets);
+	free(a->scratch);
+	free(a->step_ms);
+	free(a->bubble);
+	free(a->pred);
+	free(a->work_ms);
+	a->r->ev = a->ev; /* the report owns it now */
+}
+
+static int grow(struct tr_arm *a)
+{
+	if (a->n < a->cap)
+		return 0;
+	unsigned cap = a->cap ? a->cap * 2 : 64;
+	double **v[] = {&a->step_ms, &a->bubble, &a->pred, &a->work_ms};
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+		double *p = realloc(*v[i], cap * sizeof(double));
+		if (!p)
+			return -1;
+		*v[i] = p;
+	}
+	a->cap = cap;
+	return 0;
+}
+
+/* One step; `keep`: a measured one, whose figures are checked and kept. */
+static int one_step(struct tr_arm *a, bool keep, char *err, size_t errlen)
+{
+	const char *name = mbp_sched_name(a->r->kind);
+	double loss = 0;
+	int rc = mbp_trainer_step(a->t, a->in, a->targets, a->M, 1, &loss);
+	if (rc) {
+		mbp_train_error e;
+		mbp_trainer_error(a->t, &e);
+		return arm_fail(a, err, errlen, "%s: step failed at stage %d, micro-batch %d: %s", name,
+				e.stage, e.mb, mbp_strerror(rc));
+	}
+	double want = (double)a->M * (a->M - 1) / 2;
+	if (loss != want)
+		return arm_fail(a, err, errlen, "%s: the step's loss is %g, not %g: a micro-batch went wrong",
+				name, loss, want);
+	if (!keep)
+		return 0;
+	mbp_train_stats st;
+	mbp_train_stage_stats ss[MBP_MAX_STAGES];
+	mbp_trainer_stats_get(a->t, &st, ss, a->S);
+	const mbp_schedule *sc = mbp_trainer_schedule(a->t);
+	bool zb = a->r->kind == MBP_SCHED_ZBH1;
+	double busy = 0;
+	for (unsigned s = 0; s < a->S; s++) {
+		const mbp_train_stage_stats *x = &ss[s];
+		uint32_t back = x->b_count + x->bin_count;
+		if (x->f_count != a->M || back != a->M || x->w_count != (zb ? a->M : 0))
+			return arm_fail(
+			    a, err, errlen,
+			    "%s: stage %u ran %u forwards, %u backwards and %u weight gradients in a "
+			    "step of %u micro-batches",
+			    name, s, x->f_count, back, x->w_count, a->M);
+		uint32_t se = mbp_schedule_stash_peak(sc, s), he = mbp_schedule_held_peak(sc, s);
+		if (x->stash_peak != se || x->held_peak != he)
+			return arm_fail(
+			    a, err, errlen,
+			    "%s: stage %u held a stash of %u and %u micro-batches, the schedule says "
+			    "%u and %u",
+			    name, s, x->stash_peak, x->held_peak, se, he);
+		a->r->stash_peak[s] = x->stash_peak;
+		a->r->stash_expected[s] = se;
+		a->r->held_peak[s] = x->held_peak;
+		a->r->held_expected[s] = he;
+		double ns[3] = {(double)x->f_ns, (double)(x->b_ns + x->bin_ns), (double)x->w_ns};
+		uint32_t cnt[3] = {x->f_count, back, x->w_count};
+		for (int k = 0; k < 3; k++) {
+			a->op_ns[s][k] += ns[k];
+			a->op_count[s][k] += cnt[k];
+			busy += ns[k];
+		}
+	}
+	if (grow(a))
+		return arm_fail(a, err, errlen, "out of memory");
+	a->step_ms[a->n] = (double)st.step_ns / 1e6;
+	a->bubble[a->n] = st.bubble;
+	a->pred[a->n] = st.bubble_predicted;
+	a->work_ms[a->n] = busy / 1e6;
+	a->n++;
+	a->r->threads = st.threads;
+	if (a->r->nev == 0 || st.step_ns < a->r->ev_step_ns) {
+		int n = mbp_trainer_events_get(a->t, a->scratch, a->ev_cap);
+		if (n < 0 || (size_t)n > a->ev_cap)
+			return arm_fail(a, err, errlen, "%s: the step's operations: %s", name,
+					n < 0 ? mbp_strerror(n) : "more than the step has");
+		mbp_train_event *tmp = a->ev;
+		a->ev = a->scratch;
+		a->scratch = tmp;
+		a->r->ev = a->ev;
+		a->r->nev = (size_t)n;
+		a->r->ev_step_ns = st.step_ns;
+	}
+	return 0;
+}
+
+static int tr_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *err, size_t errlen)
+{
+	struct tr_arm *a = ctx;
+	bool keep = a->visits++ > 0;
+	for (unsigned i = 0; i < warm; i++)
+		if (one_step(a, false, err, errlen))
+			return -1;
+	uint64_t t0 = pb_now_ns();
+	for (unsigned i = 0; i < units; i++)
+		if (one_step(a, keep, err, errlen))
+			return -1;
+	double s = (double)(pb_now_ns() - t0) / 1e9;
+	*rate = s > 0 ? units / s : 0;
+	return 0;
+}
+
+static double median(double *v, unsigned n)
+{
+	return pb_percentile(v, n, 0.5);
+}
+
+/* Fill a's result from its kept steps and its arm's samples. */
+static void summarise(struct tr_arm *a, const pb_arm *arm)
+{
+	pb_train_result *r = a->r;
+	r->steps = a->n;
+	r->repeats = arm->n;
+	r->rate = arm->iv;
+	r->rate_v = arm->rate;
+	r->mbs_per_s = arm->iv.median * a->M;
+	unsigned loud = 0;
+	for (unsigned i = 0; i < arm->n; i++)
+		loud += arm->loud[i];
+	r->loud_share = arm->n ? (double)loud / arm->n : 0;
+	r->loud = r->loud_share > PB_LOUD_SHARE;
+	if (a->n == 0)
+		return;
+	pb_interval_of(a->step_ms, a->n, &r->step_ms);
+	pb_interval_of(a->bubble, a->n, &r->bubble);
+	r->bubble_predicted = median(a->pred, a->n);
+	r->work_ms = median(a->work_ms, a->n);
+	double cores = r->threads < a->ncpus ? r->threads : a->ncpus;
+	r->ideal_ms = cores > 0 ? r->work_ms / cores : 0;
+	r->efficiency = r->step_ms.median > 0 ? r->ideal_ms / r->step_ms.median : 0;
+	r->eff_of_predicted = r->bubble_predicted < 1 ? r->efficiency / (1 - r->bubble_predicted) : 0;
+	for (unsigned s = 0; s < a->S; s++)
+		for (int k = 0; k < 3; k++)
+			r->op_us[s][k] = a->op_count[s][k] ? a->op_ns[s][k] / a->op_count[s][k] / 1e3 : 0;
+}
+
+/* The process's CPUs become the ones of --cpus: the trainer pins its threads to the first allowed ones. */
+static int narrow_cpus(const pb_config *cfg, unsigned ncpus, char *err, size_t errlen)
+{
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	for (unsigned i = 0; i < ncpus; i++)
+		CPU_SET(cfg->cpus[i], &set);
+	if (sched_setaffinity(0, sizeof(set), &set)) {
+		snprintf(err, errlen, "--cpus: cannot run on them: %s", strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
+{
+	static pb_train_report rep; /* large; one per run */
+	static struct tr_arm arms[PB_TRAIN_SCHEDS];
+	pb_arm parm[PB_TRAIN_SCHEDS];
+	char err[PB_ERR_MAX];
+	unsigned loss_arg;
+
+	if (cfg->stages == 0)
+		cfg->stages = ncpus < PB_DEF_MAX_STAGES ? ncpus : PB_DEF_MAX_STAGES;
+	if (cfg->mbs == 0)
+		cfg->mbs = 4 * cfg->stages;
+	loss_arg = cfg->stages;
+	memset(&rep, 0, sizeof(rep));
+	memset(parm, 0, sizeof(parm));
+	rep.cfg = cfg;
+	rep.allowed = allowed;
+	rep.ncpus = ncpus;
+	rep.load_end = -1;
+	if (narrow_cpus(cfg, ncpus, err, sizeof(err))) {
+		fprintf(stderr, "pipebench: %s\n", err);
+		return PB_EXIT_FAIL;
+	}
+	pb_progress_init(cfg->progress);
+	rep.iters_per_us = burn_calibrate();
+	snprintf(rep.desc, sizeof(rep.desc),
+		 "training, %u stages x %u micro-batches of 1 row, costs F:B_in:B_w = %g:%g:%g x %g us of "
+		 "busy work",
+		 cfg->stages, cfg->mbs, cfg->costs[0], cfg->costs[1], cfg->costs[2], cfg->unit_us);
+	pb_noise_init(&rep.noise, cfg->cpus, ncpus);
+
+	unsigned opened = 0;
+	for (; opened < PB_TRAIN_SCHEDS; opened++) {
+		struct tr_arm *a = &arms[opened];
+		pb_progress(opened, PB_TRAIN_SCHEDS, "preparing");
+		if (arm_open(a, cfg, ncpus, rep.iters_per_us, sched_kinds[opened], &rep.r[opened],
+			     &loss_arg)) {
+			opened++;
+			rep.status = PB_EXIT_FAIL;
+			snprintf(rep.error, sizeof(rep.error), "%s", rep.r[opened - 1].error);
+			goto close;
+		}
+		parm[opened] =
+		    (pb_arm){.label = mbp_sched_name(sched_kinds[opened]), .ctx = a, .visit = tr_visit};
+	}
+	pb_noise_settle(&rep.noise, cfg->wait_quiet_s);
+	rep.load_start = pb_loadavg();
+	pb_schedule sch = {.min_repeats = cfg->batches,
+			   .tolerance = cfg->tolerance,
+			   .budget_s = cfg->duration_s,
+			   .warmup = cfg->warmup,
+			   .visit_s = PB_TRAIN_VISIT_S,
+			   .pause_s = cfg->wait_quiet_s - rep.noise.waited_s};
+	if (pb_interleave(parm, PB_TRAIN_SCHEDS, &sch, &rep.noise, err, sizeof(err))) {
+		rep.status = PB_EXIT_FAIL;
+		snprintf(rep.error, sizeof(rep.error), "%s", err);
+	}
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+		summarise(&arms[i], &parm[i]);
+	if (parm[1].n && parm[1].n == parm[2].n &&
+	    pb_ratio_interval(parm[2].rate, parm[1].rate, parm[1].n, &rep.zb_vs_1f1b))
+		memset(&rep.zb_vs_1f1b, 0, sizeof(rep.zb_vs_1f1b));
+close:
+	for (unsigned i = 0; i < opened; i++)
+		arm_close(&arms[i]);
+	pb_progress_end();
+	rep.load_end = pb_loadavg();
+	switch (cfg->format) {
+	case PB_FMT_JSON:
+		if (pb_train_print_json(stdout, &rep) && rep.status == 0) {
+			rep.status = PB_EXIT_FAIL;
+			snprintf(rep.error, sizeof(rep.error), "out of memory for the JSON document");
+		}
+		break;
+	case PB_FMT_CSV:
+		pb_train_print_csv(stdout, &rep);
+		break;
+	case PB_FMT_TABLE:
+		pb_train_print_table(stdout, &rep, pb_terminal_width());
+		break;
+	}
+	fflush(stdout);
+	if (rep.status)
+		fprintf(stderr, "pipebench: FAILED: %s\n", rep.error);
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+		free(rep.r[i].ev);
+		pb_arm_fini(&parm[i]);
+	}
+	return rep.status ? PB_EXIT_FAIL : PB_EXIT_OK;
+}
