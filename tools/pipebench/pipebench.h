@@ -2,14 +2,15 @@
  * pipebench: shared types of the throughput tool.
  *
  * The tool is split by job, one file each: options.c (command line), synthetic.c and mlp.c (the two
- * workloads, each a list of stage descriptors plus an input filler and an output check), measure.c (the
+ * pipeline workloads, each a list of stage descriptors plus an input filler and an output check), measure.c (the
  * sequential baseline and one pipeline per micro-batch size, visited a few batches at a time, collecting
  * statistics and the timeline of one batch), interleave.c (the measurement schedule: every candidate and
  * the baseline visited in turn, A B C .. C B A, until the intervals are tight or the time is up),
  * noise.c (what other processes take of the CPUs), stats.c (intervals of medians, paired comparisons,
  * the consistency checks), predict.c (the bubble model and the choice of the size), output.c (table,
  * JSON, CSV), gantt.c (the terminal timeline) and progress.c (the bar on standard error). main.c ties them
- * together.
+ * together. train.c is the training workload (--workload=train): the trainer's three schedules as arms,
+ * with its own table, CSV and JSON in output.c and its chart in gantt.c.
  *
  * The measurement layer does not know what it measures: an arm (pb_arm) is anything with a visit function
  * that runs some unmeasured and some measured units and returns the measured rate. A new workload (training
