@@ -1103,6 +1103,23 @@ START_TEST(train_table_prints_the_three_schedules_and_their_gantt)
 }
 END_TEST
 
+/* A step that goes wrong (a wrong value, a stage's error; PIPEBENCH_FAULT) ends the run with exit status 1
+ * and says what happened, the report still printed. */
+START_TEST(train_broken_step_exits_1_and_says_which)
+{
+	static const char *const env[][2] = {
+	    {"PIPEBENCH_FAULT=wrong", "the step's loss is 7, not 6"},
+	    {"PIPEBENCH_FAULT=fail", "step failed at stage 1, micro-batch 3"}};
+	struct run r =
+	    run_env((const char *const[]){env[_i][0], NULL}, (const char *const[]){TRAIN_ARGS, NULL});
+	ck_assert_msg(r.status == 1, "%s: exit %d: %s", env[_i][0], r.status, r.err);
+	ck_assert_msg(strstr(r.err, "pipebench: FAILED: ") && strstr(r.err, env[_i][1]), "%s: %s", env[_i][0],
+		      r.err);
+	ck_assert_msg(strstr(r.out, "status=fail"), "%s", r.out);
+	run_free(&r);
+}
+END_TEST
+
 static void int_array_is(const cJSON *o, const char *name, const int *want, unsigned n)
 {
 	const cJSON *a = field(o, name, cJSON_Array);
@@ -1210,6 +1227,7 @@ static Suite *suite(void)
 	tcase_add_test(out, train_table_prints_the_three_schedules_and_their_gantt);
 	tcase_add_test(out, train_json_holds_each_schedules_figures_and_operations);
 	tcase_add_test(out, train_csv_has_a_header_and_one_line_per_schedule);
+	tcase_add_loop_test(out, train_broken_step_exits_1_and_says_which, 0, 2);
 	suite_add_tcase(s, out);
 
 	TCase *bubble = tcase_create("bubble");

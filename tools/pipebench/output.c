@@ -613,7 +613,10 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 		const pb_train_result *r = &rep->r[i];
 		const char *name = mbp_sched_name(r->kind);
 		if (r->steps == 0) {
-			fprintf(f, "%-8s  FAILED: %s\n", name, r->status ? r->error : "no step measured");
+			if (r->status)
+				fprintf(f, "%-8s  FAILED: %s\n", name, r->error);
+			else
+				fprintf(f, "%-8s  not measured: the run stopped\n", name);
 			continue;
 		}
 		char pm[16], step[16], work[16], ideal[16];

@@ -16,6 +16,9 @@
  * figures, the loss is right. A broken one stops the run with exit status 1. It keeps each measured step's
  * time, measured and predicted bubble and time inside the operations, and the operations of the fastest
  * step (mbp_trainer_events_get) for the Gantt chart, as the forward chart shows the fastest batch.
+ *
+ * PIPEBENCH_FAULT=wrong|fail breaks the last stage's forward of the last micro-batch (a wrong value, or an
+ * error), so the tests can prove that a broken step ends the run with exit status 1.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -34,9 +37,15 @@
 
 static const mbp_sched_kind sched_kinds[PB_TRAIN_SCHEDS] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
 
+/* PIPEBENCH_FAULT (tests only): the last stage's forward of the last micro-batch adds 2 (wrong) or fails
+ * (fail). */
+enum tr_fault { TR_FAULT_NONE, TR_FAULT_WRONG, TR_FAULT_FAIL };
+
 struct tr_stage {
 	uint64_t iters[3]; /* F, B_in, B_w */
 	uint64_t sink;
+	enum tr_fault fault; /* only the last stage's is set */
+	uint32_t last_mb;
 };
 
 struct tr_arm {
@@ -59,7 +68,10 @@ static int tr_f(void *ctx, const mbp_train_io *io)
 {
 	struct tr_stage *st = ctx;
 	st->sink = burn(st->iters[0], st->sink);
-	*(double *)io->out = *(const double *)io->in + 1;
+	bool broken = st->fault && io->mb == st->last_mb;
+	if (broken && st->fault == TR_FAULT_FAIL)
+		return -EIO;
+	*(double *)io->out = *(const double *)io->in + (broken ? 2 : 1);
 	return 0;
 }
 
@@ -145,11 +157,17 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 			    .trace_events = a->M * 3,
 			    .loss = tr_loss,
 			    .loss_arg = loss_arg};
+	const char *fault = getenv("PIPEBENCH_FAULT");
 	int rc = mbp_trainer_new(&a->t, &o);
 	for (unsigned s = 0; rc == 0 && s < a->S; s++) {
 		for (int k = 0; k < 3; k++)
 			a->st[s].iters[k] = (uint64_t)(cfg->costs[k] * cfg->unit_us * iters_per_us);
 		a->st[s].sink = s + 1;
+		a->st[s].last_mb = a->M - 1;
+		if (s == a->S - 1 && fault)
+			a->st[s].fault = !strcmp(fault, "wrong")  ? TR_FAULT_WRONG
+					 : !strcmp(fault, "fail") ? TR_FAULT_FAIL
+								  : TR_FAULT_NONE;
 		mbp_train_stage_desc d = {.ctx = &a->st[s],
 					  .out_row_bytes = sizeof(double),
 					  .forward = tr_f,
@@ -199,19 +217,18 @@ static int grow(struct tr_arm *a)
 /* One step; `keep`: a measured one, whose figures are checked and kept. */
 static int one_step(struct tr_arm *a, bool keep, char *err, size_t errlen)
 {
-	const char *name = mbp_sched_name(a->r->kind);
 	double loss = 0;
 	int rc = mbp_trainer_step(a->t, a->in, a->targets, a->M, 1, &loss);
 	if (rc) {
 		mbp_train_error e;
 		mbp_trainer_error(a->t, &e);
-		return arm_fail(a, err, errlen, "%s: step failed at stage %d, micro-batch %d: %s", name,
-				e.stage, e.mb, mbp_strerror(rc));
+		return arm_fail(a, err, errlen, "step failed at stage %d, micro-batch %d: %s", e.stage, e.mb,
+				mbp_strerror(rc));
 	}
 	double want = (double)a->M * (a->M - 1) / 2;
 	if (loss != want)
-		return arm_fail(a, err, errlen, "%s: the step's loss is %g, not %g: a micro-batch went wrong",
-				name, loss, want);
+		return arm_fail(a, err, errlen, "the step's loss is %g, not %g: a micro-batch went wrong",
+				loss, want);
 	if (!keep)
 		return 0;
 	mbp_train_stats st;
@@ -224,18 +241,16 @@ static int one_step(struct tr_arm *a, bool keep, char *err, size_t errlen)
 		const mbp_train_stage_stats *x = &ss[s];
 		uint32_t back = x->b_count + x->bin_count;
 		if (x->f_count != a->M || back != a->M || x->w_count != (zb ? a->M : 0))
-			return arm_fail(
-			    a, err, errlen,
-			    "%s: stage %u ran %u forwards, %u backwards and %u weight gradients in a "
-			    "step of %u micro-batches",
-			    name, s, x->f_count, back, x->w_count, a->M);
+			return arm_fail(a, err, errlen,
+					"stage %u ran %u forwards, %u backwards and %u weight gradients in a "
+					"step of %u micro-batches",
+					s, x->f_count, back, x->w_count, a->M);
 		uint32_t se = mbp_schedule_stash_peak(sc, s), he = mbp_schedule_held_peak(sc, s);
 		if (x->stash_peak != se || x->held_peak != he)
-			return arm_fail(
-			    a, err, errlen,
-			    "%s: stage %u held a stash of %u and %u micro-batches, the schedule says "
-			    "%u and %u",
-			    name, s, x->stash_peak, x->held_peak, se, he);
+			return arm_fail(a, err, errlen,
+					"stage %u held a stash of %u and %u micro-batches, the schedule says "
+					"%u and %u",
+					s, x->stash_peak, x->held_peak, se, he);
 		a->r->stash_peak[s] = x->stash_peak;
 		a->r->stash_expected[s] = se;
 		a->r->held_peak[s] = x->held_peak;
@@ -259,7 +274,7 @@ static int one_step(struct tr_arm *a, bool keep, char *err, size_t errlen)
 	if (a->r->nev == 0 || st.step_ns < a->r->ev_step_ns) {
 		int n = mbp_trainer_events_get(a->t, a->scratch, a->ev_cap);
 		if (n < 0 || (size_t)n > a->ev_cap)
-			return arm_fail(a, err, errlen, "%s: the step's operations: %s", name,
+			return arm_fail(a, err, errlen, "the step's operations: %s",
 					n < 0 ? mbp_strerror(n) : "more than the step has");
 		mbp_train_event *tmp = a->ev;
 		a->ev = a->scratch;
