@@ -493,6 +493,20 @@ START_TEST(counts_of_one_are_singular)
 }
 END_TEST
 
+START_TEST(train_counts_of_one_are_singular)
+{
+	struct run r =
+	    run((const char *const[]){"--workload=train", "--stages=1", "--micro-batches=1", "--unit-us=5",
+				      "--batches=1", "--warmup=1", "--wait-quiet=0", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	const char *bad = find_one_with_plural(r.out);
+	ck_assert_msg(bad == NULL, "plural after 1: %.60s", bad);
+	ck_assert_ptr_nonnull(strstr(r.out, "1 stage x 1 micro-batch of 1 row"));
+	ck_assert_ptr_nonnull(strstr(r.out, "at least 1 repeat each"));
+	run_free(&r);
+}
+END_TEST
+
 /* ---- the bubble ---- */
 
 /* Whether other processes keep more threads runnable than there are CPUs (6 agents share the 2 CPUs of a
@@ -1227,6 +1241,7 @@ static Suite *suite(void)
 	tcase_add_test(out, train_table_prints_the_three_schedules_and_their_gantt);
 	tcase_add_test(out, train_json_holds_each_schedules_figures_and_operations);
 	tcase_add_test(out, train_csv_has_a_header_and_one_line_per_schedule);
+	tcase_add_test(out, train_counts_of_one_are_singular);
 	tcase_add_loop_test(out, train_broken_step_exits_1_and_says_which, 0, 2);
 	suite_add_tcase(s, out);
 

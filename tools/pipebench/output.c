@@ -592,9 +592,9 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 	const unsigned S = cfg->stages;
 	fprintf(f, "pipebench %s: %s\n", mbp_version(), rep->desc);
 	fprintf(f,
-		"the three schedules measured in turn, %u warm-up + measured steps per visit, at least %u "
-		"repeats each, ",
-		cfg->warmup, cfg->batches);
+		"the three schedules measured in turn, %u warm-up + measured steps per visit, at least %u %s "
+		"each, ",
+		cfg->warmup, cfg->batches, PLURAL(cfg->batches, "repeat", "repeats"));
 	print_until(f, cfg);
 	fprintf(f, "CPUs: %u allowed, using", rep->allowed);
 	for (unsigned i = 0; i < rep->ncpus; i++)

@@ -31,6 +31,7 @@
 
 #include "pipebench.h"
 #include "../burn.h"
+#include "../plural.h"
 
 #define PB_TRAIN_VISIT_S  0.05 /* measured time per visit to a schedule */
 #define PB_DEF_MAX_STAGES 4
@@ -376,9 +377,10 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 	pb_progress_init(cfg->progress);
 	rep.iters_per_us = burn_calibrate();
 	snprintf(rep.desc, sizeof(rep.desc),
-		 "training, %u stages x %u micro-batches of 1 row, costs F:B_in:B_w = %g:%g:%g x %g us of "
-		 "busy work",
-		 cfg->stages, cfg->mbs, cfg->costs[0], cfg->costs[1], cfg->costs[2], cfg->unit_us);
+		 "training, %u %s x %u %s of 1 row, costs F:B_in:B_w = %g:%g:%g x %g us of busy work",
+		 cfg->stages, PLURAL(cfg->stages, "stage", "stages"), cfg->mbs,
+		 PLURAL(cfg->mbs, "micro-batch", "micro-batches"), cfg->costs[0], cfg->costs[1],
+		 cfg->costs[2], cfg->unit_us);
 	pb_noise_init(&rep.noise, cfg->cpus, ncpus);
 
 	unsigned opened = 0;
