@@ -474,9 +474,9 @@ START_TEST(counts_of_one_are_singular)
 		cpu++;
 	char cpu_arg[32];
 	snprintf(cpu_arg, sizeof(cpu_arg), "--cpus=%d", cpu);
-	struct run r =
-	    run((const char *const[]){"--workload=synthetic", "--stages=1", "--work-us=1", "--batch=1",
-				      "--mb=1", "--batches=1", "--warmup=1", cpu_arg, NULL});
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=1", "--work-us=1",
+						 "--batch=1", "--mb=1", "--batches=1", "--warmup=1",
+						 "--wait-quiet=0", cpu_arg, NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	const char *bad = find_one_with_plural(r.out);
 	ck_assert_msg(bad == NULL, "plural after 1: %.60s", bad);
@@ -485,7 +485,8 @@ START_TEST(counts_of_one_are_singular)
 	run_free(&r);
 	/* two stages on one CPU share one thread: "2 stages on 1 CPU ... (1 thread)" */
 	r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--work-us=1", "--batch=4",
-				      "--mb=2", "--batches=1", "--warmup=1", cpu_arg, NULL});
+				      "--mb=2", "--batches=1", "--warmup=1", "--wait-quiet=0", cpu_arg,
+				      NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	bad = find_one_with_plural(r.out);
 	ck_assert_msg(bad == NULL, "plural after 1: %.60s", bad);
