@@ -11,6 +11,11 @@
  * index (0-9, a-z, A-Z, then again), when the stage was busy for at least half the cell (half its share
  * of the cell where k stages share a thread: half of 1/k); '.' when the stage was mostly idle; blank
  * after the batch completed.
+ *
+ * Training (--workload=train): the fastest measured step of each schedule, one panel above the other on
+ * one time scale, drawn the same way from the trainer's operations (mbp_trainer_events_get): a forward
+ * shows its micro-batch as a digit, a backward (B, or B_in) as a lowercase letter, a weight gradient (W)
+ * as an uppercase one.
  */
 #include <stdio.h>
 #include <stdlib.h>
