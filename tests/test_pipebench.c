@@ -9,6 +9,10 @@
  *   assertion is waived when other processes keep the machine overloaded);
  * - each kind of broken invariant (a micro-batch lost, rows out of order, a wrong value; injected with
  *   PIPEBENCH_FAULT) ends the run with exit status 1 and says which;
+ * - --workload=train prints the three schedules side by side and a Gantt panel each (forwards, backwards and,
+ *   under zbh1 only, weight gradients drawn), its JSON holds each schedule's figures, stash high-water marks
+ *   equal to the schedule's and the drawn step's operations in time order, its CSV a line per schedule,
+ *   and a broken step (PIPEBENCH_FAULT=wrong|fail) exits 1 saying which;
  * - with two processes spinning on the CPUs, the run waits --wait-quiet, then reports the machine loud before
  *   and during, and marks every row loud in the JSON and the CSV;
  * - the statistics behind the verdicts (tools/pipebench/stats.c and predict.c, linked in) on synthetic
