@@ -1155,6 +1155,11 @@ bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb)
 	return t->link[link] && mbp__ring_push_sp(t->link[link], mb);
 }
 
+unsigned mbp__trainer_link_count(mbp_trainer *t, int link)
+{
+	return t->link[link] ? mbp__ring_count(t->link[link]) : 0;
+}
+
 mbp_pool *mbp__trainer_pool(mbp_trainer *t)
 {
 	return t->pool;

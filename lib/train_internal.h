@@ -58,6 +58,8 @@ int mbp__trainer_set_remote(mbp_trainer *t, const struct mbp__train_remote *r);
 /* The agent's end of a boundary ring (NULL-safe: false when the ring does not exist). */
 bool mbp__trainer_link_pop(mbp_trainer *t, int link, mbp_mb **mb);
 bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb);
+/* Items waiting in a boundary ring (0 when it does not exist). Any thread. */
+unsigned mbp__trainer_link_count(mbp_trainer *t, int link);
 /* The trainer's pool (its buffers travel over the links). */
 mbp_pool *mbp__trainer_pool(mbp_trainer *t);
 
