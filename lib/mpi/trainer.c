@@ -216,14 +216,15 @@ static void hook_agree(void *arg, struct mbp__train_vote *v)
 			m->grad_sq[s] = v->grad_sq[s];
 		T->vote_state = V_PENDING;
 		wake_loop_locked(T);
-		while (T->vote_state != V_DONE && !T->dead)
+		while (T->vote_state != V_DONE && !T->dead && T->state == S_RUNNING)
 			pthread_cond_wait(&T->cond, &T->lock);
 	}
 	if (T->vote_state == V_DONE) {
 		*v = T->result;
 	} else {
 		v->ok = false;
-		v->err = (mbp_train_error){.err = T->run_err, .stage = -1, .mb = -1};
+		v->err =
+		    (mbp_train_error){.err = T->run_err ? T->run_err : -ESHUTDOWN, .stage = -1, .mb = -1};
 	}
 	T->vote_state = V_IDLE;
 	pthread_mutex_unlock(&T->lock);
@@ -715,6 +716,9 @@ static bool ctrl_io(mbp_mpi_trainer *T, bool *leave)
 			uint32_t bit = 1u << cmd_order[o];
 			if (!(k->pending & bit))
 				continue;
+			if (cmd_order[o] == C_STOPPED &&
+			    (T->vote_state == V_PENDING || T->vote_state == V_ACTIVE))
+				continue; /* the last word waits for this rank's part of the last vote */
 			k->pending &= ~bit;
 			memset(&k->out, 0, sizeof(k->out));
 			k->out.cmd = cmd_order[o];
@@ -1172,6 +1176,12 @@ void mbp_mpi_trainer_destroy(mbp_mpi_trainer *T)
 	pthread_mutex_unlock(&T->lock);
 	if (T->loop_ticket)
 		mbp__mpi_await(T->loop_ticket);
+	if (T->peers) {
+		/* a run that ended on a silent rank: a step's last pushes may have come after the loop left */
+		pthread_mutex_lock(&T->lock);
+		close_step_locked(T);
+		pthread_mutex_unlock(&T->lock);
+	}
 	mbp_trainer_destroy(T->t);
 	for (unsigned i = 0; i < T->nlinks; i++) {
 		free(T->links[i].ss);
