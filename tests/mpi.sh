@@ -48,5 +48,7 @@ for np in 2 4; do
 	fault stop "$np" "a stopped rank ends the run with the engine's error" \
 		"^mpi_fault: ok drain=ETIMEDOUT" "rank $((np - 1)) stopped answering"
 	fault kill "$np" "a killed rank ends the run with mpirun's error" "rank $((np - 1)) .*exited on signal 9"
+	fault train-stop "$np" "a stopped rank ends training with the engine's error" \
+		"^mpi_fault: ok step=ETIMEDOUT at step 3" "rank $((np - 1)) stopped answering"
 done
 exit $fail

@@ -241,16 +241,17 @@ END_TEST
 
 struct canceller {
 	struct part *p;
+	int (*fn)(mbp_mpi_trainer *t); /* cancel or drain */
 };
 
-static void *cancel_mid_step(void *arg)
+static void *mid_step(void *arg)
 {
 	struct canceller *c = arg;
 	/* once the step is under way here (stage 0 ran an operation), and a little later */
 	while (atomic_load(&c->p->st[0].ops) == 0)
 		usleep(200);
 	usleep(5000);
-	mbp_mpi_trainer_cancel(c->p->t);
+	c->fn(c->p->t);
 	return NULL;
 }
 
@@ -265,9 +266,9 @@ START_TEST(cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update)
 	struct toy before[SPR];
 	memcpy(before, p.st, sizeof(before));
 	pthread_t th;
-	struct canceller c = {&p};
+	struct canceller c = {&p, mbp_mpi_trainer_cancel};
 	if (rank == 0)
-		ck_assert_int_eq(pthread_create(&th, NULL, cancel_mid_step, &c), 0);
+		ck_assert_int_eq(pthread_create(&th, NULL, mid_step, &c), 0);
 	ck_assert_int_eq(step(&p, in, tg, NULL), -ECANCELED);
 	if (rank == 0)
 		pthread_join(th, NULL);
@@ -286,6 +287,36 @@ START_TEST(cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update)
 				 -ECANCELED); /* returns once rank 0 ends the run */
 	}
 	part_destroy(&p);
+}
+END_TEST
+
+START_TEST(drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_GPIPE, 0), 0);
+	single_new(&s, MBP_SCHED_GPIPE);
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	for (unsigned i = 0; i < SPR; i++)
+		p.st[i].sleep_us = 1000;
+	pthread_t th;
+	struct canceller c = {&p, mbp_mpi_trainer_drain};
+	if (rank == 0)
+		ck_assert_int_eq(pthread_create(&th, NULL, mid_step, &c), 0);
+	double loss = -1, want = -2;
+	ck_assert_int_eq(step(&p, in, tg, &loss), 0);
+	if (rank == 0)
+		pthread_join(th, NULL);
+	ck_assert_int_eq(mbp_trainer_step(s.t, in, tg, ROWS, MBR, &want), 0);
+	ck_assert(loss == want);
+	same_params(&p, &s);
+	if (rank == 0)
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ESHUTDOWN);
+	else
+		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t), 0); /* returns once rank 0 ends the run */
+	part_destroy(&p);
+	mbp_trainer_destroy(s.t);
 }
 END_TEST
 
@@ -312,6 +343,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit);
 	tcase_add_test(tc, a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);
+	tcase_add_test(tc, drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
 	suite_add_tcase(s, tc);
 	return s;
