@@ -221,7 +221,11 @@ int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st);
  * mbp_mpi_trainer_add_stage(), and every rank follows the schedule of the whole pipeline (GPipe, 1F1B,
  * ZB-H1): the forward activation hop and the backward gradient hop between the last stage of rank r and
  * the first of rank r+1 are links like the forward pipeline's (pre-posted windows of receives into pool
- * buffers, credits, no copy between the buffer and MPI), driven by the communication thread.
+ * buffers, credits, no copy between the buffer and MPI), driven by the communication thread. A sender
+ * holds a micro-batch until a credit says that a receive waits for it (window: opts.window receives per
+ * link); the receiver hands each arrival to its stage's ring at once, as a stage does in one process (the
+ * trainer's rings hold a step's micro-batches, so no stage ever waits to push: the schedule bounds what
+ * is in flight).
  *
  * Rank 0 calls mbp_mpi_trainer_step() with the inputs and the targets; it sends the targets of each step
  * to the last rank (one message), so a program's data loader runs on rank 0 only. The other ranks call

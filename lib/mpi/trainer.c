@@ -95,6 +95,7 @@ struct link {
 	uint32_t cred;	      /* the credit message's word */
 	bool cred_active;
 	uint32_t credits; /* send: sends allowed */
+	bool stalled;	  /* send: an item waits for a credit (counted once per wait) */
 	struct xslot *ss; /* send: W */
 	uint32_t owed;	  /* receive: credits to send back */
 	struct xrslot *rs;
@@ -611,10 +612,13 @@ static bool send_io(mbp_mpi_trainer *T, struct link *l)
 		if (s->busy)
 			continue;
 		if (l->credits == 0) {
-			if (mbp__trainer_link_count(T->t, l->ring))
+			if (!l->stalled && mbp__trainer_link_count(T->t, l->ring)) {
+				l->stalled = true;
 				atomic_fetch_add_explicit(&T->credit_waits, 1, memory_order_relaxed);
+			}
 			break;
 		}
+		l->stalled = false;
 		mbp_mb *mb;
 		if (!mbp__trainer_link_pop(T->t, l->ring, &mb))
 			break;
