@@ -267,13 +267,7 @@ int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp
 	T->size = mbp_mpi_size();
 	T->comm = MPI_COMM_NULL;
 	T->out_rb = o->in_row_bytes;
-	pthread_mutex_init(&T->lock, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&T->cond, &ca);
-	pthread_cond_init(&T->wake, &ca);
-	pthread_condattr_destroy(&ca);
+	mbp__mpi_sync_init(&T->lock, &T->cond, &T->wake);
 	int rc = mbp_trainer_new(&T->t, &T->o);
 	if (rc) {
 		mbp_mpi_trainer_destroy(T);
@@ -901,18 +895,6 @@ static void setup_loop(mbp_mpi_trainer *T)
 	T->vote_req = T->tgt_req = MPI_REQUEST_NULL;
 }
 
-/* Wait for a request, at most until `deadline` (then leave it: the run failed and MPI_Abort follows). */
-static void finish(MPI_Request *rq, bool cancel, uint64_t deadline)
-{
-	if (*rq == MPI_REQUEST_NULL)
-		return;
-	if (cancel)
-		MPI_Cancel(rq);
-	int flag = 0;
-	while (!flag && mbp__now_ns() < deadline)
-		MPI_Test(rq, &flag, MPI_STATUS_IGNORE);
-}
-
 static void teardown_loop(mbp_mpi_trainer *T, bool dead)
 {
 	uint64_t dl = mbp__now_ns() + (dead ? 100 : 2000) * (uint64_t)1000000;
@@ -923,8 +905,8 @@ static void teardown_loop(mbp_mpi_trainer *T, bool dead)
 			if (l->send) {
 				struct xslot *s = &l->ss[j];
 				if (s->busy) {
-					finish(&s->req[0], false, dl);
-					finish(&s->req[1], false, dl);
+					mbp__mpi_finish(&s->req[0], false, dl);
+					mbp__mpi_finish(&s->req[1], false, dl);
 					mbp_pool_put(pool, NULL, s->mb);
 					s->busy = false;
 				}
@@ -932,8 +914,8 @@ static void teardown_loop(mbp_mpi_trainer *T, bool dead)
 			}
 			struct xrslot *r = &l->rs[j];
 			if (r->state == X_POSTED) {
-				finish(&r->hreq, true, dl);
-				finish(&r->dreq, true, dl);
+				mbp__mpi_finish(&r->hreq, true, dl);
+				mbp__mpi_finish(&r->dreq, true, dl);
 			}
 			MPI_Request_free(&r->hreq);
 			if (r->mb)
@@ -941,7 +923,7 @@ static void teardown_loop(mbp_mpi_trainer *T, bool dead)
 			r->mb = NULL;
 			r->state = X_FREE;
 		}
-		finish(&l->cred_req, l->send, dl);
+		mbp__mpi_finish(&l->cred_req, l->send, dl);
 		if (l->send && l->cred_req != MPI_REQUEST_NULL)
 			MPI_Request_free(&l->cred_req);
 	}
@@ -949,12 +931,12 @@ static void teardown_loop(mbp_mpi_trainer *T, bool dead)
 		if (p == T->rank)
 			continue;
 		struct peer *k = &T->peers[p];
-		finish(&k->rreq, true, dl);
+		mbp__mpi_finish(&k->rreq, true, dl);
 		MPI_Request_free(&k->rreq);
 		if (k->sactive)
-			finish(&k->sreq, false, dl);
+			mbp__mpi_finish(&k->sreq, false, dl);
 	}
-	finish(&T->tgt_req, T->rank != 0, dl);
+	mbp__mpi_finish(&T->tgt_req, T->rank != 0, dl);
 	pthread_mutex_lock(&T->lock);
 	close_step_locked(T);
 	pthread_mutex_unlock(&T->lock);
@@ -1008,10 +990,7 @@ static int link_loop(void *arg)
 					mbp__trainer_link_count(T->t, T->links[i].ring);
 			if (!work) {
 				struct timespec ts;
-				clock_gettime(CLOCK_MONOTONIC, &ts);
-				uint64_t ns = (uint64_t)ts.tv_nsec + T->mo.idle_ns;
-				ts.tv_sec += (time_t)(ns / 1000000000u);
-				ts.tv_nsec = (long)(ns % 1000000000u);
+				mbp__mpi_deadline((int64_t)T->mo.idle_ns, &ts);
 				pthread_cond_timedwait(&T->wake, &T->lock, &ts);
 			}
 			atomic_store(&T->sleeping, 0);
