@@ -341,8 +341,10 @@ static int check_hs(mbp_mpi_trainer *T, const uint64_t *all)
 				 (unsigned long long)all[(r + 1) * HS_N + HS_IN]);
 			return -EINVAL;
 		}
-		if (v[HS_OUT] * v[HS_ROWS] > INT_MAX || v[HS_IN] * v[HS_ROWS] > INT_MAX) {
-			snprintf(T->err, sizeof(T->err), "rank %d's micro-batches exceed 2 GiB", r);
+		if (v[HS_OUT] * v[HS_ROWS] > INT_MAX || v[HS_IN] * v[HS_ROWS] > INT_MAX ||
+		    v[HS_TGT] * v[HS_ROWS] * v[HS_MBS] > INT_MAX) {
+			snprintf(T->err, sizeof(T->err),
+				 "rank %d's micro-batches or a step's targets exceed 2 GiB", r);
 			return -E2BIG;
 		}
 		T->first_of[r] = total;
@@ -359,12 +361,11 @@ static int check_hs(mbp_mpi_trainer *T, const uint64_t *all)
 	return 0;
 }
 
-static int link_tags(struct link *l, bool fwd)
+static void link_tags(struct link *l, bool fwd)
 {
 	l->tag_hdr = fwd ? TAG_FHDR : TAG_BHDR;
 	l->tag_data = fwd ? TAG_FDATA : TAG_BDATA;
 	l->tag_cred = fwd ? TAG_FCRED : TAG_BCRED;
-	return 0;
 }
 
 static int alloc_run(mbp_mpi_trainer *T)
