@@ -328,19 +328,31 @@ unsigned mbp_schedule_held_peak(const mbp_schedule *sc, unsigned stage)
 
 int mbp__schedule_thread_lists(const mbp_schedule *sc, unsigned threads, mbp_sched_op *ops, size_t *off)
 {
-	if (!sc || threads == 0 || threads > sc->stages)
+	return sc ? mbp__schedule_part_lists(sc, 0, sc->stages, threads, ops, off) : -EINVAL;
+}
+
+int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned count, unsigned threads,
+			     mbp_sched_op *ops, size_t *off)
+{
+	if (!sc || count == 0 || first + count > sc->stages || threads == 0 || threads > count)
 		return -EINVAL;
 	/* counting pass, then placement: each thread's operations in global order */
 	for (unsigned t = 0; t <= threads; t++)
 		off[t] = 0;
 	for (size_t i = 0; i < sc->n; i++)
-		off[mbp__stage_thread(sc->order[i].stage, sc->stages, threads) + 1]++;
+		if ((unsigned)sc->order[i].stage - first < count)
+			off[mbp__stage_thread(sc->order[i].stage - first, count, threads) + 1]++;
 	for (unsigned t = 0; t < threads; t++)
 		off[t + 1] += off[t];
 	size_t fill[MBP_MAX_STAGES + 1];
 	memcpy(fill, off, (threads + 1) * sizeof(size_t));
-	for (size_t i = 0; i < sc->n; i++)
-		ops[fill[mbp__stage_thread(sc->order[i].stage, sc->stages, threads)]++] = sc->order[i];
+	for (size_t i = 0; i < sc->n; i++) {
+		mbp_sched_op o = sc->order[i];
+		if ((unsigned)o.stage - first >= count)
+			continue;
+		o.stage = (uint16_t)(o.stage - first);
+		ops[fill[mbp__stage_thread(o.stage, count, threads)]++] = o;
+	}
 	return 0;
 }
 

@@ -28,5 +28,8 @@ static inline unsigned mbp__stage_thread(unsigned s, unsigned S, unsigned T)
 /* Each thread's operations in global order: thread t's at ops[off[t] .. off[t + 1]) (ops has n entries,
  * off threads + 1). 0 or -EINVAL. */
 int mbp__schedule_thread_lists(const mbp_schedule *sc, unsigned threads, mbp_sched_op *ops, size_t *off);
+/* The same for the `count` stages from `first` on (a part of the pipeline), numbered from 0 in the lists. */
+int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned count, unsigned threads,
+			     mbp_sched_op *ops, size_t *off);
 
 #endif

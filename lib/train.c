@@ -38,6 +38,7 @@
 #include "affinity.h"
 #include "ring.h"
 #include "schedule.h"
+#include "train_internal.h"
 #include "wait.h"
 
 enum { TS_NEW, TS_RUNNING, TS_STOPPED };
@@ -127,6 +128,13 @@ struct mbp_trainer {
 	int start_err;
 	int start_go; /* 1 run, -1 abort */
 	mbp_train_stats sum;
+
+	/* a part of a larger pipeline (train_internal.h): set before start */
+	bool remote;
+	struct mbp__train_remote rem;
+	unsigned stage0, Sg;		    /* global index of st[0]; stages of the whole pipeline */
+	struct mbp__ring *link[MBP__LINKS]; /* the boundary rings (the agent's far ends) */
+	double step_loss, step_norm;	    /* decided at the first barrier */
 };
 
 /* ---- small helpers ---- */
@@ -199,13 +207,26 @@ static void wake_all(struct mbp_trainer *t)
 /* Record the step's first error and make every thread stop. */
 static void fail(struct mbp_trainer *t, int err, int stage, int mb, mbp_op_kind op)
 {
+	bool first = false;
 	pthread_mutex_lock(&t->lock);
-	if (t->err.err == 0)
+	if (t->err.err == 0) {
 		t->err = (mbp_train_error){.err = err, .stage = stage, .mb = mb, .op = op};
+		first = true;
+	}
 	pthread_mutex_unlock(&t->lock);
 	/* release: partner of the acquire load in aborting() */
 	atomic_store_explicit(&t->abort, 1, memory_order_release);
 	wake_all(t);
+	if (first && t->remote)
+		t->rem.failed(t->rem.arg);
+}
+
+/* Push a buffer on to the next stage's ring (never full: it holds max_mbs); a remote one's agent is told. */
+static void push_on(struct mbp_trainer *t, struct mbp__ring *r, mbp_mb *mb)
+{
+	MBP_VERIFY(mbp__ring_push_sp(r, mb));
+	if (t->remote && (r == t->link[MBP__LINK_DOWN_FWD] || r == t->link[MBP__LINK_UP_BWD]))
+		t->rem.kick(t->rem.arg);
 }
 
 /* ---- one operation ---- */
@@ -287,7 +308,7 @@ static void trace_add(struct mbp_trainer *t, struct tstage *st, uint64_t t0, uin
 /* The input rows of stage st for micro-batch j: the caller's at stage 0, else the held buffer. */
 static const void *input_of(const struct mbp_trainer *t, const struct tstage *st, uint32_t j)
 {
-	if (st->idx == 0)
+	if (!st->fwd_in) /* the global stage 0 */
 		return t->in + (size_t)j * t->mb_rows * t->o.in_row_bytes;
 	return st->in[j]->data;
 }
@@ -310,10 +331,10 @@ static int op_forward(struct mbp_trainer *t, struct tthread *th, struct tstage *
 {
 	const mbp_schedule *sc = t->sc;
 	uint32_t rows = mb_rows_of(t, j);
-	if (st->stash_n + 1 > mbp_schedule_stash_peak(sc, st->idx) ||
-	    st->held_n + 1 > mbp_schedule_held_peak(sc, st->idx))
+	if (st->stash_n + 1 > mbp_schedule_stash_peak(sc, t->stage0 + st->idx) ||
+	    st->held_n + 1 > mbp_schedule_held_peak(sc, t->stage0 + st->idx))
 		return -EOVERFLOW; /* the schedule's bound; cannot happen while the lists are followed */
-	if (st->idx > 0) {
+	if (st->fwd_in) {
 		int rc = receive(t, th, st, st->fwd_in, j, &st->in[j]);
 		if (rc < 0)
 			return rc;
@@ -338,8 +359,8 @@ static int op_forward(struct mbp_trainer *t, struct tthread *th, struct tstage *
 			   .out = out->data,
 			   .stash = st->stash[j] ? st->stash[j]->data : NULL};
 	rc = st->d.forward(st->d.ctx, &io);
-	if (rc == 0 && st->idx == t->S - 1) {
-		/* the loss: the gradient that starts the backward, kept as this stage's output gradient */
+	if (rc == 0 && !st->fwd_out) {
+		/* the global last stage: the loss: the gradient that starts the backward, kept as this stage's output gradient */
 		rc = get_buf(t, th, rows, st->out_w, j, &st->dout[j]);
 		if (rc == 0) {
 			io.dout = st->dout[j]->data;
@@ -357,7 +378,7 @@ static int op_forward(struct mbp_trainer *t, struct tthread *th, struct tstage *
 		put_buf(t, th, &out);
 		return rc;
 	}
-	MBP_VERIFY(mbp__ring_push_sp(st->fwd_out, out)); /* rings hold max_mbs: never full */
+	push_on(t, st->fwd_out, out);
 	return 0;
 }
 
@@ -366,13 +387,13 @@ static int op_backward(struct mbp_trainer *t, struct tthread *th, struct tstage 
 		       uint32_t j)
 {
 	uint32_t rows = mb_rows_of(t, j);
-	if (kind != MBP_OP_W && st->idx < t->S - 1) {
+	if (kind != MBP_OP_W && st->bwd_in) {
 		int rc = receive(t, th, st, st->bwd_in, j, &st->dout[j]);
 		if (rc < 0)
 			return rc;
 	}
 	mbp_mb *din = NULL;
-	if (kind != MBP_OP_W && st->idx > 0) {
+	if (kind != MBP_OP_W && st->bwd_out) {
 		int rc = get_buf(t, th, rows, st->in_w, j, &din);
 		if (rc < 0)
 			return rc;
@@ -411,7 +432,7 @@ static int op_backward(struct mbp_trainer *t, struct tthread *th, struct tstage 
 	if (kind != MBP_OP_BIN)
 		release_mb(t, th, st, j);
 	if (din)
-		MBP_VERIFY(mbp__ring_push_sp(st->bwd_out, din));
+		push_on(t, st->bwd_out, din);
 	return 0;
 }
 
@@ -440,7 +461,7 @@ static void run_ops(struct mbp_trainer *t, struct tthread *th)
 		th->last_end = t1;
 		if (rc < 0) {
 			if (rc != -ECANCELED || !aborting(t))
-				fail(t, rc, (int)st->idx, (int)op->mb, (mbp_op_kind)op->kind);
+				fail(t, rc, (int)(t->stage0 + st->idx), (int)op->mb, (mbp_op_kind)op->kind);
 			return;
 		}
 	}
@@ -472,10 +493,40 @@ static void decide(struct mbp_trainer *t)
 	for (unsigned s = 0; t->step_ok && s < t->S; s++)
 		if (t->st[s].d.grad_sq && !isfinite(t->st[s].grad_sq)) {
 			pthread_mutex_lock(&t->lock);
-			t->err = (mbp_train_error){.err = -EDOM, .stage = (int)s, .mb = -1, .op = MBP_OP_W};
+			t->err = (mbp_train_error){
+			    .err = -EDOM, .stage = (int)(t->stage0 + s), .mb = -1, .op = MBP_OP_W};
 			pthread_mutex_unlock(&t->lock);
 			t->step_ok = false;
 		}
+	/* the step's loss and gradient norm, summed in micro-batch and stage order */
+	double loss = 0, norm = 0;
+	if (t->S && !t->st[t->S - 1].fwd_out) /* the global last stage is here */
+		for (uint32_t j = 0; t->step_ok && j < t->M; j++)
+			loss += t->loss[j];
+	if (t->remote) {
+		/* every part votes; the decision is the whole pipeline's */
+		struct mbp__train_vote v = {.ok = t->step_ok, .loss = loss};
+		pthread_mutex_lock(&t->lock);
+		v.err = t->err;
+		pthread_mutex_unlock(&t->lock);
+		for (unsigned s = 0; s < t->S; s++)
+			v.grad_sq[t->stage0 + s] = t->st[s].grad_sq;
+		t->rem.agree(t->rem.arg, &v);
+		t->step_ok = v.ok;
+		if (!v.ok) {
+			pthread_mutex_lock(&t->lock);
+			t->err = v.err;
+			pthread_mutex_unlock(&t->lock);
+		}
+		loss = v.loss;
+		for (unsigned s = 0; t->step_ok && s < t->Sg; s++)
+			norm += v.grad_sq[s];
+	} else {
+		for (unsigned s = 0; t->step_ok && s < t->S; s++)
+			norm += t->st[s].grad_sq;
+	}
+	t->step_loss = loss;
+	t->step_norm = sqrt(norm);
 }
 
 static void run_step(struct mbp_trainer *t, struct tthread *th)
@@ -498,14 +549,8 @@ static void run_step(struct mbp_trainer *t, struct tthread *th)
 	barrier_wait(&t->b1, t->T, decide, t);
 	cleanup(t, th);
 	bool ok = t->step_ok;
-	mbp_train_update u = {.step = t->step_no, .rows = t->rows, .loss = 0, .grad_norm = 0};
-	if (ok) {
-		for (uint32_t j = 0; j < t->M; j++)
-			u.loss += t->loss[j];
-		for (unsigned s = 0; s < t->S; s++)
-			u.grad_norm += t->st[s].grad_sq;
-		u.grad_norm = sqrt(u.grad_norm);
-	}
+	mbp_train_update u = {
+	    .step = t->step_no, .rows = t->rows, .loss = t->step_loss, .grad_norm = t->step_norm};
 	for (unsigned s = th->first; s <= th->last; s++) {
 		struct tstage *st = &t->st[s];
 		if (ok)
@@ -634,6 +679,10 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 
 static void free_stages(struct mbp_trainer *t)
 {
+	/* the up links belong to no stage before; the down links are the last stage's fwd_out and bwd_in */
+	mbp__ring_destroy(t->link[MBP__LINK_UP_FWD]);
+	mbp__ring_destroy(t->link[MBP__LINK_UP_BWD]);
+	memset(t->link, 0, sizeof(t->link));
 	for (unsigned s = 0; s < t->S; s++) {
 		struct tstage *st = &t->st[s];
 		mbp__ring_destroy(st->fwd_out);
@@ -685,12 +734,30 @@ static int setup(struct mbp_trainer *t)
 			t->st[s + 1].bwd_out = st->bwd_in;
 		}
 	}
+	if (t->remote) {
+		/* the rings to the remote neighbours, their agent at the far end */
+		uint32_t cap = next_pow2(t->o.max_mbs);
+		int rc = 0;
+		if (t->stage0 > 0 && (rc = mbp__ring_new(&t->link[MBP__LINK_UP_FWD], cap, &t->wopts, 0)) == 0)
+			rc = mbp__ring_new(&t->link[MBP__LINK_UP_BWD], cap, &t->wopts, 0);
+		if (rc == 0 && t->stage0 + t->S < t->Sg &&
+		    (rc = mbp__ring_new(&t->link[MBP__LINK_DOWN_FWD], cap, &t->wopts, 0)) == 0)
+			rc = mbp__ring_new(&t->link[MBP__LINK_DOWN_BWD], cap, &t->wopts, 0);
+		t->st[0].fwd_in = t->link[MBP__LINK_UP_FWD];
+		t->st[0].bwd_out = t->link[MBP__LINK_UP_BWD];
+		if (t->link[MBP__LINK_DOWN_FWD]) {
+			t->st[t->S - 1].fwd_out = t->link[MBP__LINK_DOWN_FWD];
+			t->st[t->S - 1].bwd_in = t->link[MBP__LINK_DOWN_BWD];
+		}
+		if (rc < 0)
+			return rc;
+	}
 	/* Buffers held at once: per stage and held micro-batch an input, a stash and an output gradient,
 	 * plus what travels; 4 per stage and micro-batch bounds it for every schedule. */
 	mbp_pool_opts po;
 	mbp_pool_opts_init(&po);
 	po.buf_bytes = (size_t)t->o.max_mb_rows * widest;
-	uint64_t nbuf = 4ull * t->S * t->o.max_mbs + 8ull * t->T;
+	uint64_t nbuf = 4ull * t->S * t->o.max_mbs + 8ull * t->T + (t->remote ? t->rem.extra_buffers : 0);
 	if (nbuf > UINT32_MAX || po.buf_bytes / t->o.max_mb_rows != widest)
 		return -EOVERFLOW;
 	po.max_buffers = (uint32_t)nbuf;
@@ -724,11 +791,17 @@ int mbp_trainer_start(mbp_trainer *t)
 		return -EALREADY;
 	if (t->S == 0)
 		return -EINVAL;
+	if (!t->remote) {
+		t->stage0 = 0;
+		t->Sg = t->S;
+	} else if (t->stage0 + t->S > t->Sg) {
+		return -EINVAL;
+	}
 	if (t->o.schedule == MBP_SCHED_ZBH1)
 		for (unsigned s = 0; s < t->S; s++)
 			if (!t->st[s].split) {
 				t->err = (mbp_train_error){
-				    .err = -EINVAL, .stage = (int)s, .mb = -1, .op = MBP_OP_W};
+				    .err = -EINVAL, .stage = (int)(t->stage0 + s), .mb = -1, .op = MBP_OP_W};
 				return -EINVAL;
 			}
 	int rc = setup(t);
@@ -776,7 +849,7 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	if (t->sc && mbp_schedule_mbs(t->sc) == M)
 		return 0;
 	mbp_schedule *sc;
-	int rc = mbp_schedule_new(&sc, t->o.schedule, t->S, M);
+	int rc = mbp_schedule_new(&sc, t->o.schedule, t->Sg, M);
 	if (rc < 0)
 		return rc;
 	mbp_sched_op *ops = malloc(sc->n * sizeof(*ops));
@@ -784,7 +857,7 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 		mbp_schedule_destroy(sc);
 		return -ENOMEM;
 	}
-	mbp__schedule_thread_lists(sc, t->T, ops, t->toff);
+	mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, t->toff);
 	mbp_schedule_destroy(t->sc);
 	free(t->tops);
 	t->sc = sc;
@@ -815,7 +888,7 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 		}
 	}
 	mbp_sched_sim sim = {0};
-	if (rc == 0)
+	if (rc == 0 && !t->remote) /* a part has the costs of its own stages only */
 		mbp_schedule_simulate(t->sc, costs, t->T, &sim, NULL);
 	pthread_mutex_lock(&t->lock);
 	t->sum.mbs = t->M;
@@ -830,23 +903,50 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 	pthread_mutex_unlock(&t->lock);
 }
 
-int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
-		     double *loss)
+/* The checks of a step's arguments that do not depend on a cancel or drain. */
+static int step_check(const mbp_trainer *t, size_t rows, uint32_t mb_rows)
 {
-	if (!t || !in || !targets || rows == 0 || mb_rows == 0)
+	if (rows == 0 || mb_rows == 0)
 		return -EINVAL;
 	if (t->state != TS_RUNNING)
 		return t->state == TS_NEW ? -ENOTCONN : -ESHUTDOWN;
-	if (mb_rows > t->o.max_mb_rows)
+	if (mb_rows > t->o.max_mb_rows || (rows + mb_rows - 1) / mb_rows > t->o.max_mbs)
 		return -E2BIG;
-	size_t M = (rows + mb_rows - 1) / mb_rows;
-	if (M > t->o.max_mbs)
-		return -E2BIG;
+	return 0;
+}
+
+static int step_run(struct mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
+		    double *loss);
+
+int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
+		     double *loss)
+{
+	if (!t || !in || !targets || t->remote)
+		return -EINVAL;
+	int rc = step_check(t, rows, mb_rows);
+	if (rc < 0)
+		return rc;
 	/* relaxed: a hint; a cancel that lands after this check fails the step through abort, a drain lets
 	 * it finish */
 	if (atomic_load_explicit(&t->cancelled, memory_order_relaxed) ||
 	    atomic_load_explicit(&t->draining, memory_order_relaxed))
 		return -ESHUTDOWN;
+	return step_run(t, in, targets, rows, mb_rows, loss);
+}
+
+int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets, size_t rows,
+			     uint32_t mb_rows, double *loss)
+{
+	if (!t || !t->remote || (!in && t->stage0 == 0) || (!targets && t->stage0 + t->S == t->Sg))
+		return -EINVAL;
+	int rc = step_check(t, rows, mb_rows);
+	return rc < 0 ? rc : step_run(t, in, targets, rows, mb_rows, loss);
+}
+
+static int step_run(struct mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
+		    double *loss)
+{
+	size_t M = (rows + mb_rows - 1) / mb_rows;
 	int rc = prepare_schedule(t, (uint32_t)M);
 	if (rc < 0)
 		return rc;
@@ -865,6 +965,8 @@ int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t
 	atomic_store(&t->abort, 0);
 	if (atomic_load(&t->cancelled))
 		atomic_store(&t->abort, 1);
+	if (t->remote)
+		t->rem.begin(t->rem.arg); /* from now on a remote failure reaches this step */
 	uint32_t done0 = atomic_load_explicit(&t->done, memory_order_relaxed);
 	t->t_go = mbp__clock_ns();
 	/* release: partner of the workers' acquire load of go; publishes the step above */
@@ -885,9 +987,7 @@ int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t
 	summarise(t, rc, t_end);
 	if (rc < 0)
 		return rc;
-	double l = 0;
-	for (uint32_t j = 0; j < t->M; j++)
-		l += t->loss[j];
+	double l = t->step_loss;
 	pthread_mutex_lock(&t->lock);
 	t->sum.loss = l;
 	pthread_mutex_unlock(&t->lock);
@@ -1043,4 +1143,50 @@ int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)
 							  .kind = e->kind};
 			}
 	return (int)k;
+}
+
+/* ---- a part of a larger pipeline (train_internal.h) ---- */
+
+int mbp__trainer_set_remote(mbp_trainer *t, const struct mbp__train_remote *r)
+{
+	if (!t || !r || t->state != TS_NEW || !r->kick || !r->begin || !r->failed || !r->agree ||
+	    r->stages == 0 || r->stages > MBP_MAX_STAGES || r->stage0 >= r->stages)
+		return -EINVAL;
+	t->rem = *r;
+	t->remote = true;
+	t->stage0 = r->stage0;
+	t->Sg = r->stages;
+	return 0;
+}
+
+bool mbp__trainer_link_pop(mbp_trainer *t, int link, mbp_mb **mb)
+{
+	void *item;
+	if (!t->link[link] || !mbp__ring_pop_sc(t->link[link], &item))
+		return false;
+	*mb = item;
+	return true;
+}
+
+bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb)
+{
+	return t->link[link] && mbp__ring_push_sp(t->link[link], mb);
+}
+
+unsigned mbp__trainer_link_count(mbp_trainer *t, int link)
+{
+	return t->link[link] ? mbp__ring_count(t->link[link]) : 0;
+}
+
+mbp_pool *mbp__trainer_pool(mbp_trainer *t)
+{
+	return t->pool;
+}
+
+void mbp__trainer_abort(mbp_trainer *t)
+{
+	/* release: partner of the acquire load in aborting(); no error is recorded (the failing part's
+	 * is agreed on at the first barrier) */
+	atomic_store_explicit(&t->abort, 1, memory_order_release);
+	wake_all(t);
 }

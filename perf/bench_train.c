@@ -23,52 +23,8 @@
 
 #include <mbpipe.h>
 
-#include "../tools/burn.h"
+#include "bench_syn.h"
 #include "bench_util.h"
-
-static double iters_per_us;
-
-struct syn {
-	double f_us, bin_us, bw_us;
-	uint64_t sink;
-};
-
-static int spin(struct syn *s, double us)
-{
-	s->sink = burn((uint64_t)(us * iters_per_us), s->sink);
-	return 0;
-}
-static int syn_f(void *ctx, const mbp_train_io *io)
-{
-	(void)io;
-	return spin(ctx, ((struct syn *)ctx)->f_us);
-}
-static int syn_bin(void *ctx, const mbp_train_io *io)
-{
-	(void)io;
-	return spin(ctx, ((struct syn *)ctx)->bin_us);
-}
-static int syn_bw(void *ctx, const mbp_train_io *io)
-{
-	(void)io;
-	return spin(ctx, ((struct syn *)ctx)->bw_us);
-}
-static void syn_update(void *ctx, const mbp_train_update *u)
-{
-	(void)ctx;
-	(void)u;
-}
-static void syn_discard(void *ctx)
-{
-	(void)ctx;
-}
-static int syn_loss(void *arg, const mbp_train_io *io, double *loss)
-{
-	(void)arg;
-	(void)io;
-	*loss = 0;
-	return 0;
-}
 
 struct result {
 	double step_ms, work_ms, bubble, pred, eff, ideal_eff;
@@ -93,13 +49,7 @@ static int run(unsigned S, unsigned M, mbp_sched_kind kind, double f, double bin
 	struct syn syn[MBP_MAX_STAGES];
 	for (unsigned s = 0; s < S; s++) {
 		syn[s] = (struct syn){f, bin, bw, s};
-		mbp_train_stage_desc d = {.ctx = &syn[s],
-					  .out_row_bytes = 4,
-					  .forward = syn_f,
-					  .backward_in = syn_bin,
-					  .backward_w = syn_bw,
-					  .update = syn_update,
-					  .discard = syn_discard};
+		mbp_train_stage_desc d = syn_desc(&syn[s]);
 		if ((rc = mbp_trainer_add_stage(t, &d)) < 0)
 			goto out;
 	}
@@ -160,7 +110,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_train: -u must be > 0 and -r in 1..63\n");
 		return 2;
 	}
-	iters_per_us = burn_calibrate();
+	calibrate();
 	char host[128] = "?";
 	FILE *ci = fopen("/proc/cpuinfo", "r");
 	for (char line[256]; ci && fgets(line, sizeof(line), ci);)

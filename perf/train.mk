@@ -2,6 +2,6 @@
 # figures in perf/results/train.md). Needs nothing beyond the library.
 EXTRA_PROGRAMS += perf/bench_train
 PERF_BINS += perf/bench_train
-perf_bench_train_SOURCES = perf/bench_train.c perf/bench_util.h
+perf_bench_train_SOURCES = perf/bench_train.c perf/bench_syn.h perf/bench_util.h
 perf_bench_train_CFLAGS = $(AM_CFLAGS)
 perf_bench_train_LDADD = $(MBP_LIBS)

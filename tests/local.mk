@@ -17,7 +17,7 @@ tests_test_pipeline_LDADD = $(TEST_LIBS)
 tests_test_schedule_SOURCES = tests/test_schedule.c tests/check_main.h
 tests_test_schedule_CFLAGS = $(TEST_CFLAGS)
 tests_test_schedule_LDADD = $(TEST_LIBS)
-tests_test_train_SOURCES = tests/test_train.c tests/check_main.h
+tests_test_train_SOURCES = tests/test_train.c tests/train_toy.h tests/check_main.h
 tests_test_train_CFLAGS = $(TEST_CFLAGS)
 tests_test_train_LDADD = $(TEST_LIBS)
 

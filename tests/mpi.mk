@@ -2,10 +2,13 @@
 # `make check` (an MPI program needs its launcher). `make check-mpi` runs them with 2 and 4 ranks; CI runs
 # it through scripts/test.sh.
 if HAVE_MPI
-check_PROGRAMS += tests/test_mpi tests/mpi_fault
-tests_test_mpi_SOURCES = tests/test_mpi.c
+check_PROGRAMS += tests/test_mpi tests/test_mpi_train tests/mpi_fault
+tests_test_mpi_SOURCES = tests/test_mpi.c tests/mpi_main.h
 tests_test_mpi_CFLAGS = $(TEST_CFLAGS) $(MPI_CFLAGS)
 tests_test_mpi_LDADD = $(MBP_MPI_LIBS) $(CHECK_LIBS)
+tests_test_mpi_train_SOURCES = tests/test_mpi_train.c tests/train_toy.h tests/mpi_main.h
+tests_test_mpi_train_CFLAGS = $(TEST_CFLAGS) $(MPI_CFLAGS)
+tests_test_mpi_train_LDADD = $(MBP_MPI_LIBS) $(CHECK_LIBS)
 tests_mpi_fault_SOURCES = tests/mpi_fault.c
 tests_mpi_fault_CFLAGS = $(AM_CFLAGS)
 tests_mpi_fault_LDADD = $(MBP_MPI_LIBS)

@@ -6,6 +6,9 @@
  *         ended completed or failed; rank 0 prints "mpi_fault: ok ..." and mbp_mpi_finalize() aborts the
  *         job (the stopped rank included).
  *   kill: mpirun sees the dead rank and ends the job with its own message.
+ *   train-stop: the same for training across ranks (mbp_mpi_trainer, one stage per rank): the last rank
+ *         stops in a forward of its third step; rank 0's step returns -ETIMEDOUT naming the rank, it
+ *         prints "mpi_fault: ok step=ETIMEDOUT ..." and mbp_mpi_finalize() aborts the job.
  * The script checks the messages, the exit status and the time taken.
  */
 #include "config.h"
@@ -42,15 +45,103 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Training: a stage that copies its input forward and its gradient back (no parameters). */
+static int t_copy_fwd(void *ctx, const mbp_train_io *io)
+{
+	(void)ctx;
+	if (atomic_fetch_add(&calls, 1) == 10)
+		raise(SIGSTOP);
+	memcpy(io->out, io->in, (size_t)io->rows * 64);
+	return 0;
+}
+
+static int t_copy_bwd(void *ctx, const mbp_train_io *io)
+{
+	(void)ctx;
+	if (io->din)
+		memcpy(io->din, io->dout, (size_t)io->rows * 64);
+	return 0;
+}
+
+static double t_grad_sq(void *ctx)
+{
+	(void)ctx;
+	return 0;
+}
+
+static void t_update(void *ctx, const mbp_train_update *u)
+{
+	(void)ctx;
+	(void)u;
+}
+
+static void t_discard(void *ctx)
+{
+	(void)ctx;
+}
+
+static int t_loss(void *arg, const mbp_train_io *io, double *loss)
+{
+	(void)arg;
+	memset(io->dout, 0, (size_t)io->rows * 64);
+	*loss = 0;
+	return 0;
+}
+
+static int train_fault(int rank, int size, int64_t timeout_ns)
+{
+	mbp_train_opts o = {.in_row_bytes = 64, .target_row_bytes = 8, .max_mb_rows = 4, .loss = t_loss};
+	mbp_mpi_opts mo;
+	mbp_mpi_opts_init(&mo);
+	mo.peer_timeout_ns = timeout_ns;
+	mbp_train_stage_desc d = {.out_row_bytes = 64,
+				  .forward = t_copy_fwd,
+				  .backward = t_copy_bwd,
+				  .grad_sq = t_grad_sq,
+				  .update = t_update,
+				  .discard = t_discard};
+	mbp_mpi_trainer *t;
+	if (mbp_mpi_trainer_new(&t, &o, &mo) || mbp_mpi_trainer_add_stage(t, &d) ||
+	    mbp_mpi_trainer_start(t)) {
+		fprintf(stderr, "mpi_fault: rank %d: set-up failed\n", rank);
+		mbp_mpi_abort(3);
+	}
+	if (rank != size - 1)
+		atomic_store(&calls, 1000); /* only the last rank stops */
+	if (rank != 0) {
+		int rc = mbp_mpi_trainer_serve(t);
+		fprintf(stderr, "mpi_fault: rank %d: serve: %s %s\n", rank, mbp_strerror(rc),
+			mbp_mpi_trainer_run_error(t));
+		mbp_mpi_trainer_destroy(t);
+		mbp_mpi_finalize();
+		return rc ? 1 : 0;
+	}
+	static char in[16 * 64], tg[16 * 8];
+	double t0 = now_s();
+	int rc = 0, steps = 0;
+	for (; steps < 10 && rc == 0; steps++)
+		rc = mbp_mpi_trainer_step(t, in, tg, 16, 4, NULL);
+	double secs = now_s() - t0;
+	bool ok = rc == -ETIMEDOUT && steps == 3 && strstr(mbp_mpi_trainer_run_error(t), "stopped answering");
+	printf("mpi_fault: %s step=%s at step %d after %.1f s: %s\n", ok ? "ok" : "FAILED", mbp_err_name(rc),
+	       steps, secs, mbp_mpi_trainer_run_error(t));
+	fflush(stdout);
+	mbp_mpi_trainer_destroy(t);
+	mbp_mpi_finalize(); /* aborts: a rank went silent */
+	return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	if (mbp_mpi_init(&argc, &argv) != 0 || argc != 3) {
-		fprintf(stderr, "usage: mpirun -np R mpi_fault stop|kill TIMEOUT_MS\n");
+		fprintf(stderr, "usage: mpirun -np R mpi_fault stop|kill|train-stop TIMEOUT_MS\n");
 		return 2;
 	}
 	mode = argv[1];
 	int64_t timeout_ns = strtoll(argv[2], NULL, 10) * 1000000;
 	int rank = mbp_mpi_rank(), size = mbp_mpi_size();
+	if (strcmp(mode, "train-stop") == 0)
+		return train_fault(rank, size, timeout_ns);
 	mbp_opts o;
 	mbp_opts_init(&o);
 	o.in_row_bytes = 64;

@@ -701,28 +701,4 @@ static Suite *suite(void)
 	return s;
 }
 
-int main(int argc, char **argv)
-{
-	if (mbp_mpi_init(&argc, &argv) != 0) {
-		fprintf(stderr, "test_mpi: MPI did not start\n");
-		return 1;
-	}
-	rank = mbp_mpi_rank();
-	size = mbp_mpi_size();
-	if (size < 2) {
-		fprintf(stderr, "test_mpi: run under mpirun -np 2 or more\n");
-		mbp_mpi_finalize();
-		return 2;
-	}
-	SRunner *sr = srunner_create(suite());
-	srunner_set_fork_status(sr, CK_NOFORK);
-	if (rank != 0)
-		srunner_set_log(sr, NULL);
-	srunner_run_all(sr, rank == 0 ? CK_NORMAL : CK_SILENT);
-	int failed = srunner_ntests_failed(sr);
-	if (failed)
-		fprintf(stderr, "test_mpi: rank %d: %d failed\n", rank, failed);
-	srunner_free(sr);
-	mbp_mpi_finalize();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+#include "mpi_main.h"

@@ -213,6 +213,117 @@ typedef struct mbp_mpi_stats {
 /** Snapshot the counters. @return 0, -EINVAL. */
 int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st);
 
+/* ---- training across ranks ---- */
+
+/*
+ * mbp_mpi_trainer: a training pipeline (<mbpipe/train.h>) whose stages run on several ranks. Each rank
+ * holds a contiguous range of the stages (rank 0 the first ones), added in order with
+ * mbp_mpi_trainer_add_stage(), and every rank follows the schedule of the whole pipeline (GPipe, 1F1B,
+ * ZB-H1): the forward activation hop and the backward gradient hop between the last stage of rank r and
+ * the first of rank r+1 are links like the forward pipeline's (pre-posted windows of receives into pool
+ * buffers, credits, no copy between the buffer and MPI), driven by the communication thread. A sender
+ * holds a micro-batch until a credit says that a receive waits for it (window: opts.window receives per
+ * link); the receiver hands each arrival to its stage's ring at once, as a stage does in one process (the
+ * trainer's rings hold a step's micro-batches, so no stage ever waits to push: the schedule bounds what
+ * is in flight).
+ *
+ * Rank 0 calls mbp_mpi_trainer_step() with the inputs and the targets; it sends the targets of each step
+ * to the last rank (one message), so a program's data loader runs on rank 0 only. The other ranks call
+ * mbp_mpi_trainer_step() with NULL, NULL, 0, 0 (it waits for rank 0's next step, runs this rank's part
+ * and returns the same result as rank 0's step), or mbp_mpi_trainer_serve() to do that until the run
+ * ends. A step is all or nothing across ranks: every rank's stages update only when every stage on every
+ * rank finished every operation and the loss and gradients are finite; the gradient norm given to each
+ * update is the one over all stages of all ranks (summed in stage order: bit for bit the single-process
+ * trainer's); the loss is the last rank's. A stage error on any rank fails the step on every rank, which
+ * returns that error and names the stage (its index in the whole pipeline) and the micro-batch through
+ * mbp_mpi_trainer_error(); the next step runs normally. A cancel from rank 0 fails the step under way on
+ * every rank with -ECANCELED; a rank that stops answering ends the run with -ETIMEDOUT (see "Failures"
+ * above: mbp_mpi_trainer_run_error() names it, mbp_mpi_finalize() aborts). Rank 0 ends the run in
+ * mbp_mpi_trainer_destroy(); the other ranks' serve (or step: -ESHUTDOWN) returns then.
+ *
+ * The communication thread runs one run at a time: a trainer and an mbp_mpi pipeline are not started at
+ * once in one process.
+ *
+ * Thread safety:
+ *   operation                                    | concurrency
+ *   mbp_mpi_trainer_cancel, _drain, _stats_get   | any thread, also while a step runs
+ *   new, add_stage, start, step, serve, error, destroy | one controlling thread
+ */
+typedef struct mbp_mpi_trainer mbp_mpi_trainer;
+
+/**
+ * Create this rank's part of a training pipeline. `o` is this rank's trainer options (<mbpipe/train.h>):
+ * in_row_bytes is the width of this rank's input rows (the previous rank's output width); loss,
+ * target_row_bytes, max_mb_rows, max_mbs and schedule must be the same on every rank (start checks).
+ * Of `mo` (NULL: defaults) the window, peer_timeout_ns, spin_ns and idle_ns apply. Pair with
+ * mbp_mpi_trainer_destroy().
+ * @return 0, -ENOTCONN (no mbp_mpi_init), -EINVAL, -ERANGE (more ranks than MBP_MAX_STAGES), or
+ *         mbp_trainer_new's error.
+ */
+int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp_mpi_opts *mo);
+
+/** Append one of this rank's stages (before start), as mbp_trainer_add_stage(). @return its result, or
+ * -EINVAL (NULL, started). */
+int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *t, const mbp_train_stage_desc *d);
+
+/**
+ * Start, on every rank (collective): check that the ranks agree (each rank's output width is the next
+ * one's input width, the options above are equal, every rank has a stage, at most MBP_MAX_STAGES stages
+ * in all), start each rank's trainer, open the links. Every rank gets the same result.
+ * @return 0, -EINVAL or -E2BIG (mbp_mpi_trainer_run_error() says which rank and what), -EALREADY, or a
+ *         rank's mbp_trainer_start error (ZB-H1 with a stage lacking backward_in/backward_w: -EINVAL).
+ */
+int mbp_mpi_trainer_start(mbp_mpi_trainer *t);
+
+/**
+ * One synchronous step over all ranks. Rank 0: as mbp_trainer_step() (in: rows x its in_row_bytes;
+ * targets: rows x target_row_bytes). Other ranks: in and targets NULL, rows and mb_rows 0: run this
+ * rank's part of rank 0's next step.
+ * @param loss if not NULL, receives the step's summed loss (on every rank)
+ * @return 0 or the step's error, the same on every rank (see mbp_trainer_step: -ECANCELED, -EDOM, a
+ *         stage's error ...); -EINVAL, -E2BIG (rank 0's arguments, refused before the step starts
+ *         anywhere); -ENOTCONN (not started); -ESHUTDOWN (rank 0: cancelled, drained or ending; others:
+ *         rank 0 ended the run); -ETIMEDOUT (a rank stopped answering).
+ */
+int mbp_mpi_trainer_step(mbp_mpi_trainer *t, const void *in, const void *targets, size_t rows,
+			 uint32_t mb_rows, double *loss);
+
+/**
+ * Ranks other than 0: run rank 0's steps until it ends the run.
+ * @return 0 (ended), -ECANCELED (rank 0 cancelled), -ETIMEDOUT (a rank stopped answering), -EPERM (rank
+ *         0), -ENOTCONN, -EINVAL.
+ */
+int mbp_mpi_trainer_serve(mbp_mpi_trainer *t);
+
+/** Rank 0: cancel (mbp_trainer_cancel on every rank): the step under way fails with -ECANCELED on every
+ * rank, later steps with -ESHUTDOWN. Any thread. @return 0, -EPERM (not rank 0), -EINVAL. */
+int mbp_mpi_trainer_cancel(mbp_mpi_trainer *t);
+
+/** Rank 0: the step under way finishes; later steps fail with -ESHUTDOWN. Any thread. @return 0, -EPERM. */
+int mbp_mpi_trainer_drain(mbp_mpi_trainer *t);
+
+/** Where the last failed step failed: stage is the index in the whole pipeline. @return 0, -EINVAL. */
+int mbp_mpi_trainer_error(const mbp_mpi_trainer *t, mbp_train_error *e);
+
+/** Why the run failed to start or ended ("rank 2 stopped answering: ..."), or "". */
+const char *mbp_mpi_trainer_run_error(const mbp_mpi_trainer *t);
+
+/** Rank 0 ends the run on every rank (other ranks: wait until it has), then free everything. NULL ok. */
+void mbp_mpi_trainer_destroy(mbp_mpi_trainer *t);
+
+typedef struct mbp_mpi_train_stats {
+	mbp_train_stats local; /**< this rank's trainer (its stages; bubble_predicted 0) */
+	uint32_t rank, ranks;
+	uint32_t stage0, stages; /**< this rank's first stage, the stages of the whole pipeline */
+	uint64_t sent, received; /**< activations and gradients over this rank's links */
+	uint64_t dropped;	 /**< arrivals of a step that had failed here already */
+	uint64_t credit_waits;	 /**< times a send waited for a credit */
+} mbp_mpi_train_stats;
+
+/** Snapshot; `ss` receives up to n of this rank's stages. @return this rank's stage count, -EINVAL. */
+int mbp_mpi_trainer_stats_get(mbp_mpi_trainer *t, mbp_mpi_train_stats *st, mbp_train_stage_stats *ss,
+			      unsigned n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,10 +13,12 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <mpi.h>
 
+#include "common.h"
 #include "mpi_internal.h"
 
 static struct {
@@ -231,4 +233,34 @@ int mbp_mpi_exec(int (*fn)(void *), void *arg)
 	if (busy)
 		return -EBUSY; /* a run's link loop holds the thread (or another exec) */
 	return mbp__mpi_call(fn, arg);
+}
+
+void mbp__mpi_sync_init(pthread_mutex_t *m, pthread_cond_t *a, pthread_cond_t *b)
+{
+	pthread_mutex_init(m, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(a, &ca);
+	pthread_cond_init(b, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+void mbp__mpi_deadline(int64_t timeout_ns, struct timespec *ts)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	uint64_t ns = (uint64_t)ts->tv_nsec + (uint64_t)timeout_ns;
+	ts->tv_sec += (time_t)(ns / 1000000000u);
+	ts->tv_nsec = (long)(ns % 1000000000u);
+}
+
+void mbp__mpi_finish(MPI_Request *rq, bool cancel, uint64_t deadline)
+{
+	if (*rq == MPI_REQUEST_NULL)
+		return;
+	if (cancel)
+		MPI_Cancel(rq);
+	int flag = 0;
+	while (!flag && mbp__now_ns() < deadline)
+		MPI_Test(rq, &flag, MPI_STATUS_IGNORE);
 }

@@ -2,7 +2,7 @@
 # configure finds MPI (--with-mpi); the core library has no MPI dependency.
 if HAVE_MPI
 lib_LTLIBRARIES += lib/libmbpipe-mpi.la
-lib_libmbpipe_mpi_la_SOURCES = lib/mpi/mpi_internal.h lib/mpi/comm.c lib/mpi/mpi.c
+lib_libmbpipe_mpi_la_SOURCES = lib/mpi/mpi_internal.h lib/mpi/comm.c lib/mpi/mpi.c lib/mpi/trainer.c
 lib_libmbpipe_mpi_la_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS)
 lib_libmbpipe_mpi_la_LIBADD = $(MPI_LIBS)
 mbpipeinclude_HEADERS += include/mbpipe/mpi.h

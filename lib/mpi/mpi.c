@@ -191,14 +191,6 @@ static void wake_loop_locked(mbp_mpi *mp)
 		pthread_cond_signal(&mp->wake);
 }
 
-static void deadline_of(int64_t timeout_ns, struct timespec *ts)
-{
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	uint64_t ns = (uint64_t)ts->tv_nsec + (uint64_t)timeout_ns;
-	ts->tv_sec += (time_t)(ns / 1000000000u);
-	ts->tv_nsec = (long)(ns % 1000000000u);
-}
-
 /* Wait on mp->cond until `deadline` (NULL: without limit). @return false on timeout. */
 static bool cond_wait_until(mbp_mpi *mp, const struct timespec *deadline)
 {
@@ -268,13 +260,7 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	mp->lo.on_result_arg = mp;
 	mp->comm = MPI_COMM_NULL;
 	mp->in_rb = mp->out_rb = local->in_row_bytes;
-	pthread_mutex_init(&mp->lock, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&mp->cond, &ca);
-	pthread_cond_init(&mp->wake, &ca);
-	pthread_condattr_destroy(&ca);
+	mbp__mpi_sync_init(&mp->lock, &mp->cond, &mp->wake);
 	int rc = mbp_pipeline_new(&mp->p, &mp->lo);
 	if (rc) {
 		mbp_mpi_destroy(mp);
@@ -585,7 +571,7 @@ static int reserve_first(mbp_mpi *mp, int64_t timeout_ns, uint64_t *seq)
 {
 	struct timespec dl;
 	if (timeout_ns > 0)
-		deadline_of(timeout_ns, &dl);
+		mbp__mpi_deadline(timeout_ns, &dl);
 	pthread_mutex_lock(&mp->lock);
 	int rc = reserve_locked(mp, false, timeout_ns > 0 ? &dl : NULL, timeout_ns, seq);
 	if (rc)
@@ -725,7 +711,7 @@ int mbp_mpi_job_wait(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 		return -EINVAL;
 	struct timespec dl;
 	if (timeout_ns > 0)
-		deadline_of(timeout_ns, &dl);
+		mbp__mpi_deadline(timeout_ns, &dl);
 	int rc = 0;
 	pthread_mutex_lock(&mp->lock);
 	while (!job->priv.opaque[1]) {
@@ -1262,18 +1248,6 @@ static void setup_loop(mbp_mpi *mp)
 	}
 }
 
-/* Wait for a request, at most until `deadline` (then leave it: the run failed and MPI_Abort follows). */
-static void finish_request(MPI_Request *rq, bool cancel, uint64_t deadline)
-{
-	if (*rq == MPI_REQUEST_NULL)
-		return;
-	if (cancel)
-		MPI_Cancel(rq);
-	int flag = 0;
-	while (!flag && mbp__now_ns() < deadline)
-		MPI_Test(rq, &flag, MPI_STATUS_IGNORE);
-}
-
 static void teardown_loop(mbp_mpi *mp, bool dead)
 {
 	uint64_t dl = mbp__now_ns() + (dead ? 100 : 2000) * (uint64_t)1000000;
@@ -1281,9 +1255,9 @@ static void teardown_loop(mbp_mpi *mp, bool dead)
 		for (uint32_t i = 0; i < mp->mo.window; i++) {
 			struct rslot *r = &mp->rs_slots[i];
 			if (r->hactive)
-				finish_request(&r->hreq, true, dl);
+				mbp__mpi_finish(&r->hreq, true, dl);
 			if (r->dactive)
-				finish_request(&r->dreq, true, dl);
+				mbp__mpi_finish(&r->dreq, true, dl);
 			MPI_Request_free(&r->hreq);
 			if (r->mb && mp->rank != 0)
 				mbp_mb_release(mp->p, r->mb);
@@ -1292,24 +1266,24 @@ static void teardown_loop(mbp_mpi *mp, bool dead)
 			r->mb = NULL;
 			struct sslot *ss = &mp->ss[i];
 			if (ss->busy) {
-				finish_request(&ss->req[0], false, dl);
-				finish_request(&ss->req[1], false, dl);
+				mbp__mpi_finish(&ss->req[0], false, dl);
+				mbp__mpi_finish(&ss->req[1], false, dl);
 				if (ss->mb)
 					mbp_mb_release(mp->p, ss->mb);
 				ss->busy = false;
 			}
 		}
 		if (mp->credit_ractive)
-			finish_request(&mp->credit_rreq, true, dl);
+			mbp__mpi_finish(&mp->credit_rreq, true, dl);
 		MPI_Request_free(&mp->credit_rreq);
 		if (mp->credit_sactive)
-			finish_request(&mp->credit_sreq, false, dl);
+			mbp__mpi_finish(&mp->credit_sreq, false, dl);
 		for (unsigned c = 0; c < mp->nctl; c++) {
 			struct ctl *k = &mp->ctl[c];
-			finish_request(&k->rreq, true, dl);
+			mbp__mpi_finish(&k->rreq, true, dl);
 			MPI_Request_free(&k->rreq);
 			if (k->sactive)
-				finish_request(&k->sreq, false, dl);
+				mbp__mpi_finish(&k->sreq, false, dl);
 		}
 	}
 	pthread_mutex_lock(&mp->lock);
@@ -1374,7 +1348,7 @@ static int link_loop(void *arg)
 			last_act = now;
 		} else if (!leave && now - last_act > mp->mo.spin_ns && mp->qn == 0) {
 			struct timespec dl;
-			deadline_of((int64_t)mp->mo.idle_ns, &dl);
+			mbp__mpi_deadline((int64_t)mp->mo.idle_ns, &dl);
 			mp->sleeping = true;
 			pthread_cond_timedwait(&mp->wake, &mp->lock, &dl);
 			mp->sleeping = false;
@@ -1424,7 +1398,7 @@ int mbp_mpi_drain(mbp_mpi *mp, int64_t timeout_ns)
 		return rc;
 	struct timespec dl;
 	if (timeout_ns > 0)
-		deadline_of(timeout_ns, &dl);
+		mbp__mpi_deadline(timeout_ns, &dl);
 	pthread_mutex_lock(&mp->lock);
 	if (mp->state == S_ENDED) {
 		rc = mp->run_err;
@@ -1484,7 +1458,7 @@ int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)
 		return -ENOTCONN;
 	struct timespec dl;
 	if (timeout_ns > 0)
-		deadline_of(timeout_ns, &dl);
+		mbp__mpi_deadline(timeout_ns, &dl);
 	bool cancel_done = false;
 	pthread_mutex_lock(&mp->lock);
 	for (;;) {

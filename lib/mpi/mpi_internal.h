@@ -5,9 +5,13 @@
 #ifndef MBP__MPI_INTERNAL_H
 #define MBP__MPI_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
+
+#include <mpi.h>
 
 #include <mbpipe.h>
 #include <mbpipe/mpi.h>
@@ -24,5 +28,12 @@ int mbp__mpi_call(int (*fn)(void *), void *arg);
 void mbp__mpi_abort_at_end(void);
 /* On the communication thread: MPI_Abort now if mbp_mpi_abort() asked for it. */
 void mbp__mpi_check_abort(void);
+/* A mutex and two condition variables on CLOCK_MONOTONIC (for timed waits on mbp__mpi_deadline). */
+void mbp__mpi_sync_init(pthread_mutex_t *m, pthread_cond_t *a, pthread_cond_t *b);
+/* CLOCK_MONOTONIC's now plus timeout_ns. */
+void mbp__mpi_deadline(int64_t timeout_ns, struct timespec *ts);
+/* On the communication thread: wait for a request (cancelled first if `cancel`), at most until `deadline`
+ * (mbp__now_ns); then leave it (the run failed and MPI_Abort follows). */
+void mbp__mpi_finish(MPI_Request *rq, bool cancel, uint64_t deadline);
 
 #endif

@@ -1,0 +1,74 @@
+/*
+ * The trainer's remote neighbours: what lets a trainer hold a contiguous range of a larger pipeline's
+ * stages, its other stages running elsewhere (libmbpipe-mpi's trainer across ranks). Not installed.
+ *
+ * A trainer given a remote (before mbp_trainer_start) follows the schedule of all `stages` stages and runs
+ * the ones from `stage0` on. Where a neighbouring stage is remote, its ring has the remote's agent at its
+ * far end (one thread, the agent's): at the first local stage, the forward input ring (the agent pushes
+ * activations into it) and the backward output ring (the agent pops input gradients); at the last local
+ * stage, the forward output ring (popped) and the backward input ring (pushed). Items are pool buffers of
+ * the trainer's pool with seq = micro-batch, rows and row_bytes set. Only the global last stage computes
+ * the loss; only the global stage 0 reads the caller's input rows.
+ *
+ * A step: the controller's mbp__trainer_step_remote() resets the step's abort flag, then calls begin()
+ * (from then on mbp__trainer_abort() reaches this step), then starts the workers. A failure of one of the
+ * trainer's own operations calls failed() once (tell the other parts). At the first barrier the last
+ * worker calls agree() with the local vote and takes back the whole pipeline's decision; the agent stops
+ * pushing into the incoming rings of this step before agree() returns, and drops what the outgoing rings
+ * still hold (mbp__trainer_link_pop until empty) before it returns too.
+ */
+#ifndef MBP__TRAIN_INTERNAL_H
+#define MBP__TRAIN_INTERNAL_H
+
+#include <stdbool.h>
+
+#include <mbpipe.h>
+
+/* The boundary rings, by the remote neighbour's side. */
+enum {
+	MBP__LINK_UP_FWD = 0, /* activations from the stage before stage0 (pushed by the agent) */
+	MBP__LINK_UP_BWD,     /* input gradients of stage0, to the stage before (popped by the agent) */
+	MBP__LINK_DOWN_FWD,   /* activations of the last local stage, to the next (popped) */
+	MBP__LINK_DOWN_BWD,   /* output gradients of the last local stage, from the next (pushed) */
+	MBP__LINKS
+};
+
+/* The vote at the first barrier. In: this part's view; out: the whole pipeline's. */
+struct mbp__train_vote {
+	bool ok;	     /* in: no local failure; out: every part ok (update) */
+	mbp_train_error err; /* in: the local failure (stage is global), err 0: none; out: the step's */
+	double grad_sq[MBP_MAX_STAGES]; /* in: the local stages' (at their global index); out: all stages' */
+	double loss; /* in: the summed loss when the global last stage is local; out: the step's */
+};
+
+struct mbp__train_remote {
+	unsigned stage0;	/* global index of the first local stage */
+	unsigned stages;	/* stages of the whole pipeline */
+	unsigned extra_buffers; /* pool buffers the agent holds at once (its receive windows) */
+	void *arg;
+	void (*kick)(void *arg);   /* an outgoing ring has a new item (any worker) */
+	void (*begin)(void *arg);  /* the controller, as a step starts */
+	void (*failed)(void *arg); /* a worker, at the step's first local failure */
+	void (*agree)(void *arg, struct mbp__train_vote *v); /* the last worker at the first barrier */
+};
+
+/* Set before mbp_trainer_start(). @return 0, -EINVAL (started, stages out of range). */
+int mbp__trainer_set_remote(mbp_trainer *t, const struct mbp__train_remote *r);
+
+/* The agent's end of a boundary ring (NULL-safe: false when the ring does not exist). */
+bool mbp__trainer_link_pop(mbp_trainer *t, int link, mbp_mb **mb);
+bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb);
+/* Items waiting in a boundary ring (0 when it does not exist). Any thread. */
+unsigned mbp__trainer_link_count(mbp_trainer *t, int link);
+/* The trainer's pool (its buffers travel over the links). */
+mbp_pool *mbp__trainer_pool(mbp_trainer *t);
+
+/* Fail the running step from outside (a remote part failed): no local error is recorded. Any thread. */
+void mbp__trainer_abort(mbp_trainer *t);
+
+/* mbp_trainer_step for a part: `in` NULL when stage0 > 0, `targets` NULL when the last stage is remote;
+ * no refusal for a cancel or drain (the step runs, and fails if cancelled, so every part votes). */
+int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets, size_t rows,
+			     uint32_t mb_rows, double *loss);
+
+#endif

@@ -1,0 +1,130 @@
+/*
+ * bench_mpi_train: training across 2 MPI ranks (one stage each, mbp_mpi_trainer) against one process of 2
+ * stages (mbp_trainer, 2 threads), on the synthetic workload of bench_train (calibrated busy loops for F,
+ * B_in and B_w, equal costs), S = 2, M micro-batches, each schedule. Rank 0 alternates the two arms step
+ * by step (while it runs the single process, rank 1 waits for the next step, parked); the figure is the
+ * median step time of each arm and their ratio (single / ranks: the ranks' share of the single process's
+ * throughput), with the step time the schedule predicts without a link (mbp_schedule_simulate).
+ *
+ *   mpirun --oversubscribe --bind-to none -np 2 bench_mpi_train [-u UNIT_US] [-m M] [-r ROUNDS] [-i IDLE_US]
+ * (-i: the communication thread's park between polls, mbp_mpi_opts.idle_ns; default 200 us)
+ * Rank 0 prints a table and a summary line `bench_mpi_train: ...`.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <mbpipe.h>
+#include <mbpipe/mpi.h>
+
+#include "bench_syn.h"
+#include "bench_util.h"
+
+static void die(const char *what, int rc)
+{
+	fprintf(stderr, "bench_mpi_train: %s: %s\n", what, mbp_strerror(rc));
+	mbp_mpi_abort(1);
+}
+
+int main(int argc, char **argv)
+{
+	if (mbp_mpi_init(&argc, &argv) != 0)
+		return 1;
+	double unit = 1000;
+	unsigned M = 8, rounds = 7;
+	mbp_mpi_opts mo;
+	mbp_mpi_opts_init(&mo);
+	for (int c; (c = getopt(argc, argv, "u:m:r:i:")) != -1;) {
+		if (c == 'i')
+			mo.idle_ns = (uint64_t)(atof(optarg) * 1000);
+		else if (c == 'u')
+			unit = atof(optarg);
+		else if (c == 'm')
+			M = (unsigned)atoi(optarg);
+		else if (c == 'r')
+			rounds = (unsigned)atoi(optarg);
+		else
+			die("usage: bench_mpi_train [-u UNIT_US] [-m M] [-r ROUNDS] [-i IDLE_US]", -EINVAL);
+	}
+	int rank = mbp_mpi_rank(), size = mbp_mpi_size();
+	if (size != 2 || !(unit > 0) || M < 1 || M > 1024 || rounds < 1 || rounds > 63)
+		die("run with -np 2; -u > 0, -m in 1..1024, -r in 1..63", -EINVAL);
+	calibrate();
+	static float dummy[1024];
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	if (rank == 0) {
+		printf("# bench_mpi_train: 2 ranks x 1 stage vs 1 process x 2 stages, %ld CPUs, unit %.0f us "
+		       "(F = B_in = B_w), M = %u, %u rounds (median), link idle_ns %.0f us\n",
+		       sysconf(_SC_NPROCESSORS_ONLN), unit, M, rounds, (double)mo.idle_ns / 1000);
+		printf("%-6s %10s %10s %10s %8s\n", "sched", "pred_ms", "single_ms", "ranks_ms", "ratio");
+	}
+	double ratio[3];
+	for (size_t k = 0; k < 3; k++) {
+		mbp_train_opts o = {.in_row_bytes = 4,
+				    .target_row_bytes = 4,
+				    .max_mb_rows = 1,
+				    .max_mbs = M,
+				    .schedule = kinds[k],
+				    .loss = syn_loss};
+		struct syn syn[2] = {{unit, unit, unit, 1}, {unit, unit, unit, 2}};
+		mbp_mpi_trainer *mt;
+		mbp_train_stage_desc d = syn_desc(&syn[rank]);
+		int rc = mbp_mpi_trainer_new(&mt, &o, &mo);
+		if (rc == 0)
+			rc = mbp_mpi_trainer_add_stage(mt, &d);
+		if (rc == 0)
+			rc = mbp_mpi_trainer_start(mt);
+		if (rc)
+			die("the trainer across ranks", rc);
+		if (rank != 0) {
+			for (unsigned r = 0; r <= rounds; r++)
+				if ((rc = mbp_mpi_trainer_step(mt, NULL, NULL, 0, 0, NULL)) != 0)
+					die("a step", rc);
+			mbp_mpi_trainer_destroy(mt);
+			continue;
+		}
+		mbp_trainer *t;
+		struct syn one[2] = {{unit, unit, unit, 3}, {unit, unit, unit, 4}};
+		o.threads = 2;
+		rc = mbp_trainer_new(&t, &o);
+		for (unsigned s = 0; s < 2 && rc == 0; s++) {
+			mbp_train_stage_desc ds = syn_desc(&one[s]);
+			rc = mbp_trainer_add_stage(t, &ds);
+		}
+		if (rc == 0)
+			rc = mbp_trainer_start(t);
+		if (rc)
+			die("the single-process trainer", rc);
+		double single[64], ranks[64];
+		for (unsigned r = 0; r <= rounds; r++) {
+			uint64_t t0 = bench_now_ns();
+			if ((rc = mbp_trainer_step(t, dummy, dummy, M, 1, NULL)) != 0)
+				die("a single-process step", rc);
+			uint64_t t1 = bench_now_ns();
+			if ((rc = mbp_mpi_trainer_step(mt, dummy, dummy, M, 1, NULL)) != 0)
+				die("a step across ranks", rc);
+			uint64_t t2 = bench_now_ns();
+			if (r > 0) { /* the first: warm-up */
+				single[r - 1] = (double)(t1 - t0) / 1e6;
+				ranks[r - 1] = (double)(t2 - t1) / 1e6;
+			}
+		}
+		mbp_op_costs costs[2] = {{unit, unit, unit}, {unit, unit, unit}};
+		mbp_sched_sim sim = {0};
+		mbp_schedule_simulate(mbp_trainer_schedule(t), costs, 2, &sim, NULL);
+		double s_ms = bench_median(single, rounds), r_ms = bench_median(ranks, rounds);
+		ratio[k] = s_ms / r_ms;
+		printf("%-6s %10.2f %10.2f %10.2f %8.3f\n", mbp_sched_name(kinds[k]), sim.makespan / 1000.0,
+		       s_ms, r_ms, ratio[k]);
+		mbp_trainer_destroy(t);
+		mbp_mpi_trainer_destroy(mt);
+	}
+	if (rank == 0)
+		printf(
+		    "bench_mpi_train: unit_us=%.0f M=%u ranks_over_single gpipe=%.3f 1f1b=%.3f zbh1=%.3f\n",
+		    unit, M, ratio[0], ratio[1], ratio[2]);
+	mbp_mpi_finalize();
+	return 0;
+}

@@ -1,0 +1,352 @@
+/*
+ * Training across MPI ranks: run under `mpirun -np R` (tests/mpi.sh runs it with R = 2 and 4). Every rank
+ * holds two stages of the toy pipeline of test_train.c (train_toy.h), 2R stages in all, and runs the same
+ * tests in the same order; rank 0 gives the inputs and targets, the others serve. Each rank also runs the
+ * whole pipeline in one process (an mbp_trainer of 2R stages on the same data) and compares its own stages'
+ * parameters with that trainer's, bit for bit, after every step.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <mbpipe.h>
+#include <mbpipe/mpi.h>
+
+#include "train_toy.h"
+
+#define SPR  2	/* stages per rank */
+#define ROWS 22 /* rows per step: 6 micro-batches of 4, the last of 2 */
+#define MBR  4
+#define SEC  ((int64_t)1000000000)
+
+static int rank, size;
+
+static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+
+static unsigned total_stages(void)
+{
+	return (unsigned)size * SPR;
+}
+
+static mbp_train_opts toy_opts(mbp_sched_kind kind)
+{
+	return (mbp_train_opts){.in_row_bytes = N * sizeof(float),
+				.target_row_bytes = N * sizeof(float),
+				.max_mb_rows = 16,
+				.max_mbs = 32,
+				.schedule = kind,
+				.spin_ns = 1000, /* ranks share 2 CPUs */
+				.loss = mse};
+}
+
+/* Stage g's whole backward or the split one: mixed for GPipe and 1F1B, split for ZB-H1. */
+static bool whole_backward(mbp_sched_kind kind, unsigned g)
+{
+	return kind != MBP_SCHED_ZBH1 && (g & 1);
+}
+
+struct part {
+	mbp_mpi_trainer *t;
+	struct toy st[SPR];
+};
+
+/* A trainer under test: a failed assertion leaves it running (Check without fork jumps out of the test),
+ * and the next test could not start one; the fixture's teardown then ends every rank at once. */
+static mbp_mpi_trainer *live;
+
+static void end_live(void)
+{
+	if (live) {
+		fprintf(stderr,
+			"test_mpi_train: rank %d: a test failed with its trainer running; ending every "
+			"rank\n",
+			rank);
+		mbp_mpi_abort(1);
+	}
+}
+
+static void part_destroy(struct part *p)
+{
+	live = NULL;
+	mbp_mpi_trainer_destroy(p->t);
+}
+
+static int part_new(struct part *p, mbp_sched_kind kind, size_t in_row_bytes)
+{
+	mbp_train_opts o = toy_opts(kind);
+	if (in_row_bytes)
+		o.in_row_bytes = in_row_bytes;
+	mbp_mpi_opts mo;
+	mbp_mpi_opts_init(&mo);
+	mo.window = 2; /* fewer than a step's micro-batches: credits are needed */
+	mo.peer_timeout_ns = 20 * SEC;
+	int rc = mbp_mpi_trainer_new(&p->t, &o, &mo);
+	if (rc)
+		return rc;
+	live = p->t;
+	for (unsigned i = 0; i < SPR; i++) {
+		unsigned g = (unsigned)rank * SPR + i;
+		toy_init(&p->st[i], g + 1);
+		mbp_train_stage_desc d = toy_desc(&p->st[i], whole_backward(kind, g));
+		rc = mbp_mpi_trainer_add_stage(p->t, &d);
+		if (rc)
+			return rc;
+	}
+	return mbp_mpi_trainer_start(p->t);
+}
+
+/* The whole pipeline in this process, one thread. */
+struct single {
+	mbp_trainer *t;
+	struct toy st[MBP_MAX_STAGES];
+};
+
+static void single_new(struct single *s, mbp_sched_kind kind)
+{
+	mbp_train_opts o = toy_opts(kind);
+	o.threads = 1;
+	ck_assert_int_eq(mbp_trainer_new(&s->t, &o), 0);
+	for (unsigned g = 0; g < total_stages(); g++) {
+		toy_init(&s->st[g], g + 1);
+		mbp_train_stage_desc d = toy_desc(&s->st[g], whole_backward(kind, g));
+		ck_assert_int_eq(mbp_trainer_add_stage(s->t, &d), 0);
+	}
+	ck_assert_int_eq(mbp_trainer_start(s->t), 0);
+}
+
+/* Rank 0 gives the data; the others run their part of its step. */
+static int step(struct part *p, const float *in, const float *tg, double *loss)
+{
+	if (rank == 0)
+		return mbp_mpi_trainer_step(p->t, in, tg, ROWS, MBR, loss);
+	return mbp_mpi_trainer_step(p->t, NULL, NULL, 0, 0, loss);
+}
+
+/* This rank's stages hold the single trainer's parameters, bit for bit. */
+static void same_params(const struct part *p, const struct single *s)
+{
+	for (unsigned i = 0; i < SPR; i++) {
+		unsigned g = (unsigned)rank * SPR + i;
+		ck_assert_msg(memcmp(p->st[i].w, s->st[g].w, sizeof(p->st[i].w)) == 0,
+			      "rank %d: stage %u weights differ", rank, g);
+		ck_assert_msg(memcmp(p->st[i].b, s->st[g].b, sizeof(p->st[i].b)) == 0,
+			      "rank %d: stage %u biases differ", rank, g);
+	}
+}
+
+START_TEST(every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit)
+{
+	float in[ROWS * N], tg[ROWS * N];
+	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+		struct part p;
+		struct single s;
+		ck_assert_int_eq(part_new(&p, kinds[k], 0), 0);
+		single_new(&s, kinds[k]);
+		for (unsigned n = 0; n < 3; n++) {
+			make_data(in, tg, ROWS, n);
+			double loss = -1, want = -2;
+			ck_assert_int_eq(step(&p, in, tg, &loss), 0);
+			ck_assert_int_eq(mbp_trainer_step(s.t, in, tg, ROWS, MBR, &want), 0);
+			ck_assert_msg(loss == want, "rank %d, %s: loss %.17g, one process %.17g", rank,
+				      mbp_sched_name(kinds[k]), loss, want);
+			same_params(&p, &s);
+			for (unsigned i = 0; i < SPR; i++) {
+				/* every update saw the norm over all stages of all ranks, and the step's loss */
+				const struct toy *ref = &s.st[(unsigned)rank * SPR + i];
+				ck_assert(p.st[i].last_norm == ref->last_norm);
+				ck_assert(p.st[i].last_loss == want);
+			}
+		}
+		mbp_mpi_train_stats st;
+		ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+		ck_assert_uint_eq(st.local.steps, 3);
+		ck_assert_uint_eq(st.stage0, (unsigned)rank * SPR);
+		ck_assert_uint_eq(st.stages, total_stages());
+		/* 6 activations forward and 6 gradients back per step and link, nothing dropped */
+		unsigned links = (rank > 0) + (rank < size - 1);
+		ck_assert_uint_eq(st.sent, 3 * 6 * links);
+		ck_assert_uint_eq(st.received, 3 * 6 * links);
+		ck_assert_uint_eq(st.dropped, 0);
+		part_destroy(&p); /* the trainer's pool checks that every buffer came back */
+		mbp_trainer_destroy(s.t);
+	}
+}
+END_TEST
+
+/* Step n fails at stage g (operation `kind`, micro-batch mb) on whichever rank holds g. */
+static void failing_step(struct part *p, struct single *s, unsigned n, unsigned g, int kind, int mb,
+			 mbp_op_kind reported)
+{
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, n);
+	struct toy before[SPR];
+	memcpy(before, p->st, sizeof(before));
+	bool mine = g / SPR == (unsigned)rank;
+	if (mine) {
+		p->st[g % SPR].fail_kind = kind;
+		p->st[g % SPR].fail_mb = mb;
+	}
+	ck_assert_int_eq(step(p, in, tg, NULL), -EIO);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_mpi_trainer_error(p->t, &e), 0);
+	ck_assert_int_eq(e.err, -EIO);
+	ck_assert_int_eq(e.stage, (int)g);
+	ck_assert_int_eq(e.mb, mb);
+	ck_assert_int_eq(e.op, reported);
+	for (unsigned i = 0; i < SPR; i++) {
+		/* no update anywhere: the parameters are those before the step, the gradient discarded */
+		ck_assert(memcmp(p->st[i].w, before[i].w, sizeof(before[i].w)) == 0);
+		ck_assert(memcmp(p->st[i].b, before[i].b, sizeof(before[i].b)) == 0);
+		ck_assert_uint_eq(p->st[i].updates, before[i].updates);
+		ck_assert_uint_eq(p->st[i].discards, before[i].discards + 1);
+	}
+	if (mine)
+		p->st[g % SPR].fail_kind = -1;
+	/* the next step runs normally */
+	make_data(in, tg, ROWS, n + 1);
+	double loss = -1, want = -2;
+	ck_assert_int_eq(step(p, in, tg, &loss), 0);
+	ck_assert_int_eq(mbp_trainer_step(s->t, in, tg, ROWS, MBR, &want), 0);
+	ck_assert(loss == want);
+	same_params(p, s);
+}
+
+START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_ZBH1, 0), 0);
+	single_new(&s, MBP_SCHED_ZBH1);
+	unsigned S = total_stages();
+	/* the last stage's forward; the last rank's first stage's B_in; rank 1's first stage's weight
+	 * gradient at the last micro-batch */
+	failing_step(&p, &s, 0, S - 1, MBP_OP_F, 2, MBP_OP_F);
+	failing_step(&p, &s, 2, S - SPR, MBP_OP_BIN, 0, MBP_OP_BIN);
+	failing_step(&p, &s, 4, SPR, MBP_OP_W, 5, MBP_OP_W);
+	mbp_mpi_train_stats st;
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	ck_assert_uint_eq(st.local.steps, 3);
+	ck_assert_uint_eq(st.local.steps_failed, 3);
+	part_destroy(&p);
+	mbp_trainer_destroy(s.t);
+}
+END_TEST
+
+struct canceller {
+	struct part *p;
+	int (*fn)(mbp_mpi_trainer *t); /* cancel or drain */
+};
+
+static void *mid_step(void *arg)
+{
+	struct canceller *c = arg;
+	/* once the step is under way here (stage 0 ran an operation), and a little later */
+	while (atomic_load(&c->p->st[0].ops) == 0)
+		usleep(200);
+	usleep(5000);
+	c->fn(c->p->t);
+	return NULL;
+}
+
+START_TEST(cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update)
+{
+	struct part p;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	for (unsigned i = 0; i < SPR; i++)
+		p.st[i].sleep_us = 2000; /* a step of 6 micro-batches takes tens of ms */
+	struct toy before[SPR];
+	memcpy(before, p.st, sizeof(before));
+	pthread_t th;
+	struct canceller c = {&p, mbp_mpi_trainer_cancel};
+	if (rank == 0)
+		ck_assert_int_eq(pthread_create(&th, NULL, mid_step, &c), 0);
+	ck_assert_int_eq(step(&p, in, tg, NULL), -ECANCELED);
+	if (rank == 0)
+		pthread_join(th, NULL);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_mpi_trainer_error(p.t, &e), 0);
+	ck_assert_int_eq(e.err, -ECANCELED);
+	ck_assert_int_eq(e.stage, -1);
+	for (unsigned i = 0; i < SPR; i++) {
+		ck_assert(memcmp(p.st[i].w, before[i].w, sizeof(before[i].w)) == 0);
+		ck_assert_uint_eq(p.st[i].updates, 0);
+	}
+	if (rank == 0) {
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ESHUTDOWN);
+	} else {
+		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t),
+				 -ECANCELED); /* returns once rank 0 ends the run */
+	}
+	part_destroy(&p);
+}
+END_TEST
+
+START_TEST(drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_GPIPE, 0), 0);
+	single_new(&s, MBP_SCHED_GPIPE);
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	for (unsigned i = 0; i < SPR; i++)
+		p.st[i].sleep_us = 1000;
+	pthread_t th;
+	struct canceller c = {&p, mbp_mpi_trainer_drain};
+	if (rank == 0)
+		ck_assert_int_eq(pthread_create(&th, NULL, mid_step, &c), 0);
+	double loss = -1, want = -2;
+	ck_assert_int_eq(step(&p, in, tg, &loss), 0);
+	if (rank == 0)
+		pthread_join(th, NULL);
+	ck_assert_int_eq(mbp_trainer_step(s.t, in, tg, ROWS, MBR, &want), 0);
+	ck_assert(loss == want);
+	same_params(&p, &s);
+	if (rank == 0)
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ESHUTDOWN);
+	else
+		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t), 0); /* returns once rank 0 ends the run */
+	part_destroy(&p);
+	mbp_trainer_destroy(s.t);
+}
+END_TEST
+
+START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
+{
+	struct part p;
+	int rc = part_new(&p, MBP_SCHED_1F1B, rank == 1 ? 3 * sizeof(float) : 0);
+	ck_assert_int_eq(rc, -EINVAL);
+	ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t),
+			     "rank 0's output rows are 16 bytes, rank 1's input "
+			     "rows 12") != NULL,
+		      "%s", mbp_mpi_trainer_run_error(p.t));
+	ck_assert_int_eq(step(&p, NULL, NULL, NULL), rank == 0 ? -EINVAL : -ESHUTDOWN);
+	part_destroy(&p);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("mpi_train");
+	TCase *tc = tcase_create("core");
+	tcase_set_timeout(tc, 120);
+	tcase_add_checked_fixture(tc, NULL, end_live);
+	tcase_add_test(tc, every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit);
+	tcase_add_test(tc, a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs);
+	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);
+	tcase_add_test(tc, drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank);
+	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+#include "mpi_main.h"
