@@ -2,8 +2,8 @@
  * pipetrain: train an MLP classifier on Fashion-MNIST through the engine's pipeline-parallel trainer.
  *
  * The run: load the data (training set split into training and held-out validation rows from the seed,
- * the test set), build or load the model, partition its layers into stages by their multiply-add counts
- * (mbp_model_partition), give each stage to the trainer, then per epoch: a seeded order of the training
+ * the test set), build or load the model, partition its layers into stages by their measured costs
+ * (pt_profile, then mbp_model_partition), give each stage to the trainer, then per epoch: a seeded order of the training
  * rows (mbp_data_epoch_order, a function of seed and epoch only), one trainer step per mini-batch (the
  * last partial batch of an epoch is dropped), then the validation and test accuracy, one line, one CSV
  * row, a checkpoint.
@@ -262,7 +262,7 @@ static int setup(struct run *r)
 		}
 	}
 
-	/* Stages: balanced by multiply-adds per layer. */
+	/* Stages: balanced by each layer's measured cost (F, B_in, B_w at the micro-batch size). */
 	cpu_set_t set;
 	unsigned ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
 	unsigned S = c->stages ? c->stages : (ncpu < L ? ncpu : L);
@@ -272,9 +272,12 @@ static int setup(struct run *r)
 		return bad("--threads %u: more threads than the %u stages", c->threads, S);
 	double cost[PT_MAX_LAYERS];
 	for (unsigned i = 0; i < L; i++)
-		cost[i] = (double)c->widths[i] * c->widths[i + 1];
+		cost[i] = 1;
+	int rc = S > 1 ? pt_profile(r->n, c->mb, cost) : 0;
+	if (rc < 0)
+		return bad("cannot profile the layers: %s", mbp_strerror(rc));
 	mbp_model_plan plan;
-	int rc = mbp_model_partition(cost, NULL, L, S, &plan);
+	rc = mbp_model_partition(cost, NULL, L, S, &plan);
 	if (rc < 0)
 		return bad("cannot partition %u layers into %u stages: %s", L, S, mbp_strerror(rc));
 	r->sh =

@@ -74,6 +74,9 @@ typedef struct pt_stage {
 
 /* Fill a trainer stage descriptor for p. */
 void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d);
+/* Each layer's cost in ns for a micro-batch of `rows` (F, B_in, B_w; the fastest of 5 runs on this
+ * thread), for mbp_model_partition. Leaves the gradients zero. @return 0 or a negative errno. */
+int pt_profile(mbp_mlp *n, uint32_t rows, double *cost);
 /* The trainer's loss: softmax cross-entropy on int32 labels (arg: the pt_shared). */
 int pt_loss(void *arg, const mbp_train_io *io, double *loss);
 

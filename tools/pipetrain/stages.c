@@ -14,9 +14,12 @@
  * The trainer calls every stage's grad_sq before any update (the norm it passes is their sum), so the
  * table is complete when the updates read it.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pipetrain.h"
 
@@ -118,4 +121,53 @@ int pt_loss(void *arg, const mbp_train_io *io, double *loss)
 			       &correct);
 	sh->correct += correct;
 	return rc;
+}
+
+static double now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+int pt_profile(mbp_mlp *n, uint32_t rows, double *cost)
+{
+	unsigned L = mbp_mlp_layers(n);
+	for (unsigned i = 0; i < L; i++) {
+		mbp_mlp_stage *st;
+		int rc = mbp_mlp_stage_new(&st, n, i, i + 1, rows);
+		if (rc < 0)
+			return rc;
+		size_t in = mbp_mlp_stage_in_width(st), out = mbp_mlp_stage_out_width(st);
+		float *x = calloc(rows * in, sizeof(float)), *y = calloc(rows * out, sizeof(float)),
+		      *dy = calloc(rows * out, sizeof(float)), *dx = calloc(rows * in, sizeof(float)),
+		      *stash = calloc(rows * mbp_mlp_stage_stash_floats(st) + 1, sizeof(float));
+		rc = x && y && dy && dx && stash ? 0 : -ENOMEM;
+		for (size_t k = 0; !rc && k < rows * in; k++)
+			x[k] = (float)(k % 7) * 0.1f;
+		for (size_t k = 0; !rc && k < rows * out; k++)
+			dy[k] = (float)(k % 5) * 0.01f;
+		/* The best of 5 after one warm-up: what the trainer's operations of this layer cost. Layer 0
+		 * computes no input gradient (nothing before it needs one), as at stage 0. */
+		cost[i] = 1e300;
+		for (unsigned r = 0; !rc && r < 6; r++) {
+			double t0 = now_ns();
+			rc = mbp_mlp_stage_forward(st, x, y, rows, stash);
+			rc = rc ? rc : mbp_mlp_stage_backward_in(st, stash, x, dy, i ? dx : NULL, rows);
+			rc = rc ? rc : mbp_mlp_stage_backward_w(st, stash, x, rows);
+			double t = now_ns() - t0;
+			if (r && t < cost[i])
+				cost[i] = t;
+		}
+		mbp_mlp_stage_zero_grad(st);
+		mbp_mlp_stage_destroy(st);
+		free(x);
+		free(y);
+		free(dy);
+		free(dx);
+		free(stash);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
 }
