@@ -365,7 +365,9 @@ static int setup(struct run *r)
 		rep->st[s] = (pt_stage_total){.first = plan.first[s],
 					      .last = plan.first[s + 1],
 					      .stash_row_bytes =
-						  mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float)};
+						  mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float),
+					      .profiled_us = S > 1 ? plan.stage_ns[s] * 1e-3 : 0};
+	rep->split_bound = S > 1 && plan.slowest_ns > 0 ? plan.sequential_ns / plan.slowest_ns : 0;
 	rep->ep = calloc(c->epochs + 1, sizeof(pt_epoch));
 	if (!rep->ep)
 		return bad("out of memory");

@@ -110,8 +110,14 @@ void pt_print_summary(const pt_report *r)
 			PLURAL(r->blas_threads, "thread", "threads"));
 	else
 		fprintf(f, "OpenBLAS: %s\n", r->blas);
-	fprintf(f, "%-6s %-12s %6s %5s %9s %9s %9s %7s %7s %11s\n", "stage", "layers", "thread", "cpu",
-		"compute%", "wait%", "bubble%", "stash", "held", "peak_MiB");
+	if (r->split_bound > 0)
+		fprintf(f,
+			"split: each layer's F + B_in + B_w timed at %u rows; the slowest stage bounds the "
+			"speed-up "
+			"over one thread at %.2fx\n",
+			r->c->mb, r->split_bound);
+	fprintf(f, "%-6s %-12s %6s %5s %9s %9s %9s %7s %7s %11s %11s\n", "stage", "layers", "thread", "cpu",
+		"compute%", "wait%", "bubble%", "stash", "held", "peak_MiB", "profile_us");
 	double peak_total = 0;
 	for (unsigned s = 0; s < r->stages; s++) {
 		const pt_stage_total *t = &r->st[s];
@@ -121,9 +127,9 @@ void pt_print_summary(const pt_report *r)
 		char layers[32], cpu[16];
 		snprintf(layers, sizeof layers, "%u-%u", t->first, t->last - 1);
 		snprintf(cpu, sizeof cpu, t->cpu < 0 ? "-" : "%d", t->cpu);
-		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %7u %7u %11.2f\n", s, layers, t->thread, cpu,
-			100 * t->compute_s / wall, 100 * t->wait_s / wall, 100 * (1 - t->compute_s / wall),
-			t->stash_peak, t->held_peak, peak);
+		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %7u %7u %11.2f %11.1f\n", s, layers,
+			t->thread, cpu, 100 * t->compute_s / wall, 100 * t->wait_s / wall,
+			100 * (1 - t->compute_s / wall), t->stash_peak, t->held_peak, peak, t->profiled_us);
 	}
 	fprintf(
 	    f,
@@ -215,10 +221,12 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddNumberToObject(o, "bubble", r->wall_s > 0 ? 1 - t->compute_s / r->wall_s : 0);
 		cJSON_AddNumberToObject(o, "stash_peak", t->stash_peak);
 		cJSON_AddNumberToObject(o, "held_peak", t->held_peak);
+		cJSON_AddNumberToObject(o, "profiled_us", t->profiled_us);
 		cJSON_AddNumberToObject(o, "peak_activation_bytes",
 					(double)t->held_peak * c->mb * (double)t->stash_row_bytes);
 		cJSON_AddItemToArray(sts, o);
 	}
+	cJSON_AddNumberToObject(root, "split_bound", r->split_bound);
 	cJSON_AddNumberToObject(root, "train_seconds", r->wall_s);
 	cJSON_AddNumberToObject(root, "test_accuracy", r->final_test_acc);
 	if (r->stopped)

@@ -95,6 +95,7 @@ typedef struct pt_stage_total {
 	double compute_s, wait_s;
 	unsigned stash_peak, held_peak;
 	size_t stash_row_bytes;
+	double profiled_us; /* the layers' profiled cost per micro-batch (0: not profiled, one stage) */
 } pt_stage_total;
 
 typedef struct pt_report {
@@ -107,7 +108,8 @@ typedef struct pt_report {
 	pt_epoch *ep;
 	unsigned n_ep;
 	pt_stage_total st[MBP_MAX_STAGES];
-	double wall_s; /* total training time (steps only) */
+	double wall_s;	    /* total training time (steps only) */
+	double split_bound; /* profiled: sum of the layers over the slowest stage (0: not profiled) */
 	double final_test_acc;
 	const char *stopped; /* NULL: completed; else why it stopped */
 	const char *blas;
