@@ -13,7 +13,7 @@
 #
 # Usage (from the build directory): sh ../perf/pipetrain_run.sh [OUT_DIR]     (default ../perf/results)
 # Environment: PIPETRAIN (binary; tools/pipetrain/pipetrain), ROUNDS (3), LIMIT (8192), EPOCHS (10),
-#   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), SKIP_ACCURACY (1: parts 2-4 only).
+#   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), PARTS (which parts: "1 2 3 4").
 set -eu
 BIN=${PIPETRAIN:-tools/pipetrain/pipetrain}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,6 +22,8 @@ ROUNDS=${ROUNDS:-3}
 LIMIT=${LIMIT:-8192}
 EPOCHS=${EPOCHS:-10}
 MODELS=${MODELS:-784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10}
+PARTS=${PARTS:-1 2 3 4}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac }
 command -v jq >/dev/null || { echo "pipetrain_run: jq not found (apt-get install jq)" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "pipetrain_run: $BIN not built (make tools/pipetrain/pipetrain)" >&2; exit 2; }
 mkdir -p "$OUT"
@@ -30,7 +32,7 @@ trap 'rm -rf "$WORK"' EXIT
 echo "pipetrain_run: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg) at start"
 
 # 1. The recorded run.
-if [ "${SKIP_ACCURACY:-0}" != 1 ]; then
+if part 1; then
 	set -- --layers 784,1024,1024,1024,10 --stages 2 --schedule 1f1b --batch 256 --mb 32 --epochs "$EPOCHS" \
 		--optimizer adamw --lr 1e-3 --seed 1
 	echo "pipetrain_run: $BIN $* --csv $OUT/pipetrain-curves.csv"
@@ -43,6 +45,7 @@ if [ "${SKIP_ACCURACY:-0}" != 1 ]; then
 fi
 
 # 2. Same weights for every schedule and stage count.
+if part 2; then
 echo "schedule,stages,test_acc,val_acc,train_loss,sha256" >"$OUT/pipetrain-same.csv"
 for arm in gpipe:1 1f1b:2 zbh1:4; do
 	s=${arm%%:*} n=${arm##*:}
@@ -51,8 +54,10 @@ for arm in gpipe:1 1f1b:2 zbh1:4; do
 	echo "$s,$n,$(jq -r '.epochs[-1] | "\(.test_accuracy),\(.val_accuracy),\(.train_loss)"' "$WORK/$s.json"),$(sha256sum <"$WORK/$s.safetensors" | cut -c1-16)" >>"$OUT/pipetrain-same.csv"
 done
 cat "$OUT/pipetrain-same.csv"
+fi
 
-# 3. Throughput, arms alternated.
+# 3. Throughput, arms alternated (the model's widths joined by '-' in the CSV).
+if part 3; then
 echo "model,arm,round,samples_per_s,bubble,load1" >"$OUT/pipetrain-throughput.csv"
 for model in $MODELS; do
 	for r in $(seq 1 "$ROUNDS"); do
@@ -61,12 +66,12 @@ for model in $MODELS; do
 			name=${arm%%:*} args=${arm#*:}
 			# shellcheck disable=SC2086 # args is a list of options
 			"$BIN" --layers "$model" --limit "$LIMIT" --epochs 1 --val 1000 $args --json --quiet >"$WORK/t.json"
-			echo "$model,$name,$r,$(jq -r '.epochs[0] | "\(.samples_per_s),\(.bubble)"' "$WORK/t.json"),$(cut -d' ' -f1 /proc/loadavg)" >>"$OUT/pipetrain-throughput.csv"
+			echo "$(echo "$model" | tr , -),$name,$r,$(jq -r '.epochs[0] | "\(.samples_per_s),\(.bubble)"' "$WORK/t.json"),$(cut -d' ' -f1 /proc/loadavg)" >>"$OUT/pipetrain-throughput.csv"
 		done
 	done
 done
 echo "model,arm,median_samples_per_s,x_seq1" >"$WORK/med.csv"
-for model in $MODELS; do
+for model in $(echo "$MODELS" | tr , -); do
 	base=
 	for name in seq1 blas2 1f1b-s2 zbh1-s2; do
 		med=$(awk -F, -v m="$model" -v a="$name" '$1 == m && $2 == a { print $4 }' "$OUT/pipetrain-throughput.csv" |
@@ -77,8 +82,10 @@ for model in $MODELS; do
 done
 cat "$WORK/med.csv"
 cp "$WORK/med.csv" "$OUT/pipetrain-throughput-median.csv"
+fi
 
 # 4. Activation memory: the stash high-water marks, GPipe against 1F1B, 4 stages, M = 8.
+if part 4; then
 echo "schedule,stage,stash_peak,held_peak,peak_activation_bytes" >"$OUT/pipetrain-memory.csv"
 for s in gpipe 1f1b zbh1; do
 	"$BIN" --layers 784,1024,1024,1024,10 --limit 2048 --epochs 1 --val 1000 --stages 4 --schedule "$s" \
@@ -87,4 +94,5 @@ for s in gpipe 1f1b zbh1; do
 		"$WORK/mem.json" >>"$OUT/pipetrain-memory.csv"
 done
 cat "$OUT/pipetrain-memory.csv"
+fi
 echo "pipetrain_run: load $(cut -d' ' -f1-3 /proc/loadavg) at the end"

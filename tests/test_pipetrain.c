@@ -219,7 +219,11 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 {
 	if (!have_data())
 		return;
-	struct run r = run((const char *const[]){SMALL, "--epochs", "3", "--json", NULL});
+	tmpdir_make("pipetrain");
+	char trace[128];
+	tmp_file(trace, "trace.json");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "3", "--json", "--stages", "3",
+						 "--schedule", "zbh1", "--trace", trace, NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	cJSON *root = cJSON_Parse(r.out);
 	ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
@@ -247,6 +251,24 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 	ck_assert_uint_eq(ep_lines, 3);
 	cJSON_Delete(root);
 	run_free(&r);
+	/* The trace: the last step's 4 micro-batches, F, B_in and W on each of the 3 stages. */
+	size_t len;
+	char *t = read_all(trace, &len);
+	cJSON *tr = cJSON_Parse(t);
+	ck_assert_msg(tr != NULL, "the trace is not JSON");
+	unsigned count[3] = {0};
+	const cJSON *ev;
+	cJSON_ArrayForEach(ev, cJSON_GetObjectItem(tr, "traceEvents"))
+	{
+		const cJSON *cat = cJSON_GetObjectItem(ev, "cat");
+		for (unsigned k = 0; cJSON_IsString(cat) && k < 3; k++)
+			count[k] += !strcmp(cat->valuestring, (const char *[]){"F", "B_in", "W"}[k]);
+	}
+	ck_assert_msg(count[0] == 12 && count[1] == 12 && count[2] == 12, "F %u, B_in %u, W %u events",
+		      count[0], count[1], count[2]);
+	cJSON_Delete(tr);
+	free(t);
+	tmpdir_remove();
 }
 END_TEST
 
