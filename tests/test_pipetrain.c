@@ -175,6 +175,8 @@ static const char *const bad_args[][8] = {
     {"--data", "/nonexistent"},
     {"--model", "/nonexistent.safetensors"},
     {"--save", ""},
+    {"--save", "/nonexistent/m.safetensors"},
+    {"--predictions", "/nonexistent/p.txt"},
     {"--epochs"},
     {"--frobnicate"},
     {"extra"},

@@ -169,6 +169,18 @@ static void run_free(struct run *r)
 		fclose(r->csv);
 }
 
+/* 0 when a file can be created at path (its folder exists and is writable), else -errno. */
+static int creatable(const char *path)
+{
+	char dir[4096];
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(dir, sizeof dir, ".");
+	else
+		snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+	return access(dir, W_OK | X_OK) == 0 ? 0 : -errno;
+}
+
 /* Data, model, stages, trainer. @return 0, or the exit status. */
 static int setup(struct run *r)
 {
@@ -176,6 +188,15 @@ static int setup(struct run *r)
 	mbp_data_error de;
 	if (c->model && access(c->model, R_OK) != 0)
 		return bad("--model %s: %s", c->model, strerror(errno));
+	const struct {
+		const char *opt, *path;
+	} outs[] = {{"--save", c->save}, {"--trace", c->trace}, {"--predictions", c->predictions}};
+	for (unsigned i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+		int rc = outs[i].path ? creatable(outs[i].path) : 0;
+		if (rc < 0)
+			return bad("%s %s: cannot create the file there: %s", outs[i].opt, outs[i].path,
+				   strerror(-rc));
+	}
 	if (mbp_fashion_mnist_load(&r->train, c->data, true, &de) < 0 ||
 	    mbp_fashion_mnist_load(&r->test, c->data, false, &de) < 0)
 		return bad("--data: %s", de.msg);
