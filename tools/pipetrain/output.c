@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pipetrain.h"
@@ -33,6 +34,14 @@ void pt_progress(unsigned epoch, unsigned epochs, uint64_t done, uint64_t total,
 	enum { WIDTH = 30 };
 	if (!progress_on || !total)
 		return;
+	/* At most ten redraws a second (a small model runs thousands of steps a second), and the last. */
+	static double last;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	if (done < total && now - last < 0.1)
+		return;
+	last = now;
 	unsigned fill = (unsigned)(done * WIDTH / total);
 	char bar[WIDTH + 1];
 	for (unsigned i = 0; i < WIDTH; i++)
