@@ -13,7 +13,8 @@
 #
 # Usage (from the build directory): sh ../perf/pipetrain_run.sh [OUT_DIR]     (default ../perf/results)
 # Environment: PIPETRAIN (binary; tools/pipetrain/pipetrain), ROUNDS (3), LIMIT (8192), EPOCHS (10),
-#   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), PARTS (which parts: "1 2 3 4").
+#   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), PARTS (which parts: "1 2 3 4"),
+#   EXTRA (more options for every throughput arm, e.g. "--batch 512").
 set -eu
 BIN=${PIPETRAIN:-tools/pipetrain/pipetrain}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,6 +24,7 @@ LIMIT=${LIMIT:-8192}
 EPOCHS=${EPOCHS:-10}
 MODELS=${MODELS:-784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10}
 PARTS=${PARTS:-1 2 3 4}
+EXTRA=${EXTRA:-}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac }
 command -v jq >/dev/null || { echo "pipetrain_run: jq not found (apt-get install jq)" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "pipetrain_run: $BIN not built (make tools/pipetrain/pipetrain)" >&2; exit 2; }
@@ -64,8 +66,8 @@ for model in $MODELS; do
 		for arm in "seq1:--stages 1 --threads 1" "blas2:--stages 1 --blas-threads 2" \
 			"1f1b-s2:--stages 2 --schedule 1f1b" "zbh1-s2:--stages 2 --schedule zbh1"; do
 			name=${arm%%:*} args=${arm#*:}
-			# shellcheck disable=SC2086 # args is a list of options
-			"$BIN" --layers "$model" --limit "$LIMIT" --epochs 1 --val 1000 $args --json --quiet >"$WORK/t.json"
+			# shellcheck disable=SC2086 # args and EXTRA are lists of options
+			"$BIN" --layers "$model" --limit "$LIMIT" --epochs 1 --val 1000 $args $EXTRA --json --quiet >"$WORK/t.json"
 			echo "$(echo "$model" | tr , -),$name,$r,$(jq -r '.epochs[0] | "\(.samples_per_s),\(.bubble)"' "$WORK/t.json"),$(cut -d' ' -f1 /proc/loadavg)" >>"$OUT/pipetrain-throughput.csv"
 		done
 	done
