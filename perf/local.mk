@@ -9,6 +9,7 @@ include perf/model.mk
 include perf/train.mk
 include perf/mpi.mk
 include perf/mlp_train.mk
-EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/RESULTS.md perf/results
+EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/pipetrain_run.sh \
+	perf/pipetrain_plot.sh perf/RESULTS.md perf/results
 perf: $(PERF_BINS)
 .PHONY: perf

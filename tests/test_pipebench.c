@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "plural_check.h"
+#include "tool_run.h"
 #include "../tools/pipebench/pipebench.h"
 
 #ifndef PIPEBENCH_BIN
@@ -43,23 +44,6 @@
 #endif
 
 extern char **environ;
-
-struct run {
-	int status; /* exit status, or -1 when it did not exit normally */
-	char *out, *err;
-};
-
-static char *slurp(int fd)
-{
-	struct stat st;
-	ck_assert_int_eq(fstat(fd, &st), 0);
-	char *buf = malloc((size_t)st.st_size + 1);
-	ck_assert_ptr_nonnull(buf);
-	ssize_t n = pread(fd, buf, (size_t)st.st_size, 0);
-	ck_assert_int_eq(n, st.st_size);
-	buf[n] = 0;
-	return buf;
-}
 
 /* Run pipebench with the given arguments (NULL-terminated) and extra environment entries (or NULL). */
 static struct run run_env(const char *const *env_extra, const char *const *args)
@@ -108,20 +92,6 @@ static struct run run_env(const char *const *env_extra, const char *const *args)
 static struct run run(const char *const *args)
 {
 	return run_env(NULL, args);
-}
-
-static void run_free(struct run *r)
-{
-	free(r->out);
-	free(r->err);
-}
-
-static unsigned lines(const char *s)
-{
-	unsigned n = 0;
-	for (; *s; s++)
-		n += *s == '\n';
-	return n;
 }
 
 /* ---- bad arguments ---- */

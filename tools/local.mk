@@ -1,5 +1,6 @@
 # Tools built on the public API only.
 include tools/pipebench.mk
 include tools/pipeserve.mk
-# Shared by both tools: singular or plural by count in messages.
-EXTRA_DIST += tools/plural.h tools/burn.h tests/plural_check.h
+include tools/pipetrain.mk
+# Shared by the tools: singular or plural by count in messages; strict number parsing for options; busy work.
+EXTRA_DIST += tools/plural.h tools/parse.h tools/burn.h tests/plural_check.h

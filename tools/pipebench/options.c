@@ -18,6 +18,7 @@
 
 #include "pipebench.h"
 #include "../plural.h"
+#include "../parse.h"
 
 #define PB_DEF_BATCHES	 10
 #define PB_DEF_WARMUP	 1
@@ -34,45 +35,6 @@
 #define PB_MAX_LAYERS	 256
 #define PB_DEF_UNIT_US	 200.0
 #define PB_MAX_TRAIN_MBS 1024
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
-/* A whole unsigned decimal in [lo, hi]: no sign, no spaces, no suffix. */
-static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
-{
-	if (!s || *s < '0' || *s > '9')
-		return -1;
-	errno = 0;
-	char *end;
-	unsigned long long x = strtoull(s, &end, 10);
-	if (errno || *end || x < lo || x > hi)
-		return -1;
-	*v = x;
-	return 0;
-}
-
-/* A finite decimal number in [lo, hi]. */
-static int parse_double(const char *s, double lo, double hi, double *v)
-{
-	if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
-		return -1;
-	errno = 0;
-	char *end;
-	double x = strtod(s, &end);
-	if (errno || *end || !isfinite(x) || x < lo || x > hi)
-		return -1;
-	*v = x;
-	return 0;
-}
 
 /* "20" or "10,20,10,10": one value, or one per stage. */
 static int parse_us_list(const char *opt, const char *s, double lo, double *out, unsigned *n, char *err,

@@ -1,0 +1,100 @@
+#!/bin/sh
+# The recorded pipetrain run and its comparisons (perf/results/pipetrain.md). Not a test.
+#
+#   1. accuracy: the issue's model (784,1024,1024,1024,10), 10 epochs of Fashion-MNIST, 1F1B on 2 stages,
+#      AdamW 1e-3, batch 256 = 8 x 32: curves to perf/results/pipetrain-curves.csv, a picture to
+#      perf/results/pipetrain-curves.svg;
+#   2. the same result for every schedule and stage count: GPipe on 1 stage, 1F1B on 2, ZB-H1 on 4, two
+#      epochs on a 16384-row subset each, checkpoints compared byte for byte (perf/results/pipetrain-same.csv);
+#   3. throughput: one stage on one thread (one BLAS thread), one stage with OpenBLAS on 2 threads, 2
+#      stages under 1F1B and ZB-H1; one short epoch (--limit) per run, the arms alternated ROUNDS times,
+#      medians (perf/results/pipetrain-throughput.csv); for MODELS (the issue's and a deeper one);
+#   4. activation memory: GPipe against 1F1B on 4 stages, 8 micro-batches: the stash high-water marks.
+#
+# Usage (from the build directory): sh ../perf/pipetrain_run.sh [OUT_DIR]     (default ../perf/results)
+# Environment: PIPETRAIN (binary; tools/pipetrain/pipetrain), ROUNDS (3), LIMIT (8192), EPOCHS (10),
+#   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), PARTS (which parts: "1 2 3 4"),
+#   EXTRA (more options for every throughput arm, e.g. "--batch 512").
+set -eu
+BIN=${PIPETRAIN:-tools/pipetrain/pipetrain}
+here=$(cd "$(dirname "$0")" && pwd)
+OUT=${1:-$here/results}
+ROUNDS=${ROUNDS:-3}
+LIMIT=${LIMIT:-8192}
+EPOCHS=${EPOCHS:-10}
+MODELS=${MODELS:-784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10}
+PARTS=${PARTS:-1 2 3 4}
+EXTRA=${EXTRA:-}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac }
+command -v jq >/dev/null || { echo "pipetrain_run: jq not found (apt-get install jq)" >&2; exit 2; }
+[ -x "$BIN" ] || { echo "pipetrain_run: $BIN not built (make tools/pipetrain/pipetrain)" >&2; exit 2; }
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+echo "pipetrain_run: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg) at start"
+
+# 1. The recorded run.
+if part 1; then
+	set -- --layers 784,1024,1024,1024,10 --stages 2 --schedule 1f1b --batch 256 --mb 32 --epochs "$EPOCHS" \
+		--optimizer adamw --lr 1e-3 --seed 1
+	echo "pipetrain_run: $BIN $* --csv $OUT/pipetrain-curves.csv"
+	"$BIN" "$@" --csv "$OUT/pipetrain-curves.csv" --save "$WORK/m.safetensors" --no-progress |
+		tee "$OUT/pipetrain-run.txt"
+	sh "$here/pipetrain_plot.sh" "$OUT/pipetrain-curves.csv" \
+		"pipetrain: 784-1024-1024-1024-10, 1F1B on 2 stages, AdamW 1e-3, batch 256, Fashion-MNIST" \
+		>"$OUT/pipetrain-curves.svg"
+	echo "pipetrain_run: load $(cut -d' ' -f1-3 /proc/loadavg) after the recorded run"
+fi
+
+# 2. Same weights for every schedule and stage count.
+if part 2; then
+echo "schedule,stages,test_acc,val_acc,train_loss,sha256" >"$OUT/pipetrain-same.csv"
+for arm in gpipe:1 1f1b:2 zbh1:4; do
+	s=${arm%%:*} n=${arm##*:}
+	"$BIN" --layers 784,1024,1024,1024,10 --limit 16384 --epochs 2 --schedule "$s" --stages "$n" \
+		--save "$WORK/$s.safetensors" --json --quiet >"$WORK/$s.json"
+	echo "$s,$n,$(jq -r '.epochs[-1] | "\(.test_accuracy),\(.val_accuracy),\(.train_loss)"' "$WORK/$s.json"),$(sha256sum <"$WORK/$s.safetensors" | cut -c1-16)" >>"$OUT/pipetrain-same.csv"
+done
+cat "$OUT/pipetrain-same.csv"
+fi
+
+# 3. Throughput, arms alternated (the model's widths joined by '-' in the CSV).
+if part 3; then
+echo "model,arm,round,samples_per_s,bubble,load1" >"$OUT/pipetrain-throughput.csv"
+for model in $MODELS; do
+	for r in $(seq 1 "$ROUNDS"); do
+		for arm in "seq1:--stages 1 --threads 1" "blas2:--stages 1 --blas-threads 2" \
+			"1f1b-s2:--stages 2 --schedule 1f1b" "zbh1-s2:--stages 2 --schedule zbh1"; do
+			name=${arm%%:*} args=${arm#*:}
+			# shellcheck disable=SC2086 # args and EXTRA are lists of options
+			"$BIN" --layers "$model" --limit "$LIMIT" --epochs 1 --val 1000 $args $EXTRA --json --quiet >"$WORK/t.json"
+			echo "$(echo "$model" | tr , -),$name,$r,$(jq -r '.epochs[0] | "\(.samples_per_s),\(.bubble)"' "$WORK/t.json"),$(cut -d' ' -f1 /proc/loadavg)" >>"$OUT/pipetrain-throughput.csv"
+		done
+	done
+done
+echo "model,arm,median_samples_per_s,x_seq1" >"$WORK/med.csv"
+for model in $(echo "$MODELS" | tr , -); do
+	base=
+	for name in seq1 blas2 1f1b-s2 zbh1-s2; do
+		med=$(awk -F, -v m="$model" -v a="$name" '$1 == m && $2 == a { print $4 }' "$OUT/pipetrain-throughput.csv" |
+			sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+		[ -n "$base" ] || base=$med
+		echo "$model,$name,$med,$(awk -v a="$med" -v b="$base" 'BEGIN { printf "%.2f", a / b }')" >>"$WORK/med.csv"
+	done
+done
+cat "$WORK/med.csv"
+cp "$WORK/med.csv" "$OUT/pipetrain-throughput-median.csv"
+fi
+
+# 4. Activation memory: the stash high-water marks, GPipe against 1F1B, 4 stages, M = 8.
+if part 4; then
+echo "schedule,stage,stash_peak,held_peak,peak_activation_bytes" >"$OUT/pipetrain-memory.csv"
+for s in gpipe 1f1b zbh1; do
+	"$BIN" --layers 784,1024,1024,1024,10 --limit 2048 --epochs 1 --val 1000 --stages 4 --schedule "$s" \
+		--json --quiet >"$WORK/mem.json"
+	jq -r --arg s "$s" '.stages | to_entries[] | "\($s),\(.key),\(.value.stash_peak),\(.value.held_peak),\(.value.peak_activation_bytes)"' \
+		"$WORK/mem.json" >>"$OUT/pipetrain-memory.csv"
+done
+cat "$OUT/pipetrain-memory.csv"
+fi
+echo "pipetrain_run: load $(cut -d' ' -f1-3 /proc/loadavg) at the end"

@@ -1,0 +1,628 @@
+/*
+ * Tests of the pipetrain tool, run as the user runs it (the built binary, its standard output and error
+ * captured in files), and the end-to-end path: train, save, serve with pipeserve, reload live.
+ *
+ * - every bad argument or input gives exactly one line on standard error, nothing on standard output,
+ *   exit 2;
+ * - a small run on a subset lowers the training loss from epoch to epoch and beats chance on the test
+ *   set, and its --json is one document with the documented fields;
+ * - the weights do not depend on the schedule or the stage count: GPipe on 1 stage, 1F1B on 2, ZB-H1 on
+ *   3 write the same checkpoint bytes;
+ * - a run resumed from a checkpoint (weights and optimizer state) ends with the bytes of an
+ *   uninterrupted run, also after SIGINT (exit 130, checkpoint written);
+ * - a NaN in the loss (PIPETRAIN_FAULT) stops the run with exit 1, names the step and the stage, and
+ *   leaves the last checkpoint as it was;
+ * - end to end: pipeserve --model on the checkpoint classifies test images as pipetrain's own
+ *   evaluation does (--predictions), and a second checkpoint loaded live (POST .../load) while clients
+ *   send requests fails none of them, each answer being one model's or the other's, and the second's
+ *   after the load.
+ * The runs use Debian's dataset-fashion-mnist; every test but the bad-argument one is skipped (with a
+ * line saying so) when it is not installed. Small models and --limit keep each run well under a second.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <mbpipe.h>
+
+#include "test_pipeserve_client.h"
+#include "test_tmpdir.h"
+#include "tool_run.h"
+
+#ifndef PIPETRAIN_BIN
+#error "PIPETRAIN_BIN must name the built pipetrain"
+#endif
+
+extern char **environ;
+
+struct proc {
+	pid_t pid;
+	int out_fd, err_fd;
+};
+
+/* Start pipetrain with args (NULL-terminated) and an optional extra environment entry. */
+static struct proc spawn_env(const char *env_extra, const char *const *args)
+{
+	char out_path[] = "/tmp/pipetrain-test-out-XXXXXX", err_path[] = "/tmp/pipetrain-test-err-XXXXXX";
+	struct proc p = {.out_fd = mkstemp(out_path), .err_fd = mkstemp(err_path)};
+	ck_assert(p.out_fd >= 0 && p.err_fd >= 0);
+	unlink(out_path);
+	unlink(err_path);
+	char *argv[64];
+	unsigned n = 0;
+	argv[n++] = (char *)PIPETRAIN_BIN;
+	for (unsigned i = 0; args[i] && n < 62; i++)
+		argv[n++] = (char *)args[i];
+	argv[n] = NULL;
+	char *envp[256];
+	unsigned e = 0;
+	for (char **q = environ; *q && e < 250; q++)
+		if (strncmp(*q, "PIPETRAIN_FAULT=", 16))
+			envp[e++] = *q;
+	if (env_extra)
+		envp[e++] = (char *)env_extra;
+	envp[e] = NULL;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, p.out_fd, STDOUT_FILENO);
+	posix_spawn_file_actions_adddup2(&fa, p.err_fd, STDERR_FILENO);
+	int rc = posix_spawn(&p.pid, PIPETRAIN_BIN, &fa, NULL, argv, envp);
+	ck_assert_msg(rc == 0, "cannot start %s: %s", PIPETRAIN_BIN, strerror(rc));
+	posix_spawn_file_actions_destroy(&fa);
+	return p;
+}
+
+static struct run finish(struct proc p)
+{
+	int ws;
+	ck_assert_int_eq(waitpid(p.pid, &ws, 0), p.pid);
+	struct run r = {.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws)};
+	r.out = slurp(p.out_fd);
+	r.err = slurp(p.err_fd);
+	close(p.out_fd);
+	close(p.err_fd);
+	return r;
+}
+
+static struct run run_env(const char *env_extra, const char *const *args)
+{
+	return finish(spawn_env(env_extra, args));
+}
+
+static struct run run(const char *const *args)
+{
+	return run_env(NULL, args);
+}
+
+static bool have_data(void)
+{
+	if (access(MBP_FASHION_MNIST_DIR "/t10k-images-idx3-ubyte.gz", R_OK) == 0)
+		return true;
+	fprintf(stderr, "skipped: %s absent (apt-get install dataset-fashion-mnist)\n",
+		MBP_FASHION_MNIST_DIR);
+	return false;
+}
+
+/* Whole file into memory; *len its size. */
+static char *read_all(const char *path, size_t *len)
+{
+	int fd = open(path, O_RDONLY);
+	ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
+	char *b = slurp(fd);
+	struct stat st;
+	fstat(fd, &st);
+	*len = (size_t)st.st_size;
+	close(fd);
+	return b;
+}
+
+/* A file in the test's folder, copied out of tmpdir_path's rotating buffers. */
+static void tmp_file(char out[128], const char *name)
+{
+	snprintf(out, 128, "%s", tmpdir_path(name));
+}
+
+static void assert_same_file(const char *a, const char *b)
+{
+	size_t la, lb;
+	char *x = read_all(a, &la), *y = read_all(b, &lb);
+	ck_assert_msg(la == lb && memcmp(x, y, la) == 0, "%s and %s differ", a, b);
+	free(x);
+	free(y);
+}
+
+/* ---- bad arguments ---- */
+
+static const char *const bad_args[][8] = {
+    {"--stages", "0"},
+    {"--stages", "two"},
+    {"--layers", "784,,10"},
+    {"--layers", "784"},
+    {"--layers", "784,64,"},
+    {"--layers", "100,64,10"}, /* the input is 784 for this data */
+    {"--layers", "784,64,5"},  /* the output is 10 classes */
+    {"--layers", "784,64,10", "--stages", "3"},
+    {"--schedule", "pipedream"},
+    {"--optimizer", "adam"},
+    {"--lr", "-1"},
+    {"--lr", "nan"},
+    {"--lr", "0"},
+    {"--min-lr", "0.1", "--lr", "0.01"},
+    {"--batch", "0"},
+    {"--batch", "32", "--mb", "64"},
+    {"--epochs", "0"},
+    {"--clip", "-1"},
+    {"--momentum", "1"},
+    {"--val", "60000"},
+    {"--limit", "100000"},
+    {"--limit", "100", "--batch", "256"},
+    {"--threads", "3", "--stages", "2"},
+    {"--json", "--csv", "-"},
+    {"--data", "/nonexistent"},
+    {"--model", "/nonexistent.safetensors"},
+    {"--save", ""},
+    {"--save", "/nonexistent/m.safetensors"},
+    {"--predictions", "/nonexistent/p.txt"},
+    {"--epochs"},
+    {"--frobnicate"},
+    {"extra"},
+};
+
+START_TEST(every_bad_argument_gets_one_line_and_exit_2)
+{
+	const char *const *a = bad_args[_i];
+	struct run r = run(a);
+	ck_assert_msg(r.status == 2, "%s %s: exit %d (%s)", a[0], a[1] ? a[1] : "", r.status, r.err);
+	ck_assert_msg(lines(r.err) == 1, "%s %s: %u lines on stderr: %s", a[0], a[1] ? a[1] : "",
+		      lines(r.err), r.err);
+	ck_assert_msg(strncmp(r.err, "pipetrain: ", 11) == 0, "no 'pipetrain: ' prefix: %s", r.err);
+	ck_assert_msg(r.out[0] == 0, "%s: stdout not empty: %s", a[0], r.out);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(a_model_file_that_is_not_one_is_refused_with_exit_2)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	const char *p = tmpdir_path("junk.safetensors");
+	FILE *f = fopen(p, "w");
+	fputs("not a model\n", f);
+	fclose(f);
+	struct run r = run((const char *const[]){"--model", p, NULL});
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_uint_eq(lines(r.err), 1);
+	ck_assert_ptr_nonnull(strstr(r.err, "junk.safetensors"));
+	run_free(&r);
+	tmpdir_remove();
+}
+END_TEST
+
+/* ---- training ---- */
+
+#define SMALL "--layers", "784,48,24,10", "--limit", "1024", "--batch", "128", "--mb", "32", "--val", "500"
+
+START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char trace[128];
+	tmp_file(trace, "trace.json");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "3", "--json", "--stages", "3",
+						 "--schedule", "zbh1", "--trace", trace, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
+	const cJSON *eps = cJSON_GetObjectItem(root, "epochs");
+	ck_assert_int_eq(cJSON_GetArraySize(eps), 3);
+	double l0 = cJSON_GetObjectItem(cJSON_GetArrayItem(eps, 0), "train_loss")->valuedouble;
+	double l2 = cJSON_GetObjectItem(cJSON_GetArrayItem(eps, 2), "train_loss")->valuedouble;
+	ck_assert_msg(l2 < 0.8 * l0, "loss %g -> %g did not fall", l0, l2);
+	double acc = cJSON_GetObjectItem(root, "test_accuracy")->valuedouble;
+	ck_assert_msg(acc > 0.5, "test accuracy %g: no better than guessing", acc);
+	const cJSON *cfg = cJSON_GetObjectItem(root, "config");
+	ck_assert_int_eq(cJSON_GetObjectItem(cfg, "train_rows")->valueint, 1024);
+	ck_assert_int_eq(cJSON_GetObjectItem(cfg, "steps_per_epoch")->valueint, 8);
+	ck_assert_int_eq(cJSON_GetObjectItem(cfg, "mbs")->valueint, 4);
+	const cJSON *st = cJSON_GetObjectItem(root, "stages");
+	ck_assert_int_ge(cJSON_GetArraySize(st), 1);
+	const cJSON *s0 = cJSON_GetArrayItem(st, 0);
+	ck_assert_int_eq(cJSON_GetObjectItem(s0, "first_layer")->valueint, 0);
+	ck_assert(cJSON_GetObjectItem(s0, "compute_s")->valuedouble > 0);
+	ck_assert(cJSON_IsNull(cJSON_GetObjectItem(root, "stopped")));
+	/* the human lines went to stderr: one per epoch */
+	unsigned ep_lines = 0;
+	for (const char *p = r.err; (p = strstr(p, "\nepoch ")); p++)
+		ep_lines++;
+	ck_assert_uint_eq(ep_lines, 3);
+	cJSON_Delete(root);
+	run_free(&r);
+	/* The trace: the last step's 4 micro-batches, F, B_in and W on each of the 3 stages. */
+	size_t len;
+	char *t = read_all(trace, &len);
+	cJSON *tr = cJSON_Parse(t);
+	ck_assert_msg(tr != NULL, "the trace is not JSON");
+	unsigned count[3] = {0};
+	const cJSON *ev;
+	cJSON_ArrayForEach(ev, cJSON_GetObjectItem(tr, "traceEvents"))
+	{
+		const cJSON *cat = cJSON_GetObjectItem(ev, "cat");
+		for (unsigned k = 0; cJSON_IsString(cat) && k < 3; k++)
+			count[k] += !strcmp(cat->valuestring, (const char *[]){"F", "B_in", "W"}[k]);
+	}
+	ck_assert_msg(count[0] == 12 && count[1] == 12 && count[2] == 12, "F %u, B_in %u, W %u events",
+		      count[0], count[1], count[2]);
+	cJSON_Delete(tr);
+	free(t);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	static const char *const arms[][3] = {{"gpipe", "1", "a"}, {"1f1b", "2", "b"}, {"zbh1", "3", "c"}};
+	char path[3][128], csv[3][128];
+	for (unsigned i = 0; i < 3; i++) {
+		snprintf(path[i], sizeof path[i], "%s", tmpdir_path(arms[i][2]));
+		snprintf(csv[i], sizeof csv[i], "%s.csv", path[i]);
+		struct run r = run((const char *const[]){SMALL, "--epochs", "2", "--schedule", arms[i][0],
+							 "--stages", arms[i][1], "--save", path[i], "--csv",
+							 csv[i], "--quiet", NULL});
+		ck_assert_msg(r.status == 0, "%s: exit %d: %s", arms[i][0], r.status, r.err);
+		ck_assert_msg(r.out[0] == 0 && r.err[0] == 0, "--quiet printed: %s%s", r.out, r.err);
+		run_free(&r);
+	}
+	for (unsigned i = 1; i < 3; i++)
+		assert_same_file(path[0], path[i]);
+	/* And the same accuracy, as the CSV says (its timing columns differ). */
+	size_t len;
+	char *a = read_all(csv[0], &len), *b = read_all(csv[2], &len);
+	ck_assert_uint_eq(lines(a), 3);
+	for (char *pa = strchr(a, '\n'), *pb = strchr(b, '\n'); pa && pb;
+	     pa = strchr(pa + 1, '\n'), pb = strchr(pb + 1, '\n')) {
+		/* epoch,step,train_loss,train_acc,val_acc,test_acc,test_loss: the first 7 fields */
+		unsigned commas = 0;
+		size_t k = 1;
+		while (pa[k] && commas < 7)
+			commas += pa[k++] == ',';
+		ck_assert_msg(strncmp(pa, pb, k) == 0, "CSV rows differ: %.*s vs %.*s", (int)k, pa, (int)k,
+			      pb);
+	}
+	free(a);
+	free(b);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char whole[128], half[128], resumed[128];
+	tmp_file(whole, "whole.safetensors");
+	tmp_file(half, "half.safetensors");
+	tmp_file(resumed, "resumed.safetensors");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "3", "--save", whole, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	/* A run told it has 3 epochs, stopped after 1 (its checkpoint), then resumed to the end. */
+	r = run_env("PIPETRAIN_FAULT=9",
+		    (const char *const[]){SMALL, "--epochs", "3", "--save", half, "--quiet", NULL});
+	ck_assert_msg(r.status == 1, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	r = run((const char *const[]){SMALL, "--epochs", "3", "--model", half, "--save", resumed, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "resuming at epoch 2, step 8"), "no resume line: %s", r.out);
+	run_free(&r);
+	assert_same_file(whole, resumed);
+	assert_same_file(tmpdir_path("whole.optim.safetensors"), tmpdir_path("resumed.optim.safetensors"));
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(a_nan_loss_stops_naming_step_and_stage_and_keeps_the_last_checkpoint)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char bad[128];
+	tmp_file(bad, "bad.safetensors");
+	/* 8 steps per epoch: step 11 is in the second epoch, after the first checkpoint. */
+	struct run r = run_env("PIPETRAIN_FAULT=11", (const char *const[]){SMALL, "--epochs", "3", "--stages",
+									   "3", "--save", bad, NULL});
+	ck_assert_msg(r.status == 1, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.err, "step 11 ") && strstr(r.err, "stage 2") && strstr(r.err, "non-finite"),
+		      "the error does not name step 11 and stage 2: %s", r.err);
+	ck_assert_msg(strstr(r.err, "checkpoint is kept"), "%s", r.err);
+	ck_assert_msg(strstr(r.out, "epoch 1/3") && !strstr(r.out, "epoch 2/3"), "%s", r.out);
+	run_free(&r);
+	/* The kept checkpoint is epoch 1's: resuming it with the same settings and no fault gives the
+	 * uninterrupted run's bytes, and the file loads as a model. */
+	mbp_model *m;
+	ck_assert_int_eq(mbp_model_load(&m, bad, NULL), 0);
+	mbp_model_destroy(m);
+	char cont[128];
+	tmp_file(cont, "cont.safetensors");
+	r = run(
+	    (const char *const[]){SMALL, "--epochs", "3", "--model", bad, "--save", cont, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	char whole[128];
+	tmp_file(whole, "whole.safetensors");
+	r = run((const char *const[]){SMALL, "--epochs", "3", "--save", whole, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	assert_same_file(whole, cont);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(sigint_finishes_the_step_writes_a_checkpoint_and_exits_130)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char ck[128], csv[128], whole[128], cont[128];
+	tmp_file(ck, "ck.safetensors");
+	tmp_file(csv, "ck.csv");
+	tmp_file(whole, "whole.safetensors");
+	tmp_file(cont, "cont.safetensors");
+	struct proc p = spawn_env(NULL, (const char *const[]){SMALL, "--epochs", "40", "--save", ck, "--csv",
+							      csv, "--quiet", NULL});
+	/* Wait for two epochs to be written (the CSV's header and two rows), then interrupt. */
+	for (unsigned i = 0; i < 600; i++) {
+		size_t len = 0;
+		char *b = access(csv, R_OK) == 0 ? read_all(csv, &len) : NULL;
+		unsigned n = b ? lines(b) : 0;
+		free(b);
+		if (n >= 3)
+			break;
+		sleep_ms(20);
+	}
+	kill(p.pid, SIGINT);
+	struct run r = finish(p);
+	ck_assert_msg(r.status == 130, "exit %d (not interrupted mid-run?): %s", r.status, r.err);
+	ck_assert_msg(strstr(r.err, "interrupted (SIGINT)") && strstr(r.err, "checkpoint written"), "%s",
+		      r.err);
+	run_free(&r);
+	/* Resumed, it ends where an uninterrupted run ends. */
+	r = run(
+	    (const char *const[]){SMALL, "--epochs", "40", "--model", ck, "--save", cont, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	r = run((const char *const[]){SMALL, "--epochs", "40", "--save", whole, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	assert_same_file(whole, cont);
+	tmpdir_remove();
+}
+END_TEST
+
+/* ---- end to end: train, serve, reload ---- */
+
+#define ROWS_PER_REQ 50
+#define CHECK_ROWS   500
+
+static float *test_x; /* CHECK_ROWS test images */
+
+static int32_t *read_predictions(const char *path)
+{
+	size_t len;
+	char *b = read_all(path, &len);
+	ck_assert_uint_eq(lines(b), 10000);
+	int32_t *p = malloc(10000 * sizeof(int32_t));
+	char *s = b;
+	for (unsigned i = 0; i < 10000; i++)
+		p[i] = (int32_t)strtol(s, &s, 10);
+	free(b);
+	return p;
+}
+
+/* Classify rows [first, first + ROWS_PER_REQ) over HTTP; @return 0 and the classes in cls, or -1. */
+static int classify(int port, unsigned first, int32_t *cls, char *why, size_t whylen)
+{
+	size_t cap = 256 + (size_t)ROWS_PER_REQ * 784 * 12;
+	char *b = malloc(cap);
+	size_t n =
+	    (size_t)snprintf(b, cap,
+			     "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[%d,784],"
+			     "\"data\":[",
+			     ROWS_PER_REQ);
+	for (unsigned i = 0; i < ROWS_PER_REQ * 784; i++)
+		n +=
+		    (size_t)snprintf(b + n, cap - n, "%s%.9g", i ? "," : "", (double)test_x[first * 784 + i]);
+	n += (size_t)snprintf(b + n, cap - n, "]}]}");
+	char path[64];
+	snprintf(path, sizeof path, "/v2/models/m/infer");
+	http_resp r;
+	int rc = http_do(port, "POST", path, NULL, b, n, &r);
+	free(b);
+	if (rc || r.status != 200) {
+		snprintf(why, whylen, "status %d: %s", r.status, r.body ? r.body : "(connection)");
+		http_resp_free(&r);
+		return -1;
+	}
+	cJSON *root = cJSON_Parse(r.body);
+	const cJSON *data =
+	    cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "outputs"), 0), "data");
+	rc = cJSON_GetArraySize(data) == ROWS_PER_REQ * 10 ? 0 : -1;
+	for (unsigned row = 0; rc == 0 && row < ROWS_PER_REQ; row++) {
+		double best = -INFINITY;
+		for (unsigned k = 0; k < 10; k++) {
+			double v = cJSON_GetArrayItem(data, (int)(row * 10 + k))->valuedouble;
+			if (v > best)
+				best = v, cls[row] = (int32_t)k;
+		}
+	}
+	if (rc)
+		snprintf(why, whylen, "bad answer: %.200s", r.body);
+	cJSON_Delete(root);
+	http_resp_free(&r);
+	return rc;
+}
+
+typedef struct client {
+	int port;
+	const int32_t *pa, *pb; /* the two models' predictions */
+	_Atomic bool *stop;
+	unsigned done, failed, neither;
+	char why[256];
+} client;
+
+static void *client_main(void *arg)
+{
+	client *c = arg;
+	for (unsigned k = 0; !atomic_load(c->stop); k++) {
+		unsigned first = (k * ROWS_PER_REQ) % CHECK_ROWS;
+		int32_t cls[ROWS_PER_REQ];
+		if (classify(c->port, first, cls, c->why, sizeof c->why)) {
+			c->failed++;
+			continue;
+		}
+		c->done++;
+		/* One request is computed with one version: all a's classes, or all b's. */
+		bool is_a = true, is_b = true;
+		for (unsigned i = 0; i < ROWS_PER_REQ; i++) {
+			is_a &= cls[i] == c->pa[first + i];
+			is_b &= cls[i] == c->pb[first + i];
+		}
+		c->neither += !is_a && !is_b;
+	}
+	return NULL;
+}
+
+START_TEST(a_trained_model_serves_its_own_predictions_and_reloads_live)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char ma[128], mb[128], pa_path[128], pb_path[128];
+	tmp_file(ma, "m.safetensors");
+	tmp_file(mb, "m2.safetensors");
+	tmp_file(pa_path, "a.pred");
+	tmp_file(pb_path, "b.pred");
+	/* One epoch of a small model, then a second model (another seed, two epochs). */
+	struct run r = run((const char *const[]){"--layers", "784,64,10", "--limit", "4096", "--epochs", "1",
+						 "--save", ma, "--predictions", pa_path, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	r = run((const char *const[]){"--layers", "784,64,10", "--limit", "4096", "--epochs", "2", "--seed",
+				      "7", "--save", mb, "--predictions", pb_path, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	int32_t *pa = read_predictions(pa_path), *pb = read_predictions(pb_path);
+	unsigned differ = 0;
+	for (unsigned i = 0; i < CHECK_ROWS; i++)
+		differ += pa[i] != pb[i];
+	ck_assert_msg(differ > 0, "the two models agree on every image: the reload would not show");
+
+	mbp_dataset ds;
+	mbp_data_error de;
+	ck_assert_msg(mbp_fashion_mnist_load(&ds, NULL, false, &de) == 0, "%s", de.msg);
+	uint32_t idx[CHECK_ROWS];
+	for (unsigned i = 0; i < CHECK_ROWS; i++)
+		idx[i] = i;
+	test_x = malloc((size_t)CHECK_ROWS * 784 * sizeof(float));
+	ck_assert_int_eq(mbp_dataset_gather(&ds, idx, CHECK_ROWS, test_x, NULL), 0);
+	mbp_dataset_free(&ds);
+
+	srv s;
+	ck_assert_msg(srv_start(&s, (const char *const[]){"--model", ma, "--model-repository", tmpdir,
+							  "--stages", "2", NULL}) == 0,
+		      "pipeserve did not start");
+	/* Served: the classes pipetrain's evaluation gave. */
+	for (unsigned first = 0; first < CHECK_ROWS; first += ROWS_PER_REQ) {
+		int32_t cls[ROWS_PER_REQ];
+		char why[256];
+		ck_assert_msg(classify(s.port, first, cls, why, sizeof why) == 0, "%s", why);
+		for (unsigned i = 0; i < ROWS_PER_REQ; i++)
+			ck_assert_msg(cls[i] == pa[first + i],
+				      "test image %u: served class %d, pipetrain's %d", first + i, cls[i],
+				      pa[first + i]);
+	}
+	/* Reload the second checkpoint while two clients send requests. */
+	enum { CLIENTS = 2 };
+	_Atomic bool stop = false;
+	client c[CLIENTS];
+	pthread_t t[CLIENTS];
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		c[i] = (client){.port = s.port, .pa = pa, .pb = pb, .stop = &stop};
+		ck_assert_int_eq(pthread_create(&t[i], NULL, client_main, &c[i]), 0);
+	}
+	sleep_ms(200);
+	const char *body = "{\"parameters\":{\"file\":\"m2.safetensors\"}}";
+	http_resp lr;
+	ck_assert_int_eq(
+	    http_do(s.port, "POST", "/v2/repository/models/m/load", NULL, body, strlen(body), &lr), 0);
+	ck_assert_msg(lr.status == 200, "load: status %d: %s", lr.status, lr.body);
+	http_resp_free(&lr);
+	sleep_ms(200);
+	atomic_store(&stop, true);
+	unsigned done = 0;
+	for (unsigned i = 0; i < CLIENTS; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_msg(c[i].failed == 0, "client %u: %u failed: %s", i, c[i].failed, c[i].why);
+		ck_assert_msg(c[i].neither == 0, "client %u: %u answers from neither model", i, c[i].neither);
+		done += c[i].done;
+	}
+	ck_assert_uint_gt(done, CLIENTS);
+	/* After the load: the second model's classes. */
+	for (unsigned first = 0; first < CHECK_ROWS; first += ROWS_PER_REQ) {
+		int32_t cls[ROWS_PER_REQ];
+		char why[256];
+		ck_assert_msg(classify(s.port, first, cls, why, sizeof why) == 0, "%s", why);
+		for (unsigned i = 0; i < ROWS_PER_REQ; i++)
+			ck_assert_msg(cls[i] == pb[first + i],
+				      "after the load, image %u: class %d, model 2's %d", first + i, cls[i],
+				      pb[first + i]);
+	}
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	free(test_x);
+	free(pa);
+	free(pb);
+	tmpdir_remove();
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("pipetrain");
+	TCase *tc = tcase_create("cli");
+	tcase_set_timeout(tc, 120);
+	tcase_add_loop_test(tc, every_bad_argument_gets_one_line_and_exit_2, 0,
+			    (int)(sizeof bad_args / sizeof bad_args[0]));
+	tcase_add_test(tc, a_model_file_that_is_not_one_is_refused_with_exit_2);
+	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
+	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);
+	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);
+	tcase_add_test(tc, a_nan_loss_stops_naming_step_and_stage_and_keeps_the_last_checkpoint);
+	tcase_add_test(tc, sigint_finishes_the_step_writes_a_checkpoint_and_exits_130);
+	suite_add_tcase(s, tc);
+	TCase *e2e = tcase_create("end to end");
+	tcase_set_timeout(e2e, 120);
+	tcase_add_test(e2e, a_trained_model_serves_its_own_predictions_and_reloads_live);
+	suite_add_tcase(s, e2e);
+	return s;
+}
+
+#include "check_main.h"

@@ -1,0 +1,585 @@
+/*
+ * pipetrain: train an MLP classifier on Fashion-MNIST through the engine's pipeline-parallel trainer.
+ *
+ * The run: load the data (training set split into training and held-out validation rows from the seed,
+ * the test set), build or load the model, partition its layers into stages by their measured costs
+ * (pt_profile, then mbp_model_partition), give each stage to the trainer, then per epoch: a seeded order of the training
+ * rows (mbp_data_epoch_order, a function of seed and epoch only), one trainer step per mini-batch (the
+ * last partial batch of an epoch is dropped), then the validation and test accuracy, one line, one CSV
+ * row, a checkpoint.
+ *
+ * Resume: a checkpoint is the weights file plus the optimizer state beside it, which holds the number of
+ * updates done. Started with --model on such a pair and the same data, seed, batch and epochs, the run
+ * continues at the step where it stopped, in the same order, with the same learning rate: the weights at
+ * the end are bit for bit those of an uninterrupted run.
+ *
+ * Failures: a non-finite loss or gradient fails its step (the trainer updates nothing); the run stops,
+ * naming the step, the stage and the micro-batch, and the last checkpoint on disk (written atomically by
+ * mbp_mlp_save, a temporary file renamed into place) stays as it was: exit 1. SIGINT or SIGTERM: the
+ * handler only sets a flag; the step under way finishes, a checkpoint is written, exit 130 (143 for
+ * SIGTERM). A second SIGINT kills at once (SA_RESETHAND). The trainer's threads start with both signals
+ * blocked, so only the main thread takes them.
+ */
+#define _GNU_SOURCE
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pipetrain.h"
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+	stop_signal = sig;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* One line on stderr, exit status 2 (bad input). */
+static int bad(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "pipetrain: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+	return 2;
+}
+
+/* Accuracy and mean loss of the model over rows of x (rows x width) with labels y; preds optional. */
+static int evaluate(mbp_mlp *n, const float *x, const int32_t *y, uint32_t rows, uint32_t classes,
+		    float *logits, int32_t *preds, double *acc, double *loss)
+{
+	int rc = mbp_mlp_forward(n, x, logits, rows, 256);
+	if (rc < 0)
+		return rc;
+	for (uint32_t r = 0; preds && r < rows; r++) {
+		const float *l = logits + (size_t)r * classes;
+		uint32_t best = 0;
+		for (uint32_t k = 1; k < classes; k++)
+			if (l[k] > l[best])
+				best = k;
+		preds[r] = (int32_t)best;
+	}
+	double sum;
+	uint32_t correct;
+	rc = mbp_loss_xent(logits, y, rows, classes, rows, logits, &sum, &correct);
+	if (rc == -EDOM) { /* a non-finite logit: report it as such, accuracy from the argmax */
+		*loss = NAN;
+		*acc = NAN;
+		return 0;
+	}
+	*acc = (double)correct / rows;
+	*loss = sum / rows;
+	return rc;
+}
+
+static int save_checkpoint(mbp_mlp *n, const char *save)
+{
+	char opath[4096];
+	pt_optim_path(save, opath, sizeof opath);
+	/* Optimizer state first: a crash between the two leaves weights older than the state, which a resume
+	 * detects as steps beyond the weights' epoch only through the data order (documented in pipetrain.1). */
+	int rc = mbp_mlp_save_optim(n, opath);
+	if (rc < 0) {
+		fprintf(stderr, "pipetrain: cannot write %s: %s\n", opath, mbp_strerror(rc));
+		return rc;
+	}
+	rc = mbp_mlp_save(n, save);
+	if (rc < 0)
+		fprintf(stderr, "pipetrain: cannot write %s: %s\n", save, mbp_strerror(rc));
+	return rc;
+}
+
+static const char *op_name(mbp_op_kind k)
+{
+	return k == MBP_OP_F ? "forward" : k == MBP_OP_B ? "backward" : k == MBP_OP_BIN ? "B_in" : "B_w";
+}
+
+static int write_predictions(const char *path, const int32_t *p, uint32_t rows)
+{
+	FILE *f = fopen(path, "w");
+	if (!f) {
+		fprintf(stderr, "pipetrain: --predictions %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	for (uint32_t r = 0; r < rows; r++)
+		fprintf(f, "%d\n", p[r]);
+	if (fclose(f)) {
+		fprintf(stderr, "pipetrain: --predictions %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+struct run {
+	pt_config *c;
+	mbp_dataset train, test;
+	uint32_t *tr, *va, *order;
+	uint32_t ntr, nva;
+	float *xb, *xval, *xtest, *logits;
+	int32_t *yb, *yval, *ytest, *preds;
+	mbp_mlp *n;
+	pt_shared sh;
+	pt_stage stage[MBP_MAX_STAGES];
+	mbp_trainer *t;
+	pt_report rep;
+	FILE *csv;
+};
+
+static void run_free(struct run *r)
+{
+	mbp_trainer_destroy(r->t);
+	for (unsigned s = 0; s < MBP_MAX_STAGES; s++)
+		mbp_mlp_stage_destroy(r->stage[s].st);
+	mbp_mlp_destroy(r->n);
+	mbp_dataset_free(&r->train);
+	mbp_dataset_free(&r->test);
+	free(r->tr);
+	free(r->va);
+	free(r->order);
+	free(r->xb);
+	free(r->xval);
+	free(r->xtest);
+	free(r->logits);
+	free(r->yb);
+	free(r->yval);
+	free(r->ytest);
+	free(r->preds);
+	free(r->rep.ep);
+	if (r->csv && r->csv != stdout)
+		fclose(r->csv);
+}
+
+/* 0 when a file can be created at path (its folder exists and is writable), else -errno. */
+static int creatable(const char *path)
+{
+	char dir[4096];
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(dir, sizeof dir, ".");
+	else
+		snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+	return access(dir, W_OK | X_OK) == 0 ? 0 : -errno;
+}
+
+/* Data, model, stages, trainer. @return 0, or the exit status. */
+static int setup(struct run *r)
+{
+	pt_config *c = r->c;
+	mbp_data_error de;
+	if (c->model && access(c->model, R_OK) != 0)
+		return bad("--model %s: %s", c->model, strerror(errno));
+	const struct {
+		const char *opt, *path;
+	} outs[] = {{"--save", c->save}, {"--trace", c->trace}, {"--predictions", c->predictions}};
+	for (unsigned i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+		int rc = outs[i].path ? creatable(outs[i].path) : 0;
+		if (rc < 0)
+			return bad("%s %s: cannot create the file there: %s", outs[i].opt, outs[i].path,
+				   strerror(-rc));
+	}
+	if (mbp_fashion_mnist_load(&r->train, c->data, true, &de) < 0 ||
+	    mbp_fashion_mnist_load(&r->test, c->data, false, &de) < 0)
+		return bad("--data: %s", de.msg);
+	uint32_t width = r->train.width, classes = r->train.classes;
+	if (c->val >= r->train.n)
+		return bad("--val %u: the training set has only %u rows", c->val, r->train.n);
+	r->nva = c->val;
+	r->ntr = r->train.n - r->nva;
+	r->tr = malloc(r->ntr * sizeof(uint32_t));
+	r->va = malloc((r->nva + 1) * sizeof(uint32_t));
+	r->order = malloc(r->ntr * sizeof(uint32_t));
+	if (!r->tr || !r->va || !r->order || mbp_data_split(r->train.n, r->nva, c->seed, r->tr, r->va) < 0)
+		return bad("out of memory");
+	if (c->limit) {
+		if (c->limit > r->ntr)
+			return bad("--limit %u: only %u training rows (after --val %u)", c->limit, r->ntr,
+				   r->nva);
+		/* A seeded subset: the first `limit` of a permutation that no epoch uses (epoch UINT64_MAX). */
+		mbp_data_epoch_order(r->tr, r->ntr, c->seed, UINT64_MAX, r->order);
+		memcpy(r->tr, r->order, (size_t)c->limit * sizeof(uint32_t));
+		r->ntr = c->limit;
+	}
+	uint64_t spe = r->ntr / c->batch;
+	if (spe == 0)
+		return bad("--batch %u: more than the %u training rows", c->batch, r->ntr);
+	uint64_t total = spe * c->epochs;
+
+	mbp_optim_opts oo = {
+	    .kind = c->optim,
+	    .lr = (float)c->lr,
+	    .min_lr = (float)c->min_lr,
+	    .warmup_steps = c->warmup >= 0 ? (uint64_t)c->warmup : (total / 20 < 100 ? total / 20 : 100),
+	    .total_steps = total,
+	    .weight_decay = (float)c->weight_decay,
+	    .momentum = c->optim == MBP_OPTIM_SGD ? (float)c->momentum : 0,
+	};
+	if (c->model) {
+		mbp_model_error me;
+		int rc = mbp_mlp_load(&r->n, c->model, &oo, &me);
+		if (rc < 0)
+			return bad("--model: %s", me.msg[0] ? me.msg : mbp_strerror(rc));
+		unsigned L = mbp_mlp_layers(r->n);
+		uint32_t w[PT_MAX_LAYERS + 1];
+		for (unsigned i = 0; i < L && i < PT_MAX_LAYERS; i++) {
+			mbp_layer_info li;
+			mbp_mlp_layer_info(r->n, i, &li);
+			w[i] = li.in;
+			w[i + 1] = li.out;
+		}
+		if (L > PT_MAX_LAYERS)
+			return bad("--model %s: %u layers, more than %d", c->model, L, PT_MAX_LAYERS);
+		if (c->layers && (c->layers != L || memcmp(w, c->widths, (L + 1) * sizeof(uint32_t))))
+			return bad("--layers does not match the layers of --model %s", c->model);
+		c->layers = L;
+		memcpy(c->widths, w, (L + 1) * sizeof(uint32_t));
+	} else if (!c->layers) {
+		static const uint32_t def[] = {784, 512, 512, 10};
+		memcpy(c->widths, def, sizeof def);
+		c->layers = 3;
+	}
+	unsigned L = c->layers;
+	if (c->widths[0] != width)
+		return bad("--layers: the input width must be %u for this data (%ux%u images), not %u", width,
+			   r->train.rows, r->train.cols, c->widths[0]);
+	if (c->widths[L] != classes)
+		return bad("--layers: the output width must be %u (the classes of this data), not %u",
+			   classes, c->widths[L]);
+	if (!r->n) {
+		mbp_model_spec sp = {.layers = L, .widths = c->widths, .act = MBP_ACT_RELU, .seed = c->seed};
+		int rc = mbp_mlp_new_random(&r->n, &sp, &oo);
+		if (rc < 0)
+			return bad("cannot build the model: %s", mbp_strerror(rc));
+	}
+	uint64_t start = 0;
+	if (c->model) {
+		char opath[4096];
+		pt_optim_path(c->model, opath, sizeof opath);
+		if (access(opath, F_OK) == 0) {
+			mbp_model_error me;
+			int rc = mbp_mlp_load_optim(r->n, opath, &me);
+			if (rc < 0)
+				return bad("--model: %s", me.msg[0] ? me.msg : mbp_strerror(rc));
+			start = mbp_mlp_steps(r->n, 0);
+		}
+	}
+
+	/* Stages: balanced by each layer's measured cost (F, B_in, B_w at the micro-batch size). */
+	cpu_set_t set;
+	unsigned ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
+	unsigned S = c->stages ? c->stages : (ncpu < L ? ncpu : L);
+	if (S > L)
+		return bad("--stages %u: the model has only %u layers", S, L);
+	if (c->threads > S)
+		return bad("--threads %u: more threads than the %u stages", c->threads, S);
+	double cost[PT_MAX_LAYERS];
+	for (unsigned i = 0; i < L; i++)
+		cost[i] = 1;
+	int rc = S > 1 ? pt_profile(r->n, c->mb, cost) : 0;
+	if (rc < 0)
+		return bad("cannot profile the layers: %s", mbp_strerror(rc));
+	mbp_model_plan plan;
+	rc = mbp_model_partition(cost, NULL, L, S, &plan);
+	if (rc < 0)
+		return bad("cannot partition %u layers into %u stages: %s", L, S, mbp_strerror(rc));
+	r->sh =
+	    (pt_shared){.n = r->n, .layers = L, .classes = classes, .clip = (float)c->clip, .fault_step = -1};
+	const char *fault = getenv("PIPETRAIN_FAULT");
+	if (fault && *fault)
+		r->sh.fault_step = strtoll(fault, NULL, 10);
+	uint32_t mbs = (c->batch + c->mb - 1) / c->mb;
+	mbp_train_opts to = {
+	    .in_row_bytes = width * sizeof(float),
+	    .target_row_bytes = sizeof(int32_t),
+	    .max_mb_rows = c->mb,
+	    .max_mbs = mbs,
+	    .schedule = c->schedule,
+	    .threads = c->threads,
+	    .pin = c->pin,
+	    .trace_events = c->trace ? 3 * mbs + 8 : 0,
+	    .loss = pt_loss,
+	    .loss_arg = &r->sh,
+	};
+	rc = mbp_trainer_new(&r->t, &to);
+	if (rc < 0)
+		return bad("cannot create the trainer: %s", mbp_strerror(rc));
+	for (unsigned s = 0; s < S; s++) {
+		pt_stage *p = &r->stage[s];
+		*p = (pt_stage){.sh = &r->sh, .index = s, .first = plan.first[s], .last = plan.first[s + 1]};
+		rc = mbp_mlp_stage_new(&p->st, r->n, p->first, p->last, c->mb);
+		mbp_train_stage_desc d;
+		if (rc == 0) {
+			pt_stage_desc(p, &d);
+			rc = mbp_trainer_add_stage(r->t, &d);
+		}
+		if (rc < 0)
+			return bad("cannot build stage %u: %s", s, mbp_strerror(rc));
+	}
+	/* After every stage_new (each sets OpenBLAS to one thread): what the user asked for. */
+	if (c->blas_threads)
+		openblas_set_num_threads((int)c->blas_threads);
+
+	/* Buffers: one mini-batch, the validation and test sets gathered once. */
+	r->xb = malloc((size_t)c->batch * width * sizeof(float));
+	r->yb = malloc((size_t)c->batch * sizeof(int32_t));
+	r->xval = malloc(((size_t)r->nva + 1) * width * sizeof(float));
+	r->yval = malloc(((size_t)r->nva + 1) * sizeof(int32_t));
+	r->xtest = malloc((size_t)r->test.n * width * sizeof(float));
+	r->ytest = malloc((size_t)r->test.n * sizeof(int32_t));
+	r->preds = malloc((size_t)r->test.n * sizeof(int32_t));
+	uint32_t most = r->test.n > r->nva ? r->test.n : r->nva;
+	r->logits = malloc((size_t)most * classes * sizeof(float));
+	uint32_t *all = malloc((size_t)r->test.n * sizeof(uint32_t));
+	if (!r->xb || !r->yb || !r->xval || !r->yval || !r->xtest || !r->ytest || !r->preds || !r->logits ||
+	    !all) {
+		free(all);
+		return bad("out of memory");
+	}
+	for (uint32_t i = 0; i < r->test.n; i++)
+		all[i] = i;
+	mbp_dataset_gather(&r->test, all, r->test.n, r->xtest, r->ytest);
+	free(all);
+	if (r->nva)
+		mbp_dataset_gather(&r->train, r->va, r->nva, r->xval, r->yval);
+
+	pt_report *rep = &r->rep;
+	*rep = (pt_report){.c = c,
+			   .layers = L,
+			   .stages = S,
+			   .threads = c->threads ? c->threads : (S < ncpu ? S : ncpu),
+			   .mbs = mbs,
+			   .blas_threads = c->blas_threads,
+			   .train_rows = r->ntr,
+			   .val_rows = r->nva,
+			   .test_rows = r->test.n,
+			   .steps_per_epoch = spe,
+			   .epochs_total = c->epochs,
+			   .start_step = start,
+			   .start_epoch = (unsigned)(start / spe),
+			   .blas = mbp_blas_info()};
+	memcpy(rep->widths, c->widths, (L + 1) * sizeof(uint32_t));
+	for (unsigned i = 0; i < L; i++) {
+		mbp_layer_info li;
+		mbp_mlp_layer_info(r->n, i, &li);
+		rep->params += li.param_bytes / sizeof(float);
+	}
+	for (unsigned s = 0; s < S; s++)
+		rep->st[s] = (pt_stage_total){.first = plan.first[s],
+					      .last = plan.first[s + 1],
+					      .stash_row_bytes =
+						  mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float),
+					      .profiled_us = S > 1 ? plan.stage_ns[s] * 1e-3 : 0};
+	rep->split_bound = S > 1 && plan.slowest_ns > 0 ? plan.sequential_ns / plan.slowest_ns : 0;
+	rep->ep = calloc(c->epochs + 1, sizeof(pt_epoch));
+	if (!rep->ep)
+		return bad("out of memory");
+	if (pt_csv_open(c, &r->csv) < 0)
+		return 2;
+
+	/* Start the threads with SIGINT and SIGTERM blocked: they inherit the mask, the main thread alone
+	 * takes the signals. */
+	sigset_t sigs, old;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &sigs, &old);
+	rc = mbp_trainer_start(r->t);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rc < 0) {
+		mbp_train_error e;
+		mbp_trainer_error(r->t, &e);
+		fprintf(stderr, "pipetrain: cannot start the trainer: %s (stage %d)\n", mbp_strerror(rc),
+			e.stage);
+		return 1;
+	}
+	struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND | SA_RESTART};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	return 0;
+}
+
+/* The per-stage figures of the step just done, added to the run's totals. */
+static void account(struct run *r, double *busy_ns, double *pred_ns, double *step_ns)
+{
+	mbp_train_stats ts;
+	mbp_train_stage_stats ss[MBP_MAX_STAGES];
+	int k = mbp_trainer_stats_get(r->t, &ts, ss, MBP_MAX_STAGES);
+	for (int s = 0; s < k && s < (int)r->rep.stages; s++) {
+		pt_stage_total *t = &r->rep.st[s];
+		t->thread = ss[s].thread;
+		t->cpu = ss[s].cpu;
+		t->compute_s += (double)(ss[s].f_ns + ss[s].b_ns + ss[s].bin_ns + ss[s].w_ns) * 1e-9;
+		t->wait_s += (double)ss[s].wait_ns * 1e-9;
+		if (ss[s].stash_peak > t->stash_peak)
+			t->stash_peak = ss[s].stash_peak;
+		if (ss[s].held_peak > t->held_peak)
+			t->held_peak = ss[s].held_peak;
+	}
+	r->rep.threads = ts.threads;
+	*step_ns += (double)ts.step_ns;
+	*busy_ns += (double)ts.step_ns * ts.bubble;
+	*pred_ns += (double)ts.step_ns * ts.bubble_predicted;
+	r->rep.wall_s += (double)ts.step_ns * 1e-9;
+}
+
+/* The epoch loop. @return the exit status. */
+static int train(struct run *r)
+{
+	pt_config *c = r->c;
+	pt_report *rep = &r->rep;
+	uint64_t spe = rep->steps_per_epoch, step = rep->start_step;
+	int status = 0;
+	pt_progress_init(c->quiet ? 0 : c->progress);
+	pt_print_header(rep);
+	if (step >= spe * c->epochs && !c->quiet)
+		fprintf(pt_human(c),
+			"pipetrain: the checkpoint has done its %u epochs already; nothing to train\n",
+			c->epochs);
+	for (unsigned ep = rep->start_epoch; ep < c->epochs && !status; ep++) {
+		mbp_data_epoch_order(r->tr, r->ntr, c->seed, ep, r->order);
+		double t0 = now_s(), loss_sum = 0, bubble_ns = 0, pred_ns = 0, step_ns = 0;
+		uint64_t rows = 0, correct = 0;
+		for (uint64_t k = step - (uint64_t)ep * spe; k < spe; k++) {
+			mbp_dataset_gather(&r->train, r->order + k * c->batch, c->batch, r->xb, r->yb);
+			double loss;
+			int rc = mbp_trainer_step(r->t, r->xb, r->yb, c->batch, c->mb, &loss);
+			if (rc < 0 || r->sh.update_err) {
+				pt_progress_end();
+				mbp_train_error e;
+				mbp_trainer_error(r->t, &e);
+				if (r->sh.update_err)
+					e = (mbp_train_error){
+					    .err = -EDOM, .stage = r->sh.update_err - 1, .mb = -1};
+				fprintf(stderr,
+					"pipetrain: step %llu (epoch %u, batch %llu) failed at stage %d (%s, "
+					"micro-batch %d): %s%s; training stopped, %s\n",
+					(unsigned long long)step, ep + 1, (unsigned long long)k, e.stage,
+					op_name(e.op), e.mb,
+					rc == -EDOM || e.err == -EDOM ? "non-finite loss or gradient, " : "",
+					mbp_strerror(rc < 0 ? rc : e.err),
+					c->save ? "the last checkpoint is kept as it was"
+						: "nothing saved (no --save)");
+				rep->stopped = rc == -EDOM || e.err == -EDOM ? "non-finite loss or gradient"
+									     : "step failed";
+				status = 1;
+				break;
+			}
+			step++;
+			rows += c->batch;
+			loss_sum += loss;
+			correct += r->sh.correct;
+			account(r, &bubble_ns, &pred_ns, &step_ns);
+			double dt = now_s() - t0;
+			pt_progress(ep + 1, c->epochs, k + 1, spe, dt > 0 ? rows / dt : 0, loss_sum / rows);
+			if (stop_signal)
+				break;
+		}
+		double train_s = now_s() - t0;
+		pt_progress_end();
+		if (status)
+			break;
+		if (stop_signal) {
+			rep->stopped =
+			    stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
+			if (c->save && save_checkpoint(r->n, c->save) == 0)
+				fprintf(stderr, "pipetrain: %s at step %llu; checkpoint written to %s\n",
+					rep->stopped, (unsigned long long)step, c->save);
+			else
+				fprintf(stderr, "pipetrain: %s at step %llu; %s\n", rep->stopped,
+					(unsigned long long)step,
+					c->save ? "the checkpoint could not be written"
+						: "nothing saved (no --save)");
+			status = stop_signal == SIGINT ? 130 : 143;
+			break;
+		}
+		pt_epoch *e = &rep->ep[rep->n_ep++];
+		*e = (pt_epoch){.epoch = ep + 1,
+				.step = step,
+				.train_loss = rows ? loss_sum / rows : NAN,
+				.train_acc = rows ? (double)correct / rows : NAN,
+				.samples_per_s = train_s > 0 ? rows / train_s : 0,
+				.bubble = step_ns > 0 ? bubble_ns / step_ns : 0,
+				.bubble_predicted = step_ns > 0 ? pred_ns / step_ns : 0,
+				.seconds = train_s};
+		mbp_optim_opts oo;
+		mbp_mlp_optim(r->n, &oo);
+		e->lr = mbp_optim_lr(&oo, step ? step - 1 : 0);
+		int rc = evaluate(r->n, r->xtest, r->ytest, r->test.n, r->train.classes, r->logits, r->preds,
+				  &e->test_acc, &e->test_loss);
+		double vl;
+		if (rc == 0 && r->nva)
+			rc = evaluate(r->n, r->xval, r->yval, r->nva, r->train.classes, r->logits, NULL,
+				      &e->val_acc, &vl);
+		if (rc < 0) {
+			fprintf(stderr, "pipetrain: evaluation failed: %s\n", mbp_strerror(rc));
+			status = 1;
+			break;
+		}
+		if (!r->nva)
+			e->val_acc = NAN;
+		rep->final_test_acc = e->test_acc;
+		pt_print_epoch(rep, e);
+		pt_csv_row(r->csv, e);
+		if (c->save && save_checkpoint(r->n, c->save) < 0) {
+			status = 1;
+			break;
+		}
+	}
+	if (rep->n_ep == 0 && status == 0) { /* nothing trained (a finished checkpoint): still evaluate */
+		double l;
+		evaluate(r->n, r->xtest, r->ytest, r->test.n, r->train.classes, r->logits, r->preds,
+			 &rep->final_test_acc, &l);
+	}
+	if (c->predictions && (status == 0 || status >= 128) &&
+	    write_predictions(c->predictions, r->preds, r->test.n) < 0 && status == 0)
+		status = 1;
+	if (c->trace && rep->wall_s > 0) {
+		int rc = mbp_trainer_trace_write(r->t, c->trace);
+		if (rc < 0) {
+			fprintf(stderr, "pipetrain: --trace %s: %s\n", c->trace, mbp_strerror(rc));
+			if (status == 0)
+				status = 1;
+		}
+	}
+	pt_print_summary(rep);
+	if (c->json && pt_json_write(rep) < 0 && status == 0)
+		status = 1;
+	return status;
+}
+
+int main(int argc, char **argv)
+{
+	pt_config c;
+	char err[512];
+	int rc = pt_options_parse(argc, argv, &c, err, sizeof err);
+	if (rc > 0)
+		return 0;
+	if (rc < 0)
+		return bad("%s", err);
+	struct run r = {.c = &c};
+	int status = setup(&r);
+	if (status == 0)
+		status = train(&r);
+	run_free(&r);
+	return status;
+}

@@ -1,0 +1,358 @@
+/*
+ * pipetrain options: the command line into a pt_config.
+ *
+ * Every bad argument ends the run with one line on standard error and exit status 2: the parser never
+ * prints the error, it writes the line into the caller's buffer. Numbers are parsed strictly (the whole
+ * argument, in range). What depends on the data or the machine (the layer list's ends against the data
+ * set, the stage count against the layers and CPUs, files that must exist) is checked by main.c, with the
+ * same one-line rule.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipetrain.h"
+#include "../parse.h"
+
+/* "784,256,10": at least two widths, each 1 .. MBP_MODEL_MAX_WIDTH. */
+static int parse_layers(const char *s, pt_config *c, char *err, size_t errlen)
+{
+	unsigned n = 0;
+	const char *p = s;
+	while (*p) {
+		if (n > PT_MAX_LAYERS)
+			return fail(err, errlen, "--layers: more than %d layers", PT_MAX_LAYERS);
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		char tok[24];
+		uint64_t w;
+		if (len == 0 || len >= sizeof tok)
+			return fail(err, errlen, "--layers: '%s' is not a list of widths like 784,256,10", s);
+		memcpy(tok, p, len);
+		tok[len] = 0;
+		if (parse_u64(tok, 1, MBP_MODEL_MAX_WIDTH, &w))
+			return fail(err, errlen, "--layers: width '%s' is not a whole number from 1 to %u",
+				    tok, MBP_MODEL_MAX_WIDTH);
+		c->widths[n++] = (uint32_t)w;
+		if (comma && !comma[1])
+			return fail(err, errlen, "--layers: '%s' ends with a comma", s);
+		p = comma ? comma + 1 : p + len;
+	}
+	if (n < 2)
+		return fail(err, errlen, "--layers: '%s' needs an input and an output width at least", s);
+	c->layers = n - 1;
+	return 0;
+}
+
+void pt_optim_path(const char *save, char *out, size_t n)
+{
+	size_t len = strlen(save), ext = strlen(".safetensors");
+	if (len > ext && !strcmp(save + len - ext, ".safetensors"))
+		snprintf(out, n, "%.*s.optim.safetensors", (int)(len - ext), save);
+	else
+		snprintf(out, n, "%s.optim", save);
+}
+
+enum {
+	OPT_DATA = 256,
+	OPT_LAYERS,
+	OPT_SCHEDULE,
+	OPT_MB,
+	OPT_OPTIM,
+	OPT_LR,
+	OPT_MIN_LR,
+	OPT_WD,
+	OPT_MOMENTUM,
+	OPT_WARMUP,
+	OPT_CLIP,
+	OPT_SEED,
+	OPT_SAVE,
+	OPT_MODEL,
+	OPT_LIMIT,
+	OPT_VAL,
+	OPT_THREADS,
+	OPT_BLAS,
+	OPT_PIN,
+	OPT_JSON,
+	OPT_CSV,
+	OPT_TRACE,
+	OPT_PRED,
+	OPT_PROGRESS,
+	OPT_NO_PROGRESS,
+	OPT_VERSION,
+};
+
+static const struct option long_opts[] = {
+    {"data", required_argument, NULL, OPT_DATA},
+    {"layers", required_argument, NULL, OPT_LAYERS},
+    {"stages", required_argument, NULL, 's'},
+    {"schedule", required_argument, NULL, OPT_SCHEDULE},
+    {"batch", required_argument, NULL, 'b'},
+    {"mb", required_argument, NULL, OPT_MB},
+    {"epochs", required_argument, NULL, 'e'},
+    {"optimizer", required_argument, NULL, OPT_OPTIM},
+    {"lr", required_argument, NULL, OPT_LR},
+    {"min-lr", required_argument, NULL, OPT_MIN_LR},
+    {"weight-decay", required_argument, NULL, OPT_WD},
+    {"momentum", required_argument, NULL, OPT_MOMENTUM},
+    {"warmup", required_argument, NULL, OPT_WARMUP},
+    {"clip", required_argument, NULL, OPT_CLIP},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"save", required_argument, NULL, OPT_SAVE},
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"limit", required_argument, NULL, OPT_LIMIT},
+    {"val", required_argument, NULL, OPT_VAL},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"blas-threads", required_argument, NULL, OPT_BLAS},
+    {"pin", no_argument, NULL, OPT_PIN},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"csv", required_argument, NULL, OPT_CSV},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"predictions", required_argument, NULL, OPT_PRED},
+    {"progress", no_argument, NULL, OPT_PROGRESS},
+    {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {"quiet", no_argument, NULL, 'q'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
+static const char *opt_name(int c, int idx)
+{
+	static char buf[64];
+	if (idx >= 0 && long_opts[idx].name && long_opts[idx].val == c) {
+		snprintf(buf, sizeof buf, "--%s", long_opts[idx].name);
+		return buf;
+	}
+	for (const struct option *o = long_opts; o->name; o++)
+		if (o->val == c) {
+			snprintf(buf, sizeof buf, "--%s", o->name);
+			return buf;
+		}
+	snprintf(buf, sizeof buf, "-%c", c);
+	return buf;
+}
+
+static void usage(void)
+{
+	printf(
+	    "usage: pipetrain [options]   (no options: a short demonstration)\n"
+	    "  --data DIR            Fashion-MNIST IDX files (default %s)\n"
+	    "  --layers W0,...,WL    MLP widths, 784 in and 10 out for Fashion-MNIST (default "
+	    "784,512,512,10)\n"
+	    "  --stages S            pipeline stages (default: one per allowed CPU, at most one per layer)\n"
+	    "  --schedule NAME       gpipe, 1f1b or zbh1 (default 1f1b)\n"
+	    "  --batch N, --mb M     rows per step and per micro-batch (default 256 and 32)\n"
+	    "  --epochs E            epochs (default 10)\n"
+	    "  --optimizer adamw|sgd --lr X --min-lr X --weight-decay X --momentum X --warmup STEPS\n"
+	    "  --clip X              clip gradients to global norm X (default 1; 0: off)\n"
+	    "  --seed N              weights, split and order (default 1)\n"
+	    "  --save FILE           checkpoint after each epoch (optimizer state beside it)\n"
+	    "  --model FILE          start from FILE; resume when its optimizer state is beside it\n"
+	    "  --limit N             use N training samples only;  --val N  held-out rows (default 5000)\n"
+	    "  --threads N --pin     trainer threads (default: one per stage, up to the CPUs), pin them\n"
+	    "  --blas-threads N      OpenBLAS threads inside each stage (default 1)\n"
+	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
+	    "  --trace FILE          Chrome trace of the last step;  --predictions FILE  test set classes\n"
+	    "  --progress, --no-progress, -q/--quiet, -h/--help, --version\n"
+	    "Exit status: 0 done, 1 training failed, 2 bad arguments, 130 interrupted (checkpoint written).\n"
+	    "See pipetrain(1).\n",
+	    MBP_FASHION_MNIST_DIR);
+}
+
+static void defaults(pt_config *c)
+{
+	*c = (pt_config){.data = MBP_FASHION_MNIST_DIR,
+			 .schedule = MBP_SCHED_1F1B,
+			 .batch = 256,
+			 .mb = 32,
+			 .epochs = 10,
+			 .optim = MBP_OPTIM_ADAMW,
+			 .lr = 1e-3,
+			 .momentum = 0.9,
+			 .clip = 1.0,
+			 .warmup = -1,
+			 .seed = 1,
+			 .val = 5000,
+			 .progress = -1};
+}
+
+int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errlen)
+{
+	defaults(c);
+	if (argc == 1) {
+		/* The demonstration: a small model, a few epochs, two stages. */
+		static const uint32_t demo[] = {784, 256, 256, 10};
+		memcpy(c->widths, demo, sizeof demo);
+		c->layers = 3;
+		c->stages = 2;
+		c->epochs = 3;
+		c->batch = 128;
+		c->demo = true;
+		return 0;
+	}
+	bool lr_given = false;
+	opterr = 0;
+	optind = 1;
+	for (;;) {
+		int idx = -1;
+		int o = getopt_long(argc, argv, ":s:b:e:qh", long_opts, &idx);
+		if (o == -1)
+			break;
+		const char *name = opt_name(o, idx);
+		uint64_t u;
+		double d;
+		switch (o) {
+		case '?':
+			return fail(err, errlen, "unknown option '%s' (see --help)", argv[optind - 1]);
+		case ':':
+			return fail(err, errlen, "option '%s' needs a value", argv[optind - 1]);
+		case 'h':
+			usage();
+			return 1;
+		case OPT_VERSION:
+			printf("pipetrain %s\n", mbp_version());
+			return 1;
+		case OPT_DATA:
+		case OPT_SAVE:
+		case OPT_MODEL:
+		case OPT_CSV:
+		case OPT_TRACE:
+		case OPT_PRED:
+			if (!*optarg)
+				return fail(err, errlen, "%s: empty file name", name);
+			if (o == OPT_DATA)
+				c->data = optarg;
+			else if (o == OPT_SAVE)
+				c->save = optarg;
+			else if (o == OPT_MODEL)
+				c->model = optarg;
+			else if (o == OPT_CSV)
+				c->csv = optarg;
+			else if (o == OPT_TRACE)
+				c->trace = optarg;
+			else
+				c->predictions = optarg;
+			break;
+		case OPT_LAYERS:
+			if (parse_layers(optarg, c, err, errlen))
+				return -1;
+			break;
+		case OPT_SCHEDULE:
+			if (mbp_sched_parse(optarg, &c->schedule))
+				return fail(err, errlen, "--schedule: '%s' is not gpipe, 1f1b or zbh1",
+					    optarg);
+			break;
+		case OPT_OPTIM:
+			if (!strcmp(optarg, "adamw"))
+				c->optim = MBP_OPTIM_ADAMW;
+			else if (!strcmp(optarg, "sgd"))
+				c->optim = MBP_OPTIM_SGD;
+			else
+				return fail(err, errlen, "--optimizer: '%s' is not adamw or sgd", optarg);
+			break;
+		case 's':
+		case 'b':
+		case OPT_MB:
+		case 'e':
+		case OPT_THREADS:
+		case OPT_BLAS:
+		case OPT_LIMIT: {
+			uint64_t hi = o == 's'				  ? MBP_MAX_STAGES
+				      : o == 'e'			  ? 100000
+				      : o == OPT_THREADS || o == OPT_BLAS ? 256
+									  : 1u << 24;
+			if (parse_u64(optarg, 1, hi, &u))
+				return fail(err, errlen, "%s: '%s' is not a whole number from 1 to %llu",
+					    name, optarg, (unsigned long long)hi);
+			if (o == 's')
+				c->stages = (unsigned)u;
+			else if (o == 'b')
+				c->batch = (uint32_t)u;
+			else if (o == OPT_MB)
+				c->mb = (uint32_t)u;
+			else if (o == 'e')
+				c->epochs = (unsigned)u;
+			else if (o == OPT_THREADS)
+				c->threads = (unsigned)u;
+			else if (o == OPT_BLAS)
+				c->blas_threads = (unsigned)u;
+			else
+				c->limit = (uint32_t)u;
+			break;
+		}
+		case OPT_VAL:
+		case OPT_WARMUP:
+		case OPT_SEED: {
+			uint64_t hi = o == OPT_VAL ? 59000 : o == OPT_WARMUP ? 1u << 30 : UINT64_MAX;
+			if (parse_u64(optarg, 0, hi, &u))
+				return fail(err, errlen, "%s: '%s' is not a whole number from 0 to %llu",
+					    name, optarg, (unsigned long long)hi);
+			if (o == OPT_VAL)
+				c->val = (uint32_t)u;
+			else if (o == OPT_WARMUP)
+				c->warmup = (int64_t)u;
+			else
+				c->seed = u;
+			break;
+		}
+		case OPT_LR:
+		case OPT_MIN_LR:
+		case OPT_WD:
+		case OPT_MOMENTUM:
+		case OPT_CLIP: {
+			double lo = o == OPT_LR ? 1e-12 : 0, hi = o == OPT_MOMENTUM ? 0.999 : 1e3;
+			if (parse_double(optarg, lo, hi, &d))
+				return fail(err, errlen, "%s: '%s' is not a number from %g to %g", name,
+					    optarg, lo, hi);
+			if (o == OPT_LR)
+				c->lr = d, lr_given = true;
+			else if (o == OPT_MIN_LR)
+				c->min_lr = d;
+			else if (o == OPT_WD)
+				c->weight_decay = d;
+			else if (o == OPT_MOMENTUM)
+				c->momentum = d;
+			else
+				c->clip = d;
+			break;
+		}
+		case OPT_PIN:
+			c->pin = true;
+			break;
+		case OPT_JSON:
+			c->json = true;
+			break;
+		case OPT_PROGRESS:
+			c->progress = 1;
+			break;
+		case OPT_NO_PROGRESS:
+			c->progress = 0;
+			break;
+		case 'q':
+			c->quiet = true;
+			break;
+		default:
+			return fail(err, errlen, "unknown option '%s' (see --help)", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		return fail(err, errlen, "unexpected argument '%s' (options only, see --help)", argv[optind]);
+	if (!lr_given && c->optim == MBP_OPTIM_SGD)
+		c->lr = 0.05; /* SGD with momentum wants a larger rate than Adam's 1e-3 */
+	if (c->mb > c->batch)
+		return fail(err, errlen, "--mb %u is larger than --batch %u", c->mb, c->batch);
+	if ((c->batch + c->mb - 1) / c->mb > MBP_TRAIN_MAX_MBS)
+		return fail(err, errlen, "--batch %u / --mb %u: more than %u micro-batches", c->batch, c->mb,
+			    MBP_TRAIN_MAX_MBS);
+	if (c->min_lr > c->lr)
+		return fail(err, errlen, "--min-lr %g is above --lr %g", c->min_lr, c->lr);
+	if (c->csv && c->json && !strcmp(c->csv, "-"))
+		return fail(err, errlen, "--json and --csv - both want standard output");
+	return 0;
+}

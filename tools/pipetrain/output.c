@@ -1,0 +1,252 @@
+/*
+ * pipetrain output: what a person reads (a header, one line per epoch, the final summary with the
+ * placement and each stage's time split), the progress bar (standard error, only on a terminal, redrawn
+ * in place), and what a program reads (--json: one document on standard output at the end; --csv: one row
+ * per epoch, written as each epoch ends).
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pipetrain.h"
+#include "../plural.h"
+
+FILE *pt_human(const pt_config *c)
+{
+	return c->json || (c->csv && !strcmp(c->csv, "-")) ? stderr : stdout;
+}
+
+static int progress_on;
+static int progress_drawn;
+
+void pt_progress_init(int mode)
+{
+	progress_on = mode < 0 ? isatty(STDERR_FILENO) : mode;
+}
+
+void pt_progress(unsigned epoch, unsigned epochs, uint64_t done, uint64_t total, double samples_per_s,
+		 double loss)
+{
+	enum { WIDTH = 30 };
+	if (!progress_on || !total)
+		return;
+	/* At most ten redraws a second (a small model runs thousands of steps a second), and the last. */
+	static double last;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	if (done < total && now - last < 0.1)
+		return;
+	last = now;
+	unsigned fill = (unsigned)(done * WIDTH / total);
+	char bar[WIDTH + 1];
+	for (unsigned i = 0; i < WIDTH; i++)
+		bar[i] = i < fill ? '#' : '.';
+	bar[WIDTH] = 0;
+	fprintf(stderr, "\repoch %u/%u [%s] %3u%% %7.0f samples/s loss %.4f ", epoch, epochs, bar,
+		(unsigned)(done * 100 / total), samples_per_s, loss);
+	fflush(stderr);
+	progress_drawn = 1;
+}
+
+void pt_progress_end(void)
+{
+	if (progress_on && progress_drawn)
+		fprintf(stderr, "\r%90s\r", "");
+	progress_drawn = 0;
+}
+
+static void widths_str(const pt_report *r, char *buf, size_t n)
+{
+	size_t k = 0;
+	for (unsigned i = 0; i <= r->layers && k < n; i++)
+		k += (size_t)snprintf(buf + k, n - k, "%s%u", i ? "," : "", r->widths[i]);
+}
+
+void pt_print_header(const pt_report *r)
+{
+	const pt_config *c = r->c;
+	if (c->quiet)
+		return;
+	FILE *f = pt_human(c);
+	char w[512];
+	widths_str(r, w, sizeof w);
+	if (c->demo)
+		fprintf(f,
+			"pipetrain: no arguments, so a short demonstration (see --help for the options)\n");
+	fprintf(f,
+		"pipetrain: MLP %s (%llu parameters), %u %s, %s, %u %s on %u %s; batch %u = %u x %u rows; "
+		"%s lr %g; %llu training, %llu validation, %llu test rows; %llu steps per epoch\n",
+		w, (unsigned long long)r->params, r->stages, PLURAL(r->stages, "stage", "stages"),
+		mbp_sched_name(c->schedule), r->epochs_total, PLURAL(r->epochs_total, "epoch", "epochs"),
+		r->threads, PLURAL(r->threads, "thread", "threads"), c->batch, r->mbs, c->mb,
+		c->optim == MBP_OPTIM_SGD ? "SGD" : "AdamW", c->lr, (unsigned long long)r->train_rows,
+		(unsigned long long)r->val_rows, (unsigned long long)r->test_rows,
+		(unsigned long long)r->steps_per_epoch);
+	if (r->start_epoch || r->start_step)
+		fprintf(f, "pipetrain: resuming at epoch %u, step %llu\n", r->start_epoch + 1,
+			(unsigned long long)r->start_step);
+	fflush(f);
+}
+
+void pt_print_epoch(const pt_report *r, const pt_epoch *e)
+{
+	if (r->c->quiet)
+		return;
+	FILE *f = pt_human(r->c);
+	fprintf(f,
+		"epoch %u/%u  loss %.4f  train acc %.4f  val acc %.4f  test acc %.4f  %.0f samples/s  "
+		"bubble %.3f (predicted %.3f)  %.1f s\n",
+		e->epoch, r->epochs_total, e->train_loss, e->train_acc, e->val_acc, e->test_acc,
+		e->samples_per_s, e->bubble, e->bubble_predicted, e->seconds);
+	fflush(f);
+}
+
+void pt_print_summary(const pt_report *r)
+{
+	if (r->c->quiet)
+		return;
+	FILE *f = pt_human(r->c);
+	fprintf(f, "summary: test accuracy %.4f after %u %s, %.1f s in training steps%s%s\n",
+		r->final_test_acc, r->n_ep, PLURAL(r->n_ep, "epoch", "epochs"), r->wall_s,
+		r->stopped ? "; stopped: " : "", r->stopped ? r->stopped : "");
+	if (r->blas_threads)
+		fprintf(f, "OpenBLAS: %s; set to %u %s by --blas-threads\n", r->blas, r->blas_threads,
+			PLURAL(r->blas_threads, "thread", "threads"));
+	else
+		fprintf(f, "OpenBLAS: %s\n", r->blas);
+	if (r->split_bound > 0)
+		fprintf(f,
+			"split: each layer's F + B_in + B_w timed at %u rows; the slowest stage bounds the "
+			"speed-up "
+			"over one thread at %.2fx\n",
+			r->c->mb, r->split_bound);
+	fprintf(f, "%-6s %-12s %6s %5s %9s %9s %9s %7s %7s %11s %11s\n", "stage", "layers", "thread", "cpu",
+		"compute%", "wait%", "bubble%", "stash", "held", "peak_MiB", "profile_us");
+	double peak_total = 0;
+	for (unsigned s = 0; s < r->stages; s++) {
+		const pt_stage_total *t = &r->st[s];
+		double wall = r->wall_s > 0 ? r->wall_s : 1;
+		double peak = (double)t->held_peak * r->c->mb * (double)t->stash_row_bytes / (1 << 20);
+		peak_total += peak;
+		char layers[32], cpu[16];
+		snprintf(layers, sizeof layers, "%u-%u", t->first, t->last - 1);
+		snprintf(cpu, sizeof cpu, t->cpu < 0 ? "-" : "%d", t->cpu);
+		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %7u %7u %11.2f %11.1f\n", s, layers,
+			t->thread, cpu, 100 * t->compute_s / wall, 100 * t->wait_s / wall,
+			100 * (1 - t->compute_s / wall), t->stash_peak, t->held_peak, peak, t->profiled_us);
+	}
+	fprintf(
+	    f,
+	    "(compute, wait and bubble: shares of the training time; bubble = 1 - compute; stash and held: "
+	    "peak micro-batches; peak_MiB: activation memory held at the peak, %.2f MiB in all)\n",
+	    peak_total);
+	fflush(f);
+}
+
+int pt_csv_open(const pt_config *c, FILE **f)
+{
+	*f = NULL;
+	if (!c->csv)
+		return 0;
+	*f = strcmp(c->csv, "-") ? fopen(c->csv, "w") : stdout;
+	if (!*f) {
+		fprintf(stderr, "pipetrain: --csv %s: %s\n", c->csv, strerror(errno));
+		return -1;
+	}
+	fprintf(*f, "epoch,step,train_loss,train_acc,val_acc,test_acc,test_loss,samples_per_s,bubble,"
+		    "bubble_predicted,seconds,lr\n");
+	fflush(*f);
+	return 0;
+}
+
+void pt_csv_row(FILE *f, const pt_epoch *e)
+{
+	if (!f)
+		return;
+	fprintf(f, "%u,%llu,%.6f,%.6f,%.6f,%.6f,%.6f,%.1f,%.4f,%.4f,%.3f,%.6g\n", e->epoch,
+		(unsigned long long)e->step, e->train_loss, e->train_acc, e->val_acc, e->test_acc,
+		e->test_loss, e->samples_per_s, e->bubble, e->bubble_predicted, e->seconds, e->lr);
+	fflush(f);
+}
+
+int pt_json_write(const pt_report *r)
+{
+	const pt_config *c = r->c;
+	cJSON *root = cJSON_CreateObject(), *cfg = cJSON_AddObjectToObject(root, "config");
+	cJSON *w = cJSON_AddArrayToObject(cfg, "layers");
+	for (unsigned i = 0; i <= r->layers; i++)
+		cJSON_AddItemToArray(w, cJSON_CreateNumber(r->widths[i]));
+	cJSON_AddNumberToObject(cfg, "parameters", (double)r->params);
+	cJSON_AddNumberToObject(cfg, "stages", r->stages);
+	cJSON_AddNumberToObject(cfg, "threads", r->threads);
+	cJSON_AddNumberToObject(cfg, "blas_threads", r->blas_threads ? r->blas_threads : 1);
+	cJSON_AddStringToObject(cfg, "schedule", mbp_sched_name(c->schedule));
+	cJSON_AddNumberToObject(cfg, "batch", c->batch);
+	cJSON_AddNumberToObject(cfg, "mb", c->mb);
+	cJSON_AddNumberToObject(cfg, "mbs", r->mbs);
+	cJSON_AddNumberToObject(cfg, "epochs", r->epochs_total);
+	cJSON_AddStringToObject(cfg, "optimizer", c->optim == MBP_OPTIM_SGD ? "sgd" : "adamw");
+	cJSON_AddNumberToObject(cfg, "lr", c->lr);
+	cJSON_AddNumberToObject(cfg, "clip", c->clip);
+	cJSON_AddNumberToObject(cfg, "seed", (double)c->seed);
+	cJSON_AddNumberToObject(cfg, "train_rows", (double)r->train_rows);
+	cJSON_AddNumberToObject(cfg, "val_rows", (double)r->val_rows);
+	cJSON_AddNumberToObject(cfg, "test_rows", (double)r->test_rows);
+	cJSON_AddNumberToObject(cfg, "steps_per_epoch", (double)r->steps_per_epoch);
+	cJSON_AddStringToObject(cfg, "blas", r->blas);
+	cJSON *eps = cJSON_AddArrayToObject(root, "epochs");
+	for (unsigned i = 0; i < r->n_ep; i++) {
+		const pt_epoch *e = &r->ep[i];
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddNumberToObject(o, "epoch", e->epoch);
+		cJSON_AddNumberToObject(o, "step", (double)e->step);
+		cJSON_AddNumberToObject(o, "train_loss", e->train_loss);
+		cJSON_AddNumberToObject(o, "train_accuracy", e->train_acc);
+		cJSON_AddNumberToObject(o, "val_accuracy", e->val_acc);
+		cJSON_AddNumberToObject(o, "test_accuracy", e->test_acc);
+		cJSON_AddNumberToObject(o, "test_loss", e->test_loss);
+		cJSON_AddNumberToObject(o, "samples_per_s", e->samples_per_s);
+		cJSON_AddNumberToObject(o, "bubble", e->bubble);
+		cJSON_AddNumberToObject(o, "bubble_predicted", e->bubble_predicted);
+		cJSON_AddNumberToObject(o, "seconds", e->seconds);
+		cJSON_AddNumberToObject(o, "lr", e->lr);
+		cJSON_AddItemToArray(eps, o);
+	}
+	cJSON *sts = cJSON_AddArrayToObject(root, "stages");
+	for (unsigned s = 0; s < r->stages; s++) {
+		const pt_stage_total *t = &r->st[s];
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddNumberToObject(o, "first_layer", t->first);
+		cJSON_AddNumberToObject(o, "last_layer", t->last - 1);
+		cJSON_AddNumberToObject(o, "thread", t->thread);
+		cJSON_AddNumberToObject(o, "cpu", t->cpu);
+		cJSON_AddNumberToObject(o, "compute_s", t->compute_s);
+		cJSON_AddNumberToObject(o, "wait_s", t->wait_s);
+		cJSON_AddNumberToObject(o, "bubble", r->wall_s > 0 ? 1 - t->compute_s / r->wall_s : 0);
+		cJSON_AddNumberToObject(o, "stash_peak", t->stash_peak);
+		cJSON_AddNumberToObject(o, "held_peak", t->held_peak);
+		cJSON_AddNumberToObject(o, "profiled_us", t->profiled_us);
+		cJSON_AddNumberToObject(o, "peak_activation_bytes",
+					(double)t->held_peak * c->mb * (double)t->stash_row_bytes);
+		cJSON_AddItemToArray(sts, o);
+	}
+	cJSON_AddNumberToObject(root, "split_bound", r->split_bound);
+	cJSON_AddNumberToObject(root, "train_seconds", r->wall_s);
+	cJSON_AddNumberToObject(root, "test_accuracy", r->final_test_acc);
+	if (r->stopped)
+		cJSON_AddStringToObject(root, "stopped", r->stopped);
+	else
+		cJSON_AddNullToObject(root, "stopped");
+	char *s = cJSON_Print(root);
+	cJSON_Delete(root);
+	if (!s)
+		return -1;
+	printf("%s\n", s);
+	cJSON_free(s);
+	return fflush(stdout) ? -1 : 0;
+}

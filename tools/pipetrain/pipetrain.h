@@ -1,0 +1,132 @@
+/*
+ * pipetrain: trains a classifier (an MLP of include/mbpipe/model_train.h) on Fashion-MNIST with the
+ * engine's pipeline-parallel trainer (include/mbpipe/train.h) and writes checkpoints that pipeserve
+ * serves. Built on the public API only.
+ *
+ *   options.c  the command line into a pt_config (every bad value: one line, exit 2)
+ *   stages.c   the glue between the trainer's stage callbacks and the model's stage functions
+ *   output.c   the per-epoch lines, the progress bar, the final summary, --json and --csv
+ *   main.c     data, model, trainer, the epoch loop, checkpoints, signals
+ */
+#ifndef PIPETRAIN_H
+#define PIPETRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <mbpipe.h>
+
+#define PT_MAX_LAYERS 64
+
+typedef struct pt_config {
+	const char *data;	 /* folder of the IDX files */
+	const char *save;	 /* checkpoint (weights); the optimizer state goes beside it */
+	const char *model;	 /* start from this file */
+	const char *csv;	 /* "-": standard output */
+	const char *trace;	 /* Chrome trace of the last step */
+	const char *predictions; /* the test set's predicted classes, one a line */
+	uint32_t widths[PT_MAX_LAYERS + 1];
+	unsigned layers; /* 0: not given (from --model, or the default) */
+	unsigned stages; /* 0: one per allowed CPU, at most one per layer */
+	unsigned threads;
+	unsigned blas_threads; /* 0: leave OpenBLAS at one thread (the stages' setting) */
+	bool pin;
+	mbp_sched_kind schedule;
+	uint32_t batch, mb;
+	unsigned epochs;
+	mbp_optim_kind optim;
+	double lr, min_lr, weight_decay, momentum, clip;
+	int64_t warmup; /* -1: automatic */
+	uint64_t seed;
+	uint32_t limit; /* 0: every training sample */
+	uint32_t val;	/* held-out validation rows */
+	bool json, quiet, demo;
+	int progress; /* -1: when standard error is a terminal */
+} pt_config;
+
+/* Parse the command line. @return 0; 1 when --help or --version printed and the run is over; -1 with a
+ * one-line reason in err. */
+int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errlen);
+/* The optimizer file beside a checkpoint: "x.safetensors" -> "x.optim.safetensors", else "x.optim". */
+void pt_optim_path(const char *save, char *out, size_t n);
+
+/* ---- the stages (stages.c) ---- */
+
+typedef struct pt_shared {
+	mbp_mlp *n;
+	unsigned layers;
+	uint32_t classes;
+	float clip;
+	double layer_sq[PT_MAX_LAYERS]; /* each layer's squared gradient norm, written by its stage */
+	uint64_t correct;		/* rows classified right in the last step (the last stage writes) */
+	int64_t fault_step;		/* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
+	int update_err;			/* an update refused (non-finite gradient); the stage + 1 */
+} pt_shared;
+
+typedef struct pt_stage {
+	mbp_mlp_stage *st;
+	pt_shared *sh;
+	unsigned index, first, last; /* layers [first, last) */
+	char name[32];
+} pt_stage;
+
+/* Fill a trainer stage descriptor for p. */
+void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d);
+/* Each layer's cost in ns for a micro-batch of `rows` (F, B_in, B_w; the fastest of 5 runs on this
+ * thread), for mbp_model_partition. Leaves the gradients zero. @return 0 or a negative errno. */
+int pt_profile(mbp_mlp *n, uint32_t rows, double *cost);
+/* The trainer's loss: softmax cross-entropy on int32 labels (arg: the pt_shared). */
+int pt_loss(void *arg, const mbp_train_io *io, double *loss);
+
+/* ---- output (output.c) ---- */
+
+typedef struct pt_epoch {
+	unsigned epoch;
+	uint64_t step; /* updates done at its end */
+	double train_loss, train_acc, val_acc, test_acc, test_loss;
+	double samples_per_s, bubble, bubble_predicted, seconds, lr;
+} pt_epoch;
+
+typedef struct pt_stage_total {
+	unsigned first, last, thread;
+	int cpu;
+	double compute_s, wait_s;
+	unsigned stash_peak, held_peak;
+	size_t stash_row_bytes;
+	double profiled_us; /* the layers' profiled cost per micro-batch (0: not profiled, one stage) */
+} pt_stage_total;
+
+typedef struct pt_report {
+	const pt_config *c;
+	unsigned layers, stages, threads, mbs, blas_threads;
+	uint32_t widths[PT_MAX_LAYERS + 1];
+	uint64_t params, train_rows, val_rows, test_rows, steps_per_epoch;
+	unsigned start_epoch, epochs_total;
+	uint64_t start_step; /* updates already done when the run started (a resume) */
+	pt_epoch *ep;
+	unsigned n_ep;
+	pt_stage_total st[MBP_MAX_STAGES];
+	double wall_s;	    /* total training time (steps only) */
+	double split_bound; /* profiled: sum of the layers over the slowest stage (0: not profiled) */
+	double final_test_acc;
+	const char *stopped; /* NULL: completed; else why it stopped */
+	const char *blas;
+} pt_report;
+
+/* Human output goes here: standard output, or standard error when --json or --csv - take standard output. */
+FILE *pt_human(const pt_config *c);
+void pt_progress_init(int mode);
+void pt_progress(unsigned epoch, unsigned epochs, uint64_t done, uint64_t total, double samples_per_s,
+		 double loss);
+void pt_progress_end(void);
+void pt_print_header(const pt_report *r);
+void pt_print_epoch(const pt_report *r, const pt_epoch *e);
+void pt_print_summary(const pt_report *r);
+/* @return 0 or -1 (the reason printed). */
+int pt_csv_open(const pt_config *c, FILE **f);
+void pt_csv_row(FILE *f, const pt_epoch *e);
+int pt_json_write(const pt_report *r);
+
+#endif
