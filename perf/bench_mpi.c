@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -340,6 +341,52 @@ static double pingpong_ring(unsigned n)
 	return us;
 }
 
+/* CPU seconds this process (all its threads) has used. */
+static double cpu_seconds(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+	       ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+}
+
+struct reduce {
+	double in, out;
+};
+
+static int max_task(void *arg)
+{
+	struct reduce *r = arg;
+	MPI_Allreduce(&r->in, &r->out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+	return 0;
+}
+
+/* The largest of every rank's v. */
+static double max_over_ranks(double v)
+{
+	struct reduce r = {.in = v};
+	int rc = mbp_mpi_exec(max_task, &r);
+	if (rc)
+		die("reduce", rc);
+	return r.out;
+}
+
+/* CPU share (of one core) of a rank whose run is up and idle for `s` seconds: the busiest rank's. */
+static double idle_cpu(double s)
+{
+	struct counter c = {0};
+	mbp_mpi *mp = link_make(64, 1, 1, false, 8, &c);
+	if (rank == 0) /* one micro-batch first: the loops have seen traffic, then go quiet */
+		pingpong_mbp(mp, &c, 1);
+	usleep(100000);
+	double c0 = cpu_seconds();
+	uint64_t t0 = bench_now_ns();
+	usleep((useconds_t)(s * 1e6));
+	double share = (cpu_seconds() - c0) / ((double)(bench_now_ns() - t0) / 1e9);
+	link_end(mp);
+	return max_over_ranks(share);
+}
+
 static void bench_latency(void)
 {
 	enum { N = 2000 };
@@ -360,12 +407,13 @@ static void bench_latency(void)
 		barrier();
 		raw[r] = raw_run(raw_pingpong_task, 64, N, 1) / N * 1e6;
 	}
+	double idle = idle_cpu(1.0);
 	if (rank == 0)
 		printf("mpi_latency bytes=64 mbp_2ranks_us=%.1f mbp_2ranks_spin5ms_us=%.1f "
 		       "ring_1process_us=%.1f "
-		       "raw_mpi_pingpong_us=%.1f\n",
+		       "raw_mpi_pingpong_us=%.1f idle_rank_cpu=%.4f\n",
 		       bench_median(mbp, (unsigned)rounds), bench_median(spin, (unsigned)rounds),
-		       bench_median(ring, (unsigned)rounds), bench_median(raw, (unsigned)rounds));
+		       bench_median(ring, (unsigned)rounds), bench_median(raw, (unsigned)rounds), idle);
 	fflush(stdout);
 }
 
