@@ -6,13 +6,16 @@
  * Three measurements, each alternating the peers round by round (A B A B), medians of the rounds:
  *   link:    bytes per second through the remote link from rank 0 to rank 1, micro-batches of 4 KiB to
  *            4 MiB, against an osu_bw-style loop written here (a window of MPI_Isend / MPI_Irecv of the same
- *            size, then a 4-byte acknowledgement) with the same window. The pipeline's stages touch
- *            nothing (two per rank, so that no stage copies), and the last rank returns 8 bytes per 4 KiB
- *            row to rank 0, so the figure is the forward link's.
+ *            size, then a 4-byte acknowledgement) with the same window, once on one buffer (osu_bw: always
+ *            cache-hot) and once cycling through 64 distinct buffers (as many as the link's pool). The
+ *            pipeline's stages touch nothing (two per rank, so that no stage copies), and the last rank
+ *            returns 8 bytes per 4 KiB row to rank 0, so the figure is the forward link's. Also the CPU
+ *            time of both ranks per micro-batch (getrusage; the link's includes its set-up and warm-up).
  *   latency: the round trip of one 64-byte micro-batch through 2 ranks of one no-op stage each, against
  *            one process of 2 no-op stages (the in-process ring) and a raw MPI ping-pong; the caller waits
  *            for each result on a semaphore (as a thread blocked in mbp_job_wait would). Once with the
- *            default spin_ns (20 us) and once with 5 ms (the communication threads poll longer).
+ *            default spin_ns (20 us) and once with 5 ms (the communication threads poll longer). Then
+ *            the CPU share of a rank whose run is up and idle for 1 s (the busier rank's).
  *   mlp:     rows per second of an MLP (8 layers of 1024, GELU) split over 2 ranks of one stage each
  *            (each loading only its 4 layers), against one process of 2 stages, jobs of 256 rows in
  *            micro-batches of 64, a stream of 16 jobs in flight.
@@ -37,9 +40,10 @@
 
 #include "bench_util.h"
 
-#define ROW	   4096
-#define WINDOW	   16
-#define MAX_ROUNDS 16
+#define ROW	     4096
+#define WINDOW	     16
+#define LINK_BUFFERS 64 /* the link runs' pool buffers per rank; the raw loop's rotating variant */
+#define MAX_ROUNDS   16
 
 static int rank, size, rounds = 5;
 static uint64_t link_spin_ns; /* mbp_mpi_opts.spin_ns of the runs made next; 0: the default */
@@ -55,6 +59,7 @@ static void die(const char *what, int rc)
 struct raw {
 	size_t bytes;
 	unsigned iters, window;
+	unsigned nbufs; /* the loop cycles through this many distinct buffers (1: osu_bw's one buffer) */
 	void *buf;
 	double seconds;
 };
@@ -89,10 +94,11 @@ static int raw_bw_task(void *arg)
 	uint64_t t0 = bench_now_ns();
 	for (unsigned i = 0; i < r->iters; i++) {
 		for (unsigned w = 0; w < r->window; w++) {
+			char *b = (char *)r->buf + (size_t)((i * r->window + w) % r->nbufs) * r->bytes;
 			if (rank == 0)
-				MPI_Isend(r->buf, (int)r->bytes, MPI_BYTE, 1, 100, MPI_COMM_WORLD, &req[w]);
+				MPI_Isend(b, (int)r->bytes, MPI_BYTE, 1, 100, MPI_COMM_WORLD, &req[w]);
 			else
-				MPI_Irecv(r->buf, (int)r->bytes, MPI_BYTE, 0, 100, MPI_COMM_WORLD, &req[w]);
+				MPI_Irecv(b, (int)r->bytes, MPI_BYTE, 0, 100, MPI_COMM_WORLD, &req[w]);
 		}
 		MPI_Waitall((int)r->window, req, MPI_STATUSES_IGNORE);
 		if (rank == 0)
@@ -122,9 +128,13 @@ static int raw_pingpong_task(void *arg)
 	return 0;
 }
 
-static double raw_run(int (*task)(void *), size_t bytes, unsigned iters, unsigned window)
+static double raw_run(int (*task)(void *), size_t bytes, unsigned iters, unsigned window, unsigned nbufs)
 {
-	struct raw r = {.bytes = bytes, .iters = iters, .window = window, .buf = aligned_alloc(4096, bytes)};
+	struct raw r = {.bytes = bytes, .iters = iters, .window = window, .nbufs = nbufs};
+	r.buf = aligned_alloc(4096, bytes * nbufs);
+	if (!r.buf)
+		die("raw buffers", -ENOMEM);
+	memset(r.buf, 1, bytes * nbufs); /* touched once, as the pipeline's warm-up touches its buffers */
 	int rc = mbp_mpi_exec(task, &r);
 	free(r.buf);
 	if (rc)
@@ -178,7 +188,7 @@ static mbp_mpi *link_make(size_t row, uint32_t max_rows, unsigned stages, bool s
 	mbp_opts_init(&o);
 	o.in_row_bytes = row;
 	o.max_mb_rows = max_rows;
-	o.mb_buffers = 64;
+	o.mb_buffers = LINK_BUFFERS;
 	o.pin = false;
 	o.pool_bytes = (size_t)4 << 30;
 	if (rank == 0) {
@@ -236,6 +246,37 @@ static double link_stream(mbp_mpi *mp, struct counter *c, uint32_t rows, unsigne
 	return s;
 }
 
+/* CPU seconds this process (all its threads) has used. */
+static double cpu_seconds(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+	       ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+}
+
+struct reduce {
+	double in, out;
+	MPI_Op op;
+};
+
+static int reduce_task(void *arg)
+{
+	struct reduce *r = arg;
+	MPI_Allreduce(&r->in, &r->out, 1, MPI_DOUBLE, r->op, MPI_COMM_WORLD);
+	return 0;
+}
+
+/* Every rank's v reduced by op (MPI_MAX, MPI_SUM). */
+static double over_ranks(double v, MPI_Op op)
+{
+	struct reduce r = {.in = v, .op = op};
+	int rc = mbp_mpi_exec(reduce_task, &r);
+	if (rc)
+		die("reduce", rc);
+	return r.out;
+}
+
 static void bench_link(void)
 {
 	static const size_t sizes[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
@@ -246,8 +287,9 @@ static void bench_link(void)
 		if (n > 20000)
 			n = 20000;
 		n -= n % WINDOW;
-		double mbp[MAX_ROUNDS], raw[MAX_ROUNDS];
+		double mbp[MAX_ROUNDS], raw[MAX_ROUNDS], rot[MAX_ROUNDS], mcpu[MAX_ROUNDS], rcpu[MAX_ROUNDS];
 		for (int r = 0; r < rounds; r++) {
+			double c0 = cpu_seconds();
 			struct counter c = {0};
 			mbp_mpi *mp = link_make(ROW, rows, 2, true, WINDOW, &c);
 			/* warm-up: every pool buffer touched once (first-touch page faults are not the link's) */
@@ -256,16 +298,27 @@ static void bench_link(void)
 			atomic_store(&c.done, 0);
 			double s = rank == 0 ? link_stream(mp, &c, rows, n) : 0;
 			link_end(mp);
+			/* CPU of both ranks (all threads) per micro-batch, warm-up included */
+			mcpu[r] = over_ranks(cpu_seconds() - c0, MPI_SUM) / (n + 256) * 1e6;
 			mbp[r] = (double)n * (double)bytes / s / 1e9;
 			barrier();
-			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW);
+			c0 = cpu_seconds();
+			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, 1);
+			rcpu[r] = over_ranks(cpu_seconds() - c0, MPI_SUM) / n * 1e6;
 			raw[r] = (double)n * (double)bytes / s / 1e9;
+			barrier();
+			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, LINK_BUFFERS);
+			rot[r] = (double)n * (double)bytes / s / 1e9;
 		}
 		if (rank == 0) {
 			double a = bench_median(mbp, (unsigned)rounds),
-			       b = bench_median(raw, (unsigned)rounds);
-			printf("mpi_link size=%zu window=%d mbp_gbs=%.2f raw_gbs=%.2f ratio=%.3f\n", bytes,
-			       WINDOW, a, b, a / b);
+			       b = bench_median(raw, (unsigned)rounds),
+			       d = bench_median(rot, (unsigned)rounds);
+			printf("mpi_link size=%zu window=%d mbp_gbs=%.2f raw_gbs=%.2f ratio=%.3f "
+			       "raw_%dbufs_gbs=%.2f ratio_%dbufs=%.3f mbp_cpu_us_per_mb=%.1f "
+			       "raw_cpu_us_per_mb=%.1f\n",
+			       bytes, WINDOW, a, b, a / b, LINK_BUFFERS, d, LINK_BUFFERS, a / d,
+			       bench_median(mcpu, (unsigned)rounds), bench_median(rcpu, (unsigned)rounds));
 			fflush(stdout);
 		}
 	}
@@ -341,36 +394,6 @@ static double pingpong_ring(unsigned n)
 	return us;
 }
 
-/* CPU seconds this process (all its threads) has used. */
-static double cpu_seconds(void)
-{
-	struct rusage ru;
-	getrusage(RUSAGE_SELF, &ru);
-	return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
-	       ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
-}
-
-struct reduce {
-	double in, out;
-};
-
-static int max_task(void *arg)
-{
-	struct reduce *r = arg;
-	MPI_Allreduce(&r->in, &r->out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-	return 0;
-}
-
-/* The largest of every rank's v. */
-static double max_over_ranks(double v)
-{
-	struct reduce r = {.in = v};
-	int rc = mbp_mpi_exec(max_task, &r);
-	if (rc)
-		die("reduce", rc);
-	return r.out;
-}
-
 /* CPU share (of one core) of a rank whose run is up and idle for `s` seconds: the busiest rank's. */
 static double idle_cpu(double s)
 {
@@ -384,7 +407,7 @@ static double idle_cpu(double s)
 	usleep((useconds_t)(s * 1e6));
 	double share = (cpu_seconds() - c0) / ((double)(bench_now_ns() - t0) / 1e9);
 	link_end(mp);
-	return max_over_ranks(share);
+	return over_ranks(share, MPI_MAX);
 }
 
 static void bench_latency(void)
@@ -405,7 +428,7 @@ static void bench_latency(void)
 		link_end(mp);
 		ring[r] = rank == 0 ? pingpong_ring(N) : 0;
 		barrier();
-		raw[r] = raw_run(raw_pingpong_task, 64, N, 1) / N * 1e6;
+		raw[r] = raw_run(raw_pingpong_task, 64, N, 1, 1) / N * 1e6;
 	}
 	double idle = idle_cpu(1.0);
 	if (rank == 0)
