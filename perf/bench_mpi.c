@@ -3,7 +3,7 @@
  *
  *     mpirun --oversubscribe -np 2 perf/bench_mpi [-r ROUNDS]
  *
- * Three measurements, each alternating the peers round by round (A B A B), medians of the rounds:
+ * Four measurements, each alternating the peers round by round (A B A B), medians of the rounds:
  *   link:    bytes per second through the remote link from rank 0 to rank 1, micro-batches of 4 KiB to
  *            4 MiB, against an osu_bw-style loop written here (a window of MPI_Isend / MPI_Irecv of the same
  *            size, then a 4-byte acknowledgement) with the same window, once on one buffer (osu_bw: always
@@ -16,6 +16,12 @@
  *            for each result on a semaphore (as a thread blocked in mbp_job_wait would). Once with the
  *            default spin_ns (20 us) and once with 5 ms (the communication threads poll longer). Then
  *            the CPU share of a rank whose run is up and idle for 1 s (the busier rank's).
+ *   bubble:  4 stages over 2 ranks (2 each) of calibrated costs (300, 600, 400, 500 us; they sleep, so
+ *            the 2 CPUs do not slow them), batches of 8 micro-batches of 64 KiB one at a time: the
+ *            measured bubble (1 - sum of the stages' busy time / (stages x sum of batch latencies), as
+ *            pipebench's) against pipebench's model with the stages' measured service times and the two
+ *            hops as stages of cost "hop" = half the round trip of one micro-batch through the same ranks
+ *            with stages of no cost (measured in the same round), and without the link.
  *   mlp:     rows per second of an MLP (8 layers of 1024, GELU) split over 2 ranks of one stage each
  *            (each loading only its 4 layers), against one process of 2 stages, jobs of 256 rows in
  *            micro-batches of 64, a stream of 16 jobs in flight.
@@ -30,6 +36,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -179,10 +187,32 @@ static void count_result(void *arg, mbp_mb *mb)
 		sem_post(c->sem);
 }
 
+/* A stage of calibrated cost: it sleeps until *ctx ns after it began (it costs no CPU, so 2 ranks of
+ * several such stages share 2 CPUs without slowing each other: the bubble is the schedule's and the link's). */
+static int sleep_stage(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	(void)in;
+	(void)out;
+	static __thread bool slack_set;
+	if (!slack_set) { /* parks of the default 50 us slack would distort costs of a few hundred us */
+		prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+		slack_set = true;
+	}
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t ns = (uint64_t)ts.tv_nsec + *(const uint64_t *)ctx;
+	ts.tv_sec += (time_t)(ns / 1000000000u);
+	ts.tv_nsec = (long)(ns % 1000000000u);
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+	return 0;
+}
+
 /* Build this rank's part: `stages` stages of rows of `row` bytes, the last rank's last one shrinking
- * the rows to 8 bytes when `shrink_last`. */
+ * the rows to 8 bytes when `shrink_last`; with `cost` (the stages of every rank in order), sleep_stage
+ * stages of those costs instead of no-ops. */
 static mbp_mpi *link_make(size_t row, uint32_t max_rows, unsigned stages, bool shrink_last, uint32_t window,
-			  struct counter *c)
+			  const uint64_t *cost, struct counter *c)
 {
 	mbp_opts o;
 	mbp_opts_init(&o);
@@ -207,6 +237,10 @@ static mbp_mpi *link_make(size_t row, uint32_t max_rows, unsigned stages, bool s
 	for (unsigned i = 0; i < stages; i++) {
 		bool last = shrink_last && rank == size - 1 && i == stages - 1;
 		mbp_stage_desc d = {.fn = last ? shrink : noop, .out_row_bytes = last ? 8 : 0};
+		if (cost) {
+			d.fn = sleep_stage;
+			d.ctx = (void *)(uintptr_t)&cost[(unsigned)rank * stages + i];
+		}
 		if ((rc = mbp_mpi_add_stage(mp, &d)))
 			die("add_stage", rc);
 	}
@@ -291,7 +325,7 @@ static void bench_link(void)
 		for (int r = 0; r < rounds; r++) {
 			double c0 = cpu_seconds();
 			struct counter c = {0};
-			mbp_mpi *mp = link_make(ROW, rows, 2, true, WINDOW, &c);
+			mbp_mpi *mp = link_make(ROW, rows, 2, true, WINDOW, NULL, &c);
 			/* warm-up: every pool buffer touched once (first-touch page faults are not the link's) */
 			if (rank == 0)
 				link_stream(mp, &c, rows, 256);
@@ -326,7 +360,7 @@ static void bench_link(void)
 
 /* ---- latency ---- */
 
-static double pingpong_mbp(mbp_mpi *mp, struct counter *c, unsigned n)
+static double pingpong_mbp(mbp_mpi *mp, struct counter *c, unsigned n, uint32_t rows)
 {
 	sem_t sem;
 	sem_init(&sem, 0, 0);
@@ -336,7 +370,7 @@ static double pingpong_mbp(mbp_mpi *mp, struct counter *c, unsigned n)
 		mbp_mb *mb;
 		if (mbp_mpi_mb_acquire(mp, &mb, -1) != 0)
 			die("acquire", -EIO);
-		mb->rows = 1;
+		mb->rows = rows;
 		if (mbp_mpi_mb_submit(mp, mb, -1) != 0)
 			die("submit", -EIO);
 		sem_wait(&sem);
@@ -398,9 +432,9 @@ static double pingpong_ring(unsigned n)
 static double idle_cpu(double s)
 {
 	struct counter c = {0};
-	mbp_mpi *mp = link_make(64, 1, 1, false, 8, &c);
+	mbp_mpi *mp = link_make(64, 1, 1, false, 8, NULL, &c);
 	if (rank == 0) /* one micro-batch first: the loops have seen traffic, then go quiet */
-		pingpong_mbp(mp, &c, 1);
+		pingpong_mbp(mp, &c, 1, 1);
 	usleep(100000);
 	double c0 = cpu_seconds();
 	uint64_t t0 = bench_now_ns();
@@ -416,15 +450,15 @@ static void bench_latency(void)
 	double mbp[MAX_ROUNDS], spin[MAX_ROUNDS], ring[MAX_ROUNDS], raw[MAX_ROUNDS];
 	for (int r = 0; r < rounds; r++) {
 		struct counter c = {0};
-		mbp_mpi *mp = link_make(64, 1, 1, false, 8, &c);
-		mbp[r] = rank == 0 ? pingpong_mbp(mp, &c, N) : 0;
+		mbp_mpi *mp = link_make(64, 1, 1, false, 8, NULL, &c);
+		mbp[r] = rank == 0 ? pingpong_mbp(mp, &c, N, 1) : 0;
 		link_end(mp);
 		/* the communication threads polling 5 ms after each event instead of 20 us */
 		struct counter c2 = {0};
 		link_spin_ns = 5000000;
-		mp = link_make(64, 1, 1, false, 8, &c2);
+		mp = link_make(64, 1, 1, false, 8, NULL, &c2);
 		link_spin_ns = 0;
-		spin[r] = rank == 0 ? pingpong_mbp(mp, &c2, N) : 0;
+		spin[r] = rank == 0 ? pingpong_mbp(mp, &c2, N, 1) : 0;
 		link_end(mp);
 		ring[r] = rank == 0 ? pingpong_ring(N) : 0;
 		barrier();
@@ -438,6 +472,104 @@ static void bench_latency(void)
 		       bench_median(mbp, (unsigned)rounds), bench_median(spin, (unsigned)rounds),
 		       bench_median(ring, (unsigned)rounds), bench_median(raw, (unsigned)rounds), idle);
 	fflush(stdout);
+}
+
+/* ---- the bubble with the link ---- */
+
+#define BUB_STAGES 2  /* per rank */
+#define BUB_ROWS   16 /* rows of 4 KiB: 64 KiB micro-batches */
+#define BUB_MBS	   8  /* micro-batches per batch (one job) */
+#define BUB_JOBS   20 /* batches per round, one at a time */
+
+/*
+ * pipebench's bubble model (tools/pipebench/predict.c) with the link counted: a batch of M micro-batches
+ * through the chain of stages t[0..n) takes T = sum(t) + (M - 1) max(t); the chain here is the compute
+ * stages plus the two hops (rank 0 -> 1, rank 1 -> 0) as stages of cost `hop` each; the compute stages
+ * alone work, so the bubble is 1 - M sum(compute) / (S T). hop 0: the model without the link.
+ */
+static double bubble_predicted(const double *t, unsigned S, unsigned M, double hop)
+{
+	double sum = 0, max = hop;
+	for (unsigned i = 0; i < S; i++) {
+		sum += t[i];
+		max = t[i] > max ? t[i] : max;
+	}
+	double T = sum + 2 * hop + (M - 1) * max;
+	return 1.0 - M * sum / (S * T);
+}
+
+/* Each stage's time inside fn (ns), of every rank: t[rank * BUB_STAGES + i]. */
+static void busy_ns(mbp_mpi *mp, double *t)
+{
+	mbp_pipeline_stats ps;
+	mbp_stage_stats ss[BUB_STAGES];
+	if (mbp_pipeline_stats_get(mbp_mpi_pipeline(mp), &ps, ss, BUB_STAGES) != BUB_STAGES)
+		die("stats", -EIO);
+	for (int k = 0; k < size; k++)
+		for (unsigned i = 0; i < BUB_STAGES; i++)
+			t[k * BUB_STAGES + i] = over_ranks(k == rank ? (double)ss[i].busy_ns : 0, MPI_SUM);
+}
+
+static void bench_bubble(void)
+{
+	/* 4 stages over 2 ranks, uneven; the slowest (600 us) sets the pace */
+	static const uint64_t cost[2 * BUB_STAGES] = {300000, 600000, 400000, 500000};
+	const unsigned S = 2 * BUB_STAGES;
+	enum { N = 200 };
+	double meas[MAX_ROUNDS], pred[MAX_ROUNDS], plain[MAX_ROUNDS], hop[MAX_ROUNDS];
+	char *in = NULL, *out = NULL;
+	if (rank == 0) {
+		in = calloc((size_t)BUB_MBS * BUB_ROWS, ROW);
+		out = calloc((size_t)BUB_MBS * BUB_ROWS, ROW);
+		if (!in || !out)
+			die("batch", -ENOMEM);
+	}
+	for (int r = 0; r < rounds; r++) {
+		/* the link's time per micro-batch: the round trip of one through the same 2 ranks whose stages
+		 * cost nothing (hand-offs included), half per hop */
+		struct counter c = {0};
+		mbp_mpi *mp = link_make(ROW, BUB_ROWS, BUB_STAGES, false, 8, NULL, &c);
+		double rt = rank == 0 ? pingpong_mbp(mp, &c, N, BUB_ROWS) : 0;
+		link_end(mp);
+		hop[r] = over_ranks(rt, MPI_MAX) / 2;
+		/* the batches, one at a time */
+		struct counter c2 = {0};
+		mp = link_make(ROW, BUB_ROWS, BUB_STAGES, false, 8, cost, &c2);
+		double lat_ns = 0;
+		for (unsigned j = 0; rank == 0 && j < BUB_JOBS; j++) {
+			mbp_job job;
+			mbp_job_init(&job, in, out, (size_t)BUB_MBS * BUB_ROWS, BUB_ROWS);
+			int rc = mbp_mpi_job_submit(mp, &job, -1);
+			if (rc || (rc = mbp_mpi_job_wait(mp, &job, -1)) || (rc = job.status))
+				die("bubble batch", rc);
+			lat_ns += (double)(job.done_ns - job.submit_ns);
+		}
+		int rc = rank == 0 ? mbp_mpi_drain(mp, -1) : mbp_mpi_wait(mp, -1);
+		if (rc)
+			die("end of run", rc);
+		double t[2 * BUB_STAGES], busy = 0;
+		busy_ns(mp, t);
+		mbp_mpi_destroy(mp);
+		lat_ns = over_ranks(lat_ns, MPI_MAX);
+		/* the stages' measured service times (us per micro-batch), as pipebench uses them */
+		for (unsigned i = 0; i < S; i++) {
+			busy += t[i];
+			t[i] /= 1e3 * BUB_JOBS * BUB_MBS;
+		}
+		meas[r] = 1.0 - busy / (S * lat_ns);
+		pred[r] = bubble_predicted(t, S, BUB_MBS, hop[r]);
+		plain[r] = bubble_predicted(t, S, BUB_MBS, 0);
+	}
+	if (rank == 0) {
+		double m = bench_median(meas, (unsigned)rounds), p = bench_median(pred, (unsigned)rounds);
+		printf("mpi_bubble stages=%u ranks=2 mbs=%d mb_bytes=%d hop_us=%.1f measured=%.3f "
+		       "predicted_with_link=%.3f predicted_without_link=%.3f diff=%.3f\n",
+		       S, BUB_MBS, BUB_ROWS * ROW, bench_median(hop, (unsigned)rounds), m, p,
+		       bench_median(plain, (unsigned)rounds), m - p);
+		fflush(stdout);
+	}
+	free(in);
+	free(out);
 }
 
 /* ---- the MLP ---- */
@@ -593,9 +725,10 @@ int main(int argc, char **argv)
 	}
 	if (size != 2 || rounds < 1 || rounds > MAX_ROUNDS) {
 		if (rank == 0)
-			fprintf(stderr,
-				"usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [link|latency|mlp]\n",
-				MAX_ROUNDS);
+			fprintf(
+			    stderr,
+			    "usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [link|latency|bubble|mlp]\n",
+			    MAX_ROUNDS);
 		mbp_mpi_finalize();
 		return 2;
 	}
@@ -603,6 +736,8 @@ int main(int argc, char **argv)
 		bench_link();
 	if (!only || !strcmp(only, "latency"))
 		bench_latency();
+	if (!only || !strcmp(only, "bubble"))
+		bench_bubble();
 	if (!only || !strcmp(only, "mlp"))
 		bench_mlp();
 	mbp_mpi_finalize();
