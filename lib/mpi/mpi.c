@@ -593,10 +593,17 @@ static int reserve_first(mbp_mpi *mp, int64_t timeout_ns, uint64_t *seq)
 	return rc;
 }
 
-/* A reserved entry's micro-batch went into the local pipeline (rc 0) or could not (rc: its error). */
+/* A reserved entry's micro-batch went into the local pipeline (rc 0) or could not (rc: its error). Once
+ * in, it may cross every rank and come back before this runs (the submitter was preempted): then its
+ * entry is done or already retired, and its slot may hold a later micro-batch. */
 static void entry_submitted(mbp_mpi *mp, uint64_t seq, int rc)
 {
 	pthread_mutex_lock(&mp->lock);
+	if (seq < mp->next_retire) {
+		MBP_VERIFY(rc == 0); /* a micro-batch that never went in cannot have been retired */
+		pthread_mutex_unlock(&mp->lock);
+		return;
+	}
 	struct tent *t = &mp->tab[seq % mp->tcap];
 	MBP_VERIFY(t->seq == seq);
 	if (rc)
