@@ -67,7 +67,7 @@ struct qent {
 
 struct sslot {
 	struct hdr h;
-	MPI_Request req[2];
+	MPI_Request *req; /* its two in mp->sreq (header, payload): tested together in one call */
 	mbp_mb *mb;
 	int rslot;
 	bool busy;
@@ -143,6 +143,8 @@ struct mbp_mpi {
 	/* the loop's own (communication thread) */
 	int up, down;
 	struct sslot *ss;
+	MPI_Request *sreq; /* 2 x window: the send slots' requests */
+	int *sdone;	   /* MPI_Testsome's indices */
 	struct rslot *rs_slots;
 	int *fifo; /* receive slots in posting order */
 	uint32_t fhead, fn;
@@ -377,9 +379,11 @@ static int alloc_run(mbp_mpi *mp)
 	mp->qcap = mp->lo.mb_buffers + W + 1;
 	mp->q = calloc(mp->qcap, sizeof(*mp->q));
 	mp->ss = calloc(W, sizeof(*mp->ss));
+	mp->sreq = calloc(2 * (size_t)W, sizeof(*mp->sreq));
+	mp->sdone = calloc(2 * (size_t)W, sizeof(*mp->sdone));
 	mp->rs_slots = calloc(W, sizeof(*mp->rs_slots));
 	mp->fifo = calloc(W, sizeof(*mp->fifo));
-	if (!mp->q || !mp->ss || !mp->rs_slots || !mp->fifo)
+	if (!mp->q || !mp->ss || !mp->sreq || !mp->sdone || !mp->rs_slots || !mp->fifo)
 		return -ENOMEM;
 	if (mp->rank == 0) {
 		mp->tcap = mp->mo.inflight;
@@ -954,17 +958,18 @@ static bool pump_sends(mbp_mpi *mp)
 	return act;
 }
 
+/* Every send slot's requests in one MPI_Testsome: one pass of MPI's progress engine, not one per slot. */
 static bool test_sends(mbp_mpi *mp)
 {
 	bool act = false;
-	for (uint32_t i = 0; i < mp->mo.window; i++) {
-		struct sslot *ss = &mp->ss[i];
-		int flag = 0;
-		if (!ss->busy)
-			continue;
-		MPI_Testall(2, ss->req, &flag, MPI_STATUSES_IGNORE);
-		if (!flag)
-			continue;
+	int n = 0;
+	MPI_Testsome(2 * (int)mp->mo.window, mp->sreq, &n, mp->sdone, MPI_STATUSES_IGNORE);
+	if (n == MPI_UNDEFINED || n == 0)
+		return false;
+	for (int k = 0; k < n; k++) {
+		struct sslot *ss = &mp->ss[mp->sdone[k] / 2];
+		if (!ss->busy || ss->req[0] != MPI_REQUEST_NULL || ss->req[1] != MPI_REQUEST_NULL)
+			continue; /* the slot's other request is still going (or it was seen already) */
 		ss->busy = false;
 		act = true;
 		if (ss->mb)
@@ -1241,6 +1246,7 @@ static void setup_loop(mbp_mpi *mp)
 	mp->down = (mp->rank + 1) % mp->size;
 	mp->credits = W;
 	for (uint32_t i = 0; i < W; i++) {
+		mp->ss[i].req = &mp->sreq[2 * i];
 		mp->ss[i].req[0] = mp->ss[i].req[1] = MPI_REQUEST_NULL;
 		mp->rs_slots[i].dreq = MPI_REQUEST_NULL;
 	}
@@ -1559,6 +1565,8 @@ void mbp_mpi_destroy(mbp_mpi *mp)
 	pthread_mutex_destroy(&mp->lock);
 	free(mp->q);
 	free(mp->ss);
+	free(mp->sreq);
+	free(mp->sdone);
 	free(mp->rs_slots);
 	free(mp->fifo);
 	free(mp->tab);
