@@ -598,13 +598,12 @@ static int reserve_first(mbp_mpi *mp, int64_t timeout_ns, uint64_t *seq)
 }
 
 /* A reserved entry's micro-batch went into the local pipeline (rc 0) or could not (rc: its error). Once
- * in, it may cross every rank and come back before this runs (the submitter was preempted): then its
- * entry is done or already retired, and its slot may hold a later micro-batch. */
+ * in, it may cross every rank and come back before this runs (the submitter was preempted), and a run that
+ * dies fails every entry: either way its entry may be done or already retired, its slot reused. */
 static void entry_submitted(mbp_mpi *mp, uint64_t seq, int rc)
 {
 	pthread_mutex_lock(&mp->lock);
-	if (seq < mp->next_retire) {
-		MBP_VERIFY(rc == 0); /* a micro-batch that never went in cannot have been retired */
+	if (seq < mp->next_retire) { /* or the run died and failed it (then rc may be its error too) */
 		pthread_mutex_unlock(&mp->lock);
 		return;
 	}
@@ -788,11 +787,20 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 	rc = mbp_mb_submit(mp->p, mb, timeout_ns);
 	if (rc) {
 		pthread_mutex_lock(&mp->lock);
-		mb->seq = t->user_seq;
-		mb->user = t->user;
-		t->state = T_VOID; /* never accepted: retired without a trace */
-		mp->mbs_accepted--;
+		/* A run that died (a silent rank) fails every entry; this one may be retired already, its
+		 * failure delivered through on_result: then it counts as accepted and the buffer is ours. */
+		bool retired = seq < mp->next_retire;
+		if (!retired) {
+			mb->seq = t->user_seq;
+			mb->user = t->user;
+			t->state = T_VOID; /* never accepted: retired without a trace */
+			mp->mbs_accepted--;
+		}
 		pthread_mutex_unlock(&mp->lock);
+		if (retired) {
+			mbp_mb_release(mp->p, mb);
+			return 0;
+		}
 		retire(mp);
 		return rc;
 	}
