@@ -26,9 +26,9 @@
  * Threads. mbp_mpi_init() starts one communication thread per process; it calls MPI_Init_thread with
  * MPI_THREAD_FUNNELED and then makes every MPI call of the process, also for the set-up calls below
  * (they hand their work to it). Workers hand results to it through a queue; it sleeps when idle (a short
- * spin, then parks of an eighth of the time it has been quiet, from 1 us up to opts.idle_ns, or idle_ns / 4
- * while it waits for results or credits), so it never burns a core and an arrival after a quiet gap g is
- * seen within about g / 8 (MPI cannot wake a thread on an arriving message).
+ * spin, then parks of a quarter of the time it has been quiet, from 1 us up to opts.idle_ns), so it never
+ * burns a core and an arrival after a quiet gap g is seen within about g / 4 (MPI cannot wake a thread on
+ * an arriving message).
  *
  * Failures. Every rank sends rank 0 a heartbeat (and rank 0 every rank) each peer_timeout_ns / 4. A rank
  * heard from in no way for peer_timeout_ns ends the run: on rank 0 every outstanding micro-batch fails

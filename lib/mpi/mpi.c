@@ -1347,24 +1347,17 @@ static void teardown_loop(mbp_mpi *mp, bool dead)
 }
 
 /*
- * How long the loop parks (lock held), `quiet` ns after its last event. An arriving MPI message cannot wake
- * it (shared memory has no descriptor to wait on), so a park delays whatever arrives during it: parks grow
- * with the quiet time (an eighth of it, from 1 us), so an arrival after a gap g is seen within about g/8,
- * and a rank idle for long polls every idle_ns, as before (a wake-up costs a few us of CPU: an idle rank
- * stays near 0 %). While this rank waits for something of its own (rank 0: results; others: micro-batches
- * in the local pipeline, or credits for what it sent) parks stay under idle_ns / 4.
+ * How long the loop parks, `quiet` ns after its last event. An arriving MPI message cannot wake it (shared
+ * memory has no descriptor to wait on), so a park delays whatever arrives during it: parks grow with the
+ * quiet time, a quarter of it from 1 us up to idle_ns, so an arrival after a gap g is seen within about
+ * g / 4 (g / 8 on average), and a rank quiet for long polls every idle_ns, as before. Not a smaller share:
+ * each park is a wake-up (about 10 us of CPU on a busy 2-CPU machine), and the parks of the ramp come on
+ * top of the idle_ns ones in every quiet period.
  */
-static uint64_t park_ns(mbp_mpi *mp, uint64_t quiet)
+static uint64_t park_ns(const mbp_mpi *mp, uint64_t quiet)
 {
-	uint64_t cap = mp->mo.idle_ns;
-	bool waiting = mp->rank == 0 ? mp->next_retire != mp->next_seq
-				     : mp->credits < mp->mo.window ||
-					   atomic_load_explicit(&mp->received, memory_order_relaxed) !=
-					       atomic_load_explicit(&mp->sent, memory_order_relaxed);
-	if (waiting && cap / 4 >= 1000)
-		cap /= 4;
-	uint64_t ns = quiet / 8;
-	return ns < 1000 ? 1000 : ns > cap ? cap : ns;
+	uint64_t ns = quiet / 4;
+	return ns < 1000 ? 1000 : ns > mp->mo.idle_ns ? mp->mo.idle_ns : ns;
 }
 
 static int link_loop(void *arg)
