@@ -6,8 +6,9 @@
  * Four measurements, each alternating the peers round by round (A B A B), medians of the rounds:
  *   link:    bytes per second through the remote link from rank 0 to rank 1, micro-batches of 4 KiB to
  *            4 MiB, against an osu_bw-style loop written here (a window of MPI_Isend / MPI_Irecv of the same
- *            size, then a 4-byte acknowledgement) with the same window, once on one buffer (osu_bw: always
- *            cache-hot) and once cycling through 64 distinct buffers (as many as the link's pool). The
+ *            size, then a 4-byte acknowledgement) with the same window, on one buffer (osu_bw: always
+ *            cache-hot), on one buffer per message of the window (16, as many as the link keeps posted)
+ *            and cycling through 64 distinct buffers (as many as the link's pool). The
  *            pipeline's stages touch nothing (two per rank, so that no stage copies), and the last rank
  *            returns 8 bytes per 4 KiB row to rank 0, so the figure is the forward link's. Also the CPU
  *            time of both ranks per micro-batch (getrusage; the link's includes its set-up and warm-up).
@@ -321,7 +322,8 @@ static void bench_link(void)
 		if (n > 20000)
 			n = 20000;
 		n -= n % WINDOW;
-		double mbp[MAX_ROUNDS], raw[MAX_ROUNDS], rot[MAX_ROUNDS], mcpu[MAX_ROUNDS], rcpu[MAX_ROUNDS];
+		double mbp[MAX_ROUNDS], raw[MAX_ROUNDS], win[MAX_ROUNDS], rot[MAX_ROUNDS], mcpu[MAX_ROUNDS],
+		    rcpu[MAX_ROUNDS];
 		for (int r = 0; r < rounds; r++) {
 			double c0 = cpu_seconds();
 			struct counter c = {0};
@@ -341,18 +343,23 @@ static void bench_link(void)
 			rcpu[r] = over_ranks(cpu_seconds() - c0, MPI_SUM) / n * 1e6;
 			raw[r] = (double)n * (double)bytes / s / 1e9;
 			barrier();
+			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, WINDOW);
+			win[r] = (double)n * (double)bytes / s / 1e9;
+			barrier();
 			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, LINK_BUFFERS);
 			rot[r] = (double)n * (double)bytes / s / 1e9;
 		}
 		if (rank == 0) {
 			double a = bench_median(mbp, (unsigned)rounds),
 			       b = bench_median(raw, (unsigned)rounds),
+			       w = bench_median(win, (unsigned)rounds),
 			       d = bench_median(rot, (unsigned)rounds);
 			printf("mpi_link size=%zu window=%d mbp_gbs=%.2f raw_gbs=%.2f ratio=%.3f "
-			       "raw_%dbufs_gbs=%.2f ratio_%dbufs=%.3f mbp_cpu_us_per_mb=%.1f "
-			       "raw_cpu_us_per_mb=%.1f\n",
-			       bytes, WINDOW, a, b, a / b, LINK_BUFFERS, d, LINK_BUFFERS, a / d,
-			       bench_median(mcpu, (unsigned)rounds), bench_median(rcpu, (unsigned)rounds));
+			       "raw_%dbufs_gbs=%.2f ratio_%dbufs=%.3f raw_%dbufs_gbs=%.2f ratio_%dbufs=%.3f "
+			       "mbp_cpu_us_per_mb=%.1f raw_cpu_us_per_mb=%.1f\n",
+			       bytes, WINDOW, a, b, a / b, WINDOW, w, WINDOW, a / w, LINK_BUFFERS, d,
+			       LINK_BUFFERS, a / d, bench_median(mcpu, (unsigned)rounds),
+			       bench_median(rcpu, (unsigned)rounds));
 			fflush(stdout);
 		}
 	}
