@@ -3,16 +3,26 @@
  *
  *     mpirun --oversubscribe -np 2 perf/bench_mpi [-r ROUNDS]
  *
- * Three measurements, each alternating the peers round by round (A B A B), medians of the rounds:
+ * Four measurements, each alternating the peers round by round (A B A B), medians of the rounds:
  *   link:    bytes per second through the remote link from rank 0 to rank 1, micro-batches of 4 KiB to
  *            4 MiB, against an osu_bw-style loop written here (a window of MPI_Isend / MPI_Irecv of the same
- *            size, then a 4-byte acknowledgement) with the same window. The pipeline's stages touch
- *            nothing (two per rank, so that no stage copies), and the last rank returns 8 bytes per 4 KiB
- *            row to rank 0, so the figure is the forward link's.
+ *            size, then a 4-byte acknowledgement) with the same window, on one buffer (osu_bw: always
+ *            cache-hot), on one buffer per message of the window (16, as many as the link keeps posted)
+ *            and cycling through 64 distinct buffers (as many as the link's pool). The
+ *            pipeline's stages touch nothing (two per rank, so that no stage copies), and the last rank
+ *            returns 8 bytes per 4 KiB row to rank 0, so the figure is the forward link's. Also the CPU
+ *            time of both ranks per micro-batch (getrusage; the link's includes its set-up and warm-up).
  *   latency: the round trip of one 64-byte micro-batch through 2 ranks of one no-op stage each, against
  *            one process of 2 no-op stages (the in-process ring) and a raw MPI ping-pong; the caller waits
  *            for each result on a semaphore (as a thread blocked in mbp_job_wait would). Once with the
- *            default spin_ns (20 us) and once with 5 ms (the communication threads poll longer).
+ *            default spin_ns (20 us) and once with 5 ms (the communication threads poll longer). Then
+ *            the CPU share of a rank whose run is up and idle for 1 s (the busier rank's).
+ *   bubble:  4 stages over 2 ranks (2 each) of calibrated costs (300, 600, 400, 500 us; they sleep, so
+ *            the 2 CPUs do not slow them), batches of 8 micro-batches of 64 KiB one at a time: the
+ *            measured bubble (1 - sum of the stages' busy time / (stages x sum of batch latencies), as
+ *            pipebench's) against pipebench's model with the stages' measured service times and the two
+ *            hops as stages of cost "hop" = half the round trip of one micro-batch through the same ranks
+ *            with stages of no cost (measured in the same round), and without the link.
  *   mlp:     rows per second of an MLP (8 layers of 1024, GELU) split over 2 ranks of one stage each
  *            (each loading only its 4 layers), against one process of 2 stages, jobs of 256 rows in
  *            micro-batches of 64, a stream of 16 jobs in flight.
@@ -27,6 +37,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -36,9 +49,10 @@
 
 #include "bench_util.h"
 
-#define ROW	   4096
-#define WINDOW	   16
-#define MAX_ROUNDS 16
+#define ROW	     4096
+#define WINDOW	     16
+#define LINK_BUFFERS 64 /* the link runs' pool buffers per rank; the raw loop's rotating variant */
+#define MAX_ROUNDS   16
 
 static int rank, size, rounds = 5;
 static uint64_t link_spin_ns; /* mbp_mpi_opts.spin_ns of the runs made next; 0: the default */
@@ -54,6 +68,7 @@ static void die(const char *what, int rc)
 struct raw {
 	size_t bytes;
 	unsigned iters, window;
+	unsigned nbufs; /* the loop cycles through this many distinct buffers (1: osu_bw's one buffer) */
 	void *buf;
 	double seconds;
 };
@@ -88,10 +103,11 @@ static int raw_bw_task(void *arg)
 	uint64_t t0 = bench_now_ns();
 	for (unsigned i = 0; i < r->iters; i++) {
 		for (unsigned w = 0; w < r->window; w++) {
+			char *b = (char *)r->buf + (size_t)((i * r->window + w) % r->nbufs) * r->bytes;
 			if (rank == 0)
-				MPI_Isend(r->buf, (int)r->bytes, MPI_BYTE, 1, 100, MPI_COMM_WORLD, &req[w]);
+				MPI_Isend(b, (int)r->bytes, MPI_BYTE, 1, 100, MPI_COMM_WORLD, &req[w]);
 			else
-				MPI_Irecv(r->buf, (int)r->bytes, MPI_BYTE, 0, 100, MPI_COMM_WORLD, &req[w]);
+				MPI_Irecv(b, (int)r->bytes, MPI_BYTE, 0, 100, MPI_COMM_WORLD, &req[w]);
 		}
 		MPI_Waitall((int)r->window, req, MPI_STATUSES_IGNORE);
 		if (rank == 0)
@@ -121,9 +137,13 @@ static int raw_pingpong_task(void *arg)
 	return 0;
 }
 
-static double raw_run(int (*task)(void *), size_t bytes, unsigned iters, unsigned window)
+static double raw_run(int (*task)(void *), size_t bytes, unsigned iters, unsigned window, unsigned nbufs)
 {
-	struct raw r = {.bytes = bytes, .iters = iters, .window = window, .buf = aligned_alloc(4096, bytes)};
+	struct raw r = {.bytes = bytes, .iters = iters, .window = window, .nbufs = nbufs};
+	r.buf = aligned_alloc(4096, bytes * nbufs);
+	if (!r.buf)
+		die("raw buffers", -ENOMEM);
+	memset(r.buf, 1, bytes * nbufs); /* touched once, as the pipeline's warm-up touches its buffers */
 	int rc = mbp_mpi_exec(task, &r);
 	free(r.buf);
 	if (rc)
@@ -168,16 +188,38 @@ static void count_result(void *arg, mbp_mb *mb)
 		sem_post(c->sem);
 }
 
+/* A stage of calibrated cost: it sleeps until *ctx ns after it began (it costs no CPU, so 2 ranks of
+ * several such stages share 2 CPUs without slowing each other: the bubble is the schedule's and the link's). */
+static int sleep_stage(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	(void)in;
+	(void)out;
+	static __thread bool slack_set;
+	if (!slack_set) { /* parks of the default 50 us slack would distort costs of a few hundred us */
+		prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+		slack_set = true;
+	}
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t ns = (uint64_t)ts.tv_nsec + *(const uint64_t *)ctx;
+	ts.tv_sec += (time_t)(ns / 1000000000u);
+	ts.tv_nsec = (long)(ns % 1000000000u);
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+	return 0;
+}
+
 /* Build this rank's part: `stages` stages of rows of `row` bytes, the last rank's last one shrinking
- * the rows to 8 bytes when `shrink_last`. */
+ * the rows to 8 bytes when `shrink_last`; with `cost` (the stages of every rank in order), sleep_stage
+ * stages of those costs instead of no-ops. */
 static mbp_mpi *link_make(size_t row, uint32_t max_rows, unsigned stages, bool shrink_last, uint32_t window,
-			  struct counter *c)
+			  const uint64_t *cost, struct counter *c)
 {
 	mbp_opts o;
 	mbp_opts_init(&o);
 	o.in_row_bytes = row;
 	o.max_mb_rows = max_rows;
-	o.mb_buffers = 64;
+	o.mb_buffers = LINK_BUFFERS;
 	o.pin = false;
 	o.pool_bytes = (size_t)4 << 30;
 	if (rank == 0) {
@@ -196,6 +238,10 @@ static mbp_mpi *link_make(size_t row, uint32_t max_rows, unsigned stages, bool s
 	for (unsigned i = 0; i < stages; i++) {
 		bool last = shrink_last && rank == size - 1 && i == stages - 1;
 		mbp_stage_desc d = {.fn = last ? shrink : noop, .out_row_bytes = last ? 8 : 0};
+		if (cost) {
+			d.fn = sleep_stage;
+			d.ctx = (void *)(uintptr_t)&cost[(unsigned)rank * stages + i];
+		}
 		if ((rc = mbp_mpi_add_stage(mp, &d)))
 			die("add_stage", rc);
 	}
@@ -235,6 +281,37 @@ static double link_stream(mbp_mpi *mp, struct counter *c, uint32_t rows, unsigne
 	return s;
 }
 
+/* CPU seconds this process (all its threads) has used. */
+static double cpu_seconds(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+	       ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+}
+
+struct reduce {
+	double in, out;
+	MPI_Op op;
+};
+
+static int reduce_task(void *arg)
+{
+	struct reduce *r = arg;
+	MPI_Allreduce(&r->in, &r->out, 1, MPI_DOUBLE, r->op, MPI_COMM_WORLD);
+	return 0;
+}
+
+/* Every rank's v reduced by op (MPI_MAX, MPI_SUM). */
+static double over_ranks(double v, MPI_Op op)
+{
+	struct reduce r = {.in = v, .op = op};
+	int rc = mbp_mpi_exec(reduce_task, &r);
+	if (rc)
+		die("reduce", rc);
+	return r.out;
+}
+
 static void bench_link(void)
 {
 	static const size_t sizes[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
@@ -245,26 +322,44 @@ static void bench_link(void)
 		if (n > 20000)
 			n = 20000;
 		n -= n % WINDOW;
-		double mbp[MAX_ROUNDS], raw[MAX_ROUNDS];
+		double mbp[MAX_ROUNDS], raw[MAX_ROUNDS], win[MAX_ROUNDS], rot[MAX_ROUNDS], mcpu[MAX_ROUNDS],
+		    rcpu[MAX_ROUNDS];
 		for (int r = 0; r < rounds; r++) {
+			double c0 = cpu_seconds();
 			struct counter c = {0};
-			mbp_mpi *mp = link_make(ROW, rows, 2, true, WINDOW, &c);
+			mbp_mpi *mp = link_make(ROW, rows, 2, true, WINDOW, NULL, &c);
 			/* warm-up: every pool buffer touched once (first-touch page faults are not the link's) */
 			if (rank == 0)
 				link_stream(mp, &c, rows, 256);
 			atomic_store(&c.done, 0);
 			double s = rank == 0 ? link_stream(mp, &c, rows, n) : 0;
 			link_end(mp);
+			/* CPU of both ranks (all threads) per micro-batch, warm-up included */
+			mcpu[r] = over_ranks(cpu_seconds() - c0, MPI_SUM) / (n + 256) * 1e6;
 			mbp[r] = (double)n * (double)bytes / s / 1e9;
 			barrier();
-			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW);
+			c0 = cpu_seconds();
+			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, 1);
+			rcpu[r] = over_ranks(cpu_seconds() - c0, MPI_SUM) / n * 1e6;
 			raw[r] = (double)n * (double)bytes / s / 1e9;
+			barrier();
+			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, WINDOW);
+			win[r] = (double)n * (double)bytes / s / 1e9;
+			barrier();
+			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, LINK_BUFFERS);
+			rot[r] = (double)n * (double)bytes / s / 1e9;
 		}
 		if (rank == 0) {
 			double a = bench_median(mbp, (unsigned)rounds),
-			       b = bench_median(raw, (unsigned)rounds);
-			printf("mpi_link size=%zu window=%d mbp_gbs=%.2f raw_gbs=%.2f ratio=%.3f\n", bytes,
-			       WINDOW, a, b, a / b);
+			       b = bench_median(raw, (unsigned)rounds),
+			       w = bench_median(win, (unsigned)rounds),
+			       d = bench_median(rot, (unsigned)rounds);
+			printf("mpi_link size=%zu window=%d mbp_gbs=%.2f raw_gbs=%.2f ratio=%.3f "
+			       "raw_%dbufs_gbs=%.2f ratio_%dbufs=%.3f raw_%dbufs_gbs=%.2f ratio_%dbufs=%.3f "
+			       "mbp_cpu_us_per_mb=%.1f raw_cpu_us_per_mb=%.1f\n",
+			       bytes, WINDOW, a, b, a / b, WINDOW, w, WINDOW, a / w, LINK_BUFFERS, d,
+			       LINK_BUFFERS, a / d, bench_median(mcpu, (unsigned)rounds),
+			       bench_median(rcpu, (unsigned)rounds));
 			fflush(stdout);
 		}
 	}
@@ -272,7 +367,7 @@ static void bench_link(void)
 
 /* ---- latency ---- */
 
-static double pingpong_mbp(mbp_mpi *mp, struct counter *c, unsigned n)
+static double pingpong_mbp(mbp_mpi *mp, struct counter *c, unsigned n, uint32_t rows)
 {
 	sem_t sem;
 	sem_init(&sem, 0, 0);
@@ -282,7 +377,7 @@ static double pingpong_mbp(mbp_mpi *mp, struct counter *c, unsigned n)
 		mbp_mb *mb;
 		if (mbp_mpi_mb_acquire(mp, &mb, -1) != 0)
 			die("acquire", -EIO);
-		mb->rows = 1;
+		mb->rows = rows;
 		if (mbp_mpi_mb_submit(mp, mb, -1) != 0)
 			die("submit", -EIO);
 		sem_wait(&sem);
@@ -340,33 +435,148 @@ static double pingpong_ring(unsigned n)
 	return us;
 }
 
+/* CPU share (of one core) of a rank whose run is up and idle for `s` seconds: the busiest rank's. */
+static double idle_cpu(double s)
+{
+	struct counter c = {0};
+	mbp_mpi *mp = link_make(64, 1, 1, false, 8, NULL, &c);
+	if (rank == 0) /* one micro-batch first: the loops have seen traffic, then go quiet */
+		pingpong_mbp(mp, &c, 1, 1);
+	usleep(100000);
+	double c0 = cpu_seconds();
+	uint64_t t0 = bench_now_ns();
+	usleep((useconds_t)(s * 1e6));
+	double share = (cpu_seconds() - c0) / ((double)(bench_now_ns() - t0) / 1e9);
+	link_end(mp);
+	return over_ranks(share, MPI_MAX);
+}
+
 static void bench_latency(void)
 {
 	enum { N = 2000 };
 	double mbp[MAX_ROUNDS], spin[MAX_ROUNDS], ring[MAX_ROUNDS], raw[MAX_ROUNDS];
 	for (int r = 0; r < rounds; r++) {
 		struct counter c = {0};
-		mbp_mpi *mp = link_make(64, 1, 1, false, 8, &c);
-		mbp[r] = rank == 0 ? pingpong_mbp(mp, &c, N) : 0;
+		mbp_mpi *mp = link_make(64, 1, 1, false, 8, NULL, &c);
+		mbp[r] = rank == 0 ? pingpong_mbp(mp, &c, N, 1) : 0;
 		link_end(mp);
 		/* the communication threads polling 5 ms after each event instead of 20 us */
 		struct counter c2 = {0};
 		link_spin_ns = 5000000;
-		mp = link_make(64, 1, 1, false, 8, &c2);
+		mp = link_make(64, 1, 1, false, 8, NULL, &c2);
 		link_spin_ns = 0;
-		spin[r] = rank == 0 ? pingpong_mbp(mp, &c2, N) : 0;
+		spin[r] = rank == 0 ? pingpong_mbp(mp, &c2, N, 1) : 0;
 		link_end(mp);
 		ring[r] = rank == 0 ? pingpong_ring(N) : 0;
 		barrier();
-		raw[r] = raw_run(raw_pingpong_task, 64, N, 1) / N * 1e6;
+		raw[r] = raw_run(raw_pingpong_task, 64, N, 1, 1) / N * 1e6;
 	}
+	double idle = idle_cpu(1.0);
 	if (rank == 0)
 		printf("mpi_latency bytes=64 mbp_2ranks_us=%.1f mbp_2ranks_spin5ms_us=%.1f "
 		       "ring_1process_us=%.1f "
-		       "raw_mpi_pingpong_us=%.1f\n",
+		       "raw_mpi_pingpong_us=%.1f idle_rank_cpu=%.4f\n",
 		       bench_median(mbp, (unsigned)rounds), bench_median(spin, (unsigned)rounds),
-		       bench_median(ring, (unsigned)rounds), bench_median(raw, (unsigned)rounds));
+		       bench_median(ring, (unsigned)rounds), bench_median(raw, (unsigned)rounds), idle);
 	fflush(stdout);
+}
+
+/* ---- the bubble with the link ---- */
+
+#define BUB_STAGES 2  /* per rank */
+#define BUB_ROWS   16 /* rows of 4 KiB: 64 KiB micro-batches */
+#define BUB_MBS	   8  /* micro-batches per batch (one job) */
+#define BUB_JOBS   20 /* batches per round, one at a time */
+
+/*
+ * pipebench's bubble model (tools/pipebench/predict.c) with the link counted: a batch of M micro-batches
+ * through the chain of stages t[0..n) takes T = sum(t) + (M - 1) max(t); the chain here is the compute
+ * stages plus the two hops (rank 0 -> 1, rank 1 -> 0) as stages of cost `hop` each; the compute stages
+ * alone work, so the bubble is 1 - M sum(compute) / (S T). hop 0: the model without the link.
+ */
+static double bubble_predicted(const double *t, unsigned S, unsigned M, double hop)
+{
+	double sum = 0, max = hop;
+	for (unsigned i = 0; i < S; i++) {
+		sum += t[i];
+		max = t[i] > max ? t[i] : max;
+	}
+	double T = sum + 2 * hop + (M - 1) * max;
+	return 1.0 - M * sum / (S * T);
+}
+
+/* Each stage's time inside fn (ns), of every rank: t[rank * BUB_STAGES + i]. */
+static void busy_ns(mbp_mpi *mp, double *t)
+{
+	mbp_pipeline_stats ps;
+	mbp_stage_stats ss[BUB_STAGES];
+	if (mbp_pipeline_stats_get(mbp_mpi_pipeline(mp), &ps, ss, BUB_STAGES) != BUB_STAGES)
+		die("stats", -EIO);
+	for (int k = 0; k < size; k++)
+		for (unsigned i = 0; i < BUB_STAGES; i++)
+			t[k * BUB_STAGES + i] = over_ranks(k == rank ? (double)ss[i].busy_ns : 0, MPI_SUM);
+}
+
+static void bench_bubble(void)
+{
+	/* 4 stages over 2 ranks, uneven; the slowest (600 us) sets the pace */
+	static const uint64_t cost[2 * BUB_STAGES] = {300000, 600000, 400000, 500000};
+	const unsigned S = 2 * BUB_STAGES;
+	enum { N = 200 };
+	double meas[MAX_ROUNDS], pred[MAX_ROUNDS], plain[MAX_ROUNDS], hop[MAX_ROUNDS];
+	char *in = NULL, *out = NULL;
+	if (rank == 0) {
+		in = calloc((size_t)BUB_MBS * BUB_ROWS, ROW);
+		out = calloc((size_t)BUB_MBS * BUB_ROWS, ROW);
+		if (!in || !out)
+			die("batch", -ENOMEM);
+	}
+	for (int r = 0; r < rounds; r++) {
+		/* the link's time per micro-batch: the round trip of one through the same 2 ranks whose stages
+		 * cost nothing (hand-offs included), half per hop */
+		struct counter c = {0};
+		mbp_mpi *mp = link_make(ROW, BUB_ROWS, BUB_STAGES, false, 8, NULL, &c);
+		double rt = rank == 0 ? pingpong_mbp(mp, &c, N, BUB_ROWS) : 0;
+		link_end(mp);
+		hop[r] = over_ranks(rt, MPI_MAX) / 2;
+		/* the batches, one at a time */
+		struct counter c2 = {0};
+		mp = link_make(ROW, BUB_ROWS, BUB_STAGES, false, 8, cost, &c2);
+		double lat_ns = 0;
+		for (unsigned j = 0; rank == 0 && j < BUB_JOBS; j++) {
+			mbp_job job;
+			mbp_job_init(&job, in, out, (size_t)BUB_MBS * BUB_ROWS, BUB_ROWS);
+			int rc = mbp_mpi_job_submit(mp, &job, -1);
+			if (rc || (rc = mbp_mpi_job_wait(mp, &job, -1)) || (rc = job.status))
+				die("bubble batch", rc);
+			lat_ns += (double)(job.done_ns - job.submit_ns);
+		}
+		int rc = rank == 0 ? mbp_mpi_drain(mp, -1) : mbp_mpi_wait(mp, -1);
+		if (rc)
+			die("end of run", rc);
+		double t[2 * BUB_STAGES], busy = 0;
+		busy_ns(mp, t);
+		mbp_mpi_destroy(mp);
+		lat_ns = over_ranks(lat_ns, MPI_MAX);
+		/* the stages' measured service times (us per micro-batch), as pipebench uses them */
+		for (unsigned i = 0; i < S; i++) {
+			busy += t[i];
+			t[i] /= 1e3 * BUB_JOBS * BUB_MBS;
+		}
+		meas[r] = 1.0 - busy / (S * lat_ns);
+		pred[r] = bubble_predicted(t, S, BUB_MBS, hop[r]);
+		plain[r] = bubble_predicted(t, S, BUB_MBS, 0);
+	}
+	if (rank == 0) {
+		double m = bench_median(meas, (unsigned)rounds), p = bench_median(pred, (unsigned)rounds);
+		printf("mpi_bubble stages=%u ranks=2 mbs=%d mb_bytes=%d hop_us=%.1f measured=%.3f "
+		       "predicted_with_link=%.3f predicted_without_link=%.3f diff=%.3f\n",
+		       S, BUB_MBS, BUB_ROWS * ROW, bench_median(hop, (unsigned)rounds), m, p,
+		       bench_median(plain, (unsigned)rounds), m - p);
+		fflush(stdout);
+	}
+	free(in);
+	free(out);
 }
 
 /* ---- the MLP ---- */
@@ -522,9 +732,10 @@ int main(int argc, char **argv)
 	}
 	if (size != 2 || rounds < 1 || rounds > MAX_ROUNDS) {
 		if (rank == 0)
-			fprintf(stderr,
-				"usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [link|latency|mlp]\n",
-				MAX_ROUNDS);
+			fprintf(
+			    stderr,
+			    "usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [link|latency|bubble|mlp]\n",
+			    MAX_ROUNDS);
 		mbp_mpi_finalize();
 		return 2;
 	}
@@ -532,6 +743,8 @@ int main(int argc, char **argv)
 		bench_link();
 	if (!only || !strcmp(only, "latency"))
 		bench_latency();
+	if (!only || !strcmp(only, "bubble"))
+		bench_bubble();
 	if (!only || !strcmp(only, "mlp"))
 		bench_mlp();
 	mbp_mpi_finalize();

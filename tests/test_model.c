@@ -557,6 +557,76 @@ START_TEST(layers_loaded_in_parts_compute_the_whole_model_bit_for_bit)
 }
 END_TEST
 
+/* Bytes this process has passed to read()/pread() so far (/proc/self/io's rchar); -1 if unknown. */
+static long long bytes_read(void)
+{
+	FILE *f = fopen("/proc/self/io", "r");
+	long long v = -1;
+	char line[128];
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "rchar: %lld", &v) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return v;
+}
+
+START_TEST(a_part_reads_only_its_own_layers_bytes_from_the_file)
+{
+	/* Layer 2 (1024 x 1024 F32, 4 MiB) dwarfs the others (under 70 KiB together). */
+	uint32_t widths[] = {8, 16, 1024, 1024, 8};
+	mbp_model_spec sp = {.layers = 4, .widths = widths, .act = MBP_ACT_RELU, .seed = 4};
+	mbp_model *m = make_model(0, &sp);
+	char p[128];
+	snprintf(p, sizeof(p), "%s/m0.safetensors", dir);
+	long long r0 = bytes_read();
+	if (r0 < 0) {
+		fprintf(stderr, "no /proc/self/io: the byte count is not checked\n");
+		mbp_model_destroy(m);
+		return;
+	}
+	const long long big = 1024LL * 1024 * 4;
+	mbp_model *a, *b, *c;
+	mbp_model_error e;
+	ck_assert_msg(mbp_model_load_layers(&a, p, 0, 2, &e) == 0, "%s", e.msg);
+	long long r1 = bytes_read();
+	ck_assert_msg(r1 - r0 < 128 * 1024, "layers 0-1 read %lld bytes", r1 - r0);
+	ck_assert_msg(mbp_model_load_layers(&b, p, 2, 1, &e) == 0, "%s", e.msg);
+	long long r2 = bytes_read();
+	ck_assert_msg(r2 - r1 >= big && r2 - r1 < big + 64 * 1024, "layer 2 read %lld bytes", r2 - r1);
+	ck_assert_msg(mbp_model_load_layers(&c, p, 3, 1, &e) == 0, "%s", e.msg);
+	ck_assert_msg(bytes_read() - r2 < 128 * 1024, "layer 3 read %lld bytes", bytes_read() - r2);
+	enum { ROWS = 5 };
+	float *x = random_rows(ROWS * 8, 5), *mid = malloc(ROWS * 1024 * 4 * 2), out[ROWS * 8], ref[ROWS * 8];
+	ck_assert_ptr_nonnull(mid);
+	ck_assert_int_eq(mbp_model_forward(m, x, ref, ROWS, ROWS), 0);
+	ck_assert_int_eq(mbp_model_forward(a, x, mid, ROWS, ROWS), 0);
+	ck_assert_int_eq(mbp_model_forward(b, mid, mid + ROWS * 1024, ROWS, ROWS), 0);
+	ck_assert_int_eq(mbp_model_forward(c, mid + ROWS * 1024, out, ROWS, ROWS), 0);
+	ck_assert_mem_eq(out, ref, sizeof(ref));
+	mbp_model_destroy(a);
+	mbp_model_destroy(b);
+	mbp_model_destroy(c);
+	mbp_model_destroy(m);
+	/* F16 tensors of odd sizes sit at offsets that are not multiples of 4: parts still convert exactly */
+	uint32_t odd[] = {7, 13, 5, 3};
+	mbp_model_spec sh = {.layers = 3, .widths = odd, .norm = true, .dtype = MBP_DTYPE_F16, .seed = 6};
+	m = make_model(1, &sh);
+	snprintf(p, sizeof(p), "%s/m1.safetensors", dir);
+	ck_assert_msg(mbp_model_load_layers(&a, p, 0, 1, &e) == 0, "%s", e.msg);
+	ck_assert_msg(mbp_model_load_layers(&b, p, 1, 2, &e) == 0, "%s", e.msg);
+	ck_assert_int_eq(mbp_model_forward(m, x, ref, ROWS, ROWS), 0);
+	ck_assert_int_eq(mbp_model_forward(a, x, mid, ROWS, ROWS), 0);
+	ck_assert_int_eq(mbp_model_forward(b, mid, out, ROWS, ROWS), 0);
+	ck_assert_mem_eq(out, ref, ROWS * 3 * sizeof(float));
+	free(x);
+	free(mid);
+	mbp_model_destroy(a);
+	mbp_model_destroy(b);
+	mbp_model_destroy(m);
+}
+END_TEST
+
 START_TEST(swap_keeps_a_micro_batch_on_its_version_and_frees_the_old_after_it)
 {
 	mbp_model_spec sp = {
@@ -921,6 +991,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, profile_and_balance_cover_the_layers);
 	tcase_add_test(tc, stages_by_hand_equal_the_reference_bit_for_bit);
 	tcase_add_test(tc, layers_loaded_in_parts_compute_the_whole_model_bit_for_bit);
+	tcase_add_test(tc, a_part_reads_only_its_own_layers_bytes_from_the_file);
 	tcase_add_test(tc, swap_keeps_a_micro_batch_on_its_version_and_frees_the_old_after_it);
 	tcase_add_test(tc, swap_rejects_another_structure_and_leaves_both_models_usable);
 	tcase_add_test(tc, blas_info_names_the_kernel_and_warns_only_for_a_generic_one);

@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,6 +363,24 @@ static void collect(void *arg, mbp_mb *mb)
 	mbp_mpi_mb_release(r->mp, mb);
 }
 
+/* Rank 0 after n single micro-batches: drain, every result back once, in order, intact; `failed` of them
+ * failed; conservation; then destroy. */
+static void singles_end(mbp_mpi *mp, const struct results *res, uint64_t n, unsigned failed)
+{
+	ck_assert_int_eq(mbp_mpi_drain(mp, 60 * SEC), 0);
+	ck_assert_uint_eq(res->next, n);
+	ck_assert_uint_eq(res->order_errors, 0);
+	ck_assert_uint_eq(res->bad_rows, 0);
+	ck_assert_uint_eq(res->failed, failed);
+	mbp_mpi_stats s;
+	check_global(mp, &s);
+	ck_assert_uint_eq(s.mbs_accepted, n);
+	ck_assert_uint_eq(s.mbs_failed, failed);
+	ck_assert_uint_eq(s.mbs_completed, n - failed);
+	check_local(mp);
+	mbp_mpi_destroy(mp);
+}
+
 START_TEST(single_micro_batches_return_in_submission_order_with_their_tags)
 {
 	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -386,17 +405,79 @@ START_TEST(single_micro_batches_return_in_submission_order_with_their_tags)
 		mb->user = (void *)(uintptr_t)(k * 7);
 		ck_assert_int_eq(mbp_mpi_mb_submit(mp, mb, -1), 0);
 	}
-	ck_assert_int_eq(mbp_mpi_drain(mp, 60 * SEC), 0);
-	ck_assert_uint_eq(res.next, N);
-	ck_assert_uint_eq(res.order_errors, 0);
-	ck_assert_uint_eq(res.bad_rows, 0);
-	ck_assert_uint_eq(res.failed, N / 10);
-	mbp_mpi_stats s;
-	check_global(mp, &s);
-	ck_assert_uint_eq(s.mbs_accepted, N);
-	ck_assert_uint_eq(s.mbs_failed, N / 10);
-	check_local(mp);
-	mbp_mpi_destroy(mp);
+	singles_end(mp, &res, N, N / 10);
+}
+END_TEST
+
+/* The submitter of single micro-batches, one at a time (each waits for its result). */
+struct lagger {
+	mbp_mpi *mp;
+	struct results *res;
+	int cpu;
+	unsigned n;
+};
+
+static void *lag_submit(void *arg)
+{
+	struct lagger *l = arg;
+	cpu_set_t cs;
+	CPU_ZERO(&cs);
+	CPU_SET(l->cpu, &cs);
+	ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof(cs), &cs), 0);
+	struct sched_param sp = {0};
+	ck_assert_int_eq(pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp), 0);
+	for (uint64_t k = 0; k < l->n; k++) {
+		mbp_mb *mb;
+		ck_assert_int_eq(mbp_mpi_mb_acquire(l->mp, &mb, -1), 0);
+		fill_rows(mb->data, 3, k * 16, 1);
+		mb->rows = 1;
+		mb->seq = k;
+		mb->user = (void *)(uintptr_t)(k * 7);
+		ck_assert_int_eq(mbp_mpi_mb_submit(l->mp, mb, -1), 0);
+		for (;;) {
+			pthread_mutex_lock(&l->res->lock);
+			bool back = l->res->next > k;
+			pthread_mutex_unlock(&l->res->lock);
+			if (back)
+				break;
+			usleep(50);
+		}
+	}
+	return NULL;
+}
+
+START_TEST(a_result_back_before_its_submitter_resumes_is_delivered_once_in_order)
+{
+	/* Rank 0's submitter runs at SCHED_IDLE on the CPU of rank 0's workers: waking stage 0 preempts it
+	 * inside mbp_mpi_mb_submit, and it resumes only once the workers go quiet, by when the micro-batch
+	 * has usually crossed every rank and been retired (this used to fail an invariant). */
+	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	memset(&res.next, 0, sizeof(res) - offsetof(struct results, next));
+	struct cfg c = {.on_result = collect, .on_result_arg = &res};
+	cpu_set_t all, one;
+	ck_assert_int_eq(pthread_getaffinity_np(pthread_self(), sizeof(all), &all), 0);
+	int cpu = 0;
+	while (!CPU_ISSET(cpu, &all))
+		cpu++;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	if (rank == 0) /* the workers inherit the starting thread's CPU */
+		ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof(one), &one), 0);
+	mbp_mpi *mp;
+	ck_assert_int_eq(make(&mp, &c), 0);
+	res.mp = mp;
+	int rc = mbp_mpi_start(mp);
+	if (rank == 0)
+		ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof(all), &all), 0);
+	ck_assert_int_eq(rc, 0);
+	if (served(mp, 0))
+		return;
+	enum { N = 200 };
+	struct lagger l = {.mp = mp, .res = &res, .cpu = cpu, .n = N};
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, lag_submit, &l), 0);
+	pthread_join(t, NULL);
+	singles_end(mp, &res, N, 0);
 }
 END_TEST
 
@@ -690,6 +771,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, calls_on_the_wrong_rank_or_before_start_are_refused);
 	tcase_add_test(tc, jobs_from_two_producers_arrive_in_order_stamped_and_conserved);
 	tcase_add_test(tc, single_micro_batches_return_in_submission_order_with_their_tags);
+	tcase_add_test(tc, a_result_back_before_its_submitter_resumes_is_delivered_once_in_order);
 	tcase_add_test(tc, a_stage_error_on_rank_0_fails_only_its_micro_batches);
 	tcase_add_test(tc, a_stage_error_on_the_last_rank_fails_only_its_micro_batches);
 	tcase_add_test(tc, drain_from_rank_0_finishes_everything_accepted_on_every_rank);

@@ -222,8 +222,9 @@ int mbp_model_load_fd(mbp_model **m, int fd, const char *name, const mbp_model_l
  * layer `first`: what one rank of a pipeline across MPI ranks needs (<mbpipe/mpi.h>).
  *
  * The header and every layer's shape are validated as by mbp_model_load(); only the selected layers'
- * tensors are read (F32 ones used in place from a mapping that is not pre-faulted, so the others' pages are
- * never read) or converted. These layers compute bit for bit what the same layers of the whole model do.
+ * tensors are read, one pread per contiguous run of their byte ranges (F32 ones are then used in place,
+ * the others converted): the other layers' bytes are never read. These layers compute bit for bit what the
+ * same layers of the whole model do.
  * Pair with mbp_model_destroy().
  *
  * @return as mbp_model_load(); -ENOENT (MBP_MODEL_MISSING) when count is 0 or the file has fewer than

@@ -26,7 +26,9 @@
  * Threads. mbp_mpi_init() starts one communication thread per process; it calls MPI_Init_thread with
  * MPI_THREAD_FUNNELED and then makes every MPI call of the process, also for the set-up calls below
  * (they hand their work to it). Workers hand results to it through a queue; it sleeps when idle (a short
- * spin, then parked for at most opts.idle_ns), so it never burns a core.
+ * spin, then parks of a quarter of the time it has been quiet, from 1 us up to opts.idle_ns), so it never
+ * burns a core and an arrival after a quiet gap g is seen within about g / 4 (MPI cannot wake a thread on
+ * an arriving message).
  *
  * Failures. Every rank sends rank 0 a heartbeat (and rank 0 every rank) each peer_timeout_ns / 4. A rank
  * heard from in no way for peer_timeout_ns ends the run: on rank 0 every outstanding micro-batch fails
@@ -91,7 +93,7 @@ typedef struct mbp_mpi_opts {
 	uint32_t inflight;	 /**< rank 0: micro-batches accepted and not yet retired, at most. 512 */
 	int64_t peer_timeout_ns; /**< a rank silent this long ends the run. 10 s; < 0: never */
 	uint64_t spin_ns;	 /**< the communication thread polls this long after its last event. 20 us */
-	uint64_t idle_ns;	 /**< then parks at most this long between polls. 200 us */
+	uint64_t idle_ns;	 /**< then parks at most this long between polls (see above). 200 us */
 } mbp_mpi_opts;
 
 /** Fill `o` with the defaults above (a zeroed struct means the same). */

@@ -360,6 +360,71 @@ static int read_at(int fd, void *buf, size_t n, uint64_t off, uint64_t deadline,
 	return 0;
 }
 
+static int by_begin(const void *a, const void *b)
+{
+	const mbp__st_tensor *x = *(const mbp__st_tensor *const *)a, *y = *(const mbp__st_tensor *const *)b;
+	return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Contiguous runs of kept tensors separated by less than this are read as one (fewer system calls). */
+#define RUN_GAP 4096u
+
+/*
+ * Read only the byte ranges of the tensors in t[0, nt) (NULL entries skipped), one pread per contiguous
+ * run, into v->data; each run lands at the same offset modulo 64 as in the file's data section (which
+ * starts at `base`), so a tensor is as aligned as when the whole section is read. The kept tensors'
+ * begin/end are rewritten to their place in v->data and st->data points at it. When every layer is kept
+ * the runs tile the whole section: one read, as before.
+ */
+static int read_kept(int fd, uint64_t base, uint64_t deadline, mbp__st *st, const mbp__st_tensor **t,
+		     unsigned nt, struct mbp__version *v, mbp_model_error *err)
+{
+	const mbp__st_tensor **o = malloc((size_t)nt * sizeof(*o));
+	if (!o)
+		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "tensor order");
+	unsigned n = 0;
+	for (unsigned k = 0; k < nt; k++)
+		if (t[k])
+			o[n++] = t[k];
+	qsort(o, n, sizeof(*o), by_begin);
+	/* Two passes over the runs: size the buffer, then read and relocate. */
+	uint64_t total = 0;
+	int rc = 0;
+	for (int pass = 0; pass < 2 && !rc; pass++) {
+		uint64_t at = 0;
+		for (unsigned i = 0; i < n && !rc;) {
+			uint64_t begin = o[i]->begin, end = o[i]->end;
+			unsigned j = i + 1;
+			for (; j < n && o[j]->begin <= end + RUN_GAP; j++)
+				if (o[j]->end > end)
+					end = o[j]->end;
+			at += (begin - at) & 63; /* at == begin (mod 64) */
+			if (pass == 1) {
+				rc = read_at(fd, (uint8_t *)v->data + at, (size_t)(end - begin), base + begin,
+					     deadline, err);
+				for (; i < j; i++) {
+					mbp__st_tensor *x = &st->t[o[i] - st->t];
+					x->end = at + (x->end - x->begin);
+					x->begin = at + (x->begin - begin);
+				}
+			}
+			at += end - begin;
+			i = j;
+		}
+		if (pass == 0) {
+			total = at;
+			size_t alloc = total > SIZE_MAX - 64 ? 0 : (size_t)(total + 63) & ~(size_t)63;
+			if (total && !(v->data = alloc ? aligned_alloc(64, alloc) : NULL))
+				rc = mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "%llu bytes of weights",
+						    (unsigned long long)total);
+		}
+	}
+	free(o);
+	st->data = v->data;
+	st->data_len = total;
+	return rc;
+}
+
 static const char *file_kind(mode_t mode)
 {
 	return S_ISDIR(mode)	? "a directory"
@@ -373,7 +438,7 @@ static const char *file_kind(mode_t mode)
 /*
  * Read and check the file in the order that costs least on a bad one: its type and size, the 8-byte
  * header length against the size, the header (every rule but the data bytes) and the layer chain, and
- * only then the data section, into v->data.
+ * only then the data of the kept layers' tensors, into v->data.
  */
 static int load_from(mbp_model *m, struct mbp__version *v, int fd, const mbp_model_load_opts *o,
 		     unsigned first, unsigned count, mbp_model_error *err)
@@ -416,20 +481,10 @@ static int load_from(mbp_model *m, struct mbp__version *v, int fd, const mbp_mod
 		rc = build_layers(m, &st, t, err);
 	if (!rc && count != UINT_MAX)
 		rc = keep_layers(m, t, first, count, err);
-	uint64_t dlen = st.data_len;
-	if (!rc && dlen) {
-		size_t alloc = dlen > SIZE_MAX - 64 ? 0 : (size_t)(dlen + 63) & ~(size_t)63;
-		v->data = alloc ? aligned_alloc(64, alloc) : NULL;
-		if (!v->data)
-			rc = mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "%llu bytes of weights",
-					    (unsigned long long)dlen);
-	}
-	if (!rc && dlen)
-		rc = read_at(fd, v->data, (size_t)dlen, 8 + n, deadline, err);
-	if (!rc) {
-		st.data = v->data;
+	if (!rc)
+		rc = read_kept(fd, 8 + n, deadline, &st, t, m->layers * P_COUNT, v, err);
+	if (!rc)
 		rc = build_version(m, &st, t, v, err);
-	}
 	free(t);
 	mbp__st_free(&st);
 	return rc;

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -49,6 +50,11 @@ static void *comm_main(void *arg)
 {
 	struct init_args *ia = arg;
 	int provided = MPI_THREAD_SINGLE, rc = 0;
+#ifdef PR_SET_TIMERSLACK
+	/* The link loop parks for as little as 1 us (mpi.c, park_ns): the default slack (50 us) would make
+	 * every such park 50 us. Only this thread's timers are affected. */
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+#endif
 	if (MPI_Init_thread(ia->argc, ia->argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
 		rc = -EIO;
 	else if (provided < MPI_THREAD_FUNNELED)
