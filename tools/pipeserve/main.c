@@ -568,6 +568,19 @@ static bool wait_inflight(ps_server *s, const sigset_t *sigs, uint64_t ms)
 	return true;
 }
 
+/* ---- signals ---- */
+
+static pthread_t main_thread;
+
+/* A stop signal taken by a thread that does not block it (one started before main): pending for the main
+ * thread's sigwait instead. pthread_kill is async-signal-safe (POSIX.1-2008 TC1). */
+static void forward_stop(int sig)
+{
+	int saved = errno;
+	pthread_kill(main_thread, sig);
+	errno = saved;
+}
+
 int main(int argc, char **argv)
 {
 	static ps_server srv;
@@ -580,13 +593,20 @@ int main(int argc, char **argv)
 	if (s->cfg.describe)
 		return describe_model(&s->cfg);
 
-	/* Block the stop signals before any thread starts, so every thread inherits the mask and only the
-	 * main thread's sigwait takes them. */
+	/* Block the stop signals before any thread of ours starts, so every thread inherits the mask and only
+	 * the main thread's sigwait takes them. Threads that began before main (OpenBLAS starts its pool in a
+	 * library constructor) do not block them: a stop signal the kernel hands one of those runs
+	 * forward_stop, which passes it on to the main thread, instead of the default action (exit 143). */
 	sigset_t sigs;
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
 	sigaddset(&sigs, SIGTERM);
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	main_thread = pthread_self();
+	struct sigaction sa = {.sa_handler = forward_stop};
+	sigfillset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
 	pthread_mutex_init(&s->reload_mu, NULL);
