@@ -76,9 +76,11 @@ static inline int mbt_file_layers(const char *path, unsigned *layers, uint32_t *
 }
 
 /* Rank r's part of a model of `layers` layers split into S stages over R ranks: its layers loaded into
- * *m and the plan of its stages over them. 0, or the load's error with e set; -ERANGE when S > layers. */
+ * *m (the file's layer *first_layer is its layer 0) and the plan of its stages over them. 0, or the load's
+ * error with e set; -ERANGE when S > layers. */
 static inline int mbt_load_part(const char *path, unsigned layers, unsigned S, unsigned R, unsigned r,
-				mbp_model **m, mbp_model_plan *plan, mbp_model_error *e)
+				mbp_model **m, mbp_model_plan *plan, unsigned *first_layer,
+				mbp_model_error *e)
 {
 	double *cost = malloc(layers * sizeof(*cost));
 	if (!cost)
@@ -96,6 +98,7 @@ static inline int mbt_load_part(const char *path, unsigned layers, unsigned S, u
 	rc = mbp_model_load_layers(m, path, first, count, e);
 	if (rc)
 		return rc;
+	*first_layer = first;
 	memset(plan, 0, sizeof(*plan));
 	plan->stages = hi - lo;
 	plan->layers = count;

@@ -44,6 +44,7 @@
 
 #include "pipebench.h"
 #include "../mpirank.h"
+#include "../mpiutil.h"
 #include "../plural.h"
 
 #define VISIT_S	       0.05 /* measured time per visit: a run's set-up costs a few ms */
@@ -94,18 +95,11 @@ typedef struct pm {
 
 /* ---- MPI on the communication thread ---- */
 
-static void wait_req(MPI_Request *rq)
-{
-	int flag = 0;
-	while (MPI_Test(rq, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag)
-		usleep(100);
-}
-
 static int bcast_task(void *arg)
 {
 	MPI_Request rq;
 	MPI_Ibcast(arg, sizeof(pm_cmd), MPI_BYTE, 0, MPI_COMM_WORLD, &rq);
-	wait_req(&rq);
+	mbt_mpi_wait_req(&rq);
 	return 0;
 }
 
@@ -125,7 +119,7 @@ static int gather_task(void *arg)
 		MPI_Request rq;
 		MPI_Isend(g->mine, (int)((p->hi - p->lo) * words), MPI_UINT64_T, 0, TAG_STAMPS,
 			  MPI_COMM_WORLD, &rq);
-		wait_req(&rq);
+		mbt_mpi_wait_req(&rq);
 		return 0;
 	}
 	memcpy(g->all, g->mine, (p->hi - p->lo) * words * sizeof(uint64_t));
@@ -135,7 +129,7 @@ static int gather_task(void *arg)
 		MPI_Request rq;
 		MPI_Irecv(g->all + lo * words, (int)((hi - lo) * words), MPI_UINT64_T, (int)r, TAG_STAMPS,
 			  MPI_COMM_WORLD, &rq);
-		wait_req(&rq);
+		mbt_mpi_wait_req(&rq);
 	}
 	return 0;
 }
@@ -175,16 +169,6 @@ static int clock_task(void *arg)
 			}
 		}
 	}
-	return 0;
-}
-
-/* Every rank's status becomes the largest one (a usage error outranks a failure). */
-static int agree_task(void *arg)
-{
-	int mine = *(int *)arg;
-	MPI_Request rq;
-	MPI_Iallreduce(&mine, arg, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &rq);
-	wait_req(&rq);
 	return 0;
 }
 
@@ -550,7 +534,8 @@ static int setup_mlp(pm *p, char *path, size_t pathlen, bool *tmp, char *err, si
 				p->S, layers, PLURAL(layers, "layer", "layers")),
 		       PB_EXIT_USAGE;
 	mbp_model_plan plan;
-	rc = mbt_load_part(path, layers, p->S, p->ranks, p->rank, &p->part, &plan, &e);
+	unsigned first;
+	rc = mbt_load_part(path, layers, p->S, p->ranks, p->rank, &p->part, &plan, &first, &e);
 	if (rc)
 		return snprintf(err, errlen, "%.200s", e.msg[0] ? e.msg : mbp_strerror(rc)), PB_EXIT_FAIL;
 	rc = mbp_model_stages_new(&p->mst, p->part, &plan, cfg->sizes[cfg->nsizes - 1]);
@@ -842,7 +827,7 @@ int pb_mpi_main(pb_config *cfg, bool stages_default, int *argc, char ***argv)
 	if (tmp)
 		unlink(path);
 	/* every rank goes on, or none does (a rank's set-up may fail alone: its file, its memory) */
-	exec(agree_task, &status);
+	exec(mbt_mpi_agree_max, &status);
 	if (status == 0) {
 		exec(clock_task, &p);
 		status = p.rank == 0 ? measure(&p) : serve(&p);
