@@ -86,7 +86,7 @@ ok=0
 run 120 2 --bind-to none "$pb" --workload mlp --layers 4 --hidden 64 --batch 32 --mb 8,32 --batches 3 \
 	--duration 1 --wait-quiet 0 --json >"$tmp/pb.json" 2>"$tmp/pb.err" &&
 	jq -e '.mode == "mpi" and .ranks == 2 and .stages == 2 and (.results | length) == 2 and
-		all(.results[]; .throughput > 0 and .batches >= 3 and (.hops | length) == 1 and
+		all(.results[]; .rows_per_s > 0 and .rows_per_s_interval[0] <= .rows_per_s and .latency_ms.p99 > 0 and .batches >= 3 and (.hops | length) == 1 and
 		    .hops[0].link_share >= 0 and .hops[0].link_share < 1 and .hops[0].compute_us > 0)' \
 		"$tmp/pb.json" >/dev/null && ok=1
 verdict $ok "pipebench -np 2 --json (mlp, each rank its layers) parses and has its fields" "$tmp/pb.json" \
@@ -105,7 +105,7 @@ serve() { # TAG LAUNCHER...: start in the background; sets spid (the launcher) a
 	spid=$!
 	url=
 	for _ in $(seq 300); do
-		url=$(head -n1 "$tmp/$tag.out")
+		url=$(head -n1 "$tmp/$tag.out" 2>/dev/null)
 		[ -n "$url" ] || ! kill -0 $spid 2>/dev/null && break
 		sleep 0.1
 	done

@@ -640,11 +640,13 @@ static int print_json(const pm *p, unsigned best)
 		cJSON_AddNumberToObject(e, "mb_rows", z->mb_rows);
 		cJSON_AddNumberToObject(e, "mbs", z->mbs);
 		cJSON_AddNumberToObject(e, "batches", (double)z->nlat);
-		cJSON_AddNumberToObject(e, "throughput", z->thr.median);
-		cJSON_AddNumberToObject(e, "throughput_lo", z->thr.lo);
-		cJSON_AddNumberToObject(e, "throughput_hi", z->thr.hi);
-		cJSON_AddNumberToObject(e, "p50_ms", pb_percentile(z->lat, (unsigned)z->nlat, 0.50) / 1e6);
-		cJSON_AddNumberToObject(e, "p99_ms", pb_percentile(z->lat, (unsigned)z->nlat, 0.99) / 1e6);
+		/* the names of the single-process output */
+		cJSON_AddNumberToObject(e, "rows_per_s", z->thr.median);
+		const double iv[2] = {z->thr.lo, z->thr.hi};
+		cJSON_AddItemToObject(e, "rows_per_s_interval", cJSON_CreateDoubleArray(iv, 2));
+		cJSON *lat = cJSON_AddObjectToObject(e, "latency_ms");
+		cJSON_AddNumberToObject(lat, "p50", pb_percentile(z->lat, (unsigned)z->nlat, 0.50) / 1e6);
+		cJSON_AddNumberToObject(lat, "p99", pb_percentile(z->lat, (unsigned)z->nlat, 0.99) / 1e6);
 		cJSON_AddBoolToObject(e, "best", i == best);
 		cJSON *su = cJSON_AddArrayToObject(e, "stage_us");
 		for (unsigned s = 0; s < p->S; s++)
