@@ -365,13 +365,14 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 		n = MAX_STAMPS;
 	uint64_t *mine = malloc(L * 2 * n * sizeof(uint64_t));
 	uint64_t *all = p->rank == 0 ? malloc(p->S * 2 * n * sizeof(uint64_t)) : NULL;
+	if (!mine || (p->rank == 0 && !all)) { /* the ranks are in a collective run: end them all */
+		fprintf(stderr, "pipebench: rank %u: out of memory for the stamps of %zu micro-batches\n",
+			p->rank, n);
+		mbp_mpi_abort(1);
+	}
+	memset(mine, 0xff, L * 2 * n * sizeof(uint64_t));
 	struct stamp st[MBP_MAX_STAGES];
 	mbp_mpi *mp = NULL;
-	int rc = -ENOMEM;
-	if (!mine || (p->rank == 0 && !all)) /* every rank still takes part in the run: it is collective */
-		fail(err, errlen, "out of memory for the stamps");
-	else
-		memset(mine, 0xff, L * 2 * n * sizeof(uint64_t));
 
 	mbp_opts o;
 	mbp_opts_init(&o);
@@ -385,14 +386,14 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 	o.max_mb_rows = c->mb_rows;
 	if (cfg->spin_us >= 0)
 		o.spin_ns = (uint64_t)cfg->spin_us * 1000;
-	rc = mbp_mpi_new(&mp, &o, NULL);
+	int rc = mbp_mpi_new(&mp, &o, NULL);
 	for (unsigned i = 0; rc == 0 && i < L; i++) {
 		mbp_stage_desc d;
 		if (p->w)
 			d = p->w->desc_of[p->lo + i];
 		else if ((rc = mbp_model_stage_desc(p->mst, i, &d)))
 			break;
-		st[i] = (struct stamp){.inner = d, .rec = mine ? mine + i * 2 * n : NULL, .n = mine ? n : 0};
+		st[i] = (struct stamp){.inner = d, .rec = mine + i * 2 * n, .n = n};
 		mbp_stage_desc w = d;
 		w.fn = stamp_fn;
 		w.init = stamp_init;
@@ -440,14 +441,10 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 		}
 	}
 	mbp_mpi_destroy(mp);
-	if (!mine) { /* keep the gather's shape: a rank without stamps sends none (marked unrecorded) */
-		mine = calloc(1, sizeof(uint64_t));
-		n = 0;
-	}
 	struct gather g = {.pm = p, .all = all, .mine = mine, .n = n};
 	if (src == 0) /* a run that started on every rank: every rank gathers */
 		exec(gather_task, &g);
-	if (rc == 0 && p->rank == 0 && all)
+	if (rc == 0 && p->rank == 0)
 		add_stamps(p, z, c, all, n);
 	free(mine);
 	free(all);
@@ -600,8 +597,8 @@ static void print_table(const pm *p, unsigned best)
 			       lu + cu > 0 ? 100 * lu / (lu + cu) : 0,
 			       r == 0 && i == best ? "  <- best" : "");
 		}
-		if (p->ranks == 1)
-			printf("%s\n", i == best ? "  <- best" : "");
+		if (p->ranks == 1) /* no hop */
+			printf(" %6s %9s %11.1f %6s%s\n", "-", "-", cu, "-", i == best ? "  <- best" : "");
 	}
 	printf(
 	    "\nlink: per micro-batch, the time the next rank's first stage waited for it beyond its leaving "
