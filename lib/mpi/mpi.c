@@ -598,6 +598,13 @@ static void entry_submitted(mbp_mpi *mp, uint64_t seq, int rc)
 {
 	pthread_mutex_lock(&mp->lock);
 	struct tent *t = &mp->tab[seq % mp->tcap];
+	if (rc == 0 && (t->state == T_FREE || t->seq != seq)) {
+		/* Already retired: the submitting thread was preempted between mbp_mb_submit() and here while
+		 * the micro-batch went round every rank and back (its result may arrive in T_RESERVED); retire()
+		 * cleared the entry, which may even hold a later sequence number by now. Nothing is left to do. */
+		pthread_mutex_unlock(&mp->lock);
+		return;
+	}
 	MBP_VERIFY(t->seq == seq);
 	if (rc)
 		entry_done_locked(mp, t, rc == -ESHUTDOWN ? -ECANCELED : rc);
