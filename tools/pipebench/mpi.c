@@ -589,7 +589,7 @@ static void print_table(const pm *p, unsigned best)
 		double cu = compute_us(p, z);
 		for (unsigned r = 0; r + 1 < p->ranks; r++) {
 			double lu = mean_of(z->hop[r].link_ns, z->hop[r].n) / 1e3;
-			char hop[16];
+			char hop[24];
 			snprintf(hop, sizeof(hop), "%u>%u", r, r + 1);
 			if (r)
 				printf("%6s %5s %12s %25s %8s %8s", "", "", "", "", "", "");

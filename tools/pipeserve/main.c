@@ -502,8 +502,7 @@ static void log_startup(ps_server *s)
 	       s->mpi ? s->all_layers : mbp_model_layers(s->model), s->info.in_width, s->info.out_width, nst);
 	if (s->mpi)
 		ps_log("mpi: %u ranks; rank 0 (this one, pid %d) runs stages %u-%u (layers %u-%u), the "
-		       "others the "
-		       "rest",
+		       "others the rest",
 		       s->ranks, (int)getpid(), s->stage_lo, s->stage_hi - 1, s->first_layer,
 		       s->first_layer + mbp_model_layers(s->model) - 1);
 	ps_log("batching: max %u rows per micro-batch, delay %llu us, queue %zu rows, %u micro-batches in "
