@@ -7,7 +7,7 @@ PKGS=(build-essential autoconf automake libtool pkg-config autoconf-archive git
       libopenblas-dev liburcu-dev libjemalloc-dev check
       libmicrohttpd-dev libcjson-dev zlib1g-dev dataset-fashion-mnist clang clang-format
       libboost-dev libck-dev libreaderwriterqueue-dev libtbb-dev wrk curl
-      libopenmpi-dev openmpi-bin man-db iproute2)  # the README's `man -l`; `ip` for scripts/check-readme.sh's network namespace
+      libopenmpi-dev openmpi-bin man-db iproute2 jq)  # the README's `man -l`; `ip` for scripts/check-readme.sh's network namespace; jq: tests/mpi.sh
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -15,7 +15,7 @@ tests_mpi_fault_LDADD = $(MBP_MPI_LIBS)
 endif
 EXTRA_DIST += tests/mpi.sh
 
-check-mpi: $(check_PROGRAMS)
+check-mpi: $(check_PROGRAMS) $(bin_PROGRAMS)
 if HAVE_MPIRUN
 	@MPIRUN="$(MPIRUN)" $(top_srcdir)/tests/mpi.sh $(top_builddir)
 else

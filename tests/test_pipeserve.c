@@ -1447,6 +1447,21 @@ START_TEST(sigterm_with_requests_in_flight_loses_none)
 }
 END_TEST
 
+/* OpenBLAS starts its threads in a library constructor, before main blocks the stop signals: a SIGTERM the
+ * kernel hands one of them must still end the server cleanly (exit 0), not kill it (143). Again and again
+ * right after start, when the kernel has the most such threads to choose from. */
+START_TEST(sigterm_right_after_start_exits_0_every_time)
+{
+	make_models();
+	for (int i = 0; i < 8; i++) {
+		srv s;
+		start(&s, NULL);
+		ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	}
+	remove_models();
+}
+END_TEST
+
 /* ---- command line ---- */
 
 /* Run the server with `arg` and its output to /dev/null; @return its exit status. */
@@ -1602,6 +1617,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, head_answers_as_get_without_a_body);
 	tcase_add_test(tc, many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
+	tcase_add_test(tc, sigterm_right_after_start_exits_0_every_time);
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);
 	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing);
 	tcase_add_test(tc, help_and_bad_flags);

@@ -8,8 +8,20 @@ tools_pipebench_pipebench_SOURCES = \
 	tools/pipebench/interleave.c tools/pipebench/train.c
 tools_pipebench_pipebench_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include
 tools_pipebench_pipebench_CFLAGS = $(AM_CFLAGS) $(CJSON_CFLAGS)
-tools_pipebench_pipebench_LDADD = $(MBP_LIBS) $(CJSON_LIBS) -lm
+tools_pipebench_pipebench_LDADD = $(PB_MPI_LDADD) $(MBP_LIBS) $(CJSON_LIBS) -lm
 dist_man_MANS += tools/pipebench/pipebench.1
+EXTRA_DIST += tools/mpirank.h tools/mpiutil.h
+# Under mpirun the stages spread over the ranks (mpi.c): linked with libmbpipe-mpi when configure found
+# MPI; without it pipebench has no MPI dependency and refuses to run under mpirun.
+if HAVE_MPI
+tools_pipebench_pipebench_SOURCES += tools/pipebench/mpi.c
+tools_pipebench_pipebench_CPPFLAGS += -DPB_WITH_MPI
+tools_pipebench_pipebench_CFLAGS += $(MPI_CFLAGS)
+PB_MPI_LDADD = lib/libmbpipe-mpi.la $(MPI_LIBS)
+else
+PB_MPI_LDADD =
+EXTRA_DIST += tools/pipebench/mpi.c
+endif
 
 # Tests: every bad argument fails with one line; the JSON parses and has its fields; a small synthetic
 # run's measured bubble lies near the predicted one; the statistics on synthetic samples.

@@ -7,8 +7,19 @@ tools_pipeserve_pipeserve_SOURCES = \
 # Public headers only: no -I lib (AM_CPPFLAGS carries it for the library's own code).
 tools_pipeserve_pipeserve_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include
 tools_pipeserve_pipeserve_CFLAGS = $(AM_CFLAGS) $(MHD_CFLAGS) $(CJSON_CFLAGS)
-tools_pipeserve_pipeserve_LDADD = $(MBP_LIBS) $(MHD_LIBS) $(CJSON_LIBS)
+tools_pipeserve_pipeserve_LDADD = $(PS_MPI_LDADD) $(MBP_LIBS) $(MHD_LIBS) $(CJSON_LIBS)
 dist_man_MANS += tools/pipeserve/pipeserve.1
+# Under mpirun the model's stages run on several ranks (mpi.c): linked with libmbpipe-mpi when configure
+# found MPI; without it pipeserve has no MPI dependency and refuses to run under mpirun.
+if HAVE_MPI
+tools_pipeserve_pipeserve_SOURCES += tools/pipeserve/mpi.c
+tools_pipeserve_pipeserve_CPPFLAGS += -DPS_WITH_MPI
+tools_pipeserve_pipeserve_CFLAGS += $(MPI_CFLAGS)
+PS_MPI_LDADD = lib/libmbpipe-mpi.la $(MPI_LIBS)
+else
+PS_MPI_LDADD =
+EXTRA_DIST += tools/pipeserve/mpi.c
+endif
 
 # Tests: start the server on a loopback port picked at run time and talk to it over plain sockets; the
 # protocol parser alone, in process.

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "pipebench.h"
+#include "../mpirank.h"
 
 #define PB_DEF_BATCH_MLP       256
 #define PB_DEF_BATCH_SYNTHETIC 64
@@ -212,8 +213,12 @@ int main(int argc, char **argv)
 	int ncpus = pb_cpus_resolve(&cfg, &allowed, err, sizeof(err));
 	if (ncpus < 0)
 		return usage_error(err);
-	if (cfg.workload == PB_WL_TRAIN)
+	if (cfg.workload == PB_WL_TRAIN) {
+		if (mbt_mpi_launched())
+			return usage_error("--workload=train does not run under mpirun (one process: its stages are threads)");
 		return pb_train_main(&cfg, (unsigned)ncpus, allowed);
+	}
+	const bool stages_default = cfg.stages == 0; /* under mpirun: one stage per rank */
 	if (cfg.stages == 0 && cfg.workload == PB_WL_SYNTHETIC)
 		cfg.stages = ncpus < PB_DEF_MAX_STAGES ? (unsigned)ncpus : PB_DEF_MAX_STAGES;
 	if (cfg.batch == 0)
@@ -222,6 +227,16 @@ int main(int argc, char **argv)
 		return usage_error(err);
 	if (cfg.trace_path && pb_output_check("--trace", cfg.trace_path, err, sizeof(err)))
 		return usage_error(err); /* before the sweep, not after it */
+	if (mbt_mpi_launched()) {	 /* stages spread over the ranks (mpi.c) */
+#ifdef PB_WITH_MPI
+		pb_progress_init(cfg.progress);
+		return pb_mpi_main(&cfg, stages_default, &argc, &argv);
+#else
+		(void)stages_default;
+		return usage_error("started by mpirun, but this pipebench was built without MPI (configure "
+				   "--with-mpi)");
+#endif
+	}
 
 	pb_progress_init(cfg.progress);
 	rc = cfg.workload == PB_WL_MLP ? pb_mlp_new(&w, &cfg, err, sizeof(err))

@@ -431,6 +431,12 @@ int pb_print_json(FILE *f, const pb_report *rep);
 /* The width of the terminal on standard output, else $COLUMNS, else 100. (main.c) */
 unsigned pb_terminal_width(void);
 
+/* ---- mpi.c (built when configure found MPI) ---- */
+
+/* The run under mpirun: stages spread over the ranks, rank 0 measures and prints. `stages_default`: no
+ * --stages was given (one stage per rank). Returns the exit status. */
+int pb_mpi_main(pb_config *cfg, bool stages_default, int *argc, char ***argv);
+
 /* ---- gantt.c ---- */
 
 /* Draw `a` (the chosen size) and `b` (the whole batch as one unit) side by side on one time scale, in at

@@ -36,7 +36,8 @@ typedef struct ps_batch {
 struct ps_batcher {
 	ps_batcher_cfg cfg;
 	size_t in_row_bytes;
-	mbp_pipeline *p;
+	ps_engine eng; /* cfg.engine's, or the local pipeline's (below) */
+	bool eng_started;
 	ps_metrics *metrics;
 
 	pthread_mutex_t mu; /* guards everything below up to `thread` */
@@ -56,7 +57,51 @@ struct ps_batcher {
 
 	mbp_model_weights *pin; /* the version micro-batches are pinned to (batcher thread only) */
 	uint64_t pin_id;	/* its number; 0 with none */
+	mbp_pipeline *local;	/* the default engine's pipeline */
 };
+
+/* ---- the default engine: a local pipeline (ctx: the batcher, whose `local` holds it) ---- */
+
+static int local_start(void *ctx, const mbp_opts *o, const mbp_stage_desc *stages, unsigned n)
+{
+	ps_batcher *b = ctx;
+	int rc = mbp_pipeline_new(&b->local, o);
+	for (unsigned i = 0; !rc && i < n; i++)
+		rc = mbp_pipeline_add_stage(b->local, &stages[i]);
+	return rc ? rc : mbp_pipeline_start(b->local);
+}
+
+static int local_acquire(void *ctx, mbp_mb **mb, int64_t timeout_ns)
+{
+	return mbp_mb_acquire(((ps_batcher *)ctx)->local, mb, timeout_ns);
+}
+
+static int local_submit(void *ctx, mbp_mb *mb, int64_t timeout_ns)
+{
+	return mbp_mb_submit(((ps_batcher *)ctx)->local, mb, timeout_ns);
+}
+
+static void local_release(void *ctx, mbp_mb *mb)
+{
+	mbp_mb_release(((ps_batcher *)ctx)->local, mb);
+}
+
+static int local_drain(void *ctx, int64_t timeout_ns)
+{
+	return mbp_pipeline_drain(((ps_batcher *)ctx)->local, timeout_ns);
+}
+
+static void local_destroy(void *ctx)
+{
+	ps_batcher *b = ctx;
+	mbp_pipeline_destroy(b->local);
+	b->local = NULL;
+}
+
+static mbp_pipeline *local_pipeline(void *ctx)
+{
+	return ((ps_batcher *)ctx)->local;
+}
 
 uint64_t ps_now_ns(void)
 {
@@ -144,7 +189,7 @@ static void on_result(void *arg, mbp_mb *mb)
 			       (size_t)s->rows * mb->row_bytes);
 		req_rows_back(s->req, s->rows, err, now);
 	}
-	mbp_mb_release(b->p, mb);
+	b->eng.release(b->eng.ctx, mb);
 	batch_put(b, bt);
 	room_back(b);
 }
@@ -223,13 +268,13 @@ static bool send_one(ps_batcher *b)
 {
 	mbp_mb *mb;
 	/* Bounded wait, so that timeouts in the FIFO are still served while the pipeline is full. */
-	int rc = mbp_mb_acquire(b->p, &mb, 20 * 1000 * 1000);
+	int rc = b->eng.acquire(b->eng.ctx, &mb, 20 * 1000 * 1000);
 	if (rc == -EAGAIN || rc == -ETIMEDOUT)
 		return true;
 	ps_batch *bt = rc ? NULL : batch_get(b);
 	if (!bt) {
 		if (!rc)
-			mbp_mb_release(b->p, mb);
+			b->eng.release(b->eng.ctx, mb);
 		fprintf(stderr, "pipeserve: cannot get a micro-batch: %s\n", mbp_strerror(rc ? rc : -ENOMEM));
 		return rc == 0; /* out of memory for a segment list: retry; a pipeline error: give up */
 	}
@@ -248,7 +293,7 @@ static bool send_one(ps_batcher *b)
 	uint32_t rows = take_rows_locked(b, bt, now, stale && under_way);
 	pthread_mutex_unlock(&b->mu);
 	if (!rows) { /* only the batcher removes rows, so this does not happen; stay safe */
-		mbp_mb_release(b->p, mb);
+		b->eng.release(b->eng.ctx, mb);
 		batch_put(b, bt);
 		return true;
 	}
@@ -266,11 +311,11 @@ static bool send_one(ps_batcher *b)
 	bt->t_submit = ps_now_ns();
 	ps_hist_observe(&b->metrics->batch_rows, rows);
 	atomic_fetch_add_explicit(&b->inflight, 1, memory_order_relaxed); /* only the batcher adds */
-	rc = mbp_mb_submit(b->p, mb, -1);
+	rc = b->eng.submit(b->eng.ctx, mb, -1);
 	if (rc) {
 		fprintf(stderr, "pipeserve: submit failed: %s\n", mbp_strerror(rc));
 		mbp_model_mb_unpin(mb);
-		mbp_mb_release(b->p, mb);
+		b->eng.release(b->eng.ctx, mb);
 		fail_batch(b, bt, rc);
 		return false;
 	}
@@ -381,11 +426,19 @@ int ps_batcher_new(ps_batcher **bp, const ps_batcher_cfg *cfg, const mbp_opts *o
 	opts.max_mb_rows = cfg->max_batch_rows;
 	opts.on_result = on_result;
 	opts.on_result_arg = b;
-	int rc = mbp_pipeline_new(&b->p, &opts);
-	for (unsigned i = 0; !rc && i < nstages; i++)
-		rc = mbp_pipeline_add_stage(b->p, &stages[i]);
-	if (!rc)
-		rc = mbp_pipeline_start(b->p);
+	if (cfg->engine)
+		b->eng = *cfg->engine;
+	else
+		b->eng = (ps_engine){.ctx = b,
+				     .start = local_start,
+				     .acquire = local_acquire,
+				     .submit = local_submit,
+				     .release = local_release,
+				     .drain = local_drain,
+				     .destroy = local_destroy,
+				     .pipeline = local_pipeline};
+	b->eng_started = true; /* destroy() undoes a start that failed half-way too */
+	int rc = b->eng.start(b->eng.ctx, &opts, stages, nstages);
 	if (!rc) {
 		rc = -pthread_create(&b->thread, NULL, batcher_main, b);
 		b->started = !rc;
@@ -449,7 +502,7 @@ void ps_batcher_queue(ps_batcher *b, uint64_t *requests, uint64_t *rows)
 
 mbp_pipeline *ps_batcher_pipeline(ps_batcher *b)
 {
-	return b->p;
+	return b->eng.pipeline(b->eng.ctx);
 }
 
 void ps_batcher_stop(ps_batcher *b)
@@ -462,11 +515,12 @@ void ps_batcher_stop(ps_batcher *b)
 		pthread_join(b->thread, NULL);
 		b->started = false;
 	}
-	if (b->p) {
+	if (b->eng_started && b->eng.pipeline(b->eng.ctx)) {
 		int rc;
-		while ((rc = mbp_pipeline_drain(b->p, 1000 * 1000 * 1000)) == -ETIMEDOUT)
+		while ((rc = b->eng.drain(b->eng.ctx, 1000 * 1000 * 1000)) == -ETIMEDOUT)
 			fprintf(stderr, "pipeserve: still draining the pipeline\n");
-		(void)rc;
+		if (rc)
+			fprintf(stderr, "pipeserve: draining the pipeline: %s\n", mbp_strerror(rc));
 	}
 }
 
@@ -475,7 +529,8 @@ void ps_batcher_destroy(ps_batcher *b)
 	if (!b)
 		return;
 	ps_batcher_stop(b);
-	mbp_pipeline_destroy(b->p);
+	if (b->eng_started)
+		b->eng.destroy(b->eng.ctx);
 	mbp_model_weights_put(b->pin);
 	while (b->free) {
 		ps_batch *bt = b->free;

@@ -62,6 +62,22 @@ struct ps_req {
 	_Atomic int err;     /* first error */
 };
 
+/*
+ * What the batcher feeds: by default a local mbp_pipeline that ps_batcher_new() makes; or another engine
+ * with the same micro-batch calls (under mpirun, rank 0's end of a pipeline across ranks: mpi.c).
+ */
+typedef struct ps_engine {
+	void *ctx;
+	/* Make and start it from `o` (its on_result and max_mb_rows set by the batcher) and the stages. */
+	int (*start)(void *ctx, const mbp_opts *o, const mbp_stage_desc *stages, unsigned n);
+	int (*acquire)(void *ctx, mbp_mb **mb, int64_t timeout_ns);
+	int (*submit)(void *ctx, mbp_mb *mb, int64_t timeout_ns);
+	void (*release)(void *ctx, mbp_mb *mb);
+	int (*drain)(void *ctx, int64_t timeout_ns); /* 0, -ETIMEDOUT (call again), or an error */
+	void (*destroy)(void *ctx);		     /* after drain (or a failed start) */
+	mbp_pipeline *(*pipeline)(void *ctx);	     /* this process's stages (statistics) */
+} ps_engine;
+
 typedef struct ps_batcher_cfg {
 	uint32_t max_batch_rows; /* rows per micro-batch (also the pipeline's max_mb_rows) */
 	uint64_t max_delay_ns;	 /* longest wait for a micro-batch to fill */
@@ -70,10 +86,12 @@ typedef struct ps_batcher_cfg {
 	size_t out_row_bytes;	 /* the last stage's output row width */
 	uint32_t max_inflight;	 /* micro-batches in the pipeline at most; more rows wait in the FIFO */
 	mbp_model *model;	 /* the model the stages run: every request runs on one weights version */
+	const ps_engine *engine; /* NULL: a local pipeline */
 } ps_batcher_cfg;
 
 /**
- * Create the pipeline from `o` (its on_result is set here) and `stages`, start it and the batcher thread.
+ * Create the pipeline (cfg->engine's, or a local one) from `o` (its on_result is set here) and `stages`,
+ * start it and the batcher thread.
  * Pair with ps_batcher_destroy().
  * @return 0, or a negative error from the pipeline (-EINVAL, -ENOMEM, a stage's init error).
  */

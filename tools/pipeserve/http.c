@@ -356,6 +356,11 @@ static void *reload_main(void *arg)
 static enum MHD_Result reload_start(ps_ctx *x)
 {
 	ps_server *s = x->s;
+	if (s->mpi) /* the ranks would have to swap their layers together: not done */
+		return send_error(
+		    x->conn, MHD_HTTP_FORBIDDEN,
+		    "model loading over HTTP is not supported when the stages run on several MPI "
+		    "ranks");
 	if (s->repo_fd < 0)
 		return send_error(x->conn, MHD_HTTP_FORBIDDEN,
 				  "model loading over HTTP is off (the server was started without "

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../mpirank.h"
+
 /* ---- flags ---- */
 
 static const char usage[] =
@@ -346,11 +348,16 @@ static int load_demo(ps_server *s)
 	}
 	snprintf(path, sizeof path, "%s/demo.safetensors", dir);
 	int rc = mbp_model_write_random(path, &ms);
-	mbp_model_error e;
-	if (!rc)
-		rc = mbp_model_load(&s->model, path, &e);
-	if (rc)
+	mbp_model_error e = {0};
+	if (rc) {
+		ps_log("cannot make the demo model: %s", mbp_strerror(rc));
+	} else if (s->mpi) { /* every rank writes the same demo model (one seed) and loads its layers */
+#ifdef PS_WITH_MPI
+		rc = ps_mpi_load(s, path);
+#endif
+	} else if ((rc = mbp_model_load(&s->model, path, &e))) {
 		ps_log("cannot make the demo model: %s", rc == e.code ? e.msg : mbp_strerror(rc));
+	}
 	unlink(path);
 	rmdir(dir);
 	return rc;
@@ -358,7 +365,16 @@ static int load_demo(ps_server *s)
 
 static int setup_model(ps_server *s)
 {
-	if (s->cfg.model_path) {
+	if (s->cfg.model_path && s->mpi) {
+#ifdef PS_WITH_MPI
+		int rc = ps_mpi_load(s, s->cfg.model_path);
+		if (rc)
+			return rc;
+#endif
+		s->model_path = strdup(s->cfg.model_path);
+		if (!s->model_path)
+			return -ENOMEM;
+	} else if (s->cfg.model_path) {
 		mbp_model_error e;
 		mbp_model_load_opts lo = {.max_bytes = s->cfg.max_model_bytes,
 					  .timeout_ns = s->cfg.load_timeout_ms * 1000000};
@@ -396,7 +412,7 @@ static int setup_model(ps_server *s)
 	}
 
 	unsigned layers = mbp_model_layers(s->model);
-	unsigned stages = s->cfg.stages;
+	unsigned stages = s->mpi ? s->plan.stages : s->cfg.stages; /* under mpirun: this rank's, planned */
 	if (!stages) {
 		int ncpu = mbp_cpus_allowed(NULL, 0, NULL);
 		stages = ncpu > 0 ? (unsigned)ncpu : 1;
@@ -405,7 +421,7 @@ static int setup_model(ps_server *s)
 		stages = layers;
 	if (stages > MBP_MAX_STAGES)
 		stages = MBP_MAX_STAGES;
-	int rc = mbp_model_balance(s->model, stages, s->cfg.max_batch_rows, -1, &s->plan);
+	int rc = s->mpi ? 0 : mbp_model_balance(s->model, stages, s->cfg.max_batch_rows, -1, &s->plan);
 	if (!rc)
 		rc = mbp_model_stages_new(&s->stages, s->model, &s->plan, s->cfg.max_batch_rows);
 	if (rc) {
@@ -418,15 +434,17 @@ static int setup_model(ps_server *s)
 				  .input_name = "input",
 				  .output_name = "output",
 				  .in_width = mbp_model_in_width(s->model),
-				  .out_width = mbp_model_out_width(s->model),
+				  .out_width = s->mpi ? s->out_width : mbp_model_out_width(s->model),
 				  .max_rows = s->cfg.max_queue_rows};
 	return 0;
 }
 
-static int setup_engine(ps_server *s)
+/* The engine options (MBPIPE_OPTS, then --engine) and this process's stage descriptors. */
+static int engine_setup(ps_server *s, mbp_opts *op, mbp_stage_desc *d, unsigned *n)
 {
 	mbp_opts o;
 	mbp_opts_init(&o);
+	o.pin = !s->mpi; /* ranks on one machine would pin their stages onto the same CPUs */
 	size_t errpos = 0;
 	const char *env = getenv("MBPIPE_OPTS"); /* the same variable pipebench reads; --engine wins */
 	if (mbp_opts_parse(&o, env, &errpos)) {
@@ -437,14 +455,27 @@ static int setup_engine(ps_server *s)
 		ps_log("bad --engine option at offset %zu: \"%s\"", errpos, s->cfg.mbp_conf);
 		return -EINVAL;
 	}
-	o.in_row_bytes = s->info.in_width * sizeof(float);
-	unsigned nst = mbp_model_stages_count(s->stages);
-	mbp_stage_desc d[MBP_MAX_STAGES];
-	for (unsigned i = 0; i < nst; i++) {
+	o.in_row_bytes = (size_t)mbp_model_in_width(s->model) * sizeof(float);
+	o.max_mb_rows = s->cfg.max_batch_rows;
+	*n = mbp_model_stages_count(s->stages);
+	for (unsigned i = 0; i < *n; i++) {
 		int rc = mbp_model_stage_desc(s->stages, i, &d[i]);
 		if (rc)
 			return rc;
 	}
+	*op = o;
+	return 0;
+}
+
+static int setup_engine(ps_server *s)
+{
+	mbp_opts o;
+	mbp_stage_desc d[MBP_MAX_STAGES];
+	unsigned nst;
+	int rc = engine_setup(s, &o, d, &nst);
+	if (rc)
+		return rc;
+	nst = s->mpi ? s->all_stages : nst; /* micro-batches in flight: 2 per stage, all ranks' stages */
 	ps_batcher_cfg bc = {.max_batch_rows = s->cfg.max_batch_rows,
 			     .max_delay_ns = s->cfg.max_queue_delay_us * 1000,
 			     .max_queue_rows = s->cfg.max_queue_rows,
@@ -452,7 +483,11 @@ static int setup_engine(ps_server *s)
 			     .out_row_bytes = s->info.out_width * sizeof(float),
 			     .max_inflight = s->cfg.max_inflight ? s->cfg.max_inflight : 2 * nst,
 			     .model = s->model};
-	int rc = ps_batcher_new(&s->batcher, &bc, &o, d, nst, &s->metrics);
+#ifdef PS_WITH_MPI
+	if (s->mpi)
+		bc.engine = ps_mpi_engine();
+#endif
+	rc = ps_batcher_new(&s->batcher, &bc, &o, d, mbp_model_stages_count(s->stages), &s->metrics);
 	if (rc)
 		ps_log("cannot start the pipeline: %s", mbp_strerror(rc));
 	return rc;
@@ -461,10 +496,15 @@ static int setup_engine(ps_server *s)
 static void log_startup(ps_server *s)
 {
 	const ps_config *c = &s->cfg;
-	unsigned nst = mbp_model_stages_count(s->stages);
+	unsigned nst = s->mpi ? s->all_stages : mbp_model_stages_count(s->stages);
 	ps_log("start: mbpipe %s, model \"%s\" (%s), %u layers, %zu -> %zu floats per row, %u stages",
 	       mbp_version(), s->name, s->model_path ? s->model_path : "built-in demo",
-	       mbp_model_layers(s->model), s->info.in_width, s->info.out_width, nst);
+	       s->mpi ? s->all_layers : mbp_model_layers(s->model), s->info.in_width, s->info.out_width, nst);
+	if (s->mpi)
+		ps_log("mpi: %u ranks; rank 0 (this one, pid %d) runs stages %u-%u (layers %u-%u), the "
+		       "others the rest",
+		       s->ranks, (int)getpid(), s->stage_lo, s->stage_hi - 1, s->first_layer,
+		       s->first_layer + mbp_model_layers(s->model) - 1);
 	ps_log("batching: max %u rows per micro-batch, delay %llu us, queue %zu rows, %u micro-batches in "
 	       "flight, "
 	       "timeout %llu ms, %u HTTP threads",
@@ -484,8 +524,9 @@ static void log_startup(ps_server *s)
 		ps_log("blas warning: %s", mbp_blas_warning());
 	char text[4096];
 	mbp_model_plan_describe(&s->plan, text, sizeof text);
-	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
-		ps_log("plan: %s", line);
+	for (char *save = NULL, *line = s->mpi ? NULL : strtok_r(text, "\n", &save); line;
+	     line = strtok_r(NULL, "\n", &save))
+		ps_log("plan: %s", line); /* under mpirun the split is by layer count: no costs to show */
 	mbp_pipeline *p = ps_batcher_pipeline(s->batcher);
 	mbp_placement pl[MBP_MAX_STAGES];
 	mbp_stage_stats ss[MBP_MAX_STAGES];
@@ -568,6 +609,80 @@ static bool wait_inflight(ps_server *s, const sigset_t *sigs, uint64_t ms)
 	return true;
 }
 
+/* ---- signals ---- */
+
+static pthread_t main_thread;
+
+/* A stop signal taken by a thread that does not block it (one started before main): pending for the main
+ * thread's sigwait instead. pthread_kill is async-signal-safe (POSIX.1-2008 TC1). */
+static void forward_stop(int sig)
+{
+	int saved = errno;
+	pthread_kill(main_thread, sig);
+	errno = saved;
+}
+
+/* ---- under mpirun ---- */
+
+/* The exit status, after finalising MPI when it was started. */
+static int finish(ps_server *s, int status)
+{
+#ifdef PS_WITH_MPI
+	if (s->mpi)
+		ps_mpi_finalize();
+#endif
+	return status;
+}
+
+/* Start MPI and load this rank's layers; the ranks agree that every one of them could. Ranks other than 0
+ * then run their stages until rank 0 ends the run. @return the exit status for a rank that is done, or
+ * -1 for rank 0 to go on serving HTTP. */
+static int mpi_start(ps_server *s, int *argc, char ***argv)
+{
+#ifdef PS_WITH_MPI
+	int rc = ps_mpi_init(argc, argv, s);
+	if (rc) {
+		fprintf(stderr, "pipeserve: MPI: %s\n", mbp_strerror(rc));
+		return 1;
+	}
+	int st = 0;
+	if (s->cfg.repository) {
+		if (s->rank == 0)
+			fprintf(stderr,
+				"pipeserve: --model-repository: loading models over HTTP is not supported "
+				"when the stages run on several MPI ranks\n");
+		st = 2;
+	}
+	if (!st) {
+		rc = setup_model(s);
+		st = rc == -ERANGE ? 2 : rc ? 1 : 0;
+	}
+	st = ps_mpi_agree(st);
+	if (!st && s->rank == 0)
+		return -1;
+	if (!st) {
+		mbp_opts o;
+		mbp_stage_desc d[MBP_MAX_STAGES];
+		unsigned n;
+		rc = engine_setup(s, &o, d, &n);
+		if (!rc)
+			rc = ps_mpi_serve(s, &o, d, n);
+		st = rc ? 1 : 0;
+	}
+	mbp_model_stages_destroy(s->stages);
+	mbp_model_destroy(s->model);
+	free(s->model_path);
+	return finish(s, st);
+#else
+	(void)argc;
+	(void)argv;
+	(void)s;
+	fprintf(stderr, "pipeserve: started by mpirun, but this pipeserve was built without MPI (configure "
+			"--with-mpi)\n");
+	return 2;
+#endif
+}
+
 int main(int argc, char **argv)
 {
 	static ps_server srv;
@@ -580,15 +695,27 @@ int main(int argc, char **argv)
 	if (s->cfg.describe)
 		return describe_model(&s->cfg);
 
-	/* Block the stop signals before any thread starts, so every thread inherits the mask and only the
-	 * main thread's sigwait takes them. */
+	/* Block the stop signals before any thread of ours starts, so every thread inherits the mask and only
+	 * the main thread's sigwait takes them. Threads that began before main (OpenBLAS starts its pool in a
+	 * library constructor) do not block them: a stop signal the kernel hands one of those runs
+	 * forward_stop, which passes it on to the main thread, instead of the default action (exit 143). */
 	sigset_t sigs;
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
 	sigaddset(&sigs, SIGTERM);
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	main_thread = pthread_self();
+	struct sigaction sa = {.sa_handler = forward_stop};
+	sigfillset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	if (mbt_mpi_launched()) {
+		int st = mpi_start(s, &argc, &argv);
+		if (st >= 0)
+			return st;
+	}
 	pthread_mutex_init(&s->reload_mu, NULL);
 	s->repo_fd = -1;
 	if (s->cfg.repository) {
@@ -599,7 +726,7 @@ int main(int argc, char **argv)
 		}
 	}
 	ps_metrics_init(&s->metrics);
-	int rc = setup_model(s);
+	int rc = s->mpi ? 0 : setup_model(s); /* under mpirun: loaded by mpi_start */
 	if (!rc)
 		rc = setup_engine(s);
 	if (!rc)
@@ -608,7 +735,7 @@ int main(int argc, char **argv)
 		ps_batcher_destroy(s->batcher);
 		mbp_model_stages_destroy(s->stages);
 		mbp_model_destroy(s->model);
-		return 1;
+		return finish(s, 1);
 	}
 	atomic_store(&s->ready, true); /* before the address: a client may start the moment it reads it */
 	if (strchr(s->cfg.host, ':'))
@@ -649,5 +776,5 @@ int main(int argc, char **argv)
 		close(s->repo_fd);
 	ps_log("stopped: %llu infer requests answered, %llu failed", (unsigned long long)ok,
 	       (unsigned long long)failed);
-	return 0;
+	return finish(s, 0);
 }

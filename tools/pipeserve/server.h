@@ -77,6 +77,13 @@ typedef struct ps_server {
 	    body_bytes;		   /* request body bytes held (http.c), bounded by max_inflight_body_bytes */
 	pthread_mutex_t reload_mu; /* one reload at a time */
 	_Atomic bool loading;	   /* a load is in progress: another one gets 409 at once */
+
+	/* Under mpirun (mpi.c): the stages run on several ranks, this one runs stages [stage_lo, stage_hi) of
+	 * `all_stages` (layers from first_layer on) and s->model holds only their layers. */
+	bool mpi;
+	unsigned rank, ranks;
+	unsigned all_stages, stage_lo, stage_hi, first_layer, all_layers;
+	uint32_t out_width; /* the last rank's output width, in floats */
 } ps_server;
 
 /* http.c */
@@ -97,5 +104,21 @@ void ps_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * with a message in `err` (400, 404 when the repository has no such file).
  */
 int ps_reload(ps_server *s, const char *file, char *err, size_t errlen);
+
+/* mpi.c (built when configure found MPI; main.c calls it only under mpirun) */
+
+/* Initialise MPI (libmbpipe-mpi's communication thread) and fill s->rank, s->ranks. @return 0 or -errno. */
+int ps_mpi_init(int *argc, char ***argv, ps_server *s);
+/* Load this rank's part of the model file `path` into s->model, s->plan (s->cfg.stages stages in all, one
+ * per rank by default). @return 0, -ERANGE (fewer layers or stages than ranks: a usage error), or the
+ * load's error, logged. */
+int ps_mpi_load(ps_server *s, const char *path);
+/* Every rank's `status` becomes the largest (collective). */
+int ps_mpi_agree(int status);
+/* Rank 0: the engine the batcher feeds (rank 0's end of the pipeline across the ranks). */
+const ps_engine *ps_mpi_engine(void);
+/* Ranks other than 0: run this rank's stages until rank 0 ends the run. @return 0, or an error (logged). */
+int ps_mpi_serve(ps_server *s, const mbp_opts *o, const mbp_stage_desc *stages, unsigned n);
+void ps_mpi_finalize(void);
 
 #endif
