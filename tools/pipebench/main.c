@@ -215,7 +215,8 @@ int main(int argc, char **argv)
 		return usage_error(err);
 	if (cfg.workload == PB_WL_TRAIN) {
 		if (mbt_mpi_launched())
-			return usage_error("--workload=train does not run under mpirun (one process: its stages are threads)");
+			return usage_error("--workload=train does not run under mpirun (one process: its "
+					   "stages are threads)");
 		return pb_train_main(&cfg, (unsigned)ncpus, allowed);
 	}
 	const bool stages_default = cfg.stages == 0; /* under mpirun: one stage per rank */
