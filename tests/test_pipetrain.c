@@ -145,6 +145,17 @@ static void assert_same_file(const char *a, const char *b)
 	free(y);
 }
 
+static void copy_file(const char *from, const char *to)
+{
+	size_t len;
+	char *b = read_all(from, &len);
+	FILE *f = fopen(to, "wb");
+	ck_assert_msg(f, "%s: %s", to, strerror(errno));
+	ck_assert_uint_eq(fwrite(b, 1, len, f), len);
+	ck_assert_int_eq(fclose(f), 0);
+	free(b);
+}
+
 /* ---- bad arguments ---- */
 
 static const char *const bad_args[][8] = {
@@ -333,9 +344,73 @@ START_TEST(a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one)
 	r = run((const char *const[]){SMALL, "--epochs", "3", "--model", half, "--save", resumed, NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	ck_assert_msg(strstr(r.out, "resuming at epoch 2, step 8"), "no resume line: %s", r.out);
+	ck_assert_msg(!strstr(r.err, "schedule"), "the same command changed the schedule: %s", r.err);
 	run_free(&r);
 	assert_same_file(whole, resumed);
 	assert_same_file(tmpdir_path("whole.optim.safetensors"), tmpdir_path("resumed.optim.safetensors"));
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(more_epochs_on_resume_are_announced_as_a_new_schedule)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char one[128], two[128];
+	tmp_file(one, "one.safetensors");
+	tmp_file(two, "two.safetensors");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "1", "--save", one, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	r = run(
+	    (const char *const[]){SMALL, "--epochs", "2", "--model", one, "--save", two, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	/* 1024 rows / 128: 8 steps an epoch; 8 then 16 steps, the warm-up a twentieth of each (0). */
+	ck_assert_msg(strstr(r.err, "new learning-rate schedule from step 8 on (the checkpoint's: 8 steps, "
+				    "warm-up 0, lr 0.001 to 0; this run's: 16, 0, 0.001 to 0)"),
+		      "no note of the new schedule: %s", r.err);
+	ck_assert_uint_eq(lines(r.err), 1);
+	run_free(&r);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(a_checkpoint_pair_from_different_steps_is_refused_with_exit_2)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char one[128], two[128], pair[128];
+	tmp_file(one, "one.safetensors");
+	tmp_file(two, "two.safetensors");
+	tmp_file(pair, "pair.safetensors");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "1", "--save", one, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	r = run((const char *const[]){SMALL, "--epochs", "2", "--save", two, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	/* What a crash between the two files of a checkpoint leaves, either way round: the state of step
+	 * 16 beside the weights of step 8, then the weights of step 16 beside the state of step 8. */
+	for (int k = 0; k < 2; k++) {
+		copy_file(k ? two : one, pair);
+		copy_file(tmpdir_path(k ? "one.optim.safetensors" : "two.optim.safetensors"),
+			  tmpdir_path("pair.optim.safetensors"));
+		r = run((const char *const[]){SMALL, "--epochs", "2", "--model", pair, NULL});
+		ck_assert_msg(r.status == 2, "case %d: exit %d: %s", k, r.status, r.err);
+		ck_assert_msg(lines(r.err) == 1 && strstr(r.err, "other weights"), "case %d: %s", k, r.err);
+		ck_assert_msg(strstr(r.err, k ? "saved at step 8 " : "saved at step 16 "), "case %d: %s", k,
+			      r.err);
+		ck_assert_msg(r.out[0] == 0, "case %d: stdout: %s", k, r.out);
+		run_free(&r);
+	}
+	/* The matching pair still resumes. */
+	copy_file(two, pair);
+	copy_file(tmpdir_path("two.optim.safetensors"), tmpdir_path("pair.optim.safetensors"));
+	r = run((const char *const[]){SMALL, "--epochs", "2", "--model", pair, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
 	tmpdir_remove();
 }
 END_TEST
@@ -615,6 +690,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
 	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);
 	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);
+	tcase_add_test(tc, more_epochs_on_resume_are_announced_as_a_new_schedule);
+	tcase_add_test(tc, a_checkpoint_pair_from_different_steps_is_refused_with_exit_2);
 	tcase_add_test(tc, a_nan_loss_stops_naming_step_and_stage_and_keeps_the_last_checkpoint);
 	tcase_add_test(tc, sigint_finishes_the_step_writes_a_checkpoint_and_exits_130);
 	suite_add_tcase(s, tc);

@@ -160,7 +160,8 @@ static void usage(void)
 	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
 	    "  --trace FILE          Chrome trace of the last step;  --predictions FILE  test set classes\n"
 	    "  --progress, --no-progress, -q/--quiet, -h/--help, --version\n"
-	    "Exit status: 0 done, 1 training failed, 2 bad arguments, 130 interrupted (checkpoint written).\n"
+	    "Exit status: 0 done, 1 training or the system failed, 2 bad arguments or input,\n"
+	    "  130 SIGINT, 143 SIGTERM (the step finished, a checkpoint written with --save).\n"
 	    "See pipetrain(1).\n",
 	    MBP_FASHION_MNIST_DIR);
 }
