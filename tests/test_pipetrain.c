@@ -27,7 +27,6 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -47,60 +46,17 @@
 #error "PIPETRAIN_BIN must name the built pipetrain"
 #endif
 
-extern char **environ;
-
-struct proc {
-	pid_t pid;
-	int out_fd, err_fd;
-};
+static const char *const no_fault[] = {"PIPETRAIN_FAULT=", NULL};
 
 /* Start pipetrain with args (NULL-terminated) and an optional extra environment entry. */
-static struct proc spawn_env(const char *env_extra, const char *const *args)
+static struct tool_proc spawn_env(const char *env_extra, const char *const *args)
 {
-	char out_path[] = "/tmp/pipetrain-test-out-XXXXXX", err_path[] = "/tmp/pipetrain-test-err-XXXXXX";
-	struct proc p = {.out_fd = mkstemp(out_path), .err_fd = mkstemp(err_path)};
-	ck_assert(p.out_fd >= 0 && p.err_fd >= 0);
-	unlink(out_path);
-	unlink(err_path);
-	char *argv[64];
-	unsigned n = 0;
-	argv[n++] = (char *)PIPETRAIN_BIN;
-	for (unsigned i = 0; args[i] && n < 62; i++)
-		argv[n++] = (char *)args[i];
-	argv[n] = NULL;
-	char *envp[256];
-	unsigned e = 0;
-	for (char **q = environ; *q && e < 250; q++)
-		if (strncmp(*q, "PIPETRAIN_FAULT=", 16))
-			envp[e++] = *q;
-	if (env_extra)
-		envp[e++] = (char *)env_extra;
-	envp[e] = NULL;
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_adddup2(&fa, p.out_fd, STDOUT_FILENO);
-	posix_spawn_file_actions_adddup2(&fa, p.err_fd, STDERR_FILENO);
-	int rc = posix_spawn(&p.pid, PIPETRAIN_BIN, &fa, NULL, argv, envp);
-	ck_assert_msg(rc == 0, "cannot start %s: %s", PIPETRAIN_BIN, strerror(rc));
-	posix_spawn_file_actions_destroy(&fa);
-	return p;
-}
-
-static struct run finish(struct proc p)
-{
-	int ws;
-	ck_assert_int_eq(waitpid(p.pid, &ws, 0), p.pid);
-	struct run r = {.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws)};
-	r.out = slurp(p.out_fd);
-	r.err = slurp(p.err_fd);
-	close(p.out_fd);
-	close(p.err_fd);
-	return r;
+	return tool_spawn(PIPETRAIN_BIN, no_fault, (const char *const[]){env_extra, NULL}, args);
 }
 
 static struct run run_env(const char *env_extra, const char *const *args)
 {
-	return finish(spawn_env(env_extra, args));
+	return tool_finish(spawn_env(env_extra, args));
 }
 
 static struct run run(const char *const *args)
@@ -462,8 +418,8 @@ START_TEST(sigint_finishes_the_step_writes_a_checkpoint_and_exits_130)
 	tmp_file(csv, "ck.csv");
 	tmp_file(whole, "whole.safetensors");
 	tmp_file(cont, "cont.safetensors");
-	struct proc p = spawn_env(NULL, (const char *const[]){SMALL, "--epochs", "40", "--save", ck, "--csv",
-							      csv, "--quiet", NULL});
+	struct tool_proc p = spawn_env(NULL, (const char *const[]){SMALL, "--epochs", "40", "--save", ck,
+								   "--csv", csv, "--quiet", NULL});
 	/* Wait for two epochs to be written (the CSV's header and two rows), then interrupt. */
 	for (unsigned i = 0; i < 600; i++) {
 		size_t len = 0;
@@ -475,7 +431,7 @@ START_TEST(sigint_finishes_the_step_writes_a_checkpoint_and_exits_130)
 		sleep_ms(20);
 	}
 	kill(p.pid, SIGINT);
-	struct run r = finish(p);
+	struct run r = tool_finish(p);
 	ck_assert_msg(r.status == 130, "exit %d (not interrupted mid-run?): %s", r.status, r.err);
 	ck_assert_msg(strstr(r.err, "interrupted (SIGINT)") && strstr(r.err, "checkpoint written"), "%s",
 		      r.err);
