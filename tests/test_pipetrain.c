@@ -241,6 +241,28 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 }
 END_TEST
 
+START_TEST(the_progress_bar_goes_to_stderr_at_most_ten_times_a_second)
+{
+	if (!have_data())
+		return;
+	/* 128 steps of a small model: well under the 12.8 s in which ten redraws a second would draw each. */
+	struct run r =
+	    run((const char *const[]){"--layers", "784,48,24,10", "--limit", "4096", "--batch", "32", "--mb",
+				      "32", "--val", "500", "--epochs", "1", "--progress", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	unsigned draws = 0;
+	for (const char *p = r.err; (p = strstr(p, "\repoch 1/1 [")); p++)
+		draws++;
+	ck_assert_msg(draws >= 1 && draws < 128, "%u redraws for 128 steps", draws);
+	ck_assert_msg(strstr(r.err, "] 100% "), "the last step is not drawn: %s", r.err);
+	ck_assert_msg(!strchr(r.out, '\r'), "a bar on stdout: %s", r.out);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc, "stdout is not JSON with the bar on: %s", r.out);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
 START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
 {
 	if (!have_data())
@@ -644,6 +666,7 @@ static Suite *suite(void)
 			    (int)(sizeof bad_args / sizeof bad_args[0]));
 	tcase_add_test(tc, a_model_file_that_is_not_one_is_refused_with_exit_2);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
+	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);
 	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);
 	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);
 	tcase_add_test(tc, more_epochs_on_resume_are_announced_as_a_new_schedule);
