@@ -9,7 +9,10 @@
  * - the weights do not depend on the schedule or the stage count: GPipe on 1 stage, 1F1B on 2, ZB-H1 on
  *   3 write the same checkpoint bytes;
  * - a run resumed from a checkpoint (weights and optimizer state) ends with the bytes of an
- *   uninterrupted run, also after SIGINT (exit 130, checkpoint written);
+ *   uninterrupted run, also after SIGINT (exit 130, checkpoint written); a weights file and an optimizer
+ *   state from different steps (a crash between the two) are refused with exit 2, either way round; more
+ *   epochs on resume are announced as a new learning-rate schedule;
+ * - the progress bar goes to standard error only, at most ten redraws a second, the last step drawn;
  * - a NaN in the loss (PIPETRAIN_FAULT) stops the run with exit 1, names the step and the stage, and
  *   leaves the last checkpoint as it was;
  * - end to end: pipeserve --model on the checkpoint classifies test images as pipetrain's own
