@@ -877,6 +877,38 @@ START_TEST(optimizer_files_of_another_model_or_optimizer_are_refused_naming_the_
 }
 END_TEST
 
+START_TEST(an_optimizer_file_saved_with_other_weights_is_refused_and_its_settings_read_back)
+{
+	const uint32_t w[] = {4, 6, 3};
+	mbp_optim_opts o = {.lr = 0.01f, .min_lr = 0.001f, .warmup_steps = 7, .total_steps = 90};
+	mbp_mlp *a = new_mlp(w, 2, MBP_ACT_RELU, false, 1, &o);
+	mbp_mlp *b = new_mlp(w, 2, MBP_ACT_RELU, false, 2, &o); /* same shapes and optimizer, other weights */
+	const char *pa = tmpdir_path("a.optim.safetensors");
+	ck_assert_int_eq(mbp_mlp_save_optim(a, pa), 0);
+	mbp_model_error e;
+	ck_assert_int_eq(mbp_mlp_load_optim(b, pa, &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_MODEL_ACTIVATION);
+	ck_assert_msg(strstr(e.msg, "other weights") && strstr(e.msg, pa), "%s", e.msg);
+	ck_assert_int_eq(mbp_mlp_load_optim(a, pa, &e), 0);
+	mbp_optim_opts r, want;
+	ck_assert_int_eq(mbp_mlp_optim(a, &want), 0);
+	ck_assert_int_eq(mbp_mlp_optim_read(pa, &r, &e), 0);
+	ck_assert_int_eq(r.kind, want.kind);
+	ck_assert(r.lr == want.lr && r.min_lr == want.min_lr && r.beta1 == want.beta1 &&
+		  r.beta2 == want.beta2 && r.eps == want.eps && r.weight_decay == want.weight_decay);
+	ck_assert_uint_eq(r.warmup_steps, 7);
+	ck_assert_uint_eq(r.total_steps, 90);
+	/* A weights file has no optimizer settings. */
+	const char *pw = tmpdir_path("a.safetensors");
+	ck_assert_int_eq(mbp_mlp_save(a, pw), 0);
+	ck_assert_int_eq(mbp_mlp_optim_read(pw, &r, &e), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(e.msg, pw));
+	ck_assert_int_eq(mbp_mlp_optim_read(NULL, &r, &e), -EINVAL);
+	mbp_mlp_destroy(a);
+	mbp_mlp_destroy(b);
+}
+END_TEST
+
 /* ---- concurrency ---- */
 
 struct worker {
@@ -1045,6 +1077,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, loss_decreases_and_a_tiny_data_set_is_memorised);
 	tcase_add_test(tc, checkpoint_resume_continues_bit_for_bit);
 	tcase_add_test(tc, optimizer_files_of_another_model_or_optimizer_are_refused_naming_the_file);
+	tcase_add_test(tc, an_optimizer_file_saved_with_other_weights_is_refused_and_its_settings_read_back);
 	tcase_add_test(tc, bad_arguments_are_refused);
 	suite_add_tcase(s, tc);
 	TCase *tt = tcase_create("threads");

@@ -26,7 +26,6 @@
 #include <math.h>
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,50 +42,11 @@
 #error "PIPEBENCH_BIN must name the built pipebench"
 #endif
 
-extern char **environ;
-
 /* Run pipebench with the given arguments (NULL-terminated) and extra environment entries (or NULL). */
 static struct run run_env(const char *const *env_extra, const char *const *args)
 {
-	char out_path[] = "/tmp/pipebench-test-out-XXXXXX", err_path[] = "/tmp/pipebench-test-err-XXXXXX";
-	int out_fd = mkstemp(out_path), err_fd = mkstemp(err_path);
-	ck_assert(out_fd >= 0 && err_fd >= 0);
-	unlink(out_path);
-	unlink(err_path);
-
-	char *argv[64];
-	unsigned n = 0;
-	argv[n++] = (char *)PIPEBENCH_BIN;
-	for (unsigned i = 0; args[i]; i++)
-		argv[n++] = (char *)args[i];
-	argv[n] = NULL;
-
-	char *envp[256];
-	unsigned e = 0;
-	for (char **p = environ; *p && e < 200; p++)
-		if (strncmp(*p, "PIPEBENCH_FAULT=", 16) && strncmp(*p, "MBPIPE_OPTS=", 12))
-			envp[e++] = *p;
-	for (unsigned i = 0; env_extra && env_extra[i]; i++)
-		envp[e++] = (char *)env_extra[i];
-	envp[e] = NULL;
-
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
-	posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
-	pid_t pid;
-	int rc = posix_spawn(&pid, PIPEBENCH_BIN, &fa, NULL, argv, envp);
-	ck_assert_msg(rc == 0, "cannot start %s: %s", PIPEBENCH_BIN, strerror(rc));
-	posix_spawn_file_actions_destroy(&fa);
-	int ws;
-	ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
-
-	struct run r = {.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1};
-	r.out = slurp(out_fd);
-	r.err = slurp(err_fd);
-	close(out_fd);
-	close(err_fd);
-	return r;
+	return tool_run(PIPEBENCH_BIN, (const char *const[]){"PIPEBENCH_FAULT=", "MBPIPE_OPTS=", NULL},
+			env_extra, args);
 }
 
 static struct run run(const char *const *args)

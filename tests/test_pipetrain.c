@@ -9,7 +9,10 @@
  * - the weights do not depend on the schedule or the stage count: GPipe on 1 stage, 1F1B on 2, ZB-H1 on
  *   3 write the same checkpoint bytes;
  * - a run resumed from a checkpoint (weights and optimizer state) ends with the bytes of an
- *   uninterrupted run, also after SIGINT (exit 130, checkpoint written);
+ *   uninterrupted run, also after SIGINT (exit 130, checkpoint written); a weights file and an optimizer
+ *   state from different steps (a crash between the two) are refused with exit 2, either way round; more
+ *   epochs on resume are announced as a new learning-rate schedule;
+ * - the progress bar goes to standard error only, at most ten redraws a second, the last step drawn;
  * - a NaN in the loss (PIPETRAIN_FAULT) stops the run with exit 1, names the step and the stage, and
  *   leaves the last checkpoint as it was;
  * - end to end: pipeserve --model on the checkpoint classifies test images as pipetrain's own
@@ -27,7 +30,6 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -47,60 +49,17 @@
 #error "PIPETRAIN_BIN must name the built pipetrain"
 #endif
 
-extern char **environ;
-
-struct proc {
-	pid_t pid;
-	int out_fd, err_fd;
-};
+static const char *const no_fault[] = {"PIPETRAIN_FAULT=", NULL};
 
 /* Start pipetrain with args (NULL-terminated) and an optional extra environment entry. */
-static struct proc spawn_env(const char *env_extra, const char *const *args)
+static struct tool_proc spawn_env(const char *env_extra, const char *const *args)
 {
-	char out_path[] = "/tmp/pipetrain-test-out-XXXXXX", err_path[] = "/tmp/pipetrain-test-err-XXXXXX";
-	struct proc p = {.out_fd = mkstemp(out_path), .err_fd = mkstemp(err_path)};
-	ck_assert(p.out_fd >= 0 && p.err_fd >= 0);
-	unlink(out_path);
-	unlink(err_path);
-	char *argv[64];
-	unsigned n = 0;
-	argv[n++] = (char *)PIPETRAIN_BIN;
-	for (unsigned i = 0; args[i] && n < 62; i++)
-		argv[n++] = (char *)args[i];
-	argv[n] = NULL;
-	char *envp[256];
-	unsigned e = 0;
-	for (char **q = environ; *q && e < 250; q++)
-		if (strncmp(*q, "PIPETRAIN_FAULT=", 16))
-			envp[e++] = *q;
-	if (env_extra)
-		envp[e++] = (char *)env_extra;
-	envp[e] = NULL;
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_adddup2(&fa, p.out_fd, STDOUT_FILENO);
-	posix_spawn_file_actions_adddup2(&fa, p.err_fd, STDERR_FILENO);
-	int rc = posix_spawn(&p.pid, PIPETRAIN_BIN, &fa, NULL, argv, envp);
-	ck_assert_msg(rc == 0, "cannot start %s: %s", PIPETRAIN_BIN, strerror(rc));
-	posix_spawn_file_actions_destroy(&fa);
-	return p;
-}
-
-static struct run finish(struct proc p)
-{
-	int ws;
-	ck_assert_int_eq(waitpid(p.pid, &ws, 0), p.pid);
-	struct run r = {.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws)};
-	r.out = slurp(p.out_fd);
-	r.err = slurp(p.err_fd);
-	close(p.out_fd);
-	close(p.err_fd);
-	return r;
+	return tool_spawn(PIPETRAIN_BIN, no_fault, (const char *const[]){env_extra, NULL}, args);
 }
 
 static struct run run_env(const char *env_extra, const char *const *args)
 {
-	return finish(spawn_env(env_extra, args));
+	return tool_finish(spawn_env(env_extra, args));
 }
 
 static struct run run(const char *const *args)
@@ -143,6 +102,17 @@ static void assert_same_file(const char *a, const char *b)
 	ck_assert_msg(la == lb && memcmp(x, y, la) == 0, "%s and %s differ", a, b);
 	free(x);
 	free(y);
+}
+
+static void copy_file(const char *from, const char *to)
+{
+	size_t len;
+	char *b = read_all(from, &len);
+	FILE *f = fopen(to, "wb");
+	ck_assert_msg(f, "%s: %s", to, strerror(errno));
+	ck_assert_uint_eq(fwrite(b, 1, len, f), len);
+	ck_assert_int_eq(fclose(f), 0);
+	free(b);
 }
 
 /* ---- bad arguments ---- */
@@ -274,6 +244,28 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 }
 END_TEST
 
+START_TEST(the_progress_bar_goes_to_stderr_at_most_ten_times_a_second)
+{
+	if (!have_data())
+		return;
+	/* 128 steps of a small model: well under the 12.8 s in which ten redraws a second would draw each. */
+	struct run r =
+	    run((const char *const[]){"--layers", "784,48,24,10", "--limit", "4096", "--batch", "32", "--mb",
+				      "32", "--val", "500", "--epochs", "1", "--progress", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	unsigned draws = 0;
+	for (const char *p = r.err; (p = strstr(p, "\repoch 1/1 [")); p++)
+		draws++;
+	ck_assert_msg(draws >= 1 && draws < 128, "%u redraws for 128 steps", draws);
+	ck_assert_msg(strstr(r.err, "] 100% "), "the last step is not drawn: %s", r.err);
+	ck_assert_msg(!strchr(r.out, '\r'), "a bar on stdout: %s", r.out);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc, "stdout is not JSON with the bar on: %s", r.out);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
 START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
 {
 	if (!have_data())
@@ -333,9 +325,73 @@ START_TEST(a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one)
 	r = run((const char *const[]){SMALL, "--epochs", "3", "--model", half, "--save", resumed, NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	ck_assert_msg(strstr(r.out, "resuming at epoch 2, step 8"), "no resume line: %s", r.out);
+	ck_assert_msg(!strstr(r.err, "schedule"), "the same command changed the schedule: %s", r.err);
 	run_free(&r);
 	assert_same_file(whole, resumed);
 	assert_same_file(tmpdir_path("whole.optim.safetensors"), tmpdir_path("resumed.optim.safetensors"));
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(more_epochs_on_resume_are_announced_as_a_new_schedule)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char one[128], two[128];
+	tmp_file(one, "one.safetensors");
+	tmp_file(two, "two.safetensors");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "1", "--save", one, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	r = run(
+	    (const char *const[]){SMALL, "--epochs", "2", "--model", one, "--save", two, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	/* 1024 rows / 128: 8 steps an epoch; 8 then 16 steps, the warm-up a twentieth of each (0). */
+	ck_assert_msg(strstr(r.err, "new learning-rate schedule from step 8 on (the checkpoint's: 8 steps, "
+				    "warm-up 0, lr 0.001 to 0; this run's: 16, 0, 0.001 to 0)"),
+		      "no note of the new schedule: %s", r.err);
+	ck_assert_uint_eq(lines(r.err), 1);
+	run_free(&r);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(a_checkpoint_pair_from_different_steps_is_refused_with_exit_2)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char one[128], two[128], pair[128];
+	tmp_file(one, "one.safetensors");
+	tmp_file(two, "two.safetensors");
+	tmp_file(pair, "pair.safetensors");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "1", "--save", one, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	r = run((const char *const[]){SMALL, "--epochs", "2", "--save", two, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	/* What a crash between the two files of a checkpoint leaves, either way round: the state of step
+	 * 16 beside the weights of step 8, then the weights of step 16 beside the state of step 8. */
+	for (int k = 0; k < 2; k++) {
+		copy_file(k ? two : one, pair);
+		copy_file(tmpdir_path(k ? "one.optim.safetensors" : "two.optim.safetensors"),
+			  tmpdir_path("pair.optim.safetensors"));
+		r = run((const char *const[]){SMALL, "--epochs", "2", "--model", pair, NULL});
+		ck_assert_msg(r.status == 2, "case %d: exit %d: %s", k, r.status, r.err);
+		ck_assert_msg(lines(r.err) == 1 && strstr(r.err, "other weights"), "case %d: %s", k, r.err);
+		ck_assert_msg(strstr(r.err, k ? "saved at step 8 " : "saved at step 16 "), "case %d: %s", k,
+			      r.err);
+		ck_assert_msg(r.out[0] == 0, "case %d: stdout: %s", k, r.out);
+		run_free(&r);
+	}
+	/* The matching pair still resumes. */
+	copy_file(two, pair);
+	copy_file(tmpdir_path("two.optim.safetensors"), tmpdir_path("pair.optim.safetensors"));
+	r = run((const char *const[]){SMALL, "--epochs", "2", "--model", pair, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
 	tmpdir_remove();
 }
 END_TEST
@@ -387,8 +443,8 @@ START_TEST(sigint_finishes_the_step_writes_a_checkpoint_and_exits_130)
 	tmp_file(csv, "ck.csv");
 	tmp_file(whole, "whole.safetensors");
 	tmp_file(cont, "cont.safetensors");
-	struct proc p = spawn_env(NULL, (const char *const[]){SMALL, "--epochs", "40", "--save", ck, "--csv",
-							      csv, "--quiet", NULL});
+	struct tool_proc p = spawn_env(NULL, (const char *const[]){SMALL, "--epochs", "40", "--save", ck,
+								   "--csv", csv, "--quiet", NULL});
 	/* Wait for two epochs to be written (the CSV's header and two rows), then interrupt. */
 	for (unsigned i = 0; i < 600; i++) {
 		size_t len = 0;
@@ -400,7 +456,7 @@ START_TEST(sigint_finishes_the_step_writes_a_checkpoint_and_exits_130)
 		sleep_ms(20);
 	}
 	kill(p.pid, SIGINT);
-	struct run r = finish(p);
+	struct run r = tool_finish(p);
 	ck_assert_msg(r.status == 130, "exit %d (not interrupted mid-run?): %s", r.status, r.err);
 	ck_assert_msg(strstr(r.err, "interrupted (SIGINT)") && strstr(r.err, "checkpoint written"), "%s",
 		      r.err);
@@ -613,8 +669,11 @@ static Suite *suite(void)
 			    (int)(sizeof bad_args / sizeof bad_args[0]));
 	tcase_add_test(tc, a_model_file_that_is_not_one_is_refused_with_exit_2);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
+	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);
 	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);
 	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);
+	tcase_add_test(tc, more_epochs_on_resume_are_announced_as_a_new_schedule);
+	tcase_add_test(tc, a_checkpoint_pair_from_different_steps_is_refused_with_exit_2);
 	tcase_add_test(tc, a_nan_loss_stops_naming_step_and_stage_and_keeps_the_last_checkpoint);
 	tcase_add_test(tc, sigint_finishes_the_step_writes_a_checkpoint_and_exits_130);
 	suite_add_tcase(s, tc);

@@ -2,5 +2,6 @@
 include tools/pipebench.mk
 include tools/pipeserve.mk
 include tools/pipetrain.mk
-# Shared by the tools: singular or plural by count in messages; strict number parsing for options; busy work.
-EXTRA_DIST += tools/plural.h tools/parse.h tools/burn.h tests/plural_check.h
+# Shared by the tools: singular or plural by count in messages; strict number parsing for options; busy work;
+# the progress bar.
+EXTRA_DIST += tools/plural.h tools/parse.h tools/burn.h tools/progress.h tests/plural_check.h

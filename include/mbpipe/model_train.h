@@ -330,7 +330,8 @@ int mbp_mlp_save(mbp_mlp *n, const char *path);
  * Write the optimizer state (each layer's step count and moments, F32) as a second safetensors file:
  * with the weights file, mbp_mlp_load + mbp_mlp_load_optim resume training bit for bit.
  * Tensors "layers.<i>.<part>.m" (and ".v" for AdamW), metadata "optimizer" (adamw|sgd) and
- * "layers.<i>.step"; the settings are recorded for information.
+ * "layers.<i>.step", "weights_fnv1a64" (a hash of the parameters as they are now: what ties the state
+ * to the weights file saved beside it); the settings are recorded for information.
  * @return as mbp_mlp_save.
  */
 int mbp_mlp_save_optim(mbp_mlp *n, const char *path);
@@ -340,12 +341,25 @@ int mbp_mlp_save_optim(mbp_mlp *n, const char *path);
  * validated as strictly as a model file (mbp_load_rule): another optimizer (MBP_MODEL_ACTIVATION, -EINVAL),
  * a missing moment or step count (MBP_MODEL_MISSING, -ENOENT), a moment of another shape (MBP_MODEL_SHAPE,
  * -EINVAL) or not F32 (MBP_MODEL_DTYPE, -ENOTSUP), a tensor this model does not have
- * (MBP_MODEL_UNKNOWN_TENSOR, -EINVAL), and the safetensors rules themselves.
+ * (MBP_MODEL_UNKNOWN_TENSOR, -EINVAL), a state saved with other weights than the model's current ones
+ * (its "weights_fnv1a64": MBP_MODEL_ACTIVATION, -EINVAL; a file without it is not checked), and the
+ * safetensors rules themselves. So a weights file and an optimizer state from different steps or runs (a
+ * crash between writing the two) are refused, never resumed as if they were a pair.
  * @param err optional: the rule broken, the tensor and a message naming the file
  * @return 0, or the rule's negative errno (the file system's for MBP_LOAD_IO); -EINVAL for NULL. On error
  *         the model's state is unchanged.
  */
 int mbp_mlp_load_optim(mbp_mlp *n, const char *path, mbp_model_error *err);
+
+/**
+ * The optimizer settings and schedule recorded in an optimizer state file (mbp_mlp_save_optim writes them
+ * with defaults applied): to tell a resume that continues the same schedule from one that changes it.
+ * @param o filled on success only
+ * @param err optional, as for mbp_mlp_load_optim
+ * @return 0, -EINVAL (NULL, an unknown optimizer: MBP_MODEL_ACTIVATION), -ENOENT (a setting absent or not
+ *         a number: MBP_MODEL_MISSING), the safetensors rules' errors, the file system's -errno.
+ */
+int mbp_mlp_optim_read(const char *path, mbp_optim_opts *o, mbp_model_error *err);
 
 #ifdef __cplusplus
 }

@@ -35,6 +35,22 @@ int mbp_mlp_save(mbp_mlp *n, const char *path)
 	return mbp__model_write(path, n->layers, n->l, n->lw);
 }
 
+/* FNV-1a 64 over the parameters' values (little-endian F32, layer by layer, part by part, padding left
+ * out): what ties an optimizer state to the weights it was saved with. */
+static uint64_t weights_hash(const mbp_mlp *n)
+{
+	uint64_t h = 14695981039346656037ull;
+	for (unsigned i = 0; i < n->layers; i++)
+		for (unsigned p = 0; p < MBP__PARTS; p++)
+			for (size_t e = 0; e < n->count[i][p]; e++) {
+				uint32_t u;
+				memcpy(&u, &n->param[n->off[i][p] + e], 4);
+				for (unsigned b = 0; b < 4; b++, u >>= 8)
+					h = (h ^ (u & 0xff)) * 1099511628211ull;
+			}
+	return h;
+}
+
 /* The moments kept: 0 (SGD without momentum), 1 (m) or 2 (m and v). */
 static unsigned moments(const mbp_mlp *n)
 {
@@ -79,6 +95,8 @@ int mbp_mlp_save_optim(mbp_mlp *n, const char *path)
 	meta[2 * k] = "warmup_steps", meta[2 * k++ + 1] = kv[u++][1];
 	snprintf(kv[u][1], sizeof(kv[u][1]), "%" PRIu64, o->total_steps);
 	meta[2 * k] = "total_steps", meta[2 * k++ + 1] = kv[u++][1];
+	snprintf(kv[u][1], sizeof(kv[u][1]), "%016" PRIx64, weights_hash(n));
+	meta[2 * k] = "weights_fnv1a64", meta[2 * k++ + 1] = kv[u++][1];
 	for (unsigned i = 0; i < L; i++, u++) {
 		snprintf(kv[u][0], sizeof(kv[u][0]), "layers.%u.step", i);
 		snprintf(kv[u][1], sizeof(kv[u][1]), "%" PRIu64, n->step[i]);
@@ -176,6 +194,15 @@ static int check_optim(const mbp_mlp *n, const mbp__st *st, uint64_t *steps, mbp
 						      optim_name(n->opt.kind));
 		}
 	}
+	/* Absent in files written before it was recorded: accepted as they were. */
+	s = mbp__st_meta(st, "weights_fnv1a64");
+	char mine[17];
+	snprintf(mine, sizeof(mine), "%016" PRIx64, weights_hash(n));
+	if (s && strcmp(s, mine))
+		return mbp__load_fail(err, MBP_MODEL_ACTIVATION, "__metadata__",
+				      "saved at step %" PRIu64 " with other weights (another step or run): "
+				      "not the pair of these weights",
+				      n->layers ? steps[0] : 0);
 	return 0;
 }
 
@@ -222,6 +249,53 @@ int mbp_mlp_load_optim(mbp_mlp *n, const char *path, mbp_model_error *err)
 		mbp__load_error_path(err, path);
 	mbp__st_free(&st);
 	free(steps);
+	if (map)
+		munmap(map, len);
+	return rc;
+}
+
+int mbp_mlp_optim_read(const char *path, mbp_optim_opts *o, mbp_model_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof(*err));
+	if (!path || !o)
+		return -EINVAL;
+	void *map;
+	size_t len;
+	int rc = map_file(path, &map, &len, err);
+	mbp__st st = {0};
+	if (!rc)
+		rc = mbp__st_parse(map, len, &st, err);
+	mbp_optim_opts r = {0};
+	const char *s = rc ? NULL : mbp__st_meta(&st, "optimizer");
+	if (!rc && (!s || (strcmp(s, "adamw") && strcmp(s, "sgd"))))
+		rc = mbp__load_fail(err, MBP_MODEL_ACTIVATION, "__metadata__", "optimizer '%.16s' unknown",
+				    s ? s : "(none)");
+	if (!rc)
+		r.kind = strcmp(s, "sgd") ? MBP_OPTIM_ADAMW : MBP_OPTIM_SGD;
+	const char *fk[] = {"lr", "min_lr", "weight_decay", "momentum", "beta1", "beta2", "eps"};
+	float *fv[] = {&r.lr, &r.min_lr, &r.weight_decay, &r.momentum, &r.beta1, &r.beta2, &r.eps};
+	const char *ik[] = {"warmup_steps", "total_steps"};
+	uint64_t *iv[] = {&r.warmup_steps, &r.total_steps};
+	for (size_t f = 0; !rc && f < MBP_ARRAY_SIZE(fk) + MBP_ARRAY_SIZE(ik); f++) {
+		bool isf = f < MBP_ARRAY_SIZE(fk);
+		const char *key = isf ? fk[f] : ik[f - MBP_ARRAY_SIZE(fk)];
+		s = mbp__st_meta(&st, key);
+		char *end = NULL;
+		errno = 0;
+		if (s && *s && isf)
+			*fv[f] = strtof(s, &end);
+		else if (s && *s >= '0' && *s <= '9')
+			*iv[f - MBP_ARRAY_SIZE(fk)] = strtoull(s, &end, 10);
+		if (!end || errno || *end)
+			rc = mbp__load_fail(err, MBP_MODEL_MISSING, key, "a %s is required",
+					    isf ? "number" : "decimal integer");
+	}
+	if (!rc)
+		*o = r;
+	else
+		mbp__load_error_path(err, path);
+	mbp__st_free(&st);
 	if (map)
 		munmap(map, len);
 	return rc;

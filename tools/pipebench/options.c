@@ -333,9 +333,8 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 					    optarg);
 			break;
 		case 's':
-			if (parse_u64(optarg, 1, MBP_MAX_STAGES, &v))
-				return fail(err, errlen, "%s: '%s' is not a stage count from 1 to %d", name,
-					    optarg, MBP_MAX_STAGES);
+			if (parse_u64_opt(name, optarg, "a stage count", 1, MBP_MAX_STAGES, &v, err, errlen))
+				return -1;
 			cfg->stages = (unsigned)v;
 			break;
 		case OPT_CPUS:
@@ -343,9 +342,8 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 				return -1;
 			break;
 		case 'b':
-			if (parse_u64(optarg, 1, PB_MAX_BATCH, &v))
-				return fail(err, errlen, "%s: '%s' is not a row count from 1 to %u", name,
-					    optarg, PB_MAX_BATCH);
+			if (parse_u64_opt(name, optarg, "a row count", 1, PB_MAX_BATCH, &v, err, errlen))
+				return -1;
 			cfg->batch = (uint32_t)v;
 			have_batch = true;
 			break;
@@ -373,15 +371,13 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			cfg->warmup = (unsigned)v;
 			break;
 		case OPT_TOLERANCE:
-			if (parse_double(optarg, 0, 100, &d))
-				return fail(err, errlen, "%s: '%s' is not a percentage from 0 to 100", name,
-					    optarg);
+			if (parse_double_opt(name, optarg, "a percentage", 0, 100, &d, err, errlen))
+				return -1;
 			cfg->tolerance = d / 100;
 			break;
 		case OPT_WAIT:
-			if (parse_double(optarg, 0, 3600, &d))
-				return fail(err, errlen, "%s: '%s' is not a number of seconds from 0 to 3600",
-					    name, optarg);
+			if (parse_double_opt(name, optarg, "a number of seconds", 0, 3600, &d, err, errlen))
+				return -1;
 			cfg->wait_quiet_s = d;
 			break;
 		case OPT_SPIN:
@@ -431,16 +427,14 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			have_model = true;
 			break;
 		case OPT_LAYERS:
-			if (parse_u64(optarg, 1, PB_MAX_LAYERS, &v))
-				return fail(err, errlen, "%s: '%s' is not a layer count from 1 to %d", name,
-					    optarg, PB_MAX_LAYERS);
+			if (parse_u64_opt(name, optarg, "a layer count", 1, PB_MAX_LAYERS, &v, err, errlen))
+				return -1;
 			cfg->layers = (unsigned)v;
 			have_layers = true;
 			break;
 		case OPT_HIDDEN:
-			if (parse_u64(optarg, 1, PB_MAX_HIDDEN, &v))
-				return fail(err, errlen, "%s: '%s' is not a hidden size from 1 to %d", name,
-					    optarg, PB_MAX_HIDDEN);
+			if (parse_u64_opt(name, optarg, "a hidden size", 1, PB_MAX_HIDDEN, &v, err, errlen))
+				return -1;
 			cfg->hidden = (unsigned)v;
 			have_hidden = true;
 			break;
@@ -450,9 +444,9 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			cfg->seed = v;
 			break;
 		case OPT_MBS:
-			if (parse_u64(optarg, 1, PB_MAX_TRAIN_MBS, &v))
-				return fail(err, errlen, "%s: '%s' is not a micro-batch count from 1 to %u",
-					    name, optarg, PB_MAX_TRAIN_MBS);
+			if (parse_u64_opt(name, optarg, "a micro-batch count", 1, PB_MAX_TRAIN_MBS, &v, err,
+					  errlen))
+				return -1;
 			cfg->mbs = (unsigned)v;
 			have_train = true;
 			break;

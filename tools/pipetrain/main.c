@@ -11,7 +11,9 @@
  * Resume: a checkpoint is the weights file plus the optimizer state beside it, which holds the number of
  * updates done. Started with --model on such a pair and the same data, seed, batch and epochs, the run
  * continues at the step where it stopped, in the same order, with the same learning rate: the weights at
- * the end are bit for bit those of an uninterrupted run.
+ * the end are bit for bit those of an uninterrupted run. A state saved with other weights (a crash between
+ * the two files) is refused by mbp_mlp_load_optim: exit 2. Another schedule (other epochs, lr, warm-up)
+ * is allowed, announced in one line: training continues from the checkpoint's step under the new one.
  *
  * Failures: a non-finite loss or gradient fails its step (the trainer updates nothing); the run stops,
  * naming the step, the stage and the micro-batch, and the last checkpoint on disk (written atomically by
@@ -50,18 +52,35 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int say(int status, const char *fmt, va_list ap)
+{
+	fprintf(stderr, "pipetrain: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	return status;
+}
 
-/* One line on stderr, exit status 2 (bad input). */
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* One line on stderr, exit status 2: bad input (arguments, files that cannot be read or are invalid). */
 static int bad(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "pipetrain: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
+	int status = say(2, fmt, ap);
 	va_end(ap);
-	return 2;
+	return status;
+}
+
+/* One line on stderr, exit status 1: a failure at run time (memory, threads), not the input's fault. */
+static int fail(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int status = say(1, fmt, ap);
+	va_end(ap);
+	return status;
 }
 
 /* Accuracy and mean loss of the model over rows of x (rows x width) with labels y; preds optional. */
@@ -96,8 +115,9 @@ static int save_checkpoint(mbp_mlp *n, const char *save)
 {
 	char opath[4096];
 	pt_optim_path(save, opath, sizeof opath);
-	/* Optimizer state first: a crash between the two leaves weights older than the state, which a resume
-	 * detects as steps beyond the weights' epoch only through the data order (documented in pipetrain.1). */
+	/* Each file is replaced atomically, the pair is not: a crash between the two leaves a new state next to
+	 * older weights. The state records a hash of the weights it was saved with, so mbp_mlp_load_optim
+	 * refuses such a pair (exit 2) rather than resume the later step with the earlier weights. */
 	int rc = mbp_mlp_save_optim(n, opath);
 	if (rc < 0) {
 		fprintf(stderr, "pipetrain: cannot write %s: %s\n", opath, mbp_strerror(rc));
@@ -209,7 +229,7 @@ static int setup(struct run *r)
 	r->va = malloc((r->nva + 1) * sizeof(uint32_t));
 	r->order = malloc(r->ntr * sizeof(uint32_t));
 	if (!r->tr || !r->va || !r->order || mbp_data_split(r->train.n, r->nva, c->seed, r->tr, r->va) < 0)
-		return bad("out of memory");
+		return fail("out of memory");
 	if (c->limit) {
 		if (c->limit > r->ntr)
 			return bad("--limit %u: only %u training rows (after --val %u)", c->limit, r->ntr,
@@ -237,7 +257,8 @@ static int setup(struct run *r)
 		mbp_model_error me;
 		int rc = mbp_mlp_load(&r->n, c->model, &oo, &me);
 		if (rc < 0)
-			return bad("--model: %s", me.msg[0] ? me.msg : mbp_strerror(rc));
+			return (rc == -ENOMEM ? fail : bad)("--model: %s",
+							    me.msg[0] ? me.msg : mbp_strerror(rc));
 		unsigned L = mbp_mlp_layers(r->n);
 		uint32_t w[PT_MAX_LAYERS + 1];
 		for (unsigned i = 0; i < L && i < PT_MAX_LAYERS; i++) {
@@ -268,7 +289,7 @@ static int setup(struct run *r)
 		mbp_model_spec sp = {.layers = L, .widths = c->widths, .act = MBP_ACT_RELU, .seed = c->seed};
 		int rc = mbp_mlp_new_random(&r->n, &sp, &oo);
 		if (rc < 0)
-			return bad("cannot build the model: %s", mbp_strerror(rc));
+			return (rc == -EINVAL ? bad : fail)("cannot build the model: %s", mbp_strerror(rc));
 	}
 	uint64_t start = 0;
 	if (c->model) {
@@ -278,8 +299,26 @@ static int setup(struct run *r)
 			mbp_model_error me;
 			int rc = mbp_mlp_load_optim(r->n, opath, &me);
 			if (rc < 0)
-				return bad("--model: %s", me.msg[0] ? me.msg : mbp_strerror(rc));
+				return (rc == -ENOMEM ? fail : bad)("--model: %s",
+								    me.msg[0] ? me.msg : mbp_strerror(rc));
 			start = mbp_mlp_steps(r->n, 0);
+			mbp_optim_opts was, now;
+			rc = mbp_mlp_optim_read(opath, &was, &me);
+			if (rc < 0)
+				return (rc == -ENOMEM ? fail : bad)("--model: %s",
+								    me.msg[0] ? me.msg : mbp_strerror(rc));
+			mbp_mlp_optim(r->n, &now);
+			if (was.total_steps != now.total_steps || was.warmup_steps != now.warmup_steps ||
+			    was.lr != now.lr || was.min_lr != now.min_lr)
+				fprintf(
+				    stderr,
+				    "pipetrain: note: a new learning-rate schedule from step %llu on (the "
+				    "checkpoint's: %llu steps, warm-up %llu, lr %g to %g; this run's: %llu, "
+				    "%llu, %g to %g), not the rates of an uninterrupted run\n",
+				    (unsigned long long)start, (unsigned long long)was.total_steps,
+				    (unsigned long long)was.warmup_steps, (double)was.lr, (double)was.min_lr,
+				    (unsigned long long)now.total_steps, (unsigned long long)now.warmup_steps,
+				    (double)now.lr, (double)now.min_lr);
 		}
 	}
 
@@ -296,11 +335,11 @@ static int setup(struct run *r)
 		cost[i] = 1;
 	int rc = S > 1 ? pt_profile(r->n, c->mb, cost) : 0;
 	if (rc < 0)
-		return bad("cannot profile the layers: %s", mbp_strerror(rc));
+		return fail("cannot profile the layers: %s", mbp_strerror(rc));
 	mbp_model_plan plan;
 	rc = mbp_model_partition(cost, NULL, L, S, &plan);
 	if (rc < 0)
-		return bad("cannot partition %u layers into %u stages: %s", L, S, mbp_strerror(rc));
+		return fail("cannot partition %u layers into %u stages: %s", L, S, mbp_strerror(rc));
 	r->sh =
 	    (pt_shared){.n = r->n, .layers = L, .classes = classes, .clip = (float)c->clip, .fault_step = -1};
 	const char *fault = getenv("PIPETRAIN_FAULT");
@@ -321,7 +360,7 @@ static int setup(struct run *r)
 	};
 	rc = mbp_trainer_new(&r->t, &to);
 	if (rc < 0)
-		return bad("cannot create the trainer: %s", mbp_strerror(rc));
+		return fail("cannot create the trainer: %s", mbp_strerror(rc));
 	for (unsigned s = 0; s < S; s++) {
 		pt_stage *p = &r->stage[s];
 		*p = (pt_stage){.sh = &r->sh, .index = s, .first = plan.first[s], .last = plan.first[s + 1]};
@@ -332,7 +371,7 @@ static int setup(struct run *r)
 			rc = mbp_trainer_add_stage(r->t, &d);
 		}
 		if (rc < 0)
-			return bad("cannot build stage %u: %s", s, mbp_strerror(rc));
+			return fail("cannot build stage %u: %s", s, mbp_strerror(rc));
 	}
 	/* After every stage_new (each sets OpenBLAS to one thread): what the user asked for. */
 	if (c->blas_threads)
@@ -352,7 +391,7 @@ static int setup(struct run *r)
 	if (!r->xb || !r->yb || !r->xval || !r->yval || !r->xtest || !r->ytest || !r->preds || !r->logits ||
 	    !all) {
 		free(all);
-		return bad("out of memory");
+		return fail("out of memory");
 	}
 	for (uint32_t i = 0; i < r->test.n; i++)
 		all[i] = i;
@@ -391,7 +430,7 @@ static int setup(struct run *r)
 	rep->split_bound = S > 1 && plan.slowest_ns > 0 ? plan.sequential_ns / plan.slowest_ns : 0;
 	rep->ep = calloc(c->epochs + 1, sizeof(pt_epoch));
 	if (!rep->ep)
-		return bad("out of memory");
+		return fail("out of memory");
 	if (pt_csv_open(c, &r->csv) < 0)
 		return 2;
 

@@ -160,7 +160,8 @@ static void usage(void)
 	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
 	    "  --trace FILE          Chrome trace of the last step;  --predictions FILE  test set classes\n"
 	    "  --progress, --no-progress, -q/--quiet, -h/--help, --version\n"
-	    "Exit status: 0 done, 1 training failed, 2 bad arguments, 130 interrupted (checkpoint written).\n"
+	    "Exit status: 0 done, 1 training or the system failed, 2 bad arguments or input,\n"
+	    "  130 SIGINT, 143 SIGTERM (the step finished, a checkpoint written with --save).\n"
 	    "See pipetrain(1).\n",
 	    MBP_FASHION_MNIST_DIR);
 }
@@ -205,8 +206,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		if (o == -1)
 			break;
 		const char *name = opt_name(o, idx);
-		uint64_t u;
-		double d;
+		uint64_t u = 0;
+		double d = 0;
 		switch (o) {
 		case '?':
 			return fail(err, errlen, "unknown option '%s' (see --help)", argv[optind - 1]);
@@ -267,9 +268,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 				      : o == 'e'			  ? 100000
 				      : o == OPT_THREADS || o == OPT_BLAS ? 256
 									  : 1u << 24;
-			if (parse_u64(optarg, 1, hi, &u))
-				return fail(err, errlen, "%s: '%s' is not a whole number from 1 to %llu",
-					    name, optarg, (unsigned long long)hi);
+			if (parse_u64_opt(name, optarg, "a whole number", 1, hi, &u, err, errlen))
+				return -1;
 			if (o == 's')
 				c->stages = (unsigned)u;
 			else if (o == 'b')
@@ -290,9 +290,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		case OPT_WARMUP:
 		case OPT_SEED: {
 			uint64_t hi = o == OPT_VAL ? 59000 : o == OPT_WARMUP ? 1u << 30 : UINT64_MAX;
-			if (parse_u64(optarg, 0, hi, &u))
-				return fail(err, errlen, "%s: '%s' is not a whole number from 0 to %llu",
-					    name, optarg, (unsigned long long)hi);
+			if (parse_u64_opt(name, optarg, "a whole number", 0, hi, &u, err, errlen))
+				return -1;
 			if (o == OPT_VAL)
 				c->val = (uint32_t)u;
 			else if (o == OPT_WARMUP)
@@ -307,9 +306,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		case OPT_MOMENTUM:
 		case OPT_CLIP: {
 			double lo = o == OPT_LR ? 1e-12 : 0, hi = o == OPT_MOMENTUM ? 0.999 : 1e3;
-			if (parse_double(optarg, lo, hi, &d))
-				return fail(err, errlen, "%s: '%s' is not a number from %g to %g", name,
-					    optarg, lo, hi);
+			if (parse_double_opt(name, optarg, "a number", lo, hi, &d, err, errlen))
+				return -1;
 			if (o == OPT_LR)
 				c->lr = d, lr_given = true;
 			else if (o == OPT_MIN_LR)

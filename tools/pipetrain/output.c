@@ -14,50 +14,34 @@
 
 #include "pipetrain.h"
 #include "../plural.h"
+#include "../progress.h"
 
 FILE *pt_human(const pt_config *c)
 {
 	return c->json || (c->csv && !strcmp(c->csv, "-")) ? stderr : stdout;
 }
 
-static int progress_on;
-static int progress_drawn;
+static struct progress bar;
 
 void pt_progress_init(int mode)
 {
-	progress_on = mode < 0 ? isatty(STDERR_FILENO) : mode;
+	progress_init(&bar, mode);
 }
 
 void pt_progress(unsigned epoch, unsigned epochs, uint64_t done, uint64_t total, double samples_per_s,
 		 double loss)
 {
-	enum { WIDTH = 30 };
-	if (!progress_on || !total)
+	if (!total)
 		return;
-	/* At most ten redraws a second (a small model runs thousands of steps a second), and the last. */
-	static double last;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-	if (done < total && now - last < 0.1)
-		return;
-	last = now;
-	unsigned fill = (unsigned)(done * WIDTH / total);
-	char bar[WIDTH + 1];
-	for (unsigned i = 0; i < WIDTH; i++)
-		bar[i] = i < fill ? '#' : '.';
-	bar[WIDTH] = 0;
-	fprintf(stderr, "\repoch %u/%u [%s] %3u%% %7.0f samples/s loss %.4f ", epoch, epochs, bar,
-		(unsigned)(done * 100 / total), samples_per_s, loss);
-	fflush(stderr);
-	progress_drawn = 1;
+	char before[48], after[96];
+	snprintf(before, sizeof before, "epoch %u/%u ", epoch, epochs);
+	snprintf(after, sizeof after, "%7.0f samples/s loss %.4f ", samples_per_s, loss);
+	progress_draw(&bar, done, total, before, after);
 }
 
 void pt_progress_end(void)
 {
-	if (progress_on && progress_drawn)
-		fprintf(stderr, "\r%90s\r", "");
-	progress_drawn = 0;
+	progress_end(&bar);
 }
 
 static void widths_str(const pt_report *r, char *buf, size_t n)
