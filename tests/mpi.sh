@@ -99,6 +99,9 @@ verdict $ok "pipebench -np 2 --json (mlp, each rank its layers) parses and has i
 bad "pipebench: more ranks than stages" "^pipebench: 2 stages over 3 ranks: every rank needs a stage" 3 \
 	"$pb" --workload synthetic --stages 2
 bad "pipebench: --csv under mpirun" "^pipebench: --csv is not available under mpirun" 2 "$pb" --csv
+bad "pipebench: the training workload under mpirun" "^pipebench: --workload=train does not run under mpirun" 2 \
+	"$pb" --workload train
+bad "pipebench: a bad option under mpirun" "^pipebench: unknown option .--no-such-option." 2 "$pb" --no-such-option
 bad "pipebench: more stages than layers" "^pipebench: 5 stages but the model has 4 layers" 2 \
 	"$pb" --workload mlp --layers 4 --hidden 16 --stages 5
 

@@ -24,6 +24,19 @@ static inline bool mbt_mpi_launched(void)
 	return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
 }
 
+/* This process's rank as the launcher's environment gives it (before MPI is initialised), 0 if none: for
+ * errors found before the run starts, which rank 0 alone should print. */
+static inline unsigned mbt_launcher_rank(void)
+{
+	static const char *const names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		const char *v = getenv(names[i]);
+		if (v)
+			return (unsigned)strtoul(v, NULL, 10);
+	}
+	return 0;
+}
+
 /* Rank r of R runs stages [*lo, *hi) of S (S >= R). */
 static inline void mbt_rank_stages(unsigned S, unsigned R, unsigned r, unsigned *lo, unsigned *hi)
 {

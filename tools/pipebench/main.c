@@ -24,9 +24,11 @@
 #define PB_DEF_MAX_STAGES      4
 #define PB_VISIT_S	       0.02 /* measured time per visit to a size */
 
+/* Under mpirun every rank finds the same error: rank 0 alone says it. */
 static int usage_error(const char *msg)
 {
-	fprintf(stderr, "pipebench: %s (try --help)\n", msg);
+	if (mbt_launcher_rank() == 0)
+		fprintf(stderr, "pipebench: %s (try --help)\n", msg);
 	return PB_EXIT_USAGE;
 }
 
