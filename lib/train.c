@@ -624,8 +624,9 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	if (!tp || !o)
 		return -EINVAL;
 	*tp = NULL;
-	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 || !o->loss ||
-	    o->max_mbs > MBP_TRAIN_MAX_MBS || (unsigned)o->schedule > MBP_SCHED_ZBH1)
+	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 ||
+	    o->target_row_bytes > UINT32_MAX || !o->loss || o->max_mbs > MBP_TRAIN_MAX_MBS ||
+	    (unsigned)o->schedule > MBP_SCHED_ZBH1)
 		return -EINVAL;
 	struct mbp_trainer *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -910,9 +911,7 @@ static int step_check(const mbp_trainer *t, size_t rows, uint32_t mb_rows)
 		return -EINVAL;
 	if (t->state != TS_RUNNING)
 		return t->state == TS_NEW ? -ENOTCONN : -ESHUTDOWN;
-	if (mb_rows > t->o.max_mb_rows || (rows + mb_rows - 1) / mb_rows > t->o.max_mbs)
-		return -E2BIG;
-	return 0;
+	return mbp__train_size_check(rows, mb_rows, t->o.max_mb_rows, t->o.max_mbs);
 }
 
 static int step_run(struct mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,

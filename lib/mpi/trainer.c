@@ -341,8 +341,12 @@ static int check_hs(mbp_mpi_trainer *T, const uint64_t *all)
 				 (unsigned long long)all[(r + 1) * HS_N + HS_IN]);
 			return -EINVAL;
 		}
-		if (v[HS_OUT] * v[HS_ROWS] > INT_MAX || v[HS_IN] * v[HS_ROWS] > INT_MAX ||
-		    v[HS_TGT] * v[HS_ROWS] * v[HS_MBS] > INT_MAX) {
+		/* each product in 64 bits, checked for a wrap (the widths are size_t on the sending rank) */
+		uint64_t out_mb, in_mb, tgt_rows, tgt_step;
+		if (__builtin_mul_overflow(v[HS_OUT], v[HS_ROWS], &out_mb) || out_mb > INT_MAX ||
+		    __builtin_mul_overflow(v[HS_IN], v[HS_ROWS], &in_mb) || in_mb > INT_MAX ||
+		    __builtin_mul_overflow(v[HS_TGT], v[HS_ROWS], &tgt_rows) ||
+		    __builtin_mul_overflow(tgt_rows, v[HS_MBS], &tgt_step) || tgt_step > INT_MAX) {
 			snprintf(T->err, sizeof(T->err),
 				 "rank %d's micro-batches or a step's targets exceed 2 GiB", r);
 			return -E2BIG;
