@@ -942,13 +942,41 @@ int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets
 	return rc < 0 ? rc : step_run(t, in, targets, rows, mb_rows, loss);
 }
 
+/* A part that cannot run its step (its schedule could not be built) still takes part in it: the other
+ * parts wait for its vote at their first barrier. It fails the step at once (the remote tells the others)
+ * and votes with its error; its workers do not run. What the agent pushed into the incoming rings before
+ * agree() closed the step is dropped here (no worker takes it). */
+static int step_fail_early(struct mbp_trainer *t, int rc)
+{
+	pthread_mutex_lock(&t->lock);
+	t->err = (mbp_train_error){.err = rc, .stage = -1, .mb = -1};
+	pthread_mutex_unlock(&t->lock);
+	t->rem.begin(t->rem.arg);
+	t->rem.failed(t->rem.arg);
+	struct mbp__train_vote v = {.ok = false, .err = {.err = rc, .stage = -1, .mb = -1}};
+	t->rem.agree(t->rem.arg, &v);
+	static const int incoming[] = {MBP__LINK_UP_FWD, MBP__LINK_DOWN_BWD};
+	for (unsigned i = 0; i < MBP_ARRAY_SIZE(incoming); i++) {
+		void *item;
+		while (t->link[incoming[i]] && mbp__ring_pop_sc(t->link[incoming[i]], &item))
+			mbp_pool_put(t->pool, NULL, item);
+	}
+	if (v.ok || v.err.err == 0) /* cannot happen: this part voted no */
+		v.err = (mbp_train_error){.err = rc, .stage = -1, .mb = -1};
+	pthread_mutex_lock(&t->lock);
+	t->err = v.err;
+	t->sum.steps_failed++;
+	pthread_mutex_unlock(&t->lock);
+	return v.err.err;
+}
+
 static int step_run(struct mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
 		    double *loss)
 {
-	size_t M = (rows + mb_rows - 1) / mb_rows;
+	size_t M = (rows + mb_rows - 1) / mb_rows; /* no wrap: rows <= max_mbs * mb_rows (step_check) */
 	int rc = prepare_schedule(t, (uint32_t)M);
 	if (rc < 0)
-		return rc;
+		return t->remote ? step_fail_early(t, rc) : rc;
 	t->in = in;
 	t->targets = targets;
 	t->rows = rows;

@@ -141,6 +141,16 @@ static void same_params(const struct part *p, const struct single *s)
 	}
 }
 
+/* One step on every rank and on the single trainer: the same loss, the same parameters. */
+static void step_as_single(struct part *p, struct single *s, const float *in, const float *tg)
+{
+	double loss = -1, want = -2;
+	ck_assert_int_eq(step(p, in, tg, &loss), 0);
+	ck_assert_int_eq(mbp_trainer_step(s->t, in, tg, ROWS, MBR, &want), 0);
+	ck_assert(loss == want);
+	same_params(p, s);
+}
+
 START_TEST(every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit)
 {
 	float in[ROWS * N], tg[ROWS * N];
@@ -211,11 +221,7 @@ static void failing_step(struct part *p, struct single *s, unsigned n, unsigned 
 		p->st[g % SPR].fail_kind = -1;
 	/* the next step runs normally */
 	make_data(in, tg, ROWS, n + 1);
-	double loss = -1, want = -2;
-	ck_assert_int_eq(step(p, in, tg, &loss), 0);
-	ck_assert_int_eq(mbp_trainer_step(s->t, in, tg, ROWS, MBR, &want), 0);
-	ck_assert(loss == want);
-	same_params(p, s);
+	step_as_single(p, s, in, tg);
 }
 
 START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs)
@@ -320,6 +326,26 @@ START_TEST(drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_r
 }
 END_TEST
 
+START_TEST(a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_runs)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	single_new(&s, MBP_SCHED_1F1B);
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	if (rank == 0) {
+		/* rows + mb_rows - 1 wraps to 0: refused before any rank hears of the step (had it run,
+		 * the targets' byte count would wrap too and MPI would end every rank) */
+		ck_assert_int_eq(mbp_mpi_trainer_step(p.t, in, tg, SIZE_MAX, 2, NULL), -E2BIG);
+		ck_assert_int_eq(mbp_mpi_trainer_step(p.t, in, tg, 32 * 16 + 1, 16, NULL), -E2BIG);
+	}
+	step_as_single(&p, &s, in, tg);
+	part_destroy(&p);
+	mbp_trainer_destroy(s.t);
+}
+END_TEST
+
 START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
 {
 	struct part p;
@@ -329,7 +355,12 @@ START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
 			     "rank 0's output rows are 16 bytes, rank 1's input "
 			     "rows 12") != NULL,
 		      "%s", mbp_mpi_trainer_run_error(p.t));
-	ck_assert_int_eq(step(&p, NULL, NULL, NULL), rank == 0 ? -EINVAL : -ESHUTDOWN);
+	/* every later call says why the run is over: start's error, on every rank */
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	ck_assert_int_eq(step(&p, in, tg, NULL), -EINVAL);
+	if (rank != 0)
+		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t), -EINVAL);
 	part_destroy(&p);
 }
 END_TEST
@@ -344,6 +375,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);
 	tcase_add_test(tc, drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank);
+	tcase_add_test(tc, a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_runs);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
 	suite_add_tcase(s, tc);
 	return s;

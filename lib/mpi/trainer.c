@@ -799,10 +799,10 @@ static bool step_io(mbp_mpi_trainer *T)
 		MPI_Test(&T->tgt_req, &flag, MPI_STATUS_IGNORE);
 		if (flag) {
 			T->tgt_active = false;
-			if (T->rank != 0) {
+			if (T->rank != 0)
 				T->cmd_ready = true; /* the last rank: the step's targets are in */
-				pthread_cond_broadcast(&T->cond);
-			}
+			/* the last rank's step may run; rank 0's step may return (the caller's targets are free) */
+			pthread_cond_broadcast(&T->cond);
 			act = true;
 		}
 	}
@@ -943,6 +943,7 @@ static void teardown_loop(mbp_mpi_trainer *T, bool dead)
 	}
 	mbp__mpi_finish(&T->tgt_req, T->rank != 0, dl);
 	pthread_mutex_lock(&T->lock);
+	T->tgt_pending = T->tgt_active = false;
 	close_step_locked(T);
 	pthread_mutex_unlock(&T->lock);
 	if (!dead && T->comm != MPI_COMM_NULL)
@@ -1014,13 +1015,33 @@ static int link_loop(void *arg)
 
 /* ---- steps ---- */
 
-/* Ranks other than 0: wait for rank 0's next step and run this rank's part of it. */
-static int serve_step(mbp_mpi_trainer *T, double *loss)
+/* Why no step can run any more (lock held): the run's error (a failed start, a silent rank), else
+ * -ESHUTDOWN. */
+static int ended_rc_locked(const mbp_mpi_trainer *T)
+{
+	return T->run_err ? T->run_err : -ESHUTDOWN;
+}
+
+/* The state, read under the lock (the loop's thread writes S_ENDED). */
+static int state_of(mbp_mpi_trainer *T)
+{
+	pthread_mutex_lock(&T->lock);
+	int st = T->state;
+	pthread_mutex_unlock(&T->lock);
+	return st;
+}
+
+/* Ranks other than 0: wait for rank 0's next step and run this rank's part of it. *ended: the run is
+ * over (the return value says why). */
+static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
 {
 	pthread_mutex_lock(&T->lock);
 	while (!T->cmd_ready) {
 		if (T->dead || T->stopped || T->state != S_RUNNING) {
-			int rc = T->dead ? T->run_err : -ESHUTDOWN;
+			int rc = ended_rc_locked(T);
+			if (rc == -ESHUTDOWN && T->cancelled)
+				rc = -ECANCELED;
+			*ended = true;
 			pthread_mutex_unlock(&T->lock);
 			return rc;
 		}
@@ -1039,17 +1060,23 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 {
 	if (!T)
 		return -EINVAL;
-	if (T->state == S_NEW)
+	if (state_of(T) == S_NEW)
 		return -ENOTCONN;
-	if (T->rank != 0)
-		return in || targets || rows || mb_rows ? -EINVAL : serve_step(T, loss);
-	if (!in || !targets || rows == 0 || mb_rows == 0)
+	if (T->rank != 0) {
+		if (in || targets || rows || mb_rows)
+			return -EINVAL;
+		bool ended = false;
+		int rc = serve_step(T, loss, &ended);
+		return ended && rc == -ECANCELED ? -ESHUTDOWN : rc;
+	}
+	if (!in || !targets)
 		return -EINVAL;
-	if (mb_rows > T->o.max_mb_rows || (rows + mb_rows - 1) / mb_rows > T->o.max_mbs)
-		return -E2BIG;
+	int rc = mbp__train_size_check(rows, mb_rows, T->o.max_mb_rows, T->o.max_mbs);
+	if (rc < 0)
+		return rc;
 	pthread_mutex_lock(&T->lock);
 	if (T->state != S_RUNNING || T->dead || T->cancelled || T->draining || T->stop_req) {
-		int rc = T->dead ? T->run_err : -ESHUTDOWN;
+		rc = ended_rc_locked(T);
 		pthread_mutex_unlock(&T->lock);
 		return rc;
 	}
@@ -1065,7 +1092,14 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 	}
 	wake_loop_locked(T);
 	pthread_mutex_unlock(&T->lock);
-	return mbp__trainer_step_remote(T->t, in, T->size == 1 ? targets : NULL, rows, mb_rows, loss);
+	rc = mbp__trainer_step_remote(T->t, in, T->size == 1 ? targets : NULL, rows, mb_rows, loss);
+	/* the caller's targets are in use until their send is done (or the run is over: the loop finished
+	 * or abandoned the send as it left) */
+	pthread_mutex_lock(&T->lock);
+	while ((T->tgt_pending || T->tgt_active) && T->state == S_RUNNING)
+		pthread_cond_wait(&T->cond, &T->lock);
+	pthread_mutex_unlock(&T->lock);
+	return rc;
 }
 
 int mbp_mpi_trainer_serve(mbp_mpi_trainer *T)
@@ -1074,18 +1108,13 @@ int mbp_mpi_trainer_serve(mbp_mpi_trainer *T)
 		return -EINVAL;
 	if (T->rank == 0)
 		return -EPERM;
-	if (T->state == S_NEW)
+	if (state_of(T) == S_NEW)
 		return -ENOTCONN;
 	for (;;) {
-		int rc = serve_step(T, NULL);
-		if (rc == -ESHUTDOWN) {
-			pthread_mutex_lock(&T->lock);
-			rc = T->cancelled ? -ECANCELED : 0;
-			pthread_mutex_unlock(&T->lock);
-			return rc;
-		}
-		if (rc == -ETIMEDOUT && T->dead)
-			return rc;
+		bool ended = false;
+		int rc = serve_step(T, NULL, &ended);
+		if (ended)
+			return rc == -ESHUTDOWN ? 0 : rc;
 	}
 }
 
