@@ -346,6 +346,34 @@ START_TEST(a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_r
 }
 END_TEST
 
+START_TEST(a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset)
+{
+	struct part p;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	ck_assert_int_eq(step(&p, in, tg, NULL), 0);
+	int leaver = size - 1;
+	if (rank == leaver) {
+		/* without serving to the end: rank 0 is not told to stop, and would wait for its votes */
+		part_destroy(&p);
+		return;
+	}
+	if (rank == 0) {
+		/* refused (rank 0 heard of it) or failed by the leaver's vote: either way its reason */
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ECONNRESET);
+		char want[64];
+		snprintf(want, sizeof(want), "rank %d left the run", leaver);
+		ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t), want) != NULL, "%s",
+			      mbp_mpi_trainer_run_error(p.t));
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ECONNRESET);
+	} else {
+		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t), -ECONNRESET);
+	}
+	part_destroy(&p);
+}
+END_TEST
+
 START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
 {
 	struct part p;
@@ -376,6 +404,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);
 	tcase_add_test(tc, drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank);
 	tcase_add_test(tc, a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_runs);
+	tcase_add_test(tc,
+		       a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
 	suite_add_tcase(s, tc);
 	return s;

@@ -47,7 +47,7 @@
 #define MAX_RANKS MBP_MAX_STAGES
 
 enum { TAG_FHDR = 21, TAG_FDATA, TAG_FCRED, TAG_BHDR, TAG_BDATA, TAG_BCRED, TAG_CTRL, TAG_TGT };
-enum { C_HB = 0, C_STEP, C_ABORT, C_CANCEL, C_STOP, C_STOPPED };
+enum { C_HB = 0, C_STEP, C_ABORT, C_CANCEL, C_STOP, C_STOPPED, C_LEAVE };
 enum { S_NEW = 0, S_RUNNING, S_ENDED };
 enum { X_FREE = 0, X_POSTED, X_ARRIVED };
 enum { V_IDLE = 0, V_PENDING, V_ACTIVE, V_DONE };
@@ -66,7 +66,8 @@ struct tctrl {
 
 /* One rank's vote on the wire. */
 struct vrec {
-	int32_t ok, err, stage, mb, op, pad;
+	int32_t ok, err, stage, mb, op;
+	int32_t left; /* the rank's trainer is being destroyed mid-run: it ran no part of this step */
 	double loss;
 	double grad_sq[MBP_MAX_STAGES];
 };
@@ -142,6 +143,10 @@ struct mbp_mpi_trainer {
 	uint64_t abort_attempt; /* a step an ABORT named before it began here */
 	uint64_t fail_attempt;	/* a local failure to tell the others about */
 	bool cancelled, draining, stop_req, stopped, dead;
+	bool leaving;	     /* others: destroy mid-run; vote no on every step until rank 0's STOP */
+	bool leave_told;     /* LEAVE is queued for rank 0 */
+	uint64_t leave_vote; /* the step this leaving rank voted on */
+	int left_rank;	     /* the rank that left (run_err -ECONNRESET) */
 	int vote_state;
 	struct vrec mine;
 	struct mbp__train_vote result;
@@ -185,7 +190,7 @@ static void hook_begin(void *arg)
 	mbp_mpi_trainer *T = arg;
 	pthread_mutex_lock(&T->lock);
 	T->open = T->attempt;
-	if (T->cancelled || T->dead || T->abort_attempt == T->open)
+	if (T->cancelled || T->dead || T->run_err || T->abort_attempt == T->open)
 		mbp__trainer_abort(T->t);
 	wake_loop_locked(T);
 	pthread_mutex_unlock(&T->lock);
@@ -640,7 +645,22 @@ static bool send_io(mbp_mpi_trainer *T, struct link *l)
 	return act;
 }
 
-static const uint32_t cmd_order[] = {C_STOPPED, C_CANCEL, C_ABORT, C_STEP, C_STOP, C_HB};
+static const uint32_t cmd_order[] = {C_STOPPED, C_CANCEL, C_ABORT, C_LEAVE, C_STEP, C_STOP, C_HB};
+
+/* Rank r left the run (destroyed its trainer while the run went on): the run ends with -ECONNRESET on
+ * every rank; rank 0 ends it once the step under way closes (lock held). */
+static void left_locked(mbp_mpi_trainer *T, int r)
+{
+	if (T->run_err)
+		return;
+	T->run_err = -ECONNRESET;
+	T->left_rank = r;
+	snprintf(T->err, sizeof(T->err),
+		 "rank %d left the run: its trainer was destroyed while the run went on", r);
+	if (T->rank == 0)
+		T->stop_req = true;
+	pthread_cond_broadcast(&T->cond);
+}
 
 /* A control message from peer p (lock held). */
 static void on_ctrl(mbp_mpi_trainer *T, int p, const struct tctrl *c)
@@ -670,7 +690,15 @@ static void on_ctrl(mbp_mpi_trainer *T, int p, const struct tctrl *c)
 		if (T->open > T->closed)
 			mbp__trainer_abort(T->t);
 		break;
+	case C_LEAVE:
+		if (!T->stop_req)
+			left_locked(T, p);
+		if (T->open > T->closed)
+			mbp__trainer_abort(T->t);
+		break;
 	case C_STOP:
+		if (c->rows)
+			left_locked(T, (int)c->mb_rows); /* the reason rank 0 ends the run */
 		T->stopped = true;
 		T->peers[p].pending |= 1u << C_STOPPED;
 		pthread_cond_broadcast(&T->cond);
@@ -711,7 +739,9 @@ static bool ctrl_io(mbp_mpi_trainer *T, bool *leave)
 		}
 		if (hb && k->watch && now - k->last_sent >= hb)
 			k->pending |= 1u << C_HB;
-		if (k->sactive || !k->pending) {
+		if (k->sactive || !k->pending || *leave) {
+			/* after STOPPED nothing more: a message left on the wire as this rank frees the
+			 * communicator could reach the next run's (MPI reuses its context) */
 			pthread_mutex_unlock(&T->lock);
 			continue;
 		}
@@ -727,6 +757,11 @@ static bool ctrl_io(mbp_mpi_trainer *T, bool *leave)
 			k->out.cmd = cmd_order[o];
 			if (k->out.cmd == C_ABORT)
 				k->out.attempt = k->abort_attempt;
+			if (k->out.cmd == C_STOP && T->run_err == -ECONNRESET) {
+				/* why the run ends: a rank left */
+				k->out.rows = (uint64_t)-T->run_err;
+				k->out.mb_rows = (uint32_t)T->left_rank;
+			}
 			if (k->out.cmd == C_STEP) {
 				k->out.attempt = T->attempt;
 				k->out.rows = T->cmd_rows;
@@ -765,6 +800,8 @@ static void tally_locked(mbp_mpi_trainer *T)
 	for (int r = 0; r < T->size; r++) {
 		const struct vrec *a = &T->all[r];
 		v->ok &= a->ok != 0;
+		if (a->left)
+			left_locked(T, r);
 		for (unsigned s = T->first_of[r]; s < T->first_of[r + 1]; s++)
 			v->grad_sq[s] = a->grad_sq[s];
 		/* the step's error: the failing stage with the lowest index, else the first rank's */
@@ -837,6 +874,34 @@ static bool step_io(mbp_mpi_trainer *T)
 		}
 	}
 	pthread_mutex_unlock(&T->lock);
+	return act;
+}
+
+/* A rank leaving mid-run (lock held): LEAVE to rank 0, and a vote of no, with the ABORT a failing stage
+ * sends, on every step rank 0 starts until its STOP (the others wait for this rank's vote). */
+static bool leave_io_locked(mbp_mpi_trainer *T)
+{
+	if (!T->leaving)
+		return false;
+	bool act = false;
+	if (!T->leave_told && !T->stopped) { /* once told to stop, its STOPPED says all */
+		T->peers[0].pending |= 1u << C_LEAVE;
+		T->leave_told = act = true;
+	}
+	if (T->vote_state == V_DONE) {
+		T->closed = T->leave_vote; /* its arrivals are dropped from now on */
+		T->vote_state = V_IDLE;
+		act = true;
+	}
+	if (T->vote_state == V_IDLE && T->attempt > T->closed && !T->tgt_active) {
+		memset(&T->mine, 0, sizeof(T->mine));
+		T->mine.err = -ECONNRESET;
+		T->mine.stage = T->mine.mb = -1;
+		T->mine.left = 1;
+		T->leave_vote = T->fail_attempt = T->attempt;
+		T->vote_state = V_PENDING;
+		act = true;
+	}
 	return act;
 }
 
@@ -969,6 +1034,7 @@ static int link_loop(void *arg)
 			break;
 		}
 		pthread_mutex_lock(&T->lock);
+		act |= leave_io_locked(T);
 		if (T->rank == 0) {
 			if (T->stop_req && !stop_sent && T->open <= T->closed) {
 				for (int p = 1; p < T->size; p++)
@@ -1184,7 +1250,9 @@ void mbp_mpi_trainer_destroy(mbp_mpi_trainer *T)
 		return;
 	pthread_mutex_lock(&T->lock);
 	if (T->state == S_RUNNING) {
-		/* rank 0 ends the run; the others wait for it to */
+		/* rank 0 ends the run; the others wait for it to, and one that is not told to end yet tells
+		 * rank 0 it leaves (rank 0 would wait for its votes) */
+		T->leaving = T->rank != 0 && !T->stopped;
 		T->stop_req = true;
 		wake_loop_locked(T);
 		while (T->state == S_RUNNING)
