@@ -257,13 +257,9 @@ int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp
 		T->o.max_mbs = 64;
 	if (T->o.schedule == MBP_SCHED_DEFAULT)
 		T->o.schedule = MBP_SCHED_1F1B;
-	mbp_mpi_opts_init(&T->mo);
-	if (mo) {
-		T->mo.window = mo->window ? mo->window : T->mo.window;
-		T->mo.peer_timeout_ns = mo->peer_timeout_ns ? mo->peer_timeout_ns : T->mo.peer_timeout_ns;
-		T->mo.spin_ns = mo->spin_ns ? mo->spin_ns : T->mo.spin_ns;
-		T->mo.idle_ns = mo->idle_ns ? mo->idle_ns : T->mo.idle_ns;
-	}
+	if (mo)
+		T->mo = *mo;
+	mbp__mpi_opts_fill(&T->mo); /* inflight is not used */
 	if (T->mo.window > 1024) {
 		free(T);
 		return -EINVAL;
@@ -1062,7 +1058,8 @@ static int link_loop(void *arg)
 					mbp__trainer_link_count(T->t, T->links[i].ring);
 			if (!work) {
 				struct timespec ts;
-				mbp__mpi_deadline((int64_t)T->mo.idle_ns, &ts);
+				mbp__mpi_deadline((int64_t)mbp__mpi_park_ns(now - last_act, T->mo.idle_ns),
+						  &ts);
 				pthread_cond_timedwait(&T->wake, &T->lock, &ts);
 			}
 			atomic_store(&T->sleeping, 0);
