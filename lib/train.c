@@ -119,6 +119,7 @@ struct mbp_trainer {
 	_Atomic uint32_t draining;
 	struct tbarrier b1, b2;
 	bool step_ok;	       /* decided by the last thread at the first barrier: update (true) or discard */
+	int prepare_err;       /* tests: the next step's schedule "fails" with this (controller only) */
 	_Atomic uint32_t done; /* futex word: bumped by the last worker past the second barrier */
 
 	pthread_mutex_t lock; /* the first error of a step; the summary figures; the start handshake */
@@ -974,7 +975,8 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 		    double *loss)
 {
 	size_t M = (rows + mb_rows - 1) / mb_rows; /* no wrap: rows <= max_mbs * mb_rows (step_check) */
-	int rc = prepare_schedule(t, (uint32_t)M);
+	int rc = t->prepare_err ? t->prepare_err : prepare_schedule(t, (uint32_t)M);
+	t->prepare_err = 0;
 	if (rc < 0)
 		return t->remote ? step_fail_early(t, rc) : rc;
 	t->in = in;
@@ -1203,6 +1205,11 @@ bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb)
 unsigned mbp__trainer_link_count(mbp_trainer *t, int link)
 {
 	return t->link[link] ? mbp__ring_count(t->link[link]) : 0;
+}
+
+void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err)
+{
+	t->prepare_err = err;
 }
 
 mbp_pool *mbp__trainer_pool(mbp_trainer *t)

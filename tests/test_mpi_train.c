@@ -19,6 +19,7 @@
 #include <mbpipe.h>
 #include <mbpipe/mpi.h>
 
+#include "train_internal.h"
 #include "train_toy.h"
 
 #define SPR  2	/* stages per rank */
@@ -346,6 +347,46 @@ START_TEST(a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_r
 }
 END_TEST
 
+/* Step n: rank r cannot start its part (its schedule fails to build, as on -ENOMEM). */
+static void unstartable_step(struct part *p, struct single *s, unsigned n, int r)
+{
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, n);
+	struct toy before[SPR];
+	memcpy(before, p->st, sizeof(before));
+	if (rank == r)
+		mbp__trainer_fail_next_prepare(mbp__mpi_trainer_local(p->t), -ENOMEM);
+	/* every rank fails the step with rank r's error (without its vote the others would wait) */
+	ck_assert_int_eq(step(p, in, tg, NULL), -ENOMEM);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_mpi_trainer_error(p->t, &e), 0);
+	ck_assert_int_eq(e.err, -ENOMEM);
+	ck_assert_int_eq(e.stage, -1);
+	for (unsigned i = 0; i < SPR; i++) {
+		ck_assert(memcmp(p->st[i].w, before[i].w, sizeof(before[i].w)) == 0);
+		ck_assert_uint_eq(p->st[i].updates, before[i].updates);
+	}
+	make_data(in, tg, ROWS, n + 1);
+	step_as_single(p, s, in, tg);
+}
+
+START_TEST(a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_step_runs)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	single_new(&s, MBP_SCHED_1F1B);
+	unstartable_step(&p, &s, 0, size - 1); /* the last rank: it holds the step's targets */
+	unstartable_step(&p, &s, 2, 0);
+	mbp_mpi_train_stats st;
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	ck_assert_uint_eq(st.local.steps, 2);
+	ck_assert_uint_eq(st.local.steps_failed, 2);
+	part_destroy(&p); /* every buffer came back to the pool */
+	mbp_trainer_destroy(s.t);
+}
+END_TEST
+
 START_TEST(a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset)
 {
 	struct part p;
@@ -406,6 +447,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_runs);
 	tcase_add_test(tc,
 		       a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset);
+	tcase_add_test(tc, a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
 	suite_add_tcase(s, tc);
 	return s;

@@ -1209,6 +1209,11 @@ int mbp_mpi_trainer_drain(mbp_mpi_trainer *T)
 	return 0;
 }
 
+mbp_trainer *mbp__mpi_trainer_local(mbp_mpi_trainer *T)
+{
+	return T->t;
+}
+
 int mbp_mpi_trainer_error(const mbp_mpi_trainer *T, mbp_train_error *e)
 {
 	if (!T || !e)
