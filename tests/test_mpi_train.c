@@ -225,6 +225,17 @@ static void failing_step(struct part *p, struct single *s, unsigned n, unsigned 
 	step_as_single(p, s, in, tg);
 }
 
+/* This rank's steps that succeeded and failed; then the end (the pool checks every buffer came back). */
+static void end_counted(struct part *p, struct single *s, uint64_t steps, uint64_t failed)
+{
+	mbp_mpi_train_stats st;
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p->t, &st, NULL, 0), SPR);
+	ck_assert_uint_eq(st.local.steps, steps);
+	ck_assert_uint_eq(st.local.steps_failed, failed);
+	part_destroy(p);
+	mbp_trainer_destroy(s->t);
+}
+
 START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs)
 {
 	struct part p;
@@ -237,12 +248,7 @@ START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_nex
 	failing_step(&p, &s, 0, S - 1, MBP_OP_F, 2, MBP_OP_F);
 	failing_step(&p, &s, 2, S - SPR, MBP_OP_BIN, 0, MBP_OP_BIN);
 	failing_step(&p, &s, 4, SPR, MBP_OP_W, 5, MBP_OP_W);
-	mbp_mpi_train_stats st;
-	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
-	ck_assert_uint_eq(st.local.steps, 3);
-	ck_assert_uint_eq(st.local.steps_failed, 3);
-	part_destroy(&p);
-	mbp_trainer_destroy(s.t);
+	end_counted(&p, &s, 3, 3);
 }
 END_TEST
 
@@ -378,12 +384,7 @@ START_TEST(a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_st
 	single_new(&s, MBP_SCHED_1F1B);
 	unstartable_step(&p, &s, 0, size - 1); /* the last rank: it holds the step's targets */
 	unstartable_step(&p, &s, 2, 0);
-	mbp_mpi_train_stats st;
-	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
-	ck_assert_uint_eq(st.local.steps, 2);
-	ck_assert_uint_eq(st.local.steps_failed, 2);
-	part_destroy(&p); /* every buffer came back to the pool */
-	mbp_trainer_destroy(s.t);
+	end_counted(&p, &s, 2, 2);
 }
 END_TEST
 
