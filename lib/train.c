@@ -119,6 +119,7 @@ struct mbp_trainer {
 	_Atomic uint32_t draining;
 	struct tbarrier b1, b2;
 	bool step_ok;	       /* decided by the last thread at the first barrier: update (true) or discard */
+	int prepare_err;       /* tests: the next step's schedule "fails" with this (controller only) */
 	_Atomic uint32_t done; /* futex word: bumped by the last worker past the second barrier */
 
 	pthread_mutex_t lock; /* the first error of a step; the summary figures; the start handshake */
@@ -624,8 +625,9 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	if (!tp || !o)
 		return -EINVAL;
 	*tp = NULL;
-	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 || !o->loss ||
-	    o->max_mbs > MBP_TRAIN_MAX_MBS || (unsigned)o->schedule > MBP_SCHED_ZBH1)
+	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 ||
+	    o->target_row_bytes > UINT32_MAX || !o->loss || o->max_mbs > MBP_TRAIN_MAX_MBS ||
+	    (unsigned)o->schedule > MBP_SCHED_ZBH1)
 		return -EINVAL;
 	struct mbp_trainer *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -910,9 +912,7 @@ static int step_check(const mbp_trainer *t, size_t rows, uint32_t mb_rows)
 		return -EINVAL;
 	if (t->state != TS_RUNNING)
 		return t->state == TS_NEW ? -ENOTCONN : -ESHUTDOWN;
-	if (mb_rows > t->o.max_mb_rows || (rows + mb_rows - 1) / mb_rows > t->o.max_mbs)
-		return -E2BIG;
-	return 0;
+	return mbp__train_size_check(rows, mb_rows, t->o.max_mb_rows, t->o.max_mbs);
 }
 
 static int step_run(struct mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
@@ -943,13 +943,42 @@ int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets
 	return rc < 0 ? rc : step_run(t, in, targets, rows, mb_rows, loss);
 }
 
+/* A part that cannot run its step (its schedule could not be built) still takes part in it: the other
+ * parts wait for its vote at their first barrier. It fails the step at once (the remote tells the others)
+ * and votes with its error; its workers do not run. What the agent pushed into the incoming rings before
+ * agree() closed the step is dropped here (no worker takes it). */
+static int step_fail_early(struct mbp_trainer *t, int rc)
+{
+	pthread_mutex_lock(&t->lock);
+	t->err = (mbp_train_error){.err = rc, .stage = -1, .mb = -1};
+	pthread_mutex_unlock(&t->lock);
+	t->rem.begin(t->rem.arg);
+	t->rem.failed(t->rem.arg);
+	struct mbp__train_vote v = {.ok = false, .err = {.err = rc, .stage = -1, .mb = -1}};
+	t->rem.agree(t->rem.arg, &v);
+	static const int incoming[] = {MBP__LINK_UP_FWD, MBP__LINK_DOWN_BWD};
+	for (unsigned i = 0; i < MBP_ARRAY_SIZE(incoming); i++) {
+		void *item;
+		while (t->link[incoming[i]] && mbp__ring_pop_sc(t->link[incoming[i]], &item))
+			mbp_pool_put(t->pool, NULL, item);
+	}
+	if (v.ok || v.err.err == 0) /* cannot happen: this part voted no */
+		v.err = (mbp_train_error){.err = rc, .stage = -1, .mb = -1};
+	pthread_mutex_lock(&t->lock);
+	t->err = v.err;
+	t->sum.steps_failed++;
+	pthread_mutex_unlock(&t->lock);
+	return v.err.err;
+}
+
 static int step_run(struct mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
 		    double *loss)
 {
-	size_t M = (rows + mb_rows - 1) / mb_rows;
-	int rc = prepare_schedule(t, (uint32_t)M);
+	size_t M = (rows + mb_rows - 1) / mb_rows; /* no wrap: rows <= max_mbs * mb_rows (step_check) */
+	int rc = t->prepare_err ? t->prepare_err : prepare_schedule(t, (uint32_t)M);
+	t->prepare_err = 0;
 	if (rc < 0)
-		return rc;
+		return t->remote ? step_fail_early(t, rc) : rc;
 	t->in = in;
 	t->targets = targets;
 	t->rows = rows;
@@ -1176,6 +1205,11 @@ bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb)
 unsigned mbp__trainer_link_count(mbp_trainer *t, int link)
 {
 	return t->link[link] ? mbp__ring_count(t->link[link]) : 0;
+}
+
+void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err)
+{
+	t->prepare_err = err;
 }
 
 mbp_pool *mbp__trainer_pool(mbp_trainer *t)

@@ -20,6 +20,7 @@
 #ifndef MBP__TRAIN_INTERNAL_H
 #define MBP__TRAIN_INTERNAL_H
 
+#include <errno.h>
 #include <stdbool.h>
 
 #include <mbpipe.h>
@@ -66,9 +67,27 @@ mbp_pool *mbp__trainer_pool(mbp_trainer *t);
 /* Fail the running step from outside (a remote part failed): no local error is recorded. Any thread. */
 void mbp__trainer_abort(mbp_trainer *t);
 
+/* A step's size against the trainer's bounds (mbp_trainer_step's rule, also rank 0's across ranks):
+ * -EINVAL (rows or mb_rows 0), -E2BIG (mb_rows above max_mb_rows, more than max_mbs micro-batches).
+ * Compared without a rounding division, which would wrap for rows near SIZE_MAX. */
+static inline int mbp__train_size_check(size_t rows, uint32_t mb_rows, uint32_t max_mb_rows, uint32_t max_mbs)
+{
+	if (rows == 0 || mb_rows == 0)
+		return -EINVAL;
+	if (mb_rows > max_mb_rows || (uint64_t)rows > (uint64_t)max_mbs * mb_rows)
+		return -E2BIG;
+	return 0;
+}
+
 /* mbp_trainer_step for a part: `in` NULL when stage0 > 0, `targets` NULL when the last stage is remote;
  * no refusal for a cancel or drain (the step runs, and fails if cancelled, so every part votes). */
 int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets, size_t rows,
 			     uint32_t mb_rows, double *loss);
+
+/* Tests: the next step cannot build its schedule and fails with `err` (< 0), as on -ENOMEM. */
+void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err);
+/* Tests: the local trainer of an MPI trainer (libmbpipe-mpi). */
+struct mbp_mpi_trainer;
+mbp_trainer *mbp__mpi_trainer_local(struct mbp_mpi_trainer *T);
 
 #endif

@@ -19,6 +19,7 @@
 #include <mbpipe.h>
 #include <mbpipe/mpi.h>
 
+#include "train_internal.h"
 #include "train_toy.h"
 
 #define SPR  2	/* stages per rank */
@@ -141,6 +142,16 @@ static void same_params(const struct part *p, const struct single *s)
 	}
 }
 
+/* One step on every rank and on the single trainer: the same loss, the same parameters. */
+static void step_as_single(struct part *p, struct single *s, const float *in, const float *tg)
+{
+	double loss = -1, want = -2;
+	ck_assert_int_eq(step(p, in, tg, &loss), 0);
+	ck_assert_int_eq(mbp_trainer_step(s->t, in, tg, ROWS, MBR, &want), 0);
+	ck_assert(loss == want);
+	same_params(p, s);
+}
+
 START_TEST(every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit)
 {
 	float in[ROWS * N], tg[ROWS * N];
@@ -211,11 +222,18 @@ static void failing_step(struct part *p, struct single *s, unsigned n, unsigned 
 		p->st[g % SPR].fail_kind = -1;
 	/* the next step runs normally */
 	make_data(in, tg, ROWS, n + 1);
-	double loss = -1, want = -2;
-	ck_assert_int_eq(step(p, in, tg, &loss), 0);
-	ck_assert_int_eq(mbp_trainer_step(s->t, in, tg, ROWS, MBR, &want), 0);
-	ck_assert(loss == want);
-	same_params(p, s);
+	step_as_single(p, s, in, tg);
+}
+
+/* This rank's steps that succeeded and failed; then the end (the pool checks every buffer came back). */
+static void end_counted(struct part *p, struct single *s, uint64_t steps, uint64_t failed)
+{
+	mbp_mpi_train_stats st;
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p->t, &st, NULL, 0), SPR);
+	ck_assert_uint_eq(st.local.steps, steps);
+	ck_assert_uint_eq(st.local.steps_failed, failed);
+	part_destroy(p);
+	mbp_trainer_destroy(s->t);
 }
 
 START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs)
@@ -230,12 +248,7 @@ START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_nex
 	failing_step(&p, &s, 0, S - 1, MBP_OP_F, 2, MBP_OP_F);
 	failing_step(&p, &s, 2, S - SPR, MBP_OP_BIN, 0, MBP_OP_BIN);
 	failing_step(&p, &s, 4, SPR, MBP_OP_W, 5, MBP_OP_W);
-	mbp_mpi_train_stats st;
-	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
-	ck_assert_uint_eq(st.local.steps, 3);
-	ck_assert_uint_eq(st.local.steps_failed, 3);
-	part_destroy(&p);
-	mbp_trainer_destroy(s.t);
+	end_counted(&p, &s, 3, 3);
 }
 END_TEST
 
@@ -320,6 +333,89 @@ START_TEST(drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_r
 }
 END_TEST
 
+START_TEST(a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_runs)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	single_new(&s, MBP_SCHED_1F1B);
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	if (rank == 0) {
+		/* rows + mb_rows - 1 wraps to 0: refused before any rank hears of the step (had it run,
+		 * the targets' byte count would wrap too and MPI would end every rank) */
+		ck_assert_int_eq(mbp_mpi_trainer_step(p.t, in, tg, SIZE_MAX, 2, NULL), -E2BIG);
+		ck_assert_int_eq(mbp_mpi_trainer_step(p.t, in, tg, 32 * 16 + 1, 16, NULL), -E2BIG);
+	}
+	step_as_single(&p, &s, in, tg);
+	part_destroy(&p);
+	mbp_trainer_destroy(s.t);
+}
+END_TEST
+
+/* Step n: rank r cannot start its part (its schedule fails to build, as on -ENOMEM). */
+static void unstartable_step(struct part *p, struct single *s, unsigned n, int r)
+{
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, n);
+	struct toy before[SPR];
+	memcpy(before, p->st, sizeof(before));
+	if (rank == r)
+		mbp__trainer_fail_next_prepare(mbp__mpi_trainer_local(p->t), -ENOMEM);
+	/* every rank fails the step with rank r's error (without its vote the others would wait) */
+	ck_assert_int_eq(step(p, in, tg, NULL), -ENOMEM);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_mpi_trainer_error(p->t, &e), 0);
+	ck_assert_int_eq(e.err, -ENOMEM);
+	ck_assert_int_eq(e.stage, -1);
+	for (unsigned i = 0; i < SPR; i++) {
+		ck_assert(memcmp(p->st[i].w, before[i].w, sizeof(before[i].w)) == 0);
+		ck_assert_uint_eq(p->st[i].updates, before[i].updates);
+	}
+	make_data(in, tg, ROWS, n + 1);
+	step_as_single(p, s, in, tg);
+}
+
+START_TEST(a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_step_runs)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	single_new(&s, MBP_SCHED_1F1B);
+	unstartable_step(&p, &s, 0, size - 1); /* the last rank: it holds the step's targets */
+	unstartable_step(&p, &s, 2, 0);
+	end_counted(&p, &s, 2, 2);
+}
+END_TEST
+
+START_TEST(a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset)
+{
+	struct part p;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	ck_assert_int_eq(step(&p, in, tg, NULL), 0);
+	int leaver = size - 1;
+	if (rank == leaver) {
+		/* without serving to the end: rank 0 is not told to stop, and would wait for its votes */
+		part_destroy(&p);
+		return;
+	}
+	if (rank == 0) {
+		/* refused (rank 0 heard of it) or failed by the leaver's vote: either way its reason */
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ECONNRESET);
+		char want[64];
+		snprintf(want, sizeof(want), "rank %d left the run", leaver);
+		ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t), want) != NULL, "%s",
+			      mbp_mpi_trainer_run_error(p.t));
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ECONNRESET);
+	} else {
+		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t), -ECONNRESET);
+	}
+	part_destroy(&p);
+}
+END_TEST
+
 START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
 {
 	struct part p;
@@ -329,7 +425,12 @@ START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
 			     "rank 0's output rows are 16 bytes, rank 1's input "
 			     "rows 12") != NULL,
 		      "%s", mbp_mpi_trainer_run_error(p.t));
-	ck_assert_int_eq(step(&p, NULL, NULL, NULL), rank == 0 ? -EINVAL : -ESHUTDOWN);
+	/* every later call says why the run is over: start's error, on every rank */
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	ck_assert_int_eq(step(&p, in, tg, NULL), -EINVAL);
+	if (rank != 0)
+		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t), -EINVAL);
 	part_destroy(&p);
 }
 END_TEST
@@ -344,6 +445,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);
 	tcase_add_test(tc, drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank);
+	tcase_add_test(tc, a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_runs);
+	tcase_add_test(tc,
+		       a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset);
+	tcase_add_test(tc, a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
 	suite_add_tcase(s, tc);
 	return s;

@@ -471,6 +471,9 @@ START_TEST(invalid_arguments_return_documented_errors)
 	bad.in_row_bytes = 0;
 	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
 	bad = o;
+	bad.target_row_bytes = (size_t)UINT32_MAX + 1; /* its products with the row counts must not wrap */
+	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
+	bad = o;
 	bad.schedule = (mbp_sched_kind)7;
 	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
 	ck_assert_int_eq(mbp_trainer_new(NULL, &o), -EINVAL);
@@ -500,8 +503,12 @@ START_TEST(invalid_arguments_return_documented_errors)
 	ck_assert_int_eq(mbp_trainer_step(t, NULL, tg, 2, 1, NULL), -EINVAL);
 	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 0, 1, NULL), -EINVAL);
 	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 2, 0, NULL), -EINVAL);
-	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 2, 65, NULL), -E2BIG);   /* above max_mb_rows (64) */
-	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 65, 1, NULL), -E2BIG);   /* 65 mbs, above max_mbs */
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 2, 65, NULL), -E2BIG); /* above max_mb_rows (64) */
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 65, 1, NULL), -E2BIG); /* 65 mbs, above max_mbs */
+	/* rows + mb_rows - 1 wraps to 0 here: the count of micro-batches must not be rounded up by adding */
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, SIZE_MAX, 2, NULL), -E2BIG);
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, SIZE_MAX - 62, 64, NULL), -E2BIG);
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 2, 1, NULL), 0);	      /* and the next step runs */
 	ck_assert_int_eq(mbp_trainer_trace_write(t, "/tmp/x.json"), -EINVAL); /* tracing off */
 	ck_assert_int_eq(mbp_trainer_stats_get(NULL, NULL, NULL, 0), -EINVAL);
 	mbp_trainer_destroy(t);

@@ -241,7 +241,8 @@ int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st);
  * mbp_mpi_trainer_error(); the next step runs normally. A cancel from rank 0 fails the step under way on
  * every rank with -ECANCELED; a rank that stops answering ends the run with -ETIMEDOUT (see "Failures"
  * above: mbp_mpi_trainer_run_error() names it, mbp_mpi_finalize() aborts). Rank 0 ends the run in
- * mbp_mpi_trainer_destroy(); the other ranks' serve (or step: -ESHUTDOWN) returns then.
+ * mbp_mpi_trainer_destroy(); the other ranks' serve (or step: -ESHUTDOWN) returns then. Another rank
+ * that destroys its trainer before that ends the run with -ECONNRESET (see mbp_mpi_trainer_destroy).
  *
  * The communication thread runs one run at a time: a trainer and an mbp_mpi pipeline are not started at
  * once in one process.
@@ -255,8 +256,9 @@ typedef struct mbp_mpi_trainer mbp_mpi_trainer;
 
 /**
  * Create this rank's part of a training pipeline. `o` is this rank's trainer options (<mbpipe/train.h>):
- * in_row_bytes is the width of this rank's input rows (the previous rank's output width); loss,
- * target_row_bytes, max_mb_rows, max_mbs and schedule must be the same on every rank (start checks).
+ * in_row_bytes is the width of this rank's input rows (the previous rank's output width);
+ * target_row_bytes, max_mb_rows, max_mbs and schedule must be the same on every rank (start checks), and so
+ * must loss (only the last rank calls it; start cannot compare functions).
  * Of `mo` (NULL: defaults) the window, peer_timeout_ns, spin_ns and idle_ns apply. Pair with
  * mbp_mpi_trainer_destroy().
  * @return 0, -ENOTCONN (no mbp_mpi_init), -EINVAL, -ERANGE (more ranks than MBP_MAX_STAGES), or
@@ -270,8 +272,9 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *t, const mbp_train_stage_desc *d)
 
 /**
  * Start, on every rank (collective): check that the ranks agree (each rank's output width is the next
- * one's input width, the options above are equal, every rank has a stage, at most MBP_MAX_STAGES stages
- * in all), start each rank's trainer, open the links. Every rank gets the same result.
+ * one's input width, the options above and mbp_mpi_opts.window are equal, every rank has a stage, at
+ * most MBP_MAX_STAGES stages in all), start each rank's trainer, open the links. Every rank gets the
+ * same result; after a failure, step and serve return it too.
  * @return 0, -EINVAL or -E2BIG (mbp_mpi_trainer_run_error() says which rank and what), -EALREADY, or a
  *         rank's mbp_trainer_start error (ZB-H1 with a stage lacking backward_in/backward_w: -EINVAL).
  */
@@ -285,15 +288,16 @@ int mbp_mpi_trainer_start(mbp_mpi_trainer *t);
  * @return 0 or the step's error, the same on every rank (see mbp_trainer_step: -ECANCELED, -EDOM, a
  *         stage's error ...); -EINVAL, -E2BIG (rank 0's arguments, refused before the step starts
  *         anywhere); -ENOTCONN (not started); -ESHUTDOWN (rank 0: cancelled, drained or ending; others:
- *         rank 0 ended the run); -ETIMEDOUT (a rank stopped answering).
+ *         rank 0 ended the run); -ETIMEDOUT (a rank stopped answering); -ECONNRESET (a rank left:
+ *         destroyed its trainer while the run went on); start's error after a failed start.
  */
 int mbp_mpi_trainer_step(mbp_mpi_trainer *t, const void *in, const void *targets, size_t rows,
 			 uint32_t mb_rows, double *loss);
 
 /**
  * Ranks other than 0: run rank 0's steps until it ends the run.
- * @return 0 (ended), -ECANCELED (rank 0 cancelled), -ETIMEDOUT (a rank stopped answering), -EPERM (rank
- *         0), -ENOTCONN, -EINVAL.
+ * @return 0 (ended), -ECANCELED (rank 0 cancelled), -ETIMEDOUT (a rank stopped answering), -ECONNRESET
+ *         (a rank left), start's error (a failed start), -EPERM (rank 0), -ENOTCONN, -EINVAL.
  */
 int mbp_mpi_trainer_serve(mbp_mpi_trainer *t);
 
@@ -310,7 +314,12 @@ int mbp_mpi_trainer_error(const mbp_mpi_trainer *t, mbp_train_error *e);
 /** Why the run failed to start or ended ("rank 2 stopped answering: ..."), or "". */
 const char *mbp_mpi_trainer_run_error(const mbp_mpi_trainer *t);
 
-/** Rank 0 ends the run on every rank (other ranks: wait until it has), then free everything. NULL ok. */
+/**
+ * Rank 0 ends the run on every rank, then frees everything. Another rank waits until rank 0 has ended
+ * the run; one that rank 0 has not told to stop yet (its serve has not returned) leaves: rank 0's step
+ * under way and every later one fail with -ECONNRESET, mbp_mpi_trainer_run_error() names the rank, and
+ * rank 0 ends the run (the other ranks' serve returns -ECONNRESET). NULL ok.
+ */
 void mbp_mpi_trainer_destroy(mbp_mpi_trainer *t);
 
 typedef struct mbp_mpi_train_stats {

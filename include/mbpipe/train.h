@@ -192,7 +192,7 @@ typedef struct mbp_trainer mbp_trainer;
 /** A zeroed struct is the defaults. */
 typedef struct mbp_train_opts {
 	size_t in_row_bytes;	 /**< width of an input row of stage 0 (required, > 0) */
-	size_t target_row_bytes; /**< width of a target row (required, > 0) */
+	size_t target_row_bytes; /**< width of a target row (required, > 0, at most UINT32_MAX) */
 	uint32_t max_mb_rows;	 /**< largest micro-batch; sizes the buffers. 0: 64 */
 	uint32_t max_mbs;	 /**< largest micro-batch count of a step. 0: 64 */
 	mbp_sched_kind schedule; /**< 0: 1F1B */

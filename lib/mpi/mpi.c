@@ -171,7 +171,7 @@ void mbp_mpi_opts_init(mbp_mpi_opts *o)
 	o->idle_ns = 200000;
 }
 
-static void fill_defaults(mbp_mpi_opts *o)
+void mbp__mpi_opts_fill(mbp_mpi_opts *o)
 {
 	mbp_mpi_opts d;
 	mbp_mpi_opts_init(&d);
@@ -248,7 +248,7 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 		return -ENOMEM;
 	if (mo)
 		mp->mo = *mo;
-	fill_defaults(&mp->mo);
+	mbp__mpi_opts_fill(&mp->mo);
 	if (mp->mo.window > 1024 || mp->mo.inflight < mp->mo.window) {
 		free(mp);
 		return -EINVAL;
@@ -1328,10 +1328,10 @@ static void teardown_loop(mbp_mpi *mp, bool dead)
  * each park is a wake-up (about 10 us of CPU on a busy 2-CPU machine), and the parks of the ramp come on
  * top of the idle_ns ones in every quiet period.
  */
-static uint64_t park_ns(const mbp_mpi *mp, uint64_t quiet)
+uint64_t mbp__mpi_park_ns(uint64_t quiet, uint64_t idle_ns)
 {
 	uint64_t ns = quiet / 4;
-	return ns < 1000 ? 1000 : ns > mp->mo.idle_ns ? mp->mo.idle_ns : ns;
+	return ns < 1000 ? 1000 : ns > idle_ns ? idle_ns : ns;
 }
 
 static int link_loop(void *arg)
@@ -1383,7 +1383,7 @@ static int link_loop(void *arg)
 			last_act = now;
 		} else if (!leave && now - last_act > mp->mo.spin_ns && mp->qn == 0) {
 			struct timespec dl;
-			mbp__mpi_deadline((int64_t)park_ns(mp, now - last_act), &dl);
+			mbp__mpi_deadline((int64_t)mbp__mpi_park_ns(now - last_act, mp->mo.idle_ns), &dl);
 			mp->sleeping = true;
 			pthread_cond_timedwait(&mp->wake, &mp->lock, &dl);
 			mp->sleeping = false;

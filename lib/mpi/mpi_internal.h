@@ -32,6 +32,11 @@ void mbp__mpi_check_abort(void);
 void mbp__mpi_sync_init(pthread_mutex_t *m, pthread_cond_t *a, pthread_cond_t *b);
 /* CLOCK_MONOTONIC's now plus timeout_ns. */
 void mbp__mpi_deadline(int64_t timeout_ns, struct timespec *ts);
+/* Zero fields of `o` get mbp_mpi_opts_init's defaults. */
+void mbp__mpi_opts_fill(mbp_mpi_opts *o);
+/* How long a link loop parks, `quiet` ns after its last event (mpi.c explains the ramp): 1 us up to
+ * idle_ns. */
+uint64_t mbp__mpi_park_ns(uint64_t quiet, uint64_t idle_ns);
 /* On the communication thread: wait for a request (cancelled first if `cancel`), at most until `deadline`
  * (mbp__now_ns); then leave it (the run failed and MPI_Abort follows). */
 void mbp__mpi_finish(MPI_Request *rq, bool cancel, uint64_t deadline);

@@ -47,7 +47,7 @@
 #define MAX_RANKS MBP_MAX_STAGES
 
 enum { TAG_FHDR = 21, TAG_FDATA, TAG_FCRED, TAG_BHDR, TAG_BDATA, TAG_BCRED, TAG_CTRL, TAG_TGT };
-enum { C_HB = 0, C_STEP, C_ABORT, C_CANCEL, C_STOP, C_STOPPED };
+enum { C_HB = 0, C_STEP, C_ABORT, C_CANCEL, C_STOP, C_STOPPED, C_LEAVE };
 enum { S_NEW = 0, S_RUNNING, S_ENDED };
 enum { X_FREE = 0, X_POSTED, X_ARRIVED };
 enum { V_IDLE = 0, V_PENDING, V_ACTIVE, V_DONE };
@@ -66,7 +66,8 @@ struct tctrl {
 
 /* One rank's vote on the wire. */
 struct vrec {
-	int32_t ok, err, stage, mb, op, pad;
+	int32_t ok, err, stage, mb, op;
+	int32_t left; /* the rank's trainer is being destroyed mid-run: it ran no part of this step */
 	double loss;
 	double grad_sq[MBP_MAX_STAGES];
 };
@@ -142,6 +143,10 @@ struct mbp_mpi_trainer {
 	uint64_t abort_attempt; /* a step an ABORT named before it began here */
 	uint64_t fail_attempt;	/* a local failure to tell the others about */
 	bool cancelled, draining, stop_req, stopped, dead;
+	bool leaving;	     /* others: destroy mid-run; vote no on every step until rank 0's STOP */
+	bool leave_told;     /* LEAVE is queued for rank 0 */
+	uint64_t leave_vote; /* the step this leaving rank voted on */
+	int left_rank;	     /* the rank that left (run_err -ECONNRESET) */
 	int vote_state;
 	struct vrec mine;
 	struct mbp__train_vote result;
@@ -185,7 +190,7 @@ static void hook_begin(void *arg)
 	mbp_mpi_trainer *T = arg;
 	pthread_mutex_lock(&T->lock);
 	T->open = T->attempt;
-	if (T->cancelled || T->dead || T->abort_attempt == T->open)
+	if (T->cancelled || T->dead || T->run_err || T->abort_attempt == T->open)
 		mbp__trainer_abort(T->t);
 	wake_loop_locked(T);
 	pthread_mutex_unlock(&T->lock);
@@ -252,13 +257,9 @@ int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp
 		T->o.max_mbs = 64;
 	if (T->o.schedule == MBP_SCHED_DEFAULT)
 		T->o.schedule = MBP_SCHED_1F1B;
-	mbp_mpi_opts_init(&T->mo);
-	if (mo) {
-		T->mo.window = mo->window ? mo->window : T->mo.window;
-		T->mo.peer_timeout_ns = mo->peer_timeout_ns ? mo->peer_timeout_ns : T->mo.peer_timeout_ns;
-		T->mo.spin_ns = mo->spin_ns ? mo->spin_ns : T->mo.spin_ns;
-		T->mo.idle_ns = mo->idle_ns ? mo->idle_ns : T->mo.idle_ns;
-	}
+	if (mo)
+		T->mo = *mo;
+	mbp__mpi_opts_fill(&T->mo); /* inflight is not used */
 	if (T->mo.window > 1024) {
 		free(T);
 		return -EINVAL;
@@ -341,8 +342,12 @@ static int check_hs(mbp_mpi_trainer *T, const uint64_t *all)
 				 (unsigned long long)all[(r + 1) * HS_N + HS_IN]);
 			return -EINVAL;
 		}
-		if (v[HS_OUT] * v[HS_ROWS] > INT_MAX || v[HS_IN] * v[HS_ROWS] > INT_MAX ||
-		    v[HS_TGT] * v[HS_ROWS] * v[HS_MBS] > INT_MAX) {
+		/* each product in 64 bits, checked for a wrap (the widths are size_t on the sending rank) */
+		uint64_t out_mb, in_mb, tgt_rows, tgt_step;
+		if (__builtin_mul_overflow(v[HS_OUT], v[HS_ROWS], &out_mb) || out_mb > INT_MAX ||
+		    __builtin_mul_overflow(v[HS_IN], v[HS_ROWS], &in_mb) || in_mb > INT_MAX ||
+		    __builtin_mul_overflow(v[HS_TGT], v[HS_ROWS], &tgt_rows) ||
+		    __builtin_mul_overflow(tgt_rows, v[HS_MBS], &tgt_step) || tgt_step > INT_MAX) {
 			snprintf(T->err, sizeof(T->err),
 				 "rank %d's micro-batches or a step's targets exceed 2 GiB", r);
 			return -E2BIG;
@@ -636,7 +641,22 @@ static bool send_io(mbp_mpi_trainer *T, struct link *l)
 	return act;
 }
 
-static const uint32_t cmd_order[] = {C_STOPPED, C_CANCEL, C_ABORT, C_STEP, C_STOP, C_HB};
+static const uint32_t cmd_order[] = {C_STOPPED, C_CANCEL, C_ABORT, C_LEAVE, C_STEP, C_STOP, C_HB};
+
+/* Rank r left the run (destroyed its trainer while the run went on): the run ends with -ECONNRESET on
+ * every rank; rank 0 ends it once the step under way closes (lock held). */
+static void left_locked(mbp_mpi_trainer *T, int r)
+{
+	if (T->run_err)
+		return;
+	T->run_err = -ECONNRESET;
+	T->left_rank = r;
+	snprintf(T->err, sizeof(T->err),
+		 "rank %d left the run: its trainer was destroyed while the run went on", r);
+	if (T->rank == 0)
+		T->stop_req = true;
+	pthread_cond_broadcast(&T->cond);
+}
 
 /* A control message from peer p (lock held). */
 static void on_ctrl(mbp_mpi_trainer *T, int p, const struct tctrl *c)
@@ -666,7 +686,15 @@ static void on_ctrl(mbp_mpi_trainer *T, int p, const struct tctrl *c)
 		if (T->open > T->closed)
 			mbp__trainer_abort(T->t);
 		break;
+	case C_LEAVE:
+		if (!T->stop_req)
+			left_locked(T, p);
+		if (T->open > T->closed)
+			mbp__trainer_abort(T->t);
+		break;
 	case C_STOP:
+		if (c->rows)
+			left_locked(T, (int)c->mb_rows); /* the reason rank 0 ends the run */
 		T->stopped = true;
 		T->peers[p].pending |= 1u << C_STOPPED;
 		pthread_cond_broadcast(&T->cond);
@@ -707,7 +735,9 @@ static bool ctrl_io(mbp_mpi_trainer *T, bool *leave)
 		}
 		if (hb && k->watch && now - k->last_sent >= hb)
 			k->pending |= 1u << C_HB;
-		if (k->sactive || !k->pending) {
+		if (k->sactive || !k->pending || *leave) {
+			/* after STOPPED nothing more: a message left on the wire as this rank frees the
+			 * communicator could reach the next run's (MPI reuses its context) */
 			pthread_mutex_unlock(&T->lock);
 			continue;
 		}
@@ -723,6 +753,11 @@ static bool ctrl_io(mbp_mpi_trainer *T, bool *leave)
 			k->out.cmd = cmd_order[o];
 			if (k->out.cmd == C_ABORT)
 				k->out.attempt = k->abort_attempt;
+			if (k->out.cmd == C_STOP && T->run_err == -ECONNRESET) {
+				/* why the run ends: a rank left */
+				k->out.rows = (uint64_t)-T->run_err;
+				k->out.mb_rows = (uint32_t)T->left_rank;
+			}
 			if (k->out.cmd == C_STEP) {
 				k->out.attempt = T->attempt;
 				k->out.rows = T->cmd_rows;
@@ -761,6 +796,8 @@ static void tally_locked(mbp_mpi_trainer *T)
 	for (int r = 0; r < T->size; r++) {
 		const struct vrec *a = &T->all[r];
 		v->ok &= a->ok != 0;
+		if (a->left)
+			left_locked(T, r);
 		for (unsigned s = T->first_of[r]; s < T->first_of[r + 1]; s++)
 			v->grad_sq[s] = a->grad_sq[s];
 		/* the step's error: the failing stage with the lowest index, else the first rank's */
@@ -795,10 +832,10 @@ static bool step_io(mbp_mpi_trainer *T)
 		MPI_Test(&T->tgt_req, &flag, MPI_STATUS_IGNORE);
 		if (flag) {
 			T->tgt_active = false;
-			if (T->rank != 0) {
+			if (T->rank != 0)
 				T->cmd_ready = true; /* the last rank: the step's targets are in */
-				pthread_cond_broadcast(&T->cond);
-			}
+			/* the last rank's step may run; rank 0's step may return (the caller's targets are free) */
+			pthread_cond_broadcast(&T->cond);
 			act = true;
 		}
 	}
@@ -833,6 +870,34 @@ static bool step_io(mbp_mpi_trainer *T)
 		}
 	}
 	pthread_mutex_unlock(&T->lock);
+	return act;
+}
+
+/* A rank leaving mid-run (lock held): LEAVE to rank 0, and a vote of no, with the ABORT a failing stage
+ * sends, on every step rank 0 starts until its STOP (the others wait for this rank's vote). */
+static bool leave_io_locked(mbp_mpi_trainer *T)
+{
+	if (!T->leaving)
+		return false;
+	bool act = false;
+	if (!T->leave_told && !T->stopped) { /* once told to stop, its STOPPED says all */
+		T->peers[0].pending |= 1u << C_LEAVE;
+		T->leave_told = act = true;
+	}
+	if (T->vote_state == V_DONE) {
+		T->closed = T->leave_vote; /* its arrivals are dropped from now on */
+		T->vote_state = V_IDLE;
+		act = true;
+	}
+	if (T->vote_state == V_IDLE && T->attempt > T->closed && !T->tgt_active) {
+		memset(&T->mine, 0, sizeof(T->mine));
+		T->mine.err = -ECONNRESET;
+		T->mine.stage = T->mine.mb = -1;
+		T->mine.left = 1;
+		T->leave_vote = T->fail_attempt = T->attempt;
+		T->vote_state = V_PENDING;
+		act = true;
+	}
 	return act;
 }
 
@@ -939,6 +1004,7 @@ static void teardown_loop(mbp_mpi_trainer *T, bool dead)
 	}
 	mbp__mpi_finish(&T->tgt_req, T->rank != 0, dl);
 	pthread_mutex_lock(&T->lock);
+	T->tgt_pending = T->tgt_active = false;
 	close_step_locked(T);
 	pthread_mutex_unlock(&T->lock);
 	if (!dead && T->comm != MPI_COMM_NULL)
@@ -964,6 +1030,7 @@ static int link_loop(void *arg)
 			break;
 		}
 		pthread_mutex_lock(&T->lock);
+		act |= leave_io_locked(T);
 		if (T->rank == 0) {
 			if (T->stop_req && !stop_sent && T->open <= T->closed) {
 				for (int p = 1; p < T->size; p++)
@@ -991,7 +1058,8 @@ static int link_loop(void *arg)
 					mbp__trainer_link_count(T->t, T->links[i].ring);
 			if (!work) {
 				struct timespec ts;
-				mbp__mpi_deadline((int64_t)T->mo.idle_ns, &ts);
+				mbp__mpi_deadline((int64_t)mbp__mpi_park_ns(now - last_act, T->mo.idle_ns),
+						  &ts);
 				pthread_cond_timedwait(&T->wake, &T->lock, &ts);
 			}
 			atomic_store(&T->sleeping, 0);
@@ -1010,13 +1078,33 @@ static int link_loop(void *arg)
 
 /* ---- steps ---- */
 
-/* Ranks other than 0: wait for rank 0's next step and run this rank's part of it. */
-static int serve_step(mbp_mpi_trainer *T, double *loss)
+/* Why no step can run any more (lock held): the run's error (a failed start, a silent rank), else
+ * -ESHUTDOWN. */
+static int ended_rc_locked(const mbp_mpi_trainer *T)
+{
+	return T->run_err ? T->run_err : -ESHUTDOWN;
+}
+
+/* The state, read under the lock (the loop's thread writes S_ENDED). */
+static int state_of(mbp_mpi_trainer *T)
+{
+	pthread_mutex_lock(&T->lock);
+	int st = T->state;
+	pthread_mutex_unlock(&T->lock);
+	return st;
+}
+
+/* Ranks other than 0: wait for rank 0's next step and run this rank's part of it. *ended: the run is
+ * over (the return value says why). */
+static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
 {
 	pthread_mutex_lock(&T->lock);
 	while (!T->cmd_ready) {
 		if (T->dead || T->stopped || T->state != S_RUNNING) {
-			int rc = T->dead ? T->run_err : -ESHUTDOWN;
+			int rc = ended_rc_locked(T);
+			if (rc == -ESHUTDOWN && T->cancelled)
+				rc = -ECANCELED;
+			*ended = true;
 			pthread_mutex_unlock(&T->lock);
 			return rc;
 		}
@@ -1035,17 +1123,23 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 {
 	if (!T)
 		return -EINVAL;
-	if (T->state == S_NEW)
+	if (state_of(T) == S_NEW)
 		return -ENOTCONN;
-	if (T->rank != 0)
-		return in || targets || rows || mb_rows ? -EINVAL : serve_step(T, loss);
-	if (!in || !targets || rows == 0 || mb_rows == 0)
+	if (T->rank != 0) {
+		if (in || targets || rows || mb_rows)
+			return -EINVAL;
+		bool ended = false;
+		int rc = serve_step(T, loss, &ended);
+		return ended && rc == -ECANCELED ? -ESHUTDOWN : rc;
+	}
+	if (!in || !targets)
 		return -EINVAL;
-	if (mb_rows > T->o.max_mb_rows || (rows + mb_rows - 1) / mb_rows > T->o.max_mbs)
-		return -E2BIG;
+	int rc = mbp__train_size_check(rows, mb_rows, T->o.max_mb_rows, T->o.max_mbs);
+	if (rc < 0)
+		return rc;
 	pthread_mutex_lock(&T->lock);
 	if (T->state != S_RUNNING || T->dead || T->cancelled || T->draining || T->stop_req) {
-		int rc = T->dead ? T->run_err : -ESHUTDOWN;
+		rc = ended_rc_locked(T);
 		pthread_mutex_unlock(&T->lock);
 		return rc;
 	}
@@ -1061,7 +1155,14 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 	}
 	wake_loop_locked(T);
 	pthread_mutex_unlock(&T->lock);
-	return mbp__trainer_step_remote(T->t, in, T->size == 1 ? targets : NULL, rows, mb_rows, loss);
+	rc = mbp__trainer_step_remote(T->t, in, T->size == 1 ? targets : NULL, rows, mb_rows, loss);
+	/* the caller's targets are in use until their send is done (or the run is over: the loop finished
+	 * or abandoned the send as it left) */
+	pthread_mutex_lock(&T->lock);
+	while ((T->tgt_pending || T->tgt_active) && T->state == S_RUNNING)
+		pthread_cond_wait(&T->cond, &T->lock);
+	pthread_mutex_unlock(&T->lock);
+	return rc;
 }
 
 int mbp_mpi_trainer_serve(mbp_mpi_trainer *T)
@@ -1070,18 +1171,13 @@ int mbp_mpi_trainer_serve(mbp_mpi_trainer *T)
 		return -EINVAL;
 	if (T->rank == 0)
 		return -EPERM;
-	if (T->state == S_NEW)
+	if (state_of(T) == S_NEW)
 		return -ENOTCONN;
 	for (;;) {
-		int rc = serve_step(T, NULL);
-		if (rc == -ESHUTDOWN) {
-			pthread_mutex_lock(&T->lock);
-			rc = T->cancelled ? -ECANCELED : 0;
-			pthread_mutex_unlock(&T->lock);
-			return rc;
-		}
-		if (rc == -ETIMEDOUT && T->dead)
-			return rc;
+		bool ended = false;
+		int rc = serve_step(T, NULL, &ended);
+		if (ended)
+			return rc == -ESHUTDOWN ? 0 : rc;
 	}
 }
 
@@ -1111,6 +1207,11 @@ int mbp_mpi_trainer_drain(mbp_mpi_trainer *T)
 	T->draining = true;
 	pthread_mutex_unlock(&T->lock);
 	return 0;
+}
+
+mbp_trainer *mbp__mpi_trainer_local(mbp_mpi_trainer *T)
+{
+	return T->t;
 }
 
 int mbp_mpi_trainer_error(const mbp_mpi_trainer *T, mbp_train_error *e)
@@ -1151,7 +1252,9 @@ void mbp_mpi_trainer_destroy(mbp_mpi_trainer *T)
 		return;
 	pthread_mutex_lock(&T->lock);
 	if (T->state == S_RUNNING) {
-		/* rank 0 ends the run; the others wait for it to */
+		/* rank 0 ends the run; the others wait for it to, and one that is not told to end yet tells
+		 * rank 0 it leaves (rank 0 would wait for its votes) */
+		T->leaving = T->rank != 0 && !T->stopped;
 		T->stop_req = true;
 		wake_loop_locked(T);
 		while (T->state == S_RUNNING)
