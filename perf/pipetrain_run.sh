@@ -9,11 +9,13 @@
 #   3. throughput: one stage on one thread (one BLAS thread), one stage with OpenBLAS on 2 threads, 2
 #      stages under 1F1B and ZB-H1; one short epoch (--limit) per run, the arms alternated ROUNDS times,
 #      medians (perf/results/pipetrain-throughput.csv); for MODELS (the issue's and a deeper one);
-#   4. activation memory: GPipe against 1F1B on 4 stages, 8 micro-batches: the stash high-water marks.
+#   4. activation memory: GPipe against 1F1B on 4 stages, 8 micro-batches: the stash high-water marks;
+#   5. throughput with each arm at its best micro-batch: one stage on the whole batch against 2 stages on
+#      micro-batches of 64 and 128 (perf/results/pipetrain-throughput-batch.csv).
 #
 # Usage (from the build directory): sh ../perf/pipetrain_run.sh [OUT_DIR]     (default ../perf/results)
 # Environment: PIPETRAIN (binary; tools/pipetrain/pipetrain), ROUNDS (3), LIMIT (8192), EPOCHS (10),
-#   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), PARTS (which parts: "1 2 3 4"),
+#   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), PARTS (which parts: "1 2 3 4 5"),
 #   EXTRA (more options for every throughput arm, e.g. "--batch 512").
 set -eu
 BIN=${PIPETRAIN:-tools/pipetrain/pipetrain}
@@ -23,7 +25,7 @@ ROUNDS=${ROUNDS:-3}
 LIMIT=${LIMIT:-8192}
 EPOCHS=${EPOCHS:-10}
 MODELS=${MODELS:-784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10}
-PARTS=${PARTS:-1 2 3 4}
+PARTS=${PARTS:-1 2 3 4 5}
 EXTRA=${EXTRA:-}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac }
 command -v jq >/dev/null || { echo "pipetrain_run: jq not found (apt-get install jq)" >&2; exit 2; }
@@ -58,32 +60,42 @@ done
 cat "$OUT/pipetrain-same.csv"
 fi
 
-# 3. Throughput, arms alternated (the model's widths joined by '-' in the CSV).
-if part 3; then
-echo "model,arm,round,samples_per_s,bubble,load1" >"$OUT/pipetrain-throughput.csv"
-for model in $MODELS; do
-	for r in $(seq 1 "$ROUNDS"); do
-		for arm in "seq1:--stages 1 --threads 1" "blas2:--stages 1 --blas-threads 2" \
-			"1f1b-s2:--stages 2 --schedule 1f1b" "zbh1-s2:--stages 2 --schedule zbh1"; do
-			name=${arm%%:*} args=${arm#*:}
-			# shellcheck disable=SC2086 # args and EXTRA are lists of options
-			"$BIN" --layers "$model" --limit "$LIMIT" --epochs 1 --val 1000 $args $EXTRA --json --quiet >"$WORK/t.json"
-			echo "$(echo "$model" | tr , -),$name,$r,$(jq -r '.epochs[0] | "\(.samples_per_s),\(.bubble)"' "$WORK/t.json"),$(cut -d' ' -f1 /proc/loadavg)" >>"$OUT/pipetrain-throughput.csv"
+# Throughput: "throughput NAME MODELS ARM..." runs each ARM ("name:options") for one short epoch on each
+# model, the arms alternated ROUNDS times, into $OUT/NAME.csv, and the medians, with each arm's ratio to
+# the first one, into $OUT/NAME-median.csv (the model's widths joined by '-').
+throughput() {
+	tag=$1 csv=$OUT/$1.csv models=$2
+	shift 2
+	echo "model,arm,round,samples_per_s,bubble,load1" >"$csv"
+	for model in $models; do
+		for r in $(seq 1 "$ROUNDS"); do
+			for arm in "$@"; do
+				name=${arm%%:*} args=${arm#*:}
+				# shellcheck disable=SC2086 # args and EXTRA are lists of options
+				"$BIN" --layers "$model" --limit "$LIMIT" --epochs 1 --val 1000 $args $EXTRA --json --quiet >"$WORK/t.json"
+				echo "$(echo "$model" | tr , -),$name,$r,$(jq -r '.epochs[0] | "\(.samples_per_s),\(.bubble)"' "$WORK/t.json"),$(cut -d' ' -f1 /proc/loadavg)" >>"$csv"
+			done
 		done
 	done
-done
-echo "model,arm,median_samples_per_s,x_seq1" >"$WORK/med.csv"
-for model in $(echo "$MODELS" | tr , -); do
-	base=
-	for name in seq1 blas2 1f1b-s2 zbh1-s2; do
-		med=$(awk -F, -v m="$model" -v a="$name" '$1 == m && $2 == a { print $4 }' "$OUT/pipetrain-throughput.csv" |
-			sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-		[ -n "$base" ] || base=$med
-		echo "$model,$name,$med,$(awk -v a="$med" -v b="$base" 'BEGIN { printf "%.2f", a / b }')" >>"$WORK/med.csv"
+	echo "model,arm,median_samples_per_s,x_first" >"$WORK/med.csv"
+	for model in $(echo "$models" | tr , -); do
+		base=
+		for arm in "$@"; do
+			name=${arm%%:*}
+			med=$(awk -F, -v m="$model" -v a="$name" '$1 == m && $2 == a { print $4 }' "$csv" |
+				sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+			[ -n "$base" ] || base=$med
+			echo "$model,$name,$med,$(awk -v a="$med" -v b="$base" 'BEGIN { printf "%.2f", a / b }')" >>"$WORK/med.csv"
+		done
 	done
-done
-cat "$WORK/med.csv"
-cp "$WORK/med.csv" "$OUT/pipetrain-throughput-median.csv"
+	cat "$WORK/med.csv"
+	cp "$WORK/med.csv" "$OUT/$tag-median.csv"
+}
+
+# 3. Throughput at the recorded run's micro-batch (32), every arm alike.
+if part 3; then
+	throughput pipetrain-throughput "$MODELS" "seq1:--stages 1 --threads 1" "blas2:--stages 1 --blas-threads 2" \
+		"1f1b-s2:--stages 2 --schedule 1f1b" "zbh1-s2:--stages 2 --schedule zbh1"
 fi
 
 # 4. Activation memory: the stash high-water marks, GPipe against 1F1B, 4 stages, M = 8.
@@ -97,4 +109,13 @@ for s in gpipe 1f1b zbh1; do
 done
 cat "$OUT/pipetrain-memory.csv"
 fi
+
+# 5. Throughput, each arm at its best micro-batch: one stage computes the whole batch of 256 in one go
+#    (larger matrices run faster in OpenBLAS), two stages split it in 4 or 2 (the issue's model only).
+if part 5; then
+	throughput pipetrain-throughput-batch "${MODELS%% *}" "seq1-whole:--stages 1 --threads 1 --mb 256" \
+		"blas2-whole:--stages 1 --blas-threads 2 --mb 256" "zbh1-s2-mb64:--stages 2 --schedule zbh1 --mb 64" \
+		"zbh1-s2-mb128:--stages 2 --schedule zbh1 --mb 128" "1f1b-s2-mb128:--stages 2 --schedule 1f1b --mb 128"
+fi
+
 echo "pipetrain_run: load $(cut -d' ' -f1-3 /proc/loadavg) at the end"
