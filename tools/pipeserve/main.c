@@ -70,14 +70,27 @@ static const char usage[] =
     "{\"parameters\": {\"file\": \"FILE\"}} (live weight swap from --model-repository), POST\n"
     "/v2/repository/index, GET /metrics.\n";
 
+/* A bad flag: one line on standard error. Under mpirun every rank finds the same error: rank 0 alone says it. */
+static void usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void usage_error(const char *fmt, ...)
+{
+	if (mbt_launcher_rank() != 0)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("pipeserve: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+}
+
 static int parse_u64(const char *flag, const char *v, uint64_t min, uint64_t max, uint64_t *out)
 {
 	char *end;
 	errno = 0;
 	unsigned long long x = strtoull(v, &end, 10);
 	if (errno || end == v || *end || v[0] == '-' || x < min || x > max) {
-		fprintf(stderr, "pipeserve: %s wants an integer in [%llu, %llu], got \"%s\"\n", flag,
-			(unsigned long long)min, (unsigned long long)max, v);
+		usage_error("%s wants an integer in [%llu, %llu], got \"%s\"\n", flag,
+			    (unsigned long long)min, (unsigned long long)max, v);
 		return -1;
 	}
 	*out = x;
@@ -177,8 +190,7 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 		    {"norm", 0, 1}};
 	char buf[256];
 	if (strlen(spec) >= sizeof buf) {
-		fprintf(stderr, "pipeserve: --demo: the spec is longer than %zu characters\n",
-			sizeof buf - 1);
+		usage_error("--demo: the spec is longer than %zu characters\n", sizeof buf - 1);
 		return -1;
 	}
 	strcpy(buf, spec);
@@ -186,7 +198,7 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 	for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
 		char *eq = strchr(kv, '=');
 		if (!eq) {
-			fprintf(stderr, "pipeserve: --demo: \"%s\" is not KEY=VALUE\n", kv);
+			usage_error("--demo: \"%s\" is not KEY=VALUE\n", kv);
 			return -1;
 		}
 		*eq = '\0';
@@ -199,8 +211,7 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 			else if (strcmp(val, "none") == 0)
 				ms->act = MBP_ACT_NONE;
 			else {
-				fprintf(stderr, "pipeserve: --demo: act is relu, gelu or none, got \"%s\"\n",
-					val);
+				usage_error("--demo: act is relu, gelu or none, got \"%s\"\n", val);
 				return -1;
 			}
 			continue;
@@ -209,11 +220,10 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 		while (i < sizeof keys / sizeof keys[0] && strcmp(keys[i].key, k) != 0)
 			i++;
 		if (i == sizeof keys / sizeof keys[0]) {
-			fprintf(stderr,
-				"pipeserve: --demo: unknown key \"%s\" (keys: layers, in, hidden, out, seed, "
-				"act, "
-				"norm)\n",
-				k);
+			usage_error("--demo: unknown key \"%s\" (keys: layers, in, hidden, out, seed, "
+				    "act, "
+				    "norm)\n",
+				    k);
 			return -1;
 		}
 		char name[32];
@@ -249,11 +259,9 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 		bytes += 4.0 * (in * out + out * (ms->norm && l + 1 < ms->layers ? 3 : 1));
 	}
 	if (bytes > (double)max_bytes) {
-		fprintf(
-		    stderr,
-		    "pipeserve: --demo: the model would hold %.0f bytes of weights, above --max-model-bytes "
-		    "(%llu)\n",
-		    bytes, (unsigned long long)max_bytes);
+		usage_error("--demo: the model would hold %.0f bytes of weights, above --max-model-bytes "
+			    "(%llu)\n",
+			    bytes, (unsigned long long)max_bytes);
 		return -1;
 	}
 	return 0;
@@ -268,8 +276,8 @@ static int check_engine_opts(const char *what, const char *conf)
 	size_t pos = 0;
 	if (mbp_opts_parse(&o, conf, &pos) == 0)
 		return 0;
-	fprintf(stderr, "pipeserve: %s: %s (at '%.*s')\n", what, mbp_opts_rule(conf + pos),
-		(int)strcspn(conf + pos, ","), conf + pos);
+	usage_error("%s: %s (at '%.*s')\n", what, mbp_opts_rule(conf + pos), (int)strcspn(conf + pos, ","),
+		    conf + pos);
 	return -1;
 }
 
@@ -309,16 +317,15 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			return 1;
 		}
 		if (o < 256 || o >= 256 + (int)NFLAGS) {
-			fprintf(stderr, "pipeserve: %s \"%s\" (pipeserve --help lists the options)\n",
-				optopt ? "option needs a value:" : "unknown option", argv[optind - 1]);
+			usage_error("%s \"%s\" (pipeserve --help lists the options)\n",
+				    optopt ? "option needs a value:" : "unknown option", argv[optind - 1]);
 			return -1;
 		}
 		if (set_flag(c, &flags[o - 256], optarg))
 			return -1;
 	}
 	if (optind < argc) {
-		fprintf(stderr, "pipeserve: unexpected argument \"%s\" (options only; pipeserve --help)\n",
-			argv[optind]);
+		usage_error("unexpected argument \"%s\" (options only; pipeserve --help)\n", argv[optind]);
 		return -1;
 	}
 	if (check_engine_opts("MBPIPE_OPTS", getenv("MBPIPE_OPTS")) ||
@@ -327,7 +334,7 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 	if ((!c->model_path || c->write_demo) && parse_demo(c->demo, c->max_model_bytes, &c->demo_spec))
 		return -1;
 	if (c->write_demo && c->describe) {
-		fprintf(stderr, "pipeserve: --write-demo-model and --describe: one at a time\n");
+		usage_error("--write-demo-model and --describe: one at a time\n");
 		return -1;
 	}
 	return 0;
