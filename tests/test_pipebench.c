@@ -444,27 +444,14 @@ END_TEST
 
 /* ---- the bubble ---- */
 
-/* Whether other processes keep more threads runnable than there are CPUs (6 agents share the 2 CPUs of a
- * development machine): then a stage waits for a CPU between micro-batches and no schedule holds. */
-static bool machine_overloaded(void)
-{
-	double load = 0;
-	FILE *f = fopen("/proc/loadavg", "r");
-	if (f) {
-		if (fscanf(f, "%lf", &load) != 1)
-			load = 0;
-		fclose(f);
-	}
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	return load > (double)(cpus > 0 ? cpus : 1) + 1.0;
-}
-
 START_TEST(measured_bubble_is_near_the_predicted_one)
 {
 	/* 2 stages, 16 rows in micro-batches of 4 (M = 4), 100 us per row: 400 us per micro-batch. GPipe's
-	 * bubble is (S-1)/(M+S-1) = 0.2. Up to five tries: one quiet moment is enough to show the model. */
-	double measured = 0, predicted = 0, gpipe = 0;
-	bool oversubscribed = false;
+	 * bubble is (S-1)/(M+S-1) = 0.2. Up to five tries: one quiet moment is enough to show the model. A try
+	 * is quiet when pipebench saw other processes take at most its threshold of CPU while it measured
+	 * (make check runs other suites beside this one); with no quiet try nothing is asserted. */
+	double measured = 0, predicted = 0, gpipe = 0, others = 0;
+	bool oversubscribed = false, quiet_try = false;
 	for (int attempt = 0; attempt < 5; attempt++) {
 		struct run r = run((const char *const[]){
 		    "--workload=synthetic", "--stages=2", "--batch=16", "--mb=4", "--work-us=100",
@@ -479,6 +466,13 @@ START_TEST(measured_bubble_is_near_the_predicted_one)
 		gpipe = cJSON_GetObjectItem(bub, "gpipe")->valuedouble;
 		oversubscribed =
 		    cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "cpus"), "oversubscribed"));
+		/* the CPUs other processes took while it measured (make check runs other suites beside it) */
+		cJSON *mach = cJSON_GetObjectItem(doc, "noise");
+		cJSON *oth = cJSON_GetObjectItem(cJSON_GetObjectItem(mach, "during"), "others_cpus");
+		ck_assert_msg(cJSON_IsNumber(oth), "noise.during.others_cpus missing");
+		others = oth->valuedouble;
+		bool quiet = others <= cJSON_GetObjectItem(mach, "threshold_cpus")->valuedouble;
+		quiet_try |= quiet;
 		cJSON_Delete(doc);
 		run_free(&r);
 		ck_assert_msg(fabs(gpipe - 0.2) < 1e-9, "gpipe bubble %g, expected 0.2", gpipe);
@@ -487,15 +481,19 @@ START_TEST(measured_bubble_is_near_the_predicted_one)
 		ck_assert_msg(measured >= 0 && measured < 1, "measured bubble %g", measured);
 		if (oversubscribed || fabs(measured - predicted) <= 0.15)
 			return;
-		fprintf(stderr, "bubble try %d: measured %.3f, predicted %.3f\n", attempt, measured,
-			predicted);
+		fprintf(stderr, "bubble try %d: measured %.3f, predicted %.3f, other processes %.2f CPUs\n",
+			attempt, measured, predicted, others);
+		if (quiet) /* a quiet try that missed: the model is wrong, no point in more */
+			break;
 	}
 	if (oversubscribed) /* one CPU: the stages time-slice and the model does not apply */
 		return;
-	if (machine_overloaded()) {
-		fprintf(stderr,
-			"bubble: measured %.3f, predicted %.3f, not asserted: the machine is overloaded\n",
-			measured, predicted);
+	if (!quiet_try) {
+		fprintf(
+		    stderr,
+		    "bubble: measured %.3f, predicted %.3f, not asserted: other processes took the CPUs in "
+		    "every try\n",
+		    measured, predicted);
 		return;
 	}
 	ck_assert_msg(fabs(measured - predicted) <= 0.15, "measured bubble %.3f, predicted %.3f", measured,
