@@ -7,7 +7,8 @@
  * - a small run on a subset lowers the training loss from epoch to epoch and beats chance on the test
  *   set, and its --json is one document with the documented fields;
  * - the weights do not depend on the schedule or the stage count: GPipe on 1 stage, 1F1B on 2, ZB-H1 on
- *   3 write the same checkpoint bytes;
+ *   3 with a layer's input gradient handed over to the next stage, 1F1B on 3 without, write the same
+ *   checkpoint bytes;
  * - a run resumed from a checkpoint (weights and optimizer state) ends with the bytes of an
  *   uninterrupted run, also after SIGINT (exit 130, checkpoint written); a weights file and an optimizer
  *   state from different steps (a crash between the two) are refused with exit 2, either way round; more
@@ -127,6 +128,7 @@ static const char *const bad_args[][8] = {
     {"--layers", "784,64,5"},  /* the output is 10 classes */
     {"--layers", "784,64,10", "--stages", "3"},
     {"--schedule", "pipedream"},
+    {"--hand-over", "sometimes"},
     {"--optimizer", "adam"},
     {"--lr", "-1"},
     {"--lr", "nan"},
@@ -194,8 +196,9 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 	tmpdir_make("pipetrain");
 	char trace[128];
 	tmp_file(trace, "trace.json");
-	struct run r = run((const char *const[]){SMALL, "--epochs", "3", "--json", "--stages", "3",
-						 "--schedule", "zbh1", "--trace", trace, NULL});
+	struct run r =
+	    run((const char *const[]){SMALL, "--epochs", "3", "--json", "--stages", "3", "--schedule", "zbh1",
+				      "--hand-over", "all", "--trace", trace, NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	cJSON *root = cJSON_Parse(r.out);
 	ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
@@ -215,6 +218,11 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 	const cJSON *s0 = cJSON_GetArrayItem(st, 0);
 	ck_assert_int_eq(cJSON_GetObjectItem(s0, "first_layer")->valueint, 0);
 	ck_assert(cJSON_GetObjectItem(s0, "compute_s")->valuedouble > 0);
+	/* --hand-over all: layer 1's input gradient is computed by stage 2; layer 0 has none to give */
+	ck_assert_int_eq(cJSON_GetArraySize(st), 3);
+	ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(s0, "hands_over")));
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(st, 1), "hands_over")));
+	ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetArrayItem(st, 2), "hands_over")));
 	ck_assert(cJSON_IsNull(cJSON_GetObjectItem(root, "stopped")));
 	/* the human lines went to stderr: one per epoch */
 	unsigned ep_lines = 0;
@@ -271,19 +279,23 @@ START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
 	if (!have_data())
 		return;
 	tmpdir_make("pipetrain");
-	static const char *const arms[][3] = {{"gpipe", "1", "a"}, {"1f1b", "2", "b"}, {"zbh1", "3", "c"}};
-	char path[3][128], csv[3][128];
-	for (unsigned i = 0; i < 3; i++) {
+	/* the last two with layer 1's input gradient computed by stage 2 (--hand-over all), or never */
+	static const char *const arms[][4] = {{"gpipe", "1", "a", "auto"},
+					      {"1f1b", "2", "b", "auto"},
+					      {"zbh1", "3", "c", "all"},
+					      {"1f1b", "3", "d", "off"}};
+	char path[4][128], csv[4][128];
+	for (unsigned i = 0; i < 4; i++) {
 		snprintf(path[i], sizeof path[i], "%s", tmpdir_path(arms[i][2]));
 		snprintf(csv[i], sizeof csv[i], "%s.csv", path[i]);
-		struct run r = run((const char *const[]){SMALL, "--epochs", "2", "--schedule", arms[i][0],
-							 "--stages", arms[i][1], "--save", path[i], "--csv",
-							 csv[i], "--quiet", NULL});
+		struct run r = run((const char *const[]){
+		    SMALL, "--epochs", "2", "--schedule", arms[i][0], "--stages", arms[i][1], "--hand-over",
+		    arms[i][3], "--save", path[i], "--csv", csv[i], "--quiet", NULL});
 		ck_assert_msg(r.status == 0, "%s: exit %d: %s", arms[i][0], r.status, r.err);
 		ck_assert_msg(r.out[0] == 0 && r.err[0] == 0, "--quiet printed: %s%s", r.out, r.err);
 		run_free(&r);
 	}
-	for (unsigned i = 1; i < 3; i++)
+	for (unsigned i = 1; i < 4; i++)
 		assert_same_file(path[0], path[i]);
 	/* And the same accuracy, as the CSV says (its timing columns differ). */
 	size_t len;
