@@ -263,6 +263,7 @@ static int get_buf(struct mbp_trainer *t, struct tthread *th, uint32_t rows, siz
 	int rc = mbp_pool_get(t->pool, th->cache, out, 0);
 	if (rc < 0)
 		return rc == -EAGAIN ? -ENOBUFS : rc;
+	MBP_ASSERT((size_t)rows * row_bytes <= (*out)->capacity); /* setup's widest covers every width */
 	(*out)->rows = rows;
 	(*out)->row_bytes = (uint32_t)row_bytes;
 	(*out)->seq = mb;
@@ -814,7 +815,8 @@ int mbp_trainer_start(mbp_trainer *t)
 	/* The loss writes the global last stage's output gradient: rows of its output. */
 	const struct tstage *last = &t->st[t->S - 1];
 	if (t->stage0 + t->S == t->Sg && last->grad_w != last->out_w) {
-		t->err = (mbp_train_error){.err = -EINVAL, .stage = (int)(t->stage0 + t->S - 1), .mb = -1};
+		t->err = (mbp_train_error){
+		    .err = -EINVAL, .stage = (int)(t->stage0 + t->S - 1), .mb = -1, .op = MBP_OP_B};
 		return -EINVAL;
 	}
 	int rc = setup(t);

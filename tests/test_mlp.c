@@ -474,31 +474,47 @@ START_TEST(stage_splits_and_schedule_orders_give_the_same_bits)
 }
 END_TEST
 
-/* Layers 1 and 2 hand their input gradients over to the next stage (stage 2, one layer, both takes and
- * gives): the same gradients, bit for bit, as one stage over every layer, in both orders and both forms of
- * the backward. */
+/* Input gradients handed over to the next stage give the same gradients, bit for bit, as one stage over
+ * every layer, in both orders and both forms of the backward: one-layer stages (stage 2 both takes and
+ * gives), a two-layer stage that gives, a two-layer stage that takes (its last layer's dx goes to scratch
+ * before the hand-back). */
+static const struct {
+	unsigned S, cuts[5],
+	    gives[2]; /* stage s hands over to s + 1 for s in gives (0: none after the first) */
+	unsigned ngives;
+} hand_over_rigs[] = {
+    {4, {0, 1, 2, 3, 4}, {1, 2}, 2},
+    {2, {0, 2, 4}, {0}, 1},
+    {3, {0, 1, 3, 4}, {1}, 1},
+    {3, {0, 2, 3, 4}, {0, 1}, 2},
+};
+
 START_TEST(a_handed_over_input_gradient_gives_the_same_bits)
 {
-	const unsigned one[] = {0, 4}, four[] = {0, 1, 2, 3, 4};
+	const unsigned one[] = {0, 4};
 	const mbp_act acts[] = {MBP_ACT_RELU, MBP_ACT_NONE};
 	for (unsigned a = 0; a < 2; a++) {
 		struct rig ref;
 		rig_init(&ref, one, 1, 8, acts[a], false, NULL, 48);
 		double lref = rig_grads(&ref, 0, 6, 8, false, false);
-		for (int v = 0; v < 4; v++) {
-			struct rig r;
-			rig_init(&r, four, 4, 8, acts[a], false, NULL, 48);
-			ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], r.st[2]), 0);
-			ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[2], r.st[3]), 0);
-			ck_assert_uint_eq(mbp_mlp_stage_dout_floats(r.st[0]), 16);
-			ck_assert_uint_eq(mbp_mlp_stage_dout_floats(r.st[1]), 16 + 16);
-			ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[2]), 16 + 16);
-			ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[1]), 16);
-			double l = rig_grads(&r, 0, 6, 8, v & 1, v & 2);
-			ck_assert(l == lref);
-			assert_same_array(ref.n, r.n, MBP_ARRAY_GRAD);
-			rig_fini(&r);
-		}
+		for (size_t k = 0; k < sizeof hand_over_rigs / sizeof hand_over_rigs[0]; k++)
+			for (int v = 0; v < 4; v++) {
+				struct rig r;
+				rig_init(&r, hand_over_rigs[k].cuts, hand_over_rigs[k].S, 8, acts[a], false,
+					 NULL, 48);
+				for (unsigned g = 0; g < hand_over_rigs[k].ngives; g++) {
+					unsigned s = hand_over_rigs[k].gives[g];
+					ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[s], r.st[s + 1]), 0);
+					ck_assert_uint_eq(mbp_mlp_stage_dout_floats(r.st[s]), 16 + 16);
+					ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[s + 1]), 16 + 16);
+				}
+				ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[0]), rig_widths[0]);
+				double l = rig_grads(&r, 0, 6, 8, v & 1, v & 2);
+				ck_assert_msg(l == lref, "rig %zu, variant %d: loss %.17g against %.17g", k,
+					      v, l, lref);
+				assert_same_array(ref.n, r.n, MBP_ARRAY_GRAD);
+				rig_fini(&r);
+			}
 		rig_fini(&ref);
 	}
 }

@@ -42,6 +42,7 @@
 
 #include <mbpipe.h>
 
+#include "pipetrain.h" /* pt_partition, linked from tools/pipetrain/stages.c */
 #include "test_pipeserve_client.h"
 #include "test_tmpdir.h"
 #include "tool_run.h"
@@ -672,6 +673,95 @@ START_TEST(a_trained_model_serves_its_own_predictions_and_reloads_live)
 }
 END_TEST
 
+/* ---- the split (pt_partition), against every split and every choice of hand-overs ---- */
+
+/* The slowest stage of the best split of L layers into S stages, over every boundary set and every choice
+ * of hand-overs where can_give allows one; all: a hand-over wherever allowed; none: no hand-over. */
+static double best_split(const double *cost, const double *cost_in, const bool *can_give, unsigned L,
+			 unsigned S, int how)
+{
+	double best = INFINITY;
+	for (unsigned mask = 0; mask < 1u << (L - 1); mask++) { /* bit i: a boundary after layer i */
+		if ((unsigned)__builtin_popcount(mask) != S - 1)
+			continue;
+		unsigned bounds[16], nb = 0;
+		for (unsigned i = 0; i + 1 < L; i++)
+			if (mask >> i & 1)
+				bounds[nb++] = i + 1;
+		for (unsigned h = 0; h < 1u << nb; h++) { /* bit j: boundary j hands over */
+			bool ok = true;
+			for (unsigned j = 0; j < nb && ok; j++) {
+				bool on = h >> j & 1, can = can_give[bounds[j] - 1];
+				ok = how == 0 ? !on : how == 1 ? on == can : !on || can;
+			}
+			if (!ok)
+				continue;
+			double worst = 0;
+			for (unsigned s = 0, a = 0; s < S; s++) {
+				unsigned b = s + 1 < S ? bounds[s] : L;
+				double c = 0;
+				for (unsigned i = a; i < b; i++)
+					c += cost[i];
+				if (s > 0 && (h >> (s - 1) & 1))
+					c += cost_in[a - 1];
+				if (s + 1 < S && (h >> s & 1))
+					c -= cost_in[b - 1];
+				worst = c > worst ? c : worst;
+				a = b;
+			}
+			best = worst < best ? worst : best;
+		}
+	}
+	return best;
+}
+
+START_TEST(the_split_is_the_best_of_every_split_and_hand_over)
+{
+	uint64_t seed = 7;
+	for (unsigned trial = 0; trial < 2000; trial++) {
+		unsigned L = 2 + trial % 7, S = 2 + (trial / 7) % (L - 1);
+		double cost[8], cost_in[8];
+		bool can_give[8];
+		for (unsigned i = 0; i < L; i++) {
+			seed = seed * 6364136223846793005u + 1442695040888963407u;
+			cost[i] = 1 + (double)(seed >> 40 & 1023);
+			cost_in[i] = i ? cost[i] * (double)(seed >> 20 & 255) / 512 : 0;
+			can_give[i] = i > 0 && (seed >> 8 & 3) != 0;
+		}
+		for (int mode = 0; mode < 3; mode++) {
+			static const pt_hand_over modes[] = {PT_HAND_OVER_OFF, PT_HAND_OVER_ALL,
+							     PT_HAND_OVER_AUTO};
+			mbp_model_plan plan;
+			bool gives[8];
+			ck_assert_int_eq(
+			    pt_partition(cost, cost_in, can_give, L, S, modes[mode], &plan, gives), 0);
+			double none = best_split(cost, cost_in, can_give, L, S, 0);
+			double want = mode == 0	  ? none
+				      : mode == 1 ? best_split(cost, cost_in, can_give, L, S, 1)
+						  : best_split(cost, cost_in, can_give, L, S, 2);
+			if (mode == 2 && !(want < 0.98 * none))
+				want = none;
+			ck_assert_msg(fabs(plan.slowest_ns - want) <= 1e-9 * want,
+				      "L %u S %u mode %d: %g, best %g", L, S, mode, plan.slowest_ns, want);
+			/* the plan itself: contiguous stages, hand-overs only where allowed, its figures */
+			ck_assert_uint_eq(plan.first[0], 0);
+			ck_assert_uint_eq(plan.first[S], L);
+			double worst = 0;
+			for (unsigned s = 0; s < S; s++) {
+				ck_assert_uint_lt(plan.first[s], plan.first[s + 1]);
+				if (s + 1 < S && gives[s])
+					ck_assert(mode != 0 && can_give[plan.first[s + 1] - 1]);
+				if (mode == 1 && s + 1 < S)
+					ck_assert(gives[s] == can_give[plan.first[s + 1] - 1]);
+				worst = plan.stage_ns[s] > worst ? plan.stage_ns[s] : worst;
+			}
+			ck_assert(!gives[S - 1]);
+			ck_assert(fabs(worst - plan.slowest_ns) <= 1e-9 * worst);
+		}
+	}
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipetrain");
@@ -680,6 +770,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, every_bad_argument_gets_one_line_and_exit_2, 0,
 			    (int)(sizeof bad_args / sizeof bad_args[0]));
 	tcase_add_test(tc, a_model_file_that_is_not_one_is_refused_with_exit_2);
+	tcase_add_test(tc, the_split_is_the_best_of_every_split_and_hand_over);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);
 	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);

@@ -245,7 +245,8 @@ uint32_t mbp_mlp_stage_out_width(const mbp_mlp_stage *st);
  * rows x (out + in) floats of layer k, first the gradient of its dense output (rows x out), then the
  * gradient of its input (rows x in); see mbp_mlp_stage_dout_floats and mbp_mlp_stage_din_floats. next's
  * backward then needs its input (in) to find where layer k's ReLU was active.
- * Only in one process (next needs layer k's weights).
+ * Only in one process (next needs layer k's weights). Call it right after creating the two stages, before
+ * reading their widths for a trainer's descriptors (grad_row_bytes) or running any pass.
  * @return 0, -EINVAL (NULL, not neighbours of one model, k is layer 0 (it has no input gradient), prev
  *         already gives or next already takes), -ENOTSUP (layer k has GELU or a normalisation: its
  *         gradient needs what only prev's stash holds).
@@ -276,7 +277,8 @@ int mbp_mlp_stage_forward(mbp_mlp_stage *st, const float *in, float *out, uint32
  * @param dout  rows x mbp_mlp_stage_dout_floats: gradient of the loss with respect to out; only read
  * @param din   rows x mbp_mlp_stage_din_floats: receives the gradient with respect to in; NULL: not
  *              computed (stage 0). May not overlap dout or the stash.
- * @return 0, -EINVAL (NULL stash or dout, rows 0 or above max_rows, NULL in at a stage that takes).
+ * @return 0, -EINVAL (NULL stash or dout, rows 0 or above max_rows, NULL in at a stage that takes an
+ *         input gradient over when din is asked for).
  */
 int mbp_mlp_stage_backward_in(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
 			      uint32_t rows);
