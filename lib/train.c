@@ -63,7 +63,8 @@ struct tstage {
 	char name[MBP_STAGE_NAME_MAX];
 	unsigned idx, thread;
 	size_t in_w, out_w, stash_w;
-	bool split; /* gives backward_in and backward_w */
+	size_t grad_w, din_w; /* rows of dout (grad_row_bytes), of din (the previous stage's grad_w) */
+	bool split;	      /* gives backward_in and backward_w */
 	bool init_ok;
 	struct mbp__ring *fwd_in, *fwd_out; /* from s-1, to s+1 (NULL at the ends) */
 	struct mbp__ring *bwd_in, *bwd_out; /* from s+1, to s-1 (NULL at the ends) */
@@ -262,6 +263,7 @@ static int get_buf(struct mbp_trainer *t, struct tthread *th, uint32_t rows, siz
 	int rc = mbp_pool_get(t->pool, th->cache, out, 0);
 	if (rc < 0)
 		return rc == -EAGAIN ? -ENOBUFS : rc;
+	MBP_ASSERT((size_t)rows * row_bytes <= (*out)->capacity); /* setup's widest covers every width */
 	(*out)->rows = rows;
 	(*out)->row_bytes = (uint32_t)row_bytes;
 	(*out)->seq = mb;
@@ -395,7 +397,7 @@ static int op_backward(struct mbp_trainer *t, struct tthread *th, struct tstage 
 	}
 	mbp_mb *din = NULL;
 	if (kind != MBP_OP_W && st->bwd_out) {
-		int rc = get_buf(t, th, rows, st->in_w, j, &din);
+		int rc = get_buf(t, th, rows, st->din_w, j, &din);
 		if (rc < 0)
 			return rc;
 	}
@@ -654,7 +656,8 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 {
 	if (!t || !d || !d->forward || !d->update || !d->discard || d->out_row_bytes == 0 ||
-	    d->out_row_bytes > UINT32_MAX || d->stash_row_bytes > UINT32_MAX)
+	    d->out_row_bytes > UINT32_MAX || d->stash_row_bytes > UINT32_MAX ||
+	    d->grad_row_bytes > UINT32_MAX)
 		return -EINVAL;
 	if (!d->backward && !(d->backward_in && d->backward_w))
 		return -EINVAL;
@@ -674,6 +677,8 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 	st->out_w = d->out_row_bytes;
 	st->stash_w = d->stash_row_bytes;
 	st->in_w = t->S == 0 ? t->o.in_row_bytes : t->st[t->S - 1].out_w;
+	st->grad_w = d->grad_row_bytes ? d->grad_row_bytes : d->out_row_bytes;
+	st->din_w = t->S == 0 ? t->o.in_row_bytes : t->st[t->S - 1].grad_w;
 	st->split = d->backward_in && d->backward_w;
 	t->S++;
 	return 0;
@@ -717,6 +722,7 @@ static int setup(struct mbp_trainer *t)
 		struct tstage *st = &t->st[s];
 		widest = st->out_w > widest ? st->out_w : widest;
 		widest = st->stash_w > widest ? st->stash_w : widest;
+		widest = st->grad_w > widest ? st->grad_w : widest;
 		st->thread = mbp__stage_thread(s, t->S, t->T);
 		st->in = calloc(t->o.max_mbs, sizeof(mbp_mb *));
 		st->stash = calloc(t->o.max_mbs, sizeof(mbp_mb *));
@@ -806,6 +812,13 @@ int mbp_trainer_start(mbp_trainer *t)
 				    .err = -EINVAL, .stage = (int)(t->stage0 + s), .mb = -1, .op = MBP_OP_W};
 				return -EINVAL;
 			}
+	/* The loss writes the global last stage's output gradient: rows of its output. */
+	const struct tstage *last = &t->st[t->S - 1];
+	if (t->stage0 + t->S == t->Sg && last->grad_w != last->out_w) {
+		t->err = (mbp_train_error){
+		    .err = -EINVAL, .stage = (int)(t->stage0 + t->S - 1), .mb = -1, .op = MBP_OP_B};
+		return -EINVAL;
+	}
 	int rc = setup(t);
 	if (rc < 0) {
 		free_stages(t);

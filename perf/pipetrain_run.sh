@@ -7,15 +7,18 @@
 #   2. the same result for every schedule and stage count: GPipe on 1 stage, 1F1B on 2, ZB-H1 on 4, two
 #      epochs on a 16384-row subset each, checkpoints compared byte for byte (perf/results/pipetrain-same.csv);
 #   3. throughput: one stage on one thread (one BLAS thread), one stage with OpenBLAS on 2 threads, 2
-#      stages under 1F1B and ZB-H1; one short epoch (--limit) per run, the arms alternated ROUNDS times,
+#      stages under 1F1B and ZB-H1 (and ZB-H1 with whole layers per stage, --hand-over off); one short
+#      epoch (--limit) per run, the arms alternated ROUNDS times,
 #      medians (perf/results/pipetrain-throughput.csv); for MODELS (the issue's and a deeper one);
 #   4. activation memory: GPipe against 1F1B on 4 stages, 8 micro-batches: the stash high-water marks;
 #   5. throughput with each arm at its best micro-batch: one stage on the whole batch against 2 stages on
-#      micro-batches of 64 and 128 (perf/results/pipetrain-throughput-batch.csv).
+#      micro-batches of 64 and 128 (perf/results/pipetrain-throughput-batch.csv);
+#   6. the hand-over of a layer's input gradient against whole layers per stage, paired rounds
+#      (perf/results/pipetrain-hand-over.csv).
 #
 # Usage (from the build directory): sh ../perf/pipetrain_run.sh [OUT_DIR]     (default ../perf/results)
 # Environment: PIPETRAIN (binary; tools/pipetrain/pipetrain), ROUNDS (3), LIMIT (8192), EPOCHS (10),
-#   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), PARTS (which parts: "1 2 3 4 5"),
+#   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), PARTS (which parts: "1 2 3 4 5 6"),
 #   EXTRA (more options for every throughput arm, e.g. "--batch 512").
 set -eu
 BIN=${PIPETRAIN:-tools/pipetrain/pipetrain}
@@ -25,7 +28,7 @@ ROUNDS=${ROUNDS:-3}
 LIMIT=${LIMIT:-8192}
 EPOCHS=${EPOCHS:-10}
 MODELS=${MODELS:-784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10}
-PARTS=${PARTS:-1 2 3 4 5}
+PARTS=${PARTS:-1 2 3 4 5 6}
 EXTRA=${EXTRA:-}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac }
 command -v jq >/dev/null || { echo "pipetrain_run: jq not found (apt-get install jq)" >&2; exit 2; }
@@ -77,15 +80,22 @@ throughput() {
 			done
 		done
 	done
-	echo "model,arm,median_samples_per_s,x_first" >"$WORK/med.csv"
+	# x_first: the ratio of the medians; x_first_paired: the median of the ratios round by round (each
+	# round's runs follow each other, so a slow moment of the machine touches both sides of a ratio).
+	echo "model,arm,median_samples_per_s,x_first,x_first_paired" >"$WORK/med.csv"
+	# shellcheck disable=SC2016 # an awk program
+	median='{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 	for model in $(echo "$models" | tr , -); do
-		base=
+		base='' first=''
 		for arm in "$@"; do
 			name=${arm%%:*}
-			med=$(awk -F, -v m="$model" -v a="$name" '$1 == m && $2 == a { print $4 }' "$csv" |
-				sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+			[ -n "$first" ] || first=$name
+			med=$(awk -F, -v m="$model" -v a="$name" '$1 == m && $2 == a { print $4 }' "$csv" | sort -g | awk "$median")
+			paired=$(awk -F, -v m="$model" -v a="$name" -v f="$first" '$1 == m && $2 == f { b[$3] = $4 }
+				$1 == m && $2 == a { x[$3] = $4 } END { for (r in x) if (b[r] > 0) print x[r] / b[r] }' "$csv" |
+				sort -g | awk "$median")
 			[ -n "$base" ] || base=$med
-			echo "$model,$name,$med,$(awk -v a="$med" -v b="$base" 'BEGIN { printf "%.2f", a / b }')" >>"$WORK/med.csv"
+			echo "$model,$name,$med,$(awk -v a="$med" -v b="$base" -v p="$paired" 'BEGIN { printf "%.2f,%.3f", a / b, p }')" >>"$WORK/med.csv"
 		done
 	done
 	cat "$WORK/med.csv"
@@ -95,7 +105,8 @@ throughput() {
 # 3. Throughput at the recorded run's micro-batch (32), every arm alike.
 if part 3; then
 	throughput pipetrain-throughput "$MODELS" "seq1:--stages 1 --threads 1" "blas2:--stages 1 --blas-threads 2" \
-		"1f1b-s2:--stages 2 --schedule 1f1b" "zbh1-s2:--stages 2 --schedule zbh1"
+		"1f1b-s2:--stages 2 --schedule 1f1b" "zbh1-s2:--stages 2 --schedule zbh1" \
+		"zbh1-s2-whole-layers:--stages 2 --schedule zbh1 --hand-over off"
 fi
 
 # 4. Activation memory: the stash high-water marks, GPipe against 1F1B, 4 stages, M = 8.
@@ -115,7 +126,18 @@ fi
 if part 5; then
 	throughput pipetrain-throughput-batch "${MODELS%% *}" "seq1-whole:--stages 1 --threads 1 --mb 256" \
 		"blas2-whole:--stages 1 --blas-threads 2 --mb 256" "zbh1-s2-mb64:--stages 2 --schedule zbh1 --mb 64" \
-		"zbh1-s2-mb128:--stages 2 --schedule zbh1 --mb 128" "1f1b-s2-mb128:--stages 2 --schedule 1f1b --mb 128"
+		"zbh1-s2-mb128:--stages 2 --schedule zbh1 --mb 128" "1f1b-s2-mb128:--stages 2 --schedule 1f1b --mb 128" \
+		"zbh1-s2-mb64-whole-layers:--stages 2 --schedule zbh1 --mb 64 --hand-over off"
+fi
+
+# 6. What handing a layer's input gradient over to the next stage gives: ZB-H1 on 2 stages with the
+#    default split (--hand-over auto) against whole layers per stage, 2 x ROUNDS rounds, paired.
+if part 6; then
+	rounds=$ROUNDS
+	ROUNDS=$((2 * rounds))
+	throughput pipetrain-hand-over "${MODELS%% *}" \
+		"whole-layers:--stages 2 --schedule zbh1 --hand-over off" "hand-over:--stages 2 --schedule zbh1"
+	ROUNDS=$rounds
 fi
 
 echo "pipetrain_run: load $(cut -d' ' -f1-3 /proc/loadavg) at the end"

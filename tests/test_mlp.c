@@ -348,9 +348,10 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 	for (unsigned s = 0; s <= S; s++)
 		for (unsigned j = 0; j < M; j++) {
 			uint32_t w = s == 0 ? rig_widths[0] : mbp_mlp_stage_out_width(r->st[s - 1]);
+			size_t gw = s == 0 ? w : mbp_mlp_stage_dout_floats(r->st[s - 1]);
 			act[s][j] = s == 0 ? r->x + (first + (size_t)j * mb) * rig_widths[0]
 					   : calloc((size_t)mb * w, sizeof(float));
-			grad[s][j] = calloc((size_t)mb * w, sizeof(float));
+			grad[s][j] = calloc((size_t)mb * gw, sizeof(float));
 			if (s < S)
 				stash[s][j] =
 				    calloc(mb * mbp_mlp_stage_stash_floats(r->st[s]), sizeof(float));
@@ -470,6 +471,85 @@ START_TEST(stage_splits_and_schedule_orders_give_the_same_bits)
 		rig_fini(&r);
 	}
 	rig_fini(&ref);
+}
+END_TEST
+
+/* Input gradients handed over to the next stage give the same gradients, bit for bit, as one stage over
+ * every layer, in both orders and both forms of the backward: one-layer stages (stage 2 both takes and
+ * gives), a two-layer stage that gives, a two-layer stage that takes (its last layer's dx goes to scratch
+ * before the hand-back). */
+static const struct {
+	unsigned S, cuts[5],
+	    gives[2]; /* stage s hands over to s + 1 for s in gives (0: none after the first) */
+	unsigned ngives;
+} hand_over_rigs[] = {
+    {4, {0, 1, 2, 3, 4}, {1, 2}, 2},
+    {2, {0, 2, 4}, {0}, 1},
+    {3, {0, 1, 3, 4}, {1}, 1},
+    {3, {0, 2, 3, 4}, {0, 1}, 2},
+};
+
+START_TEST(a_handed_over_input_gradient_gives_the_same_bits)
+{
+	const unsigned one[] = {0, 4};
+	const mbp_act acts[] = {MBP_ACT_RELU, MBP_ACT_NONE};
+	for (unsigned a = 0; a < 2; a++) {
+		struct rig ref;
+		rig_init(&ref, one, 1, 8, acts[a], false, NULL, 48);
+		double lref = rig_grads(&ref, 0, 6, 8, false, false);
+		for (size_t k = 0; k < sizeof hand_over_rigs / sizeof hand_over_rigs[0]; k++)
+			for (int v = 0; v < 4; v++) {
+				struct rig r;
+				rig_init(&r, hand_over_rigs[k].cuts, hand_over_rigs[k].S, 8, acts[a], false,
+					 NULL, 48);
+				for (unsigned g = 0; g < hand_over_rigs[k].ngives; g++) {
+					unsigned s = hand_over_rigs[k].gives[g];
+					ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[s], r.st[s + 1]), 0);
+					ck_assert_uint_eq(mbp_mlp_stage_dout_floats(r.st[s]), 16 + 16);
+					ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[s + 1]), 16 + 16);
+				}
+				ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[0]), rig_widths[0]);
+				double l = rig_grads(&r, 0, 6, 8, v & 1, v & 2);
+				ck_assert_msg(l == lref, "rig %zu, variant %d: loss %.17g against %.17g", k,
+					      v, l, lref);
+				assert_same_array(ref.n, r.n, MBP_ARRAY_GRAD);
+				rig_fini(&r);
+			}
+		rig_fini(&ref);
+	}
+}
+END_TEST
+
+START_TEST(hand_over_is_refused_where_the_gradient_needs_the_previous_stash)
+{
+	const unsigned four[] = {0, 1, 2, 3, 4};
+	struct rig r;
+	rig_init(&r, four, 4, 8, MBP_ACT_GELU, false, NULL, 8);
+	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], r.st[2]), -ENOTSUP); /* GELU needs z */
+	rig_fini(&r);
+	rig_init(&r, four, 4, 8, MBP_ACT_RELU, true, NULL, 8);
+	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], r.st[2]), -ENOTSUP); /* the norm's stash */
+	rig_fini(&r);
+	rig_init(&r, four, 4, 8, MBP_ACT_RELU, false, NULL, 8);
+	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[0], r.st[1]),
+			 -EINVAL); /* layer 0: no input gradient */
+	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], r.st[3]), -EINVAL); /* not neighbours */
+	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[2], r.st[1]), -EINVAL); /* the wrong way round */
+	ck_assert_int_eq(mbp_mlp_stages_hand_over(NULL, r.st[1]), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], r.st[2]), 0);
+	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], r.st[2]), -EINVAL); /* once */
+	ck_assert_uint_eq(mbp_mlp_stage_dout_floats(NULL), 0);
+	ck_assert_uint_eq(mbp_mlp_stage_din_floats(NULL), 0);
+	/* the taking stage needs its input to find where the ReLU was active */
+	float stash[8 * 64], dout[8 * 16], din[8 * 32];
+	ck_assert_int_eq(mbp_mlp_stage_backward_in(r.st[2], stash, NULL, dout, din, 8), -EINVAL);
+	rig_fini(&r);
+	struct rig other;
+	rig_init(&r, four, 4, 8, MBP_ACT_RELU, false, NULL, 8);
+	rig_init(&other, four, 4, 8, MBP_ACT_RELU, false, NULL, 8);
+	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], other.st[2]), -EINVAL); /* another model */
+	rig_fini(&r);
+	rig_fini(&other);
 }
 END_TEST
 
@@ -1067,6 +1147,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, combined_backward_equals_backward_in_then_backward_w_bit_for_bit);
 	tcase_add_test(tc, micro_batch_accumulation_equals_one_batch_and_repeats_bit_for_bit);
 	tcase_add_test(tc, stage_splits_and_schedule_orders_give_the_same_bits);
+	tcase_add_test(tc, a_handed_over_input_gradient_gives_the_same_bits);
+	tcase_add_test(tc, hand_over_is_refused_where_the_gradient_needs_the_previous_stash);
 	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);
 	tcase_add_test(tc, loss_values_and_gradients_match_hand_computed_ones);
 	tcase_add_test(tc, losses_refuse_bad_labels_non_finite_values_and_bad_arguments);

@@ -435,6 +435,22 @@ START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
 }
 END_TEST
 
+START_TEST(a_gradient_wider_than_the_activation_is_refused_across_ranks)
+{
+	mbp_train_opts o = toy_opts(MBP_SCHED_1F1B);
+	mbp_mpi_trainer *t;
+	ck_assert_int_eq(mbp_mpi_trainer_new(&t, &o, NULL), 0);
+	struct toy a;
+	toy_init(&a, 1);
+	mbp_train_stage_desc d = toy_desc(&a, false);
+	d.grad_row_bytes = 2 * d.out_row_bytes; /* the links carry gradients of the activations' width */
+	ck_assert_int_eq(mbp_mpi_trainer_add_stage(t, &d), -ENOTSUP);
+	d.grad_row_bytes = d.out_row_bytes; /* the same width, said explicitly: accepted */
+	ck_assert_int_eq(mbp_mpi_trainer_add_stage(t, &d), 0);
+	mbp_mpi_trainer_destroy(t);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("mpi_train");
@@ -450,6 +466,7 @@ static Suite *suite(void)
 		       a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset);
 	tcase_add_test(tc, a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
+	tcase_add_test(tc, a_gradient_wider_than_the_activation_is_refused_across_ranks);
 	suite_add_tcase(s, tc);
 	return s;
 }

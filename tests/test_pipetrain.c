@@ -7,7 +7,8 @@
  * - a small run on a subset lowers the training loss from epoch to epoch and beats chance on the test
  *   set, and its --json is one document with the documented fields;
  * - the weights do not depend on the schedule or the stage count: GPipe on 1 stage, 1F1B on 2, ZB-H1 on
- *   3 write the same checkpoint bytes;
+ *   3 with a layer's input gradient handed over to the next stage, 1F1B on 3 without, write the same
+ *   checkpoint bytes;
  * - a run resumed from a checkpoint (weights and optimizer state) ends with the bytes of an
  *   uninterrupted run, also after SIGINT (exit 130, checkpoint written); a weights file and an optimizer
  *   state from different steps (a crash between the two) are refused with exit 2, either way round; more
@@ -41,6 +42,7 @@
 
 #include <mbpipe.h>
 
+#include "pipetrain.h" /* pt_partition, linked from tools/pipetrain/stages.c */
 #include "test_pipeserve_client.h"
 #include "test_tmpdir.h"
 #include "tool_run.h"
@@ -127,6 +129,7 @@ static const char *const bad_args[][8] = {
     {"--layers", "784,64,5"},  /* the output is 10 classes */
     {"--layers", "784,64,10", "--stages", "3"},
     {"--schedule", "pipedream"},
+    {"--hand-over", "sometimes"},
     {"--optimizer", "adam"},
     {"--lr", "-1"},
     {"--lr", "nan"},
@@ -194,8 +197,9 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 	tmpdir_make("pipetrain");
 	char trace[128];
 	tmp_file(trace, "trace.json");
-	struct run r = run((const char *const[]){SMALL, "--epochs", "3", "--json", "--stages", "3",
-						 "--schedule", "zbh1", "--trace", trace, NULL});
+	struct run r =
+	    run((const char *const[]){SMALL, "--epochs", "3", "--json", "--stages", "3", "--schedule", "zbh1",
+				      "--hand-over", "all", "--trace", trace, NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	cJSON *root = cJSON_Parse(r.out);
 	ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
@@ -215,6 +219,11 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 	const cJSON *s0 = cJSON_GetArrayItem(st, 0);
 	ck_assert_int_eq(cJSON_GetObjectItem(s0, "first_layer")->valueint, 0);
 	ck_assert(cJSON_GetObjectItem(s0, "compute_s")->valuedouble > 0);
+	/* --hand-over all: layer 1's input gradient is computed by stage 2; layer 0 has none to give */
+	ck_assert_int_eq(cJSON_GetArraySize(st), 3);
+	ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(s0, "hands_over")));
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(st, 1), "hands_over")));
+	ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetArrayItem(st, 2), "hands_over")));
 	ck_assert(cJSON_IsNull(cJSON_GetObjectItem(root, "stopped")));
 	/* the human lines went to stderr: one per epoch */
 	unsigned ep_lines = 0;
@@ -271,19 +280,23 @@ START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
 	if (!have_data())
 		return;
 	tmpdir_make("pipetrain");
-	static const char *const arms[][3] = {{"gpipe", "1", "a"}, {"1f1b", "2", "b"}, {"zbh1", "3", "c"}};
-	char path[3][128], csv[3][128];
-	for (unsigned i = 0; i < 3; i++) {
+	/* the last two with layer 1's input gradient computed by stage 2 (--hand-over all), or never */
+	static const char *const arms[][4] = {{"gpipe", "1", "a", "auto"},
+					      {"1f1b", "2", "b", "auto"},
+					      {"zbh1", "3", "c", "all"},
+					      {"1f1b", "3", "d", "off"}};
+	char path[4][128], csv[4][128];
+	for (unsigned i = 0; i < 4; i++) {
 		snprintf(path[i], sizeof path[i], "%s", tmpdir_path(arms[i][2]));
 		snprintf(csv[i], sizeof csv[i], "%s.csv", path[i]);
-		struct run r = run((const char *const[]){SMALL, "--epochs", "2", "--schedule", arms[i][0],
-							 "--stages", arms[i][1], "--save", path[i], "--csv",
-							 csv[i], "--quiet", NULL});
+		struct run r = run((const char *const[]){
+		    SMALL, "--epochs", "2", "--schedule", arms[i][0], "--stages", arms[i][1], "--hand-over",
+		    arms[i][3], "--save", path[i], "--csv", csv[i], "--quiet", NULL});
 		ck_assert_msg(r.status == 0, "%s: exit %d: %s", arms[i][0], r.status, r.err);
 		ck_assert_msg(r.out[0] == 0 && r.err[0] == 0, "--quiet printed: %s%s", r.out, r.err);
 		run_free(&r);
 	}
-	for (unsigned i = 1; i < 3; i++)
+	for (unsigned i = 1; i < 4; i++)
 		assert_same_file(path[0], path[i]);
 	/* And the same accuracy, as the CSV says (its timing columns differ). */
 	size_t len;
@@ -660,6 +673,95 @@ START_TEST(a_trained_model_serves_its_own_predictions_and_reloads_live)
 }
 END_TEST
 
+/* ---- the split (pt_partition), against every split and every choice of hand-overs ---- */
+
+/* The slowest stage of the best split of L layers into S stages, over every boundary set and every choice
+ * of hand-overs where can_give allows one; all: a hand-over wherever allowed; none: no hand-over. */
+static double best_split(const double *cost, const double *cost_in, const bool *can_give, unsigned L,
+			 unsigned S, int how)
+{
+	double best = INFINITY;
+	for (unsigned mask = 0; mask < 1u << (L - 1); mask++) { /* bit i: a boundary after layer i */
+		if ((unsigned)__builtin_popcount(mask) != S - 1)
+			continue;
+		unsigned bounds[16], nb = 0;
+		for (unsigned i = 0; i + 1 < L; i++)
+			if (mask >> i & 1)
+				bounds[nb++] = i + 1;
+		for (unsigned h = 0; h < 1u << nb; h++) { /* bit j: boundary j hands over */
+			bool ok = true;
+			for (unsigned j = 0; j < nb && ok; j++) {
+				bool on = h >> j & 1, can = can_give[bounds[j] - 1];
+				ok = how == 0 ? !on : how == 1 ? on == can : !on || can;
+			}
+			if (!ok)
+				continue;
+			double worst = 0;
+			for (unsigned s = 0, a = 0; s < S; s++) {
+				unsigned b = s + 1 < S ? bounds[s] : L;
+				double c = 0;
+				for (unsigned i = a; i < b; i++)
+					c += cost[i];
+				if (s > 0 && (h >> (s - 1) & 1))
+					c += cost_in[a - 1];
+				if (s + 1 < S && (h >> s & 1))
+					c -= cost_in[b - 1];
+				worst = c > worst ? c : worst;
+				a = b;
+			}
+			best = worst < best ? worst : best;
+		}
+	}
+	return best;
+}
+
+START_TEST(the_split_is_the_best_of_every_split_and_hand_over)
+{
+	uint64_t seed = 7;
+	for (unsigned trial = 0; trial < 2000; trial++) {
+		unsigned L = 2 + trial % 7, S = 2 + (trial / 7) % (L - 1);
+		double cost[8], cost_in[8];
+		bool can_give[8];
+		for (unsigned i = 0; i < L; i++) {
+			seed = seed * 6364136223846793005u + 1442695040888963407u;
+			cost[i] = 1 + (double)(seed >> 40 & 1023);
+			cost_in[i] = i ? cost[i] * (double)(seed >> 20 & 255) / 512 : 0;
+			can_give[i] = i > 0 && (seed >> 8 & 3) != 0;
+		}
+		for (int mode = 0; mode < 3; mode++) {
+			static const pt_hand_over modes[] = {PT_HAND_OVER_OFF, PT_HAND_OVER_ALL,
+							     PT_HAND_OVER_AUTO};
+			mbp_model_plan plan;
+			bool gives[8];
+			ck_assert_int_eq(
+			    pt_partition(cost, cost_in, can_give, L, S, modes[mode], &plan, gives), 0);
+			double none = best_split(cost, cost_in, can_give, L, S, 0);
+			double want = mode == 0	  ? none
+				      : mode == 1 ? best_split(cost, cost_in, can_give, L, S, 1)
+						  : best_split(cost, cost_in, can_give, L, S, 2);
+			if (mode == 2 && !(want < 0.98 * none))
+				want = none;
+			ck_assert_msg(fabs(plan.slowest_ns - want) <= 1e-9 * want,
+				      "L %u S %u mode %d: %g, best %g", L, S, mode, plan.slowest_ns, want);
+			/* the plan itself: contiguous stages, hand-overs only where allowed, its figures */
+			ck_assert_uint_eq(plan.first[0], 0);
+			ck_assert_uint_eq(plan.first[S], L);
+			double worst = 0;
+			for (unsigned s = 0; s < S; s++) {
+				ck_assert_uint_lt(plan.first[s], plan.first[s + 1]);
+				if (s + 1 < S && gives[s])
+					ck_assert(mode != 0 && can_give[plan.first[s + 1] - 1]);
+				if (mode == 1 && s + 1 < S)
+					ck_assert(gives[s] == can_give[plan.first[s + 1] - 1]);
+				worst = plan.stage_ns[s] > worst ? plan.stage_ns[s] : worst;
+			}
+			ck_assert(!gives[S - 1]);
+			ck_assert(fabs(worst - plan.slowest_ns) <= 1e-9 * worst);
+		}
+	}
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipetrain");
@@ -668,6 +770,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, every_bad_argument_gets_one_line_and_exit_2, 0,
 			    (int)(sizeof bad_args / sizeof bad_args[0]));
 	tcase_add_test(tc, a_model_file_that_is_not_one_is_refused_with_exit_2);
+	tcase_add_test(tc, the_split_is_the_best_of_every_split_and_hand_over);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);
 	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);

@@ -151,6 +151,16 @@ START_TEST(stash_high_water_marks_equal_the_schedules_figures)
 }
 END_TEST
 
+/* start refuses the stages with -EINVAL, and mbp_trainer_error names the stage */
+static void start_refused_naming(mbp_trainer *t, int stage)
+{
+	ck_assert_int_eq(mbp_trainer_start(t), -EINVAL);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_trainer_error(t, &e), 0);
+	ck_assert_int_eq(e.err, -EINVAL);
+	ck_assert_int_eq(e.stage, stage);
+}
+
 START_TEST(zbh1_refuses_a_stage_without_split_backward)
 {
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
@@ -167,11 +177,7 @@ START_TEST(zbh1_refuses_a_stage_without_split_backward)
 	d = toy_desc(&b, true);
 	d.backward_in = d.backward_w = NULL; /* a single backward only */
 	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
-	ck_assert_int_eq(mbp_trainer_start(t), -EINVAL);
-	mbp_train_error e;
-	ck_assert_int_eq(mbp_trainer_error(t, &e), 0);
-	ck_assert_int_eq(e.err, -EINVAL);
-	ck_assert_int_eq(e.stage, 1);
+	start_refused_naming(t, 1);
 	mbp_trainer_destroy(t);
 }
 END_TEST
@@ -460,6 +466,118 @@ START_TEST(events_of_a_step_follow_each_stages_schedule_list_in_time_order)
 }
 END_TEST
 
+/* A gradient wider than the activation (grad_row_bytes): stage 1 sends back, after the gradient of its
+ * input, a block stamped with the micro-batch and position; stage 0 finds every stamp in its B_in and in
+ * its W (the trainer keeps the gradient until then), and the parameters are the plain pipeline's. */
+static _Atomic unsigned stamps_bad, stamps_seen;
+
+static float stamp(const mbp_train_io *io, uint32_t e)
+{
+	return (float)(io->mb * 1000u + e);
+}
+
+static int wide_bin_sender(void *ctx, const mbp_train_io *io)
+{
+	int rc = toy_bin(ctx, io);
+	float *extra = (float *)io->din + (size_t)io->rows * N;
+	for (uint32_t e = 0; e < io->rows * N; e++)
+		extra[e] = stamp(io, e);
+	return rc;
+}
+
+static void check_stamps(const mbp_train_io *io)
+{
+	const float *extra = (const float *)io->dout + (size_t)io->rows * N;
+	for (uint32_t e = 0; e < io->rows * N; e++)
+		if (extra[e] != stamp(io, e))
+			atomic_fetch_add(&stamps_bad, 1);
+	atomic_fetch_add(&stamps_seen, 1);
+}
+
+static int wide_bin_receiver(void *ctx, const mbp_train_io *io)
+{
+	check_stamps(io);
+	return toy_bin(ctx, io);
+}
+
+static int wide_bw_receiver(void *ctx, const mbp_train_io *io)
+{
+	check_stamps(io);
+	return toy_bw(ctx, io);
+}
+
+START_TEST(a_gradient_wider_than_the_activation_reaches_the_previous_stage_whole)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	float in[40 * N], tg[40 * N];
+	struct toy ref[2];
+	for (unsigned s = 0; s < 2; s++)
+		toy_init(&ref[s], s + 1);
+	for (unsigned step = 0; step < 2; step++) {
+		make_data(in, tg, 40, step);
+		reference_step(ref, 2, in, tg, 40, 5);
+	}
+	for (size_t k = 0; k < 3; k++)
+		for (unsigned threads = 1; threads <= 2; threads++) {
+			/* max_mb_rows the step's: the pool's buffers are as small as the wide gradient allows */
+			mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+					    .target_row_bytes = N * sizeof(float),
+					    .max_mb_rows = 5,
+					    .max_mbs = 8,
+					    .schedule = kinds[k],
+					    .threads = threads,
+					    .loss = mse};
+			mbp_trainer *t;
+			struct toy st[2];
+			ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+			toy_init(&st[0], 1);
+			toy_init(&st[1], 2);
+			mbp_train_stage_desc d0 = toy_desc(&st[0], false), d1 = toy_desc(&st[1], false);
+			d0.grad_row_bytes = 2 * N * sizeof(float);
+			d0.backward_in = wide_bin_receiver;
+			d0.backward_w = wide_bw_receiver;
+			d1.backward_in = wide_bin_sender;
+			ck_assert_int_eq(mbp_trainer_add_stage(t, &d0), 0);
+			ck_assert_int_eq(mbp_trainer_add_stage(t, &d1), 0);
+			ck_assert_int_eq(mbp_trainer_start(t), 0);
+			atomic_store(&stamps_bad, 0);
+			atomic_store(&stamps_seen, 0);
+			for (unsigned step = 0; step < 2; step++) {
+				make_data(in, tg, 40, step);
+				ck_assert_int_eq(mbp_trainer_step(t, in, tg, 40, 5, NULL), 0);
+			}
+			ck_assert_uint_eq(atomic_load(&stamps_seen),
+					  2 * 2 * 8); /* B_in and W, 8 mbs, 2 steps */
+			ck_assert_uint_eq(atomic_load(&stamps_bad), 0);
+			params_equal(st, ref, 2);
+			no_buffer_out(t);
+			mbp_trainer_destroy(t);
+		}
+}
+END_TEST
+
+START_TEST(a_last_stage_whose_gradient_is_not_its_output_is_refused)
+{
+	mbp_train_opts o = {
+	    .in_row_bytes = N * sizeof(float), .target_row_bytes = N * sizeof(float), .loss = mse};
+	mbp_trainer *t;
+	struct toy a, b;
+	toy_init(&a, 1);
+	toy_init(&b, 2);
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+	mbp_train_stage_desc d = toy_desc(&a, false);
+	d.grad_row_bytes = (size_t)UINT32_MAX + 1;
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), -EINVAL);
+	d.grad_row_bytes = 0; /* 0: the output's width */
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	d = toy_desc(&b, false);
+	d.grad_row_bytes = 2 * N * sizeof(float); /* the loss writes rows of the output */
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	start_refused_naming(t, 1);
+	mbp_trainer_destroy(t);
+}
+END_TEST
+
 START_TEST(invalid_arguments_return_documented_errors)
 {
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float), .target_row_bytes = 4, .loss = mse};
@@ -532,6 +650,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, drain_mid_step_lets_it_finish_then_refuses_later_steps);
 	tcase_add_test(tc, trace_shows_forward_backward_and_weight_operations_as_distinct_events);
 	tcase_add_test(tc, events_of_a_step_follow_each_stages_schedule_list_in_time_order);
+	tcase_add_test(tc, a_gradient_wider_than_the_activation_reaches_the_previous_stage_whole);
+	tcase_add_test(tc, a_last_stage_whose_gradient_is_not_its_output_is_refused);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	suite_add_tcase(s, tc);
 	return s;

@@ -235,6 +235,31 @@ uint32_t mbp_mlp_stage_in_width(const mbp_mlp_stage *st);
 uint32_t mbp_mlp_stage_out_width(const mbp_mlp_stage *st);
 
 /**
+ * Hand the input gradient of prev's last layer k over to next, the stage that follows it (prev's range
+ * ends where next's begins): next's backward computes it, so the layer's backward work is shared between
+ * the two stages and they can be balanced better than whole layers allow (the layer's input gradient is
+ * a third of its work). next reads layer k's weights (during its backward: no update may run then, as in
+ * a synchronous step). The gradients stay the same, bit for bit.
+ *
+ * The gradient between them then carries both of layer k's gradients: prev's dout and next's din are
+ * rows x (out + in) floats of layer k, first the gradient of its dense output (rows x out), then the
+ * gradient of its input (rows x in); see mbp_mlp_stage_dout_floats and mbp_mlp_stage_din_floats. next's
+ * backward then needs its input (in) to find where layer k's ReLU was active.
+ * Only in one process (next needs layer k's weights). Call it right after creating the two stages, before
+ * reading their widths for a trainer's descriptors (grad_row_bytes) or running any pass.
+ * @return 0, -EINVAL (NULL, not neighbours of one model, k is layer 0 (it has no input gradient), prev
+ *         already gives or next already takes), -ENOTSUP (layer k has GELU or a normalisation: its
+ *         gradient needs what only prev's stash holds).
+ */
+int mbp_mlp_stages_hand_over(mbp_mlp_stage *prev, mbp_mlp_stage *next);
+/** Floats per row of the gradient of the stage's output (dout): its out_width, or out + in of its last
+ * layer when it hands that layer's input gradient over. 0 for NULL. */
+size_t mbp_mlp_stage_dout_floats(const mbp_mlp_stage *st);
+/** Floats per row of the gradient of the stage's input (din): its in_width, or out + in of the previous
+ * layer when it computes that layer's input gradient. 0 for NULL. */
+size_t mbp_mlp_stage_din_floats(const mbp_mlp_stage *st);
+
+/**
  * Forward pass F of one micro-batch: in (rows x in_width) -> out (rows x out_width).
  * @param stash rows x stash_floats floats, filled for the backward pass; NULL: inference only (uses the
  *              stage's scratch; the same output bits)
@@ -247,11 +272,13 @@ int mbp_mlp_stage_forward(mbp_mlp_stage *st, const float *in, float *out, uint32
  * Turns the stash's saved pre-activations into the gradients of each dense output (what B_w reads) and
  * accumulates the normalisation parameters' gradients.
  * @param stash the micro-batch's stash, filled by its forward; consumed (call once per forward)
- * @param in    the micro-batch's input given to forward (not read here; accepted for symmetry, may be NULL)
- * @param dout  rows x out_width: gradient of the loss with respect to out; only read
- * @param din   rows x in_width: receives the gradient with respect to in; NULL: not computed (stage 0).
- *              May not overlap dout or the stash.
- * @return 0, -EINVAL (NULL stash or dout, rows 0 or above max_rows).
+ * @param in    the micro-batch's input given to forward (read only by a stage that takes an input gradient
+ *              over, mbp_mlp_stages_hand_over; otherwise may be NULL)
+ * @param dout  rows x mbp_mlp_stage_dout_floats: gradient of the loss with respect to out; only read
+ * @param din   rows x mbp_mlp_stage_din_floats: receives the gradient with respect to in; NULL: not
+ *              computed (stage 0). May not overlap dout or the stash.
+ * @return 0, -EINVAL (NULL stash or dout, rows 0 or above max_rows, NULL in at a stage that takes an
+ *         input gradient over when din is asked for).
  */
 int mbp_mlp_stage_backward_in(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
 			      uint32_t rows);

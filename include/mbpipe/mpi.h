@@ -266,8 +266,9 @@ typedef struct mbp_mpi_trainer mbp_mpi_trainer;
  */
 int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp_mpi_opts *mo);
 
-/** Append one of this rank's stages (before start), as mbp_trainer_add_stage(). @return its result, or
- * -EINVAL (NULL, started). */
+/** Append one of this rank's stages (before start), as mbp_trainer_add_stage(). @return its result,
+ * -EINVAL (NULL, started), or -ENOTSUP (a grad_row_bytes other than out_row_bytes: the links carry
+ * gradients of the activations' width). */
 int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *t, const mbp_train_stage_desc *d);
 
 /**

@@ -133,8 +133,9 @@ int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, uns
 
 /**
  * What an operation of a stage reads and writes, for one micro-batch. Row widths are the stage's: `in`
- * and `din` rows of its input width, `out` and `dout` rows of its output width, `stash` rows of its stash
- * width. Every pointer is aligned to 64 bytes except `in` and `targets` at stage 0, which point into the
+ * rows of its input width, `out` rows of its output width, `dout` rows of its grad_row_bytes (its output
+ * width unless it says otherwise), `din` rows of the previous stage's grad_row_bytes, `stash` rows of its
+ * stash width. Every pointer is aligned to 64 bytes except `in` and `targets` at stage 0, which point into the
  * caller's arrays (aligned as the caller's are).
  */
 typedef struct mbp_train_io {
@@ -162,10 +163,15 @@ typedef struct mbp_train_update {
 } mbp_train_update;
 
 typedef struct mbp_train_stage_desc {
-	const char *name;	  /**< copied (at most MBP_STAGE_NAME_MAX - 1 bytes); NULL: "stage<i>" */
-	void *ctx;		  /**< passed to every callback */
-	size_t out_row_bytes;	  /**< width of an output row (required, > 0) */
-	size_t stash_row_bytes;	  /**< width of a stash row; 0: no stash */
+	const char *name;	/**< copied (at most MBP_STAGE_NAME_MAX - 1 bytes); NULL: "stage<i>" */
+	void *ctx;		/**< passed to every callback */
+	size_t out_row_bytes;	/**< width of an output row (required, > 0) */
+	size_t stash_row_bytes; /**< width of a stash row; 0: no stash */
+	/** Width of a row of this stage's output gradient (dout here, the next stage's din); 0: out_row_bytes.
+	 * Wider lets the next stage send back more than the gradient of the output: for example also the
+	 * input gradient of this stage's last layer, computed there (mbp_mlp_stages_hand_over). The last
+	 * stage's must be out_row_bytes (the loss writes it): mbp_trainer_start() refuses it otherwise. */
+	size_t grad_row_bytes;
 	mbp_train_op_fn forward;  /**< required */
 	mbp_train_op_fn backward; /**< whole backward; or give backward_in and backward_w (or all three) */
 	mbp_train_op_fn backward_in;
@@ -215,14 +221,15 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o);
 /**
  * Append a stage (before start). The descriptor is copied.
  * @return 0, -EINVAL (NULL, no forward, update or discard, no backward of either form, out_row_bytes 0,
- *         already started), -E2BIG (more than MBP_MAX_STAGES).
+ *         a width above UINT32_MAX, already started), -E2BIG (more than MBP_MAX_STAGES).
  */
 int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
 
 /**
  * Start the threads and run each stage's init on its thread.
- * @return 0, -EINVAL (no stages; ZB-H1 with a stage that gives no backward_in/backward_w: the error names
- *         the stage through mbp_trainer_error()), -EALREADY, -ENOMEM, the first failing init's error.
+ * @return 0, -EINVAL (no stages; ZB-H1 with a stage that gives no backward_in/backward_w, or a last stage
+ *         whose grad_row_bytes is not its out_row_bytes: the error names the stage through
+ *         mbp_trainer_error()), -EALREADY, -ENOMEM, the first failing init's error.
  */
 int mbp_trainer_start(mbp_trainer *t);
 

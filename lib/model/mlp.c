@@ -35,6 +35,7 @@ struct mbp_mlp_stage {
 	float *row;	/* wmax: one row of the normalisation's backward */
 	size_t per_row;
 	struct stash_off *so; /* indexed by layer - a */
+	bool gives, takes; /* the input gradient of layer b - 1 computed by the next stage; of a - 1 here */
 };
 
 /* ---- the model ---- */
@@ -368,6 +369,34 @@ uint32_t mbp_mlp_stage_out_width(const mbp_mlp_stage *st)
 	return st ? st->n->l[st->b - 1].out : 0;
 }
 
+int mbp_mlp_stages_hand_over(mbp_mlp_stage *prev, mbp_mlp_stage *next)
+{
+	if (!prev || !next || prev->n != next->n || prev->b != next->a || prev->b < 2 || prev->gives ||
+	    next->takes)
+		return -EINVAL;
+	const struct mbp__layer *l = &prev->n->l[prev->b - 1];
+	if (l->norm || (l->act != MBP_ACT_RELU && l->act != MBP_ACT_NONE))
+		return -ENOTSUP;
+	prev->gives = next->takes = true;
+	return 0;
+}
+
+size_t mbp_mlp_stage_dout_floats(const mbp_mlp_stage *st)
+{
+	if (!st)
+		return 0;
+	const struct mbp__layer *l = &st->n->l[st->b - 1];
+	return st->gives ? (size_t)l->out + l->in : l->out;
+}
+
+size_t mbp_mlp_stage_din_floats(const mbp_mlp_stage *st)
+{
+	if (!st)
+		return 0;
+	const struct mbp__layer *l = &st->n->l[st->a];
+	return st->takes ? (size_t)l->in + st->n->l[st->a - 1].in : l->in;
+}
+
 /* A stash tensor of layer i for a micro-batch of r rows. */
 static inline float *at(float *stash, size_t off, uint32_t r)
 {
@@ -479,32 +508,65 @@ static void grad_w(const mbp_mlp_stage *st, unsigned i, const float *stash, cons
 	}
 }
 
+/* Layer k = a - 1's gradients, handed over from the previous stage: from dy, the gradient of its output
+ * (this stage's input y), the gradient of its dense output dz = dy where y > 0 (ReLU: y > 0 exactly where
+ * the pre-activation is) into din's first rows x out floats, then its input gradient dz W into the rest:
+ * the same operations, on the same values, as the previous stage's grad_out and grad_in would run. */
+static void hand_back(const mbp_mlp_stage *st, const float *y, const float *dy, float *din, uint32_t rows)
+{
+	const unsigned k = st->a - 1;
+	const struct mbp__layer *l = &st->n->l[k];
+	const size_t cnt = (size_t)rows * l->out;
+	if (l->act == MBP_ACT_RELU)
+		for (size_t e = 0; e < cnt; e++)
+			din[e] = y[e] > 0.0f ? dy[e] : 0.0f;
+	else
+		memcpy(din, dy, cnt * sizeof(float));
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)l->in, (int)l->out, 1.0f, din,
+		    (int)l->out, st->n->lw[k].w, (int)l->in, 0.0f, din + cnt, (int)l->in);
+}
+
 /* The sweep from the last layer to the first: output gradients, optionally weight gradients, and the
- * input gradient of every layer but the first (whose goes to din, when asked). */
+ * input gradient of every layer but the first (whose goes to din, when asked). A stage that gives finds
+ * its last layer's dense-output and input gradients in dout; one that takes computes the previous
+ * layer's into din. */
 static int backward(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
 		    uint32_t rows, bool weights)
 {
-	if (!st || !stash || !dout || !rows || rows > st->max_rows || (weights && !in))
+	if (!st || !stash || !dout || !rows || rows > st->max_rows ||
+	    ((weights || (st->takes && din)) && !in))
 		return -EINVAL;
 	const float *dy = dout;
-	for (unsigned i = st->b; i-- > st->a;) {
+	unsigned i = st->b;
+	if (st->gives) {
+		i--;
+		const size_t cnt = (size_t)rows * st->n->l[i].out;
+		memcpy(at(stash, st->so[i - st->a].g, rows), dout, cnt * sizeof(float));
+		if (weights)
+			grad_w(st, i, stash, in, rows);
+		dy = dout + cnt; /* the gradient of layer i's input */
+	}
+	while (i-- > st->a) {
 		grad_out(st, i, stash, dy, rows);
 		if (weights)
 			grad_w(st, i, stash, in, rows);
 		if (i > st->a || din) {
-			float *dx = i > st->a ? (dy == st->d0 ? st->d1 : st->d0) : din;
+			float *dx = i > st->a || st->takes ? (dy == st->d0 ? st->d1 : st->d0) : din;
 			grad_in(st, i, stash, dx, rows);
 			dy = dx;
 		}
 	}
+	if (din && st->takes)
+		hand_back(st, in, dy, din, rows);
+	else if (din && dy != din) /* a giving stage of one layer: its input gradient came in dout */
+		memcpy(din, dy, (size_t)rows * st->n->l[st->a].in * sizeof(float));
 	return 0;
 }
 
 int mbp_mlp_stage_backward_in(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
 			      uint32_t rows)
 {
-	(void)in;
-	return backward(st, stash, NULL, dout, din, rows, false);
+	return backward(st, stash, in, dout, din, rows, false);
 }
 
 int mbp_mlp_stage_backward(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,

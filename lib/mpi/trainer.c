@@ -282,6 +282,8 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *T, const mbp_train_stage_desc *d)
 {
 	if (!T || !d || T->state != S_NEW)
 		return -EINVAL;
+	if (d->grad_row_bytes && d->grad_row_bytes != d->out_row_bytes)
+		return -ENOTSUP;
 	int rc = mbp_trainer_add_stage(T->t, d);
 	if (rc == 0) {
 		T->out_rb = d->out_row_bytes;

@@ -330,14 +330,20 @@ static int setup(struct run *r)
 		return bad("--stages %u: the model has only %u layers", S, L);
 	if (c->threads > S)
 		return bad("--threads %u: more threads than the %u stages", c->threads, S);
-	double cost[PT_MAX_LAYERS];
-	for (unsigned i = 0; i < L; i++)
+	double cost[PT_MAX_LAYERS], cost_in[PT_MAX_LAYERS];
+	bool can_give[PT_MAX_LAYERS], gives[MBP_MAX_STAGES] = {false};
+	for (unsigned i = 0; i < L; i++) {
+		mbp_layer_info li;
+		mbp_mlp_layer_info(r->n, i, &li);
 		cost[i] = 1;
-	int rc = S > 1 ? pt_profile(r->n, c->mb, cost) : 0;
+		cost_in[i] = 0;
+		can_give[i] = i > 0 && !li.norm && (li.act == MBP_ACT_RELU || li.act == MBP_ACT_NONE);
+	}
+	int rc = S > 1 ? pt_profile(r->n, c->mb, cost, cost_in) : 0;
 	if (rc < 0)
 		return fail("cannot profile the layers: %s", mbp_strerror(rc));
 	mbp_model_plan plan;
-	rc = mbp_model_partition(cost, NULL, L, S, &plan);
+	rc = pt_partition(cost, cost_in, can_give, L, S, c->hand_over, &plan, gives);
 	if (rc < 0)
 		return fail("cannot partition %u layers into %u stages: %s", L, S, mbp_strerror(rc));
 	r->sh =
@@ -365,13 +371,17 @@ static int setup(struct run *r)
 		pt_stage *p = &r->stage[s];
 		*p = (pt_stage){.sh = &r->sh, .index = s, .first = plan.first[s], .last = plan.first[s + 1]};
 		rc = mbp_mlp_stage_new(&p->st, r->n, p->first, p->last, c->mb);
-		mbp_train_stage_desc d;
-		if (rc == 0) {
-			pt_stage_desc(p, &d);
-			rc = mbp_trainer_add_stage(r->t, &d);
-		}
+		if (rc == 0 && s > 0 && gives[s - 1])
+			rc = mbp_mlp_stages_hand_over(r->stage[s - 1].st, p->st);
 		if (rc < 0)
 			return fail("cannot build stage %u: %s", s, mbp_strerror(rc));
+	}
+	for (unsigned s = 0; s < S; s++) {
+		mbp_train_stage_desc d;
+		pt_stage_desc(&r->stage[s], &d);
+		rc = mbp_trainer_add_stage(r->t, &d);
+		if (rc < 0)
+			return fail("cannot add stage %u to the trainer: %s", s, mbp_strerror(rc));
 	}
 	/* After every stage_new (each sets OpenBLAS to one thread): what the user asked for. */
 	if (c->blas_threads)
@@ -424,6 +434,7 @@ static int setup(struct run *r)
 	for (unsigned s = 0; s < S; s++)
 		rep->st[s] = (pt_stage_total){.first = plan.first[s],
 					      .last = plan.first[s + 1],
+					      .takes = s > 0 && gives[s - 1],
 					      .stash_row_bytes =
 						  mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float),
 					      .profiled_us = S > 1 ? plan.stage_ns[s] * 1e-3 : 0};

@@ -84,6 +84,7 @@ enum {
 	OPT_PRED,
 	OPT_PROGRESS,
 	OPT_NO_PROGRESS,
+	OPT_HAND_OVER,
 	OPT_VERSION,
 };
 
@@ -110,6 +111,7 @@ static const struct option long_opts[] = {
     {"threads", required_argument, NULL, OPT_THREADS},
     {"blas-threads", required_argument, NULL, OPT_BLAS},
     {"pin", no_argument, NULL, OPT_PIN},
+    {"hand-over", required_argument, NULL, OPT_HAND_OVER},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", required_argument, NULL, OPT_CSV},
     {"trace", required_argument, NULL, OPT_TRACE},
@@ -157,6 +159,9 @@ static void usage(void)
 	    "  --limit N             use N training samples only;  --val N  held-out rows (default 5000)\n"
 	    "  --threads N --pin     trainer threads (default: one per stage, up to the CPUs), pin them\n"
 	    "  --blas-threads N      OpenBLAS threads inside each stage (default 1)\n"
+	    "  --hand-over MODE      auto: a stage computes the input gradient of the previous stage's last\n"
+	    "                        layer where that balances the stages better; all: wherever the layer\n"
+	    "                        allows (ReLU or none, no norm); off (default auto)\n"
 	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
 	    "  --trace FILE          Chrome trace of the last step;  --predictions FILE  test set classes\n"
 	    "  --progress, --no-progress, -q/--quiet, -h/--help, --version\n"
@@ -248,6 +253,16 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			if (mbp_sched_parse(optarg, &c->schedule))
 				return fail(err, errlen, "--schedule: '%s' is not gpipe, 1f1b or zbh1",
 					    optarg);
+			break;
+		case OPT_HAND_OVER:
+			if (!strcmp(optarg, "auto"))
+				c->hand_over = PT_HAND_OVER_AUTO;
+			else if (!strcmp(optarg, "all"))
+				c->hand_over = PT_HAND_OVER_ALL;
+			else if (!strcmp(optarg, "off"))
+				c->hand_over = PT_HAND_OVER_OFF;
+			else
+				return fail(err, errlen, "--hand-over: '%s' is not auto, all or off", optarg);
 			break;
 		case OPT_OPTIM:
 			if (!strcmp(optarg, "adamw"))

@@ -103,12 +103,16 @@ void pt_print_summary(const pt_report *r)
 			PLURAL(r->blas_threads, "thread", "threads"));
 	else
 		fprintf(f, "OpenBLAS: %s\n", r->blas);
+	bool handed = false;
+	for (unsigned s = 1; s < r->stages; s++)
+		handed |= r->st[s].takes;
 	if (r->split_bound > 0)
 		fprintf(f,
 			"split: each layer's F + B_in + B_w timed at %u rows; the slowest stage bounds the "
-			"speed-up "
-			"over one thread at %.2fx\n",
-			r->c->mb, r->split_bound);
+			"speed-up over one thread at %.2fx%s\n",
+			r->c->mb, r->split_bound,
+			handed ? "; a layer marked '<' has its input gradient computed by the next stage"
+			       : "");
 	fprintf(f, "%-6s %-12s %6s %5s %9s %9s %9s %7s %7s %11s %11s\n", "stage", "layers", "thread", "cpu",
 		"compute%", "wait%", "bubble%", "stash", "held", "peak_MiB", "profile_us");
 	double peak_total = 0;
@@ -118,7 +122,8 @@ void pt_print_summary(const pt_report *r)
 		double peak = (double)t->held_peak * r->c->mb * (double)t->stash_row_bytes / (1 << 20);
 		peak_total += peak;
 		char layers[32], cpu[16];
-		snprintf(layers, sizeof layers, "%u-%u", t->first, t->last - 1);
+		bool gives = s + 1 < r->stages && r->st[s + 1].takes;
+		snprintf(layers, sizeof layers, "%u-%u%s", t->first, t->last - 1, gives ? "<" : "");
 		snprintf(cpu, sizeof cpu, t->cpu < 0 ? "-" : "%d", t->cpu);
 		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %7u %7u %11.2f %11.1f\n", s, layers,
 			t->thread, cpu, 100 * t->compute_s / wall, 100 * t->wait_s / wall,
@@ -207,6 +212,8 @@ int pt_json_write(const pt_report *r)
 		cJSON *o = cJSON_CreateObject();
 		cJSON_AddNumberToObject(o, "first_layer", t->first);
 		cJSON_AddNumberToObject(o, "last_layer", t->last - 1);
+		/* the input gradient of its last layer is computed by the next stage */
+		cJSON_AddBoolToObject(o, "hands_over", s + 1 < r->stages && r->st[s + 1].takes);
 		cJSON_AddNumberToObject(o, "thread", t->thread);
 		cJSON_AddNumberToObject(o, "cpu", t->cpu);
 		cJSON_AddNumberToObject(o, "compute_s", t->compute_s);

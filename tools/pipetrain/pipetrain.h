@@ -20,6 +20,9 @@
 
 #define PT_MAX_LAYERS 64
 
+/* --hand-over: where a stage computes the input gradient of the previous stage's last layer */
+typedef enum { PT_HAND_OVER_AUTO, PT_HAND_OVER_ALL, PT_HAND_OVER_OFF } pt_hand_over;
+
 typedef struct pt_config {
 	const char *data;	 /* folder of the IDX files */
 	const char *save;	 /* checkpoint (weights); the optimizer state goes beside it */
@@ -33,6 +36,7 @@ typedef struct pt_config {
 	unsigned threads;
 	unsigned blas_threads; /* 0: leave OpenBLAS at one thread (the stages' setting) */
 	bool pin;
+	pt_hand_over hand_over; /* --hand-over */
 	mbp_sched_kind schedule;
 	uint32_t batch, mb;
 	unsigned epochs;
@@ -75,8 +79,16 @@ typedef struct pt_stage {
 /* Fill a trainer stage descriptor for p. */
 void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d);
 /* Each layer's cost in ns for a micro-batch of `rows` (F, B_in, B_w; the fastest of 5 runs on this
- * thread), for mbp_model_partition. Leaves the gradients zero. @return 0 or a negative errno. */
-int pt_profile(mbp_mlp *n, uint32_t rows, double *cost);
+ * thread, each part timed alone), and its input gradient's share of it (B_in; 0 for layer 0), for
+ * pt_partition. Leaves the gradients zero. @return 0 or a negative errno. */
+int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in);
+/* Split the L layers into S stages minimising the slowest. OFF: mbp_model_partition over the layer
+ * costs. AUTO: the same, unless a split in which stage s may hand its last layer's input gradient over
+ * to stage s + 1 (gives[s]; only where can_give[layer]: mbp_mlp_stages_hand_over) is faster by more than
+ * 2%. ALL: the best split with a hand-over at every boundary that allows one. @return 0, -ENOMEM or
+ * mbp_model_partition's error. */
+int pt_partition(const double *cost, const double *cost_in, const bool *can_give, unsigned L, unsigned S,
+		 pt_hand_over mode, mbp_model_plan *plan, bool *gives);
 /* The trainer's loss: softmax cross-entropy on int32 labels (arg: the pt_shared). */
 int pt_loss(void *arg, const mbp_train_io *io, double *loss);
 
@@ -91,6 +103,7 @@ typedef struct pt_epoch {
 
 typedef struct pt_stage_total {
 	unsigned first, last, thread;
+	bool takes; /* computes the input gradient of layer first - 1 (handed over) */
 	int cpu;
 	double compute_s, wait_s;
 	unsigned stash_peak, held_peak;

@@ -2,7 +2,9 @@
  * pipetrain stages: the trainer's callbacks (include/mbpipe/train.h) onto the model's stage functions
  * (include/mbpipe/model_train.h), one pt_stage per pipeline stage.
  *
- * F, B_in, B_w and B map one to one to mbp_train_io's buffers. The loss is softmax cross-entropy on int32
+ * F, B_in, B_w and B map one to one to mbp_train_io's buffers. Where a stage hands its last layer's
+ * input gradient over to the next (mbp_mlp_stages_hand_over, chosen by pt_partition), its gradient
+ * rows are wider than its output (grad_row_bytes): the layer's dense-output and input gradients. The loss is softmax cross-entropy on int32
  * labels, averaged over the step's rows (batch_rows = io->step_rows), so the micro-batches' gradients add
  * up to the mini-batch's.
  *
@@ -97,6 +99,7 @@ void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d)
 	    .name = p->name,
 	    .ctx = p,
 	    .out_row_bytes = mbp_mlp_stage_out_width(p->st) * sizeof(float),
+	    .grad_row_bytes = mbp_mlp_stage_dout_floats(p->st) * sizeof(float),
 	    .stash_row_bytes = mbp_mlp_stage_stash_floats(p->st) * sizeof(float),
 	    .forward = op_forward,
 	    .backward = op_backward,
@@ -130,7 +133,7 @@ static double now_ns(void)
 	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-int pt_profile(mbp_mlp *n, uint32_t rows, double *cost)
+int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in)
 {
 	unsigned L = mbp_mlp_layers(n);
 	for (unsigned i = 0; i < L; i++) {
@@ -147,18 +150,25 @@ int pt_profile(mbp_mlp *n, uint32_t rows, double *cost)
 			x[k] = (float)(k % 7) * 0.1f;
 		for (size_t k = 0; !rc && k < rows * out; k++)
 			dy[k] = (float)(k % 5) * 0.01f;
-		/* The best of 5 after one warm-up: what the trainer's operations of this layer cost. Layer 0
-		 * computes no input gradient (nothing before it needs one), as at stage 0. */
-		cost[i] = 1e300;
+		/* The best of 5 after one warm-up, each operation alone: what the trainer's operations of
+		 * this layer cost. Layer 0 computes no input gradient (nothing before it needs one), as at
+		 * stage 0. */
+		double best[3] = {1e300, 1e300, 1e300};
 		for (unsigned r = 0; !rc && r < 6; r++) {
-			double t0 = now_ns();
+			double t[4];
+			t[0] = now_ns();
 			rc = mbp_mlp_stage_forward(st, x, y, rows, stash);
+			t[1] = now_ns();
 			rc = rc ? rc : mbp_mlp_stage_backward_in(st, stash, x, dy, i ? dx : NULL, rows);
+			t[2] = now_ns();
 			rc = rc ? rc : mbp_mlp_stage_backward_w(st, stash, x, rows);
-			double t = now_ns() - t0;
-			if (r && t < cost[i])
-				cost[i] = t;
+			t[3] = now_ns();
+			for (unsigned k = 0; r && k < 3; k++)
+				if (t[k + 1] - t[k] < best[k])
+					best[k] = t[k + 1] - t[k];
 		}
+		cost[i] = best[0] + best[1] + best[2];
+		cost_in[i] = i ? best[1] : 0;
 		mbp_mlp_stage_zero_grad(st);
 		mbp_mlp_stage_destroy(st);
 		free(x);
@@ -169,5 +179,79 @@ int pt_profile(mbp_mlp *n, uint32_t rows, double *cost)
 		if (rc < 0)
 			return rc;
 	}
+	return 0;
+}
+
+/* Stage cost over layers [a, b): the layers' costs, plus the input gradient of layer a - 1 when it
+ * takes it (hin), less that of layer b - 1 when it gives it (hout). */
+static double part_cost(const double *pre, const double *cost_in, unsigned a, unsigned b, bool hin, bool hout)
+{
+	return pre[b] - pre[a] + (hin ? cost_in[a - 1] : 0) - (hout ? cost_in[b - 1] : 0);
+}
+
+int pt_partition(const double *cost, const double *cost_in, const bool *can_give, unsigned L, unsigned S,
+		 pt_hand_over mode, mbp_model_plan *plan, bool *gives)
+{
+	memset(gives, 0, S * sizeof(bool));
+	int rc = mbp_model_partition(cost, NULL, L, S, plan);
+	if (rc < 0 || mode == PT_HAND_OVER_OFF || S < 2)
+		return rc;
+	/* best[t][b][h]: the smallest slowest stage of t stages over layers [0, b), h: the boundary at b
+	 * hands layer b - 1's input gradient over to the stage after it (which the cost of stage t - 1
+	 * already leaves out). from[t][b][h]: where stage t - 1 began and whether it took one. */
+	typedef struct {
+		double v;
+		unsigned a;
+		bool h;
+	} cell;
+	cell(*best)[PT_MAX_LAYERS + 1][2] = calloc(S + 1, sizeof(*best));
+	double pre[PT_MAX_LAYERS + 1] = {0};
+	if (!best)
+		return -ENOMEM;
+	for (unsigned i = 0; i < L; i++)
+		pre[i + 1] = pre[i] + cost[i];
+	for (unsigned t = 0; t <= S; t++)
+		for (unsigned b = 0; b <= L; b++)
+			best[t][b][0].v = best[t][b][1].v = INFINITY;
+	best[0][0][0].v = 0;
+	for (unsigned t = 0; t < S; t++)
+		for (unsigned a = t; a < L; a++)
+			for (unsigned hin = 0; hin < 2; hin++) {
+				if (best[t][a][hin].v == INFINITY)
+					continue;
+				for (unsigned b = a + 1; b + (S - t - 1) <= L; b++)
+					for (unsigned hout = 0; hout < 2; hout++) {
+						bool can = b < L && t + 1 < S && can_give[b - 1];
+						if (hout ? !can : can && mode == PT_HAND_OVER_ALL)
+							continue;
+						if (t + 1 == S && b != L)
+							continue;
+						double c = part_cost(pre, cost_in, a, b, hin, hout);
+						double v = best[t][a][hin].v > c ? best[t][a][hin].v : c;
+						if (v < best[t + 1][b][hout].v)
+							best[t + 1][b][hout] = (cell){v, a, hin != 0};
+					}
+			}
+	double slowest = best[S][L][0].v;
+	if (slowest < plan->slowest_ns * 0.98 || mode == PT_HAND_OVER_ALL) {
+		unsigned b = L;
+		bool h = false;
+		double sum = 0;
+		for (unsigned t = S; t > 0; t--) {
+			cell c = best[t][b][h];
+			plan->first[t - 1] = c.a;
+			plan->stage_ns[t - 1] = part_cost(pre, cost_in, c.a, b, c.h, h);
+			sum += plan->stage_ns[t - 1];
+			if (t > 1)
+				gives[t - 2] = c.h;
+			b = c.a;
+			h = c.h;
+		}
+		plan->first[S] = L;
+		plan->slowest_ns = slowest;
+		plan->mean_ns = sum / S;
+		plan->balance = slowest / plan->mean_ns;
+	}
+	free(best);
 	return 0;
 }
