@@ -1038,6 +1038,21 @@ START_TEST(train_table_prints_the_three_schedules_and_their_gantt)
 		ck_assert_msg(strchr(g[i], 'a') && strchr(g[i], 'd'), "backwards not drawn: %s", g[i]);
 		ck_assert_msg(strchr(g[i], '.'), "no idle cell: %s", g[i]);
 	}
+	/* below each, the schedule played with that step's costs: as many rows, the same operations */
+	const char *p = r.out;
+	unsigned predicted = 0, prow[2] = {0};
+	while ((p = strstr(p, "\n  predicted: ")))
+		predicted++, p++;
+	for (unsigned s = 0; s < 2; s++)
+		for (p = r.out; (p = strstr(p, s ? "\np1  |" : "\np0  |")); p++) {
+			const char *end = strchr(p + 1, '\n');
+			ck_assert_msg(memchr(p, '0', (size_t)(end - p)) && memchr(p, 'a', (size_t)(end - p)),
+				      "a predicted row without forward or backward: %.*s", (int)(end - p),
+				      p + 1);
+			prow[s]++;
+		}
+	ck_assert_msg(predicted == 3 && prow[0] == 3 && prow[1] == 3, "%u predicted panels, rows %u %u: %s",
+		      predicted, prow[0], prow[1], r.out);
 	/* weight gradients are operations of their own only under zbh1 */
 	ck_assert_msg(!strpbrk(g[0], "ABCD") && !strpbrk(g[1], "ABCD"), "%s %s", g[0], g[1]);
 	ck_assert_msg(strchr(g[2], 'A') && strchr(g[2], 'D'), "zbh1 draws no W: %s", g[2]);

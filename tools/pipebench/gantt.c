@@ -15,7 +15,8 @@
  * Training (--workload=train): the fastest measured step of each schedule, one panel above the other on
  * one time scale, drawn the same way from the trainer's operations (mbp_trainer_events_get): a forward
  * shows its micro-batch as a digit, a backward (B, or B_in) as a lowercase letter, a weight gradient (W)
- * as an uppercase one.
+ * as an uppercase one. Below each, the model: the schedule played (mbp_schedule_simulate) with that
+ * step's mean cost of each stage's operations, where they would run with no noise and no hand-off cost.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,27 +221,101 @@ static char op_char(const mbp_train_event *e)
 	}
 }
 
+/* The schedule's prediction for the step drawn: its operations played (mbp_schedule_simulate) on the same
+ * threads with that step's own mean cost of each stage's F, backward (B or B_in) and W, as spans of every
+ * stage (sp: 3 x S x M), each tagged with its stage in st. Returns the number of spans and sets *makespan;
+ * 0 when it cannot (no memory). */
+static size_t predicted_spans(const pb_train_result *r, unsigned S, unsigned M, unsigned T, struct span *sp,
+			      unsigned *st, double *makespan)
+{
+	mbp_schedule *sc = NULL;
+	double sum[MBP_MAX_STAGES][3] = {{0}}, cnt[MBP_MAX_STAGES][3] = {{0}};
+	for (size_t e = 0; e < r->nev; e++) {
+		const mbp_train_event *ev = &r->ev[e];
+		int k = ev->kind == MBP_OP_F ? 0 : ev->kind == MBP_OP_W ? 2 : 1;
+		if (ev->stage < S) {
+			sum[ev->stage][k] += (double)(ev->t1_ns - ev->t0_ns);
+			cnt[ev->stage][k]++;
+		}
+	}
+	mbp_op_costs c[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < S; s++) {
+		double m[3];
+		for (int k = 0; k < 3; k++)
+			m[k] = cnt[s][k] ? sum[s][k] / cnt[s][k] : 0;
+		c[s] = (mbp_op_costs){m[0], m[1], m[2]}; /* a B costs b_in + b_w: its W is 0 here */
+	}
+	if (mbp_schedule_new(&sc, r->kind, S, M) < 0)
+		return 0;
+	const mbp_sched_op *ops;
+	size_t n = mbp_schedule_order(sc, &ops);
+	double *start = malloc(n * sizeof(double));
+	mbp_sched_sim sim;
+	if (!start || mbp_schedule_simulate(sc, c, T, &sim, start) < 0)
+		n = 0;
+	for (size_t i = 0; i < n; i++) {
+		const mbp_op_costs *k = &c[ops[i].stage];
+		double cost = ops[i].kind == MBP_OP_F	  ? k->f
+			      : ops[i].kind == MBP_OP_B	  ? k->b_in + k->b_w
+			      : ops[i].kind == MBP_OP_BIN ? k->b_in
+							  : k->b_w;
+		mbp_train_event e = {.mb = ops[i].mb, .stage = ops[i].stage, .kind = ops[i].kind};
+		sp[i] = (struct span){(uint64_t)start[i], (uint64_t)(start[i] + cost), op_char(&e)};
+		st[i] = ops[i].stage;
+	}
+	*makespan = n ? sim.makespan : 0;
+	free(start);
+	mbp_schedule_destroy(sc);
+	return n;
+}
+
+/* Stages that share stage s's thread (stage s runs on thread s T / S). */
+static unsigned sharing(unsigned s, unsigned S, unsigned T)
+{
+	unsigned k = 0;
+	for (unsigned q = 0; q < S; q++)
+		k += q * T / S == s * T / S;
+	return k;
+}
+
 void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
 {
-	const unsigned S = rep->cfg->stages;
+	const unsigned S = rep->cfg->stages, M = rep->cfg->mbs;
+	const size_t nmax = (size_t)3 * S * M;
+	struct span *pred[PB_TRAIN_SCHEDS] = {NULL};
+	unsigned *pst[PB_TRAIN_SCHEDS] = {NULL};
+	size_t npred[PB_TRAIN_SCHEDS] = {0};
+	double makespan[PB_TRAIN_SCHEDS] = {0};
 	double scale = 0;
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
-		if (rep->r[i].nev && (double)rep->r[i].ev_step_ns > scale)
-			scale = (double)rep->r[i].ev_step_ns;
-	if (scale <= 0)
-		return;
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+		const pb_train_result *r = &rep->r[i];
+		if (!r->nev)
+			continue;
+		if ((double)r->ev_step_ns > scale)
+			scale = (double)r->ev_step_ns;
+		pred[i] = malloc(nmax * sizeof(struct span));
+		pst[i] = malloc(nmax * sizeof(unsigned));
+		if (pred[i] && pst[i])
+			npred[i] = predicted_spans(r, S, M, r->threads ? r->threads : S, pred[i], pst[i],
+						   &makespan[i]);
+		if (makespan[i] > scale)
+			scale = makespan[i];
+	}
 	if (width < 40)
 		width = 40;
 	unsigned cols = width - LABEL - 1;
 	char *row = malloc(cols + 1), ax[512];
-	struct span *sp = malloc((size_t)3 * rep->cfg->mbs * sizeof(*sp));
+	struct span *sp = malloc(nmax * sizeof(*sp));
+	if (scale <= 0)
+		goto out;
 	if (!row || !sp)
 		goto out;
 	axis(ax, cols, scale);
 	fprintf(
 	    f,
-	    "\nThe fastest measured step of each schedule, stage by stage, on one time scale (each column "
-	    "%.3g ms):\n",
+	    "\nThe fastest measured step of each schedule, stage by stage (s0, s1, ...), and below it the "
+	    "schedule\nplayed with that step's mean operation costs (p0, p1, ...), on one time scale (each "
+	    "column %.3g ms):\n",
 	    scale / cols / 1e6);
 	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
 		const pb_train_result *r = &rep->r[i];
@@ -261,11 +336,20 @@ void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
 				if (r->ev[e].stage == s)
 					sp[n++] =
 					    (struct span){r->ev[e].t0_ns, r->ev[e].t1_ns, op_char(&r->ev[e])};
-			unsigned k = 0; /* stages on this stage's thread (stage s runs on thread s T / S) */
-			for (unsigned q = 0; q < S; q++)
-				k += q * T / S == s * T / S;
-			render_spans(sp, n, k, (double)r->ev_step_ns, cols, scale, row);
+			render_spans(sp, n, sharing(s, S, T), (double)r->ev_step_ns, cols, scale, row);
 			fprintf(f, "s%-2u |%s|\n", s, row);
+		}
+		if (!npred[i])
+			continue;
+		fmt_ms(span, sizeof(span), makespan[i]);
+		fprintf(f, "  predicted: %s\n", span);
+		for (unsigned s = 0; s < S; s++) {
+			size_t n = 0;
+			for (size_t e = 0; e < npred[i]; e++)
+				if (pst[i][e] == s)
+					sp[n++] = pred[i][e];
+			render_spans(sp, n, sharing(s, S, T), makespan[i], cols, scale, row);
+			fprintf(f, "p%-2u |%s|\n", s, row);
 		}
 	}
 	fprintf(f, "%s\n", ax);
@@ -276,4 +360,8 @@ void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
 out:
 	free(row);
 	free(sp);
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+		free(pred[i]);
+		free(pst[i]);
+	}
 }
