@@ -106,6 +106,8 @@ static const char *const bad_args[][6] = {
     {"--wait-quiet=1e9"},
     {"--trace=/no/such/dir/x.json"},
     {"--trace=/tmp"},
+    {"--svg=/no/such/dir/x.svg"},
+    {"--svg="},
     {"--latency-target=0"},
     {"--spin-us=-5"},
     {"--workload=gpu"},
@@ -201,7 +203,7 @@ START_TEST(help_lists_every_option_with_its_default)
 					   "--latency-target", "--cpus",     "--spin-us",   "--opts",
 					   "--table",	       "--json",     "--csv",	    "--gantt",
 					   "--trace",	       "--progress", "--help",	    "--version",
-					   "--micro-batches",  "--costs",    "--unit-us"};
+					   "--micro-batches",  "--costs",    "--unit-us",   "--svg"};
 	for (unsigned i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
 		ck_assert_msg(strstr(r.out, opts[i]), "--help does not mention %s", opts[i]);
 	ck_assert_msg(strstr(r.out, "(default: auto)") && strstr(r.out, "(default: 10)") &&
@@ -584,6 +586,59 @@ START_TEST(trace_file_is_a_chrome_trace)
 	cJSON_Delete(doc);
 	free(text);
 	run_free(&r);
+}
+END_TEST
+
+/* --svg: the Gantt chart as an SVG document, whatever the output format: a rectangle per micro-batch and
+ * stage (and one background per row), the panels' titles. Returns the file's text (free it). */
+static char *svg_of(const char *const *args, char *path)
+{
+	int fd = mkstemp(path);
+	ck_assert(fd >= 0);
+	close(fd);
+	char arg[64];
+	snprintf(arg, sizeof(arg), "--svg=%s", path);
+	const char *a[24];
+	unsigned n = 0;
+	for (; args[n]; n++)
+		a[n] = args[n];
+	a[n++] = arg;
+	a[n] = NULL;
+	struct run r = run(a);
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	fd = open(path, O_RDONLY);
+	ck_assert(fd >= 0);
+	char *text = slurp(fd);
+	close(fd);
+	unlink(path);
+	static const char head[] = "<svg xmlns=\"http://www.w3.org/2000/svg\"";
+	ck_assert_msg(strncmp(text, head, sizeof(head) - 1) == 0, "not SVG: %.80s", text);
+	size_t len = strlen(text);
+	ck_assert_msg(len > 8 && strcmp(text + len - 7, "</svg>\n") == 0, "not closed: %s", text + len - 20);
+	return text;
+}
+
+static unsigned count_of(const char *text, const char *what)
+{
+	unsigned n = 0;
+	for (const char *p = text; (p = strstr(p, what)); p++)
+		n++;
+	return n;
+}
+
+START_TEST(svg_draws_the_batch_and_the_whole_batch)
+{
+	char path[] = "/tmp/pipebench-test-svg-XXXXXX";
+	char *text = svg_of((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8", "--mb=2",
+						  "--work-us=5", "--batches=2", "--warmup=1", "--tolerance=0",
+						  "--wait-quiet=0", "--json", NULL},
+			    path);
+	ck_assert_msg(strstr(text, "m=2, 4 micro-batches: ") && strstr(text, "whole batch as one unit: "),
+		      "panel titles missing: %s", text);
+	/* 1 page background, 2 x 2 row backgrounds, 2 stages x 4 micro-batches, 2 stages x 1 */
+	ck_assert_uint_eq(count_of(text, "<rect"), 1 + 4 + 8 + 2);
+	free(text);
 }
 END_TEST
 
@@ -1065,6 +1120,23 @@ START_TEST(train_table_prints_the_three_schedules_and_their_gantt)
 }
 END_TEST
 
+START_TEST(svg_draws_each_schedules_step_and_its_prediction)
+{
+	char path[] = "/tmp/pipebench-test-svg-XXXXXX";
+	char *text = svg_of((const char *const[]){TRAIN_ARGS, "--csv", NULL}, path);
+	for (unsigned i = 0; i < 3; i++) {
+		static const char *const t[] = {"gpipe: the fastest", "1f1b: the fastest",
+						"zbh1: the fastest"};
+		ck_assert_msg(strstr(text, t[i]), "no panel %s: %s", t[i], text);
+	}
+	/* measured and predicted rows, 2 stages each, per schedule: 12 row backgrounds; operations: 4
+	 * micro-batches x 2 stages x (F, B) under gpipe and 1f1b, x (F, B_in, W) under zbh1, twice */
+	ck_assert_uint_eq(count_of(text, ">p1</text>"), 3);
+	ck_assert_uint_eq(count_of(text, "<rect"), 1 + 12 + 2 * (16 + 16 + 24));
+	free(text);
+}
+END_TEST
+
 /* A step that goes wrong (a wrong value, a stage's error; PIPEBENCH_FAULT) ends the run with exit status 1
  * and says what happened, the report still printed. */
 START_TEST(train_broken_step_exits_1_and_says_which)
@@ -1181,6 +1253,8 @@ static Suite *suite(void)
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
 	tcase_add_test(out, csv_has_a_header_and_one_line_per_size);
 	tcase_add_test(out, trace_file_is_a_chrome_trace);
+	tcase_add_test(out, svg_draws_the_batch_and_the_whole_batch);
+	tcase_add_test(out, svg_draws_each_schedules_step_and_its_prediction);
 	tcase_add_test(out, progress_goes_to_stderr_only);
 	tcase_add_test(out, duration_and_latency_target_choose_a_size_that_meets_it);
 	tcase_add_test(out, more_stages_than_cpus_share_a_thread_and_say_so);

@@ -18,6 +18,7 @@
  * as an uppercase one. Below each, the model: the schedule played (mbp_schedule_simulate) with that
  * step's mean cost of each stage's operations, where they would run with no noise and no hand-off cost.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,29 +279,70 @@ static unsigned sharing(unsigned s, unsigned S, unsigned T)
 	return k;
 }
 
-void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
+/* What the training charts draw, text or SVG: each schedule's measured step and its prediction, on one
+ * time scale (the longest of them). */
+struct train_chart {
+	unsigned S;
+	size_t nmax;				 /* 3 x S x M: the most spans a step has */
+	struct span *pred[PB_TRAIN_SCHEDS];	 /* the prediction's spans, */
+	unsigned *pst[PB_TRAIN_SCHEDS];		 /* their stages, */
+	size_t npred[PB_TRAIN_SCHEDS];		 /* how many (0: none) */
+	double makespan[PB_TRAIN_SCHEDS], scale; /* ns */
+};
+
+static void train_chart_init(struct train_chart *c, const pb_train_report *rep)
 {
-	const unsigned S = rep->cfg->stages, M = rep->cfg->mbs;
-	const size_t nmax = (size_t)3 * S * M;
-	struct span *pred[PB_TRAIN_SCHEDS] = {NULL};
-	unsigned *pst[PB_TRAIN_SCHEDS] = {NULL};
-	size_t npred[PB_TRAIN_SCHEDS] = {0};
-	double makespan[PB_TRAIN_SCHEDS] = {0};
-	double scale = 0;
+	memset(c, 0, sizeof(*c));
+	c->S = rep->cfg->stages;
+	c->nmax = (size_t)3 * c->S * rep->cfg->mbs;
 	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
 		const pb_train_result *r = &rep->r[i];
 		if (!r->nev)
 			continue;
-		if ((double)r->ev_step_ns > scale)
-			scale = (double)r->ev_step_ns;
-		pred[i] = malloc(nmax * sizeof(struct span));
-		pst[i] = malloc(nmax * sizeof(unsigned));
-		if (pred[i] && pst[i])
-			npred[i] = predicted_spans(r, S, M, r->threads ? r->threads : S, pred[i], pst[i],
-						   &makespan[i]);
-		if (makespan[i] > scale)
-			scale = makespan[i];
+		if ((double)r->ev_step_ns > c->scale)
+			c->scale = (double)r->ev_step_ns;
+		c->pred[i] = malloc(c->nmax * sizeof(struct span));
+		c->pst[i] = malloc(c->nmax * sizeof(unsigned));
+		if (c->pred[i] && c->pst[i])
+			c->npred[i] = predicted_spans(r, c->S, rep->cfg->mbs, r->threads ? r->threads : c->S,
+						      c->pred[i], c->pst[i], &c->makespan[i]);
+		if (c->makespan[i] > c->scale)
+			c->scale = c->makespan[i];
 	}
+}
+
+static void train_chart_fini(struct train_chart *c)
+{
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+		free(c->pred[i]);
+		free(c->pst[i]);
+	}
+}
+
+/* Stage s's spans of result r's measured step (measured) or of its prediction, into sp. */
+static size_t train_spans(const struct train_chart *c, const pb_train_result *r, unsigned i, unsigned s,
+			  bool measured, struct span *sp)
+{
+	size_t n = 0;
+	if (measured) {
+		for (size_t e = 0; e < r->nev; e++)
+			if (r->ev[e].stage == s)
+				sp[n++] = (struct span){r->ev[e].t0_ns, r->ev[e].t1_ns, op_char(&r->ev[e])};
+	} else {
+		for (size_t e = 0; e < c->npred[i]; e++)
+			if (c->pst[i][e] == s)
+				sp[n++] = c->pred[i][e];
+	}
+	return n;
+}
+
+void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
+{
+	const unsigned S = rep->cfg->stages;
+	struct train_chart ch;
+	train_chart_init(&ch, rep);
+	const size_t nmax = ch.nmax;
+	const double scale = ch.scale;
 	if (width < 40)
 		width = 40;
 	unsigned cols = width - LABEL - 1;
@@ -331,24 +373,17 @@ void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
 			mbp_sched_name(r->kind), span, 1 - busy / (T * (double)r->ev_step_ns),
 			r->bubble.median, r->bubble_predicted);
 		for (unsigned s = 0; s < S; s++) {
-			size_t n = 0;
-			for (size_t e = 0; e < r->nev; e++)
-				if (r->ev[e].stage == s)
-					sp[n++] =
-					    (struct span){r->ev[e].t0_ns, r->ev[e].t1_ns, op_char(&r->ev[e])};
+			size_t n = train_spans(&ch, r, i, s, true, sp);
 			render_spans(sp, n, sharing(s, S, T), (double)r->ev_step_ns, cols, scale, row);
 			fprintf(f, "s%-2u |%s|\n", s, row);
 		}
-		if (!npred[i])
+		if (!ch.npred[i])
 			continue;
-		fmt_ms(span, sizeof(span), makespan[i]);
+		fmt_ms(span, sizeof(span), ch.makespan[i]);
 		fprintf(f, "  predicted: %s\n", span);
 		for (unsigned s = 0; s < S; s++) {
-			size_t n = 0;
-			for (size_t e = 0; e < npred[i]; e++)
-				if (pst[i][e] == s)
-					sp[n++] = pred[i][e];
-			render_spans(sp, n, sharing(s, S, T), makespan[i], cols, scale, row);
+			size_t n = train_spans(&ch, r, i, s, false, sp);
+			render_spans(sp, n, sharing(s, S, T), ch.makespan[i], cols, scale, row);
 			fprintf(f, "p%-2u |%s|\n", s, row);
 		}
 	}
@@ -360,8 +395,192 @@ void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
 out:
 	free(row);
 	free(sp);
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
-		free(pred[i]);
-		free(pst[i]);
+	train_chart_fini(&ch);
+}
+
+/* ---- the same charts as SVG (--svg) ---- */
+
+#define SVG_W	   1000.0 /* px */
+#define SVG_LEFT   64.0	  /* the row labels */
+#define SVG_RIGHT  24.0
+#define SVG_ROW	   16.0
+#define SVG_PAD	   3.0
+#define SVG_TITLE  22.0
+#define SVG_BOTTOM 70.0 /* the axis and the legend */
+
+/* A span's colour: training by operation (F, backward, W: its character's class), a forward batch by
+ * micro-batch (a palette of 8, the character's index). */
+static const char *span_fill(char c, bool training)
+{
+	static const char *const palette[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
+					      "#76b7b2", "#edc948", "#b07aa1", "#9c755f"};
+	if (training)
+		return c >= '0' && c <= '9' ? "#4e79a7" : c >= 'a' && c <= 'z' ? "#f28e2b" : "#59a14f";
+	const char *d = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+	const char *p = strchr(d, c);
+	return palette[(p ? (size_t)(p - d) : 0) % 8];
+}
+
+/* One row: a label, then a rectangle per span on [0, scale) across the plot's width, the span's character
+ * in it when it fits; `opacity` below 1 for a prediction. */
+static void svg_row(FILE *f, double y, const char *label, const struct span *sp, size_t n, double scale,
+		    bool training, double opacity)
+{
+	const double pw = SVG_W - SVG_LEFT - SVG_RIGHT;
+	fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" class=\"l\">%s</text>\n", SVG_LEFT - 6, y + SVG_ROW - 4,
+		label);
+	fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#f4f4f4\"/>\n",
+		SVG_LEFT, y, pw, SVG_ROW);
+	for (size_t k = 0; k < n; k++) {
+		double x = SVG_LEFT + pw * (double)sp[k].t0 / scale,
+		       w = pw * (double)(sp[k].t1 - sp[k].t0) / scale;
+		fprintf(f,
+			"<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
+			"fill-opacity=\"%.2f\"><title>%c %.3f-%.3f ms</title></rect>\n",
+			x, y, w > 0.5 ? w : 0.5, SVG_ROW, span_fill(sp[k].c, training), opacity, sp[k].c,
+			(double)sp[k].t0 / 1e6, (double)sp[k].t1 / 1e6);
+		if (w >= 9)
+			fprintf(f, "<text x=\"%.2f\" y=\"%.1f\" class=\"c\">%c</text>\n", x + w / 2,
+				y + SVG_ROW - 4, sp[k].c);
 	}
+}
+
+static FILE *svg_open(const char *path, double height, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "w");
+	if (!f) {
+		snprintf(err, errlen, "--svg %s: %s", path, strerror(errno));
+		return NULL;
+	}
+	fprintf(f,
+		"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f "
+		"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
+		"<style>.l{text-anchor:end}.c{text-anchor:middle;fill:#fff;font-size:10px}"
+		".t{font-weight:bold}</style>\n"
+		"<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n",
+		SVG_W, height, SVG_W, height);
+	return f;
+}
+
+/* The time axis at y (ticks at fifths of the scale), a legend under it, the end of the document. */
+static int svg_close(FILE *f, const char *path, double y, double scale, bool training, char *err,
+		     size_t errlen)
+{
+	const double pw = SVG_W - SVG_LEFT - SVG_RIGHT;
+	fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#000\"/>\n", SVG_LEFT,
+		y + 4, SVG_LEFT + pw, y + 4);
+	for (int k = 0; k <= 5; k++) {
+		char t[32];
+		fmt_ms(t, sizeof(t), scale * k / 5);
+		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
+			SVG_LEFT + pw * k / 5, y + 18, t);
+	}
+	static const char *const legend[2][2] = {
+	    {"each box: a micro-batch's time in a stage, its character the micro-batch (0-9, a-z, A-Z);",
+	     "grey: the stage idle"},
+	    {"blue: forward (F), orange: backward (B, or B_in under zbh1), green: weight gradient (W, zbh1);",
+	     "rows s: the measured step; pale rows p: the schedule played with that step's own costs"}};
+	for (int k = 0; k < 2; k++)
+		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", SVG_LEFT, y + 38 + 14 * k,
+			legend[training][k]);
+	fprintf(f, "</svg>\n");
+	int bad = ferror(f);
+	if (fclose(f) || bad) {
+		snprintf(err, errlen, "--svg %s: cannot write it: %s", path, strerror(errno ? errno : EIO));
+		return -1;
+	}
+	return 0;
+}
+
+int pb_gantt_svg(const char *path, const pb_timeline *a, const pb_timeline *b, char *err, size_t errlen)
+{
+	const pb_timeline *tl[2] = {a, b};
+	double scale = 0, height = SVG_BOTTOM;
+	for (unsigned p = 0; p < 2; p++)
+		if (tl[p] && tl[p]->t && tl[p]->mbs) {
+			scale = (double)tl[p]->span_ns > scale ? (double)tl[p]->span_ns : scale;
+			height += SVG_TITLE + tl[p]->stages * (SVG_ROW + SVG_PAD) + 8;
+		}
+	if (scale <= 0) {
+		snprintf(err, errlen, "--svg %s: no batch was recorded to draw", path);
+		return -1;
+	}
+	FILE *f = svg_open(path, height, err, errlen);
+	if (!f)
+		return -1;
+	double y = 0;
+	for (unsigned p = 0; p < 2; p++) {
+		if (!tl[p] || !tl[p]->t || !tl[p]->mbs)
+			continue;
+		char t[128], label[16];
+		title(t, sizeof(t), tl[p], p == 1);
+		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" class=\"t\">%s</text>\n", SVG_LEFT, y + 16, t);
+		y += SVG_TITLE;
+		struct span *sp = calloc(tl[p]->mbs, sizeof(*sp));
+		for (unsigned s = 0; sp && s < tl[p]->stages; s++) {
+			size_t n = 0;
+			for (uint32_t j = 0; j < tl[p]->mbs; j++) {
+				const uint64_t *tt = tl[p]->t + ((size_t)s * tl[p]->mbs + j) * 2;
+				if (tt[0] != UINT64_MAX && tt[1] != UINT64_MAX)
+					sp[n++] = (struct span){tt[0], tt[1], mb_char(j)};
+			}
+			snprintf(label, sizeof(label), "s%u", s);
+			svg_row(f, y, label, sp, n, scale, false, 1);
+			y += SVG_ROW + SVG_PAD;
+		}
+		free(sp);
+		y += 8;
+	}
+	return svg_close(f, path, y, scale, false, err, errlen);
+}
+
+int pb_train_gantt_svg(const char *path, const pb_train_report *rep, char *err, size_t errlen)
+{
+	const unsigned S = rep->cfg->stages;
+	struct train_chart ch;
+	train_chart_init(&ch, rep);
+	double height = SVG_BOTTOM;
+	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+		if (rep->r[i].nev)
+			height += SVG_TITLE + (ch.npred[i] ? 2 : 1) * S * (SVG_ROW + SVG_PAD) + 8;
+	struct span *sp = malloc(ch.nmax * sizeof(*sp));
+	FILE *f = NULL;
+	int rc = -1;
+	if (ch.scale <= 0 || !sp)
+		snprintf(err, errlen, "--svg %s: %s", path,
+			 sp ? "no step was recorded to draw" : "out of memory");
+	else
+		f = svg_open(path, height, err, errlen);
+	if (f) {
+		double y = 0;
+		for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+			const pb_train_result *r = &rep->r[i];
+			if (!r->nev)
+				continue;
+			char a[32], b[32], label[16];
+			fmt_ms(a, sizeof(a), (double)r->ev_step_ns);
+			fmt_ms(b, sizeof(b), ch.makespan[i]);
+			fprintf(
+			    f,
+			    "<text x=\"%.1f\" y=\"%.1f\" class=\"t\">%s: the fastest measured step, %s (s); "
+			    "predicted, %s (p)</text>\n",
+			    SVG_LEFT, y + 16, mbp_sched_name(r->kind), a, b);
+			y += SVG_TITLE;
+			for (int measured = 1; measured >= 0; measured--) {
+				if (!measured && !ch.npred[i])
+					continue;
+				for (unsigned s = 0; s < S; s++) {
+					size_t n = train_spans(&ch, r, i, s, measured, sp);
+					snprintf(label, sizeof(label), "%c%u", measured ? 's' : 'p', s);
+					svg_row(f, y, label, sp, n, ch.scale, true, measured ? 1 : 0.45);
+					y += SVG_ROW + SVG_PAD;
+				}
+			}
+			y += 8;
+		}
+		rc = svg_close(f, path, y, ch.scale, true, err, errlen);
+	}
+	free(sp);
+	train_chart_fini(&ch);
+	return rc;
 }

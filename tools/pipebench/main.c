@@ -138,7 +138,7 @@ static void measure_extras(pb_bench *b, pb_result *res, pb_result *single, pb_re
 	const pb_config *cfg = b->cfg;
 	if (rep->status || !pb_best(rep))
 		return;
-	if (cfg->gantt) {
+	if (cfg->gantt || cfg->svg_path) {
 		for (unsigned i = 0; i < rep->nres; i++)
 			if (res[i].mb_rows == cfg->batch)
 				rep->single = &res[i];
@@ -215,6 +215,8 @@ int main(int argc, char **argv)
 	int ncpus = pb_cpus_resolve(&cfg, &allowed, err, sizeof(err));
 	if (ncpus < 0)
 		return usage_error(err);
+	if (cfg.svg_path && pb_output_check("--svg", cfg.svg_path, err, sizeof(err)))
+		return usage_error(err); /* before the measurements, not after them */
 	if (cfg.workload == PB_WL_TRAIN) {
 		if (mbt_mpi_launched())
 			return usage_error("--workload=train does not run under mpirun (one process: its "
@@ -275,6 +277,15 @@ int main(int argc, char **argv)
 	pb_progress_end();
 	b.load_end = pb_loadavg();
 	print_report(&rep);
+	if (cfg.svg_path && rep.status == 0 && pb_best(&rep)) {
+		const pb_result *best = pb_best(&rep);
+		if (pb_gantt_svg(cfg.svg_path, &best->tl,
+				 rep.single && rep.single != best ? &rep.single->tl : NULL, err,
+				 sizeof(err))) {
+			rep.status = PB_EXIT_FAIL;
+			snprintf(rep.error, sizeof(rep.error), "%s", err);
+		}
+	}
 	fflush(stdout);
 	if (rep.status)
 		fprintf(stderr, "pipebench: FAILED: %s\n", rep.error);

@@ -521,8 +521,8 @@ static int setup_mlp(pm *p, char *path, size_t pathlen, bool *tmp, char *err, si
 			       PB_EXIT_FAIL;
 	}
 	mbp_model_error e;
-	unsigned layers;
-	uint32_t out_w;
+	unsigned layers = 0; /* set on success; zeroed for the compiler, which cannot see it */
+	uint32_t out_w = 0;
 	int rc = mbt_file_layers(path, &layers, &out_w, &e);
 	if (rc)
 		return snprintf(err, errlen, "%.200s", e.msg[0] ? e.msg : mbp_strerror(rc)), PB_EXIT_USAGE;
@@ -702,8 +702,8 @@ static int setup(pm *p, bool stages_default, char *path, size_t pathlen, bool *t
 	pb_config *cfg = p->cfg;
 	if (cfg->format == PB_FMT_CSV)
 		return usage(p, "--csv is not available under mpirun (table or --json)");
-	if (cfg->trace_path)
-		return usage(p, "--trace is not available under mpirun");
+	if (cfg->trace_path || cfg->svg_path)
+		return usage(p, "%s is not available under mpirun", cfg->trace_path ? "--trace" : "--svg");
 	p->S = stages_default ? p->ranks : cfg->stages;
 	if (p->S < p->ranks)
 		return usage(p,

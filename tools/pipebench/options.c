@@ -119,6 +119,7 @@ enum {
 	OPT_GANTT,
 	OPT_NOGANTT,
 	OPT_TRACE,
+	OPT_SVG,
 	OPT_PROGRESS,
 	OPT_NOPROGRESS,
 	OPT_MBS,
@@ -156,6 +157,7 @@ static const struct option long_opts[] = {
     {"gantt", no_argument, NULL, OPT_GANTT},
     {"no-gantt", no_argument, NULL, OPT_NOGANTT},
     {"trace", required_argument, NULL, OPT_TRACE},
+    {"svg", required_argument, NULL, OPT_SVG},
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NOPROGRESS},
     {"help", no_argument, NULL, 'h'},
@@ -226,6 +228,8 @@ void pb_options_help(FILE *f)
 	    "(train:\n"
 	    "                           of one step per schedule) (default: on with --table, off otherwise)\n"
 	    "      --trace=FILE         Chrome trace (Perfetto) of the chosen size (default: none)\n"
+	    "      --svg=FILE           the Gantt chart as an SVG picture, whatever the output format\n"
+	    "                           (default: none)\n"
 	    "      --progress, --no-progress\n"
 	    "                           progress bar on standard error (default: when it is a terminal)\n"
 	    "  -h, --help               this help\n"
@@ -478,9 +482,10 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			cfg->gantt_set = true;
 			break;
 		case OPT_TRACE:
+		case OPT_SVG:
 			if (!*optarg)
 				return fail(err, errlen, "%s: empty file name", name);
-			cfg->trace_path = optarg;
+			*(c == OPT_TRACE ? &cfg->trace_path : &cfg->svg_path) = optarg;
 			break;
 		case OPT_PROGRESS:
 			cfg->progress = 1;

@@ -66,6 +66,7 @@ typedef struct pb_config {
 	const char *engine_opts;  /* --opts key=value,... for mbp_opts_parse() */
 	double latency_target_ms; /* 0: none */
 	const char *trace_path;	  /* --trace */
+	const char *svg_path;	  /* --svg: the Gantt chart as a picture */
 	bool gantt;		  /* --gantt; on by default for the table output */
 	bool gantt_set;
 	int progress; /* -1: when stderr is a terminal, 0: never, 1: always */
@@ -499,6 +500,11 @@ int pb_train_print_json(FILE *f, const pb_train_report *rep);
 /* The three schedules' fastest measured steps, one above the other on one time scale, in at most `width`
  * columns, with a legend. (gantt.c) */
 void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width);
+
+/* The same charts as SVG pictures written to `path` (--svg): the batch at the chosen size and as one
+ * unit (b may be NULL), or the three schedules' steps with their predictions. 0, or -1 with err set. */
+int pb_gantt_svg(const char *path, const pb_timeline *a, const pb_timeline *b, char *err, size_t errlen);
+int pb_train_gantt_svg(const char *path, const pb_train_report *rep, char *err, size_t errlen);
 
 /* ---- progress.c ---- */
 

@@ -434,6 +434,10 @@ close:
 		break;
 	}
 	fflush(stdout);
+	if (cfg->svg_path && rep.status == 0 && pb_train_gantt_svg(cfg->svg_path, &rep, err, sizeof(err))) {
+		rep.status = PB_EXIT_FAIL;
+		snprintf(rep.error, sizeof(rep.error), "%s", err);
+	}
 	if (rep.status)
 		fprintf(stderr, "pipebench: FAILED: %s\n", rep.error);
 	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
