@@ -103,6 +103,7 @@ bad "pipebench: the training workload under mpirun" "^pipebench: --workload=trai
 	"$pb" --workload train
 bad "pipebench: a bad option under mpirun" "^pipebench: unknown option .--no-such-option." 2 "$pb" --no-such-option
 bad "pipebench: --svg under mpirun" "^pipebench: --svg is not available under mpirun" 2 "$pb" --svg="$tmp/x.svg"
+bad "pipebench: --trace under mpirun" "^pipebench: --trace is not available under mpirun" 2 "$pb" --trace="$tmp/x.json"
 bad "pipebench: more stages than layers" "^pipebench: 5 stages but the model has 4 layers" 2 \
 	"$pb" --workload mlp --layers 4 --hidden 16 --stages 5
 

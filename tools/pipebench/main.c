@@ -215,8 +215,10 @@ int main(int argc, char **argv)
 	int ncpus = pb_cpus_resolve(&cfg, &allowed, err, sizeof(err));
 	if (ncpus < 0)
 		return usage_error(err);
-	if (cfg.svg_path && pb_output_check("--svg", cfg.svg_path, err, sizeof(err)))
-		return usage_error(err); /* before the measurements, not after them */
+	/* Before the measurements, not after them; under mpirun both are refused (mpi.c), and every rank
+	 * trying the same path at once would race. */
+	if (cfg.svg_path && !mbt_mpi_launched() && pb_output_check("--svg", cfg.svg_path, err, sizeof(err)))
+		return usage_error(err);
 	if (cfg.workload == PB_WL_TRAIN) {
 		if (mbt_mpi_launched())
 			return usage_error("--workload=train does not run under mpirun (one process: its "
@@ -230,9 +232,10 @@ int main(int argc, char **argv)
 		cfg.batch = cfg.workload == PB_WL_MLP ? PB_DEF_BATCH_MLP : PB_DEF_BATCH_SYNTHETIC;
 	if (pb_sizes_resolve(&cfg, err, sizeof(err)))
 		return usage_error(err);
-	if (cfg.trace_path && pb_output_check("--trace", cfg.trace_path, err, sizeof(err)))
-		return usage_error(err); /* before the sweep, not after it */
-	if (mbt_mpi_launched()) {	 /* stages spread over the ranks (mpi.c) */
+	if (cfg.trace_path && !mbt_mpi_launched() &&
+	    pb_output_check("--trace", cfg.trace_path, err, sizeof(err)))
+		return usage_error(err);
+	if (mbt_mpi_launched()) { /* stages spread over the ranks (mpi.c) */
 #ifdef PB_WITH_MPI
 		pb_progress_init(cfg.progress);
 		return pb_mpi_main(&cfg, stages_default, &argc, &argv);
