@@ -627,6 +627,20 @@ static unsigned count_of(const char *text, const char *what)
 	return n;
 }
 
+/* Every box inside the plot: from its left edge (64 px) to its right one (1000 - 24 px). */
+static void boxes_inside_the_plot(const char *text)
+{
+	unsigned boxes = 0;
+	for (const char *p = text; (p = strstr(p, "<rect x=\"")); p++) {
+		double x, w;
+		ck_assert_msg(sscanf(p, "<rect x=\"%lf\" y=\"%*[0-9.]\" width=\"%lf\"", &x, &w) == 2, "%.80s",
+			      p);
+		ck_assert_msg(x >= 63.99 && x + w <= 976.01, "a box outside the plot: %.120s", p);
+		boxes++;
+	}
+	ck_assert_uint_gt(boxes, 0);
+}
+
 START_TEST(svg_draws_the_batch_and_the_whole_batch)
 {
 	char path[] = "/tmp/pipebench-test-svg-XXXXXX";
@@ -638,6 +652,7 @@ START_TEST(svg_draws_the_batch_and_the_whole_batch)
 		      "panel titles missing: %s", text);
 	/* 1 page background, 2 x 2 row backgrounds, 2 stages x 4 micro-batches, 2 stages x 1 */
 	ck_assert_uint_eq(count_of(text, "<rect"), 1 + 4 + 8 + 2);
+	boxes_inside_the_plot(text);
 	free(text);
 }
 END_TEST
@@ -1133,7 +1148,41 @@ START_TEST(svg_draws_each_schedules_step_and_its_prediction)
 	 * micro-batches x 2 stages x (F, B) under gpipe and 1f1b, x (F, B_in, W) under zbh1, twice */
 	ck_assert_uint_eq(count_of(text, ">p1</text>"), 3);
 	ck_assert_uint_eq(count_of(text, "<rect"), 1 + 12 + 2 * (16 + 16 + 24));
+	boxes_inside_the_plot(text);
+	/* the prediction, from the step's own costs, takes about as long as the step */
+	for (const char *p = text; (p = strstr(p, "the fastest measured step, ")); p++) {
+		double measured, predicted;
+		ck_assert_msg(sscanf(p, "the fastest measured step, %lf ms (s); predicted, %lf ms (p)",
+				     &measured, &predicted) == 2,
+			      "%.100s", p);
+		ck_assert_msg(predicted > 0.5 * measured && predicted < 2 * measured,
+			      "step %g ms, predicted %g ms", measured, predicted);
+	}
 	free(text);
+}
+END_TEST
+
+/* A picture that cannot be written fails the run, and the report says so: the JSON's ok and error, exit
+ * status 1; the device given as the path is left alone. */
+START_TEST(svg_that_cannot_be_written_fails_the_run_in_the_report_too)
+{
+	struct stat before;
+	if (stat("/dev/full", &before) != 0 || !S_ISCHR(before.st_mode)) {
+		fprintf(stderr, "svg: no /dev/full here, not tested\n");
+		return;
+	}
+	struct run r = run((const char *const[]){TRAIN_ARGS, "--json", "--svg=/dev/full", NULL});
+	ck_assert_msg(r.status == 1, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(doc, "ok")));
+	const cJSON *e = cJSON_GetObjectItem(doc, "error");
+	ck_assert_msg(cJSON_IsString(e) && strstr(e->valuestring, "--svg /dev/full: cannot write it"), "%s",
+		      r.out);
+	cJSON_Delete(doc);
+	struct stat after;
+	ck_assert_msg(stat("/dev/full", &after) == 0 && S_ISCHR(after.st_mode), "/dev/full was removed");
+	run_free(&r);
 }
 END_TEST
 
@@ -1255,6 +1304,7 @@ static Suite *suite(void)
 	tcase_add_test(out, trace_file_is_a_chrome_trace);
 	tcase_add_test(out, svg_draws_the_batch_and_the_whole_batch);
 	tcase_add_test(out, svg_draws_each_schedules_step_and_its_prediction);
+	tcase_add_test(out, svg_that_cannot_be_written_fails_the_run_in_the_report_too);
 	tcase_add_test(out, progress_goes_to_stderr_only);
 	tcase_add_test(out, duration_and_latency_target_choose_a_size_that_meets_it);
 	tcase_add_test(out, more_stages_than_cpus_share_a_thread_and_say_so);

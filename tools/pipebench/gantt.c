@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "pipebench.h"
 #include "../plural.h"
@@ -462,6 +464,17 @@ static FILE *svg_open(const char *path, double height, char *err, size_t errlen)
 	return f;
 }
 
+/* A picture that cannot be finished: closed, and removed when it is a regular file (no half picture; a
+ * device or a pipe given as the path is left alone). */
+static void svg_abort(FILE *f, const char *path)
+{
+	struct stat st;
+	bool regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+	fclose(f);
+	if (regular)
+		unlink(path);
+}
+
 /* The time axis at y (ticks at fifths of the scale), a legend under it, the end of the document. */
 static int svg_close(FILE *f, const char *path, double y, double scale, bool training, char *err,
 		     size_t errlen)
@@ -484,8 +497,14 @@ static int svg_close(FILE *f, const char *path, double y, double scale, bool tra
 		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", SVG_LEFT, y + 38 + 14 * k,
 			legend[training][k]);
 	fprintf(f, "</svg>\n");
-	int bad = ferror(f);
-	if (fclose(f) || bad) {
+	errno = 0;
+	int bad = fflush(f) || ferror(f) ? (errno ? errno : EIO) : 0;
+	if (bad) {
+		snprintf(err, errlen, "--svg %s: cannot write it: %s", path, strerror(bad));
+		svg_abort(f, path);
+		return -1;
+	}
+	if (fclose(f)) {
 		snprintf(err, errlen, "--svg %s: cannot write it: %s", path, strerror(errno ? errno : EIO));
 		return -1;
 	}
@@ -517,7 +536,12 @@ int pb_gantt_svg(const char *path, const pb_timeline *a, const pb_timeline *b, c
 		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" class=\"t\">%s</text>\n", SVG_LEFT, y + 16, t);
 		y += SVG_TITLE;
 		struct span *sp = calloc(tl[p]->mbs, sizeof(*sp));
-		for (unsigned s = 0; sp && s < tl[p]->stages; s++) {
+		if (!sp) {
+			svg_abort(f, path);
+			snprintf(err, errlen, "--svg %s: out of memory", path);
+			return -1;
+		}
+		for (unsigned s = 0; s < tl[p]->stages; s++) {
 			size_t n = 0;
 			for (uint32_t j = 0; j < tl[p]->mbs; j++) {
 				const uint64_t *tt = tl[p]->t + ((size_t)s * tl[p]->mbs + j) * 2;
@@ -562,9 +586,11 @@ int pb_train_gantt_svg(const char *path, const pb_train_report *rep, char *err, 
 			fmt_ms(b, sizeof(b), ch.makespan[i]);
 			fprintf(
 			    f,
-			    "<text x=\"%.1f\" y=\"%.1f\" class=\"t\">%s: the fastest measured step, %s (s); "
-			    "predicted, %s (p)</text>\n",
-			    SVG_LEFT, y + 16, mbp_sched_name(r->kind), a, b);
+			    "<text x=\"%.1f\" y=\"%.1f\" class=\"t\">%s: the fastest measured step, %s (s)",
+			    SVG_LEFT, y + 16, mbp_sched_name(r->kind), a);
+			if (ch.npred[i])
+				fprintf(f, "; predicted, %s (p)", b);
+			fprintf(f, "</text>\n");
 			y += SVG_TITLE;
 			for (int measured = 1; measured >= 0; measured--) {
 				if (!measured && !ch.npred[i])

@@ -279,7 +279,7 @@ int main(int argc, char **argv)
 	measure_extras(&b, res, &single, &traced, &rep);
 	pb_progress_end();
 	b.load_end = pb_loadavg();
-	print_report(&rep);
+	/* the picture first: its failure is the run's, in the report too */
 	if (cfg.svg_path && rep.status == 0 && pb_best(&rep)) {
 		const pb_result *best = pb_best(&rep);
 		if (pb_gantt_svg(cfg.svg_path, &best->tl,
@@ -289,6 +289,7 @@ int main(int argc, char **argv)
 			snprintf(rep.error, sizeof(rep.error), "%s", err);
 		}
 	}
+	print_report(&rep);
 	fflush(stdout);
 	if (rep.status)
 		fprintf(stderr, "pipebench: FAILED: %s\n", rep.error);

@@ -419,6 +419,11 @@ close:
 		arm_close(&arms[i]);
 	pb_progress_end();
 	rep.load_end = pb_loadavg();
+	/* the picture first: its failure is the run's, in the report too */
+	if (cfg->svg_path && rep.status == 0 && pb_train_gantt_svg(cfg->svg_path, &rep, err, sizeof(err))) {
+		rep.status = PB_EXIT_FAIL;
+		snprintf(rep.error, sizeof(rep.error), "%s", err);
+	}
 	switch (cfg->format) {
 	case PB_FMT_JSON:
 		if (pb_train_print_json(stdout, &rep) && rep.status == 0) {
@@ -434,10 +439,6 @@ close:
 		break;
 	}
 	fflush(stdout);
-	if (cfg->svg_path && rep.status == 0 && pb_train_gantt_svg(cfg->svg_path, &rep, err, sizeof(err))) {
-		rep.status = PB_EXIT_FAIL;
-		snprintf(rep.error, sizeof(rep.error), "%s", err);
-	}
 	if (rep.status)
 		fprintf(stderr, "pipebench: FAILED: %s\n", rep.error);
 	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
