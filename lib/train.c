@@ -62,7 +62,7 @@ struct tstage {
 	mbp_train_stage_desc d;
 	char name[MBP_STAGE_NAME_MAX];
 	unsigned idx, thread;
-	size_t in_w, out_w, stash_w;
+	size_t out_w, stash_w;
 	size_t grad_w, din_w; /* rows of dout (grad_row_bytes), of din (the previous stage's grad_w) */
 	bool split;	      /* gives backward_in and backward_w */
 	bool init_ok;
@@ -316,6 +316,17 @@ static const void *input_of(const struct mbp_trainer *t, const struct tstage *st
 	return st->in[j]->data;
 }
 
+/* What every operation of stage st on micro-batch j reads: its rows, its input and its stash. */
+static mbp_train_io io_of(const struct mbp_trainer *t, const struct tstage *st, uint32_t j, uint32_t rows)
+{
+	return (mbp_train_io){.mb = j,
+			      .rows = rows,
+			      .step_rows = t->rows,
+			      .step = t->step_no,
+			      .in = input_of(t, st, j),
+			      .stash = st->stash[j] ? st->stash[j]->data : NULL};
+}
+
 /* Release what stage st holds for micro-batch j once its last backward operation ran. */
 static void put_held(struct mbp_trainer *t, struct tthread *th, struct tstage *st, uint32_t j)
 {
@@ -354,13 +365,8 @@ static int op_forward(struct mbp_trainer *t, struct tthread *th, struct tstage *
 		put_buf(t, th, &out);
 		return rc;
 	}
-	mbp_train_io io = {.mb = j,
-			   .rows = rows,
-			   .step_rows = t->rows,
-			   .step = t->step_no,
-			   .in = input_of(t, st, j),
-			   .out = out->data,
-			   .stash = st->stash[j] ? st->stash[j]->data : NULL};
+	mbp_train_io io = io_of(t, st, j, rows);
+	io.out = out->data;
 	rc = st->d.forward(st->d.ctx, &io);
 	if (rc == 0 && !st->fwd_out) {
 		/* the global last stage: the loss: the gradient that starts the backward, kept as this stage's output gradient */
@@ -401,14 +407,9 @@ static int op_backward(struct mbp_trainer *t, struct tthread *th, struct tstage 
 		if (rc < 0)
 			return rc;
 	}
-	mbp_train_io io = {.mb = j,
-			   .rows = rows,
-			   .step_rows = t->rows,
-			   .step = t->step_no,
-			   .in = input_of(t, st, j),
-			   .stash = st->stash[j] ? st->stash[j]->data : NULL,
-			   .dout = st->dout[j]->data,
-			   .din = din ? din->data : NULL};
+	mbp_train_io io = io_of(t, st, j, rows);
+	io.dout = st->dout[j]->data;
+	io.din = din ? din->data : NULL;
 	int rc;
 	switch (kind) {
 	case MBP_OP_B:
@@ -676,7 +677,6 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 	st->d.name = st->name;
 	st->out_w = d->out_row_bytes;
 	st->stash_w = d->stash_row_bytes;
-	st->in_w = t->S == 0 ? t->o.in_row_bytes : t->st[t->S - 1].out_w;
 	st->grad_w = d->grad_row_bytes ? d->grad_row_bytes : d->out_row_bytes;
 	st->din_w = t->S == 0 ? t->o.in_row_bytes : t->st[t->S - 1].grad_w;
 	st->split = d->backward_in && d->backward_w;
