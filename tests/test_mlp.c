@@ -526,13 +526,19 @@ START_TEST(hand_over_is_refused_where_the_gradient_needs_the_previous_stash)
 	struct rig r;
 	rig_init(&r, four, 4, 8, MBP_ACT_GELU, false, NULL, 8);
 	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], r.st[2]), -ENOTSUP); /* GELU needs z */
+	ck_assert_int_eq(mbp_mlp_layer_hand_over_check(r.n, 1), -ENOTSUP);	/* the same rule */
 	rig_fini(&r);
 	rig_init(&r, four, 4, 8, MBP_ACT_RELU, true, NULL, 8);
 	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], r.st[2]), -ENOTSUP); /* the norm's stash */
+	ck_assert_int_eq(mbp_mlp_layer_hand_over_check(r.n, 1), -ENOTSUP);
 	rig_fini(&r);
 	rig_init(&r, four, 4, 8, MBP_ACT_RELU, false, NULL, 8);
 	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[0], r.st[1]),
 			 -EINVAL); /* layer 0: no input gradient */
+	ck_assert_int_eq(mbp_mlp_layer_hand_over_check(r.n, 0), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_layer_hand_over_check(r.n, 4), -EINVAL); /* out of range */
+	ck_assert_int_eq(mbp_mlp_layer_hand_over_check(NULL, 1), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_layer_hand_over_check(r.n, 3), 0);
 	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[1], r.st[3]), -EINVAL); /* not neighbours */
 	ck_assert_int_eq(mbp_mlp_stages_hand_over(r.st[2], r.st[1]), -EINVAL); /* the wrong way round */
 	ck_assert_int_eq(mbp_mlp_stages_hand_over(NULL, r.st[1]), -EINVAL);

@@ -252,6 +252,10 @@ uint32_t mbp_mlp_stage_out_width(const mbp_mlp_stage *st);
  *         gradient needs what only prev's stash holds).
  */
 int mbp_mlp_stages_hand_over(mbp_mlp_stage *prev, mbp_mlp_stage *next);
+/** Whether layer `layer` can hand its input gradient over (the rule mbp_mlp_stages_hand_over applies to
+ * a stage boundary after it), for planning a split. @return 0, -EINVAL (NULL, layer 0 or out of range),
+ * -ENOTSUP (GELU or a normalisation). */
+int mbp_mlp_layer_hand_over_check(const mbp_mlp *n, unsigned layer);
 /** Floats per row of the gradient of the stage's output (dout): its out_width, or out + in of its last
  * layer when it hands that layer's input gradient over. 0 for NULL. */
 size_t mbp_mlp_stage_dout_floats(const mbp_mlp_stage *st);

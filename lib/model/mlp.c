@@ -369,16 +369,23 @@ uint32_t mbp_mlp_stage_out_width(const mbp_mlp_stage *st)
 	return st ? st->n->l[st->b - 1].out : 0;
 }
 
+int mbp_mlp_layer_hand_over_check(const mbp_mlp *n, unsigned layer)
+{
+	if (!n || layer == 0 || layer >= n->layers)
+		return -EINVAL;
+	const struct mbp__layer *l = &n->l[layer];
+	return l->norm || (l->act != MBP_ACT_RELU && l->act != MBP_ACT_NONE) ? -ENOTSUP : 0;
+}
+
 int mbp_mlp_stages_hand_over(mbp_mlp_stage *prev, mbp_mlp_stage *next)
 {
 	if (!prev || !next || prev->n != next->n || prev->b != next->a || prev->b < 2 || prev->gives ||
 	    next->takes)
 		return -EINVAL;
-	const struct mbp__layer *l = &prev->n->l[prev->b - 1];
-	if (l->norm || (l->act != MBP_ACT_RELU && l->act != MBP_ACT_NONE))
-		return -ENOTSUP;
-	prev->gives = next->takes = true;
-	return 0;
+	int rc = mbp_mlp_layer_hand_over_check(prev->n, prev->b - 1);
+	if (rc == 0)
+		prev->gives = next->takes = true;
+	return rc;
 }
 
 size_t mbp_mlp_stage_dout_floats(const mbp_mlp_stage *st)
@@ -482,13 +489,19 @@ static void grad_out(mbp_mlp_stage *st, unsigned i, float *stash, const float *d
 	}
 }
 
-/* Layer i's input gradient: dx = dz W. */
+/* Layer i's input gradient from the gradient of its dense output: dx = dz W. The one product for both
+ * the owning stage and a stage it hands over to, so the two give the same bits. */
+static void dz_times_w(const mbp_mlp *n, unsigned i, const float *dz, float *dx, uint32_t rows)
+{
+	const struct mbp__layer *l = &n->l[i];
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)l->in, (int)l->out, 1.0f, dz,
+		    (int)l->out, n->lw[i].w, (int)l->in, 0.0f, dx, (int)l->in);
+}
+
+/* Layer i's input gradient, from the dense output's gradient in the stash. */
 static void grad_in(const mbp_mlp_stage *st, unsigned i, float *stash, float *dx, uint32_t rows)
 {
-	const struct mbp__layer *l = &st->n->l[i];
-	const float *gz = at(stash, st->so[i - st->a].g, rows);
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)l->in, (int)l->out, 1.0f, gz,
-		    (int)l->out, st->n->lw[i].w, (int)l->in, 0.0f, dx, (int)l->in);
+	dz_times_w(st->n, i, at(stash, st->so[i - st->a].g, rows), dx, rows);
 }
 
 /* Layer i's weight gradients: dW += dz^T x, db += column sums of dz (rows in order). */
@@ -522,8 +535,7 @@ static void hand_back(const mbp_mlp_stage *st, const float *y, const float *dy, 
 			din[e] = y[e] > 0.0f ? dy[e] : 0.0f;
 	else
 		memcpy(din, dy, cnt * sizeof(float));
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)l->in, (int)l->out, 1.0f, din,
-		    (int)l->out, st->n->lw[k].w, (int)l->in, 0.0f, din + cnt, (int)l->in);
+	dz_times_w(st->n, k, din, din + cnt, rows);
 }
 
 /* The sweep from the last layer to the first: output gradients, optionally weight gradients, and the

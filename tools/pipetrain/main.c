@@ -333,11 +333,9 @@ static int setup(struct run *r)
 	double cost[PT_MAX_LAYERS], cost_in[PT_MAX_LAYERS];
 	bool can_give[PT_MAX_LAYERS], gives[MBP_MAX_STAGES] = {false};
 	for (unsigned i = 0; i < L; i++) {
-		mbp_layer_info li;
-		mbp_mlp_layer_info(r->n, i, &li);
 		cost[i] = 1;
 		cost_in[i] = 0;
-		can_give[i] = i > 0 && !li.norm && (li.act == MBP_ACT_RELU || li.act == MBP_ACT_NONE);
+		can_give[i] = mbp_mlp_layer_hand_over_check(r->n, i) == 0;
 	}
 	int rc = S > 1 ? pt_profile(r->n, c->mb, cost, cost_in) : 0;
 	if (rc < 0)
