@@ -475,10 +475,12 @@ START_TEST(blocking_push_times_out_on_a_full_ring)
 END_TEST
 
 /* The spin step ends when its time budget is spent (overrunning by a few pauses at most) and the yield step
- * after it; then the backoff says PARK. */
+ * after it; then the backoff says PARK. The budgets are milliseconds: a thread descheduled for longer than
+ * both during its first few pauses would see them spent at its first clock read (this failed once under
+ * TSan with 0.2 + 0.3 ms, the other suites running beside it). */
 START_TEST(backoff_spins_then_yields_for_their_budgets_then_parks)
 {
-	struct mbp__wait_opts o = {.spin_ns = 200000, .yield_ns = 300000, .no_spin = false};
+	struct mbp__wait_opts o = {.spin_ns = 2000000, .yield_ns = 3000000, .no_spin = false};
 	struct mbp__backoff b;
 	mbp__backoff_init(&b);
 	uint64_t t0 = mbp__now_ns();
