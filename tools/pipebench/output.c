@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "pipebench.h"
+#include "../blas.h"
 #include "../plural.h"
 
 int pb_output_check(const char *opt, const char *path, char *err, size_t errlen)
@@ -190,8 +191,9 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	fputc('\n', f);
 	if (w->blas[0])
 		fprintf(f, "BLAS: %s\n", w->blas);
-	if (w->blas_warning[0])
-		fprintf(f, "warning: %s\n", w->blas_warning);
+	char warn[512];
+	if (w->blas_warning[0] && blas_warning_line(warn, sizeof warn)) /* a workload that uses BLAS */
+		fprintf(f, "%s\n", warn);
 	print_noise(f, &b->noise, b->load_start, any_loud(rep));
 	if (oversubscribed(rep))
 		fprintf(f,
