@@ -149,6 +149,14 @@ static const char *const bad_args[][6] = {
     {"--workload=train", "--work-us=10"},
     {"--workload=train", "--layers=2"},
     {"--workload=train", "--csv", "--gantt"},
+    /* options that contradict each other, whatever their order */
+    {"--json", "--csv"},
+    {"--csv", "--json"},
+    {"--table", "--json"},
+    {"--workload=train", "--csv", "--table"},
+    {"--gantt", "--no-gantt"},
+    {"--no-gantt", "--gantt"},
+    {"--progress", "--no-progress"},
 };
 
 START_TEST(bad_argument_gives_one_line_and_exit_2)
