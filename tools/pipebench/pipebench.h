@@ -186,6 +186,9 @@ double pb_settle_factor(const pb_interval *ratio, double margin);
 
 /* ---- noise.c ---- */
 
+/* The 1-minute load average, or -1 when /proc/loadavg cannot be read. */
+double pb_loadavg(void);
+
 /* What other processes took of the watched CPUs over some interval. */
 typedef struct pb_noise_sample {
 	double others;	/* CPUs' worth of time used by other processes (busy minus ours) */
@@ -357,9 +360,6 @@ int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned nc
 		  char *err, size_t errlen);
 void pb_bench_fini(pb_bench *b);
 
-/* The 1-minute load average, or -1 when /proc/loadavg cannot be read. */
-double pb_loadavg(void);
-
 /* The baseline as an arm (ctx: the pb_bench): the stages in order on one thread over the whole batch, on
  * a thread made for the visit (pinned where stage 0 runs), its output checked. Set base.desc first. */
 int pb_baseline_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *err, size_t errlen);
@@ -446,9 +446,6 @@ void pb_print_table(FILE *f, const pb_report *rep);
 void pb_print_csv(FILE *f, const pb_report *rep);
 int pb_print_json(FILE *f, const pb_report *rep);
 
-/* The width of the terminal on standard output, else $COLUMNS, else 100. (main.c) */
-unsigned pb_terminal_width(void);
-
 /* ---- mpi.c (built when configure found MPI) ---- */
 
 /* The run under mpirun: stages spread over the ranks, rank 0 measures and prints. `stages_default`: no
@@ -456,6 +453,9 @@ unsigned pb_terminal_width(void);
 int pb_mpi_main(pb_config *cfg, bool stages_default, int *argc, char ***argv);
 
 /* ---- gantt.c ---- */
+
+/* The width of the terminal on standard output, else $COLUMNS, else 100. */
+unsigned pb_terminal_width(void);
 
 /* Draw `a` (the chosen size) and `b` (the whole batch as one unit) side by side on one time scale, in at
  * most `width` columns. Either may be NULL. */
