@@ -59,8 +59,9 @@ for tool in "$@"; do
 		rc=$?
 		[ "$rc" -eq 2 ] || fail "$args: exit $rc, not 2"
 		[ ! -s "$tmp/out" ] || fail "$args: standard output not empty: $(head -c 200 "$tmp/out")"
-		[ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "^$tool: " "$tmp/err" ||
+		if [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -q "^$tool: " "$tmp/err"; then
 			fail "$args: not one line '$tool: reason' on standard error: $(head -c 300 "$tmp/err")"
+		fi
 	done
 
 	# the options of --help against those of the manual page, both ways
