@@ -10,6 +10,6 @@ include perf/train.mk
 include perf/mpi.mk
 include perf/mlp_train.mk
 EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/pipetrain_run.sh \
-	perf/pipetrain_plot.sh perf/RESULTS.md perf/results
+	perf/RESULTS.md perf/results
 perf: $(PERF_BINS)
 .PHONY: perf

@@ -2,8 +2,8 @@
 # The recorded pipetrain run and its comparisons (perf/results/pipetrain.md). Not a test.
 #
 #   1. accuracy: the issue's model (784,1024,1024,1024,10), 10 epochs of Fashion-MNIST, 1F1B on 2 stages,
-#      AdamW 1e-3, batch 256 = 8 x 32: curves to perf/results/pipetrain-curves.csv, a picture to
-#      perf/results/pipetrain-curves.svg;
+#      AdamW 1e-3, batch 256 = 8 x 32: curves to perf/results/pipetrain-curves.csv, a picture (drawn by
+#      pipetrain --plot) to perf/results/pipetrain-curves.svg;
 #   2. the same result for every schedule and stage count: GPipe on 1 stage, 1F1B on 2, ZB-H1 on 4, two
 #      epochs on a 16384-row subset each, checkpoints compared byte for byte (perf/results/pipetrain-same.csv);
 #   3. throughput: one stage on one thread (one BLAS thread), one stage with OpenBLAS on 2 threads, 2
@@ -42,12 +42,9 @@ echo "pipetrain_run: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg) at sta
 if part 1; then
 	set -- --layers 784,1024,1024,1024,10 --stages 2 --schedule 1f1b --batch 256 --mb 32 --epochs "$EPOCHS" \
 		--optimizer adamw --lr 1e-3 --seed 1
-	echo "pipetrain_run: $BIN $* --csv $OUT/pipetrain-curves.csv"
-	"$BIN" "$@" --csv "$OUT/pipetrain-curves.csv" --save "$WORK/m.safetensors" --no-progress |
-		tee "$OUT/pipetrain-run.txt"
-	sh "$here/pipetrain_plot.sh" "$OUT/pipetrain-curves.csv" \
-		"pipetrain: 784-1024-1024-1024-10, 1F1B on 2 stages, AdamW 1e-3, batch 256, Fashion-MNIST" \
-		>"$OUT/pipetrain-curves.svg"
+	echo "pipetrain_run: $BIN $* --csv $OUT/pipetrain-curves.csv --plot $OUT/pipetrain-curves.svg"
+	"$BIN" "$@" --csv "$OUT/pipetrain-curves.csv" --plot "$OUT/pipetrain-curves.svg" \
+		--save "$WORK/m.safetensors" --no-progress | tee "$OUT/pipetrain-run.txt"
 	echo "pipetrain_run: load $(cut -d' ' -f1-3 /proc/loadavg) after the recorded run"
 fi
 

@@ -13,7 +13,14 @@
  *   uninterrupted run, also after SIGINT (exit 130, checkpoint written); a weights file and an optimizer
  *   state from different steps (a crash between the two) are refused with exit 2, either way round; more
  *   epochs on resume are announced as a new learning-rate schedule;
- * - the progress bar goes to standard error only, at most ten redraws a second, the last step drawn;
+ * - the progress bar goes to standard error only, at most ten redraws a second, the last step drawn, with
+ *   the time left in the run;
+ * - what the run says is what it does: a batch that is not a multiple of the micro-batch is announced as
+ *   the trainer cuts it; the summary after a resume counts the checkpoint's epochs and this run's; weights
+ *   without an optimizer state start a fresh optimizer, in one note; OpenBLAS's generic kernel is warned
+ *   about;
+ * - --log writes a header and one row per step, the steps rising by one; --plot writes a well-formed SVG
+ *   document with one polyline per curve, every point inside its panel;
  * - a NaN in the loss (PIPETRAIN_FAULT) stops the run with exit 1, names the step and the stage, and
  *   leaves the last checkpoint as it was;
  * - end to end: pipeserve --model on the checkpoint classifies test images as pipetrain's own
@@ -145,6 +152,15 @@ static const char *const bad_args[][8] = {
     {"--limit", "100", "--batch", "256"},
     {"--threads", "3", "--stages", "2"},
     {"--json", "--csv", "-"},
+    {"--json", "--log", "-"},
+    {"--csv", "-", "--log", "-"},
+    {"--progress", "--no-progress"},
+    {"--no-progress", "--progress"},
+    {"--quiet", "--progress"},
+    {"--log", ""},
+    {"--plot", ""},
+    {"--log", "/nonexistent/steps.csv"},
+    {"--plot", "/nonexistent/curves.svg"},
     {"--data", "/nonexistent"},
     {"--model", "/nonexistent.safetensors"},
     {"--save", ""},
@@ -487,6 +503,387 @@ START_TEST(sigint_finishes_the_step_writes_a_checkpoint_and_exits_130)
 }
 END_TEST
 
+/* ---- what the run says ---- */
+
+START_TEST(a_batch_that_is_not_a_multiple_is_announced_as_the_trainer_cuts_it)
+{
+	if (!have_data())
+		return;
+	/* 100 rows in micro-batches of 32: three full ones and a last one of 4 rows (train.c's cut) */
+	struct run r = run((const char *const[]){"--layers", "784,48,24,10", "--limit", "1000", "--batch",
+						 "100", "--mb", "32", "--val", "500", "--epochs", "1", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "; batch 100 = 3 x 32 + 4 rows; "), "%s", r.out);
+	run_free(&r);
+	r = run((const char *const[]){"--layers", "784,48,24,10", "--limit", "1000", "--batch", "100", "--mb",
+				      "32", "--val", "500", "--epochs", "1", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_msg(root, "not JSON: %s", r.out);
+	const cJSON *cfg = cJSON_GetObjectItem(root, "config");
+	ck_assert_int_eq(cJSON_GetObjectItem(cfg, "mbs")->valueint, 4);
+	ck_assert_int_eq(cJSON_GetObjectItem(cfg, "last_mb_rows")->valueint, 4);
+	cJSON_Delete(root);
+	run_free(&r);
+	/* a multiple: whole micro-batches only */
+	r = run((const char *const[]){SMALL, "--epochs", "1", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "; batch 128 = 4 x 32 rows; "), "%s", r.out);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(the_summary_after_a_resume_counts_the_checkpoints_epochs_and_this_runs)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char half[128], log[128];
+	tmp_file(half, "half.safetensors");
+	tmp_file(log, "steps.csv");
+	/* stopped at step 9 of 24, after epoch 1's checkpoint (step 8), then resumed to the end */
+	struct run r = run_env("PIPETRAIN_FAULT=9", (const char *const[]){SMALL, "--epochs", "3", "--save",
+									  half, "--quiet", NULL});
+	ck_assert_msg(r.status == 1, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	r = run((const char *const[]){SMALL, "--epochs", "3", "--model", half, "--log", log, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "summary: test accuracy ") &&
+			  strstr(r.out, " after 3 epochs (2 in this run, resumed at step 8), "),
+		      "%s", r.out);
+	run_free(&r);
+	/* the step log of the resumed run starts after the checkpoint's step */
+	size_t len;
+	char *b = read_all(log, &len);
+	ck_assert_uint_eq(lines(b), 1 + 16);
+	ck_assert_msg(strncmp(strchr(b, '\n') + 1, "9,2,", 4) == 0, "%s", b);
+	free(b);
+	/* and --json says the same */
+	r = run((const char *const[]){SMALL, "--epochs", "3", "--model", half, "--json", "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_msg(root, "not JSON: %s", r.out);
+	ck_assert_int_eq(cJSON_GetObjectItem(root, "start_step")->valueint, 8);
+	ck_assert_int_eq(cJSON_GetObjectItem(root, "epochs_completed")->valueint, 3);
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(root, "epochs")), 2);
+	cJSON_Delete(root);
+	run_free(&r);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(weights_without_an_optimizer_state_start_a_fresh_optimizer_in_one_note)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char one[128];
+	tmp_file(one, "one.safetensors");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "1", "--save", one, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	ck_assert_int_eq(unlink(tmpdir_path("one.optim.safetensors")), 0);
+	r = run((const char *const[]){SMALL, "--epochs", "1", "--model", one, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(
+	    lines(r.err) == 1 && strstr(r.err, "pipetrain: note: no optimizer state beside --model ") &&
+		strstr(r.err, "one.optim.safetensors") && strstr(r.err, "the optimizer starts fresh"),
+	    "%s", r.err);
+	run_free(&r);
+	/* with its state beside it, the same weights resume, without that note */
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(a_generic_openblas_kernel_is_warned_about_as_by_the_other_tools)
+{
+	if (!have_data())
+		return;
+	__builtin_cpu_init();
+	bool capable = __builtin_cpu_supports("avx2") || __builtin_cpu_supports("avx512f");
+	static const char *const drop[] = {"PIPETRAIN_FAULT=", "OPENBLAS_CORETYPE=", NULL};
+	static const char *const prescott[] = {"OPENBLAS_CORETYPE=Prescott", NULL};
+	struct run r =
+	    tool_run(PIPETRAIN_BIN, drop, prescott, (const char *const[]){SMALL, "--epochs", "1", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	if (capable)
+		ck_assert_msg(
+		    strstr(r.err, "pipetrain: warning: OpenBLAS picked the generic 'Prescott' kernel") &&
+			strstr(r.err, "OPENBLAS_CORETYPE="),
+		    "no warning: %s", r.err);
+	else
+		ck_assert_msg(!strstr(r.err, "warning"), "a warning on a CPU without AVX2: %s", r.err);
+	run_free(&r);
+	/* --json carries it; --quiet keeps it off standard error */
+	r = tool_run(PIPETRAIN_BIN, drop, prescott,
+		     (const char *const[]){SMALL, "--epochs", "1", "--json", "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(r.err[0] == 0, "--quiet printed: %s", r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_msg(root, "not JSON: %s", r.out);
+	const cJSON *w = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "config"), "blas_warning");
+	ck_assert(capable ? cJSON_IsString(w) && strstr(w->valuestring, "Prescott") : cJSON_IsNull(w));
+	cJSON_Delete(root);
+	run_free(&r);
+}
+END_TEST
+
+START_TEST(the_progress_line_shows_the_time_left)
+{
+	if (!have_data())
+		return;
+	struct run r = run((const char *const[]){SMALL, "--epochs", "2", "--progress", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	/* every drawn line ends with the run's time left, m:ss (under an hour here) */
+	unsigned draws = 0, etas = 0;
+	for (const char *p = r.err; (p = strstr(p, "\repoch ")); p++) {
+		const char *end = strpbrk(p + 1, "\r\n");
+		size_t n = end ? (size_t)(end - p) : strlen(p);
+		char line[256];
+		snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), p + 1);
+		if (!strchr(line, '['))
+			continue; /* the blank that erases the bar */
+		draws++;
+		const char *e = strstr(line, " ETA ");
+		unsigned m, sec;
+		char tail;
+		if (e && sscanf(e, " ETA %u:%2u%c", &m, &sec, &tail) == 3 && sec < 60 && tail == ' ')
+			etas++;
+	}
+	ck_assert_msg(draws > 0 && etas == draws, "%u of %u lines with an ETA: %s", etas, draws, r.err);
+	ck_assert_msg(strstr(r.err, "] 100% ") && strstr(r.err, " ETA 0:00 "), "the end is not 0:00 left: %s",
+		      r.err);
+	run_free(&r);
+}
+END_TEST
+
+/* ---- --log and --plot ---- */
+
+START_TEST(the_step_log_has_a_header_and_a_row_per_step_rising_by_one)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char log[128];
+	tmp_file(log, "steps.csv");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "2", "--log", log, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	size_t len;
+	char *b = read_all(log, &len);
+	static const char head[] =
+	    "step,epoch,loss,accuracy,lr,grad_norm,samples_per_s,step_ms,bubble,elapsed_s\n";
+	ck_assert_msg(strncmp(b, head, sizeof head - 1) == 0, "header: %.120s", b);
+	ck_assert_uint_eq(lines(b), 1 + 2 * 8); /* 1024 rows / 128: 8 steps an epoch */
+	unsigned k = 0;
+	double last_elapsed = -1;
+	for (char *p = b + sizeof head - 1; *p; p = strchr(p, '\n') + 1, k++) {
+		unsigned long long step;
+		unsigned epoch;
+		double loss, acc, lr, gn, sps, ms, bubble, el;
+		ck_assert_msg(sscanf(p, "%llu,%u,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf", &step, &epoch, &loss, &acc,
+				     &lr, &gn, &sps, &ms, &bubble, &el) == 10,
+			      "row %u: %.120s", k, p);
+		ck_assert_uint_eq(step, k + 1);
+		ck_assert_uint_eq(epoch, 1 + k / 8);
+		ck_assert_msg(loss > 0 && acc >= 0 && acc <= 1 && lr > 0 && gn > 0 && sps > 0 && ms > 0,
+			      "row %u: %.120s", k, p);
+		ck_assert_msg(el >= last_elapsed, "elapsed_s went back: %.120s", p);
+		last_elapsed = el;
+	}
+	ck_assert_uint_eq(k, 16);
+	free(b);
+	tmpdir_remove();
+}
+END_TEST
+
+/* Whether s is one well-formed XML element (with declarations, comments and whitespace around it):
+ * every tag closed in order, attributes quoted, no raw '<' or stray '&' in text or values. */
+static bool xml_well_formed(const char *s, char *why, size_t whylen)
+{
+	char stack[32][32];
+	int depth = 0, roots = 0;
+	for (const char *p = s; *p;) {
+		if (*p == '&') {
+			const char *semi = strchr(p, ';');
+			if (!semi || semi - p > 8 ||
+			    strspn(p + 1, "#abcdefghijklmnopqrstuvwxyz0123456789") !=
+				(size_t)(semi - p - 1)) {
+				snprintf(why, whylen, "a stray '&' at %.40s", p);
+				return false;
+			}
+			p = semi + 1;
+			continue;
+		}
+		if (*p != '<') {
+			if (depth == 0 && !strchr(" \t\r\n", *p)) {
+				snprintf(why, whylen, "text outside the root: %.40s", p);
+				return false;
+			}
+			p++;
+			continue;
+		}
+		if (!strncmp(p, "<?", 2) || !strncmp(p, "<!--", 4)) {
+			const char *end = strstr(p, p[1] == '?' ? "?>" : "-->");
+			if (!end) {
+				snprintf(why, whylen, "unclosed %.10s", p);
+				return false;
+			}
+			p = end + (p[1] == '?' ? 2 : 3);
+			continue;
+		}
+		bool closing = p[1] == '/';
+		const char *n = p + 1 + closing;
+		size_t nl = strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:-_");
+		if (nl == 0 || nl >= 32) {
+			snprintf(why, whylen, "a bad tag at %.40s", p);
+			return false;
+		}
+		const char *q = n + nl;
+		if (closing) {
+			if (depth == 0 || strlen(stack[depth - 1]) != nl ||
+			    strncmp(stack[depth - 1], n, nl) || *q != '>') {
+				snprintf(why, whylen, "a closing tag that closes nothing open: %.40s", p);
+				return false;
+			}
+			depth--;
+			p = q + 1;
+			continue;
+		}
+		for (;;) { /* attributes: name="value" */
+			q += strspn(q, " \t\r\n");
+			if (*q == '>' || !strncmp(q, "/>", 2))
+				break;
+			size_t an =
+			    strspn(q, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:-_");
+			if (an == 0 || q[an] != '=' || q[an + 1] != '"') {
+				snprintf(why, whylen, "a bad attribute at %.40s", q);
+				return false;
+			}
+			const char *v = q + an + 2, *end = strchr(v, '"');
+			if (!end || memchr(v, '<', (size_t)(end - v))) {
+				snprintf(why, whylen, "a bad attribute value at %.40s", q);
+				return false;
+			}
+			q = end + 1;
+		}
+		if (depth == 0 && roots++) {
+			snprintf(why, whylen, "a second root element at %.40s", p);
+			return false;
+		}
+		if (*q == '>') {
+			if (depth == 32)
+				return false;
+			snprintf(stack[depth++], 32, "%.*s", (int)nl, n);
+			p = q + 1;
+		} else {
+			p = q + 2;
+		}
+	}
+	if (depth || roots != 1) {
+		snprintf(why, whylen, "%d elements left open, %d roots", depth, roots);
+		return false;
+	}
+	return true;
+}
+
+START_TEST(the_plot_is_an_svg_document_with_a_polyline_per_curve_inside_its_panel)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char plot[128];
+	tmp_file(plot, "curves.svg");
+	struct run r = run((const char *const[]){SMALL, "--epochs", "3", "--plot", plot, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	size_t len;
+	char *svg = read_all(plot, &len);
+	char why[160];
+	ck_assert_msg(xml_well_formed(svg, why, sizeof why), "not well-formed: %s", why);
+	ck_assert_msg(strncmp(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\"", 39) == 0, "%.80s", svg);
+	/* each curve once, with its points: 24 steps, 3 epochs */
+	static const struct {
+		const char *name;
+		unsigned points;
+	} want[] = {{"step loss", 24},	   {"train loss", 3},	       {"test loss", 3},
+		    {"train accuracy", 3}, {"validation accuracy", 3}, {"test accuracy", 3}};
+	unsigned found[6] = {0}, polylines = 0;
+	double fx = 0, fy = 0, fw = 0, fh = 0;
+	unsigned frames = 0;
+	for (const char *p = svg; (p = strchr(p, '<')); p++) {
+		if (!strncmp(p, "<rect class=\"frame\"", 19)) {
+			ck_assert_int_eq(
+			    sscanf(p,
+				   "<rect class=\"frame\" x=\"%lf\" y=\"%lf\" width=\"%lf\" height=\"%lf\"",
+				   &fx, &fy, &fw, &fh),
+			    4);
+			frames++;
+			continue;
+		}
+		if (strncmp(p, "<polyline ", 10))
+			continue;
+		polylines++;
+		ck_assert_msg(frames > 0, "a polyline before any panel");
+		const char *nm = strstr(p, "data-curve=\""), *pts = strstr(p, "points=\"");
+		ck_assert(nm && pts);
+		nm += 12;
+		pts += 8;
+		unsigned i = 0;
+		while (i < 6 &&
+		       (strncmp(nm, want[i].name, strlen(want[i].name)) || nm[strlen(want[i].name)] != '"'))
+			i++;
+		ck_assert_msg(i < 6, "an unknown curve: %.40s", nm);
+		found[i]++;
+		unsigned n = 0;
+		for (const char *q = pts; *q != '"';) {
+			double x, y;
+			int used;
+			ck_assert_msg(sscanf(q, "%lf,%lf%n", &x, &y, &used) == 2, "%s: points %.60s",
+				      want[i].name, q);
+			ck_assert_msg(x >= fx && x <= fx + fw && y >= fy && y <= fy + fh,
+				      "%s: point %g,%g outside its panel %g,%g %gx%g", want[i].name, x, y, fx,
+				      fy, fw, fh);
+			q += used;
+			q += *q == ' ';
+			n++;
+		}
+		ck_assert_msg(n == want[i].points, "%s: %u points, not %u", want[i].name, n, want[i].points);
+	}
+	ck_assert_uint_eq(frames, 2);
+	ck_assert_uint_eq(polylines, 6);
+	for (unsigned i = 0; i < 6; i++)
+		ck_assert_msg(found[i] == 1, "%s: %u polylines", want[i].name, found[i]);
+	free(svg);
+	/* no temporary file left beside it */
+	char cmd[256];
+	snprintf(cmd, sizeof cmd, "test $(ls %s | wc -l) -eq 1", tmpdir);
+	ck_assert_int_eq(system(cmd), 0);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(a_long_run_keeps_the_step_curve_to_its_bound)
+{
+	pt_curve *c = calloc(1, sizeof *c);
+	ck_assert_ptr_nonnull(c);
+	const unsigned steps = 3 * PT_CURVE_MAX + 5;
+	for (unsigned s = 1; s <= steps; s++)
+		pt_curve_add(c, s, s % 2 ? 1.0 : 3.0);
+	pt_curve_add(c, steps + 1, NAN); /* left out */
+	/* full at 2048 steps, then at 4096: each point stands for 4 steps */
+	ck_assert_uint_le(c->n, PT_CURVE_MAX);
+	ck_assert_uint_eq(c->per, 4);
+	/* every point the mean of its steps (1 and 3 alternate: 2), at its last step, in order */
+	for (unsigned i = 0; i < c->n; i++) {
+		ck_assert_double_eq_tol(c->y[i], 2.0, 1e-12);
+		ck_assert_double_eq(c->x[i], (double)(4 * (i + 1)));
+	}
+	ck_assert_uint_eq(c->n * c->per + c->pend_n, steps);
+	free(c);
+}
+END_TEST
+
 /* ---- end to end: train, serve, reload ---- */
 
 #define ROWS_PER_REQ 50
@@ -779,6 +1176,14 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_checkpoint_pair_from_different_steps_is_refused_with_exit_2);
 	tcase_add_test(tc, a_nan_loss_stops_naming_step_and_stage_and_keeps_the_last_checkpoint);
 	tcase_add_test(tc, sigint_finishes_the_step_writes_a_checkpoint_and_exits_130);
+	tcase_add_test(tc, a_batch_that_is_not_a_multiple_is_announced_as_the_trainer_cuts_it);
+	tcase_add_test(tc, the_summary_after_a_resume_counts_the_checkpoints_epochs_and_this_runs);
+	tcase_add_test(tc, weights_without_an_optimizer_state_start_a_fresh_optimizer_in_one_note);
+	tcase_add_test(tc, a_generic_openblas_kernel_is_warned_about_as_by_the_other_tools);
+	tcase_add_test(tc, the_progress_line_shows_the_time_left);
+	tcase_add_test(tc, the_step_log_has_a_header_and_a_row_per_step_rising_by_one);
+	tcase_add_test(tc, the_plot_is_an_svg_document_with_a_polyline_per_curve_inside_its_panel);
+	tcase_add_test(tc, a_long_run_keeps_the_step_curve_to_its_bound);
 	suite_add_tcase(s, tc);
 	TCase *e2e = tcase_create("end to end");
 	tcase_set_timeout(e2e, 120);

@@ -5,7 +5,7 @@
  * Two panels share one time scale: the chosen micro-batch size, and the whole batch sent as one unit. In the
  * second, each stage works only while the others wait (the bubble is (S-1)/S); in the first, the stages
  * overlap on different micro-batches and the batch ends sooner. The panels stand side by side when the width
- * allows, else one above the other.
+ * allows, else one above the other, in the width pb_terminal_width() gives.
  *
  * Each column covers span/width of time. A cell shows the micro-batch that occupied most of it, by its
  * index (0-9, a-z, A-Z, then again), when the stage was busy for at least half the cell (half its share
@@ -22,11 +22,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "pipebench.h"
 #include "../plural.h"
+
+unsigned pb_terminal_width(void)
+{
+	struct winsize ws;
+	if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
+		return ws.ws_col;
+	const char *cols = getenv("COLUMNS");
+	long v = cols ? strtol(cols, NULL, 10) : 0;
+	return v >= 40 && v <= 400 ? (unsigned)v : 100;
+}
 
 #define LABEL 5 /* "s12 |" */
 #define GAP   4

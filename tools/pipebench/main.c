@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "pipebench.h"
@@ -30,16 +29,6 @@ static int usage_error(const char *msg)
 	if (mbt_launcher_rank() == 0)
 		fprintf(stderr, "pipebench: %s (try --help)\n", msg);
 	return PB_EXIT_USAGE;
-}
-
-unsigned pb_terminal_width(void)
-{
-	struct winsize ws;
-	if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
-		return ws.ws_col;
-	const char *cols = getenv("COLUMNS");
-	long v = cols ? strtol(cols, NULL, 10) : 0;
-	return v >= 40 && v <= 400 ? (unsigned)v : 100;
 }
 
 /* Every size and the baseline as arms of one interleaved schedule. `arms` (nsizes + 1) outlives the

@@ -81,18 +81,6 @@ int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned nc
 	return 0;
 }
 
-double pb_loadavg(void)
-{
-	double load = -1;
-	FILE *f = fopen("/proc/loadavg", "r");
-	if (f) {
-		if (fscanf(f, "%lf", &load) != 1)
-			load = -1;
-		fclose(f);
-	}
-	return load;
-}
-
 void pb_bench_fini(pb_bench *b)
 {
 	if (b->base_inst && b->w->release)

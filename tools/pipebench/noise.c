@@ -1,5 +1,6 @@
 /*
- * pipebench noise: how much of the CPUs the stages use other processes take, before and during a run.
+ * pipebench noise: how much of the CPUs the stages use other processes take, before and during a run,
+ * and the load average (pb_loadavg, which the other files print beside it).
  *
  * /proc/stat counts, per CPU, the clock ticks spent busy (user, nice, system, irq, softirq) and stolen by
  * the hypervisor (steal). Over an interval, the busy time of the watched CPUs minus this process's own CPU
@@ -24,6 +25,18 @@
 #define WINDOW_NS   250000000ull /* before measuring, and pausing */
 #define ROUND_NS    500000000ull /* while measuring: rounds joined until this long */
 #define QUIET_AFTER 3		 /* windows in a row */
+
+double pb_loadavg(void)
+{
+	double load = -1;
+	FILE *f = fopen("/proc/loadavg", "r");
+	if (f) {
+		if (fscanf(f, "%lf", &load) != 1)
+			load = -1;
+		fclose(f);
+	}
+	return load;
+}
 
 static uint64_t self_cpu_ns(void)
 {

@@ -313,6 +313,8 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 	bool have_work = false, have_mbus = false, have_model = false, have_layers = false;
 	bool have_hidden = false, have_rowbytes = false, have_batch = false, have_mb = false;
 	bool have_train = false;
+	const char *format = NULL;		   /* the output format given, for a second one */
+	int gantt_given = -1, progress_given = -1; /* the last --gantt/--no-gantt, --progress/--no-progress */
 	uint64_t v;
 	double d;
 
@@ -468,16 +470,24 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			have_train = true;
 			break;
 		case OPT_JSON:
-			cfg->format = PB_FMT_JSON;
-			break;
 		case OPT_CSV:
-			cfg->format = PB_FMT_CSV;
+		case OPT_TABLE: {
+			/* one output format: a second, different one contradicts the first */
+			enum pb_format fmt = c == OPT_JSON  ? PB_FMT_JSON
+					     : c == OPT_CSV ? PB_FMT_CSV
+							    : PB_FMT_TABLE;
+			if (format && fmt != cfg->format)
+				return fail(err, errlen, "%s and %s: one output format at a time", format,
+					    name);
+			format = c == OPT_JSON ? "--json" : c == OPT_CSV ? "--csv" : "--table";
+			cfg->format = fmt;
 			break;
-		case OPT_TABLE:
-			cfg->format = PB_FMT_TABLE;
-			break;
+		}
 		case OPT_GANTT:
 		case OPT_NOGANTT:
+			if (gantt_given >= 0 && gantt_given != (c == OPT_GANTT))
+				return fail(err, errlen, "--gantt and --no-gantt contradict each other");
+			gantt_given = c == OPT_GANTT;
 			cfg->gantt = c == OPT_GANTT;
 			cfg->gantt_set = true;
 			break;
@@ -488,10 +498,12 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			*(c == OPT_TRACE ? &cfg->trace_path : &cfg->svg_path) = optarg;
 			break;
 		case OPT_PROGRESS:
-			cfg->progress = 1;
-			break;
 		case OPT_NOPROGRESS:
-			cfg->progress = 0;
+			if (progress_given >= 0 && progress_given != (c == OPT_PROGRESS))
+				return fail(err, errlen,
+					    "--progress and --no-progress contradict each other");
+			progress_given = c == OPT_PROGRESS;
+			cfg->progress = progress_given;
 			break;
 		case 'h':
 			pb_options_help(stdout);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "pipebench.h"
+#include "../blas.h"
 #include "../plural.h"
 
 int pb_output_check(const char *opt, const char *path, char *err, size_t errlen)
@@ -190,8 +191,9 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	fputc('\n', f);
 	if (w->blas[0])
 		fprintf(f, "BLAS: %s\n", w->blas);
-	if (w->blas_warning[0])
-		fprintf(f, "warning: %s\n", w->blas_warning);
+	char warn[512];
+	if (w->blas_warning[0] && blas_warning_line(warn, sizeof warn)) /* a workload that uses BLAS */
+		fprintf(f, "%s\n", warn);
 	print_noise(f, &b->noise, b->load_start, any_loud(rep));
 	if (oversubscribed(rep))
 		fprintf(f,
@@ -230,17 +232,17 @@ static void fmt_pm(char *buf, size_t n, const pb_interval *iv)
 		snprintf(buf, n, "%.1f", rel * 100);
 }
 
-/* The sizes tied with the best, "32,64", or "" when none completed. */
-static const char *tied_list(const pb_report *rep)
+/* The sizes tied with the best (unsettled: the unsettled ones), "32,64", or "-" when none. */
+static void size_list(const pb_report *rep, bool unsettled, char *buf, size_t n)
 {
-	static char buf[PB_MAX_SIZES * 9];
 	size_t len = 0;
 	buf[0] = 0;
-	for (unsigned i = 0; i < rep->nres && len < sizeof(buf) - 12; i++)
-		if (rep->res[i].tied)
-			len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%s%u", len ? "," : "",
-						rep->res[i].mb_rows);
-	return buf;
+	for (unsigned i = 0; i < rep->nres && len + 12 < n; i++)
+		if (unsettled ? rep->res[i].unsettled : rep->res[i].tied)
+			len +=
+			    (size_t)snprintf(buf + len, n - len, "%s%u", len ? "," : "", rep->res[i].mb_rows);
+	if (!len)
+		snprintf(buf, n, "-");
 }
 
 void pb_print_table(FILE *f, const pb_report *rep)
@@ -269,6 +271,7 @@ void pb_print_table(FILE *f, const pb_report *rep)
 		fprintf(f, "%s%s%s%s%s%s\n",
 			r == pb_best(rep) ? "  <- chosen"
 			: r->tied	  ? "  tied"
+			: r->unsettled	  ? "  unsettled"
 					  : "",
 			r->loud ? "  loud" : "", r->flags ? "  CHECK: " : "", check_names(r->flags),
 			r->status ? "  FAILED: " : "", r->status ? r->error : "");
@@ -281,15 +284,23 @@ void pb_print_table(FILE *f, const pb_report *rep)
 	const pb_result *r = pb_best(rep);
 	static const pb_result none; /* the summary line is printed even when no size completed */
 	if (r)
-		fprintf(f, "\nchosen micro-batch size: %u %s. %s.\n", r->mb_rows,
-			PLURAL(r->mb_rows, "row", "rows"), rep->choice.why);
+		fprintf(f, "\nchosen micro-batch size: %u %s%s. %s.\n", r->mb_rows,
+			PLURAL(r->mb_rows, "row", "rows"),
+			rep->choice.unsettled ? " for now: the choice is UNSETTLED" : "", rep->choice.why);
 	else
 		r = &none;
+	char tied[PB_MAX_SIZES * 9], open[PB_MAX_SIZES * 9];
+	size_list(rep, false, tied, sizeof tied);
+	size_list(rep, true, open, sizeof open);
 	fprintf(f,
 		"pipebench: workload=%s stages=%u cpus=%u batch=%u best_mb=%u rows_per_s=%.0f speedup=%.2f "
-		"bubble=%.3f bubble_predicted=%.3f p99_ms=%.3f tied=%s noise=%s checks=%s status=%s\n",
+		"bubble=%.3f bubble_predicted=%.3f p99_ms=%.3f tied=%s unsettled=%s verdict=%s noise=%s "
+		"checks=%s status=%s\n",
 		rep->w->kind, S, rep->b->ncpus, rep->cfg->batch, r->mb_rows, r->throughput, r->speedup,
-		r->bubble, r->bubble_predicted, r->p99_ms, tied_list(rep)[0] ? tied_list(rep) : "-",
+		r->bubble, r->bubble_predicted, r->p99_ms, tied, open,
+		!pb_best(rep)		? "-"
+		: rep->choice.unsettled ? "unsettled"
+					: "settled",
 		any_loud(rep) || !rep->b->noise.quiet_before ? "loud" : "quiet",
 		any_flagged(rep) ? "flagged" : "ok", rep->status ? "fail" : "ok");
 	if (rep->status && rep->error[0])
@@ -303,7 +314,8 @@ void pb_print_csv(FILE *f, const pb_report *rep)
 	    f,
 	    "workload,stages,cpus,batch,mb_rows,mbs,batches,rows_per_s,speedup,p50_ms,p99_ms,mean_ms,bubble,"
 	    "bubble_predicted,bubble_gpipe,bubble_window,predicted_ms,baseline_ms,best,status,repeats,"
-	    "rows_per_s_lo,rows_per_s_hi,speedup_lo,speedup_hi,bubble_lo,bubble_hi,tied,loud,loud_share,"
+	    "rows_per_s_lo,rows_per_s_hi,speedup_lo,speedup_hi,bubble_lo,bubble_hi,tied,unsettled,loud,loud_"
+	    "share,"
 	    "checks");
 	for (unsigned s = 0; s < S; s++)
 		fprintf(f, ",s%u_cpu,s%u_busy,s%u_starved,s%u_blocked,s%u_service_us", s, s, s, s, s);
@@ -316,9 +328,9 @@ void pb_print_csv(FILE *f, const pb_report *rep)
 			r->throughput, r->speedup, r->p50_ms, r->p99_ms, r->mean_ms, r->bubble,
 			r->bubble_predicted, r->bubble_gpipe, r->bubble_window, r->predicted_ms,
 			rep->b->base.median_ms, r == pb_best(rep), r->status ? "fail" : "ok");
-		fprintf(f, ",%u,%.1f,%.1f,%.4f,%.4f,%.4f,%.4f,%d,%d,%.3f,%s", r->repeats, r->thr.lo,
+		fprintf(f, ",%u,%.1f,%.1f,%.4f,%.4f,%.4f,%.4f,%d,%d,%d,%.3f,%s", r->repeats, r->thr.lo,
 			r->thr.hi, r->speedup_lo, r->speedup_hi, r->bubble_iv.lo, r->bubble_iv.hi, r->tied,
-			r->loud, r->loud_share, check_names(r->flags));
+			r->unsettled, r->loud, r->loud_share, check_names(r->flags));
 		for (unsigned s = 0; s < S; s++)
 			fprintf(f, ",%d,%.4f,%.4f,%.4f,%.2f", r->st[s].cpu, r->st[s].busy, r->st[s].starved,
 				r->st[s].blocked, r->st[s].service_us);
@@ -397,6 +409,7 @@ static cJSON *json_result(const pb_result *r)
 		cJSON_AddItemToArray(st, e);
 	}
 	cJSON_AddBoolToObject(o, "tied", r->tied);
+	cJSON_AddBoolToObject(o, "unsettled", r->unsettled);
 	cJSON_AddBoolToObject(o, "loud", r->loud);
 	cJSON_AddNumberToObject(o, "loud_share", r->loud_share);
 	cJSON *chk = cJSON_AddObjectToObject(o, "checks");
@@ -533,6 +546,20 @@ int pb_print_json(FILE *f, const pb_report *rep)
 			if (rep->res[i].tied)
 				tied[nt++] = (int)rep->res[i].mb_rows;
 		cJSON_AddItemToObject(best, "tied", cJSON_CreateIntArray(tied, nt));
+		/* the sizes below the chosen one that the measurement cannot place, and what would */
+		int open[PB_MAX_SIZES], no = 0;
+		for (unsigned i = 0; i < ch->chosen; i++)
+			if (rep->res[i].unsettled)
+				open[no++] = (int)rep->res[i].mb_rows;
+		cJSON_AddBoolToObject(best, "settled", ch->unsettled == 0);
+		cJSON_AddItemToObject(best, "unsettled", cJSON_CreateIntArray(open, no));
+		if (ch->unsettled) {
+			cJSON *st = cJSON_AddObjectToObject(best, "to_settle");
+			cJSON_AddNumberToObject(st, "repeats_factor", ch->settle_factor);
+			cJSON_AddNumberToObject(st, "repeats", ch->settle_repeats);
+		} else {
+			cJSON_AddNullToObject(best, "to_settle");
+		}
 		if (ch->vs_best.n) {
 			cJSON *vb = cJSON_AddObjectToObject(best, "vs_fastest");
 			cJSON_AddNumberToObject(vb, "ratio", ch->vs_best.median);

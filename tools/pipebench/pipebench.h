@@ -169,11 +169,25 @@ double pb_interval_rel(const pb_interval *iv);
 /* The interval of the median of a[i] / b[i] (samples paired by round). 0, or -1 (n is 0, no memory). */
 int pb_ratio_interval(const double *a, const double *b, unsigned n, pb_interval *iv);
 
-/* Whether a size whose throughput over the best's has this interval ties with the best: its ratio cannot
- * be shown below 1 - margin. */
-bool pb_tied(const pb_interval *ratio, double margin);
+/* How a size whose throughput over the best's has this interval (ratio) compares with the best. */
+typedef enum {
+	PB_VS_SLOWER,	 /* shown more than margin below: the interval's upper end is under 1 - margin */
+	PB_VS_TIED,	 /* its median within the margin, and not shown below it */
+	PB_VS_UNSETTLED, /* its median more than margin below, but the interval reaches the margin: this
+			    measurement cannot tell it tied from slower */
+} pb_versus;
+pb_versus pb_versus_best(const pb_interval *ratio, double margin);
+
+/* For an unsettled ratio: about how many times the repeats would bring the interval's upper end under
+ * 1 - margin, were its width to shrink as 1 / sqrt(repeats) and its median to stay (at least 2, at most
+ * PB_SETTLE_MAX). */
+#define PB_SETTLE_MAX 100
+double pb_settle_factor(const pb_interval *ratio, double margin);
 
 /* ---- noise.c ---- */
+
+/* The 1-minute load average, or -1 when /proc/loadavg cannot be read. */
+double pb_loadavg(void);
 
 /* What other processes took of the watched CPUs over some interval. */
 typedef struct pb_noise_sample {
@@ -300,6 +314,7 @@ typedef struct pb_result {
 	double loud_share;	       /* share of the repeats taken in loud rounds */
 	bool loud;
 	bool tied;	/* ties with the best size */
+	bool unsettled; /* the measurement cannot tell it tied with the best from slower (pb_versus_best) */
 	unsigned flags; /* PB_CHECK_* that failed */
 	char check[PB_ERR_MAX + 160];
 	unsigned stages;
@@ -345,9 +360,6 @@ int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned nc
 		  char *err, size_t errlen);
 void pb_bench_fini(pb_bench *b);
 
-/* The 1-minute load average, or -1 when /proc/loadavg cannot be read. */
-double pb_loadavg(void);
-
 /* The baseline as an arm (ctx: the pb_bench): the stages in order on one thread over the whole batch, on
  * a thread made for the visit (pinned where stage 0 runs), its output checked. Set base.desc first. */
 int pb_baseline_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *err, size_t errlen);
@@ -371,19 +383,24 @@ void pb_result_fini(pb_result *r);
 void pb_predict(pb_result *r);
 
 typedef struct pb_choice {
-	unsigned chosen;     /* the size to use; n when none completed */
-	unsigned best;	     /* the highest median throughput (among those meeting the latency target) */
-	unsigned next;	     /* the largest size below the chosen one that is not tied; n: none */
-	unsigned ntied;	     /* sizes tied with the best, the best included */
-	pb_interval vs_best; /* chosen / best throughput, paired by round */
-	pb_interval vs_next; /* chosen / next */
-	bool latency_met;    /* with a latency target: some size met it */
-	char why[700];
+	unsigned chosen;      /* the size to use; n when none completed */
+	unsigned best;	      /* the highest median throughput (among those meeting the latency target) */
+	unsigned next;	      /* the largest size below the chosen one that is not tied; n: none */
+	unsigned ntied;	      /* sizes tied with the best, the best included */
+	unsigned unsettled;   /* sizes below the chosen one that the measurement cannot place (0: settled) */
+	double settle_factor; /* then: about this many times the repeats would settle them */
+	unsigned settle_repeats; /* that many repeats */
+	pb_interval vs_best;	 /* chosen / best throughput, paired by round */
+	pb_interval vs_next;	 /* chosen / next */
+	bool latency_met;	 /* with a latency target: some size met it */
+	char why[1400];
 } pb_choice;
 
 /* The size to use among `n` results (ascending sizes whose `rate` samples are paired by round): the
- * smallest whose throughput ties with the best (pb_tied() with `margin`), among the sizes whose p99 batch
- * latency meets the target if one is set (none: the one with the lowest p99). Marks the tied results. */
+ * smallest whose throughput ties with the best (pb_versus_best() with `margin`), among the sizes whose p99
+ * batch latency meets the target if one is set (none: the one with the lowest p99). Marks the tied and the
+ * unsettled results. A smaller size that is unsettled is not chosen as if it were tied: the verdict says
+ * that it is open and how many repeats would settle it. */
 void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin, pb_choice *c);
 
 /* What pb_check() needs to know beyond the result. */
@@ -429,9 +446,6 @@ void pb_print_table(FILE *f, const pb_report *rep);
 void pb_print_csv(FILE *f, const pb_report *rep);
 int pb_print_json(FILE *f, const pb_report *rep);
 
-/* The width of the terminal on standard output, else $COLUMNS, else 100. (main.c) */
-unsigned pb_terminal_width(void);
-
 /* ---- mpi.c (built when configure found MPI) ---- */
 
 /* The run under mpirun: stages spread over the ranks, rank 0 measures and prints. `stages_default`: no
@@ -439,6 +453,9 @@ unsigned pb_terminal_width(void);
 int pb_mpi_main(pb_config *cfg, bool stages_default, int *argc, char ***argv);
 
 /* ---- gantt.c ---- */
+
+/* The width of the terminal on standard output, else $COLUMNS, else 100. */
+unsigned pb_terminal_width(void);
 
 /* Draw `a` (the chosen size) and `b` (the whole batch as one unit) side by side on one time scale, in at
  * most `width` columns. Either may be NULL. */

@@ -11,9 +11,13 @@
  * engine's overhead: hand-offs, wake-ups, and the time a stage spent off its CPU.
  *
  * The choice: the size with the highest median throughput is the best; every size whose throughput, paired
- * round by round with the best's, cannot be shown more than PB_TIE_MARGIN below it ties with it; the
- * smallest tied size is chosen (smaller micro-batches need less memory and give lower latency), with the
- * margin by which it beats the next smaller size. With a latency target only the sizes meeting it run.
+ * round by round with the best's, has its median within PB_TIE_MARGIN of it and cannot be shown more than
+ * that below it ties with it; the smallest tied size is chosen (smaller micro-batches need less memory and
+ * give lower latency), with the margin by which it beats the next smaller size. A size whose median is
+ * further below but whose interval still reaches the margin is unsettled (pb_versus_best): it may tie or
+ * be slower, so it is not chosen as if it tied, and when one lies below the chosen size the verdict says
+ * that the choice is open and how many repeats would settle it. With a latency target only the sizes
+ * meeting it run.
  */
 #include <math.h>
 #include <stdio.h>
@@ -72,7 +76,7 @@ void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin
 	memset(c, 0, sizeof(*c));
 	c->chosen = c->best = c->next = n;
 	for (unsigned i = 0; i < n; i++)
-		r[i].tied = false;
+		r[i].tied = r[i].unsettled = false;
 
 	bool any = false;
 	for (unsigned i = 0; i < n; i++)
@@ -111,18 +115,23 @@ void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin
 			c->best = i;
 	const pb_result *best = &r[c->best];
 	/* ties: paired by round with the best; sizes are ascending, so the first tied one is the smallest */
+	pb_interval open[PB_MAX_SIZES]; /* the unsettled sizes' ratios */
 	for (unsigned i = 0; i < n; i++) {
 		if (!in[i])
 			continue;
 		pb_interval iv;
 		unsigned k = r[i].repeats < best->repeats ? r[i].repeats : best->repeats;
-		if (i == c->best)
+		if (i == c->best) {
 			r[i].tied = true;
-		else if (r[i].rate && best->rate && k &&
-			 pb_ratio_interval(r[i].rate, best->rate, k, &iv) == 0)
-			r[i].tied = pb_tied(&iv, margin);
-		else /* no paired samples: the ratio of the medians */
+		} else if (r[i].rate && best->rate && k &&
+			   pb_ratio_interval(r[i].rate, best->rate, k, &iv) == 0) {
+			pb_versus v = pb_versus_best(&iv, margin);
+			r[i].tied = v == PB_VS_TIED;
+			r[i].unsettled = v == PB_VS_UNSETTLED;
+			open[i] = iv;
+		} else { /* no paired samples: the ratio of the medians */
 			r[i].tied = r[i].thr.median >= (1 - margin) * best->thr.median;
+		}
 		if (r[i].tied) {
 			c->ntied++;
 			if (c->chosen == n) {
@@ -136,6 +145,41 @@ void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin
 	for (unsigned i = 0; i < c->chosen; i++)
 		if (in[i])
 			c->next = i;
+	/* the sizes below the chosen one that this measurement cannot place: "; unsettled: m=8 (10.9% below
+	 * m=64, 95% interval -25.0 to +2.0%) ..., and how much longer to measure */
+	char open_s[400] = "";
+	size_t olen = 0;
+	for (unsigned i = 0; i < c->chosen; i++) {
+		if (!r[i].unsettled)
+			continue;
+		const pb_interval *iv = &open[i];
+		double f = pb_settle_factor(iv, margin);
+		unsigned want = (unsigned)ceil(f * iv->n);
+		if (f > c->settle_factor)
+			c->settle_factor = f;
+		if (want > c->settle_repeats)
+			c->settle_repeats = want;
+		if (c->unsettled++ < 4 && olen < sizeof(open_s) - 100)
+			olen += (size_t)snprintf(
+			    open_s + olen, sizeof(open_s) - olen,
+			    "%sm=%u (%.1f%% below m=%u, %s %+.1f to %+.1f%%)", olen ? ", " : "", r[i].mb_rows,
+			    (1 - iv->median) * 100, best->mb_rows,
+			    iv->ci ? "95% interval" : "range of too few repeats:", (iv->lo - 1) * 100,
+			    (iv->hi - 1) * 100);
+	}
+	char unsettled[700] = "";
+	if (c->unsettled)
+		snprintf(
+		    unsettled, sizeof(unsettled),
+		    "; UNSETTLED: %s%s %s more than %.0f%% below the best by %s median, but %s interval "
+		    "reaches within %.0f%% of it: tied or slower, this measurement cannot tell, so the "
+		    "choice is open; %s about %s%.0fx the repeats to settle it: a --duration about %.0fx "
+		    "as long, or --batches %u",
+		    open_s, c->unsettled > 4 ? ", ..." : "", c->unsettled == 1 ? "is" : "are", margin * 100,
+		    c->unsettled == 1 ? "its" : "their", c->unsettled == 1 ? "its" : "each one's",
+		    margin * 100, c->unsettled == 1 ? "measure" : "measure them",
+		    c->settle_factor >= PB_SETTLE_MAX ? "at least " : "", c->settle_factor, c->settle_factor,
+		    c->settle_repeats);
 	char next[200] = "";
 	if (c->next < n) {
 		const pb_result *nx = &r[c->next];
@@ -157,35 +201,46 @@ void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin
 		if (r[i].tied && i != c->chosen)
 			len += (size_t)snprintf(sizes + len, sizeof(sizes) - len, "%sm=%u", len ? ", " : "",
 						r[i].mb_rows);
-	unsigned running = 0;
-	for (unsigned i = 0; i < n; i++)
+	unsigned running = 0, open_any = 0;
+	for (unsigned i = 0; i < n; i++) {
 		running += in[i];
+		open_any += r[i].unsettled;
+	}
 	if (running == 1)
 		snprintf(c->why, sizeof(c->why),
 			 "m=%u is the only size measured%s (%s); bubble %.2f measured, %.2f "
 			 "predicted: %s",
 			 ch->mb_rows, t, a, ch->bubble, ch->bubble_predicted, tail);
-	else if (c->chosen == c->best && c->ntied == 1)
+	else if (c->chosen == c->best && c->ntied == 1 && !open_any)
 		snprintf(
 		    c->why, sizeof(c->why),
 		    "m=%u has the best throughput%s (%s) and every other size is distinguishably more than "
 		    "%.0f%% slower%s; bubble %.2f measured, %.2f predicted: %s",
 		    ch->mb_rows, t, a, margin * 100, next, ch->bubble, ch->bubble_predicted, tail);
+	else if (c->chosen == c->best && c->ntied == 1)
+		snprintf(
+		    c->why, sizeof(c->why),
+		    "m=%u has the best throughput%s (%s) and no other size ties with it (within %.0f%%)%s%s; "
+		    "bubble %.2f measured, %.2f predicted: %s",
+		    ch->mb_rows, t, a, margin * 100, next, unsettled, ch->bubble, ch->bubble_predicted, tail);
 	else if (c->chosen == c->best)
-		snprintf(c->why, sizeof(c->why),
-			 "m=%u has the best throughput%s (%s); tied with it (within %.0f%% or not "
-			 "distinguishable): %s; m=%u is the smallest, so it needs the least memory per "
-			 "micro-batch%s; bubble %.2f measured, %.2f predicted: %s",
-			 ch->mb_rows, t, a, margin * 100, sizes, ch->mb_rows, next, ch->bubble,
-			 ch->bubble_predicted, tail);
+		snprintf(
+		    c->why, sizeof(c->why),
+		    "m=%u has the best throughput%s (%s); tied with it (its median within %.0f%% and not "
+		    "shown further below): %s; m=%u is the smallest, so it needs the least memory per "
+		    "micro-batch%s%s; bubble %.2f measured, %.2f predicted: %s",
+		    ch->mb_rows, t, a, margin * 100, sizes, ch->mb_rows, next, unsettled, ch->bubble,
+		    ch->bubble_predicted, tail);
 	else {
 		char m[140];
 		fmt_margin(m, sizeof(m), ch, best, &c->vs_best);
 		snprintf(c->why, sizeof(c->why),
-			 "m=%u is the smallest size tied with the best%s (m=%u, %s: %s, within %.0f%% or not "
-			 "distinguishable; tied: %s), so it needs the least memory per micro-batch%s; bubble "
+			 "m=%u is the smallest size tied with the best%s (m=%u, %s: %s, its median within "
+			 "%.0f%% and "
+			 "not shown further below; tied: %s), so it needs the least memory per "
+			 "micro-batch%s%s; bubble "
 			 "%.2f measured, %.2f predicted: %s",
-			 ch->mb_rows, t, best->mb_rows, a, m, margin * 100, sizes, next, ch->bubble,
-			 ch->bubble_predicted, tail);
+			 ch->mb_rows, t, best->mb_rows, a, m, margin * 100, sizes, next, unsettled,
+			 ch->bubble, ch->bubble_predicted, tail);
 	}
 }

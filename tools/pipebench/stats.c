@@ -12,7 +12,11 @@
  * - Two sizes are compared on paired samples: repeat i of both was taken in the same round of the
  *   interleaved schedule, so the ratio a(i) / b(i) cancels the drift of the machine's load between rounds;
  *   the interval of the median ratio says whether one is faster.
- * - A tie: a size whose ratio to the best cannot be shown below 1 - margin.
+ * - Against the best, a size is tied when the median of its ratio is within the margin and the interval
+ *   cannot show it below (1 - margin), slower when the interval's upper end is under 1 - margin, and
+ *   unsettled when the median is more than the margin below but the interval still reaches 1 - margin:
+ *   the measurement cannot tell which, and only more repeats can (the interval narrows about as
+ *   1 / sqrt(repeats)).
  * - The checks test a result's figures against each other (see pb_check()).
  */
 #include <math.h>
@@ -103,9 +107,20 @@ int pb_ratio_interval(const double *a, const double *b, unsigned n, pb_interval 
 	return 0;
 }
 
-bool pb_tied(const pb_interval *ratio, double margin)
+pb_versus pb_versus_best(const pb_interval *ratio, double margin)
 {
-	return ratio->hi >= 1.0 - margin;
+	if (ratio->hi < 1.0 - margin)
+		return PB_VS_SLOWER;
+	return ratio->median >= 1.0 - margin ? PB_VS_TIED : PB_VS_UNSETTLED;
+}
+
+double pb_settle_factor(const pb_interval *ratio, double margin)
+{
+	double gap = (1.0 - margin) - ratio->median, half = ratio->hi - ratio->median;
+	if (!(gap > 0) || !(half > 0))
+		return 2;
+	double f = ceil((half / gap) * (half / gap));
+	return f < 2 ? 2 : f > PB_SETTLE_MAX ? PB_SETTLE_MAX : f;
 }
 
 /* ---- consistency checks ---- */

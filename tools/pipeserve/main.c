@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../blas.h"
 #include "../mpirank.h"
 
 /* ---- flags ---- */
@@ -527,8 +528,9 @@ static void log_startup(ps_server *s)
 	       c->max_connections, c->max_conns_per_ip, (unsigned long long)c->request_timeout_ms,
 	       (unsigned long long)c->max_inflight_body_bytes);
 	ps_log("blas: %s", mbp_blas_info());
-	if (mbp_blas_warning())
-		ps_log("blas warning: %s", mbp_blas_warning());
+	char warn[512];
+	if (blas_warning_line(warn, sizeof warn))
+		ps_log("%s", warn);
 	char text[4096];
 	mbp_model_plan_describe(&s->plan, text, sizeof text);
 	for (char *save = NULL, *line = s->mpi ? NULL : strtok_r(text, "\n", &save); line;

@@ -5,8 +5,8 @@
  * the test set), build or load the model, partition its layers into stages by their measured costs
  * (pt_profile, then mbp_model_partition), give each stage to the trainer, then per epoch: a seeded order of the training
  * rows (mbp_data_epoch_order, a function of seed and epoch only), one trainer step per mini-batch (the
- * last partial batch of an epoch is dropped), then the validation and test accuracy, one line, one CSV
- * row, a checkpoint.
+ * last partial batch of an epoch is dropped; --log gets a row per step), then the validation and test
+ * accuracy, one line, one CSV row, a checkpoint. At the end, --plot draws the run's curves.
  *
  * Resume: a checkpoint is the weights file plus the optimizer state beside it, which holds the number of
  * updates done. Started with --model on such a pair and the same data, seed, batch and epochs, the run
@@ -14,6 +14,8 @@
  * the end are bit for bit those of an uninterrupted run. A state saved with other weights (a crash between
  * the two files) is refused by mbp_mlp_load_optim: exit 2. Another schedule (other epochs, lr, warm-up)
  * is allowed, announced in one line: training continues from the checkpoint's step under the new one.
+ * Weights without an optimizer state beside them start a new run from those weights, announced in one
+ * line too: the optimizer starts fresh.
  *
  * Failures: a non-finite loss or gradient fails its step (the trainer updates nothing); the run stops,
  * naming the step, the stage and the micro-batch, and the last checkpoint on disk (written atomically by
@@ -37,6 +39,7 @@
 #include <unistd.h>
 
 #include "pipetrain.h"
+#include "../blas.h"
 
 static volatile sig_atomic_t stop_signal;
 
@@ -162,7 +165,7 @@ struct run {
 	pt_stage stage[MBP_MAX_STAGES];
 	mbp_trainer *t;
 	pt_report rep;
-	FILE *csv;
+	FILE *csv, *log;
 };
 
 static void run_free(struct run *r)
@@ -185,8 +188,11 @@ static void run_free(struct run *r)
 	free(r->ytest);
 	free(r->preds);
 	free(r->rep.ep);
+	free(r->rep.step_loss);
 	if (r->csv && r->csv != stdout)
 		fclose(r->csv);
+	if (r->log && r->log != stdout)
+		fclose(r->log);
 }
 
 /* 0 when a file can be created at path (its folder exists and is writable), else -errno. */
@@ -210,7 +216,11 @@ static int setup(struct run *r)
 		return bad("--model %s: %s", c->model, strerror(errno));
 	const struct {
 		const char *opt, *path;
-	} outs[] = {{"--save", c->save}, {"--trace", c->trace}, {"--predictions", c->predictions}};
+	} outs[] = {{"--save", c->save},
+		    {"--trace", c->trace},
+		    {"--predictions", c->predictions},
+		    {"--log", c->log && strcmp(c->log, "-") ? c->log : NULL},
+		    {"--plot", c->plot}};
 	for (unsigned i = 0; i < sizeof outs / sizeof outs[0]; i++) {
 		int rc = outs[i].path ? creatable(outs[i].path) : 0;
 		if (rc < 0)
@@ -319,6 +329,13 @@ static int setup(struct run *r)
 				    (unsigned long long)was.warmup_steps, (double)was.lr, (double)was.min_lr,
 				    (unsigned long long)now.total_steps, (unsigned long long)now.warmup_steps,
 				    (double)now.lr, (double)now.min_lr);
+		} else {
+			fprintf(
+			    stderr,
+			    "pipetrain: note: no optimizer state beside --model %s (no %s): a new run from "
+			    "its weights, the optimizer starts fresh (step 0, no moments, the learning-rate "
+			    "schedule from its start)\n",
+			    c->model, opath);
 		}
 	}
 
@@ -414,6 +431,7 @@ static int setup(struct run *r)
 			   .stages = S,
 			   .threads = c->threads ? c->threads : (S < ncpu ? S : ncpu),
 			   .mbs = mbs,
+			   .last_mb = c->batch - (mbs - 1) * c->mb,
 			   .blas_threads = c->blas_threads,
 			   .train_rows = r->ntr,
 			   .val_rows = r->nva,
@@ -422,7 +440,8 @@ static int setup(struct run *r)
 			   .epochs_total = c->epochs,
 			   .start_step = start,
 			   .start_epoch = (unsigned)(start / spe),
-			   .blas = mbp_blas_info()};
+			   .blas = mbp_blas_info(),
+			   .blas_warning = mbp_blas_warning()};
 	memcpy(rep->widths, c->widths, (L + 1) * sizeof(uint32_t));
 	for (unsigned i = 0; i < L; i++) {
 		mbp_layer_info li;
@@ -440,7 +459,9 @@ static int setup(struct run *r)
 	rep->ep = calloc(c->epochs + 1, sizeof(pt_epoch));
 	if (!rep->ep)
 		return fail("out of memory");
-	if (pt_csv_open(c, &r->csv) < 0)
+	if (c->plot && !(rep->step_loss = calloc(1, sizeof *rep->step_loss)))
+		return fail("out of memory");
+	if (pt_csv_open(c, &r->csv) < 0 || pt_log_open(c, &r->log) < 0)
 		return 2;
 
 	/* Start the threads with SIGINT and SIGTERM blocked: they inherit the mask, the main thread alone
@@ -466,8 +487,8 @@ static int setup(struct run *r)
 	return 0;
 }
 
-/* The per-stage figures of the step just done, added to the run's totals. */
-static void account(struct run *r, double *busy_ns, double *pred_ns, double *step_ns)
+/* The per-stage figures of the step just done, added to the run's totals; its own in ts. */
+static void account(struct run *r, double *busy_ns, double *pred_ns, double *step_ns, mbp_train_stats *out)
 {
 	mbp_train_stats ts;
 	mbp_train_stage_stats ss[MBP_MAX_STAGES];
@@ -488,6 +509,16 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 	*busy_ns += (double)ts.step_ns * ts.bubble;
 	*pred_ns += (double)ts.step_ns * ts.bubble_predicted;
 	r->rep.wall_s += (double)ts.step_ns * 1e-9;
+	*out = ts;
+}
+
+/* The gradient's global norm before clipping, from each layer's squared norm (stages.c), in layer order. */
+static double grad_norm(const pt_shared *sh)
+{
+	double sq = 0;
+	for (unsigned l = 0; l < sh->layers; l++)
+		sq += sh->layer_sq[l];
+	return sqrt(sq);
 }
 
 /* The epoch loop. @return the exit status. */
@@ -495,10 +526,16 @@ static int train(struct run *r)
 {
 	pt_config *c = r->c;
 	pt_report *rep = &r->rep;
-	uint64_t spe = rep->steps_per_epoch, step = rep->start_step;
+	uint64_t spe = rep->steps_per_epoch, step = rep->start_step, total = spe * c->epochs;
 	int status = 0;
+	const double t_run = now_s();
+	mbp_optim_opts oo;
+	mbp_mlp_optim(r->n, &oo);
 	pt_progress_init(c->quiet ? 0 : c->progress);
 	pt_print_header(rep);
+	char warn[512];
+	if (!c->quiet && blas_warning_line(warn, sizeof warn))
+		fprintf(stderr, "pipetrain: %s\n", warn);
 	if (step >= spe * c->epochs && !c->quiet)
 		fprintf(pt_human(c),
 			"pipetrain: the checkpoint has done its %u epochs already; nothing to train\n",
@@ -536,9 +573,26 @@ static int train(struct run *r)
 			rows += c->batch;
 			loss_sum += loss;
 			correct += r->sh.correct;
-			account(r, &bubble_ns, &pred_ns, &step_ns);
-			double dt = now_s() - t0;
-			pt_progress(ep + 1, c->epochs, k + 1, spe, dt > 0 ? rows / dt : 0, loss_sum / rows);
+			mbp_train_stats ts;
+			account(r, &bubble_ns, &pred_ns, &step_ns, &ts);
+			double now = now_s(), dt = now - t0, ran = now - t_run;
+			pt_step row = {.step = step,
+				       .epoch = ep + 1,
+				       .loss = loss / c->batch,
+				       .acc = (double)r->sh.correct / c->batch,
+				       .lr = mbp_optim_lr(&oo, step - 1),
+				       .grad_norm = grad_norm(&r->sh),
+				       .samples_per_s = ts.step_ns ? c->batch / (ts.step_ns * 1e-9) : 0,
+				       .step_ms = (double)ts.step_ns * 1e-6,
+				       .bubble = ts.bubble,
+				       .elapsed_s = ran};
+			pt_log_row(r->log, &row);
+			if (rep->step_loss)
+				pt_curve_add(rep->step_loss, (double)step, row.loss);
+			/* the time left: this run's pace so far (steps and evaluations) over the steps left */
+			double eta = ran / (double)(step - rep->start_step) * (double)(total - step);
+			pt_progress(ep + 1, c->epochs, k + 1, spe, dt > 0 ? rows / dt : 0, loss_sum / rows,
+				    eta);
 			if (stop_signal)
 				break;
 		}
@@ -569,8 +623,6 @@ static int train(struct run *r)
 				.bubble = step_ns > 0 ? bubble_ns / step_ns : 0,
 				.bubble_predicted = step_ns > 0 ? pred_ns / step_ns : 0,
 				.seconds = train_s};
-		mbp_optim_opts oo;
-		mbp_mlp_optim(r->n, &oo);
 		e->lr = mbp_optim_lr(&oo, step ? step - 1 : 0);
 		int rc = evaluate(r->n, r->xtest, r->ytest, r->test.n, r->train.classes, r->logits, r->preds,
 				  &e->test_acc, &e->test_loss);
@@ -605,6 +657,14 @@ static int train(struct run *r)
 		int rc = mbp_trainer_trace_write(r->t, c->trace);
 		if (rc < 0) {
 			fprintf(stderr, "pipetrain: --trace %s: %s\n", c->trace, mbp_strerror(rc));
+			if (status == 0)
+				status = 1;
+		}
+	}
+	if (c->plot) {
+		char err[512];
+		if (pt_plot_write(rep, err, sizeof err) < 0) {
+			fprintf(stderr, "pipetrain: %s\n", err);
 			if (status == 0)
 				status = 1;
 		}

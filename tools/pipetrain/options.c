@@ -82,10 +82,11 @@ enum {
 	OPT_CSV,
 	OPT_TRACE,
 	OPT_PRED,
+	OPT_LOG,
+	OPT_PLOT,
 	OPT_PROGRESS,
 	OPT_NO_PROGRESS,
 	OPT_HAND_OVER,
-	OPT_VERSION,
 };
 
 static const struct option long_opts[] = {
@@ -116,11 +117,13 @@ static const struct option long_opts[] = {
     {"csv", required_argument, NULL, OPT_CSV},
     {"trace", required_argument, NULL, OPT_TRACE},
     {"predictions", required_argument, NULL, OPT_PRED},
+    {"log", required_argument, NULL, OPT_LOG},
+    {"plot", required_argument, NULL, OPT_PLOT},
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, 'h'},
-    {"version", no_argument, NULL, OPT_VERSION},
+    {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
 };
 
@@ -147,10 +150,11 @@ static void usage(void)
 	    "  --data DIR            Fashion-MNIST IDX files (default %s)\n"
 	    "  --layers W0,...,WL    MLP widths, 784 in and 10 out for Fashion-MNIST (default "
 	    "784,512,512,10)\n"
-	    "  --stages S            pipeline stages (default: one per allowed CPU, at most one per layer)\n"
+	    "  -s, --stages S        pipeline stages (default: one per allowed CPU, at most one per layer)\n"
 	    "  --schedule NAME       gpipe, 1f1b or zbh1 (default 1f1b)\n"
-	    "  --batch N, --mb M     rows per step and per micro-batch (default 256 and 32)\n"
-	    "  --epochs E            epochs (default 10)\n"
+	    "  -b, --batch N         rows per step (default 256)\n"
+	    "  --mb M                rows per micro-batch (default 32; a last smaller one takes the rest)\n"
+	    "  -e, --epochs E        epochs (default 10)\n"
 	    "  --optimizer adamw|sgd --lr X --min-lr X --weight-decay X --momentum X --warmup STEPS\n"
 	    "  --clip X              clip gradients to global norm X (default 1; 0: off)\n"
 	    "  --seed N              weights, split and order (default 1)\n"
@@ -163,8 +167,13 @@ static void usage(void)
 	    "                        layer where that balances the stages better; all: wherever the layer\n"
 	    "                        allows (ReLU or none, no norm); off (default auto)\n"
 	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
+	    "  --log FILE|-          one CSV row per step: step, epoch, loss, accuracy, lr, grad_norm,\n"
+	    "                        samples_per_s, step_ms, bubble, elapsed_s\n"
+	    "  --plot FILE           the loss and accuracy curves as an SVG picture, written at the end\n"
 	    "  --trace FILE          Chrome trace of the last step;  --predictions FILE  test set classes\n"
-	    "  --progress, --no-progress, -q/--quiet, -h/--help, --version\n"
+	    "  --progress, --no-progress   the progress bar and ETA on stderr (default: on a terminal)\n"
+	    "  -q, --quiet           no lines but errors and notes\n"
+	    "  -h, --help            this text;  -V, --version  the version\n"
 	    "Exit status: 0 done, 1 training or the system failed, 2 bad arguments or input,\n"
 	    "  130 SIGINT, 143 SIGTERM (the step finished, a checkpoint written with --save).\n"
 	    "See pipetrain(1).\n",
@@ -202,12 +211,12 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		c->demo = true;
 		return 0;
 	}
-	bool lr_given = false;
+	bool lr_given = false, progress_given[2] = {false, false};
 	opterr = 0;
 	optind = 1;
 	for (;;) {
 		int idx = -1;
-		int o = getopt_long(argc, argv, ":s:b:e:qh", long_opts, &idx);
+		int o = getopt_long(argc, argv, ":s:b:e:qhV", long_opts, &idx);
 		if (o == -1)
 			break;
 		const char *name = opt_name(o, idx);
@@ -221,8 +230,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		case 'h':
 			usage();
 			return 1;
-		case OPT_VERSION:
-			printf("pipetrain %s\n", mbp_version());
+		case 'V':
+			printf("pipetrain (mbpipe) %s\n", mbp_version());
 			return 1;
 		case OPT_DATA:
 		case OPT_SAVE:
@@ -230,6 +239,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		case OPT_CSV:
 		case OPT_TRACE:
 		case OPT_PRED:
+		case OPT_LOG:
+		case OPT_PLOT:
 			if (!*optarg)
 				return fail(err, errlen, "%s: empty file name", name);
 			if (o == OPT_DATA)
@@ -242,6 +253,10 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 				c->csv = optarg;
 			else if (o == OPT_TRACE)
 				c->trace = optarg;
+			else if (o == OPT_LOG)
+				c->log = optarg;
+			else if (o == OPT_PLOT)
+				c->plot = optarg;
 			else
 				c->predictions = optarg;
 			break;
@@ -342,10 +357,9 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			c->json = true;
 			break;
 		case OPT_PROGRESS:
-			c->progress = 1;
-			break;
 		case OPT_NO_PROGRESS:
-			c->progress = 0;
+			c->progress = o == OPT_PROGRESS;
+			progress_given[c->progress] = true;
 			break;
 		case 'q':
 			c->quiet = true;
@@ -365,7 +379,16 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			    MBP_TRAIN_MAX_MBS);
 	if (c->min_lr > c->lr)
 		return fail(err, errlen, "--min-lr %g is above --lr %g", c->min_lr, c->lr);
-	if (c->csv && c->json && !strcmp(c->csv, "-"))
-		return fail(err, errlen, "--json and --csv - both want standard output");
+	/* Options that contradict each other are refused, not settled by their order. */
+	if (progress_given[0] && progress_given[1])
+		return fail(err, errlen, "--progress and --no-progress contradict each other");
+	if (c->quiet && progress_given[1])
+		return fail(err, errlen, "--quiet and --progress contradict each other");
+	const bool csv_out = c->csv && !strcmp(c->csv, "-"), log_out = c->log && !strcmp(c->log, "-");
+	if (c->json + csv_out + log_out > 1)
+		return fail(err, errlen, "%s both want standard output",
+			    !c->json  ? "--csv - and --log -"
+			    : csv_out ? "--json and --csv -"
+				      : "--json and --log -");
 	return 0;
 }

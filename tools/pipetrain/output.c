@@ -1,8 +1,9 @@
 /*
  * pipetrain output: what a person reads (a header, one line per epoch, the final summary with the
- * placement and each stage's time split), the progress bar (standard error, only on a terminal, redrawn
- * in place), and what a program reads (--json: one document on standard output at the end; --csv: one row
- * per epoch, written as each epoch ends).
+ * placement and each stage's time split), the progress bar with the time left (standard error, only on a
+ * terminal, redrawn in place), and what a program reads (--json: one document on standard output at the
+ * end; --csv: one row per epoch, written as each epoch ends; --log: one row per step, written as each step
+ * ends).
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -18,7 +19,8 @@
 
 FILE *pt_human(const pt_config *c)
 {
-	return c->json || (c->csv && !strcmp(c->csv, "-")) ? stderr : stdout;
+	return c->json || (c->csv && !strcmp(c->csv, "-")) || (c->log && !strcmp(c->log, "-")) ? stderr
+											       : stdout;
 }
 
 static struct progress bar;
@@ -28,14 +30,29 @@ void pt_progress_init(int mode)
 	progress_init(&bar, mode);
 }
 
+/* "ETA 4:05", "ETA 1:02:03", or "ETA ?" before the first step has been timed. */
+static void fmt_eta(char *buf, size_t n, double s)
+{
+	if (!(s >= 0) || s > 360000) {
+		snprintf(buf, n, "ETA ?");
+		return;
+	}
+	unsigned long t = (unsigned long)(s + 0.5);
+	if (t >= 3600)
+		snprintf(buf, n, "ETA %lu:%02lu:%02lu", t / 3600, t / 60 % 60, t % 60);
+	else
+		snprintf(buf, n, "ETA %lu:%02lu", t / 60, t % 60);
+}
+
 void pt_progress(unsigned epoch, unsigned epochs, uint64_t done, uint64_t total, double samples_per_s,
-		 double loss)
+		 double loss, double eta_s)
 {
 	if (!total)
 		return;
-	char before[48], after[96];
+	char before[48], after[128], eta[32];
+	fmt_eta(eta, sizeof eta, eta_s);
 	snprintf(before, sizeof before, "epoch %u/%u ", epoch, epochs);
-	snprintf(after, sizeof after, "%7.0f samples/s loss %.4f ", samples_per_s, loss);
+	snprintf(after, sizeof after, "%7.0f samples/s loss %.4f %s ", samples_per_s, loss, eta);
 	progress_draw(&bar, done, total, before, after);
 }
 
@@ -57,17 +74,23 @@ void pt_print_header(const pt_report *r)
 	if (c->quiet)
 		return;
 	FILE *f = pt_human(c);
-	char w[512];
+	char w[512], split[64];
 	widths_str(r, w, sizeof w);
+	/* the trainer cuts a step into full micro-batches and, when the batch is not a multiple, a last
+	 * smaller one */
+	if (r->last_mb == c->mb)
+		snprintf(split, sizeof split, "%u x %u rows", r->mbs, c->mb);
+	else
+		snprintf(split, sizeof split, "%u x %u + %u rows", r->mbs - 1, c->mb, r->last_mb);
 	if (c->demo)
 		fprintf(f,
 			"pipetrain: no arguments, so a short demonstration (see --help for the options)\n");
 	fprintf(f,
-		"pipetrain: MLP %s (%llu parameters), %u %s, %s, %u %s on %u %s; batch %u = %u x %u rows; "
+		"pipetrain: MLP %s (%llu parameters), %u %s, %s, %u %s on %u %s; batch %u = %s; "
 		"%s lr %g; %llu training, %llu validation, %llu test rows; %llu steps per epoch\n",
 		w, (unsigned long long)r->params, r->stages, PLURAL(r->stages, "stage", "stages"),
 		mbp_sched_name(c->schedule), r->epochs_total, PLURAL(r->epochs_total, "epoch", "epochs"),
-		r->threads, PLURAL(r->threads, "thread", "threads"), c->batch, r->mbs, c->mb,
+		r->threads, PLURAL(r->threads, "thread", "threads"), c->batch, split,
 		c->optim == MBP_OPTIM_SGD ? "SGD" : "AdamW", c->lr, (unsigned long long)r->train_rows,
 		(unsigned long long)r->val_rows, (unsigned long long)r->test_rows,
 		(unsigned long long)r->steps_per_epoch);
@@ -95,8 +118,13 @@ void pt_print_summary(const pt_report *r)
 	if (r->c->quiet)
 		return;
 	FILE *f = pt_human(r->c);
-	fprintf(f, "summary: test accuracy %.4f after %u %s, %.1f s in training steps%s%s\n",
-		r->final_test_acc, r->n_ep, PLURAL(r->n_ep, "epoch", "epochs"), r->wall_s,
+	unsigned reached = pt_epochs_reached(r);
+	char resumed[96] = "";
+	if (r->start_step)
+		snprintf(resumed, sizeof resumed, " (%u in this run, resumed at step %llu)", r->n_ep,
+			 (unsigned long long)r->start_step);
+	fprintf(f, "summary: test accuracy %.4f after %u %s%s, %.1f s in training steps%s%s\n",
+		r->final_test_acc, reached, PLURAL(reached, "epoch", "epochs"), resumed, r->wall_s,
 		r->stopped ? "; stopped: " : "", r->stopped ? r->stopped : "");
 	if (r->blas_threads)
 		fprintf(f, "OpenBLAS: %s; set to %u %s by --blas-threads\n", r->blas, r->blas_threads,
@@ -137,20 +165,36 @@ void pt_print_summary(const pt_report *r)
 	fflush(f);
 }
 
-int pt_csv_open(const pt_config *c, FILE **f)
+unsigned pt_epochs_reached(const pt_report *r)
+{
+	if (r->n_ep)
+		return r->ep[r->n_ep - 1].epoch;
+	return r->steps_per_epoch ? (unsigned)(r->start_step / r->steps_per_epoch) : 0;
+}
+
+/* A CSV file written as the run goes (--csv, --log): `path` ("-": standard output, NULL: none) opened
+ * and its header line written. @return 0 or -1 (the reason printed). */
+static int csv_open(const char *opt, const char *path, const char *header, FILE **f)
 {
 	*f = NULL;
-	if (!c->csv)
+	if (!path)
 		return 0;
-	*f = strcmp(c->csv, "-") ? fopen(c->csv, "w") : stdout;
+	*f = strcmp(path, "-") ? fopen(path, "w") : stdout;
 	if (!*f) {
-		fprintf(stderr, "pipetrain: --csv %s: %s\n", c->csv, strerror(errno));
+		fprintf(stderr, "pipetrain: %s %s: %s\n", opt, path, strerror(errno));
 		return -1;
 	}
-	fprintf(*f, "epoch,step,train_loss,train_acc,val_acc,test_acc,test_loss,samples_per_s,bubble,"
-		    "bubble_predicted,seconds,lr\n");
+	fprintf(*f, "%s\n", header);
 	fflush(*f);
 	return 0;
+}
+
+int pt_csv_open(const pt_config *c, FILE **f)
+{
+	return csv_open("--csv", c->csv,
+			"epoch,step,train_loss,train_acc,val_acc,test_acc,test_loss,samples_per_s,bubble,"
+			"bubble_predicted,seconds,lr",
+			f);
 }
 
 void pt_csv_row(FILE *f, const pt_epoch *e)
@@ -161,6 +205,21 @@ void pt_csv_row(FILE *f, const pt_epoch *e)
 		(unsigned long long)e->step, e->train_loss, e->train_acc, e->val_acc, e->test_acc,
 		e->test_loss, e->samples_per_s, e->bubble, e->bubble_predicted, e->seconds, e->lr);
 	fflush(f);
+}
+
+int pt_log_open(const pt_config *c, FILE **f)
+{
+	return csv_open("--log", c->log,
+			"step,epoch,loss,accuracy,lr,grad_norm,samples_per_s,step_ms,bubble,elapsed_s", f);
+}
+
+void pt_log_row(FILE *f, const pt_step *s)
+{
+	if (!f)
+		return;
+	fprintf(f, "%llu,%u,%.6f,%.6f,%.6g,%.6g,%.1f,%.4f,%.4f,%.3f\n", (unsigned long long)s->step, s->epoch,
+		s->loss, s->acc, s->lr, s->grad_norm, s->samples_per_s, s->step_ms, s->bubble, s->elapsed_s);
+	fflush(f); /* the row is there while the run goes on (tail -f, a plot of its own) */
 }
 
 int pt_json_write(const pt_report *r)
@@ -178,6 +237,7 @@ int pt_json_write(const pt_report *r)
 	cJSON_AddNumberToObject(cfg, "batch", c->batch);
 	cJSON_AddNumberToObject(cfg, "mb", c->mb);
 	cJSON_AddNumberToObject(cfg, "mbs", r->mbs);
+	cJSON_AddNumberToObject(cfg, "last_mb_rows", r->last_mb);
 	cJSON_AddNumberToObject(cfg, "epochs", r->epochs_total);
 	cJSON_AddStringToObject(cfg, "optimizer", c->optim == MBP_OPTIM_SGD ? "sgd" : "adamw");
 	cJSON_AddNumberToObject(cfg, "lr", c->lr);
@@ -188,6 +248,10 @@ int pt_json_write(const pt_report *r)
 	cJSON_AddNumberToObject(cfg, "test_rows", (double)r->test_rows);
 	cJSON_AddNumberToObject(cfg, "steps_per_epoch", (double)r->steps_per_epoch);
 	cJSON_AddStringToObject(cfg, "blas", r->blas);
+	if (r->blas_warning)
+		cJSON_AddStringToObject(cfg, "blas_warning", r->blas_warning);
+	else
+		cJSON_AddNullToObject(cfg, "blas_warning");
 	cJSON *eps = cJSON_AddArrayToObject(root, "epochs");
 	for (unsigned i = 0; i < r->n_ep; i++) {
 		const pt_epoch *e = &r->ep[i];
@@ -228,6 +292,8 @@ int pt_json_write(const pt_report *r)
 	}
 	cJSON_AddNumberToObject(root, "split_bound", r->split_bound);
 	cJSON_AddNumberToObject(root, "train_seconds", r->wall_s);
+	cJSON_AddNumberToObject(root, "start_step", (double)r->start_step);
+	cJSON_AddNumberToObject(root, "epochs_completed", pt_epochs_reached(r));
 	cJSON_AddNumberToObject(root, "test_accuracy", r->final_test_acc);
 	if (r->stopped)
 		cJSON_AddStringToObject(root, "stopped", r->stopped);

@@ -5,7 +5,8 @@
  *
  *   options.c  the command line into a pt_config (every bad value: one line, exit 2)
  *   stages.c   the glue between the trainer's stage callbacks and the model's stage functions
- *   output.c   the per-epoch lines, the progress bar, the final summary, --json and --csv
+ *   output.c   the per-epoch lines, the progress bar, the final summary, --json, --csv and --log
+ *   plot.c     --plot: the loss and accuracy curves as an SVG picture
  *   main.c     data, model, trainer, the epoch loop, checkpoints, signals
  */
 #ifndef PIPETRAIN_H
@@ -30,6 +31,8 @@ typedef struct pt_config {
 	const char *csv;	 /* "-": standard output */
 	const char *trace;	 /* Chrome trace of the last step */
 	const char *predictions; /* the test set's predicted classes, one a line */
+	const char *log;	 /* one CSV row per step; "-": standard output */
+	const char *plot;	 /* the SVG picture of the curves */
 	uint32_t widths[PT_MAX_LAYERS + 1];
 	unsigned layers; /* 0: not given (from --model, or the default) */
 	unsigned stages; /* 0: one per allowed CPU, at most one per layer */
@@ -101,6 +104,30 @@ typedef struct pt_epoch {
 	double samples_per_s, bubble, bubble_predicted, seconds, lr;
 } pt_epoch;
 
+/* One step, as --log writes it and --plot draws it. */
+typedef struct pt_step {
+	uint64_t step; /* updates done at its end */
+	unsigned epoch;
+	double loss, acc;     /* the mini-batch's mean loss and accuracy */
+	double lr, grad_norm; /* the rate of this update; the gradient's global norm before clipping */
+	double samples_per_s, step_ms, bubble, elapsed_s;
+} pt_step;
+
+/* A series of (step, value) points for --plot, kept to at most PT_CURVE_MAX points however long the run:
+ * when full, neighbours are merged in pairs (their mean at the later step) and each point then stands for
+ * twice as many steps. */
+#define PT_CURVE_MAX 2048
+typedef struct pt_curve {
+	double x[PT_CURVE_MAX], y[PT_CURVE_MAX];
+	unsigned n;
+	uint64_t per;	       /* steps per point */
+	uint64_t pend_n;       /* steps in the point being filled */
+	double pend_x, pend_y; /* its last step and its sum */
+} pt_curve;
+
+/* Add one finite value at step x (a non-finite one is left out). */
+void pt_curve_add(pt_curve *c, double x, double y);
+
 typedef struct pt_stage_total {
 	unsigned first, last, thread;
 	bool takes; /* computes the input gradient of layer first - 1 (handed over) */
@@ -114,6 +141,7 @@ typedef struct pt_stage_total {
 typedef struct pt_report {
 	const pt_config *c;
 	unsigned layers, stages, threads, mbs, blas_threads;
+	uint32_t last_mb; /* rows of the step's last micro-batch (mb, unless batch is not a multiple) */
 	uint32_t widths[PT_MAX_LAYERS + 1];
 	uint64_t params, train_rows, val_rows, test_rows, steps_per_epoch;
 	unsigned start_epoch, epochs_total;
@@ -126,13 +154,19 @@ typedef struct pt_report {
 	double final_test_acc;
 	const char *stopped; /* NULL: completed; else why it stopped */
 	const char *blas;
+	const char *blas_warning; /* mbp_blas_warning(): NULL when the kernel fits the CPU */
+	pt_curve *step_loss;	  /* each step's loss, for --plot (NULL without it) */
 } pt_report;
+
+/* The epochs completed when the run ended, those of the checkpoint it resumed included. */
+unsigned pt_epochs_reached(const pt_report *r);
 
 /* Human output goes here: standard output, or standard error when --json or --csv - take standard output. */
 FILE *pt_human(const pt_config *c);
 void pt_progress_init(int mode);
+/* eta_s: the seconds left in the whole run (< 0: not known yet). */
 void pt_progress(unsigned epoch, unsigned epochs, uint64_t done, uint64_t total, double samples_per_s,
-		 double loss);
+		 double loss, double eta_s);
 void pt_progress_end(void);
 void pt_print_header(const pt_report *r);
 void pt_print_epoch(const pt_report *r, const pt_epoch *e);
@@ -140,6 +174,13 @@ void pt_print_summary(const pt_report *r);
 /* @return 0 or -1 (the reason printed). */
 int pt_csv_open(const pt_config *c, FILE **f);
 void pt_csv_row(FILE *f, const pt_epoch *e);
+/* --log: the header line at open, a row per step (written as it ends). @return 0 or -1 (the reason printed). */
+int pt_log_open(const pt_config *c, FILE **f);
+void pt_log_row(FILE *f, const pt_step *s);
+/* --plot: the picture from the report's epochs and step_loss, written to a temporary file in the same
+ * folder and renamed over c->plot (never over anything but a regular file). @return 0, or -1 with the
+ * reason in err. (plot.c) */
+int pt_plot_write(const pt_report *r, char *err, size_t errlen);
 int pt_json_write(const pt_report *r);
 
 #endif
