@@ -464,6 +464,24 @@ static int grow_locked(mbp_pool *p, struct mbp__buf **out)
 	return 0;
 }
 
+int mbp__pool_reserve(mbp_pool *p, uint32_t n)
+{
+	struct depot_mpmc *d = &p->depot;
+	int rc = 0;
+	pthread_mutex_lock(&d->lock);
+	while (rc == 0 && atomic_load_explicit(&d->allocated, memory_order_relaxed) < n &&
+	       atomic_load_explicit(&d->allocated, memory_order_relaxed) < p->max_buffers) {
+		struct mbp__buf *b;
+		if ((rc = grow_locked(p, &b)) == 0) {
+			POOL_ASAN_POISON(b->payload, p->payload_bytes); /* free, as a released one */
+			d->free[d->nfree++] = b; /* BUF_NEW: no poison pattern to check at its first get */
+		}
+	}
+	wake_waiters_locked(p);
+	pthread_mutex_unlock(&d->lock);
+	return rc;
+}
+
 /*
  * Take one buffer from the depot (refilling the cache when there is one), grow, or wait. The caller's cache,
  * if any, is empty.

@@ -10,9 +10,11 @@
  * push never waits: only a pop waits, for an operation earlier in the global order.
  *
  * Buffers. Every output, stash and gradient is a pool buffer (one pool, buffers as wide as the widest row
- * times max_mb_rows), taken from the thread's cache and released into it: nothing is allocated per
- * micro-batch once the pool has grown. Stage 0 reads the caller's input rows in place and the loss reads
- * the caller's target rows in place. Stage s keeps, per micro-batch, its input (stage s-1's output
+ * times max_mb_rows), taken from the thread's cache and released into it. Before the first step of each
+ * micro-batch count M the pool grows to the most the schedule lets the threads hold at once over every
+ * timing (mbp__schedule_buffer_peak), plus what the threads' caches and a remote agent can keep out of the
+ * depot: no step allocates after that, whatever its timing. Stage 0 reads the caller's input rows in place
+ * and the loss reads the caller's target rows in place. Stage s keeps, per micro-batch, its input (stage s-1's output
  * buffer), its stash and its output gradient from the forward until its last backward operation (B, or
  * B_w under ZB-H1), then releases them; the engine checks the stash and the held count against the
  * schedule's figures at every forward.
@@ -36,12 +38,18 @@
 #include <string.h>
 
 #include "affinity.h"
+#include "pool_internal.h"
 #include "ring.h"
 #include "schedule.h"
 #include "train_internal.h"
 #include "wait.h"
 
 enum { TS_NEW, TS_RUNNING, TS_STOPPED };
+
+/* Buffers in each thread's pool cache: the most recently released is the next one taken (still in the
+ * core's cache), and every buffer a cache keeps out of the depot is reserved on top of the schedule's
+ * peak, so a small cache. An operation gets at most two buffers and releases at most three. */
+enum { CACHE_BUFS = 4 };
 
 struct ttrace {
 	uint64_t t0, t1;
@@ -760,18 +768,21 @@ static int setup(struct mbp_trainer *t)
 		if (rc < 0)
 			return rc;
 	}
-	/* Buffers held at once: per stage and held micro-batch an input, a stash and an output gradient,
-	 * plus what travels; 4 per stage and micro-batch bounds it for every schedule. */
+	/* The bound, for any M up to max_mbs: what prepare_schedule() reserves is at most, per stage and
+	 * micro-batch, a stash and the loss's gradient; per link (S + 1 at most, the remote ones included)
+	 * and micro-batch, an output and an input gradient; per thread the buffer its operation fills and its
+	 * cache; and the agent's. */
 	mbp_pool_opts po;
 	mbp_pool_opts_init(&po);
 	po.buf_bytes = (size_t)t->o.max_mb_rows * widest;
-	uint64_t nbuf = 4ull * t->S * t->o.max_mbs + 8ull * t->T + (t->remote ? t->rem.extra_buffers : 0);
+	uint64_t nbuf = (4ull * t->S + 2) * t->o.max_mbs + (CACHE_BUFS + 1ull) * t->T +
+			(t->remote ? t->rem.extra_buffers : 0);
 	if (nbuf > UINT32_MAX || po.buf_bytes / t->o.max_mb_rows != widest)
 		return -EOVERFLOW;
 	po.max_buffers = (uint32_t)nbuf;
 	po.max_bytes =
 	    nbuf * (po.buf_bytes + 256) < ((size_t)1 << 46) ? nbuf * (po.buf_bytes + 256) : ((size_t)1 << 46);
-	po.cache_size = 16;
+	po.cache_size = CACHE_BUFS;
 	int rc = mbp_pool_new(&t->pool, &po);
 	if (rc < 0)
 		return rc;
@@ -858,6 +869,28 @@ int mbp_trainer_start(mbp_trainer *t)
 	return 0;
 }
 
+/* Grow the pool to what a step of this schedule can hold at once, whatever its timing: the threads' peak,
+ * what their caches can keep out of the depot (the pool grows only when a getter finds both its cache and
+ * the depot empty), and the agent's buffers. */
+static int reserve_buffers(struct mbp_trainer *t, const mbp_schedule *sc, const mbp_sched_op *ops,
+			   const size_t *toff)
+{
+	bool stash[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < t->S; s++)
+		stash[s] = t->st[s].stash_w != 0;
+	struct mbp__sched_part part = {t->stage0, t->S, t->T, ops, toff, stash};
+	uint64_t peak;
+	int rc = mbp__schedule_buffer_peak(sc, &part, &peak);
+	if (rc < 0)
+		return rc;
+	uint64_t want = peak + (uint64_t)CACHE_BUFS * t->T + (t->remote ? t->rem.extra_buffers : 0);
+	mbp_pool_stats ps;
+	mbp_pool_stats_get(t->pool, &ps);
+	if (want > ps.max_buffers) /* setup's bound covers every M up to max_mbs, unless bytes cap it */
+		return -ENOBUFS;
+	return mbp__pool_reserve(t->pool, (uint32_t)want);
+}
+
 /* The schedule for M micro-batches, and the threads' lists: built when M changes, kept otherwise. */
 static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 {
@@ -872,7 +905,15 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 		mbp_schedule_destroy(sc);
 		return -ENOMEM;
 	}
-	mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, t->toff);
+	size_t toff[MBP_MAX_STAGES + 1];
+	mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, toff);
+	rc = reserve_buffers(t, sc, ops, toff);
+	if (rc < 0) {
+		mbp_schedule_destroy(sc);
+		free(ops);
+		return rc;
+	}
+	memcpy(t->toff, toff, sizeof(toff));
 	mbp_schedule_destroy(t->sc);
 	free(t->tops);
 	t->sc = sc;

@@ -634,6 +634,46 @@ START_TEST(invalid_arguments_return_documented_errors)
 }
 END_TEST
 
+/* The pool is sized from the schedule when a step of a new micro-batch count M first runs: from then on
+ * no step allocates a buffer, whatever the timing (train.h's promise), under every schedule, stage count
+ * and thread count, and again after M changes. */
+START_TEST(the_pool_never_grows_after_the_first_step_of_a_micro_batch_count)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	float in[64 * N], tg[64 * N];
+	make_data(in, tg, 64, 3);
+	for (size_t k = 0; k < 3; k++)
+		for (unsigned S = 1; S <= 4; S++)
+			for (unsigned T = 1; T <= S; T++) {
+				struct rig r;
+				rig_new(&r, S, kinds[k], T, false);
+				static const uint32_t mb_rows[] = {8, 4}; /* M = 8, then 16 */
+				for (unsigned m = 0; m < 2; m++) {
+					mbp_train_stats first, st;
+					for (unsigned step = 0; step < 20; step++) {
+						/* one slow stage per step lets the others run ahead of it */
+						for (unsigned s = 0; s < S; s++)
+							r.st[s].sleep_us = s == step % S ? 20 : 0;
+						ck_assert_int_eq(
+						    mbp_trainer_step(r.t, in, tg, 64, mb_rows[m], NULL), 0);
+						mbp_trainer_stats_get(r.t, &st, NULL, 0);
+						if (step == 0)
+							first = st;
+						ck_assert_msg(st.pool.grows == first.pool.grows &&
+								  st.pool.allocated == first.pool.allocated,
+							      "%s S=%u T=%u M=%u step %u: grew %llu -> %llu",
+							      mbp_sched_name(kinds[k]), S, T, 64 / mb_rows[m],
+							      step, (unsigned long long)first.pool.allocated,
+							      (unsigned long long)st.pool.allocated);
+						ck_assert_uint_eq(st.pool.waits, 0);
+					}
+				}
+				no_buffer_out(r.t);
+				mbp_trainer_destroy(r.t);
+			}
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("train");
@@ -653,6 +693,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_gradient_wider_than_the_activation_reaches_the_previous_stage_whole);
 	tcase_add_test(tc, a_last_stage_whose_gradient_is_not_its_output_is_refused);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
+	tcase_add_test(tc, the_pool_never_grows_after_the_first_step_of_a_micro_batch_count);
 	suite_add_tcase(s, tc);
 	return s;
 }

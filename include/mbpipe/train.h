@@ -295,7 +295,10 @@ typedef struct mbp_train_stats {
 	double bubble_predicted;       /**< last step: mbp_schedule_simulate's bubble with the measured
 					    mean cost of each stage's operations */
 	double loss;		       /**< last successful step */
-	mbp_pool_stats pool;	       /**< the trainer's buffers (in_use is 0 between steps) */
+	mbp_pool_stats pool;	       /**< the trainer's buffers (in_use is 0 between steps). The first
+					    step of a micro-batch count grows the pool to the most that the
+					    schedule can hold at once (plus the threads' caches): after it, no
+					    step of a count seen before allocates (grows and allocated stay) */
 } mbp_train_stats;
 
 /**
