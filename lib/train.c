@@ -802,6 +802,13 @@ static int setup(struct mbp_trainer *t)
 	return 0;
 }
 
+/* A start refused before anything is set up: -EINVAL, and mbp_trainer_error says why. */
+static int start_refused(struct mbp_trainer *t, int stage, mbp_op_kind op, const char *what)
+{
+	t->err = (mbp_train_error){.err = -EINVAL, .stage = stage, .mb = -1, .op = op, .what = what};
+	return -EINVAL;
+}
+
 int mbp_trainer_start(mbp_trainer *t)
 {
 	if (!t)
@@ -816,20 +823,21 @@ int mbp_trainer_start(mbp_trainer *t)
 	} else if (t->stage0 + t->S > t->Sg) {
 		return -EINVAL;
 	}
+	/* As mbp_schedule_simulate refuses it: a thread without a stage would have nothing to run. */
+	if (t->o.threads > t->S)
+		return start_refused(t, -1, MBP_OP_F,
+				     "threads: more than the stages (each thread runs one stage or more)");
 	if (t->o.schedule == MBP_SCHED_ZBH1)
 		for (unsigned s = 0; s < t->S; s++)
-			if (!t->st[s].split) {
-				t->err = (mbp_train_error){
-				    .err = -EINVAL, .stage = (int)(t->stage0 + s), .mb = -1, .op = MBP_OP_W};
-				return -EINVAL;
-			}
+			if (!t->st[s].split)
+				return start_refused(t, (int)(t->stage0 + s), MBP_OP_W,
+						     "ZB-H1 needs backward_in and backward_w at every stage");
 	/* The loss writes the global last stage's output gradient: rows of its output. */
 	const struct tstage *last = &t->st[t->S - 1];
-	if (t->stage0 + t->S == t->Sg && last->grad_w != last->out_w) {
-		t->err = (mbp_train_error){
-		    .err = -EINVAL, .stage = (int)(t->stage0 + t->S - 1), .mb = -1, .op = MBP_OP_B};
-		return -EINVAL;
-	}
+	if (t->stage0 + t->S == t->Sg && last->grad_w != last->out_w)
+		return start_refused(t, (int)(t->stage0 + t->S - 1), MBP_OP_B,
+				     "the last stage's grad_row_bytes must be its out_row_bytes (the loss "
+				     "writes it)");
 	int rc = setup(t);
 	if (rc < 0) {
 		free_stages(t);

@@ -26,9 +26,23 @@ struct rig {
 	unsigned S;
 };
 
-static void rig_new(struct rig *r, unsigned S, mbp_sched_kind kind, unsigned threads, bool whole)
+/* A trainer of S toy stages under `o`, not started; `edit` (NULL: none) changes stage s's descriptor. */
+static void rig_build(struct rig *r, unsigned S, const mbp_train_opts *o, bool whole,
+		      void (*edit)(mbp_train_stage_desc *d, unsigned s))
 {
 	r->S = S;
+	ck_assert_int_eq(mbp_trainer_new(&r->t, o), 0);
+	for (unsigned s = 0; s < S; s++) {
+		toy_init(&r->st[s], s + 1);
+		mbp_train_stage_desc d = toy_desc(&r->st[s], whole);
+		if (edit)
+			edit(&d, s);
+		ck_assert_int_eq(mbp_trainer_add_stage(r->t, &d), 0);
+	}
+}
+
+static void rig_new(struct rig *r, unsigned S, mbp_sched_kind kind, unsigned threads, bool whole)
+{
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
 			    .target_row_bytes = N * sizeof(float),
 			    .max_mb_rows = 16,
@@ -37,12 +51,7 @@ static void rig_new(struct rig *r, unsigned S, mbp_sched_kind kind, unsigned thr
 			    .threads = threads,
 			    .trace_events = 512,
 			    .loss = mse};
-	ck_assert_int_eq(mbp_trainer_new(&r->t, &o), 0);
-	for (unsigned s = 0; s < S; s++) {
-		toy_init(&r->st[s], s + 1);
-		mbp_train_stage_desc d = toy_desc(&r->st[s], whole);
-		ck_assert_int_eq(mbp_trainer_add_stage(r->t, &d), 0);
-	}
+	rig_build(r, S, &o, whole, NULL);
 	ck_assert_int_eq(mbp_trainer_start(r->t), 0);
 }
 
@@ -159,6 +168,7 @@ static void start_refused_naming(mbp_trainer *t, int stage)
 	ck_assert_int_eq(mbp_trainer_error(t, &e), 0);
 	ck_assert_int_eq(e.err, -EINVAL);
 	ck_assert_int_eq(e.stage, stage);
+	ck_assert_ptr_nonnull(e.what); /* in words */
 }
 
 START_TEST(zbh1_refuses_a_stage_without_split_backward)
@@ -246,15 +256,11 @@ START_TEST(non_finite_loss_fails_the_step_with_edom)
 			    .target_row_bytes = N * sizeof(float),
 			    .threads = 2,
 			    .loss = nan_loss};
-	mbp_trainer *t;
-	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
-	struct toy st[2], before[2];
-	for (unsigned s = 0; s < 2; s++) {
-		toy_init(&st[s], s);
-		mbp_train_stage_desc d = toy_desc(&st[s], false);
-		ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
-	}
-	memcpy(before, st, sizeof(st));
+	struct rig r;
+	rig_build(&r, 2, &o, false, NULL);
+	mbp_trainer *t = r.t;
+	struct toy *st = r.st, before[2];
+	memcpy(before, st, sizeof(before));
 	ck_assert_int_eq(mbp_trainer_start(t), 0);
 	float in[16 * N], tg[16 * N];
 	make_data(in, tg, 16, 0);
@@ -276,20 +282,18 @@ static double nan_grad_sq(void *ctx)
 	return NAN;
 }
 
+static void nan_grad_sq_at_1(mbp_train_stage_desc *d, unsigned s)
+{
+	if (s == 1)
+		d->grad_sq = nan_grad_sq;
+}
+
 START_TEST(non_finite_gradient_norm_fails_the_step_before_any_update)
 {
 	struct rig r;
-	r.S = 3;
 	mbp_train_opts o = {
 	    .in_row_bytes = N * sizeof(float), .target_row_bytes = N * sizeof(float), .loss = mse};
-	ck_assert_int_eq(mbp_trainer_new(&r.t, &o), 0);
-	for (unsigned s = 0; s < 3; s++) {
-		toy_init(&r.st[s], s);
-		mbp_train_stage_desc d = toy_desc(&r.st[s], false);
-		if (s == 1)
-			d.grad_sq = nan_grad_sq;
-		ck_assert_int_eq(mbp_trainer_add_stage(r.t, &d), 0);
-	}
+	rig_build(&r, 3, &o, false, nan_grad_sq_at_1);
 	ck_assert_int_eq(mbp_trainer_start(r.t), 0);
 	struct toy before[3];
 	memcpy(before, r.st, sizeof(before));
@@ -674,6 +678,38 @@ START_TEST(the_pool_never_grows_after_the_first_step_of_a_micro_batch_count)
 }
 END_TEST
 
+/* More threads than stages is refused at start as mbp_schedule_simulate refuses it (no longer started
+ * with fewer threads than asked, silently); as many as the stages starts. */
+START_TEST(more_threads_than_stages_is_refused_as_the_simulator_refuses_it)
+{
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .threads = 8,
+			    .loss = mse};
+	struct rig r;
+	rig_build(&r, 2, &o, false, NULL);
+	start_refused_naming(r.t, -1);
+	mbp_train_error e;
+	mbp_trainer_error(r.t, &e);
+	ck_assert_ptr_nonnull(strstr(e.what, "threads"));
+	mbp_trainer_destroy(r.t);
+
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_1F1B, 2, 4), 0);
+	mbp_op_costs c[2] = {{1, 1, 1}, {1, 1, 1}};
+	mbp_sched_sim sim;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, 8, &sim, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, 2, &sim, NULL), 0);
+	mbp_schedule_destroy(sc);
+
+	rig_new(&r, 2, MBP_SCHED_1F1B, 2, false);
+	mbp_train_stats ts;
+	mbp_trainer_stats_get(r.t, &ts, NULL, 0);
+	ck_assert_uint_eq(ts.threads, 2);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("train");
@@ -693,6 +729,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_gradient_wider_than_the_activation_reaches_the_previous_stage_whole);
 	tcase_add_test(tc, a_last_stage_whose_gradient_is_not_its_output_is_refused);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
+	tcase_add_test(tc, more_threads_than_stages_is_refused_as_the_simulator_refuses_it);
 	tcase_add_test(tc, the_pool_never_grows_after_the_first_step_of_a_micro_batch_count);
 	suite_add_tcase(s, tc);
 	return s;

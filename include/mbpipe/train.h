@@ -202,7 +202,8 @@ typedef struct mbp_train_opts {
 	uint32_t max_mb_rows;	 /**< largest micro-batch; sizes the buffers. 0: 64 */
 	uint32_t max_mbs;	 /**< largest micro-batch count of a step. 0: 64 */
 	mbp_sched_kind schedule; /**< 0: 1F1B */
-	uint32_t threads;	 /**< worker threads; 0: min(stages, allowed CPUs) */
+	uint32_t threads;	 /**< worker threads, at most the stages (mbp_trainer_start refuses more);
+				      0: min(stages, allowed CPUs) */
 	bool pin;		 /**< pin thread t to the t-th allowed CPU (false: the OS places them) */
 	uint64_t spin_ns;	 /**< spin budget of a waiting thread. 0: 20 us (no spin when threads
 				      outnumber the allowed CPUs) */
@@ -227,9 +228,10 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
 
 /**
  * Start the threads and run each stage's init on its thread.
- * @return 0, -EINVAL (no stages; ZB-H1 with a stage that gives no backward_in/backward_w, or a last stage
- *         whose grad_row_bytes is not its out_row_bytes: the error names the stage through
- *         mbp_trainer_error()), -EALREADY, -ENOMEM, the first failing init's error.
+ * @return 0, -EINVAL (no stages; more threads than stages, as mbp_schedule_simulate() refuses them; ZB-H1
+ *         with a stage that gives no backward_in/backward_w, or a last stage whose grad_row_bytes is not
+ *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
+ *         what is wrong in `what`), -EALREADY, -ENOMEM, the first failing init's error.
  */
 int mbp_trainer_start(mbp_trainer *t);
 
@@ -248,15 +250,17 @@ int mbp_trainer_start(mbp_trainer *t);
 int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
 		     double *loss);
 
-/** Where the last failed step failed. */
+/** Where the last failed step (or a refused mbp_trainer_start) failed. */
 typedef struct mbp_train_error {
 	int err;   /**< 0 when the last step succeeded */
-	int stage; /**< -1 when no stage failed (cancel) */
+	int stage; /**< -1 when no stage failed (cancel, an option of the trainer) */
 	int mb;	   /**< -1 when not tied to a micro-batch */
 	mbp_op_kind op;
+	const char *what; /**< NULL (the stage's own error), or a static line saying what is wrong, such as
+			       "threads: more than the stages (each thread runs one stage or more)" */
 } mbp_train_error;
 
-/** The error of the last step, or zeros. @return 0 or -EINVAL. */
+/** The error of the last step (or of a refused start), or zeros. @return 0 or -EINVAL. */
 int mbp_trainer_error(const mbp_trainer *t, mbp_train_error *e);
 
 /**
