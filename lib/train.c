@@ -21,10 +21,13 @@
  *
  * A step. The controlling thread publishes the step and bumps `go`; every thread runs its list; a failed
  * operation (an error from a stage, a non-finite loss, a cancel) records the first error, raises `abort`
- * and wakes every waiter, and each thread stops at its next operation. Then two barriers: after the first,
- * no thread pushes any more, so each thread releases what its stages hold and drains its input rings;
- * then each stage updates (or, after a failure, discards its gradient) on its own thread, using the sum of
- * the stages' squared gradient norms, and after the second the controller returns. Losses are summed in
+ * and wakes every waiter, and each thread stops at its next operation. A thread done with its list runs
+ * its stages' checks and grad_sq (a refusal fails the step the same way). Then two barriers: after the
+ * first, no thread pushes any more, so each thread releases what its stages hold and drains its input
+ * rings; then each stage updates (or, after a failure, discards its gradient) on its own thread, using the
+ * sum of the stages' squared gradient norms, and after the second the controller returns. An update that
+ * refuses all the same (a stage breaking its check's contract) cannot be undone in the others: the trainer
+ * is then broken, and fails that step and every later one with -ENOTRECOVERABLE. Losses are summed in
  * micro-batch order, so a step's loss does not depend on the threads' timing.
  */
 #include "config.h"
@@ -145,6 +148,7 @@ struct mbp_trainer {
 	unsigned stage0, Sg;		    /* global index of st[0]; stages of the whole pipeline */
 	struct mbp__ring *link[MBP__LINKS]; /* the boundary rings (the agent's far ends) */
 	double step_loss, step_norm;	    /* decided at the first barrier */
+	mbp_train_error broken; /* an update refused after its check accepted (err 0: none); under lock */
 };
 
 /* ---- small helpers ---- */
@@ -215,12 +219,12 @@ static void wake_all(struct mbp_trainer *t)
 }
 
 /* Record the step's first error and make every thread stop. */
-static void fail(struct mbp_trainer *t, int err, int stage, int mb, mbp_op_kind op)
+static void fail(struct mbp_trainer *t, int err, int stage, int mb, mbp_op_kind op, const char *what)
 {
 	bool first = false;
 	pthread_mutex_lock(&t->lock);
 	if (t->err.err == 0) {
-		t->err = (mbp_train_error){.err = err, .stage = stage, .mb = mb, .op = op};
+		t->err = (mbp_train_error){.err = err, .stage = stage, .mb = mb, .op = op, .what = what};
 		first = true;
 	}
 	pthread_mutex_unlock(&t->lock);
@@ -473,7 +477,8 @@ static void run_ops(struct mbp_trainer *t, struct tthread *th)
 		th->last_end = t1;
 		if (rc < 0) {
 			if (rc != -ECANCELED || !aborting(t))
-				fail(t, rc, (int)(t->stage0 + st->idx), (int)op->mb, (mbp_op_kind)op->kind);
+				fail(t, rc, (int)(t->stage0 + st->idx), (int)op->mb, (mbp_op_kind)op->kind,
+				     NULL);
 			return;
 		}
 	}
@@ -496,6 +501,11 @@ static void cleanup(struct mbp_trainer *t, struct tthread *th)
 	mbp_pool_cache_flush(th->cache); /* idle until the next step: strand nothing in the cache */
 }
 
+static bool same_error(const mbp_train_error *a, const mbp_train_error *b)
+{
+	return a->err == b->err && a->stage == b->stage && a->mb == b->mb && a->op == b->op;
+}
+
 /* Every thread is past its operations: one decision for all of them (a cancel from now on does not
  * touch this step). */
 static void decide(struct mbp_trainer *t)
@@ -505,8 +515,11 @@ static void decide(struct mbp_trainer *t)
 	for (unsigned s = 0; t->step_ok && s < t->S; s++)
 		if (t->st[s].d.grad_sq && !isfinite(t->st[s].grad_sq)) {
 			pthread_mutex_lock(&t->lock);
-			t->err = (mbp_train_error){
-			    .err = -EDOM, .stage = (int)(t->stage0 + s), .mb = -1, .op = MBP_OP_W};
+			t->err = (mbp_train_error){.err = -EDOM,
+						   .stage = (int)(t->stage0 + s),
+						   .mb = -1,
+						   .op = MBP_OP_UPDATE,
+						   .what = "the stage's grad_sq is not finite"};
 			pthread_mutex_unlock(&t->lock);
 			t->step_ok = false;
 		}
@@ -527,7 +540,10 @@ static void decide(struct mbp_trainer *t)
 		t->step_ok = v.ok;
 		if (!v.ok) {
 			pthread_mutex_lock(&t->lock);
+			/* the words travel no further than this process: keep ours when the error is ours */
+			const char *what = same_error(&v.err, &t->err) ? t->err.what : NULL;
 			t->err = v.err;
+			t->err.what = what;
 			pthread_mutex_unlock(&t->lock);
 		}
 		loss = v.loss;
@@ -539,6 +555,22 @@ static void decide(struct mbp_trainer *t)
 	}
 	t->step_loss = loss;
 	t->step_norm = sqrt(norm);
+}
+
+/* An update refused after the decision (its check accepted, or it has none): the other stages updated.
+ * The step fails, and every later one, naming the first such stage. */
+static void break_trainer(struct mbp_trainer *t, int stage)
+{
+	pthread_mutex_lock(&t->lock);
+	if (t->broken.err == 0)
+		t->broken =
+		    (mbp_train_error){.err = -ENOTRECOVERABLE,
+				      .stage = stage,
+				      .mb = -1,
+				      .op = MBP_OP_UPDATE,
+				      .what = "the stage's update refused after its check accepted: the "
+					      "other stages updated"};
+	pthread_mutex_unlock(&t->lock);
 }
 
 static void run_step(struct mbp_trainer *t, struct tthread *th)
@@ -555,9 +587,17 @@ static void run_step(struct mbp_trainer *t, struct tthread *th)
 		st->trace_n = 0;
 	}
 	run_ops(t, th);
-	if (!aborting(t))
-		for (unsigned s = th->first; s <= th->last; s++)
-			t->st[s].grad_sq = t->st[s].d.grad_sq ? t->st[s].d.grad_sq(t->st[s].d.ctx) : NAN;
+	/* every refusal an update could make, before the decision (the stage's gradient is this thread's) */
+	for (unsigned s = th->first; s <= th->last && !aborting(t); s++) {
+		struct tstage *st = &t->st[s];
+		int rc = st->d.check ? st->d.check(st->d.ctx) : 0;
+		if (rc < 0) {
+			fail(t, rc, (int)(t->stage0 + s), -1, MBP_OP_UPDATE,
+			     "the stage's check refused its update");
+			break;
+		}
+		st->grad_sq = st->d.grad_sq ? st->d.grad_sq(st->d.ctx) : NAN;
+	}
 	barrier_wait(&t->b1, t->T, decide, t);
 	cleanup(t, th);
 	bool ok = t->step_ok;
@@ -565,10 +605,13 @@ static void run_step(struct mbp_trainer *t, struct tthread *th)
 	    .step = t->step_no, .rows = t->rows, .loss = t->step_loss, .grad_norm = t->step_norm};
 	for (unsigned s = th->first; s <= th->last; s++) {
 		struct tstage *st = &t->st[s];
+		int rc = 0;
 		if (ok)
-			st->d.update(st->d.ctx, &u);
+			rc = st->d.update(st->d.ctx, &u);
 		else
 			st->d.discard(st->d.ctx);
+		if (rc < 0)
+			break_trainer(t, (int)(t->stage0 + s));
 	}
 	barrier_wait(&t->b2, t->T, NULL, NULL);
 }
@@ -979,6 +1022,18 @@ static int step_check(const mbp_trainer *t, size_t rows, uint32_t mb_rows)
 
 static int step_run(struct mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
 		    double *loss);
+static int step_fail_early(struct mbp_trainer *t, mbp_train_error e);
+
+/* A broken trainer (train.h: -ENOTRECOVERABLE) runs no more steps: the error it broke with, or 0. */
+static mbp_train_error broken(struct mbp_trainer *t)
+{
+	pthread_mutex_lock(&t->lock);
+	mbp_train_error e = t->broken;
+	if (e.err)
+		t->err = e;
+	pthread_mutex_unlock(&t->lock);
+	return e;
+}
 
 int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
 		     double *loss)
@@ -993,7 +1048,8 @@ int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t
 	if (atomic_load_explicit(&t->cancelled, memory_order_relaxed) ||
 	    atomic_load_explicit(&t->draining, memory_order_relaxed))
 		return -ESHUTDOWN;
-	return step_run(t, in, targets, rows, mb_rows, loss);
+	mbp_train_error e = broken(t);
+	return e.err ? e.err : step_run(t, in, targets, rows, mb_rows, loss);
 }
 
 int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets, size_t rows,
@@ -1002,21 +1058,24 @@ int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets
 	if (!t || !t->remote || (!in && t->stage0 == 0) || (!targets && t->stage0 + t->S == t->Sg))
 		return -EINVAL;
 	int rc = step_check(t, rows, mb_rows);
-	return rc < 0 ? rc : step_run(t, in, targets, rows, mb_rows, loss);
+	if (rc < 0)
+		return rc;
+	mbp_train_error e = broken(t); /* the other parts learn it from this part's vote */
+	return e.err ? step_fail_early(t, e) : step_run(t, in, targets, rows, mb_rows, loss);
 }
 
-/* A part that cannot run its step (its schedule could not be built) still takes part in it: the other
- * parts wait for its vote at their first barrier. It fails the step at once (the remote tells the others)
- * and votes with its error; its workers do not run. What the agent pushed into the incoming rings before
- * agree() closed the step is dropped here (no worker takes it). */
-static int step_fail_early(struct mbp_trainer *t, int rc)
+/* A part that cannot run its step (its schedule could not be built, or it is broken) still takes part in
+ * it: the other parts wait for its vote at their first barrier. It fails the step at once (the remote
+ * tells the others) and votes with its error `e`; its workers do not run. What the agent pushed into the
+ * incoming rings before agree() closed the step is dropped here (no worker takes it). */
+static int step_fail_early(struct mbp_trainer *t, mbp_train_error e)
 {
 	pthread_mutex_lock(&t->lock);
-	t->err = (mbp_train_error){.err = rc, .stage = -1, .mb = -1};
+	t->err = e;
 	pthread_mutex_unlock(&t->lock);
 	t->rem.begin(t->rem.arg);
 	t->rem.failed(t->rem.arg);
-	struct mbp__train_vote v = {.ok = false, .err = {.err = rc, .stage = -1, .mb = -1}};
+	struct mbp__train_vote v = {.ok = false, .err = e};
 	t->rem.agree(t->rem.arg, &v);
 	static const int incoming[] = {MBP__LINK_UP_FWD, MBP__LINK_DOWN_BWD};
 	for (unsigned i = 0; i < MBP_ARRAY_SIZE(incoming); i++) {
@@ -1025,7 +1084,8 @@ static int step_fail_early(struct mbp_trainer *t, int rc)
 			mbp_pool_put(t->pool, NULL, item);
 	}
 	if (v.ok || v.err.err == 0) /* cannot happen: this part voted no */
-		v.err = (mbp_train_error){.err = rc, .stage = -1, .mb = -1};
+		v.err = e;
+	v.err.what = same_error(&v.err, &e) ? e.what : NULL; /* another part's words stayed there */
 	pthread_mutex_lock(&t->lock);
 	t->err = v.err;
 	t->sum.steps_failed++;
@@ -1040,7 +1100,8 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	int rc = t->prepare_err ? t->prepare_err : prepare_schedule(t, (uint32_t)M);
 	t->prepare_err = 0;
 	if (rc < 0)
-		return t->remote ? step_fail_early(t, rc) : rc;
+		return t->remote ? step_fail_early(t, (mbp_train_error){.err = rc, .stage = -1, .mb = -1})
+				 : rc;
 	t->in = in;
 	t->targets = targets;
 	t->rows = rows;
@@ -1071,6 +1132,8 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	for (unsigned i = 0; i < t->T; i++)
 		t_end = t->th[i].last_end > t_end ? t->th[i].last_end : t_end;
 	pthread_mutex_lock(&t->lock);
+	if (t->broken.err && t->err.err == 0) /* an update of this step refused */
+		t->err = t->broken;
 	rc = t->err.err;
 	if (rc == 0 && !t->step_ok)
 		rc = t->err.err = -ECANCELED; /* cancelled before any operation failed */

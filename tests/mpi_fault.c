@@ -69,10 +69,11 @@ static double t_grad_sq(void *ctx)
 	return 0;
 }
 
-static void t_update(void *ctx, const mbp_train_update *u)
+static int t_update(void *ctx, const mbp_train_update *u)
 {
 	(void)ctx;
 	(void)u;
+	return 0;
 }
 
 static void t_discard(void *ctx)

@@ -276,6 +276,18 @@ START_TEST(non_finite_loss_fails_the_step_with_edom)
 }
 END_TEST
 
+/* The last step failed at stage `stage`'s update (its check, grad_sq or update) with `err`, in words. */
+static void failed_at_update(mbp_trainer *t, int err, int stage)
+{
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_trainer_error(t, &e), 0);
+	ck_assert_int_eq(e.err, err);
+	ck_assert_int_eq(e.stage, stage);
+	ck_assert_int_eq(e.mb, -1);
+	ck_assert_int_eq(e.op, MBP_OP_UPDATE);
+	ck_assert_ptr_nonnull(e.what);
+}
+
 static double nan_grad_sq(void *ctx)
 {
 	(void)ctx;
@@ -300,12 +312,82 @@ START_TEST(non_finite_gradient_norm_fails_the_step_before_any_update)
 	float in[16 * N], tg[16 * N];
 	make_data(in, tg, 16, 0);
 	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), -EDOM);
-	mbp_train_error e;
-	mbp_trainer_error(r.t, &e);
-	ck_assert_int_eq(e.stage, 1);
+	failed_at_update(r.t, -EDOM, 1);
 	params_equal(r.st, before, 3);
 	for (unsigned s = 0; s < 3; s++)
 		ck_assert_uint_eq(r.st[s].updates, 0);
+	no_buffer_out(r.t);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
+static void no_grad_sq(mbp_train_stage_desc *d, unsigned s)
+{
+	(void)s;
+	d->grad_sq = NULL;
+}
+
+/* A stage's check refuses (stage 1 of 4, no stage giving grad_sq): under every schedule and thread count
+ * the step fails naming stage 1 and no stage's parameters change; the next step runs normally, its norm
+ * unknown (NaN) without grad_sq. */
+START_TEST(a_refusing_check_fails_the_step_before_any_stage_updates)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	float in[24 * N], tg[24 * N];
+	for (size_t k = 0; k < 3; k++)
+		for (unsigned T = 1; T <= 4; T *= 2) {
+			mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+					    .target_row_bytes = N * sizeof(float),
+					    .schedule = kinds[k],
+					    .threads = T,
+					    .loss = mse};
+			struct rig r;
+			rig_build(&r, 4, &o, false, no_grad_sq);
+			ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+			struct toy before[4], ref[4];
+			memcpy(before, r.st, sizeof(before));
+			memcpy(ref, r.st, sizeof(ref));
+			r.st[1].fail_kind = TOY_FAIL_CHECK;
+			make_data(in, tg, 24, 0);
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 24, 4, NULL), -EIO);
+			failed_at_update(r.t, -EIO, 1);
+			params_equal(r.st, before, 4);
+			for (unsigned s = 0; s < 4; s++) {
+				ck_assert_uint_eq(r.st[s].updates, 0);
+				ck_assert_uint_eq(r.st[s].discards, 1);
+			}
+			no_buffer_out(r.t);
+			r.st[1].fail_kind = -1;
+			make_data(in, tg, 24, 1);
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 24, 4, NULL), 0);
+			reference_step(ref, 4, in, tg, 24, 4);
+			params_equal(r.st, ref, 4);
+			ck_assert(isnan(r.st[0].last_norm)); /* unknown: no stage gives grad_sq */
+			mbp_trainer_destroy(r.t);
+		}
+}
+END_TEST
+
+/* An update that refuses after its check accepted (a broken contract) is reported, not silent: the step
+ * fails with -ENOTRECOVERABLE naming the stage, and so does every later step, which runs nothing. */
+START_TEST(an_update_that_refuses_after_its_check_breaks_the_trainer_and_says_so)
+{
+	struct rig r;
+	rig_new(&r, 3, MBP_SCHED_1F1B, 2, false);
+	r.st[2].fail_kind = TOY_FAIL_UPDATE;
+	float in[16 * N], tg[16 * N];
+	make_data(in, tg, 16, 0);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), -ENOTRECOVERABLE);
+	failed_at_update(r.t, -ENOTRECOVERABLE, 2);
+	r.st[2].fail_kind = -1;
+	unsigned ops = atomic_load(&r.st[0].ops);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), -ENOTRECOVERABLE);
+	failed_at_update(r.t, -ENOTRECOVERABLE, 2);
+	ck_assert_uint_eq(atomic_load(&r.st[0].ops), ops);
+	mbp_train_stats st;
+	mbp_trainer_stats_get(r.t, &st, NULL, 0);
+	ck_assert_uint_eq(st.steps, 0);
+	ck_assert_uint_eq(st.steps_failed, 1);
 	no_buffer_out(r.t);
 	mbp_trainer_destroy(r.t);
 }
@@ -722,6 +804,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, injected_failure_at_any_operation_leaves_every_parameter_unchanged);
 	tcase_add_test(tc, non_finite_loss_fails_the_step_with_edom);
 	tcase_add_test(tc, non_finite_gradient_norm_fails_the_step_before_any_update);
+	tcase_add_test(tc, a_refusing_check_fails_the_step_before_any_stage_updates);
+	tcase_add_test(tc, an_update_that_refuses_after_its_check_breaks_the_trainer_and_says_so);
 	tcase_add_test(tc, cancel_mid_step_fails_it_with_nothing_updated_and_refuses_later_steps);
 	tcase_add_test(tc, drain_mid_step_lets_it_finish_then_refuses_later_steps);
 	tcase_add_test(tc, trace_shows_forward_backward_and_weight_operations_as_distinct_events);

@@ -10,8 +10,18 @@
  * function B, or two: B_in (input gradient only) and B_w (weight gradient only), which lets a schedule put
  * the weight gradients where a stage would otherwise wait. The last stage turns its output and the
  * micro-batch's targets into a loss and the gradient that starts the backward. When every backward of the
- * step is done on every stage (the flush), each stage applies its update to its own parameters. A step is
- * all or nothing: if any operation fails, no stage updates.
+ * step is done on every stage (the flush), each stage applies its update to its own parameters.
+ *
+ * A step is all or nothing: one that returns 0 has updated every stage, one that fails has updated none.
+ * The stages update at once, each on its own thread, so one stage's refusal could not be undone in the
+ * others: every refusal comes before the decision instead. After its last operation of the step each
+ * stage's thread runs its check (may the update apply?) and its grad_sq; the trainer (across ranks: every
+ * rank, in the same vote that a failed operation takes part in) updates only if every operation, every
+ * check and every grad_sq (finite) agreed, and discards every stage's gradient otherwise. A stage whose
+ * update can refuse (a non-finite gradient, say) gives a check with the same refusals (the MLP stages:
+ * mbp_mlp_stage_update_check). `update` returns an int so that a stage that breaks this contract is
+ * reported, never silent: its refusal fails the step with -ENOTRECOVERABLE (the other stages have
+ * updated), and every later step too.
  *
  * Schedules: the order of each stage's operations, computed once per (schedule, S, M):
  *   GPipe  all M forwards, then all M backwards. Stash peak of a stage: M micro-batches.
@@ -58,10 +68,12 @@ typedef enum mbp_sched_kind {
 } mbp_sched_kind;
 
 typedef enum mbp_op_kind {
-	MBP_OP_F = 0,	/**< forward */
-	MBP_OP_B = 1,	/**< whole backward (input and weight gradients), or B_in + B_w back to back */
-	MBP_OP_BIN = 2, /**< input gradient only (ZB-H1) */
-	MBP_OP_W = 3,	/**< weight gradient only (ZB-H1) */
+	MBP_OP_F = 0,	   /**< forward */
+	MBP_OP_B = 1,	   /**< whole backward (input and weight gradients), or B_in + B_w back to back */
+	MBP_OP_BIN = 2,	   /**< input gradient only (ZB-H1) */
+	MBP_OP_W = 3,	   /**< weight gradient only (ZB-H1) */
+	MBP_OP_UPDATE = 4, /**< not in a schedule: the step's update (a stage's check, grad_sq or update), as
+			        mbp_train_error.op */
 } mbp_op_kind;
 
 typedef struct mbp_sched_op {
@@ -156,10 +168,13 @@ typedef int (*mbp_train_op_fn)(void *ctx, const mbp_train_io *io);
 
 /** What every stage's update is told at the flush of a successful step. */
 typedef struct mbp_train_update {
-	uint64_t step;	  /**< step number, counting from 0 */
-	uint64_t rows;	  /**< N */
-	double loss;	  /**< summed loss of the step (the loss function's values added in order) */
-	double grad_norm; /**< sqrt of the sum over stages of grad_sq; NaN if a stage has no grad_sq */
+	uint64_t step; /**< step number, counting from 0 */
+	uint64_t rows; /**< N */
+	double loss;   /**< summed loss of the step (the loss function's values added in order) */
+	/** sqrt of the sum over the stages (of every rank) of grad_sq, added in stage order; NaN when a
+	 * stage gives no grad_sq: the norm is then unknown. Never NaN for a non-finite gradient (a grad_sq
+	 * that is not finite fails the step), so a stage that clips by it must not leave grad_sq out. */
+	double grad_norm;
 } mbp_train_update;
 
 typedef struct mbp_train_stage_desc {
@@ -176,10 +191,19 @@ typedef struct mbp_train_stage_desc {
 	mbp_train_op_fn backward; /**< whole backward; or give backward_in and backward_w (or all three) */
 	mbp_train_op_fn backward_in;
 	mbp_train_op_fn backward_w;
-	/** Squared norm of the gradient accumulated so far (for clipping by global norm). Optional. */
+	/** Squared norm of the gradient accumulated so far (for clipping by global norm). Optional (see
+	 * mbp_train_update.grad_norm); a value that is not finite fails the step (-EDOM, op MBP_OP_UPDATE)
+	 * before any stage updates. Runs on the stage's thread after its check. */
 	double (*grad_sq)(void *ctx);
-	/** Apply the accumulated gradient to the parameters and clear it. Required. */
-	void (*update)(void *ctx, const mbp_train_update *u);
+	/** Would update refuse this step's gradient? 0 (it will apply it), or a negative errno, such as
+	 * -EDOM for a non-finite gradient, that fails the step before any stage updates: mbp_trainer_error
+	 * names this stage, op MBP_OP_UPDATE, mb -1. Runs on the stage's thread after its last operation of
+	 * the step. Optional: required in effect of a stage whose update can refuse (see above). */
+	int (*check)(void *ctx);
+	/** Apply the accumulated gradient to the parameters and clear it. Required. Returns 0; anything
+	 * else breaks the contract above (check said it would apply): the step fails with
+	 * -ENOTRECOVERABLE naming this stage, and so does every later step. */
+	int (*update)(void *ctx, const mbp_train_update *u);
 	/** Clear the accumulated gradient without applying it (a failed step). Required. */
 	void (*discard)(void *ctx);
 	int (*init)(void *ctx, unsigned stage); /**< optional, on the stage's thread at start */
@@ -243,8 +267,10 @@ int mbp_trainer_start(mbp_trainer *t);
  * @param loss if not NULL, receives the summed loss of the step
  * @return 0; -EINVAL (NULL, rows 0, mb_rows 0); -E2BIG (mb_rows above max_mb_rows, or more micro-batches
  *         than max_mbs); -ENOTCONN (not started); -ESHUTDOWN (cancelled or drained); -ECANCELED (cancelled during the
- *         step); -EDOM (non-finite loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); or
- *         the error a stage returned.
+ *         step); -EDOM (non-finite loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); the
+ *         error a stage's operation or check returned (then no stage updated); -ENOTRECOVERABLE (a
+ *         stage's update refused after its check accepted, or this happened at an earlier step: the
+ *         stages' parameters are no longer those of one step, and the trainer runs no more steps).
  *         mbp_trainer_error() says which stage, operation and micro-batch failed.
  */
 int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,

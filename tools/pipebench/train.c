@@ -93,10 +93,11 @@ static int tr_bw(void *ctx, const mbp_train_io *io)
 	return 0;
 }
 
-static void tr_update(void *ctx, const mbp_train_update *u)
+static int tr_update(void *ctx, const mbp_train_update *u)
 {
 	(void)ctx;
 	(void)u;
+	return 0;
 }
 
 static void tr_discard(void *ctx)
