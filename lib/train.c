@@ -621,7 +621,7 @@ static void *worker(void *arg)
 	struct tthread *th = arg;
 	struct mbp_trainer *t = th->t;
 	int err = 0;
-	if (t->o.pin && th->cpu >= 0) {
+	if (t->o.pinning == MBP_PIN_PLAN && th->cpu >= 0) {
 		th->pin_error = mbp__pin_self(th->cpu);
 		if (th->pin_error)
 			th->cpu = -1;
@@ -681,7 +681,7 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	*tp = NULL;
 	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 ||
 	    o->target_row_bytes > UINT32_MAX || !o->loss || o->max_mbs > MBP_TRAIN_MAX_MBS ||
-	    (unsigned)o->schedule > MBP_SCHED_ZBH1)
+	    (unsigned)o->schedule > MBP_SCHED_ZBH1 || (unsigned)o->pinning > MBP_PIN_NONE)
 		return -EINVAL;
 	struct mbp_trainer *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -765,7 +765,7 @@ static int setup(struct mbp_trainer *t)
 	t->T = t->o.threads ? t->o.threads : (t->S < navail ? t->S : navail);
 	if (t->T > t->S)
 		t->T = t->S;
-	t->wopts.spin_ns = t->o.spin_ns ? t->o.spin_ns : MBP__SPIN_NS_DEFAULT;
+	t->wopts.spin_ns = mbp__wait_budget(t->o.spin_ns, MBP__SPIN_NS_DEFAULT);
 	t->wopts.yield_ns = MBP__YIELD_NS_DEFAULT;
 	t->wopts.no_spin = t->T > (unsigned)ncpu;
 	size_t widest = t->o.in_row_bytes;
@@ -834,7 +834,7 @@ static int setup(struct mbp_trainer *t)
 		w->t = t;
 		w->idx = th;
 		w->first = UINT32_MAX;
-		w->cpu = t->o.pin ? cpus[th % navail] : -1;
+		w->cpu = t->o.pinning == MBP_PIN_PLAN ? cpus[th % navail] : -1;
 	}
 	for (unsigned s = 0; s < t->S; s++) {
 		struct tthread *w = &t->th[t->st[s].thread];
@@ -1330,6 +1330,11 @@ bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb)
 unsigned mbp__trainer_link_count(mbp_trainer *t, int link)
 {
 	return t->link[link] ? mbp__ring_count(t->link[link]) : 0;
+}
+
+uint64_t mbp__trainer_spin_ns(const mbp_trainer *t)
+{
+	return t->wopts.no_spin ? 0 : t->wopts.spin_ns;
 }
 
 void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err)

@@ -17,6 +17,8 @@
 #include <mbpipe.h>
 
 #include "check_main.h"
+#include "pipeline_internal.h"
+#include "train_internal.h"
 
 #include "train_toy.h"
 
@@ -792,6 +794,64 @@ START_TEST(more_threads_than_stages_is_refused_as_the_simulator_refuses_it)
 }
 END_TEST
 
+static int copy_rows(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	(void)ctx;
+	memcpy(out->data, in->data, (size_t)in->rows * in->row_bytes);
+	return 0;
+}
+
+/* A zeroed mbp_train_opts with its required fields set runs steps on every default, and the trainer
+ * defaults as the pipeline does: pinned per the placement plan (mbp_pipeline_placement, the trainer's
+ * stage figures), the same spin budget; MBP_PIN_NONE and MBP_SPIN_NONE mean the same in both too. */
+START_TEST(a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does)
+{
+	for (int none = 0; none < 2; none++) {
+		mbp_opts po = {.in_row_bytes = N * sizeof(float)};
+		mbp_train_opts o = {
+		    .in_row_bytes = N * sizeof(float), .target_row_bytes = N * sizeof(float), .loss = mse};
+		if (none) {
+			po.pinning = o.pinning = MBP_PIN_NONE;
+			po.spin_ns = o.spin_ns = MBP_SPIN_NONE;
+		}
+		mbp_pipeline *p;
+		ck_assert_int_eq(mbp_pipeline_new(&p, &po), 0);
+		for (unsigned s = 0; s < 2; s++) {
+			mbp_stage_desc d = {.fn = copy_rows};
+			ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+		}
+		ck_assert_int_eq(mbp_pipeline_start(p), 0);
+		mbp_placement pl[2];
+		ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
+		uint64_t pipeline_spin = p->wopts.no_spin ? 0 : p->wopts.spin_ns;
+		bool oversubscribed = p->wopts.no_spin; /* more threads than CPUs: no spin in either */
+		ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+		mbp_pipeline_destroy(p);
+
+		struct rig r;
+		rig_build(&r, 2, &o, false, NULL);
+		ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+		float in[16 * N], tg[16 * N];
+		make_data(in, tg, 16, 0);
+		for (unsigned step = 0; step < 2; step++)
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), 0);
+		mbp_train_stage_stats ss[2];
+		ck_assert_int_eq(mbp_trainer_stats_get(r.t, NULL, ss, 2), 2);
+		for (unsigned s = 0; s < 2; s++) {
+			ck_assert_msg((ss[s].cpu >= 0) == !none, "trainer stage %u on cpu %d", s, ss[s].cpu);
+			ck_assert_msg((pl[s].cpu >= 0) == !none, "pipeline stage %u on cpu %d", s, pl[s].cpu);
+		}
+		ck_assert_uint_eq(mbp__trainer_spin_ns(r.t), pipeline_spin);
+		ck_assert_uint_eq(pipeline_spin, none || oversubscribed ? 0 : MBP__SPIN_NS_DEFAULT);
+		mbp_trainer_destroy(r.t);
+	}
+	mbp_train_opts bad = {
+	    .in_row_bytes = 4, .target_row_bytes = 4, .pinning = (mbp_pin_mode)2, .loss = mse};
+	mbp_trainer *t;
+	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("train");
@@ -814,6 +874,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_last_stage_whose_gradient_is_not_its_output_is_refused);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	tcase_add_test(tc, more_threads_than_stages_is_refused_as_the_simulator_refuses_it);
+	tcase_add_test(tc, a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does);
 	tcase_add_test(tc, the_pool_never_grows_after_the_first_step_of_a_micro_batch_count);
 	suite_add_tcase(s, tc);
 	return s;

@@ -219,7 +219,7 @@ typedef int (*mbp_loss_fn)(void *arg, const mbp_train_io *io, double *loss);
 
 typedef struct mbp_trainer mbp_trainer;
 
-/** A zeroed struct is the defaults. */
+/** A zeroed struct with the required fields set is complete: every other field's 0 is its default. */
 typedef struct mbp_train_opts {
 	size_t in_row_bytes;	 /**< width of an input row of stage 0 (required, > 0) */
 	size_t target_row_bytes; /**< width of a target row (required, > 0, at most UINT32_MAX) */
@@ -228,9 +228,10 @@ typedef struct mbp_train_opts {
 	mbp_sched_kind schedule; /**< 0: 1F1B */
 	uint32_t threads;	 /**< worker threads, at most the stages (mbp_trainer_start refuses more);
 				      0: min(stages, allowed CPUs) */
-	bool pin;		 /**< pin thread t to the t-th allowed CPU (false: the OS places them) */
-	uint64_t spin_ns;	 /**< spin budget of a waiting thread. 0: 20 us (no spin when threads
-				      outnumber the allowed CPUs) */
+	mbp_pin_mode pinning;	 /**< 0: MBP_PIN_PLAN, thread t pinned to the t-th allowed CPU (the
+				      pipeline's default too); MBP_PIN_NONE: the OS places them */
+	uint64_t spin_ns;	 /**< spin budget of a waiting thread. 0: 20 us, as the pipeline's;
+				      MBP_SPIN_NONE: none (and none when threads outnumber the CPUs) */
 	uint32_t trace_events;	 /**< operations kept per stage for the Chrome trace; 0: tracing off */
 	mbp_loss_fn loss;	 /**< required */
 	void *loss_arg;
@@ -238,8 +239,8 @@ typedef struct mbp_train_opts {
 
 /**
  * Create a trainer with no stages. The options are copied. Pair with mbp_trainer_destroy().
- * @return 0, -EINVAL (NULL, zero widths, no loss, an unknown schedule, max_mbs above MBP_TRAIN_MAX_MBS),
- *         -ENOMEM.
+ * @return 0, -EINVAL (NULL, zero widths, no loss, an unknown schedule or pinning, max_mbs above
+ *         MBP_TRAIN_MAX_MBS), -ENOMEM.
  */
 int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o);
 
