@@ -14,6 +14,9 @@
  *  - Thread safety: nothing is thread-safe unless its header says so; the multi-party objects (pipeline
  *    submission, pool depot) carry a table of what may run concurrently.
  *  - Time: timeouts are int64_t nanoseconds; 0 means "do not wait", negative means "wait without limit".
+ *  - Options: every options struct (mbp_opts, mbp_train_opts, mbp_pool_opts, ...) is complete when zeroed
+ *    apart from the fields its header marks required: a field's 0 is its documented default, and "none"
+ *    where 0 is not none has its own name (MBP_SPIN_NONE).
  */
 #ifndef MBPIPE_H
 #define MBPIPE_H

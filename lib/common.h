@@ -25,6 +25,13 @@
 #define MBP_ARRAY_SIZE(a)		     (sizeof(a) / sizeof((a)[0]))
 #define mbp__container_of(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
+/* An options struct's field that is 0 takes the default's value (`d` filled by the struct's _init). */
+#define MBP__DEFAULT(o, d, field) ((o)->field = (o)->field ? (o)->field : (d)->field)
+
+/* Replace every 0 of `o` that means a default (mbp_opts) by that default (lib/opts.c). */
+struct mbp_opts;
+void mbp__opts_fill(struct mbp_opts *o);
+
 void mbp__verify_failed(const char *expr, const char *file, int line, const char *func)
     __attribute__((noreturn));
 

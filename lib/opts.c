@@ -1,6 +1,10 @@
 /*
  * Pipeline options: defaults and the `key=value,...` form (like jemalloc's MALLOC_CONF), so tests, tools
  * and benchmarks can set them from an environment variable.
+ *
+ * Two readings of a 0, each the natural one where it is written: in the struct a field's 0 is its default
+ * (a zeroed struct is complete once in_row_bytes is set), so a rule accepts it; in the string a value
+ * means what it says, so spin_us=0 is no spin (MBP_SPIN_NONE) and ring=0 is refused, not the default.
  */
 #include "config.h"
 
@@ -25,7 +29,21 @@ void mbp_opts_init(mbp_opts *o)
 	o->cache_size = 32; /* perf/results/pipeline.md: 2-5% faster than 8 at W <= 1 us */
 	o->spin_ns = MBP__SPIN_NS_DEFAULT;
 	o->yield_ns = MBP__YIELD_NS_DEFAULT;
-	o->pin = true;
+	o->pinning = MBP_PIN_PLAN;
+}
+
+void mbp__opts_fill(mbp_opts *o)
+{
+	mbp_opts d;
+	mbp_opts_init(&d);
+	MBP__DEFAULT(o, &d, max_mb_rows);
+	MBP__DEFAULT(o, &d, ring_capacity);
+	MBP__DEFAULT(o, &d, ingress_depth);
+	MBP__DEFAULT(o, &d, mb_buffers);
+	MBP__DEFAULT(o, &d, pool_bytes);
+	MBP__DEFAULT(o, &d, cache_size);
+	MBP__DEFAULT(o, &d, spin_ns);
+	MBP__DEFAULT(o, &d, yield_ns);
 }
 
 /* ---- rules: one per key, shared by mbp_opts_parse (as each key is set), mbp_opts_check and
@@ -35,36 +53,22 @@ struct rule {
 	const char *key;
 	const char *text; /* "key: the rule", one line */
 	bool (*ok)(const mbp_opts *o);
+	bool zero_is_default; /* a 0 in the struct is the default (ok() passes it); the string refuses it */
 };
 
 static bool ok_row_bytes(const mbp_opts *o)
 {
 	return o->in_row_bytes > 0 && o->in_row_bytes <= UINT32_MAX;
 }
-static bool ok_max_mb_rows(const mbp_opts *o)
-{
-	return o->max_mb_rows > 0;
-}
 static bool ok_ring(const mbp_opts *o)
 {
-	return o->ring_capacity >= 2 && o->ring_capacity <= MBP__RING_MAX_CAPACITY &&
-	       mbp__is_pow2(o->ring_capacity);
+	return o->ring_capacity == 0 ||
+	       (o->ring_capacity >= 2 && o->ring_capacity <= MBP__RING_MAX_CAPACITY &&
+		mbp__is_pow2(o->ring_capacity));
 }
-static bool ok_ingress(const mbp_opts *o)
+static bool ok_pin(const mbp_opts *o)
 {
-	return o->ingress_depth > 0;
-}
-static bool ok_mb_buffers(const mbp_opts *o)
-{
-	return o->mb_buffers > 0;
-}
-static bool ok_pool(const mbp_opts *o)
-{
-	return o->pool_bytes > 0;
-}
-static bool ok_cache(const mbp_opts *o)
-{
-	return o->cache_size > 0;
+	return o->pinning == MBP_PIN_PLAN || o->pinning == MBP_PIN_NONE;
 }
 static bool ok_cpus(const mbp_opts *o)
 {
@@ -84,20 +88,21 @@ static bool ok_any(const mbp_opts *o)
 #define STR_(x) #x
 #define STR(x)	STR_(x)
 static const struct rule rules[] = {
-    {"row_bytes", "row_bytes: the input row width in bytes, 1 to 4294967295 (required)", ok_row_bytes},
-    {"max_mb_rows", "max_mb_rows: rows of the largest micro-batch, 1 to 4294967295", ok_max_mb_rows},
-    {"ring", "ring: slots per hop, a power of two from 2 to 1073741824", ok_ring},
-    {"ingress", "ingress: entries waiting for stage 0, 1 to 4294967295", ok_ingress},
-    {"mb_buffers", "mb_buffers: buffers for mbp_mb_acquire(), 1 to 4294967295", ok_mb_buffers},
-    {"pool_mb", "pool_mb: bound of each pool in MiB, 1 to 4294967295", ok_pool},
-    {"cache", "cache: buffers in each worker's cache, 1 to 4294967295", ok_cache},
-    {"spin_us", "spin_us: microseconds, 0 to 4294967295", ok_any},
-    {"yield_us", "yield_us: microseconds, 0 to 4294967295", ok_any},
-    {"pin", "pin: 0 or 1", ok_any},
-    {"threads", "threads: worker threads, 0 (the default plan) to 4294967295", ok_any},
+    {"row_bytes", "row_bytes: the input row width in bytes, 1 to 4294967295 (required)", ok_row_bytes, false},
+    {"max_mb_rows", "max_mb_rows: rows of the largest micro-batch, 1 to 4294967295", ok_any, true},
+    {"ring", "ring: slots per hop, a power of two from 2 to 1073741824", ok_ring, true},
+    {"ingress", "ingress: entries waiting for stage 0, 1 to 4294967295", ok_any, true},
+    {"mb_buffers", "mb_buffers: buffers for mbp_mb_acquire(), 1 to 4294967295", ok_any, true},
+    {"pool_mb", "pool_mb: bound of each pool in MiB, 1 to 4294967295", ok_any, true},
+    {"cache", "cache: buffers in each worker's cache, 1 to 4294967295", ok_any, true},
+    {"spin_us", "spin_us: microseconds, 0 (no spin) to 4294967295", ok_any, false},
+    {"yield_us", "yield_us: microseconds, 0 (no yield) to 4294967295", ok_any, false},
+    {"pin", "pin: 0 (the OS places the threads) or 1 (pinned per the placement plan, the default)", ok_pin,
+     false},
+    {"threads", "threads: worker threads, 0 (the default plan) to 4294967295", ok_any, false},
     {"cpus", "cpus: CPU numbers below " STR(CPU_SETSIZE) " as 0-3 or 0+2+5, at most " STR(MBP_MAX_CPUS),
-     ok_cpus},
-    {"trace", "trace: events kept per stage, 0 (off) to 4294967295", ok_any},
+     ok_cpus, false},
+    {"trace", "trace: events kept per stage, 0 (off) to 4294967295", ok_any, false},
 };
 #define NRULES (sizeof(rules) / sizeof(rules[0]))
 
@@ -227,11 +232,11 @@ int mbp_opts_parse(mbp_opts *o, const char *conf, size_t *errpos)
 			else if (KEY("cache"))
 				o->cache_size = (uint32_t)x;
 			else if (KEY("spin_us"))
-				o->spin_ns = x * 1000;
+				o->spin_ns = x ? x * 1000 : MBP_SPIN_NONE;
 			else if (KEY("yield_us"))
-				o->yield_ns = x * 1000;
+				o->yield_ns = x ? x * 1000 : MBP_YIELD_NONE;
 			else if (KEY("pin") && x <= 1)
-				o->pin = x != 0;
+				o->pinning = x ? MBP_PIN_PLAN : MBP_PIN_NONE;
 			else if (KEY("threads"))
 				o->threads = (uint32_t)x;
 			else if (KEY("trace"))
@@ -241,7 +246,7 @@ int mbp_opts_parse(mbp_opts *o, const char *conf, size_t *errpos)
 #undef KEY
 			/* the key's rule, where the value is given rather than at mbp_pipeline_new */
 			const struct rule *r = rule_of(p, klen);
-			if (rc == 0 && (!r || !r->ok(o)))
+			if (rc == 0 && (!r || !r->ok(o) || (r->zero_is_default && x == 0)))
 				rc = -EINVAL;
 		}
 		if (rc) {

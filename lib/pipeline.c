@@ -35,10 +35,11 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 		return -ENOMEM;
 	memset(p, 0, sizeof(*p));
 	p->o = *o;
+	mbp__opts_fill(&p->o); /* a field's 0 is its default */
 	atomic_init(&p->state, ST_NEW);
 	pthread_mutex_init(&p->start_lock, NULL);
 	pthread_cond_init(&p->start_cond, NULL);
-	mbp__ingress_init(&p->ingress, o->ingress_depth);
+	mbp__ingress_init(&p->ingress, p->o.ingress_depth);
 	*pp = p;
 	return 0;
 }
@@ -80,7 +81,7 @@ static int plan_placement(struct mbp_pipeline *p)
 		named[i] = p->stages[i].named_cpu;
 	struct mbp__placement_req rq = {.nstages = S,
 					.threads = p->o.threads,
-					.pin = p->o.pin,
+					.pin = p->o.pinning == MBP_PIN_PLAN,
 					.named = named,
 					.ncpus = p->o.ncpus,
 					.cpus = p->o.cpus};
@@ -101,8 +102,9 @@ static int plan_placement(struct mbp_pipeline *p)
 		s->group_last = i + 1 == S || s[1].leads ? i : s[1].group_last;
 	}
 	/* Threads that want to run outnumber the CPUs: spinning only burns the slice the peer needs. */
-	p->wopts = (struct mbp__wait_opts){
-	    .spin_ns = p->o.spin_ns, .yield_ns = p->o.yield_ns, .no_spin = pl.oversubscribed};
+	p->wopts = (struct mbp__wait_opts){.spin_ns = mbp__wait_budget(p->o.spin_ns, MBP__SPIN_NS_DEFAULT),
+					   .yield_ns = mbp__wait_budget(p->o.yield_ns, MBP__YIELD_NS_DEFAULT),
+					   .no_spin = pl.oversubscribed};
 	return 0;
 }
 

@@ -155,13 +155,22 @@ static void payload_free(mbp_pool *p, void *ptr)
 #endif
 }
 
-int mbp_pool_new(mbp_pool **pp, const mbp_pool_opts *o)
+int mbp_pool_new(mbp_pool **pp, const mbp_pool_opts *opts)
 {
 	if (!pp)
 		return -EINVAL;
 	*pp = NULL;
-	if (!o || o->buf_bytes == 0 || o->align < 64 || !mbp__is_pow2(o->align) || o->max_buffers == 0 ||
-	    o->cache_size == 0)
+	if (!opts)
+		return -EINVAL;
+	/* a field's 0 is its default */
+	mbp_pool_opts d, filled = *opts;
+	mbp_pool_opts *o = &filled;
+	mbp_pool_opts_init(&d);
+	MBP__DEFAULT(o, &d, align);
+	MBP__DEFAULT(o, &d, max_buffers);
+	MBP__DEFAULT(o, &d, max_bytes);
+	MBP__DEFAULT(o, &d, cache_size);
+	if (o->buf_bytes == 0 || o->align < 64 || !mbp__is_pow2(o->align))
 		return -EINVAL;
 	bool huge = o->huge_pages && o->buf_bytes >= HUGE_PAGE;
 	size_t align = huge && o->align < HUGE_PAGE ? HUGE_PAGE : o->align;
@@ -462,6 +471,24 @@ static int grow_locked(mbp_pool *p, struct mbp__buf **out)
 	mbp__counter_add(&d->grows, 1);
 	*out = b;
 	return 0;
+}
+
+int mbp__pool_reserve(mbp_pool *p, uint32_t n)
+{
+	struct depot_mpmc *d = &p->depot;
+	int rc = 0;
+	pthread_mutex_lock(&d->lock);
+	while (rc == 0 && atomic_load_explicit(&d->allocated, memory_order_relaxed) < n &&
+	       atomic_load_explicit(&d->allocated, memory_order_relaxed) < p->max_buffers) {
+		struct mbp__buf *b;
+		if ((rc = grow_locked(p, &b)) == 0) {
+			POOL_ASAN_POISON(b->payload, p->payload_bytes); /* free, as a released one */
+			d->free[d->nfree++] = b; /* BUF_NEW: no poison pattern to check at its first get */
+		}
+	}
+	wake_waiters_locked(p);
+	pthread_mutex_unlock(&d->lock);
+	return rc;
 }
 
 /*

@@ -54,4 +54,12 @@ void mbp__pool_trust(struct mbp_pool *p);
 int mbp__pool_lend(struct mbp_pool *p, mbp_mb *mb);
 void mbp__pool_unlend(mbp_mb *mb);
 
+/*
+ * Grow the pool now until it has allocated `n` buffers (at most its bound), each new one free in the depot:
+ * for an owner that knows the most it will hold at once (the trainer, from its schedule), so that no get
+ * allocates later, whatever the timing. Counted in grows and allocated, not in gets. 0, -ENOMEM (what was
+ * allocated before the failure stays).
+ */
+int mbp__pool_reserve(struct mbp_pool *p, uint32_t n);
+
 #endif

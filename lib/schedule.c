@@ -20,6 +20,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -432,4 +433,157 @@ int mbp_sched_parse(const char *name, mbp_sched_kind *kind)
 			return 0;
 		}
 	return -EINVAL;
+}
+
+/* ---- the buffers a part holds at most (the trainer's pool size) ----
+ *
+ * A state of a step is where each thread is in its list: position 2k once its first k operations have
+ * ended, 2k + 1 while operation k runs. The states a run can reach are exactly those in which every started
+ * operation's dependencies have ended (a cut of the operations' partial order: some interleaving has it as
+ * a prefix). Dependencies link neighbouring stages only, so with the part's threads in pipeline order, and
+ * each remote neighbour as one more process that runs its stage's list, reachability is a condition on each
+ * pair of neighbours: the last stage of process a at position x and the first of process a + 1 at y need
+ * lo(y) <= x <= hi(y) (the forwards a + 1 started need a's ended; the backwards a started need a + 1's
+ * ended), both bounds non-decreasing in y. Every buffer's life starts and ends with operations of one
+ * process or of two neighbours, and each side of it counts in its own process (a link holds
+ * F ended at s - last backward ended at s + 1, plus B ended at s + 1 - last backward ended at s, which
+ * regroups per stage), so the buffers held are a sum of one term per process, V_a(x_a). The most over the
+ * reachable states is then a longest path along the chain: best_a(y) = V_a(y) + the most of best_{a-1}
+ * over [lo(y), hi(y)], a sliding-window maximum: linear in the operations.
+ */
+
+struct bproc {
+	const mbp_sched_op *ops; /* global stage numbers */
+	size_t L;
+	unsigned s0, s1; /* its stages */
+	bool local;	 /* a thread of the part (not a remote neighbour) */
+};
+
+#define PEAK_NONE INT64_MIN
+
+static bool is_bwd(unsigned kind)
+{
+	return kind == MBP_OP_B || kind == MBP_OP_BIN;
+}
+
+/* V(x) for x = 0 .. 2L of process p; `prev`, `next`: it has a neighbour process before, after. */
+static void proc_values(const struct mbp_schedule *sc, const struct mbp__sched_part *part,
+			const struct bproc *p, bool prev, bool next, int64_t *val)
+{
+	int64_t v = 0;
+	val[0] = 0;
+	for (size_t k = 0; k < p->L; k++) {
+		const mbp_sched_op *op = &p->ops[k];
+		unsigned s = op->stage;
+		/* the links this stage's buffers count on: to the stage after it and to the one before */
+		int64_t up = s < p->s1 || next, down = s > p->s0 || prev;
+		/* per micro-batch held: its stash, and at the global last stage the loss's gradient */
+		int64_t w = p->local ? (int64_t)part->stash[s - part->first] + (s == sc->stages - 1) : 0;
+		int64_t filling =
+		    0; /* the buffer the running operation fills: F's output, B's input gradient */
+		if (op->kind == MBP_OP_F) {
+			v += w;
+			filling = p->local;
+		} else if (is_bwd(op->kind)) {
+			filling = p->local && s > 0;
+		}
+		val[2 * k + 1] = v + filling;
+		if (op->kind == MBP_OP_F)
+			v += up; /* the output, pushed: the next stage's input until its last backward */
+		if (is_bwd(op->kind))
+			v +=
+			    down; /* the input gradient, pushed: the previous stage's until its last backward */
+		if (op->kind == MBP_OP_B || op->kind == MBP_OP_W)
+			v -= w + up + down; /* the micro-batch's last: stash, input and output gradient go */
+		val[2 * k + 2] = v;
+	}
+}
+
+int mbp__schedule_buffer_peak(const mbp_schedule *sc, const struct mbp__sched_part *part, uint64_t *peak)
+{
+	unsigned S = sc->stages, M = sc->mbs, first = part->first, T = part->threads;
+	struct bproc pr[MBP_MAX_STAGES + 2];
+	unsigned K = 0;
+	if (first > 0) {
+		unsigned s = first - 1;
+		pr[K++] = (struct bproc){sc->stage_ops + sc->stage_off[s],
+					 sc->stage_off[s + 1] - sc->stage_off[s], s, s, false};
+	}
+	size_t longest = 0, local_n = part->off[T];
+	mbp_sched_op *gops = malloc((local_n ? local_n : 1) * sizeof(*gops));
+	if (!gops)
+		return -ENOMEM;
+	for (unsigned t = 0; t < T; t++) {
+		struct bproc *p = &pr[K++];
+		*p = (struct bproc){gops + part->off[t], part->off[t + 1] - part->off[t], UINT_MAX, 0, true};
+		for (size_t k = part->off[t]; k < part->off[t + 1]; k++) {
+			gops[k] = part->ops[k];
+			gops[k].stage = (uint16_t)(gops[k].stage + first);
+			p->s0 = gops[k].stage < p->s0 ? gops[k].stage : p->s0;
+			p->s1 = gops[k].stage > p->s1 ? gops[k].stage : p->s1;
+		}
+	}
+	if (first + part->count < S) {
+		unsigned s = first + part->count;
+		pr[K++] = (struct bproc){sc->stage_ops + sc->stage_off[s],
+					 sc->stage_off[s + 1] - sc->stage_off[s], s, s, false};
+	}
+	for (unsigned a = 0; a < K; a++)
+		longest = pr[a].L > longest ? pr[a].L : longest;
+	size_t np = 2 * longest + 1;
+	int64_t *val = malloc(np * sizeof(int64_t)), *best = malloc(np * sizeof(int64_t)),
+		*cur = malloc(np * sizeof(int64_t));
+	size_t *dq = malloc(np * sizeof(size_t)), *fpos = malloc(M * sizeof(size_t)),
+	       *bpos = malloc(M * sizeof(size_t));
+	int rc = -ENOMEM;
+	if (!val || !best || !cur || !dq || !fpos || !bpos)
+		goto out;
+	proc_values(sc, part, &pr[0], false, K > 1, best);
+	for (unsigned a = 1; a < K; a++) {
+		const struct bproc *pa = &pr[a - 1], *pb = &pr[a];
+		/* where a - 1's last stage runs each micro-batch's forward and backward */
+		for (size_t k = 0; k < pa->L; k++)
+			if (pa->ops[k].stage == pa->s1 && pa->ops[k].kind == MBP_OP_F)
+				fpos[pa->ops[k].mb] = k;
+			else if (pa->ops[k].stage == pa->s1 && is_bwd(pa->ops[k].kind))
+				bpos[pa->ops[k].mb] = k;
+		proc_values(sc, part, pb, true, a + 1 < K, val);
+		size_t head = 0, tail = 0, nx = 0, xmax = 2 * pa->L;
+		unsigned f = 0, bb = 0; /* forwards of b's first stage started, its backwards ended */
+		for (size_t y = 0; y <= 2 * pb->L; y++) {
+			const mbp_sched_op *op = y ? &pb->ops[(y - 1) / 2] : NULL;
+			if (op && op->stage == pb->s0 && (y & 1) && op->kind == MBP_OP_F)
+				f++;
+			if (op && op->stage == pb->s0 && !(y & 1) && is_bwd(op->kind))
+				bb++;
+			size_t lo = f ? 2 * fpos[f - 1] + 2 : 0, hi = bb < M ? 2 * bpos[bb] : xmax;
+			for (; nx <= hi; nx++) {
+				if (best[nx] == PEAK_NONE)
+					continue;
+				while (tail > head && best[dq[tail - 1]] <= best[nx])
+					tail--;
+				dq[tail++] = nx;
+			}
+			while (head < tail && dq[head] < lo)
+				head++;
+			cur[y] = head < tail ? best[dq[head]] + val[y] : PEAK_NONE;
+		}
+		int64_t *sw = best;
+		best = cur;
+		cur = sw;
+	}
+	int64_t most = 0;
+	for (size_t y = 0; y <= 2 * pr[K - 1].L; y++)
+		most = best[y] > most ? best[y] : most;
+	*peak = (uint64_t)most;
+	rc = 0;
+out:
+	free(gops);
+	free(val);
+	free(best);
+	free(cur);
+	free(dq);
+	free(fpos);
+	free(bpos);
+	return rc;
 }

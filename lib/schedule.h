@@ -32,4 +32,27 @@ int mbp__schedule_thread_lists(const mbp_schedule *sc, unsigned threads, mbp_sch
 int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned count, unsigned threads,
 			     mbp_sched_op *ops, size_t *off);
 
+/* A part of the pipeline as the trainer runs it, for mbp__schedule_buffer_peak(): the `count` stages from
+ * `first` on, on `threads` threads whose lists are mbp__schedule_part_lists()'s (`ops`, `off`), and per
+ * local stage whether it keeps a stash buffer per micro-batch. */
+struct mbp__sched_part {
+	unsigned first, count, threads;
+	const mbp_sched_op *ops;
+	const size_t *off;
+	const bool *stash;
+};
+
+/*
+ * The most pool buffers a part's threads can hold at once during a step of this schedule, over every
+ * timing: per stage a stash per micro-batch held (from its forward's start to its last backward's end;
+ * at the global last stage also the loss's output gradient), per link between two stages the forward's
+ * output (from the forward's end, in the ring then as the next stage's input, to the next stage's last
+ * backward's end) and the input gradient (from the backward's end, in the ring then as the previous
+ * stage's output gradient, to the previous stage's last backward's end), and per running operation the
+ * buffer it is filling. Links to a remote neighbour count as far as the neighbour's side of them (its
+ * operations' ends). Exact for the threads' lists, the remote neighbours free to run as far as this part
+ * lets them; not counted: the agent's own buffers and the pool caches. 0 or -ENOMEM.
+ */
+int mbp__schedule_buffer_peak(const mbp_schedule *sc, const struct mbp__sched_part *part, uint64_t *peak);
+
 #endif

@@ -10,19 +10,24 @@
  * push never waits: only a pop waits, for an operation earlier in the global order.
  *
  * Buffers. Every output, stash and gradient is a pool buffer (one pool, buffers as wide as the widest row
- * times max_mb_rows), taken from the thread's cache and released into it: nothing is allocated per
- * micro-batch once the pool has grown. Stage 0 reads the caller's input rows in place and the loss reads
- * the caller's target rows in place. Stage s keeps, per micro-batch, its input (stage s-1's output
+ * times max_mb_rows), taken from the thread's cache and released into it. Before the first step of each
+ * micro-batch count M the pool grows to the most the schedule lets the threads hold at once over every
+ * timing (mbp__schedule_buffer_peak), plus what the threads' caches and a remote agent can keep out of the
+ * depot: no step allocates after that, whatever its timing. Stage 0 reads the caller's input rows in place
+ * and the loss reads the caller's target rows in place. Stage s keeps, per micro-batch, its input (stage s-1's output
  * buffer), its stash and its output gradient from the forward until its last backward operation (B, or
  * B_w under ZB-H1), then releases them; the engine checks the stash and the held count against the
  * schedule's figures at every forward.
  *
  * A step. The controlling thread publishes the step and bumps `go`; every thread runs its list; a failed
  * operation (an error from a stage, a non-finite loss, a cancel) records the first error, raises `abort`
- * and wakes every waiter, and each thread stops at its next operation. Then two barriers: after the first,
- * no thread pushes any more, so each thread releases what its stages hold and drains its input rings;
- * then each stage updates (or, after a failure, discards its gradient) on its own thread, using the sum of
- * the stages' squared gradient norms, and after the second the controller returns. Losses are summed in
+ * and wakes every waiter, and each thread stops at its next operation. A thread done with its list runs
+ * its stages' checks and grad_sq (a refusal fails the step the same way). Then two barriers: after the
+ * first, no thread pushes any more, so each thread releases what its stages hold and drains its input
+ * rings; then each stage updates (or, after a failure, discards its gradient) on its own thread, using the
+ * sum of the stages' squared gradient norms, and after the second the controller returns. An update that
+ * refuses all the same (a stage breaking its check's contract) cannot be undone in the others: the trainer
+ * is then broken, and fails that step and every later one with -ENOTRECOVERABLE. Losses are summed in
  * micro-batch order, so a step's loss does not depend on the threads' timing.
  */
 #include "config.h"
@@ -36,12 +41,18 @@
 #include <string.h>
 
 #include "affinity.h"
+#include "pool_internal.h"
 #include "ring.h"
 #include "schedule.h"
 #include "train_internal.h"
 #include "wait.h"
 
 enum { TS_NEW, TS_RUNNING, TS_STOPPED };
+
+/* Buffers in each thread's pool cache: the most recently released is the next one taken (still in the
+ * core's cache), and every buffer a cache keeps out of the depot is reserved on top of the schedule's
+ * peak, so a small cache. An operation gets at most two buffers and releases at most three. */
+enum { CACHE_BUFS = 4 };
 
 struct ttrace {
 	uint64_t t0, t1;
@@ -137,6 +148,7 @@ struct mbp_trainer {
 	unsigned stage0, Sg;		    /* global index of st[0]; stages of the whole pipeline */
 	struct mbp__ring *link[MBP__LINKS]; /* the boundary rings (the agent's far ends) */
 	double step_loss, step_norm;	    /* decided at the first barrier */
+	mbp_train_error broken; /* an update refused after its check accepted (err 0: none); under lock */
 };
 
 /* ---- small helpers ---- */
@@ -207,12 +219,12 @@ static void wake_all(struct mbp_trainer *t)
 }
 
 /* Record the step's first error and make every thread stop. */
-static void fail(struct mbp_trainer *t, int err, int stage, int mb, mbp_op_kind op)
+static void fail(struct mbp_trainer *t, int err, int stage, int mb, mbp_op_kind op, const char *what)
 {
 	bool first = false;
 	pthread_mutex_lock(&t->lock);
 	if (t->err.err == 0) {
-		t->err = (mbp_train_error){.err = err, .stage = stage, .mb = mb, .op = op};
+		t->err = (mbp_train_error){.err = err, .stage = stage, .mb = mb, .op = op, .what = what};
 		first = true;
 	}
 	pthread_mutex_unlock(&t->lock);
@@ -465,7 +477,8 @@ static void run_ops(struct mbp_trainer *t, struct tthread *th)
 		th->last_end = t1;
 		if (rc < 0) {
 			if (rc != -ECANCELED || !aborting(t))
-				fail(t, rc, (int)(t->stage0 + st->idx), (int)op->mb, (mbp_op_kind)op->kind);
+				fail(t, rc, (int)(t->stage0 + st->idx), (int)op->mb, (mbp_op_kind)op->kind,
+				     NULL);
 			return;
 		}
 	}
@@ -488,6 +501,11 @@ static void cleanup(struct mbp_trainer *t, struct tthread *th)
 	mbp_pool_cache_flush(th->cache); /* idle until the next step: strand nothing in the cache */
 }
 
+static bool same_error(const mbp_train_error *a, const mbp_train_error *b)
+{
+	return a->err == b->err && a->stage == b->stage && a->mb == b->mb && a->op == b->op;
+}
+
 /* Every thread is past its operations: one decision for all of them (a cancel from now on does not
  * touch this step). */
 static void decide(struct mbp_trainer *t)
@@ -497,8 +515,11 @@ static void decide(struct mbp_trainer *t)
 	for (unsigned s = 0; t->step_ok && s < t->S; s++)
 		if (t->st[s].d.grad_sq && !isfinite(t->st[s].grad_sq)) {
 			pthread_mutex_lock(&t->lock);
-			t->err = (mbp_train_error){
-			    .err = -EDOM, .stage = (int)(t->stage0 + s), .mb = -1, .op = MBP_OP_W};
+			t->err = (mbp_train_error){.err = -EDOM,
+						   .stage = (int)(t->stage0 + s),
+						   .mb = -1,
+						   .op = MBP_OP_UPDATE,
+						   .what = "the stage's grad_sq is not finite"};
 			pthread_mutex_unlock(&t->lock);
 			t->step_ok = false;
 		}
@@ -519,7 +540,10 @@ static void decide(struct mbp_trainer *t)
 		t->step_ok = v.ok;
 		if (!v.ok) {
 			pthread_mutex_lock(&t->lock);
+			/* the words travel no further than this process: keep ours when the error is ours */
+			const char *what = same_error(&v.err, &t->err) ? t->err.what : NULL;
 			t->err = v.err;
+			t->err.what = what;
 			pthread_mutex_unlock(&t->lock);
 		}
 		loss = v.loss;
@@ -531,6 +555,22 @@ static void decide(struct mbp_trainer *t)
 	}
 	t->step_loss = loss;
 	t->step_norm = sqrt(norm);
+}
+
+/* An update refused after the decision (its check accepted, or it has none): the other stages updated.
+ * The step fails, and every later one, naming the first such stage. */
+static void break_trainer(struct mbp_trainer *t, int stage)
+{
+	pthread_mutex_lock(&t->lock);
+	if (t->broken.err == 0)
+		t->broken =
+		    (mbp_train_error){.err = -ENOTRECOVERABLE,
+				      .stage = stage,
+				      .mb = -1,
+				      .op = MBP_OP_UPDATE,
+				      .what = "the stage's update refused after its check accepted: the "
+					      "other stages updated"};
+	pthread_mutex_unlock(&t->lock);
 }
 
 static void run_step(struct mbp_trainer *t, struct tthread *th)
@@ -547,9 +587,17 @@ static void run_step(struct mbp_trainer *t, struct tthread *th)
 		st->trace_n = 0;
 	}
 	run_ops(t, th);
-	if (!aborting(t))
-		for (unsigned s = th->first; s <= th->last; s++)
-			t->st[s].grad_sq = t->st[s].d.grad_sq ? t->st[s].d.grad_sq(t->st[s].d.ctx) : NAN;
+	/* every refusal an update could make, before the decision (the stage's gradient is this thread's) */
+	for (unsigned s = th->first; s <= th->last && !aborting(t); s++) {
+		struct tstage *st = &t->st[s];
+		int rc = st->d.check ? st->d.check(st->d.ctx) : 0;
+		if (rc < 0) {
+			fail(t, rc, (int)(t->stage0 + s), -1, MBP_OP_UPDATE,
+			     "the stage's check refused its update");
+			break;
+		}
+		st->grad_sq = st->d.grad_sq ? st->d.grad_sq(st->d.ctx) : NAN;
+	}
 	barrier_wait(&t->b1, t->T, decide, t);
 	cleanup(t, th);
 	bool ok = t->step_ok;
@@ -557,10 +605,13 @@ static void run_step(struct mbp_trainer *t, struct tthread *th)
 	    .step = t->step_no, .rows = t->rows, .loss = t->step_loss, .grad_norm = t->step_norm};
 	for (unsigned s = th->first; s <= th->last; s++) {
 		struct tstage *st = &t->st[s];
+		int rc = 0;
 		if (ok)
-			st->d.update(st->d.ctx, &u);
+			rc = st->d.update(st->d.ctx, &u);
 		else
 			st->d.discard(st->d.ctx);
+		if (rc < 0)
+			break_trainer(t, (int)(t->stage0 + s));
 	}
 	barrier_wait(&t->b2, t->T, NULL, NULL);
 }
@@ -570,7 +621,7 @@ static void *worker(void *arg)
 	struct tthread *th = arg;
 	struct mbp_trainer *t = th->t;
 	int err = 0;
-	if (t->o.pin && th->cpu >= 0) {
+	if (t->o.pinning == MBP_PIN_PLAN && th->cpu >= 0) {
 		th->pin_error = mbp__pin_self(th->cpu);
 		if (th->pin_error)
 			th->cpu = -1;
@@ -630,7 +681,7 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	*tp = NULL;
 	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 ||
 	    o->target_row_bytes > UINT32_MAX || !o->loss || o->max_mbs > MBP_TRAIN_MAX_MBS ||
-	    (unsigned)o->schedule > MBP_SCHED_ZBH1)
+	    (unsigned)o->schedule > MBP_SCHED_ZBH1 || (unsigned)o->pinning > MBP_PIN_NONE)
 		return -EINVAL;
 	struct mbp_trainer *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -714,7 +765,7 @@ static int setup(struct mbp_trainer *t)
 	t->T = t->o.threads ? t->o.threads : (t->S < navail ? t->S : navail);
 	if (t->T > t->S)
 		t->T = t->S;
-	t->wopts.spin_ns = t->o.spin_ns ? t->o.spin_ns : MBP__SPIN_NS_DEFAULT;
+	t->wopts.spin_ns = mbp__wait_budget(t->o.spin_ns, MBP__SPIN_NS_DEFAULT);
 	t->wopts.yield_ns = MBP__YIELD_NS_DEFAULT;
 	t->wopts.no_spin = t->T > (unsigned)ncpu;
 	size_t widest = t->o.in_row_bytes;
@@ -760,18 +811,21 @@ static int setup(struct mbp_trainer *t)
 		if (rc < 0)
 			return rc;
 	}
-	/* Buffers held at once: per stage and held micro-batch an input, a stash and an output gradient,
-	 * plus what travels; 4 per stage and micro-batch bounds it for every schedule. */
+	/* The bound, for any M up to max_mbs: what prepare_schedule() reserves is at most, per stage and
+	 * micro-batch, a stash and the loss's gradient; per link (S + 1 at most, the remote ones included)
+	 * and micro-batch, an output and an input gradient; per thread the buffer its operation fills and its
+	 * cache; and the agent's. */
 	mbp_pool_opts po;
 	mbp_pool_opts_init(&po);
 	po.buf_bytes = (size_t)t->o.max_mb_rows * widest;
-	uint64_t nbuf = 4ull * t->S * t->o.max_mbs + 8ull * t->T + (t->remote ? t->rem.extra_buffers : 0);
+	uint64_t nbuf = (4ull * t->S + 2) * t->o.max_mbs + (CACHE_BUFS + 1ull) * t->T +
+			(t->remote ? t->rem.extra_buffers : 0);
 	if (nbuf > UINT32_MAX || po.buf_bytes / t->o.max_mb_rows != widest)
 		return -EOVERFLOW;
 	po.max_buffers = (uint32_t)nbuf;
 	po.max_bytes =
 	    nbuf * (po.buf_bytes + 256) < ((size_t)1 << 46) ? nbuf * (po.buf_bytes + 256) : ((size_t)1 << 46);
-	po.cache_size = 16;
+	po.cache_size = CACHE_BUFS;
 	int rc = mbp_pool_new(&t->pool, &po);
 	if (rc < 0)
 		return rc;
@@ -780,7 +834,7 @@ static int setup(struct mbp_trainer *t)
 		w->t = t;
 		w->idx = th;
 		w->first = UINT32_MAX;
-		w->cpu = t->o.pin ? cpus[th % navail] : -1;
+		w->cpu = t->o.pinning == MBP_PIN_PLAN ? cpus[th % navail] : -1;
 	}
 	for (unsigned s = 0; s < t->S; s++) {
 		struct tthread *w = &t->th[t->st[s].thread];
@@ -789,6 +843,13 @@ static int setup(struct mbp_trainer *t)
 		w->last = s;
 	}
 	return 0;
+}
+
+/* A start refused before anything is set up: -EINVAL, and mbp_trainer_error says why. */
+static int start_refused(struct mbp_trainer *t, int stage, mbp_op_kind op, const char *what)
+{
+	t->err = (mbp_train_error){.err = -EINVAL, .stage = stage, .mb = -1, .op = op, .what = what};
+	return -EINVAL;
 }
 
 int mbp_trainer_start(mbp_trainer *t)
@@ -805,20 +866,21 @@ int mbp_trainer_start(mbp_trainer *t)
 	} else if (t->stage0 + t->S > t->Sg) {
 		return -EINVAL;
 	}
+	/* As mbp_schedule_simulate refuses it: a thread without a stage would have nothing to run. */
+	if (t->o.threads > t->S)
+		return start_refused(t, -1, MBP_OP_F,
+				     "threads: more than the stages (each thread runs one stage or more)");
 	if (t->o.schedule == MBP_SCHED_ZBH1)
 		for (unsigned s = 0; s < t->S; s++)
-			if (!t->st[s].split) {
-				t->err = (mbp_train_error){
-				    .err = -EINVAL, .stage = (int)(t->stage0 + s), .mb = -1, .op = MBP_OP_W};
-				return -EINVAL;
-			}
+			if (!t->st[s].split)
+				return start_refused(t, (int)(t->stage0 + s), MBP_OP_W,
+						     "ZB-H1 needs backward_in and backward_w at every stage");
 	/* The loss writes the global last stage's output gradient: rows of its output. */
 	const struct tstage *last = &t->st[t->S - 1];
-	if (t->stage0 + t->S == t->Sg && last->grad_w != last->out_w) {
-		t->err = (mbp_train_error){
-		    .err = -EINVAL, .stage = (int)(t->stage0 + t->S - 1), .mb = -1, .op = MBP_OP_B};
-		return -EINVAL;
-	}
+	if (t->stage0 + t->S == t->Sg && last->grad_w != last->out_w)
+		return start_refused(t, (int)(t->stage0 + t->S - 1), MBP_OP_B,
+				     "the last stage's grad_row_bytes must be its out_row_bytes (the loss "
+				     "writes it)");
 	int rc = setup(t);
 	if (rc < 0) {
 		free_stages(t);
@@ -858,6 +920,28 @@ int mbp_trainer_start(mbp_trainer *t)
 	return 0;
 }
 
+/* Grow the pool to what a step of this schedule can hold at once, whatever its timing: the threads' peak,
+ * what their caches can keep out of the depot (the pool grows only when a getter finds both its cache and
+ * the depot empty), and the agent's buffers. */
+static int reserve_buffers(struct mbp_trainer *t, const mbp_schedule *sc, const mbp_sched_op *ops,
+			   const size_t *toff)
+{
+	bool stash[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < t->S; s++)
+		stash[s] = t->st[s].stash_w != 0;
+	struct mbp__sched_part part = {t->stage0, t->S, t->T, ops, toff, stash};
+	uint64_t peak;
+	int rc = mbp__schedule_buffer_peak(sc, &part, &peak);
+	if (rc < 0)
+		return rc;
+	uint64_t want = peak + (uint64_t)CACHE_BUFS * t->T + (t->remote ? t->rem.extra_buffers : 0);
+	mbp_pool_stats ps;
+	mbp_pool_stats_get(t->pool, &ps);
+	if (want > ps.max_buffers) /* setup's bound covers every M up to max_mbs, unless bytes cap it */
+		return -ENOBUFS;
+	return mbp__pool_reserve(t->pool, (uint32_t)want);
+}
+
 /* The schedule for M micro-batches, and the threads' lists: built when M changes, kept otherwise. */
 static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 {
@@ -872,7 +956,15 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 		mbp_schedule_destroy(sc);
 		return -ENOMEM;
 	}
-	mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, t->toff);
+	size_t toff[MBP_MAX_STAGES + 1];
+	mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, toff);
+	rc = reserve_buffers(t, sc, ops, toff);
+	if (rc < 0) {
+		mbp_schedule_destroy(sc);
+		free(ops);
+		return rc;
+	}
+	memcpy(t->toff, toff, sizeof(toff));
 	mbp_schedule_destroy(t->sc);
 	free(t->tops);
 	t->sc = sc;
@@ -930,6 +1022,18 @@ static int step_check(const mbp_trainer *t, size_t rows, uint32_t mb_rows)
 
 static int step_run(struct mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
 		    double *loss);
+static int step_fail_early(struct mbp_trainer *t, mbp_train_error e);
+
+/* A broken trainer (train.h: -ENOTRECOVERABLE) runs no more steps: the error it broke with, or 0. */
+static mbp_train_error broken(struct mbp_trainer *t)
+{
+	pthread_mutex_lock(&t->lock);
+	mbp_train_error e = t->broken;
+	if (e.err)
+		t->err = e;
+	pthread_mutex_unlock(&t->lock);
+	return e;
+}
 
 int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
 		     double *loss)
@@ -944,7 +1048,8 @@ int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t
 	if (atomic_load_explicit(&t->cancelled, memory_order_relaxed) ||
 	    atomic_load_explicit(&t->draining, memory_order_relaxed))
 		return -ESHUTDOWN;
-	return step_run(t, in, targets, rows, mb_rows, loss);
+	mbp_train_error e = broken(t);
+	return e.err ? e.err : step_run(t, in, targets, rows, mb_rows, loss);
 }
 
 int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets, size_t rows,
@@ -953,21 +1058,24 @@ int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets
 	if (!t || !t->remote || (!in && t->stage0 == 0) || (!targets && t->stage0 + t->S == t->Sg))
 		return -EINVAL;
 	int rc = step_check(t, rows, mb_rows);
-	return rc < 0 ? rc : step_run(t, in, targets, rows, mb_rows, loss);
+	if (rc < 0)
+		return rc;
+	mbp_train_error e = broken(t); /* the other parts learn it from this part's vote */
+	return e.err ? step_fail_early(t, e) : step_run(t, in, targets, rows, mb_rows, loss);
 }
 
-/* A part that cannot run its step (its schedule could not be built) still takes part in it: the other
- * parts wait for its vote at their first barrier. It fails the step at once (the remote tells the others)
- * and votes with its error; its workers do not run. What the agent pushed into the incoming rings before
- * agree() closed the step is dropped here (no worker takes it). */
-static int step_fail_early(struct mbp_trainer *t, int rc)
+/* A part that cannot run its step (its schedule could not be built, or it is broken) still takes part in
+ * it: the other parts wait for its vote at their first barrier. It fails the step at once (the remote
+ * tells the others) and votes with its error `e`; its workers do not run. What the agent pushed into the
+ * incoming rings before agree() closed the step is dropped here (no worker takes it). */
+static int step_fail_early(struct mbp_trainer *t, mbp_train_error e)
 {
 	pthread_mutex_lock(&t->lock);
-	t->err = (mbp_train_error){.err = rc, .stage = -1, .mb = -1};
+	t->err = e;
 	pthread_mutex_unlock(&t->lock);
 	t->rem.begin(t->rem.arg);
 	t->rem.failed(t->rem.arg);
-	struct mbp__train_vote v = {.ok = false, .err = {.err = rc, .stage = -1, .mb = -1}};
+	struct mbp__train_vote v = {.ok = false, .err = e};
 	t->rem.agree(t->rem.arg, &v);
 	static const int incoming[] = {MBP__LINK_UP_FWD, MBP__LINK_DOWN_BWD};
 	for (unsigned i = 0; i < MBP_ARRAY_SIZE(incoming); i++) {
@@ -976,7 +1084,8 @@ static int step_fail_early(struct mbp_trainer *t, int rc)
 			mbp_pool_put(t->pool, NULL, item);
 	}
 	if (v.ok || v.err.err == 0) /* cannot happen: this part voted no */
-		v.err = (mbp_train_error){.err = rc, .stage = -1, .mb = -1};
+		v.err = e;
+	v.err.what = same_error(&v.err, &e) ? e.what : NULL; /* another part's words stayed there */
 	pthread_mutex_lock(&t->lock);
 	t->err = v.err;
 	t->sum.steps_failed++;
@@ -991,7 +1100,8 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	int rc = t->prepare_err ? t->prepare_err : prepare_schedule(t, (uint32_t)M);
 	t->prepare_err = 0;
 	if (rc < 0)
-		return t->remote ? step_fail_early(t, rc) : rc;
+		return t->remote ? step_fail_early(t, (mbp_train_error){.err = rc, .stage = -1, .mb = -1})
+				 : rc;
 	t->in = in;
 	t->targets = targets;
 	t->rows = rows;
@@ -1022,6 +1132,8 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	for (unsigned i = 0; i < t->T; i++)
 		t_end = t->th[i].last_end > t_end ? t->th[i].last_end : t_end;
 	pthread_mutex_lock(&t->lock);
+	if (t->broken.err && t->err.err == 0) /* an update of this step refused */
+		t->err = t->broken;
 	rc = t->err.err;
 	if (rc == 0 && !t->step_ok)
 		rc = t->err.err = -ECANCELED; /* cancelled before any operation failed */
@@ -1218,6 +1330,11 @@ bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb)
 unsigned mbp__trainer_link_count(mbp_trainer *t, int link)
 {
 	return t->link[link] ? mbp__ring_count(t->link[link]) : 0;
+}
+
+uint64_t mbp__trainer_spin_ns(const mbp_trainer *t)
+{
+	return t->wopts.no_spin ? 0 : t->wopts.spin_ns;
 }
 
 void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err)

@@ -84,6 +84,8 @@ static inline int mbp__train_size_check(size_t rows, uint32_t mb_rows, uint32_t 
 int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets, size_t rows,
 			     uint32_t mb_rows, double *loss);
 
+/* Tests: the spin budget the trainer's waits use (0: none). */
+uint64_t mbp__trainer_spin_ns(const mbp_trainer *t);
 /* Tests: the next step cannot build its schedule and fails with `err` (< 0), as on -ENOMEM. */
 void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err);
 /* Tests: the local trainer of an MPI trainer (libmbpipe-mpi). */

@@ -21,6 +21,8 @@
 #ifndef MBP__WAIT_H
 #define MBP__WAIT_H
 
+#include <mbpipe.h>
+
 #include "common.h"
 
 struct mbp__wait_opts {
@@ -31,6 +33,13 @@ struct mbp__wait_opts {
 
 #define MBP__SPIN_NS_DEFAULT  20000u
 #define MBP__YIELD_NS_DEFAULT 200000u
+
+/* A budget of the public options (mbp_opts, mbp_train_opts, mbp_mpi_opts) as a wait uses it: their 0 is
+ * the default, MBP_SPIN_NONE (MBP_YIELD_NONE, the same value) none. */
+static inline uint64_t mbp__wait_budget(uint64_t v, uint64_t dflt)
+{
+	return v == 0 ? dflt : v == MBP_SPIN_NONE ? 0 : v;
+}
 
 /* One parked thread at most: the futex word is 1 while its owner sleeps or is about to. */
 struct mbp__parker {

@@ -220,7 +220,7 @@ static mbp_mpi *link_make(size_t row, uint32_t max_rows, unsigned stages, bool s
 	o.in_row_bytes = row;
 	o.max_mb_rows = max_rows;
 	o.mb_buffers = LINK_BUFFERS;
-	o.pin = false;
+	o.pinning = MBP_PIN_NONE;
 	o.pool_bytes = (size_t)4 << 30;
 	if (rank == 0) {
 		o.on_result = count_result;
@@ -408,7 +408,7 @@ static double pingpong_ring(unsigned n)
 	mbp_opts_init(&o);
 	o.in_row_bytes = 64;
 	o.max_mb_rows = 1;
-	o.pin = false;
+	o.pinning = MBP_PIN_NONE;
 	o.on_result = local_result;
 	o.on_result_arg = &c;
 	mbp_pipeline *p;
@@ -658,7 +658,7 @@ static void bench_mlp(void)
 		mbp_opts_init(&o);
 		o.in_row_bytes = MLP_WIDTH * sizeof(float);
 		o.max_mb_rows = MLP_MB;
-		o.pin = false;
+		o.pinning = MBP_PIN_NONE;
 		mbp_mpi *mp;
 		int rc = mbp_mpi_new(&mp, &o, NULL);
 		if (rc)

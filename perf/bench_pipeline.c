@@ -788,8 +788,10 @@ static void print_header(const struct cfg *c)
 	       c->ncpu, c->ns_iter);
 	printf("mbpipe: one job, mb_rows=1; ring_capacity=%u cache_size=%u spin_ns=%llu yield_ns=%llu pin=%d "
 	       "threads=%u (0: min(S, CPUs), consecutive stages sharing a thread)\n",
-	       g_mbp_opts.ring_capacity, g_mbp_opts.cache_size, (unsigned long long)g_mbp_opts.spin_ns,
-	       (unsigned long long)g_mbp_opts.yield_ns, g_mbp_opts.pin, g_mbp_opts.threads);
+	       g_mbp_opts.ring_capacity, g_mbp_opts.cache_size,
+	       g_mbp_opts.spin_ns == MBP_SPIN_NONE ? 0ull : (unsigned long long)g_mbp_opts.spin_ns,
+	       g_mbp_opts.yield_ns == MBP_YIELD_NONE ? 0ull : (unsigned long long)g_mbp_opts.yield_ns,
+	       g_mbp_opts.pinning == MBP_PIN_PLAN, g_mbp_opts.threads);
 	printf("mb_thr_S (only where S > CPUs): the same with one thread per stage (threads=S)\n");
 	printf("mb_fused (only where S > CPUs): min(S, CPUs) engine stages, each running S / CPUs "
 	       "consecutive stages in one call of its own\n");

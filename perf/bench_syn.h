@@ -45,10 +45,11 @@ static int syn_bw(void *ctx, const mbp_train_io *io)
 	(void)io;
 	return spin(ctx, ((struct syn *)ctx)->bw_us);
 }
-static void syn_update(void *ctx, const mbp_train_update *u)
+static int syn_update(void *ctx, const mbp_train_update *u)
 {
 	(void)ctx;
 	(void)u;
+	return 0;
 }
 static void syn_discard(void *ctx)
 {

@@ -40,7 +40,7 @@ static int run(unsigned S, unsigned M, mbp_sched_kind kind, double f, double bin
 			    .max_mb_rows = 1,
 			    .max_mbs = M,
 			    .schedule = kind,
-			    .pin = true,
+			    .pinning = MBP_PIN_PLAN,
 			    .loss = syn_loss};
 	mbp_trainer *t;
 	int rc = mbp_trainer_new(&t, &o);

@@ -69,10 +69,11 @@ static double t_grad_sq(void *ctx)
 	return 0;
 }
 
-static void t_update(void *ctx, const mbp_train_update *u)
+static int t_update(void *ctx, const mbp_train_update *u)
 {
 	(void)ctx;
 	(void)u;
+	return 0;
 }
 
 static void t_discard(void *ctx)
@@ -146,7 +147,7 @@ int main(int argc, char **argv)
 	mbp_opts_init(&o);
 	o.in_row_bytes = 64;
 	o.max_mb_rows = 4;
-	o.pin = false;
+	o.pinning = MBP_PIN_NONE;
 	mbp_mpi_opts mo;
 	mbp_mpi_opts_init(&mo);
 	mo.peer_timeout_ns = timeout_ns;

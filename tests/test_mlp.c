@@ -822,6 +822,195 @@ START_TEST(clipping_by_global_norm_and_refusing_non_finite_gradients)
 }
 END_TEST
 
+/* The check refuses exactly what the update refuses, and applies nothing: for every refusal and for an
+ * accepted update, check then update give the same answer, and the check leaves parameters, moments and
+ * step counts as they were. */
+START_TEST(update_check_refuses_exactly_what_the_update_refuses_and_applies_nothing)
+{
+	static const struct {
+		float g0, scale;
+		int want;
+	} cases[] = {{0.5f, 1.0f, 0},	      {0.5f, 0.0f, 0},	       {0.5f, NAN, -EDOM},
+		     {0.5f, -1.0f, -EDOM},    {0.5f, INFINITY, -EDOM}, {NAN, 1.0f, -EDOM},
+		     {INFINITY, 1.0f, -EDOM}, {-INFINITY, 0.5f, -EDOM}};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		mbp_mlp_stage *st;
+		mbp_mlp *n = tiny(NULL, &st);
+		set_grads(n, cases[i].g0, -1.0f, 2.0f);
+		size_t len;
+		float *before = snapshot(n, MBP_ARRAY_PARAM, &len),
+		      *m_before = snapshot(n, MBP_ARRAY_MOMENT1, &len);
+		ck_assert_int_eq(mbp_mlp_stage_update_check(st, cases[i].scale), cases[i].want);
+		float *after = snapshot(n, MBP_ARRAY_PARAM, &len),
+		      *m_after = snapshot(n, MBP_ARRAY_MOMENT1, &len);
+		ck_assert_msg(!memcmp(before, after, len * sizeof(float)),
+			      "case %zu: the check changed a parameter", i);
+		ck_assert(!memcmp(m_before, m_after, len * sizeof(float)));
+		ck_assert_uint_eq(mbp_mlp_steps(n, 0), 0);
+		ck_assert_int_eq(mbp_mlp_stage_update(st, cases[i].scale), cases[i].want);
+		ck_assert_uint_eq(mbp_mlp_steps(n, 0), cases[i].want == 0);
+		free(before);
+		free(after);
+		free(m_before);
+		free(m_after);
+		mbp_mlp_stage_destroy(st);
+		mbp_mlp_destroy(n);
+	}
+	ck_assert_int_eq(mbp_mlp_stage_update_check(NULL, 1.0f), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_stage_update(NULL, 1.0f), -EINVAL);
+}
+END_TEST
+
+/* ---- the trainer on the model's stages, glued as a user would, without grad_sq ---- */
+
+struct tstage {
+	mbp_mlp_stage *st;
+	float *poison; /* set: this gradient element becomes NaN after each weight gradient */
+};
+
+static int ts_forward(void *ctx, const mbp_train_io *io)
+{
+	struct tstage *t = ctx;
+	return mbp_mlp_stage_forward(t->st, io->in, io->out, io->rows, io->stash);
+}
+
+static int ts_poisoned(struct tstage *t, int rc)
+{
+	if (rc == 0 && t->poison)
+		*t->poison = NAN;
+	return rc;
+}
+
+static int ts_backward(void *ctx, const mbp_train_io *io)
+{
+	struct tstage *t = ctx;
+	return ts_poisoned(t, mbp_mlp_stage_backward(t->st, io->stash, io->in, io->dout, io->din, io->rows));
+}
+
+static int ts_backward_in(void *ctx, const mbp_train_io *io)
+{
+	struct tstage *t = ctx;
+	return mbp_mlp_stage_backward_in(t->st, io->stash, io->in, io->dout, io->din, io->rows);
+}
+
+static int ts_backward_w(void *ctx, const mbp_train_io *io)
+{
+	struct tstage *t = ctx;
+	return ts_poisoned(t, mbp_mlp_stage_backward_w(t->st, io->stash, io->in, io->rows));
+}
+
+static int ts_check(void *ctx)
+{
+	struct tstage *t = ctx;
+	return mbp_mlp_stage_update_check(t->st, 1.0f);
+}
+
+static int ts_update(void *ctx, const mbp_train_update *u)
+{
+	(void)u;
+	struct tstage *t = ctx;
+	int rc = mbp_mlp_stage_update(t->st, 1.0f);
+	mbp_mlp_stage_zero_grad(t->st);
+	return rc;
+}
+
+static void ts_discard(void *ctx)
+{
+	struct tstage *t = ctx;
+	mbp_mlp_stage_zero_grad(t->st);
+}
+
+static int ts_loss(void *arg, const mbp_train_io *io, double *loss)
+{
+	(void)arg;
+	uint32_t correct;
+	return mbp_loss_xent(io->out, io->targets, io->rows, rig_widths[4], io->step_rows, io->dout, loss,
+			     &correct);
+}
+
+static mbp_trainer *model_trainer(struct rig *r, struct tstage *ts, mbp_sched_kind kind, bool check)
+{
+	mbp_train_opts o = {.in_row_bytes = rig_widths[0] * sizeof(float),
+			    .target_row_bytes = sizeof(int32_t),
+			    .max_mb_rows = 8,
+			    .schedule = kind,
+			    .loss = ts_loss};
+	mbp_trainer *t;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+	for (unsigned s = 0; s < r->S; s++) {
+		ts[s] = (struct tstage){r->st[s], NULL};
+		mbp_train_stage_desc d = {.ctx = &ts[s],
+					  .out_row_bytes = mbp_mlp_stage_out_width(r->st[s]) * sizeof(float),
+					  .stash_row_bytes =
+					      mbp_mlp_stage_stash_floats(r->st[s]) * sizeof(float),
+					  .forward = ts_forward,
+					  .backward = kind == MBP_SCHED_ZBH1 ? NULL : ts_backward,
+					  .backward_in = ts_backward_in,
+					  .backward_w = ts_backward_w,
+					  .check = check ? ts_check : NULL, /* and no grad_sq */
+					  .update = ts_update,
+					  .discard = ts_discard};
+		ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	}
+	ck_assert_int_eq(mbp_trainer_start(t), 0);
+	return t;
+}
+
+static void layer_steps_are(mbp_mlp *n, uint64_t want, int except, uint64_t there)
+{
+	for (unsigned l = 0; l < mbp_mlp_layers(n); l++)
+		ck_assert_msg(mbp_mlp_steps(n, l) == ((int)l == except ? there : want),
+			      "layer %u: %llu updates", l, (unsigned long long)mbp_mlp_steps(n, l));
+}
+
+/* A NaN in stage 1's gradient, no stage giving grad_sq: with the check, the step fails naming stage 1 and
+ * no stage's parameters move (they did at the three other stages before, and the step returned 0); the
+ * next step updates every stage. Without a check the update's refusal is still reported: -ENOTRECOVERABLE
+ * naming stage 1, then for every later step. */
+START_TEST(a_nan_gradient_at_one_stage_without_grad_sq_updates_no_stage)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	static const unsigned cuts[] = {0, 1, 2, 3, 4};
+	for (size_t k = 0; k < 3; k++) {
+		struct rig r;
+		rig_init(&r, cuts, 4, 8, MBP_ACT_RELU, false, NULL, 32);
+		struct tstage ts[4];
+		mbp_trainer *t = model_trainer(&r, ts, kinds[k], true);
+		size_t len;
+		float *before = snapshot(r.n, MBP_ARRAY_PARAM, &len);
+		ts[1].poison = mbp_mlp_tensor(r.n, 1, MBP_PART_BIAS, MBP_ARRAY_GRAD, NULL);
+		ck_assert_int_eq(mbp_trainer_step(t, r.x, r.y, 32, 8, NULL), -EDOM);
+		mbp_train_error e;
+		mbp_trainer_error(t, &e);
+		ck_assert_int_eq(e.stage, 1);
+		ck_assert_int_eq(e.op, MBP_OP_UPDATE);
+		float *after = snapshot(r.n, MBP_ARRAY_PARAM, &len);
+		ck_assert_msg(!memcmp(before, after, len * sizeof(float)), "%s: a stage updated",
+			      mbp_sched_name(kinds[k]));
+		layer_steps_are(r.n, 0, -1, 0);
+		ts[1].poison = NULL;
+		ck_assert_int_eq(mbp_trainer_step(t, r.x, r.y, 32, 8, NULL), 0);
+		layer_steps_are(r.n, 1, -1, 0);
+		mbp_trainer_destroy(t);
+		free(before);
+		free(after);
+
+		t = model_trainer(&r, ts, kinds[k], false); /* a stage that breaks the contract */
+		ts[1].poison = mbp_mlp_tensor(r.n, 1, MBP_PART_BIAS, MBP_ARRAY_GRAD, NULL);
+		ck_assert_int_eq(mbp_trainer_step(t, r.x, r.y, 32, 8, NULL), -ENOTRECOVERABLE);
+		mbp_trainer_error(t, &e);
+		ck_assert_int_eq(e.stage, 1);
+		ck_assert_int_eq(e.op, MBP_OP_UPDATE);
+		layer_steps_are(r.n, 2, 1, 1); /* stages 0, 2, 3 updated, stage 1 did not */
+		ts[1].poison = NULL;
+		ck_assert_int_eq(mbp_trainer_step(t, r.x, r.y, 32, 8, NULL), -ENOTRECOVERABLE);
+		layer_steps_are(r.n, 2, 1, 1);
+		mbp_trainer_destroy(t);
+		rig_fini(&r);
+	}
+}
+END_TEST
+
 /* ---- training ---- */
 
 /* One training step of the rig on its stages: gradients, clip, update, zero. */
@@ -1162,6 +1351,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, adamw_matches_hand_computed_steps);
 	tcase_add_test(tc, sgd_with_momentum_matches_hand_computed_steps);
 	tcase_add_test(tc, clipping_by_global_norm_and_refusing_non_finite_gradients);
+	tcase_add_test(tc, update_check_refuses_exactly_what_the_update_refuses_and_applies_nothing);
+	tcase_add_test(tc, a_nan_gradient_at_one_stage_without_grad_sq_updates_no_stage);
 	tcase_add_test(tc, loss_decreases_and_a_tiny_data_set_is_memorised);
 	tcase_add_test(tc, checkpoint_resume_continues_bit_for_bit);
 	tcase_add_test(tc, optimizer_files_of_another_model_or_optimizer_are_refused_naming_the_file);

@@ -109,7 +109,7 @@ static int make(mbp_mpi **mp, const struct cfg *c)
 	if (rank == 1 && c->in_bytes_rank1)
 		o.in_row_bytes = c->in_bytes_rank1;
 	o.max_mb_rows = 16;
-	o.pin = false; /* ranks share 2 CPUs */
+	o.pinning = MBP_PIN_NONE; /* ranks share 2 CPUs */
 	if (c->mb_buffers)
 		o.mb_buffers = c->mb_buffers;
 	if (rank == 0) {
@@ -683,7 +683,7 @@ START_TEST(a_model_split_over_the_ranks_gives_the_single_process_output_bit_for_
 	mbp_opts_init(&o);
 	o.in_row_bytes = mbp_model_in_width(part) * sizeof(float);
 	o.max_mb_rows = 16;
-	o.pin = false;
+	o.pinning = MBP_PIN_NONE;
 	mbp_mpi *mp;
 	ck_assert_int_eq(mbp_mpi_new(&mp, &o, NULL), 0);
 	for (unsigned i = 0; i < mbp_model_stages_count(ms); i++) {

@@ -252,6 +252,78 @@ START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_nex
 }
 END_TEST
 
+/* A stage's check that refuses its update, on whichever rank holds the stage, fails the step on every rank
+ * before any rank updates (the check is part of the vote), naming the stage; the next step runs. */
+START_TEST(a_refusing_check_on_any_rank_fails_the_step_everywhere_before_any_update)
+{
+	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+		struct part p;
+		struct single s;
+		ck_assert_int_eq(part_new(&p, kinds[k], 0), 0);
+		single_new(&s, kinds[k]);
+		unsigned S = total_stages();
+		failing_step(&p, &s, 0, S - 1, TOY_FAIL_CHECK, -1, MBP_OP_UPDATE);
+		failing_step(&p, &s, 2, 1, TOY_FAIL_CHECK, -1, MBP_OP_UPDATE);
+		failing_step(&p, &s, 4, SPR, TOY_FAIL_CHECK, -1, MBP_OP_UPDATE);
+		end_counted(&p, &s, 3, 3);
+	}
+}
+END_TEST
+
+/* An update that refuses after its check accepted (a broken contract) on one rank: that rank's step
+ * fails with -ENOTRECOVERABLE (the others updated, and could not know), and every later step fails on every
+ * rank with it, naming the stage. */
+START_TEST(an_update_that_breaks_its_contract_fails_every_later_step_on_every_rank)
+{
+	struct part p;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	unsigned g = SPR; /* rank 1's first stage */
+	bool mine = g / SPR == (unsigned)rank;
+	if (mine)
+		p.st[0].fail_kind = TOY_FAIL_UPDATE;
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	ck_assert_int_eq(step(&p, in, tg, NULL), mine ? -ENOTRECOVERABLE : 0);
+	for (unsigned n = 1; n < 3; n++) {
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ENOTRECOVERABLE);
+		mbp_train_error e;
+		ck_assert_int_eq(mbp_mpi_trainer_error(p.t, &e), 0);
+		ck_assert_int_eq(e.stage, (int)g);
+		ck_assert_int_eq(e.op, MBP_OP_UPDATE);
+	}
+	for (unsigned i = 0; i < SPR; i++)
+		ck_assert_uint_eq(p.st[i].updates, 1); /* the first step only */
+	part_destroy(&p);
+}
+END_TEST
+
+/* Each rank's pool is grown to its part's peak (its stages, the links to its neighbours, the agent's
+ * windows) before the first step: no later step allocates on any rank, whatever the timing. */
+START_TEST(no_rank_allocates_a_buffer_after_the_first_step)
+{
+	float in[ROWS * N], tg[ROWS * N];
+	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+		struct part p;
+		ck_assert_int_eq(part_new(&p, kinds[k], 0), 0);
+		mbp_train_stats first, st;
+		for (unsigned n = 0; n < 10; n++) {
+			for (unsigned i = 0; i < SPR; i++) /* one slow stage per step somewhere */
+				p.st[i].sleep_us = (unsigned)rank * SPR + i == n % total_stages() ? 300 : 0;
+			make_data(in, tg, ROWS, n);
+			ck_assert_int_eq(step(&p, in, tg, NULL), 0);
+			mbp_trainer_stats_get(mbp__mpi_trainer_local(p.t), &st, NULL, 0);
+			if (n == 0)
+				first = st;
+			ck_assert_msg(st.pool.allocated == first.pool.allocated && st.pool.waits == 0,
+				      "rank %d, %s, step %u: %llu buffers, %llu after the first step", rank,
+				      mbp_sched_name(kinds[k]), n, (unsigned long long)st.pool.allocated,
+				      (unsigned long long)first.pool.allocated);
+		}
+		part_destroy(&p);
+	}
+}
+END_TEST
+
 struct canceller {
 	struct part *p;
 	int (*fn)(mbp_mpi_trainer *t); /* cancel or drain */
@@ -459,6 +531,9 @@ static Suite *suite(void)
 	tcase_add_checked_fixture(tc, NULL, end_live);
 	tcase_add_test(tc, every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit);
 	tcase_add_test(tc, a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs);
+	tcase_add_test(tc, a_refusing_check_on_any_rank_fails_the_step_everywhere_before_any_update);
+	tcase_add_test(tc, an_update_that_breaks_its_contract_fails_every_later_step_on_every_rank);
+	tcase_add_test(tc, no_rank_allocates_a_buffer_after_the_first_step);
 	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);
 	tcase_add_test(tc, drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank);
 	tcase_add_test(tc, a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_runs);

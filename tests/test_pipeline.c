@@ -184,6 +184,21 @@ static void assert_conserved(mbp_pipeline *p)
 	ck_assert_uint_eq(ps.pool.in_use, 0);
 }
 
+/* mbp_run of `rows` rows (filled from `base`) in micro-batches of 4 through the started pipeline p of S
+ * stages, the output checked; then drain, conservation, destroy. */
+static void run_checked_and_destroy(mbp_pipeline *p, unsigned S, size_t rows, uint32_t base)
+{
+	uint32_t *in = malloc(rows * WORDS * 4), *out = calloc(rows * WORDS, 4);
+	fill(in, rows, base);
+	ck_assert_int_eq(mbp_run(p, in, out, rows, 4), 0);
+	check_out(in, out, rows, S);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	assert_conserved(p);
+	mbp_pipeline_destroy(p);
+	free(in);
+	free(out);
+}
+
 /* ---- results ---- */
 
 START_TEST(job_results_in_order_with_random_delays_and_short_last_mb)
@@ -223,16 +238,7 @@ START_TEST(one_to_eight_stages_on_two_cores_in_every_thread_mode_give_exact_resu
 	for (unsigned S = 1; S <= 8; S++) {
 		mbp_pipeline *p = make(S, 3000, NULL);
 		ck_assert_int_eq(mbp_pipeline_start(p), 0);
-		size_t rows = 300;
-		uint32_t *in = malloc(rows * WORDS * 4), *out = calloc(rows * WORDS, 4);
-		fill(in, rows, S * 1000);
-		ck_assert_int_eq(mbp_run(p, in, out, rows, 4), 0);
-		check_out(in, out, rows, S);
-		ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
-		assert_conserved(p);
-		mbp_pipeline_destroy(p);
-		free(in);
-		free(out);
+		run_checked_and_destroy(p, S, 300, S * 1000);
 	}
 }
 END_TEST
@@ -986,8 +992,9 @@ START_TEST(invalid_arguments_return_documented_errors)
 	o.ring_capacity = 3;
 	ck_assert_int_eq(mbp_pipeline_new(&p, &o), -EINVAL);
 	o.ring_capacity = 16;
-	o.max_mb_rows = 0;
+	o.pinning = (mbp_pin_mode)2;
 	ck_assert_int_eq(mbp_pipeline_new(&p, &o), -EINVAL);
+	o.pinning = MBP_PIN_PLAN;
 	o.max_mb_rows = 8;
 	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
 
@@ -1045,6 +1052,53 @@ START_TEST(invalid_arguments_return_documented_errors)
 }
 END_TEST
 
+/* Where the pipeline placed each stage's thread, and its waits' budgets, against a pinning and a spin
+ * and yield budget (0 the default, MBP_SPIN_NONE none). */
+static void placed_and_waiting(mbp_pipeline *p, unsigned S, bool pinned, uint64_t spin, uint64_t yield)
+{
+	mbp_placement pl[MBP_MAX_STAGES];
+	ck_assert_int_eq(mbp_pipeline_placement(p, pl, S), (int)S);
+	for (unsigned i = 0; i < S; i++)
+		ck_assert_msg(pinned ? pl[i].cpu >= 0 : pl[i].cpu == -1, "stage %u on cpu %d", i, pl[i].cpu);
+	ck_assert_uint_eq(p->wopts.spin_ns, spin);
+	ck_assert_uint_eq(p->wopts.yield_ns, yield);
+}
+
+/* A zeroed mbp_opts with its one required field set is complete: every 0 is the default that
+ * mbp_opts_init gives (pinned per the plan, 20 us of spin, 200 us of yield, ...), and a job runs. The
+ * string's 0 means what it says: spin_us=0 and yield_us=0 are none, pin=0 is unpinned. */
+START_TEST(a_zeroed_opts_with_its_row_width_runs_a_job_on_every_default)
+{
+	mbp_opts zero = {.in_row_bytes = WORDS * 4}, init;
+	mbp_opts_init(&init);
+	ck_assert_int_eq(mbp_opts_check(&zero, NULL), 0);
+	const unsigned S = 2;
+	mbp_pipeline *p = make(S, 0, &zero);
+	ck_assert_uint_eq(p->o.max_mb_rows, init.max_mb_rows);
+	ck_assert_uint_eq(p->o.ring_capacity, init.ring_capacity);
+	ck_assert_uint_eq(p->o.ingress_depth, init.ingress_depth);
+	ck_assert_uint_eq(p->o.mb_buffers, init.mb_buffers);
+	ck_assert_uint_eq(p->o.pool_bytes, init.pool_bytes);
+	ck_assert_uint_eq(p->o.cache_size, init.cache_size);
+	ck_assert_uint_eq(p->o.spin_ns, init.spin_ns);
+	ck_assert_uint_eq(p->o.yield_ns, init.yield_ns);
+	ck_assert_int_eq(p->o.pinning, init.pinning);
+	ck_assert_int_eq(init.pinning, MBP_PIN_PLAN);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	placed_and_waiting(p, S, true, MBP__SPIN_NS_DEFAULT, MBP__YIELD_NS_DEFAULT);
+	run_checked_and_destroy(p, S, 100, 3);
+
+	ck_assert_int_eq(mbp_opts_parse(&zero, "spin_us=0,yield_us=0,pin=0", NULL), 0);
+	ck_assert_uint_eq(zero.spin_ns, MBP_SPIN_NONE);
+	ck_assert_uint_eq(zero.yield_ns, MBP_YIELD_NONE);
+	ck_assert_int_eq(zero.pinning, MBP_PIN_NONE);
+	p = make(S, 0, &zero);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	placed_and_waiting(p, S, false, 0, 0);
+	run_checked_and_destroy(p, S, 100, 3);
+}
+END_TEST
+
 START_TEST(opts_string_sets_fields_and_rejects_bad_keys)
 {
 	mbp_opts o;
@@ -1060,7 +1114,7 @@ START_TEST(opts_string_sets_fields_and_rejects_bad_keys)
 	ck_assert_uint_eq(o.yield_ns, 50000);
 	ck_assert_uint_eq(o.ncpus, 2);
 	ck_assert_int_eq(o.cpus[1], 1);
-	ck_assert(!o.pin);
+	ck_assert_int_eq(o.pinning, MBP_PIN_NONE);
 	ck_assert_uint_eq(o.trace_events, 100);
 	ck_assert_int_eq(mbp_opts_parse(&o, "cpus=3+1+2", NULL), 0);
 	ck_assert_uint_eq(o.ncpus, 3);
@@ -1488,7 +1542,7 @@ START_TEST(named_cpus_keep_a_thread_per_stage_by_default)
 	/* unpinned, on a list of one CPU: the names do not count, the two stages share one thread */
 	mbp_opts o;
 	mbp_opts_init(&o);
-	o.pin = false;
+	o.pinning = MBP_PIN_NONE;
 	o.ncpus = 1;
 	o.cpus[0] = allowed[0];
 	p = named_pair(allowed[0], allowed[0], 0, &o);
@@ -1652,6 +1706,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, single_micro_batches_through_one_stage);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
+	tcase_add_test(tc, a_zeroed_opts_with_its_row_width_runs_a_job_on_every_default);
 	tcase_add_test(tc, opts_are_checked_where_given_with_a_rule_that_names_the_key);
 	tcase_add_test(tc, stats_placement_and_trace_describe_the_run);
 	tcase_add_test(tc, trace_is_valid_json_whatever_the_stage_names);

@@ -572,6 +572,41 @@ START_TEST(huge_page_buffers_are_aligned_and_advised)
 }
 END_TEST
 
+/* A zeroed mbp_pool_opts with its buffer size set is the defaults of mbp_pool_opts_init: 64-byte
+ * alignment, 1024 buffers (then a get without waiting finds it exhausted), caches of 8 (the ninth release
+ * into a full cache moves half of it to the depot). */
+START_TEST(a_zeroed_opts_with_its_buffer_size_is_the_defaults)
+{
+	mbp_pool_opts zero = {.buf_bytes = 1000}, init;
+	mbp_pool_opts_init(&init);
+	init.buf_bytes = 1000;
+	mbp_pool *p, *q;
+	ck_assert_int_eq(mbp_pool_new(&p, &zero), 0);
+	ck_assert_int_eq(mbp_pool_new(&q, &init), 0);
+	ck_assert_uint_eq(stats_of(p).max_buffers, 1024);
+	ck_assert_uint_eq(stats_of(p).max_buffers, stats_of(q).max_buffers);
+	static mbp_mb *held[1024];
+	for (unsigned i = 0; i < 1024; i++) {
+		ck_assert_int_eq(mbp_pool_get(p, NULL, &held[i], 0), 0);
+		ck_assert_uint_eq((uintptr_t)held[i]->data % 64, 0);
+	}
+	mbp_mb *one;
+	ck_assert_int_eq(mbp_pool_get(p, NULL, &one, 0), -EAGAIN);
+	mbp_pool_cache *c;
+	ck_assert_int_eq(mbp_pool_cache_new(p, &c), 0);
+	for (unsigned i = 0; i < 8; i++)
+		mbp_pool_put(p, c, held[i]);
+	ck_assert_uint_eq(stats_of(p).flushes, 0);
+	mbp_pool_put(p, c, held[8]);
+	ck_assert_uint_eq(stats_of(p).flushes, 1);
+	for (unsigned i = 9; i < 1024; i++)
+		mbp_pool_put(p, NULL, held[i]);
+	mbp_pool_cache_destroy(c);
+	assert_quiet_and_destroy(p);
+	assert_quiet_and_destroy(q);
+}
+END_TEST
+
 START_TEST(invalid_arguments_are_rejected)
 {
 	mbp_pool_opts o;
@@ -581,21 +616,13 @@ START_TEST(invalid_arguments_are_rejected)
 	ck_assert_ptr_null(p);
 	ck_assert_int_eq(mbp_pool_new(NULL, &o), -EINVAL);
 	ck_assert_int_eq(mbp_pool_new(&p, NULL), -EINVAL);
-	const size_t bad_align[] = {0, 1, 32, 63, 96, 4097};
+	const size_t bad_align[] = {1, 32, 63, 96, 4097}; /* 0 is the default, 64 */
 	for (size_t i = 0; i < sizeof(bad_align) / sizeof(bad_align[0]); i++) {
 		mbp_pool_opts_init(&o);
 		o.buf_bytes = 4096;
 		o.align = bad_align[i];
 		ck_assert_int_eq(mbp_pool_new(&p, &o), -EINVAL);
 	}
-	mbp_pool_opts_init(&o);
-	o.buf_bytes = 4096;
-	o.max_buffers = 0;
-	ck_assert_int_eq(mbp_pool_new(&p, &o), -EINVAL);
-	mbp_pool_opts_init(&o);
-	o.buf_bytes = 4096;
-	o.cache_size = 0;
-	ck_assert_int_eq(mbp_pool_new(&p, &o), -EINVAL);
 	mbp_pool_opts_init(&o);
 	o.buf_bytes = SIZE_MAX - 10;
 	ck_assert_int_eq(mbp_pool_new(&p, &o), -EOVERFLOW);
@@ -1038,6 +1065,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, payloads_are_aligned);
 	tcase_add_test(tc, huge_page_buffers_are_aligned_and_advised);
 	tcase_add_test(tc, invalid_arguments_are_rejected);
+	tcase_add_test(tc, a_zeroed_opts_with_its_buffer_size_is_the_defaults);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("checks");

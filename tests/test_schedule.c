@@ -11,6 +11,7 @@
 #include <mbpipe.h>
 
 #include "check_main.h"
+#include "schedule.h"
 
 /* A stage's list as text: "F0 F1 B0 ..." (b: B_in, W: weight gradient). */
 static void list_text(const mbp_schedule *sc, unsigned s, char *buf, size_t cap)
@@ -186,6 +187,191 @@ START_TEST(simulate_gives_each_operation_its_start)
 }
 END_TEST
 
+/* ---- the buffers a part holds at most, against every reachable state ---- */
+
+/* One process of the brute force: a thread of the part or a remote neighbour, its list in global stages. */
+struct bf_proc {
+	mbp_sched_op ops[64];
+	size_t L;
+};
+
+struct bf {
+	const mbp_schedule *sc;
+	unsigned first, count, lo, hi; /* the part; the stages modelled (the part and its neighbours) */
+	const bool *stash;
+	struct bf_proc p[8];
+	unsigned K;
+	unsigned x[8];			    /* positions: 2k ended k operations, 2k + 1 runs operation k */
+	int where[MBP_MAX_STAGES][3][8][2]; /* (stage, F / B or B_in / W, mb): process and index */
+};
+
+static int bf_class(unsigned kind)
+{
+	return kind == MBP_OP_F ? 0 : kind == MBP_OP_W ? 2 : 1;
+}
+
+static bool bf_started(const struct bf *b, unsigned s, int cls, unsigned j)
+{
+	const int *w = b->where[s][cls][j];
+	return (unsigned)w[1] < (b->x[w[0]] + 1) / 2;
+}
+
+static bool bf_ended(const struct bf *b, unsigned s, int cls, unsigned j)
+{
+	const int *w = b->where[s][cls][j];
+	return (unsigned)w[1] < b->x[w[0]] / 2;
+}
+
+/* the micro-batch's last operation at stage s ended (B, or W under ZB-H1) */
+static bool bf_done(const struct bf *b, unsigned s, unsigned j)
+{
+	return bf_ended(b, s, mbp_schedule_kind(b->sc) == MBP_SCHED_ZBH1 ? 2 : 1, j);
+}
+
+static bool bf_reachable(const struct bf *b)
+{
+	unsigned S = mbp_schedule_stages(b->sc);
+	for (unsigned a = 0; a < b->K; a++)
+		for (size_t i = 0; i < (b->x[a] + 1) / 2; i++) {
+			const mbp_sched_op *op = &b->p[a].ops[i];
+			unsigned s = op->stage, j = op->mb;
+			int c = bf_class(op->kind);
+			if (c == 0 && s > b->lo && !bf_ended(b, s - 1, 0, j))
+				return false;
+			if (c == 1 && s < b->hi && !bf_ended(b, s + 1, 1, j))
+				return false;
+			if (c == 1 && s == S - 1 && !bf_ended(b, s, 0, j))
+				return false;
+			if (c == 2 && !bf_ended(b, s, 1, j))
+				return false;
+		}
+	return true;
+}
+
+/* What the part holds in this state, buffer by buffer. */
+static unsigned bf_held(const struct bf *b)
+{
+	unsigned S = mbp_schedule_stages(b->sc), M = mbp_schedule_mbs(b->sc), n = 0;
+	for (unsigned s = b->lo; s <= b->hi; s++)
+		for (unsigned j = 0; j < M; j++) {
+			bool local = s >= b->first && s < b->first + b->count;
+			bool held = bf_started(b, s, 0, j) && !bf_done(b, s, j);
+			if (local) {
+				n += held && b->stash[s - b->first]; /* stash */
+				n += held && s == S - 1;	     /* the loss's gradient */
+				n += bf_started(b, s, 0, j) &&
+				     !bf_ended(b, s, 0, j); /* F filling its output */
+				n += s > 0 && bf_started(b, s, 1, j) &&
+				     !bf_ended(b, s, 1, j); /* B filling din */
+			}
+			bool link =
+			    s < b->hi && (local || (s + 1 >= b->first && s + 1 < b->first + b->count));
+			if (link) {
+				n += bf_ended(b, s, 0, j) &&
+				     !bf_done(b, s + 1, j); /* output, then next's input */
+				n += bf_ended(b, s + 1, 1, j) && !bf_done(b, s, j); /* input gradient */
+			}
+		}
+	return n;
+}
+
+static uint64_t brute_peak(const mbp_schedule *sc, unsigned first, unsigned count, unsigned threads,
+			   const bool *stash)
+{
+	static struct bf b;
+	memset(&b, 0, sizeof(b));
+	unsigned S = mbp_schedule_stages(sc);
+	b.sc = sc;
+	b.first = first;
+	b.count = count;
+	b.stash = stash;
+	b.lo = first ? first - 1 : 0;
+	b.hi = first + count < S ? first + count : S - 1;
+	const mbp_sched_op *ops;
+	if (first) {
+		b.p[b.K].L = mbp_schedule_stage_ops(sc, first - 1, &ops);
+		memcpy(b.p[b.K++].ops, ops, b.p[0].L * sizeof(*ops));
+	}
+	mbp_sched_op part[512];
+	size_t off[MBP_MAX_STAGES + 1];
+	ck_assert_int_eq(mbp__schedule_part_lists(sc, first, count, threads, part, off), 0);
+	for (unsigned t = 0; t < threads; t++, b.K++) {
+		b.p[b.K].L = off[t + 1] - off[t];
+		for (size_t i = 0; i < b.p[b.K].L; i++) {
+			b.p[b.K].ops[i] = part[off[t] + i];
+			b.p[b.K].ops[i].stage = (uint16_t)(b.p[b.K].ops[i].stage + first);
+		}
+	}
+	if (first + count < S) {
+		b.p[b.K].L = mbp_schedule_stage_ops(sc, first + count, &ops);
+		memcpy(b.p[b.K].ops, ops, b.p[b.K].L * sizeof(*ops));
+		b.K++;
+	}
+	for (unsigned a = 0; a < b.K; a++)
+		for (size_t i = 0; i < b.p[a].L; i++) {
+			const mbp_sched_op *op = &b.p[a].ops[i];
+			b.where[op->stage][bf_class(op->kind)][op->mb][0] = (int)a;
+			b.where[op->stage][bf_class(op->kind)][op->mb][1] = (int)i;
+			if (op->kind == MBP_OP_B) /* a whole backward is also the last */
+				b.where[op->stage][2][op->mb][0] = (int)a,
+				b.where[op->stage][2][op->mb][1] = (int)i;
+		}
+	uint64_t most = 0;
+	for (;;) {
+		if (bf_reachable(&b)) {
+			unsigned n = bf_held(&b);
+			most = n > most ? n : most;
+		}
+		unsigned a = 0;
+		while (a < b.K && b.x[a] == 2 * b.p[a].L)
+			b.x[a++] = 0;
+		if (a == b.K)
+			break;
+		b.x[a]++;
+	}
+	return most;
+}
+
+START_TEST(buffer_peak_is_the_most_any_reachable_state_holds)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	static const bool stash[2][4] = {{true, true, true, true}, {false, true, false, true}};
+	for (size_t k = 0; k < 3; k++)
+		for (unsigned S = 1; S <= 4; S++)
+			for (unsigned M = 1; M <= (S <= 2 ? 4u : S == 3 ? 3u : 2u); M++) {
+				mbp_schedule *sc;
+				ck_assert_int_eq(mbp_schedule_new(&sc, kinds[k], S, M), 0);
+				/* the whole pipeline on 1..S threads, and parts of it (one rank's stages) */
+				for (unsigned first = 0; first < S; first++)
+					for (unsigned count = 1; first + count <= S; count++)
+						for (unsigned T = 1; T <= count; T++) {
+							if (first > 0 && T > 1 && S > 3)
+								continue; /* keeps the brute force small */
+							const bool *st =
+							    stash[(first + count + T) & 1] + first;
+							mbp_sched_op ops[512];
+							size_t off[MBP_MAX_STAGES + 1];
+							mbp__schedule_part_lists(sc, first, count, T, ops,
+										 off);
+							struct mbp__sched_part part = {first, count, T,
+										       ops,   off,   st};
+							uint64_t got = 0;
+							ck_assert_int_eq(
+							    mbp__schedule_buffer_peak(sc, &part, &got), 0);
+							uint64_t want = brute_peak(sc, first, count, T, st);
+							ck_assert_msg(
+							    got == want,
+							    "%s S=%u M=%u stages %u-%u on %u threads: %llu, "
+							    "brute force %llu",
+							    mbp_sched_name(kinds[k]), S, M, first,
+							    first + count - 1, T, (unsigned long long)got,
+							    (unsigned long long)want);
+						}
+				mbp_schedule_destroy(sc);
+			}
+}
+END_TEST
+
 START_TEST(invalid_arguments_return_documented_errors)
 {
 	mbp_schedule *sc;
@@ -227,6 +413,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, stash_and_held_peaks_are_the_schedules_figures);
 	tcase_add_test(tc, simulated_bubbles_match_the_closed_forms);
 	tcase_add_test(tc, simulate_gives_each_operation_its_start);
+	tcase_add_test(tc, buffer_peak_is_the_most_any_reachable_state_holds);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	suite_add_tcase(s, tc);
 	return s;

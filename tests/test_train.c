@@ -17,6 +17,8 @@
 #include <mbpipe.h>
 
 #include "check_main.h"
+#include "pipeline_internal.h"
+#include "train_internal.h"
 
 #include "train_toy.h"
 
@@ -26,9 +28,23 @@ struct rig {
 	unsigned S;
 };
 
-static void rig_new(struct rig *r, unsigned S, mbp_sched_kind kind, unsigned threads, bool whole)
+/* A trainer of S toy stages under `o`, not started; `edit` (NULL: none) changes stage s's descriptor. */
+static void rig_build(struct rig *r, unsigned S, const mbp_train_opts *o, bool whole,
+		      void (*edit)(mbp_train_stage_desc *d, unsigned s))
 {
 	r->S = S;
+	ck_assert_int_eq(mbp_trainer_new(&r->t, o), 0);
+	for (unsigned s = 0; s < S; s++) {
+		toy_init(&r->st[s], s + 1);
+		mbp_train_stage_desc d = toy_desc(&r->st[s], whole);
+		if (edit)
+			edit(&d, s);
+		ck_assert_int_eq(mbp_trainer_add_stage(r->t, &d), 0);
+	}
+}
+
+static void rig_new(struct rig *r, unsigned S, mbp_sched_kind kind, unsigned threads, bool whole)
+{
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
 			    .target_row_bytes = N * sizeof(float),
 			    .max_mb_rows = 16,
@@ -37,12 +53,7 @@ static void rig_new(struct rig *r, unsigned S, mbp_sched_kind kind, unsigned thr
 			    .threads = threads,
 			    .trace_events = 512,
 			    .loss = mse};
-	ck_assert_int_eq(mbp_trainer_new(&r->t, &o), 0);
-	for (unsigned s = 0; s < S; s++) {
-		toy_init(&r->st[s], s + 1);
-		mbp_train_stage_desc d = toy_desc(&r->st[s], whole);
-		ck_assert_int_eq(mbp_trainer_add_stage(r->t, &d), 0);
-	}
+	rig_build(r, S, &o, whole, NULL);
 	ck_assert_int_eq(mbp_trainer_start(r->t), 0);
 }
 
@@ -159,6 +170,7 @@ static void start_refused_naming(mbp_trainer *t, int stage)
 	ck_assert_int_eq(mbp_trainer_error(t, &e), 0);
 	ck_assert_int_eq(e.err, -EINVAL);
 	ck_assert_int_eq(e.stage, stage);
+	ck_assert_ptr_nonnull(e.what); /* in words */
 }
 
 START_TEST(zbh1_refuses_a_stage_without_split_backward)
@@ -246,15 +258,11 @@ START_TEST(non_finite_loss_fails_the_step_with_edom)
 			    .target_row_bytes = N * sizeof(float),
 			    .threads = 2,
 			    .loss = nan_loss};
-	mbp_trainer *t;
-	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
-	struct toy st[2], before[2];
-	for (unsigned s = 0; s < 2; s++) {
-		toy_init(&st[s], s);
-		mbp_train_stage_desc d = toy_desc(&st[s], false);
-		ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
-	}
-	memcpy(before, st, sizeof(st));
+	struct rig r;
+	rig_build(&r, 2, &o, false, NULL);
+	mbp_trainer *t = r.t;
+	struct toy *st = r.st, before[2];
+	memcpy(before, st, sizeof(before));
 	ck_assert_int_eq(mbp_trainer_start(t), 0);
 	float in[16 * N], tg[16 * N];
 	make_data(in, tg, 16, 0);
@@ -270,38 +278,118 @@ START_TEST(non_finite_loss_fails_the_step_with_edom)
 }
 END_TEST
 
+/* The last step failed at stage `stage`'s update (its check, grad_sq or update) with `err`, in words. */
+static void failed_at_update(mbp_trainer *t, int err, int stage)
+{
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_trainer_error(t, &e), 0);
+	ck_assert_int_eq(e.err, err);
+	ck_assert_int_eq(e.stage, stage);
+	ck_assert_int_eq(e.mb, -1);
+	ck_assert_int_eq(e.op, MBP_OP_UPDATE);
+	ck_assert_ptr_nonnull(e.what);
+}
+
 static double nan_grad_sq(void *ctx)
 {
 	(void)ctx;
 	return NAN;
 }
 
+static void nan_grad_sq_at_1(mbp_train_stage_desc *d, unsigned s)
+{
+	if (s == 1)
+		d->grad_sq = nan_grad_sq;
+}
+
 START_TEST(non_finite_gradient_norm_fails_the_step_before_any_update)
 {
 	struct rig r;
-	r.S = 3;
 	mbp_train_opts o = {
 	    .in_row_bytes = N * sizeof(float), .target_row_bytes = N * sizeof(float), .loss = mse};
-	ck_assert_int_eq(mbp_trainer_new(&r.t, &o), 0);
-	for (unsigned s = 0; s < 3; s++) {
-		toy_init(&r.st[s], s);
-		mbp_train_stage_desc d = toy_desc(&r.st[s], false);
-		if (s == 1)
-			d.grad_sq = nan_grad_sq;
-		ck_assert_int_eq(mbp_trainer_add_stage(r.t, &d), 0);
-	}
+	rig_build(&r, 3, &o, false, nan_grad_sq_at_1);
 	ck_assert_int_eq(mbp_trainer_start(r.t), 0);
 	struct toy before[3];
 	memcpy(before, r.st, sizeof(before));
 	float in[16 * N], tg[16 * N];
 	make_data(in, tg, 16, 0);
 	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), -EDOM);
-	mbp_train_error e;
-	mbp_trainer_error(r.t, &e);
-	ck_assert_int_eq(e.stage, 1);
+	failed_at_update(r.t, -EDOM, 1);
 	params_equal(r.st, before, 3);
 	for (unsigned s = 0; s < 3; s++)
 		ck_assert_uint_eq(r.st[s].updates, 0);
+	no_buffer_out(r.t);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
+static void no_grad_sq(mbp_train_stage_desc *d, unsigned s)
+{
+	(void)s;
+	d->grad_sq = NULL;
+}
+
+/* A stage's check refuses (stage 1 of 4, no stage giving grad_sq): under every schedule and thread count
+ * the step fails naming stage 1 and no stage's parameters change; the next step runs normally, its norm
+ * unknown (NaN) without grad_sq. */
+START_TEST(a_refusing_check_fails_the_step_before_any_stage_updates)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	float in[24 * N], tg[24 * N];
+	for (size_t k = 0; k < 3; k++)
+		for (unsigned T = 1; T <= 4; T *= 2) {
+			mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+					    .target_row_bytes = N * sizeof(float),
+					    .schedule = kinds[k],
+					    .threads = T,
+					    .loss = mse};
+			struct rig r;
+			rig_build(&r, 4, &o, false, no_grad_sq);
+			ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+			struct toy before[4], ref[4];
+			memcpy(before, r.st, sizeof(before));
+			memcpy(ref, r.st, sizeof(ref));
+			r.st[1].fail_kind = TOY_FAIL_CHECK;
+			make_data(in, tg, 24, 0);
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 24, 4, NULL), -EIO);
+			failed_at_update(r.t, -EIO, 1);
+			params_equal(r.st, before, 4);
+			for (unsigned s = 0; s < 4; s++) {
+				ck_assert_uint_eq(r.st[s].updates, 0);
+				ck_assert_uint_eq(r.st[s].discards, 1);
+			}
+			no_buffer_out(r.t);
+			r.st[1].fail_kind = -1;
+			make_data(in, tg, 24, 1);
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 24, 4, NULL), 0);
+			reference_step(ref, 4, in, tg, 24, 4);
+			params_equal(r.st, ref, 4);
+			ck_assert(isnan(r.st[0].last_norm)); /* unknown: no stage gives grad_sq */
+			mbp_trainer_destroy(r.t);
+		}
+}
+END_TEST
+
+/* An update that refuses after its check accepted (a broken contract) is reported, not silent: the step
+ * fails with -ENOTRECOVERABLE naming the stage, and so does every later step, which runs nothing. */
+START_TEST(an_update_that_refuses_after_its_check_breaks_the_trainer_and_says_so)
+{
+	struct rig r;
+	rig_new(&r, 3, MBP_SCHED_1F1B, 2, false);
+	r.st[2].fail_kind = TOY_FAIL_UPDATE;
+	float in[16 * N], tg[16 * N];
+	make_data(in, tg, 16, 0);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), -ENOTRECOVERABLE);
+	failed_at_update(r.t, -ENOTRECOVERABLE, 2);
+	r.st[2].fail_kind = -1;
+	unsigned ops = atomic_load(&r.st[0].ops);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), -ENOTRECOVERABLE);
+	failed_at_update(r.t, -ENOTRECOVERABLE, 2);
+	ck_assert_uint_eq(atomic_load(&r.st[0].ops), ops);
+	mbp_train_stats st;
+	mbp_trainer_stats_get(r.t, &st, NULL, 0);
+	ck_assert_uint_eq(st.steps, 0);
+	ck_assert_uint_eq(st.steps_failed, 1);
 	no_buffer_out(r.t);
 	mbp_trainer_destroy(r.t);
 }
@@ -634,6 +722,136 @@ START_TEST(invalid_arguments_return_documented_errors)
 }
 END_TEST
 
+/* The pool is sized from the schedule when a step of a new micro-batch count M first runs: from then on
+ * no step allocates a buffer, whatever the timing (train.h's promise), under every schedule, stage count
+ * and thread count, and again after M changes. */
+START_TEST(the_pool_never_grows_after_the_first_step_of_a_micro_batch_count)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	float in[64 * N], tg[64 * N];
+	make_data(in, tg, 64, 3);
+	for (size_t k = 0; k < 3; k++)
+		for (unsigned S = 1; S <= 4; S++)
+			for (unsigned T = 1; T <= S; T++) {
+				struct rig r;
+				rig_new(&r, S, kinds[k], T, false);
+				static const uint32_t mb_rows[] = {8, 4}; /* M = 8, then 16 */
+				for (unsigned m = 0; m < 2; m++) {
+					mbp_train_stats first, st;
+					for (unsigned step = 0; step < 20; step++) {
+						/* one slow stage per step lets the others run ahead of it */
+						for (unsigned s = 0; s < S; s++)
+							r.st[s].sleep_us = s == step % S ? 20 : 0;
+						ck_assert_int_eq(
+						    mbp_trainer_step(r.t, in, tg, 64, mb_rows[m], NULL), 0);
+						mbp_trainer_stats_get(r.t, &st, NULL, 0);
+						if (step == 0)
+							first = st;
+						ck_assert_msg(st.pool.grows == first.pool.grows &&
+								  st.pool.allocated == first.pool.allocated,
+							      "%s S=%u T=%u M=%u step %u: grew %llu -> %llu",
+							      mbp_sched_name(kinds[k]), S, T, 64 / mb_rows[m],
+							      step, (unsigned long long)first.pool.allocated,
+							      (unsigned long long)st.pool.allocated);
+						ck_assert_uint_eq(st.pool.waits, 0);
+					}
+				}
+				no_buffer_out(r.t);
+				mbp_trainer_destroy(r.t);
+			}
+}
+END_TEST
+
+/* More threads than stages is refused at start as mbp_schedule_simulate refuses it (no longer started
+ * with fewer threads than asked, silently); as many as the stages starts. */
+START_TEST(more_threads_than_stages_is_refused_as_the_simulator_refuses_it)
+{
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .threads = 8,
+			    .loss = mse};
+	struct rig r;
+	rig_build(&r, 2, &o, false, NULL);
+	start_refused_naming(r.t, -1);
+	mbp_train_error e;
+	mbp_trainer_error(r.t, &e);
+	ck_assert_ptr_nonnull(strstr(e.what, "threads"));
+	mbp_trainer_destroy(r.t);
+
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_1F1B, 2, 4), 0);
+	mbp_op_costs c[2] = {{1, 1, 1}, {1, 1, 1}};
+	mbp_sched_sim sim;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, 8, &sim, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, 2, &sim, NULL), 0);
+	mbp_schedule_destroy(sc);
+
+	rig_new(&r, 2, MBP_SCHED_1F1B, 2, false);
+	mbp_train_stats ts;
+	mbp_trainer_stats_get(r.t, &ts, NULL, 0);
+	ck_assert_uint_eq(ts.threads, 2);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
+static int copy_rows(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	(void)ctx;
+	memcpy(out->data, in->data, (size_t)in->rows * in->row_bytes);
+	return 0;
+}
+
+/* A zeroed mbp_train_opts with its required fields set runs steps on every default, and the trainer
+ * defaults as the pipeline does: pinned per the placement plan (mbp_pipeline_placement, the trainer's
+ * stage figures), the same spin budget; MBP_PIN_NONE and MBP_SPIN_NONE mean the same in both too. */
+START_TEST(a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does)
+{
+	for (int none = 0; none < 2; none++) {
+		mbp_opts po = {.in_row_bytes = N * sizeof(float)};
+		mbp_train_opts o = {
+		    .in_row_bytes = N * sizeof(float), .target_row_bytes = N * sizeof(float), .loss = mse};
+		if (none) {
+			po.pinning = o.pinning = MBP_PIN_NONE;
+			po.spin_ns = o.spin_ns = MBP_SPIN_NONE;
+		}
+		mbp_pipeline *p;
+		ck_assert_int_eq(mbp_pipeline_new(&p, &po), 0);
+		for (unsigned s = 0; s < 2; s++) {
+			mbp_stage_desc d = {.fn = copy_rows};
+			ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+		}
+		ck_assert_int_eq(mbp_pipeline_start(p), 0);
+		mbp_placement pl[2];
+		ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
+		uint64_t pipeline_spin = p->wopts.no_spin ? 0 : p->wopts.spin_ns;
+		bool oversubscribed = p->wopts.no_spin; /* more threads than CPUs: no spin in either */
+		ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+		mbp_pipeline_destroy(p);
+
+		struct rig r;
+		rig_build(&r, 2, &o, false, NULL);
+		ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+		float in[16 * N], tg[16 * N];
+		make_data(in, tg, 16, 0);
+		for (unsigned step = 0; step < 2; step++)
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), 0);
+		mbp_train_stage_stats ss[2];
+		ck_assert_int_eq(mbp_trainer_stats_get(r.t, NULL, ss, 2), 2);
+		for (unsigned s = 0; s < 2; s++) {
+			ck_assert_msg((ss[s].cpu >= 0) == !none, "trainer stage %u on cpu %d", s, ss[s].cpu);
+			ck_assert_msg((pl[s].cpu >= 0) == !none, "pipeline stage %u on cpu %d", s, pl[s].cpu);
+		}
+		ck_assert_uint_eq(mbp__trainer_spin_ns(r.t), pipeline_spin);
+		ck_assert_uint_eq(pipeline_spin, none || oversubscribed ? 0 : MBP__SPIN_NS_DEFAULT);
+		mbp_trainer_destroy(r.t);
+	}
+	mbp_train_opts bad = {
+	    .in_row_bytes = 4, .target_row_bytes = 4, .pinning = (mbp_pin_mode)2, .loss = mse};
+	mbp_trainer *t;
+	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("train");
@@ -646,6 +864,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, injected_failure_at_any_operation_leaves_every_parameter_unchanged);
 	tcase_add_test(tc, non_finite_loss_fails_the_step_with_edom);
 	tcase_add_test(tc, non_finite_gradient_norm_fails_the_step_before_any_update);
+	tcase_add_test(tc, a_refusing_check_fails_the_step_before_any_stage_updates);
+	tcase_add_test(tc, an_update_that_refuses_after_its_check_breaks_the_trainer_and_says_so);
 	tcase_add_test(tc, cancel_mid_step_fails_it_with_nothing_updated_and_refuses_later_steps);
 	tcase_add_test(tc, drain_mid_step_lets_it_finish_then_refuses_later_steps);
 	tcase_add_test(tc, trace_shows_forward_backward_and_weight_operations_as_distinct_events);
@@ -653,6 +873,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_gradient_wider_than_the_activation_reaches_the_previous_stage_whole);
 	tcase_add_test(tc, a_last_stage_whose_gradient_is_not_its_output_is_refused);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
+	tcase_add_test(tc, more_threads_than_stages_is_refused_as_the_simulator_refuses_it);
+	tcase_add_test(tc, a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does);
+	tcase_add_test(tc, the_pool_never_grows_after_the_first_step_of_a_micro_batch_count);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -117,6 +117,17 @@ static double toy_grad_sq(void *ctx)
 	return s;
 }
 
+/* fail_kind TOY_FAIL_CHECK: the check refuses the step's update (-EIO); TOY_FAIL_UPDATE: the update
+ * applies and then says it refused, breaking the check's contract */
+#define TOY_FAIL_CHECK	MBP_OP_UPDATE
+#define TOY_FAIL_UPDATE (MBP_OP_UPDATE + 1)
+
+static int toy_check(void *ctx)
+{
+	struct toy *t = ctx;
+	return t->fail_kind == TOY_FAIL_CHECK ? -EIO : 0;
+}
+
 static void toy_discard(void *ctx)
 {
 	struct toy *t = ctx;
@@ -125,7 +136,7 @@ static void toy_discard(void *ctx)
 	t->discards++;
 }
 
-static void toy_update(void *ctx, const mbp_train_update *u)
+static int toy_update(void *ctx, const mbp_train_update *u)
 {
 	struct toy *t = ctx;
 	for (int i = 0; i < N * N; i++)
@@ -137,6 +148,7 @@ static void toy_update(void *ctx, const mbp_train_update *u)
 	t->discards--; /* toy_discard counts; an update is not a discard */
 	toy_discard(ctx);
 	t->updates++;
+	return t->fail_kind == TOY_FAIL_UPDATE ? -EIO : 0;
 }
 
 /* 0.5 * squared error averaged over the step's rows */
@@ -165,6 +177,7 @@ static mbp_train_stage_desc toy_desc(struct toy *t, bool whole)
 				      .backward_in = toy_bin,
 				      .backward_w = toy_bw,
 				      .grad_sq = toy_grad_sq,
+				      .check = toy_check,
 				      .update = toy_update,
 				      .discard = toy_discard};
 }

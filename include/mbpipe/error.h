@@ -40,7 +40,8 @@ extern "C" {
 	XX(ENOSPC,    "no space left")                                                             \
 	XX(EFAULT,    "bad address")                                                               \
 	XX(EDOM,      "numerical error")                                                           \
-	XX(EPROTO,    "protocol error")
+	XX(EPROTO,    "protocol error")                                                            \
+	XX(ENOTRECOVERABLE, "state not recoverable")
 /* clang-format on */
 
 enum mbp_errno {

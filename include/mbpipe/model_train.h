@@ -321,6 +321,16 @@ int mbp_mlp_stage_grad_sqnorm(const mbp_mlp_stage *st, double *sq);
  */
 int mbp_mlp_stage_update(mbp_mlp_stage *st, float grad_scale);
 
+/**
+ * Would mbp_mlp_stage_update(st, grad_scale) refuse? Its refusals exactly, without applying anything (the
+ * trainer's check, mbp_train_stage_desc.check: a step updates every stage or none). A clip factor of
+ * mbp_clip_scale is finite and not negative whenever the squared norms it sums are finite (a trainer's
+ * grad_sq fails the step otherwise), so a check before the norm is known may pass 1.
+ * @return 0 (the update would apply), -EINVAL (NULL), -EDOM (grad_scale not finite or negative, or a
+ *         non-finite gradient).
+ */
+int mbp_mlp_stage_update_check(const mbp_mlp_stage *st, float grad_scale);
+
 /* ---- losses (last stage) ---- */
 
 /**

@@ -92,7 +92,8 @@ typedef struct mbp_mpi_opts {
 	uint32_t window;	 /**< W: receives pre-posted per link (credits of the sender). 8 */
 	uint32_t inflight;	 /**< rank 0: micro-batches accepted and not yet retired, at most. 512 */
 	int64_t peer_timeout_ns; /**< a rank silent this long ends the run. 10 s; < 0: never */
-	uint64_t spin_ns;	 /**< the communication thread polls this long after its last event. 20 us */
+	uint64_t spin_ns;	 /**< the communication thread polls this long after its last event. 0:
+				      20 us; MBP_SPIN_NONE: it parks at once */
 	uint64_t idle_ns;	 /**< then parks at most this long between polls (see above). 200 us */
 } mbp_mpi_opts;
 

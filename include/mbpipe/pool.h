@@ -47,13 +47,15 @@ extern "C" {
 typedef struct mbp_pool mbp_pool;
 typedef struct mbp_pool_cache mbp_pool_cache;
 
+/** Options of a pool. A zeroed struct with buf_bytes set is complete: every other field's 0 is its
+ * default. */
 typedef struct mbp_pool_opts {
-	size_t buf_bytes;     /**< payload bytes of every buffer (> 0) */
-	size_t align;	      /**< payload alignment, a power of two >= 64; default 64 */
-	uint32_t max_buffers; /**< bound in buffers; default 1024 */
+	size_t buf_bytes;     /**< payload bytes of every buffer (required, > 0) */
+	size_t align;	      /**< payload alignment, a power of two >= 64; 0: 64 */
+	uint32_t max_buffers; /**< bound in buffers; 0: 1024 */
 	size_t max_bytes;     /**< bound in bytes of payloads (rounded up to the alignment) and headers;
-				   default 1 GiB */
-	uint32_t cache_size;  /**< buffers a per-thread cache holds; default 8 */
+				   0: 1 GiB */
+	uint32_t cache_size;  /**< buffers a per-thread cache holds; 0: 8 */
 	bool huge_pages;      /**< buffers of 2 MiB or more: align payloads to 2 MiB, round their size up to
 				   a multiple of it and madvise(MADV_HUGEPAGE) them (advice: without THP the
 				   pool still works, on 4 KiB pages); ignored for smaller buffers */
@@ -79,7 +81,7 @@ typedef struct mbp_pool_stats {
  * high_water are then approximate (in_use is clamped to [0, allocated]); they are exact when the pool is
  * quiet. */
 
-/** Fill `o` with the defaults above (buf_bytes 0: the caller must set it). */
+/** Fill `o` with the defaults above, what a zeroed struct means (buf_bytes 0: the caller must set it). */
 void mbp_pool_opts_init(mbp_pool_opts *o);
 
 /**
@@ -88,9 +90,8 @@ void mbp_pool_opts_init(mbp_pool_opts *o);
  * Pair with mbp_pool_destroy(). Allocates no buffer yet; reserves address space for the headers of the
  * effective bound in buffers (128 bytes each, touched only as the pool grows).
  *
- * @return 0, -EINVAL (NULL, buf_bytes 0, alignment not a power of two or below 64, max_buffers 0,
- *         cache_size 0, max_bytes too small for one buffer), -EOVERFLOW (sizes overflow), -ENOMEM (or the
- *         header reservation failed).
+ * @return 0, -EINVAL (NULL, buf_bytes 0, alignment not a power of two or below 64, max_bytes too small
+ *         for one buffer), -EOVERFLOW (sizes overflow), -ENOMEM (or the header reservation failed).
  */
 int mbp_pool_new(mbp_pool **pool, const mbp_pool_opts *o);
 

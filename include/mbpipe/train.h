@@ -10,8 +10,18 @@
  * function B, or two: B_in (input gradient only) and B_w (weight gradient only), which lets a schedule put
  * the weight gradients where a stage would otherwise wait. The last stage turns its output and the
  * micro-batch's targets into a loss and the gradient that starts the backward. When every backward of the
- * step is done on every stage (the flush), each stage applies its update to its own parameters. A step is
- * all or nothing: if any operation fails, no stage updates.
+ * step is done on every stage (the flush), each stage applies its update to its own parameters.
+ *
+ * A step is all or nothing: one that returns 0 has updated every stage, one that fails has updated none.
+ * The stages update at once, each on its own thread, so one stage's refusal could not be undone in the
+ * others: every refusal comes before the decision instead. After its last operation of the step each
+ * stage's thread runs its check (may the update apply?) and its grad_sq; the trainer (across ranks: every
+ * rank, in the same vote that a failed operation takes part in) updates only if every operation, every
+ * check and every grad_sq (finite) agreed, and discards every stage's gradient otherwise. A stage whose
+ * update can refuse (a non-finite gradient, say) gives a check with the same refusals (the MLP stages:
+ * mbp_mlp_stage_update_check). `update` returns an int so that a stage that breaks this contract is
+ * reported, never silent: its refusal fails the step with -ENOTRECOVERABLE (the other stages have
+ * updated), and every later step too.
  *
  * Schedules: the order of each stage's operations, computed once per (schedule, S, M):
  *   GPipe  all M forwards, then all M backwards. Stash peak of a stage: M micro-batches.
@@ -58,10 +68,12 @@ typedef enum mbp_sched_kind {
 } mbp_sched_kind;
 
 typedef enum mbp_op_kind {
-	MBP_OP_F = 0,	/**< forward */
-	MBP_OP_B = 1,	/**< whole backward (input and weight gradients), or B_in + B_w back to back */
-	MBP_OP_BIN = 2, /**< input gradient only (ZB-H1) */
-	MBP_OP_W = 3,	/**< weight gradient only (ZB-H1) */
+	MBP_OP_F = 0,	   /**< forward */
+	MBP_OP_B = 1,	   /**< whole backward (input and weight gradients), or B_in + B_w back to back */
+	MBP_OP_BIN = 2,	   /**< input gradient only (ZB-H1) */
+	MBP_OP_W = 3,	   /**< weight gradient only (ZB-H1) */
+	MBP_OP_UPDATE = 4, /**< not in a schedule: the step's update (a stage's check, grad_sq or update), as
+			        mbp_train_error.op */
 } mbp_op_kind;
 
 typedef struct mbp_sched_op {
@@ -156,10 +168,13 @@ typedef int (*mbp_train_op_fn)(void *ctx, const mbp_train_io *io);
 
 /** What every stage's update is told at the flush of a successful step. */
 typedef struct mbp_train_update {
-	uint64_t step;	  /**< step number, counting from 0 */
-	uint64_t rows;	  /**< N */
-	double loss;	  /**< summed loss of the step (the loss function's values added in order) */
-	double grad_norm; /**< sqrt of the sum over stages of grad_sq; NaN if a stage has no grad_sq */
+	uint64_t step; /**< step number, counting from 0 */
+	uint64_t rows; /**< N */
+	double loss;   /**< summed loss of the step (the loss function's values added in order) */
+	/** sqrt of the sum over the stages (of every rank) of grad_sq, added in stage order; NaN when a
+	 * stage gives no grad_sq: the norm is then unknown. Never NaN for a non-finite gradient (a grad_sq
+	 * that is not finite fails the step), so a stage that clips by it must not leave grad_sq out. */
+	double grad_norm;
 } mbp_train_update;
 
 typedef struct mbp_train_stage_desc {
@@ -176,10 +191,19 @@ typedef struct mbp_train_stage_desc {
 	mbp_train_op_fn backward; /**< whole backward; or give backward_in and backward_w (or all three) */
 	mbp_train_op_fn backward_in;
 	mbp_train_op_fn backward_w;
-	/** Squared norm of the gradient accumulated so far (for clipping by global norm). Optional. */
+	/** Squared norm of the gradient accumulated so far (for clipping by global norm). Optional (see
+	 * mbp_train_update.grad_norm); a value that is not finite fails the step (-EDOM, op MBP_OP_UPDATE)
+	 * before any stage updates. Runs on the stage's thread after its check. */
 	double (*grad_sq)(void *ctx);
-	/** Apply the accumulated gradient to the parameters and clear it. Required. */
-	void (*update)(void *ctx, const mbp_train_update *u);
+	/** Would update refuse this step's gradient? 0 (it will apply it), or a negative errno, such as
+	 * -EDOM for a non-finite gradient, that fails the step before any stage updates: mbp_trainer_error
+	 * names this stage, op MBP_OP_UPDATE, mb -1. Runs on the stage's thread after its last operation of
+	 * the step. Optional: required in effect of a stage whose update can refuse (see above). */
+	int (*check)(void *ctx);
+	/** Apply the accumulated gradient to the parameters and clear it. Required. Returns 0; a negative
+	 * errno breaks the contract above (check said it would apply): the step fails with
+	 * -ENOTRECOVERABLE naming this stage, and so does every later step. */
+	int (*update)(void *ctx, const mbp_train_update *u);
 	/** Clear the accumulated gradient without applying it (a failed step). Required. */
 	void (*discard)(void *ctx);
 	int (*init)(void *ctx, unsigned stage); /**< optional, on the stage's thread at start */
@@ -195,17 +219,19 @@ typedef int (*mbp_loss_fn)(void *arg, const mbp_train_io *io, double *loss);
 
 typedef struct mbp_trainer mbp_trainer;
 
-/** A zeroed struct is the defaults. */
+/** A zeroed struct with the required fields set is complete: every other field's 0 is its default. */
 typedef struct mbp_train_opts {
 	size_t in_row_bytes;	 /**< width of an input row of stage 0 (required, > 0) */
 	size_t target_row_bytes; /**< width of a target row (required, > 0, at most UINT32_MAX) */
 	uint32_t max_mb_rows;	 /**< largest micro-batch; sizes the buffers. 0: 64 */
 	uint32_t max_mbs;	 /**< largest micro-batch count of a step. 0: 64 */
 	mbp_sched_kind schedule; /**< 0: 1F1B */
-	uint32_t threads;	 /**< worker threads; 0: min(stages, allowed CPUs) */
-	bool pin;		 /**< pin thread t to the t-th allowed CPU (false: the OS places them) */
-	uint64_t spin_ns;	 /**< spin budget of a waiting thread. 0: 20 us (no spin when threads
-				      outnumber the allowed CPUs) */
+	uint32_t threads;	 /**< worker threads, at most the stages (mbp_trainer_start refuses more);
+				      0: min(stages, allowed CPUs) */
+	mbp_pin_mode pinning;	 /**< 0: MBP_PIN_PLAN, thread t pinned to the t-th allowed CPU (the
+				      pipeline's default too); MBP_PIN_NONE: the OS places them */
+	uint64_t spin_ns;	 /**< spin budget of a waiting thread. 0: 20 us, as the pipeline's;
+				      MBP_SPIN_NONE: none (and none when threads outnumber the CPUs) */
 	uint32_t trace_events;	 /**< operations kept per stage for the Chrome trace; 0: tracing off */
 	mbp_loss_fn loss;	 /**< required */
 	void *loss_arg;
@@ -213,8 +239,8 @@ typedef struct mbp_train_opts {
 
 /**
  * Create a trainer with no stages. The options are copied. Pair with mbp_trainer_destroy().
- * @return 0, -EINVAL (NULL, zero widths, no loss, an unknown schedule, max_mbs above MBP_TRAIN_MAX_MBS),
- *         -ENOMEM.
+ * @return 0, -EINVAL (NULL, zero widths, no loss, an unknown schedule or pinning, max_mbs above
+ *         MBP_TRAIN_MAX_MBS), -ENOMEM.
  */
 int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o);
 
@@ -227,9 +253,10 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
 
 /**
  * Start the threads and run each stage's init on its thread.
- * @return 0, -EINVAL (no stages; ZB-H1 with a stage that gives no backward_in/backward_w, or a last stage
- *         whose grad_row_bytes is not its out_row_bytes: the error names the stage through
- *         mbp_trainer_error()), -EALREADY, -ENOMEM, the first failing init's error.
+ * @return 0, -EINVAL (no stages; more threads than stages, as mbp_schedule_simulate() refuses them; ZB-H1
+ *         with a stage that gives no backward_in/backward_w, or a last stage whose grad_row_bytes is not
+ *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
+ *         what is wrong in `what`), -EALREADY, -ENOMEM, the first failing init's error.
  */
 int mbp_trainer_start(mbp_trainer *t);
 
@@ -241,22 +268,26 @@ int mbp_trainer_start(mbp_trainer *t);
  * @param loss if not NULL, receives the summed loss of the step
  * @return 0; -EINVAL (NULL, rows 0, mb_rows 0); -E2BIG (mb_rows above max_mb_rows, or more micro-batches
  *         than max_mbs); -ENOTCONN (not started); -ESHUTDOWN (cancelled or drained); -ECANCELED (cancelled during the
- *         step); -EDOM (non-finite loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); or
- *         the error a stage returned.
+ *         step); -EDOM (non-finite loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); the
+ *         error a stage's operation or check returned (then no stage updated); -ENOTRECOVERABLE (a
+ *         stage's update refused after its check accepted, or this happened at an earlier step: the
+ *         stages' parameters are no longer those of one step, and the trainer runs no more steps).
  *         mbp_trainer_error() says which stage, operation and micro-batch failed.
  */
 int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
 		     double *loss);
 
-/** Where the last failed step failed. */
+/** Where the last failed step (or a refused mbp_trainer_start) failed. */
 typedef struct mbp_train_error {
 	int err;   /**< 0 when the last step succeeded */
-	int stage; /**< -1 when no stage failed (cancel) */
+	int stage; /**< -1 when no stage failed (cancel, an option of the trainer) */
 	int mb;	   /**< -1 when not tied to a micro-batch */
 	mbp_op_kind op;
+	const char *what; /**< NULL (the stage's own error), or a static line saying what is wrong, such as
+			       "threads: more than the stages (each thread runs one stage or more)" */
 } mbp_train_error;
 
-/** The error of the last step, or zeros. @return 0 or -EINVAL. */
+/** The error of the last step (or of a refused start), or zeros. @return 0 or -EINVAL. */
 int mbp_trainer_error(const mbp_trainer *t, mbp_train_error *e);
 
 /**
@@ -295,7 +326,10 @@ typedef struct mbp_train_stats {
 	double bubble_predicted;       /**< last step: mbp_schedule_simulate's bubble with the measured
 					    mean cost of each stage's operations */
 	double loss;		       /**< last successful step */
-	mbp_pool_stats pool;	       /**< the trainer's buffers (in_use is 0 between steps) */
+	mbp_pool_stats pool;	       /**< the trainer's buffers (in_use is 0 between steps). The first
+					    step of a micro-batch count grows the pool to the most that the
+					    schedule can hold at once (plus the threads' caches): after it, no
+					    step of a count seen before allocates (grows and allocated stay) */
 } mbp_train_stats;
 
 /**

@@ -72,7 +72,7 @@ static void sgd(const mbp_optim_opts *o, double lr, uint64_t t, float decay, flo
 	}
 }
 
-int mbp_mlp_stage_update(mbp_mlp_stage *st, float scale)
+int mbp_mlp_stage_update_check(const mbp_mlp_stage *st, float scale)
 {
 	if (!st)
 		return -EINVAL;
@@ -81,10 +81,21 @@ int mbp_mlp_stage_update(mbp_mlp_stage *st, float scale)
 	mbp_mlp *n;
 	unsigned a, b;
 	mbp__mlp_stage_range(st, &n, &a, &b);
-	/* All or nothing: a non-finite gradient anywhere in the stage leaves every parameter as it was. */
 	for (size_t e = n->start[a]; e < n->start[b]; e++)
 		if (!isfinite(n->grad[e]))
 			return -EDOM;
+	return 0;
+}
+
+int mbp_mlp_stage_update(mbp_mlp_stage *st, float scale)
+{
+	/* All or nothing: a non-finite gradient anywhere in the stage leaves every parameter as it was. */
+	int rc = mbp_mlp_stage_update_check(st, scale);
+	if (rc < 0)
+		return rc;
+	mbp_mlp *n;
+	unsigned a, b;
+	mbp__mlp_stage_range(st, &n, &a, &b);
 	const mbp_optim_opts *o = &n->opt;
 	for (unsigned i = a; i < b; i++) {
 		uint64_t t = n->step[i];

@@ -28,6 +28,7 @@
 
 #include "common.h"
 #include "mpi_internal.h"
+#include "wait.h"
 
 enum { TAG_HDR = 1, TAG_DATA = 2, TAG_CREDIT = 3, TAG_CTRL = 4 };
 enum { CMD_NONE = 0, CMD_HB = 1, CMD_CANCEL = 2, CMD_STOP = 3, CMD_STOPPED = 4 };
@@ -175,16 +176,12 @@ void mbp__mpi_opts_fill(mbp_mpi_opts *o)
 {
 	mbp_mpi_opts d;
 	mbp_mpi_opts_init(&d);
-	if (!o->window)
-		o->window = d.window;
-	if (!o->inflight)
-		o->inflight = d.inflight;
-	if (!o->peer_timeout_ns)
-		o->peer_timeout_ns = d.peer_timeout_ns;
-	if (!o->spin_ns)
-		o->spin_ns = d.spin_ns;
-	if (!o->idle_ns)
-		o->idle_ns = d.idle_ns;
+	MBP__DEFAULT(o, &d, window);
+	MBP__DEFAULT(o, &d, inflight);
+	MBP__DEFAULT(o, &d, peer_timeout_ns);
+	/* as the waits take it (MBP_SPIN_NONE: parks right after its last event); so once per struct */
+	o->spin_ns = mbp__wait_budget(o->spin_ns, d.spin_ns);
+	MBP__DEFAULT(o, &d, idle_ns);
 }
 
 static void wake_loop_locked(mbp_mpi *mp)
@@ -256,6 +253,7 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	mp->rank = rank;
 	mp->size = size;
 	mp->lo = *local;
+	mbp__opts_fill(&mp->lo); /* a field's 0 is its default: mb_buffers and pool_bytes are read here */
 	mp->user_on_result = local->on_result;
 	mp->user_arg = local->on_result_arg;
 	mp->lo.on_result = on_result;
@@ -394,18 +392,7 @@ int mbp_mpi_start(mbp_mpi *mp)
 		return -EINVAL;
 	if (mp->state != S_NEW)
 		return -EALREADY;
-	mbp_opts eff = mp->lo;
-	if (!eff.max_mb_rows || !eff.mb_buffers) {
-		mbp_opts d;
-		mbp_opts_init(&d);
-		if (!eff.max_mb_rows)
-			eff.max_mb_rows = d.max_mb_rows;
-		if (!eff.mb_buffers)
-			eff.mb_buffers = d.mb_buffers;
-	}
-	mp->lo.max_mb_rows = eff.max_mb_rows;
-	mp->lo.mb_buffers = eff.mb_buffers;
-	mp->max_rows = eff.max_mb_rows;
+	mp->max_rows = mp->lo.max_mb_rows; /* filled in at new */
 	int local_rc = mp->nstages ? mbp_pipeline_start(mp->p) : -EINVAL;
 	struct hs *h = calloc(1, sizeof(*h));
 	if (!h)

@@ -32,7 +32,7 @@ void mbp__mpi_check_abort(void);
 void mbp__mpi_sync_init(pthread_mutex_t *m, pthread_cond_t *a, pthread_cond_t *b);
 /* CLOCK_MONOTONIC's now plus timeout_ns. */
 void mbp__mpi_deadline(int64_t timeout_ns, struct timespec *ts);
-/* Zero fields of `o` get mbp_mpi_opts_init's defaults. */
+/* Zero fields of `o` get mbp_mpi_opts_init's defaults; spin_ns MBP_SPIN_NONE becomes 0 (once per struct). */
 void mbp__mpi_opts_fill(mbp_mpi_opts *o);
 /* How long a link loop parks, `quiet` ns after its last event (mpi.c explains the ramp): 1 us up to
  * idle_ns. */

@@ -457,8 +457,9 @@ int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 				mbp_trainer_error(T->t, &te);
 				if (r == T->rank && te.err)
 					snprintf(T->err, sizeof(T->err),
-						 "rank %d failed to start (stage %d): %s", r, te.stage,
-						 mbp_strerror(e));
+						 "rank %d failed to start (stage %d): %s%s%s", r, te.stage,
+						 mbp_strerror(e), te.what ? ": " : "",
+						 te.what ? te.what : "");
 				else
 					snprintf(T->err, sizeof(T->err), "rank %d failed to start: %s", r,
 						 mbp_strerror(e));

@@ -74,7 +74,7 @@ int pb_bench_init(pb_bench *b, const pb_config *cfg, pb_workload *w, unsigned nc
 		(void)mbp_opts_parse(&o, env, NULL); /* validated by main */
 	if (cfg->engine_opts)
 		(void)mbp_opts_parse(&o, cfg->engine_opts, NULL);
-	b->pin = o.pin;
+	b->pin = o.pinning == MBP_PIN_PLAN;
 	b->load_start = pb_loadavg();
 	b->load_end = -1;
 	pb_noise_init(&b->noise, cfg->cpus, ncpus);
@@ -348,7 +348,7 @@ static int make_opts(const pb_bench *b, uint32_t mb_rows, bool trace, mbp_opts *
 	o->in_row_bytes = b->w->in_row_bytes;
 	o->max_mb_rows = mb_rows;
 	if (cfg->spin_us >= 0)
-		o->spin_ns = (uint64_t)cfg->spin_us * 1000;
+		o->spin_ns = cfg->spin_us ? (uint64_t)cfg->spin_us * 1000 : MBP_SPIN_NONE;
 	o->ncpus = cfg->ncpus;
 	memcpy(o->cpus, cfg->cpus, cfg->ncpus * sizeof(int));
 	o->trace_events = trace ? TRACE_EVENTS : 0;

@@ -376,7 +376,7 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 
 	mbp_opts o;
 	mbp_opts_init(&o);
-	o.pin = false; /* ranks on one machine would pin their stages onto the same CPUs */
+	o.pinning = MBP_PIN_NONE; /* ranks on one machine would pin their stages onto the same CPUs */
 	const char *env = getenv("MBPIPE_OPTS");
 	if (env)
 		(void)mbp_opts_parse(&o, env, NULL); /* validated by main */
@@ -385,7 +385,7 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 	o.in_row_bytes = p->my_in_rb;
 	o.max_mb_rows = c->mb_rows;
 	if (cfg->spin_us >= 0)
-		o.spin_ns = (uint64_t)cfg->spin_us * 1000;
+		o.spin_ns = cfg->spin_us ? (uint64_t)cfg->spin_us * 1000 : MBP_SPIN_NONE;
 	int rc = mbp_mpi_new(&mp, &o, NULL);
 	for (unsigned i = 0; rc == 0 && i < L; i++) {
 		mbp_stage_desc d;

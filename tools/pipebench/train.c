@@ -93,10 +93,11 @@ static int tr_bw(void *ctx, const mbp_train_io *io)
 	return 0;
 }
 
-static void tr_update(void *ctx, const mbp_train_update *u)
+static int tr_update(void *ctx, const mbp_train_update *u)
 {
 	(void)ctx;
 	(void)u;
+	return 0;
 }
 
 static void tr_discard(void *ctx)
@@ -153,7 +154,7 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 			    .max_mb_rows = 1,
 			    .max_mbs = a->M,
 			    .schedule = kind,
-			    .pin = true,
+			    .pinning = MBP_PIN_PLAN,
 			    .spin_ns = cfg->spin_us > 0 ? (uint64_t)cfg->spin_us * 1000 : 0,
 			    .trace_events = a->M * 3,
 			    .loss = tr_loss,

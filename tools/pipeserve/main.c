@@ -452,7 +452,8 @@ static int engine_setup(ps_server *s, mbp_opts *op, mbp_stage_desc *d, unsigned 
 {
 	mbp_opts o;
 	mbp_opts_init(&o);
-	o.pin = !s->mpi; /* ranks on one machine would pin their stages onto the same CPUs */
+	o.pinning = s->mpi ? MBP_PIN_NONE : MBP_PIN_PLAN; /* ranks on one machine would pin their stages
+							    onto the same CPUs */
 	size_t errpos = 0;
 	const char *env = getenv("MBPIPE_OPTS"); /* the same variable pipebench reads; --engine wins */
 	if (mbp_opts_parse(&o, env, &errpos)) {

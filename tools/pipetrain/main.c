@@ -374,7 +374,7 @@ static int setup(struct run *r)
 	    .max_mbs = mbs,
 	    .schedule = c->schedule,
 	    .threads = c->threads,
-	    .pin = c->pin,
+	    .pinning = c->pin ? MBP_PIN_PLAN : MBP_PIN_NONE,
 	    .trace_events = c->trace ? 3 * mbs + 8 : 0,
 	    .loss = pt_loss,
 	    .loss_arg = &r->sh,

@@ -73,7 +73,15 @@ static double op_grad_sq(void *ctx)
 	return total;
 }
 
-static void op_update(void *ctx, const mbp_train_update *u)
+/* The update's refusals before any stage updates (train.h): a non-finite gradient. The clip factor is
+ * finite here once every grad_sq was (the trainer fails the step otherwise), so 1 stands for it. */
+static int op_check(void *ctx)
+{
+	pt_stage *p = ctx;
+	return mbp_mlp_stage_update_check(p->st, 1.0f);
+}
+
+static int op_update(void *ctx, const mbp_train_update *u)
 {
 	(void)u;
 	pt_stage *p = ctx;
@@ -81,9 +89,9 @@ static void op_update(void *ctx, const mbp_train_update *u)
 	for (unsigned l = 0; l < p->sh->layers; l++)
 		sq += p->sh->layer_sq[l];
 	float scale = mbp_clip_scale(sq, p->sh->clip);
-	if (mbp_mlp_stage_update(p->st, scale) < 0)
-		p->sh->update_err = (int)p->index + 1; /* cannot happen after a finite grad_sq; reported */
+	int rc = mbp_mlp_stage_update(p->st, scale); /* 0 after op_check: the trainer reports otherwise */
 	mbp_mlp_stage_zero_grad(p->st);
+	return rc;
 }
 
 static void op_discard(void *ctx)
@@ -106,6 +114,7 @@ void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d)
 	    .backward_in = op_backward_in,
 	    .backward_w = op_backward_w,
 	    .grad_sq = op_grad_sq,
+	    .check = op_check,
 	    .update = op_update,
 	    .discard = op_discard,
 	};
