@@ -5,7 +5,9 @@
  * The order of a write: the path looked at with lstat (absent or a regular file, or it is refused before
  * any work); a fresh temporary name beside it (O_EXCL, so two writers never share one); the contents; fflush
  * and fsync; the path looked at again; rename; fsync of the folder, so that the rename itself survives a
- * crash (without it the old file may come back, whole, which is still not half a file). The check creates
+ * crash (without it the old file may come back, whole, which is still not half a file). The stream is a
+ * stdio stream over our own write (fopencookie), so that the first write's errno (ENOSPC, EFBIG, EDQUOT)
+ * is what the commit returns, not the bare error indicator a FILE keeps. The check creates
  * and removes a file under the same kind of name, so that what makes a write fail at the end (a folder that
  * does not exist or cannot be written, a name too long with the suffix, a read-only or full file system)
  * fails the check at the start.
@@ -28,6 +30,8 @@
 
 struct mbp_file {
 	FILE *f;
+	int fd;
+	int err; /* the first write's errno: what the stream's error indicator alone would lose */
 	char *path, *tmp;
 };
 
@@ -135,6 +139,43 @@ int mbp_file_check(const char *path, char *why, size_t n)
 	return 0;
 }
 
+/* The stream's functions (fopencookie): plain write and lseek on the descriptor, keeping the first error. */
+static ssize_t cookie_write(void *c, const char *buf, size_t n)
+{
+	mbp_file *f = c;
+	size_t done = 0;
+	while (done < n) {
+		ssize_t w = write(f->fd, buf + done, n - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0) {
+			if (!f->err)
+				f->err = errno;
+			return done ? (ssize_t)done : -1;
+		}
+		done += (size_t)w;
+	}
+	return (ssize_t)done;
+}
+
+static int cookie_seek(void *c, off64_t *off, int whence)
+{
+	mbp_file *f = c;
+	off64_t r = lseek64(f->fd, *off, whence);
+	if (r < 0)
+		return -1;
+	*off = r;
+	return 0;
+}
+
+static int cookie_close(void *c)
+{
+	mbp_file *f = c;
+	int rc = close(f->fd);
+	f->fd = -1;
+	return rc;
+}
+
 int mbp_file_new(mbp_file **out, const char *path)
 {
 	if (!out)
@@ -150,18 +191,21 @@ int mbp_file_new(mbp_file **out, const char *path)
 		free(f);
 		return -ENOMEM;
 	}
-	int fd = tmp_create(path, &f->tmp, NULL, 0);
-	if (fd < 0) {
+	f->fd = tmp_create(path, &f->tmp, NULL, 0);
+	if (f->fd < 0) {
+		rc = f->fd;
 		free(f->path);
 		free(f);
-		return fd;
+		return rc;
 	}
-	if (!(f->f = fdopen(fd, "wb"))) {
-		rc = -errno;
-		close(fd);
+	cookie_io_functions_t io = {.write = cookie_write, .seek = cookie_seek, .close = cookie_close};
+	if (!(f->f = fopencookie(f, "wb", io))) {
+		rc = -ENOMEM;
+		close(f->fd);
 		mbp_file_destroy(f);
 		return rc;
 	}
+	setvbuf(f->f, NULL, _IOFBF, (size_t)1 << 16); /* fewer, larger writes than BUFSIZ's */
 	*out = f;
 	return 0;
 }
@@ -193,15 +237,12 @@ int mbp_file_commit(mbp_file *f)
 	if (!f)
 		return -EINVAL;
 	int rc = 0;
-	errno = 0;
-	if (ferror(f->f))
-		rc = -EIO;
-	else if (fflush(f->f) != 0)
-		rc = errno ? -errno : -EIO;
-	else if (fsync(fileno(f->f)) != 0)
+	if (fflush(f->f) != 0 || ferror(f->f))
+		rc = f->err ? -f->err : -EIO;
+	else if (fsync(f->fd) != 0)
 		rc = -errno;
 	if (fclose(f->f) != 0 && !rc)
-		rc = errno ? -errno : -EIO;
+		rc = -errno;
 	f->f = NULL;
 	if (!rc)
 		rc = target_ok(f->path, NULL, 0);

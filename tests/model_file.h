@@ -2,7 +2,8 @@
  * For the suites that check what mbpipe does with files (test_model, test_safetensors, test_pipetrain,
  * test_pipeserve, test_pipebench): the nodes a save must never replace, made in a test's folder and checked
  * afterwards; bytes overwritten inside a safetensors file's data section; a copy of a model file without
- * its digests, as another tool would write it; the bytes of a file an error message must not show.
+ * its digests, as another tool would write it; a model file that is mostly a hole; the bytes of a file an
+ * error message must not show.
  */
 #ifndef MBP_TEST_MODEL_FILE_H
 #define MBP_TEST_MODEL_FILE_H
@@ -26,7 +27,7 @@
  * (1, 3: what /dev/null is), all in one folder; or, for a user who cannot make one, /dev/null itself,
  * which such a user cannot replace either. */
 struct nodes {
-	char fifo[256], link[256], target[256], dir[256], dev[256];
+	char fifo[512], link[512], target[512], dir[512], dev[512];
 	bool have_dev;
 };
 
@@ -165,6 +166,37 @@ static inline void st_copy_without_digests(const char *from, const char *to)
 	cJSON_free(text);
 	cJSON_Delete(h);
 	free(b);
+}
+
+/* A model file of L layers of the widths w (F32, weight and bias each) whose data section is a hole: the
+ * header says gigabytes, the disk holds a few KiB. false when the file system has no sparse files. */
+static inline bool st_write_sparse(const char *path, const uint32_t *w, unsigned L)
+{
+	char h[4096];
+	size_t len = (size_t)snprintf(h, sizeof h, "{");
+	uint64_t off = 0;
+	for (unsigned i = 0; i < L; i++) {
+		uint64_t wb = (uint64_t)w[i] * w[i + 1] * 4, bb = (uint64_t)w[i + 1] * 4;
+		len += (size_t)snprintf(
+		    h + len, sizeof h - len,
+		    "%s\"layers.%u.weight\":{\"dtype\":\"F32\",\"shape\":[%u,%u],"
+		    "\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]},\"layers.%u.bias\":{\"dtype\":"
+		    "\"F32\",\"shape\":[%u],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+		    i ? "," : "", i, w[i + 1], w[i], off, off + wb, i, w[i + 1], off + wb, off + wb + bb);
+		off += wb + bb;
+	}
+	len += (size_t)snprintf(h + len, sizeof h - len, "}");
+	ck_assert_uint_lt(len, sizeof h);
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	ck_assert_int_ge(fd, 0);
+	uint64_t le = htole64(len);
+	ck_assert_int_eq(pwrite(fd, &le, 8, 0), 8);
+	ck_assert_int_eq(pwrite(fd, h, len, 8), (ssize_t)len);
+	bool ok = ftruncate(fd, (off_t)(8 + len + off)) == 0;
+	close(fd);
+	if (!ok)
+		unlink(path);
+	return ok;
 }
 
 /*

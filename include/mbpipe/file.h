@@ -72,8 +72,9 @@ int mbp_file_check(const char *path, char *why, size_t n);
 int mbp_file_new(mbp_file **f, const char *path);
 
 /**
- * The stream to write the file's contents to (binary, fully buffered). Do not close it. Its descriptor
- * (fileno()) may be written with pwrite() after an fflush(), to fill in what is known only at the end.
+ * The stream to write the file's contents to (binary, fully buffered; it has no descriptor of its own for
+ * fileno()). Do not close it. It may seek (fseek), to fill in at the end what is known only then. A write
+ * that fails is reported, with its errno, by mbp_file_commit().
  * @return the stream; NULL for NULL.
  */
 FILE *mbp_file_stream(mbp_file *f);
@@ -83,8 +84,9 @@ FILE *mbp_file_stream(mbp_file *f);
  * rename over it, fsync the folder. Consumes f whatever the outcome; on failure the temporary file is
  * removed and the path is as it was.
  *
- * @return 0; -EIO (a write to the stream failed earlier), -EEXIST (the path became something other than a
- *         regular file), -EINVAL (NULL), or the system's -errno (-ENOSPC, -EDQUOT, -EFBIG ...).
+ * @return 0; the first failed write's -errno (-ENOSPC, -EDQUOT, -EFBIG ...), -EEXIST (the path became
+ *         something other than a regular file), -EINVAL (NULL), or the system's -errno for the fsync or
+ *         the rename.
  */
 int mbp_file_commit(mbp_file *f);
 

@@ -125,23 +125,6 @@ static int write_values(FILE *f, uint64_t *seed, const struct mbp__st_out *t, mb
 	return 0;
 }
 
-/* pwrite all of it. */
-static int pwrite_all(int fd, const void *p, size_t n, off_t off)
-{
-	const char *c = p;
-	while (n) {
-		ssize_t w = pwrite(fd, c, n, off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return -errno;
-		c += w;
-		n -= (size_t)w;
-		off += w;
-	}
-	return 0;
-}
-
 int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, const char *const *meta,
 		  size_t nmeta, mbp_dtype dt, uint64_t seed)
 {
@@ -200,17 +183,17 @@ int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, cons
 	if (fwrite(&hlen, 8, 1, f) != 1 || fwrite(h.p, 1, h.len, f) != h.len)
 		rc = -EIO;
 	for (size_t k = 0; k < nt && !rc; k++) {
-		uint32_t crc;
+		uint32_t crc = 0;
 		rc = write_values(f, &seed, &t[k], dt, &crc);
 		char hex[9];
 		snprintf(hex, sizeof(hex), "%08x", crc);
 		memcpy(h.p + at[k], hex, 8);
 	}
-	if (!rc && fflush(f) != 0)
-		rc = errno ? -errno : -EIO;
-	if (!rc)
-		rc = pwrite_all(fileno(f), h.p, h.len, 8);
-	if (rc)
+	if (!rc && (fseek(f, 8, SEEK_SET) != 0 || fwrite(h.p, 1, h.len, f) != h.len))
+		rc = -EIO;
+	if (rc == -EIO && ferror(f))
+		rc = mbp_file_commit(file); /* refuses a stream that failed, giving the write's own errno */
+	else if (rc)
 		mbp_file_destroy(file);
 	else
 		rc = mbp_file_commit(file);
