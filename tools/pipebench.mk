@@ -27,7 +27,7 @@ endif
 # run's measured bubble lies near the predicted one; the statistics on synthetic samples.
 check_PROGRAMS += tests/test_pipebench
 # The statistics (stats.c, predict.c) are linked in and tested on synthetic samples.
-tests_test_pipebench_SOURCES = tests/test_pipebench.c tests/check_main.h tests/plural_check.h tests/tool_run.h tools/pipebench/stats.c \
+tests_test_pipebench_SOURCES = tests/test_pipebench.c tests/check_main.h tests/plural_check.h tests/tool_run.h tests/model_file.h tools/pipebench/stats.c \
 	tools/pipebench/predict.c
 tests_test_pipebench_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/include -I$(top_builddir)/include \
 	-DPIPEBENCH_BIN='"$(abs_top_builddir)/tools/pipebench/pipebench"'

@@ -2,7 +2,8 @@
  * pipetrain output: what a person reads (a header, one line per epoch, the final summary with the
  * placement and each stage's time split), the progress bar (standard error, only on a terminal, redrawn
  * in place), and what a program reads (--json: one document on standard output at the end; --csv: one row
- * per epoch, written as each epoch ends).
+ * per epoch, written as each epoch ends: to standard output a row at a time, to a file the whole table
+ * again by rename, so that the file is always a complete table).
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -137,18 +138,26 @@ void pt_print_summary(const pt_report *r)
 	fflush(f);
 }
 
+static void csv_header(FILE *f)
+{
+	fprintf(f, "epoch,step,train_loss,train_acc,val_acc,test_acc,test_loss,samples_per_s,bubble,"
+		   "bubble_predicted,seconds,lr\n");
+}
+
+static void csv_line(FILE *f, const pt_epoch *e)
+{
+	fprintf(f, "%u,%llu,%.6f,%.6f,%.6f,%.6f,%.6f,%.1f,%.4f,%.4f,%.3f,%.6g\n", e->epoch,
+		(unsigned long long)e->step, e->train_loss, e->train_acc, e->val_acc, e->test_acc,
+		e->test_loss, e->samples_per_s, e->bubble, e->bubble_predicted, e->seconds, e->lr);
+}
+
 int pt_csv_open(const pt_config *c, FILE **f)
 {
 	*f = NULL;
-	if (!c->csv)
+	if (!c->csv || strcmp(c->csv, "-")) /* a file is written whole at each epoch: pt_csv_save */
 		return 0;
-	*f = strcmp(c->csv, "-") ? fopen(c->csv, "w") : stdout;
-	if (!*f) {
-		fprintf(stderr, "pipetrain: --csv %s: %s\n", c->csv, strerror(errno));
-		return -1;
-	}
-	fprintf(*f, "epoch,step,train_loss,train_acc,val_acc,test_acc,test_loss,samples_per_s,bubble,"
-		    "bubble_predicted,seconds,lr\n");
+	*f = stdout;
+	csv_header(*f);
 	fflush(*f);
 	return 0;
 }
@@ -157,10 +166,27 @@ void pt_csv_row(FILE *f, const pt_epoch *e)
 {
 	if (!f)
 		return;
-	fprintf(f, "%u,%llu,%.6f,%.6f,%.6f,%.6f,%.6f,%.1f,%.4f,%.4f,%.3f,%.6g\n", e->epoch,
-		(unsigned long long)e->step, e->train_loss, e->train_acc, e->val_acc, e->test_acc,
-		e->test_loss, e->samples_per_s, e->bubble, e->bubble_predicted, e->seconds, e->lr);
+	csv_line(f, e);
 	fflush(f);
+}
+
+int pt_csv_save(const pt_report *r)
+{
+	const char *path = r->c->csv;
+	if (!path || !strcmp(path, "-"))
+		return 0;
+	mbp_file *f;
+	int rc = mbp_file_new(&f, path);
+	if (rc == 0) {
+		csv_header(mbp_file_stream(f));
+		for (unsigned i = 0; i < r->n_ep; i++)
+			csv_line(mbp_file_stream(f), &r->ep[i]);
+		rc = mbp_file_commit(f);
+	}
+	if (rc < 0)
+		fprintf(stderr, "pipetrain: --csv %s: cannot write it: %s\n", path,
+			rc == -EEXIST ? "not a regular file" : strerror(-rc));
+	return rc;
 }
 
 int pt_json_write(const pt_report *r)

@@ -140,6 +140,8 @@ void pt_print_summary(const pt_report *r);
 /* @return 0 or -1 (the reason printed). */
 int pt_csv_open(const pt_config *c, FILE **f);
 void pt_csv_row(FILE *f, const pt_epoch *e);
+/* --csv FILE: the header and every epoch so far, written by rename (a line on stderr on failure). */
+int pt_csv_save(const pt_report *r);
 int pt_json_write(const pt_report *r);
 
 #endif
