@@ -5,7 +5,8 @@
  *
  * Beyond "no crash, no sanitizer report", it checks the reader's contract: an accepted file's tensors tile
  * the data section exactly and are found by name; a rejected one has a rule, a matching errno and a
- * message, and leaves nothing allocated (ASan's leak check).
+ * one-line message that, for an input that is not a safetensors file, is the rule's words alone; and it
+ * leaves nothing allocated (ASan's leak check).
  */
 #include "config.h"
 
@@ -32,6 +33,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		CHECK(rc < 0 && err.code == rc && err.rule != MBP_LOAD_OK);
 		CHECK(rc == mbp__load_rule_errno(err.rule));
 		CHECK(memchr(err.msg, 0, sizeof(err.msg)) && err.msg[0]);
+		/* before the header is a JSON object: the rule's words only, nothing of the input */
+		if (err.rule >= MBP_ST_HEADER_TOO_SMALL && err.rule <= MBP_ST_HEADER_JSON)
+			CHECK(!strncmp(err.msg, mbp_load_rule_str(err.rule),
+				       strlen(mbp_load_rule_str(err.rule))) &&
+			      err.tensor[0] == 0);
+		for (const char *c = err.msg; *c; c++)
+			CHECK((unsigned char)*c >= 0x20 && *c != 0x7f); /* one printable line */
 		CHECK(st.n == 0 && st.t == NULL);
 		return 0;
 	}

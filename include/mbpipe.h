@@ -23,6 +23,7 @@
 
 #include <mbpipe/version.h>
 #include <mbpipe/error.h>
+#include <mbpipe/file.h>
 #include <mbpipe/mb.h>
 #include <mbpipe/pool.h>
 #include <mbpipe/pipeline.h>

@@ -53,6 +53,9 @@ void mbp__verify_failed(const char *expr, const char *file, int line, const char
 	} while (0)
 #endif
 
+/* What a file's st_mode says it is, for messages: "a FIFO", "a character device", "a directory" ... */
+const char *mbp__file_kind(unsigned mode);
+
 /* Monotonic time in nanoseconds (vDSO, about 20 ns). */
 static inline uint64_t mbp__now_ns(void)
 {

@@ -3,7 +3,7 @@ lib_LTLIBRARIES += lib/libmbpipe.la
 
 lib_libmbpipe_la_SOURCES = \
 	lib/common.h lib/clock.c lib/wait.h lib/wait.c lib/ring.h lib/ring_pvt.h lib/ring.c \
-	lib/error.c lib/pool_internal.h lib/pool.c \
+	lib/error.c lib/file.c lib/pool_internal.h lib/pool.c \
 	lib/affinity.h lib/affinity.c lib/opts.c lib/ingress.h lib/ingress.c lib/job.h lib/job.c \
 	lib/pipeline_internal.h lib/pipeline.c lib/worker.c lib/stats.c lib/trace.c \
 	lib/schedule.h lib/schedule.c lib/train_internal.h lib/train.c
@@ -11,7 +11,7 @@ lib_libmbpipe_la_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS) $(URCU_CFLAGS) $(JEMAL
 lib_libmbpipe_la_LIBADD = $(OPENBLAS_LIBS) $(URCU_CDS_LIBS) $(URCU_LIBS) $(JEMALLOC_LIBS) $(CJSON_LIBS) -lm
 
 include_HEADERS += include/mbpipe.h
-mbpipeinclude_HEADERS += include/mbpipe/error.h include/mbpipe/mb.h include/mbpipe/pool.h \
+mbpipeinclude_HEADERS += include/mbpipe/error.h include/mbpipe/file.h include/mbpipe/mb.h include/mbpipe/pool.h \
 	include/mbpipe/pipeline.h include/mbpipe/train.h
 nodist_mbpipeinclude_HEADERS += include/mbpipe/version.h
 

@@ -85,9 +85,11 @@ int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path)
 {
 	if (!p || !path || !p->o.trace_events)
 		return -EINVAL;
-	FILE *f = fopen(path, "w");
-	if (!f)
-		return -errno;
+	mbp_file *file; /* by rename, as every file mbpipe writes: a node at path is refused, not replaced */
+	int rc = mbp_file_new(&file, path);
+	if (rc)
+		return rc;
+	FILE *f = mbp_file_stream(file);
 	uint64_t base = p->start_ns;
 	fprintf(f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
 	fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"mbpipe\"}}");
@@ -114,8 +116,5 @@ int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path)
 		}
 	}
 	fprintf(f, "\n]}\n");
-	int rc = ferror(f) ? -EIO : 0;
-	if (fclose(f) != 0 && rc == 0)
-		rc = -errno;
-	return rc;
+	return mbp_file_commit(file);
 }

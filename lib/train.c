@@ -1248,9 +1248,11 @@ int mbp_trainer_trace_write(mbp_trainer *t, const char *path)
 {
 	if (!t || !path || !t->o.trace_events || t->state != TS_RUNNING)
 		return -EINVAL;
-	FILE *f = fopen(path, "w");
-	if (!f)
-		return -errno;
+	mbp_file *file; /* by rename, as every file mbpipe writes: a node at path is refused, not replaced */
+	int rc = mbp_file_new(&file, path);
+	if (rc)
+		return rc;
+	FILE *f = mbp_file_stream(file);
 	static const char *const kname[] = {"F", "B", "B_in", "W"};
 	fprintf(f, "{\"traceEvents\":[\n");
 	bool first = true;
@@ -1275,10 +1277,7 @@ int mbp_trainer_trace_write(mbp_trainer *t, const char *path)
 		}
 	}
 	fprintf(f, "\n]}\n");
-	int rc = ferror(f) ? -EIO : 0;
-	if (fclose(f) != 0 && rc == 0)
-		rc = -errno;
-	return rc;
+	return mbp_file_commit(file);
 }
 
 int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)

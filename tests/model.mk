@@ -1,10 +1,10 @@
 # Model tests: the safetensors reader and file layout; the model, its stages, partitioner and weight swap.
 check_PROGRAMS += tests/test_safetensors tests/test_model
-tests_test_safetensors_SOURCES = tests/test_safetensors.c tests/check_main.h
-tests_test_safetensors_CFLAGS = $(TEST_CFLAGS)
+tests_test_safetensors_SOURCES = tests/test_safetensors.c tests/check_main.h tests/model_file.h
+tests_test_safetensors_CFLAGS = $(TEST_CFLAGS) $(CJSON_CFLAGS)
 tests_test_safetensors_LDADD = $(TEST_LIBS)
-tests_test_model_SOURCES = tests/test_model.c tests/check_main.h
-tests_test_model_CFLAGS = $(TEST_CFLAGS)
+tests_test_model_SOURCES = tests/test_model.c tests/check_main.h tests/model_file.h
+tests_test_model_CFLAGS = $(TEST_CFLAGS) $(CJSON_CFLAGS)
 tests_test_model_LDADD = $(TEST_LIBS)
 TESTS += tests/test_safetensors tests/test_model
 # The weight swap under load is a concurrency test: it runs in CI's ThreadSanitizer pass too.

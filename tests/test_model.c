@@ -1,7 +1,9 @@
 /*
  * The model: layer semantics against a naive double-precision reference; the exact partitioner against
  * brute force; the stages (driven by hand and inside a pipeline) against the sequential reference, bit
- * for bit; the weight swap (by hand, step by step, and under load in a pipeline).
+ * for bit; the weight swap (by hand, step by step, and under load in a pipeline); the files: a save never
+ * replaces what is not a regular file, a path that cannot be written fails its check first, and a file of
+ * another structure is refused from its header.
  */
 #include "config.h"
 
@@ -9,10 +11,12 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,6 +29,7 @@
 #include "model/model_internal.h"
 
 #include "check_main.h"
+#include "model_file.h"
 
 static char dir[64];
 
@@ -975,6 +980,192 @@ START_TEST(swap_under_load_gives_each_job_one_version_never_a_mix)
 }
 END_TEST
 
+/* ---- files ---- */
+
+START_TEST(every_save_refuses_a_target_that_is_not_a_regular_file_and_leaves_it_as_it_was)
+{
+	struct nodes n;
+	nodes_make(&n, dir);
+	unsigned entries = folder_entries(dir);
+	const char *t[4];
+	unsigned k = nodes_list(&n, t);
+	static const char *const kinds[] = {"a FIFO", "a symbolic link", "a directory", "a character device"};
+	mbp_model_spec sp = {.layers = 2, .in = 4, .hidden = 8, .out = 2, .seed = 1};
+	mbp_mlp *net;
+	ck_assert_int_eq(mbp_mlp_new_random(&net, &sp, NULL), 0);
+	for (unsigned i = 0; i < k; i++) {
+		char why[256];
+		ck_assert_int_eq(mbp_file_check(t[i], why, sizeof why), -EEXIST);
+		ck_assert_msg(strstr(why, kinds[i]) && strstr(why, "not a regular file"), "%s: %s", t[i],
+			      why);
+		ck_assert_int_eq(mbp_model_write_random(t[i], &sp), -EEXIST);
+		ck_assert_int_eq(mbp_mlp_save(net, t[i]), -EEXIST);
+		ck_assert_int_eq(mbp_mlp_save_optim(net, t[i]), -EEXIST);
+		mbp_file *f = (mbp_file *)(uintptr_t)1;
+		ck_assert_int_eq(mbp_file_new(&f, t[i]), -EEXIST);
+		ck_assert_ptr_null(f);
+	}
+	nodes_assert_intact(&n);
+	ck_assert_uint_eq(folder_entries(dir), entries); /* no temporary file left */
+	mbp_mlp_destroy(net);
+	nodes_remove(&n);
+}
+END_TEST
+
+START_TEST(a_path_whose_folder_cannot_take_a_file_fails_its_check_and_its_write_first)
+{
+	char why[256], p[160], under[200], absent[200];
+	mbp_model_spec sp = {.layers = 2, .in = 4, .hidden = 8, .out = 2, .seed = 1};
+	/* /proc takes no new file, whoever asks (root too) */
+	int rc = mbp_file_check("/proc/x.safetensors", why, sizeof why);
+	ck_assert_msg(rc < 0 && strstr(why, "cannot create a file in /proc"), "%d %s", rc, why);
+	ck_assert_int_lt(mbp_model_write_random("/proc/x.safetensors", &sp), 0);
+	snprintf(p, sizeof p, "%s/m0.safetensors", dir);
+	ck_assert_int_eq(mbp_model_write_random(p, &sp), 0);
+	snprintf(under, sizeof under, "%s/x.safetensors", p); /* under a regular file */
+	ck_assert_int_eq(mbp_file_check(under, why, sizeof why), -ENOTDIR);
+	snprintf(absent, sizeof absent, "%s/none/x.safetensors", dir);
+	ck_assert_int_eq(mbp_file_check(absent, why, sizeof why), -ENOENT);
+	ck_assert_msg(strstr(why, "none"), "%s", why);
+	ck_assert_int_eq(mbp_model_write_random(absent, &sp), -ENOENT);
+	ck_assert_int_eq(mbp_file_check(NULL, why, sizeof why), -EINVAL);
+	ck_assert_int_eq(mbp_file_check("", NULL, 0), -EINVAL);
+	/* a path that can be written: the check leaves nothing behind, the file there is untouched */
+	unsigned entries = folder_entries(dir);
+	struct stat before, after;
+	ck_assert_int_eq(stat(p, &before), 0);
+	ck_assert_int_eq(mbp_file_check(p, why, sizeof why), 0);
+	ck_assert_str_eq(why, "");
+	snprintf(absent, sizeof absent, "%s/new.safetensors", dir);
+	ck_assert_int_eq(mbp_file_check(absent, NULL, 0), 0);
+	ck_assert_int_eq(access(absent, F_OK), -1);
+	ck_assert_uint_eq(folder_entries(dir), entries);
+	ck_assert_int_eq(stat(p, &after), 0);
+	ck_assert(before.st_ino == after.st_ino && before.st_mtim.tv_nsec == after.st_mtim.tv_nsec);
+}
+END_TEST
+
+START_TEST(a_file_takes_its_path_whole_at_commit_and_not_over_a_node_made_meanwhile)
+{
+	char p[160];
+	snprintf(p, sizeof p, "%s/m1.safetensors", dir);
+	FILE *old = fopen(p, "w");
+	ck_assert_ptr_nonnull(old);
+	fputs("old\n", old);
+	fclose(old);
+	old = fopen(p, "r"); /* a reader of the old file keeps it whole */
+	mbp_file *f;
+	ck_assert_int_eq(mbp_file_new(&f, p), 0);
+	fputs("new contents\n", mbp_file_stream(f));
+	char buf[32] = {0};
+	FILE *r = fopen(p, "r");
+	ck_assert_ptr_nonnull(fgets(buf, sizeof buf, r)); /* before the commit the path is the old file */
+	fclose(r);
+	ck_assert_str_eq(buf, "old\n");
+	ck_assert_uint_eq(folder_entries(dir), 2); /* the file and its temporary name */
+	ck_assert_int_eq(mbp_file_commit(f), 0);
+	r = fopen(p, "r");
+	ck_assert_ptr_nonnull(fgets(buf, sizeof buf, r));
+	fclose(r);
+	ck_assert_str_eq(buf, "new contents\n");
+	ck_assert_ptr_nonnull(fgets(buf, sizeof buf, old));
+	ck_assert_str_eq(buf, "old\n");
+	fclose(old);
+	ck_assert_uint_eq(folder_entries(dir), 1);
+	/* given up: nothing changes */
+	ck_assert_int_eq(mbp_file_new(&f, p), 0);
+	fputs("never\n", mbp_file_stream(f));
+	mbp_file_destroy(f);
+	mbp_file_destroy(NULL);
+	r = fopen(p, "r");
+	ck_assert_ptr_nonnull(fgets(buf, sizeof buf, r));
+	fclose(r);
+	ck_assert_str_eq(buf, "new contents\n");
+	ck_assert_uint_eq(folder_entries(dir), 1);
+	/* a FIFO made at the path after the start: the commit refuses it and leaves it */
+	ck_assert_int_eq(unlink(p), 0);
+	ck_assert_int_eq(mbp_file_new(&f, p), 0);
+	fputs("late\n", mbp_file_stream(f));
+	ck_assert_int_eq(mkfifo(p, 0600), 0);
+	ck_assert_int_eq(mbp_file_commit(f), -EEXIST);
+	struct stat sb;
+	ck_assert(lstat(p, &sb) == 0 && S_ISFIFO(sb.st_mode));
+	ck_assert_uint_eq(folder_entries(dir), 1);
+	ck_assert_int_eq(mbp_file_commit(NULL), -EINVAL);
+	ck_assert_ptr_null(mbp_file_stream(NULL));
+	ck_assert_int_eq(unlink(p), 0);
+	/* a write that fails is the commit's error with its own errno (here no file may grow past 4 KiB:
+	 * EFBIG), and nothing is left; the limit is put back before any assertion (Check writes files) */
+	struct rlimit was, small;
+	ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &was), 0);
+	small = (struct rlimit){.rlim_cur = 4096, .rlim_max = was.rlim_max};
+	signal(SIGXFSZ, SIG_IGN);
+	ck_assert_int_eq(mbp_file_new(&f, p), 0);
+	mbp_model_spec sp = {.layers = 2, .in = 64, .hidden = 64, .out = 8, .seed = 1};
+	char q[160];
+	snprintf(q, sizeof q, "%s/m2.safetensors", dir);
+	setrlimit(RLIMIT_FSIZE, &small);
+	for (int i = 0; i < 65536; i++)
+		fputc('x', mbp_file_stream(f));
+	int rc = mbp_file_commit(f), rw = mbp_model_write_random(q, &sp);
+	setrlimit(RLIMIT_FSIZE, &was);
+	ck_assert_int_eq(rc, -EFBIG);
+	ck_assert_int_eq(rw, -EFBIG);
+	ck_assert_uint_eq(folder_entries(dir), 0);
+}
+END_TEST
+
+static long max_rss_kib(void)
+{
+	struct rusage ru;
+	ck_assert_int_eq(getrusage(RUSAGE_SELF, &ru), 0);
+	return ru.ru_maxrss;
+}
+
+START_TEST(a_file_of_another_structure_is_refused_from_its_header_before_its_weights_are_read)
+{
+	/* 16 -> 16384 -> 16384 -> 4: a 1 GiB middle layer, all holes on disk */
+	const uint32_t big[] = {16, 16384, 16384, 4};
+	char p[160];
+	snprintf(p, sizeof p, "%s/m2.safetensors", dir);
+	if (!st_write_sparse(p, big, 3)) /* a file system without sparse files: skipped */
+		return;
+	int fd = open(p, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	const uint32_t want[] = {16, 64, 64, 4};
+	mbp_model_load_opts o = {.layers = 3, .widths = want};
+	mbp_model *m = NULL;
+	mbp_model_error e;
+	long rss0 = max_rss_kib();
+	long long read0 = bytes_read();
+	ck_assert_int_eq(mbp_model_load_fd(&m, fd, "big", &o, &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_MODEL_STRUCTURE);
+	ck_assert_ptr_null(m);
+	ck_assert_msg(strstr(e.msg, "big: ") && strstr(e.msg, "3 layers of widths 16-16384-16384-4") &&
+			  strstr(e.msg, "expected 3 layers of 16-64-64-4"),
+		      "%s", e.msg);
+	ck_assert_msg(max_rss_kib() - rss0 < 32 * 1024, "the peak RSS grew by %ld KiB", max_rss_kib() - rss0);
+	if (read0 >= 0)
+		ck_assert_msg(bytes_read() - read0 < 64 * 1024, "%lld bytes read", bytes_read() - read0);
+	/* another layer count, too */
+	const uint32_t two[] = {16, 16384, 4};
+	o = (mbp_model_load_opts){.layers = 2, .widths = two};
+	ck_assert_int_eq(mbp_model_load_fd(&m, fd, "big", &o, &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_MODEL_STRUCTURE);
+	close(fd);
+	unlink(p);
+	/* the structure expected loads as before */
+	mbp_model_spec sp = {.layers = 3, .widths = want, .act = MBP_ACT_RELU, .seed = 3};
+	ck_assert_int_eq(mbp_model_write_random(p, &sp), 0);
+	fd = open(p, O_RDONLY);
+	o = (mbp_model_load_opts){.layers = 3, .widths = want};
+	ck_assert_msg(mbp_model_load_fd(&m, fd, "small", &o, &e) == 0, "%s", e.msg);
+	ck_assert(mbp_model_verified(m));
+	mbp_model_destroy(m);
+	close(fd);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("model");
@@ -996,6 +1187,14 @@ static Suite *suite(void)
 	tcase_add_test(tc, swap_rejects_another_structure_and_leaves_both_models_usable);
 	tcase_add_test(tc, blas_info_names_the_kernel_and_warns_only_for_a_generic_one);
 	suite_add_tcase(s, tc);
+	TCase *tf = tcase_create("files");
+	tcase_add_checked_fixture(tf, setup, teardown);
+	tcase_add_test(tf, every_save_refuses_a_target_that_is_not_a_regular_file_and_leaves_it_as_it_was);
+	tcase_add_test(tf, a_path_whose_folder_cannot_take_a_file_fails_its_check_and_its_write_first);
+	tcase_add_test(tf, a_file_takes_its_path_whole_at_commit_and_not_over_a_node_made_meanwhile);
+	tcase_add_test(tf,
+		       a_file_of_another_structure_is_refused_from_its_header_before_its_weights_are_read);
+	suite_add_tcase(s, tf);
 	TCase *tp = tcase_create("pipeline");
 	tcase_add_checked_fixture(tp, setup, teardown);
 	tcase_set_timeout(tp, 60);

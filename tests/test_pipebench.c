@@ -34,6 +34,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/resource.h>
+
+#include "model_file.h"
 #include "plural_check.h"
 #include "tool_run.h"
 #include "../tools/pipebench/pipebench.h"
@@ -1331,26 +1334,102 @@ START_TEST(svg_draws_each_schedules_step_and_its_prediction)
 }
 END_TEST
 
-/* A picture that cannot be written fails the run, and the report says so: the JSON's ok and error, exit
- * status 1; the device given as the path is left alone. */
+/* --svg and --trace are written by rename: a node given as one is refused at the start (exit 2, one line
+ * naming it) and left as it was, /dev/full included. */
+START_TEST(an_output_that_is_not_a_regular_file_is_refused_at_start_and_left_as_it_was)
+{
+	char dir[] = "/tmp/pipebench-test-nodes-XXXXXX";
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	struct nodes n;
+	nodes_make(&n, dir);
+	const char *t[5];
+	unsigned k = nodes_list(&n, t);
+	struct stat full;
+	if (stat("/dev/full", &full) == 0 && S_ISCHR(full.st_mode))
+		t[k++] = "/dev/full";
+	for (unsigned o = 0; o < 2; o++)
+		for (unsigned i = 0; i < k; i++) {
+			char arg[600];
+			snprintf(arg, sizeof arg, "%s%s", o ? "--trace=" : "--svg=", t[i]);
+			struct run r =
+			    run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=8",
+						      "--mb=2", "--work-us=5", "--batches=2", arg, NULL});
+			ck_assert_msg(r.status == 2, "%s: exit %d: %s", arg, r.status, r.err);
+			ck_assert_msg(lines(r.err) == 1 && strstr(r.err, t[i]) &&
+					  strstr(r.err, "not a regular file"),
+				      "%s: %s", arg, r.err);
+			run_free(&r);
+		}
+	nodes_assert_intact(&n);
+	ck_assert_msg(stat("/dev/full", &full) != 0 || S_ISCHR(full.st_mode), "/dev/full was replaced");
+	nodes_remove(&n);
+	rmdir(dir);
+}
+END_TEST
+
+/* pipebench with no file allowed to grow (RLIMIT_FSIZE 0, SIGXFSZ ignored: a write fails with EFBIG), its
+ * standard output and error on pipes: a file it writes fails at the end, after its checks passed. */
+static struct run run_no_file_growth(const char *const *args)
+{
+	int out[2], err[2];
+	ck_assert(pipe(out) == 0 && pipe(err) == 0);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		const char *argv[32] = {PIPEBENCH_BIN};
+		for (unsigned i = 0; args[i] && i < 30; i++)
+			argv[i + 1] = args[i];
+		dup2(out[1], 1);
+		dup2(err[1], 2);
+		close(out[0]);
+		close(err[0]);
+		struct rlimit rl = {0, 0};
+		signal(SIGXFSZ, SIG_IGN);
+		if (setrlimit(RLIMIT_FSIZE, &rl) == 0)
+			execv(PIPEBENCH_BIN, (char *const *)argv);
+		_exit(127);
+	}
+	close(out[1]);
+	close(err[1]);
+	struct run r = {0};
+	for (int k = 0; k < 2; k++) {
+		size_t len = 0, cap = 1 << 16;
+		char *b = malloc(cap);
+		ssize_t got;
+		while ((got = read(k ? err[0] : out[0], b + len, cap - 1 - len)) > 0)
+			if ((len += (size_t)got) + 1 == cap)
+				b = realloc(b, cap *= 2);
+		b[len] = 0;
+		*(k ? &r.err : &r.out) = b;
+		close(k ? err[0] : out[0]);
+	}
+	int ws;
+	ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+	r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+	return r;
+}
+
+/* A picture that cannot be written at the end fails the run, and the report says so: the JSON's ok and
+ * error, exit status 1; nothing is left at the path. */
 START_TEST(svg_that_cannot_be_written_fails_the_run_in_the_report_too)
 {
-	struct stat before;
-	if (stat("/dev/full", &before) != 0 || !S_ISCHR(before.st_mode)) {
-		fprintf(stderr, "svg: no /dev/full here, not tested\n");
-		return;
-	}
-	struct run r = run((const char *const[]){TRAIN_ARGS, "--json", "--svg=/dev/full", NULL});
+	char path[] = "/tmp/pipebench-test-svg-XXXXXX";
+	ck_assert_ptr_nonnull(mkdtemp(path));
+	char file[64], arg[80];
+	snprintf(file, sizeof file, "%s/x.svg", path);
+	snprintf(arg, sizeof arg, "--svg=%s", file);
+	struct run r = run_no_file_growth((const char *const[]){TRAIN_ARGS, "--json", arg, NULL});
 	ck_assert_msg(r.status == 1, "exit %d: %s", r.status, r.err);
 	cJSON *doc = cJSON_Parse(r.out);
 	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
 	ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(doc, "ok")));
 	const cJSON *e = cJSON_GetObjectItem(doc, "error");
-	ck_assert_msg(cJSON_IsString(e) && strstr(e->valuestring, "--svg /dev/full: cannot write it"), "%s",
-		      r.out);
+	ck_assert_msg(cJSON_IsString(e) && strstr(e->valuestring, "--svg ") &&
+			  strstr(e->valuestring, "cannot write it: File too large"),
+		      "%s", r.out);
 	cJSON_Delete(doc);
-	struct stat after;
-	ck_assert_msg(stat("/dev/full", &after) == 0 && S_ISCHR(after.st_mode), "/dev/full was removed");
+	ck_assert_int_eq(access(file, F_OK), -1); /* no half picture */
+	ck_assert_int_eq(rmdir(path), 0);	  /* nor a temporary file */
 	run_free(&r);
 }
 END_TEST
@@ -1474,6 +1553,7 @@ static Suite *suite(void)
 	tcase_add_test(out, svg_draws_the_batch_and_the_whole_batch);
 	tcase_add_test(out, svg_draws_each_schedules_step_and_its_prediction);
 	tcase_add_test(out, svg_that_cannot_be_written_fails_the_run_in_the_report_too);
+	tcase_add_test(out, an_output_that_is_not_a_regular_file_is_refused_at_start_and_left_as_it_was);
 	tcase_add_test(out, progress_goes_to_stderr_only);
 	tcase_add_test(out, duration_and_latency_target_choose_a_size_that_meets_it);
 	tcase_add_test(out, more_stages_than_cpus_share_a_thread_and_say_so);

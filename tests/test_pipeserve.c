@@ -18,6 +18,7 @@
 #include <mbpipe.h>
 
 #include "check_main.h" /* early: the stress counts use its mbp_iters() */
+#include "model_file.h"
 #include "test_pipeserve_client.h"
 
 #define IN_W  32
@@ -822,19 +823,27 @@ START_TEST(loading_over_http_is_off_by_default_and_takes_names_inside_the_reposi
 }
 END_TEST
 
-/* Threads of a process, from /proc. */
-static int thread_count(pid_t pid)
+/* A number from a process's /proc status ("Threads", "VmRSS" or "VmHWM" in KiB), -1 when absent. */
+static long proc_status(pid_t pid, const char *key)
 {
 	char p[64], line[256];
 	snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
 	FILE *f = fopen(p, "r");
-	int n = -1;
+	long v = -1;
+	size_t kl = strlen(key);
 	while (f && fgets(line, sizeof line, f))
-		if (sscanf(line, "Threads: %d", &n) == 1)
+		if (!strncmp(line, key, kl) && line[kl] == ':') {
+			v = strtol(line + kl + 1, NULL, 10);
 			break;
+		}
 	if (f)
 		fclose(f);
-	return n;
+	return v;
+}
+
+static int thread_count(pid_t pid)
+{
+	return (int)proc_status(pid, "Threads");
 }
 
 static void *load_b(void *arg)
@@ -996,20 +1005,6 @@ START_TEST(every_response_comes_from_one_weights_version_and_names_it)
 }
 END_TEST
 
-static long rss_kib(pid_t pid)
-{
-	char p[64], line[256];
-	snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
-	FILE *f = fopen(p, "r");
-	long kib = -1;
-	while (f && fgets(line, sizeof line, f))
-		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return kib;
-}
-
 START_TEST(a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_being_read)
 {
 	make_models();
@@ -1027,7 +1022,7 @@ START_TEST(a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_bei
 	srv s;
 	char msg[1024];
 	start(&s, (const char *const[]){"--model-repository", tmp_dir, "--max-model-bytes", "1000000", NULL});
-	long before = rss_kib(s.pid);
+	long before = proc_status(s.pid, "VmRSS");
 	uint64_t t0 = (uint64_t)time(NULL);
 	ck_assert_int_eq(
 	    load_status(s.port, "{\"parameters\":{\"file\":\"sparse.safetensors\"}}", msg, sizeof msg), 400);
@@ -1040,9 +1035,125 @@ START_TEST(a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_bei
 	    load_status(s.port, "{\"parameters\":{\"file\":\"sparse.safetensors\"}}", msg, sizeof msg), 400);
 	ck_assert_msg(strstr(msg, "header"), "%s", msg);
 	ck_assert_uint_le((uint64_t)time(NULL) - t0, 3);
-	ck_assert_msg(rss_kib(s.pid) - before < 64 * 1024, "RSS grew by %ld KiB", rss_kib(s.pid) - before);
+	ck_assert_msg(proc_status(s.pid, "VmRSS") - before < 64 * 1024, "RSS grew by %ld KiB",
+		      proc_status(s.pid, "VmRSS") - before);
 	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
 	unlink(sparse);
+	remove_models();
+}
+END_TEST
+
+START_TEST(a_file_of_another_structure_is_refused_from_its_header_and_the_next_load_runs)
+{
+	make_models();
+	char big[600];
+	snprintf(big, sizeof big, "%s/big.safetensors", tmp_dir);
+	const uint32_t w[] = {16, 16384, 16384, 4}; /* 1 GiB of weights in its header, a hole on disk */
+	if (!st_write_sparse(big, w, 3)) {
+		remove_models();
+		return;
+	}
+	srv s;
+	char msg[1024];
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, NULL});
+	long before = proc_status(s.pid, "VmHWM");
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"big.safetensors\"}}", msg, sizeof msg), 400);
+	ck_assert_msg(strstr(msg, "16-16384-16384-4") && strstr(msg, "expected 4 layers of 32-64-64-64-8"),
+		      "%s", msg);
+	ck_assert_msg(proc_status(s.pid, "VmHWM") - before < 128 * 1024, "peak RSS grew by %ld KiB",
+		      proc_status(s.pid, "VmHWM") - before);
+	/* the load lock is free at once: the next load runs */
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"b.safetensors\"}}", msg, sizeof msg), 200);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	unlink(big);
+	remove_models();
+}
+END_TEST
+
+static int run_argv(const char *const *args, char *out, size_t n); /* below: the server as a command */
+
+START_TEST(a_model_file_with_bytes_changed_is_refused_by_every_reader)
+{
+	make_models();
+	char corrupt[600], bare[600], out[4096], msg[1024];
+	snprintf(corrupt, sizeof corrupt, "%s/corrupt.safetensors", tmp_dir);
+	snprintf(bare, sizeof bare, "%s/bare.safetensors", tmp_dir);
+	mbp_model_spec ms = {
+	    .layers = 4, .in = IN_W, .hidden = 64, .out = OUT_W, .act = MBP_ACT_RELU, .seed = 2};
+	ck_assert_int_eq(mbp_model_write_random(corrupt, &ms), 0);
+	st_overwrite8(corrupt, 1000); /* inside layer 0's weight */
+	st_copy_without_digests(model_b, bare);
+	int st = run_argv((const char *const[]){"--describe", corrupt, NULL}, out, sizeof out);
+	ck_assert_msg(st == 1 && strchr(out, '\n') == out + strlen(out) - 1 && strstr(out, corrupt) &&
+			  strstr(out, "digest") && strstr(out, "layers.0.weight"),
+		      "exit %d: %s", st, out);
+	st = run_argv((const char *const[]){"--describe", bare, NULL}, out, sizeof out);
+	ck_assert_msg(st == 0 && strstr(out, "no digest") && strstr(out, "4 layers"), "exit %d: %s", st, out);
+	srv s;
+	ck_assert_int_eq(srv_start(&s, (const char *const[]){"--model", corrupt, NULL}), -1); /* not served */
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, NULL});
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"corrupt.safetensors\"}}", msg, sizeof msg), 400);
+	ck_assert_msg(strstr(msg, "corrupt.safetensors") && strstr(msg, "digest"), "%s", msg);
+	expect_status(s.port, "GET", "/v2/models/a", 200, "\"versions\":[\"1\"]"); /* still a's weights */
+	ck_assert_int_eq(
+	    load_status(s.port, "{\"parameters\":{\"file\":\"bare.safetensors\"}}", msg, sizeof msg), 200);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	unlink(corrupt);
+	unlink(bare);
+	remove_models();
+}
+END_TEST
+
+START_TEST(a_file_that_is_not_a_model_is_refused_with_none_of_its_bytes_in_the_answer)
+{
+	make_models();
+	static const char secret[] = "SECRET_TOKEN=Zq8vX2kLp9Wm\npassword: hunter2xyz\n";
+	char text[600], framed[600], outside_dir[300], outside[600], linked[600], msg[1024];
+	snprintf(text, sizeof text, "%s/text.safetensors", tmp_dir);
+	snprintf(framed, sizeof framed, "%s/framed.safetensors", tmp_dir);
+	snprintf(linked, sizeof linked, "%s/linked.safetensors", tmp_dir);
+	snprintf(outside_dir, sizeof outside_dir, "%s-outside", tmp_dir);
+	snprintf(outside, sizeof outside, "%s/secret.txt", outside_dir);
+	ck_assert_int_eq(mkdir(outside_dir, 0700), 0);
+	uint8_t fr[128];
+	uint64_t le = htole64(sizeof secret - 1);
+	memcpy(fr, &le, 8);
+	memcpy(fr + 8, secret, sizeof secret - 1);
+	const struct {
+		const char *path;
+		const void *bytes;
+		size_t len;
+	} files[] = {{text, secret, sizeof secret - 1},
+		     {framed, fr, 8 + sizeof secret - 1},
+		     {outside, secret, sizeof secret - 1}};
+	for (size_t i = 0; i < 3; i++) {
+		FILE *f = fopen(files[i].path, "wb");
+		ck_assert_ptr_nonnull(f);
+		ck_assert_uint_eq(fwrite(files[i].bytes, 1, files[i].len, f), files[i].len);
+		ck_assert_int_eq(fclose(f), 0);
+	}
+	ck_assert_int_eq(link(outside, linked), 0); /* a hard link in the repository to a secret elsewhere */
+	srv s;
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, NULL});
+	const char *const names[] = {"text.safetensors", "framed.safetensors", "linked.safetensors"};
+	for (size_t i = 0; i < 3; i++) {
+		char body[128];
+		snprintf(body, sizeof body, "{\"parameters\":{\"file\":\"%s\"}}", names[i]);
+		ck_assert_int_eq(load_status(s.port, body, msg, sizeof msg), 400);
+		ck_assert_msg(strstr(msg, "not a safetensors file"), "%s: %s", names[i], msg);
+		ck_assert_msg(
+		    !shows_file_bytes(msg, files[i == 2 ? 2 : i].bytes, files[i == 2 ? 2 : i].len, NULL),
+		    "%s: the answer shows the file: %s", names[i], msg);
+	}
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	unlink(linked);
+	unlink(outside);
+	rmdir(outside_dir);
+	unlink(text);
+	unlink(framed);
 	remove_models();
 }
 END_TEST
@@ -1343,13 +1454,13 @@ START_TEST(many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bound
 		*p++ = i + 1 < N ? ',' : ']';
 	}
 	memcpy(p, "}]}", 3);
-	long before = rss_kib(s.pid);
+	long before = proc_status(s.pid, "VmRSS");
 	http_resp r;
 	ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
 	ck_assert_msg(r.status == 413, "status %d: %s", r.status, r.body);
 	http_resp_free(&r);
 	free(body);
-	long grew = rss_kib(s.pid) - before;
+	long grew = proc_status(s.pid, "VmRSS") - before;
 	ck_assert_msg(grew < 48 * 1024, "RSS grew by %ld KiB", grew);
 
 	sleep_ms(200); /* the refused body's bytes are given back once its request completes */
@@ -1563,6 +1674,29 @@ START_TEST(bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2)
 }
 END_TEST
 
+START_TEST(write_demo_model_refuses_a_path_that_is_not_a_regular_file_and_leaves_it)
+{
+	make_models();
+	struct nodes n;
+	nodes_make(&n, tmp_dir);
+	const char *t[4];
+	unsigned k = nodes_list(&n, t);
+	char out[4096];
+	for (unsigned i = 0; i < k; i++) {
+		int st = run_argv((const char *const[]){"--write-demo-model", t[i], NULL}, out, sizeof out);
+		ck_assert_msg(st == 2 && strchr(out, '\n') == out + strlen(out) - 1 && strstr(out, t[i]) &&
+				  strstr(out, "not a regular file"),
+			      "%s: exit %d: %s", t[i], st, out);
+	}
+	int st = run_argv((const char *const[]){"--write-demo-model", "/proc/demo.safetensors", NULL}, out,
+			  sizeof out);
+	ck_assert_msg(st == 2 && strstr(out, "/proc/demo.safetensors"), "exit %d: %s", st, out);
+	nodes_assert_intact(&n);
+	nodes_remove(&n);
+	remove_models();
+}
+END_TEST
+
 START_TEST(the_command_line_writes_and_describes_a_model_file)
 {
 	make_models();
@@ -1623,6 +1757,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, help_and_bad_flags);
 	tcase_add_test(tc, bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2);
 	tcase_add_test(tc, the_command_line_writes_and_describes_a_model_file);
+	tcase_add_test(tc, write_demo_model_refuses_a_path_that_is_not_a_regular_file_and_leaves_it);
+	tcase_add_test(tc, a_file_of_another_structure_is_refused_from_its_header_and_the_next_load_runs);
+	tcase_add_test(tc, a_model_file_with_bytes_changed_is_refused_by_every_reader);
+	tcase_add_test(tc, a_file_that_is_not_a_model_is_refused_with_none_of_its_bytes_in_the_answer);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -23,6 +23,11 @@
  *   document with one polyline per curve, every point inside its panel;
  * - a NaN in the loss (PIPETRAIN_FAULT) stops the run with exit 1, names the step and the stage, and
  *   leaves the last checkpoint as it was;
+ * - every file a run writes (--save and the optimizer state beside it, --trace, --predictions, --csv) is
+ *   checked at the start: a FIFO, a link, a folder or a device given as one, or a folder that takes no
+ *   file (/proc), is refused in one line naming it, exit 2, and left as it was;
+ * - a checkpoint with 8 bytes overwritten in its tensors (weights or optimizer state) is refused naming the
+ *   file, exit 2; a model without digests trains, with a note;
  * - end to end: pipeserve --model on the checkpoint classifies test images as pipetrain's own
  *   evaluation does (--predictions), and a second checkpoint loaded live (POST .../load) while clients
  *   send requests fails none of them, each answer being one model's or the other's, and the second's
@@ -50,6 +55,7 @@
 #include <mbpipe.h>
 
 #include "pipetrain.h" /* pt_partition, linked from tools/pipetrain/stages.c */
+#include "model_file.h"
 #include "test_pipeserve_client.h"
 #include "test_tmpdir.h"
 #include "tool_run.h"
@@ -197,6 +203,100 @@ START_TEST(a_model_file_that_is_not_one_is_refused_with_exit_2)
 	ck_assert_int_eq(r.status, 2);
 	ck_assert_uint_eq(lines(r.err), 1);
 	ck_assert_ptr_nonnull(strstr(r.err, "junk.safetensors"));
+	run_free(&r);
+	tmpdir_remove();
+}
+END_TEST
+
+/* ---- files ---- */
+
+#define SMALL_1                                                                                              \
+	"--layers", "784,48,24,10", "--limit", "256", "--batch", "128", "--mb", "32", "--val", "100",        \
+	    "--epochs", "1", "--quiet"
+
+/* One line on stderr naming `path`, exit 2, nothing on stdout. */
+static void assert_refused(const struct run *r, const char *opt, const char *path)
+{
+	ck_assert_msg(r->status == 2, "%s %s: exit %d (%s)", opt, path, r->status, r->err);
+	ck_assert_msg(lines(r->err) == 1 && strstr(r->err, path) && strstr(r->err, opt), "%s %s: %s", opt,
+		      path, r->err);
+	ck_assert_msg(r->out[0] == 0, "%s %s: stdout: %s", opt, path, r->out);
+}
+
+START_TEST(every_output_that_is_not_a_regular_file_is_refused_at_start_and_left_as_it_was)
+{
+	tmpdir_make("pipetrain");
+	struct nodes n;
+	nodes_make(&n, tmpdir);
+	const char *t[4];
+	unsigned k = nodes_list(&n, t);
+	static const char *const opts[] = {"--save", "--trace", "--predictions", "--csv"};
+	for (unsigned o = 0; o < 4; o++)
+		for (unsigned i = 0; i < k; i++) {
+			struct run r = run((const char *const[]){SMALL_1, opts[o], t[i], NULL});
+			assert_refused(&r, opts[o], t[i]);
+			ck_assert_msg(strstr(r.err, "not a regular file"), "%s", r.err);
+			run_free(&r);
+		}
+	nodes_assert_intact(&n);
+	/* the optimizer state beside --save is one of the run's files too */
+	char save[128], optim[128];
+	tmp_file(save, "m.safetensors");
+	tmp_file(optim, "m.optim.safetensors");
+	ck_assert_int_eq(mkfifo(optim, 0600), 0);
+	struct run r = run((const char *const[]){SMALL_1, "--save", save, NULL});
+	assert_refused(&r, "--save", optim);
+	run_free(&r);
+	struct stat sb;
+	ck_assert(lstat(optim, &sb) == 0 && S_ISFIFO(sb.st_mode) && access(save, F_OK) != 0);
+	unlink(optim);
+	/* a folder that takes no new file: refused at the start, not after the training */
+	r = run((const char *const[]){SMALL_1, "--save", "/proc/x.safetensors", NULL});
+	assert_refused(&r, "--save", "/proc/x.safetensors");
+	run_free(&r);
+	nodes_remove(&n);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(a_checkpoint_with_eight_bytes_overwritten_is_refused_naming_the_file)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char m[128], lone[128], bare[128];
+	tmp_file(m, "m.safetensors");
+	tmp_file(lone, "lone.safetensors");
+	tmp_file(bare, "bare.safetensors");
+	struct run r = run((const char *const[]){SMALL_1, "--save", m, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	/* the weights alone, no optimizer state beside them: 8 bytes inside layer 0's weight */
+	copy_file(m, lone);
+	st_overwrite8(lone, 4000);
+	r = run((const char *const[]){SMALL_1, "--model", lone, NULL});
+	assert_refused(&r, "--model", lone);
+	ck_assert_msg(strstr(r.err, "digest") && strstr(r.err, "layers.0.weight"), "%s", r.err);
+	run_free(&r);
+	/* the optimizer state of an intact pair */
+	st_overwrite8(tmpdir_path("m.optim.safetensors"), 4000);
+	r = run((const char *const[]){SMALL_1, "--model", m, NULL});
+	ck_assert_msg(r.status == 2 && lines(r.err) == 1 && strstr(r.err, "m.optim.safetensors") &&
+			  strstr(r.err, "digest"),
+		      "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	/* --layers that the file does not have: refused from its header */
+	r = run((const char *const[]){"--layers", "784,64,10", "--limit", "256", "--batch", "128", "--model",
+				      m, NULL});
+	assert_refused(&r, "--model", m);
+	ck_assert_msg(strstr(r.err, "784-48-24-10") && strstr(r.err, "784-64-10"), "%s", r.err);
+	run_free(&r);
+	/* a model without digests (another tool's) trains, with a note */
+	st_copy_without_digests(m, bare);
+	r = run((const char *const[]){SMALL_1, "--model", bare, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	const char *note = strstr(r.err, "no digest");
+	ck_assert_msg(note && !strstr(note + 1, "no digest") && strstr(r.err, bare), "%s", r.err);
 	run_free(&r);
 	tmpdir_remove();
 }
@@ -1167,6 +1267,8 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, every_bad_argument_gets_one_line_and_exit_2, 0,
 			    (int)(sizeof bad_args / sizeof bad_args[0]));
 	tcase_add_test(tc, a_model_file_that_is_not_one_is_refused_with_exit_2);
+	tcase_add_test(tc, every_output_that_is_not_a_regular_file_is_refused_at_start_and_left_as_it_was);
+	tcase_add_test(tc, a_checkpoint_with_eight_bytes_overwritten_is_refused_naming_the_file);
 	tcase_add_test(tc, the_split_is_the_best_of_every_split_and_hand_over);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);

@@ -1,6 +1,8 @@
 /*
  * The safetensors reader and the model file layout: a valid file loads; one generated file per broken rule
- * fails with that rule, its errno and a message naming the tensor; F16 and BF16 convert exactly.
+ * fails with that rule, its errno and a message naming the tensor; F16 and BF16 convert exactly; the
+ * digests catch bytes changed after writing; a file that is not a model is refused in words that show
+ * none of its bytes.
  */
 #include "config.h"
 
@@ -17,6 +19,7 @@
 #include "model/safetensors.h"
 
 #include "check_main.h"
+#include "model_file.h"
 
 static char dir[64];
 static char path[128];
@@ -96,6 +99,7 @@ START_TEST(hand_written_minimal_file_loads)
 	write_raw(UINT64_MAX, h, strlen(h), d, sizeof(d));
 	mbp_model *m;
 	ck_assert_int_eq(mbp_model_load(&m, path, NULL), 0);
+	ck_assert(!mbp_model_verified(m)); /* no digests in it: loaded all the same */
 	float x[2] = {1, -1}, y[2];
 	ck_assert_int_eq(mbp_model_forward(m, x, y, 1, 1), 0);
 	ck_assert_float_eq(y[0], 1 - 2 + 0.5f);
@@ -222,8 +226,8 @@ END_TEST
 
 START_TEST(every_rule_has_distinct_text)
 {
-	for (int a = MBP_LOAD_IO; a <= MBP_LOAD_TIMEOUT; a++)
-		for (int b = a + 1; b <= MBP_LOAD_TIMEOUT; b++)
+	for (int a = MBP_LOAD_IO; a <= MBP_MODEL_STRUCTURE; a++)
+		for (int b = a + 1; b <= MBP_MODEL_STRUCTURE; b++)
 			ck_assert_str_ne(mbp_load_rule_str(a), mbp_load_rule_str(b));
 	ck_assert_str_eq(mbp_load_rule_str((mbp_load_rule)999), "unknown rule");
 }
@@ -399,6 +403,183 @@ START_TEST(generated_f16_and_bf16_files_hold_the_rounded_f32_weights)
 }
 END_TEST
 
+/* ---- digests ---- */
+
+START_TEST(eight_bytes_overwritten_in_a_tensor_are_refused_naming_the_file_and_the_tensor)
+{
+	uint32_t widths[] = {16, 32, 8, 4};
+	mbp_model_spec sp = {.layers = 3, .widths = widths, .act = MBP_ACT_RELU, .seed = 7};
+	ck_assert_int_eq(mbp_model_write_random(path, &sp), 0);
+	mbp_model *m;
+	mbp_model_error e;
+	ck_assert_msg(mbp_model_load(&m, path, &e) == 0, "%s", e.msg);
+	ck_assert(mbp_model_verified(m));
+	mbp_model_destroy(m);
+	/* layer 1's weight starts after layer 0's weight and bias: 16 x 32 x 4 + 32 x 4 bytes */
+	st_overwrite8(path, 16 * 32 * 4 + 32 * 4 + 100);
+	m = (mbp_model *)(uintptr_t)1;
+	ck_assert_int_eq(mbp_model_load(&m, path, &e), -EBADMSG);
+	ck_assert_ptr_null(m);
+	ck_assert_int_eq(e.rule, MBP_LOAD_DIGEST);
+	ck_assert_str_eq(e.tensor, "layers.1.weight");
+	ck_assert_msg(strstr(e.msg, path) && strstr(e.msg, "do not match the file's digest"), "%s", e.msg);
+	int fd = open(path, O_RDONLY);
+	ck_assert_int_eq(mbp_model_load_fd(&m, fd, "named", NULL, &e), -EBADMSG);
+	ck_assert_msg(strncmp(e.msg, "named: ", 7) == 0, "%s", e.msg);
+	close(fd);
+	/* a part reads and checks its own tensors only: layer 0 is intact, layer 1 is not */
+	ck_assert_msg(mbp_model_load_layers(&m, path, 0, 1, &e) == 0, "%s", e.msg);
+	ck_assert(mbp_model_verified(m));
+	mbp_model_destroy(m);
+	ck_assert_int_eq(mbp_model_load_layers(&m, path, 1, 2, &e), -EBADMSG);
+	ck_assert_str_eq(e.tensor, "layers.1.weight");
+	/* the same for a trainable model's checkpoint: its weights and its optimizer state */
+	mbp_mlp *n;
+	ck_assert_int_eq(mbp_mlp_load(&n, path, NULL, &e), -EBADMSG);
+	mbp_model_spec ts = {.layers = 2, .in = 8, .hidden = 16, .out = 4, .act = MBP_ACT_RELU, .seed = 2};
+	ck_assert_int_eq(mbp_mlp_new_random(&n, &ts, NULL), 0);
+	char opt[160];
+	snprintf(opt, sizeof opt, "%s/m.optim.safetensors", dir);
+	ck_assert_int_eq(mbp_mlp_save(n, path), 0);
+	ck_assert_int_eq(mbp_mlp_save_optim(n, opt), 0);
+	ck_assert_msg(mbp_mlp_load_optim(n, opt, &e) == 0, "%s", e.msg);
+	st_overwrite8(opt, 8);
+	ck_assert_int_eq(mbp_mlp_load_optim(n, opt, &e), -EBADMSG);
+	ck_assert_int_eq(e.rule, MBP_LOAD_DIGEST);
+	ck_assert_msg(strstr(e.msg, opt) && strstr(e.msg, "layers.0.weight.m"), "%s", e.msg);
+	mbp_mlp_destroy(n);
+	unlink(opt);
+}
+END_TEST
+
+/* A file without digests (another tool's): it loads, and says it was not verified. */
+START_TEST(a_file_without_digests_loads_the_same_weights_unverified)
+{
+	mbp_model_error e;
+	ck_assert(!mbp_model_verified(NULL));
+	mbp_model_spec sp = {.layers = 2, .in = 8, .hidden = 6, .out = 5, .norm = true, .seed = 3};
+	ck_assert_int_eq(mbp_model_write_random(path, &sp), 0);
+	char bare[160];
+	snprintf(bare, sizeof bare, "%s/bare.safetensors", dir);
+	st_copy_without_digests(path, bare);
+	mbp_model *a, *b;
+	ck_assert_int_eq(mbp_model_load(&a, path, NULL), 0);
+	ck_assert_msg(mbp_model_load(&b, bare, &e) == 0, "%s", e.msg);
+	ck_assert(mbp_model_verified(a) && !mbp_model_verified(b));
+	float x[8] = {1, -2, 3, -4, 5, -6, 7, -8}, ya[5], yb[5];
+	ck_assert_int_eq(mbp_model_forward(a, x, ya, 1, 0), 0);
+	ck_assert_int_eq(mbp_model_forward(b, x, yb, 1, 0), 0);
+	ck_assert_mem_eq(ya, yb, sizeof ya);
+	mbp_model_destroy(a);
+	mbp_model_destroy(b);
+	unlink(bare);
+}
+END_TEST
+
+START_TEST(digests_on_some_tensors_only_or_not_hexadecimal_are_refused)
+{
+	const char *some = "{\"__metadata__\":{\"layers.0.weight.crc32\":\"00000000\"}," W2 "," B2 "}";
+	write_raw(UINT64_MAX, some, strlen(some), NULL, 24);
+	mbp_model *m;
+	mbp_model_error e;
+	ck_assert_int_eq(mbp_model_load(&m, path, &e), -EBADMSG);
+	ck_assert_int_eq(e.rule, MBP_LOAD_DIGEST);
+	ck_assert_str_eq(e.tensor, "layers.0.bias");
+	const char *hex = "{\"__metadata__\":{\"layers.0.weight.crc32\":\"0000000g\",\"layers.0.bias.crc32\":"
+			  "\"00000000\"}," W2 "," B2 "}";
+	write_raw(UINT64_MAX, hex, strlen(hex), NULL, 24);
+	ck_assert_int_eq(mbp_model_load(&m, path, &e), -EBADMSG);
+	ck_assert_int_eq(e.rule, MBP_LOAD_DIGEST);
+	ck_assert_str_eq(e.tensor, "layers.0.weight");
+	/* right digests load; a key of that shape for no tensor is other metadata, ignored */
+	char hdr[512];
+	snprintf(hdr, sizeof hdr,
+		 "{\"__metadata__\":{\"layers.0.weight.crc32\":\"%08x\",\"layers.0.bias.crc32\":\"%08x\","
+		 "\"other.crc32\":\"xyz\"}," W2 "," B2 "}",
+		 mbp__crc32(0, (const uint8_t[16]){0}, 16), mbp__crc32(0, (const uint8_t[8]){0}, 8));
+	write_raw(UINT64_MAX, hdr, strlen(hdr), NULL, 24);
+	ck_assert_msg(mbp_model_load(&m, path, &e) == 0, "%s", e.msg);
+	ck_assert(mbp_model_verified(m));
+	mbp_model_destroy(m);
+}
+END_TEST
+
+/* ---- what a refusal shows ---- */
+
+START_TEST(a_file_that_is_not_a_model_is_refused_in_words_that_show_none_of_its_bytes)
+{
+	static const char secret[] = "SECRET_TOKEN=Zq8vX2kLp9Wm\npassword: hunter2xyz\n";
+	struct {
+		uint64_t hlen; /* UINT64_MAX: none, the file is the text alone */
+		const char *header;
+		size_t extra; /* zero bytes after it */
+		mbp_load_rule rule;
+	} cases[] = {
+	    {UINT64_MAX, secret, 0, MBP_ST_HEADER_TOO_LARGE}, /* its first 8 bytes as a length */
+	    {1000, "{} SECRET_TOKEN=Zq8vX2kLp9Wm", 0, MBP_ST_HEADER_LENGTH}, /* the length past the end */
+	    {0, secret, 0, MBP_ST_HEADER_START},
+	    {0, "{\"SECRET_TOKEN\": Zq8vX2kLp9Wm}", 0, MBP_ST_HEADER_JSON},
+	    {0, "{\"SECRET_TOKEN\": \"Zq8vX2kLp9Wm\"} hunter2xyz", 0, MBP_ST_HEADER_JSON},
+	    {0, "{\"SECRET\xff_TOKEN\": 1}", 0, MBP_ST_HEADER_UTF8},
+	    /* past the JSON syntax the tensor is named, the values of its entry are not */
+	    {0, "{\"x\":{\"dtype\":\"Zq8vX2kLp9Wm\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, MBP_ST_DTYPE},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		const char *hd = cases[i].header;
+		size_t hn = strlen(hd);
+		uint8_t file[256];
+		size_t len = 0;
+		if (cases[i].hlen == UINT64_MAX) {
+			memcpy(file, hd, hn);
+			len = hn;
+		} else {
+			uint64_t le = htole64(cases[i].hlen ? cases[i].hlen : hn);
+			memcpy(file, &le, 8);
+			memcpy(file + 8, hd, hn);
+			len = 8 + hn;
+		}
+		memset(file + len, 0, cases[i].extra);
+		len += cases[i].extra;
+		FILE *f = fopen(path, "wb");
+		ck_assert_uint_eq(fwrite(file, 1, len, f), len);
+		ck_assert_int_eq(fclose(f), 0);
+		mbp_model *m;
+		mbp_model_error e;
+		int rc = mbp_model_load(&m, path, &e);
+		ck_assert_msg(rc < 0 && e.rule == cases[i].rule, "case %zu: rule %s: %s", i,
+			      mbp_load_rule_str(e.rule), e.msg);
+		if (cases[i].rule == MBP_ST_DTYPE) { /* a safetensors header: its words are the format's */
+			ck_assert_msg(!strstr(e.msg, "Zq8vX2kLp9Wm"), "case %zu: %s", i, e.msg);
+			continue;
+		}
+		ck_assert_msg(!shows_file_bytes(e.msg, file, len, path), "case %zu shows the file: %s", i,
+			      e.msg);
+		ck_assert_str_eq(e.tensor, "");
+		ck_assert_msg(strstr(e.msg, "not a safetensors file"), "case %zu: %s", i, e.msg);
+		/* the parser alone, as a fuzzer feeds it, says the same */
+		mbp__st st;
+		ck_assert_int_lt(mbp__st_parse(file, len, &st, &e), 0);
+		ck_assert_msg(!shows_file_bytes(e.msg, file, len, NULL), "case %zu: %s", i, e.msg);
+	}
+}
+END_TEST
+
+START_TEST(a_name_with_control_characters_is_shown_without_them)
+{
+	const char *h =
+	    "{\"layers.0.weight\\u001b[31m\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+	write_raw(UINT64_MAX, h, strlen(h), NULL, 4);
+	mbp_model *m;
+	mbp_model_error e;
+	ck_assert_int_eq(mbp_model_load(&m, path, &e), -EINVAL);
+	ck_assert_int_eq(e.rule, MBP_MODEL_UNKNOWN_TENSOR);
+	for (const char *c = e.msg; *c; c++)
+		ck_assert_msg((unsigned char)*c >= 0x20, "control character in %s", e.msg);
+	ck_assert_msg(strstr(e.msg, "'layers.0.weight?[31m'"), "%s", e.msg);
+	ck_assert_str_eq(e.tensor, "layers.0.weight?[31m");
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("safetensors");
@@ -414,6 +595,14 @@ static Suite *suite(void)
 	tcase_add_test(tc, f16_bf16_and_unaligned_f32_files_load_to_the_same_weights);
 	tcase_add_test(tc, generated_f16_and_bf16_files_hold_the_rounded_f32_weights);
 	suite_add_tcase(s, tc);
+	TCase *dg = tcase_create("digests");
+	tcase_add_checked_fixture(dg, setup, teardown);
+	tcase_add_test(dg, eight_bytes_overwritten_in_a_tensor_are_refused_naming_the_file_and_the_tensor);
+	tcase_add_test(dg, a_file_without_digests_loads_the_same_weights_unverified);
+	tcase_add_test(dg, digests_on_some_tensors_only_or_not_hexadecimal_are_refused);
+	tcase_add_test(dg, a_file_that_is_not_a_model_is_refused_in_words_that_show_none_of_its_bytes);
+	tcase_add_test(dg, a_name_with_control_characters_is_shown_without_them);
+	suite_add_tcase(s, dg);
 	TCase *cv = tcase_create("convert");
 	tcase_add_test(cv, f16_converts_exactly);
 	tcase_add_test(cv, bf16_converts_exactly);

@@ -30,7 +30,8 @@ tests_test_pipeserve_oip_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/in
 	-I$(top_srcdir)/tools/pipeserve
 tests_test_pipeserve_oip_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(CJSON_CFLAGS)
 tests_test_pipeserve_oip_LDADD = $(CHECK_LIBS) $(CJSON_LIBS) -lm
-tests_test_pipeserve_SOURCES = tests/test_pipeserve.c tests/test_pipeserve_client.h tests/check_main.h
+tests_test_pipeserve_SOURCES = tests/test_pipeserve.c tests/test_pipeserve_client.h tests/check_main.h \
+	tests/model_file.h
 tests_test_pipeserve_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include \
 	-DPIPESERVE_BIN='"$(abs_top_builddir)/tools/pipeserve/pipeserve"'
 tests_test_pipeserve_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(CJSON_CFLAGS)

@@ -47,8 +47,14 @@
  * __metadata__ (string values): "activation" (none|relu|gelu, default for every layer; absent: none),
  * "layers.<i>.activation" (overrides it for layer i), "layer_norm_eps" (default 1e-5). Any other tensor
  * name is an error; other metadata keys are ignored. The file is read into memory the model owns (header
- * first, checked before the data is read) and validated as the format's reference implementation does, each broken rule reported with its own mbp_load_rule and a
- * message naming the tensor.
+ * first, checked before the data is read) and validated as the format's reference implementation does,
+ * each broken rule reported with its own mbp_load_rule and a message naming the tensor.
+ *
+ * Digests. Every file mbpipe writes carries, for each tensor, the CRC-32 of its bytes as stored, under the
+ * metadata key "<tensor>.crc32" (8 lowercase hexadecimal digits), and every load checks the bytes it reads
+ * against them: a file changed after it was written (bytes overwritten, a hole) is refused, naming the
+ * tensor (MBP_LOAD_DIGEST, -EBADMSG). It detects corruption, not an adversary (who can write a matching
+ * CRC as easily). A file without digests (another tool's) loads; mbp_model_verified() tells which.
  *
  * Stages. mbp_model_balance() times every layer at the micro-batch size in use (mbp_model_profile) and splits
  * the layers into S contiguous ranges minimising the slowest stage exactly (mbp_model_partition, a dynamic
@@ -165,9 +171,19 @@ typedef enum mbp_load_rule {
 	MBP_LOAD_NOT_REGULAR, /**< not a regular file (a directory, FIFO, device, socket): -EINVAL */
 	MBP_LOAD_TOO_LARGE,   /**< the file is larger than mbp_model_load_opts.max_bytes: -EFBIG */
 	MBP_LOAD_TIMEOUT,     /**< reading took longer than mbp_model_load_opts.timeout_ns: -ETIMEDOUT */
+	MBP_LOAD_DIGEST, /**< a tensor's bytes do not match its digest, or the digests are broken: -EBADMSG */
+	MBP_MODEL_STRUCTURE, /**< not the layers and widths mbp_model_load_opts expects: -EINVAL */
 } mbp_load_rule;
 
-/** What went wrong in a load: filled by mbp_model_load() on error (and zeroed on success). */
+/**
+ * What went wrong in a load: filled by mbp_model_load() on error (and zeroed on success).
+ *
+ * For a file that is not a safetensors file at all (the rules up to MBP_ST_HEADER_JSON) the message is the
+ * rule's words only ("not a safetensors file: header length above 100000000 bytes"), never a number, name
+ * or byte read from the file: a path may name any file, a secret included, and the message may reach
+ * whoever asked for the load. Once the header is a JSON object, messages name its entries. Control
+ * characters in a name are shown as '?'.
+ */
 typedef struct mbp_model_error {
 	int code;	    /**< the negative errno the call returned */
 	mbp_load_rule rule; /**< the rule broken */
@@ -196,16 +212,26 @@ int mbp_model_load(mbp_model **m, const char *path, mbp_model_error *err);
 typedef struct mbp_model_load_opts {
 	uint64_t max_bytes;  /**< largest file accepted, checked before anything is read; 0: no bound */
 	uint64_t timeout_ns; /**< longest time spent reading; 0: no bound */
+	/**
+	 * The structure expected, 0 / NULL: any. With layers > 0 and widths set, the file must have exactly
+	 * that many layers with widths[0] its input width and widths[i + 1] layer i's output width, which is
+	 * checked from the header, before any tensor byte is read or the weights' memory allocated:
+	 * otherwise MBP_MODEL_STRUCTURE (-EINVAL), the message naming both structures. A server that swaps
+	 * weights in gives its model's, so that a file of another size costs nothing to refuse.
+	 */
+	unsigned layers;
+	const uint32_t *widths; /**< layers + 1 widths, read during the call only */
 } mbp_model_load_opts;
 
 /**
  * Load a model from an open file.
  *
  * Accepts regular files only. Reads and checks in this order: the file's size against o->max_bytes, the
- * 8-byte header length against the size, the header (every rule of mbp_load_rule but the data bytes),
- * then the data section, with read() into memory the model owns: the weights never refer to the file, so
- * a file changed, truncated or removed after the load cannot change or fault a running stage. F16/BF16
- * tensors are converted. The weights become version 1 of the new model. Pair with mbp_model_destroy().
+ * 8-byte header length against the size, the header (every rule of mbp_load_rule but the data bytes) and
+ * the structure o expects, then the data section, with read() into memory the model owns, and its bytes
+ * against the file's digests: the weights never refer to the file, so a file changed, truncated or removed
+ * after the load cannot change or fault a running stage. F16/BF16 tensors are converted. The weights become
+ * version 1 of the new model. Pair with mbp_model_destroy().
  *
  * @param m    receives the model
  * @param fd   the file, open for reading (not closed; its offset is not used)
@@ -223,8 +249,8 @@ int mbp_model_load_fd(mbp_model **m, int fd, const char *name, const mbp_model_l
  *
  * The header and every layer's shape are validated as by mbp_model_load(); only the selected layers'
  * tensors are read, one pread per contiguous run of their byte ranges (F32 ones are then used in place,
- * the others converted): the other layers' bytes are never read. These layers compute bit for bit what the
- * same layers of the whole model do.
+ * the others converted), and checked against their own digests: the other layers' bytes are never read.
+ * These layers compute bit for bit what the same layers of the whole model do.
  * Pair with mbp_model_destroy().
  *
  * @return as mbp_model_load(); -ENOENT (MBP_MODEL_MISSING) when count is 0 or the file has fewer than
@@ -253,6 +279,13 @@ typedef struct mbp_layer_info {
 	uint64_t flops;	    /**< floating-point operations per row (2 x in x out for the dense part) */
 	size_t param_bytes; /**< bytes of float32 parameters */
 } mbp_layer_info;
+
+/**
+ * Whether the load that made the model checked every tensor it read against a digest in the file: true
+ * for the files mbpipe writes, false for a file without digests (written by another tool), which programs
+ * should say in a note. False for NULL.
+ */
+bool mbp_model_verified(const mbp_model *m);
 
 /** Number of layers (at least 1). */
 unsigned mbp_model_layers(const mbp_model *m);
@@ -463,9 +496,11 @@ typedef struct mbp_model_spec {
  * Write a model file with random weights, deterministic for a seed; nothing comes from the network.
  * Weights are uniform in +-sqrt(6 / fan-in) before an activation (He) and +-sqrt(3 / fan-in) without, so
  * activations keep their scale through the layers; biases +-0.1, norm gains 1 +- 0.1, norm biases +-0.1. The
- * file is written to a temporary name and renamed into place; its mode is 0666 under the umask (0644 with
- * the usual umask 022).
- * @return 0, -EINVAL (bad spec), -errno from the file system, -ENOMEM.
+ * file carries its tensors' digests and is written by rename (<mbpipe/file.h>): a path that names anything
+ * but a regular file is refused before any work; its mode is 0666 under the umask (0644 with the usual
+ * umask 022).
+ * @return 0, -EINVAL (bad spec), -EEXIST (the path is not a regular file), -errno from the file system,
+ *         -ENOMEM.
  */
 int mbp_model_write_random(const char *path, const mbp_model_spec *spec);
 

@@ -159,8 +159,8 @@ int mbp_mlp_new_random(mbp_mlp **n, const mbp_model_spec *spec, const mbp_optim_
 int mbp_mlp_new_from_model(mbp_mlp **n, mbp_model *m, const mbp_optim_opts *opt);
 
 /**
- * mbp_model_load then mbp_mlp_new_from_model: start training from a model file. Pair with
- * mbp_mlp_destroy().
+ * mbp_model_load then mbp_mlp_new_from_model: start training from a model file (its digests checked).
+ * Pair with mbp_mlp_destroy().
  * @param err optional, as for mbp_model_load
  * @return 0, mbp_model_load's errors, -EINVAL, -ENOMEM.
  */
@@ -361,9 +361,10 @@ int mbp_loss_mse(const float *out, const float *target, uint32_t rows, uint32_t 
 /* ---- checkpoints ---- */
 
 /**
- * Write the weights as a safetensors file that mbp_model_load reads (F32, every layer's activation in the
- * metadata), to a temporary name, flushed, then renamed into place.
- * @return 0, -EINVAL, -ENOMEM, -EIO or the file system's -errno.
+ * Write the weights as a safetensors file that mbp_model_load reads (F32, every layer's activation and
+ * every tensor's digest in the metadata), by rename (<mbpipe/file.h>): to a temporary name, flushed, then
+ * renamed into place; a path that is not a regular file is refused before anything is written.
+ * @return 0, -EINVAL, -EEXIST (path is not a regular file), -ENOMEM, -EIO or the file system's -errno.
  */
 int mbp_mlp_save(mbp_mlp *n, const char *path);
 
@@ -372,7 +373,8 @@ int mbp_mlp_save(mbp_mlp *n, const char *path);
  * with the weights file, mbp_mlp_load + mbp_mlp_load_optim resume training bit for bit.
  * Tensors "layers.<i>.<part>.m" (and ".v" for AdamW), metadata "optimizer" (adamw|sgd) and
  * "layers.<i>.step", "weights_fnv1a64" (a hash of the parameters as they are now: what ties the state
- * to the weights file saved beside it); the settings are recorded for information.
+ * to the weights file saved beside it) and each tensor's digest, as a model file has; the settings are
+ * recorded for information. Each of the pair is written by rename on its own.
  * @return as mbp_mlp_save.
  */
 int mbp_mlp_save_optim(mbp_mlp *n, const char *path);
@@ -383,8 +385,9 @@ int mbp_mlp_save_optim(mbp_mlp *n, const char *path);
  * a missing moment or step count (MBP_MODEL_MISSING, -ENOENT), a moment of another shape (MBP_MODEL_SHAPE,
  * -EINVAL) or not F32 (MBP_MODEL_DTYPE, -ENOTSUP), a tensor this model does not have
  * (MBP_MODEL_UNKNOWN_TENSOR, -EINVAL), a state saved with other weights than the model's current ones
- * (its "weights_fnv1a64": MBP_MODEL_ACTIVATION, -EINVAL; a file without it is not checked), and the
- * safetensors rules themselves. So a weights file and an optimizer state from different steps or runs (a
+ * (its "weights_fnv1a64": MBP_MODEL_ACTIVATION, -EINVAL; a file without it is not checked), moments
+ * whose bytes do not match their digests (MBP_LOAD_DIGEST, -EBADMSG; a file without digests is not
+ * checked), and the safetensors rules themselves. So a weights file and an optimizer state from different steps or runs (a
  * crash between writing the two) are refused, never resumed as if they were a pair.
  * @param err optional: the rule broken, the tensor and a message naming the file
  * @return 0, or the rule's negative errno (the file system's for MBP_LOAD_IO); -EINVAL for NULL. On error

@@ -365,8 +365,9 @@ void mbp_stats_window(mbp_pipeline_stats *b, mbp_stage_stats *bs, const mbp_pipe
  * Write the activity log (each stage's begin and end of every traced micro-batch) as a Chrome trace JSON
  * file that Perfetto and chrome://tracing open. Valid while running (a consistent prefix) or after drain.
  * Each stage's track is named "<index> <name> (cpu <c>)", c being -1 where the stage is not pinned or its
- * pin failed; the name is escaped for JSON, and bytes of it that are not UTF-8 become U+FFFD.
- * @return 0, -EINVAL (tracing off), -errno from the file system.
+ * pin failed; the name is escaped for JSON, and bytes of it that are not UTF-8 become U+FFFD. Written by
+ * rename, as every file mbpipe writes (<mbpipe/file.h>): whole or not at all, a node at path refused.
+ * @return 0, -EINVAL (tracing off), -EEXIST (path is not a regular file), -errno from the file system.
  */
 int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path);
 

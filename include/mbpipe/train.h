@@ -343,7 +343,8 @@ const mbp_schedule *mbp_trainer_schedule(const mbp_trainer *t);
 
 /**
  * Write the operations of the last step (F, B, B_in and W as distinct events, one row per stage) as a
- * Chrome trace JSON file. @return 0, -EINVAL (tracing off), -errno from the file system.
+ * Chrome trace JSON file, by rename as every file mbpipe writes (<mbpipe/file.h>).
+ * @return 0, -EINVAL (tracing off), -EEXIST (path is not a regular file), -errno from the file system.
  */
 int mbp_trainer_trace_write(mbp_trainer *t, const char *path);
 

@@ -1,8 +1,10 @@
 /*
  * Checkpoints of a trainable model: its weights in the model layout (mbp_model_load reads them, so
  * pipeserve serves them), and its optimizer state in a second safetensors file, read back validated as
- * strictly as a model: every tensor present with its exact shape, nothing unknown, the same optimizer.
- * Both files are F32, so a resumed run continues bit for bit.
+ * strictly as a model: every tensor present with its exact shape, nothing unknown, the same optimizer,
+ * its bytes those its digests were computed from. Both files are F32, so a resumed run continues bit for
+ * bit. Each file is written by rename (mbp_file): a crash leaves each whole, and the weights hash in the
+ * state refuses a pair from two different steps.
  */
 #include "config.h"
 
@@ -221,6 +223,11 @@ int mbp_mlp_load_optim(mbp_mlp *n, const char *path, mbp_model_error *err)
 		rc = mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "step counts");
 	if (!rc)
 		rc = mbp__st_parse(map, len, &st, err);
+	int digests = rc ? 0 : mbp__st_digests(&st, err);
+	if (digests < 0)
+		rc = digests;
+	for (size_t k = 0; !rc && k < st.n; k++)
+		rc = mbp__st_verify(&st.t[k], st.data + st.t[k].begin, err);
 	if (!rc)
 		rc = check_optim(n, &st, steps, err);
 	if (!rc) {

@@ -404,7 +404,7 @@ static int read_kept(int fd, uint64_t base, uint64_t deadline, mbp__st *st, cons
 					     deadline, err);
 				for (; i < j; i++) {
 					mbp__st_tensor *x = &st->t[o[i] - st->t];
-					x->end = at + (x->end - x->begin);
+					x->end = at + (x->end - begin);
 					x->begin = at + (x->begin - begin);
 				}
 			}
@@ -425,20 +425,49 @@ static int read_kept(int fd, uint64_t base, uint64_t deadline, mbp__st *st, cons
 	return rc;
 }
 
-static const char *file_kind(mode_t mode)
+/* snprintf that keeps counting past the end (below). */
+static void appendf(char *buf, size_t n, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* A chain of widths for a message: "784-512-512-10", its middle left out past 8 widths. w(i) is width i. */
+static void chain_text(char *buf, size_t n, unsigned L, const struct mbp__layer *l, const uint32_t *w)
 {
-	return S_ISDIR(mode)	? "a directory"
-	       : S_ISFIFO(mode) ? "a FIFO"
-	       : S_ISCHR(mode)	? "a character device"
-	       : S_ISBLK(mode)	? "a block device"
-	       : S_ISSOCK(mode) ? "a socket"
-				: "not a regular file";
+	size_t len = 0;
+	buf[0] = '\0';
+	for (unsigned i = 0; i <= L; i++) {
+		if (L > 8 && i == 6) {
+			appendf(buf, n, &len, "-...");
+			i = L;
+		}
+		uint32_t x = w ? w[i] : i == 0 ? l[0].in : l[i - 1].out;
+		appendf(buf, n, &len, "%s%u", i ? "-" : "", x);
+	}
+}
+
+/* The chain against the structure the caller expects, from the header alone. */
+static int check_structure(const mbp_model *m, const mbp_model_load_opts *o, mbp_model_error *err)
+{
+	if (!o->layers || !o->widths)
+		return 0;
+	bool same = m->layers == o->layers && m->l[0].in == o->widths[0];
+	for (unsigned i = 0; same && i < m->layers; i++)
+		same = m->l[i].out == o->widths[i + 1];
+	if (same)
+		return 0;
+	char has[96], want[96];
+	chain_text(has, sizeof(has), m->layers, m->l, NULL);
+	chain_text(want, sizeof(want), o->layers, NULL, o->widths);
+	return mbp__load_fail(err, MBP_MODEL_STRUCTURE, NULL,
+			      "the file has %u %s of widths %s, expected %u %s of %s", m->layers,
+			      MBP__PLURAL(m->layers, "layer", "layers"), has, o->layers,
+			      MBP__PLURAL(o->layers, "layer", "layers"), want);
 }
 
 /*
  * Read and check the file in the order that costs least on a bad one: its type and size, the 8-byte
- * header length against the size, the header (every rule but the data bytes) and the layer chain, and
- * only then the data of the kept layers' tensors, into v->data.
+ * header length against the size, the header (every rule but the data bytes), its digests, the layer
+ * chain and the structure expected, and only then the data of the kept layers' tensors, into v->data,
+ * each tensor checked against its digest.
  */
 static int load_from(mbp_model *m, struct mbp__version *v, int fd, const mbp_model_load_opts *o,
 		     unsigned first, unsigned count, mbp_model_error *err)
@@ -447,7 +476,7 @@ static int load_from(mbp_model *m, struct mbp__version *v, int fd, const mbp_mod
 	if (fstat(fd, &sb) < 0)
 		return io_fail(err, -errno, "fstat");
 	if (!S_ISREG(sb.st_mode))
-		return mbp__load_fail(err, MBP_LOAD_NOT_REGULAR, NULL, "%s", file_kind(sb.st_mode));
+		return mbp__load_fail(err, MBP_LOAD_NOT_REGULAR, NULL, "%s", mbp__file_kind(sb.st_mode));
 	uint64_t size = (uint64_t)sb.st_size;
 	if (o->max_bytes && size > o->max_bytes)
 		return mbp__load_fail(err, MBP_LOAD_TOO_LARGE, NULL, "%llu bytes, the bound is %llu",
@@ -477,12 +506,21 @@ static int load_from(mbp_model *m, struct mbp__version *v, int fd, const mbp_mod
 	const mbp__st_tensor **t = calloc((size_t)MBP_MODEL_MAX_LAYERS * P_COUNT, sizeof(*t));
 	if (!t)
 		rc = mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "tensor index");
+	int digests = rc ? 0 : mbp__st_digests(&st, err);
+	if (digests < 0)
+		rc = digests;
+	m->verified = digests > 0;
 	if (!rc)
 		rc = build_layers(m, &st, t, err);
 	if (!rc && count != UINT_MAX)
 		rc = keep_layers(m, t, first, count, err);
 	if (!rc)
+		rc = check_structure(m, o, err);
+	if (!rc)
 		rc = read_kept(fd, 8 + n, deadline, &st, t, m->layers * P_COUNT, v, err);
+	for (unsigned k = 0; !rc && k < m->layers * P_COUNT; k++)
+		if (t[k])
+			rc = mbp__st_verify(t[k], st.data + t[k]->begin, err);
 	if (!rc)
 		rc = build_version(m, &st, t, v, err);
 	free(t);
@@ -667,6 +705,11 @@ void mbp_model_mb_unpin(mbp_mb *mb)
 
 /* ---- describing ---- */
 
+bool mbp_model_verified(const mbp_model *m)
+{
+	return m && m->verified;
+}
+
 unsigned mbp_model_layers(const mbp_model *m)
 {
 	return m ? m->layers : 0;
@@ -721,9 +764,6 @@ unsigned mbp_model_versions_alive(const mbp_model *m)
 	return m ? atomic_load_explicit(&m->alive, memory_order_relaxed) : 0;
 }
 
-/* snprintf that keeps counting past the end. */
-static void appendf(char *buf, size_t n, size_t *len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 static void appendf(char *buf, size_t n, size_t *len, const char *fmt, ...)
 {
 	va_list ap;

@@ -57,6 +57,7 @@ struct mbp_model {
 	pthread_mutex_t swap_lock;
 	uint64_t last_id; /* under swap_lock */
 	_Atomic unsigned alive;
+	bool verified; /* the load checked every tensor it read against the file's digests */
 };
 
 /* References to versions. get_rcu: the caller's thread is registered with RCU (stage 0). */

@@ -12,6 +12,12 @@
  *
  * Numbers come from cJSON as doubles: a dimension or offset must be an integer in [0, 2^53], which covers
  * every file this machine can map. Unlike the reference, "1.0" is accepted where an integer is expected.
+ *
+ * Messages. A file refused before its header is known to be a JSON object (the length prefix, UTF-8, the
+ * '{', the JSON syntax) is "not a safetensors file", said in words only: no length, offset, name or byte
+ * read from it, because the file may be anything a path or a link names, a secret included, and the message
+ * may reach whoever asked for the load. Past that point messages name the header's entries (tensor names,
+ * metadata keys, offsets), with control characters shown as '?'.
  */
 #include "config.h"
 
@@ -33,12 +39,12 @@ static const struct {
 } rules[] = {
     [MBP_LOAD_OK] = {"success", 0},
     [MBP_LOAD_IO] = {"cannot read the file", -EIO},
-    [MBP_ST_HEADER_TOO_SMALL] = {"file shorter than the 8-byte header length", -EBADMSG},
-    [MBP_ST_HEADER_TOO_LARGE] = {"header length above 100000000 bytes", -E2BIG},
-    [MBP_ST_HEADER_LENGTH] = {"header length beyond the end of the file", -ERANGE},
-    [MBP_ST_HEADER_UTF8] = {"header is not valid UTF-8", -EBADMSG},
-    [MBP_ST_HEADER_START] = {"header does not start with '{'", -EBADMSG},
-    [MBP_ST_HEADER_JSON] = {"header is not a valid JSON object", -EBADMSG},
+    [MBP_ST_HEADER_TOO_SMALL] = {"not a safetensors file: shorter than the 8-byte header length", -EBADMSG},
+    [MBP_ST_HEADER_TOO_LARGE] = {"not a safetensors file: header length above 100000000 bytes", -E2BIG},
+    [MBP_ST_HEADER_LENGTH] = {"not a safetensors file: header length beyond the end of the file", -ERANGE},
+    [MBP_ST_HEADER_UTF8] = {"not a safetensors file: header is not valid UTF-8", -EBADMSG},
+    [MBP_ST_HEADER_START] = {"not a safetensors file: header does not start with '{'", -EBADMSG},
+    [MBP_ST_HEADER_JSON] = {"not a safetensors file: header is not a valid JSON object", -EBADMSG},
     [MBP_ST_DUPLICATE] = {"duplicate name", -EEXIST},
     [MBP_ST_METADATA] = {"__metadata__ is not an object of strings", -EPROTO},
     [MBP_ST_TENSOR_INFO] = {"tensor entry is not {dtype, shape, data_offsets}", -EPROTO},
@@ -62,6 +68,8 @@ static const struct {
     [MBP_LOAD_NOT_REGULAR] = {"not a regular file", -EINVAL},
     [MBP_LOAD_TOO_LARGE] = {"file larger than the bound", -EFBIG},
     [MBP_LOAD_TIMEOUT] = {"reading the file took longer than the bound", -ETIMEDOUT},
+    [MBP_LOAD_DIGEST] = {"tensor bytes do not match the file's digest", -EBADMSG},
+    [MBP_MODEL_STRUCTURE] = {"layer structure is not the one expected", -EINVAL},
 };
 
 const char *mbp_load_rule_str(mbp_load_rule rule)
@@ -78,6 +86,16 @@ int mbp__load_rule_errno(mbp_load_rule rule)
 	return rules[rule].err;
 }
 
+/* Bytes of a message that would not print as themselves (control characters: a name in a header may hold
+ * any, through JSON's \u escapes) become '?', so that a message is one line that a terminal or a log shows
+ * as it is. */
+static void printable(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			*s = '?';
+}
+
 int mbp__load_fail(mbp_model_error *err, mbp_load_rule rule, const char *tensor, const char *fmt, ...)
 {
 	int code = mbp__load_rule_errno(rule);
@@ -86,17 +104,27 @@ int mbp__load_fail(mbp_model_error *err, mbp_load_rule rule, const char *tensor,
 	err->code = code;
 	err->rule = rule;
 	snprintf(err->tensor, sizeof(err->tensor), "%s", tensor ? tensor : "");
+	printable(err->tensor);
 	char detail[192];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(detail, sizeof(detail), fmt, ap);
 	va_end(ap);
+	const char *sep = detail[0] ? ": " : "";
 	if (tensor)
-		snprintf(err->msg, sizeof(err->msg), "%s (tensor '%s'): %s", mbp_load_rule_str(rule), tensor,
-			 detail);
+		snprintf(err->msg, sizeof(err->msg), "%s (tensor '%s')%s%s", mbp_load_rule_str(rule), tensor,
+			 sep, detail);
 	else
-		snprintf(err->msg, sizeof(err->msg), "%s: %s", mbp_load_rule_str(rule), detail);
+		snprintf(err->msg, sizeof(err->msg), "%s%s%s", mbp_load_rule_str(rule), sep, detail);
+	printable(err->msg);
 	return code;
+}
+
+/* A file that is not a safetensors file: the rule's words and nothing read from the file (no length, no
+ * offset, no byte of it), so that an answer about any file (a secret a link points to) shows none of it. */
+static int not_st(mbp_model_error *err, mbp_load_rule rule, const char *words)
+{
+	return mbp__load_fail(err, rule, NULL, "%s", words);
 }
 
 /* ---- dtypes ---- */
@@ -299,6 +327,13 @@ static bool json_uint(const cJSON *j, uint64_t *v)
 	return true;
 }
 
+static int cmp_meta(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The metadata as key, value pairs sorted by key (mbp__st_meta searches them; a model's file has a few
+ * keys per layer), each key once. */
 static int parse_metadata(const cJSON *j, mbp__st *st, mbp_model_error *err)
 {
 	if (cJSON_IsNull(j))
@@ -315,16 +350,17 @@ static int parse_metadata(const cJSON *j, mbp__st *st, mbp_model_error *err)
 		if (!cJSON_IsString(c))
 			return mbp__load_fail(err, MBP_ST_METADATA, "__metadata__",
 					      "value of '%.64s' is not a string", c->string);
-		for (size_t k = 0; k < st->nmeta; k++)
-			if (!strcmp(st->meta[2 * k], c->string))
-				return mbp__load_fail(err, MBP_ST_DUPLICATE, "__metadata__",
-						      "key '%.64s' appears twice", c->string);
 		st->meta[2 * st->nmeta] = strdup(c->string);
 		st->meta[2 * st->nmeta + 1] = strdup(c->valuestring);
 		st->nmeta++;
 		if (!st->meta[2 * st->nmeta - 2] || !st->meta[2 * st->nmeta - 1])
 			return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "metadata");
 	}
+	qsort(st->meta, st->nmeta, 2 * sizeof(char *), cmp_meta);
+	for (size_t k = 1; k < st->nmeta; k++)
+		if (!strcmp(st->meta[2 * k - 2], st->meta[2 * k]))
+			return mbp__load_fail(err, MBP_ST_DUPLICATE, "__metadata__",
+					      "key '%.64s' appears twice", st->meta[2 * k]);
 	return 0;
 }
 
@@ -346,7 +382,7 @@ static int parse_tensor(const cJSON *j, mbp__st_tensor *t, uint64_t data_len, mb
 		if (!strcmp(dt->valuestring, dtypes[d].name))
 			t->dtype = d;
 	if (t->dtype < 0)
-		return mbp__load_fail(err, MBP_ST_DTYPE, name, "'%.32s'", dt->valuestring);
+		return mbp__load_fail(err, MBP_ST_DTYPE, name, "not one of the format's names");
 
 	t->ndim = 0;
 	t->nelem = 1;
@@ -443,47 +479,40 @@ static int check_layout(mbp__st *st, mbp_model_error *err)
 static int parse_header(const uint8_t *buf, size_t len, uint64_t file_len, mbp__st *st, mbp_model_error *err)
 {
 	if (file_len < 8 || len < 8)
-		return mbp__load_fail(err, MBP_ST_HEADER_TOO_SMALL, NULL, "%llu bytes",
-				      (unsigned long long)file_len);
+		return not_st(err, MBP_ST_HEADER_TOO_SMALL, "");
 	uint64_t n = 0;
 	for (int i = 7; i >= 0; i--)
 		n = n << 8 | buf[i];
 	if (n > MBP__ST_MAX_HEADER)
-		return mbp__load_fail(err, MBP_ST_HEADER_TOO_LARGE, NULL, "%llu bytes",
-				      (unsigned long long)n);
+		return not_st(err, MBP_ST_HEADER_TOO_LARGE, "");
 	if (n > file_len - 8)
-		return mbp__load_fail(err, MBP_ST_HEADER_LENGTH, NULL, "8 + %llu bytes, file has %llu",
-				      (unsigned long long)n, (unsigned long long)file_len);
+		return not_st(err, MBP_ST_HEADER_LENGTH, "");
 	if (n > len - 8)
 		return mbp__load_fail(err, MBP_LOAD_IO, NULL, "header not read in full");
 	const uint8_t *h = buf + 8;
-	size_t bad = utf8_valid_prefix(h, n);
-	if (bad != n)
-		return mbp__load_fail(err, MBP_ST_HEADER_UTF8, NULL, "at header byte %zu", bad);
+	if (utf8_valid_prefix(h, n) != n)
+		return not_st(err, MBP_ST_HEADER_UTF8, "");
 	if (n == 0 || h[0] != '{')
-		return mbp__load_fail(err, MBP_ST_HEADER_START, NULL, "%s",
-				      n ? "first byte is not '{'" : "empty");
+		return not_st(err, MBP_ST_HEADER_START, n ? "" : "the header is empty");
 	const char *why = "";
-	bad = json_lex(h, n, &why);
-	if (bad != n)
-		return mbp__load_fail(err, MBP_ST_HEADER_JSON, NULL, "%s at header byte %zu", why, bad);
+	if (json_lex(h, n, &why) != n)
+		return not_st(err, MBP_ST_HEADER_JSON, why);
 
 	st->data = len == file_len ? h + n : NULL;
 	st->data_len = file_len - 8 - n;
 
 	const char *end = NULL;
 	cJSON *root = cJSON_ParseWithLengthOpts((const char *)h, n, &end, 0);
-	if (!root) {
-		size_t at = end ? (size_t)((const uint8_t *)end - h) : 0;
-		return mbp__load_fail(err, MBP_ST_HEADER_JSON, NULL, "syntax error near header byte %zu", at);
-	}
+	if (!root)
+		return not_st(err, MBP_ST_HEADER_JSON, "syntax error");
 	int rc = 0;
 	for (const uint8_t *p = (const uint8_t *)end; p < h + n && !rc; p++)
 		if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
-			rc = mbp__load_fail(err, MBP_ST_HEADER_JSON, NULL,
-					    "trailing characters at header byte %zu", (size_t)(p - h));
+			rc = not_st(err, MBP_ST_HEADER_JSON, "characters after the object");
 	if (!rc && !cJSON_IsObject(root))
-		rc = mbp__load_fail(err, MBP_ST_HEADER_JSON, NULL, "top level is not an object");
+		rc = not_st(err, MBP_ST_HEADER_JSON, "the top level is not an object");
+	/* From here on the header is a JSON object, as a safetensors header is: messages may name its
+	 * entries (the names of a file someone made as a model, not bytes of an unrelated file). */
 
 	size_t ntensors = 0;
 	bool have_meta = false;
@@ -558,12 +587,15 @@ void mbp__st_free(mbp__st *st)
 	memset(st, 0, sizeof(*st));
 }
 
-const mbp__st_tensor *mbp__st_find(const mbp__st *st, const char *name)
+const mbp__st_tensor *mbp__st_find_n(const mbp__st *st, const char *name, size_t len)
 {
 	size_t lo = 0, hi = st->n;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(name, st->t[mid].name);
+		const char *t = st->t[mid].name;
+		int c = strncmp(name, t, len);
+		if (!c && t[len])
+			c = -1; /* t is longer: name sorts first */
 		if (!c)
 			return &st->t[mid];
 		if (c < 0)
@@ -574,11 +606,24 @@ const mbp__st_tensor *mbp__st_find(const mbp__st *st, const char *name)
 	return NULL;
 }
 
+const mbp__st_tensor *mbp__st_find(const mbp__st *st, const char *name)
+{
+	return mbp__st_find_n(st, name, strlen(name));
+}
+
 const char *mbp__st_meta(const mbp__st *st, const char *key)
 {
-	for (size_t i = 0; i < st->nmeta; i++)
-		if (!strcmp(st->meta[2 * i], key))
-			return st->meta[2 * i + 1];
+	size_t lo = 0, hi = st->nmeta;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = strcmp(key, st->meta[2 * mid]);
+		if (!c)
+			return st->meta[2 * mid + 1];
+		if (c < 0)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
 	return NULL;
 }
 

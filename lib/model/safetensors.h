@@ -7,6 +7,7 @@
 #define MBP__SAFETENSORS_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +44,8 @@ typedef struct mbp__st_tensor {
 	uint64_t shape[MBP__ST_MAX_DIMS];
 	uint64_t nelem;
 	uint64_t begin, end; /* relative to the data section */
+	bool has_digest;     /* set by mbp__st_digests() */
+	uint32_t digest;     /* CRC-32 of the bytes [begin, end) as stored */
 } mbp__st_tensor;
 
 typedef struct mbp__st {
@@ -62,8 +65,9 @@ int mbp__st_parse(const uint8_t *buf, size_t len, mbp__st *st, mbp_model_error *
 int mbp__st_parse_head(const uint8_t *buf, size_t len, uint64_t file_len, mbp__st *st, mbp_model_error *err);
 void mbp__st_free(mbp__st *st);
 
-/* Lookup by exact name (binary search); NULL when absent. */
+/* Lookup by exact name (binary search); NULL when absent. _n: the name is the first len bytes given. */
 const mbp__st_tensor *mbp__st_find(const mbp__st *st, const char *name);
+const mbp__st_tensor *mbp__st_find_n(const mbp__st *st, const char *name, size_t len);
 /* Metadata value, or NULL. */
 const char *mbp__st_meta(const mbp__st *st, const char *key);
 
@@ -75,6 +79,21 @@ int mbp__load_fail(mbp_model_error *err, mbp_load_rule rule, const char *tensor,
     __attribute__((format(printf, 4, 5)));
 /* The errno a rule returns (MBP_LOAD_IO: -EIO; callers pass the system's own). */
 int mbp__load_rule_errno(mbp_load_rule rule);
+
+/* ---- digests: lib/model/digest.c (zlib), outside the fuzz target's build ---- */
+
+/* The metadata key of a tensor's digest: "<tensor name>" MBP__ST_DIGEST_KEY. */
+#define MBP__ST_DIGEST_KEY ".crc32"
+
+/* CRC-32 (zlib's) of n bytes, continuing from crc (0 to start). */
+uint32_t mbp__crc32(uint32_t crc, const void *p, size_t n);
+/* Read the digests in a parsed file's metadata into its tensors (has_digest, digest). @return the number of
+ * tensors that have one: 0 (a file from another writer) or st->n; or, with err filled, MBP_LOAD_DIGEST's
+ * -EBADMSG when some tensors have one and others not, or one is not 8 hexadecimal digits. */
+int mbp__st_digests(mbp__st *st, mbp_model_error *err);
+/* Check a tensor's bytes (its end - begin bytes at p) against its digest; 0 when it has none, else
+ * MBP_LOAD_DIGEST's -EBADMSG with err filled. */
+int mbp__st_verify(const mbp__st_tensor *t, const uint8_t *p, mbp_model_error *err);
 
 /* IEEE half and bfloat16 to float, exact (subnormals, infinities and NaNs included). */
 float mbp__f16_to_f32(uint16_t h);

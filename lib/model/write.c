@@ -5,16 +5,17 @@
  *
  * The file is written as the reference writer does: the JSON header padded with spaces to a multiple of 8
  * bytes (so F32 data is aligned in a mapping), then each tensor's bytes in header order, little-endian,
- * with no gaps. It goes to a temporary name in the same directory, is flushed to disk and renamed into place,
- * so a reader (or a checkpoint after a crash) never sees half a file; it is created with mode 0666 under the
- * umask, as files usually are.
+ * with no gaps. The metadata carries each tensor's digest (lib/model/digest.c says what it covers): the
+ * header goes out first with "00000000" in their place, the CRC of each tensor is computed while its bytes
+ * are written, and the header is written again over itself at the end, its length unchanged, so that the
+ * values are generated or converted only once. The file is written by rename (mbp_file, lib/file.c): a
+ * reader, or a checkpoint after a crash, never sees half a file, and a path that is not a regular file is
+ * refused before any work.
  */
 #include "config.h"
 
 #include <endian.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <stdatomic.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -94,12 +95,14 @@ static void sb_json_str(struct sbuf *b, const char *s)
 	sb_printf(b, "\"");
 }
 
-/* Write one tensor's values, converted to the file's dtype: its data, or values drawn from the generator. */
-static int write_values(FILE *f, uint64_t *seed, const struct mbp__st_out *t, mbp_dtype dt)
+/* Write one tensor's values, converted to the file's dtype: its data, or values drawn from the generator;
+ * *crc receives the CRC-32 of the bytes written. */
+static int write_values(FILE *f, uint64_t *seed, const struct mbp__st_out *t, mbp_dtype dt, uint32_t *crc)
 {
 	uint8_t buf[4096];
 	size_t per = dt_size(dt), fill = 0;
 	uint64_t nelem = (uint64_t)t->rows * (t->cols ? t->cols : 1);
+	*crc = 0;
 	for (uint64_t e = 0; e < nelem; e++) {
 		float v = t->data ? t->data[e] : t->offset + t->scale * mbp__uniform(seed);
 		if (dt == MBP_DTYPE_F32) {
@@ -113,6 +116,7 @@ static int write_values(FILE *f, uint64_t *seed, const struct mbp__st_out *t, mb
 		}
 		fill += per;
 		if (fill == sizeof(buf) || e + 1 == nelem) {
+			*crc = mbp__crc32(*crc, buf, fill);
 			if (fwrite(buf, 1, fill, f) != fill)
 				return -EIO;
 			fill = 0;
@@ -125,9 +129,13 @@ int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, cons
 		  size_t nmeta, mbp_dtype dt, uint64_t seed)
 {
 	struct sbuf h = {0};
-	char *tmp = NULL;
-	FILE *f = NULL;
+	size_t *at = calloc(nt ? nt : 1, sizeof(*at)); /* where each tensor's digest goes in the header */
+	mbp_file *file = NULL;
 	int rc = 0;
+	if (!at) {
+		rc = -ENOMEM;
+		goto out;
+	}
 
 	sb_printf(&h, "{\"__metadata__\":{");
 	for (size_t k = 0; k < nmeta; k++) {
@@ -136,6 +144,15 @@ int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, cons
 		sb_json_str(&h, meta[2 * k]);
 		sb_printf(&h, ":");
 		sb_json_str(&h, meta[2 * k + 1]);
+	}
+	for (size_t k = 0; k < nt; k++) {
+		char key[sizeof(t[k].name) + sizeof(MBP__ST_DIGEST_KEY)];
+		snprintf(key, sizeof(key), "%s%s", t[k].name, MBP__ST_DIGEST_KEY);
+		sb_printf(&h, "%s", nmeta || k ? "," : "");
+		sb_json_str(&h, key);
+		sb_printf(&h, ":\"");
+		at[k] = h.len;
+		sb_printf(&h, "00000000\"");
 	}
 	sb_printf(&h, "}");
 	uint64_t off = 0;
@@ -158,52 +175,30 @@ int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, cons
 		goto out;
 	}
 
-	size_t pl = strlen(path);
-	tmp = malloc(pl + 48);
-	if (!tmp) {
-		rc = -ENOMEM;
+	rc = mbp_file_new(&file, path);
+	if (rc)
 		goto out;
-	}
-	/* A fresh name created with mode 0666 under the umask (0644 with the usual 022), as any file a
-	 * program writes: mkstemp's 0600 would leave the model unreadable to the server's other users. */
-	static _Atomic unsigned serial;
-	int fd = -1;
-	for (int tries = 0; fd < 0 && tries < 100; tries++) {
-		snprintf(
-		    tmp, pl + 48, "%s.tmp.%ld.%u", path, (long)getpid(),
-		    atomic_fetch_add_explicit(&serial, 1, memory_order_relaxed)); /* a name, nothing else */
-		fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-		if (fd < 0 && errno != EEXIST)
-			break;
-	}
-	if (fd < 0) {
-		rc = -errno;
-		goto out;
-	}
-	f = fdopen(fd, "wb");
-	if (!f) {
-		rc = -errno;
-		close(fd);
-		unlink(tmp);
-		goto out;
-	}
+	FILE *f = mbp_file_stream(file);
 	uint64_t hlen = htole64((uint64_t)h.len);
 	if (fwrite(&hlen, 8, 1, f) != 1 || fwrite(h.p, 1, h.len, f) != h.len)
 		rc = -EIO;
-	for (size_t k = 0; k < nt && !rc; k++)
-		rc = write_values(f, &seed, &t[k], dt);
-	if (fflush(f) != 0 && !rc)
-		rc = errno ? -errno : -EIO;
-	if (!rc && fsync(fileno(f)) != 0)
-		rc = -errno;
-	if (fclose(f) != 0 && !rc)
-		rc = errno ? -errno : -EIO;
-	if (!rc && rename(tmp, path))
-		rc = -errno;
-	if (rc)
-		unlink(tmp);
+	for (size_t k = 0; k < nt && !rc; k++) {
+		uint32_t crc = 0;
+		rc = write_values(f, &seed, &t[k], dt, &crc);
+		char hex[9];
+		snprintf(hex, sizeof(hex), "%08x", crc);
+		memcpy(h.p + at[k], hex, 8);
+	}
+	if (!rc && (fseek(f, 8, SEEK_SET) != 0 || fwrite(h.p, 1, h.len, f) != h.len))
+		rc = -EIO;
+	if (rc == -EIO && ferror(f))
+		rc = mbp_file_commit(file); /* refuses a stream that failed, giving the write's own errno */
+	else if (rc)
+		mbp_file_destroy(file);
+	else
+		rc = mbp_file_commit(file);
 out:
-	free(tmp);
+	free(at);
 	free(h.p);
 	return rc;
 }

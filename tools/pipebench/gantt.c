@@ -458,38 +458,31 @@ static void svg_row(FILE *f, double y, const char *label, const struct span *sp,
 	}
 }
 
-static FILE *svg_open(const char *path, double height, char *err, size_t errlen)
+/* The picture is written by rename (mbp_file): whole or not at all, and a node at the path is refused. */
+static mbp_file *svg_open(const char *path, double height, char *err, size_t errlen)
 {
-	FILE *f = fopen(path, "w");
-	if (!f) {
-		snprintf(err, errlen, "--svg %s: %s", path, strerror(errno));
+	mbp_file *file;
+	int rc = mbp_file_new(&file, path);
+	if (rc) {
+		snprintf(err, errlen, "--svg %s: cannot write it: %s", path,
+			 rc == -EEXIST ? "not a regular file" : strerror(-rc));
 		return NULL;
 	}
-	fprintf(f,
+	fprintf(mbp_file_stream(file),
 		"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f "
 		"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
 		"<style>.l{text-anchor:end}.c{text-anchor:middle;fill:#fff;font-size:10px}"
 		".t{font-weight:bold}</style>\n"
 		"<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n",
 		SVG_W, height, SVG_W, height);
-	return f;
-}
-
-/* A picture that cannot be finished: closed, and removed when it is a regular file (no half picture; a
- * device or a pipe given as the path is left alone). */
-static void svg_abort(FILE *f, const char *path)
-{
-	struct stat st;
-	bool regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
-	fclose(f);
-	if (regular)
-		unlink(path);
+	return file;
 }
 
 /* The time axis at y (ticks at fifths of the scale), a legend under it, the end of the document. */
-static int svg_close(FILE *f, const char *path, double y, double scale, bool training, char *err,
+static int svg_close(mbp_file *file, const char *path, double y, double scale, bool training, char *err,
 		     size_t errlen)
 {
+	FILE *f = mbp_file_stream(file);
 	const double pw = SVG_W - SVG_LEFT - SVG_RIGHT;
 	fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#000\"/>\n", SVG_LEFT,
 		y + 4, SVG_LEFT + pw, y + 4);
@@ -508,15 +501,10 @@ static int svg_close(FILE *f, const char *path, double y, double scale, bool tra
 		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", SVG_LEFT, y + 38 + 14 * k,
 			legend[training][k]);
 	fprintf(f, "</svg>\n");
-	errno = 0;
-	int bad = fflush(f) || ferror(f) ? (errno ? errno : EIO) : 0;
-	if (bad) {
-		snprintf(err, errlen, "--svg %s: cannot write it: %s", path, strerror(bad));
-		svg_abort(f, path);
-		return -1;
-	}
-	if (fclose(f)) {
-		snprintf(err, errlen, "--svg %s: cannot write it: %s", path, strerror(errno ? errno : EIO));
+	int rc = mbp_file_commit(file);
+	if (rc) {
+		snprintf(err, errlen, "--svg %s: cannot write it: %s", path,
+			 rc == -EEXIST ? "not a regular file" : strerror(-rc));
 		return -1;
 	}
 	return 0;
@@ -535,9 +523,10 @@ int pb_gantt_svg(const char *path, const pb_timeline *a, const pb_timeline *b, c
 		snprintf(err, errlen, "--svg %s: no batch was recorded to draw", path);
 		return -1;
 	}
-	FILE *f = svg_open(path, height, err, errlen);
-	if (!f)
+	mbp_file *file = svg_open(path, height, err, errlen);
+	if (!file)
 		return -1;
+	FILE *f = mbp_file_stream(file);
 	double y = 0;
 	for (unsigned p = 0; p < 2; p++) {
 		if (!tl[p] || !tl[p]->t || !tl[p]->mbs)
@@ -548,7 +537,7 @@ int pb_gantt_svg(const char *path, const pb_timeline *a, const pb_timeline *b, c
 		y += SVG_TITLE;
 		struct span *sp = calloc(tl[p]->mbs, sizeof(*sp));
 		if (!sp) {
-			svg_abort(f, path);
+			mbp_file_destroy(file);
 			snprintf(err, errlen, "--svg %s: out of memory", path);
 			return -1;
 		}
@@ -566,7 +555,7 @@ int pb_gantt_svg(const char *path, const pb_timeline *a, const pb_timeline *b, c
 		free(sp);
 		y += 8;
 	}
-	return svg_close(f, path, y, scale, false, err, errlen);
+	return svg_close(file, path, y, scale, false, err, errlen);
 }
 
 int pb_train_gantt_svg(const char *path, const pb_train_report *rep, char *err, size_t errlen)
@@ -579,14 +568,15 @@ int pb_train_gantt_svg(const char *path, const pb_train_report *rep, char *err, 
 		if (rep->r[i].nev)
 			height += SVG_TITLE + (ch.npred[i] ? 2 : 1) * S * (SVG_ROW + SVG_PAD) + 8;
 	struct span *sp = malloc(ch.nmax * sizeof(*sp));
-	FILE *f = NULL;
+	mbp_file *file = NULL;
 	int rc = -1;
 	if (ch.scale <= 0 || !sp)
 		snprintf(err, errlen, "--svg %s: %s", path,
 			 sp ? "no step was recorded to draw" : "out of memory");
 	else
-		f = svg_open(path, height, err, errlen);
-	if (f) {
+		file = svg_open(path, height, err, errlen);
+	if (file) {
+		FILE *f = mbp_file_stream(file);
 		double y = 0;
 		for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
 			const pb_train_result *r = &rep->r[i];
@@ -615,7 +605,7 @@ int pb_train_gantt_svg(const char *path, const pb_train_report *rep, char *err, 
 			}
 			y += 8;
 		}
-		rc = svg_close(f, path, y, ch.scale, true, err, errlen);
+		rc = svg_close(file, path, y, ch.scale, true, err, errlen);
 	}
 	free(sp);
 	train_chart_fini(&ch);

@@ -14,11 +14,8 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "pipebench.h"
 #include "../blas.h"
@@ -26,28 +23,11 @@
 
 int pb_output_check(const char *opt, const char *path, char *err, size_t errlen)
 {
-	struct stat st;
-	if (stat(path, &st) == 0) {
-		if (S_ISDIR(st.st_mode)) {
-			snprintf(err, errlen, "%s %s: is a directory", opt, path);
-			return -1;
-		}
-		if (access(path, W_OK)) {
-			snprintf(err, errlen, "%s %s: cannot write it: %s", opt, path, strerror(errno));
-			return -1;
-		}
+	char why[512];
+	if (mbp_file_check(path, why, sizeof(why)) == 0)
 		return 0;
-	}
-	int e = errno;
-	int fd = e == ENOENT ? open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644) : -1;
-	if (fd < 0) {
-		snprintf(err, errlen, "%s %s: cannot create it: %s", opt, path,
-			 strerror(e == ENOENT ? errno : e));
-		return -1;
-	}
-	close(fd);
-	unlink(path); /* written at the end of the run */
-	return 0;
+	snprintf(err, errlen, "%s %s: %s", opt, path, why);
+	return -1;
 }
 
 /* The failed checks as short names joined by '+', "" when none. */

@@ -439,7 +439,8 @@ static inline const pb_result *pb_best(const pb_report *rep)
 	return i < rep->nres && rep->res[i].status == 0 ? &rep->res[i] : NULL;
 }
 
-/* --trace's file can be written: checked before measuring. 0, or -1 with err set. */
+/* An output file (--svg, --trace) can be written by rename (mbp_file_check): checked before measuring.
+ * 0, or -1 with err set. */
 int pb_output_check(const char *opt, const char *path, char *err, size_t errlen);
 void pb_print_header(FILE *f, const pb_report *rep);
 void pb_print_table(FILE *f, const pb_report *rep);

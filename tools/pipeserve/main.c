@@ -338,6 +338,11 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 		usage_error("--write-demo-model and --describe: one at a time\n");
 		return -1;
 	}
+	char why[512]; /* written by rename: absent or a regular file, in a folder that takes one */
+	if (c->write_demo && mbp_file_check(c->write_demo, why, sizeof why)) {
+		usage_error("--write-demo-model %s: %s\n", c->write_demo, why);
+		return -1;
+	}
 	return 0;
 }
 
@@ -394,6 +399,10 @@ static int setup_model(ps_server *s)
 			ps_log("cannot load the model: %s", fd < 0 ? strerror(-rc) : e.msg);
 			return rc;
 		}
+		if (!mbp_model_verified(s->model))
+			ps_log("note: %s has no digest (not written by mbpipe): "
+			       "its weights cannot be checked for corruption",
+			       s->cfg.model_path);
 		s->model_path = strdup(s->cfg.model_path);
 		if (!s->model_path)
 			return -ENOMEM;
@@ -588,6 +597,11 @@ static int describe_model(const ps_config *c)
 		fprintf(stderr, "pipeserve: %s\n", e.msg);
 		return 1;
 	}
+	if (!mbp_model_verified(m))
+		fprintf(stderr,
+			"pipeserve: note: %s has no digest (not written by mbpipe): "
+			"its weights cannot be checked for corruption\n",
+			c->describe);
 	int n = mbp_model_describe(m, NULL, 0);
 	char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
 	if (text) {

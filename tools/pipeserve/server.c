@@ -88,14 +88,34 @@ int ps_reload(ps_server *s, const char *file, char *err, size_t errlen)
 	mbp_model_error e;
 	uint64_t t0 = ps_now_ns();
 	int fd = repo_open(s, name, err, errlen);
+	/* The served model's layers and widths: a file of another structure is refused from its header,
+	 * before its weights are read or their memory allocated. */
+	unsigned L = mbp_model_layers(s->model);
+	uint32_t *widths = calloc(L + 1, sizeof(*widths));
+	for (unsigned i = 0; widths && i < L; i++) {
+		mbp_layer_info li;
+		mbp_model_layer_info(s->model, i, &li);
+		widths[i] = li.in;
+		widths[i + 1] = li.out;
+	}
 	mbp_model_load_opts lo = {.max_bytes = s->cfg.max_model_bytes,
-				  .timeout_ns = s->cfg.load_timeout_ms * 1000000};
-	if (fd < 0) {
+				  .timeout_ns = s->cfg.load_timeout_ms * 1000000,
+				  .layers = L,
+				  .widths = widths};
+	if (fd >= 0 && !widths) {
+		snprintf(err, errlen, "out of memory");
+		status = 500;
+	} else if (fd < 0) {
 		status = -fd;
 	} else if (mbp_model_load_fd(&next, fd, name, &lo, &e)) {
 		snprintf(err, errlen, "cannot load the new weights: %s", e.msg);
 		status = 400;
 	} else {
+		if (!mbp_model_verified(next))
+			ps_log(
+			    "note: %s has no digest (not written by mbpipe): its weights cannot be checked "
+			    "for corruption",
+			    name);
 		int rc = mbp_model_swap(s->model, next);
 		if (rc) {
 			mbp_model_destroy(next);
@@ -110,6 +130,7 @@ int ps_reload(ps_server *s, const char *file, char *err, size_t errlen)
 			}
 		}
 	}
+	free(widths);
 	if (fd >= 0)
 		close(fd);
 	if (status) {

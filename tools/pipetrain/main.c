@@ -27,6 +27,7 @@
 #define _GNU_SOURCE
 #include <cblas.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <sched.h>
 #include <pthread.h>
@@ -139,18 +140,16 @@ static const char *op_name(mbp_op_kind k)
 
 static int write_predictions(const char *path, const int32_t *p, uint32_t rows)
 {
-	FILE *f = fopen(path, "w");
-	if (!f) {
-		fprintf(stderr, "pipetrain: --predictions %s: %s\n", path, strerror(errno));
-		return -1;
-	}
-	for (uint32_t r = 0; r < rows; r++)
-		fprintf(f, "%d\n", p[r]);
-	if (fclose(f)) {
-		fprintf(stderr, "pipetrain: --predictions %s: %s\n", path, strerror(errno));
-		return -1;
-	}
-	return 0;
+	mbp_file *f;
+	int rc = mbp_file_new(&f, path);
+	for (uint32_t r = 0; rc == 0 && r < rows; r++)
+		fprintf(mbp_file_stream(f), "%d\n", p[r]);
+	if (rc == 0)
+		rc = mbp_file_commit(f);
+	if (rc < 0)
+		fprintf(stderr, "pipetrain: --predictions %s: cannot write it: %s\n", path,
+			rc == -EEXIST ? "not a regular file" : strerror(-rc));
+	return rc;
 }
 
 struct run {
@@ -195,18 +194,6 @@ static void run_free(struct run *r)
 		fclose(r->log);
 }
 
-/* 0 when a file can be created at path (its folder exists and is writable), else -errno. */
-static int creatable(const char *path)
-{
-	char dir[4096];
-	const char *slash = strrchr(path, '/');
-	if (!slash)
-		snprintf(dir, sizeof dir, ".");
-	else
-		snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-	return access(dir, W_OK | X_OK) == 0 ? 0 : -errno;
-}
-
 /* Data, model, stages, trainer. @return 0, or the exit status. */
 static int setup(struct run *r)
 {
@@ -214,18 +201,24 @@ static int setup(struct run *r)
 	mbp_data_error de;
 	if (c->model && access(c->model, R_OK) != 0)
 		return bad("--model %s: %s", c->model, strerror(errno));
+	/* Every file the run writes, before the run: each absent or a regular file, in a folder that takes a
+	 * new one (they are written by rename, mbp_file). */
+	char save_optim[4096];
+	if (c->save)
+		pt_optim_path(c->save, save_optim, sizeof save_optim);
 	const struct {
 		const char *opt, *path;
 	} outs[] = {{"--save", c->save},
+		    {"--save", c->save ? save_optim : NULL},
 		    {"--trace", c->trace},
 		    {"--predictions", c->predictions},
+		    {"--csv", c->csv && strcmp(c->csv, "-") ? c->csv : NULL},
 		    {"--log", c->log && strcmp(c->log, "-") ? c->log : NULL},
 		    {"--plot", c->plot}};
 	for (unsigned i = 0; i < sizeof outs / sizeof outs[0]; i++) {
-		int rc = outs[i].path ? creatable(outs[i].path) : 0;
-		if (rc < 0)
-			return bad("%s %s: cannot create the file there: %s", outs[i].opt, outs[i].path,
-				   strerror(-rc));
+		char why[512];
+		if (outs[i].path && mbp_file_check(outs[i].path, why, sizeof why) < 0)
+			return bad("%s %s: %s", outs[i].opt, outs[i].path, why);
 	}
 	if (mbp_fashion_mnist_load(&r->train, c->data, true, &de) < 0 ||
 	    mbp_fashion_mnist_load(&r->test, c->data, false, &de) < 0)
@@ -264,8 +257,23 @@ static int setup(struct run *r)
 	    .momentum = c->optim == MBP_OPTIM_SGD ? (float)c->momentum : 0,
 	};
 	if (c->model) {
+		/* --layers, when given, is checked against the file's header before its weights are read. */
 		mbp_model_error me;
-		int rc = mbp_mlp_load(&r->n, c->model, &oo, &me);
+		mbp_model_load_opts lo = {.layers = c->layers, .widths = c->layers ? c->widths : NULL};
+		mbp_model *m = NULL;
+		int fd = open(c->model, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+		int rc = fd < 0 ? -errno : mbp_model_load_fd(&m, fd, c->model, &lo, &me);
+		if (fd < 0)
+			return bad("--model %s: %s", c->model, strerror(-rc));
+		close(fd);
+		if (rc == 0 && !mbp_model_verified(m))
+			fprintf(stderr,
+				"pipetrain: note: --model %s has no digest (not written by mbpipe): its "
+				"weights cannot be checked for corruption\n",
+				c->model);
+		if (rc == 0)
+			rc = mbp_mlp_new_from_model(&r->n, m, &oo);
+		mbp_model_destroy(m);
 		if (rc < 0)
 			return (rc == -ENOMEM ? fail : bad)("--model: %s",
 							    me.msg[0] ? me.msg : mbp_strerror(rc));
@@ -279,8 +287,6 @@ static int setup(struct run *r)
 		}
 		if (L > PT_MAX_LAYERS)
 			return bad("--model %s: %u layers, more than %d", c->model, L, PT_MAX_LAYERS);
-		if (c->layers && (c->layers != L || memcmp(w, c->widths, (L + 1) * sizeof(uint32_t))))
-			return bad("--layers does not match the layers of --model %s", c->model);
 		c->layers = L;
 		memcpy(c->widths, w, (L + 1) * sizeof(uint32_t));
 	} else if (!c->layers) {
@@ -640,6 +646,10 @@ static int train(struct run *r)
 		rep->final_test_acc = e->test_acc;
 		pt_print_epoch(rep, e);
 		pt_csv_row(r->csv, e);
+		if (pt_csv_save(rep) < 0) {
+			status = 1;
+			break;
+		}
 		if (c->save && save_checkpoint(r->n, c->save) < 0) {
 			status = 1;
 			break;
@@ -649,6 +659,8 @@ static int train(struct run *r)
 		double l;
 		evaluate(r->n, r->xtest, r->ytest, r->test.n, r->train.classes, r->logits, r->preds,
 			 &rep->final_test_acc, &l);
+		if (pt_csv_save(rep) < 0)
+			status = 1;
 	}
 	if (c->predictions && (status == 0 || status >= 128) &&
 	    write_predictions(c->predictions, r->preds, r->test.n) < 0 && status == 0)

@@ -2,8 +2,9 @@
  * pipetrain output: what a person reads (a header, one line per epoch, the final summary with the
  * placement and each stage's time split), the progress bar with the time left (standard error, only on a
  * terminal, redrawn in place), and what a program reads (--json: one document on standard output at the
- * end; --csv: one row per epoch, written as each epoch ends; --log: one row per step, written as each step
- * ends).
+ * end; --csv: one row per epoch, written as each epoch ends: to standard output a row at a time, to a file
+ * the whole table again by rename, so that the file is always a complete table; --log: one row per step,
+ * written as each step ends).
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -172,45 +173,53 @@ unsigned pt_epochs_reached(const pt_report *r)
 	return r->steps_per_epoch ? (unsigned)(r->start_step / r->steps_per_epoch) : 0;
 }
 
-/* A CSV file written as the run goes (--csv, --log): `path` ("-": standard output, NULL: none) opened
- * and its header line written. @return 0 or -1 (the reason printed). */
-static int csv_open(const char *opt, const char *path, const char *header, FILE **f)
+static void csv_header(FILE *f)
 {
-	*f = NULL;
-	if (!path)
-		return 0;
-	*f = strcmp(path, "-") ? fopen(path, "w") : stdout;
-	if (!*f) {
-		fprintf(stderr, "pipetrain: %s %s: %s\n", opt, path, strerror(errno));
-		return -1;
-	}
-	fprintf(*f, "%s\n", header);
-	fflush(*f);
-	return 0;
+	fprintf(f, "epoch,step,train_loss,train_acc,val_acc,test_acc,test_loss,samples_per_s,bubble,"
+		   "bubble_predicted,seconds,lr\n");
+}
+
+static void csv_line(FILE *f, const pt_epoch *e)
+{
+	fprintf(f, "%u,%llu,%.6f,%.6f,%.6f,%.6f,%.6f,%.1f,%.4f,%.4f,%.3f,%.6g\n", e->epoch,
+		(unsigned long long)e->step, e->train_loss, e->train_acc, e->val_acc, e->test_acc,
+		e->test_loss, e->samples_per_s, e->bubble, e->bubble_predicted, e->seconds, e->lr);
 }
 
 int pt_csv_open(const pt_config *c, FILE **f)
 {
-	return csv_open("--csv", c->csv,
-			"epoch,step,train_loss,train_acc,val_acc,test_acc,test_loss,samples_per_s,bubble,"
-			"bubble_predicted,seconds,lr",
-			f);
+	*f = NULL;
+	if (!c->csv || strcmp(c->csv, "-")) /* a file is written whole at each epoch: pt_csv_save */
+		return 0;
+	*f = stdout;
+	csv_header(*f);
+	fflush(*f);
+	return 0;
 }
 
 void pt_csv_row(FILE *f, const pt_epoch *e)
 {
 	if (!f)
 		return;
-	fprintf(f, "%u,%llu,%.6f,%.6f,%.6f,%.6f,%.6f,%.1f,%.4f,%.4f,%.3f,%.6g\n", e->epoch,
-		(unsigned long long)e->step, e->train_loss, e->train_acc, e->val_acc, e->test_acc,
-		e->test_loss, e->samples_per_s, e->bubble, e->bubble_predicted, e->seconds, e->lr);
+	csv_line(f, e);
 	fflush(f);
 }
 
+/* --log is written as the run goes (a row per step; `tail -f` follows it), so it is opened, not renamed:
+ * its path was checked at start (mbp_file_check). */
 int pt_log_open(const pt_config *c, FILE **f)
 {
-	return csv_open("--log", c->log,
-			"step,epoch,loss,accuracy,lr,grad_norm,samples_per_s,step_ms,bubble,elapsed_s", f);
+	*f = NULL;
+	if (!c->log)
+		return 0;
+	*f = strcmp(c->log, "-") ? fopen(c->log, "w") : stdout;
+	if (!*f) {
+		fprintf(stderr, "pipetrain: --log %s: %s\n", c->log, strerror(errno));
+		return -1;
+	}
+	fprintf(*f, "step,epoch,loss,accuracy,lr,grad_norm,samples_per_s,step_ms,bubble,elapsed_s\n");
+	fflush(*f);
+	return 0;
 }
 
 void pt_log_row(FILE *f, const pt_step *s)
@@ -220,6 +229,25 @@ void pt_log_row(FILE *f, const pt_step *s)
 	fprintf(f, "%llu,%u,%.6f,%.6f,%.6g,%.6g,%.1f,%.4f,%.4f,%.3f\n", (unsigned long long)s->step, s->epoch,
 		s->loss, s->acc, s->lr, s->grad_norm, s->samples_per_s, s->step_ms, s->bubble, s->elapsed_s);
 	fflush(f); /* the row is there while the run goes on (tail -f, a plot of its own) */
+}
+
+int pt_csv_save(const pt_report *r)
+{
+	const char *path = r->c->csv;
+	if (!path || !strcmp(path, "-"))
+		return 0;
+	mbp_file *f;
+	int rc = mbp_file_new(&f, path);
+	if (rc == 0) {
+		csv_header(mbp_file_stream(f));
+		for (unsigned i = 0; i < r->n_ep; i++)
+			csv_line(mbp_file_stream(f), &r->ep[i]);
+		rc = mbp_file_commit(f);
+	}
+	if (rc < 0)
+		fprintf(stderr, "pipetrain: --csv %s: cannot write it: %s\n", path,
+			rc == -EEXIST ? "not a regular file" : strerror(-rc));
+	return rc;
 }
 
 int pt_json_write(const pt_report *r)

@@ -181,6 +181,8 @@ void pt_log_row(FILE *f, const pt_step *s);
  * folder and renamed over c->plot (never over anything but a regular file). @return 0, or -1 with the
  * reason in err. (plot.c) */
 int pt_plot_write(const pt_report *r, char *err, size_t errlen);
+/* --csv FILE: the header and every epoch so far, written by rename (a line on stderr on failure). */
+int pt_csv_save(const pt_report *r);
 int pt_json_write(const pt_report *r);
 
 #endif

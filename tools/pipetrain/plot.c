@@ -9,19 +9,16 @@
  * run, the step curve has at most PT_CURVE_MAX points (pt_curve_add merges neighbours). Non-finite values
  * (a diverged step) are left out of the curves.
  *
- * The file is written to a temporary name in the same folder and renamed into place: a reader sees the
- * previous picture or the whole new one, and a failed write leaves no half picture. Anything at the path
- * that is not a regular file (a device, a FIFO, a link) is left alone and the write refused.
+ * The file is written by rename (mbp_file, as everything mbpipe writes): a reader sees the previous
+ * picture or the whole new one, a failed write leaves no half picture, and anything at the path that is
+ * not a regular file (a device, a FIFO, a link) is left alone and the write refused.
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "pipetrain.h"
 #include "../plural.h"
@@ -232,35 +229,19 @@ static int draw(FILE *f, const pt_report *r)
 int pt_plot_write(const pt_report *r, char *err, size_t errlen)
 {
 	const char *path = r->c->plot;
-	char tmp[4200];
-	snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-	FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-	if (!f) {
-		snprintf(err, errlen, "--plot %s: cannot write it: %s", path, strerror(errno));
-		if (fd >= 0) {
-			close(fd);
-			unlink(tmp);
+	mbp_file *f;
+	int rc = mbp_file_new(&f, path);
+	if (rc == 0) {
+		if (draw(mbp_file_stream(f), r) < 0) {
+			mbp_file_destroy(f);
+			rc = -ENOMEM;
+		} else {
+			rc = mbp_file_commit(f);
 		}
-		return -1;
 	}
-	int bad = draw(f, r) < 0 ? ENOMEM : 0;
-	errno = 0;
-	if (!bad && (fflush(f) || ferror(f)))
-		bad = errno ? errno : EIO;
-	if (fclose(f) && !bad)
-		bad = errno ? errno : EIO;
-	struct stat st;
-	if (!bad && lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-		snprintf(err, errlen, "--plot %s: not a regular file, left as it is", path);
-		unlink(tmp);
-		return -1;
-	}
-	if (!bad && rename(tmp, path))
-		bad = errno;
-	if (bad) {
-		snprintf(err, errlen, "--plot %s: cannot write it: %s", path, strerror(bad));
-		unlink(tmp);
+	if (rc < 0) {
+		snprintf(err, errlen, "--plot %s: %s", path,
+			 rc == -EEXIST ? "not a regular file, left as it is" : strerror(-rc));
 		return -1;
 	}
 	return 0;
