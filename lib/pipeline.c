@@ -71,6 +71,16 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	return 0;
 }
 
+int mbp__pipeline_node_share(mbp_pipeline *p, unsigned k, unsigned m)
+{
+	/* relaxed: the controlling thread, the only writer of state */
+	if (!p || (m && k >= m) || atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW)
+		return -EINVAL;
+	p->node_k = k;
+	p->node_m = m;
+	return 0;
+}
+
 /* Decide the threads, which stages each runs, each thread's CPU (affinity.c), and the wait mode. */
 static int plan_placement(struct mbp_pipeline *p)
 {
@@ -83,18 +93,22 @@ static int plan_placement(struct mbp_pipeline *p)
 					.pin = p->o.pin,
 					.named = named,
 					.ncpus = p->o.ncpus,
-					.cpus = p->o.cpus};
+					.cpus = p->o.cpus,
+					.node_k = p->node_k,
+					.node_m = p->node_m};
 	struct mbp__placement_plan pl;
 	int rc = mbp__placement_plan(&rq, &pl);
 	if (rc)
 		return rc;
 	p->nthreads = pl.nthreads;
+	p->cpus_claimed = true;
 	for (unsigned i = 0; i < S; i++) {
 		struct mbp__stage *s = &p->stages[i];
 		s->thread_idx = pl.thread_of[i];
 		s->leads = i == 0 || s[-1].thread_idx != s->thread_idx;
 		s->cpu = pl.cpu[i];
 		s->pin_required = pl.pin_required[i];
+		s->node_sharers = pl.node_sharers;
 	}
 	for (unsigned i = S; i-- > 0;) {
 		struct mbp__stage *s = &p->stages[i];
@@ -152,6 +166,20 @@ static void join_all(struct mbp_pipeline *p)
 	}
 }
 
+/* The threads have stopped: give back the CPUs the plan claimed for them (affinity.h), except where a pin
+ * failed (the worker gave that one back at once). */
+static void release_cpus(struct mbp_pipeline *p)
+{
+	if (!p->cpus_claimed)
+		return;
+	for (unsigned i = 0; i < p->nstages; i++) {
+		const struct mbp__stage *s = &p->stages[i];
+		if (s->leads && s->cpu >= 0 && !s->pin_error)
+			mbp__cpu_release(s->cpu);
+	}
+	p->cpus_claimed = false;
+}
+
 int mbp_pipeline_start(mbp_pipeline *p)
 {
 	if (!p)
@@ -201,6 +229,7 @@ int mbp_pipeline_start(mbp_pipeline *p)
 		join_all(p); /* each ran fini where its init succeeded */
 		/* release; partner: the acquire load in mbp_pipeline_placement(): the pin errors */
 		atomic_store_explicit(&p->state, ST_STOPPED, memory_order_release);
+		release_cpus(p);
 		return rc;
 	}
 	p->start_ns = mbp__clock_ns();
@@ -321,6 +350,7 @@ static void close_and_join(struct mbp_pipeline *p)
 	/* release; partner: the acquire load in mbp_pipeline_placement(). Nothing else to publish: the
 	 * threads are joined, and the controlling thread is the only other reader of STOPPED */
 	atomic_store_explicit(&p->state, ST_STOPPED, memory_order_release);
+	release_cpus(p);
 }
 
 /* Shared entry of drain and cancel: 1 to go on, else the return value (0: already stopped). */
@@ -399,12 +429,17 @@ int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n)
 		return -EINVAL;
 	/* acquire; partner: start's release store (RUNNING, or STOPPED when start failed): the workers'
 	 * pin errors, written before start's handshake, are visible */
-	if (atomic_load_explicit(&p->state, memory_order_acquire) == ST_NEW)
+	int st = atomic_load_explicit(&p->state, memory_order_acquire);
+	if (st == ST_NEW)
 		return -ENOTCONN;
 	for (unsigned i = 0; i < p->nstages && i < n; i++) {
-		out[i].cpu = mbp__stage_cpu(&p->stages[i]);
-		out[i].pin_error = p->stages[i].pin_error;
-		out[i].thread = p->stages[i].thread_idx;
+		const struct mbp__stage *s = &p->stages[i];
+		out[i].cpu = mbp__stage_cpu(s);
+		out[i].pin_error = s->pin_error;
+		out[i].thread = s->thread_idx;
+		out[i].sharing = 0;
+		if (out[i].cpu >= 0 && st != ST_STOPPED)
+			out[i].sharing = mbp__cpu_sharing(out[i].cpu, s->node_sharers);
 	}
 	return (int)p->nstages;
 }

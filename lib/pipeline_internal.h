@@ -81,9 +81,10 @@ struct mbp__stage {
 	bool thread_started;
 	bool init_ok;
 	int named_cpu; /* the descriptor's pin_cpu as a CPU number, -1: none */
-	int cpu;
+	int cpu;       /* the plan's (claimed in affinity.c's record while the thread runs), -1: none */
 	int pin_error;
 	bool pin_required;
+	unsigned node_sharers; /* other ranks of this node given the same CPU (mbp_mpi) */
 	/* trace: written by the worker, `trace_n` published with release */
 	struct mbp__trace_ev *trace;
 	_Atomic uint32_t trace_n;
@@ -96,6 +97,8 @@ struct mbp_pipeline {
 	mbp_opts o;
 	unsigned nstages;
 	unsigned nthreads;
+	bool cpus_claimed;	 /* the plan's CPUs are claimed (start to stop; controlling thread only) */
+	unsigned node_k, node_m; /* mbp__pipeline_node_share(): its part of its node's CPUs (mbp_mpi) */
 	struct mbp__stage stages[MBP_MAX_STAGES];
 	struct mbp__wait_opts wopts;
 	mbp_pool *pool;	      /* hop buffers, engine only */

@@ -405,6 +405,8 @@ static int thread_init(struct mbp__stage *first, struct mbp__stage *end)
 		int err = mbp__pin_self(first->cpu);
 		for (struct mbp__stage *s = first; s < end; s++)
 			s->pin_error = err;
+		if (err)
+			mbp__cpu_release(first->cpu); /* unpinned: it takes no CPU from the next plan */
 		if (err && first->pin_required)
 			rc = err;
 	}

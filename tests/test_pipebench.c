@@ -276,6 +276,7 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 		num(p, "stage");
 		field(p, "name", cJSON_String);
 		num(p, "cpu");
+		ck_assert(num(p, "sharing") >= 0);
 		field(p, "pin_error", cJSON_String | cJSON_NULL);
 	}
 	cJSON *base = field(doc, "baseline", cJSON_Object);

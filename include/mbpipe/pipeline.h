@@ -97,7 +97,8 @@ typedef struct mbp_opts {
 	uint32_t threads;	 /**< worker threads T (more than the stages: one per stage); 0: one per
 				      stage while the stages fit the CPUs, else one per CPU (one per stage
 				      if a pinned descriptor names a CPU). See below. */
-	uint32_t ncpus;		 /**< entries in cpus; 0: the CPUs this process may use */
+	uint32_t ncpus;		 /**< entries in cpus; 0: the CPUs this process may use, the least
+				      taken first (see "Placement" below) */
 	int cpus[MBP_MAX_CPUS];	 /**< thread t runs on cpus[t] (with T > ncpus: cpus[t * ncpus / T]) unless a
 				      descriptor of one of its stages names a CPU */
 	uint32_t trace_events;	 /**< activity-log events kept per stage; 0: tracing off */
@@ -115,6 +116,32 @@ typedef struct mbp_opts {
  * 1.28-1.39 -> 1.11-1.19 times the work, in the same runs). Stages of one thread run their init in stage
  * order (every init runs, also after one failed) and their fini in reverse order, all on that thread;
  * mbp_pipeline_placement() says which thread runs each stage.
+ */
+
+/*
+ * Placement. With opts.pin (the default) every worker thread is pinned to one CPU. A thread whose stage
+ * names a CPU (MBP_PIN_CPU) runs there, and with opts.cpus thread t runs on cpus[t]. Otherwise the plan
+ * chooses among the CPUs this process may use (mbp_cpus_allowed), for each thread the one that the fewest
+ * threads of this process are pinned to, the first in order among equals: every running pipeline and
+ * trainer (<mbpipe/train.h>) of the process counts, so a second pipeline, or a trainer beside a pipeline,
+ * takes the CPUs the first one left free instead of the same ones. A thread holds its CPU from start until
+ * the threads stop (drain, cancel, destroy, or a failed start); one whose pin failed holds none.
+ *
+ * Not enough CPUs. Once every allowed CPU is taken, the next threads share the least taken ones, still
+ * pinned (a pinned thread keeps its cache and its neighbour; an unpinned one would share a CPU all the
+ * same, wherever the scheduler puts it), and mbp_pipeline_placement() says so: each stage's `sharing`
+ * counts the other threads on its CPU. A pipeline whose own threads outnumber its CPUs does not spin in
+ * its waits (it would spin on the CPU its peer needs); one that shares CPUs only with another pipeline or
+ * trainer keeps its spin budget (what it waits for runs elsewhere): to run two busy ones side by side
+ * without sharing, give each its own opts.cpus.
+ *
+ * Across MPI ranks (<mbpipe/mpi.h>), the ranks of one node that were given the same CPUs (mpirun
+ * --bind-to none, or several ranks bound to one socket) split them at mbp_mpi_start() and
+ * mbp_mpi_trainer_start(): the k-th of m such ranks places its part of the pipeline in the k-th of m
+ * equal parts of the CPU list, as if they were all the CPUs it may use (the default thread count counts
+ * them; a cgroup quota is split m ways too). With fewer CPUs than ranks, consecutive ranks share one CPU:
+ * `sharing` counts each other rank there as one, and their waits do not spin (each waits for the other).
+ * Ranks that mpirun bound to CPUs of their own keep them; other pipelines of the process are not confined.
  */
 
 /** Fill `o` with the defaults documented above. */
@@ -280,9 +307,14 @@ void mbp_mb_release(mbp_pipeline *p, mbp_mb *mb);
 /* ---- placement ---- */
 
 typedef struct mbp_placement {
-	int cpu;	 /**< CPU the stage was placed on, -1 when not pinned */
-	int pin_error;	 /**< 0, or the error pinning returned (the stage then runs unpinned) */
-	unsigned thread; /**< worker thread running the stage, 0 .. T-1; stages of one thread share it */
+	int cpu;	  /**< CPU the stage was placed on, -1 when not pinned */
+	int pin_error;	  /**< 0, or the error pinning returned (the stage then runs unpinned) */
+	unsigned thread;  /**< worker thread running the stage, 0 .. T-1; stages of one thread share it */
+	unsigned sharing; /**< other threads pinned to its CPU now: of this pipeline (more threads than
+			       CPUs), of other pipelines and trainers of this process, and, under mbp_mpi,
+			       one for each other rank of its node given the same CPU; 0: the CPU is its
+			       thread's alone, or it is not pinned, or the pipeline has stopped. See
+			       "Placement" above */
 } mbp_placement;
 
 /**
@@ -292,7 +324,8 @@ typedef struct mbp_placement {
  */
 int mbp_cpus_allowed(int *cpus, unsigned max, unsigned *quota_cpus);
 
-/** The placement actually used, one entry per stage. @return the stage count, or -ENOTCONN. */
+/** The placement actually used, one entry per stage (see "Placement" above). @return the stage count, or
+ * -ENOTCONN. */
 int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n);
 
 /* ---- statistics and trace ---- */
