@@ -99,6 +99,9 @@ struct mbp_pipeline {
 	unsigned nthreads;
 	bool cpus_claimed;	 /* the plan's CPUs are claimed (start to stop; controlling thread only) */
 	unsigned node_k, node_m; /* mbp__pipeline_node_share(): its part of its node's CPUs (mbp_mpi) */
+	/* the started pipelines (pipeline.c, for mbp_mb_release without the handle): under its lock */
+	struct mbp_pipeline *live_next;
+	bool is_live;
 	struct mbp__stage stages[MBP_MAX_STAGES];
 	struct mbp__wait_opts wopts;
 	mbp_pool *pool;	      /* hop buffers, engine only */

@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -966,6 +967,79 @@ START_TEST(mb_submit_refuses_foreign_and_twice_submitted_buffers)
 }
 END_TEST
 
+/* A result callback gives back what it received without the pipeline's handle, which did not exist when
+ * its options were filled in (a user passed the handle by value and crashed): mbp_mb_release(NULL, mb)
+ * finds the pool from the buffer, with two pipelines live at once, each buffer into its own pool. */
+struct counted {
+	_Atomic unsigned n;
+};
+
+static void release_without_handle(void *arg, mbp_mb *mb)
+{
+	struct counted *c = arg;
+	ck_assert_int_eq(mb->status, 0);
+	mbp_mb_release(NULL, mb);
+	atomic_fetch_add(&c->n, 1);
+}
+
+START_TEST(a_result_callback_gives_back_its_buffer_without_the_pipeline)
+{
+	static struct counted got[2];
+	mbp_pipeline *p[2];
+	for (unsigned i = 0; i < 2; i++) {
+		atomic_store(&got[i].n, 0);
+		p[i] = make_with_results(1 + i, release_without_handle, &got[i]); /* no handle in arg */
+		ck_assert_int_eq(mbp_pipeline_start(p[i]), 0);
+	}
+	const unsigned n = 100; /* more than mb_buffers (16): the pools run dry unless they come back */
+	for (unsigned k = 0; k < n; k++)
+		for (unsigned i = 0; i < 2; i++) {
+			mbp_mb *mb;
+			ck_assert_int_eq(mbp_mb_acquire(p[i], &mb, 10 * 1000000000LL), 0);
+			mb->rows = 1;
+			memset(mb->data, 0, WORDS * 4);
+			ck_assert_int_eq(mbp_mb_submit(p[i], mb, -1), 0);
+		}
+	for (unsigned i = 0; i < 2; i++) {
+		ck_assert_int_eq(mbp_pipeline_drain(p[i], -1), 0);
+		ck_assert_uint_eq(atomic_load(&got[i].n), n);
+		mbp_pipeline_stats ps;
+		mbp_pipeline_stats_get(p[i], &ps, NULL, 0);
+		ck_assert_uint_eq(ps.mb_pool.in_use, 0);
+		ck_assert_uint_eq(ps.mb_pool.puts, n);
+	}
+	/* outside a callback too, and after the pipeline stopped (it is not destroyed yet) */
+	mbp_pipeline_destroy(p[1]);
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mb_acquire(p[0], &mb, 0), -ESHUTDOWN);
+	mbp_pipeline_destroy(p[0]);
+}
+END_TEST
+
+/* Without the handle the buffer must still be one a caller holds from a pipeline that exists: a foreign
+ * pointer aborts with a message, as the pool's own release does (mbp_mb_submit refuses one the same way). */
+START_TEST(releasing_a_foreign_pointer_without_the_pipeline_aborts)
+{
+	static struct counted got;
+	mbp_pipeline *p = make_with_results(1, release_without_handle, &got);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_mb foreign = {.rows = 1};
+	mbp_mb_release(NULL, &foreign);
+}
+END_TEST
+
+START_TEST(releasing_a_buffer_of_a_destroyed_pipeline_without_it_aborts)
+{
+	static struct counted got;
+	mbp_pipeline *p = make_with_results(1, release_without_handle, &got);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+	mbp_pipeline_destroy(p); /* says it leaks the buffer still held */
+	mbp_mb_release(NULL, mb);
+}
+END_TEST
+
 START_TEST(single_micro_batches_through_one_stage)
 {
 	run_single_mbs(1);
@@ -1811,6 +1885,10 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, single_micro_batches_come_back_in_order_with_their_tags, 0, NMODES);
 	tcase_add_loop_test(tc, jobs_and_single_micro_batches_mixed_with_failures_end_as_expected, 0, NMODES);
 	tcase_add_test(tc, single_micro_batches_through_one_stage);
+	tcase_add_test(tc, a_result_callback_gives_back_its_buffer_without_the_pipeline);
+	tcase_add_test_raise_signal(tc, releasing_a_foreign_pointer_without_the_pipeline_aborts, SIGABRT);
+	tcase_add_test_raise_signal(tc, releasing_a_buffer_of_a_destroyed_pipeline_without_it_aborts,
+				    SIGABRT);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
 	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
 	tcase_add_test(tc, opts_are_checked_where_given_with_a_rule_that_names_the_key);

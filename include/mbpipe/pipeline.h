@@ -14,7 +14,8 @@
  *      the last stage writes the output rows in place: a job costs no copy. The caller waits for its own
  *      job (mbp_job_wait) or gets a callback.
  *   2. Micro-batches: mbp_mb_acquire() a pool buffer, fill it, mbp_mb_submit() it; the result arrives
- *      through opts.on_result on the last stage's thread and goes back with mbp_mb_release().
+ *      through opts.on_result on the last stage's thread and goes back with mbp_mb_release() (the
+ *      callback may pass NULL for the pipeline).
  *
  * Guarantee: every accepted micro-batch ends completed or failed with a status, in every path (stage
  * errors, drain, cancel, destroy with work in flight); the statistics show accepted = completed + failed.
@@ -80,7 +81,9 @@ typedef struct mbp_stage_desc {
 #define MBP_PIN_CPU(c) ((unsigned)(c) + 1u)
 
 /** Result of a micro-batch submitted with mbp_mb_submit(); `mb` is owned by the callee until
- * mbp_mb_release(). Runs on the last stage's thread: keep it short. */
+ * mbp_mb_release(), which it may call here with NULL for the pipeline (the options that name the callback
+ * are filled before the pipeline exists, so `arg` need not carry it). Runs on the last stage's thread:
+ * keep it short. */
 typedef void (*mbp_result_fn)(void *arg, mbp_mb *mb);
 
 typedef struct mbp_opts {
@@ -301,7 +304,15 @@ int mbp_mb_acquire(mbp_pipeline *p, mbp_mb **mb, int64_t timeout_ns);
  */
 int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns);
 
-/** Give back a result (or an acquired buffer never submitted). Any thread. */
+/**
+ * Give back a result (or an acquired buffer never submitted). Any thread, also inside opts.on_result.
+ * @param p the pipeline the buffer came from, or NULL: then it is found from the buffer's address among
+ *        the started pipelines that have not been destroyed (a lookup under a shared lock; pass p where
+ *        you have it).
+ * A pointer that is not a buffer the caller holds (a foreign pointer, one released already, one still
+ * submitted, one of a destroyed pipeline, or of another pipeline than p) aborts with a message, as
+ * mbp_pool_put() does: going on would corrupt the pool.
+ */
 void mbp_mb_release(mbp_pipeline *p, mbp_mb *mb);
 
 /* ---- placement ---- */
