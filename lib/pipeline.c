@@ -12,6 +12,8 @@
 #include "config.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
 #include <string.h>
 #include <time.h>
 
@@ -37,22 +39,53 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 	p->o = *o;
 	atomic_init(&p->state, ST_NEW);
 	pthread_mutex_init(&p->start_lock, NULL);
+	pthread_mutex_init(&p->err_lock, NULL);
 	pthread_cond_init(&p->start_cond, NULL);
 	mbp__ingress_init(&p->ingress, o->ingress_depth);
 	*pp = p;
 	return 0;
 }
 
+/* ---- refusals ---- */
+
+int mbp__pipeline_refuse(struct mbp_pipeline *p, int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	pthread_mutex_lock(&p->err_lock);
+	p->refusal.err = err;
+	vsnprintf(p->refusal.what, sizeof(p->refusal.what), fmt, ap);
+	pthread_mutex_unlock(&p->err_lock);
+	va_end(ap);
+	return err;
+}
+
+int mbp_pipeline_error(const mbp_pipeline *p, mbp_pipeline_refusal *r)
+{
+	if (!p || !r)
+		return -EINVAL;
+	struct mbp_pipeline *q = (struct mbp_pipeline *)p; /* the lock is not the pipeline's state */
+	pthread_mutex_lock(&q->err_lock);
+	*r = q->refusal;
+	pthread_mutex_unlock(&q->err_lock);
+	return 0;
+}
+
 int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 {
 	/* relaxed: add_stage runs on the controlling thread, the only writer of state */
-	if (!p || !d || !d->fn || atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW ||
-	    d->out_row_bytes > UINT32_MAX)
+	if (!p || !d || !d->fn || atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW)
 		return -EINVAL;
+	if (d->out_row_bytes > UINT32_MAX)
+		return mbp__pipeline_refuse(p, -EINVAL, "stage %u: out_row_bytes %zu: above 4294967295",
+					    p->nstages, d->out_row_bytes);
 	if (p->nstages == MBP_MAX_STAGES)
-		return -E2BIG;
+		return mbp__pipeline_refuse(p, -E2BIG, "more than %d stages (MBP_MAX_STAGES)",
+					    MBP_MAX_STAGES);
 	if (d->pin_cpu && (d->pin_cpu > CPU_SETSIZE || !mbp__cpu_allowed((int)d->pin_cpu - 1)))
-		return -ERANGE;
+		return mbp__pipeline_refuse(p, -ERANGE,
+					    "stage %u: pin_cpu names CPU %u, which this process may not use",
+					    p->nstages, d->pin_cpu - 1);
 	struct mbp__stage *s = &p->stages[p->nstages];
 	memset(s, 0, sizeof(*s));
 	s->d = *d;
@@ -98,6 +131,17 @@ static int plan_placement(struct mbp_pipeline *p)
 					.node_m = p->node_m};
 	struct mbp__placement_plan pl;
 	int rc = mbp__placement_plan(&rq, &pl);
+	if (rc == -EINVAL) {
+		/* the first stage whose thread's stages already named another CPU */
+		for (unsigned i = 1; i < S; i++)
+			for (unsigned j = 0; j < i; j++)
+				if (pl.thread_of[j] == pl.thread_of[i] && named[i] >= 0 && named[j] >= 0 &&
+				    named[i] != named[j])
+					return mbp__pipeline_refuse(p, rc,
+								    "stages %u and %u run on one thread "
+								    "(threads %u) but name CPUs %d and %d",
+								    j, i, pl.nthreads, named[j], named[i]);
+	}
 	if (rc)
 		return rc;
 	p->nthreads = pl.nthreads;
@@ -120,6 +164,18 @@ static int plan_placement(struct mbp_pipeline *p)
 	return 0;
 }
 
+/* A pool of `buf_bytes` buffers that mbp_pool_new() refused: in words where it is a limit. */
+static int pool_refused(struct mbp_pipeline *p, int rc, size_t buf_bytes)
+{
+	if (rc == -EINVAL)
+		return mbp__pipeline_refuse(p, rc, "pool_bytes (%zu) cannot hold one buffer of %zu bytes",
+					    p->o.pool_bytes, buf_bytes);
+	if (rc == -EOVERFLOW)
+		return mbp__pipeline_refuse(p, rc, "buffers of %zu bytes: the pool's sizes overflow",
+					    buf_bytes);
+	return rc;
+}
+
 static int make_pools(struct mbp_pipeline *p)
 {
 	size_t width = p->o.in_row_bytes;
@@ -131,12 +187,17 @@ static int make_pools(struct mbp_pipeline *p)
 	size_t mb_width = p->o.in_row_bytes > p->out_row_bytes ? p->o.in_row_bytes : p->out_row_bytes;
 	if (!mbp__mul_size(width, p->o.max_mb_rows, &hop_bytes) ||
 	    !mbp__mul_size(mb_width, p->o.max_mb_rows, &mb_bytes))
-		return -EOVERFLOW;
+		return mbp__pipeline_refuse(p, -EOVERFLOW,
+					    "max_mb_rows (%" PRIu32 ") rows of %zu bytes: the size overflows",
+					    p->o.max_mb_rows, width > mb_width ? width : mb_width);
 	/* What the engine can hold at once: full rings, a burst and an output per worker, full caches. */
 	uint64_t S = p->nstages;
 	uint64_t need = (S - 1) * p->o.ring_capacity + S * (8 + 2) + S * p->o.cache_size;
 	if (need > UINT32_MAX)
-		return -E2BIG;
+		return mbp__pipeline_refuse(p, -E2BIG,
+					    "%" PRIu64 " stages with ring %" PRIu32 " and cache %" PRIu32
+					    " need %" PRIu64 " buffers: above 4294967295",
+					    S, p->o.ring_capacity, p->o.cache_size, need);
 	mbp_pool_opts po;
 	mbp_pool_opts_init(&po);
 	po.buf_bytes = hop_bytes;
@@ -145,15 +206,19 @@ static int make_pools(struct mbp_pipeline *p)
 	po.cache_size = p->o.cache_size;
 	int rc = mbp_pool_new(&p->pool, &po);
 	if (rc)
-		return rc;
+		return pool_refused(p, rc, hop_bytes);
 	mbp__pool_trust(p->pool); /* hop buffers never leave the workers */
 	mbp_pool_stats st;
 	mbp_pool_stats_get(p->pool, &st);
-	if (st.max_buffers < need)
-		return -ENOSPC; /* pool_bytes cannot hold what full rings need */
+	if (st.max_buffers < need) /* pool_bytes cannot hold what full rings need */
+		return mbp__pipeline_refuse(p, -ENOSPC,
+					    "pool_bytes (%zu) holds %" PRIu64
+					    " buffers of %zu bytes; full rings and caches need %" PRIu64,
+					    p->o.pool_bytes, (uint64_t)st.max_buffers, hop_bytes, need);
 	po.buf_bytes = mb_bytes;
 	po.max_buffers = p->o.mb_buffers;
-	return mbp_pool_new(&p->mb_pool, &po);
+	rc = mbp_pool_new(&p->mb_pool, &po);
+	return rc ? pool_refused(p, rc, mb_bytes) : 0;
 }
 
 static void join_all(struct mbp_pipeline *p)
@@ -220,7 +285,7 @@ int mbp_pipeline_start(mbp_pipeline *p)
 	if (atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW)
 		return -EALREADY;
 	if (p->nstages == 0)
-		return -EINVAL;
+		return mbp__pipeline_refuse(p, -EINVAL, "no stages: add one with mbp_pipeline_add_stage()");
 	int rc = plan_placement(p);
 	if (rc == 0)
 		rc = make_pools(p);
@@ -328,7 +393,9 @@ int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 		return rc;
 	if (mb->rows == 0 || mb->rows > p->o.max_mb_rows) {
 		mbp__pool_unlend(mb);
-		return -EINVAL;
+		return mbp__pipeline_refuse(
+		    p, -EINVAL, "a micro-batch of %" PRIu32 " rows: 1 to max_mb_rows (%" PRIu32 ")", mb->rows,
+		    p->o.max_mb_rows);
 	}
 	rc = mbp__submit_enter(p);
 	if (rc) {
@@ -467,6 +534,7 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 	}
 	pthread_cond_destroy(&p->start_cond);
 	pthread_mutex_destroy(&p->start_lock);
+	pthread_mutex_destroy(&p->err_lock);
 	free(p);
 }
 

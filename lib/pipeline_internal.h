@@ -122,6 +122,10 @@ struct mbp_pipeline {
 	/* multi-writer counters (submitting threads): read-modify-write */
 	MBP_CACHELINE_ALIGNED _Atomic uint64_t jobs_accepted, mbs_accepted, next_job_id;
 
+	/* the last refusal for a limit (mbp_pipeline_error); any thread, under err_lock */
+	pthread_mutex_t err_lock;
+	mbp_pipeline_refusal refusal;
+
 	/* start-up handshake */
 	pthread_mutex_t start_lock;
 	pthread_cond_t start_cond;
@@ -129,6 +133,10 @@ struct mbp_pipeline {
 	int start_err;	  /* first init or required-pin error */
 	int go;		  /* 1: run, -1: abort (init failed elsewhere) */
 };
+
+/* Record why a call was refused for a limit (mbp_pipeline_error) and return `err`. Any thread. */
+__attribute__((format(printf, 3, 4))) int mbp__pipeline_refuse(struct mbp_pipeline *p, int err,
+							       const char *fmt, ...);
 
 void mbp__worker_main_loop(struct mbp__stage *s);
 void *mbp__worker_thread(void *arg);

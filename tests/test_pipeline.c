@@ -185,6 +185,28 @@ static void assert_conserved(mbp_pipeline *p)
 	ck_assert_uint_eq(ps.pool.in_use, 0);
 }
 
+static int copy_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	memcpy(out->data, in->data, (size_t)in->rows * in->row_bytes);
+	return 0;
+}
+
+/* A started pipeline of S copying stages on `threads` threads (0: the default), pinned by the plan. */
+static mbp_pipeline *started(unsigned S, unsigned threads)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.threads = threads;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	mbp_stage_desc d = {.fn = copy_fn};
+	for (unsigned k = 0; k < S; k++)
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	return p;
+}
+
 /* ---- results ---- */
 
 START_TEST(job_results_in_order_with_random_delays_and_short_last_mb)
@@ -1119,6 +1141,86 @@ START_TEST(invalid_arguments_return_documented_errors)
 }
 END_TEST
 
+/* A call refused for a limit says which limit and its value (mbp_pipeline_error): a micro-batch of 128
+ * rows against the default max_mb_rows of 64 said only "too large (E2BIG)". */
+static mbp_pipeline_refusal refusal_of(mbp_pipeline *p)
+{
+	mbp_pipeline_refusal rf;
+	ck_assert_int_eq(mbp_pipeline_error(p, &rf), 0);
+	return rf;
+}
+
+START_TEST(a_refused_submit_or_start_names_the_limit_and_its_value)
+{
+	static struct counted got;
+	mbp_opts o;
+	mbp_opts_init(&o); /* max_mb_rows 64 */
+	o.in_row_bytes = WORDS * 4;
+	o.on_result = release_without_handle;
+	o.on_result_arg = &got;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	ck_assert_int_eq(refusal_of(p).err, 0);
+	ck_assert_str_eq(refusal_of(p).what, "");
+	ck_assert_int_eq(mbp_pipeline_start(p), -EINVAL);
+	ck_assert_int_eq(refusal_of(p).err, -EINVAL);
+	ck_assert_ptr_nonnull(strstr(refusal_of(p).what, "no stages"));
+	mbp_pipeline_destroy(p);
+
+	p = started(1, 0);
+	static uint32_t in[128 * WORDS], out[128 * WORDS];
+	ck_assert_int_eq(mbp_run(p, in, out, 128, 128), -E2BIG);
+	mbp_pipeline_refusal rf = refusal_of(p);
+	ck_assert_int_eq(rf.err, -E2BIG);
+	ck_assert_str_eq(rf.what, "micro-batches of 128 rows: above max_mb_rows (64)");
+	ck_assert_int_eq(mbp_run(p, in, out, 128, 64), 0); /* a success leaves it */
+	ck_assert_int_eq(refusal_of(p).err, -E2BIG);
+	mbp_pipeline_destroy(p);
+
+	/* a single micro-batch too large, and one of no rows */
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	mbp_stage_desc d = {.fn = copy_fn};
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+	mb->rows = 128;
+	ck_assert_int_eq(mbp_mb_submit(p, mb, 0), -EINVAL);
+	rf = refusal_of(p);
+	ck_assert_int_eq(rf.err, -EINVAL);
+	ck_assert_str_eq(rf.what, "a micro-batch of 128 rows: 1 to max_mb_rows (64)");
+	mb->rows = 0;
+	ck_assert_int_eq(mbp_mb_submit(p, mb, 0), -EINVAL);
+	ck_assert_str_eq(refusal_of(p).what, "a micro-batch of 0 rows: 1 to max_mb_rows (64)");
+	mbp_mb_release(p, mb);
+	mbp_pipeline_destroy(p);
+
+	/* a start whose pool cannot hold what full rings need */
+	mbp_opts_init(&o);
+	o.in_row_bytes = 4096;
+	o.pool_bytes = 1 << 20; /* 256 KiB buffers (64 rows of 4 KiB): 4 fit, full rings need 100 */
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), -ENOSPC);
+	rf = refusal_of(p);
+	ck_assert_int_eq(rf.err, -ENOSPC);
+	ck_assert_msg(strstr(rf.what, "pool_bytes (1048576) holds ") && strstr(rf.what, "need 100"), "%s",
+		      rf.what);
+	mbp_pipeline_destroy(p);
+
+	/* more stages than the engine takes */
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	for (int i = 0; i < MBP_MAX_STAGES; i++)
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), -E2BIG);
+	ck_assert_str_eq(refusal_of(p).what, "more than 64 stages (MBP_MAX_STAGES)");
+	ck_assert_int_eq(mbp_pipeline_error(NULL, &rf), -EINVAL);
+	ck_assert_int_eq(mbp_pipeline_error(p, NULL), -EINVAL);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
 START_TEST(opts_string_sets_fields_and_rejects_bad_keys)
 {
 	mbp_opts o;
@@ -1576,28 +1678,6 @@ END_TEST
 
 /* ---- the record of pinned CPUs: what pipelines of one process take ---- */
 
-static int copy_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
-{
-	memcpy(out->data, in->data, (size_t)in->rows * in->row_bytes);
-	return 0;
-}
-
-/* A started pipeline of S copying stages on `threads` threads (0: the default), pinned by the plan. */
-static mbp_pipeline *started(unsigned S, unsigned threads)
-{
-	mbp_opts o;
-	mbp_opts_init(&o);
-	o.in_row_bytes = WORDS * 4;
-	o.threads = threads;
-	mbp_pipeline *p;
-	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
-	mbp_stage_desc d = {.fn = copy_fn};
-	for (unsigned k = 0; k < S; k++)
-		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
-	ck_assert_int_eq(mbp_pipeline_start(p), 0);
-	return p;
-}
-
 static mbp_placement placement_of(mbp_pipeline *p, unsigned stage)
 {
 	mbp_placement pl[MBP_MAX_STAGES];
@@ -1890,6 +1970,7 @@ static Suite *suite(void)
 	tcase_add_test_raise_signal(tc, releasing_a_buffer_of_a_destroyed_pipeline_without_it_aborts,
 				    SIGABRT);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
+	tcase_add_test(tc, a_refused_submit_or_start_names_the_limit_and_its_value);
 	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
 	tcase_add_test(tc, opts_are_checked_where_given_with_a_rule_that_names_the_key);
 	tcase_add_test(tc, stats_placement_and_trace_describe_the_run);

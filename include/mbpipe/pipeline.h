@@ -25,6 +25,7 @@
  *   mbp_job_submit, mbp_mb_acquire/submit/release   | any threads, concurrently (multi-producer ingress)
  *   mbp_job_wait                                    | any thread, for its own job
  *   mbp_pipeline_stats_get, _placement              | any thread, any time after start
+ *   mbp_pipeline_error                              | any thread, any time
  *   new, add_stage, start, drain, cancel, destroy   | one controlling thread
  */
 #ifndef MBPIPE_PIPELINE_H
@@ -195,10 +196,12 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d);
 /**
  * Start the worker threads (opts.threads), pinned per the placement plan, and run each stage's init on the
  * thread that runs the stage. More threads than CPUs works: the waits then skip their spin step.
- * @return 0; -EINVAL (no stages; stages of one thread naming different CPUs); -EALREADY; -ENOMEM; the
- *         first failing init's error (every thread is then joined and fini ran where init succeeded); a
- *         pin error (-EINVAL, -EPERM) only when the CPU was named explicitly, otherwise a failed pin is
- *         reported by mbp_pipeline_placement().
+ * @return 0; -EINVAL (no stages; stages of one thread naming different CPUs); -EALREADY; -ENOMEM;
+ *         -ENOSPC (pool_bytes cannot hold what full rings and caches need), -E2BIG, -EOVERFLOW (sizes
+ *         beyond the engine's); the first failing init's error (every thread is then joined and fini
+ *         ran where init succeeded); a pin error (-EINVAL, -EPERM) only when the CPU was named
+ *         explicitly, otherwise a failed pin is reported by mbp_pipeline_placement(). A refusal for a
+ *         limit is worded by mbp_pipeline_error().
  */
 int mbp_pipeline_start(mbp_pipeline *p);
 
@@ -218,6 +221,27 @@ int mbp_pipeline_cancel(mbp_pipeline *p);
 
 /** Cancel if running, then free everything. Accepts NULL. */
 void mbp_pipeline_destroy(mbp_pipeline *p);
+
+/** Why the pipeline last refused a call for one of its limits: see mbp_pipeline_error(). */
+typedef struct mbp_pipeline_refusal {
+	int err;	/**< what the refused call returned; 0: nothing refused yet */
+	char what[200]; /**< one line naming the limit and its value, such as "micro-batches of 128 rows:
+			     above max_mb_rows (64)"; "" when err is 0 */
+} mbp_pipeline_refusal;
+
+/**
+ * The last refusal of a call on this pipeline for a limit, in words: a job or micro-batch whose size
+ * breaks max_mb_rows (or makes more than 2^32 - 1 micro-batches), an add_stage beyond MBP_MAX_STAGES or
+ * naming a CPU this process may not use, a start with no stages, with stages of one thread naming
+ * different CPUs, or whose options cannot hold what full rings need (pool_bytes, ring, cache, a size that
+ * overflows). For tools: print `what` with the error. Other errors (-EAGAIN, -ETIMEDOUT, -ESHUTDOWN,
+ * -ENOTCONN, a NULL argument, a foreign buffer, a stage's init) leave it as it was, and a later success
+ * does not clear it: compare `err` with the error you got.
+ * Any thread, also while others submit (a copy taken under the pipeline's lock); with several threads
+ * refused at once it is whichever came last.
+ * @return 0, -EINVAL (NULL).
+ */
+int mbp_pipeline_error(const mbp_pipeline *p, mbp_pipeline_refusal *r);
 
 /* ---- jobs ---- */
 
@@ -254,7 +278,8 @@ void mbp_job_init(mbp_job *job, const void *in, void *out, size_t rows, uint32_t
  * @param timeout_ns 0: fail at once when the ingress is full; < 0: wait; > 0: wait at most this long
  * @return 0 (accepted: it will complete), -EINVAL (NULL, rows 0, mb_rows 0, more than 2^32 - 1
  *         micro-batches), -E2BIG (mb_rows above max_mb_rows), -ENOTCONN (not started), -ESHUTDOWN
- *         (draining or cancelled), -EAGAIN (full, timeout 0), -ETIMEDOUT.
+ *         (draining or cancelled), -EAGAIN (full, timeout 0), -ETIMEDOUT. A refusal for a limit (E2BIG,
+ *         too many micro-batches) is worded by mbp_pipeline_error().
  */
 int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns);
 
@@ -298,9 +323,10 @@ int mbp_mb_acquire(mbp_pipeline *p, mbp_mb **mb, int64_t timeout_ns);
  * micro-batch no stage saw (cancelled before stage 0) comes back with it unchanged. On success the pipeline
  * owns the buffer until its result reaches on_result; on error the caller still does, and the buffer is
  * unchanged.
- * @return 0, -EINVAL (no on_result, rows out of range, `mb` not a buffer from this pipeline's
- *         mbp_mb_acquire() that the caller holds: a foreign pointer, a released buffer, or one already
- *         submitted whose result has not come back), -ENOTCONN, -ESHUTDOWN, -EAGAIN, -ETIMEDOUT.
+ * @return 0, -EINVAL (no on_result, rows out of range: worded by mbp_pipeline_error(), `mb` not a
+ *         buffer from this pipeline's mbp_mb_acquire() that the caller holds: a foreign pointer, a
+ *         released buffer, or one already submitted whose result has not come back), -ENOTCONN,
+ *         -ESHUTDOWN, -EAGAIN, -ETIMEDOUT.
  */
 int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns);
 
