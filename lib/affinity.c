@@ -146,6 +146,14 @@ void mbp__cpu_release(int cpu)
 	pthread_mutex_unlock(&rec.lock);
 }
 
+int mbp__pin_claimed(int cpu)
+{
+	int err = mbp__pin_self(cpu);
+	if (err)
+		mbp__cpu_release(cpu); /* unpinned: it takes no CPU from the next plan */
+	return err;
+}
+
 unsigned mbp__cpu_claims(int cpu)
 {
 	if (cpu < 0 || cpu >= CPU_SETSIZE)

@@ -34,6 +34,9 @@ int mbp__pin_self(int cpu);
  * once when its pin failed (the thread then runs unpinned on no claim).
  */
 void mbp__cpu_release(int cpu);
+/* Pin the calling thread to `cpu`, which its plan claimed: 0, or the pin's error, the claim then given
+ * back (the thread runs unpinned, on no claim). */
+int mbp__pin_claimed(int cpu);
 /* Threads of this process holding a claim on `cpu` now. */
 unsigned mbp__cpu_claims(int cpu);
 /* What a thread pinned to `cpu` reports as `sharing` (pipeline.h): the other claims on it, plus the

@@ -573,11 +573,10 @@ static void *worker(void *arg)
 	struct mbp_trainer *t = th->t;
 	int err = 0;
 	if (th->cpu >= 0) {
-		th->pin_error = mbp__pin_self(th->cpu);
-		if (th->pin_error) {
-			mbp__cpu_release(th->cpu); /* unpinned: it takes no CPU from the next plan */
-			th->cpu = -1;		   /* reported with pin_error by mbp_trainer_stats_get() */
-		}
+		th->pin_error = mbp__pin_claimed(th->cpu);
+		if (th->pin_error)
+			th->cpu =
+			    -1; /* its claim given back; reported with pin_error by mbp_trainer_stats_get() */
 	}
 	if (mbp_pool_cache_new(t->pool, &th->cache) < 0)
 		err = -ENOMEM;
