@@ -35,7 +35,7 @@ int main(int argc, char **argv)
 	o.in_row_bytes = sizeof(in[0]);
 	mbp_mpi *mp;
 	rc = mbp_mpi_new(&mp, &o, NULL);
-	mbp_stage_desc d = {.name = "twice", .fn = twice, .cpu = -1};
+	mbp_stage_desc d = {.name = "twice", .fn = twice};
 	if (rc == 0)
 		rc = mbp_mpi_add_stage(mp, &d); /* this rank's stages: here one */
 	if (rc == 0)

@@ -1,22 +1,46 @@
 /*
- * Allowed CPUs, the placement plan, pinning.
+ * Allowed CPUs, the placement plan, the record of pinned CPUs, pinning.
  *
  * A process may run on fewer CPUs than the machine has (taskset, a container's cpuset) and, under a cgroup
- * CPU quota, on fewer than its cpuset too. Stage i goes to the i-th allowed CPU, never to "CPU i": on a
- * machine where this process may use CPUs 4-7, CPU 0 would fail or steal another tenant's core.
+ * CPU quota, on fewer than its cpuset too. Threads go to allowed CPUs, never to "CPU i": on a machine
+ * where this process may use CPUs 4-7, CPU 0 would fail or steal another tenant's core. Which allowed
+ * CPU: the one fewest threads of this process are pinned to (a process-wide record, claimed by every
+ * plan and released by its owner), the first in order among equals; so the first pipeline takes the first
+ * CPUs, a second pipeline or a trainer beside it the next ones, and only when every CPU is taken do
+ * threads share one (the least claimed), as pipeline.h says. The part of a pipeline across MPI ranks
+ * that a rank runs plans in its share of the CPUs that its node's ranks were given alike (node_k of
+ * node_m), so that the ranks' threads do not meet either.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <mbpipe.h>
 
 #include "affinity.h"
 
+/* Tests' stand-ins (affinity.h), set before the threads they affect start. */
+static const char *_Atomic cpu_max_file; /* read instead of the cgroup's cpu.max */
+static _Atomic int pin_fail;		 /* every pin fails with this */
+
+void mbp__cgroup_cpu_max_set(const char *file)
+{
+	atomic_store_explicit(&cpu_max_file, file, memory_order_relaxed);
+}
+
+void mbp__pin_fail_set(int err)
+{
+	atomic_store_explicit(&pin_fail, err, memory_order_relaxed);
+}
+
 unsigned mbp__cgroup_quota_cpus(void)
 {
+	const char *fake = atomic_load_explicit(&cpu_max_file, memory_order_relaxed);
 	/* cgroup v2 unified hierarchy: the process's own cgroup is named in /proc/self/cgroup as "0::/path" */
 	char path[512] = "/sys/fs/cgroup";
 	FILE *f = fopen("/proc/self/cgroup", "r");
@@ -34,7 +58,7 @@ unsigned mbp__cgroup_quota_cpus(void)
 	}
 	char file[600];
 	snprintf(file, sizeof(file), "%s/cpu.max", path);
-	f = fopen(file, "r");
+	f = fopen(fake ? fake : file, "r");
 	if (!f)
 		return 0;
 	char quota[32] = "";
@@ -86,7 +110,111 @@ int mbp__pin_self(int cpu)
 	cpu_set_t set;
 	CPU_ZERO(&set);
 	CPU_SET(cpu, &set);
+	/* relaxed: a test's setting, made before the threads that pin start */
+	int fail = atomic_load_explicit(&pin_fail, memory_order_relaxed);
+	if (fail)
+		return fail;
 	return -pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+/* ---- the record of pinned CPUs ---- */
+
+/*
+ * Every CPU a plan gives a thread is claimed here until its owner releases it (mbp__cpu_release: at stop,
+ * at destroy, or at once when the pin failed), so that a second pipeline, or a trainer beside a pipeline,
+ * takes the CPUs nobody has yet instead of the first ones again. One mutex: plans, releases and placement
+ * reports are rare.
+ */
+static struct {
+	pthread_mutex_t lock;
+	uint32_t claims[CPU_SETSIZE]; /* threads of this process placed on each CPU, not yet released */
+} rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void claim_locked(int cpu)
+{
+	if (cpu >= 0 && cpu < CPU_SETSIZE)
+		rec.claims[cpu]++;
+}
+
+void mbp__cpu_release(int cpu)
+{
+	if (cpu < 0 || cpu >= CPU_SETSIZE)
+		return;
+	pthread_mutex_lock(&rec.lock);
+	MBP_VERIFY(rec.claims[cpu] > 0); /* a release without its claim */
+	rec.claims[cpu]--;
+	pthread_mutex_unlock(&rec.lock);
+}
+
+int mbp__pin_claimed(int cpu)
+{
+	int err = mbp__pin_self(cpu);
+	if (err)
+		mbp__cpu_release(cpu); /* unpinned: it takes no CPU from the next plan */
+	return err;
+}
+
+unsigned mbp__cpu_claims(int cpu)
+{
+	if (cpu < 0 || cpu >= CPU_SETSIZE)
+		return 0;
+	pthread_mutex_lock(&rec.lock);
+	unsigned n = rec.claims[cpu];
+	pthread_mutex_unlock(&rec.lock);
+	return n;
+}
+
+unsigned mbp__cpu_sharing(int cpu, unsigned node_sharers)
+{
+	unsigned c = mbp__cpu_claims(cpu);
+	/* the asking thread's own claim is one of them, unless a stop is giving it back just now */
+	return (c ? c - 1 : 0) + node_sharers;
+}
+
+/* The k-th of m ranks' part of the n allowed CPUs, as list positions [*first, *first + *count), and how
+ * many other ranks were given the same CPUs: with at least as many CPUs as ranks, disjoint blocks; with
+ * fewer, consecutive ranks share one CPU (rank j on position j * n / m). */
+static void node_slice(unsigned k, unsigned m, unsigned n, unsigned *first, unsigned *count, unsigned *others)
+{
+	*first = 0;
+	*count = n;
+	*others = 0;
+	if (m <= 1 || k >= m || n == 0)
+		return;
+	*first = (unsigned)((uint64_t)k * n / m);
+	if (n >= m) {
+		*count = (unsigned)((uint64_t)(k + 1) * n / m) - *first;
+		return;
+	}
+	*count = 1;
+	for (unsigned j = 0; j < m; j++)
+		*others += j != k && (unsigned)((uint64_t)j * n / m) == *first;
+}
+
+/* Choose `d` CPUs of list[0 .. n) for the threads placed by default, each the least claimed so far (this
+ * plan's own choices counted), the first in list order among equals; claim them and write them to `out`
+ * in list order, so that consecutive threads that must share a CPU share it (blocks, not round robin:
+ * half their hops stay on one core). Under lock. */
+static void pick_least_claimed_locked(const int *list, unsigned n, unsigned d, int *out)
+{
+	uint32_t picked[MBP_MAX_CPUS] = {0};
+	for (unsigned k = 0; k < d; k++) {
+		unsigned best = 0;
+		uint64_t best_load = UINT64_MAX;
+		for (unsigned i = 0; i < n; i++) {
+			uint64_t load = (uint64_t)rec.claims[list[i]] + picked[i];
+			if (load < best_load) {
+				best = i;
+				best_load = load;
+			}
+		}
+		picked[best]++;
+		claim_locked(list[best]);
+	}
+	unsigned k = 0;
+	for (unsigned i = 0; i < n; i++)
+		for (uint32_t j = 0; j < picked[i]; j++)
+			out[k++] = list[i];
 }
 
 int mbp__placement_plan(const struct mbp__placement_req *rq, struct mbp__placement_plan *pl)
@@ -96,11 +224,16 @@ int mbp__placement_plan(const struct mbp__placement_req *rq, struct mbp__placeme
 	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota);
 	if (n < 0)
 		return n;
-	unsigned navail = (unsigned)(n < MBP_MAX_CPUS ? n : MBP_MAX_CPUS);
+	unsigned nallowed = (unsigned)(n < MBP_MAX_CPUS ? n : MBP_MAX_CPUS);
+	unsigned first, nshare, others;
+	node_slice(rq->node_k, rq->node_m, nallowed, &first, &nshare, &others);
+	if (quota && rq->node_m > 1)
+		quota = (quota + rq->node_m - 1) / rq->node_m; /* the node's ranks share the quota too */
+	unsigned navail = nshare;
 	if (quota && quota < navail)
 		navail = quota; /* a quota of q CPUs: more than q busy threads only share them */
-	const int *list = rq->ncpus ? rq->cpus : allowed;
-	unsigned nlist = rq->ncpus ? rq->ncpus : (unsigned)(n < MBP_MAX_CPUS ? n : MBP_MAX_CPUS);
+	const int *list = rq->ncpus ? rq->cpus : allowed + first;
+	unsigned nlist = rq->ncpus ? rq->ncpus : nshare;
 	unsigned distinct = rq->ncpus ? rq->ncpus : navail;
 	if (distinct > navail)
 		distinct = navail;
@@ -118,10 +251,18 @@ int mbp__placement_plan(const struct mbp__placement_req *rq, struct mbp__placeme
 	if (T > S)
 		T = S;
 	pl->nthreads = T;
-	pl->oversubscribed = T > distinct;
+	/* Threads of this plan outnumber its CPUs, or this rank's CPUs are other ranks' too (they run the
+	 * stages before and after its own): a wait that spins takes the slice its peer needs. */
+	pl->oversubscribed = T > distinct || (rq->pin && others > 0);
+	pl->node_sharers = rq->pin ? others : 0;
 
 	for (unsigned i = 0; i < S; i++)
 		pl->thread_of[i] = (unsigned)((uint64_t)i * T / S);
+	/* Each thread's CPU: one its stages name (they must agree), else from opts.cpus (thread t on the
+	 * t-th; with more threads than CPUs, consecutive threads share a CPU), else by default. */
+	bool by_default[MBP_MAX_STAGES] = {false};
+	unsigned ndefault = 0;
+	int rc = 0;
 	for (unsigned i = 0; i < S;) {
 		const unsigned t = pl->thread_of[i];
 		unsigned last = i;
@@ -130,28 +271,41 @@ int mbp__placement_plan(const struct mbp__placement_req *rq, struct mbp__placeme
 		int cpu = -1;
 		bool required = false;
 		if (rq->pin) {
-			/* A CPU named by a stage of this thread; they must agree. */
 			for (unsigned j = i; j <= last; j++) {
 				int c = rq->named[j];
 				if (c < 0)
 					continue;
 				if (required && c != cpu)
-					return -EINVAL;
+					rc = -EINVAL;
 				cpu = c;
 				required = true;
 			}
-			if (!required && nlist) {
-				/* Thread t on the t-th CPU; with more threads than CPUs, consecutive threads share
-				 * a CPU (blocks, not round robin), so that half their hops stay on one core. */
+			if (!required && rq->ncpus) {
 				cpu = list[T <= nlist ? t : (unsigned)((uint64_t)t * nlist / T)];
-				required = rq->ncpus != 0;
+				required = true;
+			} else if (!required && nlist) {
+				by_default[t] = true;
+				ndefault++;
 			}
 		}
-		for (unsigned j = i; j <= last; j++) {
-			pl->cpu[j] = cpu;
+		pl->thread_cpu[t] = cpu;
+		for (unsigned j = i; j <= last; j++)
 			pl->pin_required[j] = required;
-		}
 		i = last + 1;
 	}
-	return 0;
+	if (rc == 0) {
+		pthread_mutex_lock(&rec.lock);
+		/* The CPUs asked for are claimed first, so that the default ones keep off them. */
+		for (unsigned t = 0; t < T; t++)
+			claim_locked(pl->thread_cpu[t]);
+		int picks[MBP_MAX_STAGES];
+		pick_least_claimed_locked(list, nlist, ndefault, picks);
+		for (unsigned t = 0, k = 0; t < T; t++)
+			if (by_default[t])
+				pl->thread_cpu[t] = picks[k++];
+		for (unsigned i = 0; i < S; i++)
+			pl->cpu[i] = pl->thread_cpu[pl->thread_of[i]];
+		pthread_mutex_unlock(&rec.lock);
+	}
+	return rc;
 }

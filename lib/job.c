@@ -12,6 +12,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 
 #include "pipeline_internal.h"
@@ -30,10 +31,15 @@ int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns)
 	if (!p || !job || !job->in || !job->out || job->rows == 0 || job->mb_rows == 0)
 		return -EINVAL;
 	if (job->mb_rows > p->o.max_mb_rows)
-		return -E2BIG;
+		return mbp__pipeline_refuse(
+		    p, -E2BIG, "micro-batches of %" PRIu32 " rows: above max_mb_rows (%" PRIu32 ")",
+		    job->mb_rows, p->o.max_mb_rows);
 	uint64_t nmb = (job->rows + job->mb_rows - 1) / job->mb_rows;
 	if (nmb > UINT32_MAX)
-		return -EINVAL;
+		return mbp__pipeline_refuse(p, -EINVAL,
+					    "%zu rows in micro-batches of %" PRIu32 " rows: %" PRIu64
+					    " micro-batches, above 4294967295",
+					    job->rows, job->mb_rows, nmb);
 	int rc = mbp__submit_enter(p);
 	if (rc)
 		return rc;

@@ -12,6 +12,8 @@
 #include "config.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
 #include <string.h>
 #include <time.h>
 
@@ -38,22 +40,53 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 	mbp__opts_fill(&p->o); /* a field's 0 is its default */
 	atomic_init(&p->state, ST_NEW);
 	pthread_mutex_init(&p->start_lock, NULL);
+	pthread_mutex_init(&p->err_lock, NULL);
 	pthread_cond_init(&p->start_cond, NULL);
 	mbp__ingress_init(&p->ingress, p->o.ingress_depth);
 	*pp = p;
 	return 0;
 }
 
+/* ---- refusals ---- */
+
+int mbp__pipeline_refuse(struct mbp_pipeline *p, int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	pthread_mutex_lock(&p->err_lock);
+	p->refusal.err = err;
+	vsnprintf(p->refusal.what, sizeof(p->refusal.what), fmt, ap);
+	pthread_mutex_unlock(&p->err_lock);
+	va_end(ap);
+	return err;
+}
+
+int mbp_pipeline_error(const mbp_pipeline *p, mbp_pipeline_refusal *r)
+{
+	if (!p || !r)
+		return -EINVAL;
+	struct mbp_pipeline *q = (struct mbp_pipeline *)p; /* the lock is not the pipeline's state */
+	pthread_mutex_lock(&q->err_lock);
+	*r = q->refusal;
+	pthread_mutex_unlock(&q->err_lock);
+	return 0;
+}
+
 int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 {
 	/* relaxed: add_stage runs on the controlling thread, the only writer of state */
-	if (!p || !d || !d->fn || atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW ||
-	    d->out_row_bytes > UINT32_MAX)
+	if (!p || !d || !d->fn || atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW)
 		return -EINVAL;
+	if (d->out_row_bytes > UINT32_MAX)
+		return mbp__pipeline_refuse(p, -EINVAL, "stage %u: out_row_bytes %zu: above 4294967295",
+					    p->nstages, d->out_row_bytes);
 	if (p->nstages == MBP_MAX_STAGES)
-		return -E2BIG;
+		return mbp__pipeline_refuse(p, -E2BIG, "more than %d stages (MBP_MAX_STAGES)",
+					    MBP_MAX_STAGES);
 	if (d->pin_cpu && (d->pin_cpu > CPU_SETSIZE || !mbp__cpu_allowed((int)d->pin_cpu - 1)))
-		return -ERANGE;
+		return mbp__pipeline_refuse(p, -ERANGE,
+					    "stage %u: pin_cpu names CPU %u, which this process may not use",
+					    p->nstages, d->pin_cpu - 1);
 	struct mbp__stage *s = &p->stages[p->nstages];
 	memset(s, 0, sizeof(*s));
 	s->d = *d;
@@ -72,6 +105,16 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	return 0;
 }
 
+int mbp__pipeline_node_share(mbp_pipeline *p, unsigned k, unsigned m)
+{
+	/* relaxed: the controlling thread, the only writer of state */
+	if (!p || (m && k >= m) || atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW)
+		return -EINVAL;
+	p->node_k = k;
+	p->node_m = m;
+	return 0;
+}
+
 /* Decide the threads, which stages each runs, each thread's CPU (affinity.c), and the wait mode. */
 static int plan_placement(struct mbp_pipeline *p)
 {
@@ -84,18 +127,33 @@ static int plan_placement(struct mbp_pipeline *p)
 					.pin = p->o.pinning == MBP_PIN_PLAN,
 					.named = named,
 					.ncpus = p->o.ncpus,
-					.cpus = p->o.cpus};
+					.cpus = p->o.cpus,
+					.node_k = p->node_k,
+					.node_m = p->node_m};
 	struct mbp__placement_plan pl;
 	int rc = mbp__placement_plan(&rq, &pl);
+	if (rc == -EINVAL) {
+		/* the first stage whose thread's stages already named another CPU */
+		for (unsigned i = 1; i < S; i++)
+			for (unsigned j = 0; j < i; j++)
+				if (pl.thread_of[j] == pl.thread_of[i] && named[i] >= 0 && named[j] >= 0 &&
+				    named[i] != named[j])
+					return mbp__pipeline_refuse(p, rc,
+								    "stages %u and %u run on one thread "
+								    "(threads %u) but name CPUs %d and %d",
+								    j, i, pl.nthreads, named[j], named[i]);
+	}
 	if (rc)
 		return rc;
 	p->nthreads = pl.nthreads;
+	p->cpus_claimed = true;
 	for (unsigned i = 0; i < S; i++) {
 		struct mbp__stage *s = &p->stages[i];
 		s->thread_idx = pl.thread_of[i];
 		s->leads = i == 0 || s[-1].thread_idx != s->thread_idx;
 		s->cpu = pl.cpu[i];
 		s->pin_required = pl.pin_required[i];
+		s->node_sharers = pl.node_sharers;
 	}
 	for (unsigned i = S; i-- > 0;) {
 		struct mbp__stage *s = &p->stages[i];
@@ -106,6 +164,18 @@ static int plan_placement(struct mbp_pipeline *p)
 					   .yield_ns = mbp__wait_budget(p->o.yield_ns, MBP__YIELD_NS_DEFAULT),
 					   .no_spin = pl.oversubscribed};
 	return 0;
+}
+
+/* A pool of `buf_bytes` buffers that mbp_pool_new() refused: in words where it is a limit. */
+static int pool_refused(struct mbp_pipeline *p, int rc, size_t buf_bytes)
+{
+	if (rc == -EINVAL)
+		return mbp__pipeline_refuse(p, rc, "pool_bytes (%zu) cannot hold one buffer of %zu bytes",
+					    p->o.pool_bytes, buf_bytes);
+	if (rc == -EOVERFLOW)
+		return mbp__pipeline_refuse(p, rc, "buffers of %zu bytes: the pool's sizes overflow",
+					    buf_bytes);
+	return rc;
 }
 
 static int make_pools(struct mbp_pipeline *p)
@@ -119,12 +189,17 @@ static int make_pools(struct mbp_pipeline *p)
 	size_t mb_width = p->o.in_row_bytes > p->out_row_bytes ? p->o.in_row_bytes : p->out_row_bytes;
 	if (!mbp__mul_size(width, p->o.max_mb_rows, &hop_bytes) ||
 	    !mbp__mul_size(mb_width, p->o.max_mb_rows, &mb_bytes))
-		return -EOVERFLOW;
+		return mbp__pipeline_refuse(p, -EOVERFLOW,
+					    "max_mb_rows (%" PRIu32 ") rows of %zu bytes: the size overflows",
+					    p->o.max_mb_rows, width > mb_width ? width : mb_width);
 	/* What the engine can hold at once: full rings, a burst and an output per worker, full caches. */
 	uint64_t S = p->nstages;
 	uint64_t need = (S - 1) * p->o.ring_capacity + S * (8 + 2) + S * p->o.cache_size;
 	if (need > UINT32_MAX)
-		return -E2BIG;
+		return mbp__pipeline_refuse(p, -E2BIG,
+					    "%" PRIu64 " stages with ring %" PRIu32 " and cache %" PRIu32
+					    " need %" PRIu64 " buffers: above 4294967295",
+					    S, p->o.ring_capacity, p->o.cache_size, need);
 	mbp_pool_opts po;
 	mbp_pool_opts_init(&po);
 	po.buf_bytes = hop_bytes;
@@ -133,15 +208,19 @@ static int make_pools(struct mbp_pipeline *p)
 	po.cache_size = p->o.cache_size;
 	int rc = mbp_pool_new(&p->pool, &po);
 	if (rc)
-		return rc;
+		return pool_refused(p, rc, hop_bytes);
 	mbp__pool_trust(p->pool); /* hop buffers never leave the workers */
 	mbp_pool_stats st;
 	mbp_pool_stats_get(p->pool, &st);
-	if (st.max_buffers < need)
-		return -ENOSPC; /* pool_bytes cannot hold what full rings need */
+	if (st.max_buffers < need) /* pool_bytes cannot hold what full rings need */
+		return mbp__pipeline_refuse(p, -ENOSPC,
+					    "pool_bytes (%zu) holds %" PRIu64
+					    " buffers of %zu bytes; full rings and caches need %" PRIu64,
+					    p->o.pool_bytes, (uint64_t)st.max_buffers, hop_bytes, need);
 	po.buf_bytes = mb_bytes;
 	po.max_buffers = p->o.mb_buffers;
-	return mbp_pool_new(&p->mb_pool, &po);
+	rc = mbp_pool_new(&p->mb_pool, &po);
+	return rc ? pool_refused(p, rc, mb_bytes) : 0;
 }
 
 static void join_all(struct mbp_pipeline *p)
@@ -154,6 +233,52 @@ static void join_all(struct mbp_pipeline *p)
 	}
 }
 
+/* The threads have stopped: give back the CPUs the plan claimed for them (affinity.h), except where a pin
+ * failed (the worker gave that one back at once). */
+static void release_cpus(struct mbp_pipeline *p)
+{
+	if (!p->cpus_claimed)
+		return;
+	for (unsigned i = 0; i < p->nstages; i++) {
+		const struct mbp__stage *s = &p->stages[i];
+		if (s->leads && s->cpu >= 0 && !s->pin_error)
+			mbp__cpu_release(s->cpu);
+	}
+	p->cpus_claimed = false;
+}
+
+/*
+ * The started pipelines, so that mbp_mb_release(NULL, mb) finds the pool a buffer came from: a result
+ * callback has the buffer but may not have the pipeline (its options were filled before the pipeline
+ * existed). A pipeline joins at start and leaves at destroy, before its pools go; a release holds the
+ * read side while it finds the pool and gives the buffer back, so the pool cannot go meanwhile.
+ */
+static pthread_rwlock_t live_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct mbp_pipeline *live; /* linked by live_next, under live_lock */
+
+static void live_add(struct mbp_pipeline *p)
+{
+	pthread_rwlock_wrlock(&live_lock);
+	p->live_next = live;
+	live = p;
+	p->is_live = true;
+	pthread_rwlock_unlock(&live_lock);
+}
+
+static void live_remove(struct mbp_pipeline *p)
+{
+	if (!p->is_live)
+		return;
+	pthread_rwlock_wrlock(&live_lock);
+	for (struct mbp_pipeline **q = &live; *q; q = &(*q)->live_next)
+		if (*q == p) {
+			*q = p->live_next;
+			break;
+		}
+	p->is_live = false;
+	pthread_rwlock_unlock(&live_lock);
+}
+
 int mbp_pipeline_start(mbp_pipeline *p)
 {
 	if (!p)
@@ -162,7 +287,7 @@ int mbp_pipeline_start(mbp_pipeline *p)
 	if (atomic_load_explicit(&p->state, memory_order_relaxed) != ST_NEW)
 		return -EALREADY;
 	if (p->nstages == 0)
-		return -EINVAL;
+		return mbp__pipeline_refuse(p, -EINVAL, "no stages: add one with mbp_pipeline_add_stage()");
 	int rc = plan_placement(p);
 	if (rc == 0)
 		rc = make_pools(p);
@@ -203,9 +328,11 @@ int mbp_pipeline_start(mbp_pipeline *p)
 		join_all(p); /* each ran fini where its init succeeded */
 		/* release; partner: the acquire load in mbp_pipeline_placement(): the pin errors */
 		atomic_store_explicit(&p->state, ST_STOPPED, memory_order_release);
+		release_cpus(p);
 		return rc;
 	}
 	p->start_ns = mbp__clock_ns();
+	live_add(p); /* its buffers can be given back without the handle from now on */
 	/* release; partners: the loads of state in mbp__submit_enter() (seq_cst, so also acquire),
 	 * mbp_mb_acquire() and mbp_pipeline_placement() (acquire). Publishes what start built: the pools,
 	 * rings and placement, and start_ns, to any thread that sees RUNNING. */
@@ -268,7 +395,9 @@ int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 		return rc;
 	if (mb->rows == 0 || mb->rows > p->o.max_mb_rows) {
 		mbp__pool_unlend(mb);
-		return -EINVAL;
+		return mbp__pipeline_refuse(
+		    p, -EINVAL, "a micro-batch of %" PRIu32 " rows: 1 to max_mb_rows (%" PRIu32 ")", mb->rows,
+		    p->o.max_mb_rows);
 	}
 	rc = mbp__submit_enter(p);
 	if (rc) {
@@ -291,7 +420,22 @@ int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 
 void mbp_mb_release(mbp_pipeline *p, mbp_mb *mb)
 {
-	mbp_pool_put(p->mb_pool, NULL, mb);
+	if (p) {
+		mbp_pool_put(p->mb_pool, NULL, mb);
+		return;
+	}
+	pthread_rwlock_rdlock(&live_lock);
+	for (struct mbp_pipeline *q = live; q; q = q->live_next)
+		if (mbp__pool_owns(q->mb_pool, mb)) {
+			mbp_pool_put(q->mb_pool, NULL, mb); /* checks that the caller holds it */
+			pthread_rwlock_unlock(&live_lock);
+			return;
+		}
+	pthread_rwlock_unlock(&live_lock);
+	/* as mbp_pool_put() does for a pointer that is not its buffer: going on would corrupt memory */
+	fprintf(stderr, "mbpipe: mbp_mb_release: %p is not a buffer of a started pipeline that exists\n",
+		(void *)mb);
+	abort();
 }
 
 /* ---- shutdown ---- */
@@ -323,6 +467,7 @@ static void close_and_join(struct mbp_pipeline *p)
 	/* release; partner: the acquire load in mbp_pipeline_placement(). Nothing else to publish: the
 	 * threads are joined, and the controlling thread is the only other reader of STOPPED */
 	atomic_store_explicit(&p->state, ST_STOPPED, memory_order_release);
+	release_cpus(p);
 }
 
 /* Shared entry of drain and cancel: 1 to go on, else the return value (0: already stopped). */
@@ -375,6 +520,7 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 	int st = atomic_load_explicit(&p->state, memory_order_relaxed);
 	if (st == ST_RUNNING || st == ST_DRAINING)
 		mbp_pipeline_cancel(p);
+	live_remove(p); /* before its pools go: a release without the handle no longer finds them */
 	for (unsigned i = 0; i < p->nstages; i++) {
 		mbp__ring_destroy(p->stages[i].out);
 		free(p->stages[i].trace);
@@ -390,6 +536,7 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 	}
 	pthread_cond_destroy(&p->start_cond);
 	pthread_mutex_destroy(&p->start_lock);
+	pthread_mutex_destroy(&p->err_lock);
 	free(p);
 }
 
@@ -401,12 +548,17 @@ int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n)
 		return -EINVAL;
 	/* acquire; partner: start's release store (RUNNING, or STOPPED when start failed): the workers'
 	 * pin errors, written before start's handshake, are visible */
-	if (atomic_load_explicit(&p->state, memory_order_acquire) == ST_NEW)
+	int st = atomic_load_explicit(&p->state, memory_order_acquire);
+	if (st == ST_NEW)
 		return -ENOTCONN;
 	for (unsigned i = 0; i < p->nstages && i < n; i++) {
-		out[i].cpu = mbp__stage_cpu(&p->stages[i]);
-		out[i].pin_error = p->stages[i].pin_error;
-		out[i].thread = p->stages[i].thread_idx;
+		const struct mbp__stage *s = &p->stages[i];
+		out[i].cpu = mbp__stage_cpu(s);
+		out[i].pin_error = s->pin_error;
+		out[i].thread = s->thread_idx;
+		out[i].sharing = 0;
+		if (out[i].cpu >= 0 && st != ST_STOPPED)
+			out[i].sharing = mbp__cpu_sharing(out[i].cpu, s->node_sharers);
 	}
 	return (int)p->nstages;
 }

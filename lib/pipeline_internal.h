@@ -81,9 +81,10 @@ struct mbp__stage {
 	bool thread_started;
 	bool init_ok;
 	int named_cpu; /* the descriptor's pin_cpu as a CPU number, -1: none */
-	int cpu;
+	int cpu;       /* the plan's (claimed in affinity.c's record while the thread runs), -1: none */
 	int pin_error;
 	bool pin_required;
+	unsigned node_sharers; /* other ranks of this node given the same CPU (mbp_mpi) */
 	/* trace: written by the worker, `trace_n` published with release */
 	struct mbp__trace_ev *trace;
 	_Atomic uint32_t trace_n;
@@ -96,6 +97,11 @@ struct mbp_pipeline {
 	mbp_opts o;
 	unsigned nstages;
 	unsigned nthreads;
+	bool cpus_claimed;	 /* the plan's CPUs are claimed (start to stop; controlling thread only) */
+	unsigned node_k, node_m; /* mbp__pipeline_node_share(): its part of its node's CPUs (mbp_mpi) */
+	/* the started pipelines (pipeline.c, for mbp_mb_release without the handle): under its lock */
+	struct mbp_pipeline *live_next;
+	bool is_live;
 	struct mbp__stage stages[MBP_MAX_STAGES];
 	struct mbp__wait_opts wopts;
 	mbp_pool *pool;	      /* hop buffers, engine only */
@@ -116,6 +122,10 @@ struct mbp_pipeline {
 	/* multi-writer counters (submitting threads): read-modify-write */
 	MBP_CACHELINE_ALIGNED _Atomic uint64_t jobs_accepted, mbs_accepted, next_job_id;
 
+	/* the last refusal for a limit (mbp_pipeline_error); any thread, under err_lock */
+	pthread_mutex_t err_lock;
+	mbp_pipeline_refusal refusal;
+
 	/* start-up handshake */
 	pthread_mutex_t start_lock;
 	pthread_cond_t start_cond;
@@ -123,6 +133,10 @@ struct mbp_pipeline {
 	int start_err;	  /* first init or required-pin error */
 	int go;		  /* 1: run, -1: abort (init failed elsewhere) */
 };
+
+/* Record why a call was refused for a limit (mbp_pipeline_error) and return `err`. Any thread. */
+__attribute__((format(printf, 3, 4))) int mbp__pipeline_refuse(struct mbp_pipeline *p, int err,
+							       const char *fmt, ...);
 
 void mbp__worker_main_loop(struct mbp__stage *s);
 void *mbp__worker_thread(void *arg);

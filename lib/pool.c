@@ -646,6 +646,11 @@ static struct mbp__buf *buf_in_range(const mbp_pool *p, const mbp_mb *mb)
 	return (struct mbp__buf *)a;
 }
 
+bool mbp__pool_owns(const mbp_pool *p, const mbp_mb *mb)
+{
+	return p && buf_in_range(p, mb) != NULL;
+}
+
 /* The header of mb, after proving it is a held buffer of p. */
 static struct mbp__buf *checked_buf(mbp_pool *p, mbp_mb *mb)
 {

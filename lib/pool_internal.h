@@ -15,6 +15,7 @@
 #define MBP__POOL_INTERNAL_H
 
 #include <assert.h>
+#include <stdbool.h>
 
 #include <mbpipe/mb.h>
 
@@ -44,6 +45,9 @@ static inline struct mbp__buf *mbp__buf_of(mbp_mb *mb)
  * Pointers put are still range-checked. Debug builds (--enable-debug) keep every check. Before any get.
  */
 void mbp__pool_trust(struct mbp_pool *p);
+
+/* Whether `mb` points at one of p's buffers (by address, never dereferenced; held or not). */
+bool mbp__pool_owns(const struct mbp_pool *p, const mbp_mb *mb);
 
 /*
  * Lend a caller's held buffer of `p` to the pipeline (mbp_mb_submit): 0, or -EINVAL when `mb` is not one of

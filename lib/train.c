@@ -112,6 +112,8 @@ struct mbp_trainer {
 	struct mbp__wait_opts wopts;
 	mbp_pool *pool;
 	int state;
+	bool cpus_claimed;     /* the threads' CPUs (th[].cpu) are claimed in affinity.c's record */
+	unsigned node_sharers; /* other ranks of this node given the same CPUs (mbp_mpi) */
 
 	/* the step, written by the controller before `go` is bumped (release), read by the workers after */
 	mbp_schedule *sc;
@@ -621,10 +623,11 @@ static void *worker(void *arg)
 	struct tthread *th = arg;
 	struct mbp_trainer *t = th->t;
 	int err = 0;
-	if (t->o.pinning == MBP_PIN_PLAN && th->cpu >= 0) {
-		th->pin_error = mbp__pin_self(th->cpu);
+	if (th->cpu >= 0) {
+		th->pin_error = mbp__pin_claimed(th->cpu);
 		if (th->pin_error)
-			th->cpu = -1;
+			th->cpu =
+			    -1; /* its claim given back; reported with pin_error by mbp_trainer_stats_get() */
 	}
 	if (mbp_pool_cache_new(t->pool, &th->cache) < 0)
 		err = -ENOMEM;
@@ -737,6 +740,11 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 
 static void free_stages(struct mbp_trainer *t)
 {
+	/* the threads have stopped (or never ran): the CPUs the plan claimed for them go back to the record
+	 * (a thread whose pin failed gave its claim back at once) */
+	for (unsigned i = 0; t->cpus_claimed && i < t->T; i++)
+		mbp__cpu_release(t->th[i].cpu);
+	t->cpus_claimed = false;
 	/* the up links belong to no stage before; the down links are the last stage's fwd_out and bwd_in */
 	mbp__ring_destroy(t->link[MBP__LINK_UP_FWD]);
 	mbp__ring_destroy(t->link[MBP__LINK_UP_BWD]);
@@ -757,17 +765,30 @@ static void free_stages(struct mbp_trainer *t)
 
 static int setup(struct mbp_trainer *t)
 {
-	int cpus[MBP_MAX_CPUS];
-	int ncpu = mbp_cpus_allowed(cpus, MBP_MAX_CPUS, NULL);
-	if (ncpu < 1)
-		ncpu = 1;
-	unsigned navail = (unsigned)ncpu < MBP_MAX_CPUS ? (unsigned)ncpu : MBP_MAX_CPUS;
-	t->T = t->o.threads ? t->o.threads : (t->S < navail ? t->S : navail);
-	if (t->T > t->S)
-		t->T = t->S;
+	/* Threads and CPUs from the pipeline's placement plan (affinity.c): the same thread count (the CPUs
+	 * this process may use, under its cgroup quota), stage s on thread s * T / S, each thread on the CPU
+	 * fewest threads of the process are pinned to, claimed until free_stages(). */
+	int unnamed[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < t->S; s++)
+		unnamed[s] = -1;
+	struct mbp__placement_req rq = {.nstages = t->S,
+					.threads = t->o.threads,
+					.pin = t->o.pinning == MBP_PIN_PLAN,
+					.named = unnamed,
+					.node_k = t->remote ? t->rem.node_k : 0,
+					.node_m = t->remote ? t->rem.node_m : 0};
+	struct mbp__placement_plan pl;
+	int prc = mbp__placement_plan(&rq, &pl);
+	if (prc < 0)
+		return prc;
+	t->T = pl.nthreads;
+	t->cpus_claimed = true;
+	t->node_sharers = pl.node_sharers;
+	for (unsigned th = 0; th < t->T; th++)
+		t->th[th].cpu = pl.thread_cpu[th];
 	t->wopts.spin_ns = mbp__wait_budget(t->o.spin_ns, MBP__SPIN_NS_DEFAULT);
 	t->wopts.yield_ns = MBP__YIELD_NS_DEFAULT;
-	t->wopts.no_spin = t->T > (unsigned)ncpu;
+	t->wopts.no_spin = pl.oversubscribed;
 	size_t widest = t->o.in_row_bytes;
 	for (unsigned s = 0; s < t->S; s++) {
 		struct tstage *st = &t->st[s];
@@ -834,7 +855,6 @@ static int setup(struct mbp_trainer *t)
 		w->t = t;
 		w->idx = th;
 		w->first = UINT32_MAX;
-		w->cpu = t->o.pinning == MBP_PIN_PLAN ? cpus[th % navail] : -1;
 	}
 	for (unsigned s = 0; s < t->S; s++) {
 		struct tthread *w = &t->th[t->st[s].thread];
@@ -1223,6 +1243,9 @@ int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_s
 		memcpy(o->name, x->name, sizeof(o->name));
 		o->thread = x->thread;
 		o->cpu = t->state == TS_RUNNING ? t->th[x->thread].cpu : -1;
+		o->pin_error = t->state == TS_RUNNING ? t->th[x->thread].pin_error : 0;
+		if (o->cpu >= 0)
+			o->sharing = mbp__cpu_sharing(o->cpu, t->node_sharers);
 		o->f_ns = atomic_load_explicit(&x->c.ns[MBP_OP_F], memory_order_relaxed);
 		o->b_ns = atomic_load_explicit(&x->c.ns[MBP_OP_B], memory_order_relaxed);
 		o->bin_ns = atomic_load_explicit(&x->c.ns[MBP_OP_BIN], memory_order_relaxed);

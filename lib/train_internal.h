@@ -46,6 +46,8 @@ struct mbp__train_remote {
 	unsigned stage0;	/* global index of the first local stage */
 	unsigned stages;	/* stages of the whole pipeline */
 	unsigned extra_buffers; /* pool buffers the agent holds at once (its receive windows) */
+	unsigned node_k;	/* the k-th of node_m ranks of its node given the same CPUs: its threads */
+	unsigned node_m;	/* take the k-th part of them (pipeline.h, "Placement"); 0: all of them */
 	void *arg;
 	void (*kick)(void *arg);   /* an outgoing ring has a new item (any worker) */
 	void (*begin)(void *arg);  /* the controller, as a step starts */

@@ -402,7 +402,7 @@ static int thread_init(struct mbp__stage *first, struct mbp__stage *end)
 	struct mbp_pipeline *p = first->p;
 	int rc = 0;
 	if (first->cpu >= 0) {
-		int err = mbp__pin_self(first->cpu);
+		int err = mbp__pin_claimed(first->cpu);
 		for (struct mbp__stage *s = first; s < end; s++)
 			s->pin_error = err;
 		if (err && first->pin_required)

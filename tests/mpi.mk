@@ -15,10 +15,15 @@ tests_mpi_fault_LDADD = $(MBP_MPI_LIBS)
 endif
 EXTRA_DIST += tests/mpi.sh
 
+# Where configure found MPI but no mpirun the tests cannot run: that fails, rather than passing unseen.
 check-mpi: $(check_PROGRAMS) $(bin_PROGRAMS)
 if HAVE_MPIRUN
 	@MPIRUN="$(MPIRUN)" $(top_srcdir)/tests/mpi.sh $(top_builddir)
 else
-	@echo "check-mpi: skipped (configure found no MPI or no mpirun; --with-mpi)"
+if HAVE_MPI
+	@echo "check-mpi: configure found MPI ($(MBP_PC_MPI)) but no mpirun: the MPI tests cannot run" >&2; exit 1
+else
+	@echo "check-mpi: skipped (configure found no MPI; --with-mpi)"
+endif
 endif
 .PHONY: check-mpi

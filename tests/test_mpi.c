@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <mpi.h>
+
 #include <mbpipe.h>
 #include <mbpipe/mpi.h>
 
@@ -97,6 +99,7 @@ struct cfg {
 	uint32_t inflight;
 	uint32_t mb_buffers;
 	size_t in_bytes_rank1; /* 0: the right width */
+	bool pin;	       /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
 	mbp_result_fn on_result;
 	void *on_result_arg;
 };
@@ -109,7 +112,7 @@ static int make(mbp_mpi **mp, const struct cfg *c)
 	if (rank == 1 && c->in_bytes_rank1)
 		o.in_row_bytes = c->in_bytes_rank1;
 	o.max_mb_rows = 16;
-	o.pinning = MBP_PIN_NONE; /* ranks share 2 CPUs */
+	o.pinning = c->pin ? MBP_PIN_PLAN : MBP_PIN_NONE; /* ranks share 2 CPUs */
 	if (c->mb_buffers)
 		o.mb_buffers = c->mb_buffers;
 	if (rank == 0) {
@@ -719,6 +722,93 @@ START_TEST(a_model_split_over_the_ranks_gives_the_single_process_output_bit_for_
 }
 END_TEST
 
+/* ---- placement: the ranks of one node ---- */
+
+/* Where a rank's stages ran, gathered from every rank after the run. */
+struct where {
+	char host[64];
+	cpu_set_t allowed; /* the CPUs its pipeline could use */
+	int cpu[STAGES_PER_RANK], pin_error[STAGES_PER_RANK];
+	unsigned sharing[STAGES_PER_RANK];
+};
+static struct where here, everyone[64];
+
+static int gather_where(void *arg)
+{
+	(void)arg;
+	return MPI_Allgather(&here, (int)sizeof(here), MPI_BYTE, everyone, (int)sizeof(here), MPI_BYTE,
+			     MPI_COMM_WORLD) == MPI_SUCCESS
+		   ? 0
+		   : -EIO;
+}
+
+/* Two ranks of one node that may both use every CPU (mpirun --bind-to none: here each rank widens its
+ * own mask, whatever binding mpirun gave) pin disjoint CPUs while there are enough (both pinned stage 0 to
+ * CPU 0), and with fewer CPUs than ranks share them evenly, saying so. */
+START_TEST(ranks_of_one_node_pin_disjoint_cpus_while_there_are_enough)
+{
+	cpu_set_t given, every;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(given), &given), 0);
+	CPU_ZERO(&every);
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		CPU_SET(c, &every);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(every), &every), 0); /* the kernel keeps the allowed */
+	memset(&here, 0, sizeof(here));
+	ck_assert_int_eq(gethostname(here.host, sizeof(here.host) - 1), 0);
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(here.allowed), &here.allowed), 0);
+	struct cfg c = {.pin = true};
+	mbp_mpi *mp;
+	ck_assert_int_eq(make(&mp, &c), 0);
+	ck_assert_int_eq(mbp_mpi_start(mp), 0);
+	mbp_placement pl[STAGES_PER_RANK];
+	ck_assert_int_eq(mbp_pipeline_placement(mbp_mpi_pipeline(mp), pl, STAGES_PER_RANK), STAGES_PER_RANK);
+	for (unsigned i = 0; i < STAGES_PER_RANK; i++) {
+		here.cpu[i] = pl[i].cpu;
+		here.pin_error[i] = pl[i].pin_error;
+		here.sharing[i] = pl[i].sharing;
+	}
+	if (rank == 0)
+		ck_assert_int_eq(mbp_mpi_drain(mp, 60 * SEC), 0);
+	else
+		ck_assert_int_eq(serve(mp), 0);
+	mbp_mpi_destroy(mp);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(given), &given), 0);
+	ck_assert_int_le(size, 64);
+	ck_assert_int_eq(mbp_mpi_exec(gather_where, NULL), 0);
+
+	/* the ranks of this rank's node with the same CPUs, and how many CPUs they share */
+	int node[64], L = 0;
+	for (int r = 0; r < size; r++)
+		if (strcmp(everyone[r].host, here.host) == 0 &&
+		    CPU_EQUAL(&everyone[r].allowed, &here.allowed))
+			node[L++] = r;
+	const int n = CPU_COUNT(&here.allowed);
+	unsigned ranks_on[CPU_SETSIZE] = {0}; /* ranks of the node pinned to each CPU */
+	for (int k = 0; k < L; k++) {
+		const struct where *w = &everyone[node[k]];
+		cpu_set_t mine;
+		CPU_ZERO(&mine);
+		for (unsigned i = 0; i < STAGES_PER_RANK; i++) {
+			ck_assert_int_eq(w->pin_error[i], 0);
+			ck_assert_int_ge(w->cpu[i], 0);
+			ck_assert(CPU_ISSET(w->cpu[i], &here.allowed));
+			CPU_SET(w->cpu[i], &mine);
+		}
+		for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+			ranks_on[cpu] += CPU_ISSET(cpu, &mine) != 0;
+	}
+	for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+		ck_assert_msg(ranks_on[cpu] <= (unsigned)(n >= L ? 1 : (L + n - 1) / n),
+			      "CPU %d: %u of %d ranks on %d CPUs", cpu, ranks_on[cpu], L, n);
+	/* each stage says how many other ranks of the node share its CPU */
+	for (unsigned i = 0; i < STAGES_PER_RANK; i++)
+		ck_assert_uint_ge(here.sharing[i], ranks_on[here.cpu[i]] - 1);
+	if (n >= L)
+		for (unsigned i = 0; i < STAGES_PER_RANK; i++)
+			ck_assert_uint_eq(here.sharing[i], 0); /* a thread per CPU: nobody else there */
+}
+END_TEST
+
 /* ---- set-up errors ---- */
 
 START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
@@ -778,6 +868,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, cancel_from_rank_0_fails_the_rest_on_every_rank_and_loses_nothing);
 	tcase_add_test(tc, a_slow_last_rank_back_pressures_its_upstream_through_credits);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
+	tcase_add_test(tc, ranks_of_one_node_pin_disjoint_cpus_while_there_are_enough);
 	tcase_add_test(tc, a_model_split_over_the_ranks_gives_the_single_process_output_bit_for_bit);
 	suite_add_tcase(s, tc);
 	return s;

@@ -287,6 +287,7 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 		num(p, "stage");
 		field(p, "name", cJSON_String);
 		num(p, "cpu");
+		ck_assert(num(p, "sharing") >= 0);
 		field(p, "pin_error", cJSON_String | cJSON_NULL);
 	}
 	cJSON *base = field(doc, "baseline", cJSON_Object);
@@ -534,6 +535,22 @@ START_TEST(broken_invariant_exits_1_and_says_which)
 		      faults[_i][1]);
 	ck_assert_msg(strstr(r.out, "status=fail") || strstr(r.out, "FAILED"),
 		      "%s: report does not say it failed", faults[_i][0]);
+	run_free(&r);
+}
+END_TEST
+
+/* A pipeline refused for a limit: the failure names the limit and its value (mbp_pipeline_error), not
+ * only the error's text. */
+START_TEST(a_pipeline_refused_for_a_limit_names_it)
+{
+	/* 256 rows of 64 bytes: 16 KiB buffers, 63 of them in 1 MiB, where two stages' rings need 100 */
+	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=256",
+						 "--mb=256", "--work-us=5", "--batches=1", "--wait-quiet=0",
+						 "--no-gantt", "--opts=pool_mb=1", NULL});
+	ck_assert_msg(r.status == 1, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.err, "pipeline start: no space left: pool_bytes (1048576) holds ") &&
+			  strstr(r.err, "full rings and caches need 100"),
+		      "stderr: %s", r.err);
 	run_free(&r);
 }
 END_TEST
@@ -1548,6 +1565,7 @@ static Suite *suite(void)
 	tcase_add_test(out, mlp_json_parses_and_names_the_blas_kernel);
 	tcase_add_test(out, counts_of_one_are_singular);
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
+	tcase_add_test(out, a_pipeline_refused_for_a_limit_names_it);
 	tcase_add_test(out, csv_has_a_header_and_one_line_per_size);
 	tcase_add_test(out, trace_file_is_a_chrome_trace);
 	tcase_add_test(out, svg_draws_the_batch_and_the_whole_batch);

@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,6 +198,28 @@ static void run_checked_and_destroy(mbp_pipeline *p, unsigned S, size_t rows, ui
 	mbp_pipeline_destroy(p);
 	free(in);
 	free(out);
+}
+
+static int copy_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	memcpy(out->data, in->data, (size_t)in->rows * in->row_bytes);
+	return 0;
+}
+
+/* A started pipeline of S copying stages on `threads` threads (0: the default), pinned by the plan. */
+static mbp_pipeline *started(unsigned S, unsigned threads)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.threads = threads;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	mbp_stage_desc d = {.fn = copy_fn};
+	for (unsigned k = 0; k < S; k++)
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	return p;
 }
 
 /* ---- results ---- */
@@ -972,6 +995,79 @@ START_TEST(mb_submit_refuses_foreign_and_twice_submitted_buffers)
 }
 END_TEST
 
+/* A result callback gives back what it received without the pipeline's handle, which did not exist when
+ * its options were filled in (a user passed the handle by value and crashed): mbp_mb_release(NULL, mb)
+ * finds the pool from the buffer, with two pipelines live at once, each buffer into its own pool. */
+struct counted {
+	_Atomic unsigned n;
+};
+
+static void release_without_handle(void *arg, mbp_mb *mb)
+{
+	struct counted *c = arg;
+	ck_assert_int_eq(mb->status, 0);
+	mbp_mb_release(NULL, mb);
+	atomic_fetch_add(&c->n, 1);
+}
+
+START_TEST(a_result_callback_gives_back_its_buffer_without_the_pipeline)
+{
+	static struct counted got[2];
+	mbp_pipeline *p[2];
+	for (unsigned i = 0; i < 2; i++) {
+		atomic_store(&got[i].n, 0);
+		p[i] = make_with_results(1 + i, release_without_handle, &got[i]); /* no handle in arg */
+		ck_assert_int_eq(mbp_pipeline_start(p[i]), 0);
+	}
+	const unsigned n = 100; /* more than mb_buffers (16): the pools run dry unless they come back */
+	for (unsigned k = 0; k < n; k++)
+		for (unsigned i = 0; i < 2; i++) {
+			mbp_mb *mb;
+			ck_assert_int_eq(mbp_mb_acquire(p[i], &mb, 10 * 1000000000LL), 0);
+			mb->rows = 1;
+			memset(mb->data, 0, WORDS * 4);
+			ck_assert_int_eq(mbp_mb_submit(p[i], mb, -1), 0);
+		}
+	for (unsigned i = 0; i < 2; i++) {
+		ck_assert_int_eq(mbp_pipeline_drain(p[i], -1), 0);
+		ck_assert_uint_eq(atomic_load(&got[i].n), n);
+		mbp_pipeline_stats ps;
+		mbp_pipeline_stats_get(p[i], &ps, NULL, 0);
+		ck_assert_uint_eq(ps.mb_pool.in_use, 0);
+		ck_assert_uint_eq(ps.mb_pool.puts, n);
+	}
+	/* outside a callback too, and after the pipeline stopped (it is not destroyed yet) */
+	mbp_pipeline_destroy(p[1]);
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mb_acquire(p[0], &mb, 0), -ESHUTDOWN);
+	mbp_pipeline_destroy(p[0]);
+}
+END_TEST
+
+/* Without the handle the buffer must still be one a caller holds from a pipeline that exists: a foreign
+ * pointer aborts with a message, as the pool's own release does (mbp_mb_submit refuses one the same way). */
+START_TEST(releasing_a_foreign_pointer_without_the_pipeline_aborts)
+{
+	static struct counted got;
+	mbp_pipeline *p = make_with_results(1, release_without_handle, &got);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_mb foreign = {.rows = 1};
+	mbp_mb_release(NULL, &foreign);
+}
+END_TEST
+
+START_TEST(releasing_a_buffer_of_a_destroyed_pipeline_without_it_aborts)
+{
+	static struct counted got;
+	mbp_pipeline *p = make_with_results(1, release_without_handle, &got);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+	mbp_pipeline_destroy(p); /* says it leaks the buffer still held */
+	mbp_mb_release(NULL, mb);
+}
+END_TEST
+
 START_TEST(single_micro_batches_through_one_stage)
 {
 	run_single_mbs(1);
@@ -1096,6 +1192,86 @@ START_TEST(a_zeroed_opts_with_its_row_width_runs_a_job_on_every_default)
 	ck_assert_int_eq(mbp_pipeline_start(p), 0);
 	placed_and_waiting(p, S, false, 0, 0);
 	run_checked_and_destroy(p, S, 100, 3);
+}
+END_TEST
+
+/* A call refused for a limit says which limit and its value (mbp_pipeline_error): a micro-batch of 128
+ * rows against the default max_mb_rows of 64 said only "too large (E2BIG)". */
+static mbp_pipeline_refusal refusal_of(mbp_pipeline *p)
+{
+	mbp_pipeline_refusal rf;
+	ck_assert_int_eq(mbp_pipeline_error(p, &rf), 0);
+	return rf;
+}
+
+START_TEST(a_refused_submit_or_start_names_the_limit_and_its_value)
+{
+	static struct counted got;
+	mbp_opts o;
+	mbp_opts_init(&o); /* max_mb_rows 64 */
+	o.in_row_bytes = WORDS * 4;
+	o.on_result = release_without_handle;
+	o.on_result_arg = &got;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	ck_assert_int_eq(refusal_of(p).err, 0);
+	ck_assert_str_eq(refusal_of(p).what, "");
+	ck_assert_int_eq(mbp_pipeline_start(p), -EINVAL);
+	ck_assert_int_eq(refusal_of(p).err, -EINVAL);
+	ck_assert_ptr_nonnull(strstr(refusal_of(p).what, "no stages"));
+	mbp_pipeline_destroy(p);
+
+	p = started(1, 0);
+	static uint32_t in[128 * WORDS], out[128 * WORDS];
+	ck_assert_int_eq(mbp_run(p, in, out, 128, 128), -E2BIG);
+	mbp_pipeline_refusal rf = refusal_of(p);
+	ck_assert_int_eq(rf.err, -E2BIG);
+	ck_assert_str_eq(rf.what, "micro-batches of 128 rows: above max_mb_rows (64)");
+	ck_assert_int_eq(mbp_run(p, in, out, 128, 64), 0); /* a success leaves it */
+	ck_assert_int_eq(refusal_of(p).err, -E2BIG);
+	mbp_pipeline_destroy(p);
+
+	/* a single micro-batch too large, and one of no rows */
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	mbp_stage_desc d = {.fn = copy_fn};
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+	mb->rows = 128;
+	ck_assert_int_eq(mbp_mb_submit(p, mb, 0), -EINVAL);
+	rf = refusal_of(p);
+	ck_assert_int_eq(rf.err, -EINVAL);
+	ck_assert_str_eq(rf.what, "a micro-batch of 128 rows: 1 to max_mb_rows (64)");
+	mb->rows = 0;
+	ck_assert_int_eq(mbp_mb_submit(p, mb, 0), -EINVAL);
+	ck_assert_str_eq(refusal_of(p).what, "a micro-batch of 0 rows: 1 to max_mb_rows (64)");
+	mbp_mb_release(p, mb);
+	mbp_pipeline_destroy(p);
+
+	/* a start whose pool cannot hold what full rings need */
+	mbp_opts_init(&o);
+	o.in_row_bytes = 4096;
+	o.pool_bytes = 1 << 20; /* 256 KiB buffers (64 rows of 4 KiB): 4 fit, full rings need 100 */
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), -ENOSPC);
+	rf = refusal_of(p);
+	ck_assert_int_eq(rf.err, -ENOSPC);
+	ck_assert_msg(strstr(rf.what, "pool_bytes (1048576) holds ") && strstr(rf.what, "need 100"), "%s",
+		      rf.what);
+	mbp_pipeline_destroy(p);
+
+	/* more stages than the engine takes */
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	for (int i = 0; i < MBP_MAX_STAGES; i++)
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), -E2BIG);
+	ck_assert_str_eq(refusal_of(p).what, "more than 64 stages (MBP_MAX_STAGES)");
+	ck_assert_int_eq(mbp_pipeline_error(NULL, &rf), -EINVAL);
+	ck_assert_int_eq(mbp_pipeline_error(p, NULL), -EINVAL);
+	mbp_pipeline_destroy(p);
 }
 END_TEST
 
@@ -1554,6 +1730,131 @@ START_TEST(named_cpus_keep_a_thread_per_stage_by_default)
 }
 END_TEST
 
+/* ---- the record of pinned CPUs: what pipelines of one process take ---- */
+
+static mbp_placement placement_of(mbp_pipeline *p, unsigned stage)
+{
+	mbp_placement pl[MBP_MAX_STAGES];
+	ck_assert_int_gt(mbp_pipeline_placement(p, pl, MBP_MAX_STAGES), (int)stage);
+	ck_assert_int_eq(pl[stage].pin_error, 0);
+	return pl[stage];
+}
+
+/* Two pipelines of one process: the second takes the CPU the first left free, not the first one again
+ * (placement 0,0,1 was seen); a CPU given back at stop is the next one taken. */
+START_TEST(two_pipelines_of_one_process_take_disjoint_cpus_while_there_are_enough)
+{
+	int allowed[MBP_MAX_CPUS];
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
+	ck_assert_int_ge(n, 1);
+	if (n < 2)
+		return; /* one CPU: nothing to keep apart (the next test covers sharing) */
+	mbp_pipeline *a = started(1, 0), *b = started(1, 0);
+	ck_assert_int_eq(placement_of(a, 0).cpu, allowed[0]);
+	ck_assert_int_eq(placement_of(b, 0).cpu, allowed[1]);
+	ck_assert_uint_eq(placement_of(a, 0).sharing, 0);
+	ck_assert_uint_eq(placement_of(b, 0).sharing, 0);
+	ck_assert_int_eq(mbp_pipeline_drain(a, -1), 0); /* gives allowed[0] back */
+	mbp_pipeline *c = started(1, 0);
+	ck_assert_int_eq(placement_of(c, 0).cpu, allowed[0]);
+	mbp_pipeline_destroy(c);
+	mbp_pipeline_destroy(b);
+	mbp_pipeline_destroy(a);
+	/* two stages beside a pipeline that holds allowed[0]: its threads take the next CPUs, in order */
+	if (n >= 3) {
+		a = started(1, 0);
+		b = started(2, 2);
+		ck_assert_int_eq(placement_of(b, 0).cpu, allowed[1]);
+		ck_assert_int_eq(placement_of(b, 1).cpu, allowed[2]);
+		mbp_pipeline_destroy(b);
+		mbp_pipeline_destroy(a);
+	}
+}
+END_TEST
+
+/* pipeline.h, "Placement": once every CPU is taken, the next threads share the least taken CPUs, still
+ * pinned, and the placement counts who shares; a CPU given back stops counting. */
+START_TEST(once_every_cpu_is_taken_threads_share_the_least_taken_and_say_so)
+{
+	int allowed[MBP_MAX_CPUS];
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
+	ck_assert_int_ge(n, 1);
+	if (n > MBP_MAX_STAGES)
+		return; /* a pipeline cannot take every CPU here */
+	const unsigned S = (unsigned)n;
+	mbp_pipeline *full = started(S, S); /* one thread on each CPU */
+	for (unsigned k = 0; k < S; k++) {
+		ck_assert_int_eq(placement_of(full, k).cpu, allowed[k]);
+		ck_assert_uint_eq(placement_of(full, k).sharing, 0);
+	}
+	mbp_pipeline *b = started(1, 0);
+	mbp_placement pb = placement_of(b, 0);
+	ck_assert_int_eq(pb.cpu, allowed[0]); /* every CPU held once: the first */
+	ck_assert_uint_eq(pb.sharing, 1);
+	ck_assert_uint_eq(placement_of(full, 0).sharing, 1); /* the first pipeline sees it too */
+	mbp_pipeline *c = started(1, 0);
+	ck_assert_int_eq(placement_of(c, 0).cpu, allowed[S > 1 ? 1 : 0]); /* the least taken */
+	ck_assert_uint_eq(placement_of(c, 0).sharing, S > 1 ? 1 : 2);
+	/* it runs, pinned there */
+	uint32_t in[WORDS] = {1, 2, 3, 4}, out[WORDS] = {0};
+	ck_assert_int_eq(mbp_run(b, in, out, 1, 1), 0);
+	ck_assert_mem_eq(in, out, sizeof(in));
+	ck_assert_int_eq(mbp_pipeline_drain(b, -1), 0);
+	ck_assert_uint_eq(placement_of(b, 0).sharing, 0); /* stopped */
+	ck_assert_uint_eq(placement_of(full, 0).sharing, 0);
+	mbp_pipeline_destroy(c);
+	mbp_pipeline_destroy(b);
+	mbp_pipeline_destroy(full);
+}
+END_TEST
+
+/* A pin that fails is reported (placement: cpu -1, pin_error) and holds no CPU: the next pipeline takes
+ * the CPU it would have had. */
+START_TEST(a_failed_pin_is_reported_and_holds_no_cpu)
+{
+	int allowed[MBP_MAX_CPUS];
+	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL), 1);
+	mbp__pin_fail_set(-EPERM);
+	mbp_pipeline *a = started(1, 0);
+	mbp__pin_fail_set(0);
+	mbp_placement pl;
+	ck_assert_int_eq(mbp_pipeline_placement(a, &pl, 1), 1);
+	ck_assert_int_eq(pl.pin_error, -EPERM);
+	ck_assert_int_eq(pl.cpu, -1);
+	ck_assert_uint_eq(pl.sharing, 0);
+	ck_assert_uint_eq(mbp__cpu_claims(allowed[0]), 0);
+	mbp_pipeline *b = started(1, 0);
+	ck_assert_int_eq(placement_of(b, 0).cpu, allowed[0]);
+	mbp_pipeline_destroy(b);
+	mbp_pipeline_destroy(a);
+	ck_assert_uint_eq(mbp__cpu_claims(allowed[0]), 0); /* nothing given back twice, nothing kept */
+}
+END_TEST
+
+/* Threads placed under a cgroup CPU quota (faked: cpu.max of one CPU): the default thread count is the
+ * quota's, whatever the cpuset allows. */
+START_TEST(a_cgroup_quota_sets_the_default_thread_count)
+{
+	char file[] = "/tmp/mbp-cpu-max-XXXXXX";
+	int fd = mkstemp(file);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, "100000 100000\n", 14), 14);
+	close(fd);
+	mbp__cgroup_cpu_max_set(file);
+	unsigned quota = 0;
+	int allowed[MBP_MAX_CPUS];
+	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota), 1);
+	ck_assert_uint_eq(quota, 1);
+	mbp_pipeline *p = started(3, 0);
+	mbp_pipeline_stats ps;
+	mbp_pipeline_stats_get(p, &ps, NULL, 0);
+	ck_assert_uint_eq(ps.threads, 1);
+	mbp_pipeline_destroy(p);
+	mbp__cgroup_cpu_max_set(NULL);
+	unlink(file);
+}
+END_TEST
+
 START_TEST(snapshot_counts_a_computation_while_it_lasts)
 {
 	mbp_pipeline *p = make(2, 0, NULL);
@@ -1630,6 +1931,13 @@ END_TEST
 /* The placement plan is a function of its request: threads take consecutive stages, a thread's CPU comes
  * from the list (blocks of threads per CPU when they outnumber it), stages of one thread must agree on a
  * named CPU, and unpinned means no CPU at all. */
+/* Give back what a plan claimed (the pipeline does it when its threads stop). */
+static void unplan(const struct mbp__placement_plan *pl)
+{
+	for (unsigned t = 0; t < pl->nthreads; t++)
+		mbp__cpu_release(pl->thread_cpu[t]);
+}
+
 START_TEST(placement_plan_follows_threads_names_and_cpu_list)
 {
 	int allowed[MBP_MAX_CPUS];
@@ -1640,6 +1948,7 @@ START_TEST(placement_plan_follows_threads_names_and_cpu_list)
 	struct mbp__placement_req rq = {
 	    .nstages = 4, .threads = 2, .pin = true, .named = none, .ncpus = 2, .cpus = cpus};
 	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
 	ck_assert_uint_eq(pl.nthreads, 2);
 	static const unsigned thread_of[4] = {0, 0, 1, 1};
 	for (unsigned i = 0; i < 4; i++) {
@@ -1651,6 +1960,7 @@ START_TEST(placement_plan_follows_threads_names_and_cpu_list)
 	rq.threads = 4;
 	rq.ncpus = 1;
 	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
 	ck_assert_uint_eq(pl.nthreads, 4);
 	ck_assert(pl.oversubscribed);
 	for (unsigned i = 0; i < 4; i++) {
@@ -1661,22 +1971,27 @@ START_TEST(placement_plan_follows_threads_names_and_cpu_list)
 	int named[2] = {a, a + 1};
 	struct mbp__placement_req two = {.nstages = 2, .threads = 1, .pin = true, .named = named};
 	ck_assert_int_eq(mbp__placement_plan(&two, &pl), -EINVAL);
+	ck_assert_uint_eq(mbp__cpu_claims(a + 1), 0); /* refused: nothing claimed */
 	/* one of them naming a CPU: the whole thread goes there, and must */
 	named[0] = -1;
 	ck_assert_int_eq(mbp__placement_plan(&two, &pl), 0);
+	unplan(&pl);
 	ck_assert_int_eq(pl.cpu[0], a + 1);
 	ck_assert(pl.pin_required[0] && pl.pin_required[1]);
 	/* unpinned: no CPU, names ignored, one thread per stage while they fit */
 	two.pin = false;
 	two.threads = 0;
 	ck_assert_int_eq(mbp__placement_plan(&two, &pl), 0);
+	unplan(&pl);
 	ck_assert_int_eq(pl.cpu[0], -1);
 	ck_assert_int_eq(pl.cpu[1], -1);
 	ck_assert(!pl.pin_required[0]);
 	/* more threads asked than stages: one per stage */
 	rq.threads = 9;
 	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
 	ck_assert_uint_eq(pl.nthreads, 4);
+	ck_assert_uint_eq(mbp__cpu_claims(a), 0); /* every plan's claims given back */
 }
 END_TEST
 
@@ -1704,7 +2019,12 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, single_micro_batches_come_back_in_order_with_their_tags, 0, NMODES);
 	tcase_add_loop_test(tc, jobs_and_single_micro_batches_mixed_with_failures_end_as_expected, 0, NMODES);
 	tcase_add_test(tc, single_micro_batches_through_one_stage);
+	tcase_add_test(tc, a_result_callback_gives_back_its_buffer_without_the_pipeline);
+	tcase_add_test_raise_signal(tc, releasing_a_foreign_pointer_without_the_pipeline_aborts, SIGABRT);
+	tcase_add_test_raise_signal(tc, releasing_a_buffer_of_a_destroyed_pipeline_without_it_aborts,
+				    SIGABRT);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
+	tcase_add_test(tc, a_refused_submit_or_start_names_the_limit_and_its_value);
 	tcase_add_test(tc, opts_string_sets_fields_and_rejects_bad_keys);
 	tcase_add_test(tc, a_zeroed_opts_with_its_row_width_runs_a_job_on_every_default);
 	tcase_add_test(tc, opts_are_checked_where_given_with_a_rule_that_names_the_key);
@@ -1716,6 +2036,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, named_cpus_keep_a_thread_per_stage_by_default);
 	tcase_add_test(tc, zeroed_descriptor_leaves_placement_to_the_plan);
 	tcase_add_test(tc, named_cpu_outside_the_allowed_set_is_refused_at_add_stage);
+	tcase_add_test(tc, two_pipelines_of_one_process_take_disjoint_cpus_while_there_are_enough);
+	tcase_add_test(tc, once_every_cpu_is_taken_threads_share_the_least_taken_and_say_so);
+	tcase_add_test(tc, a_failed_pin_is_reported_and_holds_no_cpu);
+	tcase_add_test(tc, a_cgroup_quota_sets_the_default_thread_count);
 	tcase_add_test(tc, snapshot_counts_a_computation_while_it_lasts);
 	tcase_add_test(tc, strerror_names_every_code);
 	suite_add_tcase(s, tc);

@@ -5,6 +5,7 @@
  * the middle of a step.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -16,6 +17,7 @@
 
 #include <mbpipe.h>
 
+#include "affinity.h"
 #include "check_main.h"
 #include "pipeline_internal.h"
 #include "train_internal.h"
@@ -722,6 +724,26 @@ START_TEST(invalid_arguments_return_documented_errors)
 }
 END_TEST
 
+/* ---- where the trainer's threads run: the pipeline's placement plan ---- */
+
+/* A started trainer of S toy stages, pinned (or not), its thread count left to the plan. */
+static mbp_trainer *pinned_trainer(struct toy *st, unsigned S, bool pin)
+{
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .pinning = pin ? MBP_PIN_PLAN : MBP_PIN_NONE,
+			    .loss = mse};
+	mbp_trainer *t;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+	for (unsigned s = 0; s < S; s++) {
+		toy_init(&st[s], s + 1);
+		mbp_train_stage_desc d = toy_desc(&st[s], true);
+		ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	}
+	ck_assert_int_eq(mbp_trainer_start(t), 0);
+	return t;
+}
+
 /* The pool is sized from the schedule when a step of a new micro-batch count M first runs: from then on
  * no step allocates a buffer, whatever the timing (train.h's promise), under every schedule, stage count
  * and thread count, and again after M changes. */
@@ -852,6 +874,110 @@ START_TEST(a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does)
 }
 END_TEST
 
+/* A pipeline and a trainer of one process take different CPUs while there are enough (on 2 CPUs: a
+ * 1-stage pipeline and a 1-stage trainer take CPUs 0 and 1; both took CPU 0), and share the least taken
+ * one, saying so, when there are not. */
+START_TEST(a_trainer_beside_a_pipeline_takes_the_cpu_the_pipeline_left_free)
+{
+	int allowed[MBP_MAX_CPUS];
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
+	ck_assert_int_ge(n, 1);
+	mbp_opts po;
+	mbp_opts_init(&po);
+	po.in_row_bytes = 16;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &po), 0);
+	mbp_stage_desc pd = {.fn = copy_rows};
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &pd), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	mbp_placement pl;
+	ck_assert_int_eq(mbp_pipeline_placement(p, &pl, 1), 1);
+	ck_assert_int_eq(pl.cpu, allowed[0]);
+
+	struct toy st[1];
+	mbp_trainer *t = pinned_trainer(st, 1, true);
+	mbp_train_stage_stats ss;
+	ck_assert_int_eq(mbp_trainer_stats_get(t, NULL, &ss, 1), 1);
+	ck_assert_int_eq(ss.pin_error, 0);
+	ck_assert_int_eq(ss.cpu, allowed[n > 1 ? 1 : 0]);
+	ck_assert_uint_eq(ss.sharing, n > 1 ? 0 : 1);
+	ck_assert_int_eq(mbp_pipeline_placement(p, &pl, 1), 1);
+	ck_assert_uint_eq(pl.sharing, n > 1 ? 0 : 1);
+	float in[4 * N] = {0.5f}, tg[4 * N] = {0.25f};
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 4, 2, NULL), 0); /* it runs there */
+	mbp_trainer_destroy(t);					      /* gives its CPU back */
+	ck_assert_uint_eq(mbp__cpu_claims(allowed[n > 1 ? 1 : 0]), n > 1 ? 0 : 1);
+	mbp_pipeline_destroy(p);
+	ck_assert_uint_eq(mbp__cpu_claims(allowed[0]), 0);
+}
+END_TEST
+
+/* Under a cgroup CPU quota (faked: cpu.max of one CPU) the trainer runs as many threads as the plan gives
+ * a pipeline: the quota's, not the cpuset's (it ignored the quota). */
+START_TEST(a_trainer_under_a_cgroup_quota_runs_the_plans_thread_count)
+{
+	char file[] = "/tmp/mbp-cpu-max-XXXXXX";
+	int fd = mkstemp(file);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, "150000 100000\n", 14), 14); /* 1.5 CPUs: rounded up to 2 */
+	close(fd);
+	mbp__cgroup_cpu_max_set(file);
+	struct mbp__placement_req rq = {.nstages = 3, .pin = true, .named = (int[]){-1, -1, -1}};
+	struct mbp__placement_plan plan;
+	ck_assert_int_eq(mbp__placement_plan(&rq, &plan), 0);
+	for (unsigned i = 0; i < plan.nthreads; i++)
+		mbp__cpu_release(plan.thread_cpu[i]);
+	ck_assert_uint_le(plan.nthreads, 2);
+	struct toy st[3];
+	mbp_trainer *t = pinned_trainer(st, 3, true);
+	mbp_train_stats ts;
+	ck_assert_int_eq(mbp_trainer_stats_get(t, &ts, NULL, 0), 3);
+	ck_assert_uint_eq(ts.threads, plan.nthreads);
+	mbp_trainer_destroy(t);
+	/* a quota of one CPU: one thread */
+	fd = open(file, O_WRONLY | O_TRUNC);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, "100000 100000\n", 14), 14);
+	close(fd);
+	t = pinned_trainer(st, 3, false);
+	ck_assert_int_eq(mbp_trainer_stats_get(t, &ts, NULL, 0), 3);
+	ck_assert_uint_eq(ts.threads, 1);
+	mbp_trainer_destroy(t);
+	mbp__cgroup_cpu_max_set(NULL);
+	unlink(file);
+}
+END_TEST
+
+/* A pin that fails in the trainer is reported (cpu -1 and pin_error; it was -1 alone, as if unpinned),
+ * and the stage runs unpinned. */
+START_TEST(a_failed_pin_in_the_trainer_is_reported)
+{
+	mbp__pin_fail_set(-EPERM);
+	struct toy st[2];
+	mbp_trainer *t = pinned_trainer(st, 2, true);
+	mbp__pin_fail_set(0);
+	mbp_train_stage_stats ss[2];
+	ck_assert_int_eq(mbp_trainer_stats_get(t, NULL, ss, 2), 2);
+	for (unsigned s = 0; s < 2; s++) {
+		ck_assert_int_eq(ss[s].cpu, -1);
+		ck_assert_int_eq(ss[s].pin_error, -EPERM);
+		ck_assert_uint_eq(ss[s].sharing, 0);
+	}
+	float in[4 * N] = {0.5f}, tg[4 * N] = {0.25f};
+	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 4, 2, NULL), 0);
+	mbp_trainer_destroy(t);
+	int allowed[MBP_MAX_CPUS];
+	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL), 1);
+	ck_assert_uint_eq(mbp__cpu_claims(allowed[0]), 0); /* given back at the failed pin, not twice */
+	/* unpinned: no CPU, no error */
+	t = pinned_trainer(st, 2, false);
+	ck_assert_int_eq(mbp_trainer_stats_get(t, NULL, ss, 2), 2);
+	ck_assert_int_eq(ss[0].cpu, -1);
+	ck_assert_int_eq(ss[0].pin_error, 0);
+	mbp_trainer_destroy(t);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("train");
@@ -876,6 +1002,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, more_threads_than_stages_is_refused_as_the_simulator_refuses_it);
 	tcase_add_test(tc, a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does);
 	tcase_add_test(tc, the_pool_never_grows_after_the_first_step_of_a_micro_batch_count);
+	tcase_add_test(tc, a_trainer_beside_a_pipeline_takes_the_cpu_the_pipeline_left_free);
+	tcase_add_test(tc, a_trainer_under_a_cgroup_quota_runs_the_plans_thread_count);
+	tcase_add_test(tc, a_failed_pin_in_the_trainer_is_reported);
 	suite_add_tcase(s, tc);
 	return s;
 }

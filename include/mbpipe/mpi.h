@@ -122,9 +122,11 @@ int mbp_mpi_add_stage(mbp_mpi *mp, const mbp_stage_desc *d);
 mbp_pipeline *mbp_mpi_pipeline(mbp_mpi *mp);
 
 /**
- * Start, on every rank (collective): start the local pipeline, check that each rank's output row width
- * is the next rank's input width and that all ranks agree on max_mb_rows and the window, then open the
- * links. Every rank gets the same result.
+ * Start, on every rank (collective): split each node's CPUs between its ranks that were given the same
+ * ones (pipeline.h, "Placement": two ranks under mpirun --bind-to none do not pin their stages to one
+ * CPU), start the local pipeline, check that each rank's output row width is the next rank's input width
+ * and that all ranks agree on max_mb_rows and the window, then open the links. Every rank gets the same
+ * result.
  * @return 0, -EINVAL (widths or options disagree between ranks: the message names them, see
  *         mbp_mpi_error()), -EALREADY, or mbp_pipeline_start's error (on any rank).
  */
@@ -275,7 +277,8 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *t, const mbp_train_stage_desc *d)
 /**
  * Start, on every rank (collective): check that the ranks agree (each rank's output width is the next
  * one's input width, the options above and mbp_mpi_opts.window are equal, every rank has a stage, at
- * most MBP_MAX_STAGES stages in all), start each rank's trainer, open the links. Every rank gets the
+ * most MBP_MAX_STAGES stages in all), split each node's CPUs between its ranks as mbp_mpi_start() does,
+ * start each rank's trainer, open the links. Every rank gets the
  * same result; after a failure, step and serve return it too.
  * @return 0, -EINVAL or -E2BIG (mbp_mpi_trainer_run_error() says which rank and what), -EALREADY, or a
  *         rank's mbp_trainer_start error (ZB-H1 with a stage lacking backward_in/backward_w: -EINVAL).

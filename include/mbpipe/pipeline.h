@@ -14,7 +14,8 @@
  *      the last stage writes the output rows in place: a job costs no copy. The caller waits for its own
  *      job (mbp_job_wait) or gets a callback.
  *   2. Micro-batches: mbp_mb_acquire() a pool buffer, fill it, mbp_mb_submit() it; the result arrives
- *      through opts.on_result on the last stage's thread and goes back with mbp_mb_release().
+ *      through opts.on_result on the last stage's thread and goes back with mbp_mb_release() (the
+ *      callback may pass NULL for the pipeline).
  *
  * Guarantee: every accepted micro-batch ends completed or failed with a status, in every path (stage
  * errors, drain, cancel, destroy with work in flight); the statistics show accepted = completed + failed.
@@ -24,6 +25,7 @@
  *   mbp_job_submit, mbp_mb_acquire/submit/release   | any threads, concurrently (multi-producer ingress)
  *   mbp_job_wait                                    | any thread, for its own job
  *   mbp_pipeline_stats_get, _placement              | any thread, any time after start
+ *   mbp_pipeline_error                              | any thread, any time
  *   new, add_stage, start, drain, cancel, destroy   | one controlling thread
  */
 #ifndef MBPIPE_PIPELINE_H
@@ -80,7 +82,9 @@ typedef struct mbp_stage_desc {
 #define MBP_PIN_CPU(c) ((unsigned)(c) + 1u)
 
 /** Result of a micro-batch submitted with mbp_mb_submit(); `mb` is owned by the callee until
- * mbp_mb_release(). Runs on the last stage's thread: keep it short. */
+ * mbp_mb_release(), which it may call here with NULL for the pipeline (the options that name the callback
+ * are filled before the pipeline exists, so `arg` need not carry it). Runs on the last stage's thread:
+ * keep it short. */
 typedef void (*mbp_result_fn)(void *arg, mbp_mb *mb);
 
 /**
@@ -116,7 +120,8 @@ typedef struct mbp_opts {
 	uint32_t threads;	/**< worker threads T (more than the stages: one per stage); 0: one per
 				      stage while the stages fit the CPUs, else one per CPU (one per stage
 				      if a pinned descriptor names a CPU). See below. */
-	uint32_t ncpus;		/**< entries in cpus; 0: the CPUs this process may use */
+	uint32_t ncpus;		/**< entries in cpus; 0: the CPUs this process may use, the least taken first
+				     (see "Placement" below) */
 	int cpus[MBP_MAX_CPUS]; /**< thread t runs on cpus[t] (with T > ncpus: cpus[t * ncpus / T]) unless a
 				      descriptor of one of its stages names a CPU */
 	uint32_t trace_events;	/**< activity-log events kept per stage; 0: tracing off */
@@ -134,6 +139,32 @@ typedef struct mbp_opts {
  * 1.28-1.39 -> 1.11-1.19 times the work, in the same runs). Stages of one thread run their init in stage
  * order (every init runs, also after one failed) and their fini in reverse order, all on that thread;
  * mbp_pipeline_placement() says which thread runs each stage.
+ */
+
+/*
+ * Placement. With opts.pinning MBP_PIN_PLAN (the default) every worker thread is pinned to one CPU. A thread whose stage
+ * names a CPU (MBP_PIN_CPU) runs there, and with opts.cpus thread t runs on cpus[t]. Otherwise the plan
+ * chooses among the CPUs this process may use (mbp_cpus_allowed), for each thread the one that the fewest
+ * threads of this process are pinned to, the first in order among equals: every running pipeline and
+ * trainer (<mbpipe/train.h>) of the process counts, so a second pipeline, or a trainer beside a pipeline,
+ * takes the CPUs the first one left free instead of the same ones. A thread holds its CPU from start until
+ * the threads stop (drain, cancel, destroy, or a failed start); one whose pin failed holds none.
+ *
+ * Not enough CPUs. Once every allowed CPU is taken, the next threads share the least taken ones, still
+ * pinned (a pinned thread keeps its cache and its neighbour; an unpinned one would share a CPU all the
+ * same, wherever the scheduler puts it), and mbp_pipeline_placement() says so: each stage's `sharing`
+ * counts the other threads on its CPU. A pipeline whose own threads outnumber its CPUs does not spin in
+ * its waits (it would spin on the CPU its peer needs); one that shares CPUs only with another pipeline or
+ * trainer keeps its spin budget (what it waits for runs elsewhere): to run two busy ones side by side
+ * without sharing, give each its own opts.cpus.
+ *
+ * Across MPI ranks (<mbpipe/mpi.h>), the ranks of one node that were given the same CPUs (mpirun
+ * --bind-to none, or several ranks bound to one socket) split them at mbp_mpi_start() and
+ * mbp_mpi_trainer_start(): the k-th of m such ranks places its part of the pipeline in the k-th of m
+ * equal parts of the CPU list, as if they were all the CPUs it may use (the default thread count counts
+ * them; a cgroup quota is split m ways too). With fewer CPUs than ranks, consecutive ranks share one CPU:
+ * `sharing` counts each other rank there as one, and their waits do not spin (each waits for the other).
+ * Ranks that mpirun bound to CPUs of their own keep them; other pipelines of the process are not confined.
  */
 
 /** Fill `o` with the defaults documented above (what a zeroed struct means; in_row_bytes 0: the caller
@@ -187,10 +218,12 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d);
 /**
  * Start the worker threads (opts.threads), pinned per the placement plan, and run each stage's init on the
  * thread that runs the stage. More threads than CPUs works: the waits then skip their spin step.
- * @return 0; -EINVAL (no stages; stages of one thread naming different CPUs); -EALREADY; -ENOMEM; the
- *         first failing init's error (every thread is then joined and fini ran where init succeeded); a
- *         pin error (-EINVAL, -EPERM) only when the CPU was named explicitly, otherwise a failed pin is
- *         reported by mbp_pipeline_placement().
+ * @return 0; -EINVAL (no stages; stages of one thread naming different CPUs); -EALREADY; -ENOMEM;
+ *         -ENOSPC (pool_bytes cannot hold what full rings and caches need), -E2BIG, -EOVERFLOW (sizes
+ *         beyond the engine's); the first failing init's error (every thread is then joined and fini
+ *         ran where init succeeded); a pin error (-EINVAL, -EPERM) only when the CPU was named
+ *         explicitly, otherwise a failed pin is reported by mbp_pipeline_placement(). A refusal for a
+ *         limit is worded by mbp_pipeline_error().
  */
 int mbp_pipeline_start(mbp_pipeline *p);
 
@@ -210,6 +243,27 @@ int mbp_pipeline_cancel(mbp_pipeline *p);
 
 /** Cancel if running, then free everything. Accepts NULL. */
 void mbp_pipeline_destroy(mbp_pipeline *p);
+
+/** Why the pipeline last refused a call for one of its limits: see mbp_pipeline_error(). */
+typedef struct mbp_pipeline_refusal {
+	int err;	/**< what the refused call returned; 0: nothing refused yet */
+	char what[200]; /**< one line naming the limit and its value, such as "micro-batches of 128 rows:
+			     above max_mb_rows (64)"; "" when err is 0 */
+} mbp_pipeline_refusal;
+
+/**
+ * The last refusal of a call on this pipeline for a limit, in words: a job or micro-batch whose size
+ * breaks max_mb_rows (or makes more than 2^32 - 1 micro-batches), an add_stage beyond MBP_MAX_STAGES or
+ * naming a CPU this process may not use, a start with no stages, with stages of one thread naming
+ * different CPUs, or whose options cannot hold what full rings need (pool_bytes, ring, cache, a size that
+ * overflows). For tools: print `what` with the error. Other errors (-EAGAIN, -ETIMEDOUT, -ESHUTDOWN,
+ * -ENOTCONN, a NULL argument, a foreign buffer, a stage's init) leave it as it was, and a later success
+ * does not clear it: compare `err` with the error you got.
+ * Any thread, also while others submit (a copy taken under the pipeline's lock); with several threads
+ * refused at once it is whichever came last.
+ * @return 0, -EINVAL (NULL).
+ */
+int mbp_pipeline_error(const mbp_pipeline *p, mbp_pipeline_refusal *r);
 
 /* ---- jobs ---- */
 
@@ -246,7 +300,8 @@ void mbp_job_init(mbp_job *job, const void *in, void *out, size_t rows, uint32_t
  * @param timeout_ns 0: fail at once when the ingress is full; < 0: wait; > 0: wait at most this long
  * @return 0 (accepted: it will complete), -EINVAL (NULL, rows 0, mb_rows 0, more than 2^32 - 1
  *         micro-batches), -E2BIG (mb_rows above max_mb_rows), -ENOTCONN (not started), -ESHUTDOWN
- *         (draining or cancelled), -EAGAIN (full, timeout 0), -ETIMEDOUT.
+ *         (draining or cancelled), -EAGAIN (full, timeout 0), -ETIMEDOUT. A refusal for a limit (E2BIG,
+ *         too many micro-batches) is worded by mbp_pipeline_error().
  */
 int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns);
 
@@ -290,21 +345,35 @@ int mbp_mb_acquire(mbp_pipeline *p, mbp_mb **mb, int64_t timeout_ns);
  * micro-batch no stage saw (cancelled before stage 0) comes back with it unchanged. On success the pipeline
  * owns the buffer until its result reaches on_result; on error the caller still does, and the buffer is
  * unchanged.
- * @return 0, -EINVAL (no on_result, rows out of range, `mb` not a buffer from this pipeline's
- *         mbp_mb_acquire() that the caller holds: a foreign pointer, a released buffer, or one already
- *         submitted whose result has not come back), -ENOTCONN, -ESHUTDOWN, -EAGAIN, -ETIMEDOUT.
+ * @return 0, -EINVAL (no on_result, rows out of range: worded by mbp_pipeline_error(), `mb` not a
+ *         buffer from this pipeline's mbp_mb_acquire() that the caller holds: a foreign pointer, a
+ *         released buffer, or one already submitted whose result has not come back), -ENOTCONN,
+ *         -ESHUTDOWN, -EAGAIN, -ETIMEDOUT.
  */
 int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns);
 
-/** Give back a result (or an acquired buffer never submitted). Any thread. */
+/**
+ * Give back a result (or an acquired buffer never submitted). Any thread, also inside opts.on_result.
+ * @param p the pipeline the buffer came from, or NULL: then it is found from the buffer's address among
+ *        the started pipelines that have not been destroyed (a lookup under a shared lock; pass p where
+ *        you have it).
+ * A pointer that is not a buffer the caller holds (a foreign pointer, one released already, one still
+ * submitted, one of a destroyed pipeline, or of another pipeline than p) aborts with a message, as
+ * mbp_pool_put() does: going on would corrupt the pool.
+ */
 void mbp_mb_release(mbp_pipeline *p, mbp_mb *mb);
 
 /* ---- placement ---- */
 
 typedef struct mbp_placement {
-	int cpu;	 /**< CPU the stage was placed on, -1 when not pinned */
-	int pin_error;	 /**< 0, or the error pinning returned (the stage then runs unpinned) */
-	unsigned thread; /**< worker thread running the stage, 0 .. T-1; stages of one thread share it */
+	int cpu;	  /**< CPU the stage was placed on, -1 when not pinned */
+	int pin_error;	  /**< 0, or the error pinning returned (the stage then runs unpinned) */
+	unsigned thread;  /**< worker thread running the stage, 0 .. T-1; stages of one thread share it */
+	unsigned sharing; /**< other threads pinned to its CPU now: of this pipeline (more threads than
+			       CPUs), of other pipelines and trainers of this process, and, under mbp_mpi,
+			       one for each other rank of its node given the same CPU; 0: the CPU is its
+			       thread's alone, or it is not pinned, or the pipeline has stopped. See
+			       "Placement" above */
 } mbp_placement;
 
 /**
@@ -314,7 +383,8 @@ typedef struct mbp_placement {
  */
 int mbp_cpus_allowed(int *cpus, unsigned max, unsigned *quota_cpus);
 
-/** The placement actually used, one entry per stage. @return the stage count, or -ENOTCONN. */
+/** The placement actually used, one entry per stage (see "Placement" above). @return the stage count, or
+ * -ENOTCONN. */
 int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n);
 
 /* ---- statistics and trace ---- */

@@ -227,9 +227,9 @@ typedef struct mbp_train_opts {
 	uint32_t max_mbs;	 /**< largest micro-batch count of a step. 0: 64 */
 	mbp_sched_kind schedule; /**< 0: 1F1B */
 	uint32_t threads;	 /**< worker threads, at most the stages (mbp_trainer_start refuses more);
-				      0: min(stages, allowed CPUs) */
-	mbp_pin_mode pinning;	 /**< 0: MBP_PIN_PLAN, thread t pinned to the t-th allowed CPU (the
-				      pipeline's default too); MBP_PIN_NONE: the OS places them */
+				      0: min(stages, allowed CPUs under the cgroup quota) */
+	mbp_pin_mode pinning;	 /**< 0: MBP_PIN_PLAN, each thread pinned to a CPU as a pipeline's are
+				      (pipeline.h, "Placement"); MBP_PIN_NONE: the OS places them */
 	uint64_t spin_ns;	 /**< spin budget of a waiting thread. 0: 20 us, as the pipeline's;
 				      MBP_SPIN_NONE: none (and none when threads outnumber the CPUs) */
 	uint32_t trace_events;	 /**< operations kept per stage for the Chrome trace; 0: tracing off */
@@ -252,7 +252,10 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o);
 int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
 
 /**
- * Start the threads and run each stage's init on its thread.
+ * Start the threads and run each stage's init on its thread. How many threads and where they run: as a
+ * pipeline's placement plan gives them (pipeline.h, "Threads and stages" and "Placement"), so a trainer
+ * and a pipeline of one process take different CPUs while there are enough; mbp_trainer_stats_get() says
+ * where each stage runs, whether its pin failed and whether it shares its CPU.
  * @return 0, -EINVAL (no stages; more threads than stages, as mbp_schedule_simulate() refuses them; ZB-H1
  *         with a stage that gives no backward_in/backward_w, or a last stage whose grad_row_bytes is not
  *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
@@ -309,7 +312,10 @@ void mbp_trainer_destroy(mbp_trainer *t);
 typedef struct mbp_train_stage_stats {
 	char name[MBP_STAGE_NAME_MAX];
 	unsigned thread;
-	int cpu;			   /**< the CPU it was pinned to, -1 when not pinned */
+	int cpu;	  /**< the CPU it was pinned to, -1 when not pinned (or its pin failed) */
+	int pin_error;	  /**< 0, or the error pinning its thread returned (it then runs unpinned) */
+	unsigned sharing; /**< other threads pinned to its CPU now, as mbp_placement.sharing counts them
+			       (pipeline.h, "Placement": a trainer takes its CPUs as a pipeline does) */
 	uint64_t f_ns, b_ns, bin_ns, w_ns; /**< last step: time inside each kind of operation */
 	uint64_t wait_ns;		   /**< last step: time waiting for an input or a gradient */
 	uint32_t f_count, b_count, bin_count, w_count; /**< last step: operations run */

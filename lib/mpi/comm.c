@@ -6,11 +6,15 @@
  * argument) and, for set-up calls, wait for the result. A run's link loop (link.c) is such a task: it
  * occupies the thread until the run ends. mbp_mpi_finalize() makes it call MPI_Finalize, or MPI_Abort
  * when a run ended on a silent rank (MPI_Finalize would wait for that rank forever).
+ *
+ * It also finds which part of its node's CPUs a rank's pipeline or trainer takes (mbp__mpi_node_share): the
+ * ranks of one node that were given the same CPUs split them.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -239,6 +243,56 @@ int mbp_mpi_exec(int (*fn)(void *), void *arg)
 	if (busy)
 		return -EBUSY; /* a run's link loop holds the thread (or another exec) */
 	return mbp__mpi_call(fn, arg);
+}
+
+/* ---- the node's CPUs ---- */
+
+struct node_share {
+	cpu_set_t mine; /* the calling thread's CPUs: the ones its pipeline's plan will choose from */
+	cpu_set_t all[MBP_MAX_STAGES]; /* every rank's of the node (mbp_mpi_new: at most this many ranks) */
+	unsigned k, m;
+};
+
+static int node_share_task(void *arg)
+{
+	struct node_share *ns = arg;
+	MPI_Comm node;
+	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+		return -EIO;
+	int lr = 0, L = 1, rc = 0;
+	MPI_Comm_rank(node, &lr);
+	MPI_Comm_size(node, &L);
+	ns->k = 0;
+	ns->m = 1;
+	/* L is the same on every rank of the node, so they all take part or none does */
+	if (L <= MBP_MAX_STAGES && MPI_Allgather(&ns->mine, (int)sizeof(cpu_set_t), MPI_BYTE, ns->all,
+						 (int)sizeof(cpu_set_t), MPI_BYTE, node) != MPI_SUCCESS)
+		rc = -EIO;
+	for (int r = 0; rc == 0 && L <= MBP_MAX_STAGES && r < L; r++) {
+		if (r == lr || !CPU_EQUAL(&ns->all[r], &ns->mine))
+			continue;
+		ns->m++;
+		ns->k += r < lr;
+	}
+	MPI_Comm_free(&node);
+	return rc;
+}
+
+int mbp__mpi_node_share(unsigned *k, unsigned *m)
+{
+	/* static: nothing here may fail before the collective, which the other ranks are waiting in */
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	static struct node_share ns;
+	pthread_mutex_lock(&lock);
+	CPU_ZERO(&ns.mine);
+	int rc = sched_getaffinity(0, sizeof(ns.mine), &ns.mine) == 0 ? 0 : -errno;
+	int trc = mbp__mpi_call(node_share_task, &ns);
+	if (rc == 0)
+		rc = trc;
+	*k = rc == 0 ? ns.k : 0;
+	*m = rc == 0 ? ns.m : 0;
+	pthread_mutex_unlock(&lock);
+	return rc;
 }
 
 void mbp__mpi_sync_init(pthread_mutex_t *m, pthread_cond_t *a, pthread_cond_t *b)

@@ -26,6 +26,7 @@
 
 #include <mpi.h>
 
+#include "affinity.h"
 #include "common.h"
 #include "mpi_internal.h"
 #include "wait.h"
@@ -393,7 +394,13 @@ int mbp_mpi_start(mbp_mpi *mp)
 	if (mp->state != S_NEW)
 		return -EALREADY;
 	mp->max_rows = mp->lo.max_mb_rows; /* filled in at new */
-	int local_rc = mp->nstages ? mbp_pipeline_start(mp->p) : -EINVAL;
+	/* collective: this rank's part of its node's CPUs first (pipeline.h, "Placement") */
+	unsigned node_k, node_m;
+	int local_rc = mbp__mpi_node_share(&node_k, &node_m);
+	if (local_rc == 0)
+		local_rc = mbp__pipeline_node_share(mp->p, node_k, node_m);
+	if (local_rc == 0)
+		local_rc = mp->nstages ? mbp_pipeline_start(mp->p) : -EINVAL;
 	struct hs *h = calloc(1, sizeof(*h));
 	if (!h)
 		return -ENOMEM;

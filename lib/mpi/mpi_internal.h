@@ -24,6 +24,11 @@ uint64_t mbp__mpi_post(int (*fn)(void *), void *arg);
 int mbp__mpi_await(uint64_t ticket);
 /* Post and await. */
 int mbp__mpi_call(int (*fn)(void *), void *arg);
+/* Collective over every rank, before a rank's local pipeline or trainer starts: this rank is the k-th of
+ * the m ranks of its node (MPI_COMM_TYPE_SHARED) whose threads may use the same CPUs as the calling
+ * thread's (compared by affinity mask); they split them (pipeline.h, "Placement"). 0 or -errno (then
+ * k = m = 0: no split). */
+int mbp__mpi_node_share(unsigned *k, unsigned *m);
 /* mbp_mpi_finalize() is to abort, not finalize (a rank went silent). */
 void mbp__mpi_abort_at_end(void);
 /* On the communication thread: MPI_Abort now if mbp_mpi_abort() asked for it. */

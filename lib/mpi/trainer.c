@@ -442,7 +442,10 @@ int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 						.begin = hook_begin,
 						.failed = hook_failed,
 						.agree = hook_agree};
-		local_rc = mbp__trainer_set_remote(T->t, &rem);
+		/* collective (every rank passed check_hs alike): this rank's part of its node's CPUs */
+		local_rc = mbp__mpi_node_share(&rem.node_k, &rem.node_m);
+		if (local_rc == 0)
+			local_rc = mbp__trainer_set_remote(T->t, &rem);
 		if (local_rc == 0)
 			local_rc = mbp_trainer_start(T->t);
 		if (local_rc == 0)

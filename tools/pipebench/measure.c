@@ -369,8 +369,12 @@ static int run_batch(pb_cand *c, mbp_job *job, uint64_t *start, uint64_t *ns)
 	c->jobs++;
 	uint64_t t0 = pb_now_ns();
 	int rc = mbp_job_submit(c->p, job, -1);
-	if (rc < 0)
-		return failf(r, "submit failed: %s", mbp_strerror(rc));
+	if (rc < 0) {
+		mbp_pipeline_refusal rf = {0}; /* the limit, when it was one */
+		mbp_pipeline_error(c->p, &rf);
+		return failf(r, "submit failed: %s%s%s", mbp_strerror(rc), rf.err == rc ? ": " : "",
+			     rf.err == rc ? rf.what : "");
+	}
 	/* a batch this late has lost micro-batches, unless the work itself is that long */
 	int64_t timeout = (int64_t)(b->base.max_ms * 50 * 1e6);
 	timeout = timeout > JOB_TIMEOUT_NS ? timeout : JOB_TIMEOUT_NS;
@@ -494,8 +498,12 @@ static int start_pipeline(pb_cand *c, const mbp_opts *o)
 			return failf(r, "stage %u: %s", i, mbp_strerror(rc));
 	}
 	rc = mbp_pipeline_start(c->p);
-	if (rc < 0)
-		return failf(r, "pipeline start: %s", mbp_strerror(rc));
+	if (rc < 0) {
+		mbp_pipeline_refusal rf = {0}; /* the limit, when it was one */
+		mbp_pipeline_error(c->p, &rf);
+		return failf(r, "pipeline start: %s%s%s", mbp_strerror(rc), rf.err == rc ? ": " : "",
+			     rf.err == rc ? rf.what : "");
+	}
 	rc = mbp_pipeline_placement(c->p, b->placement, MBP_MAX_STAGES);
 	b->have_placement = rc > 0;
 	for (unsigned i = 0; b->have_placement && i < S; i++)

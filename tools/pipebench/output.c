@@ -165,6 +165,9 @@ void pb_print_header(FILE *f, const pb_report *rep)
 				fprintf(f, "unpinned");
 			if (b->placement[s].pin_error)
 				fprintf(f, " (pin failed: %s)", mbp_strerror(b->placement[s].pin_error));
+			if (b->placement[s].sharing)
+				fprintf(f, " (shared with %u other %s)", b->placement[s].sharing,
+					PLURAL(b->placement[s].sharing, "thread", "threads"));
 		}
 	else
 		fprintf(f, " unknown (no pipeline started)");
@@ -493,6 +496,7 @@ int pb_print_json(FILE *f, const pb_report *rep)
 		cJSON_AddStringToObject(e, "name", stage_name(rep, s));
 		cJSON_AddNumberToObject(e, "cpu", b->placement[s].cpu);
 		cJSON_AddNumberToObject(e, "thread", b->placement[s].thread);
+		cJSON_AddNumberToObject(e, "sharing", b->placement[s].sharing);
 		cJSON_AddItemToObject(e, "pin_error",
 				      b->placement[s].pin_error
 					  ? cJSON_CreateString(mbp_strerror(b->placement[s].pin_error))

@@ -313,7 +313,11 @@ static bool send_one(ps_batcher *b)
 	atomic_fetch_add_explicit(&b->inflight, 1, memory_order_relaxed); /* only the batcher adds */
 	rc = b->eng.submit(b->eng.ctx, mb, -1);
 	if (rc) {
-		fprintf(stderr, "pipeserve: submit failed: %s\n", mbp_strerror(rc));
+		mbp_pipeline_refusal rf = {0}; /* the limit, when it was one */
+		if (b->eng.pipeline && b->eng.pipeline(b->eng.ctx))
+			mbp_pipeline_error(b->eng.pipeline(b->eng.ctx), &rf);
+		fprintf(stderr, "pipeserve: submit failed: %s%s%s\n", mbp_strerror(rc),
+			rf.err == rc ? ": " : "", rf.err == rc ? rf.what : "");
 		mbp_model_mb_unpin(mb);
 		b->eng.release(b->eng.ctx, mb);
 		fail_batch(b, bt, rc);

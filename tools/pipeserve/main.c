@@ -559,6 +559,10 @@ static void log_startup(ps_server *s)
 			       name, pl[i].thread, mbp_strerror(pl[i].pin_error));
 		else if (pl[i].cpu < 0)
 			ps_log("placement: stage %d (%s) -> thread %u, not pinned", i, name, pl[i].thread);
+		else if (pl[i].sharing)
+			ps_log("placement: stage %d (%s) -> thread %u, cpu %d, shared with %u other threads "
+			       "or ranks",
+			       i, name, pl[i].thread, pl[i].cpu, pl[i].sharing);
 		else
 			ps_log("placement: stage %d (%s) -> thread %u, cpu %d", i, name, pl[i].thread,
 			       pl[i].cpu);
