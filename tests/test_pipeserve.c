@@ -804,6 +804,10 @@ START_TEST(loading_over_http_is_off_by_default_and_takes_names_inside_the_reposi
 	    {"{\"parameters\":{\"file\":\"passwd.safetensors\"}}", 400}, /* the link is not followed */
 	    {"{\"parameters\":{\"file\":\"sub.safetensors\"}}", 400},	 /* not a regular file */
 	    {"{\"parameters\":{\"file\":\"shadow\"}}", 404},
+	    /* a NUL would cut the name to b.safetensors; it and every control character are refused */
+	    {"{\"parameters\":{\"file\":\"b.safetensors\\u0000/../../etc/passwd\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"b.safetensors\\u0000\"}}", 400},
+	    {"{\"parameters\":{\"file\":\"b\\u0007.safetensors\"}}", 400},
 	    {"{\"parameters\":{\"file\":\"b.safetensors\"}}", 200},
 	    {NULL, 200}, /* no body: the repository's a.safetensors, for model "a" */
 	};
