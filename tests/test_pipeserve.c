@@ -1131,42 +1131,113 @@ static void raw_exchange(int port, const char *req, char *out, size_t n)
 	close(fd);
 }
 
+/*
+ * `out` (what came back on a connection) holds `n` responses one after the other, each one status line,
+ * its headers and exactly Content-Length bytes of body, the last one with status `status`; with `json`,
+ * its body is {"error": "..."}. Its head goes to `head` when given.
+ */
+static void expect_responses(const char *what, const char *out, int n, int status, bool json, char *head,
+			     size_t headn)
+{
+	const char *p = out;
+	for (int i = 0; i < n; i++) {
+		int st = 0;
+		ck_assert_msg(sscanf(p, "HTTP/1.1 %d ", &st) == 1, "%s: response %d is not a status line: %s",
+			      what, i, p);
+		const char *end = strstr(p, "\r\n\r\n");
+		ck_assert_msg(end, "%s: response %d has no end of head: %s", what, i, p);
+		const char *cl = strcasestr(p, "\r\nContent-Length: ");
+		ck_assert_msg(cl && cl < end, "%s: response %d has no Content-Length: %s", what, i, p);
+		size_t len = strtoull(cl + 18, NULL, 10);
+		const char *body = end + 4;
+		ck_assert_msg(strlen(body) >= len, "%s: response %d's body is short: %s", what, i, p);
+		if (i + 1 < n) {
+			p = body + len;
+			continue;
+		}
+		ck_assert_msg(st == status, "%s: status %d, expected %d: %s", what, st, status, out);
+		ck_assert_msg(strlen(body) == len, "%s: %zu bytes after the last response: %s", what,
+			      strlen(body) - len, out);
+		if (head)
+			snprintf(head, headn, "%.*s", (int)(end - p), p);
+		if (json) {
+			cJSON *e = cJSON_ParseWithLength(body, len);
+			ck_assert_msg(e && cJSON_IsString(cJSON_GetObjectItem(e, "error")),
+				      "%s: the body is not {\"error\": ...}: %s", what, body);
+			cJSON_Delete(e);
+			ck_assert_msg(strcasestr(p, "\r\nContent-Type: application/json\r\n") < end,
+				      "%s: not application/json: %s", what, p);
+		}
+	}
+}
+
 START_TEST(ambiguous_framing_is_refused_with_an_answer)
 {
 	make_models();
 	srv s;
 	start(&s, NULL);
 	static const struct {
-		const char *what, *req, *status;
-		bool json; /* our own answer (MHD's own errors are HTML) */
+		const char *what, *req;
+		int status;
+		bool json; /* false: answered by libmicrohttpd itself, in HTML (pipeserve.1 lists these) */
 	} cases[] = {
 	    {"two Content-Length",
 	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: "
 	     "3\r\n\r\n{}",
-	     "HTTP/1.1 400 ", true},
+	     400, true},
 	    {"Transfer-Encoding gzip",
-	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n{}",
-	     "HTTP/1.1 501 ", true},
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n{}", 501, true},
 	    {"chunked and Content-Length",
 	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: "
 	     "2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
-	     "HTTP/1.1 400 ", true},
-	    {"HTTP/1.1 without Host", "GET /v2/health/live HTTP/1.1\r\n\r\n", "HTTP/1.1 400 ", false},
-	    {"malformed Content-Length",
-	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}",
-	     "HTTP/1.1 400 ", false},
+	     400, true},
+	    /* libmicrohttpd 0.9.75 wrote its status line and headers twice for these */
+	    {"HTTP/1.1 without Host", "GET /v2/health/live HTTP/1.1\r\n\r\n", 400, true},
+	    {"Content-Length 12abc",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}", 400, true},
+	    {"Content-Length abc",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}", 400, true},
+	    {"Content-Length -1",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}", 400, true},
+	    {"Content-Length +2",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: +2\r\n\r\n{}", 400, true},
+	    {"Content-Length above 2^64",
+	     "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 18446744073709551616\r\n\r\n{}",
+	     413, true},
+	    {"whitespace before a header's colon", "GET /v2/health/live HTTP/1.1\r\nHost : x\r\n\r\n", 400,
+	     true},
+	    /* answered by libmicrohttpd alone, once */
+	    {"HTTP/2.0", "GET /v2 HTTP/2.0\r\nHost: x\r\n\r\n", 505, false},
+	    {"a header line without a colon", "GET /v2 HTTP/1.1\r\nHost: x\r\nNoColon\r\n\r\n", 400, false},
 	};
-	char out[4096];
+	char out[8192];
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		uint64_t t0 = (uint64_t)time(NULL);
 		raw_exchange(s.port, cases[i].req, out, sizeof out);
-		ck_assert_msg(strncmp(out, cases[i].status, strlen(cases[i].status)) == 0,
-			      "%s: got \"%.200s\"", cases[i].what, out);
+		expect_responses(cases[i].what, out, 1, cases[i].status, cases[i].json, NULL, 0);
 		ck_assert_msg((uint64_t)time(NULL) - t0 <= 2, "%s: the answer took %llus", cases[i].what,
 			      (unsigned long long)((uint64_t)time(NULL) - t0));
-		if (cases[i].json)
-			ck_assert_msg(strstr(out, "\r\n\r\n{\"error\":"), "%s: %s", cases[i].what, out);
 	}
+	/* The same after an answered request on one connection, sent at once or after its answer. */
+	raw_exchange(
+	    s.port,
+	    "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\nPOST /v2/models/a/infer HTTP/1.1\r\nHost: "
+	    "x\r\nContent-Length: abc\r\n\r\n",
+	    out, sizeof out);
+	expect_responses("a bad Content-Length after a request", out, 2, 400, true, NULL, 0);
+	int fd = http_connect(s.port);
+	http_resp r;
+	ck_assert_int_eq(http_send(fd, "GET", "/v2/health/live", NULL, NULL, 0, &r), 0);
+	ck_assert_int_eq(r.status, 200);
+	http_resp_free(&r);
+	const char bad[] = "POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n";
+	ck_assert_int_eq(write_all(fd, bad, strlen(bad)), 0);
+	size_t got = 0;
+	for (ssize_t k; got + 1 < sizeof out && (k = recv(fd, out + got, sizeof out - 1 - got, 0)) > 0;)
+		got += (size_t)k;
+	out[got] = '\0';
+	close(fd);
+	expect_responses("a bad Content-Length on a kept-alive connection", out, 1, 400, true, NULL, 0);
 	/* chunked alone is fine */
 	raw_exchange(
 	    s.port,
@@ -1174,6 +1245,92 @@ START_TEST(ambiguous_framing_is_refused_with_an_answer)
 	    "close\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
 	    out, sizeof out);
 	ck_assert_msg(strncmp(out, "HTTP/1.1 400 ", 13) == 0 && strstr(out, "inputs"), "%s", out);
+	expect_status(s.port, "GET", "/v2/health/live", 200, NULL); /* and the server serves on */
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* A URL is the text the client sent: a control character in it, raw or %-encoded, a NUL above all (the
+ * handler's URL is a C string, decoded: "/v2/models/a%00/x" read as "/v2/models/a"), or a space is 400. A
+ * 405 names the route's methods in Allow. */
+START_TEST(urls_with_control_characters_get_400_and_a_wrong_method_405_with_allow)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--model-repository", tmp_dir, NULL});
+#define LINE(text)                                                                                           \
+	{                                                                                                    \
+		text, sizeof text - 1                                                                        \
+	}
+	static const struct {
+		const char *text;
+		size_t len;
+	} bad[] = {
+	    LINE("GET /v2/models/a%00/x HTTP/1.1\r\n"),
+	    LINE("GET /v2/models/a%00 HTTP/1.1\r\n"),
+	    LINE("GET /v2/models/a\0/x HTTP/1.1\r\n"), /* a raw NUL */
+	    LINE("GET /v2/models/a%01 HTTP/1.1\r\n"),
+	    LINE("GET /v2/models/a%1f HTTP/1.1\r\n"),
+	    LINE("GET /v2/models/a%7F HTTP/1.1\r\n"),
+	    LINE("GET /v2/models/a\x01 HTTP/1.1\r\n"),
+	    LINE("GET /v2/models/a\x7f HTTP/1.1\r\n"),
+	    LINE("GET /v2/models/a b HTTP/1.1\r\n"),
+	    LINE("POST /v2/repository/models/a%00/load HTTP/1.1\r\n"),
+	    LINE("GET /v2/models/a?x=%00 HTTP/1.1\r\n"),
+	};
+#undef LINE
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char req[256], out[4096];
+		size_t line = bad[i].len;
+		memcpy(req, bad[i].text, line);
+		int n = snprintf(req + line, sizeof req - line, "Host: x\r\nContent-Length: 0\r\n\r\n");
+		int fd = http_connect(s.port);
+		struct timeval tv = {.tv_sec = 3};
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+		ck_assert_int_eq(write_all(fd, req, line + (size_t)n), 0);
+		size_t got = 0;
+		for (ssize_t k;
+		     got + 1 < sizeof out && (k = recv(fd, out + got, sizeof out - 1 - got, 0)) > 0;)
+			got += (size_t)k;
+		out[got] = '\0';
+		close(fd);
+		char what[64];
+		snprintf(what, sizeof what, "request line %zu", i);
+		expect_responses(what, out, 1, 400, true, NULL, 0);
+		ck_assert_msg(strstr(out, "URL"), "%s: %s", what, out);
+	}
+	expect_status(s.port, "GET", "/v2/models/a%61", 404, "unknown model"); /* "aa": decoded, routed */
+	static const struct {
+		const char *method, *path, *allow;
+	} wrong[] = {
+	    {"PUT", "/v2", "GET, HEAD"},
+	    {"POST", "/v2/models/a", "GET, HEAD"},
+	    {"DELETE", "/metrics", "GET, HEAD"},
+	    {"GET", "/v2/models/a/infer", "POST"},
+	    {"HEAD", "/v2/models/a/infer", "POST"},
+	    {"GET", "/v2/repository/models/a/load", "POST"},
+	};
+	for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+		char req[256], out[4096], head[2048], allow[64] = "";
+		snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+			 wrong[i].method, wrong[i].path);
+		raw_exchange(s.port, req, out, sizeof out);
+		char what[96];
+		snprintf(what, sizeof what, "%s %s", wrong[i].method, wrong[i].path);
+		bool head_only = strcmp(wrong[i].method, "HEAD") == 0;
+		if (head_only) { /* no body: the head alone */
+			ck_assert_msg(strncmp(out, "HTTP/1.1 405 ", 13) == 0, "%s: %s", what, out);
+			snprintf(head, sizeof head, "%.2000s", out);
+		} else {
+			expect_responses(what, out, 1, 405, true, head, sizeof head);
+		}
+		http_resp hr = {0};
+		snprintf(hr.head, sizeof hr.head, "%s", head);
+		ck_assert_msg(http_header(&hr, "Allow", allow, sizeof allow) &&
+				  strcmp(allow, wrong[i].allow) == 0,
+			      "%s: Allow \"%s\", expected \"%s\": %s", what, allow, wrong[i].allow, head);
+	}
 	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
 	remove_models();
 }
@@ -1618,6 +1775,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served);
 	tcase_add_test(tc, every_infer_request_received_ends_in_exactly_one_counter);
 	tcase_add_test(tc, ambiguous_framing_is_refused_with_an_answer);
+	tcase_add_test(tc, urls_with_control_characters_get_400_and_a_wrong_method_405_with_allow);
 	tcase_add_test(tc, head_answers_as_get_without_a_body);
 	tcase_add_test(tc, many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds);
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
