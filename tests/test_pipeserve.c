@@ -10,6 +10,7 @@
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <math.h>
 #include <pthread.h>
@@ -1483,6 +1484,53 @@ START_TEST(floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_
 }
 END_TEST
 
+/*
+ * Slowloris at the connection limit: 1,000 idle sockets from 8 addresses (125 each, under the per-address
+ * limit of 128) take the 512 connections the server holds and wait in its listen backlog for more. A client
+ * that arrives after them is answered while every one of them is still held: near the limit, connections
+ * that have sent no complete request head are closed after --header-timeout-ms instead of the 10 s
+ * request deadline. (The bound below is the client's patience, far above that deadline and below the
+ * 10 s of the request deadline alone; it is not a measure of speed.)
+ */
+START_TEST(a_client_is_answered_while_a_thousand_idle_sockets_hold_the_connection_limit)
+{
+	enum { IDLE = 1000 };
+	struct rlimit rl;
+	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	if (rl.rlim_cur < IDLE + 200 && rl.rlim_max >= IDLE + 200) {
+		rl.rlim_cur = IDLE + 200;
+		ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	}
+	ck_assert_msg(rl.rlim_cur >= IDLE + 200, "the test needs %d descriptors, the limit is %llu",
+		      IDLE + 200, (unsigned long long)rl.rlim_cur);
+	make_models();
+	srv s;
+	start(&s, NULL); /* the defaults: 512 connections, 128 per address, a 10 s request deadline */
+	static int idle[IDLE];
+	for (int i = 0; i < IDLE; i++) {
+		char src[16];
+		snprintf(src, sizeof src, "127.0.0.%d", 2 + i % 8);
+		idle[i] = connect_from(s.port, src, true);
+		ck_assert_msg(idle[i] >= 0, "idle socket %d: %s", i, strerror(errno));
+	}
+	sleep_ms(300); /* the server takes its 512 */
+	int fd = connect_from(s.port, "127.0.0.10", false);
+	ck_assert_int_ge(fd, 0);
+	struct timeval tv = {.tv_sec = 6};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	http_resp r;
+	ck_assert_msg(http_send(fd, "GET", "/v2/health/live", NULL, NULL, 0, &r) == 0,
+		      "no answer within %d s while %d idle sockets are held", (int)tv.tv_sec, IDLE);
+	ck_assert_int_eq(r.status, 200);
+	http_resp_free(&r);
+	close(fd);
+	for (int i = 0; i < IDLE; i++)
+		close(idle[i]);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
 /* ---- memory bounds ---- */
 
 START_TEST(many_small_numbers_and_unfinished_bodies_stay_within_the_memory_bounds)
@@ -1773,6 +1821,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_response_comes_from_one_weights_version_and_names_it);
 	tcase_add_test(tc, a_huge_sparse_model_file_is_refused_on_its_size_or_header_without_being_read);
 	tcase_add_test(tc, floods_of_idle_slow_and_half_closed_connections_leave_normal_clients_served);
+	tcase_add_test(tc, a_client_is_answered_while_a_thousand_idle_sockets_hold_the_connection_limit);
 	tcase_add_test(tc, every_infer_request_received_ends_in_exactly_one_counter);
 	tcase_add_test(tc, ambiguous_framing_is_refused_with_an_answer);
 	tcase_add_test(tc, urls_with_control_characters_get_400_and_a_wrong_method_405_with_allow);

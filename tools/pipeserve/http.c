@@ -50,7 +50,8 @@ enum phase { P_READING, P_WAITING, P_DONE };
 
 /*
  * One open connection, for the request deadline: `since` is when it began waiting for a complete request
- * (it connected, or its previous answer was queued), 0 while a complete request is being answered. The
+ * (it connected, or its previous answer was queued), 0 while a complete request is being answered; `head`
+ * says whether the handler has seen the head of the request it waits for (the header deadline). The
  * reaper shuts down the socket of a connection past its deadline (MHD then sees the end of the stream and
  * closes it itself); the list and `since` are under s->conns_mu. MHD's CLOSED notification, which takes
  * the entry out, comes before it closes the socket, so the reaper never touches a descriptor it no longer
@@ -783,6 +784,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 		if (s->conns)
 			s->conns->prev = pc;
 		s->conns = pc;
+		s->nconns++;
 		pthread_mutex_unlock(&s->conns_mu);
 		*socket_context = pc;
 		return;
@@ -796,6 +798,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 		s->conns = pc->next;
 	if (pc->next)
 		pc->next->prev = pc->prev;
+	s->nconns--;
 	pthread_mutex_unlock(&s->conns_mu);
 	*socket_context = NULL;
 	free(pc);
@@ -880,27 +883,46 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 	ps_log("http: %s", line);
 }
 
-/* Close the connections that did not send a complete request in time: slow heads and bodies, idle
- * keep-alive connections, half-closed ones. Checks four times per deadline. */
+/*
+ * Close the connections that did not send a complete request in time: slow heads and bodies, idle
+ * keep-alive connections, half-closed ones (--request-timeout-ms). Near the connection limit (3/4 of
+ * --max-connections open) a connection that has not sent a complete head is closed after the much shorter
+ * --header-timeout-ms: once libmicrohttpd holds its limit, new clients wait in the listen backlog until a
+ * connection closes, and sockets that connect and send nothing (slowloris) would keep every one of them
+ * waiting for the request deadline. nginx does the same when it runs out of connections (it closes those
+ * waiting for a request first); a head that is sent at once arrives long before the shorter deadline.
+ * Checks four times per deadline, at most every 250 ms.
+ */
 static void *reaper_main(void *arg)
 {
 	ps_server *s = arg;
-	uint64_t limit = s->cfg.request_timeout_ms * 1000000;
-	uint64_t step = limit / 4 < 1000000 ? 1000000 : limit / 4;
+	uint64_t limit = s->cfg.request_timeout_ms * 1000000, head_limit = s->cfg.header_timeout_ms * 1000000;
+	uint64_t least = head_limit < limit ? head_limit : limit;
+	uint64_t step = least / 4 < 1000000 ? 1000000 : least / 4;
 	if (step > 250000000)
 		step = 250000000;
+	bool pressed = false;
 	while (!atomic_load(&s->reaper_stop)) {
 		struct timespec ts = {.tv_sec = (time_t)(step / 1000000000u),
 				      .tv_nsec = (long)(step % 1000000000u)};
 		nanosleep(&ts, NULL);
 		uint64_t now = ps_now_ns();
 		pthread_mutex_lock(&s->conns_mu);
-		for (struct ps_conn *pc = s->conns; pc; pc = pc->next)
-			if (pc->since && !pc->reaped && now - pc->since > limit) {
+		unsigned open = s->nconns;
+		bool was = pressed;
+		pressed = (uint64_t)open * 4 >= (uint64_t)s->cfg.max_connections * 3;
+		for (struct ps_conn *pc = s->conns; pc; pc = pc->next) {
+			uint64_t waited = pc->since ? now - pc->since : 0;
+			if (pc->since && !pc->reaped &&
+			    (waited > limit || (pressed && !pc->head && waited > head_limit))) {
 				shutdown(pc->fd, SHUT_RDWR);
 				pc->reaped = true;
 			}
+		}
 		pthread_mutex_unlock(&s->conns_mu);
+		if (pressed && !was)
+			ps_log("connections: %u open of %u: those without a request head close after %llu ms",
+			       open, s->cfg.max_connections, (unsigned long long)s->cfg.header_timeout_ms);
 	}
 	return NULL;
 }

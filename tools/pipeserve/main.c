@@ -59,6 +59,8 @@ static const char usage[] =
     "  --max-connections-per-ip N  connections from one client address at most (default 128)\n"
     "  --request-timeout-ms N   a connection sends each complete request (head and body) within N ms of\n"
     "                           connecting or of its previous answer, or is closed (default 10000)\n"
+    "  --header-timeout-ms N    while 3/4 of --max-connections are open, a connection sends its request\n"
+    "                           head within N ms, or is closed (default 500)\n"
     "  --load-timeout-ms N      longest time a load may spend reading its file (default 30000)\n"
     "  --write-demo-model FILE  write the --demo model (random weights) to FILE and exit\n"
     "  --describe FILE          describe the model in FILE (layers, widths, sizes) and exit\n"
@@ -132,6 +134,7 @@ static const flag flags[] = {
     FLAG("max-connections", F_UNSIGNED, max_connections, 1, 65536),
     FLAG("max-connections-per-ip", F_UNSIGNED, max_conns_per_ip, 1, 65536),
     FLAG("request-timeout-ms", F_U64, request_timeout_ms, 1, 3600000),
+    FLAG("header-timeout-ms", F_U64, header_timeout_ms, 1, 3600000),
     FLAG("max-model-bytes", F_U64, max_model_bytes, 1, (uint64_t)1 << 40),
     FLAG("load-timeout-ms", F_U64, load_timeout_ms, 1, 86400000),
 };
@@ -304,6 +307,7 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			 .max_connections = 512,
 			 .max_conns_per_ip = 128,
 			 .request_timeout_ms = 10000,
+			 .header_timeout_ms = 500,
 			 .load_timeout_ms = 30000};
 	int o;
 	opterr = 0; /* one line of our own instead of getopt's */
@@ -523,9 +527,10 @@ static void log_startup(ps_server *s)
 		       (unsigned long long)c->load_timeout_ms);
 	else
 		ps_log("loads: off over HTTP (no --model-repository)");
-	ps_log("limits: %u connections, %u per address, %llu ms per request, %llu body bytes in flight",
+	ps_log("limits: %u connections, %u per address, %llu ms per request (%llu ms per head near the "
+	       "connection limit), %llu body bytes in flight",
 	       c->max_connections, c->max_conns_per_ip, (unsigned long long)c->request_timeout_ms,
-	       (unsigned long long)c->max_inflight_body_bytes);
+	       (unsigned long long)c->header_timeout_ms, (unsigned long long)c->max_inflight_body_bytes);
 	ps_log("blas: %s", mbp_blas_info());
 	if (mbp_blas_warning())
 		ps_log("blas warning: %s", mbp_blas_warning());

@@ -44,9 +44,10 @@ typedef struct ps_config {
 	unsigned max_connections;	  /* open connections at most. 512 */
 	unsigned max_conns_per_ip;	  /* from one client address at most. 128 */
 	uint64_t
-	    request_timeout_ms;	  /* a complete request within this of connecting or the last answer. 10000 */
-	uint64_t max_model_bytes; /* largest model file loaded. 4 GiB */
-	uint64_t load_timeout_ms; /* longest time a load may spend reading. 30000 */
+	    request_timeout_ms; /* a complete request within this of connecting or the last answer. 10000 */
+	uint64_t header_timeout_ms; /* near max_connections, a complete request head within this. 500 */
+	uint64_t max_model_bytes;   /* largest model file loaded. 4 GiB */
+	uint64_t load_timeout_ms;   /* longest time a load may spend reading. 30000 */
 } ps_config;
 
 typedef struct ps_server {
@@ -64,6 +65,7 @@ typedef struct ps_server {
 	/* Open connections and the deadline of each (http.c): a reaper closes those past it. */
 	pthread_mutex_t conns_mu;
 	struct ps_conn *conns;
+	unsigned nconns; /* in the list */
 	pthread_t reaper;
 	bool reaper_on;
 	_Atomic bool reaper_stop;
