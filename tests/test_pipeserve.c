@@ -20,6 +20,7 @@
 
 #include "check_main.h" /* early: the stress counts use its mbp_iters() */
 #include "test_pipeserve_client.h"
+#include "tool_run.h"
 
 #define IN_W  32
 #define OUT_W 8
@@ -1673,29 +1674,28 @@ END_TEST
 
 /* ---- command line ---- */
 
-/* Run the server with `arg` and its output to /dev/null; @return its exit status. */
-static int run_status(const char *arg, const char *val)
+static struct run ps_run(const char *const *args)
 {
-	pid_t pid = fork();
-	if (pid == 0) {
-		int devnull = open("/dev/null", O_WRONLY);
-		dup2(devnull, 1);
-		dup2(devnull, 2);
-		execl(PIPESERVE_BIN, PIPESERVE_BIN, arg, val, (char *)NULL);
-		_exit(127);
-	}
-	int st;
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return tool_run(PIPESERVE_BIN, NULL, NULL, args);
 }
 
-START_TEST(help_and_bad_flags)
+/* -h and --help print the usage, -V and --version the version, on standard output, and exit 0. */
+START_TEST(help_and_version_print_on_stdout_and_exit_0)
 {
-	ck_assert_int_eq(run_status("--help", NULL), 0);
-	ck_assert_int_eq(run_status("--max-batch-rows", "zero"), 2);
-	ck_assert_int_eq(run_status("--threads", "0"), 2);
-	ck_assert_int_eq(run_status("--no-such-flag", NULL), 2);
-	ck_assert_int_eq(run_status("--model", "/nonexistent.safetensors"), 1);
+	static const char *const help[] = {"-h", "--help"}, *const version[] = {"-V", "--version"};
+	for (int i = 0; i < 2; i++) {
+		struct run r = ps_run((const char *const[]){help[i], NULL});
+		ck_assert_msg(r.status == 0 && strncmp(r.out, "usage: pipeserve ", 17) == 0 && !r.err[0],
+			      "%s: exit %d: %s%s", help[i], r.status, r.out, r.err);
+		ck_assert(strstr(r.out, "-h, --help") && strstr(r.out, "-V, --version"));
+		run_free(&r);
+		r = ps_run((const char *const[]){version[i], NULL});
+		char want[64];
+		snprintf(want, sizeof want, "pipeserve (mbpipe) %s\n", mbp_version());
+		ck_assert_msg(r.status == 0 && strcmp(r.out, want) == 0 && !r.err[0], "%s: exit %d: %s%s",
+			      version[i], r.status, r.out, r.err);
+		run_free(&r);
+	}
 	/* The demo model by default, named "demo". */
 	srv s;
 	ck_assert_int_eq(
@@ -1705,84 +1705,93 @@ START_TEST(help_and_bad_flags)
 }
 END_TEST
 
-/* Run the server with up to two arguments; its standard output and error go to `out`. @return the exit
- * status. */
-static int run_argv(const char *const *args, char *out, size_t n);
-
-static int run_capture(const char *a, const char *b, char *out, size_t n)
-{
-	const char *args[] = {a, b, NULL};
-	return run_argv(args, out, n);
-}
-
-/* Run the server with the NULL-terminated arguments; standard output and error go to `out`. */
-static int run_argv(const char *const *args, char *out, size_t n)
-{
-	const char *argv[16] = {PIPESERVE_BIN};
-	for (int i = 0; args[i] && i < 14; i++)
-		argv[i + 1] = args[i];
-	int pfd[2];
-	ck_assert_int_eq(pipe(pfd), 0);
-	pid_t pid = fork();
-	if (pid == 0) {
-		dup2(pfd[1], 1);
-		dup2(pfd[1], 2);
-		close(pfd[0]);
-		execv(PIPESERVE_BIN, (char *const *)argv);
-		_exit(127);
-	}
-	close(pfd[1]);
-	size_t got = 0;
-	ssize_t k;
-	while (got + 1 < n && (k = read(pfd[0], out + got, n - 1 - got)) > 0)
-		got += (size_t)k;
-	out[got] = '\0';
-	close(pfd[0]);
-	int st;
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
+/* Every bad flag or value, and a --model or --stages that does not fit: one line "pipeserve: ..." naming
+ * the flag and its rule (the value as given), nothing on standard output, exit 2. Numbers are read by the
+ * tools' one strict parser: no sign, no spaces. */
 START_TEST(bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2)
 {
-	static const struct {
-		const char *a, *b, *names, *rule;
+	make_models();
+	const struct {
+		const char *args[4], *names, *rule;
 	} cases[] = {
-	    {"--demo", "layers=abc", "--demo layers", "[1, 4096]"},
-	    {"--demo", "layers=100000,hidden=100000", "--demo layers", "[1, 4096]"},
-	    {"--demo", "layers=100,hidden=100000", "--demo", "--max-model-bytes"},
-	    {"--demo", "act=sigmoid", "--demo", "relu, gelu or none"},
-	    {"--demo", "size=3", "--demo", "keys:"},
-	    {"--max-batch-rows", "0", "--max-batch-rows", "[1, 65536]"},
-	    {"--threads", "many", "--threads", "[1, 256]"},
-	    {"--no-such-flag", NULL, "--no-such-flag", "unknown option"},
-	    {"--port", NULL, "--port", "needs a value"},
+	    {{"--demo", "layers=abc"}, "--demo layers", "from 1 to 4096"},
+	    {{"--demo", "layers=100000,hidden=100000"}, "--demo layers", "from 1 to 4096"},
+	    {{"--demo", "layers=100,hidden=100000"}, "--demo", "--max-model-bytes"},
+	    {{"--demo", "act=sigmoid"}, "--demo", "relu, gelu or none"},
+	    {{"--demo", "size=3"}, "--demo", "keys:"},
+	    {{"--demo", "layers=+3"}, "--demo layers", "'+3'"},
+	    {{"--max-batch-rows", "0"}, "--max-batch-rows", "from 1 to 65536"},
+	    {{"--threads", "many"}, "--threads", "from 1 to 256"},
+	    {{"--port", "+5"}, "--port", "'+5' is not a whole number"},
+	    {{"--port", " 5"}, "--port", "' 5' is not a whole number"},
+	    {{"--port", "5 "}, "--port", "'5 ' is not a whole number"},
+	    {{"--header-timeout-ms", "0"}, "--header-timeout-ms", "from 1 to"},
+	    {{"--no-such-flag"}, "--no-such-flag", "unknown option"},
+	    {{"-x"}, "-x", "unknown option"},
+	    {{"--port"}, "--port", "needs a value"},
+	    {{"--stages", "9"}, "--stages 9", "only 6 layers"}, /* the demo model has 6 */
+	    {{"--model", "/nonexistent/x.safetensors"},
+	     "--model: /nonexistent/x.safetensors",
+	     "No such file"},
+	    {{"--model", tmp_dir}, tmp_dir, "not a regular file"},
+	    {{"--model", model_a, "--stages", "5"}, "--stages 5", "only 4 layers"},
+	    {{"--name", "a/b"}, "--name \"a/b\"", "'/'"},
+	    {{"--name", ""}, "--name \"\"", "empty"},
+	    {{"--name", "a b"}, "--name \"a b\"", "a space"},
+	    {{"--model-repository", "/nonexistent"}, "--model-repository /nonexistent", "No such file"},
+	    {{"--describe", tmp_dir}, "--describe", "not a regular file"},
+	    {{"--describe", "/nonexistent/x.safetensors"},
+	     "--describe: /nonexistent/x.safetensors",
+	     "No such file"},
 	};
-	char out[4096];
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		int st = run_capture(cases[i].a, cases[i].b, out, sizeof out);
-		ck_assert_msg(st == 2, "%s %s: exit %d: %s", cases[i].a, cases[i].b, st, out);
-		char *nl = strchr(out, '\n');
-		ck_assert_msg(nl && nl[1] == '\0', "%s %s: not one line: %s", cases[i].a, cases[i].b, out);
-		ck_assert_msg(strstr(out, cases[i].names) && strstr(out, cases[i].rule), "%s %s: %s",
-			      cases[i].a, cases[i].b, out);
+		const char *args[8] = {"--port", "0"}; /* in case one starts after all */
+		for (int k = 0; k < 4 && cases[i].args[k]; k++)
+			args[2 + k] = cases[i].args[k];
+		struct run r = ps_run(args);
+		const char *what = cases[i].args[0];
+		ck_assert_msg(r.status == 2, "%s %s: exit %d: %s%s", what, cases[i].args[1], r.status, r.out,
+			      r.err);
+		ck_assert_msg(lines(r.err) == 1 && strncmp(r.err, "pipeserve: ", 11) == 0 && !r.out[0],
+			      "%s: not one line: %s%s", what, r.out, r.err);
+		ck_assert_msg(strstr(r.err, cases[i].names) && strstr(r.err, cases[i].rule), "%s: %s", what,
+			      r.err);
+		run_free(&r);
 	}
-	ck_assert_int_eq(run_capture("--version", NULL, out, sizeof out), 0);
-	ck_assert_msg(strncmp(out, "pipeserve (mbpipe) ", 19) == 0 && strstr(out, mbp_version()), "%s", out);
+	remove_models();
+}
+END_TEST
+
+/* A port already in use: one line of ours with the reason, not libmicrohttpd's, and exit 1. */
+START_TEST(a_port_in_use_is_one_line_of_ours_and_exit_1)
+{
+	srv s;
+	ck_assert_int_eq(
+	    srv_start(&s, (const char *const[]){"--demo", "layers=2,in=8,hidden=16,out=4", NULL}), 0);
+	char port[16], want[128];
+	snprintf(port, sizeof port, "%d", s.port);
+	struct run r =
+	    ps_run((const char *const[]){"--demo", "layers=2,in=8,hidden=16,out=4", "--port", port, NULL});
+	snprintf(want, sizeof want, "pipeserve: cannot listen on port %d (127.0.0.1): %s\n", s.port,
+		 strerror(EADDRINUSE));
+	ck_assert_msg(r.status == 1 && strcmp(r.err, want) == 0 && !r.out[0], "exit %d: %s%s", r.status,
+		      r.out, r.err);
+	run_free(&r);
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
 }
 END_TEST
 
 START_TEST(the_command_line_writes_and_describes_a_model_file)
 {
 	make_models();
-	char file[600], out[4096];
+	char file[600];
 	snprintf(file, sizeof file, "%s/demo.safetensors", tmp_dir);
 	mode_t old = umask(022);
-	int st = run_argv((const char *const[]){"--write-demo-model", file, "--demo",
-						"layers=3,in=8,hidden=16,out=4,seed=7", NULL},
-			  out, sizeof out);
+	struct run r = ps_run((const char *const[]){"--write-demo-model", file, "--demo",
+						    "layers=3,in=8,hidden=16,out=4,seed=7", NULL});
 	umask(old);
-	ck_assert_msg(st == 0, "exit %d: %s", st, out);
+	ck_assert_msg(r.status == 0, "exit %d: %s%s", r.status, r.out, r.err);
+	run_free(&r);
 	struct stat sb;
 	ck_assert_int_eq(stat(file, &sb), 0);
 	ck_assert_uint_eq(sb.st_mode & 0777, 0644); /* readable by the server's other users */
@@ -1791,17 +1800,16 @@ START_TEST(the_command_line_writes_and_describes_a_model_file)
 	ck_assert_uint_eq(mbp_model_in_width(m), 8);
 	ck_assert_uint_eq(mbp_model_out_width(m), 4);
 	mbp_model_destroy(m);
-	st = run_argv((const char *const[]){"--describe", file, NULL}, out, sizeof out);
-	ck_assert_msg(st == 0 && strstr(out, "8 -> 4 floats per row") && strstr(out, "layer 2: 16 -> 4") &&
-			  strstr(out, "3 layers"),
-		      "exit %d: %s", st, out);
+	r = ps_run((const char *const[]){"--describe", file, NULL});
+	ck_assert_msg(r.status == 0 && strstr(r.out, "8 -> 4 floats per row") &&
+			  strstr(r.out, "layer 2: 16 -> 4") && strstr(r.out, "3 layers"),
+		      "exit %d: %s%s", r.status, r.out, r.err);
+	run_free(&r);
 	/* the server serves what was written */
 	srv s;
 	ck_assert_int_eq(srv_start(&s, (const char *const[]){"--model", file, NULL}), 0);
 	expect_status(s.port, "GET", "/v2/models/demo", 200, "\"shape\":[-1,8]");
 	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
-	ck_assert_int_eq(run_argv((const char *const[]){"--describe", tmp_dir, NULL}, out, sizeof out), 1);
-	ck_assert_msg(strstr(out, "not a regular file"), "%s", out);
 	unlink(file);
 	remove_models();
 }
@@ -1831,7 +1839,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, sigterm_right_after_start_exits_0_every_time);
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);
 	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing);
-	tcase_add_test(tc, help_and_bad_flags);
+	tcase_add_test(tc, help_and_version_print_on_stdout_and_exit_0);
+	tcase_add_test(tc, a_port_in_use_is_one_line_of_ours_and_exit_1);
 	tcase_add_test(tc, bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2);
 	tcase_add_test(tc, the_command_line_writes_and_describes_a_model_file);
 	suite_add_tcase(s, tc);

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 enum route {
 	R_NOT_FOUND,
@@ -927,6 +929,25 @@ static void *reaper_main(void *arg)
 	return NULL;
 }
 
+/* The listening socket, made here rather than by libmicrohttpd so that a failure is said in one line of
+ * ours with its reason (SO_REUSEADDR and IPV6_V6ONLY as libmicrohttpd sets them). @return the descriptor,
+ * or -errno (said). */
+static int listen_on(const ps_server *s, const struct addrinfo *ai)
+{
+	int one = 1;
+	int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+	    (ai->ai_family == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one)) ||
+	    bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 1024)) {
+		int rc = -errno;
+		ps_say("cannot listen on port %u (%s): %s", s->cfg.port, s->cfg.host, strerror(-rc));
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	return fd;
+}
+
 int ps_http_start(ps_server *s)
 {
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
@@ -935,30 +956,35 @@ int ps_http_start(ps_server *s)
 	snprintf(port, sizeof port, "%u", s->cfg.port);
 	int rc = getaddrinfo(s->cfg.host, port, &hints, &ai);
 	if (rc) {
-		ps_log("cannot resolve --host %s: %s", s->cfg.host, gai_strerror(rc));
-		return -EINVAL;
+		ps_say("--host %s: %s", s->cfg.host, gai_strerror(rc));
+		return PS_EUSAGE;
 	}
+	int fd = listen_on(s, ai);
+	bool v6 = ai->ai_family == AF_INET6;
+	freeaddrinfo(ai);
+	if (fd < 0)
+		return fd;
 	pthread_mutex_init(&s->conns_mu, NULL);
 	/* MHD's own idle timeout, in whole seconds: a backstop behind the reaper's deadline. */
 	unsigned idle_s = (unsigned)((s->cfg.request_timeout_ms + 999) / 1000);
 	unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+	if (v6)
+		flags |= MHD_USE_IPv6;
 	/* MHD_OPTION_STRICT_FOR_CLIENT 0: HTTP/1.1 without Host and spaces in the URL reach the handler, which
 	 * refuses them with JSON (check_framing, target_rule); MHD's own refusals are HTML, and without Host it
 	 * writes its status line twice. */
-	if (ai->ai_family == AF_INET6)
-		flags |= MHD_USE_IPv6;
-	s->mhd = MHD_start_daemon(
-	    flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-	    MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-	    s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
-	    MHD_OPTION_CONNECTION_LIMIT, s->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-	    s->cfg.max_conns_per_ip, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
-	    MHD_OPTION_STRICT_FOR_CLIENT, (int)0, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
-	    MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
-	freeaddrinfo(ai);
-	if (!s->mhd) {
-		ps_log("cannot listen on %s port %u", s->cfg.host, s->cfg.port);
-		return -EADDRINUSE;
+	s->mhd = MHD_start_daemon(/* the logger first: it takes the messages about the options too */
+				  flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+				  s, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE,
+				  (unsigned)s->cfg.threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+				  MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+				  MHD_OPTION_CONNECTION_TIMEOUT, idle_s, MHD_OPTION_CONNECTION_LIMIT,
+				  s->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+				  s->cfg.max_conns_per_ip, MHD_OPTION_STRICT_FOR_CLIENT, (int)0,
+				  MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_END);
+	if (!s->mhd) { /* its reason, if it gave one, is in the log above */
+		ps_say("cannot start the HTTP server on port %u (%s)", s->cfg.port, s->cfg.host);
+		return -EIO;
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
 	s->port = di ? di->port : s->cfg.port;
