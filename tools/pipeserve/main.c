@@ -4,8 +4,8 @@
  * Start-up: parse the flags, load the model (--model FILE, or write and load the built-in random demo
  * model), split it into stages by measured layer cost (mbp_model_balance), start the pipeline and the
  * batcher, listen, print the address as the first line on stdout, then log (stderr) the model, the
- * OpenBLAS kernel and the placement. SIGINT and SIGTERM are blocked in every thread and taken by the main
- * thread with sigwait: on the first one, readiness turns false, new requests get 503, accepted ones
+ * OpenBLAS kernel and the placement. SIGINT and SIGTERM are blocked in every thread, from before the
+ * libraries start theirs (block_stop_signals), and taken by the main thread with sigwait: on the first one, readiness turns false, new requests get 503, accepted ones
  * finish, and the process exits 0; a second signal during that wait exits at once with status 1.
  */
 #include "config.h"
@@ -661,14 +661,41 @@ static bool wait_inflight(ps_server *s, const sigset_t *sigs, uint64_t ms)
 
 static pthread_t main_thread;
 
-/* A stop signal taken by a thread that does not block it (one started before main): pending for the main
- * thread's sigwait instead. pthread_kill is async-signal-safe (POSIX.1-2008 TC1). */
+/* A stop signal taken by a thread that does not block it (one that unblocked it itself): pending for the
+ * main thread's sigwait instead. pthread_kill is async-signal-safe (POSIX.1-2008 TC1). */
 static void forward_stop(int sig)
 {
 	int saved = errno;
 	pthread_kill(main_thread, sig);
 	errno = saved;
 }
+
+/*
+ * Block SIGINT and SIGTERM before any thread starts, so that every thread inherits the mask and the main
+ * thread's sigwait alone takes them. This runs from .preinit_array, before the constructors of the shared
+ * libraries: OpenBLAS starts its thread pool in its constructor, before main, and a stop signal the kernel
+ * handed one of those threads took its default action (exit 143) when main blocked the signals only later.
+ * A signal that comes while the server starts stays pending until it listens, then stops it cleanly (exit
+ * 0); one that comes before this runs, while the dynamic loader maps the libraries, still takes its default
+ * action. The handler also undoes a SIG_IGN inherited from the parent (a shell's background job ignores
+ * SIGINT), which would make sigwait miss the signal.
+ */
+static void block_stop_signals(void)
+{
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	main_thread = pthread_self();
+	struct sigaction sa = {.sa_handler = forward_stop};
+	sigfillset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+}
+
+__attribute__((used,
+	       section(".preinit_array"))) static void (*const preinit_block)(void) = block_stop_signals;
 
 /* ---- under mpirun ---- */
 
@@ -743,20 +770,10 @@ int main(int argc, char **argv)
 	if (s->cfg.describe)
 		return describe_model(&s->cfg);
 
-	/* Block the stop signals before any thread of ours starts, so every thread inherits the mask and only
-	 * the main thread's sigwait takes them. Threads that began before main (OpenBLAS starts its pool in a
-	 * library constructor) do not block them: a stop signal the kernel hands one of those runs
-	 * forward_stop, which passes it on to the main thread, instead of the default action (exit 143). */
-	sigset_t sigs;
+	sigset_t sigs; /* blocked since block_stop_signals, taken by sigwait below */
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
 	sigaddset(&sigs, SIGTERM);
-	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-	main_thread = pthread_self();
-	struct sigaction sa = {.sa_handler = forward_stop};
-	sigfillset(&sa.sa_mask);
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
 	if (mbt_mpi_launched()) {
