@@ -4,12 +4,13 @@
  *
  * A request's life: the URI callback (on_uri) makes the request's context and checks its raw target; the
  * first call of the access handler resolves the route and checks the head; later calls collect the body
- * (bounded by max_body_bytes: 413); the call with no more data answers it. An infer request is parsed, admitted into the batcher's bounded queue (429 when full), and
- * its connection suspended; the batcher's completion callback resumes it from the pipeline's last stage
- * thread, and the handler, called again, encodes the result. The connection is suspended before the
- * request is queued, so a resume can never come first. A reload runs on a thread of its own (loading a
- * file takes a while) and resumes its connection the same way. libmicrohttpd's log comes through on_mhd_log,
- * which also answers in its place the one refusal it gets wrong (own_error_answer).
+ * (bounded by max_body_bytes: 413); the call with no more data answers it. An infer request is parsed,
+ * admitted into the batcher's bounded queue (429 when full), and its connection suspended; the batcher's
+ * completion callback resumes it from the pipeline's last stage thread, and the handler, called again,
+ * encodes the result. The connection is suspended before the request is queued, so a resume can never
+ * come first. A reload runs on a thread of its own (loading a file takes a while) and resumes its
+ * connection the same way. libmicrohttpd's log comes through on_mhd_log, which also answers in its place
+ * the one refusal it gets wrong (own_error_answer).
  *
  * Shutdown (main.c): `draining` turns on, then main waits for `inflight` and `loads` to reach zero. An infer
  * request increments `inflight` (a load `loads`) before it reads `draining` and main stores `draining`

@@ -5,8 +5,9 @@
  * model), split it into stages by measured layer cost (mbp_model_balance), start the pipeline and the
  * batcher, listen, print the address as the first line on stdout, then log (stderr) the model, the
  * OpenBLAS kernel and the placement. SIGINT and SIGTERM are blocked in every thread, from before the
- * libraries start theirs (block_stop_signals), and taken by the main thread with sigwait: on the first one, readiness turns false, new requests get 503, accepted ones
- * finish, and the process exits 0; a second signal during that wait exits at once with status 1.
+ * libraries start theirs (block_stop_signals), and taken by the main thread with sigwait: on the first one,
+ * readiness turns false, new requests get 503, accepted ones finish, and the process exits 0; a second
+ * signal during that wait exits at once with status 1.
  */
 #include "config.h"
 
@@ -622,7 +623,8 @@ static int write_demo_model(const ps_config *c)
 	return 0;
 }
 
-/* --describe FILE: load it (with the --max-model-bytes bound) and print its layers. @return the exit status. */
+/* --describe FILE: load it (with the --max-model-bytes bound) and print its layers. @return the exit
+ * status. */
 static int describe_model(const ps_config *c)
 {
 	mbp_model *m = NULL;
