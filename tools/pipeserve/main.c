@@ -556,8 +556,8 @@ static void log_startup(ps_server *s)
 {
 	const ps_config *c = &s->cfg;
 	unsigned nst = s->mpi ? s->all_stages : mbp_model_stages_count(s->stages);
-	pthread_mutex_lock(
-	    &s->reload_mu); /* a load from a client that has the address may replace model_path */
+	/* A load by a client that already has the address may replace model_path meanwhile. */
+	pthread_mutex_lock(&s->reload_mu);
 	ps_log("start: mbpipe %s, model \"%s\" (%s), %u layers, %zu -> %zu floats per row, %u stages",
 	       mbp_version(), s->name, s->model_path ? s->model_path : "built-in demo",
 	       s->mpi ? s->all_layers : mbp_model_layers(s->model), s->info.in_width, s->info.out_width, nst);
