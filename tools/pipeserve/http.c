@@ -66,9 +66,9 @@ struct ps_conn {
 	pthread_t owner; /* the MHD thread that accepted it, and processes it */
 	int fd;
 	uint64_t since;
-	bool head;     /* the handler has seen the current request's head */
-	bool reaped;   /* shut down by the reaper */
-	bool answered; /* answered by own_error_answer: MHD's own answer cannot be sent */
+	bool head;	 /* the handler has seen the current request's head */
+	uint64_t reaped; /* when the reaper shut it down; 0: not yet */
+	bool answered;	 /* answered by own_error_answer: MHD's own answer cannot be sent */
 };
 
 typedef struct ps_ctx {
@@ -895,6 +895,13 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
  * waiting for the request deadline. nginx does the same when it runs out of connections (it closes those
  * waiting for a request first); a head that is sent at once arrives long before the shorter deadline.
  * Checks four times per deadline, at most every 250 ms.
+ *
+ * A connection shut down a check ago that libmicrohttpd has not closed yet is shut down again, one per MHD
+ * thread and check: each shutdown wakes the thread that waits on the socket. libmicrohttpd 0.9.75
+ * (MHD_epoll) reads epoll events 128 at a time and calls epoll_wait again as long as a call returned 128,
+ * with its full timeout: when exactly 128 or 256 connections close at once (256 is a thread's share of the
+ * 512 default connections), it sleeps on events it has read and not yet handled, for up to the connection
+ * timeout, and every other client waits in the backlog meanwhile. One more event ends that wait.
  */
 static void *reaper_main(void *arg)
 {
@@ -904,12 +911,14 @@ static void *reaper_main(void *arg)
 	uint64_t step = least / 4 < 1000000 ? 1000000 : least / 4;
 	if (step > 250000000)
 		step = 250000000;
+	pthread_t *woken = calloc(s->cfg.threads, sizeof *woken); /* this check's MHD threads woken */
 	bool pressed = false;
 	while (!atomic_load(&s->reaper_stop)) {
 		struct timespec ts = {.tv_sec = (time_t)(step / 1000000000u),
 				      .tv_nsec = (long)(step % 1000000000u)};
 		nanosleep(&ts, NULL);
 		uint64_t now = ps_now_ns();
+		unsigned nwoken = 0;
 		pthread_mutex_lock(&s->conns_mu);
 		unsigned open = s->nconns;
 		bool was = pressed;
@@ -919,7 +928,15 @@ static void *reaper_main(void *arg)
 			if (pc->since && !pc->reaped &&
 			    (waited > limit || (pressed && !pc->head && waited > head_limit))) {
 				shutdown(pc->fd, SHUT_RDWR);
-				pc->reaped = true;
+				pc->reaped = now;
+			} else if (pc->reaped && now - pc->reaped >= step && woken) {
+				unsigned k = 0;
+				while (k < nwoken && !pthread_equal(woken[k], pc->owner))
+					k++;
+				if (k == nwoken && nwoken < s->cfg.threads) {
+					shutdown(pc->fd, SHUT_RDWR); /* no-op on the socket, but a wake-up */
+					woken[nwoken++] = pc->owner;
+				}
 			}
 		}
 		pthread_mutex_unlock(&s->conns_mu);
@@ -927,6 +944,7 @@ static void *reaper_main(void *arg)
 			ps_log("connections: %u open of %u: those without a request head close after %llu ms",
 			       open, s->cfg.max_connections, (unsigned long long)s->cfg.header_timeout_ms);
 	}
+	free(woken);
 	return NULL;
 }
 
