@@ -7,7 +7,7 @@
  * copied into a buffer of exactly its size so that AddressSanitizer catches any read past it. Invariants
  * checked on every input: the parser answers 0, 400 or 413; an error comes with a message and leaves
  * nothing allocated; an accepted request's rows are within the model's bound and its input bytes are all
- * readable; the response to it encodes.
+ * readable; the response to it encodes; an accepted load names a file without a control character.
  */
 #include "config.h"
 
@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	char *path = NULL;
 	st = ps_oip_parse_load(body, len, &path, err, sizeof err);
-	if ((st != 0 && st != 400) || (st && path))
+	if ((st != 0 && st != 400) || (st && path) || (path && ps_has_control(path)))
 		abort();
 	free(path);
 

@@ -169,5 +169,6 @@ bad "pipeserve: loads over HTTP under mpirun" "^pipeserve: --model-repository: l
 	2 "$ps" --model-repository "$tmp"
 bad "pipeserve: more ranks than stages" "2 stages (the model has 6 layers) over 3 ranks: every rank needs a stage" \
 	3 "$ps" --stages 2
-bad "pipeserve: a bad option under mpirun" "^pipeserve: --port wants an integer" 2 "$ps" --port 99999
+bad "pipeserve: more stages than layers" "^pipeserve: --stages 9: the model has only 6 layers" 2 "$ps" --stages 9
+bad "pipeserve: a bad option under mpirun" "^pipeserve: --port: '99999' is not a whole number" 2 "$ps" --port 99999
 exit $fail

@@ -304,6 +304,58 @@ START_TEST(load_requests_name_a_file_or_nothing)
 }
 END_TEST
 
+/* cJSON decodes \u0000 into a C string that ends there: "B.safetensors\u0000/../../etc/passwd" would
+ * read as "B.safetensors". Such a name, and one with any other control character, is refused; an escaped
+ * backslash before "u0000" is only text. */
+START_TEST(a_nul_or_control_character_in_a_name_is_refused_before_it_can_cut_the_name)
+{
+	char *path, err[256];
+	const char *bad[] = {
+	    "{\"parameters\":{\"file\":\"B.safetensors\\u0000/../../etc/passwd\"}}",
+	    "{\"parameters\":{\"file\":\"B.safetensors\\U0000\"}}", /* not an escape: cJSON refuses it */
+	    "{\"parameters\":{\"file\":\"\\u0000\"}}",
+	    "{\"parameters\":{\"file\":\"B\\u0001.safetensors\"}}",
+	    "{\"parameters\":{\"file\":\"B\\u001f.safetensors\"}}",
+	    "{\"parameters\":{\"file\":\"B\\u007f.safetensors\"}}",
+	    "{\"parameters\":{\"file\":\"B\\n.safetensors\"}}",
+	    "{\"parameters\":{\"other\":\"\\u0000\",\"file\":\"B.safetensors\"}}",
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		err[0] = '\0';
+		int st = ps_oip_parse_load(bad[i], strlen(bad[i]), &path, err, sizeof err);
+		ck_assert_msg(st == 400, "%s: status %d (%s)", bad[i], st, path ? path : "");
+		ck_assert_ptr_null(path);
+		ck_assert(err[0]);
+	}
+	const char *text = "{\"parameters\":{\"file\":\"B\\\\u0000\"}}"; /* the six characters \u0000 */
+	ck_assert_int_eq(ps_oip_parse_load(text, strlen(text), &path, err, sizeof err), 0);
+	ck_assert_str_eq(path, "B\\u0000");
+	free(path);
+	/* A load request of many values is refused before it is parsed. */
+	char many[4096];
+	int n = snprintf(many, sizeof many, "{\"parameters\":{\"file\":\"B.safetensors\"},\"x\":[");
+	for (int i = 0; i < 100; i++)
+		n += snprintf(many + n, sizeof many - (size_t)n, "%s0", i ? "," : "");
+	snprintf(many + n, sizeof many - (size_t)n, "]}");
+	ck_assert_int_eq(ps_oip_parse_load(many, strlen(many), &path, err, sizeof err), 400);
+	ck_assert_ptr_null(path);
+	/* An infer request's names and id are C strings too. */
+	ps_infer_req rq;
+	const char *infer[] = {
+	    "{\"id\":\"a\\u0000b\",\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[1,3],"
+	    "\"data\":[1,2,3]}]}",
+	    "{\"inputs\":[{\"name\":\"input\\u0000x\",\"datatype\":\"FP32\",\"shape\":[1,3],\"data\":[1,2,3]}"
+	    "]}",
+	};
+	for (size_t i = 0; i < sizeof infer / sizeof infer[0]; i++) {
+		ck_assert_int_eq(parse(infer[i], strlen(infer[i]), -1, &rq), 400);
+		ck_assert_ptr_null(rq.id);
+	}
+	ck_assert(ps_has_control("a\x7f"));
+	ck_assert(!ps_has_control("a.safetensors"));
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipeserve_oip");
@@ -316,6 +368,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, error_messages_are_valid_json_whatever_bytes_they_quote);
 	tcase_add_test(tc, nan_and_infinity_are_refused_in_json_and_in_binary_alike);
 	tcase_add_test(tc, load_requests_name_a_file_or_nothing);
+	tcase_add_test(tc, a_nul_or_control_character_in_a_name_is_refused_before_it_can_cut_the_name);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,7 +1,7 @@
 /*
  * Strict number parsing for the tools' options, and the one-line error they write into the caller's
  * buffer (the parser never prints), also both at once for an option's value. Header-only; shared by
- * pipebench and pipetrain.
+ * pipebench, pipetrain and pipeserve.
  */
 #ifndef MBP_TOOLS_PARSE_H
 #define MBP_TOOLS_PARSE_H

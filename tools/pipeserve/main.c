@@ -4,9 +4,10 @@
  * Start-up: parse the flags, load the model (--model FILE, or write and load the built-in random demo
  * model), split it into stages by measured layer cost (mbp_model_balance), start the pipeline and the
  * batcher, listen, print the address as the first line on stdout, then log (stderr) the model, the
- * OpenBLAS kernel and the placement. SIGINT and SIGTERM are blocked in every thread and taken by the main
- * thread with sigwait: on the first one, readiness turns false, new requests get 503, accepted ones
- * finish, and the process exits 0; a second signal during that wait exits at once with status 1.
+ * OpenBLAS kernel and the placement. SIGINT and SIGTERM are blocked in every thread, from before the
+ * libraries start theirs (block_stop_signals), and taken by the main thread with sigwait: on the first one,
+ * readiness turns false, new requests get 503, accepted ones finish, and the process exits 0; a second
+ * signal during that wait exits at once with status 1.
  */
 #include "config.h"
 
@@ -27,6 +28,8 @@
 
 #include "../blas.h"
 #include "../mpirank.h"
+#include "../parse.h"
+#include "../plural.h"
 
 /* ---- flags ---- */
 
@@ -60,11 +63,13 @@ static const char usage[] =
     "  --max-connections-per-ip N  connections from one client address at most (default 128)\n"
     "  --request-timeout-ms N   a connection sends each complete request (head and body) within N ms of\n"
     "                           connecting or of its previous answer, or is closed (default 10000)\n"
+    "  --header-timeout-ms N    while 3/4 of --max-connections are open, a connection sends its request\n"
+    "                           head within N ms, or is closed (default 500)\n"
     "  --load-timeout-ms N      longest time a load may spend reading its file (default 30000)\n"
     "  --write-demo-model FILE  write the --demo model (random weights) to FILE and exit\n"
     "  --describe FILE          describe the model in FILE (layers, widths, sizes) and exit\n"
-    "  --help                   this text\n"
-    "  --version                the version\n"
+    "  -h, --help               this text\n"
+    "  -V, --version            the version\n"
     "\n"
     "Endpoints: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/NAME[/versions/V][/ready],\n"
     "POST /v2/models/NAME[/versions/V]/infer, POST /v2/repository/models/NAME/load with\n"
@@ -79,23 +84,18 @@ static void usage_error(const char *fmt, ...)
 		return;
 	va_list ap;
 	va_start(ap, fmt);
-	fputs("pipeserve: ", stderr);
-	vfprintf(stderr, fmt, ap);
+	ps_vsay(fmt, ap);
 	va_end(ap);
 }
 
-static int parse_u64(const char *flag, const char *v, uint64_t min, uint64_t max, uint64_t *out)
+/* A whole number in [min, max] (tools/parse.h, the one parser of the tools), or one line naming the flag. */
+static int flag_u64(const char *flag, const char *v, uint64_t min, uint64_t max, uint64_t *out)
 {
-	char *end;
-	errno = 0;
-	unsigned long long x = strtoull(v, &end, 10);
-	if (errno || end == v || *end || v[0] == '-' || x < min || x > max) {
-		usage_error("%s wants an integer in [%llu, %llu], got \"%s\"\n", flag,
-			    (unsigned long long)min, (unsigned long long)max, v);
-		return -1;
-	}
-	*out = x;
-	return 0;
+	char err[256];
+	if (parse_u64_opt(flag, v, "a whole number", min, max, out, err, sizeof err) == 0)
+		return 0;
+	usage_error("%s", err);
+	return -1;
 }
 
 /* The flags with a value: name, type of the ps_config field, where it is, and the range of a number. */
@@ -133,6 +133,7 @@ static const flag flags[] = {
     FLAG("max-connections", F_UNSIGNED, max_connections, 1, 65536),
     FLAG("max-connections-per-ip", F_UNSIGNED, max_conns_per_ip, 1, 65536),
     FLAG("request-timeout-ms", F_U64, request_timeout_ms, 1, 3600000),
+    FLAG("header-timeout-ms", F_U64, header_timeout_ms, 1, 3600000),
     FLAG("max-model-bytes", F_U64, max_model_bytes, 1, (uint64_t)1 << 40),
     FLAG("load-timeout-ms", F_U64, load_timeout_ms, 1, 86400000),
 };
@@ -148,7 +149,7 @@ static int set_flag(ps_config *c, const flag *f, const char *arg)
 	char name[64];
 	snprintf(name, sizeof name, "--%s", f->name);
 	uint64_t v;
-	if (parse_u64(name, arg, f->min, f->max, &v))
+	if (flag_u64(name, arg, f->min, f->max, &v))
 		return -1;
 	switch (f->kind) {
 	case F_UNSIGNED:
@@ -191,7 +192,7 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 		    {"norm", 0, 1}};
 	char buf[256];
 	if (strlen(spec) >= sizeof buf) {
-		usage_error("--demo: the spec is longer than %zu characters\n", sizeof buf - 1);
+		usage_error("--demo: the spec is longer than %zu characters", sizeof buf - 1);
 		return -1;
 	}
 	strcpy(buf, spec);
@@ -199,7 +200,7 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 	for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
 		char *eq = strchr(kv, '=');
 		if (!eq) {
-			usage_error("--demo: \"%s\" is not KEY=VALUE\n", kv);
+			usage_error("--demo: \"%s\" is not KEY=VALUE", kv);
 			return -1;
 		}
 		*eq = '\0';
@@ -212,7 +213,7 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 			else if (strcmp(val, "none") == 0)
 				ms->act = MBP_ACT_NONE;
 			else {
-				usage_error("--demo: act is relu, gelu or none, got \"%s\"\n", val);
+				usage_error("--demo: act is relu, gelu or none, got \"%s\"", val);
 				return -1;
 			}
 			continue;
@@ -223,14 +224,14 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 		if (i == sizeof keys / sizeof keys[0]) {
 			usage_error("--demo: unknown key \"%s\" (keys: layers, in, hidden, out, seed, "
 				    "act, "
-				    "norm)\n",
+				    "norm)",
 				    k);
 			return -1;
 		}
 		char name[32];
 		snprintf(name, sizeof name, "--demo %s", k);
 		uint64_t v;
-		if (parse_u64(name, val, keys[i].min, keys[i].max, &v))
+		if (flag_u64(name, val, keys[i].min, keys[i].max, &v))
 			return -1;
 		switch (i) {
 		case 0:
@@ -261,7 +262,7 @@ static int parse_demo(const char *spec, uint64_t max_bytes, mbp_model_spec *ms)
 	}
 	if (bytes > (double)max_bytes) {
 		usage_error("--demo: the model would hold %.0f bytes of weights, above --max-model-bytes "
-			    "(%llu)\n",
+			    "(%llu)",
 			    bytes, (unsigned long long)max_bytes);
 		return -1;
 	}
@@ -277,9 +278,39 @@ static int check_engine_opts(const char *what, const char *conf)
 	size_t pos = 0;
 	if (mbp_opts_parse(&o, conf, &pos) == 0)
 		return 0;
-	usage_error("%s: %s (at '%.*s')\n", what, mbp_opts_rule(conf + pos), (int)strcspn(conf + pos, ","),
+	usage_error("%s: %s (at '%.*s')", what, mbp_opts_rule(conf + pos), (int)strcspn(conf + pos, ","),
 		    conf + pos);
 	return -1;
+}
+
+/*
+ * The model's name in URLs: --name, or the --model file's name without its extension, or "demo", into out
+ * (n bytes). @return NULL, or what is wrong with it: a URL has to carry it as it is.
+ */
+static const char *model_name(const ps_config *c, char *out, size_t n)
+{
+	char tmp[4096];
+	const char *name = "demo";
+	size_t len = 4;
+	if (c->name) {
+		name = c->name;
+		len = strlen(name);
+	} else if (c->model_path) {
+		snprintf(tmp, sizeof tmp, "%s", c->model_path);
+		name = basename(tmp);
+		const char *dot = strrchr(name, '.');
+		len = dot && dot != name ? (size_t)(dot - name) : strlen(name);
+	}
+	if (len == 0)
+		return "is empty";
+	if (len >= n)
+		return "is too long";
+	snprintf(out, n, "%.*s", (int)len, name);
+	if (strchr(out, '/'))
+		return "holds a '/'";
+	if (strchr(out, ' ') || ps_has_control(out))
+		return "holds a space or a control character";
+	return NULL;
 }
 
 /* @return 0, 1 (--help shown), -1 (bad flags). */
@@ -305,10 +336,11 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			 .max_connections = 512,
 			 .max_conns_per_ip = 128,
 			 .request_timeout_ms = 10000,
+			 .header_timeout_ms = 500,
 			 .load_timeout_ms = 30000};
 	int o;
 	opterr = 0; /* one line of our own instead of getopt's */
-	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":hV", opts, NULL)) != -1) {
 		if (o == 'h') {
 			fputs(usage, stdout);
 			return 1;
@@ -317,16 +349,16 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 			printf("pipeserve (mbpipe) %s\n", mbp_version());
 			return 1;
 		}
-		if (o < 256 || o >= 256 + (int)NFLAGS) {
-			usage_error("%s \"%s\" (pipeserve --help lists the options)\n",
-				    optopt ? "option needs a value:" : "unknown option", argv[optind - 1]);
+		if (o < 256 || o >= 256 + (int)NFLAGS) { /* ':' a value missing, '?' not an option */
+			usage_error("%s \"%s\" (pipeserve --help lists the options)",
+				    o == ':' ? "option needs a value:" : "unknown option", argv[optind - 1]);
 			return -1;
 		}
 		if (set_flag(c, &flags[o - 256], optarg))
 			return -1;
 	}
 	if (optind < argc) {
-		usage_error("unexpected argument \"%s\" (options only; pipeserve --help)\n", argv[optind]);
+		usage_error("unexpected argument \"%s\" (options only; pipeserve --help)", argv[optind]);
 		return -1;
 	}
 	if (check_engine_opts("MBPIPE_OPTS", getenv("MBPIPE_OPTS")) ||
@@ -335,18 +367,58 @@ static int parse_flags(int argc, char **argv, ps_config *c)
 	if ((!c->model_path || c->write_demo) && parse_demo(c->demo, c->max_model_bytes, &c->demo_spec))
 		return -1;
 	if (c->write_demo && c->describe) {
-		usage_error("--write-demo-model and --describe: one at a time\n");
+		usage_error("--write-demo-model and --describe: one at a time");
 		return -1;
 	}
-	char why[512]; /* written by rename: absent or a regular file, in a folder that takes one */
-	if (c->write_demo && mbp_file_check(c->write_demo, why, sizeof why)) {
-		usage_error("--write-demo-model %s: %s\n", c->write_demo, why);
+	char name[sizeof((ps_server *)0)->name];
+	const char *why = c->write_demo || c->describe ? NULL : model_name(c, name, sizeof name);
+	if (why && c->name) {
+		usage_error("--name \"%s\": the model's name in URLs %s", c->name, why);
+		return -1;
+	}
+	if (why) {
+		usage_error(
+		    "--model %s: the file's name, the model's name in URLs by default, %s (give --name)",
+		    c->model_path, why);
+		return -1;
+	}
+	char fwhy[512]; /* written by rename: absent or a regular file, in a folder that takes one */
+	if (c->write_demo && mbp_file_check(c->write_demo, fwhy, sizeof fwhy)) {
+		usage_error("--write-demo-model %s: %s", c->write_demo, fwhy);
 		return -1;
 	}
 	return 0;
 }
 
 /* ---- model ---- */
+
+/* Whether a failed load of --model is the file's fault (exit 2) rather than the machine's (exit 1). */
+static bool arg_problem(int rc)
+{
+	return rc != -ENOMEM && rc != -EIO && rc != -ETIMEDOUT && rc != -EINTR;
+}
+
+/* Load the model file that the option `opt` names (with the --max-model-bytes and --load-timeout-ms
+ * bounds). @return 0, PS_EUSAGE (the file's fault) or another -errno, with one line said naming both. */
+static int load_model_file(const ps_config *c, const char *opt, const char *path, mbp_model **m)
+{
+	mbp_model_error e;
+	mbp_model_load_opts lo = {.max_bytes = c->max_model_bytes,
+				  .timeout_ns = c->load_timeout_ms * 1000000};
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	int rc = fd < 0 ? -errno : mbp_model_load_fd(m, fd, path, &lo, &e);
+	if (fd >= 0)
+		close(fd);
+	if (rc && fd < 0)
+		ps_say("%s: %s: %s", opt, path, strerror(-rc));
+	else if (rc)
+		ps_say("%s: %s", opt, e.msg); /* e.msg begins with the file's name */
+	else if (!mbp_model_verified(*m))
+		ps_say("note: %s has no digest (not written by mbpipe): its weights cannot be checked for "
+		       "corruption",
+		       path);
+	return rc && arg_problem(rc) ? PS_EUSAGE : rc;
+}
 
 /* Write the demo model into a fresh temporary directory, load it, remove the file (the mapping stays). */
 static int load_demo(ps_server *s)
@@ -356,20 +428,22 @@ static int load_demo(ps_server *s)
 	char dir[512], path[600];
 	snprintf(dir, sizeof dir, "%s/pipeserve-XXXXXX", tmp && *tmp ? tmp : "/tmp");
 	if (!mkdtemp(dir)) {
-		ps_log("cannot create a temporary directory for the demo model: %s", strerror(errno));
-		return -errno;
+		int rc = -errno;
+		ps_say("cannot create a temporary directory for the demo model in %s: %s",
+		       tmp && *tmp ? tmp : "/tmp", strerror(-rc));
+		return rc;
 	}
 	snprintf(path, sizeof path, "%s/demo.safetensors", dir);
 	int rc = mbp_model_write_random(path, &ms);
 	mbp_model_error e = {0};
 	if (rc) {
-		ps_log("cannot make the demo model: %s", mbp_strerror(rc));
+		ps_say("cannot make the demo model: %s", mbp_strerror(rc));
 	} else if (s->mpi) { /* every rank writes the same demo model (one seed) and loads its layers */
 #ifdef PS_WITH_MPI
 		rc = ps_mpi_load(s, path);
 #endif
 	} else if ((rc = mbp_model_load(&s->model, path, &e))) {
-		ps_log("cannot make the demo model: %s", rc == e.code ? e.msg : mbp_strerror(rc));
+		ps_say("cannot make the demo model: %s", rc == e.code ? e.msg : mbp_strerror(rc));
 	}
 	unlink(path);
 	rmdir(dir);
@@ -388,21 +462,9 @@ static int setup_model(ps_server *s)
 		if (!s->model_path)
 			return -ENOMEM;
 	} else if (s->cfg.model_path) {
-		mbp_model_error e;
-		mbp_model_load_opts lo = {.max_bytes = s->cfg.max_model_bytes,
-					  .timeout_ns = s->cfg.load_timeout_ms * 1000000};
-		int fd = open(s->cfg.model_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-		int rc = fd < 0 ? -errno : mbp_model_load_fd(&s->model, fd, s->cfg.model_path, &lo, &e);
-		if (fd >= 0)
-			close(fd);
-		if (rc) {
-			ps_log("cannot load the model: %s", fd < 0 ? strerror(-rc) : e.msg);
+		int rc = load_model_file(&s->cfg, "--model", s->cfg.model_path, &s->model);
+		if (rc)
 			return rc;
-		}
-		if (!mbp_model_verified(s->model))
-			ps_log("note: %s has no digest (not written by mbpipe): "
-			       "its weights cannot be checked for corruption",
-			       s->cfg.model_path);
 		s->model_path = strdup(s->cfg.model_path);
 		if (!s->model_path)
 			return -ENOMEM;
@@ -411,22 +473,7 @@ static int setup_model(ps_server *s)
 		if (rc)
 			return rc;
 	}
-	if (s->cfg.name) {
-		snprintf(s->name, sizeof s->name, "%s", s->cfg.name);
-	} else if (s->cfg.model_path) {
-		char tmp[512];
-		snprintf(tmp, sizeof tmp, "%s", s->cfg.model_path);
-		snprintf(s->name, sizeof s->name, "%s", basename(tmp));
-		char *dot = strrchr(s->name, '.');
-		if (dot && dot != s->name)
-			*dot = '\0';
-	} else {
-		snprintf(s->name, sizeof s->name, "demo");
-	}
-	if (!s->name[0] || strchr(s->name, '/')) {
-		ps_log("model name \"%s\" cannot appear in a URL", s->name);
-		return -EINVAL;
-	}
+	model_name(&s->cfg, s->name, sizeof s->name); /* checked with the flags */
 
 	unsigned layers = mbp_model_layers(s->model);
 	unsigned stages = s->mpi ? s->plan.stages : s->cfg.stages; /* under mpirun: this rank's, planned */
@@ -434,15 +481,20 @@ static int setup_model(ps_server *s)
 		int ncpu = mbp_cpus_allowed(NULL, 0, NULL);
 		stages = ncpu > 0 ? (unsigned)ncpu : 1;
 	}
+	if (!s->mpi && s->cfg.stages > layers) { /* under mpirun: checked by ps_mpi_load */
+		ps_say("--stages %u: the model has only %u %s", s->cfg.stages, layers,
+		       PLURAL(layers, "layer", "layers"));
+		return PS_EUSAGE;
+	}
 	if (stages > layers)
-		stages = layers;
+		stages = layers; /* the default, one stage per CPU, is at most one per layer */
 	if (stages > MBP_MAX_STAGES)
 		stages = MBP_MAX_STAGES;
 	int rc = s->mpi ? 0 : mbp_model_balance(s->model, stages, s->cfg.max_batch_rows, -1, &s->plan);
 	if (!rc)
 		rc = mbp_model_stages_new(&s->stages, s->model, &s->plan, s->cfg.max_batch_rows);
 	if (rc) {
-		ps_log("cannot split the model into %u stages: %s", stages, mbp_strerror(rc));
+		ps_say("cannot split the model into %u stages: %s", stages, mbp_strerror(rc));
 		return rc;
 	}
 	s->info = (ps_model_info){.name = s->name,
@@ -507,7 +559,7 @@ static int setup_engine(ps_server *s)
 #endif
 	rc = ps_batcher_new(&s->batcher, &bc, &o, d, mbp_model_stages_count(s->stages), &s->metrics);
 	if (rc)
-		ps_log("cannot start the pipeline: %s", mbp_strerror(rc));
+		ps_say("cannot start the pipeline: %s", mbp_strerror(rc));
 	return rc;
 }
 
@@ -515,9 +567,12 @@ static void log_startup(ps_server *s)
 {
 	const ps_config *c = &s->cfg;
 	unsigned nst = s->mpi ? s->all_stages : mbp_model_stages_count(s->stages);
+	/* A load by a client that already has the address may replace model_path meanwhile. */
+	pthread_mutex_lock(&s->reload_mu);
 	ps_log("start: mbpipe %s, model \"%s\" (%s), %u layers, %zu -> %zu floats per row, %u stages",
 	       mbp_version(), s->name, s->model_path ? s->model_path : "built-in demo",
 	       s->mpi ? s->all_layers : mbp_model_layers(s->model), s->info.in_width, s->info.out_width, nst);
+	pthread_mutex_unlock(&s->reload_mu);
 	if (s->mpi)
 		ps_log("mpi: %u ranks; rank 0 (this one, pid %d) runs stages %u-%u (layers %u-%u), the "
 		       "others the rest",
@@ -534,9 +589,10 @@ static void log_startup(ps_server *s)
 		       (unsigned long long)c->load_timeout_ms);
 	else
 		ps_log("loads: off over HTTP (no --model-repository)");
-	ps_log("limits: %u connections, %u per address, %llu ms per request, %llu body bytes in flight",
+	ps_log("limits: %u connections, %u per address, %llu ms per request (%llu ms per head near the "
+	       "connection limit), %llu body bytes in flight",
 	       c->max_connections, c->max_conns_per_ip, (unsigned long long)c->request_timeout_ms,
-	       (unsigned long long)c->max_inflight_body_bytes);
+	       (unsigned long long)c->header_timeout_ms, (unsigned long long)c->max_inflight_body_bytes);
 	ps_log("blas: %s", mbp_blas_info());
 	char warn[512];
 	if (blas_warning_line(warn, sizeof warn))
@@ -583,29 +639,14 @@ static int write_demo_model(const ps_config *c)
 	return 0;
 }
 
-/* --describe FILE: load it (with the --max-model-bytes bound) and print its layers. */
+/* --describe FILE: load it (with the --max-model-bytes bound) and print its layers. @return the exit
+ * status. */
 static int describe_model(const ps_config *c)
 {
-	int fd = open(c->describe, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-	if (fd < 0) {
-		fprintf(stderr, "pipeserve: cannot open %s: %s\n", c->describe, strerror(errno));
-		return 1;
-	}
-	mbp_model_load_opts lo = {.max_bytes = c->max_model_bytes,
-				  .timeout_ns = c->load_timeout_ms * 1000000};
 	mbp_model *m = NULL;
-	mbp_model_error e;
-	int rc = mbp_model_load_fd(&m, fd, c->describe, &lo, &e);
-	close(fd);
-	if (rc) {
-		fprintf(stderr, "pipeserve: %s\n", e.msg);
-		return 1;
-	}
-	if (!mbp_model_verified(m))
-		fprintf(stderr,
-			"pipeserve: note: %s has no digest (not written by mbpipe): "
-			"its weights cannot be checked for corruption\n",
-			c->describe);
+	int rc = load_model_file(c, "--describe", c->describe, &m);
+	if (rc)
+		return rc == PS_EUSAGE ? 2 : 1;
 	int n = mbp_model_describe(m, NULL, 0);
 	char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
 	if (text) {
@@ -641,14 +682,41 @@ static bool wait_inflight(ps_server *s, const sigset_t *sigs, uint64_t ms)
 
 static pthread_t main_thread;
 
-/* A stop signal taken by a thread that does not block it (one started before main): pending for the main
- * thread's sigwait instead. pthread_kill is async-signal-safe (POSIX.1-2008 TC1). */
+/* A stop signal taken by a thread that does not block it (one that unblocked it itself): pending for the
+ * main thread's sigwait instead. pthread_kill is async-signal-safe (POSIX.1-2008 TC1). */
 static void forward_stop(int sig)
 {
 	int saved = errno;
 	pthread_kill(main_thread, sig);
 	errno = saved;
 }
+
+/*
+ * Block SIGINT and SIGTERM before any thread starts, so that every thread inherits the mask and the main
+ * thread's sigwait alone takes them. This runs from .preinit_array, before the constructors of the shared
+ * libraries: OpenBLAS starts its thread pool in its constructor, before main, and a stop signal the kernel
+ * handed one of those threads took its default action (exit 143) when main blocked the signals only later.
+ * A signal that comes while the server starts stays pending until it listens, then stops it cleanly (exit
+ * 0); one that comes before this runs, while the dynamic loader maps the libraries, still takes its default
+ * action. The handler also undoes a SIG_IGN inherited from the parent (a shell's background job ignores
+ * SIGINT), which would make sigwait miss the signal.
+ */
+static void block_stop_signals(void)
+{
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	main_thread = pthread_self();
+	struct sigaction sa = {.sa_handler = forward_stop};
+	sigfillset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+}
+
+__attribute__((used,
+	       section(".preinit_array"))) static void (*const preinit_block)(void) = block_stop_signals;
 
 /* ---- under mpirun ---- */
 
@@ -683,7 +751,7 @@ static int mpi_start(ps_server *s, int *argc, char ***argv)
 	}
 	if (!st) {
 		rc = setup_model(s);
-		st = rc == -ERANGE ? 2 : rc ? 1 : 0;
+		st = rc == PS_EUSAGE ? 2 : rc ? 1 : 0;
 	}
 	st = ps_mpi_agree(st);
 	if (!st && s->rank == 0)
@@ -723,20 +791,10 @@ int main(int argc, char **argv)
 	if (s->cfg.describe)
 		return describe_model(&s->cfg);
 
-	/* Block the stop signals before any thread of ours starts, so every thread inherits the mask and only
-	 * the main thread's sigwait takes them. Threads that began before main (OpenBLAS starts its pool in a
-	 * library constructor) do not block them: a stop signal the kernel hands one of those runs
-	 * forward_stop, which passes it on to the main thread, instead of the default action (exit 143). */
-	sigset_t sigs;
+	sigset_t sigs; /* blocked since block_stop_signals, taken by sigwait below */
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
 	sigaddset(&sigs, SIGTERM);
-	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-	main_thread = pthread_self();
-	struct sigaction sa = {.sa_handler = forward_stop};
-	sigfillset(&sa.sa_mask);
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
 	if (mbt_mpi_launched()) {
@@ -749,8 +807,8 @@ int main(int argc, char **argv)
 	if (s->cfg.repository) {
 		s->repo_fd = open(s->cfg.repository, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (s->repo_fd < 0) {
-			ps_log("cannot open --model-repository %s: %s", s->cfg.repository, strerror(errno));
-			return 1;
+			ps_say("--model-repository %s: %s", s->cfg.repository, strerror(errno));
+			return 2;
 		}
 	}
 	ps_metrics_init(&s->metrics);
@@ -763,7 +821,7 @@ int main(int argc, char **argv)
 		ps_batcher_destroy(s->batcher);
 		mbp_model_stages_destroy(s->stages);
 		mbp_model_destroy(s->model);
-		return finish(s, 1);
+		return finish(s, rc == PS_EUSAGE ? 2 : 1);
 	}
 	atomic_store(&s->ready, true); /* before the address: a client may start the moment it reads it */
 	if (strchr(s->cfg.host, ':'))

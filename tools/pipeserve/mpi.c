@@ -40,21 +40,28 @@ int ps_mpi_load(ps_server *s, const char *path)
 	mbp_model_error e;
 	uint32_t out_width;
 	int rc = mbt_file_layers(path, &s->all_layers, &out_width, &e);
-	if (rc) {
-		ps_log("cannot load the model: %s", e.msg[0] ? e.msg : mbp_strerror(rc));
-		return rc;
+	if (rc) { /* every rank reads the same path: rank 0 says it */
+		if (s->rank == 0)
+			ps_say("--model: %s", e.msg[0] ? e.msg : mbp_strerror(rc));
+		return rc == -ENOMEM || rc == -EIO ? rc : PS_EUSAGE;
+	}
+	if (s->cfg.stages > s->all_layers) { /* as in one process */
+		if (s->rank == 0)
+			ps_say("--stages %u: the model has only %u %s", s->cfg.stages, s->all_layers,
+			       s->all_layers == 1 ? "layer" : "layers");
+		return PS_EUSAGE;
 	}
 	unsigned S = s->cfg.stages ? s->cfg.stages : s->ranks;
 	if (S > s->all_layers)
-		S = s->all_layers; /* as in one process: at most one stage per layer */
+		S = s->all_layers; /* the default, one per rank: at most one stage per layer */
 	if (S > MBP_MAX_STAGES)
 		S = MBP_MAX_STAGES;
 	if (S < s->ranks) {
 		if (s->rank == 0)
-			ps_log("%u %s (the model has %u %s) over %u ranks: every rank needs a stage", S,
+			ps_say("%u %s (the model has %u %s) over %u ranks: every rank needs a stage", S,
 			       S == 1 ? "stage" : "stages", s->all_layers,
 			       s->all_layers == 1 ? "layer" : "layers", s->ranks);
-		return -ERANGE;
+		return PS_EUSAGE;
 	}
 	rc = mbt_load_part(path, s->all_layers, S, s->ranks, s->rank, &s->model, &s->plan, &s->first_layer,
 			   &e);

@@ -6,7 +6,8 @@
  * outputs, and that the binary section was consumed exactly. Every failure is a 400 with a message naming
  * what was wrong, except a request with more rows than the server takes (413). Nothing here trusts a size
  * from the request before checking it against the bytes actually received, and the JSON text's values are
- * counted (json_values_bound) before cJSON makes a node of each.
+ * counted (json_values_bound) before cJSON makes a node of each; the same pass refuses a string that holds
+ * \u0000, which cJSON would hand back as a C string cut at the NUL.
  */
 #include "config.h"
 
@@ -414,19 +415,25 @@ static int parse_root(const ps_model_info *mi, const cJSON *root, size_t json_le
  * An upper bound on the JSON values of a text, without parsing it: commas, '[' and '{' outside strings
  * (each value but the first of a container follows a comma). Stops at limit + 1. cJSON makes a node of
  * about 64 bytes per value, so a text of small numbers costs some 30 times its size: this bounds that
- * before cJSON builds anything.
+ * before cJSON builds anything. The same pass sets *nul when a string holds the escape \u0000: cJSON
+ * decodes it into a C string that ends there, so "B.safetensors\u0000/x" would read as "B.safetensors".
  */
-static size_t json_values_bound(const char *p, size_t n, size_t limit)
+static size_t json_values_bound(const char *p, size_t n, size_t limit, bool *nul)
 {
 	size_t k = 1;
 	bool in_str = false;
+	*nul = false;
 	for (size_t i = 0; i < n && k <= limit; i++) {
 		char c = p[i];
 		if (in_str) {
-			if (c == '\\')
+			if (c == '\\') {
+				if (i + 5 < n && p[i + 1] == 'u' && memcmp(p + i + 2, "000", 3) == 0 &&
+				    p[i + 5] == '0')
+					*nul = true;
 				i++;
-			else if (c == '"')
+			} else if (c == '"') {
 				in_str = false;
+			}
 		} else if (c == '"') {
 			in_str = true;
 		} else if (c == ',' || c == '[' || c == '{') {
@@ -435,6 +442,8 @@ static size_t json_values_bound(const char *p, size_t n, size_t limit)
 	}
 	return k;
 }
+
+#define NUL_MSG "a JSON string holds \\u0000 (NUL), which no name or id may hold"
 
 int ps_oip_parse_infer(const ps_model_info *mi, const char *body, size_t len, long long header_len,
 		       ps_infer_req *rq, char *err, size_t errlen)
@@ -458,11 +467,16 @@ int ps_oip_parse_infer(const ps_model_info *mi, const char *body, size_t len, lo
 	}
 	/* The largest request the server takes, plus room for everything around its data. */
 	size_t limit = mi->max_rows * mi->in_width + 4096;
-	if (json_values_bound(body, json_len, limit) > limit) {
+	bool nul;
+	if (json_values_bound(body, json_len, limit, &nul) > limit) {
 		snprintf(err, errlen,
 			 "request holds more JSON values than the largest request taken (%zu rows)",
 			 mi->max_rows);
 		return 413;
+	}
+	if (nul) {
+		snprintf(err, errlen, NUL_MSG);
+		return 400;
 	}
 	cJSON *root = cJSON_ParseWithLength(body, json_len);
 	if (!root) {
@@ -483,11 +497,25 @@ void ps_infer_req_clear(ps_infer_req *rq)
 	*rq = (ps_infer_req){0};
 }
 
+bool ps_has_control(const char *s)
+{
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+		if (*c < 0x20 || *c == 0x7f)
+			return true;
+	return false;
+}
+
 int ps_oip_parse_load(const char *body, size_t len, char **file, char *err, size_t errlen)
 {
 	*file = NULL;
 	if (len == 0)
 		return 0;
+	/* A load request is a handful of values: a text of more is refused before cJSON makes a node of each. */
+	bool nul;
+	if (json_values_bound(body, len, 64, &nul) > 64)
+		FAIL(400, "load request must be {\"parameters\": {\"file\": \"NAME\"}}");
+	if (nul)
+		FAIL(400, NUL_MSG);
 	cJSON *root = cJSON_ParseWithLength(body, len);
 	if (!root)
 		FAIL(400, "malformed JSON");
@@ -504,6 +532,9 @@ int ps_oip_parse_load(const char *body, size_t len, char **file, char *err, size
 		rc = 400;
 	} else if (f && (!cJSON_IsString(f) || !*f->valuestring)) {
 		snprintf(err, errlen, "parameter \"file\" must be a non-empty string");
+		rc = 400;
+	} else if (f && ps_has_control(f->valuestring)) {
+		snprintf(err, errlen, "parameter \"file\" holds a control character");
 		rc = 400;
 	} else if (f && !(*file = strdup(f->valuestring))) {
 		snprintf(err, errlen, "out of memory");

@@ -33,6 +33,9 @@ void ps_buf_printf(ps_buf *b, const char *fmt, ...) __attribute__((format(printf
  * does not belong to a valid UTF-8 sequence replaced by U+FFFD, so the output is valid JSON whatever `s`. */
 void ps_buf_add_json_string(ps_buf *b, const char *s);
 
+/* Whether `s` holds a control character (below 0x20, or 0x7f): no name in a URL or a request may. */
+bool ps_has_control(const char *s);
+
 /* What the protocol exposes of the served model: one FP32 input [-1, in_width], one output [-1, out_width]. */
 typedef struct ps_model_info {
 	const char *name;
@@ -89,7 +92,8 @@ int ps_oip_encode_server_metadata(const char *version, ps_buf *b);
 /**
  * Parse the body of POST /v2/repository/models/{name}/load: {"parameters": {"file": "<name in the model
  * repository>"}} (an empty body or no file means the repository's "<model name>.safetensors"). A "path"
- * parameter is refused: models are named, never given as paths. *file receives a malloc'd string or NULL.
+ * parameter is refused: models are named, never given as paths, and a name with a control character (U+0000,
+ * which would end the C string early, included) is refused. *file receives a malloc'd string or NULL.
  * @return 0, or 400 with a message in `err`.
  */
 int ps_oip_parse_load(const char *body, size_t len, char **file, char *err, size_t errlen);

@@ -33,6 +33,21 @@ void ps_log(const char *fmt, ...)
 	fprintf(stderr, "%s\n", line); /* one call per line: lines from several threads do not interleave */
 }
 
+void ps_vsay(const char *fmt, va_list ap)
+{
+	char line[1024];
+	vsnprintf(line, sizeof line, fmt, ap);
+	fprintf(stderr, "pipeserve: %s\n", line);
+}
+
+void ps_say(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	ps_vsay(fmt, ap);
+	va_end(ap);
+}
+
 /* A model file's name in the repository: 1-255 of [A-Za-z0-9._-], not starting with '.' (no "..", no
  * hidden files, no directories). */
 static bool repo_name_ok(const char *name)

@@ -9,7 +9,9 @@
 #ifndef PIPESERVE_SERVER_H
 #define PIPESERVE_SERVER_H
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -44,9 +46,10 @@ typedef struct ps_config {
 	unsigned max_connections;	  /* open connections at most. 512 */
 	unsigned max_conns_per_ip;	  /* from one client address at most. 128 */
 	uint64_t
-	    request_timeout_ms;	  /* a complete request within this of connecting or the last answer. 10000 */
-	uint64_t max_model_bytes; /* largest model file loaded. 4 GiB */
-	uint64_t load_timeout_ms; /* longest time a load may spend reading. 30000 */
+	    request_timeout_ms; /* a complete request within this of connecting or the last answer. 10000 */
+	uint64_t header_timeout_ms; /* near max_connections, a complete request head within this. 500 */
+	uint64_t max_model_bytes;   /* largest model file loaded. 4 GiB */
+	uint64_t load_timeout_ms;   /* longest time a load may spend reading. 30000 */
 } ps_config;
 
 typedef struct ps_server {
@@ -64,6 +67,7 @@ typedef struct ps_server {
 	/* Open connections and the deadline of each (http.c): a reaper closes those past it. */
 	pthread_mutex_t conns_mu;
 	struct ps_conn *conns;
+	unsigned nconns; /* in the list */
 	pthread_t reaper;
 	bool reaper_on;
 	_Atomic bool reaper_stop;
@@ -97,6 +101,12 @@ void ps_http_stop(ps_server *s);
 
 /* Log one line to stderr with a timestamp. */
 void ps_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The reason the server does not start: one line "pipeserve: <reason>" on stderr, as every tool writes it. */
+void ps_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void ps_vsay(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
+
+/* What a start-up step returns for a problem with the arguments given (exit status 2), said already. */
+#define PS_EUSAGE (-ERANGE)
 
 /*
  * Load the model file named `file` (NULL: "<model name>.safetensors") from the model repository (s->repo_fd
@@ -110,8 +120,8 @@ int ps_reload(ps_server *s, const char *file, char *err, size_t errlen);
 /* Initialise MPI (libmbpipe-mpi's communication thread) and fill s->rank, s->ranks. @return 0 or -errno. */
 int ps_mpi_init(int *argc, char ***argv, ps_server *s);
 /* Load this rank's part of the model file `path` into s->model, s->plan (s->cfg.stages stages in all, one
- * per rank by default). @return 0, -ERANGE (fewer layers or stages than ranks: a usage error), or the
- * load's error, logged. */
+ * per rank by default). @return 0, PS_EUSAGE (a file that is no model, more stages than layers, fewer
+ * layers or stages than ranks: said by rank 0), or the load's error, logged. */
 int ps_mpi_load(ps_server *s, const char *path);
 /* Every rank's `status` becomes the largest (collective). */
 int ps_mpi_agree(int status);
