@@ -1338,16 +1338,28 @@ START_TEST(svg_draws_each_schedules_step_and_its_prediction)
 	ck_assert_uint_eq(count_of(text, ">p1</text>"), 3);
 	ck_assert_uint_eq(count_of(text, "<rect"), 1 + 12 + 2 * (16 + 16 + 24));
 	boxes_inside_the_plot(text);
-	/* the prediction, from the step's own costs, takes about as long as the step */
-	for (const char *p = text; (p = strstr(p, "the fastest measured step, ")); p++) {
-		double measured, predicted;
-		ck_assert_msg(sscanf(p, "the fastest measured step, %lf ms (s); predicted, %lf ms (p)",
-				     &measured, &predicted) == 2,
-			      "%.100s", p);
-		ck_assert_msg(predicted > 0.5 * measured && predicted < 2 * measured,
-			      "step %g ms, predicted %g ms", measured, predicted);
+	/* The prediction, from the step's own costs, takes about as long as the step: on a machine that
+	 * other processes leave alone. A step preempted by them idles in ways no play of its costs shows (a
+	 * CI run saw 2.59 ms measured, 0.79 predicted, while builds ran), so a run where one schedule's step
+	 * strays is tried again, up to three runs in all; a drawing that is wrong strays in every run. */
+	for (unsigned attempt = 0;; attempt++) {
+		char why[160] = "";
+		for (const char *p = text; !why[0] && (p = strstr(p, "the fastest measured step, ")); p++) {
+			double measured, predicted;
+			ck_assert_msg(sscanf(p,
+					     "the fastest measured step, %lf ms (s); predicted, %lf ms (p)",
+					     &measured, &predicted) == 2,
+				      "%.100s", p);
+			if (!(predicted > 0.5 * measured && predicted < 2 * measured))
+				snprintf(why, sizeof why, "step %g ms, predicted %g ms", measured, predicted);
+		}
+		free(text);
+		if (!why[0])
+			break;
+		ck_assert_msg(attempt < 2, "%s, in three runs", why);
+		strcpy(path, "/tmp/pipebench-test-svg-XXXXXX");
+		text = svg_of((const char *const[]){TRAIN_ARGS, "--csv", NULL}, path);
 	}
-	free(text);
 }
 END_TEST
 
