@@ -702,7 +702,9 @@ END_TEST
 START_TEST(duration_and_latency_target_choose_a_size_that_meets_it)
 {
 	/* 2 stages of 50 us per row over 32 rows: m=32 takes at least 3.2 ms a batch, m=4 about 2 ms; with a
-	 * target of 1 s every size meets it and the fastest is chosen, whatever the machine's load. */
+	 * target of 1 s every size meets it and the choice is made among all of them, whatever the machine's
+	 * load: the fastest, or the smallest size tied with it (under ASan, the per-hop cost brings m=4 within
+	 * the tie margin of m=32, and then m=4 is the right choice). */
 	struct run r =
 	    run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=32", "--mb=4,32",
 				      "--work-us=50", "--duration=0.05", "--warmup=1", "--tolerance=0",
@@ -713,15 +715,20 @@ START_TEST(duration_and_latency_target_choose_a_size_that_meets_it)
 	cJSON *res = cJSON_GetObjectItem(doc, "results");
 	double best_rate = 0;
 	int best_m = 0;
+	cJSON *best = cJSON_GetObjectItem(doc, "best");
+	int chosen = cJSON_GetObjectItem(best, "mb_rows")->valueint;
+	bool chosen_tied = false;
 	for (cJSON *x = res->child; x; x = x->next) {
 		ck_assert(cJSON_GetObjectItem(x, "batches")->valueint >= 1);
 		if (cJSON_GetObjectItem(x, "rows_per_s")->valuedouble > best_rate) {
 			best_rate = cJSON_GetObjectItem(x, "rows_per_s")->valuedouble;
 			best_m = cJSON_GetObjectItem(x, "mb_rows")->valueint;
 		}
+		if (cJSON_GetObjectItem(x, "mb_rows")->valueint == chosen)
+			chosen_tied = cJSON_IsTrue(cJSON_GetObjectItem(x, "tied"));
 	}
-	cJSON *best = cJSON_GetObjectItem(doc, "best");
-	ck_assert_int_eq(cJSON_GetObjectItem(best, "mb_rows")->valueint, best_m);
+	ck_assert_msg(chosen == best_m || chosen_tied,
+		      "chose m=%d, neither the fastest (m=%d) nor tied with it", chosen, best_m);
 	ck_assert(strstr(cJSON_GetObjectItem(best, "reason")->valuestring, "latency"));
 	cJSON_Delete(doc);
 	run_free(&r);
