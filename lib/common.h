@@ -18,10 +18,8 @@
 #define MBP_CACHELINE	      64
 #define MBP_CACHELINE_ALIGNED _Alignas(MBP_CACHELINE)
 
-#define MBP_LIKELY(x)	__builtin_expect(!!(x), 1)
-#define MBP_UNLIKELY(x) __builtin_expect(!!(x), 0)
-/* Singular or plural by count, for messages: "%u %s", n, MBP__PLURAL(n, "row", "rows"). */
-#define MBP__PLURAL(n, one, many)	     ((n) == 1 ? (one) : (many))
+#define MBP_LIKELY(x)			     __builtin_expect(!!(x), 1)
+#define MBP_UNLIKELY(x)			     __builtin_expect(!!(x), 0)
 #define MBP_ARRAY_SIZE(a)		     (sizeof(a) / sizeof((a)[0]))
 #define mbp__container_of(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
@@ -56,6 +54,8 @@ void mbp__verify_failed(const char *expr, const char *file, int line, const char
 /* What a file's st_mode says it is, for messages: "a FIFO", "a character device", "a directory" ... */
 const char *mbp__file_kind(unsigned mode);
 
+/* Singular or plural by count, for messages: PLURAL(n, "row", "rows") (the tools' macro too). */
+#include "util/plural.h"
 /* The clocks: mbp__now_ns, mbp__clock_ns, mbp__deadline, mbp__timespec (lib/clock.h). */
 #include "clock.h"
 

@@ -10,7 +10,6 @@ tools_pipebench_pipebench_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/i
 tools_pipebench_pipebench_CFLAGS = $(AM_CFLAGS) $(CJSON_CFLAGS)
 tools_pipebench_pipebench_LDADD = $(PB_MPI_LDADD) $(MBP_LIBS) $(CJSON_LIBS) -lm
 dist_man_MANS += tools/pipebench/pipebench.1
-EXTRA_DIST += tools/mpirank.h tools/mpiutil.h
 # Under mpirun the stages spread over the ranks (mpi.c): linked with libmbpipe-mpi when configure found
 # MPI; without it pipebench has no MPI dependency and refuses to run under mpirun.
 if HAVE_MPI

@@ -82,7 +82,7 @@ int mbp_model_describe(const mbp_model *m, char *buf, size_t n)
 				   li.param_bytes / 1048576.0);
 	}
 	mbp__strbuf_printf(&b, "%u %s, %u -> %u, %.2f MiB of float32 parameters, weights version %llu\n",
-			   m->layers, MBP__PLURAL(m->layers, "layer", "layers"), mbp_model_in_width(m),
+			   m->layers, PLURAL(m->layers, "layer", "layers"), mbp_model_in_width(m),
 			   mbp_model_out_width(m), total / 1048576.0,
 			   (unsigned long long)mbp_model_version(m));
 	if (n && b.len >= n)

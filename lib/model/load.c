@@ -373,8 +373,8 @@ static int check_structure(const mbp_model *m, const mbp_model_load_opts *o, mbp
 	chain_text(want, sizeof(want), o->layers, NULL, o->widths);
 	return mbp__load_fail(err, MBP_MODEL_STRUCTURE, NULL,
 			      "the file has %u %s of widths %s, expected %u %s of %s", m->layers,
-			      MBP__PLURAL(m->layers, "layer", "layers"), has, o->layers,
-			      MBP__PLURAL(o->layers, "layer", "layers"), want);
+			      PLURAL(m->layers, "layer", "layers"), has, o->layers,
+			      PLURAL(o->layers, "layer", "layers"), want);
 }
 
 /*

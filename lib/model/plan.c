@@ -209,9 +209,9 @@ int mbp_model_plan_describe(const mbp_model_plan *plan, char *buf, size_t n)
 				   plan->first[s + 1] - 1, plan->stage_ns[s] / 1e3);
 	mbp__strbuf_printf(
 	    &b, "%u %s at %u %s: slowest %.1f us, mean %.1f us, balance %.3f, sequential %.1f us\n",
-	    plan->stages, MBP__PLURAL(plan->stages, "stage", "stages"), plan->mb_rows,
-	    MBP__PLURAL(plan->mb_rows, "row", "rows"), plan->slowest_ns / 1e3, plan->mean_ns / 1e3,
-	    plan->balance, plan->sequential_ns / 1e3);
+	    plan->stages, PLURAL(plan->stages, "stage", "stages"), plan->mb_rows,
+	    PLURAL(plan->mb_rows, "row", "rows"), plan->slowest_ns / 1e3, plan->mean_ns / 1e3, plan->balance,
+	    plan->sequential_ns / 1e3);
 	if (b.oom)
 		return -EINVAL;
 	return b.len > INT32_MAX ? INT32_MAX : (int)b.len;

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "pipebench.h"
-#include "../mpirank.h"
+#include "util/mpirank.h"
 
 #define PB_DEF_BATCH_MLP       256
 #define PB_DEF_BATCH_SYNTHETIC 64

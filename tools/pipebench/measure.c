@@ -36,7 +36,7 @@
 #include <time.h>
 
 #include "pipebench.h"
-#include "../plural.h"
+#include "util/plural.h"
 
 #define JOB_TIMEOUT_NS	 (120 * INT64_C(1000000000)) /* at least; 50 slowest baselines if longer */
 #define DRAIN_TIMEOUT_NS (30 * INT64_C(1000000000))
@@ -171,11 +171,11 @@ static void *seq_thread(void *arg)
 		}
 	}
 	for (unsigned run = 0; run < sr->warm + sr->units; run++) {
-		uint64_t t0 = pb_now_ns();
+		uint64_t t0 = mbt_now_ns();
 		if (seq_batch(sr, width, maxw, scratch))
 			goto out;
 		if (run >= sr->warm)
-			sr->ns += pb_now_ns() - t0;
+			sr->ns += mbt_now_ns() - t0;
 	}
 	sr->rc = 0;
 out:
@@ -253,11 +253,11 @@ struct wrap {
 static int wrap_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
 	struct wrap *w = ctx;
-	uint64_t t0 = pb_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	int rc = w->inner.fn(w->inner.ctx, in, out);
 	if (in->job && in->seq < w->cap) {
 		w->rec[2 * in->seq] = t0;
-		w->rec[2 * in->seq + 1] = pb_now_ns();
+		w->rec[2 * in->seq + 1] = mbt_now_ns();
 	}
 	return rc;
 }
@@ -367,7 +367,7 @@ static int run_batch(pb_cand *c, mbp_job *job, uint64_t *start, uint64_t *ns)
 	memset(b->out, 0xff, (size_t)cfg->batch * w->out_row_bytes); /* NaN and impossible stamps */
 	mbp_job_init(job, b->in, b->out, cfg->batch, c->mb_rows);
 	c->jobs++;
-	uint64_t t0 = pb_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	int rc = mbp_job_submit(c->p, job, -1);
 	if (rc < 0) {
 		mbp_pipeline_refusal rf = {0}; /* the limit, when it was one */
@@ -379,7 +379,7 @@ static int run_batch(pb_cand *c, mbp_job *job, uint64_t *start, uint64_t *ns)
 	int64_t timeout = (int64_t)(b->base.max_ms * 50 * 1e6);
 	timeout = timeout > JOB_TIMEOUT_NS ? timeout : JOB_TIMEOUT_NS;
 	rc = mbp_job_wait(job, timeout);
-	uint64_t t1 = pb_now_ns();
+	uint64_t t1 = mbt_now_ns();
 	if (rc < 0)
 		return failf(r, "a batch did not complete in %.0f s (micro-batches lost?): %s",
 			     (double)timeout / 1e9, mbp_strerror(rc));

@@ -43,9 +43,9 @@
 #include <mbpipe/mpi.h>
 
 #include "pipebench.h"
-#include "../mpirank.h"
-#include "../mpiutil.h"
-#include "../plural.h"
+#include "util/mpirank.h"
+#include "util/mpiutil.h"
+#include "util/plural.h"
 
 #define VISIT_S	       0.05 /* measured time per visit: a run's set-up costs a few ms */
 #define JOB_TIMEOUT_NS (120 * INT64_C(1000000000))
@@ -151,12 +151,12 @@ static int clock_task(void *arg)
 	for (unsigned r = 1; r < p->ranks; r++) {
 		uint64_t best = UINT64_MAX;
 		for (int k = 0; flags[r] && k < 16; k++) {
-			uint64_t t0 = pb_now_ns(), tr = 0;
+			uint64_t t0 = mbt_now_ns(), tr = 0;
 			if (p->rank == 0) {
 				MPI_Send(&t0, 1, MPI_UINT64_T, (int)r, TAG_CLOCK, MPI_COMM_WORLD);
 				MPI_Recv(&tr, 1, MPI_UINT64_T, (int)r, TAG_CLOCK, MPI_COMM_WORLD,
 					 MPI_STATUS_IGNORE);
-				uint64_t t1 = pb_now_ns();
+				uint64_t t1 = mbt_now_ns();
 				if (t1 - t0 < best) {
 					best = t1 - t0;
 					p->offset[r] = (int64_t)(tr - (t0 + (t1 - t0) / 2));
@@ -164,7 +164,7 @@ static int clock_task(void *arg)
 			} else if (p->rank == r) {
 				MPI_Recv(&t0, 1, MPI_UINT64_T, 0, TAG_CLOCK, MPI_COMM_WORLD,
 					 MPI_STATUS_IGNORE);
-				tr = pb_now_ns();
+				tr = mbt_now_ns();
 				MPI_Send(&tr, 1, MPI_UINT64_T, 0, TAG_CLOCK, MPI_COMM_WORLD);
 			}
 		}
@@ -193,11 +193,11 @@ struct stamp {
 static int stamp_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
 	struct stamp *s = ctx;
-	uint64_t t0 = pb_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	int rc = s->inner.fn(s->inner.ctx, in, out);
 	if (in->seq < s->n) {
 		s->rec[2 * in->seq] = t0;
-		s->rec[2 * in->seq + 1] = pb_now_ns();
+		s->rec[2 * in->seq + 1] = mbt_now_ns();
 	}
 	return rc;
 }
@@ -271,12 +271,12 @@ static int submit_batches(pm *p, mbp_mpi *mp, pm_size *z, const pm_cmd *c, doubl
 		mbp_job job;
 		memset(p->out, 0xff, (size_t)cfg->batch * p->out_rb); /* NaN and impossible stamps */
 		mbp_job_init(&job, p->in, p->out, cfg->batch, c->mb_rows);
-		uint64_t t0 = pb_now_ns();
+		uint64_t t0 = mbt_now_ns();
 		int rc = mbp_mpi_job_submit(mp, &job, -1);
 		if (rc)
 			return fail(err, errlen, "m=%u: submit failed: %s", c->mb_rows, mbp_strerror(rc));
 		rc = mbp_mpi_job_wait(mp, &job, JOB_TIMEOUT_NS);
-		uint64_t t1 = pb_now_ns();
+		uint64_t t1 = mbt_now_ns();
 		if (rc)
 			return fail(err, errlen, "m=%u: a batch did not complete in %.0f s: %s", c->mb_rows,
 				    JOB_TIMEOUT_NS / 1e9, mbp_strerror(rc));

@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include "pipebench.h"
-#include "../plural.h"
-#include "../parse.h"
+#include "util/plural.h"
+#include "util/parse.h"
 
 #define PB_DEF_BATCHES	 10
 #define PB_DEF_WARMUP	 1
@@ -315,8 +315,8 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 	bool have_train = false;
 	const char *format = NULL;		   /* the output format given, for a second one */
 	int gantt_given = -1, progress_given = -1; /* the last --gantt/--no-gantt, --progress/--no-progress */
-	uint64_t v;
-	double d;
+	uint64_t v = 0;				   /* set by every parse that succeeds; 0 for the compiler */
+	double d = 0;
 
 	opterr = 0; /* every message is ours, one line */
 	optind = 1;

@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "pipebench.h"
-#include "../blas.h"
-#include "../plural.h"
+#include "util/blas.h"
+#include "util/plural.h"
 
 int pb_output_check(const char *opt, const char *path, char *err, size_t errlen)
 {

@@ -17,7 +17,8 @@
  * steps under a schedule, say) plugs in as more arms: interleave.c repeats them, noise.c marks loud
  * rounds, stats.c compares them and pb_choose() picks among them.
  *
- * Only the public API is used: <mbpipe.h> and its headers, never lib/.
+ * Only the public API is used: <mbpipe.h> and its headers, never lib/ (the helpers shared by the tools are
+ * util/'s).
  */
 #ifndef PIPEBENCH_H
 #define PIPEBENCH_H
@@ -29,6 +30,8 @@
 #include <time.h>
 
 #include <mbpipe.h>
+
+#include "util/clock.h" /* mbt_now_ns: CLOCK_MONOTONIC, the clock of the engine's job stamps */
 
 #define PB_MAX_SIZES 64	 /* micro-batch sizes in one sweep */
 #define PB_ERR_MAX   256 /* one error line */
@@ -86,14 +89,6 @@ typedef struct pb_config {
 	double costs[3]; /* F : B_in : B_w, in units of unit_us */
 	double unit_us;	 /* the base time of the costs */
 } pb_config;
-
-/* CLOCK_MONOTONIC in nanoseconds: the clock of the engine's job stamps. */
-static inline uint64_t pb_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- options.c ---- */
 

@@ -30,8 +30,8 @@
 #include <string.h>
 
 #include "pipebench.h"
-#include "../burn.h"
-#include "../plural.h"
+#include "util/burn.h"
+#include "util/plural.h"
 
 #define PB_TRAIN_VISIT_S  0.05 /* measured time per visit to a schedule */
 #define PB_DEF_MAX_STAGES 4
@@ -295,11 +295,11 @@ static int tr_visit(void *ctx, unsigned warm, unsigned units, double *rate, char
 	for (unsigned i = 0; i < warm; i++)
 		if (one_step(a, false, err, errlen))
 			return -1;
-	uint64_t t0 = pb_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	for (unsigned i = 0; i < units; i++)
 		if (one_step(a, keep, err, errlen))
 			return -1;
-	double s = (double)(pb_now_ns() - t0) / 1e9;
+	double s = (double)(mbt_now_ns() - t0) / 1e9;
 	*rate = s > 0 ? units / s : 0;
 	return 0;
 }

@@ -25,8 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../blas.h"
-#include "../mpirank.h"
+#include "util/blas.h"
+#include "util/mpirank.h"
 
 /* ---- flags ---- */
 

@@ -40,20 +40,14 @@
 #include <unistd.h>
 
 #include "pipetrain.h"
-#include "../blas.h"
+#include "util/blas.h"
+#include "util/clock.h"
 
 static volatile sig_atomic_t stop_signal;
 
 static void on_signal(int sig)
 {
 	stop_signal = sig;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int say(int status, const char *fmt, va_list ap)
@@ -534,7 +528,7 @@ static int train(struct run *r)
 	pt_report *rep = &r->rep;
 	uint64_t spe = rep->steps_per_epoch, step = rep->start_step, total = spe * c->epochs;
 	int status = 0;
-	const double t_run = now_s();
+	const double t_run = mbt_now_s();
 	mbp_optim_opts oo;
 	mbp_mlp_optim(r->n, &oo);
 	pt_progress_init(c->quiet ? 0 : c->progress);
@@ -548,7 +542,7 @@ static int train(struct run *r)
 			c->epochs);
 	for (unsigned ep = rep->start_epoch; ep < c->epochs && !status; ep++) {
 		mbp_data_epoch_order(r->tr, r->ntr, c->seed, ep, r->order);
-		double t0 = now_s(), loss_sum = 0, bubble_ns = 0, pred_ns = 0, step_ns = 0;
+		double t0 = mbt_now_s(), loss_sum = 0, bubble_ns = 0, pred_ns = 0, step_ns = 0;
 		uint64_t rows = 0, correct = 0;
 		for (uint64_t k = step - (uint64_t)ep * spe; k < spe; k++) {
 			mbp_dataset_gather(&r->train, r->order + k * c->batch, c->batch, r->xb, r->yb);
@@ -581,7 +575,7 @@ static int train(struct run *r)
 			correct += r->sh.correct;
 			mbp_train_stats ts;
 			account(r, &bubble_ns, &pred_ns, &step_ns, &ts);
-			double now = now_s(), dt = now - t0, ran = now - t_run;
+			double now = mbt_now_s(), dt = now - t0, ran = now - t_run;
 			pt_step row = {.step = step,
 				       .epoch = ep + 1,
 				       .loss = loss / c->batch,
@@ -602,7 +596,7 @@ static int train(struct run *r)
 			if (stop_signal)
 				break;
 		}
-		double train_s = now_s() - t0;
+		double train_s = mbt_now_s() - t0;
 		pt_progress_end();
 		if (status)
 			break;

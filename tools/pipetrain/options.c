@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "pipetrain.h"
-#include "../parse.h"
+#include "util/parse.h"
 
 /* "784,256,10": at least two widths, each 1 .. MBP_MODEL_MAX_WIDTH. */
 static int parse_layers(const char *s, pt_config *c, char *err, size_t errlen)

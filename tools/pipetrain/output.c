@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "pipetrain.h"
-#include "../plural.h"
-#include "../progress.h"
+#include "util/plural.h"
+#include "util/progress.h"
 
 FILE *pt_human(const pt_config *c)
 {
