@@ -243,43 +243,47 @@ void pb_baseline_sum(pb_bench *b, const pb_arm *arm)
 
 /* ---- one pipeline per size ---- */
 
-/* A stage as the engine sees it: the workload's stage, stamped. Only this stage's thread writes rec. */
-struct wrap {
-	mbp_stage_desc inner;
-	uint64_t *rec; /* [cap][2]: begin, end of micro-batch seq of the latest job */
-	uint32_t cap;
-};
-
-static int wrap_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
+static int stamp_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
-	struct wrap *w = ctx;
+	pb_stamp *s = ctx;
 	uint64_t t0 = mbt_now_ns();
-	int rc = w->inner.fn(w->inner.ctx, in, out);
-	if (in->job && in->seq < w->cap) {
-		w->rec[2 * in->seq] = t0;
-		w->rec[2 * in->seq + 1] = mbt_now_ns();
+	int rc = s->inner.fn(s->inner.ctx, in, out);
+	if (in->seq < s->cap) {
+		s->rec[2 * in->seq] = t0;
+		s->rec[2 * in->seq + 1] = mbt_now_ns();
 	}
 	return rc;
 }
 
-static int wrap_init(void *ctx, unsigned stage)
+static int stamp_init(void *ctx, unsigned stage)
 {
-	struct wrap *w = ctx;
-	return w->inner.init ? w->inner.init(w->inner.ctx, stage) : 0;
+	pb_stamp *s = ctx;
+	return s->inner.init ? s->inner.init(s->inner.ctx, stage) : 0;
 }
 
-static void wrap_fini(void *ctx)
+static void stamp_fini(void *ctx)
 {
-	struct wrap *w = ctx;
-	if (w->inner.fini)
-		w->inner.fini(w->inner.ctx);
+	pb_stamp *s = ctx;
+	if (s->inner.fini)
+		s->inner.fini(s->inner.ctx);
 }
 
-static void wrap_done(void *ctx, mbp_mb *mb)
+static void stamp_done(void *ctx, mbp_mb *mb)
 {
-	struct wrap *w = ctx;
-	if (w->inner.done)
-		w->inner.done(w->inner.ctx, mb);
+	pb_stamp *s = ctx;
+	if (s->inner.done)
+		s->inner.done(s->inner.ctx, mb);
+}
+
+mbp_stage_desc pb_stamp_desc(pb_stamp *s)
+{
+	mbp_stage_desc d = s->inner;
+	d.fn = stamp_fn;
+	d.init = stamp_init;
+	d.fini = stamp_fini;
+	d.done = stamp_done;
+	d.ctx = s;
+	return d;
 }
 
 struct pb_cand {
@@ -291,7 +295,7 @@ struct pb_cand {
 	void *ref;  /* the reference output for this size (or the baseline's) */
 	bool own_ref;
 	mbp_pipeline *p;
-	struct wrap *wraps;
+	pb_stamp *wraps;
 	uint64_t *cur; /* the stamps of the batch in flight */
 	size_t tl_words;
 	uint64_t jobs;
@@ -484,15 +488,9 @@ static int start_pipeline(pb_cand *c, const mbp_opts *o)
 	if (rc < 0)
 		return failf(r, "pipeline: %s", mbp_opts_check(o, &why) ? why : mbp_strerror(rc));
 	for (unsigned i = 0; i < S; i++) {
-		c->wraps[i].inner = c->desc[i];
-		c->wraps[i].rec = c->cur + (size_t)i * c->mbs * 2;
-		c->wraps[i].cap = c->mbs;
-		mbp_stage_desc d = c->desc[i];
-		d.fn = wrap_fn;
-		d.init = wrap_init;
-		d.fini = wrap_fini;
-		d.done = wrap_done;
-		d.ctx = &c->wraps[i];
+		c->wraps[i] =
+		    (pb_stamp){.inner = c->desc[i], .rec = c->cur + (size_t)i * c->mbs * 2, .cap = c->mbs};
+		mbp_stage_desc d = pb_stamp_desc(&c->wraps[i]);
 		rc = mbp_pipeline_add_stage(c->p, &d);
 		if (rc < 0)
 			return failf(r, "stage %u: %s", i, mbp_strerror(rc));

@@ -371,10 +371,8 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 	rep.allowed = allowed;
 	rep.ncpus = ncpus;
 	rep.load_end = -1;
-	if (narrow_cpus(cfg, ncpus, err, sizeof(err))) {
-		fprintf(stderr, "pipebench: %s\n", err);
-		return PB_EXIT_FAIL;
-	}
+	if (narrow_cpus(cfg, ncpus, err, sizeof(err)))
+		return pb_failure("%s", err);
 	pb_progress_init(cfg->progress);
 	rep.iters_per_us = burn_calibrate();
 	snprintf(rep.desc, sizeof(rep.desc),
@@ -441,7 +439,7 @@ close:
 	}
 	fflush(stdout);
 	if (rep.status)
-		fprintf(stderr, "pipebench: FAILED: %s\n", rep.error);
+		pb_failure("FAILED: %s", rep.error);
 	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
 		free(rep.r[i].ev);
 		pb_arm_fini(&parm[i]);
