@@ -127,11 +127,6 @@ static int save_checkpoint(mbp_mlp *n, const char *save)
 	return rc;
 }
 
-static const char *op_name(mbp_op_kind k)
-{
-	return k == MBP_OP_F ? "forward" : k == MBP_OP_B ? "backward" : k == MBP_OP_BIN ? "B_in" : "B_w";
-}
-
 static int write_predictions(const char *path, const int32_t *p, uint32_t rows)
 {
 	mbp_file *f;
@@ -497,6 +492,8 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 		pt_stage_total *t = &r->rep.st[s];
 		t->thread = ss[s].thread;
 		t->cpu = ss[s].cpu;
+		t->pin_error = ss[s].pin_error;
+		t->sharing = ss[s].sharing;
 		t->compute_s += (double)(ss[s].f_ns + ss[s].b_ns + ss[s].bin_ns + ss[s].w_ns) * 1e-9;
 		t->wait_s += (double)ss[s].wait_ns * 1e-9;
 		if (ss[s].stash_peak > t->stash_peak)
@@ -548,18 +545,15 @@ static int train(struct run *r)
 			mbp_dataset_gather(&r->train, r->order + k * c->batch, c->batch, r->xb, r->yb);
 			double loss;
 			int rc = mbp_trainer_step(r->t, r->xb, r->yb, c->batch, c->mb, &loss);
-			if (rc < 0 || r->sh.update_err) {
+			if (rc < 0) {
 				pt_progress_end();
 				mbp_train_error e;
 				mbp_trainer_error(r->t, &e);
-				if (r->sh.update_err)
-					e = (mbp_train_error){
-					    .err = -EDOM, .stage = r->sh.update_err - 1, .mb = -1};
 				fprintf(stderr,
 					"pipetrain: step %llu (epoch %u, batch %llu) failed at stage %d (%s, "
 					"micro-batch %d): %s%s; training stopped, %s\n",
 					(unsigned long long)step, ep + 1, (unsigned long long)k, e.stage,
-					op_name(e.op), e.mb,
+					pt_op_name(e.op), e.mb,
 					rc == -EDOM || e.err == -EDOM ? "non-finite loss or gradient, " : "",
 					mbp_strerror(rc < 0 ? rc : e.err),
 					c->save ? "the last checkpoint is kept as it was"
