@@ -1251,6 +1251,29 @@ START_TEST(mpi_table_and_json_show_each_hops_link_share)
 }
 END_TEST
 
+/* --spin-us=0 is no spin (MBP_SPIN_NONE) for every workload, the trainer's too, as spin_us=0 is in the
+ * options string (for --workload=train it was the trainer's default, 20 us); a budget given is its
+ * microseconds, none given leaves the engine's default. */
+START_TEST(spin_us_0_is_no_spin_for_every_workload)
+{
+	static const char *const workloads[] = {"--workload=train", "--workload=synthetic", "--workload=mlp"};
+	for (unsigned i = 0; i < 3; i++) {
+		pb_config cfg;
+		char err[PB_ERR_MAX] = "";
+		char *zero[] = {"pipebench", (char *)workloads[i], "--spin-us=0", NULL};
+		ck_assert_msg(pb_options_parse(&cfg, 3, zero, err, sizeof err) == 0, "%s: %s", workloads[i],
+			      err);
+		ck_assert_msg(pb_spin_ns(&cfg, 0) == MBP_SPIN_NONE, "%s", workloads[i]);
+		char *seven[] = {"pipebench", (char *)workloads[i], "--spin-us=7", NULL};
+		ck_assert_int_eq(pb_options_parse(&cfg, 3, seven, err, sizeof err), 0);
+		ck_assert_uint_eq(pb_spin_ns(&cfg, 0), 7000);
+		char *none[] = {"pipebench", (char *)workloads[i], NULL};
+		ck_assert_int_eq(pb_options_parse(&cfg, 2, none, err, sizeof err), 0);
+		ck_assert_uint_eq(pb_spin_ns(&cfg, 123), 123);
+	}
+}
+END_TEST
+
 /* A result of 2 threads on 2 CPUs with tight intervals around the given speed-up and bubble, each thread
  * accounting all of its window and busy as the bubble says. */
 static void make_result(pb_result *r, double speedup, double bubble)
@@ -1672,6 +1695,7 @@ static Suite *suite(void)
 	tcase_add_test(out, train_csv_has_a_header_and_one_line_per_schedule);
 	tcase_add_test(out, train_counts_of_one_are_singular);
 	tcase_add_test(out, mpi_table_and_json_show_each_hops_link_share);
+	tcase_add_test(out, spin_us_0_is_no_spin_for_every_workload);
 	tcase_add_loop_test(out, train_broken_step_exits_1_and_says_which, 0, 2);
 	suite_add_tcase(s, out);
 

@@ -9,9 +9,10 @@
 #   burn.h      calibrated busy work (pipebench's synthetic and training workloads, perf/bench_syn.h)
 #   progress.h  the progress bar on standard error (pipebench, pipetrain)
 #   blas.h      OpenBLAS's generic-kernel warning in every tool's words
+#   digest.h    the note on a model file without digests, in every tool's words
 #   mpirank.h   the tools under mpirun: a rank's stages and its part of a model file
 #   mpiutil.h   MPI calls on libmbpipe-mpi's communication thread (the tools' MPI parts)
-EXTRA_DIST += util/number.h util/parse.h util/plural.h util/clock.h util/burn.h util/progress.h util/blas.h \
+EXTRA_DIST += util/number.h util/parse.h util/plural.h util/clock.h util/burn.h util/progress.h util/blas.h util/digest.h \
 	util/mpirank.h util/mpiutil.h
 
 # The helpers on their own: the strict parser's edges (and the library reading numbers as the tools do),

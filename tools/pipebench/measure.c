@@ -351,8 +351,7 @@ static int make_opts(const pb_bench *b, uint32_t mb_rows, bool trace, mbp_opts *
 		return failf(r, "--opts: bad engine option at '%s'", cfg->engine_opts + pos);
 	o->in_row_bytes = b->w->in_row_bytes;
 	o->max_mb_rows = mb_rows;
-	if (cfg->spin_us >= 0)
-		o->spin_ns = cfg->spin_us ? (uint64_t)cfg->spin_us * 1000 : MBP_SPIN_NONE;
+	o->spin_ns = pb_spin_ns(cfg, o->spin_ns);
 	o->ncpus = cfg->ncpus;
 	memcpy(o->cpus, cfg->cpus, cfg->ncpus * sizeof(int));
 	o->trace_events = trace ? TRACE_EVENTS : 0;

@@ -329,8 +329,7 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 		(void)mbp_opts_parse(&o, cfg->engine_opts, NULL);
 	o.in_row_bytes = p->my_in_rb;
 	o.max_mb_rows = c->mb_rows;
-	if (cfg->spin_us >= 0)
-		o.spin_ns = cfg->spin_us ? (uint64_t)cfg->spin_us * 1000 : MBP_SPIN_NONE;
+	o.spin_ns = pb_spin_ns(cfg, o.spin_ns);
 	int rc = mbp_mpi_new(&mp, &o, NULL);
 	for (unsigned i = 0; rc == 0 && i < L; i++) {
 		mbp_stage_desc d;

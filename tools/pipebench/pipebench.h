@@ -99,6 +99,10 @@ typedef struct pb_config {
 int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t errlen);
 void pb_options_help(FILE *f);
 
+/* --spin-us as the engines' spin budget, for the pipelines and the trainer alike: its microseconds in ns,
+ * MBP_SPIN_NONE for 0 (no spin, as spin_us=0 in the options string); `unset` when it was not given. */
+uint64_t pb_spin_ns(const pb_config *cfg, uint64_t unset);
+
 /* The CPUs to use (cfg->cpus, or every allowed CPU when none were named). Returns their count, or -1 with
  * err set. `allowed` receives how many the process may use. */
 int pb_cpus_resolve(pb_config *cfg, unsigned *allowed, char *err, size_t errlen);

@@ -155,7 +155,7 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 			    .max_mbs = a->M,
 			    .schedule = kind,
 			    .pinning = MBP_PIN_PLAN,
-			    .spin_ns = cfg->spin_us > 0 ? (uint64_t)cfg->spin_us * 1000 : 0,
+			    .spin_ns = pb_spin_ns(cfg, 0), /* 0: the trainer's default */
 			    .trace_events = a->M * 3,
 			    .loss = tr_loss,
 			    .loss_arg = loss_arg};

@@ -28,6 +28,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <sched.h>
 #include <pthread.h>
@@ -42,6 +43,7 @@
 #include "pipetrain.h"
 #include "util/blas.h"
 #include "util/clock.h"
+#include "util/digest.h"
 
 static volatile sig_atomic_t stop_signal;
 
@@ -255,11 +257,10 @@ static int setup(struct run *r)
 		if (fd < 0)
 			return bad("--model %s: %s", c->model, strerror(-rc));
 		close(fd);
-		if (rc == 0 && !mbp_model_verified(m))
-			fprintf(stderr,
-				"pipetrain: note: --model %s has no digest (not written by mbpipe): its "
-				"weights cannot be checked for corruption\n",
-				c->model);
+		char name[PATH_MAX + 16], note[PATH_MAX + 128];
+		snprintf(name, sizeof name, "--model %s", c->model);
+		if (rc == 0 && digest_note_line(m, name, note, sizeof note))
+			fprintf(stderr, "pipetrain: note: %s\n", note);
 		if (rc == 0)
 			rc = mbp_mlp_new_from_model(&r->n, m, &oo);
 		mbp_model_destroy(m);
