@@ -1,5 +1,6 @@
 /*
- * The engine's clock for accounting (busy, starved and blocked time, the trace, the statistics window).
+ * The engine's clock for accounting (busy, starved and blocked time, the trace, the statistics window):
+ * its calibration. The clocks themselves are inline in lib/clock.h.
  *
  * A pipeline reads the clock twice per micro-batch and stage. clock_gettime(CLOCK_MONOTONIC) costs about
  * 34 ns on the KVM guests here and rdtsc about 13 ns, which is a fifth of a hop's whole overhead. So where

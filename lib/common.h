@@ -1,6 +1,6 @@
 /*
- * Internal helpers shared by every file of lib/: cache-line layout, the two kinds of assert, the clock and
- * the futex. Not installed.
+ * Internal helpers shared by every file of lib/: cache-line layout, the two kinds of assert, the futex,
+ * and (through lib/clock.h) the clocks. Not installed.
  */
 #ifndef MBP__COMMON_H
 #define MBP__COMMON_H
@@ -18,10 +18,8 @@
 #define MBP_CACHELINE	      64
 #define MBP_CACHELINE_ALIGNED _Alignas(MBP_CACHELINE)
 
-#define MBP_LIKELY(x)	__builtin_expect(!!(x), 1)
-#define MBP_UNLIKELY(x) __builtin_expect(!!(x), 0)
-/* Singular or plural by count, for messages: "%u %s", n, MBP__PLURAL(n, "row", "rows"). */
-#define MBP__PLURAL(n, one, many)	     ((n) == 1 ? (one) : (many))
+#define MBP_LIKELY(x)			     __builtin_expect(!!(x), 1)
+#define MBP_UNLIKELY(x)			     __builtin_expect(!!(x), 0)
 #define MBP_ARRAY_SIZE(a)		     (sizeof(a) / sizeof((a)[0]))
 #define mbp__container_of(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
@@ -56,43 +54,10 @@ void mbp__verify_failed(const char *expr, const char *file, int line, const char
 /* What a file's st_mode says it is, for messages: "a FIFO", "a character device", "a directory" ... */
 const char *mbp__file_kind(unsigned mode);
 
-/* Monotonic time in nanoseconds (vDSO, about 20 ns). */
-static inline uint64_t mbp__now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* The engine's accounting clock (lib/clock.c): nanoseconds on CLOCK_MONOTONIC's scale, read through the
- * TSC where the kernel keeps time with it. Differences only; mbp__clock_init() before the first use. */
-struct mbp__tsc {
-	uint64_t base_tsc, base_ns;
-	uint64_t mult; /* nanoseconds per tick, 32.32 fixed point */
-	bool ok;
-};
-extern struct mbp__tsc mbp__tsc;
-void mbp__clock_init(void);
-
-static inline uint64_t mbp__clock_ns(void)
-{
-#if defined(__x86_64__)
-	if (MBP_LIKELY(mbp__tsc.ok)) {
-		uint64_t c = __builtin_ia32_rdtsc();
-		uint64_t d = c > mbp__tsc.base_tsc ? c - mbp__tsc.base_tsc : 0;
-		return mbp__tsc.base_ns + (uint64_t)(((unsigned __int128)d * mbp__tsc.mult) >> 32);
-	}
-#endif
-	return mbp__now_ns();
-}
-
-/* A relative timeout (negative: forever, 0: do not wait) as an absolute deadline; UINT64_MAX is forever. */
-static inline uint64_t mbp__deadline(int64_t timeout_ns)
-{
-	if (timeout_ns < 0)
-		return UINT64_MAX;
-	return mbp__now_ns() + (uint64_t)timeout_ns;
-}
+/* Singular or plural by count, for messages: PLURAL(n, "row", "rows") (the tools' macro too). */
+#include "util/plural.h"
+/* The clocks: mbp__now_ns, mbp__clock_ns, mbp__deadline, mbp__timespec (lib/clock.h). */
+#include "clock.h"
 
 static inline void mbp__cpu_relax(void)
 {

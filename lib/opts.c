@@ -5,6 +5,7 @@
  * Two readings of a 0, each the natural one where it is written: in the struct a field's 0 is its default
  * (a zeroed struct is complete once in_row_bytes is set), so a rule accepts it; in the string a value
  * means what it says, so spin_us=0 is no spin (MBP_SPIN_NONE) and ring=0 is refused, not the default.
+ * Numbers are read by util/number.h's strict parser, the one the tools' command lines use too.
  */
 #include "config.h"
 
@@ -16,6 +17,7 @@
 #include <mbpipe.h>
 
 #include "ring.h"
+#include "util/number.h"
 #include "wait.h"
 
 void mbp_opts_init(mbp_opts *o)
@@ -145,24 +147,6 @@ const char *mbp_opts_rule(const char *kv)
 	       "spin_us, yield_us, pin, threads, cpus, trace";
 }
 
-static int parse_u64(const char *v, size_t len, uint64_t max, uint64_t *out)
-{
-	if (len == 0 || len > 20)
-		return -EINVAL;
-	uint64_t x = 0;
-	for (size_t i = 0; i < len; i++) {
-		if (v[i] < '0' || v[i] > '9')
-			return -EINVAL;
-		if (x > (UINT64_MAX - 9) / 10)
-			return -ERANGE;
-		x = x * 10 + (uint64_t)(v[i] - '0');
-	}
-	if (x > max)
-		return -ERANGE;
-	*out = x;
-	return 0;
-}
-
 /* "0-3" or "0+2+5" (commas separate keys, so the list uses '+'). */
 static int parse_cpus(mbp_opts *o, const char *v, size_t len)
 {
@@ -174,11 +158,12 @@ static int parse_cpus(mbp_opts *o, const char *v, size_t len)
 			j++;
 		const char *dash = memchr(v + i, '-', j - i);
 		uint64_t lo, hi;
-		int rc = parse_u64(v + i, (size_t)((dash ? dash : v + j) - (v + i)), CPU_SETSIZE - 1, &lo);
+		int rc =
+		    parse_u64_span(v + i, (size_t)((dash ? dash : v + j) - (v + i)), CPU_SETSIZE - 1, &lo);
 		if (rc)
 			return rc;
 		hi = lo;
-		if (dash && (rc = parse_u64(dash + 1, (size_t)(v + j - dash - 1), CPU_SETSIZE - 1, &hi)))
+		if (dash && (rc = parse_u64_span(dash + 1, (size_t)(v + j - dash - 1), CPU_SETSIZE - 1, &hi)))
 			return rc;
 		if (hi < lo)
 			return -EINVAL;
@@ -215,7 +200,7 @@ int mbp_opts_parse(mbp_opts *o, const char *conf, size_t *errpos)
 #define KEY(name) (klen == sizeof(name) - 1 && memcmp(p, name, klen) == 0)
 			if (KEY("cpus"))
 				rc = parse_cpus(o, v, vlen);
-			else if ((rc = parse_u64(v, vlen, UINT32_MAX, &x)) != 0)
+			else if ((rc = parse_u64_span(v, vlen, UINT32_MAX, &x)) != 0)
 				;
 			else if (KEY("row_bytes"))
 				o->in_row_bytes = x;

@@ -544,8 +544,7 @@ __attribute__((noinline)) static int depot_mpmc_get(mbp_pool *p, struct mbp_pool
 		if (deadline == UINT64_MAX) {
 			pthread_cond_wait(&d->cond, &d->lock);
 		} else {
-			struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
-					      .tv_nsec = (long)(deadline % 1000000000u)};
+			struct timespec ts = mbp__timespec(deadline);
 			pthread_cond_timedwait(&d->cond, &d->lock, &ts);
 		}
 		atomic_store_explicit(&p->waiters,

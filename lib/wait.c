@@ -51,9 +51,7 @@ int mbp__futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t deadline
 		uint64_t now = mbp__now_ns();
 		if (now >= deadline)
 			return -ETIMEDOUT;
-		uint64_t rel = deadline - now;
-		ts.tv_sec = (time_t)(rel / 1000000000u);
-		ts.tv_nsec = (long)(rel % 1000000000u);
+		ts = mbp__timespec(deadline - now);
 		tsp = &ts;
 	}
 	long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, expected, tsp, NULL, 0);

@@ -63,7 +63,7 @@ struct conf {
 
 static double now_s(void)
 {
-	return (double)bench_now_ns() * 1e-9;
+	return (double)mbt_now_ns() * 1e-9;
 }
 
 static void die(const char *what, int rc)
@@ -189,13 +189,6 @@ static double sys_busy_s(void)
 	if (n != 6)
 		return 0;
 	return (double)(v[0] + v[1] + v[2] + v[3] + v[4] + v[5]) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static double proc_cpu_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Stage by stage: share of the window busy, starved (waiting for input), blocked (waiting for room). */
@@ -334,7 +327,8 @@ static bool run_point(const struct conf *c, mbp_model *m, struct point *pt)
 			mbp_pipeline_stats a;
 			mbp_stage_stats as[MBP_MAX_STAGES];
 			mbp_pipeline_stats_get(p, &a, as, MBP_MAX_STAGES);
-			double busy0 = sys_busy_s(), cpu0 = proc_cpu_s();
+			double busy0 = sys_busy_s(),
+			       cpu0 = (double)mbt_clock_ns(CLOCK_PROCESS_CPUTIME_ID) * 1e-9;
 			switch (k) {
 			case P_SEQ1:
 				t = run_seq(m, x, ref, B, 1, iters);
@@ -354,7 +348,9 @@ static bool run_point(const struct conf *c, mbp_model *m, struct point *pt)
 			}
 			pt->sps[k][r] = (double)(k >= P_STREAM ? iters_stream : iters) * B / t;
 			pt->others[r * NPEERS + k] =
-			    fmax(0, (sys_busy_s() - busy0) - (proc_cpu_s() - cpu0)) / t;
+			    fmax(0, (sys_busy_s() - busy0) -
+					((double)mbt_clock_ns(CLOCK_PROCESS_CPUTIME_ID) * 1e-9 - cpu0)) /
+			    t;
 			if (k == P_PIPE || k == P_STREAM)
 				stats_line(p, &a, as, pt->stats[k], sizeof(pt->stats[k]));
 		}

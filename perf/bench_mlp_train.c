@@ -142,13 +142,13 @@ int main(int argc, char **argv)
 		      *stash = rnd(c.mb * mbp_mlp_stage_stash_floats(st), 5);
 		double best[3] = {1e30, 1e30, 1e30};
 		for (unsigned r = 0; r <= c.reps; r++) {
-			uint64_t t0 = bench_now_ns();
+			uint64_t t0 = mbt_now_ns();
 			bad |= mbp_mlp_stage_forward(st, x, out, c.mb, stash) != 0;
-			uint64_t t1 = bench_now_ns();
+			uint64_t t1 = mbt_now_ns();
 			bad |= mbp_mlp_stage_backward_in(st, stash, x, dout, i ? din : NULL, c.mb) != 0;
-			uint64_t t2 = bench_now_ns();
+			uint64_t t2 = mbt_now_ns();
 			bad |= mbp_mlp_stage_backward_w(st, stash, x, c.mb) != 0;
-			uint64_t t3 = bench_now_ns();
+			uint64_t t3 = mbt_now_ns();
 			double t[3] = {(double)(t1 - t0), (double)(t2 - t1), (double)(t3 - t2)};
 			for (int k = 0; r && k < 3; k++) /* run 0 warms up */
 				best[k] = fmin(best[k], t[k] / 1e3);
@@ -180,9 +180,9 @@ int main(int argc, char **argv)
 	for (unsigned s = 0; s <= steps && !bad; s++)
 		for (int mt = 0; mt < 2 && !bad; mt++) {
 			openblas_set_num_threads(mt ? ncpus : 1);
-			uint64_t t0 = bench_now_ns();
+			uint64_t t0 = mbt_now_ns();
 			bad |= step(st, &c, x, y, out, stash, &loss) != 0 || !isfinite(loss);
-			uint64_t t1 = bench_now_ns();
+			uint64_t t1 = mbt_now_ns();
 			if (s) /* step 0 of each warms up */
 				rate[mt][s - 1] = c.batch / ((double)(t1 - t0) / 1e9);
 		}

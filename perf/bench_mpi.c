@@ -100,7 +100,7 @@ static int raw_bw_task(void *arg)
 	MPI_Request req[64];
 	int ack = 0;
 	MPI_Barrier(MPI_COMM_WORLD);
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	for (unsigned i = 0; i < r->iters; i++) {
 		for (unsigned w = 0; w < r->window; w++) {
 			char *b = (char *)r->buf + (size_t)((i * r->window + w) % r->nbufs) * r->bytes;
@@ -115,7 +115,7 @@ static int raw_bw_task(void *arg)
 		else
 			MPI_Send(&ack, 1, MPI_INT, 0, 101, MPI_COMM_WORLD);
 	}
-	r->seconds = (double)(bench_now_ns() - t0) / 1e9;
+	r->seconds = (double)(mbt_now_ns() - t0) / 1e9;
 	return 0;
 }
 
@@ -123,7 +123,7 @@ static int raw_pingpong_task(void *arg)
 {
 	struct raw *r = arg;
 	MPI_Barrier(MPI_COMM_WORLD);
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	for (unsigned i = 0; i < r->iters; i++) {
 		if (rank == 0) {
 			MPI_Send(r->buf, (int)r->bytes, MPI_BYTE, 1, 102, MPI_COMM_WORLD);
@@ -133,7 +133,7 @@ static int raw_pingpong_task(void *arg)
 			MPI_Send(r->buf, (int)r->bytes, MPI_BYTE, 0, 102, MPI_COMM_WORLD);
 		}
 	}
-	r->seconds = (double)(bench_now_ns() - t0) / 1e9;
+	r->seconds = (double)(mbt_now_ns() - t0) / 1e9;
 	return 0;
 }
 
@@ -199,11 +199,7 @@ static int sleep_stage(void *ctx, const mbp_mb *in, mbp_mb *out)
 		prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 		slack_set = true;
 	}
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t ns = (uint64_t)ts.tv_nsec + *(const uint64_t *)ctx;
-	ts.tv_sec += (time_t)(ns / 1000000000u);
-	ts.tv_nsec = (long)(ns % 1000000000u);
+	struct timespec ts = mbt_timespec(mbt_now_ns() + *(const uint64_t *)ctx);
 	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 		;
 	return 0;
@@ -262,7 +258,7 @@ static void link_end(mbp_mpi *mp)
  * result is back. */
 static double link_stream(mbp_mpi *mp, struct counter *c, uint32_t rows, unsigned n)
 {
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	for (unsigned k = 0; k < n; k++) {
 		mbp_mb *mb;
 		int rc = mbp_mpi_mb_acquire(mp, &mb, -1);
@@ -275,7 +271,7 @@ static double link_stream(mbp_mpi *mp, struct counter *c, uint32_t rows, unsigne
 	}
 	while (atomic_load(&c->done) < n)
 		usleep(50);
-	double s = (double)(bench_now_ns() - t0) / 1e9;
+	double s = (double)(mbt_now_ns() - t0) / 1e9;
 	if (atomic_load(&c->failed))
 		die("a micro-batch failed", -EIO);
 	return s;
@@ -372,7 +368,7 @@ static double pingpong_mbp(mbp_mpi *mp, struct counter *c, unsigned n, uint32_t 
 	sem_t sem;
 	sem_init(&sem, 0, 0);
 	c->sem = &sem;
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	for (unsigned k = 0; k < n; k++) {
 		mbp_mb *mb;
 		if (mbp_mpi_mb_acquire(mp, &mb, -1) != 0)
@@ -382,7 +378,7 @@ static double pingpong_mbp(mbp_mpi *mp, struct counter *c, unsigned n, uint32_t 
 			die("submit", -EIO);
 		sem_wait(&sem);
 	}
-	double us = (double)(bench_now_ns() - t0) / n / 1e3;
+	double us = (double)(mbt_now_ns() - t0) / n / 1e3;
 	c->sem = NULL;
 	sem_destroy(&sem);
 	return us;
@@ -420,7 +416,7 @@ static double pingpong_ring(unsigned n)
 	mbp_pipeline_add_stage(p, &d);
 	if (mbp_pipeline_start(p))
 		die("start", -EIO);
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	for (unsigned k = 0; k < n; k++) {
 		mbp_mb *mb;
 		mbp_mb_acquire(p, &mb, -1);
@@ -428,7 +424,7 @@ static double pingpong_ring(unsigned n)
 		mbp_mb_submit(p, mb, -1);
 		sem_wait(&c.sem);
 	}
-	double us = (double)(bench_now_ns() - t0) / n / 1e3;
+	double us = (double)(mbt_now_ns() - t0) / n / 1e3;
 	mbp_pipeline_drain(p, -1);
 	mbp_pipeline_destroy(p);
 	sem_destroy(&c.sem);
@@ -444,9 +440,9 @@ static double idle_cpu(double s)
 		pingpong_mbp(mp, &c, 1, 1);
 	usleep(100000);
 	double c0 = cpu_seconds();
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	usleep((useconds_t)(s * 1e6));
-	double share = (cpu_seconds() - c0) / ((double)(bench_now_ns() - t0) / 1e9);
+	double share = (cpu_seconds() - c0) / ((double)(mbt_now_ns() - t0) / 1e9);
 	link_end(mp);
 	return over_ranks(share, MPI_MAX);
 }
@@ -590,7 +586,7 @@ static void bench_bubble(void)
 static double mlp_stream(mbp_mpi *mp, mbp_pipeline *p, const float *in, float *out, unsigned reps)
 {
 	mbp_job jobs[MLP_JOBS];
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	for (unsigned rep = 0; rep < reps; rep++) {
 		for (unsigned j = 0; j < MLP_JOBS; j++) {
 			mbp_job_init(&jobs[j], in + (size_t)j * MLP_ROWS * MLP_WIDTH,
@@ -608,7 +604,7 @@ static double mlp_stream(mbp_mpi *mp, mbp_pipeline *p, const float *in, float *o
 				die("job", jobs[j].status);
 		}
 	}
-	return (double)reps * MLP_JOBS * MLP_ROWS / ((double)(bench_now_ns() - t0) / 1e9);
+	return (double)reps * MLP_JOBS * MLP_ROWS / ((double)(mbt_now_ns() - t0) / 1e9);
 }
 
 static void add_model_stages(mbp_model_stages *st, mbp_mpi *mp)

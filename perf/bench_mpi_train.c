@@ -99,13 +99,13 @@ int main(int argc, char **argv)
 			die("the single-process trainer", rc);
 		double single[64], ranks[64];
 		for (unsigned r = 0; r <= rounds; r++) {
-			uint64_t t0 = bench_now_ns();
+			uint64_t t0 = mbt_now_ns();
 			if ((rc = mbp_trainer_step(t, dummy, dummy, M, 1, NULL)) != 0)
 				die("a single-process step", rc);
-			uint64_t t1 = bench_now_ns();
+			uint64_t t1 = mbt_now_ns();
 			if ((rc = mbp_mpi_trainer_step(mt, dummy, dummy, M, 1, NULL)) != 0)
 				die("a step across ranks", rc);
-			uint64_t t2 = bench_now_ns();
+			uint64_t t2 = mbt_now_ns();
 			if (r > 0) { /* the first: warm-up */
 				single[r - 1] = (double)(t1 - t0) / 1e6;
 				ranks[r - 1] = (double)(t2 - t1) / 1e6;

@@ -91,12 +91,12 @@ void bp_meter_start(struct bp_meter *m)
 {
 	m->sys_busy0 = sys_busy_ns();
 	m->cpu0 = cpu_ns();
-	m->wall0 = bench_now_ns();
+	m->wall0 = mbt_now_ns();
 }
 
 void bp_meter_stop(const struct bp_meter *m, struct bp_run *r)
 {
-	r->wall_ns = bench_now_ns() - m->wall0;
+	r->wall_ns = mbt_now_ns() - m->wall0;
 	r->cpu_ns = cpu_ns() - m->cpu0;
 	double others = (double)(sys_busy_ns() - m->sys_busy0) - (double)r->cpu_ns;
 	r->others = others > 0 ? others / (double)r->wall_ns : 0;
@@ -122,10 +122,10 @@ static double work_cost(uint64_t iters, unsigned trials, double chunk_ns, double
 	volatile uint64_t sink = 0;
 	trials = trials < MAX_ROUNDS ? trials : MAX_ROUNDS;
 	for (unsigned k = 0; k < trials; k++) {
-		uint64_t x = k, t0 = bench_now_ns();
+		uint64_t x = k, t0 = mbt_now_ns();
 		for (uint64_t j = 0; j < calls; j++)
 			x = bp_work(iters, x);
-		t[k] = (double)(bench_now_ns() - t0) / (double)calls;
+		t[k] = (double)(mbt_now_ns() - t0) / (double)calls;
 		sink += x;
 	}
 	return bench_median(t, trials);
@@ -135,8 +135,8 @@ static double work_cost(uint64_t iters, unsigned trials, double chunk_ns, double
 static double calibrate(void)
 {
 	volatile uint64_t sink = 0;
-	uint64_t t_end = bench_now_ns() + 20000000u; /* let the core clock settle */
-	while (bench_now_ns() < t_end)
+	uint64_t t_end = mbt_now_ns() + 20000000u; /* let the core clock settle */
+	while (mbt_now_ns() < t_end)
 		sink += bp_work(100000, sink);
 	return work_cost(1000000, 31, 1e6, 1.0) / 1e6;
 }

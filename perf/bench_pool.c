@@ -119,7 +119,7 @@ struct gp_ctx {
 /* n get+put pairs; returns elapsed ns. Each pair writes one byte so no variant can skip the memory. */
 static uint64_t gp_run(struct gp_ctx *x, int method, unsigned long n)
 {
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	for (unsigned long i = 0; i < n; i++) {
 		void *p = NULL;
 		mbp_mb *mb = NULL;
@@ -166,7 +166,7 @@ static uint64_t gp_run(struct gp_ctx *x, int method, unsigned long n)
 			break;
 		}
 	}
-	return bench_now_ns() - t0;
+	return mbt_now_ns() - t0;
 }
 
 /* ns per pair for one method: run batches until ROUND_NS has passed. */
@@ -310,10 +310,10 @@ static void *stage2_main(void *arg)
 	for (unsigned long i = 0; i < h->items; i++) {
 		void *p = spsc_pop(&h->fwd);
 		const void *data = IS_POOL(h->policy) ? ((mbp_mb *)p)->data : p;
-		uint64_t t0 = bench_now_ns();
+		uint64_t t0 = mbt_now_ns();
 		if (byte_sum(data, h->size) != (uint64_t)(i & 0xff) * h->size)
 			h->bad++;
-		uint64_t t1 = bench_now_ns();
+		uint64_t t1 = mbt_now_ns();
 		if (IS_POOL(h->policy))
 			mbp_pool_put(h->pool, c, p);
 		else if (h->policy == P_FIFO)
@@ -321,7 +321,7 @@ static void *stage2_main(void *arg)
 		else
 			free(p);
 		h->t[T_READ][i] = (uint32_t)(t1 - t0);
-		h->t[T_PUT][i] = (uint32_t)(bench_now_ns() - t1);
+		h->t[T_PUT][i] = (uint32_t)(mbt_now_ns() - t1);
 	}
 	mbp_pool_cache_destroy(c);
 	return NULL;
@@ -386,11 +386,11 @@ static struct ho_result handoff_round(int policy, size_t size, unsigned long ite
 	if (pthread_create(&t, NULL, stage2_main, &h) != 0)
 		abort();
 	pthread_barrier_wait(&h.start);
-	uint64_t start = bench_now_ns();
+	uint64_t start = mbt_now_ns();
 	for (unsigned long i = 0; i < items; i++) {
 		void *p;
 		void *data;
-		uint64_t t0 = bench_now_ns();
+		uint64_t t0 = mbt_now_ns();
 		if (IS_POOL(policy)) {
 			mbp_mb *mb;
 			CHECK(mbp_pool_get(h.pool, c, &mb, -1) == 0);
@@ -402,14 +402,14 @@ static struct ho_result handoff_round(int policy, size_t size, unsigned long ite
 			p = data = malloc(size);
 			CHECK(p != NULL);
 		}
-		uint64_t t1 = bench_now_ns();
+		uint64_t t1 = mbt_now_ns();
 		memset(data, (int)(i & 0xff), size);
 		h.t[T_GET][i] = (uint32_t)(t1 - t0);
-		h.t[T_WRITE][i] = (uint32_t)(bench_now_ns() - t1);
+		h.t[T_WRITE][i] = (uint32_t)(mbt_now_ns() - t1);
 		spsc_push(&h.fwd, p);
 	}
 	pthread_join(t, NULL);
-	struct ho_result r = {.wall = (double)(bench_now_ns() - start) / (double)items};
+	struct ho_result r = {.wall = (double)(mbt_now_ns() - start) / (double)items};
 	pthread_barrier_destroy(&h.start);
 	CHECK(h.bad == 0);
 	for (int k = 0; k < T_COUNT; k++) {

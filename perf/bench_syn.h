@@ -1,6 +1,6 @@
 /*
  * The synthetic training workload of the trainer's benchmarks (bench_train, bench_mpi_train): stages whose
- * F, B_in and B_w are calibrated busy loops (tools/burn.h, the loop pipebench uses too), so
+ * F, B_in and B_w are calibrated busy loops (util/burn.h, the loop pipebench uses too), so
  * that a cost is work, not a sleep. Call calibrate() once, then give each stage a struct syn.
  */
 #ifndef MBP_BENCH_SYN_H
@@ -10,7 +10,7 @@
 
 #include <mbpipe.h>
 
-#include "../tools/burn.h"
+#include "util/burn.h"
 #include "bench_util.h"
 
 static double iters_per_us;

@@ -1,7 +1,7 @@
 /*
  * bench_train: the trainer's schedules on a synthetic workload with calibrated costs of F, B_in and B_w.
  *
- * Every operation is a calibrated busy loop (tools/burn.h: dependent multiply-adds, as pipebench's),
+ * Every operation is a calibrated busy loop (util/burn.h: dependent multiply-adds, as pipebench's),
  * so its cost is work, not a sleep: time taken from the loop by other processes shows up as a longer
  * operation, which the measured costs (and so the prediction) include. For each stage count, micro-batch
  * count, cost profile and schedule: the median step time over the repeats, the measured bubble

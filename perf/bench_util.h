@@ -1,5 +1,6 @@
 /*
- * Helpers shared by the benchmarks in perf/ (not part of the library).
+ * Helpers shared by the benchmarks in perf/ (not part of the library); the clock and the busy work are
+ * util/'s, as the tools'.
  */
 #ifndef MBP_BENCH_UTIL_H
 #define MBP_BENCH_UTIL_H
@@ -7,17 +8,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "util/clock.h" /* mbt_now_ns, mbt_clock_ns: the tools' clock */
 
 #define BENCH_MEDIAN_MAX 1024
-
-/* CLOCK_MONOTONIC in nanoseconds. */
-static inline uint64_t bench_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static inline int bench_cmp_double(const void *a, const void *b)
 {

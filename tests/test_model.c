@@ -397,6 +397,28 @@ START_TEST(partition_rejects_bad_input_and_balances_the_obvious_case)
 }
 END_TEST
 
+/* The description is built whole whatever a line's length: a stage of 1e300 ns (a plan filled by hand) gives
+ * a line of over 300 characters, and the text written is exactly as long as the length returned, its
+ * last line included (each line used to be cut at 159 characters while the count went on). */
+START_TEST(plan_describe_writes_every_line_whole_and_returns_its_length)
+{
+	double c[2] = {1, 1};
+	mbp_model_plan p;
+	ck_assert_int_eq(mbp_model_partition(c, NULL, 2, 2, &p), 0);
+	p.stage_ns[0] = 1e300;
+	char buf[2048];
+	int n = mbp_model_plan_describe(&p, buf, sizeof(buf));
+	ck_assert_int_gt(n, 300);
+	ck_assert_uint_eq(strlen(buf), (size_t)n);
+	ck_assert_ptr_nonnull(strstr(buf, " us\nstage 1: layers 1-1"));
+	ck_assert_ptr_nonnull(strstr(buf, "2 stages at"));
+	char small[16];
+	ck_assert_int_eq(mbp_model_plan_describe(&p, small, sizeof(small)),
+			 n); /* truncated: the full length */
+	ck_assert_uint_eq(strlen(small), sizeof(small) - 1);
+}
+END_TEST
+
 START_TEST(profile_and_balance_cover_the_layers)
 {
 	uint32_t widths[] = {32, 256, 16, 256, 32, 8};
@@ -1179,6 +1201,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, load_refuses_what_is_not_a_regular_file_and_checks_sizes_first);
 	tcase_add_test(tc, partition_equals_brute_force_on_random_costs);
 	tcase_add_test(tc, partition_rejects_bad_input_and_balances_the_obvious_case);
+	tcase_add_test(tc, plan_describe_writes_every_line_whole_and_returns_its_length);
 	tcase_add_test(tc, profile_and_balance_cover_the_layers);
 	tcase_add_test(tc, stages_by_hand_equal_the_reference_bit_for_bit);
 	tcase_add_test(tc, layers_loaded_in_parts_compute_the_whole_model_bit_for_bit);

@@ -1168,6 +1168,119 @@ START_TEST(table_json_and_csv_say_the_choice_is_unsettled)
 }
 END_TEST
 
+/* The report of a run under mpirun (mpi.c measures, output.c prints; here on a synthetic report, so that
+ * plain `make check` covers it without a launcher): the table's row per size carries each hop and its
+ * link share, the best size marked once; the JSON has the fields of pipebench.1's mpi mode. */
+static const pb_mpi_report *mpi_rep;
+
+static void print_mpi_table(FILE *f, const pb_report *unused)
+{
+	(void)unused;
+	pb_print_mpi_table(f, mpi_rep);
+}
+
+static void print_mpi_json(FILE *f, const pb_report *unused)
+{
+	(void)unused;
+	ck_assert_int_eq(pb_print_mpi_json(f, mpi_rep), 0);
+}
+
+START_TEST(mpi_table_and_json_show_each_hops_link_share)
+{
+	static pb_config cfg = {.workload = PB_WL_SYNTHETIC, .batch = 32, .nsizes = 2, .sizes = {4, 8}};
+	static pb_mpi_row rows[2] = {{.mb_rows = 4,
+				      .mbs = 8,
+				      .batches = 30,
+				      .p50_ms = 1.5,
+				      .p99_ms = 2.0,
+				      .compute_us = 90,
+				      .links = 3},
+				     {.mb_rows = 8,
+				      .mbs = 4,
+				      .batches = 30,
+				      .p50_ms = 1.4,
+				      .p99_ms = 2.1,
+				      .compute_us = 170,
+				      .links = 3}};
+	for (unsigned i = 0; i < 2; i++) {
+		rows[i].thr = (pb_interval){.median = 20000 + 1000 * i, .lo = 19000, .hi = 22000, .n = 30};
+		for (unsigned s = 0; s < 4; s++)
+			rows[i].stage_us[s] = s == 3 ? rows[i].compute_us : 10;
+		rows[i].link_us[0] = 10;
+		rows[i].link_us[1] = rows[i].compute_us; /* a share of 50% */
+		for (unsigned r = 0; r < 3; r++)
+			rows[i].link[r].sent = rows[i].link[r].received = 240;
+	}
+	const pb_mpi_report rep = {.cfg = &cfg,
+				   .desc = "synthetic, for the test",
+				   .ranks = 3,
+				   .stages = 4,
+				   .first = {0, 2, 3},
+				   .count = {2, 1, 1},
+				   .load = 0.5,
+				   .rows = rows,
+				   .best = 1};
+	mpi_rep = &rep;
+	char *t = printed(print_mpi_table, NULL);
+	ck_assert_msg(strstr(t, "pipebench: synthetic, for the test over 3 MPI ranks\n"), "%s", t);
+	ck_assert_msg(strstr(t, "ranks: rank 0: stages 0-1; rank 1: stage 2; rank 2: stage 3\n"), "%s", t);
+	ck_assert_msg(strstr(t, "batch 32 rows, load 0.50\n"), "%s", t);
+	ck_assert_msg(strstr(t, "   1>2     170.0       170.0  50.0%\n"), "%s", t);
+	const char *best = strstr(t, "  <- best");
+	ck_assert_msg(best && !strstr(best + 9, "<- best") && strstr(t, "\n     8     4 ") < best, "%s", t);
+	ck_assert_msg(find_one_with_plural(t) == NULL, "%s", t);
+	free(t);
+
+	t = printed(print_mpi_json, NULL);
+	cJSON *doc = cJSON_Parse(t);
+	ck_assert_msg(doc, "not JSON: %s", t);
+	ck_assert_str_eq(cJSON_GetObjectItem(doc, "mode")->valuestring, "mpi");
+	ck_assert_int_eq(cJSON_GetObjectItem(doc, "ranks")->valueint, 3);
+	const cJSON *rs = cJSON_GetObjectItem(doc, "rank_stages");
+	ck_assert_int_eq(cJSON_GetArraySize(rs), 3);
+	ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(rs, 0), "count")->valueint, 2);
+	const cJSON *res = cJSON_GetObjectItem(doc, "results");
+	ck_assert_int_eq(cJSON_GetArraySize(res), 2);
+	const cJSON *e = cJSON_GetArrayItem(res, 1);
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(e, "best")));
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(e, "stage_us")), 4);
+	const cJSON *hops = cJSON_GetObjectItem(e, "hops");
+	ck_assert_int_eq(cJSON_GetArraySize(hops), 2);
+	ck_assert_double_eq_tol(cJSON_GetObjectItem(cJSON_GetArrayItem(hops, 1), "link_share")->valuedouble,
+				0.5, 1e-12);
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(e, "rank_links")), 3);
+	ck_assert_int_eq(
+	    cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(e, "rank_links"), 2), "sent")
+		->valueint,
+	    240);
+	cJSON_Delete(doc);
+	free(t);
+}
+END_TEST
+
+/* --spin-us=0 is no spin (MBP_SPIN_NONE) for every workload, the trainer's too, as spin_us=0 is in the
+ * options string (for --workload=train it was the trainer's default, 20 us); a budget given is its
+ * microseconds, none given leaves the engine's default. */
+START_TEST(spin_us_0_is_no_spin_for_every_workload)
+{
+	static const char *const workloads[] = {"--workload=train", "--workload=synthetic", "--workload=mlp"};
+	for (unsigned i = 0; i < 3; i++) {
+		pb_config cfg;
+		char err[PB_ERR_MAX] = "";
+		char *zero[] = {"pipebench", (char *)workloads[i], "--spin-us=0", NULL};
+		ck_assert_msg(pb_options_parse(&cfg, 3, zero, err, sizeof err) == 0, "%s: %s", workloads[i],
+			      err);
+		ck_assert_msg(pb_spin_ns(&cfg, 0) == MBP_SPIN_NONE, "%s", workloads[i]);
+		char *seven[] = {"pipebench", (char *)workloads[i], "--spin-us=7", NULL};
+		ck_assert_int_eq(pb_options_parse(&cfg, 3, seven, err, sizeof err), 0);
+		ck_assert_uint_eq(pb_spin_ns(&cfg, 0), 7000);
+		char *none[] = {"pipebench", (char *)workloads[i], NULL};
+		ck_assert_int_eq(pb_options_parse(&cfg, 2, none, err, sizeof err), 0);
+		ck_assert_uint_eq(pb_spin_ns(&cfg, 123), 123);
+	}
+}
+END_TEST
+
 /* A result of 2 threads on 2 CPUs with tight intervals around the given speed-up and bubble, each thread
  * accounting all of its window and busy as the bubble says. */
 static void make_result(pb_result *r, double speedup, double bubble)
@@ -1600,6 +1713,8 @@ static Suite *suite(void)
 	tcase_add_test(out, train_json_holds_each_schedules_figures_and_operations);
 	tcase_add_test(out, train_csv_has_a_header_and_one_line_per_schedule);
 	tcase_add_test(out, train_counts_of_one_are_singular);
+	tcase_add_test(out, mpi_table_and_json_show_each_hops_link_share);
+	tcase_add_test(out, spin_us_0_is_no_spin_for_every_workload);
 	tcase_add_loop_test(out, train_broken_step_exits_1_and_says_which, 0, 2);
 	suite_add_tcase(s, out);
 

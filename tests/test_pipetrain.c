@@ -163,6 +163,8 @@ static const char *const bad_args[][8] = {
     {"--progress", "--no-progress"},
     {"--no-progress", "--progress"},
     {"--quiet", "--progress"},
+    {"--pin", "--no-pin"},
+    {"--no-pin", "--pin"},
     {"--log", ""},
     {"--plot", ""},
     {"--log", "/nonexistent/steps.csv"},
@@ -366,6 +368,81 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 	cJSON_Delete(tr);
 	free(t);
 	tmpdir_remove();
+}
+END_TEST
+
+/* The stage row of the summary table (in `text`) that starts with stage s, up to its end. */
+static char *summary_row(const char *text, unsigned s, char *row, size_t n)
+{
+	const char *t = strstr(text, "\nstage  layers");
+	ck_assert_msg(t, "no summary table: %s", text);
+	for (unsigned k = 0; k <= s; k++) {
+		t = strchr(t + 1, '\n');
+		ck_assert_msg(t, "no row for stage %u: %s", s, text);
+	}
+	const char *end = strchr(t + 1, '\n');
+	snprintf(row, n, "%.*s", (int)(end ? end - t - 1 : (long)strlen(t + 1)), t + 1);
+	return row;
+}
+
+/* As in the other tools, the trainer's threads are pinned by the placement plan unless --no-pin says
+ * not to (they were unpinned unless --pin was given); each stage's row of the summary says when its pin
+ * failed or its CPU is shared with other threads (3 threads on 2 CPUs here: two share one), as the JSON
+ * does. */
+START_TEST(the_threads_are_pinned_by_default_and_the_summary_says_how)
+{
+	if (!have_data())
+		return;
+	struct run r = run(
+	    (const char *const[]){SMALL, "--epochs", "1", "--stages", "3", "--threads", "3", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
+	const cJSON *st = cJSON_GetObjectItem(root, "stages");
+	ck_assert_int_eq(cJSON_GetArraySize(st), 3);
+	for (unsigned s = 0; s < 3; s++) {
+		const cJSON *o = cJSON_GetArrayItem(st, (int)s);
+		const cJSON *pe = cJSON_GetObjectItem(o, "pin_error");
+		int cpu = cJSON_GetObjectItem(o, "cpu")->valueint;
+		unsigned sharing = (unsigned)cJSON_GetObjectItem(o, "sharing")->valueint;
+		ck_assert_msg(cJSON_IsString(pe) ? cpu == -1 : cJSON_IsNull(pe) && cpu >= 0,
+			      "stage %u: cpu %d, not pinned and no pin error", s, cpu);
+		char row[256], want[64];
+		summary_row(r.err, s, row, sizeof row);
+		ck_assert_msg(!strstr(row, "(pin failed: ") == !cJSON_IsString(pe), "stage %u: %s", s, row);
+		snprintf(want, sizeof want, "(shared with %u other thread%s)", sharing,
+			 sharing == 1 ? "" : "s");
+		ck_assert_msg(sharing ? strstr(row, want) != NULL : strstr(row, "(shared") == NULL,
+			      "stage %u, sharing %u: %s", s, sharing, row);
+	}
+	cJSON_Delete(root);
+	run_free(&r);
+
+	r = run((const char *const[]){SMALL, "--epochs", "1", "--stages", "3", "--no-pin", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	root = cJSON_Parse(r.out);
+	ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
+	st = cJSON_GetObjectItem(root, "stages");
+	for (unsigned s = 0; s < 3; s++) {
+		const cJSON *o = cJSON_GetArrayItem(st, (int)s);
+		ck_assert_int_eq(cJSON_GetObjectItem(o, "cpu")->valueint, -1);
+		ck_assert(cJSON_IsNull(cJSON_GetObjectItem(o, "pin_error")));
+		ck_assert_int_eq(cJSON_GetObjectItem(o, "sharing")->valueint, 0);
+	}
+	cJSON_Delete(root);
+	run_free(&r);
+}
+END_TEST
+
+/* A failed step names its operation in words; the update of a step (a refused gradient) is "update", not
+ * a weight gradient's "B_w". */
+START_TEST(every_operation_has_its_own_name_in_messages)
+{
+	ck_assert_str_eq(pt_op_name(MBP_OP_F), "forward");
+	ck_assert_str_eq(pt_op_name(MBP_OP_B), "backward");
+	ck_assert_str_eq(pt_op_name(MBP_OP_BIN), "B_in");
+	ck_assert_str_eq(pt_op_name(MBP_OP_W), "B_w");
+	ck_assert_str_eq(pt_op_name(MBP_OP_UPDATE), "update");
 }
 END_TEST
 
@@ -1271,6 +1348,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_checkpoint_with_eight_bytes_overwritten_is_refused_naming_the_file);
 	tcase_add_test(tc, the_split_is_the_best_of_every_split_and_hand_over);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
+	tcase_add_test(tc, the_threads_are_pinned_by_default_and_the_summary_says_how);
+	tcase_add_test(tc, every_operation_has_its_own_name_in_messages);
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);
 	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);
 	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);

@@ -2,9 +2,9 @@
 include tools/pipebench.mk
 include tools/pipeserve.mk
 include tools/pipetrain.mk
-# Shared by the tools: singular or plural by count in messages; strict number parsing for options; busy work;
-# the progress bar; OpenBLAS's generic-kernel warning.
-EXTRA_DIST += tools/plural.h tools/parse.h tools/burn.h tools/progress.h tools/blas.h tests/plural_check.h
+# What the tools share (parsing, plural, clock, busy work, progress bar, BLAS warning, MPI ranks) is in
+# util/ (util/local.mk), which the benchmarks use too. The tools' tests' check for "1 rows":
+EXTRA_DIST += tests/plural_check.h
 
 # One convention for the three tools: -h/--help and -V/--version answer on standard output with exit 0, a
 # bad option is one line with exit 2, and each manual page lists exactly the options its --help lists.

@@ -10,7 +10,6 @@ tools_pipebench_pipebench_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/i
 tools_pipebench_pipebench_CFLAGS = $(AM_CFLAGS) $(CJSON_CFLAGS)
 tools_pipebench_pipebench_LDADD = $(PB_MPI_LDADD) $(MBP_LIBS) $(CJSON_LIBS) -lm
 dist_man_MANS += tools/pipebench/pipebench.1
-EXTRA_DIST += tools/mpirank.h tools/mpiutil.h
 # Under mpirun the stages spread over the ranks (mpi.c): linked with libmbpipe-mpi when configure found
 # MPI; without it pipebench has no MPI dependency and refuses to run under mpirun.
 if HAVE_MPI
@@ -26,10 +25,11 @@ endif
 # Tests: every bad argument fails with one line; the JSON parses and has its fields; a small synthetic
 # run's measured bubble lies near the predicted one; the statistics on synthetic samples.
 check_PROGRAMS += tests/test_pipebench
-# The statistics (stats.c, predict.c) are linked in and tested on synthetic samples, and the report
-# (output.c, with gantt.c that it draws with) on a synthetic report.
+# The statistics (stats.c, predict.c) are linked in and tested on synthetic samples, the report (output.c,
+# with gantt.c that it draws with) on a synthetic report, and the options' meanings (options.c).
 tests_test_pipebench_SOURCES = tests/test_pipebench.c tests/check_main.h tests/plural_check.h tests/tool_run.h tests/model_file.h \
-	tools/pipebench/stats.c tools/pipebench/predict.c tools/pipebench/output.c tools/pipebench/gantt.c
+	tools/pipebench/stats.c tools/pipebench/predict.c tools/pipebench/output.c tools/pipebench/gantt.c \
+	tools/pipebench/options.c
 tests_test_pipebench_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/include -I$(top_builddir)/include \
 	-DPIPEBENCH_BIN='"$(abs_top_builddir)/tools/pipebench/pipebench"'
 tests_test_pipebench_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(CJSON_CFLAGS)

@@ -46,7 +46,7 @@ static void probe(void)
 	 * stage starts, and differed from tool to tool): every stage sets MBP__BLAS_THREADS_PER_STAGE. */
 	snprintf(info, sizeof(info), "%s%s, kernel %s; stages use %d BLAS %s each",
 		 strncmp(config, "OpenBLAS", 8) ? "OpenBLAS " : "", config, core, MBP__BLAS_THREADS_PER_STAGE,
-		 MBP__PLURAL(MBP__BLAS_THREADS_PER_STAGE, "thread", "threads"));
+		 PLURAL(MBP__BLAS_THREADS_PER_STAGE, "thread", "threads"));
 	__builtin_cpu_init();
 	bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
 	if (!kernel_is_modern(core) && (avx512 || avx2)) {

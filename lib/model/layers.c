@@ -1,5 +1,6 @@
 /*
- * The layer kernels: dense (OpenBLAS), activation, layer normalisation.
+ * The layer kernels: dense (OpenBLAS), activation, layer normalisation; and the sequential reference
+ * (mbp_model_forward, mbp__forward_batched) that runs them layer after layer on one thread.
  *
  * A dense layer computes Y = X W^T + b for a micro-batch X of r rows: the bias rows are copied into Y, then
  * one cblas_sgemm (beta = 1) adds X W^T, so the whole micro-batch streams each weight once. For a single
@@ -148,4 +149,17 @@ int mbp__forward_batched(const struct mbp__layer *l, const struct mbp__weights *
 	free(s0);
 	free(s1);
 	return 0;
+}
+
+/* The sequential reference: the model's current weights, every layer in turn, on the caller's thread. */
+int mbp_model_forward(mbp_model *m, const float *in, float *out, size_t rows, uint32_t mb_rows)
+{
+	if (!m || (rows && (!in || !out)))
+		return -EINVAL;
+	if (!rows)
+		return 0;
+	struct mbp__version *v = mbp__version_get_locked(m);
+	int rc = mbp__forward_batched(m->l, v->lw, m->layers, m->max_width, in, out, rows, mb_rows);
+	mbp__version_put(v);
+	return rc;
 }

@@ -60,10 +60,16 @@ struct mbp_model {
 	bool verified; /* the load checked every tensor it read against the file's digests */
 };
 
-/* References to versions. get_rcu: the caller's thread is registered with RCU (stage 0). */
+/* References to versions (versions.c). get_rcu: the caller's thread is registered with RCU (stage 0). */
 struct mbp__version *mbp__version_get_rcu(mbp_model *m);
 struct mbp__version *mbp__version_get_locked(mbp_model *m);
 void mbp__version_put(struct mbp__version *v);
+/* Free a version no reference holds any more (the last put does; a load that failed calls it itself). */
+void mbp__version_free(struct mbp__version *v);
+/* Publish v, just loaded, as m's first version (its one reference is "current"'s); fini drops it when the
+ * model is destroyed, after every micro-batch has left (verified). */
+void mbp__versions_init(mbp_model *m, struct mbp__version *v);
+void mbp__versions_fini(mbp_model *m);
 
 /*
  * Run layers [a, b) on `rows` rows: x (rows x l[a].in) -> y (rows x l[b-1].out). s0 and s1 are scratch of
@@ -88,8 +94,12 @@ void mbp__layer_run(const struct mbp__layer *l, const struct mbp__weights *w, co
 void mbp__layer_fwd(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		    uint32_t rows, float *z, float *xhat, float *inv);
 
-/* Describe a layer (mbp_model_layer_info's body). */
+/* Describe a layer (mbp_model_layer_info's body; describe.c). */
 void mbp__layer_info(const struct mbp__layer *l, mbp_layer_info *info);
+/* The names of an activation ("none", "relu", "gelu") and of a type ("F32", "F16", "BF16"), as the files
+ * and the descriptions write them (describe.c). */
+const char *mbp__act_name(mbp_act a);
+const char *mbp__dtype_name(mbp_dtype d);
 /* Prefix an error's message with the file's path ("<path>: <msg>"). */
 void mbp__load_error_path(mbp_model_error *err, const char *path);
 

@@ -23,6 +23,7 @@
 
 #include "common.h"
 #include "model_internal.h"
+#include "strbuf.h"
 
 #define HANDOFF_FIXED_NS 1000.0 /* ring hand-off and an occasional wake-up, per micro-batch */
 
@@ -202,26 +203,16 @@ int mbp_model_plan_describe(const mbp_model_plan *plan, char *buf, size_t n)
 {
 	if (!plan || (!buf && n) || plan->stages > MBP_MAX_STAGES)
 		return -EINVAL;
-	size_t len = 0;
-	char tmp[160];
-	for (unsigned s = 0; s <= plan->stages; s++) {
-		int k;
-		if (s < plan->stages)
-			k = snprintf(tmp, sizeof(tmp), "stage %u: layers %u-%u  %.1f us\n", s, plan->first[s],
-				     plan->first[s + 1] - 1, plan->stage_ns[s] / 1e3);
-		else
-			k = snprintf(tmp, sizeof(tmp),
-				     "%u %s at %u %s: slowest %.1f us, mean %.1f us, balance %.3f, "
-				     "sequential %.1f us\n",
-				     plan->stages, MBP__PLURAL(plan->stages, "stage", "stages"),
-				     plan->mb_rows, MBP__PLURAL(plan->mb_rows, "row", "rows"),
-				     plan->slowest_ns / 1e3, plan->mean_ns / 1e3, plan->balance,
-				     plan->sequential_ns / 1e3);
-		if (k < 0)
-			return -EINVAL;
-		if (len < n)
-			snprintf(buf + len, n - len, "%s", tmp);
-		len += (size_t)k;
-	}
-	return len > INT32_MAX ? INT32_MAX : (int)len;
+	struct mbp__strbuf b = mbp__strbuf_fixed(buf, n);
+	for (unsigned s = 0; s < plan->stages; s++)
+		mbp__strbuf_printf(&b, "stage %u: layers %u-%u  %.1f us\n", s, plan->first[s],
+				   plan->first[s + 1] - 1, plan->stage_ns[s] / 1e3);
+	mbp__strbuf_printf(
+	    &b, "%u %s at %u %s: slowest %.1f us, mean %.1f us, balance %.3f, sequential %.1f us\n",
+	    plan->stages, PLURAL(plan->stages, "stage", "stages"), plan->mb_rows,
+	    PLURAL(plan->mb_rows, "row", "rows"), plan->slowest_ns / 1e3, plan->mean_ns / 1e3, plan->balance,
+	    plan->sequential_ns / 1e3);
+	if (b.oom)
+		return -EINVAL;
+	return b.len > INT32_MAX ? INT32_MAX : (int)b.len;
 }

@@ -17,7 +17,6 @@
 #include <endian.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,73 +25,30 @@
 #include "common.h"
 #include "model_internal.h"
 #include "safetensors.h"
+#include "strbuf.h"
 
 enum { T_W, T_B, T_G, T_BETA };
 static const char *const tnames[] = {"weight", "bias", "norm.weight", "norm.bias"};
-
-static const char *dt_name(mbp_dtype d)
-{
-	return d == MBP_DTYPE_F16 ? "F16" : d == MBP_DTYPE_BF16 ? "BF16" : "F32";
-}
 
 static size_t dt_size(mbp_dtype d)
 {
 	return d == MBP_DTYPE_F32 ? 4 : 2;
 }
 
-/* Grow-as-needed string. */
-struct sbuf {
-	char *p;
-	size_t len, cap;
-	bool oom;
-};
-
-static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(struct sbuf *b, const char *fmt, ...)
-{
-	for (;;) {
-		va_list ap;
-		va_start(ap, fmt);
-		int k = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-		va_end(ap);
-		if (k < 0) {
-			b->oom = true;
-			return;
-		}
-		if (b->p && b->len + (size_t)k < b->cap) {
-			b->len += (size_t)k;
-			return;
-		}
-		size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
-		char *p = realloc(b->p, cap);
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->p = p;
-		b->cap = cap;
-	}
-}
-
-static const char *act_str(mbp_act a)
-{
-	return a == MBP_ACT_RELU ? "relu" : a == MBP_ACT_GELU ? "gelu" : "none";
-}
-
 /* Append a JSON string; our keys and values are plain ASCII, but anything written into JSON is escaped. */
-static void sb_json_str(struct sbuf *b, const char *s)
+static void json_str(struct mbp__strbuf *b, const char *s)
 {
-	sb_printf(b, "\"");
+	mbp__strbuf_printf(b, "\"");
 	for (; *s; s++) {
 		unsigned char c = (unsigned char)*s;
 		if (c == '"' || c == '\\')
-			sb_printf(b, "\\%c", c);
+			mbp__strbuf_printf(b, "\\%c", c);
 		else if (c < 0x20)
-			sb_printf(b, "\\u%04x", c);
+			mbp__strbuf_printf(b, "\\u%04x", c);
 		else
-			sb_printf(b, "%c", c);
+			mbp__strbuf_printf(b, "%c", c);
 	}
-	sb_printf(b, "\"");
+	mbp__strbuf_printf(b, "\"");
 }
 
 /* Write one tensor's values, converted to the file's dtype: its data, or values drawn from the generator;
@@ -128,7 +84,7 @@ static int write_values(FILE *f, uint64_t *seed, const struct mbp__st_out *t, mb
 int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, const char *const *meta,
 		  size_t nmeta, mbp_dtype dt, uint64_t seed)
 {
-	struct sbuf h = {0};
+	struct mbp__strbuf h = MBP__STRBUF_GROW;
 	size_t *at = calloc(nt ? nt : 1, sizeof(*at)); /* where each tensor's digest goes in the header */
 	mbp_file *file = NULL;
 	int rc = 0;
@@ -137,39 +93,39 @@ int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, cons
 		goto out;
 	}
 
-	sb_printf(&h, "{\"__metadata__\":{");
+	mbp__strbuf_printf(&h, "{\"__metadata__\":{");
 	for (size_t k = 0; k < nmeta; k++) {
 		if (k)
-			sb_printf(&h, ",");
-		sb_json_str(&h, meta[2 * k]);
-		sb_printf(&h, ":");
-		sb_json_str(&h, meta[2 * k + 1]);
+			mbp__strbuf_printf(&h, ",");
+		json_str(&h, meta[2 * k]);
+		mbp__strbuf_printf(&h, ":");
+		json_str(&h, meta[2 * k + 1]);
 	}
 	for (size_t k = 0; k < nt; k++) {
 		char key[sizeof(t[k].name) + sizeof(MBP__ST_DIGEST_KEY)];
 		snprintf(key, sizeof(key), "%s%s", t[k].name, MBP__ST_DIGEST_KEY);
-		sb_printf(&h, "%s", nmeta || k ? "," : "");
-		sb_json_str(&h, key);
-		sb_printf(&h, ":\"");
+		mbp__strbuf_printf(&h, "%s", nmeta || k ? "," : "");
+		json_str(&h, key);
+		mbp__strbuf_printf(&h, ":\"");
 		at[k] = h.len;
-		sb_printf(&h, "00000000\"");
+		mbp__strbuf_printf(&h, "00000000\"");
 	}
-	sb_printf(&h, "}");
+	mbp__strbuf_printf(&h, "}");
 	uint64_t off = 0;
 	for (size_t k = 0; k < nt; k++) {
 		uint64_t bytes = (uint64_t)t[k].rows * (t[k].cols ? t[k].cols : 1) * dt_size(dt);
-		sb_printf(&h, ",");
-		sb_json_str(&h, t[k].name);
-		sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[%u", dt_name(dt), t[k].rows);
+		mbp__strbuf_printf(&h, ",");
+		json_str(&h, t[k].name);
+		mbp__strbuf_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[%u", mbp__dtype_name(dt), t[k].rows);
 		if (t[k].cols)
-			sb_printf(&h, ",%u", t[k].cols);
-		sb_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-			  (unsigned long long)(off + bytes));
+			mbp__strbuf_printf(&h, ",%u", t[k].cols);
+		mbp__strbuf_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+				   (unsigned long long)(off + bytes));
 		off += bytes;
 	}
-	sb_printf(&h, "}");
+	mbp__strbuf_printf(&h, "}");
 	while (!h.oom && h.len % 8)
-		sb_printf(&h, " ");
+		mbp__strbuf_printf(&h, " ");
 	if (h.oom) {
 		rc = -ENOMEM;
 		goto out;
@@ -260,8 +216,9 @@ int mbp_model_write_random(const char *path, const mbp_model_spec *sp)
 	char last[40], seed[24];
 	snprintf(last, sizeof(last), "layers.%u.activation", L - 1);
 	snprintf(seed, sizeof(seed), "%llu", (unsigned long long)sp->seed);
-	const char *meta[] = {"format", "mbpipe-mlp",	  "activation", act_str(sp->act), last,
-			      "none",	"layer_norm_eps", "1e-05",	"seed",		  seed};
+	const char *meta[] = {"format", "mbpipe-mlp", "activation",	mbp__act_name(sp->act),
+			      last,	"none",	      "layer_norm_eps", "1e-05",
+			      "seed",	seed};
 	rc = mbp__st_write(path, t, nt, meta, MBP_ARRAY_SIZE(meta) / 2, sp->dtype, sp->seed);
 out:
 	free(t);
@@ -298,7 +255,7 @@ int mbp__model_write(const char *path, unsigned L, const struct mbp__layer *l, c
 	meta[2 * nm] = "layer_norm_eps", meta[2 * nm++ + 1] = eps_s;
 	for (unsigned i = 0; i < L; i++) {
 		snprintf(keys[i], sizeof(keys[i]), "layers.%u.activation", i);
-		meta[2 * nm] = keys[i], meta[2 * nm++ + 1] = act_str(l[i].act);
+		meta[2 * nm] = keys[i], meta[2 * nm++ + 1] = mbp__act_name(l[i].act);
 	}
 	rc = mbp__st_write(path, t, nt, meta, nm, MBP_DTYPE_F32, 0);
 out:

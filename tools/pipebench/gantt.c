@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "pipebench.h"
-#include "../plural.h"
+#include "util/plural.h"
 
 unsigned pb_terminal_width(void)
 {

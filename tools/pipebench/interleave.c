@@ -74,16 +74,16 @@ int pb_interleave(pb_arm *arms, unsigned n, const pb_schedule *s, pb_noise *nz, 
 	/* the warm-up round: discarded; it times one unit of each arm */
 	for (unsigned i = 0; i < n; i++) {
 		pb_arm *a = &arms[i];
-		uint64_t t0 = pb_now_ns();
+		uint64_t t0 = mbt_now_ns();
 		if (visit(a, s->warmup, 1, &rate, err, errlen))
 			return -1;
-		a->unit_s = (double)(pb_now_ns() - t0) / 1e9 / (s->warmup + 1);
+		a->unit_s = (double)(mbt_now_ns() - t0) / 1e9 / (s->warmup + 1);
 		double u = a->unit_s > 0 ? ceil(s->visit_s / a->unit_s) : MAX_UNITS;
 		a->units = u < 1 ? 1 : u > MAX_UNITS ? MAX_UNITS : (unsigned)u;
 		pb_progress(0, 1, a->label);
 	}
 
-	uint64_t t0 = pb_now_ns(); /* moved on by the pauses: they do not count against the budget */
+	uint64_t t0 = mbt_now_ns(); /* moved on by the pauses: they do not count against the budget */
 	const uint64_t budget_ns = (uint64_t)(s->budget_s * 1e9);
 	double pause_left = s->pause_s;
 	unsigned pending = 0; /* first round of the noise window still open */
@@ -99,12 +99,12 @@ int pb_interleave(pb_arm *arms, unsigned n, const pb_schedule *s, pb_noise *nz, 
 				return -1;
 			a->loud[a->n] = 0;
 			a->rate[a->n++] = rate;
-			uint64_t el = pb_now_ns() - t0;
+			uint64_t el = mbt_now_ns() - t0;
 			pb_progress(el < budget_ns ? el / 1000000 : budget_ns / 1000000, budget_ns / 1000000,
 				    a->label);
 		}
 		bool done =
-		    settled(arms, n, s) || (pb_now_ns() - t0 >= budget_ns && arms[0].n >= s->min_repeats);
+		    settled(arms, n, s) || (mbt_now_ns() - t0 >= budget_ns && arms[0].n >= s->min_repeats);
 		int loud = pb_noise_round(nz, done);
 		if (loud >= 0) {
 			for (unsigned i = 0; i < n; i++)

@@ -16,20 +16,12 @@
 #include <unistd.h>
 
 #include "pipebench.h"
-#include "../mpirank.h"
+#include "util/mpirank.h"
 
 #define PB_DEF_BATCH_MLP       256
 #define PB_DEF_BATCH_SYNTHETIC 64
 #define PB_DEF_MAX_STAGES      4
 #define PB_VISIT_S	       0.02 /* measured time per visit to a size */
-
-/* Under mpirun every rank finds the same error: rank 0 alone says it. */
-static int usage_error(const char *msg)
-{
-	if (mbt_launcher_rank() == 0)
-		fprintf(stderr, "pipebench: %s (try --help)\n", msg);
-	return PB_EXIT_USAGE;
-}
 
 /* Every size and the baseline as arms of one interleaved schedule. `arms` (nsizes + 1) outlives the
  * report: the results point at their samples. A failure goes into rep; every size is closed either way. */
@@ -187,7 +179,7 @@ int main(int argc, char **argv)
 
 	rc = pb_options_parse(&cfg, argc, argv, err, sizeof(err));
 	if (rc < 0)
-		return usage_error(err);
+		return pb_usage("%s", err);
 	if (rc > 0)
 		return PB_EXIT_OK;
 	const char *env = getenv("MBPIPE_OPTS");
@@ -198,20 +190,20 @@ int main(int argc, char **argv)
 		if (mbp_opts_parse(&o, env, &pos)) {
 			snprintf(err, sizeof(err), "MBPIPE_OPTS: %s (at '%.*s')", mbp_opts_rule(env + pos),
 				 (int)strcspn(env + pos, ","), env + pos);
-			return usage_error(err);
+			return pb_usage("%s", err);
 		}
 	}
 	int ncpus = pb_cpus_resolve(&cfg, &allowed, err, sizeof(err));
 	if (ncpus < 0)
-		return usage_error(err);
+		return pb_usage("%s", err);
 	/* Before the measurements, not after them; under mpirun both are refused (mpi.c), and every rank
 	 * trying the same path at once would race. */
 	if (cfg.svg_path && !mbt_mpi_launched() && pb_output_check("--svg", cfg.svg_path, err, sizeof(err)))
-		return usage_error(err);
+		return pb_usage("%s", err);
 	if (cfg.workload == PB_WL_TRAIN) {
 		if (mbt_mpi_launched())
-			return usage_error("--workload=train does not run under mpirun (one process: its "
-					   "stages are threads)");
+			return pb_usage("--workload=train does not run under mpirun (one process: its "
+					"stages are threads)");
 		return pb_train_main(&cfg, (unsigned)ncpus, allowed);
 	}
 	const bool stages_default = cfg.stages == 0; /* under mpirun: one stage per rank */
@@ -220,18 +212,18 @@ int main(int argc, char **argv)
 	if (cfg.batch == 0)
 		cfg.batch = cfg.workload == PB_WL_MLP ? PB_DEF_BATCH_MLP : PB_DEF_BATCH_SYNTHETIC;
 	if (pb_sizes_resolve(&cfg, err, sizeof(err)))
-		return usage_error(err);
+		return pb_usage("%s", err);
 	if (cfg.trace_path && !mbt_mpi_launched() &&
 	    pb_output_check("--trace", cfg.trace_path, err, sizeof(err)))
-		return usage_error(err);
+		return pb_usage("%s", err);
 	if (mbt_mpi_launched()) { /* stages spread over the ranks (mpi.c) */
 #ifdef PB_WITH_MPI
 		pb_progress_init(cfg.progress);
 		return pb_mpi_main(&cfg, stages_default, &argc, &argv);
 #else
 		(void)stages_default;
-		return usage_error("started by mpirun, but this pipebench was built without MPI (configure "
-				   "--with-mpi)");
+		return pb_usage("started by mpirun, but this pipebench was built without MPI (configure "
+				"--with-mpi)");
 #endif
 	}
 
@@ -239,24 +231,19 @@ int main(int argc, char **argv)
 	rc = cfg.workload == PB_WL_MLP ? pb_mlp_new(&w, &cfg, err, sizeof(err))
 				       : pb_synthetic_new(&w, &cfg, err, sizeof(err));
 	if (rc == PB_EXIT_USAGE)
-		return usage_error(err);
-	if (rc) {
-		fprintf(stderr, "pipebench: %s\n", err);
-		return PB_EXIT_FAIL;
-	}
+		return pb_usage("%s", err);
+	if (rc)
+		return pb_failure("%s", err);
 	cfg.stages = w->stages;
 
 	if (pb_bench_init(&b, &cfg, w, (unsigned)ncpus, allowed, err, sizeof(err))) {
-		fprintf(stderr, "pipebench: %s\n", err);
 		w->destroy(w);
-		return PB_EXIT_FAIL;
+		return pb_failure("%s", err);
 	}
 	res = calloc(cfg.nsizes, sizeof(*res));
 	arms = calloc(cfg.nsizes + 1, sizeof(*arms));
-	if (!res || !arms) {
-		fprintf(stderr, "pipebench: out of memory\n");
-		return PB_EXIT_FAIL;
-	}
+	if (!res || !arms)
+		return pb_failure("out of memory");
 	memset(&single, 0, sizeof(single));
 	memset(&traced, 0, sizeof(traced));
 	memset(&rep, 0, sizeof(rep));
@@ -281,7 +268,7 @@ int main(int argc, char **argv)
 	print_report(&rep);
 	fflush(stdout);
 	if (rep.status)
-		fprintf(stderr, "pipebench: FAILED: %s\n", rep.error);
+		pb_failure("FAILED: %s", rep.error);
 
 	for (unsigned i = 0; i < cfg.nsizes; i++)
 		pb_result_fini(&res[i]);

@@ -36,7 +36,7 @@
 #include <time.h>
 
 #include "pipebench.h"
-#include "../plural.h"
+#include "util/plural.h"
 
 #define JOB_TIMEOUT_NS	 (120 * INT64_C(1000000000)) /* at least; 50 slowest baselines if longer */
 #define DRAIN_TIMEOUT_NS (30 * INT64_C(1000000000))
@@ -171,11 +171,11 @@ static void *seq_thread(void *arg)
 		}
 	}
 	for (unsigned run = 0; run < sr->warm + sr->units; run++) {
-		uint64_t t0 = pb_now_ns();
+		uint64_t t0 = mbt_now_ns();
 		if (seq_batch(sr, width, maxw, scratch))
 			goto out;
 		if (run >= sr->warm)
-			sr->ns += pb_now_ns() - t0;
+			sr->ns += mbt_now_ns() - t0;
 	}
 	sr->rc = 0;
 out:
@@ -243,43 +243,47 @@ void pb_baseline_sum(pb_bench *b, const pb_arm *arm)
 
 /* ---- one pipeline per size ---- */
 
-/* A stage as the engine sees it: the workload's stage, stamped. Only this stage's thread writes rec. */
-struct wrap {
-	mbp_stage_desc inner;
-	uint64_t *rec; /* [cap][2]: begin, end of micro-batch seq of the latest job */
-	uint32_t cap;
-};
-
-static int wrap_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
+static int stamp_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
-	struct wrap *w = ctx;
-	uint64_t t0 = pb_now_ns();
-	int rc = w->inner.fn(w->inner.ctx, in, out);
-	if (in->job && in->seq < w->cap) {
-		w->rec[2 * in->seq] = t0;
-		w->rec[2 * in->seq + 1] = pb_now_ns();
+	pb_stamp *s = ctx;
+	uint64_t t0 = mbt_now_ns();
+	int rc = s->inner.fn(s->inner.ctx, in, out);
+	if (in->seq < s->cap) {
+		s->rec[2 * in->seq] = t0;
+		s->rec[2 * in->seq + 1] = mbt_now_ns();
 	}
 	return rc;
 }
 
-static int wrap_init(void *ctx, unsigned stage)
+static int stamp_init(void *ctx, unsigned stage)
 {
-	struct wrap *w = ctx;
-	return w->inner.init ? w->inner.init(w->inner.ctx, stage) : 0;
+	pb_stamp *s = ctx;
+	return s->inner.init ? s->inner.init(s->inner.ctx, stage) : 0;
 }
 
-static void wrap_fini(void *ctx)
+static void stamp_fini(void *ctx)
 {
-	struct wrap *w = ctx;
-	if (w->inner.fini)
-		w->inner.fini(w->inner.ctx);
+	pb_stamp *s = ctx;
+	if (s->inner.fini)
+		s->inner.fini(s->inner.ctx);
 }
 
-static void wrap_done(void *ctx, mbp_mb *mb)
+static void stamp_done(void *ctx, mbp_mb *mb)
 {
-	struct wrap *w = ctx;
-	if (w->inner.done)
-		w->inner.done(w->inner.ctx, mb);
+	pb_stamp *s = ctx;
+	if (s->inner.done)
+		s->inner.done(s->inner.ctx, mb);
+}
+
+mbp_stage_desc pb_stamp_desc(pb_stamp *s)
+{
+	mbp_stage_desc d = s->inner;
+	d.fn = stamp_fn;
+	d.init = stamp_init;
+	d.fini = stamp_fini;
+	d.done = stamp_done;
+	d.ctx = s;
+	return d;
 }
 
 struct pb_cand {
@@ -291,7 +295,7 @@ struct pb_cand {
 	void *ref;  /* the reference output for this size (or the baseline's) */
 	bool own_ref;
 	mbp_pipeline *p;
-	struct wrap *wraps;
+	pb_stamp *wraps;
 	uint64_t *cur; /* the stamps of the batch in flight */
 	size_t tl_words;
 	uint64_t jobs;
@@ -347,8 +351,7 @@ static int make_opts(const pb_bench *b, uint32_t mb_rows, bool trace, mbp_opts *
 		return failf(r, "--opts: bad engine option at '%s'", cfg->engine_opts + pos);
 	o->in_row_bytes = b->w->in_row_bytes;
 	o->max_mb_rows = mb_rows;
-	if (cfg->spin_us >= 0)
-		o->spin_ns = cfg->spin_us ? (uint64_t)cfg->spin_us * 1000 : MBP_SPIN_NONE;
+	o->spin_ns = pb_spin_ns(cfg, o->spin_ns);
 	o->ncpus = cfg->ncpus;
 	memcpy(o->cpus, cfg->cpus, cfg->ncpus * sizeof(int));
 	o->trace_events = trace ? TRACE_EVENTS : 0;
@@ -367,7 +370,7 @@ static int run_batch(pb_cand *c, mbp_job *job, uint64_t *start, uint64_t *ns)
 	memset(b->out, 0xff, (size_t)cfg->batch * w->out_row_bytes); /* NaN and impossible stamps */
 	mbp_job_init(job, b->in, b->out, cfg->batch, c->mb_rows);
 	c->jobs++;
-	uint64_t t0 = pb_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	int rc = mbp_job_submit(c->p, job, -1);
 	if (rc < 0) {
 		mbp_pipeline_refusal rf = {0}; /* the limit, when it was one */
@@ -379,7 +382,7 @@ static int run_batch(pb_cand *c, mbp_job *job, uint64_t *start, uint64_t *ns)
 	int64_t timeout = (int64_t)(b->base.max_ms * 50 * 1e6);
 	timeout = timeout > JOB_TIMEOUT_NS ? timeout : JOB_TIMEOUT_NS;
 	rc = mbp_job_wait(job, timeout);
-	uint64_t t1 = pb_now_ns();
+	uint64_t t1 = mbt_now_ns();
 	if (rc < 0)
 		return failf(r, "a batch did not complete in %.0f s (micro-batches lost?): %s",
 			     (double)timeout / 1e9, mbp_strerror(rc));
@@ -484,15 +487,9 @@ static int start_pipeline(pb_cand *c, const mbp_opts *o)
 	if (rc < 0)
 		return failf(r, "pipeline: %s", mbp_opts_check(o, &why) ? why : mbp_strerror(rc));
 	for (unsigned i = 0; i < S; i++) {
-		c->wraps[i].inner = c->desc[i];
-		c->wraps[i].rec = c->cur + (size_t)i * c->mbs * 2;
-		c->wraps[i].cap = c->mbs;
-		mbp_stage_desc d = c->desc[i];
-		d.fn = wrap_fn;
-		d.init = wrap_init;
-		d.fini = wrap_fini;
-		d.done = wrap_done;
-		d.ctx = &c->wraps[i];
+		c->wraps[i] =
+		    (pb_stamp){.inner = c->desc[i], .rec = c->cur + (size_t)i * c->mbs * 2, .cap = c->mbs};
+		mbp_stage_desc d = pb_stamp_desc(&c->wraps[i]);
 		rc = mbp_pipeline_add_stage(c->p, &d);
 		if (rc < 0)
 			return failf(r, "stage %u: %s", i, mbp_strerror(rc));

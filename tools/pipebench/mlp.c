@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "pipebench.h"
-#include "../plural.h"
+#include "util/plural.h"
 
 struct mlp {
 	pb_workload w;

@@ -1,15 +1,17 @@
 /*
- * pipebench under mpirun: the stages spread over the ranks (libmbpipe-mpi, <mbpipe/mpi.h>).
+ * pipebench under mpirun: the ranks' protocol, the stages spread over the ranks (libmbpipe-mpi,
+ * <mbpipe/mpi.h>). The stages are stamped by measure.c's wrapper (pb_stamp) and the figures printed by
+ * output.c (pb_print_mpi_table, pb_print_mpi_json); what is here is the runs across the ranks and their
+ * sums.
  *
  * main.c comes here when an MPI launcher started the process (mbt_mpi_launched()). Every rank parses the
  * same command line; rank r runs a contiguous range of the S stages (rank 0 the first ones, the first
  * S mod R ranks one more; S defaults to R), and with the mlp each rank loads only its stages' layers
  * (mbp_model_load_layers; a generated model is written by every rank itself, from the same seed). Rank 0
- * measures and prints; the other ranks serve.
+ * measures and reports; the other ranks serve.
  *
  * A visit to a micro-batch size is one run across the ranks: rank 0 broadcasts the size and the number
- * of batches, every rank makes its part (mbp_mpi_new, its stages wrapped to stamp each micro-batch,
- * mbp_mpi_start), rank 0 submits the batches one at a time (a job each, waited for and checked: the
+ * of batches, every rank makes its part (mbp_mpi_new, its stages stamped, mbp_mpi_start), rank 0 submits the batches one at a time (a job each, waited for and checked: the
  * synthetic workload recomputes its stamps, the mlp's output must be the same bit for bit in every batch
  * of a size and have no row left unwritten), then drains, which ends the run on every rank; the ranks then
  * send rank 0 their stamps. The sizes are visited in turn by the schedule of the single-process tool
@@ -30,7 +32,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,9 +44,10 @@
 #include <mbpipe/mpi.h>
 
 #include "pipebench.h"
-#include "../mpirank.h"
-#include "../mpiutil.h"
-#include "../plural.h"
+#include "util/mpirank.h"
+#include "util/mpiutil.h"
+#include "util/parse.h"
+#include "util/plural.h"
 
 #define VISIT_S	       0.05 /* measured time per visit: a run's set-up costs a few ms */
 #define JOB_TIMEOUT_NS (120 * INT64_C(1000000000))
@@ -151,12 +153,12 @@ static int clock_task(void *arg)
 	for (unsigned r = 1; r < p->ranks; r++) {
 		uint64_t best = UINT64_MAX;
 		for (int k = 0; flags[r] && k < 16; k++) {
-			uint64_t t0 = pb_now_ns(), tr = 0;
+			uint64_t t0 = mbt_now_ns(), tr = 0;
 			if (p->rank == 0) {
 				MPI_Send(&t0, 1, MPI_UINT64_T, (int)r, TAG_CLOCK, MPI_COMM_WORLD);
 				MPI_Recv(&tr, 1, MPI_UINT64_T, (int)r, TAG_CLOCK, MPI_COMM_WORLD,
 					 MPI_STATUS_IGNORE);
-				uint64_t t1 = pb_now_ns();
+				uint64_t t1 = mbt_now_ns();
 				if (t1 - t0 < best) {
 					best = t1 - t0;
 					p->offset[r] = (int64_t)(tr - (t0 + (t1 - t0) / 2));
@@ -164,7 +166,7 @@ static int clock_task(void *arg)
 			} else if (p->rank == r) {
 				MPI_Recv(&t0, 1, MPI_UINT64_T, 0, TAG_CLOCK, MPI_COMM_WORLD,
 					 MPI_STATUS_IGNORE);
-				tr = pb_now_ns();
+				tr = mbt_now_ns();
 				MPI_Send(&tr, 1, MPI_UINT64_T, 0, TAG_CLOCK, MPI_COMM_WORLD);
 			}
 		}
@@ -175,67 +177,12 @@ static int clock_task(void *arg)
 static int exec(int (*fn)(void *), void *arg)
 {
 	int rc = mbp_mpi_exec(fn, arg);
-	if (rc) {
-		fprintf(stderr, "pipebench: rank %u: MPI: %s\n", (unsigned)mbp_mpi_rank(), mbp_strerror(rc));
-		mbp_mpi_abort(1);
-	}
+	if (rc)
+		mbp_mpi_abort(pb_failure("rank %u: MPI: %s", (unsigned)mbp_mpi_rank(), mbp_strerror(rc)));
 	return 0;
 }
 
-/* ---- stamped stages ---- */
-
-struct stamp {
-	mbp_stage_desc inner;
-	uint64_t *rec; /* [n][2]: begin, end of the micro-batch of global sequence number k */
-	size_t n;
-};
-
-static int stamp_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
-{
-	struct stamp *s = ctx;
-	uint64_t t0 = pb_now_ns();
-	int rc = s->inner.fn(s->inner.ctx, in, out);
-	if (in->seq < s->n) {
-		s->rec[2 * in->seq] = t0;
-		s->rec[2 * in->seq + 1] = pb_now_ns();
-	}
-	return rc;
-}
-
-static int stamp_init(void *ctx, unsigned stage)
-{
-	struct stamp *s = ctx;
-	return s->inner.init ? s->inner.init(s->inner.ctx, stage) : 0;
-}
-
-static void stamp_fini(void *ctx)
-{
-	struct stamp *s = ctx;
-	if (s->inner.fini)
-		s->inner.fini(s->inner.ctx);
-}
-
-static void stamp_done(void *ctx, mbp_mb *mb)
-{
-	struct stamp *s = ctx;
-	if (s->inner.done)
-		s->inner.done(s->inner.ctx, mb);
-}
-
 /* ---- one visit: a run across the ranks ---- */
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err[0]) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -1;
-}
 
 /* Rank 0: check one batch's output. */
 static int check_output(pm *p, pm_size *z, char *err, size_t errlen)
@@ -271,12 +218,12 @@ static int submit_batches(pm *p, mbp_mpi *mp, pm_size *z, const pm_cmd *c, doubl
 		mbp_job job;
 		memset(p->out, 0xff, (size_t)cfg->batch * p->out_rb); /* NaN and impossible stamps */
 		mbp_job_init(&job, p->in, p->out, cfg->batch, c->mb_rows);
-		uint64_t t0 = pb_now_ns();
+		uint64_t t0 = mbt_now_ns();
 		int rc = mbp_mpi_job_submit(mp, &job, -1);
 		if (rc)
 			return fail(err, errlen, "m=%u: submit failed: %s", c->mb_rows, mbp_strerror(rc));
 		rc = mbp_mpi_job_wait(mp, &job, JOB_TIMEOUT_NS);
-		uint64_t t1 = pb_now_ns();
+		uint64_t t1 = mbt_now_ns();
 		if (rc)
 			return fail(err, errlen, "m=%u: a batch did not complete in %.0f s: %s", c->mb_rows,
 				    JOB_TIMEOUT_NS / 1e9, mbp_strerror(rc));
@@ -365,13 +312,11 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 		n = MAX_STAMPS;
 	uint64_t *mine = malloc(L * 2 * n * sizeof(uint64_t));
 	uint64_t *all = p->rank == 0 ? malloc(p->S * 2 * n * sizeof(uint64_t)) : NULL;
-	if (!mine || (p->rank == 0 && !all)) { /* the ranks are in a collective run: end them all */
-		fprintf(stderr, "pipebench: rank %u: out of memory for the stamps of %zu micro-batches\n",
-			p->rank, n);
-		mbp_mpi_abort(1);
-	}
+	if (!mine || (p->rank == 0 && !all)) /* the ranks are in a collective run: end them all */
+		mbp_mpi_abort(
+		    pb_failure("rank %u: out of memory for the stamps of %zu micro-batches", p->rank, n));
 	memset(mine, 0xff, L * 2 * n * sizeof(uint64_t));
-	struct stamp st[MBP_MAX_STAGES];
+	pb_stamp st[MBP_MAX_STAGES];
 	mbp_mpi *mp = NULL;
 
 	mbp_opts o;
@@ -384,8 +329,7 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 		(void)mbp_opts_parse(&o, cfg->engine_opts, NULL);
 	o.in_row_bytes = p->my_in_rb;
 	o.max_mb_rows = c->mb_rows;
-	if (cfg->spin_us >= 0)
-		o.spin_ns = cfg->spin_us ? (uint64_t)cfg->spin_us * 1000 : MBP_SPIN_NONE;
+	o.spin_ns = pb_spin_ns(cfg, o.spin_ns);
 	int rc = mbp_mpi_new(&mp, &o, NULL);
 	for (unsigned i = 0; rc == 0 && i < L; i++) {
 		mbp_stage_desc d;
@@ -393,13 +337,8 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 			d = p->w->desc_of[p->lo + i];
 		else if ((rc = mbp_model_stage_desc(p->mst, i, &d)))
 			break;
-		st[i] = (struct stamp){.inner = d, .rec = mine + i * 2 * n, .n = n};
-		mbp_stage_desc w = d;
-		w.fn = stamp_fn;
-		w.init = stamp_init;
-		w.fini = stamp_fini;
-		w.done = stamp_done;
-		w.ctx = &st[i];
+		st[i] = (pb_stamp){.inner = d, .rec = mine + i * 2 * n, .cap = n};
+		mbp_stage_desc w = pb_stamp_desc(&st[i]);
 		rc = mbp_mpi_add_stage(mp, &w);
 	}
 	if (rc == 0 && p->w && p->w->reset)
@@ -472,10 +411,8 @@ static int serve(pm *p)
 			return status;
 		double rate;
 		char err[PB_ERR_MAX] = "";
-		if (run(p, &c, &rate, err, sizeof(err))) {
-			fprintf(stderr, "pipebench: rank %u: %s\n", p->rank, err);
-			status = PB_EXIT_FAIL;
-		}
+		if (run(p, &c, &rate, err, sizeof(err)))
+			status = pb_failure("rank %u: %s", p->rank, err);
 	}
 }
 
@@ -547,171 +484,71 @@ static int setup_mlp(pm *p, char *path, size_t pathlen, bool *tmp, char *err, si
 	return 0;
 }
 
-/* ---- output (rank 0) ---- */
+/* ---- the report (rank 0; output.c prints it) ---- */
 
 static double mean_of(double sum, double n)
 {
 	return n > 0 ? sum / n : 0;
 }
 
-/* The slowest stage's mean time per micro-batch. */
-static double compute_us(const pm *p, const pm_size *z)
-{
-	double m = 0;
-	for (unsigned s = 0; s < p->S; s++)
-		m = fmax(m, mean_of(z->busy_ns[s], z->busy_n[s]) / 1e3);
-	return m;
-}
-
-static void print_table(const pm *p, unsigned best)
+static void fill_report(const pm *p, unsigned best, pb_mpi_row *rows, pb_mpi_report *rep)
 {
 	const pb_config *cfg = p->cfg;
-	printf("pipebench: %s over %u MPI ranks\n", p->desc, p->ranks);
-	printf("ranks:");
+	*rep = (pb_mpi_report){.cfg = cfg,
+			       .desc = p->desc,
+			       .ranks = p->ranks,
+			       .stages = p->S,
+			       .load = pb_loadavg(),
+			       .rows = rows,
+			       .best = best};
 	for (unsigned r = 0; r < p->ranks; r++) {
 		unsigned lo, hi;
 		mbt_rank_stages(p->S, p->ranks, r, &lo, &hi);
-		if (hi - lo == 1)
-			printf("%s rank %u: stage %u", r ? ";" : "", r, lo);
-		else
-			printf("%s rank %u: stages %u-%u", r ? ";" : "", r, lo, hi - 1);
+		rep->first[r] = lo;
+		rep->count[r] = hi - lo;
+		rep->clock_offset_ns[r] = p->offset[r];
 	}
-	printf("\nbatch %u %s, load %.2f\n\n", cfg->batch, PLURAL(cfg->batch, "row", "rows"), pb_loadavg());
-	printf("%6s %5s %12s %25s %8s %8s %6s %9s %11s %6s\n", "mb", "mbs", "rows/s", "95% interval",
-	       "p50 ms", "p99 ms", "hop", "link us", "compute us", "link");
 	for (unsigned i = 0; i < cfg->nsizes; i++) {
 		const pm_size *z = &p->sizes[i];
-		char iv[64];
-		snprintf(iv, sizeof(iv), "%.0f-%.0f", z->thr.lo, z->thr.hi);
-		printf("%6u %5u %12.0f %25s %8.3f %8.3f", z->mb_rows, z->mbs, z->thr.median, iv,
-		       pb_percentile(z->lat, (unsigned)z->nlat, 0.50) / 1e6,
-		       pb_percentile(z->lat, (unsigned)z->nlat, 0.99) / 1e6);
-		double cu = compute_us(p, z);
-		for (unsigned r = 0; r + 1 < p->ranks; r++) {
-			double lu = mean_of(z->hop[r].link_ns, z->hop[r].n) / 1e3;
-			char hop[24];
-			snprintf(hop, sizeof(hop), "%u>%u", r, r + 1);
-			if (r)
-				printf("%6s %5s %12s %25s %8s %8s", "", "", "", "", "", "");
-			printf(" %6s %9.1f %11.1f %5.1f%%%s\n", hop, lu, cu,
-			       lu + cu > 0 ? 100 * lu / (lu + cu) : 0,
-			       r == 0 && i == best ? "  <- best" : "");
+		pb_mpi_row *row = &rows[i];
+		*row = (pb_mpi_row){.mb_rows = z->mb_rows,
+				    .mbs = z->mbs,
+				    .batches = (unsigned)z->nlat,
+				    .thr = z->thr,
+				    .p50_ms = pb_percentile(z->lat, (unsigned)z->nlat, 0.50) / 1e6,
+				    .p99_ms = pb_percentile(z->lat, (unsigned)z->nlat, 0.99) / 1e6};
+		for (unsigned s = 0; s < p->S; s++) {
+			row->stage_us[s] = mean_of(z->busy_ns[s], z->busy_n[s]) / 1e3;
+			row->compute_us = fmax(row->compute_us, row->stage_us[s]);
 		}
-		if (p->ranks == 1) /* no hop */
-			printf(" %6s %9s %11.1f %6s%s\n", "-", "-", cu, "-", i == best ? "  <- best" : "");
-	}
-	printf(
-	    "\nlink: per micro-batch, the time the next rank's first stage waited for it beyond its leaving "
-	    "the rank before and that stage being free;\ncompute: the slowest stage's time per micro-batch; "
-	    "link share = link / (link + compute).\n");
-}
-
-static int print_json(const pm *p, unsigned best)
-{
-	const pb_config *cfg = p->cfg;
-	cJSON *o = cJSON_CreateObject();
-	cJSON_AddStringToObject(o, "tool", "pipebench");
-	cJSON_AddStringToObject(o, "mode", "mpi");
-	cJSON_AddStringToObject(o, "version", mbp_version());
-	cJSON_AddStringToObject(o, "workload", cfg->workload == PB_WL_MLP ? "mlp" : "synthetic");
-	cJSON_AddStringToObject(o, "description", p->desc);
-	cJSON_AddNumberToObject(o, "ranks", p->ranks);
-	cJSON_AddNumberToObject(o, "stages", p->S);
-	cJSON_AddNumberToObject(o, "batch", cfg->batch);
-	cJSON_AddNumberToObject(o, "load", pb_loadavg());
-	cJSON *rs = cJSON_AddArrayToObject(o, "rank_stages");
-	for (unsigned r = 0; r < p->ranks; r++) {
-		unsigned lo, hi;
-		mbt_rank_stages(p->S, p->ranks, r, &lo, &hi);
-		cJSON *a = cJSON_CreateObject();
-		cJSON_AddNumberToObject(a, "rank", r);
-		cJSON_AddNumberToObject(a, "first", lo);
-		cJSON_AddNumberToObject(a, "count", hi - lo);
-		cJSON_AddNumberToObject(a, "clock_offset_ns", (double)p->offset[r]);
-		cJSON_AddItemToArray(rs, a);
-	}
-	cJSON *res = cJSON_AddArrayToObject(o, "results");
-	for (unsigned i = 0; i < cfg->nsizes; i++) {
-		const pm_size *z = &p->sizes[i];
-		cJSON *e = cJSON_CreateObject();
-		cJSON_AddNumberToObject(e, "mb_rows", z->mb_rows);
-		cJSON_AddNumberToObject(e, "mbs", z->mbs);
-		cJSON_AddNumberToObject(e, "batches", (double)z->nlat);
-		/* the names of the single-process output */
-		cJSON_AddNumberToObject(e, "rows_per_s", z->thr.median);
-		const double iv[2] = {z->thr.lo, z->thr.hi};
-		cJSON_AddItemToObject(e, "rows_per_s_interval", cJSON_CreateDoubleArray(iv, 2));
-		cJSON *lat = cJSON_AddObjectToObject(e, "latency_ms");
-		cJSON_AddNumberToObject(lat, "p50", pb_percentile(z->lat, (unsigned)z->nlat, 0.50) / 1e6);
-		cJSON_AddNumberToObject(lat, "p99", pb_percentile(z->lat, (unsigned)z->nlat, 0.99) / 1e6);
-		cJSON_AddBoolToObject(e, "best", i == best);
-		cJSON *su = cJSON_AddArrayToObject(e, "stage_us");
-		for (unsigned s = 0; s < p->S; s++)
-			cJSON_AddItemToArray(su,
-					     cJSON_CreateNumber(mean_of(z->busy_ns[s], z->busy_n[s]) / 1e3));
-		double cu = compute_us(p, z);
-		cJSON *hops = cJSON_AddArrayToObject(e, "hops");
-		for (unsigned r = 0; r + 1 < p->ranks; r++) {
-			double lu = mean_of(z->hop[r].link_ns, z->hop[r].n) / 1e3;
-			cJSON *h = cJSON_CreateObject();
-			cJSON_AddNumberToObject(h, "from_rank", r);
-			cJSON_AddNumberToObject(h, "to_rank", r + 1);
-			cJSON_AddNumberToObject(h, "link_us", lu);
-			cJSON_AddNumberToObject(h, "compute_us", cu);
-			cJSON_AddNumberToObject(h, "link_share", lu + cu > 0 ? lu / (lu + cu) : 0);
-			cJSON_AddItemToArray(hops, h);
-		}
-		cJSON *rk = cJSON_AddArrayToObject(e, "rank_links");
+		for (unsigned r = 0; r + 1 < p->ranks; r++)
+			row->link_us[r] = mean_of(z->hop[r].link_ns, z->hop[r].n) / 1e3;
 		for (unsigned r = 0; r < p->ranks && r < z->st.reported; r++) {
-			cJSON *h = cJSON_CreateObject();
-			cJSON_AddNumberToObject(h, "sent", (double)z->st.rank[r].sent);
-			cJSON_AddNumberToObject(h, "received", (double)z->st.rank[r].received);
-			cJSON_AddNumberToObject(h, "credit_waits", (double)z->st.rank[r].credit_waits);
-			cJSON_AddItemToArray(rk, h);
+			row->link[r].sent = z->st.rank[r].sent;
+			row->link[r].received = z->st.rank[r].received;
+			row->link[r].credit_waits = z->st.rank[r].credit_waits;
+			row->links = r + 1;
 		}
-		cJSON_AddItemToArray(res, e);
 	}
-	char *text = cJSON_Print(o);
-	cJSON_Delete(o);
-	if (!text)
-		return -1;
-	printf("%s\n", text);
-	free(text);
-	return 0;
 }
 
 /* ---- entry ---- */
-
-static int usage(const pm *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int usage(const pm *p, const char *fmt, ...)
-{
-	if (p->rank == 0) {
-		va_list ap;
-		va_start(ap, fmt);
-		fprintf(stderr, "pipebench: ");
-		vfprintf(stderr, fmt, ap);
-		fprintf(stderr, " (try --help)\n");
-		va_end(ap);
-	}
-	return PB_EXIT_USAGE;
-}
 
 static int setup(pm *p, bool stages_default, char *path, size_t pathlen, bool *tmp, char *err, size_t errlen)
 {
 	pb_config *cfg = p->cfg;
 	if (cfg->format == PB_FMT_CSV)
-		return usage(p, "--csv is not available under mpirun (table or --json)");
+		return pb_usage("--csv is not available under mpirun (table or --json)");
 	if (cfg->trace_path || cfg->svg_path)
-		return usage(p, "%s is not available under mpirun", cfg->trace_path ? "--trace" : "--svg");
+		return pb_usage("%s is not available under mpirun", cfg->trace_path ? "--trace" : "--svg");
 	p->S = stages_default ? p->ranks : cfg->stages;
 	if (p->S < p->ranks)
-		return usage(p,
-			     "%u %s over %u ranks: every rank needs a stage (--stages %u or more, or fewer "
-			     "ranks)",
-			     p->S, PLURAL(p->S, "stage", "stages"), p->ranks, p->ranks);
+		return pb_usage(
+		    "%u %s over %u ranks: every rank needs a stage (--stages %u or more, or fewer "
+		    "ranks)",
+		    p->S, PLURAL(p->S, "stage", "stages"), p->ranks, p->ranks);
 	if (p->S > MBP_MAX_STAGES)
-		return usage(p, "%u stages: at most %d", p->S, MBP_MAX_STAGES);
+		return pb_usage("%u stages: at most %d", p->S, MBP_MAX_STAGES);
 	cfg->stages = p->S;
 	mbt_rank_stages(p->S, p->ranks, p->rank, &p->lo, &p->hi);
 	int rc;
@@ -725,11 +562,9 @@ static int setup(pm *p, bool stages_default, char *path, size_t pathlen, bool *t
 		rc = setup_mlp(p, path, pathlen, tmp, err, errlen);
 	}
 	if (rc == PB_EXIT_USAGE)
-		return usage(p, "%s", err);
-	if (rc) {
-		fprintf(stderr, "pipebench: rank %u: %s\n", p->rank, err);
-		return PB_EXIT_FAIL;
-	}
+		return pb_usage("%s", err);
+	if (rc)
+		return pb_failure("rank %u: %s", p->rank, err);
 	return 0;
 }
 
@@ -789,16 +624,23 @@ stop:;
 			if (best == cfg->nsizes || arms[i].iv.median > arms[best].iv.median)
 				best = i;
 		}
-		if (cfg->format == PB_FMT_JSON) {
-			if (print_json(p, best))
-				status = PB_EXIT_FAIL;
+		pb_mpi_report rep;
+		pb_mpi_row *rows = calloc(cfg->nsizes, sizeof(*rows));
+		if (!rows) {
+			snprintf(err, sizeof(err), "out of memory");
+			status = PB_EXIT_FAIL;
 		} else {
-			print_table(p, best);
+			fill_report(p, best, rows, &rep);
+			if (cfg->format != PB_FMT_JSON)
+				pb_print_mpi_table(stdout, &rep);
+			else if (pb_print_mpi_json(stdout, &rep))
+				status = PB_EXIT_FAIL;
 		}
+		free(rows);
 		fflush(stdout);
 	}
 	if (status)
-		fprintf(stderr, "pipebench: FAILED: %s\n", err);
+		pb_failure("FAILED: %s", err);
 	for (unsigned i = 0; arms && i < cfg->nsizes; i++)
 		pb_arm_fini(&arms[i]);
 	free(arms);
@@ -815,10 +657,8 @@ stop:;
 int pb_mpi_main(pb_config *cfg, bool stages_default, int *argc, char ***argv)
 {
 	int rc = mbp_mpi_init(argc, argv);
-	if (rc) {
-		fprintf(stderr, "pipebench: MPI: %s\n", mbp_strerror(rc));
-		return PB_EXIT_FAIL;
-	}
+	if (rc)
+		return pb_failure("MPI: %s", mbp_strerror(rc));
 	pm p = {.cfg = cfg, .rank = (unsigned)mbp_mpi_rank(), .ranks = (unsigned)mbp_mpi_size()};
 	char err[PB_ERR_MAX] = "", path[512] = "";
 	bool tmp = false;

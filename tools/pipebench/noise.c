@@ -38,14 +38,6 @@ double pb_loadavg(void)
 	return load;
 }
 
-static uint64_t self_cpu_ns(void)
-{
-	struct timespec ts;
-	if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts))
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static bool watched(const pb_noise *nz, int cpu)
 {
 	for (unsigned i = 0; i < nz->ncpus; i++)
@@ -57,8 +49,8 @@ static bool watched(const pb_noise *nz, int cpu)
 static void snap(const pb_noise *nz, pb_noise_snap *s)
 {
 	memset(s, 0, sizeof(*s));
-	s->wall_ns = pb_now_ns();
-	s->self_ns = self_cpu_ns();
+	s->wall_ns = mbt_now_ns();
+	s->self_ns = mbt_clock_ns(CLOCK_PROCESS_CPUTIME_ID);
 	FILE *f = fopen("/proc/stat", "r");
 	if (!f)
 		return;
@@ -119,14 +111,14 @@ bool pb_noise_loud(const pb_noise *nz, const pb_noise_sample *s)
 
 static void sleep_ns(uint64_t ns)
 {
-	struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u), .tv_nsec = (long)(ns % 1000000000u)};
+	struct timespec ts = mbt_timespec(ns);
 	while (nanosleep(&ts, &ts))
 		;
 }
 
 void pb_noise_settle(pb_noise *nz, double max_wait_s)
 {
-	const uint64_t t0 = pb_now_ns();
+	const uint64_t t0 = mbt_now_ns();
 	unsigned quiet = 0;
 	pb_noise_snap a, b;
 	if (!nz->available) {
@@ -161,7 +153,7 @@ void pb_noise_settle(pb_noise *nz, double max_wait_s)
 
 double pb_noise_pause(pb_noise *nz, double max_s)
 {
-	const uint64_t t0 = pb_now_ns();
+	const uint64_t t0 = mbt_now_ns();
 	pb_noise_snap a, b;
 	pb_noise_sample s;
 	double waited = 0;

@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include "pipebench.h"
-#include "../plural.h"
-#include "../parse.h"
+#include "util/plural.h"
+#include "util/parse.h"
 
 #define PB_DEF_BATCHES	 10
 #define PB_DEF_WARMUP	 1
@@ -216,7 +216,7 @@ void pb_options_help(FILE *f)
 	    "      --latency-target=MS  choose among the sizes whose p99 batch latency meets this\n"
 	    "                           (default: none, every size)\n"
 	    "      --cpus=LIST          CPUs for the stages: 0-3, 0,2,5 or 0+2+5 (default: all allowed)\n"
-	    "      --spin-us=US         spin budget of a waiting stage (default: %llu)\n"
+	    "      --spin-us=US         spin budget of a waiting stage, 0: none (default: %llu)\n"
 	    "      --opts=KEY=VAL,...   engine options for mbp_opts_parse (ring, cache, spin_us, yield_us,\n"
 	    "                           pin, threads, ...), applied after $MBPIPE_OPTS (default: none)\n"
 	    "\n"
@@ -315,8 +315,8 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 	bool have_train = false;
 	const char *format = NULL;		   /* the output format given, for a second one */
 	int gantt_given = -1, progress_given = -1; /* the last --gantt/--no-gantt, --progress/--no-progress */
-	uint64_t v;
-	double d;
+	uint64_t v = 0;				   /* set by every parse that succeeds; 0 for the compiler */
+	double d = 0;
 
 	opterr = 0; /* every message is ours, one line */
 	optind = 1;
@@ -556,6 +556,13 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 	if (!cfg->gantt_set)
 		cfg->gantt = cfg->format == PB_FMT_TABLE;
 	return 0;
+}
+
+uint64_t pb_spin_ns(const pb_config *cfg, uint64_t unset)
+{
+	if (cfg->spin_us < 0)
+		return unset;
+	return cfg->spin_us ? (uint64_t)cfg->spin_us * 1000 : MBP_SPIN_NONE;
 }
 
 int pb_cpus_resolve(pb_config *cfg, unsigned *allowed, char *err, size_t errlen)

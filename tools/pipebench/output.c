@@ -1,6 +1,8 @@
 /*
  * pipebench output: the same report as a table (for people), CSV (one line per micro-batch size, for
- * spreadsheets) or one JSON document (for programs; its fields are listed in pipebench.1).
+ * spreadsheets) or one JSON document (for programs; its fields are listed in pipebench.1), for each of
+ * the workloads in one process, the training workload and the run under mpirun; and the tool's lines on
+ * standard error.
  *
  * The table ends with one grep-able summary line with fixed keys:
  *   pipebench: workload=W stages=S cpus=C batch=N best_mb=M rows_per_s=X speedup=Y bubble=B
@@ -14,12 +16,14 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "pipebench.h"
-#include "../blas.h"
-#include "../plural.h"
+#include "util/blas.h"
+#include "util/mpirank.h"
+#include "util/plural.h"
 
 int pb_output_check(const char *opt, const char *path, char *err, size_t errlen)
 {
@@ -404,12 +408,9 @@ static cJSON *json_result(const pb_result *r)
 	return o;
 }
 
-/* The document's end: "ok" and "error" from the exit status, then print it and free it. 0, or -1 (out of
- * memory). */
-static int json_finish(FILE *f, cJSON *root, int status, const char *error)
+/* Print the document and free it. 0, or -1 (out of memory). */
+static int json_print(FILE *f, cJSON *root)
 {
-	cJSON_AddBoolToObject(root, "ok", status == 0);
-	cJSON_AddItemToObject(root, "error", json_str_or_null(status ? error : NULL));
 	char *text = cJSON_Print(root);
 	cJSON_Delete(root);
 	if (!text)
@@ -417,6 +418,15 @@ static int json_finish(FILE *f, cJSON *root, int status, const char *error)
 	fprintf(f, "%s\n", text);
 	cJSON_free(text);
 	return 0;
+}
+
+/* The document's end: "ok" and "error" from the exit status, then print it and free it. 0, or -1 (out of
+ * memory). */
+static int json_finish(FILE *f, cJSON *root, int status, const char *error)
+{
+	cJSON_AddBoolToObject(root, "ok", status == 0);
+	cJSON_AddItemToObject(root, "error", json_str_or_null(status ? error : NULL));
+	return json_print(f, root);
 }
 
 /* The noise object of the JSON document; `loud_rows`: some rows are marked loud. */
@@ -807,4 +817,141 @@ int pb_train_print_json(FILE *f, const pb_train_report *rep)
 		cJSON_AddNullToObject(root, "zbh1_vs_1f1b");
 	}
 	return json_finish(f, root, rep->status, rep->error);
+}
+
+/* ---- the run under mpirun ---- */
+
+void pb_print_mpi_table(FILE *f, const pb_mpi_report *rep)
+{
+	const pb_config *cfg = rep->cfg;
+	fprintf(f, "pipebench: %s over %u MPI ranks\n", rep->desc, rep->ranks);
+	fprintf(f, "ranks:");
+	for (unsigned r = 0; r < rep->ranks; r++) {
+		if (rep->count[r] == 1)
+			fprintf(f, "%s rank %u: stage %u", r ? ";" : "", r, rep->first[r]);
+		else
+			fprintf(f, "%s rank %u: stages %u-%u", r ? ";" : "", r, rep->first[r],
+				rep->first[r] + rep->count[r] - 1);
+	}
+	fprintf(f, "\nbatch %u %s, load %.2f\n\n", cfg->batch, PLURAL(cfg->batch, "row", "rows"), rep->load);
+	fprintf(f, "%6s %5s %12s %25s %8s %8s %6s %9s %11s %6s\n", "mb", "mbs", "rows/s", "95% interval",
+		"p50 ms", "p99 ms", "hop", "link us", "compute us", "link");
+	for (unsigned i = 0; i < cfg->nsizes; i++) {
+		const pb_mpi_row *z = &rep->rows[i];
+		char iv[64];
+		snprintf(iv, sizeof(iv), "%.0f-%.0f", z->thr.lo, z->thr.hi);
+		fprintf(f, "%6u %5u %12.0f %25s %8.3f %8.3f", z->mb_rows, z->mbs, z->thr.median, iv,
+			z->p50_ms, z->p99_ms);
+		const double cu = z->compute_us;
+		for (unsigned r = 0; r + 1 < rep->ranks; r++) {
+			const double lu = z->link_us[r];
+			char hop[24];
+			snprintf(hop, sizeof(hop), "%u>%u", r, r + 1);
+			if (r)
+				fprintf(f, "%6s %5s %12s %25s %8s %8s", "", "", "", "", "", "");
+			fprintf(f, " %6s %9.1f %11.1f %5.1f%%%s\n", hop, lu, cu,
+				lu + cu > 0 ? 100 * lu / (lu + cu) : 0,
+				r == 0 && i == rep->best ? "  <- best" : "");
+		}
+		if (rep->ranks == 1) /* no hop */
+			fprintf(f, " %6s %9s %11.1f %6s%s\n", "-", "-", cu, "-",
+				i == rep->best ? "  <- best" : "");
+	}
+	fprintf(
+	    f,
+	    "\nlink: per micro-batch, the time the next rank's first stage waited for it beyond its leaving "
+	    "the rank before and that stage being free;\ncompute: the slowest stage's time per micro-batch; "
+	    "link share = link / (link + compute).\n");
+}
+
+int pb_print_mpi_json(FILE *f, const pb_mpi_report *rep)
+{
+	const pb_config *cfg = rep->cfg;
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddStringToObject(o, "tool", "pipebench");
+	cJSON_AddStringToObject(o, "mode", "mpi");
+	cJSON_AddStringToObject(o, "version", mbp_version());
+	cJSON_AddStringToObject(o, "workload", cfg->workload == PB_WL_MLP ? "mlp" : "synthetic");
+	cJSON_AddStringToObject(o, "description", rep->desc);
+	cJSON_AddNumberToObject(o, "ranks", rep->ranks);
+	cJSON_AddNumberToObject(o, "stages", rep->stages);
+	cJSON_AddNumberToObject(o, "batch", cfg->batch);
+	cJSON_AddNumberToObject(o, "load", rep->load);
+	cJSON *rs = cJSON_AddArrayToObject(o, "rank_stages");
+	for (unsigned r = 0; r < rep->ranks; r++) {
+		cJSON *a = cJSON_CreateObject();
+		cJSON_AddNumberToObject(a, "rank", r);
+		cJSON_AddNumberToObject(a, "first", rep->first[r]);
+		cJSON_AddNumberToObject(a, "count", rep->count[r]);
+		cJSON_AddNumberToObject(a, "clock_offset_ns", (double)rep->clock_offset_ns[r]);
+		cJSON_AddItemToArray(rs, a);
+	}
+	cJSON *res = cJSON_AddArrayToObject(o, "results");
+	for (unsigned i = 0; i < cfg->nsizes; i++) {
+		const pb_mpi_row *z = &rep->rows[i];
+		cJSON *e = cJSON_CreateObject();
+		cJSON_AddNumberToObject(e, "mb_rows", z->mb_rows);
+		cJSON_AddNumberToObject(e, "mbs", z->mbs);
+		cJSON_AddNumberToObject(e, "batches", z->batches);
+		/* the names of the single-process output */
+		cJSON_AddNumberToObject(e, "rows_per_s", z->thr.median);
+		const double iv[2] = {z->thr.lo, z->thr.hi};
+		cJSON_AddItemToObject(e, "rows_per_s_interval", cJSON_CreateDoubleArray(iv, 2));
+		cJSON *lat = cJSON_AddObjectToObject(e, "latency_ms");
+		cJSON_AddNumberToObject(lat, "p50", z->p50_ms);
+		cJSON_AddNumberToObject(lat, "p99", z->p99_ms);
+		cJSON_AddBoolToObject(e, "best", i == rep->best);
+		cJSON_AddItemToObject(e, "stage_us", cJSON_CreateDoubleArray(z->stage_us, (int)rep->stages));
+		cJSON *hops = cJSON_AddArrayToObject(e, "hops");
+		for (unsigned r = 0; r + 1 < rep->ranks; r++) {
+			const double lu = z->link_us[r], cu = z->compute_us;
+			cJSON *h = cJSON_CreateObject();
+			cJSON_AddNumberToObject(h, "from_rank", r);
+			cJSON_AddNumberToObject(h, "to_rank", r + 1);
+			cJSON_AddNumberToObject(h, "link_us", lu);
+			cJSON_AddNumberToObject(h, "compute_us", cu);
+			cJSON_AddNumberToObject(h, "link_share", lu + cu > 0 ? lu / (lu + cu) : 0);
+			cJSON_AddItemToArray(hops, h);
+		}
+		cJSON *rk = cJSON_AddArrayToObject(e, "rank_links");
+		for (unsigned r = 0; r < z->links; r++) {
+			cJSON *h = cJSON_CreateObject();
+			cJSON_AddNumberToObject(h, "sent", (double)z->link[r].sent);
+			cJSON_AddNumberToObject(h, "received", (double)z->link[r].received);
+			cJSON_AddNumberToObject(h, "credit_waits", (double)z->link[r].credit_waits);
+			cJSON_AddItemToArray(rk, h);
+		}
+		cJSON_AddItemToArray(res, e);
+	}
+	return json_print(f, o);
+}
+
+/* ---- the lines on standard error ---- */
+
+static int say(int status, const char *fmt, va_list ap)
+{
+	fprintf(stderr, "pipebench: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "%s\n", status == PB_EXIT_USAGE ? " (try --help)" : "");
+	return status;
+}
+
+int pb_usage(const char *fmt, ...)
+{
+	if (mbt_launcher_rank() != 0)
+		return PB_EXIT_USAGE;
+	va_list ap;
+	va_start(ap, fmt);
+	say(PB_EXIT_USAGE, fmt, ap);
+	va_end(ap);
+	return PB_EXIT_USAGE;
+}
+
+int pb_failure(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	say(PB_EXIT_FAIL, fmt, ap);
+	va_end(ap);
+	return PB_EXIT_FAIL;
 }

@@ -8,16 +8,19 @@
  * the baseline visited in turn, A B C .. C B A, until the intervals are tight or the time is up),
  * noise.c (what other processes take of the CPUs), stats.c (intervals of medians, paired comparisons,
  * the consistency checks), predict.c (the bubble model and the choice of the size), output.c (table,
- * JSON, CSV), gantt.c (the terminal timeline) and progress.c (the bar on standard error). main.c ties them
- * together. train.c is the training workload (--workload=train): the trainer's three schedules as arms,
- * with its own table, CSV and JSON in output.c and its chart in gantt.c.
+ * JSON, CSV, and the lines on standard error), gantt.c (the terminal timeline) and progress.c (the bar on
+ * standard error). main.c ties them together. train.c is the training workload (--workload=train): the
+ * trainer's three schedules as arms, with its own table, CSV and JSON in output.c and its chart in
+ * gantt.c. mpi.c is the run under mpirun (the ranks' protocol), with measure.c's stamped stages and its
+ * table and JSON in output.c.
  *
  * The measurement layer does not know what it measures: an arm (pb_arm) is anything with a visit function
  * that runs some unmeasured and some measured units and returns the measured rate. A new workload (training
  * steps under a schedule, say) plugs in as more arms: interleave.c repeats them, noise.c marks loud
  * rounds, stats.c compares them and pb_choose() picks among them.
  *
- * Only the public API is used: <mbpipe.h> and its headers, never lib/.
+ * Only the public API is used: <mbpipe.h> and its headers, never lib/ (the helpers shared by the tools are
+ * util/'s).
  */
 #ifndef PIPEBENCH_H
 #define PIPEBENCH_H
@@ -29,6 +32,8 @@
 #include <time.h>
 
 #include <mbpipe.h>
+
+#include "util/clock.h" /* mbt_now_ns: CLOCK_MONOTONIC, the clock of the engine's job stamps */
 
 #define PB_MAX_SIZES 64	 /* micro-batch sizes in one sweep */
 #define PB_ERR_MAX   256 /* one error line */
@@ -87,20 +92,16 @@ typedef struct pb_config {
 	double unit_us;	 /* the base time of the costs */
 } pb_config;
 
-/* CLOCK_MONOTONIC in nanoseconds: the clock of the engine's job stamps. */
-static inline uint64_t pb_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- options.c ---- */
 
 /* Parse argv into cfg. Returns 0 to go on, 1 when the run should stop successfully (--help, --version), -1
  * on a bad argument with one line (no program name, no newline) in err. */
 int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t errlen);
 void pb_options_help(FILE *f);
+
+/* --spin-us as the engines' spin budget, for the pipelines and the trainer alike: its microseconds in ns,
+ * MBP_SPIN_NONE for 0 (no spin, as spin_us=0 in the options string); `unset` when it was not given. */
+uint64_t pb_spin_ns(const pb_config *cfg, uint64_t unset);
 
 /* The CPUs to use (cfg->cpus, or every allowed CPU when none were named). Returns their count, or -1 with
  * err set. `allowed` receives how many the process may use. */
@@ -366,6 +367,18 @@ int pb_baseline_visit(void *ctx, unsigned warm, unsigned units, double *rate, ch
 /* Fill b->base from the baseline's arm. */
 void pb_baseline_sum(pb_bench *b, const pb_arm *arm);
 
+/* A stage as the engine sees it: the workload's stage `inner`, stamped: the begin and end of the micro-batch
+ * of sequence number k (within its job, or within a run across the ranks) go to rec[2k] and rec[2k + 1]
+ * for k below cap. Only the stage's thread writes rec. The one wrapper of the pipelines in one process
+ * and across the ranks. */
+typedef struct pb_stamp {
+	mbp_stage_desc inner;
+	uint64_t *rec;
+	size_t cap;
+} pb_stamp;
+/* The descriptor to add: inner's, its functions wrapped, with s as their context (s outlives the run). */
+mbp_stage_desc pb_stamp_desc(pb_stamp *s);
+
 /* One micro-batch size as an arm: its stages, reference output and a started pipeline. `trace`: keep an
  * activity log. Returns 0, or r->status (-1) with r->error set; close it either way. */
 typedef struct pb_cand pb_cand;
@@ -446,6 +459,41 @@ void pb_print_header(FILE *f, const pb_report *rep);
 void pb_print_table(FILE *f, const pb_report *rep);
 void pb_print_csv(FILE *f, const pb_report *rep);
 int pb_print_json(FILE *f, const pb_report *rep);
+
+/* The tool's lines on standard error, "pipebench: <text>": pb_usage for a bad argument (" (try --help)"
+ * after it; exit status 2), pb_failure for a failure while running (exit status 1). Under mpirun every
+ * rank finds the same bad argument: rank 0 alone says it. Each returns its exit status. */
+int pb_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int pb_failure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The run under mpirun (mpi.c measures, these print): one row per micro-batch size. */
+typedef struct pb_mpi_row {
+	uint32_t mb_rows, mbs;
+	unsigned batches;		 /* measured */
+	pb_interval thr;		 /* rows/s, one sample per visit */
+	double p50_ms, p99_ms;		 /* batch latency */
+	double stage_us[MBP_MAX_STAGES]; /* each stage's mean time inside its function per micro-batch */
+	double compute_us;		 /* the slowest stage's */
+	double link_us[MBP_MAX_STAGES];	 /* the hop from rank r to r+1: the link's exposed time per mb */
+	unsigned links;			 /* ranks whose link counters arrived */
+	struct {
+		uint64_t sent, received, credit_waits;
+	} link[MBP_MAX_STAGES];
+} pb_mpi_row;
+
+typedef struct pb_mpi_report {
+	const pb_config *cfg; /* cfg->nsizes rows */
+	const char *desc;
+	unsigned ranks, stages;
+	unsigned first[MBP_MAX_STAGES], count[MBP_MAX_STAGES]; /* each rank's stages */
+	int64_t clock_offset_ns[MBP_MAX_STAGES];	       /* each rank's clock minus rank 0's */
+	double load;
+	const pb_mpi_row *rows;
+	unsigned best;
+} pb_mpi_report;
+
+void pb_print_mpi_table(FILE *f, const pb_mpi_report *rep);
+int pb_print_mpi_json(FILE *f, const pb_mpi_report *rep);
 
 /* ---- mpi.c (built when configure found MPI) ---- */
 

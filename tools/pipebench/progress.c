@@ -1,9 +1,9 @@
 /*
- * pipebench progress bar (tools/progress.h): one line on standard error, redrawn in place, only when
+ * pipebench progress bar (util/progress.h): one line on standard error, redrawn in place, only when
  * standard error is a terminal (or --progress forces it); never on standard output.
  */
 #include "pipebench.h"
-#include "../progress.h"
+#include "util/progress.h"
 
 static struct progress bar;
 

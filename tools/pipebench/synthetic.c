@@ -26,8 +26,8 @@
 #include <time.h>
 
 #include "pipebench.h"
-#include "../burn.h"
-#include "../plural.h"
+#include "util/burn.h"
+#include "util/plural.h"
 
 #define STAMP(r) (UINT64_C(0x5eed000000000000) ^ (uint64_t)(r))
 #define K(i)	 (((uint64_t)(i) + 1) * UINT64_C(0x9e3779b97f4a7c15))

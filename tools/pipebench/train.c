@@ -30,8 +30,8 @@
 #include <string.h>
 
 #include "pipebench.h"
-#include "../burn.h"
-#include "../plural.h"
+#include "util/burn.h"
+#include "util/plural.h"
 
 #define PB_TRAIN_VISIT_S  0.05 /* measured time per visit to a schedule */
 #define PB_DEF_MAX_STAGES 4
@@ -155,7 +155,7 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 			    .max_mbs = a->M,
 			    .schedule = kind,
 			    .pinning = MBP_PIN_PLAN,
-			    .spin_ns = cfg->spin_us > 0 ? (uint64_t)cfg->spin_us * 1000 : 0,
+			    .spin_ns = pb_spin_ns(cfg, 0), /* 0: the trainer's default */
 			    .trace_events = a->M * 3,
 			    .loss = tr_loss,
 			    .loss_arg = loss_arg};
@@ -295,11 +295,11 @@ static int tr_visit(void *ctx, unsigned warm, unsigned units, double *rate, char
 	for (unsigned i = 0; i < warm; i++)
 		if (one_step(a, false, err, errlen))
 			return -1;
-	uint64_t t0 = pb_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	for (unsigned i = 0; i < units; i++)
 		if (one_step(a, keep, err, errlen))
 			return -1;
-	double s = (double)(pb_now_ns() - t0) / 1e9;
+	double s = (double)(mbt_now_ns() - t0) / 1e9;
 	*rate = s > 0 ? units / s : 0;
 	return 0;
 }
@@ -371,10 +371,8 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 	rep.allowed = allowed;
 	rep.ncpus = ncpus;
 	rep.load_end = -1;
-	if (narrow_cpus(cfg, ncpus, err, sizeof(err))) {
-		fprintf(stderr, "pipebench: %s\n", err);
-		return PB_EXIT_FAIL;
-	}
+	if (narrow_cpus(cfg, ncpus, err, sizeof(err)))
+		return pb_failure("%s", err);
 	pb_progress_init(cfg->progress);
 	rep.iters_per_us = burn_calibrate();
 	snprintf(rep.desc, sizeof(rep.desc),
@@ -441,7 +439,7 @@ close:
 	}
 	fflush(stdout);
 	if (rep.status)
-		fprintf(stderr, "pipebench: FAILED: %s\n", rep.error);
+		pb_failure("FAILED: %s", rep.error);
 	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
 		free(rep.r[i].ev);
 		pb_arm_fini(&parm[i]);

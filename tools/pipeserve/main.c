@@ -26,10 +26,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../blas.h"
-#include "../mpirank.h"
-#include "../parse.h"
-#include "../plural.h"
+#include "util/blas.h"
+#include "util/mpirank.h"
+#include "util/parse.h"
+#include "util/plural.h"
 
 /* ---- flags ---- */
 

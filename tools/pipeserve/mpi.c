@@ -1,7 +1,7 @@
 /*
  * pipeserve under mpirun: the model's stages run on several ranks (libmbpipe-mpi, <mbpipe/mpi.h>).
  *
- * Every rank parses the same command line and loads only its stages' layers (tools/mpirank.h: S stages,
+ * Every rank parses the same command line and loads only its stages' layers (util/mpirank.h: S stages,
  * one per rank by default, split by layer count, contiguous ranges with rank 0 the first). Rank 0 serves
  * HTTP: its batcher feeds the pipeline across the ranks through the engine below (mbp_mpi_mb_acquire /
  * _submit, results on the communication thread) exactly as it feeds a local pipeline. The other ranks run
@@ -19,8 +19,8 @@
 
 #include <mbpipe/mpi.h>
 
-#include "../mpirank.h"
-#include "../mpiutil.h"
+#include "util/mpirank.h"
+#include "util/mpiutil.h"
 
 static mbp_mpi *g_mp; /* this process's part of the pipeline across the ranks */
 

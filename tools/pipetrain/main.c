@@ -28,6 +28,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <sched.h>
 #include <pthread.h>
@@ -40,20 +41,15 @@
 #include <unistd.h>
 
 #include "pipetrain.h"
-#include "../blas.h"
+#include "util/blas.h"
+#include "util/clock.h"
+#include "util/digest.h"
 
 static volatile sig_atomic_t stop_signal;
 
 static void on_signal(int sig)
 {
 	stop_signal = sig;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int say(int status, const char *fmt, va_list ap)
@@ -131,11 +127,6 @@ static int save_checkpoint(mbp_mlp *n, const char *save)
 	if (rc < 0)
 		fprintf(stderr, "pipetrain: cannot write %s: %s\n", save, mbp_strerror(rc));
 	return rc;
-}
-
-static const char *op_name(mbp_op_kind k)
-{
-	return k == MBP_OP_F ? "forward" : k == MBP_OP_B ? "backward" : k == MBP_OP_BIN ? "B_in" : "B_w";
 }
 
 static int write_predictions(const char *path, const int32_t *p, uint32_t rows)
@@ -266,11 +257,10 @@ static int setup(struct run *r)
 		if (fd < 0)
 			return bad("--model %s: %s", c->model, strerror(-rc));
 		close(fd);
-		if (rc == 0 && !mbp_model_verified(m))
-			fprintf(stderr,
-				"pipetrain: note: --model %s has no digest (not written by mbpipe): its "
-				"weights cannot be checked for corruption\n",
-				c->model);
+		char name[PATH_MAX + 16], note[PATH_MAX + 128];
+		snprintf(name, sizeof name, "--model %s", c->model);
+		if (rc == 0 && digest_note_line(m, name, note, sizeof note))
+			fprintf(stderr, "pipetrain: note: %s\n", note);
 		if (rc == 0)
 			rc = mbp_mlp_new_from_model(&r->n, m, &oo);
 		mbp_model_destroy(m);
@@ -503,6 +493,8 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 		pt_stage_total *t = &r->rep.st[s];
 		t->thread = ss[s].thread;
 		t->cpu = ss[s].cpu;
+		t->pin_error = ss[s].pin_error;
+		t->sharing = ss[s].sharing;
 		t->compute_s += (double)(ss[s].f_ns + ss[s].b_ns + ss[s].bin_ns + ss[s].w_ns) * 1e-9;
 		t->wait_s += (double)ss[s].wait_ns * 1e-9;
 		if (ss[s].stash_peak > t->stash_peak)
@@ -534,7 +526,7 @@ static int train(struct run *r)
 	pt_report *rep = &r->rep;
 	uint64_t spe = rep->steps_per_epoch, step = rep->start_step, total = spe * c->epochs;
 	int status = 0;
-	const double t_run = now_s();
+	const double t_run = mbt_now_s();
 	mbp_optim_opts oo;
 	mbp_mlp_optim(r->n, &oo);
 	pt_progress_init(c->quiet ? 0 : c->progress);
@@ -548,24 +540,21 @@ static int train(struct run *r)
 			c->epochs);
 	for (unsigned ep = rep->start_epoch; ep < c->epochs && !status; ep++) {
 		mbp_data_epoch_order(r->tr, r->ntr, c->seed, ep, r->order);
-		double t0 = now_s(), loss_sum = 0, bubble_ns = 0, pred_ns = 0, step_ns = 0;
+		double t0 = mbt_now_s(), loss_sum = 0, bubble_ns = 0, pred_ns = 0, step_ns = 0;
 		uint64_t rows = 0, correct = 0;
 		for (uint64_t k = step - (uint64_t)ep * spe; k < spe; k++) {
 			mbp_dataset_gather(&r->train, r->order + k * c->batch, c->batch, r->xb, r->yb);
 			double loss;
 			int rc = mbp_trainer_step(r->t, r->xb, r->yb, c->batch, c->mb, &loss);
-			if (rc < 0 || r->sh.update_err) {
+			if (rc < 0) {
 				pt_progress_end();
 				mbp_train_error e;
 				mbp_trainer_error(r->t, &e);
-				if (r->sh.update_err)
-					e = (mbp_train_error){
-					    .err = -EDOM, .stage = r->sh.update_err - 1, .mb = -1};
 				fprintf(stderr,
 					"pipetrain: step %llu (epoch %u, batch %llu) failed at stage %d (%s, "
 					"micro-batch %d): %s%s; training stopped, %s\n",
 					(unsigned long long)step, ep + 1, (unsigned long long)k, e.stage,
-					op_name(e.op), e.mb,
+					pt_op_name(e.op), e.mb,
 					rc == -EDOM || e.err == -EDOM ? "non-finite loss or gradient, " : "",
 					mbp_strerror(rc < 0 ? rc : e.err),
 					c->save ? "the last checkpoint is kept as it was"
@@ -581,7 +570,7 @@ static int train(struct run *r)
 			correct += r->sh.correct;
 			mbp_train_stats ts;
 			account(r, &bubble_ns, &pred_ns, &step_ns, &ts);
-			double now = now_s(), dt = now - t0, ran = now - t_run;
+			double now = mbt_now_s(), dt = now - t0, ran = now - t_run;
 			pt_step row = {.step = step,
 				       .epoch = ep + 1,
 				       .loss = loss / c->batch,
@@ -602,7 +591,7 @@ static int train(struct run *r)
 			if (stop_signal)
 				break;
 		}
-		double train_s = now_s() - t0;
+		double train_s = mbt_now_s() - t0;
 		pt_progress_end();
 		if (status)
 			break;

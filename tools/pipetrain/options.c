@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "pipetrain.h"
-#include "../parse.h"
+#include "util/parse.h"
 
 /* "784,256,10": at least two widths, each 1 .. MBP_MODEL_MAX_WIDTH. */
 static int parse_layers(const char *s, pt_config *c, char *err, size_t errlen)
@@ -78,6 +78,7 @@ enum {
 	OPT_THREADS,
 	OPT_BLAS,
 	OPT_PIN,
+	OPT_NO_PIN,
 	OPT_JSON,
 	OPT_CSV,
 	OPT_TRACE,
@@ -112,6 +113,7 @@ static const struct option long_opts[] = {
     {"threads", required_argument, NULL, OPT_THREADS},
     {"blas-threads", required_argument, NULL, OPT_BLAS},
     {"pin", no_argument, NULL, OPT_PIN},
+    {"no-pin", no_argument, NULL, OPT_NO_PIN},
     {"hand-over", required_argument, NULL, OPT_HAND_OVER},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", required_argument, NULL, OPT_CSV},
@@ -161,7 +163,8 @@ static void usage(void)
 	    "  --save FILE           checkpoint after each epoch (optimizer state beside it)\n"
 	    "  --model FILE          start from FILE; resume when its optimizer state is beside it\n"
 	    "  --limit N             use N training samples only;  --val N  held-out rows (default 5000)\n"
-	    "  --threads N --pin     trainer threads (default: one per stage, up to the CPUs), pin them\n"
+	    "  --threads N           trainer threads (default: one per stage, up to the CPUs)\n"
+	    "  --pin, --no-pin       pin the threads to CPUs of the placement plan (default) or not\n"
 	    "  --blas-threads N      OpenBLAS threads inside each stage (default 1)\n"
 	    "  --hand-over MODE      auto: a stage computes the input gradient of the previous stage's last\n"
 	    "                        layer where that balances the stages better; all: wherever the layer\n"
@@ -194,6 +197,7 @@ static void defaults(pt_config *c)
 			 .warmup = -1,
 			 .seed = 1,
 			 .val = 5000,
+			 .pin = true,
 			 .progress = -1};
 }
 
@@ -211,7 +215,7 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		c->demo = true;
 		return 0;
 	}
-	bool lr_given = false, progress_given[2] = {false, false};
+	bool lr_given = false, progress_given[2] = {false, false}, pin_given[2] = {false, false};
 	opterr = 0;
 	optind = 1;
 	for (;;) {
@@ -351,7 +355,9 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			break;
 		}
 		case OPT_PIN:
-			c->pin = true;
+		case OPT_NO_PIN:
+			c->pin = o == OPT_PIN;
+			pin_given[c->pin] = true;
 			break;
 		case OPT_JSON:
 			c->json = true;
@@ -384,6 +390,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		return fail(err, errlen, "--progress and --no-progress contradict each other");
 	if (c->quiet && progress_given[1])
 		return fail(err, errlen, "--quiet and --progress contradict each other");
+	if (pin_given[0] && pin_given[1])
+		return fail(err, errlen, "--pin and --no-pin contradict each other");
 	const bool csv_out = c->csv && !strcmp(c->csv, "-"), log_out = c->log && !strcmp(c->log, "-");
 	if (c->json + csv_out + log_out > 1)
 		return fail(err, errlen, "%s both want standard output",

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "pipetrain.h"
-#include "../plural.h"
-#include "../progress.h"
+#include "util/plural.h"
+#include "util/progress.h"
 
 FILE *pt_human(const pt_config *c)
 {
@@ -154,9 +154,15 @@ void pt_print_summary(const pt_report *r)
 		bool gives = s + 1 < r->stages && r->st[s + 1].takes;
 		snprintf(layers, sizeof layers, "%u-%u%s", t->first, t->last - 1, gives ? "<" : "");
 		snprintf(cpu, sizeof cpu, t->cpu < 0 ? "-" : "%d", t->cpu);
-		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %7u %7u %11.2f %11.1f\n", s, layers,
-			t->thread, cpu, 100 * t->compute_s / wall, 100 * t->wait_s / wall,
+		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %7u %7u %11.2f %11.1f", s, layers, t->thread,
+			cpu, 100 * t->compute_s / wall, 100 * t->wait_s / wall,
 			100 * (1 - t->compute_s / wall), t->stash_peak, t->held_peak, peak, t->profiled_us);
+		if (t->pin_error) /* the words of pipebench's placement line */
+			fprintf(f, "  (pin failed: %s)", mbp_strerror(t->pin_error));
+		if (t->sharing)
+			fprintf(f, "  (shared with %u other %s)", t->sharing,
+				PLURAL(t->sharing, "thread", "threads"));
+		fputc('\n', f);
 	}
 	fprintf(
 	    f,
@@ -164,6 +170,23 @@ void pt_print_summary(const pt_report *r)
 	    "peak micro-batches; peak_MiB: activation memory held at the peak, %.2f MiB in all)\n",
 	    peak_total);
 	fflush(f);
+}
+
+const char *pt_op_name(mbp_op_kind k)
+{
+	switch (k) {
+	case MBP_OP_F:
+		return "forward";
+	case MBP_OP_B:
+		return "backward";
+	case MBP_OP_BIN:
+		return "B_in";
+	case MBP_OP_W:
+		return "B_w";
+	case MBP_OP_UPDATE:
+		return "update";
+	}
+	return "?";
 }
 
 unsigned pt_epochs_reached(const pt_report *r)
@@ -308,6 +331,10 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddBoolToObject(o, "hands_over", s + 1 < r->stages && r->st[s + 1].takes);
 		cJSON_AddNumberToObject(o, "thread", t->thread);
 		cJSON_AddNumberToObject(o, "cpu", t->cpu);
+		cJSON_AddNumberToObject(o, "sharing", t->sharing);
+		cJSON_AddItemToObject(o, "pin_error",
+				      t->pin_error ? cJSON_CreateString(mbp_strerror(t->pin_error))
+						   : cJSON_CreateNull());
 		cJSON_AddNumberToObject(o, "compute_s", t->compute_s);
 		cJSON_AddNumberToObject(o, "wait_s", t->wait_s);
 		cJSON_AddNumberToObject(o, "bubble", r->wall_s > 0 ? 1 - t->compute_s / r->wall_s : 0);

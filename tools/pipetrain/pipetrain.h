@@ -69,7 +69,6 @@ typedef struct pt_shared {
 	double layer_sq[PT_MAX_LAYERS]; /* each layer's squared gradient norm, written by its stage */
 	uint64_t correct;		/* rows classified right in the last step (the last stage writes) */
 	int64_t fault_step;		/* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
-	int update_err;			/* an update refused (non-finite gradient); the stage + 1 */
 } pt_shared;
 
 typedef struct pt_stage {
@@ -132,6 +131,8 @@ typedef struct pt_stage_total {
 	unsigned first, last, thread;
 	bool takes; /* computes the input gradient of layer first - 1 (handed over) */
 	int cpu;
+	int pin_error;	  /* 0, or why its thread's pin failed (it then runs unpinned) */
+	unsigned sharing; /* other threads pinned to its CPU */
 	double compute_s, wait_s;
 	unsigned stash_peak, held_peak;
 	size_t stash_row_bytes;
@@ -161,6 +162,8 @@ typedef struct pt_report {
 /* The epochs completed when the run ended, those of the checkpoint it resumed included. */
 unsigned pt_epochs_reached(const pt_report *r);
 
+/* The name of an operation in messages: "forward", "backward", "B_in", "B_w", "update". */
+const char *pt_op_name(mbp_op_kind k);
 /* Human output goes here: standard output, or standard error when --json or --csv - take standard output. */
 FILE *pt_human(const pt_config *c);
 void pt_progress_init(int mode);

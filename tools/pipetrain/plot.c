@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "pipetrain.h"
-#include "../plural.h"
+#include "util/plural.h"
 
 void pt_curve_add(pt_curve *c, double x, double y)
 {

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "pipetrain.h"
+#include "util/clock.h"
 
 static int op_forward(void *ctx, const mbp_train_io *io)
 {
@@ -135,13 +136,6 @@ int pt_loss(void *arg, const mbp_train_io *io, double *loss)
 	return rc;
 }
 
-static double now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
 int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in)
 {
 	unsigned L = mbp_mlp_layers(n);
@@ -165,13 +159,13 @@ int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in)
 		double best[3] = {1e300, 1e300, 1e300};
 		for (unsigned r = 0; !rc && r < 6; r++) {
 			double t[4];
-			t[0] = now_ns();
+			t[0] = (double)mbt_now_ns();
 			rc = mbp_mlp_stage_forward(st, x, y, rows, stash);
-			t[1] = now_ns();
+			t[1] = (double)mbt_now_ns();
 			rc = rc ? rc : mbp_mlp_stage_backward_in(st, stash, x, dy, i ? dx : NULL, rows);
-			t[2] = now_ns();
+			t[2] = (double)mbt_now_ns();
 			rc = rc ? rc : mbp_mlp_stage_backward_w(st, stash, x, rows);
-			t[3] = now_ns();
+			t[3] = (double)mbt_now_ns();
 			for (unsigned k = 0; r && k < 3; k++)
 				if (t[k + 1] - t[k] < best[k])
 					best[k] = t[k + 1] - t[k];

@@ -5,8 +5,8 @@
  * lines go: pipebench in its report (the mlp workload), pipeserve in its start-up log, pipetrain on standard
  * error before it trains. Header-only; shared by the three tools.
  */
-#ifndef MBP_TOOLS_BLAS_H
-#define MBP_TOOLS_BLAS_H
+#ifndef MBP_UTIL_BLAS_H
+#define MBP_UTIL_BLAS_H
 
 #include <stdbool.h>
 #include <stdio.h>

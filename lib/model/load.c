@@ -1,17 +1,10 @@
 /*
- * mbp_model: loading a safetensors file into a layer chain, weight versions and their live swap, the
- * sequential reference forward pass, and text descriptions.
+ * Loading: a safetensors file (mbp_model_load, _load_fd, _load_layers) into a layer chain and its first
+ * weights version, and mbp_model_destroy.
  *
- * Versions. The weights of a model are a reference-counted struct mbp__version. The model's `current`
- * pointer holds one reference and is RCU-protected: stage 0 loads it inside an RCU read-side section and
- * takes its own reference before leaving the section, so the version cannot be freed between the load and
- * the increment (a swap waits for a grace period before dropping the reference "current" held). Threads
- * not registered with RCU (forward, profile) read `current` under swap_lock, which the swap holds while it
- * exchanges the pointer. See include/mbpipe/model.h for the whole design.
- *
- * ThreadSanitizer cannot see liburcu's pointer accesses (volatile loads and inline-asm exchanges), so TSan
- * builds publish and load `current` with the same orderings as compiler atomics; the grace period itself
- * is still liburcu's.
+ * The file is checked in the order that costs least on a bad one (load_from says it), and only the byte
+ * ranges of the kept layers' tensors are read. F32 tensors that are aligned in the data read are used in
+ * place; F16, BF16 and misaligned ones are converted into the version's own buffer.
  */
 #include "config.h"
 
@@ -20,79 +13,16 @@
 #include <limits.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <urcu.h>
-
 #include "common.h"
 #include "model_internal.h"
 #include "safetensors.h"
-
-#ifdef MBP_TSAN
-/* acquire; partner: the acq_rel exchange in VERSION_XCHG: the version's contents are visible */
-#define VERSION_LOAD(pp) __atomic_load_n(pp, __ATOMIC_ACQUIRE)
-/* acq_rel; partner: VERSION_LOAD: publishes the new version's contents */
-#define VERSION_XCHG(pp, v) __atomic_exchange_n(pp, v, __ATOMIC_ACQ_REL)
-#else
-/* rcu_dereference: dependency-ordered load; partner: rcu_xchg_pointer's release (contents visible) */
-#define VERSION_LOAD(pp)    rcu_dereference(*(pp))
-/* rcu_xchg_pointer: full barrier before the store; partner: rcu_dereference in VERSION_LOAD */
-#define VERSION_XCHG(pp, v) rcu_xchg_pointer(pp, v)
-#endif
-
-/* ---- versions ---- */
-
-static void version_free(struct mbp__version *v)
-{
-	_Atomic unsigned *alive = v->alive;
-	free(v->data);
-	free(v->owned);
-	free(v->lw);
-	free(v);
-	if (alive)
-		atomic_fetch_sub_explicit(alive, 1,
-					  memory_order_relaxed); /* a statistic: nothing published */
-}
-
-struct mbp__version *mbp__version_get_rcu(mbp_model *m)
-{
-	rcu_read_lock();
-	struct mbp__version *v = VERSION_LOAD(&m->current);
-	/* relaxed: inside the read-side section v cannot be freed (the swap drops "current"'s reference
-	 * only after a grace period), and the grace period orders this increment before that drop. */
-	atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
-	rcu_read_unlock();
-	return v;
-}
-
-struct mbp__version *mbp__version_get_locked(mbp_model *m)
-{
-	pthread_mutex_lock(&m->swap_lock);
-	struct mbp__version *v = m->current;
-	/* relaxed: swap_lock keeps "current"'s reference in place while we add ours */
-	atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
-	pthread_mutex_unlock(&m->swap_lock);
-	return v;
-}
-
-void mbp__version_put(struct mbp__version *v)
-{
-	if (!v)
-		return;
-	/* acq_rel: release our reads of the weights to the thread that frees; the one that drops the
-	 * last reference acquires everyone's (an RMW chain, which TSan also understands, unlike a fence). */
-	uint32_t before = atomic_fetch_sub_explicit(&v->refs, 1, memory_order_acq_rel);
-	MBP_VERIFY(before > 0);
-	if (before == 1)
-		version_free(v);
-}
-
-/* ---- loading ---- */
+#include "strbuf.h"
 
 enum part { P_WEIGHT, P_BIAS, P_NORM_W, P_NORM_B, P_COUNT };
 static const char *const part_names[P_COUNT] = {"weight", "bias", "norm.weight", "norm.bias"};
@@ -123,24 +53,13 @@ static int parse_name(const char *name, unsigned *layer)
 
 static int parse_act(const char *s, mbp_act *act)
 {
-	static const char *const names[] = {
-	    [MBP_ACT_NONE] = "none", [MBP_ACT_RELU] = "relu", [MBP_ACT_GELU] = "gelu"};
-	for (unsigned i = 0; i < MBP_ARRAY_SIZE(names); i++)
-		if (!strcmp(s, names[i])) {
-			*act = (mbp_act)i;
+	static const mbp_act acts[] = {MBP_ACT_NONE, MBP_ACT_RELU, MBP_ACT_GELU};
+	for (unsigned i = 0; i < MBP_ARRAY_SIZE(acts); i++)
+		if (!strcmp(s, mbp__act_name(acts[i]))) {
+			*act = acts[i];
 			return 0;
 		}
 	return -1;
-}
-
-static const char *act_name(mbp_act a)
-{
-	return a == MBP_ACT_RELU ? "relu" : a == MBP_ACT_GELU ? "gelu" : "none";
-}
-
-static const char *dtype_name(mbp_dtype d)
-{
-	return d == MBP_DTYPE_F16 ? "F16" : d == MBP_DTYPE_BF16 ? "BF16" : "F32";
 }
 
 /* Build the layer chain from the tensor table: t[i][part] receives the tensors. */
@@ -425,22 +344,17 @@ static int read_kept(int fd, uint64_t base, uint64_t deadline, mbp__st *st, cons
 	return rc;
 }
 
-/* snprintf that keeps counting past the end (below). */
-static void appendf(char *buf, size_t n, size_t *len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
 /* A chain of widths for a message: "784-512-512-10", its middle left out past 8 widths. w(i) is width i. */
 static void chain_text(char *buf, size_t n, unsigned L, const struct mbp__layer *l, const uint32_t *w)
 {
-	size_t len = 0;
-	buf[0] = '\0';
+	struct mbp__strbuf b = mbp__strbuf_fixed(buf, n);
 	for (unsigned i = 0; i <= L; i++) {
 		if (L > 8 && i == 6) {
-			appendf(buf, n, &len, "-...");
+			mbp__strbuf_printf(&b, "-...");
 			i = L;
 		}
 		uint32_t x = w ? w[i] : i == 0 ? l[0].in : l[i - 1].out;
-		appendf(buf, n, &len, "%s%u", i ? "-" : "", x);
+		mbp__strbuf_printf(&b, "%s%u", i ? "-" : "", x);
 	}
 }
 
@@ -459,8 +373,8 @@ static int check_structure(const mbp_model *m, const mbp_model_load_opts *o, mbp
 	chain_text(want, sizeof(want), o->layers, NULL, o->widths);
 	return mbp__load_fail(err, MBP_MODEL_STRUCTURE, NULL,
 			      "the file has %u %s of widths %s, expected %u %s of %s", m->layers,
-			      MBP__PLURAL(m->layers, "layer", "layers"), has, o->layers,
-			      MBP__PLURAL(o->layers, "layer", "layers"), want);
+			      PLURAL(m->layers, "layer", "layers"), has, o->layers,
+			      PLURAL(o->layers, "layer", "layers"), want);
 }
 
 /*
@@ -558,17 +472,12 @@ static int load_fd(mbp_model **out, int fd, const char *name, const mbp_model_lo
 	int rc = load_from(m, v, fd, o ? o : &none, first, count, err);
 	if (rc) {
 		mbp__load_error_path(err, name ? name : "model");
-		version_free(v);
+		mbp__version_free(v);
 		free(m->l);
 		free(m);
 		return rc;
 	}
-	pthread_mutex_init(&m->swap_lock, NULL);
-	atomic_init(&v->refs, 1); /* the reference "current" holds */
-	v->id = m->last_id = 1;
-	v->alive = &m->alive;
-	atomic_init(&m->alive, 1);
-	m->current = v;
+	mbp__versions_init(m, v);
 	*out = m;
 	return 0;
 }
@@ -608,204 +517,11 @@ int mbp_model_load_layers(mbp_model **out, const char *path, unsigned first, uns
 {
 	return load_path(out, path, first, count, err);
 }
-
 void mbp_model_destroy(mbp_model *m)
 {
 	if (!m)
 		return;
-	if (m->current) {
-		/* Every micro-batch has left the pipeline (the pipeline is destroyed first): only "current"
-		 * still holds a version. Anything else would be freed under a running stage. */
-		MBP_VERIFY(atomic_load(&m->alive) == 1 && atomic_load(&m->current->refs) == 1);
-		mbp__version_put(m->current);
-	}
-	pthread_mutex_destroy(&m->swap_lock);
+	mbp__versions_fini(m);
 	free(m->l);
 	free(m);
-}
-
-/* ---- swap ---- */
-
-static bool same_structure(const mbp_model *a, const mbp_model *b)
-{
-	if (a->layers != b->layers)
-		return false;
-	for (unsigned i = 0; i < a->layers; i++) {
-		const struct mbp__layer *x = &a->l[i], *y = &b->l[i];
-		if (x->in != y->in || x->out != y->out || x->act != y->act || x->norm != y->norm ||
-		    (x->norm && x->eps != y->eps))
-			return false;
-	}
-	return true;
-}
-
-int mbp_model_swap(mbp_model *m, mbp_model *next)
-{
-	if (!m || !next || m == next || !next->current || !same_structure(m, next))
-		return -EINVAL;
-	if (atomic_load(&next->alive) != 1 || atomic_load(&next->current->refs) != 1)
-		return -EBUSY;
-	struct mbp__version *nv = next->current;
-	next->current = NULL;
-	atomic_store(&next->alive, 0);
-	atomic_fetch_add(&m->alive, 1);
-	nv->alive = &m->alive;
-	pthread_mutex_lock(&m->swap_lock);
-	nv->id = ++m->last_id;
-	struct mbp__version *old = VERSION_XCHG(&m->current, nv);
-	pthread_mutex_unlock(&m->swap_lock);
-	/* After the grace period no stage 0 can still be between loading `old` and taking its reference:
-	 * every micro-batch that took it holds its own, and old is freed when the last one is done. */
-	synchronize_rcu();
-	mbp__version_put(old);
-	mbp_model_destroy(next);
-	return 0;
-}
-
-/* ---- weights references ---- */
-
-/* The public handle is the version itself. */
-static struct mbp__version *as_version(const mbp_model_weights *w)
-{
-	return (struct mbp__version *)(uintptr_t)w;
-}
-
-mbp_model_weights *mbp_model_weights_get(mbp_model *m)
-{
-	return m ? (mbp_model_weights *)(void *)mbp__version_get_locked(m) : NULL;
-}
-
-uint64_t mbp_model_weights_version(const mbp_model_weights *w)
-{
-	return w ? as_version(w)->id : 0;
-}
-
-void mbp_model_weights_put(mbp_model_weights *w)
-{
-	mbp__version_put(as_version(w));
-}
-
-int mbp_model_mb_pin(mbp_mb *mb, mbp_model_weights *w)
-{
-	if (!mb || !w || mb->carry)
-		return -EINVAL;
-	/* relaxed: the caller's reference keeps the version alive; submitting publishes mb to stage 0 */
-	atomic_fetch_add_explicit(&as_version(w)->refs, 1, memory_order_relaxed);
-	mb->carry = w;
-	return 0;
-}
-
-void mbp_model_mb_unpin(mbp_mb *mb)
-{
-	if (!mb || !mb->carry)
-		return;
-	mbp__version_put(mb->carry);
-	mb->carry = NULL;
-}
-
-/* ---- describing ---- */
-
-bool mbp_model_verified(const mbp_model *m)
-{
-	return m && m->verified;
-}
-
-unsigned mbp_model_layers(const mbp_model *m)
-{
-	return m ? m->layers : 0;
-}
-
-uint32_t mbp_model_in_width(const mbp_model *m)
-{
-	return m ? m->l[0].in : 0;
-}
-
-uint32_t mbp_model_out_width(const mbp_model *m)
-{
-	return m ? m->l[m->layers - 1].out : 0;
-}
-
-int mbp_model_layer_info(const mbp_model *m, unsigned i, mbp_layer_info *info)
-{
-	if (!m || !info)
-		return -EINVAL;
-	if (i >= m->layers)
-		return -ERANGE;
-	mbp__layer_info(&m->l[i], info);
-	return 0;
-}
-
-void mbp__layer_info(const struct mbp__layer *l, mbp_layer_info *info)
-{
-	memset(info, 0, sizeof(*info));
-	info->in = l->in;
-	info->out = l->out;
-	info->act = l->act;
-	info->norm = l->norm;
-	info->eps = l->eps;
-	info->dtype = l->dtype;
-	info->flops = 2ull * l->in * l->out;
-	info->param_bytes = ((size_t)l->in * l->out + l->out * (l->norm ? 3u : 1u)) * sizeof(float);
-}
-
-uint64_t mbp_model_version(const mbp_model *m)
-{
-	if (!m)
-		return 0;
-	mbp_model *mm = (mbp_model *)m; /* the lock is not part of the model's value */
-	pthread_mutex_lock(&mm->swap_lock);
-	uint64_t id = mm->current ? mm->current->id : 0;
-	pthread_mutex_unlock(&mm->swap_lock);
-	return id;
-}
-
-unsigned mbp_model_versions_alive(const mbp_model *m)
-{
-	return m ? atomic_load_explicit(&m->alive, memory_order_relaxed) : 0;
-}
-
-static void appendf(char *buf, size_t n, size_t *len, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	int k = vsnprintf(*len < n ? buf + *len : NULL, *len < n ? n - *len : 0, fmt, ap);
-	va_end(ap);
-	if (k > 0)
-		*len += (size_t)k;
-}
-
-int mbp_model_describe(const mbp_model *m, char *buf, size_t n)
-{
-	if (!m || (!buf && n))
-		return -EINVAL;
-	size_t len = 0;
-	double total = 0;
-	for (unsigned i = 0; i < m->layers; i++) {
-		mbp_layer_info li;
-		mbp_model_layer_info(m, i, &li);
-		total += (double)li.param_bytes;
-		appendf(buf, n, &len, "layer %u: %u -> %u %s%s %s %.2f MiB\n", i, li.in, li.out,
-			act_name(li.act), li.norm ? " norm" : "", dtype_name(li.dtype),
-			li.param_bytes / 1048576.0);
-	}
-	appendf(buf, n, &len, "%u %s, %u -> %u, %.2f MiB of float32 parameters, weights version %llu\n",
-		m->layers, MBP__PLURAL(m->layers, "layer", "layers"), mbp_model_in_width(m),
-		mbp_model_out_width(m), total / 1048576.0, (unsigned long long)mbp_model_version(m));
-	if (n && len >= n)
-		buf[n - 1] = '\0';
-	return len > INT32_MAX ? INT32_MAX : (int)len;
-}
-
-/* ---- the sequential reference ---- */
-
-int mbp_model_forward(mbp_model *m, const float *in, float *out, size_t rows, uint32_t mb_rows)
-{
-	if (!m || (rows && (!in || !out)))
-		return -EINVAL;
-	if (!rows)
-		return 0;
-	struct mbp__version *v = mbp__version_get_locked(m);
-	int rc = mbp__forward_batched(m->l, v->lw, m->layers, m->max_width, in, out, rows, mb_rows);
-	mbp__version_put(v);
-	return rc;
 }

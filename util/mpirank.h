@@ -8,8 +8,8 @@
  * equal costs: every rank computes the same split without reading the others' layers); each rank loads
  * only its stages' layers (mbp_model_load_layers).
  */
-#ifndef MBP_TOOLS_MPIRANK_H
-#define MBP_TOOLS_MPIRANK_H
+#ifndef MBP_UTIL_MPIRANK_H
+#define MBP_UTIL_MPIRANK_H
 
 #include <errno.h>
 #include <stdbool.h>

@@ -2,16 +2,17 @@
  * Calibrated busy work for synthetic workloads: a dependent chain of multiply-adds that the compiler may
  * neither shorten nor remove, so a stage does a fixed amount of computation, not a fixed amount of wall
  * time (a stage that shares its CPU takes longer, as real work would). Header-only; shared by pipebench's
- * synthetic and training workloads and perf/bench_train.
+ * synthetic and training workloads and the trainer's benchmarks (perf/bench_syn.h).
  *
  *   double per_us = burn_calibrate();       steps per microsecond on this machine
  *   x = burn((uint64_t)(us * per_us), x);   about `us` microseconds of work
  */
-#ifndef MBP_TOOLS_BURN_H
-#define MBP_TOOLS_BURN_H
+#ifndef MBP_UTIL_BURN_H
+#define MBP_UTIL_BURN_H
 
 #include <stdint.h>
-#include <time.h>
+
+#include "clock.h"
 
 static inline uint64_t burn(uint64_t n, uint64_t x)
 {
@@ -28,12 +29,9 @@ static inline double burn_calibrate(void)
 	const uint64_t n = 200000;
 	uint64_t best = UINT64_MAX, x = 1;
 	for (int i = 0; i < 15; i++) {
-		struct timespec a, b;
-		clock_gettime(CLOCK_MONOTONIC, &a);
+		uint64_t a = mbt_now_ns();
 		x = burn(n, x);
-		clock_gettime(CLOCK_MONOTONIC, &b);
-		uint64_t dt =
-		    (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u + (uint64_t)b.tv_nsec - (uint64_t)a.tv_nsec;
+		uint64_t dt = mbt_now_ns() - a;
 		if (dt < best)
 			best = dt;
 	}

@@ -5,13 +5,14 @@
  * steps a second); the start of a phase (done 0) and its end (done == total) are always drawn.
  * Header-only, one bar per process; shared by pipebench and pipetrain.
  */
-#ifndef MBP_TOOLS_PROGRESS_H
-#define MBP_TOOLS_PROGRESS_H
+#ifndef MBP_UTIL_PROGRESS_H
+#define MBP_UTIL_PROGRESS_H
 
 #include <stdint.h>
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "clock.h"
 
 struct progress {
 	int on;		/* drawing at all */
@@ -32,9 +33,7 @@ static inline void progress_draw(struct progress *p, uint64_t done, uint64_t tot
 	enum { WIDTH = 30 };
 	if (!p->on)
 		return;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	double now = mbt_now_s();
 	if (done > 0 && done < total && p->drawn && now - p->last < 0.1)
 		return;
 	p->last = now;

@@ -5,8 +5,8 @@
  * Waits poll with short sleeps: a rank waiting for its peers must not spin a core that another rank's
  * stages need (Open MPI's blocking calls busy-poll).
  */
-#ifndef MBP_TOOLS_MPIUTIL_H
-#define MBP_TOOLS_MPIUTIL_H
+#ifndef MBP_UTIL_MPIUTIL_H
+#define MBP_UTIL_MPIUTIL_H
 
 #include <unistd.h>
 
