@@ -35,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
+
 enum route {
 	R_NOT_FOUND,
 	R_SERVER_META, /* GET /v2 */
@@ -404,7 +406,7 @@ static enum MHD_Result infer_finish(ps_ctx *x)
 	atomic_fetch_add_explicit(&s->metrics.infer_ok, 1, memory_order_relaxed);
 	x->outcome = true;
 	atomic_fetch_add_explicit(&s->metrics.rows_ok, x->rq.rows, memory_order_relaxed);
-	ps_hist_observe(&s->metrics.request_ns, ps_now_ns() - x->t_start);
+	ps_hist_observe(&s->metrics.request_ns, mbt_now_ns() - x->t_start);
 	return ret;
 }
 
@@ -658,7 +660,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		return MHD_NO; /* on_uri could not make its context: close */
 	if (!x->started) {
 		x->started = true;
-		x->t_start = ps_now_ns();
+		x->t_start = mbt_now_ns();
 		const union MHD_ConnectionInfo *ci =
 		    MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
 		x->pc = ci ? ci->socket_context : NULL;
@@ -751,7 +753,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	if (!x)
 		return;
 	*con_cls = NULL;
-	conn_since(s, x->pc, ps_now_ns(), false); /* the next request's deadline starts now */
+	conn_since(s, x->pc, mbt_now_ns(), false); /* the next request's deadline starts now */
 	if (x->admitted)
 		atomic_fetch_sub(x->route == R_LOAD ? &s->loads : &s->inflight, 1);
 	if (x->received && !x->outcome) /* its client went away first */
@@ -781,7 +783,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 		pc->c = c;
 		pc->owner = pthread_self();
 		pc->fd = ci->connect_fd;
-		pc->since = ps_now_ns();
+		pc->since = mbt_now_ns();
 		pthread_mutex_lock(&s->conns_mu);
 		pc->next = s->conns;
 		if (s->conns)
@@ -914,10 +916,9 @@ static void *reaper_main(void *arg)
 	pthread_t *woken = calloc(s->cfg.threads, sizeof *woken); /* this check's MHD threads woken */
 	bool pressed = false;
 	while (!atomic_load(&s->reaper_stop)) {
-		struct timespec ts = {.tv_sec = (time_t)(step / 1000000000u),
-				      .tv_nsec = (long)(step % 1000000000u)};
+		struct timespec ts = mbt_timespec(step);
 		nanosleep(&ts, NULL);
-		uint64_t now = ps_now_ns();
+		uint64_t now = mbt_now_ns();
 		unsigned nwoken = 0;
 		pthread_mutex_lock(&s->conns_mu);
 		unsigned open = s->nconns;

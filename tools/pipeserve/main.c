@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <getopt.h>
 #include <stddef.h>
 #include <libgen.h>
@@ -27,6 +28,8 @@
 #include <unistd.h>
 
 #include "util/blas.h"
+#include "util/clock.h"
+#include "util/digest.h"
 #include "util/mpirank.h"
 #include "util/parse.h"
 #include "util/plural.h"
@@ -405,6 +408,7 @@ static int load_model_file(const ps_config *c, const char *opt, const char *path
 	mbp_model_error e;
 	mbp_model_load_opts lo = {.max_bytes = c->max_model_bytes,
 				  .timeout_ns = c->load_timeout_ms * 1000000};
+	char note[PATH_MAX + 128];
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	int rc = fd < 0 ? -errno : mbp_model_load_fd(m, fd, path, &lo, &e);
 	if (fd >= 0)
@@ -413,10 +417,8 @@ static int load_model_file(const ps_config *c, const char *opt, const char *path
 		ps_say("%s: %s: %s", opt, path, strerror(-rc));
 	else if (rc)
 		ps_say("%s: %s", opt, e.msg); /* e.msg begins with the file's name */
-	else if (!mbp_model_verified(*m))
-		ps_say("note: %s has no digest (not written by mbpipe): its weights cannot be checked for "
-		       "corruption",
-		       path);
+	else if (digest_note_line(*m, path, note, sizeof note))
+		ps_say("note: %s", note);
 	return rc && arg_problem(rc) ? PS_EUSAGE : rc;
 }
 
@@ -664,11 +666,11 @@ static int describe_model(const ps_config *c)
 /* Wait until no admitted request is left, at most `ms` milliseconds. A second signal exits at once. */
 static bool wait_inflight(ps_server *s, const sigset_t *sigs, uint64_t ms)
 {
-	uint64_t end = ps_now_ns() + ms * 1000000;
+	uint64_t end = mbt_now_ns() + ms * 1000000;
 	while (atomic_load(&s->inflight) || atomic_load(&s->loads)) {
-		if (ps_now_ns() >= end)
+		if (mbt_now_ns() >= end)
 			return false;
-		struct timespec ts = {0, 1000000};
+		struct timespec ts = mbt_timespec(1000000);
 		int sig = sigtimedwait(sigs, NULL, &ts);
 		if (sig > 0) {
 			ps_log("second signal (%s) while draining: exiting now", strsignal(sig));

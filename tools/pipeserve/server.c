@@ -16,6 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
+#include "util/digest.h"
+
 void ps_log(const char *fmt, ...)
 {
 	struct timespec ts;
@@ -101,7 +104,7 @@ int ps_reload(ps_server *s, const char *file, char *err, size_t errlen)
 	const char *name = file ? file : deflt;
 	mbp_model *next = NULL;
 	mbp_model_error e;
-	uint64_t t0 = ps_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	int fd = repo_open(s, name, err, errlen);
 	/* The served model's layers and widths: a file of another structure is refused from its header,
 	 * before its weights are read or their memory allocated. */
@@ -126,11 +129,9 @@ int ps_reload(ps_server *s, const char *file, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot load the new weights: %s", e.msg);
 		status = 400;
 	} else {
-		if (!mbp_model_verified(next))
-			ps_log(
-			    "note: %s has no digest (not written by mbpipe): its weights cannot be checked "
-			    "for corruption",
-			    name);
+		char note[512];
+		if (digest_note_line(next, name, note, sizeof note))
+			ps_log("note: %s", note);
 		int rc = mbp_model_swap(s->model, next);
 		if (rc) {
 			mbp_model_destroy(next);
@@ -155,7 +156,7 @@ int ps_reload(ps_server *s, const char *file, char *err, size_t errlen)
 		atomic_fetch_add_explicit(&s->metrics.reload_ok, 1, memory_order_relaxed);
 		ps_log("reload: model \"%s\" now runs weights version %llu from %s (%.1f ms)", s->name,
 		       (unsigned long long)mbp_model_version(s->model), name,
-		       (double)(ps_now_ns() - t0) / 1e6);
+		       (double)(mbt_now_ns() - t0) / 1e6);
 	}
 	pthread_mutex_unlock(&s->reload_mu);
 	return status;
