@@ -11,7 +11,9 @@
  */
 #include "config.h"
 
-#include "server.h"
+#include "mpi.h"
+
+#include "model.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@
 
 #include "util/mpirank.h"
 #include "util/mpiutil.h"
+#include "util/plural.h"
 
 static mbp_mpi *g_mp; /* this process's part of the pipeline across the ranks */
 
@@ -45,22 +48,15 @@ int ps_mpi_load(ps_server *s, const char *path)
 			ps_say("--model: %s", e.msg[0] ? e.msg : mbp_strerror(rc));
 		return rc == -ENOMEM || rc == -EIO ? rc : PS_EUSAGE;
 	}
-	if (s->cfg.stages > s->all_layers) { /* as in one process */
-		if (s->rank == 0)
-			ps_say("--stages %u: the model has only %u %s", s->cfg.stages, s->all_layers,
-			       s->all_layers == 1 ? "layer" : "layers");
+	unsigned S =
+	    ps_model_stage_count(&s->cfg, s->all_layers, s->ranks, s->rank == 0); /* as in one process */
+	if (!S)
 		return PS_EUSAGE;
-	}
-	unsigned S = s->cfg.stages ? s->cfg.stages : s->ranks;
-	if (S > s->all_layers)
-		S = s->all_layers; /* the default, one per rank: at most one stage per layer */
-	if (S > MBP_MAX_STAGES)
-		S = MBP_MAX_STAGES;
 	if (S < s->ranks) {
 		if (s->rank == 0)
 			ps_say("%u %s (the model has %u %s) over %u ranks: every rank needs a stage", S,
-			       S == 1 ? "stage" : "stages", s->all_layers,
-			       s->all_layers == 1 ? "layer" : "layers", s->ranks);
+			       PLURAL(S, "stage", "stages"), s->all_layers,
+			       PLURAL(s->all_layers, "layer", "layers"), s->ranks);
 		return PS_EUSAGE;
 	}
 	rc = mbt_load_part(path, s->all_layers, S, s->ranks, s->rank, &s->model, &s->plan, &s->first_layer,
