@@ -3,7 +3,8 @@ bin_PROGRAMS += tools/pipeserve/pipeserve
 tools_pipeserve_pipeserve_SOURCES = \
 	tools/pipeserve/main.c tools/pipeserve/flags.h tools/pipeserve/flags.c tools/pipeserve/model.h \
 	tools/pipeserve/model.c tools/pipeserve/engine.h tools/pipeserve/engine.c tools/pipeserve/signals.h \
-	tools/pipeserve/signals.c tools/pipeserve/server.h tools/pipeserve/server.c tools/pipeserve/http.c \
+	tools/pipeserve/signals.c tools/pipeserve/transport.h tools/pipeserve/transport.c tools/pipeserve/routes.h \
+	tools/pipeserve/routes.c tools/pipeserve/server.h tools/pipeserve/server.c \
 	tools/pipeserve/batch.h tools/pipeserve/batch.c tools/pipeserve/oip.h tools/pipeserve/oip.c \
 	tools/pipeserve/metrics.h tools/pipeserve/metrics.c tools/pipeserve/mpi.h
 # Public headers only: no -I lib (AM_CPPFLAGS carries it for the library's own code).

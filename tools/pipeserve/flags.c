@@ -19,6 +19,7 @@
 #include "server.h"
 #include "util/mpirank.h"
 #include "util/parse.h"
+#include "util/plural.h"
 
 static const char usage[] =
     "usage: pipeserve [options]\n"
@@ -377,4 +378,17 @@ int ps_flags_parse(int argc, char **argv, ps_config *c)
 		return -1;
 	}
 	return 0;
+}
+
+unsigned ps_flags_stages(const ps_config *c, unsigned layers, unsigned deflt)
+{
+	if (c->stages > layers) {
+		usage_error("--stages %u: the model has only %u %s", c->stages, layers,
+			    PLURAL(layers, "layer", "layers"));
+		return 0;
+	}
+	unsigned n = c->stages ? c->stages : deflt;
+	if (n > layers)
+		n = layers; /* the default, one stage per CPU or per rank, is at most one per layer */
+	return n > MBP_MAX_STAGES ? MBP_MAX_STAGES : n;
 }

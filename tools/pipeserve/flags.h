@@ -59,6 +59,13 @@ int ps_flags_parse(int argc, char **argv, ps_config *c);
 const char *ps_flags_model_name(const ps_config *c, char *out, size_t n);
 
 /*
+ * The stages for a model of `layers` layers (under mpirun, of the whole model): --stages, or `deflt`
+ * without it (one per allowed CPU, or one per rank), at most one per layer and MBP_MAX_STAGES.
+ * @return the count, or 0 when --stages asks for more stages than the model has layers (said).
+ */
+unsigned ps_flags_stages(const ps_config *c, unsigned layers, unsigned deflt);
+
+/*
  * Apply the engine options `conf` (mbp_opts_parse's key=value,...; NULL or "" change nothing) over `o`; `what`
  * names where they come from (MBPIPE_OPTS, --engine). @return 0, or -EINVAL with one line in `err` naming
  * `what` and the key's rule.

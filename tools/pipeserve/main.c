@@ -23,6 +23,7 @@
 #include "flags.h"
 #include "model.h"
 #include "signals.h"
+#include "transport.h"
 #include "util/blas.h"
 #include "util/clock.h"
 #include "util/mpirank.h"
@@ -174,7 +175,7 @@ int main(int argc, char **argv)
 	if (!rc)
 		rc = ps_engine_start(s);
 	if (!rc)
-		rc = ps_http_start(s);
+		rc = ps_transport_start(s);
 	if (rc) {
 		ps_batcher_destroy(s->batcher);
 		ps_model_teardown(s);
@@ -205,7 +206,7 @@ int main(int argc, char **argv)
 		ps_log("stop: requests left unanswered; exiting without a clean shutdown");
 		return 1;
 	}
-	ps_http_stop(s);
+	ps_transport_stop(s);
 	uint64_t ok = atomic_load(&s->metrics.infer_ok), failed = 0;
 	for (int i = 0; i < PS_FAIL_N; i++)
 		failed += atomic_load(&s->metrics.infer_fail[i]);

@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include "util/digest.h"
-#include "util/plural.h"
 #ifdef PS_WITH_MPI
 #include "mpi.h"
 #endif
@@ -102,20 +101,6 @@ static int load_weights(ps_server *s)
 	return s->model_path ? 0 : -ENOMEM;
 }
 
-unsigned ps_model_stage_count(const ps_config *c, unsigned layers, unsigned deflt, bool say)
-{
-	if (c->stages > layers) {
-		if (say)
-			ps_say("--stages %u: the model has only %u %s", c->stages, layers,
-			       PLURAL(layers, "layer", "layers"));
-		return 0;
-	}
-	unsigned n = c->stages ? c->stages : deflt;
-	if (n > layers)
-		n = layers; /* the default, one stage per CPU or per rank, is at most one per layer */
-	return n > MBP_MAX_STAGES ? MBP_MAX_STAGES : n;
-}
-
 int ps_model_setup(ps_server *s)
 {
 	int rc = load_weights(s);
@@ -126,8 +111,7 @@ int ps_model_setup(ps_server *s)
 	unsigned stages = s->plan.stages; /* under mpirun: this rank's, planned by ps_mpi_load */
 	if (!s->mpi) {
 		int ncpu = s->cfg.stages ? 0 : mbp_cpus_allowed(NULL, 0, NULL); /* the default: one per CPU */
-		stages = ps_model_stage_count(&s->cfg, mbp_model_layers(s->model),
-					      ncpu > 0 ? (unsigned)ncpu : 1, true);
+		stages = ps_flags_stages(&s->cfg, mbp_model_layers(s->model), ncpu > 0 ? (unsigned)ncpu : 1);
 		if (!stages)
 			return PS_EUSAGE;
 	}

@@ -7,8 +7,6 @@
 #ifndef PIPESERVE_MODEL_H
 #define PIPESERVE_MODEL_H
 
-#include <stdbool.h>
-
 #include "server.h"
 
 /*
@@ -20,13 +18,6 @@ int ps_model_setup(ps_server *s);
 
 /* Free what ps_model_setup() made, also after it failed half-way or never ran. */
 void ps_model_teardown(ps_server *s);
-
-/*
- * The stages for a model of `layers` layers: --stages, or `deflt` without it (one per CPU, or per rank),
- * at most one per layer and MBP_MAX_STAGES. @return the count, or 0 when --stages asks for more stages than
- * the model has layers (said when `say`).
- */
-unsigned ps_model_stage_count(const ps_config *c, unsigned layers, unsigned deflt, bool say);
 
 /* --write-demo-model FILE: the --demo model with its random weights. @return the exit status. */
 int ps_model_write_demo(const ps_config *c);

@@ -13,8 +13,6 @@
 
 #include "mpi.h"
 
-#include "model.h"
-
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,15 +39,14 @@ int ps_mpi_init(int *argc, char ***argv, ps_server *s)
 int ps_mpi_load(ps_server *s, const char *path)
 {
 	mbp_model_error e;
-	uint32_t out_width;
+	uint32_t out_width = 0;
 	int rc = mbt_file_layers(path, &s->all_layers, &out_width, &e);
 	if (rc) { /* every rank reads the same path: rank 0 says it */
 		if (s->rank == 0)
 			ps_say("--model: %s", e.msg[0] ? e.msg : mbp_strerror(rc));
 		return rc == -ENOMEM || rc == -EIO ? rc : PS_EUSAGE;
 	}
-	unsigned S =
-	    ps_model_stage_count(&s->cfg, s->all_layers, s->ranks, s->rank == 0); /* as in one process */
+	unsigned S = ps_flags_stages(&s->cfg, s->all_layers, s->ranks); /* as in one process */
 	if (!S)
 		return PS_EUSAGE;
 	if (S < s->ranks) {

@@ -1,7 +1,10 @@
 /*
- * pipeserve's server state and the operations on it that both the start-up code (main.c) and the HTTP
- * layer (http.c) use: the log, and loading new weights into the running model (reload). main.c builds the
- * state and starts the HTTP layer; http.c answers requests with it; neither calls the other's code.
+ * The operations on pipeserve's server state that more than one part uses: the log (timestamped lines on
+ * stderr, one write each), the one-line reason for not starting, and a live reload: new weights from a
+ * file of the model repository, checked against the served model's structure from the file's header,
+ * swapped in while requests run (mbp_model_swap; a request already under way keeps its version). The
+ * parts build the state (main.c, model.c, engine.c) and answer requests with it (routes.c); this file
+ * calls none of them.
  */
 #include "config.h"
 

@@ -1,10 +1,20 @@
 /*
- * pipeserve: an Open Inference Protocol (KServe v2) HTTP server that runs one mbpipe model.
+ * pipeserve: an Open Inference Protocol (KServe v2) HTTP server that runs one mbpipe model. This header
+ * holds the server's state (ps_server), which every part works on, and the operations on it that more than
+ * one part uses (server.c: the log, the reason for not starting, a live reload).
  *
- * Parts: main.c (flags, model and pipeline set-up, signals, shutdown), server.c (the server state's
- * operations: log, reload), http.c (libmicrohttpd handlers and routing), batch.c (dynamic batching onto the
- * pipeline), oip.c (protocol messages), metrics.c (/metrics). Calls go one way: main.c -> http.c ->
- * server.c, main.c -> server.c. Only the public mbpipe API is used.
+ * Parts, one job each (each header names its file's): main.c (the process's life: the start-up order and
+ * log, the drain), flags.c (the command line into ps_config), model.c (the model at start-up and its
+ * split into stages), engine.c (the engine options, the pipeline and the batcher's start), signals.c (the
+ * stop signals), transport.c (libmicrohttpd, connections and their deadlines, a request's head and body),
+ * routes.c (what each endpoint answers), batch.c (dynamic batching onto the pipeline), oip.c (protocol
+ * messages), metrics.c (/metrics), mpi.c (the stages across MPI ranks).
+ *
+ * Calls go one way: main.c -> model.c, engine.c, transport.c, signals.c; model.c, engine.c -> mpi.c;
+ * transport.c -> routes.c -> batch.c, server.c's reload; and down to flags.c, oip.c, metrics.c and
+ * server.c's log. Headers include downward only: oip.h <- metrics.h <- batch.h, flags.h <- server.h <- the
+ * parts' own headers (routes.h, transport.h, model.h, engine.h, mpi.h); signals.h includes none of ours.
+ * Only the public mbpipe API is used.
  */
 #ifndef PIPESERVE_SERVER_H
 #define PIPESERVE_SERVER_H
@@ -34,22 +44,13 @@ typedef struct ps_server {
 	int repo_fd;	  /* the model repository, open; -1: loading over HTTP is off */
 	ps_batcher *batcher;
 	ps_metrics metrics;
-	struct MHD_Daemon *mhd;
-	/* Open connections and the deadline of each (http.c): a reaper closes those past it. */
-	pthread_mutex_t conns_mu;
-	struct ps_conn *conns;
-	unsigned nconns; /* in the list */
-	pthread_t reaper;
-	bool reaper_on;
-	_Atomic bool reaper_stop;
-	unsigned port; /* the port actually bound */
+	struct ps_transport *http; /* the HTTP transport's own state (transport.c) */
+	unsigned port;		   /* the port actually bound */
 
 	_Atomic bool ready;	   /* serving; false before start and once stopping */
 	_Atomic bool draining;	   /* a stop signal arrived: new requests get 503 */
 	_Atomic uint64_t inflight; /* admitted infer requests not yet answered */
 	_Atomic uint64_t loads;	   /* admitted loads not yet answered */
-	_Atomic uint64_t
-	    body_bytes;		   /* request body bytes held (http.c), bounded by max_inflight_body_bytes */
 	pthread_mutex_t reload_mu; /* one reload at a time */
 	_Atomic bool loading;	   /* a load is in progress: another one gets 409 at once */
 
@@ -60,13 +61,6 @@ typedef struct ps_server {
 	unsigned all_stages, stage_lo, stage_hi, first_layer, all_layers;
 	uint32_t out_width; /* the last rank's output width, in floats */
 } ps_server;
-
-/* http.c */
-
-/* Start listening (cfg.host, cfg.port); s->port receives the bound port. @return 0 or -errno. */
-int ps_http_start(ps_server *s);
-/* Stop listening and close every connection (call once nothing is suspended). */
-void ps_http_stop(ps_server *s);
 
 /* server.c */
 
