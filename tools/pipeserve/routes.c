@@ -214,7 +214,8 @@ static void count_fail(ps_request *x, int status)
 	x->outcome = true;
 }
 
-static enum MHD_Result infer_fail(ps_request *x, unsigned status, const char *msg)
+/* An error answer, counted as a failed infer request if the request was one. */
+static enum MHD_Result fail_answer(ps_request *x, unsigned status, const char *msg)
 {
 	count_fail(x, (int)status);
 	return send_error(x->conn, status, msg);
@@ -224,38 +225,38 @@ static enum MHD_Result infer_start(ps_request *x)
 {
 	ps_server *s = x->s;
 	if (!atomic_load(&s->ready))
-		return infer_fail(x, MHD_HTTP_SERVICE_UNAVAILABLE, "server not ready");
+		return fail_answer(x, MHD_HTTP_SERVICE_UNAVAILABLE, "server not ready");
 	const char *hl =
 	    MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Inference-Header-Content-Length");
 	long long header_len = -1;
 	if (hl) {
 		header_len = ps_oip_parse_header_len(hl, x->body.len);
 		if (header_len < 0)
-			return infer_fail(x, MHD_HTTP_BAD_REQUEST,
-					  "malformed Inference-Header-Content-Length");
+			return fail_answer(x, MHD_HTTP_BAD_REQUEST,
+					   "malformed Inference-Header-Content-Length");
 	}
 	int st = ps_oip_parse_infer(&s->info, x->body.p ? x->body.p : "", x->body.len, header_len, &x->rq,
 				    x->err, sizeof x->err);
 	if (st)
-		return infer_fail(x, (unsigned)st, x->err);
+		return fail_answer(x, (unsigned)st, x->err);
 
 	/* Dekker with main's shutdown: count first, then look (see the file comment). */
 	atomic_fetch_add(&s->inflight, 1);
 	x->admitted = true;
 	if (atomic_load(&s->draining))
-		return infer_fail(x, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
+		return fail_answer(x, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
 
 	x->out = malloc(x->rq.rows * s->info.out_width * sizeof(float));
 	if (!x->out)
-		return infer_fail(x, MHD_HTTP_CONTENT_TOO_LARGE, "request too large for memory");
+		return fail_answer(x, MHD_HTTP_CONTENT_TOO_LARGE, "request too large for memory");
 	int rc = ps_batcher_reserve(s->batcher, x->rq.rows);
 	if (rc == -EAGAIN)
-		return infer_fail(x, MHD_HTTP_TOO_MANY_REQUESTS, "queue full, retry later");
+		return fail_answer(x, MHD_HTTP_TOO_MANY_REQUESTS, "queue full, retry later");
 	if (rc == -E2BIG)
-		return infer_fail(x, MHD_HTTP_CONTENT_TOO_LARGE,
-				  "request has more rows than the queue holds");
+		return fail_answer(x, MHD_HTTP_CONTENT_TOO_LARGE,
+				   "request has more rows than the queue holds");
 	if (rc)
-		return infer_fail(x, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
+		return fail_answer(x, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
 	x->job = (ps_req){.in = x->rq.in, .out = x->out, .rows = x->rq.rows, .done = infer_done, .arg = x};
 	suspend(x); /* before the enqueue: the completion may resume at once */
 	ps_batcher_enqueue(s->batcher, &x->job);
@@ -269,11 +270,11 @@ static enum MHD_Result infer_finish(ps_request *x)
 	if (r->status == -ETIMEDOUT) {
 		snprintf(x->err, sizeof x->err, "request waited more than %llu ms in the queue",
 			 (unsigned long long)s->cfg.timeout_ms);
-		return infer_fail(x, MHD_HTTP_SERVICE_UNAVAILABLE, x->err);
+		return fail_answer(x, MHD_HTTP_SERVICE_UNAVAILABLE, x->err);
 	}
 	if (r->status) {
 		snprintf(x->err, sizeof x->err, "inference failed: %s", mbp_strerror(r->status));
-		return infer_fail(x, MHD_HTTP_INTERNAL_SERVER_ERROR, x->err);
+		return fail_answer(x, MHD_HTTP_INTERNAL_SERVER_ERROR, x->err);
 	}
 	ps_buf b = {0};
 	size_t json_len;
@@ -283,7 +284,7 @@ static enum MHD_Result infer_finish(ps_request *x)
 	mi.version = v; /* the version that computed every row of this request */
 	if (ps_oip_encode_infer(&mi, &x->rq, x->out, &b, &json_len)) {
 		ps_buf_free(&b);
-		return infer_fail(x, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory encoding the response");
+		return fail_answer(x, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory encoding the response");
 	}
 	bool binary = json_len != b.len;
 	struct MHD_Response *resp = MHD_create_response_from_buffer(b.len, b.p, MHD_RESPMEM_MUST_FREE);
@@ -341,7 +342,7 @@ static enum MHD_Result reload_start(ps_request *x)
 	bool idle = false;
 	if (!atomic_compare_exchange_strong(&s->loading, &idle, true))
 		return send_error(x->conn, MHD_HTTP_CONFLICT, "a model load is already in progress");
-	x->loading = true; /* cleared by the load's thread when done, or in on_completed if it never ran */
+	x->loading = true; /* cleared by the load's thread when done, or in ps_route_end if it never ran */
 	atomic_fetch_add(&s->loads, 1);
 	x->admitted = true;
 	if (atomic_load(&s->draining))
@@ -420,19 +421,13 @@ enum MHD_Result ps_route_answer(ps_request *x)
 	if (!x->method_ok)
 		return send_error_hdr(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed",
 				      MHD_HTTP_HEADER_ALLOW, x->allow);
-	if (x->model_err) {
-		count_fail(x, 404);
-		return send_error(c, MHD_HTTP_NOT_FOUND, "unknown model or version");
-	}
-	if (x->too_large) {
-		count_fail(x, 413);
-		return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "request body too large");
-	}
-	if (x->too_busy) {
-		count_fail(x, 503);
-		return send_error(c, MHD_HTTP_SERVICE_UNAVAILABLE,
-				  "too many request bytes in flight, retry later");
-	}
+	if (x->model_err)
+		return fail_answer(x, MHD_HTTP_NOT_FOUND, "unknown model or version");
+	if (x->too_large)
+		return fail_answer(x, MHD_HTTP_CONTENT_TOO_LARGE, "request body too large");
+	if (x->too_busy)
+		return fail_answer(x, MHD_HTTP_SERVICE_UNAVAILABLE,
+				   "too many request bytes in flight, retry later");
 	switch (x->route) {
 	case PS_ROUTE_SERVER_META:
 		return send_encoded(x, enc_server, json_type);
@@ -461,8 +456,7 @@ enum MHD_Result ps_route_answer(ps_request *x)
 
 enum MHD_Result ps_route_refuse(ps_request *x, unsigned status, const char *why)
 {
-	count_fail(x, (int)status);
-	return send_error(x->conn, status, why);
+	return fail_answer(x, status, why);
 }
 
 enum MHD_Result ps_route_resumed(ps_request *x)

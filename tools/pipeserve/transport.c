@@ -69,7 +69,123 @@ struct ps_conn {
 	bool answered;	 /* answered by own_error_answer: MHD's own answer cannot be sent */
 };
 
-/* ---- the request target ---- */
+/* ---- connections and their deadlines ---- */
+
+/* The connection's deadline starts at `since` (0: none), and whether the handler has seen its request's
+ * head. */
+static void conn_since(ps_transport *t, struct ps_conn *pc, uint64_t since, bool head)
+{
+	if (!pc)
+		return;
+	pthread_mutex_lock(&t->conns_mu);
+	pc->since = since;
+	pc->head = head;
+	pthread_mutex_unlock(&t->conns_mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+			  enum MHD_ConnectionNotificationCode toe)
+{
+	ps_transport *t = ((ps_server *)cls)->http;
+	struct ps_conn *pc = *socket_context;
+	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci =
+		    MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+		pc = ci ? calloc(1, sizeof *pc) : NULL;
+		if (!pc)
+			return; /* no deadline for this one; MHD's idle timeout still applies */
+		pc->c = c;
+		pc->owner = pthread_self();
+		pc->fd = ci->connect_fd;
+		pc->since = mbt_now_ns();
+		pthread_mutex_lock(&t->conns_mu);
+		pc->next = t->conns;
+		if (t->conns)
+			t->conns->prev = pc;
+		t->conns = pc;
+		t->nconns++;
+		pthread_mutex_unlock(&t->conns_mu);
+		*socket_context = pc;
+		return;
+	}
+	if (!pc)
+		return;
+	pthread_mutex_lock(&t->conns_mu);
+	if (pc->prev)
+		pc->prev->next = pc->next;
+	else
+		t->conns = pc->next;
+	if (pc->next)
+		pc->next->prev = pc->prev;
+	t->nconns--;
+	pthread_mutex_unlock(&t->conns_mu);
+	*socket_context = NULL;
+	free(pc);
+}
+
+/*
+ * Close the connections that did not send a complete request in time: slow heads and bodies, idle
+ * keep-alive connections, half-closed ones (--request-timeout-ms). Near the connection limit (3/4 of
+ * --max-connections open) a connection that has not sent a complete head is closed after the much shorter
+ * --header-timeout-ms: once libmicrohttpd holds its limit, new clients wait in the listen backlog until a
+ * connection closes, and sockets that connect and send nothing (slowloris) would keep every one of them
+ * waiting for the request deadline. nginx does the same when it runs out of connections (it closes those
+ * waiting for a request first); a head that is sent at once arrives long before the shorter deadline.
+ * Checks four times per deadline, at most every 250 ms.
+ *
+ * A connection shut down a check ago that libmicrohttpd has not closed yet is shut down again, one per MHD
+ * thread and check: each shutdown wakes the thread that waits on the socket. libmicrohttpd 0.9.75
+ * (MHD_epoll) reads epoll events 128 at a time and calls epoll_wait again as long as a call returned 128,
+ * with its full timeout: when exactly 128 or 256 connections close at once (256 is a thread's share of the
+ * 512 default connections), it sleeps on events it has read and not yet handled, for up to the connection
+ * timeout, and every other client waits in the backlog meanwhile. One more event ends that wait.
+ */
+static void *reaper_main(void *arg)
+{
+	ps_server *s = arg;
+	ps_transport *t = s->http;
+	uint64_t limit = s->cfg.request_timeout_ms * 1000000, head_limit = s->cfg.header_timeout_ms * 1000000;
+	uint64_t least = head_limit < limit ? head_limit : limit;
+	uint64_t step = least / 4 < 1000000 ? 1000000 : least / 4;
+	if (step > 250000000)
+		step = 250000000;
+	pthread_t *woken = calloc(s->cfg.threads, sizeof *woken); /* this check's MHD threads woken */
+	bool pressed = false;
+	while (!atomic_load(&t->reaper_stop)) {
+		struct timespec ts = mbt_timespec(step);
+		nanosleep(&ts, NULL);
+		uint64_t now = mbt_now_ns();
+		unsigned nwoken = 0;
+		pthread_mutex_lock(&t->conns_mu);
+		unsigned open = t->nconns;
+		bool was = pressed;
+		pressed = (uint64_t)open * 4 >= (uint64_t)s->cfg.max_connections * 3;
+		for (struct ps_conn *pc = t->conns; pc; pc = pc->next) {
+			uint64_t waited = pc->since ? now - pc->since : 0;
+			if (pc->since && !pc->reaped &&
+			    (waited > limit || (pressed && !pc->head && waited > head_limit))) {
+				shutdown(pc->fd, SHUT_RDWR);
+				pc->reaped = now;
+			} else if (pc->reaped && now - pc->reaped >= step && woken) {
+				unsigned k = 0;
+				while (k < nwoken && !pthread_equal(woken[k], pc->owner))
+					k++;
+				if (k == nwoken && nwoken < s->cfg.threads) {
+					shutdown(pc->fd, SHUT_RDWR); /* no-op on the socket, but a wake-up */
+					woken[nwoken++] = pc->owner;
+				}
+			}
+		}
+		pthread_mutex_unlock(&t->conns_mu);
+		if (pressed && !was)
+			ps_log("connections: %u open of %u: those without a request head close after %llu ms",
+			       open, s->cfg.max_connections, (unsigned long long)s->cfg.header_timeout_ms);
+	}
+	free(woken);
+	return NULL;
+}
+
+/* ---- a request: its target, head and body ---- */
 
 /*
  * What is wrong with a request target as the client sent it, or NULL. MHD decodes %XX in place after the
@@ -124,18 +240,6 @@ static bool body_reserve(ps_request *x, size_t n)
 							memory_order_relaxed));
 	x->reserved += n;
 	return true;
-}
-
-/* The connection's deadline starts at `since` (0: none), and whether the handler has seen its request's
- * head. */
-static void conn_since(ps_transport *t, struct ps_conn *pc, uint64_t since, bool head)
-{
-	if (!pc)
-		return;
-	pthread_mutex_lock(&t->conns_mu);
-	pc->since = since;
-	pc->head = head;
-	pthread_mutex_unlock(&t->conns_mu);
 }
 
 struct head_scan {
@@ -293,46 +397,6 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	free(x);
 }
 
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-			  enum MHD_ConnectionNotificationCode toe)
-{
-	ps_transport *t = ((ps_server *)cls)->http;
-	struct ps_conn *pc = *socket_context;
-	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-		const union MHD_ConnectionInfo *ci =
-		    MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-		pc = ci ? calloc(1, sizeof *pc) : NULL;
-		if (!pc)
-			return; /* no deadline for this one; MHD's idle timeout still applies */
-		pc->c = c;
-		pc->owner = pthread_self();
-		pc->fd = ci->connect_fd;
-		pc->since = mbt_now_ns();
-		pthread_mutex_lock(&t->conns_mu);
-		pc->next = t->conns;
-		if (t->conns)
-			t->conns->prev = pc;
-		t->conns = pc;
-		t->nconns++;
-		pthread_mutex_unlock(&t->conns_mu);
-		*socket_context = pc;
-		return;
-	}
-	if (!pc)
-		return;
-	pthread_mutex_lock(&t->conns_mu);
-	if (pc->prev)
-		pc->prev->next = pc->next;
-	else
-		t->conns = pc->next;
-	if (pc->next)
-		pc->next->prev = pc->prev;
-	t->nconns--;
-	pthread_mutex_unlock(&t->conns_mu);
-	*socket_context = NULL;
-	free(pc);
-}
-
 /* ---- libmicrohttpd's own answers ---- */
 
 /*
@@ -412,67 +476,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 	ps_log("http: %s", line);
 }
 
-/*
- * Close the connections that did not send a complete request in time: slow heads and bodies, idle
- * keep-alive connections, half-closed ones (--request-timeout-ms). Near the connection limit (3/4 of
- * --max-connections open) a connection that has not sent a complete head is closed after the much shorter
- * --header-timeout-ms: once libmicrohttpd holds its limit, new clients wait in the listen backlog until a
- * connection closes, and sockets that connect and send nothing (slowloris) would keep every one of them
- * waiting for the request deadline. nginx does the same when it runs out of connections (it closes those
- * waiting for a request first); a head that is sent at once arrives long before the shorter deadline.
- * Checks four times per deadline, at most every 250 ms.
- *
- * A connection shut down a check ago that libmicrohttpd has not closed yet is shut down again, one per MHD
- * thread and check: each shutdown wakes the thread that waits on the socket. libmicrohttpd 0.9.75
- * (MHD_epoll) reads epoll events 128 at a time and calls epoll_wait again as long as a call returned 128,
- * with its full timeout: when exactly 128 or 256 connections close at once (256 is a thread's share of the
- * 512 default connections), it sleeps on events it has read and not yet handled, for up to the connection
- * timeout, and every other client waits in the backlog meanwhile. One more event ends that wait.
- */
-static void *reaper_main(void *arg)
-{
-	ps_server *s = arg;
-	ps_transport *t = s->http;
-	uint64_t limit = s->cfg.request_timeout_ms * 1000000, head_limit = s->cfg.header_timeout_ms * 1000000;
-	uint64_t least = head_limit < limit ? head_limit : limit;
-	uint64_t step = least / 4 < 1000000 ? 1000000 : least / 4;
-	if (step > 250000000)
-		step = 250000000;
-	pthread_t *woken = calloc(s->cfg.threads, sizeof *woken); /* this check's MHD threads woken */
-	bool pressed = false;
-	while (!atomic_load(&t->reaper_stop)) {
-		struct timespec ts = mbt_timespec(step);
-		nanosleep(&ts, NULL);
-		uint64_t now = mbt_now_ns();
-		unsigned nwoken = 0;
-		pthread_mutex_lock(&t->conns_mu);
-		unsigned open = t->nconns;
-		bool was = pressed;
-		pressed = (uint64_t)open * 4 >= (uint64_t)s->cfg.max_connections * 3;
-		for (struct ps_conn *pc = t->conns; pc; pc = pc->next) {
-			uint64_t waited = pc->since ? now - pc->since : 0;
-			if (pc->since && !pc->reaped &&
-			    (waited > limit || (pressed && !pc->head && waited > head_limit))) {
-				shutdown(pc->fd, SHUT_RDWR);
-				pc->reaped = now;
-			} else if (pc->reaped && now - pc->reaped >= step && woken) {
-				unsigned k = 0;
-				while (k < nwoken && !pthread_equal(woken[k], pc->owner))
-					k++;
-				if (k == nwoken && nwoken < s->cfg.threads) {
-					shutdown(pc->fd, SHUT_RDWR); /* no-op on the socket, but a wake-up */
-					woken[nwoken++] = pc->owner;
-				}
-			}
-		}
-		pthread_mutex_unlock(&t->conns_mu);
-		if (pressed && !was)
-			ps_log("connections: %u open of %u: those without a request head close after %llu ms",
-			       open, s->cfg.max_connections, (unsigned long long)s->cfg.header_timeout_ms);
-	}
-	free(woken);
-	return NULL;
-}
+/* ---- start and stop ---- */
 
 /* The listening socket, made here rather than by libmicrohttpd so that a failure is said in one line of
  * ours with its reason (SO_REUSEADDR and IPV6_V6ONLY as libmicrohttpd sets them). @return the descriptor,
