@@ -76,7 +76,7 @@ static void usage_error(const char *fmt, ...)
 	va_end(ap);
 }
 
-/* A whole number in [min, max] (tools/parse.h, the one parser of the tools), or one line naming the flag. */
+/* A whole number in [min, max] (util/parse.h), or one line naming the flag. */
 static int flag_u64(const char *flag, const char *v, uint64_t min, uint64_t max, uint64_t *out)
 {
 	char err[256];
