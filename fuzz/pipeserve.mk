@@ -7,10 +7,11 @@ EXTRA_DIST += fuzz/pipeserve_fuzz.c fuzz/pipeserve_corpus
 
 if HAVE_FUZZ_CC
 PIPESERVE_FUZZ_SRC = $(top_srcdir)/fuzz/pipeserve_fuzz.c $(top_srcdir)/tools/pipeserve/oip.c
-fuzz/pipeserve_fuzz: $(PIPESERVE_FUZZ_SRC) $(top_srcdir)/tools/pipeserve/oip.h config.h
+fuzz/pipeserve_fuzz: $(PIPESERVE_FUZZ_SRC) $(top_srcdir)/tools/pipeserve/oip.h \
+		$(top_srcdir)/util/number.h config.h
 	@$(MKDIR_P) fuzz
 	$(AM_V_CC)$(FUZZ_CC) -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-		-I$(top_builddir) -I$(top_srcdir)/tools/pipeserve $(CJSON_CFLAGS) \
+		-I$(top_builddir) -I$(top_srcdir) -I$(top_srcdir)/tools/pipeserve $(CJSON_CFLAGS) \
 		-o $@ $(PIPESERVE_FUZZ_SRC) $(CJSON_LIBS) -lm
 CLEANFILES += fuzz/pipeserve_fuzz
 

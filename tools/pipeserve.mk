@@ -1,9 +1,12 @@
 # pipeserve: an Open Inference Protocol (KServe v2) HTTP server embedding mbpipe (public API only).
 bin_PROGRAMS += tools/pipeserve/pipeserve
 tools_pipeserve_pipeserve_SOURCES = \
-	tools/pipeserve/main.c tools/pipeserve/server.h tools/pipeserve/server.c tools/pipeserve/http.c \
+	tools/pipeserve/main.c tools/pipeserve/flags.h tools/pipeserve/flags.c tools/pipeserve/model.h \
+	tools/pipeserve/model.c tools/pipeserve/engine.h tools/pipeserve/engine.c tools/pipeserve/signals.h \
+	tools/pipeserve/signals.c tools/pipeserve/transport.h tools/pipeserve/transport.c tools/pipeserve/routes.h \
+	tools/pipeserve/routes.c tools/pipeserve/server.h tools/pipeserve/server.c \
 	tools/pipeserve/batch.h tools/pipeserve/batch.c tools/pipeserve/oip.h tools/pipeserve/oip.c \
-	tools/pipeserve/metrics.h tools/pipeserve/metrics.c
+	tools/pipeserve/metrics.h tools/pipeserve/metrics.c tools/pipeserve/mpi.h
 # Public headers only: no -I lib (AM_CPPFLAGS carries it for the library's own code).
 tools_pipeserve_pipeserve_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include
 tools_pipeserve_pipeserve_CFLAGS = $(AM_CFLAGS) $(MHD_CFLAGS) $(CJSON_CFLAGS)

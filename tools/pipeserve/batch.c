@@ -19,6 +19,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/clock.h"
+
 typedef struct ps_seg {
 	ps_req *req;
 	uint32_t req_row; /* first row in the request */
@@ -103,13 +105,6 @@ static mbp_pipeline *local_pipeline(void *ctx)
 	return ((ps_batcher *)ctx)->local;
 }
 
-uint64_t ps_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static ps_batch *batch_get(ps_batcher *b)
 {
 	pthread_mutex_lock(&b->free_mu);
@@ -175,7 +170,7 @@ static void on_result(void *arg, mbp_mb *mb)
 {
 	ps_batcher *b = arg;
 	ps_batch *bt = mb->user;
-	uint64_t now = ps_now_ns();
+	uint64_t now = mbt_now_ns();
 	ps_hist_observe(&b->metrics->compute_ns, now - bt->t_submit);
 	mbp_model_mb_unpin(mb); /* a micro-batch no stage saw still holds its pin */
 	int err = mb->status;
@@ -247,15 +242,14 @@ static uint32_t take_rows_locked(ps_batcher *b, ps_batch *bt, uint64_t now, bool
 
 static void timed_wait(ps_batcher *b, uint64_t until_ns)
 {
-	struct timespec ts = {.tv_sec = (time_t)(until_ns / 1000000000u),
-			      .tv_nsec = (long)(until_ns % 1000000000u)};
+	struct timespec ts = mbt_timespec(until_ns);
 	pthread_cond_timedwait(&b->cv, &b->mu, &ts);
 }
 
 /* Fail every segment of a micro-batch that could not be submitted. */
 static void fail_batch(ps_batcher *b, ps_batch *bt, int err)
 {
-	uint64_t now = ps_now_ns();
+	uint64_t now = mbt_now_ns();
 	for (uint32_t i = 0; i < bt->nseg; i++)
 		req_rows_back(bt->seg[i].req, bt->seg[i].rows, err, now);
 	batch_put(b, bt);
@@ -278,7 +272,7 @@ static bool send_one(ps_batcher *b)
 		fprintf(stderr, "pipeserve: cannot get a micro-batch: %s\n", mbp_strerror(rc ? rc : -ENOMEM));
 		return rc == 0; /* out of memory for a segment list: retry; a pipeline error: give up */
 	}
-	uint64_t now = ps_now_ns();
+	uint64_t now = mbt_now_ns();
 	/* Only this thread takes rows, so the head's progress read here holds until take_rows_locked. */
 	bool stale = b->cfg.model && mbp_model_version(b->cfg.model) != b->pin_id;
 	pthread_mutex_lock(&b->mu);
@@ -308,7 +302,7 @@ static bool send_one(ps_batcher *b)
 	mb->rows = rows;
 	mb->user = bt;
 	mb->seq = 0;
-	bt->t_submit = ps_now_ns();
+	bt->t_submit = mbt_now_ns();
 	ps_hist_observe(&b->metrics->batch_rows, rows);
 	atomic_fetch_add_explicit(&b->inflight, 1, memory_order_relaxed); /* only the batcher adds */
 	rc = b->eng.submit(b->eng.ctx, mb, -1);
@@ -339,7 +333,7 @@ static void fail_all_locked(ps_batcher *b, int err)
 		size_t rest = r->rows - r->next_row;
 		r->next_row = r->rows;
 		pthread_mutex_unlock(&b->mu);
-		req_rows_back(r, rest, err, ps_now_ns());
+		req_rows_back(r, rest, err, mbt_now_ns());
 		pthread_mutex_lock(&b->mu);
 	}
 	b->tail = NULL;
@@ -350,7 +344,7 @@ static void *batcher_main(void *arg)
 	ps_batcher *b = arg;
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
-		uint64_t now = ps_now_ns();
+		uint64_t now = mbt_now_ns();
 		ps_req *expired = expire_locked(b, now);
 		if (expired) {
 			pthread_mutex_unlock(&b->mu);
@@ -479,7 +473,7 @@ void ps_batcher_enqueue(ps_batcher *b, ps_req *r)
 	r->t_dispatch = r->t_done = 0;
 	atomic_store_explicit(&r->left, r->rows, memory_order_relaxed);
 	atomic_store_explicit(&r->err, 0, memory_order_relaxed);
-	r->t_enqueue = ps_now_ns();
+	r->t_enqueue = mbt_now_ns();
 	pthread_mutex_lock(&b->mu);
 	bool wake = !b->head || b->queue_rows + r->rows >= b->cfg.max_batch_rows;
 	if (b->tail)

@@ -118,6 +118,4 @@ void ps_batcher_stop(ps_batcher *b);
 /* Stop if needed, destroy the pipeline, free everything. Accepts NULL. */
 void ps_batcher_destroy(ps_batcher *b);
 
-uint64_t ps_now_ns(void);
-
 #endif

@@ -11,7 +11,7 @@
  */
 #include "config.h"
 
-#include "server.h"
+#include "mpi.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -21,6 +21,7 @@
 
 #include "util/mpirank.h"
 #include "util/mpiutil.h"
+#include "util/plural.h"
 
 static mbp_mpi *g_mp; /* this process's part of the pipeline across the ranks */
 
@@ -38,29 +39,21 @@ int ps_mpi_init(int *argc, char ***argv, ps_server *s)
 int ps_mpi_load(ps_server *s, const char *path)
 {
 	mbp_model_error e;
-	uint32_t out_width;
+	uint32_t out_width = 0;
 	int rc = mbt_file_layers(path, &s->all_layers, &out_width, &e);
 	if (rc) { /* every rank reads the same path: rank 0 says it */
 		if (s->rank == 0)
 			ps_say("--model: %s", e.msg[0] ? e.msg : mbp_strerror(rc));
 		return rc == -ENOMEM || rc == -EIO ? rc : PS_EUSAGE;
 	}
-	if (s->cfg.stages > s->all_layers) { /* as in one process */
-		if (s->rank == 0)
-			ps_say("--stages %u: the model has only %u %s", s->cfg.stages, s->all_layers,
-			       s->all_layers == 1 ? "layer" : "layers");
+	unsigned S = ps_flags_stages(&s->cfg, s->all_layers, s->ranks); /* as in one process */
+	if (!S)
 		return PS_EUSAGE;
-	}
-	unsigned S = s->cfg.stages ? s->cfg.stages : s->ranks;
-	if (S > s->all_layers)
-		S = s->all_layers; /* the default, one per rank: at most one stage per layer */
-	if (S > MBP_MAX_STAGES)
-		S = MBP_MAX_STAGES;
 	if (S < s->ranks) {
 		if (s->rank == 0)
 			ps_say("%u %s (the model has %u %s) over %u ranks: every rank needs a stage", S,
-			       S == 1 ? "stage" : "stages", s->all_layers,
-			       s->all_layers == 1 ? "layer" : "layers", s->ranks);
+			       PLURAL(S, "stage", "stages"), s->all_layers,
+			       PLURAL(s->all_layers, "layer", "layers"), s->ranks);
 		return PS_EUSAGE;
 	}
 	rc = mbt_load_part(path, s->all_layers, S, s->ranks, s->rank, &s->model, &s->plan, &s->first_layer,

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/number.h"
+
 /* ---- buffer ---- */
 
 void ps_buf_free(ps_buf *b)
@@ -145,17 +147,8 @@ void ps_buf_add_json_string(ps_buf *b, const char *s)
 
 long long ps_oip_parse_header_len(const char *s, size_t body_len)
 {
-	if (!s || !*s)
-		return -1;
-	unsigned long long v = 0;
-	for (const char *c = s; *c; c++) {
-		if (*c < '0' || *c > '9')
-			return -1;
-		v = v * 10 + (unsigned long long)(*c - '0');
-		if (v > body_len)
-			return -1;
-	}
-	return (long long)v;
+	uint64_t v;
+	return parse_u64(s, 0, body_len, &v) ? -1 : (long long)v; /* digits only: no sign, no space */
 }
 
 /* A JSON number that is a whole number in [0, max]. */

@@ -1,7 +1,10 @@
 /*
- * pipeserve's server state and the operations on it that both the start-up code (main.c) and the HTTP
- * layer (http.c) use: the log, and loading new weights into the running model (reload). main.c builds the
- * state and starts the HTTP layer; http.c answers requests with it; neither calls the other's code.
+ * The operations on pipeserve's server state that more than one part uses: the log (timestamped lines on
+ * stderr, one write each), the one-line reason for not starting, and a live reload: new weights from a
+ * file of the model repository, checked against the served model's structure from the file's header,
+ * swapped in while requests run (mbp_model_swap; a request already under way keeps its version). The
+ * parts build the state (main.c, model.c, engine.c) and answer requests with it (routes.c); this file
+ * calls none of them.
  */
 #include "config.h"
 
@@ -15,6 +18,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "util/clock.h"
+#include "util/digest.h"
 
 void ps_log(const char *fmt, ...)
 {
@@ -101,7 +107,7 @@ int ps_reload(ps_server *s, const char *file, char *err, size_t errlen)
 	const char *name = file ? file : deflt;
 	mbp_model *next = NULL;
 	mbp_model_error e;
-	uint64_t t0 = ps_now_ns();
+	uint64_t t0 = mbt_now_ns();
 	int fd = repo_open(s, name, err, errlen);
 	/* The served model's layers and widths: a file of another structure is refused from its header,
 	 * before its weights are read or their memory allocated. */
@@ -126,11 +132,9 @@ int ps_reload(ps_server *s, const char *file, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot load the new weights: %s", e.msg);
 		status = 400;
 	} else {
-		if (!mbp_model_verified(next))
-			ps_log(
-			    "note: %s has no digest (not written by mbpipe): its weights cannot be checked "
-			    "for corruption",
-			    name);
+		char note[512];
+		if (digest_note_line(next, name, note, sizeof note))
+			ps_log("note: %s", note);
 		int rc = mbp_model_swap(s->model, next);
 		if (rc) {
 			mbp_model_destroy(next);
@@ -155,7 +159,7 @@ int ps_reload(ps_server *s, const char *file, char *err, size_t errlen)
 		atomic_fetch_add_explicit(&s->metrics.reload_ok, 1, memory_order_relaxed);
 		ps_log("reload: model \"%s\" now runs weights version %llu from %s (%.1f ms)", s->name,
 		       (unsigned long long)mbp_model_version(s->model), name,
-		       (double)(ps_now_ns() - t0) / 1e6);
+		       (double)(mbt_now_ns() - t0) / 1e6);
 	}
 	pthread_mutex_unlock(&s->reload_mu);
 	return status;
