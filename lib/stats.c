@@ -37,7 +37,7 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 		return -EINVAL;
 	memset(ps, 0, sizeof(*ps));
 	ps->stages = p->nstages;
-	ps->threads = p->nthreads ? p->nthreads : p->nstages; /* known once started */
+	ps->threads = p->crew.nthreads ? p->crew.nthreads : p->nstages; /* known once started */
 	ps->start_ns = p->start_ns;
 	ps->now_ns = mbp__clock_ns();
 	ps->jobs_accepted = atomic_load_explicit(&p->jobs_accepted, memory_order_relaxed);

@@ -138,3 +138,11 @@ int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (
 		mbp__parker_sleep(pk, deadline);
 	}
 }
+
+uint32_t mbp__gen_wait(_Atomic uint32_t *w, uint32_t seen)
+{
+	uint32_t g;
+	while ((g = mbp__gen_get(w)) == seen)
+		mbp__futex_wait(w, seen, UINT64_MAX); /* returns at once when *w moved meanwhile */
+	return g;
+}

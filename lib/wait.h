@@ -145,4 +145,27 @@ int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool
 int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *),
 		  void *ready_arg, void (*idle)(void *), void *idle_arg, uint64_t deadline);
 
+/*
+ * A generation word: a value that any number of threads wait to see change (a step handed to a crew, a
+ * barrier's phase, a step's end). The publisher writes what the waiters will read, then bumps the word
+ * (mbp__gen_bump: release, then a wake of every sleeper); a waiter reads it (mbp__gen_get: acquire;
+ * partner: that bump) and waits for it to leave the value it saw (mbp__gen_wait). No spin: these waits
+ * are once or twice a step, and a sleeper costs the bump one syscall.
+ */
+static inline uint32_t mbp__gen_get(_Atomic uint32_t *w)
+{
+	/* acquire; partner: the release increment in mbp__gen_bump(): what the bumper wrote is visible */
+	return atomic_load_explicit(w, memory_order_acquire);
+}
+
+static inline void mbp__gen_bump(_Atomic uint32_t *w)
+{
+	/* release; partner: the acquire load in mbp__gen_get(): publishes what this thread wrote before */
+	atomic_fetch_add_explicit(w, 1, memory_order_release);
+	mbp__futex_wake(w, INT32_MAX);
+}
+
+/* Wait until *w is no longer `seen`; returns what it is now (read with acquire, as mbp__gen_get). */
+uint32_t mbp__gen_wait(_Atomic uint32_t *w, uint32_t seen);
+
 #endif

@@ -13,6 +13,9 @@
  * A failed micro-batch (a stage returned an error, or the pipeline is being cancelled) is not computed
  * again: it travels on with its status so that completion stays in order and in one place.
  *
+ * The thread itself is the pipeline's crew's (crew.h): placement, pin, name, pool cache, the init/fini rule
+ * and the start handshake; what this file gives the crew is a stage's init and fini and the loop above.
+ *
  * Time accounting (single writer, this thread): busy = inside the stage function; starved = waiting for
  * input (charged to the thread's first stage); blocked = waiting for room downstream (its last stage) or
  * for a buffer (the stage that asked).
@@ -22,7 +25,6 @@
 #include <errno.h>
 #include <string.h>
 
-#include "affinity.h"
 #include "pipeline_internal.h"
 
 #define BURST 8
@@ -73,7 +75,7 @@ static int timed_wait(struct mbp__stage *s, enum wait_on on)
 	state_begin(since, t0);
 	int rc;
 	if (on == WAIT_INGRESS)
-		rc = mbp__ingress_wait(&s->p->ingress, &s->p->wopts, flush_cache, s);
+		rc = mbp__ingress_wait(&s->p->ingress, &s->p->crew.wopts, flush_cache, s);
 	else if (on == WAIT_RING_IN)
 		rc = mbp__ring_wait_pop(s->in, flush_cache, s, UINT64_MAX);
 	else
@@ -384,77 +386,37 @@ static void first_stage_loop(struct mbp__stage *s)
 	}
 }
 
-void mbp__worker_main_loop(struct mbp__stage *s)
+/* ---- the thread: what the pipeline gives its crew ---- */
+
+/* The loop of the thread of stages th->first .. th->last, once every thread is inited. */
+static void worker_run(void *arg, struct mbp__crew_thread *th)
 {
+	struct mbp_pipeline *p = arg;
+	struct mbp__stage *s = &p->stages[th->first];
 	if (s->idx == 0)
 		first_stage_loop(s);
 	else
 		ring_stage_loop(s);
-	struct mbp__ring *out = s->p->stages[s->group_last].out;
+	struct mbp__ring *out = p->stages[th->last].out;
 	if (out)
 		mbp__ring_close(out); /* end of stream for the next thread, after our last push */
 }
 
-/* Set up the thread's stages on it: pin, one pool cache for all of them, then every stage's init in
- * order (also after one failed, as when each stage has its own thread). Returns the first error. */
-static int thread_init(struct mbp__stage *first, struct mbp__stage *end)
+/* A stage's init on its thread: it uses the thread's pool cache from now on. */
+static int worker_init(void *arg, struct mbp__crew_thread *th, unsigned stage)
 {
-	struct mbp_pipeline *p = first->p;
-	int rc = 0;
-	if (first->cpu >= 0) {
-		int err = mbp__pin_claimed(first->cpu);
-		for (struct mbp__stage *s = first; s < end; s++)
-			s->pin_error = err;
-		if (err && first->pin_required)
-			rc = err;
-	}
-	if (rc == 0)
-		rc = mbp_pool_cache_new(p->pool, &first->cache);
-	if (rc)
-		return rc;
-	for (struct mbp__stage *s = first; s < end; s++) {
-		s->cache = first->cache;
-		int r = s->d.init ? s->d.init(s->d.ctx, s->idx) : 0;
-		if (r > 0)
-			r = -EPROTO;
-		s->init_ok = r == 0;
-		if (r && !rc)
-			rc = r;
-	}
-	return rc;
+	struct mbp__stage *s = &((struct mbp_pipeline *)arg)->stages[stage];
+	s->cache = th->cache;
+	return s->d.init ? s->d.init(s->d.ctx, stage) : 0;
 }
 
-/* Worker thread of the stages first .. first->group_last. */
-void *mbp__worker_thread(void *arg)
+static void worker_fini(void *arg, struct mbp__crew_thread *th, unsigned stage)
 {
-	struct mbp__stage *first = arg, *end = first + (first->group_last - first->idx) + 1;
-	struct mbp_pipeline *p = first->p;
-	char tname[16];
-	if (first->group_last == first->idx)
-		snprintf(tname, sizeof(tname), "mbp-stage%u", first->idx);
-	else
-		snprintf(tname, sizeof(tname), "mbp-stage%u-%u", first->idx, first->group_last);
-	pthread_setname_np(pthread_self(), tname);
-
-	int rc = thread_init(first, end);
-	pthread_mutex_lock(&p->start_lock);
-	p->started++;
-	if (rc && !p->start_err)
-		p->start_err = rc;
-	pthread_cond_broadcast(&p->start_cond);
-	while (p->go == 0)
-		pthread_cond_wait(&p->start_cond, &p->start_lock);
-	int go = p->go;
-	pthread_mutex_unlock(&p->start_lock);
-
-	if (go > 0)
-		mbp__worker_main_loop(first);
-	mbp_pool_cache *cache = first->cache;
-	for (struct mbp__stage *s = end; s-- > first;) {
-		if (s->init_ok && s->d.fini)
-			s->d.fini(s->d.ctx);
-		s->cache = NULL;
-	}
-	mbp_pool_cache_destroy(cache);
-	return NULL;
+	(void)th;
+	struct mbp__stage *s = &((struct mbp_pipeline *)arg)->stages[stage];
+	if (s->d.fini)
+		s->d.fini(s->d.ctx);
+	s->cache = NULL; /* the crew destroys the thread's cache next */
 }
+
+const struct mbp__crew_ops mbp__worker_ops = {.init = worker_init, .fini = worker_fini, .run = worker_run};

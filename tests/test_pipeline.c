@@ -1156,8 +1156,8 @@ static void placed_and_waiting(mbp_pipeline *p, unsigned S, bool pinned, uint64_
 	ck_assert_int_eq(mbp_pipeline_placement(p, pl, S), (int)S);
 	for (unsigned i = 0; i < S; i++)
 		ck_assert_msg(pinned ? pl[i].cpu >= 0 : pl[i].cpu == -1, "stage %u on cpu %d", i, pl[i].cpu);
-	ck_assert_uint_eq(p->wopts.spin_ns, spin);
-	ck_assert_uint_eq(p->wopts.yield_ns, yield);
+	ck_assert_uint_eq(p->crew.wopts.spin_ns, spin);
+	ck_assert_uint_eq(p->crew.wopts.yield_ns, yield);
 }
 
 /* A zeroed mbp_opts with its one required field set is complete: every 0 is the default that
@@ -1462,7 +1462,7 @@ START_TEST(trace_is_valid_json_whatever_the_stage_names)
 	ck_assert_int_eq(mbp_run(p, in, out, 4, 2), 0);
 	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
 	/* A failed pin cannot be provoked on an allowed CPU: record one as the worker would (thread_init). */
-	p->stages[1].pin_error = -EINVAL;
+	p->crew.th[p->crew.thread_of[1]].pin_error = -EINVAL;
 	mbp_placement pl[NS];
 	ck_assert_int_eq(mbp_pipeline_placement(p, pl, NS), NS);
 

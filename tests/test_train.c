@@ -845,8 +845,8 @@ START_TEST(a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does)
 		ck_assert_int_eq(mbp_pipeline_start(p), 0);
 		mbp_placement pl[2];
 		ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
-		uint64_t pipeline_spin = p->wopts.no_spin ? 0 : p->wopts.spin_ns;
-		bool oversubscribed = p->wopts.no_spin; /* more threads than CPUs: no spin in either */
+		uint64_t pipeline_spin = p->crew.wopts.no_spin ? 0 : p->crew.wopts.spin_ns;
+		bool oversubscribed = p->crew.wopts.no_spin; /* more threads than CPUs: no spin in either */
 		ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
 		mbp_pipeline_destroy(p);
 
