@@ -17,11 +17,11 @@
 
 #include "crew.h"
 
-void mbp__crew_init(struct mbp__crew *c, const char *engine, const struct mbp__crew_ops *ops, void *arg)
+void mbp__crew_init(struct mbp__crew *c, const char *engine, mbp__crew_run_fn run, void *arg)
 {
 	memset(c, 0, sizeof(*c));
 	c->engine = engine;
-	c->ops = *ops;
+	c->run = run;
 	c->arg = arg;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
@@ -92,7 +92,8 @@ static int thread_init(struct mbp__crew *c, struct mbp__crew_thread *th)
 	if (rc)
 		return rc;
 	for (unsigned s = th->first; s <= th->last; s++) {
-		int r = c->ops.init ? c->ops.init(c->arg, th, s) : 0;
+		const struct mbp__crew_stage *st = &c->stage[s];
+		int r = st->init ? st->init(st->ctx, s) : 0;
 		if (r > 0)
 			r = -EPROTO; /* an init returns 0 or a negative errno */
 		c->init_ok[s] = r == 0;
@@ -126,10 +127,10 @@ static void *crew_thread(void *arg)
 	struct mbp__crew *c = th->crew;
 	name_thread(c, th);
 	if (handshake(c, th, thread_init(c, th)) > 0)
-		c->ops.run(c->arg, th);
+		c->run(c->arg, th);
 	for (unsigned s = th->last + 1; s-- > th->first;)
-		if (c->init_ok[s] && c->ops.fini)
-			c->ops.fini(c->arg, th, s);
+		if (c->init_ok[s] && c->stage[s].fini)
+			c->stage[s].fini(c->stage[s].ctx);
 	mbp_pool_cache_destroy(th->cache);
 	th->cache = NULL;
 	return NULL;

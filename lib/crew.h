@@ -4,7 +4,7 @@
  *
  * One base object with the variants on top, as libuv's tcp and pipe handles both start from
  * uv__stream_init: the crew does what every engine's threads need, the same way for each, and a variant
- * gives three calls (struct mbp__crew_ops): a stage's init, its fini, and the thread's work.
+ * gives its stages' own init and fini (the caller's, from their descriptors) and the thread's work.
  *
  *   plan     the placement plan (affinity.c: the thread count, stage i on thread i * T / S, each thread's
  *            CPU claimed in the process-wide record, under the cgroup quota) and the waits' budgets;
@@ -56,21 +56,23 @@ struct mbp__crew_thread {
 	bool started;
 };
 
-/* What a variant runs on the crew's threads; `arg` is the crew's. */
-struct mbp__crew_ops {
-	/* Stage `stage`'s init on its thread, after the pin and the cache: 0 or a negative errno (a positive
-	 * value counts as -EPROTO). NULL: nothing to init. */
-	int (*init)(void *arg, struct mbp__crew_thread *th, unsigned stage);
-	/* Its fini, on the same thread, once for each stage whose init succeeded. NULL: none. */
-	void (*fini)(void *arg, struct mbp__crew_thread *th, unsigned stage);
-	/* The thread's work, once every thread is inited; returns when the thread is to stop. */
-	void (*run)(void *arg, struct mbp__crew_thread *th);
+/* The thread's work, once every thread is inited (`arg` is the crew's); returns when it is to stop. */
+typedef void (*mbp__crew_run_fn)(void *arg, struct mbp__crew_thread *th);
+
+/* A stage's own set-up and tear-down, the caller's (mbp_stage_desc, mbp_train_stage_desc): init(ctx,
+ * stage) on its thread after the pin and the cache, 0 or a negative errno (a positive value counts as
+ * -EPROTO); fini(ctx) on the same thread, once, where init succeeded. Either may be NULL. */
+struct mbp__crew_stage {
+	int (*init)(void *ctx, unsigned stage);
+	void (*fini)(void *ctx);
+	void *ctx;
 };
 
 struct mbp__crew {
 	const char *engine; /* in the threads' names: "pipe", "train" (mbp-train-62-63 is 15 characters) */
-	struct mbp__crew_ops ops;
+	mbp__crew_run_fn run;
 	void *arg;
+	struct mbp__crew_stage stage[MBP_MAX_STAGES]; /* set by the variant before start */
 	mbp_pool *pool; /* each thread's cache comes from it (set before start); NULL: none */
 	unsigned nstages, nthreads;
 	unsigned node_sharers;		    /* other ranks of this node given the same CPUs (mbp_mpi) */
@@ -90,9 +92,9 @@ struct mbp__crew {
 	int go;		     /* 0 until decided; 1: run, -1: abort */
 };
 
-/* An idle crew of no threads for the engine named `engine` (a static string). Pair with
- * mbp__crew_destroy(). */
-void mbp__crew_init(struct mbp__crew *c, const char *engine, const struct mbp__crew_ops *ops, void *arg);
+/* An idle crew of no threads for the engine named `engine` (a static string), its threads running
+ * run(arg, thread). Pair with mbp__crew_destroy(). */
+void mbp__crew_init(struct mbp__crew *c, const char *engine, mbp__crew_run_fn run, void *arg);
 /* Stop (if started) and free what init made. */
 void mbp__crew_destroy(struct mbp__crew *c);
 
@@ -107,7 +109,7 @@ int mbp__crew_plan(struct mbp__crew *c, const struct mbp__placement_req *rq, uin
 		   uint64_t yield_ns);
 
 /*
- * Start the planned threads and hold the handshake (above). On 0 every thread runs ops.run; on an error
+ * Start the planned threads and hold the handshake (above). On 0 every thread runs `run`; on an error
  * the crew is stopped already (joined, its CPUs given back).
  * @return 0, the error of the first stage (in stage order) whose init or required pin failed, or the
  *         error of pthread_create().

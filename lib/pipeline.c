@@ -40,7 +40,7 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 	mbp__opts_fill(&p->o); /* a field's 0 is its default */
 	atomic_init(&p->state, ST_NEW);
 	pthread_mutex_init(&p->err_lock, NULL);
-	mbp__crew_init(&p->crew, "pipe", &mbp__worker_ops, p);
+	mbp__crew_init(&p->crew, "pipe", mbp__worker_run, p);
 	mbp__ingress_init(&p->ingress, p->o.ingress_depth);
 	*pp = p;
 	return 0;
@@ -97,6 +97,7 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	else
 		snprintf(s->name, sizeof(s->name), "stage%u", s->idx);
 	s->d.name = s->name;
+	p->crew.stage[s->idx] = (struct mbp__crew_stage){.init = d->init, .fini = d->fini, .ctx = d->ctx};
 	s->in_row_bytes = s->idx ? p->stages[s->idx - 1].out_row_bytes : p->o.in_row_bytes;
 	s->out_row_bytes = d->out_row_bytes ? d->out_row_bytes : s->in_row_bytes;
 	p->nstages++;
@@ -253,13 +254,8 @@ int mbp_pipeline_start(mbp_pipeline *p)
 		if (rc == 0)
 			p->stages[i + 1].in = p->stages[i].out;
 	}
-	if (rc == 0 && p->o.trace_events) {
-		for (unsigned i = 0; i < p->nstages && rc == 0; i++) {
-			p->stages[i].trace = calloc(p->o.trace_events, sizeof(struct mbp__trace_ev));
-			if (!p->stages[i].trace)
-				rc = -ENOMEM;
-		}
-	}
+	for (unsigned i = 0; rc == 0 && i < p->nstages; i++)
+		rc = mbp__trace_init(&p->stages[i].trace, p->o.trace_events);
 	p->crew.pool = p->pool; /* each thread's cache */
 	if (rc == 0)
 		rc = mbp__crew_start(
@@ -461,7 +457,7 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 	live_remove(p); /* before its pools go: a release without the handle no longer finds them */
 	for (unsigned i = 0; i < p->nstages; i++) {
 		mbp__ring_destroy(p->stages[i].out);
-		free(p->stages[i].trace);
+		mbp__trace_free(&p->stages[i].trace);
 	}
 	int rc = mbp_pool_destroy(p->pool);
 	MBP_VERIFY(rc == 0); /* every hop buffer is back once the threads have stopped */

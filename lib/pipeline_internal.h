@@ -1,6 +1,7 @@
 /*
  * The pipeline's internal objects, shared by pipeline.c (construction, admission, single micro-batches,
- * shutdown), job.c (jobs), worker.c (the loop of one stage thread), stats.c and trace.c. The ingress
+ * shutdown), job.c (jobs), worker.c (the loop of one stage thread) and stats.c (statistics and the
+ * trace). The ingress
  * (ingress.h), the jobs' bookkeeping (job.h) and the placement plan (affinity.h) have headers of their
  * own. Not installed.
  *
@@ -29,6 +30,7 @@
 #include "job.h"
 #include "pool_internal.h"
 #include "ring.h"
+#include "trace.h"
 #include "wait.h"
 
 /* A hop buffer (engine pool) never enters the ingress, so its link holds something else: the caller's
@@ -41,14 +43,6 @@ static inline mbp_mb **mbp__origin(mbp_mb *hop)
 _Static_assert(offsetof(struct mbp__buf, kind) - offsetof(struct mbp__buf, link) ==
 		   offsetof(struct mbp__item, kind),
 	       "buffer ingress entry layout");
-
-/* One activity-log event: a stage computed a micro-batch. */
-struct mbp__trace_ev {
-	uint64_t t0, t1;
-	uint64_t job;
-	uint32_t seq;
-	int32_t status;
-};
 
 /* Counters of one stage: single writer (its worker), relaxed readers. */
 struct mbp__stage_counters {
@@ -72,14 +66,12 @@ struct mbp__stage {
 	size_t in_row_bytes, out_row_bytes;
 	/* Threads (the crew's): stages first .. last of one thread (one stage unless opts.threads < stages)
 	 * are called one after the other; rings link the threads only. */
-	struct mbp__ring *in;  /* NULL for stage 0, which reads the ingress, and for a stage that the
+	struct mbp__ring *in;	 /* NULL for stage 0, which reads the ingress, and for a stage that the
 				  previous one calls on its own thread */
-	struct mbp__ring *out; /* NULL unless this stage ends a thread that is not the last */
-	mbp_pool_cache *cache; /* its thread's (the crew's), shared by its stages */
-	int named_cpu;	       /* the descriptor's pin_cpu as a CPU number, -1: none */
-	/* trace: written by the worker, `trace_n` published with release */
-	struct mbp__trace_ev *trace;
-	_Atomic uint32_t trace_n;
+	struct mbp__ring *out;	 /* NULL unless this stage ends a thread that is not the last */
+	mbp_pool_cache *cache;	 /* its thread's (the crew's), shared by its stages */
+	int named_cpu;		 /* the descriptor's pin_cpu as a CPU number, -1: none */
+	struct mbp__trace trace; /* the micro-batches it computed (trace.h): written by its thread */
 	MBP_CACHELINE_ALIGNED struct mbp__stage_counters c;
 };
 
@@ -121,9 +113,9 @@ struct mbp_pipeline {
 __attribute__((format(printf, 3, 4))) int mbp__pipeline_refuse(struct mbp_pipeline *p, int err,
 							       const char *fmt, ...);
 
-/* What the pipeline runs on its crew's threads (worker.c): each stage's init and fini, and the loop of a
- * thread's stages. The crew's arg is the pipeline. */
-extern const struct mbp__crew_ops mbp__worker_ops;
+/* What the pipeline runs on its crew's threads (worker.c, mbp__crew_run_fn): the loop of a thread's
+ * stages. The crew's arg is the pipeline. */
+void mbp__worker_run(void *arg, struct mbp__crew_thread *th);
 
 /* Admission of a submission (job.c, mbp_mb_submit): announce it; fails with -ENOTCONN (not started) or
  * -ESHUTDOWN unless running. On 0, pair with mbp__submit_leave() once the entry is in the ingress or
@@ -136,8 +128,5 @@ static inline int mbp__stage_cpu(const struct mbp__stage *s)
 {
 	return mbp__crew_place(&s->p->crew, s->idx, false).cpu;
 }
-
-/* Record one trace event (no-op when tracing is off or the log is full). */
-void mbp__trace_add(struct mbp__stage *s, uint64_t t0, uint64_t t1, const mbp_mb *mb);
 
 #endif

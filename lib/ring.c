@@ -49,6 +49,11 @@ void mbp__ring_close(struct mbp__ring *r)
 	/* release; partner: the acquire load in mbp__ring_closed(). Everything pushed before the close is
 	 * visible to a consumer that sees the flag. */
 	atomic_store_explicit(&r->closed, 1, memory_order_release);
+	mbp__ring_wake(r);
+}
+
+void mbp__ring_wake(struct mbp__ring *r)
+{
 	mbp__parker_wake(&r->cons_park);
 	mbp__parker_wake(&r->prod_park);
 }

@@ -1,5 +1,6 @@
 /*
- * Statistics: snapshots of single-writer counters (relaxed loads) and the window between two snapshots.
+ * Statistics: snapshots of single-writer counters (relaxed loads) and the window between two snapshots;
+ * the activity log of the stages as a trace file (trace.c writes it).
  *
  * The bubble is the share of the worker threads' time that was not spent computing:
  * 1 - sum(busy) / (T x wall), T threads (= S stages unless stages share threads). For S balanced stages
@@ -8,6 +9,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <string.h>
 
 #include "pipeline_internal.h"
@@ -110,4 +112,16 @@ void mbp_stats_window(mbp_pipeline_stats *b, mbp_stage_stats *bs, const mbp_pipe
 		busy += bs[i].busy_ns;
 	}
 	derive(b, busy);
+}
+
+int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path)
+{
+	if (!p || !path || !p->o.trace_events)
+		return -EINVAL;
+	struct mbp__trace_track tk[MBP_MAX_STAGES];
+	for (unsigned i = 0; i < p->nstages; i++)
+		tk[i] = (struct mbp__trace_track){.name = p->stages[i].name,
+						  .cpu = mbp__stage_cpu(&p->stages[i]),
+						  .tr = &p->stages[i].trace};
+	return mbp__trace_write(path, tk, p->nstages, p->start_ns);
 }

@@ -115,6 +115,14 @@ int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool
 	return mbp__wait_for(pk, o, ready, arg, idle, arg, deadline);
 }
 
+/* The wait's abort word is raised. */
+static inline bool aborted(const struct mbp__wait_opts *o)
+{
+	/* acquire; partner: the release store that raised it (the trainer's fail()): what the raiser wrote
+	 * before it (the step's error) is visible to the waiter that stops */
+	return o->abort && atomic_load_explicit(o->abort, memory_order_acquire) != 0;
+}
+
 int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *),
 		  void *ready_arg, void (*idle)(void *), void *idle_arg, uint64_t deadline)
 {
@@ -123,6 +131,8 @@ int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (
 	for (;;) {
 		if (ready(ready_arg))
 			return 0;
+		if (aborted(o))
+			return -ECANCELED;
 		if (deadline != UINT64_MAX && mbp__now_ns() >= deadline)
 			return -ETIMEDOUT;
 		if (mbp__backoff_step(&b, o) == MBP__BACKOFF_AGAIN)
@@ -130,10 +140,10 @@ int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (
 		if (idle)
 			idle(idle_arg);
 		mbp__parker_prepare(pk);
-		if (ready(
-			ready_arg)) { /* the re-check after the heavy fence: a publisher that missed the flag */
+		/* the re-check after the heavy fence: a publisher (or an abort) that missed the flag */
+		if (ready(ready_arg) || aborted(o)) {
 			mbp__parker_cancel(pk);
-			return 0;
+			continue; /* the loop's first checks say which */
 		}
 		mbp__parker_sleep(pk, deadline);
 	}

@@ -29,6 +29,9 @@ struct mbp__wait_opts {
 	uint64_t spin_ns;  /* budget of the spin step */
 	uint64_t yield_ns; /* budget of the yield step, after the spin */
 	bool no_spin;	   /* skip the spin step: threads outnumber allowed CPUs */
+	/* NULL, or a word whose raising (non-zero, stored with release) ends the wait too, with -ECANCELED:
+	 * the trainer's abort. Whoever raises it wakes the parkers it may concern (mbp__ring_wake). */
+	const _Atomic uint32_t *abort;
 };
 
 #define MBP__SPIN_NS_DEFAULT  20000u
@@ -133,9 +136,10 @@ static inline void mbp__parker_cancel(struct mbp__parker *pk)
 int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline);
 
 /*
- * The whole wait: the backoff, then park on `pk` until ready(arg) holds or the deadline passes (UINT64_MAX:
- * none). `idle(arg)`, if not NULL, runs before each park (a worker hands back its cached buffers there).
- * Returns 0 once ready, or -ETIMEDOUT. The publisher of what `ready` checks calls mbp__parker_wake(pk).
+ * The whole wait: the backoff, then park on `pk` until ready(arg) holds, o->abort is raised or the deadline
+ * passes (UINT64_MAX: none). `idle(arg)`, if not NULL, runs before each park (a worker hands back its
+ * cached buffers there). Returns 0 once ready (also when the abort is raised too), -ECANCELED (aborted),
+ * or -ETIMEDOUT. The publisher of what `ready` checks calls mbp__parker_wake(pk).
  */
 int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *), void *arg,
 		    void (*idle)(void *), uint64_t deadline);

@@ -14,7 +14,7 @@
  * again: it travels on with its status so that completion stays in order and in one place.
  *
  * The thread itself is the pipeline's crew's (crew.h): placement, pin, name, pool cache, the init/fini rule
- * and the start handshake; what this file gives the crew is a stage's init and fini and the loop above.
+ * and the start handshake; what this file gives the crew is the loop above (mbp__worker_run).
  *
  * Time accounting (single writer, this thread): busy = inside the stage function; starved = waiting for
  * input (charged to the thread's first stage); blocked = waiting for room downstream (its last stage) or
@@ -155,8 +155,13 @@ static int run(struct mbp__stage *s, const mbp_mb *in, mbp_mb *out)
 	mbp__counter_add(&c->hist[log2_bucket(t1 - t0)], 1);
 	if (rc)
 		mbp__counter_add(&c->failed, 1);
-	if (s->trace) /* the call only when tracing */
-		mbp__trace_add(s, t0, t1, out);
+	if (s->trace.ev) /* the call only when tracing */
+		mbp__trace_add(&s->trace, &(struct mbp__trace_ev){.t0 = t0,
+								  .t1 = t1,
+								  .job = out->job ? out->job->id : 0,
+								  .mb = (uint32_t)out->seq,
+								  .status = out->status,
+								  .kind = MBP__TRACE_MB});
 	return rc;
 }
 
@@ -388,11 +393,14 @@ static void first_stage_loop(struct mbp__stage *s)
 
 /* ---- the thread: what the pipeline gives its crew ---- */
 
-/* The loop of the thread of stages th->first .. th->last, once every thread is inited. */
-static void worker_run(void *arg, struct mbp__crew_thread *th)
+/* The loop of the thread of stages th->first .. th->last (mbp__crew_run_fn), once every thread is
+ * inited. Its stages take buffers from the thread's pool cache. */
+void mbp__worker_run(void *arg, struct mbp__crew_thread *th)
 {
 	struct mbp_pipeline *p = arg;
 	struct mbp__stage *s = &p->stages[th->first];
+	for (unsigned i = th->first; i <= th->last; i++)
+		p->stages[i].cache = th->cache;
 	if (s->idx == 0)
 		first_stage_loop(s);
 	else
@@ -400,23 +408,6 @@ static void worker_run(void *arg, struct mbp__crew_thread *th)
 	struct mbp__ring *out = p->stages[th->last].out;
 	if (out)
 		mbp__ring_close(out); /* end of stream for the next thread, after our last push */
+	for (unsigned i = th->first; i <= th->last; i++)
+		p->stages[i].cache = NULL; /* the crew destroys the thread's cache next */
 }
-
-/* A stage's init on its thread: it uses the thread's pool cache from now on. */
-static int worker_init(void *arg, struct mbp__crew_thread *th, unsigned stage)
-{
-	struct mbp__stage *s = &((struct mbp_pipeline *)arg)->stages[stage];
-	s->cache = th->cache;
-	return s->d.init ? s->d.init(s->d.ctx, stage) : 0;
-}
-
-static void worker_fini(void *arg, struct mbp__crew_thread *th, unsigned stage)
-{
-	(void)th;
-	struct mbp__stage *s = &((struct mbp_pipeline *)arg)->stages[stage];
-	if (s->d.fini)
-		s->d.fini(s->d.ctx);
-	s->cache = NULL; /* the crew destroys the thread's cache next */
-}
-
-const struct mbp__crew_ops mbp__worker_ops = {.init = worker_init, .fini = worker_fini, .run = worker_run};

@@ -32,7 +32,7 @@ struct rec {
 	_Atomic unsigned inits_total;
 	_Atomic unsigned inits_seen_by_run; /* the fewest inits any run saw at its start */
 	char name[MAXS][16];		    /* each thread's name, read inside run */
-	mbp_pool_cache *cache[MAXS];	    /* the cache each stage's init was given */
+	mbp_pool_cache *cache[MAXS];	    /* each thread's cache, seen by its run */
 	unsigned nstages;
 	/* the barrier round */
 	struct mbp__crew *crew;
@@ -44,23 +44,29 @@ struct rec {
 	_Atomic unsigned bad_reads; /* a thread that read another's write from before the barrier stale */
 };
 
-static int rec_init(void *arg, struct mbp__crew_thread *th, unsigned stage)
+/* A stage's context: the record and its index. */
+struct probe {
+	struct rec *r;
+	unsigned s;
+};
+static struct probe probes[MAXS];
+
+static int rec_init(void *ctx, unsigned stage)
 {
-	struct rec *r = arg;
-	ck_assert_uint_ge(stage, th->first);
-	ck_assert_uint_le(stage, th->last);
+	struct probe *pr = ctx;
+	struct rec *r = pr->r;
+	ck_assert_uint_eq(stage, pr->s);
 	atomic_fetch_add(&r->inits[stage], 1);
 	r->init_tid[stage] = pthread_self();
 	r->init_at[stage] = atomic_fetch_add(&r->clock, 1);
-	r->cache[stage] = th->cache;
 	atomic_fetch_add(&r->inits_total, 1);
 	return r->init_err[stage];
 }
 
-static void rec_fini(void *arg, struct mbp__crew_thread *th, unsigned stage)
+static void rec_fini(void *ctx)
 {
-	(void)th;
-	struct rec *r = arg;
+	struct rec *r = ((struct probe *)ctx)->r;
+	unsigned stage = ((struct probe *)ctx)->s;
 	atomic_fetch_add(&r->finis[stage], 1);
 	r->fini_tid[stage] = pthread_self();
 	r->fini_at[stage] = atomic_fetch_add(&r->clock, 1);
@@ -75,9 +81,10 @@ static void rec_run(void *arg, struct mbp__crew_thread *th)
 		;
 	atomic_fetch_add(&r->runs[th->first], 1);
 	pthread_getname_np(pthread_self(), r->name[th->idx], sizeof(r->name[th->idx]));
+	r->cache[th->idx] = th->cache;
+	for (unsigned s = th->first; s <= th->last; s++) /* run on the thread of its stages' init */
+		ck_assert(pthread_equal(r->init_tid[s], pthread_self()));
 }
-
-static const struct mbp__crew_ops rec_ops = {.init = rec_init, .fini = rec_fini, .run = rec_run};
 
 static void rec_reset(struct rec *r, unsigned S)
 {
@@ -86,11 +93,15 @@ static void rec_reset(struct rec *r, unsigned S)
 	atomic_store(&r->inits_seen_by_run, ~0u);
 }
 
-/* A crew of S stages on `threads` threads (0: the plan's default), pinned per the plan or not. */
+/* A crew of S probed stages on `threads` threads (0: the plan's default), pinned per the plan or not. */
 static void plan(struct mbp__crew *c, struct rec *r, unsigned S, unsigned threads, bool pin,
-		 const struct mbp__crew_ops *ops)
+		 mbp__crew_run_fn run)
 {
-	mbp__crew_init(c, "test", ops, r);
+	mbp__crew_init(c, "test", run, r);
+	for (unsigned s = 0; s < S; s++) {
+		probes[s] = (struct probe){r, s};
+		c->stage[s] = (struct mbp__crew_stage){.init = rec_init, .fini = rec_fini, .ctx = &probes[s]};
+	}
 	int none[MAXS];
 	for (unsigned i = 0; i < MAXS; i++)
 		none[i] = -1;
@@ -106,7 +117,7 @@ START_TEST(every_thread_is_inited_before_any_runs_and_fini_runs_on_its_thread_in
 		static struct rec r;
 		struct mbp__crew c;
 		rec_reset(&r, 4);
-		plan(&c, &r, 4, T, false, &rec_ops);
+		plan(&c, &r, 4, T, false, rec_run);
 		ck_assert_uint_eq(c.nthreads, T);
 		ck_assert_int_eq(mbp__crew_start(&c), 0);
 		mbp__crew_stop(&c);
@@ -139,7 +150,7 @@ START_TEST(a_failing_init_aborts_the_start_and_every_other_init_and_its_fini_sti
 		rec_reset(&r, 4);
 		r.init_err[1] = -EIO;
 		r.init_err[2] = 7; /* not an errno: counts as -EPROTO, after the first error */
-		plan(&c, &r, 4, T, false, &rec_ops);
+		plan(&c, &r, 4, T, false, rec_run);
 		ck_assert_int_eq(mbp__crew_start(&c), -EIO);
 		for (unsigned s = 0; s < 4; s++) {
 			ck_assert_uint_eq(r.inits[s], 1);
@@ -155,7 +166,7 @@ START_TEST(a_failing_init_aborts_the_start_and_every_other_init_and_its_fini_sti
 	struct mbp__crew c;
 	rec_reset(&r, 2);
 	r.init_err[0] = 1;
-	plan(&c, &r, 2, 2, false, &rec_ops);
+	plan(&c, &r, 2, 2, false, rec_run);
 	ck_assert_int_eq(mbp__crew_start(&c), -EPROTO);
 	ck_assert_uint_eq(r.finis[1], 1);
 	mbp__crew_destroy(&c);
@@ -169,7 +180,7 @@ START_TEST(threads_are_named_for_their_engine_and_stages)
 	static struct rec r;
 	struct mbp__crew c;
 	rec_reset(&r, 5);
-	plan(&c, &r, 5, 2, false, &rec_ops); /* stages 0-2, 3-4 */
+	plan(&c, &r, 5, 2, false, rec_run); /* stages 0-2, 3-4 */
 	ck_assert_int_eq(mbp__crew_start(&c), 0);
 	mbp__crew_stop(&c);
 	ck_assert_str_eq(r.name[0], "mbp-test-0-2");
@@ -177,7 +188,7 @@ START_TEST(threads_are_named_for_their_engine_and_stages)
 	mbp__crew_destroy(&c);
 
 	rec_reset(&r, 2);
-	plan(&c, &r, 2, 2, false, &rec_ops);
+	plan(&c, &r, 2, 2, false, rec_run);
 	c.engine = "train";
 	ck_assert_int_eq(mbp__crew_start(&c), 0);
 	mbp__crew_stop(&c);
@@ -190,7 +201,7 @@ START_TEST(threads_are_named_for_their_engine_and_stages)
 }
 END_TEST
 
-/* With a pool, each thread has a cache of its own, the one every init of its stages is given. */
+/* With a pool, each thread has a cache of its own while it runs, destroyed as it exits. */
 START_TEST(each_thread_has_its_own_pool_cache_shared_by_its_stages)
 {
 	mbp_pool *pool;
@@ -201,15 +212,13 @@ START_TEST(each_thread_has_its_own_pool_cache_shared_by_its_stages)
 	static struct rec r;
 	struct mbp__crew c;
 	rec_reset(&r, 4);
-	plan(&c, &r, 4, 2, false, &rec_ops);
+	plan(&c, &r, 4, 2, false, rec_run);
 	c.pool = pool;
 	ck_assert_int_eq(mbp__crew_start(&c), 0);
 	mbp__crew_stop(&c);
 	ck_assert_ptr_nonnull(r.cache[0]);
-	ck_assert_ptr_eq(r.cache[0], r.cache[1]);
-	ck_assert_ptr_nonnull(r.cache[2]);
-	ck_assert_ptr_eq(r.cache[2], r.cache[3]);
-	ck_assert_ptr_ne(r.cache[0], r.cache[2]);
+	ck_assert_ptr_nonnull(r.cache[1]);
+	ck_assert_ptr_ne(r.cache[0], r.cache[1]);
 	ck_assert_ptr_null(c.th[0].cache); /* destroyed by its thread */
 	mbp__crew_destroy(&c);
 	ck_assert_int_eq(mbp_pool_destroy(pool), 0);
@@ -225,7 +234,7 @@ START_TEST(a_failed_pin_is_reported_and_fails_the_start_only_where_the_cpu_was_a
 	static struct rec r;
 	struct mbp__crew c;
 	rec_reset(&r, 1);
-	plan(&c, &r, 1, 0, true, &rec_ops);
+	plan(&c, &r, 1, 0, true, rec_run);
 	ck_assert_int_eq(c.th[0].cpu, allowed[0]);
 	mbp_placement pl = mbp__crew_place(&c, 0, true);
 	ck_assert_int_eq(pl.cpu, allowed[0]); /* planned: known before start */
@@ -245,7 +254,9 @@ START_TEST(a_failed_pin_is_reported_and_fails_the_start_only_where_the_cpu_was_a
 
 	/* a named CPU: the pin is required */
 	rec_reset(&r, 1);
-	mbp__crew_init(&c, "test", &rec_ops, &r);
+	mbp__crew_init(&c, "test", rec_run, &r);
+	probes[0] = (struct probe){&r, 0};
+	c.stage[0] = (struct mbp__crew_stage){.init = rec_init, .fini = rec_fini, .ctx = &probes[0]};
 	int named[1] = {allowed[0]};
 	struct mbp__placement_req rq = {.nstages = 1, .pin = true, .named = named};
 	ck_assert_int_eq(mbp__crew_plan(&c, &rq, 0, 0), 0);
@@ -270,10 +281,10 @@ START_TEST(stop_gives_back_the_cpus_also_of_a_crew_that_never_started)
 	struct mbp__crew a, b;
 	rec_reset(&r, 1);
 	rec_reset(&r2, 1);
-	plan(&a, &r, 1, 0, true, &rec_ops);
+	plan(&a, &r, 1, 0, true, rec_run);
 	ck_assert_int_eq(mbp__crew_start(&a), 0);
 	int n = mbp_cpus_allowed(NULL, 0, NULL);
-	plan(&b, &r2, 1, 0, true, &rec_ops);
+	plan(&b, &r2, 1, 0, true, rec_run);
 	ck_assert_int_eq(b.th[0].cpu, allowed[n > 1 ? 1 : 0]);
 	ck_assert_uint_eq(mbp__crew_place(&b, 0, true).sharing, n > 1 ? 0 : 1);
 	ck_assert_uint_eq(mbp__crew_place(&b, 0, false).sharing, 0);
@@ -314,13 +325,12 @@ static void barrier_run(void *arg, struct mbp__crew_thread *th)
  * each wrote before arriving is what every thread reads after it. */
 START_TEST(the_barrier_lets_no_thread_through_before_all_arrived)
 {
-	static const struct mbp__crew_ops ops = {.run = barrier_run};
 	for (unsigned T = 1; T <= 3; T++) {
 		static struct rec r;
 		struct mbp__crew c;
 		rec_reset(&r, T);
 		r.crew = &c;
-		plan(&c, &r, T, T, false, &ops);
+		plan(&c, &r, T, T, false, barrier_run);
 		ck_assert_int_eq(mbp__crew_start(&c), 0);
 		mbp__crew_stop(&c);
 		ck_assert_uint_eq(r.lasts, ROUNDS);
