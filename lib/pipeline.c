@@ -345,7 +345,7 @@ int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 	mb->job = NULL;
 	struct mbp__buf *b = mbp__buf_of(mb);
 	rc = mbp__ingress_put(&p->ingress, (struct mbp__item *)(void *)b->link, MBP__ITEM_MB, timeout_ns);
-	if (rc == 0)
+	if (rc == 0) /* relaxed: a statistic; drain reads it after the acquire of `submitting` */
 		atomic_fetch_add_explicit(&p->mbs_accepted, 1, memory_order_relaxed);
 	else
 		mbp__pool_unlend(mb); /* not accepted: the caller still holds it */
@@ -440,7 +440,8 @@ int mbp_pipeline_cancel(mbp_pipeline *p)
 	int rc = shutdown_check(p);
 	if (rc != 1)
 		return rc;
-	atomic_store(&p->cancel, 1);
+	/* relaxed: a hint the workers read once per micro-batch; close_and_join() joins them after */
+	atomic_store_explicit(&p->cancel, 1, memory_order_relaxed);
 	stop_accepting(p);
 	close_and_join(p);
 	return 0;

@@ -1,9 +1,9 @@
 /*
  * The pipeline's internal objects, shared by pipeline.c (construction, admission, single micro-batches,
  * shutdown), job.c (jobs), worker.c (the loop of one stage thread) and stats.c (statistics and the
- * trace). The ingress
- * (ingress.h), the jobs' bookkeeping (job.h) and the placement plan (affinity.h) have headers of their
- * own. Not installed.
+ * trace). The ingress (ingress.h), the crew of threads (crew.h) and the activity log (trace.h) have
+ * headers of their own, below this one; the jobs' bookkeeping (job.h) sits beside it, for job.c and
+ * worker.c: no header includes one that includes it back. Not installed.
  *
  * Data flow (see DESIGN.md): callers enqueue jobs and single micro-batches on the multi-producer ingress;
  * stage 0 takes them in order, splits jobs into micro-batches read in place from the caller's input, and
@@ -27,7 +27,6 @@
 #include "common.h"
 #include "crew.h"
 #include "ingress.h"
-#include "job.h"
 #include "pool_internal.h"
 #include "ring.h"
 #include "trace.h"

@@ -19,7 +19,7 @@
 static uint64_t timed(_Atomic uint64_t *total, _Atomic uint64_t *since, uint64_t now)
 {
 	uint64_t t = atomic_load_explicit(total, memory_order_acquire);
-	uint64_t t0 = atomic_load_explicit(since, memory_order_relaxed);
+	uint64_t t0 = atomic_load_explicit(since, memory_order_relaxed); /* relaxed: ordered by the acquire */
 	return t0 && now > t0 ? t + (now - t0) : t;
 }
 
@@ -42,6 +42,7 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 	ps->threads = p->crew.nthreads ? p->crew.nthreads : p->nstages; /* known once started */
 	ps->start_ns = p->start_ns;
 	ps->now_ns = mbp__clock_ns();
+	/* relaxed, both: statistics (multi-writer counters of the submitters) */
 	ps->jobs_accepted = atomic_load_explicit(&p->jobs_accepted, memory_order_relaxed);
 	ps->mbs_accepted = atomic_load_explicit(&p->mbs_accepted, memory_order_relaxed);
 	uint64_t busy = 0;

@@ -101,7 +101,8 @@ struct mbp_trainer {
 
 	/* the step, written by the controller before `go` is bumped (release), read by the workers after */
 	mbp_schedule *sc;
-	mbp_sched_op *tops; /* the threads' lists, thread t at [toff[t], toff[t + 1]) */
+	mbp_sched_op *tops;	       /* the threads' lists, thread t at [toff[t], toff[t + 1]) */
+	struct mbp__sched_scratch sim; /* room to play sc at each step's end (bubble_predicted); controller */
 	size_t toff[MBP_MAX_STAGES + 1];
 	const unsigned char *in, *targets;
 	size_t rows;
@@ -824,7 +825,12 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	size_t toff[MBP_MAX_STAGES + 1];
 	mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, toff);
 	rc = reserve_buffers(t, sc, ops, toff);
+	/* a part has the costs of its own stages only: it predicts no bubble */
+	struct mbp__sched_scratch sim = {0};
+	if (rc == 0 && !t->remote)
+		rc = mbp__sched_scratch_new(&sim, sc, t->T);
 	if (rc < 0) {
+		mbp__sched_scratch_free(&sim);
 		mbp_schedule_destroy(sc);
 		free(ops);
 		return rc;
@@ -832,8 +838,10 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	memcpy(t->toff, toff, sizeof(toff));
 	mbp_schedule_destroy(t->sc);
 	free(t->tops);
+	mbp__sched_scratch_free(&t->sim);
 	t->sc = sc;
 	t->tops = ops;
+	t->sim = sim;
 	return 0;
 }
 
@@ -861,7 +869,7 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 	}
 	mbp_sched_sim sim = {0};
 	if (rc == 0 && !t->remote) /* a part has the costs of its own stages only */
-		mbp_schedule_simulate(t->sc, costs, t->T, &sim, NULL);
+		mbp__schedule_simulate_in(t->sc, costs, t->T, &sim, NULL, &t->sim); /* allocates nothing */
 	pthread_mutex_lock(&t->lock);
 	t->sum.mbs = t->M;
 	t->sum.step_ns = t_end - t->t_go;
@@ -979,9 +987,9 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	pthread_mutex_unlock(&t->lock);
 	/* seq_cst pair with mbp_trainer_cancel(), which stores cancelled then abort: either this load sees
 	 * its cancelled, or its abort store comes after this one, so a cancel is never lost */
-	atomic_store(&t->abort, 0);
-	if (atomic_load(&t->cancelled))
-		atomic_store(&t->abort, 1);
+	atomic_store_explicit(&t->abort, 0, memory_order_seq_cst);
+	if (atomic_load_explicit(&t->cancelled, memory_order_seq_cst))
+		atomic_store_explicit(&t->abort, 1, memory_order_seq_cst);
 	if (t->remote)
 		t->rem.begin(t->rem.arg); /* from now on a remote failure reaches this step */
 	uint32_t done0 = mbp__gen_get(&t->done);
@@ -1027,9 +1035,9 @@ void mbp_trainer_cancel(mbp_trainer *t)
 {
 	if (!t)
 		return;
-	/* seq_cst: see mbp_trainer_step(); abort also pairs with the acquire load in aborting() */
-	atomic_store(&t->cancelled, 1);
-	atomic_store(&t->abort, 1);
+	/* seq_cst: see step_run(); abort also pairs (partner) with the acquire load in aborting() */
+	atomic_store_explicit(&t->cancelled, 1, memory_order_seq_cst);
+	atomic_store_explicit(&t->abort, 1, memory_order_seq_cst);
 	if (t->state == TS_RUNNING)
 		wake_all(t);
 }
@@ -1037,7 +1045,8 @@ void mbp_trainer_cancel(mbp_trainer *t)
 void mbp_trainer_drain(mbp_trainer *t)
 {
 	if (t)
-		atomic_store_explicit(&t->draining, 1, memory_order_relaxed); /* read at the next step */
+		/* relaxed: a flag read at the next step, which publishes nothing */
+		atomic_store_explicit(&t->draining, 1, memory_order_relaxed);
 }
 
 void mbp_trainer_destroy(mbp_trainer *t)
@@ -1054,6 +1063,7 @@ void mbp_trainer_destroy(mbp_trainer *t)
 		MBP_VERIFY(mbp_pool_destroy(t->pool) == 0); /* every buffer came back */
 	mbp_schedule_destroy(t->sc);
 	free(t->tops);
+	mbp__sched_scratch_free(&t->sim);
 	free(t->loss);
 	pthread_mutex_destroy(&t->lock);
 	mbp__crew_destroy(&t->crew);

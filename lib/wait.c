@@ -105,7 +105,7 @@ int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline)
 		if (rc == -ETIMEDOUT)
 			break;
 	}
-	atomic_store_explicit(&pk->parked, 0, memory_order_relaxed);
+	atomic_store_explicit(&pk->parked, 0, memory_order_relaxed); /* relaxed: as above */
 	return rc;
 }
 

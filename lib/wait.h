@@ -77,13 +77,14 @@ static inline void mbp__full_fence(void)
 	static _Thread_local _Atomic uint32_t word;
 	atomic_fetch_add_explicit(&word, 0, memory_order_seq_cst);
 #else
-	atomic_thread_fence(memory_order_seq_cst);
+	atomic_thread_fence(memory_order_seq_cst); /* seq_cst: the callers name the pair it is half of */
 #endif
 }
 
 static inline void mbp__light_fence(void)
 {
-	if (MBP_LIKELY(mbp__membarrier_ok))
+	if (MBP_LIKELY(
+		mbp__membarrier_ok)) /* seq_cst: a compiler barrier; the membarrier is the other half */
 		atomic_signal_fence(memory_order_seq_cst);
 	else
 		mbp__full_fence();
@@ -108,7 +109,7 @@ enum mbp__backoff_next mbp__backoff_step(struct mbp__backoff *b, const struct mb
 static inline void mbp__parker_wake(struct mbp__parker *pk)
 {
 	/* Light half of the Dekker pair; partner: the heavy fence in mbp__parker_prepare(). Orders the
-	 * caller's index store before the flag load below. */
+	 * caller's index store before the flag load below, so the load itself is relaxed. */
 	mbp__light_fence();
 	if (MBP_UNLIKELY(atomic_load_explicit(&pk->parked, memory_order_relaxed))) {
 		/* relaxed: the futex syscall orders what follows; the waiter re-checks its condition anyway */
@@ -129,6 +130,7 @@ static inline void mbp__parker_prepare(struct mbp__parker *pk)
 
 static inline void mbp__parker_cancel(struct mbp__parker *pk)
 {
+	/* relaxed: the flag carries no data; the waker's wake at most goes unused */
 	atomic_store_explicit(&pk->parked, 0, memory_order_relaxed);
 }
 

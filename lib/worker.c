@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "job.h"
 #include "pipeline_internal.h"
 
 #define BURST 8
@@ -49,6 +50,8 @@ static inline void state_begin(_Atomic uint64_t *since, uint64_t t0)
  * and does not count the interval twice. */
 static inline void state_end(_Atomic uint64_t *since, _Atomic uint64_t *total, uint64_t t0, uint64_t t1)
 {
+	/* relaxed: `since` is ordered by the release below (partner: stats.c's acquire of the total); the
+	 * total's load: only this thread writes it */
 	atomic_store_explicit(since, 0, memory_order_relaxed);
 	atomic_store_explicit(total, atomic_load_explicit(total, memory_order_relaxed) + (t1 - t0),
 			      memory_order_release);

@@ -22,12 +22,12 @@ tests_test_schedule_SOURCES = tests/test_schedule.c tests/check_main.h
 tests_test_schedule_CFLAGS = $(TEST_CFLAGS)
 tests_test_schedule_LDADD = $(TEST_LIBS)
 tests_test_train_SOURCES = tests/test_train.c tests/train_toy.h tests/check_main.h
-tests_test_train_CFLAGS = $(TEST_CFLAGS)
+tests_test_train_CFLAGS = $(TEST_CFLAGS) $(JEMALLOC_CFLAGS)
 tests_test_train_LDADD = $(TEST_LIBS)
 
 TESTS += tests/test_ring tests/test_pool tests/test_crew tests/test_pipeline tests/test_schedule tests/test_train
 
-# DESIGN.md rule 7 on the pipeline's lifecycle atomics: each names its memory order and its partner.
+# DESIGN.md rule 7 on every atomic access of lib/ and lib/mpi/: each names its memory order and why.
 TESTS += tests/atomic_partners.sh
 EXTRA_DIST += tests/atomic_partners.sh
 

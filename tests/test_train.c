@@ -18,6 +18,9 @@
 #include <unistd.h>
 
 #include <mbpipe.h>
+#ifdef MBP_HAVE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
 
 #include "affinity.h"
 #include "check_main.h"
@@ -792,6 +795,40 @@ START_TEST(the_pool_never_grows_after_the_first_step_of_a_micro_batch_count)
 }
 END_TEST
 
+/* A step of a micro-batch count seen before allocates nothing on the controlling thread (jemalloc's
+ * per-thread count): its bubble_predicted is played in room made with the schedule, where each step
+ * replayed the schedule in five fresh allocations. */
+START_TEST(a_step_allocates_nothing_on_the_controlling_thread_once_its_schedule_is_built)
+{
+#ifdef MBP_HAVE_JEMALLOC
+	uint64_t *allocated;
+	size_t sz = sizeof(allocated);
+	ck_assert_int_eq(mallctl("thread.allocatedp", &allocated, &sz, NULL, 0), 0);
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	for (size_t k = 0; k < 3; k++) {
+		struct rig r;
+		rig_new(&r, 3, kinds[k], 2, false);
+		float in[32 * N], tg[32 * N];
+		make_data(in, tg, 32, 1);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 32, 4, NULL), 0); /* builds M = 8 */
+		int rc[10];
+		uint64_t before = *allocated;
+		for (unsigned i = 0; i < 10; i++) /* no assertion in between: Check's own may allocate */
+			rc[i] = mbp_trainer_step(r.t, in, tg, 32, 4, NULL);
+		uint64_t after = *allocated;
+		for (unsigned i = 0; i < 10; i++)
+			ck_assert_int_eq(rc[i], 0);
+		ck_assert_msg(after == before, "%s: %llu bytes allocated over 10 steps",
+			      mbp_sched_name(kinds[k]), (unsigned long long)(after - before));
+		mbp_train_stats st;
+		mbp_trainer_stats_get(r.t, &st, NULL, 0);
+		ck_assert(st.bubble_predicted > 0 && st.bubble_predicted < 1); /* still predicted */
+		mbp_trainer_destroy(r.t);
+	}
+#endif
+}
+END_TEST
+
 /* More threads than stages is refused at start as mbp_schedule_simulate refuses it (no longer started
  * with fewer threads than asked, silently); as many as the stages starts. */
 START_TEST(more_threads_than_stages_is_refused_as_the_simulator_refuses_it)
@@ -1152,6 +1189,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, more_threads_than_stages_is_refused_as_the_simulator_refuses_it);
 	tcase_add_test(tc, a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does);
 	tcase_add_test(tc, the_pool_never_grows_after_the_first_step_of_a_micro_batch_count);
+	tcase_add_test(tc, a_step_allocates_nothing_on_the_controlling_thread_once_its_schedule_is_built);
 	tcase_add_test(tc, a_trainer_beside_a_pipeline_takes_the_cpu_the_pipeline_left_free);
 	tcase_add_test(tc, a_trainer_under_a_cgroup_quota_runs_the_plans_thread_count);
 	tcase_add_test(tc, a_failed_pin_in_the_trainer_is_reported);
