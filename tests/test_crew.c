@@ -22,8 +22,15 @@
 
 enum { MAXS = 8 };
 
+/* A stage's context: the record and its index. */
+struct probe {
+	struct rec *r;
+	unsigned s;
+};
+
 /* What the test variant saw, per stage. */
 struct rec {
+	struct probe probes[MAXS];			       /* each stage's context */
 	int init_err[MAXS];				       /* what each stage's init returns */
 	_Atomic unsigned inits[MAXS], finis[MAXS], runs[MAXS]; /* runs: per thread's first stage */
 	pthread_t init_tid[MAXS], fini_tid[MAXS];
@@ -43,13 +50,6 @@ struct rec {
 	unsigned wrote[MAXS];	    /* per thread, written before each arrival */
 	_Atomic unsigned bad_reads; /* a thread that read another's write from before the barrier stale */
 };
-
-/* A stage's context: the record and its index. */
-struct probe {
-	struct rec *r;
-	unsigned s;
-};
-static struct probe probes[MAXS];
 
 static int rec_init(void *ctx, unsigned stage)
 {
@@ -99,8 +99,9 @@ static void plan(struct mbp__crew *c, struct rec *r, unsigned S, unsigned thread
 {
 	mbp__crew_init(c, "test", run, r);
 	for (unsigned s = 0; s < S; s++) {
-		probes[s] = (struct probe){r, s};
-		c->stage[s] = (struct mbp__crew_stage){.init = rec_init, .fini = rec_fini, .ctx = &probes[s]};
+		r->probes[s] = (struct probe){r, s};
+		c->stage[s] =
+		    (struct mbp__crew_stage){.init = rec_init, .fini = rec_fini, .ctx = &r->probes[s]};
 	}
 	int none[MAXS];
 	for (unsigned i = 0; i < MAXS; i++)
@@ -255,8 +256,8 @@ START_TEST(a_failed_pin_is_reported_and_fails_the_start_only_where_the_cpu_was_a
 	/* a named CPU: the pin is required */
 	rec_reset(&r, 1);
 	mbp__crew_init(&c, "test", rec_run, &r);
-	probes[0] = (struct probe){&r, 0};
-	c.stage[0] = (struct mbp__crew_stage){.init = rec_init, .fini = rec_fini, .ctx = &probes[0]};
+	r.probes[0] = (struct probe){&r, 0};
+	c.stage[0] = (struct mbp__crew_stage){.init = rec_init, .fini = rec_fini, .ctx = &r.probes[0]};
 	int named[1] = {allowed[0]};
 	struct mbp__placement_req rq = {.nstages = 1, .pin = true, .named = named};
 	ck_assert_int_eq(mbp__crew_plan(&c, &rq, 0, 0), 0);
