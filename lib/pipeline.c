@@ -257,9 +257,9 @@ int mbp_pipeline_start(mbp_pipeline *p)
 	for (unsigned i = 0; rc == 0 && i < p->nstages; i++)
 		rc = mbp__trace_init(&p->stages[i].trace, p->o.trace_events);
 	p->crew.pool = p->pool; /* each thread's cache */
+	/* every init runs; on an error, every fini where the init succeeded */
 	if (rc == 0)
-		rc = mbp__crew_start(
-		    &p->crew); /* every init has run; on an error, every fini where it succeeded */
+		rc = mbp__crew_start(&p->crew);
 	if (rc) {
 		mbp__crew_stop(&p->crew); /* the CPUs back (the threads, if any, are joined already) */
 		/* release; partner: the acquire load in mbp_pipeline_placement(): the pin errors */

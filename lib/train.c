@@ -770,9 +770,9 @@ int mbp_trainer_start(mbp_trainer *t)
 				     "the last stage's grad_row_bytes must be its out_row_bytes (the loss "
 				     "writes it)");
 	int rc = setup(t);
+	/* every init runs; on an error, every fini where the init succeeded */
 	if (rc == 0)
-		rc = mbp__crew_start(
-		    &t->crew); /* every init has run; on an error, every fini where it succeeded */
+		rc = mbp__crew_start(&t->crew);
 	if (rc < 0) {
 		free_stages(t);
 		mbp_pool_destroy(t->pool);
