@@ -28,6 +28,8 @@
 static const char *_Atomic cpu_max_file; /* read instead of the cgroup's cpu.max */
 static _Atomic int pin_fail;		 /* every pin fails with this */
 
+/* relaxed, the three of them: a test's setting, made before the plans and threads it affects start
+ * (pthread_create orders it) */
 void mbp__cgroup_cpu_max_set(const char *file)
 {
 	atomic_store_explicit(&cpu_max_file, file, memory_order_relaxed);
@@ -35,12 +37,13 @@ void mbp__cgroup_cpu_max_set(const char *file)
 
 void mbp__pin_fail_set(int err)
 {
+	/* relaxed: as above */
 	atomic_store_explicit(&pin_fail, err, memory_order_relaxed);
 }
 
 unsigned mbp__cgroup_quota_cpus(void)
 {
-	const char *fake = atomic_load_explicit(&cpu_max_file, memory_order_relaxed);
+	const char *fake = atomic_load_explicit(&cpu_max_file, memory_order_relaxed); /* relaxed: as above */
 	/* cgroup v2 unified hierarchy: the process's own cgroup is named in /proc/self/cgroup as "0::/path" */
 	char path[512] = "/sys/fs/cgroup";
 	FILE *f = fopen("/proc/self/cgroup", "r");

@@ -79,12 +79,30 @@ void mbp__futex_wake(_Atomic uint32_t *word, int n);
  * writes; readers take relaxed loads and may see a slightly old value). */
 static inline void mbp__counter_add(_Atomic uint64_t *c, uint64_t v)
 {
+	/* relaxed: only the owner writes *c, and a reader needs no other write ordered with it */
 	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
 }
 
 static inline uint64_t mbp__counter_get(_Atomic uint64_t *c)
 {
+	/* relaxed: a statistic; the owner's stores are relaxed too */
 	return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+/* The single writer's high-water mark: raise *c to v when v is above it (as mbp__counter_add: no
+ * read-modify-write, readers may see an older mark). */
+static inline void mbp__counter_max(_Atomic uint64_t *c, uint64_t v)
+{
+	/* relaxed: only the owner writes *c */
+	if (v > atomic_load_explicit(c, memory_order_relaxed))
+		atomic_store_explicit(c, v, memory_order_relaxed);
+}
+
+/* The single writer starts its counter again (a step's figures). */
+static inline void mbp__counter_reset(_Atomic uint64_t *c)
+{
+	/* relaxed: only the owner writes *c; a reader during the reset sees the old or the new count */
+	atomic_store_explicit(c, 0, memory_order_relaxed);
 }
 
 /* TSan cannot see liburcu's hand-written atomics: annotate the hand-off of a node through a wfcqueue. */
@@ -109,9 +127,5 @@ static inline bool mbp__mul_size(size_t a, size_t b, size_t *out)
 {
 	return !__builtin_mul_overflow(a, b, out);
 }
-
-/* Write `str` to f as a JSON string (quoted; quote, backslash and control characters escaped, bytes that
- * are not well-formed UTF-8 as U+FFFD). trace.c; every trace writer uses it for the caller's strings. */
-void mbp__json_string(FILE *f, const char *str);
 
 #endif

@@ -21,9 +21,10 @@ void mbp__bound_init(struct mbp__bound *b, uint32_t limit)
 
 static bool bound_try(struct mbp__bound *b)
 {
+	/* relaxed, the load and the exchange: the unit carries no data; the entry it admits is published
+	 * by the queue */
 	uint32_t u = atomic_load_explicit(&b->used, memory_order_relaxed);
 	while (u < b->limit) {
-		/* relaxed: the unit carries no data; the entry it admits is published by the queue */
 		if (atomic_compare_exchange_weak_explicit(&b->used, &u, u + 1, memory_order_relaxed,
 							  memory_order_relaxed))
 			return true;
@@ -35,6 +36,7 @@ int mbp__bound_take(struct mbp__bound *b, int64_t timeout_ns)
 {
 	uint64_t deadline = 0;
 	for (;;) {
+		/* relaxed: a flag; the seq_cst loads below re-check it before sleeping */
 		if (atomic_load_explicit(&b->closed, memory_order_relaxed))
 			return -ESHUTDOWN;
 		if (bound_try(b))
@@ -45,12 +47,13 @@ int mbp__bound_take(struct mbp__bound *b, int64_t timeout_ns)
 			deadline = mbp__deadline(timeout_ns);
 		/* seq_cst RMW and loads: a Dekker pair with give(), which decrements `used` and then reads
 		 * `sleepers`; one of the two sides sees the other */
-		uint32_t seq = atomic_load(&b->seq);
-		atomic_fetch_add(&b->sleepers, 1);
+		uint32_t seq = atomic_load_explicit(&b->seq, memory_order_seq_cst);
+		atomic_fetch_add_explicit(&b->sleepers, 1, memory_order_seq_cst);
 		int rc = 0;
-		if (!atomic_load(&b->closed) && atomic_load(&b->used) >= b->limit)
+		if (!atomic_load_explicit(&b->closed, memory_order_seq_cst) &&
+		    atomic_load_explicit(&b->used, memory_order_seq_cst) >= b->limit)
 			rc = mbp__futex_wait(&b->seq, seq, deadline);
-		atomic_fetch_sub(&b->sleepers, 1);
+		atomic_fetch_sub_explicit(&b->sleepers, 1, memory_order_seq_cst); /* seq_cst: as above */
 		if (rc == -ETIMEDOUT)
 			return -ETIMEDOUT;
 	}
@@ -58,17 +61,20 @@ int mbp__bound_take(struct mbp__bound *b, int64_t timeout_ns)
 
 void mbp__bound_give(struct mbp__bound *b, uint32_t n)
 {
-	atomic_fetch_sub(&b->used, n); /* seq_cst: partner of take()'s sleepers increment */
-	if (atomic_load(&b->sleepers)) {
-		atomic_fetch_add(&b->seq, 1);
+	/* seq_cst, the three: the Dekker pair with take()'s sleepers increment and its load of `used` */
+	atomic_fetch_sub_explicit(&b->used, n, memory_order_seq_cst);
+	if (atomic_load_explicit(&b->sleepers, memory_order_seq_cst)) {
+		atomic_fetch_add_explicit(&b->seq, 1, memory_order_seq_cst);
 		mbp__futex_wake(&b->seq, INT32_MAX);
 	}
 }
 
 void mbp__bound_close(struct mbp__bound *b)
 {
-	atomic_store(&b->closed, 1);
-	atomic_fetch_add(&b->seq, 1);
+	/* seq_cst: the sleeper's seq_cst load of closed after its sleepers increment sees it, or its futex
+	 * wait sees seq moved */
+	atomic_store_explicit(&b->closed, 1, memory_order_seq_cst);
+	atomic_fetch_add_explicit(&b->seq, 1, memory_order_seq_cst);
 	mbp__futex_wake(&b->seq, INT32_MAX);
 }
 

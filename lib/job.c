@@ -15,6 +15,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "job.h"
 #include "pipeline_internal.h"
 
 void mbp_job_init(mbp_job *job, const void *in, void *out, size_t rows, uint32_t mb_rows)
@@ -50,11 +51,13 @@ int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns)
 	job->mbs_failed = 0;
 	job->done_ns = 0;
 	job->submit_ns = mbp__now_ns();
+	/* relaxed: a unique number is all it gives; nothing is published through it */
 	job->id = atomic_fetch_add_explicit(&p->next_job_id, 1, memory_order_relaxed) + 1;
 	atomic_init(&jp->left, (uint32_t)nmb);
 	atomic_init(&jp->first_err, UINT64_MAX);
 	rc = mbp__ingress_put(&p->ingress, &jp->item, MBP__ITEM_JOB, timeout_ns);
 	if (rc == 0) {
+		/* relaxed: statistics; drain reads them after stop_accepting()'s acquire of `submitting` */
 		atomic_fetch_add_explicit(&p->jobs_accepted, 1, memory_order_relaxed);
 		atomic_fetch_add_explicit(&p->mbs_accepted, nmb, memory_order_relaxed);
 	}
@@ -68,8 +71,8 @@ void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, u
 	struct mbp__job_priv *jp = mbp__jp(job);
 	if (failed) {
 		uint64_t mine = ((uint64_t)seq << 32) | (uint32_t)err;
-		uint64_t cur = atomic_load_explicit(&jp->first_err, memory_order_relaxed);
 		/* relaxed: published to the finisher by the acq_rel decrement of `left` below */
+		uint64_t cur = atomic_load_explicit(&jp->first_err, memory_order_relaxed);
 		while (mine < cur &&
 		       !atomic_compare_exchange_weak_explicit(&jp->first_err, &cur, mine,
 							      memory_order_relaxed, memory_order_relaxed))
@@ -78,11 +81,12 @@ void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, u
 	}
 	mbp__counter_add(&c->done_mbs, k - failed);
 	mbp__counter_add(&c->done_failed_mbs, failed);
-	/* acq_rel: the thread that brings `left` to zero sees every other completer's writes (first_err,
-	 * failed, the output rows it wrote) */
+	/* acq_rel; partners: the other completers' decrements: the thread that brings `left` to zero sees
+	 * every other completer's writes (first_err, failed, the output rows it wrote) */
 	uint32_t left = atomic_fetch_sub_explicit(&jp->left, k, memory_order_acq_rel) - k;
 	if (left)
 		return;
+	/* relaxed, both: ordered by the acq_rel decrement above */
 	uint64_t fe = atomic_load_explicit(&jp->first_err, memory_order_relaxed);
 	job->status = fe == UINT64_MAX ? 0 : (int)(uint32_t)fe;
 	job->mbs_failed = atomic_load_explicit(&jp->failed, memory_order_relaxed);
@@ -120,11 +124,13 @@ int mbp_job_wait(mbp_job *job, int64_t timeout_ns)
 		if (timeout_ns == 0)
 			return -ETIMEDOUT;
 		if (st == 0) {
-			/* announce a sleeper; acquire: on failure it may be the completion (1) */
+			/* announce a sleeper; acquire (partner: the release exchange in mbp__job_account()): on
+			 * failure it may be the completion (1) */
 			if (!atomic_compare_exchange_strong_explicit(&jp->state, &st, 2, memory_order_acquire,
 								     memory_order_acquire))
 				continue;
 		}
+		/* acquire; partner: the release exchange in mbp__job_account(), as above */
 		if (mbp__futex_wait(&jp->state, 2, deadline) == -ETIMEDOUT &&
 		    atomic_load_explicit(&jp->state, memory_order_acquire) != 1)
 			return -ETIMEDOUT;

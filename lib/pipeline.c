@@ -39,9 +39,8 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 	p->o = *o;
 	mbp__opts_fill(&p->o); /* a field's 0 is its default */
 	atomic_init(&p->state, ST_NEW);
-	pthread_mutex_init(&p->start_lock, NULL);
 	pthread_mutex_init(&p->err_lock, NULL);
-	pthread_cond_init(&p->start_cond, NULL);
+	mbp__crew_init(&p->crew, "pipe", mbp__worker_run, p);
 	mbp__ingress_init(&p->ingress, p->o.ingress_depth);
 	*pp = p;
 	return 0;
@@ -92,13 +91,13 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	s->d = *d;
 	s->idx = p->nstages;
 	s->p = p;
-	s->cpu = -1;
 	s->named_cpu = d->pin_cpu ? (int)d->pin_cpu - 1 : -1;
 	if (d->name)
 		snprintf(s->name, sizeof(s->name), "%s", d->name);
 	else
 		snprintf(s->name, sizeof(s->name), "stage%u", s->idx);
 	s->d.name = s->name;
+	p->crew.stage[s->idx] = (struct mbp__crew_stage){.init = d->init, .fini = d->fini, .ctx = d->ctx};
 	s->in_row_bytes = s->idx ? p->stages[s->idx - 1].out_row_bytes : p->o.in_row_bytes;
 	s->out_row_bytes = d->out_row_bytes ? d->out_row_bytes : s->in_row_bytes;
 	p->nstages++;
@@ -115,7 +114,7 @@ int mbp__pipeline_node_share(mbp_pipeline *p, unsigned k, unsigned m)
 	return 0;
 }
 
-/* Decide the threads, which stages each runs, each thread's CPU (affinity.c), and the wait mode. */
+/* Decide the threads, which stages each runs, each thread's CPU and the waits' budgets (the crew's plan). */
 static int plan_placement(struct mbp_pipeline *p)
 {
 	const unsigned S = p->nstages;
@@ -130,40 +129,21 @@ static int plan_placement(struct mbp_pipeline *p)
 					.cpus = p->o.cpus,
 					.node_k = p->node_k,
 					.node_m = p->node_m};
-	struct mbp__placement_plan pl;
-	int rc = mbp__placement_plan(&rq, &pl);
+	int rc = mbp__crew_plan(&p->crew, &rq, p->o.spin_ns, p->o.yield_ns);
+	const unsigned *thread_of = p->crew.thread_of;
 	if (rc == -EINVAL) {
 		/* the first stage whose thread's stages already named another CPU */
 		for (unsigned i = 1; i < S; i++)
 			for (unsigned j = 0; j < i; j++)
-				if (pl.thread_of[j] == pl.thread_of[i] && named[i] >= 0 && named[j] >= 0 &&
+				if (thread_of[j] == thread_of[i] && named[i] >= 0 && named[j] >= 0 &&
 				    named[i] != named[j])
 					return mbp__pipeline_refuse(p, rc,
 								    "stages %u and %u run on one thread "
 								    "(threads %u) but name CPUs %d and %d",
-								    j, i, pl.nthreads, named[j], named[i]);
+								    j, i, thread_of[S - 1] + 1 /* T */,
+								    named[j], named[i]);
 	}
-	if (rc)
-		return rc;
-	p->nthreads = pl.nthreads;
-	p->cpus_claimed = true;
-	for (unsigned i = 0; i < S; i++) {
-		struct mbp__stage *s = &p->stages[i];
-		s->thread_idx = pl.thread_of[i];
-		s->leads = i == 0 || s[-1].thread_idx != s->thread_idx;
-		s->cpu = pl.cpu[i];
-		s->pin_required = pl.pin_required[i];
-		s->node_sharers = pl.node_sharers;
-	}
-	for (unsigned i = S; i-- > 0;) {
-		struct mbp__stage *s = &p->stages[i];
-		s->group_last = i + 1 == S || s[1].leads ? i : s[1].group_last;
-	}
-	/* Threads that want to run outnumber the CPUs: spinning only burns the slice the peer needs. */
-	p->wopts = (struct mbp__wait_opts){.spin_ns = mbp__wait_budget(p->o.spin_ns, MBP__SPIN_NS_DEFAULT),
-					   .yield_ns = mbp__wait_budget(p->o.yield_ns, MBP__YIELD_NS_DEFAULT),
-					   .no_spin = pl.oversubscribed};
-	return 0;
+	return rc;
 }
 
 /* A pool of `buf_bytes` buffers that mbp_pool_new() refused: in words where it is a limit. */
@@ -223,30 +203,6 @@ static int make_pools(struct mbp_pipeline *p)
 	return rc ? pool_refused(p, rc, mb_bytes) : 0;
 }
 
-static void join_all(struct mbp_pipeline *p)
-{
-	for (unsigned i = 0; i < p->nstages; i++) {
-		if (p->stages[i].thread_started) {
-			pthread_join(p->stages[i].thread, NULL);
-			p->stages[i].thread_started = false;
-		}
-	}
-}
-
-/* The threads have stopped: give back the CPUs the plan claimed for them (affinity.h), except where a pin
- * failed (the worker gave that one back at once). */
-static void release_cpus(struct mbp_pipeline *p)
-{
-	if (!p->cpus_claimed)
-		return;
-	for (unsigned i = 0; i < p->nstages; i++) {
-		const struct mbp__stage *s = &p->stages[i];
-		if (s->leads && s->cpu >= 0 && !s->pin_error)
-			mbp__cpu_release(s->cpu);
-	}
-	p->cpus_claimed = false;
-}
-
 /*
  * The started pipelines, so that mbp_mb_release(NULL, mb) finds the pool a buffer came from: a result
  * callback has the buffer but may not have the pipeline (its options were filled before the pipeline
@@ -292,43 +248,22 @@ int mbp_pipeline_start(mbp_pipeline *p)
 	if (rc == 0)
 		rc = make_pools(p);
 	for (unsigned i = 0; rc == 0 && i + 1 < p->nstages; i++) {
-		if (!p->stages[i + 1].leads)
+		if (p->crew.thread_of[i + 1] == p->crew.thread_of[i])
 			continue; /* the same thread calls stage i + 1 */
-		rc = mbp__ring_new(&p->stages[i].out, p->o.ring_capacity, &p->wopts, 0);
+		rc = mbp__ring_new(&p->stages[i].out, p->o.ring_capacity, &p->crew.wopts, 0);
 		if (rc == 0)
 			p->stages[i + 1].in = p->stages[i].out;
 	}
-	if (rc == 0 && p->o.trace_events) {
-		for (unsigned i = 0; i < p->nstages && rc == 0; i++) {
-			p->stages[i].trace = calloc(p->o.trace_events, sizeof(struct mbp__trace_ev));
-			if (!p->stages[i].trace)
-				rc = -ENOMEM;
-		}
-	}
-	unsigned launched = 0;
-	for (unsigned i = 0; rc == 0 && i < p->nstages; i++) {
-		struct mbp__stage *s = &p->stages[i];
-		if (!s->leads)
-			continue;
-		rc = -pthread_create(&s->thread, NULL, mbp__worker_thread, s);
-		if (rc == 0) {
-			s->thread_started = true;
-			launched++;
-		}
-	}
-	pthread_mutex_lock(&p->start_lock);
-	while (p->started < launched)
-		pthread_cond_wait(&p->start_cond, &p->start_lock);
+	for (unsigned i = 0; rc == 0 && i < p->nstages; i++)
+		rc = mbp__trace_init(&p->stages[i].trace, p->o.trace_events);
+	p->crew.pool = p->pool; /* each thread's cache */
+	/* every init runs; on an error, every fini where the init succeeded */
 	if (rc == 0)
-		rc = p->start_err;
-	p->go = rc == 0 ? 1 : -1;
-	pthread_cond_broadcast(&p->start_cond);
-	pthread_mutex_unlock(&p->start_lock);
+		rc = mbp__crew_start(&p->crew);
 	if (rc) {
-		join_all(p); /* each ran fini where its init succeeded */
+		mbp__crew_stop(&p->crew); /* the CPUs back (the threads, if any, are joined already) */
 		/* release; partner: the acquire load in mbp_pipeline_placement(): the pin errors */
 		atomic_store_explicit(&p->state, ST_STOPPED, memory_order_release);
-		release_cpus(p);
 		return rc;
 	}
 	p->start_ns = mbp__clock_ns();
@@ -410,7 +345,7 @@ int mbp_mb_submit(mbp_pipeline *p, mbp_mb *mb, int64_t timeout_ns)
 	mb->job = NULL;
 	struct mbp__buf *b = mbp__buf_of(mb);
 	rc = mbp__ingress_put(&p->ingress, (struct mbp__item *)(void *)b->link, MBP__ITEM_MB, timeout_ns);
-	if (rc == 0)
+	if (rc == 0) /* relaxed: a statistic; drain reads it after the acquire of `submitting` */
 		atomic_fetch_add_explicit(&p->mbs_accepted, 1, memory_order_relaxed);
 	else
 		mbp__pool_unlend(mb); /* not accepted: the caller still holds it */
@@ -463,11 +398,10 @@ static uint64_t completed_total(struct mbp_pipeline *p)
 static void close_and_join(struct mbp_pipeline *p)
 {
 	mbp__ingress_close(&p->ingress); /* every admitted submitter has left: the end of the stream */
-	join_all(p);
+	mbp__crew_stop(&p->crew);	 /* the threads drain in order and exit; their CPUs go back */
 	/* release; partner: the acquire load in mbp_pipeline_placement(). Nothing else to publish: the
 	 * threads are joined, and the controlling thread is the only other reader of STOPPED */
 	atomic_store_explicit(&p->state, ST_STOPPED, memory_order_release);
-	release_cpus(p);
 }
 
 /* Shared entry of drain and cancel: 1 to go on, else the return value (0: already stopped). */
@@ -506,7 +440,8 @@ int mbp_pipeline_cancel(mbp_pipeline *p)
 	int rc = shutdown_check(p);
 	if (rc != 1)
 		return rc;
-	atomic_store(&p->cancel, 1);
+	/* relaxed: a hint the workers read once per micro-batch; close_and_join() joins them after */
+	atomic_store_explicit(&p->cancel, 1, memory_order_relaxed);
 	stop_accepting(p);
 	close_and_join(p);
 	return 0;
@@ -523,7 +458,7 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 	live_remove(p); /* before its pools go: a release without the handle no longer finds them */
 	for (unsigned i = 0; i < p->nstages; i++) {
 		mbp__ring_destroy(p->stages[i].out);
-		free(p->stages[i].trace);
+		mbp__trace_free(&p->stages[i].trace);
 	}
 	int rc = mbp_pool_destroy(p->pool);
 	MBP_VERIFY(rc == 0); /* every hop buffer is back once the threads have stopped */
@@ -534,8 +469,7 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 		 * pointers into dangling ones) and say so. */
 		fprintf(stderr, "mbp_pipeline_destroy: buffers from mbp_mb_acquire() not released; leaked\n");
 	}
-	pthread_cond_destroy(&p->start_cond);
-	pthread_mutex_destroy(&p->start_lock);
+	mbp__crew_destroy(&p->crew);
 	pthread_mutex_destroy(&p->err_lock);
 	free(p);
 }
@@ -551,14 +485,7 @@ int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n)
 	int st = atomic_load_explicit(&p->state, memory_order_acquire);
 	if (st == ST_NEW)
 		return -ENOTCONN;
-	for (unsigned i = 0; i < p->nstages && i < n; i++) {
-		const struct mbp__stage *s = &p->stages[i];
-		out[i].cpu = mbp__stage_cpu(s);
-		out[i].pin_error = s->pin_error;
-		out[i].thread = s->thread_idx;
-		out[i].sharing = 0;
-		if (out[i].cpu >= 0 && st != ST_STOPPED)
-			out[i].sharing = mbp__cpu_sharing(out[i].cpu, s->node_sharers);
-	}
+	for (unsigned i = 0; i < p->nstages && i < n; i++)
+		out[i] = mbp__crew_place(&p->crew, i, st != ST_STOPPED);
 	return (int)p->nstages;
 }

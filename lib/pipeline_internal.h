@@ -1,8 +1,9 @@
 /*
  * The pipeline's internal objects, shared by pipeline.c (construction, admission, single micro-batches,
- * shutdown), job.c (jobs), worker.c (the loop of one stage thread), stats.c and trace.c. The ingress
- * (ingress.h), the jobs' bookkeeping (job.h) and the placement plan (affinity.h) have headers of their
- * own. Not installed.
+ * shutdown), job.c (jobs), worker.c (the loop of one stage thread) and stats.c (statistics and the
+ * trace). The ingress (ingress.h), the crew of threads (crew.h) and the activity log (trace.h) have
+ * headers of their own, below this one; the jobs' bookkeeping (job.h) sits beside it, for job.c and
+ * worker.c: no header includes one that includes it back. Not installed.
  *
  * Data flow (see DESIGN.md): callers enqueue jobs and single micro-batches on the multi-producer ingress;
  * stage 0 takes them in order, splits jobs into micro-batches read in place from the caller's input, and
@@ -11,7 +12,8 @@
  * Where opts.threads < stages (by default: stages outnumber CPUs), one worker thread runs consecutive
  * stages, each calling the next (pass_on in worker.c): DESIGN.md's one thread per stage would make the
  * threads of a CPU time-slice it, a context switch per hop where a call does (pipeline.h, "Threads and
- * stages", has the figures).
+ * stages", has the figures). The threads are the pipeline's crew (crew.h: placement, pins, names, the
+ * start handshake, the init/fini rule, stop), the trainer's the same way.
  * The hop between two stages is a "link": today an SPSC ring in memory; the worker touches it only through
  * link_push/link_pop in worker.c, so a remote link (MPI) or a backward flow can take its place later.
  */
@@ -23,10 +25,11 @@
 #include <mbpipe.h>
 
 #include "common.h"
+#include "crew.h"
 #include "ingress.h"
-#include "job.h"
 #include "pool_internal.h"
 #include "ring.h"
+#include "trace.h"
 #include "wait.h"
 
 /* A hop buffer (engine pool) never enters the ingress, so its link holds something else: the caller's
@@ -39,14 +42,6 @@ static inline mbp_mb **mbp__origin(mbp_mb *hop)
 _Static_assert(offsetof(struct mbp__buf, kind) - offsetof(struct mbp__buf, link) ==
 		   offsetof(struct mbp__item, kind),
 	       "buffer ingress entry layout");
-
-/* One activity-log event: a stage computed a micro-batch. */
-struct mbp__trace_ev {
-	uint64_t t0, t1;
-	uint64_t job;
-	uint32_t seq;
-	int32_t status;
-};
 
 /* Counters of one stage: single writer (its worker), relaxed readers. */
 struct mbp__stage_counters {
@@ -68,26 +63,14 @@ struct mbp__stage {
 	unsigned idx;
 	struct mbp_pipeline *p;
 	size_t in_row_bytes, out_row_bytes;
-	/* Threads: stages [first, last] of one worker thread (one stage unless opts.threads < stages) are
-	 * called one after the other; rings link the threads only. */
-	struct mbp__ring *in;  /* NULL for stage 0, which reads the ingress, and for a stage that the
+	/* Threads (the crew's): stages first .. last of one thread (one stage unless opts.threads < stages)
+	 * are called one after the other; rings link the threads only. */
+	struct mbp__ring *in;	 /* NULL for stage 0, which reads the ingress, and for a stage that the
 				  previous one calls on its own thread */
-	struct mbp__ring *out; /* NULL unless this stage ends a thread that is not the last */
-	mbp_pool_cache *cache; /* the thread's, shared by its stages */
-	unsigned thread_idx;   /* which worker thread runs this stage */
-	unsigned group_last;   /* index of the last stage that thread runs */
-	bool leads;	       /* the first stage of its thread: owns `thread` and `cache` */
-	pthread_t thread;
-	bool thread_started;
-	bool init_ok;
-	int named_cpu; /* the descriptor's pin_cpu as a CPU number, -1: none */
-	int cpu;       /* the plan's (claimed in affinity.c's record while the thread runs), -1: none */
-	int pin_error;
-	bool pin_required;
-	unsigned node_sharers; /* other ranks of this node given the same CPU (mbp_mpi) */
-	/* trace: written by the worker, `trace_n` published with release */
-	struct mbp__trace_ev *trace;
-	_Atomic uint32_t trace_n;
+	struct mbp__ring *out;	 /* NULL unless this stage ends a thread that is not the last */
+	mbp_pool_cache *cache;	 /* its thread's (the crew's), shared by its stages */
+	int named_cpu;		 /* the descriptor's pin_cpu as a CPU number, -1: none */
+	struct mbp__trace trace; /* the micro-batches it computed (trace.h): written by its thread */
 	MBP_CACHELINE_ALIGNED struct mbp__stage_counters c;
 };
 
@@ -96,17 +79,15 @@ enum mbp__state { ST_NEW, ST_RUNNING, ST_DRAINING, ST_STOPPED };
 struct mbp_pipeline {
 	mbp_opts o;
 	unsigned nstages;
-	unsigned nthreads;
-	bool cpus_claimed;	 /* the plan's CPUs are claimed (start to stop; controlling thread only) */
 	unsigned node_k, node_m; /* mbp__pipeline_node_share(): its part of its node's CPUs (mbp_mpi) */
 	/* the started pipelines (pipeline.c, for mbp_mb_release without the handle): under its lock */
 	struct mbp_pipeline *live_next;
 	bool is_live;
 	struct mbp__stage stages[MBP_MAX_STAGES];
-	struct mbp__wait_opts wopts;
-	mbp_pool *pool;	      /* hop buffers, engine only */
-	mbp_pool *mb_pool;    /* buffers of mbp_mb_acquire() */
-	size_t out_row_bytes; /* the last stage's */
+	struct mbp__crew crew; /* the worker threads: placement, start, stop (crew.h) */
+	mbp_pool *pool;	       /* hop buffers, engine only */
+	mbp_pool *mb_pool;     /* buffers of mbp_mb_acquire() */
+	size_t out_row_bytes;  /* the last stage's */
 	struct mbp__ingress_mpsc ingress;
 
 	/* Read by every worker once per micro-batch: a line of its own, written once. */
@@ -125,21 +106,15 @@ struct mbp_pipeline {
 	/* the last refusal for a limit (mbp_pipeline_error); any thread, under err_lock */
 	pthread_mutex_t err_lock;
 	mbp_pipeline_refusal refusal;
-
-	/* start-up handshake */
-	pthread_mutex_t start_lock;
-	pthread_cond_t start_cond;
-	unsigned started; /* workers that finished init */
-	int start_err;	  /* first init or required-pin error */
-	int go;		  /* 1: run, -1: abort (init failed elsewhere) */
 };
 
 /* Record why a call was refused for a limit (mbp_pipeline_error) and return `err`. Any thread. */
 __attribute__((format(printf, 3, 4))) int mbp__pipeline_refuse(struct mbp_pipeline *p, int err,
 							       const char *fmt, ...);
 
-void mbp__worker_main_loop(struct mbp__stage *s);
-void *mbp__worker_thread(void *arg);
+/* What the pipeline runs on its crew's threads (worker.c, mbp__crew_run_fn): the loop of a thread's
+ * stages. The crew's arg is the pipeline. */
+void mbp__worker_run(void *arg, struct mbp__crew_thread *th);
 
 /* Admission of a submission (job.c, mbp_mb_submit): announce it; fails with -ENOTCONN (not started) or
  * -ESHUTDOWN unless running. On 0, pair with mbp__submit_leave() once the entry is in the ingress or
@@ -150,10 +125,7 @@ void mbp__submit_leave(struct mbp_pipeline *p);
 /* The CPU a stage runs on, as every report gives it: -1 when it is not pinned or its pin failed. */
 static inline int mbp__stage_cpu(const struct mbp__stage *s)
 {
-	return s->pin_error ? -1 : s->cpu;
+	return mbp__crew_place(&s->p->crew, s->idx, false).cpu;
 }
-
-/* Record one trace event (no-op when tracing is off or the log is full). */
-void mbp__trace_add(struct mbp__stage *s, uint64_t t0, uint64_t t1, const mbp_mb *mb);
 
 #endif

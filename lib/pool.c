@@ -279,6 +279,7 @@ static uint64_t in_use_locked(mbp_pool *p, uint64_t *gets, uint64_t *puts, uint6
 		*hits = h;
 	}
 	int64_t in_use = (int64_t)(g - u); /* modular: a buffer may be got in one cache, put in another */
+	/* relaxed: written under the lock this caller holds */
 	uint32_t allocated = atomic_load_explicit(&d->allocated, memory_order_relaxed);
 	if (in_use < 0)
 		return 0;
@@ -289,9 +290,8 @@ static uint64_t in_use_locked(mbp_pool *p, uint64_t *gets, uint64_t *puts, uint6
 static void note_high_water(mbp_pool *p, uint64_t extra)
 {
 	uint64_t now = in_use_locked(p, NULL, NULL, NULL) + extra;
-	if (now > mbp__counter_get(&p->depot.high_water))
-		atomic_store_explicit(&p->depot.high_water, now,
-				      memory_order_relaxed); /* writers hold lock */
+	if (now > mbp__counter_get(&p->depot.high_water)) /* relaxed: writers hold the lock */
+		atomic_store_explicit(&p->depot.high_water, now, memory_order_relaxed);
 }
 
 void mbp_pool_stats_get(mbp_pool *p, mbp_pool_stats *st)
@@ -300,23 +300,23 @@ void mbp_pool_stats_get(mbp_pool *p, mbp_pool_stats *st)
 	memset(st, 0, sizeof(*st));
 	pthread_mutex_lock(&d->lock);
 	st->in_use = in_use_locked(p, &st->gets, &st->puts, &st->cache_hits);
-	if (st->in_use > mbp__counter_get(&d->high_water))
-		atomic_store_explicit(&d->high_water, st->in_use,
-				      memory_order_relaxed); /* writers hold lock */
+	if (st->in_use > mbp__counter_get(&d->high_water)) /* relaxed: writers hold the lock */
+		atomic_store_explicit(&d->high_water, st->in_use, memory_order_relaxed);
 	st->high_water = mbp__counter_get(&d->high_water);
 	pthread_mutex_unlock(&d->lock);
 	st->refills = mbp__counter_get(&d->refills);
 	st->flushes = mbp__counter_get(&d->flushes);
 	st->grows = mbp__counter_get(&d->grows);
 	st->waits = mbp__counter_get(&d->waits);
-	st->allocated = atomic_load_explicit(&d->allocated, memory_order_relaxed);
+	st->allocated = atomic_load_explicit(&d->allocated, memory_order_relaxed); /* relaxed: a statistic */
 	st->bytes = st->allocated * (p->payload_bytes + sizeof(struct mbp__buf));
 	st->max_buffers = p->max_buffers;
 }
 
 static void wake_waiters_locked(mbp_pool *p)
 {
-	if (atomic_load_explicit(&p->waiters, memory_order_relaxed)) /* written under this lock */
+	/* relaxed: written under this lock */
+	if (atomic_load_explicit(&p->waiters, memory_order_relaxed))
 		pthread_cond_broadcast(&p->depot.cond);
 }
 
@@ -387,6 +387,7 @@ static void cache_unlink_locked(mbp_pool *p, struct mbp_pool_cache *c)
 		d->caches = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
+	/* relaxed, the three: statistics, also added to by getters without a cache (read-modify-write) */
 	atomic_fetch_add_explicit(&d->direct_gets, mbp__counter_get(&c->gets), memory_order_relaxed);
 	atomic_fetch_add_explicit(&d->direct_puts, mbp__counter_get(&c->puts), memory_order_relaxed);
 	atomic_fetch_add_explicit(&d->retired_hits, mbp__counter_get(&c->hits), memory_order_relaxed);
@@ -414,6 +415,7 @@ int mbp_pool_destroy(mbp_pool *p)
 	uint32_t cached = 0;
 	for (struct mbp_pool_cache *c = d->caches; c; c = c->next)
 		cached += c->count; /* the owners have stopped (contract) */
+	/* relaxed: written under the lock held here */
 	uint32_t allocated = atomic_load_explicit(&d->allocated, memory_order_relaxed);
 	uint32_t held = allocated - d->nfree - cached;
 	pthread_mutex_unlock(&d->lock);
@@ -454,7 +456,7 @@ int mbp_pool_destroy(mbp_pool *p)
 static int grow_locked(mbp_pool *p, struct mbp__buf **out)
 {
 	struct depot_mpmc *d = &p->depot;
-	uint32_t idx = atomic_load_explicit(&d->allocated, memory_order_relaxed);
+	uint32_t idx = atomic_load_explicit(&d->allocated, memory_order_relaxed); /* relaxed: under lock */
 	void *mem = payload_alloc(p);
 	if (!mem)
 		return -ENOMEM;
@@ -467,7 +469,8 @@ static int grow_locked(mbp_pool *p, struct mbp__buf **out)
 	b->state = BUF_NEW;
 	b->pool = p;
 	b->payload = mem;
-	atomic_store_explicit(&d->allocated, idx + 1, memory_order_relaxed); /* writers hold lock */
+	/* relaxed: writers hold the lock; lock-free readers (statistics) want no more */
+	atomic_store_explicit(&d->allocated, idx + 1, memory_order_relaxed);
 	mbp__counter_add(&d->grows, 1);
 	*out = b;
 	return 0;
@@ -478,6 +481,7 @@ int mbp__pool_reserve(mbp_pool *p, uint32_t n)
 	struct depot_mpmc *d = &p->depot;
 	int rc = 0;
 	pthread_mutex_lock(&d->lock);
+	/* relaxed: written under the lock held here */
 	while (rc == 0 && atomic_load_explicit(&d->allocated, memory_order_relaxed) < n &&
 	       atomic_load_explicit(&d->allocated, memory_order_relaxed) < p->max_buffers) {
 		struct mbp__buf *b;
@@ -505,7 +509,7 @@ __attribute__((noinline)) static int depot_mpmc_get(mbp_pool *p, struct mbp_pool
 	for (;;) {
 		if (d->nfree) {
 			/* Refill half the cache, unless other getters wait: then take one, leave them the rest. */
-			uint32_t n = 1;
+			uint32_t n = 1; /* relaxed: waiters is written under the lock held here */
 			if (c && atomic_load_explicit(&p->waiters, memory_order_relaxed) == 0)
 				n = c->cap / 2 ? c->cap / 2 : 1;
 			if (n > d->nfree)
@@ -521,6 +525,7 @@ __attribute__((noinline)) static int depot_mpmc_get(mbp_pool *p, struct mbp_pool
 				mbp__counter_add(&d->refills, 1);
 			break;
 		}
+		/* relaxed: written under the lock held here */
 		if (atomic_load_explicit(&d->allocated, memory_order_relaxed) < p->max_buffers) {
 			rc = grow_locked(p, out);
 			break;
@@ -537,7 +542,7 @@ __attribute__((noinline)) static int depot_mpmc_get(mbp_pool *p, struct mbp_pool
 			break;
 		}
 		/* Registered under the lock that every delivery to the depot holds when it reads waiters
-		 * (wake_waiters_locked): a delivery after this point sees us. */
+		 * (wake_waiters_locked): a delivery after this point sees us. relaxed: the lock orders it. */
 		atomic_store_explicit(&p->waiters,
 				      atomic_load_explicit(&p->waiters, memory_order_relaxed) + 1,
 				      memory_order_relaxed);
@@ -547,6 +552,7 @@ __attribute__((noinline)) static int depot_mpmc_get(mbp_pool *p, struct mbp_pool
 			struct timespec ts = mbp__timespec(deadline);
 			pthread_cond_timedwait(&d->cond, &d->lock, &ts);
 		}
+		/* relaxed: under the lock again */
 		atomic_store_explicit(&p->waiters,
 				      atomic_load_explicit(&p->waiters, memory_order_relaxed) - 1,
 				      memory_order_relaxed);
@@ -627,7 +633,7 @@ int mbp_pool_get(mbp_pool *p, mbp_pool_cache *c, mbp_mb **mbp, int64_t timeout_n
 	mb->carry = NULL;
 	if (c)
 		mbp__counter_add(&c->gets, 1);
-	else /* several threads may get without cache at once: a read-modify-write */
+	else /* several threads may get without cache at once: a read-modify-write, relaxed (a statistic) */
 		atomic_fetch_add_explicit(&p->depot.direct_gets, 1, memory_order_relaxed);
 	*mbp = mb;
 	return 0;
@@ -701,6 +707,7 @@ __attribute__((noinline)) static void put_slow(mbp_pool *p, struct mbp_pool_cach
 {
 	struct depot_mpmc *d = &p->depot;
 	pthread_mutex_lock(&d->lock);
+	/* relaxed: waiters is written under the lock held here */
 	if (c && atomic_load_explicit(&p->waiters, memory_order_relaxed) == 0) {
 		/* No getter waits (any more): keep this one on top of the cache, moving the coldest half of
 		 * the cache to the depot first if it is full. */
@@ -715,7 +722,7 @@ __attribute__((noinline)) static void put_slow(mbp_pool *p, struct mbp_pool_cach
 		/* a getter waits: give it this buffer and everything the cache holds */
 		cache_to_depot_locked(p, c, c->count);
 		mbp__counter_add(&c->puts, 1);
-	} else {
+	} else { /* relaxed: a statistic, read-modify-write (several threads put without a cache) */
 		atomic_fetch_add_explicit(&d->direct_puts, 1, memory_order_relaxed);
 	}
 	d->free[d->nfree++] = b; /* on top: the hottest is the next one out */

@@ -49,6 +49,11 @@ void mbp__ring_close(struct mbp__ring *r)
 	/* release; partner: the acquire load in mbp__ring_closed(). Everything pushed before the close is
 	 * visible to a consumer that sees the flag. */
 	atomic_store_explicit(&r->closed, 1, memory_order_release);
+	mbp__ring_wake(r);
+}
+
+void mbp__ring_wake(struct mbp__ring *r)
+{
 	mbp__parker_wake(&r->cons_park);
 	mbp__parker_wake(&r->prod_park);
 }
@@ -57,7 +62,7 @@ void mbp__ring_close(struct mbp__ring *r)
 static bool room_or_closed(void *arg)
 {
 	struct mbp__ring *r = arg;
-	/* acquire; partner: the consumer's release store of tail (see ring_pvt.h). Relaxed head: only this
+	/* acquire; partner: the consumer's release store of tail (see ring_pvt.h). relaxed head: only this
 	 * thread (the producer) writes it. */
 	uint32_t used = atomic_load_explicit(&r->head, memory_order_relaxed) -
 			atomic_load_explicit(&r->tail, memory_order_acquire);
@@ -67,7 +72,7 @@ static bool room_or_closed(void *arg)
 /* Items there: the consumer's look. */
 static bool has_items(const struct mbp__ring *r)
 {
-	/* acquire; partner: the producer's release store of head (see ring_pvt.h). Relaxed tail: only this
+	/* acquire; partner: the producer's release store of head (see ring_pvt.h). relaxed tail: only this
 	 * thread (the consumer) writes it. */
 	return atomic_load_explicit(&((struct mbp__ring *)r)->head, memory_order_acquire) !=
 	       atomic_load_explicit(&((struct mbp__ring *)r)->tail, memory_order_relaxed);

@@ -70,6 +70,10 @@ void mbp__ring_destroy(struct mbp__ring *r);
 /* Close the ring and wake both sides. Idempotent, any thread. */
 void mbp__ring_close(struct mbp__ring *r);
 
+/* Wake both sides if parked, so that they re-check what they wait for: after raising the abort word of
+ * the ring's wopts (the trainer's step failing). Any thread. */
+void mbp__ring_wake(struct mbp__ring *r);
+
 /*
  * The one way to wait on a ring (the worker's, and any caller's): wait with the backoff of wait.h (the
  * ring's wopts; idle(arg), if not NULL, runs before each park) until the operation can proceed, the ring
@@ -79,6 +83,8 @@ void mbp__ring_close(struct mbp__ring *r);
  *     while (!(n = mbp__ring_pop_burst_sc(r, v, max))) if ((rc = mbp__ring_wait_pop(r, ...))) break;
  * wait_pop (consumer): 0 (items there), -EPIPE (closed and drained: the end of the stream), -ETIMEDOUT.
  * wait_push (producer): 0 (room), -EPIPE (closed: pushes fail), -ETIMEDOUT.
+ * Both: -ECANCELED when the ring's wopts name an abort word and it is raised (wait.h) while the operation
+ * cannot proceed: the trainer's workers wait for an item or their step's abort this way.
  */
 int mbp__ring_wait_pop(struct mbp__ring *r, void (*idle)(void *), void *arg, uint64_t deadline);
 int mbp__ring_wait_push(struct mbp__ring *r, void (*idle)(void *), void *arg, uint64_t deadline);

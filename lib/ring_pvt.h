@@ -78,8 +78,9 @@ static inline bool mbp__ring_pop_sc(struct mbp__ring *r, void **item)
 static inline uint32_t mbp__ring_count(const struct mbp__ring *r)
 {
 	for (;;) {
-		/* acquire on tail only to keep the two loads in order: tail read first never exceeds a head
-		 * read later, so the difference never goes negative; relaxed on head, a statistic */
+		/* acquire on tail only to keep the two loads in order (no partner needed beyond the
+		 * consumer's release store of tail): tail read first never exceeds a head read later, so the
+		 * difference never goes negative; relaxed on head, a statistic */
 		uint32_t tail = atomic_load_explicit(&((struct mbp__ring *)r)->tail, memory_order_acquire);
 		uint32_t head = atomic_load_explicit(&((struct mbp__ring *)r)->head, memory_order_relaxed);
 		if (MBP_LIKELY(head - tail <= r->capacity))

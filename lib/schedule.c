@@ -106,19 +106,19 @@ static double dep_end(const struct player *pl, const mbp_sched_op *op)
 
 static int play(const struct mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 		const mbp_sched_op *const *lists, const size_t *len, const uint32_t *const *pos,
-		double *start, double *makespan, double *busy)
+		double *start, double *makespan, double *busy, struct mbp__sched_scratch *x)
 {
 	size_t nm = (size_t)sc->stages * sc->mbs;
-	double *ends = malloc(3 * nm * sizeof(double));
-	size_t *next = calloc(threads, sizeof(size_t));
-	double *clock = calloc(threads, sizeof(double));
+	MBP_VERIFY(x->n == sc->n && x->nm == nm && threads <= x->threads); /* made for this schedule */
+	double *ends = x->ends, *clock = x->clock;
+	size_t *next = x->next;
 	int rc = 0;
-	if (!ends || !next || !clock) {
-		rc = -ENOMEM;
-		goto out;
-	}
 	for (size_t i = 0; i < 3 * nm; i++)
 		ends[i] = -1;
+	for (unsigned t = 0; t < threads; t++) {
+		next[t] = 0;
+		clock[t] = 0;
+	}
 	struct player pl = {sc, costs, ends, ends + nm, ends + 2 * nm};
 	*makespan = 0;
 	*busy = 0;
@@ -152,11 +152,31 @@ static int play(const struct mbp_schedule *sc, const mbp_op_costs *costs, unsign
 	for (unsigned t = 0; t < threads; t++)
 		if (next[t] != len[t])
 			rc = -EDEADLK;
-out:
-	free(ends);
-	free(next);
-	free(clock);
 	return rc;
+}
+
+int mbp__sched_scratch_new(struct mbp__sched_scratch *x, const mbp_schedule *sc, unsigned threads)
+{
+	size_t n = sc->n, nm = (size_t)sc->stages * sc->mbs;
+	/* one block: the doubles and size_t first (8-byte alignment), then the operations and positions */
+	size_t bytes = (3 * nm + threads) * sizeof(double) + threads * sizeof(size_t) +
+		       n * (sizeof(mbp_sched_op) + sizeof(uint32_t));
+	char *p = malloc(bytes);
+	*x = (struct mbp__sched_scratch){.mem = p, .n = n, .nm = nm, .threads = threads};
+	if (!p)
+		return -ENOMEM;
+	x->ends = (double *)(void *)p;
+	x->clock = x->ends + 3 * nm;
+	x->next = (size_t *)(void *)(x->clock + threads);
+	x->ops = (mbp_sched_op *)(void *)(x->next + threads);
+	x->pos = (uint32_t *)(void *)(x->ops + n);
+	return 0;
+}
+
+void mbp__sched_scratch_free(struct mbp__sched_scratch *x)
+{
+	free(x->mem);
+	x->mem = NULL;
 }
 
 struct keyed {
@@ -243,16 +263,16 @@ int mbp_schedule_new(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, un
 		unit[s] = (mbp_op_costs){1, 1, 1};
 	double makespan, busy;
 	uint32_t *pos[MBP_MAX_STAGES];
-	uint32_t *posbuf = malloc(n * sizeof(uint32_t));
-	if (!posbuf)
+	struct mbp__sched_scratch x;
+	if (mbp__sched_scratch_new(&x, sc, stages) < 0)
 		goto fail;
 	for (unsigned s = 0; s < stages; s++) {
-		pos[s] = posbuf + sc->stage_off[s];
+		pos[s] = x.pos + sc->stage_off[s];
 		for (size_t i = 0; i < len[s]; i++)
 			pos[s][i] = (uint32_t)(sc->stage_off[s] + i);
 	}
-	rc = play(sc, unit, stages, lists, len, (const uint32_t *const *)pos, start, &makespan, &busy);
-	free(posbuf);
+	rc = play(sc, unit, stages, lists, len, (const uint32_t *const *)pos, start, &makespan, &busy, &x);
+	mbp__sched_scratch_free(&x);
 	if (rc < 0)
 		goto fail;
 	for (size_t i = 0; i < n; i++)
@@ -362,17 +382,27 @@ int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, uns
 {
 	if (!sc || !costs || !out || threads > sc->stages)
 		return -EINVAL;
+	struct mbp__sched_scratch x;
+	int rc = mbp__sched_scratch_new(&x, sc, threads ? threads : sc->stages);
+	if (rc == 0)
+		rc = mbp__schedule_simulate_in(sc, costs, threads, out, start, &x);
+	mbp__sched_scratch_free(&x);
+	return rc;
+}
+
+int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
+			      mbp_sched_sim *out, double *start, struct mbp__sched_scratch *x)
+{
+	if (!sc || !costs || !out || threads > sc->stages)
+		return -EINVAL;
 	if (threads == 0)
 		threads = sc->stages;
 	for (unsigned s = 0; s < sc->stages; s++)
 		if (!(costs[s].f >= 0 && costs[s].b_in >= 0 && costs[s].b_w >= 0))
 			return -EINVAL;
-	mbp_sched_op *ops = malloc(sc->n * sizeof(*ops));
-	uint32_t *posbuf = malloc(sc->n * sizeof(uint32_t));
+	mbp_sched_op *ops = x->ops;
+	uint32_t *posbuf = x->pos;
 	size_t off[MBP_MAX_STAGES + 1];
-	int rc = -ENOMEM;
-	if (!ops || !posbuf)
-		goto out;
 	mbp__schedule_thread_lists(sc, threads, ops, off);
 	/* position of each thread-list entry in the global order: threads' lists keep the global order, so
 	 * a merge walk recovers it */
@@ -389,15 +419,12 @@ int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, uns
 		pos[t] = posbuf + off[t];
 	}
 	double makespan, busy;
-	rc = play(sc, costs, threads, lists, len, pos, start, &makespan, &busy);
+	int rc = play(sc, costs, threads, lists, len, pos, start, &makespan, &busy, x);
 	if (rc == 0) {
 		out->makespan = makespan;
 		out->busy = busy;
 		out->bubble = makespan > 0 ? 1.0 - busy / (threads * makespan) : 0;
 	}
-out:
-	free(ops);
-	free(posbuf);
 	return rc;
 }
 

@@ -32,6 +32,28 @@ int mbp__schedule_thread_lists(const mbp_schedule *sc, unsigned threads, mbp_sch
 int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned count, unsigned threads,
 			     mbp_sched_op *ops, size_t *off);
 
+/* Room to play a schedule on a number of threads (mbp_schedule_simulate's), made once so that a caller
+ * that plays it at every step (the trainer's bubble_predicted) allocates nothing there. */
+struct mbp__sched_scratch {
+	void *mem; /* one block holding the arrays below */
+	size_t n, nm;
+	unsigned threads;
+	double *ends, *clock;
+	size_t *next;
+	mbp_sched_op *ops;
+	uint32_t *pos;
+};
+
+/* Room for playing `sc` on up to `threads` threads: 0 or -ENOMEM. Pair with mbp__sched_scratch_free()
+ * (which also takes one whose making failed). */
+int mbp__sched_scratch_new(struct mbp__sched_scratch *x, const mbp_schedule *sc, unsigned threads);
+void mbp__sched_scratch_free(struct mbp__sched_scratch *x);
+
+/* mbp_schedule_simulate() in the room `x` made for `sc` (threads 0: one per stage, as there): the same
+ * results and errors, no allocation. */
+int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
+			      mbp_sched_sim *out, double *start, struct mbp__sched_scratch *x);
+
 /* A part of the pipeline as the trainer runs it, for mbp__schedule_buffer_peak(): the `count` stages from
  * `first` on, on `threads` threads whose lists are mbp__schedule_part_lists()'s (`ops`, `off`), and per
  * local stage whether it keeps a stash buffer per micro-batch. */

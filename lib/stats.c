@@ -1,5 +1,6 @@
 /*
- * Statistics: snapshots of single-writer counters (relaxed loads) and the window between two snapshots.
+ * Statistics: snapshots of single-writer counters (relaxed loads) and the window between two snapshots;
+ * the activity log of the stages as a trace file (trace.c writes it).
  *
  * The bubble is the share of the worker threads' time that was not spent computing:
  * 1 - sum(busy) / (T x wall), T threads (= S stages unless stages share threads). For S balanced stages
@@ -8,6 +9,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <string.h>
 
 #include "pipeline_internal.h"
@@ -17,7 +19,7 @@
 static uint64_t timed(_Atomic uint64_t *total, _Atomic uint64_t *since, uint64_t now)
 {
 	uint64_t t = atomic_load_explicit(total, memory_order_acquire);
-	uint64_t t0 = atomic_load_explicit(since, memory_order_relaxed);
+	uint64_t t0 = atomic_load_explicit(since, memory_order_relaxed); /* relaxed: ordered by the acquire */
 	return t0 && now > t0 ? t + (now - t0) : t;
 }
 
@@ -37,9 +39,10 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 		return -EINVAL;
 	memset(ps, 0, sizeof(*ps));
 	ps->stages = p->nstages;
-	ps->threads = p->nthreads ? p->nthreads : p->nstages; /* known once started */
+	ps->threads = p->crew.nthreads ? p->crew.nthreads : p->nstages; /* known once started */
 	ps->start_ns = p->start_ns;
 	ps->now_ns = mbp__clock_ns();
+	/* relaxed, both: statistics (multi-writer counters of the submitters) */
 	ps->jobs_accepted = atomic_load_explicit(&p->jobs_accepted, memory_order_relaxed);
 	ps->mbs_accepted = atomic_load_explicit(&p->mbs_accepted, memory_order_relaxed);
 	uint64_t busy = 0;
@@ -110,4 +113,16 @@ void mbp_stats_window(mbp_pipeline_stats *b, mbp_stage_stats *bs, const mbp_pipe
 		busy += bs[i].busy_ns;
 	}
 	derive(b, busy);
+}
+
+int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path)
+{
+	if (!p || !path || !p->o.trace_events)
+		return -EINVAL;
+	struct mbp__trace_track tk[MBP_MAX_STAGES];
+	for (unsigned i = 0; i < p->nstages; i++)
+		tk[i] = (struct mbp__trace_track){.name = p->stages[i].name,
+						  .cpu = mbp__stage_cpu(&p->stages[i]),
+						  .tr = &p->stages[i].trace};
+	return mbp__trace_write(path, tk, p->nstages, p->start_ns);
 }

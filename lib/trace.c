@@ -1,33 +1,32 @@
 /*
- * Activity log: per stage, the begin and end of each micro-batch it computed, in bounded memory (the first
- * trace_events per stage; later ones are counted as dropped, not kept), written as a Chrome trace JSON
- * file ("X" complete events, one track per stage) that Perfetto and chrome://tracing open.
+ * Activity logs (trace.h) and the one writer of their Chrome trace JSON file, for the pipeline's stages and
+ * the trainer's alike: "X" complete events, one track per stage, named by the event's operation kind.
  *
- * Every string the file holds goes through mbp__json_string(): a stage name is the caller's bytes, and one
+ * Every string the file holds goes through json_string(): a stage name is the caller's bytes, and one
  * quote, backslash, control character or byte that is not UTF-8 would make the whole file unreadable.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdlib.h>
 
-#include "pipeline_internal.h"
+#include "trace.h"
 
-void mbp__trace_add(struct mbp__stage *s, uint64_t t0, uint64_t t1, const mbp_mb *mb)
+int mbp__trace_init(struct mbp__trace *tr, uint32_t cap)
 {
-	if (!s->trace)
-		return;
-	/* relaxed: only this thread writes trace_n */
-	uint32_t n = atomic_load_explicit(&s->trace_n, memory_order_relaxed);
-	if (n >= s->p->o.trace_events)
-		return;
-	s->trace[n] = (struct mbp__trace_ev){.t0 = t0,
-					     .t1 = t1,
-					     .job = mb->job ? mb->job->id : 0,
-					     .seq = (uint32_t)mb->seq,
-					     .status = mb->status};
-	/* release; partner: the acquire load in mbp_pipeline_trace_write(): the event above is complete */
-	atomic_store_explicit(&s->trace_n, n + 1, memory_order_release);
+	tr->ev = NULL;
+	tr->cap = cap;
+	atomic_init(&tr->n, 0);
+	if (cap && !(tr->ev = calloc(cap, sizeof(*tr->ev))))
+		return -ENOMEM;
+	return 0;
+}
+
+void mbp__trace_free(struct mbp__trace *tr)
+{
+	free(tr->ev);
+	tr->ev = NULL;
 }
 
 /* Length of the well-formed UTF-8 sequence at s (RFC 3629: no overlong forms, no surrogates, at most
@@ -59,7 +58,7 @@ static size_t utf8_len(const unsigned char *s)
 
 /* Write `s` as a JSON string: quote and backslash escaped, control characters as \u00XX, each byte that
  * does not start a well-formed UTF-8 sequence as U+FFFD. */
-void mbp__json_string(FILE *f, const char *str)
+static void json_string(FILE *f, const char *str)
 {
 	const unsigned char *s = (const unsigned char *)str;
 	fputc('"', f);
@@ -81,39 +80,46 @@ void mbp__json_string(FILE *f, const char *str)
 	fputc('"', f);
 }
 
-int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path)
+/* One event, named by its kind. */
+static void write_event(FILE *f, unsigned tid, const struct mbp__trace_ev *e, uint64_t base)
 {
-	if (!p || !path || !p->o.trace_events)
-		return -EINVAL;
+	static const char *const op[] = {"F", "B", "B_in", "W"}; /* mbp_op_kind */
+	double ts = (double)(e->t0 - base) / 1e3, dur = (double)(e->t1 - e->t0) / 1e3;
+	if (e->kind == MBP__TRACE_MB) {
+		fprintf(f,
+			",\n{\"name\":\"job %" PRIu64 " mb %" PRIu32 "\",\"ph\":\"X\",\"pid\":1,\"tid\":%u,"
+			"\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"job\":%" PRIu64 ",\"seq\":%" PRIu32
+			",\"stage\":%u,\"status\":%d}}",
+			e->job, e->mb, tid, ts, dur, e->job, e->mb, tid, e->status);
+		return;
+	}
+	const char *k = e->kind < MBP_ARRAY_SIZE(op) ? op[e->kind] : "?";
+	fprintf(f,
+		",\n{\"name\":\"%s%" PRIu32 "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%u,"
+		"\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"mb\":%" PRIu32 ",\"stage\":%u}}",
+		k, e->mb, k, tid, ts, dur, e->mb, tid);
+}
+
+int mbp__trace_write(const char *path, const struct mbp__trace_track *tracks, unsigned n, uint64_t base_ns)
+{
 	mbp_file *file; /* by rename, as every file mbpipe writes: a node at path is refused, not replaced */
 	int rc = mbp_file_new(&file, path);
 	if (rc)
 		return rc;
 	FILE *f = mbp_file_stream(file);
-	uint64_t base = p->start_ns;
 	fprintf(f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
 	fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"mbpipe\"}}");
-	for (unsigned i = 0; i < p->nstages; i++) {
-		struct mbp__stage *s = &p->stages[i];
+	for (unsigned i = 0; i < n; i++) {
 		char label[MBP_STAGE_NAME_MAX + 32];
-		snprintf(label, sizeof(label), "%u %s (cpu %d)", i, s->name, mbp__stage_cpu(s));
+		snprintf(label, sizeof(label), "%u %s (cpu %d)", i, tracks[i].name, tracks[i].cpu);
 		fprintf(
 		    f,
 		    ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"args\":{\"name\":", i);
-		mbp__json_string(f, label);
+		json_string(f, label);
 		fputs("}}", f);
-		/* acquire; partner: the release store in mbp__trace_add(): events below n are complete */
-		uint32_t n = s->trace ? atomic_load_explicit(&s->trace_n, memory_order_acquire) : 0;
-		for (uint32_t k = 0; k < n; k++) {
-			const struct mbp__trace_ev *e = &s->trace[k];
-			double ts = (double)(e->t0 - base) / 1e3, dur = (double)(e->t1 - e->t0) / 1e3;
-			fprintf(f,
-				",\n{\"name\":\"job %" PRIu64
-				" mb %u\",\"ph\":\"X\",\"pid\":1,\"tid\":%u,\"ts\":%.3f,"
-				"\"dur\":%.3f,\"args\":{\"job\":%" PRIu64
-				",\"seq\":%u,\"stage\":%u,\"status\":%d}}",
-				e->job, e->seq, i, ts, dur, e->job, e->seq, i, e->status);
-		}
+		uint32_t k = mbp__trace_count(tracks[i].tr);
+		for (uint32_t j = 0; j < k; j++)
+			write_event(f, i, &tracks[i].tr->ev[j], base_ns);
 	}
 	fprintf(f, "\n]}\n");
 	return mbp_file_commit(file);

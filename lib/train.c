@@ -1,9 +1,10 @@
 /*
  * The trainer: a forward and a backward flow through the stages, in the order a schedule gives.
  *
- * Threads. T worker threads (one per stage while the stages fit the CPUs); thread t runs the consecutive
- * stages s with s * T / S == t and follows the merged list of their operations in the schedule's global
- * order (schedule.c says why that cannot deadlock). Between stages s and s+1 there are two links, an SPSC
+ * Threads. T worker threads (one per stage while the stages fit the CPUs), the trainer's crew (crew.h:
+ * placement, pins, names, pool caches, the init/fini rule, the start handshake, stop, as the pipeline's);
+ * thread t runs the consecutive stages s with s * T / S == t and follows the merged list of their
+ * operations in the schedule's global order (schedule.c says why that cannot deadlock). Between stages s and s+1 there are two links, an SPSC
  * ring each way: forward (s's outputs, which become s+1's inputs) and backward (s+1's input gradients,
  * which become s's output gradients). Where both stages run on one thread the same rings serve as FIFOs
  * (the thread pushes, and later pops, its own items). Every ring holds at least max_mbs pointers, so a
@@ -19,9 +20,10 @@
  * B_w under ZB-H1), then releases them; the engine checks the stash and the held count against the
  * schedule's figures at every forward.
  *
- * A step. The controlling thread publishes the step and bumps `go`; every thread runs its list; a failed
- * operation (an error from a stage, a non-finite loss, a cancel) records the first error, raises `abort`
- * and wakes every waiter, and each thread stops at its next operation. A thread done with its list runs
+ * A step. The controlling thread publishes the step and bumps `go` (wait.h's generation word); every
+ * thread runs its list; a failed operation (an error from a stage, a non-finite loss, a cancel) records the
+ * first error, raises `abort` and wakes every waiter (a ring wait ends on the abort: the rings' wopts name
+ * it), and each thread stops at its next operation. A thread done with its list runs
  * its stages' checks and grad_sq (a refusal fails the step the same way). Then two barriers: after the
  * first, no thread pushes any more, so each thread releases what its stages hold and drains its input
  * rings; then each stage updates (or, after a failure, discards its gradient) on its own thread, using the
@@ -40,10 +42,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "affinity.h"
+#include "crew.h"
 #include "pool_internal.h"
 #include "ring.h"
 #include "schedule.h"
+#include "trace.h"
 #include "train_internal.h"
 #include "wait.h"
 
@@ -54,25 +57,19 @@ enum { TS_NEW, TS_RUNNING, TS_STOPPED };
  * peak, so a small cache. An operation gets at most two buffers and releases at most three. */
 enum { CACHE_BUFS = 4 };
 
-struct ttrace {
-	uint64_t t0, t1;
-	uint32_t mb;
-	uint8_t kind;
-};
-
 /* Counters of one stage: single writer (its thread), relaxed readers. */
 struct tcounters {
 	_Atomic uint64_t ns[4];	   /* per mbp_op_kind: time inside the operation this step */
-	_Atomic uint32_t count[4]; /* per mbp_op_kind: operations this step */
+	_Atomic uint64_t count[4]; /* per mbp_op_kind: operations this step */
 	_Atomic uint64_t wait_ns;  /* waiting for an input or a gradient this step */
-	_Atomic uint32_t stash_peak, held_peak;
+	_Atomic uint64_t stash_peak, held_peak;
 	_Atomic uint64_t total_busy_ns;
 };
 
 struct tstage {
 	mbp_train_stage_desc d;
 	char name[MBP_STAGE_NAME_MAX];
-	unsigned idx, thread;
+	unsigned idx;
 	size_t out_w, stash_w;
 	size_t grad_w, din_w; /* rows of dout (grad_row_bytes), of din (the previous stage's grad_w) */
 	bool split;	      /* gives backward_in and backward_w */
@@ -83,41 +80,29 @@ struct tstage {
 	mbp_mb **in, **stash, **dout;
 	unsigned stash_n, held_n; /* now */
 	double grad_sq;		  /* this step's, written before the first barrier */
-	struct ttrace *trace;
-	uint32_t trace_n;
+	struct mbp__trace trace;  /* this step's operations (trace.h) */
 	MBP_CACHELINE_ALIGNED struct tcounters c;
 };
 
+/* What the trainer keeps per thread of its crew: written by that thread at every operation. */
 struct tthread {
-	struct mbp_trainer *t;
-	unsigned idx, first, last; /* stages first..last */
-	pthread_t tid;
-	bool started;
-	mbp_pool_cache *cache;
-	int cpu, pin_error;
-	uint64_t last_end; /* end of its last operation this step */
-};
-
-/* A reusable barrier for the T workers: the last to arrive bumps the generation and wakes the others. */
-struct tbarrier {
-	_Atomic uint32_t count;
-	_Atomic uint32_t gen;
+	MBP_CACHELINE_ALIGNED uint64_t last_end; /* end of its last operation this step */
 };
 
 struct mbp_trainer {
 	mbp_train_opts o;
-	unsigned S, T;
+	unsigned S, T;	       /* stages; threads (the crew's, once planned) */
+	struct mbp__crew crew; /* the worker threads (crew.h) */
 	struct tstage st[MBP_MAX_STAGES];
 	struct tthread th[MBP_MAX_STAGES];
-	struct mbp__wait_opts wopts;
+	struct mbp__wait_opts wopts; /* the rings' waits: the crew's budgets, ended by `abort` too */
 	mbp_pool *pool;
 	int state;
-	bool cpus_claimed;     /* the threads' CPUs (th[].cpu) are claimed in affinity.c's record */
-	unsigned node_sharers; /* other ranks of this node given the same CPUs (mbp_mpi) */
 
 	/* the step, written by the controller before `go` is bumped (release), read by the workers after */
 	mbp_schedule *sc;
-	mbp_sched_op *tops; /* the threads' lists, thread t at [toff[t], toff[t + 1]) */
+	mbp_sched_op *tops;	       /* the threads' lists, thread t at [toff[t], toff[t + 1]) */
+	struct mbp__sched_scratch sim; /* room to play sc at each step's end (bubble_predicted); controller */
 	size_t toff[MBP_MAX_STAGES + 1];
 	const unsigned char *in, *targets;
 	size_t rows;
@@ -126,22 +111,18 @@ struct mbp_trainer {
 	double *loss; /* per micro-batch, max_mbs */
 	uint64_t t_go;
 
-	MBP_CACHELINE_ALIGNED _Atomic uint32_t go;    /* futex word: step generation; quit when bumped with */
-	_Atomic uint32_t quit;			      /* ... quit set */
+	MBP_CACHELINE_ALIGNED _Atomic uint32_t go;    /* generation word (wait.h): the step; quit when */
+	_Atomic uint32_t quit;			      /* bumped with quit set */
 	MBP_CACHELINE_ALIGNED _Atomic uint32_t abort; /* the step is failing: stop at the next operation */
 	_Atomic uint32_t cancelled;
 	_Atomic uint32_t draining;
-	struct tbarrier b1, b2;
+	struct mbp__crew_barrier b1, b2;
 	bool step_ok;	       /* decided by the last thread at the first barrier: update (true) or discard */
 	int prepare_err;       /* tests: the next step's schedule "fails" with this (controller only) */
-	_Atomic uint32_t done; /* futex word: bumped by the last worker past the second barrier */
+	_Atomic uint32_t done; /* generation word: bumped by thread 0 past the second barrier */
 
-	pthread_mutex_t lock; /* the first error of a step; the summary figures; the start handshake */
-	pthread_cond_t cond;
+	pthread_mutex_t lock; /* the first error of a step; the summary figures */
 	mbp_train_error err;
-	unsigned started;
-	int start_err;
-	int start_go; /* 1 run, -1 abort */
 	mbp_train_stats sum;
 
 	/* a part of a larger pipeline (train_internal.h): set before start */
@@ -163,45 +144,6 @@ static uint32_t next_pow2(uint32_t v)
 	return p;
 }
 
-/* `last`, if not NULL, runs in the last thread to arrive, before any thread leaves. */
-static void barrier_wait(struct tbarrier *b, unsigned n, void (*last)(struct mbp_trainer *),
-			 struct mbp_trainer *t)
-{
-	/* acquire: partner of the release bump below, so what the other workers wrote before arriving is
-	 * visible after the barrier */
-	uint32_t g = atomic_load_explicit(&b->gen, memory_order_acquire);
-	/* acq_rel: orders this worker's writes before its arrival, and the last arriver sees all of them */
-	if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) + 1 == n) {
-		atomic_store_explicit(&b->count, 0,
-				      memory_order_relaxed); /* nobody arrives until gen moves */
-		if (last)
-			last(t);
-		/* release: partner of the acquire loads of gen by the waiters */
-		atomic_store_explicit(&b->gen, g + 1, memory_order_release);
-		mbp__futex_wake(&b->gen, INT32_MAX);
-		return;
-	}
-	while (atomic_load_explicit(&b->gen, memory_order_acquire) == g)
-		mbp__futex_wait(&b->gen, g, UINT64_MAX);
-}
-
-static inline void add_relaxed64(_Atomic uint64_t *a, uint64_t v)
-{
-	/* single writer: load + store, no read-modify-write */
-	atomic_store_explicit(a, atomic_load_explicit(a, memory_order_relaxed) + v, memory_order_relaxed);
-}
-
-static inline void add_relaxed32(_Atomic uint32_t *a, uint32_t v)
-{
-	atomic_store_explicit(a, atomic_load_explicit(a, memory_order_relaxed) + v, memory_order_relaxed);
-}
-
-static inline void max_relaxed32(_Atomic uint32_t *a, uint32_t v)
-{
-	if (v > atomic_load_explicit(a, memory_order_relaxed))
-		atomic_store_explicit(a, v, memory_order_relaxed);
-}
-
 static bool aborting(const struct mbp_trainer *t)
 {
 	/* acquire: partner of the release store in fail(); a worker that sees it stops and reads nothing
@@ -209,14 +151,14 @@ static bool aborting(const struct mbp_trainer *t)
 	return atomic_load_explicit(&((struct mbp_trainer *)t)->abort, memory_order_acquire) != 0;
 }
 
-/* Wake every worker that may be parked on a ring. */
+/* Wake every worker that may be parked on a ring: its wait ends on the abort. */
 static void wake_all(struct mbp_trainer *t)
 {
 	for (unsigned s = 0; s < t->S; s++) {
 		if (t->st[s].fwd_in)
-			mbp__parker_wake(&t->st[s].fwd_in->cons_park);
+			mbp__ring_wake(t->st[s].fwd_in);
 		if (t->st[s].bwd_in)
-			mbp__parker_wake(&t->st[s].bwd_in->cons_park);
+			mbp__ring_wake(t->st[s].bwd_in);
 	}
 }
 
@@ -247,32 +189,20 @@ static void push_on(struct mbp_trainer *t, struct mbp__ring *r, mbp_mb *mb)
 
 /* ---- one operation ---- */
 
-struct popwait {
-	struct mbp_trainer *t;
-	struct mbp__ring *r;
-};
-
-static bool pop_ready(void *arg)
-{
-	struct popwait *w = arg;
-	return mbp__ring_count(w->r) != 0 || aborting(w->t);
-}
-
-/* The next item of ring r (for stage s), waiting when another thread produces it. NULL if aborted. */
-static mbp_mb *pop(struct mbp_trainer *t, struct tstage *st, struct mbp__ring *r)
+/* The next item of ring r (for stage st), waiting when another thread produces it. NULL if aborted. */
+static mbp_mb *pop(struct tstage *st, struct mbp__ring *r)
 {
 	void *item;
 	if (mbp__ring_pop_sc(r, &item))
 		return item;
 	uint64_t t0 = mbp__clock_ns();
-	struct popwait w = {t, r};
-	mbp__wait_until(&r->cons_park, &t->wopts, pop_ready, &w, NULL, UINT64_MAX);
-	add_relaxed64(&st->c.wait_ns, mbp__clock_ns() - t0);
-	return mbp__ring_pop_sc(r, &item) ? item : NULL;
+	int rc = mbp__ring_wait_pop(r, NULL, NULL, UINT64_MAX); /* 0: an item; -ECANCELED: the abort */
+	mbp__counter_add(&st->c.wait_ns, mbp__clock_ns() - t0);
+	return rc == 0 && mbp__ring_pop_sc(r, &item) ? item : NULL;
 }
 
-static int get_buf(struct mbp_trainer *t, struct tthread *th, uint32_t rows, size_t row_bytes, uint32_t mb,
-		   mbp_mb **out)
+static int get_buf(struct mbp_trainer *t, struct mbp__crew_thread *th, uint32_t rows, size_t row_bytes,
+		   uint32_t mb, mbp_mb **out)
 {
 	int rc = mbp_pool_get(t->pool, th->cache, out, 0);
 	if (rc < 0)
@@ -284,7 +214,7 @@ static int get_buf(struct mbp_trainer *t, struct tthread *th, uint32_t rows, siz
 	return 0;
 }
 
-static void put_buf(struct mbp_trainer *t, struct tthread *th, mbp_mb **mb)
+static void put_buf(struct mbp_trainer *t, struct mbp__crew_thread *th, mbp_mb **mb)
 {
 	if (*mb) {
 		mbp_pool_put(t->pool, th->cache, *mb);
@@ -294,10 +224,10 @@ static void put_buf(struct mbp_trainer *t, struct tthread *th, mbp_mb **mb)
 
 /* Micro-batch j from ring r into *slot: -ECANCELED when the step aborts while waiting, -EPROTO when the
  * ring does not hold j next (the lists are not being followed). */
-static int receive(struct mbp_trainer *t, struct tthread *th, struct tstage *st, struct mbp__ring *r,
+static int receive(struct mbp_trainer *t, struct mbp__crew_thread *th, struct tstage *st, struct mbp__ring *r,
 		   uint32_t j, mbp_mb **slot)
 {
-	mbp_mb *mb = pop(t, st, r);
+	mbp_mb *mb = pop(st, r);
 	if (!mb)
 		return -ECANCELED;
 	if (mb->seq != j) {
@@ -313,13 +243,6 @@ static uint32_t mb_rows_of(const struct mbp_trainer *t, uint32_t j)
 	size_t first = (size_t)j * t->mb_rows;
 	size_t left = t->rows - first;
 	return left < t->mb_rows ? (uint32_t)left : t->mb_rows;
-}
-
-static void trace_add(struct mbp_trainer *t, struct tstage *st, uint64_t t0, uint64_t t1, uint32_t mb,
-		      unsigned kind)
-{
-	if (st->trace && st->trace_n < t->o.trace_events)
-		st->trace[st->trace_n++] = (struct ttrace){t0, t1, mb, (uint8_t)kind};
 }
 
 /* The input rows of stage st for micro-batch j: the caller's at stage 0, else the held buffer. */
@@ -342,20 +265,20 @@ static mbp_train_io io_of(const struct mbp_trainer *t, const struct tstage *st, 
 }
 
 /* Release what stage st holds for micro-batch j once its last backward operation ran. */
-static void put_held(struct mbp_trainer *t, struct tthread *th, struct tstage *st, uint32_t j)
+static void put_held(struct mbp_trainer *t, struct mbp__crew_thread *th, struct tstage *st, uint32_t j)
 {
 	put_buf(t, th, &st->in[j]);
 	put_buf(t, th, &st->stash[j]);
 	put_buf(t, th, &st->dout[j]);
 }
 
-static void release_mb(struct mbp_trainer *t, struct tthread *th, struct tstage *st, uint32_t j)
+static void release_mb(struct mbp_trainer *t, struct mbp__crew_thread *th, struct tstage *st, uint32_t j)
 {
 	put_held(t, th, st, j);
 	st->held_n--;
 }
 
-static int op_forward(struct mbp_trainer *t, struct tthread *th, struct tstage *st, uint32_t j)
+static int op_forward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct tstage *st, uint32_t j)
 {
 	const mbp_schedule *sc = t->sc;
 	uint32_t rows = mb_rows_of(t, j);
@@ -373,8 +296,8 @@ static int op_forward(struct mbp_trainer *t, struct tthread *th, struct tstage *
 		rc = get_buf(t, th, rows, st->stash_w, j, &st->stash[j]);
 	st->stash_n++;
 	st->held_n++;
-	max_relaxed32(&st->c.stash_peak, st->stash_n);
-	max_relaxed32(&st->c.held_peak, st->held_n);
+	mbp__counter_max(&st->c.stash_peak, st->stash_n);
+	mbp__counter_max(&st->c.held_peak, st->held_n);
 	if (rc < 0) {
 		put_buf(t, th, &out);
 		return rc;
@@ -406,7 +329,7 @@ static int op_forward(struct mbp_trainer *t, struct tthread *th, struct tstage *
 }
 
 /* B (whole), B_in or W of stage st for micro-batch j. */
-static int op_backward(struct mbp_trainer *t, struct tthread *th, struct tstage *st, unsigned kind,
+static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct tstage *st, unsigned kind,
 		       uint32_t j)
 {
 	uint32_t rows = mb_rows_of(t, j);
@@ -456,27 +379,31 @@ static int op_backward(struct mbp_trainer *t, struct tthread *th, struct tstage 
 
 /* ---- the worker ---- */
 
-static void run_ops(struct mbp_trainer *t, struct tthread *th)
+static void run_ops(struct mbp_trainer *t, struct mbp__crew_thread *th)
 {
-	th->last_end = t->t_go;
+	uint64_t *last_end = &t->th[th->idx].last_end;
+	*last_end = t->t_go;
 	for (size_t k = t->toff[th->idx]; k < t->toff[th->idx + 1]; k++) {
 		if (aborting(t))
 			return;
 		const mbp_sched_op *op = &t->tops[k];
 		struct tstage *st = &t->st[op->stage];
 		uint64_t t0 = mbp__clock_ns();
-		uint64_t w0 = atomic_load_explicit(&st->c.wait_ns, memory_order_relaxed);
+		uint64_t w0 = mbp__counter_get(&st->c.wait_ns);
 		int rc = op->kind == MBP_OP_F ? op_forward(t, th, st, op->mb)
 					      : op_backward(t, th, st, op->kind, op->mb);
 		uint64_t t1 = mbp__clock_ns();
 		/* busy time excludes the wait for the input inside the operation */
-		uint64_t waited = atomic_load_explicit(&st->c.wait_ns, memory_order_relaxed) - w0;
+		uint64_t waited = mbp__counter_get(&st->c.wait_ns) - w0;
 		uint64_t busy = t1 - t0 - waited;
-		add_relaxed64(&st->c.ns[op->kind], busy);
-		add_relaxed32(&st->c.count[op->kind], 1);
-		add_relaxed64(&st->c.total_busy_ns, busy);
-		trace_add(t, st, t0 + waited, t1, op->mb, op->kind);
-		th->last_end = t1;
+		mbp__counter_add(&st->c.ns[op->kind], busy);
+		mbp__counter_add(&st->c.count[op->kind], 1);
+		mbp__counter_add(&st->c.total_busy_ns, busy);
+		if (st->trace.ev) /* the call only when tracing */
+			mbp__trace_add(&st->trace,
+				       &(struct mbp__trace_ev){
+					   .t0 = t0 + waited, .t1 = t1, .mb = op->mb, .kind = op->kind});
+		*last_end = t1;
 		if (rc < 0) {
 			if (rc != -ECANCELED || !aborting(t))
 				fail(t, rc, (int)(t->stage0 + st->idx), (int)op->mb, (mbp_op_kind)op->kind,
@@ -487,7 +414,7 @@ static void run_ops(struct mbp_trainer *t, struct tthread *th)
 }
 
 /* After the first barrier: nothing is pushed any more. Release everything this thread's stages hold. */
-static void cleanup(struct mbp_trainer *t, struct tthread *th)
+static void cleanup(struct mbp_trainer *t, struct mbp__crew_thread *th)
 {
 	for (unsigned s = th->first; s <= th->last; s++) {
 		struct tstage *st = &t->st[s];
@@ -510,8 +437,9 @@ static bool same_error(const mbp_train_error *a, const mbp_train_error *b)
 
 /* Every thread is past its operations: one decision for all of them (a cancel from now on does not
  * touch this step). */
-static void decide(struct mbp_trainer *t)
+static void decide(void *arg)
 {
+	struct mbp_trainer *t = arg;
 	t->step_ok = !aborting(t);
 	/* a non-finite gradient would make some stages refuse their update: fail the step for all */
 	for (unsigned s = 0; t->step_ok && s < t->S; s++)
@@ -575,18 +503,18 @@ static void break_trainer(struct mbp_trainer *t, int stage)
 	pthread_mutex_unlock(&t->lock);
 }
 
-static void run_step(struct mbp_trainer *t, struct tthread *th)
+static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 {
 	for (unsigned s = th->first; s <= th->last; s++) {
 		struct tstage *st = &t->st[s];
 		for (int k = 0; k < 4; k++) {
-			atomic_store_explicit(&st->c.ns[k], 0, memory_order_relaxed);
-			atomic_store_explicit(&st->c.count[k], 0, memory_order_relaxed);
+			mbp__counter_reset(&st->c.ns[k]);
+			mbp__counter_reset(&st->c.count[k]);
 		}
-		atomic_store_explicit(&st->c.wait_ns, 0, memory_order_relaxed);
-		atomic_store_explicit(&st->c.stash_peak, 0, memory_order_relaxed);
-		atomic_store_explicit(&st->c.held_peak, 0, memory_order_relaxed);
-		st->trace_n = 0;
+		mbp__counter_reset(&st->c.wait_ns);
+		mbp__counter_reset(&st->c.stash_peak);
+		mbp__counter_reset(&st->c.held_peak);
+		mbp__trace_clear(&st->trace);
 	}
 	run_ops(t, th);
 	/* every refusal an update could make, before the decision (the stage's gradient is this thread's) */
@@ -600,7 +528,7 @@ static void run_step(struct mbp_trainer *t, struct tthread *th)
 		}
 		st->grad_sq = st->d.grad_sq ? st->d.grad_sq(st->d.ctx) : NAN;
 	}
-	barrier_wait(&t->b1, t->T, decide, t);
+	mbp__crew_barrier_wait(&t->crew, &t->b1, decide, t);
 	cleanup(t, th);
 	bool ok = t->step_ok;
 	mbp_train_update u = {
@@ -615,64 +543,24 @@ static void run_step(struct mbp_trainer *t, struct tthread *th)
 		if (rc < 0)
 			break_trainer(t, (int)(t->stage0 + s));
 	}
-	barrier_wait(&t->b2, t->T, NULL, NULL);
+	mbp__crew_barrier_wait(&t->crew, &t->b2, NULL, NULL);
 }
 
-static void *worker(void *arg)
+/* The work of a thread of the crew: a step each time the controller bumps go, until quit. */
+static void worker_run(void *arg, struct mbp__crew_thread *th)
 {
-	struct tthread *th = arg;
-	struct mbp_trainer *t = th->t;
-	int err = 0;
-	if (th->cpu >= 0) {
-		th->pin_error = mbp__pin_claimed(th->cpu);
-		if (th->pin_error)
-			th->cpu =
-			    -1; /* its claim given back; reported with pin_error by mbp_trainer_stats_get() */
-	}
-	if (mbp_pool_cache_new(t->pool, &th->cache) < 0)
-		err = -ENOMEM;
-	for (unsigned s = th->first; s <= th->last; s++) {
-		struct tstage *st = &t->st[s];
-		int rc = err ? 0 : st->d.init ? st->d.init(st->d.ctx, s) : 0;
-		if (rc == 0 && !err)
-			st->init_ok = true;
-		else if (!err)
-			err = rc;
-	}
-	pthread_mutex_lock(&t->lock);
-	if (err && !t->start_err)
-		t->start_err = err;
-	t->started++;
-	pthread_cond_broadcast(&t->cond);
-	while (t->start_go == 0)
-		pthread_cond_wait(&t->cond, &t->lock);
-	bool run = t->start_go > 0;
-	pthread_mutex_unlock(&t->lock);
-	uint32_t seen = 0;
-	while (run) {
-		/* acquire: partner of the release bump of go in mbp_trainer_step() (or destroy): the step's
-		 * parameters written before it are visible */
-		uint32_t g = atomic_load_explicit(&t->go, memory_order_acquire);
-		if (g == seen) {
-			mbp__futex_wait(&t->go, g, UINT64_MAX);
-			continue;
-		}
-		seen = g;
-		if (atomic_load_explicit(&t->quit, memory_order_relaxed)) /* ordered by the go acquire */
+	struct mbp_trainer *t = arg;
+	for (uint32_t seen = 0;;) {
+		/* acquire (mbp__gen_wait); partner: the release bump of go in step_run() (or destroy): the
+		 * step's parameters written before it are visible */
+		seen = mbp__gen_wait(&t->go, seen);
+		if (atomic_load_explicit(&t->quit,
+					 memory_order_relaxed)) /* relaxed: ordered by go's acquire */
 			break;
 		run_step(t, th);
-		/* the last worker past the step tells the controller; release: partner of its acquire load */
-		if (th->idx == 0) {
-			atomic_fetch_add_explicit(&t->done, 1, memory_order_release);
-			mbp__futex_wake(&t->done, 1);
-		}
+		if (th->idx == 0) /* every thread is past the second barrier: tell the controller */
+			mbp__gen_bump(&t->done); /* release; partner: its acquire in step_run() */
 	}
-	for (unsigned s = th->last + 1; s-- > th->first;)
-		if (t->st[s].init_ok && t->st[s].d.fini)
-			t->st[s].d.fini(t->st[s].d.ctx);
-	mbp_pool_cache_destroy(th->cache);
-	th->cache = NULL;
-	return NULL;
 }
 
 /* ---- public API ---- */
@@ -702,7 +590,7 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&t->lock, NULL);
-	pthread_cond_init(&t->cond, NULL);
+	mbp__crew_init(&t->crew, "train", worker_run, t);
 	t->state = TS_NEW;
 	*tp = t;
 	return 0;
@@ -729,6 +617,7 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 	else
 		snprintf(st->name, sizeof(st->name), "stage%u", t->S);
 	st->d.name = st->name;
+	t->crew.stage[st->idx] = (struct mbp__crew_stage){.init = d->init, .fini = d->fini, .ctx = d->ctx};
 	st->out_w = d->out_row_bytes;
 	st->stash_w = d->stash_row_bytes;
 	st->grad_w = d->grad_row_bytes ? d->grad_row_bytes : d->out_row_bytes;
@@ -740,11 +629,9 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 
 static void free_stages(struct mbp_trainer *t)
 {
-	/* the threads have stopped (or never ran): the CPUs the plan claimed for them go back to the record
-	 * (a thread whose pin failed gave its claim back at once) */
-	for (unsigned i = 0; t->cpus_claimed && i < t->T; i++)
-		mbp__cpu_release(t->th[i].cpu);
-	t->cpus_claimed = false;
+	/* the threads are told to stop (or never ran): join them; the CPUs the plan claimed for them go back
+	 * to the record (a thread whose pin failed gave its claim back at once) */
+	mbp__crew_stop(&t->crew);
 	/* the up links belong to no stage before; the down links are the last stage's fwd_out and bwd_in */
 	mbp__ring_destroy(t->link[MBP__LINK_UP_FWD]);
 	mbp__ring_destroy(t->link[MBP__LINK_UP_BWD]);
@@ -757,9 +644,8 @@ static void free_stages(struct mbp_trainer *t)
 		free(st->in);
 		free(st->stash);
 		free(st->dout);
-		free(st->trace);
+		mbp__trace_free(&st->trace);
 		st->in = st->stash = st->dout = NULL;
-		st->trace = NULL;
 	}
 }
 
@@ -777,31 +663,24 @@ static int setup(struct mbp_trainer *t)
 					.named = unnamed,
 					.node_k = t->remote ? t->rem.node_k : 0,
 					.node_m = t->remote ? t->rem.node_m : 0};
-	struct mbp__placement_plan pl;
-	int prc = mbp__placement_plan(&rq, &pl);
+	int prc = mbp__crew_plan(&t->crew, &rq, t->o.spin_ns, 0 /* the default yield, as the pipeline's */);
 	if (prc < 0)
 		return prc;
-	t->T = pl.nthreads;
-	t->cpus_claimed = true;
-	t->node_sharers = pl.node_sharers;
-	for (unsigned th = 0; th < t->T; th++)
-		t->th[th].cpu = pl.thread_cpu[th];
-	t->wopts.spin_ns = mbp__wait_budget(t->o.spin_ns, MBP__SPIN_NS_DEFAULT);
-	t->wopts.yield_ns = MBP__YIELD_NS_DEFAULT;
-	t->wopts.no_spin = pl.oversubscribed;
+	t->T = t->crew.nthreads;
+	t->wopts = t->crew.wopts;
+	t->wopts.abort = &t->abort; /* a worker waiting on a ring stops when the step fails */
 	size_t widest = t->o.in_row_bytes;
 	for (unsigned s = 0; s < t->S; s++) {
 		struct tstage *st = &t->st[s];
 		widest = st->out_w > widest ? st->out_w : widest;
 		widest = st->stash_w > widest ? st->stash_w : widest;
 		widest = st->grad_w > widest ? st->grad_w : widest;
-		st->thread = mbp__stage_thread(s, t->S, t->T);
 		st->in = calloc(t->o.max_mbs, sizeof(mbp_mb *));
 		st->stash = calloc(t->o.max_mbs, sizeof(mbp_mb *));
 		st->dout = calloc(t->o.max_mbs, sizeof(mbp_mb *));
 		if (!st->in || !st->stash || !st->dout)
 			return -ENOMEM;
-		if (t->o.trace_events && !(st->trace = calloc(t->o.trace_events, sizeof(struct ttrace))))
+		if (mbp__trace_init(&st->trace, t->o.trace_events) < 0)
 			return -ENOMEM;
 		if (s + 1 < t->S) {
 			uint32_t cap = next_pow2(t->o.max_mbs);
@@ -850,18 +729,7 @@ static int setup(struct mbp_trainer *t)
 	int rc = mbp_pool_new(&t->pool, &po);
 	if (rc < 0)
 		return rc;
-	for (unsigned th = 0; th < t->T; th++) {
-		struct tthread *w = &t->th[th];
-		w->t = t;
-		w->idx = th;
-		w->first = UINT32_MAX;
-	}
-	for (unsigned s = 0; s < t->S; s++) {
-		struct tthread *w = &t->th[t->st[s].thread];
-		if (w->first == UINT32_MAX)
-			w->first = s;
-		w->last = s;
-	}
+	t->crew.pool = t->pool; /* each thread's cache */
 	return 0;
 }
 
@@ -902,32 +770,10 @@ int mbp_trainer_start(mbp_trainer *t)
 				     "the last stage's grad_row_bytes must be its out_row_bytes (the loss "
 				     "writes it)");
 	int rc = setup(t);
-	if (rc < 0) {
-		free_stages(t);
-		mbp_pool_destroy(t->pool);
-		t->pool = NULL;
-		t->state = TS_STOPPED;
-		return rc;
-	}
-	unsigned created = 0;
-	for (; created < t->T; created++) {
-		if (pthread_create(&t->th[created].tid, NULL, worker, &t->th[created]) != 0) {
-			rc = -ENOMEM;
-			break;
-		}
-		t->th[created].started = true;
-	}
-	pthread_mutex_lock(&t->lock);
-	while (t->started < created)
-		pthread_cond_wait(&t->cond, &t->lock);
+	/* every init runs; on an error, every fini where the init succeeded */
 	if (rc == 0)
-		rc = t->start_err;
-	t->start_go = rc == 0 ? 1 : -1;
-	pthread_cond_broadcast(&t->cond);
-	pthread_mutex_unlock(&t->lock);
+		rc = mbp__crew_start(&t->crew);
 	if (rc < 0) {
-		for (unsigned i = 0; i < created; i++)
-			pthread_join(t->th[i].tid, NULL);
 		free_stages(t);
 		mbp_pool_destroy(t->pool);
 		t->pool = NULL;
@@ -979,7 +825,12 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	size_t toff[MBP_MAX_STAGES + 1];
 	mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, toff);
 	rc = reserve_buffers(t, sc, ops, toff);
+	/* a part has the costs of its own stages only: it predicts no bubble */
+	struct mbp__sched_scratch sim = {0};
+	if (rc == 0 && !t->remote)
+		rc = mbp__sched_scratch_new(&sim, sc, t->T);
 	if (rc < 0) {
+		mbp__sched_scratch_free(&sim);
 		mbp_schedule_destroy(sc);
 		free(ops);
 		return rc;
@@ -987,8 +838,10 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	memcpy(t->toff, toff, sizeof(toff));
 	mbp_schedule_destroy(t->sc);
 	free(t->tops);
+	mbp__sched_scratch_free(&t->sim);
 	t->sc = sc;
 	t->tops = ops;
+	t->sim = sim;
 	return 0;
 }
 
@@ -1001,8 +854,8 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 		uint64_t ns[4];
 		uint32_t n[4];
 		for (int k = 0; k < 4; k++) {
-			ns[k] = atomic_load_explicit(&c->ns[k], memory_order_relaxed);
-			n[k] = atomic_load_explicit(&c->count[k], memory_order_relaxed);
+			ns[k] = mbp__counter_get(&c->ns[k]);
+			n[k] = (uint32_t)mbp__counter_get(&c->count[k]);
 			busy += (double)ns[k];
 		}
 		costs[s].f = n[MBP_OP_F] ? (double)ns[MBP_OP_F] / n[MBP_OP_F] : 0;
@@ -1016,7 +869,7 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 	}
 	mbp_sched_sim sim = {0};
 	if (rc == 0 && !t->remote) /* a part has the costs of its own stages only */
-		mbp_schedule_simulate(t->sc, costs, t->T, &sim, NULL);
+		mbp__schedule_simulate_in(t->sc, costs, t->T, &sim, NULL, &t->sim); /* allocates nothing */
 	pthread_mutex_lock(&t->lock);
 	t->sum.mbs = t->M;
 	t->sum.step_ns = t_end - t->t_go;
@@ -1134,20 +987,17 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	pthread_mutex_unlock(&t->lock);
 	/* seq_cst pair with mbp_trainer_cancel(), which stores cancelled then abort: either this load sees
 	 * its cancelled, or its abort store comes after this one, so a cancel is never lost */
-	atomic_store(&t->abort, 0);
-	if (atomic_load(&t->cancelled))
-		atomic_store(&t->abort, 1);
+	atomic_store_explicit(&t->abort, 0, memory_order_seq_cst);
+	if (atomic_load_explicit(&t->cancelled, memory_order_seq_cst))
+		atomic_store_explicit(&t->abort, 1, memory_order_seq_cst);
 	if (t->remote)
 		t->rem.begin(t->rem.arg); /* from now on a remote failure reaches this step */
-	uint32_t done0 = atomic_load_explicit(&t->done, memory_order_relaxed);
+	uint32_t done0 = mbp__gen_get(&t->done);
 	t->t_go = mbp__clock_ns();
-	/* release: partner of the workers' acquire load of go; publishes the step above */
-	atomic_fetch_add_explicit(&t->go, 1, memory_order_release);
-	mbp__futex_wake(&t->go, INT32_MAX);
-	/* acquire: partner of thread 0's release increment after the second barrier, which every worker
-	 * passed after its updates: everything the step wrote is visible */
-	for (uint32_t d; (d = atomic_load_explicit(&t->done, memory_order_acquire)) == done0;)
-		mbp__futex_wait(&t->done, d, UINT64_MAX);
+	mbp__gen_bump(&t->go); /* release; partner: the workers' acquire of go: publishes the step above */
+	/* acquire; partner: thread 0's release bump after the second barrier, which every worker passed
+	 * after its updates: everything the step wrote is visible */
+	mbp__gen_wait(&t->done, done0);
 	uint64_t t_end = t->t_go;
 	for (unsigned i = 0; i < t->T; i++)
 		t_end = t->th[i].last_end > t_end ? t->th[i].last_end : t_end;
@@ -1185,9 +1035,9 @@ void mbp_trainer_cancel(mbp_trainer *t)
 {
 	if (!t)
 		return;
-	/* seq_cst: see mbp_trainer_step(); abort also pairs with the acquire load in aborting() */
-	atomic_store(&t->cancelled, 1);
-	atomic_store(&t->abort, 1);
+	/* seq_cst: see step_run(); abort also pairs (partner) with the acquire load in aborting() */
+	atomic_store_explicit(&t->cancelled, 1, memory_order_seq_cst);
+	atomic_store_explicit(&t->abort, 1, memory_order_seq_cst);
 	if (t->state == TS_RUNNING)
 		wake_all(t);
 }
@@ -1195,7 +1045,8 @@ void mbp_trainer_cancel(mbp_trainer *t)
 void mbp_trainer_drain(mbp_trainer *t)
 {
 	if (t)
-		atomic_store_explicit(&t->draining, 1, memory_order_relaxed); /* read at the next step */
+		/* relaxed: a flag read at the next step, which publishes nothing */
+		atomic_store_explicit(&t->draining, 1, memory_order_relaxed);
 }
 
 void mbp_trainer_destroy(mbp_trainer *t)
@@ -1203,21 +1054,19 @@ void mbp_trainer_destroy(mbp_trainer *t)
 	if (!t)
 		return;
 	if (t->state == TS_RUNNING) {
+		/* relaxed: published by the bump that follows */
 		atomic_store_explicit(&t->quit, 1, memory_order_relaxed);
-		/* release: partner of the workers' acquire load of go, which then see quit */
-		atomic_fetch_add_explicit(&t->go, 1, memory_order_release);
-		mbp__futex_wake(&t->go, INT32_MAX);
-		for (unsigned i = 0; i < t->T; i++)
-			pthread_join(t->th[i].tid, NULL);
+		mbp__gen_bump(&t->go); /* release; partner: the workers' acquire of go, which then see quit */
 	}
-	free_stages(t);
+	free_stages(t); /* joins the threads */
 	if (t->pool)
 		MBP_VERIFY(mbp_pool_destroy(t->pool) == 0); /* every buffer came back */
 	mbp_schedule_destroy(t->sc);
 	free(t->tops);
+	mbp__sched_scratch_free(&t->sim);
 	free(t->loss);
 	pthread_mutex_destroy(&t->lock);
-	pthread_cond_destroy(&t->cond);
+	mbp__crew_destroy(&t->crew);
 	free(t);
 }
 
@@ -1241,23 +1090,24 @@ int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_s
 		mbp_train_stage_stats *o = &ss[s];
 		memset(o, 0, sizeof(*o));
 		memcpy(o->name, x->name, sizeof(o->name));
-		o->thread = x->thread;
-		o->cpu = t->state == TS_RUNNING ? t->th[x->thread].cpu : -1;
-		o->pin_error = t->state == TS_RUNNING ? t->th[x->thread].pin_error : 0;
-		if (o->cpu >= 0)
-			o->sharing = mbp__cpu_sharing(o->cpu, t->node_sharers);
-		o->f_ns = atomic_load_explicit(&x->c.ns[MBP_OP_F], memory_order_relaxed);
-		o->b_ns = atomic_load_explicit(&x->c.ns[MBP_OP_B], memory_order_relaxed);
-		o->bin_ns = atomic_load_explicit(&x->c.ns[MBP_OP_BIN], memory_order_relaxed);
-		o->w_ns = atomic_load_explicit(&x->c.ns[MBP_OP_W], memory_order_relaxed);
-		o->f_count = atomic_load_explicit(&x->c.count[MBP_OP_F], memory_order_relaxed);
-		o->b_count = atomic_load_explicit(&x->c.count[MBP_OP_B], memory_order_relaxed);
-		o->bin_count = atomic_load_explicit(&x->c.count[MBP_OP_BIN], memory_order_relaxed);
-		o->w_count = atomic_load_explicit(&x->c.count[MBP_OP_W], memory_order_relaxed);
-		o->wait_ns = atomic_load_explicit(&x->c.wait_ns, memory_order_relaxed);
-		o->stash_peak = atomic_load_explicit(&x->c.stash_peak, memory_order_relaxed);
-		o->held_peak = atomic_load_explicit(&x->c.held_peak, memory_order_relaxed);
-		o->total_busy_ns = atomic_load_explicit(&x->c.total_busy_ns, memory_order_relaxed);
+		/* where it runs, as mbp_pipeline_placement says it (crew.h) */
+		mbp_placement pl = mbp__crew_place(&t->crew, s, t->state == TS_RUNNING);
+		o->thread = pl.thread;
+		o->cpu = pl.cpu;
+		o->pin_error = pl.pin_error;
+		o->sharing = pl.sharing;
+		o->f_ns = mbp__counter_get(&x->c.ns[MBP_OP_F]);
+		o->b_ns = mbp__counter_get(&x->c.ns[MBP_OP_B]);
+		o->bin_ns = mbp__counter_get(&x->c.ns[MBP_OP_BIN]);
+		o->w_ns = mbp__counter_get(&x->c.ns[MBP_OP_W]);
+		o->f_count = (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_F]);
+		o->b_count = (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_B]);
+		o->bin_count = (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_BIN]);
+		o->w_count = (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_W]);
+		o->wait_ns = mbp__counter_get(&x->c.wait_ns);
+		o->stash_peak = (uint32_t)mbp__counter_get(&x->c.stash_peak);
+		o->held_peak = (uint32_t)mbp__counter_get(&x->c.held_peak);
+		o->total_busy_ns = mbp__counter_get(&x->c.total_busy_ns);
 	}
 	return (int)t->S;
 }
@@ -1271,36 +1121,12 @@ int mbp_trainer_trace_write(mbp_trainer *t, const char *path)
 {
 	if (!t || !path || !t->o.trace_events || t->state != TS_RUNNING)
 		return -EINVAL;
-	mbp_file *file; /* by rename, as every file mbpipe writes: a node at path is refused, not replaced */
-	int rc = mbp_file_new(&file, path);
-	if (rc)
-		return rc;
-	FILE *f = mbp_file_stream(file);
-	static const char *const kname[] = {"F", "B", "B_in", "W"};
-	fprintf(f, "{\"traceEvents\":[\n");
-	bool first = true;
-	for (unsigned s = 0; s < t->S; s++) {
-		struct tstage *st = &t->st[s];
-		char label[MBP_STAGE_NAME_MAX + 16];
-		snprintf(label, sizeof(label), "%u %s", s, st->name);
-		fprintf(f,
-			"%s{\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"name\":\"thread_name\",\"args\":{\"name\":",
-			first ? "" : ",\n", s);
-		mbp__json_string(f, label);
-		fputs("}}", f);
-		first = false;
-		for (uint32_t i = 0; i < st->trace_n; i++) {
-			const struct ttrace *e = &st->trace[i];
-			fprintf(f,
-				",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%u,\"name\":\"%s%" PRIu32
-				"\",\"cat\":\"%s\","
-				"\"ts\":%.3f,\"dur\":%.3f}",
-				s, kname[e->kind], e->mb, kname[e->kind], (double)(e->t0 - t->t_go) / 1000.0,
-				(double)(e->t1 - e->t0) / 1000.0);
-		}
-	}
-	fprintf(f, "\n]}\n");
-	return mbp_file_commit(file);
+	struct mbp__trace_track tk[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < t->S; s++)
+		tk[s] = (struct mbp__trace_track){.name = t->st[s].name,
+						  .cpu = mbp__crew_place(&t->crew, s, false).cpu,
+						  .tr = &t->st[s].trace};
+	return mbp__trace_write(path, tk, t->S, t->t_go);
 }
 
 int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)
@@ -1309,9 +1135,9 @@ int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)
 		return -EINVAL;
 	size_t k = 0;
 	for (unsigned s = 0; s < t->S; s++)
-		for (uint32_t i = 0; i < t->st[s].trace_n; i++, k++)
+		for (uint32_t i = 0, m = mbp__trace_count(&t->st[s].trace); i < m; i++, k++)
 			if (k < n) {
-				const struct ttrace *e = &t->st[s].trace[i];
+				const struct mbp__trace_ev *e = &t->st[s].trace.ev[i];
 				ev[k] = (mbp_train_event){.t0_ns = e->t0 - t->t_go,
 							  .t1_ns = e->t1 - t->t_go,
 							  .mb = e->mb,
@@ -1356,7 +1182,7 @@ unsigned mbp__trainer_link_count(mbp_trainer *t, int link)
 
 uint64_t mbp__trainer_spin_ns(const mbp_trainer *t)
 {
-	return t->wopts.no_spin ? 0 : t->wopts.spin_ns;
+	return t->crew.wopts.no_spin ? 0 : t->crew.wopts.spin_ns;
 }
 
 void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err)

@@ -103,7 +103,7 @@ int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline)
 		if (rc == -ETIMEDOUT)
 			break;
 	}
-	atomic_store_explicit(&pk->parked, 0, memory_order_relaxed);
+	atomic_store_explicit(&pk->parked, 0, memory_order_relaxed); /* relaxed: as above */
 	return rc;
 }
 
@@ -111,6 +111,14 @@ int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool
 		    void (*idle)(void *), uint64_t deadline)
 {
 	return mbp__wait_for(pk, o, ready, arg, idle, arg, deadline);
+}
+
+/* The wait's abort word is raised. */
+static inline bool aborted(const struct mbp__wait_opts *o)
+{
+	/* acquire; partner: the release store that raised it (the trainer's fail()): what the raiser wrote
+	 * before it (the step's error) is visible to the waiter that stops */
+	return o->abort && atomic_load_explicit(o->abort, memory_order_acquire) != 0;
 }
 
 int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *),
@@ -121,6 +129,8 @@ int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (
 	for (;;) {
 		if (ready(ready_arg))
 			return 0;
+		if (aborted(o))
+			return -ECANCELED;
 		if (deadline != UINT64_MAX && mbp__now_ns() >= deadline)
 			return -ETIMEDOUT;
 		if (mbp__backoff_step(&b, o) == MBP__BACKOFF_AGAIN)
@@ -128,11 +138,19 @@ int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (
 		if (idle)
 			idle(idle_arg);
 		mbp__parker_prepare(pk);
-		if (ready(
-			ready_arg)) { /* the re-check after the heavy fence: a publisher that missed the flag */
+		/* the re-check after the heavy fence: a publisher (or an abort) that missed the flag */
+		if (ready(ready_arg) || aborted(o)) {
 			mbp__parker_cancel(pk);
-			return 0;
+			continue; /* the loop's first checks say which */
 		}
 		mbp__parker_sleep(pk, deadline);
 	}
+}
+
+uint32_t mbp__gen_wait(_Atomic uint32_t *w, uint32_t seen)
+{
+	uint32_t g;
+	while ((g = mbp__gen_get(w)) == seen)
+		mbp__futex_wait(w, seen, UINT64_MAX); /* returns at once when *w moved meanwhile */
+	return g;
 }

@@ -29,6 +29,9 @@ struct mbp__wait_opts {
 	uint64_t spin_ns;  /* budget of the spin step */
 	uint64_t yield_ns; /* budget of the yield step, after the spin */
 	bool no_spin;	   /* skip the spin step: threads outnumber allowed CPUs */
+	/* NULL, or a word whose raising (non-zero, stored with release) ends the wait too, with -ECANCELED:
+	 * the trainer's abort. Whoever raises it wakes the parkers it may concern (mbp__ring_wake). */
+	const _Atomic uint32_t *abort;
 };
 
 #define MBP__SPIN_NS_DEFAULT  20000u
@@ -74,13 +77,14 @@ static inline void mbp__full_fence(void)
 	static _Thread_local _Atomic uint32_t word;
 	atomic_fetch_add_explicit(&word, 0, memory_order_seq_cst);
 #else
-	atomic_thread_fence(memory_order_seq_cst);
+	atomic_thread_fence(memory_order_seq_cst); /* seq_cst: the callers name the pair it is half of */
 #endif
 }
 
 static inline void mbp__light_fence(void)
 {
-	if (MBP_LIKELY(mbp__membarrier_ok))
+	if (MBP_LIKELY(
+		mbp__membarrier_ok)) /* seq_cst: a compiler barrier; the membarrier is the other half */
 		atomic_signal_fence(memory_order_seq_cst);
 	else
 		mbp__full_fence();
@@ -105,7 +109,7 @@ enum mbp__backoff_next mbp__backoff_step(struct mbp__backoff *b, const struct mb
 static inline void mbp__parker_wake(struct mbp__parker *pk)
 {
 	/* Light half of the Dekker pair; partner: the heavy fence in mbp__parker_prepare(). Orders the
-	 * caller's index store before the flag load below. */
+	 * caller's index store before the flag load below, so the load itself is relaxed. */
 	mbp__light_fence();
 	if (MBP_UNLIKELY(atomic_load_explicit(&pk->parked, memory_order_relaxed))) {
 		/* relaxed: the futex syscall orders what follows; the waiter re-checks its condition anyway */
@@ -126,6 +130,7 @@ static inline void mbp__parker_prepare(struct mbp__parker *pk)
 
 static inline void mbp__parker_cancel(struct mbp__parker *pk)
 {
+	/* relaxed: the flag carries no data; the waker's wake at most goes unused */
 	atomic_store_explicit(&pk->parked, 0, memory_order_relaxed);
 }
 
@@ -133,9 +138,10 @@ static inline void mbp__parker_cancel(struct mbp__parker *pk)
 int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline);
 
 /*
- * The whole wait: the backoff, then park on `pk` until ready(arg) holds or the deadline passes (UINT64_MAX:
- * none). `idle(arg)`, if not NULL, runs before each park (a worker hands back its cached buffers there).
- * Returns 0 once ready, or -ETIMEDOUT. The publisher of what `ready` checks calls mbp__parker_wake(pk).
+ * The whole wait: the backoff, then park on `pk` until ready(arg) holds, o->abort is raised or the deadline
+ * passes (UINT64_MAX: none). `idle(arg)`, if not NULL, runs before each park (a worker hands back its
+ * cached buffers there). Returns 0 once ready (also when the abort is raised too), -ECANCELED (aborted),
+ * or -ETIMEDOUT. The publisher of what `ready` checks calls mbp__parker_wake(pk).
  */
 int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *), void *arg,
 		    void (*idle)(void *), uint64_t deadline);
@@ -144,5 +150,28 @@ int mbp__wait_until(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool
  * its consumer's idle hook): ready(ready_arg), idle(idle_arg). */
 int mbp__wait_for(struct mbp__parker *pk, const struct mbp__wait_opts *o, bool (*ready)(void *),
 		  void *ready_arg, void (*idle)(void *), void *idle_arg, uint64_t deadline);
+
+/*
+ * A generation word: a value that any number of threads wait to see change (a step handed to a crew, a
+ * barrier's phase, a step's end). The publisher writes what the waiters will read, then bumps the word
+ * (mbp__gen_bump: release, then a wake of every sleeper); a waiter reads it (mbp__gen_get: acquire;
+ * partner: that bump) and waits for it to leave the value it saw (mbp__gen_wait). No spin: these waits
+ * are once or twice a step, and a sleeper costs the bump one syscall.
+ */
+static inline uint32_t mbp__gen_get(_Atomic uint32_t *w)
+{
+	/* acquire; partner: the release increment in mbp__gen_bump(): what the bumper wrote is visible */
+	return atomic_load_explicit(w, memory_order_acquire);
+}
+
+static inline void mbp__gen_bump(_Atomic uint32_t *w)
+{
+	/* release; partner: the acquire load in mbp__gen_get(): publishes what this thread wrote before */
+	atomic_fetch_add_explicit(w, 1, memory_order_release);
+	mbp__futex_wake(w, INT32_MAX);
+}
+
+/* Wait until *w is no longer `seen`; returns what it is now (read with acquire, as mbp__gen_get). */
+uint32_t mbp__gen_wait(_Atomic uint32_t *w, uint32_t seen);
 
 #endif

@@ -13,6 +13,9 @@
  * A failed micro-batch (a stage returned an error, or the pipeline is being cancelled) is not computed
  * again: it travels on with its status so that completion stays in order and in one place.
  *
+ * The thread itself is the pipeline's crew's (crew.h): placement, pin, name, pool cache, the init/fini rule
+ * and the start handshake; what this file gives the crew is the loop above (mbp__worker_run).
+ *
  * Time accounting (single writer, this thread): busy = inside the stage function; starved = waiting for
  * input (charged to the thread's first stage); blocked = waiting for room downstream (its last stage) or
  * for a buffer (the stage that asked).
@@ -22,7 +25,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "affinity.h"
+#include "job.h"
 #include "pipeline_internal.h"
 
 #define BURST 8
@@ -47,6 +50,8 @@ static inline void state_begin(_Atomic uint64_t *since, uint64_t t0)
  * and does not count the interval twice. */
 static inline void state_end(_Atomic uint64_t *since, _Atomic uint64_t *total, uint64_t t0, uint64_t t1)
 {
+	/* relaxed: `since` is ordered by the release below (partner: stats.c's acquire of the total); the
+	 * total's load: only this thread writes it */
 	atomic_store_explicit(since, 0, memory_order_relaxed);
 	atomic_store_explicit(total, atomic_load_explicit(total, memory_order_relaxed) + (t1 - t0),
 			      memory_order_release);
@@ -73,7 +78,7 @@ static int timed_wait(struct mbp__stage *s, enum wait_on on)
 	state_begin(since, t0);
 	int rc;
 	if (on == WAIT_INGRESS)
-		rc = mbp__ingress_wait(&s->p->ingress, &s->p->wopts, flush_cache, s);
+		rc = mbp__ingress_wait(&s->p->ingress, &s->p->crew.wopts, flush_cache, s);
 	else if (on == WAIT_RING_IN)
 		rc = mbp__ring_wait_pop(s->in, flush_cache, s, UINT64_MAX);
 	else
@@ -153,8 +158,13 @@ static int run(struct mbp__stage *s, const mbp_mb *in, mbp_mb *out)
 	mbp__counter_add(&c->hist[log2_bucket(t1 - t0)], 1);
 	if (rc)
 		mbp__counter_add(&c->failed, 1);
-	if (s->trace) /* the call only when tracing */
-		mbp__trace_add(s, t0, t1, out);
+	if (s->trace.ev) /* the call only when tracing */
+		mbp__trace_add(&s->trace, &(struct mbp__trace_ev){.t0 = t0,
+								  .t1 = t1,
+								  .job = out->job ? out->job->id : 0,
+								  .mb = (uint32_t)out->seq,
+								  .status = out->status,
+								  .kind = MBP__TRACE_MB});
 	return rc;
 }
 
@@ -384,77 +394,23 @@ static void first_stage_loop(struct mbp__stage *s)
 	}
 }
 
-void mbp__worker_main_loop(struct mbp__stage *s)
+/* ---- the thread: what the pipeline gives its crew ---- */
+
+/* The loop of the thread of stages th->first .. th->last (mbp__crew_run_fn), once every thread is
+ * inited. Its stages take buffers from the thread's pool cache. */
+void mbp__worker_run(void *arg, struct mbp__crew_thread *th)
 {
+	struct mbp_pipeline *p = arg;
+	struct mbp__stage *s = &p->stages[th->first];
+	for (unsigned i = th->first; i <= th->last; i++)
+		p->stages[i].cache = th->cache;
 	if (s->idx == 0)
 		first_stage_loop(s);
 	else
 		ring_stage_loop(s);
-	struct mbp__ring *out = s->p->stages[s->group_last].out;
+	struct mbp__ring *out = p->stages[th->last].out;
 	if (out)
 		mbp__ring_close(out); /* end of stream for the next thread, after our last push */
-}
-
-/* Set up the thread's stages on it: pin, one pool cache for all of them, then every stage's init in
- * order (also after one failed, as when each stage has its own thread). Returns the first error. */
-static int thread_init(struct mbp__stage *first, struct mbp__stage *end)
-{
-	struct mbp_pipeline *p = first->p;
-	int rc = 0;
-	if (first->cpu >= 0) {
-		int err = mbp__pin_claimed(first->cpu);
-		for (struct mbp__stage *s = first; s < end; s++)
-			s->pin_error = err;
-		if (err && first->pin_required)
-			rc = err;
-	}
-	if (rc == 0)
-		rc = mbp_pool_cache_new(p->pool, &first->cache);
-	if (rc)
-		return rc;
-	for (struct mbp__stage *s = first; s < end; s++) {
-		s->cache = first->cache;
-		int r = s->d.init ? s->d.init(s->d.ctx, s->idx) : 0;
-		if (r > 0)
-			r = -EPROTO;
-		s->init_ok = r == 0;
-		if (r && !rc)
-			rc = r;
-	}
-	return rc;
-}
-
-/* Worker thread of the stages first .. first->group_last. */
-void *mbp__worker_thread(void *arg)
-{
-	struct mbp__stage *first = arg, *end = first + (first->group_last - first->idx) + 1;
-	struct mbp_pipeline *p = first->p;
-	char tname[16];
-	if (first->group_last == first->idx)
-		snprintf(tname, sizeof(tname), "mbp-stage%u", first->idx);
-	else
-		snprintf(tname, sizeof(tname), "mbp-stage%u-%u", first->idx, first->group_last);
-	pthread_setname_np(pthread_self(), tname);
-
-	int rc = thread_init(first, end);
-	pthread_mutex_lock(&p->start_lock);
-	p->started++;
-	if (rc && !p->start_err)
-		p->start_err = rc;
-	pthread_cond_broadcast(&p->start_cond);
-	while (p->go == 0)
-		pthread_cond_wait(&p->start_cond, &p->start_lock);
-	int go = p->go;
-	pthread_mutex_unlock(&p->start_lock);
-
-	if (go > 0)
-		mbp__worker_main_loop(first);
-	mbp_pool_cache *cache = first->cache;
-	for (struct mbp__stage *s = end; s-- > first;) {
-		if (s->init_ok && s->d.fini)
-			s->d.fini(s->d.ctx);
-		s->cache = NULL;
-	}
-	mbp_pool_cache_destroy(cache);
-	return NULL;
+	for (unsigned i = th->first; i <= th->last; i++)
+		p->stages[i].cache = NULL; /* the crew destroys the thread's cache next */
 }

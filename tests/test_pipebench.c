@@ -619,7 +619,15 @@ END_TEST
 
 /* --svg: the Gantt chart as an SVG document, whatever the output format: a rectangle per micro-batch and
  * stage (and one background per row), the panels' titles. Returns the file's text (free it). */
+static char *svg_and_out(const char *const *args, char *path, char **out);
+
 static char *svg_of(const char *const *args, char *path)
+{
+	return svg_and_out(args, path, NULL);
+}
+
+/* As svg_of, and what the run printed on standard output into *out (malloc'd) when out is not NULL. */
+static char *svg_and_out(const char *const *args, char *path, char **out)
 {
 	int fd = mkstemp(path);
 	ck_assert(fd >= 0);
@@ -634,6 +642,8 @@ static char *svg_of(const char *const *args, char *path)
 	a[n] = NULL;
 	struct run r = run(a);
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	if (out)
+		*out = strdup(r.out);
 	run_free(&r);
 	fd = open(path, O_RDONLY);
 	ck_assert(fd >= 0);
@@ -1458,12 +1468,33 @@ START_TEST(svg_draws_each_schedules_step_and_its_prediction)
 	ck_assert_uint_eq(count_of(text, ">p1</text>"), 3);
 	ck_assert_uint_eq(count_of(text, "<rect"), 1 + 12 + 2 * (16 + 16 + 24));
 	boxes_inside_the_plot(text);
-	/* The prediction, from the step's own costs, takes about as long as the step: on a machine that
-	 * other processes leave alone. A step preempted by them idles in ways no play of its costs shows (a
-	 * CI run saw 2.59 ms measured, 0.79 predicted, while builds ran), so a run where one schedule's step
-	 * strays is tried again, up to three runs in all; a drawing that is wrong strays in every run. */
-	for (unsigned attempt = 0;; attempt++) {
-		char why[160] = "";
+	free(text);
+	/* The prediction, from the step's own costs, takes about as long as the step, on a machine that other
+	 * processes leave alone: a step whose threads wait for a CPU other processes hold idles in ways no
+	 * play of its costs shows (2.59 ms measured against 0.79 predicted, while builds ran). So each try
+	 * measures 8 steps per schedule and draws the fastest; up to three tries; a try counts when pipebench
+	 * saw other processes take at most its threshold of CPU while it measured, as in the bubble test,
+	 * and with no such try nothing is asserted (a drawing that is wrong strays in quiet tries too). */
+	bool quiet_try = false;
+	char why[160] = "";
+	for (unsigned attempt = 0; attempt < 3; attempt++) {
+		char *out = NULL;
+		strcpy(path, "/tmp/pipebench-test-svg-XXXXXX");
+		text =
+		    svg_and_out((const char *const[]){"--workload=train", "--stages=2", "--micro-batches=4",
+						      "--unit-us=50", "--batches=8", "--warmup=1",
+						      "--tolerance=0", "--wait-quiet=0", "--json", NULL},
+				path, &out);
+		cJSON *doc = cJSON_Parse(out);
+		ck_assert_ptr_nonnull(doc);
+		cJSON *noise = cJSON_GetObjectItem(doc, "noise");
+		cJSON *oth = cJSON_GetObjectItem(cJSON_GetObjectItem(noise, "during"), "others_cpus");
+		ck_assert_msg(cJSON_IsNumber(oth), "noise.during.others_cpus missing: %s", out);
+		double others = oth->valuedouble;
+		bool quiet = others <= cJSON_GetObjectItem(noise, "threshold_cpus")->valuedouble;
+		cJSON_Delete(doc);
+		free(out);
+		why[0] = 0;
 		for (const char *p = text; !why[0] && (p = strstr(p, "the fastest measured step, ")); p++) {
 			double measured, predicted;
 			ck_assert_msg(sscanf(p,
@@ -1475,11 +1506,18 @@ START_TEST(svg_draws_each_schedules_step_and_its_prediction)
 		}
 		free(text);
 		if (!why[0])
+			return;
+		quiet_try |= quiet;
+		fprintf(stderr, "svg try %u: %s, other processes %.2f CPUs\n", attempt, why,
+			oth->valuedouble);
+		if (quiet)
 			break;
-		ck_assert_msg(attempt < 2, "%s, in three runs", why);
-		strcpy(path, "/tmp/pipebench-test-svg-XXXXXX");
-		text = svg_of((const char *const[]){TRAIN_ARGS, "--csv", NULL}, path);
 	}
+	if (!quiet_try) {
+		fprintf(stderr, "svg: %s, not asserted: other processes took the CPUs in every try\n", why);
+		return;
+	}
+	ck_assert_msg(0, "%s in a quiet try", why);
 }
 END_TEST
 

@@ -811,6 +811,46 @@ START_TEST(close_wakes_a_producer_parked_on_a_full_ring)
 }
 END_TEST
 
+/* The ring's wopts may name an abort word (the trainer's step): raising it and waking the ring ends a
+ * consumer's wait on an empty ring, parked or not, with -ECANCELED instead of an item or the end of the
+ * stream; the ring itself is untouched (still open, a later push lands and pops). A raised word does not
+ * hide an item that is there. */
+struct aborted_pop {
+	struct mbp__ring *r;
+	int rc;
+};
+
+static void *wait_for_an_item(void *arg)
+{
+	struct aborted_pop *a = arg;
+	a->rc = mbp__ring_wait_pop(a->r, NULL, NULL, UINT64_MAX);
+	return NULL;
+}
+
+START_TEST(an_abort_word_ends_a_parked_wait_with_ecanceled)
+{
+	static _Atomic uint32_t abort_word;
+	atomic_store(&abort_word, 0);
+	struct mbp__wait_opts wo = _i ? tiny_wait : park_now;
+	wo.abort = &abort_word;
+	struct aborted_pop a = {.r = ring_make(4, &wo, 0), .rc = 1};
+	pthread_t t = spawn(wait_for_an_item, &a);
+	await_parked(&a.r->cons_park.parked, 10000);
+	atomic_store_explicit(&abort_word, 1, memory_order_release);
+	mbp__ring_wake(a.r);
+	join(t);
+	ck_assert_int_eq(a.rc, -ECANCELED);
+	ck_assert(!mbp__ring_closed(a.r));
+	ck_assert(mbp__ring_push_sp(a.r, stamp(7)));
+	ck_assert_int_eq(mbp__ring_wait_pop(a.r, NULL, NULL, UINT64_MAX), 0); /* an item wins */
+	void *p = NULL;
+	ck_assert(mbp__ring_pop_sc(a.r, &p));
+	ck_assert_uint_eq(unstamp(p), 7);
+	ck_assert_int_eq(mbp__ring_wait_pop(a.r, NULL, NULL, UINT64_MAX), -ECANCELED); /* raised: at once */
+	mbp__ring_destroy(a.r);
+}
+END_TEST
+
 /* A pop frees a slot and wakes a producer parked on a full ring (the wake path, not the close path). */
 START_TEST(pop_wakes_a_producer_parked_on_a_full_ring)
 {
@@ -1095,6 +1135,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, close_wakes_a_consumer_parked_on_an_empty_ring, 0, 2);
 	tcase_add_loop_test(tc, close_wakes_a_producer_parked_on_a_full_ring, 0, 2);
 	tcase_add_loop_test(tc, pop_wakes_a_producer_parked_on_a_full_ring, 0, 2);
+	tcase_add_loop_test(tc, an_abort_word_ends_a_parked_wait_with_ecanceled, 0, 2);
 	tcase_add_test(tc, close_right_after_the_last_push_loses_no_item);
 	suite_add_tcase(s, tc);
 

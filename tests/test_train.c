@@ -4,6 +4,8 @@
  * micro-batch order), under every schedule and thread count; stash figures; failures, cancel and drain in
  * the middle of a step.
  */
+#include "config.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -16,6 +18,9 @@
 #include <unistd.h>
 
 #include <mbpipe.h>
+#ifdef MBP_HAVE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
 
 #include "affinity.h"
 #include "check_main.h"
@@ -463,6 +468,21 @@ START_TEST(drain_mid_step_lets_it_finish_then_refuses_later_steps)
 }
 END_TEST
 
+/* The trainer's Chrome trace, written to a temporary file and read back into buf (NUL-terminated). */
+static void trace_text(mbp_trainer *t, char *buf, size_t cap)
+{
+	char path[] = "/tmp/mbp_train_traceXXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(mbp_trainer_trace_write(t, path), 0);
+	FILE *f = fopen(path, "r");
+	size_t n = fread(buf, 1, cap - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	unlink(path);
+}
+
 START_TEST(trace_shows_forward_backward_and_weight_operations_as_distinct_events)
 {
 	struct rig r;
@@ -470,17 +490,8 @@ START_TEST(trace_shows_forward_backward_and_weight_operations_as_distinct_events
 	float in[16 * N], tg[16 * N];
 	make_data(in, tg, 16, 0);
 	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 16, 4, NULL), 0);
-	char path[] = "/tmp/mbp_train_traceXXXXXX";
-	int fd = mkstemp(path);
-	ck_assert_int_ge(fd, 0);
-	close(fd);
-	ck_assert_int_eq(mbp_trainer_trace_write(r.t, path), 0);
-	FILE *f = fopen(path, "r");
 	char buf[65536];
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = 0;
-	fclose(f);
-	unlink(path);
+	trace_text(r.t, buf, sizeof(buf));
 	ck_assert_ptr_nonnull(strstr(buf, "\"name\":\"F0\""));
 	ck_assert_ptr_nonnull(strstr(buf, "\"name\":\"B_in3\""));
 	ck_assert_ptr_nonnull(strstr(buf, "\"name\":\"W3\""));
@@ -784,6 +795,40 @@ START_TEST(the_pool_never_grows_after_the_first_step_of_a_micro_batch_count)
 }
 END_TEST
 
+/* A step of a micro-batch count seen before allocates nothing on the controlling thread (jemalloc's
+ * per-thread count): its bubble_predicted is played in room made with the schedule, where each step
+ * replayed the schedule in five fresh allocations. */
+START_TEST(a_step_allocates_nothing_on_the_controlling_thread_once_its_schedule_is_built)
+{
+#ifdef MBP_HAVE_JEMALLOC
+	uint64_t *allocated;
+	size_t sz = sizeof(allocated);
+	ck_assert_int_eq(mallctl("thread.allocatedp", &allocated, &sz, NULL, 0), 0);
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	for (size_t k = 0; k < 3; k++) {
+		struct rig r;
+		rig_new(&r, 3, kinds[k], 2, false);
+		float in[32 * N], tg[32 * N];
+		make_data(in, tg, 32, 1);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 32, 4, NULL), 0); /* builds M = 8 */
+		int rc[10];
+		uint64_t before = *allocated;
+		for (unsigned i = 0; i < 10; i++) /* no assertion in between: Check's own may allocate */
+			rc[i] = mbp_trainer_step(r.t, in, tg, 32, 4, NULL);
+		uint64_t after = *allocated;
+		for (unsigned i = 0; i < 10; i++)
+			ck_assert_int_eq(rc[i], 0);
+		ck_assert_msg(after == before, "%s: %llu bytes allocated over 10 steps",
+			      mbp_sched_name(kinds[k]), (unsigned long long)(after - before));
+		mbp_train_stats st;
+		mbp_trainer_stats_get(r.t, &st, NULL, 0);
+		ck_assert(st.bubble_predicted > 0 && st.bubble_predicted < 1); /* still predicted */
+		mbp_trainer_destroy(r.t);
+	}
+#endif
+}
+END_TEST
+
 /* More threads than stages is refused at start as mbp_schedule_simulate refuses it (no longer started
  * with fewer threads than asked, silently); as many as the stages starts. */
 START_TEST(more_threads_than_stages_is_refused_as_the_simulator_refuses_it)
@@ -845,8 +890,8 @@ START_TEST(a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does)
 		ck_assert_int_eq(mbp_pipeline_start(p), 0);
 		mbp_placement pl[2];
 		ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
-		uint64_t pipeline_spin = p->wopts.no_spin ? 0 : p->wopts.spin_ns;
-		bool oversubscribed = p->wopts.no_spin; /* more threads than CPUs: no spin in either */
+		uint64_t pipeline_spin = p->crew.wopts.no_spin ? 0 : p->crew.wopts.spin_ns;
+		bool oversubscribed = p->crew.wopts.no_spin; /* more threads than CPUs: no spin in either */
 		ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
 		mbp_pipeline_destroy(p);
 
@@ -949,20 +994,34 @@ START_TEST(a_trainer_under_a_cgroup_quota_runs_the_plans_thread_count)
 END_TEST
 
 /* A pin that fails in the trainer is reported (cpu -1 and pin_error; it was -1 alone, as if unpinned),
- * and the stage runs unpinned. */
+ * and the stage runs unpinned; a pipeline whose pins fail the same way reports every field alike (one
+ * report, the crew's). */
 START_TEST(a_failed_pin_in_the_trainer_is_reported)
 {
 	mbp__pin_fail_set(-EPERM);
 	struct toy st[2];
 	mbp_trainer *t = pinned_trainer(st, 2, true);
+	mbp_opts po = {.in_row_bytes = N * sizeof(float)};
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &po), 0);
+	for (unsigned s = 0; s < 2; s++)
+		ck_assert_int_eq(mbp_pipeline_add_stage(p, &(mbp_stage_desc){.fn = copy_rows}), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
 	mbp__pin_fail_set(0);
 	mbp_train_stage_stats ss[2];
 	ck_assert_int_eq(mbp_trainer_stats_get(t, NULL, ss, 2), 2);
+	mbp_placement pl[2];
+	ck_assert_int_eq(mbp_pipeline_placement(p, pl, 2), 2);
 	for (unsigned s = 0; s < 2; s++) {
 		ck_assert_int_eq(ss[s].cpu, -1);
 		ck_assert_int_eq(ss[s].pin_error, -EPERM);
 		ck_assert_uint_eq(ss[s].sharing, 0);
+		ck_assert_int_eq(pl[s].cpu, ss[s].cpu);
+		ck_assert_int_eq(pl[s].pin_error, ss[s].pin_error);
+		ck_assert_uint_eq(pl[s].sharing, ss[s].sharing);
+		ck_assert_uint_eq(pl[s].thread, ss[s].thread);
 	}
+	mbp_pipeline_destroy(p);
 	float in[4 * N] = {0.5f}, tg[4 * N] = {0.25f};
 	ck_assert_int_eq(mbp_trainer_step(t, in, tg, 4, 2, NULL), 0);
 	mbp_trainer_destroy(t);
@@ -975,6 +1034,134 @@ START_TEST(a_failed_pin_in_the_trainer_is_reported)
 	ck_assert_int_eq(ss[0].cpu, -1);
 	ck_assert_int_eq(ss[0].pin_error, 0);
 	mbp_trainer_destroy(t);
+}
+END_TEST
+
+/* ---- the trainer's threads: the crew's rules, the pipeline's ---- */
+
+/* What each stage's init and fini saw: the trainer's stages are toys, found by their place in `probed`. */
+static struct toy probed[MBP_MAX_STAGES];
+static struct {
+	_Atomic unsigned inits, finis;
+	int init_err;
+	pthread_t init_tid, fini_tid;
+	char name[16]; /* its thread's, read in its init */
+} probe[MBP_MAX_STAGES];
+
+static int probe_init(void *ctx, unsigned stage)
+{
+	ck_assert_ptr_eq(ctx, &probed[stage]);
+	atomic_fetch_add(&probe[stage].inits, 1);
+	probe[stage].init_tid = pthread_self();
+	pthread_getname_np(pthread_self(), probe[stage].name, sizeof(probe[stage].name));
+	return probe[stage].init_err;
+}
+
+static void probe_fini(void *ctx)
+{
+	unsigned s = (unsigned)((struct toy *)ctx - probed);
+	atomic_fetch_add(&probe[s].finis, 1);
+	probe[s].fini_tid = pthread_self();
+}
+
+static void probed_stage(mbp_train_stage_desc *d, unsigned s)
+{
+	*d = toy_desc(&probed[s], false);
+	d->init = probe_init;
+	d->fini = probe_fini;
+}
+
+/* A trainer of S probed stages on `threads` threads, the inits returning `err[s]`; its start's result. */
+static int probed_start(mbp_trainer **tp, unsigned S, unsigned threads, const int *err)
+{
+	memset(probe, 0, sizeof(probe));
+	for (unsigned s = 0; s < S; s++) {
+		toy_init(&probed[s], s + 1);
+		probe[s].init_err = err ? err[s] : 0;
+	}
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .threads = threads,
+			    .pinning = MBP_PIN_NONE,
+			    .loss = mse};
+	struct rig r;
+	rig_build(&r, S, &o, false, probed_stage);
+	*tp = r.t;
+	return mbp_trainer_start(r.t);
+}
+
+/* After a failing init the trainer runs every other init, also those after it on the same thread (it
+ * skipped them), and the fini of each one that succeeded, on its thread, as the pipeline does; start
+ * returns the first failing stage's error, and a positive one is -EPROTO. */
+START_TEST(after_a_failing_init_the_trainer_runs_every_init_and_each_successful_inits_fini)
+{
+	for (unsigned threads = 1; threads <= 3; threads++) {
+		mbp_trainer *t;
+		ck_assert_int_eq(probed_start(&t, 3, threads, (const int[]){0, -EIO, 0}), -EIO);
+		for (unsigned s = 0; s < 3; s++) {
+			ck_assert_msg(probe[s].inits == 1, "threads %u: stage %u: %u inits", threads, s,
+				      probe[s].inits);
+			ck_assert_uint_eq(probe[s].finis, s == 1 ? 0 : 1);
+			if (s != 1)
+				ck_assert(pthread_equal(probe[s].init_tid, probe[s].fini_tid));
+		}
+		ck_assert_int_eq(mbp_trainer_step(t, probed, probed, 4, 2, NULL), -ESHUTDOWN);
+		mbp_trainer_destroy(t);
+		for (unsigned s = 0; s < 3; s++) /* nothing runs twice at destroy */
+			ck_assert_uint_eq(probe[s].finis, s == 1 ? 0 : 1);
+	}
+	mbp_trainer *t;
+	ck_assert_int_eq(probed_start(&t, 2, 1, (const int[]){0, 5}), -EPROTO);
+	ck_assert_uint_eq(probe[0].finis, 1);
+	mbp_trainer_destroy(t);
+	ck_assert_int_eq(probed_start(&t, 2, 2, NULL), 0); /* and all well: each fini once, at destroy */
+	ck_assert_uint_eq(probe[0].finis + probe[1].finis, 0);
+	mbp_trainer_destroy(t);
+	ck_assert_uint_eq(probe[0].finis + probe[1].finis, 2);
+}
+END_TEST
+
+/* The trainer's threads are named for their stages, as the pipeline's (they had the process's name). */
+START_TEST(the_trainers_threads_are_named_for_their_stages)
+{
+	mbp_trainer *t;
+	ck_assert_int_eq(probed_start(&t, 3, 2, NULL), 0); /* stages 0-1 on thread 0, 2 on thread 1 */
+	ck_assert_str_eq(probe[0].name, "mbp-train-0-1");
+	ck_assert_str_eq(probe[1].name, "mbp-train-0-1");
+	ck_assert_str_eq(probe[2].name, "mbp-train-2");
+	mbp_trainer_destroy(t);
+}
+END_TEST
+
+/* The trainer's trace comes from the pipeline's writer: the same header and process row, each stage's row
+ * labelled "<stage> <name> (cpu <cpu>)" with the CPU its statistics give, each operation with its
+ * micro-batch and stage as args. */
+START_TEST(the_trainers_trace_has_the_pipelines_header_rows_and_args)
+{
+	struct rig r;
+	rig_new(&r, 2, MBP_SCHED_1F1B, 2, false);
+	float in[8 * N], tg[8 * N];
+	make_data(in, tg, 8, 0);
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 8, 4, NULL), 0);
+	static char buf[65536];
+	trace_text(r.t, buf, sizeof(buf));
+	ck_assert_msg(
+	    strncmp(buf,
+		    "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":"
+		    "\"M\",\"pid\":1,\"args\":{\"name\":\"mbpipe\"}}",
+		    95) == 0,
+	    "%.120s", buf);
+	mbp_train_stage_stats ss[2];
+	ck_assert_int_eq(mbp_trainer_stats_get(r.t, NULL, ss, 2), 2);
+	for (unsigned s = 0; s < 2; s++) {
+		char label[64];
+		snprintf(label, sizeof(label), "\"args\":{\"name\":\"%u stage%u (cpu %d)\"}", s, s,
+			 ss[s].cpu);
+		ck_assert_msg(strstr(buf, label) != NULL, "no row %s", label);
+	}
+	ck_assert_ptr_nonnull(strstr(buf, "\"name\":\"F1\",\"cat\":\"F\",\"ph\":\"X\""));
+	ck_assert_ptr_nonnull(strstr(buf, "\"args\":{\"mb\":1,\"stage\":1}"));
+	mbp_trainer_destroy(r.t);
 }
 END_TEST
 
@@ -1002,9 +1189,13 @@ static Suite *suite(void)
 	tcase_add_test(tc, more_threads_than_stages_is_refused_as_the_simulator_refuses_it);
 	tcase_add_test(tc, a_zeroed_opts_trainer_runs_and_pins_and_spins_as_the_pipeline_does);
 	tcase_add_test(tc, the_pool_never_grows_after_the_first_step_of_a_micro_batch_count);
+	tcase_add_test(tc, a_step_allocates_nothing_on_the_controlling_thread_once_its_schedule_is_built);
 	tcase_add_test(tc, a_trainer_beside_a_pipeline_takes_the_cpu_the_pipeline_left_free);
 	tcase_add_test(tc, a_trainer_under_a_cgroup_quota_runs_the_plans_thread_count);
 	tcase_add_test(tc, a_failed_pin_in_the_trainer_is_reported);
+	tcase_add_test(tc, after_a_failing_init_the_trainer_runs_every_init_and_each_successful_inits_fini);
+	tcase_add_test(tc, the_trainers_threads_are_named_for_their_stages);
+	tcase_add_test(tc, the_trainers_trace_has_the_pipelines_header_rows_and_args);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -138,7 +138,8 @@ typedef struct mbp_opts {
  * pipeline.md: S = 4 on 2 CPUs at 1 us per stage, efficiency 0.72-0.78 -> 0.84-0.90 and CPU time
  * 1.28-1.39 -> 1.11-1.19 times the work, in the same runs). Stages of one thread run their init in stage
  * order (every init runs, also after one failed) and their fini in reverse order, all on that thread;
- * mbp_pipeline_placement() says which thread runs each stage.
+ * mbp_pipeline_placement() says which thread runs each stage. Each thread is named for its stages, as ps
+ * and gdb show it: mbp-pipe-<first>[-<last>] (a trainer's mbp-train-<first>[-<last>]).
  */
 
 /*

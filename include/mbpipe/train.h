@@ -206,8 +206,10 @@ typedef struct mbp_train_stage_desc {
 	int (*update)(void *ctx, const mbp_train_update *u);
 	/** Clear the accumulated gradient without applying it (a failed step). Required. */
 	void (*discard)(void *ctx);
-	int (*init)(void *ctx, unsigned stage); /**< optional, on the stage's thread at start */
-	void (*fini)(void *ctx);		/**< optional, on the stage's thread at destroy */
+	/** Optional, on the stage's thread at start: 0 or a negative errno (a positive value is -EPROTO). */
+	int (*init)(void *ctx, unsigned stage);
+	/** Optional, on the stage's thread at destroy, or at a start that failed after its init succeeded. */
+	void (*fini)(void *ctx);
 } mbp_train_stage_desc;
 
 /**
@@ -255,11 +257,15 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
  * Start the threads and run each stage's init on its thread. How many threads and where they run: as a
  * pipeline's placement plan gives them (pipeline.h, "Threads and stages" and "Placement"), so a trainer
  * and a pipeline of one process take different CPUs while there are enough; mbp_trainer_stats_get() says
- * where each stage runs, whether its pin failed and whether it shares its CPU.
+ * where each stage runs, whether its pin failed and whether it shares its CPU. As a pipeline's, stages of
+ * one thread run their init in stage order (every init runs, also after one failed; then no step runs and
+ * the fini of each stage whose init succeeded runs on its thread) and their fini in reverse order; each
+ * thread is named mbp-train-<first>[-<last>] for its stages.
  * @return 0, -EINVAL (no stages; more threads than stages, as mbp_schedule_simulate() refuses them; ZB-H1
  *         with a stage that gives no backward_in/backward_w, or a last stage whose grad_row_bytes is not
  *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
- *         what is wrong in `what`), -EALREADY, -ENOMEM, the first failing init's error.
+ *         what is wrong in `what`), -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the
+ *         error of the first stage whose init failed.
  */
 int mbp_trainer_start(mbp_trainer *t);
 

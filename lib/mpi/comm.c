@@ -90,7 +90,8 @@ static void *comm_main(void *arg)
 	}
 	pthread_mutex_unlock(&g.lock);
 	if (rc == 0) {
-		if (atomic_load(&g.abort_at_end)) {
+		/* seq_cst: a flag, set once; no data is published with it */
+		if (atomic_load_explicit(&g.abort_at_end, memory_order_seq_cst)) {
 			fprintf(stderr, "mbpipe-mpi: rank %d: a rank went silent; aborting every rank\n",
 				g.rank);
 			MPI_Abort(MPI_COMM_WORLD, 1);
@@ -168,7 +169,8 @@ static int abort_task(void *arg)
 
 void mbp__mpi_check_abort(void)
 {
-	int c = atomic_load(&g.abort_now);
+	/* seq_cst: a flag, set once; no data is published with it */
+	int c = atomic_load_explicit(&g.abort_now, memory_order_seq_cst);
 	if (c)
 		MPI_Abort(MPI_COMM_WORLD, c - 1);
 }
@@ -177,7 +179,7 @@ void mbp_mpi_abort(int code)
 {
 	if (!g.started)
 		exit(code ? code : 1);
-	atomic_store(&g.abort_now, code + 1);
+	atomic_store_explicit(&g.abort_now, code + 1, memory_order_seq_cst); /* seq_cst: a flag, as above */
 	/* An idle thread runs the abort as a task; a busy one (a run's link loop) checks abort_now. */
 	pthread_mutex_lock(&g.lock);
 	if (!g.has_task && g.posted == g.done) {
@@ -194,7 +196,7 @@ void mbp_mpi_abort(int code)
 
 void mbp__mpi_abort_at_end(void)
 {
-	atomic_store(&g.abort_at_end, true);
+	atomic_store_explicit(&g.abort_at_end, true, memory_order_seq_cst); /* seq_cst: a flag, as above */
 }
 
 bool mbp__mpi_started(void)

@@ -906,6 +906,7 @@ static bool pump_sends(mbp_mpi *mp)
 		}
 		if (mp->size > 1 && mp->credits == 0) {
 			if (!mp->credit_stalled)
+				/* relaxed: a statistic */
 				atomic_fetch_add_explicit(&mp->credit_waits, 1, memory_order_relaxed);
 			mp->credit_stalled = true;
 			pthread_mutex_unlock(&mp->lock);
@@ -941,7 +942,7 @@ static bool pump_sends(mbp_mpi *mp)
 		MPI_Isend(bytes ? e.mb->data : (void *)&ss->h, (int)bytes, MPI_BYTE, mp->down, TAG_DATA,
 			  mp->comm, &ss->req[1]);
 		mp->credits--;
-		atomic_fetch_add_explicit(&mp->sent, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&mp->sent, 1, memory_order_relaxed); /* relaxed: a statistic */
 	}
 	return act;
 }
@@ -982,7 +983,7 @@ static void pass_on(mbp_mpi *mp, int i)
 	e->rslot = i;
 	e->h = r->h;
 	pthread_mutex_unlock(&mp->lock);
-	atomic_fetch_add_explicit(&mp->passed, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&mp->passed, 1, memory_order_relaxed); /* relaxed: a statistic */
 }
 
 /* Ranks > 0: arrivals in posting order, each submitted to the local pipeline (or passed on). */
@@ -998,6 +999,7 @@ static bool test_forward(mbp_mpi *mp)
 		if (!flag)
 			break;
 		if (r->hactive || r->dactive)
+			/* relaxed: a statistic */
 			atomic_fetch_add_explicit(&mp->received, 1, memory_order_relaxed);
 		r->hactive = r->dactive = false;
 		r->dreq = MPI_REQUEST_NULL;
@@ -1074,7 +1076,7 @@ static bool test_results(mbp_mpi *mp)
 			break;
 		r->dactive = false;
 		fifo_pop(mp);
-		atomic_fetch_add_explicit(&mp->received, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&mp->received, 1, memory_order_relaxed); /* relaxed: a statistic */
 		pthread_mutex_lock(&mp->lock);
 		struct tent *t = &mp->tab[r->h.seq % mp->tcap];
 		if (!t->job)
@@ -1130,6 +1132,7 @@ static void local_rank_stats(mbp_mpi *mp, mbp_mpi_rank_stats *st)
 		st->mbs_completed = ps.mbs_completed;
 		st->mbs_failed = ps.mbs_failed;
 	}
+	/* relaxed, each: statistics, written by the communication thread alone */
 	st->passed = atomic_load_explicit(&mp->passed, memory_order_relaxed);
 	st->sent = atomic_load_explicit(&mp->sent, memory_order_relaxed);
 	st->received = atomic_load_explicit(&mp->received, memory_order_relaxed);

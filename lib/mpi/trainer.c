@@ -168,7 +168,8 @@ struct mbp_mpi_trainer {
 
 static void wake_loop_locked(mbp_mpi_trainer *T)
 {
-	if (atomic_load(&T->sleeping))
+	/* seq_cst: under the lock the loop sleeps with */
+	if (atomic_load_explicit(&T->sleeping, memory_order_seq_cst))
 		pthread_cond_signal(&T->wake);
 }
 
@@ -178,7 +179,7 @@ static void hook_kick(void *arg)
 	/* seq_cst: the ring push before this load, against the loop's sleeping store before its ring
 	 * check (a Dekker pair): one of the two sees the other */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load(&T->sleeping)) {
+	if (atomic_load_explicit(&T->sleeping, memory_order_seq_cst)) {
 		pthread_mutex_lock(&T->lock);
 		pthread_cond_signal(&T->wake);
 		pthread_mutex_unlock(&T->lock);
@@ -550,11 +551,13 @@ static bool recv_io(mbp_mpi_trainer *T, struct link *l)
 				break;
 			r->dreq = MPI_REQUEST_NULL;
 			r->state = X_ARRIVED;
+			/* relaxed: a statistic */
 			atomic_fetch_add_explicit(&T->received, 1, memory_order_relaxed);
 			act = true;
 		}
 		if (r->h.attempt <= closed) {
 			fifo_pop(T, l);
+			/* relaxed: a statistic */
 			atomic_fetch_add_explicit(&T->dropped, 1, memory_order_relaxed);
 			post_slot(T, l, i);
 			l->owed++;
@@ -620,6 +623,7 @@ static bool send_io(mbp_mpi_trainer *T, struct link *l)
 		if (l->credits == 0) {
 			if (!l->stalled && mbp__trainer_link_count(T->t, l->ring)) {
 				l->stalled = true;
+				/* relaxed: a statistic */
 				atomic_fetch_add_explicit(&T->credit_waits, 1, memory_order_relaxed);
 			}
 			break;
@@ -641,7 +645,7 @@ static bool send_io(mbp_mpi_trainer *T, struct link *l)
 		MPI_Isend(mb->data, (int)((size_t)mb->rows * mb->row_bytes), MPI_BYTE, l->peer, l->tag_data,
 			  T->comm, &s->req[1]);
 		l->credits--;
-		atomic_fetch_add_explicit(&T->sent, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&T->sent, 1, memory_order_relaxed); /* relaxed: a statistic */
 		act = true;
 	}
 	return act;
@@ -1055,7 +1059,7 @@ static int link_loop(void *arg)
 			last_act = now;
 		} else if (!leave && now - last_act > T->mo.spin_ns) {
 			/* seq_cst: partner of the fence in hook_kick() */
-			atomic_store(&T->sleeping, 1);
+			atomic_store_explicit(&T->sleeping, 1, memory_order_seq_cst);
 			bool work = T->vote_state == V_PENDING || T->fail_attempt || T->tgt_pending;
 			for (int p = 0; p < T->size; p++)
 				work |= p != T->rank && T->peers[p].pending && !T->peers[p].sactive;
@@ -1068,7 +1072,7 @@ static int link_loop(void *arg)
 						  &ts);
 				pthread_cond_timedwait(&T->wake, &T->lock, &ts);
 			}
-			atomic_store(&T->sleeping, 0);
+			atomic_store_explicit(&T->sleeping, 0, memory_order_seq_cst); /* seq_cst: as above */
 		}
 		pthread_mutex_unlock(&T->lock);
 		if (!act && !leave && mbp__now_ns() - last_act <= T->mo.spin_ns)
@@ -1245,6 +1249,7 @@ int mbp_mpi_trainer_stats_get(mbp_mpi_trainer *T, mbp_mpi_train_stats *st, mbp_t
 	st->ranks = (uint32_t)T->size;
 	st->stage0 = T->stage0;
 	st->stages = T->stages;
+	/* relaxed, each: statistics, written by the communication thread alone */
 	st->sent = atomic_load_explicit(&T->sent, memory_order_relaxed);
 	st->received = atomic_load_explicit(&T->received, memory_order_relaxed);
 	st->dropped = atomic_load_explicit(&T->dropped, memory_order_relaxed);

@@ -1,0 +1,221 @@
+/*
+ * Placement (lib/affinity.c): the placement plan as a function of its request, and the process-wide
+ * record of pinned CPUs as pipelines of one process see it (disjoint CPUs while there are enough, sharing
+ * the least taken ones after, a failed pin holding none, a cgroup quota's thread count).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <mbpipe.h>
+
+#include "affinity.h"
+
+#include "check_main.h"
+#include "pipeline_rig.h"
+
+static mbp_placement placement_of(mbp_pipeline *p, unsigned stage)
+{
+	mbp_placement pl[MBP_MAX_STAGES];
+	ck_assert_int_gt(mbp_pipeline_placement(p, pl, MBP_MAX_STAGES), (int)stage);
+	ck_assert_int_eq(pl[stage].pin_error, 0);
+	return pl[stage];
+}
+
+/* Two pipelines of one process: the second takes the CPU the first left free, not the first one again
+ * (placement 0,0,1 was seen); a CPU given back at stop is the next one taken. */
+START_TEST(two_pipelines_of_one_process_take_disjoint_cpus_while_there_are_enough)
+{
+	int allowed[MBP_MAX_CPUS];
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
+	ck_assert_int_ge(n, 1);
+	if (n < 2)
+		return; /* one CPU: nothing to keep apart (the next test covers sharing) */
+	mbp_pipeline *a = started(1, 0), *b = started(1, 0);
+	ck_assert_int_eq(placement_of(a, 0).cpu, allowed[0]);
+	ck_assert_int_eq(placement_of(b, 0).cpu, allowed[1]);
+	ck_assert_uint_eq(placement_of(a, 0).sharing, 0);
+	ck_assert_uint_eq(placement_of(b, 0).sharing, 0);
+	ck_assert_int_eq(mbp_pipeline_drain(a, -1), 0); /* gives allowed[0] back */
+	mbp_pipeline *c = started(1, 0);
+	ck_assert_int_eq(placement_of(c, 0).cpu, allowed[0]);
+	mbp_pipeline_destroy(c);
+	mbp_pipeline_destroy(b);
+	mbp_pipeline_destroy(a);
+	/* two stages beside a pipeline that holds allowed[0]: its threads take the next CPUs, in order */
+	if (n >= 3) {
+		a = started(1, 0);
+		b = started(2, 2);
+		ck_assert_int_eq(placement_of(b, 0).cpu, allowed[1]);
+		ck_assert_int_eq(placement_of(b, 1).cpu, allowed[2]);
+		mbp_pipeline_destroy(b);
+		mbp_pipeline_destroy(a);
+	}
+}
+END_TEST
+
+/* pipeline.h, "Placement": once every CPU is taken, the next threads share the least taken CPUs, still
+ * pinned, and the placement counts who shares; a CPU given back stops counting. */
+START_TEST(once_every_cpu_is_taken_threads_share_the_least_taken_and_say_so)
+{
+	int allowed[MBP_MAX_CPUS];
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL);
+	ck_assert_int_ge(n, 1);
+	if (n > MBP_MAX_STAGES)
+		return; /* a pipeline cannot take every CPU here */
+	const unsigned S = (unsigned)n;
+	mbp_pipeline *full = started(S, S); /* one thread on each CPU */
+	for (unsigned k = 0; k < S; k++) {
+		ck_assert_int_eq(placement_of(full, k).cpu, allowed[k]);
+		ck_assert_uint_eq(placement_of(full, k).sharing, 0);
+	}
+	mbp_pipeline *b = started(1, 0);
+	mbp_placement pb = placement_of(b, 0);
+	ck_assert_int_eq(pb.cpu, allowed[0]); /* every CPU held once: the first */
+	ck_assert_uint_eq(pb.sharing, 1);
+	ck_assert_uint_eq(placement_of(full, 0).sharing, 1); /* the first pipeline sees it too */
+	mbp_pipeline *c = started(1, 0);
+	ck_assert_int_eq(placement_of(c, 0).cpu, allowed[S > 1 ? 1 : 0]); /* the least taken */
+	ck_assert_uint_eq(placement_of(c, 0).sharing, S > 1 ? 1 : 2);
+	/* it runs, pinned there */
+	uint32_t in[WORDS] = {1, 2, 3, 4}, out[WORDS] = {0};
+	ck_assert_int_eq(mbp_run(b, in, out, 1, 1), 0);
+	ck_assert_mem_eq(in, out, sizeof(in));
+	ck_assert_int_eq(mbp_pipeline_drain(b, -1), 0);
+	ck_assert_uint_eq(placement_of(b, 0).sharing, 0); /* stopped */
+	ck_assert_uint_eq(placement_of(full, 0).sharing, 0);
+	mbp_pipeline_destroy(c);
+	mbp_pipeline_destroy(b);
+	mbp_pipeline_destroy(full);
+}
+END_TEST
+
+/* A pin that fails is reported (placement: cpu -1, pin_error) and holds no CPU: the next pipeline takes
+ * the CPU it would have had. */
+START_TEST(a_failed_pin_is_reported_and_holds_no_cpu)
+{
+	int allowed[MBP_MAX_CPUS];
+	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL), 1);
+	mbp__pin_fail_set(-EPERM);
+	mbp_pipeline *a = started(1, 0);
+	mbp__pin_fail_set(0);
+	mbp_placement pl;
+	ck_assert_int_eq(mbp_pipeline_placement(a, &pl, 1), 1);
+	ck_assert_int_eq(pl.pin_error, -EPERM);
+	ck_assert_int_eq(pl.cpu, -1);
+	ck_assert_uint_eq(pl.sharing, 0);
+	ck_assert_uint_eq(mbp__cpu_claims(allowed[0]), 0);
+	mbp_pipeline *b = started(1, 0);
+	ck_assert_int_eq(placement_of(b, 0).cpu, allowed[0]);
+	mbp_pipeline_destroy(b);
+	mbp_pipeline_destroy(a);
+	ck_assert_uint_eq(mbp__cpu_claims(allowed[0]), 0); /* nothing given back twice, nothing kept */
+}
+END_TEST
+
+/* Threads placed under a cgroup CPU quota (faked: cpu.max of one CPU): the default thread count is the
+ * quota's, whatever the cpuset allows. */
+START_TEST(a_cgroup_quota_sets_the_default_thread_count)
+{
+	char file[] = "/tmp/mbp-cpu-max-XXXXXX";
+	int fd = mkstemp(file);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, "100000 100000\n", 14), 14);
+	close(fd);
+	mbp__cgroup_cpu_max_set(file);
+	unsigned quota = 0;
+	int allowed[MBP_MAX_CPUS];
+	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota), 1);
+	ck_assert_uint_eq(quota, 1);
+	mbp_pipeline *p = started(3, 0);
+	mbp_pipeline_stats ps;
+	mbp_pipeline_stats_get(p, &ps, NULL, 0);
+	ck_assert_uint_eq(ps.threads, 1);
+	mbp_pipeline_destroy(p);
+	mbp__cgroup_cpu_max_set(NULL);
+	unlink(file);
+}
+END_TEST
+
+/* The placement plan is a function of its request: threads take consecutive stages, a thread's CPU comes
+ * from the list (blocks of threads per CPU when they outnumber it), stages of one thread must agree on a
+ * named CPU, and unpinned means no CPU at all. */
+/* Give back what a plan claimed (the pipeline does it when its threads stop). */
+static void unplan(const struct mbp__placement_plan *pl)
+{
+	for (unsigned t = 0; t < pl->nthreads; t++)
+		mbp__cpu_release(pl->thread_cpu[t]);
+}
+
+START_TEST(placement_plan_follows_threads_names_and_cpu_list)
+{
+	int allowed[MBP_MAX_CPUS];
+	ck_assert_int_ge(mbp_cpus_allowed(allowed, MBP_MAX_CPUS, NULL), 1);
+	const int a = allowed[0];
+	int none[4] = {-1, -1, -1, -1}, cpus[2] = {a, a};
+	struct mbp__placement_plan pl;
+	struct mbp__placement_req rq = {
+	    .nstages = 4, .threads = 2, .pin = true, .named = none, .ncpus = 2, .cpus = cpus};
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
+	ck_assert_uint_eq(pl.nthreads, 2);
+	static const unsigned thread_of[4] = {0, 0, 1, 1};
+	for (unsigned i = 0; i < 4; i++) {
+		ck_assert_uint_eq(pl.thread_of[i], thread_of[i]);
+		ck_assert_int_eq(pl.cpu[i], a);
+		ck_assert(pl.pin_required[i]); /* a CPU list is asked for */
+	}
+	/* four threads on a list of one CPU: all on it, oversubscribed, so waits must not spin */
+	rq.threads = 4;
+	rq.ncpus = 1;
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
+	ck_assert_uint_eq(pl.nthreads, 4);
+	ck_assert(pl.oversubscribed);
+	for (unsigned i = 0; i < 4; i++) {
+		ck_assert_uint_eq(pl.thread_of[i], i);
+		ck_assert_int_eq(pl.cpu[i], a);
+	}
+	/* stages of one thread naming different CPUs */
+	int named[2] = {a, a + 1};
+	struct mbp__placement_req two = {.nstages = 2, .threads = 1, .pin = true, .named = named};
+	ck_assert_int_eq(mbp__placement_plan(&two, &pl), -EINVAL);
+	ck_assert_uint_eq(mbp__cpu_claims(a + 1), 0); /* refused: nothing claimed */
+	/* one of them naming a CPU: the whole thread goes there, and must */
+	named[0] = -1;
+	ck_assert_int_eq(mbp__placement_plan(&two, &pl), 0);
+	unplan(&pl);
+	ck_assert_int_eq(pl.cpu[0], a + 1);
+	ck_assert(pl.pin_required[0] && pl.pin_required[1]);
+	/* unpinned: no CPU, names ignored, one thread per stage while they fit */
+	two.pin = false;
+	two.threads = 0;
+	ck_assert_int_eq(mbp__placement_plan(&two, &pl), 0);
+	unplan(&pl);
+	ck_assert_int_eq(pl.cpu[0], -1);
+	ck_assert_int_eq(pl.cpu[1], -1);
+	ck_assert(!pl.pin_required[0]);
+	/* more threads asked than stages: one per stage */
+	rq.threads = 9;
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
+	ck_assert_uint_eq(pl.nthreads, 4);
+	ck_assert_uint_eq(mbp__cpu_claims(a), 0); /* every plan's claims given back */
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("affinity");
+	TCase *tc = tcase_create("affinity");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, two_pipelines_of_one_process_take_disjoint_cpus_while_there_are_enough);
+	tcase_add_test(tc, once_every_cpu_is_taken_threads_share_the_least_taken_and_say_so);
+	tcase_add_test(tc, a_failed_pin_is_reported_and_holds_no_cpu);
+	tcase_add_test(tc, a_cgroup_quota_sets_the_default_thread_count);
+	tcase_add_test(tc, placement_plan_follows_threads_names_and_cpu_list);
+	suite_add_tcase(s, tc);
+	return s;
+}
