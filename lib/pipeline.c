@@ -115,6 +115,11 @@ int mbp__pipeline_node_share(mbp_pipeline *p, unsigned k, unsigned m)
 	return 0;
 }
 
+mbp_pool *mbp__pipeline_mb_pool(mbp_pipeline *p)
+{
+	return p->mb_pool;
+}
+
 /* Decide the threads, which stages each runs, each thread's CPU (affinity.c), and the wait mode. */
 static int plan_placement(struct mbp_pipeline *p)
 {

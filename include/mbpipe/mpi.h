@@ -166,6 +166,15 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns);
 /** Give back a result, or an acquired buffer never submitted. Any thread of rank 0. */
 void mbp_mpi_mb_release(mbp_mpi *mp, mbp_mb *mb);
 
+/**
+ * In a stage of an mbp_mpi's local pipeline (any rank): the micro-batch's global sequence number, the
+ * order in which rank 0 accepted it. A stage sees each micro-batch as a local job of one micro-batch
+ * (in->job set, in->seq 0: its input read in place, its output written straight into the buffer the
+ * link sends), or, for a caller's micro-batch that carries something for the stages (mb->carry), as a
+ * single micro-batch.
+ */
+uint64_t mbp_mpi_mb_seq(const mbp_mb *in);
+
 /* ---- ending a run ---- */
 
 /**

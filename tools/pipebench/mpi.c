@@ -195,9 +195,10 @@ static int stamp_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	struct stamp *s = ctx;
 	uint64_t t0 = pb_now_ns();
 	int rc = s->inner.fn(s->inner.ctx, in, out);
-	if (in->seq < s->n) {
-		s->rec[2 * in->seq] = t0;
-		s->rec[2 * in->seq + 1] = pb_now_ns();
+	uint64_t k = mbp_mpi_mb_seq(in);
+	if (k < s->n) {
+		s->rec[2 * k] = t0;
+		s->rec[2 * k + 1] = pb_now_ns();
 	}
 	return rc;
 }
