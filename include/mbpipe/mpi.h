@@ -163,7 +163,8 @@ int mbp_mpi_mb_acquire(mbp_mpi *mp, mbp_mb **mb, int64_t timeout_ns);
  */
 int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns);
 
-/** Give back a result, or an acquired buffer never submitted. Any thread of rank 0. */
+/** Give back a result, or an acquired buffer never submitted. Any thread of rank 0. `mp` may be NULL
+ * (an on_result that has no handle), as for mbp_mb_release(). */
 void mbp_mpi_mb_release(mbp_mpi *mp, mbp_mb *mb);
 
 /**
