@@ -17,7 +17,9 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,33 +108,12 @@ static int hs_task(void *arg)
 	return 0;
 }
 
-int mbp__run_handshake(struct mbp__run *r, const uint64_t *mine, unsigned n, uint64_t *all)
-{
-	struct hs h = {.r = r, .mine = mine, .n = n, .all = all};
-	return mbp__mpi_call(hs_task, &h);
-}
-
 int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool)
 {
 	MBP_VERIFY(r->nlinks < MBP__RUN_LINKS);
 	struct mbp__link *l = &r->link[r->nlinks++];
 	*l = (struct mbp__link){.send = send, .peer = peer, .tag = tag, .id = id, .pool = pool};
 	return mbp__link_alloc(l, r->mo.window);
-}
-
-static int free_comm_task(void *arg)
-{
-	struct mbp__run *r = arg;
-	if (r->comm != MPI_COMM_NULL)
-		MPI_Comm_free(&r->comm);
-	return 0;
-}
-
-void mbp__run_fail(struct mbp__run *r, int rc)
-{
-	mbp__mpi_call(free_comm_task, r);
-	r->state = MBP__RUN_ENDED;
-	r->err = rc;
 }
 
 /* ---- the loop, on the communication thread ---- */
@@ -216,10 +197,77 @@ static int loop_task(void *arg)
 	return 0;
 }
 
-void mbp__run_go(struct mbp__run *r)
+/* ---- start, on the owner's thread ---- */
+
+static int free_comm_task(void *arg)
 {
+	struct mbp__run *r = arg;
+	if (r->comm != MPI_COMM_NULL)
+		MPI_Comm_free(&r->comm);
+	return 0;
+}
+
+/* Rank k's values in all[] that break the rules of mbp__run_start, in words; 0 or the error. */
+static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char *const *names,
+		 const char *what)
+{
+	for (int k = 0; k < r->size; k++) {
+		const uint64_t *v = &all[(size_t)k * n], *next = v + n;
+		int e = (int)(int64_t)v[MBP__HS_RC];
+		if (e < 0) {
+			snprintf(r->msg, sizeof(r->msg), "rank %d failed to start: %s", k, mbp_strerror(e));
+			return e;
+		}
+		if (k + 1 < r->size && v[MBP__HS_OUT] != next[MBP__HS_IN]) {
+			snprintf(r->msg, sizeof(r->msg),
+				 "rank %d's output rows are %llu bytes, rank %d's input rows %llu", k,
+				 (unsigned long long)v[MBP__HS_OUT], k + 1,
+				 (unsigned long long)next[MBP__HS_IN]);
+			return -EINVAL;
+		}
+		if (v[MBP__HS_BYTES] > INT_MAX) {
+			snprintf(r->msg, sizeof(r->msg), "rank %d's %s exceed 2 GiB", k, what);
+			return -E2BIG;
+		}
+		for (unsigned i = MBP__HS_SAME; i < n; i++)
+			if (v[i] != all[i]) {
+				snprintf(r->msg, sizeof(r->msg), "rank %d has %s %llu, rank 0 %llu", k,
+					 names[i - MBP__HS_SAME], (unsigned long long)v[i],
+					 (unsigned long long)all[i]);
+				return -EINVAL;
+			}
+	}
+	return 0;
+}
+
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what,
+		   int (*local)(struct mbp__run *r, const uint64_t *all))
+{
+	uint64_t *all = calloc((size_t)r->size, n * sizeof(*all));
+	struct hs h = {.r = r, .mine = mine, .n = n, .all = all};
+	int rc = all ? mbp__mpi_call(hs_task, &h) : -ENOMEM;
+	if (rc == 0 && (rc = check(r, all, n, names, what)) == 0) {
+		/* every rank passed alike: the flow's own start (collectives included), then its result shared */
+		int lrc = local(r, all);
+		mine[MBP__HS_RC] = (uint64_t)(int64_t)lrc;
+		rc = mbp__mpi_call(hs_task, &h);
+		/* the first rank that failed says why; one that failed alike (a check of all[]) has said it */
+		for (int k = 0; rc == 0 && k < r->size; k++)
+			if ((rc = (int)(int64_t)all[(size_t)k * n + MBP__HS_RC]) < 0 &&
+			    !(rc == lrc && r->msg[0]))
+				snprintf(r->msg, sizeof(r->msg), "rank %d failed to start: %s", k,
+					 mbp_strerror(rc));
+	}
+	free(all);
+	if (rc) {
+		mbp__mpi_call(free_comm_task, r);
+		r->state = MBP__RUN_ENDED;
+		r->err = rc;
+		return rc;
+	}
 	r->state = MBP__RUN_RUNNING;
 	r->ticket = mbp__mpi_post(loop_task, r);
+	return 0;
 }
 
 void mbp__run_wait_end(struct mbp__run *r)

@@ -270,43 +270,6 @@ const char *mbp_mpi_error(const mbp_mpi *mp)
 
 /* ---- start ---- */
 
-enum { HS_IN, HS_OUT, HS_ROWS, HS_WINDOW, HS_RC, HS_BYTES, HS_N };
-
-static int check_handshake(mbp_mpi *mp, const uint64_t *all)
-{
-	char *err = mp->r.msg;
-	int size = mp->r.size;
-	for (int r = 0; r < size; r++)
-		if ((int64_t)all[r * HS_N + HS_RC] < 0) {
-			int e = (int)(int64_t)all[r * HS_N + HS_RC];
-			snprintf(err, sizeof(mp->r.msg), "rank %d failed to start its pipeline: %s", r,
-				 mbp_strerror(e));
-			return e;
-		}
-	for (int r = 0; r < size; r++) {
-		const uint64_t *v = &all[r * HS_N], *n = &all[((r + 1) % size) * HS_N];
-		if (v[HS_ROWS] != all[HS_ROWS] || v[HS_WINDOW] != all[HS_WINDOW]) {
-			snprintf(err, sizeof(mp->r.msg),
-				 "rank %d has max_mb_rows %llu and window %llu, rank 0 %llu and %llu", r,
-				 (unsigned long long)v[HS_ROWS], (unsigned long long)v[HS_WINDOW],
-				 (unsigned long long)all[HS_ROWS], (unsigned long long)all[HS_WINDOW]);
-			return -EINVAL;
-		}
-		if (r + 1 < size && v[HS_OUT] != n[HS_IN]) {
-			snprintf(err, sizeof(mp->r.msg),
-				 "rank %d's output rows are %llu bytes, rank %d's input rows %llu", r,
-				 (unsigned long long)v[HS_OUT], r + 1, (unsigned long long)n[HS_IN]);
-			return -EINVAL;
-		}
-		if (v[HS_BYTES] > INT_MAX) {
-			snprintf(err, sizeof(mp->r.msg), "rank %d's micro-batches exceed 2 GiB", r);
-			return -E2BIG;
-		}
-	}
-	mp->final_rb = all[(size - 1) * HS_N + HS_OUT];
-	return 0;
-}
-
 static int pool_make(mbp_pool **pool, size_t bytes, uint32_t n, size_t max_bytes)
 {
 	mbp_pool_opts po;
@@ -336,50 +299,47 @@ static int alloc_run(mbp_mpi *mp)
 			return -ENOMEM;
 		rc = pool_make(&mp->res_pool, mp->final_rb * mp->max_rows, mp->tcap + W, mp->lo.pool_bytes);
 	}
-	if (rc == 0 && r->size > 1) {
+	if (rc == 0) /* to the next rank, from the one before (one rank alone: to and from itself) */
 		rc = mbp__run_link(r, true, (r->rank + 1) % r->size, TAG_LINK, 0, NULL);
-		if (rc == 0)
-			rc = mbp__run_link(r, false, (r->rank + r->size - 1) % r->size, TAG_LINK, 0,
-					   r->rank == 0 ? mp->res_pool : mp->pool);
-	}
+	if (rc == 0)
+		rc = mbp__run_link(r, false, (r->rank + r->size - 1) % r->size, TAG_LINK, 0,
+				   r->rank == 0 ? mp->res_pool : mp->pool);
 	return rc ? rc : mbp__ctl_alloc(r, false);
+}
+
+enum { HS_ROWS = MBP__HS_SAME, HS_WINDOW, HS_N };
+
+/* Every rank passed the checks of the start: this rank's part of its node's CPUs (collective), its
+ * pipeline, the run's buffers. */
+static int start_local(struct mbp__run *r, const uint64_t *all)
+{
+	mbp_mpi *mp = of(r);
+	mp->final_rb = all[(size_t)(r->size - 1) * HS_N + MBP__HS_OUT];
+	unsigned node_k, node_m;
+	int rc = mbp__mpi_node_share(&node_k, &node_m);
+	if (rc == 0)
+		rc = mbp__pipeline_node_share(mp->p, node_k, node_m);
+	if (rc == 0)
+		rc = mbp_pipeline_start(mp->p);
+	return rc ? rc : alloc_run(mp);
 }
 
 int mbp_mpi_start(mbp_mpi *mp)
 {
+	static const char *const names[] = {"max_mb_rows", "window"};
 	if (!mp)
 		return -EINVAL;
 	if (mp->r.state != MBP__RUN_NEW)
 		return -EALREADY;
 	mp->max_rows = mp->lo.max_mb_rows; /* filled in at new */
-	/* collective: this rank's part of its node's CPUs first (pipeline.h, "Placement") */
-	unsigned node_k, node_m;
-	int local_rc = mbp__mpi_node_share(&node_k, &node_m);
-	if (local_rc == 0)
-		local_rc = mbp__pipeline_node_share(mp->p, node_k, node_m);
-	if (local_rc == 0)
-		local_rc = mp->nstages ? mbp_pipeline_start(mp->p) : -EINVAL;
-	uint64_t mine[HS_N] = {mp->in_rb,
-			       mp->out_rb,
-			       mp->max_rows,
-			       mp->r.mo.window,
-			       (uint64_t)(int64_t)local_rc,
-			       (uint64_t)mp->out_rb * mp->max_rows};
-	uint64_t *all = calloc((size_t)mp->r.size, sizeof(mine));
-	int rc = all ? mbp__run_handshake(&mp->r, mine, HS_N, all) : -ENOMEM;
-	if (rc == 0)
-		rc = check_handshake(mp, all);
-	free(all);
-	if (rc == 0)
-		rc = alloc_run(mp);
-	if (rc) {
-		if (local_rc == 0)
-			mbp_pipeline_cancel(mp->p);
-		mbp__run_fail(&mp->r, rc);
-		return rc;
-	}
-	mbp__run_go(&mp->r);
-	return 0;
+	uint64_t mine[HS_N] = {[MBP__HS_RC] = mp->nstages ? 0 : (uint64_t)-EINVAL,
+			       [MBP__HS_IN] = mp->in_rb,
+			       [MBP__HS_OUT] = mp->out_rb,
+			       [MBP__HS_BYTES] =
+				   (mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb) * mp->max_rows,
+			       [HS_ROWS] = mp->max_rows,
+			       [HS_WINDOW] = mp->r.mo.window};
+	return mbp__run_start(&mp->r, mine, HS_N, names, "micro-batches", start_local);
 }
 
 /* ---- rank 0: the table and retiring ---- */
@@ -854,50 +814,14 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 	return MBP__AGAIN;
 }
 
-/* One rank alone: a result is final here; copy it where rank 0 keeps results. */
-static void retire_local(mbp_mpi *mp, struct carrier *c)
-{
-	pthread_mutex_lock(&mp->r.lock);
-	struct tent *t = &mp->tab[c->h.seq % mp->tcap];
-	MBP_VERIFY(t->seq == c->h.seq);
-	size_t bytes = c->h.status ? 0 : (size_t)c->h.rows * c->h.row_bytes;
-	void *dst = NULL;
-	if (t->job) {
-		dst = (char *)t->job->out + (size_t)t->k * t->job->mb_rows * mp->final_rb;
-	} else {
-		pthread_mutex_unlock(&mp->r.lock);
-		mbp_mb *res;
-		if (mbp_pool_get(mp->res_pool, NULL, &res, -1) != 0)
-			MBP_VERIFY(!"a result buffer");
-		pthread_mutex_lock(&mp->r.lock);
-		t->res = res;
-		dst = res->data;
-	}
-	if (bytes)
-		memcpy(dst, c->out->data, bytes);
-	entry_done_locked(t, c->h.status);
-	carrier_free_locked(mp, c);
-	pthread_mutex_unlock(&mp->r.lock);
-}
-
 static bool op_pass(struct mbp__run *r)
 {
 	mbp_mpi *mp = of(r);
-	bool act = false;
-	for (struct carrier *c; r->size == 1;) {
-		pthread_mutex_lock(&r->lock);
-		c = dequeue_locked(mp);
-		pthread_mutex_unlock(&r->lock);
-		if (!c)
-			break;
-		retire_local(mp, c);
-		act = mp->arrived = true;
-	}
 	if (mp->arrived) {
 		mp->arrived = false;
 		retire(mp);
 	}
-	return act;
+	return false;
 }
 
 static void local_rank_stats(mbp_mpi *mp, mbp_mpi_rank_stats *st)
@@ -976,27 +900,19 @@ static const struct mbp__run_ops ops = {.next = op_next,
 
 /* ---- ending a run ---- */
 
-/* Rank 0, lock held: ask the loop to end the run once everything retired, and wait for it to end. */
-static void end_run_locked(mbp_mpi *mp)
-{
-	mp->end_req = true;
-	mbp__run_kick(&mp->r);
-	mbp__run_wait_end(&mp->r);
-}
-
 /* After the loop ended: the communication thread is free again; stop the local pipeline. */
 static void after_loop(mbp_mpi *mp, bool cancel)
 {
 	if (!mp->r.ticket)
 		return;
 	mbp__run_join(&mp->r);
-	if (cancel)
-		mbp_pipeline_cancel(mp->p);
-	else if (mbp_pipeline_drain(mp->p, 5 * (int64_t)1000000000) != 0)
+	if (cancel || mbp_pipeline_drain(mp->p, 5 * (int64_t)1000000000) != 0)
 		mbp_pipeline_cancel(mp->p);
 }
 
-int mbp_mpi_drain(mbp_mpi *mp, int64_t timeout_ns)
+/* Rank 0: stop accepting (cancel: and fail what has not started, on every rank, also on the wire), wait
+ * until every accepted micro-batch retired, then end the run on every rank. */
+static int end_run(mbp_mpi *mp, bool cancel, int64_t timeout_ns)
 {
 	int rc = check_rank0(mp);
 	if (rc)
@@ -1004,51 +920,41 @@ int mbp_mpi_drain(mbp_mpi *mp, int64_t timeout_ns)
 	struct timespec ts;
 	const struct timespec *dl = mbp__run_deadline(timeout_ns, &ts);
 	pthread_mutex_lock(&mp->r.lock);
-	if (mp->r.state == MBP__RUN_ENDED) {
-		rc = mp->r.err;
-		bool cancel = mp->r.dead || mp->cancelled;
-		pthread_mutex_unlock(&mp->r.lock);
-		after_loop(mp, cancel);
-		return rc;
-	}
-	mp->stop_accepting = true;
-	while (mp->next_retire != mp->next_seq && !mp->r.dead) {
-		if ((timeout_ns == 0 || !mbp__run_wait(&mp->r, dl)) && mp->next_retire != mp->next_seq &&
-		    !mp->r.dead) {
+	if (mp->r.state == MBP__RUN_RUNNING) {
+		mp->stop_accepting = true;
+		if (cancel && !mp->cancelled) {
+			mp->cancelled = true;
 			pthread_mutex_unlock(&mp->r.lock);
-			return -ETIMEDOUT;
+			mbp__ctl_post(&mp->r, -1, MBP__CTL_CANCEL);
+			mbp_pipeline_cancel(
+			    mp->p); /* what waits here fails; results travel on as failed headers */
+			pthread_mutex_lock(&mp->r.lock);
 		}
+		while (mp->next_retire != mp->next_seq && !mp->r.dead)
+			if ((timeout_ns == 0 || !mbp__run_wait(&mp->r, dl)) &&
+			    mp->next_retire != mp->next_seq && !mp->r.dead) {
+				pthread_mutex_unlock(&mp->r.lock);
+				return -ETIMEDOUT;
+			}
+		mp->end_req = true; /* the loop sends STOP once all is retired */
+		mbp__run_kick(&mp->r);
+		mbp__run_wait_end(&mp->r);
 	}
-	end_run_locked(mp);
 	rc = mp->r.err;
-	bool dead = mp->r.dead;
+	cancel |= mp->r.dead || mp->cancelled;
 	pthread_mutex_unlock(&mp->r.lock);
-	after_loop(mp, dead);
+	after_loop(mp, cancel);
 	return rc;
+}
+
+int mbp_mpi_drain(mbp_mpi *mp, int64_t timeout_ns)
+{
+	return end_run(mp, false, timeout_ns);
 }
 
 int mbp_mpi_cancel(mbp_mpi *mp)
 {
-	int rc = check_rank0(mp);
-	if (rc)
-		return rc;
-	pthread_mutex_lock(&mp->r.lock);
-	if (mp->r.state == MBP__RUN_RUNNING) {
-		mp->stop_accepting = true;
-		mp->cancelled = true;
-		pthread_mutex_unlock(&mp->r.lock);
-		mbp__ctl_post(&mp->r, -1, MBP__CTL_CANCEL);
-		/* fails what waits in the local pipeline; results travel on as failed headers */
-		mbp_pipeline_cancel(mp->p);
-		pthread_mutex_lock(&mp->r.lock);
-		while (mp->next_retire != mp->next_seq && !mp->r.dead)
-			pthread_cond_wait(&mp->r.cond, &mp->r.lock);
-		end_run_locked(mp);
-	}
-	rc = mp->r.err;
-	pthread_mutex_unlock(&mp->r.lock);
-	after_loop(mp, true);
-	return rc;
+	return end_run(mp, true, -1);
 }
 
 int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)

@@ -197,14 +197,20 @@ struct mbp__run {
 
 /* Fill in a run (rank, size, options with their defaults; no MPI call). Pair with mbp__run_destroy(). */
 void mbp__run_init(struct mbp__run *r, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
-/* Collective, on the communication thread: dup the communicator (once), then allgather n values of each
- * rank into all[rank * n + i]. 0 or -EIO. */
-int mbp__run_handshake(struct mbp__run *r, const uint64_t *mine, unsigned n, uint64_t *all);
 /* Before go: a link (the control channel: mbp__ctl_alloc). 0 or -ENOMEM. */
 int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool);
-/* Start the loop; or end a run that failed to start with `rc`. */
-void mbp__run_go(struct mbp__run *r);
-void mbp__run_fail(struct mbp__run *r, int rc);
+/* The values every rank gives at start: its error so far, its row widths in and out, its largest message,
+ * one of the flow's own; then the flow's values that must be equal on every rank. */
+enum { MBP__HS_RC, MBP__HS_IN, MBP__HS_OUT, MBP__HS_BYTES, MBP__HS_OWN, MBP__HS_SAME };
+/*
+ * Start, collective: every rank's mine[0..n) to every rank, checked (an error on a rank; a rank's OUT not
+ * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_SAME on that is not rank
+ * 0's, names[i - MBP__HS_SAME] in words); then on every rank the flow's own start, local(r, all), its
+ * result shared, and the loop started. Every rank gets the same result; r->msg says why (local may word
+ * its own failure there). 0 or -errno.
+ */
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what,
+		   int (*local)(struct mbp__run *r, const uint64_t *all));
 /* Lock held: wait until the loop has ended the run; then (unlocked) for its task. */
 void mbp__run_wait_end(struct mbp__run *r);
 void mbp__run_join(struct mbp__run *r);

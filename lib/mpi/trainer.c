@@ -196,57 +196,7 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *T, const mbp_train_stage_desc *d)
 	return rc;
 }
 
-/* ---- start: two hand-shakes ---- */
-
-enum { HS_STAGES, HS_IN, HS_OUT, HS_TGT, HS_ROWS, HS_MBS, HS_WINDOW, HS_SCHED, HS_N };
-
-static int check_hs(mbp_mpi_trainer *T, const uint64_t *all)
-{
-	static const char *const what[HS_N] = {
-	    "", "", "", "target_row_bytes", "max_mb_rows", "max_mbs", "window", "schedule"};
-	char *err = T->r.msg;
-	unsigned total = 0;
-	for (int r = 0; r < T->r.size; r++) {
-		const uint64_t *v = &all[r * HS_N];
-		if (v[HS_STAGES] == 0) {
-			snprintf(err, sizeof(T->r.msg), "rank %d has no stages", r);
-			return -EINVAL;
-		}
-		for (int k = HS_TGT; k < HS_N; k++)
-			if (v[k] != all[k]) {
-				snprintf(err, sizeof(T->r.msg), "rank %d has %s %llu, rank 0 %llu", r,
-					 what[k], (unsigned long long)v[k], (unsigned long long)all[k]);
-				return -EINVAL;
-			}
-		if (r + 1 < T->r.size && v[HS_OUT] != all[(r + 1) * HS_N + HS_IN]) {
-			snprintf(err, sizeof(T->r.msg),
-				 "rank %d's output rows are %llu bytes, rank %d's input rows %llu", r,
-				 (unsigned long long)v[HS_OUT], r + 1,
-				 (unsigned long long)all[(r + 1) * HS_N + HS_IN]);
-			return -EINVAL;
-		}
-		/* each product in 64 bits, checked for a wrap (the widths are size_t on the sending rank) */
-		uint64_t out_mb, in_mb, tgt_rows, tgt_step;
-		if (__builtin_mul_overflow(v[HS_OUT], v[HS_ROWS], &out_mb) || out_mb > INT_MAX ||
-		    __builtin_mul_overflow(v[HS_IN], v[HS_ROWS], &in_mb) || in_mb > INT_MAX ||
-		    __builtin_mul_overflow(v[HS_TGT], v[HS_ROWS], &tgt_rows) ||
-		    __builtin_mul_overflow(tgt_rows, v[HS_MBS], &tgt_step) || tgt_step > INT_MAX) {
-			snprintf(err, sizeof(T->r.msg),
-				 "rank %d's micro-batches or a step's targets exceed 2 GiB", r);
-			return -E2BIG;
-		}
-		T->first_of[r] = total;
-		total += (unsigned)v[HS_STAGES];
-		if (total > MBP_MAX_STAGES) {
-			snprintf(err, sizeof(T->r.msg), "more than %d stages over all ranks", MBP_MAX_STAGES);
-			return -E2BIG;
-		}
-	}
-	T->first_of[T->r.size] = total;
-	T->stages = total;
-	T->stage0 = T->first_of[T->r.rank];
-	return 0;
-}
+/* ---- start ---- */
 
 /* The links (up: activations in, gradients out; down: activations out, gradients in), the channel. */
 static int alloc_run(mbp_mpi_trainer *T)
@@ -269,63 +219,77 @@ static int alloc_run(mbp_mpi_trainer *T)
 	return rc ? rc : mbp__ctl_alloc(r, true);
 }
 
+enum { HS_TGT = MBP__HS_SAME, HS_ROWS, HS_MBS, HS_WINDOW, HS_SCHED, HS_N };
+
+/* Every rank passed the checks of the start: each rank's stages in the whole pipeline; this rank's part
+ * of its node's CPUs (collective), its trainer, the run's buffers. */
+static int start_local(struct mbp__run *r, const uint64_t *all)
+{
+	mbp_mpi_trainer *T = of(r);
+	unsigned total = 0;
+	for (int k = 0; k < r->size; k++) {
+		uint64_t n = all[(size_t)k * HS_N + MBP__HS_OWN];
+		if (n == 0) {
+			snprintf(r->msg, sizeof(r->msg), "rank %d has no stages", k);
+			return -EINVAL;
+		}
+		if ((total += (unsigned)n) > MBP_MAX_STAGES) {
+			snprintf(r->msg, sizeof(r->msg), "more than %d stages over all ranks",
+				 MBP_MAX_STAGES);
+			return -E2BIG;
+		}
+		T->first_of[k + 1] = total;
+	}
+	T->stages = total;
+	T->stage0 = T->first_of[r->rank];
+	struct mbp__train_remote rem = {.stage0 = T->stage0,
+					.stages = T->stages,
+					.extra_buffers = 4 * r->mo.window + 8,
+					.arg = T,
+					.kick = hook_kick,
+					.begin = hook_begin,
+					.failed = hook_failed,
+					.agree = hook_agree};
+	int rc = mbp__mpi_node_share(&rem.node_k, &rem.node_m);
+	if (rc == 0)
+		rc = mbp__trainer_set_remote(T->t, &rem);
+	if (rc == 0 && (rc = mbp_trainer_start(T->t)) != 0) {
+		mbp_train_error te = {0};
+		mbp_trainer_error(T->t, &te);
+		if (te.err)
+			snprintf(r->msg, sizeof(r->msg), "rank %d failed to start (stage %d): %s%s%s",
+				 r->rank, te.stage, mbp_strerror(rc), te.what ? ": " : "",
+				 te.what ? te.what : "");
+	}
+	return rc ? rc : alloc_run(T);
+}
+
 int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 {
+	static const char *const names[] = {"target_row_bytes", "max_mb_rows", "max_mbs", "window",
+					    "schedule"};
 	if (!T)
 		return -EINVAL;
 	if (T->r.state != MBP__RUN_NEW)
 		return -EALREADY;
-	uint64_t mine[HS_N] = {T->nstages,	 T->o.in_row_bytes, T->out_rb,	    T->o.target_row_bytes,
-			       T->o.max_mb_rows, T->o.max_mbs,	    T->r.mo.window, (uint64_t)T->o.schedule};
-	uint64_t *all = calloc((size_t)T->r.size, sizeof(mine));
-	int rc = all ? mbp__run_handshake(&T->r, mine, HS_N, all) : -ENOMEM;
-	if (rc == 0)
-		rc = check_hs(T, all);
-	/* every rank starts its trainer (or says why not); the second hand-shake shares the results */
-	int local_rc = rc;
-	if (local_rc == 0) {
-		struct mbp__train_remote rem = {.stage0 = T->stage0,
-						.stages = T->stages,
-						.extra_buffers = 4 * T->r.mo.window + 8,
-						.arg = T,
-						.kick = hook_kick,
-						.begin = hook_begin,
-						.failed = hook_failed,
-						.agree = hook_agree};
-		/* collective (every rank passed check_hs alike): this rank's part of its node's CPUs */
-		local_rc = mbp__mpi_node_share(&rem.node_k, &rem.node_m);
-		if (local_rc == 0)
-			local_rc = mbp__trainer_set_remote(T->t, &rem);
-		if (local_rc == 0)
-			local_rc = mbp_trainer_start(T->t);
-		if (local_rc == 0)
-			local_rc = alloc_run(T);
-		memset(mine, 0, sizeof(mine));
-		mine[0] = (uint64_t)(int64_t)local_rc;
-		rc = mbp__run_handshake(&T->r, mine, HS_N, all);
-		for (int r = 0; rc == 0 && r < T->r.size; r++) {
-			int e = (int)(int64_t)all[r * HS_N];
-			if (e >= 0)
-				continue;
-			mbp_train_error te = {0};
-			mbp_trainer_error(T->t, &te);
-			if (r == T->r.rank && te.err)
-				snprintf(T->r.msg, sizeof(T->r.msg),
-					 "rank %d failed to start (stage %d): %s%s%s", r, te.stage,
-					 mbp_strerror(e), te.what ? ": " : "", te.what ? te.what : "");
-			else
-				snprintf(T->r.msg, sizeof(T->r.msg), "rank %d failed to start: %s", r,
-					 mbp_strerror(e));
-			rc = e;
-		}
-	}
-	free(all);
-	if (rc) {
-		mbp__run_fail(&T->r, rc);
-		return rc;
-	}
-	mbp__run_go(&T->r);
-	return 0;
+	/* each product in 64 bits, checked for a wrap (the widths are size_t) */
+	uint64_t out_mb, in_mb, tgt_step, most = UINT64_MAX;
+	if (!__builtin_mul_overflow((uint64_t)T->out_rb, T->o.max_mb_rows, &out_mb) &&
+	    !__builtin_mul_overflow((uint64_t)T->o.in_row_bytes, T->o.max_mb_rows, &in_mb) &&
+	    !__builtin_mul_overflow((uint64_t)T->o.target_row_bytes,
+				    (uint64_t)T->o.max_mb_rows * T->o.max_mbs, &tgt_step))
+		most = out_mb > in_mb ? (out_mb > tgt_step ? out_mb : tgt_step)
+				      : (in_mb > tgt_step ? in_mb : tgt_step);
+	uint64_t mine[HS_N] = {[MBP__HS_IN] = T->o.in_row_bytes,
+			       [MBP__HS_OUT] = T->out_rb,
+			       [MBP__HS_BYTES] = most,
+			       [MBP__HS_OWN] = T->nstages,
+			       [HS_TGT] = T->o.target_row_bytes,
+			       [HS_ROWS] = T->o.max_mb_rows,
+			       [HS_MBS] = T->o.max_mbs,
+			       [HS_WINDOW] = T->r.mo.window,
+			       [HS_SCHED] = (uint64_t)T->o.schedule};
+	return mbp__run_start(&T->r, mine, HS_N, names, "micro-batches or a step's targets", start_local);
 }
 
 /* ---- the run's operations (the loop's thread) ---- */
