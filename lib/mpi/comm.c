@@ -54,9 +54,10 @@ static void *comm_main(void *arg)
 {
 	struct init_args *ia = arg;
 	int provided = MPI_THREAD_SINGLE, rc = 0;
+	pthread_setname_np(pthread_self(), "mbp-comm");
 #ifdef PR_SET_TIMERSLACK
-	/* The link loops park for as little as 1 us (mbp__mpi_park_ns): the default slack (50 us) would make
-	 * every such park 50 us. Only this thread's timers are affected. */
+	/* The link loop parks for as little as 1 us (loop.c): the default slack (50 us) would make every such
+	 * park 50 us. Only this thread's timers are affected. */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 #endif
 	if (MPI_Init_thread(ia->argc, ia->argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
