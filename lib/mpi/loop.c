@@ -6,9 +6,9 @@
  * and keeps only its own protocol.
  *
  * A pass of the loop: every link (one MPI_Testsome each), the flow's own work, the control channel, the
- * watchdog, and on rank 0 the quiet stop. After spin_ns without an event it parks, the one way wait.h
- * documents: raise the parker's flag, re-check the kick word (any thread that publishes work for the loop
- * stores it and then wakes the parker, mbp__run_kick), sleep. An arriving MPI message cannot wake it
+ * watchdog, and on rank 0 the quiet stop. After spin_ns without an event it parks, the way wait.h
+ * documents, in its seq_cst mode (no membarrier per park): raise the parker's flag, re-check the kick word
+ * (any thread that publishes work for the loop stores it and then wakes the parker, mbp__run_kick), sleep. An arriving MPI message cannot wake it
  * (shared memory has no descriptor to wait on), so a park has a deadline that grows with the quiet time,
  * a quarter of it, from 1 us up to idle_ns: an arrival after a quiet gap g is seen within about g / 4, and
  * a rank quiet for long polls every idle_ns. Not a smaller share: each park is a wake-up (about 10 us of
@@ -130,6 +130,9 @@ static bool stop_step(struct mbp__run *r, bool *leave)
 {
 	struct mbp__ctl *c = &r->ctl;
 	if (!c->stop_sent) {
+		/* relaxed: a hint; may_stop reads the flow's state under the lock */
+		if (!atomic_load_explicit(&r->ending, memory_order_relaxed))
+			return false;
 		pthread_mutex_lock(&r->lock);
 		c->stop_sent = r->ops->may_stop(r);
 		pthread_mutex_unlock(&r->lock);
@@ -174,9 +177,9 @@ static int loop_task(void *arg)
 		} else if (now - last <= r->mo.spin_ns) {
 			sched_yield();
 		} else {
-			mbp__parker_prepare(&r->pk);
-			/* the re-check after the heavy fence: a kick that came before the flag was up */
-			if (atomic_load_explicit(&r->kick, memory_order_relaxed))
+			mbp__parker_prepare_sc(&r->pk);
+			/* seq_cst, the re-check after the flag: a kick that came before the flag was up */
+			if (atomic_load_explicit(&r->kick, memory_order_seq_cst))
 				mbp__parker_cancel(&r->pk);
 			else
 				mbp__parker_sleep(&r->pk, now + park_ns(now - last, r->mo.idle_ns));

@@ -78,7 +78,7 @@ struct mbp_mpi {
 	struct mbp_mpi *live_next;
 
 	/* under r.lock: */
-	bool stop_accepting, end_req, cancelled, closing;
+	bool stop_accepting, cancelled, closing;
 	struct carrier *free_c, *qhead, **qtail;
 	_Atomic uint32_t qn; /* the queue's length (written under the lock, read by the loop) */
 	struct tent *tab;
@@ -865,7 +865,7 @@ static bool op_fill(struct mbp__run *r, int peer, struct mbp__ctl_msg *m)
 static bool op_may_stop(struct mbp__run *r)
 {
 	mbp_mpi *mp = of(r);
-	return mp->end_req && mp->next_retire == mp->next_seq;
+	return mp->next_retire == mp->next_seq;
 }
 
 static void op_dead(struct mbp__run *r)
@@ -936,8 +936,7 @@ static int end_run(mbp_mpi *mp, bool cancel, int64_t timeout_ns)
 				pthread_mutex_unlock(&mp->r.lock);
 				return -ETIMEDOUT;
 			}
-		mp->end_req = true; /* the loop sends STOP once all is retired */
-		mbp__run_kick(&mp->r);
+		mbp__run_end(&mp->r); /* the loop sends STOP once all is retired */
 		mbp__run_wait_end(&mp->r);
 	}
 	rc = mp->r.err;

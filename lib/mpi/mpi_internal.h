@@ -160,7 +160,7 @@ struct mbp__run_ops {
 	/* lock held: a command in; a command out (fill m; false: not yet, it stays pending) */
 	void (*on_ctl)(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m);
 	bool (*fill)(struct mbp__run *r, int peer, struct mbp__ctl_msg *m);
-	/* lock held, rank 0: the run may end now (STOP goes out) */
+	/* lock held, rank 0, after mbp__run_end(): the run may end now (STOP goes out) */
 	bool (*may_stop)(struct mbp__run *r);
 	/* lock held: a peer went silent (run->err and msg say which): fail what waits */
 	void (*dead)(struct mbp__run *r);
@@ -186,6 +186,7 @@ struct mbp__run {
 	pthread_cond_t cond;   /* the flow's waits, on CLOCK_MONOTONIC; the end of the run */
 	struct mbp__parker pk; /* the loop's park */
 	_Atomic uint32_t kick; /* work published for the loop since its last pass */
+	_Atomic bool ending;   /* the flow asked to end the run (mbp__run_end) */
 	int state;	       /* MBP__RUN_* (under lock once running) */
 	bool dead;	       /* a peer went silent (under lock) */
 	int err;	       /* the run's error (under lock) */
@@ -221,12 +222,20 @@ bool mbp__run_wait(struct mbp__run *r, const struct timespec *deadline);
 const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts);
 
 /* Work for the loop is published (a store before this): it passes again instead of parking. Any
- * thread. The publisher's half of the park (wait.h). */
+ * thread. The publisher's half of the park (wait.h's seq_cst mode). */
 static inline void mbp__run_kick(struct mbp__run *r)
 {
-	/* release; partner: the loop's acquire exchange at the top of its pass */
-	atomic_store_explicit(&r->kick, 1, memory_order_release);
-	mbp__parker_wake(&r->pk);
+	/* seq_cst: also the release that the loop's acquire exchange at the top of its pass pairs with */
+	atomic_store_explicit(&r->kick, 1, memory_order_seq_cst);
+	mbp__parker_wake_sc(&r->pk);
+}
+
+/* Lock held: the flow asks the loop to end the run; on rank 0 it sends STOP once ops->may_stop()
+ * allows. */
+static inline void mbp__run_end(struct mbp__run *r)
+{
+	atomic_store_explicit(&r->ending, true, memory_order_relaxed); /* the kick publishes it */
+	mbp__run_kick(r);
 }
 
 /* ctl.c. Queue command `cmd` for peer `rank` (-1: every peer) and kick the loop. Any thread. */

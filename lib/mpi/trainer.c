@@ -365,8 +365,10 @@ static void left_locked(mbp_mpi_trainer *T, int r)
 	T->left_rank = r;
 	snprintf(T->r.msg, sizeof(T->r.msg),
 		 "rank %d left the run: its trainer was destroyed while the run went on", r);
-	if (T->r.rank == 0)
+	if (T->r.rank == 0) {
 		T->stop_req = true;
+		mbp__run_end(&T->r);
+	}
 	pthread_cond_broadcast(&T->r.cond);
 }
 
@@ -767,7 +769,7 @@ void mbp_mpi_trainer_destroy(mbp_mpi_trainer *T)
 		 * rank 0 it leaves (rank 0 would wait for its votes) */
 		T->leaving = T->r.rank != 0 && !T->stopped;
 		T->stop_req = true;
-		mbp__run_kick(&T->r);
+		mbp__run_end(&T->r);
 		mbp__run_wait_end(&T->r);
 	}
 	pthread_mutex_unlock(&T->r.lock);
