@@ -755,6 +755,94 @@ START_TEST(a_model_split_over_the_ranks_gives_the_single_process_output_bit_for_
 }
 END_TEST
 
+/* ---- one stage per rank ---- */
+
+struct lone {
+	uint64_t next;			/* the global number expected next */
+	unsigned not_job, out_of_order; /* in the carry's absence: not a local job, numbers out of order */
+	unsigned carried;		/* the carried one seen as itself, with its carry */
+};
+static struct lone lone;
+static int lone_marker;
+
+/* Each row + 1. A micro-batch is a local job of one micro-batch read in place (in->seq 0); only a caller's
+ * carried one on rank 0 comes as itself. */
+static int lone_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	struct lone *l = ctx;
+	uint64_t k = mbp_mpi_mb_seq(in);
+	if (in->carry == &lone_marker)
+		l->carried += !in->job && in->seq == k;
+	else
+		l->not_job += !in->job || in->seq != 0;
+	l->out_of_order += k != l->next;
+	l->next = k + 1;
+	for (uint32_t r = 0; r < in->rows; r++)
+		((uint64_t *)out->data)[r] = ((const uint64_t *)in->data)[r] + 1;
+	return 0;
+}
+
+static void lone_result(void *arg, mbp_mb *mb)
+{
+	struct results *r = arg;
+	pthread_mutex_lock(&r->lock);
+	if (mb->seq != r->next++ || mb->status ||
+	    ((const uint64_t *)mb->data)[0] != mb->seq * 10 + (uint64_t)size)
+		r->bad_rows++;
+	pthread_mutex_unlock(&r->lock);
+	mbp_mpi_mb_release(NULL, mb);
+}
+
+START_TEST(one_stage_per_rank_reads_each_micro_batch_in_place_as_a_local_job)
+{
+	/* With one stage a rank's local pipeline has a stage that is first and last: a single micro-batch of
+	 * mbp_mb_submit would come back in its submitter's buffer, so the stage would compute elsewhere and
+	 * copy back. The link hands every micro-batch in as a local job of one micro-batch instead (read
+	 * where it lies, written where it is sent), and mbp_mpi_mb_seq gives the stage its global number. */
+	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	memset(&res.next, 0, sizeof(res) - offsetof(struct results, next));
+	memset(&lone, 0, sizeof(lone));
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = 8;
+	o.max_mb_rows = 4;
+	o.pinning = MBP_PIN_NONE;
+	if (rank == 0) {
+		o.on_result = lone_result;
+		o.on_result_arg = &res;
+	}
+	mbp_mpi *mp;
+	mbp_stage_desc d = {.fn = lone_fn, .ctx = &lone};
+	ck_assert_int_eq(mbp_mpi_new(&mp, &o, NULL), 0);
+	ck_assert_int_eq(mbp_mpi_add_stage(mp, &d), 0);
+	ck_assert_int_eq(mbp_mpi_start(mp), 0);
+	enum { N = 200, CARRIED = 7 };
+	if (rank == 0) {
+		for (uint64_t k = 0; k < N; k++) {
+			mbp_mb *mb;
+			ck_assert_int_eq(mbp_mpi_mb_acquire(mp, &mb, -1), 0);
+			for (uint32_t r = 0; r < 4; r++)
+				((uint64_t *)mb->data)[r] = k * 10 + r;
+			mb->rows = 4;
+			mb->seq = k;
+			mb->carry = k == CARRIED ? &lone_marker : NULL;
+			ck_assert_int_eq(mbp_mpi_mb_submit(mp, mb, -1), 0);
+		}
+		ck_assert_int_eq(mbp_mpi_drain(mp, 60 * SEC), 0);
+		ck_assert_uint_eq(res.next, N);
+		ck_assert_uint_eq(res.bad_rows, 0);
+		ck_assert_uint_eq(lone.carried, 1);
+	} else {
+		ck_assert_int_eq(mbp_mpi_wait(mp, 120 * SEC), 0);
+		ck_assert_uint_eq(lone.carried, 0); /* the carry stays on rank 0 */
+	}
+	ck_assert_uint_eq(lone.next, N);
+	ck_assert_uint_eq(lone.out_of_order, 0);
+	ck_assert_uint_eq(lone.not_job, 0);
+	mbp_mpi_destroy(mp);
+}
+END_TEST
+
 /* ---- placement: the ranks of one node ---- */
 
 /* Where a rank's stages ran, gathered from every rank after the run. */
@@ -896,6 +984,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, single_micro_batches_return_in_submission_order_with_their_tags);
 	tcase_add_test(tc, a_result_back_before_its_submitter_resumes_is_delivered_once_in_order);
 	tcase_add_test(tc, a_result_released_without_a_handle_goes_back_to_its_run);
+	tcase_add_test(tc, one_stage_per_rank_reads_each_micro_batch_in_place_as_a_local_job);
 	tcase_add_test(tc, a_stage_error_on_rank_0_fails_only_its_micro_batches);
 	tcase_add_test(tc, a_stage_error_on_the_last_rank_fails_only_its_micro_batches);
 	tcase_add_test(tc, drain_from_rank_0_finishes_everything_accepted_on_every_rank);
