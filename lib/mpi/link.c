@@ -58,7 +58,7 @@ static bool refill(struct mbp__run *r, struct mbp__link *l, bool credit)
 	for (uint32_t i = 0; i < l->W; i++) {
 		if (l->slot[i].used)
 			continue;
-		if (mbp_pool_get(l->pool, NULL, &l->slot[i].mb, 0) != 0)
+		if (mbp_pool_get(l->pool, l->cache, &l->slot[i].mb, 0) != 0)
 			break; /* the owner holds them all: again next pass */
 		post(r, l, i);
 		l->owed += credit;
@@ -202,7 +202,7 @@ void mbp__link_close(struct mbp__run *r, struct mbp__link *l, uint64_t deadline)
 		}
 		MPI_Request_free(&l->rq[2 * i]);
 		if (s->mb)
-			mbp_pool_put(l->pool, NULL, s->mb);
+			mbp_pool_put(l->pool, l->cache, s->mb);
 		s->mb = NULL;
 		s->used = false;
 	}

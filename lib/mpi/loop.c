@@ -108,11 +108,13 @@ static int hs_task(void *arg)
 	return 0;
 }
 
-int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool)
+int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
+		  mbp_pool_cache *cache)
 {
 	MBP_VERIFY(r->nlinks < MBP__RUN_LINKS);
 	struct mbp__link *l = &r->link[r->nlinks++];
-	*l = (struct mbp__link){.send = send, .peer = peer, .tag = tag, .id = id, .pool = pool};
+	*l = (struct mbp__link){
+	    .send = send, .peer = peer, .tag = tag, .id = id, .pool = pool, .cache = cache};
 	return mbp__link_alloc(l, r->mo.window);
 }
 

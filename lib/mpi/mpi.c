@@ -7,13 +7,16 @@
  * the send queue, rank 0's table, the run's state. Nothing is allocated per micro-batch.
  *
  * Carriers. A micro-batch in this rank's local pipeline is a local job of one micro-batch, its input read
- * in place (where it arrived, the caller's buffer, a job's rows) and its output written straight into a
- * buffer of the link's pool, which the link then sends: no copy, with one local stage too (a single
- * micro-batch of mbp_mb_submit() comes back in its caller's buffer, so one stage computes elsewhere and
- * copies back: a second pass over every byte, which halved the one-stage hop). A caller's micro-batch
- * that carries something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with
+ * in place (where it arrived, the caller's buffer, a job's rows) and its output written straight into the
+ * buffer that the link then sends: the input's own when there are two local stages or more (the last
+ * writes after the first has read), else one of the link's pool. No copy, with one local stage too (a
+ * single micro-batch of mbp_mb_submit() comes back in its caller's buffer, so one stage computes
+ * elsewhere and copies back: a second pass over every byte, which halved the one-stage hop). A caller's
+ * micro-batch that carries something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with
  * mbp_mb_submit() instead and is sent from its own buffer. A carrier holds a micro-batch's header and
- * buffers from its submission until its send is done; their number bounds what a rank holds.
+ * buffers from its submission until its send is done; their number (opts.mb_buffers) bounds what a rank
+ * holds. On ranks > 0 the loop gets and gives back every buffer of the link's pool, through a cache of
+ * its own (an arrival's buffer is the next receive's, as the pool's LIFO keeps it hot).
  *
  * Rank 0's table holds every accepted micro-batch until it retires, indexed by its global sequence number
  * modulo opts.inflight: reserved by a submitter, in flight once submitted locally, done when its result
@@ -71,9 +74,10 @@ struct mbp_mpi {
 	size_t in_rb, out_rb, final_rb; /* this rank's input and output row widths, the last rank's output */
 	unsigned nstages;
 	uint32_t max_rows;
-	mbp_pool *pool;	    /* the link's buffers: arrivals and the local pipeline's results */
-	mbp_pool *res_pool; /* rank 0: results */
-	mbp_pool *mb_pool;  /* the local pipeline's (mbp_mpi_mb_acquire) */
+	mbp_pool *pool;	       /* the link's buffers: arrivals and the local pipeline's results */
+	mbp_pool *res_pool;    /* rank 0: results */
+	mbp_pool *mb_pool;     /* the local pipeline's (mbp_mpi_mb_acquire) */
+	mbp_pool_cache *cache; /* ranks > 0: the loop's cache of `pool` (it gets and puts them all there) */
 	struct carrier *carriers;
 	struct mbp_mpi *live_next;
 
@@ -85,6 +89,7 @@ struct mbp_mpi {
 	uint32_t tcap;
 	uint64_t next_seq, next_retire;
 	bool retiring, retire_again;
+	unsigned reserving; /* submitters waiting in reserve_locked */
 	uint64_t jobs_accepted, jobs_completed, jobs_failed, next_job_id;
 	uint64_t mbs_accepted, mbs_completed, mbs_failed, rows_completed;
 	mbp_mpi_rank_stats rs[MAX_RANKS];
@@ -105,23 +110,30 @@ static mbp_mpi *of(struct mbp__run *r)
 
 /* ---- carriers ---- */
 
-/* A buffer of a carrier back where it came from: the link's pool, or the local pipeline's. */
-static void give_back(mbp_mpi *mp, mbp_mb *mb)
+/* A buffer of a carrier back where it came from: the link's pool (into `cache`: the loop's, or NULL on
+ * another thread), or the caller's, lent to the run while a carrier holds it. */
+static void give_back(mbp_mpi *mp, mbp_mb *mb, mbp_pool_cache *cache)
 {
-	if (mb && mbp__pool_owns(mp->pool, mb))
-		mbp_pool_put(mp->pool, NULL, mb);
-	else if (mb)
+	if (mb && mbp__pool_owns(mp->pool, mb)) {
+		mbp_pool_put(mp->pool, cache, mb);
+	} else if (mb) {
+		mbp__pool_unlend(mb);
 		mbp_mb_release(mp->p, mb);
+	}
 }
 
-/* Lock held: a carrier done with, its buffer sent (or not) back, a waiting submitter told. */
-static void carrier_free_locked(mbp_mpi *mp, struct carrier *c)
+/* Lock held: a carrier done with, its buffers given back (`cache` as above), a submitter waiting for one
+ * told (only then: the condition serves every wait of the run, and a wake-up per send is a context
+ * switch). */
+static void carrier_free_locked(mbp_mpi *mp, struct carrier *c, mbp_pool_cache *cache)
 {
-	give_back(mp, c->out);
-	c->out = NULL;
+	give_back(mp, c->out, cache);
+	give_back(mp, c->in, cache);
+	c->out = c->in = NULL;
 	c->next = mp->free_c;
 	mp->free_c = c;
-	pthread_cond_broadcast(&mp->r.cond);
+	if (mp->reserving)
+		pthread_cond_broadcast(&mp->r.cond);
 }
 
 /* Lock held: queue a carrier for the link; a run that is over or ending (a rank went silent: rank 0
@@ -129,7 +141,7 @@ static void carrier_free_locked(mbp_mpi *mp, struct carrier *c)
 static void queue_locked(mbp_mpi *mp, struct carrier *c)
 {
 	if (mp->closing || mp->r.dead) {
-		carrier_free_locked(mp, c);
+		carrier_free_locked(mp, c, NULL);
 		return;
 	}
 	c->next = NULL;
@@ -159,10 +171,10 @@ static void job_done(mbp_job *job, void *arg)
 	struct carrier *c = mbp__container_of(job, struct carrier, job);
 	c->h.status = job->status;
 	c->h.row_bytes = (uint32_t)mp->out_rb;
-	if (c->in && !mbp__pool_owns(mp->pool, c->in))
-		mbp__pool_unlend(c->in); /* a caller's buffer, lent at submit */
-	give_back(mp, c->in);
-	c->in = NULL;
+	if (c->in && !mbp__pool_owns(mp->pool, c->in)) { /* a caller's input: back to it now */
+		give_back(mp, c->in, NULL);
+		c->in = NULL;
+	} /* an arrival's goes back to the loop's cache as the loop takes the carrier (op_next) */
 	pthread_mutex_lock(&mp->r.lock);
 	queue_locked(mp, c);
 	pthread_mutex_unlock(&mp->r.lock);
@@ -177,25 +189,37 @@ static void on_result(void *arg, mbp_mb *mb)
 	c->h.rows = mb->rows;
 	c->h.row_bytes = mb->row_bytes;
 	c->out = mb;
+	mbp__pool_lend(mp->mb_pool, mb); /* the caller's again since deliver: the run's until it is sent */
 	pthread_mutex_lock(&mp->r.lock);
 	queue_locked(mp, c);
 	pthread_mutex_unlock(&mp->r.lock);
 }
 
-/* Carrier c's micro-batch into the local pipeline: `in`, its rows into c->out (taken here). */
-static int local_job(mbp_mpi *mp, struct carrier *c, const void *in, int64_t timeout_ns)
+/* Carrier c's micro-batch into the local pipeline: `in` (in buffer c->in, or a job's rows: c->in NULL),
+ * its rows into c->out. The last of two or more local stages writes after the first has read, so into
+ * c->in itself (as mbp_mb_submit's results come back in their own buffer); one stage, which reads as it
+ * writes, into a buffer of the link's pool (from `cache` as give_back). On failure c is as it was. */
+static int local_job(mbp_mpi *mp, struct carrier *c, const void *in, mbp_pool_cache *cache,
+		     int64_t timeout_ns)
 {
-	int rc = mbp_pool_get(mp->pool, NULL, &c->out, timeout_ns);
-	if (rc) {
+	bool same = mp->nstages > 1 && c->in;
+	int rc = 0;
+	if (same)
+		c->out = c->in;
+	else if ((rc = mbp_pool_get(mp->pool, cache, &c->out, timeout_ns)) != 0)
 		c->out = NULL;
+	if (rc)
 		return rc;
-	}
+	c->in = same ? NULL : c->in;
 	mbp_job_init(&c->job, in, c->out->data, c->h.rows, c->h.rows);
 	c->job.cb = job_done;
 	c->job.cb_arg = mp;
 	rc = mbp_job_submit(mp->p, &c->job, timeout_ns);
 	if (rc) {
-		give_back(mp, c->out);
+		if (same)
+			c->in = c->out;
+		else
+			give_back(mp, c->out, cache);
 		c->out = NULL;
 	}
 	return rc;
@@ -283,7 +307,7 @@ static int pool_make(mbp_pool **pool, size_t bytes, uint32_t n, size_t max_bytes
 static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
-	uint32_t W = r->mo.window, nc = mp->lo.mb_buffers + W;
+	uint32_t W = r->mo.window, nc = mp->lo.mb_buffers;
 	size_t rb = mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb;
 	mp->mb_pool = mbp__pipeline_mb_pool(mp->p);
 	if (!(mp->carriers = calloc(nc, sizeof(*mp->carriers))))
@@ -299,11 +323,13 @@ static int alloc_run(mbp_mpi *mp)
 			return -ENOMEM;
 		rc = pool_make(&mp->res_pool, mp->final_rb * mp->max_rows, mp->tcap + W, mp->lo.pool_bytes);
 	}
+	if (rc == 0 && r->rank != 0)
+		rc = mbp_pool_cache_new(mp->pool, &mp->cache);
 	if (rc == 0) /* to the next rank, from the one before (one rank alone: to and from itself) */
-		rc = mbp__run_link(r, true, (r->rank + 1) % r->size, TAG_LINK, 0, NULL);
+		rc = mbp__run_link(r, true, (r->rank + 1) % r->size, TAG_LINK, 0, NULL, NULL);
 	if (rc == 0)
 		rc = mbp__run_link(r, false, (r->rank + r->size - 1) % r->size, TAG_LINK, 0,
-				   r->rank == 0 ? mp->res_pool : mp->pool);
+				   r->rank == 0 ? mp->res_pool : mp->pool, mp->cache);
 	return rc ? rc : mbp__ctl_alloc(r, false);
 }
 
@@ -469,7 +495,10 @@ static int reserve_locked(mbp_mpi *mp, bool continuing, const struct timespec *d
 		}
 		if (timeout_ns == 0)
 			return -EAGAIN;
-		if (!mbp__run_wait(&mp->r, deadline))
+		mp->reserving++;
+		bool in_time = mbp__run_wait(&mp->r, deadline);
+		mp->reserving--;
+		if (!in_time)
 			return -ETIMEDOUT;
 	}
 }
@@ -495,7 +524,7 @@ static void entry_submitted(mbp_mpi *mp, uint64_t seq, int rc, struct carrier *c
 {
 	pthread_mutex_lock(&mp->r.lock);
 	if (rc)
-		carrier_free_locked(mp, c);
+		carrier_free_locked(mp, c, NULL);
 	if (seq < mp->next_retire) { /* or the run died and failed it (then rc may be its error too) */
 		pthread_mutex_unlock(&mp->r.lock);
 		return;
@@ -590,7 +619,7 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 		c->h.rows = (uint32_t)rows;
 		c->in = NULL;
 		pthread_mutex_unlock(&mp->r.lock);
-		rc = local_job(mp, c, (const char *)job->in + row0 * mp->in_rb, -1);
+		rc = local_job(mp, c, (const char *)job->in + row0 * mp->in_rb, NULL, -1);
 		entry_submitted(mp, seq, rc, c);
 		pthread_mutex_lock(&mp->r.lock);
 	}
@@ -667,14 +696,14 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 		rc = mbp_mb_submit(mp->p, mb, timeout_ns);
 	} else {
 		c->in = mb;
-		rc = local_job(mp, c, mb->data, timeout_ns);
+		rc = local_job(mp, c, mb->data, NULL, timeout_ns);
 		if (rc)
 			mbp__pool_unlend(mb);
 	}
 	if (rc) {
 		c->in = NULL;
 		pthread_mutex_lock(&mp->r.lock);
-		carrier_free_locked(mp, c);
+		carrier_free_locked(mp, c, NULL);
 		/* A run that died (a silent rank) fails every entry; this one may be retired already, its
 		 * failure delivered through on_result: then it counts as accepted and the buffer is ours. */
 		bool retired = seq < mp->next_retire;
@@ -740,6 +769,8 @@ static bool op_next(struct mbp__run *r, struct mbp__link *l, struct mbp__hdr *h,
 	pthread_mutex_unlock(&r->lock);
 	if (!c)
 		return false;
+	give_back(mp, c->in, mp->cache); /* an arrival's buffer, read: the next receive's (LIFO: hot) */
+	c->in = NULL;
 	*h = c->h;
 	*mb = c->out;
 	*item = c;
@@ -750,7 +781,7 @@ static void op_sent(struct mbp__run *r, struct mbp__link *l, void *item)
 {
 	(void)l;
 	pthread_mutex_lock(&r->lock);
-	carrier_free_locked(of(r), item);
+	carrier_free_locked(of(r), item, of(r)->cache);
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -794,13 +825,13 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 	c->h = *h;
 	c->in = mb;
 	c->out = NULL;
-	int rc = h->status ? h->status : local_job(mp, c, mb->data, 0);
+	int rc = h->status ? h->status : local_job(mp, c, mb->data, mp->cache, 0);
 	if (rc == 0)
 		return MBP__TAKEN;
 	c->in = NULL;
 	if (rc == -EAGAIN) { /* the local pipeline is full: stays at the head */
 		pthread_mutex_lock(&r->lock);
-		carrier_free_locked(mp, c);
+		carrier_free_locked(mp, c, mp->cache);
 		pthread_mutex_unlock(&r->lock);
 		return MBP__KEEP;
 	}
@@ -881,7 +912,7 @@ static void op_closed(struct mbp__run *r)
 	pthread_mutex_lock(&r->lock);
 	mp->closing = true;
 	for (struct carrier *c; (c = dequeue_locked(mp));)
-		carrier_free_locked(mp, c);
+		carrier_free_locked(mp, c, mp->cache);
 	pthread_mutex_unlock(&r->lock);
 	if (r->rank == 0)
 		retire(mp);

@@ -106,7 +106,8 @@ struct mbp__link {
 	bool send;
 	int peer, tag, id; /* tags: header `tag`, payload tag + 1, credits tag + 2; id: the owner's */
 	uint32_t W;
-	mbp_pool *pool; /* receiver: its slots' buffers */
+	mbp_pool *pool;	       /* receiver: its slots' buffers */
+	mbp_pool_cache *cache; /* and the loop's cache of it, or NULL */
 	struct mbp__slot *slot;
 	MPI_Request *rq; /* slot i: header 2i, payload 2i + 1; the credit message 2W */
 	int *done;	 /* MPI_Testsome's indices */
@@ -199,7 +200,8 @@ struct mbp__run {
 /* Fill in a run (rank, size, options with their defaults; no MPI call). Pair with mbp__run_destroy(). */
 void mbp__run_init(struct mbp__run *r, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
 /* Before go: a link (the control channel: mbp__ctl_alloc). 0 or -ENOMEM. */
-int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool);
+int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
+		  mbp_pool_cache *cache);
 /* The values every rank gives at start: its error so far, its row widths in and out, its largest message,
  * one of the flow's own; then the flow's values that must be equal on every rank. */
 enum { MBP__HS_RC, MBP__HS_IN, MBP__HS_OUT, MBP__HS_BYTES, MBP__HS_OWN, MBP__HS_SAME };

@@ -211,11 +211,12 @@ static int alloc_run(mbp_mpi_trainer *T)
 			return -ENOMEM;
 	}
 	int rc = 0;
-	if (r->rank > 0 && !(rc = mbp__run_link(r, false, r->rank - 1, TAG_FWD, MBP__LINK_UP_FWD, pool)))
-		rc = mbp__run_link(r, true, r->rank - 1, TAG_BWD, MBP__LINK_UP_BWD, pool);
+	if (r->rank > 0 &&
+	    !(rc = mbp__run_link(r, false, r->rank - 1, TAG_FWD, MBP__LINK_UP_FWD, pool, NULL)))
+		rc = mbp__run_link(r, true, r->rank - 1, TAG_BWD, MBP__LINK_UP_BWD, pool, NULL);
 	if (!rc && r->rank + 1 < r->size &&
-	    !(rc = mbp__run_link(r, true, r->rank + 1, TAG_FWD, MBP__LINK_DOWN_FWD, pool)))
-		rc = mbp__run_link(r, false, r->rank + 1, TAG_BWD, MBP__LINK_DOWN_BWD, pool);
+	    !(rc = mbp__run_link(r, true, r->rank + 1, TAG_FWD, MBP__LINK_DOWN_FWD, pool, NULL)))
+		rc = mbp__run_link(r, false, r->rank + 1, TAG_BWD, MBP__LINK_DOWN_BWD, pool, NULL);
 	return rc ? rc : mbp__ctl_alloc(r, true);
 }
 
