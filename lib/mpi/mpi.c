@@ -122,34 +122,42 @@ static void give_back(mbp_mpi *mp, mbp_mb *mb, mbp_pool_cache *cache)
 	}
 }
 
-/* Lock held: a carrier done with, its buffers given back (`cache` as above), a submitter waiting for one
- * told (only then: the condition serves every wait of the run, and a wake-up per send is a context
- * switch). */
-static void carrier_free_locked(mbp_mpi *mp, struct carrier *c, mbp_pool_cache *cache)
+/* A carrier done with: back to the free list, a submitter waiting for one told (only then: the condition
+ * serves every wait of the run, and a wake-up per send would be a context switch); then, unlocked, its
+ * buffers (`cache` as above). In that order: a submitter that waits for a buffer, woken by its return,
+ * then finds a carrier, and the lock free. */
+static void carrier_free(mbp_mpi *mp, struct carrier *c, mbp_pool_cache *cache)
 {
-	give_back(mp, c->out, cache);
-	give_back(mp, c->in, cache);
+	mbp_mb *out = c->out, *in = c->in;
 	c->out = c->in = NULL;
+	pthread_mutex_lock(&mp->r.lock);
 	c->next = mp->free_c;
 	mp->free_c = c;
 	if (mp->reserving)
 		pthread_cond_broadcast(&mp->r.cond);
+	pthread_mutex_unlock(&mp->r.lock);
+	give_back(mp, out, cache);
+	give_back(mp, in, cache);
 }
 
-/* Lock held: queue a carrier for the link; a run that is over or ending (a rank went silent: rank 0
- * failed it already) drops it. */
-static void queue_locked(mbp_mpi *mp, struct carrier *c)
+/* Queue a carrier for the link; a run that is over or ending (a rank went silent: rank 0 failed it
+ * already) drops it. */
+static void queue(mbp_mpi *mp, struct carrier *c)
 {
-	if (mp->closing || mp->r.dead) {
-		carrier_free_locked(mp, c, NULL);
-		return;
+	pthread_mutex_lock(&mp->r.lock);
+	bool drop = mp->closing || mp->r.dead;
+	if (!drop) {
+		c->next = NULL;
+		*mp->qtail = c;
+		mp->qtail = &c->next;
+		atomic_store_explicit(&mp->qn, atomic_load_explicit(&mp->qn, memory_order_relaxed) + 1,
+				      memory_order_relaxed);
 	}
-	c->next = NULL;
-	*mp->qtail = c;
-	mp->qtail = &c->next;
-	atomic_store_explicit(&mp->qn, atomic_load_explicit(&mp->qn, memory_order_relaxed) + 1,
-			      memory_order_relaxed);
-	mbp__run_kick(&mp->r);
+	pthread_mutex_unlock(&mp->r.lock);
+	if (drop)
+		carrier_free(mp, c, NULL);
+	else
+		mbp__run_kick(&mp->r);
 }
 
 static struct carrier *dequeue_locked(mbp_mpi *mp)
@@ -175,9 +183,7 @@ static void job_done(mbp_job *job, void *arg)
 		give_back(mp, c->in, NULL);
 		c->in = NULL;
 	} /* an arrival's goes back to the loop's cache as the loop takes the carrier (op_next) */
-	pthread_mutex_lock(&mp->r.lock);
-	queue_locked(mp, c);
-	pthread_mutex_unlock(&mp->r.lock);
+	queue(mp, c);
 }
 
 /* The copying way in (a caller's micro-batch with a carry): opts.on_result of the local pipeline. */
@@ -190,9 +196,7 @@ static void on_result(void *arg, mbp_mb *mb)
 	c->h.row_bytes = mb->row_bytes;
 	c->out = mb;
 	mbp__pool_lend(mp->mb_pool, mb); /* the caller's again since deliver: the run's until it is sent */
-	pthread_mutex_lock(&mp->r.lock);
-	queue_locked(mp, c);
-	pthread_mutex_unlock(&mp->r.lock);
+	queue(mp, c);
 }
 
 /* Carrier c's micro-batch into the local pipeline: `in` (in buffer c->in, or a job's rows: c->in NULL),
@@ -522,9 +526,9 @@ static int reserve_first(mbp_mpi *mp, int64_t timeout_ns, uint64_t *seq, struct 
  * already retired, its slot reused. */
 static void entry_submitted(mbp_mpi *mp, uint64_t seq, int rc, struct carrier *c)
 {
-	pthread_mutex_lock(&mp->r.lock);
 	if (rc)
-		carrier_free_locked(mp, c, NULL);
+		carrier_free(mp, c, NULL);
+	pthread_mutex_lock(&mp->r.lock);
 	if (seq < mp->next_retire) { /* or the run died and failed it (then rc may be its error too) */
 		pthread_mutex_unlock(&mp->r.lock);
 		return;
@@ -702,8 +706,8 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 	}
 	if (rc) {
 		c->in = NULL;
+		carrier_free(mp, c, NULL);
 		pthread_mutex_lock(&mp->r.lock);
-		carrier_free_locked(mp, c, NULL);
 		/* A run that died (a silent rank) fails every entry; this one may be retired already, its
 		 * failure delivered through on_result: then it counts as accepted and the buffer is ours. */
 		bool retired = seq < mp->next_retire;
@@ -780,9 +784,7 @@ static bool op_next(struct mbp__run *r, struct mbp__link *l, struct mbp__hdr *h,
 static void op_sent(struct mbp__run *r, struct mbp__link *l, void *item)
 {
 	(void)l;
-	pthread_mutex_lock(&r->lock);
-	carrier_free_locked(of(r), item, of(r)->cache);
-	pthread_mutex_unlock(&r->lock);
+	carrier_free(of(r), item, of(r)->cache);
 }
 
 /* Rank 0: a result, straight into a result buffer: a job's rows are copied into its output, a single
@@ -830,18 +832,14 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 		return MBP__TAKEN;
 	c->in = NULL;
 	if (rc == -EAGAIN) { /* the local pipeline is full: stays at the head */
-		pthread_mutex_lock(&r->lock);
-		carrier_free_locked(mp, c, mp->cache);
-		pthread_mutex_unlock(&r->lock);
+		carrier_free(mp, c, mp->cache);
 		return MBP__KEEP;
 	}
 	c->h.status = rc == -ESHUTDOWN ? -ECANCELED : rc;
 	/* relaxed load and store: the loop is its only writer */
 	atomic_store_explicit(&mp->passed, atomic_load_explicit(&mp->passed, memory_order_relaxed) + 1,
 			      memory_order_relaxed);
-	pthread_mutex_lock(&r->lock);
-	queue_locked(mp, c);
-	pthread_mutex_unlock(&r->lock);
+	queue(mp, c);
 	return MBP__AGAIN;
 }
 
@@ -910,10 +908,16 @@ static void op_closed(struct mbp__run *r)
 {
 	mbp_mpi *mp = of(r);
 	pthread_mutex_lock(&r->lock);
-	mp->closing = true;
-	for (struct carrier *c; (c = dequeue_locked(mp));)
-		carrier_free_locked(mp, c, mp->cache);
+	mp->closing = true; /* from now on a local result is dropped, not queued */
 	pthread_mutex_unlock(&r->lock);
+	for (;;) {
+		pthread_mutex_lock(&r->lock);
+		struct carrier *c = dequeue_locked(mp);
+		pthread_mutex_unlock(&r->lock);
+		if (!c)
+			break;
+		carrier_free(mp, c, mp->cache);
+	}
 	if (r->rank == 0)
 		retire(mp);
 }
