@@ -47,6 +47,8 @@ unsigned mbp__cpu_sharing(int cpu, unsigned node_sharers);
  * ranks of its node with the same CPUs runs; it plans in its k-th part of them (pipeline.h, "Placement").
  * 0, -EINVAL (started, k >= m). */
 int mbp__pipeline_node_share(mbp_pipeline *p, unsigned k, unsigned m);
+/* Under mbp_mpi: the pool of mbp_mb_acquire() (NULL before start), to check a caller's buffer. */
+mbp_pool *mbp__pipeline_mb_pool(mbp_pipeline *p);
 
 /*
  * The placement plan: how many worker threads run S stages, which stages each runs (consecutive ones:

@@ -114,6 +114,12 @@ int mbp__pipeline_node_share(mbp_pipeline *p, unsigned k, unsigned m)
 	return 0;
 }
 
+mbp_pool *mbp__pipeline_mb_pool(mbp_pipeline *p)
+{
+	return p->mb_pool;
+}
+
+/* Decide the threads, which stages each runs, each thread's CPU (affinity.c), and the wait mode. */
 /* Decide the threads, which stages each runs, each thread's CPU and the waits' budgets (the crew's plan). */
 static int plan_placement(struct mbp_pipeline *p)
 {

@@ -138,6 +138,32 @@ static inline void mbp__parker_cancel(struct mbp__parker *pk)
 int mbp__parker_sleep(struct mbp__parker *pk, uint64_t deadline);
 
 /*
+ * The same handshake, seq_cst on both sides (the mode of a parker whose waiter parks often): the waiter's
+ * flag store and the publisher's store of what it publishes are seq_cst, and so are the loads that
+ * follow them, so one of the two sees the other; no membarrier. For the MPI link loop, which parks between
+ * polls (an MPI arrival cannot wake it) up to tens of thousands of times a second: a membarrier per park
+ * is an IPI to every CPU that runs a thread of the process (tens of us of CPU per park on these VMs),
+ * against a locked instruction on each side here. The publisher publishes with a seq_cst store, then
+ * calls mbp__parker_wake_sc(); the waiter calls mbp__parker_prepare_sc(), re-checks with a seq_cst load,
+ * then cancels or sleeps (mbp__parker_cancel, mbp__parker_sleep).
+ */
+static inline void mbp__parker_wake_sc(struct mbp__parker *pk)
+{
+	/* seq_cst; partner: the seq_cst flag store in mbp__parker_prepare_sc() */
+	if (MBP_UNLIKELY(atomic_load_explicit(&pk->parked, memory_order_seq_cst))) {
+		/* relaxed: the futex syscall orders what follows; the waiter re-checks its condition anyway */
+		atomic_store_explicit(&pk->parked, 0, memory_order_relaxed);
+		mbp__futex_wake(&pk->parked, 1);
+	}
+}
+
+static inline void mbp__parker_prepare_sc(struct mbp__parker *pk)
+{
+	/* seq_cst; partner: the publisher's seq_cst store before mbp__parker_wake_sc() */
+	atomic_store_explicit(&pk->parked, 1, memory_order_seq_cst);
+}
+
+/*
  * The whole wait: the backoff, then park on `pk` until ready(arg) holds, o->abort is raised or the deadline
  * passes (UINT64_MAX: none). `idle(arg)`, if not NULL, runs before each park (a worker hands back its
  * cached buffers there). Returns 0 once ready (also when the abort is raised too), -ECANCELED (aborted),

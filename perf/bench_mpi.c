@@ -308,42 +308,65 @@ static double over_ranks(double v, MPI_Op op)
 	return r.out;
 }
 
+/* One run of the link carrying n micro-batches of `bytes` (after a warm-up of 256 that touches every pool
+ * buffer once: first-touch page faults are not the link's), `stages` no-op stages per rank; GB/s on rank 0,
+ * and in *cpu the CPU of both ranks (all threads) per micro-batch, warm-up included (us). */
+static double link_run(unsigned stages, size_t bytes, unsigned n, double *cpu)
+{
+	uint32_t rows = (uint32_t)(bytes / ROW);
+	double c0 = cpu_seconds();
+	struct counter c = {0};
+	mbp_mpi *mp = link_make(ROW, rows, stages, true, WINDOW, NULL, &c);
+	if (rank == 0)
+		link_stream(mp, &c, rows, 256);
+	atomic_store(&c.done, 0);
+	double s = rank == 0 ? link_stream(mp, &c, rows, n) : 0;
+	link_end(mp);
+	*cpu = over_ranks(cpu_seconds() - c0, MPI_SUM) / (n + 256) * 1e6;
+	barrier();
+	return (double)n * (double)bytes / s / 1e9;
+}
+
+/* The raw loop, one buffer per message of a window of `nbufs` (see the top); GB/s; *cpu as above. */
+static double raw_gbs(size_t bytes, unsigned n, unsigned nbufs, double *cpu)
+{
+	double c0 = cpu_seconds();
+	double s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, nbufs);
+	*cpu = over_ranks(cpu_seconds() - c0, MPI_SUM) / n * 1e6;
+	barrier();
+	return (double)n * (double)bytes / s / 1e9;
+}
+
+static double min_of(const double *v, unsigned n)
+{
+	double m = v[0];
+	for (unsigned i = 1; i < n; i++)
+		m = v[i] < m ? v[i] : m;
+	return m;
+}
+
+/* Micro-batches per round of a size: 512 MiB, at most 20000, a multiple of the window. */
+static unsigned link_count(size_t bytes)
+{
+	unsigned n = (unsigned)(((size_t)512 << 20) / bytes);
+	if (n > 20000)
+		n = 20000;
+	return n - n % WINDOW;
+}
+
 static void bench_link(void)
 {
 	static const size_t sizes[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
 	for (unsigned z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
 		size_t bytes = sizes[z];
-		uint32_t rows = (uint32_t)(bytes / ROW);
-		unsigned n = (unsigned)(((size_t)512 << 20) / bytes); /* 512 MiB per round */
-		if (n > 20000)
-			n = 20000;
-		n -= n % WINDOW;
+		unsigned n = link_count(bytes);
 		double mbp[MAX_ROUNDS], raw[MAX_ROUNDS], win[MAX_ROUNDS], rot[MAX_ROUNDS], mcpu[MAX_ROUNDS],
-		    rcpu[MAX_ROUNDS];
+		    rcpu[MAX_ROUNDS], x;
 		for (int r = 0; r < rounds; r++) {
-			double c0 = cpu_seconds();
-			struct counter c = {0};
-			mbp_mpi *mp = link_make(ROW, rows, 2, true, WINDOW, NULL, &c);
-			/* warm-up: every pool buffer touched once (first-touch page faults are not the link's) */
-			if (rank == 0)
-				link_stream(mp, &c, rows, 256);
-			atomic_store(&c.done, 0);
-			double s = rank == 0 ? link_stream(mp, &c, rows, n) : 0;
-			link_end(mp);
-			/* CPU of both ranks (all threads) per micro-batch, warm-up included */
-			mcpu[r] = over_ranks(cpu_seconds() - c0, MPI_SUM) / (n + 256) * 1e6;
-			mbp[r] = (double)n * (double)bytes / s / 1e9;
-			barrier();
-			c0 = cpu_seconds();
-			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, 1);
-			rcpu[r] = over_ranks(cpu_seconds() - c0, MPI_SUM) / n * 1e6;
-			raw[r] = (double)n * (double)bytes / s / 1e9;
-			barrier();
-			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, WINDOW);
-			win[r] = (double)n * (double)bytes / s / 1e9;
-			barrier();
-			s = raw_run(raw_bw_task, bytes, n / WINDOW, WINDOW, LINK_BUFFERS);
-			rot[r] = (double)n * (double)bytes / s / 1e9;
+			mbp[r] = link_run(2, bytes, n, &mcpu[r]);
+			raw[r] = raw_gbs(bytes, n, 1, &rcpu[r]);
+			win[r] = raw_gbs(bytes, n, WINDOW, &x);
+			rot[r] = raw_gbs(bytes, n, LINK_BUFFERS, &x);
 		}
 		if (rank == 0) {
 			double a = bench_median(mbp, (unsigned)rounds),
@@ -356,6 +379,35 @@ static void bench_link(void)
 			       bytes, WINDOW, a, b, a / b, WINDOW, w, WINDOW, a / w, LINK_BUFFERS, d,
 			       LINK_BUFFERS, a / d, bench_median(mcpu, (unsigned)rounds),
 			       bench_median(rcpu, (unsigned)rounds));
+			fflush(stdout);
+		}
+	}
+}
+
+/* The hop with one stage per rank (rank 0's stage is the first and the last of its pipeline, so are rank
+ * 1's), against the raw loop on one buffer per message of the window, alternated round by round; the
+ * ratio's median over the rounds too (each round's pair ran back to back). */
+static void bench_link1(void)
+{
+	static const size_t sizes[] = {65536, 262144, 1048576, 4194304};
+	for (unsigned z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+		size_t bytes = sizes[z];
+		unsigned n = link_count(bytes);
+		double mbp[MAX_ROUNDS], win[MAX_ROUNDS], ratio[MAX_ROUNDS], mcpu[MAX_ROUNDS],
+		    rcpu[MAX_ROUNDS];
+		for (int r = 0; r < rounds; r++) {
+			mbp[r] = link_run(1, bytes, n, &mcpu[r]);
+			win[r] = raw_gbs(bytes, n, WINDOW, &rcpu[r]);
+			ratio[r] = mbp[r] / win[r];
+		}
+		if (rank == 0) {
+			printf("mpi_link_1stage size=%zu window=%d mbp_gbs=%.2f raw_%dbufs_gbs=%.2f "
+			       "ratio_%dbufs=%.3f ratio_min=%.3f mbp_cpu_us_per_mb=%.1f "
+			       "raw_cpu_us_per_mb=%.1f\n",
+			       bytes, WINDOW, bench_median(mbp, (unsigned)rounds), WINDOW,
+			       bench_median(win, (unsigned)rounds), WINDOW,
+			       bench_median(ratio, (unsigned)rounds), min_of(ratio, (unsigned)rounds),
+			       bench_median(mcpu, (unsigned)rounds), bench_median(rcpu, (unsigned)rounds));
 			fflush(stdout);
 		}
 	}
@@ -728,15 +780,17 @@ int main(int argc, char **argv)
 	}
 	if (size != 2 || rounds < 1 || rounds > MAX_ROUNDS) {
 		if (rank == 0)
-			fprintf(
-			    stderr,
-			    "usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [link|latency|bubble|mlp]\n",
-			    MAX_ROUNDS);
+			fprintf(stderr,
+				"usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] "
+				"[link|link1|latency|bubble|mlp]\n",
+				MAX_ROUNDS);
 		mbp_mpi_finalize();
 		return 2;
 	}
 	if (!only || !strcmp(only, "link"))
 		bench_link();
+	if (!only || !strcmp(only, "link1"))
+		bench_link1();
 	if (!only || !strcmp(only, "latency"))
 		bench_latency();
 	if (!only || !strcmp(only, "bubble"))

@@ -340,6 +340,7 @@ struct results {
 	uint64_t next; /* the caller's seq expected next */
 	unsigned order_errors, bad_rows, failed;
 	mbp_mpi *mp;
+	bool no_handle; /* release each result with mbp_mpi_mb_release(NULL, ...) */
 };
 
 static void collect(void *arg, mbp_mb *mb)
@@ -363,7 +364,34 @@ static void collect(void *arg, mbp_mb *mb)
 		}
 	}
 	pthread_mutex_unlock(&r->lock);
-	mbp_mpi_mb_release(r->mp, mb);
+	mbp_mpi_mb_release(r->no_handle ? NULL : r->mp, mb);
+}
+
+/* Rank 0: single micro-batch k of `rows` stamped rows (producer 3, sequence 16k on), tagged k * 7. */
+static int submit_single(mbp_mpi *mp, uint64_t k, uint32_t rows, int64_t timeout_ns)
+{
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mpi_mb_acquire(mp, &mb, -1), 0);
+	fill_rows(mb->data, 3, k * 16, rows);
+	mb->rows = rows;
+	mb->seq = k;
+	mb->user = (void *)(uintptr_t)(k * 7);
+	return mbp_mpi_mb_submit(mp, mb, timeout_ns);
+}
+
+/* A run of single micro-batches into `res` (reset here; no_handle as given): NULL on ranks > 0, which
+ * served it. */
+static mbp_mpi *singles_start(struct results *res, bool no_handle, struct cfg *c)
+{
+	memset(&res->next, 0, sizeof(*res) - offsetof(struct results, next));
+	res->no_handle = no_handle;
+	c->on_result = collect;
+	c->on_result_arg = res;
+	mbp_mpi *mp;
+	ck_assert_int_eq(make(&mp, c), 0);
+	res->mp = mp;
+	ck_assert_int_eq(mbp_mpi_start(mp), 0);
+	return served(mp, 0) ? NULL : mp;
 }
 
 /* Rank 0 after n single micro-batches: drain, every result back once, in order, intact; `failed` of them
@@ -387,28 +415,39 @@ static void singles_end(mbp_mpi *mp, const struct results *res, uint64_t n, unsi
 START_TEST(single_micro_batches_return_in_submission_order_with_their_tags)
 {
 	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
-	memset(&res.next, 0, sizeof(res) - offsetof(struct results, next));
 	/* stage 1 fails micro-batch k when its first row's sequence 16k % 160 == 48: k % 10 == 3 */
-	struct cfg c = {
-	    .on_result = collect, .on_result_arg = &res, .fail_stage = 1, .fail_mod = 160, .fail_rem = 48};
-	mbp_mpi *mp;
-	ck_assert_int_eq(make(&mp, &c), 0);
-	res.mp = mp;
-	ck_assert_int_eq(mbp_mpi_start(mp), 0);
-	if (served(mp, 0))
+	struct cfg c = {.fail_stage = 1, .fail_mod = 160, .fail_rem = 48};
+	mbp_mpi *mp = singles_start(&res, false, &c);
+	if (!mp)
 		return;
 	enum { N = 400 };
-	for (uint64_t k = 0; k < N; k++) {
-		mbp_mb *mb;
-		ck_assert_int_eq(mbp_mpi_mb_acquire(mp, &mb, -1), 0);
-		uint32_t rows = (uint32_t)(k % 16) + 1;
-		fill_rows(mb->data, 3, k * 16, rows);
-		mb->rows = rows;
-		mb->seq = k;
-		mb->user = (void *)(uintptr_t)(k * 7);
-		ck_assert_int_eq(mbp_mpi_mb_submit(mp, mb, -1), 0);
-	}
+	for (uint64_t k = 0; k < N; k++)
+		ck_assert_int_eq(submit_single(mp, k, (uint32_t)(k % 16) + 1, -1), 0);
 	singles_end(mp, &res, N, N / 10);
+}
+END_TEST
+
+START_TEST(a_result_released_without_a_handle_goes_back_to_its_run)
+{
+	/* An on_result has no handle (mbp_result_fn gets its arg only): mbp_mpi_mb_release(NULL, mb) must
+	 * find the run. Ten times more results than rank 0 keeps buffers for (inflight + window): each one
+	 * not given back would leave the run a buffer short, and the last results could not land. */
+	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct cfg c = {.inflight = 8, .window = 2};
+	mbp_mpi *mp = singles_start(&res, true, &c);
+	if (!mp)
+		return;
+	enum { N = 100 };
+	int rc = 0;
+	for (uint64_t k = 0; k < N && rc == 0; k++)
+		rc = submit_single(mp, k, 1, 20 * SEC);
+	if (rc || mbp_mpi_drain(mp, 20 * SEC) != 0) {
+		/* results stuck for want of buffers hold their table entries: no drain or cancel can end this
+		 * run, so end every rank (a hang otherwise) */
+		fprintf(stderr, "test_mpi: results released without a handle did not come back\n");
+		mbp_mpi_abort(1);
+	}
+	singles_end(mp, &res, N, 0);
 }
 END_TEST
 
@@ -430,13 +469,7 @@ static void *lag_submit(void *arg)
 	struct sched_param sp = {0};
 	ck_assert_int_eq(pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp), 0);
 	for (uint64_t k = 0; k < l->n; k++) {
-		mbp_mb *mb;
-		ck_assert_int_eq(mbp_mpi_mb_acquire(l->mp, &mb, -1), 0);
-		fill_rows(mb->data, 3, k * 16, 1);
-		mb->rows = 1;
-		mb->seq = k;
-		mb->user = (void *)(uintptr_t)(k * 7);
-		ck_assert_int_eq(mbp_mpi_mb_submit(l->mp, mb, -1), 0);
+		ck_assert_int_eq(submit_single(l->mp, k, 1, -1), 0);
 		for (;;) {
 			pthread_mutex_lock(&l->res->lock);
 			bool back = l->res->next > k;
@@ -722,6 +755,94 @@ START_TEST(a_model_split_over_the_ranks_gives_the_single_process_output_bit_for_
 }
 END_TEST
 
+/* ---- one stage per rank ---- */
+
+struct lone {
+	uint64_t next;			/* the global number expected next */
+	unsigned not_job, out_of_order; /* in the carry's absence: not a local job, numbers out of order */
+	unsigned carried;		/* the carried one seen as itself, with its carry */
+};
+static struct lone lone;
+static int lone_marker;
+
+/* Each row + 1. A micro-batch is a local job of one micro-batch read in place (in->seq 0); only a caller's
+ * carried one on rank 0 comes as itself. */
+static int lone_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
+{
+	struct lone *l = ctx;
+	uint64_t k = mbp_mpi_mb_seq(in);
+	if (in->carry == &lone_marker)
+		l->carried += !in->job && in->seq == k;
+	else
+		l->not_job += !in->job || in->seq != 0;
+	l->out_of_order += k != l->next;
+	l->next = k + 1;
+	for (uint32_t r = 0; r < in->rows; r++)
+		((uint64_t *)out->data)[r] = ((const uint64_t *)in->data)[r] + 1;
+	return 0;
+}
+
+static void lone_result(void *arg, mbp_mb *mb)
+{
+	struct results *r = arg;
+	pthread_mutex_lock(&r->lock);
+	if (mb->seq != r->next++ || mb->status ||
+	    ((const uint64_t *)mb->data)[0] != mb->seq * 10 + (uint64_t)size)
+		r->bad_rows++;
+	pthread_mutex_unlock(&r->lock);
+	mbp_mpi_mb_release(NULL, mb);
+}
+
+START_TEST(one_stage_per_rank_reads_each_micro_batch_in_place_as_a_local_job)
+{
+	/* With one stage a rank's local pipeline has a stage that is first and last: a single micro-batch of
+	 * mbp_mb_submit would come back in its submitter's buffer, so the stage would compute elsewhere and
+	 * copy back. The link hands every micro-batch in as a local job of one micro-batch instead (read
+	 * where it lies, written where it is sent), and mbp_mpi_mb_seq gives the stage its global number. */
+	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	memset(&res.next, 0, sizeof(res) - offsetof(struct results, next));
+	memset(&lone, 0, sizeof(lone));
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = 8;
+	o.max_mb_rows = 4;
+	o.pinning = MBP_PIN_NONE;
+	if (rank == 0) {
+		o.on_result = lone_result;
+		o.on_result_arg = &res;
+	}
+	mbp_mpi *mp;
+	mbp_stage_desc d = {.fn = lone_fn, .ctx = &lone};
+	ck_assert_int_eq(mbp_mpi_new(&mp, &o, NULL), 0);
+	ck_assert_int_eq(mbp_mpi_add_stage(mp, &d), 0);
+	ck_assert_int_eq(mbp_mpi_start(mp), 0);
+	enum { N = 200, CARRIED = 7 };
+	if (rank == 0) {
+		for (uint64_t k = 0; k < N; k++) {
+			mbp_mb *mb;
+			ck_assert_int_eq(mbp_mpi_mb_acquire(mp, &mb, -1), 0);
+			for (uint32_t r = 0; r < 4; r++)
+				((uint64_t *)mb->data)[r] = k * 10 + r;
+			mb->rows = 4;
+			mb->seq = k;
+			mb->carry = k == CARRIED ? &lone_marker : NULL;
+			ck_assert_int_eq(mbp_mpi_mb_submit(mp, mb, -1), 0);
+		}
+		ck_assert_int_eq(mbp_mpi_drain(mp, 60 * SEC), 0);
+		ck_assert_uint_eq(res.next, N);
+		ck_assert_uint_eq(res.bad_rows, 0);
+		ck_assert_uint_eq(lone.carried, 1);
+	} else {
+		ck_assert_int_eq(mbp_mpi_wait(mp, 120 * SEC), 0);
+		ck_assert_uint_eq(lone.carried, 0); /* the carry stays on rank 0 */
+	}
+	ck_assert_uint_eq(lone.next, N);
+	ck_assert_uint_eq(lone.out_of_order, 0);
+	ck_assert_uint_eq(lone.not_job, 0);
+	mbp_mpi_destroy(mp);
+}
+END_TEST
+
 /* ---- placement: the ranks of one node ---- */
 
 /* Where a rank's stages ran, gathered from every rank after the run. */
@@ -862,6 +983,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, jobs_from_two_producers_arrive_in_order_stamped_and_conserved);
 	tcase_add_test(tc, single_micro_batches_return_in_submission_order_with_their_tags);
 	tcase_add_test(tc, a_result_back_before_its_submitter_resumes_is_delivered_once_in_order);
+	tcase_add_test(tc, a_result_released_without_a_handle_goes_back_to_its_run);
+	tcase_add_test(tc, one_stage_per_rank_reads_each_micro_batch_in_place_as_a_local_job);
 	tcase_add_test(tc, a_stage_error_on_rank_0_fails_only_its_micro_batches);
 	tcase_add_test(tc, a_stage_error_on_the_last_rank_fails_only_its_micro_batches);
 	tcase_add_test(tc, drain_from_rank_0_finishes_everything_accepted_on_every_rank);

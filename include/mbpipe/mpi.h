@@ -13,22 +13,26 @@
  * mbp_mpi_wait(), which returns when rank 0 ends the run.
  *
  * The link. A message is a 32-byte header (sequence, rows, row width, status, stamp) then the payload,
- * sent straight from the pool buffer that holds the micro-batch and received straight into one: the
- * receiving rank keeps a window of W receives pre-posted into buffers from its pipeline's
- * mbp_mb_acquire() (headers through persistent requests), submits each arrival with mbp_mb_submit(), and
- * sends a credit back when it re-posts a receive. A sender holds at most W micro-batches without credit:
- * a slow rank back-pressures its upstream as a full ring does. A micro-batch that failed upstream
- * travels on as a header alone, past the stages (its status says why). Rank 0 receives result headers
- * into its window and each payload straight into the job's output rows (or into a result buffer for a
- * single micro-batch), and retires micro-batches in sequence order. Rank 0 copies a job's input rows into
- * pool buffers once (the only copy).
+ * sent straight from the buffer that holds the micro-batch and received straight into one: the receiving
+ * rank keeps a window of W receives pre-posted into buffers of the link's pool (headers through
+ * persistent requests), and sends a credit back each time it posts a receive again. A sender holds at
+ * most W micro-batches without credit: a slow rank back-pressures its upstream as a full ring does. A
+ * micro-batch enters a rank's local pipeline as a job of one micro-batch: stage 0 reads it where it lies
+ * (where it arrived; on rank 0 the caller's buffer or a job's input rows) and the last local stage writes
+ * straight into the buffer that the link sends on, so no rank copies a micro-batch, with one local stage
+ * too (mbp_mpi_mb_seq() gives a stage its global number). A caller's micro-batch that carries something
+ * for the stages (mb->carry, mbp_model_mb_pin) enters with mbp_mb_submit() instead and is sent from its
+ * own buffer. A micro-batch that failed upstream travels on as a header alone, past the stages (its
+ * status says why). Rank 0 receives the results into result buffers, hands single micro-batches their
+ * buffer and copies a job's rows into its output (the only copy), and retires micro-batches in sequence
+ * order.
  *
  * Threads. mbp_mpi_init() starts one communication thread per process; it calls MPI_Init_thread with
  * MPI_THREAD_FUNNELED and then makes every MPI call of the process, also for the set-up calls below
- * (they hand their work to it). Workers hand results to it through a queue; it sleeps when idle (a short
- * spin, then parks of a quarter of the time it has been quiet, from 1 us up to opts.idle_ns), so it never
- * burns a core and an arrival after a quiet gap g is seen within about g / 4 (MPI cannot wake a thread on
- * an arriving message).
+ * (they hand their work to it). Workers hand results to it through a queue and wake it; it sleeps when
+ * idle (a short spin, then parks of a quarter of the time it has been quiet, from 1 us up to
+ * opts.idle_ns), so it never burns a core and an arrival after a quiet gap g is seen within about g / 4
+ * (MPI cannot wake a thread on an arriving message).
  *
  * Failures. Every rank sends rank 0 a heartbeat (and rank 0 every rank) each peer_timeout_ns / 4. A rank
  * heard from in no way for peer_timeout_ns ends the run: on rank 0 every outstanding micro-batch fails
@@ -103,8 +107,9 @@ void mbp_mpi_opts_init(mbp_mpi_opts *o);
 /**
  * Make this rank's part of the pipeline: a local mbp_pipeline with options `local` (its in_row_bytes
  * is the width of this rank's input rows; rank 0's on_result receives results of single micro-batches,
- * and must be NULL elsewhere: the link owns it). Add this rank's stages with mbp_mpi_add_stage(), then
- * mbp_mpi_start(). Pair with mbp_mpi_destroy().
+ * and must be NULL elsewhere: the link owns it; local->mb_buffers also bounds the micro-batches this rank
+ * holds at once, in its pipeline or waiting to be sent). Add this rank's stages with mbp_mpi_add_stage(),
+ * then mbp_mpi_start(). Pair with mbp_mpi_destroy().
  * @param mo NULL: defaults
  * @return 0, -ENOTCONN (no mbp_mpi_init), -EINVAL (NULL, on_result set on a rank other than 0, a bad
  *         option), or mbp_pipeline_new's error, -ERANGE (more than MBP_MAX_STAGES ranks).
@@ -163,8 +168,18 @@ int mbp_mpi_mb_acquire(mbp_mpi *mp, mbp_mb **mb, int64_t timeout_ns);
  */
 int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns);
 
-/** Give back a result, or an acquired buffer never submitted. Any thread of rank 0. */
+/** Give back a result, or an acquired buffer never submitted. Any thread of rank 0. `mp` may be NULL
+ * (an on_result that has no handle), as for mbp_mb_release(). */
 void mbp_mpi_mb_release(mbp_mpi *mp, mbp_mb *mb);
+
+/**
+ * In a stage of an mbp_mpi's local pipeline (any rank): the micro-batch's global sequence number, the
+ * order in which rank 0 accepted it. A stage sees each micro-batch as a local job of one micro-batch
+ * (in->job set, in->seq 0: its input read in place, its output written straight into the buffer the
+ * link sends), or, for a caller's micro-batch that carries something for the stages (mb->carry), as a
+ * single micro-batch.
+ */
+uint64_t mbp_mpi_mb_seq(const mbp_mb *in);
 
 /* ---- ending a run ---- */
 

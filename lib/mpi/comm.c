@@ -3,7 +3,7 @@
  *
  * mbp_mpi_init() starts it; it calls MPI_Init_thread(MPI_THREAD_FUNNELED), so it is MPI's "main thread"
  * and every later MPI call of the library runs on it. Other threads hand it a task (a function and its
- * argument) and, for set-up calls, wait for the result. A run's link loop (link.c) is such a task: it
+ * argument) and, for set-up calls, wait for the result. A run's link loop (loop.c) is such a task: it
  * occupies the thread until the run ends. mbp_mpi_finalize() makes it call MPI_Finalize, or MPI_Abort
  * when a run ended on a silent rank (MPI_Finalize would wait for that rank forever).
  *
@@ -54,9 +54,10 @@ static void *comm_main(void *arg)
 {
 	struct init_args *ia = arg;
 	int provided = MPI_THREAD_SINGLE, rc = 0;
+	pthread_setname_np(pthread_self(), "mbp-comm");
 #ifdef PR_SET_TIMERSLACK
-	/* The link loops park for as little as 1 us (mbp__mpi_park_ns): the default slack (50 us) would make
-	 * every such park 50 us. Only this thread's timers are affected. */
+	/* The link loop parks for as little as 1 us (loop.c): the default slack (50 us) would make every such
+	 * park 50 us. Only this thread's timers are affected. */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 #endif
 	if (MPI_Init_thread(ia->argc, ia->argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
@@ -295,25 +296,6 @@ int mbp__mpi_node_share(unsigned *k, unsigned *m)
 	*m = rc == 0 ? ns.m : 0;
 	pthread_mutex_unlock(&lock);
 	return rc;
-}
-
-void mbp__mpi_sync_init(pthread_mutex_t *m, pthread_cond_t *a, pthread_cond_t *b)
-{
-	pthread_mutex_init(m, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(a, &ca);
-	pthread_cond_init(b, &ca);
-	pthread_condattr_destroy(&ca);
-}
-
-void mbp__mpi_deadline(int64_t timeout_ns, struct timespec *ts)
-{
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	uint64_t ns = (uint64_t)ts->tv_nsec + (uint64_t)timeout_ns;
-	ts->tv_sec += (time_t)(ns / 1000000000u);
-	ts->tv_nsec = (long)(ns % 1000000000u);
 }
 
 void mbp__mpi_finish(MPI_Request *rq, bool cancel, uint64_t deadline)

@@ -248,9 +248,10 @@ static int stamp_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	pb_stamp *s = ctx;
 	uint64_t t0 = mbt_now_ns();
 	int rc = s->inner.fn(s->inner.ctx, in, out);
-	if (in->seq < s->cap) {
-		s->rec[2 * in->seq] = t0;
-		s->rec[2 * in->seq + 1] = mbt_now_ns();
+	uint64_t k = s->seq_of ? s->seq_of(in) : in->seq;
+	if (k < s->cap) {
+		s->rec[2 * k] = t0;
+		s->rec[2 * k + 1] = mbt_now_ns();
 	}
 	return rc;
 }

@@ -337,7 +337,7 @@ static int run(pm *p, const pm_cmd *c, double *rate, char *err, size_t errlen)
 			d = p->w->desc_of[p->lo + i];
 		else if ((rc = mbp_model_stage_desc(p->mst, i, &d)))
 			break;
-		st[i] = (pb_stamp){.inner = d, .rec = mine + i * 2 * n, .cap = n};
+		st[i] = (pb_stamp){.inner = d, .rec = mine + i * 2 * n, .cap = n, .seq_of = mbp_mpi_mb_seq};
 		mbp_stage_desc w = pb_stamp_desc(&st[i]);
 		rc = mbp_mpi_add_stage(mp, &w);
 	}

@@ -375,6 +375,9 @@ typedef struct pb_stamp {
 	mbp_stage_desc inner;
 	uint64_t *rec;
 	size_t cap;
+	/* the micro-batch's sequence number k; NULL: in->seq (within its job). Across the ranks each
+	 * micro-batch enters a rank's pipeline as a job of its own, so the run's number is mbp_mpi_mb_seq. */
+	uint64_t (*seq_of)(const mbp_mb *in);
 } pb_stamp;
 /* The descriptor to add: inner's, its functions wrapped, with s as their context (s outlives the run). */
 mbp_stage_desc pb_stamp_desc(pb_stamp *s);

@@ -1,0 +1,290 @@
+/*
+ * A run: the base object of the pipeline across ranks (mpi.c) and of the trainer across ranks
+ * (trainer.c), as libuv's stream is under its tcp and pipe: options, the communicator and its hand-shake,
+ * the control channel and the links, and the one link loop that drives them, a task on the communication
+ * thread from mbp__run_go() to the end of the run. A flow gives a small table of operations (mpi_internal.h)
+ * and keeps only its own protocol.
+ *
+ * A pass of the loop: every link (one MPI_Testsome each), the flow's own work, the control channel, the
+ * watchdog, and on rank 0 the quiet stop. After spin_ns without an event it parks, the way wait.h
+ * documents, in its seq_cst mode (no membarrier per park): raise the parker's flag, re-check the kick word
+ * (any thread that publishes work for the loop stores it and then wakes the parker, mbp__run_kick), sleep. An arriving MPI message cannot wake it
+ * (shared memory has no descriptor to wait on), so a park has a deadline that grows with the quiet time,
+ * a quarter of it, from 1 us up to idle_ns: an arrival after a quiet gap g is seen within about g / 4, and
+ * a rank quiet for long polls every idle_ns. Not a smaller share: each park is a wake-up (about 10 us of
+ * CPU on a busy 2-CPU machine), and the parks of the ramp come on top of the idle_ns ones.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "mpi_internal.h"
+
+void mbp_mpi_opts_init(mbp_mpi_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->window = 8;
+	o->inflight = 512;
+	o->peer_timeout_ns = 10 * (int64_t)1000000000;
+	o->spin_ns = 20000;
+	o->idle_ns = 200000;
+}
+
+void mbp__run_init(struct mbp__run *r, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo)
+{
+	mbp_mpi_opts d;
+	mbp_mpi_opts_init(&d);
+	r->ops = ops;
+	if (mo)
+		r->mo = *mo;
+	MBP__DEFAULT(&r->mo, &d, window);
+	MBP__DEFAULT(&r->mo, &d, inflight);
+	MBP__DEFAULT(&r->mo, &d, peer_timeout_ns);
+	/* as the waits take it (MBP_SPIN_NONE: parks right after its last event) */
+	r->mo.spin_ns = mbp__wait_budget(r->mo.spin_ns, d.spin_ns);
+	MBP__DEFAULT(&r->mo, &d, idle_ns);
+	r->rank = mbp_mpi_rank();
+	r->size = mbp_mpi_size();
+	r->comm = MPI_COMM_NULL;
+	mbp__wait_global_init();
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&r->cond, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+void mbp__run_destroy(struct mbp__run *r)
+{
+	for (unsigned i = 0; i < r->nlinks; i++)
+		mbp__link_free(&r->link[i]);
+	mbp__ctl_free(&r->ctl);
+	pthread_cond_destroy(&r->cond);
+	pthread_mutex_destroy(&r->lock);
+}
+
+const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts)
+{
+	if (timeout_ns <= 0)
+		return NULL;
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	uint64_t ns = (uint64_t)ts->tv_nsec + (uint64_t)timeout_ns;
+	ts->tv_sec += (time_t)(ns / 1000000000u);
+	ts->tv_nsec = (long)(ns % 1000000000u);
+	return ts;
+}
+
+bool mbp__run_wait(struct mbp__run *r, const struct timespec *deadline)
+{
+	if (!deadline)
+		return pthread_cond_wait(&r->cond, &r->lock) == 0;
+	return pthread_cond_timedwait(&r->cond, &r->lock, deadline) != ETIMEDOUT;
+}
+
+/* ---- set-up, on the owner's thread ---- */
+
+struct hs {
+	struct mbp__run *r;
+	const uint64_t *mine;
+	unsigned n;
+	uint64_t *all;
+};
+
+static int hs_task(void *arg)
+{
+	struct hs *h = arg;
+	if (h->r->comm == MPI_COMM_NULL && MPI_Comm_dup(MPI_COMM_WORLD, &h->r->comm) != MPI_SUCCESS)
+		return -EIO;
+	if (MPI_Allgather(h->mine, (int)h->n, MPI_UINT64_T, h->all, (int)h->n, MPI_UINT64_T, h->r->comm) !=
+	    MPI_SUCCESS)
+		return -EIO;
+	return 0;
+}
+
+int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
+		  mbp_pool_cache *cache)
+{
+	MBP_VERIFY(r->nlinks < MBP__RUN_LINKS);
+	struct mbp__link *l = &r->link[r->nlinks++];
+	*l = (struct mbp__link){
+	    .send = send, .peer = peer, .tag = tag, .id = id, .pool = pool, .cache = cache};
+	return mbp__link_alloc(l, r->mo.window);
+}
+
+/* ---- the loop, on the communication thread ---- */
+
+static uint64_t park_ns(uint64_t quiet, uint64_t idle_ns)
+{
+	uint64_t ns = quiet / 4;
+	return ns < 1000 ? 1000 : ns > idle_ns ? idle_ns : ns;
+}
+
+/* Rank 0: STOP to every peer once the flow may end the run; leave once every peer's STOPPED is in and
+ * nothing of ours is still going out. */
+static bool stop_step(struct mbp__run *r, bool *leave)
+{
+	struct mbp__ctl *c = &r->ctl;
+	if (!c->stop_sent) {
+		/* relaxed: a hint; may_stop reads the flow's state under the lock */
+		if (!atomic_load_explicit(&r->ending, memory_order_relaxed))
+			return false;
+		pthread_mutex_lock(&r->lock);
+		c->stop_sent = r->ops->may_stop(r);
+		pthread_mutex_unlock(&r->lock);
+		if (c->stop_sent)
+			mbp__ctl_post(r, -1, MBP__CTL_STOP);
+		return c->stop_sent;
+	}
+	if (c->stopped < c->n)
+		return false;
+	for (unsigned i = 0; i < c->n; i++)
+		/* relaxed: a bit carries no data; one set after this pass kicks the loop into another */
+		if (c->peer[i].busy || atomic_load_explicit(&c->peer[i].pending, memory_order_relaxed))
+			return false;
+	*leave = true;
+	return true;
+}
+
+static int loop_task(void *arg)
+{
+	struct mbp__run *r = arg;
+	uint64_t now = mbp__now_ns(), last = now;
+	mbp__ctl_open(r, now);
+	for (unsigned i = 0; i < r->nlinks; i++)
+		mbp__link_open(r, &r->link[i]);
+	bool leave = false, dead = false;
+	while (!leave) {
+		mbp__mpi_check_abort();
+		/* acquire; partner: the release store in mbp__run_kick(): this pass sees what was published */
+		bool act = atomic_exchange_explicit(&r->kick, 0, memory_order_acquire) != 0;
+		for (unsigned i = 0; i < r->nlinks; i++)
+			act |= mbp__link_pass(r, &r->link[i], now);
+		act |= r->ops->pass(r);
+		act |= mbp__ctl_pass(r, now, &leave);
+		if (mbp__ctl_watchdog(r, now)) {
+			dead = true;
+			break;
+		}
+		if (r->rank == 0 && !leave)
+			act |= stop_step(r, &leave);
+		now = mbp__now_ns();
+		if (act) {
+			last = now;
+		} else if (now - last <= r->mo.spin_ns) {
+			sched_yield();
+		} else {
+			mbp__parker_prepare_sc(&r->pk);
+			/* seq_cst, the re-check after the flag: a kick that came before the flag was up */
+			if (atomic_load_explicit(&r->kick, memory_order_seq_cst))
+				mbp__parker_cancel(&r->pk);
+			else
+				mbp__parker_sleep(&r->pk, now + park_ns(now - last, r->mo.idle_ns));
+			now = mbp__now_ns();
+		}
+	}
+	uint64_t dl = mbp__now_ns() + (dead ? 100 : 2000) * (uint64_t)1000000;
+	for (unsigned i = 0; i < r->nlinks; i++)
+		mbp__link_close(r, &r->link[i], dl);
+	mbp__ctl_close(r, dl);
+	r->ops->closed(r);
+	if (!dead && r->comm != MPI_COMM_NULL)
+		MPI_Comm_free(&r->comm);
+	pthread_mutex_lock(&r->lock);
+	r->state = MBP__RUN_ENDED;
+	pthread_cond_broadcast(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+	return 0;
+}
+
+/* ---- start, on the owner's thread ---- */
+
+static int free_comm_task(void *arg)
+{
+	struct mbp__run *r = arg;
+	if (r->comm != MPI_COMM_NULL)
+		MPI_Comm_free(&r->comm);
+	return 0;
+}
+
+/* Rank k's values in all[] that break the rules of mbp__run_start, in words; 0 or the error. */
+static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char *const *names,
+		 const char *what)
+{
+	for (int k = 0; k < r->size; k++) {
+		const uint64_t *v = &all[(size_t)k * n], *next = v + n;
+		int e = (int)(int64_t)v[MBP__HS_RC];
+		if (e < 0) {
+			snprintf(r->msg, sizeof(r->msg), "rank %d failed to start: %s", k, mbp_strerror(e));
+			return e;
+		}
+		if (k + 1 < r->size && v[MBP__HS_OUT] != next[MBP__HS_IN]) {
+			snprintf(r->msg, sizeof(r->msg),
+				 "rank %d's output rows are %llu bytes, rank %d's input rows %llu", k,
+				 (unsigned long long)v[MBP__HS_OUT], k + 1,
+				 (unsigned long long)next[MBP__HS_IN]);
+			return -EINVAL;
+		}
+		if (v[MBP__HS_BYTES] > INT_MAX) {
+			snprintf(r->msg, sizeof(r->msg), "rank %d's %s exceed 2 GiB", k, what);
+			return -E2BIG;
+		}
+		for (unsigned i = MBP__HS_SAME; i < n; i++)
+			if (v[i] != all[i]) {
+				snprintf(r->msg, sizeof(r->msg), "rank %d has %s %llu, rank 0 %llu", k,
+					 names[i - MBP__HS_SAME], (unsigned long long)v[i],
+					 (unsigned long long)all[i]);
+				return -EINVAL;
+			}
+	}
+	return 0;
+}
+
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what,
+		   int (*local)(struct mbp__run *r, const uint64_t *all))
+{
+	uint64_t *all = calloc((size_t)r->size, n * sizeof(*all));
+	struct hs h = {.r = r, .mine = mine, .n = n, .all = all};
+	int rc = all ? mbp__mpi_call(hs_task, &h) : -ENOMEM;
+	if (rc == 0 && (rc = check(r, all, n, names, what)) == 0) {
+		/* every rank passed alike: the flow's own start (collectives included), then its result shared */
+		int lrc = local(r, all);
+		mine[MBP__HS_RC] = (uint64_t)(int64_t)lrc;
+		rc = mbp__mpi_call(hs_task, &h);
+		/* the first rank that failed says why; one that failed alike (a check of all[]) has said it */
+		for (int k = 0; rc == 0 && k < r->size; k++)
+			if ((rc = (int)(int64_t)all[(size_t)k * n + MBP__HS_RC]) < 0 &&
+			    !(rc == lrc && r->msg[0]))
+				snprintf(r->msg, sizeof(r->msg), "rank %d failed to start: %s", k,
+					 mbp_strerror(rc));
+	}
+	free(all);
+	if (rc) {
+		mbp__mpi_call(free_comm_task, r);
+		r->state = MBP__RUN_ENDED;
+		r->err = rc;
+		return rc;
+	}
+	r->state = MBP__RUN_RUNNING;
+	r->ticket = mbp__mpi_post(loop_task, r);
+	return 0;
+}
+
+void mbp__run_wait_end(struct mbp__run *r)
+{
+	while (r->state == MBP__RUN_RUNNING)
+		pthread_cond_wait(&r->cond, &r->lock);
+}
+
+void mbp__run_join(struct mbp__run *r)
+{
+	if (r->ticket)
+		mbp__mpi_await(r->ticket);
+	r->ticket = 0;
+}
