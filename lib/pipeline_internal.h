@@ -5,12 +5,12 @@
  * headers of their own, below this one; the jobs' bookkeeping (job.h) sits beside it, for job.c and
  * worker.c: no header includes one that includes it back. Not installed.
  *
- * Data flow (see DESIGN.md): callers enqueue jobs and single micro-batches on the multi-producer ingress;
+ * Data flow (see ARCHITECTURE.md): callers enqueue jobs and single micro-batches on the multi-producer ingress;
  * stage 0 takes them in order, splits jobs into micro-batches read in place from the caller's input, and
  * pushes each result (a pool buffer) into the SPSC ring to stage 1, and so on; the last stage writes into
  * the caller's output (a job's array, or the caller's own buffer for a single micro-batch) and completes.
  * Where opts.threads < stages (by default: stages outnumber CPUs), one worker thread runs consecutive
- * stages, each calling the next (pass_on in worker.c): DESIGN.md's one thread per stage would make the
+ * stages, each calling the next (pass_on in worker.c): the first sketch's one thread per stage would make the
  * threads of a CPU time-slice it, a context switch per hop where a call does (pipeline.h, "Threads and
  * stages", has the figures). The threads are the pipeline's crew (crew.h: placement, pins, names, the
  * start handshake, the init/fini rule, stop), the trainer's the same way.

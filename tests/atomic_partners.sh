@@ -1,5 +1,5 @@
 #!/bin/sh
-# DESIGN.md rule 7, for every atomic access of the library: each names its memory order (an _explicit call,
+# ARCHITECTURE.md rule 5, for every atomic access of the library: each names its memory order (an _explicit call,
 # or a fence with its order) and says, in a comment on its lines or in the 6 lines above them, why that
 # order: an acquire, release, acq_rel or consume names its partner ("partner"), a relaxed one why relaxed
 # is enough ("relaxed"), a seq_cst one what it pairs with ("seq_cst"). atomic_init is exempt.

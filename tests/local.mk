@@ -43,7 +43,7 @@ tests_test_train_LDADD = $(TEST_LIBS)
 TESTS += tests/test_ring tests/test_pool tests/test_crew tests/test_pipeline tests/test_schedule tests/test_train \
 	tests/test_opts tests/test_error tests/test_trace tests/test_ingress tests/test_affinity
 
-# DESIGN.md rule 7 on every atomic access of lib/ and lib/mpi/: each names its memory order and why.
+# ARCHITECTURE.md rule 5 on every atomic access of lib/ and lib/mpi/: each names its memory order and why.
 TESTS += tests/atomic_partners.sh
 EXTRA_DIST += tests/atomic_partners.sh
 
