@@ -861,6 +861,106 @@ START_TEST(update_check_refuses_exactly_what_the_update_refuses_and_applies_noth
 }
 END_TEST
 
+/* The update runs vector lanes over most of a tensor and plain C over its last few elements: every
+ * element must get the bits the plain loop gives it, wherever it sits. Each element of a 40-wide weight
+ * tensor (vector lanes) is updated beside the same values in a 2-element tensor of its own (plain C only),
+ * three AdamW steps with weight decay, a clip factor and new gradients each step. */
+START_TEST(adamw_gives_an_element_the_same_bits_in_a_vector_lane_as_alone)
+{
+	mbp_optim_opts o = {.kind = MBP_OPTIM_ADAMW, .lr = 0.01f, .weight_decay = 0.1f, .warmup_steps = 2};
+	enum { W = 40 };
+	const uint32_t wide_w[] = {W, 1};
+	mbp_mlp *wide = new_mlp(wide_w, 1, MBP_ACT_NONE, false, 3, &o);
+	mbp_mlp_stage *wst;
+	ck_assert_int_eq(mbp_mlp_stage_new(&wst, wide, 0, 1, 1), 0);
+	mbp_mlp_stage *st[W];
+	mbp_mlp *alone[W];
+	float *wp = mbp_mlp_tensor(wide, 0, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL);
+	float *wg = mbp_mlp_tensor(wide, 0, MBP_PART_WEIGHT, MBP_ARRAY_GRAD, NULL);
+	for (int e = 0; e < W; e++) {
+		alone[e] = tiny(&o, &st[e]);
+		mbp_mlp_tensor(alone[e], 0, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL)[0] = wp[e];
+	}
+	uint64_t seed = 11;
+	for (int t = 0; t < 3; t++) {
+		const float scale = t == 1 ? 0.37f : 1.0f;
+		for (int e = 0; e < W; e++) {
+			wg[e] = urand(&seed) * (e % 3 ? 1.0f : 1e-3f);
+			set_grads(alone[e], wg[e], 0.25f, 0.5f);
+			ck_assert_int_eq(mbp_mlp_stage_update(st[e], scale), 0);
+		}
+		ck_assert_int_eq(mbp_mlp_stage_update(wst, scale), 0);
+		for (int e = 0; e < W; e++)
+			for (int a = MBP_ARRAY_PARAM; a <= MBP_ARRAY_MOMENT2; a++) {
+				if (a == MBP_ARRAY_GRAD)
+					continue;
+				float x = mbp_mlp_tensor(wide, 0, MBP_PART_WEIGHT, (mbp_mlp_array)a, NULL)[e];
+				float y =
+				    mbp_mlp_tensor(alone[e], 0, MBP_PART_WEIGHT, (mbp_mlp_array)a, NULL)[0];
+				ck_assert_msg(!memcmp(&x, &y, sizeof x),
+					      "step %d, element %d, array %d: %.9g in the tensor, %.9g alone",
+					      t, e, a, x, y);
+			}
+	}
+	for (int e = 0; e < W; e++) {
+		mbp_mlp_stage_destroy(st[e]);
+		mbp_mlp_destroy(alone[e]);
+	}
+	mbp_mlp_stage_destroy(wst);
+	mbp_mlp_destroy(wide);
+}
+END_TEST
+
+/* A layer's squared gradient norm: the sum of its tensors' squares (against a sequential sum in double),
+ * a stage's the sum of its layers' in layer order, and not finite exactly when some gradient is not, at any
+ * position (the vector lanes and the tail); the update's check finds the same element. */
+START_TEST(layer_grad_sqnorm_sums_the_squares_and_is_finite_exactly_when_every_gradient_is)
+{
+	const uint32_t w[] = {13, 9, 3};
+	mbp_mlp *n = new_mlp(w, 2, MBP_ACT_RELU, false, 5, NULL);
+	mbp_mlp_stage *st;
+	ck_assert_int_eq(mbp_mlp_stage_new(&st, n, 0, 2, 1), 0);
+	uint64_t seed = 17;
+	double want[2] = {0, 0};
+	for (unsigned l = 0; l < 2; l++)
+		for (int p = MBP_PART_WEIGHT; p <= MBP_PART_BIAS; p++) {
+			size_t c;
+			float *g = mbp_mlp_tensor(n, l, (mbp_mlp_part)p, MBP_ARRAY_GRAD, &c);
+			for (size_t e = 0; e < c; e++) {
+				g[e] = urand(&seed) * 3.0f;
+				want[l] += (double)g[e] * g[e];
+			}
+		}
+	double q[2], sq;
+	for (unsigned l = 0; l < 2; l++) {
+		ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(n, l, &q[l]), 0);
+		ck_assert_msg(close_to(q[l], want[l], 1e-12, 0), "layer %u: %.17g, want %.17g", l, q[l],
+			      want[l]);
+	}
+	ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm(st, &sq), 0);
+	ck_assert(sq == 0.0 + q[0] + q[1]);
+	size_t c;
+	float *g = mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_GRAD, &c);
+	const float bad[] = {NAN, INFINITY, -INFINITY};
+	for (size_t e = 0; e < c; e++)
+		for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+			float keep = g[e];
+			g[e] = bad[k];
+			double b;
+			ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(n, 0, &b), 0);
+			ck_assert_msg(!isfinite(b), "element %zu = %g: norm %g", e, (double)bad[k], b);
+			ck_assert_int_eq(mbp_mlp_stage_update_check(st, 1.0f), -EDOM);
+			g[e] = keep;
+		}
+	ck_assert_int_eq(mbp_mlp_stage_update_check(st, 1.0f), 0);
+	ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(n, 2, &sq), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(NULL, 0, &sq), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(n, 0, NULL), -EINVAL);
+	mbp_mlp_stage_destroy(st);
+	mbp_mlp_destroy(n);
+}
+END_TEST
+
 /* ---- the trainer on the model's stages, glued as a user would, without grad_sq ---- */
 
 struct tstage {
@@ -1352,6 +1452,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, sgd_with_momentum_matches_hand_computed_steps);
 	tcase_add_test(tc, clipping_by_global_norm_and_refusing_non_finite_gradients);
 	tcase_add_test(tc, update_check_refuses_exactly_what_the_update_refuses_and_applies_nothing);
+	tcase_add_test(tc, adamw_gives_an_element_the_same_bits_in_a_vector_lane_as_alone);
+	tcase_add_test(tc, layer_grad_sqnorm_sums_the_squares_and_is_finite_exactly_when_every_gradient_is);
 	tcase_add_test(tc, a_nan_gradient_at_one_stage_without_grad_sq_updates_no_stage);
 	tcase_add_test(tc, loss_decreases_and_a_tiny_data_set_is_memorised);
 	tcase_add_test(tc, checkpoint_resume_continues_bit_for_bit);

@@ -307,10 +307,19 @@ int mbp_mlp_stage_zero_grad(mbp_mlp_stage *st);
 
 /**
  * Sum of the squares of the stage's gradients, in double (for clipping by the global norm: add the
- * stages' sums, then mbp_clip_scale).
+ * stages' sums, then mbp_clip_scale): its layers' mbp_mlp_layer_grad_sqnorm added in layer order.
  * @return 0, -EINVAL.
  */
 int mbp_mlp_stage_grad_sqnorm(const mbp_mlp_stage *st, double *sq);
+
+/**
+ * Sum of the squares of one layer's gradients (its tensors in mbp_mlp_part order), in double, in an order
+ * fixed by the tensors' sizes alone: the same bits whichever stage holds the layer. Finite exactly when
+ * every gradient of the layer is (a float's square is far inside double's range), so one pass serves a
+ * trainer's check and its clipping norm. Call it under the rules of a stage call on that layer.
+ * @return 0, -EINVAL (NULL, layer out of range).
+ */
+int mbp_mlp_layer_grad_sqnorm(const mbp_mlp *n, unsigned layer, double *sq);
 
 /**
  * Apply one optimizer update to the stage's parameters with the gradients multiplied by grad_scale

@@ -605,18 +605,6 @@ int mbp_mlp_stage_zero_grad(mbp_mlp_stage *st)
 	return 0;
 }
 
-int mbp_mlp_stage_grad_sqnorm(const mbp_mlp_stage *st, double *sq)
-{
-	if (!st || !sq)
-		return -EINVAL;
-	const mbp_mlp *n = st->n;
-	double s = 0;
-	for (size_t e = n->start[st->a]; e < n->start[st->b]; e++)
-		s += (double)n->grad[e] * n->grad[e];
-	*sq = s;
-	return 0;
-}
-
 void mbp__mlp_stage_range(const mbp_mlp_stage *st, mbp_mlp **n, unsigned *a, unsigned *b)
 {
 	*n = st->n;

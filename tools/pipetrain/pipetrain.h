@@ -76,6 +76,8 @@ typedef struct pt_stage {
 	pt_shared *sh;
 	unsigned index, first, last; /* layers [first, last) */
 	char name[32];
+	double sq;     /* the layers' squared gradient norms summed, by the check */
+	bool sq_fresh; /* sq is this step's: the check ran, grad_sq has not yet */
 } pt_stage;
 
 /* Fill a trainer stage descriptor for p. */

@@ -11,10 +11,12 @@
  * Clipping by global norm. The trainer adds the stages' grad_sq values in stage order, so with another
  * partition the same gradients give a norm that may differ in its last bits, and so would the clip factor
  * and every later weight. To make a run independent of the stage count, each stage's grad_sq also stores
- * each of its layers' squared norms (in double, each tensor in one fixed order) in the shared table, and
- * every update adds the table's entries in layer order: the same sum, bit for bit, whatever the stages.
- * The trainer calls every stage's grad_sq before any update (the norm it passes is their sum), so the
- * table is complete when the updates read it.
+ * each of its layers' squared norms (mbp_mlp_layer_grad_sqnorm: in double, in an order fixed by the layer
+ * alone) in the shared table, and every update adds the table's entries in layer order: the same sum, bit
+ * for bit, whatever the stages.
+ * The trainer calls every stage's check and grad_sq before any update (the norm it passes is their sum),
+ * so the table is complete when the updates read it; the check fills it (a layer's norm is finite exactly
+ * when its gradients are), and grad_sq returns what the check just computed.
  */
 #include <errno.h>
 #include <math.h>
@@ -50,36 +52,36 @@ static int op_backward_w(void *ctx, const mbp_train_io *io)
 	return mbp_mlp_stage_backward_w(p->st, io->stash, io->in, io->rows);
 }
 
-static double tensor_sq(mbp_mlp *n, unsigned layer, mbp_mlp_part part)
+/* The stage's layers' squared gradient norms into the shared table, one pass over its gradients; their
+ * sum. */
+static double layers_sq(pt_stage *p)
 {
-	size_t count;
-	const float *g = mbp_mlp_tensor(n, layer, part, MBP_ARRAY_GRAD, &count);
-	double s = 0;
-	for (size_t i = 0; g && i < count; i++)
-		s += (double)g[i] * g[i];
-	return s;
+	double total = 0;
+	for (unsigned l = p->first; l < p->last; l++) {
+		mbp_mlp_layer_grad_sqnorm(p->sh->n, l, &p->sh->layer_sq[l]);
+		total += p->sh->layer_sq[l];
+	}
+	return total;
+}
+
+/* The update's refusals before any stage updates (train.h): a non-finite gradient, which the squared
+ * norms show (finite exactly when every gradient is, mbp_mlp_layer_grad_sqnorm), so the check computes
+ * them and grad_sq, which the trainer calls next on this thread, returns them: one pass for both. The clip
+ * factor is finite once every grad_sq was (the trainer fails the step otherwise). */
+static int op_check(void *ctx)
+{
+	pt_stage *p = ctx;
+	p->sq = layers_sq(p);
+	p->sq_fresh = true;
+	return isfinite(p->sq) ? 0 : -EDOM;
 }
 
 static double op_grad_sq(void *ctx)
 {
 	pt_stage *p = ctx;
-	double total = 0;
-	for (unsigned l = p->first; l < p->last; l++) {
-		double s = tensor_sq(p->sh->n, l, MBP_PART_WEIGHT) + tensor_sq(p->sh->n, l, MBP_PART_BIAS) +
-			   tensor_sq(p->sh->n, l, MBP_PART_NORM_WEIGHT) +
-			   tensor_sq(p->sh->n, l, MBP_PART_NORM_BIAS);
-		p->sh->layer_sq[l] = s;
-		total += s;
-	}
-	return total;
-}
-
-/* The update's refusals before any stage updates (train.h): a non-finite gradient. The clip factor is
- * finite here once every grad_sq was (the trainer fails the step otherwise), so 1 stands for it. */
-static int op_check(void *ctx)
-{
-	pt_stage *p = ctx;
-	return mbp_mlp_stage_update_check(p->st, 1.0f);
+	double sq = p->sq_fresh ? p->sq : layers_sq(p);
+	p->sq_fresh = false;
+	return sq;
 }
 
 static int op_update(void *ctx, const mbp_train_update *u)
