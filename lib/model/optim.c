@@ -103,8 +103,10 @@ __attribute__((target("avx"))) static void adamw_avx(const struct adamw_k *k, fl
 }
 #endif
 
+/* The AdamW update of a tensor of cnt elements; with pad, row by row (rows of `row` elements), each row
+ * copied into pad (rows ld floats apart) while it is in cache. */
 static void adamw(const mbp_optim_opts *o, double lr, uint64_t t, float decay, float scale, float *p,
-		  const float *g, float *m, float *v, size_t cnt)
+		  const float *g, float *m, float *v, size_t cnt, float *pad, size_t row, size_t ld)
 {
 	const double bc1 = 1.0 - pow(o->beta1, (double)(t + 1)), bc2 = 1.0 - pow(o->beta2, (double)(t + 1));
 	const struct adamw_k k = {.b1 = o->beta1,
@@ -116,15 +118,20 @@ static void adamw(const mbp_optim_opts *o, double lr, uint64_t t, float decay, f
 				  .bc2_sqrt = (float)sqrt(bc2),
 				  .keep = (float)(1.0 - lr * decay),
 				  .scale = scale};
+	void (*run)(const struct adamw_k *, float *, const float *, float *, float *, size_t) = adamw_c;
 #if defined(OPTIM_X86)
 	__builtin_cpu_init();
 	if (__builtin_cpu_supports("avx"))
-		adamw_avx(&k, p, g, m, v, cnt);
-	else
-		adamw_c(&k, p, g, m, v, cnt);
-#else
-	adamw_c(&k, p, g, m, v, cnt);
+		run = adamw_avx;
 #endif
+	if (!pad) {
+		run(&k, p, g, m, v, cnt);
+		return;
+	}
+	for (size_t e = 0, r = 0; e < cnt; e += row, r++) {
+		run(&k, p + e, g + e, m + e, v + e, row);
+		memcpy(pad + r * ld, p + e, row * sizeof(float));
+	}
 }
 
 /* Does g[0, cnt) hold a NaN or an infinity (its exponent bits all ones)? */
@@ -248,12 +255,17 @@ int mbp_mlp_stage_update(mbp_mlp_stage *st, float scale)
 			float decay = k == MBP_PART_WEIGHT ? o->weight_decay : 0.0f;
 			if (!cnt)
 				continue;
-			if (o->kind == MBP_OPTIM_ADAMW)
+			/* the stages' padded copy of the dense weights follows them (mlp_internal.h) */
+			float *pad = k == MBP_PART_WEIGHT ? mbp__mlp_pad(n, i) : NULL;
+			if (o->kind == MBP_OPTIM_ADAMW) {
 				adamw(o, lr, t, decay, scale, n->param + off, n->grad + off, n->m1 + off,
-				      n->m2 + off, cnt);
-			else
+				      n->m2 + off, cnt, pad, n->l[i].in, n->lwp[i].ld);
+			} else {
 				sgd(o, lr, t, decay, scale, n->param + off, n->grad + off,
 				    n->m1 ? n->m1 + off : NULL, cnt);
+				if (pad)
+					mbp__mlp_pad_sync(n, i, 0, n->l[i].out);
+			}
 		}
 		n->step[i] = t + 1;
 	}
