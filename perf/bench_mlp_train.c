@@ -12,8 +12,11 @@
  * stages of a pipeline do: they share the caches and memory). The 2-core limit of a step is the sum of its
  * products' times at the concurrent rate divided by the CPUs: no bubble, no hand-off, nothing but sgemm.
  *
+ * With --padded the weights' rows are laid out as the library's stages read them (a row of a multiple of
+ * 1024 floats padded by 16: lib/model/mlp_internal.h), else packed, as a caller's contiguous matrices.
+ *
  *   bench_mlp_train [--layers 784,1024,1024,1024,10] [--mb 32] [--batch 256] [--steps 10] [--reps 20]
- *                   [--roofline]
+ *                   [--roofline [--padded]]
  *
  * Random inputs and labels (no data set needed). Prints a table and one grep-able summary line
  * ("bench_mlp_train:" or "bench_mlp_train_roofline:"); exits 1 if a loss is not finite or a call fails.
@@ -39,13 +42,13 @@ struct cfg {
 	unsigned L;
 	uint32_t mb, batch;
 	unsigned steps, reps;
-	bool roofline;
+	bool roofline, padded;
 };
 
 static int usage(void)
 {
 	fprintf(stderr, "usage: bench_mlp_train [--layers W0,W1,...] [--mb ROWS] [--batch ROWS] [--steps N] "
-			"[--reps N] [--roofline]\n");
+			"[--reps N] [--roofline [--padded]]\n");
 	return 2;
 }
 
@@ -54,8 +57,9 @@ static int parse(int argc, char **argv, struct cfg *c)
 	const char *layers = "784,1024,1024,1024,10";
 	*c = (struct cfg){.mb = 32, .batch = 256, .steps = 10, .reps = 20};
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--roofline")) {
-			c->roofline = true;
+		if (!strcmp(argv[i], "--roofline") || !strcmp(argv[i], "--padded")) {
+			c->roofline |= argv[i][2] == 'r';
+			c->padded |= argv[i][2] == 'p';
 			continue;
 		}
 		if (i + 1 >= argc)
@@ -112,16 +116,22 @@ struct prod_bufs {
 	float *x, *w, *y, *dz, *dx, *dw;
 };
 
+/* The row stride of a layer's weights: `in`, or padded as the library's stages read them. */
+static int weight_ld(uint32_t in, bool padded)
+{
+	return (int)(padded && in % 1024 == 0 ? in + 16 : in);
+}
+
 /* One product of layer (in -> out) at r rows, the call lib/model/mlp.c makes (same transposes, same
  * beta: F and B_w accumulate, B_in overwrites). */
-static void product(int kind, uint32_t r, uint32_t in, uint32_t out, const struct prod_bufs *b)
+static void product(int kind, uint32_t r, uint32_t in, uint32_t out, bool padded, const struct prod_bufs *b)
 {
-	const int nr = (int)r, ni = (int)in, no = (int)out;
+	const int nr = (int)r, ni = (int)in, no = (int)out, ldw = weight_ld(in, padded);
 	if (kind == P_F)
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, no, ni, 1.0f, b->x, ni, b->w, ni,
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, no, ni, 1.0f, b->x, ni, b->w, ldw,
 			    1.0f, b->y, no);
 	else if (kind == P_BIN)
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, ni, no, 1.0f, b->dz, no, b->w, ni,
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, ni, no, 1.0f, b->dz, no, b->w, ldw,
 			    0.0f, b->dx, ni);
 	else
 		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, no, ni, nr, 1.0f, b->dz, no, b->x, ni,
@@ -151,7 +161,7 @@ static void *roof_run(void *arg)
 	uint32_t wmax = 0;
 	for (unsigned i = 0; i <= c->L; i++)
 		wmax = c->w[i] > wmax ? c->w[i] : wmax;
-	size_t rw = (size_t)c->mb * wmax, ww = (size_t)wmax * wmax;
+	size_t rw = (size_t)c->mb * wmax, ww = (size_t)wmax * (wmax + 16);
 	struct prod_bufs b = {rnd(rw, 1), rnd(ww, 2), rnd(rw, 3), rnd(rw, 4), rnd(rw, 5), rnd(ww, 6)};
 	for (unsigned i = 0; i < c->L; i++)
 		for (int k = 0; k < P_KINDS; k++) {
@@ -163,7 +173,7 @@ static void *roof_run(void *arg)
 			double best = 1e300;
 			for (unsigned r = 0; r <= c->reps; r++) {
 				uint64_t t0 = mbt_now_ns();
-				product(k, c->mb, c->w[i], c->w[i + 1], &b);
+				product(k, c->mb, c->w[i], c->w[i + 1], c->padded, &b);
 				double t = (double)(mbt_now_ns() - t0);
 				if (r && t < best) /* call 0 warms up */
 					best = t;
@@ -221,9 +231,10 @@ static int roofline(const struct cfg *c, int ncpus)
 	       (unsigned)M, c->mb, flops * 1e-9, t1 * 1e-6, tn * 1e-6, ncpus, limit1, limit, ncpus);
 	printf("bench_mlp_train_roofline: cpus=%d layers=%u mb=%u batch=%u gflop_step=%.4f gflops_1=%.1f "
 	       "gflops_all=%.1f f_gflops=%.1f bin_gflops=%.1f bw_gflops=%.1f limit_sps_1cpu=%.0f "
-	       "limit_sps=%.0f kernel=%s\n",
+	       "limit_sps=%.0f layout=%s kernel=%s\n",
 	       ncpus, c->L, c->mb, c->batch, flops * 1e-9, flops / t1, flops / tn, kflops[P_F] / ktn[P_F],
-	       kflops[P_BIN] / ktn[P_BIN], kflops[P_BW] / ktn[P_BW], limit1, limit, openblas_get_corename());
+	       kflops[P_BIN] / ktn[P_BIN], kflops[P_BW] / ktn[P_BW], limit1, limit,
+	       c->padded ? "padded" : "packed", openblas_get_corename());
 	return 0;
 }
 

@@ -13,8 +13,9 @@
 # (busy jiffies of /proc/stat minus the run's own user and system time, over its wall time: 0 on a
 # quiet machine, up to the CPU count). Medians per arm; x_torch2: the median of each round's ratio to
 # that round's torch2 run (a slow moment of the machine touches both sides of a ratio). The roofline:
-# perf/bench_mlp_train --roofline at each pipetrain arm's micro-batch (its limit_sps: every sgemm of a
-# step at the rate both cores reach at once, nothing else), and each arm's fraction of it.
+# perf/bench_mlp_train --roofline at each arm's micro-batch (its limit_sps: every sgemm of a step at the
+# rate both cores reach at once, nothing else; the higher of the weights packed and padded, measured
+# before and after the rounds), and each arm's fraction of it.
 #
 # Usage (from the build directory): sh ../perf/train_vs_torch.sh [OUT_DIR]      (default ../perf/results)
 # Environment: PIPETRAIN (tools/pipetrain/pipetrain), BENCH (perf/bench_mlp_train; built with
@@ -77,15 +78,20 @@ measure() {
 		'BEGIN { x = ((b1 - b0) / k - (o1 - o0)) / (t1 - t0); printf "%.2f", x < 0 ? 0 : x }')
 }
 
-# roofline MB: bench_mlp_train --roofline at MB rows into $WORK/roof-MB, the higher limit of this call's
-# measurement and an earlier one (a limit: the best the machine showed).
+# roofline MB: bench_mlp_train --roofline at MB rows, the weights packed (a caller's matrices) and padded
+# (the library's stages' layout), into $WORK/roof-MB: the highest limit of these and of earlier calls (a
+# limit: the best the machine showed).
 roofline() {
-	"$BENCH" --roofline --mb "$1" --reps 10 | grep '^bench_mlp_train_roofline:' >"$WORK/roof-new" || return 0
-	if [ -f "$WORK/roof-$1" ] && [ "$(sed -n 's/.* limit_sps=\([0-9]*\).*/\1/p' "$WORK/roof-$1")" -ge \
-		"$(sed -n 's/.* limit_sps=\([0-9]*\).*/\1/p' "$WORK/roof-new")" ]; then
-		return 0
-	fi
-	mv "$WORK/roof-new" "$WORK/roof-$1"
+	for layout in '' --padded; do
+		# shellcheck disable=SC2086 # layout is an option or nothing
+		"$BENCH" --roofline $layout --mb "$1" --reps 10 | grep '^bench_mlp_train_roofline:' >"$WORK/roof-new" ||
+			continue
+		if [ -f "$WORK/roof-$1" ] && [ "$(sed -n 's/.* limit_sps=\([0-9]*\).*/\1/p' "$WORK/roof-$1")" -ge \
+			"$(sed -n 's/.* limit_sps=\([0-9]*\).*/\1/p' "$WORK/roof-new")" ]; then
+			continue
+		fi
+		mv "$WORK/roof-new" "$WORK/roof-$1"
+	done
 }
 
 lim=''
