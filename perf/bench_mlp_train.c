@@ -5,15 +5,27 @@
  * step (F, loss, B over M micro-batches, then AdamW) in samples per second with OpenBLAS on one thread
  * (seq1) and on every allowed CPU (seqmt): the baselines a pipelined trainer is measured against.
  *
- *   bench_mlp_train [--layers 784,1024,1024,1024,10] [--mb 32] [--batch 256] [--steps 10] [--reps 20]
+ * With --roofline it measures instead the limit a training step can reach on this machine: every sgemm a
+ * step makes (per layer and micro-batch: F = x W^T, B_in = dz W except layer 0, B_w = dz^T x, the calls
+ * and shapes of lib/model/mlp.c), each timed alone with one BLAS thread (the best of --reps), first on one
+ * core, then on every allowed CPU at once (one pinned thread per CPU running the same products, as the
+ * stages of a pipeline do: they share the caches and memory). The 2-core limit of a step is the sum of its
+ * products' times at the concurrent rate divided by the CPUs: no bubble, no hand-off, nothing but sgemm.
  *
- * Random inputs and labels (no data set needed). Prints a table and one grep-able summary line; exits 1
- * if a loss is not finite or a call fails.
+ * With --padded the weights' rows are laid out as the library's stages read them (a row of a multiple of
+ * 1024 floats padded by 16: lib/model/mlp_internal.h), else packed, as a caller's contiguous matrices.
+ *
+ *   bench_mlp_train [--layers 784,1024,1024,1024,10] [--mb 32] [--batch 256] [--steps 10] [--reps 20]
+ *                   [--roofline [--padded]]
+ *
+ * Random inputs and labels (no data set needed). Prints a table and one grep-able summary line
+ * ("bench_mlp_train:" or "bench_mlp_train_roofline:"); exits 1 if a loss is not finite or a call fails.
  */
 #include "config.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,12 +42,13 @@ struct cfg {
 	unsigned L;
 	uint32_t mb, batch;
 	unsigned steps, reps;
+	bool roofline, padded;
 };
 
 static int usage(void)
 {
 	fprintf(stderr, "usage: bench_mlp_train [--layers W0,W1,...] [--mb ROWS] [--batch ROWS] [--steps N] "
-			"[--reps N]\n");
+			"[--reps N] [--roofline [--padded]]\n");
 	return 2;
 }
 
@@ -44,6 +57,11 @@ static int parse(int argc, char **argv, struct cfg *c)
 	const char *layers = "784,1024,1024,1024,10";
 	*c = (struct cfg){.mb = 32, .batch = 256, .steps = 10, .reps = 20};
 	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--roofline") || !strcmp(argv[i], "--padded")) {
+			c->roofline |= argv[i][2] == 'r';
+			c->padded |= argv[i][2] == 'p';
+			continue;
+		}
 		if (i + 1 >= argc)
 			return -1;
 		const char *k = argv[i], *v = argv[++i];
@@ -89,6 +107,137 @@ static float *rnd(size_t n, uint64_t s)
 	return x;
 }
 
+/* ---- the roofline: the step's sgemm calls alone ---- */
+
+enum { P_F, P_BIN, P_BW, P_KINDS };
+static const char *const prod_name[P_KINDS] = {"F", "B_in", "B_w"};
+
+struct prod_bufs {
+	float *x, *w, *y, *dz, *dx, *dw;
+};
+
+/* The row stride of a layer's weights: `in`, or padded as the library's stages read them. */
+static int weight_ld(uint32_t in, bool padded)
+{
+	return (int)(padded && in % 1024 == 0 ? in + 16 : in);
+}
+
+/* One product of layer (in -> out) at r rows, the call lib/model/mlp.c makes (same transposes, same
+ * beta: F and B_w accumulate, B_in overwrites). */
+static void product(int kind, uint32_t r, uint32_t in, uint32_t out, bool padded, const struct prod_bufs *b)
+{
+	const int nr = (int)r, ni = (int)in, no = (int)out, ldw = weight_ld(in, padded);
+	if (kind == P_F)
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, no, ni, 1.0f, b->x, ni, b->w, ldw,
+			    1.0f, b->y, no);
+	else if (kind == P_BIN)
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, ni, no, 1.0f, b->dz, no, b->w, ldw,
+			    0.0f, b->dx, ni);
+	else
+		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, no, ni, nr, 1.0f, b->dz, no, b->x, ni,
+			    1.0f, b->dw, ni);
+}
+
+struct roof_thread {
+	const struct cfg *c;
+	int cpu; /* -1: not pinned */
+	pthread_barrier_t *bar;
+	double best_ns[MAXL][P_KINDS];
+};
+
+/* The best of c->reps calls of every product of every layer (after one warm-up call each); with a barrier,
+ * every thread starts each product's calls together, so the cores share the caches and memory as a
+ * pipeline's stages do. */
+static void *roof_run(void *arg)
+{
+	struct roof_thread *rt = arg;
+	const struct cfg *c = rt->c;
+	if (rt->cpu >= 0) {
+		cpu_set_t one;
+		CPU_ZERO(&one);
+		CPU_SET(rt->cpu, &one);
+		pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+	}
+	uint32_t wmax = 0;
+	for (unsigned i = 0; i <= c->L; i++)
+		wmax = c->w[i] > wmax ? c->w[i] : wmax;
+	size_t rw = (size_t)c->mb * wmax, ww = (size_t)wmax * (wmax + 16);
+	struct prod_bufs b = {rnd(rw, 1), rnd(ww, 2), rnd(rw, 3), rnd(rw, 4), rnd(rw, 5), rnd(ww, 6)};
+	for (unsigned i = 0; i < c->L; i++)
+		for (int k = 0; k < P_KINDS; k++) {
+			rt->best_ns[i][k] = 0;
+			if (k == P_BIN && i == 0)
+				continue; /* layer 0 has no input gradient to compute */
+			if (rt->bar)
+				pthread_barrier_wait(rt->bar);
+			double best = 1e300;
+			for (unsigned r = 0; r <= c->reps; r++) {
+				uint64_t t0 = mbt_now_ns();
+				product(k, c->mb, c->w[i], c->w[i + 1], c->padded, &b);
+				double t = (double)(mbt_now_ns() - t0);
+				if (r && t < best) /* call 0 warms up */
+					best = t;
+			}
+			rt->best_ns[i][k] = best;
+		}
+	free(b.x), free(b.w), free(b.y), free(b.dz), free(b.dx), free(b.dw);
+	return NULL;
+}
+
+static int roofline(const struct cfg *c, int ncpus)
+{
+	openblas_set_num_threads(1);
+	static struct roof_thread alone, both[CPU_SETSIZE];
+	alone = (struct roof_thread){.c = c, .cpu = -1};
+	roof_run(&alone);
+	pthread_barrier_t bar;
+	pthread_barrier_init(&bar, NULL, (unsigned)ncpus);
+	pthread_t tid[CPU_SETSIZE];
+	cpu_set_t set;
+	sched_getaffinity(0, sizeof(set), &set);
+	for (int t = 0, cpu = 0; t < ncpus; t++, cpu++) {
+		while (!CPU_ISSET(cpu, &set))
+			cpu++;
+		both[t] = (struct roof_thread){.c = c, .cpu = cpu, .bar = &bar};
+		if (pthread_create(&tid[t], NULL, roof_run, &both[t]))
+			return 1;
+	}
+	for (int t = 0; t < ncpus; t++)
+		pthread_join(tid[t], NULL);
+	pthread_barrier_destroy(&bar);
+
+	/* Per layer and product: GFLOP/s alone and at once (the mean of the threads' times). */
+	const double M = (double)c->batch / c->mb;
+	double flops = 0, t1 = 0, tn = 0, kflops[P_KINDS] = {0}, kt1[P_KINDS] = {0}, ktn[P_KINDS] = {0};
+	printf("%5s %11s %6s %12s %12s %10s\n", "layer", "shape", "op", "GFLOP/s_1", "GFLOP/s_all", "us_all");
+	for (unsigned i = 0; i < c->L; i++)
+		for (int k = 0; k < P_KINDS; k++) {
+			if (k == P_BIN && i == 0)
+				continue;
+			double f = 2.0 * c->mb * c->w[i] * c->w[i + 1], a = alone.best_ns[i][k], n = 0;
+			for (int t = 0; t < ncpus; t++)
+				n += both[t].best_ns[i][k] / ncpus;
+			char shape[32];
+			snprintf(shape, sizeof(shape), "%ux%u", c->w[i], c->w[i + 1]);
+			printf("%5u %11s %6s %12.1f %12.1f %10.1f\n", i, shape, prod_name[k], f / a, f / n,
+			       n / 1e3);
+			flops += M * f, t1 += M * a, tn += M * n;
+			kflops[k] += f, kt1[k] += a, ktn[k] += n;
+		}
+	/* The limit: every product of the step at the concurrent rate, the work shared evenly by the CPUs. */
+	double limit1 = c->batch / (t1 * 1e-9), limit = c->batch / (tn * 1e-9 / ncpus);
+	printf("a step (%u x %u rows): %.3f GFLOP in %.2f ms of sgemm on one core alone, %.2f ms at the "
+	       "rate of all %d at once: limit %.0f samples/s on one core, %.0f on %d\n",
+	       (unsigned)M, c->mb, flops * 1e-9, t1 * 1e-6, tn * 1e-6, ncpus, limit1, limit, ncpus);
+	printf("bench_mlp_train_roofline: cpus=%d layers=%u mb=%u batch=%u gflop_step=%.4f gflops_1=%.1f "
+	       "gflops_all=%.1f f_gflops=%.1f bin_gflops=%.1f bw_gflops=%.1f limit_sps_1cpu=%.0f "
+	       "limit_sps=%.0f layout=%s kernel=%s\n",
+	       ncpus, c->L, c->mb, c->batch, flops * 1e-9, flops / t1, flops / tn, kflops[P_F] / ktn[P_F],
+	       kflops[P_BIN] / ktn[P_BIN], kflops[P_BW] / ktn[P_BW], limit1, limit,
+	       c->padded ? "padded" : "packed", openblas_get_corename());
+	return 0;
+}
+
 /* One training step of one stage over every layer: M micro-batches (F, loss, B), then the update. */
 static int step(mbp_mlp_stage *st, const struct cfg *c, const float *x, const int32_t *y, float *out,
 		float *stash, double *loss)
@@ -128,6 +277,10 @@ int main(int argc, char **argv)
 	printf(" ReLU, micro-batch %u rows, batch %u, AdamW\n%s\n", c.mb, c.batch, mbp_blas_info());
 	if (mbp_blas_warning())
 		printf("warning: %s\n", mbp_blas_warning());
+	if (c.roofline) {
+		mbp_mlp_destroy(n);
+		return roofline(&c, ncpus);
+	}
 
 	/* Per layer: the fastest of `reps` runs of each operation, one BLAS thread. */
 	printf("%5s %11s %9s %9s %9s %7s %7s\n", "layer", "shape", "F_us", "B_in_us", "B_w_us", "Bin/F",

@@ -305,7 +305,8 @@ END_TEST
 /* A model, its stages and a data set of `total` rows, for the accumulation and order tests. */
 struct rig {
 	mbp_mlp *n;
-	unsigned S;
+	const uint32_t *w; /* the widths (L + 1) */
+	unsigned L, S;
 	mbp_mlp_stage *st[4];
 	float *x;
 	int32_t *y;
@@ -313,17 +314,25 @@ struct rig {
 
 static const uint32_t rig_widths[] = {12, 16, 16, 16, 5};
 
-static void rig_init(struct rig *r, const unsigned *cuts, unsigned S, uint32_t max_rows, mbp_act act,
-		     bool norm, const mbp_optim_opts *o, size_t total)
+static void rig_init_widths(struct rig *r, const uint32_t *w, unsigned L, const unsigned *cuts, unsigned S,
+			    uint32_t max_rows, mbp_act act, bool norm, const mbp_optim_opts *o, size_t total)
 {
 	memset(r, 0, sizeof(*r));
-	r->n = new_mlp(rig_widths, 4, act, norm, 42, o);
+	r->n = new_mlp(w, L, act, norm, 42, o);
 	perturb(r->n, 43);
+	r->w = w;
+	r->L = L;
 	r->S = S;
 	for (unsigned s = 0; s < S; s++)
 		ck_assert_int_eq(mbp_mlp_stage_new(&r->st[s], r->n, cuts[s], cuts[s + 1], max_rows), 0);
-	r->x = random_floats(total * rig_widths[0], 44);
-	r->y = random_labels(total, rig_widths[4], 45);
+	r->x = random_floats(total * w[0], 44);
+	r->y = random_labels(total, w[L], 45);
+}
+
+static void rig_init(struct rig *r, const unsigned *cuts, unsigned S, uint32_t max_rows, mbp_act act,
+		     bool norm, const mbp_optim_opts *o, size_t total)
+{
+	rig_init_widths(r, rig_widths, 4, cuts, S, max_rows, act, norm, o, total);
 }
 
 static void rig_fini(struct rig *r)
@@ -347,9 +356,9 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 	float *act[5][16], *grad[5][16], *stash[4][16];
 	for (unsigned s = 0; s <= S; s++)
 		for (unsigned j = 0; j < M; j++) {
-			uint32_t w = s == 0 ? rig_widths[0] : mbp_mlp_stage_out_width(r->st[s - 1]);
+			uint32_t w = s == 0 ? r->w[0] : mbp_mlp_stage_out_width(r->st[s - 1]);
 			size_t gw = s == 0 ? w : mbp_mlp_stage_dout_floats(r->st[s - 1]);
-			act[s][j] = s == 0 ? r->x + (first + (size_t)j * mb) * rig_widths[0]
+			act[s][j] = s == 0 ? r->x + (first + (size_t)j * mb) * r->w[0]
 					   : calloc((size_t)mb * w, sizeof(float));
 			grad[s][j] = calloc((size_t)mb * gw, sizeof(float));
 			if (s < S)
@@ -375,7 +384,7 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 						 0);
 			double l;
 			ck_assert_int_eq(mbp_loss_xent(act[S][j], r->y + first + (size_t)j * mb, mb,
-						       rig_widths[4], batch, grad[S][j], &l, NULL),
+						       r->w[r->L], batch, grad[S][j], &l, NULL),
 					 0);
 			loss += l;
 		} else {
@@ -861,6 +870,106 @@ START_TEST(update_check_refuses_exactly_what_the_update_refuses_and_applies_noth
 }
 END_TEST
 
+/* The update runs vector lanes over most of a tensor and plain C over its last few elements: every
+ * element must get the bits the plain loop gives it, wherever it sits. Each element of a 40-wide weight
+ * tensor (vector lanes) is updated beside the same values in a 2-element tensor of its own (plain C only),
+ * three AdamW steps with weight decay, a clip factor and new gradients each step. */
+START_TEST(adamw_gives_an_element_the_same_bits_in_a_vector_lane_as_alone)
+{
+	mbp_optim_opts o = {.kind = MBP_OPTIM_ADAMW, .lr = 0.01f, .weight_decay = 0.1f, .warmup_steps = 2};
+	enum { W = 40 };
+	const uint32_t wide_w[] = {W, 1};
+	mbp_mlp *wide = new_mlp(wide_w, 1, MBP_ACT_NONE, false, 3, &o);
+	mbp_mlp_stage *wst;
+	ck_assert_int_eq(mbp_mlp_stage_new(&wst, wide, 0, 1, 1), 0);
+	mbp_mlp_stage *st[W];
+	mbp_mlp *alone[W];
+	float *wp = mbp_mlp_tensor(wide, 0, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL);
+	float *wg = mbp_mlp_tensor(wide, 0, MBP_PART_WEIGHT, MBP_ARRAY_GRAD, NULL);
+	for (int e = 0; e < W; e++) {
+		alone[e] = tiny(&o, &st[e]);
+		mbp_mlp_tensor(alone[e], 0, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL)[0] = wp[e];
+	}
+	uint64_t seed = 11;
+	for (int t = 0; t < 3; t++) {
+		const float scale = t == 1 ? 0.37f : 1.0f;
+		for (int e = 0; e < W; e++) {
+			wg[e] = urand(&seed) * (e % 3 ? 1.0f : 1e-3f);
+			set_grads(alone[e], wg[e], 0.25f, 0.5f);
+			ck_assert_int_eq(mbp_mlp_stage_update(st[e], scale), 0);
+		}
+		ck_assert_int_eq(mbp_mlp_stage_update(wst, scale), 0);
+		for (int e = 0; e < W; e++)
+			for (int a = MBP_ARRAY_PARAM; a <= MBP_ARRAY_MOMENT2; a++) {
+				if (a == MBP_ARRAY_GRAD)
+					continue;
+				float x = mbp_mlp_tensor(wide, 0, MBP_PART_WEIGHT, (mbp_mlp_array)a, NULL)[e];
+				float y =
+				    mbp_mlp_tensor(alone[e], 0, MBP_PART_WEIGHT, (mbp_mlp_array)a, NULL)[0];
+				ck_assert_msg(!memcmp(&x, &y, sizeof x),
+					      "step %d, element %d, array %d: %.9g in the tensor, %.9g alone",
+					      t, e, a, x, y);
+			}
+	}
+	for (int e = 0; e < W; e++) {
+		mbp_mlp_stage_destroy(st[e]);
+		mbp_mlp_destroy(alone[e]);
+	}
+	mbp_mlp_stage_destroy(wst);
+	mbp_mlp_destroy(wide);
+}
+END_TEST
+
+/* A layer's squared gradient norm: the sum of its tensors' squares (against a sequential sum in double),
+ * a stage's the sum of its layers' in layer order, and not finite exactly when some gradient is not, at any
+ * position (the vector lanes and the tail); the update's check finds the same element. */
+START_TEST(layer_grad_sqnorm_sums_the_squares_and_is_finite_exactly_when_every_gradient_is)
+{
+	const uint32_t w[] = {13, 9, 3};
+	mbp_mlp *n = new_mlp(w, 2, MBP_ACT_RELU, false, 5, NULL);
+	mbp_mlp_stage *st;
+	ck_assert_int_eq(mbp_mlp_stage_new(&st, n, 0, 2, 1), 0);
+	uint64_t seed = 17;
+	double want[2] = {0, 0};
+	for (unsigned l = 0; l < 2; l++)
+		for (int p = MBP_PART_WEIGHT; p <= MBP_PART_BIAS; p++) {
+			size_t c;
+			float *g = mbp_mlp_tensor(n, l, (mbp_mlp_part)p, MBP_ARRAY_GRAD, &c);
+			for (size_t e = 0; e < c; e++) {
+				g[e] = urand(&seed) * 3.0f;
+				want[l] += (double)g[e] * g[e];
+			}
+		}
+	double q[2], sq;
+	for (unsigned l = 0; l < 2; l++) {
+		ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(n, l, &q[l]), 0);
+		ck_assert_msg(close_to(q[l], want[l], 1e-12, 0), "layer %u: %.17g, want %.17g", l, q[l],
+			      want[l]);
+	}
+	ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm(st, &sq), 0);
+	ck_assert(sq == 0.0 + q[0] + q[1]);
+	size_t c;
+	float *g = mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_GRAD, &c);
+	const float bad[] = {NAN, INFINITY, -INFINITY};
+	for (size_t e = 0; e < c; e++)
+		for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+			float keep = g[e];
+			g[e] = bad[k];
+			double b;
+			ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(n, 0, &b), 0);
+			ck_assert_msg(!isfinite(b), "element %zu = %g: norm %g", e, (double)bad[k], b);
+			ck_assert_int_eq(mbp_mlp_stage_update_check(st, 1.0f), -EDOM);
+			g[e] = keep;
+		}
+	ck_assert_int_eq(mbp_mlp_stage_update_check(st, 1.0f), 0);
+	ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(n, 2, &sq), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(NULL, 0, &sq), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(n, 0, NULL), -EINVAL);
+	mbp_mlp_stage_destroy(st);
+	mbp_mlp_destroy(n);
+}
+END_TEST
+
 /* ---- the trainer on the model's stages, glued as a user would, without grad_sq ---- */
 
 struct tstage {
@@ -1028,6 +1137,52 @@ static double rig_step(struct rig *r, size_t first, unsigned M, uint32_t mb, flo
 	}
 	return loss / ((double)M * mb);
 }
+
+/* Layers whose weight rows are a multiple of 4 KiB long (1024 inputs here: layers 0 and 2) are read by
+ * the stages from a padded copy that the updates keep current. Training gives the same bits as a twin whose
+ * weights mbp_mlp_tensor handed out (its stages read them in place), the training forward the bits of
+ * inference (which reads the parameters), and once a padded layer's weights are handed out, a write
+ * through the pointer is seen by the next forward. */
+START_TEST(padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place)
+{
+	static const uint32_t w[] = {1024, 24, 1024, 5};
+	const unsigned cuts[] = {0, 2, 3};
+	mbp_optim_opts o = {.kind = MBP_OPTIM_ADAMW, .lr = 0.01f, .weight_decay = 0.1f};
+	struct rig a, b;
+	rig_init_widths(&a, w, 3, cuts, 2, 4, MBP_ACT_RELU, false, &o, 24);
+	rig_init_widths(&b, w, 3, cuts, 2, 4, MBP_ACT_RELU, false, &o, 24);
+	for (unsigned i = 0; i < 3; i++)
+		ck_assert_ptr_nonnull(mbp_mlp_tensor(b.n, i, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL));
+	for (unsigned t = 0; t < 3; t++) {
+		double la = rig_step(&a, 8 * t, 2, 4, 1.0f), lb = rig_step(&b, 8 * t, 2, 4, 1.0f);
+		ck_assert_msg(la == lb, "step %u: loss %.17g padded, %.17g in place", t, la, lb);
+	}
+	enum { rows = 4 };
+	float mid[rows * 1024], out[2][rows * 5], ref[rows * 5];
+	struct rig *r[2] = {&a, &b};
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(mbp_mlp_stage_forward(r[k]->st[0], a.x, mid, rows, NULL), 0);
+		ck_assert_int_eq(mbp_mlp_stage_forward(r[k]->st[1], mid, out[k], rows, NULL), 0);
+	}
+	ck_assert_int_eq(mbp_mlp_forward(a.n, a.x, ref, rows, 0), 0);
+	ck_assert(!memcmp(out[0], out[1], sizeof out[0]));
+	ck_assert(!memcmp(out[0], ref, sizeof ref));
+	assert_same_array(a.n, b.n, MBP_ARRAY_PARAM);
+	assert_same_array(a.n, b.n, MBP_ARRAY_MOMENT1);
+	assert_same_array(a.n, b.n, MBP_ARRAY_MOMENT2);
+	/* a's weights are handed out now (the snapshots took them): a write is seen */
+	float *w2 = mbp_mlp_tensor(a.n, 2, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL);
+	for (size_t e = 0; e < 5 * 1024; e++)
+		w2[e] += 0.25f;
+	ck_assert_int_eq(mbp_mlp_stage_forward(a.st[0], a.x, mid, rows, NULL), 0);
+	ck_assert_int_eq(mbp_mlp_stage_forward(a.st[1], mid, out[0], rows, NULL), 0);
+	ck_assert_int_eq(mbp_mlp_forward(a.n, a.x, ref, rows, 0), 0);
+	ck_assert(memcmp(out[0], out[1], sizeof out[0]));
+	ck_assert(!memcmp(out[0], ref, sizeof ref));
+	rig_fini(&a);
+	rig_fini(&b);
+}
+END_TEST
 
 START_TEST(loss_decreases_and_a_tiny_data_set_is_memorised)
 {
@@ -1345,6 +1500,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_handed_over_input_gradient_gives_the_same_bits);
 	tcase_add_test(tc, hand_over_is_refused_where_the_gradient_needs_the_previous_stash);
 	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);
+	tcase_add_test(tc, padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place);
 	tcase_add_test(tc, loss_values_and_gradients_match_hand_computed_ones);
 	tcase_add_test(tc, losses_refuse_bad_labels_non_finite_values_and_bad_arguments);
 	tcase_add_test(tc, lr_schedule_warms_up_linearly_then_decays_by_cosine);
@@ -1352,6 +1508,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, sgd_with_momentum_matches_hand_computed_steps);
 	tcase_add_test(tc, clipping_by_global_norm_and_refusing_non_finite_gradients);
 	tcase_add_test(tc, update_check_refuses_exactly_what_the_update_refuses_and_applies_nothing);
+	tcase_add_test(tc, adamw_gives_an_element_the_same_bits_in_a_vector_lane_as_alone);
+	tcase_add_test(tc, layer_grad_sqnorm_sums_the_squares_and_is_finite_exactly_when_every_gradient_is);
 	tcase_add_test(tc, a_nan_gradient_at_one_stage_without_grad_sq_updates_no_stage);
 	tcase_add_test(tc, loss_decreases_and_a_tiny_data_set_is_memorised);
 	tcase_add_test(tc, checkpoint_resume_continues_bit_for_bit);

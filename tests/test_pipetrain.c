@@ -150,6 +150,7 @@ static const char *const bad_args[][8] = {
     {"--min-lr", "0.1", "--lr", "0.01"},
     {"--batch", "0"},
     {"--batch", "32", "--mb", "64"},
+    {"--mb", "sometimes"},
     {"--epochs", "0"},
     {"--clip", "-1"},
     {"--momentum", "1"},
@@ -1336,6 +1337,110 @@ START_TEST(the_split_is_the_best_of_every_split_and_hand_over)
 }
 END_TEST
 
+/* The split refined by the schedule's predicted step: never longer than the balanced split it starts
+ * from, hand-overs only where allowed (ALL: at every boundary that allows one; OFF: none), the stages'
+ * figures those of the result, and no split one move away (a boundary moved by a layer, a hand-over
+ * changed) shorter by more than 0.5%. */
+START_TEST(the_refined_split_is_never_slower_than_the_balanced_one_and_no_move_improves_it)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	static const pt_hand_over modes[] = {PT_HAND_OVER_OFF, PT_HAND_OVER_ALL, PT_HAND_OVER_AUTO};
+	uint64_t seed = 11;
+	unsigned moved = 0;
+	for (unsigned trial = 0; trial < 600; trial++) {
+		unsigned L = 2 + trial % 7, S = 2 + (trial / 7) % (L - 1 < 3 ? L - 1 : 3),
+			 M = S * (1 + trial % 3);
+		pt_costs pc = {.rows = 1};
+		double cost[8], cost_in[8];
+		bool can_give[8];
+		for (unsigned i = 0; i < L; i++) {
+			seed = seed * 6364136223846793005u + 1442695040888963407u;
+			pc.f[i] = 1 + (double)(seed >> 40 & 255);
+			pc.b_in[i] = i ? 1 + (double)(seed >> 30 & 511) : 0;
+			pc.b_w[i] = 1 + (double)(seed >> 20 & 255);
+			cost[i] = pc.f[i] + pc.b_in[i] + pc.b_w[i];
+			cost_in[i] = pc.b_in[i];
+			can_give[i] = i > 0 && (seed >> 8 & 3) != 0;
+		}
+		mbp_sched_kind kind = kinds[trial % 3];
+		pt_hand_over mode = modes[(trial / 3) % 3];
+		mbp_schedule *sc;
+		ck_assert_int_eq(mbp_schedule_new(&sc, kind, S, M), 0);
+		mbp_model_plan plan;
+		bool gives[8];
+		ck_assert_int_eq(pt_partition(cost, cost_in, can_give, L, S, mode, &plan, gives), 0);
+		unsigned before_first[9];
+		memcpy(before_first, plan.first, sizeof before_first);
+		double before = pt_predict(&pc, plan.first, gives, S, S, sc);
+		double after = pt_refine(&pc, can_give, L, S, S, mode, sc, &plan, gives);
+		moved += memcmp(before_first, plan.first, (S + 1) * sizeof(unsigned)) != 0;
+		ck_assert_msg(after <= before, "trial %u: %g after, %g before", trial, after, before);
+		ck_assert(after == pt_predict(&pc, plan.first, gives, S, S, sc));
+		ck_assert_uint_eq(plan.first[0], 0);
+		ck_assert_uint_eq(plan.first[S], L);
+		double worst = 0;
+		for (unsigned st = 0; st < S; st++) {
+			ck_assert_uint_lt(plan.first[st], plan.first[st + 1]);
+			bool can = st + 1 < S && can_give[plan.first[st + 1] - 1];
+			ck_assert(!gives[st] || (mode != PT_HAND_OVER_OFF && can));
+			if (mode == PT_HAND_OVER_ALL)
+				ck_assert(gives[st] == can);
+			worst = plan.stage_ns[st] > worst ? plan.stage_ns[st] : worst;
+		}
+		ck_assert(worst == plan.slowest_ns);
+		/* one move away: each boundary one layer either way, each hand-over either way, as allowed */
+		for (unsigned b = 1; b < S; b++)
+			for (int d = -1; d <= 1; d++)
+				for (int g = 0; g < 2; g++) {
+					unsigned f[9];
+					bool gv[8];
+					memcpy(f, plan.first, sizeof f);
+					memcpy(gv, gives, sizeof gv);
+					f[b] = (unsigned)((int)f[b] + d);
+					gv[b - 1] = g;
+					bool can = f[b] >= 2 && can_give[f[b] - 1];
+					if (f[b] <= f[b - 1] || f[b] >= f[b + 1] ||
+					    (g && (!can || mode == PT_HAND_OVER_OFF)) ||
+					    (mode == PT_HAND_OVER_ALL && g != can))
+						continue;
+					double t = pt_predict(&pc, f, gv, S, S, sc);
+					ck_assert_msg(!(t < 0.995 * after),
+						      "trial %u: a move gives %g, the refined %g", trial, t,
+						      after);
+				}
+		mbp_schedule_destroy(sc);
+	}
+	ck_assert_msg(moved > 0, "no split was ever moved from the balanced one");
+}
+END_TEST
+
+/* --mb auto: the run profiles every power of two from 16 to the batch, says which it took and what each
+ * predicts, and trains at that size (the JSON's config says so). */
+START_TEST(mb_auto_takes_the_size_whose_predicted_step_is_shortest_and_says_so)
+{
+	if (!have_data())
+		return;
+	struct run r = run((const char *const[]){"--layers", "784,48,24,10", "--limit", "512", "--batch",
+						 "64", "--val", "100", "--epochs", "1", "--stages", "2",
+						 "--mb", "auto", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_ptr_nonnull(root);
+	const cJSON *cfg = cJSON_GetObjectItem(root, "config");
+	int mb = cJSON_GetObjectItem(cfg, "mb")->valueint;
+	ck_assert_msg(mb == 16 || mb == 32 || mb == 64, "mb %d", mb);
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cfg, "mb_auto")));
+	ck_assert_int_eq(cJSON_GetObjectItem(cfg, "mbs")->valueint, 64 / mb);
+	ck_assert(cJSON_GetObjectItem(root, "predicted_step_ms")->valuedouble > 0);
+	char want[64];
+	snprintf(want, sizeof want, "micro-batch: %d rows (--mb auto)", mb);
+	ck_assert_msg(strstr(r.err, want) && strstr(r.err, " 16 rows ") && strstr(r.err, " 64 rows "), "%s",
+		      r.err);
+	cJSON_Delete(root);
+	run_free(&r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipetrain");
@@ -1347,6 +1452,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_output_that_is_not_a_regular_file_is_refused_at_start_and_left_as_it_was);
 	tcase_add_test(tc, a_checkpoint_with_eight_bytes_overwritten_is_refused_naming_the_file);
 	tcase_add_test(tc, the_split_is_the_best_of_every_split_and_hand_over);
+	tcase_add_test(tc, the_refined_split_is_never_slower_than_the_balanced_one_and_no_move_improves_it);
+	tcase_add_test(tc, mb_auto_takes_the_size_whose_predicted_step_is_shortest_and_says_so);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
 	tcase_add_test(tc, the_threads_are_pinned_by_default_and_the_summary_says_how);
 	tcase_add_test(tc, every_operation_has_its_own_name_in_messages);

@@ -78,14 +78,14 @@ static void layer_norm(float *y, uint32_t n, float eps, const float *g, const fl
 void mbp__layer_fwd(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		    uint32_t rows, float *z, float *xhat, float *inv)
 {
-	const int in = (int)l->in, out = (int)l->out;
+	const int in = (int)l->in, out = (int)l->out, ldw = w->ld ? (int)w->ld : in;
 	for (uint32_t r = 0; r < rows; r++)
 		memcpy(y + (size_t)r * out, w->b, (size_t)out * sizeof(float));
 	if (rows == 1)
-		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w->w, in, x, 1, 1.0f, y, 1);
+		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w->w, ldw, x, 1, 1.0f, y, 1);
 	else
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, out, in, 1.0f, x, in, w->w,
-			    in, 1.0f, y, out);
+			    ldw, 1.0f, y, out);
 	if (z)
 		memcpy(z, y, (size_t)rows * out * sizeof(float));
 	activate(l->act, y, (size_t)rows * out);

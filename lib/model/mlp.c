@@ -79,12 +79,35 @@ void mbp_mlp_destroy(mbp_mlp *n)
 	free(n->m1);
 	free(n->m2);
 	free(n->step);
+	free(n->lwp);
+	free(n->wpad);
 	free(n);
 }
 
 static size_t up16(size_t x)
 {
 	return (x + 15) & ~(size_t)15;
+}
+
+/* The row stride of a layer's weights in the stages' copy: rows of a multiple of 4 KiB padded. */
+static uint32_t pad_ld(uint32_t in)
+{
+	return in % 1024 ? in : in + MBP__PAD_FLOATS;
+}
+
+void mbp__mlp_pad_sync(mbp_mlp *n, unsigned i, uint32_t r0, uint32_t r1)
+{
+	float *pad = mbp__mlp_pad(n, i);
+	const uint32_t in = n->l[i].in, ld = n->lwp[i].ld;
+	for (uint32_t r = r0; pad && r < r1; r++)
+		memcpy(pad + (size_t)r * ld, n->lw[i].w + (size_t)r * in, in * sizeof(float));
+}
+
+/* Every padded copy from the parameters (after a constructor has set them). */
+static void pad_sync_all(mbp_mlp *n)
+{
+	for (unsigned i = 0; i < n->layers; i++)
+		mbp__mlp_pad_sync(n, i, 0, n->l[i].out);
 }
 
 /* Allocate a model for a layer structure (copied): the layout, zeroed arrays and the weight views. */
@@ -105,7 +128,8 @@ static int mlp_alloc(mbp_mlp **out, unsigned L, const struct mbp__layer *l, cons
 	n->count = calloc(L, sizeof(*n->count));
 	n->start = calloc(L + 1, sizeof(*n->start));
 	n->step = calloc(L, sizeof(*n->step));
-	if (!n->l || !n->lw || !n->off || !n->count || !n->start || !n->step)
+	n->lwp = calloc(L, sizeof(*n->lwp));
+	if (!n->l || !n->lw || !n->off || !n->count || !n->start || !n->step || !n->lwp)
 		goto nomem;
 	memcpy(n->l, l, L * sizeof(*l));
 	size_t at = 0;
@@ -140,6 +164,21 @@ static int mlp_alloc(mbp_mlp **out, unsigned L, const struct mbp__layer *l, cons
 		if (l[i].norm) {
 			n->lw[i].g = n->param + n->off[i][MBP_PART_NORM_WEIGHT];
 			n->lw[i].beta = n->param + n->off[i][MBP_PART_NORM_BIAS];
+		}
+	}
+	size_t pad = 0;
+	for (unsigned i = 0; i < L; i++)
+		if (pad_ld(l[i].in) != l[i].in)
+			pad += up16((size_t)l[i].out * pad_ld(l[i].in));
+	if (pad && !(n->wpad = mbp__scratch_alloc(pad)))
+		goto nomem;
+	pad = 0;
+	for (unsigned i = 0; i < L; i++) {
+		n->lwp[i] = n->lw[i];
+		if (pad_ld(l[i].in) != l[i].in) {
+			n->lwp[i].w = n->wpad + pad;
+			n->lwp[i].ld = pad_ld(l[i].in);
+			pad += up16((size_t)l[i].out * pad_ld(l[i].in));
 		}
 	}
 	*out = n;
@@ -188,6 +227,7 @@ int mbp_mlp_new_random(mbp_mlp **out, const mbp_model_spec *sp, const mbp_optim_
 		for (size_t e = 0; e < n->count[i][MBP_PART_NORM_WEIGHT]; e++)
 			g[e] = 1.0f;
 	}
+	pad_sync_all(n);
 	*out = n;
 	return 0;
 }
@@ -210,6 +250,7 @@ int mbp_mlp_new_from_model(mbp_mlp **out, mbp_model *m, const mbp_optim_opts *op
 		n->l[i].dtype = MBP_DTYPE_F32;
 	}
 	mbp__version_put(v);
+	pad_sync_all(n);
 	*out = n;
 	return 0;
 }
@@ -283,6 +324,8 @@ float *mbp_mlp_tensor(mbp_mlp *n, unsigned layer, mbp_mlp_part part, mbp_mlp_arr
 		return NULL;
 	if (count)
 		*count = n->count[layer][part];
+	if (which == MBP_ARRAY_PARAM && part == MBP_PART_WEIGHT)
+		n->lwp[layer] = n->lw[layer]; /* the caller may write them: the stages read them there now */
 	return base + n->off[layer][part];
 }
 
@@ -416,7 +459,7 @@ int mbp_mlp_stage_forward(mbp_mlp_stage *st, const float *in, float *out, uint32
 		return -EINVAL;
 	const mbp_mlp *n = st->n;
 	if (!stash) {
-		mbp__layers_run_lw(n->l, n->lw, st->a, st->b, in, out, rows, st->d0, st->d1);
+		mbp__layers_run_lw(n->l, n->lwp, st->a, st->b, in, out, rows, st->d0, st->d1);
 		return 0;
 	}
 	const float *x = in;
@@ -425,7 +468,7 @@ int mbp_mlp_stage_forward(mbp_mlp_stage *st, const float *in, float *out, uint32
 		const struct stash_off *so = &st->so[i - st->a];
 		float *y = i + 1 == st->b ? out : at(stash, so->y, rows);
 		mbp__layer_fwd(
-		    l, &n->lw[i], x, y, rows, l->act != MBP_ACT_NONE ? at(stash, so->g, rows) : NULL,
+		    l, &n->lwp[i], x, y, rows, l->act != MBP_ACT_NONE ? at(stash, so->g, rows) : NULL,
 		    l->norm ? at(stash, so->xhat, rows) : NULL, l->norm ? at(stash, so->inv, rows) : NULL);
 		x = y;
 	}
@@ -494,8 +537,9 @@ static void grad_out(mbp_mlp_stage *st, unsigned i, float *stash, const float *d
 static void dz_times_w(const mbp_mlp *n, unsigned i, const float *dz, float *dx, uint32_t rows)
 {
 	const struct mbp__layer *l = &n->l[i];
+	const struct mbp__weights *w = &n->lwp[i];
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)l->in, (int)l->out, 1.0f, dz,
-		    (int)l->out, n->lw[i].w, (int)l->in, 0.0f, dx, (int)l->in);
+		    (int)l->out, w->w, w->ld ? (int)w->ld : (int)l->in, 0.0f, dx, (int)l->in);
 }
 
 /* Layer i's input gradient, from the dense output's gradient in the stash. */
@@ -602,18 +646,6 @@ int mbp_mlp_stage_zero_grad(mbp_mlp_stage *st)
 		return -EINVAL;
 	const mbp_mlp *n = st->n;
 	memset(n->grad + n->start[st->a], 0, (n->start[st->b] - n->start[st->a]) * sizeof(float));
-	return 0;
-}
-
-int mbp_mlp_stage_grad_sqnorm(const mbp_mlp_stage *st, double *sq)
-{
-	if (!st || !sq)
-		return -EINVAL;
-	const mbp_mlp *n = st->n;
-	double s = 0;
-	for (size_t e = n->start[st->a]; e < n->start[st->b]; e++)
-		s += (double)n->grad[e] * n->grad[e];
-	*sq = s;
 	return 0;
 }
 

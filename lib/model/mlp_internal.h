@@ -27,9 +27,30 @@ struct mbp_mlp {
 	float *param, *grad, *m1, *m2; /* m1: AdamW's m or SGD's momentum (NULL without); m2: AdamW's v */
 	uint64_t *step;		       /* per layer: updates applied */
 	mbp_optim_opts opt;	       /* defaults applied */
+	/* What the stages' products read: lw, but for the dense weights of a layer whose rows are a multiple
+	 * of 4 KiB long, which lwp reads from a copy in wpad with its rows MBP__PAD_FLOATS further apart
+	 * (OpenBLAS packs a matrix of such rows at 0.6-0.7 of its speed: every row falls in the same cache
+	 * sets). The constructors and the updates keep the copy current; once mbp_mlp_tensor hands out a
+	 * layer's weight parameters, that layer's lwp is its lw (a write through the pointer must be seen).
+	 * The products give the same bits either way: a row's stride changes where OpenBLAS reads, not what
+	 * it computes. */
+	struct mbp__weights *lwp;
+	float *wpad;
 };
+
+#define MBP__PAD_FLOATS 16
 
 /* A stage's model and layer range [a, b) (for optim.c). */
 void mbp__mlp_stage_range(const mbp_mlp_stage *st, mbp_mlp **n, unsigned *a, unsigned *b);
+
+/* Layer i's padded copy of its dense weights (rows lwp[i].ld floats apart), or NULL when its stages read
+ * the parameters themselves. */
+static inline float *mbp__mlp_pad(const mbp_mlp *n, unsigned i)
+{
+	return n->lwp[i].w != n->lw[i].w ? (float *)(uintptr_t)n->lwp[i].w : NULL;
+}
+
+/* Rows [r0, r1) of layer i's dense weights into its padded copy (nothing without one). */
+void mbp__mlp_pad_sync(mbp_mlp *n, unsigned i, uint32_t r0, uint32_t r1);
 
 #endif

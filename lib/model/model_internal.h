@@ -28,9 +28,10 @@ struct mbp__layer {
 
 /* One layer's parameters in one version: float32, 4-byte aligned, in `data` or in `owned`. */
 struct mbp__weights {
-	const float *w;	       /* [out][in] */
+	const float *w;	       /* [out][in], rows ld floats apart (ld 0: in) */
 	const float *b;	       /* [out] */
 	const float *g, *beta; /* [out], NULL without norm */
+	uint32_t ld;
 };
 
 /*

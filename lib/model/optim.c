@@ -1,18 +1,33 @@
 /*
  * Optimizers: the learning-rate schedule (linear warm-up, cosine decay), the clip factor of gradient
- * clipping by global norm, and the per-stage update (AdamW, SGD with momentum) on the stage's own slice of
- * the parameter, gradient and moment arrays.
+ * clipping by global norm, the squared gradient norms it is computed from, and the per-stage update
+ * (AdamW, SGD with momentum) on the stage's own slice of the parameter, gradient and moment arrays.
  *
  * Each layer keeps its own step count, so an update depends only on the layer's state and its gradient:
  * stages split differently, or a run resumed from a checkpoint, give the same bits. The formulas follow
  * PyTorch's AdamW and SGD (see include/mbpipe/model_train.h); scalars per layer (rate, bias corrections)
  * are computed in double, the elementwise update in float.
+ *
+ * The passes over a stage's arrays are the step's largest cost after the products (a 1024 x 1024 layer
+ * holds 4 MiB of each array), so each is one loop that vector units run: AdamW reads the gradient and
+ * both moments and writes the parameter and moments once, eight lanes at a time with AVX where the CPU
+ * has it (else, and for a tensor's last few elements, plain C). Both compute the same operations in the
+ * same order (IEEE multiplications, additions, divisions and square roots, each correctly rounded, and no
+ * fused multiply-add), so they give the same bits: a checkpoint resumes to the same weights on any
+ * x86-64. The finiteness check and the squared norm
+ * read the gradient once each; the norm keeps eight partial sums in double, element e in sum e % 8, added
+ * in one fixed order, so a tensor's norm depends only on its values.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <math.h>
 #include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define OPTIM_X86 1 /* AVX chosen at run time */
+#endif
 
 #include "common.h"
 #include "mlp_internal.h"
@@ -42,20 +57,130 @@ float mbp_clip_scale(double sqnorm, float max_norm)
 	return norm + 1e-6 > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
 }
 
-static void adamw(const mbp_optim_opts *o, double lr, uint64_t t, float decay, float scale, float *p,
-		  const float *g, float *m, float *v, size_t cnt)
+/* AdamW's constants for one tensor's update. */
+struct adamw_k {
+	float b1, b2, c1, c2, eps, step, bc2_sqrt, keep, scale;
+};
+
+/* The update of elements [0, cnt), one at a time: the reference the vector loops compute lane by lane. */
+static void adamw_c(const struct adamw_k *k, float *p, const float *g, float *m, float *v, size_t cnt)
 {
-	const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
-	const double bc1 = 1.0 - pow(b1, (double)(t + 1)), bc2 = 1.0 - pow(b2, (double)(t + 1));
-	const float step = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-	const float keep = (float)(1.0 - lr * decay);
 	for (size_t e = 0; e < cnt; e++) {
-		float ge = g[e] * scale;
-		p[e] *= keep;
-		m[e] = b1 * m[e] + (1.0f - b1) * ge;
-		v[e] = b2 * v[e] + (1.0f - b2) * ge * ge;
-		p[e] -= step * m[e] / (sqrtf(v[e]) / bc2_sqrt + eps);
+		float ge = g[e] * k->scale;
+		float pe = p[e] * k->keep;
+		float me = k->b1 * m[e] + k->c1 * ge;
+		float ve = k->b2 * v[e] + k->c2 * ge * ge;
+		m[e] = me;
+		v[e] = ve;
+		p[e] = pe - k->step * me / (sqrtf(ve) / k->bc2_sqrt + k->eps);
 	}
+}
+
+#if defined(OPTIM_X86)
+/* Eight lanes with AVX; the rest as adamw_c. AVX has no fused multiply-add, so nothing here is contracted
+ * into one (a build for a CPU with FMA, -march=native, might contract adamw_c's or these: the test of the
+ * lanes against plain C says so). */
+__attribute__((target("avx"))) static void adamw_avx(const struct adamw_k *k, float *p, const float *g,
+						     float *m, float *v, size_t cnt)
+{
+	const __m256 b1 = _mm256_set1_ps(k->b1), b2 = _mm256_set1_ps(k->b2), c1 = _mm256_set1_ps(k->c1),
+		     c2 = _mm256_set1_ps(k->c2), eps = _mm256_set1_ps(k->eps), step = _mm256_set1_ps(k->step),
+		     bc = _mm256_set1_ps(k->bc2_sqrt), keep = _mm256_set1_ps(k->keep),
+		     scale = _mm256_set1_ps(k->scale);
+	size_t e = 0;
+	for (; e + 8 <= cnt; e += 8) {
+		__m256 ge = _mm256_mul_ps(_mm256_loadu_ps(g + e), scale);
+		__m256 pe = _mm256_mul_ps(_mm256_loadu_ps(p + e), keep);
+		__m256 me = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + e)), _mm256_mul_ps(c1, ge));
+		__m256 ve = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + e)),
+					  _mm256_mul_ps(_mm256_mul_ps(c2, ge), ge));
+		_mm256_storeu_ps(m + e, me);
+		_mm256_storeu_ps(v + e, ve);
+		__m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(ve), bc), eps);
+		_mm256_storeu_ps(p + e, _mm256_sub_ps(pe, _mm256_div_ps(_mm256_mul_ps(step, me), den)));
+	}
+	adamw_c(k, p + e, g + e, m + e, v + e, cnt - e);
+}
+#endif
+
+/* The AdamW update of a tensor of cnt elements; with pad, row by row (rows of `row` elements), each row
+ * copied into pad (rows ld floats apart) while it is in cache. */
+static void adamw(const mbp_optim_opts *o, double lr, uint64_t t, float decay, float scale, float *p,
+		  const float *g, float *m, float *v, size_t cnt, float *pad, size_t row, size_t ld)
+{
+	const double bc1 = 1.0 - pow(o->beta1, (double)(t + 1)), bc2 = 1.0 - pow(o->beta2, (double)(t + 1));
+	const struct adamw_k k = {.b1 = o->beta1,
+				  .b2 = o->beta2,
+				  .c1 = 1.0f - o->beta1,
+				  .c2 = 1.0f - o->beta2,
+				  .eps = o->eps,
+				  .step = (float)(lr / bc1),
+				  .bc2_sqrt = (float)sqrt(bc2),
+				  .keep = (float)(1.0 - lr * decay),
+				  .scale = scale};
+	void (*run)(const struct adamw_k *, float *, const float *, float *, float *, size_t) = adamw_c;
+#if defined(OPTIM_X86)
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx"))
+		run = adamw_avx;
+#endif
+	if (!pad) {
+		run(&k, p, g, m, v, cnt);
+		return;
+	}
+	for (size_t e = 0, r = 0; e < cnt; e += row, r++) {
+		run(&k, p + e, g + e, m + e, v + e, row);
+		memcpy(pad + r * ld, p + e, row * sizeof(float));
+	}
+}
+
+/* Does g[0, cnt) hold a NaN or an infinity (its exponent bits all ones)? */
+static bool any_non_finite(const float *g, size_t cnt)
+{
+	size_t e = 0;
+	bool bad = false;
+#if defined(__SSE2__)
+	const __m128i exp = _mm_set1_epi32(0x7f800000);
+	__m128i acc = _mm_setzero_si128();
+	for (; e + 4 <= cnt; e += 4) {
+		__m128i x = _mm_and_si128(_mm_loadu_si128((const __m128i *)(const void *)(g + e)), exp);
+		acc = _mm_or_si128(acc, _mm_cmpeq_epi32(x, exp));
+	}
+	bad = _mm_movemask_epi8(acc) != 0;
+#endif
+	for (; e < cnt; e++)
+		bad |= !isfinite(g[e]);
+	return bad;
+}
+
+/* The sum of g[e]^2 in double: element e in partial sum e % 8 (the last cnt % 8 elements in a ninth),
+ * the sums added in index order. */
+static double sum_squares(const float *g, size_t cnt)
+{
+	double lane[8] = {0}, tail = 0;
+	size_t e = 0;
+#if defined(__SSE2__)
+	__m128d a[4] = {_mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd()};
+	for (; e + 8 <= cnt; e += 8) {
+		__m128 lo = _mm_loadu_ps(g + e), hi = _mm_loadu_ps(g + e + 4);
+		__m128d x[4] = {_mm_cvtps_pd(lo), _mm_cvtps_pd(_mm_movehl_ps(lo, lo)), _mm_cvtps_pd(hi),
+				_mm_cvtps_pd(_mm_movehl_ps(hi, hi))};
+		for (int j = 0; j < 4; j++)
+			a[j] = _mm_add_pd(a[j], _mm_mul_pd(x[j], x[j]));
+	}
+	for (int j = 0; j < 4; j++)
+		_mm_storeu_pd(lane + 2 * j, a[j]);
+#else
+	for (; e + 8 <= cnt; e += 8)
+		for (int j = 0; j < 8; j++)
+			lane[j] += (double)g[e + j] * g[e + j];
+#endif
+	for (; e < cnt; e++)
+		tail += (double)g[e] * g[e];
+	double s = 0;
+	for (int j = 0; j < 8; j++)
+		s += lane[j];
+	return s + tail;
 }
 
 static void sgd(const mbp_optim_opts *o, double lr, uint64_t t, float decay, float scale, float *p,
@@ -72,6 +197,34 @@ static void sgd(const mbp_optim_opts *o, double lr, uint64_t t, float decay, flo
 	}
 }
 
+int mbp_mlp_layer_grad_sqnorm(const mbp_mlp *n, unsigned layer, double *sq)
+{
+	if (!n || !sq || layer >= n->layers)
+		return -EINVAL;
+	double s = 0;
+	for (unsigned k = 0; k < MBP__PARTS; k++)
+		s += sum_squares(n->grad + n->off[layer][k], n->count[layer][k]);
+	*sq = s;
+	return 0;
+}
+
+int mbp_mlp_stage_grad_sqnorm(const mbp_mlp_stage *st, double *sq)
+{
+	if (!st || !sq)
+		return -EINVAL;
+	mbp_mlp *n;
+	unsigned a, b;
+	mbp__mlp_stage_range(st, &n, &a, &b);
+	double s = 0;
+	for (unsigned i = a; i < b; i++) {
+		double q;
+		mbp_mlp_layer_grad_sqnorm(n, i, &q);
+		s += q;
+	}
+	*sq = s;
+	return 0;
+}
+
 int mbp_mlp_stage_update_check(const mbp_mlp_stage *st, float scale)
 {
 	if (!st)
@@ -81,10 +234,7 @@ int mbp_mlp_stage_update_check(const mbp_mlp_stage *st, float scale)
 	mbp_mlp *n;
 	unsigned a, b;
 	mbp__mlp_stage_range(st, &n, &a, &b);
-	for (size_t e = n->start[a]; e < n->start[b]; e++)
-		if (!isfinite(n->grad[e]))
-			return -EDOM;
-	return 0;
+	return any_non_finite(n->grad + n->start[a], n->start[b] - n->start[a]) ? -EDOM : 0;
 }
 
 int mbp_mlp_stage_update(mbp_mlp_stage *st, float scale)
@@ -105,12 +255,17 @@ int mbp_mlp_stage_update(mbp_mlp_stage *st, float scale)
 			float decay = k == MBP_PART_WEIGHT ? o->weight_decay : 0.0f;
 			if (!cnt)
 				continue;
-			if (o->kind == MBP_OPTIM_ADAMW)
+			/* the stages' padded copy of the dense weights follows them (mlp_internal.h) */
+			float *pad = k == MBP_PART_WEIGHT ? mbp__mlp_pad(n, i) : NULL;
+			if (o->kind == MBP_OPTIM_ADAMW) {
 				adamw(o, lr, t, decay, scale, n->param + off, n->grad + off, n->m1 + off,
-				      n->m2 + off, cnt);
-			else
+				      n->m2 + off, cnt, pad, n->l[i].in, n->lwp[i].ld);
+			} else {
 				sgd(o, lr, t, decay, scale, n->param + off, n->grad + off,
 				    n->m1 ? n->m1 + off : NULL, cnt);
+				if (pad)
+					mbp__mlp_pad_sync(n, i, 0, n->l[i].out);
+			}
 		}
 		n->step[i] = t + 1;
 	}

@@ -335,7 +335,8 @@ static int setup(struct run *r)
 		}
 	}
 
-	/* Stages: balanced by each layer's measured cost (F, B_in, B_w at the micro-batch size). */
+	/* Stages: balanced by each layer's measured costs (F, B_in, B_w at the micro-batch size), the split
+	 * then improved by the schedule's predicted step; with --mb auto, at the size whose step is shortest. */
 	cpu_set_t set;
 	unsigned ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
 	unsigned S = c->stages ? c->stages : (ncpu < L ? ncpu : L);
@@ -343,20 +344,17 @@ static int setup(struct run *r)
 		return bad("--stages %u: the model has only %u layers", S, L);
 	if (c->threads > S)
 		return bad("--threads %u: more threads than the %u stages", c->threads, S);
-	double cost[PT_MAX_LAYERS], cost_in[PT_MAX_LAYERS];
-	bool can_give[PT_MAX_LAYERS], gives[MBP_MAX_STAGES] = {false};
-	for (unsigned i = 0; i < L; i++) {
-		cost[i] = 1;
-		cost_in[i] = 0;
+	bool can_give[PT_MAX_LAYERS];
+	for (unsigned i = 0; i < L; i++)
 		can_give[i] = mbp_mlp_layer_hand_over_check(r->n, i) == 0;
-	}
-	int rc = S > 1 ? pt_profile(r->n, c->mb, cost, cost_in) : 0;
+	unsigned T = c->threads ? c->threads : (S < ncpu ? S : ncpu);
+	pt_plan pln, *pl = &pln;
+	int rc = pt_plan_make(r->n, c, S, T, can_give, pl);
 	if (rc < 0)
-		return fail("cannot profile the layers: %s", mbp_strerror(rc));
-	mbp_model_plan plan;
-	rc = pt_partition(cost, cost_in, can_give, L, S, c->hand_over, &plan, gives);
-	if (rc < 0)
-		return fail("cannot partition %u layers into %u stages: %s", L, S, mbp_strerror(rc));
+		return fail("cannot plan %u layers into %u stages: %s", L, S, mbp_strerror(rc));
+	const mbp_model_plan plan = pl->split;
+	const bool *gives = pl->gives;
+	c->mb = pl->mb;
 	r->sh =
 	    (pt_shared){.n = r->n, .layers = L, .classes = classes, .clip = (float)c->clip, .fault_step = -1};
 	const char *fault = getenv("PIPETRAIN_FAULT");
@@ -423,6 +421,7 @@ static int setup(struct run *r)
 
 	pt_report *rep = &r->rep;
 	*rep = (pt_report){.c = c,
+			   .plan = *pl,
 			   .layers = L,
 			   .stages = S,
 			   .threads = c->threads ? c->threads : (S < ncpu ? S : ncpu),
@@ -450,8 +449,8 @@ static int setup(struct run *r)
 					      .takes = s > 0 && gives[s - 1],
 					      .stash_row_bytes =
 						  mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float),
-					      .profiled_us = S > 1 ? plan.stage_ns[s] * 1e-3 : 0};
-	rep->split_bound = S > 1 && plan.slowest_ns > 0 ? plan.sequential_ns / plan.slowest_ns : 0;
+					      .profiled_us = pl->step_ns > 0 ? plan.stage_ns[s] * 1e-3 : 0};
+	rep->split_bound = pl->step_ns > 0 && plan.slowest_ns > 0 ? plan.sequential_ns / plan.slowest_ns : 0;
 	rep->ep = calloc(c->epochs + 1, sizeof(pt_epoch));
 	if (!rep->ep)
 		return fail("out of memory");

@@ -155,7 +155,8 @@ static void usage(void)
 	    "  -s, --stages S        pipeline stages (default: one per allowed CPU, at most one per layer)\n"
 	    "  --schedule NAME       gpipe, 1f1b or zbh1 (default 1f1b)\n"
 	    "  -b, --batch N         rows per step (default 256)\n"
-	    "  --mb M                rows per micro-batch (default 32; a last smaller one takes the rest)\n"
+	    "  --mb M|auto           rows per micro-batch (default 32; a last smaller one takes the rest);\n"
+	    "                        auto: the power of two whose step the schedule predicts shortest\n"
 	    "  -e, --epochs E        epochs (default 10)\n"
 	    "  --optimizer adamw|sgd --lr X --min-lr X --weight-decay X --momentum X --warmup STEPS\n"
 	    "  --clip X              clip gradients to global norm X (default 1; 0: off)\n"
@@ -291,9 +292,14 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			else
 				return fail(err, errlen, "--optimizer: '%s' is not adamw or sgd", optarg);
 			break;
+		case OPT_MB:
+			if (!strcmp(optarg, "auto")) {
+				c->mb = 0;
+				break;
+			}
+			__attribute__((fallthrough)); /* a number */
 		case 's':
 		case 'b':
-		case OPT_MB:
 		case 'e':
 		case OPT_THREADS:
 		case OPT_BLAS:
@@ -302,7 +308,9 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 				      : o == 'e'			  ? 100000
 				      : o == OPT_THREADS || o == OPT_BLAS ? 256
 									  : 1u << 24;
-			if (parse_u64_opt(name, optarg, "a whole number", 1, hi, &u, err, errlen))
+			if (parse_u64_opt(name, optarg,
+					  o == OPT_MB ? "a whole number or auto" : "a whole number", 1, hi,
+					  &u, err, errlen))
 				return -1;
 			if (o == 's')
 				c->stages = (unsigned)u;
@@ -380,7 +388,7 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		c->lr = 0.05; /* SGD with momentum wants a larger rate than Adam's 1e-3 */
 	if (c->mb > c->batch)
 		return fail(err, errlen, "--mb %u is larger than --batch %u", c->mb, c->batch);
-	if ((c->batch + c->mb - 1) / c->mb > MBP_TRAIN_MAX_MBS)
+	if (c->mb && (c->batch + c->mb - 1) / c->mb > MBP_TRAIN_MAX_MBS)
 		return fail(err, errlen, "--batch %u / --mb %u: more than %u micro-batches", c->batch, c->mb,
 			    MBP_TRAIN_MAX_MBS);
 	if (c->min_lr > c->lr)

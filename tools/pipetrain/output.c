@@ -135,11 +135,21 @@ void pt_print_summary(const pt_report *r)
 	bool handed = false;
 	for (unsigned s = 1; s < r->stages; s++)
 		handed |= r->st[s].takes;
+	const pt_plan *pl = &r->plan;
+	if (pl->tried) {
+		fprintf(f,
+			"micro-batch: %u rows (--mb auto), the shortest step the schedule predicts:", pl->mb);
+		for (unsigned k = 0; k < pl->tried; k++)
+			fprintf(f, "%s %u rows %.1f ms", k ? "," : "", pl->tried_mb[k],
+				pl->tried_ns[k] * 1e-6);
+		fputc('\n', f);
+	}
 	if (r->split_bound > 0)
 		fprintf(f,
 			"split: each layer's F + B_in + B_w timed at %u rows; the slowest stage bounds the "
-			"speed-up over one thread at %.2fx%s\n",
-			r->c->mb, r->split_bound,
+			"speed-up over one thread at %.2fx; the schedule played with these costs: %.1f ms a "
+			"step's operations, %.2fx one thread%s\n",
+			r->c->mb, r->split_bound, pl->step_ns * 1e-6, pl->seq_ns / pl->step_ns,
 			handed ? "; a layer marked '<' has its input gradient computed by the next stage"
 			       : "");
 	fprintf(f, "%-6s %-12s %6s %5s %9s %9s %9s %7s %7s %11s %11s\n", "stage", "layers", "thread", "cpu",
@@ -287,6 +297,7 @@ int pt_json_write(const pt_report *r)
 	cJSON_AddStringToObject(cfg, "schedule", mbp_sched_name(c->schedule));
 	cJSON_AddNumberToObject(cfg, "batch", c->batch);
 	cJSON_AddNumberToObject(cfg, "mb", c->mb);
+	cJSON_AddBoolToObject(cfg, "mb_auto", r->plan.tried > 0);
 	cJSON_AddNumberToObject(cfg, "mbs", r->mbs);
 	cJSON_AddNumberToObject(cfg, "last_mb_rows", r->last_mb);
 	cJSON_AddNumberToObject(cfg, "epochs", r->epochs_total);
@@ -346,6 +357,7 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddItemToArray(sts, o);
 	}
 	cJSON_AddNumberToObject(root, "split_bound", r->split_bound);
+	cJSON_AddNumberToObject(root, "predicted_step_ms", r->plan.step_ns * 1e-6);
 	cJSON_AddNumberToObject(root, "train_seconds", r->wall_s);
 	cJSON_AddNumberToObject(root, "start_step", (double)r->start_step);
 	cJSON_AddNumberToObject(root, "epochs_completed", pt_epochs_reached(r));

@@ -41,7 +41,7 @@ typedef struct pt_config {
 	bool pin;
 	pt_hand_over hand_over; /* --hand-over */
 	mbp_sched_kind schedule;
-	uint32_t batch, mb;
+	uint32_t batch, mb; /* mb 0: --mb auto (chosen by pt_plan_make) */
 	unsigned epochs;
 	mbp_optim_kind optim;
 	double lr, min_lr, weight_decay, momentum, clip;
@@ -76,14 +76,22 @@ typedef struct pt_stage {
 	pt_shared *sh;
 	unsigned index, first, last; /* layers [first, last) */
 	char name[32];
+	double sq;     /* the layers' squared gradient norms summed, by the check */
+	bool sq_fresh; /* sq is this step's: the check ran, grad_sq has not yet */
 } pt_stage;
 
 /* Fill a trainer stage descriptor for p. */
 void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d);
-/* Each layer's cost in ns for a micro-batch of `rows` (F, B_in, B_w; the fastest of 5 runs on this
- * thread, each part timed alone), and its input gradient's share of it (B_in; 0 for layer 0), for
- * pt_partition. Leaves the gradients zero. @return 0 or a negative errno. */
-int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in);
+/* Each layer's operation costs in ns at a micro-batch of `rows` (the fastest of 5 runs on this thread,
+ * each operation timed alone). b_in is the input-gradient operation (for layer 0 only its activation's
+ * gradient: nothing before it needs an input gradient), all of which a hand-over moves to the next
+ * stage. */
+typedef struct pt_costs {
+	uint32_t rows;
+	double f[PT_MAX_LAYERS], b_in[PT_MAX_LAYERS], b_w[PT_MAX_LAYERS];
+} pt_costs;
+/* Profile every layer at `rows` rows. Leaves the gradients zero. @return 0 or a negative errno. */
+int pt_profile(mbp_mlp *n, uint32_t rows, pt_costs *pc);
 /* Split the L layers into S stages minimising the slowest. OFF: mbp_model_partition over the layer
  * costs. AUTO: the same, unless a split in which stage s may hand its last layer's input gradient over
  * to stage s + 1 (gives[s]; only where can_give[layer]: mbp_mlp_stages_hand_over) is faster by more than
@@ -91,6 +99,40 @@ int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in);
  * mbp_model_partition's error. */
 int pt_partition(const double *cost, const double *cost_in, const bool *can_give, unsigned L, unsigned S,
 		 pt_hand_over mode, mbp_model_plan *plan, bool *gives);
+
+/* The step the schedule sc predicts for a split (stage s: layers [first[s], first[s + 1]), gives[s]: it
+ * hands its last layer's input gradient over): sc played by mbp_schedule_simulate on T threads with the
+ * stages' costs from pc. @return its makespan, INFINITY when it cannot be played. */
+double pt_predict(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, unsigned T,
+		  const mbp_schedule *sc);
+/* Improve a split (plan->first, gives) by the schedule's step: among the splits with one boundary moved
+ * by a layer or one hand-over changed (ALL keeps one wherever allowed, OFF none, AUTO chooses), take the
+ * one with the shortest predicted step while it is shorter by more than 0.5%. Then plan->stage_ns (each
+ * stage's operations for one micro-batch), slowest_ns, mean_ns and balance describe the result.
+ * @return its predicted step (pt_predict). */
+double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned S, unsigned T,
+		 pt_hand_over mode, const mbp_schedule *sc, mbp_model_plan *plan, bool *gives);
+
+/* How the run is cut: the micro-batch size, the stages' layers and hand-overs, and what the schedule
+ * predicts for them. */
+#define PT_MB_CANDIDATES 12
+typedef struct pt_plan {
+	uint32_t mb;
+	mbp_model_plan split; /* first[]; stage_ns: each stage's operations for one micro-batch */
+	bool gives[MBP_MAX_STAGES];
+	double
+	    step_ns; /* the schedule played with the profiled costs: a step's operations (0: not profiled) */
+	double seq_ns;	/* the same step's operations one after the other on one thread */
+	unsigned tried; /* --mb auto: the sizes profiled and the step each predicts */
+	uint32_t tried_mb[PT_MB_CANDIDATES];
+	double tried_ns[PT_MB_CANDIDATES];
+} pt_plan;
+/* Profile the layers (at c->mb, or with --mb auto at each power of two from 16 up to the batch), split
+ * them (pt_partition), then move a boundary by a layer or change a hand-over while that shortens the step
+ * the schedule predicts (mbp_schedule_simulate on T threads with the profiled costs), and keep the size
+ * whose step is the shortest. One stage with a given --mb: nothing to profile. @return 0 or a negative
+ * errno. */
+int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give, pt_plan *p);
 /* The trainer's loss: softmax cross-entropy on int32 labels (arg: the pt_shared). */
 int pt_loss(void *arg, const mbp_train_io *io, double *loss);
 
@@ -150,6 +192,7 @@ typedef struct pt_report {
 	pt_epoch *ep;
 	unsigned n_ep;
 	pt_stage_total st[MBP_MAX_STAGES];
+	pt_plan plan;	    /* the micro-batch size and split, and what the schedule predicts for them */
 	double wall_s;	    /* total training time (steps only) */
 	double split_bound; /* profiled: sum of the layers over the slowest stage (0: not profiled) */
 	double final_test_acc;

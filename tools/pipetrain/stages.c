@@ -11,10 +11,21 @@
  * Clipping by global norm. The trainer adds the stages' grad_sq values in stage order, so with another
  * partition the same gradients give a norm that may differ in its last bits, and so would the clip factor
  * and every later weight. To make a run independent of the stage count, each stage's grad_sq also stores
- * each of its layers' squared norms (in double, each tensor in one fixed order) in the shared table, and
- * every update adds the table's entries in layer order: the same sum, bit for bit, whatever the stages.
- * The trainer calls every stage's grad_sq before any update (the norm it passes is their sum), so the
- * table is complete when the updates read it.
+ * each of its layers' squared norms (mbp_mlp_layer_grad_sqnorm: in double, in an order fixed by the layer
+ * alone) in the shared table, and every update adds the table's entries in layer order: the same sum, bit
+ * for bit, whatever the stages.
+ * The trainer calls every stage's check and grad_sq before any update (the norm it passes is their sum),
+ * so the table is complete when the updates read it; the check fills it (a layer's norm is finite exactly
+ * when its gradients are), and grad_sq returns what the check just computed.
+ *
+ * The plan (pt_plan_make). Each layer's F, B_in and B_w are timed at the micro-batch size (pt_profile);
+ * pt_partition balances the stages' sums, which is not the shortest step: the fill and the drain of a
+ * schedule wait on one stage's forward and another's input gradients, which a hand-over or a boundary
+ * moves. So the split is then improved by the step the schedule predicts (mbp_schedule_simulate with the
+ * stages' profiled costs: pt_predict), a move at a time (pt_refine). With --mb auto every power of two from
+ * 16 to the batch is planned so and the shortest predicted step wins: a larger micro-batch runs the
+ * products faster per row (each product packs its weights once), fewer of them leave a larger bubble.
+ * None of this changes the weights' bits but the micro-batch size.
  */
 #include <errno.h>
 #include <math.h>
@@ -50,36 +61,36 @@ static int op_backward_w(void *ctx, const mbp_train_io *io)
 	return mbp_mlp_stage_backward_w(p->st, io->stash, io->in, io->rows);
 }
 
-static double tensor_sq(mbp_mlp *n, unsigned layer, mbp_mlp_part part)
+/* The stage's layers' squared gradient norms into the shared table, one pass over its gradients; their
+ * sum. */
+static double layers_sq(pt_stage *p)
 {
-	size_t count;
-	const float *g = mbp_mlp_tensor(n, layer, part, MBP_ARRAY_GRAD, &count);
-	double s = 0;
-	for (size_t i = 0; g && i < count; i++)
-		s += (double)g[i] * g[i];
-	return s;
+	double total = 0;
+	for (unsigned l = p->first; l < p->last; l++) {
+		mbp_mlp_layer_grad_sqnorm(p->sh->n, l, &p->sh->layer_sq[l]);
+		total += p->sh->layer_sq[l];
+	}
+	return total;
+}
+
+/* The update's refusals before any stage updates (train.h): a non-finite gradient, which the squared
+ * norms show (finite exactly when every gradient is, mbp_mlp_layer_grad_sqnorm), so the check computes
+ * them and grad_sq, which the trainer calls next on this thread, returns them: one pass for both. The clip
+ * factor is finite once every grad_sq was (the trainer fails the step otherwise). */
+static int op_check(void *ctx)
+{
+	pt_stage *p = ctx;
+	p->sq = layers_sq(p);
+	p->sq_fresh = true;
+	return isfinite(p->sq) ? 0 : -EDOM;
 }
 
 static double op_grad_sq(void *ctx)
 {
 	pt_stage *p = ctx;
-	double total = 0;
-	for (unsigned l = p->first; l < p->last; l++) {
-		double s = tensor_sq(p->sh->n, l, MBP_PART_WEIGHT) + tensor_sq(p->sh->n, l, MBP_PART_BIAS) +
-			   tensor_sq(p->sh->n, l, MBP_PART_NORM_WEIGHT) +
-			   tensor_sq(p->sh->n, l, MBP_PART_NORM_BIAS);
-		p->sh->layer_sq[l] = s;
-		total += s;
-	}
-	return total;
-}
-
-/* The update's refusals before any stage updates (train.h): a non-finite gradient. The clip factor is
- * finite here once every grad_sq was (the trainer fails the step otherwise), so 1 stands for it. */
-static int op_check(void *ctx)
-{
-	pt_stage *p = ctx;
-	return mbp_mlp_stage_update_check(p->st, 1.0f);
+	double sq = p->sq_fresh ? p->sq : layers_sq(p);
+	p->sq_fresh = false;
+	return sq;
 }
 
 static int op_update(void *ctx, const mbp_train_update *u)
@@ -136,9 +147,10 @@ int pt_loss(void *arg, const mbp_train_io *io, double *loss)
 	return rc;
 }
 
-int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in)
+int pt_profile(mbp_mlp *n, uint32_t rows, pt_costs *pc)
 {
 	unsigned L = mbp_mlp_layers(n);
+	pc->rows = rows;
 	for (unsigned i = 0; i < L; i++) {
 		mbp_mlp_stage *st;
 		int rc = mbp_mlp_stage_new(&st, n, i, i + 1, rows);
@@ -170,8 +182,9 @@ int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in)
 				if (t[k + 1] - t[k] < best[k])
 					best[k] = t[k + 1] - t[k];
 		}
-		cost[i] = best[0] + best[1] + best[2];
-		cost_in[i] = i ? best[1] : 0;
+		pc->f[i] = best[0];
+		pc->b_in[i] = best[1];
+		pc->b_w[i] = best[2];
 		mbp_mlp_stage_zero_grad(st);
 		mbp_mlp_stage_destroy(st);
 		free(x);
@@ -257,4 +270,153 @@ int pt_partition(const double *cost, const double *cost_in, const bool *can_give
 	}
 	free(best);
 	return 0;
+}
+
+/* Stage s's operation costs under a split (first[], gives[]): its layers' F, B_in and B_w, the input
+ * gradient it takes over from stage s - 1 added to its B_in, the one it gives to stage s + 1 taken out. */
+static mbp_op_costs stage_costs(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S,
+				unsigned s)
+{
+	mbp_op_costs c = {0, 0, 0};
+	for (unsigned i = first[s]; i < first[s + 1]; i++) {
+		c.f += pc->f[i];
+		c.b_in += pc->b_in[i];
+		c.b_w += pc->b_w[i];
+	}
+	if (s + 1 < S && gives[s])
+		c.b_in -= pc->b_in[first[s + 1] - 1];
+	if (s > 0 && gives[s - 1])
+		c.b_in += pc->b_in[first[s] - 1];
+	return c;
+}
+
+double pt_predict(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, unsigned T,
+		  const mbp_schedule *sc)
+{
+	mbp_op_costs c[MBP_MAX_STAGES] = {{0, 0, 0}};
+	for (unsigned s = 0; s < S; s++)
+		c[s] = stage_costs(pc, first, gives, S, s);
+	mbp_sched_sim sim;
+	return mbp_schedule_simulate(sc, c, T, &sim, NULL) == 0 ? sim.makespan : INFINITY;
+}
+
+/* May the stage ending before layer b give layer b - 1's input gradient to the next under the mode (ALL:
+ * then it must)? */
+static bool may_give(const bool *can_give, unsigned b, pt_hand_over mode)
+{
+	return mode != PT_HAND_OVER_OFF && b >= 2 && can_give[b - 1];
+}
+
+double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned S, unsigned T,
+		 pt_hand_over mode, const mbp_schedule *sc, mbp_model_plan *plan, bool *gives)
+{
+	double best = pt_predict(pc, plan->first, gives, S, T, sc);
+	for (unsigned round = 0; round < 4 * L * S; round++) {
+		unsigned bf[MBP_MAX_STAGES + 1];
+		bool bg[MBP_MAX_STAGES];
+		double cand_best = best;
+		for (unsigned s = 1; s < S; s++)
+			for (int d = -1; d <= 1; d++)
+				for (int h = 0; h < 2; h++) { /* boundary s moved by d, hand-over h there */
+					unsigned f[MBP_MAX_STAGES + 1];
+					bool g[MBP_MAX_STAGES];
+					memcpy(f, plan->first, (S + 1) * sizeof(unsigned));
+					memcpy(g, gives, S * sizeof(bool));
+					f[s] = (unsigned)((int)f[s] + d);
+					bool can = may_give(can_give, f[s], mode);
+					if (f[s] <= f[s - 1] || f[s] >= f[s + 1] || (h && !can) ||
+					    (mode == PT_HAND_OVER_ALL && h != can) ||
+					    (d == 0 && h == g[s - 1]))
+						continue;
+					g[s - 1] = h;
+					double t = pt_predict(pc, f, g, S, T, sc);
+					if (t < cand_best) {
+						cand_best = t;
+						memcpy(bf, f, sizeof bf);
+						memcpy(bg, g, S * sizeof(bool));
+					}
+				}
+		if (!(cand_best < best * 0.995))
+			break;
+		best = cand_best;
+		memcpy(plan->first, bf, (S + 1) * sizeof(unsigned));
+		memcpy(gives, bg, S * sizeof(bool));
+	}
+	double sum = 0;
+	plan->slowest_ns = 0;
+	for (unsigned s = 0; s < S; s++) {
+		mbp_op_costs c = stage_costs(pc, plan->first, gives, S, s);
+		plan->stage_ns[s] = c.f + c.b_in + c.b_w;
+		sum += plan->stage_ns[s];
+		if (plan->stage_ns[s] > plan->slowest_ns)
+			plan->slowest_ns = plan->stage_ns[s];
+	}
+	plan->mean_ns = sum / S;
+	plan->balance = plan->mean_ns > 0 ? plan->slowest_ns / plan->mean_ns : 1;
+	return best;
+}
+
+/* One micro-batch size: profile, split, refine. */
+static int plan_at(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give, uint32_t mb,
+		   pt_plan *p)
+{
+	unsigned L = mbp_mlp_layers(n);
+	pt_costs pc;
+	int rc = pt_profile(n, mb, &pc);
+	if (rc < 0)
+		return rc;
+	double cost[PT_MAX_LAYERS], cost_in[PT_MAX_LAYERS], layer_sum = 0;
+	for (unsigned i = 0; i < L; i++) {
+		cost[i] = pc.f[i] + pc.b_in[i] + pc.b_w[i];
+		cost_in[i] = i ? pc.b_in[i] : 0;
+		layer_sum += cost[i];
+	}
+	p->mb = mb;
+	rc = pt_partition(cost, cost_in, can_give, L, S, S > 1 ? c->hand_over : PT_HAND_OVER_OFF, &p->split,
+			  p->gives);
+	if (rc < 0)
+		return rc;
+	unsigned M = (c->batch + mb - 1) / mb;
+	mbp_schedule *sc;
+	rc = mbp_schedule_new(&sc, c->schedule, S, M);
+	if (rc < 0)
+		return rc;
+	p->step_ns = pt_refine(&pc, can_give, L, S, T, S > 1 ? c->hand_over : PT_HAND_OVER_OFF, sc, &p->split,
+			       p->gives);
+	mbp_schedule_destroy(sc);
+	p->seq_ns = layer_sum * M;
+	return isfinite(p->step_ns) ? 0 : -EINVAL;
+}
+
+int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give, pt_plan *p)
+{
+	unsigned L = mbp_mlp_layers(n);
+	memset(p, 0, sizeof *p);
+	if (c->mb && S == 1) { /* one stage of every layer: nothing to choose */
+		p->mb = c->mb;
+		p->split = (mbp_model_plan){.stages = 1, .layers = L, .first = {0, L}, .balance = 1};
+		return 0;
+	}
+	if (c->mb)
+		return plan_at(n, c, S, T, can_give, c->mb, p);
+	unsigned tried = 0;
+	uint32_t tried_mb[PT_MB_CANDIDATES];
+	double tried_ns[PT_MB_CANDIDATES];
+	pt_plan best = {0}, cand;
+	for (uint32_t mb = 16; mb <= c->batch && tried < PT_MB_CANDIDATES; mb *= 2) {
+		if ((c->batch + mb - 1) / mb > MBP_TRAIN_MAX_MBS)
+			continue;
+		int rc = plan_at(n, c, S, T, can_give, mb, &cand);
+		if (rc < 0)
+			return rc;
+		tried_mb[tried] = mb;
+		tried_ns[tried++] = cand.step_ns;
+		if (!best.mb || cand.step_ns < best.step_ns)
+			best = cand;
+	}
+	best.tried = tried;
+	memcpy(best.tried_mb, tried_mb, tried * sizeof(uint32_t));
+	memcpy(best.tried_ns, tried_ns, tried * sizeof(double));
+	*p = best;
+	return p->mb ? 0 : -EINVAL;
 }
