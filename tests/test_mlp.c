@@ -353,7 +353,7 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 {
 	const unsigned S = r->S;
 	size_t batch = (size_t)M * mb;
-	float *act[5][16], *grad[5][16], *stash[4][16];
+	float *act[5][16], *grad[5][16], *stash[4][16], *work[4][16];
 	for (unsigned s = 0; s <= S; s++)
 		for (unsigned j = 0; j < M; j++) {
 			uint32_t w = s == 0 ? r->w[0] : mbp_mlp_stage_out_width(r->st[s - 1]);
@@ -361,9 +361,12 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 			act[s][j] = s == 0 ? r->x + (first + (size_t)j * mb) * r->w[0]
 					   : calloc((size_t)mb * w, sizeof(float));
 			grad[s][j] = calloc((size_t)mb * gw, sizeof(float));
-			if (s < S)
+			if (s < S) {
 				stash[s][j] =
-				    calloc(mb * mbp_mlp_stage_stash_floats(r->st[s]), sizeof(float));
+				    calloc(mb * mbp_mlp_stage_stash_floats(r->st[s]) + 1, sizeof(float));
+				work[s][j] =
+				    calloc(mb * mbp_mlp_stage_work_floats(r->st[s]) + 1, sizeof(float));
+			}
 		}
 	double loss = 0;
 	/* The order of (micro-batch, forward or backward) over the whole pipeline, flattened: GPipe runs all
@@ -390,18 +393,24 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 		} else {
 			for (unsigned s = S; s-- > 0;) {
 				float *din = s ? grad[s][j] : NULL;
-				if (split) {
-					ck_assert_int_eq(mbp_mlp_stage_backward_in(r->st[s], stash[s][j],
-										   act[s][j], grad[s + 1][j],
-										   din, mb),
-							 0);
+				/* a stage that recomputes nothing ignores the work buffer: the plain calls */
+				float *wk = mbp_mlp_stage_work_floats(r->st[s]) ? work[s][j] : NULL;
+				if (wk)
 					ck_assert_int_eq(
-					    mbp_mlp_stage_backward_w(r->st[s], stash[s][j], act[s][j], mb),
+					    mbp_mlp_stage_recompute(r->st[s], stash[s][j], act[s][j], wk, mb),
 					    0);
+				if (split) {
+					ck_assert_int_eq(mbp_mlp_stage_backward_in_r(r->st[s], stash[s][j],
+										     wk, act[s][j],
+										     grad[s + 1][j], din, mb),
+							 0);
+					ck_assert_int_eq(mbp_mlp_stage_backward_w_r(r->st[s], stash[s][j], wk,
+										    act[s][j], mb),
+							 0);
 				} else {
-					ck_assert_int_eq(mbp_mlp_stage_backward(r->st[s], stash[s][j],
-										act[s][j], grad[s + 1][j],
-										din, mb),
+					ck_assert_int_eq(mbp_mlp_stage_backward_r(r->st[s], stash[s][j], wk,
+										  act[s][j], grad[s + 1][j],
+										  din, mb),
 							 0);
 				}
 			}
@@ -412,11 +421,60 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 			if (s)
 				free(act[s][j]);
 			free(grad[s][j]);
-			if (s < S)
+			if (s < S) {
 				free(stash[s][j]);
+				free(work[s][j]);
+			}
 		}
 	return loss;
 }
+
+/* Layers whose bit is set in `mask` recompute (on whichever stage holds them). */
+static void rig_recompute(struct rig *r, unsigned mask)
+{
+	for (unsigned s = 0; s < r->S; s++)
+		for (unsigned i = 0; i < r->L; i++)
+			if (mask >> i & 1 && mbp_mlp_stage_set_recompute(r->st[s], i, true) == 0)
+				ck_assert(mbp_mlp_stage_recomputes(r->st[s], i)); /* -EINVAL: not s's layer */
+}
+
+/* Recomputing any set of layers (a stage's first, last, middle, all, or runs of them) gives the gradients
+ * and losses of stashing them, bit for bit, under every layer kind, both orders and both backward forms,
+ * with a smaller stash: each recomputed layer's tensors move to the work buffer. */
+START_TEST(recomputed_layers_give_the_same_bits_as_stashed_ones)
+{
+	const unsigned one[] = {0, 4}, two[] = {0, 2, 4}, three[] = {0, 1, 3, 4};
+	const unsigned *cuts[] = {one, two, three}, nst[] = {1, 2, 3};
+	for (int act = MBP_ACT_NONE; act <= MBP_ACT_GELU; act++)
+		for (int norm = 0; norm < 2; norm++) {
+			struct rig ref;
+			rig_init(&ref, one, 1, 8, (mbp_act)act, norm, NULL, 48);
+			double lref = rig_grads(&ref, 0, 6, 8, false, false);
+			for (unsigned c = 0; c < 3; c++)
+				for (unsigned mask = 1; mask < 16; mask += 1 + (c == 0)) {
+					struct rig r;
+					rig_init(&r, cuts[c], nst[c], 8, (mbp_act)act, norm, NULL, 48);
+					size_t before = 0, after = 0, work = 0;
+					for (unsigned s = 0; s < r.S; s++)
+						before += mbp_mlp_stage_stash_floats(r.st[s]);
+					rig_recompute(&r, mask);
+					for (unsigned s = 0; s < r.S; s++) {
+						after += mbp_mlp_stage_stash_floats(r.st[s]);
+						work += mbp_mlp_stage_work_floats(r.st[s]);
+					}
+					ck_assert_uint_eq(before, after + work);
+					ck_assert_uint_gt(work, 0);
+					double l = rig_grads(&r, 0, 6, 8, mask & 1, mask & 2);
+					ck_assert_msg(l == lref,
+						      "act %d norm %d cuts %u mask %u: %.17g vs %.17g", act,
+						      norm, c, mask, l, lref);
+					assert_same_array(ref.n, r.n, MBP_ARRAY_GRAD);
+					rig_fini(&r);
+				}
+			rig_fini(&ref);
+		}
+}
+END_TEST
 
 START_TEST(combined_backward_equals_backward_in_then_backward_w_bit_for_bit)
 {
@@ -483,7 +541,8 @@ START_TEST(stage_splits_and_schedule_orders_give_the_same_bits)
 }
 END_TEST
 
-/* Input gradients handed over to the next stage give the same gradients, bit for bit, as one stage over
+/* Input gradients handed over to the next stage (with or without recomputation) give the same gradients,
+ * bit for bit, as one stage over
  * every layer, in both orders and both forms of the backward: one-layer stages (stage 2 both takes and
  * gives), a two-layer stage that gives, a two-layer stage that takes (its last layer's dx goes to scratch
  * before the hand-back). */
@@ -518,6 +577,9 @@ START_TEST(a_handed_over_input_gradient_gives_the_same_bits)
 					ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[s + 1]), 16 + 16);
 				}
 				ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[0]), rig_widths[0]);
+				/* and recomputing none, layers 0 and 2, 1 and 3, every layer: a giving stage's
+				 * last layer, a taking stage's first (the hand-back reads the stage's input) */
+				rig_recompute(&r, (unsigned)(v * 5));
 				double l = rig_grads(&r, 0, 6, 8, v & 1, v & 2);
 				ck_assert_msg(l == lref, "rig %zu, variant %d: loss %.17g against %.17g", k,
 					      v, l, lref);
@@ -1498,6 +1560,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, micro_batch_accumulation_equals_one_batch_and_repeats_bit_for_bit);
 	tcase_add_test(tc, stage_splits_and_schedule_orders_give_the_same_bits);
 	tcase_add_test(tc, a_handed_over_input_gradient_gives_the_same_bits);
+	tcase_add_test(tc, recomputed_layers_give_the_same_bits_as_stashed_ones);
 	tcase_add_test(tc, hand_over_is_refused_where_the_gradient_needs_the_previous_stash);
 	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);
 	tcase_add_test(tc, padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place);
