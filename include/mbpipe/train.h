@@ -37,7 +37,9 @@
  * recomputes: from its recomputation to its last backward) come from an activation pool of their own,
  * taken without a thread cache, so that its high-water mark (mbp_train_stats.act_pool) is exactly the
  * most of them held at once; the trainer counts the same buffers and their bytes (rows x width) per stage
- * and over all stages (mbp_train_stage_stats.act_*, mbp_train_stats.act_peak_*).
+ * and over all stages (mbp_train_stage_stats.act_*, mbp_train_stats.act_peak_*). Not counted there:
+ * each micro-batch's input to a stage (the previous stage's output, kept from F to the last backward)
+ * and its gradients, which are buffers of the trainer's other pool (mbp_train_stats.pool).
  * Every stage's list is a projection of one global order (a valid order of all operations of the step in
  * which each operation comes after what it depends on), so no two stages can wait on each other; a thread
  * that runs several stages follows the merged order of its stages. Under GPipe and 1F1B a stage that gives
