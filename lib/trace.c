@@ -83,7 +83,7 @@ static void json_string(FILE *f, const char *str)
 /* One event, named by its kind. */
 static void write_event(FILE *f, unsigned tid, const struct mbp__trace_ev *e, uint64_t base)
 {
-	static const char *const op[] = {"F", "B", "B_in", "W"}; /* mbp_op_kind */
+	static const char *const op[] = {"F", "B", "B_in", "W", "?", "R"}; /* mbp_op_kind */
 	double ts = (double)(e->t0 - base) / 1e3, dur = (double)(e->t1 - e->t0) / 1e3;
 	if (e->kind == MBP__TRACE_MB) {
 		fprintf(f,

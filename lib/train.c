@@ -10,8 +10,9 @@
  * (the thread pushes, and later pops, its own items). Every ring holds at least max_mbs pointers, so a
  * push never waits: only a pop waits, for an operation earlier in the global order.
  *
- * Buffers. Every output, stash and gradient is a pool buffer (one pool, buffers as wide as the widest row
- * times max_mb_rows), taken from the thread's cache and released into it. Before the first step of each
+ * Buffers. Every output and gradient is a pool buffer (one pool, buffers as wide as the widest row
+ * times max_mb_rows), taken from the thread's cache and released into it; stashes and recomputations'
+ * work buffers come from the activation pool (train.h, "Activation memory"), without a cache. Before the first step of each
  * micro-batch count M the pool grows to the most the schedule lets the threads hold at once over every
  * timing (mbp__schedule_buffer_peak), plus what the threads' caches and a remote agent can keep out of the
  * depot: no step allocates after that, whatever its timing. Stage 0 reads the caller's input rows in place
@@ -64,21 +65,24 @@ struct tcounters {
 	_Atomic uint64_t wait_ns;  /* waiting for an input or a gradient this step */
 	_Atomic uint64_t stash_peak, held_peak;
 	_Atomic uint64_t total_busy_ns;
+	_Atomic uint64_t r_ns, r_count; /* recomputations this step */
+	_Atomic uint64_t act_peak;	/* activation bytes held at once this step */
 };
 
 struct tstage {
 	mbp_train_stage_desc d;
 	char name[MBP_STAGE_NAME_MAX];
 	unsigned idx;
-	size_t out_w, stash_w;
+	size_t out_w, stash_w, work_w;
 	size_t grad_w, din_w; /* rows of dout (grad_row_bytes), of din (the previous stage's grad_w) */
 	bool split;	      /* gives backward_in and backward_w */
 	bool init_ok;
 	struct mbp__ring *fwd_in, *fwd_out; /* from s-1, to s+1 (NULL at the ends) */
 	struct mbp__ring *bwd_in, *bwd_out; /* from s+1, to s-1 (NULL at the ends) */
 	/* per micro-batch, while held: input (NULL at stage 0), stash, output gradient */
-	mbp_mb **in, **stash, **dout;
+	mbp_mb **in, **stash, **dout, **work;
 	unsigned stash_n, held_n; /* now */
+	uint64_t act_now;	  /* activation bytes held now */
 	double grad_sq;		  /* this step's, written before the first barrier */
 	struct mbp__trace trace;  /* this step's operations (trace.h) */
 	MBP_CACHELINE_ALIGNED struct tcounters c;
@@ -97,7 +101,10 @@ struct mbp_trainer {
 	struct tthread th[MBP_MAX_STAGES];
 	struct mbp__wait_opts wopts; /* the rings' waits: the crew's budgets, ended by `abort` too */
 	mbp_pool *pool;
+	mbp_pool *apool; /* stashes and work buffers; NULL when no stage has either */
 	int state;
+	/* activation buffers and bytes held now over every stage, and this step's peaks */
+	MBP_CACHELINE_ALIGNED _Atomic uint64_t act_bufs, act_bytes, act_peak_bufs, act_peak_bytes;
 
 	/* the step, written by the controller before `go` is bumped (release), read by the workers after */
 	mbp_schedule *sc;
@@ -201,10 +208,9 @@ static mbp_mb *pop(struct tstage *st, struct mbp__ring *r)
 	return rc == 0 && mbp__ring_pop_sc(r, &item) ? item : NULL;
 }
 
-static int get_buf(struct mbp_trainer *t, struct mbp__crew_thread *th, uint32_t rows, size_t row_bytes,
-		   uint32_t mb, mbp_mb **out)
+static int take(mbp_pool *p, mbp_pool_cache *c, uint32_t rows, size_t row_bytes, uint32_t mb, mbp_mb **out)
 {
-	int rc = mbp_pool_get(t->pool, th->cache, out, 0);
+	int rc = mbp_pool_get(p, c, out, 0);
 	if (rc < 0)
 		return rc == -EAGAIN ? -ENOBUFS : rc;
 	MBP_ASSERT((size_t)rows * row_bytes <= (*out)->capacity); /* setup's widest covers every width */
@@ -212,6 +218,57 @@ static int get_buf(struct mbp_trainer *t, struct mbp__crew_thread *th, uint32_t 
 	(*out)->row_bytes = (uint32_t)row_bytes;
 	(*out)->seq = mb;
 	return 0;
+}
+
+static int get_buf(struct mbp_trainer *t, struct mbp__crew_thread *th, uint32_t rows, size_t row_bytes,
+		   uint32_t mb, mbp_mb **out)
+{
+	return take(t->pool, th->cache, rows, row_bytes, mb, out);
+}
+
+static void atomic_max(_Atomic uint64_t *c, uint64_t v)
+{
+	uint64_t old = atomic_load_explicit(c, memory_order_relaxed);
+	while (v > old &&
+	       !atomic_compare_exchange_weak_explicit(c, &old, v, memory_order_relaxed, memory_order_relaxed))
+		;
+}
+
+/* Count an activation buffer of `bytes` taken (dir 1) or released (dir -1) by stage st: after the pool's
+ * get, before its put, so that the counts never exceed what the pool holds. */
+static void act_count(struct mbp_trainer *t, struct tstage *st, uint64_t bytes, int dir)
+{
+	st->act_now += dir > 0 ? bytes : -bytes;
+	mbp__counter_max(&st->c.act_peak, st->act_now);
+	/* relaxed: figures, ordered with nothing else */
+	uint64_t n =
+	    atomic_fetch_add_explicit(&t->act_bufs, (uint64_t)(int64_t)dir, memory_order_relaxed) + dir;
+	uint64_t b =
+	    atomic_fetch_add_explicit(&t->act_bytes, dir > 0 ? bytes : -bytes, memory_order_relaxed) +
+	    (dir > 0 ? bytes : -bytes);
+	if (dir > 0) {
+		atomic_max(&t->act_peak_bufs, n);
+		atomic_max(&t->act_peak_bytes, b);
+	}
+}
+
+/* A stash or work buffer of stage st, from the activation pool (no cache: its high-water mark is exact). */
+static int get_act(struct mbp_trainer *t, struct tstage *st, uint32_t rows, size_t row_bytes, uint32_t mb,
+		   mbp_mb **out)
+{
+	int rc = take(t->apool, NULL, rows, row_bytes, mb, out);
+	if (rc == 0)
+		act_count(t, st, (uint64_t)rows * row_bytes, 1);
+	return rc;
+}
+
+static void put_act(struct mbp_trainer *t, struct tstage *st, mbp_mb **mb)
+{
+	if (*mb) {
+		act_count(t, st, (uint64_t)(*mb)->rows * (*mb)->row_bytes, -1);
+		mbp_pool_put(t->apool, NULL, *mb);
+		*mb = NULL;
+	}
 }
 
 static void put_buf(struct mbp_trainer *t, struct mbp__crew_thread *th, mbp_mb **mb)
@@ -261,14 +318,16 @@ static mbp_train_io io_of(const struct mbp_trainer *t, const struct tstage *st, 
 			      .step_rows = t->rows,
 			      .step = t->step_no,
 			      .in = input_of(t, st, j),
-			      .stash = st->stash[j] ? st->stash[j]->data : NULL};
+			      .stash = st->stash[j] ? st->stash[j]->data : NULL,
+			      .work = st->work[j] ? st->work[j]->data : NULL};
 }
 
 /* Release what stage st holds for micro-batch j once its last backward operation ran. */
 static void put_held(struct mbp_trainer *t, struct mbp__crew_thread *th, struct tstage *st, uint32_t j)
 {
 	put_buf(t, th, &st->in[j]);
-	put_buf(t, th, &st->stash[j]);
+	put_act(t, st, &st->stash[j]);
+	put_act(t, st, &st->work[j]);
 	put_buf(t, th, &st->dout[j]);
 }
 
@@ -293,7 +352,7 @@ static int op_forward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct
 	mbp_mb *out = NULL;
 	int rc = get_buf(t, th, rows, st->out_w, j, &out);
 	if (rc == 0 && st->stash_w)
-		rc = get_buf(t, th, rows, st->stash_w, j, &st->stash[j]);
+		rc = get_act(t, st, rows, st->stash_w, j, &st->stash[j]);
 	st->stash_n++;
 	st->held_n++;
 	mbp__counter_max(&st->c.stash_peak, st->stash_n);
@@ -328,11 +387,36 @@ static int op_forward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct
 	return 0;
 }
 
+/* Stage st's recomputation for micro-batch j into a work buffer held until its last backward: its own
+ * figures and trace event (kind MBP_OP_R), its time out of the backward's. */
+static int recompute(struct mbp_trainer *t, struct tstage *st, uint32_t j, uint32_t rows)
+{
+	int rc = get_act(t, st, rows, st->work_w, j, &st->work[j]);
+	if (rc < 0)
+		return rc;
+	mbp_train_io io = io_of(t, st, j, rows);
+	uint64_t t0 = mbp__clock_ns();
+	rc = st->d.recompute(st->d.ctx, &io);
+	uint64_t t1 = mbp__clock_ns();
+	mbp__counter_add(&st->c.r_ns, t1 - t0);
+	mbp__counter_add(&st->c.r_count, 1);
+	mbp__counter_add(&st->c.total_busy_ns, t1 - t0);
+	if (st->trace.ev)
+		mbp__trace_add(&st->trace,
+			       &(struct mbp__trace_ev){.t0 = t0, .t1 = t1, .mb = j, .kind = MBP_OP_R});
+	return rc;
+}
+
 /* B (whole), B_in or W of stage st for micro-batch j. */
 static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct tstage *st, unsigned kind,
 		       uint32_t j)
 {
 	uint32_t rows = mb_rows_of(t, j);
+	if (kind != MBP_OP_W && st->work_w) { /* before the wait: it needs no gradient */
+		int rc = recompute(t, st, j, rows);
+		if (rc < 0)
+			return rc;
+	}
 	if (kind != MBP_OP_W && st->bwd_in) {
 		int rc = receive(t, th, st, st->bwd_in, j, &st->dout[j]);
 		if (rc < 0)
@@ -389,12 +473,13 @@ static void run_ops(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		const mbp_sched_op *op = &t->tops[k];
 		struct tstage *st = &t->st[op->stage];
 		uint64_t t0 = mbp__clock_ns();
-		uint64_t w0 = mbp__counter_get(&st->c.wait_ns);
+		uint64_t w0 = mbp__counter_get(&st->c.wait_ns), r0 = mbp__counter_get(&st->c.r_ns);
 		int rc = op->kind == MBP_OP_F ? op_forward(t, th, st, op->mb)
 					      : op_backward(t, th, st, op->kind, op->mb);
 		uint64_t t1 = mbp__clock_ns();
 		/* busy time excludes the wait for the input inside the operation */
 		uint64_t waited = mbp__counter_get(&st->c.wait_ns) - w0;
+		waited += mbp__counter_get(&st->c.r_ns) - r0; /* and the recomputation, its own figure */
 		uint64_t busy = t1 - t0 - waited;
 		mbp__counter_add(&st->c.ns[op->kind], busy);
 		mbp__counter_add(&st->c.count[op->kind], 1);
@@ -514,6 +599,9 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		mbp__counter_reset(&st->c.wait_ns);
 		mbp__counter_reset(&st->c.stash_peak);
 		mbp__counter_reset(&st->c.held_peak);
+		mbp__counter_reset(&st->c.r_ns);
+		mbp__counter_reset(&st->c.r_count);
+		mbp__counter_reset(&st->c.act_peak);
 		mbp__trace_clear(&st->trace);
 	}
 	run_ops(t, th);
@@ -604,6 +692,8 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 		return -EINVAL;
 	if (!d->backward && !(d->backward_in && d->backward_w))
 		return -EINVAL;
+	if (d->work_row_bytes > UINT32_MAX || (d->work_row_bytes && !d->recompute))
+		return -EINVAL;
 	if (t->state != TS_NEW)
 		return -EINVAL;
 	if (t->S == MBP_MAX_STAGES)
@@ -620,6 +710,7 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 	t->crew.stage[st->idx] = (struct mbp__crew_stage){.init = d->init, .fini = d->fini, .ctx = d->ctx};
 	st->out_w = d->out_row_bytes;
 	st->stash_w = d->stash_row_bytes;
+	st->work_w = d->work_row_bytes;
 	st->grad_w = d->grad_row_bytes ? d->grad_row_bytes : d->out_row_bytes;
 	st->din_w = t->S == 0 ? t->o.in_row_bytes : t->st[t->S - 1].grad_w;
 	st->split = d->backward_in && d->backward_w;
@@ -644,9 +735,43 @@ static void free_stages(struct mbp_trainer *t)
 		free(st->in);
 		free(st->stash);
 		free(st->dout);
+		free(st->work);
 		mbp__trace_free(&st->trace);
-		st->in = st->stash = st->dout = NULL;
+		st->in = st->stash = st->dout = st->work = NULL;
 	}
+}
+
+/* The activation pool: per stage and micro-batch a stash and a work buffer at most (reserved per
+ * schedule by reserve_act). */
+static int act_pool_new(struct mbp_trainer *t, size_t widest)
+{
+	if (widest == 0)
+		return 0;
+	mbp_pool_opts po;
+	mbp_pool_opts_init(&po);
+	po.buf_bytes = (size_t)t->o.max_mb_rows * widest;
+	uint64_t nbuf = 2ull * t->S * t->o.max_mbs;
+	if (nbuf > UINT32_MAX || po.buf_bytes / t->o.max_mb_rows != widest)
+		return -EOVERFLOW;
+	po.max_buffers = (uint32_t)nbuf;
+	po.max_bytes =
+	    nbuf * (po.buf_bytes + 256) < ((size_t)1 << 46) ? nbuf * (po.buf_bytes + 256) : ((size_t)1 << 46);
+	return mbp_pool_new(&t->apool, &po);
+}
+
+/* Grow the activation pool to the most a step of this schedule can hold: per stage a stash per micro-batch
+ * held, and a work buffer per micro-batch between its B_in and its W (ZB-H1), or one (a B's). */
+static int reserve_act(struct mbp_trainer *t, const mbp_schedule *sc)
+{
+	if (!t->apool)
+		return 0;
+	uint64_t want = 0;
+	for (unsigned s = 0; s < t->S; s++) {
+		unsigned held = mbp_schedule_held_peak(sc, t->stage0 + s);
+		want += t->st[s].stash_w ? held : 0;
+		want += t->st[s].work_w ? (mbp_schedule_kind(sc) == MBP_SCHED_ZBH1 ? held : 1) : 0;
+	}
+	return mbp__pool_reserve(t->apool, (uint32_t)want);
 }
 
 static int setup(struct mbp_trainer *t)
@@ -669,16 +794,18 @@ static int setup(struct mbp_trainer *t)
 	t->T = t->crew.nthreads;
 	t->wopts = t->crew.wopts;
 	t->wopts.abort = &t->abort; /* a worker waiting on a ring stops when the step fails */
-	size_t widest = t->o.in_row_bytes;
+	size_t widest = t->o.in_row_bytes, act_widest = 0;
 	for (unsigned s = 0; s < t->S; s++) {
 		struct tstage *st = &t->st[s];
 		widest = st->out_w > widest ? st->out_w : widest;
-		widest = st->stash_w > widest ? st->stash_w : widest;
 		widest = st->grad_w > widest ? st->grad_w : widest;
+		act_widest = st->stash_w > act_widest ? st->stash_w : act_widest;
+		act_widest = st->work_w > act_widest ? st->work_w : act_widest;
 		st->in = calloc(t->o.max_mbs, sizeof(mbp_mb *));
 		st->stash = calloc(t->o.max_mbs, sizeof(mbp_mb *));
 		st->dout = calloc(t->o.max_mbs, sizeof(mbp_mb *));
-		if (!st->in || !st->stash || !st->dout)
+		st->work = calloc(t->o.max_mbs, sizeof(mbp_mb *));
+		if (!st->in || !st->stash || !st->dout || !st->work)
 			return -ENOMEM;
 		if (mbp__trace_init(&st->trace, t->o.trace_events) < 0)
 			return -ENOMEM;
@@ -730,7 +857,7 @@ static int setup(struct mbp_trainer *t)
 	if (rc < 0)
 		return rc;
 	t->crew.pool = t->pool; /* each thread's cache */
-	return 0;
+	return act_pool_new(t, act_widest);
 }
 
 /* A start refused before anything is set up: -EINVAL, and mbp_trainer_error says why. */
@@ -776,7 +903,8 @@ int mbp_trainer_start(mbp_trainer *t)
 	if (rc < 0) {
 		free_stages(t);
 		mbp_pool_destroy(t->pool);
-		t->pool = NULL;
+		mbp_pool_destroy(t->apool);
+		t->pool = t->apool = NULL;
 		t->state = TS_STOPPED;
 		return rc;
 	}
@@ -792,9 +920,7 @@ int mbp_trainer_start(mbp_trainer *t)
 static int reserve_buffers(struct mbp_trainer *t, const mbp_schedule *sc, const mbp_sched_op *ops,
 			   const size_t *toff)
 {
-	bool stash[MBP_MAX_STAGES];
-	for (unsigned s = 0; s < t->S; s++)
-		stash[s] = t->st[s].stash_w != 0;
+	bool stash[MBP_MAX_STAGES] = {false}; /* the stashes are the activation pool's (reserve_act) */
 	struct mbp__sched_part part = {t->stage0, t->S, t->T, ops, toff, stash};
 	uint64_t peak;
 	int rc = mbp__schedule_buffer_peak(sc, &part, &peak);
@@ -825,6 +951,8 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	size_t toff[MBP_MAX_STAGES + 1];
 	mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, toff);
 	rc = reserve_buffers(t, sc, ops, toff);
+	if (rc == 0)
+		rc = reserve_act(t, sc);
 	/* a part has the costs of its own stages only: it predicts no bubble */
 	struct mbp__sched_scratch sim = {0};
 	if (rc == 0 && !t->remote)
@@ -858,6 +986,10 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 			n[k] = (uint32_t)mbp__counter_get(&c->count[k]);
 			busy += (double)ns[k];
 		}
+		/* a recomputation is part of the B or B_in it serves */
+		uint64_t rn = mbp__counter_get(&c->r_ns);
+		busy += (double)rn;
+		ns[n[MBP_OP_B] ? MBP_OP_B : MBP_OP_BIN] += rn;
 		costs[s].f = n[MBP_OP_F] ? (double)ns[MBP_OP_F] / n[MBP_OP_F] : 0;
 		if (n[MBP_OP_B]) {
 			costs[s].b_in = (double)ns[MBP_OP_B] / n[MBP_OP_B];
@@ -980,6 +1112,8 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	t->rows = rows;
 	t->mb_rows = mb_rows;
 	t->M = (uint32_t)M;
+	mbp__counter_reset(&t->act_peak_bufs); /* this step's peaks (every buffer came back) */
+	mbp__counter_reset(&t->act_peak_bytes);
 	pthread_mutex_lock(&t->lock);
 	t->err = (mbp_train_error){0};
 	t->err.stage = -1;
@@ -1061,6 +1195,8 @@ void mbp_trainer_destroy(mbp_trainer *t)
 	free_stages(t); /* joins the threads */
 	if (t->pool)
 		MBP_VERIFY(mbp_pool_destroy(t->pool) == 0); /* every buffer came back */
+	if (t->apool)
+		MBP_VERIFY(mbp_pool_destroy(t->apool) == 0);
 	mbp_schedule_destroy(t->sc);
 	free(t->tops);
 	mbp__sched_scratch_free(&t->sim);
@@ -1084,6 +1220,12 @@ int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_s
 			mbp_pool_stats_get(t->pool, &st->pool);
 		else
 			memset(&st->pool, 0, sizeof(st->pool));
+		memset(&st->act_pool, 0, sizeof(st->act_pool));
+		if (t->apool)
+			mbp_pool_stats_get(t->apool, &st->act_pool);
+		st->act_buf_bytes = t->apool ? mbp_pool_buf_bytes(t->apool) : 0;
+		st->act_peak_bufs = mbp__counter_get(&t->act_peak_bufs);
+		st->act_peak_bytes = mbp__counter_get(&t->act_peak_bytes);
 	}
 	for (unsigned s = 0; s < n && s < t->S; s++) {
 		struct tstage *x = &t->st[s];
@@ -1108,6 +1250,11 @@ int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_s
 		o->stash_peak = (uint32_t)mbp__counter_get(&x->c.stash_peak);
 		o->held_peak = (uint32_t)mbp__counter_get(&x->c.held_peak);
 		o->total_busy_ns = mbp__counter_get(&x->c.total_busy_ns);
+		o->r_ns = mbp__counter_get(&x->c.r_ns);
+		o->r_count = (uint32_t)mbp__counter_get(&x->c.r_count);
+		o->act_stash_bytes = (uint64_t)x->stash_w * t->mb_rows;
+		o->act_work_bytes = (uint64_t)x->work_w * t->mb_rows;
+		o->act_peak_bytes = mbp__counter_get(&x->c.act_peak);
 	}
 	return (int)t->S;
 }

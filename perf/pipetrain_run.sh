@@ -14,12 +14,17 @@
 #   5. throughput with each arm at its best micro-batch: one stage on the whole batch against 2 stages on
 #      micro-batches of 64 and 128 (perf/results/pipetrain-throughput-batch.csv);
 #   6. the hand-over of a layer's input gradient against whole layers per stage, paired rounds
-#      (perf/results/pipetrain-hand-over.csv).
+#      (perf/results/pipetrain-hand-over.csv);
+#   7. activation recomputation: --recompute none, all and single layers (RC_LAYERS) on the issue's model,
+#      2 stages, under RC_SCHEDULES, the arms alternated ROUNDS times: steps/s, the peak activation
+#      memory held at once and the activation pool's high-water mark, and the CPU other processes took
+#      during each run (perf/results/pipetrain-recompute.csv and -median.csv).
 #
 # Usage (from the build directory): sh ../perf/pipetrain_run.sh [OUT_DIR]     (default ../perf/results)
 # Environment: PIPETRAIN (binary; tools/pipetrain/pipetrain), ROUNDS (3), LIMIT (8192), EPOCHS (10),
 #   MODELS ("784,1024,1024,1024,10 784,1024,1024,1024,1024,1024,10"), PARTS (which parts: "1 2 3 4 5 6"),
-#   EXTRA (more options for every throughput arm, e.g. "--batch 512").
+#   EXTRA (more options for every throughput arm, e.g. "--batch 512"), RC_LAYERS ("1 2"), RC_SCHEDULES
+#   ("1f1b zbh1").
 set -eu
 BIN=${PIPETRAIN:-tools/pipetrain/pipetrain}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -135,6 +140,49 @@ if part 6; then
 	throughput pipetrain-hand-over "${MODELS%% *}" \
 		"whole-layers:--stages 2 --schedule zbh1 --hand-over off" "hand-over:--stages 2 --schedule zbh1"
 	ROUNDS=$rounds
+fi
+
+# 7. Activation recomputation: what it costs in steps/s and saves in activation memory.
+if part 7; then
+	RC_LAYERS=${RC_LAYERS:-1 2}
+	RC_SCHEDULES=${RC_SCHEDULES:-1f1b zbh1}
+	busy() { awk '/^cpu /{print $2+$3+$4+$7+$8; exit}' /proc/stat; }
+	hz=$(getconf CLK_TCK)
+	csv=$OUT/pipetrain-recompute.csv
+	echo "schedule,recompute,round,steps_per_s,samples_per_s,peak_activation_bytes,activation_pool_bytes,recompute_s,others_cpus,load1" >"$csv"
+	for r in $(seq 1 "$ROUNDS"); do
+		for s in $RC_SCHEDULES; do
+			for rc in none all $RC_LAYERS; do
+				b0=$(busy) t0=$(date +%s.%N)
+				# shellcheck disable=SC2086 # EXTRA is a list of options
+				/usr/bin/time -f '%U %S' -o "$WORK/time" "$BIN" --layers 784,1024,1024,1024,10 --limit "$LIMIT" \
+					--epochs 1 --val 1000 --stages 2 --schedule "$s" --batch 256 --mb 32 --recompute "$rc" \
+					$EXTRA --json --quiet >"$WORK/rc.json"
+				b1=$(busy) t1=$(date +%s.%N)
+				# the CPUs other processes kept busy during the run: all busy time less the run's own
+				others=$(awk -v b0="$b0" -v b1="$b1" -v t0="$t0" -v t1="$t1" -v hz="$hz" -v own="$(cat "$WORK/time")" \
+					'BEGIN { split(own, o, " "); x = ((b1 - b0) / hz - o[1] - o[2]) / (t1 - t0); printf "%.2f", x < 0 ? 0 : x }')
+				echo "$s,$(echo "$rc" | tr , +),$r,$(jq -r '"\(.epochs[0].samples_per_s / .config.batch),\(.epochs[0].samples_per_s),\(.peak_activation_bytes),\(.activation_pool_bytes),\([.stages[].recompute_s] | add)"' "$WORK/rc.json"),$others,$(cut -d' ' -f1 /proc/loadavg)" >>"$csv"
+			done
+		done
+	done
+	cat "$csv"
+	# shellcheck disable=SC2016 # an awk program
+	median='{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+	echo "schedule,recompute,median_steps_per_s,x_none_paired,peak_activation_MiB,activation_pool_MiB,median_others_cpus" >"$WORK/rcm.csv"
+	for s in $RC_SCHEDULES; do
+		for rc in none all $RC_LAYERS; do
+			k=$(echo "$rc" | tr , +)
+			med=$(awk -F, -v s="$s" -v k="$k" '$1 == s && $2 == k { print $4 }' "$csv" | sort -g | awk "$median")
+			paired=$(awk -F, -v s="$s" -v k="$k" '$1 == s && $2 == "none" { b[$3] = $4 }
+				$1 == s && $2 == k { x[$3] = $4 } END { for (r in x) if (b[r] > 0) print x[r] / b[r] }' "$csv" | sort -g | awk "$median")
+			mem=$(awk -F, -v s="$s" -v k="$k" '$1 == s && $2 == k { printf "%.2f,%.2f\n", $6 / 1048576, $7 / 1048576; exit }' "$csv")
+			oth=$(awk -F, -v s="$s" -v k="$k" '$1 == s && $2 == k { print $9 }' "$csv" | sort -g | awk "$median")
+			echo "$s,$k,$med,$paired,$mem,$oth" >>"$WORK/rcm.csv"
+		done
+	done
+	cat "$WORK/rcm.csv"
+	cp "$WORK/rcm.csv" "$OUT/pipetrain-recompute-median.csv"
 fi
 
 echo "pipetrain_run: load $(cut -d' ' -f1-3 /proc/loadavg) at the end"

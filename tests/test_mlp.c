@@ -353,7 +353,7 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 {
 	const unsigned S = r->S;
 	size_t batch = (size_t)M * mb;
-	float *act[5][16], *grad[5][16], *stash[4][16];
+	float *act[5][16], *grad[5][16], *stash[4][16], *work[4][16];
 	for (unsigned s = 0; s <= S; s++)
 		for (unsigned j = 0; j < M; j++) {
 			uint32_t w = s == 0 ? r->w[0] : mbp_mlp_stage_out_width(r->st[s - 1]);
@@ -361,9 +361,12 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 			act[s][j] = s == 0 ? r->x + (first + (size_t)j * mb) * r->w[0]
 					   : calloc((size_t)mb * w, sizeof(float));
 			grad[s][j] = calloc((size_t)mb * gw, sizeof(float));
-			if (s < S)
+			if (s < S) {
 				stash[s][j] =
-				    calloc(mb * mbp_mlp_stage_stash_floats(r->st[s]), sizeof(float));
+				    calloc(mb * mbp_mlp_stage_stash_floats(r->st[s]) + 1, sizeof(float));
+				work[s][j] =
+				    calloc(mb * mbp_mlp_stage_work_floats(r->st[s]) + 1, sizeof(float));
+			}
 		}
 	double loss = 0;
 	/* The order of (micro-batch, forward or backward) over the whole pipeline, flattened: GPipe runs all
@@ -390,18 +393,24 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 		} else {
 			for (unsigned s = S; s-- > 0;) {
 				float *din = s ? grad[s][j] : NULL;
-				if (split) {
-					ck_assert_int_eq(mbp_mlp_stage_backward_in(r->st[s], stash[s][j],
-										   act[s][j], grad[s + 1][j],
-										   din, mb),
-							 0);
+				/* a stage that recomputes nothing ignores the work buffer: the plain calls */
+				float *wk = mbp_mlp_stage_work_floats(r->st[s]) ? work[s][j] : NULL;
+				if (wk)
 					ck_assert_int_eq(
-					    mbp_mlp_stage_backward_w(r->st[s], stash[s][j], act[s][j], mb),
+					    mbp_mlp_stage_recompute(r->st[s], stash[s][j], act[s][j], wk, mb),
 					    0);
+				if (split) {
+					ck_assert_int_eq(mbp_mlp_stage_backward_in_r(r->st[s], stash[s][j],
+										     wk, act[s][j],
+										     grad[s + 1][j], din, mb),
+							 0);
+					ck_assert_int_eq(mbp_mlp_stage_backward_w_r(r->st[s], stash[s][j], wk,
+										    act[s][j], mb),
+							 0);
 				} else {
-					ck_assert_int_eq(mbp_mlp_stage_backward(r->st[s], stash[s][j],
-										act[s][j], grad[s + 1][j],
-										din, mb),
+					ck_assert_int_eq(mbp_mlp_stage_backward_r(r->st[s], stash[s][j], wk,
+										  act[s][j], grad[s + 1][j],
+										  din, mb),
 							 0);
 				}
 			}
@@ -412,11 +421,60 @@ static double rig_grads(struct rig *r, size_t first, unsigned M, uint32_t mb, bo
 			if (s)
 				free(act[s][j]);
 			free(grad[s][j]);
-			if (s < S)
+			if (s < S) {
 				free(stash[s][j]);
+				free(work[s][j]);
+			}
 		}
 	return loss;
 }
+
+/* Layers whose bit is set in `mask` recompute (on whichever stage holds them). */
+static void rig_recompute(struct rig *r, unsigned mask)
+{
+	for (unsigned s = 0; s < r->S; s++)
+		for (unsigned i = 0; i < r->L; i++)
+			if (mask >> i & 1 && mbp_mlp_stage_set_recompute(r->st[s], i, true) == 0)
+				ck_assert(mbp_mlp_stage_recomputes(r->st[s], i)); /* -EINVAL: not s's layer */
+}
+
+/* Recomputing any set of layers (a stage's first, last, middle, all, or runs of them) gives the gradients
+ * and losses of stashing them, bit for bit, under every layer kind, both orders and both backward forms,
+ * with a smaller stash: each recomputed layer's tensors move to the work buffer. */
+START_TEST(recomputed_layers_give_the_same_bits_as_stashed_ones)
+{
+	const unsigned one[] = {0, 4}, two[] = {0, 2, 4}, three[] = {0, 1, 3, 4};
+	const unsigned *cuts[] = {one, two, three}, nst[] = {1, 2, 3};
+	for (int act = MBP_ACT_NONE; act <= MBP_ACT_GELU; act++)
+		for (int norm = 0; norm < 2; norm++) {
+			struct rig ref;
+			rig_init(&ref, one, 1, 8, (mbp_act)act, norm, NULL, 48);
+			double lref = rig_grads(&ref, 0, 6, 8, false, false);
+			for (unsigned c = 0; c < 3; c++)
+				for (unsigned mask = 1; mask < 16; mask += 1 + (c == 0)) {
+					struct rig r;
+					rig_init(&r, cuts[c], nst[c], 8, (mbp_act)act, norm, NULL, 48);
+					size_t before = 0, after = 0, work = 0;
+					for (unsigned s = 0; s < r.S; s++)
+						before += mbp_mlp_stage_stash_floats(r.st[s]);
+					rig_recompute(&r, mask);
+					for (unsigned s = 0; s < r.S; s++) {
+						after += mbp_mlp_stage_stash_floats(r.st[s]);
+						work += mbp_mlp_stage_work_floats(r.st[s]);
+					}
+					ck_assert_uint_eq(before, after + work);
+					ck_assert_uint_gt(work, 0);
+					double l = rig_grads(&r, 0, 6, 8, mask & 1, mask & 2);
+					ck_assert_msg(l == lref,
+						      "act %d norm %d cuts %u mask %u: %.17g vs %.17g", act,
+						      norm, c, mask, l, lref);
+					assert_same_array(ref.n, r.n, MBP_ARRAY_GRAD);
+					rig_fini(&r);
+				}
+			rig_fini(&ref);
+		}
+}
+END_TEST
 
 START_TEST(combined_backward_equals_backward_in_then_backward_w_bit_for_bit)
 {
@@ -483,7 +541,8 @@ START_TEST(stage_splits_and_schedule_orders_give_the_same_bits)
 }
 END_TEST
 
-/* Input gradients handed over to the next stage give the same gradients, bit for bit, as one stage over
+/* Input gradients handed over to the next stage (with or without recomputation) give the same gradients,
+ * bit for bit, as one stage over
  * every layer, in both orders and both forms of the backward: one-layer stages (stage 2 both takes and
  * gives), a two-layer stage that gives, a two-layer stage that takes (its last layer's dx goes to scratch
  * before the hand-back). */
@@ -518,6 +577,9 @@ START_TEST(a_handed_over_input_gradient_gives_the_same_bits)
 					ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[s + 1]), 16 + 16);
 				}
 				ck_assert_uint_eq(mbp_mlp_stage_din_floats(r.st[0]), rig_widths[0]);
+				/* and recomputing none, layers 0 and 2, 1 and 3, every layer: a giving stage's
+				 * last layer, a taking stage's first (the hand-back reads the stage's input) */
+				rig_recompute(&r, (unsigned)(v * 5));
 				double l = rig_grads(&r, 0, 6, 8, v & 1, v & 2);
 				ck_assert_msg(l == lref, "rig %zu, variant %d: loss %.17g against %.17g", k,
 					      v, l, lref);
@@ -990,22 +1052,29 @@ static int ts_poisoned(struct tstage *t, int rc)
 	return rc;
 }
 
+static int ts_recompute(void *ctx, const mbp_train_io *io)
+{
+	struct tstage *t = ctx;
+	return mbp_mlp_stage_recompute(t->st, io->stash, io->in, io->work, io->rows);
+}
+
 static int ts_backward(void *ctx, const mbp_train_io *io)
 {
 	struct tstage *t = ctx;
-	return ts_poisoned(t, mbp_mlp_stage_backward(t->st, io->stash, io->in, io->dout, io->din, io->rows));
+	return ts_poisoned(
+	    t, mbp_mlp_stage_backward_r(t->st, io->stash, io->work, io->in, io->dout, io->din, io->rows));
 }
 
 static int ts_backward_in(void *ctx, const mbp_train_io *io)
 {
 	struct tstage *t = ctx;
-	return mbp_mlp_stage_backward_in(t->st, io->stash, io->in, io->dout, io->din, io->rows);
+	return mbp_mlp_stage_backward_in_r(t->st, io->stash, io->work, io->in, io->dout, io->din, io->rows);
 }
 
 static int ts_backward_w(void *ctx, const mbp_train_io *io)
 {
 	struct tstage *t = ctx;
-	return ts_poisoned(t, mbp_mlp_stage_backward_w(t->st, io->stash, io->in, io->rows));
+	return ts_poisoned(t, mbp_mlp_stage_backward_w_r(t->st, io->stash, io->work, io->in, io->rows));
 }
 
 static int ts_check(void *ctx)
@@ -1037,33 +1106,174 @@ static int ts_loss(void *arg, const mbp_train_io *io, double *loss)
 			     &correct);
 }
 
-static mbp_trainer *model_trainer(struct rig *r, struct tstage *ts, mbp_sched_kind kind, bool check)
+static mbp_trainer *model_trainer_on(struct rig *r, struct tstage *ts, mbp_sched_kind kind, bool check,
+				     unsigned threads)
 {
 	mbp_train_opts o = {.in_row_bytes = rig_widths[0] * sizeof(float),
 			    .target_row_bytes = sizeof(int32_t),
 			    .max_mb_rows = 8,
 			    .schedule = kind,
+			    .threads = threads,
+			    .trace_events = 64,
 			    .loss = ts_loss};
 	mbp_trainer *t;
 	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
 	for (unsigned s = 0; s < r->S; s++) {
 		ts[s] = (struct tstage){r->st[s], NULL};
-		mbp_train_stage_desc d = {.ctx = &ts[s],
-					  .out_row_bytes = mbp_mlp_stage_out_width(r->st[s]) * sizeof(float),
-					  .stash_row_bytes =
-					      mbp_mlp_stage_stash_floats(r->st[s]) * sizeof(float),
-					  .forward = ts_forward,
-					  .backward = kind == MBP_SCHED_ZBH1 ? NULL : ts_backward,
-					  .backward_in = ts_backward_in,
-					  .backward_w = ts_backward_w,
-					  .check = check ? ts_check : NULL, /* and no grad_sq */
-					  .update = ts_update,
-					  .discard = ts_discard};
+		mbp_train_stage_desc d = {
+		    .ctx = &ts[s],
+		    .out_row_bytes = mbp_mlp_stage_out_width(r->st[s]) * sizeof(float),
+		    .stash_row_bytes = mbp_mlp_stage_stash_floats(r->st[s]) * sizeof(float),
+		    .work_row_bytes = mbp_mlp_stage_work_floats(r->st[s]) * sizeof(float),
+		    .recompute = ts_recompute,
+		    .forward = ts_forward,
+		    .backward = kind == MBP_SCHED_ZBH1 ? NULL : ts_backward,
+		    .backward_in = ts_backward_in,
+		    .backward_w = ts_backward_w,
+		    .check = check ? ts_check : NULL, /* and no grad_sq */
+		    .update = ts_update,
+		    .discard = ts_discard};
 		ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
 	}
 	ck_assert_int_eq(mbp_trainer_start(t), 0);
 	return t;
 }
+
+static mbp_trainer *model_trainer(struct rig *r, struct tstage *ts, mbp_sched_kind kind, bool check)
+{
+	return model_trainer_on(r, ts, kind, check, 0);
+}
+
+static const unsigned trainer_cuts[3][5] = {{0, 2, 4}, {0, 1, 3, 4}, {0, 1, 2, 3, 4}}; /* S = 2, 3, 4 */
+
+/* Twin models, one recomputing the layers of `mask`, trained three steps by the trainer under every
+ * schedule at S = 2..4: every parameter and moment byte the same; each recomputing stage ran one
+ * recomputation per backward (its own figure and trace event, R), the others none. */
+START_TEST(trainer_with_recomputation_gives_the_same_parameters_bit_for_bit)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	static const unsigned masks[] = {0x2, 0x5, 0xf};
+	for (unsigned c = 0; c < 3; c++)
+		for (size_t k = 0; k < 3; k++)
+			for (size_t m = 0; m < 3; m++) {
+				struct rig a, b;
+				struct tstage ta[4], tb[4];
+				rig_init(&a, trainer_cuts[c], c + 2, 8, MBP_ACT_GELU, true, NULL, 32);
+				rig_init(&b, trainer_cuts[c], c + 2, 8, MBP_ACT_GELU, true, NULL, 32);
+				rig_recompute(&b, masks[m]);
+				mbp_trainer *x = model_trainer(&a, ta, kinds[k], true),
+					    *y = model_trainer(&b, tb, kinds[k], true);
+				for (int step = 0; step < 3; step++) {
+					double la, lb;
+					ck_assert_int_eq(mbp_trainer_step(x, a.x, a.y, 32, 8, &la), 0);
+					ck_assert_int_eq(mbp_trainer_step(y, b.x, b.y, 32, 8, &lb), 0);
+					ck_assert(la == lb);
+				}
+				for (int arr = MBP_ARRAY_PARAM; arr <= MBP_ARRAY_MOMENT2; arr++)
+					assert_same_array(a.n, b.n, (mbp_mlp_array)arr);
+				mbp_train_stage_stats ss[4];
+				ck_assert_int_eq(mbp_trainer_stats_get(y, NULL, ss, 4), (int)b.S);
+				mbp_train_event ev[4 * 64];
+				int nev = mbp_trainer_events_get(y, ev, 4 * 64);
+				ck_assert_int_le(nev, 4 * 64);
+				for (unsigned s = 0; s < b.S; s++) {
+					bool rc = mbp_mlp_stage_work_floats(b.st[s]) != 0;
+					unsigned r_events = 0;
+					for (int e = 0; e < nev; e++)
+						r_events += ev[e].stage == s && ev[e].kind == MBP_OP_R;
+					ck_assert_uint_eq(ss[s].r_count, rc ? 4 : 0);
+					ck_assert_uint_eq(r_events, rc ? 4 : 0);
+					ck_assert(rc ? ss[s].r_ns > 0 : ss[s].r_ns == 0);
+				}
+				mbp_trainer_destroy(x);
+				mbp_trainer_destroy(y);
+				rig_fini(&a);
+				rig_fini(&b);
+			}
+}
+END_TEST
+
+/* What a step holds of activations, played from the schedule: per stage, a stash from F to its last
+ * backward, a work buffer from the recomputation (before B or B_in) to the last backward; on one thread
+ * (the global order) also the total at once, in bytes and in buffers. */
+static void act_play(const mbp_schedule *sc, const mbp_train_stage_stats *ss, uint64_t *stage_peak,
+		     uint64_t *peak_bytes, uint64_t *peak_bufs)
+{
+	const mbp_sched_op *ops;
+	size_t n = mbp_schedule_order(sc, &ops);
+	uint64_t now[4] = {0}, bytes = 0, bufs = 0;
+	*peak_bytes = *peak_bufs = 0;
+	memset(stage_peak, 0, 4 * sizeof(*stage_peak));
+	for (size_t k = 0; k < n; k++) {
+		unsigned s = ops[k].stage;
+		uint64_t st = ss[s].act_stash_bytes, wk = ss[s].act_work_bytes;
+		if (ops[k].kind == MBP_OP_F) {
+			now[s] += st;
+			bytes += st;
+			bufs += st != 0;
+		} else if (ops[k].kind == MBP_OP_B || ops[k].kind == MBP_OP_BIN) {
+			now[s] += wk;
+			bytes += wk;
+			bufs += wk != 0;
+		}
+		stage_peak[s] = now[s] > stage_peak[s] ? now[s] : stage_peak[s];
+		*peak_bytes = bytes > *peak_bytes ? bytes : *peak_bytes;
+		*peak_bufs = bufs > *peak_bufs ? bufs : *peak_bufs;
+		if (ops[k].kind == MBP_OP_B || ops[k].kind == MBP_OP_W) {
+			now[s] -= st + wk;
+			bytes -= st + wk;
+			bufs -= (st != 0) + (wk != 0);
+		}
+	}
+}
+
+/* The activation figures: each stage's stash and work bytes per micro-batch (less stash, as much work, for
+ * a recomputing stage), each stage's peak over the step as the schedule plays it (whatever the timing), and
+ * on one thread the trainer's peak at once over every stage: exactly what the activation pool held at its
+ * high-water mark (its buffers counted), with and without recomputation, under every schedule. On a
+ * thread per stage the pool's mark bounds the trainer's. */
+START_TEST(activation_memory_peaks_equal_the_schedule_and_the_pools_high_water_mark)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	for (unsigned c = 0; c < 3; c++)
+		for (size_t k = 0; k < 3; k++)
+			for (unsigned mask = 0; mask < 16; mask += 5)
+				for (unsigned threads = 1; threads <= 2; threads++) {
+					struct rig r;
+					struct tstage ts[4];
+					rig_init(&r, trainer_cuts[c], c + 2, 8, MBP_ACT_RELU, true, NULL, 32);
+					rig_recompute(&r, mask);
+					mbp_trainer *t = model_trainer_on(&r, ts, kinds[k], true, threads);
+					ck_assert_int_eq(mbp_trainer_step(t, r.x, r.y, 32, 8, NULL), 0);
+					mbp_train_stats st;
+					mbp_train_stage_stats ss[4];
+					ck_assert_int_eq(mbp_trainer_stats_get(t, &st, ss, 4), (int)r.S);
+					uint64_t sp[4], bytes, bufs;
+					act_play(mbp_trainer_schedule(t), ss, sp, &bytes, &bufs);
+					for (unsigned s = 0; s < r.S; s++) {
+						ck_assert_uint_eq(ss[s].act_stash_bytes,
+								  8 * sizeof(float) *
+								      mbp_mlp_stage_stash_floats(r.st[s]));
+						ck_assert_uint_eq(ss[s].act_work_bytes,
+								  8 * sizeof(float) *
+								      mbp_mlp_stage_work_floats(r.st[s]));
+						ck_assert_uint_eq(ss[s].act_peak_bytes, sp[s]);
+					}
+					ck_assert_uint_gt(st.act_buf_bytes, 0);
+					if (threads == 1) {
+						ck_assert_uint_eq(st.act_peak_bytes, bytes);
+						ck_assert_uint_eq(st.act_peak_bufs, bufs);
+						ck_assert_uint_eq(st.act_pool.high_water, st.act_peak_bufs);
+					} else {
+						ck_assert_uint_le(st.act_peak_bufs, st.act_pool.high_water);
+					}
+					ck_assert_uint_le(st.act_pool.high_water, st.act_pool.allocated);
+					ck_assert_uint_eq(st.act_pool.in_use, 0);
+					mbp_trainer_destroy(t);
+					rig_fini(&r);
+				}
+}
+END_TEST
 
 static void layer_steps_are(mbp_mlp *n, uint64_t want, int except, uint64_t there)
 {
@@ -1498,6 +1708,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, micro_batch_accumulation_equals_one_batch_and_repeats_bit_for_bit);
 	tcase_add_test(tc, stage_splits_and_schedule_orders_give_the_same_bits);
 	tcase_add_test(tc, a_handed_over_input_gradient_gives_the_same_bits);
+	tcase_add_test(tc, recomputed_layers_give_the_same_bits_as_stashed_ones);
+	tcase_add_test(tc, trainer_with_recomputation_gives_the_same_parameters_bit_for_bit);
+	tcase_add_test(tc, activation_memory_peaks_equal_the_schedule_and_the_pools_high_water_mark);
 	tcase_add_test(tc, hand_over_is_refused_where_the_gradient_needs_the_previous_stash);
 	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);
 	tcase_add_test(tc, padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place);

@@ -143,6 +143,11 @@ static const char *const bad_args[][8] = {
     {"--layers", "784,64,10", "--stages", "3"},
     {"--schedule", "pipedream"},
     {"--hand-over", "sometimes"},
+    {"--recompute", "some"},
+    {"--recompute", "1,"},
+    {"--recompute", "3-1"},
+    {"--recompute", "64"},
+    {"--layers", "784,64,10", "--recompute", "0,2"}, /* layers 0 and 1 only */
     {"--optimizer", "adam"},
     {"--lr", "-1"},
     {"--lr", "nan"},
@@ -309,6 +314,25 @@ END_TEST
 
 #define SMALL "--layers", "784,48,24,10", "--limit", "1024", "--batch", "128", "--mb", "32", "--val", "500"
 
+/* The events of category `cat` (F, B, B_in, W, R) in the Chrome trace at `path`. */
+static unsigned trace_events(const char *path, const char *cat)
+{
+	size_t len;
+	char *t = read_all(path, &len);
+	cJSON *tr = cJSON_Parse(t);
+	ck_assert_msg(tr != NULL, "the trace is not JSON");
+	unsigned n = 0;
+	const cJSON *ev;
+	cJSON_ArrayForEach(ev, cJSON_GetObjectItem(tr, "traceEvents"))
+	{
+		const cJSON *c = cJSON_GetObjectItem(ev, "cat");
+		n += cJSON_IsString(c) && !strcmp(c->valuestring, cat);
+	}
+	cJSON_Delete(tr);
+	free(t);
+	return n;
+}
+
 START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 {
 	if (!have_data())
@@ -352,22 +376,58 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 	cJSON_Delete(root);
 	run_free(&r);
 	/* The trace: the last step's 4 micro-batches, F, B_in and W on each of the 3 stages. */
-	size_t len;
-	char *t = read_all(trace, &len);
-	cJSON *tr = cJSON_Parse(t);
-	ck_assert_msg(tr != NULL, "the trace is not JSON");
-	unsigned count[3] = {0};
-	const cJSON *ev;
-	cJSON_ArrayForEach(ev, cJSON_GetObjectItem(tr, "traceEvents"))
-	{
-		const cJSON *cat = cJSON_GetObjectItem(ev, "cat");
-		for (unsigned k = 0; cJSON_IsString(cat) && k < 3; k++)
-			count[k] += !strcmp(cat->valuestring, (const char *[]){"F", "B_in", "W"}[k]);
-	}
+	unsigned count[3];
+	for (unsigned k = 0; k < 3; k++)
+		count[k] = trace_events(trace, (const char *[]){"F", "B_in", "W"}[k]);
 	ck_assert_msg(count[0] == 12 && count[1] == 12 && count[2] == 12, "F %u, B_in %u, W %u events",
 		      count[0], count[1], count[2]);
-	cJSON_Delete(tr);
-	free(t);
+	tmpdir_remove();
+}
+END_TEST
+
+/* --recompute all: every stage keeps no stash, only a work buffer while it runs a backward, so the peak
+ * activation memory (the summary's JSON) falls below that of keeping every activation; each backward
+ * is preceded by its recomputation in the trace (R events, as many as the B events) and the JSON says
+ * which layers recompute. */
+START_TEST(recomputation_lowers_the_peak_activation_memory_and_shows_in_the_trace)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char trace[128];
+	tmp_file(trace, "trace.json");
+	double peak[2];
+	for (int all = 0; all < 2; all++) {
+		struct run r =
+		    run((const char *const[]){SMALL, "--epochs", "1", "--json", "--stages", "3",
+					      "--recompute", all ? "all" : "none", "--trace", trace, NULL});
+		ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+		ck_assert_msg(strstr(r.err, "activation memory: peak "), "no activation line: %s", r.err);
+		cJSON *root = cJSON_Parse(r.out);
+		ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
+		peak[all] = cJSON_GetObjectItem(root, "peak_activation_bytes")->valuedouble;
+		ck_assert(peak[all] > 0);
+		ck_assert(cJSON_GetObjectItem(root, "activation_pool_bytes")->valuedouble >= peak[all]);
+		const cJSON *rc = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "config"), "recompute");
+		ck_assert_int_eq(cJSON_GetArraySize(rc), all ? 3 : 0);
+		const cJSON *st;
+		cJSON_ArrayForEach(st, cJSON_GetObjectItem(root, "stages"))
+		{
+			double stash = cJSON_GetObjectItem(st, "stash_bytes_per_mb")->valuedouble,
+			       work = cJSON_GetObjectItem(st, "recomputed_bytes_per_mb")->valuedouble;
+			ck_assert(all ? stash == 0 && work > 0 : stash > 0 && work == 0);
+			ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "recomputed_layers")),
+					 all ? cJSON_GetObjectItem(st, "last_layer")->valueint -
+						   cJSON_GetObjectItem(st, "first_layer")->valueint + 1
+					     : 0);
+		}
+		cJSON_Delete(root);
+		run_free(&r);
+		ck_assert_uint_eq(trace_events(trace, "B"), 12); /* 4 micro-batches on 3 stages */
+		ck_assert_uint_eq(trace_events(trace, "R"), all ? 12 : 0);
+		unlink(trace);
+	}
+	ck_assert_msg(peak[1] < peak[0], "peak %.0f bytes recomputing, %.0f keeping", peak[1], peak[0]);
 	tmpdir_remove();
 }
 END_TEST
@@ -475,22 +535,26 @@ START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
 		return;
 	tmpdir_make("pipetrain");
 	/* the last two with layer 1's input gradient computed by stage 2 (--hand-over all), or never */
-	static const char *const arms[][4] = {{"gpipe", "1", "a", "auto"},
-					      {"1f1b", "2", "b", "auto"},
-					      {"zbh1", "3", "c", "all"},
-					      {"1f1b", "3", "d", "off"}};
-	char path[4][128], csv[4][128];
-	for (unsigned i = 0; i < 4; i++) {
+	/* and with recomputation (--recompute): every layer, or some, under each schedule */
+	static const char *const arms[][5] = {
+	    {"gpipe", "1", "a", "auto", "none"}, {"1f1b", "2", "b", "auto", "none"},
+	    {"zbh1", "3", "c", "all", "none"},	 {"1f1b", "3", "d", "off", "none"},
+	    {"zbh1", "3", "e", "all", "all"},	 {"gpipe", "2", "f", "off", "0,2"},
+	    {"1f1b", "3", "g", "auto", "1-2"}};
+	enum { ARMS = sizeof arms / sizeof arms[0] };
+	char path[ARMS][128], csv[ARMS][128];
+	for (unsigned i = 0; i < ARMS; i++) {
 		snprintf(path[i], sizeof path[i], "%s", tmpdir_path(arms[i][2]));
 		snprintf(csv[i], sizeof csv[i], "%s.csv", path[i]);
-		struct run r = run((const char *const[]){
-		    SMALL, "--epochs", "2", "--schedule", arms[i][0], "--stages", arms[i][1], "--hand-over",
-		    arms[i][3], "--save", path[i], "--csv", csv[i], "--quiet", NULL});
+		struct run r = run((const char *const[]){SMALL, "--epochs", "2", "--schedule", arms[i][0],
+							 "--stages", arms[i][1], "--hand-over", arms[i][3],
+							 "--recompute", arms[i][4], "--save", path[i],
+							 "--csv", csv[i], "--quiet", NULL});
 		ck_assert_msg(r.status == 0, "%s: exit %d: %s", arms[i][0], r.status, r.err);
 		ck_assert_msg(r.out[0] == 0 && r.err[0] == 0, "--quiet printed: %s%s", r.out, r.err);
 		run_free(&r);
 	}
-	for (unsigned i = 1; i < 4; i++)
+	for (unsigned i = 1; i < ARMS; i++)
 		assert_same_file(path[0], path[i]);
 	/* And the same accuracy, as the CSV says (its timing columns differ). */
 	size_t len;
@@ -1455,6 +1519,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, the_refined_split_is_never_slower_than_the_balanced_one_and_no_move_improves_it);
 	tcase_add_test(tc, mb_auto_takes_the_size_whose_predicted_step_is_shortest_and_says_so);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
+	tcase_add_test(tc, recomputation_lowers_the_peak_activation_memory_and_shows_in_the_trace);
 	tcase_add_test(tc, the_threads_are_pinned_by_default_and_the_summary_says_how);
 	tcase_add_test(tc, every_operation_has_its_own_name_in_messages);
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);

@@ -49,7 +49,8 @@
  * rows x mbp_mlp_stage_stash_floats(st) floats; its layout depends on `rows`, which must be the same in
  * the forward and backward calls of one micro-batch. The stage's input `in` is not copied: the caller keeps
  * it unchanged until the micro-batch's B_w (or combined backward) is done. A micro-batch's `dout` is
- * needed only by its B_in.
+ * needed only by its B_in. A stage may recompute some layers instead of stashing them
+ * (mbp_mlp_stage_set_recompute): its stash is then smaller and its backward needs a work buffer.
  *
  * Gradients and determinism. Backward calls add to the gradient accumulators (in float, with beta = 1
  * sgemm for the dense weights) until mbp_mlp_stage_zero_grad. The result depends on the order of the
@@ -237,6 +238,49 @@ size_t mbp_mlp_stage_stash_floats(const mbp_mlp_stage *st);
 uint32_t mbp_mlp_stage_in_width(const mbp_mlp_stage *st);
 /** The stage's output width in floats (its last layer's). 0 for NULL. */
 uint32_t mbp_mlp_stage_out_width(const mbp_mlp_stage *st);
+
+/**
+ * Activation recomputation: layer `layer` of the stage (a model index in its range) keeps nothing in the
+ * stash; its backward recomputes its forward from the input of the run of recomputed layers it belongs to
+ * (the stage's input, or the kept output of the layer before the run). Call before any pass (it changes
+ * the stash's layout and mbp_mlp_stage_stash_floats). The gradients, din and parameters stay bit for bit
+ * the same: the recomputation calls the forward's kernel on the same values.
+ *
+ * What a recomputed layer would have kept goes in a work buffer of rows x mbp_mlp_stage_work_floats
+ * floats: mbp_mlp_stage_recompute fills it (from the stash and the stage's input), then the _r backward
+ * calls read it; B_in_r writes its dense output's gradient there (as in the stash), which B_w_r reads, so
+ * between a split B_in and B_w (ZB-H1) the micro-batch's work buffer is held as its stash is. Under a
+ * whole backward it is needed only from the recomputation to the end of B: one per stage at a time.
+ * A stage with every layer recomputed has no stash (mbp_mlp_stage_stash_floats 0: pass NULL).
+ * @return 0, -EINVAL (NULL, layer outside the stage).
+ */
+int mbp_mlp_stage_set_recompute(mbp_mlp_stage *st, unsigned layer, bool on);
+/** Whether layer `layer` of the stage recomputes. false for a bad argument. */
+bool mbp_mlp_stage_recomputes(const mbp_mlp_stage *st, unsigned layer);
+/** Floats of work buffer per row of a micro-batch (0: the stage recomputes nothing). 0 for NULL. */
+size_t mbp_mlp_stage_work_floats(const mbp_mlp_stage *st);
+
+/**
+ * Recompute the forward intermediates of the stage's recomputed layers for one micro-batch into `work`
+ * (rows x mbp_mlp_stage_work_floats), from its stash and its input `in` (the one given to forward; read
+ * only when the stage's first layer recomputes). Call after the micro-batch's forward, before its B_in_r
+ * (or B_r); it reads no gradient, so it may run while the output gradient is still on its way.
+ * @return 0, -EINVAL (NULL st, NULL stash or work where the stage has them, NULL in where it is read,
+ *         rows 0 or above max_rows).
+ */
+int mbp_mlp_stage_recompute(mbp_mlp_stage *st, const float *stash, const float *in, float *work,
+			    uint32_t rows);
+
+/** mbp_mlp_stage_backward_in with the work buffer that mbp_mlp_stage_recompute filled (NULL when the stage
+ * recomputes nothing: then the same call). */
+int mbp_mlp_stage_backward_in_r(mbp_mlp_stage *st, float *stash, float *work, const float *in,
+				const float *dout, float *din, uint32_t rows);
+/** mbp_mlp_stage_backward_w with the work buffer, after the micro-batch's B_in_r. */
+int mbp_mlp_stage_backward_w_r(mbp_mlp_stage *st, const float *stash, const float *work, const float *in,
+			       uint32_t rows);
+/** mbp_mlp_stage_backward with the work buffer. */
+int mbp_mlp_stage_backward_r(mbp_mlp_stage *st, float *stash, float *work, const float *in, const float *dout,
+			     float *din, uint32_t rows);
 
 /**
  * Hand the input gradient of prev's last layer k over to next, the stage that follows it (prev's range

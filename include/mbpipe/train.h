@@ -33,6 +33,13 @@
  *          and B_w of equal cost the bubble is about a third of 1F1B's. A deferred B_w keeps its
  *          micro-batch's stash, input and output gradient until it runs: up to min(S, M) micro-batches
  *          are held by a stage at once, which is 1F1B's peak at stage 0 (the "held" figure below).
+ * Activation memory. Each micro-batch's stash (from F to its last backward) and work buffer (a stage that
+ * recomputes: from its recomputation to its last backward) come from an activation pool of their own,
+ * taken without a thread cache, so that its high-water mark (mbp_train_stats.act_pool) is exactly the
+ * most of them held at once; the trainer counts the same buffers and their bytes (rows x width) per stage
+ * and over all stages (mbp_train_stage_stats.act_*, mbp_train_stats.act_peak_*). Not counted there:
+ * each micro-batch's input to a stage (the previous stage's output, kept from F to the last backward)
+ * and its gradients, which are buffers of the trainer's other pool (mbp_train_stats.pool).
  * Every stage's list is a projection of one global order (a valid order of all operations of the step in
  * which each operation comes after what it depends on), so no two stages can wait on each other; a thread
  * that runs several stages follows the merged order of its stages. Under GPipe and 1F1B a stage that gives
@@ -74,6 +81,8 @@ typedef enum mbp_op_kind {
 	MBP_OP_W = 3,	   /**< weight gradient only (ZB-H1) */
 	MBP_OP_UPDATE = 4, /**< not in a schedule: the step's update (a stage's check, grad_sq or update), as
 			        mbp_train_error.op */
+	MBP_OP_R = 5,	   /**< not in a schedule: a stage's recomputation (its `recompute`), which the
+			        trainer runs before the B or B_in it serves: its own event and figures */
 } mbp_op_kind;
 
 typedef struct mbp_sched_op {
@@ -161,6 +170,7 @@ typedef struct mbp_train_io {
 	void *dout;	     /**< B, B_in, B_w: gradient of the output, read; loss: written */
 	void *din;	     /**< B, B_in: gradient of the input, written; NULL at stage 0 */
 	const void *targets; /**< loss: this micro-batch's rows of target_row_bytes */
+	void *work; /**< recompute: written; B, B_in, B_w: read (NULL when the stage recomputes nothing) */
 } mbp_train_io;
 
 /** A stage's operation: 0 or a negative errno (which fails the step). */
@@ -210,6 +220,13 @@ typedef struct mbp_train_stage_desc {
 	int (*init)(void *ctx, unsigned stage);
 	/** Optional, on the stage's thread at destroy, or at a start that failed after its init succeeded. */
 	void (*fini)(void *ctx);
+	/** Activation recomputation: width of a row of the work buffer into which `recompute` refills what
+	 * the stash leaves out; 0: none (and `recompute` is not called). The trainer takes it before the
+	 * micro-batch's B (or B_in), runs `recompute` (it reads in and stash, no gradient, so it runs before
+	 * the wait for dout), and keeps it until the micro-batch's last backward operation: to the end of B
+	 * under GPipe and 1F1B, from B_in to B_w under ZB-H1 (held as the stash is). */
+	size_t work_row_bytes;
+	mbp_train_op_fn recompute; /**< required when work_row_bytes is not 0: fills io->work */
 } mbp_train_stage_desc;
 
 /**
@@ -249,7 +266,7 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o);
 /**
  * Append a stage (before start). The descriptor is copied.
  * @return 0, -EINVAL (NULL, no forward, update or discard, no backward of either form, out_row_bytes 0,
- *         a width above UINT32_MAX, already started), -E2BIG (more than MBP_MAX_STAGES).
+ *         a width above UINT32_MAX, work_row_bytes without recompute, already started), -E2BIG (more than MBP_MAX_STAGES).
  */
 int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
 
@@ -328,6 +345,14 @@ typedef struct mbp_train_stage_stats {
 	uint32_t stash_peak; /**< last step: high-water mark of the stash (see mbp_schedule_stash_peak) */
 	uint32_t held_peak;  /**< last step: high-water mark of micro-batches held (mbp_schedule_held_peak) */
 	uint64_t total_busy_ns; /**< every step since start */
+	uint64_t r_ns;		/**< last step: time inside recomputations (not in b_ns or bin_ns) */
+	uint32_t r_count;	/**< last step: recomputations run */
+	/** Activation bytes of one micro-batch of the last step's size: stashed (stash_row_bytes x rows,
+	 * held from F to its last backward) and recomputed (work_row_bytes x rows, held from its
+	 * recomputation to its last backward). */
+	uint64_t act_stash_bytes, act_work_bytes;
+	uint64_t
+	    act_peak_bytes; /**< last step: most activation bytes (stashes and work buffers) held at once */
 } mbp_train_stage_stats;
 
 typedef struct mbp_train_stats {
@@ -342,6 +367,13 @@ typedef struct mbp_train_stats {
 					    step of a micro-batch count grows the pool to the most that the
 					    schedule can hold at once (plus the threads' caches): after it, no
 					    step of a count seen before allocates (grows and allocated stay) */
+	/** Last step: most activation bytes (every stage's stashes and work buffers, rows x width) held at
+	 * once, and most activation buffers held at once. */
+	uint64_t act_peak_bytes, act_peak_bufs;
+	/** The activation pool (stashes and work buffers; no caches, so its high_water is exact: the most
+	 * buffers held at once since start, act_peak_bufs' highest). Zeros when no stage has either. */
+	mbp_pool_stats act_pool;
+	uint64_t act_buf_bytes; /**< bytes of one activation buffer (the widest row x max_mb_rows) */
 } mbp_train_stats;
 
 /**
@@ -354,7 +386,7 @@ int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_s
 const mbp_schedule *mbp_trainer_schedule(const mbp_trainer *t);
 
 /**
- * Write the operations of the last step (F, B, B_in and W as distinct events, one row per stage) as a
+ * Write the operations of the last step (F, B, B_in, W and R (recomputation) as distinct events, one row per stage) as a
  * Chrome trace JSON file, by rename as every file mbpipe writes (<mbpipe/file.h>).
  * @return 0, -EINVAL (tracing off), -EEXIST (path is not a regular file), -errno from the file system.
  */
@@ -366,13 +398,16 @@ typedef struct mbp_train_event {
 	uint64_t t1_ns; /**< end, in ns from the step's start */
 	uint32_t mb;	/**< micro-batch */
 	uint16_t stage;
-	uint8_t kind; /**< mbp_op_kind: the kind in the stage's list (mbp_schedule_stage_ops) */
+	uint8_t
+	    kind; /**< mbp_op_kind: the kind in the stage's list (mbp_schedule_stage_ops), or MBP_OP_R: the
+		           recomputation of the B or B_in that follows it */
 	uint8_t reserved;
 } mbp_train_event;
 
 /**
  * The operations of the last step, for drawing it: stage by stage, each stage's in the order they ran
- * (the order of mbp_schedule_stage_ops), at most trace_events per stage. Of a failed step, the operations
+ * (the order of mbp_schedule_stage_ops, each recomputation just before its B or B_in), at most
+ * trace_events per stage. Of a failed step, the operations
  * that ran. The controlling thread, between steps.
  * @param ev receives up to n events; may be NULL when n is 0 (to ask for the count)
  * @return the number of events recorded (more than n when ev was too small: only n were written),

@@ -24,16 +24,18 @@
 
 struct stash_off {
 	size_t g, xhat, inv,
-	    y; /* per-row offsets in floats; y is SIZE_MAX when the layer's output is not kept */
+	    y;	 /* per-row offsets in floats; y is SIZE_MAX when the layer's output is not kept */
+	bool rc; /* recomputed: the offsets are into the work buffer, which the recomputation fills */
 };
 
 struct mbp_mlp_stage {
 	mbp_mlp *n;
 	unsigned a, b; /* layers [a, b) */
 	uint32_t max_rows, wmax;
-	float *d0, *d1; /* max_rows x wmax each: gradients (and inference activations) between layers */
-	float *row;	/* wmax: one row of the normalisation's backward */
-	size_t per_row;
+	float *d0, *d1;	      /* max_rows x wmax each: gradients (and inference activations) between layers */
+	float *row;	      /* wmax: one row of the normalisation's backward */
+	size_t per_row;	      /* floats per row of the stash */
+	size_t work_row;      /* floats per row of the work buffer (the recomputed layers' tensors) */
 	struct stash_off *so; /* indexed by layer - a */
 	bool gives, takes; /* the input gradient of layer b - 1 computed by the next stage; of a - 1 here */
 };
@@ -349,6 +351,35 @@ void mbp_mlp_stage_destroy(mbp_mlp_stage *st)
 	free(st);
 }
 
+/* The stash's and the work buffer's layouts: per layer, in layer order, the dense output (z, then its
+ * gradient), the normalisation's xhat and inverse deviations, and the output when a later layer of the
+ * stage reads it; in the work buffer for a layer that recomputes, in the stash otherwise. */
+static void layout(mbp_mlp_stage *st)
+{
+	size_t at[2] = {0, 0}; /* stash, work */
+	for (unsigned i = st->a; i < st->b; i++) {
+		const struct mbp__layer *l = &st->n->l[i];
+		struct stash_off *so = &st->so[i - st->a];
+		size_t *k = &at[so->rc];
+		so->g = *k;
+		*k += l->out;
+		so->xhat = so->inv = SIZE_MAX;
+		if (l->norm) {
+			so->xhat = *k;
+			*k += l->out;
+			so->inv = *k;
+			*k += 1;
+		}
+		so->y = SIZE_MAX;
+		if (i + 1 < st->b) {
+			so->y = *k;
+			*k += l->out;
+		}
+	}
+	st->per_row = at[0];
+	st->work_row = at[1];
+}
+
 int mbp_mlp_stage_new(mbp_mlp_stage **out, mbp_mlp *n, unsigned first, unsigned last, uint32_t max_rows)
 {
 	if (!out || !n || first >= last || last > n->layers || !max_rows)
@@ -362,30 +393,15 @@ int mbp_mlp_stage_new(mbp_mlp_stage **out, mbp_mlp *n, unsigned first, unsigned 
 	st->b = last;
 	st->max_rows = max_rows;
 	st->so = calloc(last - first, sizeof(*st->so));
-	size_t at = 0;
 	for (unsigned i = first; st->so && i < last; i++) {
 		const struct mbp__layer *l = &n->l[i];
-		struct stash_off *so = &st->so[i - first];
 		if (l->in > st->wmax)
 			st->wmax = l->in;
 		if (l->out > st->wmax)
 			st->wmax = l->out;
-		so->g = at;
-		at += l->out;
-		so->xhat = so->inv = SIZE_MAX;
-		if (l->norm) {
-			so->xhat = at;
-			at += l->out;
-			so->inv = at;
-			at += 1;
-		}
-		so->y = SIZE_MAX;
-		if (i + 1 < last) {
-			so->y = at;
-			at += l->out;
-		}
 	}
-	st->per_row = at;
+	if (st->so)
+		layout(st);
 	size_t cnt;
 	if (!st->so || !mbp__mul_size(max_rows, st->wmax, &cnt) || !(st->d0 = mbp__scratch_alloc(cnt)) ||
 	    !(st->d1 = mbp__scratch_alloc(cnt)) || !(st->row = mbp__scratch_alloc(st->wmax))) {
@@ -400,6 +416,25 @@ int mbp_mlp_stage_new(mbp_mlp_stage **out, mbp_mlp *n, unsigned first, unsigned 
 size_t mbp_mlp_stage_stash_floats(const mbp_mlp_stage *st)
 {
 	return st ? st->per_row : 0;
+}
+
+size_t mbp_mlp_stage_work_floats(const mbp_mlp_stage *st)
+{
+	return st ? st->work_row : 0;
+}
+
+int mbp_mlp_stage_set_recompute(mbp_mlp_stage *st, unsigned layer, bool on)
+{
+	if (!st || layer < st->a || layer >= st->b)
+		return -EINVAL;
+	st->so[layer - st->a].rc = on;
+	layout(st);
+	return 0;
+}
+
+bool mbp_mlp_stage_recomputes(const mbp_mlp_stage *st, unsigned layer)
+{
+	return st && layer >= st->a && layer < st->b && st->so[layer - st->a].rc;
 }
 
 uint32_t mbp_mlp_stage_in_width(const mbp_mlp_stage *st)
@@ -453,6 +488,12 @@ static inline float *at(float *stash, size_t off, uint32_t r)
 	return stash + off * r;
 }
 
+/* The buffer that holds layer i's tensors: the work buffer when it recomputes, else the stash. */
+static inline float *buf_of(const mbp_mlp_stage *st, unsigned i, const float *stash, const float *work)
+{
+	return (float *)(st->so[i - st->a].rc ? work : stash);
+}
+
 int mbp_mlp_stage_forward(mbp_mlp_stage *st, const float *in, float *out, uint32_t rows, float *stash)
 {
 	if (!st || !in || !out || !rows || rows > st->max_rows)
@@ -466,11 +507,41 @@ int mbp_mlp_stage_forward(mbp_mlp_stage *st, const float *in, float *out, uint32
 	for (unsigned i = st->a; i < st->b; i++) {
 		const struct mbp__layer *l = &n->l[i];
 		const struct stash_off *so = &st->so[i - st->a];
-		float *y = i + 1 == st->b ? out : at(stash, so->y, rows);
-		mbp__layer_fwd(
-		    l, &n->lwp[i], x, y, rows, l->act != MBP_ACT_NONE ? at(stash, so->g, rows) : NULL,
-		    l->norm ? at(stash, so->xhat, rows) : NULL, l->norm ? at(stash, so->inv, rows) : NULL);
+		/* a recomputed layer keeps nothing: its output goes through the scratch (the same bits) */
+		float *y = i + 1 == st->b ? out
+			   : so->rc	  ? (x == st->d0 ? st->d1 : st->d0)
+					  : at(stash, so->y, rows);
+		bool keep = !so->rc;
+		mbp__layer_fwd(l, &n->lwp[i], x, y, rows,
+			       keep && l->act != MBP_ACT_NONE ? at(stash, so->g, rows) : NULL,
+			       keep && l->norm ? at(stash, so->xhat, rows) : NULL,
+			       keep && l->norm ? at(stash, so->inv, rows) : NULL);
 		x = y;
+	}
+	return 0;
+}
+
+int mbp_mlp_stage_recompute(mbp_mlp_stage *st, const float *stash, const float *in, float *work,
+			    uint32_t rows)
+{
+	if (!st || !rows || rows > st->max_rows || (st->per_row && !stash) || (st->work_row && !work) ||
+	    (st->so[0].rc && !in))
+		return -EINVAL;
+	const mbp_mlp *n = st->n;
+	/* a giving stage's last layer: its backward takes its dense output's gradient from dout */
+	unsigned end = st->gives ? st->b - 1 : st->b;
+	for (unsigned i = st->a; i < end; i++) {
+		const struct mbp__layer *l = &n->l[i];
+		const struct stash_off *so = &st->so[i - st->a];
+		if (!so->rc)
+			continue;
+		/* the same call on the same input as the forward's: the same bits */
+		const float *x =
+		    i == st->a ? in : at(buf_of(st, i - 1, stash, work), st->so[i - 1 - st->a].y, rows);
+		float *y = i + 1 == st->b ? st->d0 : at(work, so->y, rows);
+		mbp__layer_fwd(
+		    l, &n->lwp[i], x, y, rows, l->act != MBP_ACT_NONE ? at(work, so->g, rows) : NULL,
+		    l->norm ? at(work, so->xhat, rows) : NULL, l->norm ? at(work, so->inv, rows) : NULL);
 	}
 	return 0;
 }
@@ -483,7 +554,8 @@ static inline float gelu_grad(float z)
 	return 0.5f * (1.0f + erff(z * (float)M_SQRT1_2)) + z * expf(-0.5f * z * z) * inv_sqrt_2pi;
 }
 
-/* Layer i's output gradient: dy (rows x out) -> dz over the stash's z; the norm's gradients accumulate. */
+/* Layer i's output gradient: dy (rows x out) -> dz over the stash's z (`stash`: the buffer that holds
+ * layer i's tensors); the norm's gradients accumulate. */
 static void grad_out(mbp_mlp_stage *st, unsigned i, float *stash, const float *dy, uint32_t rows)
 {
 	mbp_mlp *n = st->n;
@@ -549,12 +621,13 @@ static void grad_in(const mbp_mlp_stage *st, unsigned i, float *stash, float *dx
 }
 
 /* Layer i's weight gradients: dW += dz^T x, db += column sums of dz (rows in order). */
-static void grad_w(const mbp_mlp_stage *st, unsigned i, const float *stash, const float *in, uint32_t rows)
+static void grad_w(const mbp_mlp_stage *st, unsigned i, const float *stash, const float *work,
+		   const float *in, uint32_t rows)
 {
 	mbp_mlp *n = st->n;
 	const struct mbp__layer *l = &n->l[i];
-	const float *gz = at((float *)stash, st->so[i - st->a].g, rows);
-	const float *x = i == st->a ? in : at((float *)stash, st->so[i - 1 - st->a].y, rows);
+	const float *gz = at(buf_of(st, i, stash, work), st->so[i - st->a].g, rows);
+	const float *x = i == st->a ? in : at(buf_of(st, i - 1, stash, work), st->so[i - 1 - st->a].y, rows);
 	float *dw = n->grad + n->off[i][MBP_PART_WEIGHT], *db = n->grad + n->off[i][MBP_PART_BIAS];
 	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)l->out, (int)l->in, (int)rows, 1.0f, gz,
 		    (int)l->out, x, (int)l->in, 1.0f, dw, (int)l->in);
@@ -586,29 +659,30 @@ static void hand_back(const mbp_mlp_stage *st, const float *y, const float *dy, 
  * input gradient of every layer but the first (whose goes to din, when asked). A stage that gives finds
  * its last layer's dense-output and input gradients in dout; one that takes computes the previous
  * layer's into din. */
-static int backward(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
-		    uint32_t rows, bool weights)
+static int backward(mbp_mlp_stage *st, float *stash, float *work, const float *in, const float *dout,
+		    float *din, uint32_t rows, bool weights)
 {
-	if (!st || !stash || !dout || !rows || rows > st->max_rows ||
-	    ((weights || (st->takes && din)) && !in))
+	if (!st || (st->per_row && !stash) || (st->work_row && !work) || !dout || !rows ||
+	    rows > st->max_rows || ((weights || (st->takes && din)) && !in))
 		return -EINVAL;
 	const float *dy = dout;
 	unsigned i = st->b;
 	if (st->gives) {
 		i--;
 		const size_t cnt = (size_t)rows * st->n->l[i].out;
-		memcpy(at(stash, st->so[i - st->a].g, rows), dout, cnt * sizeof(float));
+		memcpy(at(buf_of(st, i, stash, work), st->so[i - st->a].g, rows), dout, cnt * sizeof(float));
 		if (weights)
-			grad_w(st, i, stash, in, rows);
+			grad_w(st, i, stash, work, in, rows);
 		dy = dout + cnt; /* the gradient of layer i's input */
 	}
 	while (i-- > st->a) {
-		grad_out(st, i, stash, dy, rows);
+		float *own = buf_of(st, i, stash, work);
+		grad_out(st, i, own, dy, rows);
 		if (weights)
-			grad_w(st, i, stash, in, rows);
+			grad_w(st, i, stash, work, in, rows);
 		if (i > st->a || din) {
 			float *dx = i > st->a || st->takes ? (dy == st->d0 ? st->d1 : st->d0) : din;
-			grad_in(st, i, stash, dx, rows);
+			grad_in(st, i, own, dx, rows);
 			dy = dx;
 		}
 	}
@@ -619,25 +693,43 @@ static int backward(mbp_mlp_stage *st, float *stash, const float *in, const floa
 	return 0;
 }
 
+int mbp_mlp_stage_backward_in_r(mbp_mlp_stage *st, float *stash, float *work, const float *in,
+				const float *dout, float *din, uint32_t rows)
+{
+	return backward(st, stash, work, in, dout, din, rows, false);
+}
+
+int mbp_mlp_stage_backward_r(mbp_mlp_stage *st, float *stash, float *work, const float *in, const float *dout,
+			     float *din, uint32_t rows)
+{
+	return backward(st, stash, work, in, dout, din, rows, true);
+}
+
+int mbp_mlp_stage_backward_w_r(mbp_mlp_stage *st, const float *stash, const float *work, const float *in,
+			       uint32_t rows)
+{
+	if (!st || (st->per_row && !stash) || (st->work_row && !work) || !in || !rows || rows > st->max_rows)
+		return -EINVAL;
+	for (unsigned i = st->b; i-- > st->a;)
+		grad_w(st, i, stash, work, in, rows);
+	return 0;
+}
+
 int mbp_mlp_stage_backward_in(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
 			      uint32_t rows)
 {
-	return backward(st, stash, in, dout, din, rows, false);
+	return backward(st, stash, NULL, in, dout, din, rows, false);
 }
 
 int mbp_mlp_stage_backward(mbp_mlp_stage *st, float *stash, const float *in, const float *dout, float *din,
 			   uint32_t rows)
 {
-	return backward(st, stash, in, dout, din, rows, true);
+	return backward(st, stash, NULL, in, dout, din, rows, true);
 }
 
 int mbp_mlp_stage_backward_w(mbp_mlp_stage *st, const float *stash, const float *in, uint32_t rows)
 {
-	if (!st || !stash || !in || !rows || rows > st->max_rows)
-		return -EINVAL;
-	for (unsigned i = st->b; i-- > st->a;)
-		grad_w(st, i, stash, in, rows);
-	return 0;
+	return mbp_mlp_stage_backward_w_r(st, stash, NULL, in, rows);
 }
 
 int mbp_mlp_stage_zero_grad(mbp_mlp_stage *st)

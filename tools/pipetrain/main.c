@@ -342,6 +342,9 @@ static int setup(struct run *r)
 	unsigned S = c->stages ? c->stages : (ncpu < L ? ncpu : L);
 	if (S > L)
 		return bad("--stages %u: the model has only %u layers", S, L);
+	if (c->recompute != UINT64_MAX && L < 64 && c->recompute >> L)
+		return bad("--recompute: layer %u: the model has only %u layers (0 to %u)",
+			   (unsigned)__builtin_ctzll(c->recompute >> L) + L, L, L - 1);
 	if (c->threads > S)
 		return bad("--threads %u: more threads than the %u stages", c->threads, S);
 	bool can_give[PT_MAX_LAYERS];
@@ -382,6 +385,9 @@ static int setup(struct run *r)
 		rc = mbp_mlp_stage_new(&p->st, r->n, p->first, p->last, c->mb);
 		if (rc == 0 && s > 0 && gives[s - 1])
 			rc = mbp_mlp_stages_hand_over(r->stage[s - 1].st, p->st);
+		for (unsigned l = p->first; rc == 0 && l < p->last; l++)
+			if (c->recompute >> l & 1)
+				rc = mbp_mlp_stage_set_recompute(p->st, l, true);
 		if (rc < 0)
 			return fail("cannot build stage %u: %s", s, mbp_strerror(rc));
 	}
@@ -444,12 +450,17 @@ static int setup(struct run *r)
 		rep->params += li.param_bytes / sizeof(float);
 	}
 	for (unsigned s = 0; s < S; s++)
-		rep->st[s] = (pt_stage_total){.first = plan.first[s],
-					      .last = plan.first[s + 1],
-					      .takes = s > 0 && gives[s - 1],
-					      .stash_row_bytes =
-						  mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float),
-					      .profiled_us = pl->step_ns > 0 ? plan.stage_ns[s] * 1e-3 : 0};
+		rep->st[s] = (pt_stage_total){
+		    .first = plan.first[s],
+		    .last = plan.first[s + 1],
+		    .takes = s > 0 && gives[s - 1],
+		    .stash_row_bytes = mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float),
+		    .work_row_bytes = mbp_mlp_stage_work_floats(r->stage[s].st) * sizeof(float),
+
+		    .profiled_us = pl->step_ns > 0 ? plan.stage_ns[s] * 1e-3 : 0};
+	for (unsigned l = 0; l < L; l++)
+		for (unsigned s = 0; s < S; s++)
+			rep->st[s].recompute |= (uint64_t)mbp_mlp_stage_recomputes(r->stage[s].st, l) << l;
 	rep->split_bound = pl->step_ns > 0 && plan.slowest_ns > 0 ? plan.sequential_ns / plan.slowest_ns : 0;
 	rep->ep = calloc(c->epochs + 1, sizeof(pt_epoch));
 	if (!rep->ep)
@@ -494,7 +505,11 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 		t->cpu = ss[s].cpu;
 		t->pin_error = ss[s].pin_error;
 		t->sharing = ss[s].sharing;
-		t->compute_s += (double)(ss[s].f_ns + ss[s].b_ns + ss[s].bin_ns + ss[s].w_ns) * 1e-9;
+		t->compute_s +=
+		    (double)(ss[s].f_ns + ss[s].b_ns + ss[s].bin_ns + ss[s].w_ns + ss[s].r_ns) * 1e-9;
+		t->recompute_s += (double)ss[s].r_ns * 1e-9;
+		if (ss[s].act_peak_bytes > t->act_peak_bytes)
+			t->act_peak_bytes = ss[s].act_peak_bytes;
 		t->wait_s += (double)ss[s].wait_ns * 1e-9;
 		if (ss[s].stash_peak > t->stash_peak)
 			t->stash_peak = ss[s].stash_peak;
@@ -502,6 +517,9 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 			t->held_peak = ss[s].held_peak;
 	}
 	r->rep.threads = ts.threads;
+	if (ts.act_peak_bytes > r->rep.act_peak_bytes)
+		r->rep.act_peak_bytes = ts.act_peak_bytes;
+	r->rep.act_pool_bytes = ts.act_pool.high_water * ts.act_buf_bytes;
 	*step_ns += (double)ts.step_ns;
 	*busy_ns += (double)ts.step_ns * ts.bubble;
 	*pred_ns += (double)ts.step_ns * ts.bubble_predicted;

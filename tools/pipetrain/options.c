@@ -49,6 +49,40 @@ static int parse_layers(const char *s, pt_config *c, char *err, size_t errlen)
 	return 0;
 }
 
+/* --recompute: "all", "none", or layer numbers from 0 and ranges A-B, comma-separated ("1,3-5"). */
+static int parse_recompute(const char *s, pt_config *c, char *err, size_t errlen)
+{
+	c->recompute = 0;
+	if (!strcmp(s, "all") || !strcmp(s, "none")) {
+		c->recompute = !strcmp(s, "all") ? UINT64_MAX : 0;
+		return 0;
+	}
+	for (const char *p = s;;) {
+		size_t len = strcspn(p, ",");
+		char tok[24];
+		if (len == 0 || len >= sizeof tok)
+			return fail(err, errlen,
+				    "--recompute: '%s' is not all, none or a list of layers like 0,2-3", s);
+		memcpy(tok, p, len);
+		tok[len] = 0;
+		char *dash = strchr(tok, '-');
+		if (dash)
+			*dash++ = 0;
+		uint64_t a, b;
+		if (parse_u64(tok, 0, PT_MAX_LAYERS - 1, &a) ||
+		    parse_u64(dash ? dash : tok, 0, PT_MAX_LAYERS - 1, &b) || b < a)
+			return fail(
+			    err, errlen,
+			    "--recompute: '%.*s' is not a layer number from 0 to %d or a range A-B of them",
+			    (int)len, p, PT_MAX_LAYERS - 1);
+		for (uint64_t i = a; i <= b; i++)
+			c->recompute |= 1ull << i;
+		if (!p[len])
+			return 0;
+		p += len + 1;
+	}
+}
+
 void pt_optim_path(const char *save, char *out, size_t n)
 {
 	size_t len = strlen(save), ext = strlen(".safetensors");
@@ -88,6 +122,7 @@ enum {
 	OPT_PROGRESS,
 	OPT_NO_PROGRESS,
 	OPT_HAND_OVER,
+	OPT_RECOMPUTE,
 };
 
 static const struct option long_opts[] = {
@@ -115,6 +150,7 @@ static const struct option long_opts[] = {
     {"pin", no_argument, NULL, OPT_PIN},
     {"no-pin", no_argument, NULL, OPT_NO_PIN},
     {"hand-over", required_argument, NULL, OPT_HAND_OVER},
+    {"recompute", required_argument, NULL, OPT_RECOMPUTE},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", required_argument, NULL, OPT_CSV},
     {"trace", required_argument, NULL, OPT_TRACE},
@@ -170,6 +206,9 @@ static void usage(void)
 	    "  --hand-over MODE      auto: a stage computes the input gradient of the previous stage's last\n"
 	    "                        layer where that balances the stages better; all: wherever the layer\n"
 	    "                        allows (ReLU or none, no norm); off (default auto)\n"
+	    "  --recompute LIST|all|none   layers (numbered from 0, ranges A-B, e.g. 0,2-3) that keep only\n"
+	    "                        their input and recompute their forward for the backward: less\n"
+	    "                        activation memory for more compute, the same weights (default none)\n"
 	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
 	    "  --log FILE|-          one CSV row per step: step, epoch, loss, accuracy, lr, grad_norm,\n"
 	    "                        samples_per_s, step_ms, bubble, elapsed_s\n"
@@ -267,6 +306,10 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			break;
 		case OPT_LAYERS:
 			if (parse_layers(optarg, c, err, errlen))
+				return -1;
+			break;
+		case OPT_RECOMPUTE:
+			if (parse_recompute(optarg, c, err, errlen))
 				return -1;
 			break;
 		case OPT_SCHEDULE:

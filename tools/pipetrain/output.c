@@ -152,21 +152,29 @@ void pt_print_summary(const pt_report *r)
 			r->c->mb, r->split_bound, pl->step_ns * 1e-6, pl->seq_ns / pl->step_ns,
 			handed ? "; a layer marked '<' has its input gradient computed by the next stage"
 			       : "");
-	fprintf(f, "%-6s %-12s %6s %5s %9s %9s %9s %7s %7s %11s %11s\n", "stage", "layers", "thread", "cpu",
-		"compute%", "wait%", "bubble%", "stash", "held", "peak_MiB", "profile_us");
-	double peak_total = 0;
+	fprintf(f, "%-6s %-12s %6s %5s %9s %9s %9s %10s %7s %7s %11s %11s\n", "stage", "layers", "thread",
+		"cpu", "compute%", "wait%", "bubble%", "recompute%", "stash", "held", "peak_MiB",
+		"profile_us");
+	bool recomputes = false;
 	for (unsigned s = 0; s < r->stages; s++) {
 		const pt_stage_total *t = &r->st[s];
 		double wall = r->wall_s > 0 ? r->wall_s : 1;
-		double peak = (double)t->held_peak * r->c->mb * (double)t->stash_row_bytes / (1 << 20);
-		peak_total += peak;
+		double peak = (double)t->act_peak_bytes / (1 << 20);
 		char layers[32], cpu[16];
 		bool gives = s + 1 < r->stages && r->st[s + 1].takes;
-		snprintf(layers, sizeof layers, "%u-%u%s", t->first, t->last - 1, gives ? "<" : "");
+		recomputes |= t->recompute != 0;
+		/* '*': every layer of the stage recomputes, '+': some of them */
+		bool all = t->recompute ==
+			   (((t->last - t->first == 64 ? 0 : 1ull << (t->last - t->first)) - 1) << t->first);
+		snprintf(layers, sizeof layers, "%u-%u%s%s", t->first, t->last - 1, gives ? "<" : "",
+			 !t->recompute ? ""
+			 : all	       ? "*"
+				       : "+");
 		snprintf(cpu, sizeof cpu, t->cpu < 0 ? "-" : "%d", t->cpu);
-		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %7u %7u %11.2f %11.1f", s, layers, t->thread,
-			cpu, 100 * t->compute_s / wall, 100 * t->wait_s / wall,
-			100 * (1 - t->compute_s / wall), t->stash_peak, t->held_peak, peak, t->profiled_us);
+		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %10.1f %7u %7u %11.2f %11.1f", s, layers,
+			t->thread, cpu, 100 * t->compute_s / wall, 100 * t->wait_s / wall,
+			100 * (1 - t->compute_s / wall), 100 * t->recompute_s / wall, t->stash_peak,
+			t->held_peak, peak, t->profiled_us);
 		if (t->pin_error) /* the words of pipebench's placement line */
 			fprintf(f, "  (pin failed: %s)", mbp_strerror(t->pin_error));
 		if (t->sharing)
@@ -176,9 +184,14 @@ void pt_print_summary(const pt_report *r)
 	}
 	fprintf(
 	    f,
-	    "(compute, wait and bubble: shares of the training time; bubble = 1 - compute; stash and held: "
-	    "peak micro-batches; peak_MiB: activation memory held at the peak, %.2f MiB in all)\n",
-	    peak_total);
+	    "(compute, wait and bubble: shares of the training time; bubble = 1 - compute; recompute: the "
+	    "part of compute spent recomputing activations%s; stash and held: peak micro-batches; peak_MiB: "
+	    "the most activation memory the stage held at once)\n",
+	    recomputes ? ", in the stages marked * (every layer) or + (some)" : "");
+	fprintf(f,
+		"activation memory: peak %.2f MiB held at once over all stages (the activation pool at its "
+		"high-water mark: %.2f MiB)\n",
+		(double)r->act_peak_bytes / (1 << 20), (double)r->act_pool_bytes / (1 << 20));
 	fflush(f);
 }
 
@@ -195,6 +208,8 @@ const char *pt_op_name(mbp_op_kind k)
 		return "B_w";
 	case MBP_OP_UPDATE:
 		return "update";
+	case MBP_OP_R:
+		return "recompute";
 	}
 	return "?";
 }
@@ -295,6 +310,10 @@ int pt_json_write(const pt_report *r)
 	cJSON_AddNumberToObject(cfg, "threads", r->threads);
 	cJSON_AddNumberToObject(cfg, "blas_threads", r->blas_threads ? r->blas_threads : 1);
 	cJSON_AddStringToObject(cfg, "schedule", mbp_sched_name(c->schedule));
+	cJSON *rc = cJSON_AddArrayToObject(cfg, "recompute"); /* the layers that recompute */
+	for (unsigned l = 0; l < r->layers; l++)
+		if (c->recompute >> l & 1)
+			cJSON_AddItemToArray(rc, cJSON_CreateNumber(l));
 	cJSON_AddNumberToObject(cfg, "batch", c->batch);
 	cJSON_AddNumberToObject(cfg, "mb", c->mb);
 	cJSON_AddBoolToObject(cfg, "mb_auto", r->plan.tried > 0);
@@ -352,11 +371,19 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddNumberToObject(o, "stash_peak", t->stash_peak);
 		cJSON_AddNumberToObject(o, "held_peak", t->held_peak);
 		cJSON_AddNumberToObject(o, "profiled_us", t->profiled_us);
-		cJSON_AddNumberToObject(o, "peak_activation_bytes",
-					(double)t->held_peak * c->mb * (double)t->stash_row_bytes);
+		cJSON_AddNumberToObject(o, "peak_activation_bytes", (double)t->act_peak_bytes);
+		cJSON_AddNumberToObject(o, "stash_bytes_per_mb", (double)t->stash_row_bytes * c->mb);
+		cJSON_AddNumberToObject(o, "recomputed_bytes_per_mb", (double)t->work_row_bytes * c->mb);
+		cJSON_AddNumberToObject(o, "recompute_s", t->recompute_s);
+		cJSON *rl = cJSON_AddArrayToObject(o, "recomputed_layers");
+		for (unsigned l = t->first; l < t->last; l++)
+			if (t->recompute >> l & 1)
+				cJSON_AddItemToArray(rl, cJSON_CreateNumber(l));
 		cJSON_AddItemToArray(sts, o);
 	}
 	cJSON_AddNumberToObject(root, "split_bound", r->split_bound);
+	cJSON_AddNumberToObject(root, "peak_activation_bytes", (double)r->act_peak_bytes);
+	cJSON_AddNumberToObject(root, "activation_pool_bytes", (double)r->act_pool_bytes);
 	cJSON_AddNumberToObject(root, "predicted_step_ms", r->plan.step_ns * 1e-6);
 	cJSON_AddNumberToObject(root, "train_seconds", r->wall_s);
 	cJSON_AddNumberToObject(root, "start_step", (double)r->start_step);

@@ -40,6 +40,7 @@ typedef struct pt_config {
 	unsigned blas_threads; /* 0: leave OpenBLAS at one thread (the stages' setting) */
 	bool pin;
 	pt_hand_over hand_over; /* --hand-over */
+	uint64_t recompute;	/* --recompute: bit i, layer i recomputes (all: every bit) */
 	mbp_sched_kind schedule;
 	uint32_t batch, mb; /* mb 0: --mb auto (chosen by pt_plan_make) */
 	unsigned epochs;
@@ -177,7 +178,10 @@ typedef struct pt_stage_total {
 	unsigned sharing; /* other threads pinned to its CPU */
 	double compute_s, wait_s;
 	unsigned stash_peak, held_peak;
-	size_t stash_row_bytes;
+	size_t stash_row_bytes, work_row_bytes; /* per row of a micro-batch: stashed, recomputed */
+	uint64_t recompute;			/* its layers that recompute (bit i: layer i) */
+	double recompute_s;			/* time in its recomputations (also in compute_s) */
+	uint64_t act_peak_bytes;		/* most activation bytes it held at once in a step */
 	double profiled_us; /* the layers' profiled cost per micro-batch (0: not profiled, one stage) */
 } pt_stage_total;
 
@@ -192,9 +196,11 @@ typedef struct pt_report {
 	pt_epoch *ep;
 	unsigned n_ep;
 	pt_stage_total st[MBP_MAX_STAGES];
-	pt_plan plan;	    /* the micro-batch size and split, and what the schedule predicts for them */
-	double wall_s;	    /* total training time (steps only) */
-	double split_bound; /* profiled: sum of the layers over the slowest stage (0: not profiled) */
+	pt_plan plan;		 /* the micro-batch size and split, and what the schedule predicts for them */
+	double wall_s;		 /* total training time (steps only) */
+	uint64_t act_peak_bytes; /* most activation bytes held at once over every stage in a step */
+	uint64_t act_pool_bytes; /* the activation pool at its high-water mark (buffers x their size) */
+	double split_bound;	 /* profiled: sum of the layers over the slowest stage (0: not profiled) */
 	double final_test_acc;
 	const char *stopped; /* NULL: completed; else why it stopped */
 	const char *blas;

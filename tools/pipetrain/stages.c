@@ -43,22 +43,28 @@ static int op_forward(void *ctx, const mbp_train_io *io)
 	return mbp_mlp_stage_forward(p->st, io->in, io->out, io->rows, io->stash);
 }
 
+static int op_recompute(void *ctx, const mbp_train_io *io)
+{
+	pt_stage *p = ctx;
+	return mbp_mlp_stage_recompute(p->st, io->stash, io->in, io->work, io->rows);
+}
+
 static int op_backward(void *ctx, const mbp_train_io *io)
 {
 	pt_stage *p = ctx;
-	return mbp_mlp_stage_backward(p->st, io->stash, io->in, io->dout, io->din, io->rows);
+	return mbp_mlp_stage_backward_r(p->st, io->stash, io->work, io->in, io->dout, io->din, io->rows);
 }
 
 static int op_backward_in(void *ctx, const mbp_train_io *io)
 {
 	pt_stage *p = ctx;
-	return mbp_mlp_stage_backward_in(p->st, io->stash, io->in, io->dout, io->din, io->rows);
+	return mbp_mlp_stage_backward_in_r(p->st, io->stash, io->work, io->in, io->dout, io->din, io->rows);
 }
 
 static int op_backward_w(void *ctx, const mbp_train_io *io)
 {
 	pt_stage *p = ctx;
-	return mbp_mlp_stage_backward_w(p->st, io->stash, io->in, io->rows);
+	return mbp_mlp_stage_backward_w_r(p->st, io->stash, io->work, io->in, io->rows);
 }
 
 /* The stage's layers' squared gradient norms into the shared table, one pass over its gradients; their
@@ -121,6 +127,8 @@ void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d)
 	    .out_row_bytes = mbp_mlp_stage_out_width(p->st) * sizeof(float),
 	    .grad_row_bytes = mbp_mlp_stage_dout_floats(p->st) * sizeof(float),
 	    .stash_row_bytes = mbp_mlp_stage_stash_floats(p->st) * sizeof(float),
+	    .work_row_bytes = mbp_mlp_stage_work_floats(p->st) * sizeof(float),
+	    .recompute = op_recompute,
 	    .forward = op_forward,
 	    .backward = op_backward,
 	    .backward_in = op_backward_in,
