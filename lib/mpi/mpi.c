@@ -39,7 +39,6 @@
 
 enum { T_FREE = 0, T_RESERVED, T_INFLIGHT, T_DONE, T_VOID };
 
-#define MAX_RANKS    MBP_MAX_STAGES
 #define RESULT_STAGE (UINT32_MAX - 1)
 #define RETIRE_BATCH 64
 #define TAG_LINK     1
@@ -92,7 +91,7 @@ struct mbp_mpi {
 	unsigned reserving; /* submitters waiting in reserve_locked */
 	uint64_t jobs_accepted, jobs_completed, jobs_failed, next_job_id;
 	uint64_t mbs_accepted, mbs_completed, mbs_failed, rows_completed;
-	mbp_mpi_rank_stats rs[MAX_RANKS];
+	mbp_mpi_rank_stats rs[MBP_MAX_STAGES];
 	uint32_t reported;
 
 	bool arrived;		 /* the loop's: results came in this pass */
@@ -241,17 +240,14 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	if (!out || !local)
 		return -EINVAL;
 	*out = NULL;
-	if (!mbp__mpi_started())
-		return -ENOTCONN;
-	if (mbp_mpi_size() > MAX_RANKS)
-		return -ERANGE;
-	if (mbp_mpi_rank() != 0 && local->on_result)
+	if (mbp_mpi_rank() > 0 && local->on_result)
 		return -EINVAL;
-	mbp_mpi *mp = calloc(1, sizeof(*mp));
-	if (!mp)
-		return -ENOMEM;
-	mbp__run_init(&mp->r, &ops, mo);
-	if (mp->r.mo.window > 1024 || mp->r.mo.inflight < mp->r.mo.window) {
+	struct mbp__run *r;
+	int rc = mbp__run_new(&r, sizeof(mbp_mpi), &ops, mo);
+	if (rc)
+		return rc;
+	mbp_mpi *mp = of(r);
+	if (r->mo.inflight < r->mo.window) {
 		mbp_mpi_destroy(mp);
 		return -EINVAL;
 	}
@@ -263,7 +259,7 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	mp->lo.on_result_arg = mp;
 	mp->in_rb = mp->out_rb = local->in_row_bytes;
 	mp->qtail = &mp->qhead;
-	int rc = mbp_pipeline_new(&mp->p, &mp->lo);
+	rc = mbp_pipeline_new(&mp->p, &mp->lo);
 	if (rc) {
 		mbp_mpi_destroy(mp);
 		return rc;
@@ -840,9 +836,7 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 		return MBP__KEEP;
 	}
 	c->h.status = rc == -ESHUTDOWN ? -ECANCELED : rc;
-	/* relaxed load and store: the loop is its only writer */
-	atomic_store_explicit(&mp->passed, atomic_load_explicit(&mp->passed, memory_order_relaxed) + 1,
-			      memory_order_relaxed);
+	mbp__counter_add(&mp->passed, 1); /* the loop is its only writer */
 	queue(mp, c);
 	return MBP__AGAIN;
 }
@@ -866,14 +860,8 @@ static void local_rank_stats(mbp_mpi *mp, mbp_mpi_rank_stats *st)
 		st->mbs_completed = ps.mbs_completed;
 		st->mbs_failed = ps.mbs_failed;
 	}
-	/* relaxed: statistics counters, each with one writer, read for a snapshot */
-	st->passed = atomic_load_explicit(&mp->passed, memory_order_relaxed);
-	for (unsigned i = 0; i < mp->r.nlinks; i++) {
-		struct mbp__link *l = &mp->r.link[i];
-		st->sent += atomic_load_explicit(&l->sent, memory_order_relaxed);
-		st->received += atomic_load_explicit(&l->received, memory_order_relaxed);
-		st->credit_waits += atomic_load_explicit(&l->credit_waits, memory_order_relaxed);
-	}
+	st->passed = mbp__counter_get(&mp->passed);
+	mbp__run_counts(&mp->r, &st->sent, &st->received, &st->credit_waits);
 }
 
 static void op_on_ctl(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m)
@@ -882,7 +870,7 @@ static void op_on_ctl(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m
 	if (m->cmd == MBP__CTL_CANCEL) {
 		mp->cancelled = true;
 		pthread_cond_broadcast(&r->cond);
-	} else if (m->cmd == MBP__CTL_STOPPED && peer < MAX_RANKS) {
+	} else if (m->cmd == MBP__CTL_STOPPED && peer < MBP_MAX_STAGES) {
 		mp->rs[peer] = m->st;
 		mp->reported++;
 	}

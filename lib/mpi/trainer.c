@@ -34,8 +34,6 @@
 #include "mpi_internal.h"
 #include "train_internal.h"
 
-#define MAX_RANKS MBP_MAX_STAGES
-
 enum { TAG_FWD = 21, TAG_BWD = 24, TAG_TGT = 28 };
 enum { V_IDLE = 0, V_PENDING, V_ACTIVE, V_DONE };
 
@@ -52,7 +50,7 @@ struct mbp_mpi_trainer {
 	mbp_trainer *t;
 	mbp_train_opts o;
 	unsigned nstages, stage0, stages;
-	unsigned first_of[MAX_RANKS + 1]; /* each rank's first global stage; [size] = stages */
+	unsigned first_of[MBP_MAX_STAGES + 1]; /* each rank's first global stage; [size] = stages */
 	size_t out_rb;
 	unsigned char *tgt; /* last rank (size > 1): the step's targets */
 
@@ -155,29 +153,18 @@ int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp
 {
 	if (!tp || !o)
 		return -EINVAL;
-	*tp = NULL;
-	if (!mbp__mpi_started())
-		return -ENOTCONN;
-	if (mbp_mpi_size() > MAX_RANKS)
-		return -ERANGE;
-	mbp_mpi_trainer *T = calloc(1, sizeof(*T));
-	if (!T)
-		return -ENOMEM;
-	mbp__run_init(&T->r, &ops, mo); /* inflight is not used */
-	T->o = *o;
-	if (!T->o.max_mb_rows)
-		T->o.max_mb_rows = 64;
-	if (!T->o.max_mbs)
-		T->o.max_mbs = 64;
-	if (T->o.schedule == MBP_SCHED_DEFAULT)
-		T->o.schedule = MBP_SCHED_1F1B;
+	struct mbp__run *r;
+	int rc = mbp__run_new(&r, sizeof(mbp_mpi_trainer), &ops, mo); /* inflight is not used */
+	if (rc)
+		return rc;
+	mbp_mpi_trainer *T = of(r);
 	T->out_rb = o->in_row_bytes;
 	T->vote_req = T->tgt_req = MPI_REQUEST_NULL;
-	int rc = T->r.mo.window > 1024 ? -EINVAL : mbp_trainer_new(&T->t, &T->o);
-	if (rc) {
+	if ((rc = mbp_trainer_new(&T->t, o)) != 0) {
 		mbp_mpi_trainer_destroy(T);
 		return rc;
 	}
+	T->o = *mbp__trainer_opts(T->t); /* with its defaults */
 	*tp = T;
 	return 0;
 }
@@ -341,10 +328,7 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 	uint64_t open = T->open, closed = T->closed;
 	pthread_mutex_unlock(&r->lock);
 	if (h->tag <= closed) {
-		/* relaxed load and store: the loop is its only writer */
-		atomic_store_explicit(&T->dropped,
-				      atomic_load_explicit(&T->dropped, memory_order_relaxed) + 1,
-				      memory_order_relaxed);
+		mbp__counter_add(&T->dropped, 1); /* the loop is its only writer */
 		return MBP__AGAIN;
 	}
 	if (h->tag != open)
@@ -750,14 +734,8 @@ int mbp_mpi_trainer_stats_get(mbp_mpi_trainer *T, mbp_mpi_train_stats *st, mbp_t
 	st->ranks = (uint32_t)T->r.size;
 	st->stage0 = T->stage0;
 	st->stages = T->stages;
-	for (unsigned i = 0; i < T->r.nlinks; i++) {
-		struct mbp__link *l = &T->r.link[i];
-		/* relaxed: statistics counters, each with one writer, read for a snapshot */
-		st->sent += atomic_load_explicit(&l->sent, memory_order_relaxed);
-		st->received += atomic_load_explicit(&l->received, memory_order_relaxed);
-		st->credit_waits += atomic_load_explicit(&l->credit_waits, memory_order_relaxed);
-	}
-	st->dropped = atomic_load_explicit(&T->dropped, memory_order_relaxed);
+	mbp__run_counts(&T->r, &st->sent, &st->received, &st->credit_waits);
+	st->dropped = mbp__counter_get(&T->dropped);
 	return rc;
 }
 
