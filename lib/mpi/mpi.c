@@ -34,6 +34,7 @@
 
 #include "affinity.h"
 #include "common.h"
+#include "job.h"
 #include "mpi_internal.h"
 #include "pool_internal.h"
 
@@ -382,33 +383,12 @@ static void entry_done_locked(struct tent *t, int32_t status)
 	}
 }
 
-/* Account one micro-batch of a job (under lock); true when the job is now complete. */
-static bool job_account_locked(mbp_mpi *mp, const struct tent *t)
-{
-	mbp_job *job = t->job;
-	if (t->status) {
-		if (job->status == 0)
-			job->status = t->status;
-		job->mbs_failed++;
-	}
-	if (--job->priv.opaque[0] != 0)
-		return false;
-	job->done_ns = mbp__now_ns();
-	if (job->status)
-		mp->jobs_failed++;
-	else
-		mp->jobs_completed++;
-	return true;
-}
-
 /* Retire done entries in sequence order: jobs complete, single results reach on_result. Any thread;
  * one at a time (the `retiring` token), so order holds also while the callbacks run unlocked. */
 static void retire(mbp_mpi *mp)
 {
 	struct tent batch[RETIRE_BATCH];
 	bool job_done[RETIRE_BATCH];
-	mbp_job_fn cb[RETIRE_BATCH];
-	void *cb_arg[RETIRE_BATCH];
 	pthread_mutex_lock(&mp->r.lock);
 	if (mp->retiring) {
 		mp->retire_again = true;
@@ -430,7 +410,11 @@ static void retire(mbp_mpi *mp)
 					mp->mbs_completed++;
 					mp->rows_completed += t->rows;
 				}
-				job_done[n] = t->job ? job_account_locked(mp, t) : false;
+				/* a job's last micro-batch: its status set here, in order; completed below */
+				job_done[n] =
+				    t->job && mbp__job_left(t->job, 1, t->status != 0, t->status, t->k);
+				if (job_done[n])
+					++*(t->job->status ? &mp->jobs_failed : &mp->jobs_completed);
 				batch[n++] = *t;
 			}
 			memset(t, 0, sizeof(*t));
@@ -438,23 +422,13 @@ static void retire(mbp_mpi *mp)
 		}
 		if (n == 0 && !mp->retire_again)
 			break;
-		/* Mark jobs done before the callbacks: a waiter may now look (broadcast below), and reuse or
-		 * free its job at once, so the callback is read here, under the lock. */
-		for (unsigned i = 0; i < n; i++) {
-			cb[i] = NULL;
-			if (job_done[i]) {
-				cb[i] = batch[i].job->cb;
-				cb_arg[i] = batch[i].job->cb_arg;
-				batch[i].job->priv.opaque[1] = 1;
-			}
-		}
 		pthread_cond_broadcast(&mp->r.cond);
 		pthread_mutex_unlock(&mp->r.lock);
 		for (unsigned i = 0; i < n; i++) {
 			struct tent *t = &batch[i];
 			if (t->job) {
-				if (cb[i])
-					cb[i](t->job, cb_arg[i]);
+				if (job_done[i])
+					mbp__job_complete(t->job);
 				continue;
 			}
 			mbp_mb *r = t->res;
@@ -557,60 +531,29 @@ static int check_rank0(const mbp_mpi *mp)
 	return 0;
 }
 
-/* A job's micro-batches k.. never got an entry (the run ended under it): they fail (under lock). */
-static void job_cut_locked(mbp_mpi *mp, mbp_job *job, uint32_t k, mbp_job_fn *cb)
-{
-	int err = mp->r.dead ? mp->r.err : -ECANCELED;
-	uint32_t nmb = job->mbs;
-	mp->mbs_failed += nmb - k;
-	job->mbs_failed += nmb - k;
-	if (job->status == 0)
-		job->status = err;
-	job->priv.opaque[0] -= nmb - k;
-	*cb = NULL;
-	if (job->priv.opaque[0] == 0) {
-		*cb = job->cb; /* read before a waiter may see done */
-		job->done_ns = mbp__now_ns();
-		mp->jobs_failed++;
-		job->priv.opaque[1] = 1;
-		pthread_cond_broadcast(&mp->r.cond);
-	}
-}
-
 int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 {
 	int rc = check_rank0(mp);
 	if (rc)
 		return rc;
-	if (!job || !job->in || !job->out || job->rows == 0 || job->mb_rows == 0)
-		return -EINVAL;
-	if (job->mb_rows > mp->max_rows)
-		return -E2BIG;
-	size_t nmb = (job->rows + job->mb_rows - 1) / job->mb_rows;
-	if (nmb > UINT32_MAX)
-		return -EINVAL;
+	uint32_t nmb;
 	uint64_t seq;
 	struct carrier *c;
-	if ((rc = reserve_first(mp, timeout_ns, &seq, &c)))
+	if ((rc = mbp__job_check(mp->p, job, &nmb)) || (rc = reserve_first(mp, timeout_ns, &seq, &c)))
 		return rc;
-	job->status = 0;
-	job->mbs = (uint32_t)nmb;
-	job->mbs_failed = 0;
-	job->id = mp->next_job_id++;
-	job->submit_ns = mbp__now_ns();
-	job->done_ns = 0;
-	job->priv.opaque[0] = nmb; /* micro-batches not yet retired */
-	job->priv.opaque[1] = 0;   /* done */
+	mbp__job_begin(job, nmb, ++mp->next_job_id);
 	mp->jobs_accepted++;
 	mp->mbs_accepted += nmb;
 	for (uint32_t k = 0; k < nmb; k++) {
 		if (k > 0 && reserve_locked(mp, true, NULL, -1, &seq, &c) != 0) {
-			mbp_job_fn cb;
-			job_cut_locked(mp, job, k, &cb);
-			void *cb_arg = job->cb_arg;
+			/* the run ended under it: micro-batches k.. never got an entry, and fail */
+			mp->mbs_failed += nmb - k;
+			bool last =
+			    mbp__job_left(job, nmb - k, nmb - k, mp->r.dead ? mp->r.err : -ECANCELED, k);
+			mp->jobs_failed += last;
 			pthread_mutex_unlock(&mp->r.lock);
-			if (cb)
-				cb(job, cb_arg);
+			if (last)
+				mbp__job_complete(job);
 			return 0;
 		}
 		size_t row0 = (size_t)k * job->mb_rows;
@@ -632,20 +575,7 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 
 int mbp_mpi_job_wait(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 {
-	if (!mp || !job)
-		return -EINVAL;
-	struct timespec ts;
-	const struct timespec *dl = mbp__run_deadline(timeout_ns, &ts);
-	int rc = 0;
-	pthread_mutex_lock(&mp->r.lock);
-	while (!job->priv.opaque[1]) {
-		if (timeout_ns == 0 || !mbp__run_wait(&mp->r, dl)) {
-			rc = job->priv.opaque[1] ? 0 : -ETIMEDOUT;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&mp->r.lock);
-	return rc;
+	return mp ? mbp_job_wait(job, timeout_ns) : -EINVAL;
 }
 
 int mbp_mpi_run(mbp_mpi *mp, const void *in, void *out, size_t rows, uint32_t mb_rows)
