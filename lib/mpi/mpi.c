@@ -298,16 +298,6 @@ const char *mbp_mpi_error(const mbp_mpi *mp)
 
 /* ---- start ---- */
 
-static int pool_make(mbp_pool **pool, size_t bytes, uint32_t n, size_t max_bytes)
-{
-	mbp_pool_opts po;
-	mbp_pool_opts_init(&po);
-	po.buf_bytes = bytes;
-	po.max_buffers = n;
-	po.max_bytes = max_bytes;
-	return mbp_pool_new(pool, &po);
-}
-
 static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
@@ -320,12 +310,16 @@ static int alloc_run(mbp_mpi *mp)
 		mp->carriers[i].next = mp->free_c;
 		mp->free_c = &mp->carriers[i];
 	}
-	int rc = pool_make(&mp->pool, rb * mp->max_rows, 2 * nc + W, mp->lo.pool_bytes);
+	int rc = mbp_pool_new(&mp->pool, &(mbp_pool_opts){.buf_bytes = rb * mp->max_rows,
+							  .max_buffers = 2 * nc + W,
+							  .max_bytes = mp->lo.pool_bytes});
 	if (rc == 0 && r->rank == 0) {
 		mp->tcap = r->mo.inflight;
 		if (!(mp->tab = calloc(mp->tcap, sizeof(*mp->tab))))
 			return -ENOMEM;
-		rc = pool_make(&mp->res_pool, mp->final_rb * mp->max_rows, mp->tcap + W, mp->lo.pool_bytes);
+		rc = mbp_pool_new(&mp->res_pool, &(mbp_pool_opts){.buf_bytes = mp->final_rb * mp->max_rows,
+								  .max_buffers = mp->tcap + W,
+								  .max_bytes = mp->lo.pool_bytes});
 	}
 	if (rc == 0 && r->rank != 0)
 		rc = mbp_pool_cache_new(mp->pool, &mp->cache);
@@ -450,18 +444,23 @@ static void retire(mbp_mpi *mp)
 	pthread_mutex_unlock(&mp->r.lock);
 }
 
-/* Reserve the next sequence number and a carrier (under lock): waits for its table entry to be free and
- * for a carrier. */
-static int reserve_locked(mbp_mpi *mp, bool continuing, const struct timespec *deadline, int64_t timeout_ns,
-			  uint64_t *seq, struct carrier **c)
+/* Reserve the next sequence number and a carrier: waits for its table entry to be free and for a
+ * carrier. `first`: new work (a job's first micro-batch, a single one), refused once draining; it takes the
+ * lock, held on success. Otherwise a job's later micro-batch, the lock held, no timeout. */
+static int reserve(mbp_mpi *mp, bool first, int64_t timeout_ns, uint64_t *seq, struct carrier **c)
 {
-	for (;;) {
+	struct timespec ts;
+	const struct timespec *dl = mbp__run_deadline(timeout_ns, &ts);
+	int rc = 0;
+	if (first)
+		pthread_mutex_lock(&mp->r.lock);
+	while (rc == 0) {
+		struct tent *t = mp->tab ? &mp->tab[mp->next_seq % mp->tcap] : NULL;
 		if (mp->r.state != MBP__RUN_RUNNING)
-			return mp->r.state == MBP__RUN_NEW ? -ENOTCONN : -ESHUTDOWN;
-		if (mp->r.dead || (!continuing && mp->stop_accepting))
-			return -ESHUTDOWN;
-		struct tent *t = &mp->tab[mp->next_seq % mp->tcap];
-		if (t->state == T_FREE && mp->free_c) {
+			rc = mp->r.state == MBP__RUN_NEW ? -ENOTCONN : -ESHUTDOWN;
+		else if (mp->r.dead || (first && mp->stop_accepting))
+			rc = -ESHUTDOWN;
+		else if (t->state == T_FREE && mp->free_c) {
 			*seq = mp->next_seq++;
 			t->state = T_RESERVED;
 			t->seq = *seq;
@@ -469,26 +468,15 @@ static int reserve_locked(mbp_mpi *mp, bool continuing, const struct timespec *d
 			mp->free_c = (*c)->next;
 			(*c)->h = (struct mbp__hdr){.seq = *seq, .tag = mbp__now_ns()};
 			return 0;
+		} else if (timeout_ns == 0) {
+			rc = -EAGAIN;
+		} else {
+			mp->reserving++;
+			rc = mbp__run_wait(&mp->r, dl) ? 0 : -ETIMEDOUT;
+			mp->reserving--;
 		}
-		if (timeout_ns == 0)
-			return -EAGAIN;
-		mp->reserving++;
-		bool in_time = mbp__run_wait(&mp->r, deadline);
-		mp->reserving--;
-		if (!in_time)
-			return -ETIMEDOUT;
 	}
-}
-
-/* Reserve the sequence number of new work (a job's first micro-batch, a single one) and a carrier: on
- * success the lock is held. */
-static int reserve_first(mbp_mpi *mp, int64_t timeout_ns, uint64_t *seq, struct carrier **c)
-{
-	struct timespec ts;
-	const struct timespec *dl = mbp__run_deadline(timeout_ns, &ts);
-	pthread_mutex_lock(&mp->r.lock);
-	int rc = reserve_locked(mp, false, dl, timeout_ns, seq, c);
-	if (rc)
+	if (first)
 		pthread_mutex_unlock(&mp->r.lock);
 	return rc;
 }
@@ -539,13 +527,13 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 	uint32_t nmb;
 	uint64_t seq;
 	struct carrier *c;
-	if ((rc = mbp__job_check(mp->p, job, &nmb)) || (rc = reserve_first(mp, timeout_ns, &seq, &c)))
+	if ((rc = mbp__job_check(mp->p, job, &nmb)) || (rc = reserve(mp, true, timeout_ns, &seq, &c)))
 		return rc;
 	mbp__job_begin(job, nmb, ++mp->next_job_id);
 	mp->jobs_accepted++;
 	mp->mbs_accepted += nmb;
 	for (uint32_t k = 0; k < nmb; k++) {
-		if (k > 0 && reserve_locked(mp, true, NULL, -1, &seq, &c) != 0) {
+		if (k > 0 && reserve(mp, false, -1, &seq, &c) != 0) {
 			/* the run ended under it: micro-batches k.. never got an entry, and fail */
 			mp->mbs_failed += nmb - k;
 			bool last =
@@ -610,7 +598,7 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 		return -EINVAL;
 	uint64_t seq;
 	struct carrier *c;
-	if ((rc = reserve_first(mp, timeout_ns, &seq, &c))) {
+	if ((rc = reserve(mp, true, timeout_ns, &seq, &c))) {
 		mbp__pool_unlend(mb);
 		return rc;
 	}
