@@ -79,7 +79,6 @@ struct mbp_mpi {
 	mbp_pool *mb_pool;     /* the local pipeline's (mbp_mpi_mb_acquire) */
 	mbp_pool_cache *cache; /* ranks > 0: the loop's cache of `pool` (it gets and puts them all there) */
 	struct carrier *carriers;
-	struct mbp_mpi *live_next;
 
 	/* under r.lock: */
 	bool stop_accepting, cancelled, closing;
@@ -98,10 +97,6 @@ struct mbp_mpi {
 	bool arrived;		 /* the loop's: results came in this pass */
 	_Atomic uint64_t passed; /* the loop writes, stats read */
 };
-
-/* mbp_mpi_mb_release(NULL, ...) looks up the result pool here. */
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static mbp_mpi *live;
 
 static mbp_mpi *of(struct mbp__run *r)
 {
@@ -265,10 +260,6 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 		mbp_mpi_destroy(mp);
 		return rc;
 	}
-	pthread_mutex_lock(&live_lock);
-	mp->live_next = live;
-	live = mp;
-	pthread_mutex_unlock(&live_lock);
 	*out = mp;
 	return 0;
 }
@@ -320,6 +311,8 @@ static int alloc_run(mbp_mpi *mp)
 		rc = mbp_pool_new(&mp->res_pool, &(mbp_pool_opts){.buf_bytes = mp->final_rb * mp->max_rows,
 								  .max_buffers = mp->tcap + W,
 								  .max_bytes = mp->lo.pool_bytes});
+		if (rc == 0) /* a result may come back without the handle (mbp_mpi_mb_release(NULL, mb)) */
+			mbp__pool_publish(mp->res_pool, true);
 	}
 	if (rc == 0 && r->rank != 0)
 		rc = mbp_pool_cache_new(mp->pool, &mp->cache);
@@ -648,23 +641,10 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 
 void mbp_mpi_mb_release(mbp_mpi *mp, mbp_mb *mb)
 {
-	if (!mb)
-		return;
-	if (mp && mp->res_pool && mbp__pool_owns(mp->res_pool, mb)) {
+	if (mb && mp && mbp__pool_owns(mp->res_pool, mb))
 		mbp_pool_put(mp->res_pool, NULL, mb);
-		return;
-	}
-	if (!mp) { /* from an on_result that has no handle: whose result is it? */
-		pthread_mutex_lock(&live_lock);
-		for (mbp_mpi *q = live; q; q = q->live_next)
-			if (q->res_pool && mbp__pool_owns(q->res_pool, mb)) {
-				mbp_pool_put(q->res_pool, NULL, mb);
-				pthread_mutex_unlock(&live_lock);
-				return;
-			}
-		pthread_mutex_unlock(&live_lock);
-	}
-	mbp_mb_release(mp ? mp->p : NULL, mb); /* an acquired buffer never submitted */
+	else if (mb) /* a result without the handle (its pool is published), or an acquired buffer */
+		mbp_mb_release(mp ? mp->p : NULL, mb);
 }
 
 uint64_t mbp_mpi_mb_seq(const mbp_mb *in)
@@ -948,13 +928,6 @@ void mbp_mpi_destroy(mbp_mpi *mp)
 			mbp_mpi_wait(mp, -1);
 	}
 	after_loop(mp, true);
-	pthread_mutex_lock(&live_lock);
-	for (mbp_mpi **q = &live; *q; q = &(*q)->live_next)
-		if (*q == mp) {
-			*q = mp->live_next;
-			break;
-		}
-	pthread_mutex_unlock(&live_lock);
 	mbp_pipeline_destroy(mp->p);
 	if (mp->res_pool && mbp_pool_destroy(mp->res_pool) != 0)
 		fprintf(stderr, "mbp_mpi_destroy: result buffers not released; leaked\n");
