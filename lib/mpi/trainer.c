@@ -37,12 +37,10 @@
 enum { TAG_FWD = 21, TAG_BWD = 24, TAG_TGT = 28 };
 enum { V_IDLE = 0, V_PENDING, V_ACTIVE, V_DONE };
 
-/* One rank's vote on the wire. */
+/* One rank's vote on the wire: its trainer's (err.what NULL: a pointer means nothing on another rank). */
 struct vrec {
-	int32_t ok, err, stage, mb, op;
+	struct mbp__train_vote v;
 	int32_t left; /* the rank's trainer is being destroyed mid-run: it ran no part of this step */
-	double loss;
-	double grad_sq[MBP_MAX_STAGES];
 };
 
 struct mbp_mpi_trainer {
@@ -120,16 +118,10 @@ static void hook_agree(void *arg, struct mbp__train_vote *v)
 	mbp_mpi_trainer *T = arg;
 	pthread_mutex_lock(&T->r.lock);
 	if (!T->r.dead) {
-		struct vrec *m = &T->mine;
-		memset(m, 0, sizeof(*m));
-		m->ok = v->ok;
-		m->err = v->err.err;
-		m->stage = v->err.stage;
-		m->mb = v->err.mb;
-		m->op = (int32_t)v->err.op;
-		m->loss = v->loss;
+		T->mine = (struct vrec){.v = {.ok = v->ok, .err = v->err, .loss = v->loss}};
+		T->mine.v.err.what = NULL;
 		for (unsigned s = T->stage0; s < T->stage0 + T->nstages; s++)
-			m->grad_sq[s] = v->grad_sq[s];
+			T->mine.v.grad_sq[s] = v->grad_sq[s];
 		T->vote_state = V_PENDING;
 		mbp__run_kick(&T->r);
 		while (T->vote_state != V_DONE && !T->r.dead && T->r.state == MBP__RUN_RUNNING)
@@ -365,24 +357,19 @@ static void tally_locked(mbp_mpi_trainer *T)
 	v->ok = true;
 	int pick = -1;
 	for (int r = 0; r < T->r.size; r++) {
-		const struct vrec *a = &T->all[r];
-		v->ok &= a->ok != 0;
-		if (a->left)
+		const struct mbp__train_vote *a = &T->all[r].v;
+		v->ok &= a->ok;
+		if (T->all[r].left)
 			left_locked(T, r);
 		for (unsigned s = T->first_of[r]; s < T->first_of[r + 1]; s++)
 			v->grad_sq[s] = a->grad_sq[s];
 		/* the step's error: the failing stage with the lowest index, else the first rank's */
-		if (a->err && (pick < 0 ||
-			       (a->stage >= 0 && (T->all[pick].stage < 0 || a->stage < T->all[pick].stage))))
+		int low = pick < 0 ? -1 : T->all[pick].v.err.stage;
+		if (a->err.err && (pick < 0 || (a->err.stage >= 0 && (low < 0 || a->err.stage < low))))
 			pick = r;
 	}
-	v->loss = T->all[T->r.size - 1].loss;
-	v->err = (mbp_train_error){.err = -ECANCELED, .stage = -1, .mb = -1};
-	if (pick >= 0)
-		v->err = (mbp_train_error){.err = T->all[pick].err,
-					   .stage = T->all[pick].stage,
-					   .mb = T->all[pick].mb,
-					   .op = (mbp_op_kind)T->all[pick].op};
+	v->loss = T->all[T->r.size - 1].v.loss;
+	v->err = pick >= 0 ? T->all[pick].v.err : (mbp_train_error){.err = -ECANCELED, .stage = -1, .mb = -1};
 	if (v->ok)
 		v->err = (mbp_train_error){0};
 }
@@ -402,10 +389,7 @@ static bool leave_step_locked(mbp_mpi_trainer *T)
 		act = true;
 	}
 	if (T->vote_state == V_IDLE && T->attempt > T->closed && !T->tgt_active) {
-		memset(&T->mine, 0, sizeof(T->mine));
-		T->mine.err = -ECONNRESET;
-		T->mine.stage = T->mine.mb = -1;
-		T->mine.left = 1;
+		T->mine = (struct vrec){.v.err = {.err = -ECONNRESET, .stage = -1, .mb = -1}, .left = 1};
 		T->leave_vote = T->fail_attempt = T->attempt;
 		T->vote_state = V_PENDING;
 		act = true;
