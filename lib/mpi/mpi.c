@@ -88,11 +88,9 @@ struct mbp_mpi {
 	uint32_t tcap;
 	uint64_t next_seq, next_retire;
 	bool retiring, retire_again;
-	unsigned reserving; /* submitters waiting in reserve_locked */
-	uint64_t jobs_accepted, jobs_completed, jobs_failed, next_job_id;
-	uint64_t mbs_accepted, mbs_completed, mbs_failed, rows_completed;
-	mbp_mpi_rank_stats rs[MBP_MAX_STAGES];
-	uint32_t reported;
+	unsigned reserving; /* submitters waiting in reserve() */
+	uint64_t next_job_id;
+	mbp_mpi_stats st; /* rank 0's counters; rank[] and reported: the ranks' reports as they came in */
 
 	bool arrived;		 /* the loop's: results came in this pass */
 	_Atomic uint64_t passed; /* the loop writes, stats read */
@@ -392,16 +390,16 @@ static void retire(mbp_mpi *mp)
 				break;
 			if (t->state == T_DONE) {
 				if (t->status)
-					mp->mbs_failed++;
+					mp->st.mbs_failed++;
 				else {
-					mp->mbs_completed++;
-					mp->rows_completed += t->rows;
+					mp->st.mbs_completed++;
+					mp->st.rows_completed += t->rows;
 				}
 				/* a job's last micro-batch: its status set here, in order; completed below */
 				job_done[n] =
 				    t->job && mbp__job_left(t->job, 1, t->status != 0, t->status, t->k);
 				if (job_done[n])
-					++*(t->job->status ? &mp->jobs_failed : &mp->jobs_completed);
+					++*(t->job->status ? &mp->st.jobs_failed : &mp->st.jobs_completed);
 				batch[n++] = *t;
 			}
 			memset(t, 0, sizeof(*t));
@@ -523,15 +521,15 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 	if ((rc = mbp__job_check(mp->p, job, &nmb)) || (rc = reserve(mp, true, timeout_ns, &seq, &c)))
 		return rc;
 	mbp__job_begin(job, nmb, ++mp->next_job_id);
-	mp->jobs_accepted++;
-	mp->mbs_accepted += nmb;
+	mp->st.jobs_accepted++;
+	mp->st.mbs_accepted += nmb;
 	for (uint32_t k = 0; k < nmb; k++) {
 		if (k > 0 && reserve(mp, false, -1, &seq, &c) != 0) {
 			/* the run ended under it: micro-batches k.. never got an entry, and fail */
-			mp->mbs_failed += nmb - k;
+			mp->st.mbs_failed += nmb - k;
 			bool last =
 			    mbp__job_left(job, nmb - k, nmb - k, mp->r.dead ? mp->r.err : -ECANCELED, k);
-			mp->jobs_failed += last;
+			mp->st.jobs_failed += last;
 			pthread_mutex_unlock(&mp->r.lock);
 			if (last)
 				mbp__job_complete(job);
@@ -599,7 +597,7 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 	t->rows = mb->rows;
 	t->user = mb->user;
 	t->user_seq = mb->seq;
-	mp->mbs_accepted++; /* taken back below if the local submit refuses it */
+	mp->st.mbs_accepted++; /* taken back below if the local submit refuses it */
 	pthread_mutex_unlock(&mp->r.lock);
 	c->h.rows = mb->rows;
 	c->in = NULL;
@@ -625,7 +623,7 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 			mb->seq = t->user_seq;
 			mb->user = t->user;
 			t->state = T_VOID; /* never accepted: retired without a trace */
-			mp->mbs_accepted--;
+			mp->st.mbs_accepted--;
 		}
 		pthread_mutex_unlock(&mp->r.lock);
 		if (retired) {
@@ -769,8 +767,8 @@ static void op_on_ctl(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m
 		mp->cancelled = true;
 		pthread_cond_broadcast(&r->cond);
 	} else if (m->cmd == MBP__CTL_STOPPED && peer < MBP_MAX_STAGES) {
-		mp->rs[peer] = m->st;
-		mp->reported++;
+		mp->st.rank[peer] = m->st;
+		mp->st.reported++;
 	}
 }
 
@@ -943,20 +941,11 @@ int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st)
 {
 	if (!mp || !st)
 		return -EINVAL;
-	memset(st, 0, sizeof(*st));
 	pthread_mutex_lock(&mp->r.lock);
-	st->jobs_accepted = mp->jobs_accepted;
-	st->jobs_completed = mp->jobs_completed;
-	st->jobs_failed = mp->jobs_failed;
-	st->mbs_accepted = mp->mbs_accepted;
-	st->mbs_completed = mp->mbs_completed;
-	st->mbs_failed = mp->mbs_failed;
-	st->rows_completed = mp->rows_completed;
-	st->ranks = (uint32_t)mp->r.size;
-	st->reported = mp->reported + 1;
-	for (int r = 0; r < mp->r.size; r++)
-		st->rank[r] = mp->rs[r];
+	*st = mp->st;
 	pthread_mutex_unlock(&mp->r.lock);
+	st->ranks = (uint32_t)mp->r.size;
+	st->reported++; /* this rank: its own counters, current (below) */
 	local_rank_stats(mp, &st->rank[mp->r.rank]);
 	return 0;
 }
