@@ -2,7 +2,7 @@
  * A run: the base object of the pipeline across ranks (mpi.c) and of the trainer across ranks
  * (trainer.c), as libuv's stream is under its tcp and pipe: options, the communicator and its hand-shake,
  * the control channel and the links, and the one link loop that drives them, a task on the communication
- * thread from mbp__run_go() to the end of the run. A flow gives a small table of operations (mpi_internal.h)
+ * thread from mbp__run_start() to the end of the run. A flow gives a small table of operations (mpi_internal.h)
  * and keeps only its own protocol.
  *
  * A pass of the loop: every link (one MPI_Testsome each), the flow's own work, the control channel, the

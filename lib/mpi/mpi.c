@@ -21,7 +21,9 @@
  * Rank 0's table holds every accepted micro-batch until it retires, indexed by its global sequence number
  * modulo opts.inflight: reserved by a submitter, in flight once submitted locally, done when its result
  * (or its failure) arrives, then retired strictly in sequence order by whichever thread holds the
- * `retiring` token, so that jobs complete and single results are delivered in submission order.
+ * `retiring` token, so that jobs complete and single results are delivered in submission order. A job's
+ * own bookkeeping (its count of micro-batches to go, its first error, its completion and wait) is job.c's,
+ * as for a local job.
  */
 #include "config.h"
 

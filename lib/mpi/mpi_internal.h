@@ -174,7 +174,7 @@ enum { MBP__RUN_NEW = 0, MBP__RUN_RUNNING, MBP__RUN_ENDED };
 
 /*
  * A run: the part of mbp_mpi and mbp_mpi_trainer that is the same (they embed it first). Threads: the
- * owner's (set-up, its API) and the loop's (a task on the communication thread from mbp__run_go() to the
+ * owner's (set-up, its API) and the loop's (a task on the communication thread from mbp__run_start() to the
  * end of the run). They share `lock`; a thread that publishes work for the loop kicks it.
  */
 struct mbp__run {
