@@ -1,7 +1,8 @@
 /*
  * Jobs: describing one (mbp_job_init), submitting it whole into the ingress, accounting its micro-batches
  * as they leave the pipeline (mbp__job_account, on the completing worker), completing it, and waiting for
- * it. Splitting a job into micro-batches happens on stage 0's thread (worker.c), reading the caller's input
+ * it. Rank 0 of a pipeline across MPI ranks (lib/mpi/mpi.c) keeps its jobs with the same pieces: the check,
+ * the bookkeeping, the accounting and the completion; its table stands in for the ingress. Splitting a job into micro-batches happens on stage 0's thread (worker.c), reading the caller's input
  * in place.
  *
  * Completion: the worker that brings `left` to zero fills the results, then either calls the job's
@@ -27,35 +28,47 @@ void mbp_job_init(mbp_job *job, const void *in, void *out, size_t rows, uint32_t
 	job->mb_rows = mb_rows;
 }
 
-int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns)
+int mbp__job_check(mbp_pipeline *p, const mbp_job *job, uint32_t *nmb)
 {
-	if (!p || !job || !job->in || !job->out || job->rows == 0 || job->mb_rows == 0)
+	if (!job || !job->in || !job->out || job->rows == 0 || job->mb_rows == 0)
 		return -EINVAL;
 	if (job->mb_rows > p->o.max_mb_rows)
 		return mbp__pipeline_refuse(
 		    p, -E2BIG, "micro-batches of %" PRIu32 " rows: above max_mb_rows (%" PRIu32 ")",
 		    job->mb_rows, p->o.max_mb_rows);
-	uint64_t nmb = (job->rows + job->mb_rows - 1) / job->mb_rows;
-	if (nmb > UINT32_MAX)
+	uint64_t n = (job->rows + job->mb_rows - 1) / job->mb_rows;
+	if (n > UINT32_MAX)
 		return mbp__pipeline_refuse(p, -EINVAL,
 					    "%zu rows in micro-batches of %" PRIu32 " rows: %" PRIu64
 					    " micro-batches, above 4294967295",
-					    job->rows, job->mb_rows, nmb);
-	int rc = mbp__submit_enter(p);
-	if (rc)
-		return rc;
+					    job->rows, job->mb_rows, n);
+	*nmb = (uint32_t)n;
+	return 0;
+}
+
+void mbp__job_begin(mbp_job *job, uint32_t nmb, uint64_t id)
+{
 	struct mbp__job_priv *jp = mbp__jp(job);
 	memset(jp, 0, sizeof(*jp));
 	job->status = 0;
-	job->mbs = (uint32_t)nmb;
+	job->mbs = nmb;
 	job->mbs_failed = 0;
 	job->done_ns = 0;
 	job->submit_ns = mbp__now_ns();
-	/* relaxed: a unique number is all it gives; nothing is published through it */
-	job->id = atomic_fetch_add_explicit(&p->next_job_id, 1, memory_order_relaxed) + 1;
-	atomic_init(&jp->left, (uint32_t)nmb);
+	job->id = id;
+	atomic_init(&jp->left, nmb);
 	atomic_init(&jp->first_err, UINT64_MAX);
-	rc = mbp__ingress_put(&p->ingress, &jp->item, MBP__ITEM_JOB, timeout_ns);
+}
+
+int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns)
+{
+	uint32_t nmb;
+	int rc = p ? mbp__job_check(p, job, &nmb) : -EINVAL;
+	if (rc || (rc = mbp__submit_enter(p)))
+		return rc;
+	/* relaxed: a unique number is all it gives; nothing is published through it */
+	mbp__job_begin(job, nmb, atomic_fetch_add_explicit(&p->next_job_id, 1, memory_order_relaxed) + 1);
+	rc = mbp__ingress_put(&p->ingress, &mbp__jp(job)->item, MBP__ITEM_JOB, timeout_ns);
 	if (rc == 0) {
 		/* relaxed: statistics; drain reads them after stop_accepting()'s acquire of `submitting` */
 		atomic_fetch_add_explicit(&p->jobs_accepted, 1, memory_order_relaxed);
@@ -65,8 +78,7 @@ int mbp_job_submit(mbp_pipeline *p, mbp_job *job, int64_t timeout_ns)
 	return rc;
 }
 
-void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, uint32_t failed, int err,
-		      uint32_t seq)
+bool mbp__job_left(mbp_job *job, uint32_t k, uint32_t failed, int err, uint32_t seq)
 {
 	struct mbp__job_priv *jp = mbp__jp(job);
 	if (failed) {
@@ -79,26 +91,40 @@ void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, u
 			;
 		atomic_fetch_add_explicit(&jp->failed, failed, memory_order_relaxed);
 	}
-	mbp__counter_add(&c->done_mbs, k - failed);
-	mbp__counter_add(&c->done_failed_mbs, failed);
 	/* acq_rel; partners: the other completers' decrements: the thread that brings `left` to zero sees
 	 * every other completer's writes (first_err, failed, the output rows it wrote) */
 	uint32_t left = atomic_fetch_sub_explicit(&jp->left, k, memory_order_acq_rel) - k;
 	if (left)
-		return;
+		return false;
 	/* relaxed, both: ordered by the acq_rel decrement above */
 	uint64_t fe = atomic_load_explicit(&jp->first_err, memory_order_relaxed);
 	job->status = fe == UINT64_MAX ? 0 : (int)(uint32_t)fe;
 	job->mbs_failed = atomic_load_explicit(&jp->failed, memory_order_relaxed);
 	job->done_ns = mbp__now_ns();
-	mbp__counter_add(job->status ? &c->done_failed_jobs : &c->done_jobs, 1);
+	return true;
+}
+
+void mbp__job_complete(mbp_job *job)
+{
 	if (job->cb) {
 		job->cb(job, job->cb_arg); /* may free the job: touch nothing after */
 		return;
 	}
+	struct mbp__job_priv *jp = mbp__jp(job);
 	/* release; partner: the acquire load in mbp_job_done()/mbp_job_wait(): the results are visible */
 	if (atomic_exchange_explicit(&jp->state, 1, memory_order_release) == 2)
 		mbp__futex_wake(&jp->state, INT32_MAX);
+}
+
+void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, uint32_t failed, int err,
+		      uint32_t seq)
+{
+	mbp__counter_add(&c->done_mbs, k - failed);
+	mbp__counter_add(&c->done_failed_mbs, failed);
+	if (!mbp__job_left(job, k, failed, err, seq))
+		return;
+	mbp__counter_add(job->status ? &c->done_failed_jobs : &c->done_jobs, 1);
+	mbp__job_complete(job);
 }
 
 bool mbp_job_done(const mbp_job *job)

@@ -32,6 +32,18 @@ static inline struct mbp__job_priv *mbp__jp(mbp_job *job)
 
 struct mbp__stage_counters;
 
+/* A job's checks (mbp_job_submit's; a refusal for a limit recorded on p): 0 and its micro-batch count in
+ * *nmb, -EINVAL or -E2BIG. */
+int mbp__job_check(mbp_pipeline *p, const mbp_job *job, uint32_t *nmb);
+/* A job accepted: its bookkeeping starts (status, counts, times, `id`; nmb micro-batches to go). */
+void mbp__job_begin(mbp_job *job, uint32_t nmb, uint64_t id);
+/* k micro-batches of `job` leave, `failed` of them failed, the first failure being `err` at `seq`: true
+ * when they were its last; then its status, mbs_failed and done_ns are set, mbp__job_complete() next. */
+bool mbp__job_left(mbp_job *job, uint32_t k, uint32_t failed, int err, uint32_t seq);
+/* The job's completion: its callback (its last touch: it may free the job), or done published and its
+ * waiter woken. */
+void mbp__job_complete(mbp_job *job);
+
 /* Completion of job micro-batches: k micro-batches of `job` leave the pipeline, `failed` of them failed,
  * the first failure being `err` at `seq`. Completes the job when it was the last. Counts into `c`. */
 void mbp__job_account(struct mbp__stage_counters *c, mbp_job *job, uint32_t k, uint32_t failed, int err,

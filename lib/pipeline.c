@@ -209,38 +209,6 @@ static int make_pools(struct mbp_pipeline *p)
 	return rc ? pool_refused(p, rc, mb_bytes) : 0;
 }
 
-/*
- * The started pipelines, so that mbp_mb_release(NULL, mb) finds the pool a buffer came from: a result
- * callback has the buffer but may not have the pipeline (its options were filled before the pipeline
- * existed). A pipeline joins at start and leaves at destroy, before its pools go; a release holds the
- * read side while it finds the pool and gives the buffer back, so the pool cannot go meanwhile.
- */
-static pthread_rwlock_t live_lock = PTHREAD_RWLOCK_INITIALIZER;
-static struct mbp_pipeline *live; /* linked by live_next, under live_lock */
-
-static void live_add(struct mbp_pipeline *p)
-{
-	pthread_rwlock_wrlock(&live_lock);
-	p->live_next = live;
-	live = p;
-	p->is_live = true;
-	pthread_rwlock_unlock(&live_lock);
-}
-
-static void live_remove(struct mbp_pipeline *p)
-{
-	if (!p->is_live)
-		return;
-	pthread_rwlock_wrlock(&live_lock);
-	for (struct mbp_pipeline **q = &live; *q; q = &(*q)->live_next)
-		if (*q == p) {
-			*q = p->live_next;
-			break;
-		}
-	p->is_live = false;
-	pthread_rwlock_unlock(&live_lock);
-}
-
 int mbp_pipeline_start(mbp_pipeline *p)
 {
 	if (!p)
@@ -273,7 +241,9 @@ int mbp_pipeline_start(mbp_pipeline *p)
 		return rc;
 	}
 	p->start_ns = mbp__clock_ns();
-	live_add(p); /* its buffers can be given back without the handle from now on */
+	/* its buffers can be given back without the handle from now on (mbp_mb_release(NULL, mb): a result
+	 * callback has the buffer but may not have the pipeline), until its pool goes at destroy */
+	mbp__pool_publish(p->mb_pool, true);
 	/* release; partners: the loads of state in mbp__submit_enter() (seq_cst, so also acquire),
 	 * mbp_mb_acquire() and mbp_pipeline_placement() (acquire). Publishes what start built: the pools,
 	 * rings and placement, and start_ns, to any thread that sees RUNNING. */
@@ -365,14 +335,8 @@ void mbp_mb_release(mbp_pipeline *p, mbp_mb *mb)
 		mbp_pool_put(p->mb_pool, NULL, mb);
 		return;
 	}
-	pthread_rwlock_rdlock(&live_lock);
-	for (struct mbp_pipeline *q = live; q; q = q->live_next)
-		if (mbp__pool_owns(q->mb_pool, mb)) {
-			mbp_pool_put(q->mb_pool, NULL, mb); /* checks that the caller holds it */
-			pthread_rwlock_unlock(&live_lock);
-			return;
-		}
-	pthread_rwlock_unlock(&live_lock);
+	if (mbp__pool_put_published(mb))
+		return;
 	/* as mbp_pool_put() does for a pointer that is not its buffer: going on would corrupt memory */
 	fprintf(stderr, "mbpipe: mbp_mb_release: %p is not a buffer of a started pipeline that exists\n",
 		(void *)mb);
@@ -461,7 +425,6 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 	int st = atomic_load_explicit(&p->state, memory_order_relaxed);
 	if (st == ST_RUNNING || st == ST_DRAINING)
 		mbp_pipeline_cancel(p);
-	live_remove(p); /* before its pools go: a release without the handle no longer finds them */
 	for (unsigned i = 0; i < p->nstages; i++) {
 		mbp__ring_destroy(p->stages[i].out);
 		mbp__trace_free(&p->stages[i].trace);

@@ -80,9 +80,6 @@ struct mbp_pipeline {
 	mbp_opts o;
 	unsigned nstages;
 	unsigned node_k, node_m; /* mbp__pipeline_node_share(): its part of its node's CPUs (mbp_mpi) */
-	/* the started pipelines (pipeline.c, for mbp_mb_release without the handle): under its lock */
-	struct mbp_pipeline *live_next;
-	bool is_live;
 	struct mbp__stage stages[MBP_MAX_STAGES];
 	struct mbp__crew crew; /* the worker threads: placement, start, stop (crew.h) */
 	mbp_pool *pool;	       /* hop buffers, engine only */

@@ -114,6 +114,7 @@ struct mbp_pool {
 	 * by put's fast path as a hint (see the file comment for why a stale read is harmless). */
 	_Atomic uint32_t waiters;
 	struct depot_mpmc depot;
+	struct mbp_pool *pub_next; /* in the published list (mbp__pool_publish), under pub_lock */
 };
 
 __attribute__((noreturn, format(printf, 1, 2))) static void pool_die(const char *fmt, ...)
@@ -406,10 +407,43 @@ void mbp_pool_cache_destroy(mbp_pool_cache *c)
 	free(c);
 }
 
+/* The published pools; a put through the list holds the read side while it finds the pool and gives the
+ * buffer back, so the pool cannot go meanwhile (destroy unpublishes first). */
+static pthread_rwlock_t pub_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct mbp_pool *published;
+
+void mbp__pool_publish(mbp_pool *p, bool on)
+{
+	pthread_rwlock_wrlock(&pub_lock);
+	struct mbp_pool **q = &published;
+	while (*q && *q != p)
+		q = &(*q)->pub_next;
+	if (on && !*q) {
+		p->pub_next = published;
+		published = p;
+	} else if (!on && *q) {
+		*q = p->pub_next;
+	}
+	pthread_rwlock_unlock(&pub_lock);
+}
+
+bool mbp__pool_put_published(mbp_mb *mb)
+{
+	pthread_rwlock_rdlock(&pub_lock);
+	struct mbp_pool *q = published;
+	while (q && !mbp__pool_owns(q, mb))
+		q = q->pub_next;
+	if (q)
+		mbp_pool_put(q, NULL, mb); /* checks that the caller holds it */
+	pthread_rwlock_unlock(&pub_lock);
+	return q != NULL;
+}
+
 int mbp_pool_destroy(mbp_pool *p)
 {
 	if (!p)
 		return 0;
+	mbp__pool_publish(p, false);
 	struct depot_mpmc *d = &p->depot;
 	pthread_mutex_lock(&d->lock);
 	uint32_t cached = 0;

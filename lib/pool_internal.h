@@ -59,6 +59,15 @@ int mbp__pool_lend(struct mbp_pool *p, mbp_mb *mb);
 void mbp__pool_unlend(mbp_mb *mb);
 
 /*
+ * Publish a pool (on) or take it back: its buffers may come back without its owner's handle, through
+ * mbp__pool_put_published() (mbp_mb_release(NULL, mb): a started pipeline's buffers, rank 0's results
+ * across MPI ranks). mbp_pool_destroy() takes it back first. Any thread.
+ */
+void mbp__pool_publish(struct mbp_pool *p, bool on);
+/* Give `mb` back to the published pool that owns it, as mbp_pool_put(pool, NULL, mb); false: none does. */
+bool mbp__pool_put_published(mbp_mb *mb);
+
+/*
  * Grow the pool now until it has allocated `n` buffers (at most its bound), each new one free in the depot:
  * for an owner that knows the most it will hold at once (the trainer, from its schedule), so that no get
  * allocates later, whatever the timing. Counted in grows and allocated, not in gets. 0, -ENOMEM (what was

@@ -1337,6 +1337,11 @@ void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err)
 	t->prepare_err = err;
 }
 
+const mbp_train_opts *mbp__trainer_opts(const mbp_trainer *t)
+{
+	return &t->o;
+}
+
 mbp_pool *mbp__trainer_pool(mbp_trainer *t)
 {
 	return t->pool;

@@ -63,6 +63,8 @@ bool mbp__trainer_link_pop(mbp_trainer *t, int link, mbp_mb **mb);
 bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb);
 /* Items waiting in a boundary ring (0 when it does not exist). Any thread. */
 unsigned mbp__trainer_link_count(mbp_trainer *t, int link);
+/* The trainer's options, their defaults filled in. */
+const mbp_train_opts *mbp__trainer_opts(const mbp_trainer *t);
 /* The trainer's pool (its buffers travel over the links). */
 mbp_pool *mbp__trainer_pool(mbp_trainer *t);
 

@@ -584,6 +584,56 @@ START_TEST(a_stage_error_on_the_last_rank_fails_only_its_micro_batches)
 }
 END_TEST
 
+/* ---- a job across ranks completes as a local job does ---- */
+
+static void count_cb(mbp_job *job, void *arg)
+{
+	(void)job;
+	atomic_fetch_add((atomic_uint *)arg, 1);
+}
+
+START_TEST(a_job_across_ranks_completes_as_a_local_job_does)
+{
+	struct cfg c = {.fail_stage = 1, .fail_mod = 160, .fail_rem = 48}; /* micro-batch k % 10 == 3 fails */
+	mbp_mpi *mp;
+	ck_assert_int_eq(make(&mp, &c), 0);
+	ck_assert_int_eq(mbp_mpi_start(mp), 0);
+	if (served(mp, 0))
+		return;
+	enum { ROWS = 160, MBR = 16 };
+	struct jobset js;
+	jobs_submit(mp, &js, 1, ROWS, MBR, 1);
+	/* waited for: done as mbp_job_done() says; its status is its first failed micro-batch's */
+	ck_assert_int_eq(mbp_mpi_job_wait(mp, &js.jobs[0], 60 * SEC), 0);
+	ck_assert(mbp_job_done(&js.jobs[0]));
+	ck_assert_int_eq(js.jobs[0].status, -EDOM);
+	ck_assert_uint_eq(js.jobs[0].mbs, ROWS / MBR);
+	ck_assert_uint_eq(js.jobs[0].mbs_failed, 1);
+	ck_assert_uint_ge(js.jobs[0].done_ns, js.jobs[0].submit_ns);
+	/* with a callback: the callback is its completion, once; waiting on it is refused */
+	static atomic_uint calls;
+	atomic_store(&calls, 0);
+	static uint64_t in2[ROWS * IN_WORDS], out2[ROWS * OUT_WORDS];
+	fill_rows(in2, 2, 0, ROWS); /* another producer: each one's rows reach every stage in order */
+	mbp_job cb_job;
+	mbp_job_init(&cb_job, in2, out2, ROWS, MBR);
+	cb_job.cb = count_cb;
+	cb_job.cb_arg = &calls;
+	ck_assert_int_eq(mbp_mpi_job_submit(mp, &cb_job, -1), 0);
+	ck_assert_int_eq(mbp_mpi_job_wait(mp, &cb_job, 0), -EINVAL);
+	ck_assert_int_eq(mbp_mpi_drain(mp, 60 * SEC), 0);
+	ck_assert_uint_eq(atomic_load(&calls), 1);
+	ck_assert(!mbp_job_done(&cb_job));
+	mbp_mpi_stats s;
+	check_global(mp, &s);
+	ck_assert_uint_eq(s.jobs_accepted, 2);
+	ck_assert_uint_eq(s.jobs_failed, 2);
+	check_local(mp);
+	mbp_mpi_destroy(mp);
+	jobs_free(&js);
+}
+END_TEST
+
 /* ---- drain and cancel from rank 0 ---- */
 
 START_TEST(drain_from_rank_0_finishes_everything_accepted_on_every_rank)
@@ -987,6 +1037,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, one_stage_per_rank_reads_each_micro_batch_in_place_as_a_local_job);
 	tcase_add_test(tc, a_stage_error_on_rank_0_fails_only_its_micro_batches);
 	tcase_add_test(tc, a_stage_error_on_the_last_rank_fails_only_its_micro_batches);
+	tcase_add_test(tc, a_job_across_ranks_completes_as_a_local_job_does);
 	tcase_add_test(tc, drain_from_rank_0_finishes_everything_accepted_on_every_rank);
 	tcase_add_test(tc, cancel_from_rank_0_fails_the_rest_on_every_rank_and_loses_nothing);
 	tcase_add_test(tc, a_slow_last_rank_back_pressures_its_upstream_through_credits);

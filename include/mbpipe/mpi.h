@@ -141,15 +141,17 @@ int mbp_mpi_start(mbp_mpi *mp);
 
 /**
  * Submit a job (rank 0): as mbp_job_submit(), with the results of the last rank gathered into job->out
- * (rows x the last rank's output width). Wait for it with mbp_mpi_job_wait(), not mbp_job_wait().
+ * (rows x the last rank's output width). It completes as a local job does (pipeline.h, "Completion": its
+ * callback, or mbp_mpi_job_wait(), which is mbp_job_wait(), and mbp_job_done()); job->status is the error
+ * of its first failed micro-batch.
  * @return 0 (accepted: it will complete), -EINVAL, -E2BIG (mb_rows above max_mb_rows), -ENOTCONN (not
  *         started), -EPERM (not rank 0), -ESHUTDOWN (draining, cancelled or the run failed), -EAGAIN,
  *         -ETIMEDOUT (no room for its micro-batches in opts.inflight within the timeout).
  */
 int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns);
 
-/** Wait for a job submitted with mbp_mpi_job_submit(). @return 0 when done (see job->status), -ETIMEDOUT,
- * -EINVAL. */
+/** Wait for a job submitted with mbp_mpi_job_submit(), as mbp_job_wait(). @return 0 when done (see
+ * job->status), -ETIMEDOUT, -EINVAL (NULL, or a job with a callback). */
 int mbp_mpi_job_wait(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns);
 
 /** Convenience (rank 0): init, submit (waiting for room) and wait. @return the job's status or a submit

@@ -84,12 +84,6 @@ void mbp__link_open(struct mbp__run *r, struct mbp__link *l)
 	refill(r, l, false);
 }
 
-static void count(_Atomic uint64_t *c)
-{
-	/* relaxed load and store: only the loop writes; stats read a value that is at worst one behind */
-	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
-}
-
 /* Sender: items go out while credits and free slots last. */
 static bool send_more(struct mbp__run *r, struct mbp__link *l)
 {
@@ -101,7 +95,7 @@ static bool send_more(struct mbp__run *r, struct mbp__link *l)
 		if (l->credits == 0) {
 			if (!l->stalled && r->ops->waiting(r, l)) {
 				l->stalled = true;
-				count(&l->credit_waits);
+				mbp__counter_add(&l->credit_waits, 1);
 			}
 			break;
 		}
@@ -116,7 +110,7 @@ static bool send_more(struct mbp__run *r, struct mbp__link *l)
 		s->out = 3;
 		s->used = true;
 		l->credits--;
-		count(&l->sent);
+		mbp__counter_add(&l->sent, 1);
 		act = true;
 	}
 	return act;
@@ -133,7 +127,7 @@ static bool receive(struct mbp__run *r, struct mbp__link *l, uint64_t now)
 			break; /* not in yet: the later ones wait behind it */
 		if (!s->in) {
 			s->in = true;
-			count(&l->received);
+			mbp__counter_add(&l->received, 1);
 			mbp__ctl_heard(r, l->peer, now);
 			act = true;
 		}

@@ -2,7 +2,7 @@
  * A run: the base object of the pipeline across ranks (mpi.c) and of the trainer across ranks
  * (trainer.c), as libuv's stream is under its tcp and pipe: options, the communicator and its hand-shake,
  * the control channel and the links, and the one link loop that drives them, a task on the communication
- * thread from mbp__run_go() to the end of the run. A flow gives a small table of operations (mpi_internal.h)
+ * thread from mbp__run_start() to the end of the run. A flow gives a small table of operations (mpi_internal.h)
  * and keeps only its own protocol.
  *
  * A pass of the loop: every link (one MPI_Testsome each), the flow's own work, the control channel, the
@@ -36,8 +36,16 @@ void mbp_mpi_opts_init(mbp_mpi_opts *o)
 	o->idle_ns = 200000;
 }
 
-void mbp__run_init(struct mbp__run *r, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo)
+int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo)
 {
+	*rp = NULL;
+	if (!mbp__mpi_started())
+		return -ENOTCONN;
+	if (mbp_mpi_size() > MBP_MAX_STAGES)
+		return -ERANGE;
+	struct mbp__run *r = calloc(1, size);
+	if (!r)
+		return -ENOMEM;
 	mbp_mpi_opts d;
 	mbp_mpi_opts_init(&d);
 	r->ops = ops;
@@ -59,6 +67,12 @@ void mbp__run_init(struct mbp__run *r, const struct mbp__run_ops *ops, const mbp
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&r->cond, &ca);
 	pthread_condattr_destroy(&ca);
+	*rp = r;
+	if (r->mo.window <= 1024)
+		return 0;
+	mbp__run_destroy(r);
+	free(r);
+	return -EINVAL;
 }
 
 void mbp__run_destroy(struct mbp__run *r)
@@ -74,11 +88,17 @@ const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts
 {
 	if (timeout_ns <= 0)
 		return NULL;
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	uint64_t ns = (uint64_t)ts->tv_nsec + (uint64_t)timeout_ns;
-	ts->tv_sec += (time_t)(ns / 1000000000u);
-	ts->tv_nsec = (long)(ns % 1000000000u);
+	*ts = mbp__timespec(mbp__now_ns() + (uint64_t)timeout_ns);
 	return ts;
+}
+
+void mbp__run_counts(struct mbp__run *r, uint64_t *sent, uint64_t *received, uint64_t *credit_waits)
+{
+	for (unsigned i = 0; i < r->nlinks; i++) {
+		*sent += mbp__counter_get(&r->link[i].sent);
+		*received += mbp__counter_get(&r->link[i].received);
+		*credit_waits += mbp__counter_get(&r->link[i].credit_waits);
+	}
 }
 
 bool mbp__run_wait(struct mbp__run *r, const struct timespec *deadline)

@@ -21,7 +21,9 @@
  * Rank 0's table holds every accepted micro-batch until it retires, indexed by its global sequence number
  * modulo opts.inflight: reserved by a submitter, in flight once submitted locally, done when its result
  * (or its failure) arrives, then retired strictly in sequence order by whichever thread holds the
- * `retiring` token, so that jobs complete and single results are delivered in submission order.
+ * `retiring` token, so that jobs complete and single results are delivered in submission order. A job's
+ * own bookkeeping (its count of micro-batches to go, its first error, its completion and wait) is job.c's,
+ * as for a local job.
  */
 #include "config.h"
 
@@ -34,12 +36,12 @@
 
 #include "affinity.h"
 #include "common.h"
+#include "job.h"
 #include "mpi_internal.h"
 #include "pool_internal.h"
 
 enum { T_FREE = 0, T_RESERVED, T_INFLIGHT, T_DONE, T_VOID };
 
-#define MAX_RANKS    MBP_MAX_STAGES
 #define RESULT_STAGE (UINT32_MAX - 1)
 #define RETIRE_BATCH 64
 #define TAG_LINK     1
@@ -79,7 +81,6 @@ struct mbp_mpi {
 	mbp_pool *mb_pool;     /* the local pipeline's (mbp_mpi_mb_acquire) */
 	mbp_pool_cache *cache; /* ranks > 0: the loop's cache of `pool` (it gets and puts them all there) */
 	struct carrier *carriers;
-	struct mbp_mpi *live_next;
 
 	/* under r.lock: */
 	bool stop_accepting, cancelled, closing;
@@ -89,19 +90,13 @@ struct mbp_mpi {
 	uint32_t tcap;
 	uint64_t next_seq, next_retire;
 	bool retiring, retire_again;
-	unsigned reserving; /* submitters waiting in reserve_locked */
-	uint64_t jobs_accepted, jobs_completed, jobs_failed, next_job_id;
-	uint64_t mbs_accepted, mbs_completed, mbs_failed, rows_completed;
-	mbp_mpi_rank_stats rs[MAX_RANKS];
-	uint32_t reported;
+	unsigned reserving; /* submitters waiting in reserve() */
+	uint64_t next_job_id;
+	mbp_mpi_stats st; /* rank 0's counters; rank[] and reported: the ranks' reports as they came in */
 
 	bool arrived;		 /* the loop's: results came in this pass */
 	_Atomic uint64_t passed; /* the loop writes, stats read */
 };
-
-/* mbp_mpi_mb_release(NULL, ...) looks up the result pool here. */
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static mbp_mpi *live;
 
 static mbp_mpi *of(struct mbp__run *r)
 {
@@ -241,17 +236,14 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	if (!out || !local)
 		return -EINVAL;
 	*out = NULL;
-	if (!mbp__mpi_started())
-		return -ENOTCONN;
-	if (mbp_mpi_size() > MAX_RANKS)
-		return -ERANGE;
-	if (mbp_mpi_rank() != 0 && local->on_result)
+	if (mbp_mpi_rank() > 0 && local->on_result)
 		return -EINVAL;
-	mbp_mpi *mp = calloc(1, sizeof(*mp));
-	if (!mp)
-		return -ENOMEM;
-	mbp__run_init(&mp->r, &ops, mo);
-	if (mp->r.mo.window > 1024 || mp->r.mo.inflight < mp->r.mo.window) {
+	struct mbp__run *r;
+	int rc = mbp__run_new(&r, sizeof(mbp_mpi), &ops, mo);
+	if (rc)
+		return rc;
+	mbp_mpi *mp = of(r);
+	if (r->mo.inflight < r->mo.window) {
 		mbp_mpi_destroy(mp);
 		return -EINVAL;
 	}
@@ -263,15 +255,11 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	mp->lo.on_result_arg = mp;
 	mp->in_rb = mp->out_rb = local->in_row_bytes;
 	mp->qtail = &mp->qhead;
-	int rc = mbp_pipeline_new(&mp->p, &mp->lo);
+	rc = mbp_pipeline_new(&mp->p, &mp->lo);
 	if (rc) {
 		mbp_mpi_destroy(mp);
 		return rc;
 	}
-	pthread_mutex_lock(&live_lock);
-	mp->live_next = live;
-	live = mp;
-	pthread_mutex_unlock(&live_lock);
 	*out = mp;
 	return 0;
 }
@@ -301,16 +289,6 @@ const char *mbp_mpi_error(const mbp_mpi *mp)
 
 /* ---- start ---- */
 
-static int pool_make(mbp_pool **pool, size_t bytes, uint32_t n, size_t max_bytes)
-{
-	mbp_pool_opts po;
-	mbp_pool_opts_init(&po);
-	po.buf_bytes = bytes;
-	po.max_buffers = n;
-	po.max_bytes = max_bytes;
-	return mbp_pool_new(pool, &po);
-}
-
 static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
@@ -323,12 +301,18 @@ static int alloc_run(mbp_mpi *mp)
 		mp->carriers[i].next = mp->free_c;
 		mp->free_c = &mp->carriers[i];
 	}
-	int rc = pool_make(&mp->pool, rb * mp->max_rows, 2 * nc + W, mp->lo.pool_bytes);
+	int rc = mbp_pool_new(&mp->pool, &(mbp_pool_opts){.buf_bytes = rb * mp->max_rows,
+							  .max_buffers = 2 * nc + W,
+							  .max_bytes = mp->lo.pool_bytes});
 	if (rc == 0 && r->rank == 0) {
 		mp->tcap = r->mo.inflight;
 		if (!(mp->tab = calloc(mp->tcap, sizeof(*mp->tab))))
 			return -ENOMEM;
-		rc = pool_make(&mp->res_pool, mp->final_rb * mp->max_rows, mp->tcap + W, mp->lo.pool_bytes);
+		rc = mbp_pool_new(&mp->res_pool, &(mbp_pool_opts){.buf_bytes = mp->final_rb * mp->max_rows,
+								  .max_buffers = mp->tcap + W,
+								  .max_bytes = mp->lo.pool_bytes});
+		if (rc == 0) /* a result may come back without the handle (mbp_mpi_mb_release(NULL, mb)) */
+			mbp__pool_publish(mp->res_pool, true);
 	}
 	if (rc == 0 && r->rank != 0)
 		rc = mbp_pool_cache_new(mp->pool, &mp->cache);
@@ -386,33 +370,12 @@ static void entry_done_locked(struct tent *t, int32_t status)
 	}
 }
 
-/* Account one micro-batch of a job (under lock); true when the job is now complete. */
-static bool job_account_locked(mbp_mpi *mp, const struct tent *t)
-{
-	mbp_job *job = t->job;
-	if (t->status) {
-		if (job->status == 0)
-			job->status = t->status;
-		job->mbs_failed++;
-	}
-	if (--job->priv.opaque[0] != 0)
-		return false;
-	job->done_ns = mbp__now_ns();
-	if (job->status)
-		mp->jobs_failed++;
-	else
-		mp->jobs_completed++;
-	return true;
-}
-
 /* Retire done entries in sequence order: jobs complete, single results reach on_result. Any thread;
  * one at a time (the `retiring` token), so order holds also while the callbacks run unlocked. */
 static void retire(mbp_mpi *mp)
 {
 	struct tent batch[RETIRE_BATCH];
 	bool job_done[RETIRE_BATCH];
-	mbp_job_fn cb[RETIRE_BATCH];
-	void *cb_arg[RETIRE_BATCH];
 	pthread_mutex_lock(&mp->r.lock);
 	if (mp->retiring) {
 		mp->retire_again = true;
@@ -429,12 +392,16 @@ static void retire(mbp_mpi *mp)
 				break;
 			if (t->state == T_DONE) {
 				if (t->status)
-					mp->mbs_failed++;
+					mp->st.mbs_failed++;
 				else {
-					mp->mbs_completed++;
-					mp->rows_completed += t->rows;
+					mp->st.mbs_completed++;
+					mp->st.rows_completed += t->rows;
 				}
-				job_done[n] = t->job ? job_account_locked(mp, t) : false;
+				/* a job's last micro-batch: its status set here, in order; completed below */
+				job_done[n] =
+				    t->job && mbp__job_left(t->job, 1, t->status != 0, t->status, t->k);
+				if (job_done[n])
+					++*(t->job->status ? &mp->st.jobs_failed : &mp->st.jobs_completed);
 				batch[n++] = *t;
 			}
 			memset(t, 0, sizeof(*t));
@@ -442,23 +409,13 @@ static void retire(mbp_mpi *mp)
 		}
 		if (n == 0 && !mp->retire_again)
 			break;
-		/* Mark jobs done before the callbacks: a waiter may now look (broadcast below), and reuse or
-		 * free its job at once, so the callback is read here, under the lock. */
-		for (unsigned i = 0; i < n; i++) {
-			cb[i] = NULL;
-			if (job_done[i]) {
-				cb[i] = batch[i].job->cb;
-				cb_arg[i] = batch[i].job->cb_arg;
-				batch[i].job->priv.opaque[1] = 1;
-			}
-		}
 		pthread_cond_broadcast(&mp->r.cond);
 		pthread_mutex_unlock(&mp->r.lock);
 		for (unsigned i = 0; i < n; i++) {
 			struct tent *t = &batch[i];
 			if (t->job) {
-				if (cb[i])
-					cb[i](t->job, cb_arg[i]);
+				if (job_done[i])
+					mbp__job_complete(t->job);
 				continue;
 			}
 			mbp_mb *r = t->res;
@@ -480,18 +437,23 @@ static void retire(mbp_mpi *mp)
 	pthread_mutex_unlock(&mp->r.lock);
 }
 
-/* Reserve the next sequence number and a carrier (under lock): waits for its table entry to be free and
- * for a carrier. */
-static int reserve_locked(mbp_mpi *mp, bool continuing, const struct timespec *deadline, int64_t timeout_ns,
-			  uint64_t *seq, struct carrier **c)
+/* Reserve the next sequence number and a carrier: waits for its table entry to be free and for a
+ * carrier. `first`: new work (a job's first micro-batch, a single one), refused once draining; it takes the
+ * lock, held on success. Otherwise a job's later micro-batch, the lock held, no timeout. */
+static int reserve(mbp_mpi *mp, bool first, int64_t timeout_ns, uint64_t *seq, struct carrier **c)
 {
-	for (;;) {
+	struct timespec ts;
+	const struct timespec *dl = mbp__run_deadline(timeout_ns, &ts);
+	int rc = 0;
+	if (first)
+		pthread_mutex_lock(&mp->r.lock);
+	while (rc == 0) {
+		struct tent *t = mp->tab ? &mp->tab[mp->next_seq % mp->tcap] : NULL;
 		if (mp->r.state != MBP__RUN_RUNNING)
-			return mp->r.state == MBP__RUN_NEW ? -ENOTCONN : -ESHUTDOWN;
-		if (mp->r.dead || (!continuing && mp->stop_accepting))
-			return -ESHUTDOWN;
-		struct tent *t = &mp->tab[mp->next_seq % mp->tcap];
-		if (t->state == T_FREE && mp->free_c) {
+			rc = mp->r.state == MBP__RUN_NEW ? -ENOTCONN : -ESHUTDOWN;
+		else if (mp->r.dead || (first && mp->stop_accepting))
+			rc = -ESHUTDOWN;
+		else if (t->state == T_FREE && mp->free_c) {
 			*seq = mp->next_seq++;
 			t->state = T_RESERVED;
 			t->seq = *seq;
@@ -499,26 +461,15 @@ static int reserve_locked(mbp_mpi *mp, bool continuing, const struct timespec *d
 			mp->free_c = (*c)->next;
 			(*c)->h = (struct mbp__hdr){.seq = *seq, .tag = mbp__now_ns()};
 			return 0;
+		} else if (timeout_ns == 0) {
+			rc = -EAGAIN;
+		} else {
+			mp->reserving++;
+			rc = mbp__run_wait(&mp->r, dl) ? 0 : -ETIMEDOUT;
+			mp->reserving--;
 		}
-		if (timeout_ns == 0)
-			return -EAGAIN;
-		mp->reserving++;
-		bool in_time = mbp__run_wait(&mp->r, deadline);
-		mp->reserving--;
-		if (!in_time)
-			return -ETIMEDOUT;
 	}
-}
-
-/* Reserve the sequence number of new work (a job's first micro-batch, a single one) and a carrier: on
- * success the lock is held. */
-static int reserve_first(mbp_mpi *mp, int64_t timeout_ns, uint64_t *seq, struct carrier **c)
-{
-	struct timespec ts;
-	const struct timespec *dl = mbp__run_deadline(timeout_ns, &ts);
-	pthread_mutex_lock(&mp->r.lock);
-	int rc = reserve_locked(mp, false, dl, timeout_ns, seq, c);
-	if (rc)
+	if (first)
 		pthread_mutex_unlock(&mp->r.lock);
 	return rc;
 }
@@ -561,60 +512,29 @@ static int check_rank0(const mbp_mpi *mp)
 	return 0;
 }
 
-/* A job's micro-batches k.. never got an entry (the run ended under it): they fail (under lock). */
-static void job_cut_locked(mbp_mpi *mp, mbp_job *job, uint32_t k, mbp_job_fn *cb)
-{
-	int err = mp->r.dead ? mp->r.err : -ECANCELED;
-	uint32_t nmb = job->mbs;
-	mp->mbs_failed += nmb - k;
-	job->mbs_failed += nmb - k;
-	if (job->status == 0)
-		job->status = err;
-	job->priv.opaque[0] -= nmb - k;
-	*cb = NULL;
-	if (job->priv.opaque[0] == 0) {
-		*cb = job->cb; /* read before a waiter may see done */
-		job->done_ns = mbp__now_ns();
-		mp->jobs_failed++;
-		job->priv.opaque[1] = 1;
-		pthread_cond_broadcast(&mp->r.cond);
-	}
-}
-
 int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 {
 	int rc = check_rank0(mp);
 	if (rc)
 		return rc;
-	if (!job || !job->in || !job->out || job->rows == 0 || job->mb_rows == 0)
-		return -EINVAL;
-	if (job->mb_rows > mp->max_rows)
-		return -E2BIG;
-	size_t nmb = (job->rows + job->mb_rows - 1) / job->mb_rows;
-	if (nmb > UINT32_MAX)
-		return -EINVAL;
+	uint32_t nmb;
 	uint64_t seq;
 	struct carrier *c;
-	if ((rc = reserve_first(mp, timeout_ns, &seq, &c)))
+	if ((rc = mbp__job_check(mp->p, job, &nmb)) || (rc = reserve(mp, true, timeout_ns, &seq, &c)))
 		return rc;
-	job->status = 0;
-	job->mbs = (uint32_t)nmb;
-	job->mbs_failed = 0;
-	job->id = mp->next_job_id++;
-	job->submit_ns = mbp__now_ns();
-	job->done_ns = 0;
-	job->priv.opaque[0] = nmb; /* micro-batches not yet retired */
-	job->priv.opaque[1] = 0;   /* done */
-	mp->jobs_accepted++;
-	mp->mbs_accepted += nmb;
+	mbp__job_begin(job, nmb, ++mp->next_job_id);
+	mp->st.jobs_accepted++;
+	mp->st.mbs_accepted += nmb;
 	for (uint32_t k = 0; k < nmb; k++) {
-		if (k > 0 && reserve_locked(mp, true, NULL, -1, &seq, &c) != 0) {
-			mbp_job_fn cb;
-			job_cut_locked(mp, job, k, &cb);
-			void *cb_arg = job->cb_arg;
+		if (k > 0 && reserve(mp, false, -1, &seq, &c) != 0) {
+			/* the run ended under it: micro-batches k.. never got an entry, and fail */
+			mp->st.mbs_failed += nmb - k;
+			bool last =
+			    mbp__job_left(job, nmb - k, nmb - k, mp->r.dead ? mp->r.err : -ECANCELED, k);
+			mp->st.jobs_failed += last;
 			pthread_mutex_unlock(&mp->r.lock);
-			if (cb)
-				cb(job, cb_arg);
+			if (last)
+				mbp__job_complete(job);
 			return 0;
 		}
 		size_t row0 = (size_t)k * job->mb_rows;
@@ -636,20 +556,7 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 
 int mbp_mpi_job_wait(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 {
-	if (!mp || !job)
-		return -EINVAL;
-	struct timespec ts;
-	const struct timespec *dl = mbp__run_deadline(timeout_ns, &ts);
-	int rc = 0;
-	pthread_mutex_lock(&mp->r.lock);
-	while (!job->priv.opaque[1]) {
-		if (timeout_ns == 0 || !mbp__run_wait(&mp->r, dl)) {
-			rc = job->priv.opaque[1] ? 0 : -ETIMEDOUT;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&mp->r.lock);
-	return rc;
+	return mp ? mbp_job_wait(job, timeout_ns) : -EINVAL;
 }
 
 int mbp_mpi_run(mbp_mpi *mp, const void *in, void *out, size_t rows, uint32_t mb_rows)
@@ -684,7 +591,7 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 		return -EINVAL;
 	uint64_t seq;
 	struct carrier *c;
-	if ((rc = reserve_first(mp, timeout_ns, &seq, &c))) {
+	if ((rc = reserve(mp, true, timeout_ns, &seq, &c))) {
 		mbp__pool_unlend(mb);
 		return rc;
 	}
@@ -692,7 +599,7 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 	t->rows = mb->rows;
 	t->user = mb->user;
 	t->user_seq = mb->seq;
-	mp->mbs_accepted++; /* taken back below if the local submit refuses it */
+	mp->st.mbs_accepted++; /* taken back below if the local submit refuses it */
 	pthread_mutex_unlock(&mp->r.lock);
 	c->h.rows = mb->rows;
 	c->in = NULL;
@@ -718,7 +625,7 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 			mb->seq = t->user_seq;
 			mb->user = t->user;
 			t->state = T_VOID; /* never accepted: retired without a trace */
-			mp->mbs_accepted--;
+			mp->st.mbs_accepted--;
 		}
 		pthread_mutex_unlock(&mp->r.lock);
 		if (retired) {
@@ -734,23 +641,10 @@ int mbp_mpi_mb_submit(mbp_mpi *mp, mbp_mb *mb, int64_t timeout_ns)
 
 void mbp_mpi_mb_release(mbp_mpi *mp, mbp_mb *mb)
 {
-	if (!mb)
-		return;
-	if (mp && mp->res_pool && mbp__pool_owns(mp->res_pool, mb)) {
+	if (mb && mp && mbp__pool_owns(mp->res_pool, mb))
 		mbp_pool_put(mp->res_pool, NULL, mb);
-		return;
-	}
-	if (!mp) { /* from an on_result that has no handle: whose result is it? */
-		pthread_mutex_lock(&live_lock);
-		for (mbp_mpi *q = live; q; q = q->live_next)
-			if (q->res_pool && mbp__pool_owns(q->res_pool, mb)) {
-				mbp_pool_put(q->res_pool, NULL, mb);
-				pthread_mutex_unlock(&live_lock);
-				return;
-			}
-		pthread_mutex_unlock(&live_lock);
-	}
-	mbp_mb_release(mp ? mp->p : NULL, mb); /* an acquired buffer never submitted */
+	else if (mb) /* a result without the handle (its pool is published), or an acquired buffer */
+		mbp_mb_release(mp ? mp->p : NULL, mb);
 }
 
 uint64_t mbp_mpi_mb_seq(const mbp_mb *in)
@@ -840,9 +734,7 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 		return MBP__KEEP;
 	}
 	c->h.status = rc == -ESHUTDOWN ? -ECANCELED : rc;
-	/* relaxed load and store: the loop is its only writer */
-	atomic_store_explicit(&mp->passed, atomic_load_explicit(&mp->passed, memory_order_relaxed) + 1,
-			      memory_order_relaxed);
+	mbp__counter_add(&mp->passed, 1); /* the loop is its only writer */
 	queue(mp, c);
 	return MBP__AGAIN;
 }
@@ -866,14 +758,8 @@ static void local_rank_stats(mbp_mpi *mp, mbp_mpi_rank_stats *st)
 		st->mbs_completed = ps.mbs_completed;
 		st->mbs_failed = ps.mbs_failed;
 	}
-	/* relaxed: statistics counters, each with one writer, read for a snapshot */
-	st->passed = atomic_load_explicit(&mp->passed, memory_order_relaxed);
-	for (unsigned i = 0; i < mp->r.nlinks; i++) {
-		struct mbp__link *l = &mp->r.link[i];
-		st->sent += atomic_load_explicit(&l->sent, memory_order_relaxed);
-		st->received += atomic_load_explicit(&l->received, memory_order_relaxed);
-		st->credit_waits += atomic_load_explicit(&l->credit_waits, memory_order_relaxed);
-	}
+	st->passed = mbp__counter_get(&mp->passed);
+	mbp__run_counts(&mp->r, &st->sent, &st->received, &st->credit_waits);
 }
 
 static void op_on_ctl(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m)
@@ -882,9 +768,9 @@ static void op_on_ctl(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m
 	if (m->cmd == MBP__CTL_CANCEL) {
 		mp->cancelled = true;
 		pthread_cond_broadcast(&r->cond);
-	} else if (m->cmd == MBP__CTL_STOPPED && peer < MAX_RANKS) {
-		mp->rs[peer] = m->st;
-		mp->reported++;
+	} else if (m->cmd == MBP__CTL_STOPPED && peer < MBP_MAX_STAGES) {
+		mp->st.rank[peer] = m->st;
+		mp->st.reported++;
 	}
 }
 
@@ -1042,13 +928,6 @@ void mbp_mpi_destroy(mbp_mpi *mp)
 			mbp_mpi_wait(mp, -1);
 	}
 	after_loop(mp, true);
-	pthread_mutex_lock(&live_lock);
-	for (mbp_mpi **q = &live; *q; q = &(*q)->live_next)
-		if (*q == mp) {
-			*q = mp->live_next;
-			break;
-		}
-	pthread_mutex_unlock(&live_lock);
 	mbp_pipeline_destroy(mp->p);
 	if (mp->res_pool && mbp_pool_destroy(mp->res_pool) != 0)
 		fprintf(stderr, "mbp_mpi_destroy: result buffers not released; leaked\n");
@@ -1064,20 +943,11 @@ int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st)
 {
 	if (!mp || !st)
 		return -EINVAL;
-	memset(st, 0, sizeof(*st));
 	pthread_mutex_lock(&mp->r.lock);
-	st->jobs_accepted = mp->jobs_accepted;
-	st->jobs_completed = mp->jobs_completed;
-	st->jobs_failed = mp->jobs_failed;
-	st->mbs_accepted = mp->mbs_accepted;
-	st->mbs_completed = mp->mbs_completed;
-	st->mbs_failed = mp->mbs_failed;
-	st->rows_completed = mp->rows_completed;
-	st->ranks = (uint32_t)mp->r.size;
-	st->reported = mp->reported + 1;
-	for (int r = 0; r < mp->r.size; r++)
-		st->rank[r] = mp->rs[r];
+	*st = mp->st;
 	pthread_mutex_unlock(&mp->r.lock);
+	st->ranks = (uint32_t)mp->r.size;
+	st->reported++; /* this rank: its own counters, current (below) */
 	local_rank_stats(mp, &st->rank[mp->r.rank]);
 	return 0;
 }

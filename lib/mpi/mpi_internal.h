@@ -174,7 +174,7 @@ enum { MBP__RUN_NEW = 0, MBP__RUN_RUNNING, MBP__RUN_ENDED };
 
 /*
  * A run: the part of mbp_mpi and mbp_mpi_trainer that is the same (they embed it first). Threads: the
- * owner's (set-up, its API) and the loop's (a task on the communication thread from mbp__run_go() to the
+ * owner's (set-up, its API) and the loop's (a task on the communication thread from mbp__run_start() to the
  * end of the run). They share `lock`; a thread that publishes work for the loop kicks it.
  */
 struct mbp__run {
@@ -197,8 +197,10 @@ struct mbp__run {
 	unsigned nlinks;
 };
 
-/* Fill in a run (rank, size, options with their defaults; no MPI call). Pair with mbp__run_destroy(). */
-void mbp__run_init(struct mbp__run *r, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
+/* A flow's object of `size` bytes, its run first, zeroed and filled in (rank, size, options with their
+ * defaults; no MPI call): 0, -ENOTCONN (no mbp_mpi_init), -ERANGE (more ranks than MBP_MAX_STAGES),
+ * -EINVAL (a window above 1024), -ENOMEM. Pair with mbp__run_destroy() and free(). */
+int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
 /* Before go: a link (the control channel: mbp__ctl_alloc). 0 or -ENOMEM. */
 int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
 		  mbp_pool_cache *cache);
@@ -222,6 +224,8 @@ void mbp__run_destroy(struct mbp__run *r);
 bool mbp__run_wait(struct mbp__run *r, const struct timespec *deadline);
 /* CLOCK_MONOTONIC's now plus timeout_ns (> 0), or NULL (timeout_ns <= 0). */
 const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts);
+/* The links' counters added to *sent, *received, *credit_waits. Any thread. */
+void mbp__run_counts(struct mbp__run *r, uint64_t *sent, uint64_t *received, uint64_t *credit_waits);
 
 /* Work for the loop is published (a store before this): it passes again instead of parking. Any
  * thread. The publisher's half of the park (wait.h's seq_cst mode). */

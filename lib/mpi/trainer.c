@@ -34,17 +34,13 @@
 #include "mpi_internal.h"
 #include "train_internal.h"
 
-#define MAX_RANKS MBP_MAX_STAGES
-
 enum { TAG_FWD = 21, TAG_BWD = 24, TAG_TGT = 28 };
 enum { V_IDLE = 0, V_PENDING, V_ACTIVE, V_DONE };
 
-/* One rank's vote on the wire. */
+/* One rank's vote on the wire: its trainer's (err.what NULL: a pointer means nothing on another rank). */
 struct vrec {
-	int32_t ok, err, stage, mb, op;
+	struct mbp__train_vote v;
 	int32_t left; /* the rank's trainer is being destroyed mid-run: it ran no part of this step */
-	double loss;
-	double grad_sq[MBP_MAX_STAGES];
 };
 
 struct mbp_mpi_trainer {
@@ -52,7 +48,7 @@ struct mbp_mpi_trainer {
 	mbp_trainer *t;
 	mbp_train_opts o;
 	unsigned nstages, stage0, stages;
-	unsigned first_of[MAX_RANKS + 1]; /* each rank's first global stage; [size] = stages */
+	unsigned first_of[MBP_MAX_STAGES + 1]; /* each rank's first global stage; [size] = stages */
 	size_t out_rb;
 	unsigned char *tgt; /* last rank (size > 1): the step's targets */
 
@@ -122,16 +118,10 @@ static void hook_agree(void *arg, struct mbp__train_vote *v)
 	mbp_mpi_trainer *T = arg;
 	pthread_mutex_lock(&T->r.lock);
 	if (!T->r.dead) {
-		struct vrec *m = &T->mine;
-		memset(m, 0, sizeof(*m));
-		m->ok = v->ok;
-		m->err = v->err.err;
-		m->stage = v->err.stage;
-		m->mb = v->err.mb;
-		m->op = (int32_t)v->err.op;
-		m->loss = v->loss;
+		T->mine = (struct vrec){.v = {.ok = v->ok, .err = v->err, .loss = v->loss}};
+		T->mine.v.err.what = NULL;
 		for (unsigned s = T->stage0; s < T->stage0 + T->nstages; s++)
-			m->grad_sq[s] = v->grad_sq[s];
+			T->mine.v.grad_sq[s] = v->grad_sq[s];
 		T->vote_state = V_PENDING;
 		mbp__run_kick(&T->r);
 		while (T->vote_state != V_DONE && !T->r.dead && T->r.state == MBP__RUN_RUNNING)
@@ -155,29 +145,18 @@ int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp
 {
 	if (!tp || !o)
 		return -EINVAL;
-	*tp = NULL;
-	if (!mbp__mpi_started())
-		return -ENOTCONN;
-	if (mbp_mpi_size() > MAX_RANKS)
-		return -ERANGE;
-	mbp_mpi_trainer *T = calloc(1, sizeof(*T));
-	if (!T)
-		return -ENOMEM;
-	mbp__run_init(&T->r, &ops, mo); /* inflight is not used */
-	T->o = *o;
-	if (!T->o.max_mb_rows)
-		T->o.max_mb_rows = 64;
-	if (!T->o.max_mbs)
-		T->o.max_mbs = 64;
-	if (T->o.schedule == MBP_SCHED_DEFAULT)
-		T->o.schedule = MBP_SCHED_1F1B;
+	struct mbp__run *r;
+	int rc = mbp__run_new(&r, sizeof(mbp_mpi_trainer), &ops, mo); /* inflight is not used */
+	if (rc)
+		return rc;
+	mbp_mpi_trainer *T = of(r);
 	T->out_rb = o->in_row_bytes;
 	T->vote_req = T->tgt_req = MPI_REQUEST_NULL;
-	int rc = T->r.mo.window > 1024 ? -EINVAL : mbp_trainer_new(&T->t, &T->o);
-	if (rc) {
+	if ((rc = mbp_trainer_new(&T->t, o)) != 0) {
 		mbp_mpi_trainer_destroy(T);
 		return rc;
 	}
+	T->o = *mbp__trainer_opts(T->t); /* with its defaults */
 	*tp = T;
 	return 0;
 }
@@ -341,10 +320,7 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 	uint64_t open = T->open, closed = T->closed;
 	pthread_mutex_unlock(&r->lock);
 	if (h->tag <= closed) {
-		/* relaxed load and store: the loop is its only writer */
-		atomic_store_explicit(&T->dropped,
-				      atomic_load_explicit(&T->dropped, memory_order_relaxed) + 1,
-				      memory_order_relaxed);
+		mbp__counter_add(&T->dropped, 1); /* the loop is its only writer */
 		return MBP__AGAIN;
 	}
 	if (h->tag != open)
@@ -381,24 +357,19 @@ static void tally_locked(mbp_mpi_trainer *T)
 	v->ok = true;
 	int pick = -1;
 	for (int r = 0; r < T->r.size; r++) {
-		const struct vrec *a = &T->all[r];
-		v->ok &= a->ok != 0;
-		if (a->left)
+		const struct mbp__train_vote *a = &T->all[r].v;
+		v->ok &= a->ok;
+		if (T->all[r].left)
 			left_locked(T, r);
 		for (unsigned s = T->first_of[r]; s < T->first_of[r + 1]; s++)
 			v->grad_sq[s] = a->grad_sq[s];
 		/* the step's error: the failing stage with the lowest index, else the first rank's */
-		if (a->err && (pick < 0 ||
-			       (a->stage >= 0 && (T->all[pick].stage < 0 || a->stage < T->all[pick].stage))))
+		int low = pick < 0 ? -1 : T->all[pick].v.err.stage;
+		if (a->err.err && (pick < 0 || (a->err.stage >= 0 && (low < 0 || a->err.stage < low))))
 			pick = r;
 	}
-	v->loss = T->all[T->r.size - 1].loss;
-	v->err = (mbp_train_error){.err = -ECANCELED, .stage = -1, .mb = -1};
-	if (pick >= 0)
-		v->err = (mbp_train_error){.err = T->all[pick].err,
-					   .stage = T->all[pick].stage,
-					   .mb = T->all[pick].mb,
-					   .op = (mbp_op_kind)T->all[pick].op};
+	v->loss = T->all[T->r.size - 1].v.loss;
+	v->err = pick >= 0 ? T->all[pick].v.err : (mbp_train_error){.err = -ECANCELED, .stage = -1, .mb = -1};
 	if (v->ok)
 		v->err = (mbp_train_error){0};
 }
@@ -418,10 +389,7 @@ static bool leave_step_locked(mbp_mpi_trainer *T)
 		act = true;
 	}
 	if (T->vote_state == V_IDLE && T->attempt > T->closed && !T->tgt_active) {
-		memset(&T->mine, 0, sizeof(T->mine));
-		T->mine.err = -ECONNRESET;
-		T->mine.stage = T->mine.mb = -1;
-		T->mine.left = 1;
+		T->mine = (struct vrec){.v.err = {.err = -ECONNRESET, .stage = -1, .mb = -1}, .left = 1};
 		T->leave_vote = T->fail_attempt = T->attempt;
 		T->vote_state = V_PENDING;
 		act = true;
@@ -750,14 +718,8 @@ int mbp_mpi_trainer_stats_get(mbp_mpi_trainer *T, mbp_mpi_train_stats *st, mbp_t
 	st->ranks = (uint32_t)T->r.size;
 	st->stage0 = T->stage0;
 	st->stages = T->stages;
-	for (unsigned i = 0; i < T->r.nlinks; i++) {
-		struct mbp__link *l = &T->r.link[i];
-		/* relaxed: statistics counters, each with one writer, read for a snapshot */
-		st->sent += atomic_load_explicit(&l->sent, memory_order_relaxed);
-		st->received += atomic_load_explicit(&l->received, memory_order_relaxed);
-		st->credit_waits += atomic_load_explicit(&l->credit_waits, memory_order_relaxed);
-	}
-	st->dropped = atomic_load_explicit(&T->dropped, memory_order_relaxed);
+	mbp__run_counts(&T->r, &st->sent, &st->received, &st->credit_waits);
+	st->dropped = mbp__counter_get(&T->dropped);
 	return rc;
 }
 
