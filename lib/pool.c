@@ -591,8 +591,14 @@ __attribute__((noinline)) static int depot_mpmc_get(mbp_pool *p, struct mbp_pool
 				      atomic_load_explicit(&p->waiters, memory_order_relaxed) - 1,
 				      memory_order_relaxed);
 	}
-	if (rc == 0)
-		note_high_water(p, 1);
+	if (rc == 0 && !c) {
+		/* counted under the lock, as a put without a cache is, so that a pool no cache uses samples
+		 * its high-water mark exactly (relaxed: a statistic; read-modify-write, other getters add) */
+		atomic_fetch_add_explicit(&d->direct_gets, 1, memory_order_relaxed);
+		note_high_water(p, 0);
+	} else if (rc == 0) {
+		note_high_water(p, 1); /* the cache's own count of this get follows, on its owner's thread */
+	}
 	pthread_mutex_unlock(&d->lock);
 	return rc;
 }
@@ -665,10 +671,8 @@ int mbp_pool_get(mbp_pool *p, mbp_pool_cache *c, mbp_mb **mbp, int64_t timeout_n
 	mb->job = NULL;
 	mb->user = NULL;
 	mb->carry = NULL;
-	if (c)
+	if (c) /* without a cache the get was counted under the depot's lock */
 		mbp__counter_add(&c->gets, 1);
-	else /* several threads may get without cache at once: a read-modify-write, relaxed (a statistic) */
-		atomic_fetch_add_explicit(&p->depot.direct_gets, 1, memory_order_relaxed);
 	*mbp = mb;
 	return 0;
 }

@@ -226,6 +226,8 @@ static int get_buf(struct mbp_trainer *t, struct mbp__crew_thread *th, uint32_t 
 	return take(t->pool, th->cache, rows, row_bytes, mb, out);
 }
 
+/* The largest of *c and v into *c, with other threads raising it too (mbp__counter_max has one writer).
+ * relaxed, the load and the exchange: a figure, ordered with nothing else */
 static void atomic_max(_Atomic uint64_t *c, uint64_t v)
 {
 	uint64_t old = atomic_load_explicit(c, memory_order_relaxed);

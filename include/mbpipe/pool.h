@@ -79,7 +79,8 @@ typedef struct mbp_pool_stats {
 } mbp_pool_stats;
 /* While other threads run, counters are read one after another, not at one instant: in_use and
  * high_water are then approximate (in_use is clamped to [0, allocated]); they are exact when the pool is
- * quiet. */
+ * quiet, and always for a pool that no cache uses (every get and put without a cache is counted under
+ * the depot's lock). */
 
 /** Fill `o` with the defaults above, what a zeroed struct means (buf_bytes 0: the caller must set it). */
 void mbp_pool_opts_init(mbp_pool_opts *o);
