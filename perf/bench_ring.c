@@ -1,5 +1,6 @@
 /*
- * bench_ring: mbpipe's SPSC ring against ck_ring, boost::lockfree::spsc_queue and moodycamel's queues.
+ * bench_ring: mbpipe's SPSC ring against a plain C11 ring, ck_ring, boost::lockfree::spsc_queue and
+ * moodycamel's queues.
  *
  * Measures, in one run, alternating the implementations and repeating (medians of the rounds):
  *   1. items/s between two pinned threads, one item per call and, where the queue allows, bursts of 32;
@@ -192,12 +193,91 @@ static const struct bench_impl bench_ck_x32 = {
     NULL,	  NULL};
 
 /* ----------------------------------------------------------------------------------------------------- */
+/* A plain C11 ring                                                                                      */
+/* ----------------------------------------------------------------------------------------------------- */
+
+/*
+ * What a user would write instead: the textbook SPSC ring in C11 (Lamport's ring with each side caching the
+ * other's index, as in Rigtorp's SPSCQueue or DPDK's SP/SC mode). Power-of-two capacity, free-running
+ * indices, head and tail on their own cache lines with the side's copy of the other's index and of the
+ * read-only fields beside it, acquire/release, nothing else: no close, no parking.
+ */
+struct c11_ring {
+	_Alignas(64) _Atomic uint32_t head; /* producer line */
+	uint32_t tail_cache, pmask;
+	void **pslots;
+	_Alignas(64) _Atomic uint32_t tail; /* consumer line */
+	uint32_t head_cache, cmask;
+	void **cslots; /* the struct's size rounds up to 128: nothing else shares the consumer line */
+};
+
+static void *c11_create(unsigned capacity)
+{
+	struct c11_ring *q = aligned_alloc(64, sizeof(*q));
+	void **slots = aligned_alloc(64, capacity * sizeof(void *));
+	if (!q || !slots) {
+		fprintf(stderr, "bench_ring: out of memory\n");
+		exit(2);
+	}
+	*q =
+	    (struct c11_ring){.pmask = capacity - 1, .pslots = slots, .cmask = capacity - 1, .cslots = slots};
+	return q;
+}
+
+static void c11_destroy(void *q)
+{
+	free(((struct c11_ring *)q)->pslots);
+	free(q);
+}
+
+static inline unsigned c11_push(void *q, void *const *items, unsigned n)
+{
+	(void)n; /* one item per call */
+	struct c11_ring *c = q;
+	uint32_t h = atomic_load_explicit(&c->head, memory_order_relaxed);
+	if (h - c->tail_cache > c->pmask) { /* full by the cached tail: look at the real one */
+		/* acquire; partner: pop's release store of tail */
+		c->tail_cache = atomic_load_explicit(&c->tail, memory_order_acquire);
+		if (h - c->tail_cache > c->pmask)
+			return 0;
+	}
+	c->pslots[h & c->pmask] = items[0];
+	atomic_store_explicit(&c->head, h + 1, memory_order_release); /* publishes the slot */
+	return 1;
+}
+
+static inline unsigned c11_pop(void *q, void **items, unsigned n)
+{
+	(void)n;
+	struct c11_ring *c = q;
+	uint32_t t = atomic_load_explicit(&c->tail, memory_order_relaxed);
+	if (t == c->head_cache) { /* empty by the cached head: look at the real one */
+		/* acquire; partner: push's release store of head */
+		c->head_cache = atomic_load_explicit(&c->head, memory_order_acquire);
+		if (t == c->head_cache)
+			return 0;
+	}
+	items[0] = c->cslots[t & c->cmask];
+	/* release: the producer's licence to overwrite the slot */
+	atomic_store_explicit(&c->tail, t + 1, memory_order_release);
+	return 1;
+}
+
+BENCH_LOOPS(c11, 1, c11_push, c11_pop)
+
+static const struct bench_impl bench_c11 = {"c11",	 "plain C11 ring (cached indices, acquire/release)",
+					    1,		 false,
+					    c11_create,	 c11_destroy,
+					    c11_produce, c11_consume,
+					    c11_lead,	 c11_echo};
+
+/* ----------------------------------------------------------------------------------------------------- */
 /* Harness                                                                                               */
 /* ----------------------------------------------------------------------------------------------------- */
 
 /* The rows, in the order of the table; peer groups for the ratios are below. */
 static const struct bench_impl *const rows[] = {
-    &bench_mbp,	   &bench_ck,	     &bench_boost,    &bench_rwq,	   &bench_mbp_b32,
+    &bench_mbp,	   &bench_c11,	     &bench_ck,	      &bench_boost,	   &bench_rwq,	     &bench_mbp_b32,
     &bench_ck_x32, &bench_boost_b32, &bench_mbp_wait, &bench_mbp_wait_b32, &bench_rwcb_wait,
 };
 enum { NROWS = sizeof(rows) / sizeof(rows[0]), MAX_ROUNDS = 64 };
@@ -398,13 +478,19 @@ static int row_index(const struct bench_impl *im)
 	return -1;
 }
 
-/* The best (highest throughput) of a group of peer rows. */
-static const struct bench_impl *best_of(const struct bench_impl *const *group, int n, const struct stat3 *tp)
+/* The best of a group of peer rows that ran: the highest median when `higher` (throughput), else the
+ * lowest (round trip). */
+static const struct bench_impl *best_of(const struct bench_impl *const *group, int n, const struct stat3 *v,
+					bool higher)
 {
 	const struct bench_impl *best = group[0];
-	for (int i = 1; i < n; i++)
-		if (tp[row_index(group[i])].med > tp[row_index(best)].med)
+	for (int i = 1; i < n; i++) {
+		int g = row_index(group[i]), b = row_index(best);
+		if (skip[g])
+			continue;
+		if (skip[b] || (higher ? v[g].med > v[b].med : v[g].med < v[b].med))
 			best = group[i];
+	}
 	return best;
 }
 
@@ -504,14 +590,11 @@ int main(int argc, char **argv)
 	struct stat3 idl = stats(idle, rounds);
 
 	/* ratios of mbpipe to the best peer of the same kind */
-	static const struct bench_impl *const peers1[] = {&bench_ck, &bench_boost, &bench_rwq};
+	static const struct bench_impl *const peers1[] = {&bench_c11, &bench_ck, &bench_boost, &bench_rwq};
 	static const struct bench_impl *const peers32[] = {&bench_ck_x32, &bench_boost_b32};
-	const struct bench_impl *best1 = best_of(peers1, 3, tps);
-	const struct bench_impl *best32 = best_of(peers32, 2, tps);
-	const struct bench_impl *best_rtt = peers1[0];
-	for (int i = 1; i < 3; i++)
-		if (rtts[row_index(peers1[i])].med < rtts[row_index(best_rtt)].med)
-			best_rtt = peers1[i];
+	const struct bench_impl *best1 = best_of(peers1, (int)MBP_ARRAY_SIZE(peers1), tps, true);
+	const struct bench_impl *best32 = best_of(peers32, (int)MBP_ARRAY_SIZE(peers32), tps, true);
+	const struct bench_impl *best_rtt = best_of(peers1, (int)MBP_ARRAY_SIZE(peers1), rtts, false);
 	int m1 = row_index(&bench_mbp), m32 = row_index(&bench_mbp_b32), mw = row_index(&bench_mbp_wait);
 	int mw32 = row_index(&bench_mbp_wait_b32), pw = row_index(&bench_rwcb_wait);
 	double ratio1 = tps[m1].med / tps[row_index(best1)].med;
