@@ -32,6 +32,7 @@ int mbp__ring_new(struct mbp__ring **rp, uint32_t capacity, const struct mbp__wa
 		r->wopts = (struct mbp__wait_opts){.spin_ns = MBP__SPIN_NS_DEFAULT,
 						   .yield_ns = MBP__YIELD_NS_DEFAULT};
 	atomic_init(&r->head, start);
+	atomic_init(&r->limit, start + capacity);
 	atomic_init(&r->tail, start);
 	r->tail_cache = start;
 	r->head_cache = start;
@@ -44,12 +45,60 @@ void mbp__ring_destroy(struct mbp__ring *r)
 	free(r);
 }
 
+/* limit is closed: 2^31 or more past head (open: head .. head + capacity). */
+static bool limit_shut(uint32_t limit, uint32_t head)
+{
+	return limit - head >= 1u << 31;
+}
+
 void mbp__ring_close(struct mbp__ring *r)
 {
 	/* release; partner: the acquire load in mbp__ring_closed(). Everything pushed before the close is
 	 * visible to a consumer that sees the flag. */
 	atomic_store_explicit(&r->closed, 1, memory_order_release);
+	/* Move limit 2^31 past where it is, unless a closer did already (twice would reopen it): with head
+	 * at most limit and at least limit - capacity, the push fast path's room becomes 2^31 or more, which
+	 * it never takes. The exchange fails when the producer refilled meanwhile: look again. */
+	/* relaxed: the exchange below decides; the re-read after head's checks it */
+	uint32_t limit = atomic_load_explicit(&r->limit, memory_order_relaxed);
+	for (;;) {
+		/* acquire; partner: the producer's release store of head: the limit it set before that push
+		 * is visible to the re-read below, so an unchanged limit is one that head has not passed */
+		uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+		uint32_t again =
+		    atomic_load_explicit(&r->limit, memory_order_relaxed); /* relaxed: as above */
+		if (again != limit) {
+			limit = again;
+			continue;
+		}
+		if (limit_shut(limit, head))
+			break;
+		/* release; partner: the producer's acquire loads of limit in mbp__ring_refill_sp(): one that
+		 * sees the moved limit sees the closed flag stored above. relaxed on failure: it only reloads */
+		if (atomic_compare_exchange_weak_explicit(&r->limit, &limit, limit + (1u << 31),
+							  memory_order_release, memory_order_relaxed))
+			break;
+	}
 	mbp__ring_wake(r);
+}
+
+uint32_t mbp__ring_refill_sp(struct mbp__ring *r, uint32_t head)
+{
+	uint32_t open = r->tail_cache + r->capacity; /* the limit this thread set last */
+	/* acquire; partner: the consumer's release store of tail in mbp__ring_pop_burst_sc(). After it, the
+	 * slots below the new tail have been read and may be overwritten. */
+	uint32_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+	if (tail != r->tail_cache) {
+		r->tail_cache = tail;
+		/* acquire; partner: close()'s release exchange: failing, it saw the moved limit (closed) */
+		if (!atomic_compare_exchange_strong_explicit(&r->limit, &open, tail + r->capacity,
+							     memory_order_acquire, memory_order_acquire))
+			return 0;
+		open = tail + r->capacity;
+	} else if (atomic_load_explicit(&r->limit, memory_order_acquire) != open) {
+		return 0; /* acquire; partner: as above; moved, so closed */
+	}
+	return open - head;
 }
 
 void mbp__ring_wake(struct mbp__ring *r)

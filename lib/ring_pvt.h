@@ -5,6 +5,11 @@
  *   producer: write slots, then store head with release   -> consumer: load head with acquire, read slots
  *   consumer: read slots, then store tail with release    -> producer: load tail with acquire, write slots
  * The consumer's tail store is the producer's licence to overwrite the slots it covers.
+ *
+ * What a push pays beyond a plain ring: one compare of head against limit (the cached room and the closed
+ * flag at once: close() moves limit out of the range the compare accepts), and after the head store the
+ * wake check, a compiler barrier and one load of the consumer's parker word from the producer's own line
+ * (wait.h: the parking side's heavy fence is the other half). A pop: the same wake check on its line.
  */
 #ifndef MBP__RING_H
 #error "ring_pvt.h is not for direct inclusion; include ring.h"
@@ -17,21 +22,18 @@ static inline unsigned mbp__ring_push_burst_sp(struct mbp__ring *r, void *const 
 {
 	/* relaxed: only this thread writes head */
 	uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-	uint32_t room = r->capacity - (head - r->tail_cache);
-	if (room < n) {
-		/* acquire; partner: the consumer's release store of tail in mbp__ring_pop_burst_sc(). After
-		 * it, the slots below the new tail have been read and may be overwritten. */
-		r->tail_cache = atomic_load_explicit(&r->tail, memory_order_acquire);
-		room = r->capacity - (head - r->tail_cache);
+	/* relaxed: this thread wrote limit last, or close() moved it; a push racing with close() may still
+	 * land (ring.h), and the slow path re-reads limit with acquire before it trusts a larger room */
+	uint32_t room = atomic_load_explicit(&r->limit, memory_order_relaxed) - head;
+	/* open: room is 0 .. capacity; closed: 2^31 or more. The first compare takes 1 .. capacity (one
+	 * compare for all when n is 1); the second, written so that it folds away then, wants n of them. */
+	if (MBP_UNLIKELY(room - 1 > r->mask || room - 1 < n - 1)) {
+		room = mbp__ring_refill_sp(r, head);
 		if (room == 0)
 			return 0;
 		if (n > room)
 			n = room;
 	}
-	/* relaxed: the flag carries no data; a push racing with close() is still popped by the consumer,
-	 * which drains everything published before it sees the ring empty and closed */
-	if (MBP_UNLIKELY(atomic_load_explicit(&r->closed, memory_order_relaxed)))
-		return 0;
 	for (unsigned i = 0; i < n; i++)
 		r->slots[(head + i) & r->mask] = items[i];
 	/* release; partner: the consumer's acquire load of head. Publishes the slot writes above. */
