@@ -53,12 +53,10 @@ static bool limit_shut(uint32_t limit, uint32_t head)
 
 void mbp__ring_close(struct mbp__ring *r)
 {
-	/* release; partner: the acquire load in mbp__ring_closed(). Everything pushed before the close is
-	 * visible to a consumer that sees the flag. */
-	atomic_store_explicit(&r->closed, 1, memory_order_release);
-	/* Move limit 2^31 past where it is, unless a closer did already (twice would reopen it): with head
-	 * at most limit and at least limit - capacity, the push fast path's room becomes 2^31 or more, which
-	 * it never takes. The exchange fails when the producer refilled meanwhile: look again. */
+	/* First shut the producer's fast path: move limit 2^31 past where it is, unless a closer did
+	 * already (twice would reopen it). With head at most limit and at least limit - capacity, the push
+	 * fast path's room becomes 2^31 or more, which it never takes. The exchange fails when the producer
+	 * refilled meanwhile: look again. */
 	/* relaxed: the exchange below decides; the re-read after head's checks it */
 	uint32_t limit = atomic_load_explicit(&r->limit, memory_order_relaxed);
 	for (;;) {
@@ -73,12 +71,15 @@ void mbp__ring_close(struct mbp__ring *r)
 		}
 		if (limit_shut(limit, head))
 			break;
-		/* release; partner: the producer's acquire loads of limit in mbp__ring_refill_sp(): one that
-		 * sees the moved limit sees the closed flag stored above. relaxed on failure: it only reloads */
+		/* relaxed: limit carries no data; the release store of closed below publishes the move */
 		if (atomic_compare_exchange_weak_explicit(&r->limit, &limit, limit + (1u << 31),
-							  memory_order_release, memory_order_relaxed))
+							  memory_order_relaxed, memory_order_relaxed))
 			break;
 	}
+	/* release; partner: the acquire load in mbp__ring_closed(). Everything pushed before the close is
+	 * visible to a consumer that sees the flag, and a producer that sees it sees the shut limit: its
+	 * pushes fail from then on. */
+	atomic_store_explicit(&r->closed, 1, memory_order_release);
 	mbp__ring_wake(r);
 }
 
@@ -90,13 +91,13 @@ uint32_t mbp__ring_refill_sp(struct mbp__ring *r, uint32_t head)
 	uint32_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
 	if (tail != r->tail_cache) {
 		r->tail_cache = tail;
-		/* acquire; partner: close()'s release exchange: failing, it saw the moved limit (closed) */
+		/* relaxed: limit carries no data. Failing, close() moved it: shut for good. */
 		if (!atomic_compare_exchange_strong_explicit(&r->limit, &open, tail + r->capacity,
-							     memory_order_acquire, memory_order_acquire))
+							     memory_order_relaxed, memory_order_relaxed))
 			return 0;
 		open = tail + r->capacity;
-	} else if (atomic_load_explicit(&r->limit, memory_order_acquire) != open) {
-		return 0; /* acquire; partner: as above; moved, so closed */
+	} else if (atomic_load_explicit(&r->limit, memory_order_relaxed) != open) {
+		return 0; /* relaxed: as above; moved, so shut */
 	}
 	return open - head;
 }
@@ -113,9 +114,12 @@ static bool room_or_closed(void *arg)
 	struct mbp__ring *r = arg;
 	/* acquire; partner: the consumer's release store of tail (see ring_pvt.h). relaxed head: only this
 	 * thread (the producer) writes it. */
-	uint32_t used = atomic_load_explicit(&r->head, memory_order_relaxed) -
-			atomic_load_explicit(&r->tail, memory_order_acquire);
-	return used < r->capacity || mbp__ring_closed(r);
+	uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+	uint32_t used = head - atomic_load_explicit(&r->tail, memory_order_acquire);
+	/* relaxed: a shut limit with the flag not yet up is a close() under way: not ready, and the close
+	 * wakes this side once the flag is up */
+	bool shut = limit_shut(atomic_load_explicit(&r->limit, memory_order_relaxed), head);
+	return (used < r->capacity && !shut) || mbp__ring_closed(r);
 }
 
 /* Items there: the consumer's look. */

@@ -23,7 +23,7 @@ static inline unsigned mbp__ring_push_burst_sp(struct mbp__ring *r, void *const 
 	/* relaxed: only this thread writes head */
 	uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
 	/* relaxed: this thread wrote limit last, or close() moved it; a push racing with close() may still
-	 * land (ring.h), and the slow path re-reads limit with acquire before it trusts a larger room */
+	 * land (ring.h), and a producer that has seen the closed flag (acquire) sees the moved limit */
 	uint32_t room = atomic_load_explicit(&r->limit, memory_order_relaxed) - head;
 	/* open: room is 0 .. capacity; closed: 2^31 or more. The first compare takes 1 .. capacity (one
 	 * compare for all when n is 1); the second, written so that it folds away then, wants n of them. */
