@@ -3,13 +3,16 @@
  * moodycamel's queues.
  *
  * Measures, in one run, alternating the implementations and repeating (medians of the rounds):
- *   1. items/s between two pinned threads, one item per call and, where the queue allows, bursts of 32;
+ *   1. items/s between two pinned threads, one item per call and, where the queue allows, bursts of 32:
+ *      over the whole run, and "steady", the run's median chunk of 65536 items (bench_ring.h), which
+ *      leaves out the time the scheduler kept a spinning side off its CPU on a shared machine;
  *      mbpipe twice: its non-blocking calls spun on by the caller like the peers, and its blocking forms
  *      (push/pop, then the ring's wait_push / wait_pop), which carry the parking handshake;
  *   2. the round trip of one item bouncing between two rings (ping-pong), in ns;
  *   3. the CPU time a consumer parked in wait_pop on an empty ring uses over one second.
  * Prints a table, the ratios of mbpipe to the best peer and one summary line:
- *   bench_ring: mbpipe_mops=... best_peer=... ratio=... rtt_ns=... idle_cpu_pct=... cores=N ...
+ *   bench_ring: mbpipe_mops=... best_peer=... ratio=... mbpipe_steady=... steady_ratio=... rtt_ns=...
+ *   idle_cpu_pct=... cores=N ...
  * Exits non-zero if any item is lost or out of order (every item is a stamped pointer, checked).
  *
  * Usage: bench_ring [-n items] [-r rounds] [-l round_trips] [-c capacity] [-s row,row,...]
@@ -365,9 +368,21 @@ static uint64_t run_pair(struct side *a, struct side *b)
 	return t1 - t0;
 }
 
-/* Millions of items per second from producer to consumer. */
-static double throughput(const struct bench_impl *im, unsigned capacity, uint64_t n)
+double bench_chunks[BENCH_MAX_CHUNKS];
+unsigned bench_nchunks;
+
+static int cmp_double(const void *a, const void *b)
 {
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* Millions of items per second from producer to consumer over the whole run; *steady: the median of the
+ * run's chunks of BENCH_CHUNK items (bench_ring.h), the run's rate while both threads held their CPUs
+ * (the whole run when it is shorter than two chunks). */
+static double throughput(const struct bench_impl *im, unsigned capacity, uint64_t n, double *steady)
+{
+	bench_nchunks = 0;
 	void *q = im->create(capacity);
 	struct side p = {.im = im, .role = PRODUCE, .a = q, .n = n, .cpu = 0};
 	struct side c = {.im = im, .role = CONSUME, .a = q, .n = n, .cpu = 1};
@@ -378,7 +393,10 @@ static double throughput(const struct bench_impl *im, unsigned capacity, uint64_
 			(unsigned long long)c.bad);
 		failures += c.bad;
 	}
-	return (double)n / ((double)ns / 1e9) / 1e6;
+	double whole = (double)n / ((double)ns / 1e9) / 1e6;
+	qsort(bench_chunks, bench_nchunks, sizeof(double), cmp_double);
+	*steady = bench_nchunks >= 2 ? bench_chunks[bench_nchunks / 2] : whole;
+	return whole;
 }
 
 /* Mean round trip of one item, lead -> echo -> lead, in ns. */
@@ -450,12 +468,6 @@ static double idle_cpu_pct(void)
 		failures++;
 	}
 	return 100.0 * s.cpu_ns / s.wall_ns;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
 }
 
 struct stat3 {
@@ -553,13 +565,13 @@ int main(int argc, char **argv)
 	if (ncpus < 2)
 		printf("  warning: one CPU only; spinning queues measure the scheduler, not the queue\n");
 
-	static double tp[NROWS][MAX_ROUNDS], rtt[NROWS][MAX_ROUNDS], idle[MAX_ROUNDS];
+	static double tp[NROWS][MAX_ROUNDS], st[NROWS][MAX_ROUNDS], rtt[NROWS][MAX_ROUNDS], idle[MAX_ROUNDS];
 	for (int r = 0; r < rounds; r++) {
 		/* alternate: every implementation once per round, starting at a different row each round */
 		for (int k = 0; k < NROWS; k++) {
 			int i = (r + k) % NROWS;
 			if (!skip[i])
-				tp[i][r] = throughput(rows[i], capacity, n);
+				tp[i][r] = throughput(rows[i], capacity, n, &st[i][r]);
 		}
 		for (int k = 0; k < NROWS; k++) {
 			int i = (r + k) % NROWS;
@@ -570,20 +582,21 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_ring: round %d/%d done\n", r + 1, rounds);
 	}
 
-	struct stat3 tps[NROWS] = {{0}}, rtts[NROWS] = {{0}};
-	printf("\n%-16s %5s %10s %10s %10s %12s %10s  %s\n", "row", "burst", "Mitems/s", "min", "max",
-	       "rtt ns", "rtt min", "what");
+	struct stat3 tps[NROWS] = {{0}}, sts[NROWS] = {{0}}, rtts[NROWS] = {{0}};
+	printf("\n%-16s %5s %10s %8s %8s %8s %8s %8s %8s %8s  %s\n", "row", "burst", "Mitems/s", "min", "max",
+	       "steady", "min", "max", "rtt ns", "rtt min", "what");
 	for (int i = 0; i < NROWS; i++) {
 		if (skip[i])
 			continue;
 		tps[i] = stats(tp[i], rounds);
-		printf("%-16s %5u %10.1f %10.1f %10.1f ", rows[i]->name, rows[i]->burst, tps[i].med,
-		       tps[i].min, tps[i].max);
+		sts[i] = stats(st[i], rounds);
+		printf("%-16s %5u %10.1f %8.1f %8.1f %8.1f %8.1f %8.1f ", rows[i]->name, rows[i]->burst,
+		       tps[i].med, tps[i].min, tps[i].max, sts[i].med, sts[i].min, sts[i].max);
 		if (rows[i]->lead) {
 			rtts[i] = stats(rtt[i], rounds);
-			printf("%12.0f %10.0f", rtts[i].med, rtts[i].min);
+			printf("%8.0f %8.0f", rtts[i].med, rtts[i].min);
 		} else {
-			printf("%12s %10s", "-", "-");
+			printf("%8s %8s", "-", "-");
 		}
 		printf("  %s\n", rows[i]->what);
 	}
@@ -595,13 +608,16 @@ int main(int argc, char **argv)
 	const struct bench_impl *best1 = best_of(peers1, (int)MBP_ARRAY_SIZE(peers1), tps, true);
 	const struct bench_impl *best32 = best_of(peers32, (int)MBP_ARRAY_SIZE(peers32), tps, true);
 	const struct bench_impl *best_rtt = best_of(peers1, (int)MBP_ARRAY_SIZE(peers1), rtts, false);
+	const struct bench_impl *best_st = best_of(peers1, (int)MBP_ARRAY_SIZE(peers1), sts, true);
 	int m1 = row_index(&bench_mbp), m32 = row_index(&bench_mbp_b32), mw = row_index(&bench_mbp_wait);
 	int mw32 = row_index(&bench_mbp_wait_b32), pw = row_index(&bench_rwcb_wait);
 	double ratio1 = tps[m1].med / tps[row_index(best1)].med;
 	double ratio32 = tps[m32].med / tps[row_index(best32)].med;
 	double ratiow = tps[mw].med / tps[pw].med;
 	double rtt_ratio = rtts[m1].med / rtts[row_index(best_rtt)].med;
-	printf("\nmbpipe / best peer, one item per call: %.2f (best peer %s)\n", ratio1, best1->name);
+	double st_ratio = sts[m1].med / sts[row_index(best_st)].med;
+	printf("\nmbpipe / best peer, one item per call: %.2f (best peer %s); steady: %.2f (best peer %s)\n",
+	       ratio1, best1->name, st_ratio, best_st->name);
 	printf("mbpipe / best peer, bursts of 32:      %.2f (best peer %s)\n", ratio32, best32->name);
 	printf("mbpipe-wait / rwcb-wait (blocking):    %.2f; mbpipe-wait / mbpipe: %.2f\n", ratiow,
 	       tps[mw].med / tps[m1].med);
@@ -609,11 +625,13 @@ int main(int argc, char **argv)
 	       rtt_ratio, best_rtt->name, rtts[row_index(best_rtt)].med, rtts[mw].med);
 	printf("idle parked consumer: %.3f%% of a core over 1 s (median; max %.3f%%)\n", idl.med, idl.max);
 	printf(
-	    "bench_ring: mbpipe_mops=%.1f best_peer=%s best_peer_mops=%.1f ratio=%.2f b32_mops=%.1f "
+	    "bench_ring: mbpipe_mops=%.1f best_peer=%s best_peer_mops=%.1f ratio=%.2f mbpipe_steady=%.1f "
+	    "steady_best_peer=%s steady_peer=%.1f steady_ratio=%.2f b32_mops=%.1f "
 	    "b32_best_peer=%s b32_ratio=%.2f wait_mops=%.1f wait_b32_mops=%.1f rtt_ns=%.0f peer_rtt_ns=%.0f "
 	    "rtt_ratio=%.2f idle_cpu_pct=%.3f failures=%llu cores=%d\n",
-	    tps[m1].med, best1->name, tps[row_index(best1)].med, ratio1, tps[m32].med, best32->name, ratio32,
-	    tps[mw].med, tps[mw32].med, rtts[m1].med, rtts[row_index(best_rtt)].med, rtt_ratio, idl.med,
+	    tps[m1].med, best1->name, tps[row_index(best1)].med, ratio1, sts[m1].med, best_st->name,
+	    sts[row_index(best_st)].med, st_ratio, tps[m32].med, best32->name, ratio32, tps[mw].med,
+	    tps[mw32].med, rtts[m1].med, rtts[row_index(best_rtt)].med, rtt_ratio, idl.med,
 	    (unsigned long long)failures, ncpus);
 	return failures ? 1 : 0;
 }

@@ -9,7 +9,7 @@ include perf/model.mk
 include perf/train.mk
 include perf/mpi.mk
 include perf/mlp_train.mk
-EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/pipetrain_run.sh \
+EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/pipetrain_run.sh perf/ring_ab.sh \
 	perf/RESULTS.md perf/results
 perf: $(PERF_BINS)
 .PHONY: perf
