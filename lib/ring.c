@@ -23,7 +23,7 @@ int mbp__ring_new(struct mbp__ring **rp, uint32_t capacity, const struct mbp__wa
 	    aligned_alloc(MBP_CACHELINE, (bytes + MBP_CACHELINE - 1) & ~(size_t)(MBP_CACHELINE - 1));
 	if (!r)
 		return -ENOMEM;
-	memset(r, 0, sizeof(*r));
+	memset(r, 0, bytes); /* every slot NULL: empty */
 	r->mask = capacity - 1;
 	r->capacity = capacity;
 	if (wopts)
@@ -35,7 +35,6 @@ int mbp__ring_new(struct mbp__ring **rp, uint32_t capacity, const struct mbp__wa
 	atomic_init(&r->limit, start + capacity);
 	atomic_init(&r->tail, start);
 	r->tail_cache = start;
-	r->head_cache = start;
 	*rp = r;
 	return 0;
 }
@@ -126,9 +125,11 @@ static bool room_or_closed(void *arg)
 static bool has_items(const struct mbp__ring *r)
 {
 	/* acquire; partner: the producer's release store of head (see ring_pvt.h). relaxed tail: only this
-	 * thread (the consumer) writes it. */
-	return atomic_load_explicit(&((struct mbp__ring *)r)->head, memory_order_acquire) !=
-	       atomic_load_explicit(&((struct mbp__ring *)r)->tail, memory_order_relaxed);
+	 * thread (the consumer) writes it. The consumer's pop may have taken items whose head store has not
+	 * landed yet (it reads the slots): then tail is ahead of head, and there is nothing. */
+	uint32_t head = atomic_load_explicit(&((struct mbp__ring *)r)->head, memory_order_acquire);
+	return (int32_t)(head - atomic_load_explicit(&((struct mbp__ring *)r)->tail, memory_order_relaxed)) >
+	       0;
 }
 
 static bool items_or_closed(void *arg)

@@ -1,15 +1,15 @@
 /*
- * mbp__ring: a bounded single-producer/single-consumer ring of pointers.
+ * mbp__ring: a bounded single-producer/single-consumer ring of non-NULL pointers.
  *
  * Exactly one producer thread and one consumer thread (the _sp and _sc suffixes say which side may call
  * what). Capacity is a power of two; the indices are free-running uint32_t, so count = head - tail and slot
  * = index & mask hold across the wrap at 2^32 (unsigned arithmetic is modulo 2^32 and capacity divides it).
- * Each side caches the other's index and re-reads the shared one only when its cached copy says full
- * (producer) or empty (consumer), so in steady state a side touches the other's cache line once per burst.
- * A push or pop touches its own line, the slots and the read-mostly line, nothing else: the producer's
- * cached room is a limit on its own line (head may run up to it) that close() moves out of reach, so one
- * compare covers both "full" and "closed"; each side's wake check reads the peer's parker, which lives on
- * the checking side's own line. See ring_pvt.h.
+ * The producer caches the consumer's index and re-reads the shared one only when its cached copy says
+ * full; the consumer looks at the next slot itself (NULL: empty; it clears each slot it pops), so in steady
+ * state neither side reads the other's line of indices. A push or pop touches its own line, the slots and
+ * the read-mostly line, nothing else: the producer's cached room is a limit on its own line (head may run
+ * up to it) that close() moves out of reach, so one compare covers both "full" and "closed"; each side's
+ * wake check reads the peer's parker, which lives on the checking side's own line. See ring_pvt.h.
  *
  * close() may be called by either side, once or more: the producer's pushes then fail, the consumer drains
  * what is left and then sees end-of-stream (wait_pop's -EPIPE), and any parked peer is woken. The normal close is the
@@ -49,11 +49,10 @@ struct mbp__ring {
 
 	/* Consumer line: written by the consumer on every pop; by the producer only when it parks. */
 	MBP_CACHELINE_ALIGNED _Atomic uint32_t tail;
-	uint32_t head_cache;	      /* consumer's copy of head */
 	struct mbp__parker prod_park; /* producer sleeps here when full; the consumer checks it per pop */
 	char guard2[MBP_CACHELINE];
 
-	MBP_CACHELINE_ALIGNED void *slots[];
+	MBP_CACHELINE_ALIGNED _Atomic(void *) slots[]; /* NULL: empty */
 };
 
 _Static_assert(offsetof(struct mbp__ring, tail) - offsetof(struct mbp__ring, head) >= 2 * MBP_CACHELINE,
