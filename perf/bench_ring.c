@@ -4,12 +4,14 @@
  *
  * Measures, in one run, alternating the implementations and repeating (medians of the rounds):
  *   1. items/s between two pinned threads, one item per call and, where the queue allows, bursts of 32:
- *      over the whole run, and "steady", the run's median chunk of 65536 items (bench_ring.h), which
+ *      over the whole run, and "steady", the run's median chunk of 8192 items (bench_ring.h), which
  *      leaves out the time the scheduler kept a spinning side off its CPU on a shared machine;
  *      mbpipe twice: its non-blocking calls spun on by the caller like the peers, and its blocking forms
  *      (push/pop, then the ring's wait_push / wait_pop), which carry the parking handshake;
  *   2. the round trip of one item bouncing between two rings (ping-pong), in ns;
- *   3. the CPU time a consumer parked in wait_pop on an empty ring uses over one second.
+ *   3. the CPU time a consumer parked in wait_pop on an empty ring uses over one second;
+ *   4. "solo": ns per push + pop on one thread (no line moving between cores; best round), and the steady
+ *      rate's fraction of 2 / solo, what two cores would reach doing their halves at that speed.
  * Prints a table, the ratios of mbpipe to the best peer and one summary line:
  *   bench_ring: mbpipe_mops=... best_peer=... ratio=... mbpipe_steady=... steady_ratio=... rtt_ns=...
  *   idle_cpu_pct=... cores=N ...
@@ -399,6 +401,28 @@ static double throughput(const struct bench_impl *im, unsigned capacity, uint64_
 	return whole;
 }
 
+/* ns per item for a push and a pop on one thread (bursts of 256 pushed, then popped; the caller pinned):
+ * the queue's own cost with no cache line moving between cores. Two threads, each doing its half at
+ * this speed with nothing to move, would reach 2 / solo items per ns: the limit the table's fraction uses. */
+static double solo(const struct bench_impl *im, unsigned capacity, uint64_t n)
+{
+	enum { SOLO_BATCH = 256 };
+	void *q = im->create(capacity);
+	uint64_t bad = 0, t0 = mbp__now_ns();
+	for (uint64_t k = 0; k < n; k += SOLO_BATCH) {
+		im->produce(q, SOLO_BATCH);
+		bad += im->consume(q, SOLO_BATCH);
+	}
+	double ns = (double)(mbp__now_ns() - t0) / (double)n;
+	im->destroy(q);
+	if (bad) {
+		fprintf(stderr, "bench_ring: %s: %llu items lost or out of order on one thread\n", im->name,
+			(unsigned long long)bad);
+		failures += bad;
+	}
+	return ns;
+}
+
 /* Mean round trip of one item, lead -> echo -> lead, in ns. */
 static double round_trip(const struct bench_impl *im, unsigned capacity, uint64_t n)
 {
@@ -566,6 +590,7 @@ int main(int argc, char **argv)
 		printf("  warning: one CPU only; spinning queues measure the scheduler, not the queue\n");
 
 	static double tp[NROWS][MAX_ROUNDS], st[NROWS][MAX_ROUNDS], rtt[NROWS][MAX_ROUNDS], idle[MAX_ROUNDS];
+	static double solo_ns[NROWS];
 	for (int r = 0; r < rounds; r++) {
 		/* alternate: every implementation once per round, starting at a different row each round */
 		for (int k = 0; k < NROWS; k++) {
@@ -578,13 +603,22 @@ int main(int argc, char **argv)
 			if (!skip[i] && rows[i]->lead)
 				rtt[i][r] = round_trip(rows[i], capacity, trips);
 		}
+		pin(0);
+		for (int k = 0; k < NROWS; k++) {
+			int i = (r + k) % NROWS;
+			if (!skip[i] && rows[i]->burst == 1 && !rows[i]->blocking) {
+				double v = solo(rows[i], capacity, n / 4 < 1024 ? 1024 : n / 4);
+				if (r == 0 || v < solo_ns[i])
+					solo_ns[i] = v; /* the best round: the least disturbed */
+			}
+		}
 		idle[r] = idle_cpu_pct();
 		fprintf(stderr, "bench_ring: round %d/%d done\n", r + 1, rounds);
 	}
 
 	struct stat3 tps[NROWS] = {{0}}, sts[NROWS] = {{0}}, rtts[NROWS] = {{0}};
-	printf("\n%-16s %5s %10s %8s %8s %8s %8s %8s %8s %8s  %s\n", "row", "burst", "Mitems/s", "min", "max",
-	       "steady", "min", "max", "rtt ns", "rtt min", "what");
+	printf("\n%-16s %5s %10s %8s %8s %8s %8s %8s %8s %8s %8s %8s  %s\n", "row", "burst", "Mitems/s",
+	       "min", "max", "steady", "min", "max", "solo ns", "of limit", "rtt ns", "rtt min", "what");
 	for (int i = 0; i < NROWS; i++) {
 		if (skip[i])
 			continue;
@@ -592,6 +626,10 @@ int main(int argc, char **argv)
 		sts[i] = stats(st[i], rounds);
 		printf("%-16s %5u %10.1f %8.1f %8.1f %8.1f %8.1f %8.1f ", rows[i]->name, rows[i]->burst,
 		       tps[i].med, tps[i].min, tps[i].max, sts[i].med, sts[i].min, sts[i].max);
+		if (solo_ns[i] > 0)
+			printf("%8.2f %8.2f ", solo_ns[i], sts[i].med / (2e3 / solo_ns[i]));
+		else
+			printf("%8s %8s ", "-", "-");
 		if (rows[i]->lead) {
 			rtts[i] = stats(rtt[i], rounds);
 			printf("%8.0f %8.0f", rtts[i].med, rtts[i].min);
@@ -628,10 +666,12 @@ int main(int argc, char **argv)
 	    "bench_ring: mbpipe_mops=%.1f best_peer=%s best_peer_mops=%.1f ratio=%.2f mbpipe_steady=%.1f "
 	    "steady_best_peer=%s steady_peer=%.1f steady_ratio=%.2f b32_mops=%.1f "
 	    "b32_best_peer=%s b32_ratio=%.2f wait_mops=%.1f wait_b32_mops=%.1f rtt_ns=%.0f peer_rtt_ns=%.0f "
-	    "rtt_ratio=%.2f idle_cpu_pct=%.3f failures=%llu cores=%d\n",
+	    "rtt_ratio=%.2f solo_ns=%.2f peer_solo_ns=%.2f limit_frac=%.2f idle_cpu_pct=%.3f failures=%llu "
+	    "cores=%d\n",
 	    tps[m1].med, best1->name, tps[row_index(best1)].med, ratio1, sts[m1].med, best_st->name,
 	    sts[row_index(best_st)].med, st_ratio, tps[m32].med, best32->name, ratio32, tps[mw].med,
-	    tps[mw32].med, rtts[m1].med, rtts[row_index(best_rtt)].med, rtt_ratio, idl.med,
+	    tps[mw32].med, rtts[m1].med, rtts[row_index(best_rtt)].med, rtt_ratio, solo_ns[m1],
+	    solo_ns[row_index(best_st)], solo_ns[m1] > 0 ? sts[m1].med / (2e3 / solo_ns[m1]) : 0, idl.med,
 	    (unsigned long long)failures, ncpus);
 	return failures ? 1 : 0;
 }

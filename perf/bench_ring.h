@@ -83,8 +83,8 @@ BENCH_INLINE void bench_produce(void *q, uint64_t n, unsigned burst, bench_push_
  * the scheduler kept one of the two spinning threads off its CPU; a chunk that ran with both on theirs
  * gives the queue's own rate, so the driver also reports the median chunk.
  */
-#define BENCH_CHUNK	 65536u
-#define BENCH_MAX_CHUNKS 4096u
+#define BENCH_CHUNK	 8192u
+#define BENCH_MAX_CHUNKS 16384u
 extern double bench_chunks[BENCH_MAX_CHUNKS];
 extern unsigned bench_nchunks;
 
