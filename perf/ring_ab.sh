@@ -3,6 +3,7 @@
 # once against this tree's) RUNS times each, A B B A A B ..., on the same rows and options, and summarise
 # each build's summary keys over its runs: median [min .. max]. See perf/results/ring.md.
 # Usage: perf/ring_ab.sh A_BINARY B_BINARY RUNS [bench_ring options...]
+# RING_AB_LOG=FILE: append every run's whole output (its table) to FILE too.
 set -eu
 [ $# -ge 3 ] || { echo "usage: ring_ab.sh A_BINARY B_BINARY RUNS [bench_ring options...]" >&2; exit 2; }
 a=$1 b=$2 runs=$3
@@ -14,7 +15,9 @@ while [ "$i" -lt "$runs" ]; do
 	if [ $((i % 2)) -eq 0 ]; then order="A B"; else order="B A"; fi
 	for side in $order; do
 		if [ "$side" = A ]; then bin=$a; else bin=$b; fi
-		line=$("$bin" "$@" 2>/dev/null | grep '^bench_ring: mbpipe_mops=') || { echo "ring_ab.sh: $bin failed" >&2; exit 1; }
+		full=$("$bin" "$@" 2>/dev/null) || { echo "ring_ab.sh: $bin failed" >&2; exit 1; }
+		[ -z "${RING_AB_LOG:-}" ] || printf '== %s (%s) %s\n%s\n' "$side" "$bin" "$(date -u +%T)" "$full" >>"$RING_AB_LOG"
+		line=$(printf '%s\n' "$full" | grep '^bench_ring: mbpipe_mops=')
 		echo "$side $(uptime | sed 's/.*load average: \([0-9.]*\).*/load=\1/') ${line#bench_ring: }" | tee -a "$out"
 	done
 	i=$((i + 1))
