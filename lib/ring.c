@@ -5,7 +5,6 @@
 #include "config.h"
 
 #include <errno.h>
-#include <string.h>
 
 #include "ring.h"
 
@@ -18,12 +17,15 @@ int mbp__ring_new(struct mbp__ring **rp, uint32_t capacity, const struct mbp__wa
 	if (capacity < 2 || capacity > MBP__RING_MAX_CAPACITY || !mbp__is_pow2(capacity))
 		return -EINVAL;
 	mbp__wait_global_init();
+	/* Zeroed (every slot NULL: empty) by calloc, which leaves fresh pages of a large ring untouched
+	 * where a memset would commit them all; aligned by hand, the block's start kept for destroy. */
 	size_t bytes = sizeof(struct mbp__ring) + (size_t)capacity * sizeof(void *);
-	struct mbp__ring *r =
-	    aligned_alloc(MBP_CACHELINE, (bytes + MBP_CACHELINE - 1) & ~(size_t)(MBP_CACHELINE - 1));
-	if (!r)
+	void *block = calloc(1, bytes + MBP_CACHELINE);
+	if (!block)
 		return -ENOMEM;
-	memset(r, 0, bytes); /* every slot NULL: empty */
+	struct mbp__ring *r =
+	    (struct mbp__ring *)(((uintptr_t)block + MBP_CACHELINE - 1) & ~(uintptr_t)(MBP_CACHELINE - 1));
+	r->block = block;
 	r->mask = capacity - 1;
 	r->capacity = capacity;
 	if (wopts)
@@ -41,7 +43,8 @@ int mbp__ring_new(struct mbp__ring **rp, uint32_t capacity, const struct mbp__wa
 
 void mbp__ring_destroy(struct mbp__ring *r)
 {
-	free(r);
+	if (r)
+		free(r->block);
 }
 
 /* limit is closed: 2^31 or more past head (open: head .. head + capacity). */

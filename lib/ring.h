@@ -35,6 +35,7 @@ struct mbp__ring {
 	uint32_t capacity;
 	_Atomic uint32_t closed;
 	struct mbp__wait_opts wopts;
+	void *block; /* what calloc returned (the ring starts at its first cache line) */
 	char guard0[MBP_CACHELINE];
 
 	/* Producer line: written by the producer on every push; by another thread only to close the ring

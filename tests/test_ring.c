@@ -244,6 +244,27 @@ START_TEST(new_lays_out_the_ring_on_separate_cache_lines)
 }
 END_TEST
 
+/* Every slot starts NULL (empty), zeroed by the allocator: a large ring commits no memory for slots it
+ * has not used yet (a memset would touch every page). */
+START_TEST(a_large_ring_commits_no_memory_until_its_slots_are_used)
+{
+	struct rusage before, after;
+	ck_assert_int_eq(getrusage(RUSAGE_SELF, &before), 0);
+	struct mbp__ring *r = ring_make(1u << 26, NULL, 0); /* 512 MiB of slots */
+	ck_assert(mbp__ring_push_sp(r, stamp(7)));
+	void *p = NULL;
+	ck_assert(mbp__ring_pop_sc(r, &p));
+	ck_assert_uint_eq(unstamp(p), 7);
+	ck_assert(!mbp__ring_pop_sc(r, &p));
+	ck_assert_int_eq(getrusage(RUSAGE_SELF, &after), 0);
+#if !defined(MBP_TSAN) && !defined(__SANITIZE_ADDRESS__) /* their allocators zero what they hand out */
+	ck_assert_msg(after.ru_maxrss - before.ru_maxrss < 64 * 1024, "the ring committed %ld KiB",
+		      after.ru_maxrss - before.ru_maxrss);
+#endif
+	mbp__ring_destroy(r);
+}
+END_TEST
+
 START_TEST(empty_ring_pops_nothing_and_does_not_block_with_timeout_zero)
 {
 	struct mbp__ring *r = ring_make(4, NULL, starts[_i]);
@@ -1225,6 +1246,7 @@ static Suite *suite(void)
 	TCase *tc = tcase_create("single_thread");
 	tcase_add_test(tc, new_rejects_capacities_that_are_not_powers_of_two_in_range);
 	tcase_add_test(tc, new_lays_out_the_ring_on_separate_cache_lines);
+	tcase_add_test(tc, a_large_ring_commits_no_memory_until_its_slots_are_used);
 	tcase_add_loop_test(tc, empty_ring_pops_nothing_and_does_not_block_with_timeout_zero, 0, nstarts);
 	tcase_add_loop_test(tc, full_ring_refuses_push_until_a_pop_frees_a_slot, 0, nstarts);
 	tcase_add_loop_test(tc, indices_wrap_past_uint32_max_keeping_order_and_count, 0, nstarts);
