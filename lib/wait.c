@@ -8,6 +8,7 @@
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -16,10 +17,22 @@
 bool mbp__membarrier_ok;
 static pthread_once_t membarrier_once = PTHREAD_ONCE_INIT;
 
+/* The fallback heavy fence's page, locked in memory so that its entry is always present and a change of
+ * its protection always has to be shot down; the lock keeps two fences from interleaving their changes. */
+static volatile unsigned char *shootdown_page;
+static size_t shootdown_bytes;
+static pthread_mutex_t shootdown_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void membarrier_probe(void)
 {
+	shootdown_bytes = (size_t)sysconf(_SC_PAGESIZE);
+	void *page = mmap(NULL, shootdown_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	MBP_VERIFY(page != MAP_FAILED);
+	(void)mlock(page,
+		    shootdown_bytes); /* best effort: the write before each change faults it in anyway */
+	shootdown_page = page;
 #ifdef MBP_TSAN
-	mbp__membarrier_ok = false; /* TSan does not model membarrier: use plain fences */
+	mbp__membarrier_ok = false; /* TSan does not model membarrier: the publishers fence instead */
 #else
 	long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
 	mbp__membarrier_ok = cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
@@ -32,14 +45,27 @@ void mbp__wait_global_init(void)
 	pthread_once(&membarrier_once, membarrier_probe);
 }
 
+/* Interrupt every CPU that runs a thread of this process: make the page writable, dirty it, take every
+ * access away again; the kernel must flush the stale entry from every CPU that may hold it. */
+static void shootdown(void)
+{
+	MBP_VERIFY(pthread_mutex_lock(&shootdown_lock) == 0);
+	MBP_VERIFY(mprotect((void *)shootdown_page, shootdown_bytes, PROT_READ | PROT_WRITE) == 0);
+	shootdown_page[0]++;
+	MBP_VERIFY(mprotect((void *)shootdown_page, shootdown_bytes, PROT_NONE) == 0);
+	MBP_VERIFY(pthread_mutex_unlock(&shootdown_lock) == 0);
+}
+
 void mbp__heavy_fence(void)
 {
+	mbp__full_fence(); /* this thread's flag store before what the other CPUs see next */
 	if (mbp__membarrier_ok) {
 		/* Executes a full barrier on every CPU running a thread of this process. It cannot fail once
-		 * registered; fall back to a local fence if it ever does (the peer's light fence is then a
-		 * compiler barrier only, so verify instead of guessing). */
+		 * registered: verify instead of guessing. */
 		long rc = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
 		MBP_VERIFY(rc == 0);
+	} else {
+		shootdown();
 	}
 	mbp__full_fence();
 }

@@ -11,12 +11,15 @@
  * The parking handshake is an asymmetric Dekker pattern. The waiter (rare, slow path) does
  *     store flag = 1; heavy fence; re-check condition; futex_wait
  * and the publisher (every push or pop, fast path) does
- *     store index; light fence; if (flag) wake
- * The heavy fence is membarrier(PRIVATE_EXPEDITED), which executes a full barrier on every running thread
- * of the process, so the publisher needs only a compiler barrier: either the publisher's index store is
- * visible to the waiter's re-check, or the publisher's flag load comes after the membarrier and sees 1.
- * Where membarrier is unavailable (old kernels, or TSan builds, which do not model it) both fences are
- * seq_cst fences. A wake is a syscall only when the peer really sleeps.
+ *     store index; compiler barrier; if (flag) wake
+ * The heavy fence executes a full barrier on every CPU that runs a thread of the process, so the publisher
+ * needs no fence of its own: either the publisher's index store is visible to the waiter's re-check, or the
+ * publisher's flag load comes after that barrier and sees 1. The heavy fence is membarrier(PRIVATE_EXPEDITED)
+ * where the kernel has it, else an mprotect() that takes write access away from a private page, whose TLB
+ * shootdown interrupts every CPU that runs a thread of the process (an interrupt drains the store buffer);
+ * .NET's FlushProcessWriteBuffers does the same on Linux. Either way the publisher's side is decided at
+ * compile time: nothing on the fast path asks which. TSan builds, which model neither, fence on both sides.
+ * A wake is a syscall only when the peer really sleeps.
  */
 #ifndef MBP__WAIT_H
 #define MBP__WAIT_H
@@ -66,6 +69,8 @@ enum mbp__backoff_next {
 	MBP__BACKOFF_PARK,  /* budgets spent: park */
 };
 
+/* Which heavy fence: membarrier (true) or the mprotect shootdown (false); tests may clear it to run the
+ * fallback. Set by mbp__wait_global_init(), which every user of a parker calls first. */
 extern bool mbp__membarrier_ok;
 void mbp__wait_global_init(void);
 
@@ -81,13 +86,16 @@ static inline void mbp__full_fence(void)
 #endif
 }
 
+/* The publisher's half of the handshake: a compiler barrier (the heavy fence is the other half); in TSan
+ * builds a full fence, which TSan does see. */
 static inline void mbp__light_fence(void)
 {
-	if (MBP_LIKELY(
-		mbp__membarrier_ok)) /* seq_cst: a compiler barrier; the membarrier is the other half */
-		atomic_signal_fence(memory_order_seq_cst);
-	else
-		mbp__full_fence();
+#ifdef MBP_TSAN
+	mbp__full_fence();
+#else
+	atomic_signal_fence(
+	    memory_order_seq_cst); /* seq_cst: a compiler barrier; the heavy fence pairs with it */
+#endif
 }
 
 void mbp__heavy_fence(void);

@@ -1,13 +1,15 @@
 #!/bin/sh
-# Two builds of mbpipe side by side: one benchmark run from each build directory in turn, ROUNDS rounds
-# (the side that goes first alternates), then, per metric, each side's median and the median and range
-# of the rounds' paired ratios B/A (a slow moment of the machine touches both runs of a round).
+# Two builds of mbpipe side by side: one benchmark run from each build in turn, ROUNDS rounds (the side
+# that goes first alternates), then, per metric, each side's median and the median and range of the
+# rounds' paired ratios B/A (a slow moment of the machine touches both runs of a round).
 #
 #   perf/ab.sh [-i IDKEYS] -m METRICS A_BUILD B_BUILD ROUNDS COMMAND [ARGS...]
+#   perf/ab.sh [-i IDKEYS] -m METRICS A_BINARY B_BINARY ROUNDS [ARGS...]
 #
-# COMMAND is a path inside a build directory (perf/bench_ring, tools/pipebench/pipebench) or, for a run
-# under mpirun, `mpirun ... perf/bench_mpi ...`: every word that names a file of A_BUILD is run from each
-# build in turn. The metrics come from the benchmark's grep-able summary lines (words KEY=VALUE): METRICS
+# With build directories, COMMAND is a path inside one (perf/bench_ring, tools/pipebench/pipebench) or,
+# for a run under mpirun, `mpirun ... perf/bench_mpi ...`: every word that names a file of A_BUILD is run
+# from each build in turn. With two programs (the same bench linked against two libraries, say), each is
+# run with ARGS. AB_LOG=FILE appends every run's whole output to FILE. The metrics come from the benchmark's grep-able summary lines (words KEY=VALUE): METRICS
 # is a comma-separated list of keys; where a command prints several summary lines (one per configuration,
 # as bench_pipeline does), IDKEYS names the keys that tell the lines apart (e.g. S,W_us). "others" is the
 # CPU that other processes took during each run (busy jiffies of /proc/stat minus the run's own, over its
@@ -25,13 +27,16 @@ while getopts i:m: o; do
 	esac
 done
 shift $((OPTIND - 1))
-if [ $# -lt 4 ] || [ -z "$metrics" ]; then
+if [ $# -lt 3 ] || [ -z "$metrics" ]; then
 	echo "usage: perf/ab.sh [-i IDKEYS] -m METRICS A_BUILD B_BUILD ROUNDS COMMAND [ARGS...]" >&2
 	exit 2
 fi
 a=$1 b=$2 rounds=$3
 shift 3
-for d in "$a" "$b"; do [ -d "$d" ] || { echo "ab: no build directory $d" >&2; exit 2; }; done
+for d in "$a" "$b"; do
+	[ -d "$d" ] || [ -x "$d" ] || { echo "ab: $d is neither a build directory nor a program" >&2; exit 2; }
+done
+[ -d "$a" ] && [ $# -eq 0 ] && { echo "ab: no command to run in $a" >&2; exit 2; }
 tmp=$(mktemp -d /tmp/ab.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -42,8 +47,9 @@ hz=$(getconf CLK_TCK)
 run() {
 	side=$1 dir=$2 r=$3
 	set --
+	[ -d "$dir" ] || set -- "$dir"
 	for w in $cmd; do
-		if [ -e "$a/$w" ]; then set -- "$@" "$dir/$w"; else set -- "$@" "$w"; fi
+		if [ -d "$a" ] && [ -e "$a/$w" ]; then set -- "$@" "$dir/$w"; else set -- "$@" "$w"; fi
 	done
 	b0=$(busy) t0=$(date +%s.%N)
 	if ! /usr/bin/time -f '%U %S' -o "$tmp/time" "$@" >"$tmp/out" 2>&1; then
@@ -52,6 +58,8 @@ run() {
 		exit 1
 	fi
 	b1=$(busy) t1=$(date +%s.%N)
+	[ -z "${AB_LOG:-}" ] || printf '== %s round %s (%s) %s\n%s\n' "$side" "$r" "$*" "$(date -u +%T)" \
+		"$(cat "$tmp/out")" >>"$AB_LOG"
 	others=$(awk -v b0="$b0" -v b1="$b1" -v t0="$t0" -v t1="$t1" -v hz="$hz" -v own="$(cat "$tmp/time")" \
 		'BEGIN { split(own, o, " "); x = ((b1 - b0) / hz - o[1] - o[2]) / (t1 - t0); printf "%.2f", x < 0 ? 0 : x }')
 	# one record per summary line: SIDE ROUND ID KEY VALUE
@@ -80,17 +88,18 @@ function med(arr, n,   i, j, t) {
 	for (i = 2; i <= n; i++) { t = arr[i]; for (j = i - 1; j >= 1 && arr[j] > t; j--) arr[j + 1] = arr[j]; arr[j + 1] = t }
 	return n % 2 ? arr[(n + 1) / 2] : (arr[n / 2] + arr[n / 2 + 1]) / 2
 }
-function flush(   na, nb, nr, i, lo, hi) {
+# "median [min..max]" of the n values in arr (sorted by med)
+function cell(arr, n,   m) { m = med(arr, n); return sprintf("%.4g [%.4g..%.4g]", m, arr[1], arr[n]) }
+function flush(   na, nb, nr, i, ra) {
 	if (key == "") return
 	na = nb = nr = 0
 	for (i in A) { na++; xa[na] = A[i] }
 	for (i in B) { nb++; xb[nb] = B[i] }
-	lo = 1e300; hi = -1e300
-	for (i in A) if ((i in B) && A[i] != 0) { nr++; xr[nr] = B[i] / A[i]; if (xr[nr] < lo) lo = xr[nr]; if (xr[nr] > hi) hi = xr[nr] }
-	if (nr) printf "%-22s %-22s %12.4g %12.4g %8.3f %8.3f-%.3f\n", id, k, med(xa, na), med(xb, nb), med(xr, nr), lo, hi
-	else printf "%-22s %-22s %12.4g %12.4g %8s\n", id, k, med(xa, na), med(xb, nb), "-"
+	for (i in A) if ((i in B) && A[i] != 0) { nr++; xr[nr] = B[i] / A[i] }
+	ra = nr && k != "others" ? cell(xr, nr) : "-"
+	printf "%-20s %-16s %-28s %-28s %s\n", id, k, cell(xa, na), cell(xb, nb), ra
 	delete A; delete B; delete xa; delete xb; delete xr
 }
-BEGIN { printf "%-22s %-22s %12s %12s %8s %s\n", "config", "metric", "A median", "B median", "B/A", "range" }
+BEGIN { printf "%-20s %-16s %-28s %-28s %s\n", "config", "metric", "A median [min..max]", "B median [min..max]", "B/A paired: median [min..max]" }
 { if ($3 SUBSEP $4 != key) { flush(); key = $3 SUBSEP $4; id = $3; k = $4 } if ($1 == "A") A[$2] = $5; else B[$2] = $5 }
 END { flush() }'

@@ -1,14 +1,20 @@
 /*
- * bench_ring: mbpipe's SPSC ring against ck_ring, boost::lockfree::spsc_queue and moodycamel's queues.
+ * bench_ring: mbpipe's SPSC ring against a plain C11 ring, ck_ring, boost::lockfree::spsc_queue and
+ * moodycamel's queues.
  *
  * Measures, in one run, alternating the implementations and repeating (medians of the rounds):
- *   1. items/s between two pinned threads, one item per call and, where the queue allows, bursts of 32;
+ *   1. items/s between two pinned threads, one item per call and, where the queue allows, bursts of 32:
+ *      over the whole run, and "steady", the run's median chunk of 8192 items (bench_ring.h), which
+ *      leaves out the time the scheduler kept a spinning side off its CPU on a shared machine;
  *      mbpipe twice: its non-blocking calls spun on by the caller like the peers, and its blocking forms
  *      (push/pop, then the ring's wait_push / wait_pop), which carry the parking handshake;
  *   2. the round trip of one item bouncing between two rings (ping-pong), in ns;
- *   3. the CPU time a consumer parked in wait_pop on an empty ring uses over one second.
+ *   3. the CPU time a consumer parked in wait_pop on an empty ring uses over one second;
+ *   4. "solo": ns per push + pop on one thread (no line moving between cores; best round), and the steady
+ *      rate's fraction of 2 / solo, what two cores would reach doing their halves at that speed.
  * Prints a table, the ratios of mbpipe to the best peer and one summary line:
- *   bench_ring: mbpipe_mops=... best_peer=... ratio=... rtt_ns=... idle_cpu_pct=... cores=N ...
+ *   bench_ring: mbpipe_mops=... best_peer=... ratio=... mbpipe_steady=... steady_ratio=... rtt_ns=...
+ *   idle_cpu_pct=... cores=N ...
  * Exits non-zero if any item is lost or out of order (every item is a stamped pointer, checked).
  *
  * Usage: bench_ring [-n items] [-r rounds] [-l round_trips] [-c capacity] [-s row,row,...]
@@ -192,12 +198,91 @@ static const struct bench_impl bench_ck_x32 = {
     NULL,	  NULL};
 
 /* ----------------------------------------------------------------------------------------------------- */
+/* A plain C11 ring                                                                                      */
+/* ----------------------------------------------------------------------------------------------------- */
+
+/*
+ * What a user would write instead: the textbook SPSC ring in C11 (Lamport's ring with each side caching the
+ * other's index, as in Rigtorp's SPSCQueue or DPDK's SP/SC mode). Power-of-two capacity, free-running
+ * indices, head and tail on their own cache lines with the side's copy of the other's index and of the
+ * read-only fields beside it, acquire/release, nothing else: no close, no parking.
+ */
+struct c11_ring {
+	_Alignas(64) _Atomic uint32_t head; /* producer line */
+	uint32_t tail_cache, pmask;
+	void **pslots;
+	_Alignas(64) _Atomic uint32_t tail; /* consumer line */
+	uint32_t head_cache, cmask;
+	void **cslots; /* the struct's size rounds up to 128: nothing else shares the consumer line */
+};
+
+static void *c11_create(unsigned capacity)
+{
+	struct c11_ring *q = aligned_alloc(64, sizeof(*q));
+	void **slots = aligned_alloc(64, capacity * sizeof(void *));
+	if (!q || !slots) {
+		fprintf(stderr, "bench_ring: out of memory\n");
+		exit(2);
+	}
+	*q =
+	    (struct c11_ring){.pmask = capacity - 1, .pslots = slots, .cmask = capacity - 1, .cslots = slots};
+	return q;
+}
+
+static void c11_destroy(void *q)
+{
+	free(((struct c11_ring *)q)->pslots);
+	free(q);
+}
+
+static inline unsigned c11_push(void *q, void *const *items, unsigned n)
+{
+	(void)n; /* one item per call */
+	struct c11_ring *c = q;
+	uint32_t h = atomic_load_explicit(&c->head, memory_order_relaxed);
+	if (h - c->tail_cache > c->pmask) { /* full by the cached tail: look at the real one */
+		/* acquire; partner: pop's release store of tail */
+		c->tail_cache = atomic_load_explicit(&c->tail, memory_order_acquire);
+		if (h - c->tail_cache > c->pmask)
+			return 0;
+	}
+	c->pslots[h & c->pmask] = items[0];
+	atomic_store_explicit(&c->head, h + 1, memory_order_release); /* publishes the slot */
+	return 1;
+}
+
+static inline unsigned c11_pop(void *q, void **items, unsigned n)
+{
+	(void)n;
+	struct c11_ring *c = q;
+	uint32_t t = atomic_load_explicit(&c->tail, memory_order_relaxed);
+	if (t == c->head_cache) { /* empty by the cached head: look at the real one */
+		/* acquire; partner: push's release store of head */
+		c->head_cache = atomic_load_explicit(&c->head, memory_order_acquire);
+		if (t == c->head_cache)
+			return 0;
+	}
+	items[0] = c->cslots[t & c->cmask];
+	/* release: the producer's licence to overwrite the slot */
+	atomic_store_explicit(&c->tail, t + 1, memory_order_release);
+	return 1;
+}
+
+BENCH_LOOPS(c11, 1, c11_push, c11_pop)
+
+static const struct bench_impl bench_c11 = {"c11",	 "plain C11 ring (cached indices, acquire/release)",
+					    1,		 false,
+					    c11_create,	 c11_destroy,
+					    c11_produce, c11_consume,
+					    c11_lead,	 c11_echo};
+
+/* ----------------------------------------------------------------------------------------------------- */
 /* Harness                                                                                               */
 /* ----------------------------------------------------------------------------------------------------- */
 
 /* The rows, in the order of the table; peer groups for the ratios are below. */
 static const struct bench_impl *const rows[] = {
-    &bench_mbp,	   &bench_ck,	     &bench_boost,    &bench_rwq,	   &bench_mbp_b32,
+    &bench_mbp,	   &bench_c11,	     &bench_ck,	      &bench_boost,	   &bench_rwq,	     &bench_mbp_b32,
     &bench_ck_x32, &bench_boost_b32, &bench_mbp_wait, &bench_mbp_wait_b32, &bench_rwcb_wait,
 };
 enum { NROWS = sizeof(rows) / sizeof(rows[0]), MAX_ROUNDS = 64 };
@@ -285,9 +370,21 @@ static uint64_t run_pair(struct side *a, struct side *b)
 	return t1 - t0;
 }
 
-/* Millions of items per second from producer to consumer. */
-static double throughput(const struct bench_impl *im, unsigned capacity, uint64_t n)
+double bench_chunks[BENCH_MAX_CHUNKS];
+unsigned bench_nchunks;
+
+static int cmp_double(const void *a, const void *b)
 {
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* Millions of items per second from producer to consumer over the whole run; *steady: the median of the
+ * run's chunks of BENCH_CHUNK items (bench_ring.h), the run's rate while both threads held their CPUs
+ * (the whole run when it is shorter than two chunks). */
+static double throughput(const struct bench_impl *im, unsigned capacity, uint64_t n, double *steady)
+{
+	bench_nchunks = 0;
 	void *q = im->create(capacity);
 	struct side p = {.im = im, .role = PRODUCE, .a = q, .n = n, .cpu = 0};
 	struct side c = {.im = im, .role = CONSUME, .a = q, .n = n, .cpu = 1};
@@ -298,7 +395,32 @@ static double throughput(const struct bench_impl *im, unsigned capacity, uint64_
 			(unsigned long long)c.bad);
 		failures += c.bad;
 	}
-	return (double)n / ((double)ns / 1e9) / 1e6;
+	double whole = (double)n / ((double)ns / 1e9) / 1e6;
+	qsort(bench_chunks, bench_nchunks, sizeof(double), cmp_double);
+	*steady = bench_nchunks >= 2 ? bench_chunks[bench_nchunks / 2] : whole;
+	return whole;
+}
+
+/* ns per item for a push and a pop on one thread (bursts of 256 pushed, then popped; the caller pinned):
+ * the queue's own cost with no cache line moving between cores. Two threads, each doing its half at
+ * this speed with nothing to move, would reach 2 / solo items per ns: the limit the table's fraction uses. */
+static double solo(const struct bench_impl *im, unsigned capacity, uint64_t n)
+{
+	enum { SOLO_BATCH = 256 };
+	void *q = im->create(capacity);
+	uint64_t bad = 0, t0 = mbp__now_ns();
+	for (uint64_t k = 0; k < n; k += SOLO_BATCH) {
+		im->produce(q, SOLO_BATCH);
+		bad += im->consume(q, SOLO_BATCH);
+	}
+	double ns = (double)(mbp__now_ns() - t0) / (double)n;
+	im->destroy(q);
+	if (bad) {
+		fprintf(stderr, "bench_ring: %s: %llu items lost or out of order on one thread\n", im->name,
+			(unsigned long long)bad);
+		failures += bad;
+	}
+	return ns;
 }
 
 /* Mean round trip of one item, lead -> echo -> lead, in ns. */
@@ -372,12 +494,6 @@ static double idle_cpu_pct(void)
 	return 100.0 * s.cpu_ns / s.wall_ns;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
 struct stat3 {
 	double med, min, max;
 };
@@ -398,13 +514,19 @@ static int row_index(const struct bench_impl *im)
 	return -1;
 }
 
-/* The best (highest throughput) of a group of peer rows. */
-static const struct bench_impl *best_of(const struct bench_impl *const *group, int n, const struct stat3 *tp)
+/* The best of a group of peer rows that ran: the highest median when `higher` (throughput), else the
+ * lowest (round trip). */
+static const struct bench_impl *best_of(const struct bench_impl *const *group, int n, const struct stat3 *v,
+					bool higher)
 {
 	const struct bench_impl *best = group[0];
-	for (int i = 1; i < n; i++)
-		if (tp[row_index(group[i])].med > tp[row_index(best)].med)
+	for (int i = 1; i < n; i++) {
+		int g = row_index(group[i]), b = row_index(best);
+		if (skip[g])
+			continue;
+		if (skip[b] || (higher ? v[g].med > v[b].med : v[g].med < v[b].med))
 			best = group[i];
+	}
 	return best;
 }
 
@@ -467,58 +589,73 @@ int main(int argc, char **argv)
 	if (ncpus < 2)
 		printf("  warning: one CPU only; spinning queues measure the scheduler, not the queue\n");
 
-	static double tp[NROWS][MAX_ROUNDS], rtt[NROWS][MAX_ROUNDS], idle[MAX_ROUNDS];
+	static double tp[NROWS][MAX_ROUNDS], st[NROWS][MAX_ROUNDS], rtt[NROWS][MAX_ROUNDS], idle[MAX_ROUNDS];
+	static double solo_ns[NROWS];
 	for (int r = 0; r < rounds; r++) {
 		/* alternate: every implementation once per round, starting at a different row each round */
 		for (int k = 0; k < NROWS; k++) {
 			int i = (r + k) % NROWS;
 			if (!skip[i])
-				tp[i][r] = throughput(rows[i], capacity, n);
+				tp[i][r] = throughput(rows[i], capacity, n, &st[i][r]);
 		}
 		for (int k = 0; k < NROWS; k++) {
 			int i = (r + k) % NROWS;
 			if (!skip[i] && rows[i]->lead)
 				rtt[i][r] = round_trip(rows[i], capacity, trips);
 		}
+		pin(0);
+		for (int k = 0; k < NROWS; k++) {
+			int i = (r + k) % NROWS;
+			if (!skip[i] && rows[i]->burst == 1 && !rows[i]->blocking) {
+				double v = solo(rows[i], capacity, n / 4 < 1024 ? 1024 : n / 4);
+				if (r == 0 || v < solo_ns[i])
+					solo_ns[i] = v; /* the best round: the least disturbed */
+			}
+		}
 		idle[r] = idle_cpu_pct();
 		fprintf(stderr, "bench_ring: round %d/%d done\n", r + 1, rounds);
 	}
 
-	struct stat3 tps[NROWS] = {{0}}, rtts[NROWS] = {{0}};
-	printf("\n%-16s %5s %10s %10s %10s %12s %10s  %s\n", "row", "burst", "Mitems/s", "min", "max",
-	       "rtt ns", "rtt min", "what");
+	struct stat3 tps[NROWS] = {{0}}, sts[NROWS] = {{0}}, rtts[NROWS] = {{0}};
+	printf("\n%-16s %5s %10s %8s %8s %8s %8s %8s %8s %8s %8s %8s  %s\n", "row", "burst", "Mitems/s",
+	       "min", "max", "steady", "min", "max", "solo ns", "of limit", "rtt ns", "rtt min", "what");
 	for (int i = 0; i < NROWS; i++) {
 		if (skip[i])
 			continue;
 		tps[i] = stats(tp[i], rounds);
-		printf("%-16s %5u %10.1f %10.1f %10.1f ", rows[i]->name, rows[i]->burst, tps[i].med,
-		       tps[i].min, tps[i].max);
+		sts[i] = stats(st[i], rounds);
+		printf("%-16s %5u %10.1f %8.1f %8.1f %8.1f %8.1f %8.1f ", rows[i]->name, rows[i]->burst,
+		       tps[i].med, tps[i].min, tps[i].max, sts[i].med, sts[i].min, sts[i].max);
+		if (solo_ns[i] > 0)
+			printf("%8.2f %8.2f ", solo_ns[i], sts[i].med / (2e3 / solo_ns[i]));
+		else
+			printf("%8s %8s ", "-", "-");
 		if (rows[i]->lead) {
 			rtts[i] = stats(rtt[i], rounds);
-			printf("%12.0f %10.0f", rtts[i].med, rtts[i].min);
+			printf("%8.0f %8.0f", rtts[i].med, rtts[i].min);
 		} else {
-			printf("%12s %10s", "-", "-");
+			printf("%8s %8s", "-", "-");
 		}
 		printf("  %s\n", rows[i]->what);
 	}
 	struct stat3 idl = stats(idle, rounds);
 
 	/* ratios of mbpipe to the best peer of the same kind */
-	static const struct bench_impl *const peers1[] = {&bench_ck, &bench_boost, &bench_rwq};
+	static const struct bench_impl *const peers1[] = {&bench_c11, &bench_ck, &bench_boost, &bench_rwq};
 	static const struct bench_impl *const peers32[] = {&bench_ck_x32, &bench_boost_b32};
-	const struct bench_impl *best1 = best_of(peers1, 3, tps);
-	const struct bench_impl *best32 = best_of(peers32, 2, tps);
-	const struct bench_impl *best_rtt = peers1[0];
-	for (int i = 1; i < 3; i++)
-		if (rtts[row_index(peers1[i])].med < rtts[row_index(best_rtt)].med)
-			best_rtt = peers1[i];
+	const struct bench_impl *best1 = best_of(peers1, (int)MBP_ARRAY_SIZE(peers1), tps, true);
+	const struct bench_impl *best32 = best_of(peers32, (int)MBP_ARRAY_SIZE(peers32), tps, true);
+	const struct bench_impl *best_rtt = best_of(peers1, (int)MBP_ARRAY_SIZE(peers1), rtts, false);
+	const struct bench_impl *best_st = best_of(peers1, (int)MBP_ARRAY_SIZE(peers1), sts, true);
 	int m1 = row_index(&bench_mbp), m32 = row_index(&bench_mbp_b32), mw = row_index(&bench_mbp_wait);
 	int mw32 = row_index(&bench_mbp_wait_b32), pw = row_index(&bench_rwcb_wait);
 	double ratio1 = tps[m1].med / tps[row_index(best1)].med;
 	double ratio32 = tps[m32].med / tps[row_index(best32)].med;
 	double ratiow = tps[mw].med / tps[pw].med;
 	double rtt_ratio = rtts[m1].med / rtts[row_index(best_rtt)].med;
-	printf("\nmbpipe / best peer, one item per call: %.2f (best peer %s)\n", ratio1, best1->name);
+	double st_ratio = sts[m1].med / sts[row_index(best_st)].med;
+	printf("\nmbpipe / best peer, one item per call: %.2f (best peer %s); steady: %.2f (best peer %s)\n",
+	       ratio1, best1->name, st_ratio, best_st->name);
 	printf("mbpipe / best peer, bursts of 32:      %.2f (best peer %s)\n", ratio32, best32->name);
 	printf("mbpipe-wait / rwcb-wait (blocking):    %.2f; mbpipe-wait / mbpipe: %.2f\n", ratiow,
 	       tps[mw].med / tps[m1].med);
@@ -526,11 +663,15 @@ int main(int argc, char **argv)
 	       rtt_ratio, best_rtt->name, rtts[row_index(best_rtt)].med, rtts[mw].med);
 	printf("idle parked consumer: %.3f%% of a core over 1 s (median; max %.3f%%)\n", idl.med, idl.max);
 	printf(
-	    "bench_ring: mbpipe_mops=%.1f best_peer=%s best_peer_mops=%.1f ratio=%.2f b32_mops=%.1f "
+	    "bench_ring: mbpipe_mops=%.1f best_peer=%s best_peer_mops=%.1f ratio=%.2f mbpipe_steady=%.1f "
+	    "steady_best_peer=%s steady_peer=%.1f steady_ratio=%.2f b32_mops=%.1f "
 	    "b32_best_peer=%s b32_ratio=%.2f wait_mops=%.1f wait_b32_mops=%.1f rtt_ns=%.0f peer_rtt_ns=%.0f "
-	    "rtt_ratio=%.2f idle_cpu_pct=%.3f failures=%llu cores=%d\n",
-	    tps[m1].med, best1->name, tps[row_index(best1)].med, ratio1, tps[m32].med, best32->name, ratio32,
-	    tps[mw].med, tps[mw32].med, rtts[m1].med, rtts[row_index(best_rtt)].med, rtt_ratio, idl.med,
+	    "rtt_ratio=%.2f solo_ns=%.2f peer_solo_ns=%.2f limit_frac=%.2f idle_cpu_pct=%.3f failures=%llu "
+	    "cores=%d\n",
+	    tps[m1].med, best1->name, tps[row_index(best1)].med, ratio1, sts[m1].med, best_st->name,
+	    sts[row_index(best_st)].med, st_ratio, tps[m32].med, best32->name, ratio32, tps[mw].med,
+	    tps[mw32].med, rtts[m1].med, rtts[row_index(best_rtt)].med, rtt_ratio, solo_ns[m1],
+	    solo_ns[row_index(best_st)], solo_ns[m1] > 0 ? sts[m1].med / (2e3 / solo_ns[m1]) : 0, idl.med,
 	    (unsigned long long)failures, ncpus);
 	return failures ? 1 : 0;
 }

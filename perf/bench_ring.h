@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,11 +77,41 @@ BENCH_INLINE void bench_produce(void *q, uint64_t n, unsigned burst, bench_push_
 	}
 }
 
+/*
+ * The consumer's clock, read once every BENCH_CHUNK items: the rate of each chunk goes to bench_chunks (the
+ * driver's, one consumer at a time). On this shared 2-CPU machine a run's overall rate is mostly how long
+ * the scheduler kept one of the two spinning threads off its CPU; a chunk that ran with both on theirs
+ * gives the queue's own rate, so the driver also reports the median chunk.
+ */
+#define BENCH_CHUNK	 8192u
+#define BENCH_MAX_CHUNKS 16384u
+extern double bench_chunks[BENCH_MAX_CHUNKS];
+extern unsigned bench_nchunks;
+
+static inline uint64_t bench_clock_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void bench_chunk_done(uint64_t *t)
+{
+	uint64_t now = bench_clock_ns();
+	if (bench_nchunks < BENCH_MAX_CHUNKS)
+		bench_chunks[bench_nchunks++] = (double)BENCH_CHUNK / ((double)(now - *t) / 1e9) / 1e6;
+	*t = now;
+}
+
 BENCH_INLINE uint64_t bench_consume(void *q, uint64_t n, unsigned burst, bench_pop_fn pop)
 {
 	void *buf[BENCH_BURST_MAX];
-	uint64_t next = 1, bad = 0;
+	uint64_t next = 1, bad = 0, t = bench_clock_ns(), chunk_end = BENCH_CHUNK;
 	while (next <= n) {
+		if (next > chunk_end) {
+			bench_chunk_done(&t);
+			chunk_end += BENCH_CHUNK;
+		}
 		unsigned got = pop(q, buf, burst);
 		if (!got) {
 			bench_relax();

@@ -1,6 +1,6 @@
-# perf ring: mbpipe's SPSC ring against ck_ring, boost::lockfree::spsc_queue and moodycamel's queues
-# (perf/results/ring.md). The C part (mbpipe, ck) and the C++ part (the peers) both get -O2 here; configure's
-# default CFLAGS and CXXFLAGS (-g -O2) come after it and agree. Keep the two alike if you set them.
+# perf ring: mbpipe's SPSC ring against a plain C11 ring, ck_ring, boost::lockfree::spsc_queue and moodycamel's
+# queues (perf/results/ring.md). The C part (mbpipe, C11, ck) and the C++ part (the peers) both get -O2 here;
+# configure's default CFLAGS and CXXFLAGS (-g -O2) come after it and agree. Keep the two alike if you set them.
 if HAVE_PERF_PEERS
 EXTRA_PROGRAMS += perf/bench_ring
 PERF_BINS += perf/bench_ring

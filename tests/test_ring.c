@@ -187,6 +187,15 @@ static int pop_wait(struct mbp__ring *r, void **item, int64_t timeout_ns)
 	return rc > 0 ? 0 : rc;
 }
 
+/* Run a consumer and a producer on one argument to the end. */
+static void run_both(void *(*consumer)(void *), void *(*producer)(void *), void *arg)
+{
+	pthread_t c = spawn(consumer, arg);
+	pthread_t p = spawn(producer, arg);
+	join(p);
+	join(c);
+}
+
 /* Start values for the indices: plain, and just below the wrap at 2^32 so every test crosses it. */
 static const uint32_t starts[] = {0, UINT32_MAX - 2, UINT32_MAX, UINT32_MAX - 100, 0x7fffffffu};
 
@@ -222,10 +231,36 @@ START_TEST(new_lays_out_the_ring_on_separate_cache_lines)
 	ck_assert_uint_eq((uintptr_t)&r->head % MBP_CACHELINE, 0);
 	ck_assert_uint_eq((uintptr_t)&r->tail % MBP_CACHELINE, 0);
 	ck_assert_uint_eq((uintptr_t)&r->slots[0] % MBP_CACHELINE, 0);
+	/* the wake check after each push or pop reads the peer's parker on the caller's own line: no line
+	 * beyond its own, the slots and the read-mostly one is touched per item */
+	ck_assert_uint_eq((uintptr_t)&r->cons_park / MBP_CACHELINE, (uintptr_t)&r->head / MBP_CACHELINE);
+	ck_assert_uint_eq((uintptr_t)&r->limit / MBP_CACHELINE, (uintptr_t)&r->head / MBP_CACHELINE);
+	ck_assert_uint_eq((uintptr_t)&r->prod_park / MBP_CACHELINE, (uintptr_t)&r->tail / MBP_CACHELINE);
 	/* default budgets when no options are given */
 	ck_assert_uint_eq(r->wopts.spin_ns, MBP__SPIN_NS_DEFAULT);
 	ck_assert_uint_eq(r->wopts.yield_ns, MBP__YIELD_NS_DEFAULT);
 	ck_assert(!r->wopts.no_spin);
+	mbp__ring_destroy(r);
+}
+END_TEST
+
+/* Every slot starts NULL (empty), zeroed by the allocator: a large ring commits no memory for slots it
+ * has not used yet (a memset would touch every page). */
+START_TEST(a_large_ring_commits_no_memory_until_its_slots_are_used)
+{
+	struct rusage before, after;
+	ck_assert_int_eq(getrusage(RUSAGE_SELF, &before), 0);
+	struct mbp__ring *r = ring_make(1u << 26, NULL, 0); /* 512 MiB of slots */
+	ck_assert(mbp__ring_push_sp(r, stamp(7)));
+	void *p = NULL;
+	ck_assert(mbp__ring_pop_sc(r, &p));
+	ck_assert_uint_eq(unstamp(p), 7);
+	ck_assert(!mbp__ring_pop_sc(r, &p));
+	ck_assert_int_eq(getrusage(RUSAGE_SELF, &after), 0);
+#if !defined(MBP_TSAN) && !defined(__SANITIZE_ADDRESS__) /* their allocators zero what they hand out */
+	ck_assert_msg(after.ru_maxrss - before.ru_maxrss < 64 * 1024, "the ring committed %ld KiB",
+		      after.ru_maxrss - before.ru_maxrss);
+#endif
 	mbp__ring_destroy(r);
 }
 END_TEST
@@ -399,6 +434,44 @@ START_TEST(close_lets_the_consumer_drain_then_reports_end_of_stream)
 }
 END_TEST
 
+/* close() shuts the producer's fast path by moving its limit; closing again must not move it back, at any
+ * fill level, whether the consumer has moved since the producer's last look (the refill path) or not. */
+START_TEST(closing_again_never_reopens_the_ring_at_any_fill_level)
+{
+	enum { CAP = 8 };
+	for (unsigned fill = 0; fill <= CAP; fill++) {
+		for (unsigned closes = 1; closes <= 4; closes++) {
+			for (unsigned popped = 0; popped <= fill; popped += fill ? fill : 1) {
+				struct mbp__ring *r = ring_make(CAP, NULL, starts[_i]);
+				uint64_t next_in = 0, next_out = 0;
+				for (unsigned k = 0; k < fill; k++)
+					ck_assert(mbp__ring_push_sp(r, stamp(next_in++)));
+				void *p = NULL;
+				for (unsigned k = 0; k < popped; k++) {
+					ck_assert(mbp__ring_pop_sc(r, &p));
+					ck_assert_uint_eq(unstamp(p), next_out++);
+				}
+				for (unsigned c = 0; c < closes; c++) {
+					mbp__ring_close(r);
+					void *two[2] = {stamp(100), stamp(101)};
+					ck_assert_msg(!mbp__ring_push_sp(r, stamp(100)),
+						      "fill %u popped %u: a push landed after close %u", fill,
+						      popped, c + 1);
+					ck_assert_uint_eq(mbp__ring_push_burst_sp(r, two, 2), 0);
+					ck_assert_int_eq(push_wait(r, stamp(100), 0), -EPIPE);
+				}
+				ck_assert_uint_eq(mbp__ring_count(r), fill - popped);
+				while (mbp__ring_pop_sc(r, &p))
+					ck_assert_uint_eq(unstamp(p), next_out++);
+				ck_assert_uint_eq(next_out, next_in);
+				ck_assert_int_eq(pop_wait(r, &p, 0), -EPIPE);
+				mbp__ring_destroy(r);
+			}
+		}
+	}
+}
+END_TEST
+
 START_TEST(close_of_an_empty_ring_ends_a_blocking_pop_at_once)
 {
 	struct mbp__ring *r = ring_make(2, &park_now, starts[_i]);
@@ -544,6 +617,7 @@ struct stream {
 	/* results, each written by its own thread */
 	struct seq_check got;
 	int end_rc;
+	uint64_t counts_out_of_range; /* the consumer's own count() outside 0 .. capacity */
 };
 
 /* Politely spin on a failed non-blocking attempt: the machine is shared, so yield now and then. */
@@ -634,6 +708,10 @@ static void *stream_consumer(void *arg)
 		}
 		for (int k = 0; k < got; k++)
 			seq_check_item(&s->got, burst[k]);
+		/* the consumer pops what the slots hold and may run ahead of a head store that has not
+		 * landed: its count stays in range all the same (every 8th time, not to slow the stream) */
+		if ((s->got.next & 7) < (uint64_t)got && mbp__ring_count(s->r) > s->r->capacity)
+			s->counts_out_of_range++;
 	}
 	return NULL;
 }
@@ -657,6 +735,7 @@ START_TEST(two_threads_pass_ten_million_stamped_items_in_order)
 	join(c);
 	seq_check_done(&s.got, s.n);
 	ck_assert_int_eq(s.end_rc, -EPIPE);
+	ck_assert_uint_eq(s.counts_out_of_range, 0);
 	ck_assert_uint_eq(mbp__ring_count(s.r), 0);
 	pthread_barrier_destroy(&s.go);
 	mbp__ring_destroy(s.r);
@@ -716,15 +795,12 @@ START_TEST(both_sides_park_on_a_tiny_ring_and_lose_no_wakeup)
 {
 	struct parkers s = {.n = mbp_iters(30000, 3000), .same_cpu = _i & 1};
 	s.r = ring_make(2, (_i & 2) ? &tiny_wait : &park_now, UINT32_MAX - 1000);
-	/* bit 2: the fallback handshake (seq_cst fences on both sides) used where membarrier is missing */
+	/* bit 2: the fallback heavy fence (the mprotect shootdown) used where membarrier is missing */
 	bool membarrier_was = mbp__membarrier_ok;
 	if (_i & 4)
 		mbp__membarrier_ok = false;
 	pthread_barrier_init(&s.go, NULL, 2);
-	pthread_t c = spawn(park_consumer, &s);
-	pthread_t p = spawn(park_producer, &s);
-	join(p);
-	join(c);
+	run_both(park_consumer, park_producer, &s);
 	ck_assert_int_eq(s.prod_rc, 0);
 	ck_assert_int_eq(s.cons_rc, -EPIPE);
 	seq_check_done(&s.got, s.n);
@@ -923,10 +999,7 @@ START_TEST(close_right_after_the_last_push_loses_no_item)
 	for (uint64_t k = 0; k < s.n; k++)
 		s.rings[k] = ring_make(2, &tiny_wait, UINT32_MAX);
 	pthread_barrier_init(&s.go, NULL, 2);
-	pthread_t c = spawn(close_race_consumer, &s);
-	pthread_t p = spawn(close_race_producer, &s);
-	join(p);
-	join(c);
+	run_both(close_race_consumer, close_race_producer, &s);
 	ck_assert_int_eq(s.bad_rc, 0);
 	ck_assert_uint_eq(s.lost, 0);
 	ck_assert_uint_eq(s.extra, 0);
@@ -934,6 +1007,74 @@ START_TEST(close_right_after_the_last_push_loses_no_item)
 		mbp__ring_destroy(s.rings[k]);
 	free(s.rings);
 	pthread_barrier_destroy(&s.go);
+}
+END_TEST
+
+/* The consumer closes (abandons) the ring while the producer pushes into it, at a different point each
+ * round, on a ring small enough that the producer refills its cached room on nearly every push, racing with
+ * the close's move of its limit. Once the producer has seen the flag, no push of its lands; every push that
+ * did land is popped (the consumer pops again once the producer has stopped, as ring.h asks). */
+struct abandon {
+	struct mbp__ring *r;
+	uint64_t close_after;
+	_Atomic bool producer_done;
+	uint64_t pushed, popped, after_seen, order_bad;
+};
+
+static void *abandon_producer(void *arg)
+{
+	struct abandon *a = arg;
+	pin_self(0);
+	for (;;) {
+		bool seen = mbp__ring_closed(a->r);
+		bool ok;
+		while (!(ok = mbp__ring_push_sp(a->r, stamp(a->pushed))) && !mbp__ring_closed(a->r))
+			;
+		if (ok) {
+			a->pushed++;
+			a->after_seen += seen;
+		} else if (seen) {
+			break;
+		}
+	}
+	/* release; partner: the consumer's acquire load: it pops what this thread pushed */
+	atomic_store_explicit(&a->producer_done, true, memory_order_release);
+	return NULL;
+}
+
+static void *abandon_consumer(void *arg)
+{
+	struct abandon *a = arg;
+	pin_self(1);
+	void *p = NULL;
+	for (;;) {
+		/* acquire; partner: the producer's release store of producer_done */
+		bool done = atomic_load_explicit(&a->producer_done, memory_order_acquire);
+		if (!mbp__ring_pop_sc(a->r, &p)) {
+			if (done)
+				break;
+			continue;
+		}
+		a->order_bad += unstamp(p) != a->popped;
+		if (++a->popped == a->close_after)
+			mbp__ring_close(a->r);
+	}
+	return NULL;
+}
+
+START_TEST(a_close_racing_with_pushes_stops_them_once_the_producer_sees_it)
+{
+	uint64_t rounds = mbp_iters(2000, 200);
+	for (uint64_t k = 0; k < rounds; k++) {
+		struct abandon a = {.r = ring_make(4, NULL, UINT32_MAX - (uint32_t)(k % 7)),
+				    .close_after = 1 + k % 61};
+		run_both(abandon_consumer, abandon_producer, &a);
+		ck_assert_uint_eq(a.after_seen, 0);
+		ck_assert_uint_eq(a.order_bad, 0);
+		ck_assert_uint_eq(a.popped, a.pushed);
+		ck_assert_uint_ge(a.popped, a.close_after);
+		mbp__ring_destroy(a.r);
+	}
 }
 END_TEST
 
@@ -1105,12 +1246,14 @@ static Suite *suite(void)
 	TCase *tc = tcase_create("single_thread");
 	tcase_add_test(tc, new_rejects_capacities_that_are_not_powers_of_two_in_range);
 	tcase_add_test(tc, new_lays_out_the_ring_on_separate_cache_lines);
+	tcase_add_test(tc, a_large_ring_commits_no_memory_until_its_slots_are_used);
 	tcase_add_loop_test(tc, empty_ring_pops_nothing_and_does_not_block_with_timeout_zero, 0, nstarts);
 	tcase_add_loop_test(tc, full_ring_refuses_push_until_a_pop_frees_a_slot, 0, nstarts);
 	tcase_add_loop_test(tc, indices_wrap_past_uint32_max_keeping_order_and_count, 0, nstarts);
 	tcase_add_loop_test(tc, bursts_move_what_fits_when_nearly_full_or_nearly_empty, 0, nstarts);
 	tcase_add_loop_test(tc, close_lets_the_consumer_drain_then_reports_end_of_stream, 0, nstarts);
 	tcase_add_loop_test(tc, close_of_an_empty_ring_ends_a_blocking_pop_at_once, 0, nstarts);
+	tcase_add_loop_test(tc, closing_again_never_reopens_the_ring_at_any_fill_level, 0, nstarts);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("timeouts");
@@ -1137,6 +1280,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, pop_wakes_a_producer_parked_on_a_full_ring, 0, 2);
 	tcase_add_loop_test(tc, an_abort_word_ends_a_parked_wait_with_ecanceled, 0, 2);
 	tcase_add_test(tc, close_right_after_the_last_push_loses_no_item);
+	tcase_add_test(tc, a_close_racing_with_pushes_stops_them_once_the_producer_sees_it);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("oversubscription");
