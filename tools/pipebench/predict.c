@@ -20,6 +20,7 @@
  * meeting it run.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -70,6 +71,16 @@ static bool usable(const pb_result *r)
 	return r->status == 0 && r->batches > 0;
 }
 
+/* The choice's reason, cut at its buffer's end if it must be (vsnprintf: a bounded text by design, which
+ * gcc's truncation warning cannot tell from a mistake in snprintf at -O0). */
+__attribute__((format(printf, 2, 3))) static void set_why(pb_choice *c, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(c->why, sizeof(c->why), fmt, ap);
+	va_end(ap);
+}
+
 void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin, pb_choice *c)
 {
 	char a[32], t[64] = "";
@@ -82,7 +93,7 @@ void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin
 	for (unsigned i = 0; i < n; i++)
 		any |= usable(&r[i]);
 	if (!any) {
-		snprintf(c->why, sizeof(c->why), "no size completed its measurement");
+		set_why(c, "no size completed its measurement");
 		return;
 	}
 	/* the sizes in the running: all, or those meeting the latency target */
@@ -100,11 +111,11 @@ void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin
 				if (usable(&r[i]) && (low == n || r[i].p99_ms < r[low].p99_ms))
 					low = i;
 			c->chosen = c->best = low;
-			snprintf(c->why, sizeof(c->why),
-				 "no size meets the latency target of %g ms; m=%u has the lowest p99 batch "
-				 "latency "
-				 "(%.3g ms)",
-				 latency_target_ms, r[low].mb_rows, r[low].p99_ms);
+			set_why(c,
+				"no size meets the latency target of %g ms; m=%u has the lowest p99 batch "
+				"latency "
+				"(%.3g ms)",
+				latency_target_ms, r[low].mb_rows, r[low].p99_ms);
 			return;
 		}
 		snprintf(t, sizeof(t), " among the sizes whose p99 batch latency meets %g ms",
@@ -207,40 +218,39 @@ void pb_choose(pb_result *r, unsigned n, double latency_target_ms, double margin
 		open_any += r[i].unsettled;
 	}
 	if (running == 1)
-		snprintf(c->why, sizeof(c->why),
-			 "m=%u is the only size measured%s (%s); bubble %.2f measured, %.2f "
-			 "predicted: %s",
-			 ch->mb_rows, t, a, ch->bubble, ch->bubble_predicted, tail);
+		set_why(c,
+			"m=%u is the only size measured%s (%s); bubble %.2f measured, %.2f "
+			"predicted: %s",
+			ch->mb_rows, t, a, ch->bubble, ch->bubble_predicted, tail);
 	else if (c->chosen == c->best && c->ntied == 1 && !open_any)
-		snprintf(
-		    c->why, sizeof(c->why),
+		set_why(
+		    c,
 		    "m=%u has the best throughput%s (%s) and every other size is distinguishably more than "
 		    "%.0f%% slower%s; bubble %.2f measured, %.2f predicted: %s",
 		    ch->mb_rows, t, a, margin * 100, next, ch->bubble, ch->bubble_predicted, tail);
 	else if (c->chosen == c->best && c->ntied == 1)
-		snprintf(
-		    c->why, sizeof(c->why),
+		set_why(
+		    c,
 		    "m=%u has the best throughput%s (%s) and no other size ties with it (within %.0f%%)%s%s; "
 		    "bubble %.2f measured, %.2f predicted: %s",
 		    ch->mb_rows, t, a, margin * 100, next, unsettled, ch->bubble, ch->bubble_predicted, tail);
 	else if (c->chosen == c->best)
-		snprintf(
-		    c->why, sizeof(c->why),
-		    "m=%u has the best throughput%s (%s); tied with it (its median within %.0f%% and not "
-		    "shown further below): %s; m=%u is the smallest, so it needs the least memory per "
-		    "micro-batch%s%s; bubble %.2f measured, %.2f predicted: %s",
-		    ch->mb_rows, t, a, margin * 100, sizes, ch->mb_rows, next, unsettled, ch->bubble,
-		    ch->bubble_predicted, tail);
+		set_why(c,
+			"m=%u has the best throughput%s (%s); tied with it (its median within %.0f%% and not "
+			"shown further below): %s; m=%u is the smallest, so it needs the least memory per "
+			"micro-batch%s%s; bubble %.2f measured, %.2f predicted: %s",
+			ch->mb_rows, t, a, margin * 100, sizes, ch->mb_rows, next, unsettled, ch->bubble,
+			ch->bubble_predicted, tail);
 	else {
 		char m[140];
 		fmt_margin(m, sizeof(m), ch, best, &c->vs_best);
-		snprintf(c->why, sizeof(c->why),
-			 "m=%u is the smallest size tied with the best%s (m=%u, %s: %s, its median within "
-			 "%.0f%% and "
-			 "not shown further below; tied: %s), so it needs the least memory per "
-			 "micro-batch%s%s; bubble "
-			 "%.2f measured, %.2f predicted: %s",
-			 ch->mb_rows, t, best->mb_rows, a, m, margin * 100, sizes, next, unsettled,
-			 ch->bubble, ch->bubble_predicted, tail);
+		set_why(c,
+			"m=%u is the smallest size tied with the best%s (m=%u, %s: %s, its median within "
+			"%.0f%% and "
+			"not shown further below; tied: %s), so it needs the least memory per "
+			"micro-batch%s%s; bubble "
+			"%.2f measured, %.2f predicted: %s",
+			ch->mb_rows, t, best->mb_rows, a, m, margin * 100, sizes, next, unsettled, ch->bubble,
+			ch->bubble_predicted, tail);
 	}
 }
