@@ -33,6 +33,25 @@
  *          and B_w of equal cost the bubble is about a third of 1F1B's. A deferred B_w keeps its
  *          micro-batch's stash, input and output gradient until it runs: up to min(S, M) micro-batches
  *          are held by a stage at once, which is 1F1B's peak at stage 0 (the "held" figure below).
+ *   Chunked (train.h, "Chunks": S chunks on p threads), F = B_in = B_w, 2 threads, M = 8, bubbles as
+ *   mbp_schedule_simulate predicts them against 1F1B's 0.111 (one stage per thread):
+ *   interleaved  (interleaved 1F1B, Megatron-LM) v chunks a thread, chunk c on thread c mod p; rounds of
+ *          about p micro-batches through each chunk in turn, 1F1B's warm-up plus (v - 1) rounds. Bubble
+ *          about 1/v of 1F1B's (0.059 with v = 2); stash peak of thread t (v - 1) * round + 2(p - 1 - t)
+ *          + 1 micro-batch chunks.
+ *   looped-bfs  (breadth-first, Lamy-Poirier 2022) the same placement, all M micro-batches through one
+ *          chunk before the next, then the backwards the same way up. Interleaved's bubble at v * M
+ *          micro-batch chunks held.
+ *   zbh2   (Qi et al. 2023) one stage per thread, built by the greedy list scheduler (mbp_schedule_build's
+ *          rule) with unit costs and 2S - 1 micro-batches held at most per stage, about twice 1F1B's. With
+ *          F = B_in = B_w its bubble is ZB-H1's, already the least that one stage per thread allows
+ *          ((S-1)/(3M+S-1): the last stage starts after S - 1 forwards); it gains where costs differ.
+ *   zbv    (ZB-V, Qi et al. 2024; PyTorch's ScheduleZBVZeroBubble) two chunks per thread in a V (thread t:
+ *          chunks t and 2p - 1 - t). Bubble 0.020; held peak per thread 2p micro-batch chunks, the same
+ *          memory as 1F1B's p micro-batches of a whole stage.
+ *   dualpipev  (DeepSeek-V3's DualPipe folded into a V; PyTorch's ScheduleDualPipeV) the V placement, the
+ *          forward of one micro-batch and the backward of another back to back in the steady state (run
+ *          one after the other here), zero-bubble B_in/W at the ends. M >= S. Bubble 0.020, held 2p + 1.
  * Every stage's list is a projection of one global order (a valid order of all operations of the step in
  * which each operation comes after what it depends on), so no two stages can wait on each other; a thread
  * that runs several stages follows the merged order of its stages. Under GPipe and 1F1B a stage that gives
@@ -65,6 +84,15 @@ typedef enum mbp_sched_kind {
 	MBP_SCHED_GPIPE = 1,
 	MBP_SCHED_1F1B = 2,
 	MBP_SCHED_ZBH1 = 3,
+	MBP_SCHED_INTERLEAVED = 4, /**< interleaved 1F1B: v chunks per thread, chunk c on thread c mod p */
+	MBP_SCHED_LOOPED_BFS =
+	    5,		    /**< looped BFS: the same placement, every micro-batch through a chunk first */
+	MBP_SCHED_ZBH2 = 6, /**< ZB-H2: zero bubble at about twice 1F1B's memory (one stage per thread) */
+	MBP_SCHED_ZBV = 7,  /**< ZB-V: two chunks per thread in a V (thread t: chunks t and 2p-1-t) */
+	MBP_SCHED_DUALPIPEV = 8, /**< DualPipeV: the V placement, forward and backward of two micro-batches
+				        back to back */
+	MBP_SCHED_AUTO = 9,	 /**< built from costs (mbp_schedule_build) */
+	MBP_SCHED_CUSTOM = 10,	 /**< read from text (mbp_schedule_read_csv) */
 } mbp_sched_kind;
 
 typedef enum mbp_op_kind {
@@ -113,10 +141,62 @@ unsigned mbp_schedule_stash_peak(const mbp_schedule *sc, unsigned stage);
  * not. Equals the stash peak except under ZB-H1. 0: bad stage. */
 unsigned mbp_schedule_held_peak(const mbp_schedule *sc, unsigned stage);
 
-/** "gpipe", "1f1b", "zbh1" (for MBP_SCHED_DEFAULT: "1f1b"); "?" for anything else. */
+/** "gpipe", "1f1b", "zbh1", "interleaved", "looped-bfs", "zbh2", "zbv", "dualpipev", "auto", "custom" (for
+ * MBP_SCHED_DEFAULT: "1f1b"); "?" for anything else. */
 const char *mbp_sched_name(mbp_sched_kind kind);
-/** Parse "gpipe", "1f1b", "zbh1" (also "zb-h1", "zb", case-insensitive). @return 0 or -EINVAL. */
+/** Parse a name of mbp_sched_name (also "zb-h1", "zb", "zb-h2", "zb-v", "interleaved-1f1b", "i1f1b",
+ * "loopedbfs", "bfs", "dualpipe-v", case-insensitive; not "custom"). @return 0 or -EINVAL. */
 int mbp_sched_parse(const char *name, mbp_sched_kind *kind);
+
+/**
+ * Chunks. A schedule's stages may be chunks of a model placed on fewer threads than there are chunks, by
+ * a placement rule that the schedule fixes (mbp_schedule_new_placed):
+ *   block        stage s on thread s * T / S, consecutive stages sharing one (GPipe, 1F1B, ZB-H1, ZB-H2:
+ *                any thread count T at most S, chosen when the schedule is played or run);
+ *   interleaved  chunk c on thread c mod p (interleaved 1F1B, looped BFS: S = v * p, v chunks a thread);
+ *   V            chunk c on thread c for c < p, 2p - 1 - c after (ZB-V, DualPipeV: S = 2p);
+ *   custom       what a schedule read from text says (each stage on the one thread that runs it).
+ * The hop between two chunks of one thread is no hand-off to another thread (the thread keeps the
+ * buffer); a hop to another thread goes through a ring as between stages.
+ */
+typedef enum mbp_sched_place {
+	MBP_PLACE_BLOCK = 0,
+	MBP_PLACE_INTERLEAVED = 1,
+	MBP_PLACE_V = 2,
+	MBP_PLACE_CUSTOM = 3,
+} mbp_sched_place;
+
+/**
+ * Build a schedule of `stages` chunks on `threads` threads. For the block kinds `threads` may be 0 (any
+ * thread count, as mbp_schedule_new); interleaved 1F1B and looped BFS need stages a multiple of threads
+ * (0: stages / 2, two chunks a thread); ZB-V and DualPipeV need stages == 2 * threads (0: stages / 2).
+ * DualPipeV needs mbs >= stages. Pair with mbp_schedule_destroy().
+ * @return 0, -EINVAL (what mbp_schedule_new refuses; a thread count the kind cannot place), -ENOMEM.
+ */
+int mbp_schedule_new_placed(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs,
+			    unsigned threads);
+
+/** The schedule's placement and thread count (0 for the block placement: any). */
+mbp_sched_place mbp_schedule_placement(const mbp_schedule *sc);
+unsigned mbp_schedule_threads(const mbp_schedule *sc);
+
+/** The thread that runs stage `stage` when the schedule runs on `threads` threads (the block placement's
+ * s * T / S; the others' own, where `threads` must be 0 or theirs). UINT32_MAX for a bad argument. */
+unsigned mbp_schedule_thread_of(const mbp_schedule *sc, unsigned stage, unsigned threads);
+
+/** What a thread holds and hands on in a step, over its chunks (each chunk's micro-batch counts one: a
+ * chunk of a V schedule on p threads is half a stage of 1F1B on the same p threads). */
+typedef struct mbp_sched_thread_figures {
+	unsigned stash_peak; /**< most micro-batch chunks whose F ran and whose B (or B_in) has not */
+	unsigned held_peak;  /**< most whose F ran and whose last backward operation (B or W) has not */
+	unsigned hops;	     /**< hand-offs to another thread: outputs and input gradients pushed on a ring */
+	unsigned local_hops; /**< hops to a chunk of the same thread (no hand-off) */
+} mbp_sched_thread_figures;
+
+/** Thread `thread`'s figures when the schedule runs on `threads` threads (0: the schedule's own, or one
+ * per stage). @return 0, -EINVAL. */
+int mbp_schedule_thread_figures(const mbp_schedule *sc, unsigned threads, unsigned thread,
+				mbp_sched_thread_figures *out);
 
 /** Cost of each operation of one stage, in any unit (nanoseconds from measurements, or 1 each). */
 typedef struct mbp_op_costs {
@@ -132,11 +212,13 @@ typedef struct mbp_sched_sim {
 
 /**
  * Play the schedule with the given per-stage costs (`costs[s]`, S entries) on `threads` threads (stage s on
- * thread s * threads / S, as the trainer places them; 0 means one per stage): each operation starts when
+ * thread s * threads / S, as the trainer places them; 0 means one per stage; a chunked schedule on its own
+ * threads, mbp_schedule_thread_of, 0 or its count): each operation starts when
  * its thread is free and what it depends on is done. `start`, if not NULL, receives the start time of each
  * operation of the global order (mbp_schedule_order's indices), for drawing. This is the bubble the
  * schedule predicts.
- * @return 0, -EINVAL (NULL, threads above the stage count, a negative cost).
+ * @return 0, -EINVAL (NULL, threads above the stage count or not a chunked schedule's own, a negative
+ *         cost).
  */
 int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 			  mbp_sched_sim *out, double *start);
