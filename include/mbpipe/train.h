@@ -343,8 +343,13 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
  * one thread run their init in stage order (every init runs, also after one failed; then no step runs and
  * the fini of each stage whose init succeeded runs on its thread) and their fini in reverse order; each
  * thread is named mbp-train-<first>[-<last>] for its stages.
- * @return 0, -EINVAL (no stages; more threads than stages, as mbp_schedule_simulate() refuses them; ZB-H1
- *         with a stage that gives no backward_in/backward_w, or a last stage whose grad_row_bytes is not
+ * Under a chunked schedule (interleaved, looped BFS, ZB-V, DualPipeV) the stages are its chunks, placed
+ * by its rule on `threads` threads (0: two chunks a thread), and a thread runs the chunks its placement
+ * gives it, their init and fini in stage order as above.
+ * @return 0, -EINVAL (no stages; more threads than stages, as mbp_schedule_simulate() refuses them; a
+ *         thread count a chunked schedule cannot place, or a chunked schedule across ranks; ZB-H1, ZB-H2,
+ *         ZB-V or DualPipeV with a stage that gives no backward_in/backward_w, or a last stage whose
+ *         grad_row_bytes is not
  *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
  *         what is wrong in `what`), -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the
  *         error of the first stage whose init failed.
@@ -357,11 +362,11 @@ int mbp_trainer_start(mbp_trainer *t);
  * when the step failed (then no stage updated, every buffer is back in the pool and the next step runs
  * normally). The step number advances only on success.
  * @param loss if not NULL, receives the summed loss of the step
- * @return 0; -EINVAL (NULL, rows 0, mb_rows 0); -E2BIG (mb_rows above max_mb_rows, or more micro-batches
- *         than max_mbs); -ENOTCONN (not started); -ESHUTDOWN (cancelled or drained); -ECANCELED (cancelled during the
- *         step); -EDOM (non-finite loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); the
- *         error a stage's operation or check returned (then no stage updated); -ENOTRECOVERABLE (a
- *         stage's update refused after its check accepted, or this happened at an earlier step: the
+ * @return 0; -EINVAL (NULL, rows 0, mb_rows 0, under DualPipeV fewer micro-batches than stages); -E2BIG
+ *         (mb_rows above max_mb_rows, or more micro-batches than max_mbs); -ENOTCONN (not started);
+ *         -ESHUTDOWN (cancelled or drained); -ECANCELED (cancelled during the step); -EDOM (non-finite
+ *         loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); the error a stage's operation
+ *         or check returned (then no stage updated); -ENOTRECOVERABLE (a stage's update refused after its check accepted, or this happened at an earlier step: the
  *         stages' parameters are no longer those of one step, and the trainer runs no more steps).
  *         mbp_trainer_error() says which stage, operation and micro-batch failed.
  */
