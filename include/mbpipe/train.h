@@ -366,8 +366,9 @@ int mbp_trainer_start(mbp_trainer *t);
  *         (mb_rows above max_mb_rows, or more micro-batches than max_mbs); -ENOTCONN (not started);
  *         -ESHUTDOWN (cancelled or drained); -ECANCELED (cancelled during the step); -EDOM (non-finite
  *         loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); the error a stage's operation
- *         or check returned (then no stage updated); -ENOTRECOVERABLE (a stage's update refused after its check accepted, or this happened at an earlier step: the
- *         stages' parameters are no longer those of one step, and the trainer runs no more steps).
+ *         or check returned (then no stage updated); -ENOTRECOVERABLE (a stage's update refused after
+ *         its check accepted, or this happened at an earlier step: the stages' parameters are no longer
+ *         those of one step, and the trainer runs no more steps).
  *         mbp_trainer_error() says which stage, operation and micro-batch failed.
  */
 int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,
