@@ -468,29 +468,75 @@ START_TEST(the_progress_bar_goes_to_stderr_at_most_ten_times_a_second)
 }
 END_TEST
 
+/* Train `n` arms (schedule, stages, file name, hand-over, threads or NULL) on `layers` for 2 epochs into
+ * path[i] and csv[i]: each must exit 0 printing nothing. */
+static void train_arms(const char *const (*arms)[5], unsigned n, const char *layers, char (*path)[128],
+		       char (*csv)[128])
+{
+	for (unsigned i = 0; i < n; i++) {
+		snprintf(path[i], sizeof path[i], "%s", tmpdir_path(arms[i][2]));
+		snprintf(csv[i], sizeof csv[i], "%s.csv", path[i]);
+		struct run r = run((const char *const[]){
+		    SMALL, "--layers", layers, "--epochs", "2", "--schedule", arms[i][0], "--stages",
+		    arms[i][1], "--hand-over", arms[i][3], "--save", path[i], "--csv", csv[i], "--quiet",
+		    arms[i][4] ? "--threads" : NULL, arms[i][4], NULL});
+		ck_assert_msg(r.status == 0, "%s: exit %d: %s", arms[i][0], r.status, r.err);
+		ck_assert_msg(r.out[0] == 0 && r.err[0] == 0, "--quiet printed: %s%s", r.out, r.err);
+		run_free(&r);
+	}
+	for (unsigned i = 1; i < n; i++)
+		assert_same_file(path[0], path[i]);
+}
+
+START_TEST(every_chunked_schedule_writes_the_weights_of_one_stage)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	/* four layers as four chunks on two threads (the V ones: chunks 0 and 3 on thread 0) */
+	static const char *const arms[][5] = {
+	    {"1f1b", "1", "a", "auto", NULL},	    {"zbv", "4", "b", "auto", "2"},
+	    {"interleaved", "4", "c", "auto", "2"}, {"looped-bfs", "4", "d", "off", "2"},
+	    {"dualpipev", "4", "e", "auto", "2"},   {"zbh2", "4", "f", "auto", "2"},
+	    {"interleaved", "2", "g", "auto", "1"}};
+	char path[7][128], csv[7][128];
+	train_arms(arms, 7, "784,48,32,24,10", path, csv);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(a_chunked_schedule_that_cannot_place_the_stages_is_refused_as_usage)
+{
+	if (!have_data())
+		return;
+	/* zbv wants twice as many stages as threads; dualpipev as many micro-batches as stages (4 here) */
+	static const char *const bad[][3] = {
+	    {"zbv", "3", "1"}, {"interleaved", "3", "2"}, {"dualpipev", "2", "1"}};
+	for (unsigned i = 0; i < 3; i++) {
+		struct run r = run((const char *const[]){SMALL_1, "--schedule", bad[i][0], "--stages",
+							 bad[i][1], "--threads", bad[i][2], "--batch",
+							 i == 2 ? "16" : "128", "--mb", "16", NULL});
+		assert_refused(&r, "--schedule", bad[i][0]);
+		run_free(&r);
+	}
+	struct run r = run((const char *const[]){SMALL_1, "--schedule", "2f2b", NULL});
+	assert_refused(&r, "--schedule", "zbv");
+	run_free(&r);
+}
+END_TEST
+
 START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
 {
 	if (!have_data())
 		return;
 	tmpdir_make("pipetrain");
 	/* the last two with layer 1's input gradient computed by stage 2 (--hand-over all), or never */
-	static const char *const arms[][4] = {{"gpipe", "1", "a", "auto"},
-					      {"1f1b", "2", "b", "auto"},
-					      {"zbh1", "3", "c", "all"},
-					      {"1f1b", "3", "d", "off"}};
+	static const char *const arms[][5] = {{"gpipe", "1", "a", "auto", NULL},
+					      {"1f1b", "2", "b", "auto", NULL},
+					      {"zbh1", "3", "c", "all", NULL},
+					      {"1f1b", "3", "d", "off", NULL}};
 	char path[4][128], csv[4][128];
-	for (unsigned i = 0; i < 4; i++) {
-		snprintf(path[i], sizeof path[i], "%s", tmpdir_path(arms[i][2]));
-		snprintf(csv[i], sizeof csv[i], "%s.csv", path[i]);
-		struct run r = run((const char *const[]){
-		    SMALL, "--epochs", "2", "--schedule", arms[i][0], "--stages", arms[i][1], "--hand-over",
-		    arms[i][3], "--save", path[i], "--csv", csv[i], "--quiet", NULL});
-		ck_assert_msg(r.status == 0, "%s: exit %d: %s", arms[i][0], r.status, r.err);
-		ck_assert_msg(r.out[0] == 0 && r.err[0] == 0, "--quiet printed: %s%s", r.out, r.err);
-		run_free(&r);
-	}
-	for (unsigned i = 1; i < 4; i++)
-		assert_same_file(path[0], path[i]);
+	train_arms(arms, 4, "784,48,24,10", path, csv);
 	/* And the same accuracy, as the CSV says (its timing columns differ). */
 	size_t len;
 	char *a = read_all(csv[0], &len), *b = read_all(csv[2], &len);
@@ -1352,6 +1398,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_operation_has_its_own_name_in_messages);
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);
 	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);
+	tcase_add_test(tc, every_chunked_schedule_writes_the_weights_of_one_stage);
+	tcase_add_test(tc, a_chunked_schedule_that_cannot_place_the_stages_is_refused_as_usage);
 	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);
 	tcase_add_test(tc, more_epochs_on_resume_are_announced_as_a_new_schedule);
 	tcase_add_test(tc, a_checkpoint_pair_from_different_steps_is_refused_with_exit_2);

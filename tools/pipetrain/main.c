@@ -343,6 +343,21 @@ static int setup(struct run *r)
 		return bad("--stages %u: the model has only %u layers", S, L);
 	if (c->threads > S)
 		return bad("--threads %u: more threads than the %u stages", c->threads, S);
+	uint32_t mbs = (c->batch + c->mb - 1) / c->mb;
+	/* a chunked schedule: the stages are its chunks, placed on the threads by its rule */
+	mbp_schedule *probe;
+	int prc = mbp_schedule_new_placed(&probe, c->schedule, S, mbs, c->threads);
+	if (prc == -EINVAL)
+		return bad(
+		    "--schedule %s: cannot place %u stages on %s%u threads (interleaved and looped-bfs: "
+		    "the stages a multiple of the threads; zbv and dualpipev: twice them; dualpipev: at "
+		    "least as many micro-batches as stages)",
+		    mbp_sched_name(c->schedule), S, c->threads ? "" : "the default ",
+		    c->threads ? c->threads : S / 2);
+	if (prc < 0)
+		return fail("cannot build the schedule: %s", mbp_strerror(prc));
+	unsigned placed = mbp_schedule_threads(probe);
+	mbp_schedule_destroy(probe);
 	double cost[PT_MAX_LAYERS], cost_in[PT_MAX_LAYERS];
 	bool can_give[PT_MAX_LAYERS], gives[MBP_MAX_STAGES] = {false};
 	for (unsigned i = 0; i < L; i++) {
@@ -362,7 +377,6 @@ static int setup(struct run *r)
 	const char *fault = getenv("PIPETRAIN_FAULT");
 	if (fault && *fault)
 		r->sh.fault_step = strtoll(fault, NULL, 10);
-	uint32_t mbs = (c->batch + c->mb - 1) / c->mb;
 	mbp_train_opts to = {
 	    .in_row_bytes = width * sizeof(float),
 	    .target_row_bytes = sizeof(int32_t),
@@ -425,7 +439,9 @@ static int setup(struct run *r)
 	*rep = (pt_report){.c = c,
 			   .layers = L,
 			   .stages = S,
-			   .threads = c->threads ? c->threads : (S < ncpu ? S : ncpu),
+			   .threads = placed	   ? placed
+				      : c->threads ? c->threads
+						   : (S < ncpu ? S : ncpu),
 			   .mbs = mbs,
 			   .last_mb = c->batch - (mbs - 1) * c->mb,
 			   .blas_threads = c->blas_threads,

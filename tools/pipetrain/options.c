@@ -153,7 +153,9 @@ static void usage(void)
 	    "  --layers W0,...,WL    MLP widths, 784 in and 10 out for Fashion-MNIST (default "
 	    "784,512,512,10)\n"
 	    "  -s, --stages S        pipeline stages (default: one per allowed CPU, at most one per layer)\n"
-	    "  --schedule NAME       gpipe, 1f1b or zbh1 (default 1f1b)\n"
+	    "  --schedule NAME       gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, zbv or dualpipev\n"
+	    "                        (default 1f1b); the last four run the stages as chunks, two a\n"
+	    "                        thread unless --threads says (zbv, dualpipev: S = 2 threads)\n"
 	    "  -b, --batch N         rows per step (default 256)\n"
 	    "  --mb M                rows per micro-batch (default 32; a last smaller one takes the rest)\n"
 	    "  -e, --epochs E        epochs (default 10)\n"
@@ -269,8 +271,10 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 				return -1;
 			break;
 		case OPT_SCHEDULE:
-			if (mbp_sched_parse(optarg, &c->schedule))
-				return fail(err, errlen, "--schedule: '%s' is not gpipe, 1f1b or zbh1",
+			if (mbp_sched_parse(optarg, &c->schedule) || c->schedule == MBP_SCHED_AUTO)
+				return fail(err, errlen,
+					    "--schedule: '%s' is not gpipe, 1f1b, zbh1, zbh2, interleaved, "
+					    "looped-bfs, zbv or dualpipev",
 					    optarg);
 			break;
 		case OPT_HAND_OVER:
