@@ -914,12 +914,12 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 			busy += (double)ns[k];
 		}
 		costs[s].f = n[MBP_OP_F] ? (double)ns[MBP_OP_F] / n[MBP_OP_F] : 0;
-		if (n[MBP_OP_B]) {
-			costs[s].b_in = (double)ns[MBP_OP_B] / n[MBP_OP_B];
-			costs[s].b_w = 0;
+		if (n[MBP_OP_BIN] && n[MBP_OP_W]) { /* (DualPipeV: some micro-batches' B whole, b_in + b_w) */
+			costs[s].b_in = (double)ns[MBP_OP_BIN] / n[MBP_OP_BIN];
+			costs[s].b_w = (double)ns[MBP_OP_W] / n[MBP_OP_W];
 		} else {
-			costs[s].b_in = n[MBP_OP_BIN] ? (double)ns[MBP_OP_BIN] / n[MBP_OP_BIN] : 0;
-			costs[s].b_w = n[MBP_OP_W] ? (double)ns[MBP_OP_W] / n[MBP_OP_W] : 0;
+			costs[s].b_in = n[MBP_OP_B] ? (double)ns[MBP_OP_B] / n[MBP_OP_B] : 0;
+			costs[s].b_w = 0;
 		}
 	}
 	mbp_sched_sim sim = {0};
