@@ -662,31 +662,30 @@ static int sched_from_lists(struct mbp_schedule *sc, const mbp_sched_op *ops, co
 	double makespan, busy;
 	rc = play(sc, unit, nl, lists, len, (const uint32_t *const *)pos, start, &makespan, &busy, &x);
 	if (rc < 0) {
-		for (unsigned t = 0; t < nl; t++)
-			if (x.next[t] < len[t]) {
-				const mbp_sched_op *op = &lists[t][x.next[t]];
-				bool own = false; /* what it needs comes later in its own list */
-				for (size_t k = x.next[t] + 1; k < len[t]; k++) {
-					const mbp_sched_op *o = &lists[t][k];
-					bool need =
-					    op->kind == MBP_OP_F
-						? o->kind == MBP_OP_F && o->stage + 1 == op->stage &&
-						      o->mb == op->mb
-					    : op->kind == MBP_OP_W
-						? o->stage == op->stage && o->mb == op->mb
-						: o->mb == op->mb &&
-						      ((op->stage + 1u == sc->stages &&
-							o->stage == op->stage && o->kind == MBP_OP_F) ||
-						       (o->stage == op->stage + 1 && o->kind != MBP_OP_F &&
-							o->kind != MBP_OP_W));
-					own |= need;
-				}
-				fault_set(
-				    f, t, x.next[t], op,
-				    own ? "dependency broken: what it needs comes later in the same list"
-					: "deadlock: it waits for an operation that waits for it");
-				break;
+		/* name a list whose next operation needs one later in the same list (its own fault), else the
+		 * first list that waits */
+		int stuck = -1;
+		bool own = false;
+		for (unsigned t = 0; t < nl && !own; t++) {
+			if (x.next[t] == len[t])
+				continue;
+			const mbp_sched_op *op = &lists[t][x.next[t]];
+			for (size_t k = x.next[t] + 1; k < len[t] && !own; k++) {
+				const mbp_sched_op *o = &lists[t][k];
+				own = o->mb == op->mb &&
+				      (op->kind == MBP_OP_F ? o->kind == MBP_OP_F && o->stage + 1 == op->stage
+				       : op->kind == MBP_OP_W ? o->stage == op->stage
+				       : op->stage + 1u == sc->stages
+					   ? o->stage == op->stage && o->kind == MBP_OP_F
+					   : o->stage == op->stage + 1 &&
+						 (o->kind == MBP_OP_B || o->kind == MBP_OP_BIN));
 			}
+			if (stuck < 0 || own)
+				stuck = (int)t;
+		}
+		fault_set(f, (unsigned)stuck, x.next[stuck], &lists[stuck][x.next[stuck]],
+			  own ? "dependency broken: what it needs comes later in the same list"
+			      : "deadlock: it waits for an operation that waits for it");
 		rc = -EDEADLK;
 		goto out;
 	}
@@ -1233,5 +1232,280 @@ out:
 	free(dq);
 	free(fpos);
 	free(bpos);
+	return rc;
+}
+
+/* ---- schedules as text (train.h: torch.distributed.pipelining's compute-only CSV) ---- */
+
+int mbp_schedule_copy(mbp_schedule **sp, const mbp_schedule *sc)
+{
+	if (!sp || !sc)
+		return -EINVAL;
+	*sp = NULL;
+	struct mbp_schedule *c = malloc(sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	*c = *sc;
+	c->order = malloc(sc->n * sizeof(mbp_sched_op));
+	c->stage_ops = malloc(sc->n * sizeof(mbp_sched_op));
+	if (!c->order || !c->stage_ops) {
+		mbp_schedule_destroy(c);
+		return -ENOMEM;
+	}
+	memcpy(c->order, sc->order, sc->n * sizeof(mbp_sched_op));
+	memcpy(c->stage_ops, sc->stage_ops, sc->n * sizeof(mbp_sched_op));
+	*sp = c;
+	return 0;
+}
+
+static const char kind_char[] = "FBIW"; /* per mbp_op_kind: PyTorch's F, B (full), I (input), W */
+
+size_t mbp_schedule_write_csv(const mbp_schedule *sc, unsigned threads, char *buf, size_t cap)
+{
+	if (!sc || (!buf && cap) || !(threads = threads_meant(sc, threads)))
+		return 0;
+	size_t len = 0;
+	for (unsigned t = 0; t < threads; t++) {
+		bool first = true;
+		for (size_t i = 0; i < sc->n; i++) {
+			const mbp_sched_op *op = &sc->order[i];
+			if (mbp__sched_thread(sc, op->stage, threads) != t)
+				continue;
+			char cell[32];
+			int k = snprintf(cell, sizeof(cell), "%s%u%c%u", first ? "" : ",", op->stage,
+					 kind_char[op->kind], op->mb);
+			if (len + (size_t)k < cap)
+				memcpy(buf + len, cell, (size_t)k);
+			len += (size_t)k;
+			first = false;
+		}
+		if (len + 1 < cap)
+			buf[len] = '\n';
+		len++;
+	}
+	if (cap)
+		buf[len < cap ? len : cap - 1] = 0;
+	return len;
+}
+
+/* Where each parsed action came from, to name it. */
+struct text_pos {
+	unsigned line, column;
+};
+
+static void text_error(mbp_sched_text_error *e, unsigned line, unsigned column, const char *action,
+		       size_t alen, const char *what)
+{
+	if (!e)
+		return;
+	e->line = line;
+	e->column = column;
+	alen = alen < sizeof(e->action) - 1 ? alen : sizeof(e->action) - 1;
+	memcpy(e->action, action, alen);
+	e->action[alen] = 0;
+	snprintf(e->what, sizeof(e->what), "%s", what);
+}
+
+/* One action "<stage><F|B|I|W><mb>" (no spaces) into op: 0, or -EINVAL; -E2BIG for numbers too large. */
+static int parse_action(const char *s, size_t n, mbp_sched_op *op)
+{
+	size_t i = 0;
+	unsigned long st = 0, mb = 0;
+	if (i == n || !isdigit((unsigned char)s[i]))
+		return -EINVAL;
+	for (; i < n && isdigit((unsigned char)s[i]); i++)
+		if ((st = st * 10 + (unsigned long)(s[i] - '0')) >= MBP_MAX_STAGES)
+			return -E2BIG;
+	if (i == n)
+		return -EINVAL;
+	const char *k = strchr(kind_char, s[i]);
+	if (!k || !s[i])
+		return -EINVAL;
+	i++;
+	if (i == n || !isdigit((unsigned char)s[i]))
+		return -EINVAL;
+	for (; i < n && isdigit((unsigned char)s[i]); i++)
+		if ((mb = mb * 10 + (unsigned long)(s[i] - '0')) >= MBP_TRAIN_MAX_MBS)
+			return -E2BIG;
+	if (i != n)
+		return -EINVAL;
+	*op = (mbp_sched_op){.mb = (uint32_t)mb, .stage = (uint16_t)st, .kind = (uint8_t)(k - kind_char)};
+	return 0;
+}
+
+static bool is_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\r';
+}
+
+int mbp_schedule_read_csv(mbp_schedule **sp, const char *text, size_t len, unsigned held_limit,
+			  mbp_sched_text_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof(*err));
+	if (!sp || (!text && len))
+		return -EINVAL;
+	*sp = NULL;
+	/* every action of the text, line by line: at most one per comma or byte */
+	size_t cap = 1;
+	for (size_t i = 0; i < len; i++)
+		cap += text[i] == ',' || text[i] == ';' || text[i] == '\n';
+	mbp_sched_op *ops = malloc(cap * sizeof(*ops));
+	struct text_pos *pos = malloc(cap * sizeof(*pos));
+	size_t off[MBP_MAX_STAGES + 1] = {0};
+	struct mbp_schedule *sc = NULL;
+	int rc = -ENOMEM;
+	if (!ops || !pos)
+		goto out;
+	rc = -EINVAL;
+	size_t n = 0;
+	unsigned lines = 0, S = 0, M = 0;
+	for (size_t i = 0; i < len;) {
+		size_t eol = i;
+		while (eol < len && text[eol] != '\n')
+			eol++;
+		size_t a = i, b = eol;
+		while (a < b && is_space(text[a]))
+			a++;
+		bool blank = a == b;
+		if (!blank || eol < len) { /* a last empty line after the final newline is no thread */
+			if (lines == MBP_MAX_STAGES) {
+				text_error(err, lines + 1, 0, "", 0,
+					   "more lines (threads) than stages can be");
+				rc = -E2BIG;
+				goto out;
+			}
+			off[lines] = n;
+			unsigned col = 0;
+			for (size_t c = i; c <= eol;) {
+				size_t e = c;
+				int depth = 0;
+				while (e < eol && (text[e] != ',' || depth > 0)) {
+					depth += text[e] == '(';
+					depth -= text[e] == ')';
+					e++;
+				}
+				size_t x = c, y = e;
+				while (x < y && is_space(text[x]))
+					x++;
+				while (y > x && is_space(text[y - 1]))
+					y--;
+				col++;
+				if (x < y) {
+					/* "(a;b)OVERLAP_F_B": its actions in turn */
+					static const char ov[] = "OVERLAP_F_B";
+					size_t ol = sizeof(ov) - 1;
+					bool pair = text[x] == '(' && y - x > ol + 2 &&
+						    text[y - ol - 1] == ')' &&
+						    memcmp(text + y - ol, ov, ol) == 0;
+					size_t px = pair ? x + 1 : x, py = pair ? y - ol - 1 : y;
+					for (size_t u = px; u < py || (u == px && !pair);) {
+						size_t v = u;
+						while (v < py && text[v] != ';')
+							v++;
+						size_t ux = u, vy = v;
+						while (ux < vy && is_space(text[ux]))
+							ux++;
+						while (vy > ux && is_space(text[vy - 1]))
+							vy--;
+						int prc = parse_action(text + ux, vy - ux, &ops[n]);
+						if (prc < 0) {
+							text_error(
+							    err, lines + 1, col, text + x, y - x,
+							    prc == -E2BIG
+								? "a stage or micro-batch number too large"
+								: "not a compute action "
+								  "(<stage><F|B|I|W><micro-"
+								  "batch>, such as 0F1)");
+							rc = prc;
+							goto out;
+						}
+						pos[n] = (struct text_pos){lines + 1, col};
+						S = ops[n].stage + 1u > S ? ops[n].stage + 1u : S;
+						M = ops[n].mb + 1u > M ? ops[n].mb + 1u : M;
+						n++;
+						u = v + 1;
+						if (v >= py)
+							break;
+					}
+				}
+				c = e + 1;
+			}
+			lines++;
+		}
+		i = eol + 1;
+	}
+	off[lines] = n;
+	if (n == 0 || lines == 0) {
+		text_error(err, 1, 0, "", 0, "no action");
+		goto out;
+	}
+	for (unsigned t = 0; t < lines; t++)
+		if (off[t] == off[t + 1]) {
+			text_error(err, t + 1, 0, "", 0, "a line (thread) with no action");
+			goto out;
+		}
+	sc = sched_alloc(MBP_SCHED_CUSTOM, S, M);
+	rc = -ENOMEM;
+	if (!sc)
+		goto out;
+	sc->place = MBP_PLACE_CUSTOM;
+	sc->threads = lines;
+	bool placed[MBP_MAX_STAGES] = {false};
+	for (unsigned t = 0; t < lines; t++)
+		for (size_t k = off[t]; k < off[t + 1]; k++) {
+			placed[ops[k].stage] = true;
+			sc->thread_of[ops[k].stage] = (uint16_t)t;
+		}
+	for (unsigned s = 0; s < S; s++)
+		if (!placed[s]) {
+			char a[16];
+			int k = snprintf(a, sizeof(a), "%uF0", s);
+			text_error(err, 0, 0, a, (size_t)k,
+				   "a stage on no line (every action of it missing)");
+			rc = -EINVAL;
+			goto out;
+		}
+	struct mbp__sched_fault f = {0};
+	rc = sched_from_lists(sc, ops, off, lines, &f);
+	if (rc == -EINVAL || rc == -EDEADLK) {
+		char a[32];
+		int k = snprintf(a, sizeof(a), "%u%c%u", f.op.stage, kind_char[f.op.kind], f.op.mb);
+		size_t at = f.pos == SIZE_MAX ? SIZE_MAX : off[f.list] + f.pos;
+		text_error(err, at == SIZE_MAX ? f.list + 1 : pos[at].line,
+			   at == SIZE_MAX ? 0 : pos[at].column, a, (size_t)k, f.what);
+		rc = -EINVAL;
+		goto out;
+	}
+	if (rc < 0)
+		goto out;
+	/* memory: each thread's held micro-batch chunks, in its order */
+	for (unsigned t = 0; held_limit && t < lines; t++) {
+		unsigned held = 0;
+		for (size_t k = off[t]; k < off[t + 1]; k++) {
+			held += ops[k].kind == MBP_OP_F;
+			held -= ops[k].kind == MBP_OP_B || ops[k].kind == MBP_OP_W;
+			if (held > held_limit) {
+				char a[32];
+				int m = snprintf(a, sizeof(a), "%u%c%u", ops[k].stage, kind_char[ops[k].kind],
+						 ops[k].mb);
+				char what[96];
+				snprintf(what, sizeof(what),
+					 "memory: the thread would hold %u micro-batch chunks, "
+					 "above the limit of %u",
+					 held, held_limit);
+				text_error(err, pos[k].line, pos[k].column, a, (size_t)m, what);
+				rc = -EINVAL;
+				goto out;
+			}
+		}
+	}
+	*sp = sc;
+	sc = NULL;
+	rc = 0;
+out:
+	mbp_schedule_destroy(sc);
+	free(ops);
+	free(pos);
 	return rc;
 }

@@ -588,7 +588,9 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	*tp = NULL;
 	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 ||
 	    o->target_row_bytes > UINT32_MAX || !o->loss || o->max_mbs > MBP_TRAIN_MAX_MBS ||
-	    (unsigned)o->schedule > MBP_SCHED_DUALPIPEV || (unsigned)o->pinning > MBP_PIN_NONE)
+	    ((unsigned)o->schedule > MBP_SCHED_DUALPIPEV && o->schedule != MBP_SCHED_CUSTOM) ||
+	    (o->schedule == MBP_SCHED_CUSTOM) != (o->custom != NULL) || (unsigned)o->pinning > MBP_PIN_NONE ||
+	    (o->custom && mbp_schedule_mbs(o->custom) > (o->max_mbs ? o->max_mbs : 64)))
 		return -EINVAL;
 	struct mbp_trainer *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -601,10 +603,13 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	if (t->o.schedule == MBP_SCHED_DEFAULT)
 		t->o.schedule = MBP_SCHED_1F1B;
 	t->loss = calloc(t->o.max_mbs, sizeof(double));
-	if (!t->loss) {
+	mbp_schedule *own = NULL;
+	if (!t->loss || (o->custom && mbp_schedule_copy(&own, o->custom) < 0)) {
+		free(t->loss);
 		free(t);
 		return -ENOMEM;
 	}
+	t->o.custom = own; /* the trainer's copy, destroyed with it */
 	pthread_mutex_init(&t->lock, NULL);
 	mbp__crew_init(&t->crew, "train", worker_run, t);
 	t->state = TS_NEW;
@@ -759,19 +764,47 @@ static int start_refused(struct mbp_trainer *t, int stage, mbp_op_kind op, const
 	return -EINVAL;
 }
 
+/* Stage s has input-gradient backwards of its own in sc (its B_in and W apart). */
+static bool splits(const mbp_schedule *sc, unsigned s)
+{
+	const mbp_sched_op *ops;
+	size_t n = mbp_schedule_stage_ops(sc, s, &ops);
+	for (size_t i = 0; i < n; i++)
+		if (ops[i].kind == MBP_OP_BIN)
+			return true;
+	return false;
+}
+
 /* A chunked schedule fixes each stage's thread: its placement for the thread count asked (0: two chunks
  * a thread), as mbp_schedule_new_placed gives it. 0, or a refused start. */
 static int place_chunks(struct mbp_trainer *t)
 {
 	mbp_sched_kind kind = t->o.schedule;
 	if (kind != MBP_SCHED_INTERLEAVED && kind != MBP_SCHED_LOOPED_BFS && kind != MBP_SCHED_ZBV &&
-	    kind != MBP_SCHED_DUALPIPEV)
+	    kind != MBP_SCHED_DUALPIPEV && kind != MBP_SCHED_CUSTOM)
 		return 0;
 	if (t->remote)
-		return start_refused(t, -1, MBP_OP_F,
-				     "schedule: a chunked schedule does not run across ranks (yet)");
+		return start_refused(
+		    t, -1, MBP_OP_F,
+		    "schedule: a chunked or custom schedule does not run across ranks (yet)");
 	mbp_schedule *sc;
-	int rc = mbp_schedule_new_placed(&sc, kind, t->S, t->S, t->o.threads);
+	int rc;
+	if (kind == MBP_SCHED_CUSTOM) {
+		const mbp_schedule *c = t->o.custom;
+		if (mbp_schedule_stages(c) != t->S)
+			return start_refused(t, -1, MBP_OP_F,
+					     "schedule: its stage count is not the trainer's");
+		if (t->o.threads && t->o.threads != mbp_schedule_threads(c))
+			return start_refused(t, -1, MBP_OP_F, "threads: not the custom schedule's");
+		for (unsigned s = 0; s < t->S; s++)
+			if (!t->st[s].split && splits(c, s))
+				return start_refused(t, (int)s, MBP_OP_W,
+						     "the schedule splits this stage's backward: it needs "
+						     "backward_in and backward_w");
+		rc = mbp_schedule_copy(&sc, c);
+	} else {
+		rc = mbp_schedule_new_placed(&sc, kind, t->S, t->S, t->o.threads);
+	}
 	if (rc == -EINVAL)
 		return start_refused(t, -1, MBP_OP_F,
 				     "threads: a chunked schedule needs the stages a multiple of the threads "
@@ -869,7 +902,9 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	if (t->sc && mbp_schedule_mbs(t->sc) == M)
 		return 0;
 	mbp_schedule *sc;
-	int rc = mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->placed);
+	int rc = t->o.custom
+		     ? (mbp_schedule_mbs(t->o.custom) == M ? mbp_schedule_copy(&sc, t->o.custom) : -EINVAL)
+		     : mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->placed);
 	if (rc < 0)
 		return rc;
 	mbp_sched_op *ops = malloc(sc->n * sizeof(*ops));
@@ -1117,6 +1152,7 @@ void mbp_trainer_destroy(mbp_trainer *t)
 	if (t->pool)
 		MBP_VERIFY(mbp_pool_destroy(t->pool) == 0); /* every buffer came back */
 	mbp_schedule_destroy(t->sc);
+	mbp_schedule_destroy((mbp_schedule *)t->o.custom);
 	free(t->tops);
 	mbp__sched_scratch_free(&t->sim);
 	free(t->loss);

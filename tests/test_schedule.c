@@ -442,6 +442,112 @@ START_TEST(predicted_bubbles_are_ordered_as_the_targets_say)
 }
 END_TEST
 
+/* ---- schedules as text ---- */
+
+START_TEST(every_schedule_written_as_csv_reads_back_the_same)
+{
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(every_kind); k++)
+		for (unsigned p = 1; p <= 4; p++)
+			for (unsigned M = 1; M <= 9; M += 4) {
+				mbp_sched_kind kind = every_kind[k];
+				bool block = kind_is_block(kind);
+				unsigned S = block ? p + 1 : 2 * p;
+				mbp_schedule *sc, *back;
+				if (mbp_schedule_new_placed(&sc, kind, S, M, block ? 0 : p) < 0)
+					continue; /* DualPipeV with M < S */
+				size_t need = mbp_schedule_write_csv(sc, p, NULL, 0);
+				char *text = malloc(need + 1);
+				ck_assert_uint_eq(mbp_schedule_write_csv(sc, p, text, need + 1), need);
+				ck_assert_uint_eq(strlen(text), need);
+				mbp_sched_text_error e;
+				ck_assert_msg(mbp_schedule_read_csv(&back, text, need, 0, &e) == 0,
+					      "%s: line %u %s: %s", mbp_sched_name(kind), e.line, e.action,
+					      e.what);
+				ck_assert_int_eq(mbp_schedule_kind(back), MBP_SCHED_CUSTOM);
+				ck_assert_uint_eq(mbp_schedule_stages(back), S);
+				ck_assert_uint_eq(mbp_schedule_mbs(back), M);
+				ck_assert_uint_eq(mbp_schedule_threads(back), p);
+				for (unsigned s = 0; s < S; s++) {
+					ck_assert_uint_eq(mbp_schedule_thread_of(back, s, 0),
+							  mbp_schedule_thread_of(sc, s, p));
+					ck_assert_uint_eq(mbp_schedule_held_peak(back, s),
+							  mbp_schedule_held_peak(sc, s));
+					const mbp_sched_op *x, *y;
+					size_t nx = mbp_schedule_stage_ops(sc, s, &x),
+					       ny = mbp_schedule_stage_ops(back, s, &y);
+					ck_assert(nx == ny && memcmp(x, y, nx * sizeof(*x)) == 0);
+				}
+				/* and the same text again */
+				char *again = malloc(need + 1);
+				ck_assert_uint_eq(mbp_schedule_write_csv(back, 0, again, need + 1), need);
+				ck_assert_str_eq(again, text);
+				free(again);
+				free(text);
+				mbp_schedule_destroy(back);
+				mbp_schedule_destroy(sc);
+			}
+}
+END_TEST
+
+START_TEST(pytorchs_csv_reads_with_bubbles_and_overlapped_pairs)
+{
+	/* PyTorch's _dump_csv writes an empty cell for a bubble, and DualPipeV's overlapped pairs */
+	static const char text[] = "0F0,0F1,,0B0,(0F2;0B1)OVERLAP_F_B,0B2\r\n"
+				   ",1F0,1B0,1F1,1I1,1W1,1F2 , 1I2,1W2\n";
+	mbp_schedule *sc;
+	mbp_sched_text_error e;
+	ck_assert_msg(mbp_schedule_read_csv(&sc, text, strlen(text), 0, &e) == 0, "line %u col %u %s: %s",
+		      e.line, e.column, e.action, e.what);
+	ck_assert_uint_eq(mbp_schedule_stages(sc), 2);
+	ck_assert_uint_eq(mbp_schedule_mbs(sc), 3);
+	check_valid(sc, 2);
+	char got[256];
+	list_text(sc, 0, got, sizeof(got));
+	ck_assert_str_eq(got, "F0 F1 B0 F2 B1 B2");
+	list_text(sc, 1, got, sizeof(got));
+	ck_assert_str_eq(got, "F0 B0 F1 b1 W1 F2 b2 W2");
+	mbp_schedule_destroy(sc);
+}
+END_TEST
+
+/* The text is refused naming line `line`, column `col` (0: any) and `action`, saying `what` (a part). */
+static void expect_refused(const char *text, unsigned limit, unsigned line, unsigned col, const char *action,
+			   const char *what)
+{
+	mbp_schedule *sc = (mbp_schedule *)1;
+	mbp_sched_text_error e;
+	ck_assert_int_eq(mbp_schedule_read_csv(&sc, text, strlen(text), limit, &e), -EINVAL);
+	ck_assert_ptr_null(sc);
+	ck_assert_msg(e.line == line && (col == 0 || e.column == col) && strcmp(e.action, action) == 0 &&
+			  strstr(e.what, what),
+		      "%s: line %u column %u action '%s': %s", text, e.line, e.column, e.action, e.what);
+}
+
+START_TEST(a_bad_schedule_is_refused_naming_its_line_and_action)
+{
+	expect_refused("0F0,0X0,0B0\n", 0, 1, 2, "0X0", "not a compute action");
+	expect_refused("0F0,0F0,0B0\n", 0, 1, 2, "0F0", "repeated");
+	expect_refused("0F0,0F1,0B0\n", 0, 1, 0, "0B1", "missing");
+	/* PyTorch's looped BFS runs its backwards in reverse: the gradients would sum in another order */
+	expect_refused("0F0,0F1,0B1,0B0\n", 0, 1, 3, "0B1", "micro-batch order");
+	expect_refused("0F0,0W0,0I0\n", 0, 1, 2, "0W0", "before its B_in");
+	/* a stage on two lines */
+	expect_refused("0F0,1F0,1B0\n0B0\n", 0, 2, 1, "0B0", "another thread");
+	/* a dependency broken: stage 1's backward before its own forward, on its own line */
+	expect_refused("0F0,0B0\n1B0,1F0\n", 0, 2, 1, "1B0", "dependency broken");
+	/* a deadlock: stage 0 waits for stage 1's B0, which waits behind 1F1, which needs 0F1 */
+	expect_refused("0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n", 0, 1, 2, "0B0", "deadlock");
+	/* memory: 1F1B's stage 0 holds two micro-batches */
+	expect_refused("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", 1, 1, 2, "0F1", "above the limit of 1");
+	expect_refused("", 0, 1, 0, "", "no action");
+	expect_refused("0F0,0B0\n,,\n", 0, 2, 0, "", "no action");
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_read_csv(&sc, "99F0,99B0", 9, 0, NULL), -E2BIG);
+	ck_assert_int_eq(mbp_schedule_read_csv(NULL, "0F0", 3, 0, NULL), -EINVAL);
+	ck_assert_uint_eq(mbp_schedule_write_csv(NULL, 0, NULL, 0), 0);
+}
+END_TEST
+
 /* ---- the buffers a part holds at most, against every reachable state ---- */
 
 /* One process of the brute force: a thread of the part or a remote neighbour, its list in global stages. */
@@ -675,6 +781,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, thread_peaks_are_the_documented_figures);
 	tcase_add_test(tc, hops_between_chunks_of_one_thread_are_local);
 	tcase_add_test(tc, predicted_bubbles_are_ordered_as_the_targets_say);
+	tcase_add_test(tc, every_schedule_written_as_csv_reads_back_the_same);
+	tcase_add_test(tc, pytorchs_csv_reads_with_bubbles_and_overlapped_pairs);
+	tcase_add_test(tc, a_bad_schedule_is_refused_naming_its_line_and_action);
 	suite_add_tcase(s, tc);
 	return s;
 }

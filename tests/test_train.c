@@ -164,6 +164,72 @@ START_TEST(every_schedule_and_thread_count_gives_identical_parameters)
 }
 END_TEST
 
+START_TEST(a_schedule_read_from_text_trains_bit_for_bit)
+{
+	/* 3 stages on 2 threads, stages 0 and 2 on thread 0 (placed as no rule of ours places them), 8
+	 * micro-batches of 5 rows: a GPipe-like order with stage 1's weight gradients deferred to its end */
+	char text[1024];
+	size_t k = 0;
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "0F%u,", j);
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "2F%u,2B%u,", j, j);
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "0B%u%s", j, j < 7 ? "," : "\n");
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "1F%u,", j);
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "1I%u,", j);
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "1W%u%s", j, j < 7 ? "," : "\n");
+	mbp_schedule *sc;
+	mbp_sched_text_error e;
+	ck_assert_msg(mbp_schedule_read_csv(&sc, text, k, 0, &e) == 0, "line %u %s: %s", e.line, e.action,
+		      e.what);
+	struct toy ref[3];
+	float in[40 * N], tg[40 * N];
+	for (unsigned s = 0; s < 3; s++)
+		toy_init(&ref[s], s + 1);
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .max_mb_rows = 16,
+			    .max_mbs = 32,
+			    .schedule = MBP_SCHED_CUSTOM,
+			    .custom = sc,
+			    .loss = mse};
+	struct rig r;
+	rig_build(&r, 3, &o, false, NULL);
+	mbp_schedule_destroy(sc); /* the trainer has its copy */
+	ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+	for (unsigned step = 0; step < 2; step++) {
+		make_data(in, tg, 40, step);
+		reference_step(ref, 3, in, tg, 40, 5);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 40, 5, NULL), 0);
+	}
+	params_equal(r.st, ref, 3);
+	mbp_train_stage_stats ss[3];
+	ck_assert_int_eq(mbp_trainer_stats_get(r.t, NULL, ss, 3), 3);
+	ck_assert(ss[0].thread == 0 && ss[1].thread == 1 && ss[2].thread == 0);
+	/* the schedule's 8 micro-batches, no other count */
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 40, 10, NULL), -EINVAL);
+	no_buffer_out(r.t);
+	mbp_trainer_destroy(r.t);
+	/* its stage count must be the trainer's; a custom kind needs a schedule, a schedule the kind */
+	ck_assert_int_eq(mbp_schedule_read_csv(&sc, text, k, 0, NULL), 0);
+	o.custom = sc;
+	rig_build(&r, 2, &o, false, NULL);
+	ck_assert_int_eq(mbp_trainer_start(r.t), -EINVAL);
+	mbp_trainer_destroy(r.t);
+	mbp_trainer *t;
+	o.schedule = MBP_SCHED_1F1B;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), -EINVAL);
+	o.schedule = MBP_SCHED_CUSTOM;
+	o.custom = NULL;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), -EINVAL);
+	mbp_schedule_destroy(sc);
+}
+END_TEST
+
 START_TEST(a_chunked_schedule_refuses_a_thread_count_it_cannot_place)
 {
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
@@ -1228,6 +1294,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, toy_pipeline_gradients_equal_a_sequential_reference);
 	tcase_add_test(tc, every_schedule_and_thread_count_gives_identical_parameters);
 	tcase_add_test(tc, a_chunked_schedule_refuses_a_thread_count_it_cannot_place);
+	tcase_add_test(tc, a_schedule_read_from_text_trains_bit_for_bit);
 	tcase_add_test(tc, stash_high_water_marks_equal_the_schedules_figures);
 	tcase_add_test(tc, zbh1_refuses_a_stage_without_split_backward);
 	tcase_add_test(tc, injected_failure_at_any_operation_leaves_every_parameter_unchanged);

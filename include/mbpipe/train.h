@@ -198,6 +198,49 @@ typedef struct mbp_sched_thread_figures {
 int mbp_schedule_thread_figures(const mbp_schedule *sc, unsigned threads, unsigned thread,
 				mbp_sched_thread_figures *out);
 
+/**
+ * Schedules as text: torch.distributed.pipelining's per-rank action lists in its compute-only CSV layout
+ * (PipelineScheduleMulti._dump_csv and _load_csv): one row per thread (a rank there), its actions in the
+ * order it runs them, comma-separated; an action is "<stage><kind><micro-batch>", kind F (forward), B
+ * (whole backward), I (input gradient, B_in) or W (weight gradient), such as 0F1, 1I1, 1W1, 0B1; an empty
+ * cell is a bubble (skipped). PyTorch's overlapped pair "(0F1;3B0)OVERLAP_F_B" reads as its actions in
+ * turn. Stages and micro-batches count from 0: the stage count is the highest stage plus one, the
+ * micro-batch count the highest micro-batch plus one.
+ */
+
+/** Where a schedule's text breaks a rule: the line (1-based, a thread's row) and column (1-based action
+ * index in it; 0 for the whole line), the action as written (or the missing one), and what is wrong. */
+typedef struct mbp_sched_text_error {
+	unsigned line, column;
+	char action[32];
+	char what[160];
+} mbp_sched_text_error;
+
+/**
+ * Read a schedule from `len` bytes of CSV text. Refused, naming the line and the action in `err` (if not
+ * NULL): a cell that is no compute action; a stage on two lines; a micro-batch missing or repeated, or
+ * out of micro-batch order within its stage and kind (mbpipe's rule: each stage runs its forwards, its
+ * backwards and its weight gradients in micro-batch order, which keeps the parameters bit for bit the
+ * same under every schedule; PyTorch's looped BFS runs its backwards in reverse and is refused here); a
+ * W without its I before it; a dependency broken (an action before what it needs in its own line) or a
+ * deadlock (lines waiting on each other); a thread holding more than `held_limit` micro-batch chunks at
+ * once (0: no limit). The schedule's kind is MBP_SCHED_CUSTOM, its placement custom, one thread per line.
+ * @return 0, -EINVAL (NULL, a refused schedule: err says why), -E2BIG (more than MBP_MAX_STAGES stages or
+ *         MBP_TRAIN_MAX_MBS micro-batches), -ENOMEM.
+ */
+int mbp_schedule_read_csv(mbp_schedule **sp, const char *text, size_t len, unsigned held_limit,
+			  mbp_sched_text_error *err);
+
+/**
+ * Write the schedule as that CSV, one line per thread of `threads` (as mbp_schedule_thread_of: 0 for a
+ * chunked schedule's own or one per stage), into buf (cap bytes, NUL-terminated when cap > 0). Returns
+ * the length of the whole text (without its NUL) as snprintf does, or 0 for a bad argument.
+ */
+size_t mbp_schedule_write_csv(const mbp_schedule *sc, unsigned threads, char *buf, size_t cap);
+
+/** A copy of `sc` (its own; pair with mbp_schedule_destroy). @return 0, -EINVAL, -ENOMEM. */
+int mbp_schedule_copy(mbp_schedule **sp, const mbp_schedule *sc);
+
 /** Cost of each operation of one stage, in any unit (nanoseconds from measurements, or 1 each). */
 typedef struct mbp_op_costs {
 	double f, b_in, b_w; /**< a whole backward B costs b_in + b_w */
@@ -309,15 +352,20 @@ typedef struct mbp_train_opts {
 	size_t target_row_bytes; /**< width of a target row (required, > 0, at most UINT32_MAX) */
 	uint32_t max_mb_rows;	 /**< largest micro-batch; sizes the buffers. 0: 64 */
 	uint32_t max_mbs;	 /**< largest micro-batch count of a step. 0: 64 */
-	mbp_sched_kind schedule; /**< 0: 1F1B */
-	uint32_t threads;	 /**< worker threads, at most the stages (mbp_trainer_start refuses more);
+	mbp_sched_kind schedule; /**< 0: 1F1B; MBP_SCHED_CUSTOM: `custom` */
+	/** MBP_SCHED_CUSTOM (and only then): the schedule to follow (read from text, or built from costs by
+	 * mbp_schedule_build), copied by mbp_trainer_new. Its stage count must be the trainer's, its
+	 * threads and placement are the trainer's, and every step must have its micro-batch count (a step of
+	 * another count fails with -EINVAL). */
+	const mbp_schedule *custom;
+	uint32_t threads;      /**< worker threads, at most the stages (mbp_trainer_start refuses more);
 				      0: min(stages, allowed CPUs under the cgroup quota) */
-	mbp_pin_mode pinning;	 /**< 0: MBP_PIN_PLAN, each thread pinned to a CPU as a pipeline's are
+	mbp_pin_mode pinning;  /**< 0: MBP_PIN_PLAN, each thread pinned to a CPU as a pipeline's are
 				      (pipeline.h, "Placement"); MBP_PIN_NONE: the OS places them */
-	uint64_t spin_ns;	 /**< spin budget of a waiting thread. 0: 20 us, as the pipeline's;
+	uint64_t spin_ns;      /**< spin budget of a waiting thread. 0: 20 us, as the pipeline's;
 				      MBP_SPIN_NONE: none (and none when threads outnumber the CPUs) */
-	uint32_t trace_events;	 /**< operations kept per stage for the Chrome trace; 0: tracing off */
-	mbp_loss_fn loss;	 /**< required */
+	uint32_t trace_events; /**< operations kept per stage for the Chrome trace; 0: tracing off */
+	mbp_loss_fn loss;      /**< required */
 	void *loss_arg;
 } mbp_train_opts;
 
