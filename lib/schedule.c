@@ -1338,6 +1338,15 @@ static bool is_space(char c)
 	return c == ' ' || c == '\t' || c == '\r';
 }
 
+/* Narrow [*x, *y) of text to its part without blanks at either end. */
+static void trim(const char *text, size_t *x, size_t *y)
+{
+	while (*x < *y && is_space(text[*x]))
+		(*x)++;
+	while (*y > *x && is_space(text[*y - 1]))
+		(*y)--;
+}
+
 int mbp_schedule_read_csv(mbp_schedule **sp, const char *text, size_t len, unsigned held_limit,
 			  mbp_sched_text_error *err)
 {
@@ -1386,10 +1395,7 @@ int mbp_schedule_read_csv(mbp_schedule **sp, const char *text, size_t len, unsig
 					e++;
 				}
 				size_t x = c, y = e;
-				while (x < y && is_space(text[x]))
-					x++;
-				while (y > x && is_space(text[y - 1]))
-					y--;
+				trim(text, &x, &y);
 				col++;
 				if (x < y) {
 					/* "(a;b)OVERLAP_F_B": its actions in turn */
@@ -1404,10 +1410,7 @@ int mbp_schedule_read_csv(mbp_schedule **sp, const char *text, size_t len, unsig
 						while (v < py && text[v] != ';')
 							v++;
 						size_t ux = u, vy = v;
-						while (ux < vy && is_space(text[ux]))
-							ux++;
-						while (vy > ux && is_space(text[vy - 1]))
-							vy--;
+						trim(text, &ux, &vy);
 						int prc = parse_action(text + ux, vy - ux, &ops[n]);
 						if (prc < 0) {
 							text_error(
