@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -1510,5 +1511,43 @@ out:
 	mbp_schedule_destroy(sc);
 	free(ops);
 	free(pos);
+	return rc;
+}
+
+int mbp_schedule_load_csv(mbp_schedule **sp, const char *path, unsigned held_limit, mbp_sched_text_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof(*err));
+	if (!sp || !path)
+		return -EINVAL;
+	*sp = NULL;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -errno;
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	int rc = 0;
+	for (;;) {
+		if (len == cap) {
+			size_t ncap = cap ? 2 * cap : 4096;
+			char *p = ncap <= ((size_t)1 << 30) ? realloc(buf, ncap) : NULL;
+			if (!p) {
+				rc = -ENOMEM;
+				break;
+			}
+			buf = p;
+			cap = ncap;
+		}
+		size_t got = fread(buf + len, 1, cap - len, f);
+		len += got;
+		if (got == 0) {
+			rc = ferror(f) ? -EIO : 0;
+			break;
+		}
+	}
+	fclose(f);
+	if (rc == 0)
+		rc = mbp_schedule_read_csv(sp, buf, len, held_limit, err);
+	free(buf);
 	return rc;
 }

@@ -501,6 +501,38 @@ START_TEST(every_chunked_schedule_writes_the_weights_of_one_stage)
 	    {"interleaved", "2", "g", "auto", "1"}};
 	char path[7][128], csv[7][128];
 	train_arms(arms, 7, "784,48,32,24,10", path, csv);
+	/* and a schedule from a file: DualPipeV's, written as PyTorch's CSV (4 micro-batches of 32 rows) */
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new_placed(&sc, MBP_SCHED_DUALPIPEV, 4, 4, 2), 0);
+	char text[4096], file[128], out[128];
+	ck_assert_uint_lt(mbp_schedule_write_csv(sc, 2, text, sizeof(text)), sizeof(text));
+	mbp_schedule_destroy(sc);
+	snprintf(file, sizeof(file), "%s", tmpdir_path("dpv.csv"));
+	snprintf(out, sizeof(out), "%s", tmpdir_path("h"));
+	FILE *f = fopen(file, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+	struct run r = run((const char *const[]){SMALL, "--layers", "784,48,32,24,10", "--epochs", "2",
+						 "--schedule-file", file, "--save", out, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "--schedule-file: exit %d: %s", r.status, r.err);
+	run_free(&r);
+	assert_same_file(path[0], out);
+	/* a bad one: refused naming the line and the action; one of other micro-batches: refused */
+	f = fopen(file, "w");
+	fputs("0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B2\n", f);
+	fclose(f);
+	r = run((const char *const[]){SMALL, "--layers", "784,48,32,10", "--schedule-file", file, NULL});
+	assert_refused(&r, "--schedule-file", file);
+	ck_assert_msg(strstr(r.err, "line 2, action 1B2: micro-batch repeated"), "%s", r.err);
+	run_free(&r);
+	f = fopen(file, "w");
+	fputs("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", f);
+	fclose(f);
+	r = run((const char *const[]){SMALL, "--layers", "784,48,32,10", "--schedule-file", file, NULL});
+	assert_refused(&r, "--schedule-file", file);
+	ck_assert_msg(strstr(r.err, "micro-batches"), "%s", r.err);
+	run_free(&r);
 	tmpdir_remove();
 }
 END_TEST

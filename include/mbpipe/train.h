@@ -231,6 +231,10 @@ typedef struct mbp_sched_text_error {
 int mbp_schedule_read_csv(mbp_schedule **sp, const char *text, size_t len, unsigned held_limit,
 			  mbp_sched_text_error *err);
 
+/** mbp_schedule_read_csv() of the file at `path`. @return as it, or -errno of opening or reading it
+ * (-EIO), -ENOMEM. */
+int mbp_schedule_load_csv(mbp_schedule **sp, const char *path, unsigned held_limit, mbp_sched_text_error *err);
+
 /**
  * Write the schedule as that CSV, one line per thread of `threads` (as mbp_schedule_thread_of: 0 for a
  * chunked schedule's own or one per stage), into buf (cap bytes, NUL-terminated when cap > 0). Returns

@@ -338,15 +338,36 @@ static int setup(struct run *r)
 	/* Stages: balanced by each layer's measured cost (F, B_in, B_w at the micro-batch size). */
 	cpu_set_t set;
 	unsigned ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
+	uint32_t mbs = (c->batch + c->mb - 1) / c->mb;
+	mbp_schedule *probe = NULL; /* the schedule, here to check that it fits the run */
+	if (c->schedule_file) {
+		mbp_sched_text_error te;
+		int lrc = mbp_schedule_load_csv(&probe, c->schedule_file, 0, &te);
+		if (lrc == -EINVAL || lrc == -E2BIG)
+			return bad("--schedule-file %s: line %u%s%s: %s", c->schedule_file, te.line,
+				   te.action[0] ? ", action " : "", te.action, te.what);
+		if (lrc < 0)
+			return bad("--schedule-file %s: %s", c->schedule_file, mbp_strerror(lrc));
+		if (!c->stages)
+			c->stages = mbp_schedule_stages(probe);
+		if (mbp_schedule_stages(probe) != c->stages || mbp_schedule_mbs(probe) != mbs) {
+			unsigned fs = mbp_schedule_stages(probe), fm = mbp_schedule_mbs(probe);
+			mbp_schedule_destroy(probe);
+			return bad(
+			    "--schedule-file %s: %u stages and %u micro-batches, the run has %u and %u "
+			    "(--stages, --batch / --mb)",
+			    c->schedule_file, fs, fm, c->stages, mbs);
+		}
+	}
 	unsigned S = c->stages ? c->stages : (ncpu < L ? ncpu : L);
+	if (S > L || c->threads > S)
+		mbp_schedule_destroy(probe);
 	if (S > L)
 		return bad("--stages %u: the model has only %u layers", S, L);
 	if (c->threads > S)
 		return bad("--threads %u: more threads than the %u stages", c->threads, S);
-	uint32_t mbs = (c->batch + c->mb - 1) / c->mb;
 	/* a chunked schedule: the stages are its chunks, placed on the threads by its rule */
-	mbp_schedule *probe;
-	int prc = mbp_schedule_new_placed(&probe, c->schedule, S, mbs, c->threads);
+	int prc = probe ? 0 : mbp_schedule_new_placed(&probe, c->schedule, S, mbs, c->threads);
 	if (prc == -EINVAL)
 		return bad(
 		    "--schedule %s: cannot place %u stages on %s%u threads (interleaved and looped-bfs: "
@@ -357,7 +378,11 @@ static int setup(struct run *r)
 	if (prc < 0)
 		return fail("cannot build the schedule: %s", mbp_strerror(prc));
 	unsigned placed = mbp_schedule_threads(probe);
-	mbp_schedule_destroy(probe);
+	if (c->schedule_file && c->threads && c->threads != placed) {
+		mbp_schedule_destroy(probe);
+		return bad("--threads %u: --schedule-file %s has %u lines (threads)", c->threads,
+			   c->schedule_file, placed);
+	}
 	double cost[PT_MAX_LAYERS], cost_in[PT_MAX_LAYERS];
 	bool can_give[PT_MAX_LAYERS], gives[MBP_MAX_STAGES] = {false};
 	for (unsigned i = 0; i < L; i++) {
@@ -383,6 +408,7 @@ static int setup(struct run *r)
 	    .max_mb_rows = c->mb,
 	    .max_mbs = mbs,
 	    .schedule = c->schedule,
+	    .custom = c->schedule_file ? probe : NULL,
 	    .threads = c->threads,
 	    .pinning = c->pin ? MBP_PIN_PLAN : MBP_PIN_NONE,
 	    .trace_events = c->trace ? 3 * mbs + 8 : 0,
@@ -390,6 +416,7 @@ static int setup(struct run *r)
 	    .loss_arg = &r->sh,
 	};
 	rc = mbp_trainer_new(&r->t, &to);
+	mbp_schedule_destroy(probe); /* the trainer has its copy */
 	if (rc < 0)
 		return fail("cannot create the trainer: %s", mbp_strerror(rc));
 	for (unsigned s = 0; s < S; s++) {

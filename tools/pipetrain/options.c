@@ -62,6 +62,7 @@ enum {
 	OPT_DATA = 256,
 	OPT_LAYERS,
 	OPT_SCHEDULE,
+	OPT_SCHEDULE_FILE,
 	OPT_MB,
 	OPT_OPTIM,
 	OPT_LR,
@@ -95,6 +96,7 @@ static const struct option long_opts[] = {
     {"layers", required_argument, NULL, OPT_LAYERS},
     {"stages", required_argument, NULL, 's'},
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
+    {"schedule-file", required_argument, NULL, OPT_SCHEDULE_FILE},
     {"batch", required_argument, NULL, 'b'},
     {"mb", required_argument, NULL, OPT_MB},
     {"epochs", required_argument, NULL, 'e'},
@@ -156,6 +158,9 @@ static void usage(void)
 	    "  --schedule NAME       gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, zbv or dualpipev\n"
 	    "                        (default 1f1b); the last four run the stages as chunks, two a\n"
 	    "                        thread unless --threads says (zbv, dualpipev: S = 2 threads)\n"
+	    "  --schedule-file FILE  follow FILE's schedule (torch.distributed.pipelining's CSV: a row\n"
+	    "                        per thread of actions such as 0F1,1I1,1W1,0B1); its stages and\n"
+	    "                        micro-batches must be the run's\n"
 	    "  -b, --batch N         rows per step (default 256)\n"
 	    "  --mb M                rows per micro-batch (default 32; a last smaller one takes the rest)\n"
 	    "  -e, --epochs E        epochs (default 10)\n"
@@ -276,6 +281,10 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 					    "--schedule: '%s' is not gpipe, 1f1b, zbh1, zbh2, interleaved, "
 					    "looped-bfs, zbv or dualpipev",
 					    optarg);
+			break;
+		case OPT_SCHEDULE_FILE:
+			c->schedule_file = optarg;
+			c->schedule = MBP_SCHED_CUSTOM;
 			break;
 		case OPT_HAND_OVER:
 			if (!strcmp(optarg, "auto"))

@@ -41,6 +41,7 @@ typedef struct pt_config {
 	bool pin;
 	pt_hand_over hand_over; /* --hand-over */
 	mbp_sched_kind schedule;
+	const char *schedule_file; /* --schedule-file: a schedule as text (MBP_SCHED_CUSTOM) */
 	uint32_t batch, mb;
 	unsigned epochs;
 	mbp_optim_kind optim;
