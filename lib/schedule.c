@@ -1551,3 +1551,141 @@ int mbp_schedule_load_csv(mbp_schedule **sp, const char *path, unsigned held_lim
 	free(buf);
 	return rc;
 }
+
+/* ---- built from costs (mbp_schedule_build) ---- */
+
+/* The most a thread of sc holds on `threads` threads. */
+static unsigned most_held(const mbp_schedule *sc, unsigned threads)
+{
+	unsigned most = 0;
+	for (unsigned t = 0; t < threads; t++) {
+		mbp_sched_thread_figures f;
+		if (mbp_schedule_thread_figures(sc, threads, t, &f) == 0 && f.held_peak > most)
+			most = f.held_peak;
+	}
+	return most;
+}
+
+struct build_best {
+	const mbp_sched_build *b;
+	unsigned T;
+	mbp_schedule *sc;
+	double makespan;
+};
+
+/* Keep candidate c (taken) if it fits the limit and plays faster than the best so far. */
+static void consider(struct build_best *bb, mbp_schedule *c)
+{
+	mbp_sched_sim sim;
+	bool fits = !bb->b->held_limit || most_held(c, bb->T) <= bb->b->held_limit;
+	if (fits && mbp_schedule_simulate(c, bb->b->costs, bb->T, &sim, NULL) == 0 &&
+	    (!bb->sc || sim.makespan < bb->makespan * (1 - 1e-12))) {
+		mbp_schedule_destroy(bb->sc);
+		bb->sc = c;
+		bb->makespan = sim.makespan;
+		return;
+	}
+	mbp_schedule_destroy(c);
+}
+
+int mbp_schedule_build(mbp_schedule **sp, const mbp_sched_build *b)
+{
+	if (!sp || !b || !b->costs || b->stages == 0 || b->stages > MBP_MAX_STAGES || b->mbs == 0 ||
+	    b->mbs > MBP_TRAIN_MAX_MBS || b->threads > b->stages)
+		return -EINVAL;
+	*sp = NULL;
+	unsigned S = b->stages, M = b->mbs, T = b->threads ? b->threads : S;
+	for (unsigned s = 0; s < S; s++) {
+		const mbp_op_costs *c = &b->costs[s];
+		if (!(c->f >= 0 && c->b_in >= 0 && c->b_w >= 0 && isfinite(c->f + c->b_in + c->b_w)))
+			return -EINVAL;
+	}
+	struct build_best bb = {.b = b, .T = T};
+	int rc = 0;
+	/* the fixed schedules that run on T threads */
+	static const mbp_sched_kind fixed[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B,	       MBP_SCHED_ZBH1,
+					       MBP_SCHED_ZBH2,	MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS,
+					       MBP_SCHED_ZBV,	MBP_SCHED_DUALPIPEV};
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(fixed); k++) {
+		mbp_sched_kind kind = fixed[k];
+		bool zb = kind == MBP_SCHED_ZBH1 || kind == MBP_SCHED_ZBH2 || kind == MBP_SCHED_ZBV ||
+			  kind == MBP_SCHED_DUALPIPEV;
+		bool block = kind <= MBP_SCHED_ZBH1 || kind == MBP_SCHED_ZBH2;
+		if (zb && !b->split)
+			continue;
+		if (!block && (T == S && kind != MBP_SCHED_INTERLEAVED && kind != MBP_SCHED_LOOPED_BFS))
+			continue;
+		mbp_schedule *c;
+		int r = mbp_schedule_new_placed(&c, kind, S, M, block ? 0 : T);
+		if (r == -ENOMEM)
+			rc = r;
+		if (r == 0)
+			consider(&bb, c);
+	}
+	/* the greedy player on each placement that fits, at limits up to held_limit */
+	mbp_sched_op *ops = malloc((size_t)S * M * 3 * sizeof(*ops));
+	if (!ops)
+		rc = -ENOMEM;
+	for (int pl = 0; rc == 0 && pl < 3; pl++) {
+		struct mbp_schedule *c = sched_alloc(MBP_SCHED_AUTO, S, M);
+		if (!c) {
+			rc = -ENOMEM;
+			break;
+		}
+		c->place = pl == 0 ? MBP_PLACE_BLOCK : pl == 1 ? MBP_PLACE_INTERLEAVED : MBP_PLACE_V;
+		if ((pl == 1 && S % T != 0) || (pl == 1 && S == T) || (pl == 2 && S != 2 * T)) {
+			free(c);
+			continue;
+		}
+		c->threads = T;
+		for (unsigned s = 0; s < S; s++)
+			c->thread_of[s] = (uint16_t)(pl == 0   ? mbp__stage_thread(s, S, T)
+						     : pl == 1 ? s % T
+						     : s < T   ? s
+							       : 2 * T - 1 - s);
+		unsigned hi = b->held_limit ? b->held_limit : 2 * S, lo = 1,
+			 step = hi - lo > 16 ? (hi - lo) / 16 : 1;
+		for (unsigned L = hi + (b->held_limit ? 0 : step);; L -= step) {
+			unsigned limit[MBP_MAX_STAGES];
+			for (unsigned t = 0; t < T; t++)
+				limit[t] = L > hi ? 0 : L; /* above hi: no limit */
+			struct greedy g = {S, M, T, c->thread_of, b->costs, limit, b->split};
+			size_t off[MBP_MAX_STAGES + 1];
+			int r = greedy_lists(&g, ops, off);
+			if (r == 0) {
+				struct mbp_schedule *d = sched_alloc(MBP_SCHED_AUTO, S, M);
+				if (!d) {
+					rc = -ENOMEM;
+					break;
+				}
+				d->place = c->place;
+				d->threads = T;
+				memcpy(d->thread_of, c->thread_of, sizeof(d->thread_of));
+				r = sched_from_lists(d, ops, off, T, NULL);
+				if (r == 0)
+					consider(&bb, d);
+				else
+					mbp_schedule_destroy(d);
+			}
+			if (r == -ENOMEM)
+				rc = r;
+			if (rc < 0 || L < lo + step)
+				break;
+		}
+		free(c);
+	}
+	free(ops);
+	if (rc < 0 || !bb.sc) {
+		mbp_schedule_destroy(bb.sc);
+		return rc < 0 ? rc : -ENOSPC;
+	}
+	struct mbp_schedule *w = bb.sc;
+	if (!w->threads) { /* a block schedule: on the T threads it was played on */
+		w->threads = T;
+		for (unsigned s = 0; s < S; s++)
+			w->thread_of[s] = (uint16_t)mbp__stage_thread(s, S, T);
+	}
+	w->kind = MBP_SCHED_AUTO;
+	*sp = w;
+	return 0;
+}

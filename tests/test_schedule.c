@@ -322,6 +322,33 @@ START_TEST(every_schedule_is_valid_with_any_chunk_and_thread_count)
 }
 END_TEST
 
+/* check_valid's rules but the placement (a built schedule places its own way) */
+static void check_valid_ops(const mbp_schedule *sc)
+{
+	unsigned S = mbp_schedule_stages(sc), M = mbp_schedule_mbs(sc);
+	const mbp_sched_op *g;
+	size_t n = mbp_schedule_order(sc, &g);
+	unsigned next[MBP_MAX_STAGES][3] = {{0}};
+	bool fdone[MBP_MAX_STAGES][64] = {{false}}, bdone[MBP_MAX_STAGES][64] = {{false}};
+	for (size_t i = 0; i < n; i++) {
+		unsigned s = g[i].stage, j = g[i].mb, k = g[i].kind;
+		int cls = k == MBP_OP_F ? 0 : k == MBP_OP_W ? 2 : 1;
+		ck_assert_uint_eq(next[s][cls]++, j);
+		if (k == MBP_OP_B)
+			ck_assert_uint_eq(next[s][2]++, j);
+		if (cls == 0)
+			ck_assert(s == 0 || fdone[s - 1][j]);
+		if (cls == 1)
+			ck_assert(s + 1 < S ? bdone[s + 1][j] : fdone[s][j]);
+		if (cls == 2)
+			ck_assert(bdone[s][j]);
+		(cls == 0 ? fdone : bdone)[s][j] |= cls != 2;
+	}
+	for (unsigned s = 0; s < S; s++)
+		for (int c = 0; c < 3; c++)
+			ck_assert_uint_eq(next[s][c], M);
+}
+
 static unsigned thread_held(const mbp_schedule *sc, unsigned T, unsigned t, bool stash)
 {
 	mbp_sched_thread_figures f;
@@ -439,6 +466,84 @@ START_TEST(predicted_bubbles_are_ordered_as_the_targets_say)
 	double one = chunk_bubble(MBP_SCHED_1F1B, 2, 8, 2);
 	ck_assert(chunk_bubble(MBP_SCHED_INTERLEAVED, 4, 8, 2) <= 0.55 * one);
 	ck_assert(chunk_bubble(MBP_SCHED_ZBV, 4, 8, 2) <= 0.25 * one);
+}
+END_TEST
+
+/* ---- built from costs ---- */
+
+static double makespan_of(const mbp_schedule *sc, const mbp_op_costs *c, unsigned T)
+{
+	mbp_sched_sim r;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, T, &r, NULL), 0);
+	return r.makespan;
+}
+
+START_TEST(the_built_schedule_plays_no_slower_than_any_fixed_one_at_its_held_limit)
+{
+	unsigned seed = 12345;
+	unsigned beat = 0, tries = 0;
+	for (unsigned round = 0; round < 60; round++) {
+		unsigned T = 2 + round % 2, S = round % 3 == 0 ? T : 2 * T, M = 4 + 2 * (round % 5);
+		unsigned limit = round % 4 == 0 ? 0 : S + round % 3;
+		mbp_op_costs c[MBP_MAX_STAGES];
+		double f = 0.5 + rand_r(&seed) % 100 / 40.0, bi = 0.5 + rand_r(&seed) % 100 / 40.0,
+		       bw = 0.5 + rand_r(&seed) % 100 / 40.0;
+		for (unsigned s = 0; s < S; s++) /* the same triple, each stage a little off it */
+			c[s] = (mbp_op_costs){f * (1 + s % 3 * 0.05), bi, bw * (1 + s % 2 * 0.1)};
+		mbp_sched_build b = {
+		    .stages = S, .mbs = M, .threads = T, .costs = c, .held_limit = limit, .split = true};
+		mbp_schedule *sc;
+		ck_assert_int_eq(mbp_schedule_build(&sc, &b), 0);
+		ck_assert_int_eq(mbp_schedule_kind(sc), MBP_SCHED_AUTO);
+		check_valid_ops(sc);
+		double mine = makespan_of(sc, c, T);
+		for (unsigned t = 0; limit && t < T; t++)
+			ck_assert_uint_le(thread_held(sc, T, t, false), limit);
+		for (size_t k = 0; k < MBP_ARRAY_SIZE(every_kind); k++) {
+			mbp_schedule *x;
+			if (mbp_schedule_new_placed(&x, every_kind[k], S, M,
+						    kind_is_block(every_kind[k]) ? 0 : T) < 0)
+				continue;
+			bool fits = true;
+			for (unsigned t = 0; limit && t < T; t++)
+				fits &= thread_held(x, T, t, false) <= limit;
+			if (fits) {
+				double theirs = makespan_of(x, c, T);
+				ck_assert_msg(mine <= theirs * (1 + 1e-9), "round %u: auto %g, %s %g", round,
+					      mine, mbp_sched_name(every_kind[k]), theirs);
+				tries++;
+				beat += mine < theirs * (1 - 1e-9);
+			}
+			mbp_schedule_destroy(x);
+		}
+		mbp_schedule_destroy(sc);
+	}
+	ck_assert_uint_gt(tries, 100);
+	ck_assert_uint_gt(beat, tries / 2); /* strictly better than most */
+	/* the triples on 2 threads, M = 8, at 1F1B's memory on chunks (4 per thread) */
+	static const mbp_op_costs triples[] = {{1, 2, 1}, {2, 1, 1}, {1, 1, 2}};
+	for (size_t i = 0; i < 3; i++) {
+		mbp_op_costs c[4] = {triples[i], triples[i], triples[i], triples[i]};
+		mbp_sched_build b = {
+		    .stages = 4, .mbs = 8, .threads = 2, .costs = c, .held_limit = 4, .split = true};
+		mbp_schedule *sc, *v;
+		ck_assert_int_eq(mbp_schedule_build(&sc, &b), 0);
+		ck_assert_int_eq(mbp_schedule_new_placed(&v, MBP_SCHED_ZBV, 4, 8, 2), 0);
+		ck_assert(makespan_of(sc, c, 2) <= makespan_of(v, c, 2));
+		mbp_schedule_destroy(sc);
+		mbp_schedule_destroy(v);
+	}
+	/* refusals */
+	mbp_op_costs c[2] = {{1, 1, 1}, {-1, 1, 1}};
+	mbp_sched_build b = {.stages = 2, .mbs = 4, .threads = 2, .costs = c, .split = true};
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_build(&sc, &b), -EINVAL);
+	c[1].f = 1;
+	b.threads = 3;
+	ck_assert_int_eq(mbp_schedule_build(&sc, &b), -EINVAL);
+	b.threads = 2;
+	b.held_limit = 0;
+	ck_assert_int_eq(mbp_schedule_build(NULL, &b), -EINVAL);
 }
 END_TEST
 
@@ -781,6 +886,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, thread_peaks_are_the_documented_figures);
 	tcase_add_test(tc, hops_between_chunks_of_one_thread_are_local);
 	tcase_add_test(tc, predicted_bubbles_are_ordered_as_the_targets_say);
+	tcase_add_test(tc, the_built_schedule_plays_no_slower_than_any_fixed_one_at_its_held_limit);
 	tcase_add_test(tc, every_schedule_written_as_csv_reads_back_the_same);
 	tcase_add_test(tc, pytorchs_csv_reads_with_bubbles_and_overlapped_pairs);
 	tcase_add_test(tc, a_bad_schedule_is_refused_naming_its_line_and_action);

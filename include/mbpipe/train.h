@@ -270,6 +270,31 @@ typedef struct mbp_sched_sim {
 int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 			  mbp_sched_sim *out, double *start);
 
+/** What mbp_schedule_build() builds a schedule for. A zeroed field is its default where it has one. */
+typedef struct mbp_sched_build {
+	unsigned stages, mbs;	   /**< required: as mbp_schedule_new's */
+	unsigned threads;	   /**< 0: one per stage */
+	const mbp_op_costs *costs; /**< required: per stage (chunk), as measured (mbp_schedule_simulate's) */
+	unsigned held_limit;	   /**< most micro-batch chunks a thread may hold (mbp_sched_thread_figures
+				        .held_peak); 0: no limit */
+	bool split;		   /**< the stages give B_in and B_w apart (else whole backwards only) */
+} mbp_sched_build;
+
+/**
+ * Build a schedule from costs (MBP_SCHED_AUTO, for --schedule auto): the greedy list scheduler (the rule
+ * of ZB-H2, train.h above: of the threads the one that can start an operation earliest takes one; of its
+ * ready operations a backward first, then a forward while the thread holds fewer than its limit, then the
+ * oldest weight gradient; the chunk nearest the loss first) played with these costs, on the block
+ * placement and, where they fit the thread count, the interleaved and V ones, at limits up to
+ * held_limit; and every fixed schedule that fits the thread count and the limit (the zero-bubble ones
+ * only where split). The one whose simulated makespan (mbp_schedule_simulate on `threads`) is the least
+ * wins (ties: the earlier tried, the fixed ones first), so its bubble is at most every fixed schedule's
+ * at the same held limit. Its threads are fixed: it runs on `threads` threads.
+ * @return 0, -EINVAL (NULL, a bad count, a negative or non-finite cost), -ENOSPC (nothing fits the
+ *         limit), -ENOMEM.
+ */
+int mbp_schedule_build(mbp_schedule **sp, const mbp_sched_build *b);
+
 /* ---- the trainer ---- */
 
 /**
