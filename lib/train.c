@@ -588,8 +588,9 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	*tp = NULL;
 	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 ||
 	    o->target_row_bytes > UINT32_MAX || !o->loss || o->max_mbs > MBP_TRAIN_MAX_MBS ||
-	    ((unsigned)o->schedule > MBP_SCHED_DUALPIPEV && o->schedule != MBP_SCHED_CUSTOM) ||
-	    (o->schedule == MBP_SCHED_CUSTOM) != (o->custom != NULL) || (unsigned)o->pinning > MBP_PIN_NONE ||
+	    (unsigned)o->schedule > MBP_SCHED_CUSTOM ||
+	    (o->schedule == MBP_SCHED_CUSTOM || o->schedule == MBP_SCHED_AUTO) != (o->custom != NULL) ||
+	    (unsigned)o->pinning > MBP_PIN_NONE ||
 	    (o->custom && mbp_schedule_mbs(o->custom) > (o->max_mbs ? o->max_mbs : 64)))
 		return -EINVAL;
 	struct mbp_trainer *t = calloc(1, sizeof(*t));
@@ -781,7 +782,7 @@ static int place_chunks(struct mbp_trainer *t)
 {
 	mbp_sched_kind kind = t->o.schedule;
 	if (kind != MBP_SCHED_INTERLEAVED && kind != MBP_SCHED_LOOPED_BFS && kind != MBP_SCHED_ZBV &&
-	    kind != MBP_SCHED_DUALPIPEV && kind != MBP_SCHED_CUSTOM)
+	    kind != MBP_SCHED_DUALPIPEV && kind != MBP_SCHED_CUSTOM && kind != MBP_SCHED_AUTO)
 		return 0;
 	if (t->remote)
 		return start_refused(
@@ -789,7 +790,7 @@ static int place_chunks(struct mbp_trainer *t)
 		    "schedule: a chunked or custom schedule does not run across ranks (yet)");
 	mbp_schedule *sc;
 	int rc;
-	if (kind == MBP_SCHED_CUSTOM) {
+	if (t->o.custom) {
 		const mbp_schedule *c = t->o.custom;
 		if (mbp_schedule_stages(c) != t->S)
 			return start_refused(t, -1, MBP_OP_F,

@@ -1746,8 +1746,36 @@ START_TEST(train_measures_the_chunked_schedules_side_by_side)
 	}
 	cJSON_Delete(doc);
 	run_free(&r);
+	/* auto (built from the costs, at 1f1b's memory) and a schedule from a file, beside 1f1b */
+	char file[] = "/tmp/pipebench-test-sched-XXXXXX";
+	int fd = mkstemp(file);
+	ck_assert_int_ge(fd, 0);
+	static const char text[] = "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n";
+	ck_assert_int_eq(write(fd, text, sizeof(text) - 1), (ssize_t)sizeof(text) - 1);
+	close(fd);
+	char opt[64];
+	snprintf(opt, sizeof(opt), "--schedule-file=%s", file);
+	r = run((const char *const[]){"--workload=train", "--unit-us=50", "--batches=2", "--warmup=1",
+				      "--tolerance=0", "--wait-quiet=0", "--schedule=1f1b,auto", opt,
+				      "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	sc = field(doc, "schedules", cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(sc), 3);
+	const cJSON *au = cJSON_GetArrayItem(sc, 1), *cu = cJSON_GetArrayItem(sc, 2);
+	ck_assert_str_eq(field(au, "schedule", cJSON_String)->valuestring, "auto");
+	ck_assert_str_eq(field(cu, "schedule", cJSON_String)->valuestring, "custom");
+	ck_assert(num(au, "threads") == 2 && num(cu, "threads") == 2); /* the file's two lines */
+	for (const cJSON *h = field(au, "thread_held_peak", cJSON_Array)->child; h; h = h->next)
+		ck_assert(h->valuedouble <= 4);
+	int_array_is(cu, "held_peak", (const int[]){4, 1}, 2);
+	ck_assert(cJSON_IsTrue(field(cu, "ok", cJSON_True | cJSON_False)));
+	cJSON_Delete(doc);
+	run_free(&r);
+	unlink(file);
 	/* a name it does not know, or twice: usage */
-	static const char *const bad[] = {"--schedule=1f1b,2f2b", "--schedule=zbv,zbv", "--schedule=auto"};
+	static const char *const bad[] = {"--schedule=1f1b,2f2b", "--schedule=zbv,zbv", "--schedule=,"};
 	for (unsigned i = 0; i < 3; i++) {
 		r = run((const char *const[]){"--workload=train", bad[i], NULL});
 		ck_assert_msg(r.status == 2 && lines(r.err) == 1 && strstr(r.err, "--schedule"), "%s: %d %s",

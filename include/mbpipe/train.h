@@ -381,9 +381,9 @@ typedef struct mbp_train_opts {
 	size_t target_row_bytes; /**< width of a target row (required, > 0, at most UINT32_MAX) */
 	uint32_t max_mb_rows;	 /**< largest micro-batch; sizes the buffers. 0: 64 */
 	uint32_t max_mbs;	 /**< largest micro-batch count of a step. 0: 64 */
-	mbp_sched_kind schedule; /**< 0: 1F1B; MBP_SCHED_CUSTOM: `custom` */
-	/** MBP_SCHED_CUSTOM (and only then): the schedule to follow (read from text, or built from costs by
-	 * mbp_schedule_build), copied by mbp_trainer_new. Its stage count must be the trainer's, its
+	mbp_sched_kind schedule; /**< 0: 1F1B; MBP_SCHED_CUSTOM or MBP_SCHED_AUTO: `custom` */
+	/** MBP_SCHED_CUSTOM or MBP_SCHED_AUTO (and only then): the schedule to follow (read from text, or
+	 * built from costs by mbp_schedule_build), copied by mbp_trainer_new. Its stage count must be the trainer's, its
 	 * threads and placement are the trainer's, and every step must have its micro-batch count (a step of
 	 * another count fails with -EINVAL). */
 	const mbp_schedule *custom;

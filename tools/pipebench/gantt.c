@@ -260,7 +260,8 @@ static size_t predicted_spans(const pb_train_result *r, unsigned S, unsigned M, 
 		c[s] = cnt[s][MBP_OP_BIN] && cnt[s][MBP_OP_W] ? (mbp_op_costs){m[0], m[2], m[3]}
 							      : (mbp_op_costs){m[0], m[1], 0};
 	}
-	if (mbp_schedule_new_placed(&sc, r->kind, S, M, r->chunks > 1 ? T : 0) < 0)
+	(void)M;
+	if (!r->sched || mbp_schedule_copy(&sc, r->sched) < 0)
 		return 0;
 	const mbp_sched_op *ops;
 	size_t n = mbp_schedule_order(sc, &ops);
@@ -287,25 +288,18 @@ static size_t predicted_spans(const pb_train_result *r, unsigned S, unsigned M, 
 /* Stages (chunks) that share stage s's thread under result r's schedule on T threads. */
 static unsigned sharing(const pb_train_result *r, unsigned s, unsigned M, unsigned T)
 {
-	mbp_schedule *sc;
-	if (mbp_schedule_new_placed(&sc, r->kind, r->stages, M, r->chunks > 1 ? T : 0) < 0)
-		return 1;
-	unsigned k = 0, mine = mbp_schedule_thread_of(sc, s, T);
+	(void)M;
+	unsigned k = 0, mine = mbp_schedule_thread_of(r->sched, s, T);
 	for (unsigned q = 0; q < r->stages; q++)
-		k += mbp_schedule_thread_of(sc, q, T) == mine;
-	mbp_schedule_destroy(sc);
-	return k;
+		k += mbp_schedule_thread_of(r->sched, q, T) == mine;
+	return k ? k : 1;
 }
 
 /* The thread of chunk s under result r's schedule. */
 static unsigned sharing_thread(const pb_train_result *r, unsigned s, unsigned M)
 {
-	mbp_schedule *sc;
-	if (mbp_schedule_new_placed(&sc, r->kind, r->stages, M, r->threads) < 0)
-		return 0;
-	unsigned t = mbp_schedule_thread_of(sc, s, r->threads);
-	mbp_schedule_destroy(sc);
-	return t;
+	(void)M;
+	return mbp_schedule_thread_of(r->sched, s, r->threads);
 }
 
 /* What the training charts draw, text or SVG: each schedule's measured step and its prediction, on one

@@ -126,6 +126,7 @@ enum {
 	OPT_COSTS,
 	OPT_UNIT,
 	OPT_SCHEDULE,
+	OPT_SCHEDULE_FILE,
 	OPT_CHUNKS,
 };
 
@@ -155,6 +156,7 @@ static const struct option long_opts[] = {
     {"unit-us", required_argument, NULL, OPT_UNIT},
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
     {"chunks", required_argument, NULL, OPT_CHUNKS},
+    {"schedule-file", required_argument, NULL, OPT_SCHEDULE_FILE},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", no_argument, NULL, OPT_CSV},
     {"table", no_argument, NULL, OPT_TABLE},
@@ -213,6 +215,12 @@ void pb_options_help(FILE *f)
 	    "                           --stages stages into chunks (zbv, dualpipev: 2), each 1/chunks of\n"
 	    "                           its costs, on as many threads as there are stages\n"
 	    "      --chunks=V           train: chunks per thread of interleaved and looped-bfs (default: 2)\n"
+	    "                           auto: built from the costs (mbp_schedule_build) on 2 chunks a\n"
+	    "                           thread, holding at most what 1f1b holds (2 x stages chunks)\n"
+	    "      --schedule-file=FILE train: one more schedule, 'custom', read from FILE (PyTorch's CSV,\n"
+	    "                           a line per thread); its lines are the threads, its micro-batches\n"
+	    "                           --micro-batches' (by default), each stage 1/(stages/threads) of\n"
+	    "                           the costs\n"
 	    "\n"
 	    "Measurement (every size and the sequential baseline are visited in turn, a few batches per\n"
 	    "visit, round after round; each visit gives one repeat):\n"
@@ -284,7 +292,7 @@ static int parse_scheds(const char *s, pb_config *cfg, char *err, size_t errlen)
 {
 	static const mbp_sched_kind all[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B,	     MBP_SCHED_ZBH1,
 					     MBP_SCHED_ZBH2,  MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS,
-					     MBP_SCHED_ZBV,   MBP_SCHED_DUALPIPEV};
+					     MBP_SCHED_ZBV,   MBP_SCHED_DUALPIPEV,   MBP_SCHED_AUTO};
 	cfg->nscheds = 0;
 	if (!strcmp(s, "all")) {
 		memcpy(cfg->scheds, all, sizeof(all));
@@ -296,11 +304,11 @@ static int parse_scheds(const char *s, pb_config *cfg, char *err, size_t errlen)
 	char *save = NULL;
 	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		mbp_sched_kind k;
-		if (mbp_sched_parse(tok, &k) || k == MBP_SCHED_AUTO)
+		if (mbp_sched_parse(tok, &k))
 			return fail(
 			    err, errlen,
 			    "--schedule: '%s' is not gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, "
-			    "zbv, dualpipev or all",
+			    "zbv, dualpipev, auto or all",
 			    tok);
 		for (unsigned i = 0; i < cfg->nscheds; i++)
 			if (cfg->scheds[i] == k)
@@ -510,6 +518,10 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 		case OPT_SCHEDULE:
 			if (parse_scheds(optarg, cfg, err, errlen))
 				return -1;
+			have_train = true;
+			break;
+		case OPT_SCHEDULE_FILE:
+			cfg->schedule_file = optarg;
 			have_train = true;
 			break;
 		case OPT_CHUNKS:

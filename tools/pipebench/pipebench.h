@@ -93,6 +93,9 @@ typedef struct pb_config {
 	mbp_sched_kind scheds[16]; /* the schedules measured (--schedule), nscheds of them */
 	unsigned nscheds;	   /* 0: gpipe, 1f1b, zbh1 */
 	unsigned chunks;	   /* chunks per thread of interleaved and looped BFS (--chunks); 0: 2 */
+	const char *schedule_file; /* --schedule-file: one more arm, "custom", following it */
+	unsigned custom_stages;	   /* its stage count (the file's) */
+	mbp_schedule *custom;	   /* the file's schedule, read once (train.c) */
 } pb_config;
 
 /* ---- options.c ---- */
@@ -523,8 +526,9 @@ void pb_gantt_print(FILE *f, const pb_timeline *a, const pb_timeline *b, unsigne
 /* One schedule's measured training steps. Figures are medians over the measured steps (or visits). */
 typedef struct pb_train_result {
 	mbp_sched_kind kind;
-	unsigned stages; /* the trainer's: the chunks of a chunked schedule (each 1/chunks of a stage) */
-	unsigned chunks; /* chunks per thread (1: a block schedule, whole stages) */
+	unsigned stages;     /* the trainer's: the chunks of a chunked schedule (each 1/chunks of a stage) */
+	unsigned chunks;     /* chunks per thread (1: a block schedule, whole stages) */
+	mbp_schedule *sched; /* the schedule the arm follows (its placement, for the charts); the report's */
 	unsigned threads;
 	unsigned repeats;	 /* visits measured */
 	unsigned steps;		 /* steps measured */

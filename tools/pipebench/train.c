@@ -44,7 +44,7 @@ static const mbp_sched_kind default_kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, 
  * interleaved and looped BFS. */
 static unsigned chunks_of(const pb_config *cfg, mbp_sched_kind k)
 {
-	if (k == MBP_SCHED_ZBV || k == MBP_SCHED_DUALPIPEV)
+	if (k == MBP_SCHED_ZBV || k == MBP_SCHED_DUALPIPEV || k == MBP_SCHED_AUTO)
 		return 2;
 	if (k == MBP_SCHED_INTERLEAVED || k == MBP_SCHED_LOOPED_BFS)
 		return cfg->chunks ? cfg->chunks : 2;
@@ -142,6 +142,39 @@ static int arm_fail(struct tr_arm *a, char *err, size_t errlen, const char *fmt,
 	return -1;
 }
 
+/* The schedule arm a follows, into r->sched: a fixed one, the one built from the configured costs (auto:
+ * at most what 1f1b holds per thread, 2 x stages chunks), or the file's (custom). 0, or -1 with err. */
+static int arm_schedule(struct tr_arm *a, const pb_config *cfg, double unit_ns, char *err, size_t errlen)
+{
+	pb_train_result *r = a->r;
+	int rc;
+	if (r->kind == MBP_SCHED_CUSTOM) {
+		rc = mbp_schedule_copy(&r->sched, cfg->custom);
+	} else if (r->kind == MBP_SCHED_AUTO) {
+		mbp_op_costs c[MBP_MAX_STAGES];
+		for (unsigned s = 0; s < a->S; s++)
+			c[s] = (mbp_op_costs){cfg->costs[0] * unit_ns, cfg->costs[1] * unit_ns,
+					      cfg->costs[2] * unit_ns};
+		mbp_sched_build b = {.stages = a->S,
+				     .mbs = a->M,
+				     .threads = cfg->stages,
+				     .costs = c,
+				     .held_limit = 2 * cfg->stages,
+				     .split = true};
+		rc = mbp_schedule_build(&r->sched, &b);
+	} else {
+		rc = mbp_schedule_new_placed(&r->sched, r->kind, a->S, a->M, r->chunks > 1 ? cfg->stages : 0);
+	}
+	if (rc < 0)
+		return arm_fail(a, err, errlen, "%s: no schedule: %s",
+				r->kind == MBP_SCHED_CUSTOM ? cfg->schedule_file : mbp_sched_name(r->kind),
+				mbp_strerror(rc));
+	if (mbp_schedule_mbs(r->sched) != a->M)
+		return arm_fail(a, err, errlen, "--schedule-file %s: %u micro-batches, --micro-batches %u",
+				cfg->schedule_file, mbp_schedule_mbs(r->sched), a->M);
+	return 0;
+}
+
 static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, double iters_per_us,
 		    mbp_sched_kind kind, pb_train_result *r)
 {
@@ -150,6 +183,12 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 	a->cfg = cfg;
 	unsigned v = chunks_of(cfg, kind);
 	a->S = cfg->stages * v; /* each stage split into v chunks, on as many threads as stages */
+	double share = v;	/* each chunk's share of a stage's costs: 1 / share */
+	if (kind == MBP_SCHED_CUSTOM) {
+		a->S = cfg->custom_stages;
+		share = (double)a->S / cfg->stages;
+		v = a->S / cfg->stages ? a->S / cfg->stages : 1;
+	}
 	a->M = cfg->mbs;
 	a->ncpus = ncpus;
 	a->r = r;
@@ -159,6 +198,9 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 	if (a->S > MBP_MAX_STAGES)
 		return arm_fail(a, err, sizeof(err), "%s: %u chunks: more than %u", mbp_sched_name(kind),
 				a->S, MBP_MAX_STAGES);
+	if (arm_schedule(a, cfg, cfg->unit_us * 1e3 / share, err, sizeof(err)))
+		return -1;
+	bool custom = kind == MBP_SCHED_CUSTOM || kind == MBP_SCHED_AUTO;
 	a->ev_cap = (size_t)a->S * a->M * 3;
 	a->in = calloc(a->M, sizeof(double));
 	a->targets = calloc(a->M, sizeof(double));
@@ -173,7 +215,8 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 			    .max_mb_rows = 1,
 			    .max_mbs = a->M,
 			    .schedule = kind,
-			    .threads = v > 1 ? cfg->stages : 0,
+			    .custom = custom ? r->sched : NULL,
+			    .threads = v > 1 || custom ? cfg->stages : 0,
 			    .pinning = MBP_PIN_PLAN,
 			    .spin_ns = pb_spin_ns(cfg, 0), /* 0: the trainer's default */
 			    .trace_events = a->M * 3,
@@ -183,7 +226,7 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 	int rc = mbp_trainer_new(&a->t, &o);
 	for (unsigned s = 0; rc == 0 && s < a->S; s++) {
 		for (int k = 0; k < 3; k++)
-			a->st[s].iters[k] = (uint64_t)(cfg->costs[k] * cfg->unit_us * iters_per_us / v);
+			a->st[s].iters[k] = (uint64_t)(cfg->costs[k] * cfg->unit_us * iters_per_us / share);
 		a->st[s].sink = s + 1;
 		a->st[s].last_mb = a->M - 1;
 		if (s == a->S - 1 && fault)
@@ -384,6 +427,29 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 	pb_arm parm[PB_TRAIN_SCHEDS];
 	char err[PB_ERR_MAX];
 
+	if (cfg->schedule_file) { /* its lines are the threads, its micro-batches the step's */
+		mbp_schedule *f;
+		mbp_sched_text_error te;
+		int rc = mbp_schedule_load_csv(&f, cfg->schedule_file, 0, &te);
+		if (rc == -EINVAL || rc == -E2BIG)
+			return pb_usage("--schedule-file %s: line %u%s%s: %s", cfg->schedule_file, te.line,
+					te.action[0] ? ", action " : "", te.action, te.what);
+		if (rc < 0)
+			return pb_usage("--schedule-file %s: %s", cfg->schedule_file, mbp_strerror(rc));
+		unsigned fT = mbp_schedule_threads(f), fM = mbp_schedule_mbs(f);
+		cfg->custom_stages = mbp_schedule_stages(f);
+		if ((cfg->stages && cfg->stages != fT) || (cfg->mbs && cfg->mbs != fM)) {
+			mbp_schedule_destroy(f);
+			return cfg->stages && cfg->stages != fT
+				   ? pb_usage("--schedule-file %s: %u lines (threads), --stages %u",
+					      cfg->schedule_file, fT, cfg->stages)
+				   : pb_usage("--schedule-file %s: %u micro-batches, --micro-batches %u",
+					      cfg->schedule_file, fM, cfg->mbs);
+		}
+		cfg->custom = f; /* the run's, until it ends */
+		cfg->stages = fT;
+		cfg->mbs = fM;
+	}
 	if (cfg->stages == 0)
 		cfg->stages = ncpus < PB_DEF_MAX_STAGES ? ncpus : PB_DEF_MAX_STAGES;
 	if (cfg->mbs == 0)
@@ -392,6 +458,8 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 		memcpy(cfg->scheds, default_kinds, sizeof(default_kinds));
 		cfg->nscheds = sizeof(default_kinds) / sizeof(default_kinds[0]);
 	}
+	if (cfg->schedule_file && cfg->nscheds < PB_TRAIN_SCHEDS)
+		cfg->scheds[cfg->nscheds++] = MBP_SCHED_CUSTOM;
 	const unsigned n = cfg->nscheds;
 	memset(&rep, 0, sizeof(rep));
 	memset(parm, 0, sizeof(parm));
@@ -473,8 +541,11 @@ close:
 	fflush(stdout);
 	if (rep.status)
 		pb_failure("FAILED: %s", rep.error);
+	mbp_schedule_destroy(cfg->custom);
+	cfg->custom = NULL;
 	for (unsigned i = 0; i < n; i++) {
 		free(rep.r[i].ev);
+		mbp_schedule_destroy(rep.r[i].sched);
 		pb_arm_fini(&parm[i]);
 	}
 	return rep.status ? PB_EXIT_FAIL : PB_EXIT_OK;
