@@ -498,9 +498,9 @@ START_TEST(every_chunked_schedule_writes_the_weights_of_one_stage)
 	    {"1f1b", "1", "a", "auto", NULL},	    {"zbv", "4", "b", "auto", "2"},
 	    {"interleaved", "4", "c", "auto", "2"}, {"looped-bfs", "4", "d", "off", "2"},
 	    {"dualpipev", "4", "e", "auto", "2"},   {"zbh2", "4", "f", "auto", "2"},
-	    {"interleaved", "2", "g", "auto", "1"}};
-	char path[7][128], csv[7][128];
-	train_arms(arms, 7, "784,48,32,24,10", path, csv);
+	    {"interleaved", "2", "g", "auto", "1"}, {"auto", "4", "h", "auto", "2"}};
+	char path[8][128], csv[8][128];
+	train_arms(arms, 8, "784,48,32,24,10", path, csv);
 	/* and a schedule from a file: DualPipeV's, written as PyTorch's CSV (4 micro-batches of 32 rows) */
 	mbp_schedule *sc;
 	ck_assert_int_eq(mbp_schedule_new_placed(&sc, MBP_SCHED_DUALPIPEV, 4, 4, 2), 0);

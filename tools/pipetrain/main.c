@@ -366,8 +366,10 @@ static int setup(struct run *r)
 		return bad("--stages %u: the model has only %u layers", S, L);
 	if (c->threads > S)
 		return bad("--threads %u: more threads than the %u stages", c->threads, S);
-	/* a chunked schedule: the stages are its chunks, placed on the threads by its rule */
-	int prc = probe ? 0 : mbp_schedule_new_placed(&probe, c->schedule, S, mbs, c->threads);
+	/* a chunked schedule: the stages are its chunks, placed on the threads by its rule (auto: built
+	 * below, from the layers' profile) */
+	bool automatic = c->schedule == MBP_SCHED_AUTO;
+	int prc = probe || automatic ? 0 : mbp_schedule_new_placed(&probe, c->schedule, S, mbs, c->threads);
 	if (prc == -EINVAL)
 		return bad(
 		    "--schedule %s: cannot place %u stages on %s%u threads (interleaved and looped-bfs: "
@@ -377,7 +379,7 @@ static int setup(struct run *r)
 		    c->threads ? c->threads : S / 2);
 	if (prc < 0)
 		return fail("cannot build the schedule: %s", mbp_strerror(prc));
-	unsigned placed = mbp_schedule_threads(probe);
+	unsigned placed = probe ? mbp_schedule_threads(probe) : 0;
 	if (c->schedule_file && c->threads && c->threads != placed) {
 		mbp_schedule_destroy(probe);
 		return bad("--threads %u: --schedule-file %s has %u lines (threads)", c->threads,
@@ -390,13 +392,20 @@ static int setup(struct run *r)
 		cost_in[i] = 0;
 		can_give[i] = mbp_mlp_layer_hand_over_check(r->n, i) == 0;
 	}
-	int rc = S > 1 ? pt_profile(r->n, c->mb, cost, cost_in) : 0;
-	if (rc < 0)
-		return fail("cannot profile the layers: %s", mbp_strerror(rc));
+	double ops[PT_MAX_LAYERS][3];
+	int rc = S > 1 || automatic ? pt_profile(r->n, c->mb, cost, cost_in, ops) : 0;
 	mbp_model_plan plan;
-	rc = pt_partition(cost, cost_in, can_give, L, S, c->hand_over, &plan, gives);
-	if (rc < 0)
-		return fail("cannot partition %u layers into %u stages: %s", L, S, mbp_strerror(rc));
+	if (rc == 0)
+		rc = pt_partition(cost, cost_in, can_give, L, S, c->hand_over, &plan, gives);
+	if (rc == 0 && automatic) {
+		placed = c->threads ? c->threads : (S < ncpu ? S : ncpu);
+		rc = pt_auto_schedule((const double(*)[3])ops, &plan, gives, S, mbs, placed, &probe);
+	}
+	if (rc < 0) {
+		mbp_schedule_destroy(probe);
+		return fail("cannot profile, partition or schedule %u layers on %u stages: %s", L, S,
+			    mbp_strerror(rc));
+	}
 	r->sh =
 	    (pt_shared){.n = r->n, .layers = L, .classes = classes, .clip = (float)c->clip, .fault_step = -1};
 	const char *fault = getenv("PIPETRAIN_FAULT");
@@ -408,7 +417,7 @@ static int setup(struct run *r)
 	    .max_mb_rows = c->mb,
 	    .max_mbs = mbs,
 	    .schedule = c->schedule,
-	    .custom = c->schedule_file ? probe : NULL,
+	    .custom = c->schedule_file || automatic ? probe : NULL,
 	    .threads = c->threads,
 	    .pinning = c->pin ? MBP_PIN_PLAN : MBP_PIN_NONE,
 	    .trace_events = c->trace ? 3 * mbs + 8 : 0,

@@ -155,9 +155,11 @@ static void usage(void)
 	    "  --layers W0,...,WL    MLP widths, 784 in and 10 out for Fashion-MNIST (default "
 	    "784,512,512,10)\n"
 	    "  -s, --stages S        pipeline stages (default: one per allowed CPU, at most one per layer)\n"
-	    "  --schedule NAME       gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, zbv or dualpipev\n"
-	    "                        (default 1f1b); the last four run the stages as chunks, two a\n"
-	    "                        thread unless --threads says (zbv, dualpipev: S = 2 threads)\n"
+	    "  --schedule NAME       gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, zbv, dualpipev or\n"
+	    "                        auto (default 1f1b); interleaved to dualpipev run the stages as\n"
+	    "                        chunks, two a thread unless --threads says (zbv, dualpipev: S = 2\n"
+	    "                        threads); auto: built from a profile of the layers' F, B_in, B_w,\n"
+	    "                        at 1f1b's memory\n"
 	    "  --schedule-file FILE  follow FILE's schedule (torch.distributed.pipelining's CSV: a row\n"
 	    "                        per thread of actions such as 0F1,1I1,1W1,0B1); its stages and\n"
 	    "                        micro-batches must be the run's\n"
@@ -276,10 +278,10 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 				return -1;
 			break;
 		case OPT_SCHEDULE:
-			if (mbp_sched_parse(optarg, &c->schedule) || c->schedule == MBP_SCHED_AUTO)
+			if (mbp_sched_parse(optarg, &c->schedule))
 				return fail(err, errlen,
 					    "--schedule: '%s' is not gpipe, 1f1b, zbh1, zbh2, interleaved, "
-					    "looped-bfs, zbv or dualpipev",
+					    "looped-bfs, zbv, dualpipev or auto",
 					    optarg);
 			break;
 		case OPT_SCHEDULE_FILE:

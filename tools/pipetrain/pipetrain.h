@@ -83,8 +83,13 @@ typedef struct pt_stage {
 void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d);
 /* Each layer's cost in ns for a micro-batch of `rows` (F, B_in, B_w; the fastest of 5 runs on this
  * thread, each part timed alone), and its input gradient's share of it (B_in; 0 for layer 0), for
- * pt_partition. Leaves the gradients zero. @return 0 or a negative errno. */
-int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in);
+ * pt_partition; `ops` (NULL: not wanted) the three apart. Leaves the gradients zero. @return 0 or a negative errno. */
+int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in, double (*ops)[3]);
+/* --schedule auto: the schedule mbp_schedule_build makes for the stages of `plan` (with its hand-overs
+ * `gives`) from the layers' profiled F, B_in, B_w (`ops`), on T threads, holding at most what 1F1B holds
+ * there. 0 or a negative errno. */
+int pt_auto_schedule(const double (*ops)[3], const mbp_model_plan *plan, const bool *gives, unsigned S,
+		     uint32_t mbs, unsigned T, mbp_schedule **sc);
 /* Split the L layers into S stages minimising the slowest. OFF: mbp_model_partition over the layer
  * costs. AUTO: the same, unless a split in which stage s may hand its last layer's input gradient over
  * to stage s + 1 (gives[s]; only where can_give[layer]: mbp_mlp_stages_hand_over) is faster by more than

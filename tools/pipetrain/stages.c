@@ -136,7 +136,7 @@ int pt_loss(void *arg, const mbp_train_io *io, double *loss)
 	return rc;
 }
 
-int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in)
+int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in, double (*ops)[3])
 {
 	unsigned L = mbp_mlp_layers(n);
 	for (unsigned i = 0; i < L; i++) {
@@ -172,6 +172,8 @@ int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in)
 		}
 		cost[i] = best[0] + best[1] + best[2];
 		cost_in[i] = i ? best[1] : 0;
+		for (unsigned k = 0; ops && k < 3; k++)
+			ops[i][k] = k == 1 && i == 0 ? 0 : best[k];
 		mbp_mlp_stage_zero_grad(st);
 		mbp_mlp_stage_destroy(st);
 		free(x);
@@ -183,6 +185,41 @@ int pt_profile(mbp_mlp *n, uint32_t rows, double *cost, double *cost_in)
 			return rc;
 	}
 	return 0;
+}
+
+int pt_auto_schedule(const double (*ops)[3], const mbp_model_plan *plan, const bool *gives, unsigned S,
+		     uint32_t mbs, unsigned T, mbp_schedule **sc)
+{
+	mbp_op_costs c[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < S; s++) {
+		c[s] = (mbp_op_costs){0, 0, 0};
+		for (unsigned i = plan->first[s]; i < plan->first[s + 1]; i++) {
+			c[s].f += ops[i][0];
+			c[s].b_in += ops[i][1];
+			c[s].b_w += ops[i][2];
+		}
+		/* a hand-over: stage s + 1 computes the input gradient of stage s's last layer */
+		if (s + 1 < S && gives[s]) {
+			double g = ops[plan->first[s + 1] - 1][1];
+			c[s].b_in -= g;
+			c[s + 1].b_in += g;
+		}
+	}
+	/* the limit: what 1F1B holds at most per thread on these threads */
+	mbp_schedule *one;
+	int rc = mbp_schedule_new(&one, MBP_SCHED_1F1B, S, mbs);
+	if (rc < 0)
+		return rc;
+	unsigned limit = 0;
+	for (unsigned t = 0; t < T; t++) {
+		mbp_sched_thread_figures f;
+		if (mbp_schedule_thread_figures(one, T, t, &f) == 0 && f.held_peak > limit)
+			limit = f.held_peak;
+	}
+	mbp_schedule_destroy(one);
+	mbp_sched_build b = {
+	    .stages = S, .mbs = mbs, .threads = T, .costs = c, .held_limit = limit, .split = true};
+	return mbp_schedule_build(sc, &b);
 }
 
 /* Stage cost over layers [a, b): the layers' costs, plus the input gradient of layer a - 1 when it
