@@ -117,7 +117,8 @@ typedef struct mbp_schedule mbp_schedule;
 #define MBP_TRAIN_MAX_MBS 65536u
 
 /**
- * Build a schedule for `stages` stages and `mbs` micro-batches. Pair with mbp_schedule_destroy().
+ * Build a schedule for `stages` stages and `mbs` micro-batches. Pair with mbp_schedule_destroy(). A chunked
+ * kind gets its default threads (mbp_schedule_new_placed with 0: two chunks a thread).
  * @return 0, -EINVAL (NULL, stages 0 or above MBP_MAX_STAGES, mbs 0 or above MBP_TRAIN_MAX_MBS, an unknown
  *         kind), -ENOMEM.
  */
