@@ -234,7 +234,8 @@ int mbp_schedule_read_csv(mbp_schedule **sp, const char *text, size_t len, unsig
 
 /** mbp_schedule_read_csv() of the file at `path`. @return as it, or -errno of opening or reading it
  * (-EIO), -ENOMEM. */
-int mbp_schedule_load_csv(mbp_schedule **sp, const char *path, unsigned held_limit, mbp_sched_text_error *err);
+int mbp_schedule_load_csv(mbp_schedule **sp, const char *path, unsigned held_limit,
+			  mbp_sched_text_error *err);
 
 /**
  * Write the schedule as that CSV, one line per thread of `threads` (as mbp_schedule_thread_of: 0 for a
