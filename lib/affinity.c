@@ -260,21 +260,19 @@ int mbp__placement_plan(const struct mbp__placement_req *rq, struct mbp__placeme
 	pl->node_sharers = rq->pin ? others : 0;
 
 	for (unsigned i = 0; i < S; i++)
-		pl->thread_of[i] = (unsigned)((uint64_t)i * T / S);
+		pl->thread_of[i] = rq->thread_of ? rq->thread_of[i] : (unsigned)((uint64_t)i * T / S);
 	/* Each thread's CPU: one its stages name (they must agree), else from opts.cpus (thread t on the
 	 * t-th; with more threads than CPUs, consecutive threads share a CPU), else by default. */
 	bool by_default[MBP_MAX_STAGES] = {false};
 	unsigned ndefault = 0;
 	int rc = 0;
-	for (unsigned i = 0; i < S;) {
-		const unsigned t = pl->thread_of[i];
-		unsigned last = i;
-		while (last + 1 < S && pl->thread_of[last + 1] == t)
-			last++;
+	for (unsigned t = 0; t < T; t++) {
 		int cpu = -1;
 		bool required = false;
 		if (rq->pin) {
-			for (unsigned j = i; j <= last; j++) {
+			for (unsigned j = 0; j < S; j++) {
+				if (pl->thread_of[j] != t)
+					continue;
 				int c = rq->named[j];
 				if (c < 0)
 					continue;
@@ -292,9 +290,9 @@ int mbp__placement_plan(const struct mbp__placement_req *rq, struct mbp__placeme
 			}
 		}
 		pl->thread_cpu[t] = cpu;
-		for (unsigned j = i; j <= last; j++)
-			pl->pin_required[j] = required;
-		i = last + 1;
+		for (unsigned j = 0; j < S; j++)
+			if (pl->thread_of[j] == t)
+				pl->pin_required[j] = required;
 	}
 	if (rc == 0) {
 		pthread_mutex_lock(&rec.lock);

@@ -64,6 +64,8 @@ struct mbp__placement_req {
 	const int *cpus;  /* opts.cpus */
 	unsigned node_k;  /* this part of a pipeline across MPI ranks is the node_k-th of node_m ranks of */
 	unsigned node_m;  /* its node given the same CPUs: it plans in its part of them; 0: all of them */
+	const uint16_t *thread_of; /* per stage its thread, 0 .. threads - 1 (a chunked training schedule's
+				      placement; threads must be set); NULL: stage i on thread i * T / S */
 };
 
 struct mbp__placement_plan {

@@ -92,6 +92,8 @@ static int thread_init(struct mbp__crew *c, struct mbp__crew_thread *th)
 	if (rc)
 		return rc;
 	for (unsigned s = th->first; s <= th->last; s++) {
+		if (c->thread_of[s] != th->idx)
+			continue; /* a chunk of another thread (a chunked training schedule) */
 		const struct mbp__crew_stage *st = &c->stage[s];
 		int r = st->init ? st->init(st->ctx, s) : 0;
 		if (r > 0)
@@ -129,7 +131,7 @@ static void *crew_thread(void *arg)
 	if (handshake(c, th, thread_init(c, th)) > 0)
 		c->run(c->arg, th);
 	for (unsigned s = th->last + 1; s-- > th->first;)
-		if (c->init_ok[s] && c->stage[s].fini)
+		if (c->thread_of[s] == th->idx && c->init_ok[s] && c->stage[s].fini)
 			c->stage[s].fini(c->stage[s].ctx);
 	mbp_pool_cache_destroy(th->cache);
 	th->cache = NULL;

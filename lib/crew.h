@@ -42,7 +42,8 @@
 
 struct mbp__crew;
 
-/* One thread of the crew: the stages first .. last. Written by the controller at plan and start, and by
+/* One thread of the crew: the stages first .. last (those of them whose thread_of is this thread: all of
+ * them but under a chunked training schedule's placement). Written by the controller at plan and start, and by
  * the thread itself (pin_error, cache) before the handshake; read-only after it. */
 struct mbp__crew_thread {
 	struct mbp__crew *crew;

@@ -1,6 +1,11 @@
 /*
  * Training schedules: each stage's order of forward (F), backward (B, or B_in and W) operations.
  *
+ * Stages may be chunks placed on fewer threads (train.h, "Chunks"): the chunked schedules are built as
+ * each thread's list (below), ZB-H2 by the greedy list scheduler, and every one of them then goes the
+ * way the stage lists go here: one global order from a play with unit costs, each stage's list its
+ * projection.
+ *
  * The stage lists are the published ones (train.h): GPipe, 1F1B (PipeDream-Flush) and ZB-H1 (1F1B's
  * forwards and input-gradient backwards, stage s deferring its first s weight gradients). From them one
  * global order is derived by playing them with unit costs, one thread per stage: every operation starts
@@ -22,6 +27,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -221,80 +227,622 @@ static void peaks(struct mbp_schedule *sc, unsigned s)
 	sc->held_peak[s] = ph;
 }
 
-int mbp_schedule_new(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs)
+/* ---- the chunked schedules' thread lists (global stage numbers) ----
+ *
+ * Each writes thread t's list at ops + *n: the published constructions (torch.distributed.pipelining's
+ * ScheduleInterleaved1F1B, ScheduleLoopedBFS, ScheduleZBVZeroBubble and ScheduleDualPipeV, which follow
+ * Megatron-LM, Lamy-Poirier 2022, Qi et al. 2024 and DeepSeek's DualPipe), written here from their rules,
+ * with one change: every stage runs its forwards, its backwards and its weight gradients in micro-batch
+ * order (looped BFS's backwards included, which PyTorch runs in reverse), so that the parameters after a
+ * step are bit for bit the same under every schedule.
+ */
+
+struct tl {
+	mbp_sched_op *ops;
+	size_t n;
+	unsigned mbs;
+};
+
+static void tl_push(struct tl *l, unsigned s, unsigned kind, unsigned mb)
 {
-	if (!sp || stages == 0 || stages > MBP_MAX_STAGES || mbs == 0 || mbs > MBP_TRAIN_MAX_MBS)
-		return -EINVAL;
-	if (kind == MBP_SCHED_DEFAULT)
-		kind = MBP_SCHED_1F1B;
-	if (kind != MBP_SCHED_GPIPE && kind != MBP_SCHED_1F1B && kind != MBP_SCHED_ZBH1)
-		return -EINVAL;
-	*sp = NULL;
-	unsigned per = kind == MBP_SCHED_ZBH1 ? 3 : 2;
-	size_t n = (size_t)stages * mbs * per;
-	struct mbp_schedule *sc = calloc(1, sizeof(*sc));
-	if (!sc)
+	if (mb < l->mbs) /* ZB-V plans for at least 2p - 1 micro-batches and drops the others */
+		l->ops[l->n++] = (mbp_sched_op){.mb = mb, .stage = (uint16_t)s, .kind = (uint8_t)kind};
+}
+
+/* Interleaved 1F1B and looped BFS on p threads, v = S / p chunks each (chunk l of thread t is stage
+ * l * p + t). Interleaved: the forwards go round by round (a round: `per` micro-batches through every
+ * chunk of the thread in turn, per = M / max(1, M / p) as PyTorch's flexible rounds, the last round
+ * shorter when it does not divide M), the backwards the same with the chunks in reverse; thread t warms
+ * up with (v - 1) * per + 2 (p - 1 - t) forwards, then one forward one backward, then the backwards left. */
+static void build_looped(struct tl *l, unsigned S, unsigned M, unsigned p, unsigned t, bool bfs)
+{
+	unsigned v = S / p;
+	if (bfs) {
+		for (unsigned c = 0; c < v; c++)
+			for (unsigned j = 0; j < M; j++)
+				tl_push(l, c * p + t, MBP_OP_F, j);
+		for (unsigned c = v; c-- > 0;)
+			for (unsigned j = 0; j < M; j++)
+				tl_push(l, c * p + t, MBP_OP_B, j);
+		return;
+	}
+	/* rounds of `per` or per + 1 micro-batches (the first M mod rounds of them the longer), none
+	 * shorter than p: PyTorch's flexible rounds where they divide M */
+	unsigned rounds = M / p ? M / p : 1, per = M / rounds, q = M % rounds, total = v * M;
+	unsigned warm = (v - 1) * (q ? per + 1 : per) + 2 * (p - 1 - t);
+	warm = warm < total ? warm : total;
+	unsigned kf = 0, kb = 0; /* forwards, backwards so far */
+	while (kb < total) {
+		bool fwd = kf < total && (kf < warm || kf - warm == kb);
+		unsigned k = fwd ? kf++ : kb++;
+		/* the k-th of its kind: its round (from `first`, `size` long), chunk and micro-batch */
+		unsigned long_ops = v * (per + 1) * q, first, size, in;
+		if (k < long_ops) {
+			size = per + 1;
+			first = k / (v * size) * size;
+			in = k % (v * size);
+		} else {
+			size = per;
+			first = q * (per + 1) + (k - long_ops) / (v * size) * size;
+			in = (k - long_ops) % (v * size);
+		}
+		unsigned c = in / size, j = first + in % size;
+		tl_push(l, (fwd ? c : v - 1 - c) * p + t, fwd ? MBP_OP_F : MBP_OP_B, j);
+	}
+}
+
+/* ZB-V on p threads (thread t: chunks t and 2p - 1 - t), as ScheduleZBVZeroBubble builds it. */
+static void build_zbv(struct tl *l, unsigned M, unsigned p, unsigned t)
+{
+	unsigned n = M > 2 * p - 1 ? M : 2 * p - 1, s0 = t, s1 = 2 * p - 1 - t;
+	unsigned f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+	for (unsigned i = 0; i < 2 * (p - t) - 1; i++)
+		tl_push(l, s0, MBP_OP_F, f0++);
+	for (unsigned i = 0; i < t; i++) {
+		tl_push(l, s1, MBP_OP_F, f1++);
+		tl_push(l, s0, MBP_OP_F, f0++);
+	}
+	for (unsigned i = 0; i < p - t; i++) {
+		tl_push(l, s1, MBP_OP_F, f1++);
+		tl_push(l, s1, MBP_OP_BIN, b1);
+		tl_push(l, s1, MBP_OP_W, b1++);
+	}
+	while (f1 < f0 || f0 < n) {
+		if (f0 < n)
+			tl_push(l, s0, MBP_OP_F, f0++);
+		tl_push(l, s0, MBP_OP_BIN, b0);
+		tl_push(l, s0, MBP_OP_W, b0++);
+		tl_push(l, s1, MBP_OP_F, f1++);
+		tl_push(l, s1, MBP_OP_BIN, b1);
+		tl_push(l, s1, MBP_OP_W, b1++);
+	}
+	unsigned w0 = b0, w1 = b1;
+	for (unsigned i = 0; i < t; i++) {
+		tl_push(l, s0, MBP_OP_BIN, b0++);
+		tl_push(l, s1, MBP_OP_BIN, b1++);
+	}
+	for (unsigned i = 0; i < p - t; i++) {
+		tl_push(l, s0, MBP_OP_BIN, b0++);
+		tl_push(l, s0, MBP_OP_W, w0++);
+	}
+	while (w1 < b1)
+		tl_push(l, s1, MBP_OP_W, w1++);
+	while (w0 < b0)
+		tl_push(l, s0, MBP_OP_W, w0++);
+}
+
+/* DualPipeV on p threads, as ScheduleDualPipeV builds it (M >= 2p). Its overlapped forward and backward
+ * of two micro-batches run back to back here, the forward first. */
+struct dpv {
+	struct tl *l;
+	unsigned nf[2], nb[2]; /* per chunk of the thread: next forward, next backward */
+	unsigned st[2];
+	unsigned *wq; /* pending weight gradients, oldest first: chunk * mbs + micro-batch (room for 2M) */
+	size_t wh, wt;
+	bool zb;
+};
+
+static void dpv_f(struct dpv *d, unsigned c)
+{
+	tl_push(d->l, d->st[c], MBP_OP_F, d->nf[c]++);
+}
+
+static void dpv_b(struct dpv *d, unsigned c, bool whole)
+{
+	unsigned j = d->nb[c]++;
+	tl_push(d->l, d->st[c], whole ? MBP_OP_B : MBP_OP_BIN, j);
+	if (!whole)
+		d->wq[d->wt++] = c * d->l->mbs + j;
+}
+
+static void dpv_w(struct dpv *d)
+{
+	if (d->wh == d->wt)
+		return;
+	unsigned q = d->wq[d->wh++];
+	tl_push(d->l, d->st[q / d->l->mbs], MBP_OP_W, q % d->l->mbs);
+}
+
+static void build_dualpipev(struct tl *l, unsigned M, unsigned p, unsigned t, unsigned *wq)
+{
+	struct dpv d = {.l = l, .st = {t, 2 * p - 1 - t}, .wq = wq};
+	for (unsigned i = 0; i < (p - t - 1) * 2; i++)
+		dpv_f(&d, 0);
+	for (unsigned i = 0; i < t + 1; i++) {
+		dpv_f(&d, 0);
+		dpv_f(&d, 1);
+	}
+	for (unsigned i = 0; i < p - t - 1; i++) {
+		dpv_b(&d, 1, false);
+		dpv_w(&d);
+		dpv_f(&d, 1);
+	}
+	for (unsigned i = 0; i < M - 2 * p + t + 1; i++) {
+		dpv_f(&d,
+		      0); /* with the backward of chunk 1 (on the last thread, at first, not overlapped) */
+		dpv_b(&d, 1, true);
+		dpv_f(&d, 1);
+		dpv_b(&d, 0, true);
+	}
+	for (unsigned i = 0; i < p - t - 1; i++) {
+		dpv_b(&d, 1, true);
+		dpv_f(&d, 1);
+		dpv_b(&d, 0, true);
+	}
+	unsigned n6 = t + 1;
+	for (unsigned i = 0; i < n6; i++) {
+		if (i == n6 / 2 && t % 2 == 1)
+			d.zb = true;
+		dpv_b(&d, 1, !d.zb);
+		if (i == n6 / 2 && t % 2 == 0)
+			d.zb = true;
+		dpv_b(&d, 0, !d.zb);
+	}
+	for (unsigned i = 0; i < p - t - 1; i++) {
+		dpv_w(&d);
+		dpv_b(&d, 0, !d.zb);
+	}
+	while (d.wh != d.wt)
+		dpv_w(&d);
+}
+
+/* ---- the greedy list scheduler (ZB-H2, and mbp_schedule_build) ----
+ *
+ * Plays the step with the given costs and builds each thread's list as it goes: of the threads, the one
+ * that can start an operation earliest takes one (ties: the lower thread); of its operations ready by
+ * then, a backward (B or B_in) first, then a forward if the thread holds fewer micro-batch chunks than
+ * its limit, then a weight gradient (the oldest); among several of one kind, the chunk nearest the loss
+ * (the higher stage). Each stage runs its forwards, backwards and weight gradients in micro-batch order.
+ * A thread that can start nothing waits for the others; when none can, the limit is too small: -EDEADLK.
+ */
+struct greedy {
+	unsigned S, M, T;
+	const uint16_t *thread_of;
+	const mbp_op_costs *costs;
+	const unsigned *limit; /* per thread; 0: none */
+	bool split;	       /* B_in and W apart (else whole backwards) */
+};
+
+static int greedy_lists(const struct greedy *g, mbp_sched_op *ops, size_t *off)
+{
+	unsigned S = g->S, M = g->M, T = g->T;
+	size_t nm = (size_t)S * M;
+	double *ef = malloc(2 * nm * sizeof(double)), *eb = ef ? ef + nm : NULL;
+	mbp_sched_op *tmp = malloc(nm * 3 * sizeof(*tmp));
+	size_t *cnt = calloc(T, sizeof(size_t));
+	if (!ef || !tmp || !cnt) {
+		free(ef);
+		free(tmp);
+		free(cnt);
 		return -ENOMEM;
-	sc->kind = kind;
-	sc->stages = stages;
-	sc->mbs = mbs;
+	}
+	unsigned nf[MBP_MAX_STAGES] = {0}, nb[MBP_MAX_STAGES] = {0}, nw[MBP_MAX_STAGES] = {0};
+	double clock[MBP_MAX_STAGES] = {0};
+	unsigned held[MBP_MAX_STAGES] = {0};
+	size_t left = nm * (g->split ? 3 : 2);
+	int rc = 0;
+	/* tmp: the threads' lists one after another, each filled as the play goes */
+	mbp_sched_op *lst[MBP_MAX_STAGES];
+	size_t per[MBP_MAX_STAGES] = {0};
+	for (unsigned s = 0; s < S; s++)
+		per[g->thread_of[s]] += (size_t)M * (g->split ? 3 : 2);
+	size_t acc = 0;
+	for (unsigned t = 0; t < T; t++) {
+		lst[t] = tmp + acc;
+		acc += per[t];
+	}
+	while (left > 0) {
+		unsigned bt = UINT_MAX;
+		double best = INFINITY;
+		for (unsigned t = 0; t < T; t++) {
+			double e = INFINITY;
+			for (unsigned s = 0; s < S; s++) {
+				if (g->thread_of[s] != t)
+					continue;
+				unsigned j = nf[s];
+				if (j < M && (!g->limit[t] || held[t] < g->limit[t]) &&
+				    (s == 0 || nf[s - 1] > j))
+					e = fmin(e, s == 0 ? 0 : ef[(s - 1) * M + j]);
+				j = nb[s];
+				if (j < nf[s] && (s == S - 1 || nb[s + 1] > j))
+					e = fmin(e, s == S - 1 ? ef[s * M + j] : eb[(s + 1) * M + j]);
+				j = nw[s];
+				if (g->split && j < nb[s])
+					e = fmin(e, eb[s * M + j]);
+			}
+			e = fmax(e, clock[t]);
+			if (e < best) {
+				best = e;
+				bt = t;
+			}
+		}
+		if (bt == UINT_MAX) {
+			rc = -EDEADLK;
+			break;
+		}
+		/* the thread's choice at `best`: a backward (the highest stage), else a forward (the
+		 * highest stage), else a weight gradient (the oldest micro-batch, then the highest stage) */
+		unsigned t = bt, cb = UINT_MAX, cf = UINT_MAX, cw = UINT_MAX;
+		for (unsigned s = S; s-- > 0;) {
+			if (g->thread_of[s] != t)
+				continue;
+			unsigned j = nb[s];
+			if (cb == UINT_MAX && j < nf[s] && (s == S - 1 || nb[s + 1] > j) &&
+			    (s == S - 1 ? ef[s * M + j] : eb[(s + 1) * M + j]) <= best)
+				cb = s;
+			j = nf[s];
+			if (cf == UINT_MAX && j < M && (!g->limit[t] || held[t] < g->limit[t]) &&
+			    (s == 0 || (nf[s - 1] > j && ef[(s - 1) * M + j] <= best)))
+				cf = s;
+			j = nw[s];
+			if (g->split && j < nb[s] && eb[s * M + j] <= best && (cw == UINT_MAX || j < nw[cw]))
+				cw = s;
+		}
+		unsigned cs = cb != UINT_MAX ? cb : cf != UINT_MAX ? cf : cw;
+		unsigned ck = cb != UINT_MAX   ? (g->split ? MBP_OP_BIN : MBP_OP_B)
+			      : cf != UINT_MAX ? MBP_OP_F
+					       : MBP_OP_W;
+		MBP_VERIFY(cs != UINT_MAX);
+		const mbp_op_costs *c = &g->costs[cs];
+		double end = best + (ck == MBP_OP_F	? c->f
+				     : ck == MBP_OP_W	? c->b_w
+				     : ck == MBP_OP_BIN ? c->b_in
+							: c->b_in + c->b_w);
+		unsigned j = ck == MBP_OP_F ? nf[cs]++ : ck == MBP_OP_W ? nw[cs]++ : nb[cs]++;
+		if (ck == MBP_OP_F) {
+			ef[cs * M + j] = end;
+			held[t]++;
+		} else if (ck != MBP_OP_W) {
+			eb[cs * M + j] = end;
+		}
+		if (ck == MBP_OP_B || ck == MBP_OP_W)
+			held[t]--;
+		clock[t] = end;
+		lst[t][cnt[t]++] = (mbp_sched_op){.mb = j, .stage = (uint16_t)cs, .kind = (uint8_t)ck};
+		left--;
+	}
+	if (rc == 0) {
+		off[0] = 0;
+		for (unsigned t = 0; t < T; t++) {
+			memcpy(ops + off[t], lst[t], cnt[t] * sizeof(*ops));
+			off[t + 1] = off[t] + cnt[t];
+		}
+	}
+	free(ef);
+	free(tmp);
+	free(cnt);
+	return rc;
+}
+
+/* ---- from lists to a schedule ---- */
+
+static void fault_set(struct mbp__sched_fault *f, unsigned list, size_t pos, const mbp_sched_op *op,
+		      const char *what)
+{
+	if (!f)
+		return;
+	f->list = list;
+	f->pos = pos;
+	f->op = op ? *op : (mbp_sched_op){0};
+	f->has_op = op != NULL;
+	f->what = what;
+}
+
+/* The rules a list must keep before it is played: stages and micro-batches in range, each stage on one
+ * list, per stage every micro-batch's forward once, and its backward once (B, or B_in and W), each kind in
+ * micro-batch order (the rings hand micro-batches on in order; weight gradients in order keep the
+ * parameters bit for bit), a W after its B_in. */
+static int lists_check(const struct mbp_schedule *sc, const mbp_sched_op *ops, const size_t *off, unsigned nl,
+		       struct mbp__sched_fault *f)
+{
+	unsigned S = sc->stages, M = sc->mbs;
+	unsigned nf[MBP_MAX_STAGES] = {0}, nb[MBP_MAX_STAGES] = {0}, nw[MBP_MAX_STAGES] = {0};
+	int owner[MBP_MAX_STAGES];
+	uint8_t *how = calloc((size_t)S * M + 1, 1); /* 1: B, 2: B_in */
+	if (!how)
+		return -ENOMEM;
+	for (unsigned s = 0; s < S; s++)
+		owner[s] = -1;
+	int rc = -EINVAL;
+	for (unsigned t = 0; t < nl; t++)
+		for (size_t k = off[t]; k < off[t + 1]; k++) {
+			const mbp_sched_op *op = &ops[k];
+			unsigned s = op->stage, j = op->mb;
+			size_t pos = k - off[t];
+			if (s >= S || op->kind > MBP_OP_W) {
+				fault_set(f, t, pos, op, "no such stage or kind");
+				goto out;
+			}
+			if (j >= M) {
+				fault_set(f, t, pos, op, "no such micro-batch");
+				goto out;
+			}
+			if (owner[s] >= 0 && (unsigned)owner[s] != t) {
+				fault_set(f, t, pos, op, "the stage is on another thread's list too");
+				goto out;
+			}
+			owner[s] = (int)t;
+			unsigned *next = op->kind == MBP_OP_F	? &nf[s]
+					 : op->kind == MBP_OP_W ? &nw[s]
+								: &nb[s];
+			if (j < *next) {
+				fault_set(f, t, pos, op, "micro-batch repeated");
+				goto out;
+			}
+			if (j > *next) {
+				fault_set(
+				    f, t, pos, op,
+				    "out of micro-batch order (each stage runs each kind in micro-batch "
+				    "order)");
+				goto out;
+			}
+			if (op->kind == MBP_OP_W && how[(size_t)s * M + j] != 2) {
+				fault_set(f, t, pos, op,
+					  how[(size_t)s * M + j] == 1 ? "a W after a whole B"
+								      : "a W before its B_in (I)");
+				goto out;
+			}
+			if (op->kind == MBP_OP_B || op->kind == MBP_OP_BIN)
+				how[(size_t)s * M + j] = op->kind == MBP_OP_B ? 1 : 2;
+			if (op->kind == MBP_OP_B) /* a whole backward is its weight gradient too */
+				nw[s]++;
+			(*next)++;
+		}
+	for (unsigned s = 0; s < S; s++) {
+		unsigned t = owner[s] >= 0 ? (unsigned)owner[s] : 0;
+		mbp_sched_op miss = {.stage = (uint16_t)s};
+		if (nf[s] < M || nb[s] < M || nw[s] < M) {
+			miss.kind = nf[s] < M ? MBP_OP_F : nb[s] < M ? MBP_OP_B : MBP_OP_W;
+			miss.mb = nf[s] < M ? nf[s] : nb[s] < M ? nb[s] : nw[s];
+			fault_set(f, t, SIZE_MAX, &miss, "micro-batch missing");
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	free(how);
+	return rc;
+}
+
+static void peaks(struct mbp_schedule *sc, unsigned s);
+
+/*
+ * Make sc (kind, stages, mbs, placement set) from nl lists: the stage lists (nl = S, block placement) or
+ * the threads' lists. Checked (lists_check), played with unit costs to find the global order (a list that
+ * cannot run names its first operation that waits forever), then each stage's list is its projection.
+ */
+static int sched_from_lists(struct mbp_schedule *sc, const mbp_sched_op *ops, const size_t *off, unsigned nl,
+			    struct mbp__sched_fault *f)
+{
+	size_t n = off[nl];
+	int rc = lists_check(sc, ops, off, nl, f);
+	if (rc < 0)
+		return rc;
 	sc->n = n;
 	sc->stage_ops = malloc(n * sizeof(mbp_sched_op));
 	sc->order = malloc(n * sizeof(mbp_sched_op));
 	struct keyed *key = malloc(n * sizeof(*key));
 	double *start = malloc(n * sizeof(double));
-	const mbp_sched_op **lists = malloc(stages * sizeof(*lists));
-	size_t *len = malloc(stages * sizeof(*len));
-	int rc = -ENOMEM;
-	if (!sc->stage_ops || !sc->order || !key || !start || !lists || !len)
-		goto fail;
-	size_t k = 0;
-	for (unsigned s = 0; s < stages; s++) {
-		sc->stage_off[s] = k;
-		build_stage(sc, s, &k);
-		lists[s] = sc->stage_ops + sc->stage_off[s];
-		len[s] = k - sc->stage_off[s];
-	}
-	sc->stage_off[stages] = k;
-	MBP_VERIFY(k == n);
-	/* unit costs, a whole backward twice a forward, one thread per stage; start[] in stage_ops order */
+	struct mbp__sched_scratch x = {0};
+	rc = -ENOMEM;
+	if (!sc->stage_ops || !sc->order || !key || !start || mbp__sched_scratch_new(&x, sc, nl) < 0)
+		goto out;
 	mbp_op_costs unit[MBP_MAX_STAGES];
-	for (unsigned s = 0; s < stages; s++)
+	const mbp_sched_op *lists[MBP_MAX_STAGES];
+	size_t len[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < sc->stages; s++)
 		unit[s] = (mbp_op_costs){1, 1, 1};
-	double makespan, busy;
 	uint32_t *pos[MBP_MAX_STAGES];
-	struct mbp__sched_scratch x;
-	if (mbp__sched_scratch_new(&x, sc, stages) < 0)
-		goto fail;
-	for (unsigned s = 0; s < stages; s++) {
-		pos[s] = x.pos + sc->stage_off[s];
-		for (size_t i = 0; i < len[s]; i++)
-			pos[s][i] = (uint32_t)(sc->stage_off[s] + i);
+	for (unsigned t = 0; t < nl; t++) {
+		lists[t] = ops + off[t];
+		len[t] = off[t + 1] - off[t];
+		pos[t] = x.pos + off[t];
+		for (size_t i = 0; i < len[t]; i++)
+			pos[t][i] = (uint32_t)(off[t] + i);
 	}
-	rc = play(sc, unit, stages, lists, len, (const uint32_t *const *)pos, start, &makespan, &busy, &x);
-	mbp__sched_scratch_free(&x);
-	if (rc < 0)
-		goto fail;
+	double makespan, busy;
+	rc = play(sc, unit, nl, lists, len, (const uint32_t *const *)pos, start, &makespan, &busy, &x);
+	if (rc < 0) {
+		/* name a list whose next operation needs one later in the same list (its own fault), else the
+		 * first list that waits */
+		int stuck = -1;
+		bool own = false;
+		for (unsigned t = 0; t < nl && !own; t++) {
+			if (x.next[t] == len[t])
+				continue;
+			const mbp_sched_op *op = &lists[t][x.next[t]];
+			for (size_t k = x.next[t] + 1; k < len[t] && !own; k++) {
+				const mbp_sched_op *o = &lists[t][k];
+				own = o->mb == op->mb &&
+				      (op->kind == MBP_OP_F ? o->kind == MBP_OP_F && o->stage + 1 == op->stage
+				       : op->kind == MBP_OP_W ? o->stage == op->stage
+				       : op->stage + 1u == sc->stages
+					   ? o->stage == op->stage && o->kind == MBP_OP_F
+					   : o->stage == op->stage + 1 &&
+						 (o->kind == MBP_OP_B || o->kind == MBP_OP_BIN));
+			}
+			if (stuck < 0 || own)
+				stuck = (int)t;
+		}
+		fault_set(f, (unsigned)stuck, x.next[stuck], &lists[stuck][x.next[stuck]],
+			  own ? "dependency broken: what it needs comes later in the same list"
+			      : "deadlock: it waits for an operation that waits for it");
+		rc = -EDEADLK;
+		goto out;
+	}
 	for (size_t i = 0; i < n; i++)
-		key[i] = (struct keyed){start[i], i, sc->stage_ops[i].stage};
+		key[i] = (struct keyed){start[i], i, ops[i].stage};
 	qsort(key, n, sizeof(*key), by_start);
 	for (size_t i = 0; i < n; i++)
-		sc->order[i] = sc->stage_ops[key[i].idx];
-	for (unsigned s = 0; s < stages; s++)
+		sc->order[i] = ops[key[i].idx];
+	/* each stage's list: its projection of the global order */
+	size_t k = 0;
+	for (unsigned s = 0; s < sc->stages; s++) {
+		sc->stage_off[s] = k;
+		for (size_t i = 0; i < n; i++)
+			if (sc->order[i].stage == s)
+				sc->stage_ops[k++] = sc->order[i];
+	}
+	sc->stage_off[sc->stages] = k;
+	for (unsigned s = 0; s < sc->stages; s++)
 		peaks(sc, s);
+	rc = 0;
+out:
+	mbp__sched_scratch_free(&x);
 	free(key);
 	free(start);
-	free(lists);
-	free(len);
+	return rc;
+}
+
+static struct mbp_schedule *sched_alloc(mbp_sched_kind kind, unsigned stages, unsigned mbs)
+{
+	struct mbp_schedule *sc = calloc(1, sizeof(*sc));
+	if (sc) {
+		sc->kind = kind;
+		sc->stages = stages;
+		sc->mbs = mbs;
+	}
+	return sc;
+}
+
+/* Set sc's placement for `threads` threads: 0 or -EINVAL where the kind cannot place them. */
+static int place(struct mbp_schedule *sc, unsigned threads)
+{
+	unsigned S = sc->stages;
+	switch (sc->kind) {
+	case MBP_SCHED_INTERLEAVED:
+	case MBP_SCHED_LOOPED_BFS:
+		if (!threads)
+			threads = S / 2;
+		if (threads == 0 || S % threads != 0)
+			return -EINVAL;
+		sc->place = MBP_PLACE_INTERLEAVED;
+		for (unsigned s = 0; s < S; s++)
+			sc->thread_of[s] = (uint16_t)(s % threads);
+		break;
+	case MBP_SCHED_ZBV:
+	case MBP_SCHED_DUALPIPEV:
+		if (!threads)
+			threads = S / 2;
+		if (threads == 0 || S != 2 * threads)
+			return -EINVAL;
+		sc->place = MBP_PLACE_V;
+		for (unsigned s = 0; s < S; s++)
+			sc->thread_of[s] = (uint16_t)(s < threads ? s : 2 * threads - 1 - s);
+		break;
+	default:
+		sc->place = MBP_PLACE_BLOCK;
+		threads = 0;
+	}
+	sc->threads = threads;
+	return 0;
+}
+
+int mbp_schedule_new_placed(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs,
+			    unsigned threads)
+{
+	if (!sp || stages == 0 || stages > MBP_MAX_STAGES || mbs == 0 || mbs > MBP_TRAIN_MAX_MBS ||
+	    threads > stages)
+		return -EINVAL;
+	*sp = NULL;
+	if (kind == MBP_SCHED_DEFAULT)
+		kind = MBP_SCHED_1F1B;
+	if ((unsigned)kind > MBP_SCHED_DUALPIPEV)
+		return -EINVAL;
+	struct mbp_schedule *sc = sched_alloc(kind, stages, mbs);
+	if (!sc)
+		return -ENOMEM;
+	int rc = place(sc, threads);
+	if (rc == 0 && kind == MBP_SCHED_DUALPIPEV && mbs < stages)
+		rc = -EINVAL;
+	if (rc < 0) {
+		free(sc);
+		return rc;
+	}
+	unsigned nl = sc->threads ? sc->threads : stages;
+	size_t cap = (size_t)stages * mbs * 3;
+	mbp_sched_op *ops = malloc(cap * sizeof(*ops));
+	unsigned *wq = malloc(2 * (size_t)mbs * sizeof(*wq));
+	size_t off[MBP_MAX_STAGES + 1];
+	rc = -ENOMEM;
+	if (!ops || !wq)
+		goto fail;
+	if (kind == MBP_SCHED_ZBH2) {
+		/* the greedy player with unit costs, one thread per stage, each holding at most 2S - 1 */
+		uint16_t self[MBP_MAX_STAGES];
+		unsigned limit[MBP_MAX_STAGES];
+		mbp_op_costs unit[MBP_MAX_STAGES];
+		for (unsigned s = 0; s < stages; s++) {
+			self[s] = (uint16_t)s;
+			limit[s] = 2 * stages - 1;
+			unit[s] = (mbp_op_costs){1, 1, 1};
+		}
+		struct greedy g = {stages, mbs, stages, self, unit, limit, true};
+		rc = greedy_lists(&g, ops, off);
+		if (rc < 0)
+			goto fail;
+	} else {
+		struct tl l = {ops, 0, mbs};
+		for (unsigned t = 0; t < nl; t++) {
+			off[t] = l.n;
+			switch (kind) {
+			case MBP_SCHED_INTERLEAVED:
+			case MBP_SCHED_LOOPED_BFS:
+				build_looped(&l, stages, mbs, nl, t, kind == MBP_SCHED_LOOPED_BFS);
+				break;
+			case MBP_SCHED_ZBV:
+				build_zbv(&l, mbs, nl, t);
+				break;
+			case MBP_SCHED_DUALPIPEV:
+				build_dualpipev(&l, mbs, nl, t, wq);
+				break;
+			default:
+				sc->stage_ops = ops; /* build_stage appends there */
+				build_stage(sc, t, &l.n);
+				sc->stage_ops = NULL;
+			}
+		}
+		off[nl] = l.n;
+	}
+	struct mbp__sched_fault f = {0};
+	rc = sched_from_lists(sc, ops, off, nl, &f);
+	MBP_VERIFY(rc != -EINVAL && rc != -EDEADLK); /* the published lists always run (test_schedule) */
+	if (rc < 0)
+		goto fail;
+	free(ops);
+	free(wq);
 	*sp = sc;
 	return 0;
 fail:
-	free(key);
-	free(start);
-	free(lists);
-	free(len);
+	free(ops);
+	free(wq);
 	mbp_schedule_destroy(sc);
 	return rc;
+}
+
+int mbp_schedule_new(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs)
+{
+	return mbp_schedule_new_placed(sp, kind, stages, mbs, 0);
 }
 
 void mbp_schedule_destroy(mbp_schedule *sc)
@@ -352,17 +900,33 @@ int mbp__schedule_thread_lists(const mbp_schedule *sc, unsigned threads, mbp_sch
 	return sc ? mbp__schedule_part_lists(sc, 0, sc->stages, threads, ops, off) : -EINVAL;
 }
 
+/* The thread count a call means: `threads`, or the schedule's own, or one per stage; 0 when it cannot. */
+static unsigned threads_meant(const mbp_schedule *sc, unsigned threads)
+{
+	if (sc->threads)
+		return threads == 0 || threads == sc->threads ? sc->threads : 0;
+	return threads == 0 ? sc->stages : threads <= sc->stages ? threads : 0;
+}
+
+/* The thread of local stage s of a part of `count` stages on `threads` threads. */
+static unsigned part_thread(const mbp_schedule *sc, unsigned s, unsigned count, unsigned threads)
+{
+	return sc->threads ? sc->thread_of[s] : mbp__stage_thread(s, count, threads);
+}
+
 int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned count, unsigned threads,
 			     mbp_sched_op *ops, size_t *off)
 {
 	if (!sc || count == 0 || first + count > sc->stages || threads == 0 || threads > count)
 		return -EINVAL;
+	if (sc->threads && (first != 0 || count != sc->stages || threads != sc->threads))
+		return -EINVAL; /* a placed schedule runs whole, on its own threads */
 	/* counting pass, then placement: each thread's operations in global order */
 	for (unsigned t = 0; t <= threads; t++)
 		off[t] = 0;
 	for (size_t i = 0; i < sc->n; i++)
 		if ((unsigned)sc->order[i].stage - first < count)
-			off[mbp__stage_thread(sc->order[i].stage - first, count, threads) + 1]++;
+			off[part_thread(sc, sc->order[i].stage - first, count, threads) + 1]++;
 	for (unsigned t = 0; t < threads; t++)
 		off[t + 1] += off[t];
 	size_t fill[MBP_MAX_STAGES + 1];
@@ -372,7 +936,7 @@ int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned co
 		if ((unsigned)o.stage - first >= count)
 			continue;
 		o.stage = (uint16_t)(o.stage - first);
-		ops[fill[mbp__stage_thread(o.stage, count, threads)]++] = o;
+		ops[fill[part_thread(sc, o.stage, count, threads)]++] = o;
 	}
 	return 0;
 }
@@ -380,10 +944,10 @@ int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned co
 int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 			  mbp_sched_sim *out, double *start)
 {
-	if (!sc || !costs || !out || threads > sc->stages)
+	if (!sc || !costs || !out || !(threads = threads_meant(sc, threads)))
 		return -EINVAL;
 	struct mbp__sched_scratch x;
-	int rc = mbp__sched_scratch_new(&x, sc, threads ? threads : sc->stages);
+	int rc = mbp__sched_scratch_new(&x, sc, threads);
 	if (rc == 0)
 		rc = mbp__schedule_simulate_in(sc, costs, threads, out, start, &x);
 	mbp__sched_scratch_free(&x);
@@ -393,10 +957,8 @@ int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, uns
 int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 			      mbp_sched_sim *out, double *start, struct mbp__sched_scratch *x)
 {
-	if (!sc || !costs || !out || threads > sc->stages)
+	if (!sc || !costs || !out || !(threads = threads_meant(sc, threads)))
 		return -EINVAL;
-	if (threads == 0)
-		threads = sc->stages;
 	for (unsigned s = 0; s < sc->stages; s++)
 		if (!(costs[s].f >= 0 && costs[s].b_in >= 0 && costs[s].b_w >= 0))
 			return -EINVAL;
@@ -409,7 +971,7 @@ int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs,
 	size_t fill[MBP_MAX_STAGES + 1];
 	memcpy(fill, off, sizeof(fill));
 	for (size_t i = 0; i < sc->n; i++)
-		posbuf[fill[mbp__stage_thread(sc->order[i].stage, sc->stages, threads)]++] = (uint32_t)i;
+		posbuf[fill[mbp__sched_thread(sc, sc->order[i].stage, threads)]++] = (uint32_t)i;
 	const mbp_sched_op *lists[MBP_MAX_STAGES];
 	size_t len[MBP_MAX_STAGES];
 	const uint32_t *pos[MBP_MAX_STAGES];
@@ -428,17 +990,37 @@ int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs,
 	return rc;
 }
 
+static const struct {
+	const char *name;
+	mbp_sched_kind kind;
+} sched_names[] = {{"gpipe", MBP_SCHED_GPIPE},
+		   {"1f1b", MBP_SCHED_1F1B},
+		   {"zbh1", MBP_SCHED_ZBH1},
+		   {"interleaved", MBP_SCHED_INTERLEAVED},
+		   {"looped-bfs", MBP_SCHED_LOOPED_BFS},
+		   {"zbh2", MBP_SCHED_ZBH2},
+		   {"zbv", MBP_SCHED_ZBV},
+		   {"dualpipev", MBP_SCHED_DUALPIPEV},
+		   {"auto", MBP_SCHED_AUTO},
+		   {"custom", MBP_SCHED_CUSTOM},
+		   /* other spellings, parsed only */
+		   {"zb-h1", MBP_SCHED_ZBH1},
+		   {"zb", MBP_SCHED_ZBH1},
+		   {"zb-h2", MBP_SCHED_ZBH2},
+		   {"zb-v", MBP_SCHED_ZBV},
+		   {"interleaved-1f1b", MBP_SCHED_INTERLEAVED},
+		   {"i1f1b", MBP_SCHED_INTERLEAVED},
+		   {"loopedbfs", MBP_SCHED_LOOPED_BFS},
+		   {"bfs", MBP_SCHED_LOOPED_BFS},
+		   {"dualpipe-v", MBP_SCHED_DUALPIPEV}};
+
 const char *mbp_sched_name(mbp_sched_kind kind)
 {
-	switch (kind) {
-	case MBP_SCHED_DEFAULT:
-	case MBP_SCHED_1F1B:
-		return "1f1b";
-	case MBP_SCHED_GPIPE:
-		return "gpipe";
-	case MBP_SCHED_ZBH1:
-		return "zbh1";
-	}
+	if (kind == MBP_SCHED_DEFAULT)
+		kind = MBP_SCHED_1F1B;
+	for (size_t i = 0; i < MBP_ARRAY_SIZE(sched_names); i++)
+		if (sched_names[i].kind == kind)
+			return sched_names[i].name;
 	return "?";
 }
 
@@ -446,20 +1028,59 @@ int mbp_sched_parse(const char *name, mbp_sched_kind *kind)
 {
 	if (!name || !kind)
 		return -EINVAL;
-	static const struct {
-		const char *name;
-		mbp_sched_kind kind;
-	} names[] = {{"gpipe", MBP_SCHED_GPIPE},
-		     {"1f1b", MBP_SCHED_1F1B},
-		     {"zbh1", MBP_SCHED_ZBH1},
-		     {"zb-h1", MBP_SCHED_ZBH1},
-		     {"zb", MBP_SCHED_ZBH1}};
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if (strcasecmp(name, names[i].name) == 0) {
-			*kind = names[i].kind;
+	for (size_t i = 0; i < MBP_ARRAY_SIZE(sched_names); i++)
+		if (sched_names[i].kind != MBP_SCHED_CUSTOM && strcasecmp(name, sched_names[i].name) == 0) {
+			*kind = sched_names[i].kind;
 			return 0;
 		}
 	return -EINVAL;
+}
+
+mbp_sched_place mbp_schedule_placement(const mbp_schedule *sc)
+{
+	return sc ? sc->place : MBP_PLACE_BLOCK;
+}
+
+unsigned mbp_schedule_threads(const mbp_schedule *sc)
+{
+	return sc ? sc->threads : 0;
+}
+
+unsigned mbp_schedule_thread_of(const mbp_schedule *sc, unsigned stage, unsigned threads)
+{
+	if (!sc || stage >= sc->stages || !(threads = threads_meant(sc, threads)))
+		return UINT32_MAX;
+	return mbp__sched_thread(sc, stage, threads);
+}
+
+int mbp_schedule_thread_figures(const mbp_schedule *sc, unsigned threads, unsigned thread,
+				mbp_sched_thread_figures *out)
+{
+	if (!sc || !out || !(threads = threads_meant(sc, threads)) || thread >= threads)
+		return -EINVAL;
+	unsigned S = sc->stages, stash = 0, held = 0;
+	*out = (mbp_sched_thread_figures){0};
+	for (size_t i = 0; i < sc->n; i++) {
+		const mbp_sched_op *op = &sc->order[i];
+		unsigned s = op->stage;
+		if (mbp__sched_thread(sc, s, threads) != thread)
+			continue;
+		/* the hop it ends with: F's output to s + 1, a backward's input gradient to s - 1 */
+		int to = op->kind == MBP_OP_F	? (s + 1 < S ? (int)s + 1 : -1)
+			 : op->kind != MBP_OP_W ? (s > 0 ? (int)s - 1 : -1)
+						: -1;
+		if (to >= 0 && mbp__sched_thread(sc, (unsigned)to, threads) == thread)
+			out->local_hops++;
+		else if (to >= 0)
+			out->hops++;
+		stash += op->kind == MBP_OP_F;
+		held += op->kind == MBP_OP_F;
+		stash -= op->kind == MBP_OP_B || op->kind == MBP_OP_BIN;
+		held -= op->kind == MBP_OP_B || op->kind == MBP_OP_W;
+		out->stash_peak = stash > out->stash_peak ? stash : out->stash_peak;
+		out->held_peak = held > out->held_peak ? held : out->held_peak;
+	}
+	return 0;
 }
 
 /* ---- the buffers a part holds at most (the trainer's pool size) ----
@@ -613,4 +1234,458 @@ out:
 	free(fpos);
 	free(bpos);
 	return rc;
+}
+
+/* ---- schedules as text (train.h: torch.distributed.pipelining's compute-only CSV) ---- */
+
+int mbp_schedule_copy(mbp_schedule **sp, const mbp_schedule *sc)
+{
+	if (!sp || !sc)
+		return -EINVAL;
+	*sp = NULL;
+	struct mbp_schedule *c = malloc(sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	*c = *sc;
+	c->order = malloc(sc->n * sizeof(mbp_sched_op));
+	c->stage_ops = malloc(sc->n * sizeof(mbp_sched_op));
+	if (!c->order || !c->stage_ops) {
+		mbp_schedule_destroy(c);
+		return -ENOMEM;
+	}
+	memcpy(c->order, sc->order, sc->n * sizeof(mbp_sched_op));
+	memcpy(c->stage_ops, sc->stage_ops, sc->n * sizeof(mbp_sched_op));
+	*sp = c;
+	return 0;
+}
+
+static const char kind_char[] = "FBIW"; /* per mbp_op_kind: PyTorch's F, B (full), I (input), W */
+
+size_t mbp_schedule_write_csv(const mbp_schedule *sc, unsigned threads, char *buf, size_t cap)
+{
+	if (!sc || (!buf && cap) || !(threads = threads_meant(sc, threads)))
+		return 0;
+	size_t len = 0;
+	for (unsigned t = 0; t < threads; t++) {
+		bool first = true;
+		for (size_t i = 0; i < sc->n; i++) {
+			const mbp_sched_op *op = &sc->order[i];
+			if (mbp__sched_thread(sc, op->stage, threads) != t)
+				continue;
+			char cell[32];
+			int k = snprintf(cell, sizeof(cell), "%s%u%c%u", first ? "" : ",", op->stage,
+					 kind_char[op->kind], op->mb);
+			if (len + (size_t)k < cap)
+				memcpy(buf + len, cell, (size_t)k);
+			len += (size_t)k;
+			first = false;
+		}
+		if (len + 1 < cap)
+			buf[len] = '\n';
+		len++;
+	}
+	if (cap)
+		buf[len < cap ? len : cap - 1] = 0;
+	return len;
+}
+
+/* Where each parsed action came from, to name it. */
+struct text_pos {
+	unsigned line, column;
+};
+
+static void text_error(mbp_sched_text_error *e, unsigned line, unsigned column, const char *action,
+		       size_t alen, const char *what)
+{
+	if (!e)
+		return;
+	e->line = line;
+	e->column = column;
+	alen = alen < sizeof(e->action) - 1 ? alen : sizeof(e->action) - 1;
+	memcpy(e->action, action, alen);
+	e->action[alen] = 0;
+	snprintf(e->what, sizeof(e->what), "%s", what);
+}
+
+/* One action "<stage><F|B|I|W><mb>" (no spaces) into op: 0, or -EINVAL; -E2BIG for numbers too large. */
+static int parse_action(const char *s, size_t n, mbp_sched_op *op)
+{
+	size_t i = 0;
+	unsigned long st = 0, mb = 0;
+	if (i == n || !isdigit((unsigned char)s[i]))
+		return -EINVAL;
+	for (; i < n && isdigit((unsigned char)s[i]); i++)
+		if ((st = st * 10 + (unsigned long)(s[i] - '0')) >= MBP_MAX_STAGES)
+			return -E2BIG;
+	if (i == n)
+		return -EINVAL;
+	const char *k = strchr(kind_char, s[i]);
+	if (!k || !s[i])
+		return -EINVAL;
+	i++;
+	if (i == n || !isdigit((unsigned char)s[i]))
+		return -EINVAL;
+	for (; i < n && isdigit((unsigned char)s[i]); i++)
+		if ((mb = mb * 10 + (unsigned long)(s[i] - '0')) >= MBP_TRAIN_MAX_MBS)
+			return -E2BIG;
+	if (i != n)
+		return -EINVAL;
+	*op = (mbp_sched_op){.mb = (uint32_t)mb, .stage = (uint16_t)st, .kind = (uint8_t)(k - kind_char)};
+	return 0;
+}
+
+static bool is_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\r';
+}
+
+/* Narrow [*x, *y) of text to its part without blanks at either end. */
+static void trim(const char *text, size_t *x, size_t *y)
+{
+	while (*x < *y && is_space(text[*x]))
+		(*x)++;
+	while (*y > *x && is_space(text[*y - 1]))
+		(*y)--;
+}
+
+int mbp_schedule_read_csv(mbp_schedule **sp, const char *text, size_t len, unsigned held_limit,
+			  mbp_sched_text_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof(*err));
+	if (!sp || (!text && len))
+		return -EINVAL;
+	*sp = NULL;
+	/* every action of the text, line by line: at most one per comma or byte */
+	size_t cap = 1;
+	for (size_t i = 0; i < len; i++)
+		cap += text[i] == ',' || text[i] == ';' || text[i] == '\n';
+	mbp_sched_op *ops = malloc(cap * sizeof(*ops));
+	struct text_pos *pos = malloc(cap * sizeof(*pos));
+	size_t off[MBP_MAX_STAGES + 1] = {0};
+	struct mbp_schedule *sc = NULL;
+	int rc = -ENOMEM;
+	if (!ops || !pos)
+		goto out;
+	rc = -EINVAL;
+	size_t n = 0;
+	unsigned lines = 0, S = 0, M = 0;
+	for (size_t i = 0; i < len;) {
+		size_t eol = i;
+		while (eol < len && text[eol] != '\n')
+			eol++;
+		size_t a = i, b = eol;
+		while (a < b && is_space(text[a]))
+			a++;
+		bool blank = a == b;
+		if (!blank || eol < len) { /* a last empty line after the final newline is no thread */
+			if (lines == MBP_MAX_STAGES) {
+				text_error(err, lines + 1, 0, "", 0,
+					   "more lines (threads) than stages can be");
+				rc = -E2BIG;
+				goto out;
+			}
+			off[lines] = n;
+			unsigned col = 0;
+			for (size_t c = i; c <= eol;) {
+				size_t e = c;
+				int depth = 0;
+				while (e < eol && (text[e] != ',' || depth > 0)) {
+					depth += text[e] == '(';
+					depth -= text[e] == ')';
+					e++;
+				}
+				size_t x = c, y = e;
+				trim(text, &x, &y);
+				col++;
+				if (x < y) {
+					/* "(a;b)OVERLAP_F_B": its actions in turn */
+					static const char ov[] = "OVERLAP_F_B";
+					size_t ol = sizeof(ov) - 1;
+					bool pair = text[x] == '(' && y - x > ol + 2 &&
+						    text[y - ol - 1] == ')' &&
+						    memcmp(text + y - ol, ov, ol) == 0;
+					size_t px = pair ? x + 1 : x, py = pair ? y - ol - 1 : y;
+					for (size_t u = px; u < py || (u == px && !pair);) {
+						size_t v = u;
+						while (v < py && text[v] != ';')
+							v++;
+						size_t ux = u, vy = v;
+						trim(text, &ux, &vy);
+						int prc = parse_action(text + ux, vy - ux, &ops[n]);
+						if (prc < 0) {
+							text_error(
+							    err, lines + 1, col, text + x, y - x,
+							    prc == -E2BIG
+								? "a stage or micro-batch number too large"
+								: "not a compute action "
+								  "(<stage><F|B|I|W><micro-"
+								  "batch>, such as 0F1)");
+							rc = prc;
+							goto out;
+						}
+						pos[n] = (struct text_pos){lines + 1, col};
+						S = ops[n].stage + 1u > S ? ops[n].stage + 1u : S;
+						M = ops[n].mb + 1u > M ? ops[n].mb + 1u : M;
+						n++;
+						u = v + 1;
+						if (v >= py)
+							break;
+					}
+				}
+				c = e + 1;
+			}
+			lines++;
+		}
+		i = eol + 1;
+	}
+	off[lines] = n;
+	if (n == 0 || lines == 0) {
+		text_error(err, 1, 0, "", 0, "no action");
+		goto out;
+	}
+	for (unsigned t = 0; t < lines; t++)
+		if (off[t] == off[t + 1]) {
+			text_error(err, t + 1, 0, "", 0, "a line (thread) with no action");
+			goto out;
+		}
+	sc = sched_alloc(MBP_SCHED_CUSTOM, S, M);
+	rc = -ENOMEM;
+	if (!sc)
+		goto out;
+	sc->place = MBP_PLACE_CUSTOM;
+	sc->threads = lines;
+	bool placed[MBP_MAX_STAGES] = {false};
+	for (unsigned t = 0; t < lines; t++)
+		for (size_t k = off[t]; k < off[t + 1]; k++) {
+			placed[ops[k].stage] = true;
+			sc->thread_of[ops[k].stage] = (uint16_t)t;
+		}
+	for (unsigned s = 0; s < S; s++)
+		if (!placed[s]) {
+			char a[16];
+			int k = snprintf(a, sizeof(a), "%uF0", s);
+			text_error(err, 0, 0, a, (size_t)k,
+				   "a stage on no line (every action of it missing)");
+			rc = -EINVAL;
+			goto out;
+		}
+	struct mbp__sched_fault f = {0};
+	rc = sched_from_lists(sc, ops, off, lines, &f);
+	if (rc == -EINVAL || rc == -EDEADLK) {
+		char a[32];
+		int k = snprintf(a, sizeof(a), "%u%c%u", f.op.stage, kind_char[f.op.kind], f.op.mb);
+		size_t at = f.pos == SIZE_MAX ? SIZE_MAX : off[f.list] + f.pos;
+		text_error(err, at == SIZE_MAX ? f.list + 1 : pos[at].line,
+			   at == SIZE_MAX ? 0 : pos[at].column, a, (size_t)k, f.what);
+		rc = -EINVAL;
+		goto out;
+	}
+	if (rc < 0)
+		goto out;
+	/* memory: each thread's held micro-batch chunks, in its order */
+	for (unsigned t = 0; held_limit && t < lines; t++) {
+		unsigned held = 0;
+		for (size_t k = off[t]; k < off[t + 1]; k++) {
+			held += ops[k].kind == MBP_OP_F;
+			held -= ops[k].kind == MBP_OP_B || ops[k].kind == MBP_OP_W;
+			if (held > held_limit) {
+				char a[32];
+				int m = snprintf(a, sizeof(a), "%u%c%u", ops[k].stage, kind_char[ops[k].kind],
+						 ops[k].mb);
+				char what[96];
+				snprintf(what, sizeof(what),
+					 "memory: the thread would hold %u micro-batch chunks, "
+					 "above the limit of %u",
+					 held, held_limit);
+				text_error(err, pos[k].line, pos[k].column, a, (size_t)m, what);
+				rc = -EINVAL;
+				goto out;
+			}
+		}
+	}
+	*sp = sc;
+	sc = NULL;
+	rc = 0;
+out:
+	mbp_schedule_destroy(sc);
+	free(ops);
+	free(pos);
+	return rc;
+}
+
+int mbp_schedule_load_csv(mbp_schedule **sp, const char *path, unsigned held_limit, mbp_sched_text_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof(*err));
+	if (!sp || !path)
+		return -EINVAL;
+	*sp = NULL;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -errno;
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	int rc = 0;
+	for (;;) {
+		if (len == cap) {
+			size_t ncap = cap ? 2 * cap : 4096;
+			char *p = ncap <= ((size_t)1 << 30) ? realloc(buf, ncap) : NULL;
+			if (!p) {
+				rc = -ENOMEM;
+				break;
+			}
+			buf = p;
+			cap = ncap;
+		}
+		size_t got = fread(buf + len, 1, cap - len, f);
+		len += got;
+		if (got == 0) {
+			rc = ferror(f) ? -EIO : 0;
+			break;
+		}
+	}
+	fclose(f);
+	if (rc == 0)
+		rc = mbp_schedule_read_csv(sp, buf, len, held_limit, err);
+	free(buf);
+	return rc;
+}
+
+/* ---- built from costs (mbp_schedule_build) ---- */
+
+/* The most a thread of sc holds on `threads` threads. */
+static unsigned most_held(const mbp_schedule *sc, unsigned threads)
+{
+	unsigned most = 0;
+	for (unsigned t = 0; t < threads; t++) {
+		mbp_sched_thread_figures f;
+		if (mbp_schedule_thread_figures(sc, threads, t, &f) == 0 && f.held_peak > most)
+			most = f.held_peak;
+	}
+	return most;
+}
+
+struct build_best {
+	const mbp_sched_build *b;
+	unsigned T;
+	mbp_schedule *sc;
+	double makespan;
+};
+
+/* Keep candidate c (taken) if it fits the limit and plays faster than the best so far. */
+static void consider(struct build_best *bb, mbp_schedule *c)
+{
+	mbp_sched_sim sim;
+	bool fits = !bb->b->held_limit || most_held(c, bb->T) <= bb->b->held_limit;
+	if (fits && mbp_schedule_simulate(c, bb->b->costs, bb->T, &sim, NULL) == 0 &&
+	    (!bb->sc || sim.makespan < bb->makespan * (1 - 1e-12))) {
+		mbp_schedule_destroy(bb->sc);
+		bb->sc = c;
+		bb->makespan = sim.makespan;
+		return;
+	}
+	mbp_schedule_destroy(c);
+}
+
+int mbp_schedule_build(mbp_schedule **sp, const mbp_sched_build *b)
+{
+	if (!sp || !b || !b->costs || b->stages == 0 || b->stages > MBP_MAX_STAGES || b->mbs == 0 ||
+	    b->mbs > MBP_TRAIN_MAX_MBS || b->threads > b->stages)
+		return -EINVAL;
+	*sp = NULL;
+	unsigned S = b->stages, M = b->mbs, T = b->threads ? b->threads : S;
+	for (unsigned s = 0; s < S; s++) {
+		const mbp_op_costs *c = &b->costs[s];
+		if (!(c->f >= 0 && c->b_in >= 0 && c->b_w >= 0 && isfinite(c->f + c->b_in + c->b_w)))
+			return -EINVAL;
+	}
+	struct build_best bb = {.b = b, .T = T};
+	int rc = 0;
+	/* the fixed schedules that run on T threads */
+	static const mbp_sched_kind fixed[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B,	       MBP_SCHED_ZBH1,
+					       MBP_SCHED_ZBH2,	MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS,
+					       MBP_SCHED_ZBV,	MBP_SCHED_DUALPIPEV};
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(fixed); k++) {
+		mbp_sched_kind kind = fixed[k];
+		bool zb = kind == MBP_SCHED_ZBH1 || kind == MBP_SCHED_ZBH2 || kind == MBP_SCHED_ZBV ||
+			  kind == MBP_SCHED_DUALPIPEV;
+		bool block = kind <= MBP_SCHED_ZBH1 || kind == MBP_SCHED_ZBH2;
+		if (zb && !b->split)
+			continue;
+		if (!block && (T == S && kind != MBP_SCHED_INTERLEAVED && kind != MBP_SCHED_LOOPED_BFS))
+			continue;
+		mbp_schedule *c;
+		int r = mbp_schedule_new_placed(&c, kind, S, M, block ? 0 : T);
+		if (r == -ENOMEM)
+			rc = r;
+		if (r == 0)
+			consider(&bb, c);
+	}
+	/* the greedy player on each placement that fits, at limits up to held_limit */
+	mbp_sched_op *ops = malloc((size_t)S * M * 3 * sizeof(*ops));
+	if (!ops)
+		rc = -ENOMEM;
+	for (int pl = 0; rc == 0 && pl < 3; pl++) {
+		struct mbp_schedule *c = sched_alloc(MBP_SCHED_AUTO, S, M);
+		if (!c) {
+			rc = -ENOMEM;
+			break;
+		}
+		c->place = pl == 0 ? MBP_PLACE_BLOCK : pl == 1 ? MBP_PLACE_INTERLEAVED : MBP_PLACE_V;
+		if ((pl == 1 && S % T != 0) || (pl == 1 && S == T) || (pl == 2 && S != 2 * T)) {
+			free(c);
+			continue;
+		}
+		c->threads = T;
+		for (unsigned s = 0; s < S; s++)
+			c->thread_of[s] = (uint16_t)(pl == 0   ? mbp__stage_thread(s, S, T)
+						     : pl == 1 ? s % T
+						     : s < T   ? s
+							       : 2 * T - 1 - s);
+		unsigned hi = b->held_limit ? b->held_limit : 2 * S, lo = 1,
+			 step = hi - lo > 16 ? (hi - lo) / 16 : 1;
+		for (unsigned L = hi + (b->held_limit ? 0 : step);; L -= step) {
+			unsigned limit[MBP_MAX_STAGES];
+			for (unsigned t = 0; t < T; t++)
+				limit[t] = L > hi ? 0 : L; /* above hi: no limit */
+			struct greedy g = {S, M, T, c->thread_of, b->costs, limit, b->split};
+			size_t off[MBP_MAX_STAGES + 1];
+			int r = greedy_lists(&g, ops, off);
+			if (r == 0) {
+				struct mbp_schedule *d = sched_alloc(MBP_SCHED_AUTO, S, M);
+				if (!d) {
+					rc = -ENOMEM;
+					break;
+				}
+				d->place = c->place;
+				d->threads = T;
+				memcpy(d->thread_of, c->thread_of, sizeof(d->thread_of));
+				r = sched_from_lists(d, ops, off, T, NULL);
+				if (r == 0)
+					consider(&bb, d);
+				else
+					mbp_schedule_destroy(d);
+			}
+			if (r == -ENOMEM)
+				rc = r;
+			if (rc < 0 || L < lo + step)
+				break;
+		}
+		free(c);
+	}
+	free(ops);
+	if (rc < 0 || !bb.sc) {
+		mbp_schedule_destroy(bb.sc);
+		return rc < 0 ? rc : -ENOSPC;
+	}
+	struct mbp_schedule *w = bb.sc;
+	if (!w->threads) { /* a block schedule: on the T threads it was played on */
+		w->threads = T;
+		for (unsigned s = 0; s < S; s++)
+			w->thread_of[s] = (uint16_t)mbp__stage_thread(s, S, T);
+	}
+	w->kind = MBP_SCHED_AUTO;
+	*sp = w;
+	return 0;
 }

@@ -11,9 +11,12 @@
 struct mbp_schedule {
 	mbp_sched_kind kind;
 	unsigned stages, mbs;
-	size_t n;		 /* operations in the step */
-	mbp_sched_op *order;	 /* the global order, n entries */
-	mbp_sched_op *stage_ops; /* stage lists, stage s at [stage_off[s], stage_off[s + 1]) */
+	mbp_sched_place place;
+	unsigned threads;		    /* 0: the block placement, any thread count */
+	uint16_t thread_of[MBP_MAX_STAGES]; /* per stage, where threads > 0 */
+	size_t n;			    /* operations in the step */
+	mbp_sched_op *order;		    /* the global order, n entries */
+	mbp_sched_op *stage_ops;	    /* stage lists, stage s at [stage_off[s], stage_off[s + 1]) */
 	size_t stage_off[MBP_MAX_STAGES + 1];
 	unsigned stash_peak[MBP_MAX_STAGES];
 	unsigned held_peak[MBP_MAX_STAGES];
@@ -24,6 +27,22 @@ static inline unsigned mbp__stage_thread(unsigned s, unsigned S, unsigned T)
 {
 	return (unsigned)((uint64_t)s * T / S);
 }
+
+/* The thread of stage s (global) of the schedule on T threads (T: the schedule's own where it has one). */
+static inline unsigned mbp__sched_thread(const struct mbp_schedule *sc, unsigned s, unsigned T)
+{
+	return sc->threads ? sc->thread_of[s] : mbp__stage_thread(s, sc->stages, T);
+}
+
+/* Where a list of a schedule breaks a rule (mbp_schedule_read_csv names it): list (thread) and position
+ * (SIZE_MAX: the operation is missing), the operation, and what is wrong (a static string). */
+struct mbp__sched_fault {
+	unsigned list;
+	size_t pos;
+	mbp_sched_op op;
+	bool has_op;
+	const char *what;
+};
 
 /* Each thread's operations in global order: thread t's at ops[off[t] .. off[t + 1]) (ops has n entries,
  * off threads + 1). 0 or -EINVAL. */

@@ -136,12 +136,20 @@ struct mbp_trainer {
 	bool remote;
 	struct mbp__train_remote rem;
 	unsigned stage0, Sg;		    /* global index of st[0]; stages of the whole pipeline */
+	unsigned placed;		    /* a chunked schedule's thread count (its placement); 0: block */
+	uint16_t thread_of[MBP_MAX_STAGES]; /* where placed: each stage's thread */
 	struct mbp__ring *link[MBP__LINKS]; /* the boundary rings (the agent's far ends) */
 	double step_loss, step_norm;	    /* decided at the first barrier */
 	mbp_train_error broken; /* an update refused after its check accepted (err 0: none); under lock */
 };
 
 /* ---- small helpers ---- */
+
+/* Stage s runs on thread th (its stages first .. last are all of them but under a chunked schedule). */
+static bool mine(const struct mbp_trainer *t, const struct mbp__crew_thread *th, unsigned s)
+{
+	return t->crew.thread_of[s] == th->idx;
+}
 
 static uint32_t next_pow2(uint32_t v)
 {
@@ -504,6 +512,8 @@ static void run_ops(struct mbp_trainer *t, struct mbp__crew_thread *th)
 static void cleanup(struct mbp_trainer *t, struct mbp__crew_thread *th)
 {
 	for (unsigned s = th->first; s <= th->last; s++) {
+		if (!mine(t, th, s))
+			continue;
 		struct tstage *st = &t->st[s];
 		for (uint32_t j = 0; j < t->M; j++)
 			put_held(t, th, st, j);
@@ -593,6 +603,8 @@ static void break_trainer(struct mbp_trainer *t, int stage)
 static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 {
 	for (unsigned s = th->first; s <= th->last; s++) {
+		if (!mine(t, th, s))
+			continue;
 		struct tstage *st = &t->st[s];
 		for (int k = 0; k < 4; k++) {
 			mbp__counter_reset(&st->c.ns[k]);
@@ -609,6 +621,8 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 	run_ops(t, th);
 	/* every refusal an update could make, before the decision (the stage's gradient is this thread's) */
 	for (unsigned s = th->first; s <= th->last && !aborting(t); s++) {
+		if (!mine(t, th, s))
+			continue;
 		struct tstage *st = &t->st[s];
 		int rc = st->d.check ? st->d.check(st->d.ctx) : 0;
 		if (rc < 0) {
@@ -624,6 +638,8 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 	mbp_train_update u = {
 	    .step = t->step_no, .rows = t->rows, .loss = t->step_loss, .grad_norm = t->step_norm};
 	for (unsigned s = th->first; s <= th->last; s++) {
+		if (!mine(t, th, s))
+			continue;
 		struct tstage *st = &t->st[s];
 		int rc = 0;
 		if (ok)
@@ -662,7 +678,10 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	*tp = NULL;
 	if (o->in_row_bytes == 0 || o->in_row_bytes > UINT32_MAX || o->target_row_bytes == 0 ||
 	    o->target_row_bytes > UINT32_MAX || !o->loss || o->max_mbs > MBP_TRAIN_MAX_MBS ||
-	    (unsigned)o->schedule > MBP_SCHED_ZBH1 || (unsigned)o->pinning > MBP_PIN_NONE)
+	    (unsigned)o->schedule > MBP_SCHED_CUSTOM ||
+	    (o->schedule == MBP_SCHED_CUSTOM || o->schedule == MBP_SCHED_AUTO) != (o->custom != NULL) ||
+	    (unsigned)o->pinning > MBP_PIN_NONE ||
+	    (o->custom && mbp_schedule_mbs(o->custom) > (o->max_mbs ? o->max_mbs : 64)))
 		return -EINVAL;
 	struct mbp_trainer *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -675,10 +694,13 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	if (t->o.schedule == MBP_SCHED_DEFAULT)
 		t->o.schedule = MBP_SCHED_1F1B;
 	t->loss = calloc(t->o.max_mbs, sizeof(double));
-	if (!t->loss) {
+	mbp_schedule *own = NULL;
+	if (!t->loss || (o->custom && mbp_schedule_copy(&own, o->custom) < 0)) {
+		free(t->loss);
 		free(t);
 		return -ENOMEM;
 	}
+	t->o.custom = own; /* the trainer's copy, destroyed with it */
 	pthread_mutex_init(&t->lock, NULL);
 	mbp__crew_init(&t->crew, "train", worker_run, t);
 	t->state = TS_NEW;
@@ -761,8 +783,20 @@ static int act_pool_new(struct mbp_trainer *t, size_t widest)
 	return mbp_pool_new(&t->apool, &po);
 }
 
-/* Grow the activation pool to the most a step of this schedule can hold: per stage a stash per micro-batch
- * held, and a work buffer per micro-batch between its B_in and its W (ZB-H1), or one (a B's). */
+/* Stage s has input-gradient backwards of its own in sc (its B_in and W apart). */
+static bool splits(const mbp_schedule *sc, unsigned s)
+{
+	const mbp_sched_op *ops;
+	size_t n = mbp_schedule_stage_ops(sc, s, &ops);
+	for (size_t i = 0; i < n; i++)
+		if (ops[i].kind == MBP_OP_BIN)
+			return true;
+	return false;
+}
+
+/* Grow the activation pool to the most a step of this schedule can hold: per stage (a chunk, under a
+ * chunked schedule) a stash per micro-batch held, and a work buffer per micro-batch between its B_in and
+ * its W (a stage that splits them: ZB-H1, ZB-H2, ZB-V, DualPipeV, built or read), or one (a B's). */
 static int reserve_act(struct mbp_trainer *t, const mbp_schedule *sc)
 {
 	if (!t->apool)
@@ -771,7 +805,7 @@ static int reserve_act(struct mbp_trainer *t, const mbp_schedule *sc)
 	for (unsigned s = 0; s < t->S; s++) {
 		unsigned held = mbp_schedule_held_peak(sc, t->stage0 + s);
 		want += t->st[s].stash_w ? held : 0;
-		want += t->st[s].work_w ? (mbp_schedule_kind(sc) == MBP_SCHED_ZBH1 ? held : 1) : 0;
+		want += t->st[s].work_w ? (splits(sc, t->stage0 + s) ? held : 1) : 0;
 	}
 	return mbp__pool_reserve(t->apool, (uint32_t)want);
 }
@@ -789,7 +823,10 @@ static int setup(struct mbp_trainer *t)
 					.pin = t->o.pinning == MBP_PIN_PLAN,
 					.named = unnamed,
 					.node_k = t->remote ? t->rem.node_k : 0,
-					.node_m = t->remote ? t->rem.node_m : 0};
+					.node_m = t->remote ? t->rem.node_m : 0,
+					.thread_of = t->placed ? t->thread_of : NULL};
+	if (t->placed)
+		rq.threads = t->placed;
 	int prc = mbp__crew_plan(&t->crew, &rq, t->o.spin_ns, 0 /* the default yield, as the pipeline's */);
 	if (prc < 0)
 		return prc;
@@ -869,6 +906,49 @@ static int start_refused(struct mbp_trainer *t, int stage, mbp_op_kind op, const
 	return -EINVAL;
 }
 
+/* A chunked schedule fixes each stage's thread: its placement for the thread count asked (0: two chunks
+ * a thread), as mbp_schedule_new_placed gives it. 0, or a refused start. */
+static int place_chunks(struct mbp_trainer *t)
+{
+	mbp_sched_kind kind = t->o.schedule;
+	if (kind != MBP_SCHED_INTERLEAVED && kind != MBP_SCHED_LOOPED_BFS && kind != MBP_SCHED_ZBV &&
+	    kind != MBP_SCHED_DUALPIPEV && kind != MBP_SCHED_CUSTOM && kind != MBP_SCHED_AUTO)
+		return 0;
+	if (t->remote)
+		return start_refused(
+		    t, -1, MBP_OP_F,
+		    "schedule: a chunked or custom schedule does not run across ranks (yet)");
+	mbp_schedule *sc;
+	int rc;
+	if (t->o.custom) {
+		const mbp_schedule *c = t->o.custom;
+		if (mbp_schedule_stages(c) != t->S)
+			return start_refused(t, -1, MBP_OP_F,
+					     "schedule: its stage count is not the trainer's");
+		if (t->o.threads && t->o.threads != mbp_schedule_threads(c))
+			return start_refused(t, -1, MBP_OP_F, "threads: not the custom schedule's");
+		for (unsigned s = 0; s < t->S; s++)
+			if (!t->st[s].split && splits(c, s))
+				return start_refused(t, (int)s, MBP_OP_W,
+						     "the schedule splits this stage's backward: it needs "
+						     "backward_in and backward_w");
+		rc = mbp_schedule_copy(&sc, c);
+	} else {
+		rc = mbp_schedule_new_placed(&sc, kind, t->S, t->S, t->o.threads);
+	}
+	if (rc == -EINVAL)
+		return start_refused(t, -1, MBP_OP_F,
+				     "threads: a chunked schedule needs the stages a multiple of the threads "
+				     "(interleaved, looped BFS) or twice them (ZB-V, DualPipeV)");
+	if (rc < 0)
+		return rc;
+	t->placed = mbp_schedule_threads(sc);
+	for (unsigned s = 0; s < t->S; s++)
+		t->thread_of[s] = (uint16_t)mbp_schedule_thread_of(sc, s, 0);
+	mbp_schedule_destroy(sc);
+	return 0;
+}
+
 int mbp_trainer_start(mbp_trainer *t)
 {
 	if (!t)
@@ -887,18 +967,25 @@ int mbp_trainer_start(mbp_trainer *t)
 	if (t->o.threads > t->S)
 		return start_refused(t, -1, MBP_OP_F,
 				     "threads: more than the stages (each thread runs one stage or more)");
-	if (t->o.schedule == MBP_SCHED_ZBH1)
+	mbp_sched_kind kind = t->o.schedule;
+	if (kind == MBP_SCHED_ZBH1 || kind == MBP_SCHED_ZBH2 || kind == MBP_SCHED_ZBV ||
+	    kind == MBP_SCHED_DUALPIPEV)
 		for (unsigned s = 0; s < t->S; s++)
 			if (!t->st[s].split)
-				return start_refused(t, (int)(t->stage0 + s), MBP_OP_W,
-						     "ZB-H1 needs backward_in and backward_w at every stage");
+				return start_refused(
+				    t, (int)(t->stage0 + s), MBP_OP_W,
+				    "a zero-bubble schedule (ZB-H1, ZB-H2, ZB-V, DualPipeV) needs "
+				    "backward_in and backward_w at every stage");
+	int rc = place_chunks(t);
+	if (rc < 0)
+		return rc;
 	/* The loss writes the global last stage's output gradient: rows of its output. */
 	const struct tstage *last = &t->st[t->S - 1];
 	if (t->stage0 + t->S == t->Sg && last->grad_w != last->out_w)
 		return start_refused(t, (int)(t->stage0 + t->S - 1), MBP_OP_B,
 				     "the last stage's grad_row_bytes must be its out_row_bytes (the loss "
 				     "writes it)");
-	int rc = setup(t);
+	rc = setup(t);
 	/* every init runs; on an error, every fini where the init succeeded */
 	if (rc == 0)
 		rc = mbp__crew_start(&t->crew);
@@ -924,6 +1011,9 @@ static int reserve_buffers(struct mbp_trainer *t, const mbp_schedule *sc, const 
 {
 	bool stash[MBP_MAX_STAGES] = {false}; /* the stashes are the activation pool's (reserve_act) */
 	struct mbp__sched_part part = {t->stage0, t->S, t->T, ops, toff, stash};
+	if (t->placed) /* each stage its own process: a bound over every timing of the stage lists, which
+			  the threads' lists only narrow (their chunks are not neighbours) */
+		part = (struct mbp__sched_part){0, t->S, t->S, sc->stage_ops, sc->stage_off, stash};
 	uint64_t peak;
 	int rc = mbp__schedule_buffer_peak(sc, &part, &peak);
 	if (rc < 0)
@@ -942,7 +1032,9 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	if (t->sc && mbp_schedule_mbs(t->sc) == M)
 		return 0;
 	mbp_schedule *sc;
-	int rc = mbp_schedule_new(&sc, t->o.schedule, t->Sg, M);
+	int rc = t->o.custom
+		     ? (mbp_schedule_mbs(t->o.custom) == M ? mbp_schedule_copy(&sc, t->o.custom) : -EINVAL)
+		     : mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->placed);
 	if (rc < 0)
 		return rc;
 	mbp_sched_op *ops = malloc(sc->n * sizeof(*ops));
@@ -993,12 +1085,12 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 		busy += (double)rn;
 		ns[n[MBP_OP_B] ? MBP_OP_B : MBP_OP_BIN] += rn;
 		costs[s].f = n[MBP_OP_F] ? (double)ns[MBP_OP_F] / n[MBP_OP_F] : 0;
-		if (n[MBP_OP_B]) {
-			costs[s].b_in = (double)ns[MBP_OP_B] / n[MBP_OP_B];
-			costs[s].b_w = 0;
+		if (n[MBP_OP_BIN] && n[MBP_OP_W]) { /* (DualPipeV: some micro-batches' B whole, b_in + b_w) */
+			costs[s].b_in = (double)ns[MBP_OP_BIN] / n[MBP_OP_BIN];
+			costs[s].b_w = (double)ns[MBP_OP_W] / n[MBP_OP_W];
 		} else {
-			costs[s].b_in = n[MBP_OP_BIN] ? (double)ns[MBP_OP_BIN] / n[MBP_OP_BIN] : 0;
-			costs[s].b_w = n[MBP_OP_W] ? (double)ns[MBP_OP_W] / n[MBP_OP_W] : 0;
+			costs[s].b_in = n[MBP_OP_B] ? (double)ns[MBP_OP_B] / n[MBP_OP_B] : 0;
+			costs[s].b_w = 0;
 		}
 	}
 	mbp_sched_sim sim = {0};
@@ -1200,6 +1292,7 @@ void mbp_trainer_destroy(mbp_trainer *t)
 	if (t->apool)
 		MBP_VERIFY(mbp_pool_destroy(t->apool) == 0);
 	mbp_schedule_destroy(t->sc);
+	mbp_schedule_destroy((mbp_schedule *)t->o.custom);
 	free(t->tops);
 	mbp__sched_scratch_free(&t->sim);
 	free(t->loss);

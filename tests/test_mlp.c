@@ -1146,16 +1146,33 @@ static mbp_trainer *model_trainer(struct rig *r, struct tstage *ts, mbp_sched_ki
 
 static const unsigned trainer_cuts[3][5] = {{0, 2, 4}, {0, 1, 3, 4}, {0, 1, 2, 3, 4}}; /* S = 2, 3, 4 */
 
+/* The schedules the trainer tests below run: the one-stage-a-thread ones and the chunked ones (several
+ * chunks a thread, where they can place S stages on `threads`, 0: their default). */
+static const mbp_sched_kind trainer_kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B,	       MBP_SCHED_ZBH1,
+					       MBP_SCHED_ZBH2,	MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS,
+					       MBP_SCHED_ZBV,	MBP_SCHED_DUALPIPEV};
+enum { TRAINER_KINDS = sizeof trainer_kinds / sizeof trainer_kinds[0] };
+
+static bool can_place(mbp_sched_kind kind, unsigned S, unsigned threads)
+{
+	mbp_schedule *sc;
+	if (mbp_schedule_new_placed(&sc, kind, S, 4, threads) < 0)
+		return false;
+	mbp_schedule_destroy(sc);
+	return true;
+}
+
 /* Twin models, one recomputing the layers of `mask`, trained three steps by the trainer under every
- * schedule at S = 2..4: every parameter and moment byte the same; each recomputing stage ran one
- * recomputation per backward (its own figure and trace event, R), the others none. */
+ * schedule at S = 2..4 (the chunked ones where they place S chunks on their default threads, a thread
+ * recomputing for several chunks): every parameter and moment byte the same; each recomputing stage ran
+ * one recomputation per backward (its own figure and trace event, R), the others none. */
 START_TEST(trainer_with_recomputation_gives_the_same_parameters_bit_for_bit)
 {
-	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
 	static const unsigned masks[] = {0x2, 0x5, 0xf};
 	for (unsigned c = 0; c < 3; c++)
-		for (size_t k = 0; k < 3; k++)
-			for (size_t m = 0; m < 3; m++) {
+		for (size_t k = 0; k < TRAINER_KINDS; k++)
+			for (size_t m = 0; m < 3 && can_place(trainer_kinds[k], c + 2, 0); m++) {
+				const mbp_sched_kind *kinds = trainer_kinds;
 				struct rig a, b;
 				struct tstage ta[4], tb[4];
 				rig_init(&a, trainer_cuts[c], c + 2, 8, MBP_ACT_GELU, true, NULL, 32);
@@ -1230,15 +1247,18 @@ static void act_play(const mbp_schedule *sc, const mbp_train_stage_stats *ss, ui
 /* The activation figures: each stage's stash and work bytes per micro-batch (less stash, as much work, for
  * a recomputing stage), each stage's peak over the step as the schedule plays it (whatever the timing), and
  * on one thread the trainer's peak at once over every stage: exactly what the activation pool held at its
- * high-water mark (its buffers counted), with and without recomputation, under every schedule. On a
- * thread per stage the pool's mark bounds the trainer's. */
+ * high-water mark (its buffers counted), with and without recomputation, under every schedule (the
+ * chunked ones wherever they place the stages on one thread or two). On more threads the pool's mark bounds
+ * the trainer's. */
 START_TEST(activation_memory_peaks_equal_the_schedule_and_the_pools_high_water_mark)
 {
-	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	const mbp_sched_kind *kinds = trainer_kinds;
 	for (unsigned c = 0; c < 3; c++)
-		for (size_t k = 0; k < 3; k++)
+		for (size_t k = 0; k < TRAINER_KINDS; k++)
 			for (unsigned mask = 0; mask < 16; mask += 5)
 				for (unsigned threads = 1; threads <= 2; threads++) {
+					if (!can_place(kinds[k], c + 2, threads))
+						continue;
 					struct rig r;
 					struct tstage ts[4];
 					rig_init(&r, trainer_cuts[c], c + 2, 8, MBP_ACT_RELU, true, NULL, 32);

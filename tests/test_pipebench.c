@@ -1717,6 +1717,74 @@ START_TEST(train_csv_has_a_header_and_one_line_per_schedule)
 }
 END_TEST
 
+START_TEST(train_measures_the_chunked_schedules_side_by_side)
+{
+	/* 2 stages: zbv and interleaved split each into 2 chunks on the same 2 threads (t0: chunks 0 and 3
+	 * under zbv, 0 and 2 interleaved); zbv holds per thread what 1f1b holds of whole stages, twice in
+	 * chunks */
+	struct run r =
+	    run((const char *const[]){"--workload=train", "--stages=2", "--micro-batches=8", "--unit-us=50",
+				      "--batches=2", "--warmup=1", "--tolerance=0", "--wait-quiet=0",
+				      "--schedule=1f1b,zbv,interleaved", "--json", "--gantt", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	const cJSON *sc = field(doc, "schedules", cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(sc), 3);
+	static const char *const names[] = {"1f1b", "zbv", "interleaved"};
+	static const int chunks[] = {1, 2, 2}, held[3][2] = {{2, 1}, {4, 4}, {5, 3}};
+	for (int i = 0; i < 3; i++) {
+		const cJSON *x = cJSON_GetArrayItem(sc, i);
+		ck_assert_str_eq(field(x, "schedule", cJSON_String)->valuestring, names[i]);
+		ck_assert(num(x, "chunks") == chunks[i] && num(x, "threads") == 2);
+		ck_assert_int_eq(cJSON_GetArraySize(field(x, "stages", cJSON_Array)), 2 * chunks[i]);
+		int_array_is(x, "thread_held_peak", held[i], 2);
+		/* every chunk's operations: F, and B_in and W under zbv */
+		const cJSON *ev = field(field(x, "gantt", cJSON_Object), "events", cJSON_Array);
+		ck_assert_int_eq(cJSON_GetArraySize(ev), 2 * chunks[i] * 8 * (i == 1 ? 3 : 2));
+		ck_assert(cJSON_IsTrue(field(x, "ok", cJSON_True | cJSON_False)));
+	}
+	cJSON_Delete(doc);
+	run_free(&r);
+	/* auto (built from the costs, at 1f1b's memory) and a schedule from a file, beside 1f1b */
+	char file[] = "/tmp/pipebench-test-sched-XXXXXX";
+	int fd = mkstemp(file);
+	ck_assert_int_ge(fd, 0);
+	static const char text[] = "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n";
+	ck_assert_int_eq(write(fd, text, sizeof(text) - 1), (ssize_t)sizeof(text) - 1);
+	close(fd);
+	char opt[64];
+	snprintf(opt, sizeof(opt), "--schedule-file=%s", file);
+	r = run((const char *const[]){"--workload=train", "--unit-us=50", "--batches=2", "--warmup=1",
+				      "--tolerance=0", "--wait-quiet=0", "--schedule=1f1b,auto", opt,
+				      "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	sc = field(doc, "schedules", cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(sc), 3);
+	const cJSON *au = cJSON_GetArrayItem(sc, 1), *cu = cJSON_GetArrayItem(sc, 2);
+	ck_assert_str_eq(field(au, "schedule", cJSON_String)->valuestring, "auto");
+	ck_assert_str_eq(field(cu, "schedule", cJSON_String)->valuestring, "custom");
+	ck_assert(num(au, "threads") == 2 && num(cu, "threads") == 2); /* the file's two lines */
+	for (const cJSON *h = field(au, "thread_held_peak", cJSON_Array)->child; h; h = h->next)
+		ck_assert(h->valuedouble <= 4);
+	int_array_is(cu, "held_peak", (const int[]){4, 1}, 2);
+	ck_assert(cJSON_IsTrue(field(cu, "ok", cJSON_True | cJSON_False)));
+	cJSON_Delete(doc);
+	run_free(&r);
+	unlink(file);
+	/* a name it does not know, or twice: usage */
+	static const char *const bad[] = {"--schedule=1f1b,2f2b", "--schedule=zbv,zbv", "--schedule=,"};
+	for (unsigned i = 0; i < 3; i++) {
+		r = run((const char *const[]){"--workload=train", bad[i], NULL});
+		ck_assert_msg(r.status == 2 && lines(r.err) == 1 && strstr(r.err, "--schedule"), "%s: %d %s",
+			      bad[i], r.status, r.err);
+		run_free(&r);
+	}
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipebench");
@@ -1750,6 +1818,7 @@ static Suite *suite(void)
 	tcase_add_test(out, train_table_prints_the_three_schedules_and_their_gantt);
 	tcase_add_test(out, train_json_holds_each_schedules_figures_and_operations);
 	tcase_add_test(out, train_csv_has_a_header_and_one_line_per_schedule);
+	tcase_add_test(out, train_measures_the_chunked_schedules_side_by_side);
 	tcase_add_test(out, train_counts_of_one_are_singular);
 	tcase_add_test(out, mpi_table_and_json_show_each_hops_link_share);
 	tcase_add_test(out, spin_us_0_is_no_spin_for_every_workload);

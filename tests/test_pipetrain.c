@@ -529,6 +529,117 @@ START_TEST(the_progress_bar_goes_to_stderr_at_most_ten_times_a_second)
 }
 END_TEST
 
+/* Train `n` arms (schedule, stages, file name, hand-over, threads or NULL, recompute or NULL) on `layers`
+ * for 2 epochs into path[i] and csv[i]: each must exit 0 printing nothing, and all write the same weights. */
+static void train_arms(const char *const (*arms)[6], unsigned n, const char *layers, char (*path)[128],
+		       char (*csv)[128])
+{
+	for (unsigned i = 0; i < n; i++) {
+		snprintf(path[i], sizeof path[i], "%s", tmpdir_path(arms[i][2]));
+		snprintf(csv[i], sizeof csv[i], "%s.csv", path[i]);
+		struct run r = run((const char *const[]){SMALL,
+							 "--layers",
+							 layers,
+							 "--epochs",
+							 "2",
+							 "--schedule",
+							 arms[i][0],
+							 "--stages",
+							 arms[i][1],
+							 "--hand-over",
+							 arms[i][3],
+							 "--save",
+							 path[i],
+							 "--csv",
+							 csv[i],
+							 "--quiet",
+							 "--recompute",
+							 arms[i][5] ? arms[i][5] : "none",
+							 arms[i][4] ? "--threads" : NULL,
+							 arms[i][4],
+							 NULL});
+		ck_assert_msg(r.status == 0, "%s: exit %d: %s", arms[i][0], r.status, r.err);
+		ck_assert_msg(r.out[0] == 0 && r.err[0] == 0, "--quiet printed: %s%s", r.out, r.err);
+		run_free(&r);
+	}
+	for (unsigned i = 1; i < n; i++)
+		assert_same_file(path[0], path[i]);
+}
+
+START_TEST(every_chunked_schedule_writes_the_weights_of_one_stage)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	/* four layers as four chunks on two threads (the V ones: chunks 0 and 3 on thread 0); and with
+	 * recomputation, a thread running several chunks that recompute (every layer, or some) */
+	static const char *const arms[][6] = {
+	    {"1f1b", "1", "a", "auto", NULL, NULL},	  {"zbv", "4", "b", "auto", "2", NULL},
+	    {"interleaved", "4", "c", "auto", "2", NULL}, {"looped-bfs", "4", "d", "off", "2", NULL},
+	    {"dualpipev", "4", "e", "auto", "2", NULL},	  {"zbh2", "4", "f", "auto", "2", NULL},
+	    {"interleaved", "2", "g", "auto", "1", NULL}, {"auto", "4", "h", "auto", "2", NULL},
+	    {"zbv", "4", "i", "auto", "2", "all"},	  {"interleaved", "4", "j", "off", "2", "1-2"},
+	    {"dualpipev", "4", "k", "auto", "2", "0,3"},  {"looped-bfs", "4", "l", "off", "2", "all"},
+	    {"auto", "4", "m", "auto", "2", "all"},	  {"zbh2", "4", "n", "auto", "2", "1,3"}};
+	enum { ARMS = sizeof arms / sizeof arms[0] };
+	char path[ARMS][128], csv[ARMS][128];
+	train_arms(arms, ARMS, "784,48,32,24,10", path, csv);
+	/* and a schedule from a file: DualPipeV's, written as PyTorch's CSV (4 micro-batches of 32 rows) */
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new_placed(&sc, MBP_SCHED_DUALPIPEV, 4, 4, 2), 0);
+	char text[4096], file[128], out[128];
+	ck_assert_uint_lt(mbp_schedule_write_csv(sc, 2, text, sizeof(text)), sizeof(text));
+	mbp_schedule_destroy(sc);
+	snprintf(file, sizeof(file), "%s", tmpdir_path("dpv.csv"));
+	snprintf(out, sizeof(out), "%s", tmpdir_path("h"));
+	FILE *f = fopen(file, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+	struct run r = run((const char *const[]){SMALL, "--layers", "784,48,32,24,10", "--epochs", "2",
+						 "--schedule-file", file, "--save", out, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "--schedule-file: exit %d: %s", r.status, r.err);
+	run_free(&r);
+	assert_same_file(path[0], out);
+	/* a bad one: refused naming the line and the action; one of other micro-batches: refused */
+	f = fopen(file, "w");
+	fputs("0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B2\n", f);
+	fclose(f);
+	r = run((const char *const[]){SMALL, "--layers", "784,48,32,10", "--schedule-file", file, NULL});
+	assert_refused(&r, "--schedule-file", file);
+	ck_assert_msg(strstr(r.err, "line 2, action 1B2: micro-batch repeated"), "%s", r.err);
+	run_free(&r);
+	f = fopen(file, "w");
+	fputs("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", f);
+	fclose(f);
+	r = run((const char *const[]){SMALL, "--layers", "784,48,32,10", "--schedule-file", file, NULL});
+	assert_refused(&r, "--schedule-file", file);
+	ck_assert_msg(strstr(r.err, "micro-batches"), "%s", r.err);
+	run_free(&r);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(a_chunked_schedule_that_cannot_place_the_stages_is_refused_as_usage)
+{
+	if (!have_data())
+		return;
+	/* zbv wants twice as many stages as threads; dualpipev as many micro-batches as stages (4 here) */
+	static const char *const bad[][3] = {
+	    {"zbv", "3", "1"}, {"interleaved", "3", "2"}, {"dualpipev", "2", "1"}};
+	for (unsigned i = 0; i < 3; i++) {
+		struct run r = run((const char *const[]){SMALL_1, "--schedule", bad[i][0], "--stages",
+							 bad[i][1], "--threads", bad[i][2], "--batch",
+							 i == 2 ? "16" : "128", "--mb", "16", NULL});
+		assert_refused(&r, "--schedule", bad[i][0]);
+		run_free(&r);
+	}
+	struct run r = run((const char *const[]){SMALL_1, "--schedule", "2f2b", NULL});
+	assert_refused(&r, "--schedule", "zbv");
+	run_free(&r);
+}
+END_TEST
+
 START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
 {
 	if (!have_data())
@@ -536,26 +647,14 @@ START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
 	tmpdir_make("pipetrain");
 	/* the last two with layer 1's input gradient computed by stage 2 (--hand-over all), or never */
 	/* and with recomputation (--recompute): every layer, or some, under each schedule */
-	static const char *const arms[][5] = {
-	    {"gpipe", "1", "a", "auto", "none"}, {"1f1b", "2", "b", "auto", "none"},
-	    {"zbh1", "3", "c", "all", "none"},	 {"1f1b", "3", "d", "off", "none"},
-	    {"zbh1", "3", "e", "all", "all"},	 {"gpipe", "2", "f", "off", "0,2"},
-	    {"1f1b", "3", "g", "auto", "1-2"}};
+	static const char *const arms[][6] = {
+	    {"gpipe", "1", "a", "auto", NULL, "none"}, {"1f1b", "2", "b", "auto", NULL, "none"},
+	    {"zbh1", "3", "c", "all", NULL, "none"},   {"1f1b", "3", "d", "off", NULL, "none"},
+	    {"zbh1", "3", "e", "all", NULL, "all"},    {"gpipe", "2", "f", "off", NULL, "0,2"},
+	    {"1f1b", "3", "g", "auto", NULL, "1-2"}};
 	enum { ARMS = sizeof arms / sizeof arms[0] };
 	char path[ARMS][128], csv[ARMS][128];
-	for (unsigned i = 0; i < ARMS; i++) {
-		snprintf(path[i], sizeof path[i], "%s", tmpdir_path(arms[i][2]));
-		snprintf(csv[i], sizeof csv[i], "%s.csv", path[i]);
-		struct run r = run((const char *const[]){SMALL, "--epochs", "2", "--schedule", arms[i][0],
-							 "--stages", arms[i][1], "--hand-over", arms[i][3],
-							 "--recompute", arms[i][4], "--save", path[i],
-							 "--csv", csv[i], "--quiet", NULL});
-		ck_assert_msg(r.status == 0, "%s: exit %d: %s", arms[i][0], r.status, r.err);
-		ck_assert_msg(r.out[0] == 0 && r.err[0] == 0, "--quiet printed: %s%s", r.out, r.err);
-		run_free(&r);
-	}
-	for (unsigned i = 1; i < ARMS; i++)
-		assert_same_file(path[0], path[i]);
+	train_arms(arms, ARMS, "784,48,24,10", path, csv);
 	/* And the same accuracy, as the CSV says (its timing columns differ). */
 	size_t len;
 	char *a = read_all(csv[0], &len), *b = read_all(csv[2], &len);
@@ -1505,6 +1604,42 @@ START_TEST(mb_auto_takes_the_size_whose_predicted_step_is_shortest_and_says_so)
 }
 END_TEST
 
+/* --mb auto under a chunked schedule predicts each size with that schedule as placed: DualPipeV on 4
+ * chunks needs 4 micro-batches, so of 16, 32 and 64 rows in a batch of 64 only 16 is tried and taken; a
+ * batch with no size it can place is refused as usage, and so is --mb auto with a schedule file (the
+ * file fixes the micro-batches). */
+START_TEST(mb_auto_under_a_chunked_schedule_tries_only_the_sizes_it_can_place)
+{
+	if (!have_data())
+		return;
+	struct run r = run((const char *const[]){
+	    "--layers",	  "784,48,32,24,10", "--limit", "512",	    "--batch",	   "64",	"--val",
+	    "100",	  "--epochs",	     "1",	"--stages", "4",	   "--threads", "2",
+	    "--schedule", "dualpipev",	     "--mb",	"auto",	    "--recompute", "all",	"--json",
+	    NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_ptr_nonnull(root);
+	const cJSON *cfg = cJSON_GetObjectItem(root, "config");
+	ck_assert_int_eq(cJSON_GetObjectItem(cfg, "mb")->valueint, 16);
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cfg, "mb_auto")));
+	ck_assert(cJSON_GetObjectItem(root, "predicted_step_ms")->valuedouble > 0);
+	ck_assert_msg(strstr(r.err, "micro-batch: 16 rows (--mb auto)") && !strstr(r.err, " 32 rows "), "%s",
+		      r.err);
+	cJSON_Delete(root);
+	run_free(&r);
+	r = run((const char *const[]){"--layers", "784,48,32,24,10", "--limit", "512", "--batch", "32",
+				      "--stages", "4", "--threads", "2", "--schedule", "dualpipev", "--mb",
+				      "auto", NULL});
+	assert_refused(&r, "--schedule dualpipev", "cannot place");
+	run_free(&r);
+	r = run((const char *const[]){"--layers", "784,48,10", "--schedule-file", "/nonexistent.csv", "--mb",
+				      "auto", NULL});
+	assert_refused(&r, "--mb auto", "fixes the micro-batches");
+	run_free(&r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("pipetrain");
@@ -1518,12 +1653,15 @@ static Suite *suite(void)
 	tcase_add_test(tc, the_split_is_the_best_of_every_split_and_hand_over);
 	tcase_add_test(tc, the_refined_split_is_never_slower_than_the_balanced_one_and_no_move_improves_it);
 	tcase_add_test(tc, mb_auto_takes_the_size_whose_predicted_step_is_shortest_and_says_so);
+	tcase_add_test(tc, mb_auto_under_a_chunked_schedule_tries_only_the_sizes_it_can_place);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
 	tcase_add_test(tc, recomputation_lowers_the_peak_activation_memory_and_shows_in_the_trace);
 	tcase_add_test(tc, the_threads_are_pinned_by_default_and_the_summary_says_how);
 	tcase_add_test(tc, every_operation_has_its_own_name_in_messages);
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);
 	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);
+	tcase_add_test(tc, every_chunked_schedule_writes_the_weights_of_one_stage);
+	tcase_add_test(tc, a_chunked_schedule_that_cannot_place_the_stages_is_refused_as_usage);
 	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);
 	tcase_add_test(tc, more_epochs_on_resume_are_announced_as_a_new_schedule);
 	tcase_add_test(tc, a_checkpoint_pair_from_different_steps_is_refused_with_exit_2);

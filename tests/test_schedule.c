@@ -187,6 +187,472 @@ START_TEST(simulate_gives_each_operation_its_start)
 }
 END_TEST
 
+/* ---- chunks: the placed schedules ---- */
+
+static const mbp_sched_kind every_kind[] = {MBP_SCHED_GPIPE,	   MBP_SCHED_1F1B,	 MBP_SCHED_ZBH1,
+					    MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS, MBP_SCHED_ZBH2,
+					    MBP_SCHED_ZBV,	   MBP_SCHED_DUALPIPEV};
+
+static bool kind_is_block(mbp_sched_kind k)
+{
+	return k == MBP_SCHED_GPIPE || k == MBP_SCHED_1F1B || k == MBP_SCHED_ZBH1 || k == MBP_SCHED_ZBH2;
+}
+
+/* Thread t's list in PyTorch's action notation: "0F0 3I1 3W1 2B0" (I: B_in). */
+static void thread_text(const mbp_schedule *sc, unsigned T, unsigned t, char *buf, size_t cap)
+{
+	const mbp_sched_op *g;
+	size_t n = mbp_schedule_order(sc, &g), k = 0;
+	buf[0] = 0;
+	for (size_t i = 0; i < n && k < cap; i++)
+		if (mbp_schedule_thread_of(sc, g[i].stage, T) == t)
+			k += (size_t)snprintf(buf + k, cap - k, "%s%u%c%u", k ? " " : "", g[i].stage,
+					      "FBIW"[g[i].kind], g[i].mb);
+}
+
+static void expect_thread(mbp_sched_kind kind, unsigned S, unsigned M, unsigned T, unsigned t,
+			  const char *want)
+{
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new_placed(&sc, kind, S, M, T), 0);
+	char got[2048];
+	thread_text(sc, T, t, got, sizeof(got));
+	ck_assert_msg(strcmp(got, want) == 0, "%s S=%u M=%u T=%u thread %u:\n got  %s\n want %s",
+		      mbp_sched_name(kind), S, M, T, t, got, want);
+	mbp_schedule_destroy(sc);
+}
+
+START_TEST(chunked_thread_lists_match_the_published_orders)
+{
+	/* interleaved 1F1B (Megatron-LM; PyTorch's ScheduleInterleaved1F1B), p = 2, v = 2, M = 4: rounds of
+	 * p micro-batches through chunk 0 (stage t) then chunk 1 (stage 2 + t); thread t warms up with
+	 * (v - 1) * p + 2 (p - 1 - t) forwards; the backwards take the chunks in reverse */
+	expect_thread(MBP_SCHED_INTERLEAVED, 4, 4, 2, 0,
+		      "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
+	expect_thread(MBP_SCHED_INTERLEAVED, 4, 4, 2, 1,
+		      "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3");
+	/* looped BFS: every micro-batch through a chunk, then the next; backwards in micro-batch order */
+	expect_thread(MBP_SCHED_LOOPED_BFS, 4, 2, 2, 1, "1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1");
+	/* ZB-V (PyTorch's ScheduleZBVZeroBubble), p = 2, M = 4: thread 0 holds chunks 0 and 3, warms up with
+	 * 2p - 1 forwards of chunk 0, then chunk 3's F, I, W, then F0 I0 W0 F3 I3 W3 in turn */
+	expect_thread(MBP_SCHED_ZBV, 4, 4, 2, 0,
+		      "0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0I0 0W0 3F2 3I2 3W2 0I1 0W1 3F3 3I3 3W3 0I2 "
+		      "0W2 0I3 0W3");
+}
+END_TEST
+
+/* Every rule a schedule keeps, checked from its global order alone. */
+static void check_valid(const mbp_schedule *sc, unsigned T)
+{
+	unsigned S = mbp_schedule_stages(sc), M = mbp_schedule_mbs(sc);
+	const mbp_sched_op *g;
+	size_t n = mbp_schedule_order(sc, &g);
+	long at[MBP_MAX_STAGES][3][64];
+	memset(at, -1, sizeof(at));
+	unsigned next[MBP_MAX_STAGES][3] = {{0}};
+	for (size_t i = 0; i < n; i++) {
+		unsigned s = g[i].stage, j = g[i].mb, k = g[i].kind;
+		ck_assert_uint_lt(s, S);
+		ck_assert_uint_lt(j, M);
+		int cls = k == MBP_OP_F ? 0 : k == MBP_OP_W ? 2 : 1;
+		/* once, in micro-batch order (which keeps the weight gradients bit for bit) */
+		ck_assert_uint_eq(next[s][cls]++, j);
+		at[s][cls][j] = (long)i;
+		if (k == MBP_OP_B) {
+			ck_assert_uint_eq(next[s][2]++, j);
+			at[s][2][j] = (long)i;
+		}
+		/* dependencies come earlier */
+		if (cls == 0 && s > 0)
+			ck_assert(at[s - 1][0][j] >= 0 && at[s - 1][0][j] < (long)i);
+		if (cls == 1)
+			ck_assert(s + 1 < S ? at[s + 1][1][j] >= 0 : at[s][0][j] >= 0);
+		if (k == MBP_OP_W)
+			ck_assert(at[s][1][j] >= 0 && at[s][1][j] < (long)i);
+	}
+	for (unsigned s = 0; s < S; s++)
+		for (int c = 0; c < 3; c++)
+			ck_assert_uint_eq(next[s][c], M); /* none missing */
+	/* stage lists: projections of the global order */
+	for (unsigned s = 0; s < S; s++) {
+		const mbp_sched_op *l;
+		size_t ln = mbp_schedule_stage_ops(sc, s, &l), k = 0;
+		for (size_t i = 0; i < n; i++)
+			if (g[i].stage == s)
+				ck_assert(k < ln && memcmp(&g[i], &l[k++], sizeof(*l)) == 0);
+		ck_assert_uint_eq(k, ln);
+	}
+	/* the placement rule */
+	mbp_sched_kind kind = mbp_schedule_kind(sc);
+	for (unsigned s = 0; s < S; s++) {
+		unsigned want = kind == MBP_SCHED_INTERLEAVED || kind == MBP_SCHED_LOOPED_BFS ? s % T
+				: kind == MBP_SCHED_ZBV || kind == MBP_SCHED_DUALPIPEV
+				    ? (s < T ? s : 2 * T - 1 - s)
+				    : s * T / S;
+		ck_assert_uint_eq(mbp_schedule_thread_of(sc, s, T), want);
+	}
+}
+
+START_TEST(every_schedule_is_valid_with_any_chunk_and_thread_count)
+{
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(every_kind); k++)
+		for (unsigned p = 1; p <= 6; p++)
+			for (unsigned v = 1; v <= 4; v++)
+				for (unsigned M = 1; M <= 24; M++) {
+					mbp_sched_kind kind = every_kind[k];
+					bool block = kind_is_block(kind),
+					     vee = kind == MBP_SCHED_ZBV || kind == MBP_SCHED_DUALPIPEV;
+					if ((block && v > 1) || (vee && v != 2) || p * v > 16)
+						continue;
+					unsigned S = p * v;
+					mbp_schedule *sc;
+					int rc = mbp_schedule_new_placed(&sc, kind, S, M, block ? 0 : p);
+					if (kind == MBP_SCHED_DUALPIPEV && M < S) {
+						ck_assert_int_eq(rc, -EINVAL); /* documented: M >= stages */
+						continue;
+					}
+					ck_assert_msg(rc == 0, "%s p=%u v=%u M=%u: %d", mbp_sched_name(kind),
+						      p, v, M, rc);
+					check_valid(sc, p);
+					if (block)
+						check_valid(sc, 1); /* any thread count */
+					ck_assert_uint_eq(mbp_schedule_threads(sc), block ? 0 : p);
+					mbp_schedule_destroy(sc);
+				}
+}
+END_TEST
+
+/* check_valid's rules but the placement (a built schedule places its own way) */
+static void check_valid_ops(const mbp_schedule *sc)
+{
+	unsigned S = mbp_schedule_stages(sc), M = mbp_schedule_mbs(sc);
+	const mbp_sched_op *g;
+	size_t n = mbp_schedule_order(sc, &g);
+	unsigned next[MBP_MAX_STAGES][3] = {{0}};
+	bool fdone[MBP_MAX_STAGES][64] = {{false}}, bdone[MBP_MAX_STAGES][64] = {{false}};
+	for (size_t i = 0; i < n; i++) {
+		unsigned s = g[i].stage, j = g[i].mb, k = g[i].kind;
+		int cls = k == MBP_OP_F ? 0 : k == MBP_OP_W ? 2 : 1;
+		ck_assert_uint_eq(next[s][cls]++, j);
+		if (k == MBP_OP_B)
+			ck_assert_uint_eq(next[s][2]++, j);
+		if (cls == 0)
+			ck_assert(s == 0 || fdone[s - 1][j]);
+		if (cls == 1)
+			ck_assert(s + 1 < S ? bdone[s + 1][j] : fdone[s][j]);
+		if (cls == 2)
+			ck_assert(bdone[s][j]);
+		(cls == 0 ? fdone : bdone)[s][j] |= cls != 2;
+	}
+	for (unsigned s = 0; s < S; s++)
+		for (int c = 0; c < 3; c++)
+			ck_assert_uint_eq(next[s][c], M);
+}
+
+static unsigned thread_held(const mbp_schedule *sc, unsigned T, unsigned t, bool stash)
+{
+	mbp_sched_thread_figures f;
+	ck_assert_int_eq(mbp_schedule_thread_figures(sc, T, t, &f), 0);
+	return stash ? f.stash_peak : f.held_peak;
+}
+
+START_TEST(thread_peaks_are_the_documented_figures)
+{
+	for (unsigned p = 1; p <= 6; p++)
+		for (unsigned M = 2 * p; M <= 20; M++) {
+			mbp_schedule *one, *zbv, *il, *bfs;
+			ck_assert_int_eq(mbp_schedule_new(&one, MBP_SCHED_1F1B, p, M), 0);
+			ck_assert_int_eq(mbp_schedule_new_placed(&zbv, MBP_SCHED_ZBV, 2 * p, M, p), 0);
+			ck_assert_int_eq(mbp_schedule_new_placed(&il, MBP_SCHED_INTERLEAVED, 2 * p, M, p), 0);
+			ck_assert_int_eq(mbp_schedule_new_placed(&bfs, MBP_SCHED_LOOPED_BFS, 2 * p, M, p), 0);
+			unsigned most_zbv = 0;
+			for (unsigned t = 0; t < p; t++) {
+				/* ZB-V holds at most what 1F1B's stage 0 does: p micro-batches of a stage, two
+				 * chunks each */
+				ck_assert_uint_le(thread_held(zbv, p, t, false), 2 * p);
+				most_zbv = thread_held(zbv, p, t, false) > most_zbv
+					       ? thread_held(zbv, p, t, false)
+					       : most_zbv;
+				/* looped BFS: every micro-batch of both chunks */
+				ck_assert_uint_eq(thread_held(bfs, p, t, true), 2 * M);
+				/* interleaved: its warm-up and one more */
+				unsigned per = M / (M / p), rounds = M / p;
+				unsigned warm = per + (M % rounds ? 1 : 0) + 2 * (p - 1 - t);
+				ck_assert_uint_eq(thread_held(il, p, t, true),
+						  warm + 1 < 2 * M ? warm + 1 : 2 * M);
+			}
+			ck_assert_uint_eq(most_zbv,
+					  2 * thread_held(one, p, 0, false)); /* the same as 1F1B's */
+			mbp_schedule_destroy(one);
+			mbp_schedule_destroy(zbv);
+			mbp_schedule_destroy(il);
+			mbp_schedule_destroy(bfs);
+		}
+	/* ZB-H2 holds up to 2S - 1 at stage 0, about twice 1F1B's S */
+	mbp_schedule *h2;
+	ck_assert_int_eq(mbp_schedule_new(&h2, MBP_SCHED_ZBH2, 4, 16), 0);
+	ck_assert_uint_eq(mbp_schedule_held_peak(h2, 0), 7);
+	mbp_schedule_destroy(h2);
+}
+END_TEST
+
+START_TEST(hops_between_chunks_of_one_thread_are_local)
+{
+	/* ZB-V: chunks p - 1 and p meet on thread p - 1: its hops between them (M forwards, M input
+	 * gradients) stay there; every other hop goes to another thread */
+	for (unsigned p = 1; p <= 4; p++) {
+		mbp_schedule *sc;
+		unsigned M = 8;
+		ck_assert_int_eq(mbp_schedule_new_placed(&sc, MBP_SCHED_ZBV, 2 * p, M, p), 0);
+		unsigned hops = 0, local = 0;
+		for (unsigned t = 0; t < p; t++) {
+			mbp_sched_thread_figures f;
+			ck_assert_int_eq(mbp_schedule_thread_figures(sc, p, t, &f), 0);
+			ck_assert_uint_eq(f.local_hops, t == p - 1 ? 2 * M : 0);
+			hops += f.hops;
+			local += f.local_hops;
+		}
+		ck_assert_uint_eq(hops + local, 2 * (2 * p - 1) * M); /* 2p - 1 links, both ways */
+		mbp_schedule_destroy(sc);
+	}
+	/* 1F1B of 4 stages on 2 threads: stages 0-1 and 2-3 share a thread */
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_1F1B, 4, 8), 0);
+	mbp_sched_thread_figures f;
+	ck_assert_int_eq(mbp_schedule_thread_figures(sc, 2, 0, &f), 0);
+	ck_assert_uint_eq(f.local_hops, 16);
+	ck_assert_uint_eq(f.hops, 8);
+	ck_assert_int_eq(mbp_schedule_thread_figures(sc, 3, 3, &f), -EINVAL);
+	mbp_schedule_destroy(sc);
+}
+END_TEST
+
+static double chunk_bubble(mbp_sched_kind kind, unsigned S, unsigned M, unsigned T)
+{
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new_placed(&sc, kind, S, M, kind_is_block(kind) ? 0 : T), 0);
+	mbp_op_costs c[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < S; s++) /* a thread's work per micro-batch is the same in every layout */
+		c[s] = (mbp_op_costs){(double)T / S, (double)T / S, (double)T / S};
+	mbp_sched_sim r;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, T, &r, NULL), 0);
+	mbp_schedule_destroy(sc);
+	return r.bubble;
+}
+
+START_TEST(predicted_bubbles_are_ordered_as_the_targets_say)
+{
+	/* F = B_in = B_w; 1F1B, ZB-H1 and ZB-H2 with one stage per thread, the chunked ones with two */
+	for (unsigned p = 2; p <= 8; p *= 2)
+		for (unsigned M = 2 * p; M <= 8 * p; M *= 2) {
+			double one = chunk_bubble(MBP_SCHED_1F1B, p, M, p);
+			double il = chunk_bubble(MBP_SCHED_INTERLEAVED, 2 * p, M, p);
+			double bfs = chunk_bubble(MBP_SCHED_LOOPED_BFS, 2 * p, M, p);
+			double zbv = chunk_bubble(MBP_SCHED_ZBV, 2 * p, M, p);
+			double dpv = chunk_bubble(MBP_SCHED_DUALPIPEV, 2 * p, M, p);
+			double h1 = chunk_bubble(MBP_SCHED_ZBH1, p, M, p);
+			double h2 = chunk_bubble(MBP_SCHED_ZBH2, p, M, p);
+			ck_assert_msg(il <= 0.6 * one, "p=%u M=%u interleaved %g 1f1b %g", p, M, il, one);
+			ck_assert_double_le_tol(bfs, il, 1e-12); /* the same bubble, at M times the memory */
+			ck_assert_msg(zbv <= 0.25 * one, "p=%u M=%u zbv %g 1f1b %g", p, M, zbv, one);
+			ck_assert_double_le_tol(dpv, zbv, 1e-12);
+			/* ZB-H1 already reaches the least bubble one stage a thread allows with these costs (the
+			 * last stage starts after S - 1 forwards: (S-1)/(3M+S-1)), so ZB-H2 can only equal it */
+			ck_assert_double_eq_tol(h2, (double)(p - 1) / (3.0 * M + p - 1), 1e-12);
+			ck_assert_double_le_tol(h2, h1, 1e-12);
+			ck_assert(h1 < one / 2);
+		}
+	/* the configuration: 2 threads, M = 8 */
+	double one = chunk_bubble(MBP_SCHED_1F1B, 2, 8, 2);
+	ck_assert(chunk_bubble(MBP_SCHED_INTERLEAVED, 4, 8, 2) <= 0.55 * one);
+	ck_assert(chunk_bubble(MBP_SCHED_ZBV, 4, 8, 2) <= 0.25 * one);
+}
+END_TEST
+
+/* ---- built from costs ---- */
+
+static double makespan_of(const mbp_schedule *sc, const mbp_op_costs *c, unsigned T)
+{
+	mbp_sched_sim r;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, T, &r, NULL), 0);
+	return r.makespan;
+}
+
+START_TEST(the_built_schedule_plays_no_slower_than_any_fixed_one_at_its_held_limit)
+{
+	unsigned seed = 12345;
+	unsigned beat = 0, tries = 0;
+	for (unsigned round = 0; round < 60; round++) {
+		unsigned T = 2 + round % 2, S = round % 3 == 0 ? T : 2 * T, M = 4 + 2 * (round % 5);
+		unsigned limit = round % 4 == 0 ? 0 : S + round % 3;
+		mbp_op_costs c[MBP_MAX_STAGES];
+		double f = 0.5 + rand_r(&seed) % 100 / 40.0, bi = 0.5 + rand_r(&seed) % 100 / 40.0,
+		       bw = 0.5 + rand_r(&seed) % 100 / 40.0;
+		for (unsigned s = 0; s < S; s++) /* the same triple, each stage a little off it */
+			c[s] = (mbp_op_costs){f * (1 + s % 3 * 0.05), bi, bw * (1 + s % 2 * 0.1)};
+		mbp_sched_build b = {
+		    .stages = S, .mbs = M, .threads = T, .costs = c, .held_limit = limit, .split = true};
+		mbp_schedule *sc;
+		ck_assert_int_eq(mbp_schedule_build(&sc, &b), 0);
+		ck_assert_int_eq(mbp_schedule_kind(sc), MBP_SCHED_AUTO);
+		check_valid_ops(sc);
+		double mine = makespan_of(sc, c, T);
+		for (unsigned t = 0; limit && t < T; t++)
+			ck_assert_uint_le(thread_held(sc, T, t, false), limit);
+		for (size_t k = 0; k < MBP_ARRAY_SIZE(every_kind); k++) {
+			mbp_schedule *x;
+			if (mbp_schedule_new_placed(&x, every_kind[k], S, M,
+						    kind_is_block(every_kind[k]) ? 0 : T) < 0)
+				continue;
+			bool fits = true;
+			for (unsigned t = 0; limit && t < T; t++)
+				fits &= thread_held(x, T, t, false) <= limit;
+			if (fits) {
+				double theirs = makespan_of(x, c, T);
+				ck_assert_msg(mine <= theirs * (1 + 1e-9), "round %u: auto %g, %s %g", round,
+					      mine, mbp_sched_name(every_kind[k]), theirs);
+				tries++;
+				beat += mine < theirs * (1 - 1e-9);
+			}
+			mbp_schedule_destroy(x);
+		}
+		mbp_schedule_destroy(sc);
+	}
+	ck_assert_uint_gt(tries, 100);
+	ck_assert_uint_gt(beat, tries / 2); /* strictly better than most */
+	/* the triples on 2 threads, M = 8, at 1F1B's memory on chunks (4 per thread) */
+	static const mbp_op_costs triples[] = {{1, 2, 1}, {2, 1, 1}, {1, 1, 2}};
+	for (size_t i = 0; i < 3; i++) {
+		mbp_op_costs c[4] = {triples[i], triples[i], triples[i], triples[i]};
+		mbp_sched_build b = {
+		    .stages = 4, .mbs = 8, .threads = 2, .costs = c, .held_limit = 4, .split = true};
+		mbp_schedule *sc, *v;
+		ck_assert_int_eq(mbp_schedule_build(&sc, &b), 0);
+		ck_assert_int_eq(mbp_schedule_new_placed(&v, MBP_SCHED_ZBV, 4, 8, 2), 0);
+		ck_assert(makespan_of(sc, c, 2) <= makespan_of(v, c, 2));
+		mbp_schedule_destroy(sc);
+		mbp_schedule_destroy(v);
+	}
+	/* refusals */
+	mbp_op_costs c[2] = {{1, 1, 1}, {-1, 1, 1}};
+	mbp_sched_build b = {.stages = 2, .mbs = 4, .threads = 2, .costs = c, .split = true};
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_build(&sc, &b), -EINVAL);
+	c[1].f = 1;
+	b.threads = 3;
+	ck_assert_int_eq(mbp_schedule_build(&sc, &b), -EINVAL);
+	b.threads = 2;
+	b.held_limit = 0;
+	ck_assert_int_eq(mbp_schedule_build(NULL, &b), -EINVAL);
+}
+END_TEST
+
+/* ---- schedules as text ---- */
+
+START_TEST(every_schedule_written_as_csv_reads_back_the_same)
+{
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(every_kind); k++)
+		for (unsigned p = 1; p <= 4; p++)
+			for (unsigned M = 1; M <= 9; M += 4) {
+				mbp_sched_kind kind = every_kind[k];
+				bool block = kind_is_block(kind);
+				unsigned S = block ? p + 1 : 2 * p;
+				mbp_schedule *sc, *back;
+				if (mbp_schedule_new_placed(&sc, kind, S, M, block ? 0 : p) < 0)
+					continue; /* DualPipeV with M < S */
+				size_t need = mbp_schedule_write_csv(sc, p, NULL, 0);
+				char *text = malloc(need + 1);
+				ck_assert_uint_eq(mbp_schedule_write_csv(sc, p, text, need + 1), need);
+				ck_assert_uint_eq(strlen(text), need);
+				mbp_sched_text_error e;
+				ck_assert_msg(mbp_schedule_read_csv(&back, text, need, 0, &e) == 0,
+					      "%s: line %u %s: %s", mbp_sched_name(kind), e.line, e.action,
+					      e.what);
+				ck_assert_int_eq(mbp_schedule_kind(back), MBP_SCHED_CUSTOM);
+				ck_assert_uint_eq(mbp_schedule_stages(back), S);
+				ck_assert_uint_eq(mbp_schedule_mbs(back), M);
+				ck_assert_uint_eq(mbp_schedule_threads(back), p);
+				for (unsigned s = 0; s < S; s++) {
+					ck_assert_uint_eq(mbp_schedule_thread_of(back, s, 0),
+							  mbp_schedule_thread_of(sc, s, p));
+					ck_assert_uint_eq(mbp_schedule_held_peak(back, s),
+							  mbp_schedule_held_peak(sc, s));
+					const mbp_sched_op *x, *y;
+					size_t nx = mbp_schedule_stage_ops(sc, s, &x),
+					       ny = mbp_schedule_stage_ops(back, s, &y);
+					ck_assert(nx == ny && memcmp(x, y, nx * sizeof(*x)) == 0);
+				}
+				/* and the same text again */
+				char *again = malloc(need + 1);
+				ck_assert_uint_eq(mbp_schedule_write_csv(back, 0, again, need + 1), need);
+				ck_assert_str_eq(again, text);
+				free(again);
+				free(text);
+				mbp_schedule_destroy(back);
+				mbp_schedule_destroy(sc);
+			}
+}
+END_TEST
+
+START_TEST(pytorchs_csv_reads_with_bubbles_and_overlapped_pairs)
+{
+	/* PyTorch's _dump_csv writes an empty cell for a bubble, and DualPipeV's overlapped pairs */
+	static const char text[] = "0F0,0F1,,0B0,(0F2;0B1)OVERLAP_F_B,0B2\r\n"
+				   ",1F0,1B0,1F1,1I1,1W1,1F2 , 1I2,1W2\n";
+	mbp_schedule *sc;
+	mbp_sched_text_error e;
+	ck_assert_msg(mbp_schedule_read_csv(&sc, text, strlen(text), 0, &e) == 0, "line %u col %u %s: %s",
+		      e.line, e.column, e.action, e.what);
+	ck_assert_uint_eq(mbp_schedule_stages(sc), 2);
+	ck_assert_uint_eq(mbp_schedule_mbs(sc), 3);
+	check_valid(sc, 2);
+	char got[256];
+	list_text(sc, 0, got, sizeof(got));
+	ck_assert_str_eq(got, "F0 F1 B0 F2 B1 B2");
+	list_text(sc, 1, got, sizeof(got));
+	ck_assert_str_eq(got, "F0 B0 F1 b1 W1 F2 b2 W2");
+	mbp_schedule_destroy(sc);
+}
+END_TEST
+
+/* The text is refused naming line `line`, column `col` (0: any) and `action`, saying `what` (a part). */
+static void expect_refused(const char *text, unsigned limit, unsigned line, unsigned col, const char *action,
+			   const char *what)
+{
+	mbp_schedule *sc = (mbp_schedule *)1;
+	mbp_sched_text_error e;
+	ck_assert_int_eq(mbp_schedule_read_csv(&sc, text, strlen(text), limit, &e), -EINVAL);
+	ck_assert_ptr_null(sc);
+	ck_assert_msg(e.line == line && (col == 0 || e.column == col) && strcmp(e.action, action) == 0 &&
+			  strstr(e.what, what),
+		      "%s: line %u column %u action '%s': %s", text, e.line, e.column, e.action, e.what);
+}
+
+START_TEST(a_bad_schedule_is_refused_naming_its_line_and_action)
+{
+	expect_refused("0F0,0X0,0B0\n", 0, 1, 2, "0X0", "not a compute action");
+	expect_refused("0F0,0F0,0B0\n", 0, 1, 2, "0F0", "repeated");
+	expect_refused("0F0,0F1,0B0\n", 0, 1, 0, "0B1", "missing");
+	/* PyTorch's looped BFS runs its backwards in reverse: the gradients would sum in another order */
+	expect_refused("0F0,0F1,0B1,0B0\n", 0, 1, 3, "0B1", "micro-batch order");
+	expect_refused("0F0,0W0,0I0\n", 0, 1, 2, "0W0", "before its B_in");
+	/* a stage on two lines */
+	expect_refused("0F0,1F0,1B0\n0B0\n", 0, 2, 1, "0B0", "another thread");
+	/* a dependency broken: stage 1's backward before its own forward, on its own line */
+	expect_refused("0F0,0B0\n1B0,1F0\n", 0, 2, 1, "1B0", "dependency broken");
+	/* a deadlock: stage 0 waits for stage 1's B0, which waits behind 1F1, which needs 0F1 */
+	expect_refused("0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n", 0, 1, 2, "0B0", "deadlock");
+	/* memory: 1F1B's stage 0 holds two micro-batches */
+	expect_refused("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", 1, 1, 2, "0F1", "above the limit of 1");
+	expect_refused("", 0, 1, 0, "", "no action");
+	expect_refused("0F0,0B0\n,,\n", 0, 2, 0, "", "no action");
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_read_csv(&sc, "99F0,99B0", 9, 0, NULL), -E2BIG);
+	ck_assert_int_eq(mbp_schedule_read_csv(NULL, "0F0", 3, 0, NULL), -EINVAL);
+	ck_assert_uint_eq(mbp_schedule_write_csv(NULL, 0, NULL, 0), 0);
+}
+END_TEST
+
 /* ---- the buffers a part holds at most, against every reachable state ---- */
 
 /* One process of the brute force: a thread of the part or a remote neighbour, its list in global stages. */
@@ -415,6 +881,15 @@ static Suite *suite(void)
 	tcase_add_test(tc, simulate_gives_each_operation_its_start);
 	tcase_add_test(tc, buffer_peak_is_the_most_any_reachable_state_holds);
 	tcase_add_test(tc, invalid_arguments_return_documented_errors);
+	tcase_add_test(tc, chunked_thread_lists_match_the_published_orders);
+	tcase_add_test(tc, every_schedule_is_valid_with_any_chunk_and_thread_count);
+	tcase_add_test(tc, thread_peaks_are_the_documented_figures);
+	tcase_add_test(tc, hops_between_chunks_of_one_thread_are_local);
+	tcase_add_test(tc, predicted_bubbles_are_ordered_as_the_targets_say);
+	tcase_add_test(tc, the_built_schedule_plays_no_slower_than_any_fixed_one_at_its_held_limit);
+	tcase_add_test(tc, every_schedule_written_as_csv_reads_back_the_same);
+	tcase_add_test(tc, pytorchs_csv_reads_with_bubbles_and_overlapped_pairs);
+	tcase_add_test(tc, a_bad_schedule_is_refused_naming_its_line_and_action);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -106,10 +106,28 @@ START_TEST(toy_pipeline_gradients_equal_a_sequential_reference)
 }
 END_TEST
 
+static bool zero_bubble(mbp_sched_kind k)
+{
+	return k == MBP_SCHED_ZBH1 || k == MBP_SCHED_ZBH2 || k == MBP_SCHED_ZBV || k == MBP_SCHED_DUALPIPEV;
+}
+
+/* The thread counts a schedule of S stages runs on: any up to S for the block ones, those that divide S
+ * for interleaved and looped BFS (v = S / T chunks each), S / 2 for the V ones. */
+static bool runs_on(mbp_sched_kind k, unsigned S, unsigned T)
+{
+	if (k == MBP_SCHED_INTERLEAVED || k == MBP_SCHED_LOOPED_BFS)
+		return S % T == 0;
+	if (k == MBP_SCHED_ZBV || k == MBP_SCHED_DUALPIPEV)
+		return S == 2 * T;
+	return T <= S;
+}
+
 START_TEST(every_schedule_and_thread_count_gives_identical_parameters)
 {
-	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
-	static const unsigned threads[] = {1, 2, 4};
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE,	      MBP_SCHED_1F1B,	    MBP_SCHED_ZBH1,
+					       MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS, MBP_SCHED_ZBH2,
+					       MBP_SCHED_ZBV,	      MBP_SCHED_DUALPIPEV};
+	static const unsigned threads[] = {1, 2, 3, 4};
 	float in[40 * N], tg[40 * N];
 	for (unsigned S = 1; S <= 8; S++) {
 		struct toy ref[8];
@@ -119,21 +137,124 @@ START_TEST(every_schedule_and_thread_count_gives_identical_parameters)
 			make_data(in, tg, 40, step);
 			reference_step(ref, S, in, tg, 40, 5);
 		}
-		for (size_t k = 0; k < 3; k++)
-			for (size_t ti = 0; ti < 3; ti++) {
-				if (threads[ti] > S)
+		for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++)
+			for (size_t ti = 0; ti < MBP_ARRAY_SIZE(threads); ti++) {
+				if (threads[ti] > S || !runs_on(kinds[k], S, threads[ti]))
 					continue;
 				struct rig r;
-				rig_new(&r, S, kinds[k], threads[ti], k != 2 && (S & 1));
+				rig_new(&r, S, kinds[k], threads[ti], !zero_bubble(kinds[k]) && (S & 1));
 				for (unsigned step = 0; step < 2; step++) {
 					make_data(in, tg, 40, step);
-					ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 40, 5, NULL), 0);
+					ck_assert_msg(mbp_trainer_step(r.t, in, tg, 40, 5, NULL) == 0,
+						      "%s S=%u T=%u", mbp_sched_name(kinds[k]), S,
+						      threads[ti]);
 				}
 				params_equal(r.st, ref, S);
 				no_buffer_out(r.t);
+				/* each chunk ran on the thread its placement names */
+				mbp_train_stage_stats ss[8];
+				ck_assert_int_eq(mbp_trainer_stats_get(r.t, NULL, ss, S), (int)S);
+				const mbp_schedule *sc = mbp_trainer_schedule(r.t);
+				for (unsigned s = 0; s < S; s++)
+					ck_assert_uint_eq(ss[s].thread,
+							  mbp_schedule_thread_of(sc, s, threads[ti]));
 				mbp_trainer_destroy(r.t);
 			}
 	}
+}
+END_TEST
+
+START_TEST(a_schedule_read_from_text_trains_bit_for_bit)
+{
+	/* 3 stages on 2 threads, stages 0 and 2 on thread 0 (placed as no rule of ours places them), 8
+	 * micro-batches of 5 rows: a GPipe-like order with stage 1's weight gradients deferred to its end */
+	char text[1024];
+	size_t k = 0;
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "0F%u,", j);
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "2F%u,2B%u,", j, j);
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "0B%u%s", j, j < 7 ? "," : "\n");
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "1F%u,", j);
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "1I%u,", j);
+	for (unsigned j = 0; j < 8; j++)
+		k += (size_t)snprintf(text + k, sizeof(text) - k, "1W%u%s", j, j < 7 ? "," : "\n");
+	mbp_schedule *sc;
+	mbp_sched_text_error e;
+	ck_assert_msg(mbp_schedule_read_csv(&sc, text, k, 0, &e) == 0, "line %u %s: %s", e.line, e.action,
+		      e.what);
+	struct toy ref[3];
+	float in[40 * N], tg[40 * N];
+	for (unsigned s = 0; s < 3; s++)
+		toy_init(&ref[s], s + 1);
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .max_mb_rows = 16,
+			    .max_mbs = 32,
+			    .schedule = MBP_SCHED_CUSTOM,
+			    .custom = sc,
+			    .loss = mse};
+	struct rig r;
+	rig_build(&r, 3, &o, false, NULL);
+	mbp_schedule_destroy(sc); /* the trainer has its copy */
+	ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+	for (unsigned step = 0; step < 2; step++) {
+		make_data(in, tg, 40, step);
+		reference_step(ref, 3, in, tg, 40, 5);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 40, 5, NULL), 0);
+	}
+	params_equal(r.st, ref, 3);
+	mbp_train_stage_stats ss[3];
+	ck_assert_int_eq(mbp_trainer_stats_get(r.t, NULL, ss, 3), 3);
+	ck_assert(ss[0].thread == 0 && ss[1].thread == 1 && ss[2].thread == 0);
+	/* the schedule's 8 micro-batches, no other count */
+	ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 40, 10, NULL), -EINVAL);
+	no_buffer_out(r.t);
+	mbp_trainer_destroy(r.t);
+	/* its stage count must be the trainer's; a custom kind needs a schedule, a schedule the kind */
+	ck_assert_int_eq(mbp_schedule_read_csv(&sc, text, k, 0, NULL), 0);
+	o.custom = sc;
+	rig_build(&r, 2, &o, false, NULL);
+	ck_assert_int_eq(mbp_trainer_start(r.t), -EINVAL);
+	mbp_trainer_destroy(r.t);
+	mbp_trainer *t;
+	o.schedule = MBP_SCHED_1F1B;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), -EINVAL);
+	o.schedule = MBP_SCHED_CUSTOM;
+	o.custom = NULL;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), -EINVAL);
+	mbp_schedule_destroy(sc);
+}
+END_TEST
+
+START_TEST(a_chunked_schedule_refuses_a_thread_count_it_cannot_place)
+{
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .schedule = MBP_SCHED_ZBV,
+			    .threads = 3,
+			    .loss = mse};
+	struct rig r;
+	rig_build(&r, 4, &o, false, NULL);
+	ck_assert_int_eq(mbp_trainer_start(r.t), -EINVAL);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_trainer_error(r.t, &e), 0);
+	ck_assert_int_eq(e.stage, -1);
+	ck_assert_ptr_nonnull(e.what);
+	ck_assert_ptr_nonnull(strstr(e.what, "threads"));
+	mbp_trainer_destroy(r.t);
+	/* 0 threads: two chunks a thread */
+	o.threads = 0;
+	o.schedule = MBP_SCHED_INTERLEAVED;
+	rig_build(&r, 4, &o, false, NULL);
+	ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+	mbp_train_stats st;
+	ck_assert_int_eq(mbp_trainer_stats_get(r.t, &st, NULL, 0), 4);
+	ck_assert_uint_eq(st.threads, 2);
+	mbp_trainer_destroy(r.t);
 }
 END_TEST
 
@@ -693,7 +814,7 @@ START_TEST(invalid_arguments_return_documented_errors)
 	bad.target_row_bytes = (size_t)UINT32_MAX + 1; /* its products with the row counts must not wrap */
 	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
 	bad = o;
-	bad.schedule = (mbp_sched_kind)7;
+	bad.schedule = (mbp_sched_kind)99;
 	ck_assert_int_eq(mbp_trainer_new(&t, &bad), -EINVAL);
 	ck_assert_int_eq(mbp_trainer_new(NULL, &o), -EINVAL);
 	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
@@ -1172,6 +1293,8 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, toy_pipeline_gradients_equal_a_sequential_reference);
 	tcase_add_test(tc, every_schedule_and_thread_count_gives_identical_parameters);
+	tcase_add_test(tc, a_chunked_schedule_refuses_a_thread_count_it_cannot_place);
+	tcase_add_test(tc, a_schedule_read_from_text_trains_bit_for_bit);
 	tcase_add_test(tc, stash_high_water_marks_equal_the_schedules_figures);
 	tcase_add_test(tc, zbh1_refuses_a_stage_without_split_backward);
 	tcase_add_test(tc, injected_failure_at_any_operation_leaves_every_parameter_unchanged);

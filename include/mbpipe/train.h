@@ -33,13 +33,25 @@
  *          and B_w of equal cost the bubble is about a third of 1F1B's. A deferred B_w keeps its
  *          micro-batch's stash, input and output gradient until it runs: up to min(S, M) micro-batches
  *          are held by a stage at once, which is 1F1B's peak at stage 0 (the "held" figure below).
- * Activation memory. Each micro-batch's stash (from F to its last backward) and work buffer (a stage that
- * recomputes: from its recomputation to its last backward) come from an activation pool of their own,
- * taken without a thread cache, so that its high-water mark (mbp_train_stats.act_pool) is exactly the
- * most of them held at once; the trainer counts the same buffers and their bytes (rows x width) per stage
- * and over all stages (mbp_train_stage_stats.act_*, mbp_train_stats.act_peak_*). Not counted there:
- * each micro-batch's input to a stage (the previous stage's output, kept from F to the last backward)
- * and its gradients, which are buffers of the trainer's other pool (mbp_train_stats.pool).
+ *   Chunked (train.h, "Chunks": S chunks on p threads), F = B_in = B_w, 2 threads, M = 8, bubbles as
+ *   mbp_schedule_simulate predicts them against 1F1B's 0.111 (one stage per thread):
+ *   interleaved  (interleaved 1F1B, Megatron-LM) v chunks a thread, chunk c on thread c mod p; rounds of
+ *          about p micro-batches through each chunk in turn, 1F1B's warm-up plus (v - 1) rounds. Bubble
+ *          about 1/v of 1F1B's (0.059 with v = 2); stash peak of thread t (v - 1) * round + 2(p - 1 - t)
+ *          + 1 micro-batch chunks.
+ *   looped-bfs  (breadth-first, Lamy-Poirier 2022) the same placement, all M micro-batches through one
+ *          chunk before the next, then the backwards the same way up. Interleaved's bubble at v * M
+ *          micro-batch chunks held.
+ *   zbh2   (Qi et al. 2023) one stage per thread, built by the greedy list scheduler (mbp_schedule_build's
+ *          rule) with unit costs and 2S - 1 micro-batches held at most per stage, about twice 1F1B's. With
+ *          F = B_in = B_w its bubble is ZB-H1's, already the least that one stage per thread allows
+ *          ((S-1)/(3M+S-1): the last stage starts after S - 1 forwards); it gains where costs differ.
+ *   zbv    (ZB-V, Qi et al. 2024; PyTorch's ScheduleZBVZeroBubble) two chunks per thread in a V (thread t:
+ *          chunks t and 2p - 1 - t). Bubble 0.020; held peak per thread 2p micro-batch chunks, the same
+ *          memory as 1F1B's p micro-batches of a whole stage.
+ *   dualpipev  (DeepSeek-V3's DualPipe folded into a V; PyTorch's ScheduleDualPipeV) the V placement, the
+ *          forward of one micro-batch and the backward of another back to back in the steady state (run
+ *          one after the other here), zero-bubble B_in/W at the ends. M >= S. Bubble 0.020, held 2p + 1.
  * Every stage's list is a projection of one global order (a valid order of all operations of the step in
  * which each operation comes after what it depends on), so no two stages can wait on each other; a thread
  * that runs several stages follows the merged order of its stages. Under GPipe and 1F1B a stage that gives
@@ -47,6 +59,15 @@
  * framework that sees one backward does); only ZB-H1 separates them. Every schedule runs each stage's
  * weight-gradient operations in micro-batch order, so the parameters after a step are bit for bit the same
  * under every schedule and any thread count (given deterministic stage functions).
+ *
+ * Activation memory. Each micro-batch's stash (from F to its last backward) and work buffer (a stage that
+ * recomputes: from its recomputation to its last backward) come from an activation pool of their own,
+ * taken without a thread cache, so that its high-water mark (mbp_train_stats.act_pool) is exactly the
+ * most of them held at once; the trainer counts the same buffers and their bytes (rows x width) per stage
+ * and over all stages (mbp_train_stage_stats.act_*, mbp_train_stats.act_peak_*). Under a chunked schedule
+ * each chunk is a stage here: a thread that runs several chunks holds the sum of theirs. Not counted there:
+ * each micro-batch's input to a stage (the previous stage's output, kept from F to the last backward)
+ * and its gradients, which are buffers of the trainer's other pool (mbp_train_stats.pool).
  *
  * Thread safety: an mbp_schedule is immutable once built (any threads may read it). A trainer is driven by
  * one controlling thread (start, step, destroy); mbp_trainer_cancel and mbp_trainer_stats_get may be
@@ -72,6 +93,15 @@ typedef enum mbp_sched_kind {
 	MBP_SCHED_GPIPE = 1,
 	MBP_SCHED_1F1B = 2,
 	MBP_SCHED_ZBH1 = 3,
+	MBP_SCHED_INTERLEAVED = 4, /**< interleaved 1F1B: v chunks per thread, chunk c on thread c mod p */
+	MBP_SCHED_LOOPED_BFS =
+	    5,		    /**< looped BFS: the same placement, every micro-batch through a chunk first */
+	MBP_SCHED_ZBH2 = 6, /**< ZB-H2: zero bubble at about twice 1F1B's memory (one stage per thread) */
+	MBP_SCHED_ZBV = 7,  /**< ZB-V: two chunks per thread in a V (thread t: chunks t and 2p-1-t) */
+	MBP_SCHED_DUALPIPEV = 8, /**< DualPipeV: the V placement, forward and backward of two micro-batches
+				        back to back */
+	MBP_SCHED_AUTO = 9,	 /**< built from costs (mbp_schedule_build) */
+	MBP_SCHED_CUSTOM = 10,	 /**< read from text (mbp_schedule_read_csv) */
 } mbp_sched_kind;
 
 typedef enum mbp_op_kind {
@@ -98,7 +128,8 @@ typedef struct mbp_schedule mbp_schedule;
 #define MBP_TRAIN_MAX_MBS 65536u
 
 /**
- * Build a schedule for `stages` stages and `mbs` micro-batches. Pair with mbp_schedule_destroy().
+ * Build a schedule for `stages` stages and `mbs` micro-batches. Pair with mbp_schedule_destroy(). A chunked
+ * kind gets its default threads (mbp_schedule_new_placed with 0: two chunks a thread).
  * @return 0, -EINVAL (NULL, stages 0 or above MBP_MAX_STAGES, mbs 0 or above MBP_TRAIN_MAX_MBS, an unknown
  *         kind), -ENOMEM.
  */
@@ -122,10 +153,110 @@ unsigned mbp_schedule_stash_peak(const mbp_schedule *sc, unsigned stage);
  * not. Equals the stash peak except under ZB-H1. 0: bad stage. */
 unsigned mbp_schedule_held_peak(const mbp_schedule *sc, unsigned stage);
 
-/** "gpipe", "1f1b", "zbh1" (for MBP_SCHED_DEFAULT: "1f1b"); "?" for anything else. */
+/** "gpipe", "1f1b", "zbh1", "interleaved", "looped-bfs", "zbh2", "zbv", "dualpipev", "auto", "custom" (for
+ * MBP_SCHED_DEFAULT: "1f1b"); "?" for anything else. */
 const char *mbp_sched_name(mbp_sched_kind kind);
-/** Parse "gpipe", "1f1b", "zbh1" (also "zb-h1", "zb", case-insensitive). @return 0 or -EINVAL. */
+/** Parse a name of mbp_sched_name (also "zb-h1", "zb", "zb-h2", "zb-v", "interleaved-1f1b", "i1f1b",
+ * "loopedbfs", "bfs", "dualpipe-v", case-insensitive; not "custom"). @return 0 or -EINVAL. */
 int mbp_sched_parse(const char *name, mbp_sched_kind *kind);
+
+/**
+ * Chunks. A schedule's stages may be chunks of a model placed on fewer threads than there are chunks, by
+ * a placement rule that the schedule fixes (mbp_schedule_new_placed):
+ *   block        stage s on thread s * T / S, consecutive stages sharing one (GPipe, 1F1B, ZB-H1, ZB-H2:
+ *                any thread count T at most S, chosen when the schedule is played or run);
+ *   interleaved  chunk c on thread c mod p (interleaved 1F1B, looped BFS: S = v * p, v chunks a thread);
+ *   V            chunk c on thread c for c < p, 2p - 1 - c after (ZB-V, DualPipeV: S = 2p);
+ *   custom       what a schedule read from text says (each stage on the one thread that runs it).
+ * The hop between two chunks of one thread is no hand-off to another thread (the thread keeps the
+ * buffer); a hop to another thread goes through a ring as between stages.
+ */
+typedef enum mbp_sched_place {
+	MBP_PLACE_BLOCK = 0,
+	MBP_PLACE_INTERLEAVED = 1,
+	MBP_PLACE_V = 2,
+	MBP_PLACE_CUSTOM = 3,
+} mbp_sched_place;
+
+/**
+ * Build a schedule of `stages` chunks on `threads` threads. For the block kinds `threads` may be 0 (any
+ * thread count, as mbp_schedule_new); interleaved 1F1B and looped BFS need stages a multiple of threads
+ * (0: stages / 2, two chunks a thread); ZB-V and DualPipeV need stages == 2 * threads (0: stages / 2).
+ * DualPipeV needs mbs >= stages. Pair with mbp_schedule_destroy().
+ * @return 0, -EINVAL (what mbp_schedule_new refuses; a thread count the kind cannot place), -ENOMEM.
+ */
+int mbp_schedule_new_placed(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs,
+			    unsigned threads);
+
+/** The schedule's placement and thread count (0 for the block placement: any). */
+mbp_sched_place mbp_schedule_placement(const mbp_schedule *sc);
+unsigned mbp_schedule_threads(const mbp_schedule *sc);
+
+/** The thread that runs stage `stage` when the schedule runs on `threads` threads (the block placement's
+ * s * T / S; the others' own, where `threads` must be 0 or theirs). UINT32_MAX for a bad argument. */
+unsigned mbp_schedule_thread_of(const mbp_schedule *sc, unsigned stage, unsigned threads);
+
+/** What a thread holds and hands on in a step, over its chunks (each chunk's micro-batch counts one: a
+ * chunk of a V schedule on p threads is half a stage of 1F1B on the same p threads). */
+typedef struct mbp_sched_thread_figures {
+	unsigned stash_peak; /**< most micro-batch chunks whose F ran and whose B (or B_in) has not */
+	unsigned held_peak;  /**< most whose F ran and whose last backward operation (B or W) has not */
+	unsigned hops;	     /**< hand-offs to another thread: outputs and input gradients pushed on a ring */
+	unsigned local_hops; /**< hops to a chunk of the same thread (no hand-off) */
+} mbp_sched_thread_figures;
+
+/** Thread `thread`'s figures when the schedule runs on `threads` threads (0: the schedule's own, or one
+ * per stage). @return 0, -EINVAL. */
+int mbp_schedule_thread_figures(const mbp_schedule *sc, unsigned threads, unsigned thread,
+				mbp_sched_thread_figures *out);
+
+/**
+ * Schedules as text: torch.distributed.pipelining's per-rank action lists in its compute-only CSV layout
+ * (PipelineScheduleMulti._dump_csv and _load_csv): one row per thread (a rank there), its actions in the
+ * order it runs them, comma-separated; an action is "<stage><kind><micro-batch>", kind F (forward), B
+ * (whole backward), I (input gradient, B_in) or W (weight gradient), such as 0F1, 1I1, 1W1, 0B1; an empty
+ * cell is a bubble (skipped). PyTorch's overlapped pair "(0F1;3B0)OVERLAP_F_B" reads as its actions in
+ * turn. Stages and micro-batches count from 0: the stage count is the highest stage plus one, the
+ * micro-batch count the highest micro-batch plus one.
+ */
+
+/** Where a schedule's text breaks a rule: the line (1-based, a thread's row) and column (1-based action
+ * index in it; 0 for the whole line), the action as written (or the missing one), and what is wrong. */
+typedef struct mbp_sched_text_error {
+	unsigned line, column;
+	char action[32];
+	char what[160];
+} mbp_sched_text_error;
+
+/**
+ * Read a schedule from `len` bytes of CSV text. Refused, naming the line and the action in `err` (if not
+ * NULL): a cell that is no compute action; a stage on two lines; a micro-batch missing or repeated, or
+ * out of micro-batch order within its stage and kind (mbpipe's rule: each stage runs its forwards, its
+ * backwards and its weight gradients in micro-batch order, which keeps the parameters bit for bit the
+ * same under every schedule; PyTorch's looped BFS runs its backwards in reverse and is refused here); a
+ * W without its I before it; a dependency broken (an action before what it needs in its own line) or a
+ * deadlock (lines waiting on each other); a thread holding more than `held_limit` micro-batch chunks at
+ * once (0: no limit). The schedule's kind is MBP_SCHED_CUSTOM, its placement custom, one thread per line.
+ * @return 0, -EINVAL (NULL, a refused schedule: err says why), -E2BIG (more than MBP_MAX_STAGES stages or
+ *         MBP_TRAIN_MAX_MBS micro-batches), -ENOMEM.
+ */
+int mbp_schedule_read_csv(mbp_schedule **sp, const char *text, size_t len, unsigned held_limit,
+			  mbp_sched_text_error *err);
+
+/** mbp_schedule_read_csv() of the file at `path`. @return as it, or -errno of opening or reading it
+ * (-EIO), -ENOMEM. */
+int mbp_schedule_load_csv(mbp_schedule **sp, const char *path, unsigned held_limit,
+			  mbp_sched_text_error *err);
+
+/**
+ * Write the schedule as that CSV, one line per thread of `threads` (as mbp_schedule_thread_of: 0 for a
+ * chunked schedule's own or one per stage), into buf (cap bytes, NUL-terminated when cap > 0). Returns
+ * the length of the whole text (without its NUL) as snprintf does, or 0 for a bad argument.
+ */
+size_t mbp_schedule_write_csv(const mbp_schedule *sc, unsigned threads, char *buf, size_t cap);
+
+/** A copy of `sc` (its own; pair with mbp_schedule_destroy). @return 0, -EINVAL, -ENOMEM. */
+int mbp_schedule_copy(mbp_schedule **sp, const mbp_schedule *sc);
 
 /** Cost of each operation of one stage, in any unit (nanoseconds from measurements, or 1 each). */
 typedef struct mbp_op_costs {
@@ -141,14 +272,41 @@ typedef struct mbp_sched_sim {
 
 /**
  * Play the schedule with the given per-stage costs (`costs[s]`, S entries) on `threads` threads (stage s on
- * thread s * threads / S, as the trainer places them; 0 means one per stage): each operation starts when
+ * thread s * threads / S, as the trainer places them; 0 means one per stage; a chunked schedule on its own
+ * threads, mbp_schedule_thread_of, 0 or its count): each operation starts when
  * its thread is free and what it depends on is done. `start`, if not NULL, receives the start time of each
  * operation of the global order (mbp_schedule_order's indices), for drawing. This is the bubble the
  * schedule predicts.
- * @return 0, -EINVAL (NULL, threads above the stage count, a negative cost).
+ * @return 0, -EINVAL (NULL, threads above the stage count or not a chunked schedule's own, a negative
+ *         cost).
  */
 int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 			  mbp_sched_sim *out, double *start);
+
+/** What mbp_schedule_build() builds a schedule for. A zeroed field is its default where it has one. */
+typedef struct mbp_sched_build {
+	unsigned stages, mbs;	   /**< required: as mbp_schedule_new's */
+	unsigned threads;	   /**< 0: one per stage */
+	const mbp_op_costs *costs; /**< required: per stage (chunk), as measured (mbp_schedule_simulate's) */
+	unsigned held_limit;	   /**< most micro-batch chunks a thread may hold (mbp_sched_thread_figures
+				        .held_peak); 0: no limit */
+	bool split;		   /**< the stages give B_in and B_w apart (else whole backwards only) */
+} mbp_sched_build;
+
+/**
+ * Build a schedule from costs (MBP_SCHED_AUTO, for --schedule auto): the greedy list scheduler (the rule
+ * of ZB-H2, train.h above: of the threads the one that can start an operation earliest takes one; of its
+ * ready operations a backward first, then a forward while the thread holds fewer than its limit, then the
+ * oldest weight gradient; the chunk nearest the loss first) played with these costs, on the block
+ * placement and, where they fit the thread count, the interleaved and V ones, at limits up to
+ * held_limit; and every fixed schedule that fits the thread count and the limit (the zero-bubble ones
+ * only where split). The one whose simulated makespan (mbp_schedule_simulate on `threads`) is the least
+ * wins (ties: the earlier tried, the fixed ones first), so its bubble is at most every fixed schedule's
+ * at the same held limit. Its threads are fixed: it runs on `threads` threads.
+ * @return 0, -EINVAL (NULL, a bad count, a negative or non-finite cost), -ENOSPC (nothing fits the
+ *         limit), -ENOMEM.
+ */
+int mbp_schedule_build(mbp_schedule **sp, const mbp_sched_build *b);
 
 /* ---- the trainer ---- */
 
@@ -244,15 +402,20 @@ typedef struct mbp_train_opts {
 	size_t target_row_bytes; /**< width of a target row (required, > 0, at most UINT32_MAX) */
 	uint32_t max_mb_rows;	 /**< largest micro-batch; sizes the buffers. 0: 64 */
 	uint32_t max_mbs;	 /**< largest micro-batch count of a step. 0: 64 */
-	mbp_sched_kind schedule; /**< 0: 1F1B */
-	uint32_t threads;	 /**< worker threads, at most the stages (mbp_trainer_start refuses more);
+	mbp_sched_kind schedule; /**< 0: 1F1B; MBP_SCHED_CUSTOM or MBP_SCHED_AUTO: `custom` */
+	/** MBP_SCHED_CUSTOM or MBP_SCHED_AUTO (and only then): the schedule to follow (read from text, or
+	 * built from costs by mbp_schedule_build), copied by mbp_trainer_new. Its stage count must be the trainer's, its
+	 * threads and placement are the trainer's, and every step must have its micro-batch count (a step of
+	 * another count fails with -EINVAL). */
+	const mbp_schedule *custom;
+	uint32_t threads;      /**< worker threads, at most the stages (mbp_trainer_start refuses more);
 				      0: min(stages, allowed CPUs under the cgroup quota) */
-	mbp_pin_mode pinning;	 /**< 0: MBP_PIN_PLAN, each thread pinned to a CPU as a pipeline's are
+	mbp_pin_mode pinning;  /**< 0: MBP_PIN_PLAN, each thread pinned to a CPU as a pipeline's are
 				      (pipeline.h, "Placement"); MBP_PIN_NONE: the OS places them */
-	uint64_t spin_ns;	 /**< spin budget of a waiting thread. 0: 20 us, as the pipeline's;
+	uint64_t spin_ns;      /**< spin budget of a waiting thread. 0: 20 us, as the pipeline's;
 				      MBP_SPIN_NONE: none (and none when threads outnumber the CPUs) */
-	uint32_t trace_events;	 /**< operations kept per stage for the Chrome trace; 0: tracing off */
-	mbp_loss_fn loss;	 /**< required */
+	uint32_t trace_events; /**< operations kept per stage for the Chrome trace; 0: tracing off */
+	mbp_loss_fn loss;      /**< required */
 	void *loss_arg;
 } mbp_train_opts;
 
@@ -278,8 +441,13 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
  * one thread run their init in stage order (every init runs, also after one failed; then no step runs and
  * the fini of each stage whose init succeeded runs on its thread) and their fini in reverse order; each
  * thread is named mbp-train-<first>[-<last>] for its stages.
- * @return 0, -EINVAL (no stages; more threads than stages, as mbp_schedule_simulate() refuses them; ZB-H1
- *         with a stage that gives no backward_in/backward_w, or a last stage whose grad_row_bytes is not
+ * Under a chunked schedule (interleaved, looped BFS, ZB-V, DualPipeV) the stages are its chunks, placed
+ * by its rule on `threads` threads (0: two chunks a thread), and a thread runs the chunks its placement
+ * gives it, their init and fini in stage order as above.
+ * @return 0, -EINVAL (no stages; more threads than stages, as mbp_schedule_simulate() refuses them; a
+ *         thread count a chunked schedule cannot place, or a chunked schedule across ranks; ZB-H1, ZB-H2,
+ *         ZB-V or DualPipeV with a stage that gives no backward_in/backward_w, or a last stage whose
+ *         grad_row_bytes is not
  *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
  *         what is wrong in `what`), -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the
  *         error of the first stage whose init failed.
@@ -292,12 +460,13 @@ int mbp_trainer_start(mbp_trainer *t);
  * when the step failed (then no stage updated, every buffer is back in the pool and the next step runs
  * normally). The step number advances only on success.
  * @param loss if not NULL, receives the summed loss of the step
- * @return 0; -EINVAL (NULL, rows 0, mb_rows 0); -E2BIG (mb_rows above max_mb_rows, or more micro-batches
- *         than max_mbs); -ENOTCONN (not started); -ESHUTDOWN (cancelled or drained); -ECANCELED (cancelled during the
- *         step); -EDOM (non-finite loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); the
- *         error a stage's operation or check returned (then no stage updated); -ENOTRECOVERABLE (a
- *         stage's update refused after its check accepted, or this happened at an earlier step: the
- *         stages' parameters are no longer those of one step, and the trainer runs no more steps).
+ * @return 0; -EINVAL (NULL, rows 0, mb_rows 0, under DualPipeV fewer micro-batches than stages); -E2BIG
+ *         (mb_rows above max_mb_rows, or more micro-batches than max_mbs); -ENOTCONN (not started);
+ *         -ESHUTDOWN (cancelled or drained); -ECANCELED (cancelled during the step); -EDOM (non-finite
+ *         loss, or a stage's grad_sq not finite); -ENOBUFS (buffer bound); the error a stage's operation
+ *         or check returned (then no stage updated); -ENOTRECOVERABLE (a stage's update refused after
+ *         its check accepted, or this happened at an earlier step: the stages' parameters are no longer
+ *         those of one step, and the trainer runs no more steps).
  *         mbp_trainer_error() says which stage, operation and micro-batch failed.
  */
 int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t rows, uint32_t mb_rows,

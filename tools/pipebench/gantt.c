@@ -243,23 +243,25 @@ static size_t predicted_spans(const pb_train_result *r, unsigned S, unsigned M, 
 			      unsigned *st, double *makespan)
 {
 	mbp_schedule *sc = NULL;
-	double sum[MBP_MAX_STAGES][3] = {{0}}, cnt[MBP_MAX_STAGES][3] = {{0}};
+	double sum[MBP_MAX_STAGES][4] = {{0}}, cnt[MBP_MAX_STAGES][4] = {{0}}; /* per mbp_op_kind */
 	for (size_t e = 0; e < r->nev; e++) {
 		const mbp_train_event *ev = &r->ev[e];
-		int k = ev->kind == MBP_OP_F ? 0 : ev->kind == MBP_OP_W ? 2 : 1;
-		if (ev->stage < S) {
-			sum[ev->stage][k] += (double)(ev->t1_ns - ev->t0_ns);
-			cnt[ev->stage][k]++;
+		if (ev->stage < S && ev->kind <= MBP_OP_W) {
+			sum[ev->stage][ev->kind] += (double)(ev->t1_ns - ev->t0_ns);
+			cnt[ev->stage][ev->kind]++;
 		}
 	}
 	mbp_op_costs c[MBP_MAX_STAGES];
 	for (unsigned s = 0; s < S; s++) {
-		double m[3];
-		for (int k = 0; k < 3; k++)
+		double m[4];
+		for (int k = 0; k < 4; k++)
 			m[k] = cnt[s][k] ? sum[s][k] / cnt[s][k] : 0;
-		c[s] = (mbp_op_costs){m[0], m[1], m[2]}; /* a B costs b_in + b_w: its W is 0 here */
+		/* a B costs b_in + b_w: where the stage splits none, its W is 0 here */
+		c[s] = cnt[s][MBP_OP_BIN] && cnt[s][MBP_OP_W] ? (mbp_op_costs){m[0], m[2], m[3]}
+							      : (mbp_op_costs){m[0], m[1], 0};
 	}
-	if (mbp_schedule_new(&sc, r->kind, S, M) < 0)
+	(void)M;
+	if (!r->sched || mbp_schedule_copy(&sc, r->sched) < 0)
 		return 0;
 	const mbp_sched_op *ops;
 	size_t n = mbp_schedule_order(sc, &ops);
@@ -283,13 +285,21 @@ static size_t predicted_spans(const pb_train_result *r, unsigned S, unsigned M, 
 	return n;
 }
 
-/* Stages that share stage s's thread (stage s runs on thread s T / S). */
-static unsigned sharing(unsigned s, unsigned S, unsigned T)
+/* Stages (chunks) that share stage s's thread under result r's schedule on T threads. */
+static unsigned sharing(const pb_train_result *r, unsigned s, unsigned M, unsigned T)
 {
-	unsigned k = 0;
-	for (unsigned q = 0; q < S; q++)
-		k += q * T / S == s * T / S;
-	return k;
+	(void)M;
+	unsigned k = 0, mine = mbp_schedule_thread_of(r->sched, s, T);
+	for (unsigned q = 0; q < r->stages; q++)
+		k += mbp_schedule_thread_of(r->sched, q, T) == mine;
+	return k ? k : 1;
+}
+
+/* The thread of chunk s under result r's schedule. */
+static unsigned sharing_thread(const pb_train_result *r, unsigned s, unsigned M)
+{
+	(void)M;
+	return mbp_schedule_thread_of(r->sched, s, r->threads);
 }
 
 /* What the training charts draw, text or SVG: each schedule's measured step and its prediction, on one
@@ -306,9 +316,10 @@ struct train_chart {
 static void train_chart_init(struct train_chart *c, const pb_train_report *rep)
 {
 	memset(c, 0, sizeof(*c));
-	c->S = rep->cfg->stages;
+	for (unsigned i = 0; i < rep->n; i++) /* the most stages (chunks) of any schedule */
+		c->S = rep->r[i].stages > c->S ? rep->r[i].stages : c->S;
 	c->nmax = (size_t)3 * c->S * rep->cfg->mbs;
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+	for (unsigned i = 0; i < rep->n; i++) {
 		const pb_train_result *r = &rep->r[i];
 		if (!r->nev)
 			continue;
@@ -317,8 +328,9 @@ static void train_chart_init(struct train_chart *c, const pb_train_report *rep)
 		c->pred[i] = malloc(c->nmax * sizeof(struct span));
 		c->pst[i] = malloc(c->nmax * sizeof(unsigned));
 		if (c->pred[i] && c->pst[i])
-			c->npred[i] = predicted_spans(r, c->S, rep->cfg->mbs, r->threads ? r->threads : c->S,
-						      c->pred[i], c->pst[i], &c->makespan[i]);
+			c->npred[i] =
+			    predicted_spans(r, r->stages, rep->cfg->mbs, r->threads ? r->threads : r->stages,
+					    c->pred[i], c->pst[i], &c->makespan[i]);
 		if (c->makespan[i] > c->scale)
 			c->scale = c->makespan[i];
 	}
@@ -351,7 +363,6 @@ static size_t train_spans(const struct train_chart *c, const pb_train_result *r,
 
 void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
 {
-	const unsigned S = rep->cfg->stages;
 	struct train_chart ch;
 	train_chart_init(&ch, rep);
 	const size_t nmax = ch.nmax;
@@ -372,22 +383,33 @@ void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
 	    "schedule\nplayed with that step's mean operation costs (p0, p1, ...), on one time scale (each "
 	    "column %.3g ms):\n",
 	    scale / cols / 1e6);
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+	for (unsigned i = 0; i < rep->n; i++) {
 		const pb_train_result *r = &rep->r[i];
 		if (!r->nev)
 			continue;
 		double busy = 0;
 		for (size_t e = 0; e < r->nev; e++)
 			busy += (double)(r->ev[e].t1_ns - r->ev[e].t0_ns);
+		const unsigned S = r->stages, M = rep->cfg->mbs;
 		unsigned T = r->threads ? r->threads : S;
 		char span[32];
 		fmt_ms(span, sizeof(span), (double)r->ev_step_ns);
 		fprintf(f, "%s: %s, bubble %.3f (median of the steps %.3f, predicted %.3f)\n",
 			mbp_sched_name(r->kind), span, 1 - busy / (T * (double)r->ev_step_ns),
 			r->bubble.median, r->bubble_predicted);
+		if (r->chunks > 1) { /* which chunks each thread runs */
+			fprintf(f, "  chunks on threads:");
+			for (unsigned t = 0; t < T; t++) {
+				fprintf(f, "%s t%u", t ? ";" : "", t);
+				for (unsigned s = 0, k = 0; s < S; s++)
+					if (sharing_thread(r, s, M) == t)
+						fprintf(f, "%cs%u", k++ ? ',' : ' ', s);
+			}
+			fputc('\n', f);
+		}
 		for (unsigned s = 0; s < S; s++) {
 			size_t n = train_spans(&ch, r, i, s, true, sp);
-			render_spans(sp, n, sharing(s, S, T), (double)r->ev_step_ns, cols, scale, row);
+			render_spans(sp, n, sharing(r, s, M, T), (double)r->ev_step_ns, cols, scale, row);
 			fprintf(f, "s%-2u |%s|\n", s, row);
 		}
 		if (!ch.npred[i])
@@ -396,7 +418,7 @@ void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
 		fprintf(f, "  predicted: %s\n", span);
 		for (unsigned s = 0; s < S; s++) {
 			size_t n = train_spans(&ch, r, i, s, false, sp);
-			render_spans(sp, n, sharing(s, S, T), ch.makespan[i], cols, scale, row);
+			render_spans(sp, n, sharing(r, s, M, T), ch.makespan[i], cols, scale, row);
 			fprintf(f, "p%-2u |%s|\n", s, row);
 		}
 	}
@@ -560,13 +582,13 @@ int pb_gantt_svg(const char *path, const pb_timeline *a, const pb_timeline *b, c
 
 int pb_train_gantt_svg(const char *path, const pb_train_report *rep, char *err, size_t errlen)
 {
-	const unsigned S = rep->cfg->stages;
 	struct train_chart ch;
 	train_chart_init(&ch, rep);
 	double height = SVG_BOTTOM;
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+	for (unsigned i = 0; i < rep->n; i++)
 		if (rep->r[i].nev)
-			height += SVG_TITLE + (ch.npred[i] ? 2 : 1) * S * (SVG_ROW + SVG_PAD) + 8;
+			height +=
+			    SVG_TITLE + (ch.npred[i] ? 2 : 1) * rep->r[i].stages * (SVG_ROW + SVG_PAD) + 8;
 	struct span *sp = malloc(ch.nmax * sizeof(*sp));
 	mbp_file *file = NULL;
 	int rc = -1;
@@ -578,7 +600,7 @@ int pb_train_gantt_svg(const char *path, const pb_train_report *rep, char *err, 
 	if (file) {
 		FILE *f = mbp_file_stream(file);
 		double y = 0;
-		for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+		for (unsigned i = 0; i < rep->n; i++) {
 			const pb_train_result *r = &rep->r[i];
 			if (!r->nev)
 				continue;
@@ -596,9 +618,16 @@ int pb_train_gantt_svg(const char *path, const pb_train_report *rep, char *err, 
 			for (int measured = 1; measured >= 0; measured--) {
 				if (!measured && !ch.npred[i])
 					continue;
-				for (unsigned s = 0; s < S; s++) {
+				for (unsigned s = 0; s < r->stages; s++) {
 					size_t n = train_spans(&ch, r, i, s, measured, sp);
-					snprintf(label, sizeof(label), "%c%u", measured ? 's' : 'p', s);
+					/* a chunk's row says its thread: s3/t0 */
+					if (r->chunks > 1)
+						snprintf(label, sizeof(label), "%c%u/t%u",
+							 measured ? 's' : 'p', s,
+							 sharing_thread(r, s, rep->cfg->mbs));
+					else
+						snprintf(label, sizeof(label), "%c%u", measured ? 's' : 'p',
+							 s);
 					svg_row(f, y, label, sp, n, ch.scale, true, measured ? 1 : 0.45);
 					y += SVG_ROW + SVG_PAD;
 				}

@@ -125,6 +125,9 @@ enum {
 	OPT_MBS,
 	OPT_COSTS,
 	OPT_UNIT,
+	OPT_SCHEDULE,
+	OPT_SCHEDULE_FILE,
+	OPT_CHUNKS,
 };
 
 static const struct option long_opts[] = {
@@ -151,6 +154,9 @@ static const struct option long_opts[] = {
     {"micro-batches", required_argument, NULL, OPT_MBS},
     {"costs", required_argument, NULL, OPT_COSTS},
     {"unit-us", required_argument, NULL, OPT_UNIT},
+    {"schedule", required_argument, NULL, OPT_SCHEDULE},
+    {"chunks", required_argument, NULL, OPT_CHUNKS},
+    {"schedule-file", required_argument, NULL, OPT_SCHEDULE_FILE},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", no_argument, NULL, OPT_CSV},
     {"table", no_argument, NULL, OPT_TABLE},
@@ -202,6 +208,19 @@ void pb_options_help(FILE *f)
 	    "                           weight-gradient backward, in units of --unit-us (default: 1:1:1)\n"
 	    "      --unit-us=US         train: the unit of --costs, in microseconds of busy work\n"
 	    "                           (default: %g)\n"
+	    "      --schedule=LIST      train: the schedules measured side by side, comma-separated, of\n"
+	    "                           gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, zbv, dualpipev, "
+	    "or\n"
+	    "                           all (default: gpipe,1f1b,zbh1). The last four split each of the\n"
+	    "                           --stages stages into chunks (zbv, dualpipev: 2), each 1/chunks of\n"
+	    "                           its costs, on as many threads as there are stages\n"
+	    "      --chunks=V           train: chunks per thread of interleaved and looped-bfs (default: 2)\n"
+	    "                           auto: built from the costs (mbp_schedule_build) on 2 chunks a\n"
+	    "                           thread, holding at most what 1f1b holds (2 x stages chunks)\n"
+	    "      --schedule-file=FILE train: one more schedule, 'custom', read from FILE (PyTorch's CSV,\n"
+	    "                           a line per thread); its lines are the threads, its micro-batches\n"
+	    "                           --micro-batches' (by default), each stage 1/(stages/threads) of\n"
+	    "                           the costs\n"
 	    "\n"
 	    "Measurement (every size and the sequential baseline are visited in turn, a few batches per\n"
 	    "visit, round after round; each visit gives one repeat):\n"
@@ -268,6 +287,41 @@ static void defaults(pb_config *c)
 }
 
 /* "1:1:1", "1:2:0": three costs, each from 0 to 1000, their sum above 0. */
+/* --schedule: names of mbp_sched_parse (not auto, not twice), comma-separated, or "all". */
+static int parse_scheds(const char *s, pb_config *cfg, char *err, size_t errlen)
+{
+	static const mbp_sched_kind all[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B,	     MBP_SCHED_ZBH1,
+					     MBP_SCHED_ZBH2,  MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS,
+					     MBP_SCHED_ZBV,   MBP_SCHED_DUALPIPEV,   MBP_SCHED_AUTO};
+	cfg->nscheds = 0;
+	if (!strcmp(s, "all")) {
+		memcpy(cfg->scheds, all, sizeof(all));
+		cfg->nscheds = sizeof(all) / sizeof(all[0]);
+		return 0;
+	}
+	char buf[256];
+	snprintf(buf, sizeof(buf), "%s", s);
+	char *save = NULL;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		mbp_sched_kind k;
+		if (mbp_sched_parse(tok, &k))
+			return fail(
+			    err, errlen,
+			    "--schedule: '%s' is not gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, "
+			    "zbv, dualpipev, auto or all",
+			    tok);
+		for (unsigned i = 0; i < cfg->nscheds; i++)
+			if (cfg->scheds[i] == k)
+				return fail(err, errlen, "--schedule: '%s' twice", tok);
+		if (cfg->nscheds == sizeof(cfg->scheds) / sizeof(cfg->scheds[0]))
+			return fail(err, errlen, "--schedule: too many");
+		cfg->scheds[cfg->nscheds++] = k;
+	}
+	if (cfg->nscheds == 0)
+		return fail(err, errlen, "--schedule: '%s' names no schedule", s);
+	return 0;
+}
+
 static int parse_costs(const char *s, double *costs, char *err, size_t errlen)
 {
 	char buf[128];
@@ -461,6 +515,22 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 				return -1;
 			have_train = true;
 			break;
+		case OPT_SCHEDULE:
+			if (parse_scheds(optarg, cfg, err, errlen))
+				return -1;
+			have_train = true;
+			break;
+		case OPT_SCHEDULE_FILE:
+			cfg->schedule_file = optarg;
+			have_train = true;
+			break;
+		case OPT_CHUNKS:
+			if (parse_u64(optarg, 1, 8, &v))
+				return fail(err, errlen, "%s: '%s' is not a whole number from 1 to 8", name,
+					    optarg);
+			cfg->chunks = (unsigned)v;
+			have_train = true;
+			break;
 		case OPT_UNIT:
 			if (parse_double(optarg, 1, 1e6, &d))
 				return fail(err, errlen,
@@ -528,7 +598,9 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 	if (cfg->workload != PB_WL_MLP && (have_model || have_layers || have_hidden))
 		return fail(err, errlen, "--model, --layers and --hidden apply to --workload=mlp");
 	if (cfg->workload != PB_WL_TRAIN && have_train)
-		return fail(err, errlen, "--micro-batches, --costs and --unit-us apply to --workload=train");
+		return fail(
+		    err, errlen,
+		    "--micro-batches, --costs, --unit-us, --schedule and --chunks apply to --workload=train");
 	if (cfg->workload == PB_WL_TRAIN) {
 		if (have_batch || have_mb || cfg->latency_target_ms > 0)
 			return fail(err, errlen,

@@ -588,7 +588,7 @@ int pb_print_json(FILE *f, const pb_report *rep)
 
 static bool train_loud(const pb_train_report *rep)
 {
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+	for (unsigned i = 0; i < rep->n; i++)
 		if (rep->r[i].loud)
 			return true;
 	return !rep->noise.quiet_before;
@@ -597,9 +597,9 @@ static bool train_loud(const pb_train_report *rep)
 /* A stage list of figures, "8,8,4". */
 static const char *stage_list(const uint32_t *v, unsigned n)
 {
-	static char buf[2][MBP_MAX_STAGES * 11];
+	static char buf[3][MBP_MAX_STAGES * 11]; /* three in one line */
 	static unsigned which;
-	char *b = buf[which++ % 2];
+	char *b = buf[which++ % 3];
 	size_t len = 0;
 	b[0] = 0;
 	for (unsigned s = 0; s < n; s++)
@@ -613,31 +613,33 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 	const unsigned S = cfg->stages;
 	fprintf(f, "pipebench %s: %s\n", mbp_version(), rep->desc);
 	fprintf(f,
-		"the three schedules measured in turn, %u warm-up + measured steps per visit, at least %u %s "
+		"the %u schedules measured in turn, %u warm-up + measured steps per visit, at least %u %s "
 		"each, ",
-		cfg->warmup, cfg->batches, PLURAL(cfg->batches, "repeat", "repeats"));
+		rep->n, cfg->warmup, cfg->batches, PLURAL(cfg->batches, "repeat", "repeats"));
 	print_until(f, cfg);
 	fprintf(f, "CPUs: %u allowed, using", rep->allowed);
 	for (unsigned i = 0; i < rep->ncpus; i++)
 		fprintf(f, "%s%d", i ? "," : " ", cfg->cpus[i]);
 	unsigned T = rep->r[0].threads;
 	if (T)
-		fprintf(f, "; %u %s, pinned, stage s on thread s x %u / %u\n", T,
-			PLURAL(T, "thread", "threads"), T, S);
+		fprintf(
+		    f,
+		    "; %u %s, pinned, stage s on thread s x %u / %u (a chunked schedule: each stage as %s)\n",
+		    T, PLURAL(T, "thread", "threads"), T, S, "chunks placed by its rule");
 	else
 		fputc('\n', f);
 	print_noise(f, &rep->noise, rep->load_start, train_loud(rep));
-	fprintf(f, "\n%-8s %8s %5s %4s %8s %9s %6s %9s %8s %8s %5s %7s  %s\n", "schedule", "steps/s", "+-%",
+	fprintf(f, "\n%-11s %8s %5s %4s %8s %9s %6s %9s %8s %8s %5s %7s  %s\n", "schedule", "steps/s", "+-%",
 		"n", "step ms", "mb/s", "bubble", "predicted", "work ms", "ideal ms", "eff", "eff/id",
-		"stash peak / held peak per stage");
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+		"stash peak / held peak per stage or chunk (t: held per thread, a chunk 1/v)");
+	for (unsigned i = 0; i < rep->n; i++) {
 		const pb_train_result *r = &rep->r[i];
 		const char *name = mbp_sched_name(r->kind);
 		if (r->steps == 0) {
 			if (r->status)
-				fprintf(f, "%-8s  FAILED: %s\n", name, r->error);
+				fprintf(f, "%-11s  FAILED: %s\n", name, r->error);
 			else
-				fprintf(f, "%-8s  not measured: the run stopped\n", name);
+				fprintf(f, "%-11s  not measured: the run stopped\n", name);
 			continue;
 		}
 		char pm[16], step[16], work[16], ideal[16];
@@ -645,11 +647,14 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 		fmt_ms(step, sizeof(step), r->step_ms.median);
 		fmt_ms(work, sizeof(work), r->work_ms);
 		fmt_ms(ideal, sizeof(ideal), r->ideal_ms);
-		fprintf(f, "%-8s %8.1f %5s %4u %8s %9.0f %6.3f %9.3f %8s %8s %5.3f %7.3f  %s / %s%s%s%s\n",
-			name, r->rate.median, pm, r->repeats, step, r->mbs_per_s, r->bubble.median,
-			r->bubble_predicted, work, ideal, r->efficiency, r->eff_of_predicted,
-			stage_list(r->stash_peak, S), stage_list(r->held_peak, S), r->loud ? "  loud" : "",
-			r->status ? "  FAILED: " : "", r->status ? r->error : "");
+		fprintf(
+		    f,
+		    "%-11s %8.1f %5s %4u %8s %9.0f %6.3f %9.3f %8s %8s %5.3f %7.3f  %s / %s (t %s)%s%s%s\n",
+		    name, r->rate.median, pm, r->repeats, step, r->mbs_per_s, r->bubble.median,
+		    r->bubble_predicted, work, ideal, r->efficiency, r->eff_of_predicted,
+		    stage_list(r->stash_peak, r->stages), stage_list(r->held_peak, r->stages),
+		    stage_list(r->thread_held, r->threads), r->loud ? "  loud" : "",
+		    r->status ? "  FAILED: " : "", r->status ? r->error : "");
 	}
 	fprintf(f,
 		"(steps/s: median over the repeats, +-%%: half-width of its 95%% interval, n: repeats; "
@@ -664,9 +669,9 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 		pb_train_gantt_print(f, rep, width);
 	fprintf(f, "\npipebench: workload=train stages=%u mbs=%u costs=%g:%g:%g unit_us=%g cpus=%u", S,
 		cfg->mbs, cfg->costs[0], cfg->costs[1], cfg->costs[2], cfg->unit_us, rep->ncpus);
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+	for (unsigned i = 0; i < rep->n; i++)
 		fprintf(f, " %s_step_ms=%.3f", mbp_sched_name(rep->r[i].kind), rep->r[i].step_ms.median);
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+	for (unsigned i = 0; i < rep->n; i++)
 		fprintf(f, " %s_bubble=%.3f", mbp_sched_name(rep->r[i].kind), rep->r[i].bubble.median);
 	fprintf(f, " noise=%s status=%s\n", train_loud(rep) ? "loud" : "quiet", rep->status ? "fail" : "ok");
 	if (rep->status && rep->error[0])
@@ -680,24 +685,30 @@ void pb_train_print_csv(FILE *f, const pb_train_report *rep)
 	fprintf(f, "workload,schedule,stages,mbs,cost_f,cost_bin,cost_bw,unit_us,cpus,threads,repeats,steps,"
 		   "steps_per_s,steps_per_s_lo,steps_per_s_hi,step_ms,mbs_per_s,bubble,bubble_lo,bubble_hi,"
 		   "bubble_predicted,work_ms,ideal_ms,efficiency,eff_of_predicted,loud,loud_share,status");
-	for (unsigned s = 0; s < S; s++)
+	unsigned most = S; /* the most stages (chunks) of any schedule: the columns */
+	for (unsigned i = 0; i < rep->n; i++)
+		most = rep->r[i].stages > most ? rep->r[i].stages : most;
+	for (unsigned s = 0; s < most; s++)
 		fprintf(f, ",s%u_stash_peak,s%u_held_peak,s%u_f_us,s%u_b_us,s%u_w_us", s, s, s, s, s);
 	fputc('\n', f);
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+	for (unsigned i = 0; i < rep->n; i++) {
 		const pb_train_result *r = &rep->r[i];
 		fprintf(f,
 			"train,%s,%u,%u,%g,%g,%g,%g,%u,%u,%u,%u,%.2f,%.2f,%.2f,%.4f,%.1f,%.4f,%.4f,%.4f,%.4f,"
 			"%.4f,"
 			"%.4f,%.4f,%.4f,%d,%.3f,%s",
-			mbp_sched_name(r->kind), S, cfg->mbs, cfg->costs[0], cfg->costs[1], cfg->costs[2],
-			cfg->unit_us, rep->ncpus, r->threads, r->repeats, r->steps, r->rate.median,
-			r->rate.lo, r->rate.hi, r->step_ms.median, r->mbs_per_s, r->bubble.median,
-			r->bubble.lo, r->bubble.hi, r->bubble_predicted, r->work_ms, r->ideal_ms,
-			r->efficiency, r->eff_of_predicted, r->loud, r->loud_share,
+			mbp_sched_name(r->kind), r->stages, cfg->mbs, cfg->costs[0], cfg->costs[1],
+			cfg->costs[2], cfg->unit_us, rep->ncpus, r->threads, r->repeats, r->steps,
+			r->rate.median, r->rate.lo, r->rate.hi, r->step_ms.median, r->mbs_per_s,
+			r->bubble.median, r->bubble.lo, r->bubble.hi, r->bubble_predicted, r->work_ms,
+			r->ideal_ms, r->efficiency, r->eff_of_predicted, r->loud, r->loud_share,
 			r->status || r->steps == 0 ? "fail" : "ok");
-		for (unsigned s = 0; s < S; s++)
-			fprintf(f, ",%u,%u,%.2f,%.2f,%.2f", r->stash_peak[s], r->held_peak[s], r->op_us[s][0],
-				r->op_us[s][1], r->op_us[s][2]);
+		for (unsigned s = 0; s < most; s++)
+			if (s < r->stages)
+				fprintf(f, ",%u,%u,%.2f,%.2f,%.2f", r->stash_peak[s], r->held_peak[s],
+					r->op_us[s][0], r->op_us[s][1], r->op_us[s][2]);
+			else
+				fputs(",,,,,", f);
 		fputc('\n', f);
 	}
 }
@@ -741,6 +752,8 @@ static cJSON *json_train_result(const pb_train_result *r, unsigned S, bool gantt
 	cJSON_AddItemToObject(o, "stash_peak_schedule", json_stage_figures(r->stash_expected, S));
 	cJSON_AddItemToObject(o, "held_peak", json_stage_figures(r->held_peak, S));
 	cJSON_AddItemToObject(o, "held_peak_schedule", json_stage_figures(r->held_expected, S));
+	cJSON_AddNumberToObject(o, "chunks", r->chunks);
+	cJSON_AddItemToObject(o, "thread_held_peak", json_stage_figures(r->thread_held, r->threads));
 	cJSON *st = cJSON_AddArrayToObject(o, "stages");
 	for (unsigned s = 0; s < S; s++) {
 		cJSON *e = cJSON_CreateObject();
@@ -807,8 +820,8 @@ int pb_train_print_json(FILE *f, const pb_train_report *rep)
 	cJSON_AddItemToObject(root, "noise", json_noise(&rep->noise, train_loud(rep)));
 
 	cJSON *sc = cJSON_AddArrayToObject(root, "schedules");
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
-		cJSON_AddItemToArray(sc, json_train_result(&rep->r[i], cfg->stages, cfg->gantt));
+	for (unsigned i = 0; i < rep->n; i++)
+		cJSON_AddItemToArray(sc, json_train_result(&rep->r[i], rep->r[i].stages, cfg->gantt));
 	if (rep->zb_vs_1f1b.n) {
 		cJSON *zb = cJSON_AddObjectToObject(root, "zbh1_vs_1f1b");
 		cJSON_AddNumberToObject(zb, "ratio", rep->zb_vs_1f1b.median);

@@ -87,9 +87,15 @@ typedef struct pb_config {
 	unsigned layers;
 	unsigned hidden;
 	/* train */
-	unsigned mbs;	 /* micro-batches per step; 0: default (4 x stages) */
-	double costs[3]; /* F : B_in : B_w, in units of unit_us */
-	double unit_us;	 /* the base time of the costs */
+	unsigned mbs;		   /* micro-batches per step; 0: default (4 x stages) */
+	double costs[3];	   /* F : B_in : B_w, in units of unit_us */
+	double unit_us;		   /* the base time of the costs */
+	mbp_sched_kind scheds[16]; /* the schedules measured (--schedule), nscheds of them */
+	unsigned nscheds;	   /* 0: gpipe, 1f1b, zbh1 */
+	unsigned chunks;	   /* chunks per thread of interleaved and looped BFS (--chunks); 0: 2 */
+	const char *schedule_file; /* --schedule-file: one more arm, "custom", following it */
+	unsigned custom_stages;	   /* its stage count (the file's) */
+	mbp_schedule *custom;	   /* the file's schedule, read once (train.c) */
 } pb_config;
 
 /* ---- options.c ---- */
@@ -515,11 +521,14 @@ void pb_gantt_print(FILE *f, const pb_timeline *a, const pb_timeline *b, unsigne
 
 /* ---- train.c ---- */
 
-#define PB_TRAIN_SCHEDS 3 /* gpipe, 1f1b, zbh1: one arm each */
+#define PB_TRAIN_SCHEDS 16 /* the most schedules of one run (--schedule), one arm each */
 
 /* One schedule's measured training steps. Figures are medians over the measured steps (or visits). */
 typedef struct pb_train_result {
 	mbp_sched_kind kind;
+	unsigned stages;     /* the trainer's: the chunks of a chunked schedule (each 1/chunks of a stage) */
+	unsigned chunks;     /* chunks per thread (1: a block schedule, whole stages) */
+	mbp_schedule *sched; /* the schedule the arm follows (its placement, for the charts); the report's */
 	unsigned threads;
 	unsigned repeats;	 /* visits measured */
 	unsigned steps;		 /* steps measured */
@@ -536,6 +545,8 @@ typedef struct pb_train_result {
 	double op_us[MBP_MAX_STAGES][3]; /* per stage: mean F, backward (B or B_in), W in microseconds */
 	uint32_t stash_peak[MBP_MAX_STAGES], stash_expected[MBP_MAX_STAGES]; /* highest seen; schedule's */
 	uint32_t held_peak[MBP_MAX_STAGES], held_expected[MBP_MAX_STAGES];
+	uint32_t thread_held[MBP_MAX_STAGES]; /* per thread: the schedule's held peak over its chunks (a
+						 chunk's micro-batch counts 1 / chunks of a stage's) */
 	mbp_train_event *ev; /* the fastest measured step's operations, for the Gantt chart */
 	size_t nev;
 	uint64_t ev_step_ns; /* that step's time */
@@ -553,6 +564,7 @@ typedef struct pb_train_report {
 	pb_noise noise;
 	double load_start, load_end;
 	pb_train_result r[PB_TRAIN_SCHEDS];
+	unsigned n;		/* schedules measured: r[0 .. n) */
 	pb_interval zb_vs_1f1b; /* zbh1 / 1f1b steps per second, paired by round (n 0: not measured) */
 	int status;
 	char error[PB_ERR_MAX];

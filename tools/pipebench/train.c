@@ -1,6 +1,8 @@
 /*
- * pipebench training workload (--workload=train): one synthetic training step under GPipe, 1F1B and ZB-H1,
- * the three schedules as arms of one interleaved measurement.
+ * pipebench training workload (--workload=train): one synthetic training step under each schedule of
+ * --schedule (GPipe, 1F1B and ZB-H1 unless it says), the schedules as arms of one interleaved measurement.
+ * A chunked schedule (interleaved, looped BFS, ZB-V, DualPipeV) splits each of the S stages into v chunks
+ * of 1/v its costs on S threads, so every arm does the same work on the same threads.
  *
  * Every stage's forward (F), input-gradient backward (B_in) and weight-gradient backward (B_w) burns a
  * calibrated number of multiply-adds (burn(), the synthetic workload's busy work): --costs F:BIN:BW in
@@ -36,7 +38,18 @@
 #define PB_TRAIN_VISIT_S  0.05 /* measured time per visit to a schedule */
 #define PB_DEF_MAX_STAGES 4
 
-static const mbp_sched_kind sched_kinds[PB_TRAIN_SCHEDS] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+static const mbp_sched_kind default_kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+
+/* Chunks per thread of a schedule: 1 for the block ones (whole stages), 2 for the V ones, --chunks for
+ * interleaved and looped BFS. */
+static unsigned chunks_of(const pb_config *cfg, mbp_sched_kind k)
+{
+	if (k == MBP_SCHED_ZBV || k == MBP_SCHED_DUALPIPEV || k == MBP_SCHED_AUTO)
+		return 2;
+	if (k == MBP_SCHED_INTERLEAVED || k == MBP_SCHED_LOOPED_BFS)
+		return cfg->chunks ? cfg->chunks : 2;
+	return 1;
+}
 
 /* PIPEBENCH_FAULT (tests only): the last stage's forward of the last micro-batch adds 2 (wrong) or fails
  * (fail). */
@@ -129,17 +142,65 @@ static int arm_fail(struct tr_arm *a, char *err, size_t errlen, const char *fmt,
 	return -1;
 }
 
+/* The schedule arm a follows, into r->sched: a fixed one, the one built from the configured costs (auto:
+ * at most what 1f1b holds per thread, 2 x stages chunks), or the file's (custom). 0, or -1 with err. */
+static int arm_schedule(struct tr_arm *a, const pb_config *cfg, double unit_ns, char *err, size_t errlen)
+{
+	pb_train_result *r = a->r;
+	int rc;
+	if (r->kind == MBP_SCHED_CUSTOM) {
+		rc = mbp_schedule_copy(&r->sched, cfg->custom);
+	} else if (r->kind == MBP_SCHED_AUTO) {
+		mbp_op_costs c[MBP_MAX_STAGES];
+		for (unsigned s = 0; s < a->S; s++)
+			c[s] = (mbp_op_costs){cfg->costs[0] * unit_ns, cfg->costs[1] * unit_ns,
+					      cfg->costs[2] * unit_ns};
+		mbp_sched_build b = {.stages = a->S,
+				     .mbs = a->M,
+				     .threads = cfg->stages,
+				     .costs = c,
+				     .held_limit = 2 * cfg->stages,
+				     .split = true};
+		rc = mbp_schedule_build(&r->sched, &b);
+	} else {
+		rc = mbp_schedule_new_placed(&r->sched, r->kind, a->S, a->M, r->chunks > 1 ? cfg->stages : 0);
+	}
+	if (rc < 0)
+		return arm_fail(a, err, errlen, "%s: no schedule: %s",
+				r->kind == MBP_SCHED_CUSTOM ? cfg->schedule_file : mbp_sched_name(r->kind),
+				mbp_strerror(rc));
+	if (mbp_schedule_mbs(r->sched) != a->M)
+		return arm_fail(a, err, errlen, "--schedule-file %s: %u micro-batches, --micro-batches %u",
+				cfg->schedule_file, mbp_schedule_mbs(r->sched), a->M);
+	return 0;
+}
+
 static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, double iters_per_us,
-		    mbp_sched_kind kind, pb_train_result *r, unsigned *loss_arg)
+		    mbp_sched_kind kind, pb_train_result *r)
 {
 	char err[PB_ERR_MAX];
 	memset(a, 0, sizeof(*a));
 	a->cfg = cfg;
-	a->S = cfg->stages;
+	unsigned v = chunks_of(cfg, kind);
+	a->S = cfg->stages * v; /* each stage split into v chunks, on as many threads as stages */
+	double share = v;	/* each chunk's share of a stage's costs: 1 / share */
+	if (kind == MBP_SCHED_CUSTOM) {
+		a->S = cfg->custom_stages;
+		share = (double)a->S / cfg->stages;
+		v = a->S / cfg->stages ? a->S / cfg->stages : 1;
+	}
 	a->M = cfg->mbs;
 	a->ncpus = ncpus;
 	a->r = r;
 	r->kind = kind;
+	r->stages = a->S;
+	r->chunks = v;
+	if (a->S > MBP_MAX_STAGES)
+		return arm_fail(a, err, sizeof(err), "%s: %u chunks: more than %u", mbp_sched_name(kind),
+				a->S, MBP_MAX_STAGES);
+	if (arm_schedule(a, cfg, cfg->unit_us * 1e3 / share, err, sizeof(err)))
+		return -1;
+	bool custom = kind == MBP_SCHED_CUSTOM || kind == MBP_SCHED_AUTO;
 	a->ev_cap = (size_t)a->S * a->M * 3;
 	a->in = calloc(a->M, sizeof(double));
 	a->targets = calloc(a->M, sizeof(double));
@@ -154,16 +215,18 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 			    .max_mb_rows = 1,
 			    .max_mbs = a->M,
 			    .schedule = kind,
+			    .custom = custom ? r->sched : NULL,
+			    .threads = v > 1 || custom ? cfg->stages : 0,
 			    .pinning = MBP_PIN_PLAN,
 			    .spin_ns = pb_spin_ns(cfg, 0), /* 0: the trainer's default */
 			    .trace_events = a->M * 3,
 			    .loss = tr_loss,
-			    .loss_arg = loss_arg};
+			    .loss_arg = &a->S};
 	const char *fault = getenv("PIPEBENCH_FAULT");
 	int rc = mbp_trainer_new(&a->t, &o);
 	for (unsigned s = 0; rc == 0 && s < a->S; s++) {
 		for (int k = 0; k < 3; k++)
-			a->st[s].iters[k] = (uint64_t)(cfg->costs[k] * cfg->unit_us * iters_per_us);
+			a->st[s].iters[k] = (uint64_t)(cfg->costs[k] * cfg->unit_us * iters_per_us / share);
 		a->st[s].sink = s + 1;
 		a->st[s].last_mb = a->M - 1;
 		if (s == a->S - 1 && fault)
@@ -237,12 +300,12 @@ static int one_step(struct tr_arm *a, bool keep, char *err, size_t errlen)
 	mbp_train_stage_stats ss[MBP_MAX_STAGES];
 	mbp_trainer_stats_get(a->t, &st, ss, a->S);
 	const mbp_schedule *sc = mbp_trainer_schedule(a->t);
-	bool zb = a->r->kind == MBP_SCHED_ZBH1;
 	double busy = 0;
 	for (unsigned s = 0; s < a->S; s++) {
 		const mbp_train_stage_stats *x = &ss[s];
 		uint32_t back = x->b_count + x->bin_count;
-		if (x->f_count != a->M || back != a->M || x->w_count != (zb ? a->M : 0))
+		/* a zero-bubble schedule's B_in has its W apart (DualPipeV gives some micro-batches a B) */
+		if (x->f_count != a->M || back != a->M || x->w_count != x->bin_count)
 			return arm_fail(a, err, errlen,
 					"stage %u ran %u forwards, %u backwards and %u weight gradients in a "
 					"step of %u micro-batches",
@@ -273,6 +336,11 @@ static int one_step(struct tr_arm *a, bool keep, char *err, size_t errlen)
 	a->work_ms[a->n] = busy / 1e6;
 	a->n++;
 	a->r->threads = st.threads;
+	for (unsigned t = 0; t < st.threads; t++) {
+		mbp_sched_thread_figures tf = {0};
+		mbp_schedule_thread_figures(sc, st.threads, t, &tf);
+		a->r->thread_held[t] = tf.held_peak;
+	}
 	if (a->r->nev == 0 || st.step_ns < a->r->ev_step_ns) {
 		int n = mbp_trainer_events_get(a->t, a->scratch, a->ev_cap);
 		if (n < 0 || (size_t)n > a->ev_cap)
@@ -358,19 +426,48 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 	static struct tr_arm arms[PB_TRAIN_SCHEDS];
 	pb_arm parm[PB_TRAIN_SCHEDS];
 	char err[PB_ERR_MAX];
-	unsigned loss_arg;
 
+	if (cfg->schedule_file) { /* its lines are the threads, its micro-batches the step's */
+		mbp_schedule *f;
+		mbp_sched_text_error te;
+		int rc = mbp_schedule_load_csv(&f, cfg->schedule_file, 0, &te);
+		if (rc == -EINVAL || rc == -E2BIG)
+			return pb_usage("--schedule-file %s: line %u%s%s: %s", cfg->schedule_file, te.line,
+					te.action[0] ? ", action " : "", te.action, te.what);
+		if (rc < 0)
+			return pb_usage("--schedule-file %s: %s", cfg->schedule_file, mbp_strerror(rc));
+		unsigned fT = mbp_schedule_threads(f), fM = mbp_schedule_mbs(f);
+		cfg->custom_stages = mbp_schedule_stages(f);
+		if ((cfg->stages && cfg->stages != fT) || (cfg->mbs && cfg->mbs != fM)) {
+			mbp_schedule_destroy(f);
+			return cfg->stages && cfg->stages != fT
+				   ? pb_usage("--schedule-file %s: %u lines (threads), --stages %u",
+					      cfg->schedule_file, fT, cfg->stages)
+				   : pb_usage("--schedule-file %s: %u micro-batches, --micro-batches %u",
+					      cfg->schedule_file, fM, cfg->mbs);
+		}
+		cfg->custom = f; /* the run's, until it ends */
+		cfg->stages = fT;
+		cfg->mbs = fM;
+	}
 	if (cfg->stages == 0)
 		cfg->stages = ncpus < PB_DEF_MAX_STAGES ? ncpus : PB_DEF_MAX_STAGES;
 	if (cfg->mbs == 0)
 		cfg->mbs = 4 * cfg->stages;
-	loss_arg = cfg->stages;
+	if (cfg->nscheds == 0) {
+		memcpy(cfg->scheds, default_kinds, sizeof(default_kinds));
+		cfg->nscheds = sizeof(default_kinds) / sizeof(default_kinds[0]);
+	}
+	if (cfg->schedule_file && cfg->nscheds < PB_TRAIN_SCHEDS)
+		cfg->scheds[cfg->nscheds++] = MBP_SCHED_CUSTOM;
+	const unsigned n = cfg->nscheds;
 	memset(&rep, 0, sizeof(rep));
 	memset(parm, 0, sizeof(parm));
 	rep.cfg = cfg;
 	rep.allowed = allowed;
 	rep.ncpus = ncpus;
 	rep.load_end = -1;
+	rep.n = n;
 	if (narrow_cpus(cfg, ncpus, err, sizeof(err)))
 		return pb_failure("%s", err);
 	pb_progress_init(cfg->progress);
@@ -383,18 +480,17 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 	pb_noise_init(&rep.noise, cfg->cpus, ncpus);
 
 	unsigned opened = 0;
-	for (; opened < PB_TRAIN_SCHEDS; opened++) {
+	for (; opened < n; opened++) {
 		struct tr_arm *a = &arms[opened];
-		pb_progress(opened, PB_TRAIN_SCHEDS, "preparing");
-		if (arm_open(a, cfg, ncpus, rep.iters_per_us, sched_kinds[opened], &rep.r[opened],
-			     &loss_arg)) {
+		pb_progress(opened, n, "preparing");
+		if (arm_open(a, cfg, ncpus, rep.iters_per_us, cfg->scheds[opened], &rep.r[opened])) {
 			opened++;
 			rep.status = PB_EXIT_FAIL;
 			snprintf(rep.error, sizeof(rep.error), "%s", rep.r[opened - 1].error);
 			goto close;
 		}
 		parm[opened] =
-		    (pb_arm){.label = mbp_sched_name(sched_kinds[opened]), .ctx = a, .visit = tr_visit};
+		    (pb_arm){.label = mbp_sched_name(cfg->scheds[opened]), .ctx = a, .visit = tr_visit};
 	}
 	pb_noise_settle(&rep.noise, cfg->wait_quiet_s);
 	rep.load_start = pb_loadavg();
@@ -404,14 +500,19 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 			   .warmup = cfg->warmup,
 			   .visit_s = PB_TRAIN_VISIT_S,
 			   .pause_s = cfg->wait_quiet_s - rep.noise.waited_s};
-	if (pb_interleave(parm, PB_TRAIN_SCHEDS, &sch, &rep.noise, err, sizeof(err))) {
+	if (pb_interleave(parm, n, &sch, &rep.noise, err, sizeof(err))) {
 		rep.status = PB_EXIT_FAIL;
 		snprintf(rep.error, sizeof(rep.error), "%s", err);
 	}
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++)
+	for (unsigned i = 0; i < n; i++)
 		summarise(&arms[i], &parm[i]);
-	if (parm[1].n && parm[1].n == parm[2].n &&
-	    pb_ratio_interval(parm[2].rate, parm[1].rate, parm[1].n, &rep.zb_vs_1f1b))
+	int one = -1, zb = -1; /* 1f1b's and zbh1's arms, where measured */
+	for (unsigned i = 0; i < n; i++) {
+		one = cfg->scheds[i] == MBP_SCHED_1F1B ? (int)i : one;
+		zb = cfg->scheds[i] == MBP_SCHED_ZBH1 ? (int)i : zb;
+	}
+	if (one >= 0 && zb >= 0 && parm[one].n && parm[one].n == parm[zb].n &&
+	    pb_ratio_interval(parm[zb].rate, parm[one].rate, parm[one].n, &rep.zb_vs_1f1b))
 		memset(&rep.zb_vs_1f1b, 0, sizeof(rep.zb_vs_1f1b));
 close:
 	for (unsigned i = 0; i < opened; i++)
@@ -440,8 +541,11 @@ close:
 	fflush(stdout);
 	if (rep.status)
 		pb_failure("FAILED: %s", rep.error);
-	for (unsigned i = 0; i < PB_TRAIN_SCHEDS; i++) {
+	mbp_schedule_destroy(cfg->custom);
+	cfg->custom = NULL;
+	for (unsigned i = 0; i < n; i++) {
 		free(rep.r[i].ev);
+		mbp_schedule_destroy(rep.r[i].sched);
 		pb_arm_fini(&parm[i]);
 	}
 	return rep.status ? PB_EXIT_FAIL : PB_EXIT_OK;

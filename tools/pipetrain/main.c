@@ -3,7 +3,8 @@
  *
  * The run: load the data (training set split into training and held-out validation rows from the seed,
  * the test set), build or load the model, partition its layers into stages by their measured costs
- * (pt_profile, then mbp_model_partition), give each stage to the trainer, then per epoch: a seeded order of the training
+ * (pt_plan_make: one profile, the split refined by the schedule the run follows; --schedule auto: the
+ * schedule built from it), give each stage to the trainer, then per epoch: a seeded order of the training
  * rows (mbp_data_epoch_order, a function of seed and epoch only), one trainer step per mini-batch (the
  * last partial batch of an epoch is dropped; --log gets a row per step), then the validation and test
  * accuracy, one line, one CSV row, a checkpoint. At the end, --plot draws the run's curves.
@@ -81,6 +82,16 @@ static int fail(const char *fmt, ...)
 	int status = say(1, fmt, ap);
 	va_end(ap);
 	return status;
+}
+
+/* A chunked schedule that cannot place S stages on the threads asked for (exit 2). */
+static int bad_placement(const pt_config *c, unsigned S)
+{
+	return bad("--schedule %s: cannot place %u stages on %s%u threads (interleaved and looped-bfs: "
+		   "the stages a multiple of the threads; zbv and dualpipev: twice them; dualpipev: at "
+		   "least as many micro-batches as stages)",
+		   mbp_sched_name(c->schedule), S, c->threads ? "" : "the default ",
+		   c->threads ? c->threads : S / 2);
 }
 
 /* Accuracy and mean loss of the model over rows of x (rows x width) with labels y; preds optional. */
@@ -339,37 +350,91 @@ static int setup(struct run *r)
 	 * then improved by the schedule's predicted step; with --mb auto, at the size whose step is shortest. */
 	cpu_set_t set;
 	unsigned ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
+	mbp_schedule *probe = NULL; /* --schedule-file's schedule, here to check that it fits the run */
+	if (c->schedule_file) {
+		if (!c->mb)
+			return bad("--mb auto: --schedule-file %s fixes the micro-batches", c->schedule_file);
+		uint32_t fm = (c->batch + c->mb - 1) / c->mb;
+		mbp_sched_text_error te;
+		int lrc = mbp_schedule_load_csv(&probe, c->schedule_file, 0, &te);
+		if (lrc == -EINVAL || lrc == -E2BIG)
+			return bad("--schedule-file %s: line %u%s%s: %s", c->schedule_file, te.line,
+				   te.action[0] ? ", action " : "", te.action, te.what);
+		if (lrc < 0)
+			return bad("--schedule-file %s: %s", c->schedule_file, mbp_strerror(lrc));
+		if (!c->stages)
+			c->stages = mbp_schedule_stages(probe);
+		if (mbp_schedule_stages(probe) != c->stages || mbp_schedule_mbs(probe) != fm) {
+			unsigned fs = mbp_schedule_stages(probe), pm = mbp_schedule_mbs(probe);
+			mbp_schedule_destroy(probe);
+			return bad(
+			    "--schedule-file %s: %u stages and %u micro-batches, the run has %u and %u "
+			    "(--stages, --batch / --mb)",
+			    c->schedule_file, fs, pm, c->stages, fm);
+		}
+		if (c->threads && c->threads != mbp_schedule_threads(probe)) {
+			unsigned lines = mbp_schedule_threads(probe);
+			mbp_schedule_destroy(probe);
+			return bad("--threads %u: --schedule-file %s has %u lines (threads)", c->threads,
+				   c->schedule_file, lines);
+		}
+	}
 	unsigned S = c->stages ? c->stages : (ncpu < L ? ncpu : L);
+	if (S > L || c->threads > S)
+		mbp_schedule_destroy(probe);
 	if (S > L)
 		return bad("--stages %u: the model has only %u layers", S, L);
-	if (c->recompute != UINT64_MAX && L < 64 && c->recompute >> L)
+	if (c->recompute != UINT64_MAX && L < 64 && c->recompute >> L) {
+		mbp_schedule_destroy(probe);
 		return bad("--recompute: layer %u: the model has only %u layers (0 to %u)",
 			   (unsigned)__builtin_ctzll(c->recompute >> L) + L, L, L - 1);
+	}
 	if (c->threads > S)
 		return bad("--threads %u: more threads than the %u stages", c->threads, S);
+	/* a chunked schedule: the stages are its chunks, placed on the threads by its rule; a count it
+	 * cannot place is refused before the profile (with --mb auto: no size it can place) */
+	mbp_schedule *check = NULL;
+	int prc =
+	    probe || c->schedule == MBP_SCHED_AUTO || !c->mb
+		? 0
+		: mbp_schedule_new_placed(&check, c->schedule, S, (c->batch + c->mb - 1) / c->mb, c->threads);
+	mbp_schedule_destroy(check);
+	if (prc == -EINVAL)
+		return bad_placement(c, S);
+	if (prc < 0)
+		return fail("cannot build the schedule: %s", mbp_strerror(prc));
 	bool can_give[PT_MAX_LAYERS];
 	for (unsigned i = 0; i < L; i++)
 		can_give[i] = mbp_mlp_layer_hand_over_check(r->n, i) == 0;
 	unsigned T = c->threads ? c->threads : (S < ncpu ? S : ncpu);
 	pt_plan pln, *pl = &pln;
-	int rc = pt_plan_make(r->n, c, S, T, can_give, pl);
-	if (rc < 0)
-		return fail("cannot plan %u layers into %u stages: %s", L, S, mbp_strerror(rc));
+	int rc = pt_plan_make(r->n, c, S, T, can_give, probe, pl);
+	if (rc == -EINVAL && !c->mb && !probe && c->schedule != MBP_SCHED_AUTO)
+		return bad_placement(c, S);
+	if (rc < 0) {
+		mbp_schedule_destroy(probe);
+		return fail("cannot profile, partition or schedule %u layers on %u stages: %s", L, S,
+			    mbp_strerror(rc));
+	}
 	const mbp_model_plan plan = pl->split;
 	const bool *gives = pl->gives;
 	c->mb = pl->mb;
+	uint32_t mbs = (c->batch + c->mb - 1) / c->mb;
+	if (!probe) /* --schedule auto: the one the plan built */
+		probe = pl->sched;
+	pl->sched = NULL;
 	r->sh =
 	    (pt_shared){.n = r->n, .layers = L, .classes = classes, .clip = (float)c->clip, .fault_step = -1};
 	const char *fault = getenv("PIPETRAIN_FAULT");
 	if (fault && *fault)
 		r->sh.fault_step = strtoll(fault, NULL, 10);
-	uint32_t mbs = (c->batch + c->mb - 1) / c->mb;
 	mbp_train_opts to = {
 	    .in_row_bytes = width * sizeof(float),
 	    .target_row_bytes = sizeof(int32_t),
 	    .max_mb_rows = c->mb,
 	    .max_mbs = mbs,
 	    .schedule = c->schedule,
+	    .custom = probe,
 	    .threads = c->threads,
 	    .pinning = c->pin ? MBP_PIN_PLAN : MBP_PIN_NONE,
 	    .trace_events = c->trace ? 3 * mbs + 8 : 0,
@@ -377,6 +442,7 @@ static int setup(struct run *r)
 	    .loss_arg = &r->sh,
 	};
 	rc = mbp_trainer_new(&r->t, &to);
+	mbp_schedule_destroy(probe); /* the trainer has its copy */
 	if (rc < 0)
 		return fail("cannot create the trainer: %s", mbp_strerror(rc));
 	for (unsigned s = 0; s < S; s++) {
@@ -430,7 +496,7 @@ static int setup(struct run *r)
 			   .plan = *pl,
 			   .layers = L,
 			   .stages = S,
-			   .threads = c->threads ? c->threads : (S < ncpu ? S : ncpu),
+			   .threads = pl->threads,
 			   .mbs = mbs,
 			   .last_mb = c->batch - (mbs - 1) * c->mb,
 			   .blas_threads = c->blas_threads,

@@ -96,6 +96,7 @@ enum {
 	OPT_DATA = 256,
 	OPT_LAYERS,
 	OPT_SCHEDULE,
+	OPT_SCHEDULE_FILE,
 	OPT_MB,
 	OPT_OPTIM,
 	OPT_LR,
@@ -130,6 +131,7 @@ static const struct option long_opts[] = {
     {"layers", required_argument, NULL, OPT_LAYERS},
     {"stages", required_argument, NULL, 's'},
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
+    {"schedule-file", required_argument, NULL, OPT_SCHEDULE_FILE},
     {"batch", required_argument, NULL, 'b'},
     {"mb", required_argument, NULL, OPT_MB},
     {"epochs", required_argument, NULL, 'e'},
@@ -189,7 +191,14 @@ static void usage(void)
 	    "  --layers W0,...,WL    MLP widths, 784 in and 10 out for Fashion-MNIST (default "
 	    "784,512,512,10)\n"
 	    "  -s, --stages S        pipeline stages (default: one per allowed CPU, at most one per layer)\n"
-	    "  --schedule NAME       gpipe, 1f1b or zbh1 (default 1f1b)\n"
+	    "  --schedule NAME       gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, zbv, dualpipev or\n"
+	    "                        auto (default 1f1b); interleaved to dualpipev run the stages as\n"
+	    "                        chunks, two a thread unless --threads says (zbv, dualpipev: S = 2\n"
+	    "                        threads); auto: built from a profile of the layers' F, B_in, B_w,\n"
+	    "                        at 1f1b's memory\n"
+	    "  --schedule-file FILE  follow FILE's schedule (torch.distributed.pipelining's CSV: a row\n"
+	    "                        per thread of actions such as 0F1,1I1,1W1,0B1); its stages and\n"
+	    "                        micro-batches must be the run's\n"
 	    "  -b, --batch N         rows per step (default 256)\n"
 	    "  --mb M|auto           rows per micro-batch (default 32; a last smaller one takes the rest);\n"
 	    "                        auto: the power of two whose step the schedule predicts shortest\n"
@@ -314,8 +323,14 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			break;
 		case OPT_SCHEDULE:
 			if (mbp_sched_parse(optarg, &c->schedule))
-				return fail(err, errlen, "--schedule: '%s' is not gpipe, 1f1b or zbh1",
+				return fail(err, errlen,
+					    "--schedule: '%s' is not gpipe, 1f1b, zbh1, zbh2, interleaved, "
+					    "looped-bfs, zbv, dualpipev or auto",
 					    optarg);
+			break;
+		case OPT_SCHEDULE_FILE:
+			c->schedule_file = optarg;
+			c->schedule = MBP_SCHED_CUSTOM;
 			break;
 		case OPT_HAND_OVER:
 			if (!strcmp(optarg, "auto"))

@@ -42,7 +42,8 @@ typedef struct pt_config {
 	pt_hand_over hand_over; /* --hand-over */
 	uint64_t recompute;	/* --recompute: bit i, layer i recomputes (all: every bit) */
 	mbp_sched_kind schedule;
-	uint32_t batch, mb; /* mb 0: --mb auto (chosen by pt_plan_make) */
+	const char *schedule_file; /* --schedule-file: a schedule as text (MBP_SCHED_CUSTOM) */
+	uint32_t batch, mb;	   /* mb 0: --mb auto (chosen by pt_plan_make) */
 	unsigned epochs;
 	mbp_optim_kind optim;
 	double lr, min_lr, weight_decay, momentum, clip;
@@ -93,6 +94,12 @@ typedef struct pt_costs {
 } pt_costs;
 /* Profile every layer at `rows` rows. Leaves the gradients zero. @return 0 or a negative errno. */
 int pt_profile(mbp_mlp *n, uint32_t rows, pt_costs *pc);
+/* --schedule auto: the schedule mbp_schedule_build makes for the split (stage s: layers [first[s],
+ * first[s + 1]), gives[s]: it hands its last layer's input gradient over) from the profiled F, B_in and
+ * B_w summed per stage as pt_predict sums them, on T threads, holding at most what 1F1B holds there.
+ * Pair with mbp_schedule_destroy. @return 0 or a negative errno. */
+int pt_auto_schedule(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, uint32_t mbs,
+		     unsigned T, mbp_schedule **sc);
 /* Split the L layers into S stages minimising the slowest. OFF: mbp_model_partition over the layer
  * costs. AUTO: the same, unless a split in which stage s may hand its last layer's input gradient over
  * to stage s + 1 (gives[s]; only where can_give[layer]: mbp_mlp_stages_hand_over) is faster by more than
@@ -123,17 +130,26 @@ typedef struct pt_plan {
 	bool gives[MBP_MAX_STAGES];
 	double
 	    step_ns; /* the schedule played with the profiled costs: a step's operations (0: not profiled) */
-	double seq_ns;	/* the same step's operations one after the other on one thread */
-	unsigned tried; /* --mb auto: the sizes profiled and the step each predicts */
+	double seq_ns;	     /* the same step's operations one after the other on one thread */
+	unsigned threads;    /* the threads the schedule was played on (a chunked one: its own) */
+	mbp_schedule *sched; /* --schedule auto: the schedule built for the split (pt_plan_clear) */
+	unsigned tried;	     /* --mb auto: the sizes profiled and the step each predicts */
 	uint32_t tried_mb[PT_MB_CANDIDATES];
 	double tried_ns[PT_MB_CANDIDATES];
 } pt_plan;
 /* Profile the layers (at c->mb, or with --mb auto at each power of two from 16 up to the batch), split
  * them (pt_partition), then move a boundary by a layer or change a hand-over while that shortens the step
- * the schedule predicts (mbp_schedule_simulate on T threads with the profiled costs), and keep the size
- * whose step is the shortest. One stage with a given --mb: nothing to profile. @return 0 or a negative
- * errno. */
-int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give, pt_plan *p);
+ * the schedule the run follows predicts (mbp_schedule_simulate with the profiled costs): `file` when not
+ * NULL (--schedule-file; --mb auto is then refused, -EINVAL, as the file fixes the micro-batches), else
+ * c->schedule placed on c->threads (a chunked one on its own threads) or, for MBP_SCHED_AUTO, the one
+ * pt_auto_schedule builds for the split, rebuilt for the refined split (p->sched, the shorter of the two).
+ * With --mb auto, the size whose step is the shortest; a size the schedule cannot place is skipped. One
+ * stage with a given --mb and a fixed schedule: nothing to profile. Pair with pt_plan_clear.
+ * @return 0 or a negative errno (-EINVAL: no size the schedule can place). */
+int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give,
+		 const mbp_schedule *file, pt_plan *p);
+/* Destroy p->sched (NULL after). */
+void pt_plan_clear(pt_plan *p);
 /* The trainer's loss: softmax cross-entropy on int32 labels (arg: the pt_shared). */
 int pt_loss(void *arg, const mbp_train_io *io, double *loss);
 

@@ -298,6 +298,29 @@ static mbp_op_costs stage_costs(const pt_costs *pc, const unsigned *first, const
 	return c;
 }
 
+int pt_auto_schedule(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, uint32_t mbs,
+		     unsigned T, mbp_schedule **sc)
+{
+	mbp_op_costs c[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < S; s++)
+		c[s] = stage_costs(pc, first, gives, S, s);
+	/* the limit: what 1F1B holds at most per thread on these threads */
+	mbp_schedule *one;
+	int rc = mbp_schedule_new(&one, MBP_SCHED_1F1B, S, mbs);
+	if (rc < 0)
+		return rc;
+	unsigned limit = 0;
+	for (unsigned t = 0; t < T; t++) {
+		mbp_sched_thread_figures f;
+		if (mbp_schedule_thread_figures(one, T, t, &f) == 0 && f.held_peak > limit)
+			limit = f.held_peak;
+	}
+	mbp_schedule_destroy(one);
+	mbp_sched_build b = {
+	    .stages = S, .mbs = mbs, .threads = T, .costs = c, .held_limit = limit, .split = true};
+	return mbp_schedule_build(sc, &b);
+}
+
 double pt_predict(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, unsigned T,
 		  const mbp_schedule *sc)
 {
@@ -364,11 +387,14 @@ double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned 
 	return best;
 }
 
-/* One micro-batch size: profile, split, refine. */
+/* One micro-batch size: profile, split, refine against the schedule the run will follow (the file's; the
+ * kind placed on c->threads; auto: built for the balanced split, refined against, rebuilt for the result,
+ * the shorter kept). */
 static int plan_at(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give, uint32_t mb,
-		   pt_plan *p)
+		   const mbp_schedule *file, pt_plan *p)
 {
 	unsigned L = mbp_mlp_layers(n);
+	p->sched = NULL;
 	pt_costs pc;
 	int rc = pt_profile(n, mb, &pc);
 	if (rc < 0)
@@ -380,33 +406,67 @@ static int plan_at(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const
 		layer_sum += cost[i];
 	}
 	p->mb = mb;
-	rc = pt_partition(cost, cost_in, can_give, L, S, S > 1 ? c->hand_over : PT_HAND_OVER_OFF, &p->split,
-			  p->gives);
+	pt_hand_over mode = S > 1 ? c->hand_over : PT_HAND_OVER_OFF;
+	rc = pt_partition(cost, cost_in, can_give, L, S, mode, &p->split, p->gives);
 	if (rc < 0)
 		return rc;
 	unsigned M = (c->batch + mb - 1) / mb;
-	mbp_schedule *sc;
-	rc = mbp_schedule_new(&sc, c->schedule, S, M);
+	bool automatic = !file && c->schedule == MBP_SCHED_AUTO;
+	mbp_schedule *own = NULL;
+	if (automatic)
+		rc = pt_auto_schedule(&pc, p->split.first, p->gives, S, M, T, &own);
+	else if (!file)
+		rc = mbp_schedule_new_placed(&own, c->schedule, S, M, c->threads);
 	if (rc < 0)
 		return rc;
-	p->step_ns = pt_refine(&pc, can_give, L, S, T, S > 1 ? c->hand_over : PT_HAND_OVER_OFF, sc, &p->split,
-			       p->gives);
-	mbp_schedule_destroy(sc);
+	const mbp_schedule *sc = file ? file : own;
+	if (mbp_schedule_threads(sc)) /* a chunked or custom placement runs on its own threads */
+		T = mbp_schedule_threads(sc);
+	p->threads = T;
+	p->step_ns = pt_refine(&pc, can_give, L, S, T, mode, sc, &p->split, p->gives);
+	mbp_schedule *again;
+	if (automatic && pt_auto_schedule(&pc, p->split.first, p->gives, S, M, T, &again) == 0) {
+		double t = pt_predict(&pc, p->split.first, p->gives, S, T, again);
+		mbp_schedule *lose = t < p->step_ns ? own : again;
+		if (lose == own) {
+			own = again;
+			p->step_ns = t;
+		}
+		mbp_schedule_destroy(lose);
+	}
+	if (automatic)
+		p->sched = own;
+	else
+		mbp_schedule_destroy(own);
 	p->seq_ns = layer_sum * M;
-	return isfinite(p->step_ns) ? 0 : -EINVAL;
+	if (!isfinite(p->step_ns)) {
+		pt_plan_clear(p);
+		return -EINVAL;
+	}
+	return 0;
 }
 
-int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give, pt_plan *p)
+void pt_plan_clear(pt_plan *p)
+{
+	mbp_schedule_destroy(p->sched);
+	p->sched = NULL;
+}
+
+int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give,
+		 const mbp_schedule *file, pt_plan *p)
 {
 	unsigned L = mbp_mlp_layers(n);
 	memset(p, 0, sizeof *p);
-	if (c->mb && S == 1) { /* one stage of every layer: nothing to choose */
+	if (c->mb && S == 1 && !file && c->schedule != MBP_SCHED_AUTO) { /* one stage: nothing to choose */
 		p->mb = c->mb;
+		p->threads = 1;
 		p->split = (mbp_model_plan){.stages = 1, .layers = L, .first = {0, L}, .balance = 1};
 		return 0;
 	}
 	if (c->mb)
-		return plan_at(n, c, S, T, can_give, c->mb, p);
+		return plan_at(n, c, S, T, can_give, c->mb, file, p);
+	if (file) /* the file fixes the micro-batches */
+		return -EINVAL;
 	unsigned tried = 0;
 	uint32_t tried_mb[PT_MB_CANDIDATES];
 	double tried_ns[PT_MB_CANDIDATES];
@@ -414,13 +474,21 @@ int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const b
 	for (uint32_t mb = 16; mb <= c->batch && tried < PT_MB_CANDIDATES; mb *= 2) {
 		if ((c->batch + mb - 1) / mb > MBP_TRAIN_MAX_MBS)
 			continue;
-		int rc = plan_at(n, c, S, T, can_give, mb, &cand);
-		if (rc < 0)
+		int rc = plan_at(n, c, S, T, can_give, mb, NULL, &cand);
+		if (rc ==
+		    -EINVAL) /* a size the schedule cannot place (dualpipev: fewer micro-batches than stages) */
+			continue;
+		if (rc < 0) {
+			pt_plan_clear(&best);
 			return rc;
+		}
 		tried_mb[tried] = mb;
 		tried_ns[tried++] = cand.step_ns;
-		if (!best.mb || cand.step_ns < best.step_ns)
+		if (!best.mb || cand.step_ns < best.step_ns) {
+			pt_plan_clear(&best);
 			best = cand;
+		} else
+			pt_plan_clear(&cand);
 	}
 	best.tried = tried;
 	memcpy(best.tried_mb, tried_mb, tried * sizeof(uint32_t));
