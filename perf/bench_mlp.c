@@ -134,10 +134,7 @@ struct dp_arg {
 static void *dp_thread(void *p)
 {
 	struct dp_arg *a = p;
-	cpu_set_t one;
-	CPU_ZERO(&one);
-	CPU_SET(a->cpu, &one);
-	pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+	bench_pin(a->cpu);
 	for (unsigned i = 0; i < a->iters; i++) {
 		int rc = mbp_model_forward(a->m, a->x, a->y, a->B, 0);
 		if (rc)
@@ -175,21 +172,6 @@ struct point {
 	mbp_model_plan plan;
 	char stats[NPEERS][256]; /* the pipeline's view of its last pipe / pipe-str measurement */
 };
-
-/* Busy time of all CPUs (user, nice, system, irq, softirq, steal) from /proc/stat, in seconds. */
-static double sys_busy_s(void)
-{
-	unsigned long long v[8] = {0};
-	FILE *f = fopen("/proc/stat", "r");
-	if (!f)
-		return 0;
-	int n =
-	    fscanf(f, "cpu %llu %llu %llu %*u %*u %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]);
-	fclose(f);
-	if (n != 6)
-		return 0;
-	return (double)(v[0] + v[1] + v[2] + v[3] + v[4] + v[5]) / (double)sysconf(_SC_CLK_TCK);
-}
 
 /* Stage by stage: share of the window busy, starved (waiting for input), blocked (waiting for room). */
 static void stats_line(mbp_pipeline *p, const mbp_pipeline_stats *a, const mbp_stage_stats *as, char *buf,
@@ -327,7 +309,7 @@ static bool run_point(const struct conf *c, mbp_model *m, struct point *pt)
 			mbp_pipeline_stats a;
 			mbp_stage_stats as[MBP_MAX_STAGES];
 			mbp_pipeline_stats_get(p, &a, as, MBP_MAX_STAGES);
-			double busy0 = sys_busy_s(),
+			double busy0 = bench_sys_busy_s(),
 			       cpu0 = (double)mbt_clock_ns(CLOCK_PROCESS_CPUTIME_ID) * 1e-9;
 			switch (k) {
 			case P_SEQ1:
@@ -348,7 +330,7 @@ static bool run_point(const struct conf *c, mbp_model *m, struct point *pt)
 			}
 			pt->sps[k][r] = (double)(k >= P_STREAM ? iters_stream : iters) * B / t;
 			pt->others[r * NPEERS + k] =
-			    fmax(0, (sys_busy_s() - busy0) -
+			    fmax(0, (bench_sys_busy_s() - busy0) -
 					((double)mbt_clock_ns(CLOCK_PROCESS_CPUTIME_ID) * 1e-9 - cpu0)) /
 			    t;
 			if (k == P_PIPE || k == P_STREAM)
@@ -458,13 +440,8 @@ int main(int argc, char **argv)
 	if (rc)
 		die("model", rc);
 
-	double load[3] = {0};
-	FILE *f = fopen("/proc/loadavg", "r");
-	if (f) {
-		if (fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3)
-			load[0] = load[1] = load[2] = -1;
-		fclose(f);
-	}
+	double load[3];
+	bench_loadavg(load);
 	const char *coretype = getenv("OPENBLAS_CORETYPE");
 	printf("bench_mlp: %d CPUs allowed; MLP %u x %u, ReLU, float32 (%.1f MiB of weights); load %.2f %.2f "
 	       "%.2f\n",
