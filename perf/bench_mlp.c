@@ -246,6 +246,7 @@ struct point {
 	double sps[NPEERS][MAX_ROUNDS];
 	double others[NPEERS * MAX_ROUNDS]; /* CPUs busy outside this process during each measurement */
 	double med[NPEERS], others_med;
+	double window_s[2]; /* CLOCK_MONOTONIC at the first and the end of the last measurement */
 	mbp_model_plan plan;
 	char stats[NPEERS][256]; /* the pipeline's view of its last pipe / pipe-str measurement */
 };
@@ -412,6 +413,7 @@ static bool run_point(struct conf *c, mbp_model *m, struct point *pt)
 	 * under 3% of a measurement at 2 stages. dp (a stream too) splits the same count over its threads. */
 	unsigned iters_stream = iters > 8 * WINDOW ? iters : 8 * WINDOW;
 	unsigned samples = 0;
+	pt->window_s[0] = now_s();
 	for (unsigned r = 0; r < c->rounds; r++) {
 		for (int k = 0; k < NPEERS; k++) {
 			if (!c->run[k])
@@ -434,6 +436,7 @@ static bool run_point(struct conf *c, mbp_model *m, struct point *pt)
 				stats_line(p, &a, as, pt->stats[k], sizeof(pt->stats[k]));
 		}
 	}
+	pt->window_s[1] = now_s();
 	for (int k = 0; k < NPEERS; k++)
 		pt->med[k] = c->run[k] ? bench_median(pt->sps[k], c->rounds) : 0;
 	pt->others_med = bench_median(pt->others, samples);
@@ -608,7 +611,9 @@ int main(int argc, char **argv)
 			for (int k = 0; k < NPEERS; k++)
 				printf(" %s %.1f (%.2f)", peer_name[k], d[k] * row_flops * 1e-9,
 				       d[P_ROOF] > 0 ? d[k] / d[P_ROOF] : 0);
-			printf("\n         pipe: %s\n         pipe-str: %s\n         plan: ",
+			printf("\n         measured: %.6f-%.6f s (CLOCK_MONOTONIC: perf report --time)\n",
+			       pts[i].window_s[0], pts[i].window_s[1]);
+			printf("         pipe: %s\n         pipe-str: %s\n         plan: ",
 			       pts[i].stats[P_PIPE], pts[i].stats[P_STREAM]);
 			for (char *l = strtok(plan, "\n"); l; l = strtok(NULL, "\n"))
 				printf("%s%s", l, l[0] == 's' && strncmp(l, "stage", 5) == 0 ? "; " : "\n");
