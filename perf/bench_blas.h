@@ -1,11 +1,12 @@
 /*
  * The products of a dense layer as the library calls OpenBLAS for them, and the rate OpenBLAS reaches at
  * one of them on pinned threads: shared by the benchmarks that measure the machine's limit (bench_roofline,
- * bench_mlp_train --roofline). Needs cblas.h (OPENBLAS_CFLAGS). Not part of the library.
+ * bench_mlp's roof2, bench_mlp_train --roofline). Needs cblas.h (OPENBLAS_CFLAGS). Not part of the library.
  *
  * A layer of `in` inputs and `out` outputs at `rows` rows (flops 2 rows in out each):
  *
- *   BENCH_FWD  y = x W^T     rows x out   cblas_sgemm(NoTrans, Trans), beta 1 (onto the bias: layers.c)
+ *   BENCH_FWD  y = x W^T     rows x out   cblas_sgemm(NoTrans, Trans), beta 1 (onto the bias: layers.c);
+ *                                         cblas_sgemv for one row, as layers.c
  *   BENCH_DX   dx = dz W     rows x in    cblas_sgemm(NoTrans, NoTrans), beta 0 (mlp.c's input gradient)
  *   BENCH_DW   dW += dz^T x  out x in     cblas_sgemm(Trans, NoTrans), beta 1 (mlp.c's weight gradient)
  */
@@ -36,7 +37,9 @@ struct bench_layer {
 static inline void bench_layer_product(enum bench_op op, const struct bench_layer *l)
 {
 	const int r = (int)l->rows, in = (int)l->in, out = (int)l->out;
-	if (op == BENCH_FWD)
+	if (op == BENCH_FWD && r == 1)
+		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, l->w, l->ldw, l->x, 1, 1.0f, l->y, 1);
+	else if (op == BENCH_FWD)
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, out, in, 1.0f, l->x, in, l->w, l->ldw,
 			    1.0f, l->y, out);
 	else if (op == BENCH_DX)
