@@ -3,7 +3,9 @@
  * process, at several batch sizes:
  *
  *   seq1      the layers through OpenBLAS on one thread: per layer the bias copied into the output, one
- *             cblas_sgemm (cblas_sgemv for one row) with beta = 1, the ReLU (what a user writes by hand)
+ *             cblas_sgemm (cblas_sgemv for one row) with beta = 1, the ReLU (what a user writes by hand;
+ *             the ReLU is the stages' own vector loop, mbp__relu, so that the peers differ from the
+ *             pipeline in the products' scheduling alone)
  *   seqmt     the same calls with OpenBLAS on one thread per allowed CPU inside each product (what a user
  *             calls to use both cores without mbpipe)
  *   pipe      the model's layers split into S = allowed CPUs balanced stages, one batch at a time (mbp_run),
@@ -52,6 +54,7 @@
 
 #include "bench_blas.h"
 #include "bench_util.h"
+#include "model/model_internal.h" /* mbp__relu: the peers' ReLU is the stages' */
 #include "util/plural.h"
 
 #define MAX_BATCHES 16
@@ -114,8 +117,7 @@ static void blas_forward(struct blas_net *bn, const float *x, float *y, uint32_t
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, out, in, 1.0f, cur,
 				    in, bn->wt[l], in, 1.0f, dst, out);
 		if (bn->relu[l])
-			for (size_t i = 0; i < (size_t)rows * out; i++)
-				dst[i] = dst[i] > 0.0f ? dst[i] : 0.0f;
+			mbp__relu(dst, (size_t)rows * out);
 		cur = dst;
 	}
 }
