@@ -46,7 +46,7 @@ function cat(kind, s) {
 	if (s ~ /sgemm_.*copy/) return "packing"
 	if (kind == "[k]" || s ~ /sched_yield|futex|syscall|nanosleep/) return "wait"
 	if (s ~ /memmove|memcpy|memset/) return "copies"
-	if (s ~ /mbp__layer_(fwd|run)|mbp__layers_run|activate|layer_norm|blas_forward|run_seq/) return "bias+act"
+	if (s ~ /mbp__layer_(fwd|run)|mbp__layers_run|mbp__relu|activate|layer_norm|blas_forward|run_seq/) return "bias+act"
 	if (s ~ /sgemm_|sgemv_|blas_|exec_|inner_|gemm_|openblas|goto|level3/) return "OpenBLAS sync"
 	if (s ~ /^mbp|ring|pool|worker|ingress|job|crew|wait_|stage_/) return "engine"
 	return "other"
