@@ -10,8 +10,8 @@ include perf/roofline.mk
 include perf/train.mk
 include perf/mpi.mk
 include perf/mlp_train.mk
-EXTRA_DIST += perf/bench_util.h perf/bench_blas.h perf/pipeserve_load.sh perf/pipebench_repeat.sh \
-	perf/pipetrain_run.sh perf/mlp_profile.sh perf/train_vs_torch.sh perf/pipetrain_torch.py \
+EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/pipetrain_run.sh \
+	perf/train_vs_torch.sh perf/pipetrain_torch.py \
 	perf/RESULTS.md perf/results
 perf: $(PERF_BINS)
 .PHONY: perf
