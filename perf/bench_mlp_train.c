@@ -33,6 +33,7 @@
 
 #include <mbpipe.h>
 
+#include "bench_blas.h"
 #include "bench_util.h"
 
 #define MAXL 64
@@ -109,33 +110,13 @@ static float *rnd(size_t n, uint64_t s)
 
 /* ---- the roofline: the step's sgemm calls alone ---- */
 
-enum { P_F, P_BIN, P_BW, P_KINDS };
+enum { P_F = BENCH_FWD, P_BIN = BENCH_DX, P_BW = BENCH_DW, P_KINDS = BENCH_OPS };
 static const char *const prod_name[P_KINDS] = {"F", "B_in", "B_w"};
-
-struct prod_bufs {
-	float *x, *w, *y, *dz, *dx, *dw;
-};
 
 /* The row stride of a layer's weights: `in`, or padded as the library's stages read them. */
 static int weight_ld(uint32_t in, bool padded)
 {
 	return (int)(padded && in % 1024 == 0 ? in + 16 : in);
-}
-
-/* One product of layer (in -> out) at r rows, the call lib/model/mlp.c makes (same transposes, same
- * beta: F and B_w accumulate, B_in overwrites). */
-static void product(int kind, uint32_t r, uint32_t in, uint32_t out, bool padded, const struct prod_bufs *b)
-{
-	const int nr = (int)r, ni = (int)in, no = (int)out, ldw = weight_ld(in, padded);
-	if (kind == P_F)
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, no, ni, 1.0f, b->x, ni, b->w, ldw,
-			    1.0f, b->y, no);
-	else if (kind == P_BIN)
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, ni, no, 1.0f, b->dz, no, b->w, ldw,
-			    0.0f, b->dx, ni);
-	else
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, no, ni, nr, 1.0f, b->dz, no, b->x, ni,
-			    1.0f, b->dw, ni);
 }
 
 struct roof_thread {
@@ -152,17 +133,14 @@ static void *roof_run(void *arg)
 {
 	struct roof_thread *rt = arg;
 	const struct cfg *c = rt->c;
-	if (rt->cpu >= 0) {
-		cpu_set_t one;
-		CPU_ZERO(&one);
-		CPU_SET(rt->cpu, &one);
-		pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
-	}
+	if (rt->cpu >= 0)
+		bench_pin(rt->cpu);
 	uint32_t wmax = 0;
 	for (unsigned i = 0; i <= c->L; i++)
 		wmax = c->w[i] > wmax ? c->w[i] : wmax;
 	size_t rw = (size_t)c->mb * wmax, ww = (size_t)wmax * (wmax + 16);
-	struct prod_bufs b = {rnd(rw, 1), rnd(ww, 2), rnd(rw, 3), rnd(rw, 4), rnd(rw, 5), rnd(ww, 6)};
+	float *x = rnd(rw, 1), *w = rnd(ww, 2), *y = rnd(rw, 3), *dz = rnd(rw, 4), *dx = rnd(rw, 5),
+	      *dw = rnd(ww, 6);
 	for (unsigned i = 0; i < c->L; i++)
 		for (int k = 0; k < P_KINDS; k++) {
 			rt->best_ns[i][k] = 0;
@@ -170,17 +148,27 @@ static void *roof_run(void *arg)
 				continue; /* layer 0 has no input gradient to compute */
 			if (rt->bar)
 				pthread_barrier_wait(rt->bar);
+			const struct bench_layer l = {.rows = c->mb,
+						      .in = c->w[i],
+						      .out = c->w[i + 1],
+						      .ldw = weight_ld(c->w[i], c->padded),
+						      .x = x,
+						      .dz = dz,
+						      .w = w,
+						      .y = y,
+						      .dx = dx,
+						      .dw = dw};
 			double best = 1e300;
 			for (unsigned r = 0; r <= c->reps; r++) {
 				uint64_t t0 = mbt_now_ns();
-				product(k, c->mb, c->w[i], c->w[i + 1], c->padded, &b);
+				bench_layer_product((enum bench_op)k, &l);
 				double t = (double)(mbt_now_ns() - t0);
 				if (r && t < best) /* call 0 warms up */
 					best = t;
 			}
 			rt->best_ns[i][k] = best;
 		}
-	free(b.x), free(b.w), free(b.y), free(b.dz), free(b.dx), free(b.dw);
+	free(x), free(w), free(y), free(dz), free(dx), free(dw);
 	return NULL;
 }
 

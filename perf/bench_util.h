@@ -5,9 +5,14 @@
 #ifndef MBP_BENCH_UTIL_H
 #define MBP_BENCH_UTIL_H
 
+#include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "util/clock.h" /* mbt_now_ns, mbt_clock_ns: the tools' clock */
 
@@ -30,6 +35,43 @@ static inline double bench_median(const double *v, unsigned n)
 	memcpy(t, v, n * sizeof(*t));
 	qsort(t, n, sizeof(*t), bench_cmp_double);
 	return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* Busy time of all CPUs (user, nice, system, irq, softirq, steal) from /proc/stat, in seconds; 0 when it
+ * cannot be read. Less this process's CPU time over a window: what other processes kept busy. */
+static inline double bench_sys_busy_s(void)
+{
+	unsigned long long v[8] = {0};
+	FILE *f = fopen("/proc/stat", "r");
+	if (!f)
+		return 0;
+	int n =
+	    fscanf(f, "cpu %llu %llu %llu %*u %*u %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]);
+	fclose(f);
+	if (n != 6)
+		return 0;
+	return (double)(v[0] + v[1] + v[2] + v[3] + v[4] + v[5]) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* The 1, 5 and 15 minute load averages (-1 each when /proc/loadavg cannot be read). */
+static inline void bench_loadavg(double load[3])
+{
+	load[0] = load[1] = load[2] = -1;
+	FILE *f = fopen("/proc/loadavg", "r");
+	if (!f)
+		return;
+	if (fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3)
+		load[0] = load[1] = load[2] = -1;
+	fclose(f);
+}
+
+/* Pins the calling thread to one CPU; false when it cannot. */
+static inline bool bench_pin(int cpu)
+{
+	cpu_set_t one;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	return pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
 }
 
 #endif

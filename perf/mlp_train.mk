@@ -3,6 +3,6 @@
 # step alone: the 2-core limit of a training step (perf/bench_mlp_train.c).
 EXTRA_PROGRAMS += perf/bench_mlp_train
 PERF_BINS += perf/bench_mlp_train
-perf_bench_mlp_train_SOURCES = perf/bench_mlp_train.c perf/bench_util.h
+perf_bench_mlp_train_SOURCES = perf/bench_mlp_train.c perf/bench_util.h perf/bench_blas.h
 perf_bench_mlp_train_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS)
 perf_bench_mlp_train_LDADD = $(MBP_LIBS)

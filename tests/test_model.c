@@ -156,6 +156,34 @@ START_TEST(forward_matches_a_naive_double_reference)
 }
 END_TEST
 
+/* The vector ReLU writes the scalar definition's bits (y > 0 ? y : +0) at every length and offset, for
+ * the values where a shortcut would differ: NaNs of both signs, -0, infinities, subnormals; and it
+ * touches nothing past n. */
+START_TEST(relu_writes_the_scalar_bits_at_every_length_and_offset)
+{
+	static const uint32_t special[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x80000000u, 0x00000000u,
+					   0x7f800000u, 0xff800000u, 0x00000001u, 0x80000001u, 0x7f7fffffu,
+					   0xff7fffffu, 0x3f800000u, 0xbf800000u};
+	const size_t nsp = sizeof(special) / sizeof(special[0]);
+	float buf[80], want[80];
+	uint64_t seed = 7;
+	for (size_t off = 0; off < 4; off++)
+		for (size_t n = 0; n + off + 4 <= 80; n++) {
+			for (size_t i = 0; i < 80; i++) {
+				seed = seed * 6364136223846793005u + 1442695040888963407u;
+				uint32_t bits =
+				    (seed >> 33) % 3 ? (uint32_t)(seed >> 32) : special[(seed >> 40) % nsp];
+				memcpy(&buf[i], &bits, sizeof(bits));
+			}
+			memcpy(want, buf, sizeof(buf));
+			for (size_t i = off; i < off + n; i++)
+				want[i] = want[i] > 0.0f ? want[i] : 0.0f;
+			mbp__relu(buf + off, n);
+			ck_assert_msg(memcmp(buf, want, sizeof(buf)) == 0, "offset %zu, length %zu", off, n);
+		}
+}
+END_TEST
+
 START_TEST(forward_whole_batch_and_micro_batches_agree_within_1e_5)
 {
 	mbp_model_spec sp = {
@@ -1196,6 +1224,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, forward_matches_a_naive_double_reference);
 	tcase_add_test(tc, forward_whole_batch_and_micro_batches_agree_within_1e_5);
+	tcase_add_test(tc, relu_writes_the_scalar_bits_at_every_length_and_offset);
 	tcase_add_test(tc, random_model_files_are_deterministic_per_seed);
 	tcase_add_test(tc, a_loaded_model_does_not_see_its_file_change);
 	tcase_add_test(tc, load_refuses_what_is_not_a_regular_file_and_checks_sizes_first);

@@ -141,4 +141,8 @@ int mbp__model_write(const char *path, unsigned L, const struct mbp__layer *l, c
 /* Aligned scratch of n floats (64-byte aligned, zeroed); NULL on failure. Free with free(). */
 float *mbp__scratch_alloc(size_t n);
 
+/* ReLU of y[0, n) in place, y > 0 ? y : +0 element by element (a NaN and -0 become +0), in vectors where
+ * the CPU has them, with the same bits as the scalar form. */
+void mbp__relu(float *y, size_t n);
+
 #endif
