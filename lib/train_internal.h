@@ -95,5 +95,10 @@ void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err);
 /* Tests: the local trainer of an MPI trainer (libmbpipe-mpi). */
 struct mbp_mpi_trainer;
 mbp_trainer *mbp__mpi_trainer_local(struct mbp_mpi_trainer *T);
+/* Tests: a late message. The ranks other than 0 hold their links' credits until the stop's handshake
+ * begins, then 50 ms; rank 0 then looks for 200 ms for anything a peer sent after its last word, counted
+ * over the process (mbp__mpi_trainer_late_seen). */
+void mbp__mpi_trainer_test_late(struct mbp_mpi_trainer *T);
+uint64_t mbp__mpi_trainer_late_seen(void);
 
 #endif

@@ -460,6 +460,31 @@ START_TEST(a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_st
 }
 END_TEST
 
+/* The ranks other than 0 hold their links' credits until rank 0 ends the run, as when the last
+ * micro-batches of a failed step land while it ends: they must not go out then. A message a rank sends
+ * after its last word can land once its peer has freed the run's communicator, whose context MPI gives to
+ * the next run's: there it takes the place of one of that run's messages (by its sequence number), which is
+ * lost, a vote or a gradient, and that run hangs. Rank 0 looks for such messages after the run. */
+START_TEST(no_rank_sends_a_message_after_its_last_word_of_the_run)
+{
+	float in[ROWS * N], tg[ROWS * N];
+	struct part p;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	mbp__mpi_trainer_test_late(p.t);
+	make_data(in, tg, ROWS, 0);
+	uint64_t late0 = mbp__mpi_trainer_late_seen();
+	/* two micro-batches: the window's credits, none needed back */
+	if (rank == 0)
+		ck_assert_int_eq(mbp_mpi_trainer_step(p.t, in, tg, 2 * MBR, MBR, NULL), 0);
+	else
+		ck_assert_int_eq(step(&p, in, tg, NULL), 0);
+	part_destroy(&p);
+	ck_assert_msg(mbp__mpi_trainer_late_seen() == late0,
+		      "rank 0 got %llu messages after the run's last words",
+		      (unsigned long long)(mbp__mpi_trainer_late_seen() - late0));
+}
+END_TEST
+
 START_TEST(a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset)
 {
 	struct part p;
@@ -540,6 +565,7 @@ static Suite *suite(void)
 	tcase_add_test(tc,
 		       a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset);
 	tcase_add_test(tc, a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_step_runs);
+	tcase_add_test(tc, no_rank_sends_a_message_after_its_last_word_of_the_run);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
 	tcase_add_test(tc, a_gradient_wider_than_the_activation_is_refused_across_ranks);
 	suite_add_tcase(s, tc);

@@ -11,7 +11,11 @@
  * (-ETIMEDOUT, then mbp_mpi_finalize aborts every rank). The quiet stop: rank 0 sends STOP once its flow
  * may end the run; every other rank answers STOPPED and leaves once that is out, sending nothing after it
  * (a message still on the wire as the communicator is freed could reach the next run's: MPI reuses its
- * context); rank 0 leaves once every STOPPED is in and its own sends are done (loop.c).
+ * context); rank 0 leaves once every STOPPED is in and its own sends are done (loop.c). From the stop on
+ * (rank 0: STOP posted; the others: STOP in) only its two words go out: the channel drops every other
+ * command and the links send no item and no credit (`quiet`). A credit for a late arrival sent after
+ * STOPPED landed in the next run's communicator, which has the freed one's context: there it took the
+ * sequence number of one of that run's messages (a vote, a gradient), which was then never matched.
  */
 #include "config.h"
 
@@ -91,8 +95,14 @@ static bool send_next(struct mbp__run *r, unsigned i, uint64_t now)
 	for (unsigned o = 0; o < MBP_ARRAY_SIZE(order); o++) {
 		if (!(pending(p) & (1u << order[o])))
 			continue;
+		bool last = order[o] == MBP__CTL_STOP || order[o] == MBP__CTL_STOPPED;
 		memset(&p->out, 0, sizeof(p->out));
 		p->out.cmd = order[o];
+		if (r->ctl.quiet && !last) {
+			/* relaxed: as below; after the stop no step is open, and the command says nothing */
+			atomic_fetch_and_explicit(&p->pending, ~(1u << order[o]), memory_order_relaxed);
+			continue;
+		}
 		if (!r->ops->fill(r, p->rank, &p->out))
 			continue; /* not yet: it stays pending */
 		/* relaxed: a pending bit carries no data (the message is what fill() just wrote on this
@@ -121,7 +131,7 @@ bool mbp__ctl_pass(struct mbp__run *r, uint64_t now, bool *leave)
 	bool work = n > 0;
 	for (unsigned i = 0; i < c->n; i++) {
 		struct mbp__peer *p = &c->peer[i];
-		if (hb && p->watch && now - p->last_sent >= hb)
+		if (hb && p->watch && !c->quiet && now - p->last_sent >= hb)
 			/* relaxed: the loop's request to itself, read back below on this thread */
 			atomic_fetch_or_explicit(&p->pending, 1u << MBP__CTL_HB, memory_order_relaxed);
 		work |= !p->busy && pending(p);
@@ -140,9 +150,11 @@ bool mbp__ctl_pass(struct mbp__run *r, uint64_t now, bool *leave)
 		p->last_heard = now;
 		struct mbp__ctl_msg m = p->in;
 		MPI_Start(&c->rq[c->done[k]]);
-		if (m.cmd == MBP__CTL_STOP)
+		if (m.cmd == MBP__CTL_STOP) {
+			c->quiet = true; /* nothing but STOPPED after this */
 			/* relaxed: the loop's request to itself (the answer to STOP), sent from this thread */
 			atomic_fetch_or_explicit(&p->pending, 1u << MBP__CTL_STOPPED, memory_order_relaxed);
+		}
 		c->stopped += m.cmd == MBP__CTL_STOPPED;
 		r->ops->on_ctl(r, p->rank, &m);
 	}

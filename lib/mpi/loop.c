@@ -156,7 +156,7 @@ static bool stop_step(struct mbp__run *r, bool *leave)
 		if (!atomic_load_explicit(&r->ending, memory_order_relaxed))
 			return false;
 		pthread_mutex_lock(&r->lock);
-		c->stop_sent = r->ops->may_stop(r);
+		c->stop_sent = c->quiet = r->ops->may_stop(r);
 		pthread_mutex_unlock(&r->lock);
 		if (c->stop_sent)
 			mbp__ctl_post(r, -1, MBP__CTL_STOP);
@@ -170,6 +170,44 @@ static bool stop_step(struct mbp__run *r, bool *leave)
 			return false;
 	*leave = true;
 	return true;
+}
+
+static _Atomic uint64_t late_seen;
+
+/* Tests: rank 0, its links and channel closed: for 200 ms, any message a peer sent after its last word. */
+static void count_late(struct mbp__run *r)
+{
+	uint64_t end = mbp__now_ns() + 200 * (uint64_t)1000000;
+	while (mbp__now_ns() < end) {
+		int flag = 0;
+		MPI_Status st;
+		MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, r->comm, &flag, &st);
+		if (!flag) {
+			sched_yield();
+			continue;
+		}
+		int bytes = 0;
+		MPI_Get_count(&st, MPI_BYTE, &bytes);
+		void *buf = malloc(bytes > 0 ? (size_t)bytes : 1);
+		MPI_Recv(buf, bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, r->comm, MPI_STATUS_IGNORE);
+		free(buf);
+		fprintf(stderr, "mbpipe-mpi: rank %d sent a message (tag %d) after its last word\n",
+			st.MPI_SOURCE, st.MPI_TAG);
+		/* relaxed: a count read after the run's end (the loop's task awaited) */
+		atomic_fetch_add_explicit(&late_seen, 1, memory_order_relaxed);
+	}
+}
+
+void mbp__run_test_late(struct mbp__run *r)
+{
+	/* relaxed: a switch, read by the loop; nothing is published with it */
+	atomic_store_explicit(&r->test_late, true, memory_order_relaxed);
+}
+
+uint64_t mbp__run_late_seen(void)
+{
+	/* relaxed: see count_late() */
+	return atomic_load_explicit(&late_seen, memory_order_relaxed);
 }
 
 static int loop_task(void *arg)
@@ -214,6 +252,9 @@ static int loop_task(void *arg)
 		mbp__link_close(r, &r->link[i], dl);
 	mbp__ctl_close(r, dl);
 	r->ops->closed(r);
+	/* relaxed: a test's switch, set once; nothing is published with it */
+	if (r->rank == 0 && !dead && atomic_load_explicit(&r->test_late, memory_order_relaxed))
+		count_late(r);
 	if (!dead && r->comm != MPI_COMM_NULL)
 		MPI_Comm_free(&r->comm);
 	pthread_mutex_lock(&r->lock);

@@ -139,6 +139,9 @@ struct mbp__ctl {
 	int *done;
 	unsigned stopped; /* rank 0: STOPPED received */
 	bool stop_sent;
+	/* the stop's handshake has begun (rank 0: STOP posted; the others: STOP in): from now on only its
+	 * words go out, on the links and here (ctl.c) */
+	bool quiet;
 };
 
 /* ---- loop.c: a run ---- */
@@ -195,12 +198,19 @@ struct mbp__run {
 	struct mbp__ctl ctl;   /* the loop's */
 	struct mbp__link link[MBP__RUN_LINKS];
 	unsigned nlinks;
+	/* tests (mbp__run_test_late): the others hold their credits until the stop's handshake, then 50 ms
+	 * (link.c); rank 0 counts what comes after its peers' last words (loop.c) */
+	_Atomic bool test_late;
+	bool test_held;
 };
 
 /* A flow's object of `size` bytes, its run first, zeroed and filled in (rank, size, options with their
  * defaults; no MPI call): 0, -ENOTCONN (no mbp_mpi_init), -ERANGE (more ranks than MBP_MAX_STAGES),
  * -EINVAL (a window above 1024), -ENOMEM. Pair with mbp__run_destroy() and free(). */
 int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
+/* Tests: the run late messages (mbp__run's test_late); how many rank 0's runs have seen so far. */
+void mbp__run_test_late(struct mbp__run *r);
+uint64_t mbp__run_late_seen(void);
 /* Before go: a link (the control channel: mbp__ctl_alloc). 0 or -ENOMEM. */
 int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
 		  mbp_pool_cache *cache);

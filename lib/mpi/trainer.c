@@ -693,6 +693,16 @@ mbp_trainer *mbp__mpi_trainer_local(mbp_mpi_trainer *T)
 	return T->t;
 }
 
+void mbp__mpi_trainer_test_late(mbp_mpi_trainer *T)
+{
+	mbp__run_test_late(&T->r);
+}
+
+uint64_t mbp__mpi_trainer_late_seen(void)
+{
+	return mbp__run_late_seen();
+}
+
 int mbp_mpi_trainer_error(const mbp_mpi_trainer *T, mbp_train_error *e)
 {
 	if (!T || !e)
