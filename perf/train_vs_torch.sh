@@ -62,8 +62,6 @@ echo "train_vs_torch: $CPUS CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d
 echo "train_vs_torch: torch: $("$PY" -c 'import torch; print(torch.__version__, "BLAS", [l for l in torch.__config__.show().splitlines() if "BLAS_INFO" in l][0].split("BLAS_INFO=")[1].split(",")[0])')"
 
 busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
-# The children's user + system seconds so far (the second line of `times`: "XmY.YYYs XmY.YYYs").
-own() { times | awk 'NR == 2 { n = split($1 " " $2, t, /[ ms]+/); s = 0; for (i = 1; i < n; i += 2) s += t[i] * 60 + t[i + 1]; print s }'; }
 now() { date +%s.%N; }
 
 # measure NAME CMD...: runs CMD (its output into $WORK/NAME.out), sets OTHERS (the CPUs other processes
@@ -71,11 +69,13 @@ now() { date +%s.%N; }
 measure() {
 	mout=$WORK/$1.out
 	shift
-	b0=$(busy) o0=$(own) t0=$(now)
-	"$@" >"$mout"
-	b1=$(busy) o1=$(own) t1=$(now)
-	OTHERS=$(awk -v b0="$b0" -v b1="$b1" -v o0="$o0" -v o1="$o1" -v t0="$t0" -v t1="$t1" -v k="$TCK" \
-		'BEGIN { x = ((b1 - b0) / k - (o1 - o0)) / (t1 - t0); printf "%.2f", x < 0 ? 0 : x }')
+	# the run's own user + system seconds from time(1) (`times` in a command substitution would count
+	# the subshell's children, none, and call the run's own CPU the others')
+	b0=$(busy) t0=$(now)
+	/usr/bin/time -f '%U %S' -o "$WORK/time" "$@" >"$mout"
+	b1=$(busy) t1=$(now)
+	OTHERS=$(awk -v b0="$b0" -v b1="$b1" -v own="$(cat "$WORK/time")" -v t0="$t0" -v t1="$t1" -v k="$TCK" \
+		'BEGIN { split(own, o, " "); x = ((b1 - b0) / k - o[1] - o[2]) / (t1 - t0); printf "%.2f", x < 0 ? 0 : x }')
 }
 
 # roofline MB: bench_mlp_train --roofline at MB rows, the weights packed (a caller's matrices) and padded
