@@ -184,6 +184,39 @@ START_TEST(relu_writes_the_scalar_bits_at_every_length_and_offset)
 }
 END_TEST
 
+START_TEST(relu_grad_writes_the_scalar_bits_at_every_length_and_offset_in_place_or_not)
+{
+	static const uint32_t special[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x80000000u, 0x00000000u,
+					   0x7f800000u, 0xff800000u, 0x00000001u, 0x80000001u, 0x3f800000u};
+	const size_t nsp = sizeof(special) / sizeof(special[0]);
+	float y[80], dy[80], out[80], want[80];
+	uint64_t seed = 11;
+	for (int in_place = 0; in_place < 2; in_place++)
+		for (size_t off = 0; off < 4; off++)
+			for (size_t n = 0; n + off + 4 <= 80; n++) {
+				for (size_t i = 0; i < 80; i++) {
+					float *dst[2] = {&y[i], &dy[i]};
+					for (int k = 0; k < 2; k++) {
+						seed = seed * 6364136223846793005u + 1442695040888963407u;
+						uint32_t bits = (seed >> 33) % 3
+								    ? (uint32_t)(seed >> 32)
+								    : special[(seed >> 40) % nsp];
+						memcpy(dst[k], &bits, sizeof(bits));
+					}
+					out[i] = (float)i;
+				}
+				float *o = in_place ? y : out;
+				memcpy(want, o, sizeof(want));
+				for (size_t i = off; i < off + n; i++)
+					want[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+				mbp__relu_grad(y + off, dy + off, o + off, n);
+				ck_assert_msg(memcmp(o, want, sizeof(want)) == 0,
+					      "%s, offset %zu, length %zu", in_place ? "in place" : "apart",
+					      off, n);
+			}
+}
+END_TEST
+
 START_TEST(forward_whole_batch_and_micro_batches_agree_within_1e_5)
 {
 	mbp_model_spec sp = {
@@ -1225,6 +1258,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, forward_matches_a_naive_double_reference);
 	tcase_add_test(tc, forward_whole_batch_and_micro_batches_agree_within_1e_5);
 	tcase_add_test(tc, relu_writes_the_scalar_bits_at_every_length_and_offset);
+	tcase_add_test(tc, relu_grad_writes_the_scalar_bits_at_every_length_and_offset_in_place_or_not);
 	tcase_add_test(tc, random_model_files_are_deterministic_per_seed);
 	tcase_add_test(tc, a_loaded_model_does_not_see_its_file_change);
 	tcase_add_test(tc, load_refuses_what_is_not_a_regular_file_and_checks_sizes_first);

@@ -62,6 +62,29 @@ void mbp__relu(float *y, size_t n)
 		y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
+/* ReLU's backward: out = y > 0 ? dy : +0, element by element (out may be y: each element is read before it
+ * is written). The same mispredicted compare and jump as the forward's scalar loop; CMPGTPS gives all ones
+ * exactly where y > 0 (false for NaN), and AND with dy writes dy's bits there and +0 elsewhere: the scalar
+ * loop's bits. */
+void mbp__relu_grad(const float *y, const float *dy, float *out, size_t n)
+{
+	size_t i = 0;
+#if defined(__SSE2__)
+	const __m128 zero = _mm_setzero_ps();
+	for (; i + 8 <= n; i += 8) {
+		__m128 a = _mm_and_ps(_mm_cmpgt_ps(_mm_loadu_ps(y + i), zero), _mm_loadu_ps(dy + i)),
+		       b = _mm_and_ps(_mm_cmpgt_ps(_mm_loadu_ps(y + i + 4), zero), _mm_loadu_ps(dy + i + 4));
+		_mm_storeu_ps(out + i, a);
+		_mm_storeu_ps(out + i + 4, b);
+	}
+	for (; i + 4 <= n; i += 4)
+		_mm_storeu_ps(out + i,
+			      _mm_and_ps(_mm_cmpgt_ps(_mm_loadu_ps(y + i), zero), _mm_loadu_ps(dy + i)));
+#endif
+	for (; i < n; i++)
+		out[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
 static void activate(mbp_act act, float *y, size_t n)
 {
 	switch (act) {

@@ -593,8 +593,7 @@ static void grad_out(mbp_mlp_stage *st, unsigned i, float *stash, const float *d
 			memcpy(gr, src, w * sizeof(float));
 			break;
 		case MBP_ACT_RELU:
-			for (uint32_t j = 0; j < w; j++)
-				gr[j] = gr[j] > 0.0f ? src[j] : 0.0f;
+			mbp__relu_grad(gr, src, gr, w);
 			break;
 		case MBP_ACT_GELU:
 			for (uint32_t j = 0; j < w; j++)
@@ -648,8 +647,7 @@ static void hand_back(const mbp_mlp_stage *st, const float *y, const float *dy, 
 	const struct mbp__layer *l = &st->n->l[k];
 	const size_t cnt = (size_t)rows * l->out;
 	if (l->act == MBP_ACT_RELU)
-		for (size_t e = 0; e < cnt; e++)
-			din[e] = y[e] > 0.0f ? dy[e] : 0.0f;
+		mbp__relu_grad(y, dy, din, cnt);
 	else
 		memcpy(din, dy, cnt * sizeof(float));
 	dz_times_w(st->n, k, din, din + cnt, rows);

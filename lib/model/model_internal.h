@@ -144,5 +144,6 @@ float *mbp__scratch_alloc(size_t n);
 /* ReLU of y[0, n) in place, y > 0 ? y : +0 element by element (a NaN and -0 become +0), in vectors where
  * the CPU has them, with the same bits as the scalar form. */
 void mbp__relu(float *y, size_t n);
+void mbp__relu_grad(const float *y, const float *dy, float *out, size_t n); /* out may be y */
 
 #endif
