@@ -247,7 +247,7 @@ static int loop_task(void *arg)
 			now = mbp__now_ns();
 		}
 	}
-	uint64_t dl = mbp__now_ns() + (dead ? 100 : 2000) * (uint64_t)1000000;
+	uint64_t dl = mbp__now_ns() + mbp__run_close_ns(dead);
 	for (unsigned i = 0; i < r->nlinks; i++)
 		mbp__link_close(r, &r->link[i], dl);
 	mbp__ctl_close(r, dl);

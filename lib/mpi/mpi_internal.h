@@ -173,6 +173,13 @@ struct mbp__run_ops {
 };
 
 enum { MBP__RUN_NEW = 0, MBP__RUN_RUNNING, MBP__RUN_ENDED };
+
+/* How long a closing run waits for what is still on the wire (the links, the channel, a flow's own
+ * requests): 100 ms when a peer went silent, else 2 s. */
+static inline uint64_t mbp__run_close_ns(bool dead)
+{
+	return (dead ? 100 : 2000) * (uint64_t)1000000;
+}
 #define MBP__RUN_LINKS 4
 
 /*

@@ -539,8 +539,7 @@ static void op_closed(struct mbp__run *r)
 {
 	mbp_mpi_trainer *T = of(r);
 	if (T->tgt_req != MPI_REQUEST_NULL)
-		mbp__mpi_finish(&T->tgt_req, r->rank != 0,
-				mbp__now_ns() + (r->dead ? 100 : 2000) * 1000000ull);
+		mbp__mpi_finish(&T->tgt_req, r->rank != 0, mbp__now_ns() + mbp__run_close_ns(r->dead));
 	pthread_mutex_lock(&r->lock);
 	T->tgt_pending = T->tgt_active = false;
 	close_step_locked(T);
