@@ -40,8 +40,8 @@ done
 tmp=$(mktemp -d /tmp/ab.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-busy() { awk '/^cpu /{print $2+$3+$4+$7+$8; exit}' /proc/stat; }
-hz=$(getconf CLK_TCK)
+# shellcheck source=perf/others.sh
+. "$(dirname "$0")/others.sh"
 
 # run SIDE DIR ROUND: the command with every word naming a file of A_BUILD taken from DIR instead.
 run() {
@@ -51,17 +51,14 @@ run() {
 	for w in $cmd; do
 		if [ -d "$a" ] && [ -e "$a/$w" ]; then set -- "$@" "$dir/$w"; else set -- "$@" "$w"; fi
 	done
-	b0=$(busy) t0=$(date +%s.%N)
-	if ! /usr/bin/time -f '%U %S' -o "$tmp/time" "$@" >"$tmp/out" 2>&1; then
+	if ! others_run "$@" >"$tmp/out" 2>&1; then
 		echo "ab: $side round $r failed: $*" >&2
 		tail -5 "$tmp/out" >&2
 		exit 1
 	fi
-	b1=$(busy) t1=$(date +%s.%N)
+	others=$OTHERS
 	[ -z "${AB_LOG:-}" ] || printf '== %s round %s (%s) %s\n%s\n' "$side" "$r" "$*" "$(date -u +%T)" \
 		"$(cat "$tmp/out")" >>"$AB_LOG"
-	others=$(awk -v b0="$b0" -v b1="$b1" -v t0="$t0" -v t1="$t1" -v hz="$hz" -v own="$(cat "$tmp/time")" \
-		'BEGIN { split(own, o, " "); x = ((b1 - b0) / hz - o[1] - o[2]) / (t1 - t0); printf "%.2f", x < 0 ? 0 : x }')
 	# one record per summary line: SIDE ROUND ID KEY VALUE
 	awk -v side="$side" -v r="$r" -v ids=",$ids," -v metrics=",$metrics," -v others="$others" '
 	/^[a-z_0-9]+:? .*=/ {

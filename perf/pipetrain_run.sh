@@ -28,6 +28,8 @@
 set -eu
 BIN=${PIPETRAIN:-tools/pipetrain/pipetrain}
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=perf/others.sh
+. "$here/others.sh"
 OUT=${1:-$here/results}
 ROUNDS=${ROUNDS:-3}
 LIMIT=${LIMIT:-8192}
@@ -146,23 +148,16 @@ fi
 if part 7; then
 	RC_LAYERS=${RC_LAYERS:-1 2}
 	RC_SCHEDULES=${RC_SCHEDULES:-1f1b zbh1}
-	busy() { awk '/^cpu /{print $2+$3+$4+$7+$8; exit}' /proc/stat; }
-	hz=$(getconf CLK_TCK)
 	csv=$OUT/pipetrain-recompute.csv
 	echo "schedule,recompute,round,steps_per_s,samples_per_s,peak_activation_bytes,activation_pool_bytes,recompute_s,others_cpus,load1" >"$csv"
 	for r in $(seq 1 "$ROUNDS"); do
 		for s in $RC_SCHEDULES; do
 			for rc in none all $RC_LAYERS; do
-				b0=$(busy) t0=$(date +%s.%N)
 				# shellcheck disable=SC2086 # EXTRA is a list of options
-				/usr/bin/time -f '%U %S' -o "$WORK/time" "$BIN" --layers 784,1024,1024,1024,10 --limit "$LIMIT" \
+				others_run "$BIN" --layers 784,1024,1024,1024,10 --limit "$LIMIT" \
 					--epochs 1 --val 1000 --stages 2 --schedule "$s" --batch 256 --mb 32 --recompute "$rc" \
 					$EXTRA --json --quiet >"$WORK/rc.json"
-				b1=$(busy) t1=$(date +%s.%N)
-				# the CPUs other processes kept busy during the run: all busy time less the run's own
-				others=$(awk -v b0="$b0" -v b1="$b1" -v t0="$t0" -v t1="$t1" -v hz="$hz" -v own="$(cat "$WORK/time")" \
-					'BEGIN { split(own, o, " "); x = ((b1 - b0) / hz - o[1] - o[2]) / (t1 - t0); printf "%.2f", x < 0 ? 0 : x }')
-				echo "$s,$(echo "$rc" | tr , +),$r,$(jq -r '"\(.epochs[0].samples_per_s / .config.batch),\(.epochs[0].samples_per_s),\(.peak_activation_bytes),\(.activation_pool_bytes),\([.stages[].recompute_s] | add)"' "$WORK/rc.json"),$others,$(cut -d' ' -f1 /proc/loadavg)" >>"$csv"
+				echo "$s,$(echo "$rc" | tr , +),$r,$(jq -r '"\(.epochs[0].samples_per_s / .config.batch),\(.epochs[0].samples_per_s),\(.peak_activation_bytes),\(.activation_pool_bytes),\([.stages[].recompute_s] | add)"' "$WORK/rc.json"),$OTHERS,$(cut -d' ' -f1 /proc/loadavg)" >>"$csv"
 			done
 		done
 	done

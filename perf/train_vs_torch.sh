@@ -55,27 +55,20 @@ fi
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-TCK=$(getconf CLK_TCK)
 CPUS=$(nproc)
 KERNEL=$("$PY" -c 'import ctypes; l = ctypes.CDLL("libopenblas.so.0"); l.openblas_get_corename.restype = ctypes.c_char_p; print(l.openblas_get_corename().decode())' 2>/dev/null || echo unknown)
 echo "train_vs_torch: $CPUS CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), OpenBLAS kernel $KERNEL, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, load $(cut -d' ' -f1-3 /proc/loadavg) at start"
 echo "train_vs_torch: torch: $("$PY" -c 'import torch; print(torch.__version__, "BLAS", [l for l in torch.__config__.show().splitlines() if "BLAS_INFO" in l][0].split("BLAS_INFO=")[1].split(",")[0])')"
 
-busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
-now() { date +%s.%N; }
+# shellcheck source=perf/others.sh
+. "$here/others.sh"
 
 # measure NAME CMD...: runs CMD (its output into $WORK/NAME.out), sets OTHERS (the CPUs other processes
-# used meanwhile, on average).
+# used meanwhile, on average: perf/others.sh).
 measure() {
 	mout=$WORK/$1.out
 	shift
-	# the run's own user + system seconds from time(1) (`times` in a command substitution would count
-	# the subshell's children, none, and call the run's own CPU the others')
-	b0=$(busy) t0=$(now)
-	/usr/bin/time -f '%U %S' -o "$WORK/time" "$@" >"$mout"
-	b1=$(busy) t1=$(now)
-	OTHERS=$(awk -v b0="$b0" -v b1="$b1" -v own="$(cat "$WORK/time")" -v t0="$t0" -v t1="$t1" -v k="$TCK" \
-		'BEGIN { split(own, o, " "); x = ((b1 - b0) / k - o[1] - o[2]) / (t1 - t0); printf "%.2f", x < 0 ? 0 : x }')
+	others_run "$@" >"$mout"
 }
 
 # roofline MB: bench_mlp_train --roofline at MB rows, the weights packed (a caller's matrices) and padded
