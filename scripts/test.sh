@@ -6,6 +6,7 @@
 #   scripts/test.sh            the test suite (what the README's test command runs)
 #   scripts/test.sh --tsan     the concurrency tests under ThreadSanitizer (shrunk iteration counts)
 #   scripts/test.sh --asan     the whole suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   scripts/test.sh --debug    the pool, ring, pipeline and trainer suites with asserts and poisoning on
 #   scripts/test.sh --fuzz     short fixed-length libFuzzer runs of the parsers
 #   scripts/test.sh --format   the clang-format check
 set -euo pipefail
@@ -41,6 +42,13 @@ default)
 	# the MPI tests too; Open MPI's own allocations are never freed, so leak detection is off for them
 	ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} make -C "$b" check-mpi
 	;;
+--debug)
+	# asserts and the pool's poisoning on (--enable-debug, -O0): the checks that the other builds skip
+	# (test_pool's write after release), and the suites of the structures they guard
+	b="$top/build-debug"
+	"$top/scripts/build.sh" "$b" --enable-debug --enable-werror
+	make -C "$b" -j"$(nproc)" check TESTS="tests/test_pool tests/test_ring tests/test_pipeline tests/test_train"
+	;;
 --fuzz)
 	b="$top/build-check"
 	"$top/scripts/build.sh" "$b" --enable-werror
@@ -52,7 +60,7 @@ default)
 	make -C "$b" format-check
 	;;
 *)
-	echo "test.sh: unknown mode '$mode' (default, --tsan, --asan, --fuzz, --format)" >&2
+	echo "test.sh: unknown mode '$mode' (default, --tsan, --asan, --debug, --fuzz, --format)" >&2
 	exit 2
 	;;
 esac
