@@ -17,6 +17,12 @@ tests_test_mlp_LDADD = $(TEST_LIBS)
 TESTS += tests/test_mlp
 # Stages of one model trained on two threads at once: a concurrency test too.
 CONCURRENCY_TESTS += tests/test_mlp
+# The planner: plans for a hand-worked profile under loose and tight budgets, refusals, determinism.
+check_PROGRAMS += tests/test_planner
+tests_test_planner_SOURCES = tests/test_planner.c tests/check_main.h
+tests_test_planner_CFLAGS = $(TEST_CFLAGS)
+tests_test_planner_LDADD = $(TEST_LIBS)
+TESTS += tests/test_planner
 check_PROGRAMS += tests/test_data
 tests_test_data_SOURCES = tests/test_data.c tests/check_main.h tests/test_tmpdir.h
 tests_test_data_CFLAGS = $(TEST_CFLAGS) $(ZLIB_CFLAGS)

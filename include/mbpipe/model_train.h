@@ -78,6 +78,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "train.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -461,6 +462,71 @@ int mbp_mlp_load_optim(mbp_mlp *n, const char *path, mbp_model_error *err);
  *         a number: MBP_MODEL_MISSING), the safetensors rules' errors, the file system's -errno.
  */
 int mbp_mlp_optim_read(const char *path, mbp_optim_opts *o, mbp_model_error *err);
+
+/* ---- the planner ---- */
+
+/** Most micro-batch sizes of one profile. */
+#define MBP_PLAN_MAX_SIZES 12
+
+/**
+ * What the planner plans from: each layer's measured costs at a few micro-batch sizes and its activation
+ * bytes per row. The arrays are the caller's, read during mbp_mlp_plan only.
+ */
+typedef struct mbp_plan_profile {
+	unsigned layers;	    /**< L, > 0 */
+	unsigned sizes;		    /**< micro-batch sizes profiled, 1 .. MBP_PLAN_MAX_SIZES */
+	const uint32_t *mb;	    /**< the sizes, rows, strictly increasing */
+	const mbp_op_costs *cost;   /**< sizes x layers: cost[k * layers + i], layer i at mb[k] rows, in ns
+				        (any unit, the same for all), each of F, B_in and B_w at least 0 */
+	const uint64_t *keep_bytes; /**< per layer: bytes per row its backward needs kept (the dense output,
+				         a normalisation's values: mbp_mlp_stage_stash_floats of the layer alone) */
+	const uint64_t *out_bytes;  /**< per layer: bytes per row of its output, kept too when a later layer
+				         of its stage reads it */
+	uint64_t state_bytes;	    /**< memory every plan has: counted once in each plan's peak (pipetrain:
+				         the parameters, their gradients and the optimizer's moments) */
+	uint32_t batch;		    /**< rows of a step (> 0); sizes above it are not planned */
+} mbp_plan_profile;
+
+/** A training plan (mbp_mlp_plan's result). */
+typedef struct mbp_train_plan {
+	unsigned stages;	 /**< S: T, or 2T for a chunked schedule (two chunks a thread) */
+	unsigned threads;	 /**< T, 1 .. the threads given */
+	mbp_sched_kind schedule; /**< one of the fixed kinds (gpipe .. dualpipev) */
+	uint32_t mb, mbs;	 /**< rows per micro-batch (a profiled size) and micro-batches of a step */
+	unsigned first[MBP_MAX_STAGES + 1];	  /**< stage s: layers [first[s], first[s + 1]) */
+	uint64_t recompute;			  /**< bit s: every layer of stage s recomputes */
+	double step_ns;				  /**< predicted step: mbp_schedule_simulate's makespan */
+	double bubble;				  /**< its bubble */
+	uint64_t stage_act_bytes[MBP_MAX_STAGES]; /**< predicted: most activation bytes stage s holds */
+	uint64_t act_bytes;   /**< their sum: at least the trainer's act_peak_bytes for this plan */
+	uint64_t state_bytes; /**< the profile's */
+	uint64_t peak_bytes;  /**< act_bytes + state_bytes: what is compared with the budget */
+	unsigned considered;  /**< plans played */
+	unsigned fitted;      /**< of them, those within the budget */
+} mbp_train_plan;
+
+/**
+ * Plan a training run: the plan with the shortest predicted step whose predicted peak memory fits the
+ * budget. Searched: threads 1 .. `threads`; every fixed schedule (gpipe, 1f1b, zbh1, zbh2 on S = T
+ * stages; interleaved, looped-bfs, zbv, dualpipev on S = 2T chunks); each profiled micro-batch size; the
+ * split of mbp_model_partition on the layers' F + B_in + B_w at that size, and the one with each forward
+ * counted twice (as recomputing stages run it) where it differs; and which stages recompute every layer
+ * (tried only where keeping every activation does not fit). A stage's predicted costs are its layers'
+ * sums (a recomputing stage's B_in carries its forward again), its memory the most bytes of stashes and
+ * work buffers it holds at once under the schedule (rows x bytes per row, as the trainer counts them);
+ * the plan's peak is the stages' sum plus state_bytes. Not counted: the stages' inputs and gradients in
+ * flight (the trainer's other pool), scratch, the model's padded weight copies. No hand-overs.
+ * Deterministic: the same profile, budget and threads give the same plan. Takes no measurement.
+ * @param budget bytes (> 0; UINT64_MAX: no limit)
+ * @param threads the most threads (1 .. MBP_MAX_STAGES; the CPUs the run may use)
+ * @param out the plan; on -ENOSPC the plan of least memory
+ * @param need optional: receives the smallest budget that a plan fits (the least memory plan's peak),
+ *             on 0 and -ENOSPC
+ * @return 0, -EINVAL (NULL, budget or threads 0, a bad profile: sizes not increasing, a negative or
+ *         non-finite cost; no schedule placeable at any size), -ENOSPC (no plan fits the budget), -ENOMEM.
+ */
+int mbp_mlp_plan(const mbp_plan_profile *p, uint64_t budget, unsigned threads, mbp_train_plan *out,
+		 uint64_t *need);
 
 #ifdef __cplusplus
 }
