@@ -180,6 +180,23 @@ static const char *const bad_args[][8] = {
     {"--save", ""},
     {"--save", "/nonexistent/m.safetensors"},
     {"--predictions", "/nonexistent/p.txt"},
+    {"--plan", "manual"},
+    {"--memory", "64M"}, /* without --plan auto */
+    {"--plan-only"},
+    {"--plan", "auto", "--memory", "lots"},
+    {"--plan", "auto", "--memory", "0"},
+    {"--plan", "auto", "--memory", "12X"},
+    {"--plan", "auto", "--stages", "2"},
+    {"--plan", "auto", "--mb", "32"},
+    {"--plan", "auto", "--recompute", "all"},
+    {"--plan", "auto", "--schedule", "zbv"},
+    {"--plan", "auto", "--split", "1"},
+    {"--plan", "auto", "--memory", "1K"}, /* no plan fits: the smallest budget that does, in MiB */
+    {"--split", "2,2"},
+    {"--split", "0"},
+    {"--split", "1,"},
+    {"--layers", "784,64,10", "--split", "2"}, /* layers 0 and 1 only */
+    {"--layers", "784,64,64,10", "--split", "1", "--stages", "3"},
     {"--epochs"},
     {"--frobnicate"},
     {"extra"},
@@ -429,6 +446,162 @@ START_TEST(recomputation_lowers_the_peak_activation_memory_and_shows_in_the_trac
 	}
 	ck_assert_msg(peak[1] < peak[0], "peak %.0f bytes recomputing, %.0f keeping", peak[1], peak[0]);
 	tmpdir_remove();
+}
+END_TEST
+
+/* ---- --plan auto ---- */
+
+#define PLANNED                                                                                              \
+	"--layers", "784,48,24,10", "--limit", "1024", "--batch", "128", "--val", "500", "--plan", "auto"
+
+/* The plan object of a --json document; asserts its fields. */
+static const cJSON *plan_of(const cJSON *root)
+{
+	const cJSON *p = cJSON_GetObjectItem(root, "plan");
+	ck_assert_msg(cJSON_IsObject(p), "no plan object");
+	static const char *const nums[] = {"threads",
+					   "stages",
+					   "mb",
+					   "mbs",
+					   "predicted_step_ms",
+					   "predicted_bubble",
+					   "predicted_peak_bytes",
+					   "predicted_activation_bytes",
+					   "state_bytes",
+					   "smallest_budget_bytes",
+					   "plans_played",
+					   "profile_s"};
+	for (unsigned i = 0; i < sizeof nums / sizeof nums[0]; i++)
+		ck_assert_msg(cJSON_IsNumber(cJSON_GetObjectItem(p, nums[i])), "plan.%s", nums[i]);
+	ck_assert(cJSON_IsString(cJSON_GetObjectItem(p, "schedule")));
+	int S = cJSON_GetObjectItem(p, "stages")->valueint;
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(p, "stage_layers")), S);
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(p, "recompute")), S);
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(p, "stage_activation_bytes")), S);
+	ck_assert(cJSON_GetObjectItem(p, "predicted_peak_bytes")->valuedouble ==
+		  cJSON_GetObjectItem(p, "predicted_activation_bytes")->valuedouble +
+		      cJSON_GetObjectItem(p, "state_bytes")->valuedouble);
+	ck_assert(cJSON_GetObjectItem(p, "profile_s")->valuedouble <= 5);
+	return p;
+}
+
+static double num(const cJSON *o, const char *k)
+{
+	const cJSON *v = cJSON_GetObjectItem(o, k);
+	ck_assert_msg(cJSON_IsNumber(v), "no number %s", k);
+	return v->valuedouble;
+}
+
+/* --plan-only prints the plan's three lines and trains nothing; with --json the plan is the document. */
+START_TEST(plan_only_prints_the_plan_and_its_json_parses_and_trains_nothing)
+{
+	if (!have_data())
+		return;
+	struct run r = run((const char *const[]){PLANNED, "--plan-only", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "plan: ") && strstr(r.out, "predicted step ") &&
+			  strstr(r.out, "bubble ") && strstr(r.out, "peak memory ") &&
+			  strstr(r.out, "micro-batch ") && strstr(r.out, "stages (layers, * recomputes)"),
+		      "%s", r.out);
+	ck_assert_msg(!strstr(r.out, "epoch ") && !strstr(r.out, "summary:"), "it trained: %s", r.out);
+	run_free(&r);
+	r = run((const char *const[]){PLANNED, "--plan-only", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
+	const cJSON *p = plan_of(root);
+	ck_assert(cJSON_IsNull(cJSON_GetObjectItem(p, "budget_bytes")));
+	ck_assert(num(p, "smallest_budget_bytes") <= num(p, "predicted_peak_bytes"));
+	/* no limit: nothing recomputes */
+	const cJSON *rc;
+	cJSON_ArrayForEach(rc, cJSON_GetObjectItem(p, "recompute")) ck_assert(cJSON_IsFalse(rc));
+	ck_assert_msg(strstr(r.err, "plan: "), "the lines go to stderr beside --json: %s", r.err);
+	cJSON_Delete(root);
+	run_free(&r);
+}
+END_TEST
+
+/* A budget no plan fits: one line with the smallest budget that fits, in MiB rounded up, exit 2; that
+ * budget is then accepted. The least memory does not depend on the timings, so it is the same each run. */
+START_TEST(a_budget_no_plan_fits_is_refused_with_exit_2_and_the_smallest_budget_that_fits)
+{
+	if (!have_data())
+		return;
+	struct run r = run((const char *const[]){PLANNED, "--plan-only", "--memory", "64K", NULL});
+	ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+	ck_assert_uint_eq(lines(r.err), 1);
+	const char *at = strstr(r.err, "smallest budget that fits is ");
+	ck_assert_msg(at && strncmp(r.err, "pipetrain: ", 11) == 0, "%s", r.err);
+	unsigned need = 0;
+	ck_assert_int_eq(sscanf(at, "smallest budget that fits is %u MiB", &need), 1);
+	ck_assert_uint_gt(need, 0);
+	run_free(&r);
+	r = run((const char *const[]){PLANNED, "--plan-only", "--json", NULL});
+	ck_assert_int_eq(r.status, 0);
+	cJSON *root = cJSON_Parse(r.out);
+	double least = num(plan_of(root), "smallest_budget_bytes");
+	ck_assert_msg((unsigned)((least + (1 << 20) - 1) / (1 << 20)) == need, "%u MiB, least %.0f bytes",
+		      need, least);
+	cJSON_Delete(root);
+	run_free(&r);
+	char mem[32];
+	snprintf(mem, sizeof mem, "%uM", need);
+	r = run((const char *const[]){PLANNED, "--plan-only", "--memory", mem, NULL});
+	ck_assert_msg(r.status == 0, "--memory %s: exit %d: %s", mem, r.status, r.err);
+	run_free(&r);
+	snprintf(mem, sizeof mem, "%.0f", least - 1); /* a byte less: refused */
+	r = run((const char *const[]){PLANNED, "--plan-only", "--memory", mem, NULL});
+	ck_assert_msg(r.status == 2, "--memory %s: exit %d: %s", mem, r.status, r.err);
+	run_free(&r);
+}
+END_TEST
+
+/* A run at the tightest budget (the least memory plan's): it trains with the plan (its stages, schedule,
+ * micro-batch and recomputation in the run's JSON) and its measured peak (the trainer's activation peak +
+ * the state) is within the budget and the prediction, printed beside it. */
+START_TEST(a_planned_run_trains_within_its_budget_and_prints_the_measured_beside_the_predicted)
+{
+	if (!have_data())
+		return;
+	struct run r = run((const char *const[]){PLANNED, "--plan-only", "--json", NULL});
+	ck_assert_int_eq(r.status, 0);
+	cJSON *root = cJSON_Parse(r.out);
+	double least = num(plan_of(root), "smallest_budget_bytes");
+	cJSON_Delete(root);
+	run_free(&r);
+	char mem[32];
+	snprintf(mem, sizeof mem, "%.0f", least);
+	r = run((const char *const[]){PLANNED, "--memory", mem, "--epochs", "1", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.err, "plan against the run: step ") && strstr(r.err, " measured"), "%s",
+		      r.err);
+	root = cJSON_Parse(r.out);
+	ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
+	const cJSON *p = plan_of(root), *m = cJSON_GetObjectItem(root, "measured"),
+		    *cfg = cJSON_GetObjectItem(root, "config");
+	ck_assert(num(p, "budget_bytes") == least && num(p, "predicted_peak_bytes") == least);
+	double peak = num(m, "peak_bytes");
+	ck_assert_msg(peak > num(m, "state_bytes") && peak <= least, "measured %.0f, budget %.0f", peak,
+		      least);
+	ck_assert(num(m, "activation_peak_bytes") == num(root, "peak_activation_bytes"));
+	ck_assert(num(m, "step_ms") > 0);
+	ck_assert(num(cfg, "stages") == num(p, "stages") && num(cfg, "mb") == num(p, "mb") &&
+		  num(cfg, "threads") == num(p, "threads"));
+	ck_assert_str_eq(cJSON_GetObjectItem(cfg, "schedule")->valuestring,
+			 cJSON_GetObjectItem(p, "schedule")->valuestring);
+	/* each stage's layers and recomputation are the plan's */
+	const cJSON *st = cJSON_GetObjectItem(root, "stages");
+	for (int s = 0; s < cJSON_GetArraySize(st); s++) {
+		const cJSON *o = cJSON_GetArrayItem(st, s),
+			    *ly = cJSON_GetArrayItem(cJSON_GetObjectItem(p, "stage_layers"), s);
+		ck_assert(num(o, "first_layer") == cJSON_GetArrayItem(ly, 0)->valuedouble);
+		ck_assert(num(o, "last_layer") == cJSON_GetArrayItem(ly, 1)->valuedouble);
+		bool rc = cJSON_IsTrue(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "recompute"), s));
+		ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "recomputed_layers")),
+				 rc ? (int)(num(o, "last_layer") - num(o, "first_layer") + 1) : 0);
+	}
+	cJSON_Delete(root);
+	run_free(&r);
 }
 END_TEST
 
@@ -1656,6 +1829,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, mb_auto_under_a_chunked_schedule_tries_only_the_sizes_it_can_place);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
 	tcase_add_test(tc, recomputation_lowers_the_peak_activation_memory_and_shows_in_the_trace);
+	tcase_add_test(tc, plan_only_prints_the_plan_and_its_json_parses_and_trains_nothing);
+	tcase_add_test(tc, a_budget_no_plan_fits_is_refused_with_exit_2_and_the_smallest_budget_that_fits);
+	tcase_add_test(tc,
+		       a_planned_run_trains_within_its_budget_and_prints_the_measured_beside_the_predicted);
 	tcase_add_test(tc, the_threads_are_pinned_by_default_and_the_summary_says_how);
 	tcase_add_test(tc, every_operation_has_its_own_name_in_messages);
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);

@@ -2,7 +2,7 @@
 bin_PROGRAMS += tools/pipetrain/pipetrain
 tools_pipetrain_pipetrain_SOURCES = \
 	tools/pipetrain/pipetrain.h tools/pipetrain/main.c tools/pipetrain/options.c \
-	tools/pipetrain/stages.c tools/pipetrain/output.c tools/pipetrain/plot.c
+	tools/pipetrain/stages.c tools/pipetrain/output.c tools/pipetrain/plot.c tools/pipetrain/plan.c
 tools_pipetrain_pipetrain_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include
 tools_pipetrain_pipetrain_CFLAGS = $(AM_CFLAGS) $(CJSON_CFLAGS) $(OPENBLAS_CFLAGS)
 tools_pipetrain_pipetrain_LDADD = $(MBP_LIBS) $(CJSON_LIBS) -lm
@@ -13,7 +13,7 @@ dist_man_MANS += tools/pipetrain/pipetrain.1
 # end: the checkpoint served by pipeserve, then reloaded live.
 check_PROGRAMS += tests/test_pipetrain
 tests_test_pipetrain_SOURCES = tests/test_pipetrain.c tests/test_pipeserve_client.h tests/test_tmpdir.h tests/tool_run.h \
-	tests/model_file.h tests/check_main.h tools/pipetrain/stages.c tools/pipetrain/output.c tools/pipetrain/plot.c
+	tests/model_file.h tests/check_main.h tools/pipetrain/stages.c tools/pipetrain/output.c tools/pipetrain/plot.c tools/pipetrain/plan.c
 tests_test_pipetrain_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include -I$(top_srcdir)/tools/pipetrain \
 	-DPIPETRAIN_BIN='"$(abs_top_builddir)/tools/pipetrain/pipetrain"' \
 	-DPIPESERVE_BIN='"$(abs_top_builddir)/tools/pipeserve/pipeserve"'

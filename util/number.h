@@ -48,6 +48,32 @@ static inline int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *v
 	return 0;
 }
 
+/* A size in bytes: a whole number with an optional binary suffix K, M, G or T (either case, 1024 based),
+ * which may be followed by "iB" or "B" ("64M", "1G", "512KiB"); at least 1, at most max. 0 with *v set,
+ * or -1. */
+static inline int parse_size(const char *s, uint64_t max, uint64_t *v)
+{
+	if (!s)
+		return -1;
+	size_t len = strspn(s, "0123456789");
+	const char *u = s + len;
+	unsigned shift = 0;
+	if (*u) {
+		const char *units = "KMGT", *at = strchr(units, *u & ~0x20);
+		if (!at || !(*u & ~0x20))
+			return -1;
+		shift = 10 * (unsigned)(at - units + 1);
+		u++;
+		if (strcmp(u, "") && strcmp(u, "B") && strcmp(u, "iB"))
+			return -1;
+	}
+	uint64_t x;
+	if (parse_u64_span(s, len, UINT64_MAX >> shift, &x) || !x || (x << shift) > max)
+		return -1;
+	*v = x << shift;
+	return 0;
+}
+
 /* A finite decimal number in [lo, hi]. 0 with *v set, or -1. */
 static inline int parse_double(const char *s, double lo, double hi, double *v)
 {

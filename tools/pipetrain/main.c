@@ -27,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <cblas.h>
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -166,8 +167,56 @@ struct run {
 	pt_stage stage[MBP_MAX_STAGES];
 	mbp_trainer *t;
 	pt_report rep;
+	pt_auto ap; /* --plan auto */
 	FILE *csv, *log;
 };
+
+#define PT_PLAN_ONLY (-1) /* setup's status: --plan-only printed the plan, exit 0 */
+
+/* --plan auto: profile, plan, print; then the run's options are the plan's. @return 0, PT_PLAN_ONLY, or
+ * the exit status. */
+static int auto_plan(struct run *r, unsigned ncpu)
+{
+	pt_config *c = r->c;
+	int rc = pt_auto_plan(r->n, c, ncpu, &r->ap);
+	if (rc == -ENOSPC)
+		return bad("--memory %.2f MiB: no plan fits (activations and parameter state); the smallest "
+			   "budget that fits is %llu MiB",
+			   (double)r->ap.budget / (1 << 20),
+			   (unsigned long long)((r->ap.need + (1u << 20) - 1) >> 20));
+	if (rc < 0)
+		return fail("cannot plan the run: %s", mbp_strerror(rc));
+	const mbp_train_plan *p = &r->ap.plan;
+	if (!c->quiet || c->plan_only)
+		pt_auto_print(pt_human(c), &r->ap);
+	if (c->plan_only) {
+		if (c->json) {
+			cJSON *root = cJSON_CreateObject();
+			cJSON_AddItemToObject(root, "plan", pt_auto_json(&r->ap));
+			char *text = cJSON_Print(root);
+			cJSON_Delete(root);
+			if (!text)
+				return fail("out of memory");
+			printf("%s\n", text);
+			cJSON_free(text);
+		}
+		return fflush(stdout) ? 1 : PT_PLAN_ONLY;
+	}
+	c->stages = p->stages;
+	c->threads = p->threads;
+	c->schedule = p->schedule;
+	c->mb = p->mb;
+	c->hand_over = PT_HAND_OVER_OFF;
+	c->nsplit = p->stages - 1;
+	c->recompute = 0;
+	for (unsigned s = 0; s < p->stages; s++) {
+		if (s)
+			c->split[s - 1] = p->first[s];
+		for (unsigned l = p->first[s]; l < p->first[s + 1] && (p->recompute >> s & 1); l++)
+			c->recompute |= 1ull << l;
+	}
+	return 0;
+}
 
 static void run_free(struct run *r)
 {
@@ -350,6 +399,19 @@ static int setup(struct run *r)
 	 * then improved by the schedule's predicted step; with --mb auto, at the size whose step is shortest. */
 	cpu_set_t set;
 	unsigned ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
+	if (c->nsplit && (c->nsplit + 1 > (c->stages ? c->stages : c->nsplit + 1) ||
+			  c->nsplit + 1 < c->stages || c->split[c->nsplit - 1] >= L))
+		return c->split[c->nsplit - 1] >= L
+			   ? bad("--split: layer %u: the model has only %u layers (0 to %u)",
+				 c->split[c->nsplit - 1], L, L - 1)
+			   : bad("--split: %u stages, --stages says %u", c->nsplit + 1, c->stages);
+	if (c->nsplit)
+		c->stages = c->nsplit + 1;
+	if (c->plan_auto) {
+		int st = auto_plan(r, ncpu);
+		if (st)
+			return st;
+	}
 	mbp_schedule *probe = NULL; /* --schedule-file's schedule, here to check that it fits the run */
 	if (c->schedule_file) {
 		if (!c->mb)
@@ -408,7 +470,15 @@ static int setup(struct run *r)
 		can_give[i] = mbp_mlp_layer_hand_over_check(r->n, i) == 0;
 	unsigned T = c->threads ? c->threads : (S < ncpu ? S : ncpu);
 	pt_plan pln, *pl = &pln;
-	int rc = pt_plan_make(r->n, c, S, T, can_give, probe, pl);
+	int rc = 0;
+	if (c->plan_auto) { /* the planner's split and prediction: nothing more to profile */
+		const mbp_train_plan *ap = &r->ap.plan;
+		pln = (pt_plan){.mb = ap->mb, .step_ns = ap->step_ns, .threads = ap->threads};
+		pln.split = (mbp_model_plan){.stages = S, .layers = L, .mb_rows = ap->mb};
+		memcpy(pln.split.first, ap->first, (S + 1) * sizeof(unsigned));
+	} else {
+		rc = pt_plan_make(r->n, c, S, T, can_give, probe, pl);
+	}
 	if (rc == -EINVAL && !c->mb && !probe && c->schedule != MBP_SCHED_AUTO)
 		return bad_placement(c, S);
 	if (rc < 0) {
@@ -508,7 +578,8 @@ static int setup(struct run *r)
 			   .start_step = start,
 			   .start_epoch = (unsigned)(start / spe),
 			   .blas = mbp_blas_info(),
-			   .blas_warning = mbp_blas_warning()};
+			   .blas_warning = mbp_blas_warning(),
+			   .autoplan = c->plan_auto ? &r->ap : NULL};
 	memcpy(rep->widths, c->widths, (L + 1) * sizeof(uint32_t));
 	for (unsigned i = 0; i < L; i++) {
 		mbp_layer_info li;
@@ -648,6 +719,7 @@ static int train(struct run *r)
 				break;
 			}
 			step++;
+			rep->steps_run++;
 			rows += c->batch;
 			loss_sum += loss;
 			correct += r->sh.correct;
@@ -772,6 +844,8 @@ int main(int argc, char **argv)
 	int status = setup(&r);
 	if (status == 0)
 		status = train(&r);
+	else if (status == PT_PLAN_ONLY)
+		status = 0;
 	run_free(&r);
 	return status;
 }

@@ -49,6 +49,42 @@ static int parse_layers(const char *s, pt_config *c, char *err, size_t errlen)
 	return 0;
 }
 
+/* The next comma-separated token of a list at *p into tok, *p moved past it and its comma. @return 1 with
+ * more to come, 0 for the last one, -1 for an empty or too long one. */
+static int list_next(const char **p, char tok[24])
+{
+	size_t len = strcspn(*p, ",");
+	if (len == 0 || len >= 24)
+		return -1;
+	memcpy(tok, *p, len);
+	tok[len] = 0;
+	*p += (*p)[len] ? len + 1 : len;
+	return **p || (*p)[-1] == ',' ? 1 : 0;
+}
+
+/* --split: strictly increasing layer numbers from 1, comma-separated (checked against the model later). */
+static int parse_split(const char *s, pt_config *c, char *err, size_t errlen)
+{
+	c->nsplit = 0;
+	for (const char *p = s;;) {
+		char tok[24];
+		uint64_t v;
+		int more = list_next(&p, tok);
+		if (more < 0)
+			return fail(err, errlen, "--split: '%s' is not a list of layers like 2,4", s);
+		if (parse_u64(tok, 1, PT_MAX_LAYERS - 1, &v))
+			return fail(err, errlen, "--split: '%s' is not a layer number from 1 to %d", tok,
+				    PT_MAX_LAYERS - 1);
+		if (c->nsplit && v <= c->split[c->nsplit - 1])
+			return fail(err, errlen, "--split: '%s' is not strictly increasing", s);
+		if (c->nsplit + 1 >= MBP_MAX_STAGES)
+			return fail(err, errlen, "--split: more than %d stages", MBP_MAX_STAGES);
+		c->split[c->nsplit++] = (unsigned)v;
+		if (!more)
+			return 0;
+	}
+}
+
 /* --recompute: "all", "none", or layer numbers from 0 and ranges A-B, comma-separated ("1,3-5"). */
 static int parse_recompute(const char *s, pt_config *c, char *err, size_t errlen)
 {
@@ -58,13 +94,12 @@ static int parse_recompute(const char *s, pt_config *c, char *err, size_t errlen
 		return 0;
 	}
 	for (const char *p = s;;) {
-		size_t len = strcspn(p, ",");
-		char tok[24];
-		if (len == 0 || len >= sizeof tok)
+		char tok[24], whole[24];
+		int more = list_next(&p, tok);
+		if (more < 0)
 			return fail(err, errlen,
 				    "--recompute: '%s' is not all, none or a list of layers like 0,2-3", s);
-		memcpy(tok, p, len);
-		tok[len] = 0;
+		memcpy(whole, tok, sizeof whole);
 		char *dash = strchr(tok, '-');
 		if (dash)
 			*dash++ = 0;
@@ -73,13 +108,12 @@ static int parse_recompute(const char *s, pt_config *c, char *err, size_t errlen
 		    parse_u64(dash ? dash : tok, 0, PT_MAX_LAYERS - 1, &b) || b < a)
 			return fail(
 			    err, errlen,
-			    "--recompute: '%.*s' is not a layer number from 0 to %d or a range A-B of them",
-			    (int)len, p, PT_MAX_LAYERS - 1);
+			    "--recompute: '%s' is not a layer number from 0 to %d or a range A-B of them",
+			    whole, PT_MAX_LAYERS - 1);
 		for (uint64_t i = a; i <= b; i++)
 			c->recompute |= 1ull << i;
-		if (!p[len])
+		if (!more)
 			return 0;
-		p += len + 1;
 	}
 }
 
@@ -124,6 +158,10 @@ enum {
 	OPT_NO_PROGRESS,
 	OPT_HAND_OVER,
 	OPT_RECOMPUTE,
+	OPT_PLAN,
+	OPT_PLAN_ONLY,
+	OPT_MEMORY,
+	OPT_SPLIT,
 };
 
 static const struct option long_opts[] = {
@@ -153,6 +191,10 @@ static const struct option long_opts[] = {
     {"no-pin", no_argument, NULL, OPT_NO_PIN},
     {"hand-over", required_argument, NULL, OPT_HAND_OVER},
     {"recompute", required_argument, NULL, OPT_RECOMPUTE},
+    {"plan", required_argument, NULL, OPT_PLAN},
+    {"plan-only", no_argument, NULL, OPT_PLAN_ONLY},
+    {"memory", required_argument, NULL, OPT_MEMORY},
+    {"split", required_argument, NULL, OPT_SPLIT},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", required_argument, NULL, OPT_CSV},
     {"trace", required_argument, NULL, OPT_TRACE},
@@ -218,6 +260,16 @@ static void usage(void)
 	    "  --recompute LIST|all|none   layers (numbered from 0, ranges A-B, e.g. 0,2-3) that keep only\n"
 	    "                        their input and recompute their forward for the backward: less\n"
 	    "                        activation memory for more compute, the same weights (default none)\n"
+	    "  --split L1,...        the stages' first layers after stage 0 (e.g. 2,4: layers 0-1, 2-3,\n"
+	    "                        4-): the split as given, no hand-over (default: balanced by a profile)\n"
+	    "  --plan auto           choose threads, stages, split, schedule, micro-batch and recomputation\n"
+	    "                        from a profile of the layers (at most about 4 s): the shortest\n"
+	    "                        predicted step within --memory; print the plan, train with it, then\n"
+	    "                        print the measured step and peak memory beside the predictions\n"
+	    "  --memory SIZE         --plan auto's budget (64M, 1G: bytes, K/M/G/T binary): activations\n"
+	    "                        (stashes, recomputation buffers) + parameters, gradients, optimizer "
+	    "state\n"
+	    "  --plan-only           with --plan auto: print the plan (--json: as JSON) and exit\n"
 	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
 	    "  --log FILE|-          one CSV row per step: step, epoch, loss, accuracy, lr, grad_norm,\n"
 	    "                        samples_per_s, step_ms, bubble, elapsed_s\n"
@@ -320,8 +372,30 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		case OPT_RECOMPUTE:
 			if (parse_recompute(optarg, c, err, errlen))
 				return -1;
+			c->given |= PT_GIVEN_RECOMPUTE;
+			break;
+		case OPT_SPLIT:
+			if (parse_split(optarg, c, err, errlen))
+				return -1;
+			c->given |= PT_GIVEN_SPLIT;
+			break;
+		case OPT_PLAN:
+			if (strcmp(optarg, "auto"))
+				return fail(err, errlen, "--plan: '%s' is not auto", optarg);
+			c->plan_auto = true;
+			break;
+		case OPT_PLAN_ONLY:
+			c->plan_only = true;
+			break;
+		case OPT_MEMORY:
+			if (parse_size(optarg, UINT64_MAX, &c->memory))
+				return fail(
+				    err, errlen,
+				    "--memory: '%s' is not a size like 64M or 1G (bytes, K/M/G/T binary)",
+				    optarg);
 			break;
 		case OPT_SCHEDULE:
+			c->given |= PT_GIVEN_SCHEDULE;
 			if (mbp_sched_parse(optarg, &c->schedule))
 				return fail(err, errlen,
 					    "--schedule: '%s' is not gpipe, 1f1b, zbh1, zbh2, interleaved, "
@@ -331,8 +405,10 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		case OPT_SCHEDULE_FILE:
 			c->schedule_file = optarg;
 			c->schedule = MBP_SCHED_CUSTOM;
+			c->given |= PT_GIVEN_SCHEDULE;
 			break;
 		case OPT_HAND_OVER:
+			c->given |= PT_GIVEN_HAND_OVER;
 			if (!strcmp(optarg, "auto"))
 				c->hand_over = PT_HAND_OVER_AUTO;
 			else if (!strcmp(optarg, "all"))
@@ -351,6 +427,7 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 				return fail(err, errlen, "--optimizer: '%s' is not adamw or sgd", optarg);
 			break;
 		case OPT_MB:
+			c->given |= PT_GIVEN_MB;
 			if (!strcmp(optarg, "auto")) {
 				c->mb = 0;
 				break;
@@ -371,7 +448,7 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 					  &u, err, errlen))
 				return -1;
 			if (o == 's')
-				c->stages = (unsigned)u;
+				c->stages = (unsigned)u, c->given |= PT_GIVEN_STAGES;
 			else if (o == 'b')
 				c->batch = (uint32_t)u;
 			else if (o == OPT_MB)
@@ -444,6 +521,17 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		return fail(err, errlen, "unexpected argument '%s' (options only, see --help)", argv[optind]);
 	if (!lr_given && c->optim == MBP_OPTIM_SGD)
 		c->lr = 0.05; /* SGD with momentum wants a larger rate than Adam's 1e-3 */
+	if (c->plan_auto && c->given) {
+		static const char *const names[] = {"--stages",	   "--schedule or --schedule-file",
+						    "--mb",	   "--recompute",
+						    "--hand-over", "--split"};
+		return fail(err, errlen, "--plan auto chooses what %s sets: give one or the other",
+			    names[__builtin_ctz(c->given)]);
+	}
+	if (c->plan_auto)
+		c->mb = 0; /* chosen by the plan; the default is not checked against --batch */
+	if ((c->memory || c->plan_only) && !c->plan_auto)
+		return fail(err, errlen, "%s needs --plan auto", c->memory ? "--memory" : "--plan-only");
 	if (c->mb > c->batch)
 		return fail(err, errlen, "--mb %u is larger than --batch %u", c->mb, c->batch);
 	if (c->mb && (c->batch + c->mb - 1) / c->mb > MBP_TRAIN_MAX_MBS)

@@ -192,7 +192,23 @@ void pt_print_summary(const pt_report *r)
 		"activation memory: peak %.2f MiB held at once over all stages (the activation pool at its "
 		"high-water mark: %.2f MiB)\n",
 		(double)r->act_peak_bytes / (1 << 20), (double)r->act_pool_bytes / (1 << 20));
+	if (r->autoplan && r->steps_run) {
+		const mbp_train_plan *p = &r->autoplan->plan;
+		fprintf(f,
+			"plan against the run: step %.3f ms predicted, %.3f ms measured (mean of %llu %s); "
+			"peak memory %.2f MiB predicted, %.2f MiB measured (the trainer's activation peak "
+			"%.2f MiB + the state %.2f MiB)\n",
+			p->step_ns * 1e-6, r->wall_s * 1e3 / (double)r->steps_run,
+			(unsigned long long)r->steps_run, PLURAL(r->steps_run, "step", "steps"),
+			(double)p->peak_bytes / (1 << 20), (double)pt_measured_peak(r) / (1 << 20),
+			(double)r->act_peak_bytes / (1 << 20), (double)p->state_bytes / (1 << 20));
+	}
 	fflush(f);
+}
+
+uint64_t pt_measured_peak(const pt_report *r)
+{
+	return r->act_peak_bytes + (r->autoplan ? r->autoplan->state_bytes : 0);
 }
 
 const char *pt_op_name(mbp_op_kind k)
@@ -380,6 +396,15 @@ int pt_json_write(const pt_report *r)
 			if (t->recompute >> l & 1)
 				cJSON_AddItemToArray(rl, cJSON_CreateNumber(l));
 		cJSON_AddItemToArray(sts, o);
+	}
+	if (r->autoplan) {
+		cJSON *pl = pt_auto_json(r->autoplan), *m = cJSON_AddObjectToObject(root, "measured");
+		cJSON_AddItemToObject(root, "plan", pl);
+		cJSON_AddNumberToObject(m, "step_ms",
+					r->steps_run ? r->wall_s * 1e3 / (double)r->steps_run : 0);
+		cJSON_AddNumberToObject(m, "peak_bytes", (double)pt_measured_peak(r));
+		cJSON_AddNumberToObject(m, "activation_peak_bytes", (double)r->act_peak_bytes);
+		cJSON_AddNumberToObject(m, "state_bytes", (double)r->autoplan->state_bytes);
 	}
 	cJSON_AddNumberToObject(root, "split_bound", r->split_bound);
 	cJSON_AddNumberToObject(root, "peak_activation_bytes", (double)r->act_peak_bytes);

@@ -52,8 +52,22 @@ typedef struct pt_config {
 	uint32_t limit; /* 0: every training sample */
 	uint32_t val;	/* held-out validation rows */
 	bool json, quiet, demo;
-	int progress; /* -1: when standard error is a terminal */
+	int progress;		   /* -1: when standard error is a terminal */
+	bool plan_auto, plan_only; /* --plan auto, --plan-only */
+	uint64_t memory;	   /* --memory: the budget in bytes; 0: none (no limit) */
+	unsigned nsplit;	   /* --split: the first layer of stages 1 .. nsplit (0: not given) */
+	unsigned split[MBP_MAX_STAGES];
+	unsigned given; /* PT_GIVEN_* bits: the options the command line set (--plan auto refuses them) */
 } pt_config;
+
+enum {
+	PT_GIVEN_STAGES = 1,
+	PT_GIVEN_SCHEDULE = 2,
+	PT_GIVEN_MB = 4,
+	PT_GIVEN_RECOMPUTE = 8,
+	PT_GIVEN_HAND_OVER = 16,
+	PT_GIVEN_SPLIT = 32,
+};
 
 /* Parse the command line. @return 0; 1 when --help or --version printed and the run is over; -1 with a
  * one-line reason in err. */
@@ -92,8 +106,9 @@ typedef struct pt_costs {
 	uint32_t rows;
 	double f[PT_MAX_LAYERS], b_in[PT_MAX_LAYERS], b_w[PT_MAX_LAYERS];
 } pt_costs;
-/* Profile every layer at `rows` rows. Leaves the gradients zero. @return 0 or a negative errno. */
-int pt_profile(mbp_mlp *n, uint32_t rows, pt_costs *pc);
+/* Profile every layer at `rows` rows, the fastest of `reps` runs after one warm-up. Leaves the gradients
+ * zero. @return 0 or a negative errno. */
+int pt_profile(mbp_mlp *n, uint32_t rows, unsigned reps, pt_costs *pc);
 /* --schedule auto: the schedule mbp_schedule_build makes for the split (stage s: layers [first[s],
  * first[s + 1]), gives[s]: it hands its last layer's input gradient over) from the profiled F, B_in and
  * B_w summed per stage as pt_predict sums them, on T threads, holding at most what 1F1B holds there.
@@ -150,6 +165,28 @@ int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const b
 		 const mbp_schedule *file, pt_plan *p);
 /* Destroy p->sched (NULL after). */
 void pt_plan_clear(pt_plan *p);
+/* ---- --plan auto (plan.c) ---- */
+
+/* What --plan auto chose and from what. */
+typedef struct pt_auto {
+	mbp_train_plan plan;
+	uint64_t budget;	  /* --memory (UINT64_MAX: none) */
+	uint64_t need;		  /* the smallest budget a plan fits */
+	uint64_t state_bytes;	  /* the parameters, their gradients and the optimizer's moments */
+	double profile_s;	  /* the profile's wall time */
+	unsigned sizes, measured; /* micro-batch sizes planned, of them measured (the rest scaled) */
+	uint32_t mb[MBP_PLAN_MAX_SIZES];
+} pt_auto;
+
+/* Profile the layers at the powers of two from 16 rows up to the batch (at most about 4 s: sizes the
+ * time leaves out are scaled from the largest measured, per row), then mbp_mlp_plan with the budget on
+ * 1 .. cpus threads. @return 0, -ENOSPC (a->need says what would fit), or a negative errno. */
+int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a);
+/* The plan's lines (human output). */
+void pt_auto_print(FILE *f, const pt_auto *a);
+/* The plan as a JSON object (cJSON *, untyped here to keep cJSON out of this header). */
+void *pt_auto_json(const pt_auto *a);
+
 /* The trainer's loss: softmax cross-entropy on int32 labels (arg: the pt_shared). */
 int pt_loss(void *arg, const mbp_train_io *io, double *loss);
 
@@ -222,6 +259,8 @@ typedef struct pt_report {
 	const char *blas;
 	const char *blas_warning; /* mbp_blas_warning(): NULL when the kernel fits the CPU */
 	pt_curve *step_loss;	  /* each step's loss, for --plot (NULL without it) */
+	const pt_auto *autoplan;  /* --plan auto: the plan (NULL otherwise) */
+	uint64_t steps_run;	  /* steps this run took (for the measured mean step) */
 } pt_report;
 
 /* The epochs completed when the run ended, those of the checkpoint it resumed included. */
@@ -252,5 +291,7 @@ int pt_plot_write(const pt_report *r, char *err, size_t errlen);
 /* --csv FILE: the header and every epoch so far, written by rename (a line on stderr on failure). */
 int pt_csv_save(const pt_report *r);
 int pt_json_write(const pt_report *r);
+/* The measured peak memory as the plan counts it: the trainer's activation peak + the plan's state. */
+uint64_t pt_measured_peak(const pt_report *r);
 
 #endif

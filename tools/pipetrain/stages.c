@@ -155,7 +155,7 @@ int pt_loss(void *arg, const mbp_train_io *io, double *loss)
 	return rc;
 }
 
-int pt_profile(mbp_mlp *n, uint32_t rows, pt_costs *pc)
+int pt_profile(mbp_mlp *n, uint32_t rows, unsigned reps, pt_costs *pc)
 {
 	unsigned L = mbp_mlp_layers(n);
 	pc->rows = rows;
@@ -173,11 +173,11 @@ int pt_profile(mbp_mlp *n, uint32_t rows, pt_costs *pc)
 			x[k] = (float)(k % 7) * 0.1f;
 		for (size_t k = 0; !rc && k < rows * out; k++)
 			dy[k] = (float)(k % 5) * 0.01f;
-		/* The best of 5 after one warm-up, each operation alone: what the trainer's operations of
-		 * this layer cost. Layer 0 computes no input gradient (nothing before it needs one), as at
-		 * stage 0. */
+		/* The best of reps after one warm-up, each operation alone: what the trainer's operations
+		 * of this layer cost. Layer 0 computes no input gradient (nothing before it needs one), as
+		 * at stage 0. */
 		double best[3] = {1e300, 1e300, 1e300};
-		for (unsigned r = 0; !rc && r < 6; r++) {
+		for (unsigned r = 0; !rc && r <= reps; r++) {
 			double t[4];
 			t[0] = (double)mbt_now_ns();
 			rc = mbp_mlp_stage_forward(st, x, y, rows, stash);
@@ -338,6 +338,8 @@ static bool may_give(const bool *can_give, unsigned b, pt_hand_over mode)
 	return mode != PT_HAND_OVER_OFF && b >= 2 && can_give[b - 1];
 }
 
+static void split_figures(const pt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives);
+
 double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned S, unsigned T,
 		 pt_hand_over mode, const mbp_schedule *sc, mbp_model_plan *plan, bool *gives)
 {
@@ -373,6 +375,14 @@ double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned 
 		memcpy(plan->first, bf, (S + 1) * sizeof(unsigned));
 		memcpy(gives, bg, S * sizeof(bool));
 	}
+	split_figures(pc, S, plan, gives);
+	return best;
+}
+
+/* plan->stage_ns (each stage's operations for one micro-batch), slowest_ns, mean_ns and balance of the
+ * split plan->first, gives. */
+static void split_figures(const pt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives)
+{
 	double sum = 0;
 	plan->slowest_ns = 0;
 	for (unsigned s = 0; s < S; s++) {
@@ -384,7 +394,6 @@ double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned 
 	}
 	plan->mean_ns = sum / S;
 	plan->balance = plan->mean_ns > 0 ? plan->slowest_ns / plan->mean_ns : 1;
-	return best;
 }
 
 /* One micro-batch size: profile, split, refine against the schedule the run will follow (the file's; the
@@ -396,7 +405,7 @@ static int plan_at(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const
 	unsigned L = mbp_mlp_layers(n);
 	p->sched = NULL;
 	pt_costs pc;
-	int rc = pt_profile(n, mb, &pc);
+	int rc = pt_profile(n, mb, 5, &pc);
 	if (rc < 0)
 		return rc;
 	double cost[PT_MAX_LAYERS], cost_in[PT_MAX_LAYERS], layer_sum = 0;
@@ -407,7 +416,17 @@ static int plan_at(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const
 	}
 	p->mb = mb;
 	pt_hand_over mode = S > 1 ? c->hand_over : PT_HAND_OVER_OFF;
-	rc = pt_partition(cost, cost_in, can_give, L, S, mode, &p->split, p->gives);
+	if (c->nsplit) { /* --split: the stages as given, no hand-over, not refined */
+		mode = PT_HAND_OVER_OFF;
+		memset(p->gives, 0, sizeof p->gives);
+		p->split =
+		    (mbp_model_plan){.stages = S, .layers = L, .mb_rows = mb, .sequential_ns = layer_sum};
+		for (unsigned s = 1; s < S; s++)
+			p->split.first[s] = c->split[s - 1];
+		p->split.first[S] = L;
+	} else {
+		rc = pt_partition(cost, cost_in, can_give, L, S, mode, &p->split, p->gives);
+	}
 	if (rc < 0)
 		return rc;
 	unsigned M = (c->batch + mb - 1) / mb;
@@ -423,7 +442,12 @@ static int plan_at(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const
 	if (mbp_schedule_threads(sc)) /* a chunked or custom placement runs on its own threads */
 		T = mbp_schedule_threads(sc);
 	p->threads = T;
-	p->step_ns = pt_refine(&pc, can_give, L, S, T, mode, sc, &p->split, p->gives);
+	if (c->nsplit) {
+		p->step_ns = pt_predict(&pc, p->split.first, p->gives, S, T, sc);
+		split_figures(&pc, S, &p->split, p->gives);
+	} else {
+		p->step_ns = pt_refine(&pc, can_give, L, S, T, mode, sc, &p->split, p->gives);
+	}
 	mbp_schedule *again;
 	if (automatic && pt_auto_schedule(&pc, p->split.first, p->gives, S, M, T, &again) == 0) {
 		double t = pt_predict(&pc, p->split.first, p->gives, S, T, again);

@@ -1,0 +1,188 @@
+/*
+ * pipetrain --plan auto: the profile the planner needs (each layer's F, B_in and B_w at the powers of two
+ * from 16 rows up to the batch, its activation bytes per row), mbp_mlp_plan with the --memory budget, and
+ * the plan's lines and JSON.
+ *
+ * The profile takes at most about PROFILE_BUDGET_S: the sizes are timed from the smallest up, each as
+ * the best of several runs while the time allows (one after a warm-up at the largest), and a size whose
+ * estimate (twice the previous size's) would pass the budget is not timed: its costs are the largest
+ * timed size's scaled by the rows (a product's speed per row is about flat from a few hundred rows on).
+ * The lines say how many sizes were timed.
+ *
+ * Memory, as the plan counts it: the activations (each stage's stashes and recomputation buffers, which
+ * the trainer counts as act_peak_bytes) plus the parameters, their gradients and the optimizer's moments
+ * (4 bytes each). After training, the measured peak is the trainer's act_peak_bytes plus the same state.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipetrain.h"
+#include "util/clock.h"
+
+#define PROFILE_BUDGET_S 4.0
+
+static double mib(uint64_t b)
+{
+	return (double)b / (1 << 20);
+}
+
+int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a)
+{
+	unsigned L = mbp_mlp_layers(n);
+	memset(a, 0, sizeof *a);
+	a->budget = c->memory ? c->memory : UINT64_MAX;
+	static mbp_op_costs cost[MBP_PLAN_MAX_SIZES * PT_MAX_LAYERS];
+	uint64_t keep[PT_MAX_LAYERS], out[PT_MAX_LAYERS], params = 0;
+	for (unsigned i = 0; i < L; i++) {
+		mbp_mlp_stage *st;
+		int rc = mbp_mlp_stage_new(&st, n, i, i + 1, 1);
+		if (rc < 0)
+			return rc;
+		keep[i] = mbp_mlp_stage_stash_floats(st) * sizeof(float);
+		out[i] = mbp_mlp_stage_out_width(st) * sizeof(float);
+		mbp_mlp_stage_destroy(st);
+		mbp_layer_info li;
+		mbp_mlp_layer_info(n, i, &li);
+		params += li.param_bytes;
+	}
+	mbp_optim_opts oo;
+	mbp_mlp_optim(n, &oo);
+	unsigned moments = oo.kind == MBP_OPTIM_ADAMW ? 2 : oo.momentum > 0 ? 1 : 0;
+	a->state_bytes = params * (2 + moments); /* parameters, gradients, moments */
+
+	for (uint32_t mb = c->batch < 16 ? c->batch : 16; mb <= c->batch && a->sizes < MBP_PLAN_MAX_SIZES;
+	     mb *= 2) {
+		if ((c->batch + mb - 1) / mb > MBP_TRAIN_MAX_MBS)
+			continue;
+		a->mb[a->sizes++] = mb;
+	}
+	double t0 = mbt_now_s(), last = 0; /* the last timed size's one pass over every layer, s */
+	pt_costs *pc = malloc(sizeof *pc);
+	if (!pc)
+		return -ENOMEM;
+	for (unsigned k = 0; k < a->sizes; k++) {
+		double left = PROFILE_BUDGET_S - (mbt_now_s() - t0);
+		mbp_op_costs *row = cost + (size_t)k * L;
+		if (k && 4 * last > left) { /* warm-up and one run at twice the rows would pass the budget */
+			double scale = (double)a->mb[k] / a->mb[a->measured - 1];
+			const mbp_op_costs *from = cost + (size_t)(a->measured - 1) * L;
+			for (unsigned i = 0; i < L; i++)
+				row[i] = (mbp_op_costs){from[i].f * scale, from[i].b_in * scale,
+							from[i].b_w * scale};
+			continue;
+		}
+		/* reps: as many as fit a share of what is left, from 1 to 5 */
+		double est = k ? 2 * last : 0;
+		unsigned reps = est > 0 ? (unsigned)fmin(5, fmax(1, left / (a->sizes - k) / est - 1)) : 5;
+		int rc = pt_profile(n, a->mb[k], reps, pc);
+		if (rc < 0) {
+			free(pc);
+			return rc;
+		}
+		last = 0;
+		for (unsigned i = 0; i < L; i++) {
+			row[i] = (mbp_op_costs){pc->f[i], pc->b_in[i], pc->b_w[i]};
+			last += (pc->f[i] + pc->b_in[i] + pc->b_w[i]) * 1e-9;
+		}
+		a->measured = k + 1;
+	}
+	free(pc);
+	a->profile_s = mbt_now_s() - t0;
+	mbp_plan_profile p = {.layers = L,
+			      .sizes = a->sizes,
+			      .mb = a->mb,
+			      .cost = cost,
+			      .keep_bytes = keep,
+			      .out_bytes = out,
+			      .state_bytes = a->state_bytes,
+			      .batch = c->batch};
+	unsigned T = c->threads && c->threads < cpus ? c->threads : cpus;
+	return mbp_mlp_plan(&p, a->budget, T, &a->plan, &a->need);
+}
+
+/* "0-2 3* 4-5": each stage's layers, '*' where it recomputes. */
+static void stages_str(const mbp_train_plan *p, char *buf, size_t n)
+{
+	size_t at = 0;
+	buf[0] = 0;
+	for (unsigned s = 0; s < p->stages && at < n; s++) {
+		unsigned a = p->first[s], b = p->first[s + 1] - 1;
+		int w = a == b ? snprintf(buf + at, n - at, "%s%u", s ? " " : "", a)
+			       : snprintf(buf + at, n - at, "%s%u-%u", s ? " " : "", a, b);
+		at += w > 0 ? (size_t)w : 0;
+		if (at < n && (p->recompute >> s & 1))
+			at += (size_t)snprintf(buf + at, n - at, "*");
+	}
+}
+
+void pt_auto_print(FILE *f, const pt_auto *a)
+{
+	const mbp_train_plan *p = &a->plan;
+	char st[512], budget[64];
+	stages_str(p, st, sizeof st);
+	if (a->budget == UINT64_MAX)
+		snprintf(budget, sizeof budget, "no --memory limit");
+	else
+		snprintf(budget, sizeof budget, "--memory %.2f MiB", mib(a->budget));
+	fprintf(f,
+		"plan: %u %s, %s on %u %s, micro-batch %u rows (%u a step); stages (layers, * recomputes): "
+		"%s\n",
+		p->threads, p->threads == 1 ? "thread" : "threads", mbp_sched_name(p->schedule), p->stages,
+		p->stages == 1 ? "stage" : "stages", p->mb, p->mbs, st);
+	fprintf(f,
+		"plan: predicted step %.3f ms, bubble %.3f, peak memory %.2f MiB (activations %.2f MiB + "
+		"parameters, gradients and optimizer state %.2f MiB) within %s; smallest that fits %.2f "
+		"MiB\n",
+		p->step_ns * 1e-6, p->bubble, mib(p->peak_bytes), mib(p->act_bytes), mib(p->state_bytes),
+		budget, mib(a->need));
+	fprintf(f,
+		"plan: %u plans played, %u within the budget; profile %.2f s at %u-%u rows (%u %s timed%s)\n",
+		p->considered, p->fitted, a->profile_s, a->mb[0], a->mb[a->sizes - 1], a->measured,
+		a->measured == 1 ? "size" : "sizes",
+		a->measured < a->sizes ? ", the larger ones scaled by rows" : "");
+	fflush(f);
+}
+
+void *pt_auto_json(const pt_auto *a)
+{
+	const mbp_train_plan *p = &a->plan;
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddNumberToObject(o, "threads", p->threads);
+	cJSON_AddNumberToObject(o, "stages", p->stages);
+	cJSON_AddStringToObject(o, "schedule", mbp_sched_name(p->schedule));
+	cJSON_AddNumberToObject(o, "mb", p->mb);
+	cJSON_AddNumberToObject(o, "mbs", p->mbs);
+	cJSON *sts = cJSON_AddArrayToObject(o, "stage_layers");
+	cJSON *rc = cJSON_AddArrayToObject(o, "recompute");
+	cJSON *act = cJSON_AddArrayToObject(o, "stage_activation_bytes");
+	for (unsigned s = 0; s < p->stages; s++) {
+		cJSON *r = cJSON_CreateArray();
+		cJSON_AddItemToArray(r, cJSON_CreateNumber(p->first[s]));
+		cJSON_AddItemToArray(r, cJSON_CreateNumber(p->first[s + 1] - 1));
+		cJSON_AddItemToArray(sts, r);
+		cJSON_AddItemToArray(rc, cJSON_CreateBool(p->recompute >> s & 1));
+		cJSON_AddItemToArray(act, cJSON_CreateNumber((double)p->stage_act_bytes[s]));
+	}
+	cJSON_AddNumberToObject(o, "predicted_step_ms", p->step_ns * 1e-6);
+	cJSON_AddNumberToObject(o, "predicted_bubble", p->bubble);
+	cJSON_AddNumberToObject(o, "predicted_peak_bytes", (double)p->peak_bytes);
+	cJSON_AddNumberToObject(o, "predicted_activation_bytes", (double)p->act_bytes);
+	cJSON_AddNumberToObject(o, "state_bytes", (double)p->state_bytes);
+	if (a->budget == UINT64_MAX)
+		cJSON_AddNullToObject(o, "budget_bytes");
+	else
+		cJSON_AddNumberToObject(o, "budget_bytes", (double)a->budget);
+	cJSON_AddNumberToObject(o, "smallest_budget_bytes", (double)a->need);
+	cJSON_AddNumberToObject(o, "plans_played", p->considered);
+	cJSON_AddNumberToObject(o, "plans_fitted", p->fitted);
+	cJSON_AddNumberToObject(o, "profile_s", a->profile_s);
+	cJSON *sz = cJSON_AddArrayToObject(o, "sizes");
+	for (unsigned k = 0; k < a->sizes; k++)
+		cJSON_AddItemToArray(sz, cJSON_CreateNumber(a->mb[k]));
+	cJSON_AddNumberToObject(o, "sizes_timed", a->measured);
+	return o;
+}
