@@ -605,6 +605,32 @@ START_TEST(a_planned_run_trains_within_its_budget_and_prints_the_measured_beside
 }
 END_TEST
 
+/* --split runs the split as given: its stages, whole layers (no hand-over), whatever the profile says. */
+START_TEST(split_runs_the_stages_as_given)
+{
+	if (!have_data())
+		return;
+	static const char *const splits[] = {"1", "2", "1,2"};
+	for (unsigned k = 0; k < 3; k++) {
+		struct run r =
+		    run((const char *const[]){SMALL, "--epochs", "1", "--json", "--split", splits[k], NULL});
+		ck_assert_msg(r.status == 0, "--split %s: exit %d: %s", splits[k], r.status, r.err);
+		cJSON *root = cJSON_Parse(r.out);
+		ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
+		const cJSON *st = cJSON_GetObjectItem(root, "stages");
+		unsigned first[3] = {0, k == 1 ? 2u : 1u, 2};
+		ck_assert_int_eq(cJSON_GetArraySize(st), k == 2 ? 3 : 2);
+		for (int s = 0; s < cJSON_GetArraySize(st); s++) {
+			const cJSON *o = cJSON_GetArrayItem(st, s);
+			ck_assert_int_eq(cJSON_GetObjectItem(o, "first_layer")->valueint, (int)first[s]);
+			ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(o, "hands_over")));
+		}
+		cJSON_Delete(root);
+		run_free(&r);
+	}
+}
+END_TEST
+
 /* The stage row of the summary table (in `text`) that starts with stage s, up to its end. */
 static char *summary_row(const char *text, unsigned s, char *row, size_t n)
 {
@@ -1829,6 +1855,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, mb_auto_under_a_chunked_schedule_tries_only_the_sizes_it_can_place);
 	tcase_add_test(tc, a_small_run_lowers_the_loss_and_its_json_parses);
 	tcase_add_test(tc, recomputation_lowers_the_peak_activation_memory_and_shows_in_the_trace);
+	tcase_add_test(tc, split_runs_the_stages_as_given);
 	tcase_add_test(tc, plan_only_prints_the_plan_and_its_json_parses_and_trains_nothing);
 	tcase_add_test(tc, a_budget_no_plan_fits_is_refused_with_exit_2_and_the_smallest_budget_that_fits);
 	tcase_add_test(tc,

@@ -60,6 +60,11 @@
  * (cheap, and they need the output gradient that B_in consumes); B_w the dense weights and biases (the
  * sgemm work). mbp_mlp_stage_backward == backward_in then backward_w, bit for bit.
  *
+ * The planner. mbp_mlp_plan takes a profile of the layers (each one's F, B_in and B_w at a few
+ * micro-batch sizes, its activation bytes per row), a memory budget and the threads, and gives the
+ * training plan (threads, stages, split, schedule, micro-batch size, recomputing stages) with the
+ * shortest predicted step whose predicted peak memory fits the budget (pipetrain --plan auto).
+ *
  * OpenBLAS runs single-threaded: mbp_mlp_stage_new sets it to one thread, process-wide, as the model's
  * pipeline stages do (the pipeline owns the cores).
  *

@@ -50,6 +50,19 @@ static bool chunked(mbp_sched_kind k)
 	       k == MBP_SCHED_DUALPIPEV;
 }
 
+/* Byte counts saturate at UINT64_MAX (a plan that large fits no budget but no limit at all). */
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
 /* The most bytes stage s holds at once under sc: stash sb from F to its last backward, work buffer wb
  * from its B or B_in to its last backward (B or W). */
 static uint64_t stage_peak(const mbp_schedule *sc, unsigned s, uint64_t sb, uint64_t wb)
@@ -60,19 +73,19 @@ static uint64_t stage_peak(const mbp_schedule *sc, unsigned s, uint64_t sb, uint
 	for (size_t i = 0; i < n; i++) {
 		switch (ops[i].kind) {
 		case MBP_OP_F:
-			held += sb;
+			held = sat_add(held, sb);
 			break;
 		case MBP_OP_B:
 		case MBP_OP_BIN:
-			held += wb;
+			held = sat_add(held, wb);
 			break;
 		default:
 			break;
 		}
 		if (held > peak)
 			peak = held;
-		if (ops[i].kind == MBP_OP_B || ops[i].kind == MBP_OP_W)
-			held -= sb + wb;
+		if (held != UINT64_MAX && (ops[i].kind == MBP_OP_B || ops[i].kind == MBP_OP_W))
+			held -= sb + wb; /* what this micro-batch's F (and B or B_in) added */
 	}
 	return peak;
 }
@@ -112,7 +125,7 @@ static uint64_t act_of(const struct combo *c, uint64_t mask, uint64_t *per)
 		uint64_t b = mask >> s & 1 ? c->pr[s] : c->pk[s];
 		if (per)
 			per[s] = b;
-		sum += b;
+		sum = sat_add(sum, b);
 	}
 	return sum;
 }
@@ -132,7 +145,7 @@ static void fill(mbp_train_plan *o, const struct search *q, const struct combo *
 	o->bubble = bubble;
 	o->act_bytes = act_of(c, mask, o->stage_act_bytes);
 	o->state_bytes = q->p->state_bytes;
-	o->peak_bytes = o->act_bytes + o->state_bytes;
+	o->peak_bytes = sat_add(o->act_bytes, o->state_bytes);
 }
 
 /* The subsets of recomputing stages tried for c, in a fixed order (not 0): every one for few stages,
@@ -172,7 +185,7 @@ static void consider(struct search *q, const mbp_schedule *sc, const struct comb
 	for (unsigned s = 0; s < c->S; s++)
 		if (c->pr[s] < c->pk[s])
 			lm |= 1ull << s;
-	uint64_t lbytes = act_of(c, lm, NULL) + q->p->state_bytes;
+	uint64_t lbytes = sat_add(act_of(c, lm, NULL), q->p->state_bytes);
 	double bub = 0, t;
 	if (!q->have_least || lbytes < q->least.peak_bytes) {
 		t = play(sc, c, lm, &bub);
@@ -183,7 +196,7 @@ static void consider(struct search *q, const mbp_schedule *sc, const struct comb
 	}
 	q->considered++;
 	double t0 = play(sc, c, 0, &bub);
-	bool fits = act_of(c, 0, NULL) + q->p->state_bytes <= q->budget;
+	bool fits = sat_add(act_of(c, 0, NULL), q->p->state_bytes) <= q->budget;
 	q->fitted += isfinite(t0) && fits;
 	if (!isfinite(t0) || (q->have_best && !(t0 < q->best.step_ns)))
 		return; /* no subset of it can be faster than the best so far */
@@ -194,7 +207,7 @@ static void consider(struct search *q, const mbp_schedule *sc, const struct comb
 	}
 	unsigned n = subsets(c, masks);
 	for (unsigned i = 0; i < n; i++) {
-		if (act_of(c, masks[i], NULL) + q->p->state_bytes > q->budget)
+		if (sat_add(act_of(c, masks[i], NULL), q->p->state_bytes) > q->budget)
 			continue;
 		q->considered++;
 		q->fitted++;
@@ -218,13 +231,13 @@ static void combo_fill(struct combo *c, const mbp_plan_profile *p, const mbp_sch
 			sum.f += row[i].f;
 			sum.b_in += row[i].b_in;
 			sum.b_w += row[i].b_w;
-			bytes += p->keep_bytes[i] + (i + 1 < first[s + 1] ? p->out_bytes[i] : 0);
+			bytes += p->keep_bytes[i] + (i + 1 < first[s + 1] ? p->out_bytes[i] : 0); /* < 2^50 */
 		}
 		c->keep[s] = sum;
 		c->rc[s] = sum;
 		c->rc[s].b_in += sum.f; /* the recomputation runs before the B or B_in it serves */
-		c->pk[s] = stage_peak(sc, s, bytes * mb, 0);
-		c->pr[s] = stage_peak(sc, s, 0, bytes * mb);
+		c->pk[s] = stage_peak(sc, s, sat_mul(bytes, mb), 0);
+		c->pr[s] = stage_peak(sc, s, 0, sat_mul(bytes, mb));
 	}
 }
 
