@@ -211,6 +211,11 @@ START_TEST(bad_profiles_and_arguments_are_refused)
 	q.sizes = MBP_PLAN_MAX_SIZES + 1;
 	ck_assert_int_eq(mbp_mlp_plan(&q, 1 << 20, 1, &pl, NULL), -EINVAL);
 	q = p;
+	q.op_ns = -1;
+	ck_assert_int_eq(mbp_mlp_plan(&q, 1 << 20, 1, &pl, NULL), -EINVAL);
+	q.op_ns = NAN;
+	ck_assert_int_eq(mbp_mlp_plan(&q, 1 << 20, 1, &pl, NULL), -EINVAL);
+	q = p;
 	q.batch = 0;
 	ck_assert_int_eq(mbp_mlp_plan(&q, 1 << 20, 1, &pl, NULL), -EINVAL);
 	q = p;

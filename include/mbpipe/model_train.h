@@ -490,6 +490,8 @@ typedef struct mbp_plan_profile {
 	uint64_t state_bytes;	    /**< memory every plan has: counted once in each plan's peak (pipetrain:
 				         the parameters, their gradients and the optimizer's moments) */
 	uint32_t batch;		    /**< rows of a step (> 0); sizes above it are not planned */
+	double op_ns; /**< a fixed cost added to each stage's F and B (or B_in) of a micro-batch: what the
+		           trainer spends handing it on and waking the next thread (0: none; >= 0) */
 } mbp_plan_profile;
 
 /** A training plan (mbp_mlp_plan's result). */
@@ -517,7 +519,7 @@ typedef struct mbp_train_plan {
  * split of mbp_model_partition on the layers' F + B_in + B_w at that size, and the one with each forward
  * counted twice (as recomputing stages run it) where it differs; and which stages recompute every layer
  * (tried only where keeping every activation does not fit). A stage's predicted costs are its layers'
- * sums (a recomputing stage's B_in carries its forward again), its memory the most bytes of stashes and
+ * sums plus op_ns on F and B (a recomputing stage's B_in carries its forward again), its memory the most bytes of stashes and
  * work buffers it holds at once under the schedule (rows x bytes per row, as the trainer counts them);
  * the plan's peak is the stages' sum plus state_bytes. Not counted: the stages' inputs and gradients in
  * flight (the trainer's other pool), scratch, the model's padded weight copies. No hand-overs.

@@ -233,8 +233,8 @@ static void combo_fill(struct combo *c, const mbp_plan_profile *p, const mbp_sch
 			sum.b_w += row[i].b_w;
 			bytes += p->keep_bytes[i] + (i + 1 < first[s + 1] ? p->out_bytes[i] : 0); /* < 2^50 */
 		}
-		c->keep[s] = sum;
-		c->rc[s] = sum;
+		c->keep[s] = (mbp_op_costs){sum.f + p->op_ns, sum.b_in + p->op_ns, sum.b_w};
+		c->rc[s] = c->keep[s];
 		c->rc[s].b_in += sum.f; /* the recomputation runs before the B or B_in it serves */
 		c->pk[s] = stage_peak(sc, s, sat_mul(bytes, mb), 0);
 		c->pr[s] = stage_peak(sc, s, 0, sat_mul(bytes, mb));
@@ -244,7 +244,7 @@ static void combo_fill(struct combo *c, const mbp_plan_profile *p, const mbp_sch
 static int check_profile(const mbp_plan_profile *p)
 {
 	if (!p->layers || !p->sizes || p->sizes > MBP_PLAN_MAX_SIZES || !p->mb || !p->cost ||
-	    !p->keep_bytes || !p->out_bytes || !p->batch)
+	    !p->keep_bytes || !p->out_bytes || !p->batch || !isfinite(p->op_ns) || p->op_ns < 0)
 		return -EINVAL;
 	for (unsigned k = 0; k < p->sizes; k++) {
 		if (!p->mb[k] || (k && p->mb[k] <= p->mb[k - 1]))
