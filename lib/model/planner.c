@@ -23,9 +23,11 @@
  * Search. For each combination the plan without recomputation is played first; recomputation only adds
  * work (a stage's recomputation runs before its B or B_in: its forward again), and a fixed order's
  * makespan does not shrink when an operation grows, so subsets are tried only where that plan does not
- * fit and could still beat the best so far: every subset for up to PLAN_SUBSETS_ALL stages, else the
- * stages in the order of the bytes they save, a growing prefix of them. Ties keep the plan found first,
- * in a fixed order of enumeration: the same profile gives the same plan.
+ * fit and could still beat the best so far, only of the stages that hold less recomputing, and a subset
+ * is played only when it fits and holds no fitting subset played before (fewest stages first): the
+ * fastest fitting subset is always such a one. Every subset for up to PLAN_SUBSETS_ALL such stages, else
+ * a growing prefix of them in the order of the bytes they save. Ties keep the plan found first, in a
+ * fixed order of enumeration: the same profile gives the same plan.
  */
 #include "config.h"
 
@@ -148,23 +150,39 @@ static void fill(mbp_train_plan *o, const struct search *q, const struct combo *
 	o->peak_bytes = sat_add(o->act_bytes, o->state_bytes);
 }
 
-/* The subsets of recomputing stages tried for c, in a fixed order (not 0): every one for few stages,
- * else prefixes of the stages ordered by the bytes recomputing saves (ties: the earlier stage). */
-static unsigned subsets(const struct combo *c, uint64_t *out)
+/* The subsets of recomputing stages tried for c, in a fixed order: only stages that hold less
+ * recomputing (the others would add work and memory), fewest stages first (then by value). Every one of
+ * them for up to PLAN_SUBSETS_ALL such stages, else the prefixes of them ordered by the bytes recomputing
+ * saves (ties: the earlier stage). Recomputing more stages never shortens the step, so of the subsets
+ * that fit only those with no fitting subset inside them need playing (consider). */
+static unsigned subsets(const struct combo *c, uint64_t useful, uint64_t *out)
 {
-	unsigned n = 0;
-	if (c->S <= PLAN_SUBSETS_ALL) {
-		for (uint64_t m = 1; m < (1ull << c->S); m++)
-			out[n++] = m;
+	unsigned n = 0, k = (unsigned)__builtin_popcountll(useful);
+	if (k <= PLAN_SUBSETS_ALL) {
+		for (unsigned bits = 1; bits <= k; bits++) /* every submask of useful, by its stage count */
+			for (uint64_t m = useful; m; m = (m - 1) & useful)
+				if ((unsigned)__builtin_popcountll(m) == bits)
+					out[n++] = m;
+		/* the submask walk runs downwards: each count's run ascending instead */
+		for (unsigned i = 0, j; i < n; i = j) {
+			for (j = i; j < n && __builtin_popcountll(out[j]) == __builtin_popcountll(out[i]);
+			     j++)
+				;
+			for (unsigned x = i, y = j - 1; x < y; x++, y--) {
+				uint64_t t = out[x];
+				out[x] = out[y];
+				out[y] = t;
+			}
+		}
 		return n;
 	}
-	unsigned ord[MBP_MAX_STAGES];
+	unsigned ord[MBP_MAX_STAGES], no = 0;
 	for (unsigned s = 0; s < c->S; s++)
-		ord[s] = s;
-	for (unsigned i = 1; i < c->S; i++) /* insertion sort: stable, so ties stay in stage order */
+		if (useful >> s & 1)
+			ord[no++] = s;
+	for (unsigned i = 1; i < no; i++) /* insertion sort: stable, so ties stay in stage order */
 		for (unsigned j = i; j > 0; j--) {
-			int64_t a = (int64_t)(c->pk[ord[j]] - c->pr[ord[j]]),
-				b = (int64_t)(c->pk[ord[j - 1]] - c->pr[ord[j - 1]]);
+			uint64_t a = c->pk[ord[j]] - c->pr[ord[j]], b = c->pk[ord[j - 1]] - c->pr[ord[j - 1]];
 			if (a <= b)
 				break;
 			unsigned t = ord[j];
@@ -172,8 +190,8 @@ static unsigned subsets(const struct combo *c, uint64_t *out)
 			ord[j - 1] = t;
 		}
 	uint64_t m = 0;
-	for (unsigned s = 0; s < c->S; s++)
-		out[n++] = m |= 1ull << ord[s];
+	for (unsigned i = 0; i < no; i++)
+		out[n++] = m |= 1ull << ord[i];
 	return n;
 }
 
@@ -205,10 +223,17 @@ static void consider(struct search *q, const mbp_schedule *sc, const struct comb
 		q->have_best = true;
 		return;
 	}
-	unsigned n = subsets(c, masks);
+	if (lbytes > q->budget)
+		return; /* not even the least of it fits */
+	unsigned n = subsets(c, lm, masks), nfit = 0;
+	uint64_t *fit = masks + n; /* the fitting subsets played so far */
 	for (unsigned i = 0; i < n; i++) {
-		if (sat_add(act_of(c, masks[i], NULL), q->p->state_bytes) > q->budget)
+		bool inside = false;
+		for (unsigned f = 0; f < nfit && !inside; f++)
+			inside = (fit[f] & ~masks[i]) == 0;
+		if (inside || sat_add(act_of(c, masks[i], NULL), q->p->state_bytes) > q->budget)
 			continue;
+		fit[nfit++] = masks[i];
 		q->considered++;
 		q->fitted++;
 		t = play(sc, c, masks[i], &bub);
@@ -274,7 +299,9 @@ int mbp_mlp_plan(const mbp_plan_profile *p, uint64_t budget, unsigned threads, m
 	unsigned L = p->layers;
 	double *cost = malloc(2 * (size_t)L * sizeof(*cost));
 	struct combo *c = malloc(sizeof(*c));
-	uint64_t *masks = malloc((1u << PLAN_SUBSETS_ALL) * sizeof(*masks) + MBP_MAX_STAGES * sizeof(*masks));
+	/* the subsets tried and the fitting ones among them: at most 2^PLAN_SUBSETS_ALL or a prefix a stage */
+	size_t nm = (1u << PLAN_SUBSETS_ALL) + MBP_MAX_STAGES;
+	uint64_t *masks = malloc(2 * nm * sizeof(*masks));
 	if (!cost || !c || !masks) {
 		rc = -ENOMEM;
 		goto out;
