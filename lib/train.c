@@ -472,8 +472,9 @@ static int merge_wait(struct mbp_trainer *t, struct tstage *st, uint32_t j)
 	return rc < 0 ? rc : 0;
 }
 
-/* Micro-batch j's weight gradient is in: j + 1's turn, on the replica that runs it. */
-static void merge_done(struct tstage *st, uint32_t j)
+/* Micro-batch j's weight gradient is in: j + 1's turn, on the replica that runs it; after the last,
+ * replica 0's, which waits for them all before its check (run_step). */
+static void merge_done(struct mbp_trainer *t, struct tstage *st, uint32_t j)
 {
 	if (st->nrep == 1)
 		return;
@@ -481,6 +482,8 @@ static void merge_done(struct tstage *st, uint32_t j)
 	/* release; partner: the acquire load in turn_ready() */
 	atomic_store_explicit(&r0->w_next, j + 1, memory_order_release);
 	mbp__parker_wake(&r0[(j + 1) % st->nrep].wpk);
+	if (j + 1 == t->M)
+		mbp__parker_wake(&r0->wpk);
 }
 
 /* B (whole), B_in or W of stage st for micro-batch j. */
@@ -528,7 +531,7 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 		rc = rc ? rc : st->d.backward_w(st->ctx, &io);
 	}
 	if (rc == 0 && kind != MBP_OP_BIN)
-		merge_done(st, j);
+		merge_done(t, st, j);
 	if (rc < 0) {
 		put_buf(t, th, &din);
 		return rc;
@@ -697,7 +700,11 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		if (!mine(t, th, s) || t->st[s].rep) /* a stage's: on its replica 0 */
 			continue;
 		struct tstage *st = &t->st[s];
-		int rc = st->d.check ? st->d.check(st->d.ctx) : 0;
+		/* a replicated stage's gradient is whole once the other replicas merged their last */
+		int rc = merge_wait(t, st, t->M);
+		if (rc < 0)
+			break; /* the step failed meanwhile */
+		rc = st->d.check ? st->d.check(st->d.ctx) : 0;
 		if (rc < 0) {
 			fail(t, rc, (int)(t->stage0 + st->idx), -1, MBP_OP_UPDATE,
 			     "the stage's check refused its update");

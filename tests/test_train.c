@@ -1317,6 +1317,7 @@ START_TEST(replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_unde
 	/* replicas 1, 2 and 3 of a middle stage, of the ends, of every stage; 3 on 2 CPUs */
 	static const unsigned plans[][3] = {{1, 1, 1}, {1, 2, 1}, {1, 3, 1}, {2, 1, 3}, {2, 2, 2}};
 	float in[30 * N], tg[30 * N];
+	double norm[3][3]; /* per step and stage, without replicas: the norm the updates were given */
 	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++)
 		for (size_t p = 0; p < MBP_ARRAY_SIZE(plans); p++) {
 			struct rig r;
@@ -1338,6 +1339,16 @@ START_TEST(replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_unde
 							  memcmp(r.st[s].b, ref[s].b, sizeof(ref[s].b)) == 0,
 						      "%s plan %zu step %u: stage %u's parameters differ",
 						      mbp_sched_name(kinds[k]), p, step, s);
+				/* the checks and grad_sq saw every replica's gradient */
+				for (unsigned s = 0; s < 3; s++)
+					if (p == 0)
+						norm[step][s] = r.st[s].last_norm;
+					else
+						ck_assert_msg(
+						    r.st[s].last_norm == norm[step][s],
+						    "%s plan %zu step %u: stage %u's norm %.17g, not %.17g",
+						    mbp_sched_name(kinds[k]), p, step, s, r.st[s].last_norm,
+						    norm[step][s]);
 			}
 			/* figures per replica: each ran its micro-batches (j mod r), the stage's sums them */
 			mbp_train_stats ts;

@@ -50,6 +50,30 @@ static int parse_layers(const char *s, pt_config *c, char *err, size_t errlen)
 }
 
 /* --recompute: "all", "none", or layer numbers from 0 and ranges A-B, comma-separated ("1,3-5"). */
+/* --replicas N,N,...: each stage's thread count, 1 to MBP_TRAIN_MAX_REPLICAS (the stage count is checked
+ * once it is known). */
+static int parse_replicas(const char *s, pt_config *c, char *err, size_t errlen)
+{
+	c->nreplicas = 0;
+	for (const char *p = s;;) {
+		size_t len = strcspn(p, ",");
+		char tok[24];
+		uint64_t v;
+		if (len == 0 || len >= sizeof tok || c->nreplicas == MBP_MAX_STAGES)
+			return fail(err, errlen, "--replicas: '%s' is not a list of replica counts like 1,2",
+				    s);
+		memcpy(tok, p, len);
+		tok[len] = 0;
+		if (parse_u64(tok, 1, MBP_TRAIN_MAX_REPLICAS, &v))
+			return fail(err, errlen, "--replicas: '%s' is not a replica count from 1 to %u", tok,
+				    MBP_TRAIN_MAX_REPLICAS);
+		c->replicas[c->nreplicas++] = (unsigned)v;
+		if (!p[len])
+			return 0;
+		p += len + 1;
+	}
+}
+
 static int parse_recompute(const char *s, pt_config *c, char *err, size_t errlen)
 {
 	c->recompute = 0;
@@ -124,6 +148,7 @@ enum {
 	OPT_NO_PROGRESS,
 	OPT_HAND_OVER,
 	OPT_RECOMPUTE,
+	OPT_REPLICAS,
 };
 
 static const struct option long_opts[] = {
@@ -153,6 +178,7 @@ static const struct option long_opts[] = {
     {"no-pin", no_argument, NULL, OPT_NO_PIN},
     {"hand-over", required_argument, NULL, OPT_HAND_OVER},
     {"recompute", required_argument, NULL, OPT_RECOMPUTE},
+    {"replicas", required_argument, NULL, OPT_REPLICAS},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", required_argument, NULL, OPT_CSV},
     {"trace", required_argument, NULL, OPT_TRACE},
@@ -218,6 +244,10 @@ static void usage(void)
 	    "  --recompute LIST|all|none   layers (numbered from 0, ranges A-B, e.g. 0,2-3) that keep only\n"
 	    "                        their input and recompute their forward for the backward: less\n"
 	    "                        activation memory for more compute, the same weights (default none)\n"
+	    "  --replicas N,N,...    threads of each stage (one count per stage, 1 to 16): a stage's\n"
+	    "                        replicas run different micro-batches and merge their weight\n"
+	    "                        gradients in micro-batch order: the same weights (gpipe, 1f1b, zbh1,\n"
+	    "                        zbh2; default one each)\n"
 	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
 	    "  --log FILE|-          one CSV row per step: step, epoch, loss, accuracy, lr, grad_norm,\n"
 	    "                        samples_per_s, step_ms, bubble, elapsed_s\n"
@@ -319,6 +349,10 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			break;
 		case OPT_RECOMPUTE:
 			if (parse_recompute(optarg, c, err, errlen))
+				return -1;
+			break;
+		case OPT_REPLICAS:
+			if (parse_replicas(optarg, c, err, errlen))
 				return -1;
 			break;
 		case OPT_SCHEDULE:

@@ -12,6 +12,7 @@
 #ifndef PIPETRAIN_H
 #define PIPETRAIN_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,8 +40,10 @@ typedef struct pt_config {
 	unsigned threads;
 	unsigned blas_threads; /* 0: leave OpenBLAS at one thread (the stages' setting) */
 	bool pin;
-	pt_hand_over hand_over; /* --hand-over */
-	uint64_t recompute;	/* --recompute: bit i, layer i recomputes (all: every bit) */
+	pt_hand_over hand_over;		   /* --hand-over */
+	uint64_t recompute;		   /* --recompute: bit i, layer i recomputes (all: every bit) */
+	unsigned replicas[MBP_MAX_STAGES]; /* --replicas: each stage's; nreplicas 0: one each */
+	unsigned nreplicas;
 	mbp_sched_kind schedule;
 	const char *schedule_file; /* --schedule-file: a schedule as text (MBP_SCHED_CUSTOM) */
 	uint32_t batch, mb;	   /* mb 0: --mb auto (chosen by pt_plan_make) */
@@ -69,8 +72,9 @@ typedef struct pt_shared {
 	uint32_t classes;
 	float clip;
 	double layer_sq[PT_MAX_LAYERS]; /* each layer's squared gradient norm, written by its stage */
-	uint64_t correct;		/* rows classified right in the last step (the last stage writes) */
-	int64_t fault_step;		/* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
+	/* rows classified right in the last step (the last stage's replicas add; main clears it) */
+	_Atomic uint64_t correct;
+	int64_t fault_step; /* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
 } pt_shared;
 
 typedef struct pt_stage {
