@@ -947,6 +947,7 @@ static int setup(struct mbp_trainer *t)
 	if (prc < 0)
 		return prc;
 	t->T = t->crew.nthreads;
+	mbp__wait_global_init(); /* the replicas' parkers (a trainer of one stage has no ring to call it) */
 	t->wopts = t->crew.wopts;
 	t->wopts.abort = &t->abort; /* a worker waiting on a ring stops when the step fails */
 	size_t widest = t->o.in_row_bytes, act_widest = 0;

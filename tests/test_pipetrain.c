@@ -686,11 +686,11 @@ START_TEST(replicated_stages_write_the_weights_of_unreplicated_ones_byte_for_byt
 		return;
 	tmpdir_make("pipetrain");
 	/* schedule, stages, replicas (NULL: none), hand-over; 3 replicas on 2 CPUs; a stage that takes
-	 * the previous one's input gradient over, replicated */
+	 * the previous one's input gradient over, replicated; the whole model on 2 replicas */
 	static const char *const arms[][4] = {{"1f1b", "2", NULL, "off"},     {"1f1b", "2", "1,2", "off"},
 					      {"gpipe", "3", "2,1,3", "off"}, {"zbh1", "2", "2,2", "off"},
 					      {"zbh2", "3", "1,3,1", "off"},  {"1f1b", "2", "1,2", "all"},
-					      {"zbh1", "3", "1,2,2", "all"}};
+					      {"zbh1", "3", "1,2,2", "all"},  {"1f1b", "1", "2", "off"}};
 	enum { ARMS = sizeof arms / sizeof arms[0] };
 	char path[ARMS][128];
 	for (unsigned i = 0; i < ARMS; i++) {

@@ -1372,6 +1372,30 @@ START_TEST(replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_unde
 }
 END_TEST
 
+START_TEST(a_single_stage_on_replicas_trains_as_one_thread_does)
+{
+	/* the whole model replicated (data parallelism): no ring at all, only the ordered merge */
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	float in[30 * N], tg[30 * N];
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++)
+		for (unsigned reps = 2; reps <= 3; reps++) {
+			struct rig r;
+			rig_replicas(&r, 1, (unsigned[]){reps}, kinds[k]);
+			struct toy ref;
+			toy_init(&ref, 1);
+			for (unsigned step = 0; step < 3; step++) {
+				make_data(in, tg, 30, step);
+				double loss = -1, want = reference_step(&ref, 1, in, tg, 30, 4);
+				ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 30, 4, &loss), 0);
+				ck_assert(loss == want);
+				params_equal(r.st, &ref, 1);
+			}
+			no_buffer_out(r.t);
+			mbp_trainer_destroy(r.t);
+		}
+}
+END_TEST
+
 START_TEST(a_failure_inside_a_replica_fails_the_step_and_no_stage_updates)
 {
 	static const mbp_sched_kind kinds[] = {MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
@@ -1522,6 +1546,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, the_trainers_trace_has_the_pipelines_header_rows_and_args);
 	tcase_add_test(tc,
 		       replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_under_every_schedule);
+	tcase_add_test(tc, a_single_stage_on_replicas_trains_as_one_thread_does);
 	tcase_add_test(tc, a_failure_inside_a_replica_fails_the_step_and_no_stage_updates);
 	tcase_add_test(tc, replicas_are_refused_where_a_schedule_fixes_its_threads);
 	tcase_add_test(tc, the_simulator_plays_replicas_with_the_ordered_merge);
