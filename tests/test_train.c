@@ -1326,9 +1326,13 @@ START_TEST(replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_unde
 			struct toy ref[3];
 			for (unsigned s = 0; s < 3; s++)
 				toy_init(&ref[s], s + 1);
+			mbp_train_stats ps;
 			for (unsigned step = 0; step < 3; step++) {
 				size_t rows =
 				    step == 1 ? 30 : 22; /* 6 and 8 micro-batches, short last ones */
+				if (step ==
+				    2) /* a micro-batch count seen before: the pools are reserved already */
+					mbp_trainer_stats_get(r.t, &ps, NULL, 0);
 				make_data(in, tg, rows, step);
 				double loss = -1, want = reference_step(ref, 3, in, tg, rows, 4);
 				ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, rows, 4, &loss), 0);
@@ -1354,6 +1358,8 @@ START_TEST(replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_unde
 			mbp_train_stats ts;
 			mbp_train_stage_stats ss[3], rs[MBP_TRAIN_MAX_REPLICAS];
 			ck_assert_int_eq(mbp_trainer_stats_get(r.t, &ts, ss, 3), 3);
+			ck_assert_uint_eq(ts.pool.allocated, ps.pool.allocated);
+			ck_assert_uint_eq(ts.act_pool.allocated, ps.act_pool.allocated);
 			if (p > 0) /* a thread per replica */
 				ck_assert_uint_eq(ts.threads, plans[p][0] + plans[p][1] + plans[p][2]);
 			ck_assert(ts.bubble_predicted >= 0 && ts.bubble_predicted < 1);
