@@ -551,6 +551,7 @@ static int setup(struct run *r)
 		    .takes = s > 0 && gives[s - 1],
 		    .stash_row_bytes = mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float),
 		    .work_row_bytes = mbp_mlp_stage_work_floats(r->stage[s].st) * sizeof(float),
+		    .replicas = c->nreplicas ? c->replicas[s] : 1,
 
 		    .profiled_us = pl->step_ns > 0 ? plan.stage_ns[s] * 1e-3 : 0};
 	for (unsigned l = 0; l < L; l++)
@@ -643,6 +644,9 @@ static int train(struct run *r)
 	mbp_optim_opts oo;
 	mbp_mlp_optim(r->n, &oo);
 	pt_progress_init(c->quiet ? 0 : c->progress);
+	mbp_train_stats ts0; /* the trainer's thread count: with --replicas more than the plan's */
+	if (mbp_trainer_stats_get(r->t, &ts0, NULL, 0) >= 0)
+		rep->threads = ts0.threads;
 	pt_print_header(rep);
 	char warn[512];
 	if (!c->quiet && blas_warning_line(warn, sizeof warn))

@@ -203,6 +203,7 @@ typedef struct pt_stage_total {
 	double recompute_s;			/* time in its recomputations (also in compute_s) */
 	uint64_t act_peak_bytes;		/* most activation bytes it held at once in a step */
 	double profiled_us; /* the layers' profiled cost per micro-batch (0: not profiled, one stage) */
+	unsigned replicas;  /* --replicas: its threads (their figures summed above) */
 } pt_stage_total;
 
 typedef struct pt_report {
