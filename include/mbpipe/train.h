@@ -79,7 +79,11 @@
  * between two stages micro-batch j goes from replica j mod r of one to replica j mod r' of the other,
  * each pair of replicas with a ring each way. GPipe, 1F1B, ZB-H1 and ZB-H2 take replicas; the chunked,
  * built and custom schedules fix their threads themselves and refuse them (-ENOTSUP from
- * mbp_trainer_start), and so does a trainer across ranks. mbp_schedule_simulate_replicas() plays it.
+ * mbp_trainer_start), and so does a trainer across ranks. The lists are mbp_schedule_new_replicated()'s
+ * (1F1B and ZB-H1 run as many forwards ahead as there are replicas downstream, so that each replica has a
+ * micro-batch), mbp_schedule_simulate_replicas() plays them (bubble_predicted), and the pool is reserved
+ * to a bound over every timing counted per micro-batch (an output and an input gradient per link, the
+ * loss's gradient) and per thread, rather than the exact peak of a pipeline of one thread per stage.
  * The parameters are the stage's own, shared by its replicas (read-only while the step runs); the
  * replicas' scratch is theirs (replica_ctx). The weight gradient is the stage's one accumulator too, and
  * the ordered merge keeps its sums: the weight part of each backward (B_w, or the B_w of a B, which a
@@ -494,7 +498,8 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o);
 /**
  * Append a stage (before start). The descriptor is copied.
  * @return 0, -EINVAL (NULL, no forward, update or discard, no backward of either form, out_row_bytes 0,
- *         a width above UINT32_MAX, work_row_bytes without recompute, already started), -E2BIG (more than MBP_MAX_STAGES).
+ *         a width above UINT32_MAX, work_row_bytes without recompute, more than MBP_TRAIN_MAX_REPLICAS
+ *         replicas, already started), -E2BIG (more than MBP_MAX_STAGES stages, or replicas: threads).
  */
 int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
 
@@ -514,8 +519,10 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
  *         ZB-V or DualPipeV with a stage that gives no backward_in/backward_w, or a last stage whose
  *         grad_row_bytes is not
  *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
- *         what is wrong in `what`), -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the
- *         error of the first stage whose init failed.
+ *         what is wrong in `what`; with replicas, `threads` neither 0 nor the replicas' sum),
+ *         -ENOTSUP (replicas under a chunked, built or custom schedule, or across ranks: `what` says
+ *         so), -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the error of the first stage
+ *         whose init failed.
  */
 int mbp_trainer_start(mbp_trainer *t);
 
