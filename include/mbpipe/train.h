@@ -99,7 +99,9 @@
  * which runs its backwards one at a time), and a backward that is backward_in then backward_w, the same
  * arithmetic (a replica splits it). The cost: a stage's weight-gradient parts run one at a time, so r
  * replicas reach r times one thread only while the weight part is at most 1/r of the stage's work (a
- * third with F = B_in = B_w: r = 3). Every guarantee holds per replica: errors name the stage and
+ * third with F = B_in = B_w: r = 3). A replicated last stage runs the loss on its replicas' threads at
+ * once: the loss function must then be safe to call from several threads (each call on its own
+ * micro-batch's buffers). Every guarantee holds per replica: errors name the stage and
  * micro-batch, the stage's check and update run once, on replica 0's thread, and figures come per stage
  * (mbp_trainer_stats_get: the replicas' sums) and per replica (mbp_trainer_replica_stats_get).
  *
