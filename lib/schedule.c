@@ -176,6 +176,9 @@ static int play(const struct mbp_schedule *sc, const mbp_op_costs *costs, const 
 							: pl.end_b)[k] = clock[t];
 				if (op->kind == MBP_OP_B) /* a whole backward also ends the weight gradient */
 					pl.end_w[k] = clock[t];
+				/* a replica's B sends its input gradient after its b_in, before its merge */
+				if (op->kind == MBP_OP_B && pl.reps && pl.reps[op->stage] > 1)
+					pl.end_b[k] = t0 + costs[op->stage].b_in;
 				if (start)
 					start[pos ? pos[t][next[t]] : next[t]] = t0;
 				*busy += c;

@@ -519,6 +519,11 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 			rc = rc ? rc : st->d.backward(st->ctx, &io);
 		} else {
 			rc = st->d.backward_in(st->ctx, &io);
+			if (rc == 0 && din &&
+			    st->nrep > 1) { /* the previous stage need not wait for the merge */
+				push_on(t, st->bwd_out[j % st->nprev], din);
+				din = NULL;
+			}
 			rc = rc ? rc : merge_wait(t, st, j);
 			rc = rc ? rc : st->d.backward_w(st->ctx, &io);
 		}
