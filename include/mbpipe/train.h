@@ -87,10 +87,11 @@
  * The parameters are the stage's own, shared by its replicas (read-only while the step runs); the
  * replicas' scratch is theirs (replica_ctx). The weight gradient is the stage's one accumulator too, and
  * the ordered merge keeps its sums: the weight part of each backward (B_w, or the B_w of a B, which a
- * replica runs as B_in then B_w) adds into it in micro-batch order: micro-batch j's after j - 1's, on
- * whichever replica ran that, while the replicas' forwards and input gradients run in parallel. So a
- * stage adds the same products in the same order as it does without replicas, and as a stage of one
- * replica (whose weight gradients are in micro-batch order already: no wait at all) does: the
+ * replica runs as B_in then B_w, sending the input gradient between them) adds into it in micro-batch
+ * order: micro-batch j's after j - 1's, on whichever replica ran that, while the replicas' forwards and
+ * input gradients run in parallel. So a stage adds the same products in the same order as it does
+ * without replicas, and as a stage of one replica (whose weight gradients are in micro-batch order
+ * already: no wait at all) does: the
  * parameters after a step are bit for bit the same for every replica count, under every schedule above,
  * with no extra pass over the gradient (the reference is the stage's own accumulation, such as
  * OpenBLAS's sgemm with beta = 1 into G, called in micro-batch order). What a replicated stage must
@@ -101,8 +102,9 @@
  * replicas reach r times one thread only while the weight part is at most 1/r of the stage's work (a
  * third with F = B_in = B_w: r = 3). A replicated last stage runs the loss on its replicas' threads at
  * once: the loss function must then be safe to call from several threads (each call on its own
- * micro-batch's buffers). Every guarantee holds per replica: errors name the stage and
- * micro-batch, the stage's check and update run once, on replica 0's thread, and figures come per stage
+ * micro-batch's buffers). Every guarantee holds per replica: errors name the stage and micro-batch, the
+ * stage's check (once the replicas' last weight gradient is in) and update run once, on replica 0's
+ * thread, and figures come per stage
  * (mbp_trainer_stats_get: the replicas' sums) and per replica (mbp_trainer_replica_stats_get).
  *
  * Thread safety: an mbp_schedule is immutable once built (any threads may read it). A trainer is driven by
