@@ -82,9 +82,10 @@ struct tstage {
 	size_t grad_w, din_w; /* rows of dout (grad_row_bytes), of din (the previous stage's grad_w) */
 	bool split;	      /* gives backward_in and backward_w */
 	bool init_ok;
-	/* the rings from replica a of s-1 (fwd_in[a], bwd_out[a]; a < nprev) and to replica b of s+1
-	 * (fwd_out[b], bwd_in[b]; b < nnext): micro-batch j goes between j mod nprev and j mod nrep, ...
-	 * [0] NULL at the ends */
+	/* the rings from replica a of s-1 (fwd_in[a], bwd_out[a]; a < nprev, its replicas) and to replica
+	 * b of s+1 (fwd_out[b], bwd_in[b]; b < nnext): micro-batch j comes from replica j mod nprev and
+	 * goes to replica j mod nnext, so each ring carries its micro-batches in order. [0] is NULL at the
+	 * ends (or a remote neighbour's link) */
 	struct mbp__ring *fwd_in[MBP_TRAIN_MAX_REPLICAS], *fwd_out[MBP_TRAIN_MAX_REPLICAS];
 	struct mbp__ring *bwd_in[MBP_TRAIN_MAX_REPLICAS], *bwd_out[MBP_TRAIN_MAX_REPLICAS];
 	unsigned nprev, nnext;
