@@ -1444,6 +1444,36 @@ START_TEST(a_failure_inside_a_replica_fails_the_step_and_no_stage_updates)
 }
 END_TEST
 
+START_TEST(cancel_and_drain_mid_step_hold_with_replicas)
+{
+	static const unsigned reps[3] = {1, 2, 1};
+	float in[64 * N], tg[64 * N];
+	make_data(in, tg, 64, 0);
+	for (int drain = 0; drain < 2; drain++) {
+		struct rig r;
+		rig_replicas(&r, 3, reps, MBP_SCHED_1F1B);
+		for (unsigned s = 0; s < 3; s++)
+			r.st[s].sleep_us = 300;
+		struct toy ref[3];
+		for (unsigned s = 0; s < 3; s++)
+			toy_init(&ref[s], s + 1);
+		struct later l = {r.t, &r.st[1], 5, drain};
+		pthread_t th;
+		pthread_create(&th, NULL, stop_later, &l);
+		/* a cancel fails the step with nothing updated (a replica parked for its turn wakes too); a
+		 * drain lets it finish as one replica would */
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 4, NULL), drain ? 0 : -ECANCELED);
+		pthread_join(th, NULL);
+		if (drain)
+			reference_step(ref, 3, in, tg, 64, 4);
+		params_equal(r.st, ref, 3);
+		no_buffer_out(r.t);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 4, NULL), -ESHUTDOWN);
+		mbp_trainer_destroy(r.t);
+	}
+}
+END_TEST
+
 START_TEST(replicas_are_refused_where_a_schedule_fixes_its_threads)
 {
 	static const unsigned reps[4] = {1, 2, 1, 1};
@@ -1554,6 +1584,7 @@ static Suite *suite(void)
 		       replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_under_every_schedule);
 	tcase_add_test(tc, a_single_stage_on_replicas_trains_as_one_thread_does);
 	tcase_add_test(tc, a_failure_inside_a_replica_fails_the_step_and_no_stage_updates);
+	tcase_add_test(tc, cancel_and_drain_mid_step_hold_with_replicas);
 	tcase_add_test(tc, replicas_are_refused_where_a_schedule_fixes_its_threads);
 	tcase_add_test(tc, the_simulator_plays_replicas_with_the_ordered_merge);
 	suite_add_tcase(s, tc);
