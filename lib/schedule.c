@@ -42,8 +42,11 @@ static void push(struct mbp_schedule *sc, size_t *n, unsigned s, unsigned kind, 
 	(*n)++;
 }
 
-/* The published list of stage s, appended at sc->stage_ops + *n. */
-static void build_stage(struct mbp_schedule *sc, unsigned s, size_t *n)
+/* The published list of stage s, appended at sc->stage_ops + *n. With replicas (`reps`, per stage; NULL:
+ * none) 1F1B's and ZB-H1's warm-up counts threads, not stages: stage s runs as many forwards ahead as
+ * there are replicas from it to the last stage, less one (S - s - 1 with one each), so that a replicated
+ * stage finds a micro-batch for each of its replicas. */
+static void build_stage(struct mbp_schedule *sc, unsigned s, size_t *n, const unsigned *reps)
 {
 	unsigned S = sc->stages, M = sc->mbs;
 	if (sc->kind == MBP_SCHED_GPIPE) {
@@ -55,7 +58,14 @@ static void build_stage(struct mbp_schedule *sc, unsigned s, size_t *n)
 	}
 	bool zb = sc->kind == MBP_SCHED_ZBH1;
 	unsigned bk = zb ? MBP_OP_BIN : MBP_OP_B;
-	unsigned warm = S - s - 1 < M ? S - s - 1 : M;
+	unsigned ahead = S - s - 1;
+	if (reps) {
+		ahead = 0;
+		for (unsigned k = s; k < S; k++)
+			ahead += reps[k] ? reps[k] : 1;
+		ahead--;
+	}
+	unsigned warm = ahead < M ? ahead : M;
 	unsigned w = 0; /* next weight gradient (ZB-H1) */
 	for (unsigned j = 0; j < warm; j++)
 		push(sc, n, s, MBP_OP_F, j);
@@ -94,7 +104,16 @@ struct player {
 	const struct mbp_schedule *sc;
 	const mbp_op_costs *costs;
 	double *end_f, *end_b, *end_w; /* per (stage, mb): end time, or -1 while not run */
+	const unsigned *reps;	       /* per stage: replicas (NULL: one each) */
 };
+
+/* A replicated stage's weight gradients run in micro-batch order (train.h, "Replicas"): the weight part
+ * of (s, j) waits for that of (s, j - 1), which may run on another replica. */
+static bool merges(const struct player *pl, const mbp_sched_op *op)
+{
+	return pl->reps && pl->reps[op->stage] > 1 && op->mb > 0 &&
+	       (op->kind == MBP_OP_W || op->kind == MBP_OP_B);
+}
 
 static double dep_end(const struct player *pl, const mbp_sched_op *op)
 {
@@ -110,9 +129,10 @@ static double dep_end(const struct player *pl, const mbp_sched_op *op)
 	}
 }
 
-static int play(const struct mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
-		const mbp_sched_op *const *lists, const size_t *len, const uint32_t *const *pos,
-		double *start, double *makespan, double *busy, struct mbp__sched_scratch *x)
+static int play(const struct mbp_schedule *sc, const mbp_op_costs *costs, const unsigned *reps,
+		unsigned threads, const mbp_sched_op *const *lists, const size_t *len,
+		const uint32_t *const *pos, double *start, double *makespan, double *busy,
+		struct mbp__sched_scratch *x)
 {
 	size_t nm = (size_t)sc->stages * sc->mbs;
 	MBP_VERIFY(x->n == sc->n && x->nm == nm && threads <= x->threads); /* made for this schedule */
@@ -125,7 +145,7 @@ static int play(const struct mbp_schedule *sc, const mbp_op_costs *costs, unsign
 		next[t] = 0;
 		clock[t] = 0;
 	}
-	struct player pl = {sc, costs, ends, ends + nm, ends + 2 * nm};
+	struct player pl = {sc, costs, ends, ends + nm, ends + 2 * nm, reps};
 	*makespan = 0;
 	*busy = 0;
 	for (bool progress = true; progress;) {
@@ -136,15 +156,29 @@ static int play(const struct mbp_schedule *sc, const mbp_op_costs *costs, unsign
 				double dep = dep_end(&pl, op);
 				if (dep < 0)
 					break;
+				size_t k = (size_t)op->stage * sc->mbs + op->mb;
+				double wprev = merges(&pl, op) ? pl.end_w[k - 1] : 0;
+				if (wprev < 0)
+					break;
 				double c = op_cost(&costs[op->stage], op->kind);
 				double t0 = clock[t] > dep ? clock[t] : dep;
 				clock[t] = t0 + c;
-				size_t k = (size_t)op->stage * sc->mbs + op->mb;
+				if (wprev >
+				    0) { /* the weight part (a B's after its b_in) waits for j - 1's */
+					double w0 = op->kind == MBP_OP_B ? t0 + costs[op->stage].b_in : t0;
+					double w = wprev > w0 ? wprev : w0;
+					if (op->kind == MBP_OP_W)
+						t0 = w;
+					clock[t] = w + costs[op->stage].b_w;
+				}
 				(op->kind == MBP_OP_F	? pl.end_f
 				 : op->kind == MBP_OP_W ? pl.end_w
 							: pl.end_b)[k] = clock[t];
 				if (op->kind == MBP_OP_B) /* a whole backward also ends the weight gradient */
 					pl.end_w[k] = clock[t];
+				/* a replica's B sends its input gradient after its b_in, before its merge */
+				if (op->kind == MBP_OP_B && pl.reps && pl.reps[op->stage] > 1)
+					pl.end_b[k] = t0 + costs[op->stage].b_in;
 				if (start)
 					start[pos ? pos[t][next[t]] : next[t]] = t0;
 				*busy += c;
@@ -661,7 +695,7 @@ static int sched_from_lists(struct mbp_schedule *sc, const mbp_sched_op *ops, co
 			pos[t][i] = (uint32_t)(off[t] + i);
 	}
 	double makespan, busy;
-	rc = play(sc, unit, nl, lists, len, (const uint32_t *const *)pos, start, &makespan, &busy, &x);
+	rc = play(sc, unit, NULL, nl, lists, len, (const uint32_t *const *)pos, start, &makespan, &busy, &x);
 	if (rc < 0) {
 		/* name a list whose next operation needs one later in the same list (its own fault), else the
 		 * first list that waits */
@@ -758,8 +792,29 @@ static int place(struct mbp_schedule *sc, unsigned threads)
 	return 0;
 }
 
+static int new_schedule(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs,
+			unsigned threads, const unsigned *reps);
+
 int mbp_schedule_new_placed(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs,
 			    unsigned threads)
+{
+	return new_schedule(sp, kind, stages, mbs, threads, NULL);
+}
+
+int mbp_schedule_new_replicated(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs,
+				const unsigned *replicas)
+{
+	if (!replicas || (kind != MBP_SCHED_GPIPE && kind != MBP_SCHED_1F1B && kind != MBP_SCHED_DEFAULT &&
+			  kind != MBP_SCHED_ZBH1 && kind != MBP_SCHED_ZBH2))
+		return -EINVAL;
+	for (unsigned s = 0; s < stages && s < MBP_MAX_STAGES; s++)
+		if (replicas[s] > MBP_TRAIN_MAX_REPLICAS)
+			return -EINVAL;
+	return new_schedule(sp, kind, stages, mbs, 0, replicas);
+}
+
+static int new_schedule(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs,
+			unsigned threads, const unsigned *reps)
 {
 	if (!sp || stages == 0 || stages > MBP_MAX_STAGES || mbs == 0 || mbs > MBP_TRAIN_MAX_MBS ||
 	    threads > stages)
@@ -818,7 +873,7 @@ int mbp_schedule_new_placed(mbp_schedule **sp, mbp_sched_kind kind, unsigned sta
 				break;
 			default:
 				sc->stage_ops = ops; /* build_stage appends there */
-				build_stage(sc, t, &l.n);
+				build_stage(sc, t, &l.n, reps);
 				sc->stage_ops = NULL;
 			}
 		}
@@ -941,17 +996,25 @@ int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned co
 	return 0;
 }
 
+/* A play in a room of its own on `threads` threads: with replicas `reps` (one thread each), or without. */
+static int simulate_once(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
+			 const unsigned *reps, mbp_sched_sim *out, double *start)
+{
+	struct mbp__sched_scratch x;
+	int rc = mbp__sched_scratch_new(&x, sc, threads);
+	if (rc == 0)
+		rc = reps ? mbp__schedule_simulate_rep_in(sc, costs, reps, out, start, &x)
+			  : mbp__schedule_simulate_in(sc, costs, threads, out, start, &x);
+	mbp__sched_scratch_free(&x);
+	return rc;
+}
+
 int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 			  mbp_sched_sim *out, double *start)
 {
 	if (!sc || !costs || !out || !(threads = threads_meant(sc, threads)))
 		return -EINVAL;
-	struct mbp__sched_scratch x;
-	int rc = mbp__sched_scratch_new(&x, sc, threads);
-	if (rc == 0)
-		rc = mbp__schedule_simulate_in(sc, costs, threads, out, start, &x);
-	mbp__sched_scratch_free(&x);
-	return rc;
+	return simulate_once(sc, costs, threads, NULL, out, start);
 }
 
 int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
@@ -981,13 +1044,99 @@ int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs,
 		pos[t] = posbuf + off[t];
 	}
 	double makespan, busy;
-	int rc = play(sc, costs, threads, lists, len, pos, start, &makespan, &busy, x);
+	int rc = play(sc, costs, NULL, threads, lists, len, pos, start, &makespan, &busy, x);
 	if (rc == 0) {
 		out->makespan = makespan;
 		out->busy = busy;
 		out->bubble = makespan > 0 ? 1.0 - busy / (threads * makespan) : 0;
 	}
 	return rc;
+}
+
+int mbp__schedule_replica_lists(const mbp_schedule *sc, const unsigned *reps, mbp_sched_op *ops, size_t *off,
+				unsigned *units)
+{
+	unsigned base[MBP_MAX_STAGES + 1], U = 0;
+	if (!sc || !reps || sc->threads)
+		return -EINVAL; /* a placed schedule fixes its threads: no room for replicas */
+	for (unsigned s = 0; s < sc->stages; s++) {
+		unsigned r = reps[s] ? reps[s] : 1;
+		base[s] = U;
+		if (r > MBP_TRAIN_MAX_REPLICAS || (U += r) > MBP_MAX_STAGES)
+			return -EINVAL;
+	}
+	base[sc->stages] = U;
+	/* counting pass, then placement: each unit's operations in global order */
+	for (unsigned u = 0; u <= U; u++)
+		off[u] = 0;
+	for (size_t i = 0; i < sc->n; i++) {
+		const mbp_sched_op *o = &sc->order[i];
+		off[base[o->stage] + o->mb % (base[o->stage + 1] - base[o->stage]) + 1]++;
+	}
+	for (unsigned u = 0; u < U; u++)
+		off[u + 1] += off[u];
+	size_t fill[MBP_MAX_STAGES + 1];
+	memcpy(fill, off, (U + 1) * sizeof(size_t));
+	for (size_t i = 0; i < sc->n; i++) {
+		const mbp_sched_op *o = &sc->order[i];
+		ops[fill[base[o->stage] + o->mb % (base[o->stage + 1] - base[o->stage])]++] = *o;
+	}
+	*units = U;
+	return 0;
+}
+
+int mbp__schedule_simulate_rep_in(const mbp_schedule *sc, const mbp_op_costs *costs, const unsigned *reps,
+				  mbp_sched_sim *out, double *start, struct mbp__sched_scratch *x)
+{
+	if (!sc || !costs || !reps || !out)
+		return -EINVAL;
+	for (unsigned s = 0; s < sc->stages; s++)
+		if (!(costs[s].f >= 0 && costs[s].b_in >= 0 && costs[s].b_w >= 0))
+			return -EINVAL;
+	size_t off[MBP_MAX_STAGES + 1];
+	unsigned U;
+	int rc = mbp__schedule_replica_lists(sc, reps, x->ops, off, &U);
+	if (rc < 0 || U > x->threads)
+		return -EINVAL;
+	/* each list entry's position in the global order: the lists keep it, so a merge walk recovers it */
+	size_t fill[MBP_MAX_STAGES + 1];
+	memcpy(fill, off, sizeof(fill));
+	unsigned base[MBP_MAX_STAGES];
+	for (unsigned s = 0, u = 0; s < sc->stages; u += reps[s] ? reps[s] : 1, s++)
+		base[s] = u;
+	for (size_t i = 0; i < sc->n; i++) {
+		const mbp_sched_op *o = &sc->order[i];
+		x->pos[fill[base[o->stage] + o->mb % (reps[o->stage] ? reps[o->stage] : 1)]++] = (uint32_t)i;
+	}
+	const mbp_sched_op *lists[MBP_MAX_STAGES];
+	size_t len[MBP_MAX_STAGES];
+	const uint32_t *pos[MBP_MAX_STAGES];
+	for (unsigned u = 0; u < U; u++) {
+		lists[u] = x->ops + off[u];
+		len[u] = off[u + 1] - off[u];
+		pos[u] = x->pos + off[u];
+	}
+	double makespan, busy;
+	rc = play(sc, costs, reps, U, lists, len, pos, start, &makespan, &busy, x);
+	if (rc == 0) {
+		out->makespan = makespan;
+		out->busy = busy;
+		out->bubble = makespan > 0 ? 1.0 - busy / (U * makespan) : 0;
+	}
+	return rc;
+}
+
+int mbp_schedule_simulate_replicas(const mbp_schedule *sc, const mbp_op_costs *costs,
+				   const unsigned *replicas, mbp_sched_sim *out, double *start)
+{
+	if (!sc || !replicas)
+		return -EINVAL;
+	unsigned U = 0;
+	for (unsigned s = 0; s < sc->stages; s++)
+		U += replicas[s] > MBP_TRAIN_MAX_REPLICAS ? MBP_MAX_STAGES + 1
+		     : replicas[s]			  ? replicas[s]
+							  : 1;
+	return U > MBP_MAX_STAGES ? -EINVAL : simulate_once(sc, costs, U, replicas, out, start);
 }
 
 static const struct {

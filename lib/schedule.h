@@ -73,6 +73,16 @@ void mbp__sched_scratch_free(struct mbp__sched_scratch *x);
 int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 			      mbp_sched_sim *out, double *start, struct mbp__sched_scratch *x);
 
+/* Replicas (train.h): each replica of each stage a thread of its own (a unit: stage s's replicas are units
+ * base(s) .. base(s) + reps[s] - 1, micro-batch j on replica j mod reps[s]), each unit's operations in
+ * global order at ops[off[u] .. off[u + 1]); reps[s] 0 means 1. *units: their count. 0, or -EINVAL (a
+ * placed schedule, more than MBP_TRAIN_MAX_REPLICAS of a stage or MBP_MAX_STAGES units). */
+int mbp__schedule_replica_lists(const mbp_schedule *sc, const unsigned *reps, mbp_sched_op *ops, size_t *off,
+				unsigned *units);
+/* mbp_schedule_simulate_replicas() in a room made for `sc` on at least the units' count of threads. */
+int mbp__schedule_simulate_rep_in(const mbp_schedule *sc, const mbp_op_costs *costs, const unsigned *reps,
+				  mbp_sched_sim *out, double *start, struct mbp__sched_scratch *x);
+
 /* A part of the pipeline as the trainer runs it, for mbp__schedule_buffer_peak(): the `count` stages from
  * `first` on, on `threads` threads whose lists are mbp__schedule_part_lists()'s (`ops`, `off`), and per
  * local stage whether it keeps a stash buffer per micro-batch. */

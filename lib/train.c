@@ -69,16 +69,29 @@ struct tcounters {
 	_Atomic uint64_t act_peak;	/* activation bytes held at once this step */
 };
 
+/* A unit: one replica of a stage (a stage without replicas is one unit). The units of stage s are
+ * t->st[ub[s] .. ub[s + 1]), each with a thread of its own when the stage is replicated. */
 struct tstage {
-	mbp_train_stage_desc d;
+	mbp_train_stage_desc d; /* d.ctx: the stage's own (check, grad_sq, update, discard) */
 	char name[MBP_STAGE_NAME_MAX];
-	unsigned idx;
+	char rname[MBP_STAGE_NAME_MAX]; /* the trace's row: the name, and " r<k>" for a replica */
+	unsigned idx;			/* the stage (local index) */
+	unsigned rep, nrep;		/* this replica, of the stage's nrep */
+	void *ctx; /* the replica's (mbp_train_stage_desc.replica_ctx): its operations, init and fini */
 	size_t out_w, stash_w, work_w;
 	size_t grad_w, din_w; /* rows of dout (grad_row_bytes), of din (the previous stage's grad_w) */
 	bool split;	      /* gives backward_in and backward_w */
 	bool init_ok;
-	struct mbp__ring *fwd_in, *fwd_out; /* from s-1, to s+1 (NULL at the ends) */
-	struct mbp__ring *bwd_in, *bwd_out; /* from s+1, to s-1 (NULL at the ends) */
+	/* the rings from replica a of s-1 (fwd_in[a], bwd_out[a]; a < nprev, its replicas) and to replica
+	 * b of s+1 (fwd_out[b], bwd_in[b]; b < nnext): micro-batch j comes from replica j mod nprev and
+	 * goes to replica j mod nnext, so each ring carries its micro-batches in order. [0] is NULL at the
+	 * ends (or a remote neighbour's link) */
+	struct mbp__ring *fwd_in[MBP_TRAIN_MAX_REPLICAS], *fwd_out[MBP_TRAIN_MAX_REPLICAS];
+	struct mbp__ring *bwd_in[MBP_TRAIN_MAX_REPLICAS], *bwd_out[MBP_TRAIN_MAX_REPLICAS];
+	unsigned nprev, nnext;
+	struct mbp__parker wpk; /* this replica waiting for its turn to merge (merge_wait) */
+	/* replica 0's, of a replicated stage: the micro-batch whose weight gradient is next in turn */
+	_Atomic uint32_t w_next;
 	/* per micro-batch, while held: input (NULL at stage 0), stash, output gradient */
 	mbp_mb **in, **stash, **dout, **work;
 	unsigned stash_n, held_n; /* now */
@@ -95,9 +108,12 @@ struct tthread {
 
 struct mbp_trainer {
 	mbp_train_opts o;
-	unsigned S, T;	       /* stages; threads (the crew's, once planned) */
-	struct mbp__crew crew; /* the worker threads (crew.h) */
-	struct tstage st[MBP_MAX_STAGES];
+	unsigned S, T; /* stages; threads (the crew's, once planned) */
+	unsigned U;    /* units (the stages' replicas): the crew's stages; U == S without replicas */
+	unsigned ub[MBP_MAX_STAGES + 1];  /* stage s's units: st[ub[s] .. ub[s + 1]) */
+	unsigned reps[MBP_MAX_STAGES];	  /* per stage: its replicas */
+	struct mbp__crew crew;		  /* the worker threads (crew.h) */
+	struct tstage st[MBP_MAX_STAGES]; /* per unit */
 	struct tthread th[MBP_MAX_STAGES];
 	struct mbp__wait_opts wopts; /* the rings' waits: the crew's budgets, ended by `abort` too */
 	mbp_pool *pool;
@@ -145,10 +161,16 @@ struct mbp_trainer {
 
 /* ---- small helpers ---- */
 
-/* Stage s runs on thread th (its stages first .. last are all of them but under a chunked schedule). */
-static bool mine(const struct mbp_trainer *t, const struct mbp__crew_thread *th, unsigned s)
+/* Unit u runs on thread th (its units first .. last are all of them but under a chunked schedule). */
+static bool mine(const struct mbp_trainer *t, const struct mbp__crew_thread *th, unsigned u)
 {
-	return t->crew.thread_of[s] == th->idx;
+	return t->crew.thread_of[u] == th->idx;
+}
+
+/* The unit of stage s (local) that runs micro-batch j: replica j mod its replicas. */
+static struct tstage *unit_of(struct mbp_trainer *t, unsigned s, uint32_t j)
+{
+	return &t->st[t->ub[s] + j % t->reps[s]];
 }
 
 static uint32_t next_pow2(uint32_t v)
@@ -169,11 +191,15 @@ static bool aborting(const struct mbp_trainer *t)
 /* Wake every worker that may be parked on a ring: its wait ends on the abort. */
 static void wake_all(struct mbp_trainer *t)
 {
-	for (unsigned s = 0; s < t->S; s++) {
-		if (t->st[s].fwd_in)
-			mbp__ring_wake(t->st[s].fwd_in);
-		if (t->st[s].bwd_in)
-			mbp__ring_wake(t->st[s].bwd_in);
+	for (unsigned u = 0; u < t->U; u++) {
+		struct tstage *st = &t->st[u];
+		for (unsigned a = 0; a < st->nprev; a++)
+			if (st->fwd_in[a])
+				mbp__ring_wake(st->fwd_in[a]);
+		for (unsigned b = 0; b < st->nnext; b++)
+			if (st->bwd_in[b])
+				mbp__ring_wake(st->bwd_in[b]);
+		mbp__parker_wake(&st->wpk);
 	}
 }
 
@@ -315,7 +341,7 @@ static uint32_t mb_rows_of(const struct mbp_trainer *t, uint32_t j)
 /* The input rows of stage st for micro-batch j: the caller's at stage 0, else the held buffer. */
 static const void *input_of(const struct mbp_trainer *t, const struct tstage *st, uint32_t j)
 {
-	if (!st->fwd_in) /* the global stage 0 */
+	if (!st->fwd_in[0]) /* the global stage 0 */
 		return t->in + (size_t)j * t->mb_rows * t->o.in_row_bytes;
 	return st->in[j]->data;
 }
@@ -354,8 +380,8 @@ static int op_forward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct
 	if (st->stash_n + 1 > mbp_schedule_stash_peak(sc, t->stage0 + st->idx) ||
 	    st->held_n + 1 > mbp_schedule_held_peak(sc, t->stage0 + st->idx))
 		return -EOVERFLOW; /* the schedule's bound; cannot happen while the lists are followed */
-	if (st->fwd_in) {
-		int rc = receive(t, th, st, st->fwd_in, j, &st->in[j]);
+	if (st->fwd_in[0]) {
+		int rc = receive(t, th, st, st->fwd_in[j % st->nprev], j, &st->in[j]);
 		if (rc < 0)
 			return rc;
 	}
@@ -373,8 +399,8 @@ static int op_forward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct
 	}
 	mbp_train_io io = io_of(t, st, j, rows);
 	io.out = out->data;
-	rc = st->d.forward(st->d.ctx, &io);
-	if (rc == 0 && !st->fwd_out) {
+	rc = st->d.forward(st->ctx, &io);
+	if (rc == 0 && !st->fwd_out[0]) {
 		/* the global last stage: the loss: the gradient that starts the backward, kept as this stage's output gradient */
 		rc = get_buf(t, th, rows, st->out_w, j, &st->dout[j]);
 		if (rc == 0) {
@@ -393,7 +419,7 @@ static int op_forward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct
 		put_buf(t, th, &out);
 		return rc;
 	}
-	push_on(t, st->fwd_out, out);
+	push_on(t, st->fwd_out[j % st->nnext], out);
 	return 0;
 }
 
@@ -406,7 +432,7 @@ static int recompute(struct mbp_trainer *t, struct tstage *st, uint32_t j, uint3
 		return rc;
 	mbp_train_io io = io_of(t, st, j, rows);
 	uint64_t t0 = mbp__clock_ns();
-	rc = st->d.recompute(st->d.ctx, &io);
+	rc = st->d.recompute(st->ctx, &io);
 	uint64_t t1 = mbp__clock_ns();
 	mbp__counter_add(&st->c.r_ns, t1 - t0);
 	mbp__counter_add(&st->c.r_count, 1);
@@ -415,6 +441,50 @@ static int recompute(struct mbp_trainer *t, struct tstage *st, uint32_t j, uint3
 		mbp__trace_add(&st->trace,
 			       &(struct mbp__trace_ev){.t0 = t0, .t1 = t1, .mb = j, .kind = MBP_OP_R});
 	return rc;
+}
+
+/* The ordered merge (train.h, "Replicas"): the replicas of a stage write its one gradient, micro-batch
+ * after micro-batch, so its sums are those of one thread. Replica 0's w_next is the micro-batch whose
+ * weight gradient is next; the replica of micro-batch j waits for it to be j. */
+struct turn {
+	_Atomic uint32_t *next;
+	uint32_t j;
+};
+
+static bool turn_ready(void *arg)
+{
+	struct turn *w = arg;
+	/* acquire; partner: the release store in merge_done(): what j - 1's weight gradient wrote (the
+	 * stage's gradient, on another replica's thread) is visible before this one adds to it */
+	return atomic_load_explicit(w->next, memory_order_acquire) == w->j;
+}
+
+/* Wait for micro-batch j's turn (a stage without replicas: at once). 0, or -ECANCELED (the step fails). */
+static int merge_wait(struct mbp_trainer *t, struct tstage *st, uint32_t j)
+{
+	if (st->nrep == 1)
+		return 0;
+	struct turn w = {&(st - st->rep)->w_next, j};
+	if (turn_ready(&w))
+		return 0;
+	uint64_t t0 = mbp__clock_ns();
+	int rc = mbp__wait_until(&st->wpk, &t->wopts, turn_ready, &w, NULL, UINT64_MAX);
+	mbp__counter_add(&st->c.wait_ns, mbp__clock_ns() - t0);
+	return rc < 0 ? rc : 0;
+}
+
+/* Micro-batch j's weight gradient is in: j + 1's turn, on the replica that runs it; after the last,
+ * replica 0's, which waits for them all before its check (run_step). */
+static void merge_done(struct mbp_trainer *t, struct tstage *st, uint32_t j)
+{
+	if (st->nrep == 1)
+		return;
+	struct tstage *r0 = st - st->rep;
+	/* release; partner: the acquire load in turn_ready() */
+	atomic_store_explicit(&r0->w_next, j + 1, memory_order_release);
+	mbp__parker_wake(&r0[(j + 1) % st->nrep].wpk);
+	if (j + 1 == t->M)
+		mbp__parker_wake(&r0->wpk);
 }
 
 /* B (whole), B_in or W of stage st for micro-batch j. */
@@ -427,13 +497,13 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 		if (rc < 0)
 			return rc;
 	}
-	if (kind != MBP_OP_W && st->bwd_in) {
-		int rc = receive(t, th, st, st->bwd_in, j, &st->dout[j]);
+	if (kind != MBP_OP_W && st->bwd_in[0]) {
+		int rc = receive(t, th, st, st->bwd_in[j % st->nnext], j, &st->dout[j]);
 		if (rc < 0)
 			return rc;
 	}
 	mbp_mb *din = NULL;
-	if (kind != MBP_OP_W && st->bwd_out) {
+	if (kind != MBP_OP_W && st->bwd_out[0]) {
 		int rc = get_buf(t, th, rows, st->din_w, j, &din);
 		if (rc < 0)
 			return rc;
@@ -444,20 +514,30 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 	int rc;
 	switch (kind) {
 	case MBP_OP_B:
-		if (st->d.backward) {
-			rc = st->d.backward(st->d.ctx, &io);
+		/* a replica merges only the weight part in turn: its B_in runs meanwhile */
+		if (st->d.backward && !(st->nrep > 1 && st->split)) {
+			rc = merge_wait(t, st, j);
+			rc = rc ? rc : st->d.backward(st->ctx, &io);
 		} else {
-			rc = st->d.backward_in(st->d.ctx, &io);
-			if (rc == 0)
-				rc = st->d.backward_w(st->d.ctx, &io);
+			rc = st->d.backward_in(st->ctx, &io);
+			if (rc == 0 && din &&
+			    st->nrep > 1) { /* the previous stage need not wait for the merge */
+				push_on(t, st->bwd_out[j % st->nprev], din);
+				din = NULL;
+			}
+			rc = rc ? rc : merge_wait(t, st, j);
+			rc = rc ? rc : st->d.backward_w(st->ctx, &io);
 		}
 		break;
 	case MBP_OP_BIN:
-		rc = st->d.backward_in(st->d.ctx, &io);
+		rc = st->d.backward_in(st->ctx, &io);
 		break;
 	default:
-		rc = st->d.backward_w(st->d.ctx, &io);
+		rc = merge_wait(t, st, j);
+		rc = rc ? rc : st->d.backward_w(st->ctx, &io);
 	}
+	if (rc == 0 && kind != MBP_OP_BIN)
+		merge_done(t, st, j);
 	if (rc < 0) {
 		put_buf(t, th, &din);
 		return rc;
@@ -467,7 +547,7 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 	if (kind != MBP_OP_BIN)
 		release_mb(t, th, st, j);
 	if (din)
-		push_on(t, st->bwd_out, din);
+		push_on(t, st->bwd_out[j % st->nprev], din);
 	return 0;
 }
 
@@ -481,7 +561,7 @@ static void run_ops(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		if (aborting(t))
 			return;
 		const mbp_sched_op *op = &t->tops[k];
-		struct tstage *st = &t->st[op->stage];
+		struct tstage *st = unit_of(t, op->stage, op->mb);
 		uint64_t t0 = mbp__clock_ns();
 		uint64_t w0 = mbp__counter_get(&st->c.wait_ns), r0 = mbp__counter_get(&st->c.r_ns);
 		int rc = op->kind == MBP_OP_F ? op_forward(t, th, st, op->mb)
@@ -519,10 +599,12 @@ static void cleanup(struct mbp_trainer *t, struct mbp__crew_thread *th)
 			put_held(t, th, st, j);
 		st->stash_n = st->held_n = 0;
 		void *item;
-		while (st->fwd_in && mbp__ring_pop_sc(st->fwd_in, &item))
-			mbp_pool_put(t->pool, th->cache, item);
-		while (st->bwd_in && mbp__ring_pop_sc(st->bwd_in, &item))
-			mbp_pool_put(t->pool, th->cache, item);
+		for (unsigned a = 0; a < st->nprev; a++)
+			while (st->fwd_in[a] && mbp__ring_pop_sc(st->fwd_in[a], &item))
+				mbp_pool_put(t->pool, th->cache, item);
+		for (unsigned b = 0; b < st->nnext; b++)
+			while (st->bwd_in[b] && mbp__ring_pop_sc(st->bwd_in[b], &item))
+				mbp_pool_put(t->pool, th->cache, item);
 	}
 	mbp_pool_cache_flush(th->cache); /* idle until the next step: strand nothing in the cache */
 }
@@ -540,7 +622,7 @@ static void decide(void *arg)
 	t->step_ok = !aborting(t);
 	/* a non-finite gradient would make some stages refuse their update: fail the step for all */
 	for (unsigned s = 0; t->step_ok && s < t->S; s++)
-		if (t->st[s].d.grad_sq && !isfinite(t->st[s].grad_sq)) {
+		if (t->st[t->ub[s]].d.grad_sq && !isfinite(t->st[t->ub[s]].grad_sq)) {
 			pthread_mutex_lock(&t->lock);
 			t->err = (mbp_train_error){.err = -EDOM,
 						   .stage = (int)(t->stage0 + s),
@@ -552,7 +634,7 @@ static void decide(void *arg)
 		}
 	/* the step's loss and gradient norm, summed in micro-batch and stage order */
 	double loss = 0, norm = 0;
-	if (t->S && !t->st[t->S - 1].fwd_out) /* the global last stage is here */
+	if (t->S && !t->st[t->U - 1].fwd_out[0]) /* the global last stage is here */
 		for (uint32_t j = 0; t->step_ok && j < t->M; j++)
 			loss += t->loss[j];
 	if (t->remote) {
@@ -562,7 +644,7 @@ static void decide(void *arg)
 		v.err = t->err;
 		pthread_mutex_unlock(&t->lock);
 		for (unsigned s = 0; s < t->S; s++)
-			v.grad_sq[t->stage0 + s] = t->st[s].grad_sq;
+			v.grad_sq[t->stage0 + s] = t->st[t->ub[s]].grad_sq;
 		t->rem.agree(t->rem.arg, &v);
 		t->step_ok = v.ok;
 		if (!v.ok) {
@@ -578,7 +660,7 @@ static void decide(void *arg)
 			norm += v.grad_sq[s];
 	} else {
 		for (unsigned s = 0; t->step_ok && s < t->S; s++)
-			norm += t->st[s].grad_sq;
+			norm += t->st[t->ub[s]].grad_sq;
 	}
 	t->step_loss = loss;
 	t->step_norm = sqrt(norm);
@@ -621,12 +703,16 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 	run_ops(t, th);
 	/* every refusal an update could make, before the decision (the stage's gradient is this thread's) */
 	for (unsigned s = th->first; s <= th->last && !aborting(t); s++) {
-		if (!mine(t, th, s))
+		if (!mine(t, th, s) || t->st[s].rep) /* a stage's: on its replica 0 */
 			continue;
 		struct tstage *st = &t->st[s];
-		int rc = st->d.check ? st->d.check(st->d.ctx) : 0;
+		/* a replicated stage's gradient is whole once the other replicas merged their last */
+		int rc = merge_wait(t, st, t->M);
+		if (rc < 0)
+			break; /* the step failed meanwhile */
+		rc = st->d.check ? st->d.check(st->d.ctx) : 0;
 		if (rc < 0) {
-			fail(t, rc, (int)(t->stage0 + s), -1, MBP_OP_UPDATE,
+			fail(t, rc, (int)(t->stage0 + st->idx), -1, MBP_OP_UPDATE,
 			     "the stage's check refused its update");
 			break;
 		}
@@ -638,7 +724,7 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 	mbp_train_update u = {
 	    .step = t->step_no, .rows = t->rows, .loss = t->step_loss, .grad_norm = t->step_norm};
 	for (unsigned s = th->first; s <= th->last; s++) {
-		if (!mine(t, th, s))
+		if (!mine(t, th, s) || t->st[s].rep)
 			continue;
 		struct tstage *st = &t->st[s];
 		int rc = 0;
@@ -647,7 +733,7 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		else
 			st->d.discard(st->d.ctx);
 		if (rc < 0)
-			break_trainer(t, (int)(t->stage0 + s));
+			break_trainer(t, (int)(t->stage0 + st->idx));
 	}
 	mbp__crew_barrier_wait(&t->crew, &t->b2, NULL, NULL);
 }
@@ -708,6 +794,20 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o)
 	return 0;
 }
 
+/* A unit's init and fini as the crew calls them: the replica's context, the stage's index. */
+static int unit_init(void *ctx, unsigned u)
+{
+	(void)u;
+	struct tstage *st = ctx;
+	return st->d.init(st->ctx, st->idx);
+}
+
+static void unit_fini(void *ctx)
+{
+	struct tstage *st = ctx;
+	st->d.fini(st->ctx);
+}
+
 int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 {
 	if (!t || !d || !d->forward || !d->update || !d->discard || d->out_row_bytes == 0 ||
@@ -718,27 +818,41 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 		return -EINVAL;
 	if (d->work_row_bytes > UINT32_MAX || (d->work_row_bytes && !d->recompute))
 		return -EINVAL;
-	if (t->state != TS_NEW)
+	unsigned r = d->replicas ? d->replicas : 1;
+	if (t->state != TS_NEW || r > MBP_TRAIN_MAX_REPLICAS)
 		return -EINVAL;
-	if (t->S == MBP_MAX_STAGES)
+	if (t->S == MBP_MAX_STAGES || t->U + r > MBP_MAX_STAGES)
 		return -E2BIG;
-	struct tstage *st = &t->st[t->S];
-	memset(st, 0, sizeof(*st));
-	st->d = *d;
-	st->idx = t->S;
-	if (d->name)
-		snprintf(st->name, sizeof(st->name), "%s", d->name);
-	else
-		snprintf(st->name, sizeof(st->name), "stage%u", t->S);
-	st->d.name = st->name;
-	t->crew.stage[st->idx] = (struct mbp__crew_stage){.init = d->init, .fini = d->fini, .ctx = d->ctx};
-	st->out_w = d->out_row_bytes;
-	st->stash_w = d->stash_row_bytes;
-	st->work_w = d->work_row_bytes;
-	st->grad_w = d->grad_row_bytes ? d->grad_row_bytes : d->out_row_bytes;
-	st->din_w = t->S == 0 ? t->o.in_row_bytes : t->st[t->S - 1].grad_w;
-	st->split = d->backward_in && d->backward_w;
+	for (unsigned k = 0; k < r; k++) {
+		struct tstage *st = &t->st[t->U + k];
+		memset(st, 0, sizeof(*st));
+		st->d = *d;
+		st->d.replica_ctx = NULL; /* the caller's array: read here only */
+		st->idx = t->S;
+		st->rep = k;
+		st->nrep = r;
+		st->ctx = d->replica_ctx ? d->replica_ctx[k] : d->ctx;
+		if (d->name)
+			snprintf(st->name, sizeof(st->name), "%s", d->name);
+		else
+			snprintf(st->name, sizeof(st->name), "stage%u", t->S);
+		snprintf(st->rname, sizeof(st->rname), r > 1 ? "%.*s r%u" : "%.*s", MBP_STAGE_NAME_MAX - 8,
+			 st->name, k);
+		st->d.name = st->name;
+		t->crew.stage[t->U + k] = (struct mbp__crew_stage){
+		    .init = d->init ? unit_init : NULL, .fini = d->fini ? unit_fini : NULL, .ctx = st};
+		st->out_w = d->out_row_bytes;
+		st->stash_w = d->stash_row_bytes;
+		st->work_w = d->work_row_bytes;
+		st->grad_w = d->grad_row_bytes ? d->grad_row_bytes : d->out_row_bytes;
+		st->din_w = t->S == 0 ? t->o.in_row_bytes : t->st[t->U - 1].grad_w;
+		st->split = d->backward_in && d->backward_w;
+	}
+	t->ub[t->S] = t->U;
+	t->reps[t->S] = r;
+	t->U += r;
 	t->S++;
+	t->ub[t->S] = t->U;
 	return 0;
 }
 
@@ -751,11 +865,16 @@ static void free_stages(struct mbp_trainer *t)
 	mbp__ring_destroy(t->link[MBP__LINK_UP_FWD]);
 	mbp__ring_destroy(t->link[MBP__LINK_UP_BWD]);
 	memset(t->link, 0, sizeof(t->link));
-	for (unsigned s = 0; s < t->S; s++) {
-		struct tstage *st = &t->st[s];
-		mbp__ring_destroy(st->fwd_out);
-		mbp__ring_destroy(st->bwd_in);
-		st->fwd_out = st->bwd_in = st->fwd_in = st->bwd_out = NULL;
+	for (unsigned u = 0; u < t->U; u++) {
+		struct tstage *st = &t->st[u];
+		for (unsigned b = 0; b < MBP_TRAIN_MAX_REPLICAS; b++) {
+			mbp__ring_destroy(st->fwd_out[b]);
+			mbp__ring_destroy(st->bwd_in[b]);
+		}
+		memset(st->fwd_in, 0, sizeof(st->fwd_in));
+		memset(st->fwd_out, 0, sizeof(st->fwd_out));
+		memset(st->bwd_in, 0, sizeof(st->bwd_in));
+		memset(st->bwd_out, 0, sizeof(st->bwd_out));
 		free(st->in);
 		free(st->stash);
 		free(st->dout);
@@ -774,7 +893,7 @@ static int act_pool_new(struct mbp_trainer *t, size_t widest)
 	mbp_pool_opts po;
 	mbp_pool_opts_init(&po);
 	po.buf_bytes = (size_t)t->o.max_mb_rows * widest;
-	uint64_t nbuf = 2ull * t->S * t->o.max_mbs;
+	uint64_t nbuf = 2ull * t->U * t->o.max_mbs;
 	if (nbuf > UINT32_MAX || po.buf_bytes / t->o.max_mb_rows != widest)
 		return -EOVERFLOW;
 	po.max_buffers = (uint32_t)nbuf;
@@ -802,10 +921,11 @@ static int reserve_act(struct mbp_trainer *t, const mbp_schedule *sc)
 	if (!t->apool)
 		return 0;
 	uint64_t want = 0;
-	for (unsigned s = 0; s < t->S; s++) {
-		unsigned held = mbp_schedule_held_peak(sc, t->stage0 + s);
-		want += t->st[s].stash_w ? held : 0;
-		want += t->st[s].work_w ? (splits(sc, t->stage0 + s) ? held : 1) : 0;
+	/* a replica holds at most what its stage's list does (its list is a projection of that one) */
+	for (unsigned u = 0; u < t->U; u++) {
+		unsigned s = t->st[u].idx, held = mbp_schedule_held_peak(sc, t->stage0 + s);
+		want += t->st[u].stash_w ? held : 0;
+		want += t->st[u].work_w ? (splits(sc, t->stage0 + s) ? held : 1) : 0;
 	}
 	return mbp__pool_reserve(t->apool, (uint32_t)want);
 }
@@ -816,9 +936,9 @@ static int setup(struct mbp_trainer *t)
 	 * this process may use, under its cgroup quota), stage s on thread s * T / S, each thread on the CPU
 	 * fewest threads of the process are pinned to, claimed until free_stages(). */
 	int unnamed[MBP_MAX_STAGES];
-	for (unsigned s = 0; s < t->S; s++)
-		unnamed[s] = -1;
-	struct mbp__placement_req rq = {.nstages = t->S,
+	for (unsigned u = 0; u < t->U; u++)
+		unnamed[u] = -1;
+	struct mbp__placement_req rq = {.nstages = t->U,
 					.threads = t->o.threads,
 					.pin = t->o.pinning == MBP_PIN_PLAN,
 					.named = unnamed,
@@ -827,15 +947,21 @@ static int setup(struct mbp_trainer *t)
 					.thread_of = t->placed ? t->thread_of : NULL};
 	if (t->placed)
 		rq.threads = t->placed;
+	if (t->U > t->S) /* replicas: a thread per unit */
+		rq.threads = t->U;
 	int prc = mbp__crew_plan(&t->crew, &rq, t->o.spin_ns, 0 /* the default yield, as the pipeline's */);
 	if (prc < 0)
 		return prc;
 	t->T = t->crew.nthreads;
+	mbp__wait_global_init(); /* the replicas' parkers (a trainer of one stage has no ring to call it) */
 	t->wopts = t->crew.wopts;
 	t->wopts.abort = &t->abort; /* a worker waiting on a ring stops when the step fails */
 	size_t widest = t->o.in_row_bytes, act_widest = 0;
-	for (unsigned s = 0; s < t->S; s++) {
-		struct tstage *st = &t->st[s];
+	for (unsigned u = 0; u < t->U; u++) {
+		struct tstage *st = &t->st[u];
+		unsigned s = st->idx;
+		st->nprev = s > 0 ? t->reps[s - 1] : 1;
+		st->nnext = s + 1 < t->S ? t->reps[s + 1] : 1;
 		widest = st->out_w > widest ? st->out_w : widest;
 		widest = st->grad_w > widest ? st->grad_w : widest;
 		act_widest = st->stash_w > act_widest ? st->stash_w : act_widest;
@@ -848,15 +974,16 @@ static int setup(struct mbp_trainer *t)
 			return -ENOMEM;
 		if (mbp__trace_init(&st->trace, t->o.trace_events) < 0)
 			return -ENOMEM;
-		if (s + 1 < t->S) {
+		/* a ring each way to every replica of the next stage (micro-batch j: j mod nnext) */
+		for (unsigned b = 0; s + 1 < t->S && b < st->nnext; b++) {
 			uint32_t cap = next_pow2(t->o.max_mbs);
-			int rc = mbp__ring_new(&st->fwd_out, cap, &t->wopts, 0);
+			int rc = mbp__ring_new(&st->fwd_out[b], cap, &t->wopts, 0);
 			if (rc == 0)
-				rc = mbp__ring_new(&st->bwd_in, cap, &t->wopts, 0);
+				rc = mbp__ring_new(&st->bwd_in[b], cap, &t->wopts, 0);
 			if (rc < 0)
 				return rc;
-			t->st[s + 1].fwd_in = st->fwd_out;
-			t->st[s + 1].bwd_out = st->bwd_in;
+			t->st[t->ub[s + 1] + b].fwd_in[st->rep] = st->fwd_out[b];
+			t->st[t->ub[s + 1] + b].bwd_out[st->rep] = st->bwd_in[b];
 		}
 	}
 	if (t->remote) {
@@ -868,11 +995,12 @@ static int setup(struct mbp_trainer *t)
 		if (rc == 0 && t->stage0 + t->S < t->Sg &&
 		    (rc = mbp__ring_new(&t->link[MBP__LINK_DOWN_FWD], cap, &t->wopts, 0)) == 0)
 			rc = mbp__ring_new(&t->link[MBP__LINK_DOWN_BWD], cap, &t->wopts, 0);
-		t->st[0].fwd_in = t->link[MBP__LINK_UP_FWD];
-		t->st[0].bwd_out = t->link[MBP__LINK_UP_BWD];
+		/* (no replicas across ranks: mbp_trainer_start refuses them) */
+		t->st[0].fwd_in[0] = t->link[MBP__LINK_UP_FWD];
+		t->st[0].bwd_out[0] = t->link[MBP__LINK_UP_BWD];
 		if (t->link[MBP__LINK_DOWN_FWD]) {
-			t->st[t->S - 1].fwd_out = t->link[MBP__LINK_DOWN_FWD];
-			t->st[t->S - 1].bwd_in = t->link[MBP__LINK_DOWN_BWD];
+			t->st[t->U - 1].fwd_out[0] = t->link[MBP__LINK_DOWN_FWD];
+			t->st[t->U - 1].bwd_in[0] = t->link[MBP__LINK_DOWN_BWD];
 		}
 		if (rc < 0)
 			return rc;
@@ -899,11 +1027,37 @@ static int setup(struct mbp_trainer *t)
 	return act_pool_new(t, act_widest);
 }
 
-/* A start refused before anything is set up: -EINVAL, and mbp_trainer_error says why. */
+/* A start refused before anything is set up: `err`, and mbp_trainer_error says why. */
+static int start_refused_with(struct mbp_trainer *t, int err, int stage, mbp_op_kind op, const char *what)
+{
+	t->err = (mbp_train_error){.err = err, .stage = stage, .mb = -1, .op = op, .what = what};
+	return err;
+}
+
 static int start_refused(struct mbp_trainer *t, int stage, mbp_op_kind op, const char *what)
 {
-	t->err = (mbp_train_error){.err = -EINVAL, .stage = stage, .mb = -1, .op = op, .what = what};
-	return -EINVAL;
+	return start_refused_with(t, -EINVAL, stage, op, what);
+}
+
+/* What replicas need (train.h, "Replicas"): 0, or a refused start. */
+static int replicas_check(struct mbp_trainer *t)
+{
+	if (t->U == t->S)
+		return 0;
+	mbp_sched_kind kind = t->o.schedule;
+	if (t->remote)
+		return start_refused_with(t, -ENOTSUP, -1, MBP_OP_F,
+					  "replicas: a replicated stage does not run across ranks (yet)");
+	if (kind != MBP_SCHED_GPIPE && kind != MBP_SCHED_1F1B && kind != MBP_SCHED_ZBH1 &&
+	    kind != MBP_SCHED_ZBH2)
+		return start_refused_with(t, -ENOTSUP, -1, MBP_OP_F,
+					  "replicas: a chunked, built or custom schedule fixes its threads "
+					  "(replicas run under gpipe, 1f1b, zbh1 and zbh2)");
+	if (t->o.threads && t->o.threads != t->U)
+		return start_refused(t, -1, MBP_OP_F,
+				     "threads: with replicas every replica has a thread of its own (0 or the "
+				     "replicas' sum)");
+	return 0;
 }
 
 /* A chunked schedule fixes each stage's thread: its placement for the thread count asked (0: two chunks
@@ -963,24 +1117,27 @@ int mbp_trainer_start(mbp_trainer *t)
 	} else if (t->stage0 + t->S > t->Sg) {
 		return -EINVAL;
 	}
+	int rc = replicas_check(t);
+	if (rc < 0)
+		return rc;
 	/* As mbp_schedule_simulate refuses it: a thread without a stage would have nothing to run. */
-	if (t->o.threads > t->S)
+	if (t->U == t->S && t->o.threads > t->S)
 		return start_refused(t, -1, MBP_OP_F,
 				     "threads: more than the stages (each thread runs one stage or more)");
 	mbp_sched_kind kind = t->o.schedule;
 	if (kind == MBP_SCHED_ZBH1 || kind == MBP_SCHED_ZBH2 || kind == MBP_SCHED_ZBV ||
 	    kind == MBP_SCHED_DUALPIPEV)
 		for (unsigned s = 0; s < t->S; s++)
-			if (!t->st[s].split)
+			if (!t->st[t->ub[s]].split)
 				return start_refused(
 				    t, (int)(t->stage0 + s), MBP_OP_W,
 				    "a zero-bubble schedule (ZB-H1, ZB-H2, ZB-V, DualPipeV) needs "
 				    "backward_in and backward_w at every stage");
-	int rc = place_chunks(t);
+	rc = place_chunks(t);
 	if (rc < 0)
 		return rc;
 	/* The loss writes the global last stage's output gradient: rows of its output. */
-	const struct tstage *last = &t->st[t->S - 1];
+	const struct tstage *last = &t->st[t->U - 1];
 	if (t->stage0 + t->S == t->Sg && last->grad_w != last->out_w)
 		return start_refused(t, (int)(t->stage0 + t->S - 1), MBP_OP_B,
 				     "the last stage's grad_row_bytes must be its out_row_bytes (the loss "
@@ -1015,7 +1172,14 @@ static int reserve_buffers(struct mbp_trainer *t, const mbp_schedule *sc, const 
 			  the threads' lists only narrow (their chunks are not neighbours) */
 		part = (struct mbp__sched_part){0, t->S, t->S, sc->stage_ops, sc->stage_off, stash};
 	uint64_t peak;
-	int rc = mbp__schedule_buffer_peak(sc, &part, &peak);
+	int rc = 0;
+	if (t->U > t->S)
+		/* replicas: the per-process play cannot follow one stage on several threads, so the bound
+		 * over every timing is counted per micro-batch: an output and an input gradient per link
+		 * and the loss's gradient, each held once at most, and a buffer per running operation */
+		peak = (uint64_t)mbp_schedule_mbs(sc) * (2ull * (t->S - 1) + 1) + t->T;
+	else
+		rc = mbp__schedule_buffer_peak(sc, &part, &peak);
 	if (rc < 0)
 		return rc;
 	uint64_t want = peak + (uint64_t)CACHE_BUFS * t->T + (t->remote ? t->rem.extra_buffers : 0);
@@ -1034,7 +1198,8 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	mbp_schedule *sc;
 	int rc = t->o.custom
 		     ? (mbp_schedule_mbs(t->o.custom) == M ? mbp_schedule_copy(&sc, t->o.custom) : -EINVAL)
-		     : mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->placed);
+		 : t->U > t->S ? mbp_schedule_new_replicated(&sc, t->o.schedule, t->S, M, t->reps)
+			       : mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->placed);
 	if (rc < 0)
 		return rc;
 	mbp_sched_op *ops = malloc(sc->n * sizeof(*ops));
@@ -1043,7 +1208,12 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 		return -ENOMEM;
 	}
 	size_t toff[MBP_MAX_STAGES + 1];
-	mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, toff);
+	unsigned units = t->U;
+	if (t->U > t->S) /* a thread per replica: its projection of its stage's list */
+		rc = mbp__schedule_replica_lists(sc, t->reps, ops, toff, &units);
+	else
+		mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, toff);
+	MBP_VERIFY(rc == 0 && units == t->U && (t->U == t->S || t->T == t->U)); /* start checked them */
 	rc = reserve_buffers(t, sc, ops, toff);
 	if (rc == 0)
 		rc = reserve_act(t, sc);
@@ -1072,16 +1242,20 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 	mbp_op_costs costs[MBP_MAX_STAGES];
 	double busy = 0;
 	for (unsigned s = 0; s < t->S; s++) {
-		struct tcounters *c = &t->st[s].c;
-		uint64_t ns[4];
-		uint32_t n[4];
-		for (int k = 0; k < 4; k++) {
-			ns[k] = mbp__counter_get(&c->ns[k]);
-			n[k] = (uint32_t)mbp__counter_get(&c->count[k]);
-			busy += (double)ns[k];
+		/* a stage's mean costs over its replicas' operations */
+		uint64_t ns[4] = {0}, rn = 0;
+		uint32_t n[4] = {0};
+		for (unsigned u = t->ub[s]; u < t->ub[s + 1]; u++) {
+			struct tcounters *c = &t->st[u].c;
+			for (int k = 0; k < 4; k++) {
+				ns[k] += mbp__counter_get(&c->ns[k]);
+				n[k] += (uint32_t)mbp__counter_get(&c->count[k]);
+			}
+			rn += mbp__counter_get(&c->r_ns);
 		}
+		for (int k = 0; k < 4; k++)
+			busy += (double)ns[k];
 		/* a recomputation is part of the B or B_in it serves */
-		uint64_t rn = mbp__counter_get(&c->r_ns);
 		busy += (double)rn;
 		ns[n[MBP_OP_B] ? MBP_OP_B : MBP_OP_BIN] += rn;
 		costs[s].f = n[MBP_OP_F] ? (double)ns[MBP_OP_F] / n[MBP_OP_F] : 0;
@@ -1094,7 +1268,9 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 		}
 	}
 	mbp_sched_sim sim = {0};
-	if (rc == 0 && !t->remote) /* a part has the costs of its own stages only */
+	if (rc == 0 && t->U > t->S) /* (never remote) */
+		mbp__schedule_simulate_rep_in(t->sc, costs, t->reps, &sim, NULL, &t->sim);
+	else if (rc == 0 && !t->remote) /* a part has the costs of its own stages only */
 		mbp__schedule_simulate_in(t->sc, costs, t->T, &sim, NULL, &t->sim); /* allocates nothing */
 	pthread_mutex_lock(&t->lock);
 	t->sum.mbs = t->M;
@@ -1206,6 +1382,8 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	t->rows = rows;
 	t->mb_rows = mb_rows;
 	t->M = (uint32_t)M;
+	for (unsigned s = 0; s < t->S; s++) /* relaxed: published by the bump of go below */
+		atomic_store_explicit(&t->st[t->ub[s]].w_next, 0, memory_order_relaxed);
 	mbp__counter_reset(&t->act_peak_bufs); /* this step's peaks (every buffer came back) */
 	mbp__counter_reset(&t->act_peak_bytes);
 	pthread_mutex_lock(&t->lock);
@@ -1301,6 +1479,40 @@ void mbp_trainer_destroy(mbp_trainer *t)
 	free(t);
 }
 
+/* The figures of units [u0, u1) (a stage's replicas, or one of them) into *o: sums, where it runs that of
+ * u0; the peaks summed too (a bound of what they held at once). */
+static void unit_stats(struct mbp_trainer *t, unsigned u0, unsigned u1, mbp_train_stage_stats *o)
+{
+	memset(o, 0, sizeof(*o));
+	memcpy(o->name, t->st[u0].name, sizeof(o->name));
+	/* where it runs, as mbp_pipeline_placement says it (crew.h) */
+	mbp_placement pl = mbp__crew_place(&t->crew, u0, t->state == TS_RUNNING);
+	o->thread = pl.thread;
+	o->cpu = pl.cpu;
+	o->pin_error = pl.pin_error;
+	o->sharing = pl.sharing;
+	o->act_stash_bytes = (uint64_t)t->st[u0].stash_w * t->mb_rows;
+	o->act_work_bytes = (uint64_t)t->st[u0].work_w * t->mb_rows;
+	for (unsigned u = u0; u < u1; u++) {
+		struct tstage *x = &t->st[u];
+		o->f_ns += mbp__counter_get(&x->c.ns[MBP_OP_F]);
+		o->b_ns += mbp__counter_get(&x->c.ns[MBP_OP_B]);
+		o->bin_ns += mbp__counter_get(&x->c.ns[MBP_OP_BIN]);
+		o->w_ns += mbp__counter_get(&x->c.ns[MBP_OP_W]);
+		o->f_count += (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_F]);
+		o->b_count += (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_B]);
+		o->bin_count += (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_BIN]);
+		o->w_count += (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_W]);
+		o->wait_ns += mbp__counter_get(&x->c.wait_ns);
+		o->stash_peak += (uint32_t)mbp__counter_get(&x->c.stash_peak);
+		o->held_peak += (uint32_t)mbp__counter_get(&x->c.held_peak);
+		o->total_busy_ns += mbp__counter_get(&x->c.total_busy_ns);
+		o->r_ns += mbp__counter_get(&x->c.r_ns);
+		o->r_count += (uint32_t)mbp__counter_get(&x->c.r_count);
+		o->act_peak_bytes += mbp__counter_get(&x->c.act_peak);
+	}
+}
+
 int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_stats *ss, unsigned n)
 {
 	if (!t || (!ss && n))
@@ -1322,36 +1534,18 @@ int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_s
 		st->act_peak_bufs = mbp__counter_get(&t->act_peak_bufs);
 		st->act_peak_bytes = mbp__counter_get(&t->act_peak_bytes);
 	}
-	for (unsigned s = 0; s < n && s < t->S; s++) {
-		struct tstage *x = &t->st[s];
-		mbp_train_stage_stats *o = &ss[s];
-		memset(o, 0, sizeof(*o));
-		memcpy(o->name, x->name, sizeof(o->name));
-		/* where it runs, as mbp_pipeline_placement says it (crew.h) */
-		mbp_placement pl = mbp__crew_place(&t->crew, s, t->state == TS_RUNNING);
-		o->thread = pl.thread;
-		o->cpu = pl.cpu;
-		o->pin_error = pl.pin_error;
-		o->sharing = pl.sharing;
-		o->f_ns = mbp__counter_get(&x->c.ns[MBP_OP_F]);
-		o->b_ns = mbp__counter_get(&x->c.ns[MBP_OP_B]);
-		o->bin_ns = mbp__counter_get(&x->c.ns[MBP_OP_BIN]);
-		o->w_ns = mbp__counter_get(&x->c.ns[MBP_OP_W]);
-		o->f_count = (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_F]);
-		o->b_count = (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_B]);
-		o->bin_count = (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_BIN]);
-		o->w_count = (uint32_t)mbp__counter_get(&x->c.count[MBP_OP_W]);
-		o->wait_ns = mbp__counter_get(&x->c.wait_ns);
-		o->stash_peak = (uint32_t)mbp__counter_get(&x->c.stash_peak);
-		o->held_peak = (uint32_t)mbp__counter_get(&x->c.held_peak);
-		o->total_busy_ns = mbp__counter_get(&x->c.total_busy_ns);
-		o->r_ns = mbp__counter_get(&x->c.r_ns);
-		o->r_count = (uint32_t)mbp__counter_get(&x->c.r_count);
-		o->act_stash_bytes = (uint64_t)x->stash_w * t->mb_rows;
-		o->act_work_bytes = (uint64_t)x->work_w * t->mb_rows;
-		o->act_peak_bytes = mbp__counter_get(&x->c.act_peak);
-	}
+	for (unsigned s = 0; s < n && s < t->S; s++)
+		unit_stats(t, t->ub[s], t->ub[s + 1], &ss[s]);
 	return (int)t->S;
+}
+
+int mbp_trainer_replica_stats_get(mbp_trainer *t, unsigned stage, mbp_train_stage_stats *ss, unsigned n)
+{
+	if (!t || (!ss && n) || stage >= t->S)
+		return -EINVAL;
+	for (unsigned k = 0; k < n && k < t->reps[stage]; k++)
+		unit_stats(t, t->ub[stage] + k, t->ub[stage] + k + 1, &ss[k]);
+	return (int)t->reps[stage];
 }
 
 const mbp_schedule *mbp_trainer_schedule(const mbp_trainer *t)
@@ -1364,11 +1558,11 @@ int mbp_trainer_trace_write(mbp_trainer *t, const char *path)
 	if (!t || !path || !t->o.trace_events || t->state != TS_RUNNING)
 		return -EINVAL;
 	struct mbp__trace_track tk[MBP_MAX_STAGES];
-	for (unsigned s = 0; s < t->S; s++)
-		tk[s] = (struct mbp__trace_track){.name = t->st[s].name,
-						  .cpu = mbp__crew_place(&t->crew, s, false).cpu,
-						  .tr = &t->st[s].trace};
-	return mbp__trace_write(path, tk, t->S, t->t_go);
+	for (unsigned u = 0; u < t->U; u++) /* a row per replica */
+		tk[u] = (struct mbp__trace_track){.name = t->st[u].rname,
+						  .cpu = mbp__crew_place(&t->crew, u, false).cpu,
+						  .tr = &t->st[u].trace};
+	return mbp__trace_write(path, tk, t->U, t->t_go);
 }
 
 int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)
@@ -1376,14 +1570,14 @@ int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)
 	if (!t || (!ev && n) || !t->o.trace_events)
 		return -EINVAL;
 	size_t k = 0;
-	for (unsigned s = 0; s < t->S; s++)
-		for (uint32_t i = 0, m = mbp__trace_count(&t->st[s].trace); i < m; i++, k++)
+	for (unsigned u = 0; u < t->U; u++) /* a replicated stage's replica after replica */
+		for (uint32_t i = 0, m = mbp__trace_count(&t->st[u].trace); i < m; i++, k++)
 			if (k < n) {
-				const struct mbp__trace_ev *e = &t->st[s].trace.ev[i];
+				const struct mbp__trace_ev *e = &t->st[u].trace.ev[i];
 				ev[k] = (mbp_train_event){.t0_ns = e->t0 - t->t_go,
 							  .t1_ns = e->t1 - t->t_go,
 							  .mb = e->mb,
-							  .stage = (uint16_t)s,
+							  .stage = (uint16_t)t->st[u].idx,
 							  .kind = e->kind};
 			}
 	return (int)k;

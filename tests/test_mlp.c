@@ -1210,6 +1210,67 @@ START_TEST(trainer_with_recomputation_gives_the_same_parameters_bit_for_bit)
 }
 END_TEST
 
+/* Twin models, one trained with its second stage on two replicas (mbp_mlp_stage_new_replica: scratch of
+ * its own, the model shared), three steps: every parameter and moment byte the same, under GPipe, 1F1B
+ * and ZB-H1; with normalised layers too, whose B_in adds to the gradient, so the replicated stage gives
+ * the trainer its whole backward only (merged in turn; ZB-H1 needs it split and is left out). */
+START_TEST(trainer_with_a_replicated_stage_gives_the_same_parameters_bit_for_bit)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	for (int norm = 0; norm < 2; norm++)
+		for (size_t k = 0; k < sizeof kinds / sizeof kinds[0] - (size_t)norm; k++) {
+			struct rig a, b;
+			struct tstage ta[4], tb[4], rep;
+			rig_init(&a, trainer_cuts[0], 2, 8, MBP_ACT_RELU, norm, NULL, 32);
+			rig_init(&b, trainer_cuts[0], 2, 8, MBP_ACT_RELU, norm, NULL, 32);
+			ck_assert(mbp_mlp_stage_bin_accumulates(b.st[1]) == (bool)norm);
+			mbp_trainer *x = model_trainer(&a, ta, kinds[k], true);
+			mbp_train_opts o = {.in_row_bytes = rig_widths[0] * sizeof(float),
+					    .target_row_bytes = sizeof(int32_t),
+					    .max_mb_rows = 8,
+					    .schedule = kinds[k],
+					    .loss = ts_loss};
+			mbp_trainer *y;
+			ck_assert_int_eq(mbp_trainer_new(&y, &o), 0);
+			rep = (struct tstage){NULL, NULL};
+			ck_assert_int_eq(mbp_mlp_stage_new_replica(&rep.st, b.st[1]), 0);
+			for (unsigned s = 0; s < 2; s++) {
+				tb[s] = (struct tstage){b.st[s], NULL};
+				void *ctx[2] = {&tb[s], &rep};
+				bool whole = s == 1 && norm;
+				mbp_train_stage_desc d = {
+				    .ctx = &tb[s],
+				    .replicas = s == 1 ? 2 : 1,
+				    .replica_ctx = s == 1 ? ctx : NULL,
+				    .out_row_bytes = mbp_mlp_stage_out_width(b.st[s]) * sizeof(float),
+				    .stash_row_bytes = mbp_mlp_stage_stash_floats(b.st[s]) * sizeof(float),
+				    .forward = ts_forward,
+				    .backward = kinds[k] == MBP_SCHED_ZBH1 ? NULL : ts_backward,
+				    .backward_in = whole ? NULL : ts_backward_in,
+				    .backward_w = whole ? NULL : ts_backward_w,
+				    .check = ts_check,
+				    .update = ts_update,
+				    .discard = ts_discard};
+				ck_assert_int_eq(mbp_trainer_add_stage(y, &d), 0);
+			}
+			ck_assert_int_eq(mbp_trainer_start(y), 0);
+			for (int step = 0; step < 3; step++) {
+				double la, lb;
+				ck_assert_int_eq(mbp_trainer_step(x, a.x, a.y, 32, 8, &la), 0);
+				ck_assert_int_eq(mbp_trainer_step(y, b.x, b.y, 32, 8, &lb), 0);
+				ck_assert(la == lb);
+			}
+			for (int arr = MBP_ARRAY_PARAM; arr <= MBP_ARRAY_MOMENT2; arr++)
+				assert_same_array(a.n, b.n, (mbp_mlp_array)arr);
+			mbp_trainer_destroy(x);
+			mbp_trainer_destroy(y);
+			mbp_mlp_stage_destroy(rep.st);
+			rig_fini(&a);
+			rig_fini(&b);
+		}
+}
+END_TEST
+
 /* What a step holds of activations, played from the schedule: per stage, a stash from F to its last
  * backward, a work buffer from the recomputation (before B or B_in) to the last backward; on one thread
  * (the global order) also the total at once, in bytes and in buffers. */
@@ -1730,6 +1791,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_handed_over_input_gradient_gives_the_same_bits);
 	tcase_add_test(tc, recomputed_layers_give_the_same_bits_as_stashed_ones);
 	tcase_add_test(tc, trainer_with_recomputation_gives_the_same_parameters_bit_for_bit);
+	tcase_add_test(tc, trainer_with_a_replicated_stage_gives_the_same_parameters_bit_for_bit);
 	tcase_add_test(tc, activation_memory_peaks_equal_the_schedule_and_the_pools_high_water_mark);
 	tcase_add_test(tc, hand_over_is_refused_where_the_gradient_needs_the_previous_stash);
 	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);

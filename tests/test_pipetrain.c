@@ -163,6 +163,11 @@ static const char *const bad_args[][8] = {
     {"--limit", "100000"},
     {"--limit", "100", "--batch", "256"},
     {"--threads", "3", "--stages", "2"},
+    {"--replicas", "0"},
+    {"--replicas", "1,x"},
+    {"--replicas", "17"},
+    {"--replicas", "1,"},
+    {"--layers", "784,64,10", "--stages", "2", "--replicas", "1,2,1"}, /* a count per stage */
     {"--json", "--csv", "-"},
     {"--json", "--log", "-"},
     {"--csv", "-", "--log", "-"},
@@ -191,6 +196,7 @@ static const char *const bad_args[][8] = {
     {"--plan", "auto", "--recompute", "all"},
     {"--plan", "auto", "--schedule", "zbv"},
     {"--plan", "auto", "--split", "1"},
+    {"--plan", "auto", "--replicas", "1,2"},
     {"--plan", "auto", "--memory", "1K"}, /* no plan fits: the smallest budget that does, in MiB */
     {"--split", "2,2"},
     {"--split", "0"},
@@ -870,6 +876,42 @@ START_TEST(every_schedule_and_stage_count_writes_the_same_weights)
 	}
 	free(a);
 	free(b);
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(replicated_stages_write_the_weights_of_unreplicated_ones_byte_for_byte)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	/* schedule, stages, replicas (NULL: none), hand-over; 3 replicas on 2 CPUs; a stage that takes
+	 * the previous one's input gradient over, replicated; the whole model on 2 replicas */
+	static const char *const arms[][4] = {{"1f1b", "2", NULL, "off"},     {"1f1b", "2", "1,2", "off"},
+					      {"gpipe", "3", "2,1,3", "off"}, {"zbh1", "2", "2,2", "off"},
+					      {"zbh2", "3", "1,3,1", "off"},  {"1f1b", "2", "1,2", "all"},
+					      {"zbh1", "3", "1,2,2", "all"},  {"1f1b", "1", "2", "off"}};
+	enum { ARMS = sizeof arms / sizeof arms[0] };
+	char path[ARMS][128];
+	for (unsigned i = 0; i < ARMS; i++) {
+		snprintf(path[i], sizeof path[i], "%s", tmpdir_path((char[]){(char)('a' + i), 0}));
+		struct run r = run((const char *const[]){
+		    SMALL, "--layers", "784,48,24,10", "--epochs", "2", "--schedule", arms[i][0], "--stages",
+		    arms[i][1], "--hand-over", arms[i][3], "--save", path[i], "--quiet",
+		    arms[i][2] ? "--replicas" : NULL, arms[i][2], NULL});
+		ck_assert_msg(r.status == 0, "%s --replicas %s: exit %d: %s", arms[i][0],
+			      arms[i][2] ? arms[i][2] : "-", r.status, r.err);
+		run_free(&r);
+	}
+	for (unsigned i = 1; i < ARMS; i++)
+		assert_same_file(path[0], path[i]);
+	/* a chunked schedule fixes its threads: replicas are refused as usage */
+	struct run r =
+	    run((const char *const[]){SMALL, "--layers", "784,48,24,10", "--schedule", "interleaved",
+				      "--stages", "2", "--threads", "1", "--replicas", "1,2", NULL});
+	ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.err, "replicas"), "%s", r.err);
+	run_free(&r);
 	tmpdir_remove();
 }
 END_TEST
@@ -1867,6 +1909,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_chunked_schedule_writes_the_weights_of_one_stage);
 	tcase_add_test(tc, a_chunked_schedule_that_cannot_place_the_stages_is_refused_as_usage);
 	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);
+	tcase_add_test(tc, replicated_stages_write_the_weights_of_unreplicated_ones_byte_for_byte);
 	tcase_add_test(tc, more_epochs_on_resume_are_announced_as_a_new_schedule);
 	tcase_add_test(tc, a_checkpoint_pair_from_different_steps_is_refused_with_exit_2);
 	tcase_add_test(tc, a_nan_loss_stops_naming_step_and_stage_and_keeps_the_last_checkpoint);

@@ -1286,6 +1286,267 @@ START_TEST(the_trainers_trace_has_the_pipelines_header_rows_and_args)
 }
 END_TEST
 
+/* ---- replicas ---- */
+
+static const unsigned *rep_counts; /* the replicas of each stage, for rig_build's edit */
+
+static void replicated(mbp_train_stage_desc *d, unsigned s)
+{
+	d->replicas = rep_counts[s];
+}
+
+/* S toy stages with `reps` replicas each under `kind`, started. */
+static void rig_replicas(struct rig *r, unsigned S, const unsigned *reps, mbp_sched_kind kind)
+{
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .max_mb_rows = 16,
+			    .max_mbs = 32,
+			    .schedule = kind,
+			    .trace_events = 512,
+			    .loss = mse};
+	rep_counts = reps;
+	rig_build(r, S, &o, false, replicated);
+	ck_assert_int_eq(mbp_trainer_start(r->t), 0);
+}
+
+START_TEST(replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_under_every_schedule)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1,
+					       MBP_SCHED_ZBH2};
+	/* replicas 1, 2 and 3 of a middle stage, of the ends, of every stage; 3 on 2 CPUs */
+	static const unsigned plans[][3] = {{1, 1, 1}, {1, 2, 1}, {1, 3, 1}, {2, 1, 3}, {2, 2, 2}};
+	float in[30 * N], tg[30 * N];
+	double norm[3][3]; /* per step and stage, without replicas: the norm the updates were given */
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++)
+		for (size_t p = 0; p < MBP_ARRAY_SIZE(plans); p++) {
+			struct rig r;
+			rig_replicas(&r, 3, plans[p], kinds[k]);
+			r.st[1].sleep_us = p == 2 ? 50 : 0; /* another interleaving of the replicas */
+			struct toy ref[3];
+			for (unsigned s = 0; s < 3; s++)
+				toy_init(&ref[s], s + 1);
+			mbp_train_stats ps;
+			for (unsigned step = 0; step < 3; step++) {
+				size_t rows =
+				    step == 1 ? 30 : 22; /* 6 and 8 micro-batches, short last ones */
+				if (step ==
+				    2) /* a micro-batch count seen before: the pools are reserved already */
+					mbp_trainer_stats_get(r.t, &ps, NULL, 0);
+				make_data(in, tg, rows, step);
+				double loss = -1, want = reference_step(ref, 3, in, tg, rows, 4);
+				ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, rows, 4, &loss), 0);
+				ck_assert_msg(loss == want, "%s plan %zu step %u: loss",
+					      mbp_sched_name(kinds[k]), p, step);
+				for (unsigned s = 0; s < 3; s++)
+					ck_assert_msg(memcmp(r.st[s].w, ref[s].w, sizeof(ref[s].w)) == 0 &&
+							  memcmp(r.st[s].b, ref[s].b, sizeof(ref[s].b)) == 0,
+						      "%s plan %zu step %u: stage %u's parameters differ",
+						      mbp_sched_name(kinds[k]), p, step, s);
+				/* the checks and grad_sq saw every replica's gradient */
+				for (unsigned s = 0; s < 3; s++)
+					if (p == 0)
+						norm[step][s] = r.st[s].last_norm;
+					else
+						ck_assert_msg(
+						    r.st[s].last_norm == norm[step][s],
+						    "%s plan %zu step %u: stage %u's norm %.17g, not %.17g",
+						    mbp_sched_name(kinds[k]), p, step, s, r.st[s].last_norm,
+						    norm[step][s]);
+			}
+			/* figures per replica: each ran its micro-batches (j mod r), the stage's sums them */
+			mbp_train_stats ts;
+			mbp_train_stage_stats ss[3], rs[MBP_TRAIN_MAX_REPLICAS];
+			ck_assert_int_eq(mbp_trainer_stats_get(r.t, &ts, ss, 3), 3);
+			ck_assert_uint_eq(ts.pool.allocated, ps.pool.allocated);
+			ck_assert_uint_eq(ts.act_pool.allocated, ps.act_pool.allocated);
+			if (p > 0) /* a thread per replica */
+				ck_assert_uint_eq(ts.threads, plans[p][0] + plans[p][1] + plans[p][2]);
+			ck_assert(ts.bubble_predicted >= 0 && ts.bubble_predicted < 1);
+			for (unsigned s = 0; s < 3; s++) {
+				ck_assert_uint_eq(ss[s].f_count, 6);
+				ck_assert_int_eq(
+				    mbp_trainer_replica_stats_get(r.t, s, rs, MBP_TRAIN_MAX_REPLICAS),
+				    (int)plans[p][s]);
+				for (unsigned q = 0; q < plans[p][s]; q++)
+					ck_assert_uint_eq(rs[q].f_count,
+							  (6 - q + plans[p][s] - 1) / plans[p][s]);
+			}
+			no_buffer_out(r.t);
+			mbp_trainer_destroy(r.t);
+		}
+}
+END_TEST
+
+START_TEST(a_single_stage_on_replicas_trains_as_one_thread_does)
+{
+	/* the whole model replicated (data parallelism): no ring at all, only the ordered merge */
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	float in[30 * N], tg[30 * N];
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++)
+		for (unsigned reps = 2; reps <= 3; reps++) {
+			struct rig r;
+			rig_replicas(&r, 1, (unsigned[]){reps}, kinds[k]);
+			struct toy ref;
+			toy_init(&ref, 1);
+			for (unsigned step = 0; step < 3; step++) {
+				make_data(in, tg, 30, step);
+				double loss = -1, want = reference_step(&ref, 1, in, tg, 30, 4);
+				ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 30, 4, &loss), 0);
+				ck_assert(loss == want);
+				params_equal(r.st, &ref, 1);
+			}
+			no_buffer_out(r.t);
+			mbp_trainer_destroy(r.t);
+		}
+}
+END_TEST
+
+START_TEST(a_failure_inside_a_replica_fails_the_step_and_no_stage_updates)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	static const unsigned reps[3] = {1, 2, 1};
+	static const int ops[] = {MBP_OP_F, MBP_OP_BIN, MBP_OP_W};
+	float in[24 * N], tg[24 * N];
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++)
+		for (size_t o = 0; o < MBP_ARRAY_SIZE(ops); o++) {
+			struct rig r;
+			rig_replicas(&r, 3, reps, kinds[k]);
+			struct toy before[3];
+			memcpy(before, r.st, sizeof(before));
+			r.st[1].fail_kind = ops[o];
+			r.st[1].fail_mb = 3; /* replica 1's */
+			make_data(in, tg, 24, 1);
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 24, 4, NULL), -EIO);
+			mbp_train_error e;
+			ck_assert_int_eq(mbp_trainer_error(r.t, &e), 0);
+			ck_assert_int_eq(e.stage, 1);
+			ck_assert_int_eq(e.mb, 3);
+			/* under 1F1B the weight part runs inside B */
+			ck_assert_int_eq(e.op, kinds[k] == MBP_SCHED_1F1B && ops[o] != MBP_OP_F ? MBP_OP_B
+												: ops[o]);
+			for (unsigned s = 0; s < 3; s++) {
+				ck_assert_uint_eq(r.st[s].updates, 0);
+				ck_assert(memcmp(r.st[s].w, before[s].w, sizeof(before[s].w)) == 0);
+			}
+			no_buffer_out(r.t);
+			/* the next step runs normally, as the reference's first */
+			r.st[1].fail_kind = -1;
+			for (unsigned s = 0; s < 3; s++)
+				toy_init(&before[s], s + 1);
+			double want = reference_step(before, 3, in, tg, 24, 4), loss = -1;
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 24, 4, &loss), 0);
+			ck_assert(loss == want);
+			for (unsigned s = 0; s < 3; s++)
+				ck_assert(memcmp(r.st[s].w, before[s].w, sizeof(before[s].w)) == 0);
+			mbp_trainer_destroy(r.t);
+		}
+}
+END_TEST
+
+START_TEST(cancel_and_drain_mid_step_hold_with_replicas)
+{
+	static const unsigned reps[3] = {1, 2, 1};
+	float in[64 * N], tg[64 * N];
+	make_data(in, tg, 64, 0);
+	for (int drain = 0; drain < 2; drain++) {
+		struct rig r;
+		rig_replicas(&r, 3, reps, MBP_SCHED_1F1B);
+		for (unsigned s = 0; s < 3; s++)
+			r.st[s].sleep_us = 300;
+		struct toy ref[3];
+		for (unsigned s = 0; s < 3; s++)
+			toy_init(&ref[s], s + 1);
+		struct later l = {r.t, &r.st[1], 5, drain};
+		pthread_t th;
+		pthread_create(&th, NULL, stop_later, &l);
+		/* a cancel fails the step with nothing updated (a replica parked for its turn wakes too); a
+		 * drain lets it finish as one replica would */
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 4, NULL), drain ? 0 : -ECANCELED);
+		pthread_join(th, NULL);
+		if (drain)
+			reference_step(ref, 3, in, tg, 64, 4);
+		params_equal(r.st, ref, 3);
+		no_buffer_out(r.t);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 4, NULL), -ESHUTDOWN);
+		mbp_trainer_destroy(r.t);
+	}
+}
+END_TEST
+
+START_TEST(replicas_are_refused_where_a_schedule_fixes_its_threads)
+{
+	static const unsigned reps[4] = {1, 2, 1, 1};
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .schedule = MBP_SCHED_INTERLEAVED,
+			    .loss = mse};
+	struct rig r;
+	rep_counts = reps;
+	rig_build(&r, 4, &o, false, replicated);
+	ck_assert_int_eq(mbp_trainer_start(r.t), -ENOTSUP);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_trainer_error(r.t, &e), 0);
+	ck_assert_int_eq(e.err, -ENOTSUP);
+	ck_assert_ptr_nonnull(e.what);
+	mbp_trainer_destroy(r.t);
+	o.schedule = MBP_SCHED_1F1B;
+	o.threads = 4; /* one short of a thread per replica */
+	rig_build(&r, 4, &o, false, replicated);
+	ck_assert_int_eq(mbp_trainer_start(r.t), -EINVAL);
+	mbp_trainer_destroy(r.t);
+	o.threads = 5;
+	rig_build(&r, 4, &o, false, replicated);
+	ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+	mbp_trainer_destroy(r.t);
+	/* more than MBP_TRAIN_MAX_REPLICAS */
+	ck_assert_int_eq(mbp_trainer_new(&r.t, &o), 0);
+	toy_init(&r.st[0], 1);
+	mbp_train_stage_desc d = toy_desc(&r.st[0], false);
+	d.replicas = MBP_TRAIN_MAX_REPLICAS + 1;
+	ck_assert_int_eq(mbp_trainer_add_stage(r.t, &d), -EINVAL);
+	mbp_trainer_destroy(r.t);
+}
+END_TEST
+
+START_TEST(the_simulator_plays_replicas_with_the_ordered_merge)
+{
+	mbp_schedule *sc, *one_sc, *two_sc;
+	unsigned one[2] = {1, 1}, two[2] = {1, 2};
+	ck_assert_int_eq(mbp_schedule_new(&sc, MBP_SCHED_1F1B, 2, 8), 0);
+	ck_assert_int_eq(mbp_schedule_new_replicated(&one_sc, MBP_SCHED_1F1B, 2, 8, one), 0);
+	ck_assert_int_eq(mbp_schedule_new_replicated(&two_sc, MBP_SCHED_1F1B, 2, 8, two), 0);
+	/* replicas of 1: the published lists */
+	const mbp_sched_op *a_ops, *b_ops;
+	size_t n = mbp_schedule_order(sc, &a_ops);
+	ck_assert_uint_eq(mbp_schedule_order(one_sc, &b_ops), n);
+	ck_assert(memcmp(a_ops, b_ops, n * sizeof(*a_ops)) == 0);
+	/* two replicas of stage 1: stage 0 runs one forward more ahead, one for each of them */
+	ck_assert_uint_eq(mbp_schedule_stash_peak(sc, 0), 2);
+	ck_assert_uint_eq(mbp_schedule_stash_peak(two_sc, 0), 3);
+	mbp_op_costs c[2] = {{1, 1, 1}, {3, 3, 3}};
+	mbp_sched_sim a, b, d;
+	ck_assert_int_eq(mbp_schedule_simulate(sc, c, 0, &a, NULL), 0);
+	ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, one, &b, NULL), 0);
+	ck_assert(a.makespan == b.makespan && a.bubble == b.bubble); /* the plain play */
+	ck_assert_int_eq(mbp_schedule_simulate_replicas(two_sc, c, two, &d, NULL), 0);
+	/* the heavy stage's 72 units on two threads, its weight parts (24) one at a time: 42 against 75 */
+	ck_assert(d.makespan < 0.6 * a.makespan);
+	ck_assert(d.busy == a.busy);
+	ck_assert(d.bubble == 1.0 - d.busy / (3 * d.makespan));
+	/* weight parts as long as the rest: their chain (8 x 6 = 48) binds */
+	mbp_op_costs w[2] = {{1, 1, 1}, {1, 1, 6}};
+	ck_assert_int_eq(mbp_schedule_simulate_replicas(two_sc, w, two, &d, NULL), 0);
+	ck_assert(d.makespan >= 48);
+	unsigned many[2] = {1, MBP_TRAIN_MAX_REPLICAS + 1};
+	ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, many, &d, NULL), -EINVAL);
+	mbp_schedule_destroy(sc);
+	mbp_schedule_destroy(two_sc);
+	mbp_schedule_destroy(one_sc);
+	ck_assert_int_eq(mbp_schedule_new_replicated(&sc, MBP_SCHED_ZBV, 2, 8, one), -EINVAL);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("train");
@@ -1319,6 +1580,13 @@ static Suite *suite(void)
 	tcase_add_test(tc, after_a_failing_init_the_trainer_runs_every_init_and_each_successful_inits_fini);
 	tcase_add_test(tc, the_trainers_threads_are_named_for_their_stages);
 	tcase_add_test(tc, the_trainers_trace_has_the_pipelines_header_rows_and_args);
+	tcase_add_test(tc,
+		       replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_under_every_schedule);
+	tcase_add_test(tc, a_single_stage_on_replicas_trains_as_one_thread_does);
+	tcase_add_test(tc, a_failure_inside_a_replica_fails_the_step_and_no_stage_updates);
+	tcase_add_test(tc, cancel_and_drain_mid_step_hold_with_replicas);
+	tcase_add_test(tc, replicas_are_refused_where_a_schedule_fixes_its_threads);
+	tcase_add_test(tc, the_simulator_plays_replicas_with_the_ordered_merge);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -238,6 +238,20 @@ int mbp_mlp_stage_new(mbp_mlp_stage **st, mbp_mlp *n, unsigned first, unsigned l
 /** Destroy a stage (before its model). Accepts NULL. */
 void mbp_mlp_stage_destroy(mbp_mlp_stage *st);
 
+/**
+ * A replica of stage `like` for a replicated trainer stage (train.h, "Replicas"): the same layers, rows,
+ * hand-over and recomputation, scratch of its own, the model's parameters and gradients shared. Its
+ * forward, B_in and recomputation write only its scratch and the buffers they are given; its B_w adds to
+ * the shared gradient as `like`'s does, so the trainer's ordered merge keeps the sums of one stage, unless
+ * mbp_mlp_stage_bin_accumulates() says otherwise. Pair with mbp_mlp_stage_destroy() (before `like`'s model).
+ * @return 0, -EINVAL (NULL), -ENOMEM.
+ */
+int mbp_mlp_stage_new_replica(mbp_mlp_stage **st, const mbp_mlp_stage *like);
+/** Whether the stage's B_in adds to the shared gradient too (a normalised layer: its gain's and shift's
+ * gradients come from the output's gradient, which only B_in has): replicas of it must merge whole
+ * backwards in turn (give the trainer no backward_in/backward_w). false for NULL. */
+bool mbp_mlp_stage_bin_accumulates(const mbp_mlp_stage *st);
+
 /** Floats of stash per row of a micro-batch (a stash holds rows times this). 0 for NULL. */
 size_t mbp_mlp_stage_stash_floats(const mbp_mlp_stage *st);
 /** The stage's input width in floats (its first layer's). 0 for NULL. */

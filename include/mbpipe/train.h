@@ -69,6 +69,44 @@
  * each micro-batch's input to a stage (the previous stage's output, kept from F to the last backward)
  * and its gradients, which are buffers of the trainer's other pool (mbp_train_stats.pool).
  *
+ * Replicas. A stage whose work is more than a thread's share (one layer costs more than the others
+ * together, and no cut between layers helps) may run on several threads: `replicas` r in its descriptor.
+ * Its micro-batches go to the replicas by a fixed rule, micro-batch j to replica j mod r: the schedules
+ * are static (each stage's list fixed before the step), so a fixed assignment is what keeps every
+ * replica's list a projection of the one global order, and no replica can wait on one that waits on it
+ * (a rule of "whichever is free" would make the lists depend on the timing). Each replica has a thread of
+ * its own and follows its projection of its stage's list (its micro-batches' operations, in global order);
+ * between two stages micro-batch j goes from replica j mod r of one to replica j mod r' of the other,
+ * each pair of replicas with a ring each way. GPipe, 1F1B, ZB-H1 and ZB-H2 take replicas; the chunked,
+ * built and custom schedules fix their threads themselves and refuse them (-ENOTSUP from
+ * mbp_trainer_start), and so does a trainer across ranks. The lists are mbp_schedule_new_replicated()'s
+ * (1F1B and ZB-H1 run as many forwards ahead as there are replicas downstream, so that each replica has a
+ * micro-batch), mbp_schedule_simulate_replicas() plays them (bubble_predicted), and the pool is reserved
+ * to a bound over every timing counted per micro-batch (an output and an input gradient per link, the
+ * loss's gradient) and per thread, rather than the exact peak of a pipeline of one thread per stage.
+ * The parameters are the stage's own, shared by its replicas (read-only while the step runs); the
+ * replicas' scratch is theirs (replica_ctx). The weight gradient is the stage's one accumulator too, and
+ * the ordered merge keeps its sums: the weight part of each backward (B_w, or the B_w of a B, which a
+ * replica runs as B_in then B_w, sending the input gradient between them) adds into it in micro-batch
+ * order: micro-batch j's after j - 1's, on whichever replica ran that, while the replicas' forwards and
+ * input gradients run in parallel. So a stage adds the same products in the same order as it does
+ * without replicas, and as a stage of one replica (whose weight gradients are in micro-batch order
+ * already: no wait at all) does: the
+ * parameters after a step are bit for bit the same for every replica count, under every schedule above,
+ * with no extra pass over the gradient (the reference is the stage's own accumulation, such as
+ * OpenBLAS's sgemm with beta = 1 into G, called in micro-batch order). What a replicated stage must
+ * give: a forward, backward_in and recompute that write nothing shared (the gradient is written only by
+ * backward_w, or by a whole backward: a stage with no backward_in/backward_w merges its whole B in turn,
+ * which runs its backwards one at a time), and a backward that is backward_in then backward_w, the same
+ * arithmetic (a replica splits it). The cost: a stage's weight-gradient parts run one at a time, so r
+ * replicas reach r times one thread only while the weight part is at most 1/r of the stage's work (a
+ * third with F = B_in = B_w: r = 3). A replicated last stage runs the loss on its replicas' threads at
+ * once: the loss function must then be safe to call from several threads (each call on its own
+ * micro-batch's buffers). Every guarantee holds per replica: errors name the stage and micro-batch, the
+ * stage's check (once the replicas' last weight gradient is in) and update run once, on replica 0's
+ * thread, and figures come per stage
+ * (mbp_trainer_stats_get: the replicas' sums) and per replica (mbp_trainer_replica_stats_get).
+ *
  * Thread safety: an mbp_schedule is immutable once built (any threads may read it). A trainer is driven by
  * one controlling thread (start, step, destroy); mbp_trainer_cancel and mbp_trainer_stats_get may be
  * called from any thread while a step runs.
@@ -126,6 +164,9 @@ typedef struct mbp_schedule mbp_schedule;
 
 /** Largest micro-batch count of one step (keeps the schedules' tables small). */
 #define MBP_TRAIN_MAX_MBS 65536u
+
+/** Most replicas of one trainer stage (mbp_train_stage_desc.replicas). */
+#define MBP_TRAIN_MAX_REPLICAS 16u
 
 /**
  * Build a schedule for `stages` stages and `mbs` micro-batches. Pair with mbp_schedule_destroy(). A chunked
@@ -187,6 +228,18 @@ typedef enum mbp_sched_place {
  */
 int mbp_schedule_new_placed(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs,
 			    unsigned threads);
+
+/**
+ * The schedule a trainer with replicated stages runs (train.h, "Replicas"): `replicas[s]` threads for
+ * stage s (0 means 1). GPipe and ZB-H2 as mbp_schedule_new builds them; 1F1B and ZB-H1 with a warm-up
+ * counted in threads: stage s runs as many forwards ahead as there are replicas from it to the last stage,
+ * less one (S - s - 1 with one replica each: the published lists), so that a replicated stage has a
+ * micro-batch for each replica. Pair with mbp_schedule_destroy().
+ * @return 0, -EINVAL (what mbp_schedule_new refuses, another kind, more than MBP_TRAIN_MAX_REPLICAS
+ *         replicas of a stage), -ENOMEM.
+ */
+int mbp_schedule_new_replicated(mbp_schedule **sp, mbp_sched_kind kind, unsigned stages, unsigned mbs,
+				const unsigned *replicas);
 
 /** The schedule's placement and thread count (0 for the block placement: any). */
 mbp_sched_place mbp_schedule_placement(const mbp_schedule *sc);
@@ -282,6 +335,18 @@ typedef struct mbp_sched_sim {
  */
 int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 			  mbp_sched_sim *out, double *start);
+
+/**
+ * mbp_schedule_simulate() with replicated stages (mbp_train_stage_desc.replicas): stage s runs on
+ * `replicas[s]` threads (0 means 1), micro-batch j on its replica j mod replicas[s], each replica
+ * following its projection of the stage's list, and the weight part of a replicated stage's backward (its
+ * W, or the b_w that ends its B) waiting for the previous micro-batch's: the trainer's ordered merge. One
+ * thread per replica: the bubble is 1 - busy / (replicas' sum x makespan).
+ * @return 0, -EINVAL (NULL, a chunked or custom schedule, more than MBP_TRAIN_MAX_REPLICAS replicas of a
+ *         stage or MBP_MAX_STAGES in all, a negative cost), -ENOMEM.
+ */
+int mbp_schedule_simulate_replicas(const mbp_schedule *sc, const mbp_op_costs *costs,
+				   const unsigned *replicas, mbp_sched_sim *out, double *start);
 
 /** What mbp_schedule_build() builds a schedule for. A zeroed field is its default where it has one. */
 typedef struct mbp_sched_build {
@@ -385,6 +450,14 @@ typedef struct mbp_train_stage_desc {
 	 * under GPipe and 1F1B, from B_in to B_w under ZB-H1 (held as the stash is). */
 	size_t work_row_bytes;
 	mbp_train_op_fn recompute; /**< required when work_row_bytes is not 0: fills io->work */
+	/** Replicas (see "Replicas" above): the stage runs on this many threads, micro-batch j on replica
+	 * j mod replicas. 0 or 1: one (the stage as without the field). At most MBP_TRAIN_MAX_REPLICAS. */
+	unsigned replicas;
+	/** Per replica, the context its forward, backward, backward_in, backward_w, recompute, init and
+	 * fini get: replica_ctx[r] for replica r (the array is read by mbp_trainer_add_stage only). NULL:
+	 * `ctx` for every replica (callbacks that keep no scratch in it). check, grad_sq, update and
+	 * discard get `ctx`, once per stage, on replica 0's thread. */
+	void *const *replica_ctx;
 } mbp_train_stage_desc;
 
 /**
@@ -429,7 +502,8 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o);
 /**
  * Append a stage (before start). The descriptor is copied.
  * @return 0, -EINVAL (NULL, no forward, update or discard, no backward of either form, out_row_bytes 0,
- *         a width above UINT32_MAX, work_row_bytes without recompute, already started), -E2BIG (more than MBP_MAX_STAGES).
+ *         a width above UINT32_MAX, work_row_bytes without recompute, more than MBP_TRAIN_MAX_REPLICAS
+ *         replicas, already started), -E2BIG (more than MBP_MAX_STAGES stages, or replicas: threads).
  */
 int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
 
@@ -449,8 +523,10 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
  *         ZB-V or DualPipeV with a stage that gives no backward_in/backward_w, or a last stage whose
  *         grad_row_bytes is not
  *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
- *         what is wrong in `what`), -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the
- *         error of the first stage whose init failed.
+ *         what is wrong in `what`; with replicas, `threads` neither 0 nor the replicas' sum),
+ *         -ENOTSUP (replicas under a chunked, built or custom schedule, or across ranks: `what` says
+ *         so), -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the error of the first stage
+ *         whose init failed.
  */
 int mbp_trainer_start(mbp_trainer *t);
 
@@ -500,7 +576,8 @@ void mbp_trainer_drain(mbp_trainer *t);
  * between steps. */
 void mbp_trainer_destroy(mbp_trainer *t);
 
-/** Per-stage figures of the last step (or since start for the totals). */
+/** Per-stage figures of the last step (or since start for the totals); a replicated stage's are the sums
+ * over its replicas (the peaks too: a bound of what it held at once), where it runs its replica 0's. */
 typedef struct mbp_train_stage_stats {
 	char name[MBP_STAGE_NAME_MAX];
 	unsigned thread;
@@ -550,6 +627,12 @@ typedef struct mbp_train_stats {
  * once mbp_trainer_step() has returned. @return the stage count, or -EINVAL.
  */
 int mbp_trainer_stats_get(mbp_trainer *t, mbp_train_stats *st, mbp_train_stage_stats *ss, unsigned n);
+
+/**
+ * A replicated stage's figures replica by replica (mbp_trainer_stats_get gives their sums): up to n
+ * replicas of `stage` into ss (NULL when n is 0). @return the stage's replica count, or -EINVAL.
+ */
+int mbp_trainer_replica_stats_get(mbp_trainer *t, unsigned stage, mbp_train_stage_stats *ss, unsigned n);
 
 /** The schedule the last step followed (NULL before the first step); valid until the next step. */
 const mbp_schedule *mbp_trainer_schedule(const mbp_trainer *t);

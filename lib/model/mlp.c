@@ -413,6 +413,30 @@ int mbp_mlp_stage_new(mbp_mlp_stage **out, mbp_mlp *n, unsigned first, unsigned 
 	return 0;
 }
 
+int mbp_mlp_stage_new_replica(mbp_mlp_stage **out, const mbp_mlp_stage *like)
+{
+	if (!out || !like)
+		return -EINVAL;
+	int rc = mbp_mlp_stage_new(out, like->n, like->a, like->b, like->max_rows);
+	if (rc < 0)
+		return rc;
+	mbp_mlp_stage *st = *out;
+	for (unsigned i = like->a; i < like->b; i++)
+		st->so[i - st->a].rc = like->so[i - like->a].rc;
+	layout(st);
+	st->gives = like->gives;
+	st->takes = like->takes;
+	return 0;
+}
+
+bool mbp_mlp_stage_bin_accumulates(const mbp_mlp_stage *st)
+{
+	for (unsigned i = st ? st->a : 0; st && i < st->b; i++)
+		if (st->n->l[i].norm)
+			return true;
+	return false;
+}
+
 size_t mbp_mlp_stage_stash_floats(const mbp_mlp_stage *st)
 {
 	return st ? st->per_row : 0;

@@ -165,6 +165,7 @@ struct run {
 	mbp_mlp *n;
 	pt_shared sh;
 	pt_stage stage[MBP_MAX_STAGES];
+	pt_stage *replica[MBP_MAX_STAGES]; /* --replicas: stage s's replicas 1 .. r - 1 */
 	mbp_trainer *t;
 	pt_report rep;
 	pt_auto ap; /* --plan auto */
@@ -221,8 +222,12 @@ static int auto_plan(struct run *r, unsigned ncpu)
 static void run_free(struct run *r)
 {
 	mbp_trainer_destroy(r->t);
-	for (unsigned s = 0; s < MBP_MAX_STAGES; s++)
+	for (unsigned s = 0; s < MBP_MAX_STAGES; s++) {
 		mbp_mlp_stage_destroy(r->stage[s].st);
+		for (unsigned k = 1; r->replica[s] && k < r->c->replicas[s]; k++)
+			mbp_mlp_stage_destroy(r->replica[s][k - 1].st);
+		free(r->replica[s]);
+	}
 	mbp_mlp_destroy(r->n);
 	mbp_dataset_free(&r->train);
 	mbp_dataset_free(&r->test);
@@ -527,9 +532,33 @@ static int setup(struct run *r)
 		if (rc < 0)
 			return fail("cannot build stage %u: %s", s, mbp_strerror(rc));
 	}
+	if (c->nreplicas && c->nreplicas != S)
+		return bad("--replicas: %u counts for %u stages", c->nreplicas, S);
 	for (unsigned s = 0; s < S; s++) {
 		mbp_train_stage_desc d;
 		pt_stage_desc(&r->stage[s], &d);
+		/* --replicas: a model stage per replica (scratch of its own), the weights and gradients
+		 * shared; a normalised layer's B_in adds to the gradient, so such a stage merges whole
+		 * backwards (train.h, "Replicas") */
+		void *ctx[MBP_TRAIN_MAX_REPLICAS] = {&r->stage[s]};
+		unsigned nr = c->nreplicas ? c->replicas[s] : 1;
+		if (nr > 1 && !(r->replica[s] = calloc(nr - 1, sizeof(pt_stage))))
+			return fail("out of memory");
+		for (unsigned k = 1; k < nr; k++) {
+			pt_stage *q = &r->replica[s][k - 1];
+			*q = r->stage[s];
+			rc = mbp_mlp_stage_new_replica(&q->st, r->stage[s].st);
+			if (rc < 0) {
+				q->st = NULL;
+				return fail("cannot build replica %u of stage %u: %s", k, s,
+					    mbp_strerror(rc));
+			}
+			ctx[k] = q;
+		}
+		d.replicas = nr;
+		d.replica_ctx = ctx;
+		if (nr > 1 && mbp_mlp_stage_bin_accumulates(r->stage[s].st))
+			d.backward_in = d.backward_w = NULL;
 		rc = mbp_trainer_add_stage(r->t, &d);
 		if (rc < 0)
 			return fail("cannot add stage %u to the trainer: %s", s, mbp_strerror(rc));
@@ -593,6 +622,7 @@ static int setup(struct run *r)
 		    .takes = s > 0 && gives[s - 1],
 		    .stash_row_bytes = mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float),
 		    .work_row_bytes = mbp_mlp_stage_work_floats(r->stage[s].st) * sizeof(float),
+		    .replicas = c->nreplicas ? c->replicas[s] : 1,
 
 		    .profiled_us = pl->step_ns > 0 ? plan.stage_ns[s] * 1e-3 : 0};
 	for (unsigned l = 0; l < L; l++)
@@ -619,9 +649,10 @@ static int setup(struct run *r)
 	if (rc < 0) {
 		mbp_train_error e;
 		mbp_trainer_error(r->t, &e);
-		fprintf(stderr, "pipetrain: cannot start the trainer: %s (stage %d)\n", mbp_strerror(rc),
-			e.stage);
-		return 1;
+		fprintf(stderr, "pipetrain: cannot start the trainer: %s (stage %d)%s%s\n", mbp_strerror(rc),
+			e.stage, e.what ? ": " : "", e.what ? e.what : "");
+		return rc == -ENOTSUP ? 2
+				      : 1; /* what was asked cannot run (replicas under a chunked schedule) */
 	}
 	struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND | SA_RESTART};
 	sigemptyset(&sa.sa_mask);
@@ -684,6 +715,9 @@ static int train(struct run *r)
 	mbp_optim_opts oo;
 	mbp_mlp_optim(r->n, &oo);
 	pt_progress_init(c->quiet ? 0 : c->progress);
+	mbp_train_stats ts0; /* the trainer's thread count: with --replicas more than the plan's */
+	if (mbp_trainer_stats_get(r->t, &ts0, NULL, 0) >= 0)
+		rep->threads = ts0.threads;
 	pt_print_header(rep);
 	char warn[512];
 	if (!c->quiet && blas_warning_line(warn, sizeof warn))
@@ -699,6 +733,7 @@ static int train(struct run *r)
 		for (uint64_t k = step - (uint64_t)ep * spe; k < spe; k++) {
 			mbp_dataset_gather(&r->train, r->order + k * c->batch, c->batch, r->xb, r->yb);
 			double loss;
+			r->sh.correct = 0;
 			int rc = mbp_trainer_step(r->t, r->xb, r->yb, c->batch, c->mb, &loss);
 			if (rc < 0) {
 				pt_progress_end();

@@ -86,6 +86,30 @@ static int parse_split(const char *s, pt_config *c, char *err, size_t errlen)
 }
 
 /* --recompute: "all", "none", or layer numbers from 0 and ranges A-B, comma-separated ("1,3-5"). */
+/* --replicas N,N,...: each stage's thread count, 1 to MBP_TRAIN_MAX_REPLICAS (the stage count is checked
+ * once it is known). */
+static int parse_replicas(const char *s, pt_config *c, char *err, size_t errlen)
+{
+	c->nreplicas = 0;
+	for (const char *p = s;;) {
+		size_t len = strcspn(p, ",");
+		char tok[24];
+		uint64_t v;
+		if (len == 0 || len >= sizeof tok || c->nreplicas == MBP_MAX_STAGES)
+			return fail(err, errlen, "--replicas: '%s' is not a list of replica counts like 1,2",
+				    s);
+		memcpy(tok, p, len);
+		tok[len] = 0;
+		if (parse_u64(tok, 1, MBP_TRAIN_MAX_REPLICAS, &v))
+			return fail(err, errlen, "--replicas: '%s' is not a replica count from 1 to %u", tok,
+				    MBP_TRAIN_MAX_REPLICAS);
+		c->replicas[c->nreplicas++] = (unsigned)v;
+		if (!p[len])
+			return 0;
+		p += len + 1;
+	}
+}
+
 static int parse_recompute(const char *s, pt_config *c, char *err, size_t errlen)
 {
 	c->recompute = 0;
@@ -162,6 +186,7 @@ enum {
 	OPT_PLAN_ONLY,
 	OPT_MEMORY,
 	OPT_SPLIT,
+	OPT_REPLICAS,
 };
 
 static const struct option long_opts[] = {
@@ -195,6 +220,7 @@ static const struct option long_opts[] = {
     {"plan-only", no_argument, NULL, OPT_PLAN_ONLY},
     {"memory", required_argument, NULL, OPT_MEMORY},
     {"split", required_argument, NULL, OPT_SPLIT},
+    {"replicas", required_argument, NULL, OPT_REPLICAS},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", required_argument, NULL, OPT_CSV},
     {"trace", required_argument, NULL, OPT_TRACE},
@@ -270,6 +296,10 @@ static void usage(void)
 	    "                        (stashes, recomputation buffers) + parameters, gradients, optimizer "
 	    "state\n"
 	    "  --plan-only           with --plan auto: print the plan (--json: as JSON) and exit\n"
+	    "  --replicas N,N,...    threads of each stage (one count per stage, 1 to 16): a stage's\n"
+	    "                        replicas run different micro-batches and merge their weight\n"
+	    "                        gradients in micro-batch order: the same weights (gpipe, 1f1b, zbh1,\n"
+	    "                        zbh2; default one each)\n"
 	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
 	    "  --log FILE|-          one CSV row per step: step, epoch, loss, accuracy, lr, grad_norm,\n"
 	    "                        samples_per_s, step_ms, bubble, elapsed_s\n"
@@ -393,6 +423,11 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 				    err, errlen,
 				    "--memory: '%s' is not a size like 64M or 1G (bytes, K/M/G/T binary)",
 				    optarg);
+			break;
+		case OPT_REPLICAS:
+			if (parse_replicas(optarg, c, err, errlen))
+				return -1;
+			c->given |= PT_GIVEN_REPLICAS;
 			break;
 		case OPT_SCHEDULE:
 			c->given |= PT_GIVEN_SCHEDULE;
@@ -524,7 +559,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 	if (c->plan_auto && c->given) {
 		static const char *const names[] = {"--stages",	   "--schedule or --schedule-file",
 						    "--mb",	   "--recompute",
-						    "--hand-over", "--split"};
+						    "--hand-over", "--split",
+						    "--replicas"};
 		return fail(err, errlen, "--plan auto chooses what %s sets: give one or the other",
 			    names[__builtin_ctz(c->given)]);
 	}

@@ -158,7 +158,8 @@ void pt_print_summary(const pt_report *r)
 	bool recomputes = false;
 	for (unsigned s = 0; s < r->stages; s++) {
 		const pt_stage_total *t = &r->st[s];
-		double wall = r->wall_s > 0 ? r->wall_s : 1;
+		/* a replicated stage's shares: of its threads' time together */
+		double wall = (r->wall_s > 0 ? r->wall_s : 1) * (t->replicas ? t->replicas : 1);
 		double peak = (double)t->act_peak_bytes / (1 << 20);
 		char layers[32], cpu[16];
 		bool gives = s + 1 < r->stages && r->st[s + 1].takes;
@@ -166,10 +167,14 @@ void pt_print_summary(const pt_report *r)
 		/* '*': every layer of the stage recomputes, '+': some of them */
 		bool all = t->recompute ==
 			   (((t->last - t->first == 64 ? 0 : 1ull << (t->last - t->first)) - 1) << t->first);
-		snprintf(layers, sizeof layers, "%u-%u%s%s", t->first, t->last - 1, gives ? "<" : "",
+		char reps[16] = "";
+		if (t->replicas > 1) /* "x2": on 2 replicas */
+			snprintf(reps, sizeof reps, " x%u", t->replicas);
+		snprintf(layers, sizeof layers, "%u-%u%s%s%s", t->first, t->last - 1, gives ? "<" : "",
 			 !t->recompute ? ""
 			 : all	       ? "*"
-				       : "+");
+				       : "+",
+			 reps);
 		snprintf(cpu, sizeof cpu, t->cpu < 0 ? "-" : "%d", t->cpu);
 		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %10.1f %7u %7u %11.2f %11.1f", s, layers,
 			t->thread, cpu, 100 * t->compute_s / wall, 100 * t->wait_s / wall,
@@ -376,6 +381,7 @@ int pt_json_write(const pt_report *r)
 		/* the input gradient of its last layer is computed by the next stage */
 		cJSON_AddBoolToObject(o, "hands_over", s + 1 < r->stages && r->st[s + 1].takes);
 		cJSON_AddNumberToObject(o, "thread", t->thread);
+		cJSON_AddNumberToObject(o, "replicas", t->replicas ? t->replicas : 1);
 		cJSON_AddNumberToObject(o, "cpu", t->cpu);
 		cJSON_AddNumberToObject(o, "sharing", t->sharing);
 		cJSON_AddItemToObject(o, "pin_error",

@@ -12,6 +12,7 @@
 #ifndef PIPETRAIN_H
 #define PIPETRAIN_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,8 +40,10 @@ typedef struct pt_config {
 	unsigned threads;
 	unsigned blas_threads; /* 0: leave OpenBLAS at one thread (the stages' setting) */
 	bool pin;
-	pt_hand_over hand_over; /* --hand-over */
-	uint64_t recompute;	/* --recompute: bit i, layer i recomputes (all: every bit) */
+	pt_hand_over hand_over;		   /* --hand-over */
+	uint64_t recompute;		   /* --recompute: bit i, layer i recomputes (all: every bit) */
+	unsigned replicas[MBP_MAX_STAGES]; /* --replicas: each stage's; nreplicas 0: one each */
+	unsigned nreplicas;
 	mbp_sched_kind schedule;
 	const char *schedule_file; /* --schedule-file: a schedule as text (MBP_SCHED_CUSTOM) */
 	uint32_t batch, mb;	   /* mb 0: --mb auto (chosen by pt_plan_make) */
@@ -67,6 +70,7 @@ enum {
 	PT_GIVEN_RECOMPUTE = 8,
 	PT_GIVEN_HAND_OVER = 16,
 	PT_GIVEN_SPLIT = 32,
+	PT_GIVEN_REPLICAS = 64,
 };
 
 /* Parse the command line. @return 0; 1 when --help or --version printed and the run is over; -1 with a
@@ -83,8 +87,9 @@ typedef struct pt_shared {
 	uint32_t classes;
 	float clip;
 	double layer_sq[PT_MAX_LAYERS]; /* each layer's squared gradient norm, written by its stage */
-	uint64_t correct;		/* rows classified right in the last step (the last stage writes) */
-	int64_t fault_step;		/* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
+	/* rows classified right in the last step (the last stage's replicas add; main clears it) */
+	_Atomic uint64_t correct;
+	int64_t fault_step; /* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
 } pt_shared;
 
 typedef struct pt_stage {
@@ -236,6 +241,7 @@ typedef struct pt_stage_total {
 	double recompute_s;			/* time in its recomputations (also in compute_s) */
 	uint64_t act_peak_bytes;		/* most activation bytes it held at once in a step */
 	double profiled_us; /* the layers' profiled cost per micro-batch (0: not profiled, one stage) */
+	unsigned replicas;  /* --replicas: its threads (their figures summed above) */
 } pt_stage_total;
 
 typedef struct pt_report {

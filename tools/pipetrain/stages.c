@@ -144,14 +144,13 @@ int pt_loss(void *arg, const mbp_train_io *io, double *loss)
 {
 	pt_shared *sh = arg;
 	float *logits = io->out;
-	if (io->mb == 0)
-		sh->correct = 0;
 	if (sh->fault_step >= 0 && io->step == (uint64_t)sh->fault_step && io->mb == 0)
 		logits[0] = NAN; /* PIPETRAIN_FAULT: what a diverging model would give */
 	uint32_t correct = 0;
 	int rc = mbp_loss_xent(logits, io->targets, io->rows, sh->classes, io->step_rows, io->dout, loss,
 			       &correct);
-	sh->correct += correct;
+	/* relaxed: a count, read by main after the step (whose end orders it) */
+	atomic_fetch_add_explicit(&sh->correct, correct, memory_order_relaxed);
 	return rc;
 }
 
