@@ -10,6 +10,7 @@ include perf/roofline.mk
 include perf/train.mk
 include perf/mpi.mk
 include perf/mlp_train.mk
+include perf/rebalance.mk
 EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/pipetrain_run.sh \
 	perf/train_vs_torch.sh perf/pipetrain_torch.py perf/ab.sh perf/others.sh \
 	perf/RESULTS.md perf/results
