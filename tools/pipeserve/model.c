@@ -101,16 +101,11 @@ static int load_weights(ps_server *s)
 	return s->model_path ? 0 : -ENOMEM;
 }
 
-/* --rebalance: each move on standard error, with its reason (stage 0's thread). */
+/* --rebalance: each move on standard error, with its reason, which names the new cuts (stage 0's thread). */
 static void log_move(void *arg, const mbp_model_move *mv)
 {
 	(void)arg;
-	char cuts[256] = "";
-	size_t n = 0;
-	for (unsigned i = 1; i < mv->to.stages && n < sizeof cuts; i++)
-		n += (size_t)snprintf(cuts + n, sizeof cuts - n, "%s%u", i > 1 ? "," : "", mv->to.first[i]);
-	ps_say("rebalance: plan %llu cuts before layer %s: %s", (unsigned long long)mv->plan, cuts,
-	       mv->reason);
+	ps_say("rebalance: plan %llu: %s", (unsigned long long)mv->plan, mv->reason);
 }
 
 int ps_model_setup(ps_server *s)
