@@ -435,10 +435,11 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * last look into a cost per layer (nanoseconds per micro-batch), the cost of each stage under the plan in
  * use (its layers plus a fixed 1 us hand-off per boundary) and a fresh plan from the same costs
  * (mbp_model_partition, exact). When the slowest stage measured stays above (1 + threshold) times the
- * fresh plan's slowest for `patience` windows in a row, and the fresh plan cuts elsewhere, the stages move
- * to it. (The plan's own prediction, from the costs it was made with, is kept and reported; comparing
- * with a fresh plan instead is what makes the rule right both when one stage got slower and when every
- * stage did, which no new cut helps.) A steady cost never moves: the plan in use is then the fresh one.
+ * fresh plan's slowest for `patience` windows in a row, with the same fresh plan cutting elsewhere each
+ * time, the stages move to it. (The plan's own prediction, from the costs it was made with, is kept and
+ * reported; comparing with a fresh plan instead is what makes the rule right both when one stage got
+ * slower and when every stage did, which no new cut helps.) A steady cost never moves: the plan in use
+ * is then the fresh one.
  *
  * A move happens between micro-batches and needs no drain. Plans are numbered (1: the one given to
  * mbp_model_stages_new_opts, +1 per move) and every micro-batch carries the plan it was admitted under
@@ -449,7 +450,11 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * Each move is counted (mbp_model_stages_rebalance_stats) and reported to on_move with its reason.
  *
  * Rebalancing needs stages defined as layers: a pipeline of user stages (fn callbacks) has nothing that
- * could move from one stage to another.
+ * could move from one stage to another. The stages keep the names of the first plan ("layers 0-3");
+ * mbp_model_rebalance_stats.current says which layers each computes now. Costs are counted per layer
+ * wherever it ran, so a core that another process slows makes its layers look dearer and the split
+ * follows it; costs that keep changing faster than `patience` windows can make the split follow them
+ * back and forth. Forward stages only: the trainer (<mbpipe/model_train.h>) keeps its split.
  */
 
 /** One move, as reported to mbp_model_rebalance.on_move. */

@@ -11,8 +11,9 @@
  *
  * Decision. Under the plan in use the measured costs give each stage's time; mbp_model_partition gives
  * the best plan for the same costs. A move needs the slowest stage above (1 + threshold) times the fresh
- * plan's slowest, a fresh plan that cuts elsewhere, and both for `patience` looks in a row (hysteresis: a
- * window straddling a change of cost, or noise, does not move alone).
+ * plan's slowest, a fresh plan that cuts elsewhere, and both for `patience` looks in a row with the same
+ * fresh plan each time (hysteresis: a window straddling a change of cost does not move alone, and noise,
+ * which draws a different "better" plan at each look, seldom moves at all).
  *
  * Plans. The plan in use is stage 0's alone (only its thread admits and looks); a new plan is written
  * before the first micro-batch that carries it is pushed to the next stage, whose ring hands it over with
@@ -51,7 +52,8 @@ struct mbp__rb {
 	struct mbp__rb_plan *cur; /* the newest plan: the list of every plan made, through `older` */
 	mbp_model_plan cur_plan;  /* cur with its prediction */
 	uint64_t admitted;
-	unsigned strikes;
+	unsigned strikes;				 /* looks in a row that found `candidate` better */
+	unsigned candidate[MBP_MAX_STAGES + 1];		 /* the fresh plan's cuts at those looks */
 	uint64_t *seen_ns, *seen_mbs, *now_ns, *now_mbs; /* L each */
 	double *cost, *handoff;				 /* L each */
 	/* the statistics, copied out under the lock */
@@ -191,7 +193,10 @@ static void look(struct mbp__rb *rb)
 	fresh.mb_rows = rb->cur_plan.mb_rows;
 	bool elsewhere = memcmp(fresh.first, measured.first, (S + 1) * sizeof(fresh.first[0])) != 0;
 	bool excess = measured.slowest_ns > (1.0 + rb->o.threshold) * fresh.slowest_ns;
-	rb->strikes = elsewhere && excess ? rb->strikes + 1 : 0;
+	/* hysteresis: the same better plan, look after look (noise draws a different one each time) */
+	bool same = rb->strikes && !memcmp(fresh.first, rb->candidate, (S + 1) * sizeof(fresh.first[0]));
+	rb->strikes = !(elsewhere && excess) ? 0 : same ? rb->strikes + 1 : 1;
+	memcpy(rb->candidate, fresh.first, sizeof(rb->candidate));
 	struct mbp__rb_plan *next = NULL;
 	mbp_model_move mv;
 	if (rb->strikes >= rb->o.patience) {
