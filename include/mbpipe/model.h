@@ -500,7 +500,7 @@ typedef struct mbp_model_stages_opts {
 /**
  * mbp_model_stages_new() with options. With rebalancing on, every stage but the last declares the
  * widest activation of the model (any layer's output but the last) as its out_row_bytes, so that the
- * pipeline's hop buffers fit any plan, and allocates scratch of the model's widest layer.
+ * pipeline's hop buffers fit any plan, and every stage allocates scratch of that width.
  * @return as mbp_model_stages_new(); -EINVAL also for a negative or non-finite threshold.
  */
 int mbp_model_stages_new_opts(mbp_model_stages **st, mbp_model *m, const mbp_model_plan *plan,

@@ -76,6 +76,7 @@ static struct mbp__version *job_version(struct stage *s, const mbp_mb *in)
 struct mbp_model_stages {
 	mbp_model *m;
 	struct mbp__rb *rb;
+	uint32_t widest_hop; /* the widest activation any layer but the last hands on */
 	unsigned n;
 	struct stage s[];
 };
@@ -191,6 +192,8 @@ int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_mo
 	}
 	st->m = m;
 	st->n = plan->stages;
+	for (unsigned k = 0; k + 1 < m->layers; k++)
+		st->widest_hop = m->l[k].out > st->widest_hop ? m->l[k].out : st->widest_hop;
 	for (unsigned i = 0; i < st->n; i++) {
 		struct stage *s = &st->s[i];
 		s->m = m;
@@ -199,10 +202,12 @@ int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_mo
 		s->a = plan->first[i];
 		s->b = plan->first[i + 1];
 		s->max_rows = max_mb_rows;
-		uint32_t w = 0; /* widest activation between this stage's layers (any layers': rebalancing) */
-		for (unsigned k = st->rb ? 0 : s->a; k + 1 < (st->rb ? m->layers : s->b); k++)
+		uint32_t w = 0; /* widest activation between this stage's layers; rebalancing: any layers' */
+		for (unsigned k = s->a; k + 1 < s->b; k++)
 			if (m->l[k].out > w)
 				w = m->l[k].out;
+		if (st->rb)
+			w = st->widest_hop;
 		if (w && !mbp__mul_size(w, max_mb_rows, &s->scratch_floats)) {
 			mbp_model_stages_destroy(st);
 			return -ENOMEM;
@@ -237,9 +242,7 @@ int mbp_model_stage_desc(const mbp_model_stages *st, unsigned i, mbp_stage_desc 
 	d->ctx = (void *)s;
 	d->out_row_bytes = (size_t)st->m->l[s->b - 1].out * sizeof(float);
 	if (st->rb && i + 1 < st->n) /* the widest activation any plan hands over */
-		for (unsigned k = 0; k + 1 < st->m->layers; k++)
-			if ((size_t)st->m->l[k].out * sizeof(float) > d->out_row_bytes)
-				d->out_row_bytes = (size_t)st->m->l[k].out * sizeof(float);
+		d->out_row_bytes = (size_t)st->widest_hop * sizeof(float);
 	return 0;
 }
 
