@@ -119,6 +119,14 @@ void mbp__rb_destroy(struct mbp__rb *rb)
 	free(rb);
 }
 
+/* A cost as counted: whole nanoseconds, 0 for a negative or NaN one, at most 10^18 (31 years). */
+static uint64_t cost_ns(double t)
+{
+	if (!(t > 0))
+		return 0;
+	return t < 1e18 ? (uint64_t)llround(t) : UINT64_C(1000000000000000000);
+}
+
 void mbp__rb_run(struct mbp__rb *rb, unsigned stage, const struct mbp__version *v, unsigned a, unsigned b,
 		 const mbp_mb *in, float *y, float *s0, float *s1)
 {
@@ -133,7 +141,7 @@ void mbp__rb_run(struct mbp__rb *rb, unsigned stage, const struct mbp__version *
 		double t = (double)(mbp__clock_ns() - t0);
 		if (rb->o.cost)
 			t = rb->o.cost(rb->o.cost_arg, stage, i, in, t);
-		mbp__counter_add(&row[i].ns, isfinite(t) && t > 0 ? (uint64_t)llround(t) : 0);
+		mbp__counter_add(&row[i].ns, cost_ns(t));
 		mbp__counter_add(&row[i].mbs, 1);
 		cur = dst;
 	}
