@@ -1081,6 +1081,7 @@ struct rb_costs {
 	unsigned heavy;
 	double heavy_ns; /* 0: 3 ms */
 	bool noise;
+	bool alternate;	   /* the heavy half swaps every 16 micro-batches: layers 0-3, then 4-7, ... */
 	uint8_t *stage_of; /* [seq][layer]: 1 + the stage that ran it */
 	size_t mbs;
 	_Atomic unsigned moves_seen;
@@ -1094,6 +1095,8 @@ static double rb_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *m
 	ck_assert_uint_lt(mb->seq, c->mbs);
 	c->stage_of[mb->seq * RB_LAYERS + layer] = (uint8_t)(stage + 1);
 	double ns = mb->seq >= c->change && layer >= c->heavy ? (c->heavy_ns ? c->heavy_ns : 3e6) : 1e6;
+	if (c->alternate) /* blocks [16 k - 1, 16 k + 15): what stage 0's looks see, one by one */
+		ns = ((mb->seq + 1) / 16 % 2 == 0) == (layer < RB_LAYERS / 2) ? 3e6 : 1e6;
 	if (c->noise) {
 		uint64_t h = mb->seq * 0x9e3779b97f4a7c15u ^ layer * 0xbf58476d1ce4e5b9u;
 		h ^= h >> 31;
@@ -1279,6 +1282,57 @@ static void rb_on_result(void *arg, mbp_mb *mb)
 	pthread_mutex_unlock(&r->lock);
 	mbp_mb_release(NULL, mb);
 }
+
+/* Micro-batches one at a time, so that each look sees exactly the 16 micro-batches since the last one,
+ * and costs whose dear half swaps at each look: every look finds a better plan than the one in use (cut
+ * at 3, then at 5, ...), never the same one twice in a row, so nothing moves (noise looks like this). */
+START_TEST(costs_that_draw_another_plan_at_each_look_never_move)
+{
+	mbp_model *m = rb_model();
+	float x[RB_IN][2 * 12], ref[RB_IN][2 * 8];
+	for (int i = 0; i < RB_IN; i++) {
+		float *v = random_rows(2 * 12, 70 + i);
+		memcpy(x[i], v, sizeof(x[i]));
+		free(v);
+		ck_assert_int_eq(mbp_model_forward(m, x[i], ref[i], 2, 2), 0);
+	}
+	const uint64_t n = 16 * 30;
+	struct rb_costs c = {
+	    .change = UINT64_MAX, .alternate = true, .mbs = n, .stage_of = calloc(n * RB_LAYERS, 1)};
+	struct rb_results r = {
+	    .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .ra = ref, .rb = ref};
+	mbp_model_stages *st;
+	mbp_pipeline *p = rb_pipeline(m, &st, &c, 2, NULL, rb_on_result, &r);
+	for (uint64_t k = 0; k < n; k++) {
+		mbp_mb *mb;
+		ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+		memcpy(mb->data, x[k % RB_IN], sizeof(x[0]));
+		mb->rows = 2;
+		mb->seq = k;
+		ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
+		pthread_mutex_lock(&r.lock);
+		while (r.next <= k)
+			pthread_cond_wait(&r.cond, &r.lock);
+		pthread_mutex_unlock(&r.lock);
+	}
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	ck_assert_uint_eq(r.next, n);
+	ck_assert_uint_eq(r.mixed + r.out_of_order + r.failed, 0);
+	mbp_model_rebalance_stats rs;
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	ck_assert_uint_eq(rs.windows, n / 16); /* every look saw every layer */
+	ck_assert_uint_eq(rs.moves, 0);
+	/* and each of them found the plan in use 12 / 9 = 1.33 above a fresh one */
+	ck_assert_double_eq_tol(rs.fresh_slowest_ns, 9e6 + ((n / 16 - 1) % 2 ? 1e3 : 0),
+				1); /* the last block */
+	for (uint64_t k = 0; k < n; k++)
+		ck_assert_uint_eq(rb_cut(&c, k), 4);
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	free(c.stage_of);
+	mbp_model_destroy(m);
+}
+END_TEST
 
 /* Stamped micro-batches one by one, weights swapped all the while and a move in the middle: every one
  * comes back, in the order submitted, computed with one weights version (A's or B's output bit for bit)
@@ -1621,6 +1675,7 @@ static Suite *suite(void)
 	tcase_add_test(tr, rebalance_options_are_checked_and_stats_say_off_without_it);
 	tcase_add_test(tr, rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit);
 	tcase_add_test(tr, rebalance_never_moves_while_costs_are_steady_or_within_the_threshold);
+	tcase_add_test(tr, costs_that_draw_another_plan_at_each_look_never_move);
 	tcase_add_test(tr, a_move_during_weight_swaps_keeps_order_loses_nothing_and_mixes_no_version_or_plan);
 	suite_add_tcase(s, tr);
 	return s;
