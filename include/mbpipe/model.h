@@ -99,6 +99,7 @@
  *   mbp_model_profile, _balance                        | one at a time: they set OpenBLAS's process-wide
  *                                                      | thread count to 1 for their duration
  *   describe/info getters, mbp_model_partition         | any thread
+ *   mbp_model_stages_rebalance_stats                   | any thread, any time
  *   mbp_blas_info, mbp_blas_warning                    | any thread
  *   load, destroy, stages_new/_add/_destroy            | one thread; destroy only after the pipeline
  */
@@ -454,7 +455,9 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * mbp_model_rebalance_stats.current says which layers each computes now. Costs are counted per layer
  * wherever it ran, so a core that another process slows makes its layers look dearer and the split
  * follows it; costs that keep changing faster than `patience` windows can make the split follow them
- * back and forth. Forward stages only: the trainer (<mbpipe/model_train.h>) keeps its split.
+ * back and forth. Forward stages only: the trainer (<mbpipe/model_train.h>) keeps its split (a trainer's
+ * stages made again at another split between two steps give the same parameters bit for bit, which is
+ * what moves between steps would rest on).
  */
 
 /** One move, as reported to mbp_model_rebalance.on_move. */
@@ -488,7 +491,7 @@ typedef struct mbp_model_rebalance {
 	uint32_t patience;	   /**< windows in a row the excess must last; 0: 2 */
 	mbp_model_move_fn on_move; /**< optional */
 	void *on_move_arg;
-	mbp_model_layer_cost_fn cost; /**< optional: see mbp_model_layer_cost_fn */
+	mbp_model_layer_cost_fn cost; /**< optional, called only with `on`: see mbp_model_layer_cost_fn */
 	void *cost_arg;
 } mbp_model_rebalance;
 
