@@ -1271,6 +1271,50 @@ START_TEST(trainer_with_a_replicated_stage_gives_the_same_parameters_bit_for_bit
 }
 END_TEST
 
+/* A move between two trainer steps, as a rebalancing trainer would make it (issue 25: "moves happen
+ * between steps only, and a step's parameters are the same as with no move"): after two steps the stages
+ * are made again at another split over the same model (parameters, moments and step counts are the
+ * model's, per layer) and a new trainer runs two more. Every parameter and moment byte is that of the
+ * twin that kept its split, under every one-stage-a-thread schedule. */
+START_TEST(stages_made_again_at_another_split_between_steps_give_the_same_parameters_bit_for_bit)
+{
+	static const unsigned from[] = {0, 2, 4}, to[] = {0, 1, 4};
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+		struct rig a, b;
+		struct tstage ta[4], tb[4];
+		rig_init(&a, from, 2, 8, MBP_ACT_GELU, true, NULL, 32);
+		rig_init(&b, from, 2, 8, MBP_ACT_GELU, true, NULL, 32);
+		mbp_trainer *x = model_trainer(&a, ta, kinds[k], true),
+			    *y = model_trainer(&b, tb, kinds[k], true);
+		for (int step = 0; step < 4; step++) {
+			if (step == 2) { /* the move: between steps, with nothing in flight */
+				mbp_trainer_destroy(y);
+				for (unsigned s = 0; s < b.S; s++) {
+					mbp_mlp_stage_destroy(b.st[s]);
+					ck_assert_int_eq(
+					    mbp_mlp_stage_new(&b.st[s], b.n, to[s], to[s + 1], 8), 0);
+				}
+				y = model_trainer(&b, tb, kinds[k], true);
+			}
+			double la, lb;
+			ck_assert_int_eq(mbp_trainer_step(x, a.x, a.y, 32, 8, &la), 0);
+			ck_assert_int_eq(mbp_trainer_step(y, b.x, b.y, 32, 8, &lb), 0);
+			ck_assert_msg(la == lb, "schedule %zu, step %d: loss %.17g against %.17g", k, step,
+				      lb, la);
+		}
+		for (int arr = MBP_ARRAY_PARAM; arr <= MBP_ARRAY_MOMENT2; arr++)
+			assert_same_array(a.n, b.n, (mbp_mlp_array)arr);
+		for (unsigned l = 0; l < 4; l++)
+			ck_assert_uint_eq(mbp_mlp_steps(b.n, l), 4);
+		mbp_trainer_destroy(x);
+		mbp_trainer_destroy(y);
+		rig_fini(&a);
+		rig_fini(&b);
+	}
+}
+END_TEST
+
 /* What a step holds of activations, played from the schedule: per stage, a stash from F to its last
  * backward, a work buffer from the recomputation (before B or B_in) to the last backward; on one thread
  * (the global order) also the total at once, in bytes and in buffers. */
@@ -1792,6 +1836,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, recomputed_layers_give_the_same_bits_as_stashed_ones);
 	tcase_add_test(tc, trainer_with_recomputation_gives_the_same_parameters_bit_for_bit);
 	tcase_add_test(tc, trainer_with_a_replicated_stage_gives_the_same_parameters_bit_for_bit);
+	tcase_add_test(tc,
+		       stages_made_again_at_another_split_between_steps_give_the_same_parameters_bit_for_bit);
 	tcase_add_test(tc, activation_memory_peaks_equal_the_schedule_and_the_pools_high_water_mark);
 	tcase_add_test(tc, hand_over_is_refused_where_the_gradient_needs_the_previous_stash);
 	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);

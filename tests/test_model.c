@@ -818,6 +818,23 @@ END_TEST
 
 /* ---- inside a pipeline ---- */
 
+/* A started pipeline of the stages st of m. */
+static mbp_pipeline *stages_pipeline(mbp_model *m, mbp_model_stages *st, uint32_t max_mb,
+				     mbp_result_fn on_result, void *arg)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = mbp_model_in_width(m) * sizeof(float);
+	o.max_mb_rows = max_mb;
+	o.on_result = on_result;
+	o.on_result_arg = arg;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	ck_assert_int_eq(mbp_model_stages_add(st, p), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	return p;
+}
+
 static mbp_pipeline *model_pipeline(mbp_model *m, mbp_model_stages **st, unsigned stages, uint32_t max_mb,
 				    mbp_result_fn on_result, void *arg)
 {
@@ -827,17 +844,7 @@ static mbp_pipeline *model_pipeline(mbp_model *m, mbp_model_stages **st, unsigne
 	mbp_model_plan plan;
 	ck_assert_int_eq(mbp_model_partition(c, NULL, mbp_model_layers(m), stages, &plan), 0);
 	ck_assert_int_eq(mbp_model_stages_new(st, m, &plan, max_mb), 0);
-	mbp_opts o;
-	mbp_opts_init(&o);
-	o.in_row_bytes = mbp_model_in_width(m) * sizeof(float);
-	o.max_mb_rows = max_mb;
-	o.on_result = on_result;
-	o.on_result_arg = arg;
-	mbp_pipeline *p;
-	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
-	ck_assert_int_eq(mbp_model_stages_add(*st, p), 0);
-	ck_assert_int_eq(mbp_pipeline_start(p), 0);
-	return p;
+	return stages_pipeline(m, *st, max_mb, on_result, arg);
 }
 
 struct results {
@@ -1059,6 +1066,380 @@ START_TEST(swap_under_load_gives_each_job_one_version_never_a_mix)
 	mbp_model_stages_destroy(st);
 	for (int i = 0; i < SW_INPUTS; i++)
 		free(x[i]);
+	mbp_model_destroy(m);
+}
+END_TEST
+
+/* ---- rebalancing while running ---- */
+
+/* Costs injected through the cost hook (never the clock): 1 ms a layer, and 3 ms for layers `heavy` and
+ * up once a micro-batch's seq reaches `change`; `noise` adds a deterministic +-3 % per layer and
+ * micro-batch. Each layer's stage is recorded per micro-batch, to check that one plan computed it. */
+#define RB_LAYERS 8
+struct rb_costs {
+	uint64_t change;
+	unsigned heavy;
+	double heavy_ns; /* 0: 3 ms */
+	bool noise;
+	bool alternate;	   /* the heavy half swaps every 16 micro-batches: layers 0-3, then 4-7, ... */
+	uint8_t *stage_of; /* [seq][layer]: 1 + the stage that ran it */
+	size_t mbs;
+	_Atomic unsigned moves_seen;
+	mbp_model_move last;
+};
+
+static double rb_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *mb, double measured_ns)
+{
+	struct rb_costs *c = arg;
+	(void)measured_ns;
+	ck_assert_uint_lt(mb->seq, c->mbs);
+	c->stage_of[mb->seq * RB_LAYERS + layer] = (uint8_t)(stage + 1);
+	double ns = mb->seq >= c->change && layer >= c->heavy ? (c->heavy_ns ? c->heavy_ns : 3e6) : 1e6;
+	if (c->alternate) /* blocks [16 k - 1, 16 k + 15): what stage 0's looks see, one by one */
+		ns = ((mb->seq + 1) / 16 % 2 == 0) == (layer < RB_LAYERS / 2) ? 3e6 : 1e6;
+	if (c->noise) {
+		uint64_t h = mb->seq * 0x9e3779b97f4a7c15u ^ layer * 0xbf58476d1ce4e5b9u;
+		h ^= h >> 31;
+		ns *= 1.0 + 0.03 * ((double)(h % 2001) / 1000.0 - 1.0);
+	}
+	return ns;
+}
+
+static void rb_on_move(void *arg, const mbp_model_move *mv)
+{
+	struct rb_costs *c = arg;
+	c->last = *mv; /* stage 0's thread; read after the drain */
+	atomic_fetch_add(&c->moves_seen, 1);
+}
+
+/* The stages of 2 from the plan 4 | 4, rebalancing with window 16 and the hook above. */
+static mbp_pipeline *rb_pipeline(mbp_model *m, mbp_model_stages **st, struct rb_costs *c, uint32_t max_mb,
+				 const unsigned *first, mbp_result_fn on_res, void *arg)
+{
+	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
+	mbp_model_plan plan;
+	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
+	if (first)
+		memcpy(plan.first, first, 3 * sizeof(first[0]));
+	mbp_model_stages_opts so = {.rebalance = {.on = true,
+						  .window = 16,
+						  .on_move = rb_on_move,
+						  .on_move_arg = c,
+						  .cost = rb_cost,
+						  .cost_arg = c}};
+	ck_assert_int_eq(mbp_model_stages_new_opts(st, m, &plan, max_mb, &so), 0);
+	return stages_pipeline(m, *st, max_mb, on_res, arg);
+}
+
+/* Each micro-batch ran under one plan of 2 stages: stage 1 for its first `cut` layers, 2 for the rest.
+ * Returns the cut; fails the test otherwise. */
+static unsigned rb_cut(const struct rb_costs *c, uint64_t seq)
+{
+	const uint8_t *s = &c->stage_of[seq * RB_LAYERS];
+	unsigned cut = 0;
+	while (cut < RB_LAYERS && s[cut] == 1)
+		cut++;
+	ck_assert_msg(cut > 0 && cut < RB_LAYERS, "micro-batch %" PRIu64 ": no layer on one stage", seq);
+	for (unsigned l = cut; l < RB_LAYERS; l++)
+		ck_assert_msg(s[l] == 2, "micro-batch %" PRIu64 ": layer %u on stage %u after the cut %u",
+			      seq, l, s[l] - 1, cut);
+	return cut;
+}
+
+static mbp_model *rb_model(void)
+{
+	uint32_t widths[RB_LAYERS + 1] = {12, 40, 24, 56, 16, 64, 32, 48, 8}; /* hops of every width */
+	mbp_model_spec sp = {
+	    .layers = RB_LAYERS, .widths = widths, .act = MBP_ACT_RELU, .norm = true, .seed = 7};
+	return make_model(0, &sp);
+}
+
+/* Layers 4-7 get 3 times dearer at micro-batch 100 of a job: the stages move once, from cutting at 4 to
+ * cutting at 5 (the exact plan for 1,1,1,1,3,3,3,3), only after the change and no sooner than the
+ * patience allows, each micro-batch computed by one plan, in admission order, and the output is
+ * mbp_model_forward's bit for bit. */
+START_TEST(rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit)
+{
+	mbp_model *m = rb_model();
+	const size_t mbs = 300, rows = 2 * mbs - 1; /* the last micro-batch is short */
+	struct rb_costs c = {.change = 100, .heavy = 4, .mbs = mbs, .stage_of = calloc(mbs * RB_LAYERS, 1)};
+	mbp_model_stages *st;
+	mbp_pipeline *p = rb_pipeline(m, &st, &c, 2, NULL, NULL, NULL);
+	mbp_model_rebalance_stats rs;
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	ck_assert(rs.on);
+	ck_assert_uint_eq(rs.plan, 1);
+	ck_assert_uint_eq(rs.current.first[1], 4);
+	float *x = random_rows(rows * 12, 5), *y = malloc(rows * 8 * 4), *ref = malloc(rows * 8 * 4);
+	memset(y, 0xff, rows * 8 * 4);
+	ck_assert_int_eq(mbp_run(p, x, y, rows, 2), 0);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	ck_assert_int_eq(mbp_model_forward(m, x, ref, rows, 2), 0);
+	ck_assert_msg(!memcmp(y, ref, rows * 8 * 4), "not bit for bit across a move");
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	ck_assert_uint_eq(rs.moves, 1);
+	ck_assert_uint_eq(rs.plan, 2);
+	ck_assert_uint_eq(atomic_load(&c.moves_seen), 1);
+	ck_assert_uint_eq(rs.current.first[1], 5);
+	ck_assert_uint_eq(c.last.plan, 2);
+	ck_assert_uint_eq(c.last.from.first[1], 4);
+	ck_assert_uint_eq(c.last.to.first[1], 5);
+	ck_assert_double_eq_tol(c.last.to.slowest_ns, 9e6 + 1e3, 1); /* 3 heavy layers and a hop */
+	ck_assert_double_gt(c.last.measured_slowest_ns, 1.1 * 9e6);  /* why it moved */
+	ck_assert_double_eq_tol(c.last.predicted_ns, 4.0, 1e-9);     /* the first plan's unit costs */
+	ck_assert_ptr_nonnull(strstr(rs.last_reason, "stage 1 (layers 4-7)"));
+	ck_assert_str_eq(rs.last_reason, c.last.reason);
+	/* at a look (stage 0 looks as it admits micro-batch 16 k - 1), the second one at least that can
+	 * have seen the change: patience 2 */
+	ck_assert_uint_eq(c.last.admitted % 16, 15);
+	ck_assert_uint_ge(c.last.admitted, (c.change / 16 + 1) * 16 - 1 + 16);
+	unsigned prev = 4;
+	for (uint64_t k = 0; k < mbs; k++) {
+		unsigned cut = rb_cut(&c, k);
+		ck_assert_msg(cut == (k < c.last.admitted ? 4u : 5u),
+			      "micro-batch %" PRIu64 " cut at %u (move at %" PRIu64 ")", k, cut,
+			      c.last.admitted);
+		ck_assert_uint_ge(cut, prev);
+		prev = cut;
+	}
+	mbp_pipeline_stats ps;
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, NULL, 0), 2);
+	ck_assert_uint_eq(ps.mbs_accepted, mbs);
+	ck_assert_uint_eq(ps.mbs_completed, mbs);
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	mbp_model_destroy(m);
+	free(c.stage_of);
+	free(x);
+	free(y);
+	free(ref);
+}
+END_TEST
+
+/* Steady costs never move: equal ones with +-3 % noise per micro-batch and layer; and a plan 5 % slower
+ * than the best (cut at 5 under 1,1,1,1,1.25,1.25,1.25,1.25: 5.25 against 5.0 cutting at 4) stays, under
+ * the default threshold of 10 %. */
+START_TEST(rebalance_never_moves_while_costs_are_steady_or_within_the_threshold)
+{
+	mbp_model *m = rb_model();
+	const size_t mbs = 1200;
+	static const unsigned cut5[3] = {0, 5, RB_LAYERS};
+	for (int round = 0; round < 2; round++) {
+		struct rb_costs c = {.change = round ? 0 : UINT64_MAX,
+				     .heavy = 4,
+				     .heavy_ns = 1.25e6,
+				     .noise = round == 0,
+				     .mbs = mbs,
+				     .stage_of = calloc(mbs * RB_LAYERS, 1)};
+		mbp_model_stages *st;
+		mbp_pipeline *p = rb_pipeline(m, &st, &c, 2, round ? cut5 : NULL, NULL, NULL);
+		float *x = random_rows(mbs * 12, 9), *y = malloc(mbs * 8 * 4);
+		ck_assert_int_eq(mbp_run(p, x, y, mbs, 1), 0);
+		ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+		mbp_model_rebalance_stats rs;
+		ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+		ck_assert_uint_gt(rs.windows, 10);
+		ck_assert_uint_eq(rs.moves, 0);
+		ck_assert_uint_eq(atomic_load(&c.moves_seen), 0);
+		ck_assert_str_eq(rs.last_reason, "");
+		if (round) /* what the last window saw: the plan 5 % above the fresh one */
+			ck_assert_double_eq_tol(rs.measured_ns[0] / rs.fresh_slowest_ns, 5.25 / 5.0, 1e-3);
+		for (uint64_t k = 0; k < mbs; k++)
+			ck_assert_uint_eq(rb_cut(&c, k), round ? 5 : 4);
+		mbp_pipeline_destroy(p);
+		mbp_model_stages_destroy(st);
+		free(c.stage_of);
+		free(x);
+		free(y);
+	}
+	mbp_model_destroy(m);
+}
+END_TEST
+
+#define RB_IN 4
+struct rb_results {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint64_t next, out_of_order, failed, na, nb, mixed;
+	const float (*ra)[2 * 8], (*rb)[2 * 8];
+};
+
+static void rb_on_result(void *arg, mbp_mb *mb)
+{
+	struct rb_results *r = arg;
+	pthread_mutex_lock(&r->lock);
+	unsigned in = (unsigned)(mb->seq % RB_IN);
+	r->out_of_order += mb->seq != r->next;
+	r->failed += mb->status != 0;
+	if (!memcmp(mb->data, r->ra[in], sizeof(r->ra[in])))
+		r->na++;
+	else if (!memcmp(mb->data, r->rb[in], sizeof(r->rb[in])))
+		r->nb++;
+	else
+		r->mixed++;
+	r->next++;
+	pthread_cond_signal(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+	mbp_mb_release(NULL, mb);
+}
+
+/* Micro-batches one at a time, so that each look sees exactly the 16 micro-batches since the last one,
+ * and costs whose dear half swaps at each look: every look finds a better plan than the one in use (cut
+ * at 3, then at 5, ...), never the same one twice in a row, so nothing moves (noise looks like this). */
+START_TEST(costs_that_draw_another_plan_at_each_look_never_move)
+{
+	mbp_model *m = rb_model();
+	float x[RB_IN][2 * 12], ref[RB_IN][2 * 8];
+	for (int i = 0; i < RB_IN; i++) {
+		float *v = random_rows(2 * 12, 70 + i);
+		memcpy(x[i], v, sizeof(x[i]));
+		free(v);
+		ck_assert_int_eq(mbp_model_forward(m, x[i], ref[i], 2, 2), 0);
+	}
+	const uint64_t n = 16 * 30;
+	struct rb_costs c = {
+	    .change = UINT64_MAX, .alternate = true, .mbs = n, .stage_of = calloc(n * RB_LAYERS, 1)};
+	struct rb_results r = {
+	    .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .ra = ref, .rb = ref};
+	mbp_model_stages *st;
+	mbp_pipeline *p = rb_pipeline(m, &st, &c, 2, NULL, rb_on_result, &r);
+	for (uint64_t k = 0; k < n; k++) {
+		mbp_mb *mb;
+		ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+		memcpy(mb->data, x[k % RB_IN], sizeof(x[0]));
+		mb->rows = 2;
+		mb->seq = k;
+		ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
+		pthread_mutex_lock(&r.lock);
+		while (r.next <= k)
+			pthread_cond_wait(&r.cond, &r.lock);
+		pthread_mutex_unlock(&r.lock);
+	}
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	ck_assert_uint_eq(r.next, n);
+	ck_assert_uint_eq(r.mixed + r.out_of_order + r.failed, 0);
+	mbp_model_rebalance_stats rs;
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	ck_assert_uint_eq(rs.windows, n / 16); /* every look saw every layer */
+	ck_assert_uint_eq(rs.moves, 0);
+	/* and each of them found the plan in use 12 / 9 = 1.33 above a fresh one */
+	ck_assert_double_eq_tol(rs.fresh_slowest_ns, 9e6 + ((n / 16 - 1) % 2 ? 1e3 : 0),
+				1); /* the last block */
+	for (uint64_t k = 0; k < n; k++)
+		ck_assert_uint_eq(rb_cut(&c, k), 4);
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	free(c.stage_of);
+	mbp_model_destroy(m);
+}
+END_TEST
+
+/* Stamped micro-batches one by one, weights swapped all the while and a move in the middle: every one
+ * comes back, in the order submitted, computed with one weights version (A's or B's output bit for bit)
+ * and one plan. */
+START_TEST(a_move_during_weight_swaps_keeps_order_loses_nothing_and_mixes_no_version_or_plan)
+{
+	mbp_model *m = rb_model();
+	uint32_t widths[RB_LAYERS + 1] = {12, 40, 24, 56, 16, 64, 32, 48, 8};
+	mbp_model_spec sp = {
+	    .layers = RB_LAYERS, .widths = widths, .act = MBP_ACT_RELU, .norm = true, .seed = 8};
+	mbp_model *b = make_model(1, &sp);
+	float *x[RB_IN], ra[RB_IN][2 * 8], rbv[RB_IN][2 * 8];
+	for (int i = 0; i < RB_IN; i++) {
+		x[i] = random_rows(2 * 12, 60 + i);
+		ck_assert_int_eq(mbp_model_forward(m, x[i], ra[i], 2, 2), 0);
+		ck_assert_int_eq(mbp_model_forward(b, x[i], rbv[i], 2, 2), 0);
+	}
+	mbp_model_destroy(b);
+	const uint64_t want = mbp_iters(3000, 600), cap = 20 * want;
+	struct rb_costs c = {
+	    .change = want / 3, .heavy = 4, .mbs = cap, .stage_of = calloc(cap * RB_LAYERS, 1)};
+	struct rb_results r = {
+	    .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .ra = ra, .rb = rbv};
+	mbp_model_stages *st;
+	mbp_pipeline *p = rb_pipeline(m, &st, &c, 2, NULL, rb_on_result, &r);
+	struct swapper sw = {.m = m};
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, swap_loop, &sw), 0);
+	uint64_t k = 0;
+	for (; k < cap && (k < want || atomic_load(&sw.swaps) < 4); k++) {
+		mbp_mb *mb;
+		ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+		memcpy(mb->data, x[k % RB_IN], 2 * 12 * sizeof(float));
+		mb->rows = 2;
+		mb->seq = k;
+		ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
+		if (k >= want)
+			usleep(50); /* waiting for the swaps */
+	}
+	atomic_store(&sw.stop, true);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	ck_assert_uint_eq(r.next, k);
+	ck_assert_uint_eq(r.out_of_order, 0);
+	ck_assert_uint_eq(r.failed, 0);
+	ck_assert_msg(r.mixed == 0, "%" PRIu64 " micro-batches match neither version", r.mixed);
+	ck_assert_uint_eq(r.na + r.nb, k);
+	ck_assert_msg(r.na > 0 && r.nb > 0, "both versions should have served: %" PRIu64 " A, %" PRIu64 " B",
+		      r.na, r.nb);
+	mbp_pipeline_stats ps;
+	mbp_pipeline_stats_get(p, &ps, NULL, 0);
+	ck_assert_uint_eq(ps.mbs_accepted, k);
+	ck_assert_uint_eq(ps.mbs_completed + ps.mbs_failed, k);
+	mbp_model_rebalance_stats rs;
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	ck_assert_uint_ge(rs.moves, 1);
+	ck_assert_uint_eq(rs.current.first[1], 5);
+	unsigned prev = 4;
+	for (uint64_t i = 0; i < k; i++) {
+		unsigned cut = rb_cut(&c, i);
+		ck_assert_uint_ge(cut, prev); /* admitted in order, plans in order */
+		ck_assert(i >= c.change || cut == 4);
+		prev = cut;
+	}
+	ck_assert_uint_eq(prev, 5);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1);
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	for (int i = 0; i < RB_IN; i++)
+		free(x[i]);
+	free(c.stage_of);
+	mbp_model_destroy(m);
+}
+END_TEST
+
+START_TEST(rebalance_options_are_checked_and_stats_say_off_without_it)
+{
+	mbp_model *m = rb_model();
+	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
+	mbp_model_plan plan;
+	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
+	mbp_model_stages *st = NULL;
+	mbp_model_stages_opts so = {.rebalance = {.on = true, .threshold = -0.1}};
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -EINVAL);
+	so.rebalance.threshold = NAN;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -EINVAL);
+	ck_assert_ptr_null(st);
+	mbp_model_stages_opts zero = {0}; /* off: the stages of mbp_model_stages_new */
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &zero), 0);
+	mbp_model_rebalance_stats rs;
+	memset(&rs, 0xff, sizeof(rs));
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	ck_assert(!rs.on);
+	ck_assert_uint_eq(rs.moves, 0);
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, NULL), -EINVAL);
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(NULL, &rs), -EINVAL);
+	mbp_stage_desc d;
+	ck_assert_int_eq(mbp_model_stage_desc(st, 0, &d), 0);
+	ck_assert_uint_eq(d.out_row_bytes, 16 * 4); /* layer 3's output */
+	mbp_model_stages_destroy(st);
+	so.rebalance.threshold = 0;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), 0);
+	ck_assert_int_eq(mbp_model_stage_desc(st, 0, &d), 0);
+	ck_assert_uint_eq(d.out_row_bytes, 64 * 4); /* the widest any plan can hand over */
+	ck_assert_int_eq(mbp_model_stage_desc(st, 1, &d), 0);
+	ck_assert_uint_eq(d.out_row_bytes, 8 * 4); /* the model's output */
+	mbp_model_stages_destroy(st);
 	mbp_model_destroy(m);
 }
 END_TEST
@@ -1288,5 +1669,14 @@ static Suite *suite(void)
 	tcase_add_test(tp, a_pinned_micro_batch_runs_with_its_version_after_a_swap);
 	tcase_add_test(tp, swap_under_load_gives_each_job_one_version_never_a_mix);
 	suite_add_tcase(s, tp);
+	TCase *tr = tcase_create("rebalance");
+	tcase_add_checked_fixture(tr, setup, teardown);
+	tcase_set_timeout(tr, 60);
+	tcase_add_test(tr, rebalance_options_are_checked_and_stats_say_off_without_it);
+	tcase_add_test(tr, rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit);
+	tcase_add_test(tr, rebalance_never_moves_while_costs_are_steady_or_within_the_threshold);
+	tcase_add_test(tr, costs_that_draw_another_plan_at_each_look_never_move);
+	tcase_add_test(tr, a_move_during_weight_swaps_keeps_order_loses_nothing_and_mixes_no_version_or_plan);
+	suite_add_tcase(s, tr);
 	return s;
 }

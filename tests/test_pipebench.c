@@ -78,6 +78,8 @@ static void remove_bad_model(void)
 /* Each entry: the arguments of one bad invocation. */
 static const char *const bad_args[][6] = {
     {"--bogus"},
+    {"--workload=synthetic", "--rebalance"}, /* functions, not layers: nothing to move */
+    {"--workload=train", "--rebalance"},
     {"-x"},
     {"extra-argument"},
     {"--stages=0"},
@@ -406,6 +408,24 @@ START_TEST(mlp_json_parses_and_names_the_blas_kernel)
 	ck_assert(cJSON_IsString(blas) && strstr(blas->valuestring, "OpenBLAS"));
 	/* what the stages use, not the process's thread count when it was asked */
 	ck_assert_msg(strstr(blas->valuestring, "; stages use 1 BLAS thread each"), "%s", blas->valuestring);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+/* --rebalance runs the mlp with the same checks (outputs against mbp_model_forward) and the same report. */
+START_TEST(rebalance_runs_the_mlp_with_its_checks)
+{
+	struct run r = run((const char *const[]){"--layers=4", "--hidden=32", "--stages=2", "--batch=64",
+						 "--mb=4", "--batches=2", "--warmup=1", "--tolerance=0",
+						 "--wait-quiet=0", "--rebalance", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	check_document(doc, 2, 1, false);
+	/* a move, if the machine's load made one, is a line of its own with its reason */
+	for (const char *l = strstr(r.err, "rebalance at"); l; l = strstr(l + 1, "rebalance at"))
+		ck_assert_msg(strstr(l, "plan ") && strstr(l, "stage "), "%s", r.err);
 	cJSON_Delete(doc);
 	run_free(&r);
 }
@@ -1801,6 +1821,7 @@ static Suite *suite(void)
 	tcase_set_timeout(out, 60);
 	tcase_add_test(out, synthetic_json_parses_with_documented_fields);
 	tcase_add_test(out, mlp_json_parses_and_names_the_blas_kernel);
+	tcase_add_test(out, rebalance_runs_the_mlp_with_its_checks);
 	tcase_add_test(out, counts_of_one_are_singular);
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
 	tcase_add_test(out, a_pipeline_refused_for_a_limit_names_it);

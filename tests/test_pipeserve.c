@@ -207,6 +207,19 @@ static void expect_status(int port, const char *method, const char *path, int st
 	http_resp_free(&r);
 }
 
+/* GET /metrics holds every one of names[0..n) and, unless NULL, not `absent`. */
+static void expect_metrics(int port, const char *const *names, size_t n, const char *absent)
+{
+	http_resp r;
+	ck_assert_int_eq(http_do(port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+	ck_assert_int_eq(r.status, 200);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_msg(strstr(r.body, names[i]), "metrics lack %s", names[i]);
+	if (absent)
+		ck_assert_msg(!strstr(r.body, absent), "metrics hold %s", absent);
+	http_resp_free(&r);
+}
+
 START_TEST(every_endpoint_answers_per_the_protocol)
 {
 	make_models();
@@ -248,8 +261,6 @@ START_TEST(every_endpoint_answers_per_the_protocol)
 	decode_output(&r, "first", 3, y);
 	http_resp_free(&r);
 	free(body);
-	ck_assert_int_eq(http_do(s.port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
-	ck_assert_int_eq(r.status, 200);
 	static const char *const names[] = {
 	    "pipeserve_request_success_total{model=\"a\"} 1\n",
 	    "pipeserve_request_failure_total{model=\"a\",code=\"429\"} 0\n",
@@ -264,9 +275,44 @@ START_TEST(every_endpoint_answers_per_the_protocol)
 	    "mbpipe_bubble_fraction{model=\"a\"} ",
 	    "mbpipe_pool_buffers_in_use{model=\"a\"} ",
 	};
-	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-		ck_assert_msg(strstr(r.body, names[i]), "metrics lack %s", names[i]);
-	http_resp_free(&r);
+	expect_metrics(s.port, names, sizeof names / sizeof names[0], "mbpipe_rebalance"); /* off */
+	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
+	remove_models();
+}
+END_TEST
+
+/* --rebalance: the same bits as mbp_model_forward (a move never changes them), and /metrics counts the
+ * moves and shows the plan in use. */
+START_TEST(rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics)
+{
+	make_models();
+	srv s;
+	start(&s, (const char *const[]){"--rebalance", "--max-batch-rows", "8", NULL});
+	mbp_model *m = load(model_a);
+	enum { ROWS = 21 };
+	float x[ROWS * IN_W], want[ROWS * OUT_W], got[ROWS * OUT_W];
+	fill_rows(x, ROWS, 7);
+	ck_assert_int_eq(mbp_model_forward(m, x, want, ROWS, 8), 0);
+	for (int k = 0; k < 40; k++) { /* enough micro-batches for a look or two */
+		size_t len;
+		char *body = infer_body("r", x, ROWS, false, false, false, &len, NULL);
+		http_resp r;
+		ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+		decode_output(&r, "r", ROWS, got);
+		ck_assert_msg(memcmp(got, want, sizeof want) == 0,
+			      "request %d differs from mbp_model_forward", k);
+		http_resp_free(&r);
+		free(body);
+	}
+	static const char *const names[] = {
+	    "# TYPE mbpipe_rebalance_moves_total counter\n",
+	    "mbpipe_rebalance_moves_total{model=\"a\"} ",
+	    "mbpipe_rebalance_plan{model=\"a\"} ",
+	    "mbpipe_rebalance_stage_first_layer{model=\"a\",stage=\"0\"} 0\n",
+	    "mbpipe_rebalance_stage_first_layer{model=\"a\",stage=\"1\"} ",
+	};
+	expect_metrics(s.port, names, sizeof names / sizeof names[0], NULL);
+	mbp_model_destroy(m);
 	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
 	remove_models();
 }
@@ -2061,6 +2107,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, every_endpoint_answers_per_the_protocol);
 	tcase_add_test(tc, infer_equals_the_library_output_in_every_encoding);
+	tcase_add_test(tc, rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics);
 	tcase_add_test(tc, every_bad_input_gets_its_status_and_the_server_keeps_serving);
 	tcase_add_test(tc, a_full_queue_answers_429_at_once_and_a_queued_request_times_out_with_503);
 	tcase_add_test(tc, thirty_two_concurrent_clients_each_get_their_own_results);

@@ -99,6 +99,7 @@
  *   mbp_model_profile, _balance                        | one at a time: they set OpenBLAS's process-wide
  *                                                      | thread count to 1 for their duration
  *   describe/info getters, mbp_model_partition         | any thread
+ *   mbp_model_stages_rebalance_stats                   | any thread, any time
  *   mbp_blas_info, mbp_blas_warning                    | any thread
  *   load, destroy, stages_new/_add/_destroy            | one thread; destroy only after the pipeline
  */
@@ -426,6 +427,105 @@ int mbp_model_stages_add(mbp_model_stages *st, mbp_pipeline *p);
 
 /** Destroy a stages object (after the pipeline using it is destroyed). Accepts NULL. */
 void mbp_model_stages_destroy(mbp_model_stages *st);
+
+/* ---- rebalancing while running ---- */
+
+/*
+ * Rebalancing (opt-in: mbp_model_stages_opts.rebalance.on). The stages time every layer they run, and
+ * stage 0, every `window` micro-batches it admits, turns the times of the micro-batches measured since its
+ * last look into a cost per layer (nanoseconds per micro-batch), the cost of each stage under the plan in
+ * use (its layers plus a fixed 1 us hand-off per boundary) and a fresh plan from the same costs
+ * (mbp_model_partition, exact). When the slowest stage measured stays above (1 + threshold) times the
+ * fresh plan's slowest for `patience` windows in a row, with the same fresh plan cutting elsewhere each
+ * time, the stages move to it. (The plan's own prediction, from the costs it was made with, is kept and
+ * reported; comparing with a fresh plan instead is what makes the rule right both when one stage got
+ * slower and when every stage did, which no new cut helps.) A steady cost never moves: the plan in use
+ * is then the fresh one.
+ *
+ * A move happens between micro-batches and needs no drain. Plans are numbered (1: the one given to
+ * mbp_model_stages_new_opts, +1 per move) and every micro-batch carries the plan it was admitted under
+ * (mb->carry_plan): stage s computes layers [first[s], first[s+1]) of that plan for it. So a micro-batch
+ * is computed with one plan from its first layer to its last, and with one weights version, as always;
+ * none is reordered, failed or lost by a move. Every stage can compute any range (the weights are shared
+ * read-only), its scratch and the hop buffers are sized for the widest activation any plan can hand over.
+ * Each move is counted (mbp_model_stages_rebalance_stats) and reported to on_move with its reason.
+ *
+ * Rebalancing needs stages defined as layers: a pipeline of user stages (fn callbacks) has nothing that
+ * could move from one stage to another. The stages keep the names of the first plan ("layers 0-3");
+ * mbp_model_rebalance_stats.current says which layers each computes now. Costs are counted per layer
+ * wherever it ran, so a core that another process slows makes its layers look dearer and the split
+ * follows it; costs that keep changing faster than `patience` windows can make the split follow them
+ * back and forth. Forward stages only: the trainer (<mbpipe/model_train.h>) keeps its split (a trainer's
+ * stages made again at another split between two steps give the same parameters bit for bit, which is
+ * what moves between steps would rest on).
+ */
+
+/** One move, as reported to mbp_model_rebalance.on_move. */
+typedef struct mbp_model_move {
+	uint64_t plan;		    /**< the new plan's number (the first plan is 1) */
+	uint64_t admitted;	    /**< micro-batches stage 0 admitted under earlier plans */
+	mbp_model_plan from, to;    /**< stage_ns: the old plan measured, the new plan predicted */
+	double measured_slowest_ns; /**< = from.slowest_ns: the old plan's slowest stage, measured */
+	double predicted_ns;	    /**< the old plan's slowest as predicted when it was made */
+	char reason[200];	    /**< one line: "stage 1 (layers 4-7) 1203.4 us > 1.10 x 900.2 us ..." */
+} mbp_model_move;
+
+/** Called on stage 0's thread after each move: keep it short (log a line). */
+typedef void (*mbp_model_move_fn)(void *arg, const mbp_model_move *mv);
+
+/**
+ * The cost to record for one layer of one micro-batch, for tests and benchmarks: called on stage `stage`'s
+ * thread right after layer `layer` ran on `mb` (the stage's input), with the time it took; returns the time
+ * to count (measured_ns to keep it). A test returns modelled costs, so that moves are deterministic
+ * whatever the machine's load; a benchmark may spend time in it to make a layer slower (then it returns
+ * measured_ns plus what it spent).
+ */
+typedef double (*mbp_model_layer_cost_fn)(void *arg, unsigned stage, unsigned layer, const mbp_mb *mb,
+					  double measured_ns);
+
+/** Rebalancing's options; a zeroed struct is off, and 0 in a field means the default after it. */
+typedef struct mbp_model_rebalance {
+	bool on;		   /**< rebalance while running */
+	uint32_t window;	   /**< micro-batches admitted between looks; 0: 64 */
+	double threshold;	   /**< relative excess of the slowest stage that moves; 0: 0.10 */
+	uint32_t patience;	   /**< windows in a row the excess must last; 0: 2 */
+	mbp_model_move_fn on_move; /**< optional */
+	void *on_move_arg;
+	mbp_model_layer_cost_fn cost; /**< optional, called only with `on`: see mbp_model_layer_cost_fn */
+	void *cost_arg;
+} mbp_model_rebalance;
+
+/** Options of mbp_model_stages_new_opts(); a zeroed struct means mbp_model_stages_new()'s behaviour. */
+typedef struct mbp_model_stages_opts {
+	mbp_model_rebalance rebalance;
+} mbp_model_stages_opts;
+
+/**
+ * mbp_model_stages_new() with options. With rebalancing on, every stage but the last declares the
+ * widest activation of the model (any layer's output but the last) as its out_row_bytes, so that the
+ * pipeline's hop buffers fit any plan, and every stage allocates scratch of that width.
+ * @return as mbp_model_stages_new(); -EINVAL also for a negative or non-finite threshold.
+ */
+int mbp_model_stages_new_opts(mbp_model_stages **st, mbp_model *m, const mbp_model_plan *plan,
+			      uint32_t max_mb_rows, const mbp_model_stages_opts *o);
+
+/** Rebalancing's statistics. */
+typedef struct mbp_model_rebalance_stats {
+	bool on;			    /**< rebalancing is on */
+	uint64_t plan;			    /**< the plan in use's number (1: the first) */
+	uint64_t moves;			    /**< moves so far (plan - 1) */
+	uint64_t windows;		    /**< windows looked at (with a measurement of every layer) */
+	mbp_model_plan current;		    /**< the plan in use, stage_ns as predicted when it was made */
+	double measured_ns[MBP_MAX_STAGES]; /**< its stages as the last window measured them (0: none yet) */
+	double fresh_slowest_ns;	    /**< the last window's fresh plan's slowest stage */
+	char last_reason[200];		    /**< the last move's reason, "" before the first */
+} mbp_model_rebalance_stats;
+
+/**
+ * Rebalancing's statistics (a copy taken under a lock). Any thread, any time.
+ * @return 0, -EINVAL (NULL).
+ */
+int mbp_model_stages_rebalance_stats(mbp_model_stages *st, mbp_model_rebalance_stats *out);
 
 /* ---- live weight swap ---- */
 

@@ -17,6 +17,14 @@
  * with it; mbp_blas_info() says it). One: the pipeline, not OpenBLAS, owns the cores. */
 #define MBP__BLAS_THREADS_PER_STAGE 1
 
+/* The fixed part of handing a micro-batch to the next stage (the ring and an occasional wake-up): the
+ * profile adds the copy of the activations to it; rebalancing counts it alone per boundary. */
+#define MBP__HANDOFF_FIXED_NS 1000.0
+
+/* Fill a plan's costs (stage_ns, slowest, mean, balance, sequential) from its stages, layers and first[]
+ * and the layers' and hand-offs' costs (handoff_ns optional), as mbp_model_partition does (plan.c). */
+void mbp__plan_cost(mbp_model_plan *plan, const double *layer_ns, const double *handoff_ns);
+
 /* The fixed structure of one layer (the same in every version). */
 struct mbp__layer {
 	uint32_t in, out;

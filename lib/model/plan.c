@@ -25,8 +25,6 @@
 #include "model_internal.h"
 #include "strbuf.h"
 
-#define HANDOFF_FIXED_NS 1000.0 /* ring hand-off and an occasional wake-up, per micro-batch */
-
 static double fastest(const double *v, unsigned n)
 {
 	double m = v[0];
@@ -93,7 +91,7 @@ int mbp_model_profile(mbp_model *m, uint32_t mb_rows, unsigned reps, int cpu, do
 			__asm__ __volatile__("" ::"r"(y) : "memory"); /* keep the copy */
 			t[r] = (double)(mbp__now_ns() - t0);
 		}
-		handoff_ns[l] = HANDOFF_FIXED_NS + fastest(t, reps);
+		handoff_ns[l] = MBP__HANDOFF_FIXED_NS + fastest(t, reps);
 	}
 	mbp__version_put(v);
 	openblas_set_num_threads(threads);
@@ -168,17 +166,23 @@ int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsign
 	free(pre);
 	free(best);
 	free(arg);
+	mbp__plan_cost(plan, layer_ns, handoff_ns);
+	return 0;
+}
+
+void mbp__plan_cost(mbp_model_plan *plan, const double *layer_ns, const double *handoff_ns)
+{
 	double sum = 0;
-	for (unsigned s = 0; s < S; s++) {
+	plan->slowest_ns = 0;
+	for (unsigned s = 0; s < plan->stages; s++) {
 		plan->stage_ns[s] = stage_cost(layer_ns, handoff_ns, plan->first[s], plan->first[s + 1]);
 		sum += plan->stage_ns[s];
 		if (plan->stage_ns[s] > plan->slowest_ns)
 			plan->slowest_ns = plan->stage_ns[s];
 	}
-	plan->mean_ns = sum / S;
+	plan->mean_ns = sum / plan->stages;
 	plan->balance = plan->mean_ns > 0 ? plan->slowest_ns / plan->mean_ns : 1.0;
-	plan->sequential_ns = stage_cost(layer_ns, NULL, 0, L);
-	return 0;
+	plan->sequential_ns = stage_cost(layer_ns, NULL, 0, plan->layers);
 }
 
 int mbp_model_balance(mbp_model *m, unsigned stages, uint32_t mb_rows, int cpu, mbp_model_plan *plan)

@@ -11,10 +11,14 @@
  * continues a job (job_version: one version per job); later stages compute with mb->carry; stage 0's done callback drops
  * the reference when the micro-batch leaves the pipeline, completed or failed. The model's stages own
  * mb->carry.
+ *
+ * Rebalancing (rebalance.c): stage 0 gives each micro-batch the plan in use in mb->carry_plan, and each
+ * stage computes its range of that plan, timed layer by layer; without it a stage's range is fixed.
  */
 #include "config.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,10 +29,12 @@
 
 #include "common.h"
 #include "model_internal.h"
+#include "rebalance.h"
 
 struct stage {
 	mbp_model *m;
-	unsigned idx, a, b; /* layers [a, b) */
+	struct mbp__rb *rb; /* rebalancing: the range comes with each micro-batch's plan; NULL: off */
+	unsigned idx, a, b; /* layers [a, b): without rebalancing, and its name */
 	uint32_t max_rows;
 	size_t scratch_floats; /* per buffer; 0 for a single-layer stage */
 	float *s0, *s1;
@@ -69,6 +75,8 @@ static struct mbp__version *job_version(struct stage *s, const mbp_mb *in)
 
 struct mbp_model_stages {
 	mbp_model *m;
+	struct mbp__rb *rb;
+	uint32_t widest_hop; /* the widest activation any layer but the last hands on */
 	unsigned n;
 	struct stage s[];
 };
@@ -111,12 +119,21 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	struct stage *s = ctx;
 	const mbp_model *m = s->m;
 	struct mbp__version *v;
+	const struct mbp__rb_plan *plan = NULL;
+	unsigned a = s->a, b = s->b;
 	if (s->idx == 0) /* ours to set: done() drops whatever is here; a pinned version is already ours */
 		out->carry = in->job ? NULL : in->carry;
 	if (MBP_UNLIKELY(in->rows > s->max_rows))
 		return -E2BIG;
-	if (MBP_UNLIKELY(in->row_bytes != m->l[s->a].in * sizeof(float) ||
-			 out->row_bytes != m->l[s->b - 1].out * sizeof(float) ||
+	if (s->rb) {
+		plan = s->idx == 0 ? mbp__rb_admit(s->rb) : in->carry_plan;
+		MBP_VERIFY(plan != NULL); /* stage 0 always sets it */
+		out->carry_plan = (void *)plan;
+		mbp__rb_range(plan, s->idx, &a, &b);
+		out->row_bytes = m->l[b - 1].out * sizeof(float); /* the hop buffers fit the widest */
+	}
+	if (MBP_UNLIKELY(in->row_bytes != m->l[a].in * sizeof(float) ||
+			 out->row_bytes != m->l[b - 1].out * sizeof(float) ||
 			 out->capacity < (size_t)in->rows * out->row_bytes))
 		return -EINVAL;
 	if (s->idx == 0) {
@@ -127,7 +144,10 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 		MBP_VERIFY(v != NULL); /* stage 0 always sets it on success */
 		out->carry = v;
 	}
-	mbp__layers_run(m, v, s->a, s->b, in->data, out->data, in->rows, s->s0, s->s1);
+	if (plan)
+		mbp__rb_run(s->rb, s->idx, v, a, b, in, out->data, s->s0, s->s1);
+	else
+		mbp__layers_run(m, v, a, b, in->data, out->data, in->rows, s->s0, s->s1);
 	return 0;
 }
 
@@ -152,26 +172,44 @@ static bool plan_fits(const mbp_model_plan *plan, unsigned layers)
 int mbp_model_stages_new(mbp_model_stages **out, mbp_model *m, const mbp_model_plan *plan,
 			 uint32_t max_mb_rows)
 {
+	return mbp_model_stages_new_opts(out, m, plan, max_mb_rows, NULL);
+}
+
+int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_model_plan *plan,
+			      uint32_t max_mb_rows, const mbp_model_stages_opts *o)
+{
 	if (!out || !m || !plan || !max_mb_rows || !plan_fits(plan, m->layers))
+		return -EINVAL;
+	const mbp_model_rebalance *ro = o && o->rebalance.on ? &o->rebalance : NULL;
+	if (ro && (!isfinite(ro->threshold) || ro->threshold < 0))
 		return -EINVAL;
 	mbp_model_stages *st = calloc(1, sizeof(*st) + plan->stages * sizeof(st->s[0]));
 	if (!st)
 		return -ENOMEM;
+	if (ro && !(st->rb = mbp__rb_new(m, plan, ro))) {
+		free(st);
+		return -ENOMEM;
+	}
 	st->m = m;
 	st->n = plan->stages;
+	for (unsigned k = 0; k + 1 < m->layers; k++)
+		st->widest_hop = m->l[k].out > st->widest_hop ? m->l[k].out : st->widest_hop;
 	for (unsigned i = 0; i < st->n; i++) {
 		struct stage *s = &st->s[i];
 		s->m = m;
+		s->rb = st->rb;
 		s->idx = i;
 		s->a = plan->first[i];
 		s->b = plan->first[i + 1];
 		s->max_rows = max_mb_rows;
-		uint32_t w = 0; /* widest activation between this stage's layers */
+		uint32_t w = 0; /* widest activation between this stage's layers; rebalancing: any layers' */
 		for (unsigned k = s->a; k + 1 < s->b; k++)
 			if (m->l[k].out > w)
 				w = m->l[k].out;
+		if (st->rb)
+			w = st->widest_hop;
 		if (w && !mbp__mul_size(w, max_mb_rows, &s->scratch_floats)) {
-			free(st);
+			mbp_model_stages_destroy(st);
 			return -ENOMEM;
 		}
 		if (s->b - s->a == 1)
@@ -203,6 +241,8 @@ int mbp_model_stage_desc(const mbp_model_stages *st, unsigned i, mbp_stage_desc 
 	d->done = i == 0 ? stage_done : NULL;
 	d->ctx = (void *)s;
 	d->out_row_bytes = (size_t)st->m->l[s->b - 1].out * sizeof(float);
+	if (st->rb && i + 1 < st->n) /* the widest activation any plan hands over */
+		d->out_row_bytes = (size_t)st->widest_hop * sizeof(float);
 	return 0;
 }
 
@@ -222,5 +262,18 @@ int mbp_model_stages_add(mbp_model_stages *st, mbp_pipeline *p)
 
 void mbp_model_stages_destroy(mbp_model_stages *st)
 {
+	if (st)
+		mbp__rb_destroy(st->rb);
 	free(st);
+}
+
+int mbp_model_stages_rebalance_stats(mbp_model_stages *st, mbp_model_rebalance_stats *out)
+{
+	if (!st || !out)
+		return -EINVAL;
+	if (!st->rb) {
+		memset(out, 0, sizeof(*out));
+		return 0;
+	}
+	return mbp__rb_stats(st->rb, out);
 }

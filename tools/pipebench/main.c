@@ -216,6 +216,9 @@ int main(int argc, char **argv)
 	if (cfg.trace_path && !mbt_mpi_launched() &&
 	    pb_output_check("--trace", cfg.trace_path, err, sizeof(err)))
 		return pb_usage("%s", err);
+	if (mbt_mpi_launched() && cfg.rebalance)
+		return pb_usage(
+		    "--rebalance does not run under mpirun (a rank's layers are the ones it loaded)");
 	if (mbt_mpi_launched()) { /* stages spread over the ranks (mpi.c) */
 #ifdef PB_WITH_MPI
 		pb_progress_init(cfg.progress);

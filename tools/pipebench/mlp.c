@@ -26,7 +26,16 @@ struct mlp {
 	uint32_t batch;
 	int profile_cpu;
 	uint64_t seed;
+	bool rebalance;
 };
+
+/* --rebalance: each move, on stderr (stage 0's thread); the reason names the new cuts. */
+static void log_move(void *arg, const mbp_model_move *mv)
+{
+	uint32_t mb_rows = (uint32_t)(uintptr_t)arg;
+	fprintf(stderr, "pipebench: rebalance at %u %s: plan %llu: %s\n", mb_rows,
+		PLURAL(mb_rows, "row", "rows"), (unsigned long long)mv->plan, mv->reason);
+}
 
 static int mlp_prepare(pb_workload *w, uint32_t mb_rows, mbp_stage_desc *desc, void **inst, char *err,
 		       size_t errlen)
@@ -44,7 +53,10 @@ static int mlp_prepare(pb_workload *w, uint32_t mb_rows, mbp_stage_desc *desc, v
 			 mbp_strerror(rc));
 		return -1;
 	}
-	rc = mbp_model_stages_new(&st, m->model, &plan, mb_rows > m->batch ? mb_rows : m->batch);
+	mbp_model_stages_opts so = {.rebalance = {.on = m->rebalance,
+						  .on_move = log_move,
+						  .on_move_arg = (void *)(uintptr_t)mb_rows}};
+	rc = mbp_model_stages_new_opts(&st, m->model, &plan, mb_rows > m->batch ? mb_rows : m->batch, &so);
 	if (rc < 0) {
 		snprintf(err, errlen, "mlp: cannot make the stages: %s", mbp_strerror(rc));
 		return -1;
@@ -178,6 +190,7 @@ int pb_mlp_new(pb_workload **out, const pb_config *cfg, char *err, size_t errlen
 	w->destroy = mlp_destroy;
 	m->batch = cfg->batch;
 	m->seed = cfg->seed;
+	m->rebalance = cfg->rebalance;
 	m->profile_cpu = cfg->ncpus ? cfg->cpus[0] : -1;
 
 	if (cfg->model_path) {

@@ -128,6 +128,7 @@ enum {
 	OPT_SCHEDULE,
 	OPT_SCHEDULE_FILE,
 	OPT_CHUNKS,
+	OPT_REBALANCE,
 };
 
 static const struct option long_opts[] = {
@@ -151,6 +152,7 @@ static const struct option long_opts[] = {
     {"layers", required_argument, NULL, OPT_LAYERS},
     {"hidden", required_argument, NULL, OPT_HIDDEN},
     {"seed", required_argument, NULL, OPT_SEED},
+    {"rebalance", no_argument, NULL, OPT_REBALANCE},
     {"micro-batches", required_argument, NULL, OPT_MBS},
     {"costs", required_argument, NULL, OPT_COSTS},
     {"unit-us", required_argument, NULL, OPT_UNIT},
@@ -203,6 +205,9 @@ void pb_options_help(FILE *f)
 	    "      --layers=L           mlp: layers of the generated model (default: %u)\n"
 	    "      --hidden=H           mlp: width of the generated model (default: %u)\n"
 	    "      --seed=N             seed of the generated weights and inputs (default: 1)\n"
+	    "      --rebalance          mlp: the stages move layers while they run when the measured\n"
+	    "                           costs call for another split, each move logged on stderr\n"
+	    "                           (default: off; the synthetic stages are functions, not layers)\n"
 	    "      --micro-batches=M    train: micro-batches per step (default: 4 x stages)\n"
 	    "      --costs=F:BIN:BW     train: cost of a stage's forward, input-gradient backward and\n"
 	    "                           weight-gradient backward, in units of --unit-us (default: 1:1:1)\n"
@@ -498,6 +503,9 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			cfg->hidden = (unsigned)v;
 			have_hidden = true;
 			break;
+		case OPT_REBALANCE:
+			cfg->rebalance = true;
+			break;
 		case OPT_SEED:
 			if (parse_u64(optarg, 0, UINT64_MAX, &v))
 				return fail(err, errlen, "%s: '%s' is not a number", name, optarg);
@@ -597,6 +605,11 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 		return fail(err, errlen, "--work-us, --mb-us and --row-bytes apply to --workload=synthetic");
 	if (cfg->workload != PB_WL_MLP && (have_model || have_layers || have_hidden))
 		return fail(err, errlen, "--model, --layers and --hidden apply to --workload=mlp");
+	if (cfg->workload != PB_WL_MLP && cfg->rebalance)
+		return fail(err, errlen,
+			    "--rebalance applies to --workload=mlp: it moves layers between stages, and the "
+			    "%s stages are functions, not layers",
+			    cfg->workload == PB_WL_SYNTHETIC ? "synthetic" : "trainer's");
 	if (cfg->workload != PB_WL_TRAIN && have_train)
 		return fail(
 		    err, errlen,

@@ -86,6 +86,7 @@ typedef struct pb_config {
 	const char *model_path;
 	unsigned layers;
 	unsigned hidden;
+	bool rebalance; /* --rebalance: the stages move layers while they run */
 	/* train */
 	unsigned mbs;		   /* micro-batches per step; 0: default (4 x stages) */
 	double costs[3];	   /* F : B_in : B_w, in units of unit_us */

@@ -44,6 +44,8 @@ static const char usage[] =
     "  --threads N              HTTP worker threads (default 2)\n"
     "  --drain-timeout-ms N     on SIGTERM, longest wait for accepted requests (default 30000)\n"
     "  --engine KEY=VAL,...     engine options (mbp_opts_parse keys: ring, ingress, spin_us, pin, cpus...)\n"
+    "  --rebalance              move layers between the stages while serving when the measured costs\n"
+    "                           call for another split; each move is logged on standard error\n"
     "  --model-repository DIR   allow loading new weights over HTTP, from files named inside DIR only\n"
     "                           (default: loading over HTTP is off)\n"
     "  --max-model-bytes N      largest model file loaded (default 4294967296)\n"
@@ -306,12 +308,13 @@ const char *ps_flags_model_name(const ps_config *c, char *out, size_t n)
 
 int ps_flags_parse(int argc, char **argv, ps_config *c)
 {
-	struct option opts[NFLAGS + 3];
+	struct option opts[NFLAGS + 4];
 	for (size_t i = 0; i < NFLAGS; i++)
 		opts[i] = (struct option){flags[i].name, required_argument, NULL, 256 + (int)i};
 	opts[NFLAGS] = (struct option){"help", no_argument, NULL, 'h'};
 	opts[NFLAGS + 1] = (struct option){"version", no_argument, NULL, 'V'};
-	opts[NFLAGS + 2] = (struct option){NULL, 0, NULL, 0};
+	opts[NFLAGS + 2] = (struct option){"rebalance", no_argument, NULL, 'R'};
+	opts[NFLAGS + 3] = (struct option){NULL, 0, NULL, 0};
 	*c = (ps_config){.host = "127.0.0.1",
 			 .port = 8000,
 			 .demo = "",
@@ -338,6 +341,10 @@ int ps_flags_parse(int argc, char **argv, ps_config *c)
 		if (o == 'V') {
 			printf("pipeserve (mbpipe) %s\n", mbp_version());
 			return 1;
+		}
+		if (o == 'R') {
+			c->rebalance = true;
+			continue;
 		}
 		if (o < 256 || o >= 256 + (int)NFLAGS) { /* ':' a value missing, '?' not an option */
 			usage_error("%s \"%s\" (pipeserve --help lists the options)",

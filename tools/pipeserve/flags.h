@@ -7,6 +7,7 @@
 #ifndef PIPESERVE_FLAGS_H
 #define PIPESERVE_FLAGS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +44,7 @@ typedef struct ps_config {
 	uint64_t header_timeout_ms; /* near max_connections, a complete request head within this. 500 */
 	uint64_t max_model_bytes;   /* largest model file loaded. 4 GiB */
 	uint64_t load_timeout_ms;   /* longest time a load may spend reading. 30000 */
+	bool rebalance;		    /* --rebalance: the stages follow the measured layer costs */
 } ps_config;
 
 /*

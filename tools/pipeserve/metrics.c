@@ -179,6 +179,25 @@ static void render_stages(ps_buf *b, mbp_pipeline *p, const char *model)
 	      (double)pl->waits);
 }
 
+/* --rebalance: the moves, the plan in use and each stage's first layer in it. */
+static void render_rebalance(ps_buf *b, mbp_model_stages *st, const char *model)
+{
+	mbp_model_rebalance_stats rs;
+	if (mbp_model_stages_rebalance_stats(st, &rs) < 0 || !rs.on)
+		return;
+	gauge(b, "mbpipe_rebalance_moves_total", "counter",
+	      "Moves of layers between the stages (--rebalance), each logged with its reason.", model,
+	      (double)rs.moves);
+	gauge(b, "mbpipe_rebalance_plan", "gauge", "The plan in use: 1 at start, +1 per move.", model,
+	      (double)rs.plan);
+	head(b, "mbpipe_rebalance_stage_first_layer", "gauge", "The first layer each stage computes now.");
+	for (unsigned i = 0; i < rs.current.stages; i++) {
+		ps_buf_adds(b, "mbpipe_rebalance_stage_first_layer{");
+		model_label(b, model);
+		ps_buf_printf(b, ",stage=\"%u\"} %u\n", i, rs.current.first[i]);
+	}
+}
+
 int ps_metrics_render(const ps_metrics *m, const ps_metrics_view *v, ps_buf *b)
 {
 	const char *model = v->model;
@@ -223,5 +242,7 @@ int ps_metrics_render(const ps_metrics *m, const ps_metrics_view *v, ps_buf *b)
 	gauge(b, "pipeserve_ready", "gauge", "1 when the server accepts infer requests.", model, v->ready);
 	if (v->pipeline)
 		render_stages(b, v->pipeline, model);
+	if (v->stages)
+		render_rebalance(b, v->stages, model);
 	return b->oom ? -ENOMEM : 0;
 }

@@ -55,6 +55,7 @@ typedef struct ps_metrics_view {
 	uint64_t inflight_requests;	     /* admitted and not yet answered */
 	int ready;
 	mbp_pipeline *pipeline;
+	mbp_model_stages *stages; /* their rebalancing, when on */
 } ps_metrics_view;
 
 /* Render everything in the Prometheus text exposition format 0.0.4. @return 0 or -ENOMEM. */

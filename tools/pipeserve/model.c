@@ -101,6 +101,13 @@ static int load_weights(ps_server *s)
 	return s->model_path ? 0 : -ENOMEM;
 }
 
+/* --rebalance: each move on standard error, with its reason, which names the new cuts (stage 0's thread). */
+static void log_move(void *arg, const mbp_model_move *mv)
+{
+	(void)arg;
+	ps_say("rebalance: plan %llu: %s", (unsigned long long)mv->plan, mv->reason);
+}
+
 int ps_model_setup(ps_server *s)
 {
 	int rc = load_weights(s);
@@ -116,8 +123,9 @@ int ps_model_setup(ps_server *s)
 			return PS_EUSAGE;
 	}
 	rc = s->mpi ? 0 : mbp_model_balance(s->model, stages, s->cfg.max_batch_rows, -1, &s->plan);
+	mbp_model_stages_opts so = {.rebalance = {.on = s->cfg.rebalance, .on_move = log_move}};
 	if (!rc)
-		rc = mbp_model_stages_new(&s->stages, s->model, &s->plan, s->cfg.max_batch_rows);
+		rc = mbp_model_stages_new_opts(&s->stages, s->model, &s->plan, s->cfg.max_batch_rows, &so);
 	if (rc) {
 		ps_say("cannot split the model into %u stages: %s", stages, mbp_strerror(rc));
 		return rc;

@@ -381,7 +381,8 @@ static int enc_metrics(ps_request *x, ps_buf *b)
 	ps_metrics_view v = {.model = s->info.name,
 			     .ready = atomic_load(&s->ready),
 			     .inflight_requests = atomic_load(&s->inflight),
-			     .pipeline = ps_batcher_pipeline(s->batcher)};
+			     .pipeline = ps_batcher_pipeline(s->batcher),
+			     .stages = s->stages};
 	ps_batcher_queue(s->batcher, &v.queue_requests, &v.queue_rows);
 	return ps_metrics_render(&s->metrics, &v, b);
 }

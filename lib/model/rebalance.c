@@ -1,0 +1,260 @@
+/*
+ * Rebalancing the model's stages while they run: each layer timed where it runs, a look every window on
+ * stage 0, and plans that micro-batches carry.
+ *
+ * Measurement. Every stage adds each layer's time (or what the cost hook says) and a count to its own row
+ * of counters, [stage][layer]: one writer per counter (a layer runs on whichever stage its micro-batch's
+ * plan gives it, so around a move two stages time the same layer, each in its own row). Stage 0 sums the
+ * rows and takes the difference with its previous look: the cost of each layer per micro-batch over the
+ * window. A window in which some layer was not measured yet (the stages downstream lag stage 0 by the
+ * micro-batches in flight) is not looked at: the next look covers it too.
+ *
+ * Decision. Under the plan in use the measured costs give each stage's time; mbp_model_partition gives
+ * the best plan for the same costs. A move needs the slowest stage above (1 + threshold) times the fresh
+ * plan's slowest, a fresh plan that cuts elsewhere, and both for `patience` looks in a row with the same
+ * fresh plan each time (hysteresis: a window straddling a change of cost does not move alone, and noise,
+ * which draws a different "better" plan at each look, seldom moves at all).
+ *
+ * Plans. The plan in use is stage 0's alone (only its thread admits and looks); a new plan is written
+ * before the first micro-batch that carries it is pushed to the next stage, whose ring hands it over with
+ * the micro-batch (the ring's release and acquire). Plans are never freed before the stages object: a
+ * micro-batch may carry an old one for as long as it is in flight, and moves are few.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "rebalance.h"
+#include "strbuf.h"
+
+#define DEFAULT_WINDOW	  64
+#define DEFAULT_THRESHOLD 0.10
+#define DEFAULT_PATIENCE  2
+
+/* One layer's counters in one stage's row: written by that stage's thread only. */
+struct acc {
+	_Atomic uint64_t ns, mbs;
+};
+
+struct mbp__rb {
+	mbp_model *m;
+	unsigned S, L;
+	mbp_model_rebalance o;
+	struct acc *acc; /* S rows of `stride` entries, each row on cache lines of its own */
+	size_t stride;
+	/* stage 0's */
+	struct mbp__rb_plan *cur; /* the newest plan: the list of every plan made, through `older` */
+	mbp_model_plan cur_plan;  /* cur with its prediction */
+	uint64_t admitted;
+	unsigned strikes;				 /* looks in a row that found `candidate` better */
+	unsigned candidate[MBP_MAX_STAGES + 1];		 /* the fresh plan's cuts at those looks */
+	uint64_t *seen_ns, *seen_mbs, *now_ns, *now_mbs; /* L each */
+	double *cost, *handoff;				 /* L each */
+	/* the statistics, copied out under the lock */
+	pthread_mutex_t lock;
+	mbp_model_rebalance_stats st;
+};
+
+struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_model_rebalance *o)
+{
+	struct mbp__rb *rb = calloc(1, sizeof(*rb));
+	if (!rb)
+		return NULL;
+	rb->m = m;
+	rb->S = plan->stages;
+	rb->L = plan->layers;
+	rb->o = *o;
+	rb->o.window = o->window ? o->window : DEFAULT_WINDOW;
+	rb->o.threshold = o->threshold > 0 ? o->threshold : DEFAULT_THRESHOLD;
+	rb->o.patience = o->patience ? o->patience : DEFAULT_PATIENCE;
+	size_t per_line = MBP_CACHELINE / sizeof(struct acc);
+	rb->stride = (rb->L + per_line - 1) / per_line * per_line;
+	rb->acc = aligned_alloc(MBP_CACHELINE, rb->S * rb->stride * sizeof(struct acc));
+	rb->seen_ns = calloc(4 * (size_t)rb->L, sizeof(uint64_t));
+	rb->cost = calloc(2 * (size_t)rb->L, sizeof(double));
+	rb->cur = calloc(1, sizeof(*rb->cur));
+	if (!rb->acc || !rb->seen_ns || !rb->cost || !rb->cur) {
+		mbp__rb_destroy(rb);
+		return NULL;
+	}
+	for (size_t i = 0; i < rb->S * rb->stride; i++) {
+		atomic_init(&rb->acc[i].ns, 0);
+		atomic_init(&rb->acc[i].mbs, 0);
+	}
+	rb->seen_mbs = rb->seen_ns + rb->L;
+	rb->now_ns = rb->seen_ns + 2 * (size_t)rb->L;
+	rb->now_mbs = rb->seen_ns + 3 * (size_t)rb->L;
+	rb->handoff = rb->cost + rb->L;
+	for (unsigned l = 0; l + 1 < rb->L; l++)
+		rb->handoff[l] = MBP__HANDOFF_FIXED_NS;
+	rb->cur->id = 1;
+	memcpy(rb->cur->first, plan->first, sizeof(rb->cur->first));
+	rb->cur_plan = *plan;
+	pthread_mutex_init(&rb->lock, NULL);
+	rb->st.on = true;
+	rb->st.plan = 1;
+	rb->st.current = *plan;
+	return rb;
+}
+
+void mbp__rb_destroy(struct mbp__rb *rb)
+{
+	if (!rb)
+		return;
+	for (struct mbp__rb_plan *p = rb->cur, *older; p; p = older) {
+		older = p->older;
+		free(p);
+	}
+	if (rb->acc) /* else the lock was never made */
+		pthread_mutex_destroy(&rb->lock);
+	free(rb->acc);
+	free(rb->seen_ns);
+	free(rb->cost);
+	free(rb);
+}
+
+/* A cost as counted: whole nanoseconds, 0 for a negative or NaN one, at most 10^18 (31 years). */
+static uint64_t cost_ns(double t)
+{
+	if (!(t > 0))
+		return 0;
+	return t < 1e18 ? (uint64_t)llround(t) : UINT64_C(1000000000000000000);
+}
+
+void mbp__rb_run(struct mbp__rb *rb, unsigned stage, const struct mbp__version *v, unsigned a, unsigned b,
+		 const mbp_mb *in, float *y, float *s0, float *s1)
+{
+	const mbp_model *m = rb->m;
+	struct acc *row = &rb->acc[stage * rb->stride];
+	const float *cur = in->data;
+	for (unsigned i = a; i < b; i++) {
+		/* the buffers of mbp__layers_run_lw, in its order: the same calls, the same bits */
+		float *dst = i + 1 == b ? y : ((i - a) & 1) ? s1 : s0;
+		uint64_t t0 = mbp__clock_ns();
+		mbp__layer_run(&m->l[i], &v->lw[i], cur, dst, in->rows);
+		double t = (double)(mbp__clock_ns() - t0);
+		if (rb->o.cost)
+			t = rb->o.cost(rb->o.cost_arg, stage, i, in, t);
+		mbp__counter_add(&row[i].ns, cost_ns(t));
+		mbp__counter_add(&row[i].mbs, 1);
+		cur = dst;
+	}
+}
+
+static void describe_range(char *buf, size_t n, unsigned a, unsigned b)
+{
+	if (b - a == 1)
+		snprintf(buf, n, "layer %u", a);
+	else
+		snprintf(buf, n, "layers %u-%u", a, b - 1);
+}
+
+/* The reason of a move, in one line: the slowest stage measured, the fresh plan's slowest and cuts. */
+static void move_reason(const struct mbp__rb *rb, const mbp_model_plan *from, const mbp_model_plan *to,
+			char *buf, size_t n)
+{
+	unsigned worst = 0;
+	for (unsigned s = 1; s < from->stages; s++)
+		if (from->stage_ns[s] > from->stage_ns[worst])
+			worst = s;
+	char range[40];
+	describe_range(range, sizeof(range), from->first[worst], from->first[worst + 1]);
+	struct mbp__strbuf b = mbp__strbuf_fixed(buf, n);
+	mbp__strbuf_printf(&b, "stage %u (%s) %.1f us > %.2f x %.1f us of a plan cutting before layer%s",
+			   worst, range, from->slowest_ns / 1e3, 1.0 + rb->o.threshold, to->slowest_ns / 1e3,
+			   to->stages > 2 ? "s" : "");
+	for (unsigned s = 1; s < to->stages; s++)
+		mbp__strbuf_printf(&b, "%s %u", s > 1 ? "," : "", to->first[s]);
+	mbp__strbuf_printf(&b, " (planned %.1f us)", rb->cur_plan.slowest_ns / 1e3);
+}
+
+/* A look at the window since the last one; moves to a fresh plan when the rule says so. */
+static void look(struct mbp__rb *rb)
+{
+	const unsigned L = rb->L, S = rb->S;
+	for (unsigned l = 0; l < L; l++) {
+		rb->now_ns[l] = rb->now_mbs[l] = 0;
+		for (unsigned s = 0; s < S; s++) {
+			rb->now_ns[l] += mbp__counter_get(&rb->acc[s * rb->stride + l].ns);
+			rb->now_mbs[l] += mbp__counter_get(&rb->acc[s * rb->stride + l].mbs);
+		}
+		if (rb->now_mbs[l] == rb->seen_mbs[l])
+			return; /* a layer not measured yet in this window: the next look covers it */
+	}
+	for (unsigned l = 0; l < L; l++) {
+		rb->cost[l] =
+		    (double)(rb->now_ns[l] - rb->seen_ns[l]) / (double)(rb->now_mbs[l] - rb->seen_mbs[l]);
+		rb->seen_ns[l] = rb->now_ns[l];
+		rb->seen_mbs[l] = rb->now_mbs[l];
+	}
+	mbp_model_plan measured = rb->cur_plan, fresh;
+	memcpy(measured.first, rb->cur->first, sizeof(measured.first));
+	mbp__plan_cost(&measured, rb->cost, rb->handoff);
+	if (mbp_model_partition(rb->cost, rb->handoff, L, S, &fresh) < 0)
+		return; /* out of memory: no move this time */
+	fresh.mb_rows = rb->cur_plan.mb_rows;
+	bool elsewhere = memcmp(fresh.first, measured.first, (S + 1) * sizeof(fresh.first[0])) != 0;
+	bool excess = measured.slowest_ns > (1.0 + rb->o.threshold) * fresh.slowest_ns;
+	/* hysteresis: the same better plan, look after look (noise draws a different one each time) */
+	bool same = rb->strikes && !memcmp(fresh.first, rb->candidate, (S + 1) * sizeof(fresh.first[0]));
+	rb->strikes = !(elsewhere && excess) ? 0 : same ? rb->strikes + 1 : 1;
+	memcpy(rb->candidate, fresh.first, sizeof(rb->candidate));
+	struct mbp__rb_plan *next = NULL;
+	mbp_model_move mv;
+	if (rb->strikes >= rb->o.patience) {
+		next = calloc(1, sizeof(*next));
+		if (next) { /* else no move this time */
+			memset(&mv, 0, sizeof(mv));
+			next->id = rb->cur->id + 1;
+			memcpy(next->first, fresh.first, sizeof(next->first));
+			next->older = rb->cur;
+			mv.plan = next->id;
+			mv.admitted = rb->admitted - 1; /* this one is the first under the new plan */
+			mv.from = measured;
+			mv.to = fresh;
+			mv.measured_slowest_ns = measured.slowest_ns;
+			mv.predicted_ns = rb->cur_plan.slowest_ns;
+			move_reason(rb, &measured, &fresh, mv.reason, sizeof(mv.reason));
+			rb->cur = next;
+			rb->cur_plan = fresh;
+			rb->strikes = 0;
+		}
+	}
+	pthread_mutex_lock(&rb->lock);
+	rb->st.windows++;
+	for (unsigned s = 0; s < S; s++)
+		rb->st.measured_ns[s] = measured.stage_ns[s];
+	rb->st.fresh_slowest_ns = fresh.slowest_ns;
+	if (next) {
+		rb->st.plan = next->id;
+		rb->st.moves++;
+		rb->st.current = fresh;
+		memcpy(rb->st.last_reason, mv.reason, sizeof(mv.reason));
+		for (unsigned s = 0; s < S; s++) /* the new plan is not measured yet */
+			rb->st.measured_ns[s] = 0;
+	}
+	pthread_mutex_unlock(&rb->lock);
+	if (next && rb->o.on_move)
+		rb->o.on_move(rb->o.on_move_arg, &mv);
+}
+
+const struct mbp__rb_plan *mbp__rb_admit(struct mbp__rb *rb)
+{
+	if (MBP_UNLIKELY(++rb->admitted % rb->o.window == 0))
+		look(rb);
+	return rb->cur;
+}
+
+int mbp__rb_stats(struct mbp__rb *rb, mbp_model_rebalance_stats *out)
+{
+	pthread_mutex_lock(&rb->lock);
+	*out = rb->st;
+	pthread_mutex_unlock(&rb->lock);
+	return 0;
+}

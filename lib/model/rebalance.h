@@ -1,0 +1,45 @@
+/*
+ * Internal: rebalancing of the model's stages while they run (rebalance.c; the public side is in
+ * <mbpipe/model.h>, "Rebalancing"). stages.c calls three things: mbp__rb_admit on stage 0 for every
+ * micro-batch (the plan it is admitted under, after a look every window), mbp__rb_range for the layers a
+ * stage computes under a plan, and mbp__rb_run to compute them with each layer timed. Not installed.
+ */
+#ifndef MBP__REBALANCE_H
+#define MBP__REBALANCE_H
+
+#include <stdint.h>
+
+#include "model_internal.h"
+
+/* A plan, immutable once made; every plan lives until the stages object is destroyed. */
+struct mbp__rb_plan {
+	uint64_t id;
+	unsigned first[MBP_MAX_STAGES + 1];
+	struct mbp__rb_plan *older;
+};
+
+struct mbp__rb;
+
+/* A rebalancer for `stages` stages of m starting at `plan` (checked by the caller), or NULL on -ENOMEM. */
+struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_model_rebalance *o);
+void mbp__rb_destroy(struct mbp__rb *rb);
+
+/* Stage 0, for each micro-batch: count it, look every window, return the plan in use. Stage 0's thread
+ * only. */
+const struct mbp__rb_plan *mbp__rb_admit(struct mbp__rb *rb);
+
+/* Stage `stage` under plan p: layers [*a, *b). */
+static inline void mbp__rb_range(const struct mbp__rb_plan *p, unsigned stage, unsigned *a, unsigned *b)
+{
+	*a = p->first[stage];
+	*b = p->first[stage + 1];
+}
+
+/* Layers [a, b) on in's rows, as mbp__layers_run computes them (same calls, same bits), each timed and
+ * counted for `stage` (only that stage's thread calls it with that index). */
+void mbp__rb_run(struct mbp__rb *rb, unsigned stage, const struct mbp__version *v, unsigned a, unsigned b,
+		 const mbp_mb *in, float *y, float *s0, float *s1);
+
+int mbp__rb_stats(struct mbp__rb *rb, mbp_model_rebalance_stats *out);
+
+#endif

@@ -1,0 +1,263 @@
+/*
+ * bench_rebalance: the model's stages rebalancing while they run (issue 25's target), three runs in one
+ * process, each a stream of stamped micro-batches through 2 stages of an L-layer model:
+ *
+ *   fresh      the plan a fresh partition makes for the new costs (1 unit a layer in the first half of
+ *              the layers, 3 in the second: cut at 5 of 8), costs 1:3 from the start, no rebalancing: the
+ *              throughput to come back to
+ *   stuck      the plan for equal costs (cut at L/2), the costs changing from 1:1 to 1:3 after --before
+ *              micro-batches, no rebalancing: what a plan fixed at start gives
+ *   rebalance  the same change with rebalancing on (its defaults, --window): each move is logged on
+ *              stderr; the recovery is the time from the change (stage 0 starting the first micro-batch
+ *              with the new costs) until the end of the first window of --span micro-batches whose
+ *              throughput is within 5 % of fresh's, and "after" is the throughput from there to the end
+ *
+ * The layers are small (widths 16: their arithmetic is negligible) and each costs --unit-us of calibrated
+ * busy work per micro-batch (util/burn.h: work, not wall time, so a stage that shares its CPU takes
+ * longer), spent in the stages' cost hook (mbp_model_layer_cost_fn), which times it as the layer's. Every
+ * result is checked: each micro-batch comes back once, in the order submitted, with mbp_model_forward's
+ * output bit for bit; exit 1 otherwise. One summary line: "bench_rebalance: ...". The target (issue 25):
+ * ratio >= 0.95 and recover_s <= 2.
+ */
+#include "config.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <mbpipe.h>
+
+#include "bench_util.h"
+#include "util/burn.h"
+
+#define WIDTH  16
+#define INPUTS 4
+
+struct run {
+	const char *name;
+	unsigned layers;
+	uint64_t change; /* the first micro-batch with the new costs */
+	double unit_steps;
+	/* results */
+	uint64_t *done_ns; /* [seq] */
+	_Atomic uint64_t change_ns;
+	uint64_t next, bad_order, bad_data, failed;
+	const float (*ref)[WIDTH];
+	unsigned moves;
+};
+
+static double layer_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *mb, double measured_ns)
+{
+	struct run *r = arg;
+	bool heavy = mb->seq >= r->change && layer >= r->layers / 2;
+	if (stage == 0 && layer == 0 && mb->seq == r->change)
+		atomic_store_explicit(&r->change_ns, mbt_now_ns(), memory_order_relaxed);
+	uint64_t t0 = mbt_now_ns();
+	burn((uint64_t)(r->unit_steps * (heavy ? 3 : 1)), mb->seq);
+	return measured_ns + (double)(mbt_now_ns() - t0);
+}
+
+static void on_move(void *arg, const mbp_model_move *mv)
+{
+	struct run *r = arg;
+	r->moves++;
+	fprintf(stderr, "bench_rebalance: %s: plan %" PRIu64 " after %" PRIu64 " micro-batches: %s\n",
+		r->name, mv->plan, mv->admitted, mv->reason);
+}
+
+static void on_result(void *arg, mbp_mb *mb)
+{
+	struct run *r = arg;
+	r->done_ns[mb->seq] = mbt_now_ns();
+	r->bad_order += mb->seq != r->next;
+	r->failed += mb->status != 0;
+	r->bad_data += memcmp(mb->data, r->ref[mb->seq % INPUTS], WIDTH * sizeof(float)) != 0;
+	r->next++;
+	mbp_mb_release(NULL, mb);
+}
+
+/* Micro-batches per second over completions (a, b]. */
+static double rate(const struct run *r, uint64_t a, uint64_t b)
+{
+	return b > a && r->done_ns[b] > r->done_ns[a]
+		   ? (double)(b - a) * 1e9 / (double)(r->done_ns[b] - r->done_ns[a])
+		   : 0;
+}
+
+static int stream(struct run *r, mbp_model *m, const unsigned first[3], bool rebalance, uint32_t window,
+		  uint64_t n, const float *x)
+{
+	mbp_model_plan plan;
+	double ones[MBP_MODEL_MAX_LAYERS];
+	for (unsigned l = 0; l < r->layers; l++)
+		ones[l] = 1;
+	if (mbp_model_partition(ones, NULL, r->layers, 2, &plan) < 0)
+		return -1;
+	memcpy(plan.first, first, 3 * sizeof(first[0]));
+	mbp_model_stages_opts so = {.rebalance = {.on = rebalance,
+						  .window = window,
+						  .on_move = on_move,
+						  .on_move_arg = r,
+						  .cost = layer_cost,
+						  .cost_arg = r}};
+	mbp_model_stages *st;
+	mbp_pipeline *p = NULL;
+	int rc = mbp_model_stages_new_opts(&st, m, &plan, 1, &so);
+	if (rc < 0)
+		return rc;
+	/* without rebalancing the hook must still spend the costs: the cost hook runs only when it is on,
+	 * so the plain runs rebalance with a window no run reaches */
+	if (!rebalance) {
+		mbp_model_stages_destroy(st);
+		so.rebalance.on = true;
+		so.rebalance.window = UINT32_MAX;
+		if ((rc = mbp_model_stages_new_opts(&st, m, &plan, 1, &so)) < 0)
+			return rc;
+	}
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WIDTH * sizeof(float);
+	o.max_mb_rows = 1;
+	o.mb_buffers = 64;
+	o.on_result = on_result;
+	o.on_result_arg = r;
+	if ((rc = mbp_pipeline_new(&p, &o)) < 0 || (rc = mbp_model_stages_add(st, p)) < 0 ||
+	    (rc = mbp_pipeline_start(p)) < 0)
+		goto out;
+	for (uint64_t k = 0; k < n; k++) {
+		mbp_mb *mb;
+		if ((rc = mbp_mb_acquire(p, &mb, -1)) < 0)
+			goto out;
+		memcpy(mb->data, x + (k % INPUTS) * WIDTH, WIDTH * sizeof(float));
+		mb->rows = 1;
+		mb->seq = k;
+		if ((rc = mbp_mb_submit(p, mb, -1)) < 0)
+			goto out;
+	}
+	rc = mbp_pipeline_drain(p, -1);
+out:
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	double unit_us = 100;
+	uint64_t before = 5000, after = 4400, span = 100;
+	unsigned layers = 8;
+	uint32_t window = 0;
+	static const struct option lo[] = {
+	    {"unit-us", 1, 0, 'u'}, {"before", 1, 0, 'b'}, {"after", 1, 0, 'a'}, {"span", 1, 0, 's'},
+	    {"layers", 1, 0, 'l'},  {"window", 1, 0, 'w'}, {0, 0, 0, 0}};
+	for (int c; (c = getopt_long(argc, argv, "u:b:a:s:l:w:", lo, NULL)) != -1;) {
+		switch (c) {
+		case 'u':
+			unit_us = atof(optarg);
+			break;
+		case 'b':
+			before = strtoull(optarg, NULL, 10);
+			break;
+		case 'a':
+			after = strtoull(optarg, NULL, 10);
+			break;
+		case 's':
+			span = strtoull(optarg, NULL, 10);
+			break;
+		case 'l':
+			layers = (unsigned)atoi(optarg);
+			break;
+		case 'w':
+			window = (uint32_t)atoi(optarg);
+			break;
+		default:
+			fprintf(stderr,
+				"usage: bench_rebalance [--unit-us=US] [--before=N] [--after=N] [--span=N] "
+				"[--layers=EVEN] [--window=N]\n");
+			return 2;
+		}
+	}
+	if (unit_us <= 0 || layers < 2 || layers % 2 || layers > 64 || !after || span < 2 || span >= after) {
+		fprintf(stderr,
+			"bench_rebalance: --unit-us > 0, --layers even from 2 to 64, --span from 2 to "
+			"below --after\n");
+		return 2;
+	}
+	char dir[] = "/tmp/bench_rebalance-XXXXXX", path[64];
+	if (!mkdtemp(dir))
+		return 1;
+	snprintf(path, sizeof(path), "%s/m.safetensors", dir);
+	mbp_model_spec sp = {
+	    .layers = layers, .in = WIDTH, .hidden = WIDTH, .out = WIDTH, .act = MBP_ACT_RELU, .seed = 3};
+	mbp_model *m;
+	if (mbp_model_write_random(path, &sp) < 0 || mbp_model_load(&m, path, NULL) < 0)
+		return 1;
+	unlink(path);
+	rmdir(dir);
+	float x[INPUTS * WIDTH], ref[INPUTS][WIDTH];
+	for (unsigned i = 0; i < INPUTS * WIDTH; i++)
+		x[i] = (float)((i * 37 % 101) / 50.0 - 1.0);
+	mbp_model_forward(m, x, &ref[0][0], INPUTS, 1);
+
+	/* the fresh plan for the new costs, as the partitioner makes it */
+	double c[64];
+	for (unsigned l = 0; l < layers; l++)
+		c[l] = l < layers / 2 ? 1 : 3;
+	mbp_model_plan fresh_plan;
+	mbp_model_partition(c, NULL, layers, 2, &fresh_plan);
+	const unsigned even[3] = {0, layers / 2, layers};
+	double per_us = burn_calibrate();
+	uint64_t total = before + after;
+	struct run runs[3] = {
+	    {.name = "fresh", .change = 0},
+	    {.name = "stuck", .change = before},
+	    {.name = "rebalance", .change = before},
+	};
+	int bad = 0;
+	for (int i = 0; i < 3; i++) {
+		struct run *r = &runs[i];
+		r->layers = layers;
+		r->unit_steps = unit_us * per_us;
+		r->ref = ref;
+		uint64_t n = i == 0 ? after : total;
+		r->done_ns = calloc(n, sizeof(uint64_t));
+		int rc = stream(r, m, i == 0 ? fresh_plan.first : even, i == 2, window, n, x);
+		if (rc < 0) {
+			fprintf(stderr, "bench_rebalance: %s: %s\n", r->name, mbp_strerror(rc));
+			return 1;
+		}
+		if (r->next != n || r->bad_order || r->bad_data || r->failed) {
+			fprintf(stderr,
+				"bench_rebalance: %s: %" PRIu64 " of %" PRIu64 " back, %" PRIu64
+				" out of order, %" PRIu64 " wrong, %" PRIu64 " failed\n",
+				r->name, r->next, n, r->bad_order, r->bad_data, r->failed);
+			bad = 1;
+		}
+	}
+	/* fresh: its second half, once any start-up is over */
+	double fresh = rate(&runs[0], after / 2, after - 1);
+	double stuck = rate(&runs[1], before + after / 2, total - 1);
+	struct run *rb = &runs[2];
+	double before_rate = rate(rb, before / 2, before - 1);
+	uint64_t j = before;
+	while (j + span < total && rate(rb, j, j + span) < 0.95 * fresh)
+		j++;
+	uint64_t t_change = atomic_load(&rb->change_ns);
+	double recover_s = j + span < total ? (double)(rb->done_ns[j + span] - t_change) / 1e9 : -1;
+	double after_rate = j + span + 1 < total ? rate(rb, j + span, total - 1) : 0;
+	printf(
+	    "bench_rebalance: layers=%u unit_us=%g cut_fresh=%u fresh=%.1f stuck=%.1f before=%.1f after=%.1f "
+	    "ratio=%.3f stuck_ratio=%.3f recover_s=%.3f moves=%u lost=%" PRIu64 " reordered=%" PRIu64 "\n",
+	    layers, unit_us, fresh_plan.first[1], fresh, stuck, before_rate, after_rate,
+	    fresh > 0 ? after_rate / fresh : 0, fresh > 0 ? stuck / fresh : 0, recover_s, rb->moves,
+	    total - rb->next, rb->bad_order);
+	for (int i = 0; i < 3; i++)
+		free(runs[i].done_ns);
+	mbp_model_destroy(m);
+	return bad;
+}
