@@ -283,6 +283,8 @@ static int make_pools(struct mbp_pipeline *p)
 	uint64_t S = p->nstages, T = p->units ? p->nunits : S;
 	/* with replicas, the threads' share: a window holds up to its capacity, as a ring does */
 	uint64_t need = (S - 1) * window_capacity(p) + T * (8 + 2) + T * p->o.cache_size;
+	if (p->stages[S - 1].replicas > 1) /* its completion window holds hop buffers too */
+		need += window_capacity(p);
 	if (need > UINT32_MAX)
 		return mbp__pipeline_refuse(p, -E2BIG,
 					    "%" PRIu64 " stages with ring %" PRIu32 " and cache %" PRIu32

@@ -492,7 +492,10 @@ static void first_stage_loop(struct mbp__stage *s)
 static bool feed_claim(struct mbp__stage *s, mbp_mb *view, mbp_mb **x)
 {
 	struct mbp_pipeline *p = s->p;
+	uint64_t t0 = mbp__clock_ns(); /* waiting for the lock is waiting for input */
+	state_begin(&s->c.starved_since, t0);
 	pthread_mutex_lock(&p->feed.lock);
+	state_end(&s->c.starved_since, &s->c.starved_ns, t0, mbp__clock_ns());
 	bool got = false;
 	for (;;) {
 		mbp_job *job = p->feed.job;

@@ -30,37 +30,7 @@
 
 #include "check_main.h"
 #include "model_file.h"
-
-static char dir[64];
-
-static void setup(void)
-{
-	snprintf(dir, sizeof(dir), "/tmp/mbp-model-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(dir));
-	openblas_set_num_threads(1);
-}
-
-static void teardown(void)
-{
-	char p[128];
-	for (int i = 0; i < 4; i++) {
-		snprintf(p, sizeof(p), "%s/m%d.safetensors", dir, i);
-		unlink(p);
-	}
-	rmdir(dir);
-}
-
-/* Write model file number `k` of a spec and load it. */
-static mbp_model *make_model(int k, const mbp_model_spec *sp)
-{
-	char p[128];
-	snprintf(p, sizeof(p), "%s/m%d.safetensors", dir, k);
-	ck_assert_int_eq(mbp_model_write_random(p, sp), 0);
-	mbp_model *m;
-	mbp_model_error e;
-	ck_assert_msg(mbp_model_load(&m, p, &e) == 0, "%s", e.msg);
-	return m;
-}
+#include "model_rig.h"
 
 static mbp_model *reload(int k)
 {
@@ -69,16 +39,6 @@ static mbp_model *reload(int k)
 	mbp_model *m;
 	ck_assert_int_eq(mbp_model_load(&m, p, NULL), 0);
 	return m;
-}
-
-static float *random_rows(size_t n, uint64_t seed)
-{
-	float *x = malloc(n * sizeof(float));
-	for (size_t i = 0; i < n; i++) {
-		seed = seed * 6364136223846793005u + 1442695040888963407u;
-		x[i] = (float)((double)(seed >> 40) / (double)(1u << 23) - 1.0);
-	}
-	return x;
 }
 
 /* max |a - b| over a row, relative to the row's largest |b|. */
@@ -826,18 +786,7 @@ static mbp_pipeline *model_pipeline(mbp_model *m, mbp_model_stages **st, unsigne
 		c[i] = 1;
 	mbp_model_plan plan;
 	ck_assert_int_eq(mbp_model_partition(c, NULL, mbp_model_layers(m), stages, &plan), 0);
-	ck_assert_int_eq(mbp_model_stages_new(st, m, &plan, max_mb), 0);
-	mbp_opts o;
-	mbp_opts_init(&o);
-	o.in_row_bytes = mbp_model_in_width(m) * sizeof(float);
-	o.max_mb_rows = max_mb;
-	o.on_result = on_result;
-	o.on_result_arg = arg;
-	mbp_pipeline *p;
-	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
-	ck_assert_int_eq(mbp_model_stages_add(*st, p), 0);
-	ck_assert_int_eq(mbp_pipeline_start(p), 0);
-	return p;
+	return model_pipeline_plan(m, st, &plan, max_mb, on_result, arg);
 }
 
 struct results {
@@ -990,6 +939,11 @@ static void *swap_loop(void *arg)
 	return NULL;
 }
 
+/* The swap under load, through 3 stages of one thread each (_i 0), and through a replicated stage 0
+ * that spreads each job's micro-batches over its 3 replicas (_i 1: still one version per job). */
+static const mbp_model_plan replicated_plan = {
+    .stages = 2, .layers = 6, .first = {0, 3, 6}, .replicas = {3, 2}};
+
 START_TEST(swap_under_load_gives_each_job_one_version_never_a_mix)
 {
 	mbp_model_spec sp = {.layers = 6, .in = 48, .hidden = 64, .out = 16, .act = MBP_ACT_RELU, .seed = 1};
@@ -1004,7 +958,8 @@ START_TEST(swap_under_load_gives_each_job_one_version_never_a_mix)
 	}
 	mbp_model_destroy(b);
 	mbp_model_stages *st;
-	mbp_pipeline *p = model_pipeline(m, &st, 3, SW_MB, NULL, NULL);
+	mbp_pipeline *p = _i ? model_pipeline_plan(m, &st, &replicated_plan, SW_MB, NULL, NULL)
+			     : model_pipeline(m, &st, 3, SW_MB, NULL, NULL);
 	struct swapper sw = {.m = m};
 	pthread_t t;
 	ck_assert_int_eq(pthread_create(&t, NULL, swap_loop, &sw), 0);
@@ -1286,7 +1241,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tp, 60);
 	tcase_add_test(tp, pipeline_output_equals_the_reference_bit_for_bit);
 	tcase_add_test(tp, a_pinned_micro_batch_runs_with_its_version_after_a_swap);
-	tcase_add_test(tp, swap_under_load_gives_each_job_one_version_never_a_mix);
+	tcase_add_loop_test(tp, swap_under_load_gives_each_job_one_version_never_a_mix, 0, 2);
 	suite_add_tcase(s, tp);
 	return s;
 }
