@@ -136,8 +136,8 @@ mbp_pool *mbp__pipeline_mb_pool(mbp_pipeline *p)
 }
 
 /* Decide the threads, which stages each runs, each thread's CPU and the waits' budgets (the crew's plan). */
-/* The units plan (a pipeline with replicas): a thread per replica, each stage's replica 0 first; each
- * copy of a stage gets its counters, trace and links of its own at start (make_links). */
+/* The units plan (a pipeline with replicas): a thread per replica; each copy of a stage gets its
+ * counters, trace and links of its own at start (make_windows). */
 static int plan_units(struct mbp_pipeline *p, int *named)
 {
 	unsigned T = 0;
@@ -149,14 +149,24 @@ static int plan_units(struct mbp_pipeline *p, int *named)
 					    ": with replicas every stage has threads of its "
 					    "own, %u in all (threads 0 or %u)",
 					    p->o.threads, T, T);
-	for (unsigned i = 0, u = 0; i < p->nstages; i++) {
+	unsigned most = 1;
+	for (unsigned i = 0; i < p->nstages; i++) {
 		struct mbp__stage *s = &p->stages[i];
+		most = s->replicas > most ? s->replicas : most;
 		if (s->replicas > 1) {
 			s->rep = aligned_alloc(MBP_CACHELINE, sizeof(*s) * (s->replicas - 1));
 			if (!s->rep)
 				return -ENOMEM;
 		}
-		for (unsigned j = 0; j < s->replicas; j++, u++) {
+	}
+	/* Replica-major: every stage's replica 0, then every replica 1, ... The plan gives consecutive
+	 * threads one CPU when they outnumber the CPUs, so this order puts a stage's replicas on different
+	 * CPUs as far as there are CPUs (with threads <= CPUs each has its own anyway). */
+	for (unsigned j = 0, u = 0; j < most; j++)
+		for (unsigned i = 0; i < p->nstages; i++) {
+			struct mbp__stage *s = &p->stages[i];
+			if (j >= s->replicas)
+				continue;
 			struct mbp__stage *c = mbp__stage_replica(s, j);
 			if (j) {
 				memcpy(c, s, sizeof(*c));
@@ -170,9 +180,8 @@ static int plan_units(struct mbp_pipeline *p, int *named)
 			p->unit_replica[u] = j;
 			p->crew.stage[u] =
 			    (struct mbp__crew_stage){.init = s->d.init, .fini = s->d.fini, .ctx = s->d.ctx};
-			named[u] = s->named_cpu;
+			named[u++] = s->named_cpu;
 		}
-	}
 	p->nunits = T;
 	p->crew.unit_stage = p->unit_stage;
 	p->crew.unit_replica = p->unit_replica;

@@ -576,6 +576,33 @@ static int start_replicas_2_1(unsigned threads, mbp_pipeline_refusal *rf)
 	return rc;
 }
 
+/* Threads outnumbering the CPUs: a stage's replicas still go to different CPUs while there are two. */
+START_TEST(oversubscribed_replicas_of_a_stage_take_different_cpus)
+{
+	int cpus[MBP_MAX_CPUS];
+	int ncpu = mbp_cpus_allowed(cpus, MBP_MAX_CPUS, NULL);
+	if (ncpu < 2)
+		return;
+	const unsigned r = (unsigned)ncpu > 8 ? 8 : (unsigned)ncpu; /* 2 stages of r: 2 r threads */
+	const unsigned reps[2] = {r, r};
+	mbp_pipeline *p = make(2, reps, ctx, &res);
+	for (unsigned k = 0; k < 2; k++) {
+		mbp_stage_stats rs[8];
+		ck_assert_int_eq(mbp_pipeline_replica_stats(p, k, rs, 8), (int)r);
+		for (unsigned a = 0; a < r; a++)
+			for (unsigned b = a + 1; b < r; b++)
+				if (rs[a].cpu >= 0 && rs[b].cpu >= 0)
+					ck_assert_msg(rs[a].cpu != rs[b].cpu,
+						      "stage %u: replicas %u and %u both on CPU %d", k, a, b,
+						      rs[a].cpu);
+	}
+	unsigned long acc = produce_all(p, 1, 200);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	assert_all_in_order(acc);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
 START_TEST(replica_limits_are_refused_with_their_errors)
 {
 	mbp_opts o;
@@ -655,6 +682,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, destroy_with_work_in_replicas_completes_every_micro_batch);
 	tcase_add_test(tc, more_replicas_than_cpus_completes);
 	tcase_add_test(tc, replicas_are_pinned_each_on_its_own_cpu_where_cpus_allow);
+	tcase_add_test(tc, oversubscribed_replicas_of_a_stage_take_different_cpus);
 	tcase_add_test(tc, replica_limits_are_refused_with_their_errors);
 	tcase_add_test(tc, the_replica_index_is_zero_off_the_pipeline);
 	tcase_add_test(tc, a_trace_has_a_track_per_replica);
