@@ -98,7 +98,11 @@ typedef struct mbp_stage_desc {
  * opts.threads must be 0 or the sum of the replicas) and hands off between two stages of one thread by
  * the ring, as without replicas; with replicas of 1 everywhere nothing changes. Limits: the threads of
  * all stages together at most MBP_MAX_STAGES; a replicated stage names no CPU (pin_cpu 0). Statistics:
- * mbp_pipeline_stats_get() sums a stage's replicas, mbp_pipeline_replica_stats() gives each.
+ * mbp_pipeline_stats_get() sums a stage's replicas, mbp_pipeline_replica_stats() gives each (its CPU
+ * too); mbp_pipeline_placement() gives a stage's replica 0. The threads are numbered replica-major
+ * (every stage's replica 0, then every replica 1, ...: opts.cpus[t] and placement's thread count that
+ * way), so that where threads outnumber the CPUs a stage's replicas still get different CPUs; each is
+ * named mbp-pipe-<stage>.<replica>. The trace has a track per replica ("<name> replica <j>").
  */
 
 /** The replica of its stage that the calling thread runs, 0 .. replicas - 1: valid inside a stage's fn,
