@@ -447,7 +447,8 @@ typedef struct mbp_pipeline_stats {
 	uint64_t mbs_accepted, mbs_completed, mbs_failed;
 	uint64_t rows_completed;
 	uint32_t stages;
-	uint32_t threads;	 /**< worker threads (T); equals stages unless stages share threads */
+	uint32_t threads;	 /**< worker threads (T); equals stages unless stages share threads, or
+				      have replicas (then their sum) */
 	uint32_t ingress_queued; /**< entries waiting in the ingress now */
 	double throughput;	 /**< rows completed per second in the window */
 	double bubble;		 /**< 1 - sum(busy) / (threads x window): idle share of the workers' time */
