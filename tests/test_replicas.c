@@ -23,6 +23,8 @@
 
 #include <mbpipe.h>
 
+#include "pipeline_internal.h"
+
 #include "check_main.h"
 #include "pipeline_rig.h"
 
@@ -279,6 +281,7 @@ static void check_replica_stats(mbp_pipeline *p, unsigned S)
 		mbp_stage_stats rs[MAXREP];
 		int r = mbp_pipeline_replica_stats(p, k, rs, MAXREP);
 		ck_assert_int_eq(r, (int)ss[k].replicas);
+		ck_assert_int_le(r, MAXREP);
 		uint64_t mbs = 0, rows = 0, failed = 0, busy = 0, hist = 0, shist = 0;
 		for (int j = 0; j < r; j++) {
 			ck_assert_uint_eq(rs[j].replicas, 1);
@@ -517,14 +520,17 @@ START_TEST(destroy_with_work_in_replicas_completes_every_micro_batch)
 }
 END_TEST
 
-/* More threads than CPUs (3 replicas and two stages on this 2-core machine, or 6 replicas on any
- * machine of up to 7 CPUs) completes, and the replicas take distinct CPUs where there are enough. */
+/* More threads than CPUs (3 replicas and two stages on this 2-core machine) completes, and no wait
+ * spins: a spinning thread would take the slice its
+ * peer on the same CPU needs. */
 START_TEST(more_replicas_than_cpus_completes)
 {
 	int cpus[MBP_MAX_CPUS];
 	int ncpu = mbp_cpus_allowed(cpus, MBP_MAX_CPUS, NULL);
 	ck_assert_int_gt(ncpu, 0);
-	const unsigned reps[3] = {1, ncpu > 2 ? 6 : 3, 1};
+	/* one more replica than CPUs (3 on this 2-core machine): with the two other stages, threads outnumber
+	 * the CPUs wherever it runs */
+	const unsigned reps[3] = {1, ncpu + 1 > 62 ? 62 : (unsigned)ncpu + 1, 1};
 	mbp_pipeline *p = make(3, reps, ctx, &res);
 	uint32_t n = (uint32_t)mbp_iters(2000, 200);
 	unsigned long acc = produce_all(p, 1, n);
@@ -533,6 +539,10 @@ START_TEST(more_replicas_than_cpus_completes)
 	mbp_pipeline_stats ps;
 	mbp_pipeline_stats_get(p, &ps, NULL, 0);
 	ck_assert_uint_eq(ps.threads, 2 + reps[1]);
+	/* threads outnumber the CPUs: no wait spins, on the rings' side or the windows' */
+	ck_assert(p->crew.wopts.no_spin);
+	ck_assert(p->stages[0].win_out && p->stages[0].win_out->wopts.no_spin);
+	ck_assert(p->stages[1].win_out && p->stages[1].win_out->wopts.no_spin);
 	mbp_pipeline_destroy(p);
 }
 END_TEST
