@@ -67,11 +67,22 @@ int mbp__crew_plan(struct mbp__crew *c, const struct mbp__placement_req *rq, uin
 
 /* ---- a thread of the crew ---- */
 
+/* The replica the calling thread runs (mbp_stage_replica): set by each crew thread before its inits. */
+static _Thread_local unsigned replica_self;
+
+unsigned mbp_stage_replica(void)
+{
+	return replica_self;
+}
+
 /* Its name, as ps and gdb show it: the engine and its stages, within the kernel's 15 characters. */
 static void name_thread(const struct mbp__crew *c, const struct mbp__crew_thread *th)
 {
 	char name[16];
-	if (th->first == th->last)
+	if (c->unit_stage) /* a pipeline with replicas: stage.replica */
+		snprintf(name, sizeof(name), "mbp-%s-%u.%u", c->engine, c->unit_stage[th->first],
+			 c->unit_replica[th->first]);
+	else if (th->first == th->last)
 		snprintf(name, sizeof(name), "mbp-%s-%u", c->engine, th->first);
 	else
 		snprintf(name, sizeof(name), "mbp-%s-%u-%u", c->engine, th->first, th->last);
@@ -95,7 +106,7 @@ static int thread_init(struct mbp__crew *c, struct mbp__crew_thread *th)
 		if (c->thread_of[s] != th->idx)
 			continue; /* a chunk of another thread (a chunked training schedule) */
 		const struct mbp__crew_stage *st = &c->stage[s];
-		int r = st->init ? st->init(st->ctx, s) : 0;
+		int r = st->init ? st->init(st->ctx, c->unit_stage ? c->unit_stage[s] : s) : 0;
 		if (r > 0)
 			r = -EPROTO; /* an init returns 0 or a negative errno */
 		c->init_ok[s] = r == 0;
@@ -127,6 +138,7 @@ static void *crew_thread(void *arg)
 {
 	struct mbp__crew_thread *th = arg;
 	struct mbp__crew *c = th->crew;
+	replica_self = c->unit_replica ? c->unit_replica[th->first] : 0;
 	name_thread(c, th);
 	if (handshake(c, th, thread_init(c, th)) > 0)
 		c->run(c->arg, th);

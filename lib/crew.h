@@ -81,7 +81,11 @@ struct mbp__crew {
 	bool claimed;			    /* ... and not given back yet (controlling thread only) */
 	struct mbp__wait_opts wopts;	    /* the budgets of the threads' waits, from the plan */
 	unsigned thread_of[MBP_MAX_STAGES]; /* per stage */
-	bool init_ok[MBP_MAX_STAGES];	    /* per stage: its init ran and succeeded (its thread's) */
+	/* A pipeline with replicas plans units, one thread each: unit u is replica unit_replica[u] of stage
+	 * unit_stage[u], and its init receives that stage's index (mbp_stage_replica() says which replica).
+	 * NULL (every other crew): the unit is the stage, replica 0. Set by the variant before plan. */
+	const unsigned *unit_stage, *unit_replica;
+	bool init_ok[MBP_MAX_STAGES]; /* per stage: its init ran and succeeded (its thread's) */
 	MBP_CACHELINE_ALIGNED struct mbp__crew_thread th[MBP_MAX_STAGES];
 
 	/* the start handshake, under lock */

@@ -41,6 +41,7 @@ int mbp_pipeline_new(mbp_pipeline **pp, const mbp_opts *o)
 	atomic_init(&p->state, ST_NEW);
 	pthread_mutex_init(&p->err_lock, NULL);
 	mbp__crew_init(&p->crew, "pipe", mbp__worker_run, p);
+	pthread_mutex_init(&p->feed.lock, NULL);
 	mbp__ingress_init(&p->ingress, p->o.ingress_depth);
 	*pp = p;
 	return 0;
@@ -82,6 +83,17 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	if (p->nstages == MBP_MAX_STAGES)
 		return mbp__pipeline_refuse(p, -E2BIG, "more than %d stages (MBP_MAX_STAGES)",
 					    MBP_MAX_STAGES);
+	unsigned r = d->replicas ? d->replicas : 1, threads = r;
+	for (unsigned i = 0; i < p->nstages; i++)
+		threads += p->stages[i].replicas;
+	if (r > MBP_MAX_REPLICAS || threads > MBP_MAX_STAGES)
+		return mbp__pipeline_refuse(
+		    p, -E2BIG, "stage %u: %u replicas make %u threads: above %d (MBP_MAX_STAGES)", p->nstages,
+		    r, threads, MBP_MAX_STAGES);
+	if (r > 1 && d->pin_cpu)
+		return mbp__pipeline_refuse(
+		    p, -EINVAL, "stage %u: %u replicas and pin_cpu: a replicated stage names no CPU",
+		    p->nstages, r);
 	if (d->pin_cpu && (d->pin_cpu > CPU_SETSIZE || !mbp__cpu_allowed((int)d->pin_cpu - 1)))
 		return mbp__pipeline_refuse(p, -ERANGE,
 					    "stage %u: pin_cpu names CPU %u, which this process may not use",
@@ -92,6 +104,10 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	s->idx = p->nstages;
 	s->p = p;
 	s->named_cpu = d->pin_cpu ? (int)d->pin_cpu - 1 : -1;
+	s->replicas = r;
+	s->unit = s->idx;
+	if (r > 1)
+		p->units = true;
 	if (d->name)
 		snprintf(s->name, sizeof(s->name), "%s", d->name);
 	else
@@ -119,25 +135,80 @@ mbp_pool *mbp__pipeline_mb_pool(mbp_pipeline *p)
 	return p->mb_pool;
 }
 
-/* Decide the threads, which stages each runs, each thread's CPU (affinity.c), and the wait mode. */
 /* Decide the threads, which stages each runs, each thread's CPU and the waits' budgets (the crew's plan). */
+/* The units plan (a pipeline with replicas): a thread per replica; each copy of a stage gets its
+ * counters, trace and links of its own at start (make_windows). */
+static int plan_units(struct mbp_pipeline *p, int *named)
+{
+	unsigned T = 0;
+	for (unsigned i = 0; i < p->nstages; i++)
+		T += p->stages[i].replicas;
+	if (p->o.threads && p->o.threads != T)
+		return mbp__pipeline_refuse(p, -EINVAL,
+					    "threads %" PRIu32
+					    ": with replicas every stage has threads of its "
+					    "own, %u in all (threads 0 or %u)",
+					    p->o.threads, T, T);
+	unsigned most = 1;
+	for (unsigned i = 0; i < p->nstages; i++) {
+		struct mbp__stage *s = &p->stages[i];
+		most = s->replicas > most ? s->replicas : most;
+		if (s->replicas > 1) {
+			s->rep = aligned_alloc(MBP_CACHELINE, sizeof(*s) * (s->replicas - 1));
+			if (!s->rep)
+				return -ENOMEM;
+		}
+	}
+	/* Replica-major: every stage's replica 0, then every replica 1, ... The plan gives consecutive
+	 * threads one CPU when they outnumber the CPUs, so this order puts a stage's replicas on different
+	 * CPUs as far as there are CPUs (with threads <= CPUs each has its own anyway). */
+	for (unsigned j = 0, u = 0; j < most; j++)
+		for (unsigned i = 0; i < p->nstages; i++) {
+			struct mbp__stage *s = &p->stages[i];
+			if (j >= s->replicas)
+				continue;
+			struct mbp__stage *c = mbp__stage_replica(s, j);
+			if (j) {
+				memcpy(c, s, sizeof(*c));
+				memset(&c->c, 0, sizeof(c->c));
+				c->rep = NULL;
+			}
+			c->replica = j;
+			c->unit = u;
+			p->unit[u] = c;
+			p->unit_stage[u] = i;
+			p->unit_replica[u] = j;
+			p->crew.stage[u] =
+			    (struct mbp__crew_stage){.init = s->d.init, .fini = s->d.fini, .ctx = s->d.ctx};
+			named[u++] = s->named_cpu;
+		}
+	p->nunits = T;
+	p->crew.unit_stage = p->unit_stage;
+	p->crew.unit_replica = p->unit_replica;
+	return 0;
+}
+
 static int plan_placement(struct mbp_pipeline *p)
 {
-	const unsigned S = p->nstages;
+	/* the crew plans units: the stages, or with replicas each replica (thread per unit) */
 	int named[MBP_MAX_STAGES];
-	for (unsigned i = 0; i < S; i++)
+	int rc = p->units ? plan_units(p, named) : 0;
+	if (rc)
+		return rc;
+	const unsigned S = p->units ? p->nunits : p->nstages;
+	for (unsigned i = 0; !p->units && i < S; i++)
 		named[i] = p->stages[i].named_cpu;
 	struct mbp__placement_req rq = {.nstages = S,
-					.threads = p->o.threads,
+					.threads = p->units ? S : p->o.threads,
 					.pin = p->o.pinning == MBP_PIN_PLAN,
 					.named = named,
 					.ncpus = p->o.ncpus,
 					.cpus = p->o.cpus,
 					.node_k = p->node_k,
 					.node_m = p->node_m};
-	int rc = mbp__crew_plan(&p->crew, &rq, p->o.spin_ns, p->o.yield_ns);
+	rc = mbp__crew_plan(&p->crew, &rq, p->o.spin_ns, p->o.yield_ns);
 	const unsigned *thread_of = p->crew.thread_of;
-	if (rc == -EINVAL) {
+	if (rc == -EINVAL && !p->units) {
 		/* the first stage whose thread's stages already named another CPU */
 		for (unsigned i = 1; i < S; i++)
 			for (unsigned j = 0; j < i; j++)
@@ -164,6 +235,45 @@ static int pool_refused(struct mbp_pipeline *p, int rc, size_t buf_bytes)
 	return rc;
 }
 
+/* Slots of a hop: a ring's, or a window's (room for every replica's micro-batch beside a full ring's). */
+static uint32_t window_capacity(const struct mbp_pipeline *p)
+{
+	if (!p->units)
+		return p->o.ring_capacity;
+	uint32_t r = 1;
+	for (unsigned i = 0; i < p->nstages; i++)
+		r = p->stages[i].replicas > r ? p->stages[i].replicas : r;
+	uint64_t c = (uint64_t)p->o.ring_capacity + 2 * r, cap = 2;
+	while (cap < c)
+		cap <<= 1;
+	return cap > (1u << 30) ? 1u << 30 : (uint32_t)cap;
+}
+
+/* The hops of a pipeline with replicas: a ring between two stages of one thread, else a window; a
+ * completion window after a replicated last stage. Every copy of a stage gets its links. */
+static int make_windows(struct mbp_pipeline *p)
+{
+	const uint32_t cap = window_capacity(p);
+	for (unsigned i = 0; i < p->nstages; i++) {
+		struct mbp__stage *s = &p->stages[i];
+		struct mbp__seqwin *w = NULL;
+		bool last = i + 1 == p->nstages;
+		if (last && s->replicas == 1)
+			break;
+		if (!last && s->replicas == 1 && s[1].replicas == 1)
+			continue; /* the ring of before */
+		int rc = mbp__seqwin_new(&w, cap, last ? 1 : s->replicas, &p->crew.wopts);
+		if (rc)
+			return rc;
+		for (unsigned j = 0; j < s->replicas; j++)
+			*(last ? &mbp__stage_replica(s, j)->win_done : &mbp__stage_replica(s, j)->win_out) =
+			    w;
+		for (unsigned j = 0; !last && j < s[1].replicas; j++)
+			mbp__stage_replica(&s[1], j)->win_in = w;
+	}
+	return 0;
+}
+
 static int make_pools(struct mbp_pipeline *p)
 {
 	size_t width = p->o.in_row_bytes;
@@ -179,8 +289,11 @@ static int make_pools(struct mbp_pipeline *p)
 					    "max_mb_rows (%" PRIu32 ") rows of %zu bytes: the size overflows",
 					    p->o.max_mb_rows, width > mb_width ? width : mb_width);
 	/* What the engine can hold at once: full rings, a burst and an output per worker, full caches. */
-	uint64_t S = p->nstages;
-	uint64_t need = (S - 1) * p->o.ring_capacity + S * (8 + 2) + S * p->o.cache_size;
+	uint64_t S = p->nstages, T = p->units ? p->nunits : S;
+	/* with replicas, the threads' share: a window holds up to its capacity, as a ring does */
+	uint64_t need = (S - 1) * window_capacity(p) + T * (8 + 2) + T * p->o.cache_size;
+	if (p->stages[S - 1].replicas > 1) /* its completion window holds hop buffers too */
+		need += window_capacity(p);
 	if (need > UINT32_MAX)
 		return mbp__pipeline_refuse(p, -E2BIG,
 					    "%" PRIu64 " stages with ring %" PRIu32 " and cache %" PRIu32
@@ -222,14 +335,18 @@ int mbp_pipeline_start(mbp_pipeline *p)
 	if (rc == 0)
 		rc = make_pools(p);
 	for (unsigned i = 0; rc == 0 && i + 1 < p->nstages; i++) {
-		if (p->crew.thread_of[i + 1] == p->crew.thread_of[i])
-			continue; /* the same thread calls stage i + 1 */
+		if (p->units ? p->stages[i].replicas > 1 || p->stages[i + 1].replicas > 1
+			     : p->crew.thread_of[i + 1] == p->crew.thread_of[i])
+			continue; /* a window (make_windows), or the same thread calls stage i + 1 */
 		rc = mbp__ring_new(&p->stages[i].out, p->o.ring_capacity, &p->crew.wopts, 0);
 		if (rc == 0)
 			p->stages[i + 1].in = p->stages[i].out;
 	}
+	if (rc == 0 && p->units)
+		rc = make_windows(p);
 	for (unsigned i = 0; rc == 0 && i < p->nstages; i++)
-		rc = mbp__trace_init(&p->stages[i].trace, p->o.trace_events);
+		for (unsigned j = 0; rc == 0 && j < p->stages[i].replicas; j++)
+			rc = mbp__trace_init(&mbp__stage_replica(&p->stages[i], j)->trace, p->o.trace_events);
 	p->crew.pool = p->pool; /* each thread's cache */
 	/* every init runs; on an error, every fini where the init succeeded */
 	if (rc == 0)
@@ -360,8 +477,10 @@ static uint64_t completed_total(struct mbp_pipeline *p)
 {
 	uint64_t n = 0;
 	for (unsigned i = 0; i < p->nstages; i++)
-		n += mbp__counter_get(&p->stages[i].c.done_mbs) +
-		     mbp__counter_get(&p->stages[i].c.done_failed_mbs);
+		for (unsigned j = 0; j < p->stages[i].replicas; j++) {
+			struct mbp__stage *s = mbp__stage_replica(&p->stages[i], j);
+			n += mbp__counter_get(&s->c.done_mbs) + mbp__counter_get(&s->c.done_failed_mbs);
+		}
 	return n;
 }
 
@@ -426,8 +545,15 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 	if (st == ST_RUNNING || st == ST_DRAINING)
 		mbp_pipeline_cancel(p);
 	for (unsigned i = 0; i < p->nstages; i++) {
-		mbp__ring_destroy(p->stages[i].out);
-		mbp__trace_free(&p->stages[i].trace);
+		struct mbp__stage *s = &p->stages[i];
+		mbp__ring_destroy(s->out);
+		/* a window is replica 0's of the stage that puts into it (win_out, win_done) */
+		mbp__seqwin_destroy(s->win_out);
+		mbp__seqwin_destroy(s->win_done);
+		for (unsigned j = 1; s->rep && j < s->replicas; j++)
+			mbp__trace_free(&mbp__stage_replica(s, j)->trace);
+		free(s->rep);
+		mbp__trace_free(&s->trace);
 	}
 	int rc = mbp_pool_destroy(p->pool);
 	MBP_VERIFY(rc == 0); /* every hop buffer is back once the threads have stopped */
@@ -439,6 +565,7 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 		fprintf(stderr, "mbp_pipeline_destroy: buffers from mbp_mb_acquire() not released; leaked\n");
 	}
 	mbp__crew_destroy(&p->crew);
+	pthread_mutex_destroy(&p->feed.lock);
 	pthread_mutex_destroy(&p->err_lock);
 	free(p);
 }
@@ -455,6 +582,6 @@ int mbp_pipeline_placement(mbp_pipeline *p, mbp_placement *out, unsigned n)
 	if (st == ST_NEW)
 		return -ENOTCONN;
 	for (unsigned i = 0; i < p->nstages && i < n; i++)
-		out[i] = mbp__crew_place(&p->crew, i, st != ST_STOPPED);
+		out[i] = mbp__crew_place(&p->crew, p->stages[i].unit, st != ST_STOPPED);
 	return (int)p->nstages;
 }

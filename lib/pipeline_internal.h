@@ -29,6 +29,7 @@
 #include "ingress.h"
 #include "pool_internal.h"
 #include "ring.h"
+#include "seqwin.h"
 #include "trace.h"
 #include "wait.h"
 
@@ -65,12 +66,25 @@ struct mbp__stage {
 	size_t in_row_bytes, out_row_bytes;
 	/* Threads (the crew's): stages first .. last of one thread (one stage unless opts.threads < stages)
 	 * are called one after the other; rings link the threads only. */
-	struct mbp__ring *in;	 /* NULL for stage 0, which reads the ingress, and for a stage that the
+	struct mbp__ring *in;  /* NULL for stage 0, which reads the ingress, and for a stage that the
 				  previous one calls on its own thread */
-	struct mbp__ring *out;	 /* NULL unless this stage ends a thread that is not the last */
-	mbp_pool_cache *cache;	 /* its thread's (the crew's), shared by its stages */
-	int named_cpu;		 /* the descriptor's pin_cpu as a CPU number, -1: none */
-	struct mbp__trace trace; /* the micro-batches it computed (trace.h): written by its thread */
+	struct mbp__ring *out; /* NULL unless this stage ends a thread that is not the last */
+	mbp_pool_cache *cache; /* its thread's (the crew's), shared by its stages */
+	int named_cpu;	       /* the descriptor's pin_cpu as a CPU number, -1: none */
+	/* Replicas (mbp_stage_desc.replicas): each runs on a thread of its own, on a copy of this struct (its
+	 * own counters, cache, trace); replica 0 is the stage itself, the others are rep[0 .. r - 2]. A
+	 * replicated stage and its neighbours hand off through sequenced windows (seqwin.h) instead of
+	 * rings; a stage of one thread between two stages of one thread keeps its ring. */
+	unsigned replicas;	/* at least 1 */
+	unsigned replica;	/* this copy's index */
+	unsigned unit;		/* its thread's index in the crew (= idx unless the pipeline has replicas) */
+	struct mbp__stage *rep; /* replicas 1 .. r - 1 (replica 0's field; NULL: r = 1) */
+	struct mbp__seqwin *win_in;   /* from the replicated stage before, or to this stage's replicas */
+	struct mbp__seqwin *win_out;  /* to the next stage, where this one or it is replicated */
+	struct mbp__seqwin *win_done; /* a replicated last stage: completion in order */
+	uint32_t cur_seq;	      /* the stream index of the micro-batch under way (windows) */
+	uint32_t in_seq, out_seq;     /* a stage of one thread's next index in and out; a replica's puts */
+	struct mbp__trace trace;      /* the micro-batches it computed (trace.h): written by its thread */
 	MBP_CACHELINE_ALIGNED struct mbp__stage_counters c;
 };
 
@@ -86,6 +100,18 @@ struct mbp_pipeline {
 	mbp_pool *mb_pool;     /* buffers of mbp_mb_acquire() */
 	size_t out_row_bytes;  /* the last stage's */
 	struct mbp__ingress_mpsc ingress;
+	/* Replicas: the crew's threads are units, one per replica (units: any stage has replicas > 1). */
+	bool units;
+	unsigned nunits;
+	struct mbp__stage *unit[MBP_MAX_STAGES];
+	unsigned unit_stage[MBP_MAX_STAGES], unit_replica[MBP_MAX_STAGES];
+	/* A replicated stage 0: its replicas take the next micro-batch of the ingress's stream under `lock`
+	 * (the ingress has one consumer at a time); `job` is the one being split, `k` its next micro-batch. */
+	struct {
+		pthread_mutex_t lock;
+		mbp_job *job;
+		uint32_t k, seq;
+	} feed;
 
 	/* Read by every worker once per micro-batch: a line of its own, written once. */
 	MBP_CACHELINE_ALIGNED _Atomic uint32_t cancel; /* fail what has not started */
@@ -119,10 +145,16 @@ void mbp__worker_run(void *arg, struct mbp__crew_thread *th);
 int mbp__submit_enter(struct mbp_pipeline *p);
 void mbp__submit_leave(struct mbp_pipeline *p);
 
+/* Replica j of stage s (0: s itself). */
+static inline struct mbp__stage *mbp__stage_replica(struct mbp__stage *s, unsigned j)
+{
+	return j ? &s->rep[j - 1] : s;
+}
+
 /* The CPU a stage runs on, as every report gives it: -1 when it is not pinned or its pin failed. */
 static inline int mbp__stage_cpu(const struct mbp__stage *s)
 {
-	return mbp__crew_place(&s->p->crew, s->idx, false).cpu;
+	return mbp__crew_place(&s->p->crew, s->unit, false).cpu;
 }
 
 #endif

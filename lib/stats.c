@@ -33,6 +33,36 @@ static void derive(mbp_pipeline_stats *ps, uint64_t busy_sum)
 		ps->bubble = 0;
 }
 
+/* Add the counters of one copy of a stage (a replica, or the stage itself) into `o`. */
+static void add_copy(struct mbp__stage *s, uint64_t now, mbp_stage_stats *o)
+{
+	struct mbp__stage_counters *c = &s->c;
+	o->mbs += mbp__counter_get(&c->mbs);
+	o->rows += mbp__counter_get(&c->rows);
+	o->failed += mbp__counter_get(&c->failed);
+	o->busy_ns += timed(&c->busy_ns, &c->busy_since, now);
+	o->starved_ns += timed(&c->starved_ns, &c->starved_since, now);
+	o->blocked_ns += timed(&c->blocked_ns, &c->blocked_since, now);
+	for (unsigned b = 0; b < MBP_HIST_BUCKETS; b++)
+		o->hist[b] += mbp__counter_get(&c->hist[b]);
+}
+
+/* The header of a stage's entry: its name, CPU (replica 0's: its own for a replica's entry), input. */
+static void stage_head(struct mbp_pipeline *p, struct mbp__stage *s, mbp_stage_stats *o, unsigned replicas)
+{
+	memset(o, 0, sizeof(*o));
+	memcpy(o->name, s->name, sizeof(o->name));
+	o->cpu = mbp__stage_cpu(s);
+	o->replicas = replicas;
+	if (s->in) {
+		o->ring_occupancy = mbp__ring_count(s->in);
+		o->ring_capacity = s->in->capacity;
+	} else if (s->idx == 0) {
+		o->ring_occupancy = mbp__ingress_queued(&p->ingress);
+		o->ring_capacity = mbp__ingress_depth(&p->ingress);
+	}
+}
+
 int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_stats *ss, unsigned n)
 {
 	if (!p || !ps || (!ss && n))
@@ -48,35 +78,20 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 	uint64_t busy = 0;
 	for (unsigned i = 0; i < p->nstages; i++) {
 		struct mbp__stage *s = &p->stages[i];
-		struct mbp__stage_counters *c = &s->c;
-		ps->jobs_completed += mbp__counter_get(&c->done_jobs);
-		ps->jobs_failed += mbp__counter_get(&c->done_failed_jobs);
-		ps->mbs_completed += mbp__counter_get(&c->done_mbs);
-		ps->mbs_failed += mbp__counter_get(&c->done_failed_mbs);
-		ps->rows_completed += mbp__counter_get(&c->done_rows);
-		uint64_t busy_ns = timed(&c->busy_ns, &c->busy_since, ps->now_ns);
-		busy += busy_ns;
-		if (i >= n)
-			continue;
-		mbp_stage_stats *o = &ss[i];
-		memset(o, 0, sizeof(*o));
-		memcpy(o->name, s->name, sizeof(o->name));
-		o->cpu = mbp__stage_cpu(s);
-		o->mbs = mbp__counter_get(&c->mbs);
-		o->rows = mbp__counter_get(&c->rows);
-		o->failed = mbp__counter_get(&c->failed);
-		o->busy_ns = busy_ns;
-		o->starved_ns = timed(&c->starved_ns, &c->starved_since, ps->now_ns);
-		o->blocked_ns = timed(&c->blocked_ns, &c->blocked_since, ps->now_ns);
-		for (unsigned b = 0; b < MBP_HIST_BUCKETS; b++)
-			o->hist[b] = mbp__counter_get(&c->hist[b]);
-		if (s->in) {
-			o->ring_occupancy = mbp__ring_count(s->in);
-			o->ring_capacity = s->in->capacity;
-		} else if (i == 0) {
-			o->ring_occupancy = mbp__ingress_queued(&p->ingress);
-			o->ring_capacity = mbp__ingress_depth(&p->ingress);
+		mbp_stage_stats o;
+		stage_head(p, s, &o, s->replicas);
+		for (unsigned j = 0; j < s->replicas; j++) {
+			struct mbp__stage_counters *c = &mbp__stage_replica(s, j)->c;
+			ps->jobs_completed += mbp__counter_get(&c->done_jobs);
+			ps->jobs_failed += mbp__counter_get(&c->done_failed_jobs);
+			ps->mbs_completed += mbp__counter_get(&c->done_mbs);
+			ps->mbs_failed += mbp__counter_get(&c->done_failed_mbs);
+			ps->rows_completed += mbp__counter_get(&c->done_rows);
+			add_copy(mbp__stage_replica(s, j), ps->now_ns, &o);
 		}
+		busy += o.busy_ns;
+		if (i < n)
+			ss[i] = o;
 	}
 	ps->ingress_queued = mbp__ingress_queued(&p->ingress);
 	if (p->pool)
@@ -87,6 +102,20 @@ int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_st
 		ps->start_ns = ps->now_ns;
 	derive(ps, busy);
 	return (int)p->nstages;
+}
+
+int mbp_pipeline_replica_stats(mbp_pipeline *p, unsigned stage, mbp_stage_stats *out, unsigned n)
+{
+	if (!p || stage >= p->nstages || (!out && n))
+		return -EINVAL;
+	struct mbp__stage *s = &p->stages[stage];
+	uint64_t now = mbp__clock_ns();
+	for (unsigned j = 0; j < s->replicas && j < n; j++) {
+		struct mbp__stage *c = mbp__stage_replica(s, j);
+		stage_head(p, c, &out[j], 1);
+		add_copy(c, now, &out[j]);
+	}
+	return (int)s->replicas;
 }
 
 void mbp_stats_window(mbp_pipeline_stats *b, mbp_stage_stats *bs, const mbp_pipeline_stats *a,
@@ -119,10 +148,20 @@ int mbp_pipeline_trace_write(mbp_pipeline *p, const char *path)
 {
 	if (!p || !path || !p->o.trace_events)
 		return -EINVAL;
+	/* a track per thread: a replicated stage's replicas each have their own, "<name> replica <j>" */
 	struct mbp__trace_track tk[MBP_MAX_STAGES];
+	char names[MBP_MAX_STAGES][MBP_STAGE_NAME_MAX + 24];
+	unsigned n = 0;
 	for (unsigned i = 0; i < p->nstages; i++)
-		tk[i] = (struct mbp__trace_track){.name = p->stages[i].name,
-						  .cpu = mbp__stage_cpu(&p->stages[i]),
-						  .tr = &p->stages[i].trace};
-	return mbp__trace_write(path, tk, p->nstages, p->start_ns);
+		for (unsigned j = 0; j < p->stages[i].replicas; j++, n++) {
+			struct mbp__stage *c = mbp__stage_replica(&p->stages[i], j);
+			const char *name = c->name;
+			if (p->stages[i].replicas > 1) {
+				snprintf(names[n], sizeof(names[n]), "%s replica %u", c->name, j);
+				name = names[n];
+			}
+			tk[n] = (struct mbp__trace_track){
+			    .name = name, .cpu = mbp__stage_cpu(c), .tr = &c->trace};
+		}
+	return mbp__trace_write(path, tk, n, p->start_ns);
 }

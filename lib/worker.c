@@ -16,6 +16,14 @@
  * The thread itself is the pipeline's crew's (crew.h): placement, pin, name, pool cache, the init/fini rule
  * and the start handshake; what this file gives the crew is the loop above (mbp__worker_run).
  *
+ * Replicas (mbp_stage_desc.replicas): each replica is a thread of its own running this same loop on its
+ * own copy of the stage (pipeline_internal.h), and the hops on either side of a replicated stage are
+ * sequenced windows (seqwin.h): replicas claim the next micro-batch with one atomic increment (whichever is
+ * free), put each result at its stream index, and the stage after takes them in that order (the ordered
+ * merge); after a replicated last stage, whoever puts a result completes, in order, what is there. A
+ * replicated stage 0 takes the next micro-batch of the ingress's stream under a lock (feed_claim). With
+ * replicas of 1 everywhere none of this runs: the rings and the loop are those of before.
+ *
  * Time accounting (single writer, this thread): busy = inside the stage function; starved = waiting for
  * input (charged to the thread's first stage); blocked = waiting for room downstream (its last stage) or
  * for a buffer (the stage that asked).
@@ -85,6 +93,25 @@ static int timed_wait(struct mbp__stage *s, enum wait_on on)
 		rc = mbp__ring_wait_push(s->out, flush_cache, s, UINT64_MAX);
 	state_end(since, total, t0, mbp__clock_ns());
 	return rc;
+}
+
+/* A wait on a window (seqwin.h), for micro-batch k to arrive (starved) or its slot to free (blocked, in
+ * put). */
+static void window_wait(struct mbp__stage *s, struct mbp__seqwin *w, uint32_t k)
+{
+	uint64_t t0 = mbp__clock_ns();
+	state_begin(&s->c.starved_since, t0);
+	mbp__seqwin_wait(w, k, &(struct mbp__seqwin_waiter){flush_cache, s});
+	state_end(&s->c.starved_since, &s->c.starved_ns, t0, mbp__clock_ns());
+}
+
+static void window_put(struct mbp__stage *s, struct mbp__seqwin *w, uint32_t k, void *item,
+		       const struct mbp__seqwin_rec *rec)
+{
+	uint64_t t0 = mbp__clock_ns();
+	state_begin(&s->c.blocked_since, t0);
+	mbp__seqwin_put(w, k, item, rec, &(struct mbp__seqwin_waiter){flush_cache, s});
+	state_end(&s->c.blocked_since, &s->c.blocked_ns, t0, mbp__clock_ns());
 }
 
 /* ---- links: the hop between two stages ---- */
@@ -212,6 +239,30 @@ static void job_out_view(struct mbp__stage *s, const mbp_mb *in, mbp_mb *view)
 	view->capacity = (size_t)in->rows * s->out_row_bytes;
 }
 
+/* What the completer does for each record of a replicated last stage, in order, on its own thread (`arg`:
+ * its copy of the stage, whose counters and cache it uses). */
+static void complete_rec(void *arg, const struct mbp__seqwin_rec *rec)
+{
+	struct mbp__stage *s = arg;
+	mbp_mb res = rec->res;
+	run_done_hooks(s->p, &res);
+	if (res.job)
+		complete_job_mb(s, &res);
+	else
+		deliver(s, rec->x, &res);
+	if (rec->hop)
+		mbp_pool_put(s->p->pool, s->cache, rec->hop);
+}
+
+/* A replicated last stage's result `res` leaves in order: put it into the completion window, then
+ * complete what is there (unless another replica is completing). */
+static void complete_in_order(struct mbp__stage *s, const mbp_mb *res, mbp_mb *hop, mbp_mb *x)
+{
+	struct mbp__seqwin_rec rec = {.res = *res, .hop = hop, .x = x};
+	window_put(s, s->win_done, s->cur_seq, NULL, &rec);
+	mbp__seqwin_complete(s->win_done, complete_rec, s);
+}
+
 /* Last stage (not stage 0): a hop buffer arrives. */
 static void last_stage(struct mbp__stage *s, mbp_mb *in)
 {
@@ -230,6 +281,10 @@ static void last_stage(struct mbp__stage *s, mbp_mb *in)
 		}
 		run(s, in, &view);
 		res = &view;
+	}
+	if (s->win_done) {
+		complete_in_order(s, res, in, x);
+		return;
 	}
 	run_done_hooks(p, res);
 	if (in->job)
@@ -250,10 +305,15 @@ static void stage_input(struct mbp__stage *s, mbp_mb *in);
  * by calling it here (it runs on this thread: opts.threads). */
 static void pass_on(struct mbp__stage *s, mbp_mb *mb)
 {
-	if (s->out)
+	if (s->out) {
 		link_push(s, mb);
-	else
+	} else if (s->win_out) {
+		/* a replica puts the index it took; a stage of one thread numbers its outputs */
+		window_put(s, s->win_out, s->replicas > 1 ? s->cur_seq : s->out_seq, mb, NULL);
+		s->out_seq++;
+	} else {
 		stage_input(s + 1, mb);
+	}
 }
 
 /* Middle stage: compute into a fresh hop buffer, release the input into the cache, pass on. */
@@ -299,6 +359,22 @@ static void ring_stage_loop(struct mbp__stage *s)
 	}
 }
 
+/* A stage whose input is a window: a stage of one thread takes the stream in order (the ordered merge of
+ * the replicas before it); a replica claims the next index. */
+static void window_stage_loop(struct mbp__stage *s)
+{
+	for (;;) {
+		uint32_t k = s->replicas > 1 ? mbp__seqwin_claim(s->win_in) : s->in_seq++;
+		if (!mbp__seqwin_ready(s->win_in, k))
+			window_wait(s, s->win_in, k);
+		mbp_mb *mb = mbp__seqwin_take(s->win_in, k);
+		if (!mb)
+			return; /* the end of the stream */
+		s->cur_seq = k;
+		stage_input(s, mb);
+	}
+}
+
 /* ---- stage 0 ---- */
 
 /* One micro-batch of stage 0, from a view of the caller's input (job) or the caller's buffer. */
@@ -318,6 +394,10 @@ static void first_stage_mb(struct mbp__stage *s, mbp_mb *in, mbp_mb *x)
 		mbp_mb view;
 		job_out_view(s, in, &view);
 		run(s, in, &view);
+		if (s->win_done) {
+			complete_in_order(s, &view, NULL, NULL);
+			return;
+		}
 		run_done_hooks(p, &view);
 		complete_job_mb(s, &view);
 		return;
@@ -325,6 +405,16 @@ static void first_stage_mb(struct mbp__stage *s, mbp_mb *in, mbp_mb *x)
 	/* the input is the caller's buffer: compute into a hop buffer, then copy back */
 	mbp_mb *tmp = hop_buffer(s);
 	run(s, in, tmp);
+	if (s->win_done) {
+		/* the result into the caller's buffer now; the hooks and the callback in order */
+		if (tmp->status == 0)
+			memcpy(x->data, tmp->data, (size_t)tmp->rows * s->out_row_bytes);
+		mbp_mb res = *tmp;
+		res.data = x->data;
+		res.capacity = x->capacity;
+		complete_in_order(s, &res, tmp, x);
+		return;
+	}
 	run_done_hooks(p, tmp);
 	if (tmp->status == 0)
 		memcpy(x->data, tmp->data, (size_t)tmp->rows * s->out_row_bytes);
@@ -394,6 +484,92 @@ static void first_stage_loop(struct mbp__stage *s)
 	}
 }
 
+/* A replicated stage 0: take the next micro-batch of the ingress's stream under the feed's lock (the
+ * ingress has one consumer at a time; a replica waiting for an entry holds the lock, and the others wait
+ * on it asleep). Fills `view` (a job's micro-batch, read in place) or *x (a caller's buffer) and the
+ * stream index; false at the end of the stream. Work that will not start (cancel) fails here, as
+ * first_stage_job and first_stage_single fail it. */
+static bool feed_claim(struct mbp__stage *s, mbp_mb *view, mbp_mb **x)
+{
+	struct mbp_pipeline *p = s->p;
+	uint64_t t0 = mbp__clock_ns(); /* waiting for the lock is waiting for input */
+	state_begin(&s->c.starved_since, t0);
+	pthread_mutex_lock(&p->feed.lock);
+	state_end(&s->c.starved_since, &s->c.starved_ns, t0, mbp__clock_ns());
+	bool got = false;
+	for (;;) {
+		mbp_job *job = p->feed.job;
+		if (job) {
+			const uint32_t nmb = job->mbs, k = p->feed.k;
+			if (k < nmb && cancelled(p)) {
+				mbp__job_account(&s->c, job, nmb - k, nmb - k, -ECANCELED, k);
+				p->feed.job = NULL;
+				continue;
+			}
+			if (k < nmb) {
+				const size_t m = job->mb_rows, width = s->in_row_bytes, row0 = (size_t)k * m;
+				const size_t rows = job->rows - row0 < m ? job->rows - row0 : m;
+				*view = (mbp_mb){.data = (void *)((const char *)job->in + row0 * width),
+						 .capacity = rows * width,
+						 .rows = (uint32_t)rows,
+						 .row_bytes = (uint32_t)width,
+						 .stage = UINT32_MAX,
+						 .seq = k,
+						 .job = job};
+				*x = NULL;
+				if (++p->feed.k == nmb)
+					p->feed.job = NULL;
+				got = true;
+				break;
+			}
+			p->feed.job = NULL;
+		}
+		struct mbp__item *it = ingress_pop(s);
+		if (!it)
+			break; /* closed and empty */
+		if (it->kind == MBP__ITEM_JOB) {
+			p->feed.job = mbp__container_of(it, mbp_job, priv.opaque);
+			p->feed.k = 0;
+			continue;
+		}
+		mbp_mb *mb = &mbp__container_of(it, struct mbp__buf, link)->mb;
+		if (cancelled(p)) {
+			mb->status = -ECANCELED;
+			deliver(s, mb, NULL); /* never started: no stage saw it, so no done hooks */
+			continue;
+		}
+		*x = mb;
+		got = true;
+		break;
+	}
+	if (got)
+		s->cur_seq = p->feed.seq++;
+	pthread_mutex_unlock(&p->feed.lock);
+	return got;
+}
+
+static void feed_loop(struct mbp__stage *s)
+{
+	mbp_mb view, *x;
+	while (feed_claim(s, &view, &x))
+		first_stage_mb(s, x ? x : &view, x);
+}
+
+/* The loop of a thread of the units plan (a pipeline with replicas): one stage, or one replica of it. */
+static void unit_run(struct mbp__stage *s)
+{
+	if (s->idx == 0)
+		s->replicas > 1 ? feed_loop(s) : first_stage_loop(s);
+	else if (s->win_in)
+		window_stage_loop(s);
+	else
+		ring_stage_loop(s);
+	if (s->out)
+		mbp__ring_close(s->out); /* end of stream for the next thread, after our last push */
+	if (s->win_out)
+		mbp__seqwin_producer_done(s->win_out, s->out_seq);
+}
+
 /* ---- the thread: what the pipeline gives its crew ---- */
 
 /* The loop of the thread of stages th->first .. th->last (mbp__crew_run_fn), once every thread is
@@ -401,6 +577,13 @@ static void first_stage_loop(struct mbp__stage *s)
 void mbp__worker_run(void *arg, struct mbp__crew_thread *th)
 {
 	struct mbp_pipeline *p = arg;
+	if (p->units) {
+		struct mbp__stage *u = p->unit[th->first];
+		u->cache = th->cache;
+		unit_run(u);
+		u->cache = NULL;
+		return;
+	}
 	struct mbp__stage *s = &p->stages[th->first];
 	for (unsigned i = th->first; i <= th->last; i++)
 		p->stages[i].cache = th->cache;

@@ -6,6 +6,7 @@ include perf/ring.mk
 include perf/pool.mk
 include perf/pipeline.mk
 include perf/model.mk
+include perf/replicas.mk
 include perf/roofline.mk
 include perf/train.mk
 include perf/mpi.mk

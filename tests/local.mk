@@ -4,7 +4,8 @@ TEST_LIBS = $(MBP_LIBS) $(CHECK_LIBS)
 
 # Iteration counts come from one define so CI and sanitizer builds can shrink them (see tests/check_main.h).
 check_PROGRAMS += tests/test_ring tests/test_pool tests/test_crew tests/test_pipeline tests/test_schedule \
-	tests/test_train tests/test_opts tests/test_error tests/test_trace tests/test_ingress tests/test_affinity
+	tests/test_train tests/test_opts tests/test_error tests/test_trace tests/test_ingress tests/test_affinity \
+	tests/test_replicas
 tests_test_ring_SOURCES = tests/test_ring.c tests/check_main.h
 tests_test_ring_CFLAGS = $(TEST_CFLAGS)
 tests_test_ring_LDADD = $(TEST_LIBS)
@@ -29,6 +30,9 @@ tests_test_trace_LDADD = $(TEST_LIBS)
 tests_test_ingress_SOURCES = tests/test_ingress.c tests/check_main.h
 tests_test_ingress_CFLAGS = $(TEST_CFLAGS)
 tests_test_ingress_LDADD = $(TEST_LIBS)
+tests_test_replicas_SOURCES = tests/test_replicas.c tests/pipeline_rig.h tests/check_main.h
+tests_test_replicas_CFLAGS = $(TEST_CFLAGS)
+tests_test_replicas_LDADD = $(TEST_LIBS)
 tests_test_affinity_SOURCES = tests/test_affinity.c tests/pipeline_rig.h tests/check_main.h
 tests_test_affinity_CFLAGS = $(TEST_CFLAGS)
 tests_test_affinity_LDADD = $(TEST_LIBS)
@@ -41,14 +45,15 @@ tests_test_train_CFLAGS = $(TEST_CFLAGS) $(JEMALLOC_CFLAGS)
 tests_test_train_LDADD = $(TEST_LIBS)
 
 TESTS += tests/test_ring tests/test_pool tests/test_crew tests/test_pipeline tests/test_schedule tests/test_train \
-	tests/test_opts tests/test_error tests/test_trace tests/test_ingress tests/test_affinity
+	tests/test_opts tests/test_error tests/test_trace tests/test_ingress tests/test_affinity tests/test_replicas
 
 # ARCHITECTURE.md rule 5 on every atomic access of lib/ and lib/mpi/: each names its memory order and why.
 TESTS += tests/atomic_partners.sh
 EXTRA_DIST += tests/atomic_partners.sh
 
 # Concurrency tests only: what CI runs under TSan.
-CONCURRENCY_TESTS = tests/test_ring tests/test_pool tests/test_crew tests/test_pipeline tests/test_train
+CONCURRENCY_TESTS = tests/test_ring tests/test_pool tests/test_crew tests/test_pipeline tests/test_train \
+	tests/test_replicas
 check-concurrency: $(CONCURRENCY_TESTS)
 	@$(MAKE) $(AM_MAKEFLAGS) check TESTS="$(CONCURRENCY_TESTS)"
 .PHONY: check-concurrency

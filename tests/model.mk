@@ -3,10 +3,17 @@ check_PROGRAMS += tests/test_safetensors tests/test_model
 tests_test_safetensors_SOURCES = tests/test_safetensors.c tests/check_main.h tests/model_file.h
 tests_test_safetensors_CFLAGS = $(TEST_CFLAGS) $(CJSON_CFLAGS)
 tests_test_safetensors_LDADD = $(TEST_LIBS)
-tests_test_model_SOURCES = tests/test_model.c tests/check_main.h tests/model_file.h
+tests_test_model_SOURCES = tests/test_model.c tests/check_main.h tests/model_file.h tests/model_rig.h
 tests_test_model_CFLAGS = $(TEST_CFLAGS) $(CJSON_CFLAGS)
 tests_test_model_LDADD = $(TEST_LIBS)
 TESTS += tests/test_safetensors tests/test_model
+# Replicated model stages: the partitioner with replicas, the forward bits in order.
+check_PROGRAMS += tests/test_model_replicas
+tests_test_model_replicas_SOURCES = tests/test_model_replicas.c tests/check_main.h tests/model_rig.h
+tests_test_model_replicas_CFLAGS = $(TEST_CFLAGS)
+tests_test_model_replicas_LDADD = $(TEST_LIBS)
+TESTS += tests/test_model_replicas
+CONCURRENCY_TESTS += tests/test_model_replicas
 # The weight swap under load is a concurrency test: it runs in CI's ThreadSanitizer pass too.
 CONCURRENCY_TESTS += tests/test_model
 # Training: the trainable model's gradients, losses, optimizers and checkpoints; the IDX data reader.

@@ -30,37 +30,7 @@
 
 #include "check_main.h"
 #include "model_file.h"
-
-static char dir[64];
-
-static void setup(void)
-{
-	snprintf(dir, sizeof(dir), "/tmp/mbp-model-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(dir));
-	openblas_set_num_threads(1);
-}
-
-static void teardown(void)
-{
-	char p[128];
-	for (int i = 0; i < 4; i++) {
-		snprintf(p, sizeof(p), "%s/m%d.safetensors", dir, i);
-		unlink(p);
-	}
-	rmdir(dir);
-}
-
-/* Write model file number `k` of a spec and load it. */
-static mbp_model *make_model(int k, const mbp_model_spec *sp)
-{
-	char p[128];
-	snprintf(p, sizeof(p), "%s/m%d.safetensors", dir, k);
-	ck_assert_int_eq(mbp_model_write_random(p, sp), 0);
-	mbp_model *m;
-	mbp_model_error e;
-	ck_assert_msg(mbp_model_load(&m, p, &e) == 0, "%s", e.msg);
-	return m;
-}
+#include "model_rig.h"
 
 static mbp_model *reload(int k)
 {
@@ -69,16 +39,6 @@ static mbp_model *reload(int k)
 	mbp_model *m;
 	ck_assert_int_eq(mbp_model_load(&m, p, NULL), 0);
 	return m;
-}
-
-static float *random_rows(size_t n, uint64_t seed)
-{
-	float *x = malloc(n * sizeof(float));
-	for (size_t i = 0; i < n; i++) {
-		seed = seed * 6364136223846793005u + 1442695040888963407u;
-		x[i] = (float)((double)(seed >> 40) / (double)(1u << 23) - 1.0);
-	}
-	return x;
 }
 
 /* max |a - b| over a row, relative to the row's largest |b|. */
@@ -818,23 +778,6 @@ END_TEST
 
 /* ---- inside a pipeline ---- */
 
-/* A started pipeline of the stages st of m. */
-static mbp_pipeline *stages_pipeline(mbp_model *m, mbp_model_stages *st, uint32_t max_mb,
-				     mbp_result_fn on_result, void *arg)
-{
-	mbp_opts o;
-	mbp_opts_init(&o);
-	o.in_row_bytes = mbp_model_in_width(m) * sizeof(float);
-	o.max_mb_rows = max_mb;
-	o.on_result = on_result;
-	o.on_result_arg = arg;
-	mbp_pipeline *p;
-	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
-	ck_assert_int_eq(mbp_model_stages_add(st, p), 0);
-	ck_assert_int_eq(mbp_pipeline_start(p), 0);
-	return p;
-}
-
 static mbp_pipeline *model_pipeline(mbp_model *m, mbp_model_stages **st, unsigned stages, uint32_t max_mb,
 				    mbp_result_fn on_result, void *arg)
 {
@@ -843,8 +786,7 @@ static mbp_pipeline *model_pipeline(mbp_model *m, mbp_model_stages **st, unsigne
 		c[i] = 1;
 	mbp_model_plan plan;
 	ck_assert_int_eq(mbp_model_partition(c, NULL, mbp_model_layers(m), stages, &plan), 0);
-	ck_assert_int_eq(mbp_model_stages_new(st, m, &plan, max_mb), 0);
-	return stages_pipeline(m, *st, max_mb, on_result, arg);
+	return model_pipeline_plan(m, st, &plan, max_mb, on_result, arg);
 }
 
 struct results {
@@ -997,6 +939,11 @@ static void *swap_loop(void *arg)
 	return NULL;
 }
 
+/* The swap under load, through 3 stages of one thread each (_i 0), and through a replicated stage 0
+ * that spreads each job's micro-batches over its 3 replicas (_i 1: still one version per job). */
+static const mbp_model_plan replicated_plan = {
+    .stages = 2, .layers = 6, .first = {0, 3, 6}, .replicas = {3, 2}};
+
 START_TEST(swap_under_load_gives_each_job_one_version_never_a_mix)
 {
 	mbp_model_spec sp = {.layers = 6, .in = 48, .hidden = 64, .out = 16, .act = MBP_ACT_RELU, .seed = 1};
@@ -1011,7 +958,8 @@ START_TEST(swap_under_load_gives_each_job_one_version_never_a_mix)
 	}
 	mbp_model_destroy(b);
 	mbp_model_stages *st;
-	mbp_pipeline *p = model_pipeline(m, &st, 3, SW_MB, NULL, NULL);
+	mbp_pipeline *p = _i ? model_pipeline_plan(m, &st, &replicated_plan, SW_MB, NULL, NULL)
+			     : model_pipeline(m, &st, 3, SW_MB, NULL, NULL);
 	struct swapper sw = {.m = m};
 	pthread_t t;
 	ck_assert_int_eq(pthread_create(&t, NULL, swap_loop, &sw), 0);
@@ -1408,7 +1356,7 @@ START_TEST(a_move_during_weight_swaps_keeps_order_loses_nothing_and_mixes_no_ver
 }
 END_TEST
 
-START_TEST(rebalance_options_are_checked_and_stats_say_off_without_it)
+START_TEST(rebalance_options_are_checked_replicas_refused_and_stats_say_off_without_it)
 {
 	mbp_model *m = rb_model();
 	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
@@ -1420,6 +1368,11 @@ START_TEST(rebalance_options_are_checked_and_stats_say_off_without_it)
 	so.rebalance.threshold = NAN;
 	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -EINVAL);
 	ck_assert_ptr_null(st);
+	so.rebalance.threshold = 0.1; /* a move re-plans boundaries, not replicas: refused, not half done */
+	plan.replicas[1] = 2;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -ENOTSUP);
+	ck_assert_ptr_null(st);
+	plan.replicas[1] = 1;
 	mbp_model_stages_opts zero = {0}; /* off: the stages of mbp_model_stages_new */
 	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &zero), 0);
 	mbp_model_rebalance_stats rs;
@@ -1667,12 +1620,12 @@ static Suite *suite(void)
 	tcase_set_timeout(tp, 60);
 	tcase_add_test(tp, pipeline_output_equals_the_reference_bit_for_bit);
 	tcase_add_test(tp, a_pinned_micro_batch_runs_with_its_version_after_a_swap);
-	tcase_add_test(tp, swap_under_load_gives_each_job_one_version_never_a_mix);
+	tcase_add_loop_test(tp, swap_under_load_gives_each_job_one_version_never_a_mix, 0, 2);
 	suite_add_tcase(s, tp);
 	TCase *tr = tcase_create("rebalance");
 	tcase_add_checked_fixture(tr, setup, teardown);
 	tcase_set_timeout(tr, 60);
-	tcase_add_test(tr, rebalance_options_are_checked_and_stats_say_off_without_it);
+	tcase_add_test(tr, rebalance_options_are_checked_replicas_refused_and_stats_say_off_without_it);
 	tcase_add_test(tr, rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit);
 	tcase_add_test(tr, rebalance_never_moves_while_costs_are_steady_or_within_the_threshold);
 	tcase_add_test(tr, costs_that_draw_another_plan_at_each_look_never_move);

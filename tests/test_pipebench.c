@@ -80,6 +80,7 @@ static const char *const bad_args[][6] = {
     {"--bogus"},
     {"--workload=synthetic", "--rebalance"}, /* functions, not layers: nothing to move */
     {"--workload=train", "--rebalance"},
+    {"--workload=mlp", "--replicas=auto", "--rebalance"}, /* a move re-plans layers, not replicas */
     {"-x"},
     {"extra-argument"},
     {"--stages=0"},
@@ -162,6 +163,13 @@ static const char *const bad_args[][6] = {
     {"--gantt", "--no-gantt"},
     {"--no-gantt", "--gantt"},
     {"--progress", "--no-progress"},
+    /* --replicas: a count out of range, auto without the layers' costs, a list that is not the stages */
+    {"--replicas=0"},
+    {"--replicas=65"},
+    {"--replicas=1.5"},
+    {"--workload=synthetic", "--replicas=auto"},
+    {"--workload=train", "--replicas=2"},
+    {"--stages=2", "--replicas=1,2,3"},
 };
 
 START_TEST(bad_argument_gives_one_line_and_exit_2)
@@ -216,7 +224,8 @@ START_TEST(help_lists_every_option_with_its_default)
 					   "--latency-target", "--cpus",     "--spin-us",   "--opts",
 					   "--table",	       "--json",     "--csv",	    "--gantt",
 					   "--trace",	       "--progress", "--help",	    "--version",
-					   "--micro-batches",  "--costs",    "--unit-us",   "--svg"};
+					   "--micro-batches",  "--costs",    "--unit-us",   "--svg",
+					   "--replicas"};
 	for (unsigned i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
 		ck_assert_msg(strstr(r.out, opts[i]), "--help does not mention %s", opts[i]);
 	ck_assert_msg(strstr(r.out, "(default: auto)") && strstr(r.out, "(default: 10)") &&
@@ -593,6 +602,34 @@ START_TEST(table_run_reports_placement_best_size_and_gantt)
 		      r.out);
 	ck_assert_msg(strstr(r.out, "status=ok"), "summary not ok: %s", r.out);
 	ck_assert_msg(r.err[0] == 0, "stderr not empty when it is not a terminal: %s", r.err);
+	run_free(&r);
+}
+END_TEST
+
+/* Replicated stages run, their results checked, and the placement line names each replica's CPU; auto
+ * replicates an mlp stage over the CPUs. */
+START_TEST(replicas_are_checked_and_shown_in_the_placement)
+{
+	struct run r = run((const char *const[]){"--workload=synthetic", "--work-us=2,10,2",
+						 "--replicas=1,3,1", "--batch=32", "--mb=2", "--batches=2",
+						 "--tolerance=0", "--wait-quiet=0", "--no-gantt", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "stage 1 (stage1) x3 -> CPUs "), "no replicas in the placement: %s",
+		      r.out);
+	ck_assert_msg(strstr(r.out, "status=ok"), "summary not ok: %s", r.out);
+	run_free(&r);
+	r = run((const char *const[]){"--layers=3", "--hidden=32", "--stages=1", "--replicas=auto",
+				      "--batch=16", "--mb=4", "--batches=2", "--tolerance=0",
+				      "--wait-quiet=0", "--no-gantt", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_ptr_nonnull(root);
+	const cJSON *pl = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "placement"), 0);
+	ck_assert_ptr_nonnull(pl);
+	int allowed = mbp_cpus_allowed(NULL, 0, NULL);
+	ck_assert_int_eq((int)cJSON_GetNumberValue(cJSON_GetObjectItem(pl, "replicas")), allowed);
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(pl, "replica_cpus")), allowed);
+	cJSON_Delete(root);
 	run_free(&r);
 }
 END_TEST
@@ -1824,6 +1861,7 @@ static Suite *suite(void)
 	tcase_add_test(out, rebalance_runs_the_mlp_with_its_checks);
 	tcase_add_test(out, counts_of_one_are_singular);
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
+	tcase_add_test(out, replicas_are_checked_and_shown_in_the_placement);
 	tcase_add_test(out, a_pipeline_refused_for_a_limit_names_it);
 	tcase_add_test(out, csv_has_a_header_and_one_line_per_size);
 	tcase_add_test(out, trace_file_is_a_chrome_trace);

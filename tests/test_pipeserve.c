@@ -365,6 +365,39 @@ START_TEST(infer_equals_the_library_output_in_every_encoding)
 }
 END_TEST
 
+/* Replicated stages serve the library's bits, in order: two replicas of each stage, and auto. */
+START_TEST(replicated_stages_answer_with_the_library_output)
+{
+	make_models();
+	mbp_model *m = load(model_a);
+	enum { ROWS = 21 };
+	float x[ROWS * IN_W], want[ROWS * OUT_W], got[ROWS * OUT_W];
+	fill_rows(x, ROWS, 9);
+	ck_assert_int_eq(mbp_model_forward(m, x, want, ROWS, 8), 0);
+	static const char *const reps[] = {"2", "auto"};
+	for (int k = 0; k < 2; k++) {
+		srv s;
+		start(&s, (const char *const[]){"--replicas", reps[k], "--max-batch-rows", "8",
+						"--max-queue-delay-us", "0", NULL});
+		for (int i = 0; i < 3; i++) {
+			size_t len;
+			char *body = infer_body("r", x, ROWS, false, false, false, &len, NULL);
+			http_resp r;
+			ck_assert_int_eq(post_infer(s.port, -1, "a", body, len, -1, &r), 0);
+			memset(got, 0, sizeof got);
+			decode_output(&r, "r", ROWS, got);
+			ck_assert_msg(memcmp(got, want, sizeof want) == 0, "--replicas %s: output differs",
+				      reps[k]);
+			http_resp_free(&r);
+			free(body);
+		}
+		ck_assert_int_eq(srv_stop(&s, SIGINT), 0);
+	}
+	mbp_model_destroy(m);
+	remove_models();
+}
+END_TEST
+
 /* ---- bad input ---- */
 
 typedef struct bad_case {
@@ -1992,6 +2025,9 @@ START_TEST(bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2)
 	    {{"-x"}, "-x", "unknown option"},
 	    {{"--port"}, "--port", "needs a value"},
 	    {{"--stages", "9"}, "--stages 9", "only 6 layers"}, /* the demo model has 6 */
+	    {{"--replicas", "0"}, "--replicas", "auto or a whole number"},
+	    {{"--replicas", "many"}, "--replicas", "auto or a whole number"},
+	    {{"--replicas", "2", "--rebalance"}, "--replicas and --rebalance", "not their replicas"},
 	    {{"--model", "/nonexistent/x.safetensors"},
 	     "--model: /nonexistent/x.safetensors",
 	     "No such file"},
@@ -2108,6 +2144,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_endpoint_answers_per_the_protocol);
 	tcase_add_test(tc, infer_equals_the_library_output_in_every_encoding);
 	tcase_add_test(tc, rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics);
+	tcase_add_test(tc, replicated_stages_answer_with_the_library_output);
 	tcase_add_test(tc, every_bad_input_gets_its_status_and_the_server_keeps_serving);
 	tcase_add_test(tc, a_full_queue_answers_429_at_once_and_a_queued_request_times_out_with_503);
 	tcase_add_test(tc, thirty_two_concurrent_clients_each_get_their_own_results);

@@ -354,11 +354,15 @@ typedef struct mbp_model_plan {
 	unsigned layers;		    /**< L */
 	uint32_t mb_rows;		    /**< micro-batch size profiled; 0 when costs were given */
 	unsigned first[MBP_MAX_STAGES + 1]; /**< stage s runs layers [first[s], first[s+1]); first[S] = L */
-	double stage_ns[MBP_MAX_STAGES];    /**< predicted time per micro-batch, incoming hand-off included */
-	double slowest_ns;		    /**< the largest stage_ns: the pipeline's period */
-	double mean_ns;			    /**< mean of stage_ns */
+	double stage_ns[MBP_MAX_STAGES];    /**< predicted time per micro-batch, incoming hand-off included
+					       (of one replica: the stage takes stage_ns / replicas per
+					       micro-batch) */
+	double slowest_ns;		    /**< the largest stage_ns / replicas: the pipeline's period */
+	double mean_ns;			    /**< sum of stage_ns / the threads (the sum of the replicas) */
 	double balance;			    /**< slowest / mean, 1.0 is perfect */
 	double sequential_ns;		    /**< sum of the layer times (one thread, no hand-off) */
+	unsigned replicas[MBP_MAX_STAGES];  /**< threads of stage s (0: one); mbp_model_partition sets 1 */
+	unsigned threads; /**< the sum of the replicas; 0 in a plan filled by hand: stages */
 } mbp_model_plan;
 
 /**
@@ -377,13 +381,49 @@ int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsign
 			mbp_model_plan *plan);
 
 /**
+ * Choose the stage boundaries and each stage's replicas together, exactly: the plan of least period
+ * (max over stages of cost / replicas, the cost as in mbp_model_partition) whose replicas sum to at most
+ * `cpus`; among those, the fewest threads, then the plan whose last stage starts first (and has the
+ * fewest replicas), and so on back to the first. `stages` 0: any
+ * number of stages, else exactly that many. Dynamic programme over (stages, threads, layers), O(K C^2
+ * L^2) for K stages (1 when any) and C CPUs.
+ *
+ * Note: with no cost for a replica beyond its share of the work (this model), one stage of every layer
+ * on every CPU meets the bound sum / cpus, so `stages` 0 returns it; give `stages` for a pipeline of
+ * replicated stages (the costs of a replica's own cache and memory traffic are not modelled).
+ *
+ * @param cpus threads in all, 1 .. MBP_MAX_STAGES (the pipeline's limit)
+ * @return 0, -EINVAL (NULL, L or cpus zero, a negative or non-finite cost), -ERANGE (stages > L,
+ *         stages > cpus, cpus > MBP_MAX_STAGES), -ENOMEM.
+ */
+int mbp_model_partition_replicas(const double *layer_ns, const double *handoff_ns, unsigned layers,
+				 unsigned stages, unsigned cpus, mbp_model_plan *plan);
+
+/**
+ * Profile (mbp_model_profile, 5 reps) then choose stages and replicas (mbp_model_partition_replicas) for
+ * `cpus` threads at micro-batch size mb_rows.
+ * @return as those two.
+ */
+int mbp_model_balance_replicas(mbp_model *m, unsigned stages, unsigned cpus, uint32_t mb_rows, int cpu,
+			       mbp_model_plan *plan);
+
+/**
+ * Where each stage of a started pipeline of the plan's stages runs, one line per stage:
+ * "stage 1 (layer 3) x2 -> CPUs 1,2" ("-> CPU 0" for one replica, "unpinned" where a replica is not).
+ * @return the length of the full text, like snprintf; -EINVAL (NULL, the pipeline's stages are not the
+ *         plan's).
+ */
+int mbp_model_plan_placement(const mbp_model_plan *plan, mbp_pipeline *p, char *buf, size_t n);
+
+/**
  * Profile (mbp_model_profile, 5 reps) then partition: the plan for S stages at micro-batch size mb_rows.
  * @return as those two; -ERANGE when S exceeds the layer count.
  */
 int mbp_model_balance(mbp_model *m, unsigned stages, uint32_t mb_rows, int cpu, mbp_model_plan *plan);
 
 /**
- * Describe a plan: one line per stage ("stage 0: layers 0-3  412.5 us") and the balance.
+ * Describe a plan: one line per stage ("stage 0: layers 0-3  412.5 us", with " x2 (206.2 us per
+ * micro-batch)" for a replicated one) and the balance.
  * @return the length of the full text, like snprintf.
  */
 int mbp_model_plan_describe(const mbp_model_plan *plan, char *buf, size_t n);
@@ -408,7 +448,9 @@ unsigned mbp_model_stages_count(const mbp_model_stages *st);
 /**
  * The descriptor of stage s, for mbp_pipeline_add_stage(): name "layers a-b", fn, init (stage 0
  * registers its thread with RCU; every stage allocates its scratch and sets OpenBLAS to one thread),
- * fini, done (stage 0: drops the micro-batch's weights reference), out_row_bytes, cpu -1.
+ * fini, done (stage 0: drops the micro-batch's weights reference), out_row_bytes, cpu -1, and the
+ * plan's replicas: the replicas of a stage share the weights read-only (the same RCU versions, one per
+ * micro-batch, one per job) and each allocates its own scratch in its init.
  * The pipeline's in_row_bytes must be mbp_model_in_width() x 4 and its max_mb_rows at most the stages'.
  * @return 0, -ERANGE (s out of range), -EINVAL.
  */
@@ -455,7 +497,7 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * mbp_model_rebalance_stats.current says which layers each computes now. Costs are counted per layer
  * wherever it ran, so a core that another process slows makes its layers look dearer and the split
  * follows it; costs that keep changing faster than `patience` windows can make the split follow them
- * back and forth. Forward stages only: the trainer (<mbpipe/model_train.h>) keeps its split (a trainer's
+ * back and forth. Not with replicated stages (plan->replicas): refused. Forward stages only: the trainer (<mbpipe/model_train.h>) keeps its split (a trainer's
  * stages made again at another split between two steps give the same parameters bit for bit, which is
  * what moves between steps would rest on).
  */
@@ -504,7 +546,8 @@ typedef struct mbp_model_stages_opts {
  * mbp_model_stages_new() with options. With rebalancing on, every stage but the last declares the
  * widest activation of the model (any layer's output but the last) as its out_row_bytes, so that the
  * pipeline's hop buffers fit any plan, and every stage allocates scratch of that width.
- * @return as mbp_model_stages_new(); -EINVAL also for a negative or non-finite threshold.
+ * @return as mbp_model_stages_new(); -EINVAL also for a negative or non-finite threshold; -ENOTSUP for
+ *         rebalancing a plan with replicated stages (a move re-plans boundaries only, not replicas).
  */
 int mbp_model_stages_new_opts(mbp_model_stages **st, mbp_model *m, const mbp_model_plan *plan,
 			      uint32_t max_mb_rows, const mbp_model_stages_opts *o);

@@ -46,6 +46,7 @@ extern "C" {
 #define MBP_MAX_CPUS	   256
 #define MBP_HIST_BUCKETS   40 /* log2 of nanoseconds: bucket i counts [2^i, 2^(i+1)) ns; the last is open */
 #define MBP_STAGE_NAME_MAX 32
+#define MBP_MAX_REPLICAS   MBP_MAX_STAGES /* replicas of one stage; all threads together: MBP_MAX_STAGES */
 
 typedef struct mbp_pipeline mbp_pipeline;
 
@@ -57,9 +58,12 @@ typedef struct mbp_pipeline mbp_pipeline;
  * neighbouring stages: see "Threads and stages"), one micro-batch at a time.
  */
 typedef int (*mbp_stage_fn)(void *ctx, const mbp_mb *in, mbp_mb *out);
-/** Runs on the stage's thread before its first micro-batch (thread-local set-up: BLAS, RCU). 0 or -errno. */
+/** Runs on the stage's thread before its first micro-batch (thread-local set-up: BLAS, RCU). 0 or -errno.
+ * A replicated stage runs it once on each replica's thread, with the same `stage`: mbp_stage_replica()
+ * says which replica (index per-replica state with it). */
 typedef int (*mbp_stage_init_fn)(void *ctx, unsigned stage);
-/** Runs on the stage's thread after its last micro-batch, also when start failed after init succeeded. */
+/** Runs on the stage's thread after its last micro-batch, also when start failed after init succeeded (once
+ * per replica, on its thread, where its init succeeded). */
 typedef void (*mbp_stage_fini_fn)(void *ctx);
 /** Runs for every micro-batch as it leaves the pipeline, completed or failed, on the thread that completes
  * it: release what this stage attached to mb->carry. */
@@ -76,7 +80,34 @@ typedef struct mbp_stage_desc {
 	unsigned pin_cpu;	/**< 0: the placement plan decides (a zeroed descriptor never pins);
 				     MBP_PIN_CPU(c): pin this stage's thread to CPU c, one this process
 				     may use (opts.pinning MBP_PIN_NONE: ignored) */
+	unsigned replicas;	/**< threads that run this stage, each on the next micro-batch that is there
+				     (whichever is free takes it); the next stage, or the result, receives
+				     them in submission order whatever order they finish in. 0: 1. See
+				     "Replicas" below */
 } mbp_stage_desc;
+
+/*
+ * Replicas. A stage with replicas r > 1 runs on r threads of its own, each on its own CPU where the
+ * placement plan has CPUs for them (pinning as for any thread: "Placement"). The hand-off before it is a
+ * window indexed by each micro-batch's place in the stream: a replica that is free claims the next index
+ * with one atomic increment; the hand-off after it is the same window, read in order by the next stage
+ * (or, after the last stage, completed in order by whichever replica puts a result: done hooks,
+ * on_result and job completion follow submission order). fn, init and fini run on every replica's
+ * thread, on the same ctx: mbp_stage_replica() tells them which replica they run in, 0 .. r - 1.
+ * A pipeline with a replicated stage gives every stage a thread of its own (stages do not share threads:
+ * opts.threads must be 0 or the sum of the replicas) and hands off between two stages of one thread by
+ * the ring, as without replicas; with replicas of 1 everywhere nothing changes. Limits: the threads of
+ * all stages together at most MBP_MAX_STAGES; a replicated stage names no CPU (pin_cpu 0). Statistics:
+ * mbp_pipeline_stats_get() sums a stage's replicas, mbp_pipeline_replica_stats() gives each (its CPU
+ * too); mbp_pipeline_placement() gives a stage's replica 0. The threads are numbered replica-major
+ * (every stage's replica 0, then every replica 1, ...: opts.cpus[t] and placement's thread count that
+ * way), so that where threads outnumber the CPUs a stage's replicas still get different CPUs; each is
+ * named mbp-pipe-<stage>.<replica>. The trace has a track per replica ("<name> replica <j>").
+ */
+
+/** The replica of its stage that the calling thread runs, 0 .. replicas - 1: valid inside a stage's fn,
+ * init, fini and done on the pipeline's threads (0 on any other thread, and for a stage of one thread). */
+unsigned mbp_stage_replica(void);
 
 /** The value of mbp_stage_desc.pin_cpu that names CPU `c` (CPU numbers start at 0; 0 means "none"). */
 #define MBP_PIN_CPU(c) ((unsigned)(c) + 1u)
@@ -211,15 +242,17 @@ int mbp_pipeline_new(mbp_pipeline **p, const mbp_opts *o);
 /**
  * Append a stage (before start). The descriptor is copied. A descriptor with only `fn` set is complete:
  * every other field's zero is its default.
- * @return 0, -EINVAL (NULL fn, already started), -E2BIG (more than MBP_MAX_STAGES), -ERANGE (pin_cpu
- *         names a CPU this process may not use: see mbp_cpus_allowed()).
+ * @return 0, -EINVAL (NULL fn, already started, replicas > 1 with pin_cpu), -E2BIG (more than
+ *         MBP_MAX_STAGES stages, or their threads with replicas), -ERANGE (pin_cpu names a CPU this
+ *         process may not use: see mbp_cpus_allowed()).
  */
 int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d);
 
 /**
  * Start the worker threads (opts.threads), pinned per the placement plan, and run each stage's init on the
  * thread that runs the stage. More threads than CPUs works: the waits then skip their spin step.
- * @return 0; -EINVAL (no stages; stages of one thread naming different CPUs); -EALREADY; -ENOMEM;
+ * @return 0; -EINVAL (no stages; stages of one thread naming different CPUs; with replicas, opts.threads
+ *         other than 0 or their sum); -EALREADY; -ENOMEM;
  *         -ENOSPC (pool_bytes cannot hold what full rings and caches need), -E2BIG, -EOVERFLOW (sizes
  *         beyond the engine's); the first failing init's error (every thread is then joined and fini
  *         ran where init succeeded); a pin error (-EINVAL, -EPERM) only when the CPU was named
@@ -403,6 +436,9 @@ typedef struct mbp_stage_stats {
 	uint32_t ring_occupancy; /**< micro-batches waiting in the stage's input ring (stage 0: ingress;
 				      0 of 0 for a stage called by the previous one on its thread) */
 	uint32_t ring_capacity;
+	uint32_t
+	    replicas; /**< the stage's replicas (its figures above are their sums; mbp_pipeline_stats_get)
+			      or 1 for one replica's own (mbp_pipeline_replica_stats) */
 } mbp_stage_stats;
 
 typedef struct mbp_pipeline_stats {
@@ -411,7 +447,8 @@ typedef struct mbp_pipeline_stats {
 	uint64_t mbs_accepted, mbs_completed, mbs_failed;
 	uint64_t rows_completed;
 	uint32_t stages;
-	uint32_t threads;	 /**< worker threads (T); equals stages unless stages share threads */
+	uint32_t threads;	 /**< worker threads (T); equals stages unless stages share threads, or
+				      have replicas (then their sum) */
 	uint32_t ingress_queued; /**< entries waiting in the ingress now */
 	double throughput;	 /**< rows completed per second in the window */
 	double bubble;		 /**< 1 - sum(busy) / (threads x window): idle share of the workers' time */
@@ -424,6 +461,13 @@ typedef struct mbp_pipeline_stats {
  * stages. @return the stage count, or -EINVAL.
  */
 int mbp_pipeline_stats_get(mbp_pipeline *p, mbp_pipeline_stats *ps, mbp_stage_stats *ss, unsigned n);
+
+/**
+ * Snapshot the counters of each replica of stage `stage` (as mbp_pipeline_stats_get() does for stages;
+ * cpu is the replica's own): up to n entries into `out`, replica j in out[j]; summed, they are the
+ * stage's figures. @return the stage's replicas, or -EINVAL (NULL, stage out of range).
+ */
+int mbp_pipeline_replica_stats(mbp_pipeline *p, unsigned stage, mbp_stage_stats *out, unsigned n);
 
 /**
  * Turn snapshot `b` into the window since snapshot `a` (both of the same pipeline): counters become

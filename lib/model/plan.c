@@ -7,6 +7,12 @@
  * sums: 64 stages of 4096 layers is about a billion steps, far beyond any real model, while 100 layers
  * take a millisecond. Binary search over the answer with a greedy check would be faster but is only exact
  * when a stage's cost grows with its length alone, which a per-boundary hand-off cost breaks.
+ *
+ * Replicas. A stage of r replicas takes cost / r per micro-batch. best[k][c][j], the least period of the
+ * first j layers in k stages on at most c threads, is min over i and r of max(best[k-1][c-r][i],
+ * cost(i, j) / r); with any number of stages the k dimension folds into one (best[c][j] from best[c-r][i]).
+ * Least period first, then the fewest threads (the least c whose best equals it), then the last stage
+ * starting first with the fewest replicas, and so on back.
  */
 #include "config.h"
 
@@ -113,15 +119,41 @@ static double stage_cost(const double *layer_ns, const double *handoff_ns, unsig
 	return c;
 }
 
-int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
-			mbp_model_plan *plan)
+/* A plan's predicted figures from its boundaries and replicas: each stage's cost, the period, the mean
+ * over the threads, the balance, the sequential time. */
+void mbp__plan_cost(mbp_model_plan *plan, const double *layer_ns, const double *handoff_ns)
 {
-	if (!layer_ns || !plan || !L || !S)
-		return -EINVAL;
+	double sum = 0;
+	plan->threads = 0;
+	plan->slowest_ns = 0;
+	for (unsigned s = 0; s < plan->stages; s++) {
+		unsigned r = plan->replicas[s] ? plan->replicas[s] : 1;
+		plan->stage_ns[s] = stage_cost(layer_ns, handoff_ns, plan->first[s], plan->first[s + 1]);
+		sum += plan->stage_ns[s];
+		plan->threads += r;
+		if (plan->stage_ns[s] / r > plan->slowest_ns)
+			plan->slowest_ns = plan->stage_ns[s] / r;
+	}
+	plan->mean_ns = sum / plan->threads;
+	plan->balance = plan->mean_ns > 0 ? plan->slowest_ns / plan->mean_ns : 1.0;
+	plan->sequential_ns = stage_cost(layer_ns, NULL, 0, plan->layers);
+}
+
+/* The costs' checks of both partitions. */
+static int costs_check(const double *layer_ns, const double *handoff_ns, unsigned L)
+{
 	for (unsigned i = 0; i < L; i++)
 		if (!isfinite(layer_ns[i]) || layer_ns[i] < 0 ||
 		    (handoff_ns && (!isfinite(handoff_ns[i]) || handoff_ns[i] < 0)))
 			return -EINVAL;
+	return 0;
+}
+
+int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
+			mbp_model_plan *plan)
+{
+	if (!layer_ns || !plan || !L || !S || costs_check(layer_ns, handoff_ns, L))
+		return -EINVAL;
 	if (S > L || S > MBP_MAX_STAGES)
 		return -ERANGE;
 	size_t W = (size_t)L + 1;
@@ -166,23 +198,117 @@ int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsign
 	free(pre);
 	free(best);
 	free(arg);
+	for (unsigned s = 0; s < S; s++)
+		plan->replicas[s] = 1;
 	mbp__plan_cost(plan, layer_ns, handoff_ns);
 	return 0;
 }
 
-void mbp__plan_cost(mbp_model_plan *plan, const double *layer_ns, const double *handoff_ns)
+int mbp_model_partition_replicas(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
+				 unsigned C, mbp_model_plan *plan)
 {
-	double sum = 0;
-	plan->slowest_ns = 0;
-	for (unsigned s = 0; s < plan->stages; s++) {
-		plan->stage_ns[s] = stage_cost(layer_ns, handoff_ns, plan->first[s], plan->first[s + 1]);
-		sum += plan->stage_ns[s];
-		if (plan->stage_ns[s] > plan->slowest_ns)
-			plan->slowest_ns = plan->stage_ns[s];
+	if (!layer_ns || !plan || !L || !C || costs_check(layer_ns, handoff_ns, L))
+		return -EINVAL;
+	if (S > L || S > C || C > MBP_MAX_STAGES || L > UINT16_MAX)
+		return -ERANGE;
+	const bool any = S == 0;
+	const unsigned K = any ? 1 : S;
+	const size_t W = (size_t)L + 1, CW = (size_t)(C + 1) * W, n = (size_t)(K + 1) * CW;
+	double *pre = malloc(W * sizeof(*pre)), *best = malloc(n * sizeof(*best));
+	uint16_t *argi = malloc(n * sizeof(*argi)), *argr = malloc(n * sizeof(*argr));
+	if (!pre || !best || !argi || !argr) {
+		free(pre);
+		free(best);
+		free(argi);
+		free(argr);
+		return -ENOMEM;
 	}
-	plan->mean_ns = sum / plan->stages;
-	plan->balance = plan->mean_ns > 0 ? plan->slowest_ns / plan->mean_ns : 1.0;
-	plan->sequential_ns = stage_cost(layer_ns, NULL, 0, plan->layers);
+	pre[0] = 0;
+	for (unsigned i = 0; i < L; i++)
+		pre[i + 1] = pre[i] + layer_ns[i];
+#define AT(k, c, j) ((size_t)(k)*CW + (size_t)(c)*W + (j))
+	for (size_t x = 0; x < n; x++)
+		best[x] = INFINITY;
+	for (unsigned c = 0; c <= C; c++)
+		best[AT(0, c, 0)] = 0; /* no layers yet: no stage, no thread needed */
+	/* any: one table, read and written (j only grows); else stage k reads stage k - 1's */
+	for (unsigned k = any ? 0 : 1; k <= (any ? 0 : K); k++) {
+		const unsigned from = any ? 0 : k - 1;
+		for (unsigned c = 1; c <= C; c++)
+			for (unsigned j = any ? 1 : k; j <= L; j++) {
+				double b = INFINITY;
+				unsigned at = 0, rr = 1;
+				for (unsigned i = any ? 0 : k - 1; i < j; i++) {
+					double cost =
+					    pre[j] - pre[i] + (i > 0 && handoff_ns ? handoff_ns[i - 1] : 0);
+					for (unsigned r = 1; r <= c; r++) {
+						double v = fmax(best[AT(from, c - r, i)], cost / r);
+						if (v < b)
+							b = v, at = i, rr = r;
+					}
+				}
+				best[AT(k, c, j)] = b;
+				argi[AT(k, c, j)] = (uint16_t)at;
+				argr[AT(k, c, j)] = (uint16_t)rr;
+			}
+	}
+	/* least period; then the fewest threads reaching it */
+	unsigned c = C;
+	while (c > 1 && best[AT(any ? 0 : K, c - 1, L)] == best[AT(any ? 0 : K, C, L)])
+		c--;
+	/* walk back: the stages come out last first */
+	unsigned first[MBP_MAX_STAGES + 1], reps[MBP_MAX_STAGES], ns = 0;
+	for (unsigned k = any ? 0 : K, j = L; j > 0;) {
+		size_t x = AT(k, c, j);
+		first[ns] = argi[x];
+		reps[ns++] = argr[x];
+		c -= argr[x];
+		j = argi[x];
+		if (!any)
+			k--;
+	}
+#undef AT
+	free(pre);
+	free(best);
+	free(argi);
+	free(argr);
+	memset(plan, 0, sizeof(*plan));
+	plan->stages = ns;
+	plan->layers = L;
+	for (unsigned s = 0; s < ns; s++) {
+		plan->first[s] = first[ns - 1 - s];
+		plan->replicas[s] = reps[ns - 1 - s];
+	}
+	plan->first[ns] = L;
+	mbp__plan_cost(plan, layer_ns, handoff_ns);
+	return 0;
+}
+
+/* Profile the model (5 reps) and plan with `partition` applied to its costs. */
+static int profile_and_plan(mbp_model *m, uint32_t mb_rows, int cpu, mbp_model_plan *plan, unsigned stages,
+			    unsigned cpus)
+{
+	double *c = malloc(2 * (size_t)m->layers * sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	int rc = mbp_model_profile(m, mb_rows, 5, cpu, c, c + m->layers);
+	if (!rc)
+		rc = cpus ? mbp_model_partition_replicas(c, c + m->layers, m->layers, stages, cpus, plan)
+			  : mbp_model_partition(c, c + m->layers, m->layers, stages, plan);
+	if (!rc)
+		plan->mb_rows = mb_rows;
+	free(c);
+	return rc;
+}
+
+int mbp_model_balance_replicas(mbp_model *m, unsigned stages, unsigned cpus, uint32_t mb_rows, int cpu,
+			       mbp_model_plan *plan)
+{
+	if (!m || !plan || !cpus || !mb_rows)
+		return -EINVAL;
+	if (stages > m->layers || stages > cpus || cpus > MBP_MAX_STAGES)
+		return -ERANGE;
+	return profile_and_plan(m, mb_rows, cpu, plan, stages, cpus);
 }
 
 int mbp_model_balance(mbp_model *m, unsigned stages, uint32_t mb_rows, int cpu, mbp_model_plan *plan)
@@ -191,16 +317,7 @@ int mbp_model_balance(mbp_model *m, unsigned stages, uint32_t mb_rows, int cpu, 
 		return -EINVAL;
 	if (stages > m->layers || stages > MBP_MAX_STAGES)
 		return -ERANGE;
-	double *c = malloc(2 * (size_t)m->layers * sizeof(*c));
-	if (!c)
-		return -ENOMEM;
-	int rc = mbp_model_profile(m, mb_rows, 5, cpu, c, c + m->layers);
-	if (!rc)
-		rc = mbp_model_partition(c, c + m->layers, m->layers, stages, plan);
-	if (!rc)
-		plan->mb_rows = mb_rows;
-	free(c);
-	return rc;
+	return profile_and_plan(m, mb_rows, cpu, plan, stages, 0);
 }
 
 int mbp_model_plan_describe(const mbp_model_plan *plan, char *buf, size_t n)
@@ -208,14 +325,53 @@ int mbp_model_plan_describe(const mbp_model_plan *plan, char *buf, size_t n)
 	if (!plan || (!buf && n) || plan->stages > MBP_MAX_STAGES)
 		return -EINVAL;
 	struct mbp__strbuf b = mbp__strbuf_fixed(buf, n);
-	for (unsigned s = 0; s < plan->stages; s++)
-		mbp__strbuf_printf(&b, "stage %u: layers %u-%u  %.1f us\n", s, plan->first[s],
+	for (unsigned s = 0; s < plan->stages; s++) {
+		unsigned r = plan->replicas[s] ? plan->replicas[s] : 1;
+		mbp__strbuf_printf(&b, "stage %u: layers %u-%u  %.1f us", s, plan->first[s],
 				   plan->first[s + 1] - 1, plan->stage_ns[s] / 1e3);
+		if (r > 1)
+			mbp__strbuf_printf(&b, " x%u (%.1f us per micro-batch)", r,
+					   plan->stage_ns[s] / r / 1e3);
+		mbp__strbuf_printf(&b, "\n");
+	}
 	mbp__strbuf_printf(
 	    &b, "%u %s at %u %s: slowest %.1f us, mean %.1f us, balance %.3f, sequential %.1f us\n",
 	    plan->stages, PLURAL(plan->stages, "stage", "stages"), plan->mb_rows,
 	    PLURAL(plan->mb_rows, "row", "rows"), plan->slowest_ns / 1e3, plan->mean_ns / 1e3, plan->balance,
 	    plan->sequential_ns / 1e3);
+	if (b.oom)
+		return -EINVAL;
+	return b.len > INT32_MAX ? INT32_MAX : (int)b.len;
+}
+
+int mbp_model_plan_placement(const mbp_model_plan *plan, mbp_pipeline *p, char *buf, size_t n)
+{
+	mbp_pipeline_stats ps;
+	if (!plan || !p || (!buf && n) || plan->stages > MBP_MAX_STAGES ||
+	    mbp_pipeline_stats_get(p, &ps, NULL, 0) != (int)plan->stages)
+		return -EINVAL;
+	struct mbp__strbuf b = mbp__strbuf_fixed(buf, n);
+	for (unsigned s = 0; s < plan->stages; s++) {
+		mbp_stage_stats rs[MBP_MAX_REPLICAS];
+		int r = mbp_pipeline_replica_stats(p, s, rs, MBP_MAX_REPLICAS);
+		if (r < 1)
+			return -EINVAL;
+		unsigned a = plan->first[s], z = plan->first[s + 1] - 1;
+		if (a == z)
+			mbp__strbuf_printf(&b, "stage %u (layer %u)", s, a);
+		else
+			mbp__strbuf_printf(&b, "stage %u (layers %u-%u)", s, a, z);
+		if (r > 1)
+			mbp__strbuf_printf(&b, " x%d", r);
+		mbp__strbuf_printf(&b, " -> %s ", r > 1 ? "CPUs" : "CPU");
+		for (int j = 0; j < r; j++) {
+			if (rs[j].cpu >= 0)
+				mbp__strbuf_printf(&b, "%s%d", j ? "," : "", rs[j].cpu);
+			else
+				mbp__strbuf_printf(&b, "%sunpinned", j ? "," : "");
+		}
+		mbp__strbuf_printf(&b, "\n");
+	}
 	if (b.oom)
 		return -EINVAL;
 	return b.len > INT32_MAX ? INT32_MAX : (int)b.len;

@@ -14,6 +14,11 @@
  *
  * Rebalancing (rebalance.c): stage 0 gives each micro-batch the plan in use in mb->carry_plan, and each
  * stage computes its range of that plan, timed layer by layer; without it a stage's range is fixed.
+ * Replicas (plan->replicas): the replicas of a stage share its weights read-only (the same versions, one
+ * per micro-batch as above) and each has its own scratch and its own version bookkeeping (struct replica,
+ * indexed by mbp_stage_replica()). A replicated stage 0 sees a job's micro-batches spread over its
+ * replicas, so the version of each job under way is kept in a table shared by the replicas, under a lock
+ * (jobs_v): still one version per job.
  */
 #include "config.h"
 
@@ -31,24 +36,40 @@
 #include "model_internal.h"
 #include "rebalance.h"
 
-struct stage {
-	mbp_model *m;
-	struct mbp__rb *rb; /* rebalancing: the range comes with each micro-batch's plan; NULL: off */
-	unsigned idx, a, b; /* layers [a, b): without rebalancing, and its name */
-	uint32_t max_rows;
-	size_t scratch_floats; /* per buffer; 0 for a single-layer stage */
-	float *s0, *s1;
-	char name[MBP_STAGE_NAME_MAX];
+/* What each replica of a stage has of its own, on a line of its own. */
+struct replica {
+	MBP_CACHELINE_ALIGNED float *s0, *s1;
 	/* stage 0: the version of the job under way, held (one reference) until its last micro-batch */
 	struct mbp__version *job_v;
 	const mbp_job *job;
 	uint64_t job_seq;
 };
 
+/* A replicated stage 0's versions of the jobs under way: at most one per replica plus the one being
+ * split is partly computed at any time. */
+struct job_version_entry {
+	const mbp_job *job;
+	struct mbp__version *v; /* one reference, the table's */
+	uint32_t seen;		/* micro-batches of the job computed with it */
+};
+
+struct stage {
+	mbp_model *m;
+	struct mbp__rb *rb; /* rebalancing: the range comes with each micro-batch's plan; NULL: off */
+	unsigned idx, a, b; /* layers [a, b): without rebalancing, and its name */
+	unsigned replicas;
+	uint32_t max_rows;
+	size_t scratch_floats; /* per buffer; 0 for a single-layer stage */
+	char name[MBP_STAGE_NAME_MAX];
+	struct replica *rep;		  /* replicas entries */
+	pthread_mutex_t jobs_lock;	  /* replicated stage 0: the table below */
+	struct job_version_entry *jobs_v; /* replicas + 1 entries; NULL unless replicated stage 0 */
+};
+
 /* Stage 0: the version for a job's micro-batch. A job's micro-batches pass stage 0 one after the other
  * (seq 0, 1, ...): the first takes the current version and the stage keeps a reference to it for the rest,
  * so a whole job is computed with one version; the reference goes with the job's last micro-batch. */
-static struct mbp__version *job_version(struct stage *s, const mbp_mb *in)
+static struct mbp__version *job_version(struct replica *s, mbp_model *m, const mbp_mb *in)
 {
 	struct mbp__version *v;
 	if (s->job_v && in->job == s->job && in->seq == s->job_seq + 1) {
@@ -58,7 +79,7 @@ static struct mbp__version *job_version(struct stage *s, const mbp_mb *in)
 	} else {
 		mbp__version_put(s->job_v);
 		s->job_v = NULL;
-		v = mbp__version_get_rcu(s->m);
+		v = mbp__version_get_rcu(m);
 		if (in->seq + 1 < in->job->mbs) {
 			atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed); /* as above */
 			s->job_v = v;
@@ -73,6 +94,45 @@ static struct mbp__version *job_version(struct stage *s, const mbp_mb *in)
 	return v;
 }
 
+/* A replicated stage 0: the job's version from the shared table (the first of its micro-batches to arrive
+ * takes the current one), dropped from the table with the job's last micro-batch. */
+static struct mbp__version *shared_job_version(struct stage *s, const mbp_mb *in)
+{
+	const mbp_job *job = in->job;
+	pthread_mutex_lock(&s->jobs_lock);
+	struct job_version_entry *e = NULL, *empty = NULL;
+	for (unsigned i = 0; i <= s->replicas; i++) {
+		if (s->jobs_v[i].job == job)
+			e = &s->jobs_v[i];
+		else if (!s->jobs_v[i].job && !empty)
+			empty = &s->jobs_v[i];
+	}
+	struct mbp__version *v;
+	if (e) {
+		v = e->v;
+		/* relaxed: the table's reference keeps v alive */
+		atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
+	} else {
+		v = mbp__version_get_rcu(s->m);
+		if (job->mbs > 1) {
+			/* an empty entry is there: see struct job_version_entry (a table full of jobs cut short
+			 * by a cancel would only cost this job its one version) */
+			e = empty;
+			if (e) {
+				/* relaxed: as above */
+				atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
+				*e = (struct job_version_entry){.job = job, .v = v};
+			}
+		}
+	}
+	if (e && ++e->seen == job->mbs) { /* its last micro-batch */
+		mbp__version_put(e->v);
+		*e = (struct job_version_entry){0};
+	}
+	pthread_mutex_unlock(&s->jobs_lock);
+	return v;
+}
+
 struct mbp_model_stages {
 	mbp_model *m;
 	struct mbp__rb *rb;
@@ -83,12 +143,13 @@ struct mbp_model_stages {
 
 static int stage_init(void *ctx, unsigned idx)
 {
-	struct stage *s = ctx;
+	struct stage *st = ctx;
+	struct replica *s = &st->rep[mbp_stage_replica()];
 	(void)idx;
 	mbp__blas_one_thread();
-	if (s->scratch_floats) {
-		s->s0 = mbp__scratch_alloc(s->scratch_floats);
-		s->s1 = mbp__scratch_alloc(s->scratch_floats);
+	if (st->scratch_floats) {
+		s->s0 = mbp__scratch_alloc(st->scratch_floats);
+		s->s1 = mbp__scratch_alloc(st->scratch_floats);
 		if (!s->s0 || !s->s1) {
 			free(s->s0);
 			free(s->s1);
@@ -97,17 +158,26 @@ static int stage_init(void *ctx, unsigned idx)
 		}
 	}
 	/* Stage 0 reads the RCU-protected weights pointer: its thread must be a registered reader. */
-	if (s->idx == 0)
+	if (st->idx == 0)
 		rcu_register_thread();
 	return 0;
 }
 
 static void stage_fini(void *ctx)
 {
-	struct stage *s = ctx;
+	struct stage *st = ctx;
+	struct replica *s = &st->rep[mbp_stage_replica()];
 	mbp__version_put(s->job_v); /* a job cut short (cancelled) left it */
 	s->job_v = NULL;
-	if (s->idx == 0)
+	if (st->jobs_v) {
+		pthread_mutex_lock(&st->jobs_lock);
+		for (unsigned i = 0; i <= st->replicas; i++) { /* jobs cut short: whichever replica is last */
+			mbp__version_put(st->jobs_v[i].v);
+			st->jobs_v[i] = (struct job_version_entry){0};
+		}
+		pthread_mutex_unlock(&st->jobs_lock);
+	}
+	if (st->idx == 0)
 		rcu_unregister_thread();
 	free(s->s0);
 	free(s->s1);
@@ -117,6 +187,7 @@ static void stage_fini(void *ctx)
 static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
 	struct stage *s = ctx;
+	struct replica *r = &s->rep[mbp_stage_replica()];
 	const mbp_model *m = s->m;
 	struct mbp__version *v;
 	const struct mbp__rb_plan *plan = NULL;
@@ -137,7 +208,10 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 			 out->capacity < (size_t)in->rows * out->row_bytes))
 		return -EINVAL;
 	if (s->idx == 0) {
-		v = out->carry ? out->carry : in->job ? job_version(s, in) : mbp__version_get_rcu(s->m);
+		v = out->carry	? out->carry
+		    : !in->job	? mbp__version_get_rcu(s->m)
+		    : s->jobs_v ? shared_job_version(s, in)
+				: job_version(r, s->m, in);
 		out->carry = v;
 	} else {
 		v = in->carry;
@@ -145,9 +219,9 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 		out->carry = v;
 	}
 	if (plan)
-		mbp__rb_run(s->rb, s->idx, v, a, b, in, out->data, s->s0, s->s1);
+		mbp__rb_run(s->rb, s->idx, v, a, b, in, out->data, r->s0, r->s1);
 	else
-		mbp__layers_run(m, v, a, b, in->data, out->data, in->rows, s->s0, s->s1);
+		mbp__layers_run(m, v, a, b, in->data, out->data, in->rows, r->s0, r->s1);
 	return 0;
 }
 
@@ -164,9 +238,20 @@ static bool plan_fits(const mbp_model_plan *plan, unsigned layers)
 	    plan->first[0] != 0 || plan->first[plan->stages] != layers)
 		return false;
 	for (unsigned s = 0; s < plan->stages; s++)
-		if (plan->first[s] >= plan->first[s + 1])
+		if (plan->first[s] >= plan->first[s + 1] || plan->replicas[s] > MBP_MAX_REPLICAS)
 			return false;
 	return true;
+}
+
+static void stages_free(mbp_model_stages *st)
+{
+	for (unsigned i = 0; i < st->n; i++) {
+		free(st->s[i].rep);
+		free(st->s[i].jobs_v);
+		pthread_mutex_destroy(&st->s[i].jobs_lock);
+	}
+	mbp__rb_destroy(st->rb);
+	free(st);
 }
 
 int mbp_model_stages_new(mbp_model_stages **out, mbp_model *m, const mbp_model_plan *plan,
@@ -183,6 +268,9 @@ int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_mo
 	const mbp_model_rebalance *ro = o && o->rebalance.on ? &o->rebalance : NULL;
 	if (ro && (!isfinite(ro->threshold) || ro->threshold < 0))
 		return -EINVAL;
+	for (unsigned i = 0; ro && i < plan->stages; i++)
+		if (plan->replicas[i] > 1)
+			return -ENOTSUP; /* a move re-plans boundaries alone, and a layer's time has one writer */
 	mbp_model_stages *st = calloc(1, sizeof(*st) + plan->stages * sizeof(st->s[0]));
 	if (!st)
 		return -ENOMEM;
@@ -202,6 +290,18 @@ int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_mo
 		s->a = plan->first[i];
 		s->b = plan->first[i + 1];
 		s->max_rows = max_mb_rows;
+		s->replicas = plan->replicas[i] ? plan->replicas[i] : 1;
+		pthread_mutex_init(&s->jobs_lock, NULL);
+		s->rep = aligned_alloc(MBP_CACHELINE, s->replicas * sizeof(*s->rep));
+		if (s->rep)
+			memset(s->rep, 0, s->replicas * sizeof(*s->rep));
+		if (i == 0 && s->replicas > 1)
+			s->jobs_v = calloc(s->replicas + 1, sizeof(*s->jobs_v));
+		if (!s->rep || (i == 0 && s->replicas > 1 && !s->jobs_v)) {
+			st->n = i + 1;
+			stages_free(st);
+			return -ENOMEM;
+		}
 		uint32_t w = 0; /* widest activation between this stage's layers; rebalancing: any layers' */
 		for (unsigned k = s->a; k + 1 < s->b; k++)
 			if (m->l[k].out > w)
@@ -209,7 +309,8 @@ int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_mo
 		if (st->rb)
 			w = st->widest_hop;
 		if (w && !mbp__mul_size(w, max_mb_rows, &s->scratch_floats)) {
-			mbp_model_stages_destroy(st);
+			st->n = i + 1;
+			stages_free(st);
 			return -ENOMEM;
 		}
 		if (s->b - s->a == 1)
@@ -243,6 +344,7 @@ int mbp_model_stage_desc(const mbp_model_stages *st, unsigned i, mbp_stage_desc 
 	d->out_row_bytes = (size_t)st->m->l[s->b - 1].out * sizeof(float);
 	if (st->rb && i + 1 < st->n) /* the widest activation any plan hands over */
 		d->out_row_bytes = (size_t)st->widest_hop * sizeof(float);
+	d->replicas = s->replicas;
 	return 0;
 }
 
@@ -263,8 +365,7 @@ int mbp_model_stages_add(mbp_model_stages *st, mbp_pipeline *p)
 void mbp_model_stages_destroy(mbp_model_stages *st)
 {
 	if (st)
-		mbp__rb_destroy(st->rb);
-	free(st);
+		stages_free(st);
 }
 
 int mbp_model_stages_rebalance_stats(mbp_model_stages *st, mbp_model_rebalance_stats *out)

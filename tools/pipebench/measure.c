@@ -451,9 +451,11 @@ static void fill_stages(pb_cand *c)
 		st->pin_error = pl[i].pin_error;
 		st->thread = pl[i].thread;
 		st->mbs = ss->mbs;
-		st->busy = window > 0 ? (double)ss->busy_ns / window : 0;
-		st->starved = window > 0 ? (double)ss->starved_ns / window : 0;
-		st->blocked = window > 0 ? (double)ss->blocked_ns / window : 0;
+		st->replicas = ss->replicas ? ss->replicas : 1;
+		const double threads = window * st->replicas; /* the stage's replicas' windows */
+		st->busy = window > 0 ? (double)ss->busy_ns / threads : 0;
+		st->starved = window > 0 ? (double)ss->starved_ns / threads : 0;
+		st->blocked = window > 0 ? (double)ss->blocked_ns / threads : 0;
 		st->service_us = ss->mbs ? (double)ss->busy_ns / (double)ss->mbs / 1e3 : 0;
 		busy += (double)ss->busy_ns;
 		if (ss->mbs != batches * c->mbs)
@@ -490,6 +492,8 @@ static int start_pipeline(pb_cand *c, const mbp_opts *o)
 	for (unsigned i = 0; i < S; i++) {
 		c->wraps[i] =
 		    (pb_stamp){.inner = c->desc[i], .rec = c->cur + (size_t)i * c->mbs * 2, .cap = c->mbs};
+		if (b->cfg->nreplicas) /* --replicas N,..; auto is the mlp's plan, in its descriptors */
+			c->wraps[i].inner.replicas = b->cfg->replicas[b->cfg->nreplicas > 1 ? i : 0];
 		mbp_stage_desc d = pb_stamp_desc(&c->wraps[i]);
 		rc = mbp_pipeline_add_stage(c->p, &d);
 		if (rc < 0)
@@ -504,6 +508,13 @@ static int start_pipeline(pb_cand *c, const mbp_opts *o)
 	}
 	rc = mbp_pipeline_placement(c->p, b->placement, MBP_MAX_STAGES);
 	b->have_placement = rc > 0;
+	for (unsigned i = 0; b->have_placement && i < S; i++) {
+		mbp_stage_stats rs[MBP_MAX_REPLICAS];
+		int n = mbp_pipeline_replica_stats(c->p, i, rs, MBP_MAX_REPLICAS);
+		b->replicas[i] = n > 0 ? (unsigned)n : 1;
+		for (int j = 0; j < n; j++)
+			b->replica_cpu[i][j] = rs[j].cpu;
+	}
 	for (unsigned i = 0; b->have_placement && i < S; i++)
 		for (unsigned j = 0; j < S; j++)
 			r->tl.share[i] += b->placement[j].thread == b->placement[i].thread;
@@ -621,6 +632,7 @@ int pb_cand_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *
 	for (unsigned i = 0; i < S; i++) {
 		mbp_stage_stats *t = &c->sum[i];
 		memcpy(t->name, sz[i].name, sizeof(t->name));
+		t->replicas = sz[i].replicas;
 		t->mbs += sz[i].mbs - sa[i].mbs;
 		t->failed += sz[i].failed - sa[i].failed;
 		t->busy_ns += sz[i].busy_ns - sa[i].busy_ns;

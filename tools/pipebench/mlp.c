@@ -27,6 +27,7 @@ struct mlp {
 	int profile_cpu;
 	uint64_t seed;
 	bool rebalance;
+	const pb_config *cfg; /* --replicas */
 };
 
 /* --rebalance: each move, on stderr (stage 0's thread); the reason names the new cuts. */
@@ -37,6 +38,19 @@ static void log_move(void *arg, const mbp_model_move *mv)
 		PLURAL(mb_rows, "row", "rows"), (unsigned long long)mv->plan, mv->reason);
 }
 
+/* The plan for micro-batches of mb_rows: balanced stages (mbp_model_balance), with --replicas applied,
+ * or with --replicas=auto boundaries and replicas chosen together over the CPUs. */
+static int mlp_plan(struct mlp *m, uint32_t mb_rows, int cpu, mbp_model_plan *plan)
+{
+	const pb_config *cfg = m->cfg;
+	if (cfg->replicas_auto)
+		return mbp_model_balance_replicas(m->model, m->w.stages, cfg->ncpus, mb_rows, cpu, plan);
+	int rc = mbp_model_balance(m->model, m->w.stages, mb_rows, cpu, plan);
+	for (unsigned s = 0; rc == 0 && cfg->nreplicas && s < plan->stages; s++)
+		plan->replicas[s] = cfg->replicas[cfg->nreplicas > 1 ? s : 0];
+	return rc;
+}
+
 static int mlp_prepare(pb_workload *w, uint32_t mb_rows, mbp_stage_desc *desc, void **inst, char *err,
 		       size_t errlen)
 {
@@ -44,9 +58,9 @@ static int mlp_prepare(pb_workload *w, uint32_t mb_rows, mbp_stage_desc *desc, v
 	mbp_model_plan plan;
 	mbp_model_stages *st = NULL;
 	*inst = NULL;
-	int rc = mbp_model_balance(m->model, w->stages, mb_rows, m->profile_cpu, &plan);
+	int rc = mlp_plan(m, mb_rows, m->profile_cpu, &plan);
 	if (rc < 0 && m->profile_cpu >= 0) /* a pin refused: profile where the thread is */
-		rc = mbp_model_balance(m->model, w->stages, mb_rows, -1, &plan);
+		rc = mlp_plan(m, mb_rows, -1, &plan);
 	if (rc < 0) {
 		snprintf(err, errlen, "mlp: cannot balance %u %s at %u %s: %s", w->stages,
 			 PLURAL(w->stages, "stage", "stages"), mb_rows, PLURAL(mb_rows, "row", "rows"),
@@ -192,6 +206,7 @@ int pb_mlp_new(pb_workload **out, const pb_config *cfg, char *err, size_t errlen
 	m->seed = cfg->seed;
 	m->rebalance = cfg->rebalance;
 	m->profile_cpu = cfg->ncpus ? cfg->cpus[0] : -1;
+	m->cfg = cfg;
 
 	if (cfg->model_path) {
 		mbp_model_error e;

@@ -129,6 +129,7 @@ enum {
 	OPT_SCHEDULE_FILE,
 	OPT_CHUNKS,
 	OPT_REBALANCE,
+	OPT_REPLICAS,
 };
 
 static const struct option long_opts[] = {
@@ -158,6 +159,7 @@ static const struct option long_opts[] = {
     {"unit-us", required_argument, NULL, OPT_UNIT},
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
     {"chunks", required_argument, NULL, OPT_CHUNKS},
+    {"replicas", required_argument, NULL, OPT_REPLICAS},
     {"schedule-file", required_argument, NULL, OPT_SCHEDULE_FILE},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", no_argument, NULL, OPT_CSV},
@@ -199,6 +201,10 @@ void pb_options_help(FILE *f)
 	    "      --work-us=LIST       synthetic: busy work per row, in microseconds, one value for every\n"
 	    "                           stage or one per stage such as 10,20,10,10 (default: %g)\n"
 	    "      --mb-us=LIST         synthetic: fixed busy work per micro-batch and stage (default: 0)\n"
+	    "      --replicas=SPEC      threads per stage, each on the next micro-batch, the results merged\n"
+	    "                           in order: N for every stage, N,N,.. one per stage, or auto (mlp):\n"
+	    "                           boundaries and replicas chosen together over the CPUs, exactly,\n"
+	    "                           for --stages stages (default: 1)\n"
 	    "      --row-bytes=B        synthetic: bytes per row, read and written by every stage; a\n"
 	    "                           micro-batch of m rows touches m x B bytes (default: %u)\n"
 	    "      --model=FILE         mlp: a safetensors model file (default: generate one)\n"
@@ -532,6 +538,26 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			cfg->schedule_file = optarg;
 			have_train = true;
 			break;
+		case OPT_REPLICAS: {
+			cfg->replicas_auto = !strcmp(optarg, "auto");
+			double r[MBP_MAX_STAGES];
+			if (!cfg->replicas_auto &&
+			    parse_us_list(name, optarg, 1, r, &cfg->nreplicas, err, errlen) == 0)
+				for (unsigned i = 0; i < cfg->nreplicas; i++) {
+					if (r[i] != floor(r[i]) || r[i] > MBP_MAX_REPLICAS)
+						return fail(err, errlen,
+							    "%s: '%s': auto, or whole numbers from 1 to %d, "
+							    "one or one per stage",
+							    name, optarg, MBP_MAX_REPLICAS);
+					cfg->replicas[i] = (unsigned)r[i];
+				}
+			else if (!cfg->replicas_auto)
+				return fail(
+				    err, errlen,
+				    "%s: '%s': auto, or whole numbers from 1 to %d, one or one per stage",
+				    name, optarg, MBP_MAX_REPLICAS);
+			break;
+		}
 		case OPT_CHUNKS:
 			if (parse_u64(optarg, 1, 8, &v))
 				return fail(err, errlen, "%s: '%s' is not a whole number from 1 to 8", name,
@@ -622,6 +648,20 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 		if (cfg->engine_opts || cfg->trace_path)
 			return fail(err, errlen,
 				    "--opts and --trace apply to the pipeline, not to --workload=train");
+	}
+	if ((cfg->replicas_auto || cfg->nreplicas) && cfg->workload == PB_WL_TRAIN)
+		return fail(err, errlen, "--replicas applies to the pipeline, not to --workload=train");
+	if ((cfg->replicas_auto || cfg->nreplicas) && cfg->rebalance)
+		return fail(
+		    err, errlen,
+		    "--replicas and --rebalance: a move re-plans the stages' layers, not their replicas");
+	if (cfg->replicas_auto && cfg->workload != PB_WL_MLP)
+		return fail(err, errlen, "--replicas=auto needs the layers' costs: --workload=mlp");
+	if (cfg->nreplicas > 1) {
+		if (cfg->stages && cfg->stages != cfg->nreplicas)
+			return fail(err, errlen, "--stages=%u but --replicas has %u values", cfg->stages,
+				    cfg->nreplicas);
+		cfg->stages = cfg->nreplicas;
 	}
 	if (have_model && (have_layers || have_hidden))
 		return fail(err, errlen, "--layers and --hidden describe a generated model, not --model");

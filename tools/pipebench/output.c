@@ -81,7 +81,8 @@ static unsigned threads(const pb_report *rep)
 	const pb_bench *b = rep->b;
 	if (!b->have_placement || rep->w->stages == 0)
 		return rep->w->stages;
-	return b->placement[rep->w->stages - 1].thread + 1;
+	/* the last stage's replica 0, then its other replicas */
+	return b->placement[rep->w->stages - 1].thread + b->replicas[rep->w->stages - 1];
 }
 
 /* More threads than CPUs: they time-slice. */
@@ -159,8 +160,18 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	if (b->have_placement)
 		for (unsigned s = 0; s < w->stages; s++) {
 			const char *name = stage_name(rep, s);
-			fprintf(f, "%s stage %u%s%s%s -> ", s ? "," : "", s, *name ? " (" : "", name,
+			fprintf(f, "%s stage %u%s%s%s", s ? "," : "", s, *name ? " (" : "", name,
 				*name ? ")" : "");
+			if (b->replicas[s] > 1) { /* stage 1 (layer 3) x2 -> CPUs 1,2 */
+				fprintf(f, " x%u -> CPUs ", b->replicas[s]);
+				for (unsigned j = 0; j < b->replicas[s]; j++)
+					if (b->replica_cpu[s][j] >= 0)
+						fprintf(f, "%s%d", j ? "," : "", b->replica_cpu[s][j]);
+					else
+						fprintf(f, "%sunpinned", j ? "," : "");
+				continue;
+			}
+			fprintf(f, " -> ");
 			if (threads(rep) < w->stages)
 				fprintf(f, "thread %u on ", b->placement[s].thread);
 			if (b->placement[s].cpu >= 0)
@@ -507,6 +518,10 @@ int pb_print_json(FILE *f, const pb_report *rep)
 		cJSON_AddNumberToObject(e, "cpu", b->placement[s].cpu);
 		cJSON_AddNumberToObject(e, "thread", b->placement[s].thread);
 		cJSON_AddNumberToObject(e, "sharing", b->placement[s].sharing);
+		cJSON_AddNumberToObject(e, "replicas", b->replicas[s]);
+		cJSON *rc = cJSON_AddArrayToObject(e, "replica_cpus");
+		for (unsigned j = 0; j < b->replicas[s]; j++)
+			cJSON_AddItemToArray(rc, cJSON_CreateNumber(b->replica_cpu[s][j]));
 		cJSON_AddItemToObject(e, "pin_error",
 				      b->placement[s].pin_error
 					  ? cJSON_CreateString(mbp_strerror(b->placement[s].pin_error))

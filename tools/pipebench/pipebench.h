@@ -76,6 +76,11 @@ typedef struct pb_config {
 	bool gantt_set;
 	int progress; /* -1: when stderr is a terminal, 0: never, 1: always */
 	uint64_t seed;
+	/* --replicas: auto (mlp: mbp_model_balance_replicas over the CPUs), or one value for every stage or
+	 * one per stage; 0 values: none */
+	bool replicas_auto;
+	unsigned nreplicas;
+	unsigned replicas[MBP_MAX_STAGES];
 	/* synthetic */
 	unsigned nwork;			/* entries in work_us (1: the same for every stage) */
 	double work_us[MBP_MAX_STAGES]; /* busy work per row, per stage */
@@ -293,8 +298,10 @@ typedef struct pb_stage_result {
 	int pin_error;
 	unsigned thread; /* the worker thread running the stage (consecutive stages may share one) */
 	uint64_t mbs;
-	double busy, starved, blocked; /* shares of the measured window */
+	double busy, starved, blocked; /* shares of the measured window (a replicated stage: of its
+					  replicas' windows, their mean) */
 	double service_us;	       /* mean time inside the stage function per micro-batch */
+	unsigned replicas;
 } pb_stage_result;
 
 typedef struct pb_result {
@@ -359,6 +366,8 @@ typedef struct pb_bench {
 	bool base_ref_ok; /* base.ref holds the reference (else the baseline's first output becomes it) */
 	mbp_placement placement[MBP_MAX_STAGES];
 	bool have_placement;
+	unsigned replicas[MBP_MAX_STAGES];		   /* per stage, with the placement */
+	int replica_cpu[MBP_MAX_STAGES][MBP_MAX_REPLICAS]; /* each replica's CPU, -1: unpinned */
 	bool pin;		     /* the engine pins stages: the baseline pins its thread too */
 	double load_start, load_end; /* 1-minute load average before and after (-1: unknown) */
 	pb_noise noise;

@@ -194,8 +194,9 @@ void pb_check(pb_result *r, const pb_check_input *in)
 	 * once (a few stalled batches move the latter, not the median), and PB_ACCOUNT_SLACK / 2 either way. */
 	if (r->inflight_share > 0) {
 		double busy = 0;
-		for (unsigned i = 0; i < r->stages; i++)
-			busy += r->st[i].busy;
+		for (unsigned i = 0; i < r->stages;
+		     i++) /* a replicated stage's share is its replicas' mean */
+			busy += r->st[i].busy * (r->st[i].replicas ? r->st[i].replicas : 1);
 		busy /= T;
 		double blo = r->bubble_iv.lo < r->bubble_all ? r->bubble_iv.lo : r->bubble_all;
 		double bhi = r->bubble_iv.hi > r->bubble_all ? r->bubble_iv.hi : r->bubble_all;

@@ -39,11 +39,14 @@ struct syn_stage {
 	enum fault fault; /* only the last stage's is set */
 	unsigned index;
 	uint64_t iters_row, iters_mb;
-	/* order check: only this stage's thread (or the baseline thread, never at the same time) */
+	/* order check: only this stage's thread (or the baseline thread, never at the same time); a
+	 * replicated stage's replicas each see part of the stream, so it checks nothing here (the next
+	 * stage's check and the output's chain do) */
+	bool replicated;
 	const void *job;
 	uint64_t next_seq;
 	uint64_t job_mbs;
-	uint64_t sink;
+	uint64_t sink[MBP_MAX_REPLICAS]; /* each replica's own */
 };
 
 struct syn {
@@ -103,9 +106,10 @@ static int check_order(struct syn_stage *st, const mbp_mb *in)
 static int syn_stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
 	struct syn_stage *st = ctx;
-	if (in->job && check_order(st, in))
+	if (in->job && !st->replicated && check_order(st, in))
 		return MBP_EPROTO;
-	st->sink = burn(st->iters_mb + st->iters_row * in->rows, st->sink);
+	unsigned rep = mbp_stage_replica();
+	st->sink[rep] = burn(st->iters_mb + st->iters_row * in->rows, st->sink[rep]);
 	if (st->fault == FAULT_LOSE && in->job && in->seq == 0)
 		return 0; /* the rows of this micro-batch are never written */
 
@@ -239,7 +243,8 @@ int pb_synthetic_new(pb_workload **out, const pb_config *cfg, char *err, size_t 
 		st->index = i;
 		st->iters_row = (uint64_t)(row_us * s->iters_per_us + 0.5);
 		st->iters_mb = (uint64_t)(mb_us * s->iters_per_us + 0.5);
-		st->sink = i + 1;
+		st->sink[0] = i + 1;
+		st->replicated = cfg->nreplicas && cfg->replicas[cfg->nreplicas > 1 ? i : 0] > 1;
 		st->fault = i + 1 == w->stages ? f : FAULT_NONE;
 		if (n < (int)sizeof(w->desc) && (i == 0 || cfg->nwork > 1))
 			n += snprintf(w->desc + n, sizeof(w->desc) - (size_t)n, "%s%g", i ? "," : "", row_us);

@@ -12,6 +12,7 @@
 #include "engine.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef PS_WITH_MPI
 #include "mpi.h"
@@ -40,6 +41,16 @@ int ps_engine_opts(ps_server *s, mbp_opts *op, mbp_stage_desc *d, unsigned *n)
 	return 0;
 }
 
+unsigned ps_engine_threads(const ps_server *s, unsigned nst)
+{
+	if (s->mpi)
+		return s->all_stages;
+	unsigned t = 0; /* the plan's replicas (0 in a plan that has none: one each) */
+	for (unsigned i = 0; i < nst && i < s->plan.stages; i++)
+		t += s->plan.replicas[i] ? s->plan.replicas[i] : 1;
+	return t > nst ? t : nst;
+}
+
 int ps_engine_start(ps_server *s)
 {
 	mbp_opts o;
@@ -48,7 +59,7 @@ int ps_engine_start(ps_server *s)
 	int rc = ps_engine_opts(s, &o, d, &nst);
 	if (rc)
 		return rc;
-	unsigned all = s->mpi ? s->all_stages : nst; /* micro-batches in flight: 2 per stage, all ranks' */
+	unsigned all = ps_engine_threads(s, nst); /* micro-batches in flight: 2 per thread, all ranks' */
 	ps_batcher_cfg bc = {.max_batch_rows = s->cfg.max_batch_rows,
 			     .max_delay_ns = s->cfg.max_queue_delay_us * 1000,
 			     .max_queue_rows = s->cfg.max_queue_rows,
@@ -89,4 +100,10 @@ void ps_engine_log_placement(ps_server *s)
 			ps_log("placement: stage %d (%s) -> thread %u, cpu %d", i, name, pl[i].thread,
 			       pl[i].cpu);
 	}
+	char text[4096]; /* the replicated stages, each replica's CPU: "stage 1 (layer 3) x2 -> CPUs 1,2" */
+	if (s->mpi || mbp_model_plan_placement(&s->plan, p, text, sizeof text) < 0)
+		return;
+	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+		if (strstr(line, ") x"))
+			ps_log("placement: %s", line);
 }

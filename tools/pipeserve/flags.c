@@ -33,10 +33,14 @@ static const char usage[] =
     "  --demo SPEC              demo model shape: layers=N,in=N,hidden=N,out=N,seed=N,act=relu|gelu|none\n"
     "                           (default layers=6,in=128,hidden=512,out=16,seed=1,act=relu)\n"
     "  --stages N               pipeline stages (default: one per allowed CPU, at most one per layer)\n"
+    "  --replicas N|auto        threads per stage, each on the next micro-batch, results in order: N for\n"
+    "                           every stage, or auto: stage boundaries and replicas chosen together over\n"
+    "                           the allowed CPUs (--stages of them, or any number) (default 1)\n"
     "  --max-batch-rows N       rows per micro-batch (default 32)\n"
     "  --max-queue-delay-us N   longest wait for a micro-batch to fill (default 0)\n"
     "  --max-queue-rows N       admission bound in rows; beyond it requests get 429 (default 4096)\n"
-    "  --max-inflight N         micro-batches in the pipeline at once (default 2 x stages)\n"
+    "  --max-inflight N         micro-batches in the pipeline at once (default 2 x threads:\n"
+    "                           stages, their replicas summed)\n"
     "  --timeout-ms N           a request still queued after N ms gets 503 (default 10000; 0: none)\n"
     "  --max-body-bytes N       largest request body; beyond it 413 (default 16777216)\n"
     "  --max-inflight-body-bytes N  request body bytes held at once, all requests together; beyond it\n"
@@ -107,6 +111,7 @@ static const flag flags[] = {
     FLAG("name", F_STR, name, 0, 0),
     FLAG("demo", F_STR, demo, 0, 0),
     FLAG("stages", F_UNSIGNED, stages, 0, MBP_MAX_STAGES),
+    FLAG("replicas", F_STR, replicas, 0, 0),
     FLAG("max-batch-rows", F_U32, max_batch_rows, 1, 65536),
     FLAG("max-queue-delay-us", F_U64, max_queue_delay_us, 0, 60000000),
     FLAG("max-queue-rows", F_SIZE, max_queue_rows, 1, 1u << 30),
@@ -385,6 +390,32 @@ int ps_flags_parse(int argc, char **argv, ps_config *c)
 		return -1;
 	}
 	return 0;
+}
+
+long ps_flags_replicas(const ps_config *c, bool mpi)
+{
+	if (!c->replicas)
+		return 0;
+	if (mpi) {
+		usage_error("--replicas: not under mpirun (each rank runs its stages on one thread each)");
+		return -1;
+	}
+	if (c->rebalance) {
+		usage_error(
+		    "--replicas and --rebalance: a move re-plans the stages' layers, not their replicas; "
+		    "give one or the other");
+		return -1;
+	}
+	if (!strcmp(c->replicas, "auto"))
+		return UINT32_MAX;
+	uint64_t v = 0;
+	char err[256];
+	if (parse_u64_opt("--replicas", c->replicas, "auto or a whole number", 1, MBP_MAX_REPLICAS, &v, err,
+			  sizeof err)) {
+		usage_error("%s", err);
+		return -1;
+	}
+	return (long)v;
 }
 
 unsigned ps_flags_stages(const ps_config *c, unsigned layers, unsigned deflt)

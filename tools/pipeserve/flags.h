@@ -24,6 +24,7 @@ typedef struct ps_config {
 	const char *demo;		  /* demo model spec "layers=4,in=64,hidden=256,out=16,seed=1" */
 	mbp_model_spec demo_spec;	  /* the demo spec parsed (without --model) */
 	unsigned stages;		  /* 0: one per allowed CPU (at most one per layer) */
+	const char *replicas;		  /* --replicas: NULL (one each), "auto" or a count for every stage */
 	uint32_t max_batch_rows;	  /* 32 */
 	uint64_t max_queue_delay_us;	  /* 0 */
 	size_t max_queue_rows;		  /* 4096 */
@@ -66,6 +67,13 @@ const char *ps_flags_model_name(const ps_config *c, char *out, size_t n);
  * @return the count, or 0 when --stages asks for more stages than the model has layers (said).
  */
 unsigned ps_flags_stages(const ps_config *c, unsigned layers, unsigned deflt);
+
+/*
+ * --replicas: 0 when not given, 1 .. MBP_MAX_REPLICAS for a count every stage runs on, UINT32_MAX for
+ * auto (the stages' boundaries and replicas chosen together over the allowed CPUs), or -1 after saying why
+ * not (usage: not a count, or under mpirun).
+ */
+long ps_flags_replicas(const ps_config *c, bool mpi);
 
 /*
  * Apply the engine options `conf` (mbp_opts_parse's key=value,...; NULL or "" change nothing) over `o`; `what`

@@ -49,7 +49,8 @@ static void log_startup(ps_server *s)
 	ps_log("batching: max %u rows per micro-batch, delay %llu us, queue %zu rows, %u micro-batches in "
 	       "flight, timeout %llu ms, %u HTTP threads",
 	       c->max_batch_rows, (unsigned long long)c->max_queue_delay_us, c->max_queue_rows,
-	       c->max_inflight ? c->max_inflight : 2 * nst, (unsigned long long)c->timeout_ms, c->threads);
+	       c->max_inflight ? c->max_inflight : 2 * ps_engine_threads(s, nst),
+	       (unsigned long long)c->timeout_ms, c->threads);
 	if (c->repository)
 		ps_log("loads: over HTTP from the model repository %s (files at most %llu bytes, %llu ms)",
 		       c->repository, (unsigned long long)c->max_model_bytes,

@@ -116,13 +116,28 @@ int ps_model_setup(ps_server *s)
 	ps_flags_model_name(&s->cfg, s->name, sizeof s->name); /* checked with the flags */
 
 	unsigned stages = s->plan.stages; /* under mpirun: this rank's, planned by ps_mpi_load */
+	long reps = ps_flags_replicas(&s->cfg, s->mpi); /* 0: none asked, UINT32_MAX: auto */
+	if (reps < 0)
+		return PS_EUSAGE;
+	int ncpu = s->mpi ? 0 : mbp_cpus_allowed(NULL, 0, NULL);
+	unsigned cpus = ncpu > 0 ? (unsigned)ncpu : 1;
 	if (!s->mpi) {
-		int ncpu = s->cfg.stages ? 0 : mbp_cpus_allowed(NULL, 0, NULL); /* the default: one per CPU */
-		stages = ps_flags_stages(&s->cfg, mbp_model_layers(s->model), ncpu > 0 ? (unsigned)ncpu : 1);
+		/* the default: one stage per CPU; with N replicas each, one per N CPUs */
+		unsigned deflt = reps > 0 && reps != UINT32_MAX ? cpus / (unsigned)reps : cpus;
+		stages = ps_flags_stages(&s->cfg, mbp_model_layers(s->model), deflt ? deflt : 1);
 		if (!stages)
 			return PS_EUSAGE;
 	}
-	rc = s->mpi ? 0 : mbp_model_balance(s->model, stages, s->cfg.max_batch_rows, -1, &s->plan);
+	if (s->mpi)
+		rc = 0;
+	else if (reps == UINT32_MAX) /* auto: --stages of them, or any number, over the CPUs */
+		rc = mbp_model_balance_replicas(s->model, s->cfg.stages ? stages : 0,
+						cpus > MBP_MAX_STAGES ? MBP_MAX_STAGES : cpus,
+						s->cfg.max_batch_rows, -1, &s->plan);
+	else
+		rc = mbp_model_balance(s->model, stages, s->cfg.max_batch_rows, -1, &s->plan);
+	for (unsigned i = 0; !rc && reps > 0 && reps != UINT32_MAX && i < s->plan.stages; i++)
+		s->plan.replicas[i] = (unsigned)reps;
 	mbp_model_stages_opts so = {.rebalance = {.on = s->cfg.rebalance, .on_move = log_move}};
 	if (!rc)
 		rc = mbp_model_stages_new_opts(&s->stages, s->model, &s->plan, s->cfg.max_batch_rows, &so);
