@@ -455,9 +455,9 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * mbp_model_rebalance_stats.current says which layers each computes now. Costs are counted per layer
  * wherever it ran, so a core that another process slows makes its layers look dearer and the split
  * follows it; costs that keep changing faster than `patience` windows can make the split follow them
- * back and forth. Forward stages only: the trainer (<mbpipe/model_train.h>) keeps its split (a trainer's
- * stages made again at another split between two steps give the same parameters bit for bit, which is
- * what moves between steps would rest on).
+ * back and forth. Forward stages only: a trainer (<mbpipe/model_train.h>) keeps its split while it runs;
+ * its stages made again at another split between two steps give the same parameters bit for bit, which is
+ * what pipetrain --rebalance rests on (it decides with mbp_model_rebalance_look below).
  */
 
 /** One move, as reported to mbp_model_rebalance.on_move. */
