@@ -828,7 +828,7 @@ static void split_text(const unsigned *first, unsigned S, char *buf, size_t n)
 	}
 }
 
-/* --rebalance, after each step: the stages' operations of the step added to the window; at its end a look
+/* --rebalance, after each step but the run's last: the stages' operations of the step added to the window; at its end a look
  * and, when the rule (mbp_model_rebalance_look, the rebalancing stages' own) says so, a move before the
  * next step: nothing is in flight between steps, the trainer and its stages are made again at the fresh
  * split from the model, whose parameters, moments and step counts stay as they are. Each layer's cost is
@@ -976,7 +976,7 @@ static int train(struct run *r)
 			double eta = ran / (double)(step - rep->start_step) * (double)(total - step);
 			pt_progress(ep + 1, c->epochs, k + 1, spe, dt > 0 ? rows / dt : 0, loss_sum / rows,
 				    eta);
-			if (c->rebalance && (status = rebalance_step(r, step)) != 0) {
+			if (c->rebalance && step < total && (status = rebalance_step(r, step)) != 0) {
 				rep->stopped = "a move failed";
 				break;
 			}
