@@ -1356,6 +1356,67 @@ START_TEST(a_move_during_weight_swaps_keeps_order_loses_nothing_and_mixes_no_ver
 }
 END_TEST
 
+/* A plan of 2 stages over 4 layers cutting before layer `cut`, its stages costing a and b. */
+static mbp_model_plan two_stages(unsigned cut, double a, double b)
+{
+	mbp_model_plan p = {.stages = 2, .layers = 4, .first = {0, cut, 4}, .stage_ns = {a, b}};
+	p.slowest_ns = a > b ? a : b;
+	return p;
+}
+
+START_TEST(the_look_rule_moves_after_patience_looks_of_the_same_better_plan_and_only_then)
+{
+	mbp_model_rebalance_rule r = {.threshold = 0.10, .patience = 3};
+	mbp_model_plan now = two_stages(2, 1000, 3000), better = two_stages(3, 2000, 2000);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &better), 0);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &better), 0);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &better), 1);
+	ck_assert_uint_eq(r.strikes, 0); /* a move starts the count again */
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &better), 0);
+	/* another better plan in between starts the count again at 1 */
+	mbp_model_plan other = two_stages(1, 1500, 1500);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &other), 0);
+	ck_assert_uint_eq(r.strikes, 1);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &better), 0);
+	ck_assert_uint_eq(r.strikes, 1);
+	/* within the threshold (3000 <= 1.1 x 2800), or no other cut: no strike */
+	mbp_model_plan close = two_stages(3, 2800, 2800);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &close), 0);
+	ck_assert_uint_eq(r.strikes, 0);
+	mbp_model_plan same_cut = two_stages(2, 500, 500);
+	for (int i = 0; i < 5; i++)
+		ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &same_cut), 0);
+	/* zero options are the defaults: threshold 0.10, patience 2 */
+	mbp_model_rebalance_rule d = {0};
+	ck_assert_int_eq(mbp_model_rebalance_look(&d, &now, &better), 0);
+	ck_assert_int_eq(mbp_model_rebalance_look(&d, &now, &better), 1);
+	ck_assert_int_eq(mbp_model_rebalance_look(&d, &now, &close), 0);
+	ck_assert_int_eq(mbp_model_rebalance_look(&d, &now, &close), 0);
+	char why[200];
+	ck_assert_int_gt(mbp_model_rebalance_reason(&d, &now, &better, 2000, why, sizeof why), 0);
+	ck_assert_str_eq(why, "stage 1 (layers 2-3) 3.0 us > 1.10 x 2.0 us of a plan cutting before layer 3 "
+			      "(planned 2.0 us)");
+}
+END_TEST
+
+START_TEST(the_look_rule_refuses_bad_arguments)
+{
+	mbp_model_rebalance_rule r = {0};
+	mbp_model_plan a = two_stages(2, 1, 1), b = two_stages(1, 1, 1);
+	ck_assert_int_eq(mbp_model_rebalance_look(NULL, &a, &b), -EINVAL);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, NULL, &b), -EINVAL);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &a, NULL), -EINVAL);
+	b.layers = 5;
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &a, &b), -EINVAL);
+	ck_assert_int_eq(mbp_model_rebalance_reason(&r, &a, &b, 0, NULL, 0), -EINVAL);
+	b.layers = 4;
+	r.threshold = -1;
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &a, &b), -EINVAL);
+	r.threshold = NAN;
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &a, &b), -EINVAL);
+}
+END_TEST
+
 START_TEST(rebalance_options_are_checked_replicas_refused_and_stats_say_off_without_it)
 {
 	mbp_model *m = rb_model();
@@ -1630,6 +1691,8 @@ static Suite *suite(void)
 	tcase_add_test(tr, rebalance_never_moves_while_costs_are_steady_or_within_the_threshold);
 	tcase_add_test(tr, costs_that_draw_another_plan_at_each_look_never_move);
 	tcase_add_test(tr, a_move_during_weight_swaps_keeps_order_loses_nothing_and_mixes_no_version_or_plan);
+	tcase_add_test(tr, the_look_rule_moves_after_patience_looks_of_the_same_better_plan_and_only_then);
+	tcase_add_test(tr, the_look_rule_refuses_bad_arguments);
 	suite_add_tcase(s, tr);
 	return s;
 }

@@ -203,6 +203,14 @@ static const char *const bad_args[][8] = {
     {"--split", "1,"},
     {"--layers", "784,64,10", "--split", "2"}, /* layers 0 and 1 only */
     {"--layers", "784,64,64,10", "--split", "1", "--stages", "3"},
+    {"--rebalance", "--split", "1"}, /* options that fix the split */
+    {"--rebalance", "--plan", "auto"},
+    {"--rebalance", "--replicas", "1,2"},
+    {"--rebalance", "--stages", "1"}, /* nothing to move */
+    {"--rebalance=window=0"},
+    {"--rebalance=threshold=-1"},
+    {"--rebalance=speed=2"},
+    {"--rebalance=window"},
     {"--epochs"},
     {"--frobnicate"},
     {"extra"},
@@ -913,6 +921,92 @@ START_TEST(replicated_stages_write_the_weights_of_unreplicated_ones_byte_for_byt
 	ck_assert_msg(strstr(r.err, "replicas"), "%s", r.err);
 	run_free(&r);
 	tmpdir_remove();
+}
+END_TEST
+
+/* Modelled layer costs for --rebalance's looks (PIPETRAIN_REBALANCE_COSTS, 3 layers): from step 0 the
+ * best split cuts before layer 1 (1000 | 1000 + 10 us), from step 8 before layer 2 (10 + 1000 | 1000): so
+ * whatever split the profile chose, at least one move, the last to layers 0-1 | 2. */
+#define SKEW "PIPETRAIN_REBALANCE_COSTS=0:1000,1000,10;8:10,1000,1000"
+
+START_TEST(a_rebalancing_run_moves_between_steps_and_writes_the_weights_of_one_without_it)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char base[128], path[128];
+	tmp_file(base, "base");
+	tmp_file(path, "moved");
+	struct run r = run((const char *const[]){SMALL, "--layers", "784,48,24,10", "--epochs", "2",
+						 "--stages", "2", "--save", base, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	/* schedule, threads (NULL: the default), hand-over */
+	static const char *const arms[][3] = {{"gpipe", NULL, "auto"},	    {"1f1b", NULL, "auto"},
+					      {"zbh1", NULL, "auto"},	    {"1f1b", NULL, "all"},
+					      {"interleaved", "1", "auto"}, {"auto", NULL, "auto"}};
+	for (unsigned i = 0; i < sizeof arms / sizeof arms[0]; i++) {
+		r = run_env(SKEW, (const char *const[]){SMALL, "--layers", "784,48,24,10", "--epochs", "2",
+							"--stages", "2", "--schedule", arms[i][0],
+							"--hand-over", arms[i][2], "--save", path, "--json",
+							"--quiet", "--rebalance=window=1",
+							arms[i][1] ? "--threads" : NULL, arms[i][1], NULL});
+		ck_assert_msg(r.status == 0, "%s: exit %d: %s", arms[i][0], r.status, r.err);
+		/* each move one line with its reason, the last to the split the costs ask for */
+		ck_assert_msg(strstr(r.err, "pipetrain: rebalance: move 1 after step "), "%s: %s", arms[i][0],
+			      r.err);
+		ck_assert_msg(strstr(r.err, "of a plan cutting before layer 2"), "%s: %s", arms[i][0], r.err);
+		const char *last = strstr(r.err, "now layers ");
+		for (const char *n; last && (n = strstr(last + 1, "now layers "));)
+			last = n;
+		ck_assert_msg(last && !strncmp(last, "now layers 0-1 | 2\n", 19), "%s: %s", arms[i][0],
+			      r.err);
+		cJSON *j = cJSON_Parse(r.out);
+		ck_assert_msg(j, "%s: no JSON: %s", arms[i][0], r.out);
+		double moves = cJSON_GetObjectItem(j, "moves")->valuedouble;
+		ck_assert_msg(moves >= 1 && moves <= 2, "%s: %g moves", arms[i][0], moves);
+		ck_assert_uint_eq(lines(r.err), (unsigned)moves);
+		ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(j, "rebalance")));
+		cJSON_Delete(j);
+		run_free(&r);
+		assert_same_file(base, path);
+	}
+	tmpdir_remove();
+}
+END_TEST
+
+START_TEST(steady_costs_never_move_and_costs_that_change_once_move_once)
+{
+	if (!have_data())
+		return;
+	/* any split of three equal layers has a 2000 us stage: no fresh plan is better */
+	struct run r =
+	    run_env("PIPETRAIN_REBALANCE_COSTS=0:1000,1000,1000",
+		    (const char *const[]){SMALL, "--layers", "784,48,24,10", "--epochs", "2", "--stages", "2",
+					  "--hand-over", "off", "--json", "--rebalance=window=1", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(!strstr(r.err, "rebalance: move"), "%s", r.err);
+	cJSON *j = cJSON_Parse(r.out);
+	ck_assert(j);
+	ck_assert_double_eq(cJSON_GetObjectItem(j, "moves")->valuedouble, 0);
+	cJSON_Delete(j);
+	run_free(&r);
+	/* costs that ask for layers 0 | 1-2 from the start: one move at most (when the profile cut
+	 * elsewhere), never one back */
+	r = run_env("PIPETRAIN_REBALANCE_COSTS=0:1000,1000,10",
+		    (const char *const[]){SMALL, "--layers", "784,48,24,10", "--epochs", "2", "--stages", "2",
+					  "--hand-over", "off", "--json", "--rebalance=window=1", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	j = cJSON_Parse(r.out);
+	ck_assert(j);
+	ck_assert_double_le(cJSON_GetObjectItem(j, "moves")->valuedouble, 1);
+	cJSON *st0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "stages"), 0);
+	ck_assert_msg(st0, "%s", r.out);
+	ck_assert_double_eq(cJSON_GetObjectItem(st0, "last_layer")->valuedouble,
+			    0); /* the split at the end */
+	cJSON_Delete(j);
+	ck_assert_msg(!strstr(r.err, "move 2"), "%s", r.err);
+	run_free(&r);
 }
 END_TEST
 
@@ -1910,6 +2004,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_chunked_schedule_that_cannot_place_the_stages_is_refused_as_usage);
 	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);
 	tcase_add_test(tc, replicated_stages_write_the_weights_of_unreplicated_ones_byte_for_byte);
+	tcase_add_test(tc, a_rebalancing_run_moves_between_steps_and_writes_the_weights_of_one_without_it);
+	tcase_add_test(tc, steady_costs_never_move_and_costs_that_change_once_move_once);
 	tcase_add_test(tc, more_epochs_on_resume_are_announced_as_a_new_schedule);
 	tcase_add_test(tc, a_checkpoint_pair_from_different_steps_is_refused_with_exit_2);
 	tcase_add_test(tc, a_nan_loss_stops_naming_step_and_stage_and_keeps_the_last_checkpoint);

@@ -497,9 +497,10 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * mbp_model_rebalance_stats.current says which layers each computes now. Costs are counted per layer
  * wherever it ran, so a core that another process slows makes its layers look dearer and the split
  * follows it; costs that keep changing faster than `patience` windows can make the split follow them
- * back and forth. Not with replicated stages (plan->replicas): refused. Forward stages only: the trainer (<mbpipe/model_train.h>) keeps its split (a trainer's
- * stages made again at another split between two steps give the same parameters bit for bit, which is
- * what moves between steps would rest on).
+ * back and forth. Not with replicated stages (plan->replicas): refused. Forward stages only: a trainer
+ * (<mbpipe/model_train.h>) keeps its split while it runs; its stages made again at another split between
+ * two steps give the same parameters bit for bit, which is what pipetrain --rebalance rests on (it decides
+ * with mbp_model_rebalance_look below).
  */
 
 /** One move, as reported to mbp_model_rebalance.on_move. */
@@ -569,6 +570,43 @@ typedef struct mbp_model_rebalance_stats {
  * @return 0, -EINVAL (NULL).
  */
 int mbp_model_stages_rebalance_stats(mbp_model_stages *st, mbp_model_rebalance_stats *out);
+
+/*
+ * The rule of a look, on its own: what the rebalancing stages above decide at each window, for a caller
+ * that measures by other means and moves by itself (pipetrain --rebalance measures each trainer stage per
+ * step and remakes the stages and the trainer between steps). The caller gives, at each look, the plan in
+ * use costed with the measurements (`measured`) and a fresh plan made from the same measurements
+ * (`fresh`); the rule says move when the measured slowest stage is above (1 + threshold) times the fresh
+ * plan's slowest, the fresh plan cuts elsewhere, and both held for `patience` looks in a row with the
+ * same fresh cuts each time.
+ */
+
+/** The rule's options and state. Zero it, set the options (0 means the default after each), then look. */
+typedef struct mbp_model_rebalance_rule {
+	double threshold;			/**< relative excess that moves; 0: 0.10 */
+	uint32_t patience;			/**< looks in a row the excess must last; 0: 2 */
+	uint32_t strikes;			/**< state: looks in a row that found `candidate` better */
+	unsigned candidate[MBP_MAX_STAGES + 1]; /**< state: the fresh plan's cuts at those looks */
+} mbp_model_rebalance_rule;
+
+/**
+ * One look. Counts a strike when `fresh` cuts elsewhere than `measured` and measured->slowest_ns exceeds
+ * (1 + threshold) x fresh->slowest_ns, with the same cuts as the last strike (else the count starts
+ * again at 1, or 0 when there is no excess); at `patience` strikes it answers move and starts again at 0.
+ * Both plans must have the same stages and layers.
+ * @return 1: move to `fresh`; 0: stay; -EINVAL (NULL, plans that do not match, a negative or non-finite
+ *         threshold).
+ */
+int mbp_model_rebalance_look(mbp_model_rebalance_rule *r, const mbp_model_plan *measured,
+			     const mbp_model_plan *fresh);
+
+/**
+ * A move's reason in one line: "stage 1 (layers 4-7) 1203.4 us > 1.10 x 900.2 us of a plan cutting before
+ * layer 5 (planned 950.0 us)", from the plan in use as measured, the fresh plan, and the slowest stage the
+ * plan in use predicted when it was made. @return the length of the full text, like snprintf.
+ */
+int mbp_model_rebalance_reason(const mbp_model_rebalance_rule *r, const mbp_model_plan *measured,
+			       const mbp_model_plan *fresh, double planned_ns, char *buf, size_t n);
 
 /* ---- live weight swap ---- */
 

@@ -9,8 +9,9 @@
  * window. A window in which some layer was not measured yet (the stages downstream lag stage 0 by the
  * micro-batches in flight) is not looked at: the next look covers it too.
  *
- * Decision. Under the plan in use the measured costs give each stage's time; mbp_model_partition gives
- * the best plan for the same costs. A move needs the slowest stage above (1 + threshold) times the fresh
+ * Decision (mbp_model_rebalance_look, public so that a caller measuring by other means, pipetrain
+ * --rebalance, decides by the same rule). Under the plan in use the measured costs give each stage's time;
+ * mbp_model_partition gives the best plan for the same costs. A move needs the slowest stage above (1 + threshold) times the fresh
  * plan's slowest, a fresh plan that cuts elsewhere, and both for `patience` looks in a row with the same
  * fresh plan each time (hysteresis: a window straddling a change of cost does not move alone, and noise,
  * which draws a different "better" plan at each look, seldom moves at all).
@@ -52,8 +53,7 @@ struct mbp__rb {
 	struct mbp__rb_plan *cur; /* the newest plan: the list of every plan made, through `older` */
 	mbp_model_plan cur_plan;  /* cur with its prediction */
 	uint64_t admitted;
-	unsigned strikes;				 /* looks in a row that found `candidate` better */
-	unsigned candidate[MBP_MAX_STAGES + 1];		 /* the fresh plan's cuts at those looks */
+	mbp_model_rebalance_rule rule;			 /* threshold, patience and the strikes so far */
 	uint64_t *seen_ns, *seen_mbs, *now_ns, *now_mbs; /* L each */
 	double *cost, *handoff;				 /* L each */
 	/* the statistics, copied out under the lock */
@@ -96,6 +96,8 @@ struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_
 	rb->cur->id = 1;
 	memcpy(rb->cur->first, plan->first, sizeof(rb->cur->first));
 	rb->cur_plan = *plan;
+	rb->rule.threshold = rb->o.threshold;
+	rb->rule.patience = rb->o.patience;
 	pthread_mutex_init(&rb->lock, NULL);
 	rb->st.on = true;
 	rb->st.plan = 1;
@@ -155,23 +157,57 @@ static void describe_range(char *buf, size_t n, unsigned a, unsigned b)
 		snprintf(buf, n, "layers %u-%u", a, b - 1);
 }
 
-/* The reason of a move, in one line: the slowest stage measured, the fresh plan's slowest and cuts. */
-static void move_reason(const struct mbp__rb *rb, const mbp_model_plan *from, const mbp_model_plan *to,
-			char *buf, size_t n)
+static bool plans_match(const mbp_model_plan *a, const mbp_model_plan *b)
 {
+	return a->stages == b->stages && a->layers == b->layers && a->stages >= 1 &&
+	       a->stages <= MBP_MAX_STAGES;
+}
+
+static double rule_threshold(const mbp_model_rebalance_rule *r)
+{
+	return r->threshold > 0 ? r->threshold : DEFAULT_THRESHOLD;
+}
+
+int mbp_model_rebalance_look(mbp_model_rebalance_rule *r, const mbp_model_plan *measured,
+			     const mbp_model_plan *fresh)
+{
+	if (!r || !measured || !fresh || !plans_match(measured, fresh) || !isfinite(r->threshold) ||
+	    r->threshold < 0)
+		return -EINVAL;
+	const size_t cuts = (measured->stages + 1) * sizeof(fresh->first[0]);
+	bool elsewhere = memcmp(fresh->first, measured->first, cuts) != 0;
+	bool excess = measured->slowest_ns > (1.0 + rule_threshold(r)) * fresh->slowest_ns;
+	/* hysteresis: the same better plan, look after look (noise draws a different one each time) */
+	bool same = r->strikes && !memcmp(fresh->first, r->candidate, cuts);
+	r->strikes = !(elsewhere && excess) ? 0 : same ? r->strikes + 1 : 1;
+	memset(r->candidate, 0, sizeof(r->candidate));
+	memcpy(r->candidate, fresh->first, cuts);
+	if (r->strikes < (r->patience ? r->patience : DEFAULT_PATIENCE))
+		return 0;
+	r->strikes = 0;
+	return 1;
+}
+
+/* The slowest stage measured, the fresh plan's slowest and cuts. */
+int mbp_model_rebalance_reason(const mbp_model_rebalance_rule *r, const mbp_model_plan *measured,
+			       const mbp_model_plan *fresh, double planned_ns, char *buf, size_t n)
+{
+	if (!r || !measured || !fresh || !plans_match(measured, fresh) || (!buf && n))
+		return -EINVAL;
 	unsigned worst = 0;
-	for (unsigned s = 1; s < from->stages; s++)
-		if (from->stage_ns[s] > from->stage_ns[worst])
+	for (unsigned s = 1; s < measured->stages; s++)
+		if (measured->stage_ns[s] > measured->stage_ns[worst])
 			worst = s;
 	char range[40];
-	describe_range(range, sizeof(range), from->first[worst], from->first[worst + 1]);
+	describe_range(range, sizeof(range), measured->first[worst], measured->first[worst + 1]);
 	struct mbp__strbuf b = mbp__strbuf_fixed(buf, n);
 	mbp__strbuf_printf(&b, "stage %u (%s) %.1f us > %.2f x %.1f us of a plan cutting before layer%s",
-			   worst, range, from->slowest_ns / 1e3, 1.0 + rb->o.threshold, to->slowest_ns / 1e3,
-			   to->stages > 2 ? "s" : "");
-	for (unsigned s = 1; s < to->stages; s++)
-		mbp__strbuf_printf(&b, "%s %u", s > 1 ? "," : "", to->first[s]);
-	mbp__strbuf_printf(&b, " (planned %.1f us)", rb->cur_plan.slowest_ns / 1e3);
+			   worst, range, measured->slowest_ns / 1e3, 1.0 + rule_threshold(r),
+			   fresh->slowest_ns / 1e3, fresh->stages > 2 ? "s" : "");
+	for (unsigned s = 1; s < fresh->stages; s++)
+		mbp__strbuf_printf(&b, "%s %u", s > 1 ? "," : "", fresh->first[s]);
+	mbp__strbuf_printf(&b, " (planned %.1f us)", planned_ns / 1e3);
+	return (int)b.len;
 }
 
 /* A look at the window since the last one; moves to a fresh plan when the rule says so. */
@@ -199,15 +235,9 @@ static void look(struct mbp__rb *rb)
 	if (mbp_model_partition(rb->cost, rb->handoff, L, S, &fresh) < 0)
 		return; /* out of memory: no move this time */
 	fresh.mb_rows = rb->cur_plan.mb_rows;
-	bool elsewhere = memcmp(fresh.first, measured.first, (S + 1) * sizeof(fresh.first[0])) != 0;
-	bool excess = measured.slowest_ns > (1.0 + rb->o.threshold) * fresh.slowest_ns;
-	/* hysteresis: the same better plan, look after look (noise draws a different one each time) */
-	bool same = rb->strikes && !memcmp(fresh.first, rb->candidate, (S + 1) * sizeof(fresh.first[0]));
-	rb->strikes = !(elsewhere && excess) ? 0 : same ? rb->strikes + 1 : 1;
-	memcpy(rb->candidate, fresh.first, sizeof(rb->candidate));
 	struct mbp__rb_plan *next = NULL;
 	mbp_model_move mv;
-	if (rb->strikes >= rb->o.patience) {
+	if (mbp_model_rebalance_look(&rb->rule, &measured, &fresh) == 1) {
 		next = calloc(1, sizeof(*next));
 		if (next) { /* else no move this time */
 			memset(&mv, 0, sizeof(mv));
@@ -220,10 +250,10 @@ static void look(struct mbp__rb *rb)
 			mv.to = fresh;
 			mv.measured_slowest_ns = measured.slowest_ns;
 			mv.predicted_ns = rb->cur_plan.slowest_ns;
-			move_reason(rb, &measured, &fresh, mv.reason, sizeof(mv.reason));
+			mbp_model_rebalance_reason(&rb->rule, &measured, &fresh, rb->cur_plan.slowest_ns,
+						   mv.reason, sizeof(mv.reason));
 			rb->cur = next;
 			rb->cur_plan = fresh;
-			rb->strikes = 0;
 		}
 	}
 	pthread_mutex_lock(&rb->lock);

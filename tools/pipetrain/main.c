@@ -170,6 +170,18 @@ struct run {
 	pt_report rep;
 	pt_auto ap; /* --plan auto */
 	FILE *csv, *log;
+	mbp_train_opts to; /* the trainer's options: a move makes the trainer again with them */
+	unsigned T;	   /* the threads the plans are played on */
+	bool can_give[PT_MAX_LAYERS];
+	/* --rebalance */
+	pt_plan cur;	    /* the split in use (first, gives; stage_ns as predicted when it was made) */
+	pt_costs profile;   /* the layers' profiled costs at the micro-batch size */
+	mbp_schedule *file; /* --schedule-file's schedule: fresh plans are refined against it */
+	double busy_ns[MBP_MAX_STAGES]; /* each stage's operations in the window so far */
+	unsigned window_steps;
+	unsigned nphases; /* PIPETRAIN_REBALANCE_COSTS: modelled layer costs from a step on */
+	uint64_t phase_step[8];
+	double phase_us[8][PT_MAX_LAYERS];
 };
 
 #define PT_PLAN_ONLY (-1) /* setup's status: --plan-only printed the plan, exit 0 */
@@ -222,6 +234,7 @@ static int auto_plan(struct run *r, unsigned ncpu)
 static void run_free(struct run *r)
 {
 	mbp_trainer_destroy(r->t);
+	mbp_schedule_destroy(r->file);
 	for (unsigned s = 0; s < MBP_MAX_STAGES; s++) {
 		mbp_mlp_stage_destroy(r->stage[s].st);
 		for (unsigned k = 1; r->replica[s] && k < r->c->replicas[s]; k++)
@@ -248,6 +261,153 @@ static void run_free(struct run *r)
 		fclose(r->csv);
 	if (r->log && r->log != stdout)
 		fclose(r->log);
+}
+
+/* The trainer over the split first[] (stage s: layers [first[s], first[s + 1]), gives[s]: it hands its
+ * last layer's input gradient over), not started: its stages are made from the model, whose parameters,
+ * moments and step counts they use (a move makes them again: the same bits, tests/test_mlp.c). @return 0,
+ * or the exit status. */
+static int make_trainer(struct run *r, unsigned S, const unsigned *first, const bool *gives,
+			const mbp_schedule *custom)
+{
+	const pt_config *c = r->c;
+	mbp_train_opts to = r->to;
+	to.custom = custom;
+	int rc = mbp_trainer_new(&r->t, &to);
+	if (rc < 0)
+		return fail("cannot create the trainer: %s", mbp_strerror(rc));
+	for (unsigned s = 0; s < S; s++) {
+		pt_stage *p = &r->stage[s];
+		*p = (pt_stage){.sh = &r->sh, .index = s, .first = first[s], .last = first[s + 1]};
+		rc = mbp_mlp_stage_new(&p->st, r->n, p->first, p->last, c->mb);
+		if (rc == 0 && s > 0 && gives[s - 1])
+			rc = mbp_mlp_stages_hand_over(r->stage[s - 1].st, p->st);
+		for (unsigned l = p->first; rc == 0 && l < p->last; l++)
+			if (c->recompute >> l & 1)
+				rc = mbp_mlp_stage_set_recompute(p->st, l, true);
+		if (rc < 0)
+			return fail("cannot build stage %u: %s", s, mbp_strerror(rc));
+	}
+	for (unsigned s = 0; s < S; s++) {
+		mbp_train_stage_desc d;
+		pt_stage_desc(&r->stage[s], &d);
+		/* --replicas: a model stage per replica (scratch of its own), the weights and gradients
+		 * shared; a normalised layer's B_in adds to the gradient, so such a stage merges whole
+		 * backwards (train.h, "Replicas") */
+		void *ctx[MBP_TRAIN_MAX_REPLICAS] = {&r->stage[s]};
+		unsigned nr = c->nreplicas ? c->replicas[s] : 1;
+		if (nr > 1 && !(r->replica[s] = calloc(nr - 1, sizeof(pt_stage))))
+			return fail("out of memory");
+		for (unsigned k = 1; k < nr; k++) {
+			pt_stage *q = &r->replica[s][k - 1];
+			*q = r->stage[s];
+			rc = mbp_mlp_stage_new_replica(&q->st, r->stage[s].st);
+			if (rc < 0) {
+				q->st = NULL;
+				return fail("cannot build replica %u of stage %u: %s", k, s,
+					    mbp_strerror(rc));
+			}
+			ctx[k] = q;
+		}
+		d.replicas = nr;
+		d.replica_ctx = ctx;
+		if (nr > 1 && mbp_mlp_stage_bin_accumulates(r->stage[s].st))
+			d.backward_in = d.backward_w = NULL;
+		rc = mbp_trainer_add_stage(r->t, &d);
+		if (rc < 0)
+			return fail("cannot add stage %u to the trainer: %s", s, mbp_strerror(rc));
+	}
+	/* After every stage_new (each sets OpenBLAS to one thread): what the user asked for. */
+	if (c->blas_threads)
+		openblas_set_num_threads((int)c->blas_threads);
+
+	return 0;
+}
+
+/* Start the trainer's threads with SIGINT and SIGTERM blocked: they inherit the mask, the main thread
+ * alone takes the signals. @return 0, or the exit status. */
+static int start_trainer(struct run *r)
+{
+	sigset_t sigs, old;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &sigs, &old);
+	int rc = mbp_trainer_start(r->t);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rc < 0) {
+		mbp_train_error e;
+		mbp_trainer_error(r->t, &e);
+		fprintf(stderr, "pipetrain: cannot start the trainer: %s (stage %d)%s%s\n", mbp_strerror(rc),
+			e.stage, e.what ? ": " : "", e.what ? e.what : "");
+		return rc == -ENOTSUP ? 2
+				      : 1; /* what was asked cannot run (replicas under a chunked schedule) */
+	}
+	return 0;
+}
+
+/* The report's description of each stage under the split (first, gives; stage_ns[s]: its predicted
+ * operations per micro-batch, 0: not profiled), its accumulated figures left as they are. */
+static void describe_stages(struct run *r, const unsigned *first, const bool *gives, const double *stage_ns)
+{
+	pt_report *rep = &r->rep;
+	for (unsigned s = 0; s < rep->stages; s++) {
+		pt_stage_total *t = &rep->st[s];
+		t->first = first[s];
+		t->last = first[s + 1];
+		t->takes = s > 0 && gives[s - 1];
+		t->stash_row_bytes = mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float);
+		t->work_row_bytes = mbp_mlp_stage_work_floats(r->stage[s].st) * sizeof(float);
+		t->replicas = r->c->nreplicas ? r->c->replicas[s] : 1;
+		t->profiled_us = stage_ns[s] * 1e-3;
+		t->recompute = 0;
+		for (unsigned l = 0; l < rep->layers; l++)
+			t->recompute |= (uint64_t)mbp_mlp_stage_recomputes(r->stage[s].st, l) << l;
+	}
+}
+
+/* The hidden hooks of tests and benchmarks. PIPETRAIN_REBALANCE_COSTS=STEP:US,US,...;STEP:...: from
+ * step STEP on, --rebalance's looks take these per-layer costs (microseconds a micro-batch) instead of
+ * the measured ones, so that moves are the same whatever the machine's load (tests/test_pipetrain.c).
+ * PIPETRAIN_SLOW=STEP:LAYER:US: from step STEP on, the stage that holds LAYER spins US microseconds more
+ * in each forward: a cost that changes mid-run, for real (perf/train_rebalance.sh). @return 0, or -1
+ * with the reason printed. */
+static int hooks(struct run *r, unsigned L)
+{
+	const char *v = getenv("PIPETRAIN_REBALANCE_COSTS");
+	for (const char *p = v; p && *p && r->nphases < 8;) {
+		char *end;
+		r->phase_step[r->nphases] = strtoull(p, &end, 10);
+		if (end == p || *end != ':')
+			return bad("PIPETRAIN_REBALANCE_COSTS: '%s' is not STEP:US,US,...;...", v), -1;
+		p = end;
+		for (unsigned l = 0; l < L; l++) {
+			double us = strtod(p + 1, &end);
+			if (end == p + 1 || !(us > 0) || *end != (l + 1 < L ? ',' : *end ? ';' : 0))
+				return bad("PIPETRAIN_REBALANCE_COSTS: '%s': a positive cost for each of the "
+					   "%u "
+					   "layers, comma-separated, phases separated by ';'",
+					   v, L),
+				       -1;
+			r->phase_us[r->nphases][l] = us;
+			p = end;
+		}
+		r->nphases++;
+		p += *p == ';';
+	}
+	const char *slow = getenv("PIPETRAIN_SLOW");
+	r->sh.slow_step = -1;
+	if (slow && *slow) {
+		unsigned long long step;
+		unsigned layer;
+		double us;
+		if (sscanf(slow, "%llu:%u:%lf", &step, &layer, &us) != 3 || layer >= L || !(us > 0))
+			return bad("PIPETRAIN_SLOW: '%s' is not STEP:LAYER:US", slow), -1;
+		r->sh.slow_step = (int64_t)step;
+		r->sh.slow_layer = layer;
+		r->sh.slow_ns = us * 1e3;
+	}
+	return 0;
 }
 
 /* Data, model, stages, trainer. @return 0, or the exit status. */
@@ -447,6 +607,10 @@ static int setup(struct run *r)
 		}
 	}
 	unsigned S = c->stages ? c->stages : (ncpu < L ? ncpu : L);
+	if (c->rebalance && S < 2) {
+		mbp_schedule_destroy(probe);
+		return bad("--rebalance: one stage, nothing to move (--stages 2 or more)");
+	}
 	if (S > L || c->threads > S)
 		mbp_schedule_destroy(probe);
 	if (S > L)
@@ -503,6 +667,10 @@ static int setup(struct run *r)
 	const char *fault = getenv("PIPETRAIN_FAULT");
 	if (fault && *fault)
 		r->sh.fault_step = strtoll(fault, NULL, 10);
+	if (hooks(r, L) < 0) {
+		mbp_schedule_destroy(probe);
+		return 2;
+	}
 	mbp_train_opts to = {
 	    .in_row_bytes = width * sizeof(float),
 	    .target_row_bytes = sizeof(int32_t),
@@ -516,56 +684,24 @@ static int setup(struct run *r)
 	    .loss = pt_loss,
 	    .loss_arg = &r->sh,
 	};
-	rc = mbp_trainer_new(&r->t, &to);
-	mbp_schedule_destroy(probe); /* the trainer has its copy */
-	if (rc < 0)
-		return fail("cannot create the trainer: %s", mbp_strerror(rc));
-	for (unsigned s = 0; s < S; s++) {
-		pt_stage *p = &r->stage[s];
-		*p = (pt_stage){.sh = &r->sh, .index = s, .first = plan.first[s], .last = plan.first[s + 1]};
-		rc = mbp_mlp_stage_new(&p->st, r->n, p->first, p->last, c->mb);
-		if (rc == 0 && s > 0 && gives[s - 1])
-			rc = mbp_mlp_stages_hand_over(r->stage[s - 1].st, p->st);
-		for (unsigned l = p->first; rc == 0 && l < p->last; l++)
-			if (c->recompute >> l & 1)
-				rc = mbp_mlp_stage_set_recompute(p->st, l, true);
-		if (rc < 0)
-			return fail("cannot build stage %u: %s", s, mbp_strerror(rc));
-	}
-	if (c->nreplicas && c->nreplicas != S)
+	r->to = to;
+	if (c->nreplicas && c->nreplicas != S) {
+		mbp_schedule_destroy(probe);
 		return bad("--replicas: %u counts for %u stages", c->nreplicas, S);
-	for (unsigned s = 0; s < S; s++) {
-		mbp_train_stage_desc d;
-		pt_stage_desc(&r->stage[s], &d);
-		/* --replicas: a model stage per replica (scratch of its own), the weights and gradients
-		 * shared; a normalised layer's B_in adds to the gradient, so such a stage merges whole
-		 * backwards (train.h, "Replicas") */
-		void *ctx[MBP_TRAIN_MAX_REPLICAS] = {&r->stage[s]};
-		unsigned nr = c->nreplicas ? c->replicas[s] : 1;
-		if (nr > 1 && !(r->replica[s] = calloc(nr - 1, sizeof(pt_stage))))
-			return fail("out of memory");
-		for (unsigned k = 1; k < nr; k++) {
-			pt_stage *q = &r->replica[s][k - 1];
-			*q = r->stage[s];
-			rc = mbp_mlp_stage_new_replica(&q->st, r->stage[s].st);
-			if (rc < 0) {
-				q->st = NULL;
-				return fail("cannot build replica %u of stage %u: %s", k, s,
-					    mbp_strerror(rc));
-			}
-			ctx[k] = q;
-		}
-		d.replicas = nr;
-		d.replica_ctx = ctx;
-		if (nr > 1 && mbp_mlp_stage_bin_accumulates(r->stage[s].st))
-			d.backward_in = d.backward_w = NULL;
-		rc = mbp_trainer_add_stage(r->t, &d);
-		if (rc < 0)
-			return fail("cannot add stage %u to the trainer: %s", s, mbp_strerror(rc));
 	}
-	/* After every stage_new (each sets OpenBLAS to one thread): what the user asked for. */
-	if (c->blas_threads)
-		openblas_set_num_threads((int)c->blas_threads);
+	if (c->rebalance) {
+		if (c->schedule_file)
+			r->file = probe; /* kept for the fresh plans */
+		r->cur = *pl;
+		r->profile = pl->costs;
+		r->T = T;
+		memcpy(r->can_give, can_give, sizeof r->can_give);
+	}
+	int st = make_trainer(r, S, plan.first, gives, probe);
+	if (probe != r->file)
+		mbp_schedule_destroy(probe); /* the trainer has its copy */
+	if (st)
+		return st;
 
 	/* Buffers: one mini-batch, the validation and test sets gathered once. */
 	r->xb = malloc((size_t)c->batch * width * sizeof(float));
@@ -615,19 +751,8 @@ static int setup(struct run *r)
 		mbp_mlp_layer_info(r->n, i, &li);
 		rep->params += li.param_bytes / sizeof(float);
 	}
-	for (unsigned s = 0; s < S; s++)
-		rep->st[s] = (pt_stage_total){
-		    .first = plan.first[s],
-		    .last = plan.first[s + 1],
-		    .takes = s > 0 && gives[s - 1],
-		    .stash_row_bytes = mbp_mlp_stage_stash_floats(r->stage[s].st) * sizeof(float),
-		    .work_row_bytes = mbp_mlp_stage_work_floats(r->stage[s].st) * sizeof(float),
-		    .replicas = c->nreplicas ? c->replicas[s] : 1,
-
-		    .profiled_us = pl->step_ns > 0 ? plan.stage_ns[s] * 1e-3 : 0};
-	for (unsigned l = 0; l < L; l++)
-		for (unsigned s = 0; s < S; s++)
-			rep->st[s].recompute |= (uint64_t)mbp_mlp_stage_recomputes(r->stage[s].st, l) << l;
+	double none[MBP_MAX_STAGES] = {0};
+	describe_stages(r, plan.first, gives, pl->step_ns > 0 ? plan.stage_ns : none);
 	rep->split_bound = pl->step_ns > 0 && plan.slowest_ns > 0 ? plan.sequential_ns / plan.slowest_ns : 0;
 	rep->ep = calloc(c->epochs + 1, sizeof(pt_epoch));
 	if (!rep->ep)
@@ -637,23 +762,8 @@ static int setup(struct run *r)
 	if (pt_csv_open(c, &r->csv) < 0 || pt_log_open(c, &r->log) < 0)
 		return 2;
 
-	/* Start the threads with SIGINT and SIGTERM blocked: they inherit the mask, the main thread alone
-	 * takes the signals. */
-	sigset_t sigs, old;
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGINT);
-	sigaddset(&sigs, SIGTERM);
-	pthread_sigmask(SIG_BLOCK, &sigs, &old);
-	rc = mbp_trainer_start(r->t);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (rc < 0) {
-		mbp_train_error e;
-		mbp_trainer_error(r->t, &e);
-		fprintf(stderr, "pipetrain: cannot start the trainer: %s (stage %d)%s%s\n", mbp_strerror(rc),
-			e.stage, e.what ? ": " : "", e.what ? e.what : "");
-		return rc == -ENOTSUP ? 2
-				      : 1; /* what was asked cannot run (replicas under a chunked schedule) */
-	}
+	if ((st = start_trainer(r)))
+		return st;
 	struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND | SA_RESTART};
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);
@@ -704,6 +814,93 @@ static double grad_norm(const pt_shared *sh)
 	return sqrt(sq);
 }
 
+/* A split in a few words: "layers 0-1 | 2". */
+static void split_text(const unsigned *first, unsigned S, char *buf, size_t n)
+{
+	size_t len = 0;
+	buf[0] = 0;
+	for (unsigned s = 0; s < S && len < n; s++) {
+		int k = first[s + 1] - first[s] == 1
+			    ? snprintf(buf + len, n - len, "%s%u", s ? " | " : "layers ", first[s])
+			    : snprintf(buf + len, n - len, "%s%u-%u", s ? " | " : "layers ", first[s],
+				       first[s + 1] - 1);
+		len += k > 0 ? (size_t)k : 0;
+	}
+}
+
+/* --rebalance, after each step but the run's last: the stages' operations of the step added to the window; at its end a look
+ * and, when the rule (mbp_model_rebalance_look, the rebalancing stages' own) says so, a move before the
+ * next step: nothing is in flight between steps, the trainer and its stages are made again at the fresh
+ * split from the model, whose parameters, moments and step counts stay as they are. Each layer's cost is
+ * its profiled cost scaled by measured / predicted of the stage that ran it: the trainer measures stages,
+ * not layers, and timing each layer inside the stages' operations would put a clock in every layer of
+ * every micro-batch for what a few looks a run need (so a stage slowed by a neighbour on its core makes
+ * all its layers look dearer, and the split follows). @return 0, or the exit status. */
+static int rebalance_step(struct run *r, uint64_t step)
+{
+	pt_config *c = r->c;
+	const unsigned S = r->rep.stages, L = r->rep.layers;
+	mbp_train_stats ts;
+	mbp_train_stage_stats ss[MBP_MAX_STAGES];
+	int k = mbp_trainer_stats_get(r->t, &ts, ss, MBP_MAX_STAGES);
+	for (int s = 0; s < k && s < (int)S; s++)
+		r->busy_ns[s] += (double)(ss[s].f_ns + ss[s].b_ns + ss[s].bin_ns + ss[s].w_ns + ss[s].r_ns);
+	if (++r->window_steps < c->rb_window)
+		return 0;
+	mbp_model_plan prof = r->cur.split; /* the split in use, its stages as the profile costs them */
+	pt_split_figures(&r->profile, S, &prof, r->cur.gives);
+	const double *model = NULL;
+	for (unsigned i = 0; i < r->nphases; i++)
+		if (step >= r->phase_step[i])
+			model = r->phase_us[i];
+	pt_costs scaled = r->profile;
+	for (unsigned s = 0; s < S; s++) {
+		double per_mb = r->busy_ns[s] / r->window_steps / r->rep.mbs;
+		double ratio = prof.stage_ns[s] > 0 && per_mb > 0 ? per_mb / prof.stage_ns[s] : 1;
+		for (unsigned l = prof.first[s]; l < prof.first[s + 1]; l++) {
+			double all = r->profile.f[l] + r->profile.b_in[l] + r->profile.b_w[l];
+			double x = !model ? ratio : all > 0 ? model[l] * 1e3 / all : 1;
+			scaled.f[l] *= x;
+			scaled.b_in[l] *= x;
+			scaled.b_w[l] *= x;
+		}
+		r->busy_ns[s] = 0;
+	}
+	r->window_steps = 0;
+	mbp_model_plan measured = r->cur.split;
+	pt_split_figures(&scaled, S, &measured, r->cur.gives);
+	pt_plan fresh;
+	if (pt_plan_costs(&scaled, L, c, S, r->T, r->can_give, r->file, &fresh) < 0)
+		return 0; /* no plan for these costs: no move this time */
+	if (mbp_model_rebalance_look(&c->rb_rule, &measured, &fresh.split) != 1) {
+		pt_plan_clear(&fresh);
+		return 0;
+	}
+	char why[200], now[160];
+	mbp_model_rebalance_reason(&c->rb_rule, &measured, &fresh.split, r->cur.split.slowest_ns, why,
+				   sizeof why);
+	mbp_trainer_destroy(r->t);
+	r->t = NULL;
+	for (unsigned s = 0; s < S; s++) {
+		mbp_mlp_stage_destroy(r->stage[s].st);
+		r->stage[s].st = NULL;
+	}
+	int st = make_trainer(r, S, fresh.split.first, fresh.gives, fresh.sched ? fresh.sched : r->file);
+	if (!st)
+		st = start_trainer(r);
+	pt_plan_clear(&fresh); /* the trainer has its copy */
+	if (st)
+		return st;
+	r->rep.moves++;
+	split_text(fresh.split.first, S, now, sizeof now);
+	pt_progress_end();
+	fprintf(stderr, "pipetrain: rebalance: move %llu after step %llu: %s; now %s\n",
+		(unsigned long long)r->rep.moves, (unsigned long long)step, why, now);
+	describe_stages(r, fresh.split.first, fresh.gives, fresh.split.stage_ns);
+	r->cur = fresh;
+	return 0;
+}
+
 /* The epoch loop. @return the exit status. */
 static int train(struct run *r)
 {
@@ -734,6 +931,7 @@ static int train(struct run *r)
 			mbp_dataset_gather(&r->train, r->order + k * c->batch, c->batch, r->xb, r->yb);
 			double loss;
 			r->sh.correct = 0;
+			r->sh.step = step;
 			int rc = mbp_trainer_step(r->t, r->xb, r->yb, c->batch, c->mb, &loss);
 			if (rc < 0) {
 				pt_progress_end();
@@ -778,6 +976,10 @@ static int train(struct run *r)
 			double eta = ran / (double)(step - rep->start_step) * (double)(total - step);
 			pt_progress(ep + 1, c->epochs, k + 1, spe, dt > 0 ? rows / dt : 0, loss_sum / rows,
 				    eta);
+			if (c->rebalance && step < total && (status = rebalance_step(r, step)) != 0) {
+				rep->stopped = "a move failed";
+				break;
+			}
 			if (stop_signal)
 				break;
 		}

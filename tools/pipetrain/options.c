@@ -85,6 +85,37 @@ static int parse_split(const char *s, pt_config *c, char *err, size_t errlen)
 	}
 }
 
+/* --rebalance's argument: key=value pairs, comma-separated: window (steps between looks, 1 to 10^6),
+ * threshold (0 to 10), patience (1 to 1000). */
+static int parse_rebalance(const char *s, pt_config *c, char *err, size_t errlen)
+{
+	for (const char *p = s; p && *p;) {
+		size_t len = strcspn(p, ","), key = strcspn(p, "=");
+		char val[32];
+		uint64_t v;
+		double d;
+		if (key >= len || len - key - 1 >= sizeof val)
+			return fail(err, errlen,
+				    "--rebalance: '%s' is not a list like window=4,threshold=0.1,patience=2",
+				    s);
+		memcpy(val, p + key + 1, len - key - 1);
+		val[len - key - 1] = 0;
+		if (key == 6 && !strncmp(p, "window", 6) && !parse_u64(val, 1, 1000000, &v))
+			c->rb_window = (unsigned)v;
+		else if (key == 8 && !strncmp(p, "patience", 8) && !parse_u64(val, 1, 1000, &v))
+			c->rb_rule.patience = (uint32_t)v;
+		else if (key == 9 && !strncmp(p, "threshold", 9) && !parse_double(val, 0, 10, &d))
+			c->rb_rule.threshold = d;
+		else
+			return fail(err, errlen,
+				    "--rebalance: '%.*s' is not window=1..1000000, threshold=0..10 or "
+				    "patience=1..1000",
+				    (int)len, p);
+		p += p[len] ? len + 1 : len;
+	}
+	return 0;
+}
+
 /* --recompute: "all", "none", or layer numbers from 0 and ranges A-B, comma-separated ("1,3-5"). */
 /* --replicas N,N,...: each stage's thread count, 1 to MBP_TRAIN_MAX_REPLICAS (the stage count is checked
  * once it is known). */
@@ -187,6 +218,7 @@ enum {
 	OPT_MEMORY,
 	OPT_SPLIT,
 	OPT_REPLICAS,
+	OPT_REBALANCE,
 };
 
 static const struct option long_opts[] = {
@@ -221,6 +253,7 @@ static const struct option long_opts[] = {
     {"memory", required_argument, NULL, OPT_MEMORY},
     {"split", required_argument, NULL, OPT_SPLIT},
     {"replicas", required_argument, NULL, OPT_REPLICAS},
+    {"rebalance", optional_argument, NULL, OPT_REBALANCE},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", required_argument, NULL, OPT_CSV},
     {"trace", required_argument, NULL, OPT_TRACE},
@@ -300,6 +333,11 @@ static void usage(void)
 	    "                        replicas run different micro-batches and merge their weight\n"
 	    "                        gradients in micro-batch order: the same weights (gpipe, 1f1b, zbh1,\n"
 	    "                        zbh2; default one each)\n"
+	    "  --rebalance[=window=N,threshold=X,patience=P]   watch each stage's measured time per\n"
+	    "                        step and re-split between steps when the slowest stage stays above\n"
+	    "                        (1 + X) x a fresh plan's for P looks, one look every N steps:\n"
+	    "                        the same weights (default window=4,threshold=0.1,patience=2; not\n"
+	    "                        with --split, --plan auto or --replicas)\n"
 	    "  --json                one JSON document on stdout;  --csv FILE|-  one row per epoch\n"
 	    "  --log FILE|-          one CSV row per step: step, epoch, loss, accuracy, lr, grad_norm,\n"
 	    "                        samples_per_s, step_ms, bubble, elapsed_s\n"
@@ -329,6 +367,8 @@ static void defaults(pt_config *c)
 			 .seed = 1,
 			 .val = 5000,
 			 .pin = true,
+			 .rb_window = 4,
+			 .rb_rule = {.threshold = 0.10, .patience = 2},
 			 .progress = -1};
 }
 
@@ -428,6 +468,11 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			if (parse_replicas(optarg, c, err, errlen))
 				return -1;
 			c->given |= PT_GIVEN_REPLICAS;
+			break;
+		case OPT_REBALANCE:
+			c->rebalance = true;
+			if (optarg && parse_rebalance(optarg, c, err, errlen))
+				return -1;
 			break;
 		case OPT_SCHEDULE:
 			c->given |= PT_GIVEN_SCHEDULE;
@@ -564,6 +609,15 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		return fail(err, errlen, "--plan auto chooses what %s sets: give one or the other",
 			    names[__builtin_ctz(c->given)]);
 	}
+	/* --rebalance moves the split: not with options that fix it (--split; --plan auto's split, schedule
+	 * and recomputation are chosen together for --memory, which a move would leave unchecked), nor with
+	 * --replicas (a fresh split runs one thread a stage) */
+	const unsigned fixed = c->nsplit ? 1 : c->plan_auto ? 2 : c->nreplicas ? 3 : 0;
+	if (c->rebalance && fixed)
+		return fail(err, errlen, "--rebalance moves the split, which %s fixes",
+			    fixed == 1	 ? "--split"
+			    : fixed == 2 ? "--plan auto"
+					 : "--replicas");
 	if (c->plan_auto)
 		c->mb = 0; /* chosen by the plan; the default is not checked against --batch */
 	if ((c->memory || c->plan_only) && !c->plan_auto)

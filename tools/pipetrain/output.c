@@ -197,6 +197,15 @@ void pt_print_summary(const pt_report *r)
 		"activation memory: peak %.2f MiB held at once over all stages (the activation pool at its "
 		"high-water mark: %.2f MiB)\n",
 		(double)r->act_peak_bytes / (1 << 20), (double)r->act_pool_bytes / (1 << 20));
+	if (r->c->rebalance) {
+		const mbp_model_rebalance_rule *rr = &r->c->rb_rule;
+		fprintf(f,
+			"rebalance: %llu %s (a look every %u %s: a move when the slowest stage stays above "
+			"%.2f x a fresh plan's for %u looks; the stages above: the split at the end)\n",
+			(unsigned long long)r->moves, PLURAL(r->moves, "move", "moves"), r->c->rb_window,
+			PLURAL(r->c->rb_window, "step", "steps"),
+			1 + (rr->threshold > 0 ? rr->threshold : 0.10), rr->patience ? rr->patience : 2);
+	}
 	if (r->autoplan && r->steps_run) {
 		const mbp_train_plan *p = &r->autoplan->plan;
 		fprintf(f,
@@ -412,6 +421,8 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddNumberToObject(m, "activation_peak_bytes", (double)r->act_peak_bytes);
 		cJSON_AddNumberToObject(m, "state_bytes", (double)r->autoplan->state_bytes);
 	}
+	cJSON_AddBoolToObject(root, "rebalance", r->c->rebalance);
+	cJSON_AddNumberToObject(root, "moves", (double)r->moves);
 	cJSON_AddNumberToObject(root, "split_bound", r->split_bound);
 	cJSON_AddNumberToObject(root, "peak_activation_bytes", (double)r->act_peak_bytes);
 	cJSON_AddNumberToObject(root, "activation_pool_bytes", (double)r->act_pool_bytes);

@@ -61,6 +61,10 @@ typedef struct pt_config {
 	unsigned nsplit;	   /* --split: the first layer of stages 1 .. nsplit (0: not given) */
 	unsigned split[MBP_MAX_STAGES];
 	unsigned given; /* PT_GIVEN_* bits: the options the command line set (--plan auto refuses them) */
+	/* --rebalance[=window=N,threshold=X,patience=N]: re-split between steps as the measurements say */
+	bool rebalance;
+	unsigned rb_window; /* steps between looks */
+	mbp_model_rebalance_rule rb_rule;
 } pt_config;
 
 enum {
@@ -90,6 +94,12 @@ typedef struct pt_shared {
 	/* rows classified right in the last step (the last stage's replicas add; main clears it) */
 	_Atomic uint64_t correct;
 	int64_t fault_step; /* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
+	/* PIPETRAIN_SLOW=STEP:LAYER:US (perf/train_rebalance.sh): from step STEP on, every forward of the
+	 * stage that holds LAYER spins US more microseconds: costs that change mid-run, in real time */
+	uint64_t step; /* the step under way (main writes it between steps) */
+	int64_t slow_step;
+	unsigned slow_layer;
+	double slow_ns;
 } pt_shared;
 
 typedef struct pt_stage {
@@ -133,6 +143,9 @@ int pt_partition(const double *cost, const double *cost_in, const bool *can_give
  * stages' costs from pc. @return its makespan, INFINITY when it cannot be played. */
 double pt_predict(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, unsigned T,
 		  const mbp_schedule *sc);
+/* plan->stage_ns (each stage's operations for one micro-batch, from pc), slowest_ns, mean_ns and balance
+ * of the split plan->first, gives. */
+void pt_split_figures(const pt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives);
 /* Improve a split (plan->first, gives) by the schedule's step: among the splits with one boundary moved
  * by a layer or one hand-over changed (ALL keeps one wherever allowed, OFF none, AUTO chooses), take the
  * one with the shortest predicted step while it is shorter by more than 0.5%. Then plan->stage_ns (each
@@ -153,7 +166,8 @@ typedef struct pt_plan {
 	double seq_ns;	     /* the same step's operations one after the other on one thread */
 	unsigned threads;    /* the threads the schedule was played on (a chunked one: its own) */
 	mbp_schedule *sched; /* --schedule auto: the schedule built for the split (pt_plan_clear) */
-	unsigned tried;	     /* --mb auto: the sizes profiled and the step each predicts */
+	pt_costs costs; /* the profile the split was made from (--rebalance: scaled by the measurements) */
+	unsigned tried; /* --mb auto: the sizes profiled and the step each predicts */
 	uint32_t tried_mb[PT_MB_CANDIDATES];
 	double tried_ns[PT_MB_CANDIDATES];
 } pt_plan;
@@ -168,6 +182,13 @@ typedef struct pt_plan {
  * @return 0 or a negative errno (-EINVAL: no size the schedule can place). */
 int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give,
 		 const mbp_schedule *file, pt_plan *p);
+/* The split and schedule for given layer costs (pt_plan_make after its profile; --rebalance's fresh plan
+ * from the measured costs): split (pt_partition, or --split), refined against the schedule the run follows
+ * (the file's; the kind placed on c->threads; auto: built for the balanced split, refined against, rebuilt
+ * for the result, the shorter kept). Pair with pt_plan_clear. @return 0 or a negative errno (-EINVAL: the
+ * schedule cannot place the stages). */
+int pt_plan_costs(const pt_costs *pc, unsigned L, const pt_config *c, unsigned S, unsigned T,
+		  const bool *can_give, const mbp_schedule *file, pt_plan *p);
 /* Destroy p->sched (NULL after). */
 void pt_plan_clear(pt_plan *p);
 /* ---- --plan auto (plan.c) ---- */
@@ -267,6 +288,7 @@ typedef struct pt_report {
 	pt_curve *step_loss;	  /* each step's loss, for --plot (NULL without it) */
 	const pt_auto *autoplan;  /* --plan auto: the plan (NULL otherwise) */
 	uint64_t steps_run;	  /* steps this run took (for the measured mean step) */
+	uint64_t moves;		  /* --rebalance: the moves to a fresh split */
 } pt_report;
 
 /* The epochs completed when the run ended, those of the checkpoint it resumed included. */

@@ -40,6 +40,13 @@
 static int op_forward(void *ctx, const mbp_train_io *io)
 {
 	pt_stage *p = ctx;
+	const pt_shared *sh = p->sh;
+	if (sh->slow_ns > 0 && sh->step >= (uint64_t)sh->slow_step && sh->slow_layer >= p->first &&
+	    sh->slow_layer < p->last) { /* PIPETRAIN_SLOW: the layer made dearer, in real time */
+		uint64_t until = mbt_now_ns() + (uint64_t)sh->slow_ns;
+		while (mbt_now_ns() < until)
+			;
+	}
 	return mbp_mlp_stage_forward(p->st, io->in, io->out, io->rows, io->stash);
 }
 
@@ -337,8 +344,6 @@ static bool may_give(const bool *can_give, unsigned b, pt_hand_over mode)
 	return mode != PT_HAND_OVER_OFF && b >= 2 && can_give[b - 1];
 }
 
-static void split_figures(const pt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives);
-
 double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned S, unsigned T,
 		 pt_hand_over mode, const mbp_schedule *sc, mbp_model_plan *plan, bool *gives)
 {
@@ -374,13 +379,11 @@ double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned 
 		memcpy(plan->first, bf, (S + 1) * sizeof(unsigned));
 		memcpy(gives, bg, S * sizeof(bool));
 	}
-	split_figures(pc, S, plan, gives);
+	pt_split_figures(pc, S, plan, gives);
 	return best;
 }
 
-/* plan->stage_ns (each stage's operations for one micro-batch), slowest_ns, mean_ns and balance of the
- * split plan->first, gives. */
-static void split_figures(const pt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives)
+void pt_split_figures(const pt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives)
 {
 	double sum = 0;
 	plan->slowest_ns = 0;
@@ -395,18 +398,23 @@ static void split_figures(const pt_costs *pc, unsigned S, mbp_model_plan *plan, 
 	plan->balance = plan->mean_ns > 0 ? plan->slowest_ns / plan->mean_ns : 1;
 }
 
-/* One micro-batch size: profile, split, refine against the schedule the run will follow (the file's; the
- * kind placed on c->threads; auto: built for the balanced split, refined against, rebuilt for the result,
- * the shorter kept). */
+/* One micro-batch size: profile, then pt_plan_costs. */
 static int plan_at(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const bool *can_give, uint32_t mb,
 		   const mbp_schedule *file, pt_plan *p)
 {
-	unsigned L = mbp_mlp_layers(n);
 	p->sched = NULL;
-	pt_costs pc;
-	int rc = pt_profile(n, mb, 5, &pc);
-	if (rc < 0)
-		return rc;
+	int rc = pt_profile(n, mb, 5, &p->costs);
+	return rc < 0 ? rc : pt_plan_costs(&p->costs, mbp_mlp_layers(n), c, S, T, can_give, file, p);
+}
+
+int pt_plan_costs(const pt_costs *costs, unsigned L, const pt_config *c, unsigned S, unsigned T,
+		  const bool *can_give, const mbp_schedule *file, pt_plan *p)
+{
+	const pt_costs pc = *costs; /* costs may be p->costs */
+	uint32_t mb = pc.rows;
+	int rc = 0;
+	p->sched = NULL;
+	p->costs = pc;
 	double cost[PT_MAX_LAYERS], cost_in[PT_MAX_LAYERS], layer_sum = 0;
 	for (unsigned i = 0; i < L; i++) {
 		cost[i] = pc.f[i] + pc.b_in[i] + pc.b_w[i];
@@ -443,7 +451,7 @@ static int plan_at(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const
 	p->threads = T;
 	if (c->nsplit) {
 		p->step_ns = pt_predict(&pc, p->split.first, p->gives, S, T, sc);
-		split_figures(&pc, S, &p->split, p->gives);
+		pt_split_figures(&pc, S, &p->split, p->gives);
 	} else {
 		p->step_ns = pt_refine(&pc, can_give, L, S, T, mode, sc, &p->split, p->gives);
 	}
