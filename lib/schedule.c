@@ -921,24 +921,41 @@ int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned co
 		return -EINVAL;
 	if (sc->threads && (first != 0 || count != sc->stages || threads != sc->threads))
 		return -EINVAL; /* a placed schedule runs whole, on its own threads */
+	uint16_t global[MBP_MAX_STAGES], thread[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < count; s++) {
+		global[s] = (uint16_t)(first + s);
+		thread[s] = (uint16_t)part_thread(sc, s, count, threads);
+	}
+	mbp__schedule_local_lists(sc, global, thread, count, threads, ops, off);
+	return 0;
+}
+
+void mbp__schedule_local_lists(const mbp_schedule *sc, const uint16_t *global, const uint16_t *thread,
+			       unsigned count, unsigned threads, mbp_sched_op *ops, size_t *off)
+{
+	int16_t local[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < sc->stages; s++)
+		local[s] = -1;
+	for (unsigned k = 0; k < count; k++)
+		local[global[k]] = (int16_t)k;
 	/* counting pass, then placement: each thread's operations in global order */
 	for (unsigned t = 0; t <= threads; t++)
 		off[t] = 0;
 	for (size_t i = 0; i < sc->n; i++)
-		if ((unsigned)sc->order[i].stage - first < count)
-			off[part_thread(sc, sc->order[i].stage - first, count, threads) + 1]++;
+		if (local[sc->order[i].stage] >= 0)
+			off[thread[local[sc->order[i].stage]] + 1]++;
 	for (unsigned t = 0; t < threads; t++)
 		off[t + 1] += off[t];
 	size_t fill[MBP_MAX_STAGES + 1];
 	memcpy(fill, off, (threads + 1) * sizeof(size_t));
 	for (size_t i = 0; i < sc->n; i++) {
 		mbp_sched_op o = sc->order[i];
-		if ((unsigned)o.stage - first >= count)
+		int k = local[o.stage];
+		if (k < 0)
 			continue;
-		o.stage = (uint16_t)(o.stage - first);
-		ops[fill[part_thread(sc, o.stage, count, threads)]++] = o;
+		o.stage = (uint16_t)k;
+		ops[fill[thread[k]]++] = o;
 	}
-	return 0;
 }
 
 int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
