@@ -376,22 +376,27 @@ END_TEST
  * windows) before the first step: no later step allocates on any rank, whatever the timing. */
 START_TEST(no_rank_allocates_a_buffer_after_the_first_step)
 {
-	float in[ROWS * N], tg[ROWS * N];
-	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+	float in[32 * MBR * N], tg[32 * MBR * N];
+	const size_t nk = sizeof(kinds) / sizeof(kinds[0]), nc = sizeof(chunked) / sizeof(chunked[0]);
+	for (size_t k = 0; k < nk + nc; k++) {
+		/* the block kinds, then the chunked ones (and one read from text) in their steps of 2R
+		 * micro-batches */
+		mbp_sched_kind kind = k < nk ? kinds[k] : chunked[k - nk];
+		size_t rows = k < nk ? ROWS : chunk_rows();
 		struct part p;
-		ck_assert_int_eq(part_new(&p, kinds[k], 0), 0);
+		ck_assert_int_eq(k < nk ? part_new(&p, kind, 0) : part_chunked(&p, kind), 0);
 		mbp_train_stats first, st;
 		for (unsigned n = 0; n < 10; n++) {
 			for (unsigned i = 0; i < SPR; i++) /* one slow stage per step somewhere */
-				p.st[i].sleep_us = (unsigned)rank * SPR + i == n % total_stages() ? 300 : 0;
-			make_data(in, tg, ROWS, n);
-			ck_assert_int_eq(step(&p, in, tg, NULL), 0);
+				p.st[i].sleep_us = p.g[i] == n % total_stages() ? 300 : 0;
+			make_data(in, tg, rows, n);
+			ck_assert_int_eq(step_rows(&p, in, tg, rows, NULL), 0);
 			mbp_trainer_stats_get(mbp__mpi_trainer_local(p.t), &st, NULL, 0);
 			if (n == 0)
 				first = st;
 			ck_assert_msg(st.pool.allocated == first.pool.allocated && st.pool.waits == 0,
 				      "rank %d, %s, step %u: %llu buffers, %llu after the first step", rank,
-				      mbp_sched_name(kinds[k]), n, (unsigned long long)st.pool.allocated,
+				      mbp_sched_name(kind), n, (unsigned long long)st.pool.allocated,
 				      (unsigned long long)first.pool.allocated);
 		}
 		part_destroy(&p);
@@ -417,36 +422,39 @@ static void *mid_step(void *arg)
 
 START_TEST(cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update)
 {
-	struct part p;
-	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
-	float in[ROWS * N], tg[ROWS * N];
-	make_data(in, tg, ROWS, 0);
-	for (unsigned i = 0; i < SPR; i++)
-		p.st[i].sleep_us = 2000; /* a step of 6 micro-batches takes tens of ms */
-	struct toy before[SPR];
-	memcpy(before, p.st, sizeof(before));
-	pthread_t th;
-	struct canceller c = {&p, mbp_mpi_trainer_cancel};
-	if (rank == 0)
-		ck_assert_int_eq(pthread_create(&th, NULL, mid_step, &c), 0);
-	ck_assert_int_eq(step(&p, in, tg, NULL), -ECANCELED);
-	if (rank == 0)
-		pthread_join(th, NULL);
-	mbp_train_error e;
-	ck_assert_int_eq(mbp_mpi_trainer_error(p.t, &e), 0);
-	ck_assert_int_eq(e.err, -ECANCELED);
-	ck_assert_int_eq(e.stage, -1);
-	for (unsigned i = 0; i < SPR; i++) {
-		ck_assert(memcmp(p.st[i].w, before[i].w, sizeof(before[i].w)) == 0);
-		ck_assert_uint_eq(p.st[i].updates, 0);
+	/* a block schedule, and ZB-V (the last chunk on rank 0, a hop between two chunks of one rank) */
+	for (int k = 0; k < 2; k++) {
+		struct part p;
+		ck_assert_int_eq(part_chunked(&p, k ? MBP_SCHED_ZBV : MBP_SCHED_1F1B), 0);
+		float in[ROWS * N], tg[ROWS * N];
+		make_data(in, tg, ROWS, 0);
+		for (unsigned i = 0; i < SPR; i++)
+			p.st[i].sleep_us = 2000; /* a step of 6 micro-batches takes tens of ms */
+		struct toy before[SPR];
+		memcpy(before, p.st, sizeof(before));
+		pthread_t th;
+		struct canceller c = {&p, mbp_mpi_trainer_cancel};
+		if (rank == 0)
+			ck_assert_int_eq(pthread_create(&th, NULL, mid_step, &c), 0);
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ECANCELED);
+		if (rank == 0)
+			pthread_join(th, NULL);
+		mbp_train_error e;
+		ck_assert_int_eq(mbp_mpi_trainer_error(p.t, &e), 0);
+		ck_assert_int_eq(e.err, -ECANCELED);
+		ck_assert_int_eq(e.stage, -1);
+		for (unsigned i = 0; i < SPR; i++) {
+			ck_assert(memcmp(p.st[i].w, before[i].w, sizeof(before[i].w)) == 0);
+			ck_assert_uint_eq(p.st[i].updates, 0);
+		}
+		if (rank == 0) {
+			ck_assert_int_eq(step(&p, in, tg, NULL), -ESHUTDOWN);
+		} else {
+			ck_assert_int_eq(mbp_mpi_trainer_serve(p.t),
+					 -ECANCELED); /* returns once rank 0 ends the run */
+		}
+		part_destroy(&p);
 	}
-	if (rank == 0) {
-		ck_assert_int_eq(step(&p, in, tg, NULL), -ESHUTDOWN);
-	} else {
-		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t),
-				 -ECANCELED); /* returns once rank 0 ends the run */
-	}
-	part_destroy(&p);
 }
 END_TEST
 
@@ -562,29 +570,32 @@ END_TEST
 
 START_TEST(a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset)
 {
-	struct part p;
-	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
-	float in[ROWS * N], tg[ROWS * N];
-	make_data(in, tg, ROWS, 0);
-	ck_assert_int_eq(step(&p, in, tg, NULL), 0);
-	int leaver = size - 1;
-	if (rank == leaver) {
-		/* without serving to the end: rank 0 is not told to stop, and would wait for its votes */
+	/* a block schedule, and ZB-V (the leaver holds two middle chunks, rank 0 the loss) */
+	for (int k = 0; k < 2; k++) {
+		struct part p;
+		ck_assert_int_eq(part_chunked(&p, k ? MBP_SCHED_ZBV : MBP_SCHED_1F1B), 0);
+		float in[ROWS * N], tg[ROWS * N];
+		make_data(in, tg, ROWS, 0);
+		ck_assert_int_eq(step(&p, in, tg, NULL), 0);
+		int leaver = size - 1;
+		if (rank == leaver) {
+			/* without serving to the end: rank 0 is not told to stop, and would wait for its votes */
+			part_destroy(&p);
+			continue;
+		}
+		if (rank == 0) {
+			/* refused (rank 0 heard of it) or failed by the leaver's vote: either way its reason */
+			ck_assert_int_eq(step(&p, in, tg, NULL), -ECONNRESET);
+			char want[64];
+			snprintf(want, sizeof(want), "rank %d left the run", leaver);
+			ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t), want) != NULL, "%s",
+				      mbp_mpi_trainer_run_error(p.t));
+			ck_assert_int_eq(step(&p, in, tg, NULL), -ECONNRESET);
+		} else {
+			ck_assert_int_eq(mbp_mpi_trainer_serve(p.t), -ECONNRESET);
+		}
 		part_destroy(&p);
-		return;
 	}
-	if (rank == 0) {
-		/* refused (rank 0 heard of it) or failed by the leaver's vote: either way its reason */
-		ck_assert_int_eq(step(&p, in, tg, NULL), -ECONNRESET);
-		char want[64];
-		snprintf(want, sizeof(want), "rank %d left the run", leaver);
-		ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t), want) != NULL, "%s",
-			      mbp_mpi_trainer_run_error(p.t));
-		ck_assert_int_eq(step(&p, in, tg, NULL), -ECONNRESET);
-	} else {
-		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t), -ECONNRESET);
-	}
-	part_destroy(&p);
 }
 END_TEST
 
