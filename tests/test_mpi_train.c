@@ -95,12 +95,13 @@ static void stages_here(const mbp_train_opts *o, unsigned *g)
 {
 	mbp_schedule *own = NULL;
 	const mbp_schedule *sc = o->custom;
-	if (!sc &&
-	    mbp_schedule_new_placed(&own, o->schedule, total_stages(), total_stages(), (unsigned)size) == 0)
+	unsigned T = o->threads ? o->threads : 1; /* threads a rank */
+	if (!sc && mbp_schedule_new_placed(&own, o->schedule, total_stages(), total_stages(),
+					   T * (unsigned)size) == 0)
 		sc = own;
 	unsigned k = 0;
 	for (unsigned s = 0; s < total_stages(); s++)
-		if (sc && mbp_schedule_threads(sc) ? mbp_schedule_thread_of(sc, s, 0) == (unsigned)rank
+		if (sc && mbp_schedule_threads(sc) ? mbp_schedule_thread_of(sc, s, 0) / T == (unsigned)rank
 						   : s / SPR == (unsigned)rank)
 			g[k < SPR ? k++ : k] = s;
 	ck_assert_uint_eq(k, SPR);
@@ -159,15 +160,22 @@ static int part_new(struct part *p, mbp_sched_kind kind, size_t in_row_bytes)
 	return part_start(p, o);
 }
 
-/* A part under a chunked kind (or ZB-H2), or under a schedule read from text (MBP_SCHED_CUSTOM). */
-static int part_chunked(struct part *p, mbp_sched_kind kind)
+/* A part under a chunked kind (or ZB-H2), or under a schedule read from text (MBP_SCHED_CUSTOM), on
+ * `threads` threads a rank (0: the schedule's default). */
+static int part_threads(struct part *p, mbp_sched_kind kind, uint32_t threads)
 {
 	mbp_train_opts o = toy_opts(kind);
+	o.threads = threads;
 	mbp_schedule *sc = kind == MBP_SCHED_CUSTOM ? read_schedule(MBP_SCHED_ZBV) : NULL;
 	o.custom = sc;
 	int rc = part_start(p, o);
 	mbp_schedule_destroy(sc); /* the trainer has its copy */
 	return rc;
+}
+
+static int part_chunked(struct part *p, mbp_sched_kind kind)
+{
+	return part_threads(p, kind, 0);
 }
 
 /* The whole pipeline in this process, one thread. */
@@ -634,49 +642,59 @@ START_TEST(a_gradient_wider_than_the_activation_is_refused_across_ranks)
 }
 END_TEST
 
-START_TEST(every_chunked_schedule_and_one_read_from_text_across_ranks_gives_the_single_process_parameters)
+/* Three steps under `kind` on `threads` threads a rank (0: one): every rank's parameters are the single
+ * process's, bit for bit; M items per step over each hop between ranks, nothing dropped. */
+static void chunked_as_single(mbp_sched_kind kind, uint32_t threads)
 {
 	size_t rows = chunk_rows();
 	uint32_t M = (uint32_t)((rows + MBR - 1) / MBR);
 	float in[32 * MBR * N], tg[32 * MBR * N];
-	for (size_t k = 0; k < sizeof(chunked) / sizeof(chunked[0]); k++) {
-		struct part p;
-		struct single s;
-		ck_assert_int_eq(part_chunked(&p, chunked[k]), 0);
-		single_new(&s, chunked[k]);
-		for (unsigned n = 0; n < 3; n++) {
-			make_data(in, tg, rows, n);
-			double loss = -1, want = -2;
-			ck_assert_int_eq(step_rows(&p, in, tg, rows, &loss), 0);
-			ck_assert_int_eq(mbp_trainer_step(s.t, in, tg, rows, MBR, &want), 0);
-			ck_assert_msg(loss == want, "rank %d, %s: loss %.17g, one process %.17g", rank,
-				      mbp_sched_name(chunked[k]), loss, want);
-			same_params(&p, &s);
-			for (unsigned i = 0; i < SPR; i++) {
-				const struct toy *ref = &s.st[p.g[i]];
-				ck_assert(p.st[i].last_norm == ref->last_norm);
-				ck_assert(p.st[i].last_loss == want);
-			}
-		}
-		mbp_mpi_train_stats st;
-		ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
-		ck_assert_uint_eq(st.local.steps, 3);
-		ck_assert_uint_eq(st.stage0, p.g[0]);
-		ck_assert_uint_eq(st.stages, total_stages());
-		/* per step, M items over each hop to or from another rank (the activations out of a stage
-		 * whose next is another rank's, the gradients out of one whose previous is), nothing dropped */
-		unsigned hops = 0;
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_threads(&p, kind, threads), 0);
+	single_new(&s, kind);
+	for (unsigned n = 0; n < 3; n++) {
+		make_data(in, tg, rows, n);
+		double loss = -1, want = -2;
+		ck_assert_int_eq(step_rows(&p, in, tg, rows, &loss), 0);
+		ck_assert_int_eq(mbp_trainer_step(s.t, in, tg, rows, MBR, &want), 0);
+		ck_assert_msg(loss == want, "rank %d, %s: loss %.17g, one process %.17g", rank,
+			      mbp_sched_name(kind), loss, want);
+		same_params(&p, &s);
 		for (unsigned i = 0; i < SPR; i++) {
-			bool prev_here = i > 0 && p.g[i - 1] + 1 == p.g[i];
-			bool next_here = i + 1 < SPR && p.g[i + 1] == p.g[i] + 1;
-			hops += (p.g[i] > 0 && !prev_here) + (p.g[i] + 1 < total_stages() && !next_here);
+			/* every update saw the norm over all stages of all ranks, and the step's loss */
+			const struct toy *ref = &s.st[p.g[i]];
+			ck_assert(p.st[i].last_norm == ref->last_norm);
+			ck_assert(p.st[i].last_loss == want);
 		}
-		ck_assert_uint_eq(st.sent, 3 * M * hops);
-		ck_assert_uint_eq(st.received, 3 * M * hops);
-		ck_assert_uint_eq(st.dropped, 0);
-		part_destroy(&p);
-		mbp_trainer_destroy(s.t);
 	}
+	mbp_mpi_train_stats st;
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	ck_assert_uint_eq(st.local.steps, 3);
+	ck_assert_uint_eq(st.local.threads, threads ? threads : 1);
+	ck_assert_uint_eq(st.stage0, p.g[0]);
+	ck_assert_uint_eq(st.stages, total_stages());
+	/* per step, M items over each hop to or from another rank (the activations out of a stage whose
+	 * next is another rank's, the gradients out of one whose previous is), nothing dropped */
+	unsigned hops = 0;
+	for (unsigned i = 0; i < SPR; i++) {
+		bool prev_here = i > 0 && p.g[i - 1] + 1 == p.g[i];
+		bool next_here = i + 1 < SPR && p.g[i + 1] == p.g[i] + 1;
+		hops += (p.g[i] > 0 && !prev_here) + (p.g[i] + 1 < total_stages() && !next_here);
+	}
+	ck_assert_uint_eq(st.sent, 3 * M * hops);
+	ck_assert_uint_eq(st.received, 3 * M * hops);
+	ck_assert_uint_eq(st.dropped, 0);
+	part_destroy(&p);
+	mbp_trainer_destroy(s.t);
+}
+
+START_TEST(every_chunked_schedule_and_one_read_from_text_across_ranks_gives_the_single_process_parameters)
+{
+	for (size_t k = 0; k < sizeof(chunked) / sizeof(chunked[0]); k++)
+		chunked_as_single(chunked[k], 0);
+	/* interleaved on two threads a rank (a chunk each): a rank's two chunks hop between its threads */
+	chunked_as_single(MBP_SCHED_INTERLEAVED, 2);
 }
 END_TEST
 
