@@ -994,7 +994,8 @@ int mbp_trainer_start(mbp_trainer *t)
 	}
 	for (unsigned s = 0; s < t->S; s++) {
 		t->gidx[s] = (uint16_t)(t->remote && t->rem.sched_threads ? t->rem.global[s] : t->stage0 + s);
-		if (t->gidx[s] >= t->Sg || (s && t->gidx[s] <= t->gidx[s - 1]))
+		if (t->gidx[s] >= t->Sg || (s && t->gidx[s] <= t->gidx[s - 1]) ||
+		    (t->remote && t->rem.sched_threads && t->rem.thread_of[s] >= t->rem.threads))
 			return -EINVAL;
 	}
 	/* As mbp_schedule_simulate refuses it: a thread without a stage would have nothing to run. */
