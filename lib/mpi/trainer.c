@@ -655,10 +655,12 @@ static bool op_fill(struct mbp__run *r, int peer, struct mbp__ctl_msg *m)
 	return true;
 }
 
+/* Not while a step rank 0 started is open, nor before it begins here: its STEP is out, and a rank that
+ * began it waits for its vote (a STOP first would leave that rank's step waiting for items forever). */
 static bool op_may_stop(struct mbp__run *r)
 {
 	mbp_mpi_trainer *T = of(r);
-	return T->stop_req && T->open <= T->closed;
+	return T->stop_req && T->open <= T->closed && T->attempt <= T->closed;
 }
 
 static void op_dead(struct mbp__run *r)
