@@ -976,24 +976,49 @@ int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned co
 		return -EINVAL;
 	if (sc->threads && (first != 0 || count != sc->stages || threads != sc->threads))
 		return -EINVAL; /* a placed schedule runs whole, on its own threads */
+	uint16_t global[MBP_MAX_STAGES], thread[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < count; s++) {
+		global[s] = (uint16_t)(first + s);
+		thread[s] = (uint16_t)part_thread(sc, s, count, threads);
+	}
+	mbp__schedule_local_lists(sc, global, thread, NULL, count, threads, ops, off);
+	return 0;
+}
+
+void mbp__schedule_local_lists(const mbp_schedule *sc, const uint16_t *global, const uint16_t *thread,
+			       const unsigned *reps, unsigned count, unsigned threads, mbp_sched_op *ops,
+			       size_t *off)
+{
+	int16_t local[MBP_MAX_STAGES];
+	uint16_t nrep[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < sc->stages; s++)
+		local[s] = -1;
+	for (unsigned k = 0; k < count; k++) {
+		local[global[k]] = (int16_t)k;
+		nrep[k] = (uint16_t)(reps && reps[k] ? reps[k] : 1);
+	}
+	/* the list of an operation of local stage k: its thread, plus its replica (micro-batch mod r) */
+#define LIST_OF(o) (thread[local[(o).stage]] + (o).mb % nrep[local[(o).stage]])
 	/* counting pass, then placement: each thread's operations in global order */
 	for (unsigned t = 0; t <= threads; t++)
 		off[t] = 0;
 	for (size_t i = 0; i < sc->n; i++)
-		if ((unsigned)sc->order[i].stage - first < count)
-			off[part_thread(sc, sc->order[i].stage - first, count, threads) + 1]++;
+		if (local[sc->order[i].stage] >= 0)
+			off[LIST_OF(sc->order[i]) + 1]++;
 	for (unsigned t = 0; t < threads; t++)
 		off[t + 1] += off[t];
 	size_t fill[MBP_MAX_STAGES + 1];
 	memcpy(fill, off, (threads + 1) * sizeof(size_t));
 	for (size_t i = 0; i < sc->n; i++) {
 		mbp_sched_op o = sc->order[i];
-		if ((unsigned)o.stage - first >= count)
+		int k = local[o.stage];
+		if (k < 0)
 			continue;
-		o.stage = (uint16_t)(o.stage - first);
-		ops[fill[part_thread(sc, o.stage, count, threads)]++] = o;
+		size_t at = fill[LIST_OF(o)]++;
+		o.stage = (uint16_t)k;
+		ops[at] = o;
 	}
-	return 0;
+#undef LIST_OF
 }
 
 /* A play in a room of its own on `threads` threads: with replicas `reps` (one thread each), or without. */
@@ -1056,31 +1081,19 @@ int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs,
 int mbp__schedule_replica_lists(const mbp_schedule *sc, const unsigned *reps, mbp_sched_op *ops, size_t *off,
 				unsigned *units)
 {
-	unsigned base[MBP_MAX_STAGES + 1], U = 0;
+	uint16_t global[MBP_MAX_STAGES], base[MBP_MAX_STAGES];
+	unsigned U = 0;
 	if (!sc || !reps || sc->threads)
 		return -EINVAL; /* a placed schedule fixes its threads: no room for replicas */
 	for (unsigned s = 0; s < sc->stages; s++) {
 		unsigned r = reps[s] ? reps[s] : 1;
-		base[s] = U;
+		global[s] = (uint16_t)s;
+		base[s] = (uint16_t)U;
 		if (r > MBP_TRAIN_MAX_REPLICAS || (U += r) > MBP_MAX_STAGES)
 			return -EINVAL;
 	}
-	base[sc->stages] = U;
-	/* counting pass, then placement: each unit's operations in global order */
-	for (unsigned u = 0; u <= U; u++)
-		off[u] = 0;
-	for (size_t i = 0; i < sc->n; i++) {
-		const mbp_sched_op *o = &sc->order[i];
-		off[base[o->stage] + o->mb % (base[o->stage + 1] - base[o->stage]) + 1]++;
-	}
-	for (unsigned u = 0; u < U; u++)
-		off[u + 1] += off[u];
-	size_t fill[MBP_MAX_STAGES + 1];
-	memcpy(fill, off, (U + 1) * sizeof(size_t));
-	for (size_t i = 0; i < sc->n; i++) {
-		const mbp_sched_op *o = &sc->order[i];
-		ops[fill[base[o->stage] + o->mb % (base[o->stage + 1] - base[o->stage])]++] = *o;
-	}
+	/* stage s's replicas are units base[s] .. base[s] + r - 1, a list each */
+	mbp__schedule_local_lists(sc, global, base, reps, sc->stages, U, ops, off);
 	*units = U;
 	return 0;
 }

@@ -50,6 +50,13 @@ int mbp__schedule_thread_lists(const mbp_schedule *sc, unsigned threads, mbp_sch
 /* The same for the `count` stages from `first` on (a part of the pipeline), numbered from 0 in the lists. */
 int mbp__schedule_part_lists(const mbp_schedule *sc, unsigned first, unsigned count, unsigned threads,
 			     mbp_sched_op *ops, size_t *off);
+/* The same for any `count` stages (global[k] ascending, numbered k in the lists), local stage k on thread
+ * thread[k] of `threads` (a part of a placed schedule across ranks); with replicas (`reps`, per local
+ * stage, 0 meaning 1; NULL: none) micro-batch j of stage k on thread thread[k] + j mod reps[k], its
+ * replicas' threads consecutive. Arguments checked by the caller. */
+void mbp__schedule_local_lists(const mbp_schedule *sc, const uint16_t *global, const uint16_t *thread,
+			       const unsigned *reps, unsigned count, unsigned threads, mbp_sched_op *ops,
+			       size_t *off);
 
 /* Room to play a schedule on a number of threads (mbp_schedule_simulate's), made once so that a caller
  * that plays it at every step (the trainer's bubble_predicted) allocates nothing there. */

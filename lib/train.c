@@ -79,8 +79,9 @@ struct tstage {
 	unsigned rep, nrep;		/* this replica, of the stage's nrep */
 	void *ctx; /* the replica's (mbp_train_stage_desc.replica_ctx): its operations, init and fini */
 	size_t out_w, stash_w, work_w;
-	size_t grad_w, din_w; /* rows of dout (grad_row_bytes), of din (the previous stage's grad_w) */
-	bool split;	      /* gives backward_in and backward_w */
+	size_t grad_w, din_w;	 /* rows of dout (grad_row_bytes), of din (the previous stage's grad_w) */
+	bool split;		 /* gives backward_in and backward_w */
+	bool fwd_kick, bwd_kick; /* fwd_out, bwd_out is a link to a remote stage: its agent is told */
 	bool init_ok;
 	/* the rings from replica a of s-1 (fwd_in[a], bwd_out[a]; a < nprev, its replicas) and to replica
 	 * b of s+1 (fwd_out[b], bwd_in[b]; b < nnext): micro-batch j comes from replica j mod nprev and
@@ -151,11 +152,13 @@ struct mbp_trainer {
 	/* a part of a larger pipeline (train_internal.h): set before start */
 	bool remote;
 	struct mbp__train_remote rem;
-	unsigned stage0, Sg;		    /* global index of st[0]; stages of the whole pipeline */
-	unsigned placed;		    /* a chunked schedule's thread count (its placement); 0: block */
-	uint16_t thread_of[MBP_MAX_STAGES]; /* where placed: each stage's thread */
-	struct mbp__ring *link[MBP__LINKS]; /* the boundary rings (the agent's far ends) */
-	double step_loss, step_norm;	    /* decided at the first barrier */
+	unsigned stage0, Sg;	       /* global index of st[0]; stages of the whole pipeline */
+	uint16_t gidx[MBP_MAX_STAGES]; /* each stage's global index (stage0 + s but placed across parts) */
+	unsigned placed;	       /* a chunked schedule's thread count here (its placement); 0: block */
+	unsigned sched_threads;	       /* where placed: the schedule's (more than placed across parts) */
+	uint16_t thread_of[MBP_MAX_STAGES];		     /* where placed: each stage's thread */
+	struct mbp__ring *link[MBP__LINKS * MBP_MAX_STAGES]; /* the boundary rings (the agent's far ends) */
+	double step_loss, step_norm;			     /* decided at the first barrier */
 	mbp_train_error broken; /* an update refused after its check accepted (err 0: none); under lock */
 };
 
@@ -221,10 +224,10 @@ static void fail(struct mbp_trainer *t, int err, int stage, int mb, mbp_op_kind 
 }
 
 /* Push a buffer on to the next stage's ring (never full: it holds max_mbs); a remote one's agent is told. */
-static void push_on(struct mbp_trainer *t, struct mbp__ring *r, mbp_mb *mb)
+static void push_on(struct mbp_trainer *t, struct mbp__ring *r, bool remote, mbp_mb *mb)
 {
 	MBP_VERIFY(mbp__ring_push_sp(r, mb));
-	if (t->remote && (r == t->link[MBP__LINK_DOWN_FWD] || r == t->link[MBP__LINK_UP_BWD]))
+	if (remote)
 		t->rem.kick(t->rem.arg);
 }
 
@@ -377,8 +380,8 @@ static int op_forward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct
 {
 	const mbp_schedule *sc = t->sc;
 	uint32_t rows = mb_rows_of(t, j);
-	if (st->stash_n + 1 > mbp_schedule_stash_peak(sc, t->stage0 + st->idx) ||
-	    st->held_n + 1 > mbp_schedule_held_peak(sc, t->stage0 + st->idx))
+	if (st->stash_n + 1 > mbp_schedule_stash_peak(sc, t->gidx[st->idx]) ||
+	    st->held_n + 1 > mbp_schedule_held_peak(sc, t->gidx[st->idx]))
 		return -EOVERFLOW; /* the schedule's bound; cannot happen while the lists are followed */
 	if (st->fwd_in[0]) {
 		int rc = receive(t, th, st, st->fwd_in[j % st->nprev], j, &st->in[j]);
@@ -419,7 +422,7 @@ static int op_forward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct
 		put_buf(t, th, &out);
 		return rc;
 	}
-	push_on(t, st->fwd_out[j % st->nnext], out);
+	push_on(t, st->fwd_out[j % st->nnext], st->fwd_kick, out);
 	return 0;
 }
 
@@ -504,7 +507,8 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 	}
 	mbp_mb *din = NULL;
 	if (kind != MBP_OP_W && st->bwd_out[0]) {
-		int rc = get_buf(t, th, rows, st->din_w, j, &din);
+		/* din_w 0: the stage before is another part's, placed: its rows are the input's */
+		int rc = get_buf(t, th, rows, st->din_w ? st->din_w : st->in[j]->row_bytes, j, &din);
 		if (rc < 0)
 			return rc;
 	}
@@ -522,7 +526,7 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 			rc = st->d.backward_in(st->ctx, &io);
 			if (rc == 0 && din &&
 			    st->nrep > 1) { /* the previous stage need not wait for the merge */
-				push_on(t, st->bwd_out[j % st->nprev], din);
+				push_on(t, st->bwd_out[j % st->nprev], st->bwd_kick, din);
 				din = NULL;
 			}
 			rc = rc ? rc : merge_wait(t, st, j);
@@ -547,7 +551,7 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 	if (kind != MBP_OP_BIN)
 		release_mb(t, th, st, j);
 	if (din)
-		push_on(t, st->bwd_out[j % st->nprev], din);
+		push_on(t, st->bwd_out[j % st->nprev], st->bwd_kick, din);
 	return 0;
 }
 
@@ -581,7 +585,7 @@ static void run_ops(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		*last_end = t1;
 		if (rc < 0) {
 			if (rc != -ECANCELED || !aborting(t))
-				fail(t, rc, (int)(t->stage0 + st->idx), (int)op->mb, (mbp_op_kind)op->kind,
+				fail(t, rc, (int)(t->gidx[st->idx]), (int)op->mb, (mbp_op_kind)op->kind,
 				     NULL);
 			return;
 		}
@@ -625,7 +629,7 @@ static void decide(void *arg)
 		if (t->st[t->ub[s]].d.grad_sq && !isfinite(t->st[t->ub[s]].grad_sq)) {
 			pthread_mutex_lock(&t->lock);
 			t->err = (mbp_train_error){.err = -EDOM,
-						   .stage = (int)(t->stage0 + s),
+						   .stage = (int)t->gidx[s],
 						   .mb = -1,
 						   .op = MBP_OP_UPDATE,
 						   .what = "the stage's grad_sq is not finite"};
@@ -644,7 +648,7 @@ static void decide(void *arg)
 		v.err = t->err;
 		pthread_mutex_unlock(&t->lock);
 		for (unsigned s = 0; s < t->S; s++)
-			v.grad_sq[t->stage0 + s] = t->st[t->ub[s]].grad_sq;
+			v.grad_sq[t->gidx[s]] = t->st[t->ub[s]].grad_sq;
 		t->rem.agree(t->rem.arg, &v);
 		t->step_ok = v.ok;
 		if (!v.ok) {
@@ -712,7 +716,7 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 			break; /* the step failed meanwhile */
 		rc = st->d.check ? st->d.check(st->d.ctx) : 0;
 		if (rc < 0) {
-			fail(t, rc, (int)(t->stage0 + st->idx), -1, MBP_OP_UPDATE,
+			fail(t, rc, (int)t->gidx[st->idx], -1, MBP_OP_UPDATE,
 			     "the stage's check refused its update");
 			break;
 		}
@@ -733,7 +737,7 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		else
 			st->d.discard(st->d.ctx);
 		if (rc < 0)
-			break_trainer(t, (int)(t->stage0 + st->idx));
+			break_trainer(t, (int)t->gidx[st->idx]);
 	}
 	mbp__crew_barrier_wait(&t->crew, &t->b2, NULL, NULL);
 }
@@ -861,10 +865,12 @@ static void free_stages(struct mbp_trainer *t)
 	/* the threads are told to stop (or never ran): join them; the CPUs the plan claimed for them go back
 	 * to the record (a thread whose pin failed gave its claim back at once) */
 	mbp__crew_stop(&t->crew);
-	/* the up links belong to no stage before; the down links are the last stage's fwd_out and bwd_in */
-	mbp__ring_destroy(t->link[MBP__LINK_UP_FWD]);
-	mbp__ring_destroy(t->link[MBP__LINK_UP_BWD]);
-	memset(t->link, 0, sizeof(t->link));
+	/* the up links belong to no stage before; the down links are the stage's fwd_out[0] and bwd_in[0]
+	 * (no replicas across ranks) */
+	for (unsigned s = 0; s < t->S; s++) {
+		mbp__ring_destroy(t->link[mbp__train_link(s, MBP__LINK_UP_FWD)]);
+		mbp__ring_destroy(t->link[mbp__train_link(s, MBP__LINK_UP_BWD)]);
+	}
 	for (unsigned u = 0; u < t->U; u++) {
 		struct tstage *st = &t->st[u];
 		for (unsigned b = 0; b < MBP_TRAIN_MAX_REPLICAS; b++) {
@@ -882,6 +888,7 @@ static void free_stages(struct mbp_trainer *t)
 		mbp__trace_free(&st->trace);
 		st->in = st->stash = st->dout = st->work = NULL;
 	}
+	memset(t->link, 0, sizeof(t->link));
 }
 
 /* The activation pool: per stage and micro-batch a stash and a work buffer at most (reserved per
@@ -923,9 +930,9 @@ static int reserve_act(struct mbp_trainer *t, const mbp_schedule *sc)
 	uint64_t want = 0;
 	/* a replica holds at most what its stage's list does (its list is a projection of that one) */
 	for (unsigned u = 0; u < t->U; u++) {
-		unsigned s = t->st[u].idx, held = mbp_schedule_held_peak(sc, t->stage0 + s);
+		unsigned g = t->gidx[t->st[u].idx], held = mbp_schedule_held_peak(sc, g);
 		want += t->st[u].stash_w ? held : 0;
-		want += t->st[u].work_w ? (splits(sc, t->stage0 + s) ? held : 1) : 0;
+		want += t->st[u].work_w ? (splits(sc, g) ? held : 1) : 0;
 	}
 	return mbp__pool_reserve(t->apool, (uint32_t)want);
 }
@@ -974,8 +981,9 @@ static int setup(struct mbp_trainer *t)
 			return -ENOMEM;
 		if (mbp__trace_init(&st->trace, t->o.trace_events) < 0)
 			return -ENOMEM;
-		/* a ring each way to every replica of the next stage (micro-batch j: j mod nnext) */
-		for (unsigned b = 0; s + 1 < t->S && b < st->nnext; b++) {
+		/* a ring each way to every replica of the next stage (micro-batch j: j mod nnext), where the
+		 * next global stage is this part's too (else a link, below) */
+		for (unsigned b = 0; s + 1 < t->S && t->gidx[s + 1] == t->gidx[s] + 1 && b < st->nnext; b++) {
 			uint32_t cap = next_pow2(t->o.max_mbs);
 			int rc = mbp__ring_new(&st->fwd_out[b], cap, &t->wopts, 0);
 			if (rc == 0)
@@ -986,25 +994,37 @@ static int setup(struct mbp_trainer *t)
 			t->st[t->ub[s + 1] + b].bwd_out[st->rep] = st->bwd_in[b];
 		}
 	}
-	if (t->remote) {
-		/* the rings to the remote neighbours, their agent at the far end */
+	for (unsigned s = 0; s < t->S && t->remote; s++) {
+		/* the rings to the remote neighbours, their agent at the far end (a unit a stage: no replicas
+		 * across ranks) */
+		struct tstage *st = &t->st[t->ub[s]];
 		uint32_t cap = next_pow2(t->o.max_mbs);
+		struct mbp__ring **l = &t->link[mbp__train_link(s, 0)];
 		int rc = 0;
-		if (t->stage0 > 0 && (rc = mbp__ring_new(&t->link[MBP__LINK_UP_FWD], cap, &t->wopts, 0)) == 0)
-			rc = mbp__ring_new(&t->link[MBP__LINK_UP_BWD], cap, &t->wopts, 0);
-		if (rc == 0 && t->stage0 + t->S < t->Sg &&
-		    (rc = mbp__ring_new(&t->link[MBP__LINK_DOWN_FWD], cap, &t->wopts, 0)) == 0)
-			rc = mbp__ring_new(&t->link[MBP__LINK_DOWN_BWD], cap, &t->wopts, 0);
-		/* (no replicas across ranks: mbp_trainer_start refuses them) */
-		t->st[0].fwd_in[0] = t->link[MBP__LINK_UP_FWD];
-		t->st[0].bwd_out[0] = t->link[MBP__LINK_UP_BWD];
-		if (t->link[MBP__LINK_DOWN_FWD]) {
-			t->st[t->U - 1].fwd_out[0] = t->link[MBP__LINK_DOWN_FWD];
-			t->st[t->U - 1].bwd_in[0] = t->link[MBP__LINK_DOWN_BWD];
+		if (t->gidx[s] > 0 && (s == 0 || t->gidx[s - 1] + 1 != t->gidx[s]) &&
+		    (rc = mbp__ring_new(&l[MBP__LINK_UP_FWD], cap, &t->wopts, 0)) == 0)
+			rc = mbp__ring_new(&l[MBP__LINK_UP_BWD], cap, &t->wopts, 0);
+		if (rc == 0 && t->gidx[s] + 1u < t->Sg &&
+		    (s + 1 == t->S || t->gidx[s + 1] != t->gidx[s] + 1) &&
+		    (rc = mbp__ring_new(&l[MBP__LINK_DOWN_FWD], cap, &t->wopts, 0)) == 0)
+			rc = mbp__ring_new(&l[MBP__LINK_DOWN_BWD], cap, &t->wopts, 0);
+		if (l[MBP__LINK_UP_FWD]) {
+			st->fwd_in[0] = l[MBP__LINK_UP_FWD];
+			st->bwd_out[0] = l[MBP__LINK_UP_BWD];
+			st->bwd_kick = true;
+			if (t->sched_threads) /* the stage before is another part's: its rows are the input's */
+				st->din_w = 0;
+		}
+		if (l[MBP__LINK_DOWN_FWD]) {
+			st->fwd_out[0] = l[MBP__LINK_DOWN_FWD];
+			st->bwd_in[0] = l[MBP__LINK_DOWN_BWD];
+			st->fwd_kick = true;
 		}
 		if (rc < 0)
 			return rc;
 	}
+	if (t->remote && t->rem.widest > widest)
+		widest = t->rem.widest; /* every part's items come into this pool */
 	/* The bound, for any M up to max_mbs: what prepare_schedule() reserves is at most, per stage and
 	 * micro-batch, a stash and the loss's gradient; per link (S + 1 at most, the remote ones included)
 	 * and micro-batch, an output and an input gradient; per thread the buffer its operation fills and its
@@ -1012,7 +1032,7 @@ static int setup(struct mbp_trainer *t)
 	mbp_pool_opts po;
 	mbp_pool_opts_init(&po);
 	po.buf_bytes = (size_t)t->o.max_mb_rows * widest;
-	uint64_t nbuf = (4ull * t->S + 2) * t->o.max_mbs + (CACHE_BUFS + 1ull) * t->T +
+	uint64_t nbuf = (4ull * t->Sg + 2) * t->o.max_mbs + (CACHE_BUFS + 1ull) * t->T +
 			(t->remote ? t->rem.extra_buffers : 0);
 	if (nbuf > UINT32_MAX || po.buf_bytes / t->o.max_mb_rows != widest)
 		return -EOVERFLOW;
@@ -1060,46 +1080,61 @@ static int replicas_check(struct mbp_trainer *t)
 	return 0;
 }
 
-/* A chunked schedule fixes each stage's thread: its placement for the thread count asked (0: two chunks
- * a thread), as mbp_schedule_new_placed gives it. 0, or a refused start. */
-static int place_chunks(struct mbp_trainer *t)
+int mbp__train_place(const mbp_train_opts *o, unsigned stages, unsigned threads, uint16_t *thread_of,
+		     unsigned *placed, const char **what)
 {
-	mbp_sched_kind kind = t->o.schedule;
-	if (kind != MBP_SCHED_INTERLEAVED && kind != MBP_SCHED_LOOPED_BFS && kind != MBP_SCHED_ZBV &&
-	    kind != MBP_SCHED_DUALPIPEV && kind != MBP_SCHED_CUSTOM && kind != MBP_SCHED_AUTO)
+	mbp_sched_kind kind = o->schedule;
+	*placed = 0;
+	if (!mbp__sched_kind_placed(kind))
 		return 0;
-	if (t->remote)
-		return start_refused(
-		    t, -1, MBP_OP_F,
-		    "schedule: a chunked or custom schedule does not run across ranks (yet)");
 	mbp_schedule *sc;
 	int rc;
-	if (t->o.custom) {
-		const mbp_schedule *c = t->o.custom;
-		if (mbp_schedule_stages(c) != t->S)
-			return start_refused(t, -1, MBP_OP_F,
-					     "schedule: its stage count is not the trainer's");
-		if (t->o.threads && t->o.threads != mbp_schedule_threads(c))
-			return start_refused(t, -1, MBP_OP_F, "threads: not the custom schedule's");
-		for (unsigned s = 0; s < t->S; s++)
-			if (!t->st[s].split && splits(c, s))
-				return start_refused(t, (int)s, MBP_OP_W,
-						     "the schedule splits this stage's backward: it needs "
-						     "backward_in and backward_w");
+	*what = "threads: a chunked schedule needs the stages a multiple of the threads (interleaved, looped "
+		"BFS) or twice them (ZB-V, DualPipeV)";
+	if (o->custom) {
+		const mbp_schedule *c = o->custom;
+		*what = "schedule: its stage count is not the trainer's";
+		if (mbp_schedule_stages(c) != stages)
+			return -EINVAL;
+		*what = "threads: not the custom schedule's";
+		if (threads && threads != mbp_schedule_threads(c))
+			return -EINVAL;
 		rc = mbp_schedule_copy(&sc, c);
 	} else {
-		rc = mbp_schedule_new_placed(&sc, kind, t->S, t->S, t->o.threads);
+		rc = mbp_schedule_new_placed(&sc, kind, stages, stages, threads);
 	}
-	if (rc == -EINVAL)
-		return start_refused(t, -1, MBP_OP_F,
-				     "threads: a chunked schedule needs the stages a multiple of the threads "
-				     "(interleaved, looped BFS) or twice them (ZB-V, DualPipeV)");
 	if (rc < 0)
 		return rc;
-	t->placed = mbp_schedule_threads(sc);
-	for (unsigned s = 0; s < t->S; s++)
-		t->thread_of[s] = (uint16_t)mbp_schedule_thread_of(sc, s, 0);
+	*placed = mbp_schedule_threads(sc);
+	for (unsigned s = 0; s < stages; s++)
+		thread_of[s] = (uint16_t)mbp_schedule_thread_of(sc, s, 0);
 	mbp_schedule_destroy(sc);
+	return 0;
+}
+
+/* A chunked schedule fixes each stage's thread: its placement for the thread count asked (0: two chunks
+ * a thread), as mbp_schedule_new_placed gives it, or a part's of it (train_internal.h). 0, or a refused
+ * start. */
+static int place_chunks(struct mbp_trainer *t)
+{
+	if (t->remote) {
+		t->placed = t->rem.sched_threads ? t->rem.threads : 0;
+		t->sched_threads = t->rem.sched_threads;
+		memcpy(t->thread_of, t->rem.thread_of, sizeof(t->thread_of));
+	} else {
+		const char *what = NULL;
+		int rc = mbp__train_place(&t->o, t->S, t->o.threads, t->thread_of, &t->placed, &what);
+		if (rc == -EINVAL)
+			return start_refused(t, -1, MBP_OP_F, what);
+		if (rc < 0)
+			return rc;
+		t->sched_threads = t->placed;
+	}
+	for (unsigned s = 0; t->o.custom && s < t->S; s++)
+		if (!t->st[t->ub[s]].split && splits(t->o.custom, t->gidx[s]))
+			return start_refused(t, (int)t->gidx[s], MBP_OP_W,
+					     "the schedule splits this stage's backward: it needs "
+					     "backward_in and backward_w");
 	return 0;
 }
 
@@ -1114,8 +1149,12 @@ int mbp_trainer_start(mbp_trainer *t)
 	if (!t->remote) {
 		t->stage0 = 0;
 		t->Sg = t->S;
-	} else if (t->stage0 + t->S > t->Sg) {
-		return -EINVAL;
+	}
+	for (unsigned s = 0; s < t->S; s++) {
+		t->gidx[s] = (uint16_t)(t->remote && t->rem.sched_threads ? t->rem.global[s] : t->stage0 + s);
+		if (t->gidx[s] >= t->Sg || (s && t->gidx[s] <= t->gidx[s - 1]) ||
+		    (t->remote && t->rem.sched_threads && t->rem.thread_of[s] >= t->rem.threads))
+			return -EINVAL;
 	}
 	int rc = replicas_check(t);
 	if (rc < 0)
@@ -1130,7 +1169,7 @@ int mbp_trainer_start(mbp_trainer *t)
 		for (unsigned s = 0; s < t->S; s++)
 			if (!t->st[t->ub[s]].split)
 				return start_refused(
-				    t, (int)(t->stage0 + s), MBP_OP_W,
+				    t, (int)t->gidx[s], MBP_OP_W,
 				    "a zero-bubble schedule (ZB-H1, ZB-H2, ZB-V, DualPipeV) needs "
 				    "backward_in and backward_w at every stage");
 	rc = place_chunks(t);
@@ -1138,8 +1177,8 @@ int mbp_trainer_start(mbp_trainer *t)
 		return rc;
 	/* The loss writes the global last stage's output gradient: rows of its output. */
 	const struct tstage *last = &t->st[t->U - 1];
-	if (t->stage0 + t->S == t->Sg && last->grad_w != last->out_w)
-		return start_refused(t, (int)(t->stage0 + t->S - 1), MBP_OP_B,
+	if (t->gidx[t->S - 1] + 1u == t->Sg && last->grad_w != last->out_w)
+		return start_refused(t, (int)(t->Sg - 1), MBP_OP_B,
 				     "the last stage's grad_row_bytes must be its out_row_bytes (the loss "
 				     "writes it)");
 	rc = setup(t);
@@ -1169,8 +1208,9 @@ static int reserve_buffers(struct mbp_trainer *t, const mbp_schedule *sc, const 
 	bool stash[MBP_MAX_STAGES] = {false}; /* the stashes are the activation pool's (reserve_act) */
 	struct mbp__sched_part part = {t->stage0, t->S, t->T, ops, toff, stash};
 	if (t->placed) /* each stage its own process: a bound over every timing of the stage lists, which
-			  the threads' lists only narrow (their chunks are not neighbours) */
-		part = (struct mbp__sched_part){0, t->S, t->S, sc->stage_ops, sc->stage_off, stash};
+			  the threads' lists only narrow (their chunks are not neighbours); across parts, of the
+			  whole pipeline's (it holds this part's) */
+		part = (struct mbp__sched_part){0, t->Sg, t->Sg, sc->stage_ops, sc->stage_off, stash};
 	uint64_t peak;
 	int rc = 0;
 	if (t->U > t->S)
@@ -1199,7 +1239,7 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	int rc = t->o.custom
 		     ? (mbp_schedule_mbs(t->o.custom) == M ? mbp_schedule_copy(&sc, t->o.custom) : -EINVAL)
 		 : t->U > t->S ? mbp_schedule_new_replicated(&sc, t->o.schedule, t->S, M, t->reps)
-			       : mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->placed);
+			       : mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->sched_threads);
 	if (rc < 0)
 		return rc;
 	mbp_sched_op *ops = malloc(sc->n * sizeof(*ops));
@@ -1208,12 +1248,15 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 		return -ENOMEM;
 	}
 	size_t toff[MBP_MAX_STAGES + 1];
-	unsigned units = t->U;
-	if (t->U > t->S) /* a thread per replica: its projection of its stage's list */
-		rc = mbp__schedule_replica_lists(sc, t->reps, ops, toff, &units);
-	else
-		mbp__schedule_part_lists(sc, t->stage0, t->S, t->T, ops, toff);
-	MBP_VERIFY(rc == 0 && units == t->U && (t->U == t->S || t->T == t->U)); /* start checked them */
+	/* each stage's operations on its thread; a replicated stage's micro-batch j on its replica j mod r,
+	 * whose threads follow its first's (a thread per unit) */
+	uint16_t thread[MBP_MAX_STAGES];
+	for (unsigned s = 0; s < t->S; s++) {
+		thread[s] = (uint16_t)t->crew.thread_of[t->ub[s]];
+		for (unsigned k = 0; k < t->reps[s]; k++)
+			MBP_VERIFY(t->crew.thread_of[t->ub[s] + k] == thread[s] + k);
+	}
+	mbp__schedule_local_lists(sc, t->gidx, thread, t->reps, t->S, t->T, ops, toff);
 	rc = reserve_buffers(t, sc, ops, toff);
 	if (rc == 0)
 		rc = reserve_act(t, sc);
@@ -1330,7 +1373,7 @@ int mbp_trainer_step(mbp_trainer *t, const void *in, const void *targets, size_t
 int mbp__trainer_step_remote(mbp_trainer *t, const void *in, const void *targets, size_t rows,
 			     uint32_t mb_rows, double *loss)
 {
-	if (!t || !t->remote || (!in && t->stage0 == 0) || (!targets && t->stage0 + t->S == t->Sg))
+	if (!t || !t->remote || (!in && t->gidx[0] == 0) || (!targets && t->gidx[t->S - 1] + 1u == t->Sg))
 		return -EINVAL;
 	int rc = step_check(t, rows, mb_rows);
 	if (rc < 0)
@@ -1352,11 +1395,14 @@ static int step_fail_early(struct mbp_trainer *t, mbp_train_error e)
 	t->rem.failed(t->rem.arg);
 	struct mbp__train_vote v = {.ok = false, .err = e};
 	t->rem.agree(t->rem.arg, &v);
-	static const int incoming[] = {MBP__LINK_UP_FWD, MBP__LINK_DOWN_BWD};
-	for (unsigned i = 0; i < MBP_ARRAY_SIZE(incoming); i++) {
-		void *item;
-		while (t->link[incoming[i]] && mbp__ring_pop_sc(t->link[incoming[i]], &item))
-			mbp_pool_put(t->pool, NULL, item);
+	for (unsigned s = 0; s < t->S; s++) {
+		static const int incoming[] = {MBP__LINK_UP_FWD, MBP__LINK_DOWN_BWD};
+		for (unsigned i = 0; i < MBP_ARRAY_SIZE(incoming); i++) {
+			struct mbp__ring *l = t->link[mbp__train_link(s, incoming[i])];
+			void *item;
+			while (l && mbp__ring_pop_sc(l, &item))
+				mbp_pool_put(t->pool, NULL, item);
+		}
 	}
 	if (v.ok || v.err.err == 0) /* cannot happen: this part voted no */
 		v.err = e;
@@ -1588,7 +1634,8 @@ int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)
 int mbp__trainer_set_remote(mbp_trainer *t, const struct mbp__train_remote *r)
 {
 	if (!t || !r || t->state != TS_NEW || !r->kick || !r->begin || !r->failed || !r->agree ||
-	    r->stages == 0 || r->stages > MBP_MAX_STAGES || r->stage0 >= r->stages)
+	    r->stages == 0 || r->stages > MBP_MAX_STAGES || r->stage0 >= r->stages ||
+	    r->sched_threads > MBP_MAX_STAGES || (r->sched_threads && r->threads == 0))
 		return -EINVAL;
 	t->rem = *r;
 	t->remote = true;

@@ -25,14 +25,20 @@
 
 #include <mbpipe.h>
 
-/* The boundary rings, by the remote neighbour's side. */
+/* The boundary rings, by the remote neighbour's side: local stage k's are link ids k * MBP__LINKS + these
+ * (mbp__train_link), where the stage before or after it is remote. */
 enum {
-	MBP__LINK_UP_FWD = 0, /* activations from the stage before stage0 (pushed by the agent) */
-	MBP__LINK_UP_BWD,     /* input gradients of stage0, to the stage before (popped by the agent) */
-	MBP__LINK_DOWN_FWD,   /* activations of the last local stage, to the next (popped) */
-	MBP__LINK_DOWN_BWD,   /* output gradients of the last local stage, from the next (pushed) */
+	MBP__LINK_UP_FWD = 0, /* activations from the stage before (pushed by the agent) */
+	MBP__LINK_UP_BWD,     /* input gradients of the stage, to the stage before (popped by the agent) */
+	MBP__LINK_DOWN_FWD,   /* activations of the stage, to the next (popped) */
+	MBP__LINK_DOWN_BWD,   /* output gradients of the stage, from the next (pushed) */
 	MBP__LINKS
 };
+
+static inline int mbp__train_link(unsigned local_stage, int kind)
+{
+	return (int)local_stage * MBP__LINKS + kind;
+}
 
 /* The vote at the first barrier. In: this part's view; out: the whole pipeline's. */
 struct mbp__train_vote {
@@ -43,8 +49,14 @@ struct mbp__train_vote {
 };
 
 struct mbp__train_remote {
-	unsigned stage0;	/* global index of the first local stage */
-	unsigned stages;	/* stages of the whole pipeline */
+	unsigned stage0; /* global index of the first local stage (block placement) */
+	unsigned stages; /* stages of the whole pipeline */
+	/* A chunked or custom schedule (sched_threads > 0) placed over the parts by mbp__train_place: the
+	 * schedule's thread count, this part's stages (their global indices, ascending), each one's thread
+	 * here (0 .. threads - 1), and the widest row of any part (its items travel into this pool). */
+	unsigned sched_threads, threads;
+	uint16_t global[MBP_MAX_STAGES], thread_of[MBP_MAX_STAGES];
+	size_t widest;
 	unsigned extra_buffers; /* pool buffers the agent holds at once (its receive windows) */
 	unsigned node_k;	/* the k-th of node_m ranks of its node given the same CPUs: its threads */
 	unsigned node_m;	/* take the k-th part of them (pipeline.h, "Placement"); 0: all of them */
@@ -54,6 +66,19 @@ struct mbp__train_remote {
 	void (*failed)(void *arg); /* a worker, at the step's first local failure */
 	void (*agree)(void *arg, struct mbp__train_vote *v); /* the last worker at the first barrier */
 };
+
+/* A kind whose schedule places its stages itself (chunked, or custom: not the block rule). */
+static inline bool mbp__sched_kind_placed(mbp_sched_kind k)
+{
+	return k == MBP_SCHED_INTERLEAVED || k == MBP_SCHED_LOOPED_BFS || k == MBP_SCHED_ZBV ||
+	       k == MBP_SCHED_DUALPIPEV || k == MBP_SCHED_CUSTOM || k == MBP_SCHED_AUTO;
+}
+
+/* The placement of a chunked or custom schedule of `stages` stages on `threads` threads (0: two chunks a
+ * thread, or the custom schedule's own): each stage's thread into thread_of, the thread count into
+ * *placed (0, and 0 returned, for a block kind). -EINVAL with *what saying why, -ENOMEM. */
+int mbp__train_place(const mbp_train_opts *o, unsigned stages, unsigned threads, uint16_t *thread_of,
+		     unsigned *placed, const char **what);
 
 /* Set before mbp_trainer_start(). @return 0, -EINVAL (started, stages out of range). */
 int mbp__trainer_set_remote(mbp_trainer *t, const struct mbp__train_remote *r);

@@ -1,7 +1,10 @@
 /*
  * bench_mpi_train: training across 2 MPI ranks (one stage each, mbp_mpi_trainer) against one process of 2
  * stages (mbp_trainer, 2 threads), on the synthetic workload of bench_train (calibrated busy loops for F,
- * B_in and B_w, equal costs), S = 2, M micro-batches, each schedule. Rank 0 alternates the two arms step
+ * B_in and B_w, equal costs), S = 2, M micro-batches, each schedule; the chunked ones (interleaved, looped
+ * BFS, ZB-V, DualPipeV) with two chunks a rank (S = 4, a chunk of UNIT each, one thread a rank, the chunks
+ * its placement gives it) against one process of the same 4 chunks on 2 threads. Rank 0 alternates the two
+ * arms step
  * by step (while it runs the single process, rank 1 waits for the next step, parked); the figure is the
  * median step time of each arm and their ratio (single / ranks: the ranks' share of the single process's
  * throughput), with the step time the schedule predicts without a link (mbp_schedule_simulate).
@@ -10,6 +13,8 @@
  * (-i: the communication thread's park between polls, mbp_mpi_opts.idle_ns; default 200 us)
  * Rank 0 prints a table and a summary line `bench_mpi_train: ...`.
  */
+#include "config.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,27 +58,42 @@ int main(int argc, char **argv)
 		die("run with -np 2; -u > 0, -m in 1..1024, -r in 1..63", -EINVAL);
 	calibrate();
 	static float dummy[1024];
-	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B,	       MBP_SCHED_ZBH1,
+					       MBP_SCHED_ZBH2,	MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS,
+					       MBP_SCHED_ZBV,	MBP_SCHED_DUALPIPEV};
+	enum { NK = sizeof(kinds) / sizeof(kinds[0]) };
 	if (rank == 0) {
-		printf("# bench_mpi_train: 2 ranks x 1 stage vs 1 process x 2 stages, %ld CPUs, unit %.0f us "
+		printf("# bench_mpi_train: 2 ranks x 1 stage (chunked: 2 chunks) vs 1 process x 2 threads, "
+		       "%ld CPUs, unit %.0f us "
 		       "(F = B_in = B_w), M = %u, %u rounds (median), link idle_ns %.0f us\n",
 		       sysconf(_SC_NPROCESSORS_ONLN), unit, M, rounds, (double)mo.idle_ns / 1000);
-		printf("%-6s %10s %10s %10s %8s\n", "sched", "pred_ms", "single_ms", "ranks_ms", "ratio");
+		printf("%-11s %10s %10s %10s %8s\n", "sched", "pred_ms", "single_ms", "ranks_ms", "ratio");
 	}
-	double ratio[3];
-	for (size_t k = 0; k < 3; k++) {
+	double ratio[NK];
+	for (size_t k = 0; k < NK; k++) {
 		mbp_train_opts o = {.in_row_bytes = 4,
 				    .target_row_bytes = 4,
 				    .max_mb_rows = 1,
 				    .max_mbs = M,
 				    .schedule = kinds[k],
 				    .loss = syn_loss};
-		struct syn syn[2] = {{unit, unit, unit, 1}, {unit, unit, unit, 2}};
+		/* a chunked schedule: 4 chunks, each rank the two its placement gives its thread */
+		mbp_schedule *pl = NULL;
+		unsigned S =
+		    mbp_schedule_new_placed(&pl, kinds[k], 4, 4, 2) == 0 && mbp_schedule_threads(pl) ? 4 : 2;
+		struct syn syn[4] = {{unit, unit, unit, 1},
+				     {unit, unit, unit, 2},
+				     {unit, unit, unit, 5},
+				     {unit, unit, unit, 6}};
 		mbp_mpi_trainer *mt;
-		mbp_train_stage_desc d = syn_desc(&syn[rank]);
 		int rc = mbp_mpi_trainer_new(&mt, &o, &mo);
-		if (rc == 0)
+		for (unsigned g = 0; g < S && rc == 0; g++) {
+			if (S == 4 ? mbp_schedule_thread_of(pl, g, 0) != (unsigned)rank : g != (unsigned)rank)
+				continue;
+			mbp_train_stage_desc d = syn_desc(&syn[g]);
 			rc = mbp_mpi_trainer_add_stage(mt, &d);
+		}
+		mbp_schedule_destroy(pl);
 		if (rc == 0)
 			rc = mbp_mpi_trainer_start(mt);
 		if (rc)
@@ -86,10 +106,13 @@ int main(int argc, char **argv)
 			continue;
 		}
 		mbp_trainer *t;
-		struct syn one[2] = {{unit, unit, unit, 3}, {unit, unit, unit, 4}};
+		struct syn one[4] = {{unit, unit, unit, 3},
+				     {unit, unit, unit, 4},
+				     {unit, unit, unit, 7},
+				     {unit, unit, unit, 8}};
 		o.threads = 2;
 		rc = mbp_trainer_new(&t, &o);
-		for (unsigned s = 0; s < 2 && rc == 0; s++) {
+		for (unsigned s = 0; s < S && rc == 0; s++) {
 			mbp_train_stage_desc ds = syn_desc(&one[s]);
 			rc = mbp_trainer_add_stage(t, &ds);
 		}
@@ -111,20 +134,23 @@ int main(int argc, char **argv)
 				ranks[r - 1] = (double)(t2 - t1) / 1e6;
 			}
 		}
-		mbp_op_costs costs[2] = {{unit, unit, unit}, {unit, unit, unit}};
+		mbp_op_costs costs[4] = {
+		    {unit, unit, unit}, {unit, unit, unit}, {unit, unit, unit}, {unit, unit, unit}};
 		mbp_sched_sim sim = {0};
 		mbp_schedule_simulate(mbp_trainer_schedule(t), costs, 2, &sim, NULL);
 		double s_ms = bench_median(single, rounds), r_ms = bench_median(ranks, rounds);
 		ratio[k] = s_ms / r_ms;
-		printf("%-6s %10.2f %10.2f %10.2f %8.3f\n", mbp_sched_name(kinds[k]), sim.makespan / 1000.0,
+		printf("%-11s %10.2f %10.2f %10.2f %8.3f\n", mbp_sched_name(kinds[k]), sim.makespan / 1000.0,
 		       s_ms, r_ms, ratio[k]);
 		mbp_trainer_destroy(t);
 		mbp_mpi_trainer_destroy(mt);
 	}
-	if (rank == 0)
-		printf(
-		    "bench_mpi_train: unit_us=%.0f M=%u ranks_over_single gpipe=%.3f 1f1b=%.3f zbh1=%.3f\n",
-		    unit, M, ratio[0], ratio[1], ratio[2]);
+	if (rank == 0) {
+		printf("bench_mpi_train: unit_us=%.0f M=%u ranks_over_single", unit, M);
+		for (size_t k = 0; k < NK; k++)
+			printf(" %s=%.3f", mbp_sched_name(kinds[k]), ratio[k]);
+		printf("\n");
+	}
 	mbp_mpi_finalize();
 	return 0;
 }

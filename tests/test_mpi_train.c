@@ -1,6 +1,7 @@
 /*
  * Training across MPI ranks: run under `mpirun -np R` (tests/mpi.sh runs it with R = 2 and 4). Every rank
- * holds two stages of the toy pipeline of test_train.c (train_toy.h), 2R stages in all, and runs the same
+ * holds two stages of the toy pipeline of test_train.c (train_toy.h), 2R stages in all (consecutive ones,
+ * or under a chunked schedule the two chunks its placement gives its one thread), and runs the same
  * tests in the same order; rank 0 gives the inputs and targets, the others serve. Each rank also runs the
  * whole pipeline in one process (an mbp_trainer of 2R stages on the same data) and compares its own stages'
  * parameters with that trainer's, bit for bit, after every step.
@@ -47,16 +48,65 @@ static mbp_train_opts toy_opts(mbp_sched_kind kind)
 				.loss = mse};
 }
 
-/* Stage g's whole backward or the split one: mixed for GPipe and 1F1B, split for ZB-H1. */
+/* The chunked schedules, the block one that is not above, and one read from text. */
+static const mbp_sched_kind chunked[] = {MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS, MBP_SCHED_ZBV,
+					 MBP_SCHED_DUALPIPEV,	MBP_SCHED_ZBH2,	      MBP_SCHED_CUSTOM};
+
+/* Stage g's whole backward or the split one: mixed where the schedule takes a whole B, split for the
+ * zero-bubble ones (and a schedule read from text). */
 static bool whole_backward(mbp_sched_kind kind, unsigned g)
 {
-	return kind != MBP_SCHED_ZBH1 && (g & 1);
+	return (kind == MBP_SCHED_GPIPE || kind == MBP_SCHED_1F1B || kind == MBP_SCHED_INTERLEAVED ||
+		kind == MBP_SCHED_LOOPED_BFS) &&
+	       (g & 1);
 }
 
 struct part {
 	mbp_mpi_trainer *t;
+	unsigned g[SPR]; /* the global stages it holds, ascending */
 	struct toy st[SPR];
 };
+
+/* The rows of a step of the chunked tests: 2R micro-batches (DualPipeV's least), the last short. */
+static size_t chunk_rows(void)
+{
+	return (size_t)total_stages() * MBR - 2;
+}
+
+/* The schedule "read from a file": ZB-V on R threads for the chunked tests' step, written as PyTorch's
+ * CSV and read back (every rank reads the same text). */
+static mbp_schedule *read_schedule(mbp_sched_kind kind)
+{
+	mbp_schedule *sc, *back = NULL;
+	unsigned M = (unsigned)((chunk_rows() + MBR - 1) / MBR);
+	ck_assert_int_eq(mbp_schedule_new_placed(&sc, kind, total_stages(), M, (unsigned)size), 0);
+	char text[16384];
+	size_t len = mbp_schedule_write_csv(sc, 0, text, sizeof(text));
+	ck_assert(len > 0 && len < sizeof(text));
+	mbp_sched_text_error err;
+	ck_assert_int_eq(mbp_schedule_read_csv(&back, text, len, 0, &err), 0);
+	mbp_schedule_destroy(sc);
+	return back;
+}
+
+/* The stages this rank holds: by its placement on one thread a rank (a chunked or custom schedule), else
+ * the rank's SPR consecutive ones. */
+static void stages_here(const mbp_train_opts *o, unsigned *g)
+{
+	mbp_schedule *own = NULL;
+	const mbp_schedule *sc = o->custom;
+	unsigned T = o->threads ? o->threads : 1; /* threads a rank */
+	if (!sc && mbp_schedule_new_placed(&own, o->schedule, total_stages(), total_stages(),
+					   T * (unsigned)size) == 0)
+		sc = own;
+	unsigned k = 0;
+	for (unsigned s = 0; s < total_stages(); s++)
+		if (sc && mbp_schedule_threads(sc) ? mbp_schedule_thread_of(sc, s, 0) / T == (unsigned)rank
+						   : s / SPR == (unsigned)rank)
+			g[k < SPR ? k++ : k] = s;
+	ck_assert_uint_eq(k, SPR);
+	mbp_schedule_destroy(own);
+}
 
 /* A trainer under test: a failed assertion leaves it running (Check without fork jumps out of the test),
  * and the next test could not start one; the fixture's teardown then ends every rank at once. */
@@ -79,11 +129,10 @@ static void part_destroy(struct part *p)
 	mbp_mpi_trainer_destroy(p->t);
 }
 
-static int part_new(struct part *p, mbp_sched_kind kind, size_t in_row_bytes)
+static int part_start(struct part *p, mbp_train_opts o)
 {
-	mbp_train_opts o = toy_opts(kind);
-	if (in_row_bytes)
-		o.in_row_bytes = in_row_bytes;
+	mbp_sched_kind kind = o.schedule;
+	stages_here(&o, p->g);
 	mbp_mpi_opts mo;
 	mbp_mpi_opts_init(&mo);
 	mo.window = 2; /* fewer than a step's micro-batches: credits are needed */
@@ -93,7 +142,7 @@ static int part_new(struct part *p, mbp_sched_kind kind, size_t in_row_bytes)
 		return rc;
 	live = p->t;
 	for (unsigned i = 0; i < SPR; i++) {
-		unsigned g = (unsigned)rank * SPR + i;
+		unsigned g = p->g[i];
 		toy_init(&p->st[i], g + 1);
 		mbp_train_stage_desc d = toy_desc(&p->st[i], whole_backward(kind, g));
 		rc = mbp_mpi_trainer_add_stage(p->t, &d);
@@ -101,6 +150,32 @@ static int part_new(struct part *p, mbp_sched_kind kind, size_t in_row_bytes)
 			return rc;
 	}
 	return mbp_mpi_trainer_start(p->t);
+}
+
+static int part_new(struct part *p, mbp_sched_kind kind, size_t in_row_bytes)
+{
+	mbp_train_opts o = toy_opts(kind);
+	if (in_row_bytes)
+		o.in_row_bytes = in_row_bytes;
+	return part_start(p, o);
+}
+
+/* A part under a chunked kind (or ZB-H2), or under a schedule read from text (MBP_SCHED_CUSTOM), on
+ * `threads` threads a rank (0: the schedule's default). */
+static int part_threads(struct part *p, mbp_sched_kind kind, uint32_t threads)
+{
+	mbp_train_opts o = toy_opts(kind);
+	o.threads = threads;
+	mbp_schedule *sc = kind == MBP_SCHED_CUSTOM ? read_schedule(MBP_SCHED_ZBV) : NULL;
+	o.custom = sc;
+	int rc = part_start(p, o);
+	mbp_schedule_destroy(sc); /* the trainer has its copy */
+	return rc;
+}
+
+static int part_chunked(struct part *p, mbp_sched_kind kind)
+{
+	return part_threads(p, kind, 0);
 }
 
 /* The whole pipeline in this process, one thread. */
@@ -111,7 +186,8 @@ struct single {
 
 static void single_new(struct single *s, mbp_sched_kind kind)
 {
-	mbp_train_opts o = toy_opts(kind);
+	/* a chunked or custom schedule's reference: one thread in 1F1B's order, the same stages */
+	mbp_train_opts o = toy_opts(mbp__sched_kind_placed(kind) ? MBP_SCHED_1F1B : kind);
 	o.threads = 1;
 	ck_assert_int_eq(mbp_trainer_new(&s->t, &o), 0);
 	for (unsigned g = 0; g < total_stages(); g++) {
@@ -123,18 +199,23 @@ static void single_new(struct single *s, mbp_sched_kind kind)
 }
 
 /* Rank 0 gives the data; the others run their part of its step. */
-static int step(struct part *p, const float *in, const float *tg, double *loss)
+static int step_rows(struct part *p, const float *in, const float *tg, size_t rows, double *loss)
 {
 	if (rank == 0)
-		return mbp_mpi_trainer_step(p->t, in, tg, ROWS, MBR, loss);
+		return mbp_mpi_trainer_step(p->t, in, tg, rows, MBR, loss);
 	return mbp_mpi_trainer_step(p->t, NULL, NULL, 0, 0, loss);
+}
+
+static int step(struct part *p, const float *in, const float *tg, double *loss)
+{
+	return step_rows(p, in, tg, ROWS, loss);
 }
 
 /* This rank's stages hold the single trainer's parameters, bit for bit. */
 static void same_params(const struct part *p, const struct single *s)
 {
 	for (unsigned i = 0; i < SPR; i++) {
-		unsigned g = (unsigned)rank * SPR + i;
+		unsigned g = p->g[i];
 		ck_assert_msg(memcmp(p->st[i].w, s->st[g].w, sizeof(p->st[i].w)) == 0,
 			      "rank %d: stage %u weights differ", rank, g);
 		ck_assert_msg(memcmp(p->st[i].b, s->st[g].b, sizeof(p->st[i].b)) == 0,
@@ -199,10 +280,12 @@ static void failing_step(struct part *p, struct single *s, unsigned n, unsigned 
 	make_data(in, tg, ROWS, n);
 	struct toy before[SPR];
 	memcpy(before, p->st, sizeof(before));
-	bool mine = g / SPR == (unsigned)rank;
-	if (mine) {
-		p->st[g % SPR].fail_kind = kind;
-		p->st[g % SPR].fail_mb = mb;
+	int mine = -1;
+	for (int i = 0; i < SPR; i++)
+		mine = p->g[i] == g ? i : mine;
+	if (mine >= 0) {
+		p->st[mine].fail_kind = kind;
+		p->st[mine].fail_mb = mb;
 	}
 	ck_assert_int_eq(step(p, in, tg, NULL), -EIO);
 	mbp_train_error e;
@@ -218,8 +301,8 @@ static void failing_step(struct part *p, struct single *s, unsigned n, unsigned 
 		ck_assert_uint_eq(p->st[i].updates, before[i].updates);
 		ck_assert_uint_eq(p->st[i].discards, before[i].discards + 1);
 	}
-	if (mine)
-		p->st[g % SPR].fail_kind = -1;
+	if (mine >= 0)
+		p->st[mine].fail_kind = -1;
 	/* the next step runs normally */
 	make_data(in, tg, ROWS, n + 1);
 	step_as_single(p, s, in, tg);
@@ -301,22 +384,27 @@ END_TEST
  * windows) before the first step: no later step allocates on any rank, whatever the timing. */
 START_TEST(no_rank_allocates_a_buffer_after_the_first_step)
 {
-	float in[ROWS * N], tg[ROWS * N];
-	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+	float in[32 * MBR * N], tg[32 * MBR * N];
+	const size_t nk = sizeof(kinds) / sizeof(kinds[0]), nc = sizeof(chunked) / sizeof(chunked[0]);
+	for (size_t k = 0; k < nk + nc; k++) {
+		/* the block kinds, then the chunked ones (and one read from text) in their steps of 2R
+		 * micro-batches */
+		mbp_sched_kind kind = k < nk ? kinds[k] : chunked[k - nk];
+		size_t rows = k < nk ? ROWS : chunk_rows();
 		struct part p;
-		ck_assert_int_eq(part_new(&p, kinds[k], 0), 0);
+		ck_assert_int_eq(k < nk ? part_new(&p, kind, 0) : part_chunked(&p, kind), 0);
 		mbp_train_stats first, st;
 		for (unsigned n = 0; n < 10; n++) {
 			for (unsigned i = 0; i < SPR; i++) /* one slow stage per step somewhere */
-				p.st[i].sleep_us = (unsigned)rank * SPR + i == n % total_stages() ? 300 : 0;
-			make_data(in, tg, ROWS, n);
-			ck_assert_int_eq(step(&p, in, tg, NULL), 0);
+				p.st[i].sleep_us = p.g[i] == n % total_stages() ? 300 : 0;
+			make_data(in, tg, rows, n);
+			ck_assert_int_eq(step_rows(&p, in, tg, rows, NULL), 0);
 			mbp_trainer_stats_get(mbp__mpi_trainer_local(p.t), &st, NULL, 0);
 			if (n == 0)
 				first = st;
 			ck_assert_msg(st.pool.allocated == first.pool.allocated && st.pool.waits == 0,
 				      "rank %d, %s, step %u: %llu buffers, %llu after the first step", rank,
-				      mbp_sched_name(kinds[k]), n, (unsigned long long)st.pool.allocated,
+				      mbp_sched_name(kind), n, (unsigned long long)st.pool.allocated,
 				      (unsigned long long)first.pool.allocated);
 		}
 		part_destroy(&p);
@@ -342,36 +430,39 @@ static void *mid_step(void *arg)
 
 START_TEST(cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update)
 {
-	struct part p;
-	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
-	float in[ROWS * N], tg[ROWS * N];
-	make_data(in, tg, ROWS, 0);
-	for (unsigned i = 0; i < SPR; i++)
-		p.st[i].sleep_us = 2000; /* a step of 6 micro-batches takes tens of ms */
-	struct toy before[SPR];
-	memcpy(before, p.st, sizeof(before));
-	pthread_t th;
-	struct canceller c = {&p, mbp_mpi_trainer_cancel};
-	if (rank == 0)
-		ck_assert_int_eq(pthread_create(&th, NULL, mid_step, &c), 0);
-	ck_assert_int_eq(step(&p, in, tg, NULL), -ECANCELED);
-	if (rank == 0)
-		pthread_join(th, NULL);
-	mbp_train_error e;
-	ck_assert_int_eq(mbp_mpi_trainer_error(p.t, &e), 0);
-	ck_assert_int_eq(e.err, -ECANCELED);
-	ck_assert_int_eq(e.stage, -1);
-	for (unsigned i = 0; i < SPR; i++) {
-		ck_assert(memcmp(p.st[i].w, before[i].w, sizeof(before[i].w)) == 0);
-		ck_assert_uint_eq(p.st[i].updates, 0);
+	/* a block schedule, and ZB-V (the last chunk on rank 0, a hop between two chunks of one rank) */
+	for (int k = 0; k < 2; k++) {
+		struct part p;
+		ck_assert_int_eq(part_chunked(&p, k ? MBP_SCHED_ZBV : MBP_SCHED_1F1B), 0);
+		float in[ROWS * N], tg[ROWS * N];
+		make_data(in, tg, ROWS, 0);
+		for (unsigned i = 0; i < SPR; i++)
+			p.st[i].sleep_us = 2000; /* a step of 6 micro-batches takes tens of ms */
+		struct toy before[SPR];
+		memcpy(before, p.st, sizeof(before));
+		pthread_t th;
+		struct canceller c = {&p, mbp_mpi_trainer_cancel};
+		if (rank == 0)
+			ck_assert_int_eq(pthread_create(&th, NULL, mid_step, &c), 0);
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ECANCELED);
+		if (rank == 0)
+			pthread_join(th, NULL);
+		mbp_train_error e;
+		ck_assert_int_eq(mbp_mpi_trainer_error(p.t, &e), 0);
+		ck_assert_int_eq(e.err, -ECANCELED);
+		ck_assert_int_eq(e.stage, -1);
+		for (unsigned i = 0; i < SPR; i++) {
+			ck_assert(memcmp(p.st[i].w, before[i].w, sizeof(before[i].w)) == 0);
+			ck_assert_uint_eq(p.st[i].updates, 0);
+		}
+		if (rank == 0) {
+			ck_assert_int_eq(step(&p, in, tg, NULL), -ESHUTDOWN);
+		} else {
+			ck_assert_int_eq(mbp_mpi_trainer_serve(p.t),
+					 -ECANCELED); /* returns once rank 0 ends the run */
+		}
+		part_destroy(&p);
 	}
-	if (rank == 0) {
-		ck_assert_int_eq(step(&p, in, tg, NULL), -ESHUTDOWN);
-	} else {
-		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t),
-				 -ECANCELED); /* returns once rank 0 ends the run */
-	}
-	part_destroy(&p);
 }
 END_TEST
 
@@ -548,6 +639,137 @@ START_TEST(a_gradient_wider_than_the_activation_is_refused_across_ranks)
 }
 END_TEST
 
+/* Three steps under `kind` on `threads` threads a rank (0: one): every rank's parameters are the single
+ * process's, bit for bit; M items per step over each hop between ranks, nothing dropped. */
+static void chunked_as_single(mbp_sched_kind kind, uint32_t threads)
+{
+	size_t rows = chunk_rows();
+	uint32_t M = (uint32_t)((rows + MBR - 1) / MBR);
+	float in[32 * MBR * N], tg[32 * MBR * N];
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_threads(&p, kind, threads), 0);
+	single_new(&s, kind);
+	for (unsigned n = 0; n < 3; n++) {
+		make_data(in, tg, rows, n);
+		double loss = -1, want = -2;
+		ck_assert_int_eq(step_rows(&p, in, tg, rows, &loss), 0);
+		ck_assert_int_eq(mbp_trainer_step(s.t, in, tg, rows, MBR, &want), 0);
+		ck_assert_msg(loss == want, "rank %d, %s: loss %.17g, one process %.17g", rank,
+			      mbp_sched_name(kind), loss, want);
+		same_params(&p, &s);
+		for (unsigned i = 0; i < SPR; i++) {
+			/* every update saw the norm over all stages of all ranks, and the step's loss */
+			const struct toy *ref = &s.st[p.g[i]];
+			ck_assert(p.st[i].last_norm == ref->last_norm);
+			ck_assert(p.st[i].last_loss == want);
+		}
+	}
+	mbp_mpi_train_stats st;
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	ck_assert_uint_eq(st.local.steps, 3);
+	ck_assert_uint_eq(st.local.threads, threads ? threads : 1);
+	ck_assert_uint_eq(st.stage0, p.g[0]);
+	ck_assert_uint_eq(st.stages, total_stages());
+	/* per step, M items over each hop to or from another rank (the activations out of a stage whose
+	 * next is another rank's, the gradients out of one whose previous is), nothing dropped */
+	unsigned hops = 0;
+	for (unsigned i = 0; i < SPR; i++) {
+		bool prev_here = i > 0 && p.g[i - 1] + 1 == p.g[i];
+		bool next_here = i + 1 < SPR && p.g[i + 1] == p.g[i] + 1;
+		hops += (p.g[i] > 0 && !prev_here) + (p.g[i] + 1 < total_stages() && !next_here);
+	}
+	ck_assert_uint_eq(st.sent, 3 * M * hops);
+	ck_assert_uint_eq(st.received, 3 * M * hops);
+	ck_assert_uint_eq(st.dropped, 0);
+	part_destroy(&p);
+	mbp_trainer_destroy(s.t);
+}
+
+START_TEST(every_chunked_schedule_and_one_read_from_text_across_ranks_gives_the_single_process_parameters)
+{
+	for (size_t k = 0; k < sizeof(chunked) / sizeof(chunked[0]); k++)
+		chunked_as_single(chunked[k], 0);
+	/* interleaved on two threads a rank (a chunk each): a rank's two chunks hop between its threads */
+	chunked_as_single(MBP_SCHED_INTERLEAVED, 2);
+}
+END_TEST
+
+START_TEST(a_stage_failure_under_a_chunked_schedule_fails_the_step_everywhere_and_the_next_step_runs)
+{
+	const mbp_sched_kind ks[] = {MBP_SCHED_INTERLEAVED, MBP_SCHED_ZBV};
+	for (size_t k = 0; k < 2; k++) {
+		struct part p;
+		struct single s;
+		ck_assert_int_eq(part_chunked(&p, ks[k]), 0);
+		single_new(&s, ks[k]);
+		unsigned S = total_stages();
+		/* the last chunk's forward (rank 0's under ZB-V); chunk 1's whole backward (interleaved), the
+		 * middle chunk's B_in (ZB-V: the hop between two chunks of one rank) */
+		bool v = ks[k] == MBP_SCHED_ZBV;
+		failing_step(&p, &s, 0, S - 1, MBP_OP_F, 2, MBP_OP_F);
+		failing_step(&p, &s, 2, v ? S / 2 : 1, v ? MBP_OP_BIN : MBP_OP_B, 0,
+			     v ? MBP_OP_BIN : MBP_OP_B);
+		end_counted(&p, &s, 2, 2);
+	}
+}
+END_TEST
+
+START_TEST(a_chunked_schedule_that_cannot_place_the_ranks_is_refused_on_every_rank_alike)
+{
+	/* two threads a rank: ZB-V would need four chunks a rank */
+	struct part p;
+	mbp_train_opts o = toy_opts(MBP_SCHED_ZBV);
+	o.threads = 2;
+	ck_assert_int_eq(part_start(&p, o), -EINVAL);
+	ck_assert_str_eq(mbp_mpi_trainer_run_error(p.t),
+			 "the schedule across ranks: threads: a chunked schedule needs the stages a multiple "
+			 "of the threads (interleaved, looped BFS) or twice them (ZB-V, DualPipeV)");
+	part_destroy(&p);
+}
+END_TEST
+
+START_TEST(ranks_given_different_schedules_are_refused_at_start_on_every_rank)
+{
+	struct part p;
+	ck_assert_int_eq(part_chunked(&p, rank == 1 ? MBP_SCHED_ZBV : MBP_SCHED_INTERLEAVED), -EINVAL);
+	ck_assert_str_eq(mbp_mpi_trainer_run_error(p.t), "rank 1 has schedule 7, rank 0 4");
+	part_destroy(&p);
+	/* the same kind, other actions: two texts */
+	mbp_train_opts o = toy_opts(MBP_SCHED_CUSTOM);
+	mbp_schedule *sc = read_schedule(rank == 1 ? MBP_SCHED_INTERLEAVED : MBP_SCHED_ZBV);
+	o.custom = sc;
+	ck_assert_int_eq(part_start(&p, o), -EINVAL);
+	ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t),
+			     "rank 1 has custom schedule (a hash of its actions)") != NULL,
+		      "%s", mbp_mpi_trainer_run_error(p.t));
+	mbp_schedule_destroy(sc);
+	part_destroy(&p);
+}
+END_TEST
+
+START_TEST(a_replicated_stage_is_refused_across_ranks_on_every_rank)
+{
+	/* replicas run in one process only (train.h, "Replicas"): a part's stage with two is refused */
+	struct part p;
+	mbp_train_opts o = toy_opts(MBP_SCHED_1F1B);
+	stages_here(&o, p.g);
+	ck_assert_int_eq(mbp_mpi_trainer_new(&p.t, &o, NULL), 0);
+	live = p.t;
+	for (unsigned i = 0; i < SPR; i++) {
+		toy_init(&p.st[i], p.g[i] + 1);
+		mbp_train_stage_desc d = toy_desc(&p.st[i], true);
+		d.replicas = i == 0 ? 2 : 0;
+		ck_assert_int_eq(mbp_mpi_trainer_add_stage(p.t, &d), 0);
+	}
+	ck_assert_int_eq(mbp_mpi_trainer_start(p.t), -ENOTSUP);
+	ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t),
+			     "replicas: a replicated stage does not run across ranks") != NULL,
+		      "%s", mbp_mpi_trainer_run_error(p.t));
+	part_destroy(&p);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("mpi_train");
@@ -562,12 +784,22 @@ static Suite *suite(void)
 	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);
 	tcase_add_test(tc, drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank);
 	tcase_add_test(tc, a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_runs);
-	tcase_add_test(tc,
-		       a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset);
 	tcase_add_test(tc, a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, no_rank_sends_a_message_after_its_last_word_of_the_run);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
 	tcase_add_test(tc, a_gradient_wider_than_the_activation_is_refused_across_ranks);
+	tcase_add_test(
+	    tc,
+	    every_chunked_schedule_and_one_read_from_text_across_ranks_gives_the_single_process_parameters);
+	tcase_add_test(
+	    tc, a_stage_failure_under_a_chunked_schedule_fails_the_step_everywhere_and_the_next_step_runs);
+	tcase_add_test(tc, a_chunked_schedule_that_cannot_place_the_ranks_is_refused_on_every_rank_alike);
+	tcase_add_test(tc, ranks_given_different_schedules_are_refused_at_start_on_every_rank);
+	tcase_add_test(tc, a_replicated_stage_is_refused_across_ranks_on_every_rank);
+	/* last: the items the others sent the rank that left, still on the wire as it closed, may land in the
+	 * next run's communicator (MPI gives it the freed one's context) and take the place of that run's */
+	tcase_add_test(tc,
+		       a_rank_that_destroys_its_trainer_mid_run_ends_the_run_on_every_rank_with_econnreset);
 	suite_add_tcase(s, tc);
 	return s;
 }

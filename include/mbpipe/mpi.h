@@ -238,25 +238,34 @@ int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st);
 /* ---- training across ranks ---- */
 
 /*
- * mbp_mpi_trainer: a training pipeline (<mbpipe/train.h>) whose stages run on several ranks. Each rank
- * holds a contiguous range of the stages (rank 0 the first ones), added in order with
- * mbp_mpi_trainer_add_stage(), and every rank follows the schedule of the whole pipeline (GPipe, 1F1B,
- * ZB-H1): the forward activation hop and the backward gradient hop between the last stage of rank r and
- * the first of rank r+1 are links like the forward pipeline's (pre-posted windows of receives into pool
- * buffers, credits, no copy between the buffer and MPI), driven by the communication thread. A sender
+ * mbp_mpi_trainer: a training pipeline (<mbpipe/train.h>) whose stages run on several ranks. Under a block
+ * schedule (GPipe, 1F1B, ZB-H1, ZB-H2) each rank holds a contiguous range of the stages (rank 0 the first
+ * ones). Under a chunked or custom one (interleaved, looped BFS, ZB-V, DualPipeV, one read from text or
+ * built) the schedule places the chunks on its threads (train.h, "Chunks") and the ranks take its threads in
+ * rank order, each as many as hold its stages: its threads option where every rank gives one (the schedule's
+ * thread count is then their sum), else the schedule's default (two chunks a thread; a custom schedule's
+ * own); one thread a rank under ZB-V on R ranks holds chunks r and 2R-1-r. A start that cannot give each rank
+ * whole threads is refused on every rank alike. A rank adds its stages in global order with
+ * mbp_mpi_trainer_add_stage() and runs them on its own threads; every rank follows the schedule of the whole
+ * pipeline. A hop between two stages of one rank is a ring, as in one process; a hop to another rank goes
+ * over the link between the two ranks (one each way between every two ranks that a hop joins, carrying every
+ * stage's activations and gradients between them, each item's header naming the stage it goes to). The links
+ * are like the forward pipeline's (pre-posted windows of receives into pool buffers, credits, no copy between
+ * the buffer and MPI), driven by the communication thread. A sender
  * holds a micro-batch until a credit says that a receive waits for it (window: opts.window receives per
  * link); the receiver hands each arrival to its stage's ring at once, as a stage does in one process (the
  * trainer's rings hold a step's micro-batches, so no stage ever waits to push: the schedule bounds what
  * is in flight).
  *
- * Rank 0 calls mbp_mpi_trainer_step() with the inputs and the targets; it sends the targets of each step
- * to the last rank (one message), so a program's data loader runs on rank 0 only. The other ranks call
- * mbp_mpi_trainer_step() with NULL, NULL, 0, 0 (it waits for rank 0's next step, runs this rank's part
- * and returns the same result as rank 0's step), or mbp_mpi_trainer_serve() to do that until the run
- * ends. A step is all or nothing across ranks: every rank's stages update only when every stage on every
- * rank finished every operation and the loss and gradients are finite; the gradient norm given to each
- * update is the one over all stages of all ranks (summed in stage order: bit for bit the single-process
- * trainer's); the loss is the last rank's. A stage error on any rank fails the step on every rank, which
+ * Rank 0 calls mbp_mpi_trainer_step() with the inputs and the targets; it sends the targets of each step to
+ * the rank holding the last stage (one message; none when rank 0 holds it, as under ZB-V), so a program's
+ * data loader runs on rank 0 only. The other ranks call mbp_mpi_trainer_step() with NULL, NULL, 0, 0 (it
+ * waits for rank 0's next step, runs this rank's part and returns the same result as rank 0's step), or
+ * mbp_mpi_trainer_serve() to do that until the run ends. A step is all or nothing across ranks: every rank's
+ * stages update only when every stage on every rank finished every operation and the loss and gradients are
+ * finite; the gradient norm given to each update is the one over all stages of all ranks (summed in stage
+ * order: bit for bit the single-process trainer's); the loss is that of the rank holding the last stage. A
+ * stage error on any rank fails the step on every rank, which
  * returns that error and names the stage (its index in the whole pipeline) and the micro-batch through
  * mbp_mpi_trainer_error(); the next step runs normally. A cancel from rank 0 fails the step under way on
  * every rank with -ECANCELED; a rank that stops answering ends the run with -ETIMEDOUT (see "Failures"
@@ -276,9 +285,10 @@ typedef struct mbp_mpi_trainer mbp_mpi_trainer;
 
 /**
  * Create this rank's part of a training pipeline. `o` is this rank's trainer options (<mbpipe/train.h>):
- * in_row_bytes is the width of this rank's input rows (the previous rank's output width);
- * target_row_bytes, max_mb_rows, max_mbs and schedule must be the same on every rank (start checks), and so
- * must loss (only the last rank calls it; start cannot compare functions).
+ * in_row_bytes is the width of this rank's input rows (the previous rank's output width; under a chunked or
+ * custom schedule only rank 0's is used: a chunk's input is what the stage before sends); target_row_bytes,
+ * max_mb_rows, max_mbs and schedule (and a custom schedule's actions) must be the same on every rank (start
+ * checks), and so must loss (only the rank holding the last stage calls it; start cannot compare functions).
  * Of `mo` (NULL: defaults) the window, peer_timeout_ns, spin_ns and idle_ns apply. Pair with
  * mbp_mpi_trainer_destroy().
  * @return 0, -ENOTCONN (no mbp_mpi_init), -EINVAL, -ERANGE (more ranks than MBP_MAX_STAGES), or
@@ -293,12 +303,14 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *t, const mbp_train_stage_desc *d)
 
 /**
  * Start, on every rank (collective): check that the ranks agree (each rank's output width is the next
- * one's input width, the options above and mbp_mpi_opts.window are equal, every rank has a stage, at
- * most MBP_MAX_STAGES stages in all), split each node's CPUs between its ranks as mbp_mpi_start() does,
+ * one's input width under a block schedule, the options above and mbp_mpi_opts.window are equal, every
+ * rank has a stage, at most MBP_MAX_STAGES stages in all, a chunked schedule places whole threads on each
+ * rank), split each node's CPUs between its ranks as mbp_mpi_start() does,
  * start each rank's trainer, open the links. Every rank gets the
  * same result; after a failure, step and serve return it too.
  * @return 0, -EINVAL or -E2BIG (mbp_mpi_trainer_run_error() says which rank and what), -EALREADY, or a
- *         rank's mbp_trainer_start error (ZB-H1 with a stage lacking backward_in/backward_w: -EINVAL).
+ *         rank's mbp_trainer_start error (ZB-H1 with a stage lacking backward_in/backward_w: -EINVAL; a
+ *         stage with replicas: -ENOTSUP, replicas run in one process only).
  */
 int mbp_mpi_trainer_start(mbp_mpi_trainer *t);
 
@@ -347,7 +359,7 @@ void mbp_mpi_trainer_destroy(mbp_mpi_trainer *t);
 typedef struct mbp_mpi_train_stats {
 	mbp_train_stats local; /**< this rank's trainer (its stages; bubble_predicted 0) */
 	uint32_t rank, ranks;
-	uint32_t stage0, stages; /**< this rank's first stage, the stages of the whole pipeline */
+	uint32_t stage0, stages; /**< this rank's first stage (in the whole pipeline), the stages of it */
 	uint64_t sent, received; /**< activations and gradients over this rank's links */
 	uint64_t dropped;	 /**< arrivals of a step that had failed here already */
 	uint64_t credit_waits;	 /**< times a send waited for a credit */

@@ -519,7 +519,7 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
  * by its rule on `threads` threads (0: two chunks a thread), and a thread runs the chunks its placement
  * gives it, their init and fini in stage order as above.
  * @return 0, -EINVAL (no stages; more threads than stages, as mbp_schedule_simulate() refuses them; a
- *         thread count a chunked schedule cannot place, or a chunked schedule across ranks; ZB-H1, ZB-H2,
+ *         thread count a chunked schedule cannot place; ZB-H1, ZB-H2,
  *         ZB-V or DualPipeV with a stage that gives no backward_in/backward_w, or a last stage whose
  *         grad_row_bytes is not
  *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says

@@ -180,7 +180,7 @@ static inline uint64_t mbp__run_close_ns(bool dead)
 {
 	return (dead ? 100 : 2000) * (uint64_t)1000000;
 }
-#define MBP__RUN_LINKS 4
+#define MBP__RUN_LINKS (2 * MBP_MAX_STAGES) /* a send and a receive link per peer */
 
 /*
  * A run: the part of mbp_mpi and mbp_mpi_trainer that is the same (they embed it first). Threads: the

@@ -34,7 +34,7 @@
 #include "mpi_internal.h"
 #include "train_internal.h"
 
-enum { TAG_FWD = 21, TAG_BWD = 24, TAG_TGT = 28 };
+enum { TAG_DATA = 21, TAG_TGT = 28 };
 enum { V_IDLE = 0, V_PENDING, V_ACTIVE, V_DONE };
 
 /* One rank's vote on the wire: its trainer's (err.what NULL: a pointer means nothing on another rank). */
@@ -48,9 +48,18 @@ struct mbp_mpi_trainer {
 	mbp_trainer *t;
 	mbp_train_opts o;
 	unsigned nstages, stage0, stages;
-	unsigned first_of[MBP_MAX_STAGES + 1]; /* each rank's first global stage; [size] = stages */
-	size_t out_rb;
-	unsigned char *tgt; /* last rank (size > 1): the step's targets */
+	int rank_of[MBP_MAX_STAGES];	  /* each global stage's rank */
+	int16_t local_of[MBP_MAX_STAGES]; /* each global stage's index here, -1: another rank's */
+	int loss_rank;			  /* the global last stage's */
+	/* the rings going out to another rank, each with its peer and the route at the far end: the
+	 * stage it goes to, << 1, | 1 for a gradient (into its DOWN_BWD ring, else UP_FWD) */
+	struct route {
+		int ring, peer;
+		uint32_t dest;
+	} out[2 * MBP_MAX_STAGES];
+	unsigned nout;
+	size_t out_rb, wide; /* the last stage's output rows; the widest rows here */
+	unsigned char *tgt;  /* the loss rank (not 0): the step's targets */
 
 	/* under r.lock */
 	uint64_t attempt;  /* rank 0: the last step started; others: the last received */
@@ -120,8 +129,9 @@ static void hook_agree(void *arg, struct mbp__train_vote *v)
 	if (!T->r.dead) {
 		T->mine = (struct vrec){.v = {.ok = v->ok, .err = v->err, .loss = v->loss}};
 		T->mine.v.err.what = NULL;
-		for (unsigned s = T->stage0; s < T->stage0 + T->nstages; s++)
-			T->mine.v.grad_sq[s] = v->grad_sq[s];
+		for (unsigned s = 0; s < T->stages; s++)
+			if (T->local_of[s] >= 0)
+				T->mine.v.grad_sq[s] = v->grad_sq[s];
 		T->vote_state = V_PENDING;
 		mbp__run_kick(&T->r);
 		while (T->vote_state != V_DONE && !T->r.dead && T->r.state == MBP__RUN_RUNNING)
@@ -150,7 +160,7 @@ int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp
 	if (rc)
 		return rc;
 	mbp_mpi_trainer *T = of(r);
-	T->out_rb = o->in_row_bytes;
+	T->out_rb = T->wide = o->in_row_bytes;
 	T->vote_req = T->tgt_req = MPI_REQUEST_NULL;
 	if ((rc = mbp_trainer_new(&T->t, o)) != 0) {
 		mbp_mpi_trainer_destroy(T);
@@ -170,6 +180,7 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *T, const mbp_train_stage_desc *d)
 	int rc = mbp_trainer_add_stage(T->t, d);
 	if (rc == 0) {
 		T->out_rb = d->out_row_bytes;
+		T->wide = d->out_row_bytes > T->wide ? d->out_row_bytes : T->wide;
 		T->nstages++;
 	}
 	return rc;
@@ -177,60 +188,148 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *T, const mbp_train_stage_desc *d)
 
 /* ---- start ---- */
 
-/* The links (up: activations in, gradients out; down: activations out, gradients in), the channel. */
+/* The links: a send and a receive link with every rank a hop goes to or comes from, each carrying every
+ * ring's items between the two (routed by the header's flags); the channel. */
 static int alloc_run(mbp_mpi_trainer *T)
 {
 	struct mbp__run *r = &T->r;
 	mbp_pool *pool = mbp__trainer_pool(T->t);
 	if (!(T->all = calloc((size_t)r->size, sizeof(*T->all))))
 		return -ENOMEM;
-	if (r->rank == r->size - 1 && r->size > 1) {
+	if (r->rank == T->loss_rank && r->rank != 0) {
 		size_t bytes = (size_t)T->o.max_mbs * T->o.max_mb_rows * T->o.target_row_bytes;
 		if (!(T->tgt = malloc(bytes ? bytes : 1)))
 			return -ENOMEM;
 	}
 	int rc = 0;
-	if (r->rank > 0 &&
-	    !(rc = mbp__run_link(r, false, r->rank - 1, TAG_FWD, MBP__LINK_UP_FWD, pool, NULL)))
-		rc = mbp__run_link(r, true, r->rank - 1, TAG_BWD, MBP__LINK_UP_BWD, pool, NULL);
-	if (!rc && r->rank + 1 < r->size &&
-	    !(rc = mbp__run_link(r, true, r->rank + 1, TAG_FWD, MBP__LINK_DOWN_FWD, pool, NULL)))
-		rc = mbp__run_link(r, false, r->rank + 1, TAG_BWD, MBP__LINK_DOWN_BWD, pool, NULL);
+	for (int q = 0; q < r->size && !rc; q++) {
+		bool peer = false;
+		for (unsigned i = 0; i < T->nout; i++)
+			peer |= T->out[i].peer == q;
+		if (peer && !(rc = mbp__run_link(r, true, q, TAG_DATA, q, pool, NULL)))
+			rc = mbp__run_link(r, false, q, TAG_DATA, q, pool, NULL);
+	}
 	return rc ? rc : mbp__ctl_alloc(r, true);
 }
 
-enum { HS_TGT = MBP__HS_SAME, HS_ROWS, HS_MBS, HS_WINDOW, HS_SCHED, HS_N };
+enum { HS_TGT = MBP__HS_SAME, HS_ROWS, HS_MBS, HS_WINDOW, HS_SCHED, HS_CUSTOM, HS_N };
+
+/* A rank's own value: its stages, its threads option, its widest rows. */
+static uint64_t own_of(const mbp_mpi_trainer *T)
+{
+	return T->nstages | (uint64_t)(T->o.threads & 0xff) << 8 | (uint64_t)T->wide << 16;
+}
+
+/* The ranks' stages in the whole pipeline: by rank (the block placement), or as a chunked or custom
+ * schedule places them on its threads, the ranks taking its threads in rank order, each as many as hold
+ * its stages (and its threads option, where given). The same on every rank, or refused alike. */
+static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__train_remote *rem)
+{
+	struct mbp__run *r = &T->r;
+	unsigned n[MBP_MAX_STAGES], th[MBP_MAX_STAGES], tsum = 0, total = 0, placed = 0;
+	bool given = true;
+	for (int k = 0; k < r->size; k++) {
+		uint64_t own = all[(size_t)k * HS_N + MBP__HS_OWN];
+		n[k] = own & 0xff;
+		th[k] = (own >> 8) & 0xff;
+		tsum += th[k];
+		given &= th[k] != 0;
+		rem->widest = own >> 16 > rem->widest ? own >> 16 : rem->widest;
+		if (n[k] == 0) {
+			snprintf(r->msg, sizeof(r->msg), "rank %d has no stages", k);
+			return -EINVAL;
+		}
+		if (total + n[k] > MBP_MAX_STAGES) {
+			snprintf(r->msg, sizeof(r->msg), "more than %d stages over all ranks",
+				 MBP_MAX_STAGES);
+			return -E2BIG;
+		}
+		for (unsigned i = 0; i < n[k]; i++)
+			T->rank_of[total++] = k;
+	}
+	T->stages = total;
+	const char *what = NULL;
+	uint16_t thr[MBP_MAX_STAGES];
+	int rc = mbp__train_place(&T->o, total, given ? tsum : 0, thr, &placed, &what);
+	if (rc == -EINVAL)
+		snprintf(r->msg, sizeof(r->msg), "the schedule across ranks: %s", what);
+	if (rc < 0 || !placed)
+		return rc;
+	unsigned on[MBP_MAX_STAGES] = {0}, first = 0, next = 0, rank_t[MBP_MAX_STAGES];
+	for (unsigned g = 0; g < total; g++)
+		on[thr[g]]++;
+	for (int k = 0; k < r->size; k++) {
+		unsigned held = 0, t0 = next;
+		while (held < n[k] && next < placed)
+			held += on[next++];
+		if (held != n[k] || (th[k] && next - t0 != th[k])) {
+			snprintf(r->msg, sizeof(r->msg),
+				 "the %s schedule places %u stages on its %u threads: rank %d's %u stages%s "
+				 "are not "
+				 "whole threads of it",
+				 mbp_sched_name(T->o.schedule), total, placed, k, n[k],
+				 th[k] ? " on its threads" : "");
+			return -EINVAL;
+		}
+		for (unsigned t = t0; t < next; t++)
+			rank_t[t] = (unsigned)k;
+		if (k == r->rank)
+			first = t0, rem->threads = next - t0;
+	}
+	rem->sched_threads = placed;
+	for (unsigned g = 0, i = 0; g < total; g++) {
+		T->rank_of[g] = (int)rank_t[thr[g]];
+		if (T->rank_of[g] == r->rank) {
+			rem->global[i] = (uint16_t)g;
+			rem->thread_of[i++] = (uint16_t)(thr[g] - first);
+		}
+	}
+	return 0;
+}
+
+/* The rings to and from other ranks, and where each goes there. */
+static void route_rings(mbp_mpi_trainer *T)
+{
+	int me = T->r.rank;
+	unsigned k = 0;
+	T->nout = 0;
+	for (unsigned g = 0; g < T->stages; g++) {
+		T->local_of[g] = (int16_t)(T->rank_of[g] == me ? (int)k++ : -1);
+		if (T->local_of[g] < 0)
+			continue;
+		unsigned l = (unsigned)T->local_of[g];
+		if (g > 0 && T->rank_of[g - 1] != me)
+			T->out[T->nout++] = (struct route){mbp__train_link(l, MBP__LINK_UP_BWD),
+							   T->rank_of[g - 1], (g - 1) << 1 | 1};
+		if (g + 1 < T->stages && T->rank_of[g + 1] != me)
+			T->out[T->nout++] = (struct route){mbp__train_link(l, MBP__LINK_DOWN_FWD),
+							   T->rank_of[g + 1], (g + 1) << 1};
+	}
+	T->loss_rank = T->rank_of[T->stages - 1];
+}
 
 /* Every rank passed the checks of the start: each rank's stages in the whole pipeline; this rank's part
  * of its node's CPUs (collective), its trainer, the run's buffers. */
 static int start_local(struct mbp__run *r, const uint64_t *all)
 {
 	mbp_mpi_trainer *T = of(r);
-	unsigned total = 0;
-	for (int k = 0; k < r->size; k++) {
-		uint64_t n = all[(size_t)k * HS_N + MBP__HS_OWN];
-		if (n == 0) {
-			snprintf(r->msg, sizeof(r->msg), "rank %d has no stages", k);
-			return -EINVAL;
-		}
-		if ((total += (unsigned)n) > MBP_MAX_STAGES) {
-			snprintf(r->msg, sizeof(r->msg), "more than %d stages over all ranks",
-				 MBP_MAX_STAGES);
-			return -E2BIG;
-		}
-		T->first_of[k + 1] = total;
-	}
-	T->stages = total;
-	T->stage0 = T->first_of[r->rank];
-	struct mbp__train_remote rem = {.stage0 = T->stage0,
-					.stages = T->stages,
-					.extra_buffers = 4 * r->mo.window + 8,
+	struct mbp__train_remote rem = {.extra_buffers = 8,
 					.arg = T,
 					.kick = hook_kick,
 					.begin = hook_begin,
 					.failed = hook_failed,
 					.agree = hook_agree};
-	int rc = mbp__mpi_node_share(&rem.node_k, &rem.node_m);
+	int rc = place_ranks(T, all, &rem);
+	if (rc < 0)
+		return rc;
+	route_rings(T);
+	for (T->stage0 = 0; T->local_of[T->stage0] < 0; T->stage0++)
+		;
+	rem.stage0 = T->stage0;
+	rem.stages = T->stages;
+	for (unsigned i = 0; i < T->nout; i++)
+		rem.extra_buffers += 2 * r->mo.window; /* a receive window per peer, the sends' */
+	rc = mbp__mpi_node_share(&rem.node_k, &rem.node_m);
 	if (rc == 0)
 		rc = mbp__trainer_set_remote(T->t, &rem);
 	if (rc == 0 && (rc = mbp_trainer_start(T->t)) != 0) {
@@ -244,31 +343,51 @@ static int start_local(struct mbp__run *r, const uint64_t *all)
 	return rc ? rc : alloc_run(T);
 }
 
+/* A custom schedule's actions, hashed (FNV-1a): ranks that were given different ones disagree at start. */
+static uint64_t custom_hash(const mbp_schedule *sc)
+{
+	uint64_t h = 1469598103934665603ull;
+	const mbp_sched_op *act;
+	size_t n = sc ? mbp_schedule_order(sc, &act) : 0;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t w[2] = {act[i].mb, (uint32_t)act[i].stage << 8 | act[i].kind};
+		for (unsigned b = 0; b < 2; b++)
+			h = (h ^ w[b]) * 1099511628211ull;
+	}
+	for (unsigned s = 0; sc && s < mbp_schedule_stages(sc); s++)
+		h = (h ^ mbp_schedule_thread_of(sc, s, 0)) * 1099511628211ull;
+	return sc ? h : 0;
+}
+
 int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 {
-	static const char *const names[] = {"target_row_bytes", "max_mb_rows", "max_mbs", "window",
-					    "schedule"};
+	static const char *const names[] = {"target_row_bytes", "max_mb_rows",
+					    "max_mbs",		"window",
+					    "schedule",		"custom schedule (a hash of its actions)"};
 	if (!T)
 		return -EINVAL;
 	if (T->r.state != MBP__RUN_NEW)
 		return -EALREADY;
 	/* each product in 64 bits, checked for a wrap (the widths are size_t) */
 	uint64_t out_mb, in_mb, tgt_step, most = UINT64_MAX;
-	if (!__builtin_mul_overflow((uint64_t)T->out_rb, T->o.max_mb_rows, &out_mb) &&
+	if (!__builtin_mul_overflow((uint64_t)T->wide, T->o.max_mb_rows, &out_mb) &&
 	    !__builtin_mul_overflow((uint64_t)T->o.in_row_bytes, T->o.max_mb_rows, &in_mb) &&
 	    !__builtin_mul_overflow((uint64_t)T->o.target_row_bytes,
 				    (uint64_t)T->o.max_mb_rows * T->o.max_mbs, &tgt_step))
 		most = out_mb > in_mb ? (out_mb > tgt_step ? out_mb : tgt_step)
 				      : (in_mb > tgt_step ? in_mb : tgt_step);
-	uint64_t mine[HS_N] = {[MBP__HS_IN] = T->o.in_row_bytes,
-			       [MBP__HS_OUT] = T->out_rb,
+	/* a placed schedule's hops are not from one rank to the next: no widths to compare by rank */
+	bool placed = mbp__sched_kind_placed(T->o.schedule);
+	uint64_t mine[HS_N] = {[MBP__HS_IN] = placed ? 0 : T->o.in_row_bytes,
+			       [MBP__HS_OUT] = placed ? 0 : T->out_rb,
 			       [MBP__HS_BYTES] = most,
-			       [MBP__HS_OWN] = T->nstages,
+			       [MBP__HS_OWN] = own_of(T),
 			       [HS_TGT] = T->o.target_row_bytes,
 			       [HS_ROWS] = T->o.max_mb_rows,
 			       [HS_MBS] = T->o.max_mbs,
 			       [HS_WINDOW] = T->r.mo.window,
-			       [HS_SCHED] = (uint64_t)T->o.schedule};
+			       [HS_SCHED] = (uint64_t)T->o.schedule,
+			       [HS_CUSTOM] = custom_hash(T->o.custom)};
 	return mbp__run_start(&T->r, mine, HS_N, names, "micro-batches or a step's targets", start_local);
 }
 
@@ -281,20 +400,26 @@ static void close_step_locked(mbp_mpi_trainer *T)
 	T->open = 0;
 	mbp_pool *pool = mbp__trainer_pool(T->t);
 	mbp_mb *mb;
-	for (unsigned i = 0; i < T->r.nlinks; i++)
-		while (T->r.link[i].send && mbp__trainer_link_pop(T->t, T->r.link[i].id, &mb))
+	for (unsigned i = 0; i < T->nout; i++)
+		while (mbp__trainer_link_pop(T->t, T->out[i].ring, &mb))
 			mbp_pool_put(pool, NULL, mb);
 }
 
 static bool op_next(struct mbp__run *r, struct mbp__link *l, struct mbp__hdr *h, mbp_mb **mb, void **item)
 {
 	mbp_mpi_trainer *T = of(r);
-	if (!mbp__trainer_link_pop(T->t, l->id, mb))
+	unsigned i = 0;
+	while (i < T->nout && (T->out[i].peer != l->peer || !mbp__trainer_link_pop(T->t, T->out[i].ring, mb)))
+		i++;
+	if (i == T->nout)
 		return false;
 	/* the step the item belongs to: the open one (its push came after the step began here) */
 	pthread_mutex_lock(&r->lock);
-	*h = (struct mbp__hdr){
-	    .seq = (*mb)->seq, .tag = T->open, .rows = (*mb)->rows, .row_bytes = (*mb)->row_bytes};
+	*h = (struct mbp__hdr){.seq = (*mb)->seq,
+			       .tag = T->open,
+			       .rows = (*mb)->rows,
+			       .row_bytes = (*mb)->row_bytes,
+			       .flags = T->out[i].dest};
 	pthread_mutex_unlock(&r->lock);
 	*item = *mb;
 	return true;
@@ -302,7 +427,11 @@ static bool op_next(struct mbp__run *r, struct mbp__link *l, struct mbp__hdr *h,
 
 static bool op_waiting(struct mbp__run *r, struct mbp__link *l)
 {
-	return mbp__trainer_link_count(of(r)->t, l->id) != 0;
+	mbp_mpi_trainer *T = of(r);
+	for (unsigned i = 0; i < T->nout; i++)
+		if (T->out[i].peer == l->peer && mbp__trainer_link_count(T->t, T->out[i].ring))
+			return true;
+	return false;
 }
 
 static void op_sent(struct mbp__run *r, struct mbp__link *l, void *item)
@@ -328,7 +457,11 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 	mb->seq = h->seq;
 	mb->rows = h->rows;
 	mb->row_bytes = h->row_bytes;
-	MBP_VERIFY(mbp__trainer_link_push(T->t, l->id, mb)); /* the ring holds max_mbs */
+	unsigned g = h->flags >> 1;
+	MBP_VERIFY(g < T->stages && T->local_of[g] >= 0); /* a route of this run's placement */
+	int ring =
+	    mbp__train_link((unsigned)T->local_of[g], h->flags & 1 ? MBP__LINK_DOWN_BWD : MBP__LINK_UP_FWD);
+	MBP_VERIFY(mbp__trainer_link_push(T->t, ring, mb)); /* the ring holds max_mbs */
 	return MBP__TAKEN;
 }
 
@@ -361,14 +494,14 @@ static void tally_locked(mbp_mpi_trainer *T)
 		v->ok &= a->ok;
 		if (T->all[r].left)
 			left_locked(T, r);
-		for (unsigned s = T->first_of[r]; s < T->first_of[r + 1]; s++)
-			v->grad_sq[s] = a->grad_sq[s];
 		/* the step's error: the failing stage with the lowest index, else the first rank's */
 		int low = pick < 0 ? -1 : T->all[pick].v.err.stage;
 		if (a->err.err && (pick < 0 || (a->err.stage >= 0 && (low < 0 || a->err.stage < low))))
 			pick = r;
 	}
-	v->loss = T->all[T->r.size - 1].v.loss;
+	for (unsigned s = 0; s < T->stages; s++)
+		v->grad_sq[s] = T->all[T->rank_of[s]].v.grad_sq[s];
+	v->loss = T->all[T->loss_rank].v.loss;
 	v->err = pick >= 0 ? T->all[pick].v.err : (mbp_train_error){.err = -ECANCELED, .stage = -1, .mb = -1};
 	if (v->ok)
 		v->err = (mbp_train_error){0};
@@ -408,7 +541,7 @@ static bool op_pass(struct mbp__run *r)
 		act |= leave_step_locked(T);
 	if (T->tgt_pending && !T->tgt_active) {
 		T->tgt_pending = false;
-		MPI_Isend(T->tgt_send, (int)T->tgt_bytes, MPI_BYTE, r->size - 1, TAG_TGT, r->comm,
+		MPI_Isend(T->tgt_send, (int)T->tgt_bytes, MPI_BYTE, T->loss_rank, TAG_TGT, r->comm,
 			  &T->tgt_req);
 		T->tgt_active = act = true;
 	}
@@ -522,10 +655,12 @@ static bool op_fill(struct mbp__run *r, int peer, struct mbp__ctl_msg *m)
 	return true;
 }
 
+/* Not while a step rank 0 started is open, nor before it begins here: its STEP is out, and a rank that
+ * began it waits for its vote (a STOP first would leave that rank's step waiting for items forever). */
 static bool op_may_stop(struct mbp__run *r)
 {
 	mbp_mpi_trainer *T = of(r);
-	return T->stop_req && T->open <= T->closed;
+	return T->stop_req && T->open <= T->closed && T->attempt <= T->closed;
 }
 
 static void op_dead(struct mbp__run *r)
@@ -595,8 +730,7 @@ static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
 	size_t rows = (size_t)T->cmd_rows;
 	uint32_t mb_rows = T->cmd_mb_rows;
 	pthread_mutex_unlock(&T->r.lock);
-	return mbp__trainer_step_remote(T->t, NULL, T->r.rank == T->r.size - 1 ? T->tgt : NULL, rows, mb_rows,
-					loss);
+	return mbp__trainer_step_remote(T->t, NULL, T->tgt, rows, mb_rows, loss);
 }
 
 int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets, size_t rows,
@@ -628,14 +762,14 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 	T->cmd_rows = rows;
 	T->cmd_mb_rows = mb_rows;
 	mbp__ctl_post(&T->r, -1, MBP__CTL_STEP);
-	if (T->r.size > 1) {
+	if (T->loss_rank != 0) {
 		T->tgt_send = targets;
 		T->tgt_bytes = rows * T->o.target_row_bytes;
 		T->tgt_pending = true;
 	}
 	mbp__run_kick(&T->r);
 	pthread_mutex_unlock(&T->r.lock);
-	rc = mbp__trainer_step_remote(T->t, in, T->r.size == 1 ? targets : NULL, rows, mb_rows, loss);
+	rc = mbp__trainer_step_remote(T->t, in, T->loss_rank == 0 ? targets : NULL, rows, mb_rows, loss);
 	/* the caller's targets are in use until their send is done (or the run is over: the loop finished
 	 * or abandoned the send as it left) */
 	pthread_mutex_lock(&T->r.lock);
