@@ -334,21 +334,30 @@ END_TEST
 
 /* ---- partitioner ---- */
 
-/* Brute force: every placement of S - 1 cuts among L - 1 positions. */
-static double brute(const double *c, const double *h, unsigned L, unsigned S, unsigned start, double worst)
+/* Brute force: every placement of S - 1 cuts among L - 1 positions; the stage starting at `start` has
+ * reps[0] replicas (its cost divided by them), the next reps[1], ...; reps NULL: one each. */
+static double brute_fixed(const double *c, const double *h, unsigned L, unsigned S, unsigned start,
+			  double worst, const unsigned *reps)
 {
+	double r = reps ? reps[0] : 1;
 	if (S == 1) {
 		double s = start > 0 && h ? h[start - 1] : 0;
 		for (unsigned i = start; i < L; i++)
 			s += c[i];
-		return fmax(worst, s);
+		return fmax(worst, s / r);
 	}
 	double best = INFINITY, s = start > 0 && h ? h[start - 1] : 0;
 	for (unsigned end = start + 1; end + (S - 1) <= L; end++) {
 		s += c[end - 1];
-		best = fmin(best, brute(c, h, L, S - 1, end, fmax(worst, s)));
+		best =
+		    fmin(best, brute_fixed(c, h, L, S - 1, end, fmax(worst, s / r), reps ? reps + 1 : NULL));
 	}
 	return best;
+}
+
+static double brute(const double *c, const double *h, unsigned L, unsigned S, unsigned start, double worst)
+{
+	return brute_fixed(c, h, L, S, start, worst, NULL);
 }
 
 START_TEST(partition_equals_brute_force_on_random_costs)
@@ -390,6 +399,64 @@ START_TEST(partition_equals_brute_force_on_random_costs)
 		if (sum > 0)
 			ck_assert_double_eq_tol(p.balance, mx / (sum / S), 1e-9);
 	}
+}
+END_TEST
+
+/* The split for fixed replicas (what a rebalancing move of replicated stages plans): the least max over
+ * the stages of cost / replicas, against brute force; the replicas come out as given; with one replica
+ * each it is mbp_model_partition's plan, cut for cut. */
+START_TEST(partition_for_fixed_replicas_equals_brute_force_and_is_the_partition_with_ones)
+{
+	uint64_t seed = 777;
+	unsigned trials = (unsigned)mbp_iters(3000, 200);
+	for (unsigned t = 0; t < trials; t++) {
+		seed = seed * 6364136223846793005u + 1442695040888963407u;
+		unsigned L = 1 + (unsigned)(seed >> 33) % 10;
+		unsigned S = 1 + (unsigned)(seed >> 45) % L;
+		bool with_h = (seed >> 20) & 1, ones = (seed >> 21) % 4 == 0;
+		double c[10], h[10];
+		unsigned reps[10];
+		for (unsigned i = 0; i < L; i++) {
+			seed = seed * 6364136223846793005u + 1442695040888963407u;
+			c[i] = (double)((seed >> 33) % 1000); /* integers: sums exact in any order */
+			h[i] = (double)((seed >> 50) % 200);
+			reps[i] = ones ? 1 : 1 + (unsigned)(seed >> 60) % 3;
+		}
+		mbp_model_plan p, q;
+		ck_assert_int_eq(mbp__partition_fixed(c, with_h ? h : NULL, L, S, reps, &p), 0);
+		double want = brute_fixed(c, with_h ? h : NULL, L, S, 0, 0, reps);
+		ck_assert_msg(p.slowest_ns == want, "L %u S %u: %g, brute force %g", L, S, p.slowest_ns,
+			      want);
+		ck_assert_uint_eq(p.stages, S);
+		ck_assert_uint_eq(p.first[S], L);
+		unsigned threads = 0;
+		for (unsigned s = 0; s < S; s++) {
+			ck_assert_uint_lt(p.first[s], p.first[s + 1]);
+			ck_assert_uint_eq(p.replicas[s], reps[s]);
+			threads += reps[s];
+		}
+		ck_assert_uint_eq(p.threads, threads);
+		if (ones) {
+			ck_assert_int_eq(mbp_model_partition(c, with_h ? h : NULL, L, S, &q), 0);
+			ck_assert_mem_eq(p.first, q.first, sizeof(p.first));
+			ck_assert_double_eq(p.slowest_ns, q.slowest_ns);
+		}
+	}
+	/* NULL: one each; 0 in an entry: one */
+	double c4[4] = {1, 1, 1, 5};
+	unsigned r0[2] = {0, 0}, r2[2] = {1, 2};
+	mbp_model_plan p;
+	ck_assert_int_eq(mbp__partition_fixed(c4, NULL, 4, 2, NULL, &p), 0);
+	ck_assert_uint_eq(p.first[1], 3);
+	ck_assert_int_eq(mbp__partition_fixed(c4, NULL, 4, 2, r0, &p), 0);
+	ck_assert_uint_eq(p.first[1], 3);
+	ck_assert_uint_eq(p.replicas[1], 1);
+	/* the dear layer goes onto the replicated stage with the one before it: max(2, 6 / 2) */
+	ck_assert_int_eq(mbp__partition_fixed(c4, NULL, 4, 2, r2, &p), 0);
+	ck_assert_uint_eq(p.first[1], 2);
+	ck_assert_double_eq(p.slowest_ns, 3);
+	ck_assert_int_eq(mbp__partition_fixed(c4, NULL, 4, 5, r2, &p), -ERANGE);
+	ck_assert_int_eq(mbp__partition_fixed(NULL, NULL, 4, 2, r2, &p), -EINVAL);
 }
 END_TEST
 
@@ -1060,15 +1127,19 @@ static void rb_on_move(void *arg, const mbp_model_move *mv)
 	atomic_fetch_add(&c->moves_seen, 1);
 }
 
-/* The stages of 2 from the plan 4 | 4, rebalancing with window 16 and the hook above. */
-static mbp_pipeline *rb_pipeline(mbp_model *m, mbp_model_stages **st, struct rb_costs *c, uint32_t max_mb,
-				 const unsigned *first, mbp_result_fn on_res, void *arg)
+/* The stages of 2 from the plan 4 | 4 (or `first`, with `replicas` when given), rebalancing with window
+ * 16 and the hook above. */
+static mbp_pipeline *rb_pipeline_replicas(mbp_model *m, mbp_model_stages **st, struct rb_costs *c,
+					  uint32_t max_mb, const unsigned *first, const unsigned *replicas,
+					  mbp_result_fn on_res, void *arg)
 {
 	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
 	mbp_model_plan plan;
 	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
 	if (first)
 		memcpy(plan.first, first, 3 * sizeof(first[0]));
+	if (replicas)
+		memcpy(plan.replicas, replicas, 2 * sizeof(replicas[0]));
 	mbp_model_stages_opts so = {.rebalance = {.on = true,
 						  .window = 16,
 						  .on_move = rb_on_move,
@@ -1077,6 +1148,12 @@ static mbp_pipeline *rb_pipeline(mbp_model *m, mbp_model_stages **st, struct rb_
 						  .cost_arg = c}};
 	ck_assert_int_eq(mbp_model_stages_new_opts(st, m, &plan, max_mb, &so), 0);
 	return stages_pipeline(m, *st, max_mb, on_res, arg);
+}
+
+static mbp_pipeline *rb_pipeline(mbp_model *m, mbp_model_stages **st, struct rb_costs *c, uint32_t max_mb,
+				 const unsigned *first, mbp_result_fn on_res, void *arg)
+{
+	return rb_pipeline_replicas(m, st, c, max_mb, first, NULL, on_res, arg);
 }
 
 /* Each micro-batch ran under one plan of 2 stages: stage 1 for its first `cut` layers, 2 for the rest.
@@ -1231,6 +1308,17 @@ static void rb_on_result(void *arg, mbp_mb *mb)
 	mbp_mb_release(NULL, mb);
 }
 
+/* Micro-batch k: 2 rows of the input x (2 x 12 floats), stamped k. */
+static void rb_submit(mbp_pipeline *p, const float *x, uint64_t k)
+{
+	mbp_mb *mb;
+	ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+	memcpy(mb->data, x, 2 * 12 * sizeof(float));
+	mb->rows = 2;
+	mb->seq = k;
+	ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
+}
+
 /* Micro-batches one at a time, so that each look sees exactly the 16 micro-batches since the last one,
  * and costs whose dear half swaps at each look: every look finds a better plan than the one in use (cut
  * at 3, then at 5, ...), never the same one twice in a row, so nothing moves (noise looks like this). */
@@ -1252,12 +1340,7 @@ START_TEST(costs_that_draw_another_plan_at_each_look_never_move)
 	mbp_model_stages *st;
 	mbp_pipeline *p = rb_pipeline(m, &st, &c, 2, NULL, rb_on_result, &r);
 	for (uint64_t k = 0; k < n; k++) {
-		mbp_mb *mb;
-		ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
-		memcpy(mb->data, x[k % RB_IN], sizeof(x[0]));
-		mb->rows = 2;
-		mb->seq = k;
-		ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
+		rb_submit(p, x[k % RB_IN], k);
 		pthread_mutex_lock(&r.lock);
 		while (r.next <= k)
 			pthread_cond_wait(&r.cond, &r.lock);
@@ -1311,12 +1394,7 @@ START_TEST(a_move_during_weight_swaps_keeps_order_loses_nothing_and_mixes_no_ver
 	ck_assert_int_eq(pthread_create(&t, NULL, swap_loop, &sw), 0);
 	uint64_t k = 0;
 	for (; k < cap && (k < want || atomic_load(&sw.swaps) < 4); k++) {
-		mbp_mb *mb;
-		ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
-		memcpy(mb->data, x[k % RB_IN], 2 * 12 * sizeof(float));
-		mb->rows = 2;
-		mb->seq = k;
-		ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
+		rb_submit(p, x[k % RB_IN], k);
 		if (k >= want)
 			usleep(50); /* waiting for the swaps */
 	}
@@ -1417,22 +1495,105 @@ START_TEST(the_look_rule_refuses_bad_arguments)
 }
 END_TEST
 
-START_TEST(rebalance_options_are_checked_replicas_refused_and_stats_say_off_without_it)
+/* Rebalancing a replicated plan: layers 6 and 7 get 3 times dearer at micro-batch 100, and the stages
+ * move once to the exact split for the replicas they have, stage by stage. _i 0: stage 1 on 2 replicas,
+ * from cutting at 3 (max(3, 5 / 2)) to cutting at 4 (max(4, 8 / 2) against 9 / 2 measured); _i 1: stage 0
+ * on 2 replicas (admitting in turn), from 6 (max(6 / 2, 2)) to 7, the dear layer 6 moving onto the
+ * replicated stage (max(9 / 2, 3) against 6). Stamped micro-batches come back in the order submitted,
+ * each computed by one plan, mbp_model_forward's bits, accepted = completed; the replicas stay. */
+START_TEST(rebalance_moves_a_replicated_plan_in_order_bit_for_bit)
+{
+	static const unsigned reps[2][2] = {{1, 2}, {2, 1}}, cut[2][2] = {{3, 4}, {6, 7}};
+	const unsigned from = cut[_i][0], to = cut[_i][1];
+	mbp_model *m = rb_model();
+	float *x[RB_IN], ref[RB_IN][2 * 8];
+	for (int i = 0; i < RB_IN; i++) {
+		x[i] = random_rows(2 * 12, 80 + i);
+		ck_assert_int_eq(mbp_model_forward(m, x[i], ref[i], 2, 2), 0);
+	}
+	const uint64_t n = 400;
+	struct rb_costs c = {.change = 100, .heavy = 6, .mbs = n, .stage_of = calloc(n * RB_LAYERS, 1)};
+	struct rb_results r = {
+	    .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .ra = ref, .rb = ref};
+	const unsigned first[3] = {0, from, RB_LAYERS};
+	mbp_model_stages *st;
+	mbp_pipeline *p = rb_pipeline_replicas(m, &st, &c, 2, first, reps[_i], rb_on_result, &r);
+	mbp_stage_desc d;
+	for (unsigned s = 0; s < 2; s++) {
+		ck_assert_int_eq(mbp_model_stage_desc(st, s, &d), 0);
+		ck_assert_uint_eq(d.replicas, reps[_i][s]);
+	}
+	for (uint64_t k = 0; k < n; k++)
+		rb_submit(p, x[k % RB_IN], k);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	ck_assert_uint_eq(r.next, n);
+	ck_assert_uint_eq(r.out_of_order, 0);
+	ck_assert_uint_eq(r.failed, 0);
+	ck_assert_msg(r.mixed == 0, "%" PRIu64 " micro-batches are not mbp_model_forward's bits", r.mixed);
+	mbp_pipeline_stats ps;
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, NULL, 0), 2);
+	ck_assert_uint_eq(ps.mbs_accepted, n);
+	ck_assert_uint_eq(ps.mbs_completed, n);
+	ck_assert_uint_eq(ps.threads, 3);
+	mbp_model_rebalance_stats rs;
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	ck_assert_uint_eq(rs.moves, 1);
+	ck_assert_uint_eq(atomic_load(&c.moves_seen), 1);
+	ck_assert_uint_eq(rs.current.first[1], to);
+	ck_assert_uint_eq(rs.current.replicas[0], reps[_i][0]);
+	ck_assert_uint_eq(rs.current.replicas[1], reps[_i][1]);
+	ck_assert_uint_eq(rs.current.threads, 3);
+	ck_assert_uint_eq(c.last.from.first[1], from);
+	ck_assert_uint_eq(c.last.to.first[1], to);
+	ck_assert_uint_eq(c.last.to.replicas[reps[_i][0] > 1 ? 0 : 1], 2);
+	/* the slowest stage per micro-batch: its cost over its replicas (a hop is 1 us) */
+	ck_assert_double_eq_tol(c.last.measured_slowest_ns, _i ? 6e6 + 1e3 : (9e6 + 1e3) / 2, 1);
+	ck_assert_double_eq_tol(c.last.to.slowest_ns, _i ? 4.5e6 : (8e6 + 1e3) / 2, 1);
+	ck_assert_ptr_nonnull(strstr(c.last.reason, _i ? "stage 1 (layers 6-7) 6001.0 us"
+						       : "stage 1 (layers 3-7) x2 4500.5 us"));
+	ck_assert_uint_ge(c.last.admitted, c.change);
+	/* one plan per micro-batch, the old one for exactly those admitted before the move (a replicated
+	 * stage 0 may admit them a little out of order), the new one in order after it with one replica */
+	uint64_t old = 0;
+	unsigned prev = from;
+	for (uint64_t k = 0; k < n; k++) {
+		unsigned got = rb_cut(&c, k);
+		ck_assert_msg(got == from || got == to, "micro-batch %" PRIu64 " cut at %u", k, got);
+		old += got == from;
+		if (reps[_i][0] == 1)
+			ck_assert_uint_ge(got, prev);
+		prev = got;
+	}
+	ck_assert_uint_eq(old, c.last.admitted);
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	for (int i = 0; i < RB_IN; i++)
+		free(x[i]);
+	free(c.stage_of);
+	mbp_model_destroy(m);
+}
+END_TEST
+
+START_TEST(rebalance_options_are_checked_a_replicated_plan_taken_and_stats_say_off_without_it)
 {
 	mbp_model *m = rb_model();
 	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
 	mbp_model_plan plan;
 	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
 	mbp_model_stages *st = NULL;
+	mbp_stage_desc d;
 	mbp_model_stages_opts so = {.rebalance = {.on = true, .threshold = -0.1}};
 	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -EINVAL);
 	so.rebalance.threshold = NAN;
 	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -EINVAL);
 	ck_assert_ptr_null(st);
-	so.rebalance.threshold = 0.1; /* a move re-plans boundaries, not replicas: refused, not half done */
+	so.rebalance.threshold = 0.1; /* replicated: taken, the replicas as planned (a move keeps them) */
 	plan.replicas[1] = 2;
-	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -ENOTSUP);
-	ck_assert_ptr_null(st);
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), 0);
+	ck_assert_int_eq(mbp_model_stage_desc(st, 1, &d), 0);
+	ck_assert_uint_eq(d.replicas, 2);
+	mbp_model_stages_destroy(st);
+	st = NULL;
 	plan.replicas[1] = 1;
 	mbp_model_stages_opts zero = {0}; /* off: the stages of mbp_model_stages_new */
 	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &zero), 0);
@@ -1443,7 +1604,6 @@ START_TEST(rebalance_options_are_checked_replicas_refused_and_stats_say_off_with
 	ck_assert_uint_eq(rs.moves, 0);
 	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, NULL), -EINVAL);
 	ck_assert_int_eq(mbp_model_stages_rebalance_stats(NULL, &rs), -EINVAL);
-	mbp_stage_desc d;
 	ck_assert_int_eq(mbp_model_stage_desc(st, 0, &d), 0);
 	ck_assert_uint_eq(d.out_row_bytes, 16 * 4); /* layer 3's output */
 	mbp_model_stages_destroy(st);
@@ -1658,6 +1818,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_loaded_model_does_not_see_its_file_change);
 	tcase_add_test(tc, load_refuses_what_is_not_a_regular_file_and_checks_sizes_first);
 	tcase_add_test(tc, partition_equals_brute_force_on_random_costs);
+	tcase_add_test(tc, partition_for_fixed_replicas_equals_brute_force_and_is_the_partition_with_ones);
 	tcase_add_test(tc, partition_rejects_bad_input_and_balances_the_obvious_case);
 	tcase_add_test(tc, plan_describe_writes_every_line_whole_and_returns_its_length);
 	tcase_add_test(tc, profile_and_balance_cover_the_layers);
@@ -1686,7 +1847,9 @@ static Suite *suite(void)
 	TCase *tr = tcase_create("rebalance");
 	tcase_add_checked_fixture(tr, setup, teardown);
 	tcase_set_timeout(tr, 60);
-	tcase_add_test(tr, rebalance_options_are_checked_replicas_refused_and_stats_say_off_without_it);
+	tcase_add_test(tr,
+		       rebalance_options_are_checked_a_replicated_plan_taken_and_stats_say_off_without_it);
+	tcase_add_loop_test(tr, rebalance_moves_a_replicated_plan_in_order_bit_for_bit, 0, 2);
 	tcase_add_test(tr, rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit);
 	tcase_add_test(tr, rebalance_never_moves_while_costs_are_steady_or_within_the_threshold);
 	tcase_add_test(tr, costs_that_draw_another_plan_at_each_look_never_move);

@@ -80,7 +80,6 @@ static const char *const bad_args[][6] = {
     {"--bogus"},
     {"--workload=synthetic", "--rebalance"}, /* functions, not layers: nothing to move */
     {"--workload=train", "--rebalance"},
-    {"--workload=mlp", "--replicas=auto", "--rebalance"}, /* a move re-plans layers, not replicas */
     {"-x"},
     {"extra-argument"},
     {"--stages=0"},
@@ -435,6 +434,32 @@ START_TEST(rebalance_runs_the_mlp_with_its_checks)
 	/* a move, if the machine's load made one, is a line of its own with its reason */
 	for (const char *l = strstr(r.err, "rebalance at"); l; l = strstr(l + 1, "rebalance at"))
 		ck_assert_msg(strstr(l, "plan ") && strstr(l, "stage "), "%s", r.err);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+/* --replicas 1,2 with --rebalance: the split balanced without replicas (layers 0-2 | 3-5) leaves the
+ * replicated stage half idle, 3 layers against 3 / 2, and the stages move (to cutting before layer 2,
+ * 2 against 4 / 2, unless the load draws another) while keeping their replicas; every output checked
+ * against mbp_model_forward bit for bit, each move a line with its reason. */
+START_TEST(rebalance_with_replicas_moves_the_cuts_and_keeps_the_replicas)
+{
+	struct run r = run((const char *const[]){
+	    "--layers=6", "--hidden=256", "--stages=2", "--replicas=1,2", "--batch=64", "--mb=4",
+	    "--batches=20", "--warmup=1", "--tolerance=0", "--wait-quiet=0", "--rebalance", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	check_document(doc, 2, 1, false);
+	const cJSON *pl = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "placement"), 1);
+	ck_assert_ptr_nonnull(pl);
+	ck_assert_int_eq((int)cJSON_GetNumberValue(cJSON_GetObjectItem(pl, "replicas")), 2);
+	const char *l = strstr(r.err, "pipebench: rebalance at 4 rows: plan 2: stage ");
+	ck_assert_msg(l != NULL, "no move logged: %s", r.err);
+	for (; l; l = strstr(l + 1, "rebalance at"))
+		ck_assert_msg(strstr(l, "plan ") && strstr(l, " of a plan cutting before layer "), "%s",
+			      r.err);
 	cJSON_Delete(doc);
 	run_free(&r);
 }
@@ -1859,6 +1884,7 @@ static Suite *suite(void)
 	tcase_add_test(out, synthetic_json_parses_with_documented_fields);
 	tcase_add_test(out, mlp_json_parses_and_names_the_blas_kernel);
 	tcase_add_test(out, rebalance_runs_the_mlp_with_its_checks);
+	tcase_add_test(out, rebalance_with_replicas_moves_the_cuts_and_keeps_the_replicas);
 	tcase_add_test(out, counts_of_one_are_singular);
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
 	tcase_add_test(out, replicas_are_checked_and_shown_in_the_placement);

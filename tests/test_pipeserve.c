@@ -282,12 +282,16 @@ START_TEST(every_endpoint_answers_per_the_protocol)
 END_TEST
 
 /* --rebalance: the same bits as mbp_model_forward (a move never changes them), and /metrics counts the
- * moves and shows the plan in use. */
+ * moves and shows the plan in use; _i 1: with --replicas 2 too (a move keeps the replicas). */
 START_TEST(rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics)
 {
 	make_models();
 	srv s;
-	start(&s, (const char *const[]){"--rebalance", "--max-batch-rows", "8", NULL});
+	if (_i)
+		start(&s,
+		      (const char *const[]){"--rebalance", "--replicas", "2", "--max-batch-rows", "8", NULL});
+	else
+		start(&s, (const char *const[]){"--rebalance", "--max-batch-rows", "8", NULL});
 	mbp_model *m = load(model_a);
 	enum { ROWS = 21 };
 	float x[ROWS * IN_W], want[ROWS * OUT_W], got[ROWS * OUT_W];
@@ -2027,7 +2031,6 @@ START_TEST(bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2)
 	    {{"--stages", "9"}, "--stages 9", "only 6 layers"}, /* the demo model has 6 */
 	    {{"--replicas", "0"}, "--replicas", "auto or a whole number"},
 	    {{"--replicas", "many"}, "--replicas", "auto or a whole number"},
-	    {{"--replicas", "2", "--rebalance"}, "--replicas and --rebalance", "not their replicas"},
 	    {{"--model", "/nonexistent/x.safetensors"},
 	     "--model: /nonexistent/x.safetensors",
 	     "No such file"},
@@ -2143,7 +2146,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, every_endpoint_answers_per_the_protocol);
 	tcase_add_test(tc, infer_equals_the_library_output_in_every_encoding);
-	tcase_add_test(tc, rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics);
+	tcase_add_loop_test(tc, rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics, 0, 2);
 	tcase_add_test(tc, replicated_stages_answer_with_the_library_output);
 	tcase_add_test(tc, every_bad_input_gets_its_status_and_the_server_keeps_serving);
 	tcase_add_test(tc, a_full_queue_answers_429_at_once_and_a_queued_request_times_out_with_503);

@@ -476,8 +476,9 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * Rebalancing (opt-in: mbp_model_stages_opts.rebalance.on). The stages time every layer they run, and
  * stage 0, every `window` micro-batches it admits, turns the times of the micro-batches measured since its
  * last look into a cost per layer (nanoseconds per micro-batch), the cost of each stage under the plan in
- * use (its layers plus a fixed 1 us hand-off per boundary) and a fresh plan from the same costs
- * (mbp_model_partition, exact). When the slowest stage measured stays above (1 + threshold) times the
+ * use (its layers plus a fixed 1 us hand-off per boundary, over its replicas) and a fresh plan from the
+ * same costs for the same replica counts stage by stage (as mbp_model_partition, exact, with each stage's
+ * cost over its replicas). When the slowest stage measured stays above (1 + threshold) times the
  * fresh plan's slowest for `patience` windows in a row, with the same fresh plan cutting elsewhere each
  * time, the stages move to it. (The plan's own prediction, from the costs it was made with, is kept and
  * reported; comparing with a fresh plan instead is what makes the rule right both when one stage got
@@ -497,10 +498,19 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * mbp_model_rebalance_stats.current says which layers each computes now. Costs are counted per layer
  * wherever it ran, so a core that another process slows makes its layers look dearer and the split
  * follows it; costs that keep changing faster than `patience` windows can make the split follow them
- * back and forth. Not with replicated stages (plan->replicas): refused. Forward stages only: a trainer
- * (<mbpipe/model_train.h>) keeps its split while it runs; its stages made again at another split between
- * two steps give the same parameters bit for bit, which is what pipetrain --rebalance rests on (it decides
- * with mbp_model_rebalance_look below).
+ * back and forth.
+ *
+ * Replicated stages (plan->replicas): a stage's threads are made when the pipeline starts and none is
+ * made or ended while it runs, so a move keeps every stage's replica count and re-plans the boundaries
+ * for them: the least max over the stages of cost / replicas. A layer that got dear can so move onto a
+ * replicated stage (and off it), but a replica does not move from one stage to another. Each replica
+ * times its layers in counters of its own, summed at a look. The replicas of a replicated stage 0 admit
+ * in turn (under a lock): a micro-batch's plan is the one in use when it was admitted, and they may admit
+ * micro-batches a little out of the order submitted (each still one plan, the output still in order).
+ *
+ * Forward stages only: a trainer (<mbpipe/model_train.h>) keeps its split while it runs; its stages made
+ * again at another split between two steps give the same parameters bit for bit, which is what pipetrain
+ * --rebalance rests on (it decides with mbp_model_rebalance_look below).
  */
 
 /** One move, as reported to mbp_model_rebalance.on_move. */
@@ -513,13 +523,14 @@ typedef struct mbp_model_move {
 	char reason[200];	    /**< one line: "stage 1 (layers 4-7) 1203.4 us > 1.10 x 900.2 us ..." */
 } mbp_model_move;
 
-/** Called on stage 0's thread after each move: keep it short (log a line). */
+/** Called on stage 0's thread after each move (one of its replicas' when it has several; the calls never
+ * overlap, and stage 0 admits nothing while one runs): keep it short (log a line). */
 typedef void (*mbp_model_move_fn)(void *arg, const mbp_model_move *mv);
 
 /**
  * The cost to record for one layer of one micro-batch, for tests and benchmarks: called on stage `stage`'s
  * thread right after layer `layer` ran on `mb` (the stage's input), with the time it took; returns the time
- * to count (measured_ns to keep it). A test returns modelled costs, so that moves are deterministic
+ * to count (measured_ns to keep it). A replicated stage calls it from its replicas' threads at once. A test returns modelled costs, so that moves are deterministic
  * whatever the machine's load; a benchmark may spend time in it to make a layer slower (then it returns
  * measured_ns plus what it spent).
  */
@@ -547,8 +558,8 @@ typedef struct mbp_model_stages_opts {
  * mbp_model_stages_new() with options. With rebalancing on, every stage but the last declares the
  * widest activation of the model (any layer's output but the last) as its out_row_bytes, so that the
  * pipeline's hop buffers fit any plan, and every stage allocates scratch of that width.
- * @return as mbp_model_stages_new(); -EINVAL also for a negative or non-finite threshold; -ENOTSUP for
- *         rebalancing a plan with replicated stages (a move re-plans boundaries only, not replicas).
+ * A plan with replicated stages rebalances too: its moves keep each stage's replicas (see Rebalancing).
+ * @return as mbp_model_stages_new(); -EINVAL also for a negative or non-finite threshold.
  */
 int mbp_model_stages_new_opts(mbp_model_stages **st, mbp_model *m, const mbp_model_plan *plan,
 			      uint32_t max_mb_rows, const mbp_model_stages_opts *o);
@@ -560,7 +571,8 @@ typedef struct mbp_model_rebalance_stats {
 	uint64_t moves;			    /**< moves so far (plan - 1) */
 	uint64_t windows;		    /**< windows looked at (with a measurement of every layer) */
 	mbp_model_plan current;		    /**< the plan in use, stage_ns as predicted when it was made */
-	double measured_ns[MBP_MAX_STAGES]; /**< its stages as the last window measured them (0: none yet) */
+	double measured_ns[MBP_MAX_STAGES]; /**< its stages as the last window measured them, as stage_ns:
+					       of one replica (0: none yet) */
 	double fresh_slowest_ns;	    /**< the last window's fresh plan's slowest stage */
 	char last_reason[200];		    /**< the last move's reason, "" before the first */
 } mbp_model_rebalance_stats;

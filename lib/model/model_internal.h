@@ -25,6 +25,12 @@
  * and the layers' and hand-offs' costs (handoff_ns optional), as mbp_model_partition does (plan.c). */
 void mbp__plan_cost(mbp_model_plan *plan, const double *layer_ns, const double *handoff_ns);
 
+/* mbp_model_partition for stages of fixed replicas (replicas[s], 0 meaning one; NULL: one each): the
+ * split of least max over s of stage_ns[s] / replicas[s], exactly, ties as mbp_model_partition (plan.c).
+ * A rebalancing move: a running stage keeps its threads. Returns as mbp_model_partition. */
+int mbp__partition_fixed(const double *layer_ns, const double *handoff_ns, unsigned layers, unsigned stages,
+			 const unsigned *replicas, mbp_model_plan *plan);
+
 /* The fixed structure of one layer (the same in every version). */
 struct mbp__layer {
 	uint32_t in, out;

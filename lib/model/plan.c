@@ -13,6 +13,11 @@
  * cost(i, j) / r); with any number of stages the k dimension folds into one (best[c][j] from best[c-r][i]).
  * Least period first, then the fewest threads (the least c whose best equals it), then the last stage
  * starting first with the fewest replicas, and so on back.
+ *
+ * Fixed replicas (a rebalancing move: a running stage keeps its threads). With r_k given for each stage
+ * position the thread dimension goes: best[k][j] is min over i of max(best[k-1][i], cost(i, j) / r_k),
+ * O(S L^2) again; with every r_k one it is the partition above, bit for bit (cost / 1 is cost). One
+ * programme, partition_dp, serves all three.
  */
 #include "config.h"
 
@@ -149,73 +154,27 @@ static int costs_check(const double *layer_ns, const double *handoff_ns, unsigne
 	return 0;
 }
 
-int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
-			mbp_model_plan *plan)
+/* The replicas of stage k (from 0) in a plan of fixed counts (0: one). */
+static unsigned fixed_rep(const unsigned *reps, unsigned k)
 {
-	if (!layer_ns || !plan || !L || !S || costs_check(layer_ns, handoff_ns, L))
-		return -EINVAL;
-	if (S > L || S > MBP_MAX_STAGES)
-		return -ERANGE;
-	size_t W = (size_t)L + 1;
-	double *pre = malloc(W * sizeof(*pre));
-	double *best = malloc((size_t)(S + 1) * W * sizeof(*best));
-	unsigned *arg = malloc((size_t)(S + 1) * W * sizeof(*arg));
-	if (!pre || !best || !arg) {
-		free(pre);
-		free(best);
-		free(arg);
-		return -ENOMEM;
-	}
-	pre[0] = 0;
-	for (unsigned i = 0; i < L; i++)
-		pre[i + 1] = pre[i] + layer_ns[i];
-#define COST(a, b) (pre[b] - pre[a] + ((a) > 0 && handoff_ns ? handoff_ns[(a)-1] : 0.0))
-	for (unsigned j = 1; j <= L; j++)
-		best[1 * W + j] = COST(0, j), arg[1 * W + j] = 0;
-	for (unsigned k = 2; k <= S; k++) {
-		/* k stages over the first j layers need j >= k; the rest of the stages need L - j >= S - k */
-		for (unsigned j = k; j <= L - (S - k); j++) {
-			double b = INFINITY;
-			unsigned at = k - 1;
-			for (unsigned i = k - 1; i < j; i++) {
-				double c = fmax(best[(k - 1) * W + i], COST(i, j));
-				if (c < b)
-					b = c, at = i;
-			}
-			best[k * W + j] = b;
-			arg[k * W + j] = at;
-		}
-	}
-#undef COST
-	memset(plan, 0, sizeof(*plan));
-	plan->stages = S;
-	plan->layers = L;
-	plan->first[S] = L;
-	for (unsigned k = S, j = L; k >= 1; k--) {
-		j = arg[k * W + j];
-		plan->first[k - 1] = j;
-	}
-	free(pre);
-	free(best);
-	free(arg);
-	for (unsigned s = 0; s < S; s++)
-		plan->replicas[s] = 1;
-	mbp__plan_cost(plan, layer_ns, handoff_ns);
-	return 0;
+	return reps && reps[k] ? reps[k] : 1;
 }
 
-int mbp_model_partition_replicas(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
-				 unsigned C, mbp_model_plan *plan)
+/*
+ * The dynamic programme of every partition (see the top of the file). `reps` NULL: the replicas are
+ * chosen, over at most C threads, for S stages (0: any number). Else stage k has reps[k] replicas (0: one;
+ * NULL would mean one each, so mbp_model_partition passes `ones`) and the thread dimension folds into one:
+ * best[k][j] is min over i of max(best[k-1][i], cost(i, j) / reps[k-1]). Checked by the callers.
+ */
+static int partition_dp(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S, unsigned C,
+			const unsigned *reps, mbp_model_plan *plan)
 {
-	if (!layer_ns || !plan || !L || !C || costs_check(layer_ns, handoff_ns, L))
-		return -EINVAL;
-	if (S > L || S > C || C > MBP_MAX_STAGES || L > UINT16_MAX)
-		return -ERANGE;
-	const bool any = S == 0;
-	const unsigned K = any ? 1 : S;
-	const size_t W = (size_t)L + 1, CW = (size_t)(C + 1) * W, n = (size_t)(K + 1) * CW;
+	const bool choose = !reps, any = S == 0;
+	const unsigned K = any ? 1 : S, CD = choose ? C + 1 : 1; /* CD: the thread dimension's size */
+	const size_t W = (size_t)L + 1, CW = (size_t)CD * W, n = (size_t)(K + 1) * CW;
 	double *pre = malloc(W * sizeof(*pre)), *best = malloc(n * sizeof(*best));
-	uint16_t *argi = malloc(n * sizeof(*argi)), *argr = malloc(n * sizeof(*argr));
+	uint32_t *argi = malloc(n * sizeof(*argi));
+	uint16_t *argr = malloc(n * sizeof(*argr));
 	if (!pre || !best || !argi || !argr) {
 		free(pre);
 		free(best);
@@ -229,40 +188,44 @@ int mbp_model_partition_replicas(const double *layer_ns, const double *handoff_n
 #define AT(k, c, j) ((size_t)(k)*CW + (size_t)(c)*W + (j))
 	for (size_t x = 0; x < n; x++)
 		best[x] = INFINITY;
-	for (unsigned c = 0; c <= C; c++)
+	for (unsigned c = 0; c < CD; c++)
 		best[AT(0, c, 0)] = 0; /* no layers yet: no stage, no thread needed */
-	/* any: one table, read and written (j only grows); else stage k reads stage k - 1's */
+	/* any: one table, read and written (j only grows); else stage k reads stage k - 1's. k stages over
+	 * the first j layers need j >= k, and the stages after them need L - j >= S - k. */
 	for (unsigned k = any ? 0 : 1; k <= (any ? 0 : K); k++) {
 		const unsigned from = any ? 0 : k - 1;
-		for (unsigned c = 1; c <= C; c++)
-			for (unsigned j = any ? 1 : k; j <= L; j++) {
+		for (unsigned c = choose ? 1 : 0; c < CD; c++)
+			for (unsigned j = any ? 1 : k; j <= L - (any ? 0 : S - k); j++) {
 				double b = INFINITY;
-				unsigned at = 0, rr = 1;
+				unsigned at = 0, rr = choose ? 1 : fixed_rep(reps, k - 1);
 				for (unsigned i = any ? 0 : k - 1; i < j; i++) {
 					double cost =
 					    pre[j] - pre[i] + (i > 0 && handoff_ns ? handoff_ns[i - 1] : 0);
-					for (unsigned r = 1; r <= c; r++) {
-						double v = fmax(best[AT(from, c - r, i)], cost / r);
+					unsigned r0 = choose ? 1 : rr, r1 = choose ? c : rr;
+					for (unsigned r = r0; r <= r1; r++) {
+						double v =
+						    fmax(best[AT(from, choose ? c - r : 0, i)], cost / r);
 						if (v < b)
 							b = v, at = i, rr = r;
 					}
 				}
 				best[AT(k, c, j)] = b;
-				argi[AT(k, c, j)] = (uint16_t)at;
+				argi[AT(k, c, j)] = at;
 				argr[AT(k, c, j)] = (uint16_t)rr;
 			}
 	}
-	/* least period; then the fewest threads reaching it */
-	unsigned c = C;
-	while (c > 1 && best[AT(any ? 0 : K, c - 1, L)] == best[AT(any ? 0 : K, C, L)])
+	/* least period; then, choosing, the fewest threads reaching it */
+	unsigned c = choose ? C : 0;
+	while (choose && c > 1 && best[AT(any ? 0 : K, c - 1, L)] == best[AT(any ? 0 : K, C, L)])
 		c--;
 	/* walk back: the stages come out last first */
-	unsigned first[MBP_MAX_STAGES + 1], reps[MBP_MAX_STAGES], ns = 0;
+	unsigned first[MBP_MAX_STAGES + 1], got[MBP_MAX_STAGES], ns = 0;
 	for (unsigned k = any ? 0 : K, j = L; j > 0;) {
 		size_t x = AT(k, c, j);
 		first[ns] = argi[x];
-		reps[ns++] = argr[x];
-		c -= argr[x];
+		got[ns++] = argr[x];
+		if (choose)
+			c -= argr[x];
 		j = argi[x];
 		if (!any)
 			k--;
@@ -277,11 +240,38 @@ int mbp_model_partition_replicas(const double *layer_ns, const double *handoff_n
 	plan->layers = L;
 	for (unsigned s = 0; s < ns; s++) {
 		plan->first[s] = first[ns - 1 - s];
-		plan->replicas[s] = reps[ns - 1 - s];
+		plan->replicas[s] = got[ns - 1 - s];
 	}
 	plan->first[ns] = L;
 	mbp__plan_cost(plan, layer_ns, handoff_ns);
 	return 0;
+}
+
+int mbp__partition_fixed(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
+			 const unsigned *replicas, mbp_model_plan *plan)
+{
+	static const unsigned ones[MBP_MAX_STAGES] = {0}; /* 0: one replica */
+	if (!layer_ns || !plan || !L || !S || costs_check(layer_ns, handoff_ns, L))
+		return -EINVAL;
+	if (S > L || S > MBP_MAX_STAGES)
+		return -ERANGE;
+	return partition_dp(layer_ns, handoff_ns, L, S, 0, replicas ? replicas : ones, plan);
+}
+
+int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
+			mbp_model_plan *plan)
+{
+	return mbp__partition_fixed(layer_ns, handoff_ns, L, S, NULL, plan);
+}
+
+int mbp_model_partition_replicas(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
+				 unsigned C, mbp_model_plan *plan)
+{
+	if (!layer_ns || !plan || !L || !C || costs_check(layer_ns, handoff_ns, L))
+		return -EINVAL;
+	if (S > L || S > C || C > MBP_MAX_STAGES || L > UINT16_MAX)
+		return -ERANGE;
+	return partition_dp(layer_ns, handoff_ns, L, S, C, NULL, plan);
 }
 
 /* Profile the model (5 reps) and plan with `partition` applied to its costs. */

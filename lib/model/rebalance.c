@@ -2,23 +2,31 @@
  * Rebalancing the model's stages while they run: each layer timed where it runs, a look every window on
  * stage 0, and plans that micro-batches carry.
  *
- * Measurement. Every stage adds each layer's time (or what the cost hook says) and a count to its own row
- * of counters, [stage][layer]: one writer per counter (a layer runs on whichever stage its micro-batch's
- * plan gives it, so around a move two stages time the same layer, each in its own row). Stage 0 sums the
- * rows and takes the difference with its previous look: the cost of each layer per micro-batch over the
+ * Measurement. Every thread adds each layer's time (or what the cost hook says) and a count to its own
+ * row of counters, [thread][layer], the threads numbered stage by stage and replica by replica within a
+ * stage (row0[s] + replica): one writer per counter, so the replicas of a stage, which compute the same
+ * layers at once, never share one (and a layer runs on whichever stage its micro-batch's plan gives it,
+ * so around a move two stages time the same layer, each in its own rows). A look sums the rows and takes
+ * the difference with its previous look: the cost of each layer per micro-batch on one thread over the
  * window. A window in which some layer was not measured yet (the stages downstream lag stage 0 by the
  * micro-batches in flight) is not looked at: the next look covers it too.
  *
  * Decision (mbp_model_rebalance_look, public so that a caller measuring by other means, pipetrain
- * --rebalance, decides by the same rule). Under the plan in use the measured costs give each stage's time;
- * mbp_model_partition gives the best plan for the same costs. A move needs the slowest stage above (1 + threshold) times the fresh
- * plan's slowest, a fresh plan that cuts elsewhere, and both for `patience` looks in a row with the same
- * fresh plan each time (hysteresis: a window straddling a change of cost does not move alone, and noise,
- * which draws a different "better" plan at each look, seldom moves at all).
+ * --rebalance, decides by the same rule). Under the plan in use the measured costs give each stage's time
+ * per micro-batch, its cost over its replicas (a stage of r threads takes r micro-batches at once);
+ * mbp__partition_fixed gives the best boundaries for the same costs and the same replica counts, stage
+ * position by position (threads are made at start and a running stage keeps them: a move re-plans the
+ * boundaries for the replicas the stages have, so a layer that got dear can move onto a replicated stage,
+ * but a replica cannot move to another stage). A move needs the slowest stage above (1 + threshold) times
+ * the fresh plan's slowest, a fresh plan that cuts elsewhere, and both for `patience` looks in a row with
+ * the same fresh plan each time (hysteresis: a window straddling a change of cost does not move alone, and
+ * noise, which draws a different "better" plan at each look, seldom moves at all).
  *
- * Plans. The plan in use is stage 0's alone (only its thread admits and looks); a new plan is written
- * before the first micro-batch that carries it is pushed to the next stage, whose ring hands it over with
- * the micro-batch (the ring's release and acquire). Plans are never freed before the stages object: a
+ * Plans. The plan in use belongs to stage 0, whose replicas (when it has several) admit under
+ * admit_lock: the count, the looks, the plan a micro-batch gets and the on_move calls are theirs in turn.
+ * A new plan is written before the first micro-batch that carries it is pushed to the next stage, whose
+ * ring hands it over with the micro-batch (the ring's release and acquire; the ordered merge of a
+ * replicated stage hands it on the same way). Plans are never freed before the stages object: a
  * micro-batch may carry an old one for as long as it is in flight, and moves are few.
  */
 #include "config.h"
@@ -38,7 +46,7 @@
 #define DEFAULT_THRESHOLD 0.10
 #define DEFAULT_PATIENCE  2
 
-/* One layer's counters in one stage's row: written by that stage's thread only. */
+/* One layer's counters in one thread's row: written by that thread only. */
 struct acc {
 	_Atomic uint64_t ns, mbs;
 };
@@ -47,9 +55,11 @@ struct mbp__rb {
 	mbp_model *m;
 	unsigned S, L;
 	mbp_model_rebalance o;
-	struct acc *acc; /* S rows of `stride` entries, each row on cache lines of its own */
+	struct acc *acc; /* a row of `stride` entries per thread, each row on cache lines of its own */
 	size_t stride;
-	/* stage 0's */
+	unsigned row0[MBP_MAX_STAGES + 1]; /* stage s's threads' rows: [row0[s], row0[s + 1]) */
+	/* stage 0's, under admit_lock (its replicas admit in turn) */
+	pthread_mutex_t admit_lock;
 	struct mbp__rb_plan *cur; /* the newest plan: the list of every plan made, through `older` */
 	mbp_model_plan cur_plan;  /* cur with its prediction */
 	uint64_t admitted;
@@ -75,7 +85,9 @@ struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_
 	rb->o.patience = o->patience ? o->patience : DEFAULT_PATIENCE;
 	size_t per_line = MBP_CACHELINE / sizeof(struct acc);
 	rb->stride = (rb->L + per_line - 1) / per_line * per_line;
-	rb->acc = aligned_alloc(MBP_CACHELINE, rb->S * rb->stride * sizeof(struct acc));
+	for (unsigned s = 0; s < rb->S; s++)
+		rb->row0[s + 1] = rb->row0[s] + (plan->replicas[s] ? plan->replicas[s] : 1);
+	rb->acc = aligned_alloc(MBP_CACHELINE, rb->row0[rb->S] * rb->stride * sizeof(struct acc));
 	rb->seen_ns = calloc(4 * (size_t)rb->L, sizeof(uint64_t));
 	rb->cost = calloc(2 * (size_t)rb->L, sizeof(double));
 	rb->cur = calloc(1, sizeof(*rb->cur));
@@ -83,7 +95,7 @@ struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_
 		mbp__rb_destroy(rb);
 		return NULL;
 	}
-	for (size_t i = 0; i < rb->S * rb->stride; i++) {
+	for (size_t i = 0; i < rb->row0[rb->S] * rb->stride; i++) {
 		atomic_init(&rb->acc[i].ns, 0);
 		atomic_init(&rb->acc[i].mbs, 0);
 	}
@@ -99,6 +111,7 @@ struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_
 	rb->rule.threshold = rb->o.threshold;
 	rb->rule.patience = rb->o.patience;
 	pthread_mutex_init(&rb->lock, NULL);
+	pthread_mutex_init(&rb->admit_lock, NULL);
 	rb->st.on = true;
 	rb->st.plan = 1;
 	rb->st.current = *plan;
@@ -113,8 +126,10 @@ void mbp__rb_destroy(struct mbp__rb *rb)
 		older = p->older;
 		free(p);
 	}
-	if (rb->acc) /* else the lock was never made */
+	if (rb->acc) { /* else the locks were never made */
 		pthread_mutex_destroy(&rb->lock);
+		pthread_mutex_destroy(&rb->admit_lock);
+	}
 	free(rb->acc);
 	free(rb->seen_ns);
 	free(rb->cost);
@@ -129,11 +144,12 @@ static uint64_t cost_ns(double t)
 	return t < 1e18 ? (uint64_t)llround(t) : UINT64_C(1000000000000000000);
 }
 
-void mbp__rb_run(struct mbp__rb *rb, unsigned stage, const struct mbp__version *v, unsigned a, unsigned b,
-		 const mbp_mb *in, float *y, float *s0, float *s1)
+void mbp__rb_run(struct mbp__rb *rb, unsigned stage, unsigned replica, const struct mbp__version *v,
+		 unsigned a, unsigned b, const mbp_mb *in, float *y, float *s0, float *s1)
 {
 	const mbp_model *m = rb->m;
-	struct acc *row = &rb->acc[stage * rb->stride];
+	MBP_VERIFY(rb->row0[stage] + replica < rb->row0[stage + 1]);
+	struct acc *row = &rb->acc[(size_t)(rb->row0[stage] + replica) * rb->stride];
 	const float *cur = in->data;
 	for (unsigned i = a; i < b; i++) {
 		/* the buffers of mbp__layers_run_lw, in its order: the same calls, the same bits */
@@ -155,6 +171,11 @@ static void describe_range(char *buf, size_t n, unsigned a, unsigned b)
 		snprintf(buf, n, "layer %u", a);
 	else
 		snprintf(buf, n, "layers %u-%u", a, b - 1);
+}
+
+static unsigned replicas_of(const mbp_model_plan *p, unsigned s)
+{
+	return p->replicas[s] ? p->replicas[s] : 1;
 }
 
 static bool plans_match(const mbp_model_plan *a, const mbp_model_plan *b)
@@ -196,13 +217,16 @@ int mbp_model_rebalance_reason(const mbp_model_rebalance_rule *r, const mbp_mode
 		return -EINVAL;
 	unsigned worst = 0;
 	for (unsigned s = 1; s < measured->stages; s++)
-		if (measured->stage_ns[s] > measured->stage_ns[worst])
+		if (measured->stage_ns[s] / replicas_of(measured, s) >
+		    measured->stage_ns[worst] / replicas_of(measured, worst))
 			worst = s;
-	char range[40];
+	char range[40], reps[16] = "";
 	describe_range(range, sizeof(range), measured->first[worst], measured->first[worst + 1]);
+	if (replicas_of(measured, worst) > 1)
+		snprintf(reps, sizeof(reps), " x%u", replicas_of(measured, worst));
 	struct mbp__strbuf b = mbp__strbuf_fixed(buf, n);
-	mbp__strbuf_printf(&b, "stage %u (%s) %.1f us > %.2f x %.1f us of a plan cutting before layer%s",
-			   worst, range, measured->slowest_ns / 1e3, 1.0 + rule_threshold(r),
+	mbp__strbuf_printf(&b, "stage %u (%s)%s %.1f us > %.2f x %.1f us of a plan cutting before layer%s",
+			   worst, range, reps, measured->slowest_ns / 1e3, 1.0 + rule_threshold(r),
 			   fresh->slowest_ns / 1e3, fresh->stages > 2 ? "s" : "");
 	for (unsigned s = 1; s < fresh->stages; s++)
 		mbp__strbuf_printf(&b, "%s %u", s > 1 ? "," : "", fresh->first[s]);
@@ -216,9 +240,9 @@ static void look(struct mbp__rb *rb)
 	const unsigned L = rb->L, S = rb->S;
 	for (unsigned l = 0; l < L; l++) {
 		rb->now_ns[l] = rb->now_mbs[l] = 0;
-		for (unsigned s = 0; s < S; s++) {
-			rb->now_ns[l] += mbp__counter_get(&rb->acc[s * rb->stride + l].ns);
-			rb->now_mbs[l] += mbp__counter_get(&rb->acc[s * rb->stride + l].mbs);
+		for (unsigned t = 0; t < rb->row0[S]; t++) {
+			rb->now_ns[l] += mbp__counter_get(&rb->acc[t * rb->stride + l].ns);
+			rb->now_mbs[l] += mbp__counter_get(&rb->acc[t * rb->stride + l].mbs);
 		}
 		if (rb->now_mbs[l] == rb->seen_mbs[l])
 			return; /* a layer not measured yet in this window: the next look covers it */
@@ -232,7 +256,8 @@ static void look(struct mbp__rb *rb)
 	mbp_model_plan measured = rb->cur_plan, fresh;
 	memcpy(measured.first, rb->cur->first, sizeof(measured.first));
 	mbp__plan_cost(&measured, rb->cost, rb->handoff);
-	if (mbp_model_partition(rb->cost, rb->handoff, L, S, &fresh) < 0)
+	/* the same replicas stage by stage: the threads are there */
+	if (mbp__partition_fixed(rb->cost, rb->handoff, L, S, rb->cur_plan.replicas, &fresh) < 0)
 		return; /* out of memory: no move this time */
 	fresh.mb_rows = rb->cur_plan.mb_rows;
 	struct mbp__rb_plan *next = NULL;
@@ -276,9 +301,14 @@ static void look(struct mbp__rb *rb)
 
 const struct mbp__rb_plan *mbp__rb_admit(struct mbp__rb *rb)
 {
+	/* a lock, not atomics: a look reads and writes more than a word, and it comes once a window; the
+	 * replicas of stage 0 wait for it (and for on_move) then */
+	pthread_mutex_lock(&rb->admit_lock);
 	if (MBP_UNLIKELY(++rb->admitted % rb->o.window == 0))
 		look(rb);
-	return rb->cur;
+	const struct mbp__rb_plan *p = rb->cur;
+	pthread_mutex_unlock(&rb->admit_lock);
+	return p;
 }
 
 int mbp__rb_stats(struct mbp__rb *rb, mbp_model_rebalance_stats *out)

@@ -24,8 +24,8 @@ struct mbp__rb;
 struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_model_rebalance *o);
 void mbp__rb_destroy(struct mbp__rb *rb);
 
-/* Stage 0, for each micro-batch: count it, look every window, return the plan in use. Stage 0's thread
- * only. */
+/* Stage 0, for each micro-batch: count it, look every window, return the plan in use. Stage 0's threads
+ * only (its replicas in turn, under a lock). */
 const struct mbp__rb_plan *mbp__rb_admit(struct mbp__rb *rb);
 
 /* Stage `stage` under plan p: layers [*a, *b). */
@@ -36,9 +36,9 @@ static inline void mbp__rb_range(const struct mbp__rb_plan *p, unsigned stage, u
 }
 
 /* Layers [a, b) on in's rows, as mbp__layers_run computes them (same calls, same bits), each timed and
- * counted for `stage` (only that stage's thread calls it with that index). */
-void mbp__rb_run(struct mbp__rb *rb, unsigned stage, const struct mbp__version *v, unsigned a, unsigned b,
-		 const mbp_mb *in, float *y, float *s0, float *s1);
+ * counted for replica `replica` of `stage` (only that replica's thread calls it with those indices). */
+void mbp__rb_run(struct mbp__rb *rb, unsigned stage, unsigned replica, const struct mbp__version *v,
+		 unsigned a, unsigned b, const mbp_mb *in, float *y, float *s0, float *s1);
 
 int mbp__rb_stats(struct mbp__rb *rb, mbp_model_rebalance_stats *out);
 

@@ -13,7 +13,8 @@
  * mb->carry.
  *
  * Rebalancing (rebalance.c): stage 0 gives each micro-batch the plan in use in mb->carry_plan, and each
- * stage computes its range of that plan, timed layer by layer; without it a stage's range is fixed.
+ * stage computes its range of that plan, timed layer by layer (each replica in counters of its own);
+ * without it a stage's range is fixed.
  * Replicas (plan->replicas): the replicas of a stage share its weights read-only (the same versions, one
  * per micro-batch as above) and each has its own scratch and its own version bookkeeping (struct replica,
  * indexed by mbp_stage_replica()). A replicated stage 0 sees a job's micro-batches spread over its
@@ -187,7 +188,8 @@ static void stage_fini(void *ctx)
 static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
 	struct stage *s = ctx;
-	struct replica *r = &s->rep[mbp_stage_replica()];
+	const unsigned ri = mbp_stage_replica();
+	struct replica *r = &s->rep[ri];
 	const mbp_model *m = s->m;
 	struct mbp__version *v;
 	const struct mbp__rb_plan *plan = NULL;
@@ -219,7 +221,7 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 		out->carry = v;
 	}
 	if (plan)
-		mbp__rb_run(s->rb, s->idx, v, a, b, in, out->data, r->s0, r->s1);
+		mbp__rb_run(s->rb, s->idx, ri, v, a, b, in, out->data, r->s0, r->s1);
 	else
 		mbp__layers_run(m, v, a, b, in->data, out->data, in->rows, r->s0, r->s1);
 	return 0;
@@ -268,9 +270,6 @@ int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_mo
 	const mbp_model_rebalance *ro = o && o->rebalance.on ? &o->rebalance : NULL;
 	if (ro && (!isfinite(ro->threshold) || ro->threshold < 0))
 		return -EINVAL;
-	for (unsigned i = 0; ro && i < plan->stages; i++)
-		if (plan->replicas[i] > 1)
-			return -ENOTSUP; /* a move re-plans boundaries alone, and a layer's time has one writer */
 	mbp_model_stages *st = calloc(1, sizeof(*st) + plan->stages * sizeof(st->s[0]));
 	if (!st)
 		return -ENOMEM;

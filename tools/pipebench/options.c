@@ -212,7 +212,8 @@ void pb_options_help(FILE *f)
 	    "      --hidden=H           mlp: width of the generated model (default: %u)\n"
 	    "      --seed=N             seed of the generated weights and inputs (default: 1)\n"
 	    "      --rebalance          mlp: the stages move layers while they run when the measured\n"
-	    "                           costs call for another split, each move logged on stderr\n"
+	    "                           costs call for another split, each move logged on stderr; with\n"
+	    "                           --replicas each stage keeps its replicas and the cuts move\n"
 	    "                           (default: off; the synthetic stages are functions, not layers)\n"
 	    "      --micro-batches=M    train: micro-batches per step (default: 4 x stages)\n"
 	    "      --costs=F:BIN:BW     train: cost of a stage's forward, input-gradient backward and\n"
@@ -651,10 +652,6 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 	}
 	if ((cfg->replicas_auto || cfg->nreplicas) && cfg->workload == PB_WL_TRAIN)
 		return fail(err, errlen, "--replicas applies to the pipeline, not to --workload=train");
-	if ((cfg->replicas_auto || cfg->nreplicas) && cfg->rebalance)
-		return fail(
-		    err, errlen,
-		    "--replicas and --rebalance: a move re-plans the stages' layers, not their replicas");
 	if (cfg->replicas_auto && cfg->workload != PB_WL_MLP)
 		return fail(err, errlen, "--replicas=auto needs the layers' costs: --workload=mlp");
 	if (cfg->nreplicas > 1) {

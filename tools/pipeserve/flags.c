@@ -49,7 +49,8 @@ static const char usage[] =
     "  --drain-timeout-ms N     on SIGTERM, longest wait for accepted requests (default 30000)\n"
     "  --engine KEY=VAL,...     engine options (mbp_opts_parse keys: ring, ingress, spin_us, pin, cpus...)\n"
     "  --rebalance              move layers between the stages while serving when the measured costs\n"
-    "                           call for another split; each move is logged on standard error\n"
+    "                           call for another split; each move is logged on standard error (with\n"
+    "                           --replicas each stage keeps its replicas and the cuts move)\n"
     "  --model-repository DIR   allow loading new weights over HTTP, from files named inside DIR only\n"
     "                           (default: loading over HTTP is off)\n"
     "  --max-model-bytes N      largest model file loaded (default 4294967296)\n"
@@ -398,12 +399,6 @@ long ps_flags_replicas(const ps_config *c, bool mpi)
 		return 0;
 	if (mpi) {
 		usage_error("--replicas: not under mpirun (each rank runs its stages on one thread each)");
-		return -1;
-	}
-	if (c->rebalance) {
-		usage_error(
-		    "--replicas and --rebalance: a move re-plans the stages' layers, not their replicas; "
-		    "give one or the other");
 		return -1;
 	}
 	if (!strcmp(c->replicas, "auto"))
