@@ -132,6 +132,18 @@ void *mbp__seqwin_take(struct mbp__seqwin *w, uint32_t k)
 	return item;
 }
 
+uint32_t mbp__seqwin_count(struct mbp__seqwin *w)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i <= w->mask; i++) {
+		/* relaxed: a statistic. Slot i serves the micro-batches k = i mod capacity: it holds k when its
+		 * stamp is k + 1, and is free with k or k + capacity, both i mod capacity */
+		uint32_t stamp = atomic_load_explicit(&w->slots[i].stamp, memory_order_relaxed);
+		n += ((stamp - i) & w->mask) == 1;
+	}
+	return n;
+}
+
 void mbp__seqwin_producer_done(struct mbp__seqwin *w, uint32_t count)
 {
 	/* acq_rel, both; partner: the other producers' same increments and decrements: the last producer's

@@ -31,6 +31,7 @@
  *   operation                          | thread
  *   new, destroy                       | the controlling thread
  *   put, take, claim, producer_done    | the stage threads on either side
+ *   count                              | any thread (a statistic)
  */
 #ifndef MBP__SEQWIN_H
 #define MBP__SEQWIN_H
@@ -104,6 +105,10 @@ static inline uint32_t mbp__seqwin_claim(struct mbp__seqwin *w)
 	/* relaxed: the claim only hands out numbers; the slot's stamp orders the item */
 	return atomic_fetch_add_explicit(&w->claim, 1, memory_order_relaxed);
 }
+
+/* The micro-batches waiting in the window now (put and not yet taken or completed): a statistic, each
+ * slot read once, as mbp__ring_count() is for a ring. */
+uint32_t mbp__seqwin_count(struct mbp__seqwin *w);
 
 /* A producer is done, having put `count` micro-batches; the last one ends the stream. */
 void mbp__seqwin_producer_done(struct mbp__seqwin *w, uint32_t count);

@@ -47,7 +47,8 @@ static void add_copy(struct mbp__stage *s, uint64_t now, mbp_stage_stats *o)
 		o->hist[b] += mbp__counter_get(&c->hist[b]);
 }
 
-/* The header of a stage's entry: its name, CPU (replica 0's: its own for a replica's entry), input. */
+/* The header of a stage's entry: its name, CPU (replica 0's: its own for a replica's entry), input (its
+ * ring, window or the ingress; the replicas of a stage share one window). */
 static void stage_head(struct mbp_pipeline *p, struct mbp__stage *s, mbp_stage_stats *o, unsigned replicas)
 {
 	memset(o, 0, sizeof(*o));
@@ -57,6 +58,9 @@ static void stage_head(struct mbp_pipeline *p, struct mbp__stage *s, mbp_stage_s
 	if (s->in) {
 		o->ring_occupancy = mbp__ring_count(s->in);
 		o->ring_capacity = s->in->capacity;
+	} else if (s->win_in) { /* a replicated stage, or the one after it: a sequenced window */
+		o->ring_occupancy = mbp__seqwin_count(s->win_in);
+		o->ring_capacity = s->win_in->capacity;
 	} else if (s->idx == 0) {
 		o->ring_occupancy = mbp__ingress_queued(&p->ingress);
 		o->ring_capacity = mbp__ingress_depth(&p->ingress);

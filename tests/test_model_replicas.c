@@ -2,7 +2,7 @@
  * A model's replicated stages: the partitioner that chooses boundaries and replica counts together
  * against brute force; the plan's description and placement lines; a pipeline of replicated model stages
  * against mbp_model_forward, bit for bit and in order (test_model.c's swap under load runs through a
- * replicated stage 0 too).
+ * replicated stage 0 too); a job failing in a replicated stage 0 lets its version go.
  */
 #include "config.h"
 
@@ -226,6 +226,46 @@ START_TEST(replicated_model_stages_give_the_forward_bits_in_order)
 }
 END_TEST
 
+/* A job whose first micro-batch fails stage 0's checks (more rows than the stages were made for) passes a
+ * replicated stage 0: its entry in the replicas' shared table, and the version it holds, go with the
+ * job's last micro-batch, so that after a swap the old version is freed while the pipeline runs, not at
+ * its end; the job's other micro-batch has the forward's bits. More jobs than the table has entries. */
+START_TEST(a_job_failing_in_a_replicated_stage_0_does_not_keep_its_version)
+{
+	uint32_t widths[] = {16, 40, 8};
+	mbp_model_spec sp = {.layers = 2, .widths = widths, .act = MBP_ACT_RELU, .seed = 5};
+	mbp_model *m = make_model(0, &sp);
+	sp.seed = 6;
+	mbp_model *next = make_model(1, &sp);
+	const mbp_model_plan plan = {.stages = 2, .layers = 2, .first = {0, 1, 2}, .replicas = {2, 1}};
+	mbp_model_stages *st;
+	ck_assert_int_eq(mbp_model_stages_new(&st, m, &plan, 4), 0); /* 4 rows at most ... */
+	mbp_pipeline *p = stages_pipeline(m, st, 8, NULL, NULL);     /* ... of micro-batches of 8 */
+	enum { ROWS = 12, JOBS = 5 };				     /* 8 rows (too many), then 4 */
+	float *x = random_rows(ROWS * 16, 9), y[ROWS * 8], ref[4 * 8];
+	ck_assert_int_eq(mbp_model_forward(m, x + 8 * 16, ref, 4, 4), 0);
+	for (int k = 0; k < JOBS; k++) {
+		mbp_job job;
+		mbp_job_init(&job, x, y, ROWS, 8);
+		ck_assert_int_eq(mbp_job_submit(p, &job, -1), 0);
+		ck_assert_int_eq(mbp_job_wait(&job, -1), 0);
+		ck_assert_int_eq(job.status, -E2BIG);
+		ck_assert_uint_eq(job.mbs, 2);
+		ck_assert_uint_eq(job.mbs_failed, 1);
+		ck_assert_mem_eq(y + 8 * 8, ref, sizeof(ref));
+	}
+	ck_assert_int_eq(mbp_model_swap(m, next), 0);
+	ck_assert_msg(mbp_model_versions_alive(m) == 1,
+		      "%u versions alive after the swap: the old one is held", mbp_model_versions_alive(m));
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1);
+	free(x);
+	mbp_model_destroy(m);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("model_replicas");
@@ -236,6 +276,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, the_heavy_layer_is_replicated_and_the_plan_says_so);
 	tcase_add_loop_test(tc, replicated_model_stages_give_the_forward_bits_in_order, 0,
 			    (int)(sizeof(plans) / sizeof(plans[0])));
+	tcase_add_test(tc, a_job_failing_in_a_replicated_stage_0_does_not_keep_its_version);
 	suite_add_tcase(s, tc);
 	return s;
 }

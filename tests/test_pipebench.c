@@ -17,7 +17,9 @@
  *   and during, and marks every row loud in the JSON and the CSV;
  * - the statistics behind the verdicts (tools/pipebench/stats.c and predict.c, linked in) on synthetic
  *   samples: the interval of a median, paired comparisons, ties and the choice, the consistency checks
- *   (among them the contradictory run of issue 15: a speed-up of 2.02 with a bubble of 0.34 on 2 CPUs).
+ *   (among them the contradictory run of issue 15: a speed-up of 2.02 with a bubble of 0.34 on 2 CPUs),
+ *   and the prediction of a replicated stage (its period, service time over replicas), worked by hand and
+ *   in a run's JSON.
  */
 #define _GNU_SOURCE
 #include <check.h>
@@ -349,6 +351,8 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 			ck_assert_msg(b >= -0.01 && b <= 1.0, "bubble.%s = %g", bnames[i], b);
 		}
 		ck_assert(num(r, "predicted_batch_ms") > 0);
+		ck_assert(num(r, "predicted_rows_per_s") > 0);
+		ck_assert(num(r, "predicted_period_us") > 0);
 		field(r, "balanced", cJSON_True | cJSON_False);
 		cJSON *st = field(r, "stages", cJSON_Array);
 		ck_assert_int_eq(cJSON_GetArraySize(st), (int)stages);
@@ -362,6 +366,7 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 			ck_assert_msg(busy > 0 && busy + starved + blocked <= 1.0001, "%g %g %g", busy,
 				      starved, blocked);
 			ck_assert(num(s, "service_us") > 0);
+			ck_assert(num(s, "replicas") >= 1);
 		}
 		ck_assert(cJSON_IsTrue(field(r, "ok", cJSON_True | cJSON_False)));
 		ck_assert(cJSON_IsNull(field(r, "error", cJSON_String | cJSON_NULL)));
@@ -655,6 +660,62 @@ START_TEST(replicas_are_checked_and_shown_in_the_placement)
 	ck_assert_int_eq((int)cJSON_GetNumberValue(cJSON_GetObjectItem(pl, "replicas")), allowed);
 	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(pl, "replica_cpus")), allowed);
 	cJSON_Delete(root);
+	run_free(&r);
+}
+END_TEST
+
+/* A replicated stage emits a micro-batch every service time / replicas: the prediction of a run with the
+ * heavy stage on 2 replicas follows that model from the run's own service times. Its period is the heavy
+ * stage's over 2; its batch time lies between the fewest rounds the replicas can take (each stage's
+ * micro-batches in rounds of its replicas, after the stages before it and before the stages after it
+ * are crossed once) and the first micro-batch's crossing plus one period per further micro-batch; its
+ * throughput is the batch over that time: at most twice what the model without replicas gives for the
+ * same service times, and near it (1.99 with these stages' 1:20:1, at least 1.5 unless the light stages
+ * took over half the heavy one's time). */
+START_TEST(a_replicated_stage_is_predicted_at_its_replicas_period)
+{
+	struct run r = run((const char *const[]){
+	    "--workload=synthetic", "--work-us=2,40,2", "--replicas=1,2,1", "--batch=64", "--mb=4",
+	    "--batches=2", "--tolerance=0", "--wait-quiet=0", "--no-gantt", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_ptr_nonnull(doc);
+	cJSON *res = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "results"), 0);
+	const double M = num(res, "mbs"), rows = 64;
+	ck_assert(M == 16);
+	cJSON *st = cJSON_GetObjectItem(res, "stages");
+	ck_assert_int_eq(cJSON_GetArraySize(st), 3);
+	double t[3], rep[3], sum = 0, period = 0;
+	for (int i = 0; i < 3; i++) {
+		cJSON *e = cJSON_GetArrayItem(st, i);
+		t[i] = num(e, "service_us");
+		rep[i] = num(e, "replicas");
+		sum += t[i];
+		period = fmax(period, t[i] / rep[i]);
+	}
+	ck_assert(rep[0] == 1 && rep[1] == 2 && rep[2] == 1);
+	ck_assert_msg(t[1] / 2 > fmax(t[0], t[2]), "stage 1 (%g us x2) is not the slowest: %g, %g", t[1],
+		      t[0], t[2]);
+	double got = num(res, "predicted_period_us");
+	ck_assert_msg(fabs(got - t[1] / 2) <= 1e-9 * got, "period %g us, stage 1's %g us over 2", got, t[1]);
+	double T = num(res, "predicted_batch_ms") * 1e3, lo = 0, hi = sum + (M - 1) * period;
+	for (int b = 0; b < 3; b++)
+		lo = fmax(lo, sum - t[b] + ceil(M / rep[b]) * t[b]);
+	ck_assert_msg(T >= lo * (1 - 1e-9) && T <= hi * (1 + 1e-9),
+		      "predicted batch %g us outside [%g, %g] (the model without replicas: %g)", T, lo, hi,
+		      sum + (M - 1) * t[1]);
+	double thr = num(res, "predicted_rows_per_s");
+	ck_assert_msg(fabs(thr - rows / (T / 1e6)) <= 1e-9 * thr, "predicted %g rows/s, %g rows in %g us",
+		      thr, rows, T);
+	double unreplicated = rows / ((sum + (M - 1) * t[1]) / 1e6);
+	ck_assert_msg(thr >= 1.5 * unreplicated && thr <= 2 * unreplicated * (1 + 1e-9),
+		      "predicted %g rows/s, not about twice the unreplicated stage's %g", thr, unreplicated);
+	/* the measured bubble is compared with this prediction: idle replicas count as threads */
+	double pb = num(cJSON_GetObjectItem(res, "bubble"), "predicted");
+	double want = 1 - M * sum / (4 * T);
+	ck_assert_msg(fabs(pb - want) <= 1e-9, "predicted bubble %g, 1 - M sum(t) / (4 threads x T) = %g", pb,
+		      want);
+	cJSON_Delete(doc);
 	run_free(&r);
 }
 END_TEST
@@ -1431,6 +1492,61 @@ START_TEST(speedup_above_cpus_times_one_minus_bubble_is_flagged_with_a_cause)
 }
 END_TEST
 
+/* The prediction of a replicated stage, worked by hand: micro-batch k enters stage i once stage i - 1 has
+ * finished it and the replica that took k - r (the first to be free) is free again. */
+START_TEST(prediction_runs_a_replicated_stage_at_its_period)
+{
+	pb_result r;
+	memset(&r, 0, sizeof(r));
+	r.stages = 2;
+	r.threads = 3;
+	r.mbs = 8;
+	r.rows = 32;
+	r.mb_rows = 4;
+	r.st[0] = (pb_stage_result){.thread = 0, .service_us = 1, .replicas = 1};
+	r.st[1] = (pb_stage_result){.thread = 1, .service_us = 4, .replicas = 2};
+	pb_predict(&r);
+	/* stage 0 finishes k at k + 1; stage 1 finishes 5, 6, 9, 10, 13, 14, 17, 18 */
+	ck_assert_double_eq_tol(r.predicted_ms, 18e-3, 1e-12);
+	ck_assert_double_eq_tol(r.predicted_period_us, 2, 1e-12);
+	ck_assert_double_eq_tol(r.predicted_rows_per_s, 32 / 18e-6, 1e-3);
+	ck_assert_double_eq_tol(r.bubble_predicted, 1 - 8 * 5 / (3 * 18.0), 1e-12);
+	ck_assert(!r.balanced); /* periods 1 and 2 */
+	/* one replica: the closed form sum(t) + (M - 1) max(t) */
+	r.st[1].replicas = 1;
+	r.threads = 2;
+	pb_predict(&r);
+	ck_assert_double_eq_tol(r.predicted_ms, (5 + 7 * 4) * 1e-3, 1e-12);
+	ck_assert_double_eq_tol(r.predicted_period_us, 4, 1e-12);
+	ck_assert_double_eq_tol(r.bubble_predicted, 1 - 8 * 5 / (2 * 33.0), 1e-12);
+	/* a lone stage on 2 replicas: two rounds of 4 */
+	r.stages = 1;
+	r.threads = 2;
+	r.mbs = 4;
+	r.st[0] = (pb_stage_result){.service_us = 10, .replicas = 2};
+	pb_predict(&r);
+	ck_assert_double_eq_tol(r.predicted_ms, 20e-3, 1e-12);
+	ck_assert_double_eq_tol(r.bubble_predicted, 0, 1e-12);
+	ck_assert(r.balanced);
+	/* balanced by the periods: 2 us on one thread, 4 us on two */
+	r.stages = 2;
+	r.threads = 3;
+	r.mbs = 8;
+	r.st[0] = (pb_stage_result){.thread = 0, .service_us = 2, .replicas = 1};
+	r.st[1] = (pb_stage_result){.thread = 1, .service_us = 4, .replicas = 2};
+	pb_predict(&r);
+	ck_assert(r.balanced);
+	/* stages sharing threads: one step each, as before */
+	r.stages = 4;
+	r.threads = 2;
+	for (unsigned s = 0; s < 4; s++)
+		r.st[s] = (pb_stage_result){.thread = s / 2, .service_us = 3, .replicas = 1};
+	pb_predict(&r);
+	ck_assert_double_eq_tol(r.predicted_ms, (12 + 7 * 6) * 1e-3, 1e-12);
+	ck_assert_double_eq_tol(r.bubble_predicted, 1 - 8 * 12 / (2 * 54.0), 1e-12);
+}
+END_TEST
+
 START_TEST(busy_starved_blocked_that_do_not_add_up_are_flagged)
 {
 	pb_result r;
@@ -1888,6 +2004,7 @@ static Suite *suite(void)
 	tcase_add_test(out, counts_of_one_are_singular);
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
 	tcase_add_test(out, replicas_are_checked_and_shown_in_the_placement);
+	tcase_add_test(out, a_replicated_stage_is_predicted_at_its_replicas_period);
 	tcase_add_test(out, a_pipeline_refused_for_a_limit_names_it);
 	tcase_add_test(out, csv_has_a_header_and_one_line_per_size);
 	tcase_add_test(out, trace_file_is_a_chrome_trace);
@@ -1926,6 +2043,7 @@ static Suite *suite(void)
 	tcase_add_test(stats, table_json_and_csv_say_the_choice_is_unsettled);
 	tcase_add_test(stats, speedup_above_cpus_times_one_minus_bubble_is_flagged_with_a_cause);
 	tcase_add_test(stats, busy_starved_blocked_that_do_not_add_up_are_flagged);
+	tcase_add_test(stats, prediction_runs_a_replicated_stage_at_its_period);
 	suite_add_tcase(s, stats);
 
 	TCase *inv = tcase_create("invariants");

@@ -3,8 +3,9 @@
  * whose function sleeps a different time per item, so that its replicas finish out of order, and come out
  * in submission order, each once, with its own bits; errors in a replica fail their micro-batches only;
  * cancel and destroy with work in flight account for everything; each replica runs init and fini once on
- * its own thread and knows its index; the replicas' statistics sum to the stage's; more threads than
- * CPUs still completes; the limits are refused with their errors.
+ * its own thread and knows its index; the replicas' statistics sum to the stage's, and a replicated
+ * stage's input reports its window's occupancy; more threads than CPUs still completes; the limits are
+ * refused with their errors.
  *
  * A row is WORDS 32-bit words: word 0 the producer, word 1 its sequence, words 2.. a payload that stage k
  * maps to w * 3 + k + 1, so a row that skipped a stage, passed one twice or came back in the wrong place
@@ -497,6 +498,62 @@ START_TEST(cancel_with_work_in_replicas_accounts_for_every_micro_batch)
 }
 END_TEST
 
+/* Poll the statistics until stage k's input holds `want` micro-batches (10 s at most); the last snapshot
+ * into ss. */
+static void wait_occupancy(mbp_pipeline *p, unsigned S, mbp_stage_stats *ss, unsigned k, uint32_t want)
+{
+	mbp_pipeline_stats ps;
+	for (int i = 0; i < 10000; i++) {
+		ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, ss, S), (int)S);
+		if (ss[k].ring_occupancy == want)
+			return;
+		usleep(1000);
+	}
+}
+
+/* A replicated stage's input, and the next stage's, are sequenced windows, not rings: their statistics
+ * give what waits in the window and its slots (each replica's entry the window it shares), not 0 of 0. */
+START_TEST(a_replicated_stage_reports_the_occupancy_of_its_window)
+{
+	atomic_store(&gate, 0);
+	ctx[1].gate = &gate;
+	const unsigned reps[3] = {1, 2, 1};
+	mbp_pipeline *p = make(3, reps, ctx, &res);
+	enum { N = 10 };
+	for (uint32_t i = 0; i < N; i++) {
+		mbp_mb *mb;
+		ck_assert_int_eq(mbp_mb_acquire(p, &mb, -1), 0);
+		mb->rows = 1;
+		stamp(mb->data, 0, i);
+		ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
+	}
+	/* both replicas hold one micro-batch behind the gate; stage 0 put the others into the window */
+	mbp_stage_stats ss[3];
+	wait_occupancy(p, 3, ss, 1, N - 2);
+	ck_assert_msg(ss[1].ring_occupancy == N - 2, "stage 1: %u of %u waiting, expected %u",
+		      ss[1].ring_occupancy, ss[1].ring_capacity, N - 2);
+	ck_assert_uint_eq(ss[1].ring_capacity, p->stages[1].win_in->capacity);
+	ck_assert_uint_ge(ss[1].ring_capacity, N);
+	mbp_stage_stats rs[2];
+	ck_assert_int_eq(mbp_pipeline_replica_stats(p, 1, rs, 2), 2);
+	for (unsigned j = 0; j < 2; j++) {
+		ck_assert_uint_eq(rs[j].ring_occupancy, N - 2);
+		ck_assert_uint_eq(rs[j].ring_capacity, ss[1].ring_capacity);
+	}
+	/* stage 2 reads the window after the replicas: empty, with its slots */
+	ck_assert_uint_eq(ss[2].ring_occupancy, 0);
+	ck_assert_uint_eq(ss[2].ring_capacity, p->stages[2].win_in->capacity);
+	atomic_store(&gate, 1);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	assert_all_in_order(N);
+	mbp_pipeline_stats ps;
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, ss, 3), 3);
+	ck_assert_uint_eq(ss[1].ring_occupancy, 0);
+	ck_assert_uint_eq(ss[2].ring_occupancy, 0);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
 START_TEST(destroy_with_work_in_replicas_completes_every_micro_batch)
 {
 	res.cancelled = true;
@@ -689,6 +746,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, an_error_in_a_replica_fails_its_micro_batch_only_and_in_order);
 	tcase_add_test(tc, a_job_failing_in_replicas_reports_its_first_failure);
 	tcase_add_test(tc, cancel_with_work_in_replicas_accounts_for_every_micro_batch);
+	tcase_add_test(tc, a_replicated_stage_reports_the_occupancy_of_its_window);
 	tcase_add_test(tc, destroy_with_work_in_replicas_completes_every_micro_batch);
 	tcase_add_test(tc, more_replicas_than_cpus_completes);
 	tcase_add_test(tc, replicas_are_pinned_each_on_its_own_cpu_where_cpus_allow);

@@ -434,7 +434,9 @@ typedef struct mbp_stage_stats {
 	uint64_t blocked_ns; /**< time waiting for room downstream (shared thread: its last) or a buffer */
 	uint64_t hist[MBP_HIST_BUCKETS]; /**< service time of fn, log2 buckets */
 	uint32_t ring_occupancy; /**< micro-batches waiting in the stage's input ring (stage 0: ingress;
-				      0 of 0 for a stage called by the previous one on its thread) */
+				      a replicated stage and the one after it: the sequenced window
+				      before it, which its replicas share; 0 of 0 for a stage called by
+				      the previous one on its thread) */
 	uint32_t ring_capacity;
 	uint32_t
 	    replicas; /**< the stage's replicas (its figures above are their sums; mbp_pipeline_stats_get)

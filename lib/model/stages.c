@@ -19,7 +19,8 @@
  * per micro-batch as above) and each has its own scratch and its own version bookkeeping (struct replica,
  * indexed by mbp_stage_replica()). A replicated stage 0 sees a job's micro-batches spread over its
  * replicas, so the version of each job under way is kept in a table shared by the replicas, under a lock
- * (jobs_v): still one version per job.
+ * (jobs_v): still one version per job, and a job's entry goes when its last micro-batch has passed
+ * stage 0, computed or failed by the stage's checks.
  */
 #include "config.h"
 
@@ -50,8 +51,8 @@ struct replica {
  * split is partly computed at any time. */
 struct job_version_entry {
 	const mbp_job *job;
-	struct mbp__version *v; /* one reference, the table's */
-	uint32_t seen;		/* micro-batches of the job computed with it */
+	struct mbp__version *v; /* one reference, the table's; NULL until one of them is computed */
+	uint32_t seen;		/* micro-batches of the job that passed stage 0, computed or failed */
 };
 
 struct stage {
@@ -95,9 +96,11 @@ static struct mbp__version *job_version(struct replica *s, mbp_model *m, const m
 	return v;
 }
 
-/* A replicated stage 0: the job's version from the shared table (the first of its micro-batches to arrive
- * takes the current one), dropped from the table with the job's last micro-batch. */
-static struct mbp__version *shared_job_version(struct stage *s, const mbp_mb *in)
+/* A replicated stage 0: a job's micro-batch passes, computed (`take`: the job's version from the shared
+ * table, the first of its micro-batches to be computed taking the current one) or failed by its checks
+ * (no version: NULL). Every micro-batch counts, failed or not, so the entry and its version go with the
+ * last of the job's micro-batches to pass, whatever order the replicas take them in. */
+static struct mbp__version *shared_job_version(struct stage *s, const mbp_mb *in, bool take)
 {
 	const mbp_job *job = in->job;
 	pthread_mutex_lock(&s->jobs_lock);
@@ -108,22 +111,23 @@ static struct mbp__version *shared_job_version(struct stage *s, const mbp_mb *in
 		else if (!s->jobs_v[i].job && !empty)
 			empty = &s->jobs_v[i];
 	}
-	struct mbp__version *v;
-	if (e) {
+	/* an empty entry is there: see struct job_version_entry (a table full of jobs cut short by a cancel
+	 * would only cost this job its one version) */
+	if (!e && job->mbs > 1 && empty) {
+		e = empty;
+		*e = (struct job_version_entry){.job = job};
+	}
+	struct mbp__version *v = NULL;
+	if (take && e && e->v) {
 		v = e->v;
 		/* relaxed: the table's reference keeps v alive */
 		atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
-	} else {
+	} else if (take) {
 		v = mbp__version_get_rcu(s->m);
-		if (job->mbs > 1) {
-			/* an empty entry is there: see struct job_version_entry (a table full of jobs cut short
-			 * by a cancel would only cost this job its one version) */
-			e = empty;
-			if (e) {
-				/* relaxed: as above */
-				atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
-				*e = (struct job_version_entry){.job = job, .v = v};
-			}
+		if (e) {
+			/* relaxed: as above */
+			atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
+			e->v = v;
 		}
 	}
 	if (e && ++e->seen == job->mbs) { /* its last micro-batch */
@@ -132,6 +136,15 @@ static struct mbp__version *shared_job_version(struct stage *s, const mbp_mb *in
 	}
 	pthread_mutex_unlock(&s->jobs_lock);
 	return v;
+}
+
+/* Stage 0 fails a micro-batch by its checks: a replicated one counts a job's as passed all the same
+ * (shared_job_version), or the job's entry would keep its version until fini. Returns err. */
+static int stage0_refuse(struct stage *s, const mbp_mb *in, int err)
+{
+	if (s->jobs_v && in->job)
+		shared_job_version(s, in, false);
+	return err;
 }
 
 struct mbp_model_stages {
@@ -197,7 +210,7 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	if (s->idx == 0) /* ours to set: done() drops whatever is here; a pinned version is already ours */
 		out->carry = in->job ? NULL : in->carry;
 	if (MBP_UNLIKELY(in->rows > s->max_rows))
-		return -E2BIG;
+		return stage0_refuse(s, in, -E2BIG);
 	if (s->rb) {
 		plan = s->idx == 0 ? mbp__rb_admit(s->rb) : in->carry_plan;
 		MBP_VERIFY(plan != NULL); /* stage 0 always sets it */
@@ -208,11 +221,11 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	if (MBP_UNLIKELY(in->row_bytes != m->l[a].in * sizeof(float) ||
 			 out->row_bytes != m->l[b - 1].out * sizeof(float) ||
 			 out->capacity < (size_t)in->rows * out->row_bytes))
-		return -EINVAL;
+		return stage0_refuse(s, in, -EINVAL);
 	if (s->idx == 0) {
 		v = out->carry	? out->carry
 		    : !in->job	? mbp__version_get_rcu(s->m)
-		    : s->jobs_v ? shared_job_version(s, in)
+		    : s->jobs_v ? shared_job_version(s, in, true)
 				: job_version(r, s->m, in);
 		out->carry = v;
 	} else {

@@ -530,6 +530,7 @@ int pb_cand_open(pb_bench *b, uint32_t mb_rows, bool trace, pb_cand **out, pb_re
 	mbp_opts o;
 
 	memset(r, 0, sizeof(*r));
+	r->rows = cfg->batch;
 	r->mb_rows = mb_rows;
 	r->mbs = (uint32_t)((cfg->batch + mb_rows - 1) / mb_rows);
 	r->stages = S;

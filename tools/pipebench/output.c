@@ -391,6 +391,8 @@ static cJSON *json_result(const pb_result *r)
 	double b_iv[2] = {r->bubble_iv.lo, r->bubble_iv.hi};
 	cJSON_AddItemToObject(bub, "interval", cJSON_CreateDoubleArray(b_iv, 2));
 	cJSON_AddNumberToObject(o, "predicted_batch_ms", r->predicted_ms);
+	cJSON_AddNumberToObject(o, "predicted_rows_per_s", r->predicted_rows_per_s);
+	cJSON_AddNumberToObject(o, "predicted_period_us", r->predicted_period_us);
 	cJSON_AddBoolToObject(o, "balanced", r->balanced);
 	cJSON *st = cJSON_AddArrayToObject(o, "stages");
 	for (unsigned s = 0; s < r->stages; s++) {
@@ -404,6 +406,7 @@ static cJSON *json_result(const pb_result *r)
 		cJSON_AddNumberToObject(e, "starved", x->starved);
 		cJSON_AddNumberToObject(e, "blocked", x->blocked);
 		cJSON_AddNumberToObject(e, "service_us", x->service_us);
+		cJSON_AddNumberToObject(e, "replicas", x->replicas ? x->replicas : 1);
 		cJSON_AddItemToArray(st, e);
 	}
 	cJSON_AddBoolToObject(o, "tied", r->tied);

@@ -305,6 +305,7 @@ typedef struct pb_stage_result {
 } pb_stage_result;
 
 typedef struct pb_result {
+	uint32_t rows; /* per batch */
 	uint32_t mb_rows;
 	uint32_t mbs;		  /* micro-batches per batch: ceil(batch / mb_rows) */
 	unsigned batches;	  /* measured */
@@ -314,9 +315,11 @@ typedef struct pb_result {
 	double bubble;	      /* measured: 1 - sum(busy) / (stages x sum of batch latencies) */
 	double bubble_window; /* the engine's idle share over the whole window */
 	double bubble_predicted;
-	double bubble_gpipe;	       /* (S-1)/(M+S-1) */
-	double predicted_ms;	       /* sum(t_i) + (M-1) max(t_i) */
-	bool balanced;		       /* max(t_i) within 10% of min(t_i) */
+	double bubble_gpipe; /* (S-1)/(M+S-1) */
+	double predicted_ms; /* sum(t_i) + (M-1) max(t_i), with replicas their recurrence (predict.c) */
+	double predicted_period_us;    /* the slowest stage's period: max(t_i / r_i) */
+	double predicted_rows_per_s;   /* rows / predicted_ms */
+	bool balanced;		       /* the periods t_i / r_i: the largest within 10% of the smallest */
 	double speedup;		       /* throughput / the sequential baseline's */
 	double speedup_lo, speedup_hi; /* from the ends of both intervals */
 	unsigned repeats;	       /* visits measured */
@@ -410,8 +413,9 @@ void pb_result_fini(pb_result *r);
 
 /* ---- predict.c ---- */
 
-/* The bubble model for r's measured per-stage service times: fills predicted_ms, bubble_predicted,
- * bubble_gpipe, balanced. */
+/* The bubble model for r's measured per-stage service times, threads and replicas (st[].service_us,
+ * .thread, .replicas; threads, mbs, rows): fills predicted_ms, predicted_period_us, predicted_rows_per_s,
+ * bubble_predicted, bubble_gpipe, balanced. */
 void pb_predict(pb_result *r);
 
 typedef struct pb_choice {

@@ -3,12 +3,18 @@
  *
  * A batch of M micro-batches through S stages whose micro-batch takes t_i in stage i, with no hand-off cost
  * and unbounded queues, takes T = sum(t_i) + (M - 1) max(t_i): the first micro-batch crosses every stage,
- * then the slowest stage emits one more every max(t_i). The stages work M sum(t_i) of the S T available, so
- * the predicted bubble is 1 - M sum(t_i) / (S T). With equal stages this is GPipe's (S - 1) / (M + S - 1).
- * Where stages share worker threads (more stages than CPUs), a thread is one stage of the schedule whose t is
- * the sum of its stages' t_i, and S counts threads. The t_i are the service times measured in the same run
- * (time inside each stage function per micro-batch), so the difference between measured and predicted is the
- * engine's overhead: hand-offs, wake-ups, and the time a stage spent off its CPU.
+ * then the slowest stage emits one more every max(t_i). The stages work M sum(t_i) of the N T available
+ * (N threads), so the predicted bubble is 1 - M sum(t_i) / (N T). With equal stages this is GPipe's
+ * (S - 1) / (M + S - 1). Where stages share worker threads (more stages than CPUs), a thread is one stage of
+ * the schedule whose t is the sum of its stages' t_i. A stage of r_i replicas emits one micro-batch every
+ * t_i / r_i once its replicas are busy (its period), but each micro-batch still takes t_i through it: the
+ * time is then the finish of the last micro-batch by the recurrence F_i(k) = max(F_{i-1}(k), F_i(k - r_i))
+ * + t_i (micro-batch k starts in stage i when stage i - 1 has finished it and the replica that took
+ * micro-batch k - r_i, the first to be free, is free again; F_{-1} = 0, every micro-batch submitted at
+ * once), which with one replica everywhere is the closed form above; N counts the replicas. The t_i are
+ * the service times measured in the same run (time inside each stage function per micro-batch), so the
+ * difference between measured and predicted is the engine's overhead: hand-offs, wake-ups, and the time a
+ * stage spent off its CPU.
  *
  * The choice: the size with the highest median throughput is the best; every size whose throughput, paired
  * round by round with the best's, has its median within PB_TIE_MARGIN of it and cannot be shown more than
@@ -28,22 +34,48 @@
 
 void pb_predict(pb_result *r)
 {
+	/* the schedule's steps: a thread's stages one after the other, a replicated stage on its replicas
+	 * (which share no thread) */
+	double t[MBP_MAX_STAGES];
+	unsigned rep[MBP_MAX_STAGES], off[MBP_MAX_STAGES], G = 0, N = 0;
+	for (unsigned i = 0; i < r->stages && i < MBP_MAX_STAGES; i++) {
+		if (i == 0 || !r->threads || r->st[i].thread != r->st[i - 1].thread) {
+			unsigned n = r->st[i].replicas ? r->st[i].replicas : 1;
+			t[G] = 0;
+			rep[G] = n < MBP_MAX_REPLICAS ? n : MBP_MAX_REPLICAS;
+			off[G] = N;
+			N += rep[G];
+			G++;
+		}
+		t[G - 1] += r->st[i].service_us;
+	}
+	double sum = 0, max = 0, min = INFINITY;
+	for (unsigned g = 0; g < G; g++) {
+		double period = t[g] / rep[g];
+		sum += t[g];
+		max = period > max ? period : max;
+		min = period < min ? period : min;
+	}
+	/* the finish of each micro-batch at each step, in order: free_at[off[g] + j] is when replica j of step
+	 * g finished its last micro-batch (micro-batch k goes to replica k mod r, the first to be free) */
+	double free_at[MBP_MAX_STAGES * MBP_MAX_REPLICAS] = {0}, T = 0;
+	for (uint32_t k = 0; k < r->mbs; k++) {
+		double f = 0; /* submitted at once */
+		for (unsigned g = 0; g < G; g++) {
+			double *slot = &free_at[off[g] + k % rep[g]];
+			f = (f > *slot ? f : *slot) + t[g];
+			*slot = f;
+		}
+		T = f;
+	}
 	const unsigned S = r->threads ? r->threads : r->stages;
 	const double M = r->mbs;
-	double sum = 0, max = 0, min = INFINITY;
-	for (unsigned i = 0, g = 0; g < S; g++) {
-		double t = 0; /* the thread's stages, one after the other */
-		for (; i < r->stages && (r->threads ? r->st[i].thread : i) == g; i++)
-			t += r->st[i].service_us;
-		sum += t;
-		max = t > max ? t : max;
-		min = t < min ? t : min;
-	}
 	r->bubble_gpipe = S + M > 1 ? (S - 1.0) / (M + S - 1.0) : 0;
-	r->balanced = S > 0 && max <= 1.10 * min;
-	double T = sum + (M - 1) * max;
+	r->balanced = G > 0 && max <= 1.10 * min;
 	r->predicted_ms = T / 1e3;
-	r->bubble_predicted = T > 0 ? 1.0 - M * sum / (S * T) : 0;
+	r->predicted_period_us = max;
+	r->predicted_rows_per_s = T > 0 ? r->rows / (T / 1e6) : 0;
+	r->bubble_predicted = T > 0 && N ? 1.0 - M * sum / (N * T) : 0;
 }
 
 static void fmt_rate(char *buf, size_t n, double rows_per_s)
