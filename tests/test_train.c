@@ -1491,7 +1491,8 @@ END_TEST
 
 START_TEST(a_failure_inside_a_replica_fails_the_step_and_no_stage_updates)
 {
-	static const mbp_sched_kind kinds[] = {MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	/* interleaved: the 3 chunks on one thread, copied twice for stage 1 */
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_1F1B, MBP_SCHED_ZBH1, MBP_SCHED_INTERLEAVED};
 	static const unsigned reps[3] = {1, 2, 1};
 	static const int ops[] = {MBP_OP_F, MBP_OP_BIN, MBP_OP_W};
 	float in[24 * N], tg[24 * N];
@@ -1509,8 +1510,8 @@ START_TEST(a_failure_inside_a_replica_fails_the_step_and_no_stage_updates)
 			ck_assert_int_eq(mbp_trainer_error(r.t, &e), 0);
 			ck_assert_int_eq(e.stage, 1);
 			ck_assert_int_eq(e.mb, 3);
-			/* under 1F1B the weight part runs inside B */
-			ck_assert_int_eq(e.op, kinds[k] == MBP_SCHED_1F1B && ops[o] != MBP_OP_F ? MBP_OP_B
+			/* under 1F1B and interleaved the weight part runs inside B */
+			ck_assert_int_eq(e.op, kinds[k] != MBP_SCHED_ZBH1 && ops[o] != MBP_OP_F ? MBP_OP_B
 												: ops[o]);
 			for (unsigned s = 0; s < 3; s++) {
 				ck_assert_uint_eq(r.st[s].updates, 0);
@@ -1536,9 +1537,10 @@ START_TEST(cancel_and_drain_mid_step_hold_with_replicas)
 	static const unsigned reps[3] = {1, 2, 1};
 	float in[64 * N], tg[64 * N];
 	make_data(in, tg, 64, 0);
-	for (int drain = 0; drain < 2; drain++) {
+	for (int arm = 0; arm < 4; arm++) {
+		bool drain = arm & 1; /* and arms 2, 3: the chunks of one thread (interleaved), copied */
 		struct rig r;
-		rig_replicas(&r, 3, reps, MBP_SCHED_1F1B);
+		rig_replicas(&r, 3, reps, arm < 2 ? MBP_SCHED_1F1B : MBP_SCHED_INTERLEAVED);
 		for (unsigned s = 0; s < 3; s++)
 			r.st[s].sleep_us = 300;
 		struct toy ref[3];
