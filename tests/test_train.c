@@ -1364,6 +1364,25 @@ static void replica_figures(struct rig *r, const unsigned *reps, uint32_t M, con
 	ck_assert_uint_eq(ts.act_pool.allocated, ps->act_pool.allocated);
 	ck_assert(ts.bubble_predicted >= 0 && ts.bubble_predicted < 1);
 	const mbp_schedule *sc = mbp_trainer_schedule(r->t);
+	/* the predicted bubble is the replicas' play (mbp_schedule_simulate_replicas) with the measured mean
+	 * costs, as summarise() takes them (the toy recomputes nothing) */
+	mbp_op_costs c[MBP_MAX_STAGES];
+	bool replicated = mbp_schedule_threads(sc) > 0;
+	for (unsigned s = 0; s < r->S; s++) {
+		const mbp_train_stage_stats *x = &ss[s];
+		replicated |= reps[s] > 1;
+		c[s].f = x->f_count ? (double)x->f_ns / x->f_count : 0;
+		bool apart = x->bin_count && x->w_count;
+		c[s].b_in = apart	 ? (double)x->bin_ns / x->bin_count
+			    : x->b_count ? (double)x->b_ns / x->b_count
+					 : 0;
+		c[s].b_w = apart ? (double)x->w_ns / x->w_count : 0;
+	}
+	mbp_sched_sim sim;
+	ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, reps, &sim, NULL), 0);
+	if (replicated) /* (else the plain play on the trainer's threads) */
+		ck_assert_msg(ts.bubble_predicted == sim.bubble, "bubble_predicted %.17g, the play %.17g",
+			      ts.bubble_predicted, sim.bubble);
 	for (unsigned s = 0; s < r->S; s++) {
 		ck_assert_uint_eq(ss[s].f_count, M);
 		ck_assert_uint_le(ss[s].held_peak, mbp_schedule_held_peak(sc, s) * reps[s]);
