@@ -1686,7 +1686,8 @@ START_TEST(the_simulator_plays_the_copies_of_a_chunked_schedules_threads)
 		ck_assert(a.makespan == b.makespan && a.bubble == b.bubble); /* the plain play */
 		/* the heavy thread on 2 and 3 copies: the same work, sooner, on 3 and 4 threads */
 		ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, heavy, &d, NULL), 0);
-		ck_assert_msg(d.makespan < a.makespan, "%s: %g against %g", mbp_sched_name(kinds[k]),
+		/* (train.h: 1.85x, 1.9x, 1.6x and 1.6x, no forward more ahead) */
+		ck_assert_msg(1.5 * d.makespan < a.makespan, "%s: %g against %g", mbp_sched_name(kinds[k]),
 			      d.makespan, a.makespan);
 		ck_assert(d.busy == a.busy);
 		ck_assert(d.bubble == 1.0 - d.busy / (3 * d.makespan));
