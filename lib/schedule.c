@@ -1078,21 +1078,42 @@ int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs,
 	return rc;
 }
 
+int mbp__replica_bases(unsigned stages, unsigned threads, const uint16_t *thread_of, const unsigned *reps,
+		       uint16_t *base, unsigned *lists)
+{
+	if (!reps || stages == 0 || stages > MBP_MAX_STAGES)
+		return -EINVAL;
+	/* copies[t]: the threads of the schedule's thread t (the block placement: one per stage), the most
+	 * replicas of its stages */
+	unsigned nt = threads ? threads : stages, copies[MBP_MAX_STAGES] = {0}, first[MBP_MAX_STAGES], U = 0;
+	for (unsigned s = 0; s < stages; s++) {
+		unsigned r = reps[s] ? reps[s] : 1, t = threads ? thread_of[s] : s;
+		if (r > MBP_TRAIN_MAX_REPLICAS)
+			return -EINVAL;
+		copies[t] = r > copies[t] ? r : copies[t];
+	}
+	for (unsigned t = 0; t < nt; t++) {
+		first[t] = U;
+		if ((U += copies[t]) > MBP_MAX_STAGES)
+			return -EINVAL;
+	}
+	for (unsigned s = 0; s < stages; s++)
+		base[s] = (uint16_t)first[threads ? thread_of[s] : s];
+	*lists = U;
+	return 0;
+}
+
 int mbp__schedule_replica_lists(const mbp_schedule *sc, const unsigned *reps, mbp_sched_op *ops, size_t *off,
 				unsigned *units)
 {
 	uint16_t global[MBP_MAX_STAGES], base[MBP_MAX_STAGES];
-	unsigned U = 0;
-	if (!sc || !reps || sc->threads)
-		return -EINVAL; /* a placed schedule fixes its threads: no room for replicas */
-	for (unsigned s = 0; s < sc->stages; s++) {
-		unsigned r = reps[s] ? reps[s] : 1;
+	unsigned U;
+	int rc = sc ? mbp__replica_bases(sc->stages, sc->threads, sc->thread_of, reps, base, &U) : -EINVAL;
+	if (rc < 0)
+		return rc;
+	for (unsigned s = 0; s < sc->stages; s++)
 		global[s] = (uint16_t)s;
-		base[s] = (uint16_t)U;
-		if (r > MBP_TRAIN_MAX_REPLICAS || (U += r) > MBP_MAX_STAGES)
-			return -EINVAL;
-	}
-	/* stage s's replicas are units base[s] .. base[s] + r - 1, a list each */
+	/* replica k of stage s on list base[s] + k: copy k of its thread */
 	mbp__schedule_local_lists(sc, global, base, reps, sc->stages, U, ops, off);
 	*units = U;
 	return 0;
@@ -1114,9 +1135,8 @@ int mbp__schedule_simulate_rep_in(const mbp_schedule *sc, const mbp_op_costs *co
 	/* each list entry's position in the global order: the lists keep it, so a merge walk recovers it */
 	size_t fill[MBP_MAX_STAGES + 1];
 	memcpy(fill, off, sizeof(fill));
-	unsigned base[MBP_MAX_STAGES];
-	for (unsigned s = 0, u = 0; s < sc->stages; u += reps[s] ? reps[s] : 1, s++)
-		base[s] = u;
+	uint16_t base[MBP_MAX_STAGES];
+	mbp__replica_bases(sc->stages, sc->threads, sc->thread_of, reps, base, &U); /* checked above */
 	for (size_t i = 0; i < sc->n; i++) {
 		const mbp_sched_op *o = &sc->order[i];
 		x->pos[fill[base[o->stage] + o->mb % (reps[o->stage] ? reps[o->stage] : 1)]++] = (uint32_t)i;
@@ -1142,14 +1162,11 @@ int mbp__schedule_simulate_rep_in(const mbp_schedule *sc, const mbp_op_costs *co
 int mbp_schedule_simulate_replicas(const mbp_schedule *sc, const mbp_op_costs *costs,
 				   const unsigned *replicas, mbp_sched_sim *out, double *start)
 {
-	if (!sc || !replicas)
-		return -EINVAL;
-	unsigned U = 0;
-	for (unsigned s = 0; s < sc->stages; s++)
-		U += replicas[s] > MBP_TRAIN_MAX_REPLICAS ? MBP_MAX_STAGES + 1
-		     : replicas[s]			  ? replicas[s]
-							  : 1;
-	return U > MBP_MAX_STAGES ? -EINVAL : simulate_once(sc, costs, U, replicas, out, start);
+	uint16_t base[MBP_MAX_STAGES];
+	unsigned U;
+	int rc =
+	    sc ? mbp__replica_bases(sc->stages, sc->threads, sc->thread_of, replicas, base, &U) : -EINVAL;
+	return rc < 0 ? rc : simulate_once(sc, costs, U, replicas, out, start);
 }
 
 static const struct {

@@ -80,10 +80,16 @@ void mbp__sched_scratch_free(struct mbp__sched_scratch *x);
 int mbp__schedule_simulate_in(const mbp_schedule *sc, const mbp_op_costs *costs, unsigned threads,
 			      mbp_sched_sim *out, double *start, struct mbp__sched_scratch *x);
 
-/* Replicas (train.h): each replica of each stage a thread of its own (a unit: stage s's replicas are units
- * base(s) .. base(s) + reps[s] - 1, micro-batch j on replica j mod reps[s]), each unit's operations in
- * global order at ops[off[u] .. off[u + 1]); reps[s] 0 means 1. *units: their count. 0, or -EINVAL (a
- * placed schedule, more than MBP_TRAIN_MAX_REPLICAS of a stage or MBP_MAX_STAGES units). */
+/* Replicas (train.h, "Replicas"): a replica is a copy of a thread of the schedule, `stages` stages on
+ * `threads` threads, stage s on thread_of[s] (threads 0: the block placement with one stage a thread, as
+ * replicas run it). Thread t runs on as many threads (lists) as the most replicas of its stages; replica
+ * k of stage s on copy k of its thread, list base[s] + k, and micro-batch j of stage s on its replica j
+ * mod reps[s] (reps[s] 0 means 1). *lists: their count. 0, or -EINVAL (no stages, more than
+ * MBP_TRAIN_MAX_REPLICAS of a stage or MBP_MAX_STAGES lists). */
+int mbp__replica_bases(unsigned stages, unsigned threads, const uint16_t *thread_of, const unsigned *reps,
+		       uint16_t *base, unsigned *lists);
+/* Each list's operations in global order at ops[off[u] .. off[u + 1]) (the bases above); *units: the
+ * lists' count. 0, or -EINVAL as mbp__replica_bases. */
 int mbp__schedule_replica_lists(const mbp_schedule *sc, const unsigned *reps, mbp_sched_op *ops, size_t *off,
 				unsigned *units);
 /* mbp_schedule_simulate_replicas() in a room made for `sc` on at least the units' count of threads. */

@@ -4,7 +4,10 @@
  * Threads. T worker threads (one per stage while the stages fit the CPUs), the trainer's crew (crew.h:
  * placement, pins, names, pool caches, the init/fini rule, the start handshake, stop, as the pipeline's);
  * thread t runs the consecutive stages s with s * T / S == t and follows the merged list of their
- * operations in the schedule's global order (schedule.c says why that cannot deadlock). Between stages s and s+1 there are two links, an SPSC
+ * operations in the schedule's global order (schedule.c says why that cannot deadlock). With replicas
+ * (train.h, "Replicas") each thread of the schedule is copied as often as the most replicas of its
+ * stages, replica k of a stage on copy k (mbp__replica_bases): a copy follows its projection of that
+ * order too. Between stages s and s+1 there are two links, an SPSC
  * ring each way: forward (s's outputs, which become s+1's inputs) and backward (s+1's input gradients,
  * which become s's output gradients). Where both stages run on one thread the same rings serve as FIFOs
  * (the thread pushes, and later pops, its own items). Every ring holds at least max_mbs pointers, so a
@@ -945,6 +948,15 @@ static int setup(struct mbp_trainer *t)
 	int unnamed[MBP_MAX_STAGES];
 	for (unsigned u = 0; u < t->U; u++)
 		unnamed[u] = -1;
+	/* replicas: a copy of its thread for each replica (train.h, "Replicas"), replica k of stage s on
+	 * thread base[s] + k */
+	uint16_t base[MBP_MAX_STAGES], unit_thread[MBP_MAX_STAGES];
+	unsigned copies = 0;
+	if (t->U > t->S) {
+		MBP_VERIFY(mbp__replica_bases(t->S, t->placed, t->thread_of, t->reps, base, &copies) == 0);
+		for (unsigned u = 0; u < t->U; u++)
+			unit_thread[u] = (uint16_t)(base[t->st[u].idx] + t->st[u].rep);
+	}
 	struct mbp__placement_req rq = {.nstages = t->U,
 					.threads = t->o.threads,
 					.pin = t->o.pinning == MBP_PIN_PLAN,
@@ -954,8 +966,10 @@ static int setup(struct mbp_trainer *t)
 					.thread_of = t->placed ? t->thread_of : NULL};
 	if (t->placed)
 		rq.threads = t->placed;
-	if (t->U > t->S) /* replicas: a thread per unit */
-		rq.threads = t->U;
+	if (t->U > t->S) {
+		rq.threads = copies;
+		rq.thread_of = unit_thread;
+	}
 	int prc = mbp__crew_plan(&t->crew, &rq, t->o.spin_ns, 0 /* the default yield, as the pipeline's */);
 	if (prc < 0)
 		return prc;
@@ -1064,16 +1078,11 @@ static int replicas_check(struct mbp_trainer *t)
 {
 	if (t->U == t->S)
 		return 0;
-	mbp_sched_kind kind = t->o.schedule;
 	if (t->remote)
 		return start_refused_with(t, -ENOTSUP, -1, MBP_OP_F,
 					  "replicas: a replicated stage does not run across ranks (yet)");
-	if (kind != MBP_SCHED_GPIPE && kind != MBP_SCHED_1F1B && kind != MBP_SCHED_ZBH1 &&
-	    kind != MBP_SCHED_ZBH2)
-		return start_refused_with(t, -ENOTSUP, -1, MBP_OP_F,
-					  "replicas: a chunked, built or custom schedule fixes its threads "
-					  "(replicas run under gpipe, 1f1b, zbh1 and zbh2)");
-	if (t->o.threads && t->o.threads != t->U)
+	/* a chunked, built or custom schedule: `threads` is its own (its placement), copied per replica */
+	if (!mbp__sched_kind_placed(t->o.schedule) && t->o.threads && t->o.threads != t->U)
 		return start_refused(t, -1, MBP_OP_F,
 				     "threads: with replicas every replica has a thread of its own (0 or the "
 				     "replicas' sum)");
@@ -1238,8 +1247,9 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 	mbp_schedule *sc;
 	int rc = t->o.custom
 		     ? (mbp_schedule_mbs(t->o.custom) == M ? mbp_schedule_copy(&sc, t->o.custom) : -EINVAL)
-		 : t->U > t->S ? mbp_schedule_new_replicated(&sc, t->o.schedule, t->S, M, t->reps)
-			       : mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->sched_threads);
+		 : t->U > t->S && !t->placed
+		     ? mbp_schedule_new_replicated(&sc, t->o.schedule, t->S, M, t->reps)
+		     : mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->sched_threads);
 	if (rc < 0)
 		return rc;
 	mbp_sched_op *ops = malloc(sc->n * sizeof(*ops));

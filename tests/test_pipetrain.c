@@ -894,11 +894,16 @@ START_TEST(replicated_stages_write_the_weights_of_unreplicated_ones_byte_for_byt
 		return;
 	tmpdir_make("pipetrain");
 	/* schedule, stages, replicas (NULL: none), hand-over; 3 replicas on 2 CPUs; a stage that takes
-	 * the previous one's input gradient over, replicated; the whole model on 2 replicas */
-	static const char *const arms[][4] = {{"1f1b", "2", NULL, "off"},     {"1f1b", "2", "1,2", "off"},
-					      {"gpipe", "3", "2,1,3", "off"}, {"zbh1", "2", "2,2", "off"},
-					      {"zbh2", "3", "1,3,1", "off"},  {"1f1b", "2", "1,2", "all"},
-					      {"zbh1", "3", "1,2,2", "all"},  {"1f1b", "1", "2", "off"}};
+	 * the previous one's input gradient over, replicated; the whole model on 2 replicas; the chunked
+	 * and built schedules, whose threads are copied (both chunks of one thread, or one of them) */
+	static const char *const arms[][4] = {
+	    {"1f1b", "2", NULL, "off"},		{"1f1b", "2", "1,2", "off"},
+	    {"gpipe", "3", "2,1,3", "off"},	{"zbh1", "2", "2,2", "off"},
+	    {"zbh2", "3", "1,3,1", "off"},	{"1f1b", "2", "1,2", "all"},
+	    {"zbh1", "3", "1,2,2", "all"},	{"1f1b", "1", "2", "off"},
+	    {"interleaved", "2", "1,2", "off"}, {"looped-bfs", "2", "2,2", "off"},
+	    {"zbv", "2", "2,1", "off"},		{"dualpipev", "2", "2,2", "off"},
+	    {"auto", "3", "1,2,1", "off"}};
 	enum { ARMS = sizeof arms / sizeof arms[0] };
 	char path[ARMS][128];
 	for (unsigned i = 0; i < ARMS; i++) {
@@ -913,13 +918,20 @@ START_TEST(replicated_stages_write_the_weights_of_unreplicated_ones_byte_for_byt
 	}
 	for (unsigned i = 1; i < ARMS; i++)
 		assert_same_file(path[0], path[i]);
-	/* a chunked schedule fixes its threads: replicas are refused as usage */
+	/* a schedule read from a file: each of its lines (threads) copied */
+	char file[128], out[128];
+	snprintf(file, sizeof(file), "%s", tmpdir_path("rep.csv"));
+	snprintf(out, sizeof(out), "%s", tmpdir_path("rep"));
+	FILE *f = fopen(file, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n", f);
+	ck_assert_int_eq(fclose(f), 0);
 	struct run r =
-	    run((const char *const[]){SMALL, "--layers", "784,48,24,10", "--schedule", "interleaved",
-				      "--stages", "2", "--threads", "1", "--replicas", "1,2", NULL});
-	ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
-	ck_assert_msg(strstr(r.err, "replicas"), "%s", r.err);
+	    run((const char *const[]){SMALL, "--layers", "784,48,24,10", "--epochs", "2", "--schedule-file",
+				      file, "--replicas", "2,3", "--save", out, "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "--schedule-file --replicas 2,3: exit %d: %s", r.status, r.err);
 	run_free(&r);
+	assert_same_file(path[0], out);
 	tmpdir_remove();
 }
 END_TEST

@@ -164,24 +164,32 @@ START_TEST(every_schedule_and_thread_count_gives_identical_parameters)
 }
 END_TEST
 
-START_TEST(a_schedule_read_from_text_trains_bit_for_bit)
+/* A schedule of 3 stages on 2 threads as CSV into text (cap bytes), its length: stages 0 and 2 on thread 0
+ * (placed as no rule of ours places them), 8 micro-batches, a GPipe-like order with stage 1's weight
+ * gradients deferred to its end. */
+static size_t custom_text(char *text, size_t cap)
 {
-	/* 3 stages on 2 threads, stages 0 and 2 on thread 0 (placed as no rule of ours places them), 8
-	 * micro-batches of 5 rows: a GPipe-like order with stage 1's weight gradients deferred to its end */
-	char text[1024];
 	size_t k = 0;
 	for (unsigned j = 0; j < 8; j++)
-		k += (size_t)snprintf(text + k, sizeof(text) - k, "0F%u,", j);
+		k += (size_t)snprintf(text + k, cap - k, "0F%u,", j);
 	for (unsigned j = 0; j < 8; j++)
-		k += (size_t)snprintf(text + k, sizeof(text) - k, "2F%u,2B%u,", j, j);
+		k += (size_t)snprintf(text + k, cap - k, "2F%u,2B%u,", j, j);
 	for (unsigned j = 0; j < 8; j++)
-		k += (size_t)snprintf(text + k, sizeof(text) - k, "0B%u%s", j, j < 7 ? "," : "\n");
+		k += (size_t)snprintf(text + k, cap - k, "0B%u%s", j, j < 7 ? "," : "\n");
 	for (unsigned j = 0; j < 8; j++)
-		k += (size_t)snprintf(text + k, sizeof(text) - k, "1F%u,", j);
+		k += (size_t)snprintf(text + k, cap - k, "1F%u,", j);
 	for (unsigned j = 0; j < 8; j++)
-		k += (size_t)snprintf(text + k, sizeof(text) - k, "1I%u,", j);
+		k += (size_t)snprintf(text + k, cap - k, "1I%u,", j);
 	for (unsigned j = 0; j < 8; j++)
-		k += (size_t)snprintf(text + k, sizeof(text) - k, "1W%u%s", j, j < 7 ? "," : "\n");
+		k += (size_t)snprintf(text + k, cap - k, "1W%u%s", j, j < 7 ? "," : "\n");
+	return k;
+}
+
+START_TEST(a_schedule_read_from_text_trains_bit_for_bit)
+{
+	/* custom_text's schedule, micro-batches of 5 rows */
+	char text[1024];
+	size_t k = custom_text(text, sizeof(text));
 	mbp_schedule *sc;
 	mbp_sched_text_error e;
 	ck_assert_msg(mbp_schedule_read_csv(&sc, text, k, 0, &e) == 0, "line %u %s: %s", e.line, e.action,
@@ -1295,19 +1303,95 @@ static void replicated(mbp_train_stage_desc *d, unsigned s)
 	d->replicas = rep_counts[s];
 }
 
-/* S toy stages with `reps` replicas each under `kind`, started. */
-static void rig_replicas(struct rig *r, unsigned S, const unsigned *reps, mbp_sched_kind kind)
+/* S toy stages with `reps` replicas each under `kind` (`custom`: its schedule, or NULL), started. */
+static void rig_replicas_of(struct rig *r, unsigned S, const unsigned *reps, mbp_sched_kind kind,
+			    const mbp_schedule *custom)
 {
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
 			    .target_row_bytes = N * sizeof(float),
 			    .max_mb_rows = 16,
 			    .max_mbs = 32,
 			    .schedule = kind,
+			    .custom = custom,
 			    .trace_events = 512,
 			    .loss = mse};
 	rep_counts = reps;
 	rig_build(r, S, &o, false, replicated);
-	ck_assert_int_eq(mbp_trainer_start(r->t), 0);
+	int rc = mbp_trainer_start(r->t);
+	ck_assert_msg(rc == 0, "%s: %s", mbp_sched_name(kind), mbp_strerror(rc));
+}
+
+static void rig_replicas(struct rig *r, unsigned S, const unsigned *reps, mbp_sched_kind kind)
+{
+	rig_replicas_of(r, S, reps, kind, NULL);
+}
+
+/* One step of a rig with replicas (plan p of a test under `kind`) on `rows` rows in micro-batches of 4,
+ * and of the sequential reference `ref`: the loss and every stage's parameters bit for bit; norm[s], the
+ * norm each stage's update was given, recorded (p == 0: no replicas) or checked (the checks and grad_sq
+ * saw every replica's gradient). */
+static void replicated_step(struct rig *r, struct toy *ref, size_t rows, unsigned step, double *norm,
+			    mbp_sched_kind kind, size_t p)
+{
+	float in[32 * N], tg[32 * N];
+	make_data(in, tg, rows, step);
+	double loss = -1, want = reference_step(ref, r->S, in, tg, rows, 4);
+	int rc = mbp_trainer_step(r->t, in, tg, rows, 4, &loss);
+	ck_assert_msg(rc == 0, "%s plan %zu step %u: %s", mbp_sched_name(kind), p, step, mbp_strerror(rc));
+	ck_assert_msg(loss == want, "%s plan %zu step %u: loss", mbp_sched_name(kind), p, step);
+	for (unsigned s = 0; s < r->S; s++) {
+		ck_assert_msg(memcmp(r->st[s].w, ref[s].w, sizeof(ref[s].w)) == 0 &&
+				  memcmp(r->st[s].b, ref[s].b, sizeof(ref[s].b)) == 0,
+			      "%s plan %zu step %u: stage %u's parameters differ", mbp_sched_name(kind), p,
+			      step, s);
+		if (p == 0)
+			norm[s] = r->st[s].last_norm;
+		else
+			ck_assert_msg(r->st[s].last_norm == norm[s],
+				      "%s plan %zu step %u: stage %u's norm %.17g, not %.17g",
+				      mbp_sched_name(kind), p, step, s, r->st[s].last_norm, norm[s]);
+	}
+}
+
+/* The figures of the last step of M micro-batches, per replica: each ran its micro-batches (j mod r), the
+ * stage's sums them; no buffer allocated since `ps` (taken after the first step of this count). */
+static void replica_figures(struct rig *r, const unsigned *reps, uint32_t M, const mbp_train_stats *ps)
+{
+	mbp_train_stats ts;
+	mbp_train_stage_stats ss[MBP_MAX_STAGES], rs[MBP_TRAIN_MAX_REPLICAS];
+	ck_assert_int_eq(mbp_trainer_stats_get(r->t, &ts, ss, r->S), (int)r->S);
+	ck_assert_uint_eq(ts.pool.allocated, ps->pool.allocated);
+	ck_assert_uint_eq(ts.act_pool.allocated, ps->act_pool.allocated);
+	ck_assert(ts.bubble_predicted >= 0 && ts.bubble_predicted < 1);
+	const mbp_schedule *sc = mbp_trainer_schedule(r->t);
+	/* the predicted bubble is the replicas' play (mbp_schedule_simulate_replicas) with the measured mean
+	 * costs, as summarise() takes them (the toy recomputes nothing) */
+	mbp_op_costs c[MBP_MAX_STAGES];
+	bool replicated = mbp_schedule_threads(sc) > 0;
+	for (unsigned s = 0; s < r->S; s++) {
+		const mbp_train_stage_stats *x = &ss[s];
+		replicated |= reps[s] > 1;
+		c[s].f = x->f_count ? (double)x->f_ns / x->f_count : 0;
+		bool apart = x->bin_count && x->w_count;
+		c[s].b_in = apart	 ? (double)x->bin_ns / x->bin_count
+			    : x->b_count ? (double)x->b_ns / x->b_count
+					 : 0;
+		c[s].b_w = apart ? (double)x->w_ns / x->w_count : 0;
+	}
+	mbp_sched_sim sim;
+	ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, reps, &sim, NULL), 0);
+	if (replicated) /* (else the plain play on the trainer's threads) */
+		ck_assert_msg(ts.bubble_predicted == sim.bubble, "bubble_predicted %.17g, the play %.17g",
+			      ts.bubble_predicted, sim.bubble);
+	for (unsigned s = 0; s < r->S; s++) {
+		ck_assert_uint_eq(ss[s].f_count, M);
+		ck_assert_uint_le(ss[s].held_peak, mbp_schedule_held_peak(sc, s) * reps[s]);
+		ck_assert_int_eq(mbp_trainer_replica_stats_get(r->t, s, rs, MBP_TRAIN_MAX_REPLICAS),
+				 (int)reps[s]);
+		for (unsigned q = 0; q < reps[s]; q++)
+			ck_assert_uint_eq(rs[q].f_count, (M - q + reps[s] - 1) / reps[s]);
+	}
+	no_buffer_out(r->t);
 }
 
 START_TEST(replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_under_every_schedule)
@@ -1316,7 +1400,6 @@ START_TEST(replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_unde
 					       MBP_SCHED_ZBH2};
 	/* replicas 1, 2 and 3 of a middle stage, of the ends, of every stage; 3 on 2 CPUs */
 	static const unsigned plans[][3] = {{1, 1, 1}, {1, 2, 1}, {1, 3, 1}, {2, 1, 3}, {2, 2, 2}};
-	float in[30 * N], tg[30 * N];
 	double norm[3][3]; /* per step and stage, without replicas: the norm the updates were given */
 	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++)
 		for (size_t p = 0; p < MBP_ARRAY_SIZE(plans); p++) {
@@ -1328,53 +1411,76 @@ START_TEST(replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_unde
 				toy_init(&ref[s], s + 1);
 			mbp_train_stats ps;
 			for (unsigned step = 0; step < 3; step++) {
-				size_t rows =
-				    step == 1 ? 30 : 22; /* 6 and 8 micro-batches, short last ones */
 				if (step ==
 				    2) /* a micro-batch count seen before: the pools are reserved already */
 					mbp_trainer_stats_get(r.t, &ps, NULL, 0);
-				make_data(in, tg, rows, step);
-				double loss = -1, want = reference_step(ref, 3, in, tg, rows, 4);
-				ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, rows, 4, &loss), 0);
-				ck_assert_msg(loss == want, "%s plan %zu step %u: loss",
-					      mbp_sched_name(kinds[k]), p, step);
-				for (unsigned s = 0; s < 3; s++)
-					ck_assert_msg(memcmp(r.st[s].w, ref[s].w, sizeof(ref[s].w)) == 0 &&
-							  memcmp(r.st[s].b, ref[s].b, sizeof(ref[s].b)) == 0,
-						      "%s plan %zu step %u: stage %u's parameters differ",
-						      mbp_sched_name(kinds[k]), p, step, s);
-				/* the checks and grad_sq saw every replica's gradient */
-				for (unsigned s = 0; s < 3; s++)
-					if (p == 0)
-						norm[step][s] = r.st[s].last_norm;
-					else
-						ck_assert_msg(
-						    r.st[s].last_norm == norm[step][s],
-						    "%s plan %zu step %u: stage %u's norm %.17g, not %.17g",
-						    mbp_sched_name(kinds[k]), p, step, s, r.st[s].last_norm,
-						    norm[step][s]);
+				/* 6 and 8 micro-batches, short last ones */
+				replicated_step(&r, ref, step == 1 ? 30 : 22, step, norm[step], kinds[k], p);
 			}
-			/* figures per replica: each ran its micro-batches (j mod r), the stage's sums them */
 			mbp_train_stats ts;
-			mbp_train_stage_stats ss[3], rs[MBP_TRAIN_MAX_REPLICAS];
-			ck_assert_int_eq(mbp_trainer_stats_get(r.t, &ts, ss, 3), 3);
-			ck_assert_uint_eq(ts.pool.allocated, ps.pool.allocated);
-			ck_assert_uint_eq(ts.act_pool.allocated, ps.act_pool.allocated);
+			ck_assert_int_eq(mbp_trainer_stats_get(r.t, &ts, NULL, 0), 3);
 			if (p > 0) /* a thread per replica */
 				ck_assert_uint_eq(ts.threads, plans[p][0] + plans[p][1] + plans[p][2]);
-			ck_assert(ts.bubble_predicted >= 0 && ts.bubble_predicted < 1);
-			for (unsigned s = 0; s < 3; s++) {
-				ck_assert_uint_eq(ss[s].f_count, 6);
-				ck_assert_int_eq(
-				    mbp_trainer_replica_stats_get(r.t, s, rs, MBP_TRAIN_MAX_REPLICAS),
-				    (int)plans[p][s]);
-				for (unsigned q = 0; q < plans[p][s]; q++)
-					ck_assert_uint_eq(rs[q].f_count,
-							  (6 - q + plans[p][s] - 1) / plans[p][s]);
-			}
-			no_buffer_out(r.t);
+			replica_figures(&r, plans[p], 6, &ps);
 			mbp_trainer_destroy(r.t);
 		}
+}
+END_TEST
+
+START_TEST(replicated_threads_give_the_parameters_of_one_replica_under_chunked_built_and_custom_schedules)
+{
+	/* a replica is a copy of a thread (train.h, "Replicas"): the chunks of one thread replicated
+	 * together, alike (1,2,1,2 under the interleaved placement, 1,2,2,1 under the V) or not (one chunk
+	 * of a thread replicated, the other not), 3 copies on 2 CPUs */
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS, MBP_SCHED_ZBV,
+					       MBP_SCHED_DUALPIPEV,   MBP_SCHED_AUTO,	    MBP_SCHED_CUSTOM};
+	static const unsigned plans[][4] = {
+	    {1, 1, 1, 1}, {1, 2, 1, 2}, {1, 2, 2, 1}, {2, 1, 1, 1}, {2, 3, 3, 2}};
+	char text[1024];
+	size_t text_len = custom_text(text, sizeof(text));
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++) {
+		unsigned S = kinds[k] == MBP_SCHED_CUSTOM ? 3 : 4;
+		double norm[3][4]; /* per step and stage, without replicas */
+		for (size_t p = 0; p < MBP_ARRAY_SIZE(plans); p++) {
+			mbp_schedule *own = NULL;
+			if (kinds[k] == MBP_SCHED_CUSTOM) {
+				ck_assert_int_eq(mbp_schedule_read_csv(&own, text, text_len, 0, NULL), 0);
+			} else if (kinds[k] == MBP_SCHED_AUTO) {
+				mbp_op_costs c[4] = {{1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}};
+				mbp_sched_build b = {
+				    .stages = 4, .mbs = 8, .threads = 2, .costs = c, .split = true};
+				ck_assert_int_eq(mbp_schedule_build(&own, &b), 0);
+			}
+			struct rig r;
+			rig_replicas_of(&r, S, plans[p], kinds[k], own);
+			mbp_schedule_destroy(own);	    /* the trainer has its copy */
+			r.st[1].sleep_us = p == 4 ? 50 : 0; /* another interleaving of the replicas */
+			struct toy ref[4];
+			for (unsigned s = 0; s < S; s++)
+				toy_init(&ref[s], s + 1);
+			mbp_train_stats ps;
+			for (unsigned step = 0; step < 3; step++) {
+				if (step == 1) /* the first step of its count reserved the pools */
+					mbp_trainer_stats_get(r.t, &ps, NULL, 0);
+				replicated_step(&r, ref, 30, step, norm[step], kinds[k], p); /* 8 mbs */
+			}
+			/* the threads: per thread of the schedule the most replicas of its chunks; each
+			 * replica ran its micro-batches (j mod r); no buffer allocated after the first step */
+			const mbp_schedule *sc = mbp_trainer_schedule(r.t);
+			unsigned copies[4] = {0}, want_threads = 0;
+			for (unsigned s = 0; s < S; s++) {
+				unsigned th = mbp_schedule_thread_of(sc, s, 0);
+				copies[th] = plans[p][s] > copies[th] ? plans[p][s] : copies[th];
+			}
+			for (unsigned th = 0; th < mbp_schedule_threads(sc); th++)
+				want_threads += copies[th];
+			mbp_train_stats ts;
+			ck_assert_int_eq(mbp_trainer_stats_get(r.t, &ts, NULL, 0), (int)S);
+			ck_assert_uint_eq(ts.threads, want_threads);
+			replica_figures(&r, plans[p], 8, &ps);
+			mbp_trainer_destroy(r.t);
+		}
+	}
 }
 END_TEST
 
@@ -1404,7 +1510,8 @@ END_TEST
 
 START_TEST(a_failure_inside_a_replica_fails_the_step_and_no_stage_updates)
 {
-	static const mbp_sched_kind kinds[] = {MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	/* interleaved: the 3 chunks on one thread, copied twice for stage 1 */
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_1F1B, MBP_SCHED_ZBH1, MBP_SCHED_INTERLEAVED};
 	static const unsigned reps[3] = {1, 2, 1};
 	static const int ops[] = {MBP_OP_F, MBP_OP_BIN, MBP_OP_W};
 	float in[24 * N], tg[24 * N];
@@ -1422,8 +1529,8 @@ START_TEST(a_failure_inside_a_replica_fails_the_step_and_no_stage_updates)
 			ck_assert_int_eq(mbp_trainer_error(r.t, &e), 0);
 			ck_assert_int_eq(e.stage, 1);
 			ck_assert_int_eq(e.mb, 3);
-			/* under 1F1B the weight part runs inside B */
-			ck_assert_int_eq(e.op, kinds[k] == MBP_SCHED_1F1B && ops[o] != MBP_OP_F ? MBP_OP_B
+			/* under 1F1B and interleaved the weight part runs inside B */
+			ck_assert_int_eq(e.op, kinds[k] != MBP_SCHED_ZBH1 && ops[o] != MBP_OP_F ? MBP_OP_B
 												: ops[o]);
 			for (unsigned s = 0; s < 3; s++) {
 				ck_assert_uint_eq(r.st[s].updates, 0);
@@ -1449,9 +1556,10 @@ START_TEST(cancel_and_drain_mid_step_hold_with_replicas)
 	static const unsigned reps[3] = {1, 2, 1};
 	float in[64 * N], tg[64 * N];
 	make_data(in, tg, 64, 0);
-	for (int drain = 0; drain < 2; drain++) {
+	for (int arm = 0; arm < 4; arm++) {
+		bool drain = arm & 1; /* and arms 2, 3: the chunks of one thread (interleaved), copied */
 		struct rig r;
-		rig_replicas(&r, 3, reps, MBP_SCHED_1F1B);
+		rig_replicas(&r, 3, reps, arm < 2 ? MBP_SCHED_1F1B : MBP_SCHED_INTERLEAVED);
 		for (unsigned s = 0; s < 3; s++)
 			r.st[s].sleep_us = 300;
 		struct toy ref[3];
@@ -1474,7 +1582,7 @@ START_TEST(cancel_and_drain_mid_step_hold_with_replicas)
 }
 END_TEST
 
-START_TEST(replicas_are_refused_where_a_schedule_fixes_its_threads)
+START_TEST(replicas_take_a_thread_each_by_the_placement_rule_and_refuse_other_counts)
 {
 	static const unsigned reps[4] = {1, 2, 1, 1};
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
@@ -1483,13 +1591,22 @@ START_TEST(replicas_are_refused_where_a_schedule_fixes_its_threads)
 			    .loss = mse};
 	struct rig r;
 	rep_counts = reps;
+	/* a chunked schedule: `threads` is its own, copied per replica (thread 1 of chunks 1 and 3 twice) */
 	rig_build(&r, 4, &o, false, replicated);
-	ck_assert_int_eq(mbp_trainer_start(r.t), -ENOTSUP);
+	ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+	mbp_train_stats st;
+	ck_assert_int_eq(mbp_trainer_stats_get(r.t, &st, NULL, 0), 4);
+	ck_assert_uint_eq(st.threads, 3);
+	mbp_trainer_destroy(r.t);
+	o.threads = 3; /* the replicas' sum is no thread count of the placement */
+	rig_build(&r, 4, &o, false, replicated);
+	ck_assert_int_eq(mbp_trainer_start(r.t), -EINVAL);
 	mbp_train_error e;
 	ck_assert_int_eq(mbp_trainer_error(r.t, &e), 0);
-	ck_assert_int_eq(e.err, -ENOTSUP);
 	ck_assert_ptr_nonnull(e.what);
+	ck_assert_ptr_nonnull(strstr(e.what, "threads"));
 	mbp_trainer_destroy(r.t);
+	o.threads = 0;
 	o.schedule = MBP_SCHED_1F1B;
 	o.threads = 4; /* one short of a thread per replica */
 	rig_build(&r, 4, &o, false, replicated);
@@ -1547,6 +1664,45 @@ START_TEST(the_simulator_plays_replicas_with_the_ordered_merge)
 }
 END_TEST
 
+START_TEST(the_simulator_plays_the_copies_of_a_chunked_schedules_threads)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_INTERLEAVED, MBP_SCHED_LOOPED_BFS, MBP_SCHED_ZBV,
+					       MBP_SCHED_DUALPIPEV};
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++) {
+		mbp_schedule *sc;
+		ck_assert_int_eq(mbp_schedule_new_placed(&sc, kinds[k], 4, 8, 2), 0);
+		/* thread 1's chunks three times the others' cost */
+		unsigned one[4] = {1, 1, 1, 1}, heavy[4], t1[4], many[4] = {1, 16, 16, 16};
+		mbp_op_costs c[4];
+		for (unsigned s = 0; s < 4; s++) {
+			bool on1 = mbp_schedule_thread_of(sc, s, 0) == 1;
+			c[s] = on1 ? (mbp_op_costs){3, 3, 1} : (mbp_op_costs){1, 1, 1};
+			heavy[s] = on1 ? 2 : 1;
+			t1[s] = on1 ? 3 : 1;
+		}
+		mbp_sched_sim a, b, d;
+		ck_assert_int_eq(mbp_schedule_simulate(sc, c, 0, &a, NULL), 0);
+		ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, one, &b, NULL), 0);
+		ck_assert(a.makespan == b.makespan && a.bubble == b.bubble); /* the plain play */
+		/* the heavy thread on 2 and 3 copies: the same work, sooner, on 3 and 4 threads */
+		ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, heavy, &d, NULL), 0);
+		/* (train.h: 1.85x, 1.9x, 1.6x and 1.6x, no forward more ahead) */
+		ck_assert_msg(1.5 * d.makespan < a.makespan, "%s: %g against %g", mbp_sched_name(kinds[k]),
+			      d.makespan, a.makespan);
+		ck_assert(d.busy == a.busy);
+		ck_assert(d.bubble == 1.0 - d.busy / (3 * d.makespan));
+		double two = d.makespan;
+		ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, t1, &d, NULL), 0);
+		ck_assert(d.makespan <= two && d.bubble == 1.0 - d.busy / (4 * d.makespan));
+		/* 16 copies of each thread (32 lists) play; a 17th replica of a stage is refused */
+		ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, many, &d, NULL), 0);
+		many[0] = MBP_TRAIN_MAX_REPLICAS + 1;
+		ck_assert_int_eq(mbp_schedule_simulate_replicas(sc, c, many, &d, NULL), -EINVAL);
+		mbp_schedule_destroy(sc);
+	}
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("train");
@@ -1582,11 +1738,15 @@ static Suite *suite(void)
 	tcase_add_test(tc, the_trainers_trace_has_the_pipelines_header_rows_and_args);
 	tcase_add_test(tc,
 		       replicated_stages_give_the_parameters_of_one_replica_bit_for_bit_under_every_schedule);
+	tcase_add_test(
+	    tc,
+	    replicated_threads_give_the_parameters_of_one_replica_under_chunked_built_and_custom_schedules);
 	tcase_add_test(tc, a_single_stage_on_replicas_trains_as_one_thread_does);
 	tcase_add_test(tc, a_failure_inside_a_replica_fails_the_step_and_no_stage_updates);
 	tcase_add_test(tc, cancel_and_drain_mid_step_hold_with_replicas);
-	tcase_add_test(tc, replicas_are_refused_where_a_schedule_fixes_its_threads);
+	tcase_add_test(tc, replicas_take_a_thread_each_by_the_placement_rule_and_refuse_other_counts);
 	tcase_add_test(tc, the_simulator_plays_replicas_with_the_ordered_merge);
+	tcase_add_test(tc, the_simulator_plays_the_copies_of_a_chunked_schedules_threads);
 	suite_add_tcase(s, tc);
 	return s;
 }

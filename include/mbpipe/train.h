@@ -74,14 +74,26 @@
  * Its micro-batches go to the replicas by a fixed rule, micro-batch j to replica j mod r: the schedules
  * are static (each stage's list fixed before the step), so a fixed assignment is what keeps every
  * replica's list a projection of the one global order, and no replica can wait on one that waits on it
- * (a rule of "whichever is free" would make the lists depend on the timing). Each replica has a thread of
- * its own and follows its projection of its stage's list (its micro-batches' operations, in global order);
+ * (a rule of "whichever is free" would make the lists depend on the timing). Each replica runs on a thread
+ * other than its stage's other replicas' and follows its projection of its stage's list (its
+ * micro-batches' operations, in global order);
  * between two stages micro-batch j goes from replica j mod r of one to replica j mod r' of the other,
- * each pair of replicas with a ring each way. GPipe, 1F1B, ZB-H1 and ZB-H2 take replicas; the chunked,
- * built and custom schedules fix their threads themselves and refuse them (-ENOTSUP from
- * mbp_trainer_start), and so does a trainer across ranks. The lists are mbp_schedule_new_replicated()'s
- * (1F1B and ZB-H1 run as many forwards ahead as there are replicas downstream, so that each replica has a
- * micro-batch), mbp_schedule_simulate_replicas() plays them (bubble_predicted), and the pool is reserved
+ * each pair of replicas with a ring each way. A replica is a copy of a thread of the schedule: under
+ * GPipe, 1F1B, ZB-H1 and ZB-H2 a replicated trainer runs one stage a thread (`threads` 0 or the replicas'
+ * sum), so a copy of a thread is a copy of its stage; the chunked, built and custom schedules place
+ * several chunks on one thread (train.h, "Chunks"), and there thread t of the schedule (`threads` its
+ * own, as without replicas) runs on as many threads as the most replicas of its chunks, copy k running
+ * replica k of each of its chunks (micro-batches j with j mod r = k of a chunk of r replicas; a chunk of
+ * fewer replicas than the copies stays off the higher ones). Where a thread's chunks have the same count
+ * r, copy k follows the thread's list projected onto its micro-batches. Every copy's list is thus a
+ * projection of the one global order, as every thread's is: no copy can wait on one that waits on it,
+ * and the merge below waits for an earlier operation of that order too. A trainer across ranks refuses
+ * replicas (-ENOTSUP from mbp_trainer_start). The lists are mbp_schedule_new_replicated()'s under the
+ * block kinds (1F1B and ZB-H1 run as many forwards ahead as there are replicas downstream, so that each
+ * replica has a micro-batch) and the schedule's own under the others, no forward more ahead (in the
+ * play, 4 chunks on 2 threads, M = 8, thread 1's chunks 3x the others' (F = B_in = 3 B_w) on 2 copies:
+ * 1.85x under interleaved, 1.9x looped BFS, 1.6x ZB-V and DualPipeV, against the 2x of twice the
+ * threads), mbp_schedule_simulate_replicas() plays them (bubble_predicted), and the pool is reserved
  * to a bound over every timing counted per micro-batch (an output and an input gradient per link, the
  * loss's gradient) and per thread, rather than the exact peak of a pipeline of one thread per stage.
  * The parameters are the stage's own, shared by its replicas (read-only while the step runs); the
@@ -92,7 +104,7 @@
  * input gradients run in parallel. So a stage adds the same products in the same order as it does
  * without replicas, and as a stage of one replica (whose weight gradients are in micro-batch order
  * already: no wait at all) does: the
- * parameters after a step are bit for bit the same for every replica count, under every schedule above,
+ * parameters after a step are bit for bit the same for every replica count, under every schedule,
  * with no extra pass over the gradient (the reference is the stage's own accumulation, such as
  * OpenBLAS's sgemm with beta = 1 into G, called in micro-batch order). What a replicated stage must
  * give: a forward, backward_in and recompute that write nothing shared (the gradient is written only by
@@ -340,10 +352,13 @@ int mbp_schedule_simulate(const mbp_schedule *sc, const mbp_op_costs *costs, uns
  * mbp_schedule_simulate() with replicated stages (mbp_train_stage_desc.replicas): stage s runs on
  * `replicas[s]` threads (0 means 1), micro-batch j on its replica j mod replicas[s], each replica
  * following its projection of the stage's list, and the weight part of a replicated stage's backward (its
- * W, or the b_w that ends its B) waiting for the previous micro-batch's: the trainer's ordered merge. One
- * thread per replica: the bubble is 1 - busy / (replicas' sum x makespan).
- * @return 0, -EINVAL (NULL, a chunked or custom schedule, more than MBP_TRAIN_MAX_REPLICAS replicas of a
- *         stage or MBP_MAX_STAGES in all, a negative cost), -ENOMEM.
+ * W, or the b_w that ends its B) waiting for the previous micro-batch's: the trainer's ordered merge. A
+ * block schedule (threads 0) one thread per replica; a schedule with threads of its own (chunked, built,
+ * custom) as the trainer runs it: each thread copied as often as the most replicas of its stages, replica
+ * k of a stage on copy k of its thread. The bubble is 1 - busy / (copies x makespan), the copies' count
+ * being the trainer's thread count (mbp_train_stats.threads).
+ * @return 0, -EINVAL (NULL, more than MBP_TRAIN_MAX_REPLICAS replicas of a stage or MBP_MAX_STAGES
+ *         threads in all, a negative cost), -ENOMEM.
  */
 int mbp_schedule_simulate_replicas(const mbp_schedule *sc, const mbp_op_costs *costs,
 				   const unsigned *replicas, mbp_sched_sim *out, double *start);
@@ -451,7 +466,8 @@ typedef struct mbp_train_stage_desc {
 	size_t work_row_bytes;
 	mbp_train_op_fn recompute; /**< required when work_row_bytes is not 0: fills io->work */
 	/** Replicas (see "Replicas" above): the stage runs on this many threads, micro-batch j on replica
-	 * j mod replicas. 0 or 1: one (the stage as without the field). At most MBP_TRAIN_MAX_REPLICAS. */
+	 * j mod replicas (under a chunked, built or custom schedule, replica k on copy k of the chunk's
+	 * thread). 0 or 1: one (the stage as without the field). At most MBP_TRAIN_MAX_REPLICAS. */
 	unsigned replicas;
 	/** Per replica, the context its forward, backward, backward_in, backward_w, recompute, init and
 	 * fini get: replica_ctx[r] for replica r (the array is read by mbp_trainer_add_stage only). NULL:
@@ -523,10 +539,12 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
  *         ZB-V or DualPipeV with a stage that gives no backward_in/backward_w, or a last stage whose
  *         grad_row_bytes is not
  *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
- *         what is wrong in `what`; with replicas, `threads` neither 0 nor the replicas' sum),
- *         -ENOTSUP (replicas under a chunked, built or custom schedule, or across ranks: `what` says
- *         so), -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the error of the first stage
+ *         what is wrong in `what`; with replicas under GPipe, 1F1B, ZB-H1 or ZB-H2, `threads`
+ *         neither 0 nor the replicas' sum; under the other kinds `threads` is the schedule's own, its
+ *         copies for the replicas on top), -ENOTSUP (replicas across ranks: `what` says so),
+ *         -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the error of the first stage
  *         whose init failed.
+ * With replicas the trainer runs a thread per copy (see "Replicas"): mbp_train_stats.threads counts them.
  */
 int mbp_trainer_start(mbp_trainer *t);
 

@@ -340,8 +340,7 @@ static int start_trainer(struct run *r)
 		mbp_trainer_error(r->t, &e);
 		fprintf(stderr, "pipetrain: cannot start the trainer: %s (stage %d)%s%s\n", mbp_strerror(rc),
 			e.stage, e.what ? ": " : "", e.what ? e.what : "");
-		return rc == -ENOTSUP ? 2
-				      : 1; /* what was asked cannot run (replicas under a chunked schedule) */
+		return rc == -ENOTSUP ? 2 : 1; /* what was asked cannot run */
 	}
 	return 0;
 }
