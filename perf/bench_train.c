@@ -14,6 +14,8 @@
  *   bench_train [-u UNIT_US] [-r REPEATS] [-q]   (-q: only the 1 ms check)
  * Prints a table and one summary line `bench_train: ...`; exits 1 if a step fails.
  */
+#include "config.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
