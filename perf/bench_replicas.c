@@ -184,7 +184,7 @@ static void model_mode(const struct conf *c)
 	struct model_run ru = {m, &unrep, x, ref, in_w, out_w}, rr = {m, &rep, x, ref, in_w, out_w};
 	double a[MAX_ROUND], b[MAX_ROUND], ratio[MAX_ROUND], others = 0;
 	for (unsigned r = 0; r < c->rounds; r++) {
-		double busy0 = bench_sys_busy_s(), t0 = (double)mbt_now_ns() / 1e9;
+		bench_others o = bench_others_start();
 		if (r & 1) { /* alternate which goes first */
 			b[r] = stream_rows_s(c, &rr);
 			a[r] = stream_rows_s(c, &ru);
@@ -192,9 +192,7 @@ static void model_mode(const struct conf *c)
 			a[r] = stream_rows_s(c, &ru);
 			b[r] = stream_rows_s(c, &rr);
 		}
-		double wall = (double)mbt_now_ns() / 1e9 - t0;
-		double oth = wall > 0 ? (bench_sys_busy_s() - busy0) / wall : 0;
-		others += oth > 0 ? oth : 0;
+		others += bench_others_cpus(o);
 		ratio[r] = b[r] / a[r];
 		printf("  round %u: unrep %.0f rows/s, rep %.0f rows/s, ratio %.3f\n", r, a[r], b[r],
 		       ratio[r]);
@@ -278,12 +276,9 @@ static void merge_mode(const struct conf *c)
 			double rate[MAX_ROUND], others = 0;
 			uint64_t n = (uint64_t)(c->seconds * 1e6 / ws[k]);
 			for (unsigned r = 0; r < c->rounds; r++) {
-				double busy0 = bench_sys_busy_s(), t0 = (double)mbt_now_ns() / 1e9;
+				bench_others o = bench_others_start();
 				rate[r] = merge_items_s(n, ws[k], rs[v][0], rs[v][1]);
-				double wall = (double)mbt_now_ns() / 1e9 - t0, oth = 0;
-				if (wall > 0)
-					oth = (bench_sys_busy_s() - busy0) / wall;
-				others += oth > 0 ? oth : 0;
+				others += bench_others_cpus(o);
 			}
 			printf("bench_replicas: mode=merge S=2 W_us=%g r=%u,%u items_s=%.0f others=%.2f\n",
 			       ws[k], rs[v][0], rs[v][1], bench_median(rate, c->rounds), others / c->rounds);

@@ -255,15 +255,12 @@ int main(int argc, char **argv)
 	       "medians\n",
 	       g.copies, PLURAL(g.copies, "copy", "copies"), share, g.rounds, g.seconds);
 
-	double busy0 = bench_sys_busy_s(), cpu0 = (double)mbt_clock_ns(CLOCK_PROCESS_CPUTIME_ID) * 1e-9,
-	       wall0 = mbt_now_s();
+	bench_others o = bench_others_start();
 	for (unsigned r = 0; r < g.rounds; r++)
 		for (unsigned i = 0; i < g.nshapes; i++)
 			for (enum mode m = BLAS1; m < NMODES; m++)
 				g.s[i].g[m][r] = measure(&g.s[i], m);
-	double others = fmax(0, (bench_sys_busy_s() - busy0) -
-				    ((double)mbt_clock_ns(CLOCK_PROCESS_CPUTIME_ID) * 1e-9 - cpu0)) /
-			(mbt_now_s() - wall0);
+	double others = bench_others_cpus(o);
 
 	printf("%-4s %5s %5s %5s %8s %8s %8s %8s %8s %8s %8s %8s\n", "op", "rows", "in", "out", "blas1",
 	       "blas2", "blas1x2", "b2/b1", "x2/b1", "b1/peak", "b2/lim", "x2/lim");

@@ -54,6 +54,30 @@ static inline double bench_sys_busy_s(void)
 	return (double)(v[0] + v[1] + v[2] + v[3] + v[4] + v[5]) / (double)sysconf(_SC_CLK_TCK);
 }
 
+/* The CPU other processes took over a window: bench_others_start() before, bench_others_cpus() after
+ * (CPUs: the busy time of all CPUs less this process's own, over the wall time; 0 when none). */
+typedef struct bench_others {
+	double busy, self, wall;
+} bench_others;
+
+static inline double bench_clock_s(clockid_t id)
+{
+	return (double)mbt_clock_ns(id) * 1e-9;
+}
+
+static inline bench_others bench_others_start(void)
+{
+	return (bench_others){bench_sys_busy_s(), bench_clock_s(CLOCK_PROCESS_CPUTIME_ID),
+			      bench_clock_s(CLOCK_MONOTONIC)};
+}
+
+static inline double bench_others_cpus(bench_others o)
+{
+	double wall = bench_clock_s(CLOCK_MONOTONIC) - o.wall;
+	double oth = (bench_sys_busy_s() - o.busy) - (bench_clock_s(CLOCK_PROCESS_CPUTIME_ID) - o.self);
+	return wall > 0 && oth > 0 ? oth / wall : 0;
+}
+
 /* The 1, 5 and 15 minute load averages (-1 each when /proc/loadavg cannot be read). */
 static inline void bench_loadavg(double load[3])
 {
