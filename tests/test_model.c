@@ -1474,6 +1474,9 @@ START_TEST(the_look_rule_moves_after_patience_looks_of_the_same_better_plan_and_
 	ck_assert_int_gt(mbp_model_rebalance_reason(&d, &now, &better, 2000, why, sizeof why), 0);
 	ck_assert_str_eq(why, "stage 1 (layers 2-3) 3.0 us > 1.10 x 2.0 us of a plan cutting before layer 3 "
 			      "(planned 2.0 us)");
+	/* a plan made without costs predicted nothing: no "(planned ...)" */
+	ck_assert_int_gt(mbp_model_rebalance_reason(&d, &now, &better, 0, why, sizeof why), 0);
+	ck_assert_str_eq(why, "stage 1 (layers 2-3) 3.0 us > 1.10 x 2.0 us of a plan cutting before layer 3");
 }
 END_TEST
 

@@ -615,7 +615,8 @@ int mbp_model_rebalance_look(mbp_model_rebalance_rule *r, const mbp_model_plan *
 /**
  * A move's reason in one line: "stage 1 (layers 4-7) 1203.4 us > 1.10 x 900.2 us of a plan cutting before
  * layer 5 (planned 950.0 us)", from the plan in use as measured, the fresh plan, and the slowest stage the
- * plan in use predicted when it was made. @return the length of the full text, like snprintf.
+ * plan in use predicted when it was made (planned_ns 0, a plan made without costs: no "(planned ...)").
+ * @return the length of the full text, like snprintf.
  */
 int mbp_model_rebalance_reason(const mbp_model_rebalance_rule *r, const mbp_model_plan *measured,
 			       const mbp_model_plan *fresh, double planned_ns, char *buf, size_t n);

@@ -230,7 +230,8 @@ int mbp_model_rebalance_reason(const mbp_model_rebalance_rule *r, const mbp_mode
 			   fresh->slowest_ns / 1e3, fresh->stages > 2 ? "s" : "");
 	for (unsigned s = 1; s < fresh->stages; s++)
 		mbp__strbuf_printf(&b, "%s %u", s > 1 ? "," : "", fresh->first[s]);
-	mbp__strbuf_printf(&b, " (planned %.1f us)", planned_ns / 1e3);
+	if (planned_ns > 0) /* a plan made without costs predicted nothing */
+		mbp__strbuf_printf(&b, " (planned %.1f us)", planned_ns / 1e3);
 	return (int)b.len;
 }
 
