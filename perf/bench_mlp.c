@@ -423,17 +423,13 @@ static bool run_point(struct conf *c, mbp_model *m, struct point *pt)
 			mbp_pipeline_stats a;
 			mbp_stage_stats as[MBP_MAX_STAGES];
 			mbp_pipeline_stats_get(p, &a, as, MBP_MAX_STAGES);
-			double busy0 = bench_sys_busy_s(),
-			       cpu0 = (double)mbt_clock_ns(CLOCK_PROCESS_CPUTIME_ID) * 1e-9;
+			bench_others o = bench_others_start();
 			unsigned batches;
 			double t = measure(c, m, p, pt, k, x, y, ref, iters, iters_stream, &batches);
 			pt->sps[k][r] = (double)batches * B / t;
 			if (k == P_ROOF) /* t is not its wall time: it allocates and warms its own weights */
 				continue;
-			pt->others[samples++] =
-			    fmax(0, (bench_sys_busy_s() - busy0) -
-					((double)mbt_clock_ns(CLOCK_PROCESS_CPUTIME_ID) * 1e-9 - cpu0)) /
-			    t;
+			pt->others[samples++] = bench_others_cpus(o);
 			if (k == P_PIPE || k == P_STREAM)
 				stats_line(p, &a, as, pt->stats[k], sizeof(pt->stats[k]));
 		}
