@@ -502,7 +502,7 @@ int main(int argc, char **argv)
 	while ((opt = getopt(argc, argv, "r:t:b:L:H:o:m:k:vh")) != -1) {
 		switch (opt) {
 		case 'm':
-			c.force_mb = (uint32_t)atoi(optarg);
+			c.force_mb = (uint32_t)bench_opt_u64("-m", optarg, 1, 65536);
 			break;
 		case 'k':
 			if (parse_peers(optarg, &c))
@@ -512,20 +512,20 @@ int main(int argc, char **argv)
 			c.verbose = true;
 			break;
 		case 'r':
-			c.rounds = (unsigned)atoi(optarg);
+			c.rounds = (unsigned)bench_opt_u64("-r", optarg, 1, MAX_ROUNDS);
 			break;
 		case 't':
-			c.seconds = atof(optarg);
+			c.seconds = bench_opt_double("-t", optarg, 1e-3, 3600);
 			break;
 		case 'b':
 			if (parse_batches(optarg, &c))
 				usage();
 			break;
 		case 'L':
-			c.layers = (unsigned)atoi(optarg);
+			c.layers = (unsigned)bench_opt_u64("-L", optarg, 1, 64);
 			break;
 		case 'H':
-			c.hidden = (unsigned)atoi(optarg);
+			c.hidden = (unsigned)bench_opt_u64("-H", optarg, 1, MBP_MODEL_MAX_WIDTH);
 			break;
 		case 'o':
 			c.opts = optarg;

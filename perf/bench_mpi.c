@@ -774,7 +774,7 @@ int main(int argc, char **argv)
 	const char *only = NULL;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-r") && i + 1 < argc)
-			rounds = atoi(argv[++i]);
+			rounds = (int)bench_opt_u64("-r", argv[++i], 1, MAX_ROUNDS);
 		else
 			only = argv[i];
 	}

@@ -43,13 +43,13 @@ int main(int argc, char **argv)
 	mbp_mpi_opts_init(&mo);
 	for (int c; (c = getopt(argc, argv, "u:m:r:i:")) != -1;) {
 		if (c == 'i')
-			mo.idle_ns = (uint64_t)(atof(optarg) * 1000);
+			mo.idle_ns = (uint64_t)(bench_opt_double("-i", optarg, 0, 1e6) * 1000);
 		else if (c == 'u')
-			unit = atof(optarg);
+			unit = bench_opt_double("-u", optarg, 1e-3, 1e6);
 		else if (c == 'm')
-			M = (unsigned)atoi(optarg);
+			M = (unsigned)bench_opt_u64("-m", optarg, 1, 1024);
 		else if (c == 'r')
-			rounds = (unsigned)atoi(optarg);
+			rounds = (unsigned)bench_opt_u64("-r", optarg, 1, 63);
 		else
 			die("usage: bench_mpi_train [-u UNIT_US] [-m M] [-r ROUNDS] [-i IDLE_US]", -EINVAL);
 	}
@@ -81,6 +81,16 @@ int main(int argc, char **argv)
 		mbp_schedule *pl = NULL;
 		unsigned S =
 		    mbp_schedule_new_placed(&pl, kinds[k], 4, 4, 2) == 0 && mbp_schedule_threads(pl) ? 4 : 2;
+		mbp_schedule *fit = NULL; /* a schedule that cannot run M micro-batches (DualPipeV: M >= S) */
+		if (mbp_schedule_new_placed(&fit, kinds[k], S, M, S == 4 ? 2 : 0) != 0) {
+			if (rank == 0)
+				printf("%-11s skipped: M = %u is too few for it on %u chunks\n",
+				       mbp_sched_name(kinds[k]), M, S);
+			ratio[k] = 0;
+			mbp_schedule_destroy(pl);
+			continue;
+		}
+		mbp_schedule_destroy(fit);
 		struct syn syn[4] = {{unit, unit, unit, 1},
 				     {unit, unit, unit, 2},
 				     {unit, unit, unit, 5},
@@ -148,7 +158,8 @@ int main(int argc, char **argv)
 	if (rank == 0) {
 		printf("bench_mpi_train: unit_us=%.0f M=%u ranks_over_single", unit, M);
 		for (size_t k = 0; k < NK; k++)
-			printf(" %s=%.3f", mbp_sched_name(kinds[k]), ratio[k]);
+			if (ratio[k] > 0) /* 0: skipped */
+				printf(" %s=%.3f", mbp_sched_name(kinds[k]), ratio[k]);
 		printf("\n");
 	}
 	mbp_mpi_finalize();

@@ -824,10 +824,10 @@ int main(int argc, char **argv)
 	while ((opt = getopt(argc, argv, "r:t:S:W:k:o:i:v")) != -1) {
 		switch (opt) {
 		case 'r':
-			c.rounds = (unsigned)atoi(optarg);
+			c.rounds = (unsigned)bench_opt_u64("-r", optarg, 1, MAX_ROUNDS);
 			break;
 		case 't':
-			c.run_s = atof(optarg);
+			c.run_s = bench_opt_double("-t", optarg, 1e-3, 3600);
 			break;
 		case 'S':
 			nS = parse_list(optarg, Ss, 8);
@@ -836,7 +836,7 @@ int main(int argc, char **argv)
 			nW = parse_list(optarg, Ws, 8);
 			break;
 		case 'k':
-			c.tokens = (unsigned)atoi(optarg);
+			c.tokens = (unsigned)bench_opt_u64("-k", optarg, 1, 1u << 20);
 			break;
 		case 'o':
 			cli_opts = optarg;

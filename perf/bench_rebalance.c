@@ -158,22 +158,22 @@ int main(int argc, char **argv)
 	for (int c; (c = getopt_long(argc, argv, "u:b:a:s:l:w:", lo, NULL)) != -1;) {
 		switch (c) {
 		case 'u':
-			unit_us = atof(optarg);
+			unit_us = bench_opt_double("--unit-us", optarg, 1e-3, 1e6);
 			break;
 		case 'b':
-			before = strtoull(optarg, NULL, 10);
+			before = bench_opt_u64("--before", optarg, 1, UINT32_MAX);
 			break;
 		case 'a':
-			after = strtoull(optarg, NULL, 10);
+			after = bench_opt_u64("--after", optarg, 1, UINT32_MAX);
 			break;
 		case 's':
-			span = strtoull(optarg, NULL, 10);
+			span = bench_opt_u64("--span", optarg, 2, UINT32_MAX);
 			break;
 		case 'l':
-			layers = (unsigned)atoi(optarg);
+			layers = (unsigned)bench_opt_u64("--layers", optarg, 2, 64);
 			break;
 		case 'w':
-			window = (uint32_t)atoi(optarg);
+			window = (uint32_t)bench_opt_u64("--window", optarg, 0, UINT32_MAX);
 			break;
 		default:
 			fprintf(stderr,

@@ -320,19 +320,19 @@ int main(int argc, char **argv)
 			break;
 		}
 		case 'b':
-			c.batch = (uint32_t)atoi(optarg);
+			c.batch = (uint32_t)bench_opt_u64("-b", optarg, 1, 1u << 20);
 			break;
 		case 'm':
-			c.mb = (uint32_t)atoi(optarg);
+			c.mb = (uint32_t)bench_opt_u64("-m", optarg, 1, 1u << 20);
 			break;
 		case 's':
-			c.stages = (unsigned)atoi(optarg);
+			c.stages = (unsigned)bench_opt_u64("-s", optarg, 1, MBP_MAX_STAGES);
 			break;
 		case 'r':
-			c.rounds = (unsigned)atoi(optarg);
+			c.rounds = (unsigned)bench_opt_u64("-r", optarg, 1, MAX_ROUND);
 			break;
 		case 't':
-			c.seconds = atof(optarg);
+			c.seconds = bench_opt_double("-t", optarg, 1e-3, 3600);
 			break;
 		default:
 			usage();

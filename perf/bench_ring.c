@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "bench_ring.h"
+#include "bench_util.h"
 #include "ring.h"
 
 /* ----------------------------------------------------------------------------------------------------- */
@@ -547,16 +548,16 @@ int main(int argc, char **argv)
 	while ((opt = getopt(argc, argv, "n:r:l:c:s:")) != -1) {
 		switch (opt) {
 		case 'n':
-			n = strtoull(optarg, NULL, 10);
+			n = bench_opt_u64("-n", optarg, 1, UINT64_MAX);
 			break;
 		case 'r':
-			rounds = atoi(optarg);
+			rounds = (int)bench_opt_u64("-r", optarg, 1, MAX_ROUNDS);
 			break;
 		case 'l':
-			trips = strtoull(optarg, NULL, 10);
+			trips = bench_opt_u64("-l", optarg, 1, UINT64_MAX);
 			break;
 		case 'c':
-			capacity = (unsigned)strtoul(optarg, NULL, 10);
+			capacity = (unsigned)bench_opt_u64("-c", optarg, 64, 1u << 30);
 			break;
 		case 's':
 			only = optarg;

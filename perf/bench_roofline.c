@@ -211,13 +211,13 @@ int main(int argc, char **argv)
 	while ((opt = getopt(argc, argv, "r:t:w:s:h")) != -1) {
 		switch (opt) {
 		case 'r':
-			g.rounds = (unsigned)atoi(optarg);
+			g.rounds = (unsigned)bench_opt_u64("-r", optarg, 1, MAX_ROUNDS);
 			break;
 		case 't':
-			g.seconds = atof(optarg);
+			g.seconds = bench_opt_double("-t", optarg, 1e-3, 3600);
 			break;
 		case 'w':
-			g.copies = (unsigned)atoi(optarg);
+			g.copies = (unsigned)bench_opt_u64("-w", optarg, 1, BENCH_MAX_COPIES);
 			break;
 		case 's':
 			if (parse_shapes(optarg))

@@ -98,9 +98,9 @@ int main(int argc, char **argv)
 	bool quick = false;
 	for (int c; (c = getopt(argc, argv, "u:r:q")) != -1;) {
 		if (c == 'u')
-			unit = atof(optarg);
+			unit = bench_opt_double("-u", optarg, 1e-3, 1e6);
 		else if (c == 'r')
-			reps = (unsigned)atoi(optarg);
+			reps = (unsigned)bench_opt_u64("-r", optarg, 1, 63);
 		else if (c == 'q')
 			quick = true;
 		else {

@@ -14,7 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "util/clock.h" /* mbt_now_ns, mbt_clock_ns: the tools' clock */
+#include <errno.h>
+
+#include "util/clock.h"	 /* mbt_now_ns, mbt_clock_ns: the tools' clock */
+#include "util/number.h" /* the strict number parsers of the tools and the library's options */
 
 #define BENCH_MEDIAN_MAX 1024
 
@@ -97,6 +100,30 @@ static inline bool bench_pin(int cpu)
 	CPU_ZERO(&one);
 	CPU_SET(cpu, &one);
 	return pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
+}
+
+/*
+ * An option's value, parsed strictly (no sign, space or suffix) and in [lo, hi]; anything else ends the
+ * benchmark at once: one line naming the option and the range, exit 2, as the tools do.
+ */
+static inline uint64_t bench_opt_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi)
+{
+	uint64_t v;
+	if (parse_u64(s, lo, hi, &v) == 0)
+		return v;
+	fprintf(stderr, "%s: %s: '%s' is not a whole number from %llu to %llu\n", program_invocation_short_name,
+		opt, s ? s : "", (unsigned long long)lo, (unsigned long long)hi);
+	exit(2);
+}
+
+static inline double bench_opt_double(const char *opt, const char *s, double lo, double hi)
+{
+	double v;
+	if (parse_double(s, lo, hi, &v) == 0)
+		return v;
+	fprintf(stderr, "%s: %s: '%s' is not a number from %g to %g\n", program_invocation_short_name, opt,
+		s ? s : "", lo, hi);
+	exit(2);
 }
 
 #endif
