@@ -1704,7 +1704,7 @@ int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)
 				ev[k] = (mbp_train_event){.t0_ns = e->t0 - t->t_go,
 							  .t1_ns = e->t1 - t->t_go,
 							  .mb = e->mb,
-							  .stage = (uint16_t)t->st[u].idx,
+							  .stage = t->gidx[t->st[u].idx],
 							  .kind = e->kind};
 			}
 	return (int)k;

@@ -335,6 +335,43 @@ START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_nex
 }
 END_TEST
 
+/* The events a rank gives name its stages by their index in the whole pipeline, as many as its
+ * schedule's lists hold, under a block schedule and a chunked one (a rank's chunks not consecutive). */
+START_TEST(events_across_ranks_name_the_stages_by_their_global_index)
+{
+	const mbp_sched_kind ks[] = {MBP_SCHED_1F1B, MBP_SCHED_ZBV};
+	for (size_t k = 0; k < 2; k++) {
+		struct part p;
+		mbp_train_opts o = toy_opts(ks[k]);
+		o.trace_events = 256;
+		ck_assert_int_eq(part_start(&p, o), 0);
+		size_t rows = ks[k] == MBP_SCHED_ZBV ? chunk_rows() : ROWS;
+		float in[32 * MBR * N], tg[32 * MBR * N];
+		make_data(in, tg, rows, 0);
+		ck_assert_int_eq(step_rows(&p, in, tg, rows, NULL), 0);
+		mbp_train_event ev[512];
+		int n = mbp_mpi_trainer_events_get(p.t, ev, 512);
+		ck_assert_int_gt(n, 0);
+		ck_assert_int_le(n, 512);
+		ck_assert_int_eq(mbp_mpi_trainer_events_get(p.t, NULL, 0), n);
+		const mbp_schedule *sc = mbp_trainer_schedule(mbp__mpi_trainer_local(p.t));
+		int want = 0;
+		for (unsigned i = 0; i < SPR; i++) {
+			const mbp_sched_op *ops;
+			size_t m = mbp_schedule_stage_ops(sc, p.g[i], &ops), got = 0;
+			for (int j = 0; j < n; j++)
+				got += ev[j].stage == p.g[i];
+			ck_assert_msg(got == m, "rank %d, %s: %zu events of stage %u, its list %zu", rank,
+				      mbp_sched_name(ks[k]), got, p.g[i], m);
+			want += (int)m;
+		}
+		ck_assert_int_eq(n, want); /* none of another stage */
+		part_destroy(&p);
+	}
+	ck_assert_int_eq(mbp_mpi_trainer_events_get(NULL, NULL, 0), -EINVAL);
+}
+END_TEST
+
 /* A stage's check that refuses its update, on whichever rank holds the stage, fails the step on every rank
  * before any rank updates (the check is part of the vote), naming the stage; the next step runs. */
 START_TEST(a_refusing_check_on_any_rank_fails_the_step_everywhere_before_any_update)
@@ -779,6 +816,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit);
 	tcase_add_test(tc, a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, a_refusing_check_on_any_rank_fails_the_step_everywhere_before_any_update);
+	tcase_add_test(tc, events_across_ranks_name_the_stages_by_their_global_index);
 	tcase_add_test(tc, an_update_that_breaks_its_contract_fails_every_later_step_on_every_rank);
 	tcase_add_test(tc, no_rank_allocates_a_buffer_after_the_first_step);
 	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);

@@ -843,6 +843,13 @@ int mbp_mpi_trainer_error(const mbp_mpi_trainer *T, mbp_train_error *e)
 	return mbp_trainer_error(T->t, e);
 }
 
+int mbp_mpi_trainer_events_get(const mbp_mpi_trainer *T, mbp_train_event *ev, size_t n)
+{
+	if (!T)
+		return -EINVAL;
+	return mbp_trainer_events_get(T->t, ev, n); /* its stages named by their global index */
+}
+
 const char *mbp_mpi_trainer_run_error(const mbp_mpi_trainer *T)
 {
 	return T ? T->r.msg : "";
