@@ -129,6 +129,20 @@ static void part_destroy(struct part *p)
 	mbp_mpi_trainer_destroy(p->t);
 }
 
+/* The failing-step test's gate: a forward that is to fail waits until its rank has sent more than
+ * `gate_sent` items (what it ran before is on the wire). NULL: no gate. */
+static mbp_mpi_trainer *gate;
+static uint64_t gate_sent;
+
+static int gated_forward(void *ctx, const mbp_train_io *io)
+{
+	struct toy *t = ctx;
+	if (gate && t->fail_kind == MBP_OP_F && (int)io->mb == t->fail_mb)
+		for (mbp_mpi_train_stats st = {0}; st.sent <= gate_sent; usleep(200))
+			ck_assert_int_eq(mbp_mpi_trainer_stats_get(gate, &st, NULL, 0), SPR);
+	return toy_forward(ctx, io);
+}
+
 static int part_start(struct part *p, mbp_train_opts o)
 {
 	mbp_sched_kind kind = o.schedule;
@@ -145,6 +159,7 @@ static int part_start(struct part *p, mbp_train_opts o)
 		unsigned g = p->g[i];
 		toy_init(&p->st[i], g + 1);
 		mbp_train_stage_desc d = toy_desc(&p->st[i], whole_backward(kind, g));
+		d.forward = gated_forward;
 		rc = mbp_mpi_trainer_add_stage(p->t, &d);
 		if (rc)
 			return rc;
@@ -332,6 +347,56 @@ START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_nex
 	failing_step(&p, &s, 2, S - SPR, MBP_OP_BIN, 0, MBP_OP_BIN);
 	failing_step(&p, &s, 4, SPR, MBP_OP_W, 5, MBP_OP_W);
 	end_counted(&p, &s, 3, 3);
+}
+END_TEST
+
+/* Items of a failed step still on the wire are not taken by the next step: rank 0's last stage fails its
+ * second forward once its first output is sent, and rank 1 holds every arrival of that step at the head
+ * of its link until the step has closed there; the held activation is then dropped (counted), and the
+ * next step gives the single process's parameters, bit for bit, on every rank. */
+START_TEST(items_of_a_failed_step_left_on_the_wire_are_dropped_and_the_next_step_is_exact)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	single_new(&s, MBP_SCHED_1F1B);
+	mbp_mpi_train_stats st;
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	gate = rank == 0 ? p.t : NULL;
+	gate_sent = st.sent;
+	if (rank == 1)
+		mbp__mpi_trainer_test_hold(p.t, true);
+	/* rank 0's last stage, SPR - 1: its output of micro-batch 0 goes to rank 1, its forward of 1 fails */
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	struct toy before[SPR];
+	memcpy(before, p.st, sizeof(before));
+	if (rank == 0) {
+		p.st[SPR - 1].fail_kind = MBP_OP_F;
+		p.st[SPR - 1].fail_mb = 1;
+	}
+	ck_assert_int_eq(step(&p, in, tg, NULL), -EIO);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_mpi_trainer_error(p.t, &e), 0);
+	ck_assert_int_eq(e.stage, SPR - 1);
+	ck_assert_int_eq(e.mb, 1);
+	for (unsigned i = 0; i < SPR; i++) {
+		ck_assert(memcmp(p.st[i].w, before[i].w, sizeof(before[i].w)) == 0);
+		ck_assert_uint_eq(p.st[i].updates, 0);
+	}
+	gate = NULL;
+	if (rank == 1)
+		mbp__mpi_trainer_test_hold(p.t, false);
+	p.st[SPR - 1].fail_kind = -1;
+	/* the held item stands before the next step's in rank 1's link: dropped before they are taken */
+	make_data(in, tg, ROWS, 1);
+	step_as_single(&p, &s, in, tg);
+	make_data(in, tg, ROWS, 2);
+	step_as_single(&p, &s, in, tg);
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	ck_assert_msg(st.dropped == (rank == 1 ? 1u : 0u), "rank %d dropped %llu", rank,
+		      (unsigned long long)st.dropped);
+	end_counted(&p, &s, 2, 1);
 }
 END_TEST
 
@@ -816,6 +881,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit);
 	tcase_add_test(tc, a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, a_refusing_check_on_any_rank_fails_the_step_everywhere_before_any_update);
+	tcase_add_test(tc, items_of_a_failed_step_left_on_the_wire_are_dropped_and_the_next_step_is_exact);
 	tcase_add_test(tc, events_across_ranks_name_the_stages_by_their_global_index);
 	tcase_add_test(tc, an_update_that_breaks_its_contract_fails_every_later_step_on_every_rank);
 	tcase_add_test(tc, no_rank_allocates_a_buffer_after_the_first_step);

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,7 @@ struct mbp_mpi_trainer {
 	MPI_Request vote_req, tgt_req;
 	bool tgt_active;
 	_Atomic uint64_t dropped;
+	_Atomic bool hold; /* tests: arrivals of the open step wait at the head until it closes */
 };
 
 static mbp_mpi_trainer *of(struct mbp__run *r)
@@ -452,7 +454,8 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 		mbp__counter_add(&T->dropped, 1); /* the loop is its only writer */
 		return MBP__AGAIN;
 	}
-	if (h->tag != open)
+	/* relaxed: the test's flag, set between steps and ordered with nothing else */
+	if (h->tag != open || atomic_load_explicit(&T->hold, memory_order_relaxed))
 		return MBP__KEEP;
 	mb->seq = h->seq;
 	mb->rows = h->rows;
@@ -824,6 +827,11 @@ int mbp_mpi_trainer_drain(mbp_mpi_trainer *T)
 mbp_trainer *mbp__mpi_trainer_local(mbp_mpi_trainer *T)
 {
 	return T->t;
+}
+
+void mbp__mpi_trainer_test_hold(mbp_mpi_trainer *T, bool hold)
+{
+	atomic_store_explicit(&T->hold, hold, memory_order_relaxed); /* see op_arrived */
 }
 
 void mbp__mpi_trainer_test_late(mbp_mpi_trainer *T)
