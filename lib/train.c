@@ -34,8 +34,9 @@
  * it), and each thread stops at its next operation. A thread done with its list runs
  * its stages' checks and grad_sq (a refusal fails the step the same way). Then two barriers: after the
  * first, no thread pushes any more, so each thread releases what its stages hold and drains its input
- * rings; then each stage updates (or, after a failure, discards its gradient) on its own thread, using the
- * sum of the stages' squared gradient norms, and after the second the controller returns. An update that
+ * hops (rings and local FIFOs); then each stage updates (or, after a failure, discards its gradient) on
+ * its own thread, using the sum of the stages' squared gradient norms, and after the second the
+ * controller returns. An update that
  * refuses all the same (a stage breaking its check's contract) cannot be undone in the others: the trainer
  * is then broken, and fails that step and every later one with -ENOTRECOVERABLE. Losses are summed in
  * micro-batch order, so a step's loss does not depend on the threads' timing.
@@ -81,8 +82,8 @@ struct tcounters {
 	_Atomic uint64_t wait_ns;  /* waiting for an input or a gradient this step */
 	_Atomic uint64_t stash_peak, held_peak;
 	_Atomic uint64_t total_busy_ns;
-	_Atomic uint64_t r_ns, r_count; /* recomputations this step */
-	_Atomic uint64_t act_peak;	/* activation bytes held at once this step */
+	_Atomic uint64_t r_ns, r_count;	   /* recomputations this step */
+	_Atomic uint64_t act_peak;	   /* activation bytes held at once this step */
 	_Atomic uint64_t hops, local_hops; /* this step: hand-offs to another thread, local passes */
 };
 

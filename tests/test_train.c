@@ -348,7 +348,7 @@ START_TEST(hops_between_stages_of_one_thread_pass_locally_as_the_schedule_counts
 			ck_assert_uint_eq(hops + local, 2 * 8 * (S - 1));
 			/* one thread: nothing handed off; two: under ZB-V only the middle pair of chunks shares
 			 * one, under interleaved none, under 1F1B each thread's two stages do */
-			unsigned want_local = T == 1 ? 2 * 8 * (S - 1)
+			unsigned want_local = T == 1				  ? 2 * 8 * (S - 1)
 					      : kinds[k] == MBP_SCHED_INTERLEAVED ? 0
 					      : kinds[k] == MBP_SCHED_ZBV	  ? 2 * 8
 										  : 2 * 2 * 8;
@@ -1824,8 +1824,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_schedule_read_from_text_trains_bit_for_bit);
 	tcase_add_test(tc, stash_high_water_marks_equal_the_schedules_figures);
 	tcase_add_test(tc, hops_between_stages_of_one_thread_pass_locally_as_the_schedule_counts_them);
-	tcase_add_test(tc,
-		       a_chunk_failing_while_items_wait_in_a_local_slot_leaks_nothing_and_the_next_step_is_exact);
+	tcase_add_test(
+	    tc, a_chunk_failing_while_items_wait_in_a_local_slot_leaks_nothing_and_the_next_step_is_exact);
 	tcase_add_test(tc, zbh1_refuses_a_stage_without_split_backward);
 	tcase_add_test(tc, injected_failure_at_any_operation_leaves_every_parameter_unchanged);
 	tcase_add_test(tc, non_finite_loss_fails_the_step_with_edom);

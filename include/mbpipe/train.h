@@ -675,7 +675,7 @@ typedef struct mbp_train_event {
 	uint64_t t0_ns; /**< start, after any wait for its input, in ns from the step's start */
 	uint64_t t1_ns; /**< end, in ns from the step's start */
 	uint32_t mb;	/**< micro-batch */
-	uint16_t stage; /**< the stage's index in the whole pipeline (a part's across ranks: its global one) */
+	uint16_t stage; /**< its index in the whole pipeline (across ranks: the global one) */
 	uint8_t
 	    kind; /**< mbp_op_kind: the kind in the stage's list (mbp_schedule_stage_ops), or MBP_OP_R: the
 		           recomputation of the B or B_in that follows it */
