@@ -768,9 +768,39 @@ static void chunked_as_single(mbp_sched_kind kind, uint32_t threads)
 		}
 	}
 	mbp_mpi_train_stats st;
-	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	mbp_train_stage_stats ss[SPR];
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, ss, SPR), SPR);
 	ck_assert_uint_eq(st.local.steps, 3);
 	ck_assert_uint_eq(st.local.threads, threads ? threads : 1);
+	/* the last step's hops: M outputs on and M input gradients back a stage (none past the ends), to
+	 * another thread or rank through a ring, to a chunk of the same thread directly, as the schedule's
+	 * figures count them over this rank's threads (a placed schedule: they are the rank's own) */
+	unsigned sh = 0, sl = 0, all = 0;
+	for (unsigned i = 0; i < SPR; i++) {
+		sh += ss[i].hops;
+		sl += ss[i].local_hops;
+		all += M * ((p.g[i] + 1 < total_stages()) + (p.g[i] > 0));
+	}
+	ck_assert_uint_eq(sh + sl, all);
+	const mbp_schedule *sc = mbp_trainer_schedule(mbp__mpi_trainer_local(p.t));
+	if (mbp_schedule_threads(sc)) {
+		unsigned fh = 0, fl = 0, seen[SPR], nseen = 0;
+		for (unsigned i = 0; i < SPR; i++) {
+			unsigned th = mbp_schedule_thread_of(sc, p.g[i], 0), k = 0;
+			while (k < nseen && seen[k] != th)
+				k++;
+			if (k < nseen)
+				continue;
+			seen[nseen++] = th;
+			mbp_sched_thread_figures f;
+			ck_assert_int_eq(mbp_schedule_thread_figures(sc, 0, th, &f), 0);
+			fh += f.hops;
+			fl += f.local_hops;
+		}
+		ck_assert_msg(sh == fh && sl == fl,
+			      "rank %d, %s: %u hops and %u local, the schedule's %u, %u", rank,
+			      mbp_sched_name(kind), sh, sl, fh, fl);
+	}
 	ck_assert_uint_eq(st.stage0, p.g[0]);
 	ck_assert_uint_eq(st.stages, total_stages());
 	/* per step, M items over each hop to or from another rank (the activations out of a stage whose
