@@ -831,7 +831,8 @@ mbp_trainer *mbp__mpi_trainer_local(mbp_mpi_trainer *T)
 
 void mbp__mpi_trainer_test_hold(mbp_mpi_trainer *T, bool hold)
 {
-	atomic_store_explicit(&T->hold, hold, memory_order_relaxed); /* see op_arrived */
+	/* relaxed: a test's flag, set between steps; op_arrived reads it with nothing else to order */
+	atomic_store_explicit(&T->hold, hold, memory_order_relaxed);
 }
 
 void mbp__mpi_trainer_test_late(mbp_mpi_trainer *T)
