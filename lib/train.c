@@ -7,11 +7,15 @@
  * operations in the schedule's global order (schedule.c says why that cannot deadlock). With replicas
  * (train.h, "Replicas") each thread of the schedule is copied as often as the most replicas of its
  * stages, replica k of a stage on copy k (mbp__replica_bases): a copy follows its projection of that
- * order too. Between stages s and s+1 there are two links, an SPSC
- * ring each way: forward (s's outputs, which become s+1's inputs) and backward (s+1's input gradients,
- * which become s's output gradients). Where both stages run on one thread the same rings serve as FIFOs
- * (the thread pushes, and later pops, its own items). Every ring holds at least max_mbs pointers, so a
- * push never waits: only a pop waits, for an operation earlier in the global order.
+ * order too. Between stages s and s+1 there are two hops, one each way: forward (s's outputs, which
+ * become s+1's inputs) and backward (s+1's input gradients, which become s's output gradients). A hop
+ * between two threads is an SPSC ring; a hop between two units of one thread (consecutive stages of a
+ * block, two chunks of a chunked schedule, the same replica copy) is a FIFO of that thread's alone, no
+ * ring and no atomics: the buffer is handed over in it and taken out, in order, by a later operation of
+ * the same list (the thread's list runs the producer's operation first). Every hop holds at least max_mbs
+ * pointers, so a push never waits: only a ring's pop waits, for an operation earlier in the global order
+ * (a local FIFO found empty is a list not followed: -EPROTO). Each stage counts its hand-offs to another
+ * thread and its local passes (mbp_train_stage_stats.hops, local_hops).
  *
  * Buffers. Every output and gradient is a pool buffer (one pool, buffers as wide as the widest row
  * times max_mb_rows), taken from the thread's cache and released into it; stashes and recomputations'
@@ -30,8 +34,9 @@
  * it), and each thread stops at its next operation. A thread done with its list runs
  * its stages' checks and grad_sq (a refusal fails the step the same way). Then two barriers: after the
  * first, no thread pushes any more, so each thread releases what its stages hold and drains its input
- * rings; then each stage updates (or, after a failure, discards its gradient) on its own thread, using the
- * sum of the stages' squared gradient norms, and after the second the controller returns. An update that
+ * hops (rings and local FIFOs); then each stage updates (or, after a failure, discards its gradient) on
+ * its own thread, using the sum of the stages' squared gradient norms, and after the second the
+ * controller returns. An update that
  * refuses all the same (a stage breaking its check's contract) cannot be undone in the others: the trainer
  * is then broken, and fails that step and every later one with -ENOTRECOVERABLE. Losses are summed in
  * micro-batch order, so a step's loss does not depend on the threads' timing.
@@ -61,6 +66,15 @@ enum { TS_NEW, TS_RUNNING, TS_STOPPED };
  * peak, so a small cache. An operation gets at most two buffers and releases at most three. */
 enum { CACHE_BUFS = 4 };
 
+/* A hop from one unit to a unit of a neighbouring stage: a ring to another thread (or a remote part's
+ * agent), or between two units of one thread a FIFO that only that thread touches. */
+struct thop {
+	struct mbp__ring *ring; /* another thread's end; NULL: local */
+	mbp_mb **q;		/* local: mask + 1 slots */
+	uint32_t head, tail;	/* local: free-running, head - tail items held (one thread: no atomics) */
+	uint32_t mask;
+};
+
 /* Counters of one stage: single writer (its thread), relaxed readers. */
 struct tcounters {
 	_Atomic uint64_t ns[4];	   /* per mbp_op_kind: time inside the operation this step */
@@ -68,8 +82,9 @@ struct tcounters {
 	_Atomic uint64_t wait_ns;  /* waiting for an input or a gradient this step */
 	_Atomic uint64_t stash_peak, held_peak;
 	_Atomic uint64_t total_busy_ns;
-	_Atomic uint64_t r_ns, r_count; /* recomputations this step */
-	_Atomic uint64_t act_peak;	/* activation bytes held at once this step */
+	_Atomic uint64_t r_ns, r_count;	   /* recomputations this step */
+	_Atomic uint64_t act_peak;	   /* activation bytes held at once this step */
+	_Atomic uint64_t hops, local_hops; /* this step: hand-offs to another thread, local passes */
 };
 
 /* A unit: one replica of a stage (a stage without replicas is one unit). The units of stage s are
@@ -86,12 +101,13 @@ struct tstage {
 	bool split;		 /* gives backward_in and backward_w */
 	bool fwd_kick, bwd_kick; /* fwd_out, bwd_out is a link to a remote stage: its agent is told */
 	bool init_ok;
-	/* the rings from replica a of s-1 (fwd_in[a], bwd_out[a]; a < nprev, its replicas) and to replica
+	/* the hops from replica a of s-1 (fwd_in[a], bwd_out[a]; a < nprev, its replicas) and to replica
 	 * b of s+1 (fwd_out[b], bwd_in[b]; b < nnext): micro-batch j comes from replica j mod nprev and
-	 * goes to replica j mod nnext, so each ring carries its micro-batches in order. [0] is NULL at the
-	 * ends (or a remote neighbour's link) */
-	struct mbp__ring *fwd_in[MBP_TRAIN_MAX_REPLICAS], *fwd_out[MBP_TRAIN_MAX_REPLICAS];
-	struct mbp__ring *bwd_in[MBP_TRAIN_MAX_REPLICAS], *bwd_out[MBP_TRAIN_MAX_REPLICAS];
+	 * goes to replica j mod nnext, so each hop carries its micro-batches in order. [0] is NULL at the
+	 * ends (or a remote neighbour's link). The hops to s+1 are this unit's own (fwd_hop, bwd_hop) */
+	struct thop *fwd_in[MBP_TRAIN_MAX_REPLICAS], *fwd_out[MBP_TRAIN_MAX_REPLICAS];
+	struct thop *bwd_in[MBP_TRAIN_MAX_REPLICAS], *bwd_out[MBP_TRAIN_MAX_REPLICAS];
+	struct thop fwd_hop[MBP_TRAIN_MAX_REPLICAS], bwd_hop[MBP_TRAIN_MAX_REPLICAS];
 	unsigned nprev, nnext;
 	struct mbp__parker wpk; /* this replica waiting for its turn to merge (merge_wait) */
 	/* replica 0's, of a replicated stage: the micro-batch whose weight gradient is next in turn */
@@ -161,6 +177,7 @@ struct mbp_trainer {
 	unsigned sched_threads;	       /* where placed: the schedule's (more than placed across parts) */
 	uint16_t thread_of[MBP_MAX_STAGES];		     /* where placed: each stage's thread */
 	struct mbp__ring *link[MBP__LINKS * MBP_MAX_STAGES]; /* the boundary rings (the agent's far ends) */
+	struct thop rhop[MBP__LINKS * MBP_MAX_STAGES];	     /* the stages' hops over them */
 	double step_loss, step_norm;			     /* decided at the first barrier */
 	mbp_train_error broken; /* an update refused after its check accepted (err 0: none); under lock */
 };
@@ -200,11 +217,11 @@ static void wake_all(struct mbp_trainer *t)
 	for (unsigned u = 0; u < t->U; u++) {
 		struct tstage *st = &t->st[u];
 		for (unsigned a = 0; a < st->nprev; a++)
-			if (st->fwd_in[a])
-				mbp__ring_wake(st->fwd_in[a]);
+			if (st->fwd_in[a] && st->fwd_in[a]->ring)
+				mbp__ring_wake(st->fwd_in[a]->ring);
 		for (unsigned b = 0; b < st->nnext; b++)
-			if (st->bwd_in[b])
-				mbp__ring_wake(st->bwd_in[b]);
+			if (st->bwd_in[b] && st->bwd_in[b]->ring)
+				mbp__ring_wake(st->bwd_in[b]->ring);
 		mbp__parker_wake(&st->wpk);
 	}
 }
@@ -226,12 +243,26 @@ static void fail(struct mbp_trainer *t, int err, int stage, int mb, mbp_op_kind 
 		t->rem.failed(t->rem.arg);
 }
 
-/* Push a buffer on to the next stage's ring (never full: it holds max_mbs); a remote one's agent is told. */
-static void push_on(struct mbp_trainer *t, struct mbp__ring *r, bool remote, mbp_mb *mb)
+/* Hand stage st's buffer on over hop h (never full: it holds max_mbs): a ring's push (a remote one's agent
+ * is told), or a local pass into the thread's own FIFO. */
+static void push_on(struct mbp_trainer *t, struct tstage *st, struct thop *h, bool remote, mbp_mb *mb)
 {
-	MBP_VERIFY(mbp__ring_push_sp(r, mb));
+	if (!h->ring) {
+		MBP_VERIFY(h->head - h->tail <= h->mask); /* (unsigned: the wrap is the modular difference) */
+		h->q[h->head++ & h->mask] = mb;
+		mbp__counter_add(&st->c.local_hops, 1);
+		return;
+	}
+	MBP_VERIFY(mbp__ring_push_sp(h->ring, mb));
+	mbp__counter_add(&st->c.hops, 1);
 	if (remote)
 		t->rem.kick(t->rem.arg);
+}
+
+/* The next item of local hop h, or NULL (empty). */
+static mbp_mb *local_pop(struct thop *h)
+{
+	return h->head != h->tail ? h->q[h->tail++ & h->mask] : NULL;
 }
 
 /* ---- one operation ---- */
@@ -321,14 +352,14 @@ static void put_buf(struct mbp_trainer *t, struct mbp__crew_thread *th, mbp_mb *
 	}
 }
 
-/* Micro-batch j from ring r into *slot: -ECANCELED when the step aborts while waiting, -EPROTO when the
- * ring does not hold j next (the lists are not being followed). */
-static int receive(struct mbp_trainer *t, struct mbp__crew_thread *th, struct tstage *st, struct mbp__ring *r,
+/* Micro-batch j from hop h into *slot: -ECANCELED when the step aborts while waiting on a ring, -EPROTO
+ * when the hop does not hold j next (the lists are not being followed; a local one: nothing in it). */
+static int receive(struct mbp_trainer *t, struct mbp__crew_thread *th, struct tstage *st, struct thop *h,
 		   uint32_t j, mbp_mb **slot)
 {
-	mbp_mb *mb = pop(st, r);
+	mbp_mb *mb = h->ring ? pop(st, h->ring) : local_pop(h);
 	if (!mb)
-		return -ECANCELED;
+		return h->ring ? -ECANCELED : -EPROTO;
 	if (mb->seq != j) {
 		mbp_pool_put(t->pool, th->cache, mb);
 		return -EPROTO;
@@ -425,7 +456,7 @@ static int op_forward(struct mbp_trainer *t, struct mbp__crew_thread *th, struct
 		put_buf(t, th, &out);
 		return rc;
 	}
-	push_on(t, st->fwd_out[j % st->nnext], st->fwd_kick, out);
+	push_on(t, st, st->fwd_out[j % st->nnext], st->fwd_kick, out);
 	return 0;
 }
 
@@ -529,7 +560,7 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 			rc = st->d.backward_in(st->ctx, &io);
 			if (rc == 0 && din &&
 			    st->nrep > 1) { /* the previous stage need not wait for the merge */
-				push_on(t, st->bwd_out[j % st->nprev], st->bwd_kick, din);
+				push_on(t, st, st->bwd_out[j % st->nprev], st->bwd_kick, din);
 				din = NULL;
 			}
 			rc = rc ? rc : merge_wait(t, st, j);
@@ -554,7 +585,7 @@ static int op_backward(struct mbp_trainer *t, struct mbp__crew_thread *th, struc
 	if (kind != MBP_OP_BIN)
 		release_mb(t, th, st, j);
 	if (din)
-		push_on(t, st->bwd_out[j % st->nprev], st->bwd_kick, din);
+		push_on(t, st, st->bwd_out[j % st->nprev], st->bwd_kick, din);
 	return 0;
 }
 
@@ -595,6 +626,18 @@ static void run_ops(struct mbp_trainer *t, struct mbp__crew_thread *th)
 	}
 }
 
+/* Release what hop h (an input of a stage of thread th, or NULL) still holds: a ring's items, or what
+ * a failed step left in a local FIFO (its consumer never ran). */
+static void drain(struct mbp_trainer *t, struct mbp__crew_thread *th, struct thop *h)
+{
+	void *item;
+	mbp_mb *mb;
+	while (h && h->ring && mbp__ring_pop_sc(h->ring, &item))
+		mbp_pool_put(t->pool, th->cache, item);
+	while (h && !h->ring && (mb = local_pop(h)))
+		mbp_pool_put(t->pool, th->cache, mb);
+}
+
 /* After the first barrier: nothing is pushed any more. Release everything this thread's stages hold. */
 static void cleanup(struct mbp_trainer *t, struct mbp__crew_thread *th)
 {
@@ -605,13 +648,10 @@ static void cleanup(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		for (uint32_t j = 0; j < t->M; j++)
 			put_held(t, th, st, j);
 		st->stash_n = st->held_n = 0;
-		void *item;
 		for (unsigned a = 0; a < st->nprev; a++)
-			while (st->fwd_in[a] && mbp__ring_pop_sc(st->fwd_in[a], &item))
-				mbp_pool_put(t->pool, th->cache, item);
+			drain(t, th, st->fwd_in[a]);
 		for (unsigned b = 0; b < st->nnext; b++)
-			while (st->bwd_in[b] && mbp__ring_pop_sc(st->bwd_in[b], &item))
-				mbp_pool_put(t->pool, th->cache, item);
+			drain(t, th, st->bwd_in[b]);
 	}
 	mbp_pool_cache_flush(th->cache); /* idle until the next step: strand nothing in the cache */
 }
@@ -705,6 +745,8 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		mbp__counter_reset(&st->c.r_ns);
 		mbp__counter_reset(&st->c.r_count);
 		mbp__counter_reset(&st->c.act_peak);
+		mbp__counter_reset(&st->c.hops);
+		mbp__counter_reset(&st->c.local_hops);
 		mbp__trace_clear(&st->trace);
 	}
 	run_ops(t, th);
@@ -863,22 +905,44 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 	return 0;
 }
 
+/* A hop to another thread is a ring, one between two units of one thread a local FIFO. */
+static int hop_new(struct mbp_trainer *t, struct thop *h, bool local, uint32_t cap)
+{
+	*h = (struct thop){.mask = cap - 1};
+	if (!local)
+		return mbp__ring_new(&h->ring, cap, &t->wopts, 0);
+	h->q = calloc(cap, sizeof(*h->q));
+	return h->q ? 0 : -ENOMEM;
+}
+
+static void hop_free(struct thop *h)
+{
+	mbp__ring_destroy(h->ring);
+	free(h->q);
+	*h = (struct thop){0};
+}
+
+/* The stage's hop over boundary ring `link` (its other end a remote part's agent). */
+static struct thop *link_hop(struct mbp_trainer *t, int link)
+{
+	t->rhop[link] = (struct thop){.ring = t->link[link]};
+	return &t->rhop[link];
+}
+
 static void free_stages(struct mbp_trainer *t)
 {
 	/* the threads are told to stop (or never ran): join them; the CPUs the plan claimed for them go back
 	 * to the record (a thread whose pin failed gave its claim back at once) */
 	mbp__crew_stop(&t->crew);
-	/* the up links belong to no stage before; the down links are the stage's fwd_out[0] and bwd_in[0]
-	 * (no replicas across ranks) */
-	for (unsigned s = 0; s < t->S; s++) {
-		mbp__ring_destroy(t->link[mbp__train_link(s, MBP__LINK_UP_FWD)]);
-		mbp__ring_destroy(t->link[mbp__train_link(s, MBP__LINK_UP_BWD)]);
-	}
+	/* the boundary rings are the trainer's; the hops to the next stage its unit's */
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(t->link); k++)
+		mbp__ring_destroy(t->link[k]);
+	memset(t->rhop, 0, sizeof(t->rhop));
 	for (unsigned u = 0; u < t->U; u++) {
 		struct tstage *st = &t->st[u];
 		for (unsigned b = 0; b < MBP_TRAIN_MAX_REPLICAS; b++) {
-			mbp__ring_destroy(st->fwd_out[b]);
-			mbp__ring_destroy(st->bwd_in[b]);
+			hop_free(&st->fwd_hop[b]);
+			hop_free(&st->bwd_hop[b]);
 		}
 		memset(st->fwd_in, 0, sizeof(st->fwd_in));
 		memset(st->fwd_out, 0, sizeof(st->fwd_out));
@@ -995,17 +1059,22 @@ static int setup(struct mbp_trainer *t)
 			return -ENOMEM;
 		if (mbp__trace_init(&st->trace, t->o.trace_events) < 0)
 			return -ENOMEM;
-		/* a ring each way to every replica of the next stage (micro-batch j: j mod nnext), where the
-		 * next global stage is this part's too (else a link, below) */
+		/* a hop each way to every replica of the next stage (micro-batch j: j mod nnext), where the
+		 * next global stage is this part's too (else a link, below): a ring to another thread, a
+		 * local FIFO where that replica runs on this unit's thread */
 		for (unsigned b = 0; s + 1 < t->S && t->gidx[s + 1] == t->gidx[s] + 1 && b < st->nnext; b++) {
 			uint32_t cap = next_pow2(t->o.max_mbs);
-			int rc = mbp__ring_new(&st->fwd_out[b], cap, &t->wopts, 0);
+			unsigned v = t->ub[s + 1] + b;
+			bool local = t->crew.thread_of[u] == t->crew.thread_of[v];
+			int rc = hop_new(t, &st->fwd_hop[b], local, cap);
 			if (rc == 0)
-				rc = mbp__ring_new(&st->bwd_in[b], cap, &t->wopts, 0);
+				rc = hop_new(t, &st->bwd_hop[b], local, cap);
 			if (rc < 0)
 				return rc;
-			t->st[t->ub[s + 1] + b].fwd_in[st->rep] = st->fwd_out[b];
-			t->st[t->ub[s + 1] + b].bwd_out[st->rep] = st->bwd_in[b];
+			st->fwd_out[b] = &st->fwd_hop[b];
+			st->bwd_in[b] = &st->bwd_hop[b];
+			t->st[v].fwd_in[st->rep] = st->fwd_out[b];
+			t->st[v].bwd_out[st->rep] = st->bwd_in[b];
 		}
 	}
 	for (unsigned s = 0; s < t->S && t->remote; s++) {
@@ -1022,16 +1091,17 @@ static int setup(struct mbp_trainer *t)
 		    (s + 1 == t->S || t->gidx[s + 1] != t->gidx[s] + 1) &&
 		    (rc = mbp__ring_new(&l[MBP__LINK_DOWN_FWD], cap, &t->wopts, 0)) == 0)
 			rc = mbp__ring_new(&l[MBP__LINK_DOWN_BWD], cap, &t->wopts, 0);
+		int id = mbp__train_link(s, 0);
 		if (l[MBP__LINK_UP_FWD]) {
-			st->fwd_in[0] = l[MBP__LINK_UP_FWD];
-			st->bwd_out[0] = l[MBP__LINK_UP_BWD];
+			st->fwd_in[0] = link_hop(t, id + MBP__LINK_UP_FWD);
+			st->bwd_out[0] = link_hop(t, id + MBP__LINK_UP_BWD);
 			st->bwd_kick = true;
 			if (t->sched_threads) /* the stage before is another part's: its rows are the input's */
 				st->din_w = 0;
 		}
 		if (l[MBP__LINK_DOWN_FWD]) {
-			st->fwd_out[0] = l[MBP__LINK_DOWN_FWD];
-			st->bwd_in[0] = l[MBP__LINK_DOWN_BWD];
+			st->fwd_out[0] = link_hop(t, id + MBP__LINK_DOWN_FWD);
+			st->bwd_in[0] = link_hop(t, id + MBP__LINK_DOWN_BWD);
 			st->fwd_kick = true;
 		}
 		if (rc < 0)
@@ -1566,6 +1636,8 @@ static void unit_stats(struct mbp_trainer *t, unsigned u0, unsigned u1, mbp_trai
 		o->r_ns += mbp__counter_get(&x->c.r_ns);
 		o->r_count += (uint32_t)mbp__counter_get(&x->c.r_count);
 		o->act_peak_bytes += mbp__counter_get(&x->c.act_peak);
+		o->hops += (uint32_t)mbp__counter_get(&x->c.hops);
+		o->local_hops += (uint32_t)mbp__counter_get(&x->c.local_hops);
 	}
 }
 
@@ -1633,7 +1705,7 @@ int mbp_trainer_events_get(const mbp_trainer *t, mbp_train_event *ev, size_t n)
 				ev[k] = (mbp_train_event){.t0_ns = e->t0 - t->t_go,
 							  .t1_ns = e->t1 - t->t_go,
 							  .mb = e->mb,
-							  .stage = (uint16_t)t->st[u].idx,
+							  .stage = t->gidx[t->st[u].idx],
 							  .kind = e->kind};
 			}
 	return (int)k;

@@ -120,6 +120,10 @@ void mbp__trainer_fail_next_prepare(mbp_trainer *t, int err);
 /* Tests: the local trainer of an MPI trainer (libmbpipe-mpi). */
 struct mbp_mpi_trainer;
 mbp_trainer *mbp__mpi_trainer_local(struct mbp_mpi_trainer *T);
+/* Tests: while `hold` is set, this rank keeps every arrival of its open step at the head of its link
+ * (as one of a step not begun here): it is taken once the step has closed, and dropped then
+ * (mbp_mpi_train_stats.dropped): items on the wire past a failed step. Set between steps. */
+void mbp__mpi_trainer_test_hold(struct mbp_mpi_trainer *T, bool hold);
 /* Tests: a late message. The ranks other than 0 hold their links' credits until the stop's handshake
  * begins, then 50 ms; rank 0 then looks for 200 ms for anything a peer sent after its last word, counted
  * over the process (mbp__mpi_trainer_late_seen). */

@@ -129,6 +129,20 @@ static void part_destroy(struct part *p)
 	mbp_mpi_trainer_destroy(p->t);
 }
 
+/* The failing-step test's gate: a forward that is to fail waits until its rank has sent more than
+ * `gate_sent` items (what it ran before is on the wire). NULL: no gate. */
+static mbp_mpi_trainer *gate;
+static uint64_t gate_sent;
+
+static int gated_forward(void *ctx, const mbp_train_io *io)
+{
+	struct toy *t = ctx;
+	if (gate && t->fail_kind == MBP_OP_F && (int)io->mb == t->fail_mb)
+		for (mbp_mpi_train_stats st = {0}; st.sent <= gate_sent; usleep(200))
+			ck_assert_int_eq(mbp_mpi_trainer_stats_get(gate, &st, NULL, 0), SPR);
+	return toy_forward(ctx, io);
+}
+
 static int part_start(struct part *p, mbp_train_opts o)
 {
 	mbp_sched_kind kind = o.schedule;
@@ -145,6 +159,7 @@ static int part_start(struct part *p, mbp_train_opts o)
 		unsigned g = p->g[i];
 		toy_init(&p->st[i], g + 1);
 		mbp_train_stage_desc d = toy_desc(&p->st[i], whole_backward(kind, g));
+		d.forward = gated_forward;
 		rc = mbp_mpi_trainer_add_stage(p->t, &d);
 		if (rc)
 			return rc;
@@ -332,6 +347,93 @@ START_TEST(a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_nex
 	failing_step(&p, &s, 2, S - SPR, MBP_OP_BIN, 0, MBP_OP_BIN);
 	failing_step(&p, &s, 4, SPR, MBP_OP_W, 5, MBP_OP_W);
 	end_counted(&p, &s, 3, 3);
+}
+END_TEST
+
+/* Items of a failed step still on the wire are not taken by the next step: rank 0's last stage fails its
+ * second forward once its first output is sent, and rank 1 holds every arrival of that step at the head
+ * of its link until the step has closed there; the held activation is then dropped (counted), and the
+ * next step gives the single process's parameters, bit for bit, on every rank. */
+START_TEST(items_of_a_failed_step_left_on_the_wire_are_dropped_and_the_next_step_is_exact)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_new(&p, MBP_SCHED_1F1B, 0), 0);
+	single_new(&s, MBP_SCHED_1F1B);
+	mbp_mpi_train_stats st;
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	gate = rank == 0 ? p.t : NULL;
+	gate_sent = st.sent;
+	if (rank == 1)
+		mbp__mpi_trainer_test_hold(p.t, true);
+	/* rank 0's last stage, SPR - 1: its output of micro-batch 0 goes to rank 1, its forward of 1 fails */
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	struct toy before[SPR];
+	memcpy(before, p.st, sizeof(before));
+	if (rank == 0) {
+		p.st[SPR - 1].fail_kind = MBP_OP_F;
+		p.st[SPR - 1].fail_mb = 1;
+	}
+	ck_assert_int_eq(step(&p, in, tg, NULL), -EIO);
+	mbp_train_error e;
+	ck_assert_int_eq(mbp_mpi_trainer_error(p.t, &e), 0);
+	ck_assert_int_eq(e.stage, SPR - 1);
+	ck_assert_int_eq(e.mb, 1);
+	for (unsigned i = 0; i < SPR; i++) {
+		ck_assert(memcmp(p.st[i].w, before[i].w, sizeof(before[i].w)) == 0);
+		ck_assert_uint_eq(p.st[i].updates, 0);
+	}
+	gate = NULL;
+	if (rank == 1)
+		mbp__mpi_trainer_test_hold(p.t, false);
+	p.st[SPR - 1].fail_kind = -1;
+	/* the held item stands before the next step's in rank 1's link: dropped before they are taken */
+	make_data(in, tg, ROWS, 1);
+	step_as_single(&p, &s, in, tg);
+	make_data(in, tg, ROWS, 2);
+	step_as_single(&p, &s, in, tg);
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	ck_assert_msg(st.dropped == (rank == 1 ? 1u : 0u), "rank %d dropped %llu", rank,
+		      (unsigned long long)st.dropped);
+	end_counted(&p, &s, 2, 1);
+}
+END_TEST
+
+/* The events a rank gives name its stages by their index in the whole pipeline, as many as its
+ * schedule's lists hold, under a block schedule and a chunked one (a rank's chunks not consecutive). */
+START_TEST(events_across_ranks_name_the_stages_by_their_global_index)
+{
+	const mbp_sched_kind ks[] = {MBP_SCHED_1F1B, MBP_SCHED_ZBV};
+	for (size_t k = 0; k < 2; k++) {
+		struct part p;
+		mbp_train_opts o = toy_opts(ks[k]);
+		o.trace_events = 256;
+		ck_assert_int_eq(part_start(&p, o), 0);
+		size_t rows = ks[k] == MBP_SCHED_ZBV ? chunk_rows() : ROWS;
+		float in[32 * MBR * N], tg[32 * MBR * N];
+		make_data(in, tg, rows, 0);
+		ck_assert_int_eq(step_rows(&p, in, tg, rows, NULL), 0);
+		mbp_train_event ev[512];
+		int n = mbp_mpi_trainer_events_get(p.t, ev, 512);
+		ck_assert_int_gt(n, 0);
+		ck_assert_int_le(n, 512);
+		ck_assert_int_eq(mbp_mpi_trainer_events_get(p.t, NULL, 0), n);
+		const mbp_schedule *sc = mbp_trainer_schedule(mbp__mpi_trainer_local(p.t));
+		int want = 0;
+		for (unsigned i = 0; i < SPR; i++) {
+			const mbp_sched_op *ops;
+			size_t m = mbp_schedule_stage_ops(sc, p.g[i], &ops), got = 0;
+			for (int j = 0; j < n; j++)
+				got += ev[j].stage == p.g[i];
+			ck_assert_msg(got == m, "rank %d, %s: %zu events of stage %u, its list %zu", rank,
+				      mbp_sched_name(ks[k]), got, p.g[i], m);
+			want += (int)m;
+		}
+		ck_assert_int_eq(n, want); /* none of another stage */
+		part_destroy(&p);
+	}
+	ck_assert_int_eq(mbp_mpi_trainer_events_get(NULL, NULL, 0), -EINVAL);
 }
 END_TEST
 
@@ -666,9 +768,39 @@ static void chunked_as_single(mbp_sched_kind kind, uint32_t threads)
 		}
 	}
 	mbp_mpi_train_stats st;
-	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+	mbp_train_stage_stats ss[SPR];
+	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, ss, SPR), SPR);
 	ck_assert_uint_eq(st.local.steps, 3);
 	ck_assert_uint_eq(st.local.threads, threads ? threads : 1);
+	/* the last step's hops: M outputs on and M input gradients back a stage (none past the ends), to
+	 * another thread or rank through a ring, to a chunk of the same thread directly, as the schedule's
+	 * figures count them over this rank's threads (a placed schedule: they are the rank's own) */
+	unsigned sh = 0, sl = 0, all = 0;
+	for (unsigned i = 0; i < SPR; i++) {
+		sh += ss[i].hops;
+		sl += ss[i].local_hops;
+		all += M * ((p.g[i] + 1 < total_stages()) + (p.g[i] > 0));
+	}
+	ck_assert_uint_eq(sh + sl, all);
+	const mbp_schedule *sc = mbp_trainer_schedule(mbp__mpi_trainer_local(p.t));
+	if (mbp_schedule_threads(sc)) {
+		unsigned fh = 0, fl = 0, seen[SPR], nseen = 0;
+		for (unsigned i = 0; i < SPR; i++) {
+			unsigned th = mbp_schedule_thread_of(sc, p.g[i], 0), k = 0;
+			while (k < nseen && seen[k] != th)
+				k++;
+			if (k < nseen)
+				continue;
+			seen[nseen++] = th;
+			mbp_sched_thread_figures f;
+			ck_assert_int_eq(mbp_schedule_thread_figures(sc, 0, th, &f), 0);
+			fh += f.hops;
+			fl += f.local_hops;
+		}
+		ck_assert_msg(sh == fh && sl == fl,
+			      "rank %d, %s: %u hops and %u local, the schedule's %u, %u", rank,
+			      mbp_sched_name(kind), sh, sl, fh, fl);
+	}
 	ck_assert_uint_eq(st.stage0, p.g[0]);
 	ck_assert_uint_eq(st.stages, total_stages());
 	/* per step, M items over each hop to or from another rank (the activations out of a stage whose
@@ -779,6 +911,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit);
 	tcase_add_test(tc, a_stage_failure_on_another_rank_fails_the_step_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, a_refusing_check_on_any_rank_fails_the_step_everywhere_before_any_update);
+	tcase_add_test(tc, items_of_a_failed_step_left_on_the_wire_are_dropped_and_the_next_step_is_exact);
+	tcase_add_test(tc, events_across_ranks_name_the_stages_by_their_global_index);
 	tcase_add_test(tc, an_update_that_breaks_its_contract_fails_every_later_step_on_every_rank);
 	tcase_add_test(tc, no_rank_allocates_a_buffer_after_the_first_step);
 	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);

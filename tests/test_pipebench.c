@@ -1931,12 +1931,17 @@ START_TEST(train_measures_the_chunked_schedules_side_by_side)
 	ck_assert_int_eq(cJSON_GetArraySize(sc), 3);
 	static const char *const names[] = {"1f1b", "zbv", "interleaved"};
 	static const int chunks[] = {1, 2, 2}, held[3][2] = {{2, 1}, {4, 4}, {5, 3}};
+	/* per thread and step: every chunk's outputs and input gradients; under zbv thread 1's two chunks
+	 * meet (8 forwards and 8 input gradients passed locally), under interleaved none do */
+	static const int hops[3][2] = {{8, 8}, {16, 16}, {24, 24}}, local[3][2] = {{0, 0}, {0, 16}, {0, 0}};
 	for (int i = 0; i < 3; i++) {
 		const cJSON *x = cJSON_GetArrayItem(sc, i);
 		ck_assert_str_eq(field(x, "schedule", cJSON_String)->valuestring, names[i]);
 		ck_assert(num(x, "chunks") == chunks[i] && num(x, "threads") == 2);
 		ck_assert_int_eq(cJSON_GetArraySize(field(x, "stages", cJSON_Array)), 2 * chunks[i]);
 		int_array_is(x, "thread_held_peak", held[i], 2);
+		int_array_is(x, "thread_hops", hops[i], 2);
+		int_array_is(x, "thread_local_hops", local[i], 2);
 		/* every chunk's operations: F, and B_in and W under zbv */
 		const cJSON *ev = field(field(x, "gantt", cJSON_Object), "events", cJSON_Array);
 		ck_assert_int_eq(cJSON_GetArraySize(ev), 2 * chunks[i] * 8 * (i == 1 ? 3 : 2));

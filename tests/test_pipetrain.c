@@ -398,6 +398,18 @@ START_TEST(a_small_run_lowers_the_loss_and_its_json_parses)
 	ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(s0, "hands_over")));
 	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(st, 1), "hands_over")));
 	ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetArrayItem(st, 2), "hands_over")));
+	/* the last step's hops: each stage's 4 outputs on (not the last's) and 4 input gradients back (not
+	 * stage 0's), passed directly where the neighbour runs on the same thread, else through a ring */
+	int th[3];
+	for (int s = 0; s < 3; s++)
+		th[s] = cJSON_GetObjectItem(cJSON_GetArrayItem(st, s), "thread")->valueint;
+	for (int s = 0; s < 3; s++) {
+		const cJSON *o = cJSON_GetArrayItem(st, s);
+		int fwd = s < 2 ? 4 : 0, bwd = s > 0 ? 4 : 0;
+		int local = (s < 2 && th[s + 1] == th[s] ? fwd : 0) + (s > 0 && th[s - 1] == th[s] ? bwd : 0);
+		ck_assert_int_eq(cJSON_GetObjectItem(o, "local_hops")->valueint, local);
+		ck_assert_int_eq(cJSON_GetObjectItem(o, "hops")->valueint, fwd + bwd - local);
+	}
 	ck_assert(cJSON_IsNull(cJSON_GetObjectItem(root, "stopped")));
 	/* the human lines went to stderr: one per epoch */
 	unsigned ep_lines = 0;

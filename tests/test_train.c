@@ -298,6 +298,116 @@ START_TEST(stash_high_water_marks_equal_the_schedules_figures)
 }
 END_TEST
 
+/* Thread t's hand-offs and local passes over its stages' counts equal the schedule's figures. */
+static void hops_match_figures(mbp_trainer *t, unsigned S)
+{
+	mbp_train_stats st;
+	mbp_train_stage_stats ss[MBP_MAX_STAGES];
+	ck_assert_int_eq(mbp_trainer_stats_get(t, &st, ss, S), (int)S);
+	const mbp_schedule *sc = mbp_trainer_schedule(t);
+	for (unsigned th = 0; th < st.threads; th++) {
+		unsigned hops = 0, local = 0;
+		for (unsigned s = 0; s < S; s++)
+			if (ss[s].thread == th) {
+				hops += ss[s].hops;
+				local += ss[s].local_hops;
+			}
+		mbp_sched_thread_figures f;
+		ck_assert_int_eq(mbp_schedule_thread_figures(sc, st.threads, th, &f), 0);
+		ck_assert_msg(hops == f.hops && local == f.local_hops,
+			      "%s, %u threads, thread %u: %u hops and %u local, the schedule's %u and %u",
+			      mbp_sched_name(mbp_schedule_kind(sc)), st.threads, th, hops, local, f.hops,
+			      f.local_hops);
+	}
+}
+
+START_TEST(hops_between_stages_of_one_thread_pass_locally_as_the_schedule_counts_them)
+{
+	/* two chunks a thread (interleaved v = 2, ZB-V) on one and two threads, and 1F1B's block of two
+	 * stages a thread: a hop inside a thread is a local pass, the others a ring's */
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_INTERLEAVED, MBP_SCHED_ZBV, MBP_SCHED_1F1B};
+	float in[64 * N], tg[64 * N];
+	make_data(in, tg, 64, 1);
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++)
+		for (unsigned T = 1; T <= 2; T++) {
+			unsigned S = 2 * T;
+			struct rig r;
+			struct toy ref[4];
+			rig_new(&r, S, kinds[k], T, kinds[k] != MBP_SCHED_ZBV);
+			memcpy(ref, r.st, sizeof(ref));
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 8, NULL), 0); /* M = 8 */
+			hops_match_figures(r.t, S);
+			mbp_train_stage_stats ss[4];
+			ck_assert_int_eq(mbp_trainer_stats_get(r.t, NULL, ss, S), (int)S);
+			unsigned hops = 0, local = 0;
+			for (unsigned s = 0; s < S; s++) {
+				hops += ss[s].hops;
+				local += ss[s].local_hops;
+			}
+			/* every hop is one or the other: M forwards and M input gradients a boundary */
+			ck_assert_uint_eq(hops + local, 2 * 8 * (S - 1));
+			/* one thread: nothing handed off; two: under ZB-V only the middle pair of chunks shares
+			 * one, under interleaved none, under 1F1B each thread's two stages do */
+			unsigned want_local = T == 1				  ? 2 * 8 * (S - 1)
+					      : kinds[k] == MBP_SCHED_INTERLEAVED ? 0
+					      : kinds[k] == MBP_SCHED_ZBV	  ? 2 * 8
+										  : 2 * 2 * 8;
+			ck_assert_uint_eq(local, want_local);
+			reference_step(ref, S, in, tg, 64, 8);
+			params_equal(r.st, ref, S);
+			mbp_trainer_destroy(r.t);
+		}
+}
+END_TEST
+
+START_TEST(a_chunk_failing_while_items_wait_in_a_local_slot_leaks_nothing_and_the_next_step_is_exact)
+{
+	/* every stage on one thread: the last stage's first forward fails while outputs of the stage
+	 * before it, run ahead by the schedule (looped BFS: all of them; 1F1B, GPipe: their global order's
+	 * lag), wait in the local FIFO between them */
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_LOOPED_BFS, MBP_SCHED_1F1B, MBP_SCHED_GPIPE};
+	static const unsigned stages[] = {2, 3, 3};
+	float in[64 * N], tg[64 * N];
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++) {
+		unsigned S = stages[k];
+		struct rig r;
+		struct toy before[4], ref[4];
+		rig_new(&r, S, kinds[k], 1, kinds[k] != MBP_SCHED_ZBV);
+		memcpy(before, r.st, sizeof(before));
+		r.st[S - 1].fail_kind = MBP_OP_F;
+		r.st[S - 1].fail_mb = 0;
+		make_data(in, tg, 64, 0);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 8, NULL), -EIO);
+		mbp_train_error e;
+		ck_assert_int_eq(mbp_trainer_error(r.t, &e), 0);
+		ck_assert_int_eq(e.stage, (int)S - 1);
+		ck_assert_int_eq(e.mb, 0);
+		ck_assert_int_eq(e.op, MBP_OP_F);
+		mbp_train_stage_stats ss[4];
+		ck_assert_int_eq(mbp_trainer_stats_get(r.t, NULL, ss, S), (int)S);
+		/* the chunk before passed more outputs on than the failing one took (its forwards ran) */
+		ck_assert_uint_eq(ss[S - 2].hops, 0);
+		ck_assert_msg(ss[S - 2].local_hops > ss[S - 1].f_count, "%s: %u passed, %u taken",
+			      mbp_sched_name(kinds[k]), ss[S - 2].local_hops, ss[S - 1].f_count);
+		params_equal(r.st, before, S);
+		for (unsigned s = 0; s < S; s++) {
+			ck_assert_uint_eq(r.st[s].updates, 0);
+			ck_assert_uint_eq(r.st[s].discards, 1);
+		}
+		no_buffer_out(r.t); /* what sat in the local FIFOs went back to the pool */
+		r.st[S - 1].fail_kind = -1;
+		memcpy(ref, r.st, sizeof(ref));
+		make_data(in, tg, 64, 1);
+		ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 64, 8, NULL), 0);
+		reference_step(ref, S, in, tg, 64, 8);
+		params_equal(r.st, ref, S);
+		hops_match_figures(r.t, S);
+		no_buffer_out(r.t);
+		mbp_trainer_destroy(r.t); /* the pool checks that every buffer came back */
+	}
+}
+END_TEST
+
 /* start refuses the stages with -EINVAL, and mbp_trainer_error names the stage */
 static void start_refused_naming(mbp_trainer *t, int stage)
 {
@@ -1713,6 +1823,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_chunked_schedule_refuses_a_thread_count_it_cannot_place);
 	tcase_add_test(tc, a_schedule_read_from_text_trains_bit_for_bit);
 	tcase_add_test(tc, stash_high_water_marks_equal_the_schedules_figures);
+	tcase_add_test(tc, hops_between_stages_of_one_thread_pass_locally_as_the_schedule_counts_them);
+	tcase_add_test(
+	    tc, a_chunk_failing_while_items_wait_in_a_local_slot_leaks_nothing_and_the_next_step_is_exact);
 	tcase_add_test(tc, zbh1_refuses_a_stage_without_split_backward);
 	tcase_add_test(tc, injected_failure_at_any_operation_leaves_every_parameter_unchanged);
 	tcase_add_test(tc, non_finite_loss_fails_the_step_with_edom);

@@ -279,7 +279,7 @@ int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st);
  * Thread safety:
  *   operation                                    | concurrency
  *   mbp_mpi_trainer_cancel, _drain, _stats_get   | any thread, also while a step runs
- *   new, add_stage, start, step, serve, error, destroy | one controlling thread
+ *   new, add_stage, start, step, serve, error, events_get, destroy | one controlling thread
  */
 typedef struct mbp_mpi_trainer mbp_mpi_trainer;
 
@@ -368,6 +368,17 @@ typedef struct mbp_mpi_train_stats {
 /** Snapshot; `ss` receives up to n of this rank's stages. @return this rank's stage count, -EINVAL. */
 int mbp_mpi_trainer_stats_get(mbp_mpi_trainer *t, mbp_mpi_train_stats *st, mbp_train_stage_stats *ss,
 			      unsigned n);
+
+/**
+ * The operations this rank ran in the last step, as mbp_trainer_events_get() gives them (tracing on:
+ * trace_events in the trainer's options): stage by stage, this rank's stages in ascending order, each
+ * event's stage its index in the whole pipeline (stage0 and up, or a chunked schedule's chunks here).
+ * The controlling thread, between steps.
+ * @param ev receives up to n events; may be NULL when n is 0 (to ask for the count)
+ * @return the number of events recorded (more than n when ev was too small: only n were written),
+ *         -EINVAL (NULL t, NULL ev with n > 0, tracing off).
+ */
+int mbp_mpi_trainer_events_get(const mbp_mpi_trainer *t, mbp_train_event *ev, size_t n);
 
 #ifdef __cplusplus
 }

@@ -221,8 +221,13 @@ int mbp_sched_parse(const char *name, mbp_sched_kind *kind);
  *   interleaved  chunk c on thread c mod p (interleaved 1F1B, looped BFS: S = v * p, v chunks a thread);
  *   V            chunk c on thread c for c < p, 2p - 1 - c after (ZB-V, DualPipeV: S = 2p);
  *   custom       what a schedule read from text says (each stage on the one thread that runs it).
- * The hop between two chunks of one thread is no hand-off to another thread (the thread keeps the
- * buffer); a hop to another thread goes through a ring as between stages.
+ * The hop between two chunks of one thread is no hand-off to another thread: the trainer passes the
+ * buffer directly, in a FIFO of that thread's own (no ring, no atomics; the thread's list runs the
+ * producer's operation before the consumer's, so the FIFO holds the micro-batches in the order they are
+ * taken). The same holds for consecutive stages of a block that share a thread, and for replicas on the
+ * same copy of a thread. A hop to another thread goes through a ring as between stages. A step's counts
+ * of both per stage (mbp_train_stage_stats.hops and local_hops) add up, over the stages of a thread, to
+ * mbp_schedule_thread_figures' hops and local_hops for that thread.
  */
 typedef enum mbp_sched_place {
 	MBP_PLACE_BLOCK = 0,
@@ -617,6 +622,9 @@ typedef struct mbp_train_stage_stats {
 	uint64_t act_stash_bytes, act_work_bytes;
 	uint64_t
 	    act_peak_bytes; /**< last step: most activation bytes (stashes and work buffers) held at once */
+	/** Last step: outputs and input gradients handed to another thread (a ring's push, a remote
+	 * part's link included), and those passed to a stage of its own thread (train.h, "Chunks"). */
+	uint32_t hops, local_hops;
 } mbp_train_stage_stats;
 
 typedef struct mbp_train_stats {
@@ -667,7 +675,7 @@ typedef struct mbp_train_event {
 	uint64_t t0_ns; /**< start, after any wait for its input, in ns from the step's start */
 	uint64_t t1_ns; /**< end, in ns from the step's start */
 	uint32_t mb;	/**< micro-batch */
-	uint16_t stage;
+	uint16_t stage; /**< its index in the whole pipeline (across ranks: the global one) */
 	uint8_t
 	    kind; /**< mbp_op_kind: the kind in the stage's list (mbp_schedule_stage_ops), or MBP_OP_R: the
 		           recomputation of the B or B_in that follows it */

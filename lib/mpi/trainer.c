@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,7 @@ struct mbp_mpi_trainer {
 	MPI_Request vote_req, tgt_req;
 	bool tgt_active;
 	_Atomic uint64_t dropped;
+	_Atomic bool hold; /* tests: arrivals of the open step wait at the head until it closes */
 };
 
 static mbp_mpi_trainer *of(struct mbp__run *r)
@@ -452,7 +454,8 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 		mbp__counter_add(&T->dropped, 1); /* the loop is its only writer */
 		return MBP__AGAIN;
 	}
-	if (h->tag != open)
+	/* relaxed: the test's flag, set between steps and ordered with nothing else */
+	if (h->tag != open || atomic_load_explicit(&T->hold, memory_order_relaxed))
 		return MBP__KEEP;
 	mb->seq = h->seq;
 	mb->rows = h->rows;
@@ -826,6 +829,12 @@ mbp_trainer *mbp__mpi_trainer_local(mbp_mpi_trainer *T)
 	return T->t;
 }
 
+void mbp__mpi_trainer_test_hold(mbp_mpi_trainer *T, bool hold)
+{
+	/* relaxed: a test's flag, set between steps; op_arrived reads it with nothing else to order */
+	atomic_store_explicit(&T->hold, hold, memory_order_relaxed);
+}
+
 void mbp__mpi_trainer_test_late(mbp_mpi_trainer *T)
 {
 	mbp__run_test_late(&T->r);
@@ -841,6 +850,13 @@ int mbp_mpi_trainer_error(const mbp_mpi_trainer *T, mbp_train_error *e)
 	if (!T || !e)
 		return -EINVAL;
 	return mbp_trainer_error(T->t, e);
+}
+
+int mbp_mpi_trainer_events_get(const mbp_mpi_trainer *T, mbp_train_event *ev, size_t n)
+{
+	if (!T)
+		return -EINVAL;
+	return mbp_trainer_events_get(T->t, ev, n); /* its stages named by their global index */
 }
 
 const char *mbp_mpi_trainer_run_error(const mbp_mpi_trainer *T)

@@ -615,9 +615,9 @@ static bool train_loud(const pb_train_report *rep)
 /* A stage list of figures, "8,8,4". */
 static const char *stage_list(const uint32_t *v, unsigned n)
 {
-	static char buf[3][MBP_MAX_STAGES * 11]; /* three in one line */
+	static char buf[5][MBP_MAX_STAGES * 11]; /* five in one line */
 	static unsigned which;
-	char *b = buf[which++ % 3];
+	char *b = buf[which++ % 5];
 	size_t len = 0;
 	b[0] = 0;
 	for (unsigned s = 0; s < n; s++)
@@ -649,7 +649,8 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 	print_noise(f, &rep->noise, rep->load_start, train_loud(rep));
 	fprintf(f, "\n%-11s %8s %5s %4s %8s %9s %6s %9s %8s %8s %5s %7s  %s\n", "schedule", "steps/s", "+-%",
 		"n", "step ms", "mb/s", "bubble", "predicted", "work ms", "ideal ms", "eff", "eff/id",
-		"stash peak / held peak per stage or chunk (t: held per thread, a chunk 1/v)");
+		"stash peak / held peak per stage or chunk (t: held per thread, a chunk 1/v; h: per thread, "
+		"hops to another thread + passes between its own chunks)");
 	for (unsigned i = 0; i < rep->n; i++) {
 		const pb_train_result *r = &rep->r[i];
 		const char *name = mbp_sched_name(r->kind);
@@ -665,14 +666,15 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 		fmt_ms(step, sizeof(step), r->step_ms.median);
 		fmt_ms(work, sizeof(work), r->work_ms);
 		fmt_ms(ideal, sizeof(ideal), r->ideal_ms);
-		fprintf(
-		    f,
-		    "%-11s %8.1f %5s %4u %8s %9.0f %6.3f %9.3f %8s %8s %5.3f %7.3f  %s / %s (t %s)%s%s%s\n",
-		    name, r->rate.median, pm, r->repeats, step, r->mbs_per_s, r->bubble.median,
-		    r->bubble_predicted, work, ideal, r->efficiency, r->eff_of_predicted,
-		    stage_list(r->stash_peak, r->stages), stage_list(r->held_peak, r->stages),
-		    stage_list(r->thread_held, r->threads), r->loud ? "  loud" : "",
-		    r->status ? "  FAILED: " : "", r->status ? r->error : "");
+		fprintf(f,
+			"%-11s %8.1f %5s %4u %8s %9.0f %6.3f %9.3f %8s %8s %5.3f %7.3f  %s / %s (t %s; h %s "
+			"+ %s)%s%s%s\n",
+			name, r->rate.median, pm, r->repeats, step, r->mbs_per_s, r->bubble.median,
+			r->bubble_predicted, work, ideal, r->efficiency, r->eff_of_predicted,
+			stage_list(r->stash_peak, r->stages), stage_list(r->held_peak, r->stages),
+			stage_list(r->thread_held, r->threads), stage_list(r->thread_hops, r->threads),
+			stage_list(r->thread_local_hops, r->threads), r->loud ? "  loud" : "",
+			r->status ? "  FAILED: " : "", r->status ? r->error : "");
 	}
 	fprintf(f,
 		"(steps/s: median over the repeats, +-%%: half-width of its 95%% interval, n: repeats; "
@@ -772,6 +774,8 @@ static cJSON *json_train_result(const pb_train_result *r, unsigned S, bool gantt
 	cJSON_AddItemToObject(o, "held_peak_schedule", json_stage_figures(r->held_expected, S));
 	cJSON_AddNumberToObject(o, "chunks", r->chunks);
 	cJSON_AddItemToObject(o, "thread_held_peak", json_stage_figures(r->thread_held, r->threads));
+	cJSON_AddItemToObject(o, "thread_hops", json_stage_figures(r->thread_hops, r->threads));
+	cJSON_AddItemToObject(o, "thread_local_hops", json_stage_figures(r->thread_local_hops, r->threads));
 	cJSON *st = cJSON_AddArrayToObject(o, "stages");
 	for (unsigned s = 0; s < S; s++) {
 		cJSON *e = cJSON_CreateObject();

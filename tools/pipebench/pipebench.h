@@ -561,6 +561,9 @@ typedef struct pb_train_result {
 	uint32_t held_peak[MBP_MAX_STAGES], held_expected[MBP_MAX_STAGES];
 	uint32_t thread_held[MBP_MAX_STAGES]; /* per thread: the schedule's held peak over its chunks (a
 						 chunk's micro-batch counts 1 / chunks of a stage's) */
+	/* per thread, a step's: outputs and input gradients handed to another thread (a ring), and
+	 * passed between two chunks of its own (no ring); the trainer's counts, the schedule's figures */
+	uint32_t thread_hops[MBP_MAX_STAGES], thread_local_hops[MBP_MAX_STAGES];
 	mbp_train_event *ev; /* the fastest measured step's operations, for the Gantt chart */
 	size_t nev;
 	uint64_t ev_step_ns; /* that step's time */

@@ -792,6 +792,8 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 			t->stash_peak = ss[s].stash_peak;
 		if (ss[s].held_peak > t->held_peak)
 			t->held_peak = ss[s].held_peak;
+		t->hops = ss[s].hops;
+		t->local_hops = ss[s].local_hops;
 	}
 	r->rep.threads = ts.threads;
 	if (ts.act_peak_bytes > r->rep.act_peak_bytes)

@@ -401,6 +401,8 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddNumberToObject(o, "bubble", r->wall_s > 0 ? 1 - t->compute_s / r->wall_s : 0);
 		cJSON_AddNumberToObject(o, "stash_peak", t->stash_peak);
 		cJSON_AddNumberToObject(o, "held_peak", t->held_peak);
+		cJSON_AddNumberToObject(o, "hops", t->hops);
+		cJSON_AddNumberToObject(o, "local_hops", t->local_hops);
 		cJSON_AddNumberToObject(o, "profiled_us", t->profiled_us);
 		cJSON_AddNumberToObject(o, "peak_activation_bytes", (double)t->act_peak_bytes);
 		cJSON_AddNumberToObject(o, "stash_bytes_per_mb", (double)t->stash_row_bytes * c->mb);

@@ -263,6 +263,7 @@ typedef struct pt_stage_total {
 	uint64_t act_peak_bytes;		/* most activation bytes it held at once in a step */
 	double profiled_us; /* the layers' profiled cost per micro-batch (0: not profiled, one stage) */
 	unsigned replicas;  /* --replicas: its threads (their figures summed above) */
+	unsigned hops, local_hops; /* the last step's: handed to another thread, passed on its own */
 } pt_stage_total;
 
 typedef struct pt_report {
