@@ -337,6 +337,20 @@ int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *c
 	return 0;
 }
 
+int mbp__run_check(struct mbp__run *r, int who, bool started)
+{
+	if (!r)
+		return -EINVAL;
+	if ((who == MBP__RUN_RANK0 && r->rank != 0) || (who == MBP__RUN_OTHERS && r->rank == 0))
+		return -EPERM;
+	if (!started)
+		return 0;
+	pthread_mutex_lock(&r->lock);
+	bool fresh = r->state == MBP__RUN_NEW;
+	pthread_mutex_unlock(&r->lock);
+	return fresh ? -ENOTCONN : 0;
+}
+
 void mbp__run_wait_end(struct mbp__run *r)
 {
 	while (r->state == MBP__RUN_RUNNING)

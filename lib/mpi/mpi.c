@@ -501,15 +501,9 @@ static void entry_submitted(mbp_mpi *mp, uint64_t seq, int rc, struct carrier *c
 		retire(mp);
 }
 
-static int check_rank0(const mbp_mpi *mp)
+static int check_rank0(mbp_mpi *mp)
 {
-	if (!mp)
-		return -EINVAL;
-	if (mp->r.rank != 0)
-		return -EPERM;
-	if (mp->r.state == MBP__RUN_NEW)
-		return -ENOTCONN;
-	return 0;
+	return mbp__run_check(mp ? &mp->r : NULL, MBP__RUN_RANK0, true);
 }
 
 int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
@@ -884,12 +878,9 @@ int mbp_mpi_cancel(mbp_mpi *mp)
 
 int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)
 {
-	if (!mp)
-		return -EINVAL;
-	if (mp->r.rank == 0)
-		return -EPERM;
-	if (mp->r.state == MBP__RUN_NEW)
-		return -ENOTCONN;
+	int rc = mbp__run_check(mp ? &mp->r : NULL, MBP__RUN_OTHERS, true);
+	if (rc)
+		return rc;
 	struct timespec ts;
 	const struct timespec *dl = mbp__run_deadline(timeout_ns, &ts);
 	bool cancel_done = false;
@@ -910,7 +901,7 @@ int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)
 			return -ETIMEDOUT;
 		}
 	}
-	int rc = mp->r.err ? mp->r.err : mp->cancelled ? -ECANCELED : 0;
+	rc = mp->r.err ? mp->r.err : mp->cancelled ? -ECANCELED : 0;
 	bool cancel = mp->r.dead || mp->cancelled;
 	pthread_mutex_unlock(&mp->r.lock);
 	after_loop(mp, cancel);

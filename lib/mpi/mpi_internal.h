@@ -233,6 +233,10 @@ enum { MBP__HS_RC, MBP__HS_IN, MBP__HS_OUT, MBP__HS_BYTES, MBP__HS_OWN, MBP__HS_
  */
 int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what,
 		   int (*local)(struct mbp__run *r, const uint64_t *all));
+/* A public call's check of its run: NULL (-EINVAL), the wrong rank for `who` (-EPERM), not started when
+ * `started` is asked (-ENOTCONN: the state read under the lock, which the loop writes at the end). */
+enum { MBP__RUN_ANY, MBP__RUN_RANK0, MBP__RUN_OTHERS };
+int mbp__run_check(struct mbp__run *r, int who, bool started);
 /* Lock held: wait until the loop has ended the run; then (unlocked) for its task. */
 void mbp__run_wait_end(struct mbp__run *r);
 void mbp__run_join(struct mbp__run *r);

@@ -701,15 +701,6 @@ static int ended_rc_locked(const mbp_mpi_trainer *T)
 	return T->r.err ? T->r.err : -ESHUTDOWN;
 }
 
-/* The state, read under the lock (the loop's thread writes MBP__RUN_ENDED). */
-static int state_of(mbp_mpi_trainer *T)
-{
-	pthread_mutex_lock(&T->r.lock);
-	int st = T->r.state;
-	pthread_mutex_unlock(&T->r.lock);
-	return st;
-}
-
 /* Ranks other than 0: wait for rank 0's next step and run this rank's part of it. *ended: the run is
  * over (the return value says why). */
 static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
@@ -736,20 +727,19 @@ static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
 int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets, size_t rows,
 			 uint32_t mb_rows, double *loss)
 {
-	if (!T)
-		return -EINVAL;
-	if (state_of(T) == MBP__RUN_NEW)
-		return -ENOTCONN;
+	int rc = mbp__run_check(T ? &T->r : NULL, MBP__RUN_ANY, true);
+	if (rc)
+		return rc;
 	if (T->r.rank != 0) {
 		if (in || targets || rows || mb_rows)
 			return -EINVAL;
 		bool ended = false;
-		int rc = serve_step(T, loss, &ended);
+		rc = serve_step(T, loss, &ended);
 		return ended && rc == -ECANCELED ? -ESHUTDOWN : rc;
 	}
 	if (!in || !targets)
 		return -EINVAL;
-	int rc = mbp__train_size_check(rows, mb_rows, T->o.max_mb_rows, T->o.max_mbs);
+	rc = mbp__train_size_check(rows, mb_rows, T->o.max_mb_rows, T->o.max_mbs);
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&T->r.lock);
@@ -781,15 +771,12 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 
 int mbp_mpi_trainer_serve(mbp_mpi_trainer *T)
 {
-	if (!T)
-		return -EINVAL;
-	if (T->r.rank == 0)
-		return -EPERM;
-	if (state_of(T) == MBP__RUN_NEW)
-		return -ENOTCONN;
+	int rc = mbp__run_check(T ? &T->r : NULL, MBP__RUN_OTHERS, true);
+	if (rc)
+		return rc;
 	for (;;) {
 		bool ended = false;
-		int rc = serve_step(T, NULL, &ended);
+		rc = serve_step(T, NULL, &ended);
 		if (ended)
 			return rc == -ESHUTDOWN ? 0 : rc;
 	}
@@ -797,10 +784,9 @@ int mbp_mpi_trainer_serve(mbp_mpi_trainer *T)
 
 int mbp_mpi_trainer_cancel(mbp_mpi_trainer *T)
 {
-	if (!T)
-		return -EINVAL;
-	if (T->r.rank != 0)
-		return -EPERM;
+	int rc = mbp__run_check(T ? &T->r : NULL, MBP__RUN_RANK0, false);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&T->r.lock);
 	T->cancelled = true;
 	pthread_mutex_unlock(&T->r.lock);
@@ -811,10 +797,9 @@ int mbp_mpi_trainer_cancel(mbp_mpi_trainer *T)
 
 int mbp_mpi_trainer_drain(mbp_mpi_trainer *T)
 {
-	if (!T)
-		return -EINVAL;
-	if (T->r.rank != 0)
-		return -EPERM;
+	int rc = mbp__run_check(T ? &T->r : NULL, MBP__RUN_RANK0, false);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&T->r.lock);
 	T->draining = true;
 	pthread_mutex_unlock(&T->r.lock);
