@@ -307,15 +307,17 @@ static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char
 	return 0;
 }
 
-int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what,
-		   int (*local)(struct mbp__run *r, const uint64_t *all))
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what)
 {
 	uint64_t *all = calloc((size_t)r->size, n * sizeof(*all));
 	struct hs h = {.r = r, .mine = mine, .n = n, .all = all};
 	int rc = all ? mbp__mpi_call(hs_task, &h) : -ENOMEM;
 	if (rc == 0 && (rc = check(r, all, n, names, what)) == 0) {
-		/* every rank passed alike: the flow's own start (collectives included), then its result shared */
-		int lrc = local(r, all);
+		/* every rank passed alike: the node's CPUs (collective), the flow's own start (collectives
+		 * included), the channel; then the result shared */
+		int lrc = mbp__mpi_node_share(&r->node_k, &r->node_m);
+		if (lrc == 0 && (lrc = r->ops->start(r, all)) == 0)
+			lrc = mbp__ctl_alloc(r, r->ops->mesh);
 		mine[MBP__HS_RC] = (uint64_t)(int64_t)lrc;
 		rc = mbp__mpi_call(hs_task, &h);
 		/* the first rank that failed says why; one that failed alike (a check of all[]) has said it */

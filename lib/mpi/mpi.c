@@ -321,21 +321,17 @@ static int alloc_run(mbp_mpi *mp)
 	if (rc == 0)
 		rc = mbp__run_link(r, false, (r->rank + r->size - 1) % r->size, TAG_LINK, 0,
 				   r->rank == 0 ? mp->res_pool : mp->pool, mp->cache);
-	return rc ? rc : mbp__ctl_alloc(r, false);
+	return rc;
 }
 
 enum { HS_ROWS = MBP__HS_SAME, HS_WINDOW, HS_N };
 
-/* Every rank passed the checks of the start: this rank's part of its node's CPUs (collective), its
- * pipeline, the run's buffers. */
-static int start_local(struct mbp__run *r, const uint64_t *all)
+/* Every rank passed the checks of the start: its pipeline on its part of the node, the run's buffers. */
+static int op_start(struct mbp__run *r, const uint64_t *all)
 {
 	mbp_mpi *mp = of(r);
 	mp->final_rb = all[(size_t)(r->size - 1) * HS_N + MBP__HS_OUT];
-	unsigned node_k, node_m;
-	int rc = mbp__mpi_node_share(&node_k, &node_m);
-	if (rc == 0)
-		rc = mbp__pipeline_node_share(mp->p, node_k, node_m);
+	int rc = mbp__pipeline_node_share(mp->p, r->node_k, r->node_m);
 	if (rc == 0)
 		rc = mbp_pipeline_start(mp->p);
 	return rc ? rc : alloc_run(mp);
@@ -356,7 +352,7 @@ int mbp_mpi_start(mbp_mpi *mp)
 				   (mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb) * mp->max_rows,
 			       [HS_ROWS] = mp->max_rows,
 			       [HS_WINDOW] = mp->r.mo.window};
-	return mbp__run_start(&mp->r, mine, HS_N, names, "micro-batches", start_local);
+	return mbp__run_start(&mp->r, mine, HS_N, names, "micro-batches");
 }
 
 /* ---- rank 0: the table and retiring ---- */
@@ -816,7 +812,8 @@ static const struct mbp__run_ops ops = {.next = op_next,
 					.fill = op_fill,
 					.may_stop = op_may_stop,
 					.dead = op_dead,
-					.closed = op_closed};
+					.closed = op_closed,
+					.start = op_start};
 
 /* ---- ending a run ---- */
 

@@ -170,6 +170,10 @@ struct mbp__run_ops {
 	void (*dead)(struct mbp__run *r);
 	/* the links are closed, the communicator not yet: give back what the flow holds */
 	void (*closed)(struct mbp__run *r);
+	/* the owner's thread, at mbp__run_start once every rank passed its checks (run->node_k and node_m
+	 * set): the flow's own start, collectives included; 0 or -errno (its msg may say why) */
+	int (*start)(struct mbp__run *r, const uint64_t *all);
+	bool mesh; /* the channel joins every pair of ranks (mbp__ctl_alloc) */
 };
 
 enum { MBP__RUN_NEW = 0, MBP__RUN_RUNNING, MBP__RUN_ENDED };
@@ -205,6 +209,7 @@ struct mbp__run {
 	struct mbp__ctl ctl;   /* the loop's */
 	struct mbp__link link[MBP__RUN_LINKS];
 	unsigned nlinks;
+	unsigned node_k, node_m; /* this rank's part of its node's CPUs (mbp__mpi_node_share) */
 	/* tests (mbp__run_test_late): the others hold their credits until the stop's handshake, then 50 ms
 	 * (link.c); rank 0 counts what comes after its peers' last words (loop.c) */
 	_Atomic bool test_late;
@@ -218,7 +223,7 @@ int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *op
 /* Tests: the run late messages (mbp__run's test_late); how many rank 0's runs have seen so far. */
 void mbp__run_test_late(struct mbp__run *r);
 uint64_t mbp__run_late_seen(void);
-/* Before go: a link (the control channel: mbp__ctl_alloc). 0 or -ENOMEM. */
+/* In ops->start: a link. 0 or -ENOMEM. */
 int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
 		  mbp_pool_cache *cache);
 /* The values every rank gives at start: its error so far, its row widths in and out, its largest message,
@@ -227,12 +232,11 @@ enum { MBP__HS_RC, MBP__HS_IN, MBP__HS_OUT, MBP__HS_BYTES, MBP__HS_OWN, MBP__HS_
 /*
  * Start, collective: every rank's mine[0..n) to every rank, checked (an error on a rank; a rank's OUT not
  * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_SAME on that is not rank
- * 0's, names[i - MBP__HS_SAME] in words); then on every rank the flow's own start, local(r, all), its
- * result shared, and the loop started. Every rank gets the same result; r->msg says why (local may word
- * its own failure there). 0 or -errno.
+ * 0's, names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the flow's own
+ * start (ops->start), the channel, the result shared, and the loop started. Every rank gets the same
+ * result; r->msg says why. 0 or -errno.
  */
-int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what,
-		   int (*local)(struct mbp__run *r, const uint64_t *all));
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what);
 /* A public call's check of its run: NULL (-EINVAL), the wrong rank for `who` (-EPERM), not started when
  * `started` is asked (-ENOTCONN: the state read under the lock, which the loop writes at the end). */
 enum { MBP__RUN_ANY, MBP__RUN_RANK0, MBP__RUN_OTHERS };

@@ -209,7 +209,7 @@ static int alloc_run(mbp_mpi_trainer *T)
 		if (peer && !(rc = mbp__run_link(r, true, q, TAG_DATA, q, pool, NULL)))
 			rc = mbp__run_link(r, false, q, TAG_DATA, q, pool, NULL);
 	}
-	return rc ? rc : mbp__ctl_alloc(r, true);
+	return rc;
 }
 
 enum { HS_TGT = MBP__HS_SAME, HS_ROWS, HS_MBS, HS_WINDOW, HS_SCHED, HS_CUSTOM, HS_N };
@@ -308,12 +308,14 @@ static void route_rings(mbp_mpi_trainer *T)
 	T->loss_rank = T->rank_of[T->stages - 1];
 }
 
-/* Every rank passed the checks of the start: each rank's stages in the whole pipeline; this rank's part
- * of its node's CPUs (collective), its trainer, the run's buffers. */
-static int start_local(struct mbp__run *r, const uint64_t *all)
+/* Every rank passed the checks of the start: each rank's stages in the whole pipeline, its trainer on its
+ * part of the node, the run's buffers. */
+static int op_start(struct mbp__run *r, const uint64_t *all)
 {
 	mbp_mpi_trainer *T = of(r);
 	struct mbp__train_remote rem = {.extra_buffers = 8,
+					.node_k = r->node_k,
+					.node_m = r->node_m,
 					.arg = T,
 					.kick = hook_kick,
 					.begin = hook_begin,
@@ -329,9 +331,7 @@ static int start_local(struct mbp__run *r, const uint64_t *all)
 	rem.stages = T->stages;
 	for (unsigned i = 0; i < T->nout; i++)
 		rem.extra_buffers += 2 * r->mo.window; /* a receive window per peer, the sends' */
-	rc = mbp__mpi_node_share(&rem.node_k, &rem.node_m);
-	if (rc == 0)
-		rc = mbp__trainer_set_remote(T->t, &rem);
+	rc = mbp__trainer_set_remote(T->t, &rem);
 	if (rc == 0 && (rc = mbp_trainer_start(T->t)) != 0) {
 		mbp_train_error te = {0};
 		mbp_trainer_error(T->t, &te);
@@ -388,7 +388,7 @@ int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 			       [HS_WINDOW] = T->r.mo.window,
 			       [HS_SCHED] = (uint64_t)T->o.schedule,
 			       [HS_CUSTOM] = custom_hash(T->o.custom)};
-	return mbp__run_start(&T->r, mine, HS_N, names, "micro-batches or a step's targets", start_local);
+	return mbp__run_start(&T->r, mine, HS_N, names, "micro-batches or a step's targets");
 }
 
 /* ---- the run's operations (the loop's thread) ---- */
@@ -690,7 +690,9 @@ static const struct mbp__run_ops ops = {.next = op_next,
 					.fill = op_fill,
 					.may_stop = op_may_stop,
 					.dead = op_dead,
-					.closed = op_closed};
+					.closed = op_closed,
+					.start = op_start,
+					.mesh = true};
 
 /* ---- steps ---- */
 
