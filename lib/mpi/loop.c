@@ -296,11 +296,13 @@ static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char
 			snprintf(r->msg, sizeof(r->msg), "rank %d's %s exceed 2 GiB", k, what);
 			return -E2BIG;
 		}
-		for (unsigned i = MBP__HS_SAME; i < n; i++)
+		for (unsigned i = MBP__HS_ROWS; i < n; i++)
 			if (v[i] != all[i]) {
 				snprintf(r->msg, sizeof(r->msg), "rank %d has %s %llu, rank 0 %llu", k,
-					 names[i - MBP__HS_SAME], (unsigned long long)v[i],
-					 (unsigned long long)all[i]);
+					 i == MBP__HS_ROWS     ? "max_mb_rows"
+					 : i == MBP__HS_WINDOW ? "window"
+							       : names[i - MBP__HS_SAME],
+					 (unsigned long long)v[i], (unsigned long long)all[i]);
 				return -EINVAL;
 			}
 	}
@@ -309,6 +311,7 @@ static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char
 
 int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what)
 {
+	mine[MBP__HS_WINDOW] = r->mo.window;
 	uint64_t *all = calloc((size_t)r->size, n * sizeof(*all));
 	struct hs h = {.r = r, .mine = mine, .n = n, .all = all};
 	int rc = all ? mbp__mpi_call(hs_task, &h) : -ENOMEM;

@@ -324,13 +324,11 @@ static int alloc_run(mbp_mpi *mp)
 	return rc;
 }
 
-enum { HS_ROWS = MBP__HS_SAME, HS_WINDOW, HS_N };
-
 /* Every rank passed the checks of the start: its pipeline on its part of the node, the run's buffers. */
 static int op_start(struct mbp__run *r, const uint64_t *all)
 {
 	mbp_mpi *mp = of(r);
-	mp->final_rb = all[(size_t)(r->size - 1) * HS_N + MBP__HS_OUT];
+	mp->final_rb = all[(size_t)(r->size - 1) * MBP__HS_SAME + MBP__HS_OUT];
 	int rc = mbp__pipeline_node_share(mp->p, r->node_k, r->node_m);
 	if (rc == 0)
 		rc = mbp_pipeline_start(mp->p);
@@ -339,20 +337,18 @@ static int op_start(struct mbp__run *r, const uint64_t *all)
 
 int mbp_mpi_start(mbp_mpi *mp)
 {
-	static const char *const names[] = {"max_mb_rows", "window"};
 	if (!mp)
 		return -EINVAL;
 	if (mp->r.state != MBP__RUN_NEW)
 		return -EALREADY;
 	mp->max_rows = mp->lo.max_mb_rows; /* filled in at new */
-	uint64_t mine[HS_N] = {[MBP__HS_RC] = mp->nstages ? 0 : (uint64_t)-EINVAL,
-			       [MBP__HS_IN] = mp->in_rb,
-			       [MBP__HS_OUT] = mp->out_rb,
-			       [MBP__HS_BYTES] =
-				   (mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb) * mp->max_rows,
-			       [HS_ROWS] = mp->max_rows,
-			       [HS_WINDOW] = mp->r.mo.window};
-	return mbp__run_start(&mp->r, mine, HS_N, names, "micro-batches");
+	uint64_t mine[MBP__HS_SAME] = {[MBP__HS_RC] = mp->nstages ? 0 : (uint64_t)-EINVAL,
+				       [MBP__HS_IN] = mp->in_rb,
+				       [MBP__HS_OUT] = mp->out_rb,
+				       [MBP__HS_BYTES] =
+					   (mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb) * mp->max_rows,
+				       [MBP__HS_ROWS] = mp->max_rows};
+	return mbp__run_start(&mp->r, mine, MBP__HS_SAME, NULL, "micro-batches");
 }
 
 /* ---- rank 0: the table and retiring ---- */

@@ -227,16 +227,27 @@ uint64_t mbp__run_late_seen(void);
 int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
 		  mbp_pool_cache *cache);
 /* The values every rank gives at start: its error so far, its row widths in and out, its largest message,
- * one of the flow's own; then the flow's values that must be equal on every rank. */
-enum { MBP__HS_RC, MBP__HS_IN, MBP__HS_OUT, MBP__HS_BYTES, MBP__HS_OWN, MBP__HS_SAME };
+ * one of the flow's own; then those that must be equal on every rank: its max_mb_rows, the window (filled
+ * in by mbp__run_start), the flow's own. */
+enum {
+	MBP__HS_RC,
+	MBP__HS_IN,
+	MBP__HS_OUT,
+	MBP__HS_BYTES,
+	MBP__HS_OWN,
+	MBP__HS_ROWS,
+	MBP__HS_WINDOW,
+	MBP__HS_SAME
+};
 /*
  * Start, collective: every rank's mine[0..n) to every rank, checked (an error on a rank; a rank's OUT not
- * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_SAME on that is not rank
- * 0's, names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the flow's own
+ * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_ROWS on that is not rank
+ * 0's, the flow's names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the flow's own
  * start (ops->start), the channel, the result shared, and the loop started. Every rank gets the same
  * result; r->msg says why. 0 or -errno.
  */
-int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what);
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names,
+		   const char *what);
 /* A public call's check of its run: NULL (-EINVAL), the wrong rank for `who` (-EPERM), not started when
  * `started` is asked (-ENOTCONN: the state read under the lock, which the loop writes at the end). */
 enum { MBP__RUN_ANY, MBP__RUN_RANK0, MBP__RUN_OTHERS };

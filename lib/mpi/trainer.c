@@ -212,7 +212,7 @@ static int alloc_run(mbp_mpi_trainer *T)
 	return rc;
 }
 
-enum { HS_TGT = MBP__HS_SAME, HS_ROWS, HS_MBS, HS_WINDOW, HS_SCHED, HS_CUSTOM, HS_N };
+enum { HS_TGT = MBP__HS_SAME, HS_MBS, HS_SCHED, HS_CUSTOM, HS_N };
 
 /* A rank's own value: its stages, its threads option, its widest rows. */
 static uint64_t own_of(const mbp_mpi_trainer *T)
@@ -361,9 +361,8 @@ static uint64_t custom_hash(const mbp_schedule *sc)
 
 int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 {
-	static const char *const names[] = {"target_row_bytes", "max_mb_rows",
-					    "max_mbs",		"window",
-					    "schedule",		"custom schedule (a hash of its actions)"};
+	static const char *const names[] = {"target_row_bytes", "max_mbs", "schedule",
+					    "custom schedule (a hash of its actions)"};
 	if (!T)
 		return -EINVAL;
 	if (T->r.state != MBP__RUN_NEW)
@@ -382,10 +381,9 @@ int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 			       [MBP__HS_OUT] = placed ? 0 : T->out_rb,
 			       [MBP__HS_BYTES] = most,
 			       [MBP__HS_OWN] = own_of(T),
+			       [MBP__HS_ROWS] = T->o.max_mb_rows,
 			       [HS_TGT] = T->o.target_row_bytes,
-			       [HS_ROWS] = T->o.max_mb_rows,
 			       [HS_MBS] = T->o.max_mbs,
-			       [HS_WINDOW] = T->r.mo.window,
 			       [HS_SCHED] = (uint64_t)T->o.schedule,
 			       [HS_CUSTOM] = custom_hash(T->o.custom)};
 	return mbp__run_start(&T->r, mine, HS_N, names, "micro-batches or a step's targets");
