@@ -156,6 +156,10 @@ bool mbp__ctl_pass(struct mbp__run *r, uint64_t now, bool *leave)
 			atomic_fetch_or_explicit(&p->pending, 1u << MBP__CTL_STOPPED, memory_order_relaxed);
 		}
 		c->stopped += m.cmd == MBP__CTL_STOPPED;
+		if (m.cmd == MBP__CTL_CANCEL) {
+			r->cancelled = true;
+			pthread_cond_broadcast(&r->cond);
+		}
 		r->ops->on_ctl(r, p->rank, &m);
 	}
 	for (unsigned i = 0; i < c->n && !*leave; i++)

@@ -356,6 +356,15 @@ int mbp__run_check(struct mbp__run *r, int who, bool started)
 	return fresh ? -ENOTCONN : 0;
 }
 
+bool mbp__run_cancel(struct mbp__run *r)
+{
+	if (r->cancelled)
+		return false;
+	r->cancelled = true;
+	mbp__ctl_post(r, -1, MBP__CTL_CANCEL);
+	return true;
+}
+
 void mbp__run_wait_end(struct mbp__run *r)
 {
 	while (r->state == MBP__RUN_RUNNING)

@@ -83,7 +83,7 @@ struct mbp_mpi {
 	struct carrier *carriers;
 
 	/* under r.lock: */
-	bool stop_accepting, cancelled, closing;
+	bool stop_accepting, closing;
 	struct carrier *free_c, *qhead, **qtail;
 	_Atomic uint32_t qn; /* the queue's length (written under the lock, read by the loop) */
 	struct tent *tab;
@@ -751,10 +751,7 @@ static void local_rank_stats(mbp_mpi *mp, mbp_mpi_rank_stats *st)
 static void op_on_ctl(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m)
 {
 	mbp_mpi *mp = of(r);
-	if (m->cmd == MBP__CTL_CANCEL) {
-		mp->cancelled = true;
-		pthread_cond_broadcast(&r->cond);
-	} else if (m->cmd == MBP__CTL_STOPPED && peer < MBP_MAX_STAGES) {
+	if (m->cmd == MBP__CTL_STOPPED && peer < MBP_MAX_STAGES) {
 		mp->st.rank[peer] = m->st;
 		mp->st.reported++;
 	}
@@ -835,10 +832,8 @@ static int end_run(mbp_mpi *mp, bool cancel, int64_t timeout_ns)
 	pthread_mutex_lock(&mp->r.lock);
 	if (mp->r.state == MBP__RUN_RUNNING) {
 		mp->stop_accepting = true;
-		if (cancel && !mp->cancelled) {
-			mp->cancelled = true;
+		if (cancel && mbp__run_cancel(&mp->r)) {
 			pthread_mutex_unlock(&mp->r.lock);
-			mbp__ctl_post(&mp->r, -1, MBP__CTL_CANCEL);
 			mbp_pipeline_cancel(
 			    mp->p); /* what waits here fails; results travel on as failed headers */
 			pthread_mutex_lock(&mp->r.lock);
@@ -853,7 +848,7 @@ static int end_run(mbp_mpi *mp, bool cancel, int64_t timeout_ns)
 		mbp__run_wait_end(&mp->r);
 	}
 	rc = mp->r.err;
-	cancel |= mp->r.dead || mp->cancelled;
+	cancel |= mp->r.dead || mp->r.cancelled;
 	pthread_mutex_unlock(&mp->r.lock);
 	after_loop(mp, cancel);
 	return rc;
@@ -879,7 +874,7 @@ int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)
 	bool cancel_done = false;
 	pthread_mutex_lock(&mp->r.lock);
 	for (;;) {
-		if (mp->cancelled && !cancel_done) {
+		if (mp->r.cancelled && !cancel_done) {
 			pthread_mutex_unlock(&mp->r.lock);
 			mbp_pipeline_cancel(mp->p); /* rank 0 said so: fail what has not started here */
 			cancel_done = true;
@@ -889,13 +884,13 @@ int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)
 		if (mp->r.state == MBP__RUN_ENDED)
 			break;
 		if ((timeout_ns == 0 || !mbp__run_wait(&mp->r, dl)) && mp->r.state != MBP__RUN_ENDED &&
-		    !(mp->cancelled && !cancel_done)) {
+		    !(mp->r.cancelled && !cancel_done)) {
 			pthread_mutex_unlock(&mp->r.lock);
 			return -ETIMEDOUT;
 		}
 	}
-	rc = mp->r.err ? mp->r.err : mp->cancelled ? -ECANCELED : 0;
-	bool cancel = mp->r.dead || mp->cancelled;
+	rc = mp->r.err ? mp->r.err : mp->r.cancelled ? -ECANCELED : 0;
+	bool cancel = mp->r.dead || mp->r.cancelled;
 	pthread_mutex_unlock(&mp->r.lock);
 	after_loop(mp, cancel);
 	return rc;

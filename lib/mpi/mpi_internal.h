@@ -205,6 +205,7 @@ struct mbp__run {
 	int state;	       /* MBP__RUN_* (under lock once running) */
 	bool dead;	       /* a peer went silent (under lock) */
 	int err;	       /* the run's error (under lock) */
+	bool cancelled;	       /* rank 0 cancelled the run (under lock; mbp__run_cancel) */
 	char msg[192];	       /* and why, in words */
 	struct mbp__ctl ctl;   /* the loop's */
 	struct mbp__link link[MBP__RUN_LINKS];
@@ -252,6 +253,8 @@ int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *c
  * `started` is asked (-ENOTCONN: the state read under the lock, which the loop writes at the end). */
 enum { MBP__RUN_ANY, MBP__RUN_RANK0, MBP__RUN_OTHERS };
 int mbp__run_check(struct mbp__run *r, int who, bool started);
+/* Lock held, rank 0: the run is cancelled, CANCEL goes to every rank; false: it was already. */
+bool mbp__run_cancel(struct mbp__run *r);
 /* Lock held: wait until the loop has ended the run; then (unlocked) for its task. */
 void mbp__run_wait_end(struct mbp__run *r);
 void mbp__run_join(struct mbp__run *r);

@@ -73,7 +73,7 @@ struct mbp_mpi_trainer {
 	uint64_t abort_attempt; /* a step an ABORT named before it began here */
 	uint64_t fail_attempt;	/* a local failure to tell the others about */
 	uint64_t abort_out;	/* the step the ABORT going out names */
-	bool cancelled, draining, stop_req, stopped;
+	bool draining, stop_req, stopped;
 	bool leaving;	     /* others: destroy mid-run; vote no on every step until rank 0's STOP */
 	bool leave_told;     /* LEAVE is queued for rank 0 */
 	uint64_t leave_vote; /* the step this leaving rank voted on */
@@ -107,7 +107,7 @@ static void hook_begin(void *arg)
 	mbp_mpi_trainer *T = arg;
 	pthread_mutex_lock(&T->r.lock);
 	T->open = T->attempt;
-	if (T->cancelled || T->r.dead || T->r.err || T->abort_attempt == T->open)
+	if (T->r.cancelled || T->r.dead || T->r.err || T->abort_attempt == T->open)
 		mbp__trainer_abort(T->t);
 	mbp__run_kick(&T->r);
 	pthread_mutex_unlock(&T->r.lock);
@@ -609,7 +609,6 @@ static void op_on_ctl(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m
 			T->abort_attempt = m->a;
 		break;
 	case MBP__CTL_CANCEL:
-		T->cancelled = true;
 		if (T->open > T->closed)
 			mbp__trainer_abort(T->t);
 		break;
@@ -709,7 +708,7 @@ static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
 	while (!T->cmd_ready) {
 		if (T->r.dead || T->stopped || T->r.state != MBP__RUN_RUNNING) {
 			int rc = ended_rc_locked(T);
-			if (rc == -ESHUTDOWN && T->cancelled)
+			if (rc == -ESHUTDOWN && T->r.cancelled)
 				rc = -ECANCELED;
 			*ended = true;
 			pthread_mutex_unlock(&T->r.lock);
@@ -743,7 +742,7 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&T->r.lock);
-	if (T->r.state != MBP__RUN_RUNNING || T->r.dead || T->cancelled || T->draining || T->stop_req) {
+	if (T->r.state != MBP__RUN_RUNNING || T->r.dead || T->r.cancelled || T->draining || T->stop_req) {
 		rc = ended_rc_locked(T);
 		pthread_mutex_unlock(&T->r.lock);
 		return rc;
@@ -788,9 +787,8 @@ int mbp_mpi_trainer_cancel(mbp_mpi_trainer *T)
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&T->r.lock);
-	T->cancelled = true;
+	mbp__run_cancel(&T->r);
 	pthread_mutex_unlock(&T->r.lock);
-	mbp__ctl_post(&T->r, -1, MBP__CTL_CANCEL);
 	mbp_trainer_cancel(T->t);
 	return 0;
 }
