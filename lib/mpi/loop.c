@@ -128,13 +128,11 @@ static int hs_task(void *arg)
 	return 0;
 }
 
-int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
-		  mbp_pool_cache *cache)
+int mbp__run_link(struct mbp__run *r, bool send, int peer, mbp_pool *pool, mbp_pool_cache *cache)
 {
 	MBP_VERIFY(r->nlinks < MBP__RUN_LINKS);
 	struct mbp__link *l = &r->link[r->nlinks++];
-	*l = (struct mbp__link){
-	    .send = send, .peer = peer, .tag = tag, .id = id, .pool = pool, .cache = cache};
+	*l = (struct mbp__link){.send = send, .peer = peer, .pool = pool, .cache = cache};
 	return mbp__link_alloc(l, r->mo.window);
 }
 

@@ -44,7 +44,6 @@ enum { T_FREE = 0, T_RESERVED, T_INFLIGHT, T_DONE, T_VOID };
 
 #define RESULT_STAGE (UINT32_MAX - 1)
 #define RETIRE_BATCH 64
-#define TAG_LINK     1
 
 struct carrier {
 	mbp_job job;	      /* the local job of one micro-batch */
@@ -317,9 +316,9 @@ static int alloc_run(mbp_mpi *mp)
 	if (rc == 0 && r->rank != 0)
 		rc = mbp_pool_cache_new(mp->pool, &mp->cache);
 	if (rc == 0) /* to the next rank, from the one before (one rank alone: to and from itself) */
-		rc = mbp__run_link(r, true, (r->rank + 1) % r->size, TAG_LINK, 0, NULL, NULL);
+		rc = mbp__run_link(r, true, (r->rank + 1) % r->size, NULL, NULL);
 	if (rc == 0)
-		rc = mbp__run_link(r, false, (r->rank + r->size - 1) % r->size, TAG_LINK, 0,
+		rc = mbp__run_link(r, false, (r->rank + r->size - 1) % r->size,
 				   r->rank == 0 ? mp->res_pool : mp->pool, mp->cache);
 	return rc;
 }

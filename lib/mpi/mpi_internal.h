@@ -50,7 +50,7 @@ void mbp__mpi_finish(MPI_Request *rq, bool cancel, uint64_t deadline);
 
 /* ---- the wire ---- */
 
-/* The header of an item on a link; its payload follows as a second message (tag + 1). */
+/* The header of an item on a link; its payload follows as a second message. */
 struct mbp__hdr {
 	uint64_t seq;	    /* the pipeline: the global sequence number; the trainer: the micro-batch */
 	uint64_t tag;	    /* the pipeline: rank 0's clock at acceptance; the trainer: the step's attempt */
@@ -104,7 +104,7 @@ struct mbp__slot {
  */
 struct mbp__link {
 	bool send;
-	int peer, tag, id; /* tags: header `tag`, payload tag + 1, credits tag + 2; id: the owner's */
+	int peer;
 	uint32_t W;
 	mbp_pool *pool;	       /* receiver: its slots' buffers */
 	mbp_pool_cache *cache; /* and the loop's cache of it, or NULL */
@@ -225,8 +225,7 @@ int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *op
 void mbp__run_test_late(struct mbp__run *r);
 uint64_t mbp__run_late_seen(void);
 /* In ops->start: a link. 0 or -ENOMEM. */
-int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
-		  mbp_pool_cache *cache);
+int mbp__run_link(struct mbp__run *r, bool send, int peer, mbp_pool *pool, mbp_pool_cache *cache);
 /* The values every rank gives at start: its error so far, its row widths in and out, its largest message,
  * one of the flow's own; then those that must be equal on every rank: its max_mb_rows, the window (filled
  * in by mbp__run_start), the flow's own. */

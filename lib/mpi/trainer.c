@@ -34,7 +34,7 @@
 #include "mpi_internal.h"
 #include "train_internal.h"
 
-enum { TAG_DATA = 21, TAG_TGT = 28 };
+enum { TAG_TGT = 28 };
 enum { V_IDLE = 0, V_PENDING, V_ACTIVE, V_DONE };
 
 /* One rank's vote on the wire: its trainer's (err.what NULL: a pointer means nothing on another rank). */
@@ -206,8 +206,8 @@ static int alloc_run(mbp_mpi_trainer *T)
 		bool peer = false;
 		for (unsigned i = 0; i < T->nout; i++)
 			peer |= T->out[i].peer == q;
-		if (peer && !(rc = mbp__run_link(r, true, q, TAG_DATA, q, pool, NULL)))
-			rc = mbp__run_link(r, false, q, TAG_DATA, q, pool, NULL);
+		if (peer && !(rc = mbp__run_link(r, true, q, pool, NULL)))
+			rc = mbp__run_link(r, false, q, pool, NULL);
 	}
 	return rc;
 }
