@@ -71,17 +71,18 @@ int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *o
 	if (r->mo.window <= 1024)
 		return 0;
 	mbp__run_destroy(r);
-	free(r);
 	return -EINVAL;
 }
 
 void mbp__run_destroy(struct mbp__run *r)
 {
+	mbp__run_join(r);
 	for (unsigned i = 0; i < r->nlinks; i++)
 		mbp__link_free(&r->link[i]);
 	mbp__ctl_free(&r->ctl);
 	pthread_cond_destroy(&r->cond);
 	pthread_mutex_destroy(&r->lock);
+	free(r);
 }
 
 const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts)
@@ -363,8 +364,9 @@ bool mbp__run_cancel(struct mbp__run *r)
 	return true;
 }
 
-void mbp__run_wait_end(struct mbp__run *r)
+void mbp__run_stop(struct mbp__run *r)
 {
+	mbp__run_end(r);
 	while (r->state == MBP__RUN_RUNNING)
 		pthread_cond_wait(&r->cond, &r->lock);
 }

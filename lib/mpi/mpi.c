@@ -843,8 +843,7 @@ static int end_run(mbp_mpi *mp, bool cancel, int64_t timeout_ns)
 				pthread_mutex_unlock(&mp->r.lock);
 				return -ETIMEDOUT;
 			}
-		mbp__run_end(&mp->r); /* the loop sends STOP once all is retired */
-		mbp__run_wait_end(&mp->r);
+		mbp__run_stop(&mp->r); /* the loop sends STOP once all is retired */
 	}
 	rc = mp->r.err;
 	cancel |= mp->r.dead || mp->r.cancelled;
@@ -911,10 +910,9 @@ void mbp_mpi_destroy(mbp_mpi *mp)
 		fprintf(stderr, "mbp_mpi_destroy: result buffers not released; leaked\n");
 	if (mp->pool)
 		mbp_pool_destroy(mp->pool);
-	mbp__run_destroy(&mp->r);
 	free(mp->carriers);
 	free(mp->tab);
-	free(mp);
+	mbp__run_destroy(&mp->r);
 }
 
 int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st)

@@ -219,7 +219,8 @@ struct mbp__run {
 
 /* A flow's object of `size` bytes, its run first, zeroed and filled in (rank, size, options with their
  * defaults; no MPI call): 0, -ENOTCONN (no mbp_mpi_init), -ERANGE (more ranks than MBP_MAX_STAGES),
- * -EINVAL (a window above 1024), -ENOMEM. Pair with mbp__run_destroy() and free(). */
+ * -EINVAL (a window above 1024), -ENOMEM. Pair with mbp__run_destroy() (which joins the loop and frees
+ * the flow's object). */
 int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
 /* Tests: the run late messages (mbp__run's test_late); how many rank 0's runs have seen so far. */
 void mbp__run_test_late(struct mbp__run *r);
@@ -254,8 +255,8 @@ enum { MBP__RUN_ANY, MBP__RUN_RANK0, MBP__RUN_OTHERS };
 int mbp__run_check(struct mbp__run *r, int who, bool started);
 /* Lock held, rank 0: the run is cancelled, CANCEL goes to every rank; false: it was already. */
 bool mbp__run_cancel(struct mbp__run *r);
-/* Lock held: wait until the loop has ended the run; then (unlocked) for its task. */
-void mbp__run_wait_end(struct mbp__run *r);
+/* Lock held: end the run (mbp__run_end) and wait until the loop has; then (unlocked) for its task. */
+void mbp__run_stop(struct mbp__run *r);
 void mbp__run_join(struct mbp__run *r);
 void mbp__run_destroy(struct mbp__run *r);
 /* Lock held: wait on cond until `deadline` (NULL: no limit; see mbp__run_deadline). false: timed out. */

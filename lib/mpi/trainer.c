@@ -859,8 +859,7 @@ void mbp_mpi_trainer_destroy(mbp_mpi_trainer *T)
 		 * rank 0 it leaves (rank 0 would wait for its votes) */
 		T->leaving = T->r.rank != 0 && !T->stopped;
 		T->stop_req = true;
-		mbp__run_end(&T->r);
-		mbp__run_wait_end(&T->r);
+		mbp__run_stop(&T->r);
 	}
 	pthread_mutex_unlock(&T->r.lock);
 	mbp__run_join(&T->r);
@@ -871,8 +870,7 @@ void mbp_mpi_trainer_destroy(mbp_mpi_trainer *T)
 		pthread_mutex_unlock(&T->r.lock);
 	}
 	mbp_trainer_destroy(T->t);
-	mbp__run_destroy(&T->r);
 	free(T->all);
 	free(T->tgt);
-	free(T);
+	mbp__run_destroy(&T->r);
 }
