@@ -180,9 +180,8 @@ bool mbp__ctl_watchdog(struct mbp__run *r, uint64_t now)
 		pthread_mutex_lock(&r->lock);
 		r->dead = true;
 		r->err = -ETIMEDOUT;
-		snprintf(r->msg, sizeof(r->msg),
-			 "rank %d stopped answering: nothing heard from it for %.1f s", p->rank,
-			 (double)(now - p->last_heard) / 1e9);
+		mbp__run_fail(r, 0, "rank %d stopped answering: nothing heard from it for %.1f s", p->rank,
+			      (double)(now - p->last_heard) / 1e9);
 		r->ops->dead(r);
 		pthread_cond_broadcast(&r->cond);
 		pthread_mutex_unlock(&r->lock);

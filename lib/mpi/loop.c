@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,15 @@ void mbp__run_destroy(struct mbp__run *r)
 	pthread_cond_destroy(&r->cond);
 	pthread_mutex_destroy(&r->lock);
 	free(r);
+}
+
+int mbp__run_fail(struct mbp__run *r, int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(r->msg, sizeof(r->msg), fmt, ap);
+	va_end(ap);
+	return err;
 }
 
 const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts)
@@ -280,30 +290,21 @@ static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char
 	for (int k = 0; k < r->size; k++) {
 		const uint64_t *v = &all[(size_t)k * n], *next = v + n;
 		int e = (int)(int64_t)v[MBP__HS_RC];
-		if (e < 0) {
-			snprintf(r->msg, sizeof(r->msg), "rank %d failed to start: %s", k, mbp_strerror(e));
-			return e;
-		}
-		if (k + 1 < r->size && v[MBP__HS_OUT] != next[MBP__HS_IN]) {
-			snprintf(r->msg, sizeof(r->msg),
-				 "rank %d's output rows are %llu bytes, rank %d's input rows %llu", k,
-				 (unsigned long long)v[MBP__HS_OUT], k + 1,
-				 (unsigned long long)next[MBP__HS_IN]);
-			return -EINVAL;
-		}
-		if (v[MBP__HS_BYTES] > INT_MAX) {
-			snprintf(r->msg, sizeof(r->msg), "rank %d's %s exceed 2 GiB", k, what);
-			return -E2BIG;
-		}
+		if (e < 0)
+			return mbp__run_fail(r, e, "rank %d failed to start: %s", k, mbp_strerror(e));
+		if (k + 1 < r->size && v[MBP__HS_OUT] != next[MBP__HS_IN])
+			return mbp__run_fail(
+			    r, -EINVAL, "rank %d's output rows are %llu bytes, rank %d's input rows %llu", k,
+			    (unsigned long long)v[MBP__HS_OUT], k + 1, (unsigned long long)next[MBP__HS_IN]);
+		if (v[MBP__HS_BYTES] > INT_MAX)
+			return mbp__run_fail(r, -E2BIG, "rank %d's %s exceed 2 GiB", k, what);
 		for (unsigned i = MBP__HS_ROWS; i < n; i++)
-			if (v[i] != all[i]) {
-				snprintf(r->msg, sizeof(r->msg), "rank %d has %s %llu, rank 0 %llu", k,
-					 i == MBP__HS_ROWS     ? "max_mb_rows"
-					 : i == MBP__HS_WINDOW ? "window"
-							       : names[i - MBP__HS_SAME],
-					 (unsigned long long)v[i], (unsigned long long)all[i]);
-				return -EINVAL;
-			}
+			if (v[i] != all[i])
+				return mbp__run_fail(r, -EINVAL, "rank %d has %s %llu, rank 0 %llu", k,
+						     i == MBP__HS_ROWS	   ? "max_mb_rows"
+						     : i == MBP__HS_WINDOW ? "window"
+									   : names[i - MBP__HS_SAME],
+						     (unsigned long long)v[i], (unsigned long long)all[i]);
 	}
 	return 0;
 }
@@ -326,8 +327,7 @@ int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *c
 		for (int k = 0; rc == 0 && k < r->size; k++)
 			if ((rc = (int)(int64_t)all[(size_t)k * n + MBP__HS_RC]) < 0 &&
 			    !(rc == lrc && r->msg[0]))
-				snprintf(r->msg, sizeof(r->msg), "rank %d failed to start: %s", k,
-					 mbp_strerror(rc));
+				mbp__run_fail(r, rc, "rank %d failed to start: %s", k, mbp_strerror(rc));
 	}
 	free(all);
 	if (rc) {

@@ -222,6 +222,8 @@ struct mbp__run {
  * -EINVAL (a window above 1024), -ENOMEM. Pair with mbp__run_destroy() (which joins the loop and frees
  * the flow's object). */
 int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
+/* Why the run failed, in words, into r->msg (every message of both flows goes this way); returns err. */
+int mbp__run_fail(struct mbp__run *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Tests: the run late messages (mbp__run's test_late); how many rank 0's runs have seen so far. */
 void mbp__run_test_late(struct mbp__run *r);
 uint64_t mbp__run_late_seen(void);

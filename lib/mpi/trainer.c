@@ -235,15 +235,10 @@ static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__trai
 		tsum += th[k];
 		given &= th[k] != 0;
 		rem->widest = own >> 16 > rem->widest ? own >> 16 : rem->widest;
-		if (n[k] == 0) {
-			snprintf(r->msg, sizeof(r->msg), "rank %d has no stages", k);
-			return -EINVAL;
-		}
-		if (total + n[k] > MBP_MAX_STAGES) {
-			snprintf(r->msg, sizeof(r->msg), "more than %d stages over all ranks",
-				 MBP_MAX_STAGES);
-			return -E2BIG;
-		}
+		if (n[k] == 0)
+			return mbp__run_fail(r, -EINVAL, "rank %d has no stages", k);
+		if (total + n[k] > MBP_MAX_STAGES)
+			return mbp__run_fail(r, -E2BIG, "more than %d stages over all ranks", MBP_MAX_STAGES);
 		for (unsigned i = 0; i < n[k]; i++)
 			T->rank_of[total++] = k;
 	}
@@ -252,7 +247,7 @@ static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__trai
 	uint16_t thr[MBP_MAX_STAGES];
 	int rc = mbp__train_place(&T->o, total, given ? tsum : 0, thr, &placed, &what);
 	if (rc == -EINVAL)
-		snprintf(r->msg, sizeof(r->msg), "the schedule across ranks: %s", what);
+		return mbp__run_fail(r, rc, "the schedule across ranks: %s", what);
 	if (rc < 0 || !placed)
 		return rc;
 	unsigned on[MBP_MAX_STAGES] = {0}, first = 0, next = 0, rank_t[MBP_MAX_STAGES];
@@ -262,15 +257,13 @@ static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__trai
 		unsigned held = 0, t0 = next;
 		while (held < n[k] && next < placed)
 			held += on[next++];
-		if (held != n[k] || (th[k] && next - t0 != th[k])) {
-			snprintf(r->msg, sizeof(r->msg),
-				 "the %s schedule places %u stages on its %u threads: rank %d's %u stages%s "
-				 "are not "
-				 "whole threads of it",
-				 mbp_sched_name(T->o.schedule), total, placed, k, n[k],
-				 th[k] ? " on its threads" : "");
-			return -EINVAL;
-		}
+		if (held != n[k] || (th[k] && next - t0 != th[k]))
+			return mbp__run_fail(
+			    r, -EINVAL,
+			    "the %s schedule places %u stages on its %u threads: rank %d's %u "
+			    "stages%s are not whole threads of it",
+			    mbp_sched_name(T->o.schedule), total, placed, k, n[k],
+			    th[k] ? " on its threads" : "");
 		for (unsigned t = t0; t < next; t++)
 			rank_t[t] = (unsigned)k;
 		if (k == r->rank)
@@ -336,9 +329,8 @@ static int op_start(struct mbp__run *r, const uint64_t *all)
 		mbp_train_error te = {0};
 		mbp_trainer_error(T->t, &te);
 		if (te.err)
-			snprintf(r->msg, sizeof(r->msg), "rank %d failed to start (stage %d): %s%s%s",
-				 r->rank, te.stage, mbp_strerror(rc), te.what ? ": " : "",
-				 te.what ? te.what : "");
+			mbp__run_fail(r, rc, "rank %d failed to start (stage %d): %s%s%s", r->rank, te.stage,
+				      mbp_strerror(rc), te.what ? ": " : "", te.what ? te.what : "");
 	}
 	return rc ? rc : alloc_run(T);
 }
@@ -471,8 +463,7 @@ static void left_locked(mbp_mpi_trainer *T, int r)
 		return;
 	T->r.err = -ECONNRESET;
 	T->left_rank = r;
-	snprintf(T->r.msg, sizeof(T->r.msg),
-		 "rank %d left the run: its trainer was destroyed while the run went on", r);
+	mbp__run_fail(&T->r, 0, "rank %d left the run: its trainer was destroyed while the run went on", r);
 	if (T->r.rank == 0) {
 		T->stop_req = true;
 		mbp__run_end(&T->r);
