@@ -97,9 +97,9 @@ int mbp__run_fail(struct mbp__run *r, int err, const char *fmt, ...)
 
 const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts)
 {
-	if (timeout_ns <= 0)
+	if (timeout_ns < 0)
 		return NULL;
-	*ts = mbp__timespec(mbp__now_ns() + (uint64_t)timeout_ns);
+	*ts = mbp__timespec(mbp__now_ns() + (uint64_t)timeout_ns); /* 0: now, a wait times out at once */
 	return ts;
 }
 
@@ -368,7 +368,7 @@ void mbp__run_stop(struct mbp__run *r)
 {
 	mbp__run_end(r);
 	while (r->state == MBP__RUN_RUNNING)
-		pthread_cond_wait(&r->cond, &r->lock);
+		mbp__run_wait(r, NULL);
 }
 
 void mbp__run_join(struct mbp__run *r)

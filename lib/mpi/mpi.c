@@ -838,8 +838,7 @@ static int end_run(mbp_mpi *mp, bool cancel, int64_t timeout_ns)
 			pthread_mutex_lock(&mp->r.lock);
 		}
 		while (mp->next_retire != mp->next_seq && !mp->r.dead)
-			if ((timeout_ns == 0 || !mbp__run_wait(&mp->r, dl)) &&
-			    mp->next_retire != mp->next_seq && !mp->r.dead) {
+			if (!mbp__run_wait(&mp->r, dl) && mp->next_retire != mp->next_seq && !mp->r.dead) {
 				pthread_mutex_unlock(&mp->r.lock);
 				return -ETIMEDOUT;
 			}
@@ -881,7 +880,7 @@ int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)
 		}
 		if (mp->r.state == MBP__RUN_ENDED)
 			break;
-		if ((timeout_ns == 0 || !mbp__run_wait(&mp->r, dl)) && mp->r.state != MBP__RUN_ENDED &&
+		if (!mbp__run_wait(&mp->r, dl) && mp->r.state != MBP__RUN_ENDED &&
 		    !(mp->r.cancelled && !cancel_done)) {
 			pthread_mutex_unlock(&mp->r.lock);
 			return -ETIMEDOUT;

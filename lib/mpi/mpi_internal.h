@@ -263,7 +263,7 @@ void mbp__run_join(struct mbp__run *r);
 void mbp__run_destroy(struct mbp__run *r);
 /* Lock held: wait on cond until `deadline` (NULL: no limit; see mbp__run_deadline). false: timed out. */
 bool mbp__run_wait(struct mbp__run *r, const struct timespec *deadline);
-/* CLOCK_MONOTONIC's now plus timeout_ns (> 0), or NULL (timeout_ns <= 0). */
+/* CLOCK_MONOTONIC's now plus timeout_ns (>= 0), or NULL (timeout_ns < 0). */
 const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts);
 /* The links' counters added to *sent, *received, *credit_waits. Any thread. */
 void mbp__run_counts(struct mbp__run *r, uint64_t *sent, uint64_t *received, uint64_t *credit_waits);

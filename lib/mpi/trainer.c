@@ -135,7 +135,7 @@ static void hook_agree(void *arg, struct mbp__train_vote *v)
 		T->vote_state = V_PENDING;
 		mbp__run_kick(&T->r);
 		while (T->vote_state != V_DONE && !T->r.dead && T->r.state == MBP__RUN_RUNNING)
-			pthread_cond_wait(&T->r.cond, &T->r.lock);
+			mbp__run_wait(&T->r, NULL);
 	}
 	if (T->vote_state == V_DONE) {
 		*v = T->result;
@@ -705,7 +705,7 @@ static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
 			pthread_mutex_unlock(&T->r.lock);
 			return rc;
 		}
-		pthread_cond_wait(&T->r.cond, &T->r.lock);
+		mbp__run_wait(&T->r, NULL);
 	}
 	T->cmd_ready = false;
 	size_t rows = (size_t)T->cmd_rows;
@@ -754,7 +754,7 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 	 * or abandoned the send as it left) */
 	pthread_mutex_lock(&T->r.lock);
 	while ((T->tgt_pending || T->tgt_active) && T->r.state == MBP__RUN_RUNNING)
-		pthread_cond_wait(&T->r.cond, &T->r.lock);
+		mbp__run_wait(&T->r, NULL);
 	pthread_mutex_unlock(&T->r.lock);
 	return rc;
 }
