@@ -69,7 +69,7 @@ int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *o
 	pthread_cond_init(&r->cond, &ca);
 	pthread_condattr_destroy(&ca);
 	*rp = r;
-	if (r->mo.window <= 1024)
+	if (r->mo.window <= 1024 && (!ops->inflight || r->mo.inflight >= r->mo.window))
 		return 0;
 	mbp__run_destroy(r);
 	return -EINVAL;

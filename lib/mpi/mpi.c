@@ -242,10 +242,6 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	if (rc)
 		return rc;
 	mbp_mpi *mp = of(r);
-	if (r->mo.inflight < r->mo.window) {
-		mbp_mpi_destroy(mp);
-		return -EINVAL;
-	}
 	mp->lo = *local;
 	mbp__opts_fill(&mp->lo); /* a field's 0 is its default: mb_buffers and pool_bytes are read here */
 	mp->user_on_result = local->on_result;
@@ -805,7 +801,8 @@ static const struct mbp__run_ops ops = {.next = op_next,
 					.may_stop = op_may_stop,
 					.dead = op_dead,
 					.closed = op_closed,
-					.start = op_start};
+					.start = op_start,
+					.inflight = true};
 
 /* ---- ending a run ---- */
 

@@ -173,7 +173,8 @@ struct mbp__run_ops {
 	/* the owner's thread, at mbp__run_start once every rank passed its checks (run->node_k and node_m
 	 * set): the flow's own start, collectives included; 0 or -errno (its msg may say why) */
 	int (*start)(struct mbp__run *r, const uint64_t *all);
-	bool mesh; /* the channel joins every pair of ranks (mbp__ctl_alloc) */
+	bool mesh;     /* the channel joins every pair of ranks (mbp__ctl_alloc) */
+	bool inflight; /* the flow uses mo.inflight (then at least the window) */
 };
 
 enum { MBP__RUN_NEW = 0, MBP__RUN_RUNNING, MBP__RUN_ENDED };
@@ -219,8 +220,8 @@ struct mbp__run {
 
 /* A flow's object of `size` bytes, its run first, zeroed and filled in (rank, size, options with their
  * defaults; no MPI call): 0, -ENOTCONN (no mbp_mpi_init), -ERANGE (more ranks than MBP_MAX_STAGES),
- * -EINVAL (a window above 1024), -ENOMEM. Pair with mbp__run_destroy() (which joins the loop and frees
- * the flow's object). */
+ * -EINVAL (a window above 1024, or above inflight where ops->inflight), -ENOMEM. Pair with
+ * mbp__run_destroy(), which joins the loop and frees the flow's object. */
 int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
 /* Why the run failed, in words, into r->msg (every message of both flows goes this way); returns err. */
 int mbp__run_fail(struct mbp__run *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -245,9 +246,9 @@ enum {
 /*
  * Start, collective: every rank's mine[0..n) to every rank, checked (an error on a rank; a rank's OUT not
  * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_ROWS on that is not rank
- * 0's, the flow's names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the flow's own
- * start (ops->start), the channel, the result shared, and the loop started. Every rank gets the same
- * result; r->msg says why. 0 or -errno.
+ * 0's, the flow's names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the
+ * flow's own start (ops->start), the channel, the result shared, and the loop started. Every rank gets
+ * the same result; r->msg says why. 0 or -errno.
  */
 int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names,
 		   const char *what);

@@ -156,7 +156,7 @@ int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp
 	if (!tp || !o)
 		return -EINVAL;
 	struct mbp__run *r;
-	int rc = mbp__run_new(&r, sizeof(mbp_mpi_trainer), &ops, mo); /* inflight is not used */
+	int rc = mbp__run_new(&r, sizeof(mbp_mpi_trainer), &ops, mo);
 	if (rc)
 		return rc;
 	mbp_mpi_trainer *T = of(r);
