@@ -156,16 +156,16 @@ static void queue(mbp_mpi *mp, struct carrier *c)
 		mbp__run_kick(&mp->r);
 }
 
-static struct carrier *dequeue_locked(mbp_mpi *mp)
+static struct carrier *dequeue(mbp_mpi *mp)
 {
+	pthread_mutex_lock(&mp->r.lock);
 	struct carrier *c = mp->qhead;
-	if (!c)
-		return NULL;
-	if (!(mp->qhead = c->next))
+	if (c && !(mp->qhead = c->next))
 		mp->qtail = &mp->qhead;
-	/* relaxed: under the run's lock, as in enqueue above */
-	atomic_store_explicit(&mp->qn, atomic_load_explicit(&mp->qn, memory_order_relaxed) - 1,
-			      memory_order_relaxed);
+	if (c) /* relaxed: under the run's lock, as in queue() above */
+		atomic_store_explicit(&mp->qn, atomic_load_explicit(&mp->qn, memory_order_relaxed) - 1,
+				      memory_order_relaxed);
+	pthread_mutex_unlock(&mp->r.lock);
 	return c;
 }
 
@@ -647,9 +647,7 @@ static bool op_next(struct mbp__run *r, struct mbp__link *l, struct mbp__hdr *h,
 	mbp_mpi *mp = of(r);
 	if (!op_waiting(r, l))
 		return false; /* the common case, no lock taken */
-	pthread_mutex_lock(&r->lock);
-	struct carrier *c = dequeue_locked(mp);
-	pthread_mutex_unlock(&r->lock);
+	struct carrier *c = dequeue(mp);
 	if (!c)
 		return false;
 	give_back(mp, c->in, mp->cache); /* an arrival's buffer, read: the next receive's (LIFO: hot) */
@@ -779,14 +777,8 @@ static void op_closed(struct mbp__run *r)
 	pthread_mutex_lock(&r->lock);
 	mp->closing = true; /* from now on a local result is dropped, not queued */
 	pthread_mutex_unlock(&r->lock);
-	for (;;) {
-		pthread_mutex_lock(&r->lock);
-		struct carrier *c = dequeue_locked(mp);
-		pthread_mutex_unlock(&r->lock);
-		if (!c)
-			break;
+	for (struct carrier *c; (c = dequeue(mp));)
 		carrier_free(mp, c, mp->cache);
-	}
 	if (r->rank == 0)
 		retire(mp);
 }
