@@ -334,15 +334,13 @@ int mbp_mpi_start(mbp_mpi *mp)
 {
 	if (!mp)
 		return -EINVAL;
-	if (mp->r.state != MBP__RUN_NEW)
-		return -EALREADY;
 	mp->max_rows = mp->lo.max_mb_rows; /* filled in at new */
-	uint64_t mine[MBP__HS_SAME] = {[MBP__HS_RC] = mp->nstages ? 0 : (uint64_t)-EINVAL,
-				       [MBP__HS_IN] = mp->in_rb,
-				       [MBP__HS_OUT] = mp->out_rb,
-				       [MBP__HS_BYTES] =
-					   (mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb) * mp->max_rows,
-				       [MBP__HS_ROWS] = mp->max_rows};
+	uint64_t mine[MBP__HS_SAME] = {
+	    [MBP__HS_RC] = mp->nstages ? 0 : (uint64_t)-EINVAL,
+	    [MBP__HS_IN] = mp->in_rb,
+	    [MBP__HS_OUT] = mp->out_rb,
+	    [MBP__HS_BYTES] = mbp__mul_sat(mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb, mp->max_rows),
+	    [MBP__HS_ROWS] = mp->max_rows};
 	return mbp__run_start(&mp->r, mine, MBP__HS_SAME, NULL, "micro-batches");
 }
 

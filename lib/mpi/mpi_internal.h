@@ -248,7 +248,7 @@ enum {
  * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_ROWS on that is not rank
  * 0's, the flow's names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the
  * flow's own start (ops->start), the channel, the result shared, and the loop started. Every rank gets
- * the same result; r->msg says why. 0 or -errno.
+ * the same result; r->msg says why. 0, -EALREADY (started before: no MPI call), or -errno.
  */
 int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names,
 		   const char *what);

@@ -357,21 +357,14 @@ int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 					    "custom schedule (a hash of its actions)"};
 	if (!T)
 		return -EINVAL;
-	if (T->r.state != MBP__RUN_NEW)
-		return -EALREADY;
-	/* each product in 64 bits, checked for a wrap (the widths are size_t) */
-	uint64_t out_mb, in_mb, tgt_step, most = UINT64_MAX;
-	if (!__builtin_mul_overflow((uint64_t)T->wide, T->o.max_mb_rows, &out_mb) &&
-	    !__builtin_mul_overflow((uint64_t)T->o.in_row_bytes, T->o.max_mb_rows, &in_mb) &&
-	    !__builtin_mul_overflow((uint64_t)T->o.target_row_bytes,
-				    (uint64_t)T->o.max_mb_rows * T->o.max_mbs, &tgt_step))
-		most = out_mb > in_mb ? (out_mb > tgt_step ? out_mb : tgt_step)
-				      : (in_mb > tgt_step ? in_mb : tgt_step);
+	/* the widest rows here (wide counts the input's) or a step's targets */
+	uint64_t most = mbp__mul_sat(T->wide, T->o.max_mb_rows),
+		 tgt = mbp__mul_sat(T->o.target_row_bytes, (uint64_t)T->o.max_mb_rows * T->o.max_mbs);
 	/* a placed schedule's hops are not from one rank to the next: no widths to compare by rank */
 	bool placed = mbp__sched_kind_placed(T->o.schedule);
 	uint64_t mine[HS_N] = {[MBP__HS_IN] = placed ? 0 : T->o.in_row_bytes,
 			       [MBP__HS_OUT] = placed ? 0 : T->out_rb,
-			       [MBP__HS_BYTES] = most,
+			       [MBP__HS_BYTES] = most > tgt ? most : tgt,
 			       [MBP__HS_OWN] = own_of(T),
 			       [MBP__HS_ROWS] = T->o.max_mb_rows,
 			       [HS_TGT] = T->o.target_row_bytes,
