@@ -311,8 +311,8 @@ static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char
 
 int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what)
 {
-	if (r->state != MBP__RUN_NEW)
-		return -EALREADY;
+	if (mbp__run_check(r, MBP__RUN_ANY, true) != -ENOTCONN)
+		return -EALREADY; /* not new: the state read under the lock, as the loop may be ending it */
 	mine[MBP__HS_WINDOW] = r->mo.window;
 	uint64_t *all = calloc((size_t)r->size, n * sizeof(*all));
 	struct hs h = {.r = r, .mine = mine, .n = n, .all = all};
