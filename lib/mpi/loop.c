@@ -1,18 +1,16 @@
 /*
  * A run: the base object of the pipeline across ranks (mpi.c) and of the trainer across ranks
  * (trainer.c), as libuv's stream is under its tcp and pipe: options, the communicator and its hand-shake,
- * the control channel and the links, and the one link loop that drives them, a task on the communication
- * thread from mbp__run_start() to the end of the run. A flow gives a small table of operations (mpi_internal.h)
- * and keeps only its own protocol.
+ * the control channel and the links, the one link loop that drives them (a task on the communication
+ * thread from mbp__run_start() to the end of the run) and the tear-down. A flow fills in a table of
+ * operations (mpi_internal.h) and keeps only its own protocol.
  *
- * A pass of the loop: every link (one MPI_Testsome each), the flow's own work, the control channel, the
- * watchdog, and on rank 0 the quiet stop. After spin_ns without an event it parks, the way wait.h
- * documents, in its seq_cst mode (no membarrier per park): raise the parker's flag, re-check the kick word
- * (any thread that publishes work for the loop stores it and then wakes the parker, mbp__run_kick), sleep. An arriving MPI message cannot wake it
- * (shared memory has no descriptor to wait on), so a park has a deadline that grows with the quiet time,
- * a quarter of it, from 1 us up to idle_ns: an arrival after a quiet gap g is seen within about g / 4, and
- * a rank quiet for long polls every idle_ns. Not a smaller share: each park is a wake-up (about 10 us of
- * CPU on a busy 2-CPU machine), and the parks of the ramp come on top of the idle_ns ones.
+ * A pass of the loop: every link, the flow's own work, the channel, the watchdog, on rank 0 the quiet
+ * stop. After spin_ns without an event it parks in wait.h's seq_cst mode (no membarrier per park): flag
+ * up, the kick word re-checked (mbp__run_kick stores it, then wakes), sleep. An arriving MPI message
+ * cannot wake it (shared memory has no descriptor to wait on), so a park's deadline is a quarter of the
+ * quiet time, from 1 us up to idle_ns: an arrival after a gap g is seen within about g / 4. Not a smaller
+ * share: each park is a wake-up (about 10 us of CPU on a busy 2-CPU machine).
  */
 #include "config.h"
 

@@ -8,10 +8,9 @@
  *
  * Carriers. A micro-batch in this rank's local pipeline is a local job of one micro-batch, its input read
  * in place (where it arrived, the caller's buffer, a job's rows) and its output written straight into the
- * buffer that the link then sends: the input's own when there are two local stages or more (the last
- * writes after the first has read), else one of the link's pool. No copy, with one local stage too (a
- * single micro-batch of mbp_mb_submit() comes back in its caller's buffer, so one stage computes
- * elsewhere and copies back: a second pass over every byte, which halved the one-stage hop). A caller's
+ * buffer that the link then sends (local_job). No copy, with one local stage too (a single micro-batch of
+ * mbp_mb_submit() comes back in its caller's buffer, so one stage computes elsewhere and copies back: a
+ * second pass over every byte, which halved the one-stage hop). A caller's
  * micro-batch that carries something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with
  * mbp_mb_submit() instead and is sent from its own buffer. A carrier holds a micro-batch's header and
  * buffers from its submission until its send is done; their number (opts.mb_buffers) bounds what a rank

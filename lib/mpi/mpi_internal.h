@@ -95,13 +95,8 @@ struct mbp__slot {
 	bool used, in; /* posted or sending; a receive counted */
 };
 
-/*
- * The receiver keeps W receives posted (the header through a persistent request, the payload straight
- * into a buffer of `pool`), takes arrivals in posting order and sends a credit back for each receive it
- * posts again; the sender holds W credits and sends header and payload straight from the owner's buffer
- * while it has one. Every request of a link is tested in one MPI_Testsome per pass (one run of MPI's
- * progress engine, not one per slot). The loop's thread only.
- */
+/* One direction of a hop (link.c says how). Every request of a link is tested in one MPI_Testsome per
+ * pass (one run of MPI's progress engine, not one per slot). The loop's thread only. */
 struct mbp__link {
 	bool send;
 	int peer;

@@ -1,25 +1,18 @@
 /*
- * Training across MPI ranks: each rank's mbp_trainer holds a contiguous range of the stages and follows
- * the whole pipeline's schedule (train_internal.h); this file is the agent at the far end of its boundary
- * rings, on a run (loop.c) whose links carry the hops: between the last stage of rank r and the first of
- * rank r+1, forward (activations, r to r+1) and backward (input gradients, r+1 to r), each a link of
- * link.c into and out of the trainer's pool. An arrival goes into the stage's ring; the sender pops the
- * ring. A header carries the step's attempt number (every step rank 0 starts, failed or not): an arrival
- * of a step that this rank has closed is dropped (a failed step leaves some on the wire), one of a step
- * it has not begun waits at the head of the window.
+ * Training across MPI ranks: each rank's mbp_trainer holds its stages of the whole pipeline (by rank, or
+ * as a chunked or custom schedule places them on its threads) and follows the whole schedule
+ * (train_internal.h); this file is the agent at the far end of its rings to other ranks, on a run
+ * (loop.c) with a send and a receive link to each rank a hop joins, the header's flags naming the stage
+ * an item goes to. A header carries the step's attempt (every step rank 0 starts, failed or not): an
+ * arrival of a step this rank has closed is dropped (a failed step leaves some on the wire), one of a
+ * step it has not begun waits at the head of the window.
  *
- * A step. Rank 0 sends every rank STEP (attempt, rows, micro-batch rows) and the last rank the step's
- * targets (one message into a buffer kept from start). Each rank runs its trainer's step; a stage that
- * fails makes its rank send ABORT (attempt) to every other rank, which fail their step with it. At the
- * first barrier each rank's trainer votes (train_internal.h): an MPI_Iallgather of (ok, error, the
- * squared gradient norm of each of its stages, the loss on the last rank) gives every rank the same
- * decision: update only if every rank is ok; the gradient norm summed over all stages in stage order
- * (bit for bit the single process's); the step's error is the failing stage with the lowest index (or a
- * cancel, stage -1). Closing the step, the agent stops pushing into the rings and drops what its
- * outgoing rings still hold.
- *
- * Control: the run's channel between every pair of ranks (ABORT reaches all), heartbeats and the
- * watchdog between rank 0 and the others (ctl.c). Rank 0 ends the run at destroy: the quiet stop.
+ * A step. Rank 0 sends every rank STEP (attempt, rows, micro-batch rows) and the last stage's rank the
+ * targets. A stage that fails makes its rank send ABORT (attempt) to every other rank (the channel is a
+ * mesh), which fail their step with it. At the first barrier the trainers vote (an MPI_Iallgather):
+ * every rank makes the same decision, the update only if all are ok, the gradient norm summed in stage
+ * order (bit for bit the single process's), the error the failing stage with the lowest index. Closing
+ * the step drops what the outgoing rings still hold. Rank 0 ends the run at destroy: the quiet stop.
  */
 #include "config.h"
 
