@@ -205,11 +205,6 @@ void mbp__mpi_abort_at_end(void)
 	atomic_store_explicit(&g.abort_at_end, true, memory_order_seq_cst); /* seq_cst: a flag, as above */
 }
 
-bool mbp__mpi_started(void)
-{
-	return g.started;
-}
-
 uint64_t mbp__mpi_post(int (*fn)(void *), void *arg)
 {
 	pthread_mutex_lock(&g.lock);

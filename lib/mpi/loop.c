@@ -38,10 +38,9 @@ void mbp_mpi_opts_init(mbp_mpi_opts *o)
 int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo)
 {
 	*rp = NULL;
-	if (!mbp__mpi_started())
-		return -ENOTCONN;
-	if (mbp_mpi_size() > MBP_MAX_STAGES)
-		return -ERANGE;
+	int ranks = mbp_mpi_size(); /* -ENOTCONN before mbp_mpi_init */
+	if (ranks < 0 || ranks > MBP_MAX_STAGES)
+		return ranks < 0 ? ranks : -ERANGE;
 	struct mbp__run *r = calloc(1, size);
 	if (!r)
 		return -ENOMEM;
@@ -57,7 +56,7 @@ int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *o
 	r->mo.spin_ns = mbp__wait_budget(r->mo.spin_ns, d.spin_ns);
 	MBP__DEFAULT(&r->mo, &d, idle_ns);
 	r->rank = mbp_mpi_rank();
-	r->size = mbp_mpi_size();
+	r->size = ranks;
 	r->comm = MPI_COMM_NULL;
 	mbp__wait_global_init();
 	pthread_mutex_init(&r->lock, NULL);

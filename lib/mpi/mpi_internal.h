@@ -27,8 +27,6 @@
 
 /* ---- comm.c ---- */
 
-/* Whether mbp_mpi_init() succeeded. */
-bool mbp__mpi_started(void);
 /* Run fn(arg) on the communication thread (after the task before it): returns a ticket for await. */
 uint64_t mbp__mpi_post(int (*fn)(void *), void *arg);
 /* Wait for a posted task; its return value. */
