@@ -354,6 +354,11 @@ int mbp__run_check(struct mbp__run *r, int who, bool started)
 	return fresh ? -ENOTCONN : 0;
 }
 
+int mbp__run_ended_rc(const struct mbp__run *r)
+{
+	return r->err ? r->err : r->cancelled ? -ECANCELED : 0;
+}
+
 bool mbp__run_cancel(struct mbp__run *r)
 {
 	if (r->cancelled)

@@ -872,7 +872,7 @@ int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)
 			return -ETIMEDOUT;
 		}
 	}
-	rc = mp->r.err ? mp->r.err : mp->r.cancelled ? -ECANCELED : 0;
+	rc = mbp__run_ended_rc(&mp->r);
 	bool cancel = mp->r.dead || mp->r.cancelled;
 	pthread_mutex_unlock(&mp->r.lock);
 	after_loop(mp, cancel);

@@ -249,6 +249,9 @@ int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *c
  * `started` is asked (-ENOTCONN: the state read under the lock, which the loop writes at the end). */
 enum { MBP__RUN_ANY, MBP__RUN_RANK0, MBP__RUN_OTHERS };
 int mbp__run_check(struct mbp__run *r, int who, bool started);
+/* Lock held, the run over: how it ended for a rank that waited for its end: its error, -ECANCELED (rank 0
+ * cancelled it), or 0. */
+int mbp__run_ended_rc(const struct mbp__run *r);
 /* Lock held, rank 0: the run is cancelled, CANCEL goes to every rank; false: it was already. */
 bool mbp__run_cancel(struct mbp__run *r);
 /* Lock held: end the run (mbp__run_end) and wait until the loop has; then (unlocked) for its task. */

@@ -670,23 +670,14 @@ static const struct mbp__run_ops ops = {.next = op_next,
 
 /* ---- steps ---- */
 
-/* Why no step can run any more (lock held): the run's error (a failed start, a silent rank), else
- * -ESHUTDOWN. */
-static int ended_rc_locked(const mbp_mpi_trainer *T)
-{
-	return T->r.err ? T->r.err : -ESHUTDOWN;
-}
-
 /* Ranks other than 0: wait for rank 0's next step and run this rank's part of it. *ended: the run is
- * over (the return value says why). */
+ * over (the return value says how, mbp__run_ended_rc). */
 static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
 {
 	pthread_mutex_lock(&T->r.lock);
 	while (!T->cmd_ready) {
 		if (T->r.dead || T->stopped || T->r.state != MBP__RUN_RUNNING) {
-			int rc = ended_rc_locked(T);
-			if (rc == -ESHUTDOWN && T->r.cancelled)
-				rc = -ECANCELED;
+			int rc = mbp__run_ended_rc(&T->r);
 			*ended = true;
 			pthread_mutex_unlock(&T->r.lock);
 			return rc;
@@ -711,7 +702,7 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 			return -EINVAL;
 		bool ended = false;
 		rc = serve_step(T, loss, &ended);
-		return ended && rc == -ECANCELED ? -ESHUTDOWN : rc;
+		return ended && (rc == 0 || rc == -ECANCELED) ? -ESHUTDOWN : rc;
 	}
 	if (!in || !targets)
 		return -EINVAL;
@@ -720,7 +711,7 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 		return rc;
 	pthread_mutex_lock(&T->r.lock);
 	if (T->r.state != MBP__RUN_RUNNING || T->r.dead || T->r.cancelled || T->draining || T->stop_req) {
-		rc = ended_rc_locked(T);
+		rc = T->r.err ? T->r.err : -ESHUTDOWN; /* a failed start, a silent rank; or no more steps */
 		pthread_mutex_unlock(&T->r.lock);
 		return rc;
 	}
@@ -754,7 +745,7 @@ int mbp_mpi_trainer_serve(mbp_mpi_trainer *T)
 		bool ended = false;
 		rc = serve_step(T, NULL, &ended);
 		if (ended)
-			return rc == -ESHUTDOWN ? 0 : rc;
+			return rc;
 	}
 }
 
