@@ -35,7 +35,8 @@ void mbp_mpi_opts_init(mbp_mpi_opts *o)
 	o->idle_ns = 200000;
 }
 
-int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo)
+int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo,
+		 size_t in_row_bytes)
 {
 	*rp = NULL;
 	int ranks = mbp_mpi_size(); /* -ENOTCONN before mbp_mpi_init */
@@ -57,6 +58,7 @@ int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *o
 	MBP__DEFAULT(&r->mo, &d, idle_ns);
 	r->rank = mbp_mpi_rank();
 	r->size = ranks;
+	r->in_rb = r->out_rb = r->wide = in_row_bytes;
 	r->comm = MPI_COMM_NULL;
 	mbp__wait_global_init();
 	pthread_mutex_init(&r->lock, NULL);
@@ -81,6 +83,16 @@ void mbp__run_destroy(struct mbp__run *r)
 	pthread_cond_destroy(&r->cond);
 	pthread_mutex_destroy(&r->lock);
 	free(r);
+}
+
+int mbp__run_stage(struct mbp__run *r, int rc, size_t out_row_bytes)
+{
+	if (rc)
+		return rc;
+	r->nstages++;
+	r->out_rb = out_row_bytes ? out_row_bytes : r->out_rb;
+	r->wide = r->out_rb > r->wide ? r->out_rb : r->wide;
+	return 0;
 }
 
 int mbp__run_fail(struct mbp__run *r, int err, const char *fmt, ...)
@@ -289,6 +301,8 @@ static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char
 		int e = (int)(int64_t)v[MBP__HS_RC];
 		if (e < 0)
 			return mbp__run_fail(r, e, "rank %d failed to start: %s", k, mbp_strerror(e));
+		if (v[MBP__HS_STAGES] == 0)
+			return mbp__run_fail(r, -EINVAL, "rank %d has no stages", k);
 		if (k + 1 < r->size && v[MBP__HS_OUT] != next[MBP__HS_IN])
 			return mbp__run_fail(
 			    r, -EINVAL, "rank %d's output rows are %llu bytes, rank %d's input rows %llu", k,
@@ -310,6 +324,7 @@ int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *c
 {
 	if (mbp__run_check(r, MBP__RUN_ANY, true) != -ENOTCONN)
 		return -EALREADY; /* not new: the state read under the lock, as the loop may be ending it */
+	mine[MBP__HS_STAGES] = r->nstages;
 	mine[MBP__HS_WINDOW] = r->mo.window;
 	uint64_t *all = calloc((size_t)r->size, n * sizeof(*all));
 	struct hs h = {.r = r, .mine = mine, .n = n, .all = all};

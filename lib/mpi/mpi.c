@@ -71,8 +71,7 @@ struct mbp_mpi {
 	mbp_opts lo;
 	mbp_result_fn user_on_result; /* rank 0 */
 	void *user_arg;
-	size_t in_rb, out_rb, final_rb; /* this rank's input and output row widths, the last rank's output */
-	unsigned nstages;
+	size_t final_rb; /* the last rank's output rows */
 	uint32_t max_rows;
 	mbp_pool *pool;	       /* the link's buffers: arrivals and the local pipeline's results */
 	mbp_pool *res_pool;    /* rank 0: results */
@@ -174,7 +173,7 @@ static void job_done(mbp_job *job, void *arg)
 	mbp_mpi *mp = arg;
 	struct carrier *c = mbp__container_of(job, struct carrier, job);
 	c->h.status = job->status;
-	c->h.row_bytes = (uint32_t)mp->out_rb;
+	c->h.row_bytes = (uint32_t)mp->r.out_rb;
 	if (c->in && !mbp__pool_owns(mp->pool, c->in)) { /* a caller's input: back to it now */
 		give_back(mp, c->in, NULL);
 		c->in = NULL;
@@ -202,7 +201,7 @@ static void on_result(void *arg, mbp_mb *mb)
 static int local_job(mbp_mpi *mp, struct carrier *c, const void *in, mbp_pool_cache *cache,
 		     int64_t timeout_ns)
 {
-	bool same = mp->nstages > 1 && c->in;
+	bool same = mp->r.nstages > 1 && c->in;
 	int rc = 0;
 	if (same)
 		c->out = c->in;
@@ -237,7 +236,7 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	if (mbp_mpi_rank() > 0 && local->on_result)
 		return -EINVAL;
 	struct mbp__run *r;
-	int rc = mbp__run_new(&r, sizeof(mbp_mpi), &ops, mo);
+	int rc = mbp__run_new(&r, sizeof(mbp_mpi), &ops, mo, local->in_row_bytes);
 	if (rc)
 		return rc;
 	mbp_mpi *mp = of(r);
@@ -247,7 +246,6 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	mp->user_arg = local->on_result_arg;
 	mp->lo.on_result = on_result;
 	mp->lo.on_result_arg = mp;
-	mp->in_rb = mp->out_rb = local->in_row_bytes;
 	mp->qtail = &mp->qhead;
 	rc = mbp_pipeline_new(&mp->p, &mp->lo);
 	if (rc) {
@@ -262,13 +260,7 @@ int mbp_mpi_add_stage(mbp_mpi *mp, const mbp_stage_desc *d)
 {
 	if (!mp || !d || mp->r.state != MBP__RUN_NEW)
 		return -EINVAL;
-	int rc = mbp_pipeline_add_stage(mp->p, d);
-	if (rc == 0) {
-		if (d->out_row_bytes)
-			mp->out_rb = d->out_row_bytes;
-		mp->nstages++;
-	}
-	return rc;
+	return mbp__run_stage(&mp->r, mbp_pipeline_add_stage(mp->p, d), d->out_row_bytes);
 }
 
 mbp_pipeline *mbp_mpi_pipeline(mbp_mpi *mp)
@@ -287,7 +279,7 @@ static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
 	uint32_t W = r->mo.window, nc = mp->lo.mb_buffers;
-	size_t rb = mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb;
+	size_t rb = mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb;
 	mp->mb_pool = mbp__pipeline_mb_pool(mp->p);
 	if (!(mp->carriers = calloc(nc, sizeof(*mp->carriers))))
 		return -ENOMEM;
@@ -335,10 +327,10 @@ int mbp_mpi_start(mbp_mpi *mp)
 		return -EINVAL;
 	mp->max_rows = mp->lo.max_mb_rows; /* filled in at new */
 	uint64_t mine[MBP__HS_SAME] = {
-	    [MBP__HS_RC] = mp->nstages ? 0 : (uint64_t)-EINVAL,
-	    [MBP__HS_IN] = mp->in_rb,
-	    [MBP__HS_OUT] = mp->out_rb,
-	    [MBP__HS_BYTES] = mbp__mul_sat(mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb, mp->max_rows),
+	    [MBP__HS_IN] = mp->r.in_rb,
+	    [MBP__HS_OUT] = mp->r.out_rb,
+	    [MBP__HS_BYTES] =
+		mbp__mul_sat(mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb, mp->max_rows),
 	    [MBP__HS_ROWS] = mp->max_rows};
 	return mbp__run_start(&mp->r, mine, MBP__HS_SAME, NULL, "micro-batches");
 }
@@ -524,7 +516,7 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 		c->h.rows = (uint32_t)rows;
 		c->in = NULL;
 		pthread_mutex_unlock(&mp->r.lock);
-		rc = local_job(mp, c, (const char *)job->in + row0 * mp->in_rb, NULL, -1);
+		rc = local_job(mp, c, (const char *)job->in + row0 * mp->r.in_rb, NULL, -1);
 		entry_submitted(mp, seq, rc, c);
 		pthread_mutex_lock(&mp->r.lock);
 	}

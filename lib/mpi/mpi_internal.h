@@ -205,6 +205,9 @@ struct mbp__run {
 	struct mbp__link link[MBP__RUN_LINKS];
 	unsigned nlinks;
 	unsigned node_k, node_m; /* this rank's part of its node's CPUs (mbp__mpi_node_share) */
+	/* this rank's stages (mbp__run_stage): how many, their input's and last output's rows, the widest */
+	unsigned nstages;
+	size_t in_rb, out_rb, wide;
 	/* tests (mbp__run_test_late): the others hold their credits until the stop's handshake, then 50 ms
 	 * (link.c); rank 0 counts what comes after its peers' last words (loop.c) */
 	_Atomic bool test_late;
@@ -215,7 +218,11 @@ struct mbp__run {
  * defaults; no MPI call): 0, -ENOTCONN (no mbp_mpi_init), -ERANGE (more ranks than MBP_MAX_STAGES),
  * -EINVAL (a window above 1024, or above inflight where ops->inflight), -ENOMEM. Pair with
  * mbp__run_destroy(), which joins the loop and frees the flow's object. */
-int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
+int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo,
+		 size_t in_row_bytes);
+/* After the flow's local add_stage returned rc: a stage of this rank counted (0) with its output rows
+ * (0: as its input's). Returns rc. */
+int mbp__run_stage(struct mbp__run *r, int rc, size_t out_row_bytes);
 /* Why the run failed, in words, into r->msg (every message of both flows goes this way); returns err. */
 int mbp__run_fail(struct mbp__run *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Tests: the run late messages (mbp__run's test_late); how many rank 0's runs have seen so far. */
@@ -224,20 +231,21 @@ uint64_t mbp__run_late_seen(void);
 /* In ops->start: a link. 0 or -ENOMEM. */
 int mbp__run_link(struct mbp__run *r, bool send, int peer, mbp_pool *pool, mbp_pool_cache *cache);
 /* The values every rank gives at start: its error so far, its row widths in and out, its largest message,
- * one of the flow's own; then those that must be equal on every rank: its max_mb_rows, the window (filled
- * in by mbp__run_start), the flow's own. */
+ * one of the flow's own, its stages (filled in by mbp__run_start); then those that must be equal on
+ * every rank: its max_mb_rows, the window (filled in by mbp__run_start), the flow's own. */
 enum {
 	MBP__HS_RC,
 	MBP__HS_IN,
 	MBP__HS_OUT,
 	MBP__HS_BYTES,
 	MBP__HS_OWN,
+	MBP__HS_STAGES,
 	MBP__HS_ROWS,
 	MBP__HS_WINDOW,
 	MBP__HS_SAME
 };
 /*
- * Start, collective: every rank's mine[0..n) to every rank, checked (an error on a rank; a rank's OUT not
+ * Start, collective: every rank's mine[0..n) to every rank, checked (an error on a rank; no stages; OUT not
  * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_ROWS on that is not rank
  * 0's, the flow's names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the
  * flow's own start (ops->start), the channel, the result shared, and the loop started. Every rank gets

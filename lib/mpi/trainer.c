@@ -40,7 +40,7 @@ struct mbp_mpi_trainer {
 	struct mbp__run r; /* first: the base */
 	mbp_trainer *t;
 	mbp_train_opts o;
-	unsigned nstages, stage0, stages;
+	unsigned stage0, stages;
 	int rank_of[MBP_MAX_STAGES];	  /* each global stage's rank */
 	int16_t local_of[MBP_MAX_STAGES]; /* each global stage's index here, -1: another rank's */
 	int loss_rank;			  /* the global last stage's */
@@ -51,8 +51,7 @@ struct mbp_mpi_trainer {
 		uint32_t dest;
 	} out[2 * MBP_MAX_STAGES];
 	unsigned nout;
-	size_t out_rb, wide; /* the last stage's output rows; the widest rows here */
-	unsigned char *tgt;  /* the loss rank (not 0): the step's targets */
+	unsigned char *tgt; /* the loss rank (not 0): the step's targets */
 
 	/* under r.lock */
 	uint64_t attempt;  /* rank 0: the last step started; others: the last received */
@@ -149,11 +148,10 @@ int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp
 	if (!tp || !o)
 		return -EINVAL;
 	struct mbp__run *r;
-	int rc = mbp__run_new(&r, sizeof(mbp_mpi_trainer), &ops, mo);
+	int rc = mbp__run_new(&r, sizeof(mbp_mpi_trainer), &ops, mo, o->in_row_bytes);
 	if (rc)
 		return rc;
 	mbp_mpi_trainer *T = of(r);
-	T->out_rb = T->wide = o->in_row_bytes;
 	T->vote_req = T->tgt_req = MPI_REQUEST_NULL;
 	if ((rc = mbp_trainer_new(&T->t, o)) != 0) {
 		mbp_mpi_trainer_destroy(T);
@@ -170,13 +168,7 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *T, const mbp_train_stage_desc *d)
 		return -EINVAL;
 	if (d->grad_row_bytes && d->grad_row_bytes != d->out_row_bytes)
 		return -ENOTSUP;
-	int rc = mbp_trainer_add_stage(T->t, d);
-	if (rc == 0) {
-		T->out_rb = d->out_row_bytes;
-		T->wide = d->out_row_bytes > T->wide ? d->out_row_bytes : T->wide;
-		T->nstages++;
-	}
-	return rc;
+	return mbp__run_stage(&T->r, mbp_trainer_add_stage(T->t, d), d->out_row_bytes);
 }
 
 /* ---- start ---- */
@@ -207,10 +199,10 @@ static int alloc_run(mbp_mpi_trainer *T)
 
 enum { HS_TGT = MBP__HS_SAME, HS_MBS, HS_SCHED, HS_CUSTOM, HS_N };
 
-/* A rank's own value: its stages, its threads option, its widest rows. */
+/* A rank's own value: its threads option, its widest rows. */
 static uint64_t own_of(const mbp_mpi_trainer *T)
 {
-	return T->nstages | (uint64_t)(T->o.threads & 0xff) << 8 | (uint64_t)T->wide << 16;
+	return (uint64_t)(T->o.threads & 0xff) | (uint64_t)T->r.wide << 8;
 }
 
 /* The ranks' stages in the whole pipeline: by rank (the block placement), or as a chunked or custom
@@ -223,13 +215,11 @@ static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__trai
 	bool given = true;
 	for (int k = 0; k < r->size; k++) {
 		uint64_t own = all[(size_t)k * HS_N + MBP__HS_OWN];
-		n[k] = own & 0xff;
-		th[k] = (own >> 8) & 0xff;
+		n[k] = (unsigned)all[(size_t)k * HS_N + MBP__HS_STAGES]; /* at least 1 (mbp__run_start) */
+		th[k] = own & 0xff;
 		tsum += th[k];
 		given &= th[k] != 0;
-		rem->widest = own >> 16 > rem->widest ? own >> 16 : rem->widest;
-		if (n[k] == 0)
-			return mbp__run_fail(r, -EINVAL, "rank %d has no stages", k);
+		rem->widest = own >> 8 > rem->widest ? own >> 8 : rem->widest;
 		if (total + n[k] > MBP_MAX_STAGES)
 			return mbp__run_fail(r, -E2BIG, "more than %d stages over all ranks", MBP_MAX_STAGES);
 		for (unsigned i = 0; i < n[k]; i++)
@@ -351,12 +341,12 @@ int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 	if (!T)
 		return -EINVAL;
 	/* the widest rows here (wide counts the input's) or a step's targets */
-	uint64_t most = mbp__mul_sat(T->wide, T->o.max_mb_rows),
+	uint64_t most = mbp__mul_sat(T->r.wide, T->o.max_mb_rows),
 		 tgt = mbp__mul_sat(T->o.target_row_bytes, (uint64_t)T->o.max_mb_rows * T->o.max_mbs);
 	/* a placed schedule's hops are not from one rank to the next: no widths to compare by rank */
 	bool placed = mbp__sched_kind_placed(T->o.schedule);
 	uint64_t mine[HS_N] = {[MBP__HS_IN] = placed ? 0 : T->o.in_row_bytes,
-			       [MBP__HS_OUT] = placed ? 0 : T->out_rb,
+			       [MBP__HS_OUT] = placed ? 0 : T->r.out_rb,
 			       [MBP__HS_BYTES] = most > tgt ? most : tgt,
 			       [MBP__HS_OWN] = own_of(T),
 			       [MBP__HS_ROWS] = T->o.max_mb_rows,
