@@ -100,7 +100,7 @@ struct cfg {
 	uint32_t mb_buffers;
 	size_t in_bytes_rank1; /* 0: the right width */
 	bool no_stages_rank1;
-	bool pin;	       /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
+	bool pin; /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
 	mbp_result_fn on_result;
 	void *on_result_arg;
 };
