@@ -10,12 +10,12 @@
  * in place (where it arrived, the caller's buffer, a job's rows) and its output written straight into the
  * buffer that the link then sends (local_job). No copy, with one local stage too (a single micro-batch of
  * mbp_mb_submit() comes back in its caller's buffer, so one stage computes elsewhere and copies back: a
- * second pass over every byte, which halved the one-stage hop). A caller's
- * micro-batch that carries something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with
- * mbp_mb_submit() instead and is sent from its own buffer. A carrier holds a micro-batch's header and
- * buffers from its submission until its send is done; their number (opts.mb_buffers) bounds what a rank
- * holds. On ranks > 0 the loop gets and gives back every buffer of the link's pool, through a cache of
- * its own (an arrival's buffer is the next receive's, as the pool's LIFO keeps it hot).
+ * second pass over every byte, which halved the one-stage hop). A caller's micro-batch that carries
+ * something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with mbp_mb_submit() instead and
+ * is sent from its own buffer. A carrier holds a micro-batch's header and buffers from its submission
+ * until its send is done; their number (opts.mb_buffers) bounds what a rank holds. On ranks > 0 the loop
+ * gets and gives back every buffer of the link's pool, through a cache of its own (an arrival's buffer is
+ * the next receive's, as the pool's LIFO keeps it hot).
  *
  * Rank 0's table holds every accepted micro-batch until it retires, indexed by its global sequence number
  * modulo opts.inflight: reserved by a submitter, in flight once submitted locally, done when its result
