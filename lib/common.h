@@ -128,4 +128,11 @@ static inline bool mbp__mul_size(size_t a, size_t b, size_t *out)
 	return !__builtin_mul_overflow(a, b, out);
 }
 
+/* a * b, saturating at UINT64_MAX (a byte count that large fits no limit but is no limit either). */
+static inline uint64_t mbp__mul_sat(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
 #endif

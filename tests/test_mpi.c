@@ -99,7 +99,8 @@ struct cfg {
 	uint32_t inflight;
 	uint32_t mb_buffers;
 	size_t in_bytes_rank1; /* 0: the right width */
-	bool pin;	       /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
+	bool no_stages_rank1;
+	bool pin; /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
 	mbp_result_fn on_result;
 	void *on_result_arg;
 };
@@ -129,7 +130,7 @@ static int make(mbp_mpi **mp, const struct cfg *c)
 	int rc = mbp_mpi_new(mp, &o, &mo);
 	if (rc)
 		return rc;
-	for (unsigned i = 0; i < STAGES_PER_RANK; i++) {
+	for (unsigned i = 0; i < STAGES_PER_RANK && !(rank == 1 && c->no_stages_rank1); i++) {
 		struct tstage *s = &st[i];
 		memset(s, 0, sizeof(*s));
 		s->g = (unsigned)rank * STAGES_PER_RANK + i;
@@ -1000,6 +1001,18 @@ START_TEST(widths_that_disagree_between_ranks_fail_start_on_every_rank)
 }
 END_TEST
 
+START_TEST(a_rank_without_stages_fails_start_on_every_rank_naming_it)
+{
+	struct cfg c = {.no_stages_rank1 = true};
+	mbp_mpi *mp;
+	ck_assert_int_eq(make(&mp, &c), 0);
+	ck_assert_int_eq(mbp_mpi_start(mp), -EINVAL);
+	ck_assert_str_eq(mbp_mpi_error(mp), "rank 1 has no stages");
+	ck_assert_int_eq(mbp_mpi_start(mp), -EALREADY); /* a run starts once, failed or not */
+	mbp_mpi_destroy(mp);
+}
+END_TEST
+
 START_TEST(calls_on_the_wrong_rank_or_before_start_are_refused)
 {
 	struct cfg c = {0};
@@ -1042,6 +1055,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, cancel_from_rank_0_fails_the_rest_on_every_rank_and_loses_nothing);
 	tcase_add_test(tc, a_slow_last_rank_back_pressures_its_upstream_through_credits);
 	tcase_add_test(tc, widths_that_disagree_between_ranks_fail_start_on_every_rank);
+	tcase_add_test(tc, a_rank_without_stages_fails_start_on_every_rank_naming_it);
 	tcase_add_test(tc, ranks_of_one_node_pin_disjoint_cpus_while_there_are_enough);
 	tcase_add_test(tc, a_model_split_over_the_ranks_gives_the_single_process_output_bit_for_bit);
 	suite_add_tcase(s, tc);

@@ -59,12 +59,6 @@ static uint64_t sat_add(uint64_t a, uint64_t b)
 	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-static uint64_t sat_mul(uint64_t a, uint64_t b)
-{
-	uint64_t r;
-	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
-}
-
 /* The most bytes stage s holds at once under sc: stash sb from F to its last backward, work buffer wb
  * from its B or B_in to its last backward (B or W). */
 static uint64_t stage_peak(const mbp_schedule *sc, unsigned s, uint64_t sb, uint64_t wb)
@@ -261,8 +255,8 @@ static void combo_fill(struct combo *c, const mbp_plan_profile *p, const mbp_sch
 		c->keep[s] = (mbp_op_costs){sum.f + p->op_ns, sum.b_in + p->op_ns, sum.b_w};
 		c->rc[s] = c->keep[s];
 		c->rc[s].b_in += sum.f; /* the recomputation runs before the B or B_in it serves */
-		c->pk[s] = stage_peak(sc, s, sat_mul(bytes, mb), 0);
-		c->pr[s] = stage_peak(sc, s, 0, sat_mul(bytes, mb));
+		c->pk[s] = stage_peak(sc, s, mbp__mul_sat(bytes, mb), 0);
+		c->pr[s] = stage_peak(sc, s, 0, mbp__mul_sat(bytes, mb));
 	}
 }
 

@@ -37,7 +37,7 @@ static struct {
 	int (*fn)(void *);
 	void *arg;
 	bool has_task;	 /* fn/arg wait to be run */
-	uint64_t posted; /* tasks posted; done counts those finished */
+	uint64_t posted; /* tasks posted; done counts those finished (a task waits or runs: posted != done) */
 	uint64_t done;
 	int rc; /* result of the last task */
 	int rank, size;
@@ -161,6 +161,16 @@ int mbp_mpi_size(void)
 	return g.started ? g.size : -ENOTCONN;
 }
 
+/* Lock held: fn(arg) is the thread's next task (none is waiting or running: posted == done); its ticket. */
+static uint64_t post_locked(int (*fn)(void *), void *arg)
+{
+	g.fn = fn;
+	g.arg = arg;
+	g.has_task = true;
+	pthread_cond_broadcast(&g.cond);
+	return ++g.posted;
+}
+
 static int abort_task(void *arg)
 {
 	(void)arg;
@@ -183,13 +193,8 @@ void mbp_mpi_abort(int code)
 	atomic_store_explicit(&g.abort_now, code + 1, memory_order_seq_cst); /* seq_cst: a flag, as above */
 	/* An idle thread runs the abort as a task; a busy one (a run's link loop) checks abort_now. */
 	pthread_mutex_lock(&g.lock);
-	if (!g.has_task && g.posted == g.done) {
-		g.fn = abort_task;
-		g.arg = NULL;
-		g.has_task = true;
-		g.posted++;
-		pthread_cond_broadcast(&g.cond);
-	}
+	if (g.posted == g.done)
+		post_locked(abort_task, NULL);
 	pthread_mutex_unlock(&g.lock);
 	for (;;)
 		pause();
@@ -200,21 +205,12 @@ void mbp__mpi_abort_at_end(void)
 	atomic_store_explicit(&g.abort_at_end, true, memory_order_seq_cst); /* seq_cst: a flag, as above */
 }
 
-bool mbp__mpi_started(void)
-{
-	return g.started;
-}
-
 uint64_t mbp__mpi_post(int (*fn)(void *), void *arg)
 {
 	pthread_mutex_lock(&g.lock);
-	while (g.has_task || g.posted != g.done)
+	while (g.posted != g.done)
 		pthread_cond_wait(&g.cond, &g.lock); /* one task at a time */
-	g.fn = fn;
-	g.arg = arg;
-	g.has_task = true;
-	uint64_t ticket = ++g.posted;
-	pthread_cond_broadcast(&g.cond);
+	uint64_t ticket = post_locked(fn, arg);
 	pthread_mutex_unlock(&g.lock);
 	return ticket;
 }
@@ -241,7 +237,7 @@ int mbp_mpi_exec(int (*fn)(void *), void *arg)
 	if (!g.started)
 		return -ENOTCONN;
 	pthread_mutex_lock(&g.lock);
-	bool busy = g.has_task || g.posted != g.done;
+	bool busy = g.posted != g.done;
 	pthread_mutex_unlock(&g.lock);
 	if (busy)
 		return -EBUSY; /* a run's link loop holds the thread (or another exec) */

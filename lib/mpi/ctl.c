@@ -156,6 +156,10 @@ bool mbp__ctl_pass(struct mbp__run *r, uint64_t now, bool *leave)
 			atomic_fetch_or_explicit(&p->pending, 1u << MBP__CTL_STOPPED, memory_order_relaxed);
 		}
 		c->stopped += m.cmd == MBP__CTL_STOPPED;
+		if (m.cmd == MBP__CTL_CANCEL) {
+			r->cancelled = true;
+			pthread_cond_broadcast(&r->cond);
+		}
 		r->ops->on_ctl(r, p->rank, &m);
 	}
 	for (unsigned i = 0; i < c->n && !*leave; i++)
@@ -176,9 +180,8 @@ bool mbp__ctl_watchdog(struct mbp__run *r, uint64_t now)
 		pthread_mutex_lock(&r->lock);
 		r->dead = true;
 		r->err = -ETIMEDOUT;
-		snprintf(r->msg, sizeof(r->msg),
-			 "rank %d stopped answering: nothing heard from it for %.1f s", p->rank,
-			 (double)(now - p->last_heard) / 1e9);
+		mbp__run_fail(r, 0, "rank %d stopped answering: nothing heard from it for %.1f s", p->rank,
+			      (double)(now - p->last_heard) / 1e9);
 		r->ops->dead(r);
 		pthread_cond_broadcast(&r->cond);
 		pthread_mutex_unlock(&r->lock);

@@ -21,6 +21,9 @@
 #include "common.h"
 #include "mpi_internal.h"
 
+/* a run has a communicator of its own: the other tags of it are the channel's and the trainer's */
+enum { TAG_HDR = 1, TAG_PAYLOAD, TAG_CREDIT };
+
 int mbp__link_alloc(struct mbp__link *l, uint32_t W)
 {
 	l->W = W;
@@ -45,7 +48,7 @@ static void post(struct mbp__run *r, struct mbp__link *l, uint32_t i)
 	struct mbp__slot *s = &l->slot[i];
 	size_t cap = s->mb->capacity < INT_MAX ? s->mb->capacity : INT_MAX;
 	MPI_Start(&l->rq[2 * i]);
-	MPI_Irecv(s->mb->data, (int)cap, MPI_BYTE, l->peer, l->tag + 1, r->comm, &l->rq[2 * i + 1]);
+	MPI_Irecv(s->mb->data, (int)cap, MPI_BYTE, l->peer, TAG_PAYLOAD, r->comm, &l->rq[2 * i + 1]);
 	s->out = 3;
 	s->used = true;
 	s->in = false;
@@ -75,12 +78,12 @@ void mbp__link_open(struct mbp__run *r, struct mbp__link *l)
 	MPI_Request *cred = &l->rq[2 * l->W];
 	if (l->send) {
 		l->credits = l->W;
-		MPI_Recv_init(&l->cred, 1, MPI_UINT32_T, l->peer, l->tag + 2, r->comm, cred);
+		MPI_Recv_init(&l->cred, 1, MPI_UINT32_T, l->peer, TAG_CREDIT, r->comm, cred);
 		MPI_Start(cred);
 		return;
 	}
 	for (uint32_t i = 0; i < l->W; i++)
-		MPI_Recv_init(&l->slot[i].h, sizeof(l->slot[i].h), MPI_BYTE, l->peer, l->tag, r->comm,
+		MPI_Recv_init(&l->slot[i].h, sizeof(l->slot[i].h), MPI_BYTE, l->peer, TAG_HDR, r->comm,
 			      &l->rq[2 * i]);
 	refill(r, l, false);
 }
@@ -105,8 +108,8 @@ static bool send_more(struct mbp__run *r, struct mbp__link *l)
 			break;
 		l->stalled = false;
 		size_t bytes = s->h.status ? 0 : (size_t)s->h.rows * s->h.row_bytes;
-		MPI_Isend(&s->h, sizeof(s->h), MPI_BYTE, l->peer, l->tag, r->comm, &l->rq[2 * i]);
-		MPI_Isend(bytes ? mb->data : (void *)&s->h, (int)bytes, MPI_BYTE, l->peer, l->tag + 1,
+		MPI_Isend(&s->h, sizeof(s->h), MPI_BYTE, l->peer, TAG_HDR, r->comm, &l->rq[2 * i]);
+		MPI_Isend(bytes ? mb->data : (void *)&s->h, (int)bytes, MPI_BYTE, l->peer, TAG_PAYLOAD,
 			  r->comm, &l->rq[2 * i + 1]);
 		s->out = 3;
 		s->used = true;
@@ -160,7 +163,7 @@ static bool receive(struct mbp__run *r, struct mbp__link *l, uint64_t now)
 	if (l->owed && l->rq[2 * l->W] == MPI_REQUEST_NULL && !r->ctl.quiet) {
 		l->cred = l->owed;
 		l->owed = 0;
-		MPI_Isend(&l->cred, 1, MPI_UINT32_T, l->peer, l->tag + 2, r->comm, &l->rq[2 * l->W]);
+		MPI_Isend(&l->cred, 1, MPI_UINT32_T, l->peer, TAG_CREDIT, r->comm, &l->rq[2 * l->W]);
 		act = true;
 	}
 	return act;

@@ -1,24 +1,23 @@
 /*
  * A run: the base object of the pipeline across ranks (mpi.c) and of the trainer across ranks
  * (trainer.c), as libuv's stream is under its tcp and pipe: options, the communicator and its hand-shake,
- * the control channel and the links, and the one link loop that drives them, a task on the communication
- * thread from mbp__run_start() to the end of the run. A flow gives a small table of operations (mpi_internal.h)
- * and keeps only its own protocol.
+ * the control channel and the links, the one link loop that drives them (a task on the communication
+ * thread from mbp__run_start() to the end of the run) and the tear-down. A flow fills in a table of
+ * operations (mpi_internal.h) and keeps only its own protocol.
  *
- * A pass of the loop: every link (one MPI_Testsome each), the flow's own work, the control channel, the
- * watchdog, and on rank 0 the quiet stop. After spin_ns without an event it parks, the way wait.h
- * documents, in its seq_cst mode (no membarrier per park): raise the parker's flag, re-check the kick word
- * (any thread that publishes work for the loop stores it and then wakes the parker, mbp__run_kick), sleep. An arriving MPI message cannot wake it
- * (shared memory has no descriptor to wait on), so a park has a deadline that grows with the quiet time,
- * a quarter of it, from 1 us up to idle_ns: an arrival after a quiet gap g is seen within about g / 4, and
- * a rank quiet for long polls every idle_ns. Not a smaller share: each park is a wake-up (about 10 us of
- * CPU on a busy 2-CPU machine), and the parks of the ramp come on top of the idle_ns ones.
+ * A pass of the loop: every link, the flow's own work, the channel, the watchdog, on rank 0 the quiet
+ * stop. After spin_ns without an event it parks in wait.h's seq_cst mode (no membarrier per park): flag
+ * up, the kick word re-checked (mbp__run_kick stores it, then wakes), sleep. An arriving MPI message
+ * cannot wake it (shared memory has no descriptor to wait on), so a park's deadline is a quarter of the
+ * quiet time, from 1 us up to idle_ns: an arrival after a gap g is seen within about g / 4. Not a smaller
+ * share: each park is a wake-up (about 10 us of CPU on a busy 2-CPU machine).
  */
 #include "config.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,13 +35,13 @@ void mbp_mpi_opts_init(mbp_mpi_opts *o)
 	o->idle_ns = 200000;
 }
 
-int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo)
+int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo,
+		 size_t in_row_bytes)
 {
 	*rp = NULL;
-	if (!mbp__mpi_started())
-		return -ENOTCONN;
-	if (mbp_mpi_size() > MBP_MAX_STAGES)
-		return -ERANGE;
+	int ranks = mbp_mpi_size(); /* -ENOTCONN before mbp_mpi_init */
+	if (ranks < 0 || ranks > MBP_MAX_STAGES)
+		return ranks < 0 ? ranks : -ERANGE;
 	struct mbp__run *r = calloc(1, size);
 	if (!r)
 		return -ENOMEM;
@@ -58,7 +57,8 @@ int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *o
 	r->mo.spin_ns = mbp__wait_budget(r->mo.spin_ns, d.spin_ns);
 	MBP__DEFAULT(&r->mo, &d, idle_ns);
 	r->rank = mbp_mpi_rank();
-	r->size = mbp_mpi_size();
+	r->size = ranks;
+	r->in_rb = r->out_rb = r->wide = in_row_bytes;
 	r->comm = MPI_COMM_NULL;
 	mbp__wait_global_init();
 	pthread_mutex_init(&r->lock, NULL);
@@ -68,27 +68,47 @@ int mbp__run_new(struct mbp__run **rp, size_t size, const struct mbp__run_ops *o
 	pthread_cond_init(&r->cond, &ca);
 	pthread_condattr_destroy(&ca);
 	*rp = r;
-	if (r->mo.window <= 1024)
+	if (r->mo.window <= 1024 && (!ops->inflight || r->mo.inflight >= r->mo.window))
 		return 0;
 	mbp__run_destroy(r);
-	free(r);
 	return -EINVAL;
 }
 
 void mbp__run_destroy(struct mbp__run *r)
 {
+	mbp__run_join(r);
 	for (unsigned i = 0; i < r->nlinks; i++)
 		mbp__link_free(&r->link[i]);
 	mbp__ctl_free(&r->ctl);
 	pthread_cond_destroy(&r->cond);
 	pthread_mutex_destroy(&r->lock);
+	free(r);
+}
+
+int mbp__run_stage(struct mbp__run *r, int rc, size_t out_row_bytes)
+{
+	if (rc)
+		return rc;
+	r->nstages++;
+	r->out_rb = out_row_bytes ? out_row_bytes : r->out_rb;
+	r->wide = r->out_rb > r->wide ? r->out_rb : r->wide;
+	return 0;
+}
+
+int mbp__run_fail(struct mbp__run *r, int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(r->msg, sizeof(r->msg), fmt, ap);
+	va_end(ap);
+	return err;
 }
 
 const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts)
 {
-	if (timeout_ns <= 0)
+	if (timeout_ns < 0)
 		return NULL;
-	*ts = mbp__timespec(mbp__now_ns() + (uint64_t)timeout_ns);
+	*ts = mbp__timespec(mbp__now_ns() + (uint64_t)timeout_ns); /* 0: now, a wait times out at once */
 	return ts;
 }
 
@@ -128,13 +148,11 @@ static int hs_task(void *arg)
 	return 0;
 }
 
-int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
-		  mbp_pool_cache *cache)
+int mbp__run_link(struct mbp__run *r, bool send, int peer, mbp_pool *pool, mbp_pool_cache *cache)
 {
 	MBP_VERIFY(r->nlinks < MBP__RUN_LINKS);
 	struct mbp__link *l = &r->link[r->nlinks++];
-	*l = (struct mbp__link){
-	    .send = send, .peer = peer, .tag = tag, .id = id, .pool = pool, .cache = cache};
+	*l = (struct mbp__link){.send = send, .peer = peer, .pool = pool, .cache = cache};
 	return mbp__link_alloc(l, r->mo.window);
 }
 
@@ -281,49 +299,49 @@ static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char
 	for (int k = 0; k < r->size; k++) {
 		const uint64_t *v = &all[(size_t)k * n], *next = v + n;
 		int e = (int)(int64_t)v[MBP__HS_RC];
-		if (e < 0) {
-			snprintf(r->msg, sizeof(r->msg), "rank %d failed to start: %s", k, mbp_strerror(e));
-			return e;
-		}
-		if (k + 1 < r->size && v[MBP__HS_OUT] != next[MBP__HS_IN]) {
-			snprintf(r->msg, sizeof(r->msg),
-				 "rank %d's output rows are %llu bytes, rank %d's input rows %llu", k,
-				 (unsigned long long)v[MBP__HS_OUT], k + 1,
-				 (unsigned long long)next[MBP__HS_IN]);
-			return -EINVAL;
-		}
-		if (v[MBP__HS_BYTES] > INT_MAX) {
-			snprintf(r->msg, sizeof(r->msg), "rank %d's %s exceed 2 GiB", k, what);
-			return -E2BIG;
-		}
-		for (unsigned i = MBP__HS_SAME; i < n; i++)
-			if (v[i] != all[i]) {
-				snprintf(r->msg, sizeof(r->msg), "rank %d has %s %llu, rank 0 %llu", k,
-					 names[i - MBP__HS_SAME], (unsigned long long)v[i],
-					 (unsigned long long)all[i]);
-				return -EINVAL;
-			}
+		if (e < 0)
+			return mbp__run_fail(r, e, "rank %d failed to start: %s", k, mbp_strerror(e));
+		if (v[MBP__HS_STAGES] == 0)
+			return mbp__run_fail(r, -EINVAL, "rank %d has no stages", k);
+		if (k + 1 < r->size && v[MBP__HS_OUT] != next[MBP__HS_IN])
+			return mbp__run_fail(
+			    r, -EINVAL, "rank %d's output rows are %llu bytes, rank %d's input rows %llu", k,
+			    (unsigned long long)v[MBP__HS_OUT], k + 1, (unsigned long long)next[MBP__HS_IN]);
+		if (v[MBP__HS_BYTES] > INT_MAX)
+			return mbp__run_fail(r, -E2BIG, "rank %d's %s exceed 2 GiB", k, what);
+		for (unsigned i = MBP__HS_ROWS; i < n; i++)
+			if (v[i] != all[i])
+				return mbp__run_fail(r, -EINVAL, "rank %d has %s %llu, rank 0 %llu", k,
+						     i == MBP__HS_ROWS	   ? "max_mb_rows"
+						     : i == MBP__HS_WINDOW ? "window"
+									   : names[i - MBP__HS_SAME],
+						     (unsigned long long)v[i], (unsigned long long)all[i]);
 	}
 	return 0;
 }
 
-int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what,
-		   int (*local)(struct mbp__run *r, const uint64_t *all))
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what)
 {
+	if (mbp__run_check(r, MBP__RUN_ANY, true) != -ENOTCONN)
+		return -EALREADY; /* not new: the state read under the lock, as the loop may be ending it */
+	mine[MBP__HS_STAGES] = r->nstages;
+	mine[MBP__HS_WINDOW] = r->mo.window;
 	uint64_t *all = calloc((size_t)r->size, n * sizeof(*all));
 	struct hs h = {.r = r, .mine = mine, .n = n, .all = all};
 	int rc = all ? mbp__mpi_call(hs_task, &h) : -ENOMEM;
 	if (rc == 0 && (rc = check(r, all, n, names, what)) == 0) {
-		/* every rank passed alike: the flow's own start (collectives included), then its result shared */
-		int lrc = local(r, all);
+		/* every rank passed alike: the node's CPUs (collective), the flow's own start (collectives
+		 * included), the channel; then the result shared */
+		int lrc = mbp__mpi_node_share(&r->node_k, &r->node_m);
+		if (lrc == 0 && (lrc = r->ops->start(r, all)) == 0)
+			lrc = mbp__ctl_alloc(r, r->ops->mesh);
 		mine[MBP__HS_RC] = (uint64_t)(int64_t)lrc;
 		rc = mbp__mpi_call(hs_task, &h);
 		/* the first rank that failed says why; one that failed alike (a check of all[]) has said it */
 		for (int k = 0; rc == 0 && k < r->size; k++)
 			if ((rc = (int)(int64_t)all[(size_t)k * n + MBP__HS_RC]) < 0 &&
 			    !(rc == lrc && r->msg[0]))
-				snprintf(r->msg, sizeof(r->msg), "rank %d failed to start: %s", k,
-					 mbp_strerror(rc));
+				mbp__run_fail(r, rc, "rank %d failed to start: %s", k, mbp_strerror(rc));
 	}
 	free(all);
 	if (rc) {
@@ -337,10 +355,39 @@ int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *c
 	return 0;
 }
 
-void mbp__run_wait_end(struct mbp__run *r)
+int mbp__run_check(struct mbp__run *r, int who, bool started)
 {
+	if (!r)
+		return -EINVAL;
+	if ((who == MBP__RUN_RANK0 && r->rank != 0) || (who == MBP__RUN_OTHERS && r->rank == 0))
+		return -EPERM;
+	if (!started)
+		return 0;
+	pthread_mutex_lock(&r->lock);
+	bool fresh = r->state == MBP__RUN_NEW;
+	pthread_mutex_unlock(&r->lock);
+	return fresh ? -ENOTCONN : 0;
+}
+
+int mbp__run_ended_rc(const struct mbp__run *r)
+{
+	return r->err ? r->err : r->cancelled ? -ECANCELED : 0;
+}
+
+bool mbp__run_cancel(struct mbp__run *r)
+{
+	if (r->cancelled)
+		return false;
+	r->cancelled = true;
+	mbp__ctl_post(r, -1, MBP__CTL_CANCEL);
+	return true;
+}
+
+void mbp__run_stop(struct mbp__run *r)
+{
+	mbp__run_end(r);
 	while (r->state == MBP__RUN_RUNNING)
-		pthread_cond_wait(&r->cond, &r->lock);
+		mbp__run_wait(r, NULL);
 }
 
 void mbp__run_join(struct mbp__run *r)

@@ -8,15 +8,14 @@
  *
  * Carriers. A micro-batch in this rank's local pipeline is a local job of one micro-batch, its input read
  * in place (where it arrived, the caller's buffer, a job's rows) and its output written straight into the
- * buffer that the link then sends: the input's own when there are two local stages or more (the last
- * writes after the first has read), else one of the link's pool. No copy, with one local stage too (a
- * single micro-batch of mbp_mb_submit() comes back in its caller's buffer, so one stage computes
- * elsewhere and copies back: a second pass over every byte, which halved the one-stage hop). A caller's
- * micro-batch that carries something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with
- * mbp_mb_submit() instead and is sent from its own buffer. A carrier holds a micro-batch's header and
- * buffers from its submission until its send is done; their number (opts.mb_buffers) bounds what a rank
- * holds. On ranks > 0 the loop gets and gives back every buffer of the link's pool, through a cache of
- * its own (an arrival's buffer is the next receive's, as the pool's LIFO keeps it hot).
+ * buffer that the link then sends (local_job). No copy, with one local stage too (a single micro-batch of
+ * mbp_mb_submit() comes back in its caller's buffer, so one stage computes elsewhere and copies back: a
+ * second pass over every byte, which halved the one-stage hop). A caller's micro-batch that carries
+ * something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with mbp_mb_submit() instead and
+ * is sent from its own buffer. A carrier holds a micro-batch's header and buffers from its submission
+ * until its send is done; their number (opts.mb_buffers) bounds what a rank holds. On ranks > 0 the loop
+ * gets and gives back every buffer of the link's pool, through a cache of its own (an arrival's buffer is
+ * the next receive's, as the pool's LIFO keeps it hot).
  *
  * Rank 0's table holds every accepted micro-batch until it retires, indexed by its global sequence number
  * modulo opts.inflight: reserved by a submitter, in flight once submitted locally, done when its result
@@ -44,7 +43,6 @@ enum { T_FREE = 0, T_RESERVED, T_INFLIGHT, T_DONE, T_VOID };
 
 #define RESULT_STAGE (UINT32_MAX - 1)
 #define RETIRE_BATCH 64
-#define TAG_LINK     1
 
 struct carrier {
 	mbp_job job;	      /* the local job of one micro-batch */
@@ -73,8 +71,7 @@ struct mbp_mpi {
 	mbp_opts lo;
 	mbp_result_fn user_on_result; /* rank 0 */
 	void *user_arg;
-	size_t in_rb, out_rb, final_rb; /* this rank's input and output row widths, the last rank's output */
-	unsigned nstages;
+	size_t final_rb; /* the last rank's output rows */
 	uint32_t max_rows;
 	mbp_pool *pool;	       /* the link's buffers: arrivals and the local pipeline's results */
 	mbp_pool *res_pool;    /* rank 0: results */
@@ -83,7 +80,7 @@ struct mbp_mpi {
 	struct carrier *carriers;
 
 	/* under r.lock: */
-	bool stop_accepting, cancelled, closing;
+	bool stop_accepting, closing;
 	struct carrier *free_c, *qhead, **qtail;
 	_Atomic uint32_t qn; /* the queue's length (written under the lock, read by the loop) */
 	struct tent *tab;
@@ -157,16 +154,16 @@ static void queue(mbp_mpi *mp, struct carrier *c)
 		mbp__run_kick(&mp->r);
 }
 
-static struct carrier *dequeue_locked(mbp_mpi *mp)
+static struct carrier *dequeue(mbp_mpi *mp)
 {
+	pthread_mutex_lock(&mp->r.lock);
 	struct carrier *c = mp->qhead;
-	if (!c)
-		return NULL;
-	if (!(mp->qhead = c->next))
+	if (c && !(mp->qhead = c->next))
 		mp->qtail = &mp->qhead;
-	/* relaxed: under the run's lock, as in enqueue above */
-	atomic_store_explicit(&mp->qn, atomic_load_explicit(&mp->qn, memory_order_relaxed) - 1,
-			      memory_order_relaxed);
+	if (c) /* relaxed: under the run's lock, as in queue() above */
+		atomic_store_explicit(&mp->qn, atomic_load_explicit(&mp->qn, memory_order_relaxed) - 1,
+				      memory_order_relaxed);
+	pthread_mutex_unlock(&mp->r.lock);
 	return c;
 }
 
@@ -176,7 +173,7 @@ static void job_done(mbp_job *job, void *arg)
 	mbp_mpi *mp = arg;
 	struct carrier *c = mbp__container_of(job, struct carrier, job);
 	c->h.status = job->status;
-	c->h.row_bytes = (uint32_t)mp->out_rb;
+	c->h.row_bytes = (uint32_t)mp->r.out_rb;
 	if (c->in && !mbp__pool_owns(mp->pool, c->in)) { /* a caller's input: back to it now */
 		give_back(mp, c->in, NULL);
 		c->in = NULL;
@@ -204,7 +201,7 @@ static void on_result(void *arg, mbp_mb *mb)
 static int local_job(mbp_mpi *mp, struct carrier *c, const void *in, mbp_pool_cache *cache,
 		     int64_t timeout_ns)
 {
-	bool same = mp->nstages > 1 && c->in;
+	bool same = mp->r.nstages > 1 && c->in;
 	int rc = 0;
 	if (same)
 		c->out = c->in;
@@ -239,21 +236,16 @@ int mbp_mpi_new(mbp_mpi **out, const mbp_opts *local, const mbp_mpi_opts *mo)
 	if (mbp_mpi_rank() > 0 && local->on_result)
 		return -EINVAL;
 	struct mbp__run *r;
-	int rc = mbp__run_new(&r, sizeof(mbp_mpi), &ops, mo);
+	int rc = mbp__run_new(&r, sizeof(mbp_mpi), &ops, mo, local->in_row_bytes);
 	if (rc)
 		return rc;
 	mbp_mpi *mp = of(r);
-	if (r->mo.inflight < r->mo.window) {
-		mbp_mpi_destroy(mp);
-		return -EINVAL;
-	}
 	mp->lo = *local;
 	mbp__opts_fill(&mp->lo); /* a field's 0 is its default: mb_buffers and pool_bytes are read here */
 	mp->user_on_result = local->on_result;
 	mp->user_arg = local->on_result_arg;
 	mp->lo.on_result = on_result;
 	mp->lo.on_result_arg = mp;
-	mp->in_rb = mp->out_rb = local->in_row_bytes;
 	mp->qtail = &mp->qhead;
 	rc = mbp_pipeline_new(&mp->p, &mp->lo);
 	if (rc) {
@@ -268,13 +260,7 @@ int mbp_mpi_add_stage(mbp_mpi *mp, const mbp_stage_desc *d)
 {
 	if (!mp || !d || mp->r.state != MBP__RUN_NEW)
 		return -EINVAL;
-	int rc = mbp_pipeline_add_stage(mp->p, d);
-	if (rc == 0) {
-		if (d->out_row_bytes)
-			mp->out_rb = d->out_row_bytes;
-		mp->nstages++;
-	}
-	return rc;
+	return mbp__run_stage(&mp->r, mbp_pipeline_add_stage(mp->p, d), d->out_row_bytes);
 }
 
 mbp_pipeline *mbp_mpi_pipeline(mbp_mpi *mp)
@@ -293,7 +279,7 @@ static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
 	uint32_t W = r->mo.window, nc = mp->lo.mb_buffers;
-	size_t rb = mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb;
+	size_t rb = mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb;
 	mp->mb_pool = mbp__pipeline_mb_pool(mp->p);
 	if (!(mp->carriers = calloc(nc, sizeof(*mp->carriers))))
 		return -ENOMEM;
@@ -317,25 +303,19 @@ static int alloc_run(mbp_mpi *mp)
 	if (rc == 0 && r->rank != 0)
 		rc = mbp_pool_cache_new(mp->pool, &mp->cache);
 	if (rc == 0) /* to the next rank, from the one before (one rank alone: to and from itself) */
-		rc = mbp__run_link(r, true, (r->rank + 1) % r->size, TAG_LINK, 0, NULL, NULL);
+		rc = mbp__run_link(r, true, (r->rank + 1) % r->size, NULL, NULL);
 	if (rc == 0)
-		rc = mbp__run_link(r, false, (r->rank + r->size - 1) % r->size, TAG_LINK, 0,
+		rc = mbp__run_link(r, false, (r->rank + r->size - 1) % r->size,
 				   r->rank == 0 ? mp->res_pool : mp->pool, mp->cache);
-	return rc ? rc : mbp__ctl_alloc(r, false);
+	return rc;
 }
 
-enum { HS_ROWS = MBP__HS_SAME, HS_WINDOW, HS_N };
-
-/* Every rank passed the checks of the start: this rank's part of its node's CPUs (collective), its
- * pipeline, the run's buffers. */
-static int start_local(struct mbp__run *r, const uint64_t *all)
+/* Every rank passed the checks of the start: its pipeline on its part of the node, the run's buffers. */
+static int op_start(struct mbp__run *r, const uint64_t *all)
 {
 	mbp_mpi *mp = of(r);
-	mp->final_rb = all[(size_t)(r->size - 1) * HS_N + MBP__HS_OUT];
-	unsigned node_k, node_m;
-	int rc = mbp__mpi_node_share(&node_k, &node_m);
-	if (rc == 0)
-		rc = mbp__pipeline_node_share(mp->p, node_k, node_m);
+	mp->final_rb = all[(size_t)(r->size - 1) * MBP__HS_SAME + MBP__HS_OUT];
+	int rc = mbp__pipeline_node_share(mp->p, r->node_k, r->node_m);
 	if (rc == 0)
 		rc = mbp_pipeline_start(mp->p);
 	return rc ? rc : alloc_run(mp);
@@ -343,20 +323,16 @@ static int start_local(struct mbp__run *r, const uint64_t *all)
 
 int mbp_mpi_start(mbp_mpi *mp)
 {
-	static const char *const names[] = {"max_mb_rows", "window"};
 	if (!mp)
 		return -EINVAL;
-	if (mp->r.state != MBP__RUN_NEW)
-		return -EALREADY;
 	mp->max_rows = mp->lo.max_mb_rows; /* filled in at new */
-	uint64_t mine[HS_N] = {[MBP__HS_RC] = mp->nstages ? 0 : (uint64_t)-EINVAL,
-			       [MBP__HS_IN] = mp->in_rb,
-			       [MBP__HS_OUT] = mp->out_rb,
-			       [MBP__HS_BYTES] =
-				   (mp->in_rb > mp->out_rb ? mp->in_rb : mp->out_rb) * mp->max_rows,
-			       [HS_ROWS] = mp->max_rows,
-			       [HS_WINDOW] = mp->r.mo.window};
-	return mbp__run_start(&mp->r, mine, HS_N, names, "micro-batches", start_local);
+	uint64_t mine[MBP__HS_SAME] = {
+	    [MBP__HS_IN] = mp->r.in_rb,
+	    [MBP__HS_OUT] = mp->r.out_rb,
+	    [MBP__HS_BYTES] =
+		mbp__mul_sat(mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb, mp->max_rows),
+	    [MBP__HS_ROWS] = mp->max_rows};
+	return mbp__run_start(&mp->r, mine, MBP__HS_SAME, NULL, "micro-batches");
 }
 
 /* ---- rank 0: the table and retiring ---- */
@@ -501,15 +477,9 @@ static void entry_submitted(mbp_mpi *mp, uint64_t seq, int rc, struct carrier *c
 		retire(mp);
 }
 
-static int check_rank0(const mbp_mpi *mp)
+static int check_rank0(mbp_mpi *mp)
 {
-	if (!mp)
-		return -EINVAL;
-	if (mp->r.rank != 0)
-		return -EPERM;
-	if (mp->r.state == MBP__RUN_NEW)
-		return -ENOTCONN;
-	return 0;
+	return mbp__run_check(mp ? &mp->r : NULL, MBP__RUN_RANK0, true);
 }
 
 int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
@@ -546,7 +516,7 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 		c->h.rows = (uint32_t)rows;
 		c->in = NULL;
 		pthread_mutex_unlock(&mp->r.lock);
-		rc = local_job(mp, c, (const char *)job->in + row0 * mp->in_rb, NULL, -1);
+		rc = local_job(mp, c, (const char *)job->in + row0 * mp->r.in_rb, NULL, -1);
 		entry_submitted(mp, seq, rc, c);
 		pthread_mutex_lock(&mp->r.lock);
 	}
@@ -666,9 +636,7 @@ static bool op_next(struct mbp__run *r, struct mbp__link *l, struct mbp__hdr *h,
 	mbp_mpi *mp = of(r);
 	if (!op_waiting(r, l))
 		return false; /* the common case, no lock taken */
-	pthread_mutex_lock(&r->lock);
-	struct carrier *c = dequeue_locked(mp);
-	pthread_mutex_unlock(&r->lock);
+	struct carrier *c = dequeue(mp);
 	if (!c)
 		return false;
 	give_back(mp, c->in, mp->cache); /* an arrival's buffer, read: the next receive's (LIFO: hot) */
@@ -765,10 +733,7 @@ static void local_rank_stats(mbp_mpi *mp, mbp_mpi_rank_stats *st)
 static void op_on_ctl(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m)
 {
 	mbp_mpi *mp = of(r);
-	if (m->cmd == MBP__CTL_CANCEL) {
-		mp->cancelled = true;
-		pthread_cond_broadcast(&r->cond);
-	} else if (m->cmd == MBP__CTL_STOPPED && peer < MBP_MAX_STAGES) {
+	if (m->cmd == MBP__CTL_STOPPED && peer < MBP_MAX_STAGES) {
 		mp->st.rank[peer] = m->st;
 		mp->st.reported++;
 	}
@@ -801,14 +766,8 @@ static void op_closed(struct mbp__run *r)
 	pthread_mutex_lock(&r->lock);
 	mp->closing = true; /* from now on a local result is dropped, not queued */
 	pthread_mutex_unlock(&r->lock);
-	for (;;) {
-		pthread_mutex_lock(&r->lock);
-		struct carrier *c = dequeue_locked(mp);
-		pthread_mutex_unlock(&r->lock);
-		if (!c)
-			break;
+	for (struct carrier *c; (c = dequeue(mp));)
 		carrier_free(mp, c, mp->cache);
-	}
 	if (r->rank == 0)
 		retire(mp);
 }
@@ -822,7 +781,9 @@ static const struct mbp__run_ops ops = {.next = op_next,
 					.fill = op_fill,
 					.may_stop = op_may_stop,
 					.dead = op_dead,
-					.closed = op_closed};
+					.closed = op_closed,
+					.start = op_start,
+					.inflight = true};
 
 /* ---- ending a run ---- */
 
@@ -848,25 +809,21 @@ static int end_run(mbp_mpi *mp, bool cancel, int64_t timeout_ns)
 	pthread_mutex_lock(&mp->r.lock);
 	if (mp->r.state == MBP__RUN_RUNNING) {
 		mp->stop_accepting = true;
-		if (cancel && !mp->cancelled) {
-			mp->cancelled = true;
+		if (cancel && mbp__run_cancel(&mp->r)) {
 			pthread_mutex_unlock(&mp->r.lock);
-			mbp__ctl_post(&mp->r, -1, MBP__CTL_CANCEL);
 			mbp_pipeline_cancel(
 			    mp->p); /* what waits here fails; results travel on as failed headers */
 			pthread_mutex_lock(&mp->r.lock);
 		}
 		while (mp->next_retire != mp->next_seq && !mp->r.dead)
-			if ((timeout_ns == 0 || !mbp__run_wait(&mp->r, dl)) &&
-			    mp->next_retire != mp->next_seq && !mp->r.dead) {
+			if (!mbp__run_wait(&mp->r, dl) && mp->next_retire != mp->next_seq && !mp->r.dead) {
 				pthread_mutex_unlock(&mp->r.lock);
 				return -ETIMEDOUT;
 			}
-		mbp__run_end(&mp->r); /* the loop sends STOP once all is retired */
-		mbp__run_wait_end(&mp->r);
+		mbp__run_stop(&mp->r); /* the loop sends STOP once all is retired */
 	}
 	rc = mp->r.err;
-	cancel |= mp->r.dead || mp->cancelled;
+	cancel |= mp->r.dead || mp->r.cancelled;
 	pthread_mutex_unlock(&mp->r.lock);
 	after_loop(mp, cancel);
 	return rc;
@@ -884,18 +841,15 @@ int mbp_mpi_cancel(mbp_mpi *mp)
 
 int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)
 {
-	if (!mp)
-		return -EINVAL;
-	if (mp->r.rank == 0)
-		return -EPERM;
-	if (mp->r.state == MBP__RUN_NEW)
-		return -ENOTCONN;
+	int rc = mbp__run_check(mp ? &mp->r : NULL, MBP__RUN_OTHERS, true);
+	if (rc)
+		return rc;
 	struct timespec ts;
 	const struct timespec *dl = mbp__run_deadline(timeout_ns, &ts);
 	bool cancel_done = false;
 	pthread_mutex_lock(&mp->r.lock);
 	for (;;) {
-		if (mp->cancelled && !cancel_done) {
+		if (mp->r.cancelled && !cancel_done) {
 			pthread_mutex_unlock(&mp->r.lock);
 			mbp_pipeline_cancel(mp->p); /* rank 0 said so: fail what has not started here */
 			cancel_done = true;
@@ -904,14 +858,14 @@ int mbp_mpi_wait(mbp_mpi *mp, int64_t timeout_ns)
 		}
 		if (mp->r.state == MBP__RUN_ENDED)
 			break;
-		if ((timeout_ns == 0 || !mbp__run_wait(&mp->r, dl)) && mp->r.state != MBP__RUN_ENDED &&
-		    !(mp->cancelled && !cancel_done)) {
+		if (!mbp__run_wait(&mp->r, dl) && mp->r.state != MBP__RUN_ENDED &&
+		    !(mp->r.cancelled && !cancel_done)) {
 			pthread_mutex_unlock(&mp->r.lock);
 			return -ETIMEDOUT;
 		}
 	}
-	int rc = mp->r.err ? mp->r.err : mp->cancelled ? -ECANCELED : 0;
-	bool cancel = mp->r.dead || mp->cancelled;
+	rc = mbp__run_ended_rc(&mp->r);
+	bool cancel = mp->r.dead || mp->r.cancelled;
 	pthread_mutex_unlock(&mp->r.lock);
 	after_loop(mp, cancel);
 	return rc;
@@ -933,10 +887,9 @@ void mbp_mpi_destroy(mbp_mpi *mp)
 		fprintf(stderr, "mbp_mpi_destroy: result buffers not released; leaked\n");
 	if (mp->pool)
 		mbp_pool_destroy(mp->pool);
-	mbp__run_destroy(&mp->r);
 	free(mp->carriers);
 	free(mp->tab);
-	free(mp);
+	mbp__run_destroy(&mp->r);
 }
 
 int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st)

@@ -27,8 +27,6 @@
 
 /* ---- comm.c ---- */
 
-/* Whether mbp_mpi_init() succeeded. */
-bool mbp__mpi_started(void);
 /* Run fn(arg) on the communication thread (after the task before it): returns a ticket for await. */
 uint64_t mbp__mpi_post(int (*fn)(void *), void *arg);
 /* Wait for a posted task; its return value. */
@@ -50,7 +48,7 @@ void mbp__mpi_finish(MPI_Request *rq, bool cancel, uint64_t deadline);
 
 /* ---- the wire ---- */
 
-/* The header of an item on a link; its payload follows as a second message (tag + 1). */
+/* The header of an item on a link; its payload follows as a second message. */
 struct mbp__hdr {
 	uint64_t seq;	    /* the pipeline: the global sequence number; the trainer: the micro-batch */
 	uint64_t tag;	    /* the pipeline: rank 0's clock at acceptance; the trainer: the step's attempt */
@@ -95,16 +93,11 @@ struct mbp__slot {
 	bool used, in; /* posted or sending; a receive counted */
 };
 
-/*
- * The receiver keeps W receives posted (the header through a persistent request, the payload straight
- * into a buffer of `pool`), takes arrivals in posting order and sends a credit back for each receive it
- * posts again; the sender holds W credits and sends header and payload straight from the owner's buffer
- * while it has one. Every request of a link is tested in one MPI_Testsome per pass (one run of MPI's
- * progress engine, not one per slot). The loop's thread only.
- */
+/* One direction of a hop (link.c says how). Every request of a link is tested in one MPI_Testsome per
+ * pass (one run of MPI's progress engine, not one per slot). The loop's thread only. */
 struct mbp__link {
 	bool send;
-	int peer, tag, id; /* tags: header `tag`, payload tag + 1, credits tag + 2; id: the owner's */
+	int peer;
 	uint32_t W;
 	mbp_pool *pool;	       /* receiver: its slots' buffers */
 	mbp_pool_cache *cache; /* and the loop's cache of it, or NULL */
@@ -170,6 +163,11 @@ struct mbp__run_ops {
 	void (*dead)(struct mbp__run *r);
 	/* the links are closed, the communicator not yet: give back what the flow holds */
 	void (*closed)(struct mbp__run *r);
+	/* the owner's thread, at mbp__run_start once every rank passed its checks (run->node_k and node_m
+	 * set): the flow's own start, collectives included; 0 or -errno (its msg may say why) */
+	int (*start)(struct mbp__run *r, const uint64_t *all);
+	bool mesh;     /* the channel joins every pair of ranks (mbp__ctl_alloc) */
+	bool inflight; /* the flow uses mo.inflight (then at least the window) */
 };
 
 enum { MBP__RUN_NEW = 0, MBP__RUN_RUNNING, MBP__RUN_ENDED };
@@ -201,10 +199,15 @@ struct mbp__run {
 	int state;	       /* MBP__RUN_* (under lock once running) */
 	bool dead;	       /* a peer went silent (under lock) */
 	int err;	       /* the run's error (under lock) */
+	bool cancelled;	       /* rank 0 cancelled the run (under lock; mbp__run_cancel) */
 	char msg[192];	       /* and why, in words */
 	struct mbp__ctl ctl;   /* the loop's */
 	struct mbp__link link[MBP__RUN_LINKS];
 	unsigned nlinks;
+	unsigned node_k, node_m; /* this rank's part of its node's CPUs (mbp__mpi_node_share) */
+	/* this rank's stages (mbp__run_stage): how many, their input's and last output's rows, the widest */
+	unsigned nstages;
+	size_t in_rb, out_rb, wide;
 	/* tests (mbp__run_test_late): the others hold their credits until the stop's handshake, then 50 ms
 	 * (link.c); rank 0 counts what comes after its peers' last words (loop.c) */
 	_Atomic bool test_late;
@@ -213,33 +216,59 @@ struct mbp__run {
 
 /* A flow's object of `size` bytes, its run first, zeroed and filled in (rank, size, options with their
  * defaults; no MPI call): 0, -ENOTCONN (no mbp_mpi_init), -ERANGE (more ranks than MBP_MAX_STAGES),
- * -EINVAL (a window above 1024), -ENOMEM. Pair with mbp__run_destroy() and free(). */
-int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo);
+ * -EINVAL (a window above 1024, or above inflight where ops->inflight), -ENOMEM. Pair with
+ * mbp__run_destroy(), which joins the loop and frees the flow's object. */
+int mbp__run_new(struct mbp__run **r, size_t size, const struct mbp__run_ops *ops, const mbp_mpi_opts *mo,
+		 size_t in_row_bytes);
+/* After the flow's local add_stage returned rc: a stage of this rank counted (0) with its output rows
+ * (0: as its input's). Returns rc. */
+int mbp__run_stage(struct mbp__run *r, int rc, size_t out_row_bytes);
+/* Why the run failed, in words, into r->msg (every message of both flows goes this way); returns err. */
+int mbp__run_fail(struct mbp__run *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Tests: the run late messages (mbp__run's test_late); how many rank 0's runs have seen so far. */
 void mbp__run_test_late(struct mbp__run *r);
 uint64_t mbp__run_late_seen(void);
-/* Before go: a link (the control channel: mbp__ctl_alloc). 0 or -ENOMEM. */
-int mbp__run_link(struct mbp__run *r, bool send, int peer, int tag, int id, mbp_pool *pool,
-		  mbp_pool_cache *cache);
+/* In ops->start: a link. 0 or -ENOMEM. */
+int mbp__run_link(struct mbp__run *r, bool send, int peer, mbp_pool *pool, mbp_pool_cache *cache);
 /* The values every rank gives at start: its error so far, its row widths in and out, its largest message,
- * one of the flow's own; then the flow's values that must be equal on every rank. */
-enum { MBP__HS_RC, MBP__HS_IN, MBP__HS_OUT, MBP__HS_BYTES, MBP__HS_OWN, MBP__HS_SAME };
+ * one of the flow's own, its stages (filled in by mbp__run_start); then those that must be equal on
+ * every rank: its max_mb_rows, the window (filled in by mbp__run_start), the flow's own. */
+enum {
+	MBP__HS_RC,
+	MBP__HS_IN,
+	MBP__HS_OUT,
+	MBP__HS_BYTES,
+	MBP__HS_OWN,
+	MBP__HS_STAGES,
+	MBP__HS_ROWS,
+	MBP__HS_WINDOW,
+	MBP__HS_SAME
+};
 /*
- * Start, collective: every rank's mine[0..n) to every rank, checked (an error on a rank; a rank's OUT not
- * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_SAME on that is not rank
- * 0's, names[i - MBP__HS_SAME] in words); then on every rank the flow's own start, local(r, all), its
- * result shared, and the loop started. Every rank gets the same result; r->msg says why (local may word
- * its own failure there). 0 or -errno.
+ * Start, collective: every rank's mine[0..n) to every rank, checked (an error on a rank; no stages; OUT not
+ * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_ROWS on that is not rank
+ * 0's, the flow's names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the
+ * flow's own start (ops->start), the channel, the result shared, and the loop started. Every rank gets
+ * the same result; r->msg says why. 0, -EALREADY (started before: no MPI call), or -errno.
  */
-int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what,
-		   int (*local)(struct mbp__run *r, const uint64_t *all));
-/* Lock held: wait until the loop has ended the run; then (unlocked) for its task. */
-void mbp__run_wait_end(struct mbp__run *r);
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names,
+		   const char *what);
+/* A public call's check of its run: NULL (-EINVAL), the wrong rank for `who` (-EPERM), not started when
+ * `started` is asked (-ENOTCONN: the state read under the lock, which the loop writes at the end). */
+enum { MBP__RUN_ANY, MBP__RUN_RANK0, MBP__RUN_OTHERS };
+int mbp__run_check(struct mbp__run *r, int who, bool started);
+/* Lock held, the run over: how it ended for a rank that waited for its end: its error, -ECANCELED (rank 0
+ * cancelled it), or 0. */
+int mbp__run_ended_rc(const struct mbp__run *r);
+/* Lock held, rank 0: the run is cancelled, CANCEL goes to every rank; false: it was already. */
+bool mbp__run_cancel(struct mbp__run *r);
+/* Lock held: end the run (mbp__run_end) and wait until the loop has; then (unlocked) for its task. */
+void mbp__run_stop(struct mbp__run *r);
 void mbp__run_join(struct mbp__run *r);
 void mbp__run_destroy(struct mbp__run *r);
 /* Lock held: wait on cond until `deadline` (NULL: no limit; see mbp__run_deadline). false: timed out. */
 bool mbp__run_wait(struct mbp__run *r, const struct timespec *deadline);
-/* CLOCK_MONOTONIC's now plus timeout_ns (> 0), or NULL (timeout_ns <= 0). */
+/* CLOCK_MONOTONIC's now plus timeout_ns (>= 0), or NULL (timeout_ns < 0). */
 const struct timespec *mbp__run_deadline(int64_t timeout_ns, struct timespec *ts);
 /* The links' counters added to *sent, *received, *credit_waits. Any thread. */
 void mbp__run_counts(struct mbp__run *r, uint64_t *sent, uint64_t *received, uint64_t *credit_waits);

@@ -1,25 +1,18 @@
 /*
- * Training across MPI ranks: each rank's mbp_trainer holds a contiguous range of the stages and follows
- * the whole pipeline's schedule (train_internal.h); this file is the agent at the far end of its boundary
- * rings, on a run (loop.c) whose links carry the hops: between the last stage of rank r and the first of
- * rank r+1, forward (activations, r to r+1) and backward (input gradients, r+1 to r), each a link of
- * link.c into and out of the trainer's pool. An arrival goes into the stage's ring; the sender pops the
- * ring. A header carries the step's attempt number (every step rank 0 starts, failed or not): an arrival
- * of a step that this rank has closed is dropped (a failed step leaves some on the wire), one of a step
- * it has not begun waits at the head of the window.
+ * Training across MPI ranks: each rank's mbp_trainer holds its stages of the whole pipeline (by rank, or
+ * as a chunked or custom schedule places them on its threads) and follows the whole schedule
+ * (train_internal.h); this file is the agent at the far end of its rings to other ranks, on a run
+ * (loop.c) with a send and a receive link to each rank a hop joins, the header's flags naming the stage
+ * an item goes to. A header carries the step's attempt (every step rank 0 starts, failed or not): an
+ * arrival of a step this rank has closed is dropped (a failed step leaves some on the wire), one of a
+ * step it has not begun waits at the head of the window.
  *
- * A step. Rank 0 sends every rank STEP (attempt, rows, micro-batch rows) and the last rank the step's
- * targets (one message into a buffer kept from start). Each rank runs its trainer's step; a stage that
- * fails makes its rank send ABORT (attempt) to every other rank, which fail their step with it. At the
- * first barrier each rank's trainer votes (train_internal.h): an MPI_Iallgather of (ok, error, the
- * squared gradient norm of each of its stages, the loss on the last rank) gives every rank the same
- * decision: update only if every rank is ok; the gradient norm summed over all stages in stage order
- * (bit for bit the single process's); the step's error is the failing stage with the lowest index (or a
- * cancel, stage -1). Closing the step, the agent stops pushing into the rings and drops what its
- * outgoing rings still hold.
- *
- * Control: the run's channel between every pair of ranks (ABORT reaches all), heartbeats and the
- * watchdog between rank 0 and the others (ctl.c). Rank 0 ends the run at destroy: the quiet stop.
+ * A step. Rank 0 sends every rank STEP (attempt, rows, micro-batch rows) and the last stage's rank the
+ * targets. A stage that fails makes its rank send ABORT (attempt) to every other rank (the channel is a
+ * mesh), which fail their step with it. At the first barrier the trainers vote (an MPI_Iallgather):
+ * every rank makes the same decision, the update only if all are ok, the gradient norm summed in stage
+ * order (bit for bit the single process's), the error the failing stage with the lowest index. Closing
+ * the step drops what the outgoing rings still hold. Rank 0 ends the run at destroy: the quiet stop.
  */
 #include "config.h"
 
@@ -35,7 +28,7 @@
 #include "mpi_internal.h"
 #include "train_internal.h"
 
-enum { TAG_DATA = 21, TAG_TGT = 28 };
+enum { TAG_TGT = 28 };
 enum { V_IDLE = 0, V_PENDING, V_ACTIVE, V_DONE };
 
 /* One rank's vote on the wire: its trainer's (err.what NULL: a pointer means nothing on another rank). */
@@ -48,7 +41,7 @@ struct mbp_mpi_trainer {
 	struct mbp__run r; /* first: the base */
 	mbp_trainer *t;
 	mbp_train_opts o;
-	unsigned nstages, stage0, stages;
+	unsigned stage0, stages;
 	int rank_of[MBP_MAX_STAGES];	  /* each global stage's rank */
 	int16_t local_of[MBP_MAX_STAGES]; /* each global stage's index here, -1: another rank's */
 	int loss_rank;			  /* the global last stage's */
@@ -59,8 +52,7 @@ struct mbp_mpi_trainer {
 		uint32_t dest;
 	} out[2 * MBP_MAX_STAGES];
 	unsigned nout;
-	size_t out_rb, wide; /* the last stage's output rows; the widest rows here */
-	unsigned char *tgt;  /* the loss rank (not 0): the step's targets */
+	unsigned char *tgt; /* the loss rank (not 0): the step's targets */
 
 	/* under r.lock */
 	uint64_t attempt;  /* rank 0: the last step started; others: the last received */
@@ -74,7 +66,7 @@ struct mbp_mpi_trainer {
 	uint64_t abort_attempt; /* a step an ABORT named before it began here */
 	uint64_t fail_attempt;	/* a local failure to tell the others about */
 	uint64_t abort_out;	/* the step the ABORT going out names */
-	bool cancelled, draining, stop_req, stopped;
+	bool draining, stop_req, stopped;
 	bool leaving;	     /* others: destroy mid-run; vote no on every step until rank 0's STOP */
 	bool leave_told;     /* LEAVE is queued for rank 0 */
 	uint64_t leave_vote; /* the step this leaving rank voted on */
@@ -109,7 +101,7 @@ static void hook_begin(void *arg)
 	mbp_mpi_trainer *T = arg;
 	pthread_mutex_lock(&T->r.lock);
 	T->open = T->attempt;
-	if (T->cancelled || T->r.dead || T->r.err || T->abort_attempt == T->open)
+	if (T->r.cancelled || T->r.dead || T->r.err || T->abort_attempt == T->open)
 		mbp__trainer_abort(T->t);
 	mbp__run_kick(&T->r);
 	pthread_mutex_unlock(&T->r.lock);
@@ -137,7 +129,7 @@ static void hook_agree(void *arg, struct mbp__train_vote *v)
 		T->vote_state = V_PENDING;
 		mbp__run_kick(&T->r);
 		while (T->vote_state != V_DONE && !T->r.dead && T->r.state == MBP__RUN_RUNNING)
-			pthread_cond_wait(&T->r.cond, &T->r.lock);
+			mbp__run_wait(&T->r, NULL);
 	}
 	if (T->vote_state == V_DONE) {
 		*v = T->result;
@@ -158,11 +150,10 @@ int mbp_mpi_trainer_new(mbp_mpi_trainer **tp, const mbp_train_opts *o, const mbp
 	if (!tp || !o)
 		return -EINVAL;
 	struct mbp__run *r;
-	int rc = mbp__run_new(&r, sizeof(mbp_mpi_trainer), &ops, mo); /* inflight is not used */
+	int rc = mbp__run_new(&r, sizeof(mbp_mpi_trainer), &ops, mo, o->in_row_bytes);
 	if (rc)
 		return rc;
 	mbp_mpi_trainer *T = of(r);
-	T->out_rb = T->wide = o->in_row_bytes;
 	T->vote_req = T->tgt_req = MPI_REQUEST_NULL;
 	if ((rc = mbp_trainer_new(&T->t, o)) != 0) {
 		mbp_mpi_trainer_destroy(T);
@@ -179,13 +170,7 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *T, const mbp_train_stage_desc *d)
 		return -EINVAL;
 	if (d->grad_row_bytes && d->grad_row_bytes != d->out_row_bytes)
 		return -ENOTSUP;
-	int rc = mbp_trainer_add_stage(T->t, d);
-	if (rc == 0) {
-		T->out_rb = d->out_row_bytes;
-		T->wide = d->out_row_bytes > T->wide ? d->out_row_bytes : T->wide;
-		T->nstages++;
-	}
-	return rc;
+	return mbp__run_stage(&T->r, mbp_trainer_add_stage(T->t, d), d->out_row_bytes);
 }
 
 /* ---- start ---- */
@@ -208,18 +193,18 @@ static int alloc_run(mbp_mpi_trainer *T)
 		bool peer = false;
 		for (unsigned i = 0; i < T->nout; i++)
 			peer |= T->out[i].peer == q;
-		if (peer && !(rc = mbp__run_link(r, true, q, TAG_DATA, q, pool, NULL)))
-			rc = mbp__run_link(r, false, q, TAG_DATA, q, pool, NULL);
+		if (peer && !(rc = mbp__run_link(r, true, q, pool, NULL)))
+			rc = mbp__run_link(r, false, q, pool, NULL);
 	}
-	return rc ? rc : mbp__ctl_alloc(r, true);
+	return rc;
 }
 
-enum { HS_TGT = MBP__HS_SAME, HS_ROWS, HS_MBS, HS_WINDOW, HS_SCHED, HS_CUSTOM, HS_N };
+enum { HS_TGT = MBP__HS_SAME, HS_MBS, HS_SCHED, HS_CUSTOM, HS_N };
 
-/* A rank's own value: its stages, its threads option, its widest rows. */
+/* A rank's own value: its threads option, its widest rows. */
 static uint64_t own_of(const mbp_mpi_trainer *T)
 {
-	return T->nstages | (uint64_t)(T->o.threads & 0xff) << 8 | (uint64_t)T->wide << 16;
+	return (uint64_t)(T->o.threads & 0xff) | (uint64_t)T->r.wide << 8;
 }
 
 /* The ranks' stages in the whole pipeline: by rank (the block placement), or as a chunked or custom
@@ -232,20 +217,13 @@ static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__trai
 	bool given = true;
 	for (int k = 0; k < r->size; k++) {
 		uint64_t own = all[(size_t)k * HS_N + MBP__HS_OWN];
-		n[k] = own & 0xff;
-		th[k] = (own >> 8) & 0xff;
+		n[k] = (unsigned)all[(size_t)k * HS_N + MBP__HS_STAGES]; /* at least 1 (mbp__run_start) */
+		th[k] = own & 0xff;
 		tsum += th[k];
 		given &= th[k] != 0;
-		rem->widest = own >> 16 > rem->widest ? own >> 16 : rem->widest;
-		if (n[k] == 0) {
-			snprintf(r->msg, sizeof(r->msg), "rank %d has no stages", k);
-			return -EINVAL;
-		}
-		if (total + n[k] > MBP_MAX_STAGES) {
-			snprintf(r->msg, sizeof(r->msg), "more than %d stages over all ranks",
-				 MBP_MAX_STAGES);
-			return -E2BIG;
-		}
+		rem->widest = own >> 8 > rem->widest ? own >> 8 : rem->widest;
+		if (total + n[k] > MBP_MAX_STAGES)
+			return mbp__run_fail(r, -E2BIG, "more than %d stages over all ranks", MBP_MAX_STAGES);
 		for (unsigned i = 0; i < n[k]; i++)
 			T->rank_of[total++] = k;
 	}
@@ -254,7 +232,7 @@ static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__trai
 	uint16_t thr[MBP_MAX_STAGES];
 	int rc = mbp__train_place(&T->o, total, given ? tsum : 0, thr, &placed, &what);
 	if (rc == -EINVAL)
-		snprintf(r->msg, sizeof(r->msg), "the schedule across ranks: %s", what);
+		return mbp__run_fail(r, rc, "the schedule across ranks: %s", what);
 	if (rc < 0 || !placed)
 		return rc;
 	unsigned on[MBP_MAX_STAGES] = {0}, first = 0, next = 0, rank_t[MBP_MAX_STAGES];
@@ -264,15 +242,13 @@ static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__trai
 		unsigned held = 0, t0 = next;
 		while (held < n[k] && next < placed)
 			held += on[next++];
-		if (held != n[k] || (th[k] && next - t0 != th[k])) {
-			snprintf(r->msg, sizeof(r->msg),
-				 "the %s schedule places %u stages on its %u threads: rank %d's %u stages%s "
-				 "are not "
-				 "whole threads of it",
-				 mbp_sched_name(T->o.schedule), total, placed, k, n[k],
-				 th[k] ? " on its threads" : "");
-			return -EINVAL;
-		}
+		if (held != n[k] || (th[k] && next - t0 != th[k]))
+			return mbp__run_fail(
+			    r, -EINVAL,
+			    "the %s schedule places %u stages on its %u threads: rank %d's %u "
+			    "stages%s are not whole threads of it",
+			    mbp_sched_name(T->o.schedule), total, placed, k, n[k],
+			    th[k] ? " on its threads" : "");
 		for (unsigned t = t0; t < next; t++)
 			rank_t[t] = (unsigned)k;
 		if (k == r->rank)
@@ -310,12 +286,14 @@ static void route_rings(mbp_mpi_trainer *T)
 	T->loss_rank = T->rank_of[T->stages - 1];
 }
 
-/* Every rank passed the checks of the start: each rank's stages in the whole pipeline; this rank's part
- * of its node's CPUs (collective), its trainer, the run's buffers. */
-static int start_local(struct mbp__run *r, const uint64_t *all)
+/* Every rank passed the checks of the start: each rank's stages in the whole pipeline, its trainer on its
+ * part of the node, the run's buffers. */
+static int op_start(struct mbp__run *r, const uint64_t *all)
 {
 	mbp_mpi_trainer *T = of(r);
 	struct mbp__train_remote rem = {.extra_buffers = 8,
+					.node_k = r->node_k,
+					.node_m = r->node_m,
 					.arg = T,
 					.kick = hook_kick,
 					.begin = hook_begin,
@@ -331,16 +309,13 @@ static int start_local(struct mbp__run *r, const uint64_t *all)
 	rem.stages = T->stages;
 	for (unsigned i = 0; i < T->nout; i++)
 		rem.extra_buffers += 2 * r->mo.window; /* a receive window per peer, the sends' */
-	rc = mbp__mpi_node_share(&rem.node_k, &rem.node_m);
-	if (rc == 0)
-		rc = mbp__trainer_set_remote(T->t, &rem);
+	rc = mbp__trainer_set_remote(T->t, &rem);
 	if (rc == 0 && (rc = mbp_trainer_start(T->t)) != 0) {
 		mbp_train_error te = {0};
 		mbp_trainer_error(T->t, &te);
 		if (te.err)
-			snprintf(r->msg, sizeof(r->msg), "rank %d failed to start (stage %d): %s%s%s",
-				 r->rank, te.stage, mbp_strerror(rc), te.what ? ": " : "",
-				 te.what ? te.what : "");
+			mbp__run_fail(r, rc, "rank %d failed to start (stage %d): %s%s%s", r->rank, te.stage,
+				      mbp_strerror(rc), te.what ? ": " : "", te.what ? te.what : "");
 	}
 	return rc ? rc : alloc_run(T);
 }
@@ -363,34 +338,25 @@ static uint64_t custom_hash(const mbp_schedule *sc)
 
 int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 {
-	static const char *const names[] = {"target_row_bytes", "max_mb_rows",
-					    "max_mbs",		"window",
-					    "schedule",		"custom schedule (a hash of its actions)"};
+	static const char *const names[] = {"target_row_bytes", "max_mbs", "schedule",
+					    "custom schedule (a hash of its actions)"};
 	if (!T)
 		return -EINVAL;
-	if (T->r.state != MBP__RUN_NEW)
-		return -EALREADY;
-	/* each product in 64 bits, checked for a wrap (the widths are size_t) */
-	uint64_t out_mb, in_mb, tgt_step, most = UINT64_MAX;
-	if (!__builtin_mul_overflow((uint64_t)T->wide, T->o.max_mb_rows, &out_mb) &&
-	    !__builtin_mul_overflow((uint64_t)T->o.in_row_bytes, T->o.max_mb_rows, &in_mb) &&
-	    !__builtin_mul_overflow((uint64_t)T->o.target_row_bytes,
-				    (uint64_t)T->o.max_mb_rows * T->o.max_mbs, &tgt_step))
-		most = out_mb > in_mb ? (out_mb > tgt_step ? out_mb : tgt_step)
-				      : (in_mb > tgt_step ? in_mb : tgt_step);
+	/* the widest rows here (wide counts the input's) or a step's targets */
+	uint64_t most = mbp__mul_sat(T->r.wide, T->o.max_mb_rows),
+		 tgt = mbp__mul_sat(T->o.target_row_bytes, (uint64_t)T->o.max_mb_rows * T->o.max_mbs);
 	/* a placed schedule's hops are not from one rank to the next: no widths to compare by rank */
 	bool placed = mbp__sched_kind_placed(T->o.schedule);
 	uint64_t mine[HS_N] = {[MBP__HS_IN] = placed ? 0 : T->o.in_row_bytes,
-			       [MBP__HS_OUT] = placed ? 0 : T->out_rb,
-			       [MBP__HS_BYTES] = most,
+			       [MBP__HS_OUT] = placed ? 0 : T->r.out_rb,
+			       [MBP__HS_BYTES] = most > tgt ? most : tgt,
 			       [MBP__HS_OWN] = own_of(T),
+			       [MBP__HS_ROWS] = T->o.max_mb_rows,
 			       [HS_TGT] = T->o.target_row_bytes,
-			       [HS_ROWS] = T->o.max_mb_rows,
 			       [HS_MBS] = T->o.max_mbs,
-			       [HS_WINDOW] = T->r.mo.window,
 			       [HS_SCHED] = (uint64_t)T->o.schedule,
 			       [HS_CUSTOM] = custom_hash(T->o.custom)};
-	return mbp__run_start(&T->r, mine, HS_N, names, "micro-batches or a step's targets", start_local);
+	return mbp__run_start(&T->r, mine, HS_N, names, "micro-batches or a step's targets");
 }
 
 /* ---- the run's operations (the loop's thread) ---- */
@@ -476,8 +442,7 @@ static void left_locked(mbp_mpi_trainer *T, int r)
 		return;
 	T->r.err = -ECONNRESET;
 	T->left_rank = r;
-	snprintf(T->r.msg, sizeof(T->r.msg),
-		 "rank %d left the run: its trainer was destroyed while the run went on", r);
+	mbp__run_fail(&T->r, 0, "rank %d left the run: its trainer was destroyed while the run went on", r);
 	if (T->r.rank == 0) {
 		T->stop_req = true;
 		mbp__run_end(&T->r);
@@ -614,7 +579,6 @@ static void op_on_ctl(struct mbp__run *r, int peer, const struct mbp__ctl_msg *m
 			T->abort_attempt = m->a;
 		break;
 	case MBP__CTL_CANCEL:
-		T->cancelled = true;
 		if (T->open > T->closed)
 			mbp__trainer_abort(T->t);
 		break;
@@ -693,41 +657,25 @@ static const struct mbp__run_ops ops = {.next = op_next,
 					.fill = op_fill,
 					.may_stop = op_may_stop,
 					.dead = op_dead,
-					.closed = op_closed};
+					.closed = op_closed,
+					.start = op_start,
+					.mesh = true};
 
 /* ---- steps ---- */
 
-/* Why no step can run any more (lock held): the run's error (a failed start, a silent rank), else
- * -ESHUTDOWN. */
-static int ended_rc_locked(const mbp_mpi_trainer *T)
-{
-	return T->r.err ? T->r.err : -ESHUTDOWN;
-}
-
-/* The state, read under the lock (the loop's thread writes MBP__RUN_ENDED). */
-static int state_of(mbp_mpi_trainer *T)
-{
-	pthread_mutex_lock(&T->r.lock);
-	int st = T->r.state;
-	pthread_mutex_unlock(&T->r.lock);
-	return st;
-}
-
 /* Ranks other than 0: wait for rank 0's next step and run this rank's part of it. *ended: the run is
- * over (the return value says why). */
+ * over (the return value says how, mbp__run_ended_rc). */
 static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
 {
 	pthread_mutex_lock(&T->r.lock);
 	while (!T->cmd_ready) {
 		if (T->r.dead || T->stopped || T->r.state != MBP__RUN_RUNNING) {
-			int rc = ended_rc_locked(T);
-			if (rc == -ESHUTDOWN && T->cancelled)
-				rc = -ECANCELED;
+			int rc = mbp__run_ended_rc(&T->r);
 			*ended = true;
 			pthread_mutex_unlock(&T->r.lock);
 			return rc;
 		}
-		pthread_cond_wait(&T->r.cond, &T->r.lock);
+		mbp__run_wait(&T->r, NULL);
 	}
 	T->cmd_ready = false;
 	size_t rows = (size_t)T->cmd_rows;
@@ -739,25 +687,24 @@ static int serve_step(mbp_mpi_trainer *T, double *loss, bool *ended)
 int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets, size_t rows,
 			 uint32_t mb_rows, double *loss)
 {
-	if (!T)
-		return -EINVAL;
-	if (state_of(T) == MBP__RUN_NEW)
-		return -ENOTCONN;
+	int rc = mbp__run_check(T ? &T->r : NULL, MBP__RUN_ANY, true);
+	if (rc)
+		return rc;
 	if (T->r.rank != 0) {
 		if (in || targets || rows || mb_rows)
 			return -EINVAL;
 		bool ended = false;
-		int rc = serve_step(T, loss, &ended);
-		return ended && rc == -ECANCELED ? -ESHUTDOWN : rc;
+		rc = serve_step(T, loss, &ended);
+		return ended && (rc == 0 || rc == -ECANCELED) ? -ESHUTDOWN : rc;
 	}
 	if (!in || !targets)
 		return -EINVAL;
-	int rc = mbp__train_size_check(rows, mb_rows, T->o.max_mb_rows, T->o.max_mbs);
+	rc = mbp__train_size_check(rows, mb_rows, T->o.max_mb_rows, T->o.max_mbs);
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&T->r.lock);
-	if (T->r.state != MBP__RUN_RUNNING || T->r.dead || T->cancelled || T->draining || T->stop_req) {
-		rc = ended_rc_locked(T);
+	if (T->r.state != MBP__RUN_RUNNING || T->r.dead || T->r.cancelled || T->draining || T->stop_req) {
+		rc = T->r.err ? T->r.err : -ESHUTDOWN; /* a failed start, a silent rank; or no more steps */
 		pthread_mutex_unlock(&T->r.lock);
 		return rc;
 	}
@@ -777,47 +724,41 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *T, const void *in, const void *targets
 	 * or abandoned the send as it left) */
 	pthread_mutex_lock(&T->r.lock);
 	while ((T->tgt_pending || T->tgt_active) && T->r.state == MBP__RUN_RUNNING)
-		pthread_cond_wait(&T->r.cond, &T->r.lock);
+		mbp__run_wait(&T->r, NULL);
 	pthread_mutex_unlock(&T->r.lock);
 	return rc;
 }
 
 int mbp_mpi_trainer_serve(mbp_mpi_trainer *T)
 {
-	if (!T)
-		return -EINVAL;
-	if (T->r.rank == 0)
-		return -EPERM;
-	if (state_of(T) == MBP__RUN_NEW)
-		return -ENOTCONN;
+	int rc = mbp__run_check(T ? &T->r : NULL, MBP__RUN_OTHERS, true);
+	if (rc)
+		return rc;
 	for (;;) {
 		bool ended = false;
-		int rc = serve_step(T, NULL, &ended);
+		rc = serve_step(T, NULL, &ended);
 		if (ended)
-			return rc == -ESHUTDOWN ? 0 : rc;
+			return rc;
 	}
 }
 
 int mbp_mpi_trainer_cancel(mbp_mpi_trainer *T)
 {
-	if (!T)
-		return -EINVAL;
-	if (T->r.rank != 0)
-		return -EPERM;
+	int rc = mbp__run_check(T ? &T->r : NULL, MBP__RUN_RANK0, false);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&T->r.lock);
-	T->cancelled = true;
+	mbp__run_cancel(&T->r);
 	pthread_mutex_unlock(&T->r.lock);
-	mbp__ctl_post(&T->r, -1, MBP__CTL_CANCEL);
 	mbp_trainer_cancel(T->t);
 	return 0;
 }
 
 int mbp_mpi_trainer_drain(mbp_mpi_trainer *T)
 {
-	if (!T)
-		return -EINVAL;
-	if (T->r.rank != 0)
-		return -EPERM;
+	int rc = mbp__run_check(T ? &T->r : NULL, MBP__RUN_RANK0, false);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&T->r.lock);
 	T->draining = true;
 	pthread_mutex_unlock(&T->r.lock);
@@ -892,8 +833,7 @@ void mbp_mpi_trainer_destroy(mbp_mpi_trainer *T)
 		 * rank 0 it leaves (rank 0 would wait for its votes) */
 		T->leaving = T->r.rank != 0 && !T->stopped;
 		T->stop_req = true;
-		mbp__run_end(&T->r);
-		mbp__run_wait_end(&T->r);
+		mbp__run_stop(&T->r);
 	}
 	pthread_mutex_unlock(&T->r.lock);
 	mbp__run_join(&T->r);
@@ -904,8 +844,7 @@ void mbp_mpi_trainer_destroy(mbp_mpi_trainer *T)
 		pthread_mutex_unlock(&T->r.lock);
 	}
 	mbp_trainer_destroy(T->t);
-	mbp__run_destroy(&T->r);
 	free(T->all);
 	free(T->tgt);
-	free(T);
+	mbp__run_destroy(&T->r);
 }
