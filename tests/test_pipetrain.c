@@ -1860,7 +1860,7 @@ START_TEST(the_refined_split_is_never_slower_than_the_balanced_one_and_no_move_i
 	for (unsigned trial = 0; trial < 600; trial++) {
 		unsigned L = 2 + trial % 7, S = 2 + (trial / 7) % (L - 1 < 3 ? L - 1 : 3),
 			 M = S * (1 + trial % 3);
-		pt_costs pc = {.rows = 1};
+		mt_costs pc = {.rows = 1};
 		double cost[8], cost_in[8];
 		bool can_give[8];
 		for (unsigned i = 0; i < L; i++) {

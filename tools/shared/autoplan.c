@@ -1,13 +1,14 @@
 /*
- * pipetrain --plan auto: the profile the planner needs (each layer's F, B_in and B_w at the powers of two
- * from 16 rows up to the batch, its activation bytes per row), mbp_mlp_plan with the --memory budget, and
- * the plan's lines and JSON.
+ * The planner run of pipetrain --plan auto and pipebench --workload=train --plan=auto: the profile the
+ * planner needs (each layer's F, B_in and B_w at the powers of two from 16 rows up to the batch, its
+ * activation bytes per row), mbp_mlp_plan with the --memory budget, and the plan's lines, its JSON and
+ * the refusal of a budget no plan fits.
  *
  * The profile takes at most about PROFILE_BUDGET_S: the sizes are timed from the smallest up, each as
  * the best of several runs while the time allows (one after a warm-up at the largest), and a size whose
  * estimate (twice the previous size's) would pass the budget is not timed: its costs are the largest
  * timed size's scaled by the rows (a product's speed per row is about flat from a few hundred rows on).
- * The lines say how many sizes were timed. Each F and B of a stage is counted PT_OP_NS more than its
+ * The lines say how many sizes were timed. Each F and B of a stage is counted MT_OP_NS more than its
  * layers' sum: the trainer's own work per operation.
  *
  * Memory, as the plan counts it: the activations (each stage's stashes and recomputation buffers, which
@@ -21,27 +22,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipetrain.h"
+#include "tools/shared/mlptrain.h"
 #include "util/clock.h"
 
 #define PROFILE_BUDGET_S 4.0
 /* What the trainer adds to a stage's F and B of a micro-batch (the hand-on to the next stage, a wake-up):
  * perf/results/train.md's measured steps exceed the simulated ones by 1 to 6 us per operation (its bubble
  * against the prediction); the upper end, so that tiny operations are not taken for free. */
-#define PT_OP_NS 5000.0
+#define MT_OP_NS 5000.0
 
 static double mib(uint64_t b)
 {
 	return (double)b / (1 << 20);
 }
 
-int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a)
+int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, unsigned cpus, mt_auto *a)
 {
 	unsigned L = mbp_mlp_layers(n);
 	memset(a, 0, sizeof *a);
-	a->budget = c->memory ? c->memory : UINT64_MAX;
-	static mbp_op_costs cost[MBP_PLAN_MAX_SIZES * PT_MAX_LAYERS];
-	uint64_t keep[PT_MAX_LAYERS], out[PT_MAX_LAYERS], params = 0;
+	a->budget = memory ? memory : UINT64_MAX;
+	static mbp_op_costs cost[MBP_PLAN_MAX_SIZES * MT_MAX_LAYERS];
+	uint64_t keep[MT_MAX_LAYERS], out[MT_MAX_LAYERS], params = 0;
 	for (unsigned i = 0; i < L; i++) {
 		mbp_mlp_stage *st;
 		int rc = mbp_mlp_stage_new(&st, n, i, i + 1, 1);
@@ -59,14 +60,13 @@ int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a)
 	unsigned moments = oo.kind == MBP_OPTIM_ADAMW ? 2 : oo.momentum > 0 ? 1 : 0;
 	a->state_bytes = params * (2 + moments); /* parameters, gradients, moments */
 
-	for (uint32_t mb = c->batch < 16 ? c->batch : 16; mb <= c->batch && a->sizes < MBP_PLAN_MAX_SIZES;
-	     mb *= 2) {
-		if ((c->batch + mb - 1) / mb > MBP_TRAIN_MAX_MBS)
+	for (uint32_t mb = batch < 16 ? batch : 16; mb <= batch && a->sizes < MBP_PLAN_MAX_SIZES; mb *= 2) {
+		if ((batch + mb - 1) / mb > MBP_TRAIN_MAX_MBS)
 			continue;
 		a->mb[a->sizes++] = mb;
 	}
 	double t0 = mbt_now_s(), last = 0; /* the last timed size's one pass over every layer, s */
-	pt_costs *pc = malloc(sizeof *pc);
+	mt_costs *pc = malloc(sizeof *pc);
 	if (!pc)
 		return -ENOMEM;
 	for (unsigned k = 0; k < a->sizes; k++) {
@@ -83,7 +83,7 @@ int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a)
 		/* reps: as many as fit a share of what is left, from 1 to 5 */
 		double est = k ? 2 * last : 0;
 		unsigned reps = est > 0 ? (unsigned)fmin(5, fmax(1, left / (a->sizes - k) / est - 1)) : 5;
-		int rc = pt_profile(n, a->mb[k], reps, pc);
+		int rc = mt_profile(n, a->mb[k], reps, pc);
 		if (rc < 0) {
 			free(pc);
 			return rc;
@@ -104,9 +104,9 @@ int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a)
 			      .keep_bytes = keep,
 			      .out_bytes = out,
 			      .state_bytes = a->state_bytes,
-			      .batch = c->batch,
-			      .op_ns = PT_OP_NS};
-	unsigned T = c->threads && c->threads < cpus ? c->threads : cpus;
+			      .batch = batch,
+			      .op_ns = MT_OP_NS};
+	unsigned T = threads && threads < cpus ? threads : cpus;
 	return mbp_mlp_plan(&p, a->budget, T, &a->plan, &a->need);
 }
 
@@ -125,7 +125,7 @@ static void stages_str(const mbp_train_plan *p, char *buf, size_t n)
 	}
 }
 
-void pt_auto_print(FILE *f, const pt_auto *a)
+void mt_auto_print(FILE *f, const mt_auto *a)
 {
 	const mbp_train_plan *p = &a->plan;
 	char st[512], budget[64];
@@ -153,7 +153,7 @@ void pt_auto_print(FILE *f, const pt_auto *a)
 	fflush(f);
 }
 
-void *pt_auto_json(const pt_auto *a)
+void *mt_auto_json(const mt_auto *a)
 {
 	const mbp_train_plan *p = &a->plan;
 	cJSON *o = cJSON_CreateObject();
@@ -191,4 +191,18 @@ void *pt_auto_json(const pt_auto *a)
 		cJSON_AddItemToArray(sz, cJSON_CreateNumber(a->mb[k]));
 	cJSON_AddNumberToObject(o, "sizes_timed", a->measured);
 	return o;
+}
+
+void mt_auto_refusal(const mt_auto *a, char *buf, size_t n)
+{
+	snprintf(
+	    buf, n,
+	    "--memory %.2f MiB: no plan fits (activations and parameter state); the smallest budget that "
+	    "fits is %llu MiB",
+	    mib(a->budget), (unsigned long long)((a->need + (1u << 20) - 1) >> 20));
+}
+
+uint64_t mt_auto_peak(const mt_auto *a, uint64_t act_peak_bytes)
+{
+	return act_peak_bytes + a->state_bytes;
 }
