@@ -191,14 +191,25 @@ struct run {
 static int auto_plan(struct run *r, unsigned ncpu)
 {
 	pt_config *c = r->c;
+	FILE *pf = NULL; /* --plan-points: opened first, read after the plan, before its lines */
+	if (c->plan_points && !(pf = fopen(c->plan_points, "r")))
+		return bad("--plan-points %s: %s", c->plan_points, strerror(errno));
 	int rc = mt_auto_plan(r->n, c->batch, c->memory, c->threads, ncpu, &r->ap);
-	if (rc == -ENOSPC) {
+	if (rc == -ENOSPC || rc < 0) {
+		if (pf)
+			fclose(pf);
 		char why[256];
 		mt_auto_refusal(&r->ap, why, sizeof why);
-		return bad("%s", why);
+		return rc == -ENOSPC ? bad("%s", why) : fail("cannot plan the run: %s", mbp_strerror(rc));
 	}
-	if (rc < 0)
-		return fail("cannot plan the run: %s", mbp_strerror(rc));
+	cJSON *pts = NULL;
+	if (pf) {
+		char why[256] = "out of memory";
+		pts = mt_auto_points_json(&r->ap, pf, why, sizeof why);
+		fclose(pf);
+		if (!pts)
+			return bad("--plan-points %s: %s", c->plan_points, why);
+	}
 	const mbp_train_plan *p = &r->ap.plan;
 	if (!c->quiet || c->plan_only)
 		mt_auto_print(pt_human(c), &r->ap);
@@ -206,6 +217,8 @@ static int auto_plan(struct run *r, unsigned ncpu)
 		if (c->json) {
 			cJSON *root = cJSON_CreateObject();
 			cJSON_AddItemToObject(root, "plan", mt_auto_json(&r->ap));
+			if (pts)
+				cJSON_AddItemToObject(root, "points", pts);
 			char *text = cJSON_Print(root);
 			cJSON_Delete(root);
 			if (!text)

@@ -59,6 +59,7 @@ typedef struct pt_config {
 	bool json, quiet, demo;
 	int progress;		   /* -1: when standard error is a terminal */
 	bool plan_auto, plan_only; /* --plan auto, --plan-only */
+	const char *plan_points;   /* --plan-points: plans to predict from the plan's profile */
 	uint64_t memory;	   /* --memory: the budget in bytes; 0: none (no limit) */
 	unsigned nsplit;	   /* --split: the first layer of stages 1 .. nsplit (0: not given) */
 	unsigned split[MBP_MAX_STAGES];

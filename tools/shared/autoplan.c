@@ -24,6 +24,7 @@
 
 #include "tools/shared/mlptrain.h"
 #include "util/clock.h"
+#include "util/number.h"
 
 #define PROFILE_BUDGET_S 4.0
 /* What the trainer adds to a stage's F and B of a micro-batch (the hand-on to the next stage, a wake-up):
@@ -36,13 +37,29 @@ static double mib(uint64_t b)
 	return (double)b / (1 << 20);
 }
 
+/* The profile a planned from (its arrays a's). */
+static mbp_plan_profile profile_of(const mt_auto *a)
+{
+	return (mbp_plan_profile){.layers = a->layers,
+				  .sizes = a->sizes,
+				  .mb = a->mb,
+				  .cost = a->cost,
+				  .keep_bytes = a->keep,
+				  .out_bytes = a->out,
+				  .state_bytes = a->state_bytes,
+				  .batch = a->batch,
+				  .op_ns = MT_OP_NS};
+}
+
 int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, unsigned cpus, mt_auto *a)
 {
 	unsigned L = mbp_mlp_layers(n);
 	memset(a, 0, sizeof *a);
 	a->budget = memory ? memory : UINT64_MAX;
-	static mbp_op_costs cost[MBP_PLAN_MAX_SIZES * MT_MAX_LAYERS];
-	uint64_t keep[MT_MAX_LAYERS], out[MT_MAX_LAYERS], params = 0;
+	mbp_op_costs *cost = a->cost;
+	uint64_t *keep = a->keep, *out = a->out, params = 0;
+	a->layers = L;
+	a->batch = batch;
 	for (unsigned i = 0; i < L; i++) {
 		mbp_mlp_stage *st;
 		int rc = mbp_mlp_stage_new(&st, n, i, i + 1, 1);
@@ -97,17 +114,15 @@ int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, 
 	}
 	free(pc);
 	a->profile_s = mbt_now_s() - t0;
-	mbp_plan_profile p = {.layers = L,
-			      .sizes = a->sizes,
-			      .mb = a->mb,
-			      .cost = cost,
-			      .keep_bytes = keep,
-			      .out_bytes = out,
-			      .state_bytes = a->state_bytes,
-			      .batch = batch,
-			      .op_ns = MT_OP_NS};
+	mbp_plan_profile p = profile_of(a);
 	unsigned T = threads && threads < cpus ? threads : cpus;
 	return mbp_mlp_plan(&p, a->budget, T, &a->plan, &a->need);
+}
+
+int mt_auto_predict(const mt_auto *a, mbp_train_plan *pl)
+{
+	mbp_plan_profile p = profile_of(a);
+	return mbp_mlp_plan_predict(&p, pl);
 }
 
 /* "0-2 3* 4-5": each stage's layers, '*' where it recomputes. */
@@ -205,4 +220,96 @@ void mt_auto_refusal(const mt_auto *a, char *buf, size_t n)
 uint64_t mt_auto_peak(const mt_auto *a, uint64_t act_peak_bytes)
 {
 	return act_peak_bytes + a->state_bytes;
+}
+
+/* "0,2" into the bits of a set of numbers below lim (each once at most). @return 0 or -1. */
+static int parse_set(const char *s, unsigned lim, uint64_t *bits)
+{
+	*bits = 0;
+	for (const char *p = s;; p++) {
+		size_t len = strcspn(p, ",");
+		uint64_t v;
+		if (parse_u64_span(p, len, lim ? lim - 1 : 0, &v) || !lim || (*bits >> v & 1))
+			return -1;
+		*bits |= 1ull << v;
+		p += len;
+		if (!*p)
+			return 0;
+	}
+}
+
+void *mt_auto_points_json(const mt_auto *a, FILE *f, char *err, size_t n)
+{
+	cJSON *arr = cJSON_CreateArray();
+	char line[1024];
+	unsigned no = 0;
+	while (arr && fgets(line, sizeof line, f)) {
+		no++;
+		char kind[32], rcs[512], split[512];
+		unsigned T, mb;
+		char *hash = strchr(line, '#');
+		if (hash)
+			*hash = 0;
+		if (strspn(line, " \t\r\n") == strlen(line))
+			continue;
+		mbp_train_plan pl = {0};
+		uint64_t set = 0, cuts = 0;
+		int got = sscanf(line, "%31s %u %u %511s %511s", kind, &T, &mb, rcs, split);
+		bool ok = got == 5 && mbp_sched_parse(kind, &pl.schedule) == 0 && T >= 1 &&
+			  T <= MBP_MAX_STAGES && mb >= 1;
+		if (ok) {
+			pl.threads = T;
+			pl.mb = mb;
+			bool ch = pl.schedule == MBP_SCHED_INTERLEAVED ||
+				  pl.schedule == MBP_SCHED_LOOPED_BFS || pl.schedule == MBP_SCHED_ZBV ||
+				  pl.schedule == MBP_SCHED_DUALPIPEV;
+			pl.stages = ch ? 2 * T : T;
+			ok = pl.stages <= MBP_MAX_STAGES;
+			ok = ok && (!strcmp(rcs, "none") || !strcmp(rcs, "all") || !parse_set(rcs, pl.stages, &set));
+			pl.recompute =
+			    !strcmp(rcs, "all") ? (pl.stages < 64 ? (1ull << pl.stages) - 1 : ~0ull) : set;
+			/* the split: the first layer of stages 1 .. S-1, increasing ("-": one stage) */
+			ok =
+			    ok && (strcmp(split, "-") ? !parse_set(split, a->layers, &cuts) : pl.stages == 1);
+			ok = ok && (unsigned)__builtin_popcountll(cuts) == pl.stages - 1 && !(cuts & 1);
+		}
+		if (!ok) {
+			snprintf(err, n,
+				 "line %u: not SCHEDULE THREADS MB RECOMPUTE SPLIT (RECOMPUTE: none, all or "
+				 "stages 0,2; SPLIT: the first layers of stages 1 .. S-1, 2,4, or - for one "
+				 "stage)",
+				 no);
+			cJSON_Delete(arr);
+			return NULL;
+		}
+		unsigned s = 1;
+		for (unsigned l = 1; l < a->layers; l++)
+			if (cuts >> l & 1)
+				pl.first[s++] = l;
+		pl.first[pl.stages] = a->layers;
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddNumberToObject(o, "line", no);
+		cJSON_AddStringToObject(o, "schedule", mbp_sched_name(pl.schedule));
+		cJSON_AddNumberToObject(o, "threads", pl.threads);
+		cJSON_AddNumberToObject(o, "stages", pl.stages);
+		cJSON_AddNumberToObject(o, "mb", pl.mb);
+		cJSON *rc = cJSON_AddArrayToObject(o, "recompute");
+		cJSON *sp = cJSON_AddArrayToObject(o, "split");
+		for (unsigned k = 0; k < pl.stages; k++) {
+			cJSON_AddItemToArray(rc, cJSON_CreateBool(pl.recompute >> k & 1));
+			if (k)
+				cJSON_AddItemToArray(sp, cJSON_CreateNumber(pl.first[k]));
+		}
+		if (mt_auto_predict(a, &pl) == 0) {
+			cJSON_AddNumberToObject(o, "predicted_step_ms", pl.step_ns * 1e-6);
+			cJSON_AddNumberToObject(o, "predicted_bubble", pl.bubble);
+			cJSON_AddNumberToObject(o, "predicted_peak_bytes", (double)pl.peak_bytes);
+			cJSON_AddNumberToObject(o, "predicted_activation_bytes", (double)pl.act_bytes);
+			cJSON_AddBoolToObject(o, "fits", pl.peak_bytes <= a->budget);
+		} else { /* a point the planner cannot weigh: an unprofiled size, a placement its kind refuses */
+			cJSON_AddNullToObject(o, "predicted_step_ms");
+		}
+		cJSON_AddItemToArray(arr, o);
+	}
+	return arr;
 }

@@ -81,6 +81,11 @@ typedef struct mt_auto {
 	double profile_s;	  /* the profile's wall time */
 	unsigned sizes, measured; /* micro-batch sizes planned, of them measured (the rest scaled) */
 	uint32_t mb[MBP_PLAN_MAX_SIZES];
+	/* the profile: each size's layer costs (cost[k * layers + i]), each layer's bytes a row */
+	unsigned layers;
+	uint32_t batch;
+	mbp_op_costs cost[MBP_PLAN_MAX_SIZES * MT_MAX_LAYERS];
+	uint64_t keep[MT_MAX_LAYERS], out[MT_MAX_LAYERS];
 } mt_auto;
 
 /* Profile the layers at the powers of two from 16 rows up to the batch (at most about 4 s: sizes the
@@ -88,6 +93,16 @@ typedef struct mt_auto {
  * (`memory` bytes, 0: none) on 1 .. threads (0: cpus) threads, at most cpus. @return 0, -ENOSPC (a->need
  * says what would fit), or a negative errno. */
 int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, unsigned cpus, mt_auto *a);
+/* Predict another plan from a's profile as the planner would (mbp_mlp_plan_predict): pl's threads,
+ * stages, schedule, mb, first[] and recompute in, its figures out. @return 0 or -EINVAL. */
+int mt_auto_predict(const mt_auto *a, mbp_train_plan *pl);
+/* --plan-points: each line of f a plan to predict from a's profile, "SCHEDULE THREADS MB RECOMPUTE SPLIT"
+ * (RECOMPUTE: none, all or the recomputing stages 0,2; SPLIT: the first layers of stages 1 .. S-1, or -
+ * for one stage; S is THREADS, twice that for a chunked kind; '#' starts a comment), as a JSON array (cJSON
+ * *) of the points with their predicted step, bubble and peak, and whether it fits a's budget
+ * (predicted_step_ms null: a point the planner cannot weigh). NULL with err set: a line that is not a
+ * point, or no memory. */
+void *mt_auto_points_json(const mt_auto *a, FILE *f, char *err, size_t n);
 /* The plan's three lines (human output), each starting "plan: ". */
 void mt_auto_print(FILE *f, const mt_auto *a);
 /* The plan as a JSON object (cJSON *, untyped here to keep cJSON out of this header). */
