@@ -11,8 +11,9 @@
  * JSON, CSV, and the lines on standard error), gantt.c (the terminal timeline) and progress.c (the bar on
  * standard error). main.c ties them together. train.c is the training workload (--workload=train): the
  * trainer's three schedules as arms, with its own table, CSV and JSON in output.c and its chart in
- * gantt.c. mpi.c is the run under mpirun (the ranks' protocol), with measure.c's stamped stages and its
- * table and JSON in output.c.
+ * gantt.c; with --plan=auto it is plan.c instead: the planner pipetrain runs (tools/shared), its plan
+ * trained with. mpi.c is the run under mpirun (the ranks' protocol), with measure.c's stamped stages and
+ * its table and JSON in output.c.
  *
  * The measurement layer does not know what it measures: an arm (pb_arm) is anything with a visit function
  * that runs some unmeasured and some measured units and returns the measured rate. A new workload (training
