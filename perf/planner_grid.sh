@@ -153,7 +153,7 @@ measure() {
 
 if part 1; then
 	sum=$OUT/planner-grid-summary.csv
-	echo "case,budget,budget_bytes,plan,plan_step_ms,plan_peak_bytes,plan_fits,best_point,best_step_ms,plan_over_best_pct,plan_rank_final,final_points,plan_rank_grid,fitting_points,measured_points,pruned_points" >"$sum"
+	echo "case,budget,budget_bytes,plan,plan_step_ms,plan_peak_bytes,plan_fits,best_point,best_step_ms,plan_over_best_pct,plan_rank_final,final_points,plan_rank_grid,fitting_points,measured_points,pruned_points,others_cpus_max" >"$sum"
 	for c in $CASES; do
 		name=${c%%:*} rest=${c#*:}
 		widths=${rest%:*} batch=${rest##*:}
@@ -253,7 +253,7 @@ if part 1; then
 			awk -F, -v c="$name" -v bn="$bname" -v b="$budget" '
 				NR == 1 { next }
 				$1 == "plan" { pm = $16; pp = $13; pf = $14; pg = $12; plan = $2 "/T" $3 "/mb" $4 "/rc:" $5 "/split:" $6 }
-				$10 == "kept" { measured++ }
+				$10 == "kept" { measured++; if ($17 != "n/a" && $17 > om) om = $17 }
 				$10 == "pruned" { pruned++ }
 				$14 == "yes" && $12 != "n/a" { fit[++nf] = $12 }
 				$14 == "yes" && $16 != "n/a" { if (bm == "" || $16 < bm) { bm = $16; best = $1 "=" $2 "/T" $3 "/mb" $4 "/rc:" $5 "/split:" $6 }; fin[++nfin] = $16 }
@@ -262,14 +262,15 @@ if part 1; then
 					if (pm != "n/a" && pm != "") { rf = 1; for (i = 1; i <= nfin; i++) if (fin[i] < pm) rf++ }
 					if (pg != "n/a" && pg != "") { rg = 1; for (i = 1; i <= nf; i++) if (fit[i] < pg) rg++ }
 					over = (bm != "" && pm != "n/a" && pm != "") ? sprintf("%.1f", (pm / bm - 1) * 100) : "n/a"
-					printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%d,%d,%d,%d,%d,%d\n", c, bn, b, plan, pm, pp, pf, best, bm, over, rf, nfin, rg, nf, measured, pruned
+					printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.2f\n", c, bn, b, plan, pm, pp, pf, best, bm, over, rf, nfin, rg, nf, measured, pruned, om
 				}' "$csv" >>"$sum"
 		done
 	done
 	if [ "$DRY" != 1 ]; then
 		echo "planner_grid: the plan against the best fitting point (final rounds); CSVs in $OUT/planner-grid-*.csv"
-		printf '%-8s %-6s %10s %10s %8s %6s %6s %s\n' case budget plan_ms best_ms over_% rank fits best
-		awk -F, 'NR > 1 { printf "%-8s %-6s %10s %10s %8s %3d/%-2d %6s %s\n", $1, $2, $5, $9, $10, $11, $12, $7, $8 }' "$sum"
+		printf '%-8s %-6s %10s %10s %8s %6s %6s %7s %s\n' case budget plan_ms best_ms over_% rank fits others best
+		awk -F, 'NR > 1 { printf "%-8s %-6s %10s %10s %8s %3d/%-2d %6s %7s %s\n", $1, $2, $5, $9, $10, $11, $12, $7, $17, $8 }' "$sum"
+		echo "planner_grid: others: the most CPUs other processes took during one run of the case (0 on a quiet machine)"
 	fi
 fi
 
