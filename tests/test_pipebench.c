@@ -171,6 +171,25 @@ static const char *const bad_args[][6] = {
     {"--workload=synthetic", "--replicas=auto"},
     {"--workload=train", "--replicas=2"},
     {"--stages=2", "--replicas=1,2,3"},
+    /* --plan=auto: only for train, only auto; its options only with it; not with what it chooses */
+    {"--plan=auto"},
+    {"--workload=train", "--plan=manual"},
+    {"--workload=train", "--memory=64M"},
+    {"--workload=train", "--plan-only"},
+    {"--workload=train", "--widths=784,10"},
+    {"--workload=train", "--plan=auto", "--memory=lots"},
+    {"--workload=train", "--plan=auto", "--memory=0"},
+    {"--workload=train", "--plan=auto", "--memory=12X"},
+    {"--workload=train", "--plan=auto", "--widths=784"},
+    {"--workload=train", "--plan=auto", "--widths=784,0,10"},
+    {"--workload=train", "--plan=auto", "--widths=784,,10"},
+    {"--workload=train", "--plan=auto", "--widths=784,16,1"},
+    {"--workload=train", "--plan=auto", "--schedule=1f1b"},
+    {"--workload=train", "--plan=auto", "--stages=2"},
+    {"--workload=train", "--plan=auto", "--micro-batches=4"},
+    {"--workload=train", "--plan=auto", "--mb=32"},
+    {"--workload=train", "--plan=auto", "--csv"},
+    {"--workload=train", "--plan=auto", "--svg=/tmp/pipebench-plan.svg"},
 };
 
 START_TEST(bad_argument_gives_one_line_and_exit_2)
@@ -226,7 +245,8 @@ START_TEST(help_lists_every_option_with_its_default)
 					   "--table",	       "--json",     "--csv",	    "--gantt",
 					   "--trace",	       "--progress", "--help",	    "--version",
 					   "--micro-batches",  "--costs",    "--unit-us",   "--svg",
-					   "--replicas"};
+					   "--replicas",       "--plan",     "--memory",    "--plan-only",
+					   "--widths"};
 	for (unsigned i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
 		ck_assert_msg(strstr(r.out, opts[i]), "--help does not mention %s", opts[i]);
 	ck_assert_msg(strstr(r.out, "(default: auto)") && strstr(r.out, "(default: 10)") &&
@@ -1903,6 +1923,158 @@ START_TEST(train_json_holds_each_schedules_figures_and_operations)
 }
 END_TEST
 
+/* ---- train --plan=auto ---- */
+
+#define PLANNED "--workload=train", "--plan=auto", "--widths=784,48,24,10", "--batch=128", "--no-progress"
+
+/* The plan object of a --json document, its fields checked: the stages cover the layers in order, one
+ * recomputation flag each, the predicted peak is the activations plus the state. */
+static const cJSON *plan_fields(const cJSON *doc)
+{
+	const cJSON *wl = field(doc, "workload", cJSON_Object);
+	ck_assert_str_eq(field(wl, "kind", cJSON_String)->valuestring, "train");
+	ck_assert_str_eq(field(wl, "plan", cJSON_String)->valuestring, "auto");
+	ck_assert_int_eq(cJSON_GetArraySize(field(wl, "widths", cJSON_Array)), 4);
+	ck_assert(num(wl, "batch") == 128);
+	const cJSON *p = field(doc, "plan", cJSON_Object);
+	unsigned S = (unsigned)num(p, "stages");
+	ck_assert(S >= 1 && S <= 3);
+	ck_assert(num(p, "threads") >= 1 && num(p, "threads") <= S);
+	mbp_sched_kind k;
+	ck_assert_msg(mbp_sched_parse(field(p, "schedule", cJSON_String)->valuestring, &k) == 0,
+		      "not a schedule: %s", field(p, "schedule", cJSON_String)->valuestring);
+	ck_assert(num(p, "mb") >= 16 && num(p, "mb") <= 128 && num(p, "mbs") * num(p, "mb") >= 128);
+	const cJSON *st = field(p, "stage_layers", cJSON_Array), *rc = field(p, "recompute", cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(st), (int)S);
+	ck_assert_int_eq(cJSON_GetArraySize(rc), (int)S);
+	int next = 0;
+	for (const cJSON *r = st->child; r; r = r->next) {
+		ck_assert_int_eq(cJSON_GetArrayItem(r, 0)->valueint, next);
+		next = cJSON_GetArrayItem(r, 1)->valueint + 1;
+	}
+	ck_assert_int_eq(next, 3);
+	for (const cJSON *r = rc->child; r; r = r->next)
+		ck_assert(cJSON_IsBool(r));
+	ck_assert(num(p, "predicted_step_ms") > 0);
+	ck_assert(num(p, "predicted_bubble") >= 0 && num(p, "predicted_bubble") < 1);
+	ck_assert(num(p, "state_bytes") > 0 && num(p, "predicted_activation_bytes") > 0);
+	ck_assert(num(p, "predicted_peak_bytes") ==
+		  num(p, "predicted_activation_bytes") + num(p, "state_bytes"));
+	ck_assert(num(p, "smallest_budget_bytes") <= num(p, "predicted_peak_bytes"));
+	ck_assert(num(p, "plans_played") >= num(p, "plans_fitted") && num(p, "plans_fitted") >= 1);
+	return p;
+}
+
+/* The smallest budget a plan fits, as --plan-only --json says. */
+static double least_budget(void)
+{
+	struct run r = run((const char *const[]){PLANNED, "--plan-only", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_ptr_nonnull(doc);
+	double least = num(plan_fields(doc), "smallest_budget_bytes");
+	cJSON_Delete(doc);
+	run_free(&r);
+	return least;
+}
+
+/* --plan-only prints the plan's lines (stages, schedule, micro-batch, recomputation, threads, predicted
+ * step, bubble and peak memory) and trains nothing; with --json the plan is the document's, and its
+ * lines go to stderr. */
+START_TEST(plan_only_prints_the_plan_and_its_json_and_trains_nothing)
+{
+	struct run r = run((const char *const[]){PLANNED, "--plan-only", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "plan: ") && strstr(r.out, " on ") && strstr(r.out, "micro-batch ") &&
+			  strstr(r.out, "recomputes") && strstr(r.out, "predicted step ") &&
+			  strstr(r.out, "bubble ") && strstr(r.out, "peak memory ") &&
+			  strstr(r.out, "smallest that fits"),
+		      "the plan's lines: %s", r.out);
+	ck_assert_msg(!strstr(r.out, "measured:"), "trained with --plan-only: %s", r.out);
+	run_free(&r);
+
+	r = run((const char *const[]){PLANNED, "--plan-only", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	plan_fields(doc);
+	ck_assert(cJSON_IsNull(field(doc, "measured", cJSON_NULL)));
+	ck_assert_msg(strstr(r.err, "plan: predicted step "), "the lines go to stderr beside --json: %s",
+		      r.err);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+/* A budget no plan fits: one line on stderr naming the smallest budget that fits (in MiB, rounded up),
+ * exit 2, no plan; that smallest budget itself is planned. */
+START_TEST(a_budget_no_plan_fits_is_refused_with_exit_2_naming_the_smallest_that_fits)
+{
+	double least = least_budget();
+	struct run r;
+	cJSON *doc;
+
+	char mem[64], want[96];
+	snprintf(mem, sizeof mem, "--memory=%.0f", least - 1);
+	snprintf(want, sizeof want, "the smallest budget that fits is %.0f MiB", ceil(least / (1 << 20)));
+	r = run((const char *const[]){PLANNED, "--plan-only", mem, NULL});
+	ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(lines(r.err) == 1 && strncmp(r.err, "pipebench: --memory ", 20) == 0 &&
+			  strstr(r.err, want),
+		      "want one line with '%s': %s", want, r.err);
+	ck_assert_msg(!strstr(r.out, "plan: "), "a plan printed: %s", r.out);
+	run_free(&r);
+
+	snprintf(mem, sizeof mem, "--memory=%.0f", least);
+	r = run((const char *const[]){PLANNED, "--plan-only", "--json", mem, NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	doc = cJSON_Parse(r.out);
+	ck_assert_ptr_nonnull(doc);
+	const cJSON *p = plan_fields(doc);
+	ck_assert(num(p, "budget_bytes") == least && num(p, "predicted_peak_bytes") <= least);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+/* A run at the tightest budget trains with the plan and sets the measured step and peak memory beside
+ * the predicted: the peak within the budget and at most the prediction, every measured step counted. */
+START_TEST(a_planned_run_measures_its_step_and_peak_beside_the_prediction_within_the_budget)
+{
+	double least = least_budget();
+	struct run r;
+	cJSON *doc;
+	char mem[64];
+	snprintf(mem, sizeof mem, "--memory=%.0f", least);
+
+	r = run((const char *const[]){PLANNED, mem, "--batches=3", "--warmup=1", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	const cJSON *p = plan_fields(doc), *m = field(doc, "measured", cJSON_Object);
+	ck_assert(num(m, "steps") == 3 && num(m, "warmup_steps") == 1);
+	ck_assert(num(m, "step_ms") > 0 && num(m, "step_ms_min") <= num(m, "step_ms") &&
+		  num(m, "step_ms") <= num(m, "step_ms_max"));
+	ck_assert(num(m, "bubble") > -0.05 && num(m, "bubble") < 1);
+	ck_assert(num(m, "activation_peak_bytes") > 0);
+	ck_assert(num(m, "peak_bytes") == num(m, "activation_peak_bytes") + num(p, "state_bytes"));
+	ck_assert_msg(num(m, "peak_bytes") <= num(p, "predicted_peak_bytes") && num(m, "peak_bytes") <= least,
+		      "measured peak %.0f, predicted %.0f, budget %.0f", num(m, "peak_bytes"),
+		      num(p, "predicted_peak_bytes"), least);
+	ck_assert(cJSON_IsTrue(field(m, "within_budget", cJSON_True | cJSON_False)));
+	cJSON_Delete(doc);
+	run_free(&r);
+
+	r = run((const char *const[]){PLANNED, mem, "--batches=2", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.out, "plan: predicted step ") && strstr(r.out, "measured: step ") &&
+			  strstr(r.out, "(median of 2 steps") && strstr(r.out, "measured: peak memory ") &&
+			  strstr(r.out, "within --memory "),
+		      "the measured beside the predicted: %s", r.out);
+	run_free(&r);
+}
+END_TEST
+
 START_TEST(train_csv_has_a_header_and_one_line_per_schedule)
 {
 	struct run r = run((const char *const[]){TRAIN_ARGS, "--csv", NULL});
@@ -2031,6 +2203,14 @@ static Suite *suite(void)
 	tcase_add_test(out, spin_us_0_is_no_spin_for_every_workload);
 	tcase_add_loop_test(out, train_broken_step_exits_1_and_says_which, 0, 2);
 	suite_add_tcase(s, out);
+
+	TCase *plan = tcase_create("plan");
+	tcase_set_timeout(plan, 60);
+	tcase_add_test(plan, plan_only_prints_the_plan_and_its_json_and_trains_nothing);
+	tcase_add_test(plan, a_budget_no_plan_fits_is_refused_with_exit_2_naming_the_smallest_that_fits);
+	tcase_add_test(plan,
+		       a_planned_run_measures_its_step_and_peak_beside_the_prediction_within_the_budget);
+	suite_add_tcase(s, plan);
 
 	TCase *bubble = tcase_create("bubble");
 	tcase_set_timeout(bubble, 120);

@@ -198,6 +198,10 @@ static const char *const bad_args[][8] = {
     {"--plan", "auto", "--split", "1"},
     {"--plan", "auto", "--replicas", "1,2"},
     {"--plan", "auto", "--memory", "1K"}, /* no plan fits: the smallest budget that does, in MiB */
+    {"--plan", "auto", "--plan-points", "/dev/null"},		     /* without --plan-only --json */
+    {"--plan", "auto", "--plan-only", "--plan-points", "/dev/null"}, /* without --json */
+    {"--plan", "auto", "--plan-only", "--json", "--plan-points", ""},
+    {"--plan", "auto", "--plan-only", "--json", "--plan-points", "/nonexistent/points.txt"},
     {"--split", "2,2"},
     {"--split", "0"},
     {"--split", "1,"},
@@ -579,6 +583,91 @@ START_TEST(a_budget_no_plan_fits_is_refused_with_exit_2_and_the_smallest_budget_
 	r = run((const char *const[]){PLANNED, "--plan-only", "--memory", mem, NULL});
 	ck_assert_msg(r.status == 2, "--memory %s: exit %d: %s", mem, r.status, r.err);
 	run_free(&r);
+}
+END_TEST
+
+/* A file of one line: the plan's own point, "SCHEDULE THREADS MB RECOMPUTE SPLIT". */
+static void write_plan_point(const char *path, const cJSON *p)
+{
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "# the plan\n%s %d %d ", cJSON_GetObjectItem(p, "schedule")->valuestring,
+		cJSON_GetObjectItem(p, "threads")->valueint, cJSON_GetObjectItem(p, "mb")->valueint);
+	const cJSON *x, *st = cJSON_GetObjectItem(p, "stage_layers");
+	int s = 0, any = 0;
+	cJSON_ArrayForEach(x, cJSON_GetObjectItem(p, "recompute"))
+	{
+		if (cJSON_IsTrue(x))
+			fprintf(f, "%s%d", any++ ? "," : "", s);
+		s++;
+	}
+	fprintf(f, "%s ", any ? "" : "none");
+	for (int k = 1; k < cJSON_GetArraySize(st); k++)
+		fprintf(f, "%s%d", k > 1 ? "," : "",
+			cJSON_GetArrayItem(cJSON_GetArrayItem(st, k), 0)->valueint);
+	fprintf(f, "%s\n", cJSON_GetArraySize(st) > 1 ? "" : "-");
+	/* stage 0 of two recomputing, then keeping; an unprofiled size */
+	fprintf(f, "1f1b 2 32 0 1\n1f1b 2 32 none 1\ngpipe 1 24 none -\n");
+	fclose(f);
+}
+
+/* --plan-points predicts each line's plan from the run's profile, as the planner counts it: the plan's
+ * own point has the plan's memory (bytes do not depend on the timings, so a second run agrees), a
+ * recomputing stage holds less and runs no faster, a size not profiled cannot be weighed (null), each
+ * point says whether it fits --memory; a line that is not a point is refused naming it, exit 2. */
+START_TEST(plan_points_are_predicted_from_the_plans_profile_as_the_planner_counts_them)
+{
+	if (!have_data())
+		return;
+	tmpdir_make("pipetrain");
+	char pts[128];
+	tmp_file(pts, "points.txt");
+	struct run r = run((const char *const[]){PLANNED, "--plan-only", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	const cJSON *p = plan_of(root);
+	double peak = num(p, "predicted_peak_bytes");
+	char mem[32];
+	snprintf(mem, sizeof mem, "%.0f", peak);
+	write_plan_point(pts, p);
+	cJSON_Delete(root);
+	run_free(&r);
+
+	r = run((const char *const[]){PLANNED, "--plan-only", "--json", "--memory", mem, "--plan-points", pts,
+				      NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	root = cJSON_Parse(r.out);
+	ck_assert_ptr_nonnull(root);
+	const cJSON *a = cJSON_GetObjectItem(root, "points");
+	ck_assert_int_eq(cJSON_GetArraySize(a), 4);
+	const cJSON *own = cJSON_GetArrayItem(a, 0), *rc = cJSON_GetArrayItem(a, 1),
+		    *keep = cJSON_GetArrayItem(a, 2), *odd = cJSON_GetArrayItem(a, 3);
+	ck_assert(num(own, "line") == 2);
+	ck_assert_msg(num(own, "predicted_peak_bytes") == peak, "the plan's point holds %.0f, the plan %.0f",
+		      num(own, "predicted_peak_bytes"), peak);
+	ck_assert(num(own, "predicted_step_ms") > 0 && cJSON_IsTrue(cJSON_GetObjectItem(own, "fits")));
+	ck_assert(num(rc, "predicted_activation_bytes") < num(keep, "predicted_activation_bytes"));
+	ck_assert(num(rc, "predicted_step_ms") >= num(keep, "predicted_step_ms"));
+	ck_assert(cJSON_IsTrue(cJSON_GetArrayItem(cJSON_GetObjectItem(rc, "recompute"), 0)) &&
+		  cJSON_IsFalse(cJSON_GetArrayItem(cJSON_GetObjectItem(rc, "recompute"), 1)));
+	for (int i = 1; i < 3; i++) {
+		const cJSON *x = cJSON_GetArrayItem(a, i);
+		ck_assert(cJSON_IsBool(cJSON_GetObjectItem(x, "fits")) &&
+			  cJSON_IsTrue(cJSON_GetObjectItem(x, "fits")) ==
+			      (num(x, "predicted_peak_bytes") <= peak));
+	}
+	ck_assert(cJSON_IsNull(cJSON_GetObjectItem(odd, "predicted_step_ms")));
+	cJSON_Delete(root);
+	run_free(&r);
+
+	FILE *f = fopen(pts, "w");
+	fprintf(f, "1f1b 2 32 none 1\n1f1b 2 32 none 1,2\n"); /* two stages, two cuts */
+	fclose(f);
+	r = run((const char *const[]){PLANNED, "--plan-only", "--json", "--plan-points", pts, NULL});
+	ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.err, "pipetrain: --plan-points ") && strstr(r.err, ": line 2: "), "%s", r.err);
+	run_free(&r);
+	tmpdir_remove();
 }
 END_TEST
 
@@ -1872,7 +1961,7 @@ START_TEST(the_refined_split_is_never_slower_than_the_balanced_one_and_no_move_i
 	for (unsigned trial = 0; trial < 600; trial++) {
 		unsigned L = 2 + trial % 7, S = 2 + (trial / 7) % (L - 1 < 3 ? L - 1 : 3),
 			 M = S * (1 + trial % 3);
-		pt_costs pc = {.rows = 1};
+		mt_costs pc = {.rows = 1};
 		double cost[8], cost_in[8];
 		bool can_give[8];
 		for (unsigned i = 0; i < L; i++) {
@@ -2020,6 +2109,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_budget_no_plan_fits_is_refused_with_exit_2_and_the_smallest_budget_that_fits);
 	tcase_add_test(tc,
 		       a_planned_run_trains_within_its_budget_and_prints_the_measured_beside_the_predicted);
+	tcase_add_test(tc, plan_points_are_predicted_from_the_plans_profile_as_the_planner_counts_them);
 	tcase_add_test(tc, the_threads_are_pinned_by_default_and_the_summary_says_how);
 	tcase_add_test(tc, every_operation_has_its_own_name_in_messages);
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);

@@ -1,5 +1,5 @@
 /*
- * Tests of the planner (mbp_mlp_plan) on a synthetic profile whose answers are worked out by hand.
+ * Tests of the planner (mbp_mlp_plan, mbp_mlp_plan_predict) on a synthetic profile whose answers are worked out by hand.
  *
  * The profile: two layers, each F = B_in = B_w = 1 at 16 rows and 2 at 32 (the same speed per row), 4
  * bytes a row kept per layer and 4 of output, a batch of 64 rows, 1000 bytes of state, up to 2 threads.
@@ -245,6 +245,79 @@ START_TEST(bad_profiles_and_arguments_are_refused)
 }
 END_TEST
 
+/* A plan predicted again gives the planner's own figures, and a point worked out by hand (the header's
+ * 1F1B at 16 rows, stage 0 recomputing: 18 units, 128 bytes; keeping: 15, 192) its figures. */
+START_TEST(a_plan_predicted_again_gives_its_own_figures_and_a_hand_made_point_its_own)
+{
+	mbp_plan_profile p = profile();
+	for (uint64_t budget = STATE + 128; budget <= STATE + 512; budget += 64) {
+		mbp_train_plan pl, again;
+		ck_assert_int_eq(mbp_mlp_plan(&p, budget, 2, &pl, NULL), 0);
+		again = (mbp_train_plan){.threads = pl.threads,
+					 .stages = pl.stages,
+					 .schedule = pl.schedule,
+					 .mb = pl.mb,
+					 .recompute = pl.recompute};
+		memcpy(again.first, pl.first, sizeof again.first);
+		ck_assert_int_eq(mbp_mlp_plan_predict(&p, &again), 0);
+		ck_assert_msg(again.step_ns == pl.step_ns && again.bubble == pl.bubble,
+			      "budget %llu: step %g bubble %g, the plan's %g %g", (unsigned long long)budget,
+			      again.step_ns, again.bubble, pl.step_ns, pl.bubble);
+		ck_assert_uint_eq(again.mbs, pl.mbs);
+		ck_assert_uint_eq(again.act_bytes, pl.act_bytes);
+		ck_assert_uint_eq(again.peak_bytes, pl.peak_bytes);
+		ck_assert_uint_eq(again.state_bytes, STATE);
+	}
+	mbp_train_plan x = {.threads = 2,
+			    .stages = 2,
+			    .schedule = MBP_SCHED_1F1B,
+			    .mb = 16,
+			    .recompute = 1,
+			    .first = {0, 1, 2}};
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), 0);
+	ck_assert_msg(x.step_ns == 18, "step %g, not 18", x.step_ns);
+	ck_assert_uint_eq(x.mbs, 4);
+	ck_assert_uint_eq(x.stage_act_bytes[0], 64);
+	ck_assert_uint_eq(x.stage_act_bytes[1], 64);
+	ck_assert_uint_eq(x.peak_bytes, STATE + 128);
+	x.recompute = 0;
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), 0);
+	ck_assert_msg(x.step_ns == 15, "step %g, not 15", x.step_ns);
+	ck_assert_uint_eq(x.peak_bytes, STATE + 192);
+}
+END_TEST
+
+/* A point the planner could not weigh is refused: an unprofiled size, a stage count that is not the
+ * schedule's for the threads, a split that is not the layers in order, a recomputing stage that is not
+ * there, a custom or automatic schedule, NULL. */
+START_TEST(a_point_the_planner_cannot_weigh_is_refused)
+{
+	mbp_plan_profile p = profile();
+	const mbp_train_plan ok = {
+	    .threads = 2, .stages = 2, .schedule = MBP_SCHED_1F1B, .mb = 16, .first = {0, 1, 2}};
+	mbp_train_plan x = ok;
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), 0);
+	ck_assert_int_eq(mbp_mlp_plan_predict(NULL, &x), -EINVAL);
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, NULL), -EINVAL);
+	x = ok, x.mb = 24;
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), -EINVAL);
+	x = ok, x.stages = 1, x.first[1] = 2;
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), -EINVAL);
+	x = ok, x.schedule = MBP_SCHED_ZBV; /* 2 chunks on 2 threads: 4 stages */
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), -EINVAL);
+	x = ok, x.first[1] = 2;
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), -EINVAL);
+	x = ok, x.first[2] = 1;
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), -EINVAL);
+	x = ok, x.recompute = 4;
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), -EINVAL);
+	x = ok, x.schedule = MBP_SCHED_AUTO;
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), -EINVAL);
+	x = ok, x.threads = 0;
+	ck_assert_int_eq(mbp_mlp_plan_predict(&p, &x), -EINVAL);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("planner");
@@ -255,6 +328,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_plan_fits_its_budget_and_a_larger_budget_is_never_slower);
 	tcase_add_test(tc, the_same_profile_gives_the_same_plan);
 	tcase_add_test(tc, bad_profiles_and_arguments_are_refused);
+	tcase_add_test(tc, a_plan_predicted_again_gives_its_own_figures_and_a_hand_made_point_its_own);
+	tcase_add_test(tc, a_point_the_planner_cannot_weigh_is_refused);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,4 +1,5 @@
 # Tools built on the public API only.
+include tools/shared.mk
 include tools/pipebench.mk
 include tools/pipeserve.mk
 include tools/pipetrain.mk

@@ -5,10 +5,10 @@ tools_pipebench_pipebench_SOURCES = \
 	tools/pipebench/synthetic.c tools/pipebench/mlp.c tools/pipebench/measure.c \
 	tools/pipebench/predict.c tools/pipebench/output.c tools/pipebench/gantt.c \
 	tools/pipebench/progress.c tools/pipebench/stats.c tools/pipebench/noise.c \
-	tools/pipebench/interleave.c tools/pipebench/train.c
+	tools/pipebench/interleave.c tools/pipebench/train.c tools/pipebench/plan.c
 tools_pipebench_pipebench_CPPFLAGS = -I$(top_srcdir)/include -I$(top_builddir)/include
 tools_pipebench_pipebench_CFLAGS = $(AM_CFLAGS) $(CJSON_CFLAGS)
-tools_pipebench_pipebench_LDADD = $(PB_MPI_LDADD) $(MBP_LIBS) $(CJSON_LIBS) -lm
+tools_pipebench_pipebench_LDADD = $(PB_MPI_LDADD) $(MBT_SHARED) $(MBP_LIBS) $(CJSON_LIBS) -lm
 dist_man_MANS += tools/pipebench/pipebench.1
 # Under mpirun the stages spread over the ranks (mpi.c): linked with libmbpipe-mpi when configure found
 # MPI; without it pipebench has no MPI dependency and refuses to run under mpirun.

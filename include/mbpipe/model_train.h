@@ -549,6 +549,22 @@ typedef struct mbp_train_plan {
 int mbp_mlp_plan(const mbp_plan_profile *p, uint64_t budget, unsigned threads, mbp_train_plan *out,
 		 uint64_t *need);
 
+/**
+ * Predict one plan, as the planner plays it: the step, bubble and memory of the threads, stages, schedule,
+ * micro-batch size, split and recomputing stages that `pl` names, from the profile (for benchmarks that
+ * measure the plans the planner weighs: perf/planner_grid.sh). The same costs and memory as mbp_mlp_plan
+ * counts, so mbp_mlp_plan's result predicted again gives its own figures. Takes no measurement.
+ * @param p the profile
+ * @param pl in: threads (T), stages (T, or 2T for a chunked kind), schedule (a fixed kind), mb (one of
+ *           the profiled sizes, at most the batch), first[0 .. stages] (0, strictly increasing, the
+ *           layers), recompute (bit s: stage s recomputes every layer); out: besides those, mbs,
+ *           step_ns, bubble, stage_act_bytes, act_bytes, state_bytes, peak_bytes (considered and fitted
+ *           1)
+ * @return 0, -EINVAL (NULL, a bad profile, a field out of range, a schedule that cannot place the
+ *         stages), -ENOMEM.
+ */
+int mbp_mlp_plan_predict(const mbp_plan_profile *p, mbp_train_plan *pl);
+
 #ifdef __cplusplus
 }
 #endif

@@ -362,3 +362,51 @@ out:
 	free(masks);
 	return rc;
 }
+
+int mbp_mlp_plan_predict(const mbp_plan_profile *p, mbp_train_plan *pl)
+{
+	if (!p || !pl)
+		return -EINVAL;
+	int rc = check_profile(p);
+	if (rc < 0)
+		return rc;
+	unsigned k = 0, S = pl->stages, T = pl->threads, L = p->layers;
+	while (k < p->sizes && p->mb[k] != pl->mb)
+		k++;
+	bool known = false;
+	for (unsigned i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+		known |= kinds[i] == pl->schedule;
+	if (k == p->sizes || pl->mb > p->batch || !known || !T || S != (chunked(pl->schedule) ? 2 * T : T) ||
+	    S > L || S > MBP_MAX_STAGES || pl->first[0] != 0 || pl->first[S] != L ||
+	    (S < 64 && pl->recompute >> S))
+		return -EINVAL;
+	for (unsigned s = 0; s < S; s++)
+		if (pl->first[s + 1] <= pl->first[s])
+			return -EINVAL;
+	uint32_t M = (p->batch + pl->mb - 1) / pl->mb;
+	if (M > MBP_TRAIN_MAX_MBS)
+		return -EINVAL;
+	mbp_schedule *sc;
+	rc = mbp_schedule_new_placed(&sc, pl->schedule, S, M, chunked(pl->schedule) ? T : 0);
+	if (rc < 0)
+		return rc;
+	struct combo *c = malloc(sizeof(*c));
+	if (!c) {
+		mbp_schedule_destroy(sc);
+		return -ENOMEM;
+	}
+	c->S = S;
+	c->T = T;
+	combo_fill(c, p, sc, k, pl->mb, pl->first);
+	double bubble = 0, t = play(sc, c, pl->recompute, &bubble);
+	if (isfinite(t)) {
+		struct search q = {.p = p};
+		unsigned first[MBP_MAX_STAGES + 1];
+		memcpy(first, pl->first, sizeof first);
+		fill(pl, &q, c, pl->schedule, pl->mb, first, pl->recompute, t, bubble);
+		pl->considered = pl->fitted = 1;
+	}
+	free(c);
+	mbp_schedule_destroy(sc);
+	return isfinite(t) ? 0 : -EINVAL;
+}

@@ -204,6 +204,8 @@ int main(int argc, char **argv)
 		if (mbt_mpi_launched())
 			return pb_usage("--workload=train does not run under mpirun (one process: its "
 					"stages are threads)");
+		if (cfg.plan_auto)
+			return pb_train_plan_main(&cfg, (unsigned)ncpus);
 		return pb_train_main(&cfg, (unsigned)ncpus, allowed);
 	}
 	const bool stages_default = cfg.stages == 0; /* under mpirun: one stage per rank */

@@ -36,6 +36,29 @@
 #define PB_DEF_UNIT_US	 200.0
 #define PB_MAX_TRAIN_MBS 1024
 
+/* --widths: "784,512,10", 2 to PB_PLAN_MAX_LAYERS + 1 widths from 1 to PB_MAX_HIDDEN. */
+static int parse_widths(const char *s, pb_config *cfg, char *err, size_t errlen)
+{
+	unsigned n = 0;
+	for (const char *p = s;; p++) {
+		size_t len = strcspn(p, ",");
+		uint64_t v = 0;
+		if (n > PB_PLAN_MAX_LAYERS || parse_u64_span(p, len, PB_MAX_HIDDEN, &v) || v == 0)
+			return fail(err, errlen,
+				    "--widths: '%s' is not 2 to %u widths from 1 to %u, comma-separated", s,
+				    PB_PLAN_MAX_LAYERS + 1, PB_MAX_HIDDEN);
+		cfg->widths[n++] = (uint32_t)v;
+		p += len;
+		if (!*p)
+			break;
+	}
+	if (n < 2)
+		return fail(err, errlen, "--widths: '%s' is not 2 to %u widths from 1 to %u, comma-separated",
+			    s, PB_PLAN_MAX_LAYERS + 1, PB_MAX_HIDDEN);
+	cfg->nwidths = n;
+	return 0;
+}
+
 /* "20" or "10,20,10,10": one value, or one per stage. */
 static int parse_us_list(const char *opt, const char *s, double lo, double *out, unsigned *n, char *err,
 			 size_t errlen)
@@ -130,6 +153,10 @@ enum {
 	OPT_CHUNKS,
 	OPT_REBALANCE,
 	OPT_REPLICAS,
+	OPT_PLAN,
+	OPT_PLAN_ONLY,
+	OPT_MEMORY,
+	OPT_WIDTHS,
 };
 
 static const struct option long_opts[] = {
@@ -161,6 +188,10 @@ static const struct option long_opts[] = {
     {"chunks", required_argument, NULL, OPT_CHUNKS},
     {"replicas", required_argument, NULL, OPT_REPLICAS},
     {"schedule-file", required_argument, NULL, OPT_SCHEDULE_FILE},
+    {"plan", required_argument, NULL, OPT_PLAN},
+    {"plan-only", no_argument, NULL, OPT_PLAN_ONLY},
+    {"memory", required_argument, NULL, OPT_MEMORY},
+    {"widths", required_argument, NULL, OPT_WIDTHS},
     {"json", no_argument, NULL, OPT_JSON},
     {"csv", no_argument, NULL, OPT_CSV},
     {"table", no_argument, NULL, OPT_TABLE},
@@ -195,7 +226,8 @@ void pb_options_help(FILE *f)
 	    "                           gpipe, 1f1b and zbh1, measured in turn (default: mlp)\n"
 	    "  -s, --stages=N           pipeline stages (default: the allowed CPUs, at most 4; for the mlp\n"
 	    "                           at most one per layer; synthetic: one per --work-us value)\n"
-	    "  -b, --batch=ROWS         rows per batch (default: mlp 256, synthetic 64)\n"
+	    "  -b, --batch=ROWS         rows per batch (default: mlp 256, synthetic 64; train --plan=auto:\n"
+	    "                           rows a step, 256)\n"
 	    "  -m, --mb=SPEC            micro-batch sizes: N, a list A,B,C, a doubling range A-B, a range\n"
 	    "                           A-B:STEP, or auto: 1,2,4,.. up to the batch (default: auto)\n"
 	    "      --work-us=LIST       synthetic: busy work per row, in microseconds, one value for every\n"
@@ -233,6 +265,18 @@ void pb_options_help(FILE *f)
 	    "                           a line per thread); its lines are the threads, its micro-batches\n"
 	    "                           --micro-batches' (by default), each stage 1/(stages/threads) of\n"
 	    "                           the costs\n"
+	    "      --plan=auto          train: an MLP's layers profiled, then the planner's plan (threads,\n"
+	    "                           stages, schedule, micro-batch size, recomputing stages) with the\n"
+	    "                           shortest predicted step within --memory, printed, then trained\n"
+	    "                           --batches steps: the measured step and peak memory beside the\n"
+	    "                           predicted (instead of the schedules above)\n"
+	    "      --widths=LIST        --plan=auto: the MLP's widths, input first, such as 784,512,10\n"
+	    "                           (default: 784,512,512,10), random weights from --seed\n"
+	    "      --memory=SIZE        --plan=auto: the budget (64M, 1G: bytes, K/M/G/T binary) for\n"
+	    "                           activations, parameters, gradients and optimizer state; a budget\n"
+	    "                           no plan fits is refused (exit 2) naming the smallest that fits\n"
+	    "                           (default: no limit)\n"
+	    "      --plan-only          --plan=auto: print the plan (--json: as JSON) and exit\n"
 	    "\n"
 	    "Measurement (every size and the sequential baseline are visited in turn, a few batches per\n"
 	    "visit, round after round; each visit gives one repeat):\n"
@@ -513,6 +557,24 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 		case OPT_REBALANCE:
 			cfg->rebalance = true;
 			break;
+		case OPT_PLAN:
+			if (strcmp(optarg, "auto"))
+				return fail(err, errlen, "%s: '%s' is not auto", name, optarg);
+			cfg->plan_auto = true;
+			break;
+		case OPT_PLAN_ONLY:
+			cfg->plan_only = true;
+			break;
+		case OPT_MEMORY:
+			if (parse_size(optarg, UINT64_MAX, &cfg->memory) || cfg->memory == 0)
+				return fail(err, errlen,
+					    "%s: '%s' is not a size like 64M or 1G (bytes, K/M/G/T binary)",
+					    name, optarg);
+			break;
+		case OPT_WIDTHS:
+			if (parse_widths(optarg, cfg, err, errlen))
+				return -1;
+			break;
 		case OPT_SEED:
 			if (parse_u64(optarg, 0, UINT64_MAX, &v))
 				return fail(err, errlen, "%s: '%s' is not a number", name, optarg);
@@ -641,7 +703,33 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 		return fail(
 		    err, errlen,
 		    "--micro-batches, --costs, --unit-us, --schedule and --chunks apply to --workload=train");
-	if (cfg->workload == PB_WL_TRAIN) {
+	if ((cfg->memory || cfg->plan_only || cfg->nwidths) && !cfg->plan_auto)
+		return fail(err, errlen, "%s needs --plan=auto",
+			    cfg->memory	     ? "--memory"
+			    : cfg->plan_only ? "--plan-only"
+					     : "--widths");
+	if (cfg->plan_auto && cfg->workload != PB_WL_TRAIN)
+		return fail(err, errlen, "--plan=auto applies to --workload=train");
+	if (cfg->plan_auto) {
+		/* the plan chooses what these set, and its report is lines and JSON, not the schedules' */
+		if (have_train || cfg->stages)
+			return fail(
+			    err, errlen,
+			    "--plan=auto chooses the stages and the schedule: not with --stages, "
+			    "--micro-batches, --costs, --unit-us, --schedule, --schedule-file or --chunks");
+		if (have_mb || cfg->latency_target_ms > 0)
+			return fail(err, errlen,
+				    "--plan=auto chooses the micro-batch size: not with --mb or "
+				    "--latency-target");
+		if (cfg->format == PB_FMT_CSV || cfg->svg_path || cfg->gantt)
+			return fail(
+			    err, errlen,
+			    "--csv, --svg and --gantt do not apply to --plan=auto (its report is lines, "
+			    "or --json)");
+		if (cfg->engine_opts || cfg->trace_path)
+			return fail(err, errlen,
+				    "--opts and --trace apply to the pipeline, not to --workload=train");
+	} else if (cfg->workload == PB_WL_TRAIN) {
 		if (have_batch || have_mb || cfg->latency_target_ms > 0)
 			return fail(err, errlen,
 				    "--batch, --mb and --latency-target do not apply to --workload=train "

@@ -11,8 +11,9 @@
  * JSON, CSV, and the lines on standard error), gantt.c (the terminal timeline) and progress.c (the bar on
  * standard error). main.c ties them together. train.c is the training workload (--workload=train): the
  * trainer's three schedules as arms, with its own table, CSV and JSON in output.c and its chart in
- * gantt.c. mpi.c is the run under mpirun (the ranks' protocol), with measure.c's stamped stages and its
- * table and JSON in output.c.
+ * gantt.c; with --plan=auto it is plan.c instead: the planner pipetrain runs (tools/shared), its plan
+ * trained with. mpi.c is the run under mpirun (the ranks' protocol), with measure.c's stamped stages and
+ * its table and JSON in output.c.
  *
  * The measurement layer does not know what it measures: an arm (pb_arm) is anything with a visit function
  * that runs some unmeasured and some measured units and returns the measured rate. A new workload (training
@@ -35,8 +36,9 @@
 
 #include "util/clock.h" /* mbt_now_ns: CLOCK_MONOTONIC, the clock of the engine's job stamps */
 
-#define PB_MAX_SIZES 64	 /* micro-batch sizes in one sweep */
-#define PB_ERR_MAX   256 /* one error line */
+#define PB_MAX_SIZES	   64  /* micro-batch sizes in one sweep */
+#define PB_ERR_MAX	   256 /* one error line */
+#define PB_PLAN_MAX_LAYERS 64  /* --widths: layers of a planned MLP (tools/shared's MT_MAX_LAYERS) */
 
 #define PB_CONFIDENCE	 0.95 /* of every interval */
 #define PB_TIE_MARGIN	 0.03 /* a size within this share of the best's throughput ties with it */
@@ -102,6 +104,11 @@ typedef struct pb_config {
 	const char *schedule_file; /* --schedule-file: one more arm, "custom", following it */
 	unsigned custom_stages;	   /* its stage count (the file's) */
 	mbp_schedule *custom;	   /* the file's schedule, read once (train.c) */
+	/* train --plan=auto (plan.c) */
+	bool plan_auto, plan_only;
+	uint64_t memory;  /* --memory: the budget in bytes; 0: none */
+	unsigned nwidths; /* --widths; 0: the default */
+	uint32_t widths[PB_PLAN_MAX_LAYERS + 1];
 } pb_config;
 
 /* ---- options.c ---- */
@@ -590,6 +597,13 @@ typedef struct pb_train_report {
 /* The training workload (--workload=train) from start to end: the three schedules as interleaved arms,
  * the report in cfg->format. Returns the exit status; `ncpus` and `allowed` as pb_cpus_resolve() gave. */
 int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed);
+/* The process's CPUs become those of --cpus (the trainer pins its threads to the first allowed ones).
+ * 0, or -1 with err set. */
+int pb_narrow_cpus(const pb_config *cfg, unsigned ncpus, char *err, size_t errlen);
+/* --workload=train --plan=auto (plan.c): an MLP of --widths profiled, planned within --memory (the
+ * planner pipetrain runs, tools/shared), the plan printed, then trained with it, the measured step and
+ * peak memory beside the predicted. @return the exit status (2: no plan fits the budget). */
+int pb_train_plan_main(pb_config *cfg, unsigned ncpus);
 
 void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width);
 void pb_train_print_csv(FILE *f, const pb_train_report *rep);

@@ -419,8 +419,7 @@ static void summarise(struct tr_arm *a, const pb_arm *arm)
 			r->op_us[s][k] = a->op_count[s][k] ? a->op_ns[s][k] / a->op_count[s][k] / 1e3 : 0;
 }
 
-/* The process's CPUs become the ones of --cpus: the trainer pins its threads to the first allowed ones. */
-static int narrow_cpus(const pb_config *cfg, unsigned ncpus, char *err, size_t errlen)
+int pb_narrow_cpus(const pb_config *cfg, unsigned ncpus, char *err, size_t errlen)
 {
 	cpu_set_t set;
 	CPU_ZERO(&set);
@@ -481,7 +480,7 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 	rep.ncpus = ncpus;
 	rep.load_end = -1;
 	rep.n = n;
-	if (narrow_cpus(cfg, ncpus, err, sizeof(err)))
+	if (pb_narrow_cpus(cfg, ncpus, err, sizeof(err)))
 		return pb_failure("%s", err);
 	pb_progress_init(cfg->progress);
 	rep.iters_per_us = burn_calibrate();

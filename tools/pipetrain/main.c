@@ -163,19 +163,19 @@ struct run {
 	float *xb, *xval, *xtest, *logits;
 	int32_t *yb, *yval, *ytest, *preds;
 	mbp_mlp *n;
-	pt_shared sh;
-	pt_stage stage[MBP_MAX_STAGES];
-	pt_stage *replica[MBP_MAX_STAGES]; /* --replicas: stage s's replicas 1 .. r - 1 */
+	mt_shared sh;
+	mt_stage stage[MBP_MAX_STAGES];
+	mt_stage *replica[MBP_MAX_STAGES]; /* --replicas: stage s's replicas 1 .. r - 1 */
 	mbp_trainer *t;
 	pt_report rep;
-	pt_auto ap; /* --plan auto */
+	mt_auto ap; /* --plan auto */
 	FILE *csv, *log;
 	mbp_train_opts to; /* the trainer's options: a move makes the trainer again with them */
 	unsigned T;	   /* the threads the plans are played on */
 	bool can_give[PT_MAX_LAYERS];
 	/* --rebalance */
 	pt_plan cur;	    /* the split in use (first, gives; stage_ns as predicted when it was made) */
-	pt_costs profile;   /* the layers' profiled costs at the micro-batch size */
+	mt_costs profile;   /* the layers' profiled costs at the micro-batch size */
 	mbp_schedule *file; /* --schedule-file's schedule: fresh plans are refined against it */
 	double busy_ns[MBP_MAX_STAGES]; /* each stage's operations in the window so far */
 	unsigned window_steps;
@@ -191,21 +191,34 @@ struct run {
 static int auto_plan(struct run *r, unsigned ncpu)
 {
 	pt_config *c = r->c;
-	int rc = pt_auto_plan(r->n, c, ncpu, &r->ap);
-	if (rc == -ENOSPC)
-		return bad("--memory %.2f MiB: no plan fits (activations and parameter state); the smallest "
-			   "budget that fits is %llu MiB",
-			   (double)r->ap.budget / (1 << 20),
-			   (unsigned long long)((r->ap.need + (1u << 20) - 1) >> 20));
-	if (rc < 0)
-		return fail("cannot plan the run: %s", mbp_strerror(rc));
+	FILE *pf = NULL; /* --plan-points: opened first, read after the plan, before its lines */
+	if (c->plan_points && !(pf = fopen(c->plan_points, "r")))
+		return bad("--plan-points %s: %s", c->plan_points, strerror(errno));
+	int rc = mt_auto_plan(r->n, c->batch, c->memory, c->threads, ncpu, &r->ap);
+	if (rc == -ENOSPC || rc < 0) {
+		if (pf)
+			fclose(pf);
+		char why[256];
+		mt_auto_refusal(&r->ap, why, sizeof why);
+		return rc == -ENOSPC ? bad("%s", why) : fail("cannot plan the run: %s", mbp_strerror(rc));
+	}
+	cJSON *pts = NULL;
+	if (pf) {
+		char why[256] = "out of memory";
+		pts = mt_auto_points_json(&r->ap, pf, why, sizeof why);
+		fclose(pf);
+		if (!pts)
+			return bad("--plan-points %s: %s", c->plan_points, why);
+	}
 	const mbp_train_plan *p = &r->ap.plan;
 	if (!c->quiet || c->plan_only)
-		pt_auto_print(pt_human(c), &r->ap);
+		mt_auto_print(pt_human(c), &r->ap);
 	if (c->plan_only) {
 		if (c->json) {
 			cJSON *root = cJSON_CreateObject();
-			cJSON_AddItemToObject(root, "plan", pt_auto_json(&r->ap));
+			cJSON_AddItemToObject(root, "plan", mt_auto_json(&r->ap));
+			if (pts)
+				cJSON_AddItemToObject(root, "points", pts);
 			char *text = cJSON_Print(root);
 			cJSON_Delete(root);
 			if (!text)
@@ -277,29 +290,23 @@ static int make_trainer(struct run *r, unsigned S, const unsigned *first, const 
 	if (rc < 0)
 		return fail("cannot create the trainer: %s", mbp_strerror(rc));
 	for (unsigned s = 0; s < S; s++) {
-		pt_stage *p = &r->stage[s];
-		*p = (pt_stage){.sh = &r->sh, .index = s, .first = first[s], .last = first[s + 1]};
-		rc = mbp_mlp_stage_new(&p->st, r->n, p->first, p->last, c->mb);
-		if (rc == 0 && s > 0 && gives[s - 1])
-			rc = mbp_mlp_stages_hand_over(r->stage[s - 1].st, p->st);
-		for (unsigned l = p->first; rc == 0 && l < p->last; l++)
-			if (c->recompute >> l & 1)
-				rc = mbp_mlp_stage_set_recompute(p->st, l, true);
+		rc = mt_stage_make(&r->stage[s], &r->sh, s, first[s], first[s + 1], c->mb,
+				   s > 0 && gives[s - 1] ? &r->stage[s - 1] : NULL, c->recompute);
 		if (rc < 0)
 			return fail("cannot build stage %u: %s", s, mbp_strerror(rc));
 	}
 	for (unsigned s = 0; s < S; s++) {
 		mbp_train_stage_desc d;
-		pt_stage_desc(&r->stage[s], &d);
+		mt_stage_desc(&r->stage[s], &d);
 		/* --replicas: a model stage per replica (scratch of its own), the weights and gradients
 		 * shared; a normalised layer's B_in adds to the gradient, so such a stage merges whole
 		 * backwards (train.h, "Replicas") */
 		void *ctx[MBP_TRAIN_MAX_REPLICAS] = {&r->stage[s]};
 		unsigned nr = c->nreplicas ? c->replicas[s] : 1;
-		if (nr > 1 && !(r->replica[s] = calloc(nr - 1, sizeof(pt_stage))))
+		if (nr > 1 && !(r->replica[s] = calloc(nr - 1, sizeof(mt_stage))))
 			return fail("out of memory");
 		for (unsigned k = 1; k < nr; k++) {
-			pt_stage *q = &r->replica[s][k - 1];
+			mt_stage *q = &r->replica[s][k - 1];
 			*q = r->stage[s];
 			rc = mbp_mlp_stage_new_replica(&q->st, r->stage[s].st);
 			if (rc < 0) {
@@ -662,7 +669,7 @@ static int setup(struct run *r)
 		probe = pl->sched;
 	pl->sched = NULL;
 	r->sh =
-	    (pt_shared){.n = r->n, .layers = L, .classes = classes, .clip = (float)c->clip, .fault_step = -1};
+	    (mt_shared){.n = r->n, .layers = L, .classes = classes, .clip = (float)c->clip, .fault_step = -1};
 	const char *fault = getenv("PIPETRAIN_FAULT");
 	if (fault && *fault)
 		r->sh.fault_step = strtoll(fault, NULL, 10);
@@ -680,7 +687,7 @@ static int setup(struct run *r)
 	    .threads = c->threads,
 	    .pinning = c->pin ? MBP_PIN_PLAN : MBP_PIN_NONE,
 	    .trace_events = c->trace ? 3 * mbs + 8 : 0,
-	    .loss = pt_loss,
+	    .loss = mt_loss,
 	    .loss_arg = &r->sh,
 	};
 	r->to = to;
@@ -807,7 +814,7 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 }
 
 /* The gradient's global norm before clipping, from each layer's squared norm (stages.c), in layer order. */
-static double grad_norm(const pt_shared *sh)
+static double grad_norm(const mt_shared *sh)
 {
 	double sq = 0;
 	for (unsigned l = 0; l < sh->layers; l++)
@@ -854,7 +861,7 @@ static int rebalance_step(struct run *r, uint64_t step)
 	for (unsigned i = 0; i < r->nphases; i++)
 		if (step >= r->phase_step[i])
 			model = r->phase_us[i];
-	pt_costs scaled = r->profile;
+	mt_costs scaled = r->profile;
 	for (unsigned s = 0; s < S; s++) {
 		double per_mb = r->busy_ns[s] / r->window_steps / r->rep.mbs;
 		double ratio = prof.stage_ns[s] > 0 && per_mb > 0 ? per_mb / prof.stage_ns[s] : 1;

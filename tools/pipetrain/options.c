@@ -215,6 +215,7 @@ enum {
 	OPT_RECOMPUTE,
 	OPT_PLAN,
 	OPT_PLAN_ONLY,
+	OPT_PLAN_POINTS,
 	OPT_MEMORY,
 	OPT_SPLIT,
 	OPT_REPLICAS,
@@ -250,6 +251,7 @@ static const struct option long_opts[] = {
     {"recompute", required_argument, NULL, OPT_RECOMPUTE},
     {"plan", required_argument, NULL, OPT_PLAN},
     {"plan-only", no_argument, NULL, OPT_PLAN_ONLY},
+    {"plan-points", required_argument, NULL, OPT_PLAN_POINTS},
     {"memory", required_argument, NULL, OPT_MEMORY},
     {"split", required_argument, NULL, OPT_SPLIT},
     {"replicas", required_argument, NULL, OPT_REPLICAS},
@@ -329,6 +331,9 @@ static void usage(void)
 	    "                        (stashes, recomputation buffers) + parameters, gradients, optimizer "
 	    "state\n"
 	    "  --plan-only           with --plan auto: print the plan (--json: as JSON) and exit\n"
+	    "  --plan-points FILE    with --plan-only --json: predict, from the plan's profile, the plans\n"
+	    "                        of FILE, one a line: SCHEDULE THREADS MB RECOMPUTE SPLIT (none, all\n"
+	    "                        or stages 0,2; the first layers of stages 1.., or -): \"points\"\n"
 	    "  --replicas N,N,...    threads of each stage (one count per stage, 1 to 16): a stage's\n"
 	    "                        replicas run different micro-batches and merge their weight\n"
 	    "                        gradients in micro-batch order: the same weights under every\n"
@@ -457,6 +462,11 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			break;
 		case OPT_PLAN_ONLY:
 			c->plan_only = true;
+			break;
+		case OPT_PLAN_POINTS:
+			if (!*optarg)
+				return fail(err, errlen, "--plan-points: empty file name");
+			c->plan_points = optarg;
 			break;
 		case OPT_MEMORY:
 			if (parse_size(optarg, UINT64_MAX, &c->memory))
@@ -623,6 +633,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 		c->mb = 0; /* chosen by the plan; the default is not checked against --batch */
 	if ((c->memory || c->plan_only) && !c->plan_auto)
 		return fail(err, errlen, "%s needs --plan auto", c->memory ? "--memory" : "--plan-only");
+	if (c->plan_points && !(c->plan_only && c->json))
+		return fail(err, errlen, "--plan-points needs --plan auto --plan-only --json");
 	if (c->mb > c->batch)
 		return fail(err, errlen, "--mb %u is larger than --batch %u", c->mb, c->batch);
 	if (c->mb && (c->batch + c->mb - 1) / c->mb > MBP_TRAIN_MAX_MBS)

@@ -222,7 +222,7 @@ void pt_print_summary(const pt_report *r)
 
 uint64_t pt_measured_peak(const pt_report *r)
 {
-	return r->act_peak_bytes + (r->autoplan ? r->autoplan->state_bytes : 0);
+	return r->autoplan ? mt_auto_peak(r->autoplan, r->act_peak_bytes) : r->act_peak_bytes;
 }
 
 const char *pt_op_name(mbp_op_kind k)
@@ -415,7 +415,7 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddItemToArray(sts, o);
 	}
 	if (r->autoplan) {
-		cJSON *pl = pt_auto_json(r->autoplan), *m = cJSON_AddObjectToObject(root, "measured");
+		cJSON *pl = mt_auto_json(r->autoplan), *m = cJSON_AddObjectToObject(root, "measured");
 		cJSON_AddItemToObject(root, "plan", pl);
 		cJSON_AddNumberToObject(m, "step_ms",
 					r->steps_run ? r->wall_s * 1e3 / (double)r->steps_run : 0);

@@ -20,7 +20,9 @@
 
 #include <mbpipe.h>
 
-#define PT_MAX_LAYERS 64
+#include "tools/shared/mlptrain.h" /* the stages, the loss, the profile, --plan auto */
+
+#define PT_MAX_LAYERS MT_MAX_LAYERS
 
 /* --hand-over: where a stage computes the input gradient of the previous stage's last layer */
 typedef enum { PT_HAND_OVER_AUTO, PT_HAND_OVER_ALL, PT_HAND_OVER_OFF } pt_hand_over;
@@ -57,6 +59,7 @@ typedef struct pt_config {
 	bool json, quiet, demo;
 	int progress;		   /* -1: when standard error is a terminal */
 	bool plan_auto, plan_only; /* --plan auto, --plan-only */
+	const char *plan_points;   /* --plan-points: plans to predict from the plan's profile */
 	uint64_t memory;	   /* --memory: the budget in bytes; 0: none (no limit) */
 	unsigned nsplit;	   /* --split: the first layer of stages 1 .. nsplit (0: not given) */
 	unsigned split[MBP_MAX_STAGES];
@@ -85,50 +88,11 @@ void pt_optim_path(const char *save, char *out, size_t n);
 
 /* ---- the stages (stages.c) ---- */
 
-typedef struct pt_shared {
-	mbp_mlp *n;
-	unsigned layers;
-	uint32_t classes;
-	float clip;
-	double layer_sq[PT_MAX_LAYERS]; /* each layer's squared gradient norm, written by its stage */
-	/* rows classified right in the last step (the last stage's replicas add; main clears it) */
-	_Atomic uint64_t correct;
-	int64_t fault_step; /* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
-	/* PIPETRAIN_SLOW=STEP:LAYER:US (perf/train_rebalance.sh): from step STEP on, every forward of the
-	 * stage that holds LAYER spins US more microseconds: costs that change mid-run, in real time */
-	uint64_t step; /* the step under way (main writes it between steps) */
-	int64_t slow_step;
-	unsigned slow_layer;
-	double slow_ns;
-} pt_shared;
-
-typedef struct pt_stage {
-	mbp_mlp_stage *st;
-	pt_shared *sh;
-	unsigned index, first, last; /* layers [first, last) */
-	char name[32];
-	double sq;     /* the layers' squared gradient norms summed, by the check */
-	bool sq_fresh; /* sq is this step's: the check ran, grad_sq has not yet */
-} pt_stage;
-
-/* Fill a trainer stage descriptor for p. */
-void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d);
-/* Each layer's operation costs in ns at a micro-batch of `rows` (the fastest of 5 runs on this thread,
- * each operation timed alone). b_in is the input-gradient operation (for layer 0 only its activation's
- * gradient: nothing before it needs an input gradient), all of which a hand-over moves to the next
- * stage. */
-typedef struct pt_costs {
-	uint32_t rows;
-	double f[PT_MAX_LAYERS], b_in[PT_MAX_LAYERS], b_w[PT_MAX_LAYERS];
-} pt_costs;
-/* Profile every layer at `rows` rows, the fastest of `reps` runs after one warm-up. Leaves the gradients
- * zero. @return 0 or a negative errno. */
-int pt_profile(mbp_mlp *n, uint32_t rows, unsigned reps, pt_costs *pc);
 /* --schedule auto: the schedule mbp_schedule_build makes for the split (stage s: layers [first[s],
  * first[s + 1]), gives[s]: it hands its last layer's input gradient over) from the profiled F, B_in and
  * B_w summed per stage as pt_predict sums them, on T threads, holding at most what 1F1B holds there.
  * Pair with mbp_schedule_destroy. @return 0 or a negative errno. */
-int pt_auto_schedule(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, uint32_t mbs,
+int pt_auto_schedule(const mt_costs *pc, const unsigned *first, const bool *gives, unsigned S, uint32_t mbs,
 		     unsigned T, mbp_schedule **sc);
 /* Split the L layers into S stages minimising the slowest. OFF: mbp_model_partition over the layer
  * costs. AUTO: the same, unless a split in which stage s may hand its last layer's input gradient over
@@ -141,17 +105,17 @@ int pt_partition(const double *cost, const double *cost_in, const bool *can_give
 /* The step the schedule sc predicts for a split (stage s: layers [first[s], first[s + 1]), gives[s]: it
  * hands its last layer's input gradient over): sc played by mbp_schedule_simulate on T threads with the
  * stages' costs from pc. @return its makespan, INFINITY when it cannot be played. */
-double pt_predict(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, unsigned T,
+double pt_predict(const mt_costs *pc, const unsigned *first, const bool *gives, unsigned S, unsigned T,
 		  const mbp_schedule *sc);
 /* plan->stage_ns (each stage's operations for one micro-batch, from pc), slowest_ns, mean_ns and balance
  * of the split plan->first, gives. */
-void pt_split_figures(const pt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives);
+void pt_split_figures(const mt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives);
 /* Improve a split (plan->first, gives) by the schedule's step: among the splits with one boundary moved
  * by a layer or one hand-over changed (ALL keeps one wherever allowed, OFF none, AUTO chooses), take the
  * one with the shortest predicted step while it is shorter by more than 0.5%. Then plan->stage_ns (each
  * stage's operations for one micro-batch), slowest_ns, mean_ns and balance describe the result.
  * @return its predicted step (pt_predict). */
-double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned S, unsigned T,
+double pt_refine(const mt_costs *pc, const bool *can_give, unsigned L, unsigned S, unsigned T,
 		 pt_hand_over mode, const mbp_schedule *sc, mbp_model_plan *plan, bool *gives);
 
 /* How the run is cut: the micro-batch size, the stages' layers and hand-overs, and what the schedule
@@ -166,7 +130,7 @@ typedef struct pt_plan {
 	double seq_ns;	     /* the same step's operations one after the other on one thread */
 	unsigned threads;    /* the threads the schedule was played on (a chunked one: its own) */
 	mbp_schedule *sched; /* --schedule auto: the schedule built for the split (pt_plan_clear) */
-	pt_costs costs; /* the profile the split was made from (--rebalance: scaled by the measurements) */
+	mt_costs costs; /* the profile the split was made from (--rebalance: scaled by the measurements) */
 	unsigned tried; /* --mb auto: the sizes profiled and the step each predicts */
 	uint32_t tried_mb[PT_MB_CANDIDATES];
 	double tried_ns[PT_MB_CANDIDATES];
@@ -187,35 +151,10 @@ int pt_plan_make(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const b
  * (the file's; the kind placed on c->threads; auto: built for the balanced split, refined against, rebuilt
  * for the result, the shorter kept). Pair with pt_plan_clear. @return 0 or a negative errno (-EINVAL: the
  * schedule cannot place the stages). */
-int pt_plan_costs(const pt_costs *pc, unsigned L, const pt_config *c, unsigned S, unsigned T,
+int pt_plan_costs(const mt_costs *pc, unsigned L, const pt_config *c, unsigned S, unsigned T,
 		  const bool *can_give, const mbp_schedule *file, pt_plan *p);
 /* Destroy p->sched (NULL after). */
 void pt_plan_clear(pt_plan *p);
-/* ---- --plan auto (plan.c) ---- */
-
-/* What --plan auto chose and from what. */
-typedef struct pt_auto {
-	mbp_train_plan plan;
-	uint64_t budget;	  /* --memory (UINT64_MAX: none) */
-	uint64_t need;		  /* the smallest budget a plan fits */
-	uint64_t state_bytes;	  /* the parameters, their gradients and the optimizer's moments */
-	double profile_s;	  /* the profile's wall time */
-	unsigned sizes, measured; /* micro-batch sizes planned, of them measured (the rest scaled) */
-	uint32_t mb[MBP_PLAN_MAX_SIZES];
-} pt_auto;
-
-/* Profile the layers at the powers of two from 16 rows up to the batch (at most about 4 s: sizes the
- * time leaves out are scaled from the largest measured, per row), then mbp_mlp_plan with the budget on
- * 1 .. cpus threads. @return 0, -ENOSPC (a->need says what would fit), or a negative errno. */
-int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a);
-/* The plan's lines (human output). */
-void pt_auto_print(FILE *f, const pt_auto *a);
-/* The plan as a JSON object (cJSON *, untyped here to keep cJSON out of this header). */
-void *pt_auto_json(const pt_auto *a);
-
-/* The trainer's loss: softmax cross-entropy on int32 labels (arg: the pt_shared). */
-int pt_loss(void *arg, const mbp_train_io *io, double *loss);
-
 /* ---- output (output.c) ---- */
 
 typedef struct pt_epoch {
@@ -287,7 +226,7 @@ typedef struct pt_report {
 	const char *blas;
 	const char *blas_warning; /* mbp_blas_warning(): NULL when the kernel fits the CPU */
 	pt_curve *step_loss;	  /* each step's loss, for --plot (NULL without it) */
-	const pt_auto *autoplan;  /* --plan auto: the plan (NULL otherwise) */
+	const mt_auto *autoplan;  /* --plan auto: the plan (NULL otherwise) */
 	uint64_t steps_run;	  /* steps this run took (for the measured mean step) */
 	uint64_t moves;		  /* --rebalance: the moves to a fresh split */
 } pt_report;

@@ -1,24 +1,8 @@
 /*
- * pipetrain stages: the trainer's callbacks (include/mbpipe/train.h) onto the model's stage functions
- * (include/mbpipe/model_train.h), one pt_stage per pipeline stage.
+ * pipetrain's plan of a run by hand (the trainer's stage callbacks, the loss and the layers' profile are
+ * tools/shared/stages.c's).
  *
- * F, B_in, B_w and B map one to one to mbp_train_io's buffers. Where a stage hands its last layer's
- * input gradient over to the next (mbp_mlp_stages_hand_over, chosen by pt_partition), its gradient
- * rows are wider than its output (grad_row_bytes): the layer's dense-output and input gradients. The loss is softmax cross-entropy on int32
- * labels, averaged over the step's rows (batch_rows = io->step_rows), so the micro-batches' gradients add
- * up to the mini-batch's.
- *
- * Clipping by global norm. The trainer adds the stages' grad_sq values in stage order, so with another
- * partition the same gradients give a norm that may differ in its last bits, and so would the clip factor
- * and every later weight. To make a run independent of the stage count, each stage's grad_sq also stores
- * each of its layers' squared norms (mbp_mlp_layer_grad_sqnorm: in double, in an order fixed by the layer
- * alone) in the shared table, and every update adds the table's entries in layer order: the same sum, bit
- * for bit, whatever the stages.
- * The trainer calls every stage's check and grad_sq before any update (the norm it passes is their sum),
- * so the table is complete when the updates read it; the check fills it (a layer's norm is finite exactly
- * when its gradients are), and grad_sq returns what the check just computed.
- *
- * The plan (pt_plan_make). Each layer's F, B_in and B_w are timed at the micro-batch size (pt_profile);
+ * The plan (pt_plan_make). Each layer's F, B_in and B_w are timed at the micro-batch size (mt_profile);
  * pt_partition balances the stages' sums, which is not the shortest step: the fill and the drain of a
  * schedule wait on one stage's forward and another's input gradients, which a hand-over or a boundary
  * moves. So the split is then improved by the step the schedule predicts (mbp_schedule_simulate with the
@@ -36,181 +20,6 @@
 
 #include "pipetrain.h"
 #include "util/clock.h"
-
-static int op_forward(void *ctx, const mbp_train_io *io)
-{
-	pt_stage *p = ctx;
-	const pt_shared *sh = p->sh;
-	if (sh->slow_ns > 0 && sh->step >= (uint64_t)sh->slow_step && sh->slow_layer >= p->first &&
-	    sh->slow_layer < p->last) { /* PIPETRAIN_SLOW: the layer made dearer, in real time */
-		uint64_t until = mbt_now_ns() + (uint64_t)sh->slow_ns;
-		while (mbt_now_ns() < until)
-			;
-	}
-	return mbp_mlp_stage_forward(p->st, io->in, io->out, io->rows, io->stash);
-}
-
-static int op_recompute(void *ctx, const mbp_train_io *io)
-{
-	pt_stage *p = ctx;
-	return mbp_mlp_stage_recompute(p->st, io->stash, io->in, io->work, io->rows);
-}
-
-static int op_backward(void *ctx, const mbp_train_io *io)
-{
-	pt_stage *p = ctx;
-	return mbp_mlp_stage_backward_r(p->st, io->stash, io->work, io->in, io->dout, io->din, io->rows);
-}
-
-static int op_backward_in(void *ctx, const mbp_train_io *io)
-{
-	pt_stage *p = ctx;
-	return mbp_mlp_stage_backward_in_r(p->st, io->stash, io->work, io->in, io->dout, io->din, io->rows);
-}
-
-static int op_backward_w(void *ctx, const mbp_train_io *io)
-{
-	pt_stage *p = ctx;
-	return mbp_mlp_stage_backward_w_r(p->st, io->stash, io->work, io->in, io->rows);
-}
-
-/* The stage's layers' squared gradient norms into the shared table, one pass over its gradients; their
- * sum. */
-static double layers_sq(pt_stage *p)
-{
-	double total = 0;
-	for (unsigned l = p->first; l < p->last; l++) {
-		mbp_mlp_layer_grad_sqnorm(p->sh->n, l, &p->sh->layer_sq[l]);
-		total += p->sh->layer_sq[l];
-	}
-	return total;
-}
-
-/* The update's refusals before any stage updates (train.h): a non-finite gradient, which the squared
- * norms show (finite exactly when every gradient is, mbp_mlp_layer_grad_sqnorm), so the check computes
- * them and grad_sq, which the trainer calls next on this thread, returns them: one pass for both. The clip
- * factor is finite once every grad_sq was (the trainer fails the step otherwise). */
-static int op_check(void *ctx)
-{
-	pt_stage *p = ctx;
-	p->sq = layers_sq(p);
-	p->sq_fresh = true;
-	return isfinite(p->sq) ? 0 : -EDOM;
-}
-
-static double op_grad_sq(void *ctx)
-{
-	pt_stage *p = ctx;
-	double sq = p->sq_fresh ? p->sq : layers_sq(p);
-	p->sq_fresh = false;
-	return sq;
-}
-
-static int op_update(void *ctx, const mbp_train_update *u)
-{
-	(void)u;
-	pt_stage *p = ctx;
-	double sq = 0;
-	for (unsigned l = 0; l < p->sh->layers; l++)
-		sq += p->sh->layer_sq[l];
-	float scale = mbp_clip_scale(sq, p->sh->clip);
-	int rc = mbp_mlp_stage_update(p->st, scale); /* 0 after op_check: the trainer reports otherwise */
-	mbp_mlp_stage_zero_grad(p->st);
-	return rc;
-}
-
-static void op_discard(void *ctx)
-{
-	pt_stage *p = ctx;
-	mbp_mlp_stage_zero_grad(p->st);
-}
-
-void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d)
-{
-	snprintf(p->name, sizeof p->name, "layers %u-%u", p->first, p->last - 1);
-	*d = (mbp_train_stage_desc){
-	    .name = p->name,
-	    .ctx = p,
-	    .out_row_bytes = mbp_mlp_stage_out_width(p->st) * sizeof(float),
-	    .grad_row_bytes = mbp_mlp_stage_dout_floats(p->st) * sizeof(float),
-	    .stash_row_bytes = mbp_mlp_stage_stash_floats(p->st) * sizeof(float),
-	    .work_row_bytes = mbp_mlp_stage_work_floats(p->st) * sizeof(float),
-	    .recompute = op_recompute,
-	    .forward = op_forward,
-	    .backward = op_backward,
-	    .backward_in = op_backward_in,
-	    .backward_w = op_backward_w,
-	    .grad_sq = op_grad_sq,
-	    .check = op_check,
-	    .update = op_update,
-	    .discard = op_discard,
-	};
-}
-
-int pt_loss(void *arg, const mbp_train_io *io, double *loss)
-{
-	pt_shared *sh = arg;
-	float *logits = io->out;
-	if (sh->fault_step >= 0 && io->step == (uint64_t)sh->fault_step && io->mb == 0)
-		logits[0] = NAN; /* PIPETRAIN_FAULT: what a diverging model would give */
-	uint32_t correct = 0;
-	int rc = mbp_loss_xent(logits, io->targets, io->rows, sh->classes, io->step_rows, io->dout, loss,
-			       &correct);
-	/* relaxed: a count, read by main after the step (whose end orders it) */
-	atomic_fetch_add_explicit(&sh->correct, correct, memory_order_relaxed);
-	return rc;
-}
-
-int pt_profile(mbp_mlp *n, uint32_t rows, unsigned reps, pt_costs *pc)
-{
-	unsigned L = mbp_mlp_layers(n);
-	pc->rows = rows;
-	for (unsigned i = 0; i < L; i++) {
-		mbp_mlp_stage *st;
-		int rc = mbp_mlp_stage_new(&st, n, i, i + 1, rows);
-		if (rc < 0)
-			return rc;
-		size_t in = mbp_mlp_stage_in_width(st), out = mbp_mlp_stage_out_width(st);
-		float *x = calloc(rows * in, sizeof(float)), *y = calloc(rows * out, sizeof(float)),
-		      *dy = calloc(rows * out, sizeof(float)), *dx = calloc(rows * in, sizeof(float)),
-		      *stash = calloc(rows * mbp_mlp_stage_stash_floats(st) + 1, sizeof(float));
-		rc = x && y && dy && dx && stash ? 0 : -ENOMEM;
-		for (size_t k = 0; !rc && k < rows * in; k++)
-			x[k] = (float)(k % 7) * 0.1f;
-		for (size_t k = 0; !rc && k < rows * out; k++)
-			dy[k] = (float)(k % 5) * 0.01f;
-		/* The best of reps after one warm-up, each operation alone: what the trainer's operations
-		 * of this layer cost. Layer 0 computes no input gradient (nothing before it needs one), as
-		 * at stage 0. */
-		double best[3] = {1e300, 1e300, 1e300};
-		for (unsigned r = 0; !rc && r <= reps; r++) {
-			double t[4];
-			t[0] = (double)mbt_now_ns();
-			rc = mbp_mlp_stage_forward(st, x, y, rows, stash);
-			t[1] = (double)mbt_now_ns();
-			rc = rc ? rc : mbp_mlp_stage_backward_in(st, stash, x, dy, i ? dx : NULL, rows);
-			t[2] = (double)mbt_now_ns();
-			rc = rc ? rc : mbp_mlp_stage_backward_w(st, stash, x, rows);
-			t[3] = (double)mbt_now_ns();
-			for (unsigned k = 0; r && k < 3; k++)
-				if (t[k + 1] - t[k] < best[k])
-					best[k] = t[k + 1] - t[k];
-		}
-		pc->f[i] = best[0];
-		pc->b_in[i] = best[1];
-		pc->b_w[i] = best[2];
-		mbp_mlp_stage_zero_grad(st);
-		mbp_mlp_stage_destroy(st);
-		free(x);
-		free(y);
-		free(dy);
-		free(dx);
-		free(stash);
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
-}
 
 /* Stage cost over layers [a, b): the layers' costs, plus the input gradient of layer a - 1 when it
  * takes it (hin), less that of layer b - 1 when it gives it (hout). */
@@ -288,7 +97,7 @@ int pt_partition(const double *cost, const double *cost_in, const bool *can_give
 
 /* Stage s's operation costs under a split (first[], gives[]): its layers' F, B_in and B_w, the input
  * gradient it takes over from stage s - 1 added to its B_in, the one it gives to stage s + 1 taken out. */
-static mbp_op_costs stage_costs(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S,
+static mbp_op_costs stage_costs(const mt_costs *pc, const unsigned *first, const bool *gives, unsigned S,
 				unsigned s)
 {
 	mbp_op_costs c = {0, 0, 0};
@@ -304,7 +113,7 @@ static mbp_op_costs stage_costs(const pt_costs *pc, const unsigned *first, const
 	return c;
 }
 
-int pt_auto_schedule(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, uint32_t mbs,
+int pt_auto_schedule(const mt_costs *pc, const unsigned *first, const bool *gives, unsigned S, uint32_t mbs,
 		     unsigned T, mbp_schedule **sc)
 {
 	mbp_op_costs c[MBP_MAX_STAGES];
@@ -327,7 +136,7 @@ int pt_auto_schedule(const pt_costs *pc, const unsigned *first, const bool *give
 	return mbp_schedule_build(sc, &b);
 }
 
-double pt_predict(const pt_costs *pc, const unsigned *first, const bool *gives, unsigned S, unsigned T,
+double pt_predict(const mt_costs *pc, const unsigned *first, const bool *gives, unsigned S, unsigned T,
 		  const mbp_schedule *sc)
 {
 	mbp_op_costs c[MBP_MAX_STAGES] = {{0, 0, 0}};
@@ -344,7 +153,7 @@ static bool may_give(const bool *can_give, unsigned b, pt_hand_over mode)
 	return mode != PT_HAND_OVER_OFF && b >= 2 && can_give[b - 1];
 }
 
-double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned S, unsigned T,
+double pt_refine(const mt_costs *pc, const bool *can_give, unsigned L, unsigned S, unsigned T,
 		 pt_hand_over mode, const mbp_schedule *sc, mbp_model_plan *plan, bool *gives)
 {
 	double best = pt_predict(pc, plan->first, gives, S, T, sc);
@@ -383,7 +192,7 @@ double pt_refine(const pt_costs *pc, const bool *can_give, unsigned L, unsigned 
 	return best;
 }
 
-void pt_split_figures(const pt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives)
+void pt_split_figures(const mt_costs *pc, unsigned S, mbp_model_plan *plan, const bool *gives)
 {
 	double sum = 0;
 	plan->slowest_ns = 0;
@@ -403,14 +212,14 @@ static int plan_at(mbp_mlp *n, const pt_config *c, unsigned S, unsigned T, const
 		   const mbp_schedule *file, pt_plan *p)
 {
 	p->sched = NULL;
-	int rc = pt_profile(n, mb, 5, &p->costs);
+	int rc = mt_profile(n, mb, 5, &p->costs);
 	return rc < 0 ? rc : pt_plan_costs(&p->costs, mbp_mlp_layers(n), c, S, T, can_give, file, p);
 }
 
-int pt_plan_costs(const pt_costs *costs, unsigned L, const pt_config *c, unsigned S, unsigned T,
+int pt_plan_costs(const mt_costs *costs, unsigned L, const pt_config *c, unsigned S, unsigned T,
 		  const bool *can_give, const mbp_schedule *file, pt_plan *p)
 {
-	const pt_costs pc = *costs; /* costs may be p->costs */
+	const mt_costs pc = *costs; /* costs may be p->costs */
 	uint32_t mb = pc.rows;
 	int rc = 0;
 	p->sched = NULL;

@@ -1,13 +1,14 @@
 /*
- * pipetrain --plan auto: the profile the planner needs (each layer's F, B_in and B_w at the powers of two
- * from 16 rows up to the batch, its activation bytes per row), mbp_mlp_plan with the --memory budget, and
- * the plan's lines and JSON.
+ * The planner run of pipetrain --plan auto and pipebench --workload=train --plan=auto: the profile the
+ * planner needs (each layer's F, B_in and B_w at the powers of two from 16 rows up to the batch, its
+ * activation bytes per row), mbp_mlp_plan with the --memory budget, and the plan's lines, its JSON and
+ * the refusal of a budget no plan fits.
  *
  * The profile takes at most about PROFILE_BUDGET_S: the sizes are timed from the smallest up, each as
  * the best of several runs while the time allows (one after a warm-up at the largest), and a size whose
  * estimate (twice the previous size's) would pass the budget is not timed: its costs are the largest
  * timed size's scaled by the rows (a product's speed per row is about flat from a few hundred rows on).
- * The lines say how many sizes were timed. Each F and B of a stage is counted PT_OP_NS more than its
+ * The lines say how many sizes were timed. Each F and B of a stage is counted MT_OP_NS more than its
  * layers' sum: the trainer's own work per operation.
  *
  * Memory, as the plan counts it: the activations (each stage's stashes and recomputation buffers, which
@@ -21,27 +22,44 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipetrain.h"
+#include "tools/shared/mlptrain.h"
 #include "util/clock.h"
+#include "util/number.h"
 
 #define PROFILE_BUDGET_S 4.0
 /* What the trainer adds to a stage's F and B of a micro-batch (the hand-on to the next stage, a wake-up):
  * perf/results/train.md's measured steps exceed the simulated ones by 1 to 6 us per operation (its bubble
  * against the prediction); the upper end, so that tiny operations are not taken for free. */
-#define PT_OP_NS 5000.0
+#define MT_OP_NS 5000.0
 
 static double mib(uint64_t b)
 {
 	return (double)b / (1 << 20);
 }
 
-int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a)
+/* The profile a planned from (its arrays a's). */
+static mbp_plan_profile profile_of(const mt_auto *a)
+{
+	return (mbp_plan_profile){.layers = a->layers,
+				  .sizes = a->sizes,
+				  .mb = a->mb,
+				  .cost = a->cost,
+				  .keep_bytes = a->keep,
+				  .out_bytes = a->out,
+				  .state_bytes = a->state_bytes,
+				  .batch = a->batch,
+				  .op_ns = MT_OP_NS};
+}
+
+int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, unsigned cpus, mt_auto *a)
 {
 	unsigned L = mbp_mlp_layers(n);
 	memset(a, 0, sizeof *a);
-	a->budget = c->memory ? c->memory : UINT64_MAX;
-	static mbp_op_costs cost[MBP_PLAN_MAX_SIZES * PT_MAX_LAYERS];
-	uint64_t keep[PT_MAX_LAYERS], out[PT_MAX_LAYERS], params = 0;
+	a->budget = memory ? memory : UINT64_MAX;
+	mbp_op_costs *cost = a->cost;
+	uint64_t *keep = a->keep, *out = a->out, params = 0;
+	a->layers = L;
+	a->batch = batch;
 	for (unsigned i = 0; i < L; i++) {
 		mbp_mlp_stage *st;
 		int rc = mbp_mlp_stage_new(&st, n, i, i + 1, 1);
@@ -59,14 +77,13 @@ int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a)
 	unsigned moments = oo.kind == MBP_OPTIM_ADAMW ? 2 : oo.momentum > 0 ? 1 : 0;
 	a->state_bytes = params * (2 + moments); /* parameters, gradients, moments */
 
-	for (uint32_t mb = c->batch < 16 ? c->batch : 16; mb <= c->batch && a->sizes < MBP_PLAN_MAX_SIZES;
-	     mb *= 2) {
-		if ((c->batch + mb - 1) / mb > MBP_TRAIN_MAX_MBS)
+	for (uint32_t mb = batch < 16 ? batch : 16; mb <= batch && a->sizes < MBP_PLAN_MAX_SIZES; mb *= 2) {
+		if ((batch + mb - 1) / mb > MBP_TRAIN_MAX_MBS)
 			continue;
 		a->mb[a->sizes++] = mb;
 	}
 	double t0 = mbt_now_s(), last = 0; /* the last timed size's one pass over every layer, s */
-	pt_costs *pc = malloc(sizeof *pc);
+	mt_costs *pc = malloc(sizeof *pc);
 	if (!pc)
 		return -ENOMEM;
 	for (unsigned k = 0; k < a->sizes; k++) {
@@ -83,7 +100,7 @@ int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a)
 		/* reps: as many as fit a share of what is left, from 1 to 5 */
 		double est = k ? 2 * last : 0;
 		unsigned reps = est > 0 ? (unsigned)fmin(5, fmax(1, left / (a->sizes - k) / est - 1)) : 5;
-		int rc = pt_profile(n, a->mb[k], reps, pc);
+		int rc = mt_profile(n, a->mb[k], reps, pc);
 		if (rc < 0) {
 			free(pc);
 			return rc;
@@ -97,17 +114,15 @@ int pt_auto_plan(mbp_mlp *n, const pt_config *c, unsigned cpus, pt_auto *a)
 	}
 	free(pc);
 	a->profile_s = mbt_now_s() - t0;
-	mbp_plan_profile p = {.layers = L,
-			      .sizes = a->sizes,
-			      .mb = a->mb,
-			      .cost = cost,
-			      .keep_bytes = keep,
-			      .out_bytes = out,
-			      .state_bytes = a->state_bytes,
-			      .batch = c->batch,
-			      .op_ns = PT_OP_NS};
-	unsigned T = c->threads && c->threads < cpus ? c->threads : cpus;
+	mbp_plan_profile p = profile_of(a);
+	unsigned T = threads && threads < cpus ? threads : cpus;
 	return mbp_mlp_plan(&p, a->budget, T, &a->plan, &a->need);
+}
+
+int mt_auto_predict(const mt_auto *a, mbp_train_plan *pl)
+{
+	mbp_plan_profile p = profile_of(a);
+	return mbp_mlp_plan_predict(&p, pl);
 }
 
 /* "0-2 3* 4-5": each stage's layers, '*' where it recomputes. */
@@ -125,7 +140,7 @@ static void stages_str(const mbp_train_plan *p, char *buf, size_t n)
 	}
 }
 
-void pt_auto_print(FILE *f, const pt_auto *a)
+void mt_auto_print(FILE *f, const mt_auto *a)
 {
 	const mbp_train_plan *p = &a->plan;
 	char st[512], budget[64];
@@ -153,7 +168,7 @@ void pt_auto_print(FILE *f, const pt_auto *a)
 	fflush(f);
 }
 
-void *pt_auto_json(const pt_auto *a)
+void *mt_auto_json(const mt_auto *a)
 {
 	const mbp_train_plan *p = &a->plan;
 	cJSON *o = cJSON_CreateObject();
@@ -191,4 +206,110 @@ void *pt_auto_json(const pt_auto *a)
 		cJSON_AddItemToArray(sz, cJSON_CreateNumber(a->mb[k]));
 	cJSON_AddNumberToObject(o, "sizes_timed", a->measured);
 	return o;
+}
+
+void mt_auto_refusal(const mt_auto *a, char *buf, size_t n)
+{
+	snprintf(
+	    buf, n,
+	    "--memory %.2f MiB: no plan fits (activations and parameter state); the smallest budget that "
+	    "fits is %llu MiB",
+	    mib(a->budget), (unsigned long long)((a->need + (1u << 20) - 1) >> 20));
+}
+
+uint64_t mt_auto_peak(const mt_auto *a, uint64_t act_peak_bytes)
+{
+	return act_peak_bytes + a->state_bytes;
+}
+
+/* "0,2" into the bits of a set of numbers below lim (each once at most). @return 0 or -1. */
+static int parse_set(const char *s, unsigned lim, uint64_t *bits)
+{
+	*bits = 0;
+	for (const char *p = s;; p++) {
+		size_t len = strcspn(p, ",");
+		uint64_t v;
+		if (parse_u64_span(p, len, lim ? lim - 1 : 0, &v) || !lim || (*bits >> v & 1))
+			return -1;
+		*bits |= 1ull << v;
+		p += len;
+		if (!*p)
+			return 0;
+	}
+}
+
+void *mt_auto_points_json(const mt_auto *a, FILE *f, char *err, size_t n)
+{
+	cJSON *arr = cJSON_CreateArray();
+	char line[1024];
+	unsigned no = 0;
+	while (arr && fgets(line, sizeof line, f)) {
+		no++;
+		char kind[32], rcs[512], split[512];
+		unsigned T, mb;
+		char *hash = strchr(line, '#');
+		if (hash)
+			*hash = 0;
+		if (strspn(line, " \t\r\n") == strlen(line))
+			continue;
+		mbp_train_plan pl = {0};
+		uint64_t set = 0, cuts = 0;
+		int got = sscanf(line, "%31s %u %u %511s %511s", kind, &T, &mb, rcs, split);
+		bool ok = got == 5 && mbp_sched_parse(kind, &pl.schedule) == 0 && T >= 1 &&
+			  T <= MBP_MAX_STAGES && mb >= 1;
+		if (ok) {
+			pl.threads = T;
+			pl.mb = mb;
+			bool ch = pl.schedule == MBP_SCHED_INTERLEAVED ||
+				  pl.schedule == MBP_SCHED_LOOPED_BFS || pl.schedule == MBP_SCHED_ZBV ||
+				  pl.schedule == MBP_SCHED_DUALPIPEV;
+			pl.stages = ch ? 2 * T : T;
+			ok = pl.stages <= MBP_MAX_STAGES;
+			ok = ok && (!strcmp(rcs, "none") || !strcmp(rcs, "all") || !parse_set(rcs, pl.stages, &set));
+			pl.recompute =
+			    !strcmp(rcs, "all") ? (pl.stages < 64 ? (1ull << pl.stages) - 1 : ~0ull) : set;
+			/* the split: the first layer of stages 1 .. S-1, increasing ("-": one stage) */
+			ok =
+			    ok && (strcmp(split, "-") ? !parse_set(split, a->layers, &cuts) : pl.stages == 1);
+			ok = ok && (unsigned)__builtin_popcountll(cuts) == pl.stages - 1 && !(cuts & 1);
+		}
+		if (!ok) {
+			snprintf(err, n,
+				 "line %u: not SCHEDULE THREADS MB RECOMPUTE SPLIT (RECOMPUTE: none, all or "
+				 "stages 0,2; SPLIT: the first layers of stages 1 .. S-1, 2,4, or - for one "
+				 "stage)",
+				 no);
+			cJSON_Delete(arr);
+			return NULL;
+		}
+		unsigned s = 1;
+		for (unsigned l = 1; l < a->layers; l++)
+			if (cuts >> l & 1)
+				pl.first[s++] = l;
+		pl.first[pl.stages] = a->layers;
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddNumberToObject(o, "line", no);
+		cJSON_AddStringToObject(o, "schedule", mbp_sched_name(pl.schedule));
+		cJSON_AddNumberToObject(o, "threads", pl.threads);
+		cJSON_AddNumberToObject(o, "stages", pl.stages);
+		cJSON_AddNumberToObject(o, "mb", pl.mb);
+		cJSON *rc = cJSON_AddArrayToObject(o, "recompute");
+		cJSON *sp = cJSON_AddArrayToObject(o, "split");
+		for (unsigned k = 0; k < pl.stages; k++) {
+			cJSON_AddItemToArray(rc, cJSON_CreateBool(pl.recompute >> k & 1));
+			if (k)
+				cJSON_AddItemToArray(sp, cJSON_CreateNumber(pl.first[k]));
+		}
+		if (mt_auto_predict(a, &pl) == 0) {
+			cJSON_AddNumberToObject(o, "predicted_step_ms", pl.step_ns * 1e-6);
+			cJSON_AddNumberToObject(o, "predicted_bubble", pl.bubble);
+			cJSON_AddNumberToObject(o, "predicted_peak_bytes", (double)pl.peak_bytes);
+			cJSON_AddNumberToObject(o, "predicted_activation_bytes", (double)pl.act_bytes);
+			cJSON_AddBoolToObject(o, "fits", pl.peak_bytes <= a->budget);
+		} else { /* a point the planner cannot weigh: an unprofiled size, a placement its kind refuses */
+			cJSON_AddNullToObject(o, "predicted_step_ms");
+		}
+		cJSON_AddItemToArray(arr, o);
+	}
+	return arr;
 }
