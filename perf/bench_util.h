@@ -111,8 +111,9 @@ static inline uint64_t bench_opt_u64(const char *opt, const char *s, uint64_t lo
 	uint64_t v;
 	if (parse_u64(s, lo, hi, &v) == 0)
 		return v;
-	fprintf(stderr, "%s: %s: '%s' is not a whole number from %llu to %llu\n", program_invocation_short_name,
-		opt, s ? s : "", (unsigned long long)lo, (unsigned long long)hi);
+	fprintf(stderr, "%s: %s: '%s' is not a whole number from %llu to %llu\n",
+		program_invocation_short_name, opt, s ? s : "", (unsigned long long)lo,
+		(unsigned long long)hi);
 	exit(2);
 }
 

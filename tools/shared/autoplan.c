@@ -265,7 +265,8 @@ void *mt_auto_points_json(const mt_auto *a, FILE *f, char *err, size_t n)
 				  pl.schedule == MBP_SCHED_DUALPIPEV;
 			pl.stages = ch ? 2 * T : T;
 			ok = pl.stages <= MBP_MAX_STAGES;
-			ok = ok && (!strcmp(rcs, "none") || !strcmp(rcs, "all") || !parse_set(rcs, pl.stages, &set));
+			ok = ok && (!strcmp(rcs, "none") || !strcmp(rcs, "all") ||
+				    !parse_set(rcs, pl.stages, &set));
 			pl.recompute =
 			    !strcmp(rcs, "all") ? (pl.stages < 64 ? (1ull << pl.stages) - 1 : ~0ull) : set;
 			/* the split: the first layer of stages 1 .. S-1, increasing ("-": one stage) */
