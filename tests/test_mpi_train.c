@@ -143,6 +143,8 @@ static int gated_forward(void *ctx, const mbp_train_io *io)
 	return toy_forward(ctx, io);
 }
 
+static bool cancel_before_start; /* part_start: rank 0 cancels between its stages and the start */
+
 static int part_start(struct part *p, mbp_train_opts o)
 {
 	mbp_sched_kind kind = o.schedule;
@@ -164,6 +166,8 @@ static int part_start(struct part *p, mbp_train_opts o)
 		if (rc)
 			return rc;
 	}
+	if (cancel_before_start && rank == 0)
+		ck_assert_int_eq(mbp_mpi_trainer_cancel(p->t), 0);
 	return mbp_mpi_trainer_start(p->t);
 }
 
@@ -568,6 +572,27 @@ START_TEST(cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update)
 }
 END_TEST
 
+/* A cancel that rank 0 makes before the start, when no rank could be told yet, reaches every rank once the
+ * run starts: rank 0's steps are refused, every other rank's serve returns -ECANCELED (not waiting on). */
+START_TEST(cancel_before_the_start_reaches_every_rank_once_started)
+{
+	struct part p;
+	cancel_before_start = true;
+	int rc = part_new(&p, MBP_SCHED_1F1B, 0);
+	cancel_before_start = false;
+	ck_assert_int_eq(rc, 0);
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	if (rank == 0)
+		ck_assert_int_eq(step(&p, in, tg, NULL), -ESHUTDOWN);
+	else
+		ck_assert_int_eq(mbp_mpi_trainer_serve(p.t), -ECANCELED);
+	for (unsigned i = 0; i < SPR; i++)
+		ck_assert_uint_eq(p.st[i].updates, 0);
+	part_destroy(&p);
+}
+END_TEST
+
 START_TEST(drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank)
 {
 	struct part p;
@@ -916,6 +941,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, an_update_that_breaks_its_contract_fails_every_later_step_on_every_rank);
 	tcase_add_test(tc, no_rank_allocates_a_buffer_after_the_first_step);
 	tcase_add_test(tc, cancel_from_rank_0_mid_step_fails_it_on_every_rank_with_no_update);
+	tcase_add_test(tc, cancel_before_the_start_reaches_every_rank_once_started);
 	tcase_add_test(tc, drain_from_rank_0_mid_step_lets_it_finish_and_ends_the_run_on_every_rank);
 	tcase_add_test(tc, a_step_too_large_for_max_mbs_is_refused_on_rank_0_and_the_next_step_runs);
 	tcase_add_test(tc, a_rank_that_cannot_start_its_step_fails_it_everywhere_and_the_next_step_runs);

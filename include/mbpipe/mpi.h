@@ -247,7 +247,8 @@ int mbp_mpi_stats_get(mbp_mpi *mp, mbp_mpi_stats *st);
  * own); one thread a rank under ZB-V on R ranks holds chunks r and 2R-1-r. A start that cannot give each rank
  * whole threads is refused on every rank alike. A rank adds its stages in global order with
  * mbp_mpi_trainer_add_stage() and runs them on its own threads; every rank follows the schedule of the whole
- * pipeline. A hop between two stages of one rank is a ring, as in one process; a hop to another rank goes
+ * pipeline. A hop between two stages of one rank is what it is in one process (a ring between two of its
+ * threads, a direct pass between two chunks of one thread); a hop to another rank goes
  * over the link between the two ranks (one each way between every two ranks that a hop joins, carrying every
  * stage's activations and gradients between them, each item's header naming the stage it goes to). The links
  * are like the forward pipeline's (pre-posted windows of receives into pool buffers, credits, no copy between
@@ -336,7 +337,8 @@ int mbp_mpi_trainer_step(mbp_mpi_trainer *t, const void *in, const void *targets
 int mbp_mpi_trainer_serve(mbp_mpi_trainer *t);
 
 /** Rank 0: cancel (mbp_trainer_cancel on every rank): the step under way fails with -ECANCELED on every
- * rank, later steps with -ESHUTDOWN. Any thread. @return 0, -EPERM (not rank 0), -EINVAL. */
+ * rank, later steps with -ESHUTDOWN; a cancel before the start reaches every rank once the run starts.
+ * Any thread. @return 0, -EPERM (not rank 0), -EINVAL. */
 int mbp_mpi_trainer_cancel(mbp_mpi_trainer *t);
 
 /** Rank 0: the step under way finishes; later steps fail with -ESHUTDOWN. Any thread. @return 0, -EPERM. */

@@ -350,7 +350,11 @@ int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *c
 		r->err = rc;
 		return rc;
 	}
+	pthread_mutex_lock(&r->lock);
 	r->state = MBP__RUN_RUNNING;
+	if (r->cancelled) /* rank 0 cancelled before the start, when the channel had no rank to tell */
+		mbp__ctl_post(r, -1, MBP__CTL_CANCEL);
+	pthread_mutex_unlock(&r->lock);
 	r->ticket = mbp__mpi_post(loop_task, r);
 	return 0;
 }
@@ -376,11 +380,10 @@ int mbp__run_ended_rc(const struct mbp__run *r)
 
 bool mbp__run_cancel(struct mbp__run *r)
 {
-	if (r->cancelled)
-		return false;
+	bool first = !r->cancelled;
 	r->cancelled = true;
-	mbp__ctl_post(r, -1, MBP__CTL_CANCEL);
-	return true;
+	mbp__ctl_post(r, -1, MBP__CTL_CANCEL); /* on every call, as a repeat is harmless */
+	return first;
 }
 
 void mbp__run_stop(struct mbp__run *r)

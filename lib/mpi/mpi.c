@@ -314,6 +314,8 @@ static int alloc_run(mbp_mpi *mp)
 static int op_start(struct mbp__run *r, const uint64_t *all)
 {
 	mbp_mpi *mp = of(r);
+	/* set here, past the start's -EALREADY, so that a second start writes nothing a submit reads */
+	mp->max_rows = mp->lo.max_mb_rows;
 	mp->final_rb = all[(size_t)(r->size - 1) * MBP__HS_SAME + MBP__HS_OUT];
 	int rc = mbp__pipeline_node_share(mp->p, r->node_k, r->node_m);
 	if (rc == 0)
@@ -325,13 +327,12 @@ int mbp_mpi_start(mbp_mpi *mp)
 {
 	if (!mp)
 		return -EINVAL;
-	mp->max_rows = mp->lo.max_mb_rows; /* filled in at new */
+	uint32_t rows = mp->lo.max_mb_rows; /* filled in at new (mp->max_rows: at op_start) */
 	uint64_t mine[MBP__HS_SAME] = {
 	    [MBP__HS_IN] = mp->r.in_rb,
 	    [MBP__HS_OUT] = mp->r.out_rb,
-	    [MBP__HS_BYTES] =
-		mbp__mul_sat(mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb, mp->max_rows),
-	    [MBP__HS_ROWS] = mp->max_rows};
+	    [MBP__HS_BYTES] = mbp__mul_sat(mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb, rows),
+	    [MBP__HS_ROWS] = rows};
 	return mbp__run_start(&mp->r, mine, MBP__HS_SAME, NULL, "micro-batches");
 }
 

@@ -260,7 +260,8 @@ int mbp__run_check(struct mbp__run *r, int who, bool started);
 /* Lock held, the run over: how it ended for a rank that waited for its end: its error, -ECANCELED (rank 0
  * cancelled it), or 0. */
 int mbp__run_ended_rc(const struct mbp__run *r);
-/* Lock held, rank 0: the run is cancelled, CANCEL goes to every rank; false: it was already. */
+/* Lock held, rank 0: the run is cancelled, CANCEL goes to every rank (on every call); false: it was
+ * cancelled already. */
 bool mbp__run_cancel(struct mbp__run *r);
 /* Lock held: end the run (mbp__run_end) and wait until the loop has; then (unlocked) for its task. */
 void mbp__run_stop(struct mbp__run *r);
