@@ -242,6 +242,7 @@ static void run_free(struct run *r)
 		free(r->replica[s]);
 	}
 	mbp_mlp_destroy(r->n);
+	free(r->sh.piece_sq);
 	mbp_dataset_free(&r->train);
 	mbp_dataset_free(&r->test);
 	free(r->tr);
@@ -663,6 +664,10 @@ static int setup(struct run *r)
 	pl->sched = NULL;
 	r->sh =
 	    (pt_shared){.n = r->n, .layers = L, .classes = classes, .clip = (float)c->clip, .fault_step = -1};
+	if (pt_shared_pieces(&r->sh) < 0) {
+		mbp_schedule_destroy(probe);
+		return fail("out of memory");
+	}
 	const char *fault = getenv("PIPETRAIN_FAULT");
 	if (fault && *fault)
 		r->sh.fault_step = strtoll(fault, NULL, 10);

@@ -90,7 +90,11 @@ typedef struct pt_shared {
 	unsigned layers;
 	uint32_t classes;
 	float clip;
-	double layer_sq[PT_MAX_LAYERS]; /* each layer's squared gradient norm, written by its stage */
+	double layer_sq[PT_MAX_LAYERS]; /* each layer's squared gradient norm, after each update */
+	/* each piece's squared norm (mbp_mlp_stage_pieces), written by the check of the stage (or
+	 * replica) that holds it; layer l's pieces at [piece0[l], piece0[l + 1]) */
+	double *piece_sq;
+	size_t piece0[PT_MAX_LAYERS + 1];
 	/* rows classified right in the last step (the last stage's replicas add; main clears it) */
 	_Atomic uint64_t correct;
 	int64_t fault_step; /* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
@@ -107,12 +111,12 @@ typedef struct pt_stage {
 	pt_shared *sh;
 	unsigned index, first, last; /* layers [first, last) */
 	char name[32];
-	double sq;     /* the layers' squared gradient norms summed, by the check */
-	bool sq_fresh; /* sq is this step's: the check ran, grad_sq has not yet */
 } pt_stage;
 
 /* Fill a trainer stage descriptor for p. */
 void pt_stage_desc(pt_stage *p, mbp_train_stage_desc *d);
+/* The table of pieces' norms of sh->n (sh->piece_sq, sh->piece0). @return 0, -ENOMEM. */
+int pt_shared_pieces(pt_shared *sh);
 /* Each layer's operation costs in ns at a micro-batch of `rows` (the fastest of 5 runs on this thread,
  * each operation timed alone). b_in is the input-gradient operation (for layer 0 only its activation's
  * gradient: nothing before it needs an input gradient), all of which a hand-over moves to the next
