@@ -150,7 +150,7 @@ struct mbp_trainer {
 	struct mbp__crew_barrier b1, b2;
 	bool step_ok;	       /* decided by the last thread at the first barrier: update (true) or discard */
 	int prepare_err;       /* tests: the next step's schedule "fails" with this (controller only) */
-	_Atomic uint32_t done; /* generation word: bumped by thread 0 past the second barrier */
+	_Atomic uint32_t done; /* generation word: bumped by the last thread to reach the second barrier */
 
 	pthread_mutex_t lock; /* the first error of a step; the summary figures */
 	mbp_train_error err;
@@ -691,8 +691,10 @@ static void decide(void *arg)
 	    .step = t->step_no, .rows = t->rows, .loss = t->step_loss, .grad_norm = t->step_norm};
 }
 
-/* Every thread is past its updates: a stage of pieces ends its update once (its step count). */
-static void update_end(void *arg)
+/* Every thread is past its updates (the last to reach the second barrier runs this): a stage of pieces
+ * ends its update once (its step count), and the controller is told at once, not after this thread's
+ * wake of the others and one of theirs. */
+static void step_end(void *arg)
 {
 	struct mbp_trainer *t = arg;
 	for (unsigned s = 0; t->step_ok && s < t->S; s++) {
@@ -700,6 +702,10 @@ static void update_end(void *arg)
 		if (st->d.pieces && st->d.update_end)
 			st->d.update_end(st->d.ctx, &t->upd);
 	}
+	/* release; partner: its acquire in step_run(): every thread arrived here after its updates, so
+	 * everything the step wrote is visible to the controller. The others leave the barrier after
+	 * this, touching nothing of the step (the next may begin meanwhile: they see its go) */
+	mbp__gen_bump(&t->done);
 }
 
 /* An update refused after the decision (its check accepted, or it has none): the other stages updated.
@@ -782,7 +788,7 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		if (rc < 0)
 			break_trainer(t, (int)t->gidx[st->idx]);
 	}
-	mbp__crew_barrier_wait(&t->crew, &t->b2, update_end, t);
+	mbp__crew_barrier_wait(&t->crew, &t->b2, step_end, t);
 }
 
 /* The work of a thread of the crew: a step each time the controller bumps go, until quit. */
@@ -796,9 +802,7 @@ static void worker_run(void *arg, struct mbp__crew_thread *th)
 		if (atomic_load_explicit(&t->quit,
 					 memory_order_relaxed)) /* relaxed: ordered by go's acquire */
 			break;
-		run_step(t, th);
-		if (th->idx == 0) /* every thread is past the second barrier: tell the controller */
-			mbp__gen_bump(&t->done); /* release; partner: its acquire in step_run() */
+		run_step(t, th); /* the last to reach its second barrier told the controller (step_end) */
 	}
 }
 
@@ -1506,8 +1510,8 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	uint32_t done0 = mbp__gen_get(&t->done);
 	t->t_go = mbp__clock_ns();
 	mbp__gen_bump(&t->go); /* release; partner: the workers' acquire of go: publishes the step above */
-	/* acquire; partner: thread 0's release bump after the second barrier, which every worker passed
-	 * after its updates: everything the step wrote is visible */
+	/* acquire; partner: the release bump in step_end() by the last worker to reach the second barrier,
+	 * which every worker reached after its updates: everything the step wrote is visible */
 	mbp__gen_wait(&t->done, done0);
 	uint64_t t_end = t->t_go;
 	for (unsigned i = 0; i < t->T; i++)

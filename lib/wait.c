@@ -180,3 +180,13 @@ uint32_t mbp__gen_wait(_Atomic uint32_t *w, uint32_t seen)
 		mbp__futex_wait(w, seen, UINT64_MAX); /* returns at once when *w moved meanwhile */
 	return g;
 }
+
+uint32_t mbp__gen_wait_backoff(_Atomic uint32_t *w, uint32_t seen, const struct mbp__wait_opts *o)
+{
+	struct mbp__backoff b;
+	mbp__backoff_init(&b);
+	uint32_t g;
+	while ((g = mbp__gen_get(w)) == seen && mbp__backoff_step(&b, o) == MBP__BACKOFF_AGAIN)
+		;
+	return g == seen ? mbp__gen_wait(w, seen) : g;
+}

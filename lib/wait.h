@@ -208,4 +208,9 @@ static inline void mbp__gen_bump(_Atomic uint32_t *w)
 /* Wait until *w is no longer `seen`; returns what it is now (read with acquire, as mbp__gen_get). */
 uint32_t mbp__gen_wait(_Atomic uint32_t *w, uint32_t seen);
 
+/* mbp__gen_wait after the backoff of `o` (its spin and yield steps; its abort word is not looked at): for
+ * the waits whose bump comes soon, where a park would hand the CPU to another process and the wake
+ * would wait for it back (a crew's barrier). */
+uint32_t mbp__gen_wait_backoff(_Atomic uint32_t *w, uint32_t seen, const struct mbp__wait_opts *o);
+
 #endif
