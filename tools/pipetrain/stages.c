@@ -109,9 +109,13 @@ static int op_update_pieces(void *ctx, const mbp_train_update *u, size_t begin, 
 	for (unsigned l = 0; l < p->sh->layers; l++)
 		sq += layer_sq(p->sh, l);
 	float scale = mbp_clip_scale(sq, p->sh->clip);
-	/* 0 after op_check_pieces: the trainer reports otherwise */
-	int rc = mbp_mlp_stage_update_pieces(p->st, scale, begin, end);
-	mbp_mlp_stage_zero_grad_pieces(p->st, begin, end);
+	int rc = 0;
+	/* piece by piece, each gradient zeroed while it is in cache (0 after op_check_pieces: the
+	 * trainer reports otherwise) */
+	for (size_t i = begin; i < end && rc == 0; i++) {
+		rc = mbp_mlp_stage_update_pieces(p->st, scale, i, i + 1);
+		mbp_mlp_stage_zero_grad_pieces(p->st, i, i + 1);
+	}
 	return rc;
 }
 
