@@ -181,12 +181,14 @@ uint32_t mbp__gen_wait(_Atomic uint32_t *w, uint32_t seen)
 	return g;
 }
 
-uint32_t mbp__gen_wait_backoff(_Atomic uint32_t *w, uint32_t seen, const struct mbp__wait_opts *o)
+uint32_t mbp__gen_wait_spin(_Atomic uint32_t *w, uint32_t seen, const struct mbp__wait_opts *o)
 {
-	struct mbp__backoff b;
-	mbp__backoff_init(&b);
-	uint32_t g;
-	while ((g = mbp__gen_get(w)) == seen && mbp__backoff_step(&b, o) == MBP__BACKOFF_AGAIN)
-		;
+	uint32_t g = mbp__gen_get(w);
+	/* the clock once every MBP__SPIN_STEPS_PER_CLOCK pauses, as the backoff reads it */
+	for (uint64_t t0 = mbp__now_ns(), k = 0; g == seen && !o->no_spin; g = mbp__gen_get(w)) {
+		if (++k % MBP__SPIN_STEPS_PER_CLOCK == 0 && mbp__now_ns() - t0 >= o->spin_ns)
+			break;
+		mbp__cpu_relax();
+	}
 	return g == seen ? mbp__gen_wait(w, seen) : g;
 }
