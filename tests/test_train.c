@@ -1556,15 +1556,16 @@ static void pieced(mbp_train_stage_desc *d, unsigned s)
 	d->update_end = toy_update_end;
 }
 
-/* Stages whose check, norm and update go by pieces, on 1, 2 and 3 replicas (each a range of the 5
- * pieces), under GPipe, 1F1B and ZB-H1: the parameters of the sequential reference bit for bit, the norm
+/* Stages whose check, norm and update go by pieces, on 1, 2, 3 and 6 replicas (each a range of the 5
+ * pieces, or none), under GPipe, 1F1B and ZB-H1: the parameters of the sequential reference bit for bit, the norm
  * the same for every replica count, update_end once a step. A check refused on the last replica's range
  * fails the step: no stage updated, every range's gradient discarded. Pieces without their callbacks
  * are refused; with them, update and discard may be left out. */
 START_TEST(updates_by_pieces_on_replicas_run_once_a_step_and_give_the_parameters_of_one_thread)
 {
 	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
-	static const unsigned plans[][3] = {{1, 1, 1}, {1, 2, 1}, {1, 3, 1}, {2, 1, 3}};
+	/* 6 replicas of 5 pieces: two of them have none (ranges k * 5 / 6 .. (k + 1) * 5 / 6) */
+	static const unsigned plans[][3] = {{1, 1, 1}, {1, 2, 1}, {1, 3, 1}, {2, 1, 3}, {1, 6, 1}};
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
 			    .target_row_bytes = N * sizeof(float),
 			    .max_mb_rows = 16,
