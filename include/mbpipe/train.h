@@ -456,11 +456,11 @@ typedef struct mbp_train_stage_desc {
 	 * names this stage, op MBP_OP_UPDATE, mb -1. Runs on the stage's thread after its last operation of
 	 * the step. Optional: required in effect of a stage whose update can refuse (see above). */
 	int (*check)(void *ctx);
-	/** Apply the accumulated gradient to the parameters and clear it. Required. Returns 0; a negative
-	 * errno breaks the contract above (check said it would apply): the step fails with
-	 * -ENOTRECOVERABLE naming this stage, and so does every later step. */
+	/** Apply the accumulated gradient to the parameters and clear it. Required (but with pieces).
+	 * Returns 0; a negative errno breaks the contract above (check said it would apply): the step
+	 * fails with -ENOTRECOVERABLE naming this stage, and so does every later step. */
 	int (*update)(void *ctx, const mbp_train_update *u);
-	/** Clear the accumulated gradient without applying it (a failed step). Required. */
+	/** Clear the accumulated gradient without applying it (a failed step). Required (but with pieces). */
 	void (*discard)(void *ctx);
 	/** Optional, on the stage's thread at start: 0 or a negative errno (a positive value is -EPROTO). */
 	int (*init)(void *ctx, unsigned stage);
