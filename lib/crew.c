@@ -222,5 +222,5 @@ void mbp__crew_barrier_wait(const struct mbp__crew *c, struct mbp__crew_barrier 
 		mbp__gen_bump(&b->gen); /* every waiter leaves, seeing what the arrivals wrote */
 		return;
 	}
-	mbp__gen_wait(&b->gen, g);
+	mbp__gen_wait_spin(&b->gen, g, &c->wopts);
 }

@@ -140,8 +140,10 @@ static inline const struct mbp__crew_thread *mbp__crew_thread_of(const struct mb
 /*
  * A reusable barrier of the crew's threads: each waits until all nthreads have arrived; the last to arrive
  * runs last(arg) (if not NULL) before any leaves. What a thread wrote before it arrived is visible to every
- * thread after. Parks on wait.h's generation word (no spin: the threads of a crew that works in rounds
- * meet here once or twice a round).
+ * thread after. Waits on wait.h's generation word with the crew's spin (wopts.spin_ns; none where the
+ * threads outnumber the CPUs) before it parks (mbp__gen_wait_spin): the threads of a crew that works in
+ * rounds arrive within a short while of each other, and a parked thread's wake costs the step a syscall
+ * and the wait for its CPU (the trainer's two barriers a step: perf/bench_train_overhead).
  */
 struct mbp__crew_barrier {
 	_Atomic uint32_t count;

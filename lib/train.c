@@ -112,6 +112,10 @@ struct tstage {
 	struct mbp__parker wpk; /* this replica waiting for its turn to merge (merge_wait) */
 	/* replica 0's, of a replicated stage: the micro-batch whose weight gradient is next in turn */
 	_Atomic uint32_t w_next;
+	/* a stage of pieces (mbp_train_stage_desc.pieces): this replica's [p0, p1), and each piece's
+	 * squared norm (the stage's array, replica 0's to free) */
+	size_t p0, p1;
+	double *piece_sq;
 	/* per micro-batch, while held: input (NULL at stage 0), stash, output gradient */
 	mbp_mb **in, **stash, **dout, **work;
 	unsigned stash_n, held_n; /* now */
@@ -162,7 +166,7 @@ struct mbp_trainer {
 	struct mbp__crew_barrier b1, b2;
 	bool step_ok;	       /* decided by the last thread at the first barrier: update (true) or discard */
 	int prepare_err;       /* tests: the next step's schedule "fails" with this (controller only) */
-	_Atomic uint32_t done; /* generation word: bumped by thread 0 past the second barrier */
+	_Atomic uint32_t done; /* generation word: bumped by the last thread to reach the second barrier */
 
 	pthread_mutex_t lock; /* the first error of a step; the summary figures */
 	mbp_train_error err;
@@ -179,6 +183,7 @@ struct mbp_trainer {
 	struct mbp__ring *link[MBP__LINKS * MBP_MAX_STAGES]; /* the boundary rings (the agent's far ends) */
 	struct thop rhop[MBP__LINKS * MBP_MAX_STAGES];	     /* the stages' hops over them */
 	double step_loss, step_norm;			     /* decided at the first barrier */
+	mbp_train_update upd;				     /* the step's update, decided there too */
 	mbp_train_error broken; /* an update refused after its check accepted (err 0: none); under lock */
 };
 
@@ -511,7 +516,8 @@ static int merge_wait(struct mbp_trainer *t, struct tstage *st, uint32_t j)
 }
 
 /* Micro-batch j's weight gradient is in: j + 1's turn, on the replica that runs it; after the last,
- * replica 0's, which waits for them all before its check (run_step). */
+ * every replica's, which waits for them all before its check (run_step: replica 0's of the whole stage,
+ * or each replica's of its pieces). */
 static void merge_done(struct mbp_trainer *t, struct tstage *st, uint32_t j)
 {
 	if (st->nrep == 1)
@@ -520,8 +526,8 @@ static void merge_done(struct mbp_trainer *t, struct tstage *st, uint32_t j)
 	/* release; partner: the acquire load in turn_ready() */
 	atomic_store_explicit(&r0->w_next, j + 1, memory_order_release);
 	mbp__parker_wake(&r0[(j + 1) % st->nrep].wpk);
-	if (j + 1 == t->M)
-		mbp__parker_wake(&r0->wpk);
+	for (unsigned k = 0; j + 1 == t->M && k < st->nrep; k++) /* each runs its pieces' check after it */
+		mbp__parker_wake(&r0[k].wpk);
 }
 
 /* B (whole), B_in or W of stage st for micro-batch j. */
@@ -667,9 +673,19 @@ static void decide(void *arg)
 {
 	struct mbp_trainer *t = arg;
 	t->step_ok = !aborting(t);
+	/* a stage of pieces: its squared norm is theirs added in piece order, whichever replica ran each */
+	for (unsigned s = 0; t->step_ok && s < t->S; s++) {
+		struct tstage *st = &t->st[t->ub[s]];
+		double sq = 0;
+		for (size_t p = 0; p < st->d.pieces; p++)
+			sq += st->piece_sq[p];
+		if (st->d.pieces)
+			st->grad_sq = sq;
+	}
 	/* a non-finite gradient would make some stages refuse their update: fail the step for all */
 	for (unsigned s = 0; t->step_ok && s < t->S; s++)
-		if (t->st[t->ub[s]].d.grad_sq && !isfinite(t->st[t->ub[s]].grad_sq)) {
+		if ((t->st[t->ub[s]].d.grad_sq || t->st[t->ub[s]].d.pieces) &&
+		    !isfinite(t->st[t->ub[s]].grad_sq)) {
 			pthread_mutex_lock(&t->lock);
 			t->err = (mbp_train_error){.err = -EDOM,
 						   .stage = (int)t->gidx[s],
@@ -711,6 +727,25 @@ static void decide(void *arg)
 	}
 	t->step_loss = loss;
 	t->step_norm = sqrt(norm);
+	t->upd = (mbp_train_update){
+	    .step = t->step_no, .rows = t->rows, .loss = t->step_loss, .grad_norm = t->step_norm};
+}
+
+/* Every thread is past its updates (the last to reach the second barrier runs this): a stage of pieces
+ * ends its update once (its step count), and the controller is told at once, not after this thread's
+ * wake of the others and one of theirs. */
+static void step_end(void *arg)
+{
+	struct mbp_trainer *t = arg;
+	for (unsigned s = 0; t->step_ok && s < t->S; s++) {
+		struct tstage *st = &t->st[t->ub[s]];
+		if (st->d.pieces && st->d.update_end)
+			st->d.update_end(st->d.ctx, &t->upd);
+	}
+	/* release; partner: its acquire in step_run(): every thread arrived here after its updates, so
+	 * everything the step wrote is visible to the controller. The others leave the barrier after
+	 * this, touching nothing of the step (the next may begin meanwhile: they see its go) */
+	mbp__gen_bump(&t->done);
 }
 
 /* An update refused after the decision (its check accepted, or it has none): the other stages updated.
@@ -752,39 +787,50 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 	run_ops(t, th);
 	/* every refusal an update could make, before the decision (the stage's gradient is this thread's) */
 	for (unsigned s = th->first; s <= th->last && !aborting(t); s++) {
-		if (!mine(t, th, s) || t->st[s].rep) /* a stage's: on its replica 0 */
-			continue;
 		struct tstage *st = &t->st[s];
+		/* a stage's on its replica 0; a stage of pieces' on each replica, over its own */
+		if (!mine(t, th, s) || (st->rep && !st->d.pieces))
+			continue;
 		/* a replicated stage's gradient is whole once the other replicas merged their last */
 		int rc = merge_wait(t, st, t->M);
 		if (rc < 0)
 			break; /* the step failed meanwhile */
-		rc = st->d.check ? st->d.check(st->d.ctx) : 0;
+		if (st->d.pieces)
+			rc = st->p1 > st->p0
+				 ? st->d.check_pieces(st->d.ctx, st->p0, st->p1, st->piece_sq + st->p0)
+				 : 0;
+		else
+			rc = st->d.check ? st->d.check(st->d.ctx) : 0;
 		if (rc < 0) {
 			fail(t, rc, (int)t->gidx[st->idx], -1, MBP_OP_UPDATE,
 			     "the stage's check refused its update");
 			break;
 		}
-		st->grad_sq = st->d.grad_sq ? st->d.grad_sq(st->d.ctx) : NAN;
+		if (!st->d.pieces)
+			st->grad_sq = st->d.grad_sq ? st->d.grad_sq(st->d.ctx) : NAN;
 	}
 	mbp__crew_barrier_wait(&t->crew, &t->b1, decide, t);
 	cleanup(t, th);
 	bool ok = t->step_ok;
-	mbp_train_update u = {
-	    .step = t->step_no, .rows = t->rows, .loss = t->step_loss, .grad_norm = t->step_norm};
 	for (unsigned s = th->first; s <= th->last; s++) {
-		if (!mine(t, th, s) || t->st[s].rep)
-			continue;
 		struct tstage *st = &t->st[s];
+		if (!mine(t, th, s) || (st->rep && !st->d.pieces))
+			continue;
 		int rc = 0;
-		if (ok)
-			rc = st->d.update(st->d.ctx, &u);
+		if (st->d.pieces && st->p1 == st->p0)
+			continue; /* more replicas than pieces: nothing of it here */
+		if (st->d.pieces && ok)
+			rc = st->d.update_pieces(st->d.ctx, &t->upd, st->p0, st->p1);
+		else if (st->d.pieces)
+			st->d.discard_pieces(st->d.ctx, st->p0, st->p1);
+		else if (ok)
+			rc = st->d.update(st->d.ctx, &t->upd);
 		else
 			st->d.discard(st->d.ctx);
 		if (rc < 0)
 			break_trainer(t, (int)t->gidx[st->idx]);
 	}
-	mbp__crew_barrier_wait(&t->crew, &t->b2, NULL, NULL);
+	mbp__crew_barrier_wait(&t->crew, &t->b2, step_end, t);
 }
 
 /* The work of a thread of the crew: a step each time the controller bumps go, until quit. */
@@ -798,9 +844,7 @@ static void worker_run(void *arg, struct mbp__crew_thread *th)
 		if (atomic_load_explicit(&t->quit,
 					 memory_order_relaxed)) /* relaxed: ordered by go's acquire */
 			break;
-		run_step(t, th);
-		if (th->idx == 0) /* every thread is past the second barrier: tell the controller */
-			mbp__gen_bump(&t->done); /* release; partner: its acquire in step_run() */
+		run_step(t, th); /* the last to reach its second barrier told the controller (step_end) */
 	}
 }
 
@@ -859,11 +903,13 @@ static void unit_fini(void *ctx)
 
 int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 {
-	if (!t || !d || !d->forward || !d->update || !d->discard || d->out_row_bytes == 0 ||
-	    d->out_row_bytes > UINT32_MAX || d->stash_row_bytes > UINT32_MAX ||
-	    d->grad_row_bytes > UINT32_MAX)
+	if (!t || !d || !d->forward || d->out_row_bytes == 0 || d->out_row_bytes > UINT32_MAX ||
+	    d->stash_row_bytes > UINT32_MAX || d->grad_row_bytes > UINT32_MAX)
 		return -EINVAL;
 	if (!d->backward && !(d->backward_in && d->backward_w))
+		return -EINVAL;
+	if (d->pieces ? !d->check_pieces || !d->update_pieces || !d->discard_pieces || d->pieces > UINT32_MAX
+		      : !d->update || !d->discard)
 		return -EINVAL;
 	if (d->work_row_bytes > UINT32_MAX || (d->work_row_bytes && !d->recompute))
 		return -EINVAL;
@@ -872,6 +918,9 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 		return -EINVAL;
 	if (t->S == MBP_MAX_STAGES || t->U + r > MBP_MAX_STAGES)
 		return -E2BIG;
+	double *piece_sq = NULL;
+	if (d->pieces && !(piece_sq = calloc(d->pieces, sizeof(double))))
+		return -ENOMEM;
 	for (unsigned k = 0; k < r; k++) {
 		struct tstage *st = &t->st[t->U + k];
 		memset(st, 0, sizeof(*st));
@@ -896,6 +945,10 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d)
 		st->grad_w = d->grad_row_bytes ? d->grad_row_bytes : d->out_row_bytes;
 		st->din_w = t->S == 0 ? t->o.in_row_bytes : t->st[t->U - 1].grad_w;
 		st->split = d->backward_in && d->backward_w;
+		/* replica k's pieces: a contiguous k-th of them */
+		st->p0 = d->pieces * k / r;
+		st->p1 = d->pieces * (k + 1) / r;
+		st->piece_sq = piece_sq;
 	}
 	t->ub[t->S] = t->U;
 	t->reps[t->S] = r;
@@ -1527,8 +1580,8 @@ static int step_run(struct mbp_trainer *t, const void *in, const void *targets, 
 	uint32_t done0 = mbp__gen_get(&t->done);
 	t->t_go = mbp__clock_ns();
 	mbp__gen_bump(&t->go); /* release; partner: the workers' acquire of go: publishes the step above */
-	/* acquire; partner: thread 0's release bump after the second barrier, which every worker passed
-	 * after its updates: everything the step wrote is visible */
+	/* acquire; partner: the release bump in step_end() by the last worker to reach the second barrier,
+	 * which every worker reached after its updates: everything the step wrote is visible */
 	mbp__gen_wait(&t->done, done0);
 	uint64_t t_end = t->t_go;
 	for (unsigned i = 0; i < t->T; i++)
@@ -1600,6 +1653,8 @@ void mbp_trainer_destroy(mbp_trainer *t)
 	free(t->tops);
 	mbp__sched_scratch_free(&t->sim);
 	free(t->loss);
+	for (unsigned s = 0; s < t->S; s++)
+		free(t->st[t->ub[s]].piece_sq);
 	pthread_mutex_destroy(&t->lock);
 	mbp__crew_destroy(&t->crew);
 	free(t);

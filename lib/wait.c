@@ -180,3 +180,15 @@ uint32_t mbp__gen_wait(_Atomic uint32_t *w, uint32_t seen)
 		mbp__futex_wait(w, seen, UINT64_MAX); /* returns at once when *w moved meanwhile */
 	return g;
 }
+
+uint32_t mbp__gen_wait_spin(_Atomic uint32_t *w, uint32_t seen, const struct mbp__wait_opts *o)
+{
+	uint32_t g = mbp__gen_get(w);
+	/* the clock once every MBP__SPIN_STEPS_PER_CLOCK pauses, as the backoff reads it */
+	for (uint64_t t0 = mbp__now_ns(), k = 0; g == seen && !o->no_spin; g = mbp__gen_get(w)) {
+		if (++k % MBP__SPIN_STEPS_PER_CLOCK == 0 && mbp__now_ns() - t0 >= o->spin_ns)
+			break;
+		mbp__cpu_relax();
+	}
+	return g == seen ? mbp__gen_wait(w, seen) : g;
+}

@@ -208,4 +208,11 @@ static inline void mbp__gen_bump(_Atomic uint32_t *w)
 /* Wait until *w is no longer `seen`; returns what it is now (read with acquire, as mbp__gen_get). */
 uint32_t mbp__gen_wait(_Atomic uint32_t *w, uint32_t seen);
 
+/* mbp__gen_wait after a spin of o->spin_ns (none with o->no_spin; no yield step, and its abort word is
+ * not looked at): for the waits whose bump comes soon, where a park would hand the CPU to another process
+ * and the wake would wait for it back (a crew's barrier). Where threads outnumber the CPUs it parks at
+ * once: a yield there put the waiter behind other processes' whole slices (a median step of 3 ms, 3
+ * threads on 2 loaded CPUs), where a woken sleeper is run soon. */
+uint32_t mbp__gen_wait_spin(_Atomic uint32_t *w, uint32_t seen, const struct mbp__wait_opts *o);
+
 #endif

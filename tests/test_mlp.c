@@ -1271,6 +1271,274 @@ START_TEST(trainer_with_a_replicated_stage_gives_the_same_parameters_bit_for_bit
 }
 END_TEST
 
+/* Pieces of a stage: each tensor cut every MBP_MLP_PIECE_FLOATS elements, the stage's its layers' in
+ * order; a layer's squared norm is its pieces' added in order to 0 (the bits of any split of them); the
+ * update by two ranges, however cut, and update_end give the bytes of the whole update; bad ranges and
+ * scales are refused. */
+START_TEST(a_stage_by_pieces_updates_and_measures_as_the_whole_stage)
+{
+	static const uint32_t widths[] = {12, 1024, 40, 5}; /* 40960 weights: 3 pieces */
+	static const unsigned cuts[] = {0, 3};
+	for (unsigned cut = 0; cut <= 6; cut++) {
+		struct rig a, b;
+		rig_init_widths(&a, widths, 3, cuts, 1, 8, MBP_ACT_RELU, false, NULL, 8);
+		rig_init_widths(&b, widths, 3, cuts, 1, 8, MBP_ACT_RELU, false, NULL, 8);
+		ck_assert_uint_eq(mbp_mlp_layer_pieces(a.n, 0), 2); /* 12288 weights, 1024 biases */
+		ck_assert_uint_eq(mbp_mlp_layer_pieces(a.n, 1), 4);
+		ck_assert_uint_eq(mbp_mlp_layer_pieces(a.n, 2), 2);
+		ck_assert_uint_eq(mbp_mlp_stage_pieces(a.st[0]), 8);
+		for (unsigned l = 0; l < 3; l++)
+			for (int p = MBP_PART_WEIGHT; p <= MBP_PART_BIAS; p++) {
+				size_t c;
+				float *ga = mbp_mlp_tensor(a.n, l, (mbp_mlp_part)p, MBP_ARRAY_GRAD, &c);
+				float *gb = mbp_mlp_tensor(b.n, l, (mbp_mlp_part)p, MBP_ARRAY_GRAD, &c);
+				uint64_t seed = 99 + l * 4 + (unsigned)p;
+				for (size_t e = 0; e < c; e++)
+					ga[e] = gb[e] = urand(&seed) * 0.01f;
+			}
+		double sq[8], q;
+		ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm_pieces(a.st[0], 0, cut, sq), 0);
+		ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm_pieces(a.st[0], cut, 8, sq + cut), 0);
+		for (unsigned l = 0, at = 0; l < 3; l++) {
+			double want = 0;
+			for (size_t i = 0; i < mbp_mlp_layer_pieces(a.n, l); i++)
+				want += sq[at++];
+			ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(a.n, l, &q), 0);
+			ck_assert_msg(q == want, "layer %u: %.17g, its pieces %.17g", l, q, want);
+		}
+		ck_assert_int_eq(mbp_mlp_stage_update(a.st[0], 0.5f), 0);
+		ck_assert_int_eq(mbp_mlp_stage_update_pieces(b.st[0], 0.5f, cut, 8), 0);
+		ck_assert_int_eq(mbp_mlp_stage_update_pieces(b.st[0], 0.5f, 0, cut), 0);
+		for (unsigned l = 0; l < 3; l++)
+			ck_assert_uint_eq(mbp_mlp_steps(b.n, l), 0); /* until update_end */
+		ck_assert_int_eq(mbp_mlp_stage_update_end(b.st[0]), 0);
+		for (unsigned l = 0; l < 3; l++)
+			ck_assert_uint_eq(mbp_mlp_steps(b.n, l), 1);
+		/* a second update reads the padded rows the first one wrote: the products see them */
+		float out_a[8 * 5], out_b[8 * 5];
+		ck_assert_int_eq(mbp_mlp_stage_forward(a.st[0], a.x, out_a, 8, NULL), 0);
+		ck_assert_int_eq(mbp_mlp_stage_forward(b.st[0], b.x, out_b, 8, NULL), 0);
+		ck_assert(memcmp(out_a, out_b, sizeof out_a) == 0);
+		ck_assert_int_eq(mbp_mlp_stage_zero_grad_pieces(b.st[0], 0, cut), 0);
+		ck_assert_int_eq(mbp_mlp_stage_zero_grad_pieces(b.st[0], cut, 8), 0);
+		ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm(b.st[0], &q), 0);
+		ck_assert(q == 0);
+		for (int arr = MBP_ARRAY_PARAM; arr <= MBP_ARRAY_MOMENT2; arr++)
+			if (arr != MBP_ARRAY_GRAD)
+				assert_same_array(a.n, b.n, (mbp_mlp_array)arr);
+		if (cut == 0) {
+			ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm_pieces(a.st[0], 0, 9, sq), -EINVAL);
+			ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm_pieces(a.st[0], 2, 1, sq), -EINVAL);
+			ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm_pieces(a.st[0], 0, 1, NULL), -EINVAL);
+			ck_assert_int_eq(mbp_mlp_stage_grad_sqnorm_pieces(NULL, 0, 0, sq), -EINVAL);
+			ck_assert_int_eq(mbp_mlp_stage_update_pieces(a.st[0], 1.0f, 0, 9), -EINVAL);
+			ck_assert_int_eq(mbp_mlp_stage_update_pieces(a.st[0], NAN, 0, 8), -EDOM);
+			ck_assert_int_eq(mbp_mlp_stage_update_pieces(a.st[0], -1.0f, 0, 8), -EDOM);
+			ck_assert_int_eq(mbp_mlp_stage_zero_grad_pieces(a.st[0], 3, 2), -EINVAL);
+			ck_assert_int_eq(mbp_mlp_stage_update_end(NULL), -EINVAL);
+			ck_assert_uint_eq(mbp_mlp_stage_pieces(NULL), 0);
+			ck_assert_uint_eq(mbp_mlp_layer_pieces(a.n, 3), 0);
+		}
+		rig_fini(&a);
+		rig_fini(&b);
+	}
+}
+END_TEST
+
+/* The global norm as pipetrain takes it (independent of the stages): each layer's squared norm, the
+ * layers' added in layer order, the clip factor from it. A stage by pieces fills the table of pieces and
+ * adds each layer's pieces in order (mbp_mlp_layer_grad_sqnorm's definition); a whole stage fills the
+ * table of layers. */
+struct pnorms {
+	mbp_mlp *n;
+	unsigned L;
+	float clip;
+	double layer[4], piece[64];
+	size_t piece0[5];
+	float scale[2];	  /* per stage, the last update's clip factor (written by one thread) */
+	unsigned ends[4]; /* update_end calls per stage */
+};
+
+struct pstage {
+	mbp_mlp_stage *st;
+	struct pnorms *nm;
+	unsigned idx, first, last;
+};
+
+static float pn_scale(struct pnorms *nm, bool pieces)
+{
+	double sq = 0;
+	for (unsigned l = 0; l < nm->L; l++) {
+		double q = 0;
+		for (size_t i = nm->piece0[l]; pieces && i < nm->piece0[l + 1]; i++)
+			q += nm->piece[i];
+		sq += pieces ? q : nm->layer[l];
+	}
+	return mbp_clip_scale(sq, nm->clip);
+}
+
+static int ps_check(void *ctx)
+{
+	struct pstage *p = ctx;
+	for (unsigned l = p->first; l < p->last; l++)
+		ck_assert_int_eq(mbp_mlp_layer_grad_sqnorm(p->nm->n, l, &p->nm->layer[l]), 0);
+	return mbp_mlp_stage_update_check(p->st, 1.0f);
+}
+
+static int ps_update(void *ctx, const mbp_train_update *u)
+{
+	(void)u;
+	struct pstage *p = ctx;
+	int rc = mbp_mlp_stage_update(p->st, p->nm->scale[p->idx] = pn_scale(p->nm, false));
+	mbp_mlp_stage_zero_grad(p->st);
+	return rc;
+}
+
+static void ps_discard(void *ctx)
+{
+	struct pstage *p = ctx;
+	mbp_mlp_stage_zero_grad(p->st);
+}
+
+static int ps_check_pieces(void *ctx, size_t begin, size_t end, double *sq)
+{
+	struct pstage *p = ctx;
+	int rc = mbp_mlp_stage_grad_sqnorm_pieces(p->st, begin, end, sq);
+	for (size_t i = begin; rc == 0 && i < end; i++)
+		p->nm->piece[p->nm->piece0[p->first] + i] = sq[i - begin];
+	return rc;
+}
+
+static int ps_update_pieces(void *ctx, const mbp_train_update *u, size_t begin, size_t end)
+{
+	(void)u;
+	struct pstage *p = ctx;
+	int rc = mbp_mlp_stage_update_pieces(p->st, pn_scale(p->nm, true), begin, end);
+	return rc ? rc : mbp_mlp_stage_zero_grad_pieces(p->st, begin, end);
+}
+
+static void ps_discard_pieces(void *ctx, size_t begin, size_t end)
+{
+	struct pstage *p = ctx;
+	mbp_mlp_stage_zero_grad_pieces(p->st, begin, end);
+}
+
+static void ps_update_end(void *ctx, const mbp_train_update *u)
+{
+	(void)u;
+	struct pstage *p = ctx;
+	mbp_mlp_stage_update_end(p->st);
+	p->nm->scale[p->idx] = pn_scale(p->nm, true); /* the one every range used */
+	p->nm->ends[p->idx]++;
+}
+
+/* A trainer over rig r (its stages at `cuts`) whose stage 1 runs on `reps` replicas, every stage's update by pieces (pieces) or
+ * whole on replica 0 (not). ps[] and rs[] (the replicas' model stages) are the caller's. */
+static mbp_trainer *pieces_trainer(struct rig *r, const unsigned *cuts, struct pnorms *nm, struct pstage *ps,
+				   struct tstage *ts, mbp_mlp_stage **rs, mbp_sched_kind kind, unsigned reps,
+				   bool pieces)
+{
+	*nm = (struct pnorms){.n = r->n, .L = r->L, .clip = 0.05f};
+	for (unsigned l = 0; l < r->L; l++)
+		nm->piece0[l + 1] = nm->piece0[l] + mbp_mlp_layer_pieces(r->n, l);
+	ck_assert_uint_le(nm->piece0[r->L], 64);
+	mbp_train_opts o = {.in_row_bytes = r->w[0] * sizeof(float),
+			    .target_row_bytes = sizeof(int32_t),
+			    .max_mb_rows = 8,
+			    .schedule = kind,
+			    .loss = ts_loss};
+	mbp_trainer *t;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+	for (unsigned s = 0; s < r->S; s++) {
+		unsigned nr = s == 1 ? reps : 1;
+		ps[s] = (struct pstage){r->st[s], nm, s, cuts[s], cuts[s + 1]};
+		void *ctx[3];
+		for (unsigned k = 0; k < nr; k++) {
+			if (k && !rs[k - 1])
+				ck_assert_int_eq(mbp_mlp_stage_new_replica(&rs[k - 1], r->st[s]), 0);
+			ts[s * 3 + k] = (struct tstage){k ? rs[k - 1] : r->st[s], NULL};
+			ctx[k] = &ts[s * 3 + k];
+		}
+		mbp_train_stage_desc d = {.ctx = &ps[s],
+					  .replicas = nr,
+					  .replica_ctx = ctx,
+					  .out_row_bytes = mbp_mlp_stage_out_width(r->st[s]) * sizeof(float),
+					  .stash_row_bytes =
+					      mbp_mlp_stage_stash_floats(r->st[s]) * sizeof(float),
+					  .forward = ts_forward,
+					  .backward = kind == MBP_SCHED_ZBH1 ? NULL : ts_backward,
+					  .backward_in = ts_backward_in,
+					  .backward_w = ts_backward_w,
+					  .check = pieces ? NULL : ps_check,
+					  .update = pieces ? NULL : ps_update,
+					  .discard = pieces ? NULL : ps_discard,
+					  .pieces = pieces ? mbp_mlp_stage_pieces(r->st[s]) : 0,
+					  .check_pieces = ps_check_pieces,
+					  .update_pieces = ps_update_pieces,
+					  .discard_pieces = ps_discard_pieces,
+					  .update_end = ps_update_end};
+		ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	}
+	ck_assert_int_eq(mbp_trainer_start(t), 0);
+	return t;
+}
+
+/* The end-of-step work by pieces (train.h, "Replicas"): twin models, one trained with every update whole
+ * on one thread, the other with stage 1 on 1, 2 and 3 replicas that check, clip and update a range of its
+ * pieces each (a layer of 1024 inputs: two pieces of its weights, each copied to its padded rows), three
+ * steps under GPipe, 1F1B and ZB-H1, with AdamW and with SGD (momentum) clipped by the global norm: every
+ * parameter and moment byte the same, the clip active, each layer's step count 3 (update_end once a
+ * step). */
+START_TEST(updates_by_pieces_on_replicas_give_the_parameters_of_one_thread_bit_for_bit)
+{
+	static const uint32_t widths[] = {12, 1024, 24, 5};
+	static const unsigned cuts[] = {0, 1, 3};
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	const mbp_optim_opts opts[] = {{.kind = MBP_OPTIM_ADAMW, .lr = 1e-2f, .weight_decay = 0.01f},
+				       {.kind = MBP_OPTIM_SGD, .lr = 0.5f, .momentum = 0.9f}};
+	for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++)
+		for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+			for (unsigned reps = 1; reps <= 3; reps++) {
+				struct rig a, b;
+				rig_init_widths(&a, widths, 3, cuts, 2, 8, MBP_ACT_RELU, false, &opts[o], 32);
+				rig_init_widths(&b, widths, 3, cuts, 2, 8, MBP_ACT_RELU, false, &opts[o], 32);
+				ck_assert_uint_eq(mbp_mlp_stage_pieces(b.st[1]), 5); /* 2 + 1 + 1 + 1 */
+				struct pnorms na, nb;
+				struct pstage pa[2], pb[2];
+				struct tstage ta[6], tb[6];
+				mbp_mlp_stage *ra[2] = {NULL, NULL}, *rb[2] = {NULL, NULL};
+				mbp_trainer *x =
+						pieces_trainer(&a, cuts, &na, pa, ta, ra, kinds[k], 1, false),
+					    *y = pieces_trainer(&b, cuts, &nb, pb, tb, rb, kinds[k], reps,
+								true);
+				for (int step = 0; step < 3; step++) {
+					double la, lb;
+					ck_assert_int_eq(mbp_trainer_step(x, a.x, a.y, 32, 8, &la), 0);
+					ck_assert_int_eq(mbp_trainer_step(y, b.x, b.y, 32, 8, &lb), 0);
+					ck_assert(la == lb);
+					ck_assert(na.scale[0] == nb.scale[0] && na.scale[1] == nb.scale[1]);
+					ck_assert(nb.scale[0] == nb.scale[1]);
+				}
+				ck_assert_msg(nb.scale[1] < 1.0f, "the clip never acted: %g",
+					      (double)nb.scale[1]);
+				for (int arr = MBP_ARRAY_PARAM; arr <= MBP_ARRAY_MOMENT2; arr++)
+					assert_same_array(a.n, b.n, (mbp_mlp_array)arr);
+				for (unsigned l = 0; l < 3; l++)
+					ck_assert_uint_eq(mbp_mlp_steps(b.n, l), 3);
+				ck_assert_uint_eq(nb.ends[0], 3);
+				ck_assert_uint_eq(nb.ends[1], 3);
+				mbp_trainer_destroy(x);
+				mbp_trainer_destroy(y);
+				for (int q = 0; q < 2; q++) {
+					mbp_mlp_stage_destroy(ra[q]);
+					mbp_mlp_stage_destroy(rb[q]);
+				}
+				rig_fini(&a);
+				rig_fini(&b);
+			}
+}
+END_TEST
+
 /* A move between two trainer steps, as a rebalancing trainer would make it (issue 25: "moves happen
  * between steps only, and a step's parameters are the same as with no move"): after two steps the stages
  * are made again at another split over the same model (parameters, moments and step counts are the
@@ -1836,6 +2104,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, recomputed_layers_give_the_same_bits_as_stashed_ones);
 	tcase_add_test(tc, trainer_with_recomputation_gives_the_same_parameters_bit_for_bit);
 	tcase_add_test(tc, trainer_with_a_replicated_stage_gives_the_same_parameters_bit_for_bit);
+	tcase_add_test(tc, a_stage_by_pieces_updates_and_measures_as_the_whole_stage);
+	tcase_add_test(tc, updates_by_pieces_on_replicas_give_the_parameters_of_one_thread_bit_for_bit);
 	tcase_add_test(tc,
 		       stages_made_again_at_another_split_between_steps_give_the_same_parameters_bit_for_bit);
 	tcase_add_test(tc, activation_memory_peaks_equal_the_schedule_and_the_pools_high_water_mark);

@@ -1594,6 +1594,154 @@ START_TEST(replicated_threads_give_the_parameters_of_one_replica_under_chunked_b
 }
 END_TEST
 
+/* ---- the end-of-step work by pieces (train.h, "Replicas") ---- */
+
+/* The toy's in N + 1 pieces: the rows of its weights, then its biases (the same arithmetic as toy_update
+ * element by element). fail_kind TOY_FAIL_CHECK: the check of the range that holds the last piece
+ * refuses (on the last replica). */
+enum { TOY_PIECES = N + 1 };
+
+static void toy_piece(struct toy *t, size_t p, float **w, float **g)
+{
+	*w = p < N ? t->w + p * N : t->b;
+	*g = p < N ? t->gw + p * N : t->gb;
+}
+
+static int toy_check_pieces(void *ctx, size_t begin, size_t end, double *sq)
+{
+	struct toy *t = ctx;
+	for (size_t p = begin; p < end; p++) {
+		float *w, *g;
+		toy_piece(t, p, &w, &g);
+		sq[p - begin] = 0;
+		for (int i = 0; i < N; i++)
+			sq[p - begin] += (double)g[i] * g[i];
+	}
+	return t->fail_kind == TOY_FAIL_CHECK && end == TOY_PIECES ? -EIO : 0;
+}
+
+static int toy_update_pieces(void *ctx, const mbp_train_update *u, size_t begin, size_t end)
+{
+	(void)u;
+	struct toy *t = ctx;
+	for (size_t p = begin; p < end; p++) {
+		float *w, *g;
+		toy_piece(t, p, &w, &g);
+		for (int i = 0; i < N; i++)
+			w[i] -= LR * g[i];
+		memset(g, 0, N * sizeof(float));
+	}
+	return 0;
+}
+
+static void toy_discard_pieces(void *ctx, size_t begin, size_t end)
+{
+	struct toy *t = ctx;
+	for (size_t p = begin; p < end; p++) {
+		float *w, *g;
+		toy_piece(t, p, &w, &g);
+		memset(g, 0, N * sizeof(float));
+	}
+}
+
+static void toy_update_end(void *ctx, const mbp_train_update *u)
+{
+	struct toy *t = ctx;
+	t->last_norm = u->grad_norm;
+	t->last_loss = u->loss;
+	t->updates++;
+}
+
+static void pieced(mbp_train_stage_desc *d, unsigned s)
+{
+	replicated(d, s);
+	d->check = NULL;
+	d->grad_sq = NULL;
+	d->update = NULL;
+	d->discard = NULL;
+	d->pieces = TOY_PIECES;
+	d->check_pieces = toy_check_pieces;
+	d->update_pieces = toy_update_pieces;
+	d->discard_pieces = toy_discard_pieces;
+	d->update_end = toy_update_end;
+}
+
+/* Stages whose check, norm and update go by pieces, on 1, 2, 3 and 6 replicas (each a range of the 5
+ * pieces, or none), under GPipe, 1F1B and ZB-H1: the parameters of the sequential reference bit for bit, the norm
+ * the same for every replica count, update_end once a step. A check refused on the last replica's range
+ * fails the step: no stage updated, every range's gradient discarded. Pieces without their callbacks
+ * are refused; with them, update and discard may be left out. */
+START_TEST(updates_by_pieces_on_replicas_run_once_a_step_and_give_the_parameters_of_one_thread)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	/* 6 replicas of 5 pieces: two of them have none (ranges k * 5 / 6 .. (k + 1) * 5 / 6) */
+	static const unsigned plans[][3] = {{1, 1, 1}, {1, 2, 1}, {1, 3, 1}, {2, 1, 3}, {1, 6, 1}};
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .max_mb_rows = 16,
+			    .max_mbs = 32,
+			    .loss = mse};
+	double norm[3][3]; /* per step and stage, on one replica each */
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++)
+		for (size_t p = 0; p < MBP_ARRAY_SIZE(plans); p++) {
+			struct rig r;
+			o.schedule = kinds[k];
+			rep_counts = plans[p];
+			rig_build(&r, 3, &o, false, pieced);
+			ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+			struct toy ref[3];
+			for (unsigned s = 0; s < 3; s++)
+				toy_init(&ref[s], s + 1);
+			for (unsigned step = 0; step < 3; step++)
+				replicated_step(&r, ref, 22, step, norm[step], kinds[k], p);
+			for (unsigned s = 0; s < 3; s++)
+				ck_assert_uint_eq(r.st[s].updates, 3);
+			/* a refusal on the last replica's range */
+			struct toy before[3];
+			float in[22 * N], tg[22 * N];
+			make_data(in, tg, 22, 9);
+			memcpy(before, r.st, sizeof(before));
+			r.st[1].fail_kind = TOY_FAIL_CHECK;
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 22, 4, NULL), -EIO);
+			mbp_train_error e;
+			mbp_trainer_error(r.t, &e);
+			ck_assert_int_eq(e.stage, 1);
+			ck_assert_int_eq(e.op, MBP_OP_UPDATE);
+			static const float zero[N * N];
+			for (unsigned s = 0; s < 3; s++) {
+				ck_assert(memcmp(r.st[s].w, before[s].w, sizeof(before[s].w)) == 0);
+				ck_assert(memcmp(r.st[s].b, before[s].b, sizeof(before[s].b)) == 0);
+				ck_assert_uint_eq(r.st[s].updates, 3);
+				ck_assert(memcmp(r.st[s].gw, zero, sizeof(r.st[s].gw)) == 0);
+				ck_assert(memcmp(r.st[s].gb, zero, sizeof(r.st[s].gb)) == 0);
+			}
+			r.st[1].fail_kind = -1;
+			double scratch[3]; /* (a step after the failure: its norm recorded, not checked) */
+			replicated_step(&r, ref, 22, 0, scratch, kinds[k], 0);
+			no_buffer_out(r.t);
+			mbp_trainer_destroy(r.t);
+		}
+	mbp_trainer *t;
+	ck_assert_int_eq(mbp_trainer_new(&t, &o), 0);
+	struct toy toy;
+	toy_init(&toy, 1);
+	mbp_train_stage_desc d = toy_desc(&toy, false);
+	pieced(&d, 0);
+	d.replicas = 2;
+	d.check_pieces = NULL;
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), -EINVAL);
+	d.check_pieces = toy_check_pieces;
+	d.discard_pieces = NULL;
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), -EINVAL);
+	d = toy_desc(&toy, false);
+	d.update = NULL;
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), -EINVAL);
+	pieced(&d, 0);
+	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
+	mbp_trainer_destroy(t);
+}
+END_TEST
+
 START_TEST(a_single_stage_on_replicas_trains_as_one_thread_does)
 {
 	/* the whole model replicated (data parallelism): no ring at all, only the ordered merge */
@@ -1855,6 +2003,8 @@ static Suite *suite(void)
 	    tc,
 	    replicated_threads_give_the_parameters_of_one_replica_under_chunked_built_and_custom_schedules);
 	tcase_add_test(tc, a_single_stage_on_replicas_trains_as_one_thread_does);
+	tcase_add_test(tc,
+		       updates_by_pieces_on_replicas_run_once_a_step_and_give_the_parameters_of_one_thread);
 	tcase_add_test(tc, a_failure_inside_a_replica_fails_the_step_and_no_stage_updates);
 	tcase_add_test(tc, cancel_and_drain_mid_step_hold_with_replicas);
 	tcase_add_test(tc, replicas_take_a_thread_each_by_the_placement_rule_and_refuse_other_counts);

@@ -382,7 +382,9 @@ int mbp_mlp_stage_grad_sqnorm(const mbp_mlp_stage *st, double *sq);
 
 /**
  * Sum of the squares of one layer's gradients (its tensors in mbp_mlp_part order), in double, in an order
- * fixed by the tensors' sizes alone: the same bits whichever stage holds the layer. Finite exactly when
+ * fixed by the tensors' sizes alone: the same bits whichever stage holds the layer. It is the sum of the
+ * layer's pieces' squared norms (mbp_mlp_stage_grad_sqnorm_pieces) added in order to 0, so a split of the
+ * pieces over threads gives these bits. Finite exactly when
  * every gradient of the layer is (a float's square is far inside double's range), so one pass serves a
  * trainer's check and its clipping norm. Call it under the rules of a stage call on that layer.
  * @return 0, -EINVAL (NULL, layer out of range).
@@ -407,6 +409,44 @@ int mbp_mlp_stage_update(mbp_mlp_stage *st, float grad_scale);
  *         non-finite gradient).
  */
 int mbp_mlp_stage_update_check(const mbp_mlp_stage *st, float grad_scale);
+
+/**
+ * Pieces: the end-of-step work of a stage (squared norms, update, zeroing) cut so that several threads can
+ * share it, each over its own range of pieces (a trainer's replicas: mbp_train_stage_desc.pieces). Each
+ * tensor of each layer is cut into pieces of MBP_MLP_PIECE_FLOATS elements (its last shorter); a stage's
+ * pieces are its layers', in layer and mbp_mlp_part order, numbered from 0. Calls on disjoint ranges of
+ * one stage may run at once (with each other only); the results are those of the whole-stage calls, bit
+ * for bit: an element's update reads and writes that element only, and a layer's squared norm is its
+ * pieces' added in order.
+ */
+#define MBP_MLP_PIECE_FLOATS 16384u
+
+/** The stage's pieces (0 for NULL). */
+size_t mbp_mlp_stage_pieces(const mbp_mlp_stage *st);
+
+/** The layer's pieces (0 for a bad argument): the stage's are its layers' in order. */
+size_t mbp_mlp_layer_pieces(const mbp_mlp *n, unsigned layer);
+
+/**
+ * The squared norm of each of the stage's pieces [begin, end), in double, into sq[0 .. end - begin):
+ * finite exactly when every gradient of the piece is. @return 0, -EINVAL (NULL, a bad range).
+ */
+int mbp_mlp_stage_grad_sqnorm_pieces(const mbp_mlp_stage *st, size_t begin, size_t end, double *sq);
+
+/**
+ * mbp_mlp_stage_update's update of pieces [begin, end) (at each layer's step count, which does not
+ * advance: mbp_mlp_stage_update_end, once every piece is done). No check of the gradients: the caller's
+ * (every piece's squared norm finite) comes first, so that a step updates all or nothing.
+ * @return 0, -EINVAL (NULL, a bad range), -EDOM (grad_scale not finite or negative: nothing updated).
+ */
+int mbp_mlp_stage_update_pieces(mbp_mlp_stage *st, float grad_scale, size_t begin, size_t end);
+
+/** Advance the step count of each of the stage's layers by one: the end of an update by pieces.
+ * @return 0, -EINVAL. */
+int mbp_mlp_stage_update_end(mbp_mlp_stage *st);
+
+/** Zero the gradients of pieces [begin, end). @return 0, -EINVAL (NULL, a bad range). */
+int mbp_mlp_stage_zero_grad_pieces(mbp_mlp_stage *st, size_t begin, size_t end);
 
 /* ---- losses (last stage) ---- */
 

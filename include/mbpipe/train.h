@@ -118,6 +118,14 @@
  * stage's check (once the replicas' last weight gradient is in) and update run once, on replica 0's
  * thread, and figures come per stage
  * (mbp_trainer_stats_get: the replicas' sums) and per replica (mbp_trainer_replica_stats_get).
+ * A stage's check, squared norm and update are element-wise passes over its parameters, which would
+ * leave the other replicas idle while replica 0 runs them; a stage that cuts them into pieces
+ * (mbp_train_stage_desc.pieces) has them shared instead: replica k of r runs check_pieces and then
+ * update_pieces (or discard_pieces) over pieces [k P / r, (k + 1) P / r) of its P, at once with the
+ * others, and update_end runs once when all are done. The stage's squared norm is then its pieces'
+ * added in piece order (to 0), whichever replica computed each: the same bits for every replica count,
+ * 1 included, as long as the pieces are a property of the stage (not of the split) and an element's
+ * update depends on nothing else (the MLP stages: mbp_mlp_stage_pieces).
  *
  * Thread safety: an mbp_schedule is immutable once built (any threads may read it). A trainer is driven by
  * one controlling thread (start, step, destroy); mbp_trainer_cancel and mbp_trainer_stats_get may be
@@ -453,11 +461,11 @@ typedef struct mbp_train_stage_desc {
 	 * names this stage, op MBP_OP_UPDATE, mb -1. Runs on the stage's thread after its last operation of
 	 * the step. Optional: required in effect of a stage whose update can refuse (see above). */
 	int (*check)(void *ctx);
-	/** Apply the accumulated gradient to the parameters and clear it. Required. Returns 0; a negative
-	 * errno breaks the contract above (check said it would apply): the step fails with
-	 * -ENOTRECOVERABLE naming this stage, and so does every later step. */
+	/** Apply the accumulated gradient to the parameters and clear it. Required (but with pieces).
+	 * Returns 0; a negative errno breaks the contract above (check said it would apply): the step
+	 * fails with -ENOTRECOVERABLE naming this stage, and so does every later step. */
 	int (*update)(void *ctx, const mbp_train_update *u);
-	/** Clear the accumulated gradient without applying it (a failed step). Required. */
+	/** Clear the accumulated gradient without applying it (a failed step). Required (but with pieces). */
 	void (*discard)(void *ctx);
 	/** Optional, on the stage's thread at start: 0 or a negative errno (a positive value is -EPROTO). */
 	int (*init)(void *ctx, unsigned stage);
@@ -479,6 +487,25 @@ typedef struct mbp_train_stage_desc {
 	 * `ctx` for every replica (callbacks that keep no scratch in it). check, grad_sq, update and
 	 * discard get `ctx`, once per stage, on replica 0's thread. */
 	void *const *replica_ctx;
+	/** Pieces (see "Replicas"): the stage's end-of-step work cut into this many pieces, shared out
+	 * among its replicas; 0: none (check, grad_sq, update and discard, whole, on replica 0). With
+	 * pieces, check_pieces, update_pieces and discard_pieces are required and replace check, grad_sq,
+	 * update and discard (which may then be NULL and are not called); at most UINT32_MAX. */
+	size_t pieces;
+	/** check and grad_sq over pieces [begin, end): 0 (the update will apply) or a negative errno that
+	 * fails the step, as check; sq[i] receives piece begin + i's squared norm (grad_sq: the pieces'
+	 * added in order). Runs on each replica's thread over its own range, at once with the others',
+	 * after the stage's last weight gradient, with `ctx`. */
+	int (*check_pieces)(void *ctx, size_t begin, size_t end, double *sq);
+	/** update over pieces [begin, end), on each replica's thread at once (its own range, `ctx`); a
+	 * negative errno breaks the contract as update's does. What is not per element (an optimizer's
+	 * step count) belongs in update_end. */
+	int (*update_pieces)(void *ctx, const mbp_train_update *u, size_t begin, size_t end);
+	/** discard over pieces [begin, end) (a failed step), as update_pieces runs. */
+	void (*discard_pieces)(void *ctx, size_t begin, size_t end);
+	/** Optional: once per successful step after every replica's update_pieces returned, on one of the
+	 * trainer's threads (not necessarily the stage's), while no operation runs. */
+	void (*update_end)(void *ctx, const mbp_train_update *u);
 } mbp_train_stage_desc;
 
 /**
@@ -522,9 +549,11 @@ int mbp_trainer_new(mbp_trainer **tp, const mbp_train_opts *o);
 
 /**
  * Append a stage (before start). The descriptor is copied.
- * @return 0, -EINVAL (NULL, no forward, update or discard, no backward of either form, out_row_bytes 0,
+ * @return 0, -EINVAL (NULL, no forward, update or discard (without pieces), no check_pieces,
+ *         update_pieces or discard_pieces (with), no backward of either form, out_row_bytes 0,
  *         a width above UINT32_MAX, work_row_bytes without recompute, more than MBP_TRAIN_MAX_REPLICAS
- *         replicas, already started), -E2BIG (more than MBP_MAX_STAGES stages, or replicas: threads).
+ *         replicas, already started), -E2BIG (more than MBP_MAX_STAGES stages, or replicas: threads),
+ *         -ENOMEM.
  */
 int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
 

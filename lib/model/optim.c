@@ -17,6 +17,14 @@
  * x86-64. The finiteness check and the squared norm
  * read the gradient once each; the norm keeps eight partial sums in double, element e in sum e % 8, added
  * in one fixed order, so a tensor's norm depends only on its values.
+ *
+ * Pieces. Every tensor is cut into pieces of MBP_MLP_PIECE_FLOATS elements (its last shorter), and the
+ * end-of-step work (squared norms, update, zeroing) runs piece by piece, so that several threads (a
+ * trainer's replicas) can share one stage's, each over its own range of pieces. A layer's squared norm is
+ * its pieces' sums added in order (0 + first + second ...), whichever thread computed each: the same bits
+ * for any split, and for a tensor of one piece the bits of its plain sum. The update of an element reads
+ * and writes that element only (and its padded copy), so any split gives the bits of the whole update; the
+ * step counts advance once, after every piece (mbp_mlp_stage_update_end).
  */
 #include "config.h"
 
@@ -103,37 +111,32 @@ __attribute__((target("avx"))) static void adamw_avx(const struct adamw_k *k, fl
 }
 #endif
 
-/* The AdamW update of a tensor of cnt elements; with pad, row by row (rows of `row` elements), each row
- * copied into pad (rows ld floats apart) while it is in cache. */
-static void adamw(const mbp_optim_opts *o, double lr, uint64_t t, float decay, float scale, float *p,
-		  const float *g, float *m, float *v, size_t cnt, float *pad, size_t row, size_t ld)
+/* AdamW's constants for update t of a tensor at rate lr. */
+static struct adamw_k adamw_consts(const mbp_optim_opts *o, double lr, uint64_t t, float decay, float scale)
 {
 	const double bc1 = 1.0 - pow(o->beta1, (double)(t + 1)), bc2 = 1.0 - pow(o->beta2, (double)(t + 1));
-	const struct adamw_k k = {.b1 = o->beta1,
-				  .b2 = o->beta2,
-				  .c1 = 1.0f - o->beta1,
-				  .c2 = 1.0f - o->beta2,
-				  .eps = o->eps,
-				  .step = (float)(lr / bc1),
-				  .bc2_sqrt = (float)sqrt(bc2),
-				  .keep = (float)(1.0 - lr * decay),
-				  .scale = scale};
-	void (*run)(const struct adamw_k *, float *, const float *, float *, float *, size_t) = adamw_c;
+	return (struct adamw_k){.b1 = o->beta1,
+				.b2 = o->beta2,
+				.c1 = 1.0f - o->beta1,
+				.c2 = 1.0f - o->beta2,
+				.eps = o->eps,
+				.step = (float)(lr / bc1),
+				.bc2_sqrt = (float)sqrt(bc2),
+				.keep = (float)(1.0 - lr * decay),
+				.scale = scale};
+}
+
+typedef void (*adamw_fn)(const struct adamw_k *, float *, const float *, float *, float *, size_t);
+
+static adamw_fn adamw_pick(void)
+{
 #if defined(OPTIM_X86)
 	__builtin_cpu_init();
 	if (__builtin_cpu_supports("avx"))
-		run = adamw_avx;
+		return adamw_avx;
 #endif
-	if (!pad) {
-		run(&k, p, g, m, v, cnt);
-		return;
-	}
-	for (size_t e = 0, r = 0; e < cnt; e += row, r++) {
-		run(&k, p + e, g + e, m + e, v + e, row);
-		memcpy(pad + r * ld, p + e, row * sizeof(float));
-	}
+	return adamw_c;
 }
-
 /* Does g[0, cnt) hold a NaN or an infinity (its exponent bits all ones)? */
 static bool any_non_finite(const float *g, size_t cnt)
 {
@@ -197,13 +200,100 @@ static void sgd(const mbp_optim_opts *o, double lr, uint64_t t, float decay, flo
 	}
 }
 
+/* ---- pieces ---- */
+
+/* Visit the pieces [begin, end) of layers [a, b): fn(arg, layer, tensor, first element, end element),
+ * in order. */
+typedef void (*piece_fn)(void *arg, unsigned i, unsigned k, size_t e0, size_t e1);
+
+static void pieces_visit(const mbp_mlp *n, unsigned a, unsigned b, size_t begin, size_t end, piece_fn fn,
+			 void *arg)
+{
+	size_t p = 0;
+	for (unsigned i = a; i < b && p < end; i++)
+		for (unsigned k = 0; k < MBP__PARTS && p < end; k++) {
+			size_t cnt = n->count[i][k],
+			       np = (cnt + MBP_MLP_PIECE_FLOATS - 1) / MBP_MLP_PIECE_FLOATS;
+			if (p + np <= begin) { /* the whole tensor before the range */
+				p += np;
+				continue;
+			}
+			for (size_t e = 0; e < cnt && p < end; e += MBP_MLP_PIECE_FLOATS, p++)
+				if (p >= begin)
+					fn(arg, i, k, e,
+					   cnt - e < MBP_MLP_PIECE_FLOATS ? cnt : e + MBP_MLP_PIECE_FLOATS);
+		}
+}
+
+static size_t pieces_of(const mbp_mlp *n, unsigned a, unsigned b)
+{
+	size_t p = 0;
+	for (unsigned i = a; i < b; i++)
+		for (unsigned k = 0; k < MBP__PARTS; k++)
+			p += (n->count[i][k] + MBP_MLP_PIECE_FLOATS - 1) / MBP_MLP_PIECE_FLOATS;
+	return p;
+}
+
+size_t mbp_mlp_layer_pieces(const mbp_mlp *n, unsigned layer)
+{
+	return n && layer < n->layers ? pieces_of(n, layer, layer + 1) : 0;
+}
+
+size_t mbp_mlp_stage_pieces(const mbp_mlp_stage *st)
+{
+	if (!st)
+		return 0;
+	mbp_mlp *n;
+	unsigned a, b;
+	mbp__mlp_stage_range(st, &n, &a, &b);
+	return pieces_of(n, a, b);
+}
+
+/* The stage's model and layers [a, b) for a call on its pieces [begin, end): 0, or -EINVAL for a bad
+ * range. */
+static int pieces_range(const mbp_mlp_stage *st, size_t begin, size_t end, mbp_mlp **n, unsigned *a,
+			unsigned *b)
+{
+	if (!st || begin > end || end > mbp_mlp_stage_pieces(st))
+		return -EINVAL;
+	mbp__mlp_stage_range(st, n, a, b);
+	return 0;
+}
+
+/* The squared norms of pieces, into out[0], out[1] ... (or added into *sum, in order). */
+struct sq_visit {
+	const mbp_mlp *n;
+	double *out, *sum;
+};
+
+static void sq_piece(void *arg, unsigned i, unsigned k, size_t e0, size_t e1)
+{
+	struct sq_visit *v = arg;
+	double q = sum_squares(v->n->grad + v->n->off[i][k] + e0, e1 - e0);
+	if (v->out)
+		*v->out++ = q;
+	else
+		*v->sum += q;
+}
+
+int mbp_mlp_stage_grad_sqnorm_pieces(const mbp_mlp_stage *st, size_t begin, size_t end, double *sq)
+{
+	mbp_mlp *n;
+	unsigned a, b;
+	if (pieces_range(st, begin, end, &n, &a, &b) < 0 || (!sq && end > begin))
+		return -EINVAL;
+	struct sq_visit v = {.n = n, .out = sq};
+	pieces_visit(n, a, b, begin, end, sq_piece, &v);
+	return 0;
+}
+
 int mbp_mlp_layer_grad_sqnorm(const mbp_mlp *n, unsigned layer, double *sq)
 {
 	if (!n || !sq || layer >= n->layers)
 		return -EINVAL;
 	double s = 0;
-	for (unsigned k = 0; k < MBP__PARTS; k++)
-		s += sum_squares(n->grad + n->off[layer][k], n->count[layer][k]);
+	struct sq_visit v = {.n = n, .sum = &s};
+	pieces_visit(n, layer, layer + 1, 0, SIZE_MAX, sq_piece, &v);
 	*sq = s;
 	return 0;
 }
@@ -217,7 +307,7 @@ int mbp_mlp_stage_grad_sqnorm(const mbp_mlp_stage *st, double *sq)
 	mbp__mlp_stage_range(st, &n, &a, &b);
 	double s = 0;
 	for (unsigned i = a; i < b; i++) {
-		double q;
+		double q = 0;
 		mbp_mlp_layer_grad_sqnorm(n, i, &q);
 		s += q;
 	}
@@ -237,37 +327,89 @@ int mbp_mlp_stage_update_check(const mbp_mlp_stage *st, float scale)
 	return any_non_finite(n->grad + n->start[a], n->start[b] - n->start[a]) ? -EDOM : 0;
 }
 
+/* The update of pieces: each element's, row segment by row segment where the layer's dense weights have
+ * a padded copy (the segment copied there while it is in cache). */
+struct upd_visit {
+	mbp_mlp *n;
+	float scale;
+	adamw_fn run;
+};
+
+static void upd_piece(void *arg, unsigned i, unsigned k, size_t e0, size_t e1)
+{
+	struct upd_visit *v = arg;
+	mbp_mlp *n = v->n;
+	const mbp_optim_opts *o = &n->opt;
+	const uint64_t t = n->step[i]; /* advanced by mbp_mlp_stage_update_end, after every piece */
+	const double lr = mbp_optim_lr(o, t);
+	const float decay = k == MBP_PART_WEIGHT ? o->weight_decay : 0.0f;
+	const size_t off = n->off[i][k];
+	float *p = n->param + off, *m = n->m1 ? n->m1 + off : NULL, *w = n->m2 ? n->m2 + off : NULL;
+	const float *g = n->grad + off;
+	/* the stages' padded copy of the dense weights follows them (mlp_internal.h) */
+	float *pad = k == MBP_PART_WEIGHT ? mbp__mlp_pad(n, i) : NULL;
+	const size_t row = n->l[i].in, ld = n->lwp[i].ld;
+	const struct adamw_k ak = adamw_consts(o, lr, t, decay, v->scale);
+	for (size_t e = e0; e < e1;) {
+		size_t to = pad && (e / row + 1) * row < e1 ? (e / row + 1) * row : e1;
+		if (o->kind == MBP_OPTIM_ADAMW)
+			v->run(&ak, p + e, g + e, m + e, w + e, to - e);
+		else
+			sgd(o, lr, t, decay, v->scale, p + e, g + e, m ? m + e : NULL, to - e);
+		if (pad)
+			memcpy(pad + (e / row) * ld + e % row, p + e, (to - e) * sizeof(float));
+		e = to;
+	}
+}
+
+int mbp_mlp_stage_update_pieces(mbp_mlp_stage *st, float scale, size_t begin, size_t end)
+{
+	mbp_mlp *n;
+	unsigned a, b;
+	if (pieces_range(st, begin, end, &n, &a, &b) < 0)
+		return -EINVAL;
+	if (!isfinite(scale) || scale < 0)
+		return -EDOM;
+	struct upd_visit v = {.n = n, .scale = scale, .run = adamw_pick()};
+	pieces_visit(n, a, b, begin, end, upd_piece, &v);
+	return 0;
+}
+
+int mbp_mlp_stage_update_end(mbp_mlp_stage *st)
+{
+	if (!st)
+		return -EINVAL;
+	mbp_mlp *n;
+	unsigned a, b;
+	mbp__mlp_stage_range(st, &n, &a, &b);
+	for (unsigned i = a; i < b; i++)
+		n->step[i]++;
+	return 0;
+}
+
+static void zero_piece(void *arg, unsigned i, unsigned k, size_t e0, size_t e1)
+{
+	mbp_mlp *n = arg;
+	memset(n->grad + n->off[i][k] + e0, 0, (e1 - e0) * sizeof(float));
+}
+
+int mbp_mlp_stage_zero_grad_pieces(mbp_mlp_stage *st, size_t begin, size_t end)
+{
+	mbp_mlp *n;
+	unsigned a, b;
+	if (pieces_range(st, begin, end, &n, &a, &b) < 0)
+		return -EINVAL;
+	pieces_visit(n, a, b, begin, end, zero_piece, n);
+	return 0;
+}
+
 int mbp_mlp_stage_update(mbp_mlp_stage *st, float scale)
 {
 	/* All or nothing: a non-finite gradient anywhere in the stage leaves every parameter as it was. */
 	int rc = mbp_mlp_stage_update_check(st, scale);
 	if (rc < 0)
 		return rc;
-	mbp_mlp *n;
-	unsigned a, b;
-	mbp__mlp_stage_range(st, &n, &a, &b);
-	const mbp_optim_opts *o = &n->opt;
-	for (unsigned i = a; i < b; i++) {
-		uint64_t t = n->step[i];
-		double lr = mbp_optim_lr(o, t);
-		for (unsigned k = 0; k < MBP__PARTS; k++) {
-			size_t off = n->off[i][k], cnt = n->count[i][k];
-			float decay = k == MBP_PART_WEIGHT ? o->weight_decay : 0.0f;
-			if (!cnt)
-				continue;
-			/* the stages' padded copy of the dense weights follows them (mlp_internal.h) */
-			float *pad = k == MBP_PART_WEIGHT ? mbp__mlp_pad(n, i) : NULL;
-			if (o->kind == MBP_OPTIM_ADAMW) {
-				adamw(o, lr, t, decay, scale, n->param + off, n->grad + off, n->m1 + off,
-				      n->m2 + off, cnt, pad, n->l[i].in, n->lwp[i].ld);
-			} else {
-				sgd(o, lr, t, decay, scale, n->param + off, n->grad + off,
-				    n->m1 ? n->m1 + off : NULL, cnt);
-				if (pad)
-					mbp__mlp_pad_sync(n, i, 0, n->l[i].out);
-			}
-		}
-		n->step[i] = t + 1;
-	}
-	return 0;
+	/* the pieces' update over the whole stage, the one code path whatever the split */
+	MBP_VERIFY(mbp_mlp_stage_update_pieces(st, scale, 0, mbp_mlp_stage_pieces(st)) == 0);
+	return mbp_mlp_stage_update_end(st);
 }

@@ -71,7 +71,7 @@ static int run_plan(const pb_config *cfg, mbp_mlp *n, const uint32_t *w, unsigne
 	float *x = malloc((size_t)batch * width * sizeof(float));
 	int32_t *y = malloc((size_t)batch * sizeof(int32_t));
 	double *ms = malloc((cfg->batches + 1) * sizeof(double));
-	int rc = x && y && ms ? 0 : -ENOMEM;
+	int rc = x && y && ms && mt_shared_pieces(&sh) == 0 ? 0 : -ENOMEM;
 	const char *what = "out of memory";
 	uint64_t r = cfg->seed * 0x9E3779B97F4A7C15ull + 1; /* the rows: an LCG from --seed */
 	for (size_t i = 0; rc == 0 && i < (size_t)batch * width; i++) {
@@ -143,6 +143,7 @@ static int run_plan(const pb_config *cfg, mbp_mlp *n, const uint32_t *w, unsigne
 	free(x);
 	free(y);
 	free(ms);
+	free(sh.piece_sq);
 	return rc < 0 ? -1 : 0;
 }
 

@@ -255,6 +255,7 @@ static void run_free(struct run *r)
 		free(r->replica[s]);
 	}
 	mbp_mlp_destroy(r->n);
+	free(r->sh.piece_sq);
 	mbp_dataset_free(&r->train);
 	mbp_dataset_free(&r->test);
 	free(r->tr);
@@ -670,6 +671,10 @@ static int setup(struct run *r)
 	pl->sched = NULL;
 	r->sh =
 	    (mt_shared){.n = r->n, .layers = L, .classes = classes, .clip = (float)c->clip, .fault_step = -1};
+	if (mt_shared_pieces(&r->sh) < 0) {
+		mbp_schedule_destroy(probe);
+		return fail("out of memory");
+	}
 	const char *fault = getenv("PIPETRAIN_FAULT");
 	if (fault && *fault)
 		r->sh.fault_step = strtoll(fault, NULL, 10);

@@ -26,7 +26,12 @@ typedef struct mt_shared {
 	unsigned layers;
 	uint32_t classes;
 	float clip;
-	double layer_sq[MT_MAX_LAYERS]; /* each layer's squared gradient norm, written by its stage */
+	double layer_sq[MT_MAX_LAYERS]; /* each layer's squared gradient norm, after each update */
+	/* each piece's squared norm (mbp_mlp_stage_pieces), written by the check of the stage (or
+	 * replica) that holds it; layer l's pieces at [piece0[l], piece0[l + 1]) (mt_shared_pieces; the
+	 * caller frees piece_sq) */
+	double *piece_sq;
+	size_t piece0[MT_MAX_LAYERS + 1];
 	/* rows classified right in the last step (the last stage's replicas add; the caller clears it) */
 	_Atomic uint64_t correct;
 	int64_t fault_step; /* PIPETRAIN_FAULT: a NaN logit at this step; -1: none */
@@ -43,8 +48,6 @@ typedef struct mt_stage {
 	mt_shared *sh;
 	unsigned index, first, last; /* layers [first, last) */
 	char name[32];
-	double sq;     /* the layers' squared gradient norms summed, by the check */
-	bool sq_fresh; /* sq is this step's: the check ran, grad_sq has not yet */
 } mt_stage;
 
 /* Make stage `index` of layers [first, last) at micro-batches of mb rows into p (p->st: pair with
@@ -55,6 +58,9 @@ int mt_stage_make(mt_stage *p, mt_shared *sh, unsigned index, unsigned first, un
 		  mt_stage *giver, uint64_t recompute);
 /* Fill a trainer stage descriptor for p. */
 void mt_stage_desc(mt_stage *p, mbp_train_stage_desc *d);
+/* The table of pieces' norms of sh->n (sh->piece_sq, sh->piece0), before any stage's step; free
+ * sh->piece_sq after the last. @return 0, -ENOMEM. */
+int mt_shared_pieces(mt_shared *sh);
 /* The trainer's loss: softmax cross-entropy on int32 labels (arg: the mt_shared). */
 int mt_loss(void *arg, const mbp_train_io *io, double *loss);
 

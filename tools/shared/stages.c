@@ -9,15 +9,16 @@
  * gradients. The loss is softmax cross-entropy on int32 labels, averaged over the step's rows
  * (batch_rows = io->step_rows), so the micro-batches' gradients add up to the mini-batch's.
  *
- * Clipping by global norm. The trainer adds the stages' grad_sq values in stage order, so with another
+ * Clipping by global norm. The trainer adds the stages' squared norms in stage order, so with another
  * partition the same gradients give a norm that may differ in its last bits, and so would the clip factor
- * and every later weight. To make a run independent of the stage count, each stage's grad_sq also stores
- * each of its layers' squared norms (mbp_mlp_layer_grad_sqnorm: in double, in an order fixed by the layer
- * alone) in the shared table, and every update adds the table's entries in layer order: the same sum, bit
- * for bit, whatever the stages.
- * The trainer calls every stage's check and grad_sq before any update (the norm it passes is their sum),
- * so the table is complete when the updates read it; the check fills it (a layer's norm is finite exactly
- * when its gradients are), and grad_sq returns what the check just computed.
+ * and every later weight. To make a run independent of the stage count, the norm is the model's: each
+ * stage's check stores its pieces' squared norms (mbp_mlp_stage_grad_sqnorm_pieces: pieces of a tensor
+ * fixed by its size alone) in the shared table, and every update adds the table's entries piece by piece
+ * into each layer's sum (mbp_mlp_layer_grad_sqnorm's bits) and those in layer order: the same sum, bit
+ * for bit, whatever the stages and replicas. The trainer runs every check before any update, so the table
+ * is complete when the updates read it. The end-of-step work goes by pieces (train.h, "Replicas"): a
+ * replicated stage's replicas check, update and zero a range of its pieces each, at once, and the
+ * layers' step counts advance once (op_update_end).
  */
 #include <errno.h>
 #include <math.h>
@@ -65,55 +66,74 @@ static int op_backward_w(void *ctx, const mbp_train_io *io)
 	return mbp_mlp_stage_backward_w_r(p->st, io->stash, io->work, io->in, io->rows);
 }
 
-/* The stage's layers' squared gradient norms into the shared table, one pass over its gradients; their
- * sum. */
-static double layers_sq(mt_stage *p)
-{
-	double total = 0;
-	for (unsigned l = p->first; l < p->last; l++) {
-		mbp_mlp_layer_grad_sqnorm(p->sh->n, l, &p->sh->layer_sq[l]);
-		total += p->sh->layer_sq[l];
-	}
-	return total;
-}
-
 /* The update's refusals before any stage updates (train.h): a non-finite gradient, which the squared
- * norms show (finite exactly when every gradient is, mbp_mlp_layer_grad_sqnorm), so the check computes
- * them and grad_sq, which the trainer calls next on this thread, returns them: one pass for both. The clip
- * factor is finite once every grad_sq was (the trainer fails the step otherwise). */
-static int op_check(void *ctx)
+ * norms show (finite exactly when every gradient is, mbp_mlp_stage_grad_sqnorm_pieces), so the check of a
+ * range of pieces computes their norms, into the trainer's sq and the shared table (every update reads
+ * all of it). The clip factor is finite once every norm was (the trainer fails the step otherwise). */
+static int op_check_pieces(void *ctx, size_t begin, size_t end, double *sq)
 {
 	mt_stage *p = ctx;
-	p->sq = layers_sq(p);
-	p->sq_fresh = true;
-	return isfinite(p->sq) ? 0 : -EDOM;
-}
-
-static double op_grad_sq(void *ctx)
-{
-	mt_stage *p = ctx;
-	double sq = p->sq_fresh ? p->sq : layers_sq(p);
-	p->sq_fresh = false;
-	return sq;
-}
-
-static int op_update(void *ctx, const mbp_train_update *u)
-{
-	(void)u;
-	mt_stage *p = ctx;
-	double sq = 0;
-	for (unsigned l = 0; l < p->sh->layers; l++)
-		sq += p->sh->layer_sq[l];
-	float scale = mbp_clip_scale(sq, p->sh->clip);
-	int rc = mbp_mlp_stage_update(p->st, scale); /* 0 after op_check: the trainer reports otherwise */
-	mbp_mlp_stage_zero_grad(p->st);
+	int rc = mbp_mlp_stage_grad_sqnorm_pieces(p->st, begin, end, sq);
+	double *table = p->sh->piece_sq + p->sh->piece0[p->first];
+	for (size_t i = begin; rc == 0 && i < end; i++) {
+		table[i] = sq[i - begin];
+		if (!isfinite(table[i]))
+			rc = -EDOM;
+	}
 	return rc;
 }
 
-static void op_discard(void *ctx)
+/* Layer l's squared norm from the table: its pieces' added in order (mbp_mlp_layer_grad_sqnorm's bits). */
+static double layer_sq(const mt_shared *sh, unsigned l)
+{
+	double sq = 0;
+	for (size_t i = sh->piece0[l]; i < sh->piece0[l + 1]; i++)
+		sq += sh->piece_sq[i];
+	return sq;
+}
+
+static int op_update_pieces(void *ctx, const mbp_train_update *u, size_t begin, size_t end)
+{
+	(void)u;
+	mt_stage *p = ctx;
+	double sq = 0; /* every range of every stage adds the same table in the same order */
+	for (unsigned l = 0; l < p->sh->layers; l++)
+		sq += layer_sq(p->sh, l);
+	float scale = mbp_clip_scale(sq, p->sh->clip);
+	int rc = 0;
+	/* piece by piece, each gradient zeroed while it is in cache (0 after op_check_pieces: the
+	 * trainer reports otherwise) */
+	for (size_t i = begin; i < end && rc == 0; i++) {
+		rc = mbp_mlp_stage_update_pieces(p->st, scale, i, i + 1);
+		mbp_mlp_stage_zero_grad_pieces(p->st, i, i + 1);
+	}
+	return rc;
+}
+
+/* Once every range is updated: the layers' step counts, and their norms for the log (grad_norm). */
+static void op_update_end(void *ctx, const mbp_train_update *u)
+{
+	(void)u;
+	mt_stage *p = ctx;
+	mbp_mlp_stage_update_end(p->st);
+	for (unsigned l = p->first; l < p->last; l++)
+		p->sh->layer_sq[l] = layer_sq(p->sh, l);
+}
+
+static void op_discard_pieces(void *ctx, size_t begin, size_t end)
 {
 	mt_stage *p = ctx;
-	mbp_mlp_stage_zero_grad(p->st);
+	mbp_mlp_stage_zero_grad_pieces(p->st, begin, end);
+}
+
+int mt_shared_pieces(mt_shared *sh)
+{
+	sh->piece0[0] = 0;
+	for (unsigned l = 0; l < sh->layers; l++)
+		sh->piece0[l + 1] = sh->piece0[l] + mbp_mlp_layer_pieces(sh->n, l);
+	free(sh->piece_sq);
+	sh->piece_sq = calloc(sh->piece0[sh->layers] + 1, sizeof(double));
+	return sh->piece_sq ? 0 : -ENOMEM;
 }
 
 int mt_stage_make(mt_stage *p, mt_shared *sh, unsigned index, unsigned first, unsigned last, uint32_t mb,
@@ -144,10 +164,11 @@ void mt_stage_desc(mt_stage *p, mbp_train_stage_desc *d)
 	    .backward = op_backward,
 	    .backward_in = op_backward_in,
 	    .backward_w = op_backward_w,
-	    .grad_sq = op_grad_sq,
-	    .check = op_check,
-	    .update = op_update,
-	    .discard = op_discard,
+	    .pieces = mbp_mlp_stage_pieces(p->st),
+	    .check_pieces = op_check_pieces,
+	    .update_pieces = op_update_pieces,
+	    .discard_pieces = op_discard_pieces,
+	    .update_end = op_update_end,
 	};
 }
 
