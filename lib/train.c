@@ -732,12 +732,16 @@ static void decide(void *arg)
 }
 
 /* Every thread is past its updates (the last to reach the second barrier runs this): a stage of pieces
- * ends its update once (its step count), and the controller is told at once, not after this thread's
+ * ends its update once (its step count; not where an update refused, which breaks the trainer: its
+ * step did not succeed), and the controller is told at once, not after this thread's
  * wake of the others and one of theirs. */
 static void step_end(void *arg)
 {
 	struct mbp_trainer *t = arg;
-	for (unsigned s = 0; t->step_ok && s < t->S; s++) {
+	pthread_mutex_lock(&t->lock);
+	bool refused = t->broken.err != 0; /* an update of this step refused (a broken trainer runs none) */
+	pthread_mutex_unlock(&t->lock);
+	for (unsigned s = 0; t->step_ok && !refused && s < t->S; s++) {
 		struct tstage *st = &t->st[t->ub[s]];
 		if (st->d.pieces && st->d.update_end)
 			st->d.update_end(st->d.ctx, &t->upd);

@@ -185,7 +185,8 @@ uint32_t mbp__gen_wait_spin(_Atomic uint32_t *w, uint32_t seen, const struct mbp
 {
 	uint32_t g = mbp__gen_get(w);
 	/* the clock once every MBP__SPIN_STEPS_PER_CLOCK pauses, as the backoff reads it */
-	for (uint64_t t0 = mbp__now_ns(), k = 0; g == seen && !o->no_spin; g = mbp__gen_get(w)) {
+	for (uint64_t t0 = mbp__now_ns(), k = 0; g == seen && !o->no_spin && o->spin_ns;
+	     g = mbp__gen_get(w)) {
 		if (++k % MBP__SPIN_STEPS_PER_CLOCK == 0 && mbp__now_ns() - t0 >= o->spin_ns)
 			break;
 		mbp__cpu_relax();

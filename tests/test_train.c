@@ -1631,7 +1631,8 @@ static int toy_update_pieces(void *ctx, const mbp_train_update *u, size_t begin,
 			w[i] -= LR * g[i];
 		memset(g, 0, N * sizeof(float));
 	}
-	return 0;
+	/* TOY_FAIL_UPDATE: the range that holds the last piece refuses after its check accepted */
+	return t->fail_kind == TOY_FAIL_UPDATE && end == TOY_PIECES ? -EIO : 0;
 }
 
 static void toy_discard_pieces(void *ctx, size_t begin, size_t end)
@@ -1669,7 +1670,8 @@ static void pieced(mbp_train_stage_desc *d, unsigned s)
 /* Stages whose check, norm and update go by pieces, on 1, 2, 3 and 6 replicas (each a range of the 5
  * pieces, or none), under GPipe, 1F1B and ZB-H1: the parameters of the sequential reference bit for bit, the norm
  * the same for every replica count, update_end once a step. A check refused on the last replica's range
- * fails the step: no stage updated, every range's gradient discarded. Pieces without their callbacks
+ * fails the step: no stage updated, every range's gradient discarded; an update refused there breaks
+ * the trainer and runs no update_end. Pieces without their callbacks
  * are refused; with them, update and discard may be left out. */
 START_TEST(updates_by_pieces_on_replicas_run_once_a_step_and_give_the_parameters_of_one_thread)
 {
@@ -1719,6 +1721,12 @@ START_TEST(updates_by_pieces_on_replicas_run_once_a_step_and_give_the_parameters
 			double scratch[3]; /* (a step after the failure: its norm recorded, not checked) */
 			replicated_step(&r, ref, 22, 0, scratch, kinds[k], 0);
 			no_buffer_out(r.t);
+			/* an update that refuses after its check accepted breaks the trainer: that step did not
+			 * succeed, so no stage's update_end runs (its step count stays) */
+			r.st[1].fail_kind = TOY_FAIL_UPDATE;
+			ck_assert_int_eq(mbp_trainer_step(r.t, in, tg, 22, 4, NULL), -ENOTRECOVERABLE);
+			for (unsigned s = 0; s < 3; s++)
+				ck_assert_uint_eq(r.st[s].updates, 4);
 			mbp_trainer_destroy(r.t);
 		}
 	mbp_trainer *t;

@@ -218,10 +218,14 @@ static void pieces_visit(const mbp_mlp *n, unsigned a, unsigned b, size_t begin,
 				p += np;
 				continue;
 			}
-			for (size_t e = 0; e < cnt && p < end; e += MBP_MLP_PIECE_FLOATS, p++)
-				if (p >= begin)
-					fn(arg, i, k, e,
-					   cnt - e < MBP_MLP_PIECE_FLOATS ? cnt : e + MBP_MLP_PIECE_FLOATS);
+			size_t e = 0;
+			if (p < begin) { /* the range begins inside this tensor: straight to its piece */
+				e = (begin - p) * MBP_MLP_PIECE_FLOATS;
+				p = begin;
+			}
+			for (; e < cnt && p < end; e += MBP_MLP_PIECE_FLOATS, p++)
+				fn(arg, i, k, e,
+				   cnt - e < MBP_MLP_PIECE_FLOATS ? cnt : e + MBP_MLP_PIECE_FLOATS);
 		}
 }
 

@@ -103,8 +103,9 @@ static int op_update_pieces(void *ctx, const mbp_train_update *u, size_t begin, 
 	int rc = 0;
 	/* piece by piece, each gradient zeroed while it is in cache (0 after op_check_pieces: the
 	 * trainer reports otherwise) */
-	for (size_t i = begin; i < end && rc == 0; i++) {
-		rc = mbp_mlp_stage_update_pieces(p->st, scale, i, i + 1);
+	for (size_t i = begin; i < end; i++) { /* after a refusal: zeroed, not updated */
+		if (rc == 0)
+			rc = mbp_mlp_stage_update_pieces(p->st, scale, i, i + 1);
 		mbp_mlp_stage_zero_grad_pieces(p->st, i, i + 1);
 	}
 	return rc;
