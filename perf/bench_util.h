@@ -16,8 +16,8 @@
 
 #include <errno.h>
 
-#include "util/clock.h"	 /* mbt_now_ns, mbt_clock_ns: the tools' clock */
-#include "util/number.h" /* the strict number parsers of the tools and the library's options */
+#include "util/clock.h" /* mbt_now_ns, mbt_clock_ns: the tools' clock */
+#include "util/parse.h" /* the tools' option parsers and their one-line errors */
 
 #define BENCH_MEDIAN_MAX 1024
 
@@ -108,22 +108,21 @@ static inline bool bench_pin(int cpu)
  */
 static inline uint64_t bench_opt_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi)
 {
-	uint64_t v;
-	if (parse_u64(s, lo, hi, &v) == 0)
+	uint64_t v = 0; /* (set on success; gcc cannot see that through the parser) */
+	char err[256];
+	if (parse_u64_opt(opt, s ? s : "", "a whole number", lo, hi, &v, err, sizeof err) == 0)
 		return v;
-	fprintf(stderr, "%s: %s: '%s' is not a whole number from %llu to %llu\n",
-		program_invocation_short_name, opt, s ? s : "", (unsigned long long)lo,
-		(unsigned long long)hi);
+	fprintf(stderr, "%s: %s\n", program_invocation_short_name, err);
 	exit(2);
 }
 
 static inline double bench_opt_double(const char *opt, const char *s, double lo, double hi)
 {
-	double v;
-	if (parse_double(s, lo, hi, &v) == 0)
+	double v = 0;
+	char err[256];
+	if (parse_double_opt(opt, s ? s : "", "a number", lo, hi, &v, err, sizeof err) == 0)
 		return v;
-	fprintf(stderr, "%s: %s: '%s' is not a number from %g to %g\n", program_invocation_short_name, opt,
-		s ? s : "", lo, hi);
+	fprintf(stderr, "%s: %s\n", program_invocation_short_name, err);
 	exit(2);
 }
 

@@ -33,6 +33,6 @@ tests_test_pipebench_SOURCES = tests/test_pipebench.c tests/check_main.h tests/p
 tests_test_pipebench_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/include -I$(top_builddir)/include \
 	-DPIPEBENCH_BIN='"$(abs_top_builddir)/tools/pipebench/pipebench"'
 tests_test_pipebench_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(CJSON_CFLAGS)
-tests_test_pipebench_LDADD = $(MBP_LIBS) $(CHECK_LIBS) $(CJSON_LIBS) -lm
+tests_test_pipebench_LDADD = $(MBT_SHARED) $(MBP_LIBS) $(CHECK_LIBS) $(CJSON_LIBS) -lm
 EXTRA_tests_test_pipebench_DEPENDENCIES = tools/pipebench/pipebench
 TESTS += tests/test_pipebench

@@ -38,6 +38,15 @@ static inline int parse_u64_opt(const char *name, const char *s, const char *wha
 		    (unsigned long long)lo, (unsigned long long)hi);
 }
 
+/* The same for a size ("64M", "1G": bytes, K/M/G/T binary; not 0) of at most max bytes. */
+static inline int parse_size_opt(const char *name, const char *s, uint64_t max, uint64_t *v, char *err,
+				 size_t errlen)
+{
+	if (parse_size(s, max, v) == 0)
+		return 0;
+	return fail(err, errlen, "%s: '%s' is not a size like 64M or 1G (bytes, K/M/G/T binary)", name, s);
+}
+
 /* The same for a finite number in [lo, hi] (the bounds written with %g). */
 static inline int parse_double_opt(const char *name, const char *s, const char *what, double lo, double hi,
 				   double *v, char *err, size_t errlen)

@@ -566,10 +566,8 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 			cfg->plan_only = true;
 			break;
 		case OPT_MEMORY:
-			if (parse_size(optarg, UINT64_MAX, &cfg->memory) || cfg->memory == 0)
-				return fail(err, errlen,
-					    "%s: '%s' is not a size like 64M or 1G (bytes, K/M/G/T binary)",
-					    name, optarg);
+			if (parse_size_opt(name, optarg, UINT64_MAX, &cfg->memory, err, errlen))
+				return -1;
 			break;
 		case OPT_WIDTHS:
 			if (parse_widths(optarg, cfg, err, errlen))

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "pipebench.h"
+#include "tools/shared/mlptrain.h" /* mt_json_print */
 #include "util/blas.h"
 #include "util/mpirank.h"
 #include "util/plural.h"
@@ -422,25 +423,13 @@ static cJSON *json_result(const pb_result *r)
 	return o;
 }
 
-/* Print the document and free it. 0, or -1 (out of memory). */
-static int json_print(FILE *f, cJSON *root)
-{
-	char *text = cJSON_Print(root);
-	cJSON_Delete(root);
-	if (!text)
-		return -1;
-	fprintf(f, "%s\n", text);
-	cJSON_free(text);
-	return 0;
-}
-
 /* The document's end: "ok" and "error" from the exit status, then print it and free it. 0, or -1 (out of
  * memory). */
 static int json_finish(FILE *f, cJSON *root, int status, const char *error)
 {
 	cJSON_AddBoolToObject(root, "ok", status == 0);
 	cJSON_AddItemToObject(root, "error", json_str_or_null(status ? error : NULL));
-	return json_print(f, root);
+	return mt_json_print(f, root);
 }
 
 /* The noise object of the JSON document; `loud_rows`: some rows are marked loud. */
@@ -958,7 +947,7 @@ int pb_print_mpi_json(FILE *f, const pb_mpi_report *rep)
 		}
 		cJSON_AddItemToArray(res, e);
 	}
-	return json_print(f, o);
+	return mt_json_print(f, o);
 }
 
 /* ---- the lines on standard error ---- */

@@ -208,13 +208,7 @@ static int print_json(const pb_config *cfg, const uint32_t *w, unsigned L, unsig
 	} else {
 		cJSON_AddNullToObject(o, "measured");
 	}
-	char *text = cJSON_Print(o);
-	cJSON_Delete(o);
-	if (!text)
-		return -1;
-	printf("%s\n", text);
-	cJSON_free(text);
-	return 0;
+	return mt_json_print(stdout, o);
 }
 
 int pb_train_plan_main(pb_config *cfg, unsigned ncpus)

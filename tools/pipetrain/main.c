@@ -219,12 +219,8 @@ static int auto_plan(struct run *r, unsigned ncpu)
 			cJSON_AddItemToObject(root, "plan", mt_auto_json(&r->ap));
 			if (pts)
 				cJSON_AddItemToObject(root, "points", pts);
-			char *text = cJSON_Print(root);
-			cJSON_Delete(root);
-			if (!text)
+			if (mt_json_print(stdout, root))
 				return fail("out of memory");
-			printf("%s\n", text);
-			cJSON_free(text);
 		}
 		return fflush(stdout) ? 1 : PT_PLAN_ONLY;
 	}

@@ -469,11 +469,8 @@ int pt_options_parse(int argc, char **argv, pt_config *c, char *err, size_t errl
 			c->plan_points = optarg;
 			break;
 		case OPT_MEMORY:
-			if (parse_size(optarg, UINT64_MAX, &c->memory))
-				return fail(
-				    err, errlen,
-				    "--memory: '%s' is not a size like 64M or 1G (bytes, K/M/G/T binary)",
-				    optarg);
+			if (parse_size_opt("--memory", optarg, UINT64_MAX, &c->memory, err, errlen))
+				return -1;
 			break;
 		case OPT_REPLICAS:
 			if (parse_replicas(optarg, c, err, errlen))

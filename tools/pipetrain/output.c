@@ -437,11 +437,5 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddStringToObject(root, "stopped", r->stopped);
 	else
 		cJSON_AddNullToObject(root, "stopped");
-	char *s = cJSON_Print(root);
-	cJSON_Delete(root);
-	if (!s)
-		return -1;
-	printf("%s\n", s);
-	cJSON_free(s);
-	return fflush(stdout) ? -1 : 0;
+	return mt_json_print(stdout, root) || fflush(stdout) ? -1 : 0;
 }

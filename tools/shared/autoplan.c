@@ -168,6 +168,17 @@ void mt_auto_print(FILE *f, const mt_auto *a)
 	fflush(f);
 }
 
+int mt_json_print(FILE *f, void *root)
+{
+	char *text = cJSON_Print(root);
+	cJSON_Delete(root);
+	if (!text)
+		return -1;
+	fprintf(f, "%s\n", text);
+	cJSON_free(text);
+	return 0;
+}
+
 void *mt_auto_json(const mt_auto *a)
 {
 	const mbp_train_plan *p = &a->plan;

@@ -116,6 +116,8 @@ void *mt_auto_json(const mt_auto *a);
 /* The one line that refuses a budget no plan fits (after -ENOSPC), naming the smallest that fits in MiB
  * rounded up: "--memory 0.06 MiB: no plan fits (...); the smallest budget that fits is 2 MiB". */
 void mt_auto_refusal(const mt_auto *a, char *buf, size_t n);
+/* Print a JSON document (cJSON *) to f, a line, and free it. @return 0, or -1 (out of memory). */
+int mt_json_print(FILE *f, void *root);
 /* A run's peak memory as the plan counts it: the trainer's activation peak (act_peak_bytes) + the state. */
 uint64_t mt_auto_peak(const mt_auto *a, uint64_t act_peak_bytes);
 
