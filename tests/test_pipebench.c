@@ -13,6 +13,8 @@
  *   under zbh1 only, weight gradients drawn), its JSON holds each schedule's figures, stash high-water marks
  *   equal to the schedule's and the drawn step's operations in time order, its CSV a line per schedule,
  *   and a broken step (PIPEBENCH_FAULT=wrong|fail) exits 1 saying which;
+ * - each thread's held peak and hops (tools/shared/threads.c) in the table's one form, refused where the
+ *   stages' counts are not the schedule's;
  * - with two processes spinning on the CPUs, the run waits --wait-quiet, then reports the machine loud before
  *   and during, and marks every row loud in the JSON and the CSV;
  * - the statistics behind the verdicts (tools/pipebench/stats.c and predict.c, linked in) on synthetic
@@ -24,6 +26,7 @@
 #define _GNU_SOURCE
 #include <check.h>
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <sched.h>
@@ -1635,6 +1638,11 @@ START_TEST(train_table_prints_the_three_schedules_and_their_gantt)
 	for (unsigned i = 0; i < 3; i++)
 		ck_assert_msg(strstr(r.out, rows[i]), "no table row %s: %s", rows[i] + 1, r.out);
 	ck_assert_msg(strstr(r.out, "zbh1 / 1f1b steps per second, paired by round: "), "%s", r.out);
+	/* each thread's held peak, then its hops to the other thread + to its own stages (none here) */
+	const char *one = strstr(r.out, "\n1f1b "), *one_end = one ? strchr(one + 1, '\n') : NULL;
+	ck_assert_msg(one_end && strstr(one, " 2,1 / 2,1 (t 2,1; h 4,4 + 0,0)") &&
+			  strstr(one, " 2,1 / 2,1 (t 2,1; h 4,4 + 0,0)") < one_end,
+		      "1f1b's stage and thread figures: %s", r.out);
 	/* the Gantt chart: one panel per schedule, two stage rows each, on one scale, with a legend */
 	char g[3][1024];
 	ck_assert_uint_eq(panel_rows(r.out, "\ngpipe: ", g[0], sizeof(g[0])), 2);
@@ -2075,6 +2083,47 @@ START_TEST(a_planned_run_measures_its_step_and_peak_beside_the_prediction_within
 }
 END_TEST
 
+/* Each thread's figures (tools/shared/threads.c, for both tools): ZB-V's four chunks on two threads, 4
+ * micro-batches: the schedule's held peaks, the stages' hops summed per thread, in the one text form; a
+ * count that is not the schedule's is refused naming the thread; threads the schedule has not, refused. */
+START_TEST(thread_figures_add_the_stages_hops_and_refuse_counts_the_schedule_has_not)
+{
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new_placed(&sc, MBP_SCHED_ZBV, 4, 4, 2), 0);
+	/* V: chunks 0 and 3 on thread 0, 1 and 2 on thread 1; every chunk hands on 4 outputs (but the last)
+	 * and 4 input gradients (but the first); between chunks 1 and 2 they stay on thread 1 */
+	mbp_train_stage_stats ss[4] = {{.thread = 0, .hops = 4},
+				       {.thread = 1, .hops = 4, .local_hops = 4},
+				       {.thread = 1, .hops = 4, .local_hops = 4},
+				       {.thread = 0, .hops = 4}};
+	mt_thread_figs f;
+	char why[200] = "", text[200];
+	ck_assert_int_eq(mt_thread_figs_get(&f, sc, 2, ss, 4, why, sizeof why), 0);
+	ck_assert_uint_eq(f.threads, 2);
+	mt_thread_figs_str(&f, text, sizeof text);
+	ck_assert_str_eq(text, "t 4,4; h 8,8 + 0,8");
+	cJSON *o = cJSON_CreateObject();
+	mt_thread_figs_json(o, &f);
+	int_array_is(o, "thread_held_peak", (const int[]){4, 4}, 2);
+	int_array_is(o, "thread_hops", (const int[]){8, 8}, 2);
+	int_array_is(o, "thread_local_hops", (const int[]){0, 8}, 2);
+	cJSON_Delete(o);
+	/* a text too short for the list is cut, still a string */
+	mt_thread_figs_str(&f, text, 6);
+	ck_assert_str_eq(text, "t 4,4");
+
+	ss[2].local_hops = 3;
+	ck_assert_int_eq(mt_thread_figs_get(&f, sc, 2, ss, 4, why, sizeof why), -EPROTO);
+	ck_assert_msg(strstr(why, "thread 1 handed 8 items to another thread and passed 7 to its own chunks, "
+				  "the schedule says 8 and 8"),
+		      "%s", why);
+	ck_assert_uint_eq(f.local_hops[1], 7);
+	ck_assert_int_eq(mt_thread_figs_get(&f, sc, 3, ss, 4, why, sizeof why), -EINVAL);
+	ck_assert_uint_eq(f.threads, 0);
+	mbp_schedule_destroy(sc);
+}
+END_TEST
+
 START_TEST(train_csv_has_a_header_and_one_line_per_schedule)
 {
 	struct run r = run((const char *const[]){TRAIN_ARGS, "--csv", NULL});
@@ -2230,6 +2279,10 @@ static Suite *suite(void)
 	tcase_add_test(stats, busy_starved_blocked_that_do_not_add_up_are_flagged);
 	tcase_add_test(stats, prediction_runs_a_replicated_stage_at_its_period);
 	suite_add_tcase(s, stats);
+
+	TCase *thr = tcase_create("thread figures");
+	tcase_add_test(thr, thread_figures_add_the_stages_hops_and_refuse_counts_the_schedule_has_not);
+	suite_add_tcase(s, thr);
 
 	TCase *inv = tcase_create("invariants");
 	tcase_set_timeout(inv, 30);

@@ -604,9 +604,9 @@ static bool train_loud(const pb_train_report *rep)
 /* A stage list of figures, "8,8,4". */
 static const char *stage_list(const uint32_t *v, unsigned n)
 {
-	static char buf[5][MBP_MAX_STAGES * 11]; /* five in one line */
+	static char buf[2][MBP_MAX_STAGES * 11]; /* two in one line */
 	static unsigned which;
-	char *b = buf[which++ % 5];
+	char *b = buf[which++ % 2];
 	size_t len = 0;
 	b[0] = 0;
 	for (unsigned s = 0; s < n; s++)
@@ -650,20 +650,18 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 				fprintf(f, "%-11s  not measured: the run stopped\n", name);
 			continue;
 		}
-		char pm[16], step[16], work[16], ideal[16];
+		char pm[16], step[16], work[16], ideal[16], thr[MBP_MAX_STAGES * 36];
 		fmt_pm(pm, sizeof(pm), &r->rate);
 		fmt_ms(step, sizeof(step), r->step_ms.median);
 		fmt_ms(work, sizeof(work), r->work_ms);
 		fmt_ms(ideal, sizeof(ideal), r->ideal_ms);
+		mt_thread_figs_str(&r->thr, thr, sizeof thr);
 		fprintf(f,
-			"%-11s %8.1f %5s %4u %8s %9.0f %6.3f %9.3f %8s %8s %5.3f %7.3f  %s / %s (t %s; h %s "
-			"+ %s)%s%s%s\n",
+			"%-11s %8.1f %5s %4u %8s %9.0f %6.3f %9.3f %8s %8s %5.3f %7.3f  %s / %s (%s)%s%s%s\n",
 			name, r->rate.median, pm, r->repeats, step, r->mbs_per_s, r->bubble.median,
 			r->bubble_predicted, work, ideal, r->efficiency, r->eff_of_predicted,
-			stage_list(r->stash_peak, r->stages), stage_list(r->held_peak, r->stages),
-			stage_list(r->thread_held, r->threads), stage_list(r->thread_hops, r->threads),
-			stage_list(r->thread_local_hops, r->threads), r->loud ? "  loud" : "",
-			r->status ? "  FAILED: " : "", r->status ? r->error : "");
+			stage_list(r->stash_peak, r->stages), stage_list(r->held_peak, r->stages), thr,
+			r->loud ? "  loud" : "", r->status ? "  FAILED: " : "", r->status ? r->error : "");
 	}
 	fprintf(f,
 		"(steps/s: median over the repeats, +-%%: half-width of its 95%% interval, n: repeats; "
@@ -762,9 +760,7 @@ static cJSON *json_train_result(const pb_train_result *r, unsigned S, bool gantt
 	cJSON_AddItemToObject(o, "held_peak", json_stage_figures(r->held_peak, S));
 	cJSON_AddItemToObject(o, "held_peak_schedule", json_stage_figures(r->held_expected, S));
 	cJSON_AddNumberToObject(o, "chunks", r->chunks);
-	cJSON_AddItemToObject(o, "thread_held_peak", json_stage_figures(r->thread_held, r->threads));
-	cJSON_AddItemToObject(o, "thread_hops", json_stage_figures(r->thread_hops, r->threads));
-	cJSON_AddItemToObject(o, "thread_local_hops", json_stage_figures(r->thread_local_hops, r->threads));
+	mt_thread_figs_json(o, &r->thr);
 	cJSON *st = cJSON_AddArrayToObject(o, "stages");
 	for (unsigned s = 0; s < S; s++) {
 		cJSON *e = cJSON_CreateObject();

@@ -34,6 +34,7 @@
 
 #include <mbpipe.h>
 
+#include "tools/shared/mlptrain.h"
 #include "util/clock.h" /* mbt_now_ns: CLOCK_MONOTONIC, the clock of the engine's job stamps */
 
 #define PB_MAX_SIZES	   64  /* micro-batch sizes in one sweep */
@@ -566,11 +567,10 @@ typedef struct pb_train_result {
 	double op_us[MBP_MAX_STAGES][3]; /* per stage: mean F, backward (B or B_in), W in microseconds */
 	uint32_t stash_peak[MBP_MAX_STAGES], stash_expected[MBP_MAX_STAGES]; /* highest seen; schedule's */
 	uint32_t held_peak[MBP_MAX_STAGES], held_expected[MBP_MAX_STAGES];
-	uint32_t thread_held[MBP_MAX_STAGES]; /* per thread: the schedule's held peak over its chunks (a
-						 chunk's micro-batch counts 1 / chunks of a stage's) */
-	/* per thread, a step's: outputs and input gradients handed to another thread (a ring), and
-	 * passed between two chunks of its own (no ring); the trainer's counts, the schedule's figures */
-	uint32_t thread_hops[MBP_MAX_STAGES], thread_local_hops[MBP_MAX_STAGES];
+	/* per thread: the schedule's held peak over its chunks (a chunk's micro-batch counts 1 / chunks of
+	 * a stage's), and a step's outputs and input gradients handed to another thread (a ring) and passed
+	 * between two chunks of its own (no ring): the trainer's counts, checked against the schedule's */
+	mt_thread_figs thr;
 	mbp_train_event *ev; /* the fastest measured step's operations, for the Gantt chart */
 	size_t nev;
 	uint64_t ev_step_ns; /* that step's time */

@@ -336,24 +336,9 @@ static int one_step(struct tr_arm *a, bool keep, char *err, size_t errlen)
 	a->work_ms[a->n] = busy / 1e6;
 	a->n++;
 	a->r->threads = st.threads;
-	for (unsigned t = 0; t < st.threads; t++) {
-		mbp_sched_thread_figures tf = {0};
-		mbp_schedule_thread_figures(sc, st.threads, t, &tf);
-		a->r->thread_held[t] = tf.held_peak;
-		unsigned hops = 0, local = 0;
-		for (unsigned s = 0; s < a->S; s++)
-			if (ss[s].thread == t) {
-				hops += ss[s].hops;
-				local += ss[s].local_hops;
-			}
-		if (hops != tf.hops || local != tf.local_hops)
-			return arm_fail(a, err, errlen,
-					"thread %u handed %u items to another thread and passed %u to its "
-					"own chunks, the schedule says %u and %u",
-					t, hops, local, tf.hops, tf.local_hops);
-		a->r->thread_hops[t] = hops;
-		a->r->thread_local_hops[t] = local;
-	}
+	char why[PB_ERR_MAX] = "";
+	if (mt_thread_figs_get(&a->r->thr, sc, st.threads, ss, a->S, why, sizeof why) < 0)
+		return arm_fail(a, err, errlen, "%s", why[0] ? why : "the schedule has no such threads");
 	if (a->r->nev == 0 || st.step_ns < a->r->ev_step_ns) {
 		int n = mbp_trainer_events_get(a->t, a->scratch, a->ev_cap);
 		if (n < 0 || (size_t)n > a->ev_cap)

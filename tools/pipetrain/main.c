@@ -804,6 +804,15 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 		t->local_hops = ss[s].local_hops;
 	}
 	r->rep.threads = ts.threads;
+	bool replicated = false;
+	for (unsigned s = 0; s < r->rep.stages; s++)
+		replicated |= r->rep.st[s].replicas > 1;
+	/* a mismatch with the schedule (-EPROTO) is shown as counted; replicas are copies of the
+	 * schedule's threads, which the per-stage figures show (their sums) */
+	unsigned got = k < 0 ? 0 : (unsigned)k < r->rep.stages ? (unsigned)k : r->rep.stages;
+	if (replicated || mt_thread_figs_get(&r->rep.thr, mbp_trainer_schedule(r->t), ts.threads, ss, got,
+					     NULL, 0) == -EINVAL)
+		r->rep.thr.threads = 0;
 	if (ts.act_peak_bytes > r->rep.act_peak_bytes)
 		r->rep.act_peak_bytes = ts.act_peak_bytes;
 	r->rep.act_pool_bytes = ts.act_pool.high_water * ts.act_buf_bytes;
