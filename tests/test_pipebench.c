@@ -16,7 +16,7 @@
  * - each thread's held peak and hops (tools/shared/threads.c) in the table's one form, refused where the
  *   stages' counts are not the schedule's;
  * - with two processes spinning on the CPUs, the run waits --wait-quiet, then reports the machine loud before
- *   and during, and marks every row loud in the JSON and the CSV;
+ *   and during, and marks every row loud in the JSON and the CSV; the planned run (--plan=auto) too;
  * - the statistics behind the verdicts (tools/pipebench/stats.c and predict.c, linked in) on synthetic
  *   samples: the interval of a median, paired comparisons, ties and the choice, the consistency checks
  *   (among them the contradictory run of issue 15: a speed-up of 2.02 with a bubble of 0.34 on 2 CPUs),
@@ -986,11 +986,9 @@ START_TEST(shared_threads_are_one_step_of_the_schedule_each)
 }
 END_TEST
 
-/* Two processes spinning on the CPUs: pipebench waits (here at most 1 s), then says the machine was loud
- * before and while it measured, in the JSON, and marks the rows. */
-START_TEST(loud_machine_is_waited_for_reported_and_flagged)
+/* Two processes spinning on the CPUs (a loud machine) until spinners_stop. */
+static void spinners_start(pid_t spin[2])
 {
-	pid_t spin[2];
 	for (int i = 0; i < 2; i++) {
 		spin[i] = fork();
 		ck_assert(spin[i] >= 0);
@@ -1000,16 +998,29 @@ START_TEST(loud_machine_is_waited_for_reported_and_flagged)
 				x++;
 		}
 	}
+}
+
+static void spinners_stop(const pid_t spin[2])
+{
+	for (int i = 0; i < 2; i++) {
+		kill(spin[i], SIGKILL);
+		waitpid(spin[i], NULL, 0);
+	}
+}
+
+/* Two processes spinning on the CPUs: pipebench waits (here at most 1 s), then says the machine was loud
+ * before and while it measured, in the JSON, and marks the rows. */
+START_TEST(loud_machine_is_waited_for_reported_and_flagged)
+{
+	pid_t spin[2];
+	spinners_start(spin);
 	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
 						 "--mb=4,16", "--work-us=50", "--batches=12", "--tolerance=0",
 						 "--wait-quiet=1", "--csv", NULL});
 	struct run t = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
 						 "--mb=4,16", "--work-us=50", "--batches=12", "--tolerance=0",
 						 "--wait-quiet=1", "--json", NULL});
-	for (int i = 0; i < 2; i++) {
-		kill(spin[i], SIGKILL);
-		waitpid(spin[i], NULL, 0);
-	}
+	spinners_stop(spin);
 	ck_assert_msg(r.status == 0 && t.status == 0, "exit %d %d: %s", r.status, t.status, t.err);
 	cJSON *doc = cJSON_Parse(t.out);
 	ck_assert_ptr_nonnull(doc);
@@ -2083,6 +2094,45 @@ START_TEST(a_planned_run_measures_its_step_and_peak_beside_the_prediction_within
 }
 END_TEST
 
+/* Two processes spinning on the CPUs: the planned run waits --wait-quiet (here at most 1 s) before its
+ * profile as every run does, watches its measured steps, marks them loud and prints the machine's lines
+ * and the JSON's "noise" as the other runs do. */
+START_TEST(a_planned_run_waits_for_quiet_and_reports_its_loud_windows)
+{
+	pid_t spin[2];
+	spinners_start(spin);
+	struct run r = run(
+	    (const char *const[]){PLANNED, "--batches=100", "--warmup=1", "--wait-quiet=1", "--json", NULL});
+	spinners_stop(spin);
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	ck_assert(num(doc, "wait_quiet_s") == 1);
+	const cJSON *nz = field(doc, "noise", cJSON_Object);
+	if (cJSON_IsFalse(cJSON_GetObjectItem(nz, "measured"))) { /* no /proc/stat: nothing to assert */
+		cJSON_Delete(doc);
+		run_free(&r);
+		return;
+	}
+	const cJSON *before = field(nz, "before", cJSON_Object);
+	ck_assert_msg(cJSON_IsFalse(cJSON_GetObjectItem(before, "quiet")), "%s", r.out);
+	ck_assert(num(before, "others_cpus") > 0.5);
+	ck_assert_msg(num(before, "waited_s") >= 0.9, "waited %g s", num(before, "waited_s"));
+	const cJSON *during = field(nz, "during", cJSON_Object);
+	ck_assert(num(during, "windows") >= 1 && num(during, "loud_windows") >= 1);
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(nz, "loud")));
+	const cJSON *m = field(doc, "measured", cJSON_Object);
+	ck_assert_msg(num(m, "loud_steps") > 10 && cJSON_IsTrue(cJSON_GetObjectItem(m, "loud")), "%s", r.out);
+	/* the lines beside --json: the machine's, as every run's, and the measured step marked */
+	ck_assert_msg(strstr(r.err, "machine: before measuring, other processes used ") &&
+			  strstr(r.err, "LOUD after waiting ") && strstr(r.err, "machine: while measuring") &&
+			  strstr(r.err, "predicted ") && strstr(strstr(r.err, "measured: step "), "  loud\n"),
+		      "%s", r.err);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
 /* Each thread's figures (tools/shared/threads.c, for both tools): ZB-V's four chunks on two threads, 4
  * micro-batches: the schedule's held peaks, the stages' hops summed per thread, in the one text form; a
  * count that is not the schedule's is refused naming the thread; threads the schedule has not, refused. */
@@ -2259,6 +2309,7 @@ static Suite *suite(void)
 	tcase_add_test(plan, a_budget_no_plan_fits_is_refused_with_exit_2_naming_the_smallest_that_fits);
 	tcase_add_test(plan,
 		       a_planned_run_measures_its_step_and_peak_beside_the_prediction_within_the_budget);
+	tcase_add_test(plan, a_planned_run_waits_for_quiet_and_reports_its_loud_windows);
 	suite_add_tcase(s, plan);
 
 	TCase *bubble = tcase_create("bubble");

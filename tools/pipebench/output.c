@@ -102,9 +102,7 @@ static void print_until(FILE *f, const pb_config *cfg)
 		fprintf(f, "no more\n");
 }
 
-/* The machine's lines: what other processes took before and while measuring. `loud_rows`: some rows are
- * marked loud. */
-static void print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_rows)
+void pb_print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_rows)
 {
 	if (!nz->available)
 		fprintf(f, "machine: /proc/stat unreadable, load average %.2f: noise not measured\n",
@@ -193,7 +191,7 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	char warn[512];
 	if (w->blas_warning[0] && blas_warning_line(warn, sizeof warn)) /* a workload that uses BLAS */
 		fprintf(f, "%s\n", warn);
-	print_noise(f, &b->noise, b->load_start, any_loud(rep));
+	pb_print_noise(f, &b->noise, b->load_start, any_loud(rep));
 	if (oversubscribed(rep))
 		fprintf(f,
 			"note: %u threads on %u %s: threads share CPUs and time-slice, waits skip their "
@@ -432,8 +430,7 @@ static int json_finish(FILE *f, cJSON *root, int status, const char *error)
 	return mt_json_print(f, root);
 }
 
-/* The noise object of the JSON document; `loud_rows`: some rows are marked loud. */
-static cJSON *json_noise(const pb_noise *nz, bool loud_rows)
+void *pb_json_noise(const pb_noise *nz, bool loud_rows)
 {
 	cJSON *nj = cJSON_CreateObject();
 	cJSON_AddBoolToObject(nj, "measured", nz->available);
@@ -500,7 +497,7 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	double loads[2] = {b->load_start, b->load_end};
 	cJSON_AddItemToObject(cp, "loadavg", cJSON_CreateDoubleArray(loads, 2));
 
-	cJSON_AddItemToObject(root, "noise", json_noise(&b->noise, any_loud(rep)));
+	cJSON_AddItemToObject(root, "noise", pb_json_noise(&b->noise, any_loud(rep)));
 
 	cJSON *pl = cJSON_AddArrayToObject(root, "placement");
 	for (unsigned s = 0; b->have_placement && s < w->stages; s++) {
@@ -635,7 +632,7 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 		    T, PLURAL(T, "thread", "threads"), T, S, "chunks placed by its rule");
 	else
 		fputc('\n', f);
-	print_noise(f, &rep->noise, rep->load_start, train_loud(rep));
+	pb_print_noise(f, &rep->noise, rep->load_start, train_loud(rep));
 	fprintf(f, "\n%-11s %8s %5s %4s %8s %9s %6s %9s %8s %8s %5s %7s  %s\n", "schedule", "steps/s", "+-%",
 		"n", "step ms", "mb/s", "bubble", "predicted", "work ms", "ideal ms", "eff", "eff/id",
 		"stash peak / held peak per stage or chunk (t: held per thread, a chunk 1/v; h: per thread, "
@@ -824,7 +821,7 @@ int pb_train_print_json(FILE *f, const pb_train_report *rep)
 	cJSON_AddNumberToObject(cp, "threads", rep->r[0].threads);
 	double loads[2] = {rep->load_start, rep->load_end};
 	cJSON_AddItemToObject(cp, "loadavg", cJSON_CreateDoubleArray(loads, 2));
-	cJSON_AddItemToObject(root, "noise", json_noise(&rep->noise, train_loud(rep)));
+	cJSON_AddItemToObject(root, "noise", pb_json_noise(&rep->noise, train_loud(rep)));
 
 	cJSON *sc = cJSON_AddArrayToObject(root, "schedules");
 	for (unsigned i = 0; i < rep->n; i++)

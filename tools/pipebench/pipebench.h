@@ -490,6 +490,12 @@ void pb_print_header(FILE *f, const pb_report *rep);
 void pb_print_table(FILE *f, const pb_report *rep);
 void pb_print_csv(FILE *f, const pb_report *rep);
 int pb_print_json(FILE *f, const pb_report *rep);
+/* The machine's lines, as every run prints them: what other processes took of the watched CPUs before
+ * measuring (and how long --wait-quiet waited), and while measuring (its loud windows); `loud_rows`: some
+ * rows are marked loud. */
+void pb_print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_rows);
+/* The same as the JSON document's "noise" object (a cJSON *). */
+void *pb_json_noise(const pb_noise *nz, bool loud_rows);
 
 /* The tool's lines on standard error, "pipebench: <text>": pb_usage for a bad argument (" (try --help)"
  * after it; exit status 2), pb_failure for a failure while running (exit status 1). Under mpirun every
