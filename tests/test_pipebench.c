@@ -10,9 +10,10 @@
  * - each kind of broken invariant (a micro-batch lost, rows out of order, a wrong value; injected with
  *   PIPEBENCH_FAULT) ends the run with exit status 1 and says which;
  * - --workload=train prints the three schedules side by side and a Gantt panel each (forwards, backwards and,
- *   under zbh1 only, weight gradients drawn), its JSON holds each schedule's figures, stash high-water marks
- *   equal to the schedule's and the drawn step's operations in time order, its CSV a line per schedule,
- *   and a broken step (PIPEBENCH_FAULT=wrong|fail) exits 1 saying which;
+ *   under zbh1 only of those, weight gradients drawn; a chunked one's chunks named per thread), its JSON
+ *   holds each schedule's figures, stash high-water marks equal to the schedule's and the drawn step's
+ *   operations in time order, its CSV a line per schedule, and a broken step (PIPEBENCH_FAULT=wrong|fail)
+ *   exits 1 saying which;
  * - each thread's held peak and hops (tools/shared/threads.c) in the table's one form, refused where the
  *   stages' counts are not the schedule's;
  * - with two processes spinning on the CPUs, the run waits --wait-quiet, then reports the machine loud before
@@ -1679,7 +1680,7 @@ START_TEST(train_table_prints_the_three_schedules_and_their_gantt)
 		}
 	ck_assert_msg(predicted == 3 && prow[0] == 3 && prow[1] == 3, "%u predicted panels, rows %u %u: %s",
 		      predicted, prow[0], prow[1], r.out);
-	/* weight gradients are operations of their own only under zbh1 */
+	/* weight gradients are operations of their own only under zbh1 of these three */
 	ck_assert_msg(!strpbrk(g[0], "ABCD") && !strpbrk(g[1], "ABCD"), "%s %s", g[0], g[1]);
 	ck_assert_msg(strchr(g[2], 'A') && strchr(g[2], 'D'), "zbh1 draws no W: %s", g[2]);
 	ck_assert_msg(strstr(r.out, "'.' idle"), "no legend: %s", r.out);
@@ -2219,6 +2220,24 @@ START_TEST(train_measures_the_chunked_schedules_side_by_side)
 		ck_assert(cJSON_IsTrue(field(x, "ok", cJSON_True | cJSON_False)));
 	}
 	cJSON_Delete(doc);
+	run_free(&r);
+	/* the table's Gantt chart: zbv's panel names each thread's chunks, draws its weight gradients, and
+	 * the legend says which schedules split them off (not zbh1 alone) */
+	r = run((const char *const[]){"--workload=train", "--stages=2", "--micro-batches=8", "--unit-us=50",
+				      "--batches=2", "--warmup=1", "--tolerance=0", "--wait-quiet=0",
+				      "--schedule=zbv", "--gantt", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	const char *zp = strstr(r.out, "\nzbv: ");
+	ck_assert_msg(zp, "no zbv panel: %s", r.out);
+	zp = strchr(zp + 1, '\n');
+	ck_assert_msg(zp && !strncmp(zp, "\n  chunks on threads: t0 s0,s3; t1 s1,s2\ns0  |", 45), "%s",
+		      r.out);
+	const char *zend = strstr(zp, "\n  predicted: ");
+	ck_assert_msg(zend && strpbrk(zp, "ABCDEFGH") && strpbrk(zp, "ABCDEFGH") < zend, "no W drawn: %s",
+		      r.out);
+	ck_assert_msg(
+	    strstr(r.out, "A-Z: its weight gradient (W, split off by zbh1, zbh2, zbv, dualpipev, auto)"),
+	    "the legend: %s", r.out);
 	run_free(&r);
 	/* auto (built from the costs, at 1f1b's memory) and a schedule from a file, beside 1f1b */
 	char file[] = "/tmp/pipebench-test-sched-XXXXXX";
