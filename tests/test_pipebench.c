@@ -2262,6 +2262,17 @@ START_TEST(train_measures_the_chunked_schedules_side_by_side)
 	ck_assert(num(au, "threads") == 2 && num(cu, "threads") == 2); /* the file's two lines */
 	for (const cJSON *h = field(au, "thread_held_peak", cJSON_Array)->child; h; h = h->next)
 		ck_assert(h->valuedouble <= 4);
+	/* auto is built from a short profile of its 4 chunks' operations: each about half a stage's 50 us
+	 * (the fastest of a few runs; loose bounds, the machine is shared); the fixed ones have none */
+	const cJSON *prof = field(au, "profile_us", cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(prof), 2 * (int)num(au, "threads"));
+	for (const cJSON *c = prof->child; c; c = c->next) {
+		ck_assert_int_eq(cJSON_GetArraySize(c), 3);
+		for (const cJSON *op = c->child; op; op = op->next)
+			ck_assert_msg(op->valuedouble > 12.5 && op->valuedouble < 50,
+				      "profiled %g us, not about 25", op->valuedouble);
+	}
+	ck_assert(cJSON_IsNull(field(cJSON_GetArrayItem(sc, 0), "profile_us", cJSON_NULL)));
 	int_array_is(cu, "held_peak", (const int[]){4, 1}, 2);
 	ck_assert(cJSON_IsTrue(field(cu, "ok", cJSON_True | cJSON_False)));
 	cJSON_Delete(doc);

@@ -767,6 +767,13 @@ static cJSON *json_train_result(const pb_train_result *r, unsigned S, bool gantt
 		cJSON_AddNumberToObject(e, "w_us", r->op_us[s][2]);
 		cJSON_AddItemToArray(st, e);
 	}
+	if (r->kind == MBP_SCHED_AUTO) { /* the profile it was built from: [F, B_in, B_w] a chunk */
+		cJSON *pr = cJSON_AddArrayToObject(o, "profile_us");
+		for (unsigned s = 0; s < S; s++)
+			cJSON_AddItemToArray(pr, cJSON_CreateDoubleArray(r->profile_us[s], 3));
+	} else {
+		cJSON_AddNullToObject(o, "profile_us");
+	}
 	cJSON_AddBoolToObject(o, "loud", r->loud);
 	cJSON_AddNumberToObject(o, "loud_share", r->loud_share);
 	if (gantt) {

@@ -570,7 +570,8 @@ typedef struct pb_train_result {
 	double ideal_ms;	 /* work_ms over min(threads, CPUs): the step with no bubble */
 	double efficiency;	 /* ideal_ms / the median step */
 	double eff_of_predicted; /* efficiency / (1 - bubble_predicted) */
-	double op_us[MBP_MAX_STAGES][3]; /* per stage: mean F, backward (B or B_in), W in microseconds */
+	double op_us[MBP_MAX_STAGES][3];      /* per stage: mean F, backward (B or B_in), W in microseconds */
+	double profile_us[MBP_MAX_STAGES][3]; /* auto: the profile it was built from (F, B_in, B_w) */
 	uint32_t stash_peak[MBP_MAX_STAGES], stash_expected[MBP_MAX_STAGES]; /* highest seen; schedule's */
 	uint32_t held_peak[MBP_MAX_STAGES], held_expected[MBP_MAX_STAGES];
 	/* per thread: the schedule's held peak over its chunks (a chunk's micro-batch counts 1 / chunks of
