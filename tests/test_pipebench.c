@@ -1945,7 +1945,9 @@ END_TEST
 
 /* ---- train --plan=auto ---- */
 
-#define PLANNED "--workload=train", "--plan=auto", "--widths=784,48,24,10", "--batch=128", "--no-progress"
+#define PLANNED                                                                                              \
+	"--workload=train", "--plan=auto", "--widths=784,48,24,10", "--batch=128", "--no-progress",          \
+	    "--wait-quiet=0"
 
 /* The plan object of a --json document, its fields checked: the stages cover the layers in order, one
  * recomputation flag each, the predicted peak is the activations plus the state. */
