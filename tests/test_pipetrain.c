@@ -715,6 +715,9 @@ START_TEST(a_planned_run_trains_within_its_budget_and_prints_the_measured_beside
 		bool rc = cJSON_IsTrue(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "recompute"), s));
 		ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "recomputed_layers")),
 				 rc ? (int)(num(o, "last_layer") - num(o, "first_layer") + 1) : 0);
+		/* its layers' cost at the plan's size, from the planner's profile */
+		ck_assert_msg(num(o, "profiled_us") > 0, "stage %d: profiled_us %g", s,
+			      num(o, "profiled_us"));
 	}
 	cJSON_Delete(root);
 	run_free(&r);

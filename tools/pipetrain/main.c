@@ -648,6 +648,13 @@ static int setup(struct run *r)
 		pln = (pt_plan){.mb = ap->mb, .step_ns = ap->step_ns, .threads = ap->threads};
 		pln.split = (mbp_model_plan){.stages = S, .layers = L, .mb_rows = ap->mb};
 		memcpy(pln.split.first, ap->first, (S + 1) * sizeof(unsigned));
+		/* each stage's profiled cost (the summary's profile_us): its layers' at the plan's size */
+		for (unsigned k = 0; k < r->ap.sizes; k++)
+			for (unsigned s = 0; r->ap.mb[k] == ap->mb && s < S; s++)
+				for (unsigned l = ap->first[s]; l < ap->first[s + 1]; l++) {
+					const mbp_op_costs *oc = &r->ap.cost[k * r->ap.layers + l];
+					pln.split.stage_ns[s] += oc->f + oc->b_in + oc->b_w;
+				}
 	} else {
 		rc = pt_plan_make(r->n, c, S, T, can_give, probe, pl);
 	}
