@@ -451,6 +451,12 @@ START_TEST(recomputation_lowers_the_peak_activation_memory_and_shows_in_the_trac
 					      "--recompute", all ? "all" : "none", "--trace", trace, NULL});
 		ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 		ck_assert_msg(strstr(r.err, "activation memory: peak "), "no activation line: %s", r.err);
+		/* and what a micro-batch keeps per stage: nothing stashed where every layer recomputes */
+		const char *mb = strstr(r.err,
+					"activation memory a micro-batch of 32 rows holds, stage by stage: "),
+			   *none = strstr(r.err, all ? ": stashed 0.0,0.0,0.0 KiB, recomputed "
+						     : " KiB, recomputed 0.0,0.0,0.0 KiB\n");
+		ck_assert_msg(mb && none && none > mb, "the per-micro-batch line: %s", r.err);
 		cJSON *root = cJSON_Parse(r.out);
 		ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
 		peak[all] = cJSON_GetObjectItem(root, "peak_activation_bytes")->valuedouble;

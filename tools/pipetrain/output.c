@@ -208,6 +208,16 @@ void pt_print_summary(const pt_report *r)
 		"activation memory: peak %.2f MiB held at once over all stages (the activation pool at its "
 		"high-water mark: %.2f MiB)\n",
 		(double)r->act_peak_bytes / (1 << 20), (double)r->act_pool_bytes / (1 << 20));
+	/* what one micro-batch keeps in each stage, kept from F to its last backward (stashed) or rebuilt
+	 * for the backward (recomputed): the JSON's stash_bytes_per_mb and recomputed_bytes_per_mb */
+	fprintf(f, "activation memory a micro-batch of %u rows holds, stage by stage: stashed", r->c->mb);
+	for (int k = 0; k < 2; k++) {
+		for (unsigned s = 0; s < r->stages; s++) {
+			size_t row = k ? r->st[s].work_row_bytes : r->st[s].stash_row_bytes;
+			fprintf(f, "%s%.1f", s ? "," : " ", (double)row * r->c->mb / 1024);
+		}
+		fprintf(f, k ? " KiB\n" : " KiB, recomputed");
+	}
 	if (r->c->rebalance) {
 		const mbp_model_rebalance_rule *rr = &r->c->rb_rule;
 		fprintf(f,
