@@ -10,11 +10,14 @@
  * - each kind of broken invariant (a micro-batch lost, rows out of order, a wrong value; injected with
  *   PIPEBENCH_FAULT) ends the run with exit status 1 and says which;
  * - --workload=train prints the three schedules side by side and a Gantt panel each (forwards, backwards and,
- *   under zbh1 only, weight gradients drawn), its JSON holds each schedule's figures, stash high-water marks
- *   equal to the schedule's and the drawn step's operations in time order, its CSV a line per schedule,
- *   and a broken step (PIPEBENCH_FAULT=wrong|fail) exits 1 saying which;
+ *   under zbh1 only of those, weight gradients drawn; a chunked one's chunks named per thread), its JSON
+ *   holds each schedule's figures, stash high-water marks equal to the schedule's and the drawn step's
+ *   operations in time order, its CSV a line per schedule, and a broken step (PIPEBENCH_FAULT=wrong|fail)
+ *   exits 1 saying which;
+ * - each thread's held peak and hops (tools/shared/threads.c) in the table's one form, refused where the
+ *   stages' counts are not the schedule's;
  * - with two processes spinning on the CPUs, the run waits --wait-quiet, then reports the machine loud before
- *   and during, and marks every row loud in the JSON and the CSV;
+ *   and during, and marks every row loud in the JSON and the CSV; the planned run (--plan=auto) too;
  * - the statistics behind the verdicts (tools/pipebench/stats.c and predict.c, linked in) on synthetic
  *   samples: the interval of a median, paired comparisons, ties and the choice, the consistency checks
  *   (among them the contradictory run of issue 15: a speed-up of 2.02 with a bubble of 0.34 on 2 CPUs),
@@ -24,6 +27,7 @@
 #define _GNU_SOURCE
 #include <check.h>
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <sched.h>
@@ -983,11 +987,9 @@ START_TEST(shared_threads_are_one_step_of_the_schedule_each)
 }
 END_TEST
 
-/* Two processes spinning on the CPUs: pipebench waits (here at most 1 s), then says the machine was loud
- * before and while it measured, in the JSON, and marks the rows. */
-START_TEST(loud_machine_is_waited_for_reported_and_flagged)
+/* Two processes spinning on the CPUs (a loud machine) until spinners_stop. */
+static void spinners_start(pid_t spin[2])
 {
-	pid_t spin[2];
 	for (int i = 0; i < 2; i++) {
 		spin[i] = fork();
 		ck_assert(spin[i] >= 0);
@@ -997,16 +999,29 @@ START_TEST(loud_machine_is_waited_for_reported_and_flagged)
 				x++;
 		}
 	}
+}
+
+static void spinners_stop(const pid_t spin[2])
+{
+	for (int i = 0; i < 2; i++) {
+		kill(spin[i], SIGKILL);
+		waitpid(spin[i], NULL, 0);
+	}
+}
+
+/* Two processes spinning on the CPUs: pipebench waits (here at most 1 s), then says the machine was loud
+ * before and while it measured, in the JSON, and marks the rows. */
+START_TEST(loud_machine_is_waited_for_reported_and_flagged)
+{
+	pid_t spin[2];
+	spinners_start(spin);
 	struct run r = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
 						 "--mb=4,16", "--work-us=50", "--batches=12", "--tolerance=0",
 						 "--wait-quiet=1", "--csv", NULL});
 	struct run t = run((const char *const[]){"--workload=synthetic", "--stages=2", "--batch=16",
 						 "--mb=4,16", "--work-us=50", "--batches=12", "--tolerance=0",
 						 "--wait-quiet=1", "--json", NULL});
-	for (int i = 0; i < 2; i++) {
-		kill(spin[i], SIGKILL);
-		waitpid(spin[i], NULL, 0);
-	}
+	spinners_stop(spin);
 	ck_assert_msg(r.status == 0 && t.status == 0, "exit %d %d: %s", r.status, t.status, t.err);
 	cJSON *doc = cJSON_Parse(t.out);
 	ck_assert_ptr_nonnull(doc);
@@ -1635,6 +1650,11 @@ START_TEST(train_table_prints_the_three_schedules_and_their_gantt)
 	for (unsigned i = 0; i < 3; i++)
 		ck_assert_msg(strstr(r.out, rows[i]), "no table row %s: %s", rows[i] + 1, r.out);
 	ck_assert_msg(strstr(r.out, "zbh1 / 1f1b steps per second, paired by round: "), "%s", r.out);
+	/* each thread's held peak, then its hops to the other thread + to its own stages (none here) */
+	const char *one = strstr(r.out, "\n1f1b "), *one_end = one ? strchr(one + 1, '\n') : NULL;
+	ck_assert_msg(one_end && strstr(one, " 2,1 / 2,1 (t 2,1; h 4,4 + 0,0)") &&
+			  strstr(one, " 2,1 / 2,1 (t 2,1; h 4,4 + 0,0)") < one_end,
+		      "1f1b's stage and thread figures: %s", r.out);
 	/* the Gantt chart: one panel per schedule, two stage rows each, on one scale, with a legend */
 	char g[3][1024];
 	ck_assert_uint_eq(panel_rows(r.out, "\ngpipe: ", g[0], sizeof(g[0])), 2);
@@ -1660,7 +1680,7 @@ START_TEST(train_table_prints_the_three_schedules_and_their_gantt)
 		}
 	ck_assert_msg(predicted == 3 && prow[0] == 3 && prow[1] == 3, "%u predicted panels, rows %u %u: %s",
 		      predicted, prow[0], prow[1], r.out);
-	/* weight gradients are operations of their own only under zbh1 */
+	/* weight gradients are operations of their own only under zbh1 of these three */
 	ck_assert_msg(!strpbrk(g[0], "ABCD") && !strpbrk(g[1], "ABCD"), "%s %s", g[0], g[1]);
 	ck_assert_msg(strchr(g[2], 'A') && strchr(g[2], 'D'), "zbh1 draws no W: %s", g[2]);
 	ck_assert_msg(strstr(r.out, "'.' idle"), "no legend: %s", r.out);
@@ -1925,7 +1945,9 @@ END_TEST
 
 /* ---- train --plan=auto ---- */
 
-#define PLANNED "--workload=train", "--plan=auto", "--widths=784,48,24,10", "--batch=128", "--no-progress"
+#define PLANNED                                                                                              \
+	"--workload=train", "--plan=auto", "--widths=784,48,24,10", "--batch=128", "--no-progress",          \
+	    "--wait-quiet=0"
 
 /* The plan object of a --json document, its fields checked: the stages cover the layers in order, one
  * recomputation flag each, the predicted peak is the activations plus the state. */
@@ -2075,6 +2097,86 @@ START_TEST(a_planned_run_measures_its_step_and_peak_beside_the_prediction_within
 }
 END_TEST
 
+/* Two processes spinning on the CPUs: the planned run waits --wait-quiet (here at most 1 s) before its
+ * profile as every run does, watches its measured steps, marks them loud and prints the machine's lines
+ * and the JSON's "noise" as the other runs do. */
+START_TEST(a_planned_run_waits_for_quiet_and_reports_its_loud_windows)
+{
+	pid_t spin[2];
+	spinners_start(spin);
+	struct run r = run(
+	    (const char *const[]){PLANNED, "--batches=100", "--warmup=1", "--wait-quiet=1", "--json", NULL});
+	spinners_stop(spin);
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	ck_assert(num(doc, "wait_quiet_s") == 1);
+	const cJSON *nz = field(doc, "noise", cJSON_Object);
+	if (cJSON_IsFalse(cJSON_GetObjectItem(nz, "measured"))) { /* no /proc/stat: nothing to assert */
+		cJSON_Delete(doc);
+		run_free(&r);
+		return;
+	}
+	const cJSON *before = field(nz, "before", cJSON_Object);
+	ck_assert_msg(cJSON_IsFalse(cJSON_GetObjectItem(before, "quiet")), "%s", r.out);
+	ck_assert(num(before, "others_cpus") > 0.5);
+	ck_assert_msg(num(before, "waited_s") >= 0.9, "waited %g s", num(before, "waited_s"));
+	const cJSON *during = field(nz, "during", cJSON_Object);
+	ck_assert(num(during, "windows") >= 1 && num(during, "loud_windows") >= 1);
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(nz, "loud")));
+	const cJSON *m = field(doc, "measured", cJSON_Object);
+	ck_assert_msg(num(m, "loud_steps") > 10 && cJSON_IsTrue(cJSON_GetObjectItem(m, "loud")), "%s", r.out);
+	/* the lines beside --json: the machine's, as every run's, and the measured step marked */
+	ck_assert_msg(strstr(r.err, "machine: before measuring, other processes used ") &&
+			  strstr(r.err, "LOUD after waiting ") && strstr(r.err, "machine: while measuring") &&
+			  strstr(r.err, "predicted ") && strstr(strstr(r.err, "measured: step "), "  loud\n"),
+		      "%s", r.err);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+/* Each thread's figures (tools/shared/threads.c, for both tools): ZB-V's four chunks on two threads, 4
+ * micro-batches: the schedule's held peaks, the stages' hops summed per thread, in the one text form; a
+ * count that is not the schedule's is refused naming the thread; threads the schedule has not, refused. */
+START_TEST(thread_figures_add_the_stages_hops_and_refuse_counts_the_schedule_has_not)
+{
+	mbp_schedule *sc;
+	ck_assert_int_eq(mbp_schedule_new_placed(&sc, MBP_SCHED_ZBV, 4, 4, 2), 0);
+	/* V: chunks 0 and 3 on thread 0, 1 and 2 on thread 1; every chunk hands on 4 outputs (but the last)
+	 * and 4 input gradients (but the first); between chunks 1 and 2 they stay on thread 1 */
+	mbp_train_stage_stats ss[4] = {{.thread = 0, .hops = 4},
+				       {.thread = 1, .hops = 4, .local_hops = 4},
+				       {.thread = 1, .hops = 4, .local_hops = 4},
+				       {.thread = 0, .hops = 4}};
+	mt_thread_figs f;
+	char why[200] = "", text[200];
+	ck_assert_int_eq(mt_thread_figs_get(&f, sc, 2, ss, 4, why, sizeof why), 0);
+	ck_assert_uint_eq(f.threads, 2);
+	mt_thread_figs_str(&f, text, sizeof text);
+	ck_assert_str_eq(text, "t 4,4; h 8,8 + 0,8");
+	cJSON *o = cJSON_CreateObject();
+	mt_thread_figs_json(o, &f);
+	int_array_is(o, "thread_held_peak", (const int[]){4, 4}, 2);
+	int_array_is(o, "thread_hops", (const int[]){8, 8}, 2);
+	int_array_is(o, "thread_local_hops", (const int[]){0, 8}, 2);
+	cJSON_Delete(o);
+	/* a text too short for the list is cut, still a string */
+	mt_thread_figs_str(&f, text, 6);
+	ck_assert_str_eq(text, "t 4,4");
+
+	ss[2].local_hops = 3;
+	ck_assert_int_eq(mt_thread_figs_get(&f, sc, 2, ss, 4, why, sizeof why), -EPROTO);
+	ck_assert_msg(strstr(why, "thread 1 handed 8 items to another thread and passed 7 to its own chunks, "
+				  "the schedule says 8 and 8"),
+		      "%s", why);
+	ck_assert_uint_eq(f.local_hops[1], 7);
+	ck_assert_int_eq(mt_thread_figs_get(&f, sc, 3, ss, 4, why, sizeof why), -EINVAL);
+	ck_assert_uint_eq(f.threads, 0);
+	mbp_schedule_destroy(sc);
+}
+END_TEST
+
 START_TEST(train_csv_has_a_header_and_one_line_per_schedule)
 {
 	struct run r = run((const char *const[]){TRAIN_ARGS, "--csv", NULL});
@@ -2121,6 +2223,24 @@ START_TEST(train_measures_the_chunked_schedules_side_by_side)
 	}
 	cJSON_Delete(doc);
 	run_free(&r);
+	/* the table's Gantt chart: zbv's panel names each thread's chunks, draws its weight gradients, and
+	 * the legend says which schedules split them off (not zbh1 alone) */
+	r = run((const char *const[]){"--workload=train", "--stages=2", "--micro-batches=8", "--unit-us=50",
+				      "--batches=2", "--warmup=1", "--tolerance=0", "--wait-quiet=0",
+				      "--schedule=zbv", "--gantt", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	const char *zp = strstr(r.out, "\nzbv: ");
+	ck_assert_msg(zp, "no zbv panel: %s", r.out);
+	zp = strchr(zp + 1, '\n');
+	ck_assert_msg(zp && !strncmp(zp, "\n  chunks on threads: t0 s0,s3; t1 s1,s2\ns0  |", 45), "%s",
+		      r.out);
+	const char *zend = strstr(zp, "\n  predicted: ");
+	ck_assert_msg(zend && strpbrk(zp, "ABCDEFGH") && strpbrk(zp, "ABCDEFGH") < zend, "no W drawn: %s",
+		      r.out);
+	ck_assert_msg(
+	    strstr(r.out, "A-Z: its weight gradient (W, split off by zbh1, zbh2, zbv, dualpipev, auto)"),
+	    "the legend: %s", r.out);
+	run_free(&r);
 	/* auto (built from the costs, at 1f1b's memory) and a schedule from a file, beside 1f1b */
 	char file[] = "/tmp/pipebench-test-sched-XXXXXX";
 	int fd = mkstemp(file);
@@ -2144,6 +2264,17 @@ START_TEST(train_measures_the_chunked_schedules_side_by_side)
 	ck_assert(num(au, "threads") == 2 && num(cu, "threads") == 2); /* the file's two lines */
 	for (const cJSON *h = field(au, "thread_held_peak", cJSON_Array)->child; h; h = h->next)
 		ck_assert(h->valuedouble <= 4);
+	/* auto is built from a short profile of its 4 chunks' operations: each about half a stage's 50 us
+	 * (the fastest of a few runs; loose bounds, the machine is shared); the fixed ones have none */
+	const cJSON *prof = field(au, "profile_us", cJSON_Array);
+	ck_assert_int_eq(cJSON_GetArraySize(prof), 2 * (int)num(au, "threads"));
+	for (const cJSON *c = prof->child; c; c = c->next) {
+		ck_assert_int_eq(cJSON_GetArraySize(c), 3);
+		for (const cJSON *op = c->child; op; op = op->next)
+			ck_assert_msg(op->valuedouble > 12.5 && op->valuedouble < 50,
+				      "profiled %g us, not about 25", op->valuedouble);
+	}
+	ck_assert(cJSON_IsNull(field(cJSON_GetArrayItem(sc, 0), "profile_us", cJSON_NULL)));
 	int_array_is(cu, "held_peak", (const int[]){4, 1}, 2);
 	ck_assert(cJSON_IsTrue(field(cu, "ok", cJSON_True | cJSON_False)));
 	cJSON_Delete(doc);
@@ -2210,6 +2341,7 @@ static Suite *suite(void)
 	tcase_add_test(plan, a_budget_no_plan_fits_is_refused_with_exit_2_naming_the_smallest_that_fits);
 	tcase_add_test(plan,
 		       a_planned_run_measures_its_step_and_peak_beside_the_prediction_within_the_budget);
+	tcase_add_test(plan, a_planned_run_waits_for_quiet_and_reports_its_loud_windows);
 	suite_add_tcase(s, plan);
 
 	TCase *bubble = tcase_create("bubble");
@@ -2230,6 +2362,10 @@ static Suite *suite(void)
 	tcase_add_test(stats, busy_starved_blocked_that_do_not_add_up_are_flagged);
 	tcase_add_test(stats, prediction_runs_a_replicated_stage_at_its_period);
 	suite_add_tcase(s, stats);
+
+	TCase *thr = tcase_create("thread figures");
+	tcase_add_test(thr, thread_figures_add_the_stages_hops_and_refuse_counts_the_schedule_has_not);
+	suite_add_tcase(s, thr);
 
 	TCase *inv = tcase_create("invariants");
 	tcase_set_timeout(inv, 30);

@@ -5,7 +5,8 @@
  * - every bad argument or input gives exactly one line on standard error, nothing on standard output,
  *   exit 2;
  * - a small run on a subset lowers the training loss from epoch to epoch and beats chance on the test
- *   set, and its --json is one document with the documented fields;
+ *   set, and its --json is one document with the documented fields; the summary shows each stage's and
+ *   each thread's hops as the JSON has them;
  * - the weights do not depend on the schedule or the stage count: GPipe on 1 stage, 1F1B on 2, ZB-H1 on
  *   3 with a layer's input gradient handed over to the next stage, 1F1B on 3 without, write the same
  *   checkpoint bytes;
@@ -450,6 +451,12 @@ START_TEST(recomputation_lowers_the_peak_activation_memory_and_shows_in_the_trac
 					      "--recompute", all ? "all" : "none", "--trace", trace, NULL});
 		ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 		ck_assert_msg(strstr(r.err, "activation memory: peak "), "no activation line: %s", r.err);
+		/* and what a micro-batch keeps per stage: nothing stashed where every layer recomputes */
+		const char *mb = strstr(r.err,
+					"activation memory a micro-batch of 32 rows holds, stage by stage: "),
+			   *none = strstr(r.err, all ? ": stashed 0.0,0.0,0.0 KiB, recomputed "
+						     : " KiB, recomputed 0.0,0.0,0.0 KiB\n");
+		ck_assert_msg(mb && none && none > mb, "the per-micro-batch line: %s", r.err);
 		cJSON *root = cJSON_Parse(r.out);
 		ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
 		peak[all] = cJSON_GetObjectItem(root, "peak_activation_bytes")->valuedouble;
@@ -714,6 +721,9 @@ START_TEST(a_planned_run_trains_within_its_budget_and_prints_the_measured_beside
 		bool rc = cJSON_IsTrue(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "recompute"), s));
 		ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "recomputed_layers")),
 				 rc ? (int)(num(o, "last_layer") - num(o, "first_layer") + 1) : 0);
+		/* its layers' cost at the plan's size, from the planner's profile */
+		ck_assert_msg(num(o, "profiled_us") > 0, "stage %d: profiled_us %g", s,
+			      num(o, "profiled_us"));
 	}
 	cJSON_Delete(root);
 	run_free(&r);
@@ -931,6 +941,58 @@ START_TEST(every_chunked_schedule_writes_the_weights_of_one_stage)
 	ck_assert_msg(strstr(r.err, "micro-batches"), "%s", r.err);
 	run_free(&r);
 	tmpdir_remove();
+}
+END_TEST
+
+/* The summary shows each stage's hops of the last step (to another thread + to a stage of its own thread)
+ * and each thread's held peak and hops in pipebench's form, as --json has them: ZB-V's four chunks on two
+ * threads (chunks 1 and 2 on thread 1 pass 4 outputs and 4 input gradients between them). */
+START_TEST(the_summary_shows_each_stages_and_each_threads_hops_as_the_json_has_them)
+{
+	if (!have_data())
+		return;
+	static const char *const stage_hops[] = {"4 + 0", "4 + 4", "4 + 4", "4 + 0"};
+	struct run r =
+	    run((const char *const[]){SMALL, "--layers", "784,48,32,24,10", "--epochs", "1", "--stages", "4",
+				      "--schedule", "zbv", "--threads", "2", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	const char *head = strstr(r.out, "\nstage  ");
+	ck_assert_msg(head && strstr(head, " hops "), "no hops column: %s", r.out);
+	const char *row = strchr(head + 1, '\n');
+	for (unsigned s = 0; s < 4; s++) {
+		ck_assert_msg(row && strtoul(row + 1, NULL, 10) == s, "stage %u's row: %s", s, r.out);
+		const char *end = strchr(row + 1, '\n');
+		ck_assert_ptr_nonnull(end);
+		char line[512];
+		snprintf(line, sizeof line, "%.*s", (int)(end - row - 1), row + 1);
+		ck_assert_msg(strstr(line, stage_hops[s]), "stage %u: want hops %s: %s", s, stage_hops[s],
+			      line);
+		row = end;
+	}
+	ck_assert_msg(strstr(r.out, "\nper thread: t 4,4; h 8,8 + 0,8 ("), "the per-thread line: %s", r.out);
+	run_free(&r);
+
+	r = run((const char *const[]){SMALL, "--layers", "784,48,32,24,10", "--epochs", "1", "--stages", "4",
+				      "--schedule", "zbv", "--threads", "2", "--json", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_msg(root != NULL, "stdout is not JSON: %s", r.out);
+	static const char *const key[] = {"thread_held_peak", "thread_hops", "thread_local_hops"};
+	static const int want[3][2] = {{4, 4}, {8, 8}, {0, 8}};
+	for (unsigned k = 0; k < 3; k++) {
+		const cJSON *a = cJSON_GetObjectItem(root, key[k]);
+		ck_assert_msg(cJSON_GetArraySize(a) == 2, "%s: %s", key[k], r.out);
+		for (int t = 0; t < 2; t++)
+			ck_assert_int_eq(cJSON_GetArrayItem(a, t)->valueint, want[k][t]);
+	}
+	const cJSON *st = cJSON_GetObjectItem(root, "stages");
+	for (int s = 0; s < 4; s++) {
+		const cJSON *o = cJSON_GetArrayItem(st, s);
+		ck_assert_int_eq(cJSON_GetObjectItem(o, "hops")->valueint, 4);
+		ck_assert_int_eq(cJSON_GetObjectItem(o, "local_hops")->valueint, s == 1 || s == 2 ? 4 : 0);
+	}
+	cJSON_Delete(root);
+	run_free(&r);
 }
 END_TEST
 
@@ -2115,6 +2177,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, the_progress_bar_goes_to_stderr_at_most_ten_times_a_second);
 	tcase_add_test(tc, every_schedule_and_stage_count_writes_the_same_weights);
 	tcase_add_test(tc, every_chunked_schedule_writes_the_weights_of_one_stage);
+	tcase_add_test(tc, the_summary_shows_each_stages_and_each_threads_hops_as_the_json_has_them);
 	tcase_add_test(tc, a_chunked_schedule_that_cannot_place_the_stages_is_refused_as_usage);
 	tcase_add_test(tc, a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one);
 	tcase_add_test(tc, replicated_stages_write_the_weights_of_unreplicated_ones_byte_for_byte);

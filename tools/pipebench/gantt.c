@@ -423,10 +423,12 @@ void pb_train_gantt_print(FILE *f, const pb_train_report *rep, unsigned width)
 		}
 	}
 	fprintf(f, "%s\n", ax);
-	fprintf(f,
-		"0-9: forward (F) of micro-batch 0-9, a-z: its backward (B; under zbh1 the input gradient "
-		"B_in),\nA-Z: its weight gradient (W, zbh1), each the micro-batch's index modulo 10 or 26; "
-		"'.' idle\n");
+	fprintf(
+	    f,
+	    "0-9: forward (F) of micro-batch 0-9, a-z: its backward (B; the input gradient B_in where the "
+	    "schedule splits it off),\nA-Z: its weight gradient (W, split off by zbh1, zbh2, zbv, "
+	    "dualpipev, auto), each the micro-batch's index modulo 10 or 26; '.' idle; a chunked "
+	    "schedule's\nrows are its chunks, placed on the threads as its 'chunks on threads' line says\n");
 out:
 	free(row);
 	free(sp);
@@ -517,8 +519,8 @@ static int svg_close(mbp_file *file, const char *path, double y, double scale, b
 	static const char *const legend[2][2] = {
 	    {"each box: a micro-batch's time in a stage, its character the micro-batch (0-9, a-z, A-Z);",
 	     "grey: the stage idle"},
-	    {"blue: forward (F), orange: backward (B, or B_in under zbh1), green: weight gradient (W, zbh1);",
-	     "rows s: the measured step; pale rows p: the schedule played with that step's own costs"}};
+	    {"blue: forward (F), orange: backward (B, or B_in where split), green: weight gradient (W);",
+	     "rows s: the measured step (s2/t0: chunk 2 on thread 0); pale rows p: played with its costs"}};
 	for (int k = 0; k < 2; k++)
 		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", SVG_LEFT, y + 38 + 14 * k,
 			legend[training][k]);

@@ -253,14 +253,14 @@ void pb_options_help(FILE *f)
 	    "      --unit-us=US         train: the unit of --costs, in microseconds of busy work\n"
 	    "                           (default: %g)\n"
 	    "      --schedule=LIST      train: the schedules measured side by side, comma-separated, of\n"
-	    "                           gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, zbv, dualpipev, "
-	    "or\n"
-	    "                           all (default: gpipe,1f1b,zbh1). The last four split each of the\n"
-	    "                           --stages stages into chunks (zbv, dualpipev: 2), each 1/chunks of\n"
-	    "                           its costs, on as many threads as there are stages\n"
+	    "                           gpipe, 1f1b, zbh1, zbh2, interleaved, looped-bfs, zbv, dualpipev,\n"
+	    "                           auto, or all (default: gpipe,1f1b,zbh1). interleaved, looped-bfs,\n"
+	    "                           zbv and dualpipev split each of the --stages stages into chunks\n"
+	    "                           (zbv, dualpipev: 2), each 1/chunks of its costs, on as many threads\n"
+	    "                           as there are stages; auto: built (mbp_schedule_build) from a\n"
+	    "                           short profile of its chunks' operations, on 2 chunks a thread,\n"
+	    "                           holding at most what 1f1b holds (2 x stages chunks)\n"
 	    "      --chunks=V           train: chunks per thread of interleaved and looped-bfs (default: 2)\n"
-	    "                           auto: built from the costs (mbp_schedule_build) on 2 chunks a\n"
-	    "                           thread, holding at most what 1f1b holds (2 x stages chunks)\n"
 	    "      --schedule-file=FILE train: one more schedule, 'custom', read from FILE (PyTorch's CSV,\n"
 	    "                           a line per thread); its lines are the threads, its micro-batches\n"
 	    "                           --micro-batches' (by default), each stage 1/(stages/threads) of\n"
@@ -342,7 +342,6 @@ static void defaults(pb_config *c)
 	c->unit_us = PB_DEF_UNIT_US;
 }
 
-/* "1:1:1", "1:2:0": three costs, each from 0 to 1000, their sum above 0. */
 /* --schedule: names of mbp_sched_parse (not auto, not twice), comma-separated, or "all". */
 static int parse_scheds(const char *s, pb_config *cfg, char *err, size_t errlen)
 {

@@ -102,9 +102,7 @@ static void print_until(FILE *f, const pb_config *cfg)
 		fprintf(f, "no more\n");
 }
 
-/* The machine's lines: what other processes took before and while measuring. `loud_rows`: some rows are
- * marked loud. */
-static void print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_rows)
+void pb_print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_rows)
 {
 	if (!nz->available)
 		fprintf(f, "machine: /proc/stat unreadable, load average %.2f: noise not measured\n",
@@ -193,7 +191,7 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	char warn[512];
 	if (w->blas_warning[0] && blas_warning_line(warn, sizeof warn)) /* a workload that uses BLAS */
 		fprintf(f, "%s\n", warn);
-	print_noise(f, &b->noise, b->load_start, any_loud(rep));
+	pb_print_noise(f, &b->noise, b->load_start, any_loud(rep));
 	if (oversubscribed(rep))
 		fprintf(f,
 			"note: %u threads on %u %s: threads share CPUs and time-slice, waits skip their "
@@ -432,8 +430,7 @@ static int json_finish(FILE *f, cJSON *root, int status, const char *error)
 	return mt_json_print(f, root);
 }
 
-/* The noise object of the JSON document; `loud_rows`: some rows are marked loud. */
-static cJSON *json_noise(const pb_noise *nz, bool loud_rows)
+void *pb_json_noise(const pb_noise *nz, bool loud_rows)
 {
 	cJSON *nj = cJSON_CreateObject();
 	cJSON_AddBoolToObject(nj, "measured", nz->available);
@@ -500,7 +497,7 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	double loads[2] = {b->load_start, b->load_end};
 	cJSON_AddItemToObject(cp, "loadavg", cJSON_CreateDoubleArray(loads, 2));
 
-	cJSON_AddItemToObject(root, "noise", json_noise(&b->noise, any_loud(rep)));
+	cJSON_AddItemToObject(root, "noise", pb_json_noise(&b->noise, any_loud(rep)));
 
 	cJSON *pl = cJSON_AddArrayToObject(root, "placement");
 	for (unsigned s = 0; b->have_placement && s < w->stages; s++) {
@@ -604,9 +601,9 @@ static bool train_loud(const pb_train_report *rep)
 /* A stage list of figures, "8,8,4". */
 static const char *stage_list(const uint32_t *v, unsigned n)
 {
-	static char buf[5][MBP_MAX_STAGES * 11]; /* five in one line */
+	static char buf[2][MBP_MAX_STAGES * 11]; /* two in one line */
 	static unsigned which;
-	char *b = buf[which++ % 5];
+	char *b = buf[which++ % 2];
 	size_t len = 0;
 	b[0] = 0;
 	for (unsigned s = 0; s < n; s++)
@@ -635,7 +632,7 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 		    T, PLURAL(T, "thread", "threads"), T, S, "chunks placed by its rule");
 	else
 		fputc('\n', f);
-	print_noise(f, &rep->noise, rep->load_start, train_loud(rep));
+	pb_print_noise(f, &rep->noise, rep->load_start, train_loud(rep));
 	fprintf(f, "\n%-11s %8s %5s %4s %8s %9s %6s %9s %8s %8s %5s %7s  %s\n", "schedule", "steps/s", "+-%",
 		"n", "step ms", "mb/s", "bubble", "predicted", "work ms", "ideal ms", "eff", "eff/id",
 		"stash peak / held peak per stage or chunk (t: held per thread, a chunk 1/v; h: per thread, "
@@ -650,20 +647,18 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 				fprintf(f, "%-11s  not measured: the run stopped\n", name);
 			continue;
 		}
-		char pm[16], step[16], work[16], ideal[16];
+		char pm[16], step[16], work[16], ideal[16], thr[MBP_MAX_STAGES * 36];
 		fmt_pm(pm, sizeof(pm), &r->rate);
 		fmt_ms(step, sizeof(step), r->step_ms.median);
 		fmt_ms(work, sizeof(work), r->work_ms);
 		fmt_ms(ideal, sizeof(ideal), r->ideal_ms);
+		mt_thread_figs_str(&r->thr, thr, sizeof thr);
 		fprintf(f,
-			"%-11s %8.1f %5s %4u %8s %9.0f %6.3f %9.3f %8s %8s %5.3f %7.3f  %s / %s (t %s; h %s "
-			"+ %s)%s%s%s\n",
+			"%-11s %8.1f %5s %4u %8s %9.0f %6.3f %9.3f %8s %8s %5.3f %7.3f  %s / %s (%s)%s%s%s\n",
 			name, r->rate.median, pm, r->repeats, step, r->mbs_per_s, r->bubble.median,
 			r->bubble_predicted, work, ideal, r->efficiency, r->eff_of_predicted,
-			stage_list(r->stash_peak, r->stages), stage_list(r->held_peak, r->stages),
-			stage_list(r->thread_held, r->threads), stage_list(r->thread_hops, r->threads),
-			stage_list(r->thread_local_hops, r->threads), r->loud ? "  loud" : "",
-			r->status ? "  FAILED: " : "", r->status ? r->error : "");
+			stage_list(r->stash_peak, r->stages), stage_list(r->held_peak, r->stages), thr,
+			r->loud ? "  loud" : "", r->status ? "  FAILED: " : "", r->status ? r->error : "");
 	}
 	fprintf(f,
 		"(steps/s: median over the repeats, +-%%: half-width of its 95%% interval, n: repeats; "
@@ -762,9 +757,7 @@ static cJSON *json_train_result(const pb_train_result *r, unsigned S, bool gantt
 	cJSON_AddItemToObject(o, "held_peak", json_stage_figures(r->held_peak, S));
 	cJSON_AddItemToObject(o, "held_peak_schedule", json_stage_figures(r->held_expected, S));
 	cJSON_AddNumberToObject(o, "chunks", r->chunks);
-	cJSON_AddItemToObject(o, "thread_held_peak", json_stage_figures(r->thread_held, r->threads));
-	cJSON_AddItemToObject(o, "thread_hops", json_stage_figures(r->thread_hops, r->threads));
-	cJSON_AddItemToObject(o, "thread_local_hops", json_stage_figures(r->thread_local_hops, r->threads));
+	mt_thread_figs_json(o, &r->thr);
 	cJSON *st = cJSON_AddArrayToObject(o, "stages");
 	for (unsigned s = 0; s < S; s++) {
 		cJSON *e = cJSON_CreateObject();
@@ -773,6 +766,13 @@ static cJSON *json_train_result(const pb_train_result *r, unsigned S, bool gantt
 		cJSON_AddNumberToObject(e, "b_us", r->op_us[s][1]);
 		cJSON_AddNumberToObject(e, "w_us", r->op_us[s][2]);
 		cJSON_AddItemToArray(st, e);
+	}
+	if (r->kind == MBP_SCHED_AUTO) { /* the profile it was built from: [F, B_in, B_w] a chunk */
+		cJSON *pr = cJSON_AddArrayToObject(o, "profile_us");
+		for (unsigned s = 0; s < S; s++)
+			cJSON_AddItemToArray(pr, cJSON_CreateDoubleArray(r->profile_us[s], 3));
+	} else {
+		cJSON_AddNullToObject(o, "profile_us");
 	}
 	cJSON_AddBoolToObject(o, "loud", r->loud);
 	cJSON_AddNumberToObject(o, "loud_share", r->loud_share);
@@ -828,7 +828,7 @@ int pb_train_print_json(FILE *f, const pb_train_report *rep)
 	cJSON_AddNumberToObject(cp, "threads", rep->r[0].threads);
 	double loads[2] = {rep->load_start, rep->load_end};
 	cJSON_AddItemToObject(cp, "loadavg", cJSON_CreateDoubleArray(loads, 2));
-	cJSON_AddItemToObject(root, "noise", json_noise(&rep->noise, train_loud(rep)));
+	cJSON_AddItemToObject(root, "noise", pb_json_noise(&rep->noise, train_loud(rep)));
 
 	cJSON *sc = cJSON_AddArrayToObject(root, "schedules");
 	for (unsigned i = 0; i < rep->n; i++)

@@ -34,6 +34,7 @@
 
 #include <mbpipe.h>
 
+#include "tools/shared/mlptrain.h"
 #include "util/clock.h" /* mbt_now_ns: CLOCK_MONOTONIC, the clock of the engine's job stamps */
 
 #define PB_MAX_SIZES	   64  /* micro-batch sizes in one sweep */
@@ -489,6 +490,12 @@ void pb_print_header(FILE *f, const pb_report *rep);
 void pb_print_table(FILE *f, const pb_report *rep);
 void pb_print_csv(FILE *f, const pb_report *rep);
 int pb_print_json(FILE *f, const pb_report *rep);
+/* The machine's lines, as every run prints them: what other processes took of the watched CPUs before
+ * measuring (and how long --wait-quiet waited), and while measuring (its loud windows); `loud_rows`: some
+ * rows are marked loud. */
+void pb_print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_rows);
+/* The same as the JSON document's "noise" object (a cJSON *). */
+void *pb_json_noise(const pb_noise *nz, bool loud_rows);
 
 /* The tool's lines on standard error, "pipebench: <text>": pb_usage for a bad argument (" (try --help)"
  * after it; exit status 2), pb_failure for a failure while running (exit status 1). Under mpirun every
@@ -563,14 +570,14 @@ typedef struct pb_train_result {
 	double ideal_ms;	 /* work_ms over min(threads, CPUs): the step with no bubble */
 	double efficiency;	 /* ideal_ms / the median step */
 	double eff_of_predicted; /* efficiency / (1 - bubble_predicted) */
-	double op_us[MBP_MAX_STAGES][3]; /* per stage: mean F, backward (B or B_in), W in microseconds */
+	double op_us[MBP_MAX_STAGES][3];      /* per stage: mean F, backward (B or B_in), W in microseconds */
+	double profile_us[MBP_MAX_STAGES][3]; /* auto: the profile it was built from (F, B_in, B_w) */
 	uint32_t stash_peak[MBP_MAX_STAGES], stash_expected[MBP_MAX_STAGES]; /* highest seen; schedule's */
 	uint32_t held_peak[MBP_MAX_STAGES], held_expected[MBP_MAX_STAGES];
-	uint32_t thread_held[MBP_MAX_STAGES]; /* per thread: the schedule's held peak over its chunks (a
-						 chunk's micro-batch counts 1 / chunks of a stage's) */
-	/* per thread, a step's: outputs and input gradients handed to another thread (a ring), and
-	 * passed between two chunks of its own (no ring); the trainer's counts, the schedule's figures */
-	uint32_t thread_hops[MBP_MAX_STAGES], thread_local_hops[MBP_MAX_STAGES];
+	/* per thread: the schedule's held peak over its chunks (a chunk's micro-batch counts 1 / chunks of
+	 * a stage's), and a step's outputs and input gradients handed to another thread (a ring) and passed
+	 * between two chunks of its own (no ring): the trainer's counts, checked against the schedule's */
+	mt_thread_figs thr;
 	mbp_train_event *ev; /* the fastest measured step's operations, for the Gantt chart */
 	size_t nev;
 	uint64_t ev_step_ns; /* that step's time */

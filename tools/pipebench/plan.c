@@ -7,6 +7,12 @@
  * trainer's step times), bubble and peak memory (the trainer's activation peak over every step, the
  * unmeasured ones included, plus the plan's state) beside the plan's predictions.
  *
+ * The machine is watched as in every other run (noise.c): before the profile (a measurement too) the run
+ * waits at most --wait-quiet seconds for other processes to leave the CPUs; the measured steps are
+ * sampled in windows, a loud window is followed by a pause for a quiet one out of what is left of
+ * --wait-quiet, and the measured lines are marked loud when more than a tenth of the steps ran in loud
+ * windows; the machine's lines and the JSON's "noise" are the other runs'.
+ *
  * Exit statuses: 2 when no plan fits --memory (one line naming the smallest budget that fits, as
  * pipetrain's), 1 when a step fails or the measured peak exceeds the budget (an invariant of the
  * planner: every plan it gives fits), 0 otherwise.
@@ -31,6 +37,8 @@ struct measured {
 	double step_ms, min_ms, max_ms, bubble, bubble_predicted;
 	uint64_t act_peak_bytes; /* the trainer's, over every step */
 	uint64_t pool_bytes;	 /* the activation pool at its high-water mark */
+	unsigned loud_steps;	 /* measured steps that ran in loud windows */
+	bool loud;		 /* more than PB_LOUD_SHARE of them */
 };
 
 static double mib(uint64_t b)
@@ -56,9 +64,9 @@ static void widths_str(const uint32_t *w, unsigned L, char *buf, size_t n)
 }
 
 /* Train with the plan: its stages (layers, recomputation), schedule, threads and micro-batch size, on
- * synthetic rows. 0, or -1 with err set. */
+ * synthetic rows, the measured steps watched by nz (settled before the profile). 0, or -1 with err set. */
 static int run_plan(const pb_config *cfg, mbp_mlp *n, const uint32_t *w, unsigned L, const mt_auto *a,
-		    struct measured *m, char *err, size_t errlen)
+		    pb_noise *nz, struct measured *m, char *err, size_t errlen)
 {
 	const mbp_train_plan *p = &a->plan;
 	uint32_t batch = cfg->batch, width = w[0], classes = w[L];
@@ -108,8 +116,12 @@ static int run_plan(const pb_config *cfg, mbp_mlp *n, const uint32_t *w, unsigne
 	if (rc == 0 && (rc = mbp_trainer_start(t)) < 0)
 		what = "cannot start the trainer";
 	memset(m, 0, sizeof *m);
+	double pause_left = cfg->wait_quiet_s - nz->waited_s;
+	unsigned pending = 0; /* the first measured step of the noise window still open */
 	for (unsigned i = 0; rc == 0 && i < total; i++) {
 		pb_progress(i, total, "training");
+		if (i == cfg->warmup)
+			pb_noise_mark(nz);
 		double loss;
 		if ((rc = mbp_trainer_step(t, x, y, batch, p->mb, &loss)) < 0) {
 			what = "a step failed";
@@ -124,8 +136,17 @@ static int run_plan(const pb_config *cfg, mbp_mlp *n, const uint32_t *w, unsigne
 			ms[m->steps++] = (double)ts.step_ns * 1e-6;
 			m->bubble += ts.bubble;
 			m->bubble_predicted += ts.bubble_predicted;
+			/* the window closes at 0.5 s or at the last step: its steps are loud or quiet */
+			int loud = pb_noise_round(nz, i + 1 == total);
+			if (loud >= 0) {
+				m->loud_steps += loud ? m->steps - pending : 0;
+				pending = m->steps;
+			}
+			if (loud == 1 && pause_left > 0) /* between steps: the step times leave it out */
+				pause_left -= pb_noise_pause(nz, pause_left);
 		}
 	}
+	m->loud = m->steps && (double)m->loud_steps / m->steps > PB_LOUD_SHARE;
 	pb_progress_end();
 	if (rc == 0 && m->steps) {
 		qsort(ms, m->steps, sizeof(double), cmp_double);
@@ -159,10 +180,10 @@ static void print_measured(FILE *f, const mt_auto *a, const struct measured *m)
 			 peak <= a->budget ? "within" : "ABOVE", mib(a->budget));
 	fprintf(f,
 		"measured: step %.3f ms (median of %u %s, %.3f to %.3f; predicted %.3f ms, %.2fx), bubble "
-		"%.3f (predicted %.3f)\n",
+		"%.3f (predicted %.3f)%s\n",
 		m->step_ms, m->steps, PLURAL(m->steps, "step", "steps"), m->min_ms, m->max_ms,
 		p->step_ns * 1e-6, p->step_ns > 0 ? m->step_ms / (p->step_ns * 1e-6) : 0, m->bubble,
-		p->bubble);
+		p->bubble, m->loud ? "  loud" : "");
 	fprintf(f,
 		"measured: peak memory %.2f MiB (predicted %.2f MiB): the trainer's activation peak %.2f MiB "
 		"(predicted %.2f MiB) + the state %.2f MiB, %s\n",
@@ -172,7 +193,7 @@ static void print_measured(FILE *f, const mt_auto *a, const struct measured *m)
 
 /* The document: the run's shape, the plan, and what the run measured (NULL: --plan-only). 0, or -1. */
 static int print_json(const pb_config *cfg, const uint32_t *w, unsigned L, unsigned ncpus, const mt_auto *a,
-		      const struct measured *m)
+		      const pb_noise *nz, const struct measured *m)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON_AddStringToObject(o, "tool", "pipebench");
@@ -187,6 +208,8 @@ static int print_json(const pb_config *cfg, const uint32_t *w, unsigned L, unsig
 	cJSON_AddNumberToObject(wl, "seed", (double)cfg->seed);
 	cJSON *cp = cJSON_AddObjectToObject(o, "cpus");
 	cJSON_AddItemToObject(cp, "used", cJSON_CreateIntArray(cfg->cpus, (int)ncpus));
+	cJSON_AddNumberToObject(o, "wait_quiet_s", cfg->wait_quiet_s);
+	cJSON_AddItemToObject(o, "noise", pb_json_noise(nz, m && m->loud));
 	cJSON_AddItemToObject(o, "plan", mt_auto_json(a));
 	if (m) {
 		uint64_t peak = mt_auto_peak(a, m->act_peak_bytes);
@@ -205,6 +228,8 @@ static int print_json(const pb_config *cfg, const uint32_t *w, unsigned L, unsig
 		cJSON_AddNumberToObject(x, "activation_pool_bytes", (double)m->pool_bytes);
 		cJSON_AddNumberToObject(x, "state_bytes", (double)a->state_bytes);
 		cJSON_AddBoolToObject(x, "within_budget", a->budget == UINT64_MAX || peak <= a->budget);
+		cJSON_AddNumberToObject(x, "loud_steps", m->loud_steps);
+		cJSON_AddBoolToObject(x, "loud", m->loud);
 	} else {
 		cJSON_AddNullToObject(o, "measured");
 	}
@@ -241,6 +266,11 @@ int pb_train_plan_main(pb_config *cfg, unsigned ncpus)
 		ws, (unsigned long long)cfg->seed, cfg->batch, PLURAL(cfg->batch, "row", "rows"), ncpus,
 		PLURAL(ncpus, "CPU", "CPUs"));
 	fflush(human);
+	/* the profile is a measurement: wait for quiet before it, as every run does before its first */
+	pb_noise nz;
+	pb_noise_init(&nz, cfg->cpus, ncpus);
+	pb_noise_settle(&nz, cfg->wait_quiet_s);
+	double load_start = pb_loadavg();
 	rc = mt_auto_plan(n, cfg->batch, cfg->memory, 0, ncpus, &a);
 	if (rc == -ENOSPC) {
 		mt_auto_refusal(&a, err, sizeof err);
@@ -257,7 +287,7 @@ int pb_train_plan_main(pb_config *cfg, unsigned ncpus)
 	struct measured m;
 	if (!cfg->plan_only) {
 		pb_progress_init(cfg->progress);
-		if (run_plan(cfg, n, w, L, &a, &m, err, sizeof err)) {
+		if (run_plan(cfg, n, w, L, &a, &nz, &m, err, sizeof err)) {
 			mbp_mlp_destroy(n);
 			return pb_failure("FAILED: %s", err);
 		}
@@ -265,7 +295,8 @@ int pb_train_plan_main(pb_config *cfg, unsigned ncpus)
 		if (a.budget != UINT64_MAX && mt_auto_peak(&a, m.act_peak_bytes) > a.budget)
 			status = PB_EXIT_FAIL;
 	}
-	if (cfg->format == PB_FMT_JSON && print_json(cfg, w, L, ncpus, &a, cfg->plan_only ? NULL : &m)) {
+	pb_print_noise(human, &nz, load_start, !cfg->plan_only && m.loud);
+	if (cfg->format == PB_FMT_JSON && print_json(cfg, w, L, ncpus, &a, &nz, cfg->plan_only ? NULL : &m)) {
 		mbp_mlp_destroy(n);
 		return pb_failure("out of memory for the JSON document");
 	}

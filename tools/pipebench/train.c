@@ -36,6 +36,7 @@
 #include "util/plural.h"
 
 #define PB_TRAIN_VISIT_S  0.05 /* measured time per visit to a schedule */
+#define PB_PROFILE_RUNS	  5    /* auto's profile: the fastest of this many runs of each operation */
 #define PB_DEF_MAX_STAGES 4
 
 static const mbp_sched_kind default_kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
@@ -142,9 +143,36 @@ static int arm_fail(struct tr_arm *a, char *err, size_t errlen, const char *fmt,
 	return -1;
 }
 
-/* The schedule arm a follows, into r->sched: a fixed one, the one built from the configured costs (auto:
- * at most what 1f1b holds per thread, 2 x stages chunks), or the file's (custom). 0, or -1 with err. */
-static int arm_schedule(struct tr_arm *a, const pb_config *cfg, double unit_ns, char *err, size_t errlen)
+/* auto's short profile, as pipetrain's of its layers: each chunk's F, B_in and B_w (its stage
+ * functions, called on this thread outside any trainer) timed alone, the fastest of PB_PROFILE_RUNS after
+ * a warm-up, into c (ns) and r->profile_us. Before the trainer starts (its threads would share the CPU)
+ * and before the fault is armed. */
+static void profile_chunks(struct tr_arm *a, mbp_op_costs *c)
+{
+	static const mbp_train_op_fn op[3] = {tr_f, tr_bin, tr_bw};
+	for (unsigned s = 0; s < a->S; s++) {
+		double in = 0, out = 0, dout = 1, din = 0, ns[3];
+		mbp_train_io io = {
+		    .rows = 1, .step_rows = a->M, .in = &in, .out = &out, .dout = &dout, .din = &din};
+		for (int k = 0; k < 3; k++) {
+			uint64_t best = UINT64_MAX;
+			for (int i = 0; i <= PB_PROFILE_RUNS; i++) {
+				uint64_t t0 = mbt_now_ns();
+				op[k](&a->st[s], &io);
+				uint64_t dt = mbt_now_ns() - t0;
+				best = i && dt < best ? dt : best; /* run 0: the warm-up */
+			}
+			ns[k] = (double)best;
+			a->r->profile_us[s][k] = ns[k] / 1e3;
+		}
+		c[s] = (mbp_op_costs){ns[0], ns[1], ns[2]};
+	}
+}
+
+/* The schedule arm a follows, into r->sched: a fixed one, the one built from a short profile of its
+ * chunks' operations (auto: at most what 1f1b holds per thread, 2 x stages chunks), or the file's
+ * (custom). 0, or -1 with err. */
+static int arm_schedule(struct tr_arm *a, const pb_config *cfg, char *err, size_t errlen)
 {
 	pb_train_result *r = a->r;
 	int rc;
@@ -152,9 +180,7 @@ static int arm_schedule(struct tr_arm *a, const pb_config *cfg, double unit_ns, 
 		rc = mbp_schedule_copy(&r->sched, cfg->custom);
 	} else if (r->kind == MBP_SCHED_AUTO) {
 		mbp_op_costs c[MBP_MAX_STAGES];
-		for (unsigned s = 0; s < a->S; s++)
-			c[s] = (mbp_op_costs){cfg->costs[0] * unit_ns, cfg->costs[1] * unit_ns,
-					      cfg->costs[2] * unit_ns};
+		profile_chunks(a, c);
 		mbp_sched_build b = {.stages = a->S,
 				     .mbs = a->M,
 				     .threads = cfg->stages,
@@ -198,7 +224,10 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 	if (a->S > MBP_MAX_STAGES)
 		return arm_fail(a, err, sizeof(err), "%s: %u chunks: more than %u", mbp_sched_name(kind),
 				a->S, MBP_MAX_STAGES);
-	if (arm_schedule(a, cfg, cfg->unit_us * 1e3 / share, err, sizeof(err)))
+	for (unsigned s = 0; s < a->S; s++)
+		for (int k = 0; k < 3; k++)
+			a->st[s].iters[k] = (uint64_t)(cfg->costs[k] * cfg->unit_us * iters_per_us / share);
+	if (arm_schedule(a, cfg, err, sizeof(err)))
 		return -1;
 	bool custom = kind == MBP_SCHED_CUSTOM || kind == MBP_SCHED_AUTO;
 	a->ev_cap = (size_t)a->S * a->M * 3;
@@ -225,8 +254,6 @@ static int arm_open(struct tr_arm *a, const pb_config *cfg, unsigned ncpus, doub
 	const char *fault = getenv("PIPEBENCH_FAULT");
 	int rc = mbp_trainer_new(&a->t, &o);
 	for (unsigned s = 0; rc == 0 && s < a->S; s++) {
-		for (int k = 0; k < 3; k++)
-			a->st[s].iters[k] = (uint64_t)(cfg->costs[k] * cfg->unit_us * iters_per_us / share);
 		a->st[s].sink = s + 1;
 		a->st[s].last_mb = a->M - 1;
 		if (s == a->S - 1 && fault)
@@ -336,24 +363,9 @@ static int one_step(struct tr_arm *a, bool keep, char *err, size_t errlen)
 	a->work_ms[a->n] = busy / 1e6;
 	a->n++;
 	a->r->threads = st.threads;
-	for (unsigned t = 0; t < st.threads; t++) {
-		mbp_sched_thread_figures tf = {0};
-		mbp_schedule_thread_figures(sc, st.threads, t, &tf);
-		a->r->thread_held[t] = tf.held_peak;
-		unsigned hops = 0, local = 0;
-		for (unsigned s = 0; s < a->S; s++)
-			if (ss[s].thread == t) {
-				hops += ss[s].hops;
-				local += ss[s].local_hops;
-			}
-		if (hops != tf.hops || local != tf.local_hops)
-			return arm_fail(a, err, errlen,
-					"thread %u handed %u items to another thread and passed %u to its "
-					"own chunks, the schedule says %u and %u",
-					t, hops, local, tf.hops, tf.local_hops);
-		a->r->thread_hops[t] = hops;
-		a->r->thread_local_hops[t] = local;
-	}
+	char why[PB_ERR_MAX] = "";
+	if (mt_thread_figs_get(&a->r->thr, sc, st.threads, ss, a->S, why, sizeof why) < 0)
+		return arm_fail(a, err, errlen, "%s", why[0] ? why : "the schedule has no such threads");
 	if (a->r->nev == 0 || st.step_ns < a->r->ev_step_ns) {
 		int n = mbp_trainer_events_get(a->t, a->scratch, a->ev_cap);
 		if (n < 0 || (size_t)n > a->ev_cap)

@@ -648,6 +648,13 @@ static int setup(struct run *r)
 		pln = (pt_plan){.mb = ap->mb, .step_ns = ap->step_ns, .threads = ap->threads};
 		pln.split = (mbp_model_plan){.stages = S, .layers = L, .mb_rows = ap->mb};
 		memcpy(pln.split.first, ap->first, (S + 1) * sizeof(unsigned));
+		/* each stage's profiled cost (the summary's profile_us): its layers' at the plan's size */
+		for (unsigned k = 0; k < r->ap.sizes; k++)
+			for (unsigned s = 0; r->ap.mb[k] == ap->mb && s < S; s++)
+				for (unsigned l = ap->first[s]; l < ap->first[s + 1]; l++) {
+					const mbp_op_costs *oc = &r->ap.cost[k * r->ap.layers + l];
+					pln.split.stage_ns[s] += oc->f + oc->b_in + oc->b_w;
+				}
 	} else {
 		rc = pt_plan_make(r->n, c, S, T, can_give, probe, pl);
 	}
@@ -804,6 +811,15 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 		t->local_hops = ss[s].local_hops;
 	}
 	r->rep.threads = ts.threads;
+	bool replicated = false;
+	for (unsigned s = 0; s < r->rep.stages; s++)
+		replicated |= r->rep.st[s].replicas > 1;
+	/* a mismatch with the schedule (-EPROTO) is shown as counted; replicas are copies of the
+	 * schedule's threads, which the per-stage figures show (their sums) */
+	unsigned got = k < 0 ? 0 : (unsigned)k < r->rep.stages ? (unsigned)k : r->rep.stages;
+	if (replicated || mt_thread_figs_get(&r->rep.thr, mbp_trainer_schedule(r->t), ts.threads, ss, got,
+					     NULL, 0) == -EINVAL)
+		r->rep.thr.threads = 0;
 	if (ts.act_peak_bytes > r->rep.act_peak_bytes)
 		r->rep.act_peak_bytes = ts.act_peak_bytes;
 	r->rep.act_pool_bytes = ts.act_pool.high_water * ts.act_buf_bytes;

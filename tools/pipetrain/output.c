@@ -152,8 +152,8 @@ void pt_print_summary(const pt_report *r)
 			r->c->mb, r->split_bound, pl->step_ns * 1e-6, pl->seq_ns / pl->step_ns,
 			handed ? "; a layer marked '<' has its input gradient computed by the next stage"
 			       : "");
-	fprintf(f, "%-6s %-12s %6s %5s %9s %9s %9s %10s %7s %7s %11s %11s\n", "stage", "layers", "thread",
-		"cpu", "compute%", "wait%", "bubble%", "recompute%", "stash", "held", "peak_MiB",
+	fprintf(f, "%-6s %-12s %6s %5s %9s %9s %9s %10s %7s %7s %9s %11s %11s\n", "stage", "layers", "thread",
+		"cpu", "compute%", "wait%", "bubble%", "recompute%", "stash", "held", "hops", "peak_MiB",
 		"profile_us");
 	bool recomputes = false;
 	for (unsigned s = 0; s < r->stages; s++) {
@@ -161,7 +161,7 @@ void pt_print_summary(const pt_report *r)
 		/* a replicated stage's shares: of its threads' time together */
 		double wall = (r->wall_s > 0 ? r->wall_s : 1) * (t->replicas ? t->replicas : 1);
 		double peak = (double)t->act_peak_bytes / (1 << 20);
-		char layers[32], cpu[16];
+		char layers[32], cpu[16], hops[24];
 		bool gives = s + 1 < r->stages && r->st[s + 1].takes;
 		recomputes |= t->recompute != 0;
 		/* '*': every layer of the stage recomputes, '+': some of them */
@@ -176,10 +176,11 @@ void pt_print_summary(const pt_report *r)
 				       : "+",
 			 reps);
 		snprintf(cpu, sizeof cpu, t->cpu < 0 ? "-" : "%d", t->cpu);
-		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %10.1f %7u %7u %11.2f %11.1f", s, layers,
+		snprintf(hops, sizeof hops, "%u + %u", t->hops, t->local_hops);
+		fprintf(f, "%-6u %-12s %6u %5s %9.1f %9.1f %9.1f %10.1f %7u %7u %9s %11.2f %11.1f", s, layers,
 			t->thread, cpu, 100 * t->compute_s / wall, 100 * t->wait_s / wall,
 			100 * (1 - t->compute_s / wall), 100 * t->recompute_s / wall, t->stash_peak,
-			t->held_peak, peak, t->profiled_us);
+			t->held_peak, hops, peak, t->profiled_us);
 		if (t->pin_error) /* the words of pipebench's placement line */
 			fprintf(f, "  (pin failed: %s)", mbp_strerror(t->pin_error));
 		if (t->sharing)
@@ -190,13 +191,33 @@ void pt_print_summary(const pt_report *r)
 	fprintf(
 	    f,
 	    "(compute, wait and bubble: shares of the training time; bubble = 1 - compute; recompute: the "
-	    "part of compute spent recomputing activations%s; stash and held: peak micro-batches; peak_MiB: "
-	    "the most activation memory the stage held at once)\n",
+	    "part of compute spent recomputing activations%s; stash and held: peak micro-batches; hops: the "
+	    "last step's outputs and input gradients handed to another thread + passed to a stage of its own "
+	    "thread; peak_MiB: the most activation memory the stage held at once)\n",
 	    recomputes ? ", in the stages marked * (every layer) or + (some)" : "");
+	if (r->thr.threads) {
+		char thr[MBP_MAX_STAGES * 36];
+		mt_thread_figs_str(&r->thr, thr, sizeof thr);
+		fprintf(
+		    f,
+		    "per thread: %s (t: the most micro-batches it held over its stages, the schedule's; h: "
+		    "the last step's hops to another thread + passes between its own stages)\n",
+		    thr);
+	}
 	fprintf(f,
 		"activation memory: peak %.2f MiB held at once over all stages (the activation pool at its "
 		"high-water mark: %.2f MiB)\n",
 		(double)r->act_peak_bytes / (1 << 20), (double)r->act_pool_bytes / (1 << 20));
+	/* what one micro-batch keeps in each stage, kept from F to its last backward (stashed) or rebuilt
+	 * for the backward (recomputed): the JSON's stash_bytes_per_mb and recomputed_bytes_per_mb */
+	fprintf(f, "activation memory a micro-batch of %u rows holds, stage by stage: stashed", r->c->mb);
+	for (int k = 0; k < 2; k++) {
+		for (unsigned s = 0; s < r->stages; s++) {
+			size_t row = k ? r->st[s].work_row_bytes : r->st[s].stash_row_bytes;
+			fprintf(f, "%s%.1f", s ? "," : " ", (double)row * r->c->mb / 1024);
+		}
+		fprintf(f, k ? " KiB\n" : " KiB, recomputed");
+	}
 	if (r->c->rebalance) {
 		const mbp_model_rebalance_rule *rr = &r->c->rb_rule;
 		fprintf(f,
@@ -423,6 +444,7 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddNumberToObject(m, "activation_peak_bytes", (double)r->act_peak_bytes);
 		cJSON_AddNumberToObject(m, "state_bytes", (double)r->autoplan->state_bytes);
 	}
+	mt_thread_figs_json(root, &r->thr); /* empty arrays with replicas */
 	cJSON_AddBoolToObject(root, "rebalance", r->c->rebalance);
 	cJSON_AddNumberToObject(root, "moves", (double)r->moves);
 	cJSON_AddNumberToObject(root, "split_bound", r->split_bound);

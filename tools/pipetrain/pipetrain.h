@@ -228,6 +228,7 @@ typedef struct pt_report {
 	pt_curve *step_loss;	  /* each step's loss, for --plot (NULL without it) */
 	const mt_auto *autoplan;  /* --plan auto: the plan (NULL otherwise) */
 	uint64_t steps_run;	  /* steps this run took (for the measured mean step) */
+	mt_thread_figs thr;	  /* each thread's of the last step (threads 0: replicated, not shown) */
 	uint64_t moves;		  /* --rebalance: the moves to a fresh split */
 } pt_report;
 

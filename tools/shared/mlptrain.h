@@ -2,7 +2,8 @@
  * What the tools that train an MLP share (pipetrain, and pipebench's planned training workload): the
  * trainer's stage callbacks onto the model's stage functions and the loss (stages.c), each layer's
  * profile, and the planner run from that profile: the plan, its lines, its JSON and the refusal of a
- * budget no plan fits (autoplan.c). Built on the public API only, into a convenience library both tools
+ * budget no plan fits (autoplan.c); and each thread's held peak and hops of a step, as both tools show
+ * them (threads.c). Built on the public API only, into a convenience library both tools
  * link (tools/shared.mk); the tools' own glue stays in their folders.
  */
 #ifndef MBP_TOOLS_MLPTRAIN_H
@@ -120,5 +121,27 @@ void mt_auto_refusal(const mt_auto *a, char *buf, size_t n);
 int mt_json_print(FILE *f, void *root);
 /* A run's peak memory as the plan counts it: the trainer's activation peak (act_peak_bytes) + the state. */
 uint64_t mt_auto_peak(const mt_auto *a, uint64_t act_peak_bytes);
+
+/* ---- each thread's figures of a step (threads.c) ---- */
+
+/* What each thread of a trainer held and handed on in a step: the schedule's held peak over the thread's
+ * chunks (mbp_schedule_thread_figures: a chunk's micro-batch counts one), and the trainer's counts of the
+ * outputs and input gradients its stages handed to another thread (a ring) and passed between its own
+ * chunks (no ring), summed over its stages (mbp_train_stage_stats.hops, local_hops). */
+typedef struct mt_thread_figs {
+	unsigned threads; /* 0: none (no step yet, or a replicated trainer: its copies are not threads of
+			     the schedule) */
+	uint32_t held[MBP_MAX_STAGES], hops[MBP_MAX_STAGES], local_hops[MBP_MAX_STAGES];
+} mt_thread_figs;
+/* Fill f from a step that followed sc on `threads` threads, with the stage figures ss[0 .. stages).
+ * @return 0; -EINVAL (sc has no such threads: f->threads is 0); -EPROTO: a thread's counts are not the
+ * schedule's (f has the counts; why, when not NULL, says which thread and what each says). */
+int mt_thread_figs_get(mt_thread_figs *f, const mbp_schedule *sc, unsigned threads,
+		       const mbp_train_stage_stats *ss, unsigned stages, char *why, size_t n);
+/* The figures as every text table shows them, "t 2,1; h 8,8 + 0,0": the held peaks, then the hops to
+ * another thread + the passes between its own chunks, thread by thread. */
+void mt_thread_figs_str(const mt_thread_figs *f, char *buf, size_t n);
+/* Add thread_held_peak, thread_hops and thread_local_hops (arrays, a number a thread) to o (cJSON *). */
+void mt_thread_figs_json(void *o, const mt_thread_figs *f);
 
 #endif
