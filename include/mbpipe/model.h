@@ -293,7 +293,7 @@ typedef struct mbp_layer_info {
 	uint64_t flops;	     /**< floating-point operations per row (2 x in x out for the dense part) */
 	size_t param_bytes;  /**< bytes of float32 parameters */
 	size_t packed_bytes; /**< bytes of the packed kernel's copy of the weights and bias that each live
-				  version holds besides them (0: the version was built under OpenBLAS) */
+				  version (a trainable model: the model) holds besides them; 0 without one */
 } mbp_layer_info;
 
 /**

@@ -141,6 +141,21 @@ void mbp__dense_pack(uint32_t in, uint32_t out, const float *w, uint32_t ld, con
 	memset(dst + P * in * NR + out, 0, (P * NR - out) * sizeof(float));
 }
 
+void mbp__dense_pack_update(uint32_t in, uint32_t out, float *dst, bool bias, size_t e0, size_t e1,
+			    const float *src)
+{
+	const size_t P = panels_of(out);
+	if (bias) {
+		memcpy(dst + P * in * NR + e0, src, (e1 - e0) * sizeof(float));
+		return;
+	}
+	const size_t r = e0 / in, k0 = e0 % in;
+	MBP_ASSERT(e1 - e0 <= in - k0); /* one row's segment */
+	float *d = dst + (r / NR) * in * NR + k0 * NR + r % NR;
+	for (size_t k = 0; k < e1 - e0; k++)
+		d[k * NR] = src[k];
+}
+
 int mbp__version_pack(struct mbp__version *v, const struct mbp__layer *l)
 {
 	if (mbp_kernel_get() != MBP_KERNEL_PACKED)

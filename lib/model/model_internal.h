@@ -164,6 +164,10 @@ int mbp__model_write(const char *path, unsigned L, const struct mbp__layer *l, c
 bool mbp__dense_cpu_ok(void);
 size_t mbp__dense_packed_floats(uint32_t in, uint32_t out);
 void mbp__dense_pack(uint32_t in, uint32_t out, const float *w, uint32_t ld, const float *b, float *dst);
+/* Elements [e0, e1) of W (row-major, rows in floats long; within one row) or of b (bias) changed to
+ * src[0, e1 - e0): write them into the packed copy dst. */
+void mbp__dense_pack_update(uint32_t in, uint32_t out, float *dst, bool bias, size_t e0, size_t e1,
+			    const float *src);
 void mbp__dense_packed(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		       uint32_t rows, bool relu);
 /* Pack every layer of v when the kernel in use is the packed one (v->packed, each lw[i].wp).
