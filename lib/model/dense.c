@@ -156,6 +156,54 @@ void mbp__dense_pack_update(uint32_t in, uint32_t out, float *dst, bool bias, si
 		d[k * NR] = src[k];
 }
 
+#ifdef DENSE_X86
+/* Rows [r0, r0 + 8) (r0 a multiple of 8) of w into the packed copy: 8 x 8 blocks transposed in registers,
+ * each k's 8 values one store (half of a panel's line). */
+__attribute__((target("avx2,fma"))) static void pack_rows8(uint32_t in, const float *w, size_t r0, float *dst)
+{
+	float *d = dst + (r0 / NR) * in * NR + r0 % NR;
+	const float *s = w + r0 * in;
+	size_t k = 0;
+	for (; k + 8 <= in; k += 8) {
+		__m256 r[8], t[8];
+		for (int i = 0; i < 8; i++)
+			r[i] = _mm256_loadu_ps(s + i * in + k);
+		for (int i = 0; i < 8; i += 2) {
+			t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+			t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+		}
+		for (int i = 0; i < 8; i += 4) {
+			r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+			r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+			r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+			r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+		}
+		/* r[0..3]: columns k+{0,1,2,3} of rows 0-3 | k+{4,5,6,7} of rows 0-3; r[4..7]: rows 4-7 */
+		for (int j = 0; j < 4; j++) {
+			_mm256_storeu_ps(d + (k + j) * NR, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
+			_mm256_storeu_ps(d + (k + j + 4) * NR, _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+		}
+	}
+	for (; k < in; k++)
+		for (int i = 0; i < 8; i++)
+			d[k * NR + i] = s[i * in + k];
+}
+#endif
+
+void mbp__dense_pack_rows(uint32_t in, uint32_t out, const float *w, size_t r0, size_t r1, float *dst)
+{
+	(void)out;
+	size_t r = r0;
+#ifdef DENSE_X86
+	for (; r < r1 && r % 8; r++)
+		mbp__dense_pack_update(in, out, dst, false, r * in, (r + 1) * in, w + r * in);
+	for (; r + 8 <= r1; r += 8)
+		pack_rows8(in, w, r, dst);
+#endif
+	for (; r < r1; r++)
+		mbp__dense_pack_update(in, out, dst, false, r * in, (r + 1) * in, w + r * in);
+}
+
 int mbp__version_pack(struct mbp__version *v, const struct mbp__layer *l)
 {
 	if (mbp_kernel_get() != MBP_KERNEL_PACKED)

@@ -364,9 +364,14 @@ static void upd_piece(void *arg, unsigned i, unsigned k, size_t e0, size_t e1)
 			sgd(o, lr, t, decay, v->scale, p + e, g + e, m ? m + e : NULL, to - e);
 		if (pad)
 			memcpy(pad + (e / row) * ld + e % row, p + e, (to - e) * sizeof(float));
-		if (pk)
+		if (pk && (k == MBP_PART_BIAS || to - e < row)) /* whole rows: after the loop */
 			mbp__dense_pack_update(row, n->l[i].out, pk, k == MBP_PART_BIAS, e, to, p + e);
 		e = to;
+	}
+	if (pk && k == MBP_PART_WEIGHT) { /* the piece's whole rows, still in cache */
+		const size_t r0 = (e0 + row - 1) / row, r1 = e1 / row;
+		if (r0 < r1)
+			mbp__dense_pack_rows(row, n->l[i].out, p, r0, r1, pk);
 	}
 }
 
