@@ -20,9 +20,10 @@
  * block are copied per product into MR-row micro-panels in a buffer each thread allocates once (rows a
  * multiple of 4 KiB apart would otherwise share L1 sets). So a row's result depends only on that row
  * and the weights: the sequential reference, the pipeline stages and the training forward, which all call
- * mbp__layer_fwd, agree bit for bit, at any micro-batch size. Weights without a packed copy (a trainable
- * model's, which change every step) are packed one KC x 16 block at a time into a buffer on the stack: the
- * same panels, the same bits, slower.
+ * mbp__layer_fwd, agree bit for bit, at any micro-batch size. A trainable model keeps its own packed copy,
+ * which its updates write piece by piece (mbp__dense_pack_update, mbp__dense_pack_rows). Weights without a
+ * packed copy (a model loaded under OpenBLAS, a trainable layer whose tensors were handed out) are packed
+ * one KC x 16 block at a time into a buffer on the stack: the same panels, the same bits, slower.
  *
  * The switch: MBP_KERNEL=blas|packed in the environment (read once, at the first product or query), or
  * mbp_kernel_set(); the default is the packed kernel where the CPU has AVX2 and FMA, OpenBLAS elsewhere.
