@@ -9,6 +9,9 @@
  *                                         cblas_sgemv for one row, as layers.c
  *   BENCH_DX   dx = dz W     rows x in    cblas_sgemm(NoTrans, NoTrans), beta 0 (mlp.c's input gradient)
  *   BENCH_DW   dW += dz^T x  out x in     cblas_sgemm(Trans, NoTrans), beta 1 (mlp.c's weight gradient)
+ *
+ * With `packed` set (fwd only), y = x W^T + b runs on the library's packed kernel (lib/model/dense.c)
+ * over W packed once per copy, as a version's layers are: what a stage computes under MBP_KERNEL=packed.
  */
 #ifndef MBP_BENCH_BLAS_H
 #define MBP_BENCH_BLAS_H
@@ -22,6 +25,7 @@
 #include <cblas.h>
 
 #include "bench_util.h"
+#include "model/model_internal.h" /* the packed kernel */
 
 enum bench_op { BENCH_FWD, BENCH_DX, BENCH_DW, BENCH_OPS };
 
@@ -31,13 +35,18 @@ struct bench_layer {
 	int ldw;
 	const float *x, *dz;
 	float *w, *y, *dx, *dw;
+	const float *wp; /* W and a bias packed for the packed kernel (fwd), or NULL: OpenBLAS */
 };
 
 /* One product, the call the library makes (same transposes, same beta). */
 static inline void bench_layer_product(enum bench_op op, const struct bench_layer *l)
 {
 	const int r = (int)l->rows, in = (int)l->in, out = (int)l->out;
-	if (op == BENCH_FWD && r == 1)
+	if (op == BENCH_FWD && l->wp) {
+		const struct mbp__layer ly = {.in = l->in, .out = l->out};
+		const struct mbp__weights w = {.w = l->w, .b = l->y, .wp = l->wp};
+		mbp__dense_packed(&ly, &w, l->x, l->y, l->rows, false);
+	} else if (op == BENCH_FWD && r == 1)
 		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, l->w, l->ldw, l->x, 1, 1.0f, l->y, 1);
 	else if (op == BENCH_FWD)
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, out, in, 1.0f, l->x, in, l->w, l->ldw,
@@ -69,6 +78,8 @@ struct bench_rate_thread {
 	enum bench_op op;
 	struct bench_layer l;
 	float *big[BENCH_MAX_COPIES]; /* W (fwd, dx) or dW (dw), cycled */
+	float *pk[BENCH_MAX_COPIES];  /* with packed: each W packed (fwd) */
+	bool packed;
 	unsigned copies, iters;
 	int cpu;
 	pthread_barrier_t *start;
@@ -77,8 +88,10 @@ struct bench_rate_thread {
 
 static inline void bench_rate_thread_free(struct bench_rate_thread *t)
 {
-	for (unsigned k = 0; k < t->copies; k++)
+	for (unsigned k = 0; k < t->copies; k++) {
 		free(t->big[k]), t->big[k] = NULL;
+		free(t->pk[k]), t->pk[k] = NULL;
+	}
 	free((void *)t->l.x);
 	free((void *)t->l.dz);
 	free(t->l.y);
@@ -92,6 +105,7 @@ static inline void bench_rate_step(struct bench_rate_thread *t, unsigned i)
 		t->l.dw = t->big[i % t->copies];
 	else
 		t->l.w = t->big[i % t->copies];
+	t->l.wp = t->packed && t->op == BENCH_FWD ? t->pk[i % t->copies] : NULL;
 	bench_layer_product(t->op, &t->l);
 }
 
@@ -108,6 +122,11 @@ static inline bool bench_rate_thread_alloc(struct bench_rate_thread *t, uint64_t
 	bool ok = t->l.x && t->l.dz && t->l.y && t->l.dx;
 	for (unsigned k = 0; k < t->copies; k++)
 		ok &= (t->big[k] = bench_random_floats((size_t)in * out, seed + 10 + k, 0.03f)) != NULL;
+	for (unsigned k = 0; ok && t->packed && t->op == BENCH_FWD && k < t->copies; k++) {
+		ok &= (t->pk[k] = mbp__scratch_alloc(mbp__dense_packed_floats(in, out))) != NULL;
+		if (ok) /* any bias: the product's cost does not depend on it */
+			mbp__dense_pack(in, out, t->big[k], in, t->l.y, t->pk[k]);
+	}
 	if (!ok)
 		bench_rate_thread_free(t);
 	return ok;
@@ -142,8 +161,9 @@ static inline double bench_rate_one_s(struct bench_rate_thread *t)
  * the caches or not as a stage's do. Each runs for about `seconds`, sized from one product timed on the
  * calling thread. Sets OpenBLAS to one thread. Returns 0 when out of memory or threads.
  */
-static inline double bench_pinned_rate(enum bench_op op, uint32_t rows, uint32_t in, uint32_t out,
-				       const int *cpus, unsigned n, unsigned copies, double seconds)
+static inline double bench_pinned_rate_k(enum bench_op op, bool packed, uint32_t rows, uint32_t in,
+					 uint32_t out, const int *cpus, unsigned n, unsigned copies,
+					 double seconds)
 {
 	openblas_set_num_threads(1);
 	if (n < 1 || n > 64 || copies < 1 || copies > BENCH_MAX_COPIES)
@@ -152,7 +172,8 @@ static inline double bench_pinned_rate(enum bench_op op, uint32_t rows, uint32_t
 	pthread_t tid[64];
 	pthread_barrier_t start;
 	/* the size of a measurement: one product, timed on the calling thread (once warm) */
-	struct bench_rate_thread probe = {.op = op, .l = {.rows = rows, .in = in, .out = out}, .copies = 1};
+	struct bench_rate_thread probe = {
+	    .op = op, .l = {.rows = rows, .in = in, .out = out}, .copies = 1, .packed = packed};
 	if (!bench_rate_thread_alloc(&probe, 1))
 		return 0;
 	unsigned iters = (unsigned)fmax(4, seconds / bench_rate_one_s(&probe));
@@ -165,6 +186,7 @@ static inline double bench_pinned_rate(enum bench_op op, uint32_t rows, uint32_t
 		t[started] = (struct bench_rate_thread){.op = op,
 							.l = {.rows = rows, .in = in, .out = out},
 							.copies = copies,
+							.packed = packed,
 							.iters = iters,
 							.cpu = cpus[started],
 							.start = &start};
@@ -187,6 +209,13 @@ static inline double bench_pinned_rate(enum bench_op op, uint32_t rows, uint32_t
 		bench_rate_thread_free(&t[i]);
 	pthread_barrier_destroy(&start);
 	return oom ? 0 : 2.0 * rows * in * out * iters * n / dt * 1e-9;
+}
+
+/* bench_pinned_rate_k on OpenBLAS. */
+static inline double bench_pinned_rate(enum bench_op op, uint32_t rows, uint32_t in, uint32_t out,
+				       const int *cpus, unsigned n, unsigned copies, double seconds)
+{
+	return bench_pinned_rate_k(op, false, rows, in, out, cpus, n, copies, seconds);
 }
 
 #endif

@@ -21,6 +21,11 @@
  *             blas1x2), summed and turned into samples/s: what S stages would reach with no hand-off, no
  *             bias, no activation and no fill or drain. Each peer's fraction of it is its GFLOP/s over
  *             roof2's (str/roof, mt/roof; with -v every peer's)
+ *   str-blas  pipe-str with the dense layers on OpenBLAS (mbp_kernel_set(MBP_KERNEL_BLAS) for the
+ *             measurement), when the default kernel is the packed one: the two kernels alternated in
+ *             one run (str/sb is pipe-str over it)
+ *   roof2pk   roof2 with the library's packed kernel over packed weights (bench_roofline's packed1x2):
+ *             the 2-core limit of the packed kernel (str/rpk is pipe-str's fraction of it)
  *
  * For the sequential peers a stream is the same as one batch after another (one thread cannot overlap
  * batches), so their one-batch figure is also their stream figure.
@@ -61,8 +66,9 @@
 #define MAX_ROUNDS  64
 #define WINDOW	    8 /* jobs in flight in stream mode */
 
-enum { P_SEQ1, P_SEQMT, P_PIPE, P_STREAM, P_DP, P_ROOF, NPEERS };
-static const char *const peer_name[NPEERS] = {"seq1", "seqmt", "pipe", "pipe-str", "dp", "roof2"};
+enum { P_SEQ1, P_SEQMT, P_PIPE, P_STREAM, P_DP, P_ROOF, P_STRB, P_ROOFP, NPEERS };
+static const char *const peer_name[NPEERS] = {"seq1", "seqmt", "pipe",	   "pipe-str",
+					      "dp",   "roof2", "str-blas", "roof2pk"};
 
 /* The layers as a user holds them for OpenBLAS: each layer's weights [out][in] and bias. */
 struct blas_net {
@@ -348,10 +354,18 @@ static double measure(struct conf *c, mbp_model *m, mbp_pipeline *p, struct poin
 		return run_stream(p, x, y, B, pt->m_stream, iters_stream);
 	case P_DP:
 		return run_dp(c, m, x, y, B, iters_stream);
-	default: { /* roof2: the rate of the products alone, as the seconds `iters` batches would take */
+	case P_STRB: {
+		const mbp_kernel was = mbp_kernel_get();
+		mbp_kernel_set(MBP_KERNEL_BLAS); /* the stages are idle: every layer of the run on OpenBLAS */
+		double t = run_stream(p, x, y, B, pt->m_stream, iters_stream);
+		mbp_kernel_set(was);
+		*batches = iters_stream;
+		return t;
+	}
+	default: { /* roof2(pk): the rate of the products alone, as the seconds `iters` batches would take */
 		const unsigned share = c->layers / (unsigned)c->ncpus ? c->layers / (unsigned)c->ncpus : 1;
-		double gflops = bench_pinned_rate(BENCH_FWD, B, c->hidden, c->hidden, c->cpus,
-						  (unsigned)c->ncpus, share, c->seconds);
+		double gflops = bench_pinned_rate_k(BENCH_FWD, k == P_ROOFP, B, c->hidden, c->hidden, c->cpus,
+						    (unsigned)c->ncpus, share, c->seconds);
 		if (!(gflops > 0))
 			die("roof2", -ENOMEM);
 		return (double)iters * B * c->row_flops / (gflops * 1e9);
@@ -383,17 +397,22 @@ static bool run_point(struct conf *c, mbp_model *m, struct point *pt)
 	/* invariants: bit for bit against the reference at the same micro-batch size; OpenBLAS within 1e-4 */
 	bool ok = true;
 	uint32_t ms[2] = {pt->m_one, pt->m_stream};
-	for (int k = 0; k < 2; k++) {
+	const mbp_kernel kern = mbp_kernel_get();
+	for (int k = 0; k < (c->run[P_STRB] ? 4 : 2); k++) { /* then under OpenBLAS, for str-blas */
+		mbp_kernel_set(k < 2 ? kern : MBP_KERNEL_BLAS);
 		openblas_set_num_threads(1);
-		mbp_model_forward(m, x, ref, B, ms[k]);
-		run_pipe(p, x, y[0], B, ms[k], 1);
+		mbp_model_forward(m, x, ref, B, ms[k % 2]);
+		run_pipe(p, x, y[0], B, ms[k % 2], 1);
 		if (memcmp(ref, y[0], (size_t)B * out * sizeof(float))) {
 			fprintf(stderr,
-				"bench_mlp: INVARIANT: batch %u, micro-batch %u: pipeline != reference\n", B,
-				ms[k]);
+				"bench_mlp: INVARIANT: batch %u, micro-batch %u, %s kernel: pipeline != "
+				"reference\n",
+				B, ms[k % 2], mbp_kernel_name(mbp_kernel_get()));
 			ok = false;
 		}
 	}
+	mbp_kernel_set(kern);
+	mbp_model_forward(m, x, ref, B, ms[1]); /* the default kernel's, for the OpenBLAS peers' check */
 	for (int threads = 1; threads <= c->ncpus; threads += c->ncpus > 1 ? c->ncpus - 1 : 1) {
 		run_seq(&c->net, x, y[1], B, threads, 1);
 		for (size_t i = 0; i < (size_t)B * out; i++)
@@ -427,10 +446,11 @@ static bool run_point(struct conf *c, mbp_model *m, struct point *pt)
 			unsigned batches;
 			double t = measure(c, m, p, pt, k, x, y, ref, iters, iters_stream, &batches);
 			pt->sps[k][r] = (double)batches * B / t;
-			if (k == P_ROOF) /* t is not its wall time: it allocates and warms its own weights */
+			if (k == P_ROOF ||
+			    k == P_ROOFP) /* t is not its wall time: it warms its own weights */
 				continue;
 			pt->others[samples++] = bench_others_cpus(o);
-			if (k == P_PIPE || k == P_STREAM)
+			if (k == P_PIPE || k == P_STREAM || k == P_STRB)
 				stats_line(p, &a, as, pt->stats[k], sizeof(pt->stats[k]));
 		}
 	}
@@ -488,7 +508,8 @@ static void usage(void)
 		"usage: bench_mlp [-r rounds] [-t seconds_per_measurement] [-b 1,8,64,256] [-L layers]\n"
 		"                 [-H hidden] [-o mbpipe_opts] [-m micro_batch_rows] [-k peers] [-v]\n"
 		"  -m: micro-batch size of both pipeline modes (default: calibrated per batch size)\n"
-		"  -k: the peers to measure, of seq1,seqmt,pipe,pipe-str,dp,roof2 (default: all)\n"
+		"  -k: the peers to measure, of seq1,seqmt,pipe,pipe-str,dp,roof2,str-blas,roof2pk\n"
+		"      (default: all; the last two only where the default kernel is the packed one)\n"
 		"  -v: print the pipeline's stage statistics of the last pipe and pipe-str measurement\n");
 	exit(2);
 }
@@ -497,7 +518,7 @@ int main(int argc, char **argv)
 {
 	struct conf c = {.rounds = 5, .layers = 8, .hidden = 1024, .seconds = 0.25, .opts = ""};
 	parse_batches("1,8,64,256", &c);
-	parse_peers("seq1,seqmt,pipe,pipe-str,dp,roof2", &c);
+	parse_peers("seq1,seqmt,pipe,pipe-str,dp,roof2,str-blas,roof2pk", &c);
 	int opt;
 	while ((opt = getopt(argc, argv, "r:t:b:L:H:o:m:k:vh")) != -1) {
 		switch (opt) {
@@ -540,6 +561,8 @@ int main(int argc, char **argv)
 	c.ncpus = mbp_cpus_allowed(c.cpus, MBP_MAX_CPUS, NULL);
 	if (c.ncpus < 1)
 		die("allowed CPUs", c.ncpus < 0 ? c.ncpus : -EINVAL);
+	if (mbp_kernel_get() != MBP_KERNEL_PACKED) /* nothing to compare the stream's kernel with */
+		c.run[P_STRB] = c.run[P_ROOFP] = false;
 	if (c.ncpus > MBP_MAX_CPUS)
 		c.ncpus = MBP_MAX_CPUS;
 
@@ -576,7 +599,8 @@ int main(int argc, char **argv)
 	       "%.2f\n",
 	       c.ncpus, c.layers, c.hidden, (double)c.layers * c.hidden * c.hidden * 4 / 1048576.0, load[0],
 	       load[1], load[2]);
-	printf("%s; OPENBLAS_CORETYPE=%s\n", mbp_blas_info(), coretype ? coretype : "(unset)");
+	printf("%s; OPENBLAS_CORETYPE=%s; dense layers: %s kernel (MBP_KERNEL)\n", mbp_blas_info(),
+	       coretype ? coretype : "(unset)", mbp_kernel_name(mbp_kernel_get()));
 	if (mbp_blas_warning())
 		printf("warning: %s\n", mbp_blas_warning());
 	unsigned S = (unsigned)c.ncpus < c.layers ? (unsigned)c.ncpus : c.layers;
@@ -589,19 +613,22 @@ int main(int argc, char **argv)
 
 	struct point *pts = calloc(c.nb, sizeof(*pts));
 	bool ok = true;
-	printf("%6s %5s %5s %9s %9s %9s %9s %9s %9s %7s %7s %8s %7s %7s %7s\n", "batch", "m", "m_str", "seq1",
-	       "seqmt", "pipe", "pipe-str", "dp", "roof2", "str/s1", "str/mt", "str/roof", "mt/roof",
-	       "str_gf", "others");
+	printf("%6s %5s %5s %9s %9s %9s %9s %9s %9s %9s %9s %7s %7s %8s %7s %7s %7s %7s %7s\n", "batch", "m",
+	       "m_str", "seq1", "seqmt", "pipe", "pipe-str", "dp", "roof2", "str-blas", "roof2pk", "str/s1",
+	       "str/mt", "str/roof", "mt/roof", "str/sb", "str/rpk", "str_gf", "others");
 	for (unsigned i = 0; i < c.nb; i++) {
 		pts[i].B = c.batch[i];
 		ok &= run_point(&c, m, &pts[i]);
 		const double *d = pts[i].med;
-		printf(
-		    "%6u %5u %5u %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %7.2f %7.2f %8.2f %7.2f %7.1f %7.2f\n",
-		    pts[i].B, pts[i].m_one, pts[i].m_stream, d[P_SEQ1], d[P_SEQMT], d[P_PIPE], d[P_STREAM],
-		    d[P_DP], d[P_ROOF], d[P_STREAM] / d[P_SEQ1], d[P_STREAM] / d[P_SEQMT],
-		    d[P_STREAM] / d[P_ROOF], d[P_SEQMT] / d[P_ROOF], d[P_STREAM] * row_flops * 1e-9,
-		    pts[i].others_med);
+		printf("%6u %5u %5u %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %7.2f %7.2f %8.2f %7.2f "
+		       "%7.2f "
+		       "%7.2f %7.1f %7.2f\n",
+		       pts[i].B, pts[i].m_one, pts[i].m_stream, d[P_SEQ1], d[P_SEQMT], d[P_PIPE], d[P_STREAM],
+		       d[P_DP], d[P_ROOF], d[P_STRB], d[P_ROOFP], d[P_STREAM] / d[P_SEQ1],
+		       d[P_STREAM] / d[P_SEQMT], d[P_STREAM] / d[P_ROOF], d[P_SEQMT] / d[P_ROOF],
+		       d[P_STRB] > 0 ? d[P_STREAM] / d[P_STRB] : 0,
+		       d[P_ROOFP] > 0 ? d[P_STREAM] / d[P_ROOFP] : 0, d[P_STREAM] * row_flops * 1e-9,
+		       pts[i].others_med);
 		if (c.verbose) {
 			char plan[1024];
 			mbp_model_plan_describe(&pts[i].plan, plan, sizeof(plan));
@@ -611,8 +638,9 @@ int main(int argc, char **argv)
 				       d[P_ROOF] > 0 ? d[k] / d[P_ROOF] : 0);
 			printf("\n         measured: %.6f-%.6f s (CLOCK_MONOTONIC: perf report --time)\n",
 			       pts[i].window_s[0], pts[i].window_s[1]);
-			printf("         pipe: %s\n         pipe-str: %s\n         plan: ",
-			       pts[i].stats[P_PIPE], pts[i].stats[P_STREAM]);
+			printf("         pipe: %s\n         pipe-str: %s\n         str-blas: %s\n         "
+			       "plan: ",
+			       pts[i].stats[P_PIPE], pts[i].stats[P_STREAM], pts[i].stats[P_STRB]);
 			for (char *l = strtok(plan, "\n"); l; l = strtok(NULL, "\n"))
 				printf("%s%s", l, l[0] == 's' && strncmp(l, "stage", 5) == 0 ? "; " : "\n");
 		}
@@ -641,15 +669,16 @@ int main(int argc, char **argv)
 			       d[P_STREAM] / d[P_SEQMT], t ? "met" : "MISSED");
 		}
 	}
-	printf("bench_mlp: cpus=%d stages=%u layers=%u hidden=%u kernel=%s coretype=%s rounds=%u", c.ncpus,
-	       pts[0].plan.stages, c.layers, c.hidden, openblas_get_corename(), coretype ? coretype : "unset",
-	       c.rounds);
+	printf("bench_mlp: cpus=%d stages=%u layers=%u hidden=%u kernel=%s coretype=%s dense=%s rounds=%u",
+	       c.ncpus, pts[0].plan.stages, c.layers, c.hidden, openblas_get_corename(),
+	       coretype ? coretype : "unset", mbp_kernel_name(mbp_kernel_get()), c.rounds);
 	for (unsigned i = 0; i < c.nb; i++) {
 		const double *d = pts[i].med;
 		const uint32_t b = pts[i].B;
 		printf(
 		    " b%u_seq1=%.0f b%u_seqmt=%.0f b%u_pipe=%.0f b%u_stream=%.0f b%u_dp=%.0f b%u_roof2=%.0f",
 		    b, d[P_SEQ1], b, d[P_SEQMT], b, d[P_PIPE], b, d[P_STREAM], b, d[P_DP], b, d[P_ROOF]);
+		printf(" b%u_stream_blas=%.0f b%u_roof2pk=%.0f", b, d[P_STRB], b, d[P_ROOFP]);
 		printf(" b%u_m=%u b%u_mstream=%u b%u_stream_gflops=%.1f b%u_stream_roof=%.2f", b,
 		       pts[i].m_one, b, pts[i].m_stream, b, d[P_STREAM] * row_flops * 1e-9, b,
 		       d[P_ROOF] > 0 ? d[P_STREAM] / d[P_ROOF] : 0);

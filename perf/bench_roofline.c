@@ -8,12 +8,14 @@
  * e.g. pipetrain's: -s fwd:32x784x1024,dx:32x1024x1024,dw:32x1024x1024 (the limit of a whole training
  * step, every product at its micro-batch, is bench_mlp_train --roofline's).
  *
- * Each shape is measured three ways (rounds alternate them; medians of the rounds):
+ * Each shape is measured three ways (five for fwd) (rounds alternate them; medians of the rounds):
  *
  *   blas1    OpenBLAS on one thread, pinned to the first allowed CPU
  *   blas2    one OpenBLAS call on as many threads as allowed CPUs (what a user calls for both cores)
  *   blas1x2  one pinned thread per allowed CPU, each running its own single-threaded calls on its own
  *            operands (pipeline stages that compute nothing else: OpenBLAS's 2-core limit; the sum)
+ *   packed1, packed1x2  (fwd, on CPUs with AVX2 and FMA) blas1 and blas1x2 with the library's packed
+ *            kernel (lib/model/dense.c) over weights packed once per copy, as a version's are
  *
  * The big operand (W, or dW for dw) cycles through -w copies (default 8, 32 MiB at 1024 x 1024: the
  * MLP's 8 layers, which do not fit the 1-2 MiB L2 of a core), each thread of blas1x2 through its share of
@@ -47,8 +49,8 @@
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const op_name[] = {"fwd", "dx", "dw"};
-enum mode { BLAS1, BLAS2, BLAS1X2, NMODES };
-static const char *const mode_name[] = {"blas1", "blas2", "blas1x2"};
+enum mode { BLAS1, BLAS2, BLAS1X2, PACK1, PACK1X2, NMODES };
+static const char *const mode_name[] = {"blas1", "blas2", "blas1x2", "packed1", "packed1x2"};
 
 struct shape {
 	enum bench_op op;
@@ -92,17 +94,24 @@ static double measure_blas2(const struct shape *s)
 	return 2.0 * s->rows * s->in * s->out * iters / dt * 1e-9;
 }
 
+/* The packed kernel's modes: products forward only, on a CPU that runs the kernel. */
+static bool has_mode(const struct shape *s, enum mode m)
+{
+	return m < PACK1 || (s->op == BENCH_FWD && mbp__dense_cpu_ok());
+}
+
 static double measure(const struct shape *s, enum mode m)
 {
 	double r;
 	if (m == BLAS2)
 		r = measure_blas2(s);
-	else if (m == BLAS1)
-		r = bench_pinned_rate(s->op, s->rows, s->in, s->out, g.cpus, 1, g.copies, g.seconds);
+	else if (m == BLAS1 || m == PACK1)
+		r = bench_pinned_rate_k(s->op, m == PACK1, s->rows, s->in, s->out, g.cpus, 1, g.copies,
+					g.seconds);
 	else
-		r = bench_pinned_rate(s->op, s->rows, s->in, s->out, g.cpus, (unsigned)g.ncpus,
-				      g.copies / (unsigned)g.ncpus ? g.copies / (unsigned)g.ncpus : 1,
-				      g.seconds);
+		r = bench_pinned_rate_k(
+		    s->op, m == PACK1X2, s->rows, s->in, s->out, g.cpus, (unsigned)g.ncpus,
+		    g.copies / (unsigned)g.ncpus ? g.copies / (unsigned)g.ncpus : 1, g.seconds);
 	if (!(r > 0))
 		die("out of memory");
 	return r;
@@ -259,20 +268,26 @@ int main(int argc, char **argv)
 	for (unsigned r = 0; r < g.rounds; r++)
 		for (unsigned i = 0; i < g.nshapes; i++)
 			for (enum mode m = BLAS1; m < NMODES; m++)
-				g.s[i].g[m][r] = measure(&g.s[i], m);
+				g.s[i].g[m][r] = has_mode(&g.s[i], m) ? measure(&g.s[i], m) : 0;
 	double others = bench_others_cpus(o);
 
-	printf("%-4s %5s %5s %5s %8s %8s %8s %8s %8s %8s %8s %8s\n", "op", "rows", "in", "out", "blas1",
-	       "blas2", "blas1x2", "b2/b1", "x2/b1", "b1/peak", "b2/lim", "x2/lim");
+	printf("%-4s %5s %5s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "op", "rows", "in",
+	       "out", "blas1", "blas2", "blas1x2", "b2/b1", "x2/b1", "b1/peak", "b2/lim", "x2/lim", "packed1",
+	       "pk1x2", "p1/b1", "px2/lim");
 	for (unsigned i = 0; i < g.nshapes; i++) {
 		struct shape *s = &g.s[i];
 		for (enum mode m = BLAS1; m < NMODES; m++)
 			s->med[m] = bench_median(s->g[m], g.rounds);
 		const double *d = s->med;
-		printf("%-4s %5u %5u %5u %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f %8.2f %8.2f\n", op_name[s->op],
+		printf("%-4s %5u %5u %5u %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f %8.2f %8.2f", op_name[s->op],
 		       s->rows, s->in, s->out, d[BLAS1], d[BLAS2], d[BLAS1X2], d[BLAS2] / d[BLAS1],
 		       d[BLAS1X2] / d[BLAS1], peak > 0 ? d[BLAS1] / peak : 0, lim > 0 ? d[BLAS2] / lim : 0,
 		       lim > 0 ? d[BLAS1X2] / lim : 0);
+		if (has_mode(s, PACK1))
+			printf(" %8.1f %8.1f %8.2f %8.2f\n", d[PACK1], d[PACK1X2], d[PACK1] / d[BLAS1],
+			       lim > 0 ? d[PACK1X2] / lim : 0);
+		else
+			printf(" %8s %8s %8s %8s\n", "-", "-", "-", "-");
 	}
 	printf("others: %.2f CPUs busy outside this process on average while measuring\n", others);
 	printf("bench_roofline: cpus=%d kernel=%s coretype=%s peak1=%.1f rounds=%u copies=%u", g.ncpus,
@@ -280,8 +295,9 @@ int main(int argc, char **argv)
 	for (unsigned i = 0; i < g.nshapes; i++) {
 		const struct shape *s = &g.s[i];
 		for (enum mode m = BLAS1; m < NMODES; m++)
-			printf(" %s_%ux%ux%u_%s=%.1f", op_name[s->op], s->rows, s->in, s->out, mode_name[m],
-			       s->med[m]);
+			if (has_mode(s, m))
+				printf(" %s_%ux%ux%u_%s=%.1f", op_name[s->op], s->rows, s->in, s->out,
+				       mode_name[m], s->med[m]);
 	}
 	printf(" others_cpus=%.2f\n", others);
 	return 0;

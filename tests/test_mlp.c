@@ -18,6 +18,8 @@
 
 #include <mbpipe.h>
 
+#include "model/mlp_internal.h" /* the stages' packed copies */
+
 #include "check_main.h"
 #include "test_tmpdir.h"
 
@@ -1741,6 +1743,24 @@ static double rig_step(struct rig *r, size_t first, unsigned M, uint32_t mb, flo
 	return loss / ((double)M * mb);
 }
 
+/* TWIN_ROWS rows of a's input through the two stages of twins a and b (5 outputs) into out[0] and out[1]:
+ * the same bits in both, and a's inference's (mbp_mlp_forward). */
+enum { TWIN_ROWS = 4 };
+static void twins_forward(struct rig *a, struct rig *b, float out[2][TWIN_ROWS * 5])
+{
+	float *mid = malloc((size_t)TWIN_ROWS * mbp_mlp_stage_out_width(a->st[0]) * sizeof(float));
+	float ref[TWIN_ROWS * 5];
+	struct rig *r[2] = {a, b};
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(mbp_mlp_stage_forward(r[k]->st[0], a->x, mid, TWIN_ROWS, NULL), 0);
+		ck_assert_int_eq(mbp_mlp_stage_forward(r[k]->st[1], mid, out[k], TWIN_ROWS, NULL), 0);
+	}
+	ck_assert_int_eq(mbp_mlp_forward(a->n, a->x, ref, TWIN_ROWS, 0), 0);
+	ck_assert(!memcmp(out[0], out[1], sizeof out[0]));
+	ck_assert(!memcmp(out[0], ref, sizeof ref));
+	free(mid);
+}
+
 /* Layers whose weight rows are a multiple of 4 KiB long (1024 inputs here: layers 0 and 2) are read by
  * the stages from a padded copy that the updates keep current. Training gives the same bits as a twin whose
  * weights mbp_mlp_tensor handed out (its stages read them in place), the training forward the bits of
@@ -1760,16 +1780,9 @@ START_TEST(padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place)
 		double la = rig_step(&a, 8 * t, 2, 4, 1.0f), lb = rig_step(&b, 8 * t, 2, 4, 1.0f);
 		ck_assert_msg(la == lb, "step %u: loss %.17g padded, %.17g in place", t, la, lb);
 	}
-	enum { rows = 4 };
+	enum { rows = TWIN_ROWS };
 	float mid[rows * 1024], out[2][rows * 5], ref[rows * 5];
-	struct rig *r[2] = {&a, &b};
-	for (int k = 0; k < 2; k++) {
-		ck_assert_int_eq(mbp_mlp_stage_forward(r[k]->st[0], a.x, mid, rows, NULL), 0);
-		ck_assert_int_eq(mbp_mlp_stage_forward(r[k]->st[1], mid, out[k], rows, NULL), 0);
-	}
-	ck_assert_int_eq(mbp_mlp_forward(a.n, a.x, ref, rows, 0), 0);
-	ck_assert(!memcmp(out[0], out[1], sizeof out[0]));
-	ck_assert(!memcmp(out[0], ref, sizeof ref));
+	twins_forward(&a, &b, out);
 	assert_same_array(a.n, b.n, MBP_ARRAY_PARAM);
 	assert_same_array(a.n, b.n, MBP_ARRAY_MOMENT1);
 	assert_same_array(a.n, b.n, MBP_ARRAY_MOMENT2);
@@ -1782,6 +1795,55 @@ START_TEST(padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place)
 	ck_assert_int_eq(mbp_mlp_forward(a.n, a.x, ref, rows, 0), 0);
 	ck_assert(memcmp(out[0], out[1], sizeof out[0]));
 	ck_assert(!memcmp(out[0], ref, sizeof ref));
+	rig_fini(&a);
+	rig_fini(&b);
+}
+END_TEST
+
+/* Under the packed kernel the stages read each layer's weights and bias from a packed copy that the
+ * updates keep current element by element. Training gives the same bits as a twin whose weights and biases
+ * mbp_mlp_tensor handed out (no packed copy: the kernel packs them as it goes, which gives the same bits
+ * when the copy is current), the copies are still there after the steps, and the training forward gives
+ * the bits of inference; a stale weight or bias in a copy would change the twins' losses from step 2 on. */
+START_TEST(packed_copies_follow_every_update_and_train_to_the_bits_of_weights_packed_as_they_go)
+{
+	if (mbp_kernel_get() != MBP_KERNEL_PACKED)
+		return; /* a CPU without AVX2 and FMA, or MBP_KERNEL=blas */
+	/* 1020 inputs: pieces of 16384 weights end inside rows, rows are not a multiple of 8 long */
+	static const uint32_t w[] = {1020, 40, 17, 5};
+	const unsigned cuts[] = {0, 2, 3};
+	mbp_optim_opts o = {.kind = MBP_OPTIM_ADAMW, .lr = 0.01f, .weight_decay = 0.1f};
+	struct rig a, b;
+	struct rig *r[2] = {&a, &b};
+	for (int k = 0; k < 2; k++) {
+		memset(r[k], 0, sizeof(*r[k]));
+		r[k]->n =
+		    new_mlp(w, 3, MBP_ACT_RELU, false, 42, &o); /* not perturbed: that hands out biases */
+		r[k]->w = w;
+		r[k]->L = 3;
+		r[k]->S = 2;
+		r[k]->x = random_floats(24 * 1020, 44);
+		r[k]->y = random_labels(24, 5, 45);
+	}
+	for (unsigned i = 0; i < 3; i++) {
+		ck_assert_ptr_nonnull(a.n->lwp[i].wp);
+		ck_assert_ptr_nonnull(mbp_mlp_tensor(b.n, i, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL));
+		ck_assert_ptr_nonnull(mbp_mlp_tensor(b.n, i, MBP_PART_BIAS, MBP_ARRAY_PARAM, NULL));
+		ck_assert_ptr_null(b.n->lwp[i].wp);
+	}
+	for (int k = 0; k < 2; k++)
+		for (unsigned s = 0; s < 2; s++)
+			ck_assert_int_eq(mbp_mlp_stage_new(&r[k]->st[s], r[k]->n, cuts[s], cuts[s + 1], 4),
+					 0);
+	for (unsigned t = 0; t < 4; t++) {
+		double la = rig_step(&a, 8 * (t % 3), 2, 4, 1.0f), lb = rig_step(&b, 8 * (t % 3), 2, 4, 1.0f);
+		ck_assert_msg(la == lb, "step %u: loss %.17g packed ahead, %.17g as they go", t, la, lb);
+	}
+	for (unsigned i = 0; i < 3; i++) /* (assert_same_array hands the tensors out: after it) */
+		ck_assert_ptr_nonnull(a.n->lwp[i].wp);
+	float out[2][TWIN_ROWS * 5];
+	twins_forward(&a, &b, out);
+	assert_same_array(a.n, b.n, MBP_ARRAY_PARAM);
 	rig_fini(&a);
 	rig_fini(&b);
 }
@@ -2112,6 +2174,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, hand_over_is_refused_where_the_gradient_needs_the_previous_stash);
 	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);
 	tcase_add_test(tc, padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place);
+	tcase_add_test(tc,
+		       packed_copies_follow_every_update_and_train_to_the_bits_of_weights_packed_as_they_go);
 	tcase_add_test(tc, loss_values_and_gradients_match_hand_computed_ones);
 	tcase_add_test(tc, losses_refuse_bad_labels_non_finite_values_and_bad_arguments);
 	tcase_add_test(tc, lr_schedule_warms_up_linearly_then_decays_by_cosine);

@@ -116,6 +116,178 @@ START_TEST(forward_matches_a_naive_double_reference)
 }
 END_TEST
 
+/* ---- the packed kernel (lib/model/dense.c) ---- */
+
+/* Skip a test of the packed kernel on a CPU without AVX2 and FMA (the kernel refuses to be chosen). */
+#define NEED_PACKED()                                                                                        \
+	do {                                                                                                 \
+		if (mbp_kernel_set(MBP_KERNEL_PACKED) == -ENOTSUP) {                                         \
+			ck_assert(!mbp__dense_cpu_ok());                                                     \
+			return;                                                                              \
+		}                                                                                            \
+	} while (0)
+
+/* y = x W^T + b against a double-precision sum, at shapes that are not multiples of the 6 x 16 tile, the
+ * 256-input block or the 96-row block, with W's rows ld != in floats apart; and the same bits from the
+ * weights packed ahead (a version's) and packed as the kernel goes (a trainable model's). A float chain of
+ * `in` fused multiply-adds is within in x 2^-24 of the sum of |terms|: the bound allows 2 in x 2^-24; a
+ * term dropped or counted twice is far outside it. */
+START_TEST(packed_kernel_matches_a_double_reference_at_odd_shapes_packed_ahead_or_not)
+{
+	NEED_PACKED();
+	static const uint32_t ins[] = {1, 5, 17, 255, 256, 257, 600}, outs[] = {1, 7, 16, 17, 33, 100};
+	static const uint32_t rowss[] = {1, 2, 3, 4, 5, 6, 7, 13, 97, 200};
+	uint64_t seed = 5;
+	for (size_t a = 0; a < sizeof(ins) / sizeof(ins[0]); a++)
+		for (size_t o = 0; o < sizeof(outs) / sizeof(outs[0]); o++) {
+			const uint32_t in = ins[a], out = outs[o], ld = in + 3;
+			float *w = random_rows((size_t)out * ld, seed++), *b = random_rows(out, seed++);
+			float *wp = mbp__scratch_alloc(mbp__dense_packed_floats(in, out));
+			mbp__dense_pack(in, out, w, ld, b, wp);
+			const struct mbp__layer ly = {.in = in, .out = out};
+			const struct mbp__weights ahead = {.w = w, .b = b, .ld = ld, .wp = wp},
+						  asgo = {.w = w, .b = b, .ld = ld};
+			for (size_t k = 0; k < sizeof(rowss) / sizeof(rowss[0]); k++) {
+				const uint32_t rows = rowss[k];
+				float *x = random_rows((size_t)rows * in, seed++);
+				float *y = malloc((size_t)rows * out * sizeof(float));
+				float *y2 = malloc((size_t)rows * out * sizeof(float));
+				mbp__dense_packed(&ly, &ahead, x, y, rows, false);
+				mbp__dense_packed(&ly, &asgo, x, y2, rows, false);
+				ck_assert_msg(!memcmp(y, y2, (size_t)rows * out * sizeof(float)),
+					      "%u x %u -> %u: packed ahead and as it goes differ", rows, in,
+					      out);
+				for (uint32_t r = 0; r < rows; r++)
+					for (uint32_t j = 0; j < out; j++) {
+						double sum = b[j], mag = fabs(b[j]);
+						for (uint32_t i = 0; i < in; i++) {
+							double t = (double)x[(size_t)r * in + i] *
+								   w[(size_t)j * ld + i];
+							sum += t;
+							mag += fabs(t);
+						}
+						double err = fabs(y[(size_t)r * out + j] - sum);
+						ck_assert_msg(err <= 2.0 * (in + 1) * 0x1p-24 * mag,
+							      "%u x %u -> %u, row %u out %u: %.9g vs %.9g",
+							      rows, in, out, r, j, y[(size_t)r * out + j],
+							      sum);
+					}
+				/* the ReLU at the store writes mbp__relu's bits */
+				mbp__dense_packed(&ly, &ahead, x, y2, rows, true);
+				mbp__relu(y, (size_t)rows * out);
+				ck_assert(!memcmp(y, y2, (size_t)rows * out * sizeof(float)));
+				free(x);
+				free(y);
+				free(y2);
+			}
+			free(w);
+			free(b);
+			free(wp);
+		}
+	mbp_kernel_set(MBP_KERNEL_DEFAULT);
+}
+END_TEST
+
+/* Under the packed kernel a row's output depends only on that row and the weights: the same rows in
+ * micro-batches of 1, 3, 8, 64 and 100 rows (each row at other positions in its micro-batch, in tiles of
+ * other heights) give the same bytes, through every layer (ReLU, GELU, norm) of a model with an input of
+ * 1024 (rows 4 KiB apart) and one wider than a 256-input block. */
+START_TEST(packed_rows_give_the_same_bytes_in_micro_batches_of_1_3_8_64_rows)
+{
+	NEED_PACKED();
+	static const mbp_act acts[] = {MBP_ACT_RELU, MBP_ACT_GELU};
+	for (int a = 0; a < 2; a++) {
+		uint32_t widths[] = {1024, 300, 37, 17};
+		mbp_model_spec sp = {
+		    .layers = 3, .widths = widths, .act = acts[a], .norm = a == 1, .seed = 3};
+		mbp_model *m = make_model(0, &sp);
+		const size_t rows = 100;
+		float *x = random_rows(rows * 1024, 9), *y0 = malloc(rows * 17 * sizeof(float)),
+		      *y = malloc(rows * 17 * sizeof(float));
+		ck_assert_int_eq(mbp_model_forward(m, x, y0, rows, 0), 0);
+		static const uint32_t mbs[] = {1, 3, 8, 64};
+		for (size_t k = 0; k < 4; k++) {
+			memset(y, 0xff, rows * 17 * sizeof(float));
+			ck_assert_int_eq(mbp_model_forward(m, x, y, rows, mbs[k]), 0);
+			ck_assert_msg(!memcmp(y, y0, rows * 17 * sizeof(float)),
+				      "act %d: micro-batches of %u rows differ from one of 100", a, mbs[k]);
+		}
+		/* a row alone, from the middle of the batch */
+		ck_assert_int_eq(mbp_model_forward(m, x + 57 * 1024, y, 1, 1), 0);
+		ck_assert_mem_eq(y, y0 + 57 * 17, 17 * sizeof(float));
+		free(x);
+		free(y0);
+		free(y);
+		mbp_model_destroy(m);
+	}
+	mbp_kernel_set(MBP_KERNEL_DEFAULT);
+}
+END_TEST
+
+/* Each version holds its own packed copy: after a swap the products read the new version's weights (B's
+ * bits, not A's), the old copy goes with its version, and the copy is counted in the layer's description;
+ * a model loaded under OpenBLAS holds none and, once the packed kernel is chosen, gives the same bits
+ * as one loaded under it (the kernel packs as it goes). */
+START_TEST(a_swap_brings_its_own_packed_copy_and_the_old_one_goes_with_its_version)
+{
+	NEED_PACKED();
+	mbp_model_spec sp = {.layers = 3, .in = 40, .hidden = 70, .out = 9, .act = MBP_ACT_RELU, .seed = 1};
+	mbp_model *m = make_model(0, &sp);
+	sp.seed = 2;
+	mbp_model *b = make_model(1, &sp);
+	mbp_layer_info li;
+	ck_assert_int_eq(mbp_model_layer_info(m, 1, &li), 0);
+	ck_assert_uint_eq(li.packed_bytes, 5 * 16 * (70 + 1) * sizeof(float)); /* 5 panels of 16, bias */
+	ck_assert_ptr_nonnull(m->current->lw[1].wp);
+	const uint32_t rows = 5;
+	float *x = random_rows(rows * 40, 4), ra[5 * 9], rb[5 * 9], y[5 * 9];
+	ck_assert_int_eq(mbp_model_forward(m, x, ra, rows, 0), 0);
+	ck_assert_int_eq(mbp_model_forward(b, x, rb, rows, 0), 0);
+	ck_assert(memcmp(ra, rb, sizeof(ra)) != 0);
+	const float *bp = b->current->lw[0].wp;
+	ck_assert_int_eq(mbp_model_swap(m, b), 0);
+	ck_assert_ptr_eq(m->current->lw[0].wp, bp);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1);
+	ck_assert_int_eq(mbp_model_forward(m, x, y, rows, 2), 0);
+	ck_assert_mem_eq(y, rb, sizeof(rb));
+
+	/* loaded under OpenBLAS: no copy; the packed kernel then gives the packed model's bits */
+	ck_assert_int_eq(mbp_kernel_set(MBP_KERNEL_BLAS), 0);
+	ck_assert_int_eq(mbp_kernel_get(), MBP_KERNEL_BLAS);
+	mbp_model *u = reload(1);
+	ck_assert_int_eq(mbp_model_layer_info(u, 1, &li), 0);
+	ck_assert_uint_eq(li.packed_bytes, 0);
+	ck_assert_ptr_null(u->current->lw[0].wp);
+	ck_assert_int_eq(mbp_model_forward(u, x, y, rows, 0), 0);
+	for (uint32_t r = 0; r < rows; r++) /* OpenBLAS: other roundings, the same values */
+		ck_assert_double_lt(row_rel_err(y + r * 9, rb + r * 9, 9), 1e-5);
+	ck_assert_int_eq(mbp_kernel_set(MBP_KERNEL_PACKED), 0);
+	ck_assert_int_eq(mbp_model_forward(u, x, y, rows, 0), 0);
+	ck_assert_mem_eq(y, rb, sizeof(rb));
+	free(x);
+	mbp_model_destroy(u);
+	mbp_model_destroy(m);
+	mbp_kernel_set(MBP_KERNEL_DEFAULT);
+}
+END_TEST
+
+START_TEST(kernel_set_refuses_what_is_not_a_kernel_and_default_is_the_best_for_the_cpu)
+{
+	mbp_kernel before = mbp_kernel_get();
+	ck_assert(before == MBP_KERNEL_BLAS || before == MBP_KERNEL_PACKED);
+	ck_assert_int_eq(mbp_kernel_set((mbp_kernel)7), -EINVAL);
+	ck_assert_int_eq(mbp_kernel_set((mbp_kernel)-1), -EINVAL);
+	ck_assert_int_eq(mbp_kernel_get(), before);
+	ck_assert_int_eq(mbp_kernel_set(MBP_KERNEL_BLAS), 0);
+	ck_assert_int_eq(mbp_kernel_get(), MBP_KERNEL_BLAS);
+	ck_assert_int_eq(mbp_kernel_set(MBP_KERNEL_PACKED), mbp__dense_cpu_ok() ? 0 : -ENOTSUP);
+	ck_assert_int_eq(mbp_kernel_set(MBP_KERNEL_DEFAULT), 0);
+	ck_assert_int_eq(mbp_kernel_get(), mbp__dense_cpu_ok() ? MBP_KERNEL_PACKED : MBP_KERNEL_BLAS);
+	ck_assert_str_eq(mbp_kernel_name(MBP_KERNEL_PACKED), "packed");
+	ck_assert_str_eq(mbp_kernel_name(MBP_KERNEL_BLAS), "blas");
+}
+END_TEST
+
 /* The vector ReLU writes the scalar definition's bits (y > 0 ? y : +0) at every length and offset, for
  * the values where a shortcut would differ: NaNs of both signs, -0, infinities, subnormals; and it
  * touches nothing past n. */
@@ -1815,6 +1987,10 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, forward_matches_a_naive_double_reference);
 	tcase_add_test(tc, forward_whole_batch_and_micro_batches_agree_within_1e_5);
+	tcase_add_test(tc, packed_kernel_matches_a_double_reference_at_odd_shapes_packed_ahead_or_not);
+	tcase_add_test(tc, packed_rows_give_the_same_bytes_in_micro_batches_of_1_3_8_64_rows);
+	tcase_add_test(tc, a_swap_brings_its_own_packed_copy_and_the_old_one_goes_with_its_version);
+	tcase_add_test(tc, kernel_set_refuses_what_is_not_a_kernel_and_default_is_the_best_for_the_cpu);
 	tcase_add_test(tc, relu_writes_the_scalar_bits_at_every_length_and_offset);
 	tcase_add_test(tc, relu_grad_writes_the_scalar_bits_at_every_length_and_offset_in_place_or_not);
 	tcase_add_test(tc, random_model_files_are_deterministic_per_seed);

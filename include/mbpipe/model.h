@@ -34,8 +34,18 @@
  * The model. A sequence of L layers; layer i maps rows of width w[i] to rows of width w[i+1]:
  *     y = act(x W^T + b), then, if the layer has one, y = (y - mean(y)) / sqrt(var(y) + eps) * g + beta
  * with W of shape [w[i+1], w[i]] (PyTorch's nn.Linear layout), act none, ReLU or GELU (erf form), and the
- * layer normalisation over the row's w[i+1] values. Dense layers run as one cblas_sgemm over the
- * micro-batch (cblas_sgemv for a single row). Compute is float32.
+ * layer normalisation over the row's w[i+1] values. Compute is float32. Dense layers run on one of two
+ * kernels (mbp_kernel_set, or MBP_KERNEL=blas|packed in the environment):
+ *   - packed (the default where the CPU has AVX2 and FMA): mbpipe's own 6 x 16 register-tile product over
+ *     a copy of each layer's weights packed once per version, when the version is loaded (so a swap
+ *     brings its own copy, freed with it; mbp_layer_info.packed_bytes), with the bias as the start of the
+ *     sum and a ReLU applied at the store. Each output element is one chain of fused multiply-adds in the
+ *     order of the inputs, so a row's result depends only on that row and the weights: the same bits in a
+ *     micro-batch of 1 row or 256, at any position.
+ *   - blas: one cblas_sgemm over the micro-batch (cblas_sgemv for a single row), OpenBLAS packing the
+ *     weights on every call; the only kernel on CPUs without AVX2 and FMA.
+ * Every path (mbp_model_forward, the stages, the trainable model's forward and its training) calls the
+ * same kernel, so they agree bit for bit under either.
  *
  * The file. A safetensors file (https://github.com/huggingface/safetensors): 8 bytes little-endian header
  * length N, N bytes of JSON, then the data section. Tensors:
@@ -101,6 +111,9 @@
  *   describe/info getters, mbp_model_partition         | any thread
  *   mbp_model_stages_rebalance_stats                   | any thread, any time
  *   mbp_blas_info, mbp_blas_warning                    | any thread
+ *   mbp_kernel_get, _name                              | any thread
+ *   mbp_kernel_set                                     | any thread; a layer already computing ends
+ *                                                      | on the kernel it started with
  *   load, destroy, stages_new/_add/_destroy            | one thread; destroy only after the pipeline
  */
 #ifndef MBPIPE_MODEL_H
@@ -271,14 +284,16 @@ void mbp_model_destroy(mbp_model *m);
 
 /** Description of one layer. */
 typedef struct mbp_layer_info {
-	uint32_t in;	    /**< input width */
-	uint32_t out;	    /**< output width */
-	mbp_act act;	    /**< activation after the dense layer */
-	bool norm;	    /**< layer normalisation after the activation */
-	float eps;	    /**< its epsilon */
-	mbp_dtype dtype;    /**< storage type of the weight in the file */
-	uint64_t flops;	    /**< floating-point operations per row (2 x in x out for the dense part) */
-	size_t param_bytes; /**< bytes of float32 parameters */
+	uint32_t in;	     /**< input width */
+	uint32_t out;	     /**< output width */
+	mbp_act act;	     /**< activation after the dense layer */
+	bool norm;	     /**< layer normalisation after the activation */
+	float eps;	     /**< its epsilon */
+	mbp_dtype dtype;     /**< storage type of the weight in the file */
+	uint64_t flops;	     /**< floating-point operations per row (2 x in x out for the dense part) */
+	size_t param_bytes;  /**< bytes of float32 parameters */
+	size_t packed_bytes; /**< bytes of the packed kernel's copy of the weights and bias that each live
+				  version (a trainable model: the model) holds besides them; 0 without one */
 } mbp_layer_info;
 
 /**
@@ -697,6 +712,33 @@ typedef struct mbp_model_spec {
  *         -ENOMEM.
  */
 int mbp_model_write_random(const char *path, const mbp_model_spec *spec);
+
+/* ---- kernels ---- */
+
+/** The dense layers' kernel (see the model section above). */
+typedef enum mbp_kernel {
+	MBP_KERNEL_DEFAULT = 0, /**< the best for this CPU: packed with AVX2 and FMA, else blas */
+	MBP_KERNEL_BLAS,	/**< OpenBLAS's cblas_sgemm (cblas_sgemv for one row) */
+	MBP_KERNEL_PACKED	/**< mbpipe's AVX2/FMA kernel over weights packed once per version */
+} mbp_kernel;
+
+/**
+ * Choose the dense layers' kernel, process-wide, for every product that starts after the call. Meant for
+ * the start of a process (benchmarks compare both in one run): models loaded while blas was chosen hold no
+ * packed copy, and the packed kernel then packs their weights as it goes (the same bits, slower). Results
+ * differ between the kernels in the last bits, so a comparison bit for bit needs one kernel on both sides.
+ * The environment's MBP_KERNEL (blas or packed), read once at the first product or query, chooses the
+ * same way; a call overrides it.
+ * @param k MBP_KERNEL_DEFAULT, MBP_KERNEL_BLAS or MBP_KERNEL_PACKED.
+ * @return 0, -EINVAL (not a kernel), -ENOTSUP (packed on a CPU without AVX2 and FMA).
+ */
+int mbp_kernel_set(mbp_kernel k);
+
+/** The kernel in use: MBP_KERNEL_BLAS or MBP_KERNEL_PACKED (never the default, which is resolved). */
+mbp_kernel mbp_kernel_get(void);
+
+/** "blas", "packed" or "default". Static string. */
+const char *mbp_kernel_name(mbp_kernel k);
 
 /* ---- OpenBLAS ---- */
 

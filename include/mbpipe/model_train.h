@@ -33,9 +33,14 @@
  * optional layer normalisation with gain g and bias beta); the forward pass calls the same kernel as
  * mbp_model_forward, so a trained model saved and loaded computes bit for bit what training computed.
  * Parameters, their gradient accumulators and the optimizer's moments live in flat float arrays allocated
- * once by the constructor, each layer on its own cache lines. The stages' products read the dense weights
- * of a layer with a multiple of 1024 inputs from a copy with padded rows (OpenBLAS packs rows a multiple of
- * 4 KiB apart at 0.6-0.7 of its speed), which the updates keep current: the same bits, faster.
+ * once by the constructor, each layer on its own cache lines. Under the packed kernel (mbp_kernel_set, the
+ * default with AVX2 and FMA, chosen when the model is made) the stages' forward products read each layer's
+ * dense weights and bias from a copy packed for that kernel (mbp_layer_info.packed_bytes), which each
+ * update writes as it updates the parameters: packed once a step, not once a micro-batch. Under OpenBLAS
+ * they read the dense weights of a layer with a multiple of 1024 inputs from a copy with padded rows
+ * (OpenBLAS packs rows a multiple of 4 KiB apart at 0.6-0.7 of its speed), which the updates keep current
+ * too. Either copy gives the same bits as the parameters, faster; once mbp_mlp_tensor hands out a layer's
+ * weights (or, under the packed kernel, its bias), that layer's products read the parameters.
  *
  * Stages. An mbp_mlp_stage is a contiguous range of layers (a pipeline stage, as mbp_model_partition
  * splits them) with its scratch (sized for max_rows) and views of its layers' parameters. It reads and

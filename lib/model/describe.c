@@ -51,6 +51,11 @@ int mbp_model_layer_info(const mbp_model *m, unsigned i, mbp_layer_info *info)
 	if (i >= m->layers)
 		return -ERANGE;
 	mbp__layer_info(&m->l[i], info);
+	mbp_model *mm = (mbp_model *)m; /* the lock is not part of the model's value */
+	pthread_mutex_lock(&mm->swap_lock);
+	if (mm->current && mm->current->lw[i].wp)
+		info->packed_bytes = mbp__dense_packed_floats(info->in, info->out) * sizeof(float);
+	pthread_mutex_unlock(&mm->swap_lock);
 	return 0;
 }
 
@@ -72,11 +77,12 @@ int mbp_model_describe(const mbp_model *m, char *buf, size_t n)
 	if (!m || (!buf && n))
 		return -EINVAL;
 	struct mbp__strbuf b = mbp__strbuf_fixed(buf, n);
-	double total = 0;
+	double total = 0, packed = 0;
 	for (unsigned i = 0; i < m->layers; i++) {
 		mbp_layer_info li;
 		mbp_model_layer_info(m, i, &li);
 		total += (double)li.param_bytes;
+		packed += (double)li.packed_bytes;
 		mbp__strbuf_printf(&b, "layer %u: %u -> %u %s%s %s %.2f MiB\n", i, li.in, li.out,
 				   mbp__act_name(li.act), li.norm ? " norm" : "", mbp__dtype_name(li.dtype),
 				   li.param_bytes / 1048576.0);
@@ -85,6 +91,9 @@ int mbp_model_describe(const mbp_model *m, char *buf, size_t n)
 			   m->layers, PLURAL(m->layers, "layer", "layers"), mbp_model_in_width(m),
 			   mbp_model_out_width(m), total / 1048576.0,
 			   (unsigned long long)mbp_model_version(m));
+	if (packed > 0)
+		mbp__strbuf_printf(&b, "%.2f MiB of packed weights per version (kernel packed)\n",
+				   packed / 1048576.0);
 	if (n && b.len >= n)
 		buf[n - 1] = '\0';
 	return b.len > INT32_MAX ? INT32_MAX : (int)b.len;

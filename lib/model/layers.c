@@ -1,14 +1,17 @@
 /*
- * The layer kernels: dense (OpenBLAS), activation, layer normalisation; and the sequential reference
- * (mbp_model_forward, mbp__forward_batched) that runs them layer after layer on one thread.
+ * The layer kernels: dense (the packed kernel of dense.c, or OpenBLAS), activation, layer normalisation;
+ * and the sequential reference (mbp_model_forward, mbp__forward_batched) that runs them layer after layer on
+ * one thread.
  *
- * A dense layer computes Y = X W^T + b for a micro-batch X of r rows: the bias rows are copied into Y, then
- * one cblas_sgemm (beta = 1) adds X W^T, so the whole micro-batch streams each weight once. For a single
- * row cblas_sgemv does the same 1.5-2x faster (no packing). The activation and the normalisation then run
- * in place over Y, row by row, in a fixed order, so the result depends only on the input, the weights and
- * the micro-batch's row count: the sequential reference, the pipeline stages and the training forward pass
- * (mbp__layer_fwd, which also keeps what the backward pass needs) call these same functions and agree bit
- * for bit.
+ * A dense layer computes Y = X W^T + b for a micro-batch X of r rows. With the packed kernel (the default
+ * where the CPU has AVX2 and FMA; mbp_kernel_set, MBP_KERNEL) it reads the version's packed weights, starts
+ * from the bias and applies a ReLU at the store when nothing needs the values before it; a row's result
+ * then depends only on the row and the weights. With OpenBLAS the bias rows are copied into Y, then one
+ * cblas_sgemm (beta = 1) adds X W^T (cblas_sgemv for a single row, 1.5-2x faster: no packing); the result
+ * may depend on the micro-batch's row count. The activation and the normalisation then run in place over
+ * Y, row by row, in a fixed order: the sequential reference, the pipeline stages and the training forward
+ * pass (mbp__layer_fwd, which also keeps what the backward pass needs) call these same functions and agree
+ * bit for bit.
  */
 #include "config.h"
 
@@ -129,16 +132,25 @@ void mbp__layer_fwd(const struct mbp__layer *l, const struct mbp__weights *w, co
 		    uint32_t rows, float *z, float *xhat, float *inv)
 {
 	const int in = (int)l->in, out = (int)l->out, ldw = w->ld ? (int)w->ld : in;
-	for (uint32_t r = 0; r < rows; r++)
-		memcpy(y + (size_t)r * out, w->b, (size_t)out * sizeof(float));
-	if (rows == 1)
-		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w->w, ldw, x, 1, 1.0f, y, 1);
-	else
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, out, in, 1.0f, x, in, w->w,
-			    ldw, 1.0f, y, out);
+	mbp_act act = l->act;
+	if (mbp_kernel_get() == MBP_KERNEL_PACKED) {
+		/* the ReLU at the store, unless the backward pass needs the values before it */
+		bool fuse = act == MBP_ACT_RELU && !z;
+		mbp__dense_packed(l, w, x, y, rows, fuse);
+		if (fuse)
+			act = MBP_ACT_NONE;
+	} else {
+		for (uint32_t r = 0; r < rows; r++)
+			memcpy(y + (size_t)r * out, w->b, (size_t)out * sizeof(float));
+		if (rows == 1)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w->w, ldw, x, 1, 1.0f, y, 1);
+		else
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, out, in, 1.0f, x, in,
+				    w->w, ldw, 1.0f, y, out);
+	}
 	if (z)
 		memcpy(z, y, (size_t)rows * out * sizeof(float));
-	activate(l->act, y, (size_t)rows * out);
+	activate(act, y, (size_t)rows * out);
 	if (l->norm)
 		for (uint32_t r = 0; r < rows; r++)
 			layer_norm(y + (size_t)r * out, l->out, l->eps, w->g, w->beta,

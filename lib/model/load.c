@@ -225,6 +225,9 @@ static int build_version(mbp_model *m, const mbp__st *st, const mbp__st_tensor *
 		free(v->data);
 		v->data = NULL;
 	}
+	/* The packed kernel's copy, once per version: a swap brings the new version's own, freed with it. */
+	if (mbp__version_pack(v, m->l))
+		return mbp__load_fail(err, MBP_LOAD_NOMEM, NULL, "packed copy of the weights");
 	return 0;
 }
 

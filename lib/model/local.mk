@@ -1,7 +1,7 @@
 # Model stages (OpenBLAS layers, safetensors, partitioner, RCU weight swap), training (backward, losses,
 # optimizers, checkpoints) and the IDX data reader (zlib).
 lib_libmbpipe_la_SOURCES += \
-	lib/model/model_internal.h lib/model/safetensors.h lib/model/safetensors.c lib/model/digest.c lib/model/layers.c \
+	lib/model/model_internal.h lib/model/safetensors.h lib/model/safetensors.c lib/model/digest.c lib/model/layers.c lib/model/dense.c \
 	lib/model/load.c lib/model/versions.c lib/model/describe.c lib/model/plan.c lib/model/planner.c lib/model/stages.c lib/model/rebalance.h lib/model/rebalance.c lib/model/blas.c lib/model/write.c \
 	lib/model/mlp_internal.h lib/model/mlp.c lib/model/optim.c lib/model/loss.c lib/model/checkpoint.c \
 	lib/model/idx.c

@@ -83,6 +83,7 @@ void mbp_mlp_destroy(mbp_mlp *n)
 	free(n->step);
 	free(n->lwp);
 	free(n->wpad);
+	free(n->wpack);
 	free(n);
 }
 
@@ -97,19 +98,17 @@ static uint32_t pad_ld(uint32_t in)
 	return in % 1024 ? in : in + MBP__PAD_FLOATS;
 }
 
-void mbp__mlp_pad_sync(mbp_mlp *n, unsigned i, uint32_t r0, uint32_t r1)
-{
-	float *pad = mbp__mlp_pad(n, i);
-	const uint32_t in = n->l[i].in, ld = n->lwp[i].ld;
-	for (uint32_t r = r0; pad && r < r1; r++)
-		memcpy(pad + (size_t)r * ld, n->lw[i].w + (size_t)r * in, in * sizeof(float));
-}
-
-/* Every padded copy from the parameters (after a constructor has set them). */
+/* Every padded or packed copy from the parameters (after a constructor has set them). */
 static void pad_sync_all(mbp_mlp *n)
 {
-	for (unsigned i = 0; i < n->layers; i++)
-		mbp__mlp_pad_sync(n, i, 0, n->l[i].out);
+	for (unsigned i = 0; i < n->layers; i++) {
+		float *pad = mbp__mlp_pad(n, i), *pk = mbp__mlp_pack(n, i);
+		const uint32_t in = n->l[i].in, ld = n->lwp[i].ld;
+		for (uint32_t r = 0; pad && r < n->l[i].out; r++)
+			memcpy(pad + (size_t)r * ld, n->lw[i].w + (size_t)r * in, in * sizeof(float));
+		if (pk)
+			mbp__dense_pack(in, n->l[i].out, n->lw[i].w, 0, n->lw[i].b, pk);
+	}
 }
 
 /* Allocate a model for a layer structure (copied): the layout, zeroed arrays and the weight views. */
@@ -168,19 +167,26 @@ static int mlp_alloc(mbp_mlp **out, unsigned L, const struct mbp__layer *l, cons
 			n->lw[i].beta = n->param + n->off[i][MBP_PART_NORM_BIAS];
 		}
 	}
-	size_t pad = 0;
+	/* the stages' copy of the dense weights: packed for the packed kernel, else padded (mlp_internal.h) */
+	const bool packed = mbp_kernel_get() == MBP_KERNEL_PACKED;
+	size_t copy = 0;
 	for (unsigned i = 0; i < L; i++)
-		if (pad_ld(l[i].in) != l[i].in)
-			pad += up16((size_t)l[i].out * pad_ld(l[i].in));
-	if (pad && !(n->wpad = mbp__scratch_alloc(pad)))
+		copy += packed			     ? mbp__dense_packed_floats(l[i].in, l[i].out)
+			: pad_ld(l[i].in) != l[i].in ? up16((size_t)l[i].out * pad_ld(l[i].in))
+						     : 0;
+	float *cp = copy ? mbp__scratch_alloc(copy) : NULL;
+	if (copy && !cp)
 		goto nomem;
-	pad = 0;
+	*(packed ? &n->wpack : &n->wpad) = cp;
 	for (unsigned i = 0; i < L; i++) {
 		n->lwp[i] = n->lw[i];
-		if (pad_ld(l[i].in) != l[i].in) {
-			n->lwp[i].w = n->wpad + pad;
+		if (packed) {
+			n->lwp[i].wp = cp;
+			cp += mbp__dense_packed_floats(l[i].in, l[i].out);
+		} else if (pad_ld(l[i].in) != l[i].in) {
+			n->lwp[i].w = cp;
 			n->lwp[i].ld = pad_ld(l[i].in);
-			pad += up16((size_t)l[i].out * pad_ld(l[i].in));
+			cp += up16((size_t)l[i].out * pad_ld(l[i].in));
 		}
 	}
 	*out = n;
@@ -297,6 +303,8 @@ int mbp_mlp_layer_info(const mbp_mlp *n, unsigned i, mbp_layer_info *info)
 	if (i >= n->layers)
 		return -ERANGE;
 	mbp__layer_info(&n->l[i], info);
+	if (n->lwp[i].wp)
+		info->packed_bytes = mbp__dense_packed_floats(info->in, info->out) * sizeof(float);
 	return 0;
 }
 
@@ -326,7 +334,8 @@ float *mbp_mlp_tensor(mbp_mlp *n, unsigned layer, mbp_mlp_part part, mbp_mlp_arr
 		return NULL;
 	if (count)
 		*count = n->count[layer][part];
-	if (which == MBP_ARRAY_PARAM && part == MBP_PART_WEIGHT)
+	if (which == MBP_ARRAY_PARAM &&
+	    (part == MBP_PART_WEIGHT || (part == MBP_PART_BIAS && n->lwp[layer].wp)))
 		n->lwp[layer] = n->lw[layer]; /* the caller may write them: the stages read them there now */
 	return base + n->off[layer][part];
 }
@@ -335,7 +344,8 @@ int mbp_mlp_forward(mbp_mlp *n, const float *in, float *out, size_t rows, uint32
 {
 	if (!n || (rows && (!in || !out)))
 		return -EINVAL;
-	return mbp__forward_batched(n->l, n->lw, n->layers, n->max_width, in, out, rows, mb_rows);
+	/* lwp: the stages' copies (the same bits as lw's, faster) */
+	return mbp__forward_batched(n->l, n->lwp, n->layers, n->max_width, in, out, rows, mb_rows);
 }
 
 /* ---- stages ---- */

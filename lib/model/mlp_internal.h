@@ -36,6 +36,12 @@ struct mbp_mlp {
 	 * it computes. */
 	struct mbp__weights *lwp;
 	float *wpad;
+	/* Under the packed kernel (the kernel in use when the model was made), instead of the padded copy:
+	 * each layer's dense weights and bias packed for that kernel (lwp[i].wp, dense.c's layout), kept
+	 * current the same way: by the constructors and, element by element as each piece is updated, by
+	 * the update (once per step, not once per micro-batch); dropped like the padded copy when
+	 * mbp_mlp_tensor hands out the layer's weight or bias. */
+	float *wpack;
 };
 
 #define MBP__PAD_FLOATS 16
@@ -50,7 +56,10 @@ static inline float *mbp__mlp_pad(const mbp_mlp *n, unsigned i)
 	return n->lwp[i].w != n->lw[i].w ? (float *)(uintptr_t)n->lwp[i].w : NULL;
 }
 
-/* Rows [r0, r1) of layer i's dense weights into its padded copy (nothing without one). */
-void mbp__mlp_pad_sync(mbp_mlp *n, unsigned i, uint32_t r0, uint32_t r1);
+/* Layer i's packed copy of its dense weights and bias, or NULL when its stages have none. */
+static inline float *mbp__mlp_pack(const mbp_mlp *n, unsigned i)
+{
+	return (float *)(uintptr_t)n->lwp[i].wp;
+}
 
 #endif

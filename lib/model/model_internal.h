@@ -46,6 +46,9 @@ struct mbp__weights {
 	const float *b;	       /* [out] */
 	const float *g, *beta; /* [out], NULL without norm */
 	uint32_t ld;
+	/* w and b packed for the packed kernel (dense.c's layout), or NULL: that kernel then packs as it
+	 * goes. Owned by the version (mbp__version.packed), never by a trainable model's tables. */
+	const float *wp;
 };
 
 /*
@@ -58,8 +61,9 @@ struct mbp__version {
 	_Atomic unsigned *alive; /* the owning model's count of live versions */
 	unsigned layers;
 	struct mbp__weights *lw;
-	void *data;   /* the file's data section as read (F32 tensors used in place), or NULL */
-	float *owned; /* converted (F16/BF16) or realigned tensors */
+	void *data;    /* the file's data section as read (F32 tensors used in place), or NULL */
+	float *owned;  /* converted (F16/BF16) or realigned tensors */
+	float *packed; /* every layer's wp, one allocation (NULL: none packed) */
 };
 
 struct mbp_model {
@@ -151,6 +155,27 @@ int mbp__st_write(const char *path, const struct mbp__st_out *t, size_t nt, cons
 		  size_t nmeta, mbp_dtype dt, uint64_t seed);
 /* Write L layers' weights in the layout mbp_model_load reads (F32, every layer's activation named). */
 int mbp__model_write(const char *path, unsigned L, const struct mbp__layer *l, const struct mbp__weights *lw);
+
+/* The packed kernel (dense.c). cpu_ok: this CPU runs it (AVX2 and FMA). packed_floats: the floats of a
+ * layer's packed copy (weights and bias). pack: write that copy of w (rows ld apart, 0: in) and b into dst,
+ * 64-byte aligned, of packed_floats floats. dense_packed: y = x W^T + b on `rows` rows, then max(y, +0)
+ * when relu: for every output element the one chain b + x[0] w[0] + x[1] w[1] + ... in fused
+ * multiply-adds, whatever the row count, so a row's bits depend on the row and the weights alone. */
+bool mbp__dense_cpu_ok(void);
+size_t mbp__dense_packed_floats(uint32_t in, uint32_t out);
+void mbp__dense_pack(uint32_t in, uint32_t out, const float *w, uint32_t ld, const float *b, float *dst);
+/* Elements [e0, e1) of W (row-major, rows in floats long; within one row) or of b (bias) changed to
+ * src[0, e1 - e0): write them into the packed copy dst. */
+void mbp__dense_pack_update(uint32_t in, uint32_t out, float *dst, bool bias, size_t e0, size_t e1,
+			    const float *src);
+/* Whole rows [r0, r1) of W (row-major, rows in floats long) into the packed copy dst: mbp__dense_pack_update
+ * row by row, faster (8 rows at a time, transposed in registers). */
+void mbp__dense_pack_rows(uint32_t in, uint32_t out, const float *w, size_t r0, size_t r1, float *dst);
+void mbp__dense_packed(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
+		       uint32_t rows, bool relu);
+/* Pack every layer of v when the kernel in use is the packed one (v->packed, each lw[i].wp).
+ * @return 0, -ENOMEM (v unchanged). */
+int mbp__version_pack(struct mbp__version *v, const struct mbp__layer *l);
 
 /* Aligned scratch of n floats (64-byte aligned, zeroed); NULL on failure. Free with free(). */
 float *mbp__scratch_alloc(size_t n);

@@ -350,19 +350,28 @@ static void upd_piece(void *arg, unsigned i, unsigned k, size_t e0, size_t e1)
 	const size_t off = n->off[i][k];
 	float *p = n->param + off, *m = n->m1 ? n->m1 + off : NULL, *w = n->m2 ? n->m2 + off : NULL;
 	const float *g = n->grad + off;
-	/* the stages' padded copy of the dense weights follows them (mlp_internal.h) */
+	/* the stages' padded or packed copy of the dense weights follows them (mlp_internal.h) */
 	float *pad = k == MBP_PART_WEIGHT ? mbp__mlp_pad(n, i) : NULL;
+	float *pk = k == MBP_PART_WEIGHT || k == MBP_PART_BIAS ? mbp__mlp_pack(n, i) : NULL;
 	const size_t row = n->l[i].in, ld = n->lwp[i].ld;
+	const bool rows = pad || (pk && k == MBP_PART_WEIGHT); /* segment by segment of a row */
 	const struct adamw_k ak = adamw_consts(o, lr, t, decay, v->scale);
 	for (size_t e = e0; e < e1;) {
-		size_t to = pad && (e / row + 1) * row < e1 ? (e / row + 1) * row : e1;
+		size_t to = rows && (e / row + 1) * row < e1 ? (e / row + 1) * row : e1;
 		if (o->kind == MBP_OPTIM_ADAMW)
 			v->run(&ak, p + e, g + e, m + e, w + e, to - e);
 		else
 			sgd(o, lr, t, decay, v->scale, p + e, g + e, m ? m + e : NULL, to - e);
 		if (pad)
 			memcpy(pad + (e / row) * ld + e % row, p + e, (to - e) * sizeof(float));
+		if (pk && (k == MBP_PART_BIAS || to - e < row)) /* whole rows: after the loop */
+			mbp__dense_pack_update(row, n->l[i].out, pk, k == MBP_PART_BIAS, e, to, p + e);
 		e = to;
+	}
+	if (pk && k == MBP_PART_WEIGHT) { /* the piece's whole rows, still in cache */
+		const size_t r0 = (e0 + row - 1) / row, r1 = e1 / row;
+		if (r0 < r1)
+			mbp__dense_pack_rows(row, n->l[i].out, p, r0, r1, pk);
 	}
 }
 

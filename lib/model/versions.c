@@ -40,6 +40,7 @@ void mbp__version_free(struct mbp__version *v)
 	_Atomic unsigned *alive = v->alive;
 	free(v->data);
 	free(v->owned);
+	free(v->packed);
 	free(v->lw);
 	free(v);
 	if (alive)
