@@ -648,13 +648,17 @@ static int setup(struct run *r)
 		pln = (pt_plan){.mb = ap->mb, .step_ns = ap->step_ns, .threads = ap->threads};
 		pln.split = (mbp_model_plan){.stages = S, .layers = L, .mb_rows = ap->mb};
 		memcpy(pln.split.first, ap->first, (S + 1) * sizeof(unsigned));
-		/* each stage's profiled cost (the summary's profile_us): its layers' at the plan's size */
+		/* each stage's profiled cost (the summary's profile_us) and the split's figures: its
+		 * layers' from the planner's profile at the plan's size (none: 0, not profiled) */
+		pln.costs.rows = ap->mb;
 		for (unsigned k = 0; k < r->ap.sizes; k++)
-			for (unsigned s = 0; r->ap.mb[k] == ap->mb && s < S; s++)
-				for (unsigned l = ap->first[s]; l < ap->first[s + 1]; l++) {
-					const mbp_op_costs *oc = &r->ap.cost[k * r->ap.layers + l];
-					pln.split.stage_ns[s] += oc->f + oc->b_in + oc->b_w;
-				}
+			for (unsigned l = 0; r->ap.mb[k] == ap->mb && l < L; l++) {
+				const mbp_op_costs *oc = &r->ap.cost[k * r->ap.layers + l];
+				pln.costs.f[l] = oc->f;
+				pln.costs.b_in[l] = oc->b_in;
+				pln.costs.b_w[l] = oc->b_w;
+			}
+		pt_split_figures(&pln.costs, S, &pln.split, pln.gives);
 	} else {
 		rc = pt_plan_make(r->n, c, S, T, can_give, probe, pl);
 	}
