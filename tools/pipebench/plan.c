@@ -203,7 +203,10 @@ static int print_json(const pb_config *cfg, const uint32_t *w, unsigned L, unsig
 	cJSON_AddNumberToObject(wl, "seed", (double)cfg->seed);
 	cJSON *cp = cJSON_AddObjectToObject(o, "cpus");
 	cJSON_AddItemToObject(cp, "used", cJSON_CreateIntArray(cfg->cpus, (int)ncpus));
-	cJSON_AddNumberToObject(o, "wait_quiet_s", cfg->wait_quiet_s);
+	cJSON *c = cJSON_AddObjectToObject(o, "config"); /* as the other runs' */
+	cJSON_AddNumberToObject(c, "batches", cfg->batches);
+	cJSON_AddNumberToObject(c, "warmup", cfg->warmup);
+	cJSON_AddNumberToObject(c, "wait_quiet_s", cfg->wait_quiet_s);
 	cJSON_AddItemToObject(o, "noise", pb_json_noise(nz, m && m->loud));
 	cJSON_AddItemToObject(o, "plan", mt_auto_json(a));
 	if (m) {
@@ -290,7 +293,10 @@ int pb_train_plan_main(pb_config *cfg, unsigned ncpus)
 		if (a.budget != UINT64_MAX && mt_auto_peak(&a, m.act_peak_bytes) > a.budget)
 			status = PB_EXIT_FAIL;
 	}
-	pb_print_noise(human, &nz, load_start, !cfg->plan_only && m.loud);
+	pb_print_noise(human, &nz, load_start,
+		       !cfg->plan_only && m.loud ? "the measured step is marked 'loud': more than a tenth of "
+						   "its steps ran there, its figures are less certain"
+						 : NULL);
 	if (cfg->format == PB_FMT_JSON && print_json(cfg, w, L, ncpus, &a, &nz, cfg->plan_only ? NULL : &m)) {
 		mbp_mlp_destroy(n);
 		return pb_failure("out of memory for the JSON document");
