@@ -833,8 +833,8 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 	unsigned got = k < 0 ? 0 : (unsigned)k < r->rep.stages ? (unsigned)k : r->rep.stages;
 	char why[160];
 	int frc = k < 0 || replicated ? 0
-				      : mt_thread_figs_get(&r->rep.thr, mbp_trainer_schedule(r->t), ts.threads,
-							   ss, got, why, sizeof why);
+				      : mt_thread_figs_get(&r->rep.thr, mbp_trainer_schedule(r->t),
+							   ts.threads, ss, got, why, sizeof why);
 	if (k < 0)
 		snprintf(why, sizeof why, "cannot read the trainer's figures: %s", mbp_strerror(k));
 	if (k < 0 || frc == -EPROTO)
