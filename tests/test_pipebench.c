@@ -1027,6 +1027,41 @@ static void spinners_stop(const pid_t spin[2])
 	}
 }
 
+/* pb_noise_step, the window bookkeeping of the interleaved rounds and the planned run's steps, on CPUs
+ * two spinners keep loud: a window shorter than 0.5 s stays open; a loud one that is not the last is
+ * followed by a pause within what is left of the pause budget; the last, loud too, is judged with no
+ * pause (nothing follows it to spare the noise), however much budget is left. */
+START_TEST(the_last_loud_window_is_judged_without_a_pause)
+{
+	pid_t spin[2];
+	char arg[48];
+	int cpu[2];
+	spinners_start(spin, arg, sizeof arg);
+	unsigned n = (unsigned)sscanf(arg, "--cpus=%d,%d", &cpu[0], &cpu[1]);
+	pb_noise nz;
+	pb_noise_init(&nz, cpu, n);
+	if (!nz.available) { /* no /proc/stat: nothing to assert */
+		spinners_stop(spin);
+		return;
+	}
+	pb_noise_window w = {.pause_left = 0.5};
+	pb_noise_mark(&nz);
+	ck_assert_int_eq(pb_noise_step(&nz, &w, 1, false), -1); /* just opened */
+	usleep(600 * 1000);
+	ck_assert_int_eq(pb_noise_step(&nz, &w, 3, false), 1);
+	ck_assert(w.first == 0 && w.end == 3);
+	ck_assert_msg(w.paused_s > 0 && nz.pauses == 1 && w.pause_left < 0.5, "paused %g s, %u pauses",
+		      w.paused_s, nz.pauses);
+	w.pause_left = 30;
+	usleep(600 * 1000);
+	ck_assert_int_eq(pb_noise_step(&nz, &w, 7, true), 1);
+	ck_assert(w.first == 3 && w.end == 7);
+	ck_assert_msg(w.paused_s == 0 && nz.pauses == 1 && w.pause_left == 30, "paused %g s after the last",
+		      w.paused_s);
+	spinners_stop(spin);
+}
+END_TEST
+
 /* Two processes spinning on the CPUs: pipebench waits (here at most 1 s), then says the machine was loud
  * before and while it measured, in the JSON, and marks the rows. */
 START_TEST(loud_machine_is_waited_for_reported_and_flagged)
@@ -2363,6 +2398,7 @@ static Suite *suite(void)
 	tcase_add_test(out, more_stages_than_cpus_share_a_thread_and_say_so);
 	tcase_add_test(out, shared_threads_are_one_step_of_the_schedule_each);
 	tcase_add_test(out, loud_machine_is_waited_for_reported_and_flagged);
+	tcase_add_test(out, the_last_loud_window_is_judged_without_a_pause);
 	tcase_add_test(out, train_table_prints_the_three_schedules_and_their_gantt);
 	tcase_add_test(out, train_json_holds_each_schedules_figures_and_operations);
 	tcase_add_test(out, train_csv_has_a_header_and_one_line_per_schedule);
