@@ -985,6 +985,9 @@ START_TEST(the_summary_shows_each_stages_and_each_threads_hops_as_the_json_has_t
 		for (int t = 0; t < 2; t++)
 			ck_assert_int_eq(cJSON_GetArrayItem(a, t)->valueint, want[k][t]);
 	}
+	/* the counts agreed with the schedule: nothing left out, no warning */
+	ck_assert(cJSON_IsNull(cJSON_GetObjectItem(root, "thread_figures_left_out")));
+	ck_assert_msg(!strstr(r.err, "warning"), "stderr: %s", r.err);
 	const cJSON *st = cJSON_GetObjectItem(root, "stages");
 	for (int s = 0; s < 4; s++) {
 		const cJSON *o = cJSON_GetArrayItem(st, s);

@@ -26,10 +26,11 @@ endif
 # run's measured bubble lies near the predicted one; the statistics on synthetic samples.
 check_PROGRAMS += tests/test_pipebench
 # The statistics (stats.c, predict.c) are linked in and tested on synthetic samples, the report (output.c,
-# with gantt.c that it draws with) on a synthetic report, and the options' meanings (options.c).
+# with gantt.c that it draws with) on a synthetic report, the options' meanings (options.c), and the noise
+# windows (noise.c, with progress.c that it reports through) on CPUs the test keeps loud.
 tests_test_pipebench_SOURCES = tests/test_pipebench.c tests/check_main.h tests/plural_check.h tests/tool_run.h tests/model_file.h \
 	tools/pipebench/stats.c tools/pipebench/predict.c tools/pipebench/output.c tools/pipebench/gantt.c \
-	tools/pipebench/options.c
+	tools/pipebench/options.c tools/pipebench/noise.c tools/pipebench/progress.c
 tests_test_pipebench_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/include -I$(top_builddir)/include \
 	-DPIPEBENCH_BIN='"$(abs_top_builddir)/tools/pipebench/pipebench"'
 tests_test_pipebench_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) $(CJSON_CFLAGS)

@@ -85,8 +85,7 @@ int pb_interleave(pb_arm *arms, unsigned n, const pb_schedule *s, pb_noise *nz, 
 
 	uint64_t t0 = mbt_now_ns(); /* moved on by the pauses: they do not count against the budget */
 	const uint64_t budget_ns = (uint64_t)(s->budget_s * 1e9);
-	double pause_left = s->pause_s;
-	unsigned pending = 0; /* first round of the noise window still open */
+	pb_noise_window win = {.pause_left = s->pause_s};
 	pb_noise_mark(nz);
 	for (unsigned round = 0;; round++) {
 		for (unsigned k = 0; k < n; k++) {
@@ -105,20 +104,13 @@ int pb_interleave(pb_arm *arms, unsigned n, const pb_schedule *s, pb_noise *nz, 
 		}
 		bool done =
 		    settled(arms, n, s) || (mbt_now_ns() - t0 >= budget_ns && arms[0].n >= s->min_repeats);
-		int loud = pb_noise_round(nz, done);
-		if (loud >= 0) {
-			for (unsigned i = 0; i < n; i++)
-				for (unsigned r = pending; r <= round; r++)
-					arms[i].loud[r] = (uint8_t)loud;
-			pending = round + 1;
-		}
+		int loud = pb_noise_step(nz, &win, round + 1, done);
+		for (unsigned i = 0; loud >= 0 && i < n; i++)
+			for (unsigned r = win.first; r < win.end; r++)
+				arms[i].loud[r] = (uint8_t)loud;
 		if (done)
 			break;
-		if (loud == 1 && pause_left > 0) {
-			double p = pb_noise_pause(nz, pause_left);
-			pause_left -= p;
-			t0 += (uint64_t)(p * 1e9);
-		}
+		t0 += (uint64_t)(win.paused_s * 1e9);
 	}
 	for (unsigned i = 0; i < n; i++)
 		pb_interval_of(arms[i].rate, arms[i].n, &arms[i].iv);

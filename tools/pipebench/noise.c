@@ -203,3 +203,18 @@ int pb_noise_round(pb_noise *nz, bool last)
 	nz->last_loud = loud;
 	return loud;
 }
+
+int pb_noise_step(pb_noise *nz, pb_noise_window *w, unsigned units, bool last)
+{
+	w->paused_s = 0;
+	int loud = pb_noise_round(nz, last);
+	if (loud < 0)
+		return loud;
+	w->first = w->end;
+	w->end = units;
+	if (loud == 1 && !last && w->pause_left > 0) {
+		w->paused_s = pb_noise_pause(nz, w->pause_left);
+		w->pause_left -= w->paused_s;
+	}
+	return loud;
+}

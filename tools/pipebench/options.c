@@ -342,7 +342,7 @@ static void defaults(pb_config *c)
 	c->unit_us = PB_DEF_UNIT_US;
 }
 
-/* --schedule: names of mbp_sched_parse (not auto, not twice), comma-separated, or "all". */
+/* --schedule: names of mbp_sched_parse (auto among them; none twice), comma-separated, or "all". */
 static int parse_scheds(const char *s, pb_config *cfg, char *err, size_t errlen)
 {
 	static const mbp_sched_kind all[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B,	     MBP_SCHED_ZBH1,
@@ -377,6 +377,7 @@ static int parse_scheds(const char *s, pb_config *cfg, char *err, size_t errlen)
 	return 0;
 }
 
+/* "1:1:1", "1:2:0": three costs, each from 0 to 1000, their sum above 0. */
 static int parse_costs(const char *s, double *costs, char *err, size_t errlen)
 {
 	char buf[128];

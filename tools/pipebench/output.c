@@ -102,7 +102,11 @@ static void print_until(FILE *f, const pb_config *cfg)
 		fprintf(f, "no more\n");
 }
 
-void pb_print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_rows)
+/* pb_print_noise's note for the tables' runs */
+static const char rows_note[] =
+    "rows marked 'loud' had more than a tenth of their repeats there, their figures are less certain";
+
+void pb_print_noise(FILE *f, const pb_noise *nz, double load_start, const char *loud_note)
 {
 	if (!nz->available)
 		fprintf(f, "machine: /proc/stat unreadable, load average %.2f: noise not measured\n",
@@ -123,12 +127,10 @@ void pb_print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_ro
 			fprintf(f,
 				"machine: while measuring, other processes used %.2f CPUs on average (steal "
 				"%.2f, "
-				"at most %.2f in a window), %u of %u window%s loud (above %.2f CPUs)%s\n",
+				"at most %.2f in a window), %u of %u window%s loud (above %.2f CPUs)%s%s\n",
 				nz->others_s / nz->seconds, nz->steal_s / nz->seconds, nz->others_max,
 				nz->loud_rounds, nz->rounds, nz->rounds == 1 ? "" : "s", nz->threshold,
-				loud_rows ? ": rows marked 'loud' had more than a tenth of their repeats "
-					    "there, their figures are less certain"
-					  : "");
+				loud_note ? ": " : "", loud_note ? loud_note : "");
 		if (nz->pauses)
 			fprintf(
 			    f,
@@ -191,7 +193,7 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	char warn[512];
 	if (w->blas_warning[0] && blas_warning_line(warn, sizeof warn)) /* a workload that uses BLAS */
 		fprintf(f, "%s\n", warn);
-	pb_print_noise(f, &b->noise, b->load_start, any_loud(rep));
+	pb_print_noise(f, &b->noise, b->load_start, any_loud(rep) ? rows_note : NULL);
 	if (oversubscribed(rep))
 		fprintf(f,
 			"note: %u threads on %u %s: threads share CPUs and time-slice, waits skip their "
@@ -632,7 +634,7 @@ void pb_train_print_table(FILE *f, const pb_train_report *rep, unsigned width)
 		    T, PLURAL(T, "thread", "threads"), T, S, "chunks placed by its rule");
 	else
 		fputc('\n', f);
-	pb_print_noise(f, &rep->noise, rep->load_start, train_loud(rep));
+	pb_print_noise(f, &rep->noise, rep->load_start, train_loud(rep) ? rows_note : NULL);
 	fprintf(f, "\n%-11s %8s %5s %4s %8s %9s %6s %9s %8s %8s %5s %7s  %s\n", "schedule", "steps/s", "+-%",
 		"n", "step ms", "mb/s", "bubble", "predicted", "work ms", "ideal ms", "eff", "eff/id",
 		"stash peak / held peak per stage or chunk (t: held per thread, a chunk 1/v; h: per thread, "

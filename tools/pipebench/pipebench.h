@@ -255,6 +255,18 @@ int pb_noise_round(pb_noise *nz, bool last);
 /* After a loud window: sample 0.25 s windows until one is quiet, at most max_s; a new round begins after
  * it. Returns the seconds waited. */
 double pb_noise_pause(pb_noise *nz, double max_s);
+/* The noise windows of a run measured in units (steps, rounds), kept by pb_noise_step(). Zeroed, then
+ * pause_left set: the seconds the pauses after loud windows may take in all. */
+typedef struct pb_noise_window {
+	unsigned first, end; /* after a verdict: the units [first, end) the closed window covered */
+	double pause_left;   /* what the pauses may still take */
+	double paused_s;     /* the last pb_noise_step()'s pause (0: none): the run's clock leaves it out */
+} pb_noise_window;
+/* After the unit that brings the run to `units` done (pb_noise_mark() before the first): the window's
+ * verdict from pb_noise_round() (1 loud, 0 quiet, -1 still open), with w->first/end set to the units it
+ * covered; after a loud window that is not the `last`, pauses while w->pause_left lasts (nothing follows
+ * the last window to be spared the noise). */
+int pb_noise_step(pb_noise *nz, pb_noise_window *w, unsigned units, bool last);
 
 /* ---- interleave.c ---- */
 
@@ -491,9 +503,9 @@ void pb_print_table(FILE *f, const pb_report *rep);
 void pb_print_csv(FILE *f, const pb_report *rep);
 int pb_print_json(FILE *f, const pb_report *rep);
 /* The machine's lines, as every run prints them: what other processes took of the watched CPUs before
- * measuring (and how long --wait-quiet waited), and while measuring (its loud windows); `loud_rows`: some
- * rows are marked loud. */
-void pb_print_noise(FILE *f, const pb_noise *nz, double load_start, bool loud_rows);
+ * measuring (and how long --wait-quiet waited), and while measuring (its loud windows); `loud_note`,
+ * when not NULL, ends that line: what the run marked loud and what it means ("rows marked 'loud' ..."). */
+void pb_print_noise(FILE *f, const pb_noise *nz, double load_start, const char *loud_note);
 /* The same as the JSON document's "noise" object (a cJSON *). */
 void *pb_json_noise(const pb_noise *nz, bool loud_rows);
 

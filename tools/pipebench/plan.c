@@ -116,8 +116,7 @@ static int run_plan(const pb_config *cfg, mbp_mlp *n, const uint32_t *w, unsigne
 	if (rc == 0 && (rc = mbp_trainer_start(t)) < 0)
 		what = "cannot start the trainer";
 	memset(m, 0, sizeof *m);
-	double pause_left = cfg->wait_quiet_s - nz->waited_s;
-	unsigned pending = 0; /* the first measured step of the noise window still open */
+	pb_noise_window win = {.pause_left = cfg->wait_quiet_s - nz->waited_s};
 	for (unsigned i = 0; rc == 0 && i < total; i++) {
 		pb_progress(i, total, "training");
 		if (i == cfg->warmup)
@@ -136,14 +135,10 @@ static int run_plan(const pb_config *cfg, mbp_mlp *n, const uint32_t *w, unsigne
 			ms[m->steps++] = (double)ts.step_ns * 1e-6;
 			m->bubble += ts.bubble;
 			m->bubble_predicted += ts.bubble_predicted;
-			/* the window closes at 0.5 s or at the last step: its steps are loud or quiet */
-			int loud = pb_noise_round(nz, i + 1 == total);
-			if (loud >= 0) {
-				m->loud_steps += loud ? m->steps - pending : 0;
-				pending = m->steps;
-			}
-			if (loud == 1 && pause_left > 0) /* between steps: the step times leave it out */
-				pause_left -= pb_noise_pause(nz, pause_left);
+			/* the window closes at 0.5 s or at the last step: its steps are loud or quiet; a pause
+			 * falls between steps, which the step times leave out */
+			if (pb_noise_step(nz, &win, m->steps, i + 1 == total) == 1)
+				m->loud_steps += win.end - win.first;
 		}
 	}
 	m->loud = m->steps && (double)m->loud_steps / m->steps > PB_LOUD_SHARE;
@@ -208,7 +203,10 @@ static int print_json(const pb_config *cfg, const uint32_t *w, unsigned L, unsig
 	cJSON_AddNumberToObject(wl, "seed", (double)cfg->seed);
 	cJSON *cp = cJSON_AddObjectToObject(o, "cpus");
 	cJSON_AddItemToObject(cp, "used", cJSON_CreateIntArray(cfg->cpus, (int)ncpus));
-	cJSON_AddNumberToObject(o, "wait_quiet_s", cfg->wait_quiet_s);
+	cJSON *c = cJSON_AddObjectToObject(o, "config"); /* as the other runs' */
+	cJSON_AddNumberToObject(c, "batches", cfg->batches);
+	cJSON_AddNumberToObject(c, "warmup", cfg->warmup);
+	cJSON_AddNumberToObject(c, "wait_quiet_s", cfg->wait_quiet_s);
 	cJSON_AddItemToObject(o, "noise", pb_json_noise(nz, m && m->loud));
 	cJSON_AddItemToObject(o, "plan", mt_auto_json(a));
 	if (m) {
@@ -295,7 +293,10 @@ int pb_train_plan_main(pb_config *cfg, unsigned ncpus)
 		if (a.budget != UINT64_MAX && mt_auto_peak(&a, m.act_peak_bytes) > a.budget)
 			status = PB_EXIT_FAIL;
 	}
-	pb_print_noise(human, &nz, load_start, !cfg->plan_only && m.loud);
+	pb_print_noise(human, &nz, load_start,
+		       !cfg->plan_only && m.loud ? "the measured step is marked 'loud': more than a tenth of "
+						   "its steps ran there, its figures are less certain"
+						 : NULL);
 	if (cfg->format == PB_FMT_JSON && print_json(cfg, w, L, ncpus, &a, &nz, cfg->plan_only ? NULL : &m)) {
 		mbp_mlp_destroy(n);
 		return pb_failure("out of memory for the JSON document");

@@ -502,6 +502,8 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 		 PLURAL(cfg->mbs, "micro-batch", "micro-batches"), cfg->costs[0], cfg->costs[1],
 		 cfg->costs[2], cfg->unit_us);
 	pb_noise_init(&rep.noise, cfg->cpus, ncpus);
+	/* before the arms open: auto's profile (arm_schedule) is a measurement too */
+	pb_noise_settle(&rep.noise, cfg->wait_quiet_s);
 
 	unsigned opened = 0;
 	for (; opened < n; opened++) {
@@ -516,7 +518,6 @@ int pb_train_main(pb_config *cfg, unsigned ncpus, unsigned allowed)
 		parm[opened] =
 		    (pb_arm){.label = mbp_sched_name(cfg->scheds[opened]), .ctx = a, .visit = tr_visit};
 	}
-	pb_noise_settle(&rep.noise, cfg->wait_quiet_s);
 	rep.load_start = pb_loadavg();
 	pb_schedule sch = {.min_repeats = cfg->batches,
 			   .tolerance = cfg->tolerance,

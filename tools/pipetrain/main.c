@@ -648,13 +648,17 @@ static int setup(struct run *r)
 		pln = (pt_plan){.mb = ap->mb, .step_ns = ap->step_ns, .threads = ap->threads};
 		pln.split = (mbp_model_plan){.stages = S, .layers = L, .mb_rows = ap->mb};
 		memcpy(pln.split.first, ap->first, (S + 1) * sizeof(unsigned));
-		/* each stage's profiled cost (the summary's profile_us): its layers' at the plan's size */
+		/* each stage's profiled cost (the summary's profile_us) and the split's figures: its
+		 * layers' from the planner's profile at the plan's size (none: 0, not profiled) */
+		pln.costs.rows = ap->mb;
 		for (unsigned k = 0; k < r->ap.sizes; k++)
-			for (unsigned s = 0; r->ap.mb[k] == ap->mb && s < S; s++)
-				for (unsigned l = ap->first[s]; l < ap->first[s + 1]; l++) {
-					const mbp_op_costs *oc = &r->ap.cost[k * r->ap.layers + l];
-					pln.split.stage_ns[s] += oc->f + oc->b_in + oc->b_w;
-				}
+			for (unsigned l = 0; r->ap.mb[k] == ap->mb && l < L; l++) {
+				const mbp_op_costs *oc = &r->ap.cost[k * r->ap.layers + l];
+				pln.costs.f[l] = oc->f;
+				pln.costs.b_in[l] = oc->b_in;
+				pln.costs.b_w[l] = oc->b_w;
+			}
+		pt_split_figures(&pln.costs, S, &pln.split, pln.gives);
 	} else {
 		rc = pt_plan_make(r->n, c, S, T, can_give, probe, pl);
 	}
@@ -785,10 +789,21 @@ static int setup(struct run *r)
 	return 0;
 }
 
+/* The per-thread figures are wrong from this step on (`why`): one warning line, even with --quiet, and
+ * the summary and the JSON leave them out rather than show them as if counted. */
+static void thread_figs_left_out(pt_report *rep, const char *why)
+{
+	rep->thr.threads = 0;
+	if (rep->thr_left_out[0])
+		return;
+	snprintf(rep->thr_left_out, sizeof rep->thr_left_out, "%s", why);
+	fprintf(stderr, "pipetrain: warning: the per-thread figures are left out: %s\n", why);
+}
+
 /* The per-stage figures of the step just done, added to the run's totals; its own in ts. */
 static void account(struct run *r, double *busy_ns, double *pred_ns, double *step_ns, mbp_train_stats *out)
 {
-	mbp_train_stats ts;
+	mbp_train_stats ts = {0};
 	mbp_train_stage_stats ss[MBP_MAX_STAGES];
 	int k = mbp_trainer_stats_get(r->t, &ts, ss, MBP_MAX_STAGES);
 	for (int s = 0; s < k && s < (int)r->rep.stages; s++) {
@@ -814,11 +829,17 @@ static void account(struct run *r, double *busy_ns, double *pred_ns, double *ste
 	bool replicated = false;
 	for (unsigned s = 0; s < r->rep.stages; s++)
 		replicated |= r->rep.st[s].replicas > 1;
-	/* a mismatch with the schedule (-EPROTO) is shown as counted; replicas are copies of the
-	 * schedule's threads, which the per-stage figures show (their sums) */
+	/* replicas are copies of the schedule's threads, which the per-stage figures show (their sums) */
 	unsigned got = k < 0 ? 0 : (unsigned)k < r->rep.stages ? (unsigned)k : r->rep.stages;
-	if (replicated || mt_thread_figs_get(&r->rep.thr, mbp_trainer_schedule(r->t), ts.threads, ss, got,
-					     NULL, 0) == -EINVAL)
+	char why[160];
+	int frc = k < 0 || replicated ? 0
+				      : mt_thread_figs_get(&r->rep.thr, mbp_trainer_schedule(r->t),
+							   ts.threads, ss, got, why, sizeof why);
+	if (k < 0)
+		snprintf(why, sizeof why, "cannot read the trainer's figures: %s", mbp_strerror(k));
+	if (k < 0 || frc == -EPROTO)
+		thread_figs_left_out(&r->rep, why);
+	if (replicated || frc == -EINVAL || r->rep.thr_left_out[0])
 		r->rep.thr.threads = 0;
 	if (ts.act_peak_bytes > r->rep.act_peak_bytes)
 		r->rep.act_peak_bytes = ts.act_peak_bytes;

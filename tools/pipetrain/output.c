@@ -444,7 +444,15 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddNumberToObject(m, "activation_peak_bytes", (double)r->act_peak_bytes);
 		cJSON_AddNumberToObject(m, "state_bytes", (double)r->autoplan->state_bytes);
 	}
-	mt_thread_figs_json(root, &r->thr); /* empty arrays with replicas */
+	if (r->thr_left_out[0]) { /* the counts went wrong: null, not shown as if counted */
+		cJSON_AddNullToObject(root, "thread_held_peak");
+		cJSON_AddNullToObject(root, "thread_hops");
+		cJSON_AddNullToObject(root, "thread_local_hops");
+		cJSON_AddStringToObject(root, "thread_figures_left_out", r->thr_left_out);
+	} else {
+		mt_thread_figs_json(root, &r->thr); /* empty arrays with replicas */
+		cJSON_AddNullToObject(root, "thread_figures_left_out");
+	}
 	cJSON_AddBoolToObject(root, "rebalance", r->c->rebalance);
 	cJSON_AddNumberToObject(root, "moves", (double)r->moves);
 	cJSON_AddNumberToObject(root, "split_bound", r->split_bound);

@@ -229,6 +229,7 @@ typedef struct pt_report {
 	const mt_auto *autoplan;  /* --plan auto: the plan (NULL otherwise) */
 	uint64_t steps_run;	  /* steps this run took (for the measured mean step) */
 	mt_thread_figs thr;	  /* each thread's of the last step (threads 0: replicated, not shown) */
+	char thr_left_out[192];	  /* not empty: thr is left out from then on, and why (warned once) */
 	uint64_t moves;		  /* --rebalance: the moves to a fresh split */
 } pt_report;
 

@@ -139,7 +139,7 @@ typedef struct mt_thread_figs {
 int mt_thread_figs_get(mt_thread_figs *f, const mbp_schedule *sc, unsigned threads,
 		       const mbp_train_stage_stats *ss, unsigned stages, char *why, size_t n);
 /* The figures as every text table shows them, "t 2,1; h 8,8 + 0,0": the held peaks, then the hops to
- * another thread + the passes between its own chunks, thread by thread. */
+ * another thread + the passes between its own chunks, thread by thread; "-" when f has no threads. */
 void mt_thread_figs_str(const mt_thread_figs *f, char *buf, size_t n);
 /* Add thread_held_peak, thread_hops and thread_local_hops (arrays, a number a thread) to o (cJSON *). */
 void mt_thread_figs_json(void *o, const mt_thread_figs *f);

@@ -59,6 +59,10 @@ void mt_thread_figs_str(const mt_thread_figs *f, char *buf, size_t n)
 	size_t at = 0;
 	if (!n)
 		return;
+	if (!f->threads) { /* none to list: a dash, as the tables mark what is not there */
+		snprintf(buf, n, "-");
+		return;
+	}
 	buf[0] = 0;
 	const char *part[] = {"t ", "; h ", " + "};
 	const uint32_t *v[] = {f->held, f->hops, f->local_hops};
@@ -76,7 +80,7 @@ void mt_thread_figs_json(void *obj, const mt_thread_figs *f)
 	const uint32_t *v[] = {f->held, f->hops, f->local_hops};
 	for (unsigned k = 0; k < 3; k++) {
 		cJSON *a = cJSON_AddArrayToObject(o, key[k]);
-		for (unsigned t = 0; t < f->threads; t++)
+		for (unsigned t = 0; a && t < f->threads; t++) /* NULL: out of memory, the key left out */
 			cJSON_AddItemToArray(a, cJSON_CreateNumber(v[k][t]));
 	}
 }
