@@ -13,7 +13,8 @@
  * second pass over every byte, which halved the one-stage hop). A caller's micro-batch that carries
  * something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with mbp_mb_submit() instead and
  * is sent from its own buffer. A carrier holds a micro-batch's header and buffers from its submission
- * until its send is done; their number (opts.mb_buffers) bounds what a rank holds. On ranks > 0 the loop
+ * until its send is done; their number (opts.mb_buffers, at most two windows and one a local stage)
+ * bounds what a rank holds. On ranks > 0 the loop
  * gets and gives back every buffer of the link's pool, through a cache of its own (an arrival's buffer is
  * the next receive's, as the pool's LIFO keeps it hot).
  *
@@ -280,7 +281,12 @@ const char *mbp_mpi_error(const mbp_mpi *mp)
 static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
+	/* Carriers: mb_buffers at most, and no more than two windows and one a local stage: those beyond
+	 * would only wait for the link, each holding a buffer, and cycle more buffers through the caches
+	 * (the one-stage hop at 256 KiB: 64 carriers, 65 buffers of rank 0 and 144 of rank 1 in turn) */
 	uint32_t W = r->mo.window, nc = mp->lo.mb_buffers;
+	if (nc > 2 * W + r->nstages)
+		nc = 2 * W + r->nstages;
 	size_t rb = mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb;
 	mp->mb_pool = mbp__pipeline_mb_pool(mp->p);
 	if (!(mp->carriers = calloc(nc, sizeof(*mp->carriers))))
