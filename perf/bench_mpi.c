@@ -55,7 +55,7 @@
 #define MAX_ROUNDS   16
 
 static int rank, size, rounds = 5;
-static size_t only_size; /* -s: link and link1 at this size only; 0: every size */
+static size_t only_size;      /* -s: link and link1 at this size only; 0: every size */
 static uint64_t link_spin_ns; /* mbp_mpi_opts.spin_ns of the runs made next; 0: the default */
 
 static void die(const char *what, int rc)
@@ -788,7 +788,7 @@ int main(int argc, char **argv)
 	if (size != 2 || rounds < 1 || rounds > MAX_ROUNDS) {
 		if (rank == 0)
 			fprintf(stderr,
-				"usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [-s BYTES (link, link1: one size)] "
+				"usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [-s BYTES] "
 				"[link|link1|latency|bubble|mlp]\n",
 				MAX_ROUNDS);
 		mbp_mpi_finalize();

@@ -248,7 +248,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_failed_pin_is_reported_and_holds_no_cpu);
 	tcase_add_test(tc, a_cgroup_quota_sets_the_default_thread_count);
 	tcase_add_test(tc, placement_plan_follows_threads_names_and_cpu_list);
-	tcase_add_test(tc, a_rank_of_a_run_across_ranks_counts_its_communication_thread_and_does_not_spin_on_one_cpu);
+	tcase_add_test(
+	    tc, a_rank_of_a_run_across_ranks_counts_its_communication_thread_and_does_not_spin_on_one_cpu);
 	suite_add_tcase(s, tc);
 	return s;
 }

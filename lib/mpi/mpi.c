@@ -14,9 +14,9 @@
  * something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with mbp_mb_submit() instead and
  * is sent from its own buffer. A carrier holds a micro-batch's header and buffers from its submission
  * until its send is done; their number (opts.mb_buffers, at most two windows and one a local stage)
- * bounds what a rank holds. On ranks > 0 the loop
- * gets and gives back every buffer of the link's pool, through a cache of its own (an arrival's buffer is
- * the next receive's, as the pool's LIFO keeps it hot).
+ * bounds what a rank holds. On ranks > 0 the loop gets and gives back every buffer of the link's pool,
+ * through a cache of its own (an arrival's buffer is the next receive's, as the pool's LIFO keeps it
+ * hot).
  *
  * Rank 0's table holds every accepted micro-batch until it retires, indexed by its global sequence number
  * modulo opts.inflight: reserved by a submitter, in flight once submitted locally, done when its result
@@ -84,7 +84,7 @@ struct mbp_mpi {
 	bool stop_accepting, closing;
 	struct carrier *free_c, *qhead, **qtail;
 	uint32_t nfree_c, wake_c; /* carriers free; how many make a submitter waiting for one worth a wake */
-	_Atomic uint32_t qn; /* the queue's length (written under the lock, read by the loop) */
+	_Atomic uint32_t qn;	  /* the queue's length (written under the lock, read by the loop) */
 	struct tent *tab;
 	uint32_t tcap;
 	uint64_t next_seq, next_retire;
