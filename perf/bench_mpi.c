@@ -1,7 +1,7 @@
 /*
  * bench_mpi: the pipeline across MPI ranks against raw MPI and against one process. Run with 2 ranks:
  *
- *     mpirun --oversubscribe -np 2 perf/bench_mpi [-r ROUNDS]
+ *     mpirun --oversubscribe -np 2 perf/bench_mpi [-r ROUNDS] [-s BYTES] [link|link1|latency|bubble|mlp]
  *
  * Four measurements, each alternating the peers round by round (A B A B), medians of the rounds:
  *   link:    bytes per second through the remote link from rank 0 to rank 1, micro-batches of 4 KiB to
@@ -55,6 +55,7 @@
 #define MAX_ROUNDS   16
 
 static int rank, size, rounds = 5;
+static size_t only_size;      /* -s: link and link1 at this size only; 0: every size */
 static uint64_t link_spin_ns; /* mbp_mpi_opts.spin_ns of the runs made next; 0: the default */
 
 static void die(const char *what, int rc)
@@ -359,6 +360,8 @@ static void bench_link(void)
 	static const size_t sizes[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
 	for (unsigned z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
 		size_t bytes = sizes[z];
+		if (only_size && bytes != only_size)
+			continue;
 		unsigned n = link_count(bytes);
 		double mbp[MAX_ROUNDS], raw[MAX_ROUNDS], win[MAX_ROUNDS], rot[MAX_ROUNDS], mcpu[MAX_ROUNDS],
 		    rcpu[MAX_ROUNDS], x;
@@ -392,6 +395,8 @@ static void bench_link1(void)
 	static const size_t sizes[] = {65536, 262144, 1048576, 4194304};
 	for (unsigned z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
 		size_t bytes = sizes[z];
+		if (only_size && bytes != only_size)
+			continue;
 		unsigned n = link_count(bytes);
 		double mbp[MAX_ROUNDS], win[MAX_ROUNDS], ratio[MAX_ROUNDS], mcpu[MAX_ROUNDS],
 		    rcpu[MAX_ROUNDS];
@@ -775,13 +780,15 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-r") && i + 1 < argc)
 			rounds = (int)bench_opt_u64("-r", argv[++i], 1, MAX_ROUNDS);
+		else if (!strcmp(argv[i], "-s") && i + 1 < argc)
+			only_size = (size_t)bench_opt_u64("-s", argv[++i], 4096, (uint64_t)4 << 20);
 		else
 			only = argv[i];
 	}
 	if (size != 2 || rounds < 1 || rounds > MAX_ROUNDS) {
 		if (rank == 0)
 			fprintf(stderr,
-				"usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] "
+				"usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [-s BYTES] "
 				"[link|link1|latency|bubble|mlp]\n",
 				MAX_ROUNDS);
 		mbp_mpi_finalize();

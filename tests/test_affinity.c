@@ -206,6 +206,38 @@ START_TEST(placement_plan_follows_threads_names_and_cpu_list)
 }
 END_TEST
 
+/* One stage on its CPU: its waits spin (it has the CPU alone), but not where the plan is a rank's part of
+ * its node (a run across ranks): there the communication thread, which makes the MPI copies, is the
+ * other busy thread on that CPU, and a stage thread spinning between micro-batches takes its slice. */
+START_TEST(a_rank_of_a_run_across_ranks_counts_its_communication_thread_and_does_not_spin_on_one_cpu)
+{
+	int allowed[MBP_MAX_CPUS];
+	unsigned quota = 0;
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota);
+	ck_assert_int_ge(n, 1);
+	int none[1] = {-1};
+	struct mbp__placement_plan pl;
+	struct mbp__placement_req rq = {.nstages = 1, .named = none, .ncpus = 1, .cpus = allowed};
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
+	ck_assert_uint_eq(pl.nthreads, 1);
+	ck_assert(!pl.oversubscribed);
+	/* the same stage as rank 0's part of a node whose ranks split the CPUs one each */
+	rq = (struct mbp__placement_req){.nstages = 1, .named = none, .node_k = 0, .node_m = (unsigned)n};
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
+	ck_assert_uint_eq(pl.nthreads, 1);
+	ck_assert(pl.oversubscribed);
+	/* a rank alone on its node with more CPUs than its stage and the communication thread: it spins */
+	if (n >= 2 && (quota == 0 || quota >= 2)) {
+		rq.node_m = 1;
+		ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+		unplan(&pl);
+		ck_assert(!pl.oversubscribed);
+	}
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("affinity");
@@ -216,6 +248,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_failed_pin_is_reported_and_holds_no_cpu);
 	tcase_add_test(tc, a_cgroup_quota_sets_the_default_thread_count);
 	tcase_add_test(tc, placement_plan_follows_threads_names_and_cpu_list);
+	tcase_add_test(
+	    tc, a_rank_of_a_run_across_ranks_counts_its_communication_thread_and_does_not_spin_on_one_cpu);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -45,6 +45,7 @@ struct tstage {
 	unsigned g; /* global stage index */
 	bool widen; /* the very last stage: adds the fifth word */
 	unsigned delay_us;
+	bool gated;		     /* waits while gate_closed (rank 0's first stage, when cfg.gate0) */
 	unsigned fail_mod, fail_rem; /* fail a micro-batch whose first row's sequence % mod == rem */
 	uint64_t last[MAX_PRODUCERS];
 	bool seen[MAX_PRODUCERS];
@@ -52,6 +53,7 @@ struct tstage {
 };
 
 static struct tstage st[STAGES_PER_RANK];
+static _Atomic bool gate_closed;
 
 static uint64_t fold(uint64_t check, unsigned g)
 {
@@ -62,6 +64,8 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
 	struct tstage *s = ctx;
 	atomic_fetch_add(&s->calls, 1);
+	while (s->gated && atomic_load(&gate_closed))
+		usleep(100);
 	if (s->delay_us)
 		usleep(s->delay_us);
 	const uint64_t *src = in->data;
@@ -100,7 +104,8 @@ struct cfg {
 	uint32_t mb_buffers;
 	size_t in_bytes_rank1; /* 0: the right width */
 	bool no_stages_rank1;
-	bool pin; /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
+	bool pin;   /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
+	bool gate0; /* the first stage waits while gate_closed */
 	mbp_result_fn on_result;
 	void *on_result_arg;
 };
@@ -136,6 +141,7 @@ static int make(mbp_mpi **mp, const struct cfg *c)
 		s->g = (unsigned)rank * STAGES_PER_RANK + i;
 		s->widen = rank == size - 1 && i == STAGES_PER_RANK - 1;
 		s->delay_us = c->delay_us[s->g];
+		s->gated = c->gate0 && s->g == 0;
 		if (c->fail_mod && c->fail_stage == s->g) {
 			s->fail_mod = c->fail_mod;
 			s->fail_rem = c->fail_rem;
@@ -425,6 +431,39 @@ START_TEST(single_micro_batches_return_in_submission_order_with_their_tags)
 	for (uint64_t k = 0; k < N; k++)
 		ck_assert_int_eq(submit_single(mp, k, (uint32_t)(k % 16) + 1, -1), 0);
 	singles_end(mp, &res, N, N / 10);
+}
+END_TEST
+
+/* A rank holds at most two windows and one micro-batch a local stage, also where mb_buffers allows more
+ * (those beyond would only wait for the link): with rank 0's first stage held, single micro-batches are
+ * accepted until rank 0's carriers are taken, then refused at once; once the stage goes on, every
+ * accepted one comes back intact. */
+START_TEST(a_rank_holds_at_most_two_windows_and_a_micro_batch_a_stage)
+{
+	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct cfg c = {.window = 2, .inflight = 64, .mb_buffers = 64, .gate0 = true};
+	atomic_store(&gate_closed, true);
+	mbp_mpi *mp = singles_start(&res, false, &c);
+	if (!mp)
+		return;
+	uint64_t n = 0;
+	int rc = 0;
+	while (rc == 0 && n < 64) {
+		mbp_mb *mb;
+		ck_assert_int_eq(mbp_mpi_mb_acquire(mp, &mb, -1), 0);
+		fill_rows(mb->data, 3, n * 16, 1);
+		mb->rows = 1;
+		mb->seq = n;
+		mb->user = (void *)(uintptr_t)(n * 7);
+		if ((rc = mbp_mpi_mb_submit(mp, mb, 0)) == 0)
+			n++;
+		else
+			mbp_mpi_mb_release(mp, mb);
+	}
+	ck_assert_int_eq(rc, -EAGAIN);
+	ck_assert_uint_eq(n, 2 * 2 + STAGES_PER_RANK);
+	atomic_store(&gate_closed, false);
+	singles_end(mp, &res, n, 0);
 }
 END_TEST
 
@@ -1047,6 +1086,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, single_micro_batches_return_in_submission_order_with_their_tags);
 	tcase_add_test(tc, a_result_back_before_its_submitter_resumes_is_delivered_once_in_order);
 	tcase_add_test(tc, a_result_released_without_a_handle_goes_back_to_its_run);
+	tcase_add_test(tc, a_rank_holds_at_most_two_windows_and_a_micro_batch_a_stage);
 	tcase_add_test(tc, one_stage_per_rank_reads_each_micro_batch_in_place_as_a_local_job);
 	tcase_add_test(tc, a_stage_error_on_rank_0_fails_only_its_micro_batches);
 	tcase_add_test(tc, a_stage_error_on_the_last_rank_fails_only_its_micro_batches);

@@ -196,7 +196,9 @@ typedef struct mbp_opts {
  * equal parts of the CPU list, as if they were all the CPUs it may use (the default thread count counts
  * them; a cgroup quota is split m ways too). With fewer CPUs than ranks, consecutive ranks share one CPU:
  * `sharing` counts each other rank there as one, and their waits do not spin (each waits for the other).
- * Ranks that mpirun bound to CPUs of their own keep them; other pipelines of the process are not confined.
+ * A rank's communication thread, which makes its MPI copies, counts as one more of its threads: a rank
+ * whose stage threads fill its part of the CPUs does not spin in their waits either. Ranks that mpirun
+ * bound to CPUs of their own keep them; other pipelines of the process are not confined.
  */
 
 /** Fill `o` with the defaults documented above (what a zeroed struct means; in_row_bytes 0: the caller

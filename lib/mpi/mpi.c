@@ -13,9 +13,10 @@
  * second pass over every byte, which halved the one-stage hop). A caller's micro-batch that carries
  * something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with mbp_mb_submit() instead and
  * is sent from its own buffer. A carrier holds a micro-batch's header and buffers from its submission
- * until its send is done; their number (opts.mb_buffers) bounds what a rank holds. On ranks > 0 the loop
- * gets and gives back every buffer of the link's pool, through a cache of its own (an arrival's buffer is
- * the next receive's, as the pool's LIFO keeps it hot).
+ * until its send is done; their number (opts.mb_buffers, at most two windows and one a local stage)
+ * bounds what a rank holds. On ranks > 0 the loop gets and gives back every buffer of the link's pool,
+ * through a cache of its own (an arrival's buffer is the next receive's, as the pool's LIFO keeps it
+ * hot).
  *
  * Rank 0's table holds every accepted micro-batch until it retires, indexed by its global sequence number
  * modulo opts.inflight: reserved by a submitter, in flight once submitted locally, done when its result
@@ -82,12 +83,13 @@ struct mbp_mpi {
 	/* under r.lock: */
 	bool stop_accepting, closing;
 	struct carrier *free_c, *qhead, **qtail;
-	_Atomic uint32_t qn; /* the queue's length (written under the lock, read by the loop) */
+	uint32_t nfree_c, wake_c; /* carriers free; how many make a submitter waiting for one worth a wake */
+	_Atomic uint32_t qn;	  /* the queue's length (written under the lock, read by the loop) */
 	struct tent *tab;
 	uint32_t tcap;
 	uint64_t next_seq, next_retire;
 	bool retiring, retire_again;
-	unsigned reserving; /* submitters waiting in reserve() */
+	unsigned reserving, wait_entry; /* submitters waiting in reserve(): for a carrier, for an entry */
 	uint64_t next_job_id;
 	mbp_mpi_stats st; /* rank 0's counters; rank[] and reported: the ranks' reports as they came in */
 
@@ -114,10 +116,11 @@ static void give_back(mbp_mpi *mp, mbp_mb *mb, mbp_pool_cache *cache)
 	}
 }
 
-/* A carrier done with: back to the free list, a submitter waiting for one told (only then: the condition
- * serves every wait of the run, and a wake-up per send would be a context switch); then, unlocked, its
- * buffers (`cache` as above). In that order: a submitter that waits for a buffer, woken by its return,
- * then finds a carrier, and the lock free. */
+/* A carrier done with: back to the free list, a submitter waiting for one told once a quarter of them
+ * are free (the condition serves every wait of the run, and a wake-up per send is a context switch on
+ * each side: a submitter that waits for carriers has a quarter of them in flight to wait for, and then
+ * submits a quarter in a row); then, unlocked, its buffers (`cache` as above). In that order: a
+ * submitter that waits for a buffer, woken by its return, then finds a carrier, and the lock free. */
 static void carrier_free(mbp_mpi *mp, struct carrier *c, mbp_pool_cache *cache)
 {
 	mbp_mb *out = c->out, *in = c->in;
@@ -125,7 +128,7 @@ static void carrier_free(mbp_mpi *mp, struct carrier *c, mbp_pool_cache *cache)
 	pthread_mutex_lock(&mp->r.lock);
 	c->next = mp->free_c;
 	mp->free_c = c;
-	if (mp->reserving)
+	if (++mp->nfree_c >= mp->wake_c && mp->reserving)
 		pthread_cond_broadcast(&mp->r.cond);
 	pthread_mutex_unlock(&mp->r.lock);
 	give_back(mp, out, cache);
@@ -278,7 +281,12 @@ const char *mbp_mpi_error(const mbp_mpi *mp)
 static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
+	/* Carriers: mb_buffers at most, and no more than two windows and one a local stage: those beyond
+	 * would only wait for the link, each holding a buffer, and cycle more buffers through the caches
+	 * (the one-stage hop at 256 KiB: 64 carriers, 65 buffers of rank 0 and 144 of rank 1 in turn) */
 	uint32_t W = r->mo.window, nc = mp->lo.mb_buffers;
+	if (nc > 2 * W + r->nstages)
+		nc = 2 * W + r->nstages;
 	size_t rb = mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb;
 	mp->mb_pool = mbp__pipeline_mb_pool(mp->p);
 	if (!(mp->carriers = calloc(nc, sizeof(*mp->carriers))))
@@ -287,6 +295,8 @@ static int alloc_run(mbp_mpi *mp)
 		mp->carriers[i].next = mp->free_c;
 		mp->free_c = &mp->carriers[i];
 	}
+	mp->nfree_c = nc;
+	mp->wake_c = nc / 4 ? nc / 4 : 1;
 	int rc = mbp_pool_new(&mp->pool, &(mbp_pool_opts){.buf_bytes = rb * mp->max_rows,
 							  .max_buffers = 2 * nc + W,
 							  .max_bytes = mp->lo.pool_bytes});
@@ -386,7 +396,9 @@ static void retire(mbp_mpi *mp)
 		}
 		if (n == 0 && !mp->retire_again)
 			break;
-		pthread_cond_broadcast(&mp->r.cond);
+		/* those that wait for retired entries: a submitter for its entry, a drain for the last one */
+		if (mp->wait_entry || mp->next_retire == mp->next_seq)
+			pthread_cond_broadcast(&mp->r.cond);
 		pthread_mutex_unlock(&mp->r.lock);
 		for (unsigned i = 0; i < n; i++) {
 			struct tent *t = &batch[i];
@@ -424,7 +436,8 @@ static int reserve(mbp_mpi *mp, bool first, int64_t timeout_ns, uint64_t *seq, s
 	int rc = 0;
 	if (first)
 		pthread_mutex_lock(&mp->r.lock);
-	while (rc == 0) {
+	/* `late`: the wait timed out; one more look (a carrier's wake waits for a quarter of them) */
+	for (bool late = false; rc == 0;) {
 		struct tent *t = mp->tab ? &mp->tab[mp->next_seq % mp->tcap] : NULL;
 		if (mp->r.state != MBP__RUN_RUNNING)
 			rc = mp->r.state == MBP__RUN_NEW ? -ENOTCONN : -ESHUTDOWN;
@@ -436,14 +449,16 @@ static int reserve(mbp_mpi *mp, bool first, int64_t timeout_ns, uint64_t *seq, s
 			t->seq = *seq;
 			*c = mp->free_c;
 			mp->free_c = (*c)->next;
+			mp->nfree_c--;
 			(*c)->h = (struct mbp__hdr){.seq = *seq, .tag = mbp__now_ns()};
 			return 0;
-		} else if (timeout_ns == 0) {
-			rc = -EAGAIN;
+		} else if (timeout_ns == 0 || late) {
+			rc = timeout_ns == 0 ? -EAGAIN : -ETIMEDOUT;
 		} else {
-			mp->reserving++;
-			rc = mbp__run_wait(&mp->r, dl) ? 0 : -ETIMEDOUT;
-			mp->reserving--;
+			unsigned *waiting = t->state != T_FREE ? &mp->wait_entry : &mp->reserving;
+			++*waiting;
+			late = !mbp__run_wait(&mp->r, dl);
+			--*waiting;
 		}
 	}
 	if (first)
@@ -686,8 +701,10 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 		return result_in(mp, h, mb);
 	pthread_mutex_lock(&r->lock);
 	struct carrier *c = mp->free_c;
-	if (c)
+	if (c) {
 		mp->free_c = c->next;
+		mp->nfree_c--;
+	}
 	pthread_mutex_unlock(&r->lock);
 	if (!c)
 		return MBP__KEEP; /* this rank holds all it may: no credit back until one leaves */
