@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,15 +65,30 @@ bool mbp__dense_cpu_ok(void)
 #endif
 }
 
+static char env_warning[160]; /* written once, under env_once; "" when MBP_KERNEL was fine or unset */
+
 static void read_env(void)
 {
 	const char *e = getenv("MBP_KERNEL");
-	int k = mbp__dense_cpu_ok() ? MBP_KERNEL_PACKED : MBP_KERNEL_BLAS;
+	const bool ok = mbp__dense_cpu_ok();
+	int k = ok ? MBP_KERNEL_PACKED : MBP_KERNEL_BLAS;
 	if (e && !strcmp(e, "blas"))
 		k = MBP_KERNEL_BLAS;
-	/* "packed" on a CPU without AVX2 and FMA: OpenBLAS, the only kernel that runs here */
+	else if (e && strcmp(e, "packed")) /* a typo ("BLAS", "openblas") would silently run the default */
+		snprintf(env_warning, sizeof(env_warning),
+			 "MBP_KERNEL='%.40s' is not a dense kernel (blas or packed): using %s", e,
+			 mbp_kernel_name((mbp_kernel)k));
+	else if (e && !ok) /* "packed" on a CPU without AVX2 and FMA: OpenBLAS, the only kernel that runs */
+		snprintf(env_warning, sizeof(env_warning),
+			 "MBP_KERNEL=packed needs AVX2 and FMA, which this CPU lacks: using blas");
 	/* relaxed: pthread_once orders this store before every reader's load */
 	atomic_store_explicit(&kernel_sel, k, memory_order_relaxed);
+}
+
+const char *mbp_kernel_warning(void)
+{
+	pthread_once(&env_once, read_env);
+	return env_warning[0] ? env_warning : NULL;
 }
 
 mbp_kernel mbp_kernel_get(void)
@@ -102,8 +118,10 @@ const char *mbp_kernel_name(mbp_kernel k)
 		return "blas";
 	case MBP_KERNEL_PACKED:
 		return "packed";
-	default:
+	case MBP_KERNEL_DEFAULT:
 		return "default";
+	default:
+		return "unknown";
 	}
 }
 
