@@ -550,7 +550,8 @@ typedef struct mbp_plan_profile {
 	const uint64_t *out_bytes;  /**< per layer: bytes per row of its output, kept too when a later layer
 				         of its stage reads it */
 	uint64_t state_bytes;	    /**< memory every plan has: counted once in each plan's peak (pipetrain:
-				         the parameters, their gradients and the optimizer's moments) */
+				         the parameters, their gradients, the optimizer's moments and the
+				         stages' packed or padded weight copy) */
 	uint32_t batch;		    /**< rows of a step (> 0); sizes above it are not planned */
 	double op_ns; /**< a fixed cost added to each stage's F and B (or B_in) of a micro-batch: what the
 		           trainer spends handing it on and waking the next thread (0: none; >= 0) */
