@@ -1479,6 +1479,38 @@ START_TEST(a_generic_openblas_kernel_is_warned_about_as_by_the_other_tools)
 }
 END_TEST
 
+/* The summary names the dense kernel beside OpenBLAS's line (JSON config.dense_kernel), the one MBP_KERNEL
+ * chose; an MBP_KERNEL that is not a kernel runs the default and is warned about on standard error. */
+START_TEST(the_summary_names_the_dense_kernel_and_an_unknown_mbp_kernel_is_warned_about)
+{
+	if (!have_data())
+		return;
+	__builtin_cpu_init();
+	const char *best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "packed" : "blas";
+	static const char *const drop[] = {"PIPETRAIN_FAULT=", "MBP_KERNEL=", NULL};
+	struct run r = tool_run(PIPETRAIN_BIN, drop, (const char *const[]){"MBP_KERNEL=openblas", NULL},
+				(const char *const[]){SMALL, "--epochs", "1", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	char want[64];
+	snprintf(want, sizeof want, "\ndense kernel: %s (", best);
+	ck_assert_msg(strstr(r.out, want), "no '%s' line: %s", want + 1, r.out);
+	ck_assert_msg(strstr(r.err, "pipetrain: warning: MBP_KERNEL='openblas' is not a dense kernel"),
+		      "no warning: %s", r.err);
+	run_free(&r);
+	r = tool_run(PIPETRAIN_BIN, drop, (const char *const[]){"MBP_KERNEL=blas", NULL},
+		     (const char *const[]){SMALL, "--epochs", "1", "--json", "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(r.err[0] == 0, "a warning for MBP_KERNEL=blas: %s", r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_msg(root, "not JSON: %s", r.out);
+	const cJSON *k = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "config"), "dense_kernel");
+	ck_assert(cJSON_IsString(k));
+	ck_assert_str_eq(k->valuestring, "blas");
+	cJSON_Delete(root);
+	run_free(&r);
+}
+END_TEST
+
 START_TEST(the_progress_line_shows_the_time_left)
 {
 	if (!have_data())
@@ -2191,6 +2223,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, the_summary_after_a_resume_counts_the_checkpoints_epochs_and_this_runs);
 	tcase_add_test(tc, weights_without_an_optimizer_state_start_a_fresh_optimizer_in_one_note);
 	tcase_add_test(tc, a_generic_openblas_kernel_is_warned_about_as_by_the_other_tools);
+	tcase_add_test(tc, the_summary_names_the_dense_kernel_and_an_unknown_mbp_kernel_is_warned_about);
 	tcase_add_test(tc, the_progress_line_shows_the_time_left);
 	tcase_add_test(tc, the_step_log_has_a_header_and_a_row_per_step_rising_by_one);
 	tcase_add_test(tc, the_plot_is_an_svg_document_with_a_polyline_per_curve_inside_its_panel);
