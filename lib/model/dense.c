@@ -358,8 +358,9 @@ static void pack_rows(size_t mc, size_t kc, const float *x, size_t ldx, float *a
 	}
 }
 
-/* Each thread's buffer for the packed rows (MC x KC floats), allocated at its first product and freed when
- * the thread exits: nothing is allocated per product. A thread that cannot have one (out of memory, or
+/* Each thread's buffer for the packed rows (MC x KC floats), allocated by mbp__dense_thread_init (a stage's
+ * init, on its thread) or else at the thread's first product, and freed when the thread exits: nothing is
+ * allocated per product. A thread that cannot have one (out of memory, or
  * no key slot to free it by at exit) records that once and runs every product without it. */
 static pthread_key_t rows_key;
 static pthread_once_t rows_once = PTHREAD_ONCE_INIT;
@@ -392,6 +393,12 @@ static float *thread_rows_buf(void)
 	}
 	rows_failed = !p; /* no retry on every product: the fallback below allocates nothing */
 	return rows_buf = p;
+}
+
+void mbp__dense_thread_init(void)
+{
+	if (mbp_kernel_get() == MBP_KERNEL_PACKED)
+		(void)thread_rows_buf(); /* without it (out of memory), the products' fallback */
 }
 
 __attribute__((target("avx2,fma"))) static void dense_avx2(uint32_t in, uint32_t out,
@@ -435,6 +442,10 @@ __attribute__((target("avx2,fma"))) static void dense_avx2(uint32_t in, uint32_t
 			}
 		}
 	}
+}
+#else
+void mbp__dense_thread_init(void)
+{
 }
 #endif
 

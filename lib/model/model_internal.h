@@ -179,6 +179,10 @@ void mbp__dense_pack_update(uint32_t in, uint32_t out, float *dst, bool bias, si
 void mbp__dense_pack_rows(uint32_t in, uint32_t out, const float *w, size_t r0, size_t r1, float *dst);
 void mbp__dense_packed(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		       uint32_t rows, bool relu);
+/* On a thread about to compute (a stage's init): allocate its buffer for the packed kernel's rows now
+ * rather than in its first product, when objects made now get that kernel. Best effort: a thread
+ * without one computes without it. */
+void mbp__dense_thread_init(void);
 /* Pack every layer of v when the kernel in use is the packed one (v->packed, each lw[i].wp): the version
  * then runs on it for its life, and on OpenBLAS otherwise.
  * @return 0, -ENOMEM (v unchanged). */
