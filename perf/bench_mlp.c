@@ -340,9 +340,9 @@ static uint32_t calibrate(mbp_pipeline *p, const float *x, float *const *y, uint
 }
 
 /* One measurement of peer k: seconds for its batches; *batches says how many. */
-static double measure(struct conf *c, mbp_model *m, mbp_pipeline *p, mbp_pipeline *pb, struct point *pt, int k,
-		      const float *x, float *const *y, float *ref, unsigned iters, unsigned iters_stream,
-		      unsigned *batches)
+static double measure(struct conf *c, mbp_model *m, mbp_pipeline *p, mbp_pipeline *pb, struct point *pt,
+		      int k, const float *x, float *const *y, float *ref, unsigned iters,
+		      unsigned iters_stream, unsigned *batches)
 {
 	const uint32_t B = pt->B;
 	*batches = k == P_STREAM || k == P_DP ? iters_stream : iters;

@@ -312,8 +312,7 @@ static void kernel_env_child(const char *value, mbp_kernel want, const char *war
 		else
 			unsetenv("MBP_KERNEL");
 		const char *w = mbp_kernel_warning();
-		bool ok = mbp_kernel_get() == want &&
-			  (warning_has ? w && strstr(w, warning_has) : w == NULL);
+		bool ok = mbp_kernel_get() == want && (warning_has ? w && strstr(w, warning_has) : w == NULL);
 		_exit(ok ? 0 : 1);
 	}
 	int st;

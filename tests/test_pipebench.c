@@ -456,10 +456,11 @@ END_TEST
 START_TEST(mlp_report_names_the_dense_kernel_and_warns_of_an_unknown_mbp_kernel)
 {
 	__builtin_cpu_init();
-	const char *best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "packed" : "blas";
-	const char *args[] = {"--layers=2",  "--hidden=32",	"--stages=2",	   "--batch=16", "--mb=4",
-			      "--batches=2", "--warmup=1", "--tolerance=0", "--wait-quiet=0", NULL,
-			      NULL};
+	const char *best =
+	    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "packed" : "blas";
+	const char *args[] = {"--layers=2",	"--hidden=32", "--stages=2", "--batch=16",
+			      "--mb=4",		"--batches=2", "--warmup=1", "--tolerance=0",
+			      "--wait-quiet=0", NULL,	       NULL};
 	struct run r = run_env((const char *const[]){"MBP_KERNEL=BLAS", NULL}, args);
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	char want[64];

@@ -1486,7 +1486,8 @@ START_TEST(the_summary_names_the_dense_kernel_and_an_unknown_mbp_kernel_is_warne
 	if (!have_data())
 		return;
 	__builtin_cpu_init();
-	const char *best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "packed" : "blas";
+	const char *best =
+	    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "packed" : "blas";
 	static const char *const drop[] = {"PIPETRAIN_FAULT=", "MBP_KERNEL=", NULL};
 	struct run r = tool_run(PIPETRAIN_BIN, drop, (const char *const[]){"MBP_KERNEL=openblas", NULL},
 				(const char *const[]){SMALL, "--epochs", "1", NULL});

@@ -212,7 +212,8 @@ __attribute__((target("avx2,fma"))) static void pack_rows8(uint32_t in, const fl
 void mbp__dense_pack_rows(uint32_t in, uint32_t out, const float *w, size_t r0, size_t r1, float *dst)
 {
 	(void)out;
-	MBP_ASSERT(mbp__dense_cpu_ok()); /* pack_rows8's AVX2; callers hold a packed copy only where it runs */
+	/* pack_rows8's AVX2: callers hold a packed copy only where the packed kernel runs */
+	MBP_ASSERT(mbp__dense_cpu_ok());
 	size_t r = r0;
 #ifdef DENSE_X86
 	for (; r < r1 && r % 8; r++)
