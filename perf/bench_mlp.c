@@ -21,9 +21,10 @@
  *             blas1x2), summed and turned into samples/s: what S stages would reach with no hand-off, no
  *             bias, no activation and no fill or drain. Each peer's fraction of it is its GFLOP/s over
  *             roof2's (str/roof, mt/roof; with -v every peer's)
- *   str-blas  pipe-str with the dense layers on OpenBLAS (mbp_kernel_set(MBP_KERNEL_BLAS) for the
- *             measurement), when the default kernel is the packed one: the two kernels alternated in
- *             one run (str/sb is pipe-str over it)
+ *   str-blas  pipe-str with the dense layers on OpenBLAS (the same weights loaded a second time under
+ *             mbp_kernel_set(MBP_KERNEL_BLAS): a version keeps the kernel it was loaded under, and a
+ *             pipeline of its own), when the default kernel is the packed one: the two kernels
+ *             alternated in one run (str/sb is pipe-str over it)
  *   roof2pk   roof2 with the library's packed kernel over packed weights (bench_roofline's packed1x2):
  *             the 2-core limit of the packed kernel (str/rpk is pipe-str's fraction of it)
  *
@@ -92,6 +93,7 @@ struct conf {
 	bool run[NPEERS]; /* -k: the peers measured */
 	double row_flops; /* of one row through every layer */
 	struct blas_net net;
+	mbp_model *m_blas; /* str-blas: the model loaded again under OpenBLAS (NULL without str-blas) */
 };
 
 static double now_s(void)
@@ -338,8 +340,9 @@ static uint32_t calibrate(mbp_pipeline *p, const float *x, float *const *y, uint
 }
 
 /* One measurement of peer k: seconds for its batches; *batches says how many. */
-static double measure(struct conf *c, mbp_model *m, mbp_pipeline *p, struct point *pt, int k, const float *x,
-		      float *const *y, float *ref, unsigned iters, unsigned iters_stream, unsigned *batches)
+static double measure(struct conf *c, mbp_model *m, mbp_pipeline *p, mbp_pipeline *pb, struct point *pt,
+		      int k, const float *x, float *const *y, float *ref, unsigned iters,
+		      unsigned iters_stream, unsigned *batches)
 {
 	const uint32_t B = pt->B;
 	*batches = k == P_STREAM || k == P_DP ? iters_stream : iters;
@@ -354,14 +357,8 @@ static double measure(struct conf *c, mbp_model *m, mbp_pipeline *p, struct poin
 		return run_stream(p, x, y, B, pt->m_stream, iters_stream);
 	case P_DP:
 		return run_dp(c, m, x, y, B, iters_stream);
-	case P_STRB: {
-		const mbp_kernel was = mbp_kernel_get();
-		mbp_kernel_set(MBP_KERNEL_BLAS); /* the stages are idle: every layer of the run on OpenBLAS */
-		double t = run_stream(p, x, y, B, pt->m_stream, iters_stream);
-		mbp_kernel_set(was);
-		*batches = iters_stream;
-		return t;
-	}
+	case P_STRB: /* the OpenBLAS model's pipeline, at pipe-str's micro-batch */
+		return run_stream(pb, x, y, B, pt->m_stream, iters_stream);
 	default: { /* roof2(pk): the rate of the products alone, as the seconds `iters` batches would take */
 		const unsigned share = c->layers / (unsigned)c->ncpus ? c->layers / (unsigned)c->ncpus : 1;
 		double gflops = bench_pinned_rate_k(BENCH_FWD, k == P_ROOFP, B, c->hidden, c->hidden, c->cpus,
@@ -385,8 +382,11 @@ static bool run_point(struct conf *c, mbp_model *m, struct point *pt)
 		s = s * 6364136223846793005u + 1442695040888963407u;
 		x[i] = (float)((double)(s >> 40) / (double)(1u << 23) - 1.0);
 	}
-	mbp_model_stages *st;
-	mbp_pipeline *p = make_pipeline(c, m, B, &st, &pt->plan);
+	mbp_model_stages *st, *stb = NULL;
+	mbp_pipeline *p = make_pipeline(c, m, B, &st, &pt->plan), *pb = NULL;
+	mbp_model_plan plan_b;
+	if (c->run[P_STRB]) /* idle while the others run: its workers park after their spin */
+		pb = make_pipeline(c, c->m_blas, B, &stb, &plan_b);
 	if (c->force_mb) {
 		pt->m_one = pt->m_stream = c->force_mb < B ? c->force_mb : B;
 	} else {
@@ -397,21 +397,19 @@ static bool run_point(struct conf *c, mbp_model *m, struct point *pt)
 	/* invariants: bit for bit against the reference at the same micro-batch size; OpenBLAS within 1e-4 */
 	bool ok = true;
 	uint32_t ms[2] = {pt->m_one, pt->m_stream};
-	const mbp_kernel kern = mbp_kernel_get();
-	for (int k = 0; k < (c->run[P_STRB] ? 4 : 2); k++) { /* then under OpenBLAS, for str-blas */
-		mbp_kernel_set(k < 2 ? kern : MBP_KERNEL_BLAS);
+	for (int k = 0; k < (c->run[P_STRB] ? 4 : 2); k++) { /* then the OpenBLAS model's, for str-blas */
+		mbp_model *mk = k < 2 ? m : c->m_blas;
 		openblas_set_num_threads(1);
-		mbp_model_forward(m, x, ref, B, ms[k % 2]);
-		run_pipe(p, x, y[0], B, ms[k % 2], 1);
+		mbp_model_forward(mk, x, ref, B, ms[k % 2]);
+		run_pipe(k < 2 ? p : pb, x, y[0], B, ms[k % 2], 1);
 		if (memcmp(ref, y[0], (size_t)B * out * sizeof(float))) {
 			fprintf(stderr,
 				"bench_mlp: INVARIANT: batch %u, micro-batch %u, %s kernel: pipeline != "
 				"reference\n",
-				B, ms[k % 2], mbp_kernel_name(mbp_kernel_get()));
+				B, ms[k % 2], k < 2 ? mbp_kernel_name(mbp_kernel_get()) : "blas");
 			ok = false;
 		}
 	}
-	mbp_kernel_set(kern);
 	mbp_model_forward(m, x, ref, B, ms[1]); /* the default kernel's, for the OpenBLAS peers' check */
 	for (int threads = 1; threads <= c->ncpus; threads += c->ncpus > 1 ? c->ncpus - 1 : 1) {
 		run_seq(&c->net, x, y[1], B, threads, 1);
@@ -441,17 +439,18 @@ static bool run_point(struct conf *c, mbp_model *m, struct point *pt)
 				continue;
 			mbp_pipeline_stats a;
 			mbp_stage_stats as[MBP_MAX_STAGES];
-			mbp_pipeline_stats_get(p, &a, as, MBP_MAX_STAGES);
+			mbp_pipeline *pk = k == P_STRB ? pb : p;
+			mbp_pipeline_stats_get(pk, &a, as, MBP_MAX_STAGES);
 			bench_others o = bench_others_start();
 			unsigned batches;
-			double t = measure(c, m, p, pt, k, x, y, ref, iters, iters_stream, &batches);
+			double t = measure(c, m, p, pb, pt, k, x, y, ref, iters, iters_stream, &batches);
 			pt->sps[k][r] = (double)batches * B / t;
 			if (k == P_ROOF ||
 			    k == P_ROOFP) /* t is not its wall time: it warms its own weights */
 				continue;
 			pt->others[samples++] = bench_others_cpus(o);
 			if (k == P_PIPE || k == P_STREAM || k == P_STRB)
-				stats_line(p, &a, as, pt->stats[k], sizeof(pt->stats[k]));
+				stats_line(pk, &a, as, pt->stats[k], sizeof(pt->stats[k]));
 		}
 	}
 	pt->window_s[1] = now_s();
@@ -460,10 +459,14 @@ static bool run_point(struct conf *c, mbp_model *m, struct point *pt)
 	pt->others_med = bench_median(pt->others, samples);
 	openblas_set_num_threads(1);
 	int rc = mbp_pipeline_drain(p, -1);
+	if (!rc && pb)
+		rc = mbp_pipeline_drain(pb, -1);
 	if (rc)
 		die("drain", rc);
 	mbp_pipeline_destroy(p);
 	mbp_model_stages_destroy(st);
+	mbp_pipeline_destroy(pb);
+	mbp_model_stages_destroy(stb);
 	for (unsigned i = 0; i < WINDOW; i++)
 		free(y[i]);
 	free(x);
@@ -580,6 +583,12 @@ int main(int argc, char **argv)
 	mbp_model *m = NULL;
 	if (!rc)
 		rc = mbp_model_load(&m, path, NULL);
+	if (!rc && c.run[P_STRB]) { /* the same weights again, loaded under OpenBLAS: the str-blas peer's */
+		const mbp_kernel kern = mbp_kernel_get();
+		mbp_kernel_set(MBP_KERNEL_BLAS);
+		rc = mbp_model_load(&c.m_blas, path, NULL);
+		mbp_kernel_set(kern);
+	}
 	unlink(path);
 	rmdir(dir);
 	if (rc)
@@ -689,6 +698,7 @@ int main(int argc, char **argv)
 	printf(" targets_met=%u/%u\n", met, targets);
 	free(pts);
 	blas_net_fini(&c.net);
+	mbp_model_destroy(c.m_blas);
 	mbp_model_destroy(m);
 	if (!ok) {
 		printf("bench_mlp: FAILED: an invariant broke\n");

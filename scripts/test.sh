@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build and run every test: install what is missing, build with -Werror, `make check`, `make check-mpi`,
+# Build and run every test: install what is missing, build with -Werror, `make check`, the model suites
+# again with MBP_KERNEL=blas, `make check-mpi`,
 # then check the installed library as a user meets it (every example compiled against a prefixed and a
 # DESTDIR install through pkg-config, and run: scripts/check-install.sh), and run every command of the
 # README (scripts/check-readme.sh).
@@ -19,6 +20,10 @@ default)
 	b="$top/build-check"
 	"$top/scripts/build.sh" "$b" --enable-werror
 	make -C "$b" -j"$(nproc)" check
+	# the suites that compute through the dense layers again on OpenBLAS (a few seconds): the default is
+	# the packed kernel on CPUs with AVX2 and FMA, and OpenBLAS's path must keep its coverage there
+	MBP_KERNEL=blas make -C "$b" -j"$(nproc)" check \
+		TESTS="tests/test_model tests/test_mlp tests/test_model_replicas"
 	# the pipeline across MPI ranks, under mpirun with 2 and 4 ranks (tests/mpi.sh)
 	make -C "$b" check-mpi
 	# the installed library: both .pc files after a prefixed and a DESTDIR install, and every example of

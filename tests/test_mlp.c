@@ -7,6 +7,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1768,14 +1769,30 @@ static void twins_forward(struct rig *a, struct rig *b, float out[2][TWIN_ROWS *
  * through the pointer is seen by the next forward. */
 START_TEST(padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place)
 {
+	/* the padded copy is OpenBLAS's: the packed kernel's models hold a packed copy instead */
+	const mbp_kernel was = mbp_kernel_get();
+	ck_assert_int_eq(mbp_kernel_set(MBP_KERNEL_BLAS), 0);
 	static const uint32_t w[] = {1024, 24, 1024, 5};
 	const unsigned cuts[] = {0, 2, 3};
 	mbp_optim_opts o = {.kind = MBP_OPTIM_ADAMW, .lr = 0.01f, .weight_decay = 0.1f};
 	struct rig a, b;
 	rig_init_widths(&a, w, 3, cuts, 2, 4, MBP_ACT_RELU, false, &o, 24);
 	rig_init_widths(&b, w, 3, cuts, 2, 4, MBP_ACT_RELU, false, &o, 24);
+	mbp_layer_info li;
+	for (unsigned i = 0; i < 3; i++) { /* layers 0 and 2: 1024 inputs, rows 4 KiB apart */
+		ck_assert(i == 1 ? !mbp__mlp_pad(a.n, i) : !!mbp__mlp_pad(a.n, i));
+		ck_assert_ptr_null(a.n->lwp[i].wp);
+		ck_assert_int_eq(mbp_mlp_layer_info(a.n, i, &li), 0);
+		ck_assert_uint_eq(li.packed_bytes, 0);
+		ck_assert_uint_eq(li.pad_bytes, i == 1 ? 0 : w[i + 1] * (1024 + 16) * sizeof(float));
+	}
 	for (unsigned i = 0; i < 3; i++)
 		ck_assert_ptr_nonnull(mbp_mlp_tensor(b.n, i, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL));
+	for (unsigned i = 0; i < 3; i++) { /* handed out: read in place, the copy still allocated */
+		ck_assert_ptr_null(mbp__mlp_pad(b.n, i));
+		ck_assert_int_eq(mbp_mlp_layer_info(b.n, i, &li), 0);
+		ck_assert_uint_eq(li.pad_bytes, i == 1 ? 0 : w[i + 1] * (1024 + 16) * sizeof(float));
+	}
 	for (unsigned t = 0; t < 3; t++) {
 		double la = rig_step(&a, 8 * t, 2, 4, 1.0f), lb = rig_step(&b, 8 * t, 2, 4, 1.0f);
 		ck_assert_msg(la == lb, "step %u: loss %.17g padded, %.17g in place", t, la, lb);
@@ -1797,6 +1814,53 @@ START_TEST(padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place)
 	ck_assert(!memcmp(out[0], ref, sizeof ref));
 	rig_fini(&a);
 	rig_fini(&b);
+	ck_assert_int_eq(mbp_kernel_set(was), 0);
+}
+END_TEST
+
+/* A trainable model keeps the kernel it was made with: after mbp_kernel_set switches to the other kernel,
+ * its inference and its stages' forward give the bits they gave before (a product reading the switch would
+ * give the other kernel's, as a model made after the switch shows). Both ways, where the CPU has both. */
+START_TEST(switching_the_kernel_leaves_a_trainable_model_made_before_on_its_own_bits)
+{
+	const mbp_kernel was = mbp_kernel_get();
+	if (mbp_kernel_set(MBP_KERNEL_PACKED) == -ENOTSUP)
+		return; /* one kernel only: nothing to switch to */
+	static const uint32_t w[] = {300, 70, 9};
+	enum { rows = 7 };
+	const mbp_optim_opts o = {.kind = MBP_OPTIM_SGD, .lr = 0.01f};
+	float *x = random_floats(rows * 300, 8), y0[rows * 9], y1[rows * 9], mid[rows * 70];
+	static const mbp_kernel ks[] = {MBP_KERNEL_PACKED, MBP_KERNEL_BLAS};
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(mbp_kernel_set(ks[k]), 0);
+		mbp_mlp *n = new_mlp(w, 2, MBP_ACT_RELU, false, 7, &o);
+		mbp_mlp_stage *st[2];
+		ck_assert_int_eq(mbp_mlp_stage_new(&st[0], n, 0, 1, rows), 0);
+		ck_assert_int_eq(mbp_mlp_stage_new(&st[1], n, 1, 2, rows), 0);
+		ck_assert_int_eq(mbp_mlp_forward(n, x, y0, rows, 0), 0);
+		ck_assert_int_eq(mbp_kernel_set(ks[1 - k]), 0);
+		ck_assert_int_eq(mbp_mlp_forward(n, x, y1, rows, 0), 0);
+		ck_assert_msg(!memcmp(y0, y1, sizeof y0), "made under %s: inference moved with the switch",
+			      mbp_kernel_name(ks[k]));
+		ck_assert_int_eq(mbp_mlp_stage_forward(st[0], x, mid, rows, NULL), 0);
+		ck_assert_int_eq(mbp_mlp_stage_forward(st[1], mid, y1, rows, NULL), 0);
+		ck_assert(!memcmp(y0, y1, sizeof y0));
+		/* a layer whose tensors are handed out stays on the model's kernel (packing as it goes) */
+		ck_assert_ptr_nonnull(mbp_mlp_tensor(n, 0, MBP_PART_WEIGHT, MBP_ARRAY_PARAM, NULL));
+		ck_assert_ptr_nonnull(mbp_mlp_tensor(n, 0, MBP_PART_BIAS, MBP_ARRAY_PARAM, NULL));
+		ck_assert_int_eq(mbp_mlp_forward(n, x, y1, rows, 0), 0);
+		ck_assert(!memcmp(y0, y1, sizeof y0));
+		/* the same model made under the other kernel: other bits, so the checks above could fail */
+		mbp_mlp *n2 = new_mlp(w, 2, MBP_ACT_RELU, false, 7, &o);
+		ck_assert_int_eq(mbp_mlp_forward(n2, x, y1, rows, 0), 0);
+		ck_assert(memcmp(y0, y1, sizeof y0) != 0);
+		mbp_mlp_destroy(n2);
+		mbp_mlp_stage_destroy(st[0]);
+		mbp_mlp_stage_destroy(st[1]);
+		mbp_mlp_destroy(n);
+	}
+	free(x);
+	ck_assert_int_eq(mbp_kernel_set(was), 0);
 }
 END_TEST
 
@@ -1839,8 +1903,16 @@ START_TEST(packed_copies_follow_every_update_and_train_to_the_bits_of_weights_pa
 		double la = rig_step(&a, 8 * (t % 3), 2, 4, 1.0f), lb = rig_step(&b, 8 * (t % 3), 2, 4, 1.0f);
 		ck_assert_msg(la == lb, "step %u: loss %.17g packed ahead, %.17g as they go", t, la, lb);
 	}
-	for (unsigned i = 0; i < 3; i++) /* (assert_same_array hands the tensors out: after it) */
+	for (unsigned i = 0; i < 3; i++) { /* (assert_same_array hands the tensors out: after it) */
 		ck_assert_ptr_nonnull(a.n->lwp[i].wp);
+		/* b's copies were handed out, still allocated, and counted as such */
+		mbp_layer_info la, lb;
+		ck_assert_int_eq(mbp_mlp_layer_info(a.n, i, &la), 0);
+		ck_assert_int_eq(mbp_mlp_layer_info(b.n, i, &lb), 0);
+		ck_assert_uint_eq(la.packed_bytes, (w[i + 1] + 15) / 16 * 16 * (w[i] + 1) * sizeof(float));
+		ck_assert_uint_eq(lb.packed_bytes, la.packed_bytes);
+		ck_assert_uint_eq(lb.pad_bytes, 0);
+	}
 	float out[2][TWIN_ROWS * 5];
 	twins_forward(&a, &b, out);
 	assert_same_array(a.n, b.n, MBP_ARRAY_PARAM);
@@ -2174,6 +2246,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, hand_over_is_refused_where_the_gradient_needs_the_previous_stash);
 	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);
 	tcase_add_test(tc, padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place);
+	tcase_add_test(tc, switching_the_kernel_leaves_a_trainable_model_made_before_on_its_own_bits);
 	tcase_add_test(tc,
 		       packed_copies_follow_every_update_and_train_to_the_bits_of_weights_packed_as_they_go);
 	tcase_add_test(tc, loss_values_and_gradients_match_hand_computed_ones);

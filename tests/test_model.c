@@ -18,6 +18,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -134,6 +135,7 @@ END_TEST
  * term dropped or counted twice is far outside it. */
 START_TEST(packed_kernel_matches_a_double_reference_at_odd_shapes_packed_ahead_or_not)
 {
+	const mbp_kernel was = mbp_kernel_get();
 	NEED_PACKED();
 	static const uint32_t ins[] = {1, 5, 17, 255, 256, 257, 600}, outs[] = {1, 7, 16, 17, 33, 100};
 	static const uint32_t rowss[] = {1, 2, 3, 4, 5, 6, 7, 13, 97, 200};
@@ -184,7 +186,7 @@ START_TEST(packed_kernel_matches_a_double_reference_at_odd_shapes_packed_ahead_o
 			free(b);
 			free(wp);
 		}
-	mbp_kernel_set(MBP_KERNEL_DEFAULT);
+	mbp_kernel_set(was);
 }
 END_TEST
 
@@ -194,6 +196,7 @@ END_TEST
  * 1024 (rows 4 KiB apart) and one wider than a 256-input block. */
 START_TEST(packed_rows_give_the_same_bytes_in_micro_batches_of_1_3_8_64_rows)
 {
+	const mbp_kernel was = mbp_kernel_get();
 	NEED_PACKED();
 	static const mbp_act acts[] = {MBP_ACT_RELU, MBP_ACT_GELU};
 	for (int a = 0; a < 2; a++) {
@@ -220,16 +223,17 @@ START_TEST(packed_rows_give_the_same_bytes_in_micro_batches_of_1_3_8_64_rows)
 		free(y);
 		mbp_model_destroy(m);
 	}
-	mbp_kernel_set(MBP_KERNEL_DEFAULT);
+	mbp_kernel_set(was);
 }
 END_TEST
 
 /* Each version holds its own packed copy: after a swap the products read the new version's weights (B's
  * bits, not A's), the old copy goes with its version, and the copy is counted in the layer's description;
- * a model loaded under OpenBLAS holds none and, once the packed kernel is chosen, gives the same bits
- * as one loaded under it (the kernel packs as it goes). */
+ * a version keeps its kernel when the switch moves: one loaded under the packed kernel gives its bits
+ * under blas, and one loaded under OpenBLAS holds no copy and gives OpenBLAS's bits under packed. */
 START_TEST(a_swap_brings_its_own_packed_copy_and_the_old_one_goes_with_its_version)
 {
+	const mbp_kernel was = mbp_kernel_get();
 	NEED_PACKED();
 	mbp_model_spec sp = {.layers = 3, .in = 40, .hidden = 70, .out = 9, .act = MBP_ACT_RELU, .seed = 1};
 	mbp_model *m = make_model(0, &sp);
@@ -251,23 +255,27 @@ START_TEST(a_swap_brings_its_own_packed_copy_and_the_old_one_goes_with_its_versi
 	ck_assert_int_eq(mbp_model_forward(m, x, y, rows, 2), 0);
 	ck_assert_mem_eq(y, rb, sizeof(rb));
 
-	/* loaded under OpenBLAS: no copy; the packed kernel then gives the packed model's bits */
+	/* loaded under OpenBLAS: no copy, and OpenBLAS's bits for the version's life; the version loaded
+	 * under the packed kernel keeps its own bits after the switch too */
 	ck_assert_int_eq(mbp_kernel_set(MBP_KERNEL_BLAS), 0);
 	ck_assert_int_eq(mbp_kernel_get(), MBP_KERNEL_BLAS);
+	ck_assert_int_eq(mbp_model_forward(m, x, y, rows, 0), 0);
+	ck_assert_mem_eq(y, rb, sizeof(rb));
 	mbp_model *u = reload(1);
 	ck_assert_int_eq(mbp_model_layer_info(u, 1, &li), 0);
 	ck_assert_uint_eq(li.packed_bytes, 0);
 	ck_assert_ptr_null(u->current->lw[0].wp);
-	ck_assert_int_eq(mbp_model_forward(u, x, y, rows, 0), 0);
+	float yb[5 * 9];
+	ck_assert_int_eq(mbp_model_forward(u, x, yb, rows, 0), 0);
 	for (uint32_t r = 0; r < rows; r++) /* OpenBLAS: other roundings, the same values */
-		ck_assert_double_lt(row_rel_err(y + r * 9, rb + r * 9, 9), 1e-5);
+		ck_assert_double_lt(row_rel_err(yb + r * 9, rb + r * 9, 9), 1e-5);
 	ck_assert_int_eq(mbp_kernel_set(MBP_KERNEL_PACKED), 0);
 	ck_assert_int_eq(mbp_model_forward(u, x, y, rows, 0), 0);
-	ck_assert_mem_eq(y, rb, sizeof(rb));
+	ck_assert_mem_eq(y, yb, sizeof(yb));
 	free(x);
 	mbp_model_destroy(u);
 	mbp_model_destroy(m);
-	mbp_kernel_set(MBP_KERNEL_DEFAULT);
+	mbp_kernel_set(was);
 }
 END_TEST
 
@@ -285,6 +293,43 @@ START_TEST(kernel_set_refuses_what_is_not_a_kernel_and_default_is_the_best_for_t
 	ck_assert_int_eq(mbp_kernel_get(), mbp__dense_cpu_ok() ? MBP_KERNEL_PACKED : MBP_KERNEL_BLAS);
 	ck_assert_str_eq(mbp_kernel_name(MBP_KERNEL_PACKED), "packed");
 	ck_assert_str_eq(mbp_kernel_name(MBP_KERNEL_BLAS), "blas");
+	ck_assert_str_eq(mbp_kernel_name(MBP_KERNEL_DEFAULT), "default");
+	ck_assert_str_eq(mbp_kernel_name((mbp_kernel)7), "unknown");
+	ck_assert_int_eq(mbp_kernel_set(before), 0);
+}
+END_TEST
+
+/* MBP_KERNEL is read once per process, so each value is tried in a child of its own: a value that is not
+ * a kernel runs the default and says so; blas and packed are taken without a word (packed only where the
+ * CPU runs it, and a warning where it does not); unset, nothing. */
+static void kernel_env_child(const char *value, mbp_kernel want, const char *warning_has)
+{
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		if (value)
+			setenv("MBP_KERNEL", value, 1);
+		else
+			unsetenv("MBP_KERNEL");
+		const char *w = mbp_kernel_warning();
+		bool ok = mbp_kernel_get() == want && (warning_has ? w && strstr(w, warning_has) : w == NULL);
+		_exit(ok ? 0 : 1);
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "MBP_KERNEL=%s: kernel or warning wrong",
+		      value ? value : "(unset)");
+}
+
+START_TEST(an_unknown_mbp_kernel_value_warns_and_runs_the_default)
+{
+	const mbp_kernel best = mbp__dense_cpu_ok() ? MBP_KERNEL_PACKED : MBP_KERNEL_BLAS;
+	kernel_env_child("BLAS", best, "MBP_KERNEL='BLAS' is not a dense kernel");
+	kernel_env_child("openblas", best, "'openblas'");
+	kernel_env_child("", best, "is not a dense kernel");
+	kernel_env_child("blas", MBP_KERNEL_BLAS, NULL);
+	kernel_env_child("packed", best, mbp__dense_cpu_ok() ? NULL : "needs AVX2 and FMA");
+	kernel_env_child(NULL, best, NULL);
 }
 END_TEST
 
@@ -1991,6 +2036,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, packed_rows_give_the_same_bytes_in_micro_batches_of_1_3_8_64_rows);
 	tcase_add_test(tc, a_swap_brings_its_own_packed_copy_and_the_old_one_goes_with_its_version);
 	tcase_add_test(tc, kernel_set_refuses_what_is_not_a_kernel_and_default_is_the_best_for_the_cpu);
+	tcase_add_test(tc, an_unknown_mbp_kernel_value_warns_and_runs_the_default);
 	tcase_add_test(tc, relu_writes_the_scalar_bits_at_every_length_and_offset);
 	tcase_add_test(tc, relu_grad_writes_the_scalar_bits_at_every_length_and_offset_in_place_or_not);
 	tcase_add_test(tc, random_model_files_are_deterministic_per_seed);

@@ -285,6 +285,7 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 	field(wl, "description", cJSON_String);
 	field(wl, "blas", cJSON_String | cJSON_NULL);
 	field(wl, "blas_warning", cJSON_String | cJSON_NULL);
+	field(wl, "dense_kernel", cJSON_String | cJSON_NULL);
 	cJSON *cfg = field(doc, "config", cJSON_Object);
 	ck_assert_int_eq((int)num(cfg, "stages"), (int)stages);
 	num(cfg, "batch");
@@ -445,6 +446,37 @@ START_TEST(mlp_json_parses_and_names_the_blas_kernel)
 	ck_assert(cJSON_IsString(blas) && strstr(blas->valuestring, "OpenBLAS"));
 	/* what the stages use, not the process's thread count when it was asked */
 	ck_assert_msg(strstr(blas->valuestring, "; stages use 1 BLAS thread each"), "%s", blas->valuestring);
+	cJSON_Delete(doc);
+	run_free(&r);
+}
+END_TEST
+
+/* The mlp report names the dense kernel beside OpenBLAS's line (JSON workload.dense_kernel): the one
+ * MBP_KERNEL chose; an MBP_KERNEL that is not a kernel runs the default and says so in a warning line. */
+START_TEST(mlp_report_names_the_dense_kernel_and_warns_of_an_unknown_mbp_kernel)
+{
+	__builtin_cpu_init();
+	const char *best =
+	    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "packed" : "blas";
+	const char *args[] = {"--layers=2",	"--hidden=32", "--stages=2", "--batch=16",
+			      "--mb=4",		"--batches=2", "--warmup=1", "--tolerance=0",
+			      "--wait-quiet=0", NULL,	       NULL};
+	struct run r = run_env((const char *const[]){"MBP_KERNEL=BLAS", NULL}, args);
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	char want[64];
+	snprintf(want, sizeof want, "\ndense kernel: %s (", best);
+	ck_assert_msg(strstr(r.out, want), "no '%s' line: %s", want + 1, r.out);
+	ck_assert_msg(strstr(r.out, "\nwarning: MBP_KERNEL='BLAS' is not a dense kernel (blas or packed)"),
+		      "no warning: %s", r.out);
+	run_free(&r);
+	args[9] = "--json";
+	r = run_env((const char *const[]){"MBP_KERNEL=blas", NULL}, args);
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	cJSON *doc = cJSON_Parse(r.out);
+	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+	cJSON *k = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "workload"), "dense_kernel");
+	ck_assert(cJSON_IsString(k));
+	ck_assert_str_eq(k->valuestring, "blas");
 	cJSON_Delete(doc);
 	run_free(&r);
 }
@@ -2380,6 +2412,7 @@ static Suite *suite(void)
 	tcase_set_timeout(out, 60);
 	tcase_add_test(out, synthetic_json_parses_with_documented_fields);
 	tcase_add_test(out, mlp_json_parses_and_names_the_blas_kernel);
+	tcase_add_test(out, mlp_report_names_the_dense_kernel_and_warns_of_an_unknown_mbp_kernel);
 	tcase_add_test(out, rebalance_runs_the_mlp_with_its_checks);
 	tcase_add_test(out, rebalance_with_replicas_moves_the_cuts_and_keeps_the_replicas);
 	tcase_add_test(out, counts_of_one_are_singular);

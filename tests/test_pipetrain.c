@@ -593,6 +593,37 @@ START_TEST(a_budget_no_plan_fits_is_refused_with_exit_2_and_the_smallest_budget_
 }
 END_TEST
 
+/* The plan's state counts what the model allocates beside its parameters, gradients and moments: under
+ * the packed kernel the packed copy of every layer's weights and bias (784-48-24-10: 48 x 785 + 32 x 49 +
+ * 16 x 25 floats), under OpenBLAS nothing more (no layer has a multiple of 1024 inputs to pad). */
+START_TEST(the_plans_state_counts_the_packed_weight_copy_the_model_allocates)
+{
+	if (!have_data())
+		return;
+	__builtin_cpu_init();
+	const bool packed = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+	static const char *const drop[] = {"PIPETRAIN_FAULT=", "MBP_KERNEL=", NULL};
+	static const char *const kernels[2][2] = {{"MBP_KERNEL=blas", NULL}, {"MBP_KERNEL=packed", NULL}};
+	double state[2];
+	for (int k = 0; k < 2; k++) {
+		struct run r = tool_run(PIPETRAIN_BIN, drop, kernels[k],
+					(const char *const[]){PLANNED, "--plan-only", "--json", NULL});
+		ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+		cJSON *root = cJSON_Parse(r.out);
+		ck_assert_msg(root, "not JSON: %s", r.out);
+		state[k] = num(plan_of(root), "state_bytes");
+		cJSON_Delete(root);
+		run_free(&r);
+	}
+	const double params = (784 * 48 + 48 + 48 * 24 + 24 + 24 * 10 + 10) * 4.0;
+	const double copy = (48 * 785 + 32 * 49 + 16 * 25) * 4.0;
+	ck_assert_msg(state[0] == 2 * params || state[0] == 3 * params || state[0] == 4 * params,
+		      "blas: %.0f bytes for %.0f of parameters", state[0], params);
+	ck_assert_msg(state[1] == state[0] + (packed ? copy : 0), "packed: %.0f, blas %.0f", state[1],
+		      state[0]);
+}
+END_TEST
+
 /* A file of one line: the plan's own point, "SCHEDULE THREADS MB RECOMPUTE SPLIT". */
 static void write_plan_point(const char *path, const cJSON *p)
 {
@@ -1482,6 +1513,39 @@ START_TEST(a_generic_openblas_kernel_is_warned_about_as_by_the_other_tools)
 }
 END_TEST
 
+/* The summary names the dense kernel beside OpenBLAS's line (JSON config.dense_kernel), the one MBP_KERNEL
+ * chose; an MBP_KERNEL that is not a kernel runs the default and is warned about on standard error. */
+START_TEST(the_summary_names_the_dense_kernel_and_an_unknown_mbp_kernel_is_warned_about)
+{
+	if (!have_data())
+		return;
+	__builtin_cpu_init();
+	const char *best =
+	    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "packed" : "blas";
+	static const char *const drop[] = {"PIPETRAIN_FAULT=", "MBP_KERNEL=", NULL};
+	struct run r = tool_run(PIPETRAIN_BIN, drop, (const char *const[]){"MBP_KERNEL=openblas", NULL},
+				(const char *const[]){SMALL, "--epochs", "1", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	char want[64];
+	snprintf(want, sizeof want, "\ndense kernel: %s (", best);
+	ck_assert_msg(strstr(r.out, want), "no '%s' line: %s", want + 1, r.out);
+	ck_assert_msg(strstr(r.err, "pipetrain: warning: MBP_KERNEL='openblas' is not a dense kernel"),
+		      "no warning: %s", r.err);
+	run_free(&r);
+	r = tool_run(PIPETRAIN_BIN, drop, (const char *const[]){"MBP_KERNEL=blas", NULL},
+		     (const char *const[]){SMALL, "--epochs", "1", "--json", "--quiet", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(r.err[0] == 0, "a warning for MBP_KERNEL=blas: %s", r.err);
+	cJSON *root = cJSON_Parse(r.out);
+	ck_assert_msg(root, "not JSON: %s", r.out);
+	const cJSON *k = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "config"), "dense_kernel");
+	ck_assert(cJSON_IsString(k));
+	ck_assert_str_eq(k->valuestring, "blas");
+	cJSON_Delete(root);
+	run_free(&r);
+}
+END_TEST
+
 START_TEST(the_progress_line_shows_the_time_left)
 {
 	if (!have_data())
@@ -2172,6 +2236,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, split_runs_the_stages_as_given);
 	tcase_add_test(tc, plan_only_prints_the_plan_and_its_json_parses_and_trains_nothing);
 	tcase_add_test(tc, a_budget_no_plan_fits_is_refused_with_exit_2_and_the_smallest_budget_that_fits);
+	tcase_add_test(tc, the_plans_state_counts_the_packed_weight_copy_the_model_allocates);
 	tcase_add_test(tc,
 		       a_planned_run_trains_within_its_budget_and_prints_the_measured_beside_the_predicted);
 	tcase_add_test(tc, plan_points_are_predicted_from_the_plans_profile_as_the_planner_counts_them);
@@ -2194,6 +2259,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, the_summary_after_a_resume_counts_the_checkpoints_epochs_and_this_runs);
 	tcase_add_test(tc, weights_without_an_optimizer_state_start_a_fresh_optimizer_in_one_note);
 	tcase_add_test(tc, a_generic_openblas_kernel_is_warned_about_as_by_the_other_tools);
+	tcase_add_test(tc, the_summary_names_the_dense_kernel_and_an_unknown_mbp_kernel_is_warned_about);
 	tcase_add_test(tc, the_progress_line_shows_the_time_left);
 	tcase_add_test(tc, the_step_log_has_a_header_and_a_row_per_step_rising_by_one);
 	tcase_add_test(tc, the_plot_is_an_svg_document_with_a_polyline_per_curve_inside_its_panel);

@@ -35,7 +35,8 @@
  *     y = act(x W^T + b), then, if the layer has one, y = (y - mean(y)) / sqrt(var(y) + eps) * g + beta
  * with W of shape [w[i+1], w[i]] (PyTorch's nn.Linear layout), act none, ReLU or GELU (erf form), and the
  * layer normalisation over the row's w[i+1] values. Compute is float32. Dense layers run on one of two
- * kernels (mbp_kernel_set, or MBP_KERNEL=blas|packed in the environment):
+ * kernels, the one chosen (mbp_kernel_set, or MBP_KERNEL=blas|packed in the environment) when the version
+ * was loaded:
  *   - packed (the default where the CPU has AVX2 and FMA): mbpipe's own 6 x 16 register-tile product over
  *     a copy of each layer's weights packed once per version, when the version is loaded (so a swap
  *     brings its own copy, freed with it; mbp_layer_info.packed_bytes), with the bias as the start of the
@@ -111,9 +112,9 @@
  *   describe/info getters, mbp_model_partition         | any thread
  *   mbp_model_stages_rebalance_stats                   | any thread, any time
  *   mbp_blas_info, mbp_blas_warning                    | any thread
- *   mbp_kernel_get, _name                              | any thread
- *   mbp_kernel_set                                     | any thread; a layer already computing ends
- *                                                      | on the kernel it started with
+ *   mbp_kernel_get, _name, _warning                    | any thread
+ *   mbp_kernel_set                                     | any thread; objects made before it keep
+ *                                                      | their kernel
  *   load, destroy, stages_new/_add/_destroy            | one thread; destroy only after the pipeline
  */
 #ifndef MBPIPE_MODEL_H
@@ -294,6 +295,8 @@ typedef struct mbp_layer_info {
 	size_t param_bytes;  /**< bytes of float32 parameters */
 	size_t packed_bytes; /**< bytes of the packed kernel's copy of the weights and bias that each live
 				  version (a trainable model: the model) holds besides them; 0 without one */
+	size_t pad_bytes;    /**< a trainable model under OpenBLAS: bytes of its padded copy of the
+				  weights (inputs a multiple of 1024); 0 otherwise */
 } mbp_layer_info;
 
 /**
@@ -723,22 +726,32 @@ typedef enum mbp_kernel {
 } mbp_kernel;
 
 /**
- * Choose the dense layers' kernel, process-wide, for every product that starts after the call. Meant for
- * the start of a process (benchmarks compare both in one run): models loaded while blas was chosen hold no
- * packed copy, and the packed kernel then packs their weights as it goes (the same bits, slower). Results
- * differ between the kernels in the last bits, so a comparison bit for bit needs one kernel on both sides.
- * The environment's MBP_KERNEL (blas or packed), read once at the first product or query, chooses the
- * same way; a call overrides it.
+ * Choose the dense layers' kernel, process-wide, for the objects made after the call. Each model version
+ * (loaded, or brought by a swap) and each trainable model keeps the kernel it was made with for its life:
+ * a version loaded under the packed kernel holds its packed copy and runs on it, one loaded under blas
+ * runs on OpenBLAS; a trainable model made under packed stays on packed (packing as it goes once its
+ * tensors are handed out). So a call while a pipeline runs changes no micro-batch's bits, nor those of a
+ * forward and its recompute. Results differ between the kernels in the last bits, so a comparison bit for
+ * bit needs one kernel on both sides. The environment's MBP_KERNEL (blas or packed), read once at the
+ * first product or query, chooses the same way; a call overrides it.
  * @param k MBP_KERNEL_DEFAULT, MBP_KERNEL_BLAS or MBP_KERNEL_PACKED.
  * @return 0, -EINVAL (not a kernel), -ENOTSUP (packed on a CPU without AVX2 and FMA).
  */
 int mbp_kernel_set(mbp_kernel k);
 
-/** The kernel in use: MBP_KERNEL_BLAS or MBP_KERNEL_PACKED (never the default, which is resolved). */
+/** The kernel that objects made now get: MBP_KERNEL_BLAS or MBP_KERNEL_PACKED (never the default, which is
+ * resolved). */
 mbp_kernel mbp_kernel_get(void);
 
-/** "blas", "packed" or "default". Static string. */
+/** "blas", "packed", "default", or "unknown" for a value that is not an mbp_kernel. Static string. */
 const char *mbp_kernel_name(mbp_kernel k);
+
+/**
+ * A warning when the environment's MBP_KERNEL was not used as written: a value that is not a kernel
+ * ("BLAS", "openblas": the default runs) or "packed" on a CPU without AVX2 and FMA (blas runs); NULL
+ * otherwise, or when MBP_KERNEL is unset. Print it where mbp_blas_warning is printed. Static string.
+ */
+const char *mbp_kernel_warning(void);
 
 /* ---- OpenBLAS ---- */
 

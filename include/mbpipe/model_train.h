@@ -39,8 +39,11 @@
  * update writes as it updates the parameters: packed once a step, not once a micro-batch. Under OpenBLAS
  * they read the dense weights of a layer with a multiple of 1024 inputs from a copy with padded rows
  * (OpenBLAS packs rows a multiple of 4 KiB apart at 0.6-0.7 of its speed), which the updates keep current
- * too. Either copy gives the same bits as the parameters, faster; once mbp_mlp_tensor hands out a layer's
- * weights (or, under the packed kernel, its bias), that layer's products read the parameters.
+ * too (mbp_layer_info.pad_bytes). Either copy gives the same bits as the parameters, faster. Once
+ * mbp_mlp_tensor hands out a layer's weights (or, under the packed kernel, its bias), that layer's
+ * products read the parameters: under the packed kernel they pack them as they go (the same kernel, the
+ * same bits, slower); the layer's copy stays allocated (and counted in packed_bytes or pad_bytes) until
+ * mbp_mlp_destroy. The model keeps the kernel it was made with for its life (mbp_kernel_set).
  *
  * Stages. An mbp_mlp_stage is a contiguous range of layers (a pipeline stage, as mbp_model_partition
  * splits them) with its scratch (sized for max_rows) and views of its layers' parameters. It reads and
@@ -547,7 +550,8 @@ typedef struct mbp_plan_profile {
 	const uint64_t *out_bytes;  /**< per layer: bytes per row of its output, kept too when a later layer
 				         of its stage reads it */
 	uint64_t state_bytes;	    /**< memory every plan has: counted once in each plan's peak (pipetrain:
-				         the parameters, their gradients and the optimizer's moments) */
+				         the parameters, their gradients, the optimizer's moments and the
+				         stages' packed or padded weight copy) */
 	uint32_t batch;		    /**< rows of a step (> 0); sizes above it are not planned */
 	double op_ns; /**< a fixed cost added to each stage's F and B (or B_in) of a micro-batch: what the
 		           trainer spends handing it on and waking the next thread (0: none; >= 0) */

@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,15 +65,30 @@ bool mbp__dense_cpu_ok(void)
 #endif
 }
 
+static char env_warning[160]; /* written once, under env_once; "" when MBP_KERNEL was fine or unset */
+
 static void read_env(void)
 {
 	const char *e = getenv("MBP_KERNEL");
-	int k = mbp__dense_cpu_ok() ? MBP_KERNEL_PACKED : MBP_KERNEL_BLAS;
+	const bool ok = mbp__dense_cpu_ok();
+	int k = ok ? MBP_KERNEL_PACKED : MBP_KERNEL_BLAS;
 	if (e && !strcmp(e, "blas"))
 		k = MBP_KERNEL_BLAS;
-	/* "packed" on a CPU without AVX2 and FMA: OpenBLAS, the only kernel that runs here */
+	else if (e && strcmp(e, "packed")) /* a typo ("BLAS", "openblas") would silently run the default */
+		snprintf(env_warning, sizeof(env_warning),
+			 "MBP_KERNEL='%.40s' is not a dense kernel (blas or packed): using %s", e,
+			 mbp_kernel_name((mbp_kernel)k));
+	else if (e && !ok) /* "packed" on a CPU without AVX2 and FMA: OpenBLAS, the only kernel that runs */
+		snprintf(env_warning, sizeof(env_warning),
+			 "MBP_KERNEL=packed needs AVX2 and FMA, which this CPU lacks: using blas");
 	/* relaxed: pthread_once orders this store before every reader's load */
 	atomic_store_explicit(&kernel_sel, k, memory_order_relaxed);
+}
+
+const char *mbp_kernel_warning(void)
+{
+	pthread_once(&env_once, read_env);
+	return env_warning[0] ? env_warning : NULL;
 }
 
 mbp_kernel mbp_kernel_get(void)
@@ -102,8 +118,10 @@ const char *mbp_kernel_name(mbp_kernel k)
 		return "blas";
 	case MBP_KERNEL_PACKED:
 		return "packed";
-	default:
+	case MBP_KERNEL_DEFAULT:
 		return "default";
+	default:
+		return "unknown";
 	}
 }
 
@@ -194,6 +212,8 @@ __attribute__((target("avx2,fma"))) static void pack_rows8(uint32_t in, const fl
 void mbp__dense_pack_rows(uint32_t in, uint32_t out, const float *w, size_t r0, size_t r1, float *dst)
 {
 	(void)out;
+	/* pack_rows8's AVX2: callers hold a packed copy only where the packed kernel runs */
+	MBP_ASSERT(mbp__dense_cpu_ok());
 	size_t r = r0;
 #ifdef DENSE_X86
 	for (; r < r1 && r % 8; r++)
@@ -339,28 +359,47 @@ static void pack_rows(size_t mc, size_t kc, const float *x, size_t ldx, float *a
 	}
 }
 
-/* Each thread's buffer for the packed rows (MC x KC floats), allocated at its first product and freed when
- * the thread exits: nothing is allocated per product. */
+/* Each thread's buffer for the packed rows (MC x KC floats), allocated by mbp__dense_thread_init (a stage's
+ * init, on its thread) or else at the thread's first product, and freed when the thread exits: nothing is
+ * allocated per product. A thread that cannot have one (out of memory, or
+ * no key slot to free it by at exit) records that once and runs every product without it. */
 static pthread_key_t rows_key;
 static pthread_once_t rows_once = PTHREAD_ONCE_INIT;
+static bool rows_key_ok;
 static _Thread_local float *rows_buf;
+static _Thread_local bool rows_failed;
+
+/* The key's destructor, on the exiting thread: the pointer goes first, so that a later destructor whose
+ * thread still computes a product allocates anew rather than use the freed buffer. */
+static void rows_free(void *p)
+{
+	rows_buf = NULL;
+	free(p);
+}
 
 static void rows_key_make(void)
 {
-	MBP_VERIFY(pthread_key_create(&rows_key, free) == 0);
+	rows_key_ok = pthread_key_create(&rows_key, rows_free) == 0;
 }
 
 static float *thread_rows_buf(void)
 {
-	if (MBP_LIKELY(rows_buf != NULL))
+	if (MBP_LIKELY(rows_buf != NULL) || rows_failed)
 		return rows_buf;
 	pthread_once(&rows_once, rows_key_make);
-	float *p = mbp__scratch_alloc((size_t)MC * KC);
+	float *p = rows_key_ok ? mbp__scratch_alloc((size_t)MC * KC) : NULL;
 	if (p && pthread_setspecific(rows_key, p)) {
 		free(p);
 		p = NULL;
 	}
+	rows_failed = !p; /* no retry on every product: the fallback below allocates nothing */
 	return rows_buf = p;
+}
+
+void mbp__dense_thread_init(void)
+{
+	if (mbp_kernel_get() == MBP_KERNEL_PACKED)
+		(void)thread_rows_buf(); /* without it (out of memory), the products' fallback */
 }
 
 __attribute__((target("avx2,fma"))) static void dense_avx2(uint32_t in, uint32_t out,
@@ -405,11 +444,17 @@ __attribute__((target("avx2,fma"))) static void dense_avx2(uint32_t in, uint32_t
 		}
 	}
 }
+#else
+void mbp__dense_thread_init(void)
+{
+}
 #endif
 
 void mbp__dense_packed(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		       uint32_t rows, bool relu)
 {
+	/* the panels' aligned loads (_mm256_load_ps): every packed copy comes from mbp__scratch_alloc */
+	MBP_ASSERT(((uintptr_t)w->wp & (MBP_CACHELINE - 1)) == 0);
 #ifdef DENSE_X86
 	dense_avx2(l->in, l->out, w, x, y, rows, relu);
 #else

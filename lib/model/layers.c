@@ -3,10 +3,12 @@
  * and the sequential reference (mbp_model_forward, mbp__forward_batched) that runs them layer after layer on
  * one thread.
  *
- * A dense layer computes Y = X W^T + b for a micro-batch X of r rows. With the packed kernel (the default
- * where the CPU has AVX2 and FMA; mbp_kernel_set, MBP_KERNEL) it reads the version's packed weights, starts
- * from the bias and applies a ReLU at the store when nothing needs the values before it; a row's result
- * then depends only on the row and the weights. With OpenBLAS the bias rows are copied into Y, then one
+ * A dense layer computes Y = X W^T + b for a micro-batch X of r rows, on the kernel its weights were made
+ * for (mbp__weights: a version packed when it was loaded, a trainable model made under the packed kernel),
+ * whatever mbp_kernel_set chose since. With the packed kernel (the default where the CPU has AVX2 and FMA;
+ * mbp_kernel_set, MBP_KERNEL) it reads the packed weights, starts from the bias and applies a ReLU at the
+ * store when nothing needs the values before it; a row's result then depends only on the row and the
+ * weights. With OpenBLAS the bias rows are copied into Y, then one
  * cblas_sgemm (beta = 1) adds X W^T (cblas_sgemv for a single row, 1.5-2x faster: no packing); the result
  * may depend on the micro-batch's row count. The activation and the normalisation then run in place over
  * Y, row by row, in a fixed order: the sequential reference, the pipeline stages and the training forward
@@ -133,7 +135,7 @@ void mbp__layer_fwd(const struct mbp__layer *l, const struct mbp__weights *w, co
 {
 	const int in = (int)l->in, out = (int)l->out, ldw = w->ld ? (int)w->ld : in;
 	mbp_act act = l->act;
-	if (mbp_kernel_get() == MBP_KERNEL_PACKED) {
+	if (w->wp || w->pack_as_it_goes) { /* the object's kernel (model_internal.h), not the switch's */
 		/* the ReLU at the store, unless the backward pass needs the values before it */
 		bool fuse = act == MBP_ACT_RELU && !z;
 		mbp__dense_packed(l, w, x, y, rows, fuse);

@@ -179,6 +179,7 @@ static int mlp_alloc(mbp_mlp **out, unsigned L, const struct mbp__layer *l, cons
 		goto nomem;
 	*(packed ? &n->wpack : &n->wpad) = cp;
 	for (unsigned i = 0; i < L; i++) {
+		n->lw[i].pack_as_it_goes = packed; /* the model's kernel for its life, even once handed out */
 		n->lwp[i] = n->lw[i];
 		if (packed) {
 			n->lwp[i].wp = cp;
@@ -303,8 +304,11 @@ int mbp_mlp_layer_info(const mbp_mlp *n, unsigned i, mbp_layer_info *info)
 	if (i >= n->layers)
 		return -ERANGE;
 	mbp__layer_info(&n->l[i], info);
-	if (n->lwp[i].wp)
+	/* what is allocated: a layer's slot in wpack or wpad stays after mbp_mlp_tensor hands it out */
+	if (n->wpack)
 		info->packed_bytes = mbp__dense_packed_floats(info->in, info->out) * sizeof(float);
+	else if (n->wpad && pad_ld(info->in) != info->in)
+		info->pad_bytes = up16((size_t)info->out * pad_ld(info->in)) * sizeof(float);
 	return 0;
 }
 

@@ -46,9 +46,15 @@ struct mbp__weights {
 	const float *b;	       /* [out] */
 	const float *g, *beta; /* [out], NULL without norm */
 	uint32_t ld;
-	/* w and b packed for the packed kernel (dense.c's layout), or NULL: that kernel then packs as it
-	 * goes. Owned by the version (mbp__version.packed), never by a trainable model's tables. */
+	/* w and b packed for the packed kernel (dense.c's layout), or NULL. Owned by the version
+	 * (mbp__version.packed) or the trainable model (mbp_mlp.wpack), never by a view's table. */
 	const float *wp;
+	/* The kernel is the object's, fixed when it is made, never the switch's of the moment (which a
+	 * mbp_kernel_set during a run would flip between the layers of one micro-batch, or between a forward
+	 * and its recompute): the packed kernel when wp is set or pack_as_it_goes (a trainable model made
+	 * under it whose layer's tensors were handed out: the same panels, packed per product), OpenBLAS
+	 * otherwise. */
+	bool pack_as_it_goes;
 };
 
 /*
@@ -173,7 +179,12 @@ void mbp__dense_pack_update(uint32_t in, uint32_t out, float *dst, bool bias, si
 void mbp__dense_pack_rows(uint32_t in, uint32_t out, const float *w, size_t r0, size_t r1, float *dst);
 void mbp__dense_packed(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		       uint32_t rows, bool relu);
-/* Pack every layer of v when the kernel in use is the packed one (v->packed, each lw[i].wp).
+/* On a thread about to compute (a stage's init): allocate its buffer for the packed kernel's rows now
+ * rather than in its first product, when objects made now get that kernel. Best effort: a thread
+ * without one computes without it. */
+void mbp__dense_thread_init(void);
+/* Pack every layer of v when the kernel in use is the packed one (v->packed, each lw[i].wp): the version
+ * then runs on it for its life, and on OpenBLAS otherwise.
  * @return 0, -ENOMEM (v unchanged). */
 int mbp__version_pack(struct mbp__version *v, const struct mbp__layer *l);
 

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "pipebench.h"
+#include "util/blas.h"
 #include "util/plural.h"
 
 struct mlp {
@@ -261,6 +262,7 @@ int pb_mlp_new(pb_workload **out, const pb_config *cfg, char *err, size_t errlen
 	snprintf(w->blas, sizeof(w->blas), "%s", mbp_blas_info());
 	const char *warn = mbp_blas_warning();
 	snprintf(w->blas_warning, sizeof(w->blas_warning), "%s", warn ? warn : "");
+	snprintf(w->kernel, sizeof(w->kernel), "%s", dense_kernel_name());
 	*out = w;
 	return 0;
 }

@@ -191,6 +191,12 @@ void pb_print_header(FILE *f, const pb_report *rep)
 	if (w->blas[0])
 		fprintf(f, "BLAS: %s\n", w->blas);
 	char warn[512];
+	if (w->kernel[0]) { /* a workload with dense layers */
+		dense_kernel_line(w->kernel, warn, sizeof warn);
+		fprintf(f, "%s\n", warn);
+		if (kernel_warning_line(warn, sizeof warn))
+			fprintf(f, "%s\n", warn);
+	}
 	if (w->blas_warning[0] && blas_warning_line(warn, sizeof warn)) /* a workload that uses BLAS */
 		fprintf(f, "%s\n", warn);
 	pb_print_noise(f, &b->noise, b->load_start, any_loud(rep) ? rows_note : NULL);
@@ -468,6 +474,7 @@ int pb_print_json(FILE *f, const pb_report *rep)
 	cJSON_AddStringToObject(wl, "description", w->desc);
 	cJSON_AddItemToObject(wl, "blas", json_str_or_null(w->blas));
 	cJSON_AddItemToObject(wl, "blas_warning", json_str_or_null(w->blas_warning));
+	cJSON_AddItemToObject(wl, "dense_kernel", json_str_or_null(w->kernel));
 
 	cJSON *c = cJSON_AddObjectToObject(root, "config");
 	cJSON_AddNumberToObject(c, "stages", w->stages);

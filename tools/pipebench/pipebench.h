@@ -139,6 +139,7 @@ struct pb_workload {
 	char desc[200];		/* one line describing it */
 	char blas[240];		/* the OpenBLAS kernel line (mlp), "" otherwise */
 	char blas_warning[240]; /* mbp_blas_warning() (mlp), "" when none */
+	char kernel[16];	/* the dense kernel's name (mlp: dense_kernel_name), "" otherwise */
 	unsigned stages;
 	size_t in_row_bytes;			/* width of an input row */
 	size_t out_row_bytes;			/* width of a row leaving the last stage */

@@ -63,6 +63,10 @@ static void log_startup(ps_server *s)
 	       (unsigned long long)c->header_timeout_ms, (unsigned long long)c->max_inflight_body_bytes);
 	ps_log("blas: %s", mbp_blas_info());
 	char warn[512];
+	dense_kernel_line(dense_kernel_name(), warn, sizeof warn);
+	ps_log("%s", warn);
+	if (kernel_warning_line(warn, sizeof warn))
+		ps_log("%s", warn);
 	if (blas_warning_line(warn, sizeof warn))
 		ps_log("%s", warn);
 	char text[4096];

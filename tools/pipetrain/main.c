@@ -762,6 +762,7 @@ static int setup(struct run *r)
 			   .start_epoch = (unsigned)(start / spe),
 			   .blas = mbp_blas_info(),
 			   .blas_warning = mbp_blas_warning(),
+			   .kernel = dense_kernel_name(),
 			   .autoplan = c->plan_auto ? &r->ap : NULL};
 	memcpy(rep->widths, c->widths, (L + 1) * sizeof(uint32_t));
 	for (unsigned i = 0; i < L; i++) {
@@ -963,6 +964,8 @@ static int train(struct run *r)
 		rep->threads = ts0.threads;
 	pt_print_header(rep);
 	char warn[512];
+	if (!c->quiet && kernel_warning_line(warn, sizeof warn))
+		fprintf(stderr, "pipetrain: %s\n", warn);
 	if (!c->quiet && blas_warning_line(warn, sizeof warn))
 		fprintf(stderr, "pipetrain: %s\n", warn);
 	if (step >= spe * c->epochs && !c->quiet)

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "pipetrain.h"
+#include "util/blas.h"
 #include "util/plural.h"
 #include "util/progress.h"
 
@@ -132,6 +133,9 @@ void pt_print_summary(const pt_report *r)
 			PLURAL(r->blas_threads, "thread", "threads"));
 	else
 		fprintf(f, "OpenBLAS: %s\n", r->blas);
+	char kline[96];
+	dense_kernel_line(r->kernel, kline, sizeof kline);
+	fprintf(f, "%s\n", kline);
 	bool handed = false;
 	for (unsigned s = 1; s < r->stages; s++)
 		handed |= r->st[s].takes;
@@ -384,6 +388,7 @@ int pt_json_write(const pt_report *r)
 		cJSON_AddStringToObject(cfg, "blas_warning", r->blas_warning);
 	else
 		cJSON_AddNullToObject(cfg, "blas_warning");
+	cJSON_AddStringToObject(cfg, "dense_kernel", r->kernel);
 	cJSON *eps = cJSON_AddArrayToObject(root, "epochs");
 	for (unsigned i = 0; i < r->n_ep; i++) {
 		const pt_epoch *e = &r->ep[i];

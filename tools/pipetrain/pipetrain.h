@@ -225,6 +225,7 @@ typedef struct pt_report {
 	const char *stopped; /* NULL: completed; else why it stopped */
 	const char *blas;
 	const char *blas_warning; /* mbp_blas_warning(): NULL when the kernel fits the CPU */
+	const char *kernel;	  /* the dense kernel's name (dense_kernel_name) */
 	pt_curve *step_loss;	  /* each step's loss, for --plot (NULL without it) */
 	const mt_auto *autoplan;  /* --plan auto: the plan (NULL otherwise) */
 	uint64_t steps_run;	  /* steps this run took (for the measured mean step) */

@@ -57,7 +57,7 @@ int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, 
 	memset(a, 0, sizeof *a);
 	a->budget = memory ? memory : UINT64_MAX;
 	mbp_op_costs *cost = a->cost;
-	uint64_t *keep = a->keep, *out = a->out, params = 0;
+	uint64_t *keep = a->keep, *out = a->out, params = 0, copies = 0;
 	a->layers = L;
 	a->batch = batch;
 	for (unsigned i = 0; i < L; i++) {
@@ -71,11 +71,15 @@ int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, 
 		mbp_layer_info li;
 		mbp_mlp_layer_info(n, i, &li);
 		params += li.param_bytes;
+		copies += li.packed_bytes + li.pad_bytes;
 	}
 	mbp_optim_opts oo;
 	mbp_mlp_optim(n, &oo);
 	unsigned moments = oo.kind == MBP_OPTIM_ADAMW ? 2 : oo.momentum > 0 ? 1 : 0;
-	a->state_bytes = params * (2 + moments); /* parameters, gradients, moments */
+	/* parameters, gradients, moments, and the stages' copy of the weights that the model allocates
+	 * beside them (packed for the packed kernel, padded under OpenBLAS): a plan that fits on paper
+	 * must fit in practice */
+	a->state_bytes = params * (2 + moments) + copies;
 
 	for (uint32_t mb = batch < 16 ? batch : 16; mb <= batch && a->sizes < MBP_PLAN_MAX_SIZES; mb *= 2) {
 		if ((batch + mb - 1) / mb > MBP_TRAIN_MAX_MBS)
@@ -156,8 +160,8 @@ void mt_auto_print(FILE *f, const mt_auto *a)
 		p->stages == 1 ? "stage" : "stages", p->mb, p->mbs, st);
 	fprintf(f,
 		"plan: predicted step %.3f ms, bubble %.3f, peak memory %.2f MiB (activations %.2f MiB + "
-		"parameters, gradients and optimizer state %.2f MiB) within %s; smallest that fits %.2f "
-		"MiB\n",
+		"parameters, gradients, optimizer state and weight copy %.2f MiB) within %s; smallest that "
+		"fits %.2f MiB\n",
 		p->step_ns * 1e-6, p->bubble, mib(p->peak_bytes), mib(p->act_bytes), mib(p->state_bytes),
 		budget, mib(a->need));
 	fprintf(f,

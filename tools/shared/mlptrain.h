@@ -84,7 +84,7 @@ typedef struct mt_auto {
 	mbp_train_plan plan;
 	uint64_t budget;	  /* --memory (UINT64_MAX: none) */
 	uint64_t need;		  /* the smallest budget a plan fits */
-	uint64_t state_bytes;	  /* the parameters, their gradients and the optimizer's moments */
+	uint64_t state_bytes;	  /* parameters, gradients, moments, the packed or padded copy */
 	double profile_s;	  /* the profile's wall time */
 	unsigned sizes, measured; /* micro-batch sizes planned, of them measured (the rest scaled) */
 	uint32_t mb[MBP_PLAN_MAX_SIZES];
