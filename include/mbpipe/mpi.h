@@ -108,8 +108,9 @@ void mbp_mpi_opts_init(mbp_mpi_opts *o);
  * Make this rank's part of the pipeline: a local mbp_pipeline with options `local` (its in_row_bytes
  * is the width of this rank's input rows; rank 0's on_result receives results of single micro-batches,
  * and must be NULL elsewhere: the link owns it; local->mb_buffers also bounds the micro-batches this rank
- * holds at once, in its pipeline or waiting to be sent, and so do two windows and one per local stage,
- * whichever is less: more would only wait for the link). Add this rank's stages with mbp_mpi_add_stage(),
+ * holds at once, in its pipeline or waiting to be sent, and so do two windows plus the local pipeline's
+ * threads (the sum of its stages' replicas, a stage without them counting one), whichever is less: more
+ * would only wait for the link). Add this rank's stages with mbp_mpi_add_stage(),
  * then mbp_mpi_start(). Pair with mbp_mpi_destroy().
  * @param mo NULL: defaults
  * @return 0, -ENOTCONN (no mbp_mpi_init), -EINVAL (NULL, on_result set on a rank other than 0, a bad

@@ -79,6 +79,7 @@ struct mbp_mpi {
 	mbp_pool *mb_pool;     /* the local pipeline's (mbp_mpi_mb_acquire) */
 	mbp_pool_cache *cache; /* ranks > 0: the loop's cache of `pool` (it gets and puts them all there) */
 	struct carrier *carriers;
+	unsigned nthreads; /* the local stages' threads: the sum of their replicas (a stage without: one) */
 
 	/* under r.lock: */
 	bool stop_accepting, closing;
@@ -263,7 +264,10 @@ int mbp_mpi_add_stage(mbp_mpi *mp, const mbp_stage_desc *d)
 {
 	if (!mp || !d || mp->r.state != MBP__RUN_NEW)
 		return -EINVAL;
-	return mbp__run_stage(&mp->r, mbp_pipeline_add_stage(mp->p, d), d->out_row_bytes);
+	int rc = mbp__run_stage(&mp->r, mbp_pipeline_add_stage(mp->p, d), d->out_row_bytes);
+	if (rc == 0)
+		mp->nthreads += d->replicas ? d->replicas : 1;
+	return rc;
 }
 
 mbp_pipeline *mbp_mpi_pipeline(mbp_mpi *mp)
@@ -281,12 +285,14 @@ const char *mbp_mpi_error(const mbp_mpi *mp)
 static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
-	/* Carriers: mb_buffers at most, and no more than two windows and one a local stage: those beyond
-	 * would only wait for the link, each holding a buffer, and cycle more buffers through the caches
-	 * (the one-stage hop at 256 KiB: 64 carriers, 65 buffers of rank 0 and 144 of rank 1 in turn) */
+	/* Carriers: mb_buffers at most, and no more than two windows and one a local thread (a stage's
+	 * replicas each work on one; counting stages, 1 stage x 8 replicas at window 2 got 5 and 4 of its
+	 * replicas starved): those beyond would only wait for the link, each holding a buffer, and cycle
+	 * more buffers through the caches (the one-stage hop at 256 KiB: 64 carriers, 65 buffers of rank 0
+	 * and 144 of rank 1 in turn) */
 	uint32_t W = r->mo.window, nc = mp->lo.mb_buffers;
-	if (nc > 2 * W + r->nstages)
-		nc = 2 * W + r->nstages;
+	if (nc > 2 * W + mp->nthreads)
+		nc = 2 * W + mp->nthreads;
 	size_t rb = mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb;
 	mp->mb_pool = mbp__pipeline_mb_pool(mp->p);
 	if (!(mp->carriers = calloc(nc, sizeof(*mp->carriers))))
