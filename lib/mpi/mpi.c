@@ -286,7 +286,7 @@ static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
 	/* Carriers: mb_buffers at most, and no more than two windows and one a local thread (a stage's
-	 * replicas each work on one; counting stages, 1 stage x 8 replicas at window 2 got 5 and 4 of its
+	 * replicas each work on one; counting stages, 1 stage x 8 replicas at window 2 got 5 and 3 of its
 	 * replicas starved): those beyond would only wait for the link, each holding a buffer, and cycle
 	 * more buffers through the caches (the one-stage hop at 256 KiB: 64 carriers, 65 buffers of rank 0
 	 * and 144 of rank 1 in turn) */
