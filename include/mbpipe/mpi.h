@@ -166,7 +166,9 @@ int mbp_mpi_mb_acquire(mbp_mpi *mp, mbp_mb **mb, int64_t timeout_ns);
 /**
  * Rank 0: submit a filled buffer, as mbp_mb_submit(). Its result (rows of the last rank's output width,
  * with the caller's seq and user) reaches the local opts.on_result on the communication thread, in
- * submission order, in a result buffer: give it back with mbp_mpi_mb_release().
+ * submission order, in a result buffer: give it back with mbp_mpi_mb_release(). Waiting for room (the
+ * micro-batches this rank may hold, mbp_mpi_new()), a submit with a timeout is woken as soon as one
+ * leaves; one without (timeout < 0) once a quarter of them have: it then submits a quarter in a row.
  * @return 0, -EINVAL (no on_result, rows out of range), -EPERM, -ENOTCONN, -ESHUTDOWN, -EAGAIN,
  *         -ETIMEDOUT; on error the caller still owns the buffer.
  */
