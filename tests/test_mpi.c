@@ -4,7 +4,8 @@
  * (mbp_mpi_wait) and check what their own stages saw.
  *
  * Rows are stamped: words [producer, sequence, hops, check]. Every stage checks that each producer's
- * sequence numbers reach it in increasing order (counting violations), adds one hop and folds its global
+ * sequence numbers reach it in increasing order (counting violations; a replicated one, whose threads
+ * take them in any order, does not), adds one hop and folds its global
  * stage index into check; the last stage of the last rank widens the row with a fifth word (producer <<
  * 32 | sequence), so the last rank's output width differs from the first rank's input width. Rank 0 knows
  * the expected output of every row, and conservation (accepted = completed + failed) is checked on rank 0
