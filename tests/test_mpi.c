@@ -5,9 +5,9 @@
  *
  * Rows are stamped: words [producer, sequence, hops, check]. Every stage checks that each producer's
  * sequence numbers reach it in increasing order (counting violations; a replicated one, whose threads
- * take them in any order, does not), adds one hop and folds its global
- * stage index into check; the last stage of the last rank widens the row with a fifth word (producer <<
- * 32 | sequence), so the last rank's output width differs from the first rank's input width. Rank 0 knows
+ * take them in any order, does not), adds one hop and folds its global stage index into check; the last
+ * stage of the last rank widens the row with a fifth word (producer << 32 | sequence), so the last rank's
+ * output width differs from the first rank's input width. Rank 0 knows
  * the expected output of every row, and conservation (accepted = completed + failed) is checked on rank 0
  * over all ranks and on every rank for its own pipeline.
  *
