@@ -257,8 +257,11 @@ int mbp__placement_plan(const struct mbp__placement_req *rq, struct mbp__placeme
 	/* Threads of this plan outnumber its CPUs, or this rank's CPUs are other ranks' too (they run the
 	 * stages before and after its own): a wait that spins takes the slice its peer needs. A rank of a
 	 * run across ranks (node_m set) has one busy thread more than its plan's, the communication thread,
-	 * which makes the MPI copies: a stage thread that spins between micro-batches takes its CPU. */
-	pl->oversubscribed = T + (rq->node_m ? 1 : 0) > distinct || (rq->pin && others > 0);
+	 * which makes the MPI copies: a stage thread that spins between micro-batches takes its CPU. That
+	 * thread is not pinned: it runs on any of the rank's CPUs, so it shares the plan's only where the
+	 * plan takes them all; where opts.cpus lists fewer, it runs on another and the stages still spin. */
+	unsigned comm = rq->node_m && distinct >= navail ? 1 : 0;
+	pl->oversubscribed = T + comm > distinct || (rq->pin && others > 0);
 	pl->node_sharers = rq->pin ? others : 0;
 
 	for (unsigned i = 0; i < S; i++)

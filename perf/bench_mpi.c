@@ -26,6 +26,8 @@
  *   mlp:     rows per second of an MLP (8 layers of 1024, GELU) split over 2 ranks of one stage each
  *            (each loading only its 4 layers), against one process of 2 stages, jobs of 256 rows in
  *            micro-batches of 64, a stream of 16 jobs in flight.
+ * -s BYTES runs link and link1 at that size only: one of link's sizes (link1 alone: one of link1's);
+ * another is refused with the usage message, which names them (exit 2).
  * Output: one grep-able line per measurement ("mpi_link size=... ratio=..."). Exits non-zero when an
  * invariant breaks (results lost or wrong).
  */
@@ -55,7 +57,7 @@
 #define MAX_ROUNDS   16
 
 static int rank, size, rounds = 5;
-static size_t only_size;      /* -s: link and link1 at this size only; 0: every size */
+static size_t only_size;      /* -s: link and link1 at this size only (one of theirs); 0: every size */
 static uint64_t link_spin_ns; /* mbp_mpi_opts.spin_ns of the runs made next; 0: the default */
 
 static void die(const char *what, int rc)
@@ -355,11 +357,23 @@ static unsigned link_count(size_t bytes)
 	return n - n % WINDOW;
 }
 
+/* The sizes of link and of link1 (-s picks one of them). */
+static const size_t link_sizes[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
+static const size_t link1_sizes[] = {65536, 262144, 1048576, 4194304};
+#define NSIZES(t) (sizeof(t) / sizeof((t)[0]))
+
+static bool has_size(const size_t *t, unsigned n, size_t bytes)
+{
+	for (unsigned z = 0; z < n; z++)
+		if (t[z] == bytes)
+			return true;
+	return false;
+}
+
 static void bench_link(void)
 {
-	static const size_t sizes[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
-	for (unsigned z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
-		size_t bytes = sizes[z];
+	for (unsigned z = 0; z < NSIZES(link_sizes); z++) {
+		size_t bytes = link_sizes[z];
 		if (only_size && bytes != only_size)
 			continue;
 		unsigned n = link_count(bytes);
@@ -392,9 +406,8 @@ static void bench_link(void)
  * ratio's median over the rounds too (each round's pair ran back to back). */
 static void bench_link1(void)
 {
-	static const size_t sizes[] = {65536, 262144, 1048576, 4194304};
-	for (unsigned z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
-		size_t bytes = sizes[z];
+	for (unsigned z = 0; z < NSIZES(link1_sizes); z++) {
+		size_t bytes = link1_sizes[z];
 		if (only_size && bytes != only_size)
 			continue;
 		unsigned n = link_count(bytes);
@@ -785,12 +798,26 @@ int main(int argc, char **argv)
 		else
 			only = argv[i];
 	}
-	if (size != 2 || rounds < 1 || rounds > MAX_ROUNDS) {
-		if (rank == 0)
+	/* -s: a size that link (or link1, where only it runs) has; another would run nothing */
+	bool link1_only = only && !strcmp(only, "link1");
+	bool bad_size = only_size && !(link1_only ? has_size(link1_sizes, NSIZES(link1_sizes), only_size)
+						  : has_size(link_sizes, NSIZES(link_sizes), only_size));
+	if (size != 2 || rounds < 1 || rounds > MAX_ROUNDS || bad_size) {
+		if (rank == 0) {
 			fprintf(stderr,
 				"usage: mpirun -np 2 bench_mpi [-r ROUNDS (1-%d)] [-s BYTES] "
-				"[link|link1|latency|bubble|mlp]\n",
+				"[link|link1|latency|bubble|mlp]\n  -s: link's sizes",
 				MAX_ROUNDS);
+			for (unsigned z = 0; z < NSIZES(link_sizes); z++)
+				fprintf(stderr, " %zu", link_sizes[z]);
+			fprintf(stderr, "; link1's");
+			for (unsigned z = 0; z < NSIZES(link1_sizes); z++)
+				fprintf(stderr, " %zu", link1_sizes[z]);
+			fprintf(stderr, "\n");
+			if (bad_size)
+				fprintf(stderr, "bench_mpi: -s %zu: no such size%s\n", only_size,
+					link1_only ? " of link1" : "");
+		}
 		mbp_mpi_finalize();
 		return 2;
 	}

@@ -238,6 +238,44 @@ START_TEST(a_rank_of_a_run_across_ranks_counts_its_communication_thread_and_does
 }
 END_TEST
 
+/* The communication thread is not pinned: where opts.cpus lists fewer CPUs than the rank may use, it runs
+ * on one of the others, so a stage on each listed CPU still spins; where the list takes all of them, it
+ * shares one with a stage, and the stages do not spin. */
+START_TEST(the_communication_thread_counts_only_where_the_plan_takes_all_of_the_ranks_cpus)
+{
+	int allowed[MBP_MAX_CPUS];
+	unsigned quota = 0;
+	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota);
+	ck_assert_int_ge(n, 1);
+	unsigned navail = quota && quota < (unsigned)n ? quota : (unsigned)n;
+	if (navail < 2 || navail > MBP_MAX_STAGES)
+		return; /* one CPU: a list of fewer cannot be; more than a plan's stages: none takes them all */
+	int none[MBP_MAX_STAGES];
+	for (unsigned i = 0; i < MBP_MAX_STAGES; i++)
+		none[i] = -1;
+	struct mbp__placement_plan pl;
+	/* a rank alone on its node, one stage pinned to the first of its CPUs */
+	struct mbp__placement_req rq = {
+	    .nstages = 1, .pin = true, .named = none, .ncpus = 1, .cpus = allowed, .node_m = 1};
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
+	ck_assert_uint_eq(pl.nthreads, 1);
+	ck_assert(!pl.oversubscribed);
+	/* navail - 1 stages on navail - 1 listed CPUs: one is left for the communication thread */
+	rq.nstages = rq.ncpus = navail - 1;
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
+	ck_assert_uint_eq(pl.nthreads, navail - 1);
+	ck_assert(!pl.oversubscribed);
+	/* a stage on each of the rank's CPUs: the communication thread shares one */
+	rq.nstages = rq.ncpus = navail;
+	ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
+	unplan(&pl);
+	ck_assert_uint_eq(pl.nthreads, navail);
+	ck_assert(pl.oversubscribed);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("affinity");
@@ -250,6 +288,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, placement_plan_follows_threads_names_and_cpu_list);
 	tcase_add_test(
 	    tc, a_rank_of_a_run_across_ranks_counts_its_communication_thread_and_does_not_spin_on_one_cpu);
+	tcase_add_test(tc, the_communication_thread_counts_only_where_the_plan_takes_all_of_the_ranks_cpus);
 	suite_add_tcase(s, tc);
 	return s;
 }

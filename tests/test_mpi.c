@@ -4,9 +4,10 @@
  * (mbp_mpi_wait) and check what their own stages saw.
  *
  * Rows are stamped: words [producer, sequence, hops, check]. Every stage checks that each producer's
- * sequence numbers reach it in increasing order (counting violations), adds one hop and folds its global
- * stage index into check; the last stage of the last rank widens the row with a fifth word (producer <<
- * 32 | sequence), so the last rank's output width differs from the first rank's input width. Rank 0 knows
+ * sequence numbers reach it in increasing order (counting violations; a replicated one, whose threads
+ * take them in any order, does not), adds one hop and folds its global stage index into check; the last
+ * stage of the last rank widens the row with a fifth word (producer << 32 | sequence), so the last rank's
+ * output width differs from the first rank's input width. Rank 0 knows
  * the expected output of every row, and conservation (accepted = completed + failed) is checked on rank 0
  * over all ranks and on every rank for its own pipeline.
  *
@@ -46,6 +47,7 @@ struct tstage {
 	bool widen; /* the very last stage: adds the fifth word */
 	unsigned delay_us;
 	bool gated;		     /* waits while gate_closed (rank 0's first stage, when cfg.gate0) */
+	bool replicated;	     /* runs on several threads: in any order, so it checks none */
 	unsigned fail_mod, fail_rem; /* fail a micro-batch whose first row's sequence % mod == rem */
 	uint64_t last[MAX_PRODUCERS];
 	bool seen[MAX_PRODUCERS];
@@ -71,7 +73,7 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	const uint64_t *src = in->data;
 	uint64_t *dst = out->data;
 	unsigned iw = in->row_bytes / 8, ow = out->row_bytes / 8;
-	for (uint32_t r = 0; r < in->rows; r++) {
+	for (uint32_t r = 0; r < in->rows && !s->replicated; r++) {
 		const uint64_t *a = src + (size_t)r * iw;
 		uint64_t p = a[0];
 		if (p < MAX_PRODUCERS) {
@@ -106,6 +108,7 @@ struct cfg {
 	bool no_stages_rank1;
 	bool pin;   /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
 	bool gate0; /* the first stage waits while gate_closed */
+	unsigned replicas0; /* rank 0's first stage runs on this many threads (0: one) */
 	mbp_result_fn on_result;
 	void *on_result_arg;
 };
@@ -142,11 +145,12 @@ static int make(mbp_mpi **mp, const struct cfg *c)
 		s->widen = rank == size - 1 && i == STAGES_PER_RANK - 1;
 		s->delay_us = c->delay_us[s->g];
 		s->gated = c->gate0 && s->g == 0;
+		s->replicated = s->g == 0 && c->replicas0 > 1;
 		if (c->fail_mod && c->fail_stage == s->g) {
 			s->fail_mod = c->fail_mod;
 			s->fail_rem = c->fail_rem;
 		}
-		mbp_stage_desc d = {.fn = stage_fn, .ctx = s};
+		mbp_stage_desc d = {.fn = stage_fn, .ctx = s, .replicas = s->g == 0 ? c->replicas0 : 0};
 		if (s->widen)
 			d.out_row_bytes = OUT_WORDS * 8;
 		rc = mbp_mpi_add_stage(*mp, &d);
@@ -434,36 +438,65 @@ START_TEST(single_micro_batches_return_in_submission_order_with_their_tags)
 }
 END_TEST
 
-/* A rank holds at most two windows and one micro-batch a local stage, also where mb_buffers allows more
- * (those beyond would only wait for the link): with rank 0's first stage held, single micro-batches are
- * accepted until rank 0's carriers are taken, then refused at once; once the stage goes on, every
- * accepted one comes back intact. */
-START_TEST(a_rank_holds_at_most_two_windows_and_a_micro_batch_a_stage)
+/* With rank 0's first stage held (by `c`, gate0 set), single micro-batches of one row submitted without
+ * waiting until one is refused: how many were accepted (the refusal's code in *rc). The gate is left
+ * closed. */
+static uint64_t fill_held(mbp_mpi *mp, int *rc)
 {
-	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
-	struct cfg c = {.window = 2, .inflight = 64, .mb_buffers = 64, .gate0 = true};
-	atomic_store(&gate_closed, true);
-	mbp_mpi *mp = singles_start(&res, false, &c);
-	if (!mp)
-		return;
 	uint64_t n = 0;
-	int rc = 0;
-	while (rc == 0 && n < 64) {
+	*rc = 0;
+	while (*rc == 0 && n < 64) {
 		mbp_mb *mb;
-		ck_assert_int_eq(mbp_mpi_mb_acquire(mp, &mb, -1), 0);
+		if ((*rc = mbp_mpi_mb_acquire(mp, &mb, -1)) != 0)
+			break;
 		fill_rows(mb->data, 3, n * 16, 1);
 		mb->rows = 1;
 		mb->seq = n;
 		mb->user = (void *)(uintptr_t)(n * 7);
-		if ((rc = mbp_mpi_mb_submit(mp, mb, 0)) == 0)
+		if ((*rc = mbp_mpi_mb_submit(mp, mb, 0)) == 0)
 			n++;
 		else
 			mbp_mpi_mb_release(mp, mb);
 	}
-	ck_assert_int_eq(rc, -EAGAIN);
-	ck_assert_uint_eq(n, 2 * 2 + STAGES_PER_RANK);
+	return n;
+}
+
+/* A rank holds at most two windows and one micro-batch a local thread, also where mb_buffers allows more
+ * (those beyond would only wait for the link): with rank 0's first stage held, single micro-batches are
+ * accepted until rank 0's carriers are taken, then refused at once; once the stage goes on, every
+ * accepted one comes back intact. `replicas`: of that first stage (each of its threads holds one). The
+ * gate opens, and the run ends on every rank, before the count is asserted: a wrong count then fails the
+ * test instead of hanging the run (a stage held for ever, or rank 0 on to the next test while the others
+ * still serve this run). */
+static void holds_at_most(unsigned replicas)
+{
+	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct cfg c = {.window = 2, .inflight = 64, .mb_buffers = 64, .gate0 = true, .replicas0 = replicas};
+	atomic_store(&gate_closed, true);
+	mbp_mpi *mp = singles_start(&res, false, &c);
+	if (!mp) {
+		atomic_store(&gate_closed, false);
+		return;
+	}
+	int rc;
+	uint64_t n = fill_held(mp, &rc);
 	atomic_store(&gate_closed, false);
 	singles_end(mp, &res, n, 0);
+	ck_assert_int_eq(rc, -EAGAIN);
+	ck_assert_uint_eq(n, 2 * 2 + STAGES_PER_RANK - 1 + (replicas ? replicas : 1));
+}
+
+START_TEST(a_rank_holds_at_most_two_windows_and_a_micro_batch_a_stage)
+{
+	holds_at_most(0);
+}
+END_TEST
+
+/* 1 stage x 8 replicas at window 2: counting stages would give it 2 * 2 + 2 carriers, and 7 of its 8
+ * threads would have nothing to work on. */
+START_TEST(a_rank_holds_a_micro_batch_for_each_replica_of_a_stage)
+{
+	holds_at_most(8);
 }
 END_TEST
 
@@ -1087,6 +1120,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_result_back_before_its_submitter_resumes_is_delivered_once_in_order);
 	tcase_add_test(tc, a_result_released_without_a_handle_goes_back_to_its_run);
 	tcase_add_test(tc, a_rank_holds_at_most_two_windows_and_a_micro_batch_a_stage);
+	tcase_add_test(tc, a_rank_holds_a_micro_batch_for_each_replica_of_a_stage);
 	tcase_add_test(tc, one_stage_per_rank_reads_each_micro_batch_in_place_as_a_local_job);
 	tcase_add_test(tc, a_stage_error_on_rank_0_fails_only_its_micro_batches);
 	tcase_add_test(tc, a_stage_error_on_the_last_rank_fails_only_its_micro_batches);

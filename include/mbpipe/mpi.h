@@ -108,8 +108,9 @@ void mbp_mpi_opts_init(mbp_mpi_opts *o);
  * Make this rank's part of the pipeline: a local mbp_pipeline with options `local` (its in_row_bytes
  * is the width of this rank's input rows; rank 0's on_result receives results of single micro-batches,
  * and must be NULL elsewhere: the link owns it; local->mb_buffers also bounds the micro-batches this rank
- * holds at once, in its pipeline or waiting to be sent, and so do two windows and one per local stage,
- * whichever is less: more would only wait for the link). Add this rank's stages with mbp_mpi_add_stage(),
+ * holds at once, in its pipeline or waiting to be sent, and so do two windows plus the local pipeline's
+ * threads (the sum of its stages' replicas, a stage without them counting one), whichever is less: more
+ * would only wait for the link). Add this rank's stages with mbp_mpi_add_stage(),
  * then mbp_mpi_start(). Pair with mbp_mpi_destroy().
  * @param mo NULL: defaults
  * @return 0, -ENOTCONN (no mbp_mpi_init), -EINVAL (NULL, on_result set on a rank other than 0, a bad
@@ -165,7 +166,9 @@ int mbp_mpi_mb_acquire(mbp_mpi *mp, mbp_mb **mb, int64_t timeout_ns);
 /**
  * Rank 0: submit a filled buffer, as mbp_mb_submit(). Its result (rows of the last rank's output width,
  * with the caller's seq and user) reaches the local opts.on_result on the communication thread, in
- * submission order, in a result buffer: give it back with mbp_mpi_mb_release().
+ * submission order, in a result buffer: give it back with mbp_mpi_mb_release(). Waiting for room (the
+ * micro-batches this rank may hold, mbp_mpi_new()), a submit with a timeout is woken as soon as one
+ * leaves; one without (timeout < 0) once a quarter of them have: it then submits a quarter in a row.
  * @return 0, -EINVAL (no on_result, rows out of range), -EPERM, -ENOTCONN, -ESHUTDOWN, -EAGAIN,
  *         -ETIMEDOUT; on error the caller still owns the buffer.
  */

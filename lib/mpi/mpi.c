@@ -79,6 +79,7 @@ struct mbp_mpi {
 	mbp_pool *mb_pool;     /* the local pipeline's (mbp_mpi_mb_acquire) */
 	mbp_pool_cache *cache; /* ranks > 0: the loop's cache of `pool` (it gets and puts them all there) */
 	struct carrier *carriers;
+	unsigned nthreads; /* the local stages' threads: the sum of their replicas (a stage without: one) */
 
 	/* under r.lock: */
 	bool stop_accepting, closing;
@@ -89,7 +90,8 @@ struct mbp_mpi {
 	uint32_t tcap;
 	uint64_t next_seq, next_retire;
 	bool retiring, retire_again;
-	unsigned reserving, wait_entry; /* submitters waiting in reserve(): for a carrier, for an entry */
+	/* submitters waiting in reserve(): for a carrier (without a deadline, with one), for an entry */
+	unsigned reserving, reserving_timed, wait_entry;
 	uint64_t next_job_id;
 	mbp_mpi_stats st; /* rank 0's counters; rank[] and reported: the ranks' reports as they came in */
 
@@ -119,7 +121,8 @@ static void give_back(mbp_mpi *mp, mbp_mb *mb, mbp_pool_cache *cache)
 /* A carrier done with: back to the free list, a submitter waiting for one told once a quarter of them
  * are free (the condition serves every wait of the run, and a wake-up per send is a context switch on
  * each side: a submitter that waits for carriers has a quarter of them in flight to wait for, and then
- * submits a quarter in a row); then, unlocked, its buffers (`cache` as above). In that order: a
+ * submits a quarter in a row), one with a deadline at once (batched, it could wait until its deadline
+ * while carriers were free); then, unlocked, its buffers (`cache` as above). In that order: a
  * submitter that waits for a buffer, woken by its return, then finds a carrier, and the lock free. */
 static void carrier_free(mbp_mpi *mp, struct carrier *c, mbp_pool_cache *cache)
 {
@@ -128,7 +131,8 @@ static void carrier_free(mbp_mpi *mp, struct carrier *c, mbp_pool_cache *cache)
 	pthread_mutex_lock(&mp->r.lock);
 	c->next = mp->free_c;
 	mp->free_c = c;
-	if (++mp->nfree_c >= mp->wake_c && mp->reserving)
+	bool enough = ++mp->nfree_c >= mp->wake_c;
+	if (mp->reserving_timed || (enough && mp->reserving))
 		pthread_cond_broadcast(&mp->r.cond);
 	pthread_mutex_unlock(&mp->r.lock);
 	give_back(mp, out, cache);
@@ -263,7 +267,10 @@ int mbp_mpi_add_stage(mbp_mpi *mp, const mbp_stage_desc *d)
 {
 	if (!mp || !d || mp->r.state != MBP__RUN_NEW)
 		return -EINVAL;
-	return mbp__run_stage(&mp->r, mbp_pipeline_add_stage(mp->p, d), d->out_row_bytes);
+	int rc = mbp__run_stage(&mp->r, mbp_pipeline_add_stage(mp->p, d), d->out_row_bytes);
+	if (rc == 0)
+		mp->nthreads += d->replicas ? d->replicas : 1;
+	return rc;
 }
 
 mbp_pipeline *mbp_mpi_pipeline(mbp_mpi *mp)
@@ -281,12 +288,14 @@ const char *mbp_mpi_error(const mbp_mpi *mp)
 static int alloc_run(mbp_mpi *mp)
 {
 	struct mbp__run *r = &mp->r;
-	/* Carriers: mb_buffers at most, and no more than two windows and one a local stage: those beyond
-	 * would only wait for the link, each holding a buffer, and cycle more buffers through the caches
-	 * (the one-stage hop at 256 KiB: 64 carriers, 65 buffers of rank 0 and 144 of rank 1 in turn) */
+	/* Carriers: mb_buffers at most, and no more than two windows and one a local thread (a stage's
+	 * replicas each work on one; counting stages, 1 stage x 8 replicas at window 2 got 5 and 3 of its
+	 * replicas starved): those beyond would only wait for the link, each holding a buffer, and cycle
+	 * more buffers through the caches (the one-stage hop at 256 KiB: 64 carriers, 65 buffers of rank 0
+	 * and 144 of rank 1 in turn) */
 	uint32_t W = r->mo.window, nc = mp->lo.mb_buffers;
-	if (nc > 2 * W + r->nstages)
-		nc = 2 * W + r->nstages;
+	if (nc > 2 * W + mp->nthreads)
+		nc = 2 * W + mp->nthreads;
 	size_t rb = mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb;
 	mp->mb_pool = mbp__pipeline_mb_pool(mp->p);
 	if (!(mp->carriers = calloc(nc, sizeof(*mp->carriers))))
@@ -436,7 +445,7 @@ static int reserve(mbp_mpi *mp, bool first, int64_t timeout_ns, uint64_t *seq, s
 	int rc = 0;
 	if (first)
 		pthread_mutex_lock(&mp->r.lock);
-	/* `late`: the wait timed out; one more look (a carrier's wake waits for a quarter of them) */
+	/* `late`: the wait timed out; one more look (a carrier may have come free as it did) */
 	for (bool late = false; rc == 0;) {
 		struct tent *t = mp->tab ? &mp->tab[mp->next_seq % mp->tcap] : NULL;
 		if (mp->r.state != MBP__RUN_RUNNING)
@@ -455,7 +464,9 @@ static int reserve(mbp_mpi *mp, bool first, int64_t timeout_ns, uint64_t *seq, s
 		} else if (timeout_ns == 0 || late) {
 			rc = timeout_ns == 0 ? -EAGAIN : -ETIMEDOUT;
 		} else {
-			unsigned *waiting = t->state != T_FREE ? &mp->wait_entry : &mp->reserving;
+			unsigned *waiting = &mp->wait_entry;
+			if (t->state == T_FREE)
+				waiting = dl ? &mp->reserving_timed : &mp->reserving;
 			++*waiting;
 			late = !mbp__run_wait(&mp->r, dl);
 			--*waiting;
