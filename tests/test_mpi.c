@@ -106,8 +106,8 @@ struct cfg {
 	uint32_t mb_buffers;
 	size_t in_bytes_rank1; /* 0: the right width */
 	bool no_stages_rank1;
-	bool pin;   /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
-	bool gate0; /* the first stage waits while gate_closed */
+	bool pin;	    /* pin the stages (by default the tests do not: ranks share 2 CPUs) */
+	bool gate0;	    /* the first stage waits while gate_closed */
 	unsigned replicas0; /* rank 0's first stage runs on this many threads (0: one) */
 	mbp_result_fn on_result;
 	void *on_result_arg;
