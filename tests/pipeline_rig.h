@@ -21,6 +21,18 @@ static inline int copy_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	return 0;
 }
 
+/* How many CPUs the placement may use: mbp_cpus_allowed's count capped by a cgroup quota. The allowed CPUs
+ * into allowed[] (MBP_MAX_CPUS entries) and their count into *n, each where not NULL. */
+static inline unsigned usable_cpus(int *allowed, int *n)
+{
+	unsigned quota = 0;
+	int k = mbp_cpus_allowed(allowed, allowed ? MBP_MAX_CPUS : 0, &quota);
+	ck_assert_int_ge(k, 1);
+	if (n)
+		*n = k;
+	return quota && quota < (unsigned)k ? quota : (unsigned)k;
+}
+
 /* A started pipeline of S copying stages on `threads` threads (0: the default), pinned by the plan. */
 static inline mbp_pipeline *started(unsigned S, unsigned threads)
 {

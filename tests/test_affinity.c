@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -211,10 +212,8 @@ END_TEST
  * other busy thread on that CPU, and a stage thread spinning between micro-batches takes its slice. */
 START_TEST(a_rank_of_a_run_across_ranks_counts_its_communication_thread_and_does_not_spin_on_one_cpu)
 {
-	int allowed[MBP_MAX_CPUS];
-	unsigned quota = 0;
-	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota);
-	ck_assert_int_ge(n, 1);
+	int allowed[MBP_MAX_CPUS], n;
+	unsigned navail = usable_cpus(allowed, &n);
 	int none[1] = {-1};
 	struct mbp__placement_plan pl;
 	struct mbp__placement_req rq = {.nstages = 1, .named = none, .ncpus = 1, .cpus = allowed};
@@ -229,7 +228,7 @@ START_TEST(a_rank_of_a_run_across_ranks_counts_its_communication_thread_and_does
 	ck_assert_uint_eq(pl.nthreads, 1);
 	ck_assert(pl.oversubscribed);
 	/* a rank alone on its node with more CPUs than its stage and the communication thread: it spins */
-	if (n >= 2 && (quota == 0 || quota >= 2)) {
+	if (navail >= 2) {
 		rq.node_m = 1;
 		ck_assert_int_eq(mbp__placement_plan(&rq, &pl), 0);
 		unplan(&pl);
@@ -243,13 +242,21 @@ END_TEST
  * shares one with a stage, and the stages do not spin. */
 START_TEST(the_communication_thread_counts_only_where_the_plan_takes_all_of_the_ranks_cpus)
 {
-	int allowed[MBP_MAX_CPUS];
-	unsigned quota = 0;
-	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota);
-	ck_assert_int_ge(n, 1);
-	unsigned navail = quota && quota < (unsigned)n ? quota : (unsigned)n;
-	if (navail < 2 || navail > MBP_MAX_STAGES)
-		return; /* one CPU: a list of fewer cannot be; more than a plan's stages: none takes them all */
+	int allowed[MBP_MAX_CPUS], n;
+	ck_assert_uint_ge(usable_cpus(allowed, &n), 1);
+	/* on two of them, so that a plan's stages can take them all on any machine (CI's have more CPUs
+	 * than a plan has stages); the test runs in a process of its own (restored anyway, for CK_FORK=no) */
+	cpu_set_t was, two;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(was), &was), 0);
+	CPU_ZERO(&two);
+	for (int i = 0; i < n && i < 2; i++)
+		CPU_SET(allowed[i], &two);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(two), &two), 0);
+	unsigned navail = usable_cpus(allowed, &n);
+	if (navail < 2) {
+		ck_assert_int_eq(sched_setaffinity(0, sizeof(was), &was), 0);
+		return; /* one CPU (or a quota of one): a list of fewer than the rank's CPUs cannot be */
+	}
 	int none[MBP_MAX_STAGES];
 	for (unsigned i = 0; i < MBP_MAX_STAGES; i++)
 		none[i] = -1;
@@ -273,6 +280,7 @@ START_TEST(the_communication_thread_counts_only_where_the_plan_takes_all_of_the_
 	unplan(&pl);
 	ck_assert_uint_eq(pl.nthreads, navail);
 	ck_assert(pl.oversubscribed);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(was), &was), 0);
 }
 END_TEST
 

@@ -455,9 +455,7 @@ END_TEST
  * MBP_KERNEL chose; an MBP_KERNEL that is not a kernel runs the default and says so in a warning line. */
 START_TEST(mlp_report_names_the_dense_kernel_and_warns_of_an_unknown_mbp_kernel)
 {
-	__builtin_cpu_init();
-	const char *best =
-	    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "packed" : "blas";
+	const char *best = cpu_runs_packed_kernel() ? "packed" : "blas";
 	const char *args[] = {"--layers=2",	"--hidden=32", "--stages=2", "--batch=16",
 			      "--mb=4",		"--batches=2", "--warmup=1", "--tolerance=0",
 			      "--wait-quiet=0", NULL,	       NULL};

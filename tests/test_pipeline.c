@@ -1377,11 +1377,7 @@ END_TEST
 /* By default threads = min(stages, CPUs); with one thread per stage nothing is shared. */
 START_TEST(default_threads_share_only_when_stages_outnumber_cpus)
 {
-	int allowed[MBP_MAX_CPUS];
-	unsigned quota = 0;
-	int n = mbp_cpus_allowed(allowed, MBP_MAX_CPUS, &quota);
-	ck_assert_int_ge(n, 1);
-	unsigned cpus = quota && quota < (unsigned)n ? quota : (unsigned)n;
+	unsigned cpus = usable_cpus(NULL, NULL);
 	for (unsigned S = 1; S <= 6; S++) {
 		for (int mode = 0; mode < 2; mode++) {
 			mbp_opts o;

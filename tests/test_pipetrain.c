@@ -600,8 +600,7 @@ START_TEST(the_plans_state_counts_the_packed_weight_copy_the_model_allocates)
 {
 	if (!have_data())
 		return;
-	__builtin_cpu_init();
-	const bool packed = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+	const bool packed = cpu_runs_packed_kernel();
 	static const char *const drop[] = {"PIPETRAIN_FAULT=", "MBP_KERNEL=", NULL};
 	static const char *const kernels[2][2] = {{"MBP_KERNEL=blas", NULL}, {"MBP_KERNEL=packed", NULL}};
 	double state[2];
@@ -1519,9 +1518,7 @@ START_TEST(the_summary_names_the_dense_kernel_and_an_unknown_mbp_kernel_is_warne
 {
 	if (!have_data())
 		return;
-	__builtin_cpu_init();
-	const char *best =
-	    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "packed" : "blas";
+	const char *best = cpu_runs_packed_kernel() ? "packed" : "blas";
 	static const char *const drop[] = {"PIPETRAIN_FAULT=", "MBP_KERNEL=", NULL};
 	struct run r = tool_run(PIPETRAIN_BIN, drop, (const char *const[]){"MBP_KERNEL=openblas", NULL},
 				(const char *const[]){SMALL, "--epochs", "1", NULL});

@@ -15,6 +15,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* Whether the dense layers run on the packed kernel by default on this CPU (AVX2 and FMA; else OpenBLAS):
+ * what the tools should name as the dense kernel when MBP_KERNEL does not choose one. */
+static inline bool cpu_runs_packed_kernel(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 struct run {
 	int status; /* exit status, or 128 + the signal that ended the tool (as a shell reports it) */
 	char *out, *err;
