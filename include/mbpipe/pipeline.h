@@ -198,8 +198,9 @@ typedef struct mbp_opts {
  * `sharing` counts each other rank there as one, and their waits do not spin (each waits for the other).
  * A rank's communication thread, which makes its MPI copies, counts as one more of its threads where the
  * plan takes all of the rank's part of the CPUs (it is not pinned: where opts.cpus lists fewer, it runs
- * on another): a rank whose stage threads fill its part of the CPUs does not spin in their waits either. Ranks that mpirun
- * bound to CPUs of their own keep them; other pipelines of the process are not confined.
+ * on another): a rank whose stage threads fill its part of the CPUs does not spin in their waits either.
+ * Ranks that mpirun bound to CPUs of their own keep them; other pipelines of the process are not
+ * confined.
  */
 
 /** Fill `o` with the defaults documented above (what a zeroed struct means; in_row_bytes 0: the caller

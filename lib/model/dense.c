@@ -21,12 +21,15 @@
  * multiple of 4 KiB apart would otherwise share L1 sets). So a row's result depends only on that row
  * and the weights: the sequential reference, the pipeline stages and the training forward, which all call
  * mbp__layer_fwd, agree bit for bit, at any micro-batch size. A trainable model keeps its own packed copy,
- * which its updates write piece by piece (mbp__dense_pack_update, mbp__dense_pack_rows). Weights without a
- * packed copy (a model loaded under OpenBLAS, a trainable layer whose tensors were handed out) are packed
- * one KC x 16 block at a time into a buffer on the stack: the same panels, the same bits, slower.
+ * which its updates write piece by piece (mbp__dense_pack_update, mbp__dense_pack_rows). A layer of such a
+ * model whose tensors were handed out (mbp_mlp_tensor) keeps the packed kernel without a current copy: its
+ * weights are packed one KC x 16 block at a time into a buffer on the stack, the same panels, the same
+ * bits, slower.
  *
  * The switch: MBP_KERNEL=blas|packed in the environment (read once, at the first product or query), or
  * mbp_kernel_set(); the default is the packed kernel where the CPU has AVX2 and FMA, OpenBLAS elsewhere.
+ * It applies to the objects made afterwards: a version packed when it was loaded, or a trainable model
+ * made under the packed kernel, computes on it for its life, and one made under OpenBLAS on OpenBLAS.
  */
 #include "config.h"
 

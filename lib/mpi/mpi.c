@@ -13,8 +13,8 @@
  * second pass over every byte, which halved the one-stage hop). A caller's micro-batch that carries
  * something for the stages (mb->carry, as mbp_model_mb_pin sets) goes in with mbp_mb_submit() instead and
  * is sent from its own buffer. A carrier holds a micro-batch's header and buffers from its submission
- * until its send is done; their number (opts.mb_buffers, at most two windows and one a local stage)
- * bounds what a rank holds. On ranks > 0 the loop gets and gives back every buffer of the link's pool,
+ * until its send is done; their number (opts.mb_buffers, at most two windows and one a local thread,
+ * replicas included) bounds what a rank holds. On ranks > 0 the loop gets and gives back every buffer of the link's pool,
  * through a cache of its own (an arrival's buffer is the next receive's, as the pool's LIFO keeps it
  * hot).
  *
