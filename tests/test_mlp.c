@@ -1864,6 +1864,53 @@ START_TEST(switching_the_kernel_leaves_a_trainable_model_made_before_on_its_own_
 }
 END_TEST
 
+/* What a fresh thread holds before and after mbp_mlp_stage_thread_init on `st`. */
+struct rows_probe {
+	mbp_mlp_stage *st;
+	bool before, after;
+	int rc;
+};
+
+static void *rows_probe_main(void *arg)
+{
+	struct rows_probe *p = arg;
+	p->before = mbp__dense_thread_has_rows();
+	p->rc = mbp_mlp_stage_thread_init(p->st);
+	p->after = mbp__dense_thread_has_rows();
+	return NULL;
+}
+
+/* A trainer stage's init readies its thread: under the packed kernel the thread holds the kernel's row
+ * buffer before its first product (no product allocates), under OpenBLAS nothing is allocated; the kernel
+ * is the model's (the one it was made under), not the one in use when the thread starts. */
+START_TEST(a_stage_thread_init_gives_the_thread_its_row_buffer_only_for_a_packed_model)
+{
+	const mbp_kernel was = mbp_kernel_get();
+	static const uint32_t w[] = {300, 70, 9};
+	const mbp_optim_opts o = {.kind = MBP_OPTIM_SGD, .lr = 0.01f};
+	static const mbp_kernel ks[] = {MBP_KERNEL_PACKED, MBP_KERNEL_BLAS};
+	for (int k = 0; k < 2; k++) {
+		if (mbp_kernel_set(ks[k]) == -ENOTSUP)
+			continue; /* no packed kernel on this CPU */
+		mbp_mlp *n = new_mlp(w, 2, MBP_ACT_RELU, false, 7, &o);
+		struct rows_probe p = {0};
+		ck_assert_int_eq(mbp_mlp_stage_new(&p.st, n, 0, 2, 7), 0);
+		(void)mbp_kernel_set(ks[1 - k]); /* the thread starts under the other kernel */
+		pthread_t th;
+		ck_assert_int_eq(pthread_create(&th, NULL, rows_probe_main, &p), 0);
+		ck_assert_int_eq(pthread_join(th, NULL), 0);
+		ck_assert_int_eq(p.rc, 0);
+		ck_assert_msg(!p.before, "a new thread already held a row buffer");
+		ck_assert_msg(p.after == (ks[k] == MBP_KERNEL_PACKED), "made under %s: row buffer %s",
+			      mbp_kernel_name(ks[k]), p.after ? "allocated" : "missing");
+		mbp_mlp_stage_destroy(p.st);
+		mbp_mlp_destroy(n);
+	}
+	ck_assert_int_eq(mbp_mlp_stage_thread_init(NULL), -EINVAL);
+	ck_assert_int_eq(mbp_kernel_set(was), 0);
+}
+END_TEST
+
 /* Under the packed kernel the stages read each layer's weights and bias from a packed copy that the
  * updates keep current element by element. Training gives the same bits as a twin whose weights and biases
  * mbp_mlp_tensor handed out (no packed copy: the kernel packs them as it goes, which gives the same bits
@@ -2247,6 +2294,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, training_forward_equals_inference_and_the_saved_model_bit_for_bit);
 	tcase_add_test(tc, padded_weight_copies_train_to_the_same_bits_as_weights_read_in_place);
 	tcase_add_test(tc, switching_the_kernel_leaves_a_trainable_model_made_before_on_its_own_bits);
+	tcase_add_test(tc, a_stage_thread_init_gives_the_thread_its_row_buffer_only_for_a_packed_model);
 	tcase_add_test(tc,
 		       packed_copies_follow_every_update_and_train_to_the_bits_of_weights_packed_as_they_go);
 	tcase_add_test(tc, loss_values_and_gradients_match_hand_computed_ones);

@@ -247,6 +247,16 @@ int mbp_mlp_stage_new(mbp_mlp_stage **st, mbp_mlp *n, unsigned first, unsigned l
 void mbp_mlp_stage_destroy(mbp_mlp_stage *st);
 
 /**
+ * Ready the calling thread to run the stage's calls (a trainer stage's init, on its thread): under the
+ * packed kernel, the kernel's row buffer of this thread, so that no product allocates (without this call,
+ * a thread allocates it at its first product). OpenBLAS's thread count is left as it is (stage_new set
+ * it). Out of memory is not an error: the thread's products then run without the buffer, slower, with
+ * the same bits.
+ * @return 0, -EINVAL (NULL).
+ */
+int mbp_mlp_stage_thread_init(const mbp_mlp_stage *st);
+
+/**
  * A replica of stage `like` for a replicated trainer stage (train.h, "Replicas"): the same layers, rows,
  * hand-over and recomputation, scratch of its own, the model's parameters and gradients shared. Its
  * forward, B_in and recomputation write only its scratch and the buffers they are given; its B_w adds to

@@ -399,10 +399,15 @@ static float *thread_rows_buf(void)
 	return rows_buf = p;
 }
 
-void mbp__dense_thread_init(void)
+void mbp__dense_thread_init(bool packed)
 {
-	if (mbp_kernel_get() == MBP_KERNEL_PACKED)
+	if (packed)
 		(void)thread_rows_buf(); /* without it (out of memory), the products' fallback */
+}
+
+bool mbp__dense_thread_has_rows(void)
+{
+	return rows_buf != NULL;
 }
 
 __attribute__((target("avx2,fma"))) static void dense_avx2(uint32_t in, uint32_t out,
@@ -448,8 +453,14 @@ __attribute__((target("avx2,fma"))) static void dense_avx2(uint32_t in, uint32_t
 	}
 }
 #else
-void mbp__dense_thread_init(void)
+void mbp__dense_thread_init(bool packed)
 {
+	(void)packed;
+}
+
+bool mbp__dense_thread_has_rows(void)
+{
+	return false;
 }
 #endif
 

@@ -427,6 +427,14 @@ int mbp_mlp_stage_new(mbp_mlp_stage **out, mbp_mlp *n, unsigned first, unsigned 
 	return 0;
 }
 
+int mbp_mlp_stage_thread_init(const mbp_mlp_stage *st)
+{
+	if (!st)
+		return -EINVAL;
+	mbp__dense_thread_init(st->n->lw[st->a].pack_as_it_goes); /* the model's kernel for its life */
+	return 0;
+}
+
 int mbp_mlp_stage_new_replica(mbp_mlp_stage **out, const mbp_mlp_stage *like)
 {
 	if (!out || !like)

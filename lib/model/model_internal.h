@@ -180,9 +180,11 @@ void mbp__dense_pack_rows(uint32_t in, uint32_t out, const float *w, size_t r0, 
 void mbp__dense_packed(const struct mbp__layer *l, const struct mbp__weights *w, const float *x, float *y,
 		       uint32_t rows, bool relu);
 /* On a thread about to compute (a stage's init): allocate its buffer for the packed kernel's rows now
- * rather than in its first product, when objects made now get that kernel. Best effort: a thread
- * without one computes without it. */
-void mbp__dense_thread_init(void);
+ * rather than in its first product, when the objects it will compute for run that kernel (`packed`).
+ * Best effort: a thread without one computes without it. */
+void mbp__dense_thread_init(bool packed);
+/* Tests: whether the calling thread holds its buffer for the packed kernel's rows. */
+bool mbp__dense_thread_has_rows(void);
 /* Pack every layer of v when the kernel in use is the packed one (v->packed, each lw[i].wp): the version
  * then runs on it for its life, and on OpenBLAS otherwise.
  * @return 0, -ENOMEM (v unchanged). */

@@ -161,7 +161,7 @@ static int stage_init(void *ctx, unsigned idx)
 	struct replica *s = &st->rep[mbp_stage_replica()];
 	(void)idx;
 	mbp__blas_one_thread();
-	mbp__dense_thread_init();
+	mbp__dense_thread_init(mbp_kernel_get() == MBP_KERNEL_PACKED); /* what versions loaded now run */
 	if (st->scratch_floats) {
 		s->s0 = mbp__scratch_alloc(st->scratch_floats);
 		s->s1 = mbp__scratch_alloc(st->scratch_floats);

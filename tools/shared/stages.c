@@ -42,6 +42,14 @@ static int op_forward(void *ctx, const mbp_train_io *io)
 	return mbp_mlp_stage_forward(p->st, io->in, io->out, io->rows, io->stash);
 }
 
+/* On the stage's thread at start: its products then allocate nothing (the dense kernel's rows). */
+static int op_init(void *ctx, unsigned stage)
+{
+	mt_stage *p = ctx;
+	(void)stage;
+	return mbp_mlp_stage_thread_init(p->st);
+}
+
 static int op_recompute(void *ctx, const mbp_train_io *io)
 {
 	mt_stage *p = ctx;
@@ -160,6 +168,7 @@ void mt_stage_desc(mt_stage *p, mbp_train_stage_desc *d)
 	    .grad_row_bytes = mbp_mlp_stage_dout_floats(p->st) * sizeof(float),
 	    .stash_row_bytes = mbp_mlp_stage_stash_floats(p->st) * sizeof(float),
 	    .work_row_bytes = mbp_mlp_stage_work_floats(p->st) * sizeof(float),
+	    .init = op_init,
 	    .recompute = op_recompute,
 	    .forward = op_forward,
 	    .backward = op_backward,
