@@ -6,7 +6,7 @@ lib_libmbpipe_la_SOURCES = \
 	lib/error.c lib/file.c lib/pool_internal.h lib/pool.c \
 	lib/affinity.h lib/affinity.c lib/crew.h lib/crew.c lib/opts.c lib/ingress.h lib/ingress.c lib/job.h lib/job.c \
 	lib/pipeline_internal.h lib/pipeline.c lib/seqwin.h lib/seqwin.c lib/worker.c lib/stats.c lib/trace.h lib/trace.c \
-	lib/schedule.h lib/schedule.c lib/train_internal.h lib/train.c
+	lib/schedule.h lib/schedule.c lib/train_internal.h lib/train.c lib/train_place.c
 lib_libmbpipe_la_SOURCES += lib/clock.h lib/strbuf.h lib/strbuf.c
 lib_libmbpipe_la_CFLAGS = $(AM_CFLAGS) $(OPENBLAS_CFLAGS) $(URCU_CFLAGS) $(JEMALLOC_CFLAGS) $(CJSON_CFLAGS)
 lib_libmbpipe_la_LIBADD = $(OPENBLAS_LIBS) $(URCU_CDS_LIBS) $(URCU_LIBS) $(JEMALLOC_LIBS) $(CJSON_LIBS) -lm

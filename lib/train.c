@@ -1216,38 +1216,6 @@ static int replicas_check(struct mbp_trainer *t)
 	return 0;
 }
 
-int mbp__train_place(const mbp_train_opts *o, unsigned stages, unsigned threads, uint16_t *thread_of,
-		     unsigned *placed, const char **what)
-{
-	mbp_sched_kind kind = o->schedule;
-	*placed = 0;
-	if (!mbp__sched_kind_placed(kind))
-		return 0;
-	mbp_schedule *sc;
-	int rc;
-	*what = "threads: a chunked schedule needs the stages a multiple of the threads (interleaved, looped "
-		"BFS) or twice them (ZB-V, DualPipeV)";
-	if (o->custom) {
-		const mbp_schedule *c = o->custom;
-		*what = "schedule: its stage count is not the trainer's";
-		if (mbp_schedule_stages(c) != stages)
-			return -EINVAL;
-		*what = "threads: not the custom schedule's";
-		if (threads && threads != mbp_schedule_threads(c))
-			return -EINVAL;
-		rc = mbp_schedule_copy(&sc, c);
-	} else {
-		rc = mbp_schedule_new_placed(&sc, kind, stages, stages, threads);
-	}
-	if (rc < 0)
-		return rc;
-	*placed = mbp_schedule_threads(sc);
-	for (unsigned s = 0; s < stages; s++)
-		thread_of[s] = (uint16_t)mbp_schedule_thread_of(sc, s, 0);
-	mbp_schedule_destroy(sc);
-	return 0;
-}
-
 /* A chunked schedule fixes each stage's thread: its placement for the thread count asked (0: two chunks
  * a thread), as mbp_schedule_new_placed gives it, or a part's of it (train_internal.h). 0, or a refused
  * start. */

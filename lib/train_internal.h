@@ -80,6 +80,21 @@ static inline bool mbp__sched_kind_placed(mbp_sched_kind k)
 int mbp__train_place(const mbp_train_opts *o, unsigned stages, unsigned threads, uint16_t *thread_of,
 		     unsigned *placed, const char **what);
 
+/* The stages of a pipeline over `ranks` ranks (train_place.c), rank k holding n[k] stages (at least 1)
+ * and asking th[k] threads (0: none asked): by rank (the block placement), or as a chunked or custom
+ * schedule places them on its threads, the ranks taking its threads in rank order, each as many as hold
+ * its stages (and its th[k], where every rank gives one). Each global stage's rank into rank_of, their
+ * count into *stages, and for rank `me` rem's sched_threads, threads, global and thread_of (left alone
+ * for a block kind). 0; -E2BIG (more than MBP_MAX_STAGES stages) or -EINVAL (the schedule cannot place
+ * them so), with err saying why; -ENOMEM. */
+int mbp__train_place_ranks(const mbp_train_opts *o, int ranks, int me, const unsigned *n, const unsigned *th,
+			   int *rank_of, unsigned *stages, struct mbp__train_remote *rem, char *err,
+			   size_t len);
+
+/* A custom schedule's actions and placement, hashed (FNV-1a): ranks given different ones disagree at
+ * start. 0 for NULL. */
+uint64_t mbp__train_schedule_hash(const mbp_schedule *sc);
+
 /* Set before mbp_trainer_start(). @return 0, -EINVAL (started, stages out of range). */
 int mbp__trainer_set_remote(mbp_trainer *t, const struct mbp__train_remote *r);
 

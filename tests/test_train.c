@@ -238,6 +238,79 @@ START_TEST(a_schedule_read_from_text_trains_bit_for_bit)
 }
 END_TEST
 
+/* The trainer across ranks places the whole pipeline's stages from each rank's count (train_place.c, no
+ * MPI): a block kind by rank, a chunked one as its schedule puts the stages on threads, the ranks taking
+ * whole threads in rank order; a rank whose stages are not whole threads, or too many stages, is refused
+ * with a reason. */
+START_TEST(stages_over_ranks_follow_the_block_rule_or_the_chunked_schedules_threads)
+{
+	char err[160];
+	int rank_of[MBP_MAX_STAGES];
+	unsigned stages = 0;
+	struct mbp__train_remote rem = {0};
+	mbp_train_opts o = {.schedule = MBP_SCHED_1F1B};
+	const unsigned n3[] = {2, 1, 3}, th0[MBP_MAX_STAGES + 1] = {0};
+	ck_assert_int_eq(mbp__train_place_ranks(&o, 3, 1, n3, th0, rank_of, &stages, &rem, err, sizeof err),
+			 0);
+	ck_assert_uint_eq(stages, 6);
+	const int block[] = {0, 0, 1, 2, 2, 2};
+	for (unsigned g = 0; g < 6; g++)
+		ck_assert_int_eq(rank_of[g], block[g]);
+	ck_assert_uint_eq(rem.sched_threads, 0); /* the block rule: nothing placed */
+
+	/* interleaved, 4 stages on 2 threads (two chunks a thread): stages 0 and 2 on thread 0, 1 and 3 on 1 */
+	o.schedule = MBP_SCHED_INTERLEAVED;
+	const unsigned n2[] = {2, 2};
+	for (int me = 0; me < 2; me++) {
+		rem = (struct mbp__train_remote){0};
+		ck_assert_int_eq(
+		    mbp__train_place_ranks(&o, 2, me, n2, th0, rank_of, &stages, &rem, err, sizeof err), 0);
+		ck_assert_uint_eq(stages, 4);
+		for (unsigned g = 0; g < 4; g++)
+			ck_assert_int_eq(rank_of[g], (int)(g % 2));
+		ck_assert_uint_eq(rem.sched_threads, 2);
+		ck_assert_uint_eq(rem.threads, 1);
+		ck_assert_uint_eq(rem.global[0], (unsigned)me);
+		ck_assert_uint_eq(rem.global[1], (unsigned)me + 2);
+		ck_assert_uint_eq(rem.thread_of[0], 0);
+		ck_assert_uint_eq(rem.thread_of[1], 0);
+	}
+	/* rank 0 holds one stage, but its thread holds two */
+	const unsigned n13[] = {1, 3};
+	err[0] = 0;
+	ck_assert_int_eq(mbp__train_place_ranks(&o, 2, 0, n13, th0, rank_of, &stages, &rem, err, sizeof err),
+			 -EINVAL);
+	ck_assert_msg(strstr(err, "rank 0's 1 stages are not whole threads"), "%s", err);
+	/* threads asked by every rank (4: a chunk a thread) that are not what its stages take there */
+	const unsigned th2[] = {1, 3};
+	err[0] = 0;
+	ck_assert_int_eq(mbp__train_place_ranks(&o, 2, 0, n2, th2, rank_of, &stages, &rem, err, sizeof err),
+			 -EINVAL);
+	ck_assert_msg(strstr(err, "rank 0's 2 stages on its threads are not whole threads"), "%s", err);
+	/* more stages than a pipeline holds, also with more ranks than that */
+	unsigned many[MBP_MAX_STAGES + 1];
+	for (unsigned k = 0; k <= MBP_MAX_STAGES; k++)
+		many[k] = 1;
+	o.schedule = MBP_SCHED_1F1B;
+	const unsigned n33[] = {33, 32};
+	ck_assert_int_eq(mbp__train_place_ranks(&o, 2, 0, n33, th0, rank_of, &stages, &rem, err, sizeof err),
+			 -E2BIG);
+	ck_assert_msg(strstr(err, "more than 64 stages"), "%s", err);
+	ck_assert_int_eq(mbp__train_place_ranks(&o, MBP_MAX_STAGES + 1, 0, many, th0, rank_of, &stages, &rem,
+						err, sizeof err),
+			 -E2BIG);
+	/* ranks given different custom schedules disagree at start: their hashes differ */
+	mbp_schedule *a, *b;
+	ck_assert_int_eq(mbp_schedule_new(&a, MBP_SCHED_1F1B, 2, 4), 0);
+	ck_assert_int_eq(mbp_schedule_new(&b, MBP_SCHED_GPIPE, 2, 4), 0);
+	ck_assert(mbp__train_schedule_hash(a) != mbp__train_schedule_hash(b));
+	ck_assert(mbp__train_schedule_hash(a) != 0);
+	ck_assert_uint_eq(mbp__train_schedule_hash(NULL), 0);
+	mbp_schedule_destroy(a);
+	mbp_schedule_destroy(b);
+}
+END_TEST
+
 START_TEST(a_chunked_schedule_refuses_a_thread_count_it_cannot_place)
 {
 	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
@@ -1977,6 +2050,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, toy_pipeline_gradients_equal_a_sequential_reference);
 	tcase_add_test(tc, every_schedule_and_thread_count_gives_identical_parameters);
 	tcase_add_test(tc, a_chunked_schedule_refuses_a_thread_count_it_cannot_place);
+	tcase_add_test(tc, stages_over_ranks_follow_the_block_rule_or_the_chunked_schedules_threads);
 	tcase_add_test(tc, a_schedule_read_from_text_trains_bit_for_bit);
 	tcase_add_test(tc, stash_high_water_marks_equal_the_schedules_figures);
 	tcase_add_test(tc, hops_between_stages_of_one_thread_pass_locally_as_the_schedule_counts_them);

@@ -207,62 +207,20 @@ static uint64_t own_of(const mbp_mpi_trainer *T)
 	return (uint64_t)(T->o.threads & 0xff) | (uint64_t)T->r.wide << 8;
 }
 
-/* The ranks' stages in the whole pipeline: by rank (the block placement), or as a chunked or custom
- * schedule places them on its threads, the ranks taking its threads in rank order, each as many as hold
- * its stages (and its threads option, where given). The same on every rank, or refused alike. */
+/* The ranks' stages in the whole pipeline (mbp__train_place_ranks), from every rank's counts: the same on
+ * every rank, or refused alike. */
 static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__train_remote *rem)
 {
 	struct mbp__run *r = &T->r;
-	unsigned n[MBP_MAX_STAGES], th[MBP_MAX_STAGES], tsum = 0, total = 0, placed = 0;
-	bool given = true;
-	for (int k = 0; k < r->size; k++) {
+	unsigned n[MBP_MAX_STAGES], th[MBP_MAX_STAGES];
+	for (int k = 0; k < r->size && k < MBP_MAX_STAGES; k++) {
 		uint64_t own = all[(size_t)k * HS_N + MBP__HS_OWN];
 		n[k] = (unsigned)all[(size_t)k * HS_N + MBP__HS_STAGES]; /* at least 1 (mbp__run_start) */
 		th[k] = own & 0xff;
-		tsum += th[k];
-		given &= th[k] != 0;
 		rem->widest = own >> 8 > rem->widest ? own >> 8 : rem->widest;
-		if (total + n[k] > MBP_MAX_STAGES)
-			return mbp__run_fail(r, -E2BIG, "more than %d stages over all ranks", MBP_MAX_STAGES);
-		for (unsigned i = 0; i < n[k]; i++)
-			T->rank_of[total++] = k;
 	}
-	T->stages = total;
-	const char *what = NULL;
-	uint16_t thr[MBP_MAX_STAGES];
-	int rc = mbp__train_place(&T->o, total, given ? tsum : 0, thr, &placed, &what);
-	if (rc == -EINVAL)
-		return mbp__run_fail(r, rc, "the schedule across ranks: %s", what);
-	if (rc < 0 || !placed)
-		return rc;
-	unsigned on[MBP_MAX_STAGES] = {0}, first = 0, next = 0, rank_t[MBP_MAX_STAGES];
-	for (unsigned g = 0; g < total; g++)
-		on[thr[g]]++;
-	for (int k = 0; k < r->size; k++) {
-		unsigned held = 0, t0 = next;
-		while (held < n[k] && next < placed)
-			held += on[next++];
-		if (held != n[k] || (th[k] && next - t0 != th[k]))
-			return mbp__run_fail(
-			    r, -EINVAL,
-			    "the %s schedule places %u stages on its %u threads: rank %d's %u "
-			    "stages%s are not whole threads of it",
-			    mbp_sched_name(T->o.schedule), total, placed, k, n[k],
-			    th[k] ? " on its threads" : "");
-		for (unsigned t = t0; t < next; t++)
-			rank_t[t] = (unsigned)k;
-		if (k == r->rank)
-			first = t0, rem->threads = next - t0;
-	}
-	rem->sched_threads = placed;
-	for (unsigned g = 0, i = 0; g < total; g++) {
-		T->rank_of[g] = (int)rank_t[thr[g]];
-		if (T->rank_of[g] == r->rank) {
-			rem->global[i] = (uint16_t)g;
-			rem->thread_of[i++] = (uint16_t)(thr[g] - first);
-		}
-	}
-	return 0;
+	return mbp__train_place_ranks(&T->o, r->size, r->rank, n, th, T->rank_of, &T->stages, rem, r->msg,
+				      sizeof(r->msg));
 }
 
 /* The rings to and from other ranks, and where each goes there. */
@@ -320,22 +278,6 @@ static int op_start(struct mbp__run *r, const uint64_t *all)
 	return rc ? rc : alloc_run(T);
 }
 
-/* A custom schedule's actions, hashed (FNV-1a): ranks that were given different ones disagree at start. */
-static uint64_t custom_hash(const mbp_schedule *sc)
-{
-	uint64_t h = 1469598103934665603ull;
-	const mbp_sched_op *act;
-	size_t n = sc ? mbp_schedule_order(sc, &act) : 0;
-	for (size_t i = 0; i < n; i++) {
-		uint32_t w[2] = {act[i].mb, (uint32_t)act[i].stage << 8 | act[i].kind};
-		for (unsigned b = 0; b < 2; b++)
-			h = (h ^ w[b]) * 1099511628211ull;
-	}
-	for (unsigned s = 0; sc && s < mbp_schedule_stages(sc); s++)
-		h = (h ^ mbp_schedule_thread_of(sc, s, 0)) * 1099511628211ull;
-	return sc ? h : 0;
-}
-
 int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 {
 	static const char *const names[] = {"target_row_bytes", "max_mbs", "schedule",
@@ -355,7 +297,7 @@ int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 			       [HS_TGT] = T->o.target_row_bytes,
 			       [HS_MBS] = T->o.max_mbs,
 			       [HS_SCHED] = (uint64_t)T->o.schedule,
-			       [HS_CUSTOM] = custom_hash(T->o.custom)};
+			       [HS_CUSTOM] = mbp__train_schedule_hash(T->o.custom)};
 	return mbp__run_start(&T->r, mine, HS_N, names, "micro-batches or a step's targets");
 }
 
