@@ -1102,8 +1102,9 @@ static int setup(struct mbp_trainer *t)
 	for (unsigned u = 0; u < t->U; u++) {
 		struct tstage *st = &t->st[u];
 		unsigned s = st->idx;
-		st->nprev = s > 0 ? t->reps[s - 1] : 1;
-		st->nnext = s + 1 < t->S ? t->reps[s + 1] : 1;
+		/* a remote neighbour (another part's stage) is one link, whatever its replicas */
+		st->nprev = s > 0 && t->gidx[s - 1] + 1 == t->gidx[s] ? t->reps[s - 1] : 1;
+		st->nnext = s + 1 < t->S && t->gidx[s + 1] == t->gidx[s] + 1 ? t->reps[s + 1] : 1;
 		widest = st->out_w > widest ? st->out_w : widest;
 		widest = st->grad_w > widest ? st->grad_w : widest;
 		act_widest = st->stash_w > act_widest ? st->stash_w : act_widest;
@@ -1134,12 +1135,14 @@ static int setup(struct mbp_trainer *t)
 			t->st[v].bwd_out[st->rep] = st->bwd_in[b];
 		}
 	}
-	for (unsigned s = 0; s < t->S && t->remote; s++) {
-		/* the rings to the remote neighbours, their agent at the far end (a unit a stage: no replicas
-		 * across ranks) */
-		struct tstage *st = &t->st[t->ub[s]];
+	for (unsigned u = 0; u < t->U && t->remote; u++) {
+		/* the rings to the remote neighbours, their agent at the far end: each replica of a stage at
+		 * a part's edge has its own (the agent sends it micro-batches j mod its replicas) */
+		struct tstage *st = &t->st[u];
+		unsigned s = st->idx;
 		uint32_t cap = next_pow2(t->o.max_mbs);
-		struct mbp__ring **l = &t->link[mbp__train_link(s, 0)];
+		int id = mbp__train_link(u, 0);
+		struct mbp__ring **l = &t->link[id];
 		int rc = 0;
 		if (t->gidx[s] > 0 && (s == 0 || t->gidx[s - 1] + 1 != t->gidx[s]) &&
 		    (rc = mbp__ring_new(&l[MBP__LINK_UP_FWD], cap, &t->wopts, 0)) == 0)
@@ -1148,7 +1151,6 @@ static int setup(struct mbp_trainer *t)
 		    (s + 1 == t->S || t->gidx[s + 1] != t->gidx[s] + 1) &&
 		    (rc = mbp__ring_new(&l[MBP__LINK_DOWN_FWD], cap, &t->wopts, 0)) == 0)
 			rc = mbp__ring_new(&l[MBP__LINK_DOWN_BWD], cap, &t->wopts, 0);
-		int id = mbp__train_link(s, 0);
 		if (l[MBP__LINK_UP_FWD]) {
 			st->fwd_in[0] = link_hop(t, id + MBP__LINK_UP_FWD);
 			st->bwd_out[0] = link_hop(t, id + MBP__LINK_UP_BWD);
@@ -1205,9 +1207,11 @@ static int replicas_check(struct mbp_trainer *t)
 {
 	if (t->U == t->S)
 		return 0;
-	if (t->remote)
+	/* across ranks a replicated stage's items go out in micro-batch order, as every kind runs them */
+	if (t->remote && t->o.custom)
 		return start_refused_with(t, -ENOTSUP, -1, MBP_OP_F,
-					  "replicas: a replicated stage does not run across ranks (yet)");
+					  "replicas: across ranks, not under a schedule read from text (its "
+					  "stages may run their micro-batches out of order)");
 	/* a chunked, built or custom schedule: `threads` is its own (its placement), copied per replica */
 	if (!mbp__sched_kind_placed(t->o.schedule) && t->o.threads && t->o.threads != t->U)
 		return start_refused(t, -1, MBP_OP_F,
@@ -1307,7 +1311,7 @@ int mbp_trainer_start(mbp_trainer *t)
  * what their caches can keep out of the depot (the pool grows only when a getter finds both its cache and
  * the depot empty), and the agent's buffers. */
 static int reserve_buffers(struct mbp_trainer *t, const mbp_schedule *sc, const mbp_sched_op *ops,
-			   const size_t *toff)
+			   const size_t *toff, bool replicated)
 {
 	bool stash[MBP_MAX_STAGES] = {false}; /* the stashes are the activation pool's (reserve_act) */
 	struct mbp__sched_part part = {t->stage0, t->S, t->T, ops, toff, stash};
@@ -1317,12 +1321,19 @@ static int reserve_buffers(struct mbp_trainer *t, const mbp_schedule *sc, const 
 		part = (struct mbp__sched_part){0, t->Sg, t->Sg, sc->stage_ops, sc->stage_off, stash};
 	uint64_t peak;
 	int rc = 0;
-	if (t->U > t->S)
-		/* replicas: the per-process play cannot follow one stage on several threads, so the bound
-		 * over every timing is counted per micro-batch: an output and an input gradient per link
-		 * and the loss's gradient, each held once at most, and a buffer per running operation */
-		peak = (uint64_t)mbp_schedule_mbs(sc) * (2ull * (t->S - 1) + 1) + t->T;
-	else
+	if (replicated) {
+		/* replicas (here or in another part): the per-process play cannot follow one stage on
+		 * several threads, so the bound over every timing is counted per micro-batch: an output and
+		 * an input gradient per link (between two stages here, or to another part's) and the loss's
+		 * gradient, each held once at most, and a buffer per running operation */
+		unsigned links = 0;
+		for (unsigned g = 0; g < t->S; g++) {
+			bool next_here = g + 1 < t->S && t->gidx[g + 1] == t->gidx[g] + 1;
+			links += next_here || t->gidx[g] + 1u < t->Sg;
+			links += t->gidx[g] > 0 && (g == 0 || t->gidx[g - 1] + 1 != t->gidx[g]);
+		}
+		peak = (uint64_t)mbp_schedule_mbs(sc) * (2ull * links + 1) + t->T;
+	} else
 		rc = mbp__schedule_buffer_peak(sc, &part, &peak);
 	if (rc < 0)
 		return rc;
@@ -1339,11 +1350,17 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 {
 	if (t->sc && mbp_schedule_mbs(t->sc) == M)
 		return 0;
+	/* replicas of any stage of the pipeline (this part's or another's: every part plays the same
+	 * order) give a block kind its replicated order */
+	const unsigned *reps = t->remote ? t->rem.reps : t->reps;
+	bool replicated = false;
+	for (unsigned g = 0; g < t->Sg; g++)
+		replicated |= reps[g] > 1;
 	mbp_schedule *sc;
 	int rc = t->o.custom
 		     ? (mbp_schedule_mbs(t->o.custom) == M ? mbp_schedule_copy(&sc, t->o.custom) : -EINVAL)
-		 : t->U > t->S && !t->placed
-		     ? mbp_schedule_new_replicated(&sc, t->o.schedule, t->S, M, t->reps)
+		 : replicated && !t->placed
+		     ? mbp_schedule_new_replicated(&sc, t->o.schedule, t->Sg, M, reps)
 		     : mbp_schedule_new_placed(&sc, t->o.schedule, t->Sg, M, t->sched_threads);
 	if (rc < 0)
 		return rc;
@@ -1362,7 +1379,7 @@ static int prepare_schedule(struct mbp_trainer *t, uint32_t M)
 			MBP_VERIFY(t->crew.thread_of[t->ub[s] + k] == thread[s] + k);
 	}
 	mbp__schedule_local_lists(sc, t->gidx, thread, t->reps, t->S, t->T, ops, toff);
-	rc = reserve_buffers(t, sc, ops, toff);
+	rc = reserve_buffers(t, sc, ops, toff, replicated || t->U > t->S);
 	if (rc == 0)
 		rc = reserve_act(t, sc);
 	/* a part has the costs of its own stages only: it predicts no bubble */
@@ -1416,7 +1433,7 @@ static void summarise(struct mbp_trainer *t, int rc, uint64_t t_end)
 		}
 	}
 	mbp_sched_sim sim = {0};
-	if (rc == 0 && t->U > t->S) /* (never remote) */
+	if (rc == 0 && t->U > t->S && !t->remote)
 		mbp__schedule_simulate_rep_in(t->sc, costs, t->reps, &sim, NULL, &t->sim);
 	else if (rc == 0 && !t->remote) /* a part has the costs of its own stages only */
 		mbp__schedule_simulate_in(t->sc, costs, t->T, &sim, NULL, &t->sim); /* allocates nothing */
@@ -1500,10 +1517,10 @@ static int step_fail_early(struct mbp_trainer *t, mbp_train_error e)
 	t->rem.failed(t->rem.arg);
 	struct mbp__train_vote v = {.ok = false, .err = e};
 	t->rem.agree(t->rem.arg, &v);
-	for (unsigned s = 0; s < t->S; s++) {
+	for (unsigned u = 0; u < t->U; u++) {
 		static const int incoming[] = {MBP__LINK_UP_FWD, MBP__LINK_DOWN_BWD};
 		for (unsigned i = 0; i < MBP_ARRAY_SIZE(incoming); i++) {
-			struct mbp__ring *l = t->link[mbp__train_link(s, incoming[i])];
+			struct mbp__ring *l = t->link[mbp__train_link(u, incoming[i])];
 			void *item;
 			while (l && mbp__ring_pop_sc(l, &item))
 				mbp_pool_put(t->pool, NULL, item);
@@ -1751,6 +1768,17 @@ int mbp__trainer_set_remote(mbp_trainer *t, const struct mbp__train_remote *r)
 	t->stage0 = r->stage0;
 	t->Sg = r->stages;
 	return 0;
+}
+
+int mbp__trainer_link_of(const mbp_trainer *t, unsigned s, uint32_t j, int kind)
+{
+	return mbp__train_link(t->ub[s] + j % t->reps[s], kind);
+}
+
+unsigned mbp__trainer_units(const mbp_trainer *t, unsigned s, unsigned *first)
+{
+	*first = t->ub[s];
+	return t->reps[s];
 }
 
 bool mbp__trainer_link_pop(mbp_trainer *t, int link, mbp_mb **mb)

@@ -25,8 +25,8 @@
 
 #include <mbpipe.h>
 
-/* The boundary rings, by the remote neighbour's side: local stage k's are link ids k * MBP__LINKS + these
- * (mbp__train_link), where the stage before or after it is remote. */
+/* The boundary rings, by the remote neighbour's side: local unit k's (a stage's replica) are link ids
+ * k * MBP__LINKS + these (mbp__train_link), where the stage before or after it is remote. */
 enum {
 	MBP__LINK_UP_FWD = 0, /* activations from the stage before (pushed by the agent) */
 	MBP__LINK_UP_BWD,     /* input gradients of the stage, to the stage before (popped by the agent) */
@@ -35,9 +35,9 @@ enum {
 	MBP__LINKS
 };
 
-static inline int mbp__train_link(unsigned local_stage, int kind)
+static inline int mbp__train_link(unsigned unit, int kind)
 {
-	return (int)local_stage * MBP__LINKS + kind;
+	return (int)unit * MBP__LINKS + kind;
 }
 
 /* The vote at the first barrier. In: this part's view; out: the whole pipeline's. */
@@ -57,9 +57,10 @@ struct mbp__train_remote {
 	unsigned sched_threads, threads;
 	uint16_t global[MBP_MAX_STAGES], thread_of[MBP_MAX_STAGES];
 	size_t widest;
-	unsigned extra_buffers; /* pool buffers the agent holds at once (its receive windows) */
-	unsigned node_k;	/* the k-th of node_m ranks of its node given the same CPUs: its threads */
-	unsigned node_m;	/* take the k-th part of them (pipeline.h, "Placement"); 0: all of them */
+	unsigned reps[MBP_MAX_STAGES]; /* each global stage's replicas (0: one), the same on every part */
+	unsigned extra_buffers;	       /* pool buffers the agent holds at once (its receive windows) */
+	unsigned node_k; /* the k-th of node_m ranks of its node given the same CPUs: its threads */
+	unsigned node_m; /* take the k-th part of them (pipeline.h, "Placement"); 0: all of them */
 	void *arg;
 	void (*kick)(void *arg);   /* an outgoing ring has a new item (any worker) */
 	void (*begin)(void *arg);  /* the controller, as a step starts */
@@ -98,6 +99,11 @@ uint64_t mbp__train_schedule_hash(const mbp_schedule *sc);
 /* Set before mbp_trainer_start(). @return 0, -EINVAL (started, stages out of range). */
 int mbp__trainer_set_remote(mbp_trainer *t, const struct mbp__train_remote *r);
 
+/* The boundary rings are a unit's (a replica of a stage: train.c): link ids mbp__train_link(unit, kind).
+ * The link of local stage s's replica that runs micro-batch j (j mod its replicas); stage s's units,
+ * [*first, *first + the count returned). Valid once the stages are added. */
+int mbp__trainer_link_of(const mbp_trainer *t, unsigned s, uint32_t j, int kind);
+unsigned mbp__trainer_units(const mbp_trainer *t, unsigned s, unsigned *first);
 /* The agent's end of a boundary ring (NULL-safe: false when the ring does not exist). */
 bool mbp__trainer_link_pop(mbp_trainer *t, int link, mbp_mb **mb);
 bool mbp__trainer_link_push(mbp_trainer *t, int link, mbp_mb *mb);

@@ -252,39 +252,60 @@ static void step_as_single(struct part *p, struct single *s, const float *in, co
 	same_params(p, s);
 }
 
+/* Three steps of `rows` rows on every rank and on the single trainer: the same losses, every rank's
+ * parameters the single process's, bit for bit, every update given the norm over all stages of all
+ * ranks and the step's loss. */
+static void three_steps_as_single(struct part *p, struct single *s, mbp_sched_kind kind, size_t rows)
+{
+	float in[32 * MBR * N], tg[32 * MBR * N];
+	ck_assert(rows <= 32 * MBR);
+	for (unsigned n = 0; n < 3; n++) {
+		make_data(in, tg, rows, n);
+		double loss = -1, want = -2;
+		ck_assert_int_eq(step_rows(p, in, tg, rows, &loss), 0);
+		ck_assert_int_eq(mbp_trainer_step(s->t, in, tg, rows, MBR, &want), 0);
+		ck_assert_msg(loss == want, "rank %d, %s: loss %.17g, one process %.17g", rank,
+			      mbp_sched_name(kind), loss, want);
+		same_params(p, s);
+		for (unsigned i = 0; i < SPR; i++) {
+			const struct toy *ref = &s->st[p->g[i]];
+			ck_assert(p->st[i].last_norm == ref->last_norm);
+			ck_assert(p->st[i].last_loss == want);
+		}
+	}
+}
+
+/* After three steps of M micro-batches: M items per step over each hop to or from another rank (the
+ * activations out of a stage whose next is another rank's, the gradients out of one whose previous is),
+ * nothing dropped. */
+static void links_carried_three_steps(const struct part *p, const mbp_mpi_train_stats *st, unsigned M)
+{
+	unsigned hops = 0;
+	for (unsigned i = 0; i < SPR; i++) {
+		bool prev_here = i > 0 && p->g[i - 1] + 1 == p->g[i];
+		bool next_here = i + 1 < SPR && p->g[i + 1] == p->g[i] + 1;
+		hops += (p->g[i] > 0 && !prev_here) + (p->g[i] + 1 < total_stages() && !next_here);
+	}
+	ck_assert_uint_eq(st->sent, 3 * M * hops);
+	ck_assert_uint_eq(st->received, 3 * M * hops);
+	ck_assert_uint_eq(st->dropped, 0);
+}
+
 START_TEST(every_schedule_across_ranks_gives_the_single_process_parameters_bit_for_bit)
 {
-	float in[ROWS * N], tg[ROWS * N];
 	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
 		struct part p;
 		struct single s;
 		ck_assert_int_eq(part_new(&p, kinds[k], 0), 0);
 		single_new(&s, kinds[k]);
-		for (unsigned n = 0; n < 3; n++) {
-			make_data(in, tg, ROWS, n);
-			double loss = -1, want = -2;
-			ck_assert_int_eq(step(&p, in, tg, &loss), 0);
-			ck_assert_int_eq(mbp_trainer_step(s.t, in, tg, ROWS, MBR, &want), 0);
-			ck_assert_msg(loss == want, "rank %d, %s: loss %.17g, one process %.17g", rank,
-				      mbp_sched_name(kinds[k]), loss, want);
-			same_params(&p, &s);
-			for (unsigned i = 0; i < SPR; i++) {
-				/* every update saw the norm over all stages of all ranks, and the step's loss */
-				const struct toy *ref = &s.st[(unsigned)rank * SPR + i];
-				ck_assert(p.st[i].last_norm == ref->last_norm);
-				ck_assert(p.st[i].last_loss == want);
-			}
-		}
+		three_steps_as_single(&p, &s, kinds[k], ROWS);
 		mbp_mpi_train_stats st;
 		ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
 		ck_assert_uint_eq(st.local.steps, 3);
 		ck_assert_uint_eq(st.stage0, (unsigned)rank * SPR);
 		ck_assert_uint_eq(st.stages, total_stages());
 		/* 6 activations forward and 6 gradients back per step and link, nothing dropped */
-		unsigned links = (rank > 0) + (rank < size - 1);
-		ck_assert_uint_eq(st.sent, 3 * 6 * links);
-		ck_assert_uint_eq(st.received, 3 * 6 * links);
-		ck_assert_uint_eq(st.dropped, 0);
+		links_carried_three_steps(&p, &st, 6);
 		part_destroy(&p); /* the trainer's pool checks that every buffer came back */
 		mbp_trainer_destroy(s.t);
 	}
@@ -772,26 +793,11 @@ static void chunked_as_single(mbp_sched_kind kind, uint32_t threads)
 {
 	size_t rows = chunk_rows();
 	uint32_t M = (uint32_t)((rows + MBR - 1) / MBR);
-	float in[32 * MBR * N], tg[32 * MBR * N];
 	struct part p;
 	struct single s;
 	ck_assert_int_eq(part_threads(&p, kind, threads), 0);
 	single_new(&s, kind);
-	for (unsigned n = 0; n < 3; n++) {
-		make_data(in, tg, rows, n);
-		double loss = -1, want = -2;
-		ck_assert_int_eq(step_rows(&p, in, tg, rows, &loss), 0);
-		ck_assert_int_eq(mbp_trainer_step(s.t, in, tg, rows, MBR, &want), 0);
-		ck_assert_msg(loss == want, "rank %d, %s: loss %.17g, one process %.17g", rank,
-			      mbp_sched_name(kind), loss, want);
-		same_params(&p, &s);
-		for (unsigned i = 0; i < SPR; i++) {
-			/* every update saw the norm over all stages of all ranks, and the step's loss */
-			const struct toy *ref = &s.st[p.g[i]];
-			ck_assert(p.st[i].last_norm == ref->last_norm);
-			ck_assert(p.st[i].last_loss == want);
-		}
-	}
+	three_steps_as_single(&p, &s, kind, rows);
 	mbp_mpi_train_stats st;
 	mbp_train_stage_stats ss[SPR];
 	ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, ss, SPR), SPR);
@@ -828,17 +834,7 @@ static void chunked_as_single(mbp_sched_kind kind, uint32_t threads)
 	}
 	ck_assert_uint_eq(st.stage0, p.g[0]);
 	ck_assert_uint_eq(st.stages, total_stages());
-	/* per step, M items over each hop to or from another rank (the activations out of a stage whose
-	 * next is another rank's, the gradients out of one whose previous is), nothing dropped */
-	unsigned hops = 0;
-	for (unsigned i = 0; i < SPR; i++) {
-		bool prev_here = i > 0 && p.g[i - 1] + 1 == p.g[i];
-		bool next_here = i + 1 < SPR && p.g[i + 1] == p.g[i] + 1;
-		hops += (p.g[i] > 0 && !prev_here) + (p.g[i] + 1 < total_stages() && !next_here);
-	}
-	ck_assert_uint_eq(st.sent, 3 * M * hops);
-	ck_assert_uint_eq(st.received, 3 * M * hops);
-	ck_assert_uint_eq(st.dropped, 0);
+	links_carried_three_steps(&p, &st, M);
 	part_destroy(&p);
 	mbp_trainer_destroy(s.t);
 }
@@ -905,24 +901,100 @@ START_TEST(ranks_given_different_schedules_are_refused_at_start_on_every_rank)
 }
 END_TEST
 
-START_TEST(a_replicated_stage_is_refused_across_ranks_on_every_rank)
+/* The replicas of global stage g in the replica tests: 2, 1, 3, 2, 1, 1, 2, 1, ... (a replicated stage at
+ * either end of a rank's part, sending to and receiving from another rank's, replicated or not; with 4
+ * ranks, rank 2's part has no replicas but plays the replicated order of the others). */
+static unsigned reps_of(unsigned g)
 {
-	/* replicas run in one process only (train.h, "Replicas"): a part's stage with two is refused */
-	struct part p;
-	mbp_train_opts o = toy_opts(MBP_SCHED_1F1B);
-	stages_here(&o, p.g);
-	ck_assert_int_eq(mbp_mpi_trainer_new(&p.t, &o, NULL), 0);
-	live = p.t;
-	for (unsigned i = 0; i < SPR; i++) {
-		toy_init(&p.st[i], p.g[i] + 1);
-		mbp_train_stage_desc d = toy_desc(&p.st[i], true);
-		d.replicas = i == 0 ? 2 : 0;
-		ck_assert_int_eq(mbp_mpi_trainer_add_stage(p.t, &d), 0);
+	static const unsigned r[] = {2, 1, 3, 2, 1, 1, 2, 1};
+	return r[g % 8];
+}
+
+/* A part whose stages have reps_of() replicas each (the toy's operations write only their buffers, so
+ * the replicas share its context), under `kind` (`custom`: its schedule, or NULL). */
+static int part_replicated(struct part *p, mbp_sched_kind kind, const mbp_schedule *custom)
+{
+	mbp_train_opts o = toy_opts(kind);
+	o.custom = custom;
+	stages_here(&o, p->g);
+	mbp_mpi_opts mo;
+	mbp_mpi_opts_init(&mo);
+	mo.window = 2;
+	mo.peer_timeout_ns = 20 * SEC;
+	int rc = mbp_mpi_trainer_new(&p->t, &o, &mo);
+	if (rc)
+		return rc;
+	live = p->t;
+	for (unsigned i = 0; i < SPR && rc == 0; i++) {
+		toy_init(&p->st[i], p->g[i] + 1);
+		mbp_train_stage_desc d = toy_desc(&p->st[i], whole_backward(kind, p->g[i]));
+		d.replicas = reps_of(p->g[i]);
+		rc = mbp_mpi_trainer_add_stage(p->t, &d);
 	}
-	ck_assert_int_eq(mbp_mpi_trainer_start(p.t), -ENOTSUP);
-	ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t),
-			     "replicas: a replicated stage does not run across ranks") != NULL,
-		      "%s", mbp_mpi_trainer_run_error(p.t));
+	return rc ? rc : mbp_mpi_trainer_start(p->t);
+}
+
+/* Replicated stages across ranks (train.h, "Replicas"): every rank learns every stage's replicas at
+ * start and plays the same replicated order; a replica at a part's edge has its own links, the sender
+ * sends a replicated stage's items in micro-batch order, the receiver hands micro-batch j to replica j
+ * mod r. Losses and parameters are the single process's without replicas, bit for bit, every step; the
+ * links carry each micro-batch once each way. */
+START_TEST(replicated_stages_across_ranks_give_the_single_process_parameters_bit_for_bit)
+{
+	/* every block kind, and every chunked one (their placement copied per replica) but text */
+	mbp_sched_kind all[sizeof(kinds) / sizeof(kinds[0]) + sizeof(chunked) / sizeof(chunked[0])];
+	size_t nk = 0;
+	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
+		all[nk++] = kinds[k];
+	for (size_t k = 0; k < sizeof(chunked) / sizeof(chunked[0]); k++)
+		if (chunked[k] != MBP_SCHED_CUSTOM)
+			all[nk++] = chunked[k];
+	for (size_t k = 0; k < nk; k++) {
+		mbp_sched_kind kind = all[k];
+		size_t rows = mbp__sched_kind_placed(kind) || kind == MBP_SCHED_ZBH2 ? chunk_rows() : ROWS;
+		unsigned M = (unsigned)((rows + MBR - 1) / MBR);
+		struct part p;
+		struct single s;
+		ck_assert_int_eq(part_replicated(&p, kind, NULL), 0);
+		single_new(&s, kind);
+		three_steps_as_single(&p, &s, kind, rows);
+		mbp_mpi_train_stats st;
+		ck_assert_int_eq(mbp_mpi_trainer_stats_get(p.t, &st, NULL, 0), SPR);
+		ck_assert_uint_eq(st.local.steps, 3);
+		links_carried_three_steps(&p, &st, M);
+		part_destroy(&p);
+		mbp_trainer_destroy(s.t);
+	}
+}
+END_TEST
+
+/* A stage failing on one replica fails the step on every rank with nothing updated; the next step is
+ * the single process's. */
+START_TEST(a_replica_failing_across_ranks_fails_the_step_everywhere_and_the_next_step_is_exact)
+{
+	struct part p;
+	struct single s;
+	ck_assert_int_eq(part_replicated(&p, MBP_SCHED_1F1B, NULL), 0);
+	single_new(&s, MBP_SCHED_1F1B);
+	float in[ROWS * N], tg[ROWS * N];
+	make_data(in, tg, ROWS, 0);
+	step_as_single(&p, &s, in, tg);
+	/* global stage 2 (three replicas): micro-batch 4 runs on its replica 1 */
+	failing_step(&p, &s, 1, 2, MBP_OP_F, 4, MBP_OP_F);
+	end_counted(&p, &s, 2, 1);
+}
+END_TEST
+
+/* Under a schedule read from text a stage may run its micro-batches out of order, which the ordered
+ * links of replicas across ranks cannot follow: refused at start on every rank alike. */
+START_TEST(replicas_under_a_schedule_read_from_text_are_refused_across_ranks_on_every_rank)
+{
+	mbp_schedule *sc = read_schedule(MBP_SCHED_ZBV);
+	struct part p;
+	ck_assert_int_eq(part_replicated(&p, MBP_SCHED_CUSTOM, sc), -ENOTSUP);
+	ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t), "failed to start") != NULL, "%s",
+		      mbp_mpi_trainer_run_error(p.t));
+	mbp_schedule_destroy(sc);
 	part_destroy(&p);
 }
 END_TEST
@@ -955,7 +1027,10 @@ static Suite *suite(void)
 	    tc, a_stage_failure_under_a_chunked_schedule_fails_the_step_everywhere_and_the_next_step_runs);
 	tcase_add_test(tc, a_chunked_schedule_that_cannot_place_the_ranks_is_refused_on_every_rank_alike);
 	tcase_add_test(tc, ranks_given_different_schedules_are_refused_at_start_on_every_rank);
-	tcase_add_test(tc, a_replicated_stage_is_refused_across_ranks_on_every_rank);
+	tcase_add_test(tc, replicated_stages_across_ranks_give_the_single_process_parameters_bit_for_bit);
+	tcase_add_test(tc,
+		       a_replica_failing_across_ranks_fails_the_step_everywhere_and_the_next_step_is_exact);
+	tcase_add_test(tc, replicas_under_a_schedule_read_from_text_are_refused_across_ranks_on_every_rank);
 	/* last: the items the others sent the rank that left, still on the wire as it closed, may land in the
 	 * next run's communicator (MPI gives it the freed one's context) and take the place of that run's */
 	tcase_add_test(tc,

@@ -293,7 +293,7 @@ static int free_comm_task(void *arg)
 }
 
 /* Rank k's values in all[] that break the rules of mbp__run_start, in words; 0 or the error. */
-static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char *const *names,
+static int check(struct mbp__run *r, const uint64_t *all, unsigned n, unsigned own, const char *const *names,
 		 const char *what)
 {
 	for (int k = 0; k < r->size; k++) {
@@ -309,7 +309,7 @@ static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char
 			    (unsigned long long)v[MBP__HS_OUT], k + 1, (unsigned long long)next[MBP__HS_IN]);
 		if (v[MBP__HS_BYTES] > INT_MAX)
 			return mbp__run_fail(r, -E2BIG, "rank %d's %s exceed 2 GiB", k, what);
-		for (unsigned i = MBP__HS_ROWS; i < n; i++)
+		for (unsigned i = MBP__HS_ROWS; i < n - own; i++)
 			if (v[i] != all[i])
 				return mbp__run_fail(r, -EINVAL, "rank %d has %s %llu, rank 0 %llu", k,
 						     i == MBP__HS_ROWS	   ? "max_mb_rows"
@@ -320,7 +320,8 @@ static int check(struct mbp__run *r, const uint64_t *all, unsigned n, const char
 	return 0;
 }
 
-int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names, const char *what)
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, unsigned own, const char *const *names,
+		   const char *what)
 {
 	if (mbp__run_check(r, MBP__RUN_ANY, true) != -ENOTCONN)
 		return -EALREADY; /* not new: the state read under the lock, as the loop may be ending it */
@@ -329,7 +330,7 @@ int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *c
 	uint64_t *all = calloc((size_t)r->size, n * sizeof(*all));
 	struct hs h = {.r = r, .mine = mine, .n = n, .all = all};
 	int rc = all ? mbp__mpi_call(hs_task, &h) : -ENOMEM;
-	if (rc == 0 && (rc = check(r, all, n, names, what)) == 0) {
+	if (rc == 0 && (rc = check(r, all, n, own, names, what)) == 0) {
 		/* every rank passed alike: the node's CPUs (collective), the flow's own start (collectives
 		 * included), the channel; then the result shared */
 		int lrc = mbp__mpi_node_share(&r->node_k, &r->node_m);

@@ -352,7 +352,7 @@ int mbp_mpi_start(mbp_mpi *mp)
 	    [MBP__HS_OUT] = mp->r.out_rb,
 	    [MBP__HS_BYTES] = mbp__mul_sat(mp->r.in_rb > mp->r.out_rb ? mp->r.in_rb : mp->r.out_rb, rows),
 	    [MBP__HS_ROWS] = rows};
-	return mbp__run_start(&mp->r, mine, MBP__HS_SAME, NULL, "micro-batches");
+	return mbp__run_start(&mp->r, mine, MBP__HS_SAME, 0, NULL, "micro-batches");
 }
 
 /* ---- rank 0: the table and retiring ---- */

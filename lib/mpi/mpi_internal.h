@@ -246,12 +246,12 @@ enum {
 };
 /*
  * Start, collective: every rank's mine[0..n) to every rank, checked (an error on a rank; no stages; OUT not
- * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_ROWS on that is not rank
- * 0's, the flow's names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the
+ * the next rank's IN; BYTES above 2 GiB, `what` in words; a value from MBP__HS_ROWS up to the last `own`
+ * (each rank's own, not compared) that is not rank 0's, the flow's names[i - MBP__HS_SAME] in words); then on every rank the node's CPUs shared out, the
  * flow's own start (ops->start), the channel, the result shared, and the loop started. Every rank gets
  * the same result; r->msg says why. 0, -EALREADY (started before: no MPI call), or -errno.
  */
-int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, const char *const *names,
+int mbp__run_start(struct mbp__run *r, uint64_t *mine, unsigned n, unsigned own, const char *const *names,
 		   const char *what);
 /* A public call's check of its run: NULL (-EINVAL), the wrong rank for `who` (-EPERM), not started when
  * `started` is asked (-ENOTCONN: the state read under the lock, which the loop writes at the end). */

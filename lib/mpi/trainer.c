@@ -46,10 +46,13 @@ struct mbp_mpi_trainer {
 	int16_t local_of[MBP_MAX_STAGES]; /* each global stage's index here, -1: another rank's */
 	int loss_rank;			  /* the global last stage's */
 	/* the rings going out to another rank, each with its peer and the route at the far end: the
-	 * stage it goes to, << 1, | 1 for a gradient (into its DOWN_BWD ring, else UP_FWD) */
+	 * stage it goes to, << 1, | 1 for a gradient (into its DOWN_BWD ring, else UP_FWD). A group: the
+	 * nu rings of one stage's replicas to the same route, consecutive, replica k's at k; they go out
+	 * in micro-batch order (the loop's `next` in the group's first: the receiving rings keep it) */
 	struct route {
 		int ring, peer;
 		uint32_t dest;
+		unsigned nu, next;
 	} out[2 * MBP_MAX_STAGES];
 	unsigned nout;
 	unsigned char *tgt; /* the loss rank (not 0): the step's targets */
@@ -199,7 +202,10 @@ static int alloc_run(mbp_mpi_trainer *T)
 	return rc;
 }
 
-enum { HS_TGT = MBP__HS_SAME, HS_MBS, HS_SCHED, HS_CUSTOM, HS_N };
+/* After the values every rank must share, each rank's own: its stages' replicas, 4 bits a stage
+ * (replicas - 1), 16 stages a word. */
+enum { HS_TGT = MBP__HS_SAME, HS_MBS, HS_SCHED, HS_CUSTOM, HS_REPS, HS_N = HS_REPS + MBP_MAX_STAGES / 16 };
+enum { HS_OWN_N = HS_N - HS_REPS };
 
 /* A rank's own value: its threads option, its widest rows. */
 static uint64_t own_of(const mbp_mpi_trainer *T)
@@ -219,8 +225,16 @@ static int place_ranks(mbp_mpi_trainer *T, const uint64_t *all, struct mbp__trai
 		th[k] = own & 0xff;
 		rem->widest = own >> 8 > rem->widest ? own >> 8 : rem->widest;
 	}
-	return mbp__train_place_ranks(&T->o, r->size, r->rank, n, th, T->rank_of, &T->stages, rem, r->msg,
-				      sizeof(r->msg));
+	int rc = mbp__train_place_ranks(&T->o, r->size, r->rank, n, th, T->rank_of, &T->stages, rem, r->msg,
+					sizeof(r->msg));
+	/* every stage's replicas, from its rank's words (a rank's stages ascend in global order) */
+	unsigned next[MBP_MAX_STAGES] = {0};
+	for (unsigned g = 0; rc == 0 && g < T->stages; g++) {
+		int k = T->rank_of[g];
+		unsigned i = next[k]++;
+		rem->reps[g] = 1 + (unsigned)(all[(size_t)k * HS_N + HS_REPS + i / 16] >> (i % 16 * 4) & 15);
+	}
+	return rc;
 }
 
 /* The rings to and from other ranks, and where each goes there. */
@@ -233,13 +247,14 @@ static void route_rings(mbp_mpi_trainer *T)
 		T->local_of[g] = (int16_t)(T->rank_of[g] == me ? (int)k++ : -1);
 		if (T->local_of[g] < 0)
 			continue;
-		unsigned l = (unsigned)T->local_of[g];
-		if (g > 0 && T->rank_of[g - 1] != me)
-			T->out[T->nout++] = (struct route){mbp__train_link(l, MBP__LINK_UP_BWD),
-							   T->rank_of[g - 1], (g - 1) << 1 | 1};
-		if (g + 1 < T->stages && T->rank_of[g + 1] != me)
-			T->out[T->nout++] = (struct route){mbp__train_link(l, MBP__LINK_DOWN_FWD),
-							   T->rank_of[g + 1], (g + 1) << 1};
+		/* each replica of the stage has its rings (train_internal.h): a group each way */
+		unsigned u0, nu = mbp__trainer_units(T->t, (unsigned)T->local_of[g], &u0);
+		for (unsigned u = u0; g > 0 && T->rank_of[g - 1] != me && u < u0 + nu; u++)
+			T->out[T->nout++] = (struct route){mbp__train_link(u, MBP__LINK_UP_BWD),
+							   T->rank_of[g - 1], (g - 1) << 1 | 1, nu, 0};
+		for (unsigned u = u0; g + 1 < T->stages && T->rank_of[g + 1] != me && u < u0 + nu; u++)
+			T->out[T->nout++] = (struct route){mbp__train_link(u, MBP__LINK_DOWN_FWD),
+							   T->rank_of[g + 1], (g + 1) << 1, nu, 0};
 	}
 	T->loss_rank = T->rank_of[T->stages - 1];
 }
@@ -298,7 +313,9 @@ int mbp_mpi_trainer_start(mbp_mpi_trainer *T)
 			       [HS_MBS] = T->o.max_mbs,
 			       [HS_SCHED] = (uint64_t)T->o.schedule,
 			       [HS_CUSTOM] = mbp__train_schedule_hash(T->o.custom)};
-	return mbp__run_start(&T->r, mine, HS_N, names, "micro-batches or a step's targets");
+	for (unsigned i = 0, u0; i < T->r.nstages; i++)
+		mine[HS_REPS + i / 16] |= (uint64_t)(mbp__trainer_units(T->t, i, &u0) - 1) << (i % 16 * 4);
+	return mbp__run_start(&T->r, mine, HS_N, HS_OWN_N, names, "micro-batches or a step's targets");
 }
 
 /* ---- the run's operations (the loop's thread) ---- */
@@ -310,19 +327,32 @@ static void close_step_locked(mbp_mpi_trainer *T)
 	T->open = 0;
 	mbp_pool *pool = mbp__trainer_pool(T->t);
 	mbp_mb *mb;
-	for (unsigned i = 0; i < T->nout; i++)
+	for (unsigned i = 0; i < T->nout; i++) {
 		while (mbp__trainer_link_pop(T->t, T->out[i].ring, &mb))
 			mbp_pool_put(pool, NULL, mb);
+		T->out[i].next = 0;
+	}
+}
+
+/* The ring of group i (its first route) that holds the group's next item, if any: the replica that runs
+ * the next micro-batch (each replica's ring holds its own in order). */
+static int next_ring(const mbp_mpi_trainer *T, unsigned i)
+{
+	const struct route *g = &T->out[i];
+	return T->out[i + (g->nu > 1 ? g->next % g->nu : 0)].ring;
 }
 
 static bool op_next(struct mbp__run *r, struct mbp__link *l, struct mbp__hdr *h, mbp_mb **mb, void **item)
 {
 	mbp_mpi_trainer *T = of(r);
 	unsigned i = 0;
-	while (i < T->nout && (T->out[i].peer != l->peer || !mbp__trainer_link_pop(T->t, T->out[i].ring, mb)))
-		i++;
-	if (i == T->nout)
+	while (i < T->nout &&
+	       (T->out[i].peer != l->peer || !mbp__trainer_link_pop(T->t, next_ring(T, i), mb)))
+		i += T->out[i].nu;
+	if (i >= T->nout)
 		return false;
+	if (T->out[i].nu > 1) /* (a schedule's stage runs its micro-batches in order: start refuses others) */
+		MBP_VERIFY((*mb)->seq == T->out[i].next++);
 	/* the step the item belongs to: the open one (its push came after the step began here) */
 	pthread_mutex_lock(&r->lock);
 	*h = (struct mbp__hdr){.seq = (*mb)->seq,
@@ -338,8 +368,8 @@ static bool op_next(struct mbp__run *r, struct mbp__link *l, struct mbp__hdr *h,
 static bool op_waiting(struct mbp__run *r, struct mbp__link *l)
 {
 	mbp_mpi_trainer *T = of(r);
-	for (unsigned i = 0; i < T->nout; i++)
-		if (T->out[i].peer == l->peer && mbp__trainer_link_count(T->t, T->out[i].ring))
+	for (unsigned i = 0; i < T->nout; i += T->out[i].nu)
+		if (T->out[i].peer == l->peer && mbp__trainer_link_count(T->t, next_ring(T, i)))
 			return true;
 	return false;
 }
@@ -370,8 +400,9 @@ static int op_arrived(struct mbp__run *r, struct mbp__link *l, const struct mbp_
 	mb->row_bytes = h->row_bytes;
 	unsigned g = h->flags >> 1;
 	MBP_VERIFY(g < T->stages && T->local_of[g] >= 0); /* a route of this run's placement */
-	int ring =
-	    mbp__train_link((unsigned)T->local_of[g], h->flags & 1 ? MBP__LINK_DOWN_BWD : MBP__LINK_UP_FWD);
+	/* to the replica that runs micro-batch seq */
+	int ring = mbp__trainer_link_of(T->t, (unsigned)T->local_of[g], (uint32_t)h->seq,
+					h->flags & 1 ? MBP__LINK_DOWN_BWD : MBP__LINK_UP_FWD);
 	MBP_VERIFY(mbp__trainer_link_push(T->t, ring, mb)); /* the ring holds max_mbs */
 	return MBP__TAKEN;
 }
