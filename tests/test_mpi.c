@@ -34,6 +34,8 @@
 
 #include <check.h>
 
+#include "mpi/mpi_internal.h" /* mbp__mpi_test_reserving */
+
 #define STAGES_PER_RANK 2
 #define MAX_PRODUCERS	4
 #define IN_WORDS	4
@@ -56,6 +58,16 @@ struct tstage {
 
 static struct tstage st[STAGES_PER_RANK];
 static _Atomic bool gate_closed;
+static _Atomic unsigned gate_passes; /* micro-batches the closed gate lets through, one each */
+
+/* One pass through the closed gate, if one is left. */
+static bool take_pass(void)
+{
+	unsigned n = atomic_load(&gate_passes);
+	while (n && !atomic_compare_exchange_weak(&gate_passes, &n, n - 1))
+		;
+	return n != 0;
+}
 
 static uint64_t fold(uint64_t check, unsigned g)
 {
@@ -66,7 +78,7 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 {
 	struct tstage *s = ctx;
 	atomic_fetch_add(&s->calls, 1);
-	while (s->gated && atomic_load(&gate_closed))
+	while (s->gated && atomic_load(&gate_closed) && !take_pass())
 		usleep(100);
 	if (s->delay_us)
 		usleep(s->delay_us);
@@ -497,6 +509,84 @@ END_TEST
 START_TEST(a_rank_holds_a_micro_batch_for_each_replica_of_a_stage)
 {
 	holds_at_most(8);
+}
+END_TEST
+
+/* A submitter that waits with a deadline for one of rank 0's carriers, every one taken (the first stage
+ * held by the gate): the gate lets one micro-batch through, so one carrier comes free. `quiet`: freed
+ * carriers wake nobody (mbp__mpi_test_quiet_free). Its submit's result and the seconds it waited after
+ * the carrier was let free; then the run ends with every accepted micro-batch intact and in order. */
+struct timed_submit {
+	mbp_mpi *mp;
+	uint64_t k;
+	int64_t timeout_ns;
+	int rc;
+	struct timespec done;
+};
+
+static void *timed_submit_main(void *arg)
+{
+	struct timed_submit *w = arg;
+	w->rc = submit_single(w->mp, w->k, 1, w->timeout_ns);
+	clock_gettime(CLOCK_MONOTONIC, &w->done);
+	return NULL;
+}
+
+static bool wait_for_a_carrier(bool quiet, int64_t timeout_ns, int *rc, double *waited)
+{
+	static struct results res = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct cfg c = {.window = 8, .inflight = 64, .mb_buffers = 64, .gate0 = true};
+	atomic_store(&gate_closed, true);
+	atomic_store(&gate_passes, 0);
+	mbp_mpi *mp = singles_start(&res, false, &c);
+	if (!mp) {
+		atomic_store(&gate_closed, false);
+		return false;
+	}
+	int full;
+	uint64_t n = fill_held(mp, &full); /* every carrier taken */
+	mbp__mpi_test_quiet_free(mp, quiet);
+	struct timed_submit w = {.mp = mp, .k = n, .timeout_ns = timeout_ns};
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, timed_submit_main, &w), 0);
+	while (mbp__mpi_test_reserving(mp) == 0)
+		usleep(1000);
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	atomic_store(&gate_passes, 1); /* one micro-batch on: one carrier comes free */
+	pthread_join(th, NULL);
+	mbp__mpi_test_quiet_free(mp, false);
+	atomic_store(&gate_closed, false);
+	singles_end(mp, &res, n + (w.rc == 0), 0);
+	ck_assert_int_eq(full, -EAGAIN);
+	ck_assert_uint_eq(n, 2 * 8 + STAGES_PER_RANK); /* two windows and a micro-batch a local thread */
+	*rc = w.rc;
+	*waited = (double)(w.done.tv_sec - t0.tv_sec) + (double)(w.done.tv_nsec - t0.tv_nsec) * 1e-9;
+	return true;
+}
+
+/* Woken as soon as one carrier comes free, not when a quarter of them have (the rule for a submitter
+ * without a deadline: 18 carriers here) nor at its deadline: the submit returns 0 long before its 30 s. */
+START_TEST(a_submitter_with_a_deadline_takes_the_first_carrier_that_comes_free)
+{
+	int rc;
+	double waited;
+	if (!wait_for_a_carrier(false, 30 * SEC, &rc, &waited))
+		return;
+	ck_assert_int_eq(rc, 0);
+	ck_assert_msg(waited < 15.0, "the submitter waited %.1f s of its 30 s for a free carrier", waited);
+}
+END_TEST
+
+/* A carrier that comes free while nothing wakes the submitter: its wait times out, and its one more look
+ * before -ETIMEDOUT finds the carrier, so the submit succeeds. */
+START_TEST(a_submitter_whose_wait_timed_out_takes_a_carrier_freed_meanwhile)
+{
+	int rc;
+	double waited;
+	if (!wait_for_a_carrier(true, 2 * SEC, &rc, &waited))
+		return;
+	ck_assert_msg(rc == 0, "the submit returned %d after %.1f s, with a carrier free", rc, waited);
 }
 END_TEST
 
@@ -1121,6 +1211,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_result_released_without_a_handle_goes_back_to_its_run);
 	tcase_add_test(tc, a_rank_holds_at_most_two_windows_and_a_micro_batch_a_stage);
 	tcase_add_test(tc, a_rank_holds_a_micro_batch_for_each_replica_of_a_stage);
+	tcase_add_test(tc, a_submitter_with_a_deadline_takes_the_first_carrier_that_comes_free);
+	tcase_add_test(tc, a_submitter_whose_wait_timed_out_takes_a_carrier_freed_meanwhile);
 	tcase_add_test(tc, one_stage_per_rank_reads_each_micro_batch_in_place_as_a_local_job);
 	tcase_add_test(tc, a_stage_error_on_rank_0_fails_only_its_micro_batches);
 	tcase_add_test(tc, a_stage_error_on_the_last_rank_fails_only_its_micro_batches);

@@ -83,6 +83,7 @@ struct mbp_mpi {
 
 	/* under r.lock: */
 	bool stop_accepting, closing;
+	bool test_quiet_free; /* tests: a freed carrier wakes no submitter (mbp__mpi_test_quiet_free) */
 	struct carrier *free_c, *qhead, **qtail;
 	uint32_t nfree_c, wake_c; /* carriers free; how many make a submitter waiting for one worth a wake */
 	_Atomic uint32_t qn;	  /* the queue's length (written under the lock, read by the loop) */
@@ -132,7 +133,7 @@ static void carrier_free(mbp_mpi *mp, struct carrier *c, mbp_pool_cache *cache)
 	c->next = mp->free_c;
 	mp->free_c = c;
 	bool enough = ++mp->nfree_c >= mp->wake_c;
-	if (mp->reserving_timed || (enough && mp->reserving))
+	if ((mp->reserving_timed || (enough && mp->reserving)) && !mp->test_quiet_free)
 		pthread_cond_broadcast(&mp->r.cond);
 	pthread_mutex_unlock(&mp->r.lock);
 	give_back(mp, out, cache);
@@ -475,6 +476,21 @@ static int reserve(mbp_mpi *mp, bool first, int64_t timeout_ns, uint64_t *seq, s
 	if (first)
 		pthread_mutex_unlock(&mp->r.lock);
 	return rc;
+}
+
+void mbp__mpi_test_quiet_free(mbp_mpi *mp, bool quiet)
+{
+	pthread_mutex_lock(&mp->r.lock);
+	mp->test_quiet_free = quiet;
+	pthread_mutex_unlock(&mp->r.lock);
+}
+
+unsigned mbp__mpi_test_reserving(mbp_mpi *mp)
+{
+	pthread_mutex_lock(&mp->r.lock);
+	unsigned n = mp->reserving + mp->reserving_timed + mp->wait_entry;
+	pthread_mutex_unlock(&mp->r.lock);
+	return n;
 }
 
 /* A reserved entry's micro-batch went into the local pipeline (rc 0) or could not (rc: its error; then

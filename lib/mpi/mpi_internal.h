@@ -228,6 +228,11 @@ int mbp__run_fail(struct mbp__run *r, int err, const char *fmt, ...) __attribute
 /* Tests: the run late messages (mbp__run's test_late); how many rank 0's runs have seen so far. */
 void mbp__run_test_late(struct mbp__run *r);
 uint64_t mbp__run_late_seen(void);
+/* Tests: how many submitters of rank 0's pipeline wait in reserve() for a carrier or an entry now. */
+unsigned mbp__mpi_test_reserving(mbp_mpi *mp);
+/* Tests: freed carriers wake no submitter while `quiet` (one waiting with a deadline then finds one only
+ * by its late look, after the wait timed out). */
+void mbp__mpi_test_quiet_free(mbp_mpi *mp, bool quiet);
 /* In ops->start: a link. 0 or -ENOMEM. */
 int mbp__run_link(struct mbp__run *r, bool send, int peer, mbp_pool *pool, mbp_pool_cache *cache);
 /* The values every rank gives at start: its error so far, its row widths in and out, its largest message,
