@@ -284,21 +284,6 @@ struct handoff {
 	uint64_t bad;	      /* stage 2: payloads whose sum was wrong */
 };
 
-/* Sum of the bytes of a buffer, 8 at a time: 16-bit lanes, folded before they can overflow. */
-static uint64_t byte_sum(const void *buf, size_t n)
-{
-	const uint64_t *w = buf;
-	const uint64_t m = 0x00ff00ff00ff00ffull;
-	uint64_t total = 0;
-	for (size_t i = 0; i < n / 8;) {
-		uint64_t acc = 0;
-		for (size_t end = i + 128 < n / 8 ? i + 128 : n / 8; i < end; i++)
-			acc += (w[i] & m) + ((w[i] >> 8) & m); /* each lane at most 2 * 255 * 128 */
-		total += (acc & 0xffff) + ((acc >> 16) & 0xffff) + ((acc >> 32) & 0xffff) + (acc >> 48);
-	}
-	return total;
-}
-
 static void *stage2_main(void *arg)
 {
 	struct handoff *h = arg;
@@ -311,7 +296,7 @@ static void *stage2_main(void *arg)
 		void *p = spsc_pop(&h->fwd);
 		const void *data = IS_POOL(h->policy) ? ((mbp_mb *)p)->data : p;
 		uint64_t t0 = mbt_now_ns();
-		if (byte_sum(data, h->size) != (uint64_t)(i & 0xff) * h->size)
+		if (bench_byte_sum(data, h->size) != (uint64_t)(i & 0xff) * h->size)
 			h->bad++;
 		uint64_t t1 = mbt_now_ns();
 		if (IS_POOL(h->policy))

@@ -93,6 +93,22 @@ static inline void bench_loadavg(double load[3])
 	fclose(f);
 }
 
+/* Sum of the bytes of a buffer, 8 at a time: 16-bit lanes, folded before they can overflow (bench_pool's
+ * stage 2 reads its payloads with it, bench_limits its floor of that read). */
+static inline uint64_t bench_byte_sum(const void *buf, size_t n)
+{
+	const uint64_t *w = buf;
+	const uint64_t m = 0x00ff00ff00ff00ffull;
+	uint64_t total = 0;
+	for (size_t i = 0; i < n / 8;) {
+		uint64_t acc = 0;
+		for (size_t end = i + 128 < n / 8 ? i + 128 : n / 8; i < end; i++)
+			acc += (w[i] & m) + ((w[i] >> 8) & m); /* each lane at most 2 * 255 * 128 */
+		total += (acc & 0xffff) + ((acc >> 16) & 0xffff) + ((acc >> 32) & 0xffff) + (acc >> 48);
+	}
+	return total;
+}
+
 /* Pins the calling thread to one CPU; false when it cannot. */
 static inline bool bench_pin(int cpu)
 {

@@ -13,6 +13,7 @@ include perf/mpi.mk
 include perf/mlp_train.mk
 include perf/planner.mk
 include perf/rebalance.mk
+include perf/limits.mk
 EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/pipetrain_run.sh \
 	perf/train_vs_torch.sh perf/pipetrain_torch.py perf/ab.sh perf/others.sh perf/train_replicas.sh perf/train_rebalance.sh \
 	perf/RESULTS.md perf/results
