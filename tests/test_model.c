@@ -677,6 +677,110 @@ START_TEST(partition_for_fixed_replicas_equals_brute_force_and_is_the_partition_
 }
 END_TEST
 
+/* Brute force for capped replicas: every vector of replicas r_k in 1 .. caps[k] and every split for it;
+ * at_most[c]: the least period on at most c threads, for c up to the caps' sum. */
+static void brute_capped(const double *c, const double *h, unsigned L, unsigned S, const unsigned *caps,
+			 unsigned k, unsigned *reps, unsigned used, double *at_most)
+{
+	if (k == S) {
+		double v = brute_fixed(c, h, L, S, 0, 0, reps);
+		for (unsigned x = used; x <= MBP_MAX_STAGES; x++)
+			at_most[x] = fmin(at_most[x], v);
+		return;
+	}
+	for (reps[k] = 1; reps[k] <= caps[k]; reps[k]++)
+		brute_capped(c, h, L, S, caps, k + 1, reps, used + reps[k], at_most);
+}
+
+/* The split and the active replicas of a rebalancing move together, capped per stage (the threads it was
+ * made with): against brute force, the least period on the fewest threads; with a CPU count below the
+ * threads, a plan beyond the CPUs only when, counted at no less than the layers' sum over the CPUs, it
+ * beats the best plan within them by 5 %; caps of 1 are mbp__partition_fixed's plan, cut for cut. */
+START_TEST(partition_for_capped_replicas_equals_brute_force_and_takes_threads_beyond_the_cpus_only_to_win)
+{
+	uint64_t seed = 4242;
+	unsigned trials = (unsigned)mbp_iters(3000, 200);
+	for (unsigned t = 0; t < trials; t++) {
+		seed = seed * 6364136223846793005u + 1442695040888963407u;
+		unsigned L = 1 + (unsigned)(seed >> 33) % 8;
+		unsigned S = 1 + (unsigned)(seed >> 45) % (L < 4 ? L : 4);
+		bool with_h = (seed >> 20) & 1, ones = (seed >> 21) % 5 == 0;
+		double c[8], h[8];
+		unsigned caps[8], C = 0, reps[8];
+		for (unsigned i = 0; i < L; i++) {
+			seed = seed * 6364136223846793005u + 1442695040888963407u;
+			c[i] = (double)((seed >> 33) % 1000); /* integers: sums exact in any order */
+			h[i] = (double)((seed >> 50) % 200);
+			caps[i] = ones ? 1 : 1 + (unsigned)(seed >> 60) % 3;
+		}
+		for (unsigned k = 0; k < S; k++)
+			C += caps[k];
+		unsigned cpus = (unsigned)(seed >> 10) % (C + 1); /* 0: no limit */
+		mbp_model_plan p;
+		ck_assert_int_eq(mbp__partition_capped(c, with_h ? h : NULL, L, S, caps, cpus, &p), 0);
+		double at_most[MBP_MAX_STAGES + 1];
+		for (unsigned x = 0; x <= MBP_MAX_STAGES; x++)
+			at_most[x] = INFINITY;
+		brute_capped(c, with_h ? h : NULL, L, S, caps, 0, reps, 0, at_most);
+		unsigned want = C;
+		while (want > 1 && at_most[want - 1] == at_most[C])
+			want--;
+		if (cpus && cpus < C) {
+			unsigned in = cpus;
+			while (in > 1 && at_most[in - 1] == at_most[cpus])
+				in--;
+			double sum = 0, beyond = INFINITY;
+			for (unsigned i = 0; i < L; i++)
+				sum += c[i];
+			for (unsigned x = cpus + 1; x <= C; x++)
+				if (fmax(at_most[x], sum / cpus) < beyond)
+					beyond = fmax(at_most[x], sum / cpus), want = x;
+			if (!(beyond < 0.95 * at_most[in]))
+				want = in;
+		}
+		ck_assert_msg(p.slowest_ns == at_most[want] && p.threads == want,
+			      "L %u S %u C %u cpus %u: %g on %u threads, brute force %g on %u", L, S, C, cpus,
+			      p.slowest_ns, p.threads, at_most[want], want);
+		ck_assert_uint_eq(p.stages, S);
+		ck_assert_uint_eq(p.first[S], L);
+		for (unsigned s = 0; s < S; s++) {
+			ck_assert_uint_lt(p.first[s], p.first[s + 1]);
+			ck_assert_uint_ge(p.replicas[s], 1);
+			ck_assert_uint_le(p.replicas[s], caps[s]);
+		}
+		if (ones) {
+			mbp_model_plan q;
+			ck_assert_int_eq(mbp__partition_fixed(c, with_h ? h : NULL, L, S, NULL, &q), 0);
+			ck_assert_mem_eq(p.first, q.first, sizeof(p.first));
+			ck_assert_double_eq(p.slowest_ns, q.slowest_ns);
+		}
+	}
+	/* 8 layers on 2 CPUs, stage 1 made with 2 threads: equal costs keep one replica each (cutting at 4:
+	 * a third thread would only share the CPUs); layer 7 at 75 % of the work gets both */
+	double even[8] = {1, 1, 1, 1, 1, 1, 1, 1}, heavy[8] = {1, 1, 1, 1, 1, 1, 1, 21};
+	const unsigned caps[2] = {1, 2};
+	mbp_model_plan p;
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 2, caps, 2, &p), 0);
+	ck_assert_uint_eq(p.first[1], 4);
+	ck_assert_uint_eq(p.replicas[0], 1);
+	ck_assert_uint_eq(p.replicas[1], 1);
+	ck_assert_int_eq(mbp__partition_capped(heavy, NULL, 8, 2, caps, 2, &p), 0);
+	ck_assert_uint_eq(p.first[1], 7);
+	ck_assert_uint_eq(p.replicas[1], 2);
+	ck_assert_double_eq(p.slowest_ns, 10.5);
+	/* no CPU limit: even equal costs take the thread (max(3, 5 / 2) < 4) */
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 2, caps, 0, &p), 0);
+	ck_assert_uint_eq(p.replicas[1], 2);
+	ck_assert_double_eq(p.slowest_ns, 3);
+	/* limits */
+	const unsigned big[2] = {MBP_MAX_STAGES, 1};
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 2, big, 2, &p), -ERANGE);
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 9, caps, 2, &p), -ERANGE);
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 2, NULL, 2, &p), -EINVAL);
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 0, caps, 2, &p), -EINVAL);
+}
+END_TEST
+
 START_TEST(partition_rejects_bad_input_and_balances_the_obvious_case)
 {
 	double c[4] = {1, 1, 1, 1}, bad[2] = {1, NAN};
@@ -2044,6 +2148,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, load_refuses_what_is_not_a_regular_file_and_checks_sizes_first);
 	tcase_add_test(tc, partition_equals_brute_force_on_random_costs);
 	tcase_add_test(tc, partition_for_fixed_replicas_equals_brute_force_and_is_the_partition_with_ones);
+	tcase_add_test(
+	    tc,
+	    partition_for_capped_replicas_equals_brute_force_and_takes_threads_beyond_the_cpus_only_to_win);
 	tcase_add_test(tc, partition_rejects_bad_input_and_balances_the_obvious_case);
 	tcase_add_test(tc, plan_describe_writes_every_line_whole_and_returns_its_length);
 	tcase_add_test(tc, profile_and_balance_cover_the_layers);
