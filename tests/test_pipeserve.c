@@ -308,12 +308,16 @@ START_TEST(rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics)
 		http_resp_free(&r);
 		free(body);
 	}
-	static const char *const names[] = {
+	const char *const names[] = {
 	    "# TYPE mbpipe_rebalance_moves_total counter\n",
 	    "mbpipe_rebalance_moves_total{model=\"a\"} ",
 	    "mbpipe_rebalance_plan{model=\"a\"} ",
 	    "mbpipe_rebalance_stage_first_layer{model=\"a\",stage=\"0\"} 0\n",
 	    "mbpipe_rebalance_stage_first_layer{model=\"a\",stage=\"1\"} ",
+	    /* no flag asks for threads to spare: the counts stay the plan's (1, or --replicas 2) */
+	    "mbpipe_rebalance_replica_moves_total{model=\"a\"} 0\n",
+	    _i ? "mbpipe_rebalance_stage_active_replicas{model=\"a\",stage=\"0\"} 2\n"
+	       : "mbpipe_rebalance_stage_active_replicas{model=\"a\",stage=\"0\"} 1\n",
 	};
 	expect_metrics(s.port, names, sizeof names / sizeof names[0], NULL);
 	mbp_model_destroy(m);
