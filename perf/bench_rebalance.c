@@ -280,6 +280,7 @@ static int swap_case(mbp_model *m, const struct opts *op, const float *x, const 
 		c[l] = new_units(CASE_SWAP, L, l);
 	mbp_model_plan fresh_plan;
 	mbp_model_partition(c, NULL, L, 2, &fresh_plan);
+	bench_others others = bench_others_start();
 	const struct arm arms[3] = {
 	    {.stages = 2, .first = {0, fresh_plan.first[1], L}},
 	    {.stages = 2, .first = {0, L / 2, L}},
@@ -300,10 +301,11 @@ static int swap_case(mbp_model *m, const struct opts *op, const float *x, const 
 	struct recovery v = recovered(rb, op, fresh);
 	printf(
 	    "bench_rebalance: layers=%u unit_us=%g cut_fresh=%u fresh=%.1f stuck=%.1f before=%.1f after=%.1f "
-	    "ratio=%.3f stuck_ratio=%.3f recover_s=%.3f moves=%u lost=%" PRIu64 " reordered=%" PRIu64 "\n",
+	    "ratio=%.3f stuck_ratio=%.3f recover_s=%.3f moves=%u lost=%" PRIu64 " reordered=%" PRIu64
+	    " others=%.2f\n",
 	    L, op->unit_us, fresh_plan.first[1], fresh, stuck, v.before, v.after,
 	    fresh > 0 ? v.after / fresh : 0, fresh > 0 ? stuck / fresh : 0, v.recover_s, rb->moves,
-	    total - rb->next, rb->bad_order);
+	    total - rb->next, rb->bad_order, bench_others_cpus(others));
 	for (int i = 0; i < 3; i++)
 		free(runs[i].done_ns);
 	return bad;
@@ -321,6 +323,7 @@ static int replica_case(mbp_model *m, const struct opts *op, const float *x, con
 	mbp_model_plan one;
 	if (mbp_model_partition_replicas(c, NULL, L, 0, 2, &one) < 0 || one.stages > 2)
 		return 1;
+	bench_others others = bench_others_start();
 	const struct arm arms[5] = {
 	    {.stages = 2, .first = {0, L - 1, L}, .replicas = {1, 2}},
 	    {.stages = one.stages,
@@ -347,11 +350,11 @@ static int replica_case(mbp_model *m, const struct opts *op, const float *x, con
 	struct recovery v = recovered(rb, op, fresh);
 	printf("bench_rebalance_replica: layers=%u unit_us=%g heavy_share=0.75 fresh=%.1f fresh1=%.1f "
 	       "stuck=%.1f bounds=%.1f before=%.1f after=%.1f ratio=%.3f ratio1=%.3f bounds_ratio=%.3f "
-	       "recover_s=%.3f moves=%u bounds_moves=%u lost=%" PRIu64 " reordered=%" PRIu64 "\n",
+	       "recover_s=%.3f moves=%u bounds_moves=%u lost=%" PRIu64 " reordered=%" PRIu64 " others=%.2f\n",
 	       L, op->unit_us, fresh, fresh1, stuck, bounds, v.before, v.after,
 	       fresh > 0 ? v.after / fresh : 0, fresh1 > 0 ? v.after / fresh1 : 0,
 	       fresh > 0 ? bounds / fresh : 0, v.recover_s, rb->moves, runs[3].moves, total - rb->next,
-	       rb->bad_order);
+	       rb->bad_order, bench_others_cpus(others));
 	for (int i = 0; i < 5; i++)
 		free(runs[i].done_ns);
 	return bad;
