@@ -532,9 +532,9 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * threads, of which the plan's replicas take micro-batches at start (mbp_model_stages_add makes the
  * others inactive: mbp_pipeline_replicas_set). A look then plans the boundaries and every stage's active
  * replicas together from the measured costs, exactly, each stage at most its threads: the least period,
- * then the fewest threads; a plan whose threads outnumber rebalance.cpus is counted at no less than the
- * layers' sum over those CPUs and is taken only where it beats the best plan within them by 5 % (the
- * costs count no time-slicing, park or wake). A move sets the new counts as it moves. An inactive
+ * then the fewest threads; a plan whose threads outnumber rebalance.cpus is counted (and predicted, its
+ * slowest_ns in mbp_model_move.to) at no less than the layers' sum over those CPUs and is taken only
+ * where it beats the best plan within them by 5 % (the costs count no time-slicing, park or wake). A move sets the new counts as it moves. An inactive
  * replica parks before it claims a micro-batch, so it never holds one: nothing is lost or reordered, and
  * a micro-batch's plan (its cuts) is what it carries, whichever replica computes it; a move that changes
  * counts is counted in replica_moves as well. This needs mbp_model_stages_add (the stages then know their

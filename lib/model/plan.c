@@ -23,7 +23,8 @@
  * caps. Threads beyond the CPUs share them: such a plan is predicted at max(its period, the layers' sum
  * over the CPUs), the least of those (then the fewest threads) against the best plan within the CPUs,
  * and taken only when it beats that one by MBP__OVERSUB_GAIN (the cost model counts no time-slicing, no
- * park and no wake; without the margin a hand-off of 1 us would buy a thread). One programme,
+ * park and no wake; without the margin a hand-off of 1 us would buy a thread); such a plan's slowest_ns
+ * is then that prediction, not its stages' (what a move's rule compares the plan in use with). One programme,
  * partition_dp, serves all four.
  */
 #include "config.h"
@@ -304,7 +305,13 @@ int mbp__partition_capped(const double *layer_ns, const double *handoff_ns, unsi
 		C += fixed_rep(caps, k);
 	if (C > MBP_MAX_STAGES)
 		return -ERANGE;
-	return partition_dp(layer_ns, handoff_ns, L, S, C, NULL, caps, cpus, plan);
+	int rc = partition_dp(layer_ns, handoff_ns, L, S, C, NULL, caps, cpus, plan);
+	/* beyond the CPUs the prediction is what they allow: the rule compares with it */
+	if (rc == 0 && cpus && plan->threads > cpus && plan->sequential_ns / cpus > plan->slowest_ns) {
+		plan->slowest_ns = plan->sequential_ns / cpus;
+		plan->balance = plan->mean_ns > 0 ? plan->slowest_ns / plan->mean_ns : 1.0;
+	}
+	return rc;
 }
 
 int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
