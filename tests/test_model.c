@@ -756,7 +756,9 @@ START_TEST(partition_for_capped_replicas_equals_brute_force_and_takes_threads_be
 			mbp_model_plan q;
 			ck_assert_int_eq(mbp__partition_fixed(c, with_h ? h : NULL, L, S, NULL, &q), 0);
 			ck_assert_mem_eq(p.first, q.first, sizeof(p.first));
-			ck_assert_double_eq(p.slowest_ns, q.slowest_ns);
+			/* the same cuts; fewer CPUs than stages: predicted at what they allow */
+			ck_assert_double_eq(p.slowest_ns,
+					    cpus && S > cpus ? fmax(q.slowest_ns, sum / cpus) : q.slowest_ns);
 		}
 	}
 	/* 8 layers on 2 CPUs, stage 1 made with 2 threads: equal costs keep one replica each (cutting at 4:
