@@ -105,6 +105,7 @@ int mbp_pipeline_add_stage(mbp_pipeline *p, const mbp_stage_desc *d)
 	s->p = p;
 	s->named_cpu = d->pin_cpu ? (int)d->pin_cpu - 1 : -1;
 	s->replicas = r;
+	atomic_init(&p->park.active[s->idx], r); /* every replica takes micro-batches until told */
 	s->unit = s->idx;
 	if (r > 1)
 		p->units = true;
@@ -484,8 +485,19 @@ static uint64_t completed_total(struct mbp_pipeline *p)
 	return n;
 }
 
+/* Every parked replica back to work, for good: each runs on to the end of the stream (it sees the
+ * ingress closed, or its window's end) and says it is done, as a window's producer must. */
+static void wake_parked(struct mbp_pipeline *p)
+{
+	/* relaxed: published by the bump's release (partner: the acquire of gen in park_inactive) */
+	atomic_store_explicit(&p->park.all, 1, memory_order_relaxed);
+	mbp__gen_bump(&p->park.gen);
+}
+
 static void close_and_join(struct mbp_pipeline *p)
 {
+	if (p->units)
+		wake_parked(p);
 	mbp__ingress_close(&p->ingress); /* every admitted submitter has left: the end of the stream */
 	mbp__crew_stop(&p->crew);	 /* the threads drain in order and exit; their CPUs go back */
 	/* release; partner: the acquire load in mbp_pipeline_placement(). Nothing else to publish: the
@@ -568,6 +580,33 @@ void mbp_pipeline_destroy(mbp_pipeline *p)
 	pthread_mutex_destroy(&p->feed.lock);
 	pthread_mutex_destroy(&p->err_lock);
 	free(p);
+}
+
+/* ---- active replicas ---- */
+
+int mbp_pipeline_replicas_set(mbp_pipeline *p, unsigned stage, unsigned active)
+{
+	if (!p)
+		return -EINVAL;
+	/* nstages and replicas are fixed before start, on the thread that hands the pipeline on */
+	if (stage >= p->nstages || active == 0 || active > p->stages[stage].replicas)
+		return -ERANGE;
+	/* relaxed: published by the bump's release; a replica that reads it late claims one micro-batch
+	 * more, or parks once in vain and reads it again after the bump (worker.c, park_inactive) */
+	atomic_store_explicit(&p->park.active[stage], active, memory_order_relaxed);
+	if (p->units)
+		mbp__gen_bump(&p->park.gen);
+	return 0;
+}
+
+int mbp_pipeline_replicas_active(mbp_pipeline *p, unsigned stage)
+{
+	if (!p)
+		return -EINVAL;
+	if (stage >= p->nstages)
+		return -ERANGE;
+	/* relaxed: a statistic, the value last set */
+	return (int)atomic_load_explicit(&p->park.active[stage], memory_order_relaxed);
 }
 
 /* ---- placement ---- */

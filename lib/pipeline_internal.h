@@ -117,6 +117,17 @@ struct mbp_pipeline {
 	MBP_CACHELINE_ALIGNED _Atomic uint32_t cancel; /* fail what has not started */
 	uint64_t start_ns;
 
+	/* Active replicas (mbp_pipeline_replicas_set): replica j of stage s takes micro-batches while j <
+	 * active[s], or once `all` is set (shutdown: every replica runs to the end of the stream). One that
+	 * is not active parks on `gen` (wait.h's generation word) before it claims a micro-batch, so it never
+	 * holds one; a setter stores, then bumps `gen`. Read by the replicas once per micro-batch, written
+	 * by a move: a line of its own. */
+	MBP_CACHELINE_ALIGNED struct {
+		_Atomic uint32_t active[MBP_MAX_STAGES];
+		_Atomic uint32_t all;
+		_Atomic uint32_t gen;
+	} park;
+
 	/* Written by every submission: kept off the workers' lines. */
 	/* Lifecycle (enum mbp__state). Written by the controlling thread only; each access in pipeline.c
 	 * names its memory order and partner (tests/atomic_partners.sh checks it). */

@@ -55,6 +55,9 @@ static void stage_head(struct mbp_pipeline *p, struct mbp__stage *s, mbp_stage_s
 	memcpy(o->name, s->name, sizeof(o->name));
 	o->cpu = mbp__stage_cpu(s);
 	o->replicas = replicas;
+	/* relaxed: a statistic, the count last set (mbp_pipeline_replicas_set) */
+	uint32_t active = atomic_load_explicit(&p->park.active[s->idx], memory_order_relaxed);
+	o->active = replicas > 1 ? active : s->replica < active; /* a replica's own entry: 1 or 0 */
 	if (s->in) {
 		o->ring_occupancy = mbp__ring_count(s->in);
 		o->ring_capacity = s->in->capacity;

@@ -359,11 +359,40 @@ static void ring_stage_loop(struct mbp__stage *s)
 	}
 }
 
+/* ---- active replicas ---- */
+
+/* Whether this replica takes micro-batches (mbp_pipeline_replicas_set): replica 0 always. */
+static inline bool replica_active(const struct mbp__stage *s)
+{
+	struct mbp_pipeline *p = s->p;
+	/* relaxed, both: a hint read once per micro-batch; a stale "active" claims one more, a stale
+	 * "inactive" parks, and park_inactive reads both again after its acquire of gen */
+	return s->replica < atomic_load_explicit(&p->park.active[s->idx], memory_order_relaxed) ||
+	       atomic_load_explicit(&p->park.all, memory_order_relaxed);
+}
+
+/* An inactive replica parks here, before it claims: it holds no micro-batch, so the ordered merge gets
+ * every one from the active replicas. Its cached buffers go back first. Its time parked counts in none
+ * of busy, starved or blocked: it is off. */
+static void park_inactive(struct mbp__stage *s)
+{
+	struct mbp_pipeline *p = s->p;
+	flush_cache(s);
+	for (;;) {
+		uint32_t g = mbp__gen_get(&p->park.gen); /* acquire; partner: the setter's bump */
+		if (replica_active(s))
+			return;
+		mbp__gen_wait(&p->park.gen, g); /* returns at once if gen moved since */
+	}
+}
+
 /* A stage whose input is a window: a stage of one thread takes the stream in order (the ordered merge of
- * the replicas before it); a replica claims the next index. */
+ * the replicas before it); a replica claims the next index, if it is active. */
 static void window_stage_loop(struct mbp__stage *s)
 {
 	for (;;) {
+		if (s->replicas > 1 && MBP_UNLIKELY(!replica_active(s)))
+			park_inactive(s);
 		uint32_t k = s->replicas > 1 ? mbp__seqwin_claim(s->win_in) : s->in_seq++;
 		if (!mbp__seqwin_ready(s->win_in, k))
 			window_wait(s, s->win_in, k);
@@ -551,8 +580,13 @@ static bool feed_claim(struct mbp__stage *s, mbp_mb *view, mbp_mb **x)
 static void feed_loop(struct mbp__stage *s)
 {
 	mbp_mb view, *x;
-	while (feed_claim(s, &view, &x))
+	for (;;) {
+		if (MBP_UNLIKELY(!replica_active(s)))
+			park_inactive(s);
+		if (!feed_claim(s, &view, &x))
+			return;
 		first_stage_mb(s, x ? x : &view, x);
+	}
 }
 
 /* The loop of a thread of the units plan (a pipeline with replicas): one stage, or one replica of it. */

@@ -677,6 +677,116 @@ START_TEST(partition_for_fixed_replicas_equals_brute_force_and_is_the_partition_
 }
 END_TEST
 
+/* Brute force for capped replicas: every vector of replicas r_k in 1 .. caps[k] and every split for it;
+ * at_most[c]: the least period on at most c threads, for c up to the caps' sum. */
+static void brute_capped(const double *c, const double *h, unsigned L, unsigned S, const unsigned *caps,
+			 unsigned k, unsigned *reps, unsigned used, double *at_most)
+{
+	if (k == S) {
+		double v = brute_fixed(c, h, L, S, 0, 0, reps);
+		for (unsigned x = used; x <= MBP_MAX_STAGES; x++)
+			at_most[x] = fmin(at_most[x], v);
+		return;
+	}
+	for (reps[k] = 1; reps[k] <= caps[k]; reps[k]++)
+		brute_capped(c, h, L, S, caps, k + 1, reps, used + reps[k], at_most);
+}
+
+/* The split and the active replicas of a rebalancing move together, capped per stage (the threads it was
+ * made with): against brute force, the least period on the fewest threads; with a CPU count below the
+ * threads, a plan beyond the CPUs only when, counted at no less than the layers' sum over the CPUs, it
+ * beats the best plan within them by 5 %; caps of 1 are mbp__partition_fixed's plan, cut for cut. */
+START_TEST(partition_for_capped_replicas_equals_brute_force_and_takes_threads_beyond_the_cpus_only_to_win)
+{
+	uint64_t seed = 4242;
+	unsigned trials = (unsigned)mbp_iters(3000, 200);
+	for (unsigned t = 0; t < trials; t++) {
+		seed = seed * 6364136223846793005u + 1442695040888963407u;
+		unsigned L = 1 + (unsigned)(seed >> 33) % 8;
+		unsigned S = 1 + (unsigned)(seed >> 45) % (L < 4 ? L : 4);
+		bool with_h = (seed >> 20) & 1, ones = (seed >> 21) % 5 == 0;
+		double c[8], h[8];
+		unsigned caps[8], C = 0, reps[8];
+		for (unsigned i = 0; i < L; i++) {
+			seed = seed * 6364136223846793005u + 1442695040888963407u;
+			c[i] = (double)((seed >> 33) % 1000); /* integers: sums exact in any order */
+			h[i] = (double)((seed >> 50) % 200);
+			caps[i] = ones ? 1 : 1 + (unsigned)(seed >> 60) % 3;
+		}
+		for (unsigned k = 0; k < S; k++)
+			C += caps[k];
+		unsigned cpus = (unsigned)(seed >> 10) % (C + 1); /* 0: no limit */
+		mbp_model_plan p;
+		ck_assert_int_eq(mbp__partition_capped(c, with_h ? h : NULL, L, S, caps, cpus, &p), 0);
+		double at_most[MBP_MAX_STAGES + 1];
+		for (unsigned x = 0; x <= MBP_MAX_STAGES; x++)
+			at_most[x] = INFINITY;
+		brute_capped(c, with_h ? h : NULL, L, S, caps, 0, reps, 0, at_most);
+		unsigned want = C;
+		while (want > 1 && at_most[want - 1] == at_most[C])
+			want--;
+		double sum = 0;
+		for (unsigned i = 0; i < L; i++)
+			sum += c[i];
+		if (cpus && cpus < C) {
+			unsigned in = cpus;
+			while (in > 1 && at_most[in - 1] == at_most[cpus])
+				in--;
+			double beyond = INFINITY;
+			for (unsigned x = cpus + 1; x <= C; x++)
+				if (fmax(at_most[x], sum / cpus) < beyond)
+					beyond = fmax(at_most[x], sum / cpus), want = x;
+			if (!(beyond < 0.95 * at_most[in]))
+				want = in;
+		}
+		double period = at_most[want];
+		if (cpus && want > cpus) /* predicted at what the CPUs allow */
+			period = fmax(period, sum / cpus);
+		ck_assert_msg(p.slowest_ns == period && p.threads == want,
+			      "L %u S %u C %u cpus %u: %g on %u threads, brute force %g on %u", L, S, C, cpus,
+			      p.slowest_ns, p.threads, period, want);
+		ck_assert_uint_eq(p.stages, S);
+		ck_assert_uint_eq(p.first[S], L);
+		for (unsigned s = 0; s < S; s++) {
+			ck_assert_uint_lt(p.first[s], p.first[s + 1]);
+			ck_assert_uint_ge(p.replicas[s], 1);
+			ck_assert_uint_le(p.replicas[s], caps[s]);
+		}
+		if (ones) {
+			mbp_model_plan q;
+			ck_assert_int_eq(mbp__partition_fixed(c, with_h ? h : NULL, L, S, NULL, &q), 0);
+			ck_assert_mem_eq(p.first, q.first, sizeof(p.first));
+			/* the same cuts; fewer CPUs than stages: predicted at what they allow */
+			ck_assert_double_eq(p.slowest_ns,
+					    cpus && S > cpus ? fmax(q.slowest_ns, sum / cpus) : q.slowest_ns);
+		}
+	}
+	/* 8 layers on 2 CPUs, stage 1 made with 2 threads: equal costs keep one replica each (cutting at 4:
+	 * a third thread would only share the CPUs); layer 7 at 75 % of the work gets both */
+	double even[8] = {1, 1, 1, 1, 1, 1, 1, 1}, heavy[8] = {1, 1, 1, 1, 1, 1, 1, 21};
+	const unsigned caps[2] = {1, 2};
+	mbp_model_plan p;
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 2, caps, 2, &p), 0);
+	ck_assert_uint_eq(p.first[1], 4);
+	ck_assert_uint_eq(p.replicas[0], 1);
+	ck_assert_uint_eq(p.replicas[1], 1);
+	ck_assert_int_eq(mbp__partition_capped(heavy, NULL, 8, 2, caps, 2, &p), 0);
+	ck_assert_uint_eq(p.first[1], 7);
+	ck_assert_uint_eq(p.replicas[1], 2);
+	ck_assert_double_eq(p.slowest_ns, 14); /* max(7, 21 / 2) on 3 threads, but 28 / 2 CPUs */
+	/* no CPU limit: even equal costs take the thread (max(3, 5 / 2) < 4) */
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 2, caps, 0, &p), 0);
+	ck_assert_uint_eq(p.replicas[1], 2);
+	ck_assert_double_eq(p.slowest_ns, 3);
+	/* limits */
+	const unsigned big[2] = {MBP_MAX_STAGES, 1};
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 2, big, 2, &p), -ERANGE);
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 9, caps, 2, &p), -ERANGE);
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 2, NULL, 2, &p), -EINVAL);
+	ck_assert_int_eq(mbp__partition_capped(even, NULL, 8, 0, caps, 2, &p), -EINVAL);
+}
+END_TEST
+
 START_TEST(partition_rejects_bad_input_and_balances_the_obvious_case)
 {
 	double c[4] = {1, 1, 1, 1}, bad[2] = {1, NAN};
@@ -1375,9 +1485,9 @@ static mbp_pipeline *rb_pipeline(mbp_model *m, mbp_model_stages **st, struct rb_
 
 /* Each micro-batch ran under one plan of 2 stages: stage 1 for its first `cut` layers, 2 for the rest.
  * Returns the cut; fails the test otherwise. */
-static unsigned rb_cut(const struct rb_costs *c, uint64_t seq)
+static unsigned rb_cut_of(const uint8_t *stage_of, uint64_t seq)
 {
-	const uint8_t *s = &c->stage_of[seq * RB_LAYERS];
+	const uint8_t *s = &stage_of[seq * RB_LAYERS];
 	unsigned cut = 0;
 	while (cut < RB_LAYERS && s[cut] == 1)
 		cut++;
@@ -1386,6 +1496,11 @@ static unsigned rb_cut(const struct rb_costs *c, uint64_t seq)
 		ck_assert_msg(s[l] == 2, "micro-batch %" PRIu64 ": layer %u on stage %u after the cut %u",
 			      seq, l, s[l] - 1, cut);
 	return cut;
+}
+
+static unsigned rb_cut(const struct rb_costs *c, uint64_t seq)
+{
+	return rb_cut_of(c->stage_of, seq);
 }
 
 static mbp_model *rb_model(void)
@@ -1536,6 +1651,28 @@ static void rb_submit(mbp_pipeline *p, const float *x, uint64_t k)
 	ck_assert_int_eq(mbp_mb_submit(p, mb, -1), 0);
 }
 
+/* RB_IN inputs of 2 rows (seeds seed, seed + 1, ...) and mbp_model_forward's outputs for them. */
+static void rb_inputs(mbp_model *m, float **x, float (*ref)[2 * 8], unsigned seed)
+{
+	for (int i = 0; i < RB_IN; i++) {
+		x[i] = random_rows(2 * 12, seed + i);
+		ck_assert_int_eq(mbp_model_forward(m, x[i], ref[i], 2, 2), 0);
+	}
+}
+
+/* Micro-batches 0 .. n - 1 of the inputs x in turn, then the drain: every one back in order, computed,
+ * mbp_model_forward's bits (r's reference). */
+static void rb_stream(mbp_pipeline *p, float *const *x, uint64_t n, struct rb_results *r)
+{
+	for (uint64_t k = 0; k < n; k++)
+		rb_submit(p, x[k % RB_IN], k);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	ck_assert_uint_eq(r->next, n);
+	ck_assert_uint_eq(r->out_of_order, 0);
+	ck_assert_uint_eq(r->failed, 0);
+	ck_assert_msg(r->mixed == 0, "%" PRIu64 " micro-batches are not mbp_model_forward's bits", r->mixed);
+}
+
 /* Micro-batches one at a time, so that each look sees exactly the 16 micro-batches since the last one,
  * and costs whose dear half swaps at each look: every look finds a better plan than the one in use (cut
  * at 3, then at 5, ...), never the same one twice in a row, so nothing moves (noise looks like this). */
@@ -1659,6 +1796,31 @@ static mbp_model_plan two_stages(unsigned cut, double a, double b)
 	return p;
 }
 
+/* Other replicas at the same cuts are another plan: the rule counts strikes for them (the same counts
+ * look after look), moves at patience, and the reason names the counts; replicas 0 and 1 are one. */
+START_TEST(the_look_rule_moves_for_other_replicas_at_the_same_cuts)
+{
+	mbp_model_rebalance_rule r = {.patience = 2};
+	mbp_model_plan now = two_stages(3, 3, 9), two = two_stages(3, 3, 9), three = two_stages(3, 3, 9);
+	two.replicas[1] = 2;
+	two.slowest_ns = 4.5;
+	three.replicas[1] = 3;
+	three.slowest_ns = 3;
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &two), 0);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &three), 0); /* another plan: 1 strike again */
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &three), 1);
+	char why[200];
+	ck_assert_int_gt(mbp_model_rebalance_reason(&r, &now, &three, 0, why, sizeof why), 0);
+	ck_assert_ptr_nonnull(strstr(why, "cutting before layer 3 with replicas 1,3"));
+	mbp_model_plan one = two_stages(3, 3, 9);
+	one.replicas[0] = 1; /* the same as 0 */
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &one), 0);
+	ck_assert_int_eq(mbp_model_rebalance_look(&r, &now, &one), 0);
+	ck_assert_int_gt(mbp_model_rebalance_reason(&r, &now, &one, 0, why, sizeof why), 0);
+	ck_assert_ptr_null(strstr(why, "with replicas"));
+}
+END_TEST
+
 START_TEST(the_look_rule_moves_after_patience_looks_of_the_same_better_plan_and_only_then)
 {
 	mbp_model_rebalance_rule r = {.threshold = 0.10, .patience = 3};
@@ -1727,10 +1889,7 @@ START_TEST(rebalance_moves_a_replicated_plan_in_order_bit_for_bit)
 	const unsigned from = cut[_i][0], to = cut[_i][1];
 	mbp_model *m = rb_model();
 	float *x[RB_IN], ref[RB_IN][2 * 8];
-	for (int i = 0; i < RB_IN; i++) {
-		x[i] = random_rows(2 * 12, 80 + i);
-		ck_assert_int_eq(mbp_model_forward(m, x[i], ref[i], 2, 2), 0);
-	}
+	rb_inputs(m, x, ref, 80);
 	const uint64_t n = 400;
 	struct rb_costs c = {.change = 100, .heavy = 6, .mbs = n, .stage_of = calloc(n * RB_LAYERS, 1)};
 	struct rb_results r = {
@@ -1743,13 +1902,7 @@ START_TEST(rebalance_moves_a_replicated_plan_in_order_bit_for_bit)
 		ck_assert_int_eq(mbp_model_stage_desc(st, s, &d), 0);
 		ck_assert_uint_eq(d.replicas, reps[_i][s]);
 	}
-	for (uint64_t k = 0; k < n; k++)
-		rb_submit(p, x[k % RB_IN], k);
-	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
-	ck_assert_uint_eq(r.next, n);
-	ck_assert_uint_eq(r.out_of_order, 0);
-	ck_assert_uint_eq(r.failed, 0);
-	ck_assert_msg(r.mixed == 0, "%" PRIu64 " micro-batches are not mbp_model_forward's bits", r.mixed);
+	rb_stream(p, x, n, &r);
 	mbp_pipeline_stats ps;
 	ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, NULL, 0), 2);
 	ck_assert_uint_eq(ps.mbs_accepted, n);
@@ -1763,6 +1916,11 @@ START_TEST(rebalance_moves_a_replicated_plan_in_order_bit_for_bit)
 	ck_assert_uint_eq(rs.current.replicas[0], reps[_i][0]);
 	ck_assert_uint_eq(rs.current.replicas[1], reps[_i][1]);
 	ck_assert_uint_eq(rs.current.threads, 3);
+	ck_assert_uint_eq(rs.replica_moves, 0); /* rebalance.replicas 0: the counts stay */
+	ck_assert_uint_eq(rs.threads[0], reps[_i][0]);
+	ck_assert_uint_eq(rs.threads[1], reps[_i][1]);
+	for (unsigned s = 0; s < 2; s++)
+		ck_assert_int_eq(mbp_pipeline_replicas_active(p, s), (int)reps[_i][s]);
 	ck_assert_uint_eq(c.last.from.first[1], from);
 	ck_assert_uint_eq(c.last.to.first[1], to);
 	ck_assert_uint_eq(c.last.to.replicas[reps[_i][0] > 1 ? 0 : 1], 2);
@@ -1794,6 +1952,154 @@ START_TEST(rebalance_moves_a_replicated_plan_in_order_bit_for_bit)
 }
 END_TEST
 
+/* Costs for a move of the active replicas: 1 ms a layer, and layer 7 at 21 ms (75 % of the work) for
+ * the micro-batches [on, off). A hot layer 7 also sleeps 100 us, so that one replica is still busy when
+ * the next micro-batch comes and the other takes it. Each layer's stage is recorded per micro-batch, and
+ * the replica that ran layer 7. */
+struct rb_hot {
+	uint64_t on, off;
+	size_t mbs;
+	uint8_t *stage_of;   /* [seq][layer]: 1 + the stage that ran it */
+	uint8_t *replica_of; /* [seq]: 1 + the replica that ran layer 7 */
+	_Atomic unsigned moves;
+	mbp_model_move mv[4];
+};
+
+static double rb_hot_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *mb, double measured_ns)
+{
+	struct rb_hot *c = arg;
+	(void)measured_ns;
+	ck_assert_uint_lt(mb->seq, c->mbs);
+	c->stage_of[mb->seq * RB_LAYERS + layer] = (uint8_t)(stage + 1);
+	bool hot = layer == RB_LAYERS - 1 && mb->seq >= c->on && mb->seq < c->off;
+	if (layer == RB_LAYERS - 1)
+		c->replica_of[mb->seq] = (uint8_t)(mbp_stage_replica() + 1);
+	if (hot)
+		usleep(100);
+	return hot ? 21e6 : 1e6;
+}
+
+static void rb_hot_move(void *arg, const mbp_model_move *mv)
+{
+	struct rb_hot *c = arg;
+	unsigned k = atomic_load(&c->moves);
+	if (k < 4)
+		c->mv[k] = *mv; /* stage 0's thread; read after the drain */
+	atomic_store(&c->moves, k + 1);
+}
+
+/* Two stages made with 2 threads each (rebalance.replicas 2), 1 active each at start, on 2 CPUs
+ * (rebalance.cpus): when layer 7 becomes 75 % of the work, a move cuts before it and turns on stage 1's
+ * second replica (max(7, 21 / 2) against 21 on one; 4 threads could not beat the 14 ms that 2 CPUs
+ * allow, so stage 0 keeps one); when it is cheap again, a move cuts at 4 and turns the replica off (a
+ * third thread would only share the CPUs). Stamped micro-batches come back in the order submitted, each
+ * computed by one plan, mbp_model_forward's bits, accepted = completed; stage 0's second replica, never
+ * active, computed nothing; stage 1's computed some, and after the replica went off at most the one it
+ * had claimed; the statistics count both moves as replica moves and say which replicas are active. */
+START_TEST(rebalance_turns_a_replica_on_and_off_in_order_bit_for_bit)
+{
+	mbp_model *m = rb_model();
+	float *x[RB_IN], ref[RB_IN][2 * 8];
+	rb_inputs(m, x, ref, 90);
+	const uint64_t n = 640;
+	struct rb_hot c = {.on = 150,
+			   .off = 400,
+			   .mbs = n,
+			   .stage_of = calloc(n * RB_LAYERS, 1),
+			   .replica_of = calloc(n, 1)};
+	struct rb_results r = {
+	    .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .ra = ref, .rb = ref};
+	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
+	mbp_model_plan plan;
+	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
+	mbp_model_stages_opts so = {.rebalance = {.on = true,
+						  .window = 16,
+						  .on_move = rb_hot_move,
+						  .on_move_arg = &c,
+						  .cost = rb_hot_cost,
+						  .cost_arg = &c,
+						  .replicas = 2,
+						  .cpus = 2}};
+	mbp_model_stages *st;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 2, &so), 0);
+	mbp_stage_desc d;
+	for (unsigned s = 0; s < 2; s++) {
+		ck_assert_int_eq(mbp_model_stage_desc(st, s, &d), 0);
+		ck_assert_uint_eq(d.replicas, 2); /* the threads made */
+	}
+	mbp_pipeline *p = stages_pipeline(m, st, 2, rb_on_result, &r);
+	mbp_model_rebalance_stats rs;
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	ck_assert_uint_eq(rs.current.replicas[0], 1);
+	ck_assert_uint_eq(rs.current.replicas[1], 1);
+	ck_assert_uint_eq(rs.threads[0], 2);
+	ck_assert_uint_eq(rs.threads[1], 2);
+	for (unsigned s = 0; s < 2; s++)
+		ck_assert_int_eq(mbp_pipeline_replicas_active(p, s), 1);
+	rb_stream(p, x, n, &r);
+	mbp_pipeline_stats ps;
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, NULL, 0), 2);
+	ck_assert_uint_eq(ps.mbs_accepted, n);
+	ck_assert_uint_eq(ps.mbs_completed + ps.mbs_failed, n);
+	ck_assert_uint_eq(ps.mbs_completed, n);
+	ck_assert_uint_eq(ps.threads, 4);
+	/* the moves: on at the heavy layer, off again */
+	ck_assert_uint_eq(atomic_load(&c.moves), 2);
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	ck_assert_uint_eq(rs.moves, 2);
+	ck_assert_uint_eq(rs.replica_moves, 2);
+	const mbp_model_move *on = &c.mv[0], *off = &c.mv[1];
+	ck_assert_uint_eq(on->from.first[1], 4);
+	ck_assert_uint_eq(on->to.first[1], 7);
+	ck_assert_uint_eq(on->to.replicas[0], 1);
+	ck_assert_uint_eq(on->to.replicas[1], 2);
+	ck_assert_double_eq_tol(on->to.slowest_ns, 28e6 / 2, 1); /* 3 threads: what 2 CPUs allow */
+	ck_assert_ptr_nonnull(strstr(on->reason, "cutting before layer 7 with replicas 1,2"));
+	ck_assert_uint_ge(on->admitted, c.on);
+	ck_assert_uint_lt(on->admitted, c.off);
+	ck_assert_uint_eq(off->to.first[1], 4);
+	ck_assert_uint_eq(off->to.replicas[0], 1);
+	ck_assert_uint_eq(off->to.replicas[1], 1);
+	ck_assert_ptr_nonnull(strstr(off->reason, "with replicas 1,1"));
+	ck_assert_uint_ge(off->admitted, c.off);
+	ck_assert_uint_eq(rs.current.first[1], 4);
+	ck_assert_uint_eq(rs.current.replicas[1], 1);
+	for (unsigned s = 0; s < 2; s++)
+		ck_assert_int_eq(mbp_pipeline_replicas_active(p, s), 1);
+	/* one plan per micro-batch: cut at 4 before the first move and after the second, 7 between */
+	for (uint64_t k = 0; k < n; k++) {
+		unsigned want = k < on->admitted || k >= off->admitted ? 4 : 7;
+		ck_assert_msg(rb_cut_of(c.stage_of, k) == want, "micro-batch %" PRIu64 " cut at %u, not %u",
+			      k, rb_cut_of(c.stage_of, k), want);
+	}
+	/* who computed: stage 1's second replica some, and after it went off at most its one claim */
+	uint64_t second = 0, late = 0;
+	for (uint64_t k = 0; k < n; k++) {
+		ck_assert_uint_ge(c.replica_of[k], 1);
+		second += c.replica_of[k] == 2;
+		late += c.replica_of[k] == 2 && k >= off->admitted;
+	}
+	ck_assert_uint_gt(second, 0);
+	ck_assert_uint_le(late, 1);
+	mbp_stage_stats rep[2];
+	ck_assert_int_eq(mbp_pipeline_replica_stats(p, 0, rep, 2), 2);
+	ck_assert_uint_eq(rep[0].mbs, n);
+	ck_assert_uint_eq(rep[1].mbs, 0); /* never active: parked from start, claimed nothing */
+	ck_assert_uint_eq(rep[1].active, 0);
+	ck_assert_int_eq(mbp_pipeline_replica_stats(p, 1, rep, 2), 2);
+	ck_assert_uint_eq(rep[1].mbs, second);
+	ck_assert_uint_eq(rep[0].mbs + rep[1].mbs, n);
+	ck_assert_uint_eq(rep[1].active, 0);
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	for (int i = 0; i < RB_IN; i++)
+		free(x[i]);
+	free(c.stage_of);
+	free(c.replica_of);
+	mbp_model_destroy(m);
+}
+END_TEST
+
 START_TEST(rebalance_options_are_checked_a_replicated_plan_taken_and_stats_say_off_without_it)
 {
 	mbp_model *m = rb_model();
@@ -1814,6 +2120,30 @@ START_TEST(rebalance_options_are_checked_a_replicated_plan_taken_and_stats_say_o
 	ck_assert_uint_eq(d.replicas, 2);
 	mbp_model_stages_destroy(st);
 	st = NULL;
+	/* threads to spare: each stage made with rebalance.replicas, or its plan's where more; their sum
+	 * is bounded */
+	so.rebalance.replicas = 3;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), 0);
+	for (unsigned s = 0; s < 2; s++) {
+		ck_assert_int_eq(mbp_model_stage_desc(st, s, &d), 0);
+		ck_assert_uint_eq(d.replicas, 3);
+	}
+	mbp_model_stages_destroy(st);
+	st = NULL;
+	so.rebalance.replicas = MBP_MAX_STAGES / 2 + 1;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -E2BIG);
+	ck_assert_ptr_null(st);
+	so.rebalance.replicas = 5;
+	so.rebalance.on = false; /* off: replicas is not looked at */
+	so.rebalance.cpus = 3;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), 0);
+	ck_assert_int_eq(mbp_model_stage_desc(st, 1, &d), 0);
+	ck_assert_uint_eq(d.replicas, 2);
+	mbp_model_stages_destroy(st);
+	st = NULL;
+	so.rebalance.on = true;
+	so.rebalance.cpus = 0;
+	so.rebalance.replicas = 0;
 	plan.replicas[1] = 1;
 	mbp_model_stages_opts zero = {0}; /* off: the stages of mbp_model_stages_new */
 	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &zero), 0);
@@ -2044,6 +2374,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, load_refuses_what_is_not_a_regular_file_and_checks_sizes_first);
 	tcase_add_test(tc, partition_equals_brute_force_on_random_costs);
 	tcase_add_test(tc, partition_for_fixed_replicas_equals_brute_force_and_is_the_partition_with_ones);
+	tcase_add_test(
+	    tc,
+	    partition_for_capped_replicas_equals_brute_force_and_takes_threads_beyond_the_cpus_only_to_win);
 	tcase_add_test(tc, partition_rejects_bad_input_and_balances_the_obvious_case);
 	tcase_add_test(tc, plan_describe_writes_every_line_whole_and_returns_its_length);
 	tcase_add_test(tc, profile_and_balance_cover_the_layers);
@@ -2075,6 +2408,8 @@ static Suite *suite(void)
 	tcase_add_test(tr,
 		       rebalance_options_are_checked_a_replicated_plan_taken_and_stats_say_off_without_it);
 	tcase_add_loop_test(tr, rebalance_moves_a_replicated_plan_in_order_bit_for_bit, 0, 2);
+	tcase_add_test(tr, rebalance_turns_a_replica_on_and_off_in_order_bit_for_bit);
+	tcase_add_test(tr, the_look_rule_moves_for_other_replicas_at_the_same_cuts);
 	tcase_add_test(tr, rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit);
 	tcase_add_test(tr, rebalance_never_moves_while_costs_are_steady_or_within_the_threshold);
 	tcase_add_test(tr, costs_that_draw_another_plan_at_each_look_never_move);

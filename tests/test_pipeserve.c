@@ -282,12 +282,16 @@ START_TEST(every_endpoint_answers_per_the_protocol)
 END_TEST
 
 /* --rebalance: the same bits as mbp_model_forward (a move never changes them), and /metrics counts the
- * moves and shows the plan in use; _i 1: with --replicas 2 too (a move keeps the replicas). */
+ * moves and shows the plan in use; _i 1: with --replicas 2 too (a move keeps the replicas); _i 2: with
+ * --rebalance-replicas 3, each stage on 3 threads, one active at start. */
 START_TEST(rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics)
 {
 	make_models();
 	srv s;
-	if (_i)
+	if (_i == 2)
+		start(&s, (const char *const[]){"--rebalance", "--rebalance-replicas", "3",
+						"--max-batch-rows", "8", NULL});
+	else if (_i)
 		start(&s,
 		      (const char *const[]){"--rebalance", "--replicas", "2", "--max-batch-rows", "8", NULL});
 	else
@@ -308,12 +312,17 @@ START_TEST(rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics)
 		http_resp_free(&r);
 		free(body);
 	}
-	static const char *const names[] = {
+	const char *const names[] = {
 	    "# TYPE mbpipe_rebalance_moves_total counter\n",
 	    "mbpipe_rebalance_moves_total{model=\"a\"} ",
 	    "mbpipe_rebalance_plan{model=\"a\"} ",
 	    "mbpipe_rebalance_stage_first_layer{model=\"a\",stage=\"0\"} 0\n",
 	    "mbpipe_rebalance_stage_first_layer{model=\"a\",stage=\"1\"} ",
+	    "mbpipe_rebalance_replica_moves_total{model=\"a\"} ",
+	    /* 1, --replicas 2, or --rebalance-replicas: 1 at start and after moves that the equal costs
+	     * of the small model do not make (a third thread a stage would only share the CPUs) */
+	    _i == 1 ? "mbpipe_rebalance_stage_active_replicas{model=\"a\",stage=\"0\"} 2\n"
+		    : "mbpipe_rebalance_stage_active_replicas{model=\"a\",stage=\"0\"} ",
 	};
 	expect_metrics(s.port, names, sizeof names / sizeof names[0], NULL);
 	mbp_model_destroy(m);
@@ -2031,6 +2040,8 @@ START_TEST(bad_arguments_get_one_line_naming_the_flag_and_rule_and_exit_2)
 	    {{"--stages", "9"}, "--stages 9", "only 6 layers"}, /* the demo model has 6 */
 	    {{"--replicas", "0"}, "--replicas", "auto or a whole number"},
 	    {{"--replicas", "many"}, "--replicas", "auto or a whole number"},
+	    {{"--rebalance-replicas", "2"}, "--rebalance-replicas 2", "only with --rebalance"},
+	    {{"--rebalance", "--rebalance-replicas", "0"}, "--rebalance-replicas", "from 1 to 64"},
 	    {{"--model", "/nonexistent/x.safetensors"},
 	     "--model: /nonexistent/x.safetensors",
 	     "No such file"},
@@ -2146,7 +2157,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, every_endpoint_answers_per_the_protocol);
 	tcase_add_test(tc, infer_equals_the_library_output_in_every_encoding);
-	tcase_add_loop_test(tc, rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics, 0, 2);
+	tcase_add_loop_test(tc, rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics, 0, 3);
 	tcase_add_test(tc, replicated_stages_answer_with_the_library_output);
 	tcase_add_test(tc, every_bad_input_gets_its_status_and_the_server_keeps_serving);
 	tcase_add_test(tc, a_full_queue_answers_429_at_once_and_a_queued_request_times_out_with_503);

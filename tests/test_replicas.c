@@ -745,6 +745,175 @@ START_TEST(the_replica_index_is_zero_off_the_pipeline)
 }
 END_TEST
 
+/* ---- active replicas (mbp_pipeline_replicas_set) ---- */
+
+/* Poll until `want` results came back (a wait for a condition, not a timed check). */
+static void wait_results(unsigned long want)
+{
+	while (atomic_load(&res.got) < want)
+		usleep(1000);
+}
+
+static unsigned long calls_of(unsigned k, unsigned j)
+{
+	return atomic_load(&ctx[k].calls[j]);
+}
+
+/* A replicated stage 0 (the feed), a replicated middle stage (a window's claim) and a replicated last
+ * stage (the completion window), each made to run on replica 0 alone: once the claims its replicas held
+ * when they were made inactive are spent (one each at most), a batch of stamped items passes with the
+ * inactive replicas calling fn not once, their own statistics standing still and saying so (active 0),
+ * every item in order with its bits; made active again, they take work again; drain wakes none that is
+ * parked in vain: every replica's fini runs once. */
+START_TEST(inactive_replicas_claim_nothing_and_reactivated_ones_take_work_again_in_order)
+{
+	for (unsigned k = 0; k < 3; k++)
+		ctx[k].sleep_us = 200;
+	const unsigned reps[3] = {2, 3, 2};
+	mbp_pipeline *p = make(3, reps, ctx, &res);
+	for (unsigned k = 0; k < 3; k++) {
+		ck_assert_int_eq(mbp_pipeline_replicas_active(p, k), (int)reps[k]);
+		ck_assert_int_eq(mbp_pipeline_replicas_set(p, k, 1), 0);
+		ck_assert_int_eq(mbp_pipeline_replicas_active(p, k), 1);
+	}
+	const uint32_t n = (uint32_t)mbp_iters(200, 60);
+	unsigned long acc = produce_all(p, 1, n); /* spends the claims made before the call */
+	wait_results(acc);
+	unsigned long before[3][3];
+	mbp_stage_stats rs[3][MAXREP];
+	for (unsigned k = 0; k < 3; k++) {
+		for (unsigned j = 0; j < reps[k]; j++)
+			before[k][j] = calls_of(k, j);
+		ck_assert_int_eq(mbp_pipeline_replica_stats(p, k, rs[k], MAXREP), (int)reps[k]);
+	}
+	/* a second producer's batch: replica 0 of each stage computes all of it */
+	struct producer pr = {.p = p, .id = 1, .n = n};
+	produce(&pr);
+	acc += pr.accepted;
+	wait_results(acc);
+	mbp_pipeline_stats ps;
+	mbp_stage_stats ss[3];
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, ss, 3), 3);
+	for (unsigned k = 0; k < 3; k++) {
+		ck_assert_uint_eq(ss[k].replicas, reps[k]);
+		ck_assert_uint_eq(ss[k].active, 1);
+		ck_assert_uint_eq(calls_of(k, 0), before[k][0] + n);
+		mbp_stage_stats now[MAXREP];
+		ck_assert_int_eq(mbp_pipeline_replica_stats(p, k, now, MAXREP), (int)reps[k]);
+		ck_assert_uint_eq(now[0].active, 1);
+		for (unsigned j = 1; j < reps[k]; j++) {
+			ck_assert_msg(calls_of(k, j) == before[k][j],
+				      "stage %u replica %u computed while inactive", k, j);
+			ck_assert_uint_eq(now[j].mbs, rs[k][j].mbs);
+			ck_assert_uint_eq(now[j].busy_ns, rs[k][j].busy_ns);
+			ck_assert_uint_eq(now[j].active, 0);
+		}
+	}
+	/* every replica again: each takes work (whichever is free, and the stages sleep) */
+	for (unsigned k = 0; k < 3; k++)
+		ck_assert_int_eq(mbp_pipeline_replicas_set(p, k, reps[k]), 0);
+	pr = (struct producer){.p = p, .id = 2, .n = n};
+	produce(&pr);
+	acc += pr.accepted;
+	ck_assert_uint_eq(acc, 3ul * n);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	assert_all_in_order(acc);
+	for (unsigned k = 0; k < 3; k++)
+		for (unsigned j = 0; j < reps[k]; j++) {
+			ck_assert_msg(calls_of(k, j) > before[k][j] + (j ? 0 : n),
+				      "stage %u replica %u took no work once active again", k, j);
+			ck_assert_uint_eq(ctx[k].finis[j], 1);
+		}
+	check_replica_stats(p, 3);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* Replicas parked for good do not hold up the end: cancel (work waiting behind a gate) and drain each
+ * wake them, every micro-batch is accounted for and every replica's fini runs once. */
+START_TEST(cancel_and_drain_end_a_pipeline_whose_replicas_are_parked)
+{
+	for (int round = 0; round < 2; round++) {
+		reset();
+		atomic_store(&gate, round ? 1 : 0);
+		res.cancelled = round == 0;
+		ctx[1].gate = &gate;
+		const unsigned reps[3] = {2, 3, 2};
+		mbp_pipeline *p = make(3, reps, ctx, &res);
+		for (unsigned k = 0; k < 3; k++)
+			ck_assert_int_eq(mbp_pipeline_replicas_set(p, k, 1), 0);
+		unsigned long acc = produce_all(p, 2, 50);
+		if (round == 0) {
+			usleep(20000);
+			atomic_store(&gate, 1);
+			ck_assert_int_eq(mbp_pipeline_cancel(p), 0);
+		} else {
+			ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+			assert_all_in_order(acc);
+		}
+		ck_assert_uint_eq(res.got, acc);
+		ck_assert_uint_eq(res.wrong_status, 0);
+		mbp_pipeline_stats ps;
+		mbp_pipeline_stats_get(p, &ps, NULL, 0);
+		ck_assert_uint_eq(ps.mbs_accepted, acc);
+		ck_assert_uint_eq(ps.mbs_completed + ps.mbs_failed, acc);
+		for (unsigned k = 0; k < 3; k++)
+			for (unsigned j = 0; j < reps[k]; j++)
+				ck_assert_uint_eq(ctx[k].finis[j], 1);
+		mbp_pipeline_destroy(p);
+	}
+}
+END_TEST
+
+/* The counts are checked: 1 .. the stage's replicas, a stage in range; before start too; a pipeline
+ * without replicas takes 1 for each stage and nothing else. */
+START_TEST(active_replica_counts_are_checked)
+{
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = WORDS * 4;
+	o.on_result = check_result;
+	o.on_result_arg = &res;
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	mbp_stage_desc d = {.fn = rep_fn, .ctx = &ctx[0]};
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	d.replicas = 3;
+	d.ctx = &ctx[1];
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_replicas_set(NULL, 0, 1), -EINVAL);
+	ck_assert_int_eq(mbp_pipeline_replicas_active(NULL, 0), -EINVAL);
+	ck_assert_int_eq(mbp_pipeline_replicas_set(p, 2, 1), -ERANGE);
+	ck_assert_int_eq(mbp_pipeline_replicas_active(p, 2), -ERANGE);
+	ck_assert_int_eq(mbp_pipeline_replicas_set(p, 0, 2), -ERANGE);
+	ck_assert_int_eq(mbp_pipeline_replicas_set(p, 0, 0), -ERANGE);
+	ck_assert_int_eq(mbp_pipeline_replicas_set(p, 0, 1), 0);
+	ck_assert_int_eq(mbp_pipeline_replicas_set(p, 1, 4), -ERANGE);
+	ck_assert_int_eq(mbp_pipeline_replicas_set(p, 1, 0), -ERANGE);
+	ck_assert_int_eq(mbp_pipeline_replicas_active(p, 1), 3); /* refusals change nothing */
+	ck_assert_int_eq(mbp_pipeline_replicas_set(p, 1, 2), 0); /* before start: kept */
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	ck_assert_int_eq(mbp_pipeline_replicas_active(p, 1), 2);
+	mbp_stage_stats ss[2];
+	mbp_pipeline_stats ps;
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, ss, 2), 2);
+	ck_assert_uint_eq(ss[0].active, 1);
+	ck_assert_uint_eq(ss[1].active, 2);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	mbp_pipeline_destroy(p);
+	/* no replicas anywhere: the rings of before; 1 is the only count */
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	d = (mbp_stage_desc){.fn = rep_fn, .ctx = &ctx[0]};
+	ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+	ck_assert_int_eq(mbp_pipeline_start(p), 0);
+	ck_assert_int_eq(mbp_pipeline_replicas_set(p, 0, 1), 0);
+	ck_assert_int_eq(mbp_pipeline_replicas_set(p, 0, 2), -ERANGE);
+	ck_assert_int_eq(mbp_pipeline_replicas_active(p, 0), 1);
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("replicas");
@@ -766,6 +935,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, replica_limits_are_refused_with_their_errors);
 	tcase_add_test(tc, the_replica_index_is_zero_off_the_pipeline);
 	tcase_add_test(tc, a_trace_has_a_track_per_replica);
+	tcase_add_test(tc, inactive_replicas_claim_nothing_and_reactivated_ones_take_work_again_in_order);
+	tcase_add_test(tc, cancel_and_drain_end_a_pipeline_whose_replicas_are_parked);
+	tcase_add_test(tc, active_replica_counts_are_checked);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -480,6 +480,8 @@ int mbp_model_stage_desc(const mbp_model_stages *st, unsigned s, mbp_stage_desc 
  * When the stages start, OpenBLAS is set to one thread (openblas_set_num_threads(1), process-wide): the
  * pipeline owns the cores, one stage per core, and OpenBLAS's own threads would compete with the other
  * stages. A program that also wants multi-threaded OpenBLAS elsewhere must set it back around that use.
+ * Rebalancing with active replicas (rebalance.replicas): the stages remember p, and only the plan's
+ * replicas of each stage are active at start (mbp_pipeline_replicas_set); a move changes the counts.
  *
  * @return 0, or mbp_pipeline_add_stage's error.
  */
@@ -519,12 +521,28 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * back and forth.
  *
  * Replicated stages (plan->replicas): a stage's threads are made when the pipeline starts and none is
- * made or ended while it runs, so a move keeps every stage's replica count and re-plans the boundaries
- * for them: the least max over the stages of cost / replicas. A layer that got dear can so move onto a
+ * made or ended while it runs. Unless active replicas are asked for (below), a move keeps every stage's
+ * replica count and re-plans the boundaries for them: the least max over the stages of cost / replicas. A layer that got dear can so move onto a
  * replicated stage (and off it), but a replica does not move from one stage to another. Each replica
  * times its layers in counters of its own, summed at a look. The replicas of a replicated stage 0 admit
  * in turn (under a lock): a micro-batch's plan is the one in use when it was admitted, and they may admit
  * micro-batches a little out of the order submitted (each still one plan, the output still in order).
+ *
+ * Active replicas (rebalance.replicas = r > 0): each stage is made with max(r, its plan's replicas)
+ * threads, of which the plan's replicas take micro-batches at start (mbp_model_stages_add makes the
+ * others inactive: mbp_pipeline_replicas_set). A look then plans the boundaries and every stage's active
+ * replicas together from the measured costs, exactly, each stage at most its threads: the least period,
+ * then the fewest threads; a plan whose threads outnumber rebalance.cpus is counted (and predicted, its
+ * slowest_ns in mbp_model_move.to) at no less than the layers' sum over those CPUs and is taken only
+ * where it beats the best plan within them by 5 % (the costs count no time-slicing, park or wake). A move sets the new counts as it moves. An inactive
+ * replica parks before it claims a micro-batch, so it never holds one: nothing is lost or reordered, and
+ * a micro-batch's plan (its cuts) is what it carries, whichever replica computes it; a move that changes
+ * counts is counted in replica_moves as well. This needs mbp_model_stages_add (the stages then know their
+ * pipeline); stages added one by one (mbp_model_stage_desc) run all their threads and move boundaries
+ * only. The threads beyond the CPUs share them: a pipeline that makes more threads than CPUs is best
+ * left unpinned (mbp_opts.pinning MBP_PIN_NONE), since the plan pins consecutive threads to one CPU and
+ * the OS then cannot move an active replica onto an idle one; and a replica's measured layer times then
+ * include the time-slicing, which makes the costs noisier.
  *
  * Forward stages only: a trainer (<mbpipe/model_train.h>) keeps its split while it runs; its stages made
  * again at another split between two steps give the same parameters bit for bit, which is what pipetrain
@@ -565,6 +583,11 @@ typedef struct mbp_model_rebalance {
 	void *on_move_arg;
 	mbp_model_layer_cost_fn cost; /**< optional, called only with `on`: see mbp_model_layer_cost_fn */
 	void *cost_arg;
+	unsigned replicas; /**< the most replicas a move may give a stage: each is made with this many
+			        threads (or its plan's replicas, if more), the plan's active at start; 0: the
+			        plan's, and no move changes a count. See "Active replicas" */
+	unsigned cpus;	   /**< the CPUs the active replicas share, for a move's plan; 0: those this
+			        process may use (mbp_cpus_allowed, under its quota) */
 } mbp_model_rebalance;
 
 /** Options of mbp_model_stages_new_opts(); a zeroed struct means mbp_model_stages_new()'s behaviour. */
@@ -576,8 +599,10 @@ typedef struct mbp_model_stages_opts {
  * mbp_model_stages_new() with options. With rebalancing on, every stage but the last declares the
  * widest activation of the model (any layer's output but the last) as its out_row_bytes, so that the
  * pipeline's hop buffers fit any plan, and every stage allocates scratch of that width.
- * A plan with replicated stages rebalances too: its moves keep each stage's replicas (see Rebalancing).
- * @return as mbp_model_stages_new(); -EINVAL also for a negative or non-finite threshold.
+ * A plan with replicated stages rebalances too: its moves keep each stage's replicas, or re-plan the
+ * active ones within rebalance.replicas threads a stage (see Rebalancing).
+ * @return as mbp_model_stages_new(); -EINVAL also for a negative or non-finite threshold, -E2BIG where
+ *         the stages' threads with rebalance.replicas exceed MBP_MAX_STAGES.
  */
 int mbp_model_stages_new_opts(mbp_model_stages **st, mbp_model *m, const mbp_model_plan *plan,
 			      uint32_t max_mb_rows, const mbp_model_stages_opts *o);
@@ -593,6 +618,10 @@ typedef struct mbp_model_rebalance_stats {
 					       of one replica (0: none yet) */
 	double fresh_slowest_ns;	    /**< the last window's fresh plan's slowest stage */
 	char last_reason[200];		    /**< the last move's reason, "" before the first */
+	uint64_t replica_moves;		    /**< of the moves, those that changed a stage's active
+					       replicas (current.replicas: the active ones now) */
+	unsigned threads[MBP_MAX_STAGES];   /**< the threads each stage was made with (the most
+					       replicas a move may give it) */
 } mbp_model_rebalance_stats;
 
 /**
@@ -617,11 +646,13 @@ typedef struct mbp_model_rebalance_rule {
 	uint32_t patience;			/**< looks in a row the excess must last; 0: 2 */
 	uint32_t strikes;			/**< state: looks in a row that found `candidate` better */
 	unsigned candidate[MBP_MAX_STAGES + 1]; /**< state: the fresh plan's cuts at those looks */
+	unsigned candidate_replicas[MBP_MAX_STAGES]; /**< state: and its replicas (0 read as 1) */
 } mbp_model_rebalance_rule;
 
 /**
- * One look. Counts a strike when `fresh` cuts elsewhere than `measured` and measured->slowest_ns exceeds
- * (1 + threshold) x fresh->slowest_ns, with the same cuts as the last strike (else the count starts
+ * One look. Counts a strike when `fresh` cuts elsewhere than `measured` or gives a stage other replicas,
+ * and measured->slowest_ns exceeds
+ * (1 + threshold) x fresh->slowest_ns, with the same cuts and replicas as the last strike (else the count starts
  * again at 1, or 0 when there is no excess); at `patience` strikes it answers move and starts again at 0.
  * Both plans must have the same stages and layers.
  * @return 1: move to `fresh`; 0: stay; -EINVAL (NULL, plans that do not match, a negative or non-finite

@@ -26,6 +26,7 @@
  *   mbp_job_wait                                    | any thread, for its own job
  *   mbp_pipeline_stats_get, _placement              | any thread, any time after start
  *   mbp_pipeline_error                              | any thread, any time
+ *   mbp_pipeline_replicas_set, _active              | any threads once started (before: the controller)
  *   new, add_stage, start, drain, cancel, destroy   | one controlling thread
  */
 #ifndef MBPIPE_PIPELINE_H
@@ -104,6 +105,25 @@ typedef struct mbp_stage_desc {
  * way), so that where threads outnumber the CPUs a stage's replicas still get different CPUs; each is
  * named mbp-pipe-<stage>.<replica>. The trace has a track per replica ("<name> replica <j>").
  */
+
+/**
+ * Active replicas: how many of stage `stage`'s replicas take micro-batches, 1 .. its replicas (all of
+ * them until set). Replicas 0 .. active - 1 take them; each of the others parks (asleep on a futex, no
+ * spin) before it claims its next micro-batch and stays parked until a later call makes it active again,
+ * so it never holds one; the ordered merge still receives every micro-batch in order, and nothing a
+ * replica computes depends on how many are active. A replica busy when it is made inactive finishes the
+ * micro-batch it claimed (at most one more) before it parks. Drain, cancel and destroy wake every parked
+ * replica to run to the end of the stream. Its parked time counts in none of busy, starved and blocked.
+ * The threads are made at start and none is made or ended here: this is how a rebalancing move changes a
+ * stage's replica count (<mbpipe/model.h>, "Rebalancing"). Any thread once started (before start, the
+ * controlling thread, after the stage is added); a stage of one replica takes only 1.
+ * @return 0, -EINVAL (NULL), -ERANGE (stage out of range, active 0 or above the stage's replicas).
+ */
+int mbp_pipeline_replicas_set(mbp_pipeline *p, unsigned stage, unsigned active);
+
+/** The active replicas of stage `stage` as last set (mbp_pipeline_replicas_set). Any thread.
+ * @return 1 .. the stage's replicas, -EINVAL (NULL), -ERANGE (stage out of range). */
+int mbp_pipeline_replicas_active(mbp_pipeline *p, unsigned stage);
 
 /** The replica of its stage that the calling thread runs, 0 .. replicas - 1: valid inside a stage's fn,
  * init, fini and done on the pipeline's threads (0 on any other thread, and for a stage of one thread). */
@@ -443,8 +463,10 @@ typedef struct mbp_stage_stats {
 				      the previous one on its thread) */
 	uint32_t ring_capacity;
 	uint32_t
-	    replicas; /**< the stage's replicas (its figures above are their sums; mbp_pipeline_stats_get)
+	    replicas;	 /**< the stage's replicas (its figures above are their sums; mbp_pipeline_stats_get)
 			      or 1 for one replica's own (mbp_pipeline_replica_stats) */
+	uint32_t active; /**< of them, those that take micro-batches now (mbp_pipeline_replicas_set; all
+			      unless set); one replica's own: 1 if it takes them, 0 if it is parked */
 } mbp_stage_stats;
 
 typedef struct mbp_pipeline_stats {

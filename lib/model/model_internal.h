@@ -31,6 +31,14 @@ void mbp__plan_cost(mbp_model_plan *plan, const double *layer_ns, const double *
 int mbp__partition_fixed(const double *layer_ns, const double *handoff_ns, unsigned layers, unsigned stages,
 			 const unsigned *replicas, mbp_model_plan *plan);
 
+/* The split and the replica counts together for S stages, stage s on 1 .. caps[s] replicas (0: one),
+ * exactly (plan.c, "Capped replicas"): a rebalancing move that re-plans the active replicas within the
+ * threads each stage was made with. `cpus` (0: no limit): the CPUs they share; a plan of more threads
+ * must win MBP__OVERSUB_GAIN to be taken, and its slowest_ns is no less than the layers' sum over cpus. Returns as mbp_model_partition_replicas (-ERANGE: S above L or
+ * MBP_MAX_STAGES, the caps' sum above MBP_MAX_STAGES). */
+int mbp__partition_capped(const double *layer_ns, const double *handoff_ns, unsigned layers, unsigned stages,
+			  const unsigned *caps, unsigned cpus, mbp_model_plan *plan);
+
 /* The fixed structure of one layer (the same in every version). */
 struct mbp__layer {
 	uint32_t in, out;

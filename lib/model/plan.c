@@ -14,10 +14,18 @@
  * Least period first, then the fewest threads (the least c whose best equals it), then the last stage
  * starting first with the fewest replicas, and so on back.
  *
- * Fixed replicas (a rebalancing move: a running stage keeps its threads). With r_k given for each stage
+ * Fixed replicas (a rebalancing move that keeps each stage's count). With r_k given for each stage
  * position the thread dimension goes: best[k][j] is min over i of max(best[k-1][i], cost(i, j) / r_k),
- * O(S L^2) again; with every r_k one it is the partition above, bit for bit (cost / 1 is cost). One
- * programme, partition_dp, serves all three.
+ * O(S L^2) again; with every r_k one it is the partition above, bit for bit (cost / 1 is cost).
+ *
+ * Capped replicas (a rebalancing move that re-plans the active replicas within the threads each stage
+ * was made with): the replicas chosen as above, S stages, stage k's r at most cap_k, over the sum of the
+ * caps. Threads beyond the CPUs share them: such a plan is predicted at max(its period, the layers' sum
+ * over the CPUs), the least of those (then the fewest threads) against the best plan within the CPUs,
+ * and taken only when it beats that one by MBP__OVERSUB_GAIN (the cost model counts no time-slicing, no
+ * park and no wake; without the margin a hand-off of 1 us would buy a thread); such a plan's slowest_ns
+ * is then that prediction, not its stages' (what a move's rule compares the plan in use with). One programme,
+ * partition_dp, serves all four.
  */
 #include "config.h"
 
@@ -160,14 +168,29 @@ static unsigned fixed_rep(const unsigned *reps, unsigned k)
 	return reps && reps[k] ? reps[k] : 1;
 }
 
+/* The share a plan of more threads than CPUs must win to be taken (capped replicas, above). */
+#define MBP__OVERSUB_GAIN 0.05
+
+/* The fewest threads, from c down, whose least period equals that of c threads (whole[x * W]: the least
+ * period on at most x threads). */
+static unsigned fewest_threads(const double *whole, size_t W, unsigned c)
+{
+	const double want = whole[c * W];
+	while (c > 1 && whole[(c - 1) * W] == want)
+		c--;
+	return c;
+}
+
 /*
  * The dynamic programme of every partition (see the top of the file). `reps` NULL: the replicas are
- * chosen, over at most C threads, for S stages (0: any number). Else stage k has reps[k] replicas (0: one;
- * NULL would mean one each, so mbp_model_partition passes `ones`) and the thread dimension folds into one:
- * best[k][j] is min over i of max(best[k-1][i], cost(i, j) / reps[k-1]). Checked by the callers.
+ * chosen, over at most C threads, for S stages (0: any number), stage k's at most caps[k] (caps NULL: no
+ * cap; with caps, S > 0), and with `cpus` (0: no limit) below C the choice between the threads within
+ * the CPUs and those beyond them above. Else stage k has reps[k] replicas (0: one; NULL would mean one
+ * each, so mbp_model_partition passes `ones`) and the thread dimension folds into one: best[k][j] is min
+ * over i of max(best[k-1][i], cost(i, j) / reps[k-1]). Checked by the callers.
  */
 static int partition_dp(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S, unsigned C,
-			const unsigned *reps, mbp_model_plan *plan)
+			const unsigned *reps, const unsigned *caps, unsigned cpus, mbp_model_plan *plan)
 {
 	const bool choose = !reps, any = S == 0;
 	const unsigned K = any ? 1 : S, CD = choose ? C + 1 : 1; /* CD: the thread dimension's size */
@@ -202,6 +225,8 @@ static int partition_dp(const double *layer_ns, const double *handoff_ns, unsign
 					double cost =
 					    pre[j] - pre[i] + (i > 0 && handoff_ns ? handoff_ns[i - 1] : 0);
 					unsigned r0 = choose ? 1 : rr, r1 = choose ? c : rr;
+					if (caps && r1 > fixed_rep(caps, k - 1))
+						r1 = fixed_rep(caps, k - 1);
 					for (unsigned r = r0; r <= r1; r++) {
 						double v =
 						    fmax(best[AT(from, choose ? c - r : 0, i)], cost / r);
@@ -215,9 +240,19 @@ static int partition_dp(const double *layer_ns, const double *handoff_ns, unsign
 			}
 	}
 	/* least period; then, choosing, the fewest threads reaching it */
-	unsigned c = choose ? C : 0;
-	while (choose && c > 1 && best[AT(any ? 0 : K, c - 1, L)] == best[AT(any ? 0 : K, C, L)])
-		c--;
+	const double *whole = best + AT(any ? 0 : K, 0, L); /* whole[x * W]: all L layers on at most x */
+	unsigned c = choose ? fewest_threads(whole, W, C) : 0;
+	if (choose && cpus && cpus < C) {
+		/* within the CPUs, against the least prediction beyond them (the top of the file) */
+		const unsigned in = fewest_threads(whole, W, cpus);
+		const double floor = pre[L] / cpus;
+		double beyond = INFINITY;
+		for (unsigned x = cpus + 1; x <= C; x++)
+			if (fmax(whole[x * W], floor) < beyond)
+				beyond = fmax(whole[x * W], floor), c = x;
+		if (!(beyond < (1.0 - MBP__OVERSUB_GAIN) * whole[in * W]))
+			c = in;
+	}
 	/* walk back: the stages come out last first */
 	unsigned first[MBP_MAX_STAGES + 1], got[MBP_MAX_STAGES], ns = 0;
 	for (unsigned k = any ? 0 : K, j = L; j > 0;) {
@@ -255,7 +290,28 @@ int mbp__partition_fixed(const double *layer_ns, const double *handoff_ns, unsig
 		return -EINVAL;
 	if (S > L || S > MBP_MAX_STAGES)
 		return -ERANGE;
-	return partition_dp(layer_ns, handoff_ns, L, S, 0, replicas ? replicas : ones, plan);
+	return partition_dp(layer_ns, handoff_ns, L, S, 0, replicas ? replicas : ones, NULL, 0, plan);
+}
+
+int mbp__partition_capped(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
+			  const unsigned *caps, unsigned cpus, mbp_model_plan *plan)
+{
+	if (!layer_ns || !plan || !caps || !L || !S || costs_check(layer_ns, handoff_ns, L))
+		return -EINVAL;
+	if (S > L || S > MBP_MAX_STAGES || L > UINT16_MAX)
+		return -ERANGE;
+	unsigned C = 0;
+	for (unsigned k = 0; k < S; k++)
+		C += fixed_rep(caps, k);
+	if (C > MBP_MAX_STAGES)
+		return -ERANGE;
+	int rc = partition_dp(layer_ns, handoff_ns, L, S, C, NULL, caps, cpus, plan);
+	/* beyond the CPUs the prediction is what they allow: the rule compares with it */
+	if (rc == 0 && cpus && plan->threads > cpus && plan->sequential_ns / cpus > plan->slowest_ns) {
+		plan->slowest_ns = plan->sequential_ns / cpus;
+		plan->balance = plan->mean_ns > 0 ? plan->slowest_ns / plan->mean_ns : 1.0;
+	}
+	return rc;
 }
 
 int mbp_model_partition(const double *layer_ns, const double *handoff_ns, unsigned L, unsigned S,
@@ -271,7 +327,7 @@ int mbp_model_partition_replicas(const double *layer_ns, const double *handoff_n
 		return -EINVAL;
 	if (S > L || S > C || C > MBP_MAX_STAGES || L > UINT16_MAX)
 		return -ERANGE;
-	return partition_dp(layer_ns, handoff_ns, L, S, C, NULL, plan);
+	return partition_dp(layer_ns, handoff_ns, L, S, C, NULL, NULL, 0, plan);
 }
 
 /* Profile the model (5 reps) and plan with `partition` applied to its costs. */

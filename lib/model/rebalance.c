@@ -13,11 +13,14 @@
  *
  * Decision (mbp_model_rebalance_look, public so that a caller measuring by other means, pipetrain
  * --rebalance, decides by the same rule). Under the plan in use the measured costs give each stage's time
- * per micro-batch, its cost over its replicas (a stage of r threads takes r micro-batches at once);
- * mbp__partition_fixed gives the best boundaries for the same costs and the same replica counts, stage
- * position by position (threads are made at start and a running stage keeps them: a move re-plans the
- * boundaries for the replicas the stages have, so a layer that got dear can move onto a replicated stage,
- * but a replica cannot move to another stage). A move needs the slowest stage above (1 + threshold) times
+ * per micro-batch, its cost over its active replicas (a stage of r threads takes r micro-batches at once);
+ * the fresh plan for the same costs is mbp__partition_fixed's, the best boundaries for the same replica
+ * counts stage position by position (threads are made at start and a running stage keeps them: a layer
+ * that got dear can move onto a replicated stage, but a replica cannot move to another stage), or, where
+ * stages were made with threads to spare (o.replicas) and are attached to their pipeline,
+ * mbp__partition_capped's: the boundaries and the active replicas together, each stage at most its
+ * threads, and a move then sets the counts (mbp_pipeline_replicas_set: an inactive replica parks before
+ * it claims, so nothing it held is lost). A move needs the slowest stage above (1 + threshold) times
  * the fresh plan's slowest, a fresh plan that cuts elsewhere, and both for `patience` looks in a row with
  * the same fresh plan each time (hysteresis: a window straddling a change of cost does not move alone, and
  * noise, which draws a different "better" plan at each look, seldom moves at all).
@@ -55,6 +58,11 @@ struct mbp__rb {
 	mbp_model *m;
 	unsigned S, L;
 	mbp_model_rebalance o;
+	unsigned threads[MBP_MAX_STAGES]; /* each stage's, made at start: the most it may have active */
+	unsigned want[MBP_MAX_STAGES];	  /* the first plan's replicas: the active ones once attached */
+	unsigned cpus;			  /* the CPUs the active replicas share (0: no limit) */
+	mbp_pipeline *p;		  /* attached (set before start): moves may change the counts */
+	bool resize;			  /* attached with o.replicas: moves re-plan the counts */
 	struct acc *acc; /* a row of `stride` entries per thread, each row on cache lines of its own */
 	size_t stride;
 	unsigned row0[MBP_MAX_STAGES + 1]; /* stage s's threads' rows: [row0[s], row0[s + 1]) */
@@ -71,7 +79,27 @@ struct mbp__rb {
 	mbp_model_rebalance_stats st;
 };
 
-struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_model_rebalance *o)
+unsigned mbp__rb_threads(const mbp_model_plan *plan, const mbp_model_rebalance *o, unsigned s)
+{
+	unsigned r = plan->replicas[s] ? plan->replicas[s] : 1;
+	return o && o->on && o->replicas > r ? o->replicas : r;
+}
+
+/* The CPUs of a move's plan: the option, else those this process may use under its quota (0: unknown,
+ * no limit). */
+static unsigned plan_cpus(const mbp_model_rebalance *o)
+{
+	if (o->cpus)
+		return o->cpus;
+	unsigned quota = 0;
+	int n = mbp_cpus_allowed(NULL, 0, &quota);
+	if (n <= 0)
+		return 0;
+	return quota && quota < (unsigned)n ? quota : (unsigned)n;
+}
+
+struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_model_rebalance *o,
+			    const unsigned *threads)
 {
 	struct mbp__rb *rb = calloc(1, sizeof(*rb));
 	if (!rb)
@@ -85,8 +113,12 @@ struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_
 	rb->o.patience = o->patience ? o->patience : DEFAULT_PATIENCE;
 	size_t per_line = MBP_CACHELINE / sizeof(struct acc);
 	rb->stride = (rb->L + per_line - 1) / per_line * per_line;
-	for (unsigned s = 0; s < rb->S; s++)
-		rb->row0[s + 1] = rb->row0[s] + (plan->replicas[s] ? plan->replicas[s] : 1);
+	for (unsigned s = 0; s < rb->S; s++) {
+		rb->threads[s] = threads[s];
+		rb->want[s] = plan->replicas[s] ? plan->replicas[s] : 1;
+		rb->row0[s + 1] = rb->row0[s] + threads[s];
+	}
+	rb->cpus = plan_cpus(o);
 	rb->acc = aligned_alloc(MBP_CACHELINE, rb->row0[rb->S] * rb->stride * sizeof(struct acc));
 	rb->seen_ns = calloc(4 * (size_t)rb->L, sizeof(uint64_t));
 	rb->cost = calloc(2 * (size_t)rb->L, sizeof(double));
@@ -108,14 +140,35 @@ struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_
 	rb->cur->id = 1;
 	memcpy(rb->cur->first, plan->first, sizeof(rb->cur->first));
 	rb->cur_plan = *plan;
+	for (unsigned s = 0; s < rb->S; s++) /* until attached, every thread runs */
+		rb->cur_plan.replicas[s] = threads[s];
 	rb->rule.threshold = rb->o.threshold;
 	rb->rule.patience = rb->o.patience;
 	pthread_mutex_init(&rb->lock, NULL);
 	pthread_mutex_init(&rb->admit_lock, NULL);
 	rb->st.on = true;
 	rb->st.plan = 1;
-	rb->st.current = *plan;
+	rb->st.current = rb->cur_plan;
+	memcpy(rb->st.threads, rb->threads, sizeof(rb->st.threads));
 	return rb;
+}
+
+int mbp__rb_attach(struct mbp__rb *rb, mbp_pipeline *p)
+{
+	for (unsigned s = 0; s < rb->S; s++) {
+		int rc = mbp_pipeline_replicas_set(p, s, rb->want[s]);
+		if (rc)
+			return rc;
+	}
+	rb->p = p;
+	rb->resize = rb->o.replicas > 0;
+	/* before start: stage 0's threads, made by the start, see it (thread creation orders it) */
+	for (unsigned s = 0; s < rb->S; s++)
+		rb->cur_plan.replicas[s] = rb->want[s];
+	pthread_mutex_lock(&rb->lock);
+	rb->st.current = rb->cur_plan;
+	pthread_mutex_unlock(&rb->lock);
+	return 0;
 }
 
 void mbp__rb_destroy(struct mbp__rb *rb)
@@ -178,6 +231,15 @@ static unsigned replicas_of(const mbp_model_plan *p, unsigned s)
 	return p->replicas[s] ? p->replicas[s] : 1;
 }
 
+/* Every stage with as many replicas in a as in b (0 read as 1). */
+static bool same_replicas(const mbp_model_plan *a, const mbp_model_plan *b)
+{
+	for (unsigned s = 0; s < a->stages; s++)
+		if (replicas_of(a, s) != replicas_of(b, s))
+			return false;
+	return true;
+}
+
 static bool plans_match(const mbp_model_plan *a, const mbp_model_plan *b)
 {
 	return a->stages == b->stages && a->layers == b->layers && a->stages >= 1 &&
@@ -196,13 +258,19 @@ int mbp_model_rebalance_look(mbp_model_rebalance_rule *r, const mbp_model_plan *
 	    r->threshold < 0)
 		return -EINVAL;
 	const size_t cuts = (measured->stages + 1) * sizeof(fresh->first[0]);
-	bool elsewhere = memcmp(fresh->first, measured->first, cuts) != 0;
+	bool elsewhere = memcmp(fresh->first, measured->first, cuts) != 0 || !same_replicas(measured, fresh);
 	bool excess = measured->slowest_ns > (1.0 + rule_threshold(r)) * fresh->slowest_ns;
 	/* hysteresis: the same better plan, look after look (noise draws a different one each time) */
 	bool same = r->strikes && !memcmp(fresh->first, r->candidate, cuts);
+	for (unsigned s = 0; s < fresh->stages; s++)
+		same = same &&
+		       replicas_of(fresh, s) == (r->candidate_replicas[s] ? r->candidate_replicas[s] : 1);
 	r->strikes = !(elsewhere && excess) ? 0 : same ? r->strikes + 1 : 1;
 	memset(r->candidate, 0, sizeof(r->candidate));
 	memcpy(r->candidate, fresh->first, cuts);
+	memset(r->candidate_replicas, 0, sizeof(r->candidate_replicas));
+	for (unsigned s = 0; s < fresh->stages; s++)
+		r->candidate_replicas[s] = replicas_of(fresh, s);
 	if (r->strikes < (r->patience ? r->patience : DEFAULT_PATIENCE))
 		return 0;
 	r->strikes = 0;
@@ -230,6 +298,9 @@ int mbp_model_rebalance_reason(const mbp_model_rebalance_rule *r, const mbp_mode
 			   fresh->slowest_ns / 1e3, fresh->stages > 2 ? "s" : "");
 	for (unsigned s = 1; s < fresh->stages; s++)
 		mbp__strbuf_printf(&b, "%s %u", s > 1 ? "," : "", fresh->first[s]);
+	if (!same_replicas(measured, fresh)) /* a move of the active replicas too */
+		for (unsigned s = 0; s < fresh->stages; s++)
+			mbp__strbuf_printf(&b, "%s%u", s ? "," : " with replicas ", replicas_of(fresh, s));
 	if (planned_ns > 0) /* a plan made without costs predicted nothing */
 		mbp__strbuf_printf(&b, " (planned %.1f us)", planned_ns / 1e3);
 	return (int)b.len;
@@ -257,11 +328,15 @@ static void look(struct mbp__rb *rb)
 	mbp_model_plan measured = rb->cur_plan, fresh;
 	memcpy(measured.first, rb->cur->first, sizeof(measured.first));
 	mbp__plan_cost(&measured, rb->cost, rb->handoff);
-	/* the same replicas stage by stage: the threads are there */
-	if (mbp__partition_fixed(rb->cost, rb->handoff, L, S, rb->cur_plan.replicas, &fresh) < 0)
+	/* the active replicas within each stage's threads, or the same replicas stage by stage */
+	int prc = rb->resize
+		      ? mbp__partition_capped(rb->cost, rb->handoff, L, S, rb->threads, rb->cpus, &fresh)
+		      : mbp__partition_fixed(rb->cost, rb->handoff, L, S, rb->cur_plan.replicas, &fresh);
+	if (prc < 0)
 		return; /* out of memory: no move this time */
 	fresh.mb_rows = rb->cur_plan.mb_rows;
 	struct mbp__rb_plan *next = NULL;
+	bool resized = false;
 	mbp_model_move mv;
 	if (mbp_model_rebalance_look(&rb->rule, &measured, &fresh) == 1) {
 		next = calloc(1, sizeof(*next));
@@ -279,7 +354,14 @@ static void look(struct mbp__rb *rb)
 			mbp_model_rebalance_reason(&rb->rule, &measured, &fresh, rb->cur_plan.slowest_ns,
 						   mv.reason, sizeof(mv.reason));
 			rb->cur = next;
+			resized = !same_replicas(&rb->cur_plan, &fresh);
 			rb->cur_plan = fresh;
+			/* the counts after the plan: a micro-batch's cuts are the plan it carries, whichever
+			 * replica computes it, so the order of the two does not matter to any result */
+			for (unsigned s = 0; resized && s < S; s++) {
+				int rc = mbp_pipeline_replicas_set(rb->p, s, replicas_of(&fresh, s));
+				MBP_VERIFY(rc == 0); /* at most the threads made (mbp__partition_capped) */
+			}
 		}
 	}
 	pthread_mutex_lock(&rb->lock);
@@ -290,6 +372,7 @@ static void look(struct mbp__rb *rb)
 	if (next) {
 		rb->st.plan = next->id;
 		rb->st.moves++;
+		rb->st.replica_moves += resized;
 		rb->st.current = fresh;
 		memcpy(rb->st.last_reason, mv.reason, sizeof(mv.reason));
 		for (unsigned s = 0; s < S; s++) /* the new plan is not measured yet */

@@ -20,9 +20,21 @@ struct mbp__rb_plan {
 
 struct mbp__rb;
 
-/* A rebalancer for `stages` stages of m starting at `plan` (checked by the caller), or NULL on -ENOMEM. */
-struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_model_rebalance *o);
+/* A rebalancer for the stages of m starting at `plan` (checked by the caller), stage s made with
+ * threads[s] replicas (at least the plan's), or NULL on -ENOMEM. Until attached (below) every thread
+ * is counted active and a move keeps the counts. */
+struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_model_rebalance *o,
+			    const unsigned *threads);
 void mbp__rb_destroy(struct mbp__rb *rb);
+
+/* The threads stage s is made with under options o (NULL: off): the plan's replicas, or o->replicas
+ * where more. */
+unsigned mbp__rb_threads(const mbp_model_plan *plan, const mbp_model_rebalance *o, unsigned s);
+
+/* The stages run on p (mbp_model_stages_add, before start): the plan's replicas become the active ones
+ * (mbp_pipeline_replicas_set), and moves may change them where a stage has threads to spare. 0 or the
+ * error of mbp_pipeline_replicas_set. */
+int mbp__rb_attach(struct mbp__rb *rb, mbp_pipeline *p);
 
 /* Stage 0, for each micro-batch: count it, look every window, return the plan in use. Stage 0's threads
  * only (its replicas in turn, under a lock). */

@@ -14,7 +14,9 @@
  *
  * Rebalancing (rebalance.c): stage 0 gives each micro-batch the plan in use in mb->carry_plan, and each
  * stage computes its range of that plan, timed layer by layer (each replica in counters of its own);
- * without it a stage's range is fixed.
+ * without it a stage's range is fixed. With rebalance.replicas a stage is made with that many threads
+ * (or its plan's replicas, if more): mbp_model_stages_add makes the plan's replicas the active ones and
+ * a move sets the counts (mbp_pipeline_replicas_set); each thread has its struct replica all the same.
  * Replicas (plan->replicas): the replicas of a stage share its weights read-only (the same versions, one
  * per micro-batch as above) and each has its own scratch and its own version bookkeeping (struct replica,
  * indexed by mbp_stage_replica()). A replicated stage 0 sees a job's micro-batches spread over its
@@ -284,10 +286,15 @@ int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_mo
 	const mbp_model_rebalance *ro = o && o->rebalance.on ? &o->rebalance : NULL;
 	if (ro && (!isfinite(ro->threshold) || ro->threshold < 0))
 		return -EINVAL;
+	unsigned threads[MBP_MAX_STAGES], all = 0;
+	for (unsigned i = 0; i < plan->stages; i++)
+		all += threads[i] = mbp__rb_threads(plan, ro, i);
+	if (all > MBP_MAX_STAGES)
+		return -E2BIG;
 	mbp_model_stages *st = calloc(1, sizeof(*st) + plan->stages * sizeof(st->s[0]));
 	if (!st)
 		return -ENOMEM;
-	if (ro && !(st->rb = mbp__rb_new(m, plan, ro))) {
+	if (ro && !(st->rb = mbp__rb_new(m, plan, ro, threads))) {
 		free(st);
 		return -ENOMEM;
 	}
@@ -303,7 +310,7 @@ int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_mo
 		s->a = plan->first[i];
 		s->b = plan->first[i + 1];
 		s->max_rows = max_mb_rows;
-		s->replicas = plan->replicas[i] ? plan->replicas[i] : 1;
+		s->replicas = threads[i]; /* the plan's, or more to spare for rebalancing */
 		pthread_mutex_init(&s->jobs_lock, NULL);
 		s->rep = aligned_alloc(MBP_CACHELINE, s->replicas * sizeof(*s->rep));
 		if (s->rep)
@@ -372,7 +379,8 @@ int mbp_model_stages_add(mbp_model_stages *st, mbp_pipeline *p)
 		if (rc)
 			return rc;
 	}
-	return 0;
+	/* rebalancing: the plan's replicas active, the threads to spare parked until a move wants them */
+	return st->rb ? mbp__rb_attach(st->rb, p) : 0;
 }
 
 void mbp_model_stages_destroy(mbp_model_stages *st)

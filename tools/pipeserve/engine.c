@@ -1,7 +1,9 @@
 /*
  * The engine behind the batcher: see engine.h.
  *
- * Options come in layers, later ones winning: mbpipe's defaults, the pinning this process wants, the
+ * Options come in layers, later ones winning: mbpipe's defaults, the pinning this process wants (none
+ * under mpirun, or where --rebalance-replicas makes more threads than CPUs: the plan would pin two active
+ * threads to one CPU and the OS could not move either), the
  * MBPIPE_OPTS environment variable (the one pipebench reads), --engine, and last what the served model
  * fixes (its input row width, and --max-batch-rows as the micro-batch size). Both strings were checked
  * with the flags, so a failure here is not expected. The batcher keeps at most --max-inflight micro-batches
@@ -20,9 +22,20 @@
 
 int ps_engine_opts(ps_server *s, mbp_opts *op, mbp_stage_desc *d, unsigned *n)
 {
+	*n = mbp_model_stages_count(s->stages);
+	unsigned threads = 0;
+	for (unsigned i = 0; i < *n; i++) {
+		int rc = mbp_model_stage_desc(s->stages, i, &d[i]);
+		if (rc)
+			return rc;
+		threads += d[i].replicas ? d[i].replicas : 1;
+	}
+	int ncpu = mbp_cpus_allowed(NULL, 0, NULL);
 	mbp_opts o;
 	mbp_opts_init(&o);
-	o.pinning = s->mpi ? MBP_PIN_NONE : MBP_PIN_PLAN;
+	o.pinning = s->mpi || (s->cfg.rebalance_replicas && ncpu > 0 && threads > (unsigned)ncpu)
+			? MBP_PIN_NONE
+			: MBP_PIN_PLAN;
 	char err[512];
 	if (ps_flags_engine_opts(&o, "MBPIPE_OPTS", getenv("MBPIPE_OPTS"), err, sizeof err) ||
 	    ps_flags_engine_opts(&o, "--engine", s->cfg.mbp_conf, err, sizeof err)) {
@@ -31,12 +44,6 @@ int ps_engine_opts(ps_server *s, mbp_opts *op, mbp_stage_desc *d, unsigned *n)
 	}
 	o.in_row_bytes = (size_t)mbp_model_in_width(s->model) * sizeof(float);
 	o.max_mb_rows = s->cfg.max_batch_rows;
-	*n = mbp_model_stages_count(s->stages);
-	for (unsigned i = 0; i < *n; i++) {
-		int rc = mbp_model_stage_desc(s->stages, i, &d[i]);
-		if (rc)
-			return rc;
-	}
 	*op = o;
 	return 0;
 }

@@ -51,6 +51,9 @@ static const char usage[] =
     "  --rebalance              move layers between the stages while serving when the measured costs\n"
     "                           call for another split; each move is logged on standard error (with\n"
     "                           --replicas each stage keeps its replicas and the cuts move)\n"
+    "  --rebalance-replicas N   with --rebalance: make each stage N threads (or its --replicas, if more),\n"
+    "                           the plan's active at start, and let a move choose the cuts and how many\n"
+    "                           of each stage's threads take micro-batches together\n"
     "  --model-repository DIR   allow loading new weights over HTTP, from files named inside DIR only\n"
     "                           (default: loading over HTTP is off)\n"
     "  --max-model-bytes N      largest model file loaded (default 4294967296)\n"
@@ -132,6 +135,7 @@ static const flag flags[] = {
     FLAG("header-timeout-ms", F_U64, header_timeout_ms, 1, 3600000),
     FLAG("max-model-bytes", F_U64, max_model_bytes, 1, (uint64_t)1 << 40),
     FLAG("load-timeout-ms", F_U64, load_timeout_ms, 1, 86400000),
+    FLAG("rebalance-replicas", F_UNSIGNED, rebalance_replicas, 1, MBP_MAX_REPLICAS),
 };
 #define NFLAGS (sizeof flags / sizeof flags[0])
 
@@ -362,6 +366,10 @@ int ps_flags_parse(int argc, char **argv, ps_config *c)
 	}
 	if (optind < argc) {
 		usage_error("unexpected argument \"%s\" (options only; pipeserve --help)", argv[optind]);
+		return -1;
+	}
+	if (c->rebalance_replicas && !c->rebalance) {
+		usage_error("--rebalance-replicas %u: only with --rebalance", c->rebalance_replicas);
 		return -1;
 	}
 	if (check_engine_opts("MBPIPE_OPTS", getenv("MBPIPE_OPTS")) ||

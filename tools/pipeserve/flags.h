@@ -42,10 +42,12 @@ typedef struct ps_config {
 	unsigned max_conns_per_ip;	  /* from one client address at most. 128 */
 	uint64_t
 	    request_timeout_ms; /* a complete request within this of connecting or the last answer. 10000 */
-	uint64_t header_timeout_ms; /* near max_connections, a complete request head within this. 500 */
-	uint64_t max_model_bytes;   /* largest model file loaded. 4 GiB */
-	uint64_t load_timeout_ms;   /* longest time a load may spend reading. 30000 */
-	bool rebalance;		    /* --rebalance: the stages follow the measured layer costs */
+	uint64_t header_timeout_ms;  /* near max_connections, a complete request head within this. 500 */
+	uint64_t max_model_bytes;    /* largest model file loaded. 4 GiB */
+	uint64_t load_timeout_ms;    /* longest time a load may spend reading. 30000 */
+	bool rebalance;		     /* --rebalance: the stages follow the measured layer costs */
+	unsigned rebalance_replicas; /* --rebalance-replicas: threads a stage for moves of the active
+					replicas (0: moves keep the counts) */
 } ps_config;
 
 /*

@@ -179,7 +179,8 @@ static void render_stages(ps_buf *b, mbp_pipeline *p, const char *model)
 	      (double)pl->waits);
 }
 
-/* --rebalance: the moves, the plan in use and each stage's first layer in it. */
+/* --rebalance: the moves (those that changed active replicas too), the plan in use, each stage's first
+ * layer and active replicas in it. */
 static void render_rebalance(ps_buf *b, mbp_model_stages *st, const char *model)
 {
 	mbp_model_rebalance_stats rs;
@@ -188,6 +189,9 @@ static void render_rebalance(ps_buf *b, mbp_model_stages *st, const char *model)
 	gauge(b, "mbpipe_rebalance_moves_total", "counter",
 	      "Moves of layers between the stages (--rebalance), each logged with its reason.", model,
 	      (double)rs.moves);
+	gauge(b, "mbpipe_rebalance_replica_moves_total", "counter",
+	      "Moves that also changed how many replicas of a stage are active.", model,
+	      (double)rs.replica_moves);
 	gauge(b, "mbpipe_rebalance_plan", "gauge", "The plan in use: 1 at start, +1 per move.", model,
 	      (double)rs.plan);
 	head(b, "mbpipe_rebalance_stage_first_layer", "gauge", "The first layer each stage computes now.");
@@ -195,6 +199,14 @@ static void render_rebalance(ps_buf *b, mbp_model_stages *st, const char *model)
 		ps_buf_adds(b, "mbpipe_rebalance_stage_first_layer{");
 		model_label(b, model);
 		ps_buf_printf(b, ",stage=\"%u\"} %u\n", i, rs.current.first[i]);
+	}
+	head(b, "mbpipe_rebalance_stage_active_replicas", "gauge",
+	     "The replicas of each stage that take micro-batches now.");
+	for (unsigned i = 0; i < rs.current.stages; i++) {
+		ps_buf_adds(b, "mbpipe_rebalance_stage_active_replicas{");
+		model_label(b, model);
+		ps_buf_printf(b, ",stage=\"%u\"} %u\n", i,
+			      rs.current.replicas[i] ? rs.current.replicas[i] : 1);
 	}
 }
 

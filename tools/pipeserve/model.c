@@ -119,6 +119,11 @@ int ps_model_setup(ps_server *s)
 	long reps = ps_flags_replicas(&s->cfg, s->mpi); /* 0: none asked, UINT32_MAX: auto */
 	if (reps < 0)
 		return PS_EUSAGE;
+	if (s->mpi && s->cfg.rebalance_replicas) {
+		ps_say(
+		    "--rebalance-replicas: not under mpirun (each rank runs its stages on one thread each)");
+		return PS_EUSAGE;
+	}
 	int ncpu = s->mpi ? 0 : mbp_cpus_allowed(NULL, 0, NULL);
 	unsigned cpus = ncpu > 0 ? (unsigned)ncpu : 1;
 	if (!s->mpi) {
@@ -138,7 +143,9 @@ int ps_model_setup(ps_server *s)
 		rc = mbp_model_balance(s->model, stages, s->cfg.max_batch_rows, -1, &s->plan);
 	for (unsigned i = 0; !rc && reps > 0 && reps != UINT32_MAX && i < s->plan.stages; i++)
 		s->plan.replicas[i] = (unsigned)reps;
-	mbp_model_stages_opts so = {.rebalance = {.on = s->cfg.rebalance, .on_move = log_move}};
+	mbp_model_stages_opts so = {.rebalance = {.on = s->cfg.rebalance,
+						  .on_move = log_move,
+						  .replicas = s->cfg.rebalance_replicas}};
 	if (!rc)
 		rc = mbp_model_stages_new_opts(&s->stages, s->model, &s->plan, s->cfg.max_batch_rows, &so);
 	if (rc) {
