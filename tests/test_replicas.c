@@ -499,14 +499,19 @@ START_TEST(cancel_with_work_in_replicas_accounts_for_every_micro_batch)
 }
 END_TEST
 
-/* Poll the statistics until stage k's input holds `want` micro-batches (10 s at most); the last snapshot
- * into ss. */
-static void wait_occupancy(mbp_pipeline *p, unsigned S, mbp_stage_stats *ss, unsigned k, uint32_t want)
+/* Poll the statistics until stage k's input holds `want` micro-batches while each of its `held`
+ * replicas has entered its fn once (held behind the gate: no replica claims more, so the count is final,
+ * not a passing value while one replica has yet to claim; 10 s at most); the last snapshot into ss. */
+static void wait_occupancy(mbp_pipeline *p, unsigned S, mbp_stage_stats *ss, unsigned k, uint32_t want,
+			   unsigned held)
 {
 	mbp_pipeline_stats ps;
 	for (int i = 0; i < 10000; i++) {
 		ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, ss, S), (int)S);
-		if (ss[k].ring_occupancy == want)
+		bool all_in = true;
+		for (unsigned j = 0; j < held; j++)
+			all_in &= atomic_load(&ctx[k].calls[j]) == 1;
+		if (all_in && ss[k].ring_occupancy == want)
 			return;
 		usleep(1000);
 	}
@@ -530,7 +535,7 @@ START_TEST(a_replicated_stage_reports_the_occupancy_of_its_window)
 	}
 	/* both replicas hold one micro-batch behind the gate; stage 0 put the others into the window */
 	mbp_stage_stats ss[3];
-	wait_occupancy(p, 3, ss, 1, N - 2);
+	wait_occupancy(p, 3, ss, 1, N - 2, 2);
 	ck_assert_msg(ss[1].ring_occupancy == N - 2, "stage 1: %u of %u waiting, expected %u",
 		      ss[1].ring_occupancy, ss[1].ring_capacity, N - 2);
 	ck_assert_uint_eq(ss[1].ring_capacity, p->stages[1].win_in->capacity);
