@@ -46,6 +46,7 @@ def main(run, trace, log, bench, roof):
     half = rows[len(rows) // 2 :]
     wall = (float(half[-1]["elapsed_s"]) - float(half[0]["elapsed_s"])) * 1e3 / (len(half) - 1)
     span = sorted(float(r["step_ms"]) for r in half)[len(half) // 2]
+    last = float(rows[-1]["step_ms"])  # the traced step's
     ev = [e for e in json.load(open(trace))["traceEvents"] if e.get("ph") == "X"]
     print(f"step: wall {wall:.2f} ms (log's second half), operations' span {span:.2f} ms (median), "
           f"end of step {wall - span:.2f} ms; {M} micro-batches")
@@ -70,7 +71,7 @@ def main(run, trace, log, bench, roof):
         first = min(e["ts"] for e in mine) / 1e3
         end = max(e["ts"] + e["dur"] for e in mine) / 1e3
         print(f"| {s} | between operations (waits, hops, bubble) | {end - first - busy:.2f} "
-              f"(+{first:.2f} before the first, {span - end:.2f} after the last) | | |")
+              f"(+{first:.2f} before the first, {last - end:.2f} after the last) | | |")
         print(f"| {s} | update alone (norm, AdamW, copy, zero) | | {u:.2f} | |")
     limit = float(re.search(r"limit_sps=(\d+)", open(roof).read()).group(1))
     print(f"| all | roofline step (sum of sgemm / 2) | {cfg['config']['batch'] * 1e3 / limit:.2f} | | |")
