@@ -163,7 +163,10 @@ struct mbp_trainer {
 	MBP_CACHELINE_ALIGNED _Atomic uint32_t abort; /* the step is failing: stop at the next operation */
 	_Atomic uint32_t cancelled;
 	_Atomic uint32_t draining;
-	struct mbp__crew_barrier b1, b2;
+	/* b0: every operation done, before a shared end of the step (end_shared); b1: the decision; b2: the
+	 * updates done */
+	struct mbp__crew_barrier b0, b1, b2;
+	bool end_shared;       /* the end-of-step work of every stage by pieces, shared by all threads */
 	bool step_ok;	       /* decided by the last thread at the first barrier: update (true) or discard */
 	int prepare_err;       /* tests: the next step's schedule "fails" with this (controller only) */
 	_Atomic uint32_t done; /* generation word: bumped by the last thread to reach the second barrier */
@@ -768,6 +771,42 @@ static void break_trainer(struct mbp_trainer *t, int stage)
 	pthread_mutex_unlock(&t->lock);
 }
 
+/*
+ * The shared end of a step (t->end_shared: every stage by pieces, no replica, not a part of a larger
+ * pipeline): the stages' pieces, in stage order, cut into one contiguous range per thread, so that a
+ * thread whose stages hold fewer parameters takes some of another stage's pieces (the pieces' norms and
+ * updates are each element's alone: the same bits whichever thread runs them, as with replicas). op:
+ * 0 check, 1 update (ok) or discard.
+ */
+static void shared_pieces(struct mbp_trainer *t, struct mbp__crew_thread *th, int op, bool ok)
+{
+	size_t total = 0;
+	for (unsigned s = 0; s < t->S; s++)
+		total += t->st[t->ub[s]].d.pieces;
+	const size_t lo = total * th->idx / t->T, hi = total * (th->idx + 1) / t->T;
+	for (unsigned s = 0, at = 0; s < t->S && at < hi; at += t->st[t->ub[s]].d.pieces, s++) {
+		struct tstage *st = &t->st[t->ub[s]];
+		const size_t b = lo > at ? lo - at : 0, e = hi - at < st->d.pieces ? hi - at : st->d.pieces;
+		if (b >= e)
+			continue;
+		if (op == 0) {
+			if (aborting(t))
+				return;
+			int rc = st->d.check_pieces(st->d.ctx, b, e, st->piece_sq + b);
+			if (rc < 0) {
+				fail(t, rc, (int)t->gidx[st->idx], -1, MBP_OP_UPDATE,
+				     "the stage's check refused its update");
+				return;
+			}
+		} else if (ok) {
+			if (st->d.update_pieces(st->d.ctx, &t->upd, b, e) < 0)
+				break_trainer(t, (int)t->gidx[st->idx]);
+		} else {
+			st->d.discard_pieces(st->d.ctx, b, e);
+		}
+	}
+}
+
 static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 {
 	for (unsigned s = th->first; s <= th->last; s++) {
@@ -789,8 +828,14 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 		mbp__trace_clear(&st->trace);
 	}
 	run_ops(t, th);
+	if (t->end_shared) {
+		/* release/acquire (the barrier); partner: every thread's arrival after its last operation:
+		 * every gradient complete before any thread reads another stage's */
+		mbp__crew_barrier_wait(&t->crew, &t->b0, NULL, NULL);
+		shared_pieces(t, th, 0, false);
+	}
 	/* every refusal an update could make, before the decision (the stage's gradient is this thread's) */
-	for (unsigned s = th->first; s <= th->last && !aborting(t); s++) {
+	for (unsigned s = th->first; s <= th->last && !t->end_shared && !aborting(t); s++) {
 		struct tstage *st = &t->st[s];
 		/* a stage's on its replica 0; a stage of pieces' on each replica, over its own */
 		if (!mine(t, th, s) || (st->rep && !st->d.pieces))
@@ -816,7 +861,9 @@ static void run_step(struct mbp_trainer *t, struct mbp__crew_thread *th)
 	mbp__crew_barrier_wait(&t->crew, &t->b1, decide, t);
 	cleanup(t, th);
 	bool ok = t->step_ok;
-	for (unsigned s = th->first; s <= th->last; s++) {
+	if (t->end_shared)
+		shared_pieces(t, th, 1, ok);
+	for (unsigned s = th->first; s <= th->last && !t->end_shared; s++) {
 		struct tstage *st = &t->st[s];
 		if (!mine(t, th, s) || (st->rep && !st->d.pieces))
 			continue;
@@ -1095,6 +1142,12 @@ static int setup(struct mbp_trainer *t)
 	if (prc < 0)
 		return prc;
 	t->T = t->crew.nthreads;
+	/* the end of the step shared by all threads where every stage goes by pieces and none is
+	 * replicated (a replicated one's replicas share its own); not in a part of a larger pipeline,
+	 * whose stages are its own range of the whole's */
+	t->end_shared = t->T > 1 && t->U == t->S && !t->remote;
+	for (unsigned s = 0; s < t->S; s++)
+		t->end_shared &= t->st[s].d.pieces > 0;
 	mbp__wait_global_init(); /* the replicas' parkers (a trainer of one stage has no ring to call it) */
 	t->wopts = t->crew.wopts;
 	t->wopts.abort = &t->abort; /* a worker waiting on a ring stops when the step fails */

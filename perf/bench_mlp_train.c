@@ -1,7 +1,9 @@
 /*
  * bench_mlp_train: what training an MLP costs with the layer functions of include/mbpipe/model_train.h,
  * on one thread: each layer's forward (F), input-gradient (B_in) and weight-gradient (B_w) time at a
- * micro-batch size (the relative costs a zero-bubble schedule is built on), and the sequential training
+ * micro-batch size (the relative costs a zero-bubble schedule is built on), the end-of-step work of each
+ * layer (U: its squared gradient norm, AdamW with its packed or padded copy written, the gradient zeroed,
+ * as a trainer's stage runs them once a step), and the sequential training
  * step (F, loss, B over M micro-batches, then AdamW) in samples per second with OpenBLAS on one thread
  * (seq1) and on every allowed CPU (seqmt): the baselines a pipelined trainer is measured against.
  *
@@ -271,9 +273,9 @@ int main(int argc, char **argv)
 	}
 
 	/* Per layer: the fastest of `reps` runs of each operation, one BLAS thread. */
-	printf("%5s %11s %9s %9s %9s %7s %7s\n", "layer", "shape", "F_us", "B_in_us", "B_w_us", "Bin/F",
-	       "Bw/F");
-	double sum[3] = {0};
+	printf("%5s %11s %9s %9s %9s %7s %7s %9s\n", "layer", "shape", "F_us", "B_in_us", "B_w_us", "Bin/F",
+	       "Bw/F", "U_us");
+	double sum[4] = {0};
 	for (unsigned i = 0; i < c.L; i++) {
 		mbp_mlp_stage *st;
 		if (mbp_mlp_stage_new(&st, n, i, i + 1, c.mb))
@@ -281,7 +283,7 @@ int main(int argc, char **argv)
 		float *x = rnd((size_t)c.mb * c.w[i], i), *out = rnd((size_t)c.mb * c.w[i + 1], 7 + i),
 		      *dout = rnd((size_t)c.mb * c.w[i + 1], 9 + i), *din = rnd((size_t)c.mb * c.w[i], 3),
 		      *stash = rnd(c.mb * mbp_mlp_stage_stash_floats(st), 5);
-		double best[3] = {1e30, 1e30, 1e30};
+		double best[4] = {1e30, 1e30, 1e30, 1e30};
 		for (unsigned r = 0; r <= c.reps; r++) {
 			uint64_t t0 = mbt_now_ns();
 			bad |= mbp_mlp_stage_forward(st, x, out, c.mb, stash) != 0;
@@ -290,22 +292,29 @@ int main(int argc, char **argv)
 			uint64_t t2 = mbt_now_ns();
 			bad |= mbp_mlp_stage_backward_w(st, stash, x, c.mb) != 0;
 			uint64_t t3 = mbt_now_ns();
-			double t[3] = {(double)(t1 - t0), (double)(t2 - t1), (double)(t3 - t2)};
-			for (int k = 0; r && k < 3; k++) /* run 0 warms up */
+			/* the end of a step: what pipetrain's stages run (tools/shared/stages.c), whole */
+			double sq;
+			bad |= mbp_mlp_stage_grad_sqnorm(st, &sq) != 0;
+			bad |= mbp_mlp_stage_update(st, 1.0f) != 0;
+			bad |= mbp_mlp_stage_zero_grad(st) != 0;
+			uint64_t t4 = mbt_now_ns();
+			double t[4] = {(double)(t1 - t0), (double)(t2 - t1), (double)(t3 - t2),
+				       (double)(t4 - t3)};
+			for (int k = 0; r && k < 4; k++) /* run 0 warms up */
 				best[k] = fmin(best[k], t[k] / 1e3);
 		}
 		char shape[32];
 		snprintf(shape, sizeof(shape), "%ux%u", c.w[i], c.w[i + 1]);
-		printf("%5u %11s %9.1f %9.1f %9.1f %7.2f %7.2f\n", i, shape, best[0], best[1], best[2],
-		       best[1] / best[0], best[2] / best[0]);
-		for (int k = 0; k < 3; k++)
+		printf("%5u %11s %9.1f %9.1f %9.1f %7.2f %7.2f %9.1f\n", i, shape, best[0], best[1], best[2],
+		       best[1] / best[0], best[2] / best[0], best[3]);
+		for (int k = 0; k < 4; k++)
 			sum[k] += best[k];
 		mbp_mlp_stage_zero_grad(st);
 		mbp_mlp_stage_destroy(st);
 		free(x), free(out), free(dout), free(din), free(stash);
 	}
-	printf("%5s %11s %9.1f %9.1f %9.1f %7.2f %7.2f\n", "all", "", sum[0], sum[1], sum[2], sum[1] / sum[0],
-	       sum[2] / sum[0]);
+	printf("%5s %11s %9.1f %9.1f %9.1f %7.2f %7.2f %9.1f\n", "all", "", sum[0], sum[1], sum[2],
+	       sum[1] / sum[0], sum[2] / sum[0], sum[3]);
 
 	/* Sequential steps, alternating one and all BLAS threads (the same code, the same model). */
 	mbp_mlp_stage *st;
@@ -333,8 +342,8 @@ int main(int argc, char **argv)
 	       "seqmt (%d BLAS threads) %.0f samples/s, last loss %.4f\n",
 	       steps, seq1, ncpus, seqmt, loss / c.batch);
 	printf("bench_mlp_train: cpus=%d layers=%u mb=%u batch=%u f_us=%.1f bin_us=%.1f bw_us=%.1f "
-	       "seq1_sps=%.0f seqmt_sps=%.0f \n",
-	       ncpus, c.L, c.mb, c.batch, sum[0], sum[1], sum[2], seq1, seqmt);
+	       "seq1_sps=%.0f seqmt_sps=%.0f u_us=%.1f\n",
+	       ncpus, c.L, c.mb, c.batch, sum[0], sum[1], sum[2], seq1, seqmt, sum[3]);
 	mbp_mlp_stage_destroy(st);
 	mbp_mlp_destroy(n);
 	free(x), free(out), free(stash), free(y);

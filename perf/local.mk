@@ -15,7 +15,7 @@ include perf/planner.mk
 include perf/rebalance.mk
 include perf/limits.mk
 EXTRA_DIST += perf/bench_util.h perf/pipeserve_load.sh perf/pipebench_repeat.sh perf/pipetrain_run.sh \
-	perf/train_vs_torch.sh perf/pipetrain_torch.py perf/ab.sh perf/others.sh perf/train_replicas.sh perf/train_rebalance.sh \
+	perf/train_vs_torch.sh perf/pipetrain_torch.py perf/train_profile.py perf/ab.sh perf/others.sh perf/train_replicas.sh perf/train_rebalance.sh \
 	perf/RESULTS.md perf/results
 perf: $(PERF_BINS)
 .PHONY: perf

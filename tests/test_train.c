@@ -1693,10 +1693,16 @@ static int toy_check_pieces(void *ctx, size_t begin, size_t end, double *sq)
 	return t->fail_kind == TOY_FAIL_CHECK && end == TOY_PIECES ? -EIO : 0;
 }
 
+static pthread_t toy_upd_by[3][TOY_PIECES]; /* the thread that last updated each piece of stages 0-2 */
+static struct toy *toy_upd_st[3];	    /* those stages' toys, for it */
+
 static int toy_update_pieces(void *ctx, const mbp_train_update *u, size_t begin, size_t end)
 {
 	(void)u;
 	struct toy *t = ctx;
+	for (unsigned s = 0; s < 3; s++)
+		for (size_t p = begin; toy_upd_st[s] == t && p < end; p++)
+			toy_upd_by[s][p] = pthread_self();
 	for (size_t p = begin; p < end; p++) {
 		float *w, *g;
 		toy_piece(t, p, &w, &g);
@@ -1820,6 +1826,50 @@ START_TEST(updates_by_pieces_on_replicas_run_once_a_step_and_give_the_parameters
 	pieced(&d, 0);
 	ck_assert_int_eq(mbp_trainer_add_stage(t, &d), 0);
 	mbp_trainer_destroy(t);
+}
+END_TEST
+
+/* Where every stage goes by pieces and none is replicated, the end of the step is shared by all threads:
+ * 3 stages of 5 pieces on 2 threads (stages 0 and 1 on thread 0), the 15 pieces in stage order cut in
+ * two, so the second thread updates some of stage 1's pieces besides stage 2's; the parameters are the
+ * sequential reference's bit for bit, under GPipe, 1F1B and ZB-H1. */
+START_TEST(a_stage_by_pieces_shares_its_update_with_a_thread_that_holds_fewer_pieces)
+{
+	static const mbp_sched_kind kinds[] = {MBP_SCHED_GPIPE, MBP_SCHED_1F1B, MBP_SCHED_ZBH1};
+	static const unsigned ones[] = {1, 1, 1};
+	mbp_train_opts o = {.in_row_bytes = N * sizeof(float),
+			    .target_row_bytes = N * sizeof(float),
+			    .max_mb_rows = 16,
+			    .max_mbs = 32,
+			    .threads = 2,
+			    .loss = mse};
+	for (size_t k = 0; k < MBP_ARRAY_SIZE(kinds); k++) {
+		struct rig r;
+		o.schedule = kinds[k];
+		rep_counts = ones;
+		rig_build(&r, 3, &o, false, pieced);
+		ck_assert_int_eq(mbp_trainer_start(r.t), 0);
+		struct toy ref[3];
+		double norm[3];
+		for (unsigned s = 0; s < 3; s++) {
+			toy_init(&ref[s], s + 1);
+			toy_upd_st[s] = &r.st[s];
+		}
+		for (unsigned step = 0; step < 2; step++)
+			replicated_step(&r, ref, 22, step, norm, kinds[k], 0);
+		/* stage 0's 5 pieces and 2 of stage 1's on one thread, the other 3 and stage 2's on the other */
+		for (size_t p = 0; p < TOY_PIECES; p++) {
+			ck_assert(pthread_equal(toy_upd_by[0][p], toy_upd_by[0][0]));
+			ck_assert(pthread_equal(toy_upd_by[2][p], toy_upd_by[2][0]));
+			ck_assert(pthread_equal(toy_upd_by[1][p], toy_upd_by[p < 2 ? 0 : 2][0]));
+		}
+		ck_assert(!pthread_equal(toy_upd_by[0][0], toy_upd_by[2][0]));
+		for (unsigned s = 0; s < 3; s++) {
+			ck_assert_uint_eq(r.st[s].updates, 2);
+			toy_upd_st[s] = NULL;
+		}
+		mbp_trainer_destroy(r.t);
+	}
 }
 END_TEST
 
@@ -2087,6 +2137,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_single_stage_on_replicas_trains_as_one_thread_does);
 	tcase_add_test(tc,
 		       updates_by_pieces_on_replicas_run_once_a_step_and_give_the_parameters_of_one_thread);
+	tcase_add_test(tc, a_stage_by_pieces_shares_its_update_with_a_thread_that_holds_fewer_pieces);
 	tcase_add_test(tc, a_failure_inside_a_replica_fails_the_step_and_no_stage_updates);
 	tcase_add_test(tc, cancel_and_drain_mid_step_hold_with_replicas);
 	tcase_add_test(tc, replicas_take_a_thread_each_by_the_placement_rule_and_refuse_other_counts);

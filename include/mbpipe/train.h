@@ -13,15 +13,15 @@
  * step is done on every stage (the flush), each stage applies its update to its own parameters.
  *
  * A step is all or nothing: one that returns 0 has updated every stage, one that fails has updated none.
- * The stages update at once, each on its own thread, so one stage's refusal could not be undone in the
- * others: every refusal comes before the decision instead. After its last operation of the step each
- * stage's thread runs its check (may the update apply?) and its grad_sq; the trainer (across ranks: every
- * rank, in the same vote that a failed operation takes part in) updates only if every operation, every
- * check and every grad_sq (finite) agreed, and discards every stage's gradient otherwise. A stage whose
- * update can refuse (a non-finite gradient, say) gives a check with the same refusals (the MLP stages:
- * mbp_mlp_stage_update_check). `update` returns an int so that a stage that breaks this contract is
- * reported, never silent: its refusal fails the step with -ENOTRECOVERABLE (the other stages have
- * updated), and every later step too.
+ * The stages update at once, each on its own thread (or by pieces, shared: "Replicas"), so one stage's
+ * refusal could not be undone in the others: every refusal comes before the decision instead. After its
+ * last operation of the step each stage's thread runs its check (may the update apply?) and its grad_sq;
+ * the trainer (across ranks: every rank, in the same vote that a failed operation takes part in)
+ * updates only if every operation, every check and every grad_sq (finite) agreed, and discards every
+ * stage's gradient otherwise. A stage whose update can refuse (a non-finite gradient, say) gives a check
+ * with the same refusals (the MLP stages: mbp_mlp_stage_update_check). `update` returns an int so that a
+ * stage that breaks this contract is reported, never silent: its refusal fails the step with
+ * -ENOTRECOVERABLE (the other stages have updated), and every later step too.
  *
  * Schedules: the order of each stage's operations, computed once per (schedule, S, M):
  *   GPipe  all M forwards, then all M backwards. Stash peak of a stage: M micro-batches.
@@ -128,7 +128,11 @@
  * others, and update_end runs once when all are done. The stage's squared norm is then its pieces'
  * added in piece order (to 0), whichever replica computed each: the same bits for every replica count,
  * 1 included, as long as the pieces are a property of the stage (not of the split) and an element's
- * update depends on nothing else (the MLP stages: mbp_mlp_stage_pieces).
+ * update depends on nothing else (the MLP stages: mbp_mlp_stage_pieces). Where every stage has pieces
+ * and none is replicated (and the trainer is not a part of a pipeline across ranks), the pieces of all
+ * stages, in stage order, are cut into one contiguous range per thread instead, once every thread's
+ * last operation is done: a thread whose stages hold fewer pieces checks and updates some of another
+ * stage's, so that the end of the step waits for no thread's larger share (the same bits).
  *
  * Thread safety: an mbp_schedule is immutable once built (any threads may read it). A trainer is driven by
  * one controlling thread (start, step, destroy); mbp_trainer_cancel and mbp_trainer_stats_get may be
@@ -498,11 +502,12 @@ typedef struct mbp_train_stage_desc {
 	/** check and grad_sq over pieces [begin, end): 0 (the update will apply) or a negative errno that
 	 * fails the step, as check; sq[i] receives piece begin + i's squared norm (grad_sq: the pieces'
 	 * added in order). Runs on each replica's thread over its own range, at once with the others',
-	 * after the stage's last weight gradient, with `ctx`. */
+	 * after the stage's last weight gradient, with `ctx` (unreplicated stages of pieces: on any of the
+	 * trainer's threads, see "Replicas"). */
 	int (*check_pieces)(void *ctx, size_t begin, size_t end, double *sq);
-	/** update over pieces [begin, end), on each replica's thread at once (its own range, `ctx`); a
-	 * negative errno breaks the contract as update's does. What is not per element (an optimizer's
-	 * step count) belongs in update_end. */
+	/** update over pieces [begin, end), on each replica's thread at once (its own range, `ctx`; where
+	 * check_pieces runs); a negative errno breaks the contract as update's does. What is not per
+	 * element (an optimizer's step count) belongs in update_end. */
 	int (*update_pieces)(void *ctx, const mbp_train_update *u, size_t begin, size_t end);
 	/** discard over pieces [begin, end) (a failed step), as update_pieces runs. */
 	void (*discard_pieces)(void *ctx, size_t begin, size_t end);
