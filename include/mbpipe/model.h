@@ -487,6 +487,19 @@ int mbp_model_stage_desc(const mbp_model_stages *st, unsigned s, mbp_stage_desc 
  */
 int mbp_model_stages_add(mbp_model_stages *st, mbp_pipeline *p);
 
+/**
+ * Tell the stages the pipeline they run on, for a caller that added them itself: every stage, in order,
+ * from mbp_model_stage_desc (its functions may be wrapped, called with the stage's ctx; its replicas
+ * kept), before mbp_pipeline_start. What mbp_model_stages_add does after adding them: with
+ * rebalance.replicas the plan's replicas become the active ones and a move may change the counts;
+ * without rebalancing nothing changes and p is not checked. A stages object used again on a new pipeline
+ * (the old one destroyed) is attached to the new one.
+ *
+ * @return 0, -EINVAL (NULL), -EBUSY (p started), -ERANGE (rebalancing, and p's stages are not these:
+ *         another count, or a stage with other replicas than mbp_model_stage_desc's).
+ */
+int mbp_model_stages_attach(mbp_model_stages *st, mbp_pipeline *p);
+
 /** Destroy a stages object (after the pipeline using it is destroyed). Accepts NULL. */
 void mbp_model_stages_destroy(mbp_model_stages *st);
 
@@ -537,12 +550,13 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * where it beats the best plan within them by 5 % (the costs count no time-slicing, park or wake). A move sets the new counts as it moves. An inactive
  * replica parks before it claims a micro-batch, so it never holds one: nothing is lost or reordered, and
  * a micro-batch's plan (its cuts) is what it carries, whichever replica computes it; a move that changes
- * counts is counted in replica_moves as well. This needs mbp_model_stages_add (the stages then know their
- * pipeline); stages added one by one (mbp_model_stage_desc) run all their threads and move boundaries
- * only. The threads beyond the CPUs share them: a pipeline that makes more threads than CPUs is best
- * left unpinned (mbp_opts.pinning MBP_PIN_NONE), since the plan pins consecutive threads to one CPU and
- * the OS then cannot move an active replica onto an idle one; and a replica's measured layer times then
- * include the time-slicing, which makes the costs noisier.
+ * counts is counted in replica_moves as well. This needs mbp_model_stages_add, or stages added one by one
+ * (mbp_model_stage_desc, wrapped or not) and then mbp_model_stages_attach: the stages then know their
+ * pipeline; without either they run all their threads and move boundaries only. The threads beyond the
+ * CPUs share them: a pipeline that makes more threads than CPUs is best left unpinned (mbp_opts.pinning
+ * MBP_PIN_NONE), since the plan pins consecutive threads to one CPU and the OS then cannot move an
+ * active replica onto an idle one; and a replica's measured layer times then include the time-slicing,
+ * which makes the costs noisier.
  *
  * Forward stages only: a trainer (<mbpipe/model_train.h>) keeps its split while it runs; its stages made
  * again at another split between two steps give the same parameters bit for bit, which is what pipetrain
