@@ -619,6 +619,11 @@ START_TEST(a_move_that_turns_a_replica_on_is_reported_in_the_table_and_the_json)
 		ck_assert(num(rs1, "replicas") == 2 && num(rs1, "threads") == 2);
 		const cJSON *rs0 = cJSON_GetArrayItem(field(res, "stages", cJSON_Array), 0);
 		ck_assert(num(rs0, "replicas") == 1 && num(rs0, "threads") == 2);
+		/* every thread made counts, parked or not: 4 on 2 CPUs (the threads are numbered
+		 * replica-major, so the last stage's replica 0 is thread 1, not 2) */
+		const cJSON *cp = field(doc, "cpus", cJSON_Object);
+		ck_assert_int_eq((int)num(cp, "threads"), 4);
+		ck_assert(cJSON_IsTrue(field(cp, "oversubscribed", cJSON_True | cJSON_False)));
 		cJSON_Delete(doc);
 	}
 	run_free(&r);

@@ -82,8 +82,16 @@ static unsigned threads(const pb_report *rep)
 	const pb_bench *b = rep->b;
 	if (!b->have_placement || rep->w->stages == 0)
 		return rep->w->stages;
-	/* the last stage's replica 0, then its other replicas */
-	return b->placement[rep->w->stages - 1].thread + b->replicas[rep->w->stages - 1];
+	/* with replicas a thread each (numbered replica-major: every stage's replica 0, then every replica
+	 * 1, ..., so the last stage's replica 0 is not the last thread); else the last stage's and those
+	 * before it */
+	unsigned t = 0;
+	bool replicated = false;
+	for (unsigned s = 0; s < rep->w->stages; s++) {
+		t += b->replicas[s] ? b->replicas[s] : 1;
+		replicated |= b->replicas[s] > 1;
+	}
+	return replicated ? t : b->placement[rep->w->stages - 1].thread + 1;
 }
 
 /* More threads than CPUs: they time-slice. */
