@@ -2100,6 +2100,81 @@ START_TEST(rebalance_turns_a_replica_on_and_off_in_order_bit_for_bit)
 }
 END_TEST
 
+/* A pipeline of rebalancing stages, each with threads to spare, added one by one from their descriptors:
+ * mbp_model_stages_attach makes the plan's replicas the active ones, as mbp_model_stages_add does, and
+ * refuses a pipeline whose stages are not these (fewer, more, other replicas), a started one and NULL;
+ * stages without rebalancing accept any pipeline and change nothing. */
+START_TEST(attach_activates_the_plans_replicas_and_refuses_a_pipeline_of_other_stages)
+{
+	mbp_model *m = rb_model();
+	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
+	mbp_model_plan plan;
+	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
+	mbp_model_stages *st = NULL;
+	mbp_model_stages_opts so = {.rebalance = {.on = true, .replicas = 2}};
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), 0);
+	mbp_opts o;
+	mbp_opts_init(&o);
+	o.in_row_bytes = mbp_model_in_width(m) * sizeof(float);
+	o.max_mb_rows = 4;
+	o.pinning = MBP_PIN_NONE;
+	/* kind 0: both stages as described; 1: the first only; 2: three stages; 3: stage 1 on 1 replica */
+	for (int kind = 0; kind < 4; kind++) {
+		mbp_pipeline *p;
+		ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+		for (unsigned s = 0; s < (kind == 1 ? 1u : kind == 2 ? 3u : 2u); s++) {
+			mbp_stage_desc d;
+			ck_assert_int_eq(mbp_model_stage_desc(st, s < 2 ? s : 1, &d), 0);
+			ck_assert_uint_eq(d.replicas, 2);
+			if (kind == 3 && s == 1)
+				d.replicas = 1;
+			ck_assert_int_eq(mbp_pipeline_add_stage(p, &d), 0);
+		}
+		if (kind) {
+			ck_assert_int_eq(mbp_model_stages_attach(st, p), -ERANGE);
+			ck_assert_int_eq(mbp_pipeline_replicas_active(p, 0), 2); /* untouched */
+			mbp_pipeline_destroy(p);
+			continue;
+		}
+		ck_assert_int_eq(mbp_model_stages_attach(NULL, p), -EINVAL);
+		ck_assert_int_eq(mbp_model_stages_attach(st, NULL), -EINVAL);
+		ck_assert_int_eq(mbp_pipeline_replicas_active(p, 0), 2); /* every thread, until attached */
+		ck_assert_int_eq(mbp_model_stages_attach(st, p), 0);
+		ck_assert_int_eq(mbp_pipeline_replicas_active(p, 0), 1);
+		ck_assert_int_eq(mbp_pipeline_replicas_active(p, 1), 1);
+		mbp_model_rebalance_stats rs;
+		ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+		ck_assert_uint_eq(rs.current.replicas[0], 1);
+		ck_assert_uint_eq(rs.current.replicas[1], 1);
+		ck_assert_int_eq(mbp_pipeline_start(p), 0);
+		ck_assert_int_eq(mbp_model_stages_attach(st, p), -EBUSY);
+		float *x = random_rows(8 * mbp_model_in_width(m), 7);
+		float *y = malloc(8 * mbp_model_out_width(m) * sizeof(float));
+		float *want = malloc(8 * mbp_model_out_width(m) * sizeof(float));
+		mbp_job job;
+		mbp_job_init(&job, x, y, 8, 4);
+		ck_assert_int_eq(mbp_job_submit(p, &job, -1), 0);
+		ck_assert_int_eq(mbp_job_wait(&job, -1), 0);
+		ck_assert_int_eq(job.status, 0);
+		ck_assert_int_eq(mbp_model_forward(m, x, want, 8, 4), 0);
+		ck_assert_mem_eq(y, want, 8 * mbp_model_out_width(m) * sizeof(float));
+		mbp_pipeline_destroy(p);
+		free(x);
+		free(y);
+		free(want);
+	}
+	mbp_model_stages_destroy(st);
+	/* no rebalancing: nothing to tell, any pipeline taken */
+	ck_assert_int_eq(mbp_model_stages_new(&st, m, &plan, 4), 0);
+	mbp_pipeline *p;
+	ck_assert_int_eq(mbp_pipeline_new(&p, &o), 0);
+	ck_assert_int_eq(mbp_model_stages_attach(st, p), 0);
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	mbp_model_destroy(m);
+}
+END_TEST
+
 START_TEST(rebalance_options_are_checked_a_replicated_plan_taken_and_stats_say_off_without_it)
 {
 	mbp_model *m = rb_model();
@@ -2408,6 +2483,7 @@ static Suite *suite(void)
 	tcase_add_test(tr,
 		       rebalance_options_are_checked_a_replicated_plan_taken_and_stats_say_off_without_it);
 	tcase_add_loop_test(tr, rebalance_moves_a_replicated_plan_in_order_bit_for_bit, 0, 2);
+	tcase_add_test(tr, attach_activates_the_plans_replicas_and_refuses_a_pipeline_of_other_stages);
 	tcase_add_test(tr, rebalance_turns_a_replica_on_and_off_in_order_bit_for_bit);
 	tcase_add_test(tr, the_look_rule_moves_for_other_replicas_at_the_same_cuts);
 	tcase_add_test(tr, rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit);

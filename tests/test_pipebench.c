@@ -54,8 +54,10 @@
 /* Run pipebench with the given arguments (NULL-terminated) and extra environment entries (or NULL). */
 static struct run run_env(const char *const *env_extra, const char *const *args)
 {
-	return tool_run(PIPEBENCH_BIN, (const char *const[]){"PIPEBENCH_FAULT=", "MBPIPE_OPTS=", NULL},
-			env_extra, args);
+	return tool_run(
+	    PIPEBENCH_BIN,
+	    (const char *const[]){"PIPEBENCH_FAULT=", "MBPIPE_OPTS=", "PIPEBENCH_LAYER_US=", NULL}, env_extra,
+	    args);
 }
 
 static struct run run(const char *const *args)
@@ -86,6 +88,11 @@ static const char *const bad_args[][6] = {
     {"--bogus"},
     {"--workload=synthetic", "--rebalance"}, /* functions, not layers: nothing to move */
     {"--workload=train", "--rebalance"},
+    {"--rebalance-replicas=2"}, /* only with --rebalance */
+    {"--rebalance", "--rebalance-replicas=0"},
+    {"--rebalance", "--rebalance-replicas=65"},
+    {"--rebalance", "--rebalance-replicas=two"},
+    {"--workload=synthetic", "--rebalance", "--rebalance-replicas=2"},
     {"-x"},
     {"extra-argument"},
     {"--stages=0"},
@@ -241,16 +248,45 @@ START_TEST(help_lists_every_option_with_its_default)
 {
 	struct run r = run((const char *const[]){"--help", NULL});
 	ck_assert_int_eq(r.status, 0);
-	static const char *const opts[] = {"--workload",       "--stages",   "--batch",	    "--mb",
-					   "--work-us",	       "--mb-us",    "--row-bytes", "--model",
-					   "--layers",	       "--hidden",   "--seed",	    "--batches",
-					   "--duration",       "--warmup",   "--tolerance", "--wait-quiet",
-					   "--latency-target", "--cpus",     "--spin-us",   "--opts",
-					   "--table",	       "--json",     "--csv",	    "--gantt",
-					   "--trace",	       "--progress", "--help",	    "--version",
-					   "--micro-batches",  "--costs",    "--unit-us",   "--svg",
-					   "--replicas",       "--plan",     "--memory",    "--plan-only",
-					   "--widths"};
+	static const char *const opts[] = {"--workload",
+					   "--stages",
+					   "--batch",
+					   "--mb",
+					   "--work-us",
+					   "--mb-us",
+					   "--row-bytes",
+					   "--model",
+					   "--layers",
+					   "--hidden",
+					   "--seed",
+					   "--batches",
+					   "--duration",
+					   "--warmup",
+					   "--tolerance",
+					   "--wait-quiet",
+					   "--latency-target",
+					   "--cpus",
+					   "--spin-us",
+					   "--opts",
+					   "--table",
+					   "--json",
+					   "--csv",
+					   "--gantt",
+					   "--trace",
+					   "--progress",
+					   "--help",
+					   "--version",
+					   "--micro-batches",
+					   "--costs",
+					   "--unit-us",
+					   "--svg",
+					   "--replicas",
+					   "--plan",
+					   "--memory",
+					   "--plan-only",
+					   "--widths",
+					   "--rebalance",
+					   "--rebalance-replicas"};
 	for (unsigned i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
 		ck_assert_msg(strstr(r.out, opts[i]), "--help does not mention %s", opts[i]);
 	ck_assert_msg(strstr(r.out, "(default: auto)") && strstr(r.out, "(default: 10)") &&
@@ -357,6 +393,7 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 		field(r, "rows_per_s_range", cJSON_Array);
 		field(r, "speedup_interval", cJSON_Array);
 		field(r, "tied", cJSON_True | cJSON_False);
+		field(r, "rebalance", cJSON_Object | cJSON_NULL);
 		field(r, "loud", cJSON_True | cJSON_False);
 		num(r, "loud_share");
 		cJSON *chk = field(r, "checks", cJSON_Object);
@@ -391,7 +428,7 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 			ck_assert_msg(busy > 0 && busy + starved + blocked <= 1.0001, "%g %g %g", busy,
 				      starved, blocked);
 			ck_assert(num(s, "service_us") > 0);
-			ck_assert(num(s, "replicas") >= 1);
+			ck_assert(num(s, "replicas") >= 1 && num(s, "replicas") <= num(s, "threads"));
 		}
 		ck_assert(cJSON_IsTrue(field(r, "ok", cJSON_True | cJSON_False)));
 		ck_assert(cJSON_IsNull(field(r, "error", cJSON_String | cJSON_NULL)));
@@ -442,6 +479,8 @@ START_TEST(mlp_json_parses_and_names_the_blas_kernel)
 	cJSON *doc = cJSON_Parse(r.out);
 	ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
 	check_document(doc, 2, 1, false);
+	/* no --rebalance: no moves to show */
+	field(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "results"), 0), "rebalance", cJSON_NULL);
 	cJSON *blas = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "workload"), "blas");
 	ck_assert(cJSON_IsString(blas) && strstr(blas->valuestring, "OpenBLAS"));
 	/* what the stages use, not the process's thread count when it was asked */
@@ -521,6 +560,92 @@ START_TEST(rebalance_with_replicas_moves_the_cuts_and_keeps_the_replicas)
 			      r.err);
 	cJSON_Delete(doc);
 	run_free(&r);
+}
+END_TEST
+
+/* --rebalance-replicas=2 on two CPUs, with the layers counted at 1,1,1,1,1,20 us (PIPEBENCH_LAYER_US):
+ * whatever split the profile gives at start (one active replica a stage), the last stage is at least
+ * 20 us, while a plan that turns on stage 1's second thread is counted at the CPUs' bound, 25 / 2 =
+ * 12.5 us, and wins; so a move changes the counts to 1,2 and the run reports it in the table (_i 0)
+ * and the JSON (_i 1), the outputs still checked against mbp_model_forward. */
+START_TEST(a_move_that_turns_a_replica_on_is_reported_in_the_table_and_the_json)
+{
+	cpu_set_t set;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+	int cpus[2], n = 0;
+	for (int c = 0; c < CPU_SETSIZE && n < 2; c++)
+		if (CPU_ISSET(c, &set))
+			cpus[n++] = c;
+	if (n < 2)
+		return; /* one CPU: no plan of more threads could win */
+	char cpu_arg[48];
+	snprintf(cpu_arg, sizeof(cpu_arg), "--cpus=%d,%d", cpus[0], cpus[1]);
+	struct run r =
+	    run_env((const char *const[]){"PIPEBENCH_LAYER_US=1,1,1,1,1,20", NULL},
+		    (const char *const[]){"--layers=6", "--hidden=64", "--stages=2", "--batch=64", "--mb=4",
+					  "--batches=20", "--warmup=1", "--tolerance=0", "--wait-quiet=0",
+					  "--rebalance", "--rebalance-replicas=2", cpu_arg, "--no-gantt",
+					  _i ? "--json" : "--table", NULL});
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.err, "pipebench: rebalance at 4 rows: plan 2: stage 1 (") &&
+			  strstr(r.err, " with replicas 1,2"),
+		      "no move of the replicas logged: %s", r.err);
+	if (_i == 0) {
+		const char *l = strstr(r.out, "\nrebalance m=4: ");
+		ck_assert_msg(l != NULL, "no rebalance line: %s", r.out);
+		ck_assert_msg(strstr(l, " of them of the active replicas), plan ") &&
+				  strstr(l, " x1 of 2 threads, stage 1 layer") &&
+				  strstr(l, " x2 of 2 threads; last: ") && !strstr(l, "(0 of them"),
+			      "%s", r.out);
+	} else {
+		cJSON *doc = cJSON_Parse(r.out);
+		ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
+		check_document(doc, 2, 1, false);
+		const cJSON *res = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "results"), 0);
+		const cJSON *rb = field(res, "rebalance", cJSON_Object);
+		ck_assert(num(rb, "replica_moves") >= 1);
+		ck_assert(num(rb, "moves") >= num(rb, "replica_moves"));
+		ck_assert(num(rb, "plan") == num(rb, "moves") + 1);
+		ck_assert(strstr(field(rb, "last_reason", cJSON_String)->valuestring, "with replicas 1,2"));
+		const cJSON *st = field(rb, "stages", cJSON_Array);
+		ck_assert_int_eq(cJSON_GetArraySize(st), 2);
+		const cJSON *s0 = cJSON_GetArrayItem(st, 0), *s1 = cJSON_GetArrayItem(st, 1);
+		ck_assert(num(s0, "first_layer") == 0 && num(s1, "first_layer") >= 1 &&
+			  num(s1, "first_layer") <= 5);
+		ck_assert(num(s0, "active_replicas") == 1 && num(s1, "active_replicas") == 2);
+		ck_assert(num(s0, "threads") == 2 && num(s1, "threads") == 2);
+		/* the stage rows count the active replicas, and the threads made */
+		const cJSON *rs1 = cJSON_GetArrayItem(field(res, "stages", cJSON_Array), 1);
+		ck_assert(num(rs1, "replicas") == 2 && num(rs1, "threads") == 2);
+		const cJSON *rs0 = cJSON_GetArrayItem(field(res, "stages", cJSON_Array), 0);
+		ck_assert(num(rs0, "replicas") == 1 && num(rs0, "threads") == 2);
+		/* every thread made counts, parked or not: 4 on 2 CPUs (the threads are numbered
+		 * replica-major, so the last stage's replica 0 is thread 1, not 2) */
+		const cJSON *cp = field(doc, "cpus", cJSON_Object);
+		ck_assert_int_eq((int)num(cp, "threads"), 4);
+		ck_assert(cJSON_IsTrue(field(cp, "oversubscribed", cJSON_True | cJSON_False)));
+		cJSON_Delete(doc);
+	}
+	run_free(&r);
+}
+END_TEST
+
+/* PIPEBENCH_LAYER_US of another length than the layers, or with a value that is not a number above 0,
+ * is refused with one line and exit 2. */
+START_TEST(a_bad_layer_cost_list_is_refused)
+{
+	struct run r;
+	static const char *const bad[] = {"PIPEBENCH_LAYER_US=1", "PIPEBENCH_LAYER_US=1,2,3",
+					  "PIPEBENCH_LAYER_US=1,", "PIPEBENCH_LAYER_US=1,0",
+					  "PIPEBENCH_LAYER_US=1,x"};
+	for (unsigned i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		r = run_env((const char *const[]){bad[i], NULL},
+			    (const char *const[]){"--layers=2", "--hidden=16", "--rebalance", NULL});
+		ck_assert_msg(r.status == 2, "%s: exit %d: %s", bad[i], r.status, r.err);
+		ck_assert_msg(lines(r.err) == 1 && strstr(r.err, "PIPEBENCH_LAYER_US"), "%s: %s", bad[i],
+			      r.err);
+		run_free(&r);
+	}
 }
 END_TEST
 
@@ -2413,6 +2538,8 @@ static Suite *suite(void)
 	tcase_add_test(out, mlp_report_names_the_dense_kernel_and_warns_of_an_unknown_mbp_kernel);
 	tcase_add_test(out, rebalance_runs_the_mlp_with_its_checks);
 	tcase_add_test(out, rebalance_with_replicas_moves_the_cuts_and_keeps_the_replicas);
+	tcase_add_loop_test(out, a_move_that_turns_a_replica_on_is_reported_in_the_table_and_the_json, 0, 2);
+	tcase_add_test(out, a_bad_layer_cost_list_is_refused);
 	tcase_add_test(out, counts_of_one_are_singular);
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);
 	tcase_add_test(out, replicas_are_checked_and_shown_in_the_placement);

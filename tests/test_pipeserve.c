@@ -296,6 +296,15 @@ START_TEST(rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics)
 		      (const char *const[]){"--rebalance", "--replicas", "2", "--max-batch-rows", "8", NULL});
 	else
 		start(&s, (const char *const[]){"--rebalance", "--max-batch-rows", "8", NULL});
+	if (_i == 2) { /* before any request (no look, no move): the plan's one active of 3 threads each,
+			* the others parked (the stages attached to the batcher's pipeline) */
+		const char *const start_names[] = {
+		    "mbpipe_rebalance_stage_active_replicas{model=\"a\",stage=\"0\"} 1\n",
+		    "mbpipe_rebalance_stage_active_replicas{model=\"a\",stage=\"1\"} 1\n",
+		    "mbpipe_rebalance_replica_moves_total{model=\"a\"} 0\n",
+		};
+		expect_metrics(s.port, start_names, sizeof start_names / sizeof start_names[0], NULL);
+	}
 	mbp_model *m = load(model_a);
 	enum { ROWS = 21 };
 	float x[ROWS * IN_W], want[ROWS * OUT_W], got[ROWS * OUT_W];
@@ -1930,6 +1939,21 @@ static unsigned long long blocked_signals(pid_t pid, const char *tid, char *comm
 
 #define STOP_SIGNALS ((1ull << (SIGINT - 1)) | (1ull << (SIGTERM - 1)))
 
+/* Run pipeserve with args and send it SIGTERM as soon as its first code has blocked the stop signals
+ * (it then starts, listens and stops cleanly); its exit status and output. */
+static struct run start_and_term(const char *const *args)
+{
+	struct tool_proc p = tool_spawn(PIPESERVE_BIN, NULL, NULL, args);
+	char tid[16], comm[64];
+	snprintf(tid, sizeof tid, "%d", (int)p.pid);
+	for (int k = 0;
+	     k < 20000 && (blocked_signals(p.pid, tid, comm, sizeof comm) & STOP_SIGNALS) != STOP_SIGNALS;
+	     k++)
+		usleep(50);
+	kill(p.pid, SIGTERM);
+	return tool_finish(p);
+}
+
 /*
  * Every thread blocks SIGINT and SIGTERM, those that OpenBLAS starts in its library constructor before main
  * included (they did not: a stop signal the kernel handed one of them before main installed its handler
@@ -1961,19 +1985,35 @@ START_TEST(every_thread_blocks_the_stop_signals_from_the_start)
 	/* A signal that comes while the server starts, as soon as its first code has run, waits for it to
 	 * listen and then stops it cleanly. */
 	for (int i = 0; i < 4; i++) {
-		struct tool_proc p =
-		    tool_spawn(PIPESERVE_BIN, NULL, NULL,
-			       (const char *const[]){"--port", "0", "--model", model_a, NULL});
-		char tid[16], comm[64];
-		snprintf(tid, sizeof tid, "%d", (int)p.pid);
-		for (int k = 0; k < 20000 && (blocked_signals(p.pid, tid, comm, sizeof comm) &
-					      STOP_SIGNALS) != STOP_SIGNALS;
-		     k++)
-			usleep(50);
-		kill(p.pid, SIGTERM);
-		struct run r = tool_finish(p);
+		struct run r = start_and_term((const char *const[]){"--port", "0", "--model", model_a, NULL});
 		ck_assert_msg(r.status == 0 && strncmp(r.out, "http://127.0.0.1:", 17) == 0, "exit %d: %s%s",
 			      r.status, r.out, r.err);
+		run_free(&r);
+	}
+	remove_models();
+}
+END_TEST
+
+/* --max-inflight's default is 2 per thread made: with --rebalance-replicas 3 on 2 stages, 6 threads (a
+ * move may turn every one on), so 12, not the 4 of the plan's one active thread a stage; without it the
+ * plan's threads, 4 (--replicas 2: 8). Read from the start-up log of a server stopped once it started. */
+START_TEST(max_inflight_defaults_to_two_per_thread_made)
+{
+	make_models();
+	static const char *const extra[3][4] = {{"--rebalance", "--rebalance-replicas", "3", NULL},
+						{"--rebalance", NULL},
+						{"--replicas", "2", NULL}};
+	static const char *const want[3] = {", 12 micro-batches in flight,", ", 4 micro-batches in flight,",
+					    ", 8 micro-batches in flight,"};
+	for (int i = 0; i < 3; i++) {
+		const char *args[16] = {"--port", "0", "--model", model_a, "--stages", "2"};
+		int n = 6;
+		for (int k = 0; extra[i][k]; k++)
+			args[n++] = extra[i][k];
+		args[n] = NULL;
+		struct run r = start_and_term(args); /* it starts, then stops cleanly */
+		ck_assert_msg(r.status == 0 && strstr(r.err, want[i]), "%s: exit %d, want '%s': %s",
+			      extra[i][0], r.status, want[i], r.err);
 		run_free(&r);
 	}
 	remove_models();
@@ -2175,6 +2215,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, sigterm_with_requests_in_flight_loses_none);
 	tcase_add_test(tc, sigterm_right_after_start_exits_0_every_time);
 	tcase_add_test(tc, every_thread_blocks_the_stop_signals_from_the_start);
+	tcase_add_test(tc, max_inflight_defaults_to_two_per_thread_made);
 	tcase_add_test(tc, loading_over_http_is_off_by_default_and_takes_names_inside_the_repository_only);
 	tcase_add_test(tc, a_fifo_in_the_repository_answers_at_once_and_a_changed_file_changes_nothing);
 	tcase_add_test(tc, help_and_version_print_on_stdout_and_exit_0);

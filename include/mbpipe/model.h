@@ -487,6 +487,19 @@ int mbp_model_stage_desc(const mbp_model_stages *st, unsigned s, mbp_stage_desc 
  */
 int mbp_model_stages_add(mbp_model_stages *st, mbp_pipeline *p);
 
+/**
+ * Tell the stages the pipeline they run on, for a caller that added them itself: every stage, in order,
+ * from mbp_model_stage_desc (its functions may be wrapped, called with the stage's ctx; its replicas
+ * kept), before mbp_pipeline_start. What mbp_model_stages_add does after adding them: with
+ * rebalance.replicas the plan's replicas become the active ones and a move may change the counts;
+ * without rebalancing nothing changes and p is not checked. A stages object used again on a new pipeline
+ * (the old one destroyed) is attached to the new one.
+ *
+ * @return 0, -EINVAL (NULL), -EBUSY (p started), -ERANGE (rebalancing, and p's stages are not these:
+ *         another count, or a stage with other replicas than mbp_model_stage_desc's).
+ */
+int mbp_model_stages_attach(mbp_model_stages *st, mbp_pipeline *p);
+
 /** Destroy a stages object (after the pipeline using it is destroyed). Accepts NULL. */
 void mbp_model_stages_destroy(mbp_model_stages *st);
 
@@ -537,12 +550,23 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
  * where it beats the best plan within them by 5 % (the costs count no time-slicing, park or wake). A move sets the new counts as it moves. An inactive
  * replica parks before it claims a micro-batch, so it never holds one: nothing is lost or reordered, and
  * a micro-batch's plan (its cuts) is what it carries, whichever replica computes it; a move that changes
- * counts is counted in replica_moves as well. This needs mbp_model_stages_add (the stages then know their
- * pipeline); stages added one by one (mbp_model_stage_desc) run all their threads and move boundaries
- * only. The threads beyond the CPUs share them: a pipeline that makes more threads than CPUs is best
- * left unpinned (mbp_opts.pinning MBP_PIN_NONE), since the plan pins consecutive threads to one CPU and
- * the OS then cannot move an active replica onto an idle one; and a replica's measured layer times then
- * include the time-slicing, which makes the costs noisier.
+ * counts is counted in replica_moves as well. This needs mbp_model_stages_add, or stages added one by one
+ * (mbp_model_stage_desc, wrapped or not) and then mbp_model_stages_attach: the stages then know their
+ * pipeline; without either they run all their threads and move boundaries only.
+ *
+ * Pinning with threads to spare (a known limitation). The threads beyond the CPUs share them, and the
+ * placement, made at start, knows nothing of which replicas are active: the threads are numbered
+ * replica-major (every stage's replica 0, then every replica 1, ...) and, where they outnumber the CPUs,
+ * pinned in blocks of consecutive threads per CPU (mbp_opts.cpus: thread t on the (t x CPUs / threads)-th;
+ * by default the least claimed CPUs, in blocks too). So 2 stages made with 2 threads each on CPUs 0,1 pin
+ * both stages' replica 0, the active ones of a plan of 1,1, to CPU 0, and both parked threads to CPU 1:
+ * the two active threads time-slice one core while the other idles. No placement fixed at start suits
+ * every count a move may choose (placed so that the replicas 0 are apart, 4 threads on 3 CPUs put two
+ * active threads on one CPU again after a move to 1,2, beside a CPU of parked ones); that would take
+ * re-pinning threads at a move, which mbpipe does not do. Such a pipeline is best left unpinned
+ * (mbp_opts.pinning MBP_PIN_NONE, what pipebench and pipeserve --rebalance-replicas choose), so that the
+ * OS moves an active replica onto an idle CPU; a replica's measured layer times then include the
+ * time-slicing, which makes the costs noisier.
  *
  * Forward stages only: a trainer (<mbpipe/model_train.h>) keeps its split while it runs; its stages made
  * again at another split between two steps give the same parameters bit for bit, which is what pipetrain

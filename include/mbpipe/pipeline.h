@@ -115,7 +115,9 @@ typedef struct mbp_stage_desc {
  * micro-batch it claimed (at most one more) before it parks. Drain, cancel and destroy wake every parked
  * replica to run to the end of the stream. Its parked time counts in none of busy, starved and blocked.
  * The threads are made at start and none is made or ended here: this is how a rebalancing move changes a
- * stage's replica count (<mbpipe/model.h>, "Rebalancing"). Any thread once started (before start, the
+ * stage's replica count (<mbpipe/model.h>, "Rebalancing"). Placement does not follow: a pinned replica
+ * keeps the CPU of the plan made at start, active or parked, and that plan does not look at which
+ * replicas are active (see "Active replicas" in <mbpipe/model.h> for what that costs). Any thread once started (before start, the
  * controlling thread, after the stage is added); a stage of one replica takes only 1.
  * @return 0, -EINVAL (NULL), -ERANGE (stage out of range, active 0 or above the stage's replicas).
  */

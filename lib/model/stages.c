@@ -379,8 +379,26 @@ int mbp_model_stages_add(mbp_model_stages *st, mbp_pipeline *p)
 		if (rc)
 			return rc;
 	}
-	/* rebalancing: the plan's replicas active, the threads to spare parked until a move wants them */
-	return st->rb ? mbp__rb_attach(st->rb, p) : 0;
+	return mbp_model_stages_attach(st, p);
+}
+
+int mbp_model_stages_attach(mbp_model_stages *st, mbp_pipeline *p)
+{
+	if (!st || !p)
+		return -EINVAL;
+	if (mbp_pipeline_placement(p, NULL, 0) != -ENOTCONN) /* a placement exists once started */
+		return -EBUSY;
+	if (!st->rb)
+		return 0; /* nothing to tell: the stages need their pipeline only to set active replicas */
+	/* p's stages must be these, thread for thread: a move sets counts up to each stage's threads, and
+	 * each thread indexes its struct replica */
+	if (mbp_pipeline_replica_stats(p, st->n, NULL, 0) != -EINVAL)
+		return -ERANGE; /* more stages */
+	for (unsigned i = 0; i < st->n; i++)
+		if (mbp_pipeline_replica_stats(p, i, NULL, 0) != (int)st->s[i].replicas)
+			return -ERANGE; /* fewer stages, or other replicas */
+	/* the plan's replicas active, the threads to spare parked until a move wants them */
+	return mbp__rb_attach(st->rb, p);
 }
 
 void mbp_model_stages_destroy(mbp_model_stages *st)

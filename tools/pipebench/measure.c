@@ -306,10 +306,19 @@ struct pb_cand {
 	double stamp_busy_ns; /* the stages' time inside their functions, from the stamps */
 	uint64_t fastest;
 	/* the engine's counters over the measured part of every visit */
-	mbp_stage_stats sum[MBP_MAX_STAGES];
+	mbp_stage_stats sum[MBP_MAX_STAGES]; /* replicas: those made; active: those taking micro-batches at
+						the end of the last visit */
+	double parked_ns[MBP_MAX_STAGES];    /* each stage's replicas' time parked (--rebalance-replicas),
+						from the active ones at each visit's start and end */
 	uint64_t window_ns;
-	uint32_t threads;
+	uint32_t threads; /* the threads taking micro-batches at the start of the last visit */
 };
+
+/* The replicas of a stage parked (inactive) in a statistics snapshot. */
+static unsigned parked(const mbp_stage_stats *ss)
+{
+	return ss->active && ss->active < ss->replicas ? ss->replicas - ss->active : 0;
+}
 
 /* One batch's bubble from its stamps: 1 - (time the stages spent computing it) / (T x its latency), T
  * worker threads. *busy receives that time. */
@@ -340,11 +349,18 @@ static int failf(pb_result *r, const char *fmt, ...)
 	return -1;
 }
 
-static int make_opts(const pb_bench *b, uint32_t mb_rows, bool trace, mbp_opts *o, pb_result *r)
+/* The engine's options for a pipeline of `threads` threads: MBPIPE_OPTS, then --opts, then what the run
+ * fixes. Unpinned, unless pin= says otherwise, where --rebalance-replicas makes more threads than CPUs:
+ * the plan would pin two of them to one CPU, and those two may be active while another CPU holds only
+ * parked ones (as pipeserve does). */
+static int make_opts(const pb_bench *b, uint32_t mb_rows, bool trace, unsigned threads, mbp_opts *o,
+		     pb_result *r)
 {
 	const pb_config *cfg = b->cfg;
 	size_t pos = 0;
 	mbp_opts_init(o);
+	if (cfg->rebalance_replicas && threads > b->ncpus)
+		o->pinning = MBP_PIN_NONE;
 	const char *env = getenv("MBPIPE_OPTS");
 	if (env && mbp_opts_parse(o, env, &pos))
 		return failf(r, "MBPIPE_OPTS: bad engine option at '%s'", env + pos);
@@ -451,8 +467,11 @@ static void fill_stages(pb_cand *c)
 		st->pin_error = pl[i].pin_error;
 		st->thread = pl[i].thread;
 		st->mbs = ss->mbs;
-		st->replicas = ss->replicas ? ss->replicas : 1;
-		const double threads = window * st->replicas; /* the stage's replicas' windows */
+		st->replicas_made = ss->replicas ? ss->replicas : 1;
+		st->replicas = st->replicas_made - parked(ss);
+		/* the stage's replicas' windows, less their time parked: a parked replica accounts none */
+		double threads = window * st->replicas_made - c->parked_ns[i];
+		threads = threads > window ? threads : window;
 		st->busy = window > 0 ? (double)ss->busy_ns / threads : 0;
 		st->starved = window > 0 ? (double)ss->starved_ns / threads : 0;
 		st->blocked = window > 0 ? (double)ss->blocked_ns / threads : 0;
@@ -492,13 +511,17 @@ static int start_pipeline(pb_cand *c, const mbp_opts *o)
 	for (unsigned i = 0; i < S; i++) {
 		c->wraps[i] =
 		    (pb_stamp){.inner = c->desc[i], .rec = c->cur + (size_t)i * c->mbs * 2, .cap = c->mbs};
-		if (b->cfg->nreplicas) /* --replicas N,..; auto is the mlp's plan, in its descriptors */
+		/* --replicas N,..; the mlp's plan has them (and auto), in its descriptors */
+		if (b->cfg->nreplicas && !b->w->prepare)
 			c->wraps[i].inner.replicas = b->cfg->replicas[b->cfg->nreplicas > 1 ? i : 0];
 		mbp_stage_desc d = pb_stamp_desc(&c->wraps[i]);
 		rc = mbp_pipeline_add_stage(c->p, &d);
 		if (rc < 0)
 			return failf(r, "stage %u: %s", i, mbp_strerror(rc));
 	}
+	char err[PB_ERR_MAX];
+	if (c->inst && b->w->attach && b->w->attach(b->w, c->inst, c->p, err, sizeof err))
+		return failf(r, "%s", err);
 	rc = mbp_pipeline_start(c->p);
 	if (rc < 0) {
 		mbp_pipeline_refusal rf = {0}; /* the limit, when it was one */
@@ -560,7 +583,10 @@ int pb_cand_open(pb_bench *b, uint32_t mb_rows, bool trace, pb_cand **out, pb_re
 	} else {
 		c->ref = b->base.ref; /* the baseline's output: the baseline is visited first */
 	}
-	if (make_opts(b, mb_rows, trace, &o, r))
+	unsigned threads = 0;
+	for (unsigned i = 0; i < S; i++)
+		threads += c->desc[i].replicas ? c->desc[i].replicas : 1;
+	if (make_opts(b, mb_rows, trace, threads, &o, r))
 		return -1;
 	c->wraps = calloc(S, sizeof(*c->wraps));
 	c->cur = malloc(c->tl_words * sizeof(uint64_t));
@@ -619,7 +645,9 @@ int pb_cand_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *
 		goto fail;
 	}
 	c->threads = pa.threads;
-	r->threads = pa.threads;
+	for (unsigned i = 0; i < S; i++)
+		c->threads -= parked(&sa[i]);
+	r->threads = c->threads;
 	for (unsigned i = 0; i < units; i++) {
 		if (run_batch(c, &job, &start, &ns) || record(c, start, ns))
 			goto fail;
@@ -634,6 +662,8 @@ int pb_cand_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *
 		mbp_stage_stats *t = &c->sum[i];
 		memcpy(t->name, sz[i].name, sizeof(t->name));
 		t->replicas = sz[i].replicas;
+		t->active = sz[i].active;
+		c->parked_ns[i] += (double)(pz.now_ns - pa.now_ns) * (parked(&sa[i]) + parked(&sz[i])) / 2;
 		t->mbs += sz[i].mbs - sa[i].mbs;
 		t->failed += sz[i].failed - sa[i].failed;
 		t->busy_ns += sz[i].busy_ns - sa[i].busy_ns;
@@ -708,6 +738,8 @@ int pb_cand_close(pb_cand *c, const pb_arm *arm, const char *trace_path)
 		fill_stages(c);
 		pb_predict(r);
 	}
+	if (c->inst && w->rebalance_stats)
+		w->rebalance_stats(w, c->inst, &r->rb);
 	if (c->inst && w->release)
 		w->release(w, c->inst);
 	if (c->own_ref)

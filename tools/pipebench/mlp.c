@@ -9,6 +9,13 @@
  * same micro-batch split, which the model API promises equal bit for bit to the pipeline's; the check
  * allows a relative 1e-4 so that a BLAS whose kernels differ by row count does not fail it, and reports
  * anything beyond that (or a row never written) as a wrong result.
+ *
+ * --rebalance: the stages are made with rebalancing on (--rebalance-replicas: each stage with threads to
+ * spare, the plan's active, over the CPUs of --cpus) and attached to the pipeline that measure.c builds
+ * from their stamped descriptors (mbp_model_stages_attach), so that a move may set the active replicas;
+ * their statistics go into each size's result. PIPEBENCH_LAYER_US=u0,u1,... (tests only): the rebalancer
+ * counts layer l at u_l microseconds per micro-batch, whatever it measured, so that a test's moves do not
+ * depend on the machine's load.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -21,6 +28,8 @@
 #include "util/blas.h"
 #include "util/plural.h"
 
+#define PB_MAX_LAYERS_US 256 /* PIPEBENCH_LAYER_US's values at most (--layers' most) */
+
 struct mlp {
 	pb_workload w;
 	mbp_model *model;
@@ -28,8 +37,19 @@ struct mlp {
 	int profile_cpu;
 	uint64_t seed;
 	bool rebalance;
-	const pb_config *cfg; /* --replicas */
+	const pb_config *cfg;		   /* --replicas */
+	unsigned nlayer_us;		   /* PIPEBENCH_LAYER_US: one per layer, or none */
+	double layer_us[PB_MAX_LAYERS_US]; /* its values */
 };
+
+/* PIPEBENCH_LAYER_US: the modelled cost of the layer, in place of the measured one. */
+static double modelled_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *mb, double measured_ns)
+{
+	const struct mlp *m = arg;
+	(void)stage;
+	(void)mb;
+	return layer < m->nlayer_us ? m->layer_us[layer] * 1e3 : measured_ns;
+}
 
 /* --rebalance: each move, on stderr (stage 0's thread); the reason names the new cuts. */
 static void log_move(void *arg, const mbp_model_move *mv)
@@ -70,7 +90,11 @@ static int mlp_prepare(pb_workload *w, uint32_t mb_rows, mbp_stage_desc *desc, v
 	}
 	mbp_model_stages_opts so = {.rebalance = {.on = m->rebalance,
 						  .on_move = log_move,
-						  .on_move_arg = (void *)(uintptr_t)mb_rows}};
+						  .on_move_arg = (void *)(uintptr_t)mb_rows,
+						  .cost = m->nlayer_us ? modelled_cost : NULL,
+						  .cost_arg = m,
+						  .replicas = m->cfg->rebalance_replicas,
+						  .cpus = m->cfg->ncpus}};
 	rc = mbp_model_stages_new_opts(&st, m->model, &plan, mb_rows > m->batch ? mb_rows : m->batch, &so);
 	if (rc < 0) {
 		snprintf(err, errlen, "mlp: cannot make the stages: %s", mbp_strerror(rc));
@@ -85,6 +109,23 @@ static int mlp_prepare(pb_workload *w, uint32_t mb_rows, mbp_stage_desc *desc, v
 		}
 	}
 	return 0;
+}
+
+static int mlp_attach(pb_workload *w, void *inst, mbp_pipeline *p, char *err, size_t errlen)
+{
+	(void)w;
+	int rc = mbp_model_stages_attach(inst, p);
+	if (rc < 0)
+		snprintf(err, errlen, "mlp: cannot attach the stages to their pipeline: %s",
+			 mbp_strerror(rc));
+	return rc < 0 ? -1 : 0;
+}
+
+static void mlp_rebalance_stats(pb_workload *w, void *inst, mbp_model_rebalance_stats *out)
+{
+	(void)w;
+	if (mbp_model_stages_rebalance_stats(inst, out) < 0)
+		memset(out, 0, sizeof(*out));
 }
 
 static void mlp_release(pb_workload *w, void *inst)
@@ -150,6 +191,31 @@ static void mlp_destroy(pb_workload *w)
 	free(m);
 }
 
+/* PIPEBENCH_LAYER_US: one number of microseconds (above 0) per layer. 0, or -1 with err set. */
+static int layer_costs(struct mlp *m, const char *s, unsigned layers, char *err, size_t errlen)
+{
+	unsigned n = 0;
+	for (const char *p = s;;) {
+		char *end;
+		double v = strtod(p, &end);
+		if (end == p || !(v > 0 && v < 1e9) || (*end && *end != ',') || n == PB_MAX_LAYERS_US)
+			goto bad;
+		m->layer_us[n++] = v;
+		if (!*end)
+			break;
+		p = end + 1;
+	}
+	if (n == layers) {
+		m->nlayer_us = n;
+		return 0;
+	}
+bad:
+	snprintf(err, errlen,
+		 "PIPEBENCH_LAYER_US: '%s' is not %u numbers of microseconds above 0, one per layer", s,
+		 layers);
+	return -1;
+}
+
 /* A generated model goes through a file, as a user's would: written, loaded, unlinked. */
 static int generate(struct mlp *m, const pb_config *cfg, char *err, size_t errlen)
 {
@@ -199,6 +265,8 @@ int pb_mlp_new(pb_workload **out, const pb_config *cfg, char *err, size_t errlen
 	w->kind = "mlp";
 	w->prepare = mlp_prepare;
 	w->release = mlp_release;
+	w->attach = mlp_attach;
+	w->rebalance_stats = mlp_rebalance_stats;
 	w->fill = mlp_fill;
 	w->reference = mlp_reference;
 	w->check = mlp_check;
@@ -235,6 +303,11 @@ int pb_mlp_new(pb_workload **out, const pb_config *cfg, char *err, size_t errlen
 		return PB_EXIT_USAGE;
 	}
 	w->stages = stages;
+	const char *lus = getenv("PIPEBENCH_LAYER_US");
+	if (lus && *lus && layer_costs(m, lus, layers, err, errlen)) {
+		mlp_destroy(w);
+		return PB_EXIT_USAGE;
+	}
 	w->in_row_bytes = (size_t)mbp_model_in_width(m->model) * sizeof(float);
 	w->out_row_bytes = (size_t)mbp_model_out_width(m->model) * sizeof(float);
 

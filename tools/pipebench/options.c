@@ -152,6 +152,7 @@ enum {
 	OPT_SCHEDULE_FILE,
 	OPT_CHUNKS,
 	OPT_REBALANCE,
+	OPT_REBALANCE_REPLICAS,
 	OPT_REPLICAS,
 	OPT_PLAN,
 	OPT_PLAN_ONLY,
@@ -181,6 +182,7 @@ static const struct option long_opts[] = {
     {"hidden", required_argument, NULL, OPT_HIDDEN},
     {"seed", required_argument, NULL, OPT_SEED},
     {"rebalance", no_argument, NULL, OPT_REBALANCE},
+    {"rebalance-replicas", required_argument, NULL, OPT_REBALANCE_REPLICAS},
     {"micro-batches", required_argument, NULL, OPT_MBS},
     {"costs", required_argument, NULL, OPT_COSTS},
     {"unit-us", required_argument, NULL, OPT_UNIT},
@@ -247,6 +249,10 @@ void pb_options_help(FILE *f)
 	    "                           costs call for another split, each move logged on stderr; with\n"
 	    "                           --replicas each stage keeps its replicas and the cuts move\n"
 	    "                           (default: off; the synthetic stages are functions, not layers)\n"
+	    "      --rebalance-replicas=N\n"
+	    "                           with --rebalance: make each stage N threads (or its --replicas,\n"
+	    "                           if more), the plan's active at start, and let a move choose the\n"
+	    "                           cuts and how many of each stage's threads take micro-batches\n"
 	    "      --micro-batches=M    train: micro-batches per step (default: 4 x stages)\n"
 	    "      --costs=F:BIN:BW     train: cost of a stage's forward, input-gradient backward and\n"
 	    "                           weight-gradient backward, in units of --unit-us (default: 1:1:1)\n"
@@ -558,6 +564,12 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 		case OPT_REBALANCE:
 			cfg->rebalance = true;
 			break;
+		case OPT_REBALANCE_REPLICAS:
+			if (parse_u64_opt(name, optarg, "a thread count", 1, MBP_MAX_REPLICAS, &v, err,
+					  errlen))
+				return -1;
+			cfg->rebalance_replicas = (unsigned)v;
+			break;
 		case OPT_PLAN:
 			if (strcmp(optarg, "auto"))
 				return fail(err, errlen, "%s: '%s' is not auto", name, optarg);
@@ -693,6 +705,9 @@ int pb_options_parse(pb_config *cfg, int argc, char **argv, char *err, size_t er
 		return fail(err, errlen, "--work-us, --mb-us and --row-bytes apply to --workload=synthetic");
 	if (cfg->workload != PB_WL_MLP && (have_model || have_layers || have_hidden))
 		return fail(err, errlen, "--model, --layers and --hidden apply to --workload=mlp");
+	if (cfg->rebalance_replicas && !cfg->rebalance)
+		return fail(err, errlen, "--rebalance-replicas=%u: only with --rebalance",
+			    cfg->rebalance_replicas);
 	if (cfg->workload != PB_WL_MLP && cfg->rebalance)
 		return fail(err, errlen,
 			    "--rebalance applies to --workload=mlp: it moves layers between stages, and the "

@@ -82,8 +82,16 @@ static unsigned threads(const pb_report *rep)
 	const pb_bench *b = rep->b;
 	if (!b->have_placement || rep->w->stages == 0)
 		return rep->w->stages;
-	/* the last stage's replica 0, then its other replicas */
-	return b->placement[rep->w->stages - 1].thread + b->replicas[rep->w->stages - 1];
+	/* with replicas a thread each (numbered replica-major: every stage's replica 0, then every replica
+	 * 1, ..., so the last stage's replica 0 is not the last thread); else the last stage's and those
+	 * before it */
+	unsigned t = 0;
+	bool replicated = false;
+	for (unsigned s = 0; s < rep->w->stages; s++) {
+		t += b->replicas[s] ? b->replicas[s] : 1;
+		replicated |= b->replicas[s] > 1;
+	}
+	return replicated ? t : b->placement[rep->w->stages - 1].thread + 1;
 }
 
 /* More threads than CPUs: they time-slice. */
@@ -250,6 +258,29 @@ static void size_list(const pb_report *rep, bool unsettled, char *buf, size_t n)
 		snprintf(buf, n, "-");
 }
 
+/* --rebalance: a size's moves and the plan in use at its end, as pipeserve's /metrics gives them: "m=4:
+ * 1 move (1 of them of the active replicas), plan 2: stage 0 layers 0-4 x1 of 2 threads, stage 1 layer 5
+ * x2 of 2 threads; last: <reason>". */
+static void print_rebalance(FILE *f, const pb_result *r)
+{
+	const mbp_model_rebalance_stats *rb = &r->rb;
+	const mbp_model_plan *cur = &rb->current;
+	fprintf(f, "rebalance m=%u: %llu %s (%llu of them of the active replicas), plan %llu:", r->mb_rows,
+		(unsigned long long)rb->moves, PLURAL(rb->moves, "move", "moves"),
+		(unsigned long long)rb->replica_moves, (unsigned long long)rb->plan);
+	for (unsigned s = 0; s < cur->stages; s++) {
+		unsigned a = cur->first[s], z = cur->first[s + 1] - 1;
+		fprintf(f, "%s stage %u %s %u", s ? "," : "", s, a == z ? "layer" : "layers", a);
+		if (z != a)
+			fprintf(f, "-%u", z);
+		fprintf(f, " x%u of %u %s", cur->replicas[s] ? cur->replicas[s] : 1, rb->threads[s],
+			PLURAL(rb->threads[s], "thread", "threads"));
+	}
+	if (rb->last_reason[0])
+		fprintf(f, "; last: %s", rb->last_reason);
+	fputc('\n', f);
+}
+
 void pb_print_table(FILE *f, const pb_report *rep)
 {
 	const unsigned S = rep->w->stages;
@@ -284,6 +315,9 @@ void pb_print_table(FILE *f, const pb_report *rep)
 	for (unsigned i = 0; i < rep->nres; i++)
 		if (rep->res[i].flags)
 			fprintf(f, "check m=%u: %s\n", rep->res[i].mb_rows, rep->res[i].check);
+	for (unsigned i = 0; i < rep->nres; i++)
+		if (rep->res[i].rb.on)
+			print_rebalance(f, &rep->res[i]);
 	fprintf(f, "(rows/s: median over the repeats, +-%%: half-width of its 95%% interval, n: repeats; "
 		   "speedup against the baseline's median)\n");
 	const pb_result *r = pb_best(rep);
@@ -371,6 +405,30 @@ static cJSON *json_timeline(const pb_timeline *tl, bool whole)
 	return o;
 }
 
+/* --rebalance: the moves and the plan in use at the size's end (null without it). */
+static cJSON *json_rebalance(const mbp_model_rebalance_stats *rb)
+{
+	if (!rb->on)
+		return cJSON_CreateNull();
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddNumberToObject(o, "moves", (double)rb->moves);
+	cJSON_AddNumberToObject(o, "replica_moves", (double)rb->replica_moves);
+	cJSON_AddNumberToObject(o, "plan", (double)rb->plan);
+	cJSON_AddNumberToObject(o, "windows", (double)rb->windows);
+	cJSON_AddItemToObject(o, "last_reason", json_str_or_null(rb->last_reason));
+	cJSON *st = cJSON_AddArrayToObject(o, "stages");
+	for (unsigned s = 0; s < rb->current.stages; s++) {
+		cJSON *e = cJSON_CreateObject();
+		cJSON_AddNumberToObject(e, "stage", s);
+		cJSON_AddNumberToObject(e, "first_layer", rb->current.first[s]);
+		cJSON_AddNumberToObject(e, "active_replicas",
+					rb->current.replicas[s] ? rb->current.replicas[s] : 1);
+		cJSON_AddNumberToObject(e, "threads", rb->threads[s]);
+		cJSON_AddItemToArray(st, e);
+	}
+	return o;
+}
+
 static cJSON *json_result(const pb_result *r)
 {
 	cJSON *o = cJSON_CreateObject();
@@ -414,8 +472,10 @@ static cJSON *json_result(const pb_result *r)
 		cJSON_AddNumberToObject(e, "blocked", x->blocked);
 		cJSON_AddNumberToObject(e, "service_us", x->service_us);
 		cJSON_AddNumberToObject(e, "replicas", x->replicas ? x->replicas : 1);
+		cJSON_AddNumberToObject(e, "threads", x->replicas_made ? x->replicas_made : 1);
 		cJSON_AddItemToArray(st, e);
 	}
+	cJSON_AddItemToObject(o, "rebalance", json_rebalance(&r->rb));
 	cJSON_AddBoolToObject(o, "tied", r->tied);
 	cJSON_AddBoolToObject(o, "unsettled", r->unsettled);
 	cJSON_AddBoolToObject(o, "loud", r->loud);

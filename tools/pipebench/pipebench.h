@@ -94,7 +94,9 @@ typedef struct pb_config {
 	const char *model_path;
 	unsigned layers;
 	unsigned hidden;
-	bool rebalance; /* --rebalance: the stages move layers while they run */
+	bool rebalance;		     /* --rebalance: the stages move layers while they run */
+	unsigned rebalance_replicas; /* --rebalance-replicas: threads a stage for moves of the active
+					replicas (0: moves keep the counts) */
 	/* train */
 	unsigned mbs;		   /* micro-batches per step; 0: default (4 x stages) */
 	double costs[3];	   /* F : B_in : B_w, in units of unit_us */
@@ -150,6 +152,11 @@ struct pb_workload {
 	int (*prepare)(pb_workload *w, uint32_t mb_rows, mbp_stage_desc *desc, void **inst, char *err,
 		       size_t errlen);
 	void (*release)(pb_workload *w, void *inst);
+	/* The stages of inst run on p, added from prepare's descriptors (stamped), p not started yet: tell
+	 * them (the mlp's rebalancing sets the active replicas there). 0, or -1 with err set. NULL: none. */
+	int (*attach)(pb_workload *w, void *inst, mbp_pipeline *p, char *err, size_t errlen);
+	/* inst's rebalancing statistics, zeroed when it is off. NULL: the workload never rebalances. */
+	void (*rebalance_stats)(pb_workload *w, void *inst, mbp_model_rebalance_stats *out);
 	/* Fill `rows` input rows. Every batch gets the same input: the check compares against one reference. */
 	void (*fill)(pb_workload *w, void *in, size_t rows);
 	/* The sequential reference output for micro-batches of mb_rows; NULL: the baseline's output is it. */
@@ -322,7 +329,9 @@ typedef struct pb_stage_result {
 	double busy, starved, blocked; /* shares of the measured window (a replicated stage: of its
 					  replicas' windows, their mean) */
 	double service_us;	       /* mean time inside the stage function per micro-batch */
-	unsigned replicas;
+	unsigned replicas;	       /* those taking micro-batches at the window's end: all of them,
+					  unless --rebalance-replicas keeps some parked */
+	unsigned replicas_made;	       /* the stage's threads */
 } pb_stage_result;
 
 typedef struct pb_result {
@@ -357,10 +366,13 @@ typedef struct pb_result {
 	unsigned flags; /* PB_CHECK_* that failed */
 	char check[PB_ERR_MAX + 160];
 	unsigned stages;
-	unsigned threads; /* worker threads: stages, unless stages outnumber CPUs (they then share) */
+	unsigned threads; /* worker threads: stages, unless stages outnumber CPUs (they then share);
+			     those parked by --rebalance-replicas not counted */
 	pb_stage_result st[MBP_MAX_STAGES];
-	pb_timeline tl; /* the last measured batch */
-	int status;	/* 0, or the first failure (an invariant broke) */
+	mbp_model_rebalance_stats rb; /* --rebalance: the moves and the plan in use at the end (on: false
+					 without it) */
+	pb_timeline tl;		      /* the last measured batch */
+	int status;		      /* 0, or the first failure (an invariant broke) */
 	char error[PB_ERR_MAX];
 } pb_result;
 

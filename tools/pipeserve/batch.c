@@ -70,6 +70,8 @@ static int local_start(void *ctx, const mbp_opts *o, const mbp_stage_desc *stage
 	int rc = mbp_pipeline_new(&b->local, o);
 	for (unsigned i = 0; !rc && i < n; i++)
 		rc = mbp_pipeline_add_stage(b->local, &stages[i]);
+	if (!rc && b->cfg.stages) /* --rebalance-replicas: the plan's replicas active, the others parked */
+		rc = mbp_model_stages_attach(b->cfg.stages, b->local);
 	return rc ? rc : mbp_pipeline_start(b->local);
 }
 

@@ -79,14 +79,16 @@ typedef struct ps_engine {
 } ps_engine;
 
 typedef struct ps_batcher_cfg {
-	uint32_t max_batch_rows; /* rows per micro-batch (also the pipeline's max_mb_rows) */
-	uint64_t max_delay_ns;	 /* longest wait for a micro-batch to fill */
-	size_t max_queue_rows;	 /* admission bound: rows admitted and not yet in a micro-batch */
-	uint64_t timeout_ns;	 /* a request still fully queued after this long fails; 0: never */
-	size_t out_row_bytes;	 /* the last stage's output row width */
-	uint32_t max_inflight;	 /* micro-batches in the pipeline at most; more rows wait in the FIFO */
-	mbp_model *model;	 /* the model the stages run: every request runs on one weights version */
-	const ps_engine *engine; /* NULL: a local pipeline */
+	uint32_t max_batch_rows;  /* rows per micro-batch (also the pipeline's max_mb_rows) */
+	uint64_t max_delay_ns;	  /* longest wait for a micro-batch to fill */
+	size_t max_queue_rows;	  /* admission bound: rows admitted and not yet in a micro-batch */
+	uint64_t timeout_ns;	  /* a request still fully queued after this long fails; 0: never */
+	size_t out_row_bytes;	  /* the last stage's output row width */
+	uint32_t max_inflight;	  /* micro-batches in the pipeline at most; more rows wait in the FIFO */
+	mbp_model *model;	  /* the model the stages run: every request runs on one weights version */
+	const ps_engine *engine;  /* NULL: a local pipeline */
+	mbp_model_stages *stages; /* the local pipeline's stages, attached to it before it starts
+				     (rebalancing's active replicas: mbp_model_stages_attach); NULL: none */
 } ps_batcher_cfg;
 
 /**

@@ -7,7 +7,8 @@
  * MBPIPE_OPTS environment variable (the one pipebench reads), --engine, and last what the served model
  * fixes (its input row width, and --max-batch-rows as the micro-batch size). Both strings were checked
  * with the flags, so a failure here is not expected. The batcher keeps at most --max-inflight micro-batches
- * in the pipeline, by default two per stage of the whole pipeline (every rank's stages under mpirun).
+ * in the pipeline, by default two per thread made (every rank's stages under mpirun): with
+ * --rebalance-replicas those a move may turn on, not only the plan's active at start.
  */
 #include "config.h"
 
@@ -52,9 +53,13 @@ unsigned ps_engine_threads(const ps_server *s, unsigned nst)
 {
 	if (s->mpi)
 		return s->all_stages;
-	unsigned t = 0; /* the plan's replicas (0 in a plan that has none: one each) */
-	for (unsigned i = 0; i < nst && i < s->plan.stages; i++)
-		t += s->plan.replicas[i] ? s->plan.replicas[i] : 1;
+	/* the threads made (the descriptors' replicas): the plan's, or --rebalance-replicas' where more,
+	 * since a move may turn every one of them on */
+	unsigned t = 0;
+	for (unsigned i = 0; i < nst; i++) {
+		mbp_stage_desc d;
+		t += mbp_model_stage_desc(s->stages, i, &d) == 0 && d.replicas ? d.replicas : 1;
+	}
 	return t > nst ? t : nst;
 }
 
@@ -73,7 +78,8 @@ int ps_engine_start(ps_server *s)
 			     .timeout_ns = s->cfg.timeout_ms * 1000000,
 			     .out_row_bytes = s->info.out_width * sizeof(float),
 			     .max_inflight = s->cfg.max_inflight ? s->cfg.max_inflight : 2 * all,
-			     .model = s->model};
+			     .model = s->model,
+			     .stages = s->mpi ? NULL : s->stages};
 #ifdef PS_WITH_MPI
 	if (s->mpi)
 		bc.engine = ps_mpi_engine();

@@ -22,8 +22,9 @@ int ps_engine_opts(ps_server *s, mbp_opts *o, mbp_stage_desc *d, unsigned *n);
  * @return 0 or -errno (said). */
 int ps_engine_start(ps_server *s);
 
-/* The worker threads of the pipeline of `nst` stages: the plan's replicas summed (under mpirun, every
- * rank's stages), which sizes the micro-batches in flight by default (2 per thread). */
+/* The worker threads of the pipeline of `nst` stages: the threads made, each stage's replicas summed
+ * (with --rebalance-replicas those a move may turn on too; under mpirun, every rank's stages), which
+ * sizes the micro-batches in flight by default (2 per thread). */
 unsigned ps_engine_threads(const ps_server *s, unsigned nst);
 
 /* Log one line per stage: the thread that runs it, and its CPU or why it has none; and one more per

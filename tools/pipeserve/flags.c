@@ -40,7 +40,7 @@ static const char usage[] =
     "  --max-queue-delay-us N   longest wait for a micro-batch to fill (default 0)\n"
     "  --max-queue-rows N       admission bound in rows; beyond it requests get 429 (default 4096)\n"
     "  --max-inflight N         micro-batches in the pipeline at once (default 2 x threads:\n"
-    "                           stages, their replicas summed)\n"
+    "                           stages, their replicas summed, or --rebalance-replicas' threads)\n"
     "  --timeout-ms N           a request still queued after N ms gets 503 (default 10000; 0: none)\n"
     "  --max-body-bytes N       largest request body; beyond it 413 (default 16777216)\n"
     "  --max-inflight-body-bytes N  request body bytes held at once, all requests together; beyond it\n"

@@ -28,7 +28,7 @@ typedef struct ps_config {
 	uint32_t max_batch_rows;	  /* 32 */
 	uint64_t max_queue_delay_us;	  /* 0 */
 	size_t max_queue_rows;		  /* 4096 */
-	uint32_t max_inflight;		  /* micro-batches in the pipeline; 0: 2 x stages */
+	uint32_t max_inflight;		  /* micro-batches in the pipeline; 0: 2 x threads made */
 	uint64_t timeout_ms;		  /* per-request queue timeout; 0: none. 10000 */
 	size_t max_body_bytes;		  /* 16 MiB */
 	uint64_t max_inflight_body_bytes; /* all request bodies being received or answered. 256 MiB */
