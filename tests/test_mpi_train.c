@@ -1025,17 +1025,36 @@ START_TEST(a_replica_failing_across_ranks_fails_the_step_everywhere_and_the_next
 }
 END_TEST
 
-/* Under a schedule read from text a stage may run its micro-batches out of order, which the ordered
- * links of replicas across ranks cannot follow: refused at start on every rank alike. */
-START_TEST(replicas_under_a_schedule_read_from_text_are_refused_across_ranks_on_every_rank)
+/* Under a schedule read from text or built from costs (MBP_SCHED_CUSTOM, MBP_SCHED_AUTO) a stage may run
+ * its micro-batches out of order, which the ordered links of replicas across ranks cannot follow: refused
+ * at start on every rank alike, the reason naming both. */
+START_TEST(replicas_under_a_custom_or_built_schedule_are_refused_across_ranks_on_every_rank)
 {
-	mbp_schedule *sc = read_schedule(MBP_SCHED_ZBV);
-	struct part p;
-	ck_assert_int_eq(part_replicated(&p, MBP_SCHED_CUSTOM, sc), -ENOTSUP);
-	ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t), "failed to start") != NULL, "%s",
-		      mbp_mpi_trainer_run_error(p.t));
-	mbp_schedule_destroy(sc);
-	part_destroy(&p);
+	for (int built = 0; built < 2; built++) {
+		mbp_schedule *sc = NULL;
+		if (built) {
+			mbp_op_costs c[MBP_MAX_STAGES];
+			for (unsigned g = 0; g < total_stages(); g++)
+				c[g] = (mbp_op_costs){1, 1, 1};
+			mbp_sched_build b = {.stages = total_stages(),
+					     .mbs = (uint32_t)((chunk_rows() + MBR - 1) / MBR),
+					     .threads = (unsigned)size,
+					     .costs = c,
+					     .split = true};
+			ck_assert_int_eq(mbp_schedule_build(&sc, &b), 0);
+		} else {
+			sc = read_schedule(MBP_SCHED_ZBV);
+		}
+		struct part p;
+		ck_assert_int_eq(part_replicated(&p, built ? MBP_SCHED_AUTO : MBP_SCHED_CUSTOM, sc),
+				 -ENOTSUP);
+		const char *why = mbp_mpi_trainer_run_error(p.t);
+		ck_assert_msg(strstr(why, "failed to start") &&
+				  strstr(why, "not under a custom or built schedule"),
+			      "%s", why);
+		mbp_schedule_destroy(sc);
+		part_destroy(&p);
+	}
 }
 END_TEST
 
@@ -1071,7 +1090,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, no_rank_with_replicated_stages_allocates_a_buffer_after_the_first_step);
 	tcase_add_test(tc,
 		       a_replica_failing_across_ranks_fails_the_step_everywhere_and_the_next_step_is_exact);
-	tcase_add_test(tc, replicas_under_a_schedule_read_from_text_are_refused_across_ranks_on_every_rank);
+	tcase_add_test(tc, replicas_under_a_custom_or_built_schedule_are_refused_across_ranks_on_every_rank);
 	/* last: the items the others sent the rank that left, still on the wire as it closed, may land in the
 	 * next run's communicator (MPI gives it the freed one's context) and take the place of that run's */
 	tcase_add_test(tc,
