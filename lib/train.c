@@ -1260,11 +1260,14 @@ static int replicas_check(struct mbp_trainer *t)
 {
 	if (t->U == t->S)
 		return 0;
-	/* across ranks a replicated stage's items go out in micro-batch order, as every kind runs them */
+	/* across ranks a replicated stage's items go out in micro-batch order, as every fixed kind runs
+	 * them; a custom or built one (t->o.custom) need not */
 	if (t->remote && t->o.custom)
-		return start_refused_with(t, -ENOTSUP, -1, MBP_OP_F,
-					  "replicas: across ranks, not under a schedule read from text (its "
-					  "stages may run their micro-batches out of order)");
+		return start_refused_with(
+		    t, -ENOTSUP, -1, MBP_OP_F,
+		    "replicas: across ranks, not under a custom or built schedule (read "
+		    "from text or MBP_SCHED_AUTO: its stages may run their micro-batches "
+		    "out of order)");
 	/* a chunked, built or custom schedule: `threads` is its own (its placement), copied per replica */
 	if (!mbp__sched_kind_placed(t->o.schedule) && t->o.threads && t->o.threads != t->U)
 		return start_refused(t, -1, MBP_OP_F,

@@ -2208,6 +2208,10 @@ START_TEST(rebalance_options_are_checked_a_replicated_plan_taken_and_stats_say_o
 	so.rebalance.replicas = MBP_MAX_STAGES / 2 + 1;
 	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -E2BIG);
 	ck_assert_ptr_null(st);
+	/* a count whose threads' sum wraps around (2 x 2^31 is 0 in 32 bits) is as much too many */
+	so.rebalance.replicas = 1u << 31;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 4, &so), -E2BIG);
+	ck_assert_ptr_null(st);
 	so.rebalance.replicas = 5;
 	so.rebalance.on = false; /* off: replicas is not looked at */
 	so.rebalance.cpus = 3;

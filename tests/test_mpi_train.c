@@ -507,11 +507,32 @@ START_TEST(an_update_that_breaks_its_contract_fails_every_later_step_on_every_ra
 }
 END_TEST
 
+/* Ten steps of `rows` rows, one slow stage per step somewhere: no step after the first allocates a
+ * buffer on this rank, nor waits for one. */
+static void ten_steps_allocate_nothing_after_the_first(struct part *p, mbp_sched_kind kind, size_t rows)
+{
+	float in[32 * MBR * N], tg[32 * MBR * N];
+	ck_assert(rows <= 32 * MBR);
+	mbp_train_stats first, st;
+	for (unsigned n = 0; n < 10; n++) {
+		for (unsigned i = 0; i < SPR; i++)
+			p->st[i].sleep_us = p->g[i] == n % total_stages() ? 300 : 0;
+		make_data(in, tg, rows, n);
+		ck_assert_int_eq(step_rows(p, in, tg, rows, NULL), 0);
+		mbp_trainer_stats_get(mbp__mpi_trainer_local(p->t), &st, NULL, 0);
+		if (n == 0)
+			first = st;
+		ck_assert_msg(st.pool.allocated == first.pool.allocated && st.pool.waits == 0,
+			      "rank %d, %s, step %u: %llu buffers, %llu after the first step", rank,
+			      mbp_sched_name(kind), n, (unsigned long long)st.pool.allocated,
+			      (unsigned long long)first.pool.allocated);
+	}
+}
+
 /* Each rank's pool is grown to its part's peak (its stages, the links to its neighbours, the agent's
  * windows) before the first step: no later step allocates on any rank, whatever the timing. */
 START_TEST(no_rank_allocates_a_buffer_after_the_first_step)
 {
-	float in[32 * MBR * N], tg[32 * MBR * N];
 	const size_t nk = sizeof(kinds) / sizeof(kinds[0]), nc = sizeof(chunked) / sizeof(chunked[0]);
 	for (size_t k = 0; k < nk + nc; k++) {
 		/* the block kinds, then the chunked ones (and one read from text) in their steps of 2R
@@ -520,20 +541,7 @@ START_TEST(no_rank_allocates_a_buffer_after_the_first_step)
 		size_t rows = k < nk ? ROWS : chunk_rows();
 		struct part p;
 		ck_assert_int_eq(k < nk ? part_new(&p, kind, 0) : part_chunked(&p, kind), 0);
-		mbp_train_stats first, st;
-		for (unsigned n = 0; n < 10; n++) {
-			for (unsigned i = 0; i < SPR; i++) /* one slow stage per step somewhere */
-				p.st[i].sleep_us = p.g[i] == n % total_stages() ? 300 : 0;
-			make_data(in, tg, rows, n);
-			ck_assert_int_eq(step_rows(&p, in, tg, rows, NULL), 0);
-			mbp_trainer_stats_get(mbp__mpi_trainer_local(p.t), &st, NULL, 0);
-			if (n == 0)
-				first = st;
-			ck_assert_msg(st.pool.allocated == first.pool.allocated && st.pool.waits == 0,
-				      "rank %d, %s, step %u: %llu buffers, %llu after the first step", rank,
-				      mbp_sched_name(kind), n, (unsigned long long)st.pool.allocated,
-				      (unsigned long long)first.pool.allocated);
-		}
+		ten_steps_allocate_nothing_after_the_first(&p, kind, rows);
 		part_destroy(&p);
 	}
 }
@@ -934,6 +942,26 @@ static int part_replicated(struct part *p, mbp_sched_kind kind, const mbp_schedu
 	return rc ? rc : mbp_mpi_trainer_start(p->t);
 }
 
+/* The kinds the replica tests run: every block kind, and every chunked one (their placement copied per
+ * replica) but text; their count. */
+#define REPLICA_KINDS (sizeof(kinds) / sizeof(kinds[0]) + sizeof(chunked) / sizeof(chunked[0]))
+static size_t replica_kinds(mbp_sched_kind *all)
+{
+	size_t n = 0;
+	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
+		all[n++] = kinds[k];
+	for (size_t k = 0; k < sizeof(chunked) / sizeof(chunked[0]); k++)
+		if (chunked[k] != MBP_SCHED_CUSTOM)
+			all[n++] = chunked[k];
+	return n;
+}
+
+/* A replica test's rows a step under `kind`: 2R micro-batches for a chunked kind and ZB-H2, else ROWS. */
+static size_t replica_rows(mbp_sched_kind kind)
+{
+	return mbp__sched_kind_placed(kind) || kind == MBP_SCHED_ZBH2 ? chunk_rows() : ROWS;
+}
+
 /* Replicated stages across ranks (train.h, "Replicas"): every rank learns every stage's replicas at
  * start and plays the same replicated order; a replica at a part's edge has its own links, the sender
  * sends a replicated stage's items in micro-batch order, the receiver hands micro-batch j to replica j
@@ -941,17 +969,11 @@ static int part_replicated(struct part *p, mbp_sched_kind kind, const mbp_schedu
  * links carry each micro-batch once each way. */
 START_TEST(replicated_stages_across_ranks_give_the_single_process_parameters_bit_for_bit)
 {
-	/* every block kind, and every chunked one (their placement copied per replica) but text */
-	mbp_sched_kind all[sizeof(kinds) / sizeof(kinds[0]) + sizeof(chunked) / sizeof(chunked[0])];
-	size_t nk = 0;
-	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
-		all[nk++] = kinds[k];
-	for (size_t k = 0; k < sizeof(chunked) / sizeof(chunked[0]); k++)
-		if (chunked[k] != MBP_SCHED_CUSTOM)
-			all[nk++] = chunked[k];
+	mbp_sched_kind all[REPLICA_KINDS];
+	size_t nk = replica_kinds(all);
 	for (size_t k = 0; k < nk; k++) {
 		mbp_sched_kind kind = all[k];
-		size_t rows = mbp__sched_kind_placed(kind) || kind == MBP_SCHED_ZBH2 ? chunk_rows() : ROWS;
+		size_t rows = replica_rows(kind);
 		unsigned M = (unsigned)((rows + MBR - 1) / MBR);
 		struct part p;
 		struct single s;
@@ -964,6 +986,24 @@ START_TEST(replicated_stages_across_ranks_give_the_single_process_parameters_bit
 		links_carried_three_steps(&p, &st, M);
 		part_destroy(&p);
 		mbp_trainer_destroy(s.t);
+	}
+}
+END_TEST
+
+/* A part with replicated stages (here or on another rank) is grown before its first step to a bound over
+ * every timing too (train.h's promise for mbp_train_stats.pool): no later step allocates on any rank,
+ * under every block kind and every chunked one but text, with one slow stage per step somewhere. */
+START_TEST(no_rank_with_replicated_stages_allocates_a_buffer_after_the_first_step)
+{
+	mbp_sched_kind all[REPLICA_KINDS];
+	size_t nk = replica_kinds(all);
+	for (size_t k = 0; k < nk; k++) {
+		mbp_sched_kind kind = all[k];
+		size_t rows = replica_rows(kind);
+		struct part p;
+		ck_assert_int_eq(part_replicated(&p, kind, NULL), 0);
+		ten_steps_allocate_nothing_after_the_first(&p, kind, rows);
+		part_destroy(&p);
 	}
 }
 END_TEST
@@ -985,17 +1025,36 @@ START_TEST(a_replica_failing_across_ranks_fails_the_step_everywhere_and_the_next
 }
 END_TEST
 
-/* Under a schedule read from text a stage may run its micro-batches out of order, which the ordered
- * links of replicas across ranks cannot follow: refused at start on every rank alike. */
-START_TEST(replicas_under_a_schedule_read_from_text_are_refused_across_ranks_on_every_rank)
+/* Under a schedule read from text or built from costs (MBP_SCHED_CUSTOM, MBP_SCHED_AUTO) a stage may run
+ * its micro-batches out of order, which the ordered links of replicas across ranks cannot follow: refused
+ * at start on every rank alike, the reason naming both. */
+START_TEST(replicas_under_a_custom_or_built_schedule_are_refused_across_ranks_on_every_rank)
 {
-	mbp_schedule *sc = read_schedule(MBP_SCHED_ZBV);
-	struct part p;
-	ck_assert_int_eq(part_replicated(&p, MBP_SCHED_CUSTOM, sc), -ENOTSUP);
-	ck_assert_msg(strstr(mbp_mpi_trainer_run_error(p.t), "failed to start") != NULL, "%s",
-		      mbp_mpi_trainer_run_error(p.t));
-	mbp_schedule_destroy(sc);
-	part_destroy(&p);
+	for (int built = 0; built < 2; built++) {
+		mbp_schedule *sc = NULL;
+		if (built) {
+			mbp_op_costs c[MBP_MAX_STAGES];
+			for (unsigned g = 0; g < total_stages(); g++)
+				c[g] = (mbp_op_costs){1, 1, 1};
+			mbp_sched_build b = {.stages = total_stages(),
+					     .mbs = (uint32_t)((chunk_rows() + MBR - 1) / MBR),
+					     .threads = (unsigned)size,
+					     .costs = c,
+					     .split = true};
+			ck_assert_int_eq(mbp_schedule_build(&sc, &b), 0);
+		} else {
+			sc = read_schedule(MBP_SCHED_ZBV);
+		}
+		struct part p;
+		ck_assert_int_eq(part_replicated(&p, built ? MBP_SCHED_AUTO : MBP_SCHED_CUSTOM, sc),
+				 -ENOTSUP);
+		const char *why = mbp_mpi_trainer_run_error(p.t);
+		ck_assert_msg(strstr(why, "failed to start") &&
+				  strstr(why, "not under a custom or built schedule"),
+			      "%s", why);
+		mbp_schedule_destroy(sc);
+		part_destroy(&p);
+	}
 }
 END_TEST
 
@@ -1028,9 +1087,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_chunked_schedule_that_cannot_place_the_ranks_is_refused_on_every_rank_alike);
 	tcase_add_test(tc, ranks_given_different_schedules_are_refused_at_start_on_every_rank);
 	tcase_add_test(tc, replicated_stages_across_ranks_give_the_single_process_parameters_bit_for_bit);
+	tcase_add_test(tc, no_rank_with_replicated_stages_allocates_a_buffer_after_the_first_step);
 	tcase_add_test(tc,
 		       a_replica_failing_across_ranks_fails_the_step_everywhere_and_the_next_step_is_exact);
-	tcase_add_test(tc, replicas_under_a_schedule_read_from_text_are_refused_across_ranks_on_every_rank);
+	tcase_add_test(tc, replicas_under_a_custom_or_built_schedule_are_refused_across_ranks_on_every_rank);
 	/* last: the items the others sent the rank that left, still on the wire as it closed, may land in the
 	 * next run's communicator (MPI gives it the freed one's context) and take the place of that run's */
 	tcase_add_test(tc,

@@ -315,7 +315,8 @@ int mbp_mpi_trainer_add_stage(mbp_mpi_trainer *t, const mbp_train_stage_desc *d)
  * same result; after a failure, step and serve return it too.
  * @return 0, -EINVAL or -E2BIG (mbp_mpi_trainer_run_error() says which rank and what), -EALREADY, or a
  *         rank's mbp_trainer_start error (ZB-H1 with a stage lacking backward_in/backward_w: -EINVAL; a
- *         stage with replicas under a schedule read from text: -ENOTSUP). Replicated stages
+ *         stage with replicas under a custom or built schedule, MBP_SCHED_CUSTOM or MBP_SCHED_AUTO:
+ *         -ENOTSUP). Replicated stages
  *         (mbp_train_stage_desc.replicas) run as in one process (train.h, "Replicas"): every rank
  *         learns every stage's replicas here, and the parameters are bit for bit those without.
  */

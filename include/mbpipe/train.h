@@ -90,8 +90,8 @@
  * and the merge below waits for an earlier operation of that order too. Across ranks (libmbpipe-mpi)
  * every rank learns every stage's replicas at start and plays the same order; a replica at a rank's
  * edge has links of its own, micro-batch j goes to replica j mod r there too, and a replicated stage's
- * items leave in micro-batch order (so not under a schedule read from text, whose stages may run theirs
- * out of order: -ENOTSUP from mbp_trainer_start). The lists are mbp_schedule_new_replicated()'s under the
+ * items leave in micro-batch order (so not under a custom or built schedule, MBP_SCHED_CUSTOM or
+ * MBP_SCHED_AUTO, whose stages may run theirs out of order: -ENOTSUP from mbp_trainer_start). The lists are mbp_schedule_new_replicated()'s under the
  * block kinds (1F1B and ZB-H1 run as many forwards ahead as there are replicas downstream, so that each
  * replica has a micro-batch) and the schedule's own under the others, no forward more ahead (in the
  * play, 4 chunks on 2 threads, M = 8, thread 1's chunks 3x the others' (F = B_in = 3 B_w) on 2 copies:
@@ -583,8 +583,8 @@ int mbp_trainer_add_stage(mbp_trainer *t, const mbp_train_stage_desc *d);
  *         its out_row_bytes: mbp_trainer_error() names the stage, or -1 for the thread count, and says
  *         what is wrong in `what`; with replicas under GPipe, 1F1B, ZB-H1 or ZB-H2, `threads`
  *         neither 0 nor the replicas' sum; under the other kinds `threads` is the schedule's own, its
- *         copies for the replicas on top), -ENOTSUP (replicas across ranks under a schedule
- *         read from text: `what` says so),
+ *         copies for the replicas on top), -ENOTSUP (replicas across ranks under a custom or
+ *         built schedule, MBP_SCHED_CUSTOM or MBP_SCHED_AUTO: `what` says so),
  *         -EALREADY, -ENOMEM, -EAGAIN (no thread could be created), the error of the first stage
  *         whose init failed.
  * With replicas the trainer runs a thread per copy (see "Replicas"): mbp_train_stats.threads counts them.

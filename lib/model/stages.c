@@ -286,7 +286,9 @@ int mbp_model_stages_new_opts(mbp_model_stages **out, mbp_model *m, const mbp_mo
 	const mbp_model_rebalance *ro = o && o->rebalance.on ? &o->rebalance : NULL;
 	if (ro && (!isfinite(ro->threshold) || ro->threshold < 0))
 		return -EINVAL;
-	unsigned threads[MBP_MAX_STAGES], all = 0;
+	/* summed in 64 bits: rebalance.replicas is any unsigned, and 2 x 2^31 threads are not 0 */
+	unsigned threads[MBP_MAX_STAGES];
+	uint64_t all = 0;
 	for (unsigned i = 0; i < plan->stages; i++)
 		all += threads[i] = mbp__rb_threads(plan, ro, i);
 	if (all > MBP_MAX_STAGES)
