@@ -802,17 +802,24 @@ START_TEST(inactive_replicas_claim_nothing_and_reactivated_ones_take_work_again_
 	for (unsigned k = 0; k < 3; k++) {
 		ck_assert_uint_eq(ss[k].replicas, reps[k]);
 		ck_assert_uint_eq(ss[k].active, 1);
-		ck_assert_uint_eq(calls_of(k, 0), before[k][0] + n);
 		mbp_stage_stats now[MAXREP];
 		ck_assert_int_eq(mbp_pipeline_replica_stats(p, k, now, MAXREP), (int)reps[k]);
 		ck_assert_uint_eq(now[0].active, 1);
+		unsigned long extras = 0;
 		for (unsigned j = 1; j < reps[k]; j++) {
-			ck_assert_msg(calls_of(k, j) == before[k][j],
-				      "stage %u replica %u computed while inactive", k, j);
-			ck_assert_uint_eq(now[j].mbs, rs[k][j].mbs);
-			ck_assert_uint_eq(now[j].busy_ns, rs[k][j].busy_ns);
+			/* a replica that read "active" just before the call and was then preempted for the
+			 * whole first batch still claims the one micro-batch it was about to (pipeline.h: at
+			 * most one more); one that did not park computes about n / r of this batch */
+			unsigned long extra = calls_of(k, j) - before[k][j];
+			extras += extra;
+			ck_assert_msg(extra <= 1, "stage %u replica %u computed %lu while inactive", k, j,
+				      extra);
+			ck_assert_uint_eq(now[j].mbs, rs[k][j].mbs + extra);
+			if (!extra)
+				ck_assert_uint_eq(now[j].busy_ns, rs[k][j].busy_ns);
 			ck_assert_uint_eq(now[j].active, 0);
 		}
+		ck_assert_uint_eq(calls_of(k, 0), before[k][0] + n - extras); /* replica 0: the rest */
 	}
 	/* every replica again: each takes work (whichever is free, and the stages sleep) */
 	for (unsigned k = 0; k < 3; k++)
