@@ -198,6 +198,18 @@ static bool mine(const struct mbp_trainer *t, const struct mbp__crew_thread *th,
 	return t->crew.thread_of[u] == th->idx;
 }
 
+/* Whether local stage s's previous (next) global stage is this trainer's too: a hop inside it; else a
+ * link to another part's (or, at the pipeline's ends, nothing). */
+static bool prev_here(const struct mbp_trainer *t, unsigned s)
+{
+	return s > 0 && t->gidx[s - 1] + 1 == t->gidx[s];
+}
+
+static bool next_here(const struct mbp_trainer *t, unsigned s)
+{
+	return s + 1 < t->S && t->gidx[s + 1] == t->gidx[s] + 1;
+}
+
 /* The unit of stage s (local) that runs micro-batch j: replica j mod its replicas. */
 static struct tstage *unit_of(struct mbp_trainer *t, unsigned s, uint32_t j)
 {
@@ -1156,8 +1168,8 @@ static int setup(struct mbp_trainer *t)
 		struct tstage *st = &t->st[u];
 		unsigned s = st->idx;
 		/* a remote neighbour (another part's stage) is one link, whatever its replicas */
-		st->nprev = s > 0 && t->gidx[s - 1] + 1 == t->gidx[s] ? t->reps[s - 1] : 1;
-		st->nnext = s + 1 < t->S && t->gidx[s + 1] == t->gidx[s] + 1 ? t->reps[s + 1] : 1;
+		st->nprev = prev_here(t, s) ? t->reps[s - 1] : 1;
+		st->nnext = next_here(t, s) ? t->reps[s + 1] : 1;
 		widest = st->out_w > widest ? st->out_w : widest;
 		widest = st->grad_w > widest ? st->grad_w : widest;
 		act_widest = st->stash_w > act_widest ? st->stash_w : act_widest;
@@ -1173,7 +1185,7 @@ static int setup(struct mbp_trainer *t)
 		/* a hop each way to every replica of the next stage (micro-batch j: j mod nnext), where the
 		 * next global stage is this part's too (else a link, below): a ring to another thread, a
 		 * local FIFO where that replica runs on this unit's thread */
-		for (unsigned b = 0; s + 1 < t->S && t->gidx[s + 1] == t->gidx[s] + 1 && b < st->nnext; b++) {
+		for (unsigned b = 0; next_here(t, s) && b < st->nnext; b++) {
 			uint32_t cap = next_pow2(t->o.max_mbs);
 			unsigned v = t->ub[s + 1] + b;
 			bool local = t->crew.thread_of[u] == t->crew.thread_of[v];
@@ -1197,11 +1209,10 @@ static int setup(struct mbp_trainer *t)
 		int id = mbp__train_link(u, 0);
 		struct mbp__ring **l = &t->link[id];
 		int rc = 0;
-		if (t->gidx[s] > 0 && (s == 0 || t->gidx[s - 1] + 1 != t->gidx[s]) &&
+		if (t->gidx[s] > 0 && !prev_here(t, s) &&
 		    (rc = mbp__ring_new(&l[MBP__LINK_UP_FWD], cap, &t->wopts, 0)) == 0)
 			rc = mbp__ring_new(&l[MBP__LINK_UP_BWD], cap, &t->wopts, 0);
-		if (rc == 0 && t->gidx[s] + 1u < t->Sg &&
-		    (s + 1 == t->S || t->gidx[s + 1] != t->gidx[s] + 1) &&
+		if (rc == 0 && t->gidx[s] + 1u < t->Sg && !next_here(t, s) &&
 		    (rc = mbp__ring_new(&l[MBP__LINK_DOWN_FWD], cap, &t->wopts, 0)) == 0)
 			rc = mbp__ring_new(&l[MBP__LINK_DOWN_BWD], cap, &t->wopts, 0);
 		if (l[MBP__LINK_UP_FWD]) {
@@ -1382,12 +1393,10 @@ static int reserve_buffers(struct mbp_trainer *t, const mbp_schedule *sc, const 
 		 * several threads, so the bound over every timing is counted per micro-batch: an output and
 		 * an input gradient per link (between two stages here, or to another part's) and the loss's
 		 * gradient, each held once at most, and a buffer per running operation */
-		unsigned links = 0;
-		for (unsigned g = 0; g < t->S; g++) {
-			bool next_here = g + 1 < t->S && t->gidx[g + 1] == t->gidx[g] + 1;
-			links += next_here || t->gidx[g] + 1u < t->Sg;
-			links += t->gidx[g] > 0 && (g == 0 || t->gidx[g - 1] + 1 != t->gidx[g]);
-		}
+		unsigned links = 0; /* after each stage but the pipeline's last; before one whose previous
+				       is another part's */
+		for (unsigned s = 0; s < t->S; s++)
+			links += (t->gidx[s] + 1u < t->Sg) + (t->gidx[s] > 0 && !prev_here(t, s));
 		peak = (uint64_t)mbp_schedule_mbs(sc) * (2ull * links + 1) + t->T;
 	} else
 		rc = mbp__schedule_buffer_peak(sc, &part, &peak);
