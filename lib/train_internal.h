@@ -92,6 +92,15 @@ int mbp__train_place_ranks(const mbp_train_opts *o, int ranks, int me, const uns
 			   int *rank_of, unsigned *stages, struct mbp__train_remote *rem, char *err,
 			   size_t len);
 
+/* The whole pipeline's decision at a step's first barrier from its parts' votes (part k's at
+ * (const char *)votes + k * stride: a part's record may carry more than its vote), the same on every
+ * part (train_place.c): ok only if every part is; stage s's grad_sq from its part, rank_of[s], the loss
+ * from the last stage's; the error the failing stage with the lowest index (one of no stage, stage < 0,
+ * only where no stage failed), the first part's among those of no stage, -ECANCELED where none says
+ * why; none when ok. */
+void mbp__train_vote_tally(const void *votes, size_t stride, int parts, const int *rank_of, unsigned stages,
+			   struct mbp__train_vote *out);
+
 /* A custom schedule's actions and placement, hashed (FNV-1a): ranks given different ones disagree at
  * start. 0 for NULL. */
 uint64_t mbp__train_schedule_hash(const mbp_schedule *sc);

@@ -2,11 +2,13 @@
  * Where a training schedule's stages run: a chunked or custom schedule's stages on its threads, and a
  * pipeline's stages over the ranks that hold them (the trainer across ranks, lib/mpi/trainer.c, asks
  * this; no MPI here). The block placement (consecutive stages share a thread, schedule.h) needs nothing.
+ * Also the one decision of a step that its parts make from their votes (mbp__train_vote_tally).
  */
 #include "config.h"
 
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "train_internal.h"
 
@@ -111,4 +113,33 @@ uint64_t mbp__train_schedule_hash(const mbp_schedule *sc)
 	for (unsigned s = 0; sc && s < mbp_schedule_stages(sc); s++)
 		h = (h ^ mbp_schedule_thread_of(sc, s, 0)) * 1099511628211ull;
 	return sc ? h : 0;
+}
+
+/* Part k's vote in a row of records `stride` bytes apart. */
+static const struct mbp__train_vote *vote_of(const void *votes, size_t stride, int k)
+{
+	return (const void *)((const char *)votes + (size_t)k * stride);
+}
+
+void mbp__train_vote_tally(const void *votes, size_t stride, int parts, const int *rank_of, unsigned stages,
+			   struct mbp__train_vote *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->ok = true;
+	int pick = -1;
+	for (int k = 0; k < parts; k++) {
+		const struct mbp__train_vote *a = vote_of(votes, stride, k);
+		out->ok &= a->ok;
+		/* the step's error: the failing stage with the lowest index, else the first part's */
+		int low = pick < 0 ? -1 : vote_of(votes, stride, pick)->err.stage;
+		if (a->err.err && (pick < 0 || (a->err.stage >= 0 && (low < 0 || a->err.stage < low))))
+			pick = k;
+	}
+	for (unsigned s = 0; s < stages; s++)
+		out->grad_sq[s] = vote_of(votes, stride, rank_of[s])->grad_sq[s];
+	out->loss = stages ? vote_of(votes, stride, rank_of[stages - 1])->loss : 0;
+	out->err = pick >= 0 ? vote_of(votes, stride, pick)->err
+			     : (mbp_train_error){.err = -ECANCELED, .stage = -1, .mb = -1};
+	if (out->ok)
+		out->err = (mbp_train_error){0};
 }

@@ -238,6 +238,55 @@ START_TEST(a_schedule_read_from_text_trains_bit_for_bit)
 }
 END_TEST
 
+/* The parts of a pipeline across ranks make one decision from their votes (train_place.c, no MPI): an
+ * update only if every part is ok, each stage's squared norm from the part that holds it and the loss
+ * from the last stage's part; a failed step's error the failing stage with the lowest index, whichever
+ * part says it first, one of no stage only where no stage failed, -ECANCELED where no part says why. */
+START_TEST(the_parts_votes_make_one_decision_with_the_lowest_failing_stages_error)
+{
+	struct rec {
+		int pad; /* a part's record holds more than its vote */
+		struct mbp__train_vote v;
+	} r[3] = {0};
+	const int rank_of[] = {0, 1, 1, 2};
+	for (int k = 0; k < 3; k++) {
+		r[k].v.ok = true;
+		for (unsigned s = 0; s < 4; s++)
+			r[k].v.grad_sq[s] =
+			    rank_of[s] == k ? 10.0 * s + 1 : -1; /* not its part's: never read */
+	}
+	r[2].v.loss = 7.5;
+	struct mbp__train_vote out;
+	mbp__train_vote_tally(&r[0].v, sizeof(r[0]), 3, rank_of, 4, &out);
+	ck_assert(out.ok);
+	ck_assert_int_eq(out.err.err, 0);
+	for (unsigned s = 0; s < 4; s++)
+		ck_assert_double_eq(out.grad_sq[s], 10.0 * s + 1);
+	ck_assert_double_eq(out.loss, 7.5);
+
+	/* part 0 fails with no stage, part 2 at stage 3, part 1 at stage 1: stage 1's error */
+	r[0].v.ok = r[1].v.ok = r[2].v.ok = false;
+	r[0].v.err = (mbp_train_error){.err = -ECONNRESET, .stage = -1, .mb = -1};
+	r[2].v.err = (mbp_train_error){.err = -EDOM, .stage = 3, .mb = 2};
+	r[1].v.err = (mbp_train_error){.err = -EIO, .stage = 1, .mb = 0};
+	mbp__train_vote_tally(&r[0].v, sizeof(r[0]), 3, rank_of, 4, &out);
+	ck_assert(!out.ok);
+	ck_assert_int_eq(out.err.err, -EIO);
+	ck_assert_int_eq(out.err.stage, 1);
+	/* only failures of no stage: the first part's */
+	r[1].v.err = (mbp_train_error){.err = -ETIMEDOUT, .stage = -1, .mb = -1};
+	r[2].v.err = (mbp_train_error){0};
+	mbp__train_vote_tally(&r[0].v, sizeof(r[0]), 3, rank_of, 4, &out);
+	ck_assert_int_eq(out.err.err, -ECONNRESET);
+	/* one part not ok and no part saying why */
+	r[0].v.err = r[1].v.err = (mbp_train_error){0};
+	r[0].v.ok = r[2].v.ok = true;
+	mbp__train_vote_tally(&r[0].v, sizeof(r[0]), 3, rank_of, 4, &out);
+	ck_assert(!out.ok);
+	ck_assert_int_eq(out.err.err, -ECANCELED);
+	ck_assert_int_eq(out.err.stage, -1);
+}
+END_TEST
 /* The trainer across ranks places the whole pipeline's stages from each rank's count (train_place.c, no
  * MPI): a block kind by rank, a chunked one as its schedule puts the stages on threads, the ranks taking
  * whole threads in rank order; a rank whose stages are not whole threads, or too many stages, is refused
@@ -2101,6 +2150,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, every_schedule_and_thread_count_gives_identical_parameters);
 	tcase_add_test(tc, a_chunked_schedule_refuses_a_thread_count_it_cannot_place);
 	tcase_add_test(tc, stages_over_ranks_follow_the_block_rule_or_the_chunked_schedules_threads);
+	tcase_add_test(tc, the_parts_votes_make_one_decision_with_the_lowest_failing_stages_error);
 	tcase_add_test(tc, a_schedule_read_from_text_trains_bit_for_bit);
 	tcase_add_test(tc, stash_high_water_marks_equal_the_schedules_figures);
 	tcase_add_test(tc, hops_between_stages_of_one_thread_pass_locally_as_the_schedule_counts_them);

@@ -423,29 +423,14 @@ static void left_locked(mbp_mpi_trainer *T, int r)
 	pthread_cond_broadcast(&T->r.cond);
 }
 
-/* Everyone's votes in: the same decision on every rank. */
+/* Everyone's votes in: the same decision on every rank (train_place.c's rule); a rank that left ends the
+ * run. */
 static void tally_locked(mbp_mpi_trainer *T)
 {
-	struct mbp__train_vote *v = &T->result;
-	memset(v, 0, sizeof(*v));
-	v->ok = true;
-	int pick = -1;
-	for (int r = 0; r < T->r.size; r++) {
-		const struct mbp__train_vote *a = &T->all[r].v;
-		v->ok &= a->ok;
+	for (int r = 0; r < T->r.size; r++)
 		if (T->all[r].left)
 			left_locked(T, r);
-		/* the step's error: the failing stage with the lowest index, else the first rank's */
-		int low = pick < 0 ? -1 : T->all[pick].v.err.stage;
-		if (a->err.err && (pick < 0 || (a->err.stage >= 0 && (low < 0 || a->err.stage < low))))
-			pick = r;
-	}
-	for (unsigned s = 0; s < T->stages; s++)
-		v->grad_sq[s] = T->all[T->rank_of[s]].v.grad_sq[s];
-	v->loss = T->all[T->loss_rank].v.loss;
-	v->err = pick >= 0 ? T->all[pick].v.err : (mbp_train_error){.err = -ECANCELED, .stage = -1, .mb = -1};
-	if (v->ok)
-		v->err = (mbp_train_error){0};
+	mbp__train_vote_tally(&T->all[0].v, sizeof(*T->all), T->r.size, T->rank_of, T->stages, &T->result);
 }
 
 /* A rank leaving mid-run (lock held): LEAVE to rank 0, and a vote of no, with the ABORT a failing stage
