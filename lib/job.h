@@ -32,6 +32,15 @@ static inline struct mbp__job_priv *mbp__jp(mbp_job *job)
 
 struct mbp__stage_counters;
 
+/* Micro-batch k of a job of `rows` rows cut into micro-batches of m: its first row into *row0 and its rows
+ * (the last one may be short), for every flow that cuts a job (stage 0, rank 0 across ranks). From values,
+ * not the job: stage 0 reads them into locals first (worker.c). */
+static inline size_t mbp__job_mb_rows(size_t rows, size_t m, uint32_t k, size_t *row0)
+{
+	*row0 = (size_t)k * m;
+	return rows - *row0 < m ? rows - *row0 : m;
+}
+
 /* A job's checks (mbp_job_submit's; a refusal for a limit recorded on p): 0 and its micro-batch count in
  * *nmb, -EINVAL or -E2BIG. */
 int mbp__job_check(mbp_pipeline *p, const mbp_job *job, uint32_t *nmb);

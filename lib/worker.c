@@ -465,8 +465,7 @@ static void first_stage_job(struct mbp__stage *s, mbp_job *job)
 			mbp__job_account(&s->c, job, nmb - k, nmb - k, -ECANCELED, k);
 			return;
 		}
-		size_t row0 = (size_t)k * m;
-		size_t rows = nrows - row0 < m ? nrows - row0 : m;
+		size_t row0, rows = mbp__job_mb_rows(nrows, m, k, &row0);
 		mbp_mb view = {
 		    .data = (void *)(in + row0 * width),
 		    .capacity = rows * width,
@@ -536,8 +535,9 @@ static bool feed_claim(struct mbp__stage *s, mbp_mb *view, mbp_mb **x)
 				continue;
 			}
 			if (k < nmb) {
-				const size_t m = job->mb_rows, width = s->in_row_bytes, row0 = (size_t)k * m;
-				const size_t rows = job->rows - row0 < m ? job->rows - row0 : m;
+				size_t row0;
+				const size_t width = s->in_row_bytes,
+					     rows = mbp__job_mb_rows(job->rows, job->mb_rows, k, &row0);
 				*view = (mbp_mb){.data = (void *)((const char *)job->in + row0 * width),
 						 .capacity = rows * width,
 						 .rows = (uint32_t)rows,

@@ -550,8 +550,7 @@ int mbp_mpi_job_submit(mbp_mpi *mp, mbp_job *job, int64_t timeout_ns)
 				mbp__job_complete(job);
 			return 0;
 		}
-		size_t row0 = (size_t)k * job->mb_rows;
-		size_t rows = job->rows - row0 < job->mb_rows ? job->rows - row0 : job->mb_rows;
+		size_t row0, rows = mbp__job_mb_rows(job->rows, job->mb_rows, k, &row0);
 		struct tent *t = &mp->tab[seq % mp->tcap];
 		t->job = job;
 		t->k = k;
