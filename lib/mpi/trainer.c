@@ -124,11 +124,9 @@ static void hook_agree(void *arg, struct mbp__train_vote *v)
 	mbp_mpi_trainer *T = arg;
 	pthread_mutex_lock(&T->r.lock);
 	if (!T->r.dead) {
-		T->mine = (struct vrec){.v = {.ok = v->ok, .err = v->err, .loss = v->loss}};
+		/* as it is: the tally reads a stage's grad_sq from its own rank's vote only */
+		T->mine = (struct vrec){.v = *v};
 		T->mine.v.err.what = NULL;
-		for (unsigned s = 0; s < T->stages; s++)
-			if (T->local_of[s] >= 0)
-				T->mine.v.grad_sq[s] = v->grad_sq[s];
 		T->vote_state = V_PENDING;
 		mbp__run_kick(&T->r);
 		while (T->vote_state != V_DONE && !T->r.dead && T->r.state == MBP__RUN_RUNNING)
