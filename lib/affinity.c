@@ -174,6 +174,17 @@ unsigned mbp__cpu_sharing(int cpu, unsigned node_sharers)
 	return (c ? c - 1 : 0) + node_sharers;
 }
 
+void mbp__node_part(const cpu_set_t *all, unsigned n, unsigned me, unsigned *k, unsigned *m)
+{
+	*k = 0;
+	*m = 0;
+	for (unsigned r = 0; r < n; r++)
+		if (CPU_EQUAL(&all[r], &all[me])) {
+			++*m;
+			*k += r < me;
+		}
+}
+
 /* The k-th of m ranks' part of the n allowed CPUs, as list positions [*first, *first + *count), and how
  * many other ranks were given the same CPUs: with at least as many CPUs as ranks, disjoint blocks; with
  * fewer, consecutive ranks share one CPU (rank j on position j * n / m). */

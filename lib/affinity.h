@@ -5,6 +5,7 @@
 #define MBP__AFFINITY_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 
 #include <mbpipe.h>
@@ -43,6 +44,10 @@ unsigned mbp__cpu_claims(int cpu);
  * other ranks of its node given it (node_sharers, from its plan). */
 unsigned mbp__cpu_sharing(int cpu, unsigned node_sharers);
 
+/* Under mbp_mpi: rank `me` of the n ranks of a node, all[r] the CPUs rank r's threads may use, is the
+ * *k-th of the *m ranks given the same CPUs as its own (itself among them, in rank order), which split
+ * them (below). */
+void mbp__node_part(const cpu_set_t *all, unsigned n, unsigned me, unsigned *k, unsigned *m);
 /* Under mbp_mpi, before start: the pipeline is the part of a pipeline across ranks that the k-th of m
  * ranks of its node with the same CPUs runs; it plans in its k-th part of them (pipeline.h, "Placement").
  * 0, -EINVAL (started, k >= m). */

@@ -284,6 +284,31 @@ START_TEST(the_communication_thread_counts_only_where_the_plan_takes_all_of_the_
 }
 END_TEST
 
+/* A rank of a run across ranks finds its part of its node's CPUs (affinity.c, no MPI): it is the k-th, in
+ * rank order, of the m ranks given the same CPUs as its own; a rank given other CPUs counts in neither. */
+START_TEST(a_rank_is_the_kth_of_the_ranks_of_its_node_given_the_same_cpus)
+{
+	cpu_set_t all[4];
+	for (int r = 0; r < 4; r++)
+		CPU_ZERO(&all[r]);
+	CPU_SET(0, &all[0]);
+	CPU_SET(1, &all[0]);
+	all[1] = all[3] = all[0];
+	CPU_SET(1, &all[2]); /* a subset of the others' is other CPUs */
+	const unsigned want_k[] = {0, 1, 0, 2}, want_m[] = {3, 3, 1, 3};
+	for (unsigned me = 0; me < 4; me++) {
+		unsigned k = 99, m = 99;
+		mbp__node_part(all, 4, me, &k, &m);
+		ck_assert_uint_eq(k, want_k[me]);
+		ck_assert_uint_eq(m, want_m[me]);
+	}
+	unsigned k = 99, m = 99;
+	mbp__node_part(all, 1, 0, &k, &m); /* alone on its node */
+	ck_assert_uint_eq(k, 0);
+	ck_assert_uint_eq(m, 1);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("affinity");
@@ -297,6 +322,7 @@ static Suite *suite(void)
 	tcase_add_test(
 	    tc, a_rank_of_a_run_across_ranks_counts_its_communication_thread_and_does_not_spin_on_one_cpu);
 	tcase_add_test(tc, the_communication_thread_counts_only_where_the_plan_takes_all_of_the_ranks_cpus);
+	tcase_add_test(tc, a_rank_is_the_kth_of_the_ranks_of_its_node_given_the_same_cpus);
 	suite_add_tcase(s, tc);
 	return s;
 }

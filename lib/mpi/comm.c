@@ -23,6 +23,7 @@
 
 #include <mpi.h>
 
+#include "affinity.h"
 #include "common.h"
 #include "mpi_internal.h"
 
@@ -267,12 +268,8 @@ static int node_share_task(void *arg)
 	if (L <= MBP_MAX_STAGES && MPI_Allgather(&ns->mine, (int)sizeof(cpu_set_t), MPI_BYTE, ns->all,
 						 (int)sizeof(cpu_set_t), MPI_BYTE, node) != MPI_SUCCESS)
 		rc = -EIO;
-	for (int r = 0; rc == 0 && L <= MBP_MAX_STAGES && r < L; r++) {
-		if (r == lr || !CPU_EQUAL(&ns->all[r], &ns->mine))
-			continue;
-		ns->m++;
-		ns->k += r < lr;
-	}
+	else if (L <= MBP_MAX_STAGES)
+		mbp__node_part(ns->all, (unsigned)L, (unsigned)lr, &ns->k, &ns->m);
 	MPI_Comm_free(&node);
 	return rc;
 }
