@@ -7,8 +7,9 @@
  * occupies the thread until the run ends. mbp_mpi_finalize() makes it call MPI_Finalize, or MPI_Abort
  * when a run ended on a silent rank (MPI_Finalize would wait for that rank forever).
  *
- * It also finds which part of its node's CPUs a rank's pipeline or trainer takes (mbp__mpi_node_share): the
- * ranks of one node that were given the same CPUs split them.
+ * It also finds which part of its node's CPUs a rank's pipeline or trainer takes (mbp__mpi_node_share): it
+ * gathers the CPUs of the node's ranks, and affinity.c's mbp__node_part says which of those given the same
+ * CPUs this rank is; they split them.
  */
 #include "config.h"
 
