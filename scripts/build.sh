@@ -2,7 +2,18 @@
 # Configure and build mbpipe out of tree: scripts/build.sh BUILD_DIR [configure options...]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-dir=${1:?usage: scripts/build.sh BUILD_DIR [configure options]}
+usage="usage: scripts/build.sh BUILD_DIR [configure options: --enable-werror --enable-asan --enable-tsan --enable-debug ...]"
+case "${1:-}" in
+-h | --help)
+	echo "$usage"
+	exit 0
+	;;
+"" | -*)
+	echo "$usage" >&2
+	exit 2
+	;;
+esac
+dir=$1
 shift
 [ -x "$top/configure" ] || (cd "$top" && autoreconf -fi >/dev/null)
 mkdir -p "$dir"
