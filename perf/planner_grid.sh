@@ -27,10 +27,12 @@
 #
 # Cases: CASES, space-separated "name:widths:batch"; each runs under two budgets, from the plan without a
 # limit (its peak P) and the least memory any plan needs (N): "half" N + (P - N) / 2 and "eighth"
-# N + (P - N) / 8.
+# N + (P - N) / 8; BUDGETS ("half eighth") names the ones to run, so that a case's miss can be measured
+# again alone (CASES=uniform:784,512,512,512,512,512,10:256 BUDGETS=eighth PARTS=1).
 # Usage (from the build directory): sh ../perf/planner_grid.sh [OUT_DIR]     (default ../perf/results)
 #   or `make planner-grid` there.
-# Environment: PIPETRAIN (tools/pipetrain/pipetrain), CASES (the three shapes below), STEPS (16), WARM
+# Environment: PIPETRAIN (tools/pipetrain/pipetrain), CASES (the three shapes below), BUDGETS ("half
+#   eighth"), STEPS (16), WARM
 #   (4), ROUNDS (3), FINAL (4), FINAL_ROUNDS (5), PRUNE (1.5), PEAK_SLACK (1.0), CPUS (nproc), PARTS
 #   ("1 2"), SIZES (the micro-batch sizes of the grid; default the plan's profiled ones), ISSUE (the
 #   issue's widths, "784,2048,2048,2048,2048,2048,2048,10"), ISSUE_BATCH (1024). DRY=1: plan and
@@ -57,6 +59,10 @@ CASES=${CASES:-uniform:784,512,512,512,512,512,10:256 wide:784,256,2048,256,256,
 ISSUE=${ISSUE:-784,2048,2048,2048,2048,2048,2048,10}
 ISSUE_BATCH=${ISSUE_BATCH:-1024}
 SIZES=${SIZES:-}
+BUDGETS=${BUDGETS:-half eighth}
+for b in $BUDGETS; do
+	case $b in half | eighth) ;; *) echo "planner_grid: BUDGETS: $b is not half or eighth" >&2; exit 2 ;; esac
+done
 if [ "${QUICK:-0}" = 1 ]; then
 	CASES="uniform:784,32,32,32,10:64 wide:784,16,96,16,10:64 deep:784,16,16,16,16,16,10:64"
 	ISSUE=784,64,64,64,10 ISSUE_BATCH=64 SIZES=${SIZES:-16 32} STEPS=2 WARM=1 ROUNDS=2 FINAL=2 FINAL_ROUNDS=2
@@ -68,7 +74,7 @@ mkdir -p "$OUT"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 echo "planner_grid: $(nproc) CPUs (grid threads 1-$CPUS), load $(cut -d' ' -f1-3 /proc/loadavg) at start;" \
-	"STEPS=$STEPS WARM=$WARM ROUNDS=$ROUNDS FINAL=$FINAL FINAL_ROUNDS=$FINAL_ROUNDS PRUNE=$PRUNE${DRY:+ DRY=$DRY}"
+	"BUDGETS=\"$BUDGETS\" STEPS=$STEPS WARM=$WARM ROUNDS=$ROUNDS FINAL=$FINAL FINAL_ROUNDS=$FINAL_ROUNDS PRUNE=$PRUNE${DRY:+ DRY=$DRY}"
 # shellcheck disable=SC2016 # an awk program
 median='{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 
@@ -161,8 +167,8 @@ if part 1; then
 		plan "$widths" "$batch" || { echo "planner_grid: $name: no plan: $(cat "$WORK/plan.err")" >&2; continue; }
 		loose=$(jq -r '.plan.predicted_peak_bytes' "$WORK/plan.json") least=$(jq -r '.plan.smallest_budget_bytes' "$WORK/plan.json")
 		sizes=${SIZES:-$(jq -r '.plan.sizes | map(tostring) | join(" ")' "$WORK/plan.json")}
-		for frac in 2 8; do
-			bname=$([ $frac = 2 ] && echo half || echo eighth)
+		for bname in $BUDGETS; do
+			frac=$([ "$bname" = half ] && echo 2 || echo 8)
 			budget=$(awk -v n="$least" -v p="$loose" -v f="$frac" 'BEGIN { printf "%.0f", n + (p - n) / f }')
 			plan "$widths" "$batch" "$budget" || { echo "planner_grid: $name: $(cat "$WORK/plan.err")" >&2; continue; }
 			pS=$(jq -r '.plan.stages' "$WORK/plan.json")

@@ -8,8 +8,13 @@
  * the best of several runs while the time allows (one after a warm-up at the largest), and a size whose
  * estimate (twice the previous size's) would pass the budget is not timed: its costs are the largest
  * timed size's scaled by the rows (a product's speed per row is about flat from a few hundred rows on).
- * The lines say how many sizes were timed. Each F and B of a stage is counted MT_OP_NS more than its
- * layers' sum: the trainer's own work per operation.
+ * The lines say how many sizes were timed. Before the first size, one untimed pass over every layer at
+ * that size (its estimate, too): the smallest size is the one a tight budget plans for, and the first
+ * products after the model is built ran up to 1.4x slower than the later ones. Runs of a size: up to
+ * PROFILE_MAX_REPS while its pass is shorter than PROFILE_LONG_S, 5 from there: a pass of a few hundred
+ * microseconds (16 rows) is the noisiest, and with its best of 5 the same model's plan at an eighth
+ * budget changed between runs (perf/RESULTS.md, issue 24's miss at 16 rows). Each F and B of a stage is
+ * counted MT_OP_NS more than its layers' sum: the trainer's own work per operation.
  *
  * Memory, as the plan counts it: the activations (each stage's stashes and recomputation buffers, which
  * the trainer counts as act_peak_bytes) plus the parameters, their gradients and the optimizer's moments
@@ -27,6 +32,8 @@
 #include "util/number.h"
 
 #define PROFILE_BUDGET_S 4.0
+#define PROFILE_MAX_REPS 15   /* runs of a size whose pass is short */
+#define PROFILE_LONG_S	 0.01 /* a pass this long or longer: at most 5 runs */
 /* What the trainer adds to a stage's F and B of a micro-batch (the hand-on to the next stage, a wake-up):
  * perf/results/train.md's measured steps exceed the simulated ones by 1 to 6 us per operation (its bubble
  * against the prediction); the upper end, so that tiny operations are not taken for free. */
@@ -90,7 +97,11 @@ int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, 
 	mt_costs *pc = malloc(sizeof *pc);
 	if (!pc)
 		return -ENOMEM;
-	for (unsigned k = 0; k < a->sizes; k++) {
+	/* the untimed pass before the first size; `last` its estimate */
+	int rc = a->sizes ? mt_profile(n, a->mb[0], 1, pc) : 0;
+	for (unsigned i = 0; rc == 0 && a->sizes && i < L; i++)
+		last += (pc->f[i] + pc->b_in[i] + pc->b_w[i]) * 1e-9;
+	for (unsigned k = 0; rc == 0 && k < a->sizes; k++) {
 		double left = PROFILE_BUDGET_S - (mbt_now_s() - t0);
 		mbp_op_costs *row = cost + (size_t)k * L;
 		if (k && 4 * last > left) { /* warm-up and one run at twice the rows would pass the budget */
@@ -101,14 +112,12 @@ int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, 
 							from[i].b_w * scale};
 			continue;
 		}
-		/* reps: as many as fit a share of what is left, from 1 to 5 */
-		double est = k ? 2 * last : 0;
-		unsigned reps = est > 0 ? (unsigned)fmin(5, fmax(1, left / (a->sizes - k) / est - 1)) : 5;
-		int rc = mt_profile(n, a->mb[k], reps, pc);
-		if (rc < 0) {
-			free(pc);
-			return rc;
-		}
+		/* reps: as many as fit a share of what is left, from 1 to the most a pass of its length takes */
+		double est = k ? 2 * last : last, most = est < PROFILE_LONG_S ? PROFILE_MAX_REPS : 5;
+		unsigned reps = est > 0 ? (unsigned)fmin(most, fmax(1, left / (a->sizes - k) / est - 1)) : 5;
+		rc = mt_profile(n, a->mb[k], reps, pc);
+		if (rc < 0)
+			break;
 		last = 0;
 		for (unsigned i = 0; i < L; i++) {
 			row[i] = (mbp_op_costs){pc->f[i], pc->b_in[i], pc->b_w[i]};
@@ -117,6 +126,8 @@ int mt_auto_plan(mbp_mlp *n, uint32_t batch, uint64_t memory, unsigned threads, 
 		a->measured = k + 1;
 	}
 	free(pc);
+	if (rc < 0)
+		return rc;
 	a->profile_s = mbt_now_s() - t0;
 	mbp_plan_profile p = profile_of(a);
 	unsigned T = threads && threads < cpus ? threads : cpus;
