@@ -17,7 +17,8 @@
 #      step is the median of its rounds, its peak memory the trainer's highest activation peak + the
 #      plan's state (parameters, gradients, optimizer moments). Then the FINAL fastest points within the
 #      budget and the plan are measured FINAL_ROUNDS more times, interleaved, and ranked on those runs
-#      alone: the plan's step over the best (the target: within 5 %) and its rank. One CSV per case
+#      alone: the plan's step over the best (the target: within 5 %), the same paired (the median over the
+#      final rounds of the plan's run over the best point's in that round) and its rank. One CSV per case
 #      (planner-grid-SHAPE-BUDGET.csv, a row per point, pruned ones with their predictions only), the
 #      summary (planner-grid-summary.csv) and its table on standard output;
 #   2. the issue's case: 784-2048x6-10, batch 1024, a budget of the state plus half the activations that
@@ -159,7 +160,7 @@ measure() {
 
 if part 1; then
 	sum=$OUT/planner-grid-summary.csv
-	echo "case,budget,budget_bytes,plan,plan_step_ms,plan_peak_bytes,plan_fits,best_point,best_step_ms,plan_over_best_pct,plan_rank_final,final_points,plan_rank_grid,fitting_points,measured_points,pruned_points,others_cpus_max" >"$sum"
+	echo "case,budget,budget_bytes,plan,plan_step_ms,plan_peak_bytes,plan_fits,best_point,best_step_ms,plan_over_best_pct,plan_rank_final,final_points,plan_rank_grid,fitting_points,measured_points,pruned_points,others_cpus_max,plan_over_best_paired_pct" >"$sum"
 	for c in $CASES; do
 		name=${c%%:*} rest=${c#*:}
 		widths=${rest%:*} batch=${rest##*:}
@@ -258,24 +259,30 @@ if part 1; then
 			# the summary: the plan against the best fitting point of the final, and its rank in the grid
 			awk -F, -v c="$name" -v bn="$bname" -v b="$budget" '
 				NR == 1 { next }
-				$1 == "plan" { pm = $16; pp = $13; pf = $14; pg = $12; plan = $2 "/T" $3 "/mb" $4 "/rc:" $5 "/split:" $6 }
+				$1 == "plan" { pm = $16; pp = $13; pf = $14; pg = $12; pr = $15; plan = $2 "/T" $3 "/mb" $4 "/rc:" $5 "/split:" $6 }
 				$10 == "kept" { measured++; if ($17 != "n/a" && $17 > om) om = $17 }
 				$10 == "pruned" { pruned++ }
 				$14 == "yes" && $12 != "n/a" { fit[++nf] = $12 }
-				$14 == "yes" && $16 != "n/a" { if (bm == "" || $16 < bm) { bm = $16; best = $1 "=" $2 "/T" $3 "/mb" $4 "/rc:" $5 "/split:" $6 }; fin[++nfin] = $16 }
+				$14 == "yes" && $16 != "n/a" { if (bm == "" || $16 < bm) { bm = $16; br = $15; best = $1 "=" $2 "/T" $3 "/mb" $4 "/rc:" $5 "/split:" $6 }; fin[++nfin] = $16 }
 				END {
 					rf = 0; rg = 0
 					if (pm != "n/a" && pm != "") { rf = 1; for (i = 1; i <= nfin; i++) if (fin[i] < pm) rf++ }
 					if (pg != "n/a" && pg != "") { rg = 1; for (i = 1; i <= nf; i++) if (fit[i] < pg) rg++ }
 					over = (bm != "" && pm != "n/a" && pm != "") ? sprintf("%.1f", (pm / bm - 1) * 100) : "n/a"
-					printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.2f\n", c, bn, b, plan, pm, pp, pf, best, bm, over, rf, nfin, rg, nf, measured, pruned, om
+					# paired: the median over the final rounds of the plan run over the best point run in
+					# the same round (both measured once a round, so a drift of the machine cancels)
+					n = 0; np = split(pr, a, "+"); split(br, x, "+")
+					for (i = 1; i <= np; i++) if (a[i] != "n/a" && x[i] != "n/a" && x[i] > 0) q[++n] = a[i] / x[i]
+					for (i = 2; i <= n; i++) for (j = i; j > 1 && q[j - 1] > q[j]; j--) { t = q[j]; q[j] = q[j - 1]; q[j - 1] = t }
+					paired = n ? sprintf("%.1f", (((n % 2) ? q[(n + 1) / 2] : (q[n / 2] + q[n / 2 + 1]) / 2) - 1) * 100) : "n/a"
+					printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.2f,%s\n", c, bn, b, plan, pm, pp, pf, best, bm, over, rf, nfin, rg, nf, measured, pruned, om, paired
 				}' "$csv" >>"$sum"
 		done
 	done
 	if [ "$DRY" != 1 ]; then
 		echo "planner_grid: the plan against the best fitting point (final rounds); CSVs in $OUT/planner-grid-*.csv"
-		printf '%-8s %-6s %10s %10s %8s %6s %6s %7s %s\n' case budget plan_ms best_ms over_% rank fits others best
-		awk -F, 'NR > 1 { printf "%-8s %-6s %10s %10s %8s %3d/%-2d %6s %7s %s\n", $1, $2, $5, $9, $10, $11, $12, $7, $17, $8 }' "$sum"
+		printf '%-8s %-6s %10s %10s %8s %8s %6s %6s %7s %s\n' case budget plan_ms best_ms over_% paired_% rank fits others best
+		awk -F, 'NR > 1 { printf "%-8s %-6s %10s %10s %8s %8s %3d/%-2d %6s %7s %s\n", $1, $2, $5, $9, $10, $18, $11, $12, $7, $17, $8 }' "$sum"
 		echo "planner_grid: others: the most CPUs other processes took during one run of the case (0 on a quiet machine)"
 	fi
 fi
