@@ -313,8 +313,8 @@ struct pb_cand {
 	uint32_t threads; /* the threads taking micro-batches at the start of the last visit */
 };
 
-/* The replicas of a stage parked (inactive) in a statistics snapshot. */
-static unsigned parked(const mbp_stage_stats *ss)
+/* The replicas of a stage set inactive (parked, or about to park) in a statistics snapshot. */
+static unsigned inactive(const mbp_stage_stats *ss)
 {
 	return ss->active && ss->active < ss->replicas ? ss->replicas - ss->active : 0;
 }
@@ -467,7 +467,7 @@ static void fill_stages(pb_cand *c)
 		st->thread = pl[i].thread;
 		st->mbs = ss->mbs;
 		st->replicas_made = ss->replicas ? ss->replicas : 1;
-		st->replicas = st->replicas_made - parked(ss);
+		st->replicas = st->replicas_made - inactive(ss);
 		/* the stage's replicas' windows, less their time parked (the engine counts it where a
 		 * replica parks and wakes): busy, starved and blocked are shares of the rest */
 		double made = window * st->replicas_made;
@@ -647,7 +647,7 @@ int pb_cand_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *
 	}
 	c->threads = pa.threads;
 	for (unsigned i = 0; i < S; i++)
-		c->threads -= parked(&sa[i]);
+		c->threads -= inactive(&sa[i]);
 	r->threads = c->threads;
 	for (unsigned i = 0; i < units; i++) {
 		if (run_batch(c, &job, &start, &ns) || record(c, start, ns))
