@@ -48,9 +48,10 @@ _Static_assert(offsetof(struct mbp__buf, kind) - offsetof(struct mbp__buf, link)
 struct mbp__stage_counters {
 	_Atomic uint64_t mbs, rows, failed;
 	/* Time spent in each state, and when the state under way began (0: not in it), so that a snapshot
-	 * counts a long computation or wait while it lasts, not all at once when it ends (see stats.c). */
-	_Atomic uint64_t busy_ns, starved_ns, blocked_ns;
-	_Atomic uint64_t busy_since, starved_since, blocked_since;
+	 * counts a long computation or wait while it lasts, not all at once when it ends (see stats.c).
+	 * parked: an inactive replica asleep in park_inactive (worker.c), its thread's only other state. */
+	_Atomic uint64_t busy_ns, starved_ns, blocked_ns, parked_ns;
+	_Atomic uint64_t busy_since, starved_since, blocked_since, parked_since;
 	_Atomic uint64_t hist[MBP_HIST_BUCKETS];
 	/* completion, counted by whichever worker completes (last stage; stage 0 for abandoned work) */
 	_Atomic uint64_t done_mbs, done_failed_mbs, done_rows, done_jobs, done_failed_jobs;

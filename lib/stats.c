@@ -43,6 +43,7 @@ static void add_copy(struct mbp__stage *s, uint64_t now, mbp_stage_stats *o)
 	o->busy_ns += timed(&c->busy_ns, &c->busy_since, now);
 	o->starved_ns += timed(&c->starved_ns, &c->starved_since, now);
 	o->blocked_ns += timed(&c->blocked_ns, &c->blocked_since, now);
+	o->parked_ns += timed(&c->parked_ns, &c->parked_since, now);
 	for (unsigned b = 0; b < MBP_HIST_BUCKETS; b++)
 		o->hist[b] += mbp__counter_get(&c->hist[b]);
 }
@@ -144,6 +145,7 @@ void mbp_stats_window(mbp_pipeline_stats *b, mbp_stage_stats *bs, const mbp_pipe
 		bs[i].busy_ns -= as[i].busy_ns;
 		bs[i].starved_ns -= as[i].starved_ns;
 		bs[i].blocked_ns -= as[i].blocked_ns;
+		bs[i].parked_ns -= as[i].parked_ns;
 		for (unsigned k = 0; k < MBP_HIST_BUCKETS; k++)
 			bs[i].hist[k] -= as[i].hist[k];
 		busy += bs[i].busy_ns;

@@ -26,7 +26,9 @@
  *
  * Time accounting (single writer, this thread): busy = inside the stage function; starved = waiting for
  * input (charged to the thread's first stage); blocked = waiting for room downstream (its last stage) or
- * for a buffer (the stage that asked).
+ * for a buffer (the stage that asked); parked = an inactive replica asleep until it is made active or
+ * shutdown wakes it. Each is counted where the thread enters and leaves the state, so the four add up to
+ * the thread's time but for the engine's own work between states (hand-offs, completion).
  */
 #include "config.h"
 
@@ -372,18 +374,22 @@ static inline bool replica_active(const struct mbp__stage *s)
 }
 
 /* An inactive replica parks here, before it claims: it holds no micro-batch, so the ordered merge gets
- * every one from the active replicas. Its cached buffers go back first. Its time parked counts in none
- * of busy, starved or blocked: it is off. */
+ * every one from the active replicas. Its cached buffers go back first. Its time here counts as parked,
+ * in none of busy, starved or blocked: it is off. Two clock reads a park, off the hot path (a replica
+ * comes here only when it was made inactive, or read a stale count once). */
 static void park_inactive(struct mbp__stage *s)
 {
 	struct mbp_pipeline *p = s->p;
+	uint64_t t0 = mbp__clock_ns();
+	state_begin(&s->c.parked_since, t0);
 	flush_cache(s);
 	for (;;) {
 		uint32_t g = mbp__gen_get(&p->park.gen); /* acquire; partner: the setter's bump */
 		if (replica_active(s))
-			return;
+			break;
 		mbp__gen_wait(&p->park.gen, g); /* returns at once if gen moved since */
 	}
+	state_end(&s->c.parked_since, &s->c.parked_ns, t0, mbp__clock_ns());
 }
 
 /* A stage whose input is a window: a stage of one thread takes the stream in order (the ordered merge of

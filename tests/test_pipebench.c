@@ -429,6 +429,10 @@ static void check_document(const cJSON *doc, unsigned stages, unsigned nsizes, b
 				      starved, blocked);
 			ck_assert(num(s, "service_us") > 0);
 			ck_assert(num(s, "replicas") >= 1 && num(s, "replicas") <= num(s, "threads"));
+			/* the engine's count of the time parked: replica 0 never parks */
+			double parked = num(s, "parked"), threads = num(s, "threads");
+			ck_assert_msg(parked >= 0 && parked <= (threads - 1) / threads + 1e-4,
+				      "parked %g of %g", parked, threads);
 		}
 		ck_assert(cJSON_IsTrue(field(r, "ok", cJSON_True | cJSON_False)));
 		ck_assert(cJSON_IsNull(field(r, "error", cJSON_String | cJSON_NULL)));
@@ -568,7 +572,51 @@ END_TEST
  * 20 us, while a plan that turns on stage 1's second thread is counted at the CPUs' bound, 25 / 2 =
  * 12.5 us, and wins; so a move changes the counts to 1,2 and the run reports it in the table (_i 0)
  * and the JSON (_i 1), the outputs still checked against mbp_model_forward. */
-START_TEST(a_move_that_turns_a_replica_on_is_reported_in_the_table_and_the_json)
+/* Field `name` of CSV line `row` (1: the first after the header) of `csv`, unquoted (RFC 4180), into
+ * out; false when the header has no such column or the line no such field. */
+static bool csv_field(const char *csv, unsigned row, const char *name, char *out, size_t n)
+{
+	int col = -1, k = 0;
+	const char *p = csv;
+	for (const char *h = csv; *h && *h != '\n'; k++) {
+		size_t len = strcspn(h, ",\n");
+		if (len == strlen(name) && strncmp(h, name, len) == 0)
+			col = k;
+		h += len;
+		if (*h == ',')
+			h++;
+	}
+	for (unsigned r = 0; r < row && p; r++)
+		p = (p = strchr(p, '\n')) ? p + 1 : NULL;
+	if (col < 0 || !p || !*p)
+		return false;
+	for (k = 0;; k++) {
+		size_t len = 0;
+		bool quoted = *p == '"';
+		if (quoted)
+			for (p++; *p && !(p[0] == '"' && p[1] != '"'); p++) {
+				if (p[0] == '"')
+					p++; /* a doubled quote */
+				if (k == col && len + 1 < n)
+					out[len++] = *p;
+			}
+		else
+			for (; *p && *p != ',' && *p != '\n'; p++)
+				if (k == col && len + 1 < n)
+					out[len++] = *p;
+		if (quoted && *p == '"')
+			p++;
+		if (k == col) {
+			out[len] = '\0';
+			return true;
+		}
+		if (*p != ',')
+			return false;
+		p++;
+	}
+}
+
+START_TEST(a_move_that_turns_a_replica_on_is_reported_in_the_table_the_json_and_the_csv)
 {
 	cpu_set_t set;
 	ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
@@ -585,7 +633,10 @@ START_TEST(a_move_that_turns_a_replica_on_is_reported_in_the_table_and_the_json)
 		    (const char *const[]){"--layers=6", "--hidden=64", "--stages=2", "--batch=64", "--mb=4",
 					  "--batches=20", "--warmup=1", "--tolerance=0", "--wait-quiet=0",
 					  "--rebalance", "--rebalance-replicas=2", cpu_arg, "--no-gantt",
-					  _i ? "--json" : "--table", NULL});
+					  _i == 2 ? "--csv"
+					  : _i	  ? "--json"
+						  : "--table",
+					  NULL});
 	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
 	ck_assert_msg(strstr(r.err, "pipebench: rebalance at 4 rows: plan 2: stage 1 (") &&
 			  strstr(r.err, " with replicas 1,2"),
@@ -597,6 +648,34 @@ START_TEST(a_move_that_turns_a_replica_on_is_reported_in_the_table_and_the_json)
 				  strstr(l, " x1 of 2 threads, stage 1 layer") &&
 				  strstr(l, " x2 of 2 threads; last: ") && !strstr(l, "(0 of them"),
 			      "%s", r.out);
+		/* the stage shares count the time parked, which the engine counts */
+		ck_assert_msg(strstr(r.out, "busy/starved/blocked/parked % per stage\n"), "%s", r.out);
+		unsigned b, st, bl, pk;
+		const char *s0 = strstr(r.out, " s0 ");
+		ck_assert_msg(s0 && sscanf(s0, " s0 %u/%u/%u/%u", &b, &st, &bl, &pk) == 4, "%s", r.out);
+		ck_assert_msg(b + st + bl <= 101 && pk <= 50, "%s", r.out);
+	} else if (_i == 2) { /* the CSV has the JSON's rebalance object and stage rows, flattened */
+		char v[256];
+		double moves, rmoves, plan;
+		ck_assert_uint_eq(lines(r.out), 2);
+#define CSV_NUM(name)                                                                                        \
+	(ck_assert_msg(csv_field(r.out, 1, name, v, sizeof v) && *v, "%s: %s", name, r.out), atof(v))
+		rmoves = CSV_NUM("rebalance_replica_moves");
+		moves = CSV_NUM("rebalance_moves");
+		plan = CSV_NUM("rebalance_plan");
+		ck_assert(rmoves >= 1 && moves >= rmoves && plan == moves + 1);
+		ck_assert(CSV_NUM("rebalance_windows") >= 1);
+		ck_assert(CSV_NUM("rebalance_s0_first_layer") == 0);
+		ck_assert(CSV_NUM("rebalance_s1_first_layer") >= 1 &&
+			  CSV_NUM("rebalance_s1_first_layer") <= 5);
+		ck_assert(CSV_NUM("rebalance_s0_active_replicas") == 1);
+		ck_assert(CSV_NUM("rebalance_s1_active_replicas") == 2);
+		ck_assert(CSV_NUM("s0_replicas") == 1 && CSV_NUM("s0_threads") == 2);
+		ck_assert(CSV_NUM("s1_replicas") == 2 && CSV_NUM("s1_threads") == 2);
+		ck_assert_msg(CSV_NUM("s0_parked") > 0.49 && CSV_NUM("s0_parked") <= 0.5, "%s", r.out);
+#undef CSV_NUM
+		ck_assert(csv_field(r.out, 1, "rebalance_last_reason", v, sizeof v));
+		ck_assert_msg(strstr(v, "with replicas 1,2"), "%s", r.out); /* its comma inside the quotes */
 	} else {
 		cJSON *doc = cJSON_Parse(r.out);
 		ck_assert_msg(doc != NULL, "stdout is not JSON: %s", r.out);
@@ -619,6 +698,12 @@ START_TEST(a_move_that_turns_a_replica_on_is_reported_in_the_table_and_the_json)
 		ck_assert(num(rs1, "replicas") == 2 && num(rs1, "threads") == 2);
 		const cJSON *rs0 = cJSON_GetArrayItem(field(res, "stages", cJSON_Array), 0);
 		ck_assert(num(rs0, "replicas") == 1 && num(rs0, "threads") == 2);
+		/* stage 0's replica 1, inactive in every plan, parked through the measured windows (once
+		 * its thread has come to its park): the engine counts it from park to wake, so its share
+		 * is half the stage's threads' time, never more (replica 0 never parks, and a window's
+		 * count grows by at most the window's length: 0.5 exactly while it stays parked) */
+		ck_assert_msg(num(rs0, "parked") > 0.49 && num(rs0, "parked") <= 0.5, "parked %.12g",
+			      num(rs0, "parked"));
 		/* every thread made counts, parked or not: 4 on 2 CPUs (the threads are numbered
 		 * replica-major, so the last stage's replica 0 is thread 1, not 2) */
 		const cJSON *cp = field(doc, "cpus", cJSON_Object);
@@ -908,6 +993,15 @@ START_TEST(csv_has_a_header_and_one_line_per_size)
 	ck_assert_uint_eq(lines(r.out), 4);
 	ck_assert(strncmp(r.out, "workload,stages,cpus,batch,mb_rows,", 35) == 0);
 	ck_assert(strstr(r.out, "\nsynthetic,2,"));
+	/* every column on every line; without --rebalance its columns are empty (null in the JSON) */
+	char v[64];
+	for (unsigned row = 1; row <= 3; row++) {
+		ck_assert(csv_field(r.out, row, "s1_parked", v, sizeof v) && strcmp(v, "0.0000") == 0);
+		ck_assert(csv_field(r.out, row, "s1_threads", v, sizeof v) && strcmp(v, "1") == 0);
+		ck_assert(csv_field(r.out, row, "rebalance_moves", v, sizeof v) && !*v);
+		ck_assert(csv_field(r.out, row, "rebalance_s1_active_replicas", v, sizeof v) && !*v);
+	}
+	ck_assert(!csv_field(r.out, 4, "rebalance_moves", v, sizeof v));
 	run_free(&r);
 }
 END_TEST
@@ -2538,7 +2632,8 @@ static Suite *suite(void)
 	tcase_add_test(out, mlp_report_names_the_dense_kernel_and_warns_of_an_unknown_mbp_kernel);
 	tcase_add_test(out, rebalance_runs_the_mlp_with_its_checks);
 	tcase_add_test(out, rebalance_with_replicas_moves_the_cuts_and_keeps_the_replicas);
-	tcase_add_loop_test(out, a_move_that_turns_a_replica_on_is_reported_in_the_table_and_the_json, 0, 2);
+	tcase_add_loop_test(out, a_move_that_turns_a_replica_on_is_reported_in_the_table_the_json_and_the_csv,
+			    0, 3);
 	tcase_add_test(out, a_bad_layer_cost_list_is_refused);
 	tcase_add_test(out, counts_of_one_are_singular);
 	tcase_add_test(out, table_run_reports_placement_best_size_and_gantt);

@@ -272,6 +272,9 @@ START_TEST(every_endpoint_answers_per_the_protocol)
 	    "mbpipe_stage_busy_seconds_total{model=\"a\",stage=\"1\"",
 	    "mbpipe_stage_starved_seconds_total{model=\"a\",stage=\"0\"",
 	    "mbpipe_stage_blocked_seconds_total{model=\"a\",stage=\"0\"",
+	    "mbpipe_stage_parked_seconds_total{model=\"a\",stage=\"1\"",
+	    "mbpipe_stage_replicas{model=\"a\",stage=\"1\"} 1\n",
+	    "mbpipe_stage_active_replicas{model=\"a\",stage=\"1\"} 1\n",
 	    "mbpipe_bubble_fraction{model=\"a\"} ",
 	    "mbpipe_pool_buffers_in_use{model=\"a\"} ",
 	};
@@ -280,6 +283,46 @@ START_TEST(every_endpoint_answers_per_the_protocol)
 	remove_models();
 }
 END_TEST
+
+/* The value of the /metrics line that starts with `line` (its name and labels, then a space). */
+static double metric_value(int port, const char *line)
+{
+	http_resp r;
+	ck_assert_int_eq(http_do(port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+	ck_assert_int_eq(r.status, 200);
+	const char *at = strstr(r.body, line);
+	ck_assert_msg(at && (at == r.body || at[-1] == '\n'), "metrics lack %s", line);
+	char *end;
+	double v = strtod(at + strlen(line), &end);
+	ck_assert_msg(end != at + strlen(line) && *end == '\n', "%s: no number", line);
+	http_resp_free(&r);
+	return v;
+}
+
+/* Each stage's active replicas in /metrics, the plan's (mbpipe_rebalance_) and the engine's
+ * (mbpipe_stage_), which agree; and its threads. want 0: any count the moves may have set (1 while
+ * none changed the replicas). */
+static void expect_active_replicas(int port, unsigned want, unsigned threads)
+{
+	char line[128];
+	double replica_moves = metric_value(port, "mbpipe_rebalance_replica_moves_total{model=\"a\"} ");
+	for (unsigned s = 0; s < 2; s++) {
+		snprintf(line, sizeof line,
+			 "mbpipe_rebalance_stage_active_replicas{model=\"a\",stage=\"%u\"} ", s);
+		double plan = metric_value(port, line);
+		snprintf(line, sizeof line, "mbpipe_stage_active_replicas{model=\"a\",stage=\"%u\"} ", s);
+		double engine = metric_value(port, line);
+		snprintf(line, sizeof line, "mbpipe_stage_replicas{model=\"a\",stage=\"%u\"} ", s);
+		ck_assert_msg(metric_value(port, line) == threads, "stage %u: not %u threads", s, threads);
+		ck_assert_msg(plan == engine, "stage %u: the plan's %g active replicas, the engine's %g", s,
+			      plan, engine);
+		if (want || replica_moves == 0)
+			ck_assert_msg(plan == (want ? want : 1), "stage %u: %g active replicas, not %u", s,
+				      plan, want ? want : 1);
+		else
+			ck_assert(plan >= 1 && plan <= threads);
+	}
+}
 
 /* --rebalance: the same bits as mbp_model_forward (a move never changes them), and /metrics counts the
  * moves and shows the plan in use; _i 1: with --replicas 2 too (a move keeps the replicas); _i 2: with
@@ -304,6 +347,7 @@ START_TEST(rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics)
 		    "mbpipe_rebalance_replica_moves_total{model=\"a\"} 0\n",
 		};
 		expect_metrics(s.port, start_names, sizeof start_names / sizeof start_names[0], NULL);
+		expect_active_replicas(s.port, 1, 3);
 	}
 	mbp_model *m = load(model_a);
 	enum { ROWS = 21 };
@@ -334,6 +378,8 @@ START_TEST(rebalance_serves_the_same_bits_and_shows_its_plan_in_metrics)
 		    : "mbpipe_rebalance_stage_active_replicas{model=\"a\",stage=\"0\"} ",
 	};
 	expect_metrics(s.port, names, sizeof names / sizeof names[0], NULL);
+	/* after the moves: what the plan says is what the engine was set to, on the threads made */
+	expect_active_replicas(s.port, _i == 2 ? 0 : _i ? 2 : 1, _i == 2 ? 3 : _i ? 2 : 1);
 	mbp_model_destroy(m);
 	ck_assert_int_eq(srv_stop(&s, SIGTERM), 0);
 	remove_models();

@@ -877,6 +877,139 @@ START_TEST(cancel_and_drain_end_a_pipeline_whose_replicas_are_parked)
 }
 END_TEST
 
+/* The four times of each stage summed over its replicas, and its time parked. */
+static void times_of(const mbp_stage_stats *s, uint64_t *all, uint64_t *parked)
+{
+	*all = s->busy_ns + s->starved_ns + s->blocked_ns + s->parked_ns;
+	*parked = s->parked_ns;
+}
+
+/* One window of an idle pipeline (a 2 ms sleep between two snapshots): whether, for each stage, busy +
+ * starved + blocked + parked grew by exactly its threads times the window and parked by its inactive
+ * ones' (r - 1) times it. It holds once every thread sits in one state through the window (replica 0
+ * waiting for input, the others parked): the engine counts each state from its start while it lasts,
+ * so the window's counts are its length exactly, not an estimate. */
+static bool idle_window_adds_up(mbp_pipeline *p, unsigned S, const unsigned *reps)
+{
+	mbp_pipeline_stats a, b;
+	mbp_stage_stats sa[4], sb[4];
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &a, sa, S), (int)S);
+	usleep(2000);
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &b, sb, S), (int)S);
+	const uint64_t w = b.now_ns - a.now_ns;
+	for (unsigned k = 0; k < S; k++) {
+		uint64_t all_a, all_b, pk_a, pk_b;
+		times_of(&sa[k], &all_a, &pk_a);
+		times_of(&sb[k], &all_b, &pk_b);
+		if (all_b - all_a != reps[k] * w || pk_b - pk_a != (reps[k] - 1) * w)
+			return false;
+	}
+	return true;
+}
+
+/* Whether every inactive replica (1 .. r - 1 of each stage) has parked. */
+static bool all_inactive_parked(mbp_pipeline *p, unsigned S, const unsigned *reps)
+{
+	for (unsigned k = 0; k < S; k++) {
+		mbp_stage_stats rs[MAXREP];
+		ck_assert_int_eq(mbp_pipeline_replica_stats(p, k, rs, MAXREP), (int)reps[k]);
+		for (unsigned j = 1; j < reps[k]; j++)
+			if (rs[j].parked_ns == 0)
+				return false;
+	}
+	return true;
+}
+
+/* Replicas made inactive (a replicated stage 0, middle and last stage) count their time parked, from
+ * when they park: once the work is done and the pipeline idles, each stage's busy + starved + blocked +
+ * parked grows by exactly its threads times the window, its parked by its inactive replicas' share,
+ * and an inactive replica's busy, starved and blocked stand still. Without the count (or with an
+ * estimate) no window adds up exactly, and the bounded wait for one fails. */
+START_TEST(parked_time_is_counted_and_every_threads_states_add_up_to_the_window)
+{
+	const unsigned reps[3] = {2, 3, 2};
+	mbp_pipeline *p = make(3, reps, ctx, &res);
+	for (unsigned k = 0; k < 3; k++)
+		ck_assert_int_eq(mbp_pipeline_replicas_set(p, k, 1), 0);
+	unsigned long acc = produce_all(p, 1, (uint32_t)mbp_iters(200, 60));
+	wait_results(acc);
+	/* waits for a condition: every inactive replica parked, every thread in one state (bounded) */
+	for (unsigned t = 0; t < 5000 && !all_inactive_parked(p, 3, reps); t++)
+		usleep(1000);
+	ck_assert(all_inactive_parked(p, 3, reps));
+	mbp_stage_stats before[3][MAXREP];
+	for (unsigned k = 0; k < 3; k++)
+		ck_assert_int_eq(mbp_pipeline_replica_stats(p, k, before[k], MAXREP), (int)reps[k]);
+	unsigned t = 0;
+	while (t < 500 && !idle_window_adds_up(p, 3, reps))
+		t++;
+	ck_assert_msg(t < 500, "no idle window of 2 ms in 500 added up to the threads' time exactly");
+	for (unsigned k = 0; k < 3; k++) {
+		mbp_stage_stats now[MAXREP];
+		ck_assert_int_eq(mbp_pipeline_replica_stats(p, k, now, MAXREP), (int)reps[k]);
+		ck_assert_uint_eq(now[0].parked_ns, 0); /* replica 0 is always active */
+		for (unsigned j = 1; j < reps[k]; j++) {
+			ck_assert_uint_gt(now[j].parked_ns, before[k][j].parked_ns);
+			ck_assert_uint_eq(now[j].busy_ns, before[k][j].busy_ns);
+			ck_assert_uint_eq(now[j].starved_ns, before[k][j].starved_ns);
+			ck_assert_uint_eq(now[j].blocked_ns, before[k][j].blocked_ns);
+		}
+	}
+	ck_assert_int_eq(mbp_pipeline_drain(p, -1), 0);
+	assert_all_in_order(acc);
+	mbp_pipeline_destroy(p);
+}
+END_TEST
+
+/* After drain and cancel, which wake every parked replica to finish the stream, the statistics say what
+ * is true and documented: active stays the count last set (the stage's, mbp_pipeline_replicas_active's,
+ * each replica's own 1 or 0), and parked time stopped at the wake: two snapshots after the join agree
+ * to the nanosecond, in every time. */
+START_TEST(after_shutdown_active_is_the_count_last_set_and_parked_time_stops_at_the_wake)
+{
+	for (int round = 0; round < 2; round++) {
+		reset();
+		const unsigned reps[3] = {2, 3, 2};
+		mbp_pipeline *p = make(3, reps, ctx, &res);
+		for (unsigned k = 0; k < 3; k++)
+			ck_assert_int_eq(mbp_pipeline_replicas_set(p, k, 1), 0);
+		unsigned long acc = produce_all(p, 1, 50);
+		wait_results(acc);
+		for (unsigned t = 0; t < 5000 && !all_inactive_parked(p, 3, reps); t++)
+			usleep(1000);
+		ck_assert(all_inactive_parked(p, 3, reps));
+		ck_assert_int_eq(round ? mbp_pipeline_cancel(p) : mbp_pipeline_drain(p, -1), 0);
+		assert_all_in_order(acc);
+		mbp_pipeline_stats ps;
+		mbp_stage_stats a[3], b[3];
+		ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, a, 3), 3);
+		mbp_stage_stats ra[3][MAXREP], rb[3][MAXREP];
+		for (unsigned k = 0; k < 3; k++)
+			ck_assert_int_eq(mbp_pipeline_replica_stats(p, k, ra[k], MAXREP), (int)reps[k]);
+		usleep(2000);
+		ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, b, 3), 3);
+		for (unsigned k = 0; k < 3; k++) {
+			ck_assert_int_eq(mbp_pipeline_replicas_active(p, k), 1);
+			ck_assert_uint_eq(a[k].active, 1);
+			ck_assert_uint_eq(b[k].parked_ns, a[k].parked_ns);
+			ck_assert_uint_eq(b[k].busy_ns, a[k].busy_ns);
+			ck_assert_uint_eq(b[k].starved_ns, a[k].starved_ns);
+			ck_assert_uint_eq(b[k].blocked_ns, a[k].blocked_ns);
+			ck_assert_int_eq(mbp_pipeline_replica_stats(p, k, rb[k], MAXREP), (int)reps[k]);
+			uint64_t parked = 0;
+			for (unsigned j = 0; j < reps[k]; j++) {
+				ck_assert_uint_eq(rb[k][j].active, j == 0);
+				ck_assert_uint_eq(rb[k][j].parked_ns, ra[k][j].parked_ns);
+				ck_assert(j == 0 ? rb[k][j].parked_ns == 0 : rb[k][j].parked_ns > 0);
+				parked += rb[k][j].parked_ns;
+			}
+			ck_assert_uint_eq(parked, b[k].parked_ns); /* the replicas' sum is the stage's */
+		}
+		mbp_pipeline_destroy(p);
+	}
+}
+END_TEST
+
 /* The counts are checked: 1 .. the stage's replicas, a stage in range; before start too; a pipeline
  * without replicas takes 1 for each stage and nothing else. */
 START_TEST(active_replica_counts_are_checked)
@@ -950,6 +1083,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, inactive_replicas_claim_nothing_and_reactivated_ones_take_work_again_in_order);
 	tcase_add_test(tc, cancel_and_drain_end_a_pipeline_whose_replicas_are_parked);
 	tcase_add_test(tc, active_replica_counts_are_checked);
+	tcase_add_test(tc, parked_time_is_counted_and_every_threads_states_add_up_to_the_window);
+	tcase_add_test(tc, after_shutdown_active_is_the_count_last_set_and_parked_time_stops_at_the_wake);
 	suite_add_tcase(s, tc);
 	return s;
 }

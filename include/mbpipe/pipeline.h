@@ -113,7 +113,10 @@ typedef struct mbp_stage_desc {
  * so it never holds one; the ordered merge still receives every micro-batch in order, and nothing a
  * replica computes depends on how many are active. A replica busy when it is made inactive finishes the
  * micro-batch it claimed (at most one more) before it parks. Drain, cancel and destroy wake every parked
- * replica to run to the end of the stream. Its parked time counts in none of busy, starved and blocked.
+ * replica to run to the end of the stream. Its parked time counts in mbp_stage_stats.parked_ns, from
+ * when it parks to when it wakes (a later call, or the shutdown's wake), in none of busy, starved and
+ * blocked. The count stays the one last set after shutdown too (mbp_pipeline_replicas_active and the
+ * statistics' active say it), though the shutdown ran every replica to the end of the stream.
  * The threads are made at start and none is made or ended here: this is how a rebalancing move changes a
  * stage's replica count (<mbpipe/model.h>, "Rebalancing"). Placement does not follow: a pinned replica
  * keeps the CPU of the plan made at start, active or parked, and that plan does not look at which
@@ -458,6 +461,13 @@ typedef struct mbp_stage_stats {
 	uint64_t busy_ns;    /**< time inside fn */
 	uint64_t starved_ns; /**< time waiting for input (where stages share a thread: its first) */
 	uint64_t blocked_ns; /**< time waiting for room downstream (shared thread: its last) or a buffer */
+	uint64_t parked_ns;  /**< time parked: an inactive replica asleep (mbp_pipeline_replicas_set), from
+				  when it parks to when a set or the shutdown wakes it; 0 for a stage that
+				  never parks. Counted by the replica's thread where it parks and wakes, as
+				  the three above are where it enters and leaves them, so that over a window
+				  busy + starved + blocked + parked is each thread's time but for the engine's
+				  own work between states (hand-offs, completion): exactly the window while
+				  the thread stays in one state (a stage's: its replicas' threads', summed) */
 	uint64_t hist[MBP_HIST_BUCKETS]; /**< service time of fn, log2 buckets */
 	uint32_t ring_occupancy; /**< micro-batches waiting in the stage's input ring (stage 0: ingress;
 				      a replicated stage and the one after it: the sequenced window
@@ -467,8 +477,10 @@ typedef struct mbp_stage_stats {
 	uint32_t
 	    replicas;	 /**< the stage's replicas (its figures above are their sums; mbp_pipeline_stats_get)
 			      or 1 for one replica's own (mbp_pipeline_replica_stats) */
-	uint32_t active; /**< of them, those that take micro-batches now (mbp_pipeline_replicas_set; all
-			      unless set); one replica's own: 1 if it takes them, 0 if it is parked */
+	uint32_t active; /**< of them, those set to take micro-batches (mbp_pipeline_replicas_set; all
+			      unless set), the count last set, also after drain, cancel or destroy woke
+			      every replica to finish the stream; one replica's own: 1 if it is among
+			      them, 0 if not (it parks before it claims; parked_ns says for how long) */
 } mbp_stage_stats;
 
 typedef struct mbp_pipeline_stats {

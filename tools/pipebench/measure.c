@@ -307,15 +307,14 @@ struct pb_cand {
 	uint64_t fastest;
 	/* the engine's counters over the measured part of every visit */
 	mbp_stage_stats sum[MBP_MAX_STAGES]; /* replicas: those made; active: those taking micro-batches at
-						the end of the last visit */
-	double parked_ns[MBP_MAX_STAGES];    /* each stage's replicas' time parked (--rebalance-replicas),
-						from the active ones at each visit's start and end */
+						the end of the last visit; parked_ns: the engine's count of
+						its replicas' time parked (--rebalance-replicas) */
 	uint64_t window_ns;
 	uint32_t threads; /* the threads taking micro-batches at the start of the last visit */
 };
 
-/* The replicas of a stage parked (inactive) in a statistics snapshot. */
-static unsigned parked(const mbp_stage_stats *ss)
+/* The replicas of a stage set inactive (parked, or about to park) in a statistics snapshot. */
+static unsigned inactive(const mbp_stage_stats *ss)
 {
 	return ss->active && ss->active < ss->replicas ? ss->replicas - ss->active : 0;
 }
@@ -468,13 +467,15 @@ static void fill_stages(pb_cand *c)
 		st->thread = pl[i].thread;
 		st->mbs = ss->mbs;
 		st->replicas_made = ss->replicas ? ss->replicas : 1;
-		st->replicas = st->replicas_made - parked(ss);
-		/* the stage's replicas' windows, less their time parked: a parked replica accounts none */
-		double threads = window * st->replicas_made - c->parked_ns[i];
-		threads = threads > window ? threads : window;
-		st->busy = window > 0 ? (double)ss->busy_ns / threads : 0;
-		st->starved = window > 0 ? (double)ss->starved_ns / threads : 0;
-		st->blocked = window > 0 ? (double)ss->blocked_ns / threads : 0;
+		st->replicas = st->replicas_made - inactive(ss);
+		/* the stage's replicas' windows, less their time parked (the engine counts it where a
+		 * replica parks and wakes): busy, starved and blocked are shares of the rest */
+		double made = window * st->replicas_made;
+		double threads = made - (double)ss->parked_ns;
+		st->parked = made > 0 ? (double)ss->parked_ns / made : 0;
+		st->busy = threads > 0 ? (double)ss->busy_ns / threads : 0;
+		st->starved = threads > 0 ? (double)ss->starved_ns / threads : 0;
+		st->blocked = threads > 0 ? (double)ss->blocked_ns / threads : 0;
 		st->service_us = ss->mbs ? (double)ss->busy_ns / (double)ss->mbs / 1e3 : 0;
 		busy += (double)ss->busy_ns;
 		if (ss->mbs != batches * c->mbs)
@@ -646,7 +647,7 @@ int pb_cand_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *
 	}
 	c->threads = pa.threads;
 	for (unsigned i = 0; i < S; i++)
-		c->threads -= parked(&sa[i]);
+		c->threads -= inactive(&sa[i]);
 	r->threads = c->threads;
 	for (unsigned i = 0; i < units; i++) {
 		if (run_batch(c, &job, &start, &ns) || record(c, start, ns))
@@ -663,7 +664,7 @@ int pb_cand_visit(void *ctx, unsigned warm, unsigned units, double *rate, char *
 		memcpy(t->name, sz[i].name, sizeof(t->name));
 		t->replicas = sz[i].replicas;
 		t->active = sz[i].active;
-		c->parked_ns[i] += (double)(pz.now_ns - pa.now_ns) * (parked(&sa[i]) + parked(&sz[i])) / 2;
+		t->parked_ns += sz[i].parked_ns - sa[i].parked_ns;
 		t->mbs += sz[i].mbs - sa[i].mbs;
 		t->failed += sz[i].failed - sa[i].failed;
 		t->busy_ns += sz[i].busy_ns - sa[i].busy_ns;

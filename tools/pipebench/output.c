@@ -285,9 +285,11 @@ void pb_print_table(FILE *f, const pb_report *rep)
 {
 	const unsigned S = rep->w->stages;
 	pb_print_header(f, rep);
+	/* --rebalance-replicas: a stage's threads may park, and the engine counts that time too */
+	const bool parks = rep->cfg->rebalance_replicas != 0;
 	fprintf(f, "\n%7s %6s %10s %5s %4s %7s %8s %8s %6s %9s %6s  %s\n", "m", "M", "rows/s", "+-%", "n",
 		"speedup", "p50 ms", "p99 ms", "bubble", "predicted", "gpipe",
-		"busy/starved/blocked % per stage");
+		parks ? "busy/starved/blocked/parked % per stage" : "busy/starved/blocked % per stage");
 	for (unsigned i = 0; i < rep->nres; i++) {
 		const pb_result *r = &rep->res[i];
 		if (r->status && r->batches == 0) {
@@ -301,9 +303,12 @@ void pb_print_table(FILE *f, const pb_report *rep)
 		fprintf(f, "%7u %6u %10.0f %5s %4u %7.2f %8s %8s %6.3f %9.3f %6.3f ", r->mb_rows, r->mbs,
 			r->throughput, pm, r->repeats, r->speedup, p50, p99, r->bubble, r->bubble_predicted,
 			r->bubble_gpipe);
-		for (unsigned s = 0; s < S; s++)
+		for (unsigned s = 0; s < S; s++) {
 			fprintf(f, " s%u %.0f/%.0f/%.0f", s, r->st[s].busy * 100, r->st[s].starved * 100,
 				r->st[s].blocked * 100);
+			if (parks)
+				fprintf(f, "/%.0f", r->st[s].parked * 100);
+		}
 		fprintf(f, "%s%s%s%s%s%s\n",
 			r == pb_best(rep) ? "  <- chosen"
 			: r->tied	  ? "  tied"
@@ -346,6 +351,41 @@ void pb_print_table(FILE *f, const pb_report *rep)
 		fprintf(f, "FAILED: %s\n", rep->error);
 }
 
+/* A CSV field in quotes, its quotes doubled (RFC 4180): a reason holds commas ("with replicas 1,2"). */
+static void csv_quoted(FILE *f, const char *v)
+{
+	fputc('"', f);
+	for (; *v; v++) {
+		if (*v == '"')
+			fputc('"', f);
+		fputc(*v, f);
+	}
+	fputc('"', f);
+}
+
+/* --rebalance's columns, those of the JSON result's rebalance object (the table's "rebalance m=" line):
+ * empty without it, as the object is null. */
+static void csv_rebalance(FILE *f, const mbp_model_rebalance_stats *rb, unsigned S)
+{
+	if (!rb->on) {
+		for (unsigned k = 0; k < 5 + 2 * S; k++)
+			fputc(',', f);
+		return;
+	}
+	fprintf(f, ",%llu,%llu,%llu,%llu,", (unsigned long long)rb->moves,
+		(unsigned long long)rb->replica_moves, (unsigned long long)rb->plan,
+		(unsigned long long)rb->windows);
+	if (rb->last_reason[0])
+		csv_quoted(f, rb->last_reason);
+	for (unsigned s = 0; s < S; s++) {
+		if (s < rb->current.stages)
+			fprintf(f, ",%u,%u", rb->current.first[s],
+				rb->current.replicas[s] ? rb->current.replicas[s] : 1);
+		else
+			fprintf(f, ",,");
+	}
+}
+
 void pb_print_csv(FILE *f, const pb_report *rep)
 {
 	const unsigned S = rep->w->stages;
@@ -358,6 +398,12 @@ void pb_print_csv(FILE *f, const pb_report *rep)
 	    "checks");
 	for (unsigned s = 0; s < S; s++)
 		fprintf(f, ",s%u_cpu,s%u_busy,s%u_starved,s%u_blocked,s%u_service_us", s, s, s, s, s);
+	for (unsigned s = 0; s < S; s++)
+		fprintf(f, ",s%u_parked,s%u_replicas,s%u_threads", s, s, s);
+	fprintf(f, ",rebalance_moves,rebalance_replica_moves,rebalance_plan,rebalance_windows,"
+		   "rebalance_last_reason");
+	for (unsigned s = 0; s < S; s++)
+		fprintf(f, ",rebalance_s%u_first_layer,rebalance_s%u_active_replicas", s, s);
 	fputc('\n', f);
 	for (unsigned i = 0; i < rep->nres; i++) {
 		const pb_result *r = &rep->res[i];
@@ -373,6 +419,10 @@ void pb_print_csv(FILE *f, const pb_report *rep)
 		for (unsigned s = 0; s < S; s++)
 			fprintf(f, ",%d,%.4f,%.4f,%.4f,%.2f", r->st[s].cpu, r->st[s].busy, r->st[s].starved,
 				r->st[s].blocked, r->st[s].service_us);
+		for (unsigned s = 0; s < S; s++)
+			fprintf(f, ",%.4f,%u,%u", r->st[s].parked, r->st[s].replicas ? r->st[s].replicas : 1,
+				r->st[s].replicas_made ? r->st[s].replicas_made : 1);
+		csv_rebalance(f, &r->rb, S);
 		fputc('\n', f);
 	}
 }
@@ -470,6 +520,7 @@ static cJSON *json_result(const pb_result *r)
 		cJSON_AddNumberToObject(e, "busy", x->busy);
 		cJSON_AddNumberToObject(e, "starved", x->starved);
 		cJSON_AddNumberToObject(e, "blocked", x->blocked);
+		cJSON_AddNumberToObject(e, "parked", x->parked);
 		cJSON_AddNumberToObject(e, "service_us", x->service_us);
 		cJSON_AddNumberToObject(e, "replicas", x->replicas ? x->replicas : 1);
 		cJSON_AddNumberToObject(e, "threads", x->replicas_made ? x->replicas_made : 1);

@@ -327,7 +327,9 @@ typedef struct pb_stage_result {
 	unsigned thread; /* the worker thread running the stage (consecutive stages may share one) */
 	uint64_t mbs;
 	double busy, starved, blocked; /* shares of the measured window (a replicated stage: of its
-					  replicas' windows, their mean) */
+					  replicas' windows, their mean), less the time parked */
+	double parked;		       /* share of its threads' windows parked (--rebalance-replicas:
+					  inactive replicas asleep), the engine's count */
 	double service_us;	       /* mean time inside the stage function per micro-batch */
 	unsigned replicas;	       /* those taking micro-batches at the window's end: all of them,
 					  unless --rebalance-replicas keeps some parked */

@@ -136,6 +136,9 @@ static void render_stages(ps_buf *b, mbp_pipeline *p, const char *model)
 	     offsetof(mbp_stage_stats, starved_ns)},
 	    {"mbpipe_stage_blocked_seconds_total", "Time each stage waited for room downstream or a buffer.",
 	     offsetof(mbp_stage_stats, blocked_ns)},
+	    {"mbpipe_stage_parked_seconds_total",
+	     "Time each stage's inactive replicas spent parked (--rebalance-replicas), summed.",
+	     offsetof(mbp_stage_stats, parked_ns)},
 	};
 	for (size_t k = 0; k < sizeof per_stage / sizeof per_stage[0]; k++) {
 		head(b, per_stage[k].name, "counter", per_stage[k].help);
@@ -154,6 +157,19 @@ static void render_stages(ps_buf *b, mbp_pipeline *p, const char *model)
 		ps_buf_adds(b, "mbpipe_stage_microbatches_total{");
 		model_label(b, model);
 		ps_buf_printf(b, ",stage=\"%d\"} %llu\n", i, (unsigned long long)ss[i].mbs);
+	}
+	head(b, "mbpipe_stage_replicas", "gauge", "The threads each stage was made with.");
+	for (int i = 0; i < n; i++) {
+		ps_buf_adds(b, "mbpipe_stage_replicas{");
+		model_label(b, model);
+		ps_buf_printf(b, ",stage=\"%d\"} %u\n", i, ss[i].replicas);
+	}
+	head(b, "mbpipe_stage_active_replicas", "gauge",
+	     "The replicas of each stage set to take micro-batches, as the engine holds it.");
+	for (int i = 0; i < n; i++) {
+		ps_buf_adds(b, "mbpipe_stage_active_replicas{");
+		model_label(b, model);
+		ps_buf_printf(b, ",stage=\"%d\"} %u\n", i, ss[i].active);
 	}
 	gauge(b, "mbpipe_bubble_fraction", "gauge", "Idle share of the stages' time since start.", model,
 	      ps.bubble);
