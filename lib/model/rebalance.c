@@ -61,6 +61,11 @@
 #define DEFAULT_WINDOW	  64
 #define DEFAULT_THRESHOLD 0.10
 #define DEFAULT_PATIENCE  2
+/* Full windows not done yet, at most: past them the open window takes more micro-batches (looked at
+ * later, as one window), so that windows whose micro-batches never all leave (stage functions called
+ * outside a pipeline, without the done hook) cannot make windows without end. The stages downstream
+ * lag stage 0 by a few windows: the micro-batches in flight. */
+#define MAX_PENDING 64
 
 /* One layer's counters in one thread's row of a window: written by that thread only. The row's entry
  * `L` (after the layers) counts in mbs the micro-batches this thread completed. */
@@ -88,10 +93,11 @@ struct mbp__rb {
 	uint64_t admitted, open_since; /* micro-batches admitted: all, before `open` */
 	struct mbp__rb_win *open;      /* the window being filled */
 	struct mbp__rb_win *pending, **pending_end; /* full, not looked at yet: oldest first */
-	struct mbp__rb_win *spare;		    /* looked at (or skipped): free to reuse */
-	struct mbp__rb_win *made;		    /* every window made */
-	mbp_model_rebalance_rule rule;		    /* threshold, patience and the strikes so far */
-	double *cost, *handoff;			    /* L each */
+	unsigned npending;
+	struct mbp__rb_win *spare;     /* looked at (or skipped): free to reuse */
+	struct mbp__rb_win *made;      /* every window made */
+	mbp_model_rebalance_rule rule; /* threshold, patience and the strikes so far */
+	double *cost, *handoff;	       /* L each */
 	/* the statistics, copied out under the lock */
 	pthread_mutex_t lock;
 	mbp_model_rebalance_stats st;
@@ -459,6 +465,7 @@ static void look_at_done(struct mbp__rb *rb)
 			continue;
 		}
 		*pw = w->next;
+		rb->npending--;
 		if (w->plan == rb->cur) /* else admitted before a move: it measured another plan */
 			look(rb, w);
 		w->next = rb->spare;
@@ -467,28 +474,43 @@ static void look_at_done(struct mbp__rb *rb)
 	rb->pending_end = pw;
 }
 
+/* The open window is full (or has taken another window's worth since): open the next one after a look
+ * at the windows done so far. Out of memory, or with MAX_PENDING windows not done, the open one takes
+ * another window of micro-batches instead (and is looked at later, as one window). */
+static void next_window(struct mbp__rb *rb)
+{
+	struct mbp__rb_win *w = rb->open, *next = win_take(rb);
+	if (!next)
+		return;
+	if (rb->npending >= MAX_PENDING)
+		look_at_done(rb); /* a move only with a window looked at: then there is room */
+	if (rb->npending >= MAX_PENDING) {
+		next->next = rb->spare;
+		rb->spare = next;
+		return;
+	}
+	/* its count, written once: the stages read the line of w's plan at each micro-batch, which a
+	 * count kept there at each admission would take from them */
+	w->admitted = rb->admitted - rb->open_since;
+	*rb->pending_end = w;
+	rb->pending_end = &w->next;
+	rb->npending++;
+	look_at_done(rb);
+	next->plan = rb->cur; /* after the look: a move's first window */
+	next->n = w->n + 1;
+	rb->open = next;
+	rb->open_since = rb->admitted;
+}
+
 const struct mbp__rb_win *mbp__rb_admit(struct mbp__rb *rb)
 {
 	/* a lock, not atomics: a look reads and writes more than a word, and it comes once a window; the
 	 * replicas of stage 0 wait for it (and for on_move) then */
 	pthread_mutex_lock(&rb->admit_lock);
+	const uint64_t in_open = rb->admitted - rb->open_since;
+	if (MBP_UNLIKELY(in_open >= rb->o.window && in_open % rb->o.window == 0))
+		next_window(rb);
 	struct mbp__rb_win *w = rb->open;
-	if (MBP_UNLIKELY(rb->admitted - rb->open_since >= rb->o.window)) {
-		/* full: the next one (out of memory: this one takes more, and is looked at later) */
-		struct mbp__rb_win *next = win_take(rb);
-		if (next) {
-			/* its count, written once: the stages read the line of w's plan at each
-			 * micro-batch, which a count kept there at each admission would take from them */
-			w->admitted = rb->admitted - rb->open_since;
-			*rb->pending_end = w;
-			rb->pending_end = &w->next;
-			look_at_done(rb);
-			next->plan = rb->cur; /* after the look: a move's first window */
-			next->n = w->n + 1;
-			rb->open = w = next;
-			rb->open_since = rb->admitted;
-		}
-	}
 	rb->admitted++;
 	pthread_mutex_unlock(&rb->admit_lock);
 	return w;

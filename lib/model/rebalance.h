@@ -27,7 +27,7 @@ struct mbp__rb_plan {
 struct mbp__rb_win {
 	const struct mbp__rb_plan *plan; /* the plan of each micro-batch of the window */
 	uint64_t n;			 /* the window's number: 0, 1, ... in the order admitted */
-	uint64_t admitted;		 /* its micro-batches, set when full (`window` of them) */
+	uint64_t admitted;		 /* its micro-batches, set when full: `window` (or a multiple) */
 	struct mbp__rb_win *next;	 /* the list the window is on: looked at, or free */
 	struct mbp__rb_win *made;	 /* every window made, for mbp__rb_destroy */
 	struct mbp__rb_acc *acc;	 /* the rows of counters, a row per thread (rebalance.c) */
