@@ -2215,6 +2215,64 @@ START_TEST(a_look_counts_only_its_windows_micro_batches_while_stage_1_lags)
 }
 END_TEST
 
+static double rb_unit_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *mb, double measured_ns)
+{
+	(void)arg, (void)stage, (void)layer, (void)mb, (void)measured_ns;
+	return 1e6;
+}
+
+/* Stage functions called on this thread, outside a pipeline (as pipebench's baseline calls them), with
+ * windows of 1 and the done hook held back: no window is done, so none is looked at, and past 64 full
+ * windows the open one takes every micro-batch that follows (the windows stop there); once the done
+ * hook has run for each, the next admission looks at all 65 (the last of 36 micro-batches as one), and
+ * every micro-batch was computed by its plan, mbp_model_forward's bits, each weights version dropped. */
+START_TEST(windows_not_done_stop_at_64_and_are_looked_at_once_done)
+{
+	mbp_model *m = rb_model();
+	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
+	mbp_model_plan plan;
+	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
+	mbp_model_stages_opts so = {.rebalance = {.on = true, .window = 1, .cost = rb_unit_cost}};
+	mbp_model_stages *st;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 2, &so), 0);
+	mbp_stage_desc d[2];
+	for (unsigned s = 0; s < 2; s++) {
+		ck_assert_int_eq(mbp_model_stage_desc(st, s, &d[s]), 0);
+		ck_assert_int_eq(d[s].init(d[s].ctx, s), 0);
+	}
+	enum { N = 100 };
+	float *x = random_rows(2 * 12, 120), ref[2 * 8], hop[2 * 64], y[2 * 8];
+	ck_assert_int_eq(mbp_model_forward(m, x, ref, 2, 2), 0);
+	mbp_mb *out = calloc(N + 1, sizeof(*out));
+	mbp_model_rebalance_stats rs;
+	for (unsigned k = 0; k <= N; k++) {
+		if (k == N) /* now every one leaves */
+			for (unsigned i = 0; i < N; i++)
+				d[0].done(d[0].ctx, &out[i]);
+		mbp_mb in = {.data = x, .capacity = sizeof(float) * 2 * 12, .rows = 2, .row_bytes = 12 * 4};
+		mbp_mb mid = {.data = hop, .capacity = sizeof(hop), .rows = 2, .row_bytes = 64 * 4};
+		ck_assert_int_eq(d[0].fn(d[0].ctx, &in, &mid), 0);
+		out[k] = mid;
+		out[k].data = y;
+		out[k].capacity = sizeof(y);
+		out[k].row_bytes = 8 * 4;
+		ck_assert_int_eq(d[1].fn(d[1].ctx, &mid, &out[k]), 0);
+		ck_assert(!memcmp(y, ref, sizeof(y)));
+		ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+		ck_assert_uint_eq(rs.windows, k < N ? 0 : 65);
+	}
+	ck_assert_uint_eq(rs.moves, 0);
+	d[0].done(d[0].ctx, &out[N]);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1);
+	for (unsigned s = 0; s < 2; s++)
+		d[s].fini(d[s].ctx);
+	mbp_model_stages_destroy(st);
+	mbp_model_destroy(m);
+	free(out);
+	free(x);
+}
+END_TEST
+
 /* A pipeline of rebalancing stages, each with threads to spare, added one by one from their descriptors:
  * mbp_model_stages_attach makes the plan's replicas the active ones, as mbp_model_stages_add does, and
  * refuses a pipeline whose stages are not these (fewer, more, other replicas), a started one and NULL;
@@ -2605,6 +2663,7 @@ static Suite *suite(void)
 	tcase_add_test(tr, attach_activates_the_plans_replicas_and_refuses_a_pipeline_of_other_stages);
 	tcase_add_test(tr, rebalance_turns_a_replica_on_and_off_in_order_bit_for_bit);
 	tcase_add_loop_test(tr, a_look_counts_only_its_windows_micro_batches_while_stage_1_lags, 0, 2);
+	tcase_add_test(tr, windows_not_done_stop_at_64_and_are_looked_at_once_done);
 	tcase_add_test(tr, the_look_rule_moves_for_other_replicas_at_the_same_cuts);
 	tcase_add_test(tr, rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit);
 	tcase_add_test(tr, rebalance_never_moves_while_costs_are_steady_or_within_the_threshold);
