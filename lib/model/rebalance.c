@@ -14,11 +14,12 @@
  * all it admitted: then every layer of each of them was measured, whatever stage ran it, and its costs
  * are those of its own micro-batches and no other's, however far the stages downstream lag stage 0 (the
  * micro-batches in flight). A failed micro-batch is counted done too, measured where it ran. Windows are
- * made as needed and reused once done, so a look never waits and the counting never allocates.
+ * made as a window fills and none is free, reused once done (a few: the lag; at most MAX_PENDING wait),
+ * so a look never waits and the counting never allocates.
  *
- * Looks. When a window fills, stage 0 looks at the windows not looked at yet and decides each one done,
- * in the order they are done (a window's micro-batches leave in about the order admitted), and reuses
- * it; one not done yet waits for a later look. A window is looked at only under the plan in use: the
+ * Looks. When a window fills, stage 0 looks at the full windows not looked at yet, oldest first, and
+ * decides on each one done (windows are done in about the order admitted, as their micro-batches
+ * leave), and reuses it; one not done yet waits for a later look. A window is looked at only under the plan in use: the
  * windows admitted before a move, done after it, measured a plan no longer in use (a layer on another
  * stage, another core) and are not. The newest windows of a stream, not done at its last look, are never
  * looked at; nor is a window that is never done (a micro-batch whose done hook did not run).
