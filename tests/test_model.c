@@ -1423,7 +1423,8 @@ struct rb_costs {
 	unsigned heavy;
 	double heavy_ns; /* 0: 3 ms */
 	bool noise;
-	bool alternate;	   /* the heavy half swaps every 16 micro-batches: layers 0-3, then 4-7, ... */
+	bool
+	    alternate; /* the heavy half swaps every 16 micro-batches (each window): layers 0-3, then 4-7, ... */
 	uint8_t *stage_of; /* [seq][layer]: 1 + the stage that ran it */
 	size_t mbs;
 	_Atomic unsigned moves_seen;
@@ -1437,8 +1438,8 @@ static double rb_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *m
 	ck_assert_uint_lt(mb->seq, c->mbs);
 	c->stage_of[mb->seq * RB_LAYERS + layer] = (uint8_t)(stage + 1);
 	double ns = mb->seq >= c->change && layer >= c->heavy ? (c->heavy_ns ? c->heavy_ns : 3e6) : 1e6;
-	if (c->alternate) /* blocks [16 k - 1, 16 k + 15): what stage 0's looks see, one by one */
-		ns = ((mb->seq + 1) / 16 % 2 == 0) == (layer < RB_LAYERS / 2) ? 3e6 : 1e6;
+	if (c->alternate) /* blocks [16 k, 16 k + 16): the windows of stage 0's looks, one by one */
+		ns = (mb->seq / 16 % 2 == 0) == (layer < RB_LAYERS / 2) ? 3e6 : 1e6;
 	if (c->noise) {
 		uint64_t h = mb->seq * 0x9e3779b97f4a7c15u ^ layer * 0xbf58476d1ce4e5b9u;
 		h ^= h >> 31;
@@ -1546,10 +1547,10 @@ START_TEST(rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit)
 	ck_assert_double_eq_tol(c.last.predicted_ns, 4.0, 1e-9);     /* the first plan's unit costs */
 	ck_assert_ptr_nonnull(strstr(rs.last_reason, "stage 1 (layers 4-7)"));
 	ck_assert_str_eq(rs.last_reason, c.last.reason);
-	/* at a look (stage 0 looks as it admits micro-batch 16 k - 1), the second one at least that can
-	 * have seen the change: patience 2 */
-	ck_assert_uint_eq(c.last.admitted % 16, 15);
-	ck_assert_uint_ge(c.last.admitted, (c.change / 16 + 1) * 16 - 1 + 16);
+	/* at a look (stage 0 looks as it opens a window, at micro-batch 16 k), once the window holding the
+	 * change and the next one have both left: patience 2 */
+	ck_assert_uint_eq(c.last.admitted % 16, 0);
+	ck_assert_uint_ge(c.last.admitted, (c.change / 16 + 2) * 16);
 	unsigned prev = 4;
 	for (uint64_t k = 0; k < mbs; k++) {
 		unsigned cut = rb_cut(&c, k);
@@ -1660,6 +1661,17 @@ static void rb_inputs(mbp_model *m, float **x, float (*ref)[2 * 8], unsigned see
 	}
 }
 
+/* The end of a test of the rig: the pipeline, its stages, the model, its RB_IN inputs and the record. */
+static void rb_free(mbp_pipeline *p, mbp_model_stages *st, mbp_model *m, float **x, uint8_t *stage_of)
+{
+	mbp_pipeline_destroy(p);
+	mbp_model_stages_destroy(st);
+	for (int i = 0; i < RB_IN; i++)
+		free(x[i]);
+	free(stage_of);
+	mbp_model_destroy(m);
+}
+
 /* Micro-batches 0 .. n - 1 of the inputs x in turn, then the drain: every one back in order, computed,
  * mbp_model_forward's bits (r's reference). */
 static void rb_stream(mbp_pipeline *p, float *const *x, uint64_t n, struct rb_results *r)
@@ -1673,9 +1685,9 @@ static void rb_stream(mbp_pipeline *p, float *const *x, uint64_t n, struct rb_re
 	ck_assert_msg(r->mixed == 0, "%" PRIu64 " micro-batches are not mbp_model_forward's bits", r->mixed);
 }
 
-/* Micro-batches one at a time, so that each look sees exactly the 16 micro-batches since the last one,
- * and costs whose dear half swaps at each look: every look finds a better plan than the one in use (cut
- * at 3, then at 5, ...), never the same one twice in a row, so nothing moves (noise looks like this). */
+/* Micro-batches one at a time, so that each window is done by the look that follows it, and costs whose
+ * dear half swaps at each window: every look finds a better plan than the one in use (cut at 3, then at
+ * 5, ...), never the same one twice in a row, so nothing moves (noise looks like this). */
 START_TEST(costs_that_draw_another_plan_at_each_look_never_move)
 {
 	mbp_model *m = rb_model();
@@ -1705,11 +1717,12 @@ START_TEST(costs_that_draw_another_plan_at_each_look_never_move)
 	ck_assert_uint_eq(r.mixed + r.out_of_order + r.failed, 0);
 	mbp_model_rebalance_stats rs;
 	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
-	ck_assert_uint_eq(rs.windows, n / 16); /* every look saw every layer */
+	/* every window but the last, done after the last look (no window opens after it) */
+	ck_assert_uint_eq(rs.windows, n / 16 - 1);
 	ck_assert_uint_eq(rs.moves, 0);
 	/* and each of them found the plan in use 12 / 9 = 1.33 above a fresh one */
-	ck_assert_double_eq_tol(rs.fresh_slowest_ns, 9e6 + ((n / 16 - 1) % 2 ? 1e3 : 0),
-				1); /* the last block */
+	ck_assert_double_eq_tol(rs.fresh_slowest_ns, 9e6 + ((n / 16 - 2) % 2 ? 1e3 : 0),
+				1); /* the last block looked at */
 	for (uint64_t k = 0; k < n; k++)
 		ck_assert_uint_eq(rb_cut(&c, k), 4);
 	mbp_pipeline_destroy(p);
@@ -1779,12 +1792,7 @@ START_TEST(a_move_during_weight_swaps_keeps_order_loses_nothing_and_mixes_no_ver
 	}
 	ck_assert_uint_eq(prev, 5);
 	ck_assert_uint_eq(mbp_model_versions_alive(m), 1);
-	mbp_pipeline_destroy(p);
-	mbp_model_stages_destroy(st);
-	for (int i = 0; i < RB_IN; i++)
-		free(x[i]);
-	free(c.stage_of);
-	mbp_model_destroy(m);
+	rb_free(p, st, m, x, c.stage_of);
 }
 END_TEST
 
@@ -1943,14 +1951,24 @@ START_TEST(rebalance_moves_a_replicated_plan_in_order_bit_for_bit)
 		prev = got;
 	}
 	ck_assert_uint_eq(old, c.last.admitted);
-	mbp_pipeline_destroy(p);
-	mbp_model_stages_destroy(st);
-	for (int i = 0; i < RB_IN; i++)
-		free(x[i]);
-	free(c.stage_of);
-	mbp_model_destroy(m);
+	rb_free(p, st, m, x, c.stage_of);
 }
 END_TEST
+
+/* The moves reported to on_move, the first 8 of them. */
+struct rb_moves {
+	_Atomic unsigned n;
+	mbp_model_move mv[8];
+};
+
+static void rb_moves_record(void *arg, const mbp_model_move *mv)
+{
+	struct rb_moves *c = arg;
+	unsigned k = atomic_load(&c->n);
+	if (k < 8)
+		c->mv[k] = *mv; /* stage 0's thread; read after the drain */
+	atomic_store(&c->n, k + 1);
+}
 
 /* Costs for a move of the active replicas: 1 ms a layer, and layer 7 at 21 ms (75 % of the work) for
  * the micro-batches [on, off). A hot layer 7 also sleeps 100 us, so that one replica is still busy when
@@ -1961,8 +1979,7 @@ struct rb_hot {
 	size_t mbs;
 	uint8_t *stage_of;   /* [seq][layer]: 1 + the stage that ran it */
 	uint8_t *replica_of; /* [seq]: 1 + the replica that ran layer 7 */
-	_Atomic unsigned moves;
-	mbp_model_move mv[4];
+	struct rb_moves moves;
 };
 
 static double rb_hot_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *mb, double measured_ns)
@@ -1977,15 +1994,6 @@ static double rb_hot_cost(void *arg, unsigned stage, unsigned layer, const mbp_m
 	if (hot)
 		usleep(100);
 	return hot ? 21e6 : 1e6;
-}
-
-static void rb_hot_move(void *arg, const mbp_model_move *mv)
-{
-	struct rb_hot *c = arg;
-	unsigned k = atomic_load(&c->moves);
-	if (k < 4)
-		c->mv[k] = *mv; /* stage 0's thread; read after the drain */
-	atomic_store(&c->moves, k + 1);
 }
 
 /* Two stages made with 2 threads each (rebalance.replicas 2), 1 active each at start, on 2 CPUs
@@ -2012,15 +2020,10 @@ START_TEST(rebalance_turns_a_replica_on_and_off_in_order_bit_for_bit)
 	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
 	mbp_model_plan plan;
 	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
-	/* patience 4: a look's costs are the micro-batches stage 1 computed since the last one, so while it
-	 * lags under load a look or two around each change sees layer 7 at a cost in between, whose plan (a
-	 * cut at 7 without the replica) may come twice in a row (CI saw it: one move of the counts of two);
-	 * four looks in a row of one plan (64 micro-batches) take the change itself */
 	mbp_model_stages_opts so = {.rebalance = {.on = true,
 						  .window = 16,
-						  .patience = 4,
-						  .on_move = rb_hot_move,
-						  .on_move_arg = &c,
+						  .on_move = rb_moves_record,
+						  .on_move_arg = &c.moves,
 						  .cost = rb_hot_cost,
 						  .cost_arg = &c,
 						  .replicas = 2,
@@ -2049,11 +2052,11 @@ START_TEST(rebalance_turns_a_replica_on_and_off_in_order_bit_for_bit)
 	ck_assert_uint_eq(ps.mbs_completed, n);
 	ck_assert_uint_eq(ps.threads, 4);
 	/* the moves: on at the heavy layer, off again */
-	ck_assert_uint_eq(atomic_load(&c.moves), 2);
+	ck_assert_uint_eq(atomic_load(&c.moves.n), 2);
 	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
 	ck_assert_uint_eq(rs.moves, 2);
 	ck_assert_uint_eq(rs.replica_moves, 2);
-	const mbp_model_move *on = &c.mv[0], *off = &c.mv[1];
+	const mbp_model_move *on = &c.moves.mv[0], *off = &c.moves.mv[1];
 	ck_assert_uint_eq(on->from.first[1], 4);
 	ck_assert_uint_eq(on->to.first[1], 7);
 	ck_assert_uint_eq(on->to.replicas[0], 1);
@@ -2102,6 +2105,171 @@ START_TEST(rebalance_turns_a_replica_on_and_off_in_order_bit_for_bit)
 	free(c.stage_of);
 	free(c.replica_of);
 	mbp_model_destroy(m);
+}
+END_TEST
+
+/* Costs for looks while stage 1 lags: 1 ms a layer, and layer 7 at 9 ms for the micro-batches in
+ * [off + 128 (2 j + 1), off + 128 (2 j + 2)), j = 0, 1, 2. Layer 7 is on stage 1 under every plan of the
+ * test, and it also sleeps 30 us there, so that stage 1 falls behind and stage 0 runs ahead of it by
+ * the micro-batches in flight (the ring between them full): several windows of 8. Each layer's stage is
+ * recorded per micro-batch, and the moves. */
+#define RB_LAG_BLOCK 128
+struct rb_lag {
+	uint64_t off;
+	size_t mbs;
+	uint8_t *stage_of; /* [seq][layer]: 1 + the stage that ran it */
+	struct rb_moves moves;
+};
+
+static bool rb_lag_heavy(const struct rb_lag *c, uint64_t seq)
+{
+	return seq >= c->off && (seq - c->off) / RB_LAG_BLOCK % 2 == 1;
+}
+
+static double rb_lag_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *mb, double measured_ns)
+{
+	struct rb_lag *c = arg;
+	(void)measured_ns;
+	ck_assert_uint_lt(mb->seq, c->mbs);
+	c->stage_of[mb->seq * RB_LAYERS + layer] = (uint8_t)(stage + 1);
+	if (layer != RB_LAYERS - 1)
+		return 1e6;
+	if (stage == 1)
+		usleep(30);
+	return rb_lag_heavy(c, mb->seq) ? 9e6 : 1e6;
+}
+
+/* A look sees its own window's micro-batches only, however far stage 1 lags: layer 7 goes from 1 to 9 ms
+ * and back, three times, and every look whose window straddles no change sees one side of it. A window
+ * of layer 7 at a cost in between (at 5 ms, half and half) would draw a plan cutting at 6 (6 | 1 + 5
+ * against 4 | 3 + 5, or 7 | 5), never the plan for either side: 4 | 3 + 9 moves to 7 | 9, and 7 | 1 back
+ * to 4 | 4. _i 0: patience 1, each change at the start of a window (no window straddles one), so a
+ * look of mixed costs would move at once to a cut at 6; _i 1: patience 2, each change in the middle of
+ * a window, which may draw that plan once but not twice in a row. Either way: exactly six moves, 4 -> 7
+ * and 7 -> 4 in turn, each after its change (and its patience) and before the next, each from the plan
+ * in use as measured by one side of the change only (exact costs: 4 | 12 ms, or 7 | 1 ms, and a hop),
+ * and every micro-batch computed by the plan of its window, in order, mbp_model_forward's bits. */
+START_TEST(a_look_counts_only_its_windows_micro_batches_while_stage_1_lags)
+{
+	const unsigned patience = _i ? 2 : 1, window = 8;
+	mbp_model *m = rb_model();
+	float *x[RB_IN], ref[RB_IN][2 * 8];
+	rb_inputs(m, x, ref, 110);
+	const uint64_t n = 7 * RB_LAG_BLOCK;
+	struct rb_lag c = {.off = _i ? window / 2 : 0, .mbs = n, .stage_of = calloc(n * RB_LAYERS, 1)};
+	struct rb_results r = {
+	    .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .ra = ref, .rb = ref};
+	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
+	mbp_model_plan plan;
+	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
+	ck_assert_uint_eq(plan.first[1], 4);
+	mbp_model_stages_opts so = {.rebalance = {.on = true,
+						  .window = window,
+						  .patience = patience,
+						  .on_move = rb_moves_record,
+						  .on_move_arg = &c.moves,
+						  .cost = rb_lag_cost,
+						  .cost_arg = &c}};
+	mbp_model_stages *st;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 2, &so), 0);
+	mbp_pipeline *p = stages_pipeline(m, st, 2, rb_on_result, &r);
+	rb_stream(p, x, n, &r);
+	mbp_pipeline_stats ps;
+	ck_assert_int_eq(mbp_pipeline_stats_get(p, &ps, NULL, 0), 2);
+	ck_assert_uint_eq(ps.mbs_accepted, n);
+	ck_assert_uint_eq(ps.mbs_completed, n);
+	mbp_model_rebalance_stats rs;
+	ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+	const unsigned moves = atomic_load(&c.moves.n);
+	ck_assert_uint_eq(moves, 6); /* no move to a plan of costs in between */
+	ck_assert_uint_eq(rs.moves, 6);
+	ck_assert_uint_eq(rs.current.first[1], 4);
+	for (unsigned k = 0; k < 6; k++) {
+		const mbp_model_move *mv = &c.moves.mv[k];
+		const bool on = k % 2 == 0; /* layer 7 got dear */
+		const uint64_t change = c.off + RB_LAG_BLOCK * (k + 1);
+		ck_assert_msg(mv->from.first[1] == (on ? 4u : 7u) && mv->to.first[1] == (on ? 7u : 4u),
+			      "move %u: from a cut at %u to %u, after the change at %" PRIu64 " (%s)", k,
+			      mv->from.first[1], mv->to.first[1], change, mv->reason);
+		/* the window holding the change, if it straddles it, then `patience` windows after it,
+		 * all done before the look that moves; and done before the next change */
+		ck_assert_uint_eq(mv->admitted % window, 0);
+		ck_assert_uint_ge(mv->admitted, ((change + window - 1) / window + patience) * window);
+		ck_assert_uint_lt(mv->admitted, change + RB_LAG_BLOCK);
+		/* measured from one side of the change only: every cost exact */
+		ck_assert_double_eq_tol(mv->from.stage_ns[0], on ? 4e6 : 7e6, 1e-3);
+		ck_assert_double_eq_tol(mv->from.stage_ns[1], (on ? 12e6 : 1e6) + 1e3, 1e-3);
+		ck_assert_double_eq_tol(mv->to.stage_ns[0], on ? 7e6 : 4e6, 1e-3);
+		ck_assert_double_eq_tol(mv->to.stage_ns[1], (on ? 9e6 : 4e6) + 1e3, 1e-3);
+	}
+	/* each micro-batch under the plan of its window: admitted before the first move at 4, ... */
+	unsigned k = 0;
+	for (uint64_t i = 0; i < n; i++) {
+		while (k < 6 && i >= c.moves.mv[k].admitted)
+			k++;
+		unsigned want = k % 2 ? 7 : 4;
+		ck_assert_msg(rb_cut_of(c.stage_of, i) == want, "micro-batch %" PRIu64 " cut at %u, not %u",
+			      i, rb_cut_of(c.stage_of, i), want);
+	}
+	rb_free(p, st, m, x, c.stage_of);
+}
+END_TEST
+
+static double rb_unit_cost(void *arg, unsigned stage, unsigned layer, const mbp_mb *mb, double measured_ns)
+{
+	(void)arg, (void)stage, (void)layer, (void)mb, (void)measured_ns;
+	return 1e6;
+}
+
+/* Stage functions called on this thread, outside a pipeline (as pipebench's baseline calls them), with
+ * windows of 1 and the done hook held back: no window is done, so none is looked at, and past 64 full
+ * windows the open one takes every micro-batch that follows (the windows stop there); once the done
+ * hook has run for each, the next admission looks at all 65 (the last of 36 micro-batches as one), and
+ * every micro-batch was computed by its plan, mbp_model_forward's bits, each weights version dropped. */
+START_TEST(windows_not_done_stop_at_64_and_are_looked_at_once_done)
+{
+	mbp_model *m = rb_model();
+	double ones[RB_LAYERS] = {1, 1, 1, 1, 1, 1, 1, 1};
+	mbp_model_plan plan;
+	ck_assert_int_eq(mbp_model_partition(ones, NULL, RB_LAYERS, 2, &plan), 0);
+	mbp_model_stages_opts so = {.rebalance = {.on = true, .window = 1, .cost = rb_unit_cost}};
+	mbp_model_stages *st;
+	ck_assert_int_eq(mbp_model_stages_new_opts(&st, m, &plan, 2, &so), 0);
+	mbp_stage_desc d[2];
+	for (unsigned s = 0; s < 2; s++) {
+		ck_assert_int_eq(mbp_model_stage_desc(st, s, &d[s]), 0);
+		ck_assert_int_eq(d[s].init(d[s].ctx, s), 0);
+	}
+	enum { N = 100 };
+	float *x = random_rows(2 * 12, 120), ref[2 * 8], hop[2 * 64], y[2 * 8];
+	ck_assert_int_eq(mbp_model_forward(m, x, ref, 2, 2), 0);
+	mbp_mb *out = calloc(N + 1, sizeof(*out));
+	mbp_model_rebalance_stats rs;
+	for (unsigned k = 0; k <= N; k++) {
+		if (k == N) /* now every one leaves */
+			for (unsigned i = 0; i < N; i++)
+				d[0].done(d[0].ctx, &out[i]);
+		mbp_mb in = {.data = x, .capacity = sizeof(float) * 2 * 12, .rows = 2, .row_bytes = 12 * 4};
+		mbp_mb mid = {.data = hop, .capacity = sizeof(hop), .rows = 2, .row_bytes = 64 * 4};
+		ck_assert_int_eq(d[0].fn(d[0].ctx, &in, &mid), 0);
+		out[k] = mid;
+		out[k].data = y;
+		out[k].capacity = sizeof(y);
+		out[k].row_bytes = 8 * 4;
+		ck_assert_int_eq(d[1].fn(d[1].ctx, &mid, &out[k]), 0);
+		ck_assert(!memcmp(y, ref, sizeof(y)));
+		ck_assert_int_eq(mbp_model_stages_rebalance_stats(st, &rs), 0);
+		ck_assert_uint_eq(rs.windows, k < N ? 0 : 65);
+	}
+	ck_assert_uint_eq(rs.moves, 0);
+	d[0].done(d[0].ctx, &out[N]);
+	ck_assert_uint_eq(mbp_model_versions_alive(m), 1);
+	for (unsigned s = 0; s < 2; s++)
+		d[s].fini(d[s].ctx);
+	mbp_model_stages_destroy(st);
+	mbp_model_destroy(m);
+	free(out);
+	free(x);
 }
 END_TEST
 
@@ -2494,6 +2662,8 @@ static Suite *suite(void)
 	tcase_add_loop_test(tr, rebalance_moves_a_replicated_plan_in_order_bit_for_bit, 0, 2);
 	tcase_add_test(tr, attach_activates_the_plans_replicas_and_refuses_a_pipeline_of_other_stages);
 	tcase_add_test(tr, rebalance_turns_a_replica_on_and_off_in_order_bit_for_bit);
+	tcase_add_loop_test(tr, a_look_counts_only_its_windows_micro_batches_while_stage_1_lags, 0, 2);
+	tcase_add_test(tr, windows_not_done_stop_at_64_and_are_looked_at_once_done);
 	tcase_add_test(tr, the_look_rule_moves_for_other_replicas_at_the_same_cuts);
 	tcase_add_test(tr, rebalance_moves_once_costs_change_and_the_output_stays_bit_for_bit);
 	tcase_add_test(tr, rebalance_never_moves_while_costs_are_steady_or_within_the_threshold);

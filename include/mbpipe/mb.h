@@ -32,7 +32,7 @@ typedef struct mbp_mb {
 	    carry; /**< set by a stage (or, for stage 0, by the submitter: see mbp_mb_submit), carried to later
 			stages (e.g. a weights version) */
 	void *carry_plan; /**< a second word that stages set and carry, never the engine (the model's stages
-			       with rebalancing: the plan a micro-batch was admitted under) */
+			       with rebalancing: the window a micro-batch was admitted in, with its plan) */
 } mbp_mb;
 
 #ifdef __cplusplus

@@ -506,21 +506,28 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
 /* ---- rebalancing while running ---- */
 
 /*
- * Rebalancing (opt-in: mbp_model_stages_opts.rebalance.on). The stages time every layer they run, and
- * stage 0, every `window` micro-batches it admits, turns the times of the micro-batches measured since its
- * last look into a cost per layer (nanoseconds per micro-batch), the cost of each stage under the plan in
- * use (its layers plus a fixed 1 us hand-off per boundary, over its replicas) and a fresh plan from the
- * same costs for the same replica counts stage by stage (as mbp_model_partition, exact, with each stage's
- * cost over its replicas). When the slowest stage measured stays above (1 + threshold) times the
- * fresh plan's slowest for `patience` windows in a row, with the same fresh plan cutting elsewhere each
- * time, the stages move to it. (The plan's own prediction, from the costs it was made with, is kept and
+ * Rebalancing (opt-in: mbp_model_stages_opts.rebalance.on). Stage 0 admits micro-batches in windows of
+ * `window`, all of a window under one plan, and the stages time every layer they run, counted in the
+ * micro-batch's window. Once every micro-batch of a window has left the pipeline (completed or failed),
+ * the next look of stage 0 (it looks as it opens a window) turns the times of that window's micro-batches,
+ * and of no other, into a cost per layer (nanoseconds per micro-batch), the cost of each stage under the
+ * plan in use (its layers plus a fixed 1 us hand-off per boundary, over its replicas) and a fresh plan from
+ * the same costs for the same replica counts stage by stage (as mbp_model_partition, exact, with each
+ * stage's cost over its replicas). So a look sees each layer at the cost of one window's micro-batches
+ * however far the stages downstream lag stage 0 (the micro-batches in flight): only the window that holds
+ * a change of cost sees a cost in between. A window admitted before a move and done after it measured the
+ * old plan and is not looked at; the last windows of a stream, not done by its last look, are never
+ * looked at. When the slowest stage measured stays above (1 + threshold) times the fresh plan's slowest
+ * for `patience` windows in a row, with the same fresh plan cutting elsewhere each time, the stages move
+ * to it from the next window on. (The plan's own prediction, from the costs it was made with, is kept and
  * reported; comparing with a fresh plan instead is what makes the rule right both when one stage got
  * slower and when every stage did, which no new cut helps.) A steady cost never moves: the plan in use
  * is then the fresh one.
  *
  * A move happens between micro-batches and needs no drain. Plans are numbered (1: the one given to
- * mbp_model_stages_new_opts, +1 per move) and every micro-batch carries the plan it was admitted under
- * (mb->carry_plan): stage s computes layers [first[s], first[s+1]) of that plan for it. So a micro-batch
+ * mbp_model_stages_new_opts, +1 per move) and every micro-batch carries the window it was admitted in,
+ * with the window's plan (mb->carry_plan): stage s computes layers [first[s], first[s+1]) of that plan
+ * for it. So a micro-batch
  * is computed with one plan from its first layer to its last, and with one weights version, as always;
  * none is reordered, failed or lost by a move. Every stage can compute any range (the weights are shared
  * read-only), its scratch and the hop buffers are sized for the widest activation any plan can hand over.
@@ -576,7 +583,8 @@ void mbp_model_stages_destroy(mbp_model_stages *st);
 /** One move, as reported to mbp_model_rebalance.on_move. */
 typedef struct mbp_model_move {
 	uint64_t plan;		    /**< the new plan's number (the first plan is 1) */
-	uint64_t admitted;	    /**< micro-batches stage 0 admitted under earlier plans */
+	uint64_t admitted;	    /**< micro-batches stage 0 admitted under earlier plans (a whole number
+				       of windows) */
 	mbp_model_plan from, to;    /**< stage_ns: the old plan measured, the new plan predicted */
 	double measured_slowest_ns; /**< = from.slowest_ns: the old plan's slowest stage, measured */
 	double predicted_ns;	    /**< the old plan's slowest as predicted when it was made */
@@ -600,7 +608,7 @@ typedef double (*mbp_model_layer_cost_fn)(void *arg, unsigned stage, unsigned la
 /** Rebalancing's options; a zeroed struct is off, and 0 in a field means the default after it. */
 typedef struct mbp_model_rebalance {
 	bool on;		   /**< rebalance while running */
-	uint32_t window;	   /**< micro-batches admitted between looks; 0: 64 */
+	uint32_t window;	   /**< micro-batches a window admits, a look's measurement; 0: 64 */
 	double threshold;	   /**< relative excess of the slowest stage that moves; 0: 0.10 */
 	uint32_t patience;	   /**< windows in a row the excess must last; 0: 2 */
 	mbp_model_move_fn on_move; /**< optional */
@@ -636,7 +644,8 @@ typedef struct mbp_model_rebalance_stats {
 	bool on;			    /**< rebalancing is on */
 	uint64_t plan;			    /**< the plan in use's number (1: the first) */
 	uint64_t moves;			    /**< moves so far (plan - 1) */
-	uint64_t windows;		    /**< windows looked at (with a measurement of every layer) */
+	uint64_t windows;		    /**< windows looked at (done, of the plan in use, with a
+					       measurement of every layer) */
 	mbp_model_plan current;		    /**< the plan in use, stage_ns as predicted when it was made */
 	double measured_ns[MBP_MAX_STAGES]; /**< its stages as the last window measured them, as stage_ns:
 					       of one replica (0: none yet) */

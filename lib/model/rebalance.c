@@ -1,15 +1,28 @@
 /*
- * Rebalancing the model's stages while they run: each layer timed where it runs, a look every window on
- * stage 0, and plans that micro-batches carry.
+ * Rebalancing the model's stages while they run: each layer timed where it runs, counted in the window
+ * its micro-batch was admitted in, a look at every window once all of it has left the pipeline, and
+ * plans that micro-batches carry.
  *
- * Measurement. Every thread adds each layer's time (or what the cost hook says) and a count to its own
- * row of counters, [thread][layer], the threads numbered stage by stage and replica by replica within a
- * stage (row0[s] + replica): one writer per counter, so the replicas of a stage, which compute the same
- * layers at once, never share one (and a layer runs on whichever stage its micro-batch's plan gives it,
- * so around a move two stages time the same layer, each in its own rows). A look sums the rows and takes
- * the difference with its previous look: the cost of each layer per micro-batch on one thread over the
- * window. A window in which some layer was not measured yet (the stages downstream lag stage 0 by the
- * micro-batches in flight) is not looked at: the next look covers it too.
+ * Windows. Stage 0 admits micro-batches into windows of `window` in turn (struct mbp__rb_win): every
+ * micro-batch of a window is computed with the window's plan (a move opens the next window), and carries
+ * its window (mb->carry_plan) from stage to stage. A window holds a row of counters per thread, [thread]
+ * [layer], the threads numbered stage by stage and replica by replica within a stage (row0[s] + replica):
+ * one writer per counter, so the replicas of a stage, which compute the same layers at once, never share
+ * one. Every thread adds each layer's time (or what the cost hook says) and a count to its row of the
+ * micro-batch's window, and the thread that completes a micro-batch (stage 0's done hook, on a replica of
+ * the last stage) counts it done in its row. A window is done when its micro-batches counted done are
+ * all it admitted: then every layer of each of them was measured, whatever stage ran it, and its costs
+ * are those of its own micro-batches and no other's, however far the stages downstream lag stage 0 (the
+ * micro-batches in flight). A failed micro-batch is counted done too, measured where it ran. Windows are
+ * made as a window fills and none is free, reused once done (a few: the lag; at most MAX_PENDING wait),
+ * so a look never waits and the counting never allocates.
+ *
+ * Looks. When a window fills, stage 0 looks at the full windows not looked at yet, oldest first, and
+ * decides on each one done (windows are done in about the order admitted, as their micro-batches
+ * leave), and reuses it; one not done yet waits for a later look. A window is looked at only under the plan in use: the
+ * windows admitted before a move, done after it, measured a plan no longer in use (a layer on another
+ * stage, another core) and are not. The newest windows of a stream, not done at its last look, are never
+ * looked at; nor is a window that is never done (a micro-batch whose done hook did not run).
  *
  * Decision (mbp_model_rebalance_look, public so that a caller measuring by other means, pipetrain
  * --rebalance, decides by the same rule). Under the plan in use the measured costs give each stage's time
@@ -21,16 +34,17 @@
  * mbp__partition_capped's: the boundaries and the active replicas together, each stage at most its
  * threads, and a move then sets the counts (mbp_pipeline_replicas_set: an inactive replica parks before
  * it claims, so nothing it held is lost). A move needs the slowest stage above (1 + threshold) times
- * the fresh plan's slowest, a fresh plan that cuts elsewhere, and both for `patience` looks in a row with
- * the same fresh plan each time (hysteresis: a window straddling a change of cost does not move alone, and
- * noise, which draws a different "better" plan at each look, seldom moves at all).
+ * the fresh plan's slowest, a fresh plan that cuts elsewhere, and both for `patience` windows in a row
+ * with the same fresh plan each time (hysteresis: the one window straddling a change of cost does not
+ * move alone, and noise, which draws a different "better" plan at each look, seldom moves at all).
  *
  * Plans. The plan in use belongs to stage 0, whose replicas (when it has several) admit under
- * admit_lock: the count, the looks, the plan a micro-batch gets and the on_move calls are theirs in turn.
- * A new plan is written before the first micro-batch that carries it is pushed to the next stage, whose
- * ring hands it over with the micro-batch (the ring's release and acquire; the ordered merge of a
- * replicated stage hands it on the same way). Plans are never freed before the stages object: a
- * micro-batch may carry an old one for as long as it is in flight, and moves are few.
+ * admit_lock: the count, the windows, the looks, the plan a window gets and the on_move calls are theirs
+ * in turn. A window (its plan, its counters zeroed) is written before the first micro-batch that carries
+ * it is pushed to the next stage, whose ring hands it over with the micro-batch (the ring's release and
+ * acquire; the ordered merge of a replicated stage hands it on the same way). Plans are never freed
+ * before the stages object: a micro-batch may carry an old one for as long as it is in flight, and moves
+ * are few. Windows are freed with it too.
  */
 #include "config.h"
 
@@ -48,9 +62,15 @@
 #define DEFAULT_WINDOW	  64
 #define DEFAULT_THRESHOLD 0.10
 #define DEFAULT_PATIENCE  2
+/* Full windows not done yet, at most: past them the open window takes more micro-batches (looked at
+ * later, as one window), so that windows whose micro-batches never all leave (stage functions called
+ * outside a pipeline, without the done hook) cannot make windows without end. The stages downstream
+ * lag stage 0 by a few windows: the micro-batches in flight. */
+#define MAX_PENDING 64
 
-/* One layer's counters in one thread's row: written by that thread only. */
-struct acc {
+/* One layer's counters in one thread's row of a window: written by that thread only. The row's entry
+ * `L` (after the layers) counts in mbs the micro-batches this thread completed. */
+struct mbp__rb_acc {
 	_Atomic uint64_t ns, mbs;
 };
 
@@ -58,22 +78,27 @@ struct mbp__rb {
 	mbp_model *m;
 	unsigned S, L;
 	mbp_model_rebalance o;
-	unsigned threads[MBP_MAX_STAGES]; /* each stage's, made at start: the most it may have active */
-	unsigned want[MBP_MAX_STAGES];	  /* the first plan's replicas: the active ones once attached */
-	unsigned cpus;			  /* the CPUs the active replicas share (0: no limit) */
-	mbp_pipeline *p;		  /* attached (set before start): moves may change the counts */
-	bool resize;			  /* attached with o.replicas: moves re-plan the counts */
-	struct acc *acc; /* a row of `stride` entries per thread, each row on cache lines of its own */
-	size_t stride;
+	unsigned threads[MBP_MAX_STAGES];  /* each stage's, made at start: the most it may have active */
+	unsigned want[MBP_MAX_STAGES];	   /* the first plan's replicas: the active ones once attached */
+	unsigned cpus;			   /* the CPUs the active replicas share (0: no limit) */
+	mbp_pipeline *p;		   /* attached (set before start): moves may change the counts */
+	bool resize;			   /* attached with o.replicas: moves re-plan the counts */
+	size_t stride;			   /* a window's row: L + 1 entries, on cache lines of its own */
 	unsigned row0[MBP_MAX_STAGES + 1]; /* stage s's threads' rows: [row0[s], row0[s + 1]) */
-	/* stage 0's, under admit_lock (its replicas admit in turn) */
+	/* stage 0's, under admit_lock (its replicas admit in turn): written at each admission, a line
+	 * away from the fields above, which every stage reads at each micro-batch */
+	char gap[MBP_CACHELINE];
 	pthread_mutex_t admit_lock;
-	struct mbp__rb_plan *cur; /* the newest plan: the list of every plan made, through `older` */
-	mbp_model_plan cur_plan;  /* cur with its prediction */
-	uint64_t admitted;
-	mbp_model_rebalance_rule rule;			 /* threshold, patience and the strikes so far */
-	uint64_t *seen_ns, *seen_mbs, *now_ns, *now_mbs; /* L each */
-	double *cost, *handoff;				 /* L each */
+	struct mbp__rb_plan *cur;      /* the newest plan: the list of every plan made, through `older` */
+	mbp_model_plan cur_plan;       /* cur with its prediction */
+	uint64_t admitted, open_since; /* micro-batches admitted: all, before `open` */
+	struct mbp__rb_win *open;      /* the window being filled */
+	struct mbp__rb_win *pending, **pending_end; /* full, not looked at yet: oldest first */
+	unsigned npending;
+	struct mbp__rb_win *spare;     /* looked at (or skipped): free to reuse */
+	struct mbp__rb_win *made;      /* every window made */
+	mbp_model_rebalance_rule rule; /* threshold, patience and the strikes so far */
+	double *cost, *handoff;	       /* L each */
 	/* the statistics, copied out under the lock */
 	pthread_mutex_t lock;
 	mbp_model_rebalance_stats st;
@@ -98,6 +123,35 @@ static unsigned plan_cpus(const mbp_model_rebalance *o)
 	return quota && quota < (unsigned)n ? quota : (unsigned)n;
 }
 
+/* A window's rows of counters, zeroed: a new window, or one of `spare` (NULL: out of memory). Its plan,
+ * number and count are the caller's to set. */
+static struct mbp__rb_win *win_take(struct mbp__rb *rb)
+{
+	struct mbp__rb_win *w = rb->spare;
+	const size_t n = rb->row0[rb->S] * rb->stride;
+	if (w) {
+		rb->spare = w->next;
+	} else {
+		const size_t head = (sizeof(*w) + MBP_CACHELINE - 1) / MBP_CACHELINE * MBP_CACHELINE;
+		w = aligned_alloc(MBP_CACHELINE, head + n * sizeof(struct mbp__rb_acc));
+		if (!w)
+			return NULL;
+		w->acc = (struct mbp__rb_acc *)((char *)w + head); /* the rows on lines of their own */
+		w->made = rb->made;
+		rb->made = w;
+	}
+	/* relaxed: nobody else holds w (new, or every micro-batch of it has left: look's acquire of the
+	 * counts done); the ring that hands its first micro-batch on orders these before any other
+	 * thread's counts */
+	for (size_t i = 0; i < n; i++) {
+		atomic_store_explicit(&w->acc[i].ns, 0, memory_order_relaxed);
+		atomic_store_explicit(&w->acc[i].mbs, 0, memory_order_relaxed);
+	}
+	w->next = NULL;
+	w->admitted = 0; /* set when full */
+	return w;
+}
+
 struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_model_rebalance *o,
 			    const unsigned *threads)
 {
@@ -111,34 +165,28 @@ struct mbp__rb *mbp__rb_new(mbp_model *m, const mbp_model_plan *plan, const mbp_
 	rb->o.window = o->window ? o->window : DEFAULT_WINDOW;
 	rb->o.threshold = o->threshold > 0 ? o->threshold : DEFAULT_THRESHOLD;
 	rb->o.patience = o->patience ? o->patience : DEFAULT_PATIENCE;
-	size_t per_line = MBP_CACHELINE / sizeof(struct acc);
-	rb->stride = (rb->L + per_line - 1) / per_line * per_line;
+	size_t per_line = MBP_CACHELINE / sizeof(struct mbp__rb_acc);
+	rb->stride = (rb->L + 1 + per_line - 1) / per_line * per_line; /* the layers, then done */
 	for (unsigned s = 0; s < rb->S; s++) {
 		rb->threads[s] = threads[s];
 		rb->want[s] = plan->replicas[s] ? plan->replicas[s] : 1;
 		rb->row0[s + 1] = rb->row0[s] + threads[s];
 	}
 	rb->cpus = plan_cpus(o);
-	rb->acc = aligned_alloc(MBP_CACHELINE, rb->row0[rb->S] * rb->stride * sizeof(struct acc));
-	rb->seen_ns = calloc(4 * (size_t)rb->L, sizeof(uint64_t));
+	rb->pending_end = &rb->pending;
 	rb->cost = calloc(2 * (size_t)rb->L, sizeof(double));
 	rb->cur = calloc(1, sizeof(*rb->cur));
-	if (!rb->acc || !rb->seen_ns || !rb->cost || !rb->cur) {
+	if (!rb->cost || !rb->cur || !(rb->open = win_take(rb))) {
 		mbp__rb_destroy(rb);
 		return NULL;
 	}
-	for (size_t i = 0; i < rb->row0[rb->S] * rb->stride; i++) {
-		atomic_init(&rb->acc[i].ns, 0);
-		atomic_init(&rb->acc[i].mbs, 0);
-	}
-	rb->seen_mbs = rb->seen_ns + rb->L;
-	rb->now_ns = rb->seen_ns + 2 * (size_t)rb->L;
-	rb->now_mbs = rb->seen_ns + 3 * (size_t)rb->L;
 	rb->handoff = rb->cost + rb->L;
 	for (unsigned l = 0; l + 1 < rb->L; l++)
 		rb->handoff[l] = MBP__HANDOFF_FIXED_NS;
 	rb->cur->id = 1;
 	memcpy(rb->cur->first, plan->first, sizeof(rb->cur->first));
+	rb->open->plan = rb->cur;
+	rb->open->n = 0;
 	rb->cur_plan = *plan;
 	for (unsigned s = 0; s < rb->S; s++) /* until attached, every thread runs */
 		rb->cur_plan.replicas[s] = threads[s];
@@ -179,12 +227,14 @@ void mbp__rb_destroy(struct mbp__rb *rb)
 		older = p->older;
 		free(p);
 	}
-	if (rb->acc) { /* else the locks were never made */
+	for (struct mbp__rb_win *w = rb->made, *made; w; w = made) {
+		made = w->made;
+		free(w);
+	}
+	if (rb->open) { /* else the locks were never made */
 		pthread_mutex_destroy(&rb->lock);
 		pthread_mutex_destroy(&rb->admit_lock);
 	}
-	free(rb->acc);
-	free(rb->seen_ns);
 	free(rb->cost);
 	free(rb);
 }
@@ -197,12 +247,13 @@ static uint64_t cost_ns(double t)
 	return t < 1e18 ? (uint64_t)llround(t) : UINT64_C(1000000000000000000);
 }
 
-void mbp__rb_run(struct mbp__rb *rb, unsigned stage, unsigned replica, const struct mbp__version *v,
-		 unsigned a, unsigned b, const mbp_mb *in, float *y, float *s0, float *s1)
+void mbp__rb_run(struct mbp__rb *rb, const struct mbp__rb_win *w, unsigned stage, unsigned replica,
+		 const struct mbp__version *v, unsigned a, unsigned b, const mbp_mb *in, float *y, float *s0,
+		 float *s1)
 {
 	const mbp_model *m = rb->m;
 	MBP_VERIFY(rb->row0[stage] + replica < rb->row0[stage + 1]);
-	struct acc *row = &rb->acc[(size_t)(rb->row0[stage] + replica) * rb->stride];
+	struct mbp__rb_acc *row = &w->acc[(size_t)(rb->row0[stage] + replica) * rb->stride];
 	const float *cur = in->data;
 	for (unsigned i = a; i < b; i++) {
 		/* the buffers of mbp__layers_run_lw, in its order: the same calls, the same bits */
@@ -216,6 +267,20 @@ void mbp__rb_run(struct mbp__rb *rb, unsigned stage, unsigned replica, const str
 		mbp__counter_add(&row[i].mbs, 1);
 		cur = dst;
 	}
+}
+
+void mbp__rb_done(struct mbp__rb *rb, const struct mbp__rb_win *w)
+{
+	/* the thread that completes a micro-batch is one of the last stage's (or, on a stage 0 that is
+	 * also the last, one of its): its own row */
+	const unsigned row = rb->row0[rb->S - 1] + mbp_stage_replica();
+	MBP_VERIFY(row < rb->row0[rb->S]);
+	_Atomic uint64_t *done = &w->acc[(size_t)row * rb->stride + rb->L].mbs;
+	/* release: partner win_done's acquire; every count of this micro-batch is before it, this
+	 * thread's and, through the rings and merges that handed it here, every stage's before it.
+	 * Relaxed load: only this thread writes it. */
+	atomic_store_explicit(done, atomic_load_explicit(done, memory_order_relaxed) + 1,
+			      memory_order_release);
 }
 
 static void describe_range(char *buf, size_t n, unsigned a, unsigned b)
@@ -306,24 +371,30 @@ int mbp_model_rebalance_reason(const mbp_model_rebalance_rule *r, const mbp_mode
 	return (int)b.len;
 }
 
-/* A look at the window since the last one; moves to a fresh plan when the rule says so. */
-static void look(struct mbp__rb *rb)
+/* Whether every micro-batch window w admitted has left the pipeline. */
+static bool win_done(const struct mbp__rb *rb, const struct mbp__rb_win *w)
+{
+	uint64_t done = 0;
+	for (unsigned t = 0; t < rb->row0[rb->S]; t++) /* acquire: partner mbp__rb_done's release */
+		done += atomic_load_explicit(&w->acc[t * rb->stride + rb->L].mbs, memory_order_acquire);
+	return done == w->admitted;
+}
+
+/* A look at window w, done and of the plan in use: its costs; a move to a fresh plan when the rule
+ * says so (the next window opened is the first of it). */
+static void look(struct mbp__rb *rb, const struct mbp__rb_win *w)
 {
 	const unsigned L = rb->L, S = rb->S;
 	for (unsigned l = 0; l < L; l++) {
-		rb->now_ns[l] = rb->now_mbs[l] = 0;
+		uint64_t ns = 0, mbs = 0;
+		/* relaxed: win_done's acquire ordered every count of the window before these */
 		for (unsigned t = 0; t < rb->row0[S]; t++) {
-			rb->now_ns[l] += mbp__counter_get(&rb->acc[t * rb->stride + l].ns);
-			rb->now_mbs[l] += mbp__counter_get(&rb->acc[t * rb->stride + l].mbs);
+			ns += mbp__counter_get(&w->acc[t * rb->stride + l].ns);
+			mbs += mbp__counter_get(&w->acc[t * rb->stride + l].mbs);
 		}
-		if (rb->now_mbs[l] == rb->seen_mbs[l])
-			return; /* a layer not measured yet in this window: the next look covers it */
-	}
-	for (unsigned l = 0; l < L; l++) {
-		rb->cost[l] =
-		    (double)(rb->now_ns[l] - rb->seen_ns[l]) / (double)(rb->now_mbs[l] - rb->seen_mbs[l]);
-		rb->seen_ns[l] = rb->now_ns[l];
-		rb->seen_mbs[l] = rb->now_mbs[l];
+		if (!mbs)
+			return; /* a layer never measured (every micro-batch of the window failed first) */
+		rb->cost[l] = (double)ns / (double)mbs;
 	}
 	mbp_model_plan measured = rb->cur_plan, fresh;
 	memcpy(measured.first, rb->cur->first, sizeof(measured.first));
@@ -346,7 +417,7 @@ static void look(struct mbp__rb *rb)
 			memcpy(next->first, fresh.first, sizeof(next->first));
 			next->older = rb->cur;
 			mv.plan = next->id;
-			mv.admitted = rb->admitted - 1; /* this one is the first under the new plan */
+			mv.admitted = rb->admitted; /* the next one opens the first window of the new plan */
 			mv.from = measured;
 			mv.to = fresh;
 			mv.measured_slowest_ns = measured.slowest_ns;
@@ -383,16 +454,67 @@ static void look(struct mbp__rb *rb)
 		rb->o.on_move(rb->o.on_move_arg, &mv);
 }
 
-const struct mbp__rb_plan *mbp__rb_admit(struct mbp__rb *rb)
+/* The windows full and not looked at yet: each one done is looked at if of the plan in use, and free
+ * again either way; the others wait for a later look. */
+static void look_at_done(struct mbp__rb *rb)
+{
+	struct mbp__rb_win **pw = &rb->pending;
+	while (*pw) {
+		struct mbp__rb_win *w = *pw;
+		if (!win_done(rb, w)) {
+			pw = &w->next;
+			continue;
+		}
+		*pw = w->next;
+		rb->npending--;
+		if (w->plan == rb->cur) /* else admitted before a move: it measured another plan */
+			look(rb, w);
+		w->next = rb->spare;
+		rb->spare = w;
+	}
+	rb->pending_end = pw;
+}
+
+/* The open window is full (or has taken another window's worth since): open the next one after a look
+ * at the windows done so far. Out of memory, or with MAX_PENDING windows not done, the open one takes
+ * another window of micro-batches instead (and is looked at later, as one window). */
+static void next_window(struct mbp__rb *rb)
+{
+	struct mbp__rb_win *w = rb->open, *next = win_take(rb);
+	if (!next)
+		return;
+	if (rb->npending >= MAX_PENDING)
+		look_at_done(rb); /* a move only with a window looked at: then there is room */
+	if (rb->npending >= MAX_PENDING) {
+		next->next = rb->spare;
+		rb->spare = next;
+		return;
+	}
+	/* its count, written once: the stages read the line of w's plan at each micro-batch, which a
+	 * count kept there at each admission would take from them */
+	w->admitted = rb->admitted - rb->open_since;
+	*rb->pending_end = w;
+	rb->pending_end = &w->next;
+	rb->npending++;
+	look_at_done(rb);
+	next->plan = rb->cur; /* after the look: a move's first window */
+	next->n = w->n + 1;
+	rb->open = next;
+	rb->open_since = rb->admitted;
+}
+
+const struct mbp__rb_win *mbp__rb_admit(struct mbp__rb *rb)
 {
 	/* a lock, not atomics: a look reads and writes more than a word, and it comes once a window; the
 	 * replicas of stage 0 wait for it (and for on_move) then */
 	pthread_mutex_lock(&rb->admit_lock);
-	if (MBP_UNLIKELY(++rb->admitted % rb->o.window == 0))
-		look(rb);
-	const struct mbp__rb_plan *p = rb->cur;
+	const uint64_t in_open = rb->admitted - rb->open_since;
+	if (MBP_UNLIKELY(in_open >= rb->o.window && in_open % rb->o.window == 0))
+		next_window(rb);
+	struct mbp__rb_win *w = rb->open;
+	rb->admitted++;
 	pthread_mutex_unlock(&rb->admit_lock);
-	return p;
+	return w;
 }
 
 int mbp__rb_stats(struct mbp__rb *rb, mbp_model_rebalance_stats *out)

@@ -12,11 +12,13 @@
  * the reference when the micro-batch leaves the pipeline, completed or failed. The model's stages own
  * mb->carry.
  *
- * Rebalancing (rebalance.c): stage 0 gives each micro-batch the plan in use in mb->carry_plan, and each
- * stage computes its range of that plan, timed layer by layer (each replica in counters of its own);
- * without it a stage's range is fixed. With rebalance.replicas a stage is made with that many threads
- * (or its plan's replicas, if more): mbp_model_stages_add makes the plan's replicas the active ones and
- * a move sets the counts (mbp_pipeline_replicas_set); each thread has its struct replica all the same.
+ * Rebalancing (rebalance.c): stage 0 gives each micro-batch the window it is admitted in, with the
+ * window's plan, in mb->carry_plan, and each stage computes its range of that plan, timed layer by layer
+ * in the window's counters (each replica in counters of its own); stage 0's done callback counts the
+ * micro-batch done in its window as it leaves. Without it a stage's range is fixed. With
+ * rebalance.replicas a stage is made with that many threads (or its plan's replicas, if more):
+ * mbp_model_stages_add makes the plan's replicas the active ones and a move sets the counts
+ * (mbp_pipeline_replicas_set); each thread has its struct replica all the same.
  * Replicas (plan->replicas): the replicas of a stage share its weights read-only (the same versions, one
  * per micro-batch as above) and each has its own scratch and its own version bookkeeping (struct replica,
  * indexed by mbp_stage_replica()). A replicated stage 0 sees a job's micro-batches spread over its
@@ -208,17 +210,19 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 	struct replica *r = &s->rep[ri];
 	const mbp_model *m = s->m;
 	struct mbp__version *v;
-	const struct mbp__rb_plan *plan = NULL;
+	const struct mbp__rb_win *win = NULL;
 	unsigned a = s->a, b = s->b;
 	if (s->idx == 0) /* ours to set: done() drops whatever is here; a pinned version is already ours */
 		out->carry = in->job ? NULL : in->carry;
+	if (s->rb) /* ours too, before any refusal: done() counts the window here (none: not admitted) */
+		out->carry_plan = s->idx == 0 ? NULL : in->carry_plan;
 	if (MBP_UNLIKELY(in->rows > s->max_rows))
 		return stage0_refuse(s, in, -E2BIG);
 	if (s->rb) {
-		plan = s->idx == 0 ? mbp__rb_admit(s->rb) : in->carry_plan;
-		MBP_VERIFY(plan != NULL); /* stage 0 always sets it */
-		out->carry_plan = (void *)plan;
-		mbp__rb_range(plan, s->idx, &a, &b);
+		win = s->idx == 0 ? mbp__rb_admit(s->rb) : in->carry_plan;
+		MBP_VERIFY(win != NULL); /* stage 0 always sets it */
+		out->carry_plan = (void *)win;
+		mbp__rb_range(win->plan, s->idx, &a, &b);
 		out->row_bytes = m->l[b - 1].out * sizeof(float); /* the hop buffers fit the widest */
 	}
 	if (MBP_UNLIKELY(in->row_bytes != m->l[a].in * sizeof(float) ||
@@ -236,8 +240,8 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 		MBP_VERIFY(v != NULL); /* stage 0 always sets it on success */
 		out->carry = v;
 	}
-	if (plan)
-		mbp__rb_run(s->rb, s->idx, ri, v, a, b, in, out->data, r->s0, r->s1);
+	if (win)
+		mbp__rb_run(s->rb, win, s->idx, ri, v, a, b, in, out->data, r->s0, r->s1);
 	else
 		mbp__layers_run(m, v, a, b, in->data, out->data, in->rows, r->s0, r->s1);
 	return 0;
@@ -245,9 +249,13 @@ static int stage_fn(void *ctx, const mbp_mb *in, mbp_mb *out)
 
 static void stage_done(void *ctx, mbp_mb *mb)
 {
-	(void)ctx;
+	const struct stage *s = ctx;
 	mbp__version_put(mb->carry);
 	mb->carry = NULL;
+	if (s->rb && mb->carry_plan) { /* admitted: its window counts it done */
+		mbp__rb_done(s->rb, mb->carry_plan);
+		mb->carry_plan = NULL;
+	}
 }
 
 static bool plan_fits(const mbp_model_plan *plan, unsigned layers)
